@@ -1,0 +1,53 @@
+"""seqbalance: make data-parallel training on variable-length sequences stop waiting for its slowest rank.
+
+The top-level names are loaded on first use, so ``import seqbalance`` stays cheap and never
+imports an optional dependency. See DESIGN.md for the architecture:
+``partition`` (algorithms) and ``cost`` (what a sample costs) feed ``plan`` (the step planner);
+``runtime`` (torch), ``sim``, ``datasets`` and the CLI sit on top.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY_NAMES = {
+    "PartitionResult": "seqbalance.partition",
+    "ModelSpec": "seqbalance.cost",
+    "FlopsModel": "seqbalance.cost",
+    "TimeModel": "seqbalance.cost",
+    "FlopsMeter": "seqbalance.cost",
+    "plan_step": "seqbalance.plan",
+    "plan_epoch": "seqbalance.plan",
+    "StepPlan": "seqbalance.plan",
+    "EpochPlan": "seqbalance.plan",
+    "PlanValidationError": "seqbalance.plan",
+    "simulate": "seqbalance.sim",
+}
+_SUBPACKAGES = ("partition", "cost", "plan", "runtime", "datasets", "sim")
+
+__all__ = ["__version__", *_LAZY_NAMES, *_SUBPACKAGES]
+
+if TYPE_CHECKING:
+    from seqbalance import cost, datasets, partition, plan, runtime, sim
+    from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec, TimeModel
+    from seqbalance.partition import PartitionResult
+    from seqbalance.plan import EpochPlan, PlanValidationError, StepPlan, plan_epoch, plan_step
+    from seqbalance.sim import simulate
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        module = importlib.import_module(f"seqbalance.{name}")
+    elif name in _LAZY_NAMES:
+        module = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    else:
+        raise AttributeError(f"module 'seqbalance' has no attribute {name!r}")
+    globals()[name] = module
+    return module
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,122 @@
+"""Input checks shared by every package: one place that turns bad input into a clear ValueError.
+
+Each check names the offending argument and value (and the sample index for arrays), so a user
+sees ``lengths[17] = -3 is negative`` rather than an obscure failure deep inside an algorithm.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["as_lengths", "as_weights", "check_choice", "check_int", "check_positive_float"]
+
+
+def _as_1d_array(values: Any, name: str) -> np.ndarray:
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"{name} must be a 1-D array of numbers, got a string {values!r}")
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
+    if array.ndim != 1:
+        if array.ndim == 0:
+            raise ValueError(f"{name} must be a 1-D array of numbers, got the scalar {values!r}")
+        raise ValueError(f"{name} must be a 1-D array, got shape {array.shape}")
+    if array.dtype == np.bool_:
+        raise ValueError(f"{name} must hold numbers, got booleans")
+    if array.size == 0:
+        return array.astype(np.float64)
+    if array.dtype == object:
+        try:
+            array = array.astype(np.float64)
+        except (TypeError, ValueError):
+            bad = next(i for i, v in enumerate(values) if not isinstance(v, numbers.Real))
+            raise ValueError(f"{name}[{bad}] = {values[bad]!r} is not a number") from None
+    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        raise ValueError(f"{name} must hold real numbers, got dtype {array.dtype}")
+    return array
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def as_weights(values: Any, name: str = "weights") -> np.ndarray:
+    """Return ``values`` as a float64 1-D array of finite, non-negative numbers.
+
+    Raises ValueError naming ``name``, the index and the value of the first bad entry.
+    """
+    array = _as_1d_array(values, name)
+    weights = array.astype(np.float64, copy=False)
+    finite = np.isfinite(weights)
+    if not finite.all():
+        bad = _first(~finite)
+        raise ValueError(f"{name}[{bad}] = {weights[bad]!r} is not finite")
+    negative = weights < 0
+    if negative.any():
+        bad = _first(negative)
+        raise ValueError(f"{name}[{bad}] = {weights[bad]!r} is negative")
+    return weights
+
+
+def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
+    """Return ``values`` as an int64 1-D array of non-negative integers (token counts).
+
+    Floats are accepted only when they hold whole numbers (``3.0``); ``3.5``, NaN, inf, negative
+    values and booleans raise ValueError naming ``name``, the sample index and the value.
+    """
+    array = _as_1d_array(values, name)
+    if np.issubdtype(array.dtype, np.floating):
+        finite = np.isfinite(array)
+        if not finite.all():
+            bad = _first(~finite)
+            raise ValueError(f"{name}[{bad}] = {array[bad]!r} is not finite")
+        fractional = array != np.floor(array)
+        if fractional.any():
+            bad = _first(fractional)
+            raise ValueError(f"{name}[{bad}] = {array[bad]!r} is not a whole number of tokens")
+        if (np.abs(array) > 2**62).any():
+            bad = _first(np.abs(array) > 2**62)
+            raise ValueError(f"{name}[{bad}] = {array[bad]!r} is too large")
+    elif array.dtype == np.uint64 and (array > np.iinfo(np.int64).max).any():
+        bad = _first(array > np.iinfo(np.int64).max)
+        raise ValueError(f"{name}[{bad}] = {array[bad]!r} is too large")
+    lengths = array.astype(np.int64)
+    negative = lengths < 0
+    if negative.any():
+        bad = _first(negative)
+        raise ValueError(f"{name}[{bad}] = {int(lengths[bad])} is negative")
+    return lengths
+
+
+def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
+    """Return ``value`` as an int; reject bools, non-integral numbers and values below ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    result = int(value)
+    if minimum is not None and result < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {result}")
+    return result
+
+
+def check_positive_float(value: Any, name: str) -> float:
+    """Return ``value`` as a float; reject bools, NaN, inf and values <= 0."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    result = float(value)
+    if not np.isfinite(result) or result <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return result
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str] | Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``; otherwise raise naming the valid ones."""
+    options = tuple(choices)
+    if not isinstance(value, str) or value not in options:
+        listed = ", ".join(repr(option) for option in options)
+        raise ValueError(f"{name} must be one of {listed}, got {value!r}")
+    return value
