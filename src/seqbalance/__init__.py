@@ -1,4 +1,4 @@
-"""seqbalance: make data-parallel training on variable-length sequences stop waiting for its slowest rank.
+"""seqbalance: data-parallel training on variable-length sequences without waiting for stragglers.
 
 The top-level names are loaded on first use, so ``import seqbalance`` stays cheap and never
 imports an optional dependency. See DESIGN.md for the architecture:
@@ -9,7 +9,7 @@ imports an optional dependency. See DESIGN.md for the architecture:
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -29,13 +29,6 @@ _LAZY_NAMES = {
 _SUBPACKAGES = ("partition", "cost", "plan", "runtime", "datasets", "sim")
 
 __all__ = ["__version__", *_LAZY_NAMES, *_SUBPACKAGES]
-
-if TYPE_CHECKING:
-    from seqbalance import cost, datasets, partition, plan, runtime, sim
-    from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec, TimeModel
-    from seqbalance.partition import PartitionResult
-    from seqbalance.plan import EpochPlan, PlanValidationError, StepPlan, plan_epoch, plan_step
-    from seqbalance.sim import simulate
 
 
 def __getattr__(name: str) -> Any:

@@ -30,12 +30,13 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} must hold numbers, got booleans")
     if array.size == 0:
         return array.astype(np.float64)
-    if array.dtype == object:
-        try:
-            array = array.astype(np.float64)
-        except (TypeError, ValueError):
-            bad = next(i for i, v in enumerate(values) if not isinstance(v, numbers.Real))
-            raise ValueError(f"{name}[{bad}] = {values[bad]!r} is not a number") from None
+    if array.dtype.kind in "OUS":
+        # numpy turns [1, "a"] into strings; look at the caller's own items to name the culprit.
+        items = list(values) if isinstance(values, (list, tuple)) else array.tolist()
+        bad = next((i for i, v in enumerate(items) if not isinstance(v, numbers.Real)), None)
+        if bad is not None:
+            raise ValueError(f"{name}[{bad}] = {items[bad]!r} is not a number")
+        array = array.astype(np.float64)
     if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
         raise ValueError(f"{name} must hold real numbers, got dtype {array.dtype}")
     return array
@@ -55,11 +56,11 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
     finite = np.isfinite(weights)
     if not finite.all():
         bad = _first(~finite)
-        raise ValueError(f"{name}[{bad}] = {weights[bad]!r} is not finite")
+        raise ValueError(f"{name}[{bad}] = {float(weights[bad])} is not finite")
     negative = weights < 0
     if negative.any():
         bad = _first(negative)
-        raise ValueError(f"{name}[{bad}] = {weights[bad]!r} is negative")
+        raise ValueError(f"{name}[{bad}] = {float(weights[bad])} is negative")
     return weights
 
 
@@ -74,17 +75,18 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
         finite = np.isfinite(array)
         if not finite.all():
             bad = _first(~finite)
-            raise ValueError(f"{name}[{bad}] = {array[bad]!r} is not finite")
+            raise ValueError(f"{name}[{bad}] = {float(array[bad])} is not finite")
         fractional = array != np.floor(array)
         if fractional.any():
             bad = _first(fractional)
-            raise ValueError(f"{name}[{bad}] = {array[bad]!r} is not a whole number of tokens")
-        if (np.abs(array) > 2**62).any():
-            bad = _first(np.abs(array) > 2**62)
-            raise ValueError(f"{name}[{bad}] = {array[bad]!r} is too large")
+            raise ValueError(f"{name}[{bad}] = {float(array[bad])} is not a whole number of tokens")
+        too_large = np.abs(array) > 2**62
+        if too_large.any():
+            bad = _first(too_large)
+            raise ValueError(f"{name}[{bad}] = {float(array[bad])} is too large")
     elif array.dtype == np.uint64 and (array > np.iinfo(np.int64).max).any():
         bad = _first(array > np.iinfo(np.int64).max)
-        raise ValueError(f"{name}[{bad}] = {array[bad]!r} is too large")
+        raise ValueError(f"{name}[{bad}] = {int(array[bad])} is too large")
     lengths = array.astype(np.int64)
     negative = lengths < 0
     if negative.any():
@@ -94,7 +96,7 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
-    """Return ``value`` as an int; reject bools, non-integral numbers and values below ``minimum``."""
+    """Return ``value`` as an int; reject bools, non-integers and values below ``minimum``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     result = int(value)

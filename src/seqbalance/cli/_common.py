@@ -105,6 +105,4 @@ def progress(
         return
     from rich.progress import track
 
-    yield from track(
-        items, total=total, description=description, console=console, transient=True
-    )
+    yield from track(items, total=total, description=description, console=console, transient=True)

@@ -1,0 +1,83 @@
+"""The shared input checks: every bad value is named, every good value passes through unchanged."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqbalance._validation import (
+    as_lengths,
+    as_weights,
+    check_choice,
+    check_int,
+    check_positive_float,
+)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**40), max_size=50))
+def test_as_lengths_keeps_non_negative_integers(values):
+    lengths = as_lengths(values)
+    assert lengths.dtype == np.int64
+    assert lengths.tolist() == values
+
+
+def test_as_lengths_accepts_whole_floats_and_empty_input():
+    assert as_lengths(np.array([3.0, 0.0])).tolist() == [3, 0]
+    assert as_lengths([]).shape == (0,)
+    assert as_lengths([]).dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([5, -3], r"lengths\[1\] = -3 is negative"),
+        ([1.0, 2.5], r"lengths\[1\] = 2\.5 is not a whole number"),
+        ([1.0, float("nan")], r"lengths\[1\] = nan is not finite"),
+        ([float("inf")], r"lengths\[0\] = inf is not finite"),
+        ([True, False], "booleans"),
+        ([[1, 2], [3, 4]], r"shape \(2, 2\)"),
+        (7, "scalar 7"),
+        ("123", "string"),
+        ([1, "a"], r"lengths\[1\] = 'a' is not a number"),
+    ],
+)
+def test_as_lengths_names_the_bad_value(values, message):
+    with pytest.raises(ValueError, match=message):
+        as_lengths(values)
+
+
+def test_as_lengths_uses_the_given_argument_name():
+    with pytest.raises(ValueError, match=r"prompt_lengths\[2\] = -1"):
+        as_lengths([1, 2, -1], name="prompt_lengths")
+
+
+def test_as_weights():
+    assert as_weights([0, 1.5, 2]).tolist() == [0.0, 1.5, 2.0]
+    assert as_weights([0, 1.5]).dtype == np.float64
+    with pytest.raises(ValueError, match=r"weights\[1\] = -0\.5 is negative"):
+        as_weights([1.0, -0.5])
+    with pytest.raises(ValueError, match=r"weights\[0\] = nan is not finite"):
+        as_weights([float("nan")])
+
+
+def test_check_int():
+    assert check_int(np.int32(4), "k", minimum=1) == 4
+    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+        check_int(0, "k", minimum=1)
+    with pytest.raises(ValueError, match=r"k must be an integer, got 2\.0"):
+        check_int(2.0, "k")
+    with pytest.raises(ValueError, match="k must be an integer, got True"):
+        check_int(True, "k")
+
+
+def test_check_positive_float():
+    assert check_positive_float(2, "efficiency") == 2.0
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="efficiency must be a positive"):
+            check_positive_float(bad, "efficiency")
+
+
+def test_check_choice():
+    assert check_choice("step", "objective", ("step", "lockstep")) == "step"
+    with pytest.raises(ValueError, match="objective must be one of 'step', 'lockstep', got 'fast'"):
+        check_choice("fast", "objective", ("step", "lockstep"))
