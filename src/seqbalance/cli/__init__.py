@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except ValueError as error:
+    except (ValueError, ImportError) as error:
+        # Bad input and missing optional extras are the user's to fix: a message, not a traceback.
         print(f"seqbalance {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,191 @@
+"""``seqbalance lengths``: token lengths of your own dataset file, offline, saved as .npy."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from seqbalance.cli._common import add_json_flag, print_json, print_table, progress
+from seqbalance.datasets.lengths import (
+    FORMATS,
+    TEMPLATE_TOKENS_PER_TURN,
+    Fields,
+    TokenLengths,
+    token_lengths,
+)
+
+_SHOWN_SKIPPED = 10
+
+DESCRIPTION = """\
+Count the tokens of every record of a JSON lines / JSON / Parquet file (optionally .gz) and save
+the lengths (int64, one per sample) as a .npy file for `seqbalance simulate --lengths` and
+`seqbalance plan`. Everything runs offline.
+
+Text: repeat --text-field for prompt + response fields (the last one is the response turn, the
+others form the prompt turn, joined with newlines: Alpaca's instruction/input/output); a response
+field holding a list of strings gives one sample per response (a GRPO group; see --groups-output).
+Or --chat-field for a list of messages ({role, content} or ShareGPT's {from, value}) or an HH-RLHF
+"Human:/Assistant:" transcript. Without either, common layouts are recognised from the first
+record. The chatml template adds 5 tokens per turn.
+
+Malformed records are an error naming their line numbers (JSON lines) or record indices (JSON,
+Parquet); --skip-malformed skips them and lists them.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "lengths",
+        help="token lengths of your dataset file (offline tokenizers) -> .npy",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "file", type=Path, help="dataset file: .jsonl, .json or .parquet (maybe .gz)"
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, required=True, help="where to write the lengths (.npy, int64)"
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default=None, help="file format (default: from the extension)"
+    )
+    text = parser.add_mutually_exclusive_group()
+    text.add_argument(
+        "--text-field",
+        action="append",
+        default=None,
+        metavar="FIELD",
+        help="a text field; repeat for prompt fields then the response field",
+    )
+    text.add_argument(
+        "--chat-field", metavar="FIELD", help="a field holding the conversation (list of messages)"
+    )
+    parser.add_argument(
+        "--history-field",
+        metavar="FIELD",
+        help="earlier [prompt, response] pairs (LLaMA-Factory alpaca 'history'), with --text-field",
+    )
+    parser.add_argument(
+        "--extra-field",
+        action="append",
+        default=None,
+        metavar="FIELD",
+        help="text counted without a turn of its own (e.g. a tool schema); may be repeated",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="qwen",
+        help="qwen (Qwen2/2.5/3), llama3, PATH/tokenizer.json, or hf:LOCAL_DIR (default: qwen)",
+    )
+    parser.add_argument(
+        "--template",
+        choices=tuple(TEMPLATE_TOKENS_PER_TURN),
+        default="chatml",
+        help="chat template overhead: chatml = 5 tokens per turn, none = text only",
+    )
+    parser.add_argument(
+        "--groups-output",
+        type=Path,
+        metavar="PATH",
+        help="also write the group id of each sample (.npy) when responses come in lists",
+    )
+    parser.add_argument(
+        "--skip-malformed",
+        action="store_true",
+        help="skip malformed records (listed on stderr) instead of failing",
+    )
+    parser.add_argument(
+        "--drop-empty",
+        action="store_true",
+        help="leave out records without any text (default: keep them, aligned with the file)",
+    )
+    add_json_flag(parser)
+    parser.set_defaults(func=run)
+
+
+def _fields(args: argparse.Namespace) -> Fields | None:
+    extra = tuple(args.extra_field or ())
+    if args.text_field:
+        return Fields(text=tuple(args.text_field), history=args.history_field, extra=extra)
+    if args.chat_field:
+        if args.history_field:
+            raise ValueError("--history-field goes with --text-field, not with --chat-field")
+        return Fields(chat=args.chat_field, extra=extra)
+    if args.history_field or extra:
+        raise ValueError("--history-field and --extra-field need --text-field or --chat-field")
+    return None
+
+
+def _report_skipped(result: TokenLengths) -> None:
+    kind = result.location_kind
+    if result.malformed:
+        print(f"skipped {len(result.malformed)} malformed record(s):", file=sys.stderr)
+        for record in result.malformed[:_SHOWN_SKIPPED]:
+            print(f"  {kind} {record.location}: {record.reason}", file=sys.stderr)
+        if len(result.malformed) > _SHOWN_SKIPPED:
+            print(f"  ... and {len(result.malformed) - _SHOWN_SKIPPED} more", file=sys.stderr)
+    if result.empty.size:
+        shown = ", ".join(map(str, result.empty[:_SHOWN_SKIPPED].tolist()))
+        more = " ..." if result.empty.size > _SHOWN_SKIPPED else ""
+        action = (
+            "left out" if result.dropped_empty else "kept (pass --drop-empty to leave them out)"
+        )
+        print(
+            f"{result.empty.size} record(s) without text, {action}: {kind}s {shown}{more}",
+            file=sys.stderr,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.output.suffix != ".npy":
+        raise ValueError(f"--output must be a .npy file, got {str(args.output)!r}")
+    started = time.perf_counter()
+    result = token_lengths(
+        args.file,
+        fields=_fields(args),
+        format=args.format,
+        tokenizer=args.tokenizer,
+        template=args.template,
+        skip_malformed=args.skip_malformed,
+        drop_empty=args.drop_empty,
+        progress=lambda items, **options: progress(items, enabled=not args.json, **options),
+    )
+    if args.groups_output is not None and result.groups is None:
+        raise ValueError(
+            "--groups-output: no field holds a list of responses, so there are no groups"
+        )
+    np.save(args.output, result.lengths)
+    if args.groups_output is not None:
+        np.save(args.groups_output, result.groups)
+    _report_skipped(result)
+
+    summary = {
+        "file": str(args.file),
+        "output": str(args.output),
+        "groups_output": None if args.groups_output is None else str(args.groups_output),
+        **result.summary(),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    if args.json:
+        print_json(summary)
+        return 0
+    columns = ["samples", "records", "tokens"]
+    row = [f"{summary[key]:,}" for key in ("samples", "records", "total_tokens")]
+    if result.lengths.size:
+        columns += ["mean", "median", "p90", "max"]
+        row += [f"{summary[key]:,.0f}" for key in ("mean", "median", "p90", "max")]
+    fields = "; ".join(
+        f"{kind}: {', '.join(names) if isinstance(names, list) else names}"
+        for kind, names in summary["fields"].items()
+    )
+    print_table(
+        f"{args.file.name}: token lengths ({result.tokenizer} tokenizer, {result.template})",
+        columns,
+        [row],
+        caption=f"fields {fields} -> {args.output}",
+    )
+    return 0

@@ -1,0 +1,25 @@
+"""What a sample costs on a given model: FLOPs (exact formula) and calibrated seconds.
+
+``ModelSpec`` describes an architecture (parsed from a Hugging Face config or a bundled preset),
+``FlopsModel`` is the project's one FLOPs formula (per sample, packed and padded micro-batches),
+``TimeModel`` predicts seconds per micro-batch (from FLOPs or fitted to measurements) and
+``FlopsMeter`` accumulates FLOPs for TFLOP/s and MFU reports. Nothing here knows about
+partitioning or torch.
+"""
+
+from __future__ import annotations
+
+from seqbalance.cost.flops import FlopsModel, attention_pairs
+from seqbalance.cost.meter import FlopsMeter
+from seqbalance.cost.spec import ModelSpec, presets
+from seqbalance.cost.time_model import FitStats, TimeModel
+
+__all__ = [
+    "FitStats",
+    "FlopsMeter",
+    "FlopsModel",
+    "ModelSpec",
+    "TimeModel",
+    "attention_pairs",
+    "presets",
+]

@@ -1,0 +1,470 @@
+"""ModelSpec: the architecture numbers that decide what a token and a sequence cost.
+
+A spec is built directly (for a custom model) or parsed from a Hugging Face ``config.json``
+(a path, a dict, or any config object with attributes, e.g. a transformers ``PretrainedConfig``;
+transformers itself is never imported). The FLOPs formula lives in :mod:`seqbalance.cost.flops`;
+this module only describes the architecture.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from seqbalance._validation import check_int
+
+__all__ = ["GATED_MLP_MODEL_TYPES", "PLAIN_MLP_MODEL_TYPES", "ModelSpec", "presets"]
+
+#: ``model_type`` values whose MLP (and MoE experts) is gated (SwiGLU: gate, up and down
+#: projections, three matrices of ``hidden x intermediate``).
+GATED_MLP_MODEL_TYPES: tuple[str, ...] = (
+    "deepseek_v2",
+    "deepseek_v3",
+    "gemma",
+    "llama",
+    "mistral",
+    "mixtral",
+    "olmo",
+    "olmo2",
+    "phi3",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+)
+#: ``model_type`` values with a plain two-matrix MLP (up and down projections).
+PLAIN_MLP_MODEL_TYPES: tuple[str, ...] = ("gpt_neox", "phi")
+
+_PRESET_PACKAGE = "seqbalance.cost"
+_PRESET_FOLDER = "presets"
+_MISSING = object()
+
+
+def presets() -> list[str]:
+    """Names of the bundled model presets (HF ``config.json`` files), sorted."""
+    files = resources.files(_PRESET_PACKAGE).joinpath(_PRESET_FOLDER).iterdir()
+    return sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json"))
+
+
+def _layer_indices(values: Iterable[Any], name: str, num_layers: int) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(f"{name} must be a sequence of layer indices, got {values!r}")
+    indices = sorted({check_int(v, f"{name} entry", minimum=0) for v in values})
+    if indices and indices[-1] >= num_layers:
+        raise ValueError(
+            f"{name} holds layer {indices[-1]}, but the model has {num_layers} layers "
+            f"(indices 0..{num_layers - 1})"
+        )
+    return tuple(indices)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of a decoder-only transformer, as far as FLOPs are concerned.
+
+    Sizes are counts (features, heads, layers, tokens of vocabulary). Construct it directly for a
+    custom model, e.g. ``ModelSpec(hidden_size=256, num_layers=4, num_attention_heads=4,
+    vocab_size=1000, intermediate_size=1024)``, or use :meth:`from_hf_config` / :meth:`preset`.
+
+    Attention (standard): ``num_attention_heads`` query heads and ``num_key_value_heads`` key/value
+    heads (GQA; default: as many as query heads), each ``head_dim`` wide (default
+    ``hidden_size // num_attention_heads``, the Hugging Face default).
+
+    Attention (MLA, DeepSeek-V2/V3) when ``kv_lora_rank`` is set: queries go through
+    ``hidden -> q_lora_rank -> heads * (qk_nope_head_dim + qk_rope_head_dim)`` (or directly
+    ``hidden -> heads * (nope + rope)`` when ``q_lora_rank`` is None), keys and values through
+    ``hidden -> kv_lora_rank + qk_rope_head_dim`` then ``kv_lora_rank -> heads * (nope +
+    v_head_dim)``; the output projection is ``heads * v_head_dim -> hidden``. ``head_dim`` and
+    ``num_key_value_heads`` are not used by MLA.
+
+    MLP: ``gated_mlp`` (SwiGLU, three matrices) or plain (two matrices) of width
+    ``intermediate_size`` on the dense layers. MoE layers (``moe_layers``, default: every layer
+    when ``num_experts > 0``) hold a router (``hidden x num_experts``), ``num_experts_per_tok``
+    active experts of width ``moe_intermediate_size`` and always-active shared experts of total
+    width ``shared_expert_intermediate_size`` (0 for none); experts are gated like the dense MLP.
+
+    Sliding-window attention: the layers in ``sliding_window_layers`` (default: every layer when
+    ``sliding_window`` is set) let each query see at most ``sliding_window`` keys, itself
+    included. ``num_mtp_layers`` counts multi-token-prediction modules (DeepSeek-V3: one), used
+    only by ``FlopsModel(..., include_mtp=True)``.
+
+    ``tie_word_embeddings`` does not change FLOPs (the LM head matmul runs either way); it is kept
+    so parameter counts can be derived from the spec.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    intermediate_size: int = 0
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    gated_mlp: bool = True
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    moe_layers: tuple[int, ...] | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int | None = None
+    sliding_window: int | None = None
+    sliding_window_layers: tuple[int, ...] | None = None
+    num_mtp_layers: int = 0
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        def set_(attribute: str, value: Any) -> None:
+            object.__setattr__(self, attribute, value)
+
+        for attribute in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size"):
+            set_(attribute, check_int(getattr(self, attribute), attribute, minimum=1))
+        for attribute in (
+            "intermediate_size",
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "num_mtp_layers",
+        ):
+            set_(attribute, check_int(getattr(self, attribute), attribute, minimum=0))
+        for attribute in ("gated_mlp", "tie_word_embeddings"):
+            if not isinstance(getattr(self, attribute), bool):
+                raise ValueError(
+                    f"{attribute} must be True or False, got {getattr(self, attribute)!r}"
+                )
+        if not isinstance(self.name, str):
+            raise ValueError(f"name must be a string, got {self.name!r}")
+        heads = self.num_attention_heads
+        if self.num_key_value_heads is None:
+            set_("num_key_value_heads", heads)
+        kv_heads = check_int(self.num_key_value_heads, "num_key_value_heads", minimum=1)
+        if heads % kv_heads:
+            raise ValueError(
+                f"num_attention_heads = {heads} is not a multiple of "
+                f"num_key_value_heads = {kv_heads}"
+            )
+        set_("num_key_value_heads", kv_heads)
+        if self.head_dim is None:
+            set_("head_dim", self.hidden_size // heads)
+        set_("head_dim", check_int(self.head_dim, "head_dim", minimum=1))
+        self._check_mla()
+        self._check_moe()
+        if self.sliding_window is None:
+            if self.sliding_window_layers:
+                raise ValueError(
+                    "sliding_window_layers is set but sliding_window is None; give the window size"
+                )
+            set_("sliding_window_layers", ())
+        else:
+            set_("sliding_window", check_int(self.sliding_window, "sliding_window", minimum=1))
+            layers = (
+                range(self.num_layers)
+                if self.sliding_window_layers is None
+                else self.sliding_window_layers
+            )
+            set_(
+                "sliding_window_layers",
+                _layer_indices(layers, "sliding_window_layers", self.num_layers),
+            )
+
+    def _check_mla(self) -> None:
+        if self.kv_lora_rank is None:
+            if self.q_lora_rank is not None:
+                raise ValueError("q_lora_rank is set but kv_lora_rank is None (MLA needs both)")
+            return
+        object.__setattr__(
+            self, "kv_lora_rank", check_int(self.kv_lora_rank, "kv_lora_rank", minimum=1)
+        )
+        if self.q_lora_rank is not None:
+            object.__setattr__(
+                self, "q_lora_rank", check_int(self.q_lora_rank, "q_lora_rank", minimum=1)
+            )
+        if self.qk_nope_head_dim + self.qk_rope_head_dim < 1:
+            raise ValueError(
+                "MLA (kv_lora_rank set) needs qk_nope_head_dim + qk_rope_head_dim >= 1, got "
+                f"{self.qk_nope_head_dim} + {self.qk_rope_head_dim}"
+            )
+        if self.v_head_dim is None:
+            raise ValueError("MLA (kv_lora_rank set) needs v_head_dim")
+        object.__setattr__(self, "v_head_dim", check_int(self.v_head_dim, "v_head_dim", minimum=1))
+
+    def _check_moe(self) -> None:
+        if self.num_experts == 0:
+            if self.moe_layers:
+                raise ValueError("moe_layers is set but num_experts is 0")
+            object.__setattr__(self, "moe_layers", ())
+        else:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok must be in 1..num_experts = {self.num_experts}, "
+                    f"got {self.num_experts_per_tok}"
+                )
+            if self.moe_intermediate_size < 1:
+                raise ValueError(
+                    f"moe_intermediate_size must be >= 1 for a MoE model, got "
+                    f"{self.moe_intermediate_size}"
+                )
+            layers = range(self.num_layers) if self.moe_layers is None else self.moe_layers
+            object.__setattr__(
+                self, "moe_layers", _layer_indices(layers, "moe_layers", self.num_layers)
+            )
+        if len(self.moe_layers) < self.num_layers and self.intermediate_size < 1:
+            raise ValueError(
+                f"intermediate_size must be >= 1: {self.num_layers - len(self.moe_layers)} "
+                "layer(s) use the dense MLP"
+            )
+
+    # --- derived numbers -------------------------------------------------------------------
+
+    @property
+    def is_mla(self) -> bool:
+        """True when attention is multi-head latent attention (``kv_lora_rank`` set)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Width of one head's query/key dot product (MLA: ``qk_nope + qk_rope``)."""
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        return int(self.head_dim)  # type: ignore[arg-type]
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width of one head's value vector (MLA: ``v_head_dim``)."""
+        return int(self.v_head_dim if self.is_mla else self.head_dim)  # type: ignore[arg-type]
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Number of decoder layers whose MLP is a mixture of experts."""
+        return len(self.moe_layers or ())
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Number of decoder layers with the dense MLP."""
+        return self.num_layers - self.num_moe_layers
+
+    # --- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def preset(cls, name: str) -> ModelSpec:
+        """The bundled spec ``name`` (see :func:`presets`), parsed with :meth:`from_hf_config`."""
+        available = presets()
+        if name not in available:
+            raise ValueError(f"unknown preset {name!r}; available: {', '.join(available)}")
+        folder = resources.files(_PRESET_PACKAGE).joinpath(_PRESET_FOLDER)
+        text = folder.joinpath(f"{name}.json").read_text("utf-8")
+        return cls.from_hf_config(json.loads(text), name=name)
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: str | Path | Mapping[str, Any] | Any,
+        *,
+        gated_mlp: bool | None = None,
+        name: str | None = None,
+    ) -> ModelSpec:
+        """Parse a Hugging Face model config into a spec.
+
+        ``config`` is a path to a ``config.json`` (str or Path), a dict, or an object with
+        attributes (a transformers ``PretrainedConfig``: read through ``to_dict()`` when present).
+        A multimodal config whose language model sits under ``text_config`` is read from there.
+
+        ``gated_mlp`` overrides the MLP kind; by default it follows ``model_type``
+        (:data:`GATED_MLP_MODEL_TYPES` / :data:`PLAIN_MLP_MODEL_TYPES`) and an unknown
+        ``model_type`` raises ValueError. Any other missing field that changes the FLOPs raises
+        ValueError naming the field. Documented Hugging Face defaults are applied: ``head_dim``
+        = hidden_size // num_attention_heads, ``num_key_value_heads`` = num_attention_heads,
+        ``decoder_sparse_step`` = 1, ``mlp_only_layers`` = [], ``moe_layer_freq`` = 1,
+        ``first_k_dense_replace`` = 0, no shared experts, no MTP layers.
+
+        Recognised layouts: dense and GQA models; Qwen2/3-MoE (``num_experts``,
+        ``decoder_sparse_step``, ``mlp_only_layers``, ``shared_expert_intermediate_size``);
+        Mixtral (``num_local_experts``, experts of ``intermediate_size``); DeepSeek-V2/V3
+        (``n_routed_experts``, ``n_shared_experts``, ``first_k_dense_replace``, MLA fields,
+        ``num_nextn_predict_layers``); sliding windows via ``layer_types``, Qwen's
+        ``use_sliding_window`` + ``max_window_layers``, or a plain ``sliding_window`` (Mistral).
+        Biases and norms are ignored (they cost no matmul FLOPs).
+        """
+        raw = _config_dict(config)
+        if "text_config" in raw and "hidden_size" not in raw:
+            raw = _config_dict(raw["text_config"])
+        cfg = _Fields(raw)
+        model_type = cfg.get("model_type", None)
+        if gated_mlp is None:
+            if model_type in GATED_MLP_MODEL_TYPES:
+                gated_mlp = True
+            elif model_type in PLAIN_MLP_MODEL_TYPES:
+                gated_mlp = False
+            else:
+                raise ValueError(
+                    f"model_type = {model_type!r} is not a known family, so the MLP kind is "
+                    "unknown; pass gated_mlp=True (SwiGLU, 3 matrices) or gated_mlp=False "
+                    "(2 matrices)"
+                )
+
+        num_layers = cfg.integer("num_hidden_layers")
+        heads = cfg.integer("num_attention_heads")
+        hidden = cfg.integer("hidden_size")
+        spec: dict[str, Any] = {
+            "name": name if name is not None else str(model_type or "custom"),
+            "hidden_size": hidden,
+            "num_layers": num_layers,
+            "num_attention_heads": heads,
+            "vocab_size": cfg.integer("vocab_size"),
+            "num_key_value_heads": cfg.integer("num_key_value_heads", heads),
+            "head_dim": cfg.integer("head_dim", hidden // heads),
+            "gated_mlp": bool(gated_mlp),
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        }
+        spec.update(_parse_moe(cfg, num_layers))
+        spec["num_mtp_layers"] = cfg.integer("num_nextn_predict_layers", 0)
+        needs_dense_mlp = len(spec.get("moe_layers", ())) < num_layers
+        if needs_dense_mlp or "num_local_experts" in raw:
+            spec["intermediate_size"] = cfg.integer("intermediate_size")
+        spec.update(_parse_mla(cfg))
+        spec.update(_parse_sliding_window(cfg, num_layers))
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec's fields as a JSON-ready dict (tuples become lists)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+class _Fields:
+    """Reads config fields; a missing or None required field raises ValueError naming it."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.raw = raw
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        value = self.raw.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise ValueError(f"config field {key!r} is missing (it changes the FLOPs)")
+            return default
+        return value
+
+    def integer(self, key: str, default: Any = _MISSING) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"config field {key!r} must be an integer, got {value!r}")
+        return int(value)
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            with path.open(encoding="utf-8") as handle:
+                loaded = json.load(handle)
+        except FileNotFoundError:
+            raise ValueError(f"config: no such file {str(path)!r}") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"config: {str(path)!r} is not valid JSON: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config: {str(path)!r} must hold a JSON object")
+        return loaded
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    if hasattr(config, "__dict__"):
+        return {k: v for k, v in vars(config).items() if not k.startswith("_")}
+    raise ValueError(
+        f"config must be a path, a dict or a config object, got {type(config).__name__}"
+    )
+
+
+def _parse_moe(cfg: _Fields, num_layers: int) -> dict[str, Any]:
+    raw = cfg.raw
+    if raw.get("n_routed_experts") is not None:  # DeepSeek-V2/V3
+        moe_size = cfg.integer("moe_intermediate_size")
+        first_dense = cfg.integer("first_k_dense_replace", 0)
+        frequency = check_int(cfg.integer("moe_layer_freq", 1), "moe_layer_freq", minimum=1)
+        return {
+            "num_experts": cfg.integer("n_routed_experts"),
+            "num_experts_per_tok": cfg.integer("num_experts_per_tok"),
+            "moe_intermediate_size": moe_size,
+            "shared_expert_intermediate_size": cfg.integer("n_shared_experts", 0) * moe_size,
+            "moe_layers": tuple(
+                i for i in range(num_layers) if i >= first_dense and i % frequency == 0
+            ),
+        }
+    if (
+        raw.get("num_local_experts") is not None
+    ):  # Mixtral: every layer, experts of intermediate_size
+        return {
+            "num_experts": cfg.integer("num_local_experts"),
+            "num_experts_per_tok": cfg.integer("num_experts_per_tok"),
+            "moe_intermediate_size": cfg.integer("intermediate_size"),
+        }
+    if raw.get("num_experts"):  # Qwen2-MoE / Qwen3-MoE
+        step = check_int(cfg.integer("decoder_sparse_step", 1), "decoder_sparse_step", minimum=1)
+        dense_only = set(
+            _layer_indices(cfg.get("mlp_only_layers", []), "mlp_only_layers", num_layers)
+        )
+        return {
+            "num_experts": cfg.integer("num_experts"),
+            "num_experts_per_tok": cfg.integer("num_experts_per_tok"),
+            "moe_intermediate_size": cfg.integer("moe_intermediate_size"),
+            "shared_expert_intermediate_size": cfg.integer("shared_expert_intermediate_size", 0),
+            "moe_layers": tuple(
+                i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0
+            ),
+        }
+    return {}
+
+
+def _parse_mla(cfg: _Fields) -> dict[str, Any]:
+    if cfg.raw.get("kv_lora_rank") is None:
+        return {}
+    q_lora = cfg.raw.get("q_lora_rank")
+    return {
+        "kv_lora_rank": cfg.integer("kv_lora_rank"),
+        "q_lora_rank": None if q_lora is None else cfg.integer("q_lora_rank"),
+        "qk_nope_head_dim": cfg.integer("qk_nope_head_dim"),
+        "qk_rope_head_dim": cfg.integer("qk_rope_head_dim"),
+        "v_head_dim": cfg.integer("v_head_dim"),
+        "head_dim": None,
+    }
+
+
+def _parse_sliding_window(cfg: _Fields, num_layers: int) -> dict[str, Any]:
+    raw = cfg.raw
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        if len(layer_types) != num_layers:
+            raise ValueError(
+                f"config field 'layer_types' has {len(layer_types)} entries for {num_layers} layers"
+            )
+        windowed = tuple(i for i, kind in enumerate(layer_types) if kind == "sliding_attention")
+    elif "use_sliding_window" in raw:  # Qwen2/Qwen3: layers >= max_window_layers use the window
+        if not raw["use_sliding_window"]:
+            return {}
+        first = cfg.integer("max_window_layers")
+        windowed = tuple(range(min(first, num_layers), num_layers))
+    elif raw.get("sliding_window") is not None:  # Mistral: every layer
+        windowed = tuple(range(num_layers))
+    else:
+        return {}
+    if not windowed:
+        return {}
+    return {"sliding_window": cfg.integer("sliding_window"), "sliding_window_layers": windowed}

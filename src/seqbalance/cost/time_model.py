@@ -1,0 +1,284 @@
+"""TimeModel: predicted seconds of one micro-batch, from FLOPs or fitted to measurements.
+
+    seconds(micro-batch) = t0 + t1 · Σ L_i + t2 · Σ q(L_i),   q(L) = ceil(L / tile)² · tile²
+
+``t0`` is a fixed cost per micro-batch (kernel launches, optimizer hooks, communication that does
+not scale with tokens), ``t1`` seconds per token, ``t2`` seconds per token² of each sample's own
+attention. ``q(L) = L²`` without ``tile``; with ``tile`` (attention kernels work in blocks, e.g.
+128 tokens on H100) L is rounded up to a multiple of ``tile`` in the quadratic term only. ``q``
+uses ``L²`` (not the causal pair count), matching ``FlopsModel.coefficients``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import as_lengths, check_int, check_positive_float
+from seqbalance.cost.flops import FlopsModel
+
+__all__ = ["FitStats", "TimeModel"]
+
+_FORMAT = "seqbalance.TimeModel"
+_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FitStats:
+    """Quality of a :meth:`TimeModel.fit` on its own observations.
+
+    ``mape``: mean absolute percentage error as a fraction (0.05 = 5%); ``r2``: coefficient of
+    determination (1.0 when the observations have no spread and are fitted exactly, 0.0 when
+    they have no spread and are not); ``n_observations``: micro-batches used.
+    """
+
+    mape: float
+    r2: float
+    n_observations: int
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Seconds of a micro-batch: ``t0 + t1·ΣL + t2·Σq(L)`` (see the module docstring).
+
+    Satisfies the planner's cost protocol: :meth:`per_sample` (seconds per sample without the
+    fixed cost) and :attr:`microbatch_overhead` (``t0``).
+    """
+
+    t0: float
+    t1: float
+    t2: float
+    tile: int | None = field(default=None, kw_only=True)
+    fit_stats: FitStats | None = field(default=None, kw_only=True, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("t0", "t1", "t2"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if self.tile is not None:
+            object.__setattr__(self, "tile", check_int(self.tile, "tile", minimum=1))
+        if self.fit_stats is not None and not isinstance(self.fit_stats, FitStats):
+            raise ValueError(f"fit_stats must be a FitStats or None, got {self.fit_stats!r}")
+
+    # --- predictions -------------------------------------------------------------------------
+
+    @property
+    def microbatch_overhead(self) -> float:
+        """Seconds every micro-batch costs regardless of its samples (``t0``)."""
+        return self.t0
+
+    def quadratic_term(self, lengths: Any) -> np.ndarray:
+        """``q(L)`` per sample (float64, tokens²): ``L²`` with L rounded up to ``tile``."""
+        length = as_lengths(lengths).astype(np.float64)
+        if self.tile is not None:
+            length = np.ceil(length / self.tile) * self.tile
+        return length * length
+
+    def per_sample(self, lengths: Any) -> np.ndarray:
+        """Seconds per sample (float64) without the per-micro-batch ``t0``: ``t1·L + t2·q(L)``."""
+        length = as_lengths(lengths)
+        return self.t1 * length.astype(np.float64) + self.t2 * self.quadratic_term(length)
+
+    def microbatch_seconds(self, lengths: Any) -> float:
+        """Seconds of one micro-batch of samples of ``lengths`` tokens: ``t0 + Σ per_sample``."""
+        return self.t0 + float(self.per_sample(lengths).sum())
+
+    # --- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_flops(
+        cls,
+        flops_model: FlopsModel,
+        peak_flops_per_s: float,
+        efficiency: float,
+        *,
+        backward: bool = True,
+        tile: int | None = None,
+    ) -> TimeModel:
+        """Seconds from FLOPs: training (or forward) FLOPs / (peak_flops_per_s · efficiency).
+
+        ``t0 = 0``; ``(t1, t2)`` are ``flops_model.coefficients`` (already the polynomial in L and
+        L², the causal pair count folded in) times the training multiplier, divided by the
+        achieved FLOP/s. Models whose cost is not such a polynomial (sliding-window layers, an
+        ``extra_per_sample`` term) raise ValueError.
+        """
+        if not isinstance(flops_model, FlopsModel):
+            raise ValueError(f"flops_model must be a FlopsModel, got {type(flops_model).__name__}")
+        peak = check_positive_float(peak_flops_per_s, "peak_flops_per_s")
+        eff = check_positive_float(efficiency, "efficiency")
+        if eff > 1:
+            raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+        if flops_model.windowed_pair_flops:
+            raise ValueError(
+                "flops_model has sliding-window layers, whose cost is not t1·L + t2·L²; "
+                "fit a TimeModel to measurements instead"
+            )
+        if flops_model.extra_per_sample is not None:
+            raise ValueError(
+                "flops_model has an extra_per_sample term, whose cost is not t1·L + t2·L²; "
+                "fit a TimeModel to measurements instead"
+            )
+        linear, quadratic = flops_model.coefficients
+        multiplier = flops_model.training_multiplier if backward else 1
+        rate = peak * eff
+        return cls(0.0, linear * multiplier / rate, quadratic * multiplier / rate, tile=tile)
+
+    @classmethod
+    def fit(
+        cls, observations: Sequence[tuple[Any, float]], *, tile: int | None = None
+    ) -> TimeModel:
+        """Fit ``t0, t1, t2 >= 0`` to measured micro-batches by non-negative least squares.
+
+        ``observations`` is a sequence of ``(lengths of one micro-batch, seconds)`` pairs; at
+        least 3 are needed. Minimises the squared error in seconds over the features
+        ``[1, ΣL, Σq(L)]`` exactly (every support of the 3 coefficients is solved and the best
+        non-negative solution kept). The result carries :class:`FitStats` as ``fit_stats``.
+        """
+        template = cls(0.0, 0.0, 0.0, tile=tile)
+        features, seconds = _observation_matrix(observations, template)
+        coefficients = _nnls(features, seconds)
+        predicted = features @ coefficients
+        residual = float(np.sum((seconds - predicted) ** 2))
+        spread = float(np.sum((seconds - seconds.mean()) ** 2))
+        if spread > 0:
+            r2 = 1.0 - residual / spread
+        else:
+            r2 = 1.0 if np.allclose(predicted, seconds) else 0.0
+        stats = FitStats(
+            mape=float(np.mean(np.abs(predicted - seconds) / seconds)),
+            r2=float(r2),
+            n_observations=int(seconds.size),
+        )
+        t0, t1, t2 = (float(c) for c in coefficients)
+        return cls(t0, t1, t2, tile=template.tile, fit_stats=stats)
+
+    # --- serialisation -----------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """JSON text with the format name and version, coefficients, tile and fit statistics."""
+        stats = self.fit_stats
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "version": _FORMAT_VERSION,
+                "t0": self.t0,
+                "t1": self.t1,
+                "t2": self.t2,
+                "tile": self.tile,
+                "fit_stats": None
+                if stats is None
+                else {"mape": stats.mape, "r2": stats.r2, "n_observations": stats.n_observations},
+            },
+            indent=2,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> TimeModel:
+        """Inverse of :meth:`to_json`; rejects other formats and unknown versions."""
+        try:
+            data = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as error:
+            raise ValueError(f"TimeModel JSON is not valid JSON: {error}") from None
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise ValueError(f"TimeModel JSON must be an object with format {_FORMAT!r}")
+        if data.get("version") != _FORMAT_VERSION:
+            raise ValueError(
+                f"TimeModel JSON version {data.get('version')!r} is not supported "
+                f"(this seqbalance reads version {_FORMAT_VERSION})"
+            )
+        try:
+            stats = data.get("fit_stats")
+            return cls(
+                data["t0"],
+                data["t1"],
+                data["t2"],
+                tile=data.get("tile"),
+                fit_stats=None
+                if stats is None
+                else FitStats(
+                    mape=float(stats["mape"]),
+                    r2=float(stats["r2"]),
+                    n_observations=int(stats["n_observations"]),
+                ),
+            )
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"TimeModel JSON is missing or has a bad field: {error}") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`to_json` to ``path``."""
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> TimeModel:
+        """Read a model written by :meth:`save`."""
+        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+def _observation_matrix(
+    observations: Sequence[tuple[Any, float]], template: TimeModel
+) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(observations, (str, bytes)) or not isinstance(observations, Sequence):
+        raise ValueError(
+            "observations must be a sequence of (lengths, seconds) pairs, "
+            f"got {type(observations).__name__}"
+        )
+    if len(observations) < 3:
+        raise ValueError(
+            f"observations must hold at least 3 (lengths, seconds) pairs to fit 3 coefficients, "
+            f"got {len(observations)}"
+        )
+    rows = np.empty((len(observations), 3), dtype=np.float64)
+    seconds = np.empty(len(observations), dtype=np.float64)
+    for i, observation in enumerate(observations):
+        if not isinstance(observation, (tuple, list)) or len(observation) != 2:
+            raise ValueError(
+                f"observations[{i}] must be a (lengths, seconds) pair, got {observation!r}"
+            )
+        lengths, value = observation
+        length = as_lengths(lengths, f"observations[{i}] lengths")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"observations[{i}] seconds must be a number, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"observations[{i}] seconds must be finite and > 0, got {value!r}")
+        rows[i] = (1.0, float(length.sum()), float(template.quadratic_term(length).sum()))
+        seconds[i] = float(value)
+    return rows, seconds
+
+
+def _nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares for a handful of columns by enumerating supports.
+
+    The optimum's support S has x_S equal to the unconstrained least-squares solution on the
+    columns in S, so the best feasible (all >= 0) support solution is the global optimum.
+    Columns are scaled to unit norm first so ΣL² (~1e9) and 1 are solved with equal accuracy.
+    """
+    n_columns = features.shape[1]
+    norms = np.linalg.norm(features, axis=0)
+    scale = np.where(norms > 0, norms, 1.0)
+    scaled = features / scale
+    best = np.zeros(n_columns)
+    best_residual = float(np.sum(target**2))
+    for size in range(1, n_columns + 1):
+        for support in combinations(range(n_columns), size):
+            columns = list(support)
+            solution, *_ = np.linalg.lstsq(scaled[:, columns], target, rcond=None)
+            if np.any(solution < 0):
+                continue
+            candidate = np.zeros(n_columns)
+            candidate[columns] = solution
+            residual = float(np.sum((target - scaled @ candidate) ** 2))
+            if residual < best_residual:
+                best, best_residual = candidate, residual
+    return best / scale

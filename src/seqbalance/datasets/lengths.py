@@ -1,0 +1,475 @@
+"""Token lengths of a text dataset file (JSON lines, JSON, Parquet; optionally gzipped).
+
+This is the machinery behind ``seqbalance lengths`` and ``scripts/build_datasets.py``. A record
+becomes one training sample (or, when its response field holds a list, one sample per response:
+a GRPO group). Its length in tokens is the sum of the token counts of its texts plus the chat
+template's overhead per turn:
+
+- ``text_fields`` (e.g. ``instruction, input, output``): the last field is the response turn; the
+  fields before it form one prompt turn, joined with a newline and empty ones left out (the
+  Alpaca / LLaMA-Factory convention). A single field is a single turn. ``history_field`` adds
+  earlier ``[prompt, response]`` pairs (two turns each).
+- ``chat_field``: a list of messages (``role``/``content`` as in OpenAI, or ``from``/``value`` as
+  in ShareGPT), one turn each; or an Anthropic HH transcript string (``\\n\\nHuman: ...
+  \\n\\nAssistant: ...``), counted as written with one turn per speaker block.
+- ``extra_fields`` (e.g. a tool schema the trainer puts into the system prompt): counted as text,
+  no turn of their own.
+
+``template="chatml"`` adds 5 tokens per turn (``<|im_start|>``, role, newline, ``<|im_end|>``,
+newline); Llama-3's header format costs the same 5. ``template="none"`` adds nothing.
+Malformed records are errors naming their line numbers (JSON lines) or record indices, unless
+``skip_malformed`` is set, in which case they are skipped and listed in the result.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import check_choice
+from seqbalance.datasets.tokenize import Tokenizer, get_tokenizer
+
+__all__ = [
+    "FORMATS",
+    "TEMPLATE_TOKENS_PER_TURN",
+    "Fields",
+    "MalformedRecord",
+    "MalformedRecordsError",
+    "TokenLengths",
+    "detect_format",
+    "guess_fields",
+    "token_lengths",
+]
+
+FORMATS = ("jsonl", "json", "parquet")
+TEMPLATE_TOKENS_PER_TURN = {"chatml": 5, "none": 0}
+_TOKENIZE_CHUNK = 2048  # texts per tokenizer call: large enough for batching, small for progress
+_SHOWN_MALFORMED = 10
+_HH_SPEAKER = re.compile(r"\n\n(Human|Assistant):")
+_GUESSED_TEXT_FIELDS = (
+    ("prompt", "response"),
+    ("prompt", "completion"),
+    ("query", "response"),
+    ("question", "answer"),
+    ("problem", "solution"),
+    ("text",),
+)
+
+Progress = Callable[..., Iterable[Any]]
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Which fields of a record hold its text (see the module docstring for how they count)."""
+
+    text: tuple[str, ...] = ()
+    chat: str | None = None
+    history: str | None = None
+    extra: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if bool(self.text) == (self.chat is not None):
+            raise ValueError(
+                f"give either text fields or a chat field, got text={self.text!r}, "
+                f"chat={self.chat!r}"
+            )
+        if self.history is not None and not self.text:
+            raise ValueError("history field only goes with text fields, not with a chat field")
+
+    def describe(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (only those that are set)."""
+        described: dict[str, Any] = {}
+        if self.text:
+            described["text"] = list(self.text)
+        if self.chat is not None:
+            described["chat"] = self.chat
+        if self.history is not None:
+            described["history"] = self.history
+        if self.extra:
+            described["extra"] = list(self.extra)
+        return described
+
+
+@dataclass(frozen=True)
+class MalformedRecord:
+    """A record that could not be read: ``location`` is a 1-based line number for JSON lines,
+    a 0-based record index for JSON and Parquet."""
+
+    location: int
+    reason: str
+
+
+class MalformedRecordsError(ValueError):
+    """Raised when a file has malformed records and skipping them was not asked for."""
+
+    def __init__(self, path: Path, location_kind: str, records: list[MalformedRecord]) -> None:
+        self.records = records
+        shown = "; ".join(
+            f"{location_kind} {r.location}: {r.reason}" for r in records[:_SHOWN_MALFORMED]
+        )
+        more = len(records) - _SHOWN_MALFORMED
+        suffix = f"; and {more} more" if more > 0 else ""
+        super().__init__(
+            f"{path}: {len(records)} malformed record{'s' if len(records) != 1 else ''} "
+            f"({shown}{suffix}); fix them or skip them (--skip-malformed / skip_malformed=True)"
+        )
+
+
+@dataclass(frozen=True)
+class TokenLengths:
+    """Token lengths of the samples of one dataset file.
+
+    lengths: int64 tokens per sample (texts + template overhead), in file order.
+    groups: int64 group id per sample (0, 1, ... over the records that produced samples) when
+        some record's response field holds a list of responses; None otherwise.
+    locations: int64 line number (JSON lines, 1-based) or record index (0-based) of each
+        sample's record.
+    location_kind: "line" or "record".
+    n_records: records read (malformed ones included).
+    malformed: records skipped as malformed (empty unless skip_malformed was set).
+    empty: locations of records without any text (left out when drop_empty was set; otherwise
+        they are samples whose length is their template overhead only).
+    """
+
+    lengths: np.ndarray
+    groups: np.ndarray | None
+    locations: np.ndarray
+    location_kind: str
+    n_records: int
+    malformed: tuple[MalformedRecord, ...]
+    empty: np.ndarray
+    fields: Fields
+    tokenizer: str
+    template: str
+    format: str
+    dropped_empty: bool = False
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready figures: counts and length statistics in tokens."""
+        lengths = self.lengths
+        stats: dict[str, Any] = {"total_tokens": int(lengths.sum())}
+        if lengths.size:
+            stats.update(
+                mean=float(lengths.mean()),
+                median=float(np.median(lengths)),
+                p90=float(np.percentile(lengths, 90)),
+                min=int(lengths.min()),
+                max=int(lengths.max()),
+            )
+        return {
+            "records": self.n_records,
+            "samples": int(lengths.size),
+            "groups": None if self.groups is None else int(np.unique(self.groups).size),
+            "malformed": [
+                {self.location_kind: r.location, "reason": r.reason} for r in self.malformed
+            ],
+            "empty": {self.location_kind + "s": self.empty.tolist(), "dropped": self.dropped_empty},
+            "format": self.format,
+            "fields": self.fields.describe(),
+            "tokenizer": self.tokenizer,
+            "template": self.template,
+            **stats,
+        }
+
+
+class _Malformed(Exception):
+    pass
+
+
+def detect_format(path: str | Path) -> str:
+    """File format from the extension (``.jsonl``, ``.json``, ``.parquet``, each maybe ``.gz``)."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes.pop()
+    extension = suffixes[-1].lstrip(".") if suffixes else ""
+    if extension in ("jsonl", "ndjson"):
+        return "jsonl"
+    if extension in FORMATS:
+        return extension
+    raise ValueError(
+        f"cannot tell the format of {str(path)!r} from its extension; "
+        f"give format as one of {', '.join(FORMATS)}"
+    )
+
+
+def _open_text(path: Path) -> Any:
+    if path.suffix.lower() == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    with _open_text(path) as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_number, json.loads(line)
+            except json.JSONDecodeError as error:
+                yield line_number, _Malformed(f"invalid JSON ({error.msg} at column {error.colno})")
+
+
+def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
+    with _open_text(path) as handle:
+        try:
+            document = json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg} "
+                "(a file with one record per line is JSON lines: format 'jsonl')"
+            ) from None
+    if not isinstance(document, list):
+        raise ValueError(
+            f"{path}: a JSON dataset must be a list of records, got {type(document).__name__}"
+        )
+    yield from enumerate(document)
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise ImportError(
+            "reading Parquet needs pyarrow: pip install 'seqbalance[parquet]' (or pyarrow)"
+        ) from error
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches():
+        for row in batch.to_pylist():
+            yield index, row
+            index += 1
+
+
+_READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}
+
+
+def _records(path: Path, format: str) -> Iterator[tuple[int, Any]]:
+    """(location, record or _Malformed) pairs; unreadable files become ValueErrors."""
+    try:
+        yield from _READERS[format](path)
+    except (UnicodeDecodeError, OSError, EOFError) as error:
+        raise ValueError(f"{path}: cannot read it as {format} (UTF-8 text): {error}") from None
+
+
+def guess_fields(record: Any) -> Fields:
+    """Fields for common dataset layouts, judged from one record.
+
+    OpenAI ``messages``, ShareGPT ``conversations``, Alpaca ``instruction``/``input``/``output``
+    (+ ``history``), prompt/response pairs, question/answer, problem/solution, HH-RLHF ``chosen``,
+    plain ``text``. Raises ValueError listing the record's keys when none fits.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(
+            f"cannot guess fields: the first record is a {type(record).__name__}, not an object"
+        )
+    for chat in ("messages", "conversations"):
+        if isinstance(record.get(chat), list):
+            return Fields(chat=chat)
+    if "instruction" in record and "output" in record:
+        text = (
+            ("instruction", "input", "output") if "input" in record else ("instruction", "output")
+        )
+        return Fields(text=text, history="history" if "history" in record else None)
+    for text in _GUESSED_TEXT_FIELDS:
+        if all(name in record for name in text):
+            return Fields(text=text)
+    if isinstance(record.get("chosen"), str) and _HH_SPEAKER.search(record["chosen"]):
+        return Fields(chat="chosen")
+    raise ValueError(
+        f"cannot guess which fields hold the text (record keys: {', '.join(map(str, record))}); "
+        "give text fields (--text-field) or a chat field (--chat-field)"
+    )
+
+
+def _get(record: dict[str, Any], name: str) -> Any:
+    if name not in record:
+        raise _Malformed(f"field {name!r} is missing")
+    return record[name]
+
+
+def _text(value: Any, name: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise _Malformed(f"field {name!r} must be a string, got {type(value).__name__}")
+
+
+def _extra_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    # Structured tool schemas are rendered as JSON text, as chat templates do.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _message_content(message: Any, position: int, name: str) -> str:
+    if not isinstance(message, dict):
+        raise _Malformed(
+            f"{name}[{position}] must be a message object, got {type(message).__name__}"
+        )
+    key = "content" if "content" in message else "value" if "value" in message else None
+    if key is None:
+        raise _Malformed(f"{name}[{position}] has neither 'content' nor 'value'")
+    content = message[key]
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):  # OpenAI content parts: count the text parts
+        texts = [part.get("text") for part in content if isinstance(part, dict)]
+        if all(isinstance(text, str) for text in texts) and len(texts) == len(content):
+            return "".join(texts)
+    raise _Malformed(f"{name}[{position}].{key} must be a string, got {type(content).__name__}")
+
+
+def _hh_turns(transcript: str, name: str) -> int:
+    speakers = _HH_SPEAKER.findall(transcript)
+    if not speakers:
+        raise _Malformed(f"field {name!r} is a string without 'Human:'/'Assistant:' turns")
+    # Consecutive blocks of one speaker are one message.
+    return 1 + sum(a != b for a, b in itertools.pairwise(speakers))
+
+
+def _record_samples(record: Any, fields: Fields) -> tuple[list[list[str]], list[int], bool]:
+    """(texts of each sample, turns of each sample, whether the response was a list)."""
+    if not isinstance(record, dict):
+        raise _Malformed(f"a record must be a JSON object, got {type(record).__name__}")
+    extras = [_extra_text(_get(record, name)) for name in fields.extra]
+    if fields.chat is not None:
+        chat = _get(record, fields.chat)
+        if isinstance(chat, str):
+            return [[chat, *extras]], [_hh_turns(chat, fields.chat)], False
+        if not isinstance(chat, list):
+            raise _Malformed(
+                f"field {fields.chat!r} must be a list of messages, got {type(chat).__name__}"
+            )
+        texts = [_message_content(message, i, fields.chat) for i, message in enumerate(chat)]
+        return [[*texts, *extras]], [len(texts)], False
+
+    history_texts: list[str] = []
+    if fields.history is not None:
+        history = _get(record, fields.history) or []
+        if not isinstance(history, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair)
+            for pair in history
+        ):
+            raise _Malformed(f"field {fields.history!r} must be a list of [prompt, response] pairs")
+        history_texts = [text for pair in history for text in pair]
+    *prompt_names, response_name = fields.text
+    prompt_parts = [_text(_get(record, name), name) for name in prompt_names]
+    prompt = "\n".join(part for part in prompt_parts if part)
+    response = _get(record, response_name)
+    grouped = isinstance(response, list)
+    responses = (
+        [_text(item, response_name) for item in response]
+        if grouped
+        else [_text(response, response_name)]
+    )
+    turns = len(history_texts) + (1 if prompt_names else 0) + 1
+    shared = [*history_texts, *([prompt] if prompt_names else []), *extras]
+    return [[*shared, text] for text in responses], [turns] * len(responses), grouped
+
+
+def _tokenize_unique(
+    texts: list[str], tokenizer: Tokenizer, progress: Progress | None
+) -> np.ndarray:
+    chunks = range(0, len(texts), _TOKENIZE_CHUNK)
+    if progress is not None:
+        chunks = progress(chunks, total=len(chunks), description="tokenizing")
+    counts = [tokenizer.count(texts[start : start + _TOKENIZE_CHUNK]) for start in chunks]
+    return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+
+
+def token_lengths(
+    path: str | Path,
+    *,
+    fields: Fields | None = None,
+    format: str | None = None,
+    tokenizer: str | Tokenizer = "qwen",
+    template: str = "chatml",
+    skip_malformed: bool = False,
+    drop_empty: bool = False,
+    progress: Progress | None = None,
+) -> TokenLengths:
+    """Token length of every sample of a dataset file (see the module docstring for the rules).
+
+    path: a ``.jsonl``/``.json``/``.parquet`` file, optionally ``.gz``. format: one of FORMATS,
+    from the extension when None. fields: which fields hold the text (guessed from the first
+    record when None). tokenizer: a spec for :func:`get_tokenizer` or a loaded Tokenizer.
+    template: ``"chatml"`` (5 tokens per turn) or ``"none"``. progress: optional wrapper
+    ``progress(iterable, total=..., description=...)`` used around tokenization.
+    Raises MalformedRecordsError (a ValueError) naming line numbers / record indices.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"path {str(path)!r}: no such file")
+    format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
+    template = check_choice(template, "template", tuple(TEMPLATE_TOKENS_PER_TURN))
+    counter = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    location_kind = "line" if format == "jsonl" else "record"
+
+    text_ids: dict[str, int] = {}
+    sample_texts: list[list[int]] = []
+    sample_turns: list[int] = []
+    sample_locations: list[int] = []
+    sample_groups: list[int] = []
+    malformed: list[MalformedRecord] = []
+    empty: list[int] = []
+    any_grouped = False
+    n_records = 0
+    group = 0
+    for location, record in _records(path, format):
+        n_records += 1
+        try:
+            if isinstance(record, _Malformed):
+                raise record
+            if fields is None:
+                fields = guess_fields(record)
+            samples, turns, grouped = _record_samples(record, fields)
+        except _Malformed as error:
+            malformed.append(MalformedRecord(location, str(error)))
+            continue
+        any_grouped |= grouped
+        if not any(text for texts in samples for text in texts):
+            empty.append(location)
+            if drop_empty:
+                continue
+        for texts, sample_turn_count in zip(samples, turns, strict=True):
+            sample_texts.append([text_ids.setdefault(text, len(text_ids)) for text in texts])
+            sample_turns.append(sample_turn_count)
+            sample_locations.append(location)
+            sample_groups.append(group)
+        group += bool(samples)
+    if malformed and not skip_malformed:
+        raise MalformedRecordsError(path, location_kind, malformed)
+    if fields is None:
+        raise ValueError(f"{path}: no records")
+
+    counts = _tokenize_unique(list(text_ids), counter, progress)
+    owner = np.repeat(np.arange(len(sample_texts)), [len(t) for t in sample_texts])
+    flat_ids = np.fromiter(
+        (i for texts in sample_texts for i in texts), dtype=np.int64, count=owner.size
+    )
+    text_tokens = np.bincount(owner, weights=counts[flat_ids], minlength=len(sample_texts))
+    overhead = TEMPLATE_TOKENS_PER_TURN[template] * np.asarray(sample_turns, dtype=np.int64)
+    return TokenLengths(
+        lengths=np.rint(text_tokens).astype(np.int64) + overhead,
+        groups=np.asarray(sample_groups, dtype=np.int64) if any_grouped else None,
+        locations=np.asarray(sample_locations, dtype=np.int64),
+        location_kind=location_kind,
+        n_records=n_records,
+        malformed=tuple(malformed),
+        empty=np.asarray(empty, dtype=np.int64),
+        fields=fields,
+        tokenizer=counter.name,
+        template=template,
+        format=format,
+        dropped_empty=drop_empty,
+    )

