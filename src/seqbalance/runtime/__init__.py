@@ -1,0 +1,42 @@
+"""seqbalance.runtime: the planner inside real PyTorch training loops (needs the torch extra).
+
+Owns the DataLoader samplers (:class:`BalancedBatchSampler`, :class:`LengthGroupedSampler`), the
+in-loop :class:`Rebalancer` that moves samples between data-parallel ranks with
+torch.distributed, the streaming :class:`WindowBalancer`, the :class:`TorchFlopsMeter` for
+packed (THD) batches, and ``toy_model`` (a tiny packed-input transformer for examples,
+calibration and benchmarks). This is the only package that imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY_NAMES = {
+    "BalancedBatchSampler": "seqbalance.runtime.samplers",
+    "LengthGroupedSampler": "seqbalance.runtime.samplers",
+    "Rebalancer": "seqbalance.runtime.rebalancer",
+    "RebalanceResult": "seqbalance.runtime.rebalancer",
+    "CollectiveError": "seqbalance.runtime._dist",
+    "WindowBalancer": "seqbalance.runtime.window",
+    "Dispatch": "seqbalance.runtime.window",
+    "TorchFlopsMeter": "seqbalance.runtime.flops",
+    "FlopsReport": "seqbalance.runtime.flops",
+}
+
+__all__ = [*_LAZY_NAMES, "toy_model"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "toy_model":
+        value: Any = importlib.import_module("seqbalance.runtime.toy_model")
+    elif name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    else:
+        raise AttributeError(f"module 'seqbalance.runtime' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,71 @@
+"""Collectives with a deadline: every wait is bounded, so a failed peer raises, never hangs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["CollectiveError", "Comm", "wait"]
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or did not finish within the timeout (a peer rank failed or hung)."""
+
+
+def wait(work: Any, what: str, timeout: timedelta) -> None:
+    try:
+        work.wait(timeout)
+    except RuntimeError as error:
+        raise CollectiveError(
+            f"{what} did not complete within {timeout.total_seconds():g} s: a peer rank failed, "
+            f"exited or did not reach the same call ({error})"
+        ) from error
+
+
+class Comm:
+    """Collectives on one process group, each bounded by the timeout."""
+
+    def __init__(self, group: Any, timeout: timedelta) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("torch.distributed is not initialised: call init_process_group first")
+        self.group = group
+        self.timeout = timeout
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(group) == "nccl"
+            else torch.device("cpu")
+        )
+
+    def all_gather_bytes(self, payload: bytes, what: str) -> list[bytes]:
+        """Every rank's ``payload`` (two all_gathers: sizes, then payloads padded to the max)."""
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        sizes = [torch.empty_like(size) for _ in range(self.world_size)]
+        wait(dist.all_gather(sizes, size, group=self.group, async_op=True), what, self.timeout)
+        counts = [int(s.item()) for s in sizes]
+        buffer = torch.zeros(max(counts), dtype=torch.uint8)
+        buffer[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        buffer = buffer.to(self.device)
+        gathered = [torch.empty_like(buffer) for _ in range(self.world_size)]
+        wait(dist.all_gather(gathered, buffer, group=self.group, async_op=True), what, self.timeout)
+        return [g[:n].cpu().numpy().tobytes() for g, n in zip(gathered, counts, strict=True)]
+
+    def exchange(
+        self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int], what: str
+    ) -> torch.Tensor:
+        """``all_to_all_single`` of a uint8 buffer with per-rank split sizes (in bytes)."""
+        received = torch.empty(sum(recv_splits), dtype=torch.uint8, device=self.device)
+        work = dist.all_to_all_single(
+            received,
+            send.to(self.device),
+            output_split_sizes=recv_splits,
+            input_split_sizes=send_splits,
+            group=self.group,
+            async_op=True,
+        )
+        wait(work, what, self.timeout)
+        return received

@@ -1,0 +1,270 @@
+"""A streaming buffer that turns a continuous flow of samples into balanced optimizer steps.
+
+Producers (rollout workers, on-the-fly packers) push samples as they arrive; the buffer holds
+up to ``window`` of them and, on each dispatch, chooses ``batch_size`` samples that plan well
+across ``dp_size`` ranks. A sample never waits more than ``max_delay`` dispatches: selection is
+earliest-deadline-first for the samples that must go now, and balance-driven for the rest.
+
+Pure Python + numpy: it needs no torch.distributed (run it on the producer, or on every rank
+with the same input stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seqbalance._validation import as_lengths, check_int
+
+if TYPE_CHECKING:
+    from seqbalance.plan import StepPlan
+
+__all__ = ["Dispatch", "WindowBalancer"]
+
+_OFFSETS = 4
+"""Runs of similar cost tried per candidate family (the planner scores each); bounds the cost."""
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One dispatched optimizer step.
+
+    ``ids[k]`` is the id of plan position ``k``: ``plan.ranks[r][j]`` holds plan positions, so
+    ``ids[plan.ranks[r][j]]`` are the ids of rank ``r``'s micro-batch ``j`` (see
+    :meth:`rank_ids`). ``waited[k]`` counts the earlier dispatches that passed sample ``k`` over
+    (always ``<= max_delay``). ``items`` holds the objects pushed with the samples, if any.
+    """
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    waited: np.ndarray
+    plan: StepPlan
+    items: list[Any] | None
+    index: int
+
+    def rank_ids(self, rank: int) -> list[np.ndarray]:
+        """Sample ids of each micro-batch of ``rank``."""
+        return [self.ids[microbatch] for microbatch in self.plan.ranks[rank]]
+
+    def rank_items(self, rank: int) -> list[list[Any]]:
+        """Pushed objects of each micro-batch of ``rank`` (requires ``items`` at push time)."""
+        if self.items is None:
+            raise ValueError("no items were pushed with these samples; use rank_ids instead")
+        return [[self.items[int(k)] for k in microbatch] for microbatch in self.plan.ranks[rank]]
+
+
+class WindowBalancer:
+    """Buffer up to ``window`` samples and dispatch balanced steps of ``batch_size`` samples.
+
+    Parameters
+    ----------
+    dp_size:
+        Data-parallel ranks each step is planned for.
+    batch_size:
+        Samples per dispatched step (global, over all ranks).
+    window:
+        Most samples buffered at once (default ``4 * batch_size``); ``push`` beyond it raises.
+        Must satisfy ``batch_size <= window <= batch_size * (max_delay + 1)`` so the delay bound
+        can always be honoured.
+    max_delay:
+        Most dispatches a sample may be passed over (default: the smallest the window allows,
+        ``ceil(window / batch_size) - 1``).
+    plan_options:
+        Forwarded to :func:`seqbalance.plan.plan_step` (``cost``, ``max_tokens``, ...).
+
+    Selection at each dispatch: first the fewest earliest-deadline samples that must leave now
+    so that every later dispatch can still meet every deadline; then, among candidate
+    selections — those samples plus the oldest others, those samples plus runs of similar
+    length, and runs of similar length over the whole window that leave every deadline
+    feasible — the one whose plan (:func:`seqbalance.plan.plan_step`) has the lowest predicted
+    imbalance (ties prefer the oldest). At most ``1 + 2 * 4`` plans per dispatch.
+    """
+
+    def __init__(
+        self,
+        dp_size: int,
+        batch_size: int,
+        *,
+        window: int | None = None,
+        max_delay: int | None = None,
+        **plan_options: Any,
+    ) -> None:
+        self.dp_size = check_int(dp_size, "dp_size", minimum=1)
+        self.batch_size = check_int(batch_size, "batch_size", minimum=1)
+        self.window = check_int(
+            4 * self.batch_size if window is None else window, "window", minimum=self.batch_size
+        )
+        if max_delay is None:
+            max_delay = -(-self.window // self.batch_size) - 1
+        self.max_delay = check_int(max_delay, "max_delay", minimum=0)
+        if self.window > self.batch_size * (self.max_delay + 1):
+            raise ValueError(
+                f"window = {self.window} can hold more samples than {self.max_delay + 1} "
+                f"dispatches of batch_size = {self.batch_size} can drain, so max_delay = "
+                f"{self.max_delay} could not be honoured; use window <= "
+                f"{self.batch_size * (self.max_delay + 1)} or a larger max_delay"
+            )
+        self.plan_options = dict(plan_options)
+        self._ids: list[int] = []
+        self._lengths: list[int] = []
+        self._pushed_at: list[int] = []
+        self._items: list[Any] = []
+        self._has_items: bool | None = None
+        self._next_id = 0
+        self._dispatched = 0
+
+    def __len__(self) -> int:
+        """Samples currently buffered."""
+        return len(self._ids)
+
+    @property
+    def dispatches(self) -> int:
+        """Dispatches made so far."""
+        return self._dispatched
+
+    def push(
+        self,
+        lengths: Any,
+        *,
+        ids: Any = None,
+        items: Sequence[Any] | None = None,
+    ) -> np.ndarray:
+        """Buffer samples of the given token ``lengths``; return their ids (int64).
+
+        ``ids`` default to a running counter; ``items`` (optional, one per sample) are handed
+        back with the dispatch. Raises ValueError when the window would overflow: dispatch first.
+        """
+        lengths = as_lengths(lengths)
+        if ids is None:
+            new_ids = np.arange(self._next_id, self._next_id + lengths.size, dtype=np.int64)
+        else:
+            new_ids = as_lengths(ids, "ids")
+            if new_ids.size != lengths.size:
+                raise ValueError(f"ids has {new_ids.size} entries but lengths has {lengths.size}")
+        if items is not None and len(items) != lengths.size:
+            raise ValueError(f"items has {len(items)} entries but lengths has {lengths.size}")
+        if lengths.size and self._has_items is not None and self._has_items != (items is not None):
+            raise ValueError("push items with every sample or with none")
+        if len(self) + lengths.size > self.window:
+            raise ValueError(
+                f"pushing {lengths.size} samples would exceed window = {self.window} "
+                f"({len(self)} buffered); call dispatch() first"
+            )
+        if lengths.size:
+            self._has_items = items is not None
+        self._ids.extend(int(i) for i in new_ids)
+        self._lengths.extend(int(n) for n in lengths)
+        self._pushed_at.extend([self._dispatched] * lengths.size)
+        if items is not None:
+            self._items.extend(items)
+        if new_ids.size:
+            self._next_id = max(self._next_id, int(new_ids.max()) + 1)
+        return new_ids
+
+    def ready(self) -> bool:
+        """True when the window is full: dispatch now (more samples cannot be pushed)."""
+        return len(self) >= self.window
+
+    def dispatch(self) -> Dispatch:
+        """Plan and remove one step of ``batch_size`` samples (needs that many buffered)."""
+        if len(self) < self.batch_size:
+            raise ValueError(
+                f"dispatch needs batch_size = {self.batch_size} buffered samples, have "
+                f"{len(self)}; push more, or flush() at the end of the stream"
+            )
+        return self._dispatch(self.batch_size)
+
+    def flush(self) -> list[Dispatch]:
+        """Dispatch everything left (the last step may hold fewer than ``batch_size``)."""
+        dispatches = []
+        while len(self):
+            dispatches.append(self._dispatch(min(self.batch_size, len(self))))
+        return dispatches
+
+    def _dispatch(self, size: int) -> Dispatch:
+        lengths = np.asarray(self._lengths, dtype=np.int64)
+        deadline = np.asarray(self._pushed_at, dtype=np.int64) + self.max_delay
+        arrival = np.arange(lengths.size)
+        urgency = np.lexsort((arrival, deadline))
+        forced = urgency[: self._forced_count(deadline[urgency])]
+        rest = np.setdiff1d(arrival, forced)
+        free = size - forced.size
+        # Candidates: forced + oldest (always feasible), forced + runs of similar length from
+        # the rest, and runs of similar length over the whole window that meet every deadline.
+        candidates = [np.concatenate([forced, rest[:free]])]
+        candidates += [np.concatenate([forced, run]) for run in _runs(rest, lengths, free)]
+        candidates += [
+            run for run in _runs(arrival, lengths, size) if self._feasible(run, deadline)
+        ]
+        chosen, plan = self._best_selection(lengths, candidates)
+        chosen_ids = np.asarray(self._ids, dtype=np.int64)[chosen]
+        items = [self._items[k] for k in chosen] if self._has_items else None
+        waited = self._dispatched - np.asarray(self._pushed_at, dtype=np.int64)[chosen]
+        keep = np.setdiff1d(arrival, chosen)
+        self._ids = [self._ids[k] for k in keep]
+        self._lengths = [self._lengths[k] for k in keep]
+        self._pushed_at = [self._pushed_at[k] for k in keep]
+        if self._has_items:
+            self._items = [self._items[k] for k in keep]
+        dispatch = Dispatch(
+            ids=chosen_ids,
+            lengths=lengths[chosen],
+            waited=waited,
+            plan=plan,
+            items=items,
+            index=self._dispatched,
+        )
+        self._dispatched += 1
+        return dispatch
+
+    def _forced_count(self, sorted_deadlines: np.ndarray) -> int:
+        """Fewest earliest-deadline samples to send now so every later deadline stays feasible.
+
+        After this dispatch, ``h`` more dispatches remain before deadline ``now + h``; they carry
+        ``batch_size * h`` samples, so at least ``count(deadline <= now + h) - batch_size * h``
+        of those samples must leave now.
+        """
+        horizon = sorted_deadlines - self._dispatched
+        counts = np.arange(1, horizon.size + 1)
+        need = counts - self.batch_size * np.maximum(horizon, 0)
+        return int(min(max(need.max(initial=0), 0), self.batch_size, horizon.size))
+
+    def _feasible(self, chosen: np.ndarray, deadline: np.ndarray) -> bool:
+        """Whether every sample left behind can still meet its deadline."""
+        left = np.ones(deadline.size, dtype=bool)
+        left[chosen] = False
+        due, count = np.unique(deadline[left], return_counts=True)
+        return bool((np.cumsum(count) <= self.batch_size * (due - self._dispatched)).all())
+
+    def _best_selection(
+        self, lengths: np.ndarray, candidates: list[np.ndarray]
+    ) -> tuple[np.ndarray, StepPlan]:
+        """The candidate whose plan has the lowest predicted imbalance (ties: the earlier one)."""
+        from seqbalance.plan import plan_step
+
+        options = dict(self.plan_options)
+        if candidates[0].size < self.dp_size:
+            # Only the tail of a stream can be this small: some ranks must get nothing.
+            options.setdefault("allow_empty", True)
+        best: tuple[float, np.ndarray, StepPlan] | None = None
+        for candidate in candidates:
+            chosen = np.sort(candidate)
+            plan = plan_step(lengths[chosen], self.dp_size, **options)
+            score = float(plan.summary()["imbalance"])
+            if best is None or score < best[0]:
+                best = (score, chosen, plan)
+        assert best is not None
+        return best[1], best[2]
+
+
+def _runs(pool: np.ndarray, lengths: np.ndarray, size: int) -> list[np.ndarray]:
+    """Up to ``_OFFSETS`` evenly spaced runs of ``size`` consecutive samples of ``pool``
+    sorted by length (stable): sets of similar length, from the shortest to the longest."""
+    if not 0 < size < pool.size:
+        return []
+    by_length = pool[np.argsort(lengths[pool], kind="stable")]
+    starts = np.unique(np.linspace(0, pool.size - size, _OFFSETS).round().astype(np.int64))
+    return [by_length[start : start + size] for start in starts.tolist()]

@@ -1,0 +1,53 @@
+"""Single-process checks of the runtime's distributed helpers (no process group needed)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from seqbalance.cost import FlopsModel  # noqa: E402
+from seqbalance.runtime import Rebalancer, TorchFlopsMeter  # noqa: E402
+from seqbalance.runtime.toy_model import TinyCausalTransformer  # noqa: E402
+
+
+def test_rebalancer_needs_an_initialised_process_group() -> None:
+    with pytest.raises(ValueError, match=r"torch\.distributed is not initialised"):
+        Rebalancer().rebalance([{"input_ids": torch.arange(3)}])
+
+
+def test_rebalancer_validates_its_timeout() -> None:
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        Rebalancer(timeout=5)
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        Rebalancer(timeout=timedelta(0))
+
+
+def test_flops_meter_without_torch_distributed_reports_this_process() -> None:
+    spec = TinyCausalTransformer().model_spec()
+    meter = TorchFlopsMeter(spec, peak_flops_per_s=2e12)
+    padded = torch.tensor([0, 100, 300, 300, -1, -1], dtype=torch.int32)
+    flops = meter.add(padded, valid=torch.argmin(padded))  # Megatron's cu_seqlens_argmin
+    expected = FlopsModel(spec).per_sample([100, 200, 0]).sum()
+    assert flops == pytest.approx(expected, rel=1e-12)
+    meter.add(lengths=torch.tensor([50]))
+    report = meter.report(0.5)
+    total = expected + FlopsModel(spec).per_sample([50]).sum()
+    assert report.world_size == 1
+    assert report.total_flops == pytest.approx(total, rel=1e-12)
+    assert (report.tokens, report.samples) == (350, 4)
+    assert report.tflops_per_gpu == pytest.approx(total / 0.5 / 1e12)
+    assert report.mfu == pytest.approx(total / 0.5 / 2e12)
+    assert meter.local_flops == 0.0  # reset after the report
+    forward_only = TorchFlopsMeter(spec, backward=False)
+    assert forward_only.add(lengths=[10]) == pytest.approx(FlopsModel(spec).forward([10])[0])
+
+
+def test_flops_meter_accepts_presets_and_validates() -> None:
+    assert TorchFlopsMeter("qwen3-8b").add(lengths=[1000]) > 0
+    with pytest.raises(ValueError, match="seconds"):
+        TorchFlopsMeter("qwen3-8b").report(0)
+    with pytest.raises(ValueError, match="peak_flops_per_s"):
+        TorchFlopsMeter("qwen3-8b", peak_flops_per_s=-1)

@@ -1,0 +1,373 @@
+"""Real multi-process checks of the Rebalancer and TorchFlopsMeter (gloo, CPU, spawned ranks).
+
+Each launch starts ``world_size`` fresh processes with a FileStore in ``tmp_path``; every rank
+runs a worker function of this module and saves what it saw with ``torch.save``; the parent
+checks the results against a single-process reference computed here. The happy-path scenarios
+share one launch (process start-up dominates the runtime on a small machine).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from seqbalance.plan import plan_step  # noqa: E402
+from seqbalance.runtime import CollectiveError, Rebalancer  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+WORLD = 3
+COUNTS = (5, 0, 9)  # rank 1 starts empty: incomplete and empty local batches
+PLAN_OPTIONS = {"max_tokens": 96}
+LAUNCH_TIMEOUT_S = 90.0
+
+
+def _launch(tmp_path: Path, world_size: int, worker: Any, *args: Any) -> list[dict[str, Any]]:
+    """Run ``worker(rank, world_size, *args)`` on gloo ranks; return each rank's result."""
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_entry, args=(worker, rank, world_size, str(tmp_path), args))
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    for process in processes:
+        process.join(max(deadline - time.monotonic(), 0.1))
+    hung = [p for p in processes if p.is_alive()]
+    for process in hung:
+        process.kill()
+        process.join()
+    assert not hung, f"{len(hung)} rank(s) hung past {LAUNCH_TIMEOUT_S} s"
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def _entry(worker: Any, rank: int, world_size: int, directory: str, args: tuple) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{directory}/store",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=30),
+    )
+    try:
+        result = {"ok": worker(rank, world_size, *args)}
+    except Exception as error:
+        result = {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
+    torch.save(result, Path(directory) / f"rank{rank}.pt")
+    if "error" not in result:
+        dist.destroy_process_group()
+
+
+def _sample(rank: int, index: int) -> dict[str, torch.Tensor]:
+    """Sample ``index`` of ``rank``: several fields and dtypes, first dimension = length."""
+    generator = torch.Generator().manual_seed(1000 * rank + index)
+    length = int(torch.randint(1, 60, (1,), generator=generator))
+    return {
+        "input_ids": torch.randint(0, 50_000, (length,), generator=generator),
+        "logprobs": torch.randn(length, generator=generator),
+        "hidden": torch.randn(length, 3, generator=generator).to(torch.bfloat16),
+        "mask": torch.rand(length, generator=generator) > 0.5,
+        "reward": torch.randn(1, generator=generator, dtype=torch.float64),
+    }
+
+
+def _bits(tensor: torch.Tensor) -> bytes:
+    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _happy_paths(rank: int, world_size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    local = [_sample(rank, i) for i in range(COUNTS[rank])]
+    rebalancer = Rebalancer(timeout=timedelta(seconds=20), length_key="input_ids", **PLAN_OPTIONS)
+    result = rebalancer.rebalance(local)
+    out["list"] = {
+        "microbatches": result.microbatches,
+        "origin": result.origin,
+        "global_indices": [mb.tolist() for mb in result.global_indices],
+        "plan": [[mb.tolist() for mb in r] for r in result.plan.ranks],
+        "plan_rank": result.plan_rank,
+        "sent": result.sent_samples,
+        "received": result.received_samples,
+    }
+    # Per-token outputs (variable first dim) and one row per sample.
+    flat = [s for mb in result.microbatches for s in mb]
+    per_token = [
+        s["input_ids"].double() + 1e6 * float(o[0])
+        for s, o in zip(flat, result.origin, strict=True)
+    ]
+    rows = torch.tensor([[int(o[0]), int(o[1])] for o in result.origin], dtype=torch.int64).reshape(
+        -1, 2
+    )
+    out["restored_tokens"] = result.restore(per_token)
+    out["restored_rows"] = result.restore(rows)
+
+    # Packed input: one tensor per field + cu_seqlens; rank 1 passes an empty pack.
+    lengths = [s["input_ids"].shape[0] for s in local]
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+    packed = {
+        "input_ids": torch.cat([s["input_ids"] for s in local])
+        if local
+        else torch.zeros(0, dtype=torch.int64),
+        "hidden": torch.cat([s["hidden"] for s in local])
+        if local
+        else torch.zeros(0, 3, dtype=torch.bfloat16),
+    }
+    packed_result = rebalancer.rebalance(packed, cu_seqlens=cu)
+    out["packed"] = {
+        "microbatches": packed_result.microbatches,
+        "origin": packed_result.origin,
+    }
+
+    # Nobody has anything: an empty step on every rank.
+    empty = rebalancer.rebalance([])
+    out["empty"] = (len(empty.microbatches), empty.num_samples, empty.restore([]))
+
+    # Groups stay together; fewer samples than ranks leaves some ranks empty.
+    grouped = [{"input_ids": torch.arange(10 + i)} for i in range(4)]
+    group_result = rebalancer.rebalance(grouped, groups=[rank, rank, 7, 7])
+    out["groups"] = group_result.origin.tolist()
+    tiny = [{"input_ids": torch.arange(5)}] if rank == 0 else []
+    tiny_result = rebalancer.rebalance(tiny)
+    out["tiny"] = (
+        tiny_result.num_samples,
+        tiny_result.restore(torch.ones(tiny_result.num_samples, 2)),
+    )
+
+    # A bad input on one rank becomes the same ValueError on every rank (no hang).
+    bad = (
+        [{"input_ids": torch.zeros(3, dtype=torch.int64)}] if rank != 2 else [{"x": torch.ones(2)}]
+    )
+    try:
+        rebalancer.rebalance(bad)
+        out["mismatch"] = None
+    except ValueError as error:
+        out["mismatch"] = str(error)
+
+    # The FLOPs meter: each rank adds its packed micro-batches, one all_reduce per interval.
+    from seqbalance.runtime.flops import TorchFlopsMeter
+
+    meter = TorchFlopsMeter(_toy_spec(), peak_flops_per_s=1e12)
+    padded = torch.tensor([0, 5, 9, -1, -1], dtype=torch.int32)
+    meter.add(padded, valid=torch.argmin(padded))
+    meter.add(lengths=torch.tensor([rank + 1]))
+    report = meter.report(2.0)
+    out["flops"] = report
+    return out
+
+
+def _toy_spec() -> Any:
+    from seqbalance.runtime.toy_model import TinyCausalTransformer
+
+    return TinyCausalTransformer().model_spec()
+
+
+@pytest.fixture(scope="module")
+def happy(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    results = _launch(tmp_path_factory.mktemp("happy"), WORLD, _happy_paths)
+    for rank, result in enumerate(results):
+        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
+    return [r["ok"] for r in results]
+
+
+def _reference() -> tuple[list[dict[str, torch.Tensor]], np.ndarray, Any]:
+    samples = [_sample(r, i) for r in range(WORLD) for i in range(COUNTS[r])]
+    lengths = np.array([s["input_ids"].shape[0] for s in samples])
+    return samples, lengths, plan_step(lengths, WORLD, **PLAN_OPTIONS)
+
+
+def test_plan_is_identical_on_every_rank_and_matches_single_process(happy: list) -> None:
+    _, _, reference = _reference()
+    expected = [[mb.tolist() for mb in r] for r in reference.ranks]
+    for result in happy:
+        assert result["list"]["plan"] == expected
+    slots = sorted(result["list"]["plan_rank"] for result in happy)
+    assert slots == list(range(WORLD))
+    for result in happy:
+        assert result["list"]["global_indices"] == expected[result["list"]["plan_rank"]]
+
+
+def test_exchanged_tensors_are_bit_identical(happy: list) -> None:
+    samples, _, _ = _reference()
+    offsets = np.concatenate([[0], np.cumsum(COUNTS)])
+    seen = []
+    for result in happy:
+        flat = [s for mb in result["list"]["microbatches"] for s in mb]
+        assert len(flat) == len(result["list"]["origin"])
+        for sample, (origin_rank, origin_index) in zip(flat, result["list"]["origin"], strict=True):
+            expected = samples[offsets[origin_rank] + origin_index]
+            assert list(sample) == list(expected)
+            for name, tensor in sample.items():
+                assert tensor.dtype == expected[name].dtype
+                assert tensor.shape == expected[name].shape
+                assert _bits(tensor) == _bits(expected[name]), name
+            seen.append((int(origin_rank), int(origin_index)))
+    assert sorted(seen) == [(r, i) for r in range(WORLD) for i in range(COUNTS[r])]
+
+
+def test_only_samples_that_change_rank_travel(happy: list) -> None:
+    moved = sum(
+        int((result["list"]["origin"][:, 0] != rank).sum()) for rank, result in enumerate(happy)
+    )
+    assert sum(r["list"]["sent"] for r in happy) == moved
+    assert sum(r["list"]["received"] for r in happy) == moved
+    for rank, result in enumerate(happy):
+        assert result["list"]["received"] == int((result["list"]["origin"][:, 0] != rank).sum())
+
+
+def test_restore_returns_outputs_in_original_order(happy: list) -> None:
+    for rank, result in enumerate(happy):
+        local = [_sample(rank, i) for i in range(COUNTS[rank])]
+        restored = result["restored_tokens"]
+        assert len(restored) == len(local)
+        for sample, output in zip(local, restored, strict=True):
+            assert torch.equal(output, sample["input_ids"].double() + 1e6 * rank)
+        rows = result["restored_rows"]
+        assert rows.dtype == torch.int64
+        assert rows.tolist() == [[rank, i] for i in range(COUNTS[rank])]
+
+
+def test_packed_input_is_repacked_per_microbatch(happy: list) -> None:
+    samples, _, _ = _reference()
+    offsets = np.concatenate([[0], np.cumsum(COUNTS)])
+    for result in happy:
+        origin = result["packed"]["origin"]
+        position = 0
+        for fields, cu in result["packed"]["microbatches"]:
+            assert cu.dtype == torch.int32
+            members = origin[position : position + len(cu) - 1]
+            position += len(cu) - 1
+            expected = [samples[offsets[r] + i] for r, i in members]
+            assert cu.tolist() == [0, *np.cumsum([s["input_ids"].shape[0] for s in expected])]
+            for name in ("input_ids", "hidden"):
+                assert _bits(fields[name]) == _bits(torch.cat([s[name] for s in expected]))
+        assert position == len(origin)
+
+
+def test_groups_stay_on_one_rank(happy: list) -> None:
+    holder = {}
+    for rank, result in enumerate(happy):
+        for origin_rank, index in result["groups"]:
+            group = origin_rank if index < 2 else 7
+            holder.setdefault(group, set()).add(rank)
+    assert sorted(holder) == [0, 1, 2, 7]
+    assert all(len(ranks) == 1 for ranks in holder.values())
+
+
+def test_fewer_samples_than_ranks(happy: list) -> None:
+    assert sorted(result["tiny"][0] for result in happy) == [0, 0, 1]
+    assert happy[0]["tiny"][1].tolist() == [[1.0, 1.0]]
+    assert all(result["tiny"][1].shape[0] == 0 for result in happy[1:])
+
+
+def test_all_ranks_empty(happy: list) -> None:
+    for result in happy:
+        assert result["empty"] == (0, 0, [])
+
+
+def test_bad_input_on_one_rank_raises_the_same_error_everywhere(happy: list) -> None:
+    messages = [result["mismatch"] for result in happy]
+    assert messages[0] is not None
+    assert "disagree on sample fields" in messages[0]
+    assert messages == [messages[0]] * WORLD
+
+
+def test_flops_meter_reduces_over_the_group(happy: list) -> None:
+    from seqbalance.cost import FlopsModel
+
+    model = FlopsModel(_toy_spec())
+    per_rank = [model.per_sample([5, 4]).sum() + model.per_sample([r + 1]).sum() for r in range(3)]
+    for result in happy:
+        report = result["flops"]
+        assert report.world_size == WORLD
+        assert report.total_flops == pytest.approx(sum(per_rank), rel=1e-12)
+        assert report.tokens == 3 * 9 + 1 + 2 + 3
+        assert report.tflops_per_gpu == pytest.approx(sum(per_rank) / 2.0 / WORLD / 1e12)
+        assert report.mfu == pytest.approx(report.tflops_per_gpu)
+
+
+def _failing_rank(rank: int, world_size: int, exit_early: bool) -> dict[str, Any]:
+    rebalancer = Rebalancer(timeout=timedelta(seconds=2))
+    if rank == 1:
+        if exit_early:
+            raise RuntimeError("rank 1 failed before the collective")
+        time.sleep(8)  # alive but never joins the collective
+        return {}
+    started = time.monotonic()
+    try:
+        rebalancer.rebalance([{"input_ids": torch.arange(4)}])
+    except CollectiveError as error:
+        return {"raised": str(error), "elapsed": time.monotonic() - started}
+    return {"raised": None}
+
+
+@pytest.mark.parametrize("exit_early", [False, True], ids=["peer-hangs", "peer-exits"])
+def test_a_failing_rank_makes_the_others_raise_instead_of_hanging(
+    tmp_path: Path, exit_early: bool
+) -> None:
+    results = _launch(tmp_path, 2, _failing_rank, exit_early)
+    survivor = results[0]["ok"]
+    assert survivor["raised"] is not None
+    assert "did not complete within 2 s" in survivor["raised"]
+    # The peer would keep it waiting 8 s (or forever); the 2 s timeout must fire long before.
+    assert survivor["elapsed"] < 7
+    if exit_early:
+        assert results[1]["type"] == "RuntimeError"
+
+
+def _async_overlap(rank: int, world_size: int) -> dict[str, Any]:
+    steps = [[_sample(10 * step + rank, i) for i in range(3 + 4 * rank)] for step in range(3)]
+    # Reference: the same steps rebalanced synchronously on the world group.
+    reference = [
+        Rebalancer(timeout=timedelta(seconds=20), **PLAN_OPTIONS).rebalance(s) for s in steps
+    ]
+    group = dist.new_group(backend="gloo")
+    rebalancer = Rebalancer(group, timeout=timedelta(seconds=20), **PLAN_OPTIONS)
+    futures = [rebalancer.rebalance_async(s) for s in steps]
+    total = torch.ones(1)
+    for _ in range(10):  # the training loop keeps using the world group meanwhile
+        dist.all_reduce(total)
+    results = [future.result(timeout=60) for future in futures]
+    restored = results[0].restore(torch.from_numpy(results[0].origin))
+    rebalancer.close()
+    try:
+        Rebalancer().rebalance_async([])
+        needs_group = None
+    except ValueError as error:
+        needs_group = str(error)
+    return {
+        "same_origin": [
+            r.origin.tolist() == ref.origin.tolist()
+            for r, ref in zip(results, reference, strict=True)
+        ],
+        "same_bits": [
+            [_bits(t) for mb in r.microbatches for s in mb for t in s.values()]
+            == [_bits(t) for mb in ref.microbatches for s in mb for t in s.values()]
+            for r, ref in zip(results, reference, strict=True)
+        ],
+        "restored": restored.tolist(),
+        "reduced": float(total.item()),
+        "needs_group": needs_group,
+    }
+
+
+def test_rebalance_async_overlaps_with_the_training_loops_collectives(tmp_path: Path) -> None:
+    results = _launch(tmp_path, 2, _async_overlap)
+    for rank, result in enumerate(results):
+        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
+        out = result["ok"]
+        assert out["same_origin"] == [True] * 3
+        assert out["same_bits"] == [True] * 3
+        assert out["restored"] == [[rank, i] for i in range(3 + 4 * rank)]
+        assert out["reduced"] == 2.0**10
+        assert "dedicated process group" in out["needs_group"]

@@ -1,0 +1,100 @@
+"""The packed-input toy transformer: no attention across samples, causal, agrees with FlopsModel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from seqbalance.cost import FlopsModel, ModelSpec  # noqa: E402
+from seqbalance.runtime.toy_model import (  # noqa: E402
+    IGNORE_INDEX,
+    TinyCausalTransformer,
+    ToyModelConfig,
+    make_packed_batch,
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> TinyCausalTransformer:
+    torch.manual_seed(0)
+    return TinyCausalTransformer(ToyModelConfig(max_position=256), seed=1).eval()
+
+
+def test_packed_logits_equal_each_sample_run_alone(model) -> None:
+    lengths = [7, 1, 0, 30, 12]
+    ids, cu, _ = make_packed_batch(lengths, vocab_size=model.config.vocab_size, seed=2)
+    with torch.no_grad():
+        packed = model(ids, cu)
+        for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+            alone = model(ids[start:end], torch.tensor([0, end - start]))
+            torch.testing.assert_close(packed[start:end], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_is_causal(model) -> None:
+    ids, cu, _ = make_packed_batch([20], vocab_size=model.config.vocab_size, seed=3)
+    changed = ids.clone()
+    changed[15] = (changed[15] + 1) % model.config.vocab_size
+    with torch.no_grad():
+        before, after = model(ids, cu), model(changed, cu)
+    torch.testing.assert_close(before[:15], after[:15])
+    assert not torch.allclose(before[15:], after[15:])
+
+
+def test_make_packed_batch_layout() -> None:
+    ids, cu, labels = make_packed_batch([3, 0, 2], vocab_size=11, seed=4)
+    assert ids.dtype == torch.int64 and labels.dtype == torch.int64
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 3, 5]
+    assert ((ids >= 0) & (ids < 11)).all()
+    assert labels.tolist() == [ids[1], ids[2], IGNORE_INDEX, ids[4], IGNORE_INDEX]
+    again = make_packed_batch([3, 0, 2], vocab_size=11, seed=4)
+    assert all(torch.equal(a, b) for a, b in zip((ids, cu, labels), again, strict=True))
+
+
+def test_loss_and_per_sample_loss_agree(model) -> None:
+    lengths = [5, 9, 4]
+    ids, cu, labels = make_packed_batch(lengths, vocab_size=model.config.vocab_size, seed=5)
+    with torch.no_grad():
+        mean = model(ids, cu, labels)
+        per_sample = model.per_sample_loss(ids, cu, labels)
+    labelled = torch.tensor([n - 1 for n in lengths], dtype=torch.float32)
+    torch.testing.assert_close((per_sample * labelled).sum() / labelled.sum(), mean)
+
+
+def test_training_step_runs_and_reduces_loss() -> None:
+    model = TinyCausalTransformer(ToyModelConfig(vocab_size=32, max_position=64), seed=0)
+    ids, cu, labels = make_packed_batch([16, 16, 8], vocab_size=32, seed=0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(5):
+        loss = model(ids, cu, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0]
+
+
+def test_model_spec_matches_the_module_and_the_flops_model() -> None:
+    config = ToyModelConfig()
+    model = TinyCausalTransformer(config)
+    spec = model.model_spec()
+    assert spec == ModelSpec.from_hf_config(config.to_hf_config(), name="tiny-causal-transformer")
+    matmul_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    linear, quadratic = FlopsModel(spec).coefficients
+    # QKᵀ and PV: 2 matmuls x 2 FLOPs x hidden per (query, key) pair, half the pairs (causal).
+    assert quadratic == 2 * config.hidden_size * config.num_layers
+    # Every matmul weight costs 2 FLOPs per token; causal attention's diagonal adds L/2 pairs.
+    assert linear == 2 * matmul_params + quadratic
+
+
+def test_validation(model) -> None:
+    with pytest.raises(ValueError, match="divisible"):
+        ToyModelConfig(hidden_size=30, num_heads=4)
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
+        model(torch.zeros(4, dtype=torch.int64), torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="max_position"):
+        model(torch.zeros(300, dtype=torch.int64), torch.tensor([0, 300]))
+    with pytest.raises(ValueError, match=r"lengths\[0\]"):
+        make_packed_batch(np.array([-1]))
