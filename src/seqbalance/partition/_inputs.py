@@ -1,0 +1,38 @@
+"""Argument checks shared by ``partition`` and ``lower_bound``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import as_weights, check_int
+from seqbalance.partition._result import SizeLimits
+
+__all__ = ["validate_inputs"]
+
+
+def validate_inputs(
+    weights: Any, k: Any, *, equal_size: Any, max_items: Any
+) -> tuple[np.ndarray, int, SizeLimits]:
+    """Check the arguments shared by ``partition`` and ``lower_bound``; return them normalised.
+
+    Raises ValueError naming the argument and value: bad weights (see ``as_weights``), ``k < 1``,
+    ``max_items < 1`` or ``max_items * k < n`` (no room for every item), or ``equal_size`` with
+    fewer items than parts (``0 < n < k``; empty input always gives ``k`` empty parts).
+    """
+    w = as_weights(weights, "weights")
+    k = check_int(k, "k", minimum=1)
+    if not isinstance(equal_size, (bool, np.bool_)):
+        raise ValueError(f"equal_size must be True or False, got {equal_size!r}")
+    n = w.size
+    if max_items is not None:
+        max_items = check_int(max_items, "max_items", minimum=1)
+        if max_items * k < n:
+            raise ValueError(
+                f"max_items = {max_items} is infeasible: {k} parts of at most {max_items} items "
+                f"cannot hold n = {n} items"
+            )
+    if equal_size and 0 < n < k:
+        raise ValueError(f"k = {k} exceeds the number of weights n = {n} with equal_size=True")
+    return w, k, SizeLimits.of(n, k, equal_size=bool(equal_size), max_items=max_items)

@@ -1,0 +1,132 @@
+"""Exact multiway partitioning by depth-first branch and bound, usable as an anytime improver.
+
+Items are placed heaviest first; each item tries the parts from the lightest up, so the first
+complete leaf is an LPT-like solution and better ones follow. A branch is cut when
+
+* the item would bring its part to the best maximum found so far (only strict improvements
+  are searched for),
+* two parts are in the same state (same load and size): trying the second is symmetric,
+* the size limits can no longer be met, or
+* the room left below the best maximum, counting only parts that can still take the lightest
+  remaining item, is smaller than the weight still to place.
+
+The search starts from a given solution (the best heuristic one), stops as soon as it reaches
+the lower bound, and gives up after ``time_limit`` seconds or ``max_nodes`` nodes, returning
+the best solution seen and whether it is proven optimal.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from seqbalance.partition._result import SizeLimits
+from seqbalance.partition.greedy import descending_order
+
+__all__ = ["branch_and_bound"]
+
+_CLOCK_EVERY = 1024  # nodes between clock reads
+
+
+class _Budget(Exception):
+    """Raised inside the search when the time or node budget is spent."""
+
+
+def branch_and_bound(
+    weights: np.ndarray,
+    k: int,
+    limits: SizeLimits,
+    start: np.ndarray,
+    lower_bound: float,
+    *,
+    time_limit: float | None = 1.0,
+    max_nodes: int | None = None,
+) -> tuple[np.ndarray, bool]:
+    """Search for a partition with a smaller maximum load than ``start`` (part of each item).
+
+    Args:
+        weights: float64 ``[n]`` non-negative weights.
+        k: number of parts.
+        limits: part size limits; ``start`` must satisfy them.
+        start: an initial assignment; the result is never worse.
+        lower_bound: a valid lower bound; reaching it proves optimality.
+        time_limit: seconds of search (``None``: unlimited). A search cut by time depends on
+            the machine's speed; ``max_nodes`` gives a reproducible budget instead.
+        max_nodes: search nodes allowed (``None``: unlimited).
+
+    Returns:
+        (assignment, proven): the best assignment found and whether it is optimal.
+    """
+    n = weights.size
+    best = start.copy()
+    best_max = float(np.bincount(start, weights=weights, minlength=k).max()) if n else 0.0
+    if best_max <= lower_bound or k == 1:
+        return best, True
+
+    order = descending_order(weights)
+    values = weights[order].tolist()
+    order = order.tolist()
+    suffix = np.concatenate((np.cumsum(values[::-1])[::-1], [0.0])).tolist()
+    loads = [0.0] * k
+    sizes = [0] * k
+    placed = [0] * n  # part of the i-th heaviest item on the current path
+    low, high = limits.low, limits.high
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
+    nodes = 0
+
+    def open_node(position: int, deficit: int) -> list[int] | None:
+        """Count a node; return the parts worth trying for item ``position``, or None at a
+        leaf (recorded when better) or a cut branch."""
+        nonlocal best, best_max, nodes
+        nodes += 1
+        if max_nodes is not None and nodes > max_nodes:
+            raise _Budget
+        if deadline is not None and nodes % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+            raise _Budget
+        if position == n:
+            best_max = max(loads)
+            best = np.empty(n, dtype=np.int64)
+            best[order] = placed
+            return None
+        lightest = values[-1]
+        room = sum(best_max - load for load in loads if best_max - load > lightest)
+        if room <= suffix[position]:
+            return None  # the items left cannot all fit strictly below `best_max`
+        forced = deficit == n - position  # every item left must go to a part below `low`
+        candidates, seen = [], set()
+        for part in sorted(range(k), key=loads.__getitem__):
+            load, size = loads[part], sizes[part]
+            if load + values[position] >= best_max:
+                break  # parts come lightest first: none further fits either
+            if size >= high or (forced and size >= low) or (load, size) in seen:
+                continue
+            seen.add((load, size))
+            candidates.append(part)
+        return candidates
+
+    # Depth-first search with an explicit stack (no recursion limit on n). A frame is
+    # [position, deficit, candidate parts, next candidate, (part, load, size) before the child].
+    try:
+        root = open_node(0, k * low)
+        stack = [] if root is None else [[0, k * low, root, 0, None]]
+        while stack and best_max > lower_bound:
+            frame = stack[-1]
+            position, deficit, candidates, tried, undo = frame
+            if undo is not None:
+                part, load, size = undo
+                loads[part], sizes[part] = load, size
+            if tried == len(candidates) or loads[candidates[tried]] + values[position] >= best_max:
+                stack.pop()
+                continue
+            part = candidates[tried]
+            load, size = loads[part], sizes[part]
+            frame[3], frame[4] = tried + 1, (part, load, size)
+            loads[part], sizes[part], placed[position] = load + values[position], size + 1, part
+            child_deficit = deficit - (size < low)
+            children = open_node(position + 1, child_deficit)
+            if children is not None:
+                stack.append([position + 1, child_deficit, children, 0, None])
+    except _Budget:
+        return best, best_max <= lower_bound
+    return best, True  # finished or reached the bound: nothing better than `best` exists
