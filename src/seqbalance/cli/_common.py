@@ -1,23 +1,53 @@
-"""Output helpers shared by the subcommands: tables, JSON, progress bars.
+"""Helpers shared by the subcommands: tables, JSON, progress bars, and common inputs.
 
 Tables and progress bars use ``rich`` (the ``cli`` extra) when it is installed and fall back to
 plain text otherwise, so every command works with numpy alone. ``--json`` output never depends
-on rich and is the stable, machine-readable form of every command's result.
+on rich and is the stable, machine-readable form of every command's result. The input helpers
+turn the arguments several commands share (a lengths file or bundled set, a model preset or
+``config.json``, a time model) into objects, raising ValueError with the argument's name.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from seqbalance._validation import as_lengths
+
+if TYPE_CHECKING:
+    from seqbalance.cost import ModelSpec, TimeModel
+
 T = TypeVar("T")
 
-__all__ = ["add_json_flag", "print_json", "print_table", "progress", "to_jsonable"]
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DEFAULT_PEAK_TFLOPS",
+    "LengthsInput",
+    "add_json_flag",
+    "add_time_model_arguments",
+    "load_lengths",
+    "markdown_table",
+    "print_json",
+    "print_table",
+    "progress",
+    "progress_callback",
+    "resolve_model",
+    "time_model_from_args",
+    "to_jsonable",
+]
+
+DEFAULT_PEAK_TFLOPS = 989.0
+"""H100 SXM dense bf16 peak, TFLOP/s: the hardware the FLOPs-derived time model assumes."""
+DEFAULT_EFFICIENCY = 0.4
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +97,12 @@ def print_table(
     rendered = [[str(cell) for cell in row] for row in rows]
     console = _rich_console()
     if console is not None:
+        from rich.console import Console
         from rich.table import Table
+
+        if not console.is_terminal:
+            # Piped output has no width to fit; never squeeze figures into "…".
+            console = Console(width=1000)
 
         table = Table(title=title, caption=caption)
         for index, column in enumerate(columns):
@@ -88,6 +123,16 @@ def print_table(
         print(caption)
 
 
+def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table; the first column left-aligned, the others right."""
+    lines = [
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join([":---", *("---:" for _ in columns[1:])]) + "|",
+    ]
+    lines.extend("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
 def progress(
     items: Iterable[T],
     *,
@@ -106,3 +151,148 @@ def progress(
     from rich.progress import track
 
     yield from track(items, total=total, description=description, console=console, transient=True)
+
+
+@contextmanager
+def progress_callback(
+    description: str, *, enabled: bool = True
+) -> Iterator[Callable[[int, int], None]]:
+    """Yield a ``callback(done, total)`` that drives a progress bar on stderr.
+
+    Like :func:`progress`, the bar appears only when stderr is a terminal and rich exists;
+    otherwise the callback does nothing.
+    """
+    console = _rich_console(stderr=True) if enabled else None
+    if console is None or not console.is_terminal:
+        yield lambda done, total: None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@dataclass(frozen=True)
+class LengthsInput:
+    """Token lengths read from a file or a bundled dataset, with group ids when it has them."""
+
+    lengths: np.ndarray
+    groups: np.ndarray | None
+    label: str
+
+
+def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
+    """Read ``source``: a ``.npy`` file of token lengths, or the name of a bundled dataset.
+
+    Raises ValueError naming ``argument`` when the file cannot be read, holds anything but
+    non-negative integers (the message names the first bad sample), or the name is unknown.
+    """
+    path = Path(source)
+    if path.suffix == ".npy" or path.exists():
+        return LengthsInput(_read_lengths_file(path, argument), None, path.name)
+    from seqbalance import datasets
+
+    available = datasets.names()
+    if source not in available:
+        raise ValueError(
+            f"{argument} {source!r} is neither a file nor a bundled dataset "
+            f"(bundled: {', '.join(available)})"
+        )
+    lengths = as_lengths(datasets.load(source), source)
+    groups = datasets.groups(source)
+    return LengthsInput(lengths, None if groups is None else as_lengths(groups), source)
+
+
+def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
+    if not path.is_file():
+        raise ValueError(f"{argument}: no such file {str(path)!r}")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as error:
+        raise ValueError(
+            f"{argument}: cannot read {str(path)!r} as a .npy array of token lengths ({error}); "
+            "write one with numpy.save or `seqbalance lengths ... -o FILE.npy`"
+        ) from None
+    if isinstance(array, np.lib.npyio.NpzFile):
+        array.close()
+        raise ValueError(f"{argument}: {str(path)!r} is an .npz archive, expected one .npy array")
+    lengths = as_lengths(array, f"{argument} {path.name}")
+    if lengths.size == 0:
+        raise ValueError(f"{argument}: {str(path)!r} holds no samples")
+    return lengths
+
+
+def resolve_model(source: str) -> ModelSpec:
+    """A preset name, a Hugging Face ``config.json`` path, or a folder holding one."""
+    from seqbalance.cost import ModelSpec
+
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ValueError(f"--model: no such file {str(path)!r}")
+        return ModelSpec.from_hf_config(path)
+    return ModelSpec.preset(source)
+
+
+def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--model``, ``--peak-tflops``, ``--efficiency`` and ``--time-model``."""
+    group = parser.add_argument_group(
+        "cost model",
+        "Predicted seconds per micro-batch: the model's FLOPs at peak x efficiency, or a "
+        "TimeModel measured by `seqbalance calibrate`.",
+    )
+    group.add_argument(
+        "--model",
+        default="qwen3-8b",
+        help="model preset (see `seqbalance models`) or HF config.json path (default: qwen3-8b)",
+    )
+    group.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help=f"accelerator peak in TFLOP/s (default: {DEFAULT_PEAK_TFLOPS:g}, H100 bf16 dense)",
+    )
+    group.add_argument(
+        "--efficiency",
+        type=float,
+        default=None,
+        help=f"sustained fraction of peak, in (0, 1] (default: {DEFAULT_EFFICIENCY:g})",
+    )
+    group.add_argument(
+        "--time-model",
+        metavar="FILE",
+        default=None,
+        help="TimeModel JSON from `seqbalance calibrate` (replaces --peak-tflops/--efficiency)",
+    )
+
+
+def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str, str]:
+    """``(time model, model label, one-line description)`` from the cost-model arguments."""
+    from seqbalance.cost import FlopsModel, TimeModel
+
+    if args.time_model is not None:
+        if args.peak_tflops is not None or args.efficiency is not None:
+            raise ValueError(
+                "--time-model replaces --peak-tflops/--efficiency; give one or the other"
+            )
+        path = Path(args.time_model)
+        if not path.is_file():
+            raise ValueError(f"--time-model: no such file {str(path)!r}")
+        model = TimeModel.load(path)
+        stats = model.fit_stats
+        fit = "" if stats is None else f", fit MAPE {100 * stats.mape:.1f}%"
+        return model, path.stem, f"TimeModel from {path}{fit}"
+    peak = DEFAULT_PEAK_TFLOPS if args.peak_tflops is None else args.peak_tflops
+    efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
+    if not np.isfinite(peak) or peak <= 0:
+        raise ValueError(f"--peak-tflops must be a positive number, got {peak!r}")
+    if not (0 < efficiency <= 1):
+        raise ValueError(f"--efficiency must be in (0, 1], got {efficiency!r}")
+    spec = resolve_model(args.model)
+    model = TimeModel.from_flops(FlopsModel(spec), peak * 1e12, efficiency)
+    hardware = " (H100 bf16 dense)" if peak == DEFAULT_PEAK_TFLOPS else ""
+    description = f"{spec.name} FLOPs at {peak:g} TFLOP/s{hardware} x {efficiency:g} efficiency"
+    return model, spec.name, description

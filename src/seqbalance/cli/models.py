@@ -1,0 +1,90 @@
+"""`seqbalance models`: the bundled model presets and what a token costs on each."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from seqbalance.cli._common import add_json_flag, print_json, print_table
+
+REFERENCE_LENGTH = 4096
+"""Sample length (tokens) at which the per-token training FLOPs are quoted."""
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "models",
+        help="list the model presets (use their names with --model)",
+        description=(
+            "List the bundled model presets with their shape and the training FLOPs per token "
+            f"(forward + backward) of a {REFERENCE_LENGTH}-token sample, attention included."
+        ),
+    )
+    add_json_flag(parser)
+    parser.set_defaults(func=run)
+
+
+def describe(name: str) -> dict[str, Any]:
+    """Key numbers of preset ``name``: its spec fields plus FLOPs per token at 4k tokens."""
+    from seqbalance.cost import FlopsModel, ModelSpec
+
+    spec = ModelSpec.preset(name)
+    flops = FlopsModel(spec)
+    linear, quadratic = flops.coefficients
+    training = float(flops.per_sample([REFERENCE_LENGTH])[0])
+    return {
+        "name": name,
+        "spec": spec.to_dict(),
+        "moe": spec.num_experts > 0,
+        # Each weight of a matmul costs 2 forward FLOPs per token (multiply + add).
+        "active_matmul_params": flops.token_flops / 2.0,
+        "forward_flops_per_token_linear": linear,
+        "forward_flops_per_token_squared": quadratic,
+        "training_flops_per_token_at_4k": training / REFERENCE_LENGTH,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from seqbalance.cost import presets
+
+    models = [describe(name) for name in presets()]
+    if args.json:
+        print_json(models)
+        return 0
+    rows = []
+    for model in models:
+        spec = model["spec"]
+        kv_heads = spec["num_key_value_heads"] or spec["num_attention_heads"]
+        moe = f"{spec['num_experts_per_tok']}/{spec['num_experts']}" if model["moe"] else "-"
+        rows.append(
+            (
+                model["name"],
+                f"{model['active_matmul_params'] / 1e9:.2f}",
+                spec["num_layers"],
+                spec["hidden_size"],
+                f"{spec['num_attention_heads']}/{kv_heads}",
+                spec["vocab_size"],
+                moe,
+                f"{model['training_flops_per_token_at_4k'] / 1e9:.1f}",
+            )
+        )
+    print_table(
+        "model presets",
+        (
+            "preset",
+            "active B",
+            "layers",
+            "hidden",
+            "heads q/kv",
+            "vocab",
+            "MoE experts",
+            "GFLOP/token",
+        ),
+        rows,
+        caption=(
+            "active B: billions of matmul weights a token passes through (LM head included, "
+            "embedding lookup not); MoE experts: active/total; GFLOP/token: training (forward + "
+            f"backward) per token of a {REFERENCE_LENGTH}-token sample, attention included"
+        ),
+    )
+    return 0

@@ -1,0 +1,148 @@
+"""`seqbalance plan`: place one step's (or an epoch's) samples on ranks and micro-batches."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from seqbalance.cli._common import (
+    add_json_flag,
+    add_time_model_arguments,
+    load_lengths,
+    print_json,
+    print_table,
+    time_model_from_args,
+)
+
+STRATEGIES = ("balanced", "round_robin", "contiguous", "first_fit", "token_kk")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan one step (or an epoch) of a lengths file and write the plan as JSON",
+        description=(
+            "Assign the samples of LENGTHS to --dp ranks and packed micro-batches under the "
+            "token cap, minimising the predicted step time. Without --global-batch all samples "
+            "form one step (a StepPlan); with it, the samples are shuffled into steps of that "
+            "many samples (an epoch). Costs are predicted seconds (see the cost model options)."
+        ),
+    )
+    parser.add_argument(
+        "lengths", metavar="LENGTHS", help=".npy file of token lengths, or a bundled dataset name"
+    )
+    parser.add_argument("--dp", type=int, required=True, help="data-parallel ranks")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="token cap per packed micro-batch (default: none, one micro-batch per rank)",
+    )
+    parser.add_argument(
+        "--allow-oversize",
+        action="store_true",
+        help="give a sample longer than --max-tokens a micro-batch of its own (default: error)",
+    )
+    parser.add_argument(
+        "--strategy", choices=STRATEGIES, default="balanced", help="default: balanced"
+    )
+    parser.add_argument(
+        "--objective",
+        choices=("step", "lockstep"),
+        default="step",
+        help="step: DDP, ranks sync once per step; lockstep: FSDP/ZeRO-3, sync per micro-batch",
+    )
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help="samples per step: plan a shuffled epoch instead of a single step",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="shuffle and planner seed")
+    add_time_model_arguments(parser)
+    parser.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan JSON here")
+    add_json_flag(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from seqbalance.plan import plan_epoch, plan_step
+
+    source = load_lengths(args.lengths, argument="LENGTHS")
+    time_model, _, time_model_source = time_model_from_args(args)
+    options = {
+        "cost": time_model,
+        "max_tokens": args.max_tokens,
+        "groups": source.groups,
+        "objective": args.objective,
+        "strategy": args.strategy,
+        "allow_oversize": args.allow_oversize,
+    }
+    if args.global_batch is None:
+        plan = plan_step(source.lengths, args.dp, seed=args.seed, **options)
+        plan.validate()
+        steps = [plan]
+        document: dict[str, Any] = json.loads(plan.to_json())
+    else:
+        epoch = plan_epoch(source.lengths, args.global_batch, args.dp, seed=args.seed, **options)
+        for step_plan in epoch.steps:
+            step_plan.validate()
+        steps = list(epoch.steps)
+        document = {
+            "steps": [json.loads(step_plan.to_json()) for step_plan in epoch.steps],
+            "sample_indices": [indices.tolist() for indices in epoch.sample_indices],
+        }
+    if args.output:
+        Path(args.output).write_text(json.dumps(document) + "\n", encoding="utf-8")
+    summaries = [step_plan.summary() for step_plan in steps]
+    if args.json:
+        payload: dict[str, Any] = {
+            "lengths": source.label,
+            "time_model_source": time_model_source,
+            "summaries": summaries,
+            "output": args.output,
+        }
+        if not args.output:
+            payload["plan"] = document
+        print_json(payload)
+        return 0
+    _print_summaries(summaries, source.label, args, time_model_source)
+    if args.output:
+        print(f"plan written to {args.output}")
+    return 0
+
+
+def _print_summaries(
+    summaries: list[dict[str, Any]], label: str, args: argparse.Namespace, source: str
+) -> None:
+    rows = [
+        (
+            step,
+            f"{summary['step_cost']:.3f}",
+            f"{summary['lower_bound']:.3f}",
+            f"{summary['ratio']:.3f}",
+            f"{summary['imbalance']:.3f}",
+            summary["n_microbatches"],
+            summary["cap_violations"],
+            f"{1e3 * summary['planning_seconds']:.1f}",
+        )
+        for step, summary in enumerate(summaries)
+    ]
+    print_table(
+        f"{label}: {args.strategy} on {args.dp} ranks, max_tokens {args.max_tokens}, "
+        f"objective {args.objective}",
+        (
+            "step",
+            "step time (s)",
+            "lower bound (s)",
+            "vs bound",
+            "imbalance",
+            "micro-batches",
+            "cap violations",
+            "plan ms",
+        ),
+        rows,
+        caption=f"time model: {source}",
+    )

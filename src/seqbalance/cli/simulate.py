@@ -1,0 +1,174 @@
+"""`seqbalance simulate`: what each strategy would cost on your lengths, model and cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from seqbalance.cli._common import (
+    add_json_flag,
+    add_time_model_arguments,
+    load_lengths,
+    markdown_table,
+    print_json,
+    print_table,
+    progress_callback,
+    time_model_from_args,
+)
+
+DEFAULT_LENGTHS = "sharegpt"
+DEFAULT_GLOBAL_BATCH = 512
+DEFAULT_STEPS = 20
+
+
+def register(subparsers: Any) -> None:
+    from seqbalance.sim import DEFAULT_STRATEGIES
+
+    parser = subparsers.add_parser(
+        "simulate",
+        help="predict step time per strategy on your lengths, model and cluster",
+        description=(
+            "Sample a stream of global batches from the lengths, plan every step with every "
+            "strategy on identical data, and compare predicted step times, rank imbalance and "
+            "distance to the lower bound. Samples longer than --max-tokens are truncated to it. "
+            "With no arguments: bundled ShareGPT lengths, qwen3-8b, 8 ranks, H100 at 40% of "
+            "peak."
+        ),
+    )
+    parser.add_argument(
+        "--lengths",
+        default=DEFAULT_LENGTHS,
+        metavar="NAME|FILE.npy",
+        help=f"bundled dataset (see `seqbalance datasets`) or .npy of token lengths "
+        f"(default: {DEFAULT_LENGTHS}); bundled groups (qwen25math) are kept together",
+    )
+    parser.add_argument("--dp", type=int, default=8, help="data-parallel ranks (default: 8)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=16384,
+        help="token cap per packed micro-batch (default: 16384)",
+    )
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        help=f"samples per optimizer step, rounded up to whole groups (default: "
+        f"{DEFAULT_GLOBAL_BATCH}, or the whole dataset when it is smaller)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"optimizer steps to simulate (default: {DEFAULT_STEPS})",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=("step", "lockstep"),
+        default="step",
+        help="step: DDP, ranks sync once per step; lockstep: FSDP/ZeRO-3, sync per micro-batch",
+    )
+    parser.add_argument(
+        "--strategies",
+        default=",".join(DEFAULT_STRATEGIES),
+        help=f"comma-separated strategies to compare (default: {','.join(DEFAULT_STRATEGIES)})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling and planner seed")
+    add_time_model_arguments(parser)
+    parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG of the result")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the table as a markdown section"
+    )
+    add_json_flag(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from seqbalance.sim import plot, simulate
+
+    source = load_lengths(args.lengths)
+    time_model, model_label, time_model_source = time_model_from_args(args)
+    with progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback:
+        result = simulate(
+            source.lengths,
+            groups=source.groups,
+            dp_size=args.dp,
+            global_batch_size=min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
+            if args.global_batch is None
+            else args.global_batch,
+            steps=args.steps,
+            max_tokens=args.max_tokens,
+            model=model_label,
+            time_model=time_model,
+            objective=args.objective,
+            strategies=[name.strip() for name in args.strategies.split(",") if name.strip()],
+            seed=args.seed,
+            progress=callback,
+        )
+    if args.plot:
+        try:
+            plot(result, args.plot)
+        except ImportError as error:
+            print(f"seqbalance simulate: error: {error}", file=sys.stderr)
+            return 1
+    payload = result.to_dict()
+    payload["setup"]["lengths"] = source.label
+    payload["setup"]["time_model_source"] = time_model_source
+    if args.json:
+        print_json(payload)
+        return 0
+    _print_report(result, source.label, time_model_source, markdown=args.markdown)
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+COLUMNS = (
+    "strategy",
+    "step time (s)",
+    "vs lower bound",
+    "imbalance",
+    "padding",
+    "cap violations",
+    "micro-batches",
+    "plan ms mean/max",
+    "vs round_robin",
+    "vs token_kk",
+)
+
+
+def _print_report(result: Any, label: str, time_model_source: str, *, markdown: bool) -> None:
+    rows = [
+        (
+            name,
+            f"{stats.mean_step_seconds:.3f}",
+            f"{stats.ratio:.3f}",
+            f"{stats.imbalance:.3f}",
+            f"{stats.padding_tokens}",
+            f"{stats.cap_violations}",
+            f"{stats.mean_microbatches:.1f}",
+            f"{stats.planning_ms_mean:.1f} / {stats.planning_ms_max:.1f}",
+            _speedup(stats.speedup_vs_round_robin),
+            _speedup(stats.speedup_vs_token_kk),
+        )
+        for name, stats in result.strategies.items()
+    ]
+    samples = sum(int(batch.size) for batch in result.batches)
+    truncated = f", {result.truncated} truncated to the cap" if result.truncated else ""
+    title = (
+        f"{label}: {result.model}, dp {result.dp_size}, {result.steps} steps of "
+        f"~{samples // result.steps} samples, max_tokens {result.max_tokens}, "
+        f"objective {result.objective}"
+    )
+    caption = f"time model: {time_model_source}; dataset: {result.lengths.size} samples{truncated}"
+    if markdown:
+        print(f"### {title}\n\n{markdown_table(COLUMNS, rows)}\n\n{caption}.\n")
+        print(f"**{result.headline()}**")
+        return
+    print_table(title, COLUMNS, rows, caption=caption)
+    print(result.headline())

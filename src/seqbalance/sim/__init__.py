@@ -1,0 +1,30 @@
+"""seqbalance.sim: predict what each planning strategy buys before any GPU hour is spent.
+
+Owns the simulator (:func:`simulate`: plan a stream of sampled global batches with every
+strategy on identical data and aggregate predicted step times, imbalance and overheads into a
+:class:`SimulationResult`) and its picture (:func:`plot`, needs the ``plot`` extra). Numpy only.
+"""
+
+from __future__ import annotations
+
+from seqbalance.sim.engine import (
+    DEFAULT_EFFICIENCY,
+    DEFAULT_PEAK_FLOPS_PER_S,
+    DEFAULT_STRATEGIES,
+    SimulationResult,
+    StrategyResult,
+    sample_batches,
+    simulate,
+)
+from seqbalance.sim.plot import plot
+
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DEFAULT_PEAK_FLOPS_PER_S",
+    "DEFAULT_STRATEGIES",
+    "SimulationResult",
+    "StrategyResult",
+    "plot",
+    "sample_batches",
+    "simulate",
+]

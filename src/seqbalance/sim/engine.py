@@ -1,0 +1,418 @@
+"""The simulation engine: sample global batches, plan each one with every strategy, aggregate.
+
+Every strategy sees exactly the same global batches (drawn once, up front), and every cost is a
+prediction of the same :class:`~seqbalance.cost.TimeModel`, so the differences between rows of a
+:class:`SimulationResult` come from the placement decisions alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seqbalance._validation import as_lengths, check_choice, check_int
+
+if TYPE_CHECKING:
+    from seqbalance.cost import ModelSpec, TimeModel
+    from seqbalance.plan import StepPlan
+
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DEFAULT_PEAK_FLOPS_PER_S",
+    "DEFAULT_STRATEGIES",
+    "SimulationResult",
+    "StrategyResult",
+    "sample_batches",
+    "simulate",
+]
+
+DEFAULT_STRATEGIES = ("round_robin", "contiguous", "first_fit", "token_kk", "balanced")
+DEFAULT_PEAK_FLOPS_PER_S = 989e12
+"""Peak dense bf16 throughput of one H100 SXM GPU (FLOP/s), the default hardware."""
+DEFAULT_EFFICIENCY = 0.4
+"""Default fraction of peak a training step sustains (typical MFU of a tuned LLM trainer)."""
+
+OBJECTIVES = ("step", "lockstep")
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    """Aggregated predictions for one strategy over all simulated steps (times in seconds).
+
+    Attributes:
+        strategy: the planner strategy name.
+        total_seconds: predicted time of all steps together.
+        mean_step_seconds: ``total_seconds / steps``.
+        ratio: ``total_seconds`` over the summed per-step lower bounds (>= 1; 1 is optimal).
+        imbalance: mean over steps of max/mean per-rank predicted load.
+        max_imbalance: the worst step's max/mean per-rank load.
+        padding_tokens: padding tokens over all steps (0 for packed micro-batches).
+        cap_violations: micro-batches above ``max_tokens`` over all steps (0 means safe).
+        mean_microbatches: mean number of micro-batches per rank per step.
+        planning_ms_mean, planning_ms_max: wall time of one ``plan_step`` call (milliseconds).
+        speedup_vs_round_robin, speedup_vs_token_kk: that baseline's ``total_seconds`` over this
+            strategy's (``> 1`` means faster); ``None`` when the baseline was not simulated.
+        step_seconds: float64 ``[steps]`` predicted time of each step.
+        rank_seconds: float64 ``[dp_size]`` predicted per-rank load in the representative step.
+    """
+
+    strategy: str
+    total_seconds: float
+    mean_step_seconds: float
+    ratio: float
+    imbalance: float
+    max_imbalance: float
+    padding_tokens: int
+    cap_violations: int
+    mean_microbatches: float
+    planning_ms_mean: float
+    planning_ms_max: float
+    speedup_vs_round_robin: float | None
+    speedup_vs_token_kk: float | None
+    step_seconds: np.ndarray
+    rank_seconds: np.ndarray
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (arrays as lists)."""
+        return {
+            "strategy": self.strategy,
+            "total_seconds": self.total_seconds,
+            "mean_step_seconds": self.mean_step_seconds,
+            "ratio": self.ratio,
+            "imbalance": self.imbalance,
+            "max_imbalance": self.max_imbalance,
+            "padding_tokens": self.padding_tokens,
+            "cap_violations": self.cap_violations,
+            "mean_microbatches": self.mean_microbatches,
+            "planning_ms_mean": self.planning_ms_mean,
+            "planning_ms_max": self.planning_ms_max,
+            "speedup_vs_round_robin": self.speedup_vs_round_robin,
+            "speedup_vs_token_kk": self.speedup_vs_token_kk,
+            "step_seconds": self.step_seconds.tolist(),
+            "rank_seconds": self.rank_seconds.tolist(),
+        }
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What :func:`simulate` predicts, per strategy, for one stream of global batches.
+
+    Attributes:
+        strategies: strategy name -> :class:`StrategyResult`, in the order requested.
+        plans: strategy name -> the :class:`~seqbalance.plan.StepPlan` of every step (plan
+            indices are positions within that step's batch).
+        batches: dataset indices of each step's global batch (identical for every strategy).
+        lengths: the token lengths that were planned, after truncation to ``max_tokens``.
+        groups: group id per sample, or ``None``.
+        truncated: number of dataset samples longer than ``max_tokens`` (cut to the cap, as a
+            trainer's ``cutoff_len`` does).
+        lower_bound_seconds: float64 ``[steps]``, the lower bound on each step's time.
+        representative_step: the step whose lower bound is the median (used for plots).
+        dp_size, global_batch_size, steps, max_tokens, objective, seed: the inputs.
+        model: name of the model the costs describe.
+        time_model: the :class:`~seqbalance.cost.TimeModel` that turned lengths into seconds.
+        time_model_source: one line saying where ``time_model`` came from.
+    """
+
+    strategies: dict[str, StrategyResult]
+    plans: dict[str, list[StepPlan]]
+    batches: list[np.ndarray]
+    lengths: np.ndarray
+    groups: np.ndarray | None
+    truncated: int
+    lower_bound_seconds: np.ndarray
+    representative_step: int
+    dp_size: int
+    global_batch_size: int
+    steps: int
+    max_tokens: int | None
+    objective: str
+    seed: int
+    model: str
+    time_model: TimeModel
+    time_model_source: str
+
+    @property
+    def best(self) -> str:
+        """``"balanced"`` when simulated, otherwise the strategy with the least total time."""
+        if "balanced" in self.strategies:
+            return "balanced"
+        return min(self.strategies, key=lambda name: self.strategies[name].total_seconds)
+
+    def headline(self) -> str:
+        """One sentence: how much faster the best strategy is and how close to optimal."""
+        best = self.strategies[self.best]
+        speedups = {
+            "token_kk": best.speedup_vs_token_kk,
+            "round_robin": best.speedup_vs_round_robin,
+        }
+        parts = [
+            f"{speedup:.2f}x faster than {baseline}"
+            for baseline, speedup in speedups.items()
+            if speedup is not None and baseline != best.strategy
+        ]
+        parts.append(f"{100.0 * (best.ratio - 1.0):.1f}% above the lower bound")
+        return f"{best.strategy}: " + ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form: the setup, the headline and every strategy's figures."""
+        samples_per_step = [int(batch.size) for batch in self.batches]
+        return {
+            "setup": {
+                "dp_size": self.dp_size,
+                "global_batch_size": self.global_batch_size,
+                "steps": self.steps,
+                "max_tokens": self.max_tokens,
+                "objective": self.objective,
+                "seed": self.seed,
+                "model": self.model,
+                "time_model": json.loads(self.time_model.to_json()),
+                "time_model_source": self.time_model_source,
+                "dataset_samples": int(self.lengths.size),
+                "truncated_samples": self.truncated,
+                "samples_per_step": samples_per_step,
+                "tokens_per_step": [int(self.lengths[batch].sum()) for batch in self.batches],
+                "grouped": self.groups is not None,
+                "representative_step": self.representative_step,
+            },
+            "headline": self.headline(),
+            "best": self.best,
+            "lower_bound_seconds": self.lower_bound_seconds.tolist(),
+            "strategies": {name: result.to_dict() for name, result in self.strategies.items()},
+        }
+
+
+def sample_batches(
+    n_samples: int,
+    global_batch_size: int,
+    steps: int,
+    *,
+    groups: Any = None,
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """Dataset indices (int64) of each step's global batch, drawn like a shuffled DataLoader.
+
+    Each epoch is a fresh permutation from ``np.random.default_rng(seed)``; a batch never spans
+    two epochs (an epoch's tail too short for a batch is dropped, like ``drop_last``). With
+    ``groups`` (one id per sample), whole groups are drawn until the batch holds at least
+    ``global_batch_size`` samples, so a group is never split across steps.
+    """
+    n_samples = check_int(n_samples, "n_samples", minimum=1)
+    global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
+    steps = check_int(steps, "steps", minimum=1)
+    if global_batch_size > n_samples:
+        raise ValueError(
+            f"global_batch_size = {global_batch_size} is larger than the dataset "
+            f"({n_samples} samples)"
+        )
+    if groups is None:
+        order = np.arange(n_samples, dtype=np.int64)
+        starts = order.copy()
+    else:
+        groups = as_lengths(groups, "groups")
+        if groups.size != n_samples:
+            raise ValueError(f"groups has {groups.size} entries, expected {n_samples}")
+        order = np.argsort(groups, kind="stable")
+        _, starts = np.unique(groups[order], return_index=True)
+    sizes = np.diff(np.append(starts, n_samples))
+    rng = np.random.default_rng(seed)
+    batches: list[np.ndarray] = []
+    while len(batches) < steps:
+        permutation = rng.permutation(sizes.size)
+        ends = np.cumsum(sizes[permutation])
+        first, consumed = 0, 0
+        while len(batches) < steps:
+            last = int(np.searchsorted(ends, consumed + global_batch_size))
+            if last >= sizes.size:
+                break
+            units = permutation[first : last + 1]
+            batches.append(np.concatenate([order[starts[u] : starts[u] + sizes[u]] for u in units]))
+            first, consumed = last + 1, int(ends[last])
+    return batches
+
+
+def _resolve_model(model: str | ModelSpec) -> ModelSpec:
+    from seqbalance.cost import ModelSpec
+
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        return ModelSpec.preset(model)
+    raise ValueError(f"model must be a preset name or a ModelSpec, got {model!r}")
+
+
+def _model_name(model: str | ModelSpec) -> str:
+    if isinstance(model, str):
+        return model
+    return str(getattr(model, "name", None) or "custom")
+
+
+def _check_strategies(strategies: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(strategies, str) or not strategies:
+        raise ValueError(f"strategies must be a non-empty sequence of names, got {strategies!r}")
+    names = tuple(check_choice(name, "strategies", DEFAULT_STRATEGIES) for name in strategies)
+    if len(set(names)) != len(names):
+        raise ValueError(f"strategies must not repeat a name, got {list(names)}")
+    return names
+
+
+def simulate(
+    lengths: Any,
+    *,
+    groups: Any = None,
+    dp_size: int = 8,
+    global_batch_size: int = 512,
+    steps: int = 20,
+    max_tokens: int | None = 16384,
+    model: str | ModelSpec = "qwen3-8b",
+    time_model: TimeModel | None = None,
+    peak_flops_per_s: float = DEFAULT_PEAK_FLOPS_PER_S,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    objective: str = "step",
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimulationResult:
+    """Plan ``steps`` sampled global batches with every strategy and predict their step times.
+
+    Args:
+        lengths: token length of every sample in the dataset (int, >= 0).
+        groups: optional group id per sample (e.g. the prompt of each GRPO response); groups
+            are drawn whole into batches and kept on one rank by the planner.
+        dp_size: data-parallel ranks.
+        global_batch_size: samples per optimizer step (rounded up to whole groups).
+        steps: number of optimizer steps to simulate.
+        max_tokens: token cap per packed micro-batch; longer samples are truncated to it (as a
+            trainer's ``cutoff_len`` does) and counted in ``SimulationResult.truncated``.
+            ``None`` means no cap (one micro-batch per rank).
+        model: preset name or :class:`~seqbalance.cost.ModelSpec` whose FLOPs set the costs
+            (only a label when ``time_model`` is given).
+        time_model: seconds per micro-batch (e.g. calibrated by ``seqbalance calibrate``);
+            when ``None``, ``model``'s FLOPs at ``peak_flops_per_s * efficiency`` are used.
+        peak_flops_per_s: accelerator peak (FLOP/s), default H100 bf16 dense (989 TFLOP/s).
+        efficiency: sustained fraction of peak, in (0, 1], default 0.4.
+        objective: ``"step"`` (DDP: max over ranks of summed micro-batches) or ``"lockstep"``
+            (FSDP/ZeRO-3: sum over micro-batches of the max over ranks).
+        strategies: planner strategies to compare, each on identical batches.
+        seed: seeds batch sampling and the planner.
+        progress: called as ``progress(done_steps, steps)`` after each step is planned.
+
+    Returns:
+        A :class:`SimulationResult`; its ``strategies`` hold predicted seconds per strategy.
+    """
+    from seqbalance.plan import plan_step
+
+    lengths = as_lengths(lengths)
+    if lengths.size == 0:
+        raise ValueError("lengths must hold at least one sample, got an empty array")
+    if groups is not None:
+        groups = as_lengths(groups, "groups")
+        if groups.size != lengths.size:
+            raise ValueError(
+                f"groups has {groups.size} entries but lengths has {lengths.size}; "
+                "give one group id per sample"
+            )
+    dp_size = check_int(dp_size, "dp_size", minimum=1)
+    if max_tokens is not None:
+        max_tokens = check_int(max_tokens, "max_tokens", minimum=1)
+    objective = check_choice(objective, "objective", OBJECTIVES)
+    names = _check_strategies(strategies)
+    seed = check_int(seed, "seed", minimum=0)
+    global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
+    if time_model is None:
+        spec = _resolve_model(model)
+        model_name = _model_name(spec)
+        from seqbalance.cost import FlopsModel, TimeModel
+
+        time_model = TimeModel.from_flops(FlopsModel(spec), peak_flops_per_s, efficiency)
+        source = (
+            f"{model_name} FLOPs at {peak_flops_per_s / 1e12:g} TFLOP/s x {efficiency:g} efficiency"
+        )
+    else:
+        source = "given TimeModel"
+        model_name = _model_name(model)
+
+    truncated = 0
+    if max_tokens is not None:
+        truncated = int(np.count_nonzero(lengths > max_tokens))
+        lengths = np.minimum(lengths, max_tokens)
+    batches = sample_batches(lengths.size, global_batch_size, steps, groups=groups, seed=seed)
+
+    plans: dict[str, list[StepPlan]] = {name: [] for name in names}
+    for step, batch in enumerate(batches):
+        for name in names:
+            plans[name].append(
+                plan_step(
+                    lengths[batch],
+                    dp_size,
+                    cost=time_model,
+                    max_tokens=max_tokens,
+                    groups=None if groups is None else groups[batch],
+                    objective=objective,
+                    strategy=name,
+                    seed=seed,
+                )
+            )
+        if progress is not None:
+            progress(step + 1, steps)
+
+    summaries = {name: [plan.summary() for plan in plans[name]] for name in names}
+    # Every strategy's bound is valid for the same batch, so the tightest one is the bound.
+    lower_bounds = np.max(
+        [[float(s["lower_bound"]) for s in summaries[name]] for name in names], axis=0
+    )
+    representative = int(np.argsort(lower_bounds, kind="stable")[(len(batches) - 1) // 2])
+    totals = {name: float(sum(float(s["step_cost"]) for s in summaries[name])) for name in names}
+
+    def speedup(baseline: str, name: str) -> float | None:
+        if baseline not in totals:
+            return None
+        return totals[baseline] / totals[name] if totals[name] > 0 else 1.0
+
+    results = {}
+    for name in names:
+        rows = summaries[name]
+        step_seconds = np.array([float(s["step_cost"]) for s in rows])
+        imbalance = np.array([float(s["imbalance"]) for s in rows])
+        planning_ms = 1e3 * np.array([float(s["planning_seconds"]) for s in rows])
+        bound = float(lower_bounds.sum())
+        results[name] = StrategyResult(
+            strategy=name,
+            total_seconds=totals[name],
+            mean_step_seconds=totals[name] / len(rows),
+            ratio=totals[name] / bound if bound > 0 else 1.0,
+            imbalance=float(imbalance.mean()),
+            max_imbalance=float(imbalance.max()),
+            padding_tokens=int(sum(int(s["padding_tokens"]) for s in rows)),
+            cap_violations=int(sum(int(s["cap_violations"]) for s in rows)),
+            mean_microbatches=float(np.mean([int(s["n_microbatches"]) for s in rows])),
+            planning_ms_mean=float(planning_ms.mean()),
+            planning_ms_max=float(planning_ms.max()),
+            speedup_vs_round_robin=speedup("round_robin", name),
+            speedup_vs_token_kk=speedup("token_kk", name),
+            step_seconds=step_seconds,
+            rank_seconds=np.asarray(plans[name][representative].rank_costs, dtype=np.float64),
+        )
+    return SimulationResult(
+        strategies=results,
+        plans=plans,
+        batches=batches,
+        lengths=lengths,
+        groups=groups,
+        truncated=truncated,
+        lower_bound_seconds=lower_bounds,
+        representative_step=representative,
+        dp_size=dp_size,
+        global_batch_size=global_batch_size,
+        steps=len(batches),
+        max_tokens=max_tokens,
+        objective=objective,
+        seed=seed,
+        model=model_name,
+        time_model=time_model,
+        time_model_source=source,
+    )

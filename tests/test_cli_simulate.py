@@ -1,0 +1,189 @@
+"""`seqbalance simulate`: its JSON holds consistent figures; plots are PNGs; bad files exit 2."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from seqbalance.cli import main
+from seqbalance.cost import TimeModel
+from seqbalance.sim import DEFAULT_STRATEGIES
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def lengths_file(tmp_path):
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(6.5, 1.0, size=400), 1, 9000).astype(np.int64)
+    path = tmp_path / "lengths.npy"
+    np.save(path, lengths)
+    return path, lengths
+
+
+SMALL = ("--dp", "4", "--global-batch", "64", "--steps", "3", "--max-tokens", "4096")
+
+
+def test_json_figures_are_consistent(capsys, lengths_file) -> None:
+    path, lengths = lengths_file
+    data = run_json(capsys, "simulate", "--lengths", str(path), *SMALL)
+    setup = data["setup"]
+    assert setup["dp_size"] == 4 and setup["steps"] == 3 and setup["max_tokens"] == 4096
+    assert setup["samples_per_step"] == [64, 64, 64]
+    assert setup["dataset_samples"] == lengths.size
+    assert setup["truncated_samples"] == int(np.count_nonzero(lengths > 4096))
+    assert all(0 < tokens <= 64 * 4096 for tokens in setup["tokens_per_step"])
+    assert setup["lengths"] == "lengths.npy"
+    assert "989 TFLOP/s" in setup["time_model_source"]
+    strategies = data["strategies"]
+    assert list(strategies) == list(DEFAULT_STRATEGIES)
+    bounds = np.array(data["lower_bound_seconds"])
+    for stats in strategies.values():
+        steps = np.array(stats["step_seconds"])
+        assert steps.shape == (3,) and np.all(steps >= bounds * (1 - 1e-9))
+        assert stats["total_seconds"] == pytest.approx(steps.sum())
+        assert stats["ratio"] >= 1 - 1e-9 and stats["imbalance"] >= 1 - 1e-12
+        assert stats["cap_violations"] == 0
+        assert len(stats["rank_seconds"]) == 4
+    rr, balanced = strategies["round_robin"], strategies["balanced"]
+    assert balanced["total_seconds"] <= rr["total_seconds"]
+    assert balanced["speedup_vs_round_robin"] == pytest.approx(
+        rr["total_seconds"] / balanced["total_seconds"]
+    )
+    assert data["best"] == "balanced"
+    assert data["headline"].startswith("balanced: ")
+
+
+def test_table_output_names_every_strategy_and_the_headline(capsys, lengths_file) -> None:
+    path, _ = lengths_file
+    assert main(["simulate", "--lengths", str(path), *SMALL]) == 0
+    out = capsys.readouterr().out
+    for name in DEFAULT_STRATEGIES:
+        assert name in out
+    assert "balanced: " in out and "lower bound" in out
+    assert "H100 bf16 dense" in out
+
+
+def test_markdown_output_is_a_table_with_the_headline(capsys, lengths_file) -> None:
+    path, _ = lengths_file
+    assert main(["simulate", "--lengths", str(path), *SMALL, "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("### lengths.npy: qwen3-8b, dp 4, 3 steps of ~64 samples")
+    assert "|:---|---:|" in out
+    for name in DEFAULT_STRATEGIES:
+        assert f"| {name} | " in out
+    assert "**balanced: " in out
+
+
+def test_plot_writes_a_png(capsys, lengths_file, tmp_path) -> None:
+    path, _ = lengths_file
+    out = tmp_path / "sim.png"
+    data = run_json(capsys, "simulate", "--lengths", str(path), *SMALL, "--plot", str(out))
+    image = out.read_bytes()
+    assert image[:8] == PNG_SIGNATURE and len(image) > 10_000
+    assert data["strategies"]
+
+
+def test_bundled_groups_are_drawn_whole(capsys) -> None:
+    data = run_json(
+        capsys,
+        "simulate",
+        "--lengths",
+        "qwen25math",
+        "--dp",
+        "4",
+        "--global-batch",
+        "32",
+        "--steps",
+        "2",
+        "--strategies",
+        "token_kk,balanced",
+    )
+    assert data["setup"]["grouped"] is True
+    assert all(n % 8 == 0 and n >= 32 for n in data["setup"]["samples_per_step"])
+    assert list(data["strategies"]) == ["token_kk", "balanced"]
+
+
+def test_time_model_file_sets_the_costs(capsys, lengths_file, tmp_path) -> None:
+    path, _ = lengths_file
+    model = TimeModel(0.01, 2e-5, 3e-9)
+    model_path = tmp_path / "tm.json"
+    model.save(model_path)
+    data = run_json(
+        capsys, "simulate", "--lengths", str(path), *SMALL, "--time-model", str(model_path)
+    )
+    assert TimeModel.from_json(json.dumps(data["setup"]["time_model"])) == model
+    assert str(model_path) in data["setup"]["time_model_source"]
+    # Every micro-batch pays t0 = 10 ms, and every rank runs at least one.
+    for stats in data["strategies"].values():
+        assert min(stats["rank_seconds"]) >= 0.01
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"this is not numpy", "cannot read"),
+        (np.array([3, -1, 4]), r"\[1\] = -1 is negative"),
+        (np.array([3.0, 2.5]), r"\[1\] = 2.5 is not a whole number"),
+        (np.zeros((2, 2), dtype=np.int64), "must be a 1-D array"),
+        (np.array([], dtype=np.int64), "holds no samples"),
+    ],
+)
+def test_malformed_lengths_file_exits_2_with_a_message(capsys, tmp_path, content, message):
+    path = tmp_path / "bad.npy"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        np.save(path, content)
+    assert main(["simulate", "--lengths", str(path), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "--lengths" in captured.err
+    assert re.search(message, captured.err), captured.err
+
+
+def test_unknown_dataset_and_conflicting_cost_options_exit_2(capsys, tmp_path) -> None:
+    assert main(["simulate", "--lengths", "no-such-set"]) == 2
+    assert "neither a file nor a bundled dataset" in capsys.readouterr().err
+    model_path = tmp_path / "tm.json"
+    TimeModel(0.0, 1e-6, 0.0).save(model_path)
+    argv = ["simulate", "--time-model", str(model_path), "--peak-tflops", "500"]
+    assert main(argv) == 2
+    assert "--time-model replaces" in capsys.readouterr().err
+    assert main(["simulate", "--efficiency", "2"]) == 2
+    assert "--efficiency" in capsys.readouterr().err
+
+
+def test_no_arguments_runs_the_bundled_default(capsys) -> None:
+    data = run_json(capsys, "simulate")
+    setup = data["setup"]
+    assert setup["lengths"] == "sharegpt" and setup["model"] == "qwen3-8b"
+    assert setup["dp_size"] == 8 and setup["max_tokens"] == 16384
+    assert data["strategies"]["balanced"]["speedup_vs_round_robin"] >= 1.0
+
+
+def test_default_global_batch_shrinks_to_a_small_dataset(capsys, tmp_path) -> None:
+    path = tmp_path / "small.npy"
+    np.save(path, np.arange(1, 101) * 30)
+    data = run_json(capsys, "simulate", "--lengths", str(path), "--dp", "4", "--steps", "2")
+    assert data["setup"]["global_batch_size"] == 100
+    assert data["setup"]["samples_per_step"] == [100, 100]
+    assert data["setup"]["tokens_per_step"] == [30 * 5050, 30 * 5050]
+
+
+def test_plot_without_matplotlib_is_a_clear_error(capsys, lengths_file, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    path, _ = lengths_file
+    argv = ["simulate", "--lengths", str(path), *SMALL, "--plot", str(tmp_path / "x.png")]
+    assert main(argv) == 1
+    assert "pip install 'seqbalance[plot]'" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
