@@ -1,0 +1,214 @@
+"""Exact branch and bound over every sample-to-slot assignment, for small steps.
+
+Slots are the ``dp x M`` (rank, micro-batch) pairs. Samples are placed heaviest first; a branch
+is cut when its cost already reaches the best plan found (valid because adding a sample never
+makes a micro-batch cheaper: always for packed, and for padded when costs do not decrease with
+length), when the samples left cannot fill the empty slots (no empty micro-batch allowed), or by
+symmetry (empty ranks are interchangeable; so are a rank's empty micro-batches for ``step`` and
+all-empty micro-batch positions for ``lockstep``). The search stops after ``NODE_LIMIT`` nodes
+and then keeps the best plan found so far.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqbalance.plan._metrics import microbatch_cost
+from seqbalance.plan._problem import Problem
+
+__all__ = ["NODE_LIMIT", "applicable", "objective", "search"]
+
+NODE_LIMIT = 200_000
+MAX_SAMPLES = 12
+MAX_SLOTS = 8
+
+Microbatches = list[list[list[int]]]
+_Saved = tuple[float, int, bool, float]
+
+
+def applicable(p: Problem, m: int) -> bool:
+    """Whether the exact search is run for this step size."""
+    return p.n <= MAX_SAMPLES and p.dp * m <= MAX_SLOTS
+
+
+def objective(p: Problem, plan: Microbatches) -> float:
+    """Step cost of ``plan`` under ``p.objective`` (positions as given)."""
+    costs = np.array(
+        [
+            [
+                microbatch_cost(
+                    np.asarray(mb, dtype=np.int64),
+                    p.lengths,
+                    p.sample_costs,
+                    p.overhead,
+                    p.layout,
+                )
+                for mb in ranks
+            ]
+            for ranks in plan
+        ]
+    )
+    return float(costs.max(axis=0).sum() if p.objective == "lockstep" else costs.sum(axis=1).max())
+
+
+def search(p: Problem, m: int, incumbent: Microbatches | None) -> Microbatches | None:
+    """The best plan with ``m`` micro-batches per rank, or ``incumbent`` if none is better
+    (``None`` when no feasible plan exists, or none was found within the node limit)."""
+    return _Search(p, m, incumbent).run()
+
+
+class _Search:
+    def __init__(self, p: Problem, m: int, incumbent: Microbatches | None) -> None:
+        self.p, self.m = p, m
+        self.slots = p.dp * m
+        self.order = np.lexsort((np.arange(p.n), -p.lengths, -p.sample_costs)).tolist()
+        self.lengths = p.lengths.tolist()
+        self.costs = p.sample_costs.tolist()
+        self.oversize = p.oversize.tolist()
+        self.units = p.unit_of_sample.tolist()
+        self.grouped = p.groups is not None
+        self.cap = p.max_tokens
+        self.size = p.micro_batch_size if p.layout == "padded" else None
+        self.padded = p.layout == "padded"
+        self.lockstep = p.objective == "lockstep"
+        self.monotone = not self.padded or _nondecreasing_in_length(p)
+        self.best_plan = incumbent
+        self.best = objective(p, incumbent) if incumbent is not None else np.inf
+        self.best_slots: list[int] | None = None
+        self.nodes = 0
+        # Per slot: cost, tokens (unpadded sum), count, longest length, closed (over-cap).
+        self.slot_cost = [p.overhead] * self.slots
+        self.slot_tokens = [0] * self.slots
+        self.slot_count = [0] * self.slots
+        self.slot_longest = [0] * self.slots
+        self.slot_closed = [False] * self.slots
+        self.slot_longest_cost = [0.0] * self.slots
+        self.unit_rank = [-1] * p.n_units
+        self.assignment = [-1] * p.n
+
+    def run(self) -> Microbatches | None:
+        self._place(0)
+        if self.best_slots is None:
+            return self.best_plan
+        plan: Microbatches = [[[] for _ in range(self.m)] for _ in range(self.p.dp)]
+        for i, slot in enumerate(self.best_slots):
+            plan[slot // self.m][slot % self.m].append(i)
+        return plan
+
+    def _value(self) -> float:
+        m, costs = self.m, self.slot_cost
+        if self.lockstep:
+            return sum(max(costs[r * m + j] for r in range(self.p.dp)) for j in range(m))
+        return max(sum(costs[r * m : (r + 1) * m]) for r in range(self.p.dp))
+
+    def _fits(self, slot: int, i: int) -> bool:
+        count = self.slot_count[slot]
+        if self.oversize[i]:
+            return count == 0
+        if self.slot_closed[slot]:
+            return False
+        if self.size is not None and count + 1 > self.size:
+            return False
+        if self.cap is None:
+            return True
+        if self.padded:
+            return (count + 1) * max(self.slot_longest[slot], self.lengths[i]) <= self.cap
+        return self.slot_tokens[slot] + self.lengths[i] <= self.cap
+
+    def _candidates(self, i: int) -> list[int]:
+        m, dp = self.m, self.p.dp
+        counts = self.slot_count
+        rank_empty = [all(counts[r * m + j] == 0 for j in range(m)) for r in range(dp)]
+        first_empty_rank = next((r for r in range(dp) if rank_empty[r]), -1)
+        column_empty = [all(counts[r * m + j] == 0 for r in range(dp)) for j in range(m)]
+        first_empty_column = next((j for j in range(m) if column_empty[j]), -1)
+        pinned = self.unit_rank[self.units[i]] if self.grouped else -1
+        result = []
+        for r in range(dp) if pinned < 0 else (pinned,):
+            if rank_empty[r] and r != first_empty_rank:
+                continue
+            first_empty_here = next((j for j in range(m) if counts[r * m + j] == 0), -1)
+            for j in range(m):
+                slot = r * m + j
+                if counts[slot] == 0:
+                    if self.lockstep and column_empty[j] and j != first_empty_column:
+                        continue
+                    if not self.lockstep and j != first_empty_here:
+                        continue
+                if self._fits(slot, i):
+                    result.append(slot)
+        return result
+
+    def _place(self, depth: int) -> None:
+        self.nodes += 1
+        if self.nodes > NODE_LIMIT:
+            return
+        p = self.p
+        if depth == p.n:
+            value = self._value()
+            if value < self.best:
+                self.best = value
+                self.best_slots = list(self.assignment)
+            return
+        i = self.order[depth]
+        remaining = p.n - depth - 1
+        empty = self.slot_count.count(0)
+        options = []
+        for slot in self._candidates(i):
+            if not p.allow_empty and empty - (self.slot_count[slot] == 0) > remaining:
+                continue
+            saved = self._apply(slot, i)
+            options.append((self._value(), slot))
+            self._undo(slot, i, saved)
+        options.sort()
+        for value, slot in options:
+            if self.monotone and value >= self.best:
+                break
+            saved = self._apply(slot, i)
+            unit = self.units[i]
+            pinned_here = self.grouped and self.unit_rank[unit] < 0
+            if pinned_here:
+                self.unit_rank[unit] = slot // self.m
+            self.assignment[i] = slot
+            self._place(depth + 1)
+            self.assignment[i] = -1
+            if pinned_here:
+                self.unit_rank[unit] = -1
+            self._undo(slot, i, saved)
+
+    def _apply(self, slot: int, i: int) -> _Saved:
+        saved = (
+            self.slot_cost[slot],
+            self.slot_longest[slot],
+            self.slot_closed[slot],
+            self.slot_longest_cost[slot],
+        )
+        length = self.lengths[i]
+        self.slot_tokens[slot] += length
+        self.slot_count[slot] += 1
+        if self.oversize[i]:
+            self.slot_closed[slot] = True
+        if self.padded:
+            if length > self.slot_longest[slot] or self.slot_count[slot] == 1:
+                self.slot_longest[slot] = length
+                self.slot_longest_cost[slot] = self.costs[i]
+            count = self.slot_count[slot]
+            self.slot_cost[slot] = self.p.overhead + count * self.slot_longest_cost[slot]
+        else:
+            self.slot_cost[slot] += self.costs[i]
+        return saved
+
+    def _undo(self, slot: int, i: int, saved: _Saved) -> None:
+        self.slot_tokens[slot] -= self.lengths[i]
+        self.slot_count[slot] -= 1
+        (
+            self.slot_cost[slot],
+            self.slot_longest[slot],
+            self.slot_closed[slot],
+            self.slot_longest_cost[slot],
+        ) = saved
+
+
+def _nondecreasing_in_length(p: Problem) -> bool:
+    order = np.argsort(p.lengths, kind="stable")
+    return bool(np.all(np.diff(p.sample_costs[order]) >= 0))

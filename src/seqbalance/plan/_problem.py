@@ -1,0 +1,272 @@
+"""The planning problem after argument checking: samples, costs, limits and derived bounds.
+
+Strategies read a ``Problem`` and return micro-batches; everything they share (what fits in a
+micro-batch, the fewest micro-batches any plan needs, the lower bound on the step cost, the
+grouping of samples into units that must stay on one rank) is defined here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+__all__ = ["Problem"]
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """Normalised inputs of ``plan_step`` (see its docstring for the meaning of each option)."""
+
+    lengths: np.ndarray
+    sample_costs: np.ndarray
+    overhead: float
+    dp: int
+    max_tokens: int | None
+    layout: str
+    micro_batch_size: int | None
+    groups: np.ndarray | None
+    objective: str
+    allow_oversize: bool
+    allow_empty: bool
+    min_microbatches: int
+    microbatch_multiple: int
+    num_microbatches: int | None
+
+    @property
+    def n(self) -> int:
+        return int(self.lengths.size)
+
+    @cached_property
+    def oversize(self) -> np.ndarray:
+        """bool ``[n]``: samples longer than the cap (each needs a micro-batch of its own)."""
+        if self.max_tokens is None:
+            return np.zeros(self.n, dtype=bool)
+        return self.lengths > self.max_tokens
+
+    @cached_property
+    def capacity_tokens(self) -> np.ndarray:
+        """int64 ``[n]``: cap capacity a sample uses up; an over-cap sample fills a whole
+        micro-batch, so it counts as ``max_tokens``."""
+        if self.max_tokens is None:
+            return self.lengths
+        return np.where(self.oversize, self.max_tokens, self.lengths)
+
+    @cached_property
+    def unit_of_sample(self) -> np.ndarray:
+        """int64 ``[n]``: the unit (group, or the sample itself) of every sample. Units are
+        numbered in order of first appearance."""
+        if self.groups is None:
+            return np.arange(self.n, dtype=np.int64)
+        _, first, inverse = np.unique(self.groups, return_index=True, return_inverse=True)
+        rank_by_first = np.empty(first.size, dtype=np.int64)
+        rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
+        return rank_by_first[inverse.reshape(-1)]
+
+    @property
+    def n_units(self) -> int:
+        return self.n if self.groups is None else int(self.unit_of_sample.max(initial=-1)) + 1
+
+    def unit_sums(self, values: np.ndarray) -> np.ndarray:
+        """Per-unit sums of a per-sample array (float64)."""
+        if self.groups is None:
+            return values.astype(np.float64)
+        return np.bincount(self.unit_of_sample, weights=values, minlength=self.n_units)
+
+    @cached_property
+    def unit_counts(self) -> np.ndarray:
+        return np.bincount(self.unit_of_sample, minlength=self.n_units).astype(np.int64)
+
+    # ------------------------------------------------------------------ micro-batch counts
+    def bins_needed(self, members: np.ndarray) -> int:
+        """A lower bound on the micro-batches the samples ``members`` need under the limits."""
+        if members.size == 0:
+            return 0
+        over = int(self.oversize[members].sum())
+        rest = members[~self.oversize[members]]
+        lengths = self.lengths[rest]
+        bins = 1 if rest.size else 0
+        if self.max_tokens is not None and rest.size:
+            # Two samples longer than half the cap never share a micro-batch.
+            bins = max(bins, -(-int(lengths.sum()) // self.max_tokens))
+            bins = max(bins, int((2 * lengths > self.max_tokens).sum()))
+        if self.layout == "padded" and self.micro_batch_size is not None:
+            bins = max(bins, -(-rest.size // self.micro_batch_size))
+        return over + bins
+
+    def _unit_bins_needed(self) -> np.ndarray:
+        """``bins_needed`` of every unit at once (int64 ``[n_units]``)."""
+        unit, k = self.unit_of_sample, self.n_units
+        over = np.bincount(unit, weights=self.oversize, minlength=k)
+        regular = ~self.oversize
+        rest_count = np.bincount(unit, weights=regular, minlength=k)
+        bins = (rest_count > 0).astype(np.float64)
+        if self.max_tokens is not None:
+            rest_tokens = np.bincount(unit, weights=np.where(regular, self.lengths, 0), minlength=k)
+            long = np.bincount(
+                unit, weights=regular & (2 * self.lengths > self.max_tokens), minlength=k
+            )
+            bins = np.maximum.reduce([bins, np.ceil(rest_tokens / self.max_tokens), long])
+        if self.layout == "padded" and self.micro_batch_size is not None:
+            bins = np.maximum(bins, np.ceil(rest_count / self.micro_batch_size))
+        return (over + bins).astype(np.int64)
+
+    def round_microbatches(self, needed: int) -> int:
+        """The micro-batch count honouring the options for a strategy that needs ``needed``.
+
+        Raises ValueError when ``num_microbatches`` is fixed and too small.
+        """
+        if self.num_microbatches is not None:
+            if needed > self.num_microbatches:
+                raise ValueError(
+                    f"num_microbatches = {self.num_microbatches} is infeasible: the samples need "
+                    f"at least {needed} micro-batches per rank under max_tokens = "
+                    f"{self.max_tokens}"
+                    + (
+                        f" and micro_batch_size = {self.micro_batch_size}"
+                        if self.layout == "padded"
+                        else ""
+                    )
+                )
+            return self.num_microbatches
+        m = max(needed, self.min_microbatches, 1)
+        return -(-m // self.microbatch_multiple) * self.microbatch_multiple
+
+    def next_microbatches(self, m: int) -> int | None:
+        """The next larger allowed count after ``m`` (``None`` when it is fixed)."""
+        if self.num_microbatches is not None:
+            return None
+        return m + self.microbatch_multiple
+
+    @cached_property
+    def min_feasible_microbatches(self) -> int:
+        """M_lb: no valid plan has fewer micro-batches per rank (rounded to the options).
+
+        Raises ValueError naming the group when a group cannot fit on one rank within a fixed
+        ``num_microbatches``, and when fewer samples than micro-batch slots would force empty
+        micro-batches without ``allow_empty``.
+        """
+        every = np.arange(self.n, dtype=np.int64)
+        needed = -(-self.bins_needed(every) // self.dp)
+        if self.groups is not None:
+            bins = self._unit_bins_needed()
+            if self.num_microbatches is not None and (bins > self.num_microbatches).any():
+                unit = int(np.flatnonzero(bins > self.num_microbatches)[0])
+                members = np.flatnonzero(self.unit_of_sample == unit)
+                raise ValueError(
+                    f"groups: group {int(self.groups[members[0]])} ({members.size} samples, "
+                    f"{int(self.lengths[members].sum())} tokens) is larger than a rank can "
+                    f"hold: it needs at least {int(bins[unit])} micro-batches, "
+                    f"num_microbatches = {self.num_microbatches}"
+                )
+            needed = max(needed, int(bins.max(initial=0)))
+        m = self.round_microbatches(needed)
+        if not self.allow_empty and self.n < self.dp * m:
+            raise ValueError(
+                f"lengths has {self.n} samples, fewer than the {self.dp * m} micro-batch slots "
+                f"(dp_size = {self.dp} x {m} micro-batches), so some micro-batch would be "
+                "empty; pass allow_empty=True to allow that"
+            )
+        return m
+
+    # ------------------------------------------------------------------ cost bounds
+    @cached_property
+    def least_sample_costs(self) -> np.ndarray:
+        """float64 ``[n]``: the least a sample can add to its micro-batch's cost.
+
+        Packed: its own cost. Padded: it is charged the cost of the longest sample in its
+        micro-batch, at least the cheapest sample at least as long as itself.
+        """
+        if self.layout == "packed" or self.n == 0:
+            return self.sample_costs
+        order = np.argsort(self.lengths, kind="stable")
+        suffix_min = np.minimum.accumulate(self.sample_costs[order][::-1])[::-1]
+        sorted_lengths = self.lengths[order]
+        # Samples of equal length may be charged any of their (equal-length) costs.
+        first_of_length = np.searchsorted(sorted_lengths, sorted_lengths, side="left")
+        least = np.empty(self.n)
+        least[order] = suffix_min[first_of_length]
+        return least
+
+    def lower_bound(self, m_lower: int) -> float:
+        """A lower bound on the step cost of any valid plan with at least ``m_lower``
+        micro-batches per rank.
+
+        ``step``: each rank runs at least ``m_lower`` micro-batches, each paying the overhead,
+        plus its samples' costs, at least ``unit_cost_bound``. ``lockstep``: the sum over
+        positions of the slowest rank is at least any rank's total, so the ``step`` bound holds;
+        and, with ``S`` the total cost (overheads of ``dp x m_lower`` micro-batches included),
+        ``c`` the costliest sample's micro-batch (at least overhead + its cost) and ``V`` an
+        upper bound on the total of ``dp - 1`` disjoint micro-batches without that sample
+        (``_ceiling``): the position holding it costs at least ``c``, the other ranks put at
+        most ``V`` in total there, and the other positions cost at least their average, so the
+        sum is at least ``S / dp + max(0, (dp - 1) x c - V) / dp``.
+        """
+        bound = m_lower * self.overhead + self.unit_cost_bound
+        if self.objective != "lockstep" or self.n == 0 or self.dp == 1:
+            return bound
+        least = self.least_sample_costs
+        heaviest = int(np.argmax(least))
+        total = float(least.sum()) + self.dp * m_lower * self.overhead
+        forced = (self.dp - 1) * (self.overhead + float(least[heaviest]))
+        excess = forced - self._ceiling(heaviest, self.dp - 1)
+        return max(bound, total / self.dp + max(0.0, excess) / self.dp)
+
+    def _ceiling(self, excluded: int, k: int) -> float:
+        """An upper bound on the total cost of ``k`` disjoint micro-batches without sample
+        ``excluded``.
+
+        Packed: every micro-batch holds at most ``max_tokens`` tokens or one over-cap sample
+        (counted as ``max_tokens``), so the fractional knapsack over ``k x max_tokens`` tokens
+        (the LP relaxation, which bounds any 0/1 choice) plus every zero-length sample bounds
+        the samples' costs. Padded: a micro-batch costs ``count x cost(longest)`` with
+        ``count <= micro_batch_size`` and ``count x L <= max_tokens``; the ``k`` longest samples
+        are distinct, so the ``k`` largest such products bound the sum.
+        """
+        others = np.ones(self.n, dtype=bool)
+        others[excluded] = False
+        lengths, costs = self.lengths[others], self.sample_costs[others]
+        overheads = k * self.overhead
+        if lengths.size == 0:
+            return overheads
+        oversize = self.oversize[others]
+        if self.layout == "padded":
+            count = np.full(lengths.size, self.micro_batch_size or lengths.size, dtype=np.int64)
+            if self.max_tokens is not None:
+                count = np.minimum(count, self.max_tokens // np.maximum(lengths, 1))
+                count[oversize] = 1
+            return overheads + float(np.sort(count * costs)[::-1][:k].sum())
+        if self.max_tokens is None:
+            return overheads + float(costs.sum())
+        weight = np.where(oversize, self.max_tokens, lengths)
+        positive = weight > 0
+        ratio = costs[positive] / weight[positive]
+        order = np.argsort(-ratio, kind="stable")
+        taken = np.cumsum(weight[positive][order])
+        capacity = k * self.max_tokens
+        full = int(np.searchsorted(taken, capacity, side="right"))
+        packed = float(costs[positive][order][:full].sum())
+        if full < order.size:
+            room = capacity - (int(taken[full - 1]) if full else 0)
+            packed += room * float(ratio[order][full])
+        return overheads + packed + float(costs[~positive].sum())
+
+    @cached_property
+    def unit_cost_bound(self) -> float:
+        """A lower bound on the largest rank total of sample costs (overhead excluded).
+
+        A unit's samples share a rank, so this is the partition bound of the unit costs over
+        ``dp`` ranks: the largest unit; the average; the two smallest of the ``dp + 1`` largest
+        units, two of which share a rank; and the further bounds of
+        ``seqbalance.partition.lower_bound``.
+        """
+        from seqbalance.partition import lower_bound as partition_lower_bound
+
+        units = np.sort(self.unit_sums(self.least_sample_costs))[::-1]
+        if units.size == 0:
+            return 0.0
+        bound = max(float(units[0]), float(units.sum()) / self.dp)
+        if units.size > self.dp:
+            bound = max(bound, float(units[self.dp - 1] + units[self.dp]))
+        return max(bound, float(partition_lower_bound(units, self.dp)))

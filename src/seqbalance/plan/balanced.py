@@ -1,0 +1,763 @@
+"""The ``balanced`` strategy: cost-aware, cap-respecting, ranks and micro-batches planned jointly.
+
+For the fewest micro-batches per rank ``M`` that it can make feasible (starting from the proven
+minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when packing fails):
+
+1. Ranks. Units (samples, or whole groups) go to ranks heaviest cost first, each to the rank
+   with the least cost that can still hold it (LPT; rank capacity ``M x max_tokens`` tokens, an
+   over-cap sample counting as a full micro-batch, and ``M x micro_batch_size`` samples for the
+   padded layout). Local search follows: a few vectorised rounds that pair the k-th costliest
+   rank with the k-th lightest and apply the best move or swap in every pair at once, then
+   single moves or swaps from the costliest rank to the lightest ranks while that lowers the
+   costliest one (until within ``_GOOD_ENOUGH`` of the lower bound). Finally units move (or are
+   swapped for larger ones) to ranks holding fewer than ``M`` samples, so no micro-batch has to
+   be empty.
+2. Micro-batches, packed layout. Every rank packs its samples, heaviest first, each into its
+   currently cheapest micro-batch that stays within the cap (vectorised over ranks). A rank that
+   does not fit is re-packed by first-fit decreasing on tokens; samples that still do not fit
+   move to the cheapest rank with room (not with groups, which must stay together); as a last
+   resort all samples are packed first-fit decreasing into ``dp x M`` micro-batches that are
+   then dealt to ranks.
+3. ``lockstep`` (packed): ranks are re-packed under the micro-batch cost profile of the rank
+   holding the costliest micro-batch (so one long sample does not force every rank's other
+   micro-batches to be large), then samples move or swap between micro-batches of one rank
+   while that lowers the sum over positions of the slowest rank.
+4. Micro-batches, padded layout. Samples sorted by length are cut into consecutive micro-batches
+   (similar lengths share a micro-batch, so padding stays small) with the largest micro-batch
+   cost as small as possible (bisection over a greedy cut), then split until there are exactly
+   the slots needed. Without groups this is done for all ``dp x M`` slots at once and the
+   micro-batches are dealt to ranks heaviest first (the least loaded rank that still has a free
+   slot); with groups each rank is cut into its ``M`` micro-batches after step 1.
+5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) that are not already at the
+   lower bound are finished by an exact branch-and-bound search over all assignments (see
+   ``_exact``), which also proves whether ``M`` is feasible at all.
+
+Alignment of micro-batch positions for ``objective="lockstep"`` and the ``order`` option are
+applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, ties broken by
+index).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import numpy as np
+
+from seqbalance.plan import _exact
+from seqbalance.plan._metrics import microbatch_cost
+from seqbalance.plan._packing import fill_empty
+from seqbalance.plan._problem import Problem
+from seqbalance.plan.strategies import rank_members
+
+__all__ = ["plan_balanced"]
+
+Microbatches = list[list[list[int]]]
+
+_TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
+# Local search stops when the costliest rank is this close (relative) to the lower bound.
+_GOOD_ENOUGH = 1e-6
+# The lockstep refinement (slower per step) stops this close to the lower bound.
+_LOCKSTEP_GOOD_ENOUGH = 2e-4
+
+
+def plan_balanced(p: Problem) -> Microbatches:
+    """Micro-batches (``dp`` lists of ``M`` lists of sample positions) of the balanced plan."""
+    m = p.min_feasible_microbatches
+    bound = p.lower_bound(m)
+    while True:
+        if not p.allow_empty and p.n < p.dp * m:
+            raise ValueError(
+                f"no plan with fewer than {m} micro-batches per rank was found, and {p.n} "
+                f"samples cannot fill {p.dp * m} micro-batch slots (dp_size = {p.dp} x {m})"
+                + _GROUP_HINT * (p.groups is not None)
+                + "; pass allow_empty=True to allow empty micro-batches"
+            )
+        plan = _attempt(p, m)
+        if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
+            plan = _exact.search(p, m, plan)
+        if plan is not None:
+            return plan
+        following = p.next_microbatches(m)
+        if following is None:
+            raise ValueError(
+                f"num_microbatches = {m} is infeasible: no assignment found that keeps every "
+                f"micro-batch within max_tokens = {p.max_tokens}"
+                + (" with each group on one rank" if p.groups is not None else "")
+                + (" and every micro-batch non-empty" if not p.allow_empty else "")
+            )
+        m = following
+
+
+_GROUP_HINT = " (groups must stay on one rank, so some ranks may not get enough samples)"
+
+
+def _attempt(p: Problem, m: int) -> Microbatches | None:
+    if p.layout == "padded" and p.groups is None:
+        return _padded_global(p, m)
+    rank_of_unit = _assign_units(p, m)
+    if rank_of_unit is None:
+        return None
+    members = rank_members(p, rank_of_unit)
+    if p.layout == "padded":
+        plan = [_segment(p, samples, m) for samples in members]
+        return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]
+    plan = _pack_ranks(p, members, m)
+    if plan is None and p.groups is None and p.layout == "packed":
+        plan = _global_first_fit(p, m)
+    if plan is not None and p.objective == "lockstep" and m > 1:
+        plan = _match_profile(p, plan)
+        _refine_lockstep(p, plan)
+    return plan
+
+
+def _global_first_fit(p: Problem, m: int) -> Microbatches | None:
+    """Fallback for tight caps: first-fit decreasing over all ``dp x M`` micro-batches, which
+    are then dealt to ranks costliest first (least loaded rank with a free slot)."""
+    bins = _first_fit_decreasing(p, np.arange(p.n, dtype=np.int64), p.dp * m)
+    if bins is None:
+        return None
+    fill_empty(p, bins)
+    return _deal(p, bins, m)
+
+
+# ---------------------------------------------------------------------- step 1: ranks
+def _capacities(p: Problem, m: int) -> tuple[float, float]:
+    tokens = np.inf if p.max_tokens is None else float(m * p.max_tokens)
+    count = np.inf
+    if p.layout == "padded" and p.micro_batch_size is not None:
+        count = float(m * p.micro_batch_size)
+    return tokens, count
+
+
+def _assign_units(p: Problem, m: int) -> np.ndarray | None:
+    costs = p.unit_sums(p.sample_costs)
+    tokens = p.unit_sums(p.capacity_tokens)
+    counts = p.unit_counts.astype(np.float64)
+    cap_tokens, cap_count = _capacities(p, m)
+    order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
+    rank_list = [0] * p.n_units
+    rank_tokens = [0.0] * p.dp
+    rank_counts = [0.0] * p.dp
+    heap = [(0.0, r) for r in range(p.dp)]
+    for unit, cost, weight, count in zip(
+        order.tolist(),
+        costs[order].tolist(),
+        tokens[order].tolist(),
+        counts[order].tolist(),
+        strict=True,
+    ):
+        load, r = heap[0]
+        if rank_tokens[r] + weight <= cap_tokens and rank_counts[r] + count <= cap_count:
+            heapq.heapreplace(heap, (load + cost, r))
+        else:  # the lightest rank is full: take the lightest one with room
+            aside = []
+            while heap:
+                load, r = heapq.heappop(heap)
+                if rank_tokens[r] + weight <= cap_tokens and rank_counts[r] + count <= cap_count:
+                    break
+                aside.append((load, r))
+            else:
+                return None
+            heapq.heappush(heap, (load + cost, r))
+            for item in aside:
+                heapq.heappush(heap, item)
+        rank_list[unit] = r
+        rank_tokens[r] += weight
+        rank_counts[r] += count
+    rank_of_unit = np.array(rank_list, dtype=np.int64)
+    state = _RankState(p, m, rank_of_unit, costs, tokens, counts)
+    state.pair_rounds()
+    state.refine()
+    return rank_of_unit if state.fill_short_ranks() else None
+
+
+class _RankState:
+    """Units on ranks with per-rank totals, for local search under the rank capacities."""
+
+    def __init__(
+        self,
+        p: Problem,
+        m: int,
+        rank_of_unit: np.ndarray,
+        costs: np.ndarray,
+        tokens: np.ndarray,
+        counts: np.ndarray,
+    ) -> None:
+        self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
+        self.costs, self.tokens, self.counts = costs, tokens, counts
+        self.loads = np.bincount(rank_of_unit, weights=costs, minlength=p.dp)
+        self.rank_tokens = np.bincount(rank_of_unit, weights=tokens, minlength=p.dp)
+        self.rank_counts = np.bincount(rank_of_unit, weights=counts, minlength=p.dp)
+        self.cap_tokens, self.cap_count = _capacities(p, m)
+        # A rank keeps at least M samples, so none of its micro-batches has to be empty.
+        self.min_count = m if p.n >= p.dp * m else 0
+
+    def move(self, unit: int, target: int) -> None:
+        source = self.rank_of_unit[unit]
+        for totals, values in (
+            (self.loads, self.costs),
+            (self.rank_tokens, self.tokens),
+            (self.rank_counts, self.counts),
+        ):
+            totals[source] -= values[unit]
+            totals[target] += values[unit]
+        self.rank_of_unit[unit] = target
+
+    def move_many(self, units: np.ndarray, targets: np.ndarray) -> None:
+        """Move distinct ``units`` to ``targets`` at once."""
+        sources = self.rank_of_unit[units]
+        for totals, values in (
+            (self.loads, self.costs),
+            (self.rank_tokens, self.tokens),
+            (self.rank_counts, self.counts),
+        ):
+            np.subtract.at(totals, sources, values[units])
+            np.add.at(totals, targets, values[units])
+        self.rank_of_unit[units] = targets
+
+    def _fits(self, rank: int, tokens: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        return (self.rank_tokens[rank] + tokens <= self.cap_tokens) & (
+            self.rank_counts[rank] + counts <= self.cap_count
+        )
+
+    def pair_rounds(self, rounds: int = 4) -> None:
+        """Pairwise balancing, vectorised over rank pairs: each round pairs the k-th costliest
+        rank with the k-th lightest and applies, in every pair at once, the single move or swap
+        of units that lowers the pair's larger load the most (swap partners are found by
+        binary search for the cost closest to half the gap). Stops when no pair improves."""
+        p = self.p
+        half = p.dp // 2
+        if half == 0 or self.costs.size == 0:
+            return
+        scale = float(self.costs.max()) or 1.0
+        norm = self.costs / scale
+        span = 4.0  # keys pair * span + cost keep every pair's costs in its own range
+        pairs = np.arange(half)
+        for _ in range(rounds):
+            order = np.argsort(self.loads, kind="stable")
+            light, heavy = order[:half], order[::-1][:half]
+            gap = self.loads[heavy] - self.loads[light]
+            heavy_pair = np.full(p.dp, -1)
+            heavy_pair[heavy] = pairs
+            light_pair = np.full(p.dp, -1)
+            light_pair[light] = pairs
+            mine = np.flatnonzero(heavy_pair[self.rank_of_unit] >= 0)
+            mine_pair = heavy_pair[self.rank_of_unit[mine]]
+            theirs = np.flatnonzero(light_pair[self.rank_of_unit] >= 0)
+            theirs_pair = light_pair[self.rank_of_unit[theirs]]
+            by_key = np.lexsort((norm[theirs], theirs_pair))
+            theirs, theirs_pair = theirs[by_key], theirs_pair[by_key]
+            keys = theirs_pair * span + norm[theirs]
+            first = np.searchsorted(theirs_pair, pairs, side="left")
+            last = np.searchsorted(theirs_pair, pairs, side="right") - 1
+            at = np.searchsorted(keys, mine_pair * span + norm[mine] - gap[mine_pair] / 2 / scale)
+            options = [np.full(mine.size, -1)]  # -1: move without a partner
+            for shift in (0, -1) if theirs.size else ():
+                pick = np.minimum(np.maximum(at + shift, first[mine_pair]), last[mine_pair])
+                valid = last[mine_pair] >= first[mine_pair]
+                options.append(np.where(valid, theirs[np.maximum(pick, 0)], -1))
+                options[-1][~valid] = -2  # no partner available
+            best_peak = np.full(half, np.inf)
+            best_unit = np.full(half, -1)
+            best_partner = np.full(half, -1)
+            h, lt = heavy[mine_pair], light[mine_pair]
+            for partner in options:
+                has = partner >= 0
+                safe = np.maximum(partner, 0)
+                back = np.where(has, self.costs[safe], 0.0)
+                d_cost = self.costs[mine] - back
+                d_tokens = self.tokens[mine] - np.where(has, self.tokens[safe], 0.0)
+                d_counts = self.counts[mine] - np.where(has, self.counts[safe], 0.0)
+                new_peak = np.maximum(self.loads[h] - d_cost, self.loads[lt] + d_cost)
+                ok = (
+                    (partner >= -1)
+                    & (d_cost > 0)
+                    & (d_cost < gap[mine_pair])
+                    & (self.rank_tokens[lt] + d_tokens <= self.cap_tokens)
+                    & (self.rank_counts[lt] + d_counts <= self.cap_count)
+                    & (self.rank_tokens[h] - d_tokens <= self.cap_tokens)
+                    & (self.rank_counts[h] - d_counts >= self.min_count)
+                    & (self.rank_counts[lt] + d_counts >= self.min_count)
+                    & (new_peak < self.loads[h] * (1 - _TOLERANCE))
+                )
+                if not ok.any():
+                    continue
+                rows = np.flatnonzero(ok)
+                ranked = rows[np.lexsort((rows, new_peak[rows], mine_pair[rows]))]
+                pair_ids, firsts = np.unique(mine_pair[ranked], return_index=True)
+                chosen = ranked[firsts]
+                better = new_peak[chosen] < best_peak[pair_ids]
+                pair_ids, chosen = pair_ids[better], chosen[better]
+                best_peak[pair_ids] = new_peak[chosen]
+                best_unit[pair_ids] = mine[chosen]
+                best_partner[pair_ids] = partner[chosen]
+            improved = np.flatnonzero(best_unit >= 0)
+            if improved.size == 0:
+                return
+            swapped = improved[best_partner[improved] >= 0]
+            self.move_many(
+                np.concatenate((best_unit[improved], best_partner[swapped])),
+                np.concatenate((light[improved], heavy[swapped])),
+            )
+
+    def refine(self, candidates: int = 4) -> None:
+        """Move or swap units from the costliest rank to one of the ``candidates`` lightest
+        ranks while that strictly lowers the costliest; at most ``4 * dp`` changes, and none
+        once the costliest rank is within ``_GOOD_ENOUGH`` of the lower bound."""
+        p = self.p
+        target = p.unit_cost_bound * (1 + _GOOD_ENOUGH) if p.layout == "packed" else 0.0
+        for _ in range(4 * p.dp):
+            top = int(np.argmax(self.loads))
+            peak = float(self.loads[top])
+            if peak <= target:
+                return
+            mine = np.flatnonzero(self.rank_of_unit == top)
+            # First improvement: the lightest rank that can take load from the costliest.
+            best = None
+            for other in np.argsort(self.loads, kind="stable")[:candidates].tolist():
+                gap = peak - float(self.loads[other])
+                if other == top or gap <= _TOLERANCE * peak:
+                    continue
+                best = self._best_change(mine, top, other, gap)
+                if best is not None and best[0] < peak * (1 - _TOLERANCE):
+                    break
+            if best is None or best[0] >= peak * (1 - _TOLERANCE):
+                return
+            _, unit, other, partner = best
+            if partner >= 0:
+                self.move(partner, top)
+            self.move(unit, other)
+
+    def _best_change(
+        self, mine: np.ndarray, top: int, other: int, gap: float
+    ) -> tuple[float, int, int, int] | None:
+        peak = float(self.loads[top])
+        low = float(self.loads[other])
+        costs, tokens, counts = self.costs[mine], self.tokens[mine], self.counts[mine]
+        keeps_count = self.rank_counts[top] - counts >= self.min_count
+        best: tuple[float, int, int, int] | None = None
+        # Move one unit: the best moves a cost closest to gap / 2.
+        movable = (costs > 0) & (costs < gap) & keeps_count & self._fits(other, tokens, counts)
+        if movable.any():
+            new_peak = np.maximum(peak - costs, low + costs)
+            new_peak[~movable] = np.inf
+            k = int(np.argmin(new_peak))
+            best = (float(new_peak[k]), int(mine[k]), other, -1)
+        # Swap with a unit of `other` whose cost is closest to (cost - gap / 2).
+        theirs = np.flatnonzero(self.rank_of_unit == other)
+        if theirs.size == 0:
+            return best
+        order = np.argsort(self.costs[theirs], kind="stable")
+        theirs = theirs[order]
+        their_costs = self.costs[theirs]
+        at = np.searchsorted(their_costs, costs - gap / 2)
+        for shift in (0, -1):
+            pick = np.minimum(np.maximum(at + shift, 0), theirs.size - 1)
+            partner = theirs[pick]
+            delta = costs - their_costs[pick]
+            d_tokens = tokens - self.tokens[partner]
+            d_counts = counts - self.counts[partner]
+            ok = (
+                (delta > 0)
+                & (delta < gap)
+                & self._fits(other, d_tokens, d_counts)
+                & (self.rank_counts[top] - d_counts >= self.min_count)
+                & (self.rank_counts[other] + d_counts >= self.min_count)
+                & (self.rank_tokens[top] - d_tokens <= self.cap_tokens)
+                & (self.rank_counts[top] - d_counts <= self.cap_count)
+            )
+            if ok.any():
+                new_peak = np.maximum(peak - delta, low + delta)
+                new_peak[~ok] = np.inf
+                k = int(np.argmin(new_peak))
+                if best is None or new_peak[k] < best[0]:
+                    best = (float(new_peak[k]), int(mine[k]), other, int(partner[k]))
+        return best
+
+    def fill_short_ranks(self) -> bool:
+        """Bring every rank up to ``min_count`` samples: move the cheapest unit a richer rank
+        can spare, or else swap one of the short rank's units for a larger one (least cost
+        change). False when neither is possible for some rank."""
+        while True:
+            short = np.flatnonzero(self.rank_counts < self.min_count)
+            if short.size == 0:
+                return True
+            target = int(short[np.argmin(self.rank_counts[short])])
+            source = self.rank_of_unit
+            ok = (
+                (source != target)
+                & (self.rank_counts[source] - self.counts >= self.min_count)
+                & self._fits(target, self.tokens, self.counts)
+            )
+            if ok.any():
+                candidates = np.flatnonzero(ok)
+                unit = candidates[np.lexsort((candidates, self.costs[candidates]))[0]]
+                self.move(int(unit), target)
+                continue
+            mine = np.flatnonzero(source == target)
+            gain = self.counts[None, :] - self.counts[mine][:, None]
+            d_tokens = self.tokens[None, :] - self.tokens[mine][:, None]
+            ok = (
+                (source[None, :] != target)
+                & (gain > 0)
+                & (self.rank_counts[source][None, :] - gain >= self.min_count)
+                & self._fits(target, d_tokens, gain)
+                & (self.rank_tokens[source][None, :] - d_tokens <= self.cap_tokens)
+            )
+            if not ok.any():
+                return False
+            change = np.abs(self.costs[None, :] - self.costs[mine][:, None])
+            change[~ok] = np.inf
+            a, b = np.unravel_index(int(np.argmin(change)), change.shape)
+            theirs = int(source[b])
+            self.move(int(b), target)
+            self.move(int(mine[a]), theirs)
+
+
+# ---------------------------------------------------------------------- step 2: packed
+def _heaviest_first(p: Problem, samples: np.ndarray) -> np.ndarray:
+    return samples[np.lexsort((samples, -p.lengths[samples], -p.sample_costs[samples]))]
+
+
+def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches | None:
+    if m == 1 and not p.oversize.any():
+        return [[samples.tolist()] for samples in members]  # step 1 kept each rank within cap
+    dp, cap = p.dp, (np.inf if p.max_tokens is None else float(p.max_tokens))
+    plan: Microbatches = [[[] for _ in range(m)] for _ in range(dp)]
+    tokens = np.zeros((dp, m))
+    costs = np.full((dp, m), p.overhead)
+    closed = np.zeros((dp, m), dtype=bool)
+    queues = []
+    for r, samples in enumerate(members):
+        over = samples[p.oversize[samples]]
+        if over.size > m:
+            return None
+        for j, i in enumerate(over.tolist()):
+            plan[r][j].append(i)
+            closed[r, j] = True
+        queues.append(_heaviest_first(p, samples[~p.oversize[samples]]))
+    width = max((q.size for q in queues), default=0)
+    items = np.full((dp, width), -1, dtype=np.int64)
+    for r, queue in enumerate(queues):
+        items[r, : queue.size] = queue
+    rows = np.arange(dp)
+    slot = np.full((dp, width), -1, dtype=np.int64)
+    for k in range(width):
+        column = items[:, k]
+        active = column >= 0
+        safe = np.where(active, column, 0)
+        length = p.lengths[safe].astype(np.float64)
+        key = np.where(~closed & (tokens + length[:, None] <= cap), costs, np.inf)
+        j = np.argmin(key, axis=1)
+        placed = active & np.isfinite(key[rows, j])
+        tokens[rows[placed], j[placed]] += length[placed]
+        costs[rows[placed], j[placed]] += p.sample_costs[safe[placed]]
+        slot[placed, k] = j[placed]
+    # Gather each micro-batch's samples in one pass: sort the placed items by (rank, slot).
+    flat_slot = (rows[:, None] * m + slot).ravel()
+    placed_items = slot.ravel() >= 0
+    order = np.argsort(flat_slot[placed_items], kind="stable")
+    grouped = items.ravel()[placed_items][order]
+    sizes = np.bincount(flat_slot[placed_items], minlength=dp * m)
+    for flat, part in enumerate(np.split(grouped, np.cumsum(sizes)[:-1])):
+        plan[flat // m][flat % m].extend(part.tolist())
+    lost = (items >= 0) & (slot < 0)
+    leftovers = [items[r, lost[r]].tolist() for r in range(dp)]
+    for r in range(dp):
+        if leftovers[r]:
+            repacked = _first_fit_decreasing(p, members[r], m)
+            if repacked is not None:
+                plan[r], leftovers[r] = repacked, []
+    if any(leftovers) and not _place_leftovers(p, plan, leftovers):
+        return None
+    for microbatches in plan:
+        fill_empty(p, microbatches)
+    return plan
+
+
+def _lockstep_cost(p: Problem, plan: Microbatches) -> float:
+    costs = np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
+    return float((-np.sort(-costs, axis=1)).max(axis=0).sum())
+
+
+def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
+    """Re-pack every rank under the micro-batch costs of the rank with the costliest
+    micro-batch (lockstep).
+
+    That rank's micro-batches, heaviest first, form a profile; every other rank packs
+    its samples, heaviest first, into the first micro-batch whose profile cost (and the cap)
+    still has room, else where it exceeds the profile least. A rank whose costliest micro-batch
+    is one long sample then no longer forces the others' second micro-batches to be large.
+    The re-packed plan is kept only if its lockstep cost is lower.
+    """
+    cap = np.inf if p.max_tokens is None else p.max_tokens
+    heaviest = [max(float(p.sample_costs[mb].sum()) for mb in mbs) for mbs in plan]
+    reference = int(np.argmax(heaviest))
+    profile = sorted(
+        (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
+    )
+    result: Microbatches = []
+    for r, microbatches in enumerate(plan):
+        samples = np.array([i for mb in microbatches for i in mb], dtype=np.int64)
+        packed = None if r == reference else _pack_under(p, samples, profile, cap)
+        result.append(packed if packed is not None else microbatches)
+    return result if _lockstep_cost(p, result) < _lockstep_cost(p, plan) else plan
+
+
+def _pack_under(
+    p: Problem, samples: np.ndarray, profile: list[float], cap: float
+) -> list[list[int]] | None:
+    m = len(profile)
+    bins: list[list[int]] = [[] for _ in range(m)]
+    costs = [p.overhead] * m
+    room = [cap] * m
+    for i in _heaviest_first(p, samples).tolist():
+        cost, length = float(p.sample_costs[i]), int(p.lengths[i])
+        if p.oversize[i]:
+            j = next((j for j in range(m) if not bins[j]), None)
+        else:
+            fits = [j for j in range(m) if room[j] >= length]
+            j = next((j for j in fits if costs[j] + cost <= profile[j]), None)
+            if j is None and fits:
+                j = min(fits, key=lambda j: (costs[j] + cost - profile[j], j))
+        if j is None:
+            return None
+        bins[j].append(i)
+        costs[j] += cost
+        room[j] = -1 if p.oversize[i] else room[j] - length
+    fill_empty(p, bins)
+    return bins
+
+
+def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
+    """Lower the lockstep cost by moving or swapping samples between micro-batches of one rank.
+
+    With every rank's micro-batches sorted heaviest first (the alignment ``plan_step``
+    applies), the cost is the sum over positions of the costliest rank. Repeatedly, for the
+    rank that sets a position's maximum, the best single move or swap of samples between that
+    micro-batch and another of the same rank (within the cap, evaluated exactly after
+    re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times and not once
+    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound. Rank totals, and so
+    groups, are unchanged.
+    """
+    m = len(plan[0])
+    cap = np.inf if p.max_tokens is None else p.max_tokens
+    costs = np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
+    tokens = np.array([[int(p.lengths[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
+    good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + _LOCKSTEP_GOOD_ENOUGH)
+    for _ in range(2 * m * p.dp):
+        aligned = -np.sort(-costs, axis=1)
+        current = aligned.max(axis=0).sum()
+        if current <= good_enough:
+            return
+        best: tuple[float, int, int, int, int, int] | None = None
+        for position in np.argsort(-(aligned.max(axis=0) - np.median(aligned, axis=0))):
+            r = int(np.argmax(aligned[:, position]))
+            others = np.delete(aligned, r, axis=0).max(axis=0) if p.dp > 1 else np.zeros(m)
+            a = int(np.flatnonzero(costs[r] == aligned[r, position])[0])
+            choice = _best_inner_change(p, plan[r], costs[r], tokens[r], a, others, cap)
+            if choice is not None and choice[0] < current * (1 - _TOLERANCE):
+                best = (choice[0], r, a, *choice[1:])
+                break
+        if best is None:
+            return
+        _, r, a, b, x, y = best
+        for source, target, sample in ((a, b, x), (b, a, y)):
+            if sample >= 0:
+                plan[r][source].remove(sample)
+                plan[r][target].append(sample)
+                costs[r, source] -= p.sample_costs[sample]
+                costs[r, target] += p.sample_costs[sample]
+                tokens[r, source] -= p.lengths[sample]
+                tokens[r, target] += p.lengths[sample]
+
+
+def _best_inner_change(
+    p: Problem,
+    microbatches: list[list[int]],
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    a: int,
+    others: np.ndarray,
+    cap: float,
+) -> tuple[float, int, int, int] | None:
+    """Best move of a sample of micro-batch ``a`` to another micro-batch ``b`` of the same rank,
+    or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1)."""
+    source = np.asarray(microbatches[a], dtype=np.int64)
+    if source.size == 0:
+        return None
+    best: tuple[float, int, int, int] | None = None
+    for b in range(costs.size):
+        if b == a:
+            continue
+        target = np.asarray(microbatches[b], dtype=np.int64)
+        # Candidates: (sample of a, sample of b or -1); amount moved from a to b.
+        xs = np.repeat(source, target.size + 1)
+        ys = np.tile(np.append(target, -1), source.size)
+        back = np.where(ys >= 0, p.sample_costs[np.maximum(ys, 0)], 0.0)
+        back_tokens = np.where(ys >= 0, p.lengths[np.maximum(ys, 0)], 0)
+        amount = p.sample_costs[xs] - back
+        moved_tokens = p.lengths[xs] - back_tokens
+        ok = (
+            (amount > 0)
+            & (tokens[b] + moved_tokens <= cap)
+            & (tokens[a] - moved_tokens <= cap)
+            & ~((ys < 0) & (source.size == 1))
+        )
+        if not ok.any():
+            continue
+        xs, ys, amount = xs[ok], ys[ok], amount[ok]
+        rows = np.repeat(costs[None, :], amount.size, axis=0)
+        rows[:, a] -= amount
+        rows[:, b] += amount
+        value = np.maximum(-np.sort(-rows, axis=1), others).sum(axis=1)
+        k = int(np.argmin(value))
+        if best is None or value[k] < best[0]:
+            best = (float(value[k]), b, int(xs[k]), int(ys[k]))
+    return best
+
+
+def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
+    cap = np.inf if p.max_tokens is None else p.max_tokens
+    order = samples[np.lexsort((samples, -p.capacity_tokens[samples]))]
+    bins: list[list[int]] = [[] for _ in range(m)]
+    room = [cap] * m
+    for i in order.tolist():
+        if p.oversize[i]:
+            j = next((j for j in range(m) if not bins[j]), None)
+        else:
+            j = next((j for j in range(m) if room[j] >= p.lengths[i]), None)
+        if j is None:
+            return None
+        bins[j].append(i)
+        room[j] = -1 if p.oversize[i] else room[j] - int(p.lengths[i])
+    return bins
+
+
+def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]]) -> bool:
+    """Put samples that did not fit on their rank into the cheapest rank with room."""
+    if p.groups is not None:
+        return False
+    cap = np.inf if p.max_tokens is None else p.max_tokens
+    rank_costs = [
+        sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) for ranks in plan
+    ]
+    rooms = [
+        [-1 if any(p.oversize[mb]) else cap - int(p.lengths[mb].sum()) for mb in ranks]
+        for ranks in plan
+    ]
+    for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
+        length = int(p.lengths[i])
+        options = [
+            (rank_costs[r], j, r)
+            for r in range(p.dp)
+            for j in range(len(plan[r]))
+            if rooms[r][j] >= length
+        ]
+        if not options:
+            return False
+        _, j, r = min(options)
+        plan[r][j].append(i)
+        rooms[r][j] -= length
+        rank_costs[r] += float(p.sample_costs[i])
+    return True
+
+
+# ---------------------------------------------------------------------- step 3: padded
+def _segment(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
+    """Cut ``samples`` (sorted by length, longest first) into exactly ``k`` consecutive
+    micro-batches with the largest padded cost as small as possible; None if infeasible."""
+    n = samples.size
+    if n == 0:
+        return [[] for _ in range(k)]
+    order = samples[np.lexsort((samples, -p.lengths[samples]))]
+    lengths = p.lengths[order]
+    costs = p.sample_costs[order]
+    take = np.minimum(n - np.arange(n), p.micro_batch_size or n)
+    if p.max_tokens is not None:
+        take = np.minimum(take, p.max_tokens // np.maximum(lengths, 1))
+        take[p.oversize[order]] = 1
+    take_list, cost_list = take.tolist(), costs.tolist()
+    overhead = p.overhead
+
+    def cut(budget: float) -> list[int] | None:
+        starts: list[int] = []
+        i = 0
+        while i < n:
+            if len(starts) == k:
+                return None
+            size = take_list[i]
+            if cost_list[i] > 0 and budget < np.inf:
+                size = min(size, int((budget - overhead) // cost_list[i]))
+            if size < 1:
+                return None
+            starts.append(i)
+            i += size
+        return starts
+
+    best = cut(np.inf)
+    if best is None:
+        return None
+    bounds = [*best, n]
+    high = max(overhead + (b - a) * cost_list[a] for a, b in itertools.pairwise(bounds))
+    low = overhead
+    for _ in range(40):
+        if high - low <= _TOLERANCE * high:
+            break
+        middle = (low + high) / 2
+        starts = cut(middle)
+        if starts is None:
+            low = middle
+        else:
+            best, high = starts, middle
+    bounds = [*best, n]
+    chunks = [order[a:b].tolist() for a, b in itertools.pairwise(bounds)]
+    return _split_to(p, chunks, k)
+
+
+def _split_to(p: Problem, chunks: list[list[int]], k: int) -> list[list[int]]:
+    """Halve the costliest micro-batch holding two or more samples until there are ``k``."""
+
+    def cost(chunk: list[int]) -> float:
+        return p.overhead + len(chunk) * float(p.sample_costs[chunk[0]]) if chunk else 0.0
+
+    heap = [(-cost(c), i) for i, c in enumerate(chunks) if len(c) > 1]
+    heapq.heapify(heap)
+    while len(chunks) < k and heap:
+        _, i = heapq.heappop(heap)
+        chunk = chunks[i]
+        half = len(chunk) // 2
+        chunks[i], tail = chunk[:half], chunk[half:]
+        chunks.append(tail)
+        for index in (i, len(chunks) - 1):
+            if len(chunks[index]) > 1:
+                heapq.heappush(heap, (-cost(chunks[index]), index))
+    chunks.extend([] for _ in range(k - len(chunks)))
+    return chunks
+
+
+def _padded_global(p: Problem, m: int) -> Microbatches | None:
+    chunks = _segment(p, np.arange(p.n, dtype=np.int64), p.dp * m)
+    if chunks is None:
+        return None
+    return _deal(p, chunks, m)
+
+
+def _deal(p: Problem, microbatches: list[list[int]], m: int) -> Microbatches:
+    """Give each rank exactly ``m`` of the ``dp x m`` micro-batches, costliest first to the
+    least loaded rank that still has a free slot."""
+    costs = [
+        microbatch_cost(
+            np.asarray(mb, dtype=np.int64), p.lengths, p.sample_costs, p.overhead, p.layout
+        )
+        for mb in microbatches
+    ]
+    plan: Microbatches = [[] for _ in range(p.dp)]
+    heap = [(0.0, r) for r in range(p.dp)]
+    for c in sorted(range(len(microbatches)), key=lambda c: (-costs[c], c)):
+        load, r = heapq.heappop(heap)
+        plan[r].append(microbatches[c])
+        if len(plan[r]) < m:
+            heapq.heappush(heap, (load + costs[c], r))
+    return plan

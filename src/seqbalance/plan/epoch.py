@@ -1,0 +1,171 @@
+"""``plan_epoch``: split an epoch into optimizer steps (optionally bucketing lengths within a
+bounded window) and plan every step with ``plan_step``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import as_lengths, check_int
+from seqbalance.plan.step import _as_groups, _check_bool, plan_step
+from seqbalance.plan.types import EpochPlan
+
+__all__ = ["plan_epoch"]
+
+
+def plan_epoch(
+    lengths: Any,
+    global_batch_size: int,
+    dp_size: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    bucket_window: int | None = None,
+    **plan_step_options: Any,
+) -> EpochPlan:
+    """Split the samples of one epoch into optimizer steps and plan each with ``plan_step``.
+
+    Order: with ``shuffle`` the units (samples, or whole groups when ``groups`` is among the
+    options) are permuted by ``np.random.default_rng((seed, epoch))``; otherwise they keep
+    dataset order. Consecutive units fill steps of ``global_batch_size`` samples; with groups a
+    step takes whole groups while they fit, so a step may hold fewer samples. The last, partial
+    step is planned too unless ``drop_last`` (its samples are then listed in ``dropped``).
+
+    ``bucket_window=w`` gives the planner better material with bounded reordering: within each
+    run of ``w`` consecutive steps, units are sorted by length (longest first; ties keep the
+    shuffled order) and dealt to those steps in snake order (steps 0..w-1, then w-1..0, ...),
+    skipping steps that are full, so every step gets a similar mix of long and short samples; each
+    step's samples are then shuffled. A sample moves at most ``w - 1`` steps from where the
+    shuffle put it. If whole groups of unequal sizes do not fit the steps' sizes this way, that
+    window keeps the unbucketed steps.
+
+    Every sample appears exactly once per epoch (in a step or in ``dropped``), and the plan is
+    a deterministic function of the inputs, ``seed`` and ``epoch``.
+
+    Args:
+        lengths: token length of every dataset sample.
+        global_batch_size: samples per optimizer step (over all ranks), >= 1.
+        dp_size: data-parallel ranks, >= 1.
+        seed, epoch: fix the shuffle (non-negative integers); ``seed`` is also passed to
+            ``plan_step``.
+        shuffle, drop_last, bucket_window: see above (``bucket_window`` >= 1 or ``None``).
+        **plan_step_options: keyword options of ``plan_step`` (``groups`` is per dataset sample).
+
+    Raises:
+        ValueError: bad arguments (named), a group larger than ``global_batch_size``, or any
+            error ``plan_step`` raises for a step (prefixed with the step number).
+    """
+    lengths = as_lengths(lengths, "lengths")
+    n = lengths.size
+    global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
+    dp_size = check_int(dp_size, "dp_size", minimum=1)
+    seed = check_int(seed, "seed", minimum=0)
+    epoch = check_int(epoch, "epoch", minimum=0)
+    shuffle = _check_bool(shuffle, "shuffle")
+    drop_last = _check_bool(drop_last, "drop_last")
+    if bucket_window is not None:
+        bucket_window = check_int(bucket_window, "bucket_window", minimum=1)
+    if "seed" in plan_step_options:
+        raise ValueError("pass seed to plan_epoch itself, not as a plan_step option")
+    groups = plan_step_options.pop("groups", None)
+    group_ids = None if groups is None else _as_groups(groups, n)
+    units = _units(group_ids, n)
+    too_big = [u for u in units if u.size > global_batch_size]
+    if too_big:
+        g = int(group_ids[too_big[0][0]])  # type: ignore[index]
+        raise ValueError(
+            f"groups: group {g} has {too_big[0].size} samples, more than global_batch_size = "
+            f"{global_batch_size}; a group must fit in one step"
+        )
+    rng = np.random.default_rng((seed, epoch))
+    if shuffle:
+        units = [units[i] for i in rng.permutation(len(units)).tolist()]
+    steps = _fill_steps(units, global_batch_size)
+    if bucket_window is not None:
+        steps = _bucket(steps, lengths, bucket_window, global_batch_size, rng)
+    dropped = np.empty(0, dtype=np.int64)
+    if drop_last and steps and sum(u.size for u in steps[-1]) < global_batch_size:
+        dropped = np.sort(np.concatenate(steps.pop()))
+    sample_indices = [
+        np.concatenate(step) if step else np.empty(0, dtype=np.int64) for step in steps
+    ]
+    plans = []
+    for number, indices in enumerate(sample_indices):
+        options = dict(plan_step_options)
+        if group_ids is not None:
+            options["groups"] = group_ids[indices]
+        try:
+            plans.append(plan_step(lengths[indices], dp_size, seed=seed, **options))
+        except ValueError as error:
+            raise ValueError(f"step {number}: {error}") from None
+    return EpochPlan(
+        steps=plans,
+        sample_indices=sample_indices,
+        n_samples=n,
+        global_batch_size=global_batch_size,
+        dp_size=dp_size,
+        seed=seed,
+        epoch=epoch,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        bucket_window=bucket_window,
+        dropped=dropped,
+    )
+
+
+def _units(group_ids: np.ndarray | None, n: int) -> list[np.ndarray]:
+    """Samples of each unit (a sample, or a group in order of first appearance)."""
+    if group_ids is None:
+        return list(np.arange(n, dtype=np.int64).reshape(-1, 1))
+    _, first, inverse = np.unique(group_ids, return_index=True, return_inverse=True)
+    order = np.argsort(inverse.reshape(-1), kind="stable")
+    members = np.split(order, np.cumsum(np.bincount(inverse.reshape(-1)))[:-1])
+    return [members[g] for g in np.argsort(first, kind="stable").tolist()]
+
+
+def _fill_steps(units: list[np.ndarray], size: int) -> list[list[np.ndarray]]:
+    steps: list[list[np.ndarray]] = []
+    count = size
+    for unit in units:
+        if count + unit.size > size:
+            steps.append([])
+            count = 0
+        steps[-1].append(unit)
+        count += unit.size
+    return steps
+
+
+def _bucket(
+    steps: list[list[np.ndarray]],
+    lengths: np.ndarray,
+    window: int,
+    size: int,
+    rng: np.random.Generator,
+) -> list[list[np.ndarray]]:
+    result: list[list[np.ndarray]] = []
+    for start in range(0, len(steps), window):
+        group = steps[start : start + window]
+        units = [u for step in group for u in step]
+        room = [sum(u.size for u in step) for step in group]
+        weight = np.array([int(lengths[u].sum()) for u in units])
+        dealt: list[list[np.ndarray]] = [[] for _ in group]
+        k = len(group)
+        snake = [*range(k), *range(k - 1, -1, -1)]
+        cursor = 0
+        for i in np.argsort(-weight, kind="stable").tolist():
+            unit = units[i]
+            for tries in range(2 * k):
+                target = snake[(cursor + tries) % (2 * k)]
+                if room[target] >= unit.size:
+                    break
+            else:
+                dealt = group  # unequal groups did not fit: keep this window as it was
+                break
+            dealt[target].append(unit)
+            room[target] -= unit.size
+            cursor = (cursor + tries + 1) % (2 * k)
+        result.extend([step[j] for j in rng.permutation(len(step)).tolist()] for step in dealt)
+    return result

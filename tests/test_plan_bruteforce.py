@@ -1,0 +1,172 @@
+"""Small instances: ``balanced`` equals a brute force over every sample-to-slot assignment
+(fewest feasible micro-batches first, then the best step cost), and the reported lower bound
+never exceeds the brute-force optimum."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqbalance as sb
+from seqbalance.plan import StepPlan
+
+MAX_SLOTS = 4
+
+
+def _brute_force(plan: StepPlan, m: int) -> float | None:
+    """Best step cost over all assignments with ``m`` micro-batches per rank (None: none
+    feasible), with the plan's costs, limits and objective."""
+    n, dp = plan.n_samples, plan.dp_size
+    slots = dp * m
+    lengths, costs = plan.lengths, plan.sample_costs
+    assignments = np.array(list(itertools.product(range(slots), repeat=n)), dtype=np.int64)
+    assignments = assignments.reshape(-1, n)
+    onehot = assignments[:, :, None] == np.arange(slots)  # [K, n, slots]
+    count = onehot.sum(axis=1)
+    feasible = np.ones(len(assignments), dtype=bool)
+    if not plan.allow_empty:
+        feasible &= (count > 0).all(axis=1)
+    masked_lengths = np.where(onehot, lengths[None, :, None], -1)
+    longest = masked_lengths.max(axis=1)
+    if plan.layout == "packed":
+        tokens = (onehot * lengths[None, :, None]).sum(axis=1)
+        slot_cost = plan.overhead + (onehot * costs[None, :, None]).sum(axis=1)
+    else:
+        tokens = count * np.maximum(longest, 0)
+        longest_sample = masked_lengths.argmax(axis=1)
+        slot_cost = plan.overhead + count * np.where(count > 0, costs[longest_sample], 0.0)
+        feasible &= (count <= plan.micro_batch_size).all(axis=1)
+    if plan.max_tokens is not None:
+        lone_oversize = (count == 1) & (longest > plan.max_tokens) & plan.allow_oversize
+        feasible &= ((tokens <= plan.max_tokens) | lone_oversize).all(axis=1)
+    if plan.groups is not None:
+        rank = assignments // m
+        for g in np.unique(plan.groups):
+            members = np.flatnonzero(plan.groups == g)
+            feasible &= (rank[:, members] == rank[:, members[:1]]).all(axis=1)
+    if not feasible.any():
+        return None
+    per_slot = slot_cost[feasible].reshape(-1, dp, m)
+    if plan.objective == "lockstep":
+        values = per_slot.max(axis=1).sum(axis=1)
+    else:
+        values = per_slot.sum(axis=2).max(axis=1)
+    return float(values.min())
+
+
+def _candidate_counts(plan: StepPlan) -> list[int]:
+    if plan.num_microbatches is not None:
+        return [plan.num_microbatches]
+    first = -(-plan.min_microbatches // plan.microbatch_multiple) * plan.microbatch_multiple
+    return list(range(first, plan.n_microbatches + 1, plan.microbatch_multiple))
+
+
+def _check_against_brute_force(plan: StepPlan) -> None:
+    plan.validate()
+    for m in _candidate_counts(plan):
+        best = _brute_force(plan, m)
+        if best is None:
+            assert m < plan.n_microbatches
+            continue
+        assert m == plan.n_microbatches, f"brute force fits {m} micro-batches per rank"
+        assert plan.step_cost == pytest.approx(best, rel=1e-9, abs=1e-9)
+        assert plan.lower_bound <= best * (1 + 1e-12) + 1e-9
+        return
+    raise AssertionError("brute force found no feasible plan")
+
+
+@st.composite
+def small_problems(draw: st.DrawFn) -> dict:
+    dp = draw(st.integers(1, 4))
+    n = draw(st.integers(dp, 8))  # 4 slots: 65,536 assignments at most
+    lengths = draw(st.lists(st.integers(0, 60), min_size=n, max_size=n))
+    options: dict = {
+        "objective": draw(st.sampled_from(["step", "lockstep"])),
+        "cost": draw(st.sampled_from(["tokens", "quadratic", "with_overhead"])),
+    }
+    if draw(st.booleans()):
+        options["max_tokens"] = draw(st.integers(30, 150))
+        options["allow_oversize"] = draw(st.booleans())
+    if draw(st.integers(0, 3)) == 0:
+        options["layout"] = "padded"
+        options["micro_batch_size"] = draw(st.integers(1, 6))
+    if draw(st.integers(0, 3)) == 0:
+        options["groups"] = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    if dp <= 2 and draw(st.booleans()):
+        options["num_microbatches"] = draw(st.integers(1, MAX_SLOTS // dp))
+    options["allow_empty"] = draw(st.integers(0, 4)) == 0
+    return {"lengths": lengths, "dp": dp, **options}
+
+
+class _Quadratic:
+    """A cost model with an attention-like quadratic term and a micro-batch overhead."""
+
+    microbatch_overhead = 7.0
+
+    @staticmethod
+    def per_sample(lengths: np.ndarray) -> np.ndarray:
+        return lengths + lengths.astype(np.float64) ** 2 / 40
+
+
+def _plan(problem: dict) -> StepPlan | None:
+    options = dict(problem)
+    lengths, dp = options.pop("lengths"), options.pop("dp")
+    cost = options.pop("cost")
+    if cost == "quadratic":
+        options["cost"] = lambda x: x.astype(np.float64) ** 2
+    elif cost == "with_overhead":
+        options["cost"] = _Quadratic()
+    try:
+        return sb.plan_step(lengths, dp, **options)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=600)
+@given(small_problems())
+def test_balanced_matches_brute_force(problem: dict) -> None:
+    plan = _plan(problem)
+    if plan is None or plan.dp_size * plan.n_microbatches > MAX_SLOTS:
+        return
+    _check_against_brute_force(plan)
+
+
+@settings(max_examples=300)
+@given(small_problems())
+def test_infeasible_claims_are_true(problem: dict) -> None:
+    """When plan_step refuses a small problem, the brute force finds no plan either (for the
+    counts it could have used)."""
+    options = dict(problem)
+    if _plan(problem) is not None or options.get("num_microbatches") is None:
+        return
+    relaxed = dict(problem, num_microbatches=None, allow_empty=True)
+    probe = _plan(relaxed)
+    if probe is None:
+        return
+    probe = dataclasses.replace(probe, allow_empty=problem["allow_empty"])
+    m = problem["num_microbatches"]
+    if probe.dp_size * m <= MAX_SLOTS:
+        assert _brute_force(probe, m) is None
+
+
+@pytest.mark.parametrize(
+    ("lengths", "dp", "options"),
+    [
+        ([9, 8, 7, 6, 5, 4, 3, 2, 1, 1], 2, {"num_microbatches": 2}),
+        ([30, 30, 20, 20, 20, 10, 10, 5, 5, 1], 4, {"objective": "lockstep"}),
+        ([40, 35, 30, 12, 11, 10, 9, 8, 7, 6], 2, {"max_tokens": 60, "objective": "lockstep"}),
+        ([3, 3, 2, 2, 2], 2, {}),  # LPT alone gives 7; the optimum is 6
+    ],
+)
+def test_ten_samples_four_slots(lengths: list[int], dp: int, options: dict) -> None:
+    _check_against_brute_force(sb.plan_step(lengths, dp, **options))
+
+
+def test_lpt_trap_is_solved_exactly() -> None:
+    plan = sb.plan_step([3, 3, 2, 2, 2], 2)
+    assert plan.step_cost == 6.0

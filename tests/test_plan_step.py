@@ -1,0 +1,246 @@
+"""plan_step: hand-checked plans, options, cost models, ordering and error messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import seqbalance as sb
+from seqbalance.plan import STRATEGIES, StepPlan
+
+
+def _rank_sets(plan: StepPlan) -> list[set[int]]:
+    return [set(np.concatenate(mbs).tolist()) for mbs in plan.ranks]
+
+
+def test_two_ranks_hand_checked() -> None:
+    plan = sb.plan_step([5, 4, 3, 3, 2, 1], 2)
+    plan.validate()
+    assert plan.n_microbatches == 1
+    assert plan.rank_costs.tolist() == [9.0, 9.0]
+    assert plan.lower_bound == 9.0
+    assert plan.summary()["ratio"] == 1.0
+    assert plan.summary()["imbalance"] == 1.0
+
+
+def test_token_cap_sets_microbatch_count() -> None:
+    # 4 x 60 tokens on 2 ranks under a 100-token cap: 2 micro-batches per rank, one sample each.
+    plan = sb.plan_step([60, 60, 60, 60], 2, max_tokens=100)
+    plan.validate()
+    assert plan.n_microbatches == 2
+    assert plan.tokens.tolist() == [[60, 60], [60, 60]]
+
+
+def test_fewest_microbatches_then_options() -> None:
+    lengths = [50] * 8
+    assert sb.plan_step(lengths, 2, max_tokens=100).n_microbatches == 2
+    assert sb.plan_step(lengths, 2, max_tokens=100, min_microbatches=3).n_microbatches == 3
+    plan = sb.plan_step(lengths, 2, max_tokens=100, min_microbatches=3, microbatch_multiple=2)
+    assert plan.n_microbatches == 4
+    assert sb.plan_step(lengths, 2, num_microbatches=4).n_microbatches == 4
+
+
+def test_quadratic_cost_changes_the_balance() -> None:
+    # Token sums are equal either way; with a quadratic cost the long sample must be alone.
+    lengths = [8, 4, 4, 4, 4]
+    tokens = sb.plan_step(lengths, 2)
+    assert tokens.step_cost == 12.0
+    square = sb.plan_step(lengths, 2, cost=lambda x: x.astype(float) ** 2)
+    assert _rank_sets(square) in ([{0}, {1, 2, 3, 4}], [{1, 2, 3, 4}, {0}])
+    assert square.step_cost == 64.0
+
+
+def test_flops_cost_uses_model_preset() -> None:
+    lengths = np.array([4096, 1024, 1024, 512, 256, 128, 64, 32])
+    plan = sb.plan_step(lengths, 2, cost="flops", model="qwen3-8b")
+    plan.validate()
+    flops = sb.FlopsModel(sb.ModelSpec.preset("qwen3-8b")).per_sample(lengths)
+    np.testing.assert_allclose(plan.sample_costs, flops)
+    assert plan.cost_model == "flops:qwen3-8b"
+    default = sb.plan_step(lengths, 2, cost="flops")
+    np.testing.assert_allclose(default.sample_costs, flops)
+    spec = sb.ModelSpec.preset("qwen3-8b")
+    np.testing.assert_allclose(sb.plan_step(lengths, 2, cost=spec).sample_costs, flops)
+
+
+def test_time_model_overhead_is_charged_per_microbatch() -> None:
+    model = sb.TimeModel(0.5, 1e-3, 0.0)
+    plan = sb.plan_step([100, 100, 100, 100], 2, cost=model, num_microbatches=2)
+    plan.validate()
+    np.testing.assert_allclose(plan.costs, 0.5 + 0.1)
+    assert plan.lower_bound == pytest.approx(2 * 0.5 + 0.2)
+
+
+def test_oversize_sample_gets_its_own_microbatch() -> None:
+    plan = sb.plan_step([250, 40, 30, 20, 10], 1, max_tokens=100, allow_oversize=True)
+    plan.validate()
+    alone = [mb for mb in plan.ranks[0] if 0 in mb]
+    assert [mb.tolist() for mb in alone] == [[0]]
+    assert plan.summary()["cap_violations"] == 0
+
+
+def test_groups_stay_together() -> None:
+    lengths = np.arange(1, 17)
+    groups = np.arange(16) // 4
+    plan = sb.plan_step(lengths, 2, groups=groups)
+    plan.validate()
+    rank_of, _ = plan.assignment()
+    for g in range(4):
+        assert len(set(rank_of[groups == g].tolist())) == 1
+
+
+def test_padded_layout_counts_padding() -> None:
+    plan = sb.plan_step([10, 9, 2, 1], 1, layout="padded", micro_batch_size=2)
+    plan.validate()
+    # Sorting by length pairs (10, 9) and (2, 1): 20 + 4 padded tokens, 4 of them padding.
+    assert sorted(plan.tokens[0].tolist()) == [4, 20]
+    assert plan.summary()["padding_tokens"] == 2
+
+
+def test_lockstep_aligns_heaviest_microbatches() -> None:
+    lengths = [90, 80, 50, 40, 30, 20, 10, 5]
+    plan = sb.plan_step(lengths, 2, max_tokens=100, objective="lockstep", num_microbatches=2)
+    plan.validate()
+    assert (np.diff(plan.costs, axis=1) <= 0).all()  # heaviest first on every rank
+    assert plan.step_cost == pytest.approx(plan.costs.max(axis=0).sum())
+
+
+def test_order_descending_and_pipeline() -> None:
+    lengths = [10, 20, 30, 40, 50, 60, 70]
+    descending = sb.plan_step(lengths, 1, num_microbatches=7, order="descending")
+    assert descending.costs[0].tolist() == [70, 60, 50, 40, 30, 20, 10]
+    pipeline = sb.plan_step(lengths, 1, num_microbatches=7, order="pipeline")
+    # The heaviest in the middle, then alternating outwards (the earlier position first).
+    assert pipeline.costs[0].tolist() == [20, 40, 60, 70, 50, 30, 10]
+    even = sb.plan_step([10, 20, 30, 40], 1, num_microbatches=4, order="pipeline")
+    assert even.costs[0].tolist() == [20, 40, 30, 10]
+
+
+def test_pipeline_order_keeps_lockstep_alignment() -> None:
+    lengths = np.array([100, 90, 10, 9, 50, 45, 30, 28])
+    plan = sb.plan_step(lengths, 2, num_microbatches=4, objective="lockstep", order="pipeline")
+    plan.validate()
+    # Positions by distance from the middle: 1, 2, 0, 3; every rank uses the same order.
+    for costs in plan.costs:
+        assert np.argsort(-costs, kind="stable").tolist() == [1, 2, 0, 3]
+    aligned = sb.plan_step(lengths, 2, num_microbatches=4, objective="lockstep")
+    assert plan.step_cost == pytest.approx(aligned.step_cost)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_same_input(strategy: str) -> None:
+    lengths = np.random.default_rng(1).integers(1, 2000, 200)
+    plan = sb.plan_step(lengths, 4, max_tokens=4096, strategy=strategy)
+    plan.validate()
+    assert plan.strategy == strategy
+    assert len({len(mbs) for mbs in plan.ranks}) == 1
+    assert plan.summary()["cap_violations"] == 0 or strategy == "token_kk"
+
+
+def test_round_robin_and_contiguous_definitions() -> None:
+    lengths = [1, 2, 3, 4, 5, 6]
+    assert _rank_sets(sb.plan_step(lengths, 2, strategy="round_robin")) == [{0, 2, 4}, {1, 3, 5}]
+    assert _rank_sets(sb.plan_step(lengths, 2, strategy="contiguous")) == [{0, 1, 2}, {3, 4, 5}]
+
+
+def test_token_kk_cap_is_soft() -> None:
+    # KK on tokens splits 3 x 60 into ceil(180 / 100) = 2 micro-batches: one holds 120 tokens.
+    plan = sb.plan_step([60, 60, 60], 1, max_tokens=100, strategy="token_kk")
+    plan.validate()
+    assert not plan.cap_enforced
+    assert plan.summary()["cap_violations"] == 1
+    balanced = sb.plan_step([60, 60, 60], 1, max_tokens=100)
+    assert balanced.n_microbatches == 3
+    assert balanced.summary()["cap_violations"] == 0
+
+
+def test_balanced_beats_token_kk_on_quadratic_costs() -> None:
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(rng.lognormal(6.5, 1.0, 512).astype(int) + 1, 16384)
+    options = {"cost": "flops", "max_tokens": 16384}
+    balanced = sb.plan_step(lengths, 8, **options)
+    token_kk = sb.plan_step(lengths, 8, strategy="token_kk", **options)
+    assert balanced.step_cost < token_kk.step_cost
+    assert balanced.summary()["ratio"] < 1.02
+
+
+def test_summary_fields() -> None:
+    summary = sb.plan_step([5, 4, 3], 2).summary()
+    for key in (
+        "step_cost",
+        "lower_bound",
+        "ratio",
+        "imbalance",
+        "n_microbatches",
+        "padding_tokens",
+        "cap_violations",
+        "planning_seconds",
+        "strategy",
+        "objective",
+    ):
+        assert key in summary
+
+
+def test_empty_microbatches_only_when_allowed() -> None:
+    with pytest.raises(ValueError, match="fewer than the 4 micro-batch slots"):
+        sb.plan_step([5, 4, 3], 4)
+    plan = sb.plan_step([5, 4, 3], 4, allow_empty=True)
+    plan.validate()
+    assert plan.summary()["empty_microbatches"] == 1
+    empty = sb.plan_step([], 2, allow_empty=True)
+    empty.validate()
+    assert empty.step_cost == 0.0
+
+
+@pytest.mark.parametrize(
+    ("lengths", "dp", "options", "message"),
+    [
+        ([1, -3], 2, {}, r"lengths\[1\] = -3 is negative"),
+        ([1, 2.5], 2, {}, r"lengths\[1\] = 2.5 is not a whole number"),
+        ([1, float("nan")], 2, {}, r"lengths\[1\] = nan is not finite"),
+        ([1, 2], 0, {}, "dp_size must be >= 1, got 0"),
+        ([1, 2], 1, {"strategy": "magic"}, "strategy must be one of"),
+        ([1, 2], 1, {"objective": "fast"}, "objective must be one of"),
+        ([1, 2], 1, {"order": "random"}, "order must be one of"),
+        ([1, 2], 1, {"layout": "ragged"}, "layout must be one of"),
+        ([1, 2], 1, {"layout": "padded"}, "needs micro_batch_size"),
+        ([1, 2], 1, {"micro_batch_size": 2}, "applies to layout='padded' only"),
+        ([1, 2], 1, {"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+        ([1, 200, 300], 1, {"max_tokens": 100}, r"lengths\[1\] = 200 exceeds max_tokens = 100"),
+        ([1, 2], 1, {"num_microbatches": 2, "min_microbatches": 3}, "conflicts with min_micro"),
+        ([1, 2, 3], 1, {"num_microbatches": 3, "microbatch_multiple": 2}, "not a multiple"),
+        ([60, 60, 60], 1, {"max_tokens": 100, "num_microbatches": 2}, "is infeasible"),
+        ([1, 2], 1, {"groups": [0]}, r"groups must hold one id per sample \(2\)"),
+        ([1, 2], 1, {"groups": [0, 0.5]}, r"groups\[1\] = 0.5 is not an integer id"),
+        (
+            [60, 60, 60, 5],
+            2,
+            {"groups": [7, 7, 7, 8], "max_tokens": 100, "num_microbatches": 2},
+            "group 7 .* larger than a rank can hold",
+        ),
+        ([1, 2], 1, {"model": "qwen3-8b"}, "only applies to cost='flops'"),
+        ([1, 2], 1, {"cost": "joules"}, "cost must be"),
+        ([1, 2], 1, {"cost": lambda x: -x}, r"cost\(lengths\)\[0\] = -1.0 is negative"),
+        ([1, 2], 1, {"cost": lambda x: x[:1]}, "one cost per sample"),
+        ([1, 2], 1, {"allow_empty": 1}, "allow_empty must be True or False"),
+        ([1, 2], 1, {"cost": "flops", "model": "gpt-9"}, "unknown preset"),
+    ],
+)
+def test_bad_input_raises_value_error(lengths: list, dp: int, options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        sb.plan_step(lengths, dp, **options)
+
+
+def test_deterministic_and_json_exact() -> None:
+    lengths = np.random.default_rng(7).integers(1, 5000, 300)
+    options = {"cost": "flops", "max_tokens": 8192, "objective": "lockstep", "order": "pipeline"}
+    first = sb.plan_step(lengths, 8, **options)
+    second = sb.plan_step(lengths, 8, **options)
+    assert first.to_json(timing=False) == second.to_json(timing=False)
+    assert first == second
+    restored = StepPlan.from_json(first.to_json())
+    assert restored.to_json() == first.to_json()
+    np.testing.assert_array_equal(restored.costs, first.costs)  # floats bit for bit
+    assert restored.planning_seconds == first.planning_seconds
+    with pytest.raises(ValueError, match=r"expected a seqbalance\.StepPlan"):
+        StepPlan.from_json('{"format": "other"}')
