@@ -22,13 +22,16 @@ def descending_order(weights: np.ndarray) -> np.ndarray:
     return np.argsort(-weights, kind="stable")
 
 
-def lpt(weights: np.ndarray, k: int, limits: SizeLimits) -> np.ndarray:
+def lpt(weights: np.ndarray, k: int, limits: SizeLimits | None = None) -> np.ndarray:
     """Graham's LPT rule under size limits; returns the part of each item (int64 ``[n]``).
 
     A part is skipped once it holds ``limits.high`` items, or once the items left are exactly
-    enough to bring the parts below ``limits.low`` up to it. O(n log k) time, O(n + k) memory.
+    enough to bring the parts below ``limits.low`` up to it (no limits when ``limits`` is None).
+    O(n log k) time, O(n + k) memory.
     """
     n = weights.size
+    if limits is None:
+        limits = SizeLimits(0, n)
     order = descending_order(weights)
     values = weights[order].tolist()
     heap = [(0.0, part) for part in range(k)]

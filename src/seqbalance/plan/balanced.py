@@ -4,14 +4,15 @@ For the fewest micro-batches per rank ``M`` that it can make feasible (starting 
 minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when packing fails):
 
 1. Ranks. Units (samples, or whole groups) go to ranks heaviest cost first, each to the rank
-   with the least cost that can still hold it (LPT; rank capacity ``M x max_tokens`` tokens, an
-   over-cap sample counting as a full micro-batch, and ``M x micro_batch_size`` samples for the
-   padded layout). Local search follows: a few vectorised rounds that pair the k-th costliest
-   rank with the k-th lightest and apply the best move or swap in every pair at once, then
-   single moves or swaps from the costliest rank to the lightest ranks while that lowers the
-   costliest one (until within ``_GOOD_ENOUGH`` of the lower bound). Finally units move (or are
-   swapped for larger ones) to ranks holding fewer than ``M`` samples, so no micro-batch has to
-   be empty.
+   with the least cost (the partition engine's LPT). When that overfills a rank, LPT is redone
+   with rank capacities: each unit goes to the least costly rank that can still hold it (rank
+   capacity ``M x max_tokens`` tokens, an over-cap sample counting as a full micro-batch, and
+   ``M x micro_batch_size`` samples for the padded layout). Local search follows: a few
+   vectorised rounds that pair the k-th costliest rank with the k-th lightest and apply the best
+   move or swap in every pair at once, then single moves or swaps from the costliest rank to the
+   lightest ranks while that lowers the costliest one (until within ``_GOOD_ENOUGH`` of the
+   lower bound). Finally units move (or are swapped for larger ones) to ranks holding fewer than
+   ``M`` samples, so no micro-batch has to be empty.
 2. Micro-batches, packed layout. Every rank packs its samples, heaviest first, each into its
    currently cheapest micro-batch that stays within the cap (vectorised over ranks). A rank that
    does not fit is re-packed by first-fit decreasing on tokens; samples that still do not fit
@@ -44,6 +45,7 @@ import itertools
 
 import numpy as np
 
+from seqbalance.partition.greedy import lpt
 from seqbalance.plan import _exact
 from seqbalance.plan._metrics import microbatch_cost
 from seqbalance.plan._packing import fill_empty
@@ -135,6 +137,45 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     tokens = p.unit_sums(p.capacity_tokens)
     counts = p.unit_counts.astype(np.float64)
     cap_tokens, cap_count = _capacities(p, m)
+    rank_of_unit = _lpt_without_capacities(costs, p.dp)
+    if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, cap_tokens, cap_count):
+        rank_of_unit = _lpt_with_capacities(p, costs, tokens, counts, cap_tokens, cap_count)
+        if rank_of_unit is None:
+            return None
+    state = _RankState(p, m, rank_of_unit, costs, tokens, counts)
+    state.pair_rounds()
+    state.refine()
+    return rank_of_unit if state.fill_short_ranks() else None
+
+
+def _lpt_without_capacities(costs: np.ndarray, dp: int) -> np.ndarray:
+    """The partition engine's LPT on unit costs: the usual start, when no capacity binds."""
+    return lpt(costs, dp)
+
+
+def _fits_capacities(
+    rank_of_unit: np.ndarray,
+    dp: int,
+    tokens: np.ndarray,
+    counts: np.ndarray,
+    cap_tokens: float,
+    cap_count: float,
+) -> bool:
+    rank_tokens = np.bincount(rank_of_unit, weights=tokens, minlength=dp)
+    rank_counts = np.bincount(rank_of_unit, weights=counts, minlength=dp)
+    return bool((rank_tokens <= cap_tokens).all() and (rank_counts <= cap_count).all())
+
+
+def _lpt_with_capacities(
+    p: Problem,
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    counts: np.ndarray,
+    cap_tokens: float,
+    cap_count: float,
+) -> np.ndarray | None:
+    """LPT where each unit goes to the lightest rank that still has room for its tokens and
+    samples; None when some unit fits no rank."""
     order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
     rank_list = [0] * p.n_units
     rank_tokens = [0.0] * p.dp
@@ -165,11 +206,7 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
         rank_list[unit] = r
         rank_tokens[r] += weight
         rank_counts[r] += count
-    rank_of_unit = np.array(rank_list, dtype=np.int64)
-    state = _RankState(p, m, rank_of_unit, costs, tokens, counts)
-    state.pair_rounds()
-    state.refine()
-    return rank_of_unit if state.fill_short_ranks() else None
+    return np.array(rank_list, dtype=np.int64)
 
 
 class _RankState:
@@ -192,6 +229,9 @@ class _RankState:
         self.cap_tokens, self.cap_count = _capacities(p, m)
         # A rank keeps at least M samples, so none of its micro-batches has to be empty.
         self.min_count = m if p.n >= p.dp * m else 0
+        # Rank loads at or below this need no local search (packed layout only: with padding
+        # the unit costs do not bound the micro-batch costs).
+        self.good_enough = p.unit_cost_bound * (1 + _GOOD_ENOUGH) if p.layout == "packed" else 0.0
 
     def move(self, unit: int, target: int) -> None:
         source = self.rank_of_unit[unit]
@@ -235,6 +275,8 @@ class _RankState:
         span = 4.0  # keys pair * span + cost keep every pair's costs in its own range
         pairs = np.arange(half)
         for _ in range(rounds):
+            if self.loads.max() <= self.good_enough:
+                return
             order = np.argsort(self.loads, kind="stable")
             light, heavy = order[:half], order[::-1][:half]
             gap = self.loads[heavy] - self.loads[light]
@@ -306,11 +348,10 @@ class _RankState:
         ranks while that strictly lowers the costliest; at most ``4 * dp`` changes, and none
         once the costliest rank is within ``_GOOD_ENOUGH`` of the lower bound."""
         p = self.p
-        target = p.unit_cost_bound * (1 + _GOOD_ENOUGH) if p.layout == "packed" else 0.0
         for _ in range(4 * p.dp):
             top = int(np.argmax(self.loads))
             peak = float(self.loads[top])
-            if peak <= target:
+            if peak <= self.good_enough:
                 return
             mine = np.flatnonzero(self.rank_of_unit == top)
             # First improvement: the lightest rank that can take load from the costliest.
