@@ -22,13 +22,15 @@ def test_json_lists_every_preset_with_its_spec_and_flops(capsys) -> None:
         assert model["training_flops_per_token_at_4k"] == pytest.approx(
             flops.per_sample([4096])[0] / 4096
         )
-        assert model["active_matmul_params"] == pytest.approx(flops.token_flops / 2)
+        assert model["total_params"] == spec.num_parameters()
+        assert model["active_params"] == spec.num_parameters(active=True)
     by_name = {m["name"]: m for m in models}
     assert by_name["qwen3-30b-a3b"]["moe"] and not by_name["qwen3-8b"]["moe"]
-    # Published sizes: Qwen3-8B ~8.2B params (7.6B without the embedding table), DeepSeek-V3
-    # 37B active.
-    assert 7.0e9 < by_name["qwen3-8b"]["active_matmul_params"] < 8.2e9
-    assert 35e9 < by_name["deepseek-v3"]["active_matmul_params"] < 39e9
+    # Published sizes: Qwen3-8B 8.2B; DeepSeek-V3 671B total, 37B active.
+    assert by_name["qwen3-8b"]["total_params"] == by_name["qwen3-8b"]["active_params"]
+    assert by_name["qwen3-8b"]["total_params"] == pytest.approx(8.2e9, rel=0.01)
+    assert by_name["deepseek-v3"]["total_params"] == pytest.approx(671e9, rel=0.01)
+    assert by_name["deepseek-v3"]["active_params"] == pytest.approx(37e9, rel=0.02)
 
 
 def test_table_names_every_preset(capsys) -> None:
@@ -36,3 +38,5 @@ def test_table_names_every_preset(capsys) -> None:
     out = capsys.readouterr().out
     for name in presets():
         assert name in out
+    # DeepSeek-V3: 671.03B parameters, 37.55B active.
+    assert "671.03" in out and "37.55" in out

@@ -249,3 +249,99 @@ def test_spec_is_frozen_and_serialisable() -> None:
         spec.hidden_size = 1  # type: ignore[misc]
     assert ModelSpec(**spec.to_dict()) == spec
     json.dumps(spec.to_dict())
+
+
+# Published totals (model cards / papers): (total, active) parameters; norms and biases are not
+# counted, so the tolerance is relative. DeepSeek-V3's 671B / 37B exclude its MTP module.
+PUBLISHED_PARAMETERS = {
+    "qwen3-8b": (8.2e9, None),
+    "qwen3-4b": (4.0e9, None),
+    "qwen2.5-7b": (7.61e9, None),
+    "llama-3.1-8b": (8.03e9, None),
+    "llama-3.1-70b": (70.6e9, None),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9),
+    "deepseek-v3": (671e9, 37e9),
+    "mixtral-8x7b": (46.7e9, 12.9e9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+def test_num_parameters_match_published_counts(name: str) -> None:
+    total, active = PUBLISHED_PARAMETERS[name]
+    spec = ModelSpec.preset(name)
+    assert spec.num_parameters() == pytest.approx(total, rel=0.01)
+    if active is None:
+        assert spec.num_parameters(active=True) == spec.num_parameters()
+    else:
+        assert spec.num_parameters(active=True) == pytest.approx(active, rel=0.02)
+
+
+def test_num_parameters_by_hand_gqa_moe_and_tied() -> None:
+    # Layer 0 dense, layer 1 MoE; hidden 8, 2 query heads and 1 kv head of width 4.
+    spec = ModelSpec(
+        hidden_size=8,
+        num_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        vocab_size=10,
+        intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=6,
+        shared_expert_intermediate_size=5,
+        moe_layers=(1,),
+    )
+    attention = 8 * 8 + 8 * 4 + 8 * 4 + 8 * 8  # q, k, v, o
+    dense = 3 * 8 * 16
+    router, expert, shared = 8 * 4, 3 * 8 * 6, 3 * 8 * 5
+    embeddings = 2 * 10 * 8
+    assert spec.num_parameters(include_embeddings=False) == (
+        2 * attention + dense + router + 4 * expert + shared
+    )
+    assert spec.num_parameters(active=True) == (
+        2 * attention + dense + router + 2 * expert + shared + embeddings
+    )
+    tied = ModelSpec(**{**spec.to_dict(), "moe_layers": (1,), "tie_word_embeddings": True})
+    assert tied.num_parameters() - tied.num_parameters(include_embeddings=False) == 10 * 8
+
+
+def test_num_parameters_mla_plain_mlp_and_mtp_by_hand() -> None:
+    spec = ModelSpec(
+        hidden_size=8,
+        num_layers=1,
+        num_attention_heads=2,
+        vocab_size=10,
+        intermediate_size=16,
+        gated_mlp=False,
+        kv_lora_rank=3,
+        q_lora_rank=5,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=2,
+        v_head_dim=3,
+        num_mtp_layers=2,
+    )
+    query = 8 * 5 + 5 * 2 * (4 + 2)
+    key_value = 8 * (3 + 2) + 3 * 2 * (4 + 3)
+    output = 2 * 3 * 8
+    layer = query + key_value + output + 2 * 8 * 16
+    assert spec.num_parameters(include_embeddings=False) == layer
+    assert spec.num_parameters() == layer + 2 * 10 * 8
+    mtp_module = 2 * 8 * 8 + layer
+    assert spec.num_parameters(include_embeddings=False, include_mtp=True) == layer + 2 * mtp_module
+    assert spec.num_parameters(include_mtp=True) == 3 * (layer + 2 * 10 * 8) + 2 * 2 * 8 * 8
+
+
+def test_deepseek_v3_with_its_mtp_module_matches_the_checkpoint_total() -> None:
+    # Model card: 685B on Hugging Face = 671B main model + 14B MTP module (which stores its own
+    # embedding and LM-head copies).
+    spec = ModelSpec.preset("deepseek-v3")
+    assert spec.num_parameters(include_mtp=True) == pytest.approx(685e9, rel=0.002)
+    extra = spec.num_parameters(include_mtp=True) - spec.num_parameters()
+    assert extra == pytest.approx(14e9, rel=0.05)
+
+
+@pytest.mark.parametrize("flag", ["active", "include_embeddings", "include_mtp"])
+def test_num_parameters_rejects_non_bool_flags(flag: str) -> None:
+    with pytest.raises(ValueError, match=f"{flag} must be True or False, got 1"):
+        ModelSpec.preset("qwen3-4b").num_parameters(**{flag: 1})

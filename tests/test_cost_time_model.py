@@ -97,6 +97,54 @@ def test_fit_is_exact_without_noise_and_with_tiles() -> None:
     assert fitted.fit_stats.mape < 1e-9 and fitted.fit_stats.r2 == pytest.approx(1.0)
 
 
+def _wide_range(truth: TimeModel, n: int, noise: float, seed: int) -> list:
+    """Micro-batches of 1..64 samples up to 16..23k tokens (3 ms .. ~1.6 s for the truth below),
+    with multiplicative log-normal noise of ``noise`` (0.05 ≈ 5%)."""
+    rng = np.random.default_rng(seed)
+    observations = []
+    for _ in range(n):
+        longest = int(2 ** rng.uniform(4, 14.5))
+        lengths = rng.integers(1, longest + 1, size=rng.integers(1, 65))
+        seconds = truth.microbatch_seconds(lengths) * float(np.exp(noise * rng.standard_normal()))
+        observations.append((lengths, seconds))
+    return observations
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_relative_fit_lowers_mape_on_a_wide_range_of_sizes(seed: int) -> None:
+    truth = TimeModel(3e-3, 2e-6, 4e-11)
+    observations = _wide_range(truth, 400, noise=0.05, seed=seed)
+    absolute = TimeModel.fit(observations)
+    relative = TimeModel.fit(observations, relative=True)
+    assert absolute.fit_stats is not None and relative.fit_stats is not None
+    assert relative.fit_stats.mape < absolute.fit_stats.mape
+    assert relative.fit_stats.mape < 0.045  # 5% log-normal noise: mean |error| ≈ 0.8 · 5%
+    assert relative.fit_stats.n_observations == 400
+    assert relative.fit_stats.r2 > 0.99
+    assert relative.t0 == pytest.approx(truth.t0, rel=0.05)
+    assert relative.t1 == pytest.approx(truth.t1, rel=0.05)
+    assert relative.t2 == pytest.approx(truth.t2, rel=0.15)
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_fit_recovers_exact_data_exactly_either_way(relative: bool) -> None:
+    truth = TimeModel(3e-3, 2e-6, 4e-11, tile=64)
+    exact = [
+        (lengths, truth.microbatch_seconds(lengths))
+        for lengths, _ in _wide_range(truth, 60, 0.0, 3)
+    ]
+    fitted = TimeModel.fit(exact, tile=64, relative=relative)
+    assert (fitted.t0, fitted.t1, fitted.t2) == pytest.approx(
+        (truth.t0, truth.t1, truth.t2), rel=1e-9
+    )
+    assert fitted.fit_stats is not None and fitted.fit_stats.mape < 1e-9
+
+
+def test_fit_rejects_a_non_bool_relative() -> None:
+    with pytest.raises(ValueError, match="relative must be True or False, got 1"):
+        TimeModel.fit([([1], 1.0), ([2], 2.0), ([3], 3.0)], relative=1)  # type: ignore[arg-type]
+
+
 def test_fit_clamps_at_zero() -> None:
     # Seconds that shrink with the token count: the unconstrained fit has t1 < 0.
     observations = [([1000], 1.0), ([2000], 0.9), ([3000], 0.8), ([4000], 0.7)]

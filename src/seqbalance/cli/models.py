@@ -1,4 +1,4 @@
-"""`seqbalance models`: the bundled model presets and what a token costs on each."""
+"""`seqbalance models`: the bundled model presets, their sizes and what a token costs on each."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ def register(subparsers: Any) -> None:
         "models",
         help="list the model presets (use their names with --model)",
         description=(
-            "List the bundled model presets with their shape and the training FLOPs per token "
-            f"(forward + backward) of a {REFERENCE_LENGTH}-token sample, attention included."
+            "List the bundled model presets with their shape, total and active parameters, and "
+            "the training FLOPs per token (forward + backward) of a "
+            f"{REFERENCE_LENGTH}-token sample, attention included."
         ),
     )
     add_json_flag(parser)
@@ -25,7 +26,7 @@ def register(subparsers: Any) -> None:
 
 
 def describe(name: str) -> dict[str, Any]:
-    """Key numbers of preset ``name``: its spec fields plus FLOPs per token at 4k tokens."""
+    """Key numbers of preset ``name``: spec fields, parameters, FLOPs per token at 4k tokens."""
     from seqbalance.cost import FlopsModel, ModelSpec
 
     spec = ModelSpec.preset(name)
@@ -36,8 +37,8 @@ def describe(name: str) -> dict[str, Any]:
         "name": name,
         "spec": spec.to_dict(),
         "moe": spec.num_experts > 0,
-        # Each weight of a matmul costs 2 forward FLOPs per token (multiply + add).
-        "active_matmul_params": flops.token_flops / 2.0,
+        "total_params": spec.num_parameters(),
+        "active_params": spec.num_parameters(active=True),
         "forward_flops_per_token_linear": linear,
         "forward_flops_per_token_squared": quadratic,
         "training_flops_per_token_at_4k": training / REFERENCE_LENGTH,
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         rows.append(
             (
                 model["name"],
-                f"{model['active_matmul_params'] / 1e9:.2f}",
+                f"{model['total_params'] / 1e9:.2f}",
+                f"{model['active_params'] / 1e9:.2f}",
                 spec["num_layers"],
                 spec["hidden_size"],
                 f"{spec['num_attention_heads']}/{kv_heads}",
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         "model presets",
         (
             "preset",
+            "params B",
             "active B",
             "layers",
             "hidden",
@@ -82,9 +85,10 @@ def run(args: argparse.Namespace) -> int:
         ),
         rows,
         caption=(
-            "active B: billions of matmul weights a token passes through (LM head included, "
-            "embedding lookup not); MoE experts: active/total; GFLOP/token: training (forward + "
-            f"backward) per token of a {REFERENCE_LENGTH}-token sample, attention included"
+            "params B / active B: billions of parameters, all experts / those one token uses "
+            "(top-k routed + shared experts), embeddings included, norms and MTP modules not; "
+            "MoE experts: active/total; GFLOP/token: training (forward + backward) per token of "
+            f"a {REFERENCE_LENGTH}-token sample, attention included"
         ),
     )
     return 0

@@ -276,55 +276,20 @@ def _segment_lengths(cu_seqlens: Any, valid: int | None) -> np.ndarray:
 
 
 def _forward_terms(spec: ModelSpec, *, include_mtp: bool) -> tuple[float, float, float]:
-    """(FLOPs per token, per-pair FLOPs of full-attention layers, of windowed layers), forward."""
-    hidden = spec.hidden_size
-    heads = spec.num_attention_heads
-    mlp_matrices = 3 if spec.gated_mlp else 2
+    """(FLOPs per token, per-pair FLOPs of full-attention layers, of windowed layers), forward.
 
-    if spec.is_mla:
-        qk = spec.qk_head_dim
-        if spec.q_lora_rank is None:
-            q_macs = hidden * heads * qk
-        else:
-            q_macs = hidden * spec.q_lora_rank + spec.q_lora_rank * heads * qk
-        kv_lora = int(spec.kv_lora_rank)  # type: ignore[arg-type]
-        kv_macs = hidden * (kv_lora + spec.qk_rope_head_dim) + kv_lora * heads * (
-            spec.qk_nope_head_dim + spec.value_head_dim
-        )
-        attention_macs = q_macs + kv_macs + heads * spec.value_head_dim * hidden
-    else:
-        head_dim = spec.qk_head_dim
-        kv_heads = int(spec.num_key_value_heads)  # type: ignore[arg-type]
-        attention_macs = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-
-    dense_mlp_macs = mlp_matrices * hidden * spec.intermediate_size
-    moe_macs = (
-        hidden * spec.num_experts
-        + mlp_matrices * hidden * spec.num_experts_per_tok * spec.moe_intermediate_size
-        + mlp_matrices * hidden * spec.shared_expert_intermediate_size
-    )
-    lm_head_macs = hidden * spec.vocab_size
+    A token passes through every active weight once (``ModelSpec.num_parameters(active=True)``
+    without the embedding tables, whose lookup is free) plus one LM-head matmul per output
+    head (the main one and one per counted MTP module), tied embeddings or not.
+    """
+    mtp_modules = spec.num_mtp_layers if include_mtp else 0
     token_macs = (
-        spec.num_layers * attention_macs
-        + spec.num_dense_layers * dense_mlp_macs
-        + spec.num_moe_layers * moe_macs
-        + lm_head_macs
+        spec.num_parameters(active=True, include_embeddings=False, include_mtp=include_mtp)
+        + (1 + mtp_modules) * spec.matmul_parameters().embedding
     )
-    pair_flops_per_layer = 2.0 * heads * (spec.qk_head_dim + spec.value_head_dim)
+    pair_flops_per_layer = 2.0 * spec.num_attention_heads * (spec.qk_head_dim + spec.value_head_dim)
     windowed_layers = len(spec.sliding_window_layers or ())
-    full_layers = spec.num_layers - windowed_layers
-
-    if include_mtp and spec.num_mtp_layers:
-        last_is_moe = spec.num_layers - 1 in (spec.moe_layers or ())
-        mtp_macs = (
-            2 * hidden * hidden  # projection of [normed hidden; normed embedding] to hidden
-            + attention_macs
-            + (moe_macs if last_is_moe else dense_mlp_macs)
-            + lm_head_macs
-        )
-        token_macs += spec.num_mtp_layers * mtp_macs
-        full_layers += spec.num_mtp_layers
-
+    full_layers = spec.num_layers - windowed_layers + mtp_modules
     return (
         2.0 * token_macs,
         pair_flops_per_layer * full_layers,

@@ -18,7 +18,13 @@ from typing import Any
 
 from seqbalance._validation import check_int
 
-__all__ = ["GATED_MLP_MODEL_TYPES", "PLAIN_MLP_MODEL_TYPES", "ModelSpec", "presets"]
+__all__ = [
+    "GATED_MLP_MODEL_TYPES",
+    "PLAIN_MLP_MODEL_TYPES",
+    "MatmulParameters",
+    "ModelSpec",
+    "presets",
+]
 
 #: ``model_type`` values whose MLP (and MoE experts) is gated (SwiGLU: gate, up and down
 #: projections, three matrices of ``hidden x intermediate``).
@@ -64,6 +70,36 @@ def _layer_indices(values: Iterable[Any], name: str, num_layers: int) -> tuple[i
 
 
 @dataclass(frozen=True)
+class MatmulParameters:
+    """Weights (parameter counts) of a spec's matrices, one entry per component.
+
+    The one place that knows the matrix shapes: :meth:`ModelSpec.num_parameters` sums these
+    and :class:`~seqbalance.cost.flops.FlopsModel` turns them into FLOPs per token (2 per weight a
+    token passes through). Biases, norms and the Qwen2-MoE shared-expert gate (``hidden x 1``) are
+    not counted.
+    """
+
+    attention: int
+    """One decoder layer's attention projections (GQA Q/K/V/O, or the MLA projections)."""
+    dense_mlp: int
+    """One dense MLP (gated: 3 matrices, plain: 2, of ``hidden x intermediate_size``)."""
+    router: int
+    """One MoE layer's router (``hidden x num_experts``)."""
+    expert: int
+    """One routed expert (gated like the dense MLP, ``hidden x moe_intermediate_size``)."""
+    shared_experts: int
+    """All shared experts of one MoE layer together (0 when there are none)."""
+    embedding: int
+    """One ``vocab x hidden`` table: the input embedding, or the LM head (same shape)."""
+    mtp_projection: int
+    """One multi-token-prediction module's ``2·hidden -> hidden`` projection."""
+
+    def moe_mlp(self, experts: int) -> int:
+        """One MoE layer's router, ``experts`` routed experts and its shared experts."""
+        return self.router + experts * self.expert + self.shared_experts
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Architecture of a decoder-only transformer, as far as FLOPs are concerned.
 
@@ -94,7 +130,7 @@ class ModelSpec:
     only by ``FlopsModel(..., include_mtp=True)``.
 
     ``tie_word_embeddings`` does not change FLOPs (the LM head matmul runs either way); it is kept
-    so parameter counts can be derived from the spec.
+    so parameter counts can be derived from the spec (:meth:`num_parameters`).
     """
 
     hidden_size: int
@@ -253,6 +289,83 @@ class ModelSpec:
     def num_dense_layers(self) -> int:
         """Number of decoder layers with the dense MLP."""
         return self.num_layers - self.num_moe_layers
+
+    @property
+    def mtp_layer_is_moe(self) -> bool:
+        """Whether a multi-token-prediction module's decoder layer is MoE (shaped like the last)."""
+        return self.num_layers - 1 in (self.moe_layers or ())
+
+    def matmul_parameters(self) -> MatmulParameters:
+        """Weights of each matrix component (see :class:`MatmulParameters`)."""
+        hidden = self.hidden_size
+        heads = self.num_attention_heads
+        mlp_matrices = 3 if self.gated_mlp else 2
+        if self.is_mla:
+            kv_lora = int(self.kv_lora_rank)  # type: ignore[arg-type]
+            if self.q_lora_rank is None:
+                query = hidden * heads * self.qk_head_dim
+            else:
+                query = hidden * self.q_lora_rank + self.q_lora_rank * heads * self.qk_head_dim
+            key_value = hidden * (kv_lora + self.qk_rope_head_dim) + kv_lora * heads * (
+                self.qk_nope_head_dim + self.value_head_dim
+            )
+            attention = query + key_value + heads * self.value_head_dim * hidden
+        else:
+            kv_heads = int(self.num_key_value_heads)  # type: ignore[arg-type]
+            attention = 2 * hidden * (heads + kv_heads) * self.qk_head_dim
+        return MatmulParameters(
+            attention=attention,
+            dense_mlp=mlp_matrices * hidden * self.intermediate_size,
+            router=hidden * self.num_experts,
+            expert=mlp_matrices * hidden * self.moe_intermediate_size,
+            shared_experts=mlp_matrices * hidden * self.shared_expert_intermediate_size,
+            embedding=self.vocab_size * hidden,
+            mtp_projection=2 * hidden * hidden,
+        )
+
+    def num_parameters(
+        self, *, active: bool = False, include_embeddings: bool = True, include_mtp: bool = False
+    ) -> int:
+        """Parameters of the model (a count), from the spec's matrix shapes.
+
+        ``active=False`` counts every expert; ``active=True`` counts what one token uses: the
+        ``num_experts_per_tok`` routed experts plus the shared experts and the router of each MoE
+        layer (dense models: the same number either way). ``include_embeddings`` adds the input
+        embedding and the LM head (one table when ``tie_word_embeddings``). ``include_mtp`` adds
+        the spec's multi-token-prediction modules (DeepSeek-V3: one), each a ``2·hidden ->
+        hidden`` projection plus a decoder layer shaped like the last one and, with embeddings,
+        its own copy of the embedding and LM head as the Hugging Face checkpoint stores them;
+        off by default, like :class:`~seqbalance.cost.flops.FlopsModel` and the published totals.
+
+        Norms, biases and the Qwen2-MoE shared-expert gate are ignored (well under 0.1% of any
+        preset), so the count sits slightly below a checkpoint's exact total.
+        """
+        for flag_name, flag in (
+            ("active", active),
+            ("include_embeddings", include_embeddings),
+            ("include_mtp", include_mtp),
+        ):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{flag_name} must be True or False, got {flag!r}")
+        params = self.matmul_parameters()
+        moe_mlp = params.moe_mlp(self.num_experts_per_tok if active else self.num_experts)
+        total = (
+            self.num_layers * params.attention
+            + self.num_dense_layers * params.dense_mlp
+            + self.num_moe_layers * moe_mlp
+        )
+        tables = 1 if self.tie_word_embeddings else 2
+        if include_embeddings:
+            total += tables * params.embedding
+        if include_mtp:
+            mtp_module = (
+                params.mtp_projection
+                + params.attention
+                + (moe_mlp if self.mtp_layer_is_moe else params.dense_mlp)
+                + (tables * params.embedding if include_embeddings else 0)
+            )
+            total += self.num_mtp_layers * mtp_module
+        return total
 
     # --- construction ----------------------------------------------------------------------
 

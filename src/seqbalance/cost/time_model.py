@@ -137,18 +137,34 @@ class TimeModel:
 
     @classmethod
     def fit(
-        cls, observations: Sequence[tuple[Any, float]], *, tile: int | None = None
+        cls,
+        observations: Sequence[tuple[Any, float]],
+        *,
+        tile: int | None = None,
+        relative: bool = False,
     ) -> TimeModel:
         """Fit ``t0, t1, t2 >= 0`` to measured micro-batches by non-negative least squares.
 
         ``observations`` is a sequence of ``(lengths of one micro-batch, seconds)`` pairs; at
-        least 3 are needed. Minimises the squared error in seconds over the features
-        ``[1, ΣL, Σq(L)]`` exactly (every support of the 3 coefficients is solved and the best
-        non-negative solution kept). The result carries :class:`FitStats` as ``fit_stats``.
+        least 3 are needed. By default minimises the squared error in seconds,
+        ``Σ (predicted_i − seconds_i)²``, over the features ``[1, ΣL, Σq(L)]``. With
+        ``relative=True`` it minimises the squared relative error ``Σ ((predicted_i −
+        seconds_i) / seconds_i)²`` instead (each row and target divided by its seconds), so
+        small micro-batches weigh as much as large ones: use it when the figure that matters is
+        the error per micro-batch in percent (MAPE), as in ``seqbalance calibrate``, and the
+        measurements span a wide range of sizes. Either way the 3-variable problem is solved
+        exactly (every support of the coefficients is solved and the best non-negative solution
+        kept), and noise-free observations are recovered exactly.
+
+        The result carries :class:`FitStats` as ``fit_stats``, computed the same way for both
+        objectives: MAPE of the predictions and R² of the seconds (unweighted).
         """
+        if not isinstance(relative, bool):
+            raise ValueError(f"relative must be True or False, got {relative!r}")
         template = cls(0.0, 0.0, 0.0, tile=tile)
         features, seconds = _observation_matrix(observations, template)
-        coefficients = _nnls(features, seconds)
+        weights = 1.0 / seconds if relative else np.ones_like(seconds)
+        coefficients = _nnls(features * weights[:, None], seconds * weights)
         predicted = features @ coefficients
         residual = float(np.sum((seconds - predicted) ** 2))
         spread = float(np.sum((seconds - seconds.mean()) ** 2))
