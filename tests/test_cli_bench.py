@@ -107,7 +107,7 @@ def test_summary_arithmetic_on_hand_made_records(capsys) -> None:
     out = capsys.readouterr().out
     assert out.startswith("### bench: 2 procs, x.npy lengths / 1")
     assert "| round_robin | 120.0 | 120.0 | 110.0 |" in out
-    assert "- balanced vs round_robin: step time -20.8% measured" in out
+    assert "- balanced vs round_robin: mean step time -20.8% measured" in out
 
 
 @pytest.mark.multiprocess

@@ -17,6 +17,7 @@ same plans feed the simulator, so its predicted reduction sits beside the measur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +41,7 @@ from seqbalance.cli._common import (
     markdown_table,
     print_json,
     print_table,
+    progress_callback,
 )
 
 DEFAULT_STRATEGIES = ("round_robin", "token_kk", "balanced")
@@ -138,11 +141,21 @@ def _plan_all(settings: BenchSettings, time_model: Any) -> tuple[dict[str, Any],
     return schedule, result
 
 
-def _launch(settings: BenchSettings, folder: Path) -> None:
+def _progress_path(settings: BenchSettings) -> Path:
+    """Rank 0 writes ``DONE TOTAL`` steps here; the launcher reads it to drive a progress bar."""
+    return Path(settings.output).parent / "progress"
+
+
+def _launch(
+    settings: BenchSettings,
+    folder: Path,
+    on_progress: Callable[[int, int], None] = lambda done, total: None,
+) -> None:
     """Run ``settings.procs`` worker processes; raise RuntimeError with a log tail on failure.
 
     Workers are fresh interpreters (not ``multiprocessing``), so nothing depends on the
-    caller's ``__main__`` being importable or guarded.
+    caller's ``__main__`` being importable or guarded. ``on_progress(done, total)`` is called
+    with the steps rank 0 has finished.
     """
     settings_path = folder / "settings.json"
     settings_path.write_text(json.dumps(asdict(settings)), encoding="utf-8")
@@ -162,6 +175,9 @@ def _launch(settings: BenchSettings, folder: Path) -> None:
     try:
         while not failed and any(worker.poll() is None for worker in workers):
             time.sleep(0.1)
+            with contextlib.suppress(OSError, ValueError):  # not written yet, or mid-write
+                done, total = map(int, _progress_path(settings).read_text().split())
+                on_progress(done, total)
             failed = [r for r, worker in enumerate(workers) if worker.poll() not in (None, 0)]
     finally:
         for worker in workers:
@@ -304,6 +320,10 @@ def _train(
             optimizer.step()
             synchronize()
             wall = time.perf_counter() - step_start
+            if rank == 0:
+                _progress_path(settings).write_text(
+                    f"{step + 1} {settings.warmup + settings.steps}"
+                )
             if step >= settings.warmup:
                 records[name].append(
                     {
@@ -535,7 +555,8 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
         try:
-            _launch(settings, Path(folder))
+            with progress_callback("bench steps", enabled=not (args.json or args.markdown)) as bar:
+                _launch(settings, Path(folder), bar)
         except RuntimeError as error:
             print(f"seqbalance bench: error: {error}", file=sys.stderr)
             return 1
@@ -620,7 +641,7 @@ def _notes(report: dict[str, Any]) -> list[str]:
     )
     for key, c in report["comparisons"].items():
         notes.append(
-            f"{key.replace('_vs_', ' vs ')}: step time "
+            f"{key.replace('_vs_', ' vs ')}: mean step time "
             f"{-100 * c['measured_step_time_reduction']:+.1f}% measured "
             f"(max-rank compute {-100 * c['measured_compute_reduction']:+.1f}%), "
             f"{-100 * c['predicted_reduction']:+.1f}% predicted by the simulator"
