@@ -6,10 +6,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqbalance._validation import (
+    as_group_ids,
     as_lengths,
     as_weights,
+    check_bool,
     check_choice,
     check_int,
+    check_non_negative_float,
     check_positive_float,
 )
 
@@ -81,3 +84,34 @@ def test_check_choice():
     assert check_choice("step", "objective", ("step", "lockstep")) == "step"
     with pytest.raises(ValueError, match="objective must be one of 'step', 'lockstep', got 'fast'"):
         check_choice("fast", "objective", ("step", "lockstep"))
+
+
+def test_check_non_negative_float():
+    assert check_non_negative_float(0, "sigma") == 0.0
+    assert check_non_negative_float(0.5, "sigma") == 0.5
+    for bad in (-0.1, float("nan"), float("inf"), False, None):
+        with pytest.raises(ValueError, match="sigma must be a non-negative"):
+            check_non_negative_float(bad, "sigma")
+
+
+def test_check_bool():
+    assert check_bool(np.bool_(True), "shuffle") is True
+    assert check_bool(False, "shuffle") is False
+    for bad in (0, 1, "yes", None):
+        with pytest.raises(ValueError, match=f"shuffle must be True or False, got {bad!r}"):
+            check_bool(bad, "shuffle")
+
+
+def test_as_group_ids():
+    assert as_group_ids([3, 3, 7.0], 3).tolist() == [3, 3, 7]
+    assert as_group_ids(np.array([1, 2], dtype=np.uint8), 2).dtype == np.int64
+    with pytest.raises(ValueError, match=r"one id per sample \(3\), got shape \(2,\)"):
+        as_group_ids([1, 2], 3)
+    with pytest.raises(ValueError, match=r"groups\[1\] = 1\.5 is not an integer id"):
+        as_group_ids([1.0, 1.5], 2)
+    with pytest.raises(ValueError, match=r"prompt_ids\[0\] = nan is not an integer id"):
+        as_group_ids([float("nan")], 1, name="prompt_ids")
+    with pytest.raises(ValueError, match="integer ids, got dtype bool"):
+        as_group_ids([True, False], 2)
+    with pytest.raises(ValueError, match=r"groups\[1\] = 18446744073709551615 does not fit"):
+        as_group_ids(np.array([0, 2**64 - 1], dtype=np.uint64), 2)

@@ -12,7 +12,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_lengths", "as_weights", "check_choice", "check_int", "check_positive_float"]
+__all__ = [
+    "as_group_ids",
+    "as_lengths",
+    "as_weights",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "check_non_negative_float",
+    "check_positive_float",
+]
 
 
 def _as_1d_array(values: Any, name: str) -> np.ndarray:
@@ -105,14 +114,53 @@ def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
     return result
 
 
+def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
+    """Return ``groups`` as int64 group ids, one per sample of ``n`` (e.g. the GRPO prompt id).
+
+    Whole floats are accepted; booleans, fractional or non-finite values, and a shape other than
+    ``(n,)`` raise ValueError naming ``name`` (and the index and value of a bad id).
+    """
+    array = np.asarray(groups)
+    if array.ndim != 1 or array.shape[0] != n:
+        raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")
+    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must hold integer ids, got dtype {array.dtype}")
+    if array.dtype.kind == "f":
+        bad = ~np.isfinite(array) | (array != np.round(array)) | (np.abs(array) > 2**62)
+        if bad.any():
+            index = _first(bad)
+            raise ValueError(f"{name}[{index}] = {array[index].item()!r} is not an integer id")
+    if array.dtype == np.uint64 and n and array.max() > np.iinfo(np.int64).max:
+        index = _first(array > np.iinfo(np.int64).max)
+        raise ValueError(f"{name}[{index}] = {int(array[index])} does not fit in int64")
+    return array.astype(np.int64)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Return ``value`` as a bool; anything but ``True``/``False`` (numpy's too) is rejected."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _check_real(value: Any, name: str, *, positive: bool) -> float:
+    kind = "positive" if positive else "non-negative"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a {kind} number, got {value!r}")
+    result = float(value)
+    if not np.isfinite(result) or result < 0 or (positive and result == 0):
+        raise ValueError(f"{name} must be a {kind} finite number, got {value!r}")
+    return result
+
+
 def check_positive_float(value: Any, name: str) -> float:
     """Return ``value`` as a float; reject bools, NaN, inf and values <= 0."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    result = float(value)
-    if not np.isfinite(result) or result <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return result
+    return _check_real(value, name, positive=True)
+
+
+def check_non_negative_float(value: Any, name: str) -> float:
+    """Return ``value`` as a float; reject bools, NaN, inf and values < 0."""
+    return _check_real(value, name, positive=False)
 
 
 def check_choice(value: Any, name: str, choices: Sequence[str] | Iterable[str]) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, as_weights, check_choice, check_int
+from seqbalance._validation import as_lengths, as_weights, check_bool, check_choice, check_int
 from seqbalance.cost.spec import ModelSpec
 
 __all__ = ["FlopsModel", "attention_pairs"]
@@ -91,11 +91,8 @@ class FlopsModel:
             raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
         self._spec = spec
         self._attention = check_choice(attention, "attention", ("causal", "full"))
-        for flag_name, flag in (("recompute", recompute), ("include_mtp", include_mtp)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{flag_name} must be True or False, got {flag!r}")
-        self._recompute = recompute
-        self._include_mtp = include_mtp
+        self._recompute = check_bool(recompute, "recompute")
+        self._include_mtp = check_bool(include_mtp, "include_mtp")
         if extra_per_sample is not None and not callable(extra_per_sample):
             raise ValueError(f"extra_per_sample must be callable, got {extra_per_sample!r}")
         self._extra_per_sample = extra_per_sample
@@ -226,9 +223,7 @@ class FlopsModel:
     # --- internals ---------------------------------------------------------------------------
 
     def _multiplier(self, backward: bool) -> int:
-        if not isinstance(backward, (bool, np.bool_)):
-            raise ValueError(f"backward must be True or False, got {backward!r}")
-        return self.training_multiplier if backward else 1
+        return self.training_multiplier if check_bool(backward, "backward") else 1
 
     def _transformer_forward(self, length: np.ndarray) -> np.ndarray:
         causal = self.attention == "causal"

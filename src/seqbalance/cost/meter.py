@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqbalance._validation import as_lengths, check_int, check_positive_float
+from seqbalance._validation import as_lengths, check_bool, check_int, check_positive_float
 from seqbalance.cost.flops import FlopsModel, _segment_lengths
 
 __all__ = ["FlopsMeter"]
@@ -26,10 +26,8 @@ class FlopsMeter:
     def __init__(self, flops_model: FlopsModel, *, backward: bool = True) -> None:
         if not isinstance(flops_model, FlopsModel):
             raise ValueError(f"flops_model must be a FlopsModel, got {type(flops_model).__name__}")
-        if not isinstance(backward, bool):
-            raise ValueError(f"backward must be True or False, got {backward!r}")
         self.flops_model = flops_model
-        self.backward = backward
+        self.backward = check_bool(backward, "backward")
         self.reset()
 
     def reset(self) -> None:

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_bool, check_int
 
 __all__ = [
     "GATED_MLP_MODEL_TYPES",
@@ -175,10 +175,7 @@ class ModelSpec:
         ):
             set_(attribute, check_int(getattr(self, attribute), attribute, minimum=0))
         for attribute in ("gated_mlp", "tie_word_embeddings"):
-            if not isinstance(getattr(self, attribute), bool):
-                raise ValueError(
-                    f"{attribute} must be True or False, got {getattr(self, attribute)!r}"
-                )
+            set_(attribute, check_bool(getattr(self, attribute), attribute))
         if not isinstance(self.name, str):
             raise ValueError(f"name must be a string, got {self.name!r}")
         heads = self.num_attention_heads
@@ -345,8 +342,7 @@ class ModelSpec:
             ("include_embeddings", include_embeddings),
             ("include_mtp", include_mtp),
         ):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{flag_name} must be True or False, got {flag!r}")
+            check_bool(flag, flag_name)
         params = self.matmul_parameters()
         moe_mlp = params.moe_mlp(self.num_experts_per_tok if active else self.num_experts)
         total = (

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int, check_positive_float
+from seqbalance._validation import as_lengths, check_bool, check_int, check_positive_float
 from seqbalance.cost.flops import FlopsModel
 
 __all__ = ["FitStats", "TimeModel"]
@@ -159,8 +159,7 @@ class TimeModel:
         The result carries :class:`FitStats` as ``fit_stats``, computed the same way for both
         objectives: MAPE of the predictions and R² of the seconds (unweighted).
         """
-        if not isinstance(relative, bool):
-            raise ValueError(f"relative must be True or False, got {relative!r}")
+        relative = check_bool(relative, "relative")
         template = cls(0.0, 0.0, 0.0, tile=tile)
         features, seconds = _observation_matrix(observations, template)
         weights = 1.0 / seconds if relative else np.ones_like(seconds)

@@ -9,18 +9,9 @@ import numbers
 
 import numpy as np
 
-from seqbalance._validation import check_int, check_positive_float
+from seqbalance._validation import check_int, check_non_negative_float, check_positive_float
 
 __all__ = ["long_context", "rl_lengths"]
-
-
-def _check_non_negative(value: object, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    result = float(value)
-    if not np.isfinite(result) or result < 0:
-        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
-    return result
 
 
 def _lognormal_tokens(
@@ -60,9 +51,9 @@ def rl_lengths(
     group_size = check_int(group_size, "group_size", minimum=1)
     prompt_median = check_positive_float(prompt_median, "prompt_median")
     response_median = check_positive_float(response_median, "response_median")
-    prompt_sigma = _check_non_negative(prompt_sigma, "prompt_sigma")
-    response_sigma = _check_non_negative(response_sigma, "response_sigma")
-    group_sigma = _check_non_negative(group_sigma, "group_sigma")
+    prompt_sigma = check_non_negative_float(prompt_sigma, "prompt_sigma")
+    response_sigma = check_non_negative_float(response_sigma, "response_sigma")
+    group_sigma = check_non_negative_float(group_sigma, "group_sigma")
     max_prompt_length = check_int(max_prompt_length, "max_prompt_length", minimum=1)
     max_response_length = check_int(max_response_length, "max_response_length", minimum=1)
     seed = check_int(seed, "seed", minimum=0)
@@ -98,7 +89,7 @@ def long_context(
     """
     n = check_int(n, "n", minimum=1)
     short_median = check_positive_float(short_median, "short_median")
-    short_sigma = _check_non_negative(short_sigma, "short_sigma")
+    short_sigma = check_non_negative_float(short_sigma, "short_sigma")
     if isinstance(long_fraction, (bool, np.bool_)) or not isinstance(long_fraction, numbers.Real):
         raise ValueError(f"long_fraction must be a number in [0, 1], got {long_fraction!r}")
     if not 0.0 <= float(long_fraction) <= 1.0:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_weights, check_int
+from seqbalance._validation import as_weights, check_bool, check_int
 from seqbalance.partition._result import SizeLimits
 
 __all__ = ["validate_inputs"]
@@ -23,8 +23,7 @@ def validate_inputs(
     """
     w = as_weights(weights, "weights")
     k = check_int(k, "k", minimum=1)
-    if not isinstance(equal_size, (bool, np.bool_)):
-        raise ValueError(f"equal_size must be True or False, got {equal_size!r}")
+    equal_size = check_bool(equal_size, "equal_size")
     n = w.size
     if max_items is not None:
         max_items = check_int(max_items, "max_items", minimum=1)

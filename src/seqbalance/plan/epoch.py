@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
-from seqbalance.plan.step import _as_groups, _check_bool, plan_step
+from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
+from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan
 
 __all__ = ["plan_epoch"]
@@ -64,14 +64,14 @@ def plan_epoch(
     dp_size = check_int(dp_size, "dp_size", minimum=1)
     seed = check_int(seed, "seed", minimum=0)
     epoch = check_int(epoch, "epoch", minimum=0)
-    shuffle = _check_bool(shuffle, "shuffle")
-    drop_last = _check_bool(drop_last, "drop_last")
+    shuffle = check_bool(shuffle, "shuffle")
+    drop_last = check_bool(drop_last, "drop_last")
     if bucket_window is not None:
         bucket_window = check_int(bucket_window, "bucket_window", minimum=1)
     if "seed" in plan_step_options:
         raise ValueError("pass seed to plan_epoch itself, not as a plan_step option")
     groups = plan_step_options.pop("groups", None)
-    group_ids = None if groups is None else _as_groups(groups, n)
+    group_ids = None if groups is None else as_group_ids(groups, n)
     units = _units(group_ids, n)
     too_big = [u for u in units if u.size > global_batch_size]
     if too_big:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_choice, check_int
+from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_choice, check_int
 from seqbalance.plan._costs import resolve_cost
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.balanced import plan_balanced
@@ -98,8 +98,8 @@ def plan_step(
     order = check_choice(order, "order", ORDERS)
     layout = check_choice(layout, "layout", LAYOUTS)
     seed = check_int(seed, "seed", minimum=0)
-    allow_oversize = _check_bool(allow_oversize, "allow_oversize")
-    allow_empty = _check_bool(allow_empty, "allow_empty")
+    allow_oversize = check_bool(allow_oversize, "allow_oversize")
+    allow_empty = check_bool(allow_empty, "allow_empty")
     if max_tokens is not None:
         max_tokens = check_int(max_tokens, "max_tokens", minimum=1)
     if layout == "padded":
@@ -125,7 +125,7 @@ def plan_step(
                 f"num_microbatches = {num_microbatches} conflicts with microbatch_multiple = "
                 f"{microbatch_multiple} (not a multiple)"
             )
-    group_ids = None if groups is None else _as_groups(groups, lengths.size)
+    group_ids = None if groups is None else as_group_ids(groups, lengths.size)
     if max_tokens is not None and not allow_oversize:
         over = np.flatnonzero(lengths > max_tokens)
         if over.size:
@@ -259,25 +259,3 @@ def _execution_order(weights: np.ndarray, order: str) -> np.ndarray:
     sequence = np.empty(m, dtype=np.int64)
     sequence[middle_out] = heaviest_first
     return sequence
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def _as_groups(groups: Any, n: int) -> np.ndarray:
-    array = np.asarray(groups)
-    if array.ndim != 1 or array.shape[0] != n:
-        raise ValueError(f"groups must hold one id per sample ({n}), got shape {array.shape}")
-    if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
-        raise ValueError(f"groups must hold integer ids, got dtype {array.dtype}")
-    if array.dtype.kind == "f":
-        bad = ~np.isfinite(array) | (array != np.round(array))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"groups[{i}] = {array[i].item()!r} is not an integer id")
-    if array.dtype == np.uint64 and n and array.max() > np.iinfo(np.int64).max:
-        raise ValueError("groups ids must fit in int64")
-    return array.astype(np.int64)
