@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from seqbalance._validation import as_lengths
+from seqbalance.plan import OBJECTIVES
 
 if TYPE_CHECKING:
     from seqbalance.cost import ModelSpec, TimeModel
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_PEAK_TFLOPS",
     "LengthsInput",
     "add_json_flag",
+    "add_objective_argument",
     "add_time_model_arguments",
     "load_lengths",
     "markdown_table",
@@ -56,6 +58,16 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help="print the result as JSON on stdout instead of a table",
+    )
+
+
+def add_objective_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--objective``, the planner objective shared by plan, simulate and bench."""
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="step",
+        help="step: DDP, ranks sync once per step; lockstep: FSDP/ZeRO-3, sync per micro-batch",
     )
 
 

@@ -37,6 +37,7 @@ import numpy as np
 from seqbalance._validation import check_int
 from seqbalance.cli._common import (
     add_json_flag,
+    add_objective_argument,
     load_lengths,
     markdown_table,
     print_json,
@@ -444,12 +445,7 @@ def register(subparsers: Any) -> None:
         default=",".join(DEFAULT_STRATEGIES),
         help=f"comma-separated (default: {','.join(DEFAULT_STRATEGIES)})",
     )
-    parser.add_argument(
-        "--objective",
-        choices=("step", "lockstep"),
-        default="step",
-        help="step: all-reduce once per step (DDP); lockstep: after every micro-batch",
-    )
+    add_objective_argument(parser)
     parser.add_argument("--steps", type=int, default=20, help="measured steps (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (default: 3)")
     parser.add_argument(

@@ -9,6 +9,7 @@ from typing import Any
 
 from seqbalance.cli._common import (
     add_json_flag,
+    add_objective_argument,
     add_time_model_arguments,
     load_lengths,
     print_json,
@@ -48,12 +49,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--strategy", choices=STRATEGIES, default="balanced", help="default: balanced"
     )
-    parser.add_argument(
-        "--objective",
-        choices=("step", "lockstep"),
-        default="step",
-        help="step: DDP, ranks sync once per step; lockstep: FSDP/ZeRO-3, sync per micro-batch",
-    )
+    add_objective_argument(parser)
     parser.add_argument(
         "--global-batch",
         type=int,

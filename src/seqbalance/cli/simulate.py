@@ -8,6 +8,7 @@ from typing import Any
 
 from seqbalance.cli._common import (
     add_json_flag,
+    add_objective_argument,
     add_time_model_arguments,
     load_lengths,
     markdown_table,
@@ -63,12 +64,7 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_STEPS,
         help=f"optimizer steps to simulate (default: {DEFAULT_STEPS})",
     )
-    parser.add_argument(
-        "--objective",
-        choices=("step", "lockstep"),
-        default="step",
-        help="step: DDP, ranks sync once per step; lockstep: FSDP/ZeRO-3, sync per micro-batch",
-    )
+    add_objective_argument(parser)
     parser.add_argument(
         "--strategies",
         default=",".join(DEFAULT_STRATEGIES),
