@@ -7,26 +7,15 @@ from importlib import resources
 
 import numpy as np
 import pytest
+from _configs import TINY_LLAMA
 from hypothesis import given
 from hypothesis import strategies as st
 
 from seqbalance.cost import FlopsModel, ModelSpec, attention_pairs, presets
 
-# hidden 8, 2 query heads, 1 kv head of width 4, SwiGLU MLP of width 16, 2 layers, vocab 10.
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 8,
-    "intermediate_size": 16,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 10,
-}
-
 
 def test_tiny_dense_model_line_by_line() -> None:
-    model = FlopsModel(ModelSpec.from_hf_config(TINY))
+    model = FlopsModel(ModelSpec.from_hf_config(TINY_LLAMA))
     q = 8 * 2 * 4  # hidden -> heads * head_dim        = 64 multiply-adds per token
     k = v = 8 * 1 * 4  # hidden -> kv_heads * head_dim = 32 each
     o = 2 * 4 * 8  # heads * head_dim -> hidden        = 64
@@ -58,11 +47,11 @@ def test_tiny_dense_model_line_by_line() -> None:
 
 
 def test_tiny_plain_mlp_and_moe_layers() -> None:
-    plain = FlopsModel(ModelSpec.from_hf_config(TINY, gated_mlp=False))
+    plain = FlopsModel(ModelSpec.from_hf_config(TINY_LLAMA, gated_mlp=False))
     assert plain.token_flops == 2464 - 2 * 2 * (8 * 16)  # one MLP matrix less per layer
 
     moe_config = {
-        **TINY,
+        **TINY_LLAMA,
         "model_type": "qwen2_moe",
         "num_key_value_heads": 2,
         "num_experts": 4,
@@ -84,7 +73,7 @@ def test_tiny_plain_mlp_and_moe_layers() -> None:
 
 def test_tiny_mla_model_and_mtp() -> None:
     config = {
-        **TINY,
+        **TINY_LLAMA,
         "model_type": "deepseek_v3",
         "num_hidden_layers": 1,
         "q_lora_rank": 4,
@@ -114,7 +103,7 @@ def test_tiny_mla_model_and_mtp() -> None:
 
 
 def test_sliding_window_term() -> None:
-    spec = ModelSpec.from_hf_config({**TINY, "model_type": "mistral", "sliding_window": 4})
+    spec = ModelSpec.from_hf_config({**TINY_LLAMA, "model_type": "mistral", "sliding_window": 4})
     model = FlopsModel(spec)
     assert model.pair_flops == 0 and model.windowed_pair_flops == 64
     assert model.coefficients == (2464, 0)
@@ -226,7 +215,7 @@ def test_packed_32_short_sequences_versus_one_long() -> None:
 
 
 def test_packed_valid_entries_and_validation() -> None:
-    model = FlopsModel(ModelSpec.from_hf_config(TINY))
+    model = FlopsModel(ModelSpec.from_hf_config(TINY_LLAMA))
     expected = float(model.per_sample([3, 0, 5]).sum())
     assert model.packed([0, 3, 3, 8]) == expected
     assert model.packed(np.array([0, 3, 3, 8, -1, -1], dtype=np.int32), valid=4) == expected
@@ -259,7 +248,7 @@ def test_packed_equals_sum_of_per_sample(segments: list[int], padding: int) -> N
 
 
 def test_padded_micro_batches() -> None:
-    model = FlopsModel(ModelSpec.from_hf_config(TINY))
+    model = FlopsModel(ModelSpec.from_hf_config(TINY_LLAMA))
     # chunks of 2 in order: [1, 3] -> 3, 3; [2, 5] -> 5, 5; [4] -> 4
     expected = float(model.per_sample([3, 3, 5, 5, 4]).sum())
     assert model.padded([1, 3, 2, 5, 4], micro_batch_size=2) == expected
@@ -277,7 +266,7 @@ def test_padded_micro_batches() -> None:
 
 
 def test_extra_per_sample_term() -> None:
-    spec = ModelSpec.from_hf_config(TINY)
+    spec = ModelSpec.from_hf_config(TINY_LLAMA)
     images = {1: 0.0, 3: 0.0, 5: 7000.0}  # e.g. a vision encoder's FLOPs for a sample with images
 
     def vision(lengths: np.ndarray) -> np.ndarray:
@@ -311,7 +300,7 @@ def test_extra_per_sample_term() -> None:
     ],
 )
 def test_invalid_lengths(lengths, message: str) -> None:
-    model = FlopsModel(ModelSpec.from_hf_config(TINY))
+    model = FlopsModel(ModelSpec.from_hf_config(TINY_LLAMA))
     for method in (model.forward, model.per_sample):
         with pytest.raises(ValueError, match=message):
             method(lengths)
@@ -320,13 +309,13 @@ def test_invalid_lengths(lengths, message: str) -> None:
 
 
 def test_invalid_options() -> None:
-    spec = ModelSpec.from_hf_config(TINY)
+    spec = ModelSpec.from_hf_config(TINY_LLAMA)
     with pytest.raises(ValueError, match="attention must be one of 'causal', 'full', got 'sparse'"):
         FlopsModel(spec, attention="sparse")
     with pytest.raises(ValueError, match="recompute must be True or False"):
         FlopsModel(spec, recompute=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="spec must be a ModelSpec"):
-        FlopsModel(TINY)  # type: ignore[arg-type]
+        FlopsModel(TINY_LLAMA)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="backward must be True or False"):
         FlopsModel(spec).per_sample([1], backward="yes")  # type: ignore[arg-type]
 

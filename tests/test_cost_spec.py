@@ -6,19 +6,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from _configs import TINY_LLAMA
 
 from seqbalance.cost import ModelSpec, presets
-
-LLAMA_LIKE = {
-    "model_type": "llama",
-    "hidden_size": 8,
-    "intermediate_size": 16,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 4,
-    "num_hidden_layers": 2,
-    "vocab_size": 10,
-}
 
 
 def test_presets_are_listed_sorted_and_all_load() -> None:
@@ -78,33 +68,33 @@ def test_defaults_of_direct_construction() -> None:
 
 
 def test_config_sources_agree(tmp_path) -> None:
-    from_dict = ModelSpec.from_hf_config(LLAMA_LIKE)
+    from_dict = ModelSpec.from_hf_config(TINY_LLAMA)
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(LLAMA_LIKE))
+    path.write_text(json.dumps(TINY_LLAMA))
     assert ModelSpec.from_hf_config(path) == from_dict
     assert ModelSpec.from_hf_config(str(path)) == from_dict
     assert ModelSpec.from_hf_config(tmp_path) == from_dict  # a model directory
 
     class PretrainedConfigLike:
         def to_dict(self) -> dict:
-            return dict(LLAMA_LIKE)
+            return dict(TINY_LLAMA)
 
     assert ModelSpec.from_hf_config(PretrainedConfigLike()) == from_dict
-    assert ModelSpec.from_hf_config(SimpleNamespace(**LLAMA_LIKE)) == from_dict
-    assert ModelSpec.from_hf_config({"text_config": LLAMA_LIKE}) == from_dict
+    assert ModelSpec.from_hf_config(SimpleNamespace(**TINY_LLAMA)) == from_dict
+    assert ModelSpec.from_hf_config({"text_config": TINY_LLAMA}) == from_dict
 
 
 def test_head_dim_and_kv_heads_defaults() -> None:
-    config = {k: v for k, v in LLAMA_LIKE.items() if k not in ("head_dim", "num_key_value_heads")}
+    config = {k: v for k, v in TINY_LLAMA.items() if k not in ("head_dim", "num_key_value_heads")}
     spec = ModelSpec.from_hf_config(config)
     assert spec.head_dim == 4 and spec.num_key_value_heads == 2
 
 
 def test_gated_mlp_follows_model_type_or_override() -> None:
-    assert ModelSpec.from_hf_config(LLAMA_LIKE).gated_mlp
-    neox = ModelSpec.from_hf_config({**LLAMA_LIKE, "model_type": "gpt_neox"})
+    assert ModelSpec.from_hf_config(TINY_LLAMA).gated_mlp
+    neox = ModelSpec.from_hf_config({**TINY_LLAMA, "model_type": "gpt_neox"})
     assert not neox.gated_mlp
-    unknown = {**LLAMA_LIKE, "model_type": "my_model"}
+    unknown = {**TINY_LLAMA, "model_type": "my_model"}
     with pytest.raises(ValueError, match=r"model_type = 'my_model'.*gated_mlp"):
         ModelSpec.from_hf_config(unknown)
     assert not ModelSpec.from_hf_config(unknown, gated_mlp=False).gated_mlp
@@ -116,20 +106,20 @@ def test_gated_mlp_follows_model_type_or_override() -> None:
     ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"],
 )
 def test_missing_required_field_is_named(field: str) -> None:
-    config = {k: v for k, v in LLAMA_LIKE.items() if k != field}
+    config = {k: v for k, v in TINY_LLAMA.items() if k != field}
     with pytest.raises(ValueError, match=f"'{field}' is missing"):
         ModelSpec.from_hf_config(config)
     with pytest.raises(ValueError, match=f"'{field}' is missing"):
-        ModelSpec.from_hf_config({**LLAMA_LIKE, field: None})
+        ModelSpec.from_hf_config({**TINY_LLAMA, field: None})
 
 
 def test_bad_config_values() -> None:
     with pytest.raises(ValueError, match=r"'hidden_size' must be an integer, got 8\.5"):
-        ModelSpec.from_hf_config({**LLAMA_LIKE, "hidden_size": 8.5})
+        ModelSpec.from_hf_config({**TINY_LLAMA, "hidden_size": 8.5})
     with pytest.raises(ValueError, match="num_attention_heads = 2 is not a multiple of"):
-        ModelSpec.from_hf_config({**LLAMA_LIKE, "num_key_value_heads": 3})
+        ModelSpec.from_hf_config({**TINY_LLAMA, "num_key_value_heads": 3})
     with pytest.raises(ValueError, match="hidden_size must be >= 1, got 0"):
-        ModelSpec.from_hf_config({**LLAMA_LIKE, "hidden_size": 0})
+        ModelSpec.from_hf_config({**TINY_LLAMA, "hidden_size": 0})
     with pytest.raises(ValueError, match="config must be a path, a dict"):
         ModelSpec.from_hf_config(42)
 
@@ -145,7 +135,7 @@ def test_bad_config_file(tmp_path) -> None:
 
 def test_qwen_moe_layer_layout() -> None:
     base = {
-        **LLAMA_LIKE,
+        **TINY_LLAMA,
         "model_type": "qwen2_moe",
         "num_hidden_layers": 6,
         "num_experts": 4,
@@ -166,7 +156,7 @@ def test_qwen_moe_layer_layout() -> None:
 
 def test_deepseek_layout_and_mla_fields() -> None:
     config = {
-        **LLAMA_LIKE,
+        **TINY_LLAMA,
         "model_type": "deepseek_v3",
         "num_hidden_layers": 4,
         "n_routed_experts": 4,
@@ -198,9 +188,9 @@ def test_deepseek_layout_and_mla_fields() -> None:
 
 
 def test_sliding_window_layouts() -> None:
-    mistral = ModelSpec.from_hf_config({**LLAMA_LIKE, "model_type": "mistral", "sliding_window": 4})
+    mistral = ModelSpec.from_hf_config({**TINY_LLAMA, "model_type": "mistral", "sliding_window": 4})
     assert mistral.sliding_window == 4 and mistral.sliding_window_layers == (0, 1)
-    qwen = {**LLAMA_LIKE, "model_type": "qwen2", "num_hidden_layers": 3, "sliding_window": 4}
+    qwen = {**TINY_LLAMA, "model_type": "qwen2", "num_hidden_layers": 3, "sliding_window": 4}
     assert ModelSpec.from_hf_config({**qwen, "use_sliding_window": False}).sliding_window is None
     windowed = ModelSpec.from_hf_config(
         {**qwen, "use_sliding_window": True, "max_window_layers": 1}

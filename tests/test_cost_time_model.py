@@ -182,16 +182,19 @@ def test_nnls_satisfies_the_optimality_conditions(rows) -> None:
         ([([1], 1.0)] * 2, "at least 3"),
         (
             [([1], 1.0), ([2], -1.0), ([3], 1.0)],
-            r"observations\[1\] seconds must be finite and > 0",
+            r"observations\[1\] seconds must be a positive finite number, got -1.0",
         ),
-        ([([1], 1.0), ([2], float("nan")), ([3], 1.0)], r"observations\[1\] seconds"),
+        ([([1], 1.0), ([2], float("nan")), ([3], 1.0)], r"observations\[1\] seconds .* got nan"),
         (
             [([1], 1.0), ([2], 1.0), ([3], 1.0, 2)],
             r"observations\[2\] must be a \(lengths, seconds\)",
         ),
         ([([1], 1.0), ([-2], 1.0), ([3], 1.0)], r"observations\[1\] lengths\[0\] = -2 is negative"),
         ([([1], 1.0), ([[2]], 1.0), ([3], 1.0)], r"observations\[1\] lengths must be a 1-D array"),
-        ([([1], 1.0), ([2], "1"), ([3], 1.0)], r"observations\[1\] seconds must be a number"),
+        (
+            [([1], 1.0), ([2], "1"), ([3], 1.0)],
+            r"observations\[1\] seconds must be a positive number, got '1'",
+        ),
         ("abc", "must be a sequence of"),
     ],
 )
@@ -201,11 +204,11 @@ def test_fit_rejects_bad_observations(observations, message: str) -> None:
 
 
 def test_constructor_validation() -> None:
-    with pytest.raises(ValueError, match="t1 must be finite and >= 0, got -1"):
+    with pytest.raises(ValueError, match="t1 must be a non-negative finite number, got -1"):
         TimeModel(0.0, -1, 0.0)
-    with pytest.raises(ValueError, match="t2 must be finite and >= 0, got inf"):
+    with pytest.raises(ValueError, match="t2 must be a non-negative finite number, got inf"):
         TimeModel(0.0, 0.0, float("inf"))
-    with pytest.raises(ValueError, match="t0 must be a number of seconds"):
+    with pytest.raises(ValueError, match="t0 must be a non-negative number, got '1'"):
         TimeModel("1", 0.0, 0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tile must be >= 1, got 0"):
         TimeModel(0.0, 0.0, 0.0, tile=0)

@@ -115,3 +115,30 @@ def test_as_group_ids():
         as_group_ids([True, False], 2)
     with pytest.raises(ValueError, match=r"groups\[1\] = 18446744073709551615 does not fit"):
         as_group_ids(np.array([0, 2**64 - 1], dtype=np.uint64), 2)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (-0.1, "sigma must be a non-negative finite number, got -0.1"),
+        (float("inf"), "sigma must be a non-negative finite number, got inf"),
+        (np.bool_(False), "sigma must be a non-negative number, got np.False_|False"),
+        ("0.5", "sigma must be a non-negative number, got '0.5'"),
+    ],
+)
+def test_check_non_negative_float_names_the_value(bad, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_non_negative_float(bad, "sigma")
+
+
+def test_as_group_ids_rejects_bad_shapes_and_values() -> None:
+    assert as_group_ids([-2, 0], 2).tolist() == [-2, 0]
+    assert as_group_ids([], 0).dtype == np.int64
+    with pytest.raises(ValueError, match=r"one id per sample \(2\), got shape \(1, 2\)"):
+        as_group_ids([[1, 2]], 2)
+    with pytest.raises(ValueError, match=r"groups\[0\] = inf is not an integer id"):
+        as_group_ids([float("inf")], 1)
+    with pytest.raises(ValueError, match=r"groups\[1\] = 1e\+19 is not an integer id"):
+        as_group_ids([0.0, 1e19], 2)
+    with pytest.raises(ValueError, match="integer ids, got dtype <U1"):
+        as_group_ids(["a"], 1)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from seqbalance._validation import as_lengths
+from seqbalance._validation import as_lengths, check_positive_float
 from seqbalance.plan import OBJECTIVES
 
 if TYPE_CHECKING:
@@ -31,10 +31,13 @@ T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
+    "DEFAULT_LENGTHS",
     "DEFAULT_PEAK_TFLOPS",
     "LengthsInput",
     "add_json_flag",
+    "add_lengths_option",
     "add_objective_argument",
+    "add_strategies_option",
     "add_time_model_arguments",
     "load_lengths",
     "markdown_table",
@@ -50,6 +53,8 @@ __all__ = [
 DEFAULT_PEAK_TFLOPS = 989.0
 """H100 SXM dense bf16 peak, TFLOP/s: the hardware the FLOPs-derived time model assumes."""
 DEFAULT_EFFICIENCY = 0.4
+DEFAULT_LENGTHS = "sharegpt"
+"""Bundled dataset that simulate and bench sample from when ``--lengths`` is not given."""
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +73,32 @@ def add_objective_argument(parser: argparse.ArgumentParser) -> None:
         choices=OBJECTIVES,
         default="step",
         help="step: DDP, ranks sync once per step; lockstep: FSDP/ZeRO-3, sync per micro-batch",
+    )
+
+
+def add_lengths_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--lengths`` (read it with :func:`load_lengths`), shared by simulate and bench."""
+    parser.add_argument(
+        "--lengths",
+        default=DEFAULT_LENGTHS,
+        metavar="NAME|FILE.npy",
+        help=f"bundled dataset (see `seqbalance datasets`) or .npy of token lengths "
+        f"(default: {DEFAULT_LENGTHS}); bundled groups (qwen25math) are kept together",
+    )
+
+
+def _comma_separated(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def add_strategies_option(parser: argparse.ArgumentParser, default: Sequence[str]) -> None:
+    """Add ``--strategies``, parsed into a tuple of names, shared by simulate and bench."""
+    listed = ",".join(default)
+    parser.add_argument(
+        "--strategies",
+        type=_comma_separated,
+        default=listed,
+        help=f"comma-separated strategies to compare (default: {listed})",
     )
 
 
@@ -299,8 +330,7 @@ def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str, str]
         return model, path.stem, f"TimeModel from {path}{fit}"
     peak = DEFAULT_PEAK_TFLOPS if args.peak_tflops is None else args.peak_tflops
     efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
-    if not np.isfinite(peak) or peak <= 0:
-        raise ValueError(f"--peak-tflops must be a positive number, got {peak!r}")
+    peak = check_positive_float(peak, "--peak-tflops")
     if not (0 < efficiency <= 1):
         raise ValueError(f"--efficiency must be in (0, 1], got {efficiency!r}")
     spec = resolve_model(args.model)

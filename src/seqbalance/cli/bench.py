@@ -37,12 +37,21 @@ import numpy as np
 from seqbalance._validation import check_int
 from seqbalance.cli._common import (
     add_json_flag,
+    add_lengths_option,
     add_objective_argument,
+    add_strategies_option,
     load_lengths,
     markdown_table,
     print_json,
     print_table,
     progress_callback,
+)
+from seqbalance.cli.calibrate import (
+    MODEL_SIZES,
+    calibration_microbatches,
+    fit_time_model,
+    model_config,
+    time_microbatches,
 )
 
 DEFAULT_STRATEGIES = ("round_robin", "token_kk", "balanced")
@@ -91,8 +100,6 @@ def _free_port() -> int:
 def _calibrate_together(model: Any, settings: BenchSettings, device: Any, rank: int) -> Any:
     """Every rank times its share of the calibration micro-batches; all fit the same model."""
     import torch.distributed as dist
-
-    from seqbalance.cli.calibrate import calibration_microbatches, fit_time_model, time_microbatches
 
     microbatches = calibration_microbatches(
         settings.trials,
@@ -211,7 +218,6 @@ def _worker(rank: int, settings: BenchSettings) -> None:
     import torch
     import torch.distributed as dist
 
-    from seqbalance.cli.calibrate import model_config
     from seqbalance.cost import TimeModel
     from seqbalance.runtime.toy_model import TinyCausalTransformer, make_packed_batch
 
@@ -428,23 +434,14 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--procs", type=int, default=2, help="processes (default: 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default: cpu")
-    parser.add_argument(
-        "--lengths",
-        default="sharegpt",
-        metavar="NAME|FILE.npy",
-        help="bundled dataset or .npy of token lengths (default: sharegpt)",
-    )
+    add_lengths_option(parser)
     parser.add_argument(
         "--length-divisor",
         type=int,
         default=None,
         help="divide every length by this (rounded up; default: automatic, see above)",
     )
-    parser.add_argument(
-        "--strategies",
-        default=",".join(DEFAULT_STRATEGIES),
-        help=f"comma-separated (default: {','.join(DEFAULT_STRATEGIES)})",
-    )
+    add_strategies_option(parser, DEFAULT_STRATEGIES)
     add_objective_argument(parser)
     parser.add_argument("--steps", type=int, default=20, help="measured steps (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (default: 3)")
@@ -463,7 +460,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--model-size",
-        choices=("tiny", "small", "medium"),
+        choices=tuple(MODEL_SIZES),
         default="small",
         help="toy transformer size (default: small)",
     )
@@ -517,7 +514,7 @@ def run(args: argparse.Namespace) -> int:
     if args.time_model is not None:
         time_model_json = TimeModel.load(args.time_model).to_json()
     cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else (0,)
-    strategies = tuple(name.strip() for name in args.strategies.split(",") if name.strip())
+    strategies = tuple(args.strategies)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="seqbalance-bench-") as folder:

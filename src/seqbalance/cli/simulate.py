@@ -8,7 +8,9 @@ from typing import Any
 
 from seqbalance.cli._common import (
     add_json_flag,
+    add_lengths_option,
     add_objective_argument,
+    add_strategies_option,
     add_time_model_arguments,
     load_lengths,
     markdown_table,
@@ -18,7 +20,6 @@ from seqbalance.cli._common import (
     time_model_from_args,
 )
 
-DEFAULT_LENGTHS = "sharegpt"
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20
 
@@ -37,13 +38,7 @@ def register(subparsers: Any) -> None:
             "peak."
         ),
     )
-    parser.add_argument(
-        "--lengths",
-        default=DEFAULT_LENGTHS,
-        metavar="NAME|FILE.npy",
-        help=f"bundled dataset (see `seqbalance datasets`) or .npy of token lengths "
-        f"(default: {DEFAULT_LENGTHS}); bundled groups (qwen25math) are kept together",
-    )
+    add_lengths_option(parser)
     parser.add_argument("--dp", type=int, default=8, help="data-parallel ranks (default: 8)")
     parser.add_argument(
         "--max-tokens",
@@ -65,11 +60,7 @@ def register(subparsers: Any) -> None:
         help=f"optimizer steps to simulate (default: {DEFAULT_STEPS})",
     )
     add_objective_argument(parser)
-    parser.add_argument(
-        "--strategies",
-        default=",".join(DEFAULT_STRATEGIES),
-        help=f"comma-separated strategies to compare (default: {','.join(DEFAULT_STRATEGIES)})",
-    )
+    add_strategies_option(parser, DEFAULT_STRATEGIES)
     parser.add_argument("--seed", type=int, default=0, help="sampling and planner seed")
     add_time_model_arguments(parser)
     parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG of the result")
@@ -98,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             model=model_label,
             time_model=time_model,
             objective=args.objective,
-            strategies=[name.strip() for name in args.strategies.split(",") if name.strip()],
+            strategies=list(args.strategies),
             seed=args.seed,
             progress=callback,
         )

@@ -9,7 +9,6 @@ this module only describes the architecture.
 from __future__ import annotations
 
 import json
-import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -469,10 +468,7 @@ class _Fields:
         return value
 
     def integer(self, key: str, default: Any = _MISSING) -> int:
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ValueError(f"config field {key!r} must be an integer, got {value!r}")
-        return int(value)
+        return check_int(self.get(key, default), f"config field {key!r}")
 
 
 def _config_dict(config: Any) -> dict[str, Any]:

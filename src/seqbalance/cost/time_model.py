@@ -12,8 +12,6 @@ uses ``L²`` (not the causal pair count), matching ``FlopsModel.coefficients``.
 from __future__ import annotations
 
 import json
-import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -22,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_bool, check_int, check_positive_float
+from seqbalance._validation import (
+    as_lengths,
+    check_bool,
+    check_int,
+    check_non_negative_float,
+    check_positive_float,
+)
 from seqbalance.cost.flops import FlopsModel
 
 __all__ = ["FitStats", "TimeModel"]
@@ -61,12 +65,7 @@ class TimeModel:
 
     def __post_init__(self) -> None:
         for name in ("t0", "t1", "t2"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, check_non_negative_float(getattr(self, name), name))
         if self.tile is not None:
             object.__setattr__(self, "tile", check_int(self.tile, "tile", minimum=1))
         if self.fit_stats is not None and not isinstance(self.fit_stats, FitStats):
@@ -263,12 +262,8 @@ def _observation_matrix(
             )
         lengths, value = observation
         length = as_lengths(lengths, f"observations[{i}] lengths")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError(f"observations[{i}] seconds must be a number, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"observations[{i}] seconds must be finite and > 0, got {value!r}")
+        seconds[i] = check_positive_float(value, f"observations[{i}] seconds")
         rows[i] = (1.0, float(length.sum()), float(template.quadratic_term(length).sum()))
-        seconds[i] = float(value)
     return rows, seconds
 
 
