@@ -137,7 +137,8 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     tokens = p.unit_sums(p.capacity_tokens)
     counts = p.unit_counts.astype(np.float64)
     cap_tokens, cap_count = _capacities(p, m)
-    rank_of_unit = _lpt_without_capacities(costs, p.dp)
+    # The partition engine's LPT is the usual start; capacities rarely bind.
+    rank_of_unit = lpt(costs, p.dp)
     if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, cap_tokens, cap_count):
         rank_of_unit = _lpt_with_capacities(p, costs, tokens, counts, cap_tokens, cap_count)
         if rank_of_unit is None:
@@ -146,11 +147,6 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     state.pair_rounds()
     state.refine()
     return rank_of_unit if state.fill_short_ranks() else None
-
-
-def _lpt_without_capacities(costs: np.ndarray, dp: int) -> np.ndarray:
-    """The partition engine's LPT on unit costs: the usual start, when no capacity binds."""
-    return lpt(costs, dp)
 
 
 def _fits_capacities(
