@@ -93,7 +93,9 @@ def test_oversize_samples_are_an_error_unless_allowed(capsys, tmp_path) -> None:
     path = tmp_path / "l.npy"
     np.save(path, np.array([100, 5000, 200, 300]))
     assert main(["plan", str(path), "--dp", "2", "--max-tokens", "1000"]) == 2
-    assert "lengths[1] = 5000 exceeds max_tokens = 1000" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "lengths[1] = 5000 exceeds --max-tokens = 1000" in err
+    assert "pass --allow-oversize" in err
     argv = ["plan", str(path), "--dp", "2", "--max-tokens", "1000", "--allow-oversize", "--json"]
     assert main(argv) == 0
     plan = StepPlan.from_json(json.dumps(json.loads(capsys.readouterr().out)["plan"]))

@@ -11,7 +11,7 @@ import pytest
 
 from seqbalance.cli import main
 from seqbalance.cost import TimeModel
-from seqbalance.sim import DEFAULT_STRATEGIES
+from seqbalance.sim import default_strategies
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -45,7 +45,7 @@ def test_json_figures_are_consistent(capsys, lengths_file) -> None:
     assert setup["lengths"] == "lengths.npy"
     assert "989 TFLOP/s" in setup["time_model_source"]
     strategies = data["strategies"]
-    assert list(strategies) == list(DEFAULT_STRATEGIES)
+    assert list(strategies) == list(default_strategies())
     bounds = np.array(data["lower_bound_seconds"])
     for stats in strategies.values():
         steps = np.array(stats["step_seconds"])
@@ -67,7 +67,7 @@ def test_table_output_names_every_strategy_and_the_headline(capsys, lengths_file
     path, _ = lengths_file
     assert main(["simulate", "--lengths", str(path), *SMALL]) == 0
     out = capsys.readouterr().out
-    for name in DEFAULT_STRATEGIES:
+    for name in default_strategies():
         assert name in out
     assert "balanced: " in out and "lower bound" in out
     assert "H100 bf16 dense" in out
@@ -79,7 +79,7 @@ def test_markdown_output_is_a_table_with_the_headline(capsys, lengths_file) -> N
     out = capsys.readouterr().out
     assert out.startswith("### lengths.npy: qwen3-8b, dp 4, 3 steps of ~64 samples")
     assert "|:---|---:|" in out
-    for name in DEFAULT_STRATEGIES:
+    for name in default_strategies():
         assert f"| {name} | " in out
     assert "**balanced: " in out
 

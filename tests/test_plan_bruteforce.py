@@ -148,7 +148,9 @@ def test_infeasible_claims_are_true(problem: dict) -> None:
     probe = _plan(relaxed)
     if probe is None:
         return
-    probe = dataclasses.replace(probe, allow_empty=problem["allow_empty"])
+    probe = dataclasses.replace(
+        probe, options=probe.options.replace(allow_empty=problem["allow_empty"])
+    )
     m = problem["num_microbatches"]
     if probe.dp_size * m <= MAX_SLOTS:
         assert _brute_force(probe, m) is None

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.plan import STRATEGIES, StepPlan
+from seqbalance.plan import StepPlan, strategy_names
 
 REFUSALS = re.compile(
     "micro-batch slots|is infeasible|would be empty|larger than a rank can hold|exceeds max_tokens"
@@ -51,7 +51,7 @@ def problems(
     n = draw(st.integers(dp, 48))
     lengths = draw(st.lists(st.integers(0, 400), min_size=n, max_size=n))
     options: dict = {
-        "strategy": draw(st.sampled_from(STRATEGIES)),
+        "strategy": draw(st.sampled_from(strategy_names())),
         "objective": draw(st.sampled_from(["step", "lockstep"])),
         "order": draw(st.sampled_from(["none", "descending", "pipeline"])),
         "cost": draw(st.sampled_from(sorted(COSTS))),

@@ -9,7 +9,8 @@ import pytest
 
 import seqbalance as sb
 from seqbalance.plan import PlanValidationError, StepPlan
-from seqbalance.plan._metrics import microbatch_cost, microbatch_tokens
+from seqbalance.plan.types import _microbatch_cost as microbatch_cost
+from seqbalance.plan.types import _microbatch_tokens as microbatch_tokens
 
 LENGTHS = np.array([90, 80, 70, 60, 50, 40, 30, 20, 10, 5, 5, 35], dtype=np.int64)
 GROUPS = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5])
@@ -37,10 +38,18 @@ def _with_ranks(plan: StepPlan, ranks: list[list[np.ndarray]], **changes: object
             for mbs in ranks
         ]
     ).reshape(len(ranks), m)
-    fields = {"ranks": ranks, "tokens": tokens.astype(np.int64), "costs": costs}
-    fields.setdefault("n_microbatches", m)
-    fields.update(changes)
+    fields: dict[str, object] = {"ranks": ranks, "tokens": tokens.astype(np.int64), "costs": costs}
+    fields["n_microbatches"] = m
+    option_changes = {k: v for k, v in changes.items() if k in sb.plan.option_names()}
+    fields.update({k: v for k, v in changes.items() if k not in option_changes})
+    if option_changes:
+        fields["options"] = plan.options.replace(**option_changes)
     return dataclasses.replace(plan, **fields)
+
+
+def _with_options(plan: StepPlan, **changes: object) -> StepPlan:
+    """The plan claiming other options (validate must notice what they forbid)."""
+    return dataclasses.replace(plan, options=plan.options.replace(**changes))
 
 
 def _copy(plan: StepPlan) -> list[list[np.ndarray]]:
@@ -103,7 +112,7 @@ def test_oversize_sample_needs_permission() -> None:
     plan = sb.plan_step([150, 20, 30, 40], 2, max_tokens=100, allow_oversize=True)
     plan.validate()
     with pytest.raises(PlanValidationError, match="allow_oversize is False"):
-        dataclasses.replace(plan, allow_oversize=False).validate()
+        _with_options(plan, allow_oversize=False).validate()
 
 
 def test_oversize_sample_must_be_alone() -> None:
@@ -131,11 +140,11 @@ def test_wrong_rank_count() -> None:
 def test_microbatch_count_rules() -> None:
     plan = _valid(num_microbatches=3)
     with pytest.raises(PlanValidationError, match="num_microbatches = 4 was asked"):
-        dataclasses.replace(plan, num_microbatches=4).validate()
+        _with_options(plan, num_microbatches=4).validate()
     with pytest.raises(PlanValidationError, match="not a multiple of microbatch_multiple = 2"):
-        dataclasses.replace(plan, num_microbatches=None, microbatch_multiple=2).validate()
+        _with_options(plan, num_microbatches=None, microbatch_multiple=2).validate()
     with pytest.raises(PlanValidationError, match="below min_microbatches = 4"):
-        dataclasses.replace(plan, num_microbatches=None, min_microbatches=4).validate()
+        _with_options(plan, num_microbatches=None, min_microbatches=4).validate()
 
 
 def test_empty_microbatch_needs_permission() -> None:
@@ -146,7 +155,7 @@ def test_empty_microbatch_needs_permission() -> None:
     broken = _with_ranks(plan, ranks, max_tokens=None)
     with pytest.raises(PlanValidationError, match="rank 0 micro-batch 1 is empty"):
         broken.validate()
-    dataclasses.replace(broken, allow_empty=True).validate()
+    _with_options(broken, allow_empty=True).validate()
 
 
 def test_group_split_across_ranks() -> None:
@@ -193,7 +202,7 @@ def test_padded_microbatch_size() -> None:
     plan = sb.plan_step(LENGTHS, 2, layout="padded", micro_batch_size=3)
     plan.validate()
     with pytest.raises(PlanValidationError, match="micro_batch_size is 2"):
-        dataclasses.replace(plan, micro_batch_size=2).validate()
+        _with_options(plan, micro_batch_size=2).validate()
 
 
 def test_lower_bound_above_cost() -> None:

@@ -10,14 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqbalance.cost import FlopsModel, ModelSpec, TimeModel
-from seqbalance.sim import (
-    DEFAULT_EFFICIENCY,
-    DEFAULT_PEAK_FLOPS_PER_S,
-    DEFAULT_STRATEGIES,
-    plot,
-    sample_batches,
-    simulate,
-)
+from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
+from seqbalance.sim import default_strategies, plot, sample_batches, simulate
 
 TOKENS = TimeModel(0.0, 1.0, 0.0)  # one second per token: costs read as token sums
 
@@ -92,14 +86,14 @@ def result():
         global_batch_size=64,
         steps=4,
         max_tokens=4096,
-        time_model=TimeModel(0.002, 1e-5, 2e-9),
+        cost=TimeModel(0.002, 1e-5, 2e-9),
     )
 
 
 def test_every_strategy_plans_the_same_batches(result) -> None:
-    assert list(result.strategies) == list(DEFAULT_STRATEGIES)
+    assert list(result.strategies) == list(default_strategies())
     assert result.steps == 4 and len(result.batches) == 4
-    for name in DEFAULT_STRATEGIES:
+    for name in default_strategies():
         assert len(result.plans[name]) == 4
         for plan, batch in zip(result.plans[name], result.batches, strict=True):
             plan.validate()
@@ -144,7 +138,7 @@ def test_totals_ratios_and_speedups_are_consistent(result) -> None:
 def test_round_robin_deals_the_batch_in_order() -> None:
     lengths = np.array([5, 1, 4, 1, 3, 1, 2, 1])
     result = simulate(
-        lengths, dp_size=2, global_batch_size=8, steps=1, max_tokens=None, time_model=TOKENS
+        lengths, dp_size=2, global_batch_size=8, steps=1, max_tokens=None, cost=TOKENS
     )
     batch = lengths[result.batches[0]]
     expected = max(batch[0::2].sum(), batch[1::2].sum())
@@ -162,7 +156,7 @@ def test_lockstep_step_time_is_the_sum_of_slowest_microbatches() -> None:
         global_batch_size=48,
         steps=2,
         max_tokens=2048,
-        time_model=TimeModel(0.001, 1e-5, 1e-9),
+        cost=TimeModel(0.001, 1e-5, 1e-9),
         objective="lockstep",
         strategies=("token_kk", "balanced"),
     )
@@ -176,7 +170,7 @@ def test_lockstep_step_time_is_the_sum_of_slowest_microbatches() -> None:
 def test_long_samples_are_truncated_to_the_cap_and_counted() -> None:
     lengths = np.array([100, 5000, 70, 9000, 20, 30, 40, 50])
     result = simulate(
-        lengths, dp_size=2, global_batch_size=8, steps=1, max_tokens=1000, time_model=TOKENS
+        lengths, dp_size=2, global_batch_size=8, steps=1, max_tokens=1000, cost=TOKENS
     )
     assert result.truncated == 2
     assert result.lengths.max() == 1000
@@ -190,6 +184,7 @@ def test_default_time_model_is_model_flops_at_peak_times_efficiency() -> None:
         dp_size=2,
         global_batch_size=16,
         steps=1,
+        cost="flops",
         model="qwen3-4b",
         strategies=("balanced",),
     )
@@ -202,10 +197,8 @@ def test_default_time_model_is_model_flops_at_peak_times_efficiency() -> None:
 def test_groups_stay_on_one_rank() -> None:
     lengths = heavy_tailed(160, seed=5)
     groups = np.repeat(np.arange(20), 8)
-    result = simulate(
-        lengths, groups=groups, dp_size=4, global_batch_size=64, steps=2, time_model=TOKENS
-    )
-    for name in DEFAULT_STRATEGIES:
+    result = simulate(lengths, groups=groups, dp_size=4, global_batch_size=64, steps=2, cost=TOKENS)
+    for name in default_strategies():
         for plan, batch in zip(result.plans[name], result.batches, strict=True):
             rank_of, _ = plan.assignment()
             for group in np.unique(groups[batch]):
@@ -214,7 +207,7 @@ def test_groups_stay_on_one_rank() -> None:
 
 def test_result_is_json_serialisable(result) -> None:
     data = json.loads(json.dumps(result.to_dict()))
-    assert set(data["strategies"]) == set(DEFAULT_STRATEGIES)
+    assert set(data["strategies"]) == set(default_strategies())
     assert data["setup"]["samples_per_step"] == [64, 64, 64, 64]
     assert TimeModel.from_json(json.dumps(data["setup"]["time_model"])) == result.time_model
 

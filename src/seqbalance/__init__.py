@@ -19,14 +19,17 @@ _LAZY_NAMES = {
     "FlopsModel": "seqbalance.cost",
     "TimeModel": "seqbalance.cost",
     "FlopsMeter": "seqbalance.cost",
+    "PlanOptions": "seqbalance.plan",
     "plan_step": "seqbalance.plan",
     "plan_epoch": "seqbalance.plan",
     "StepPlan": "seqbalance.plan",
     "EpochPlan": "seqbalance.plan",
     "PlanValidationError": "seqbalance.plan",
+    "register_strategy": "seqbalance.plan",
+    "strategy_names": "seqbalance.plan",
     "simulate": "seqbalance.sim",
 }
-_SUBPACKAGES = ("partition", "cost", "plan", "runtime", "datasets", "sim")
+_SUBPACKAGES = ("partition", "cost", "plan", "runtime", "datasets", "sim", "defaults")
 
 __all__ = ["__version__", *_LAZY_NAMES, *_SUBPACKAGES]
 

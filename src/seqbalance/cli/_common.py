@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_positive_float
+from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_MODEL, DEFAULT_PEAK_FLOPS_PER_S
 from seqbalance.plan import OBJECTIVES
 
 if TYPE_CHECKING:
@@ -37,10 +38,15 @@ __all__ = [
     "add_json_flag",
     "add_lengths_option",
     "add_objective_argument",
+    "add_plan_option_arguments",
     "add_strategies_option",
     "add_time_model_arguments",
+    "cost_from_args",
+    "flag",
+    "flag_names",
     "load_lengths",
     "markdown_table",
+    "plan_options_from_args",
     "print_json",
     "print_table",
     "progress",
@@ -50,9 +56,8 @@ __all__ = [
     "to_jsonable",
 ]
 
-DEFAULT_PEAK_TFLOPS = 989.0
-"""H100 SXM dense bf16 peak, TFLOP/s: the hardware the FLOPs-derived time model assumes."""
-DEFAULT_EFFICIENCY = 0.4
+DEFAULT_PEAK_TFLOPS = DEFAULT_PEAK_FLOPS_PER_S / 1e12
+"""``seqbalance.defaults.DEFAULT_PEAK_FLOPS_PER_S`` in the CLI's unit, TFLOP/s."""
 DEFAULT_LENGTHS = "sharegpt"
 """Bundled dataset that simulate and bench sample from when ``--lengths`` is not given."""
 
@@ -66,7 +71,7 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_objective_argument(parser: argparse.ArgumentParser) -> None:
+def add_objective_argument(parser: Any) -> None:
     """Add ``--objective``, the planner objective shared by plan, simulate and bench."""
     parser.add_argument(
         "--objective",
@@ -289,8 +294,9 @@ def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--model",
-        default="qwen3-8b",
-        help="model preset (see `seqbalance models`) or HF config.json path (default: qwen3-8b)",
+        default=DEFAULT_MODEL,
+        help=f"model preset (see `seqbalance models`) or HF config.json path (default: "
+        f"{DEFAULT_MODEL})",
     )
     group.add_argument(
         "--peak-tflops",
@@ -312,9 +318,11 @@ def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str, str]:
-    """``(time model, model label, one-line description)`` from the cost-model arguments."""
-    from seqbalance.cost import FlopsModel, TimeModel
+def cost_from_args(args: argparse.Namespace) -> tuple[Any, float, float, str | None]:
+    """``(cost, peak FLOP/s, efficiency, description)`` from the cost-model arguments: a
+    ``TimeModel`` read from ``--time-model`` (with its description), or the ``--model`` spec
+    whose FLOPs ``seqbalance.cost.seconds_model`` turns into seconds (description ``None``)."""
+    from seqbalance.cost import TimeModel
 
     if args.time_model is not None:
         if args.peak_tflops is not None or args.efficiency is not None:
@@ -327,14 +335,119 @@ def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str, str]
         model = TimeModel.load(path)
         stats = model.fit_stats
         fit = "" if stats is None else f", fit MAPE {100 * stats.mape:.1f}%"
-        return model, path.stem, f"TimeModel from {path}{fit}"
+        return model, DEFAULT_PEAK_FLOPS_PER_S, DEFAULT_EFFICIENCY, f"TimeModel from {path}{fit}"
     peak = DEFAULT_PEAK_TFLOPS if args.peak_tflops is None else args.peak_tflops
     efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
     peak = check_positive_float(peak, "--peak-tflops")
     if not (0 < efficiency <= 1):
         raise ValueError(f"--efficiency must be in (0, 1], got {efficiency!r}")
-    spec = resolve_model(args.model)
-    model = TimeModel.from_flops(FlopsModel(spec), peak * 1e12, efficiency)
-    hardware = " (H100 bf16 dense)" if peak == DEFAULT_PEAK_TFLOPS else ""
-    description = f"{spec.name} FLOPs at {peak:g} TFLOP/s{hardware} x {efficiency:g} efficiency"
-    return model, spec.name, description
+    return resolve_model(args.model), peak * 1e12, efficiency, None
+
+
+def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str]:
+    """``(time model, one-line description)`` from the cost-model arguments."""
+    from seqbalance.cost import resolve_cost, seconds_model
+
+    cost, peak, efficiency, description = cost_from_args(args)
+    model, source = seconds_model(resolve_cost(cost), peak_flops_per_s=peak, efficiency=efficiency)
+    return model, description or source
+
+
+# ---------------------------------------------------------------------- plan options as flags
+_FLAG_OPTIONS = (
+    "max_tokens",
+    "layout",
+    "micro_batch_size",
+    "num_microbatches",
+    "min_microbatches",
+    "microbatch_multiple",
+    "objective",
+    "order",
+    "allow_oversize",
+    "allow_empty",
+)
+
+
+def add_plan_option_arguments(
+    parser: argparse.ArgumentParser, *, max_tokens_default: int | None
+) -> None:
+    """Add one flag per plan option (same names in plan, simulate and bench): ``--max-tokens``,
+    ``--layout``, ``--micro-batch-size``, ``--num-microbatches``, ``--min-microbatches``,
+    ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
+    ``--allow-empty``. Read them back with :func:`plan_options_from_args`."""
+    from seqbalance.plan import LAYOUTS, ORDERS
+
+    group = parser.add_argument_group("plan options")
+    cap = "none" if max_tokens_default is None else str(max_tokens_default)
+    group.add_argument(
+        "--max-tokens",
+        type=int,
+        default=max_tokens_default,
+        help=f"hard token cap per micro-batch, padding included (default: {cap})",
+    )
+    group.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="packed",
+        help="packed (THD, default) or padded (BSHD; needs --micro-batch-size)",
+    )
+    group.add_argument(
+        "--micro-batch-size", type=int, default=None, help="samples per padded micro-batch"
+    )
+    group.add_argument(
+        "--num-microbatches",
+        type=int,
+        default=None,
+        help="exact micro-batches per rank (default: the fewest feasible)",
+    )
+    group.add_argument(
+        "--min-microbatches", type=int, default=1, help="at least this many per rank (default 1)"
+    )
+    group.add_argument(
+        "--microbatch-multiple",
+        type=int,
+        default=1,
+        help="micro-batch count is a multiple of this (pipeline parallelism; default 1)",
+    )
+    add_objective_argument(group)
+    group.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="none",
+        help="execution order of each rank's micro-batches (default: none)",
+    )
+    group.add_argument(
+        "--allow-oversize",
+        action="store_true",
+        help="a sample longer than --max-tokens gets a micro-batch of its own (default: error)",
+    )
+    group.add_argument(
+        "--allow-empty", action="store_true", help="allow empty micro-batches (default: error)"
+    )
+
+
+def flag(option: str) -> str:
+    """The command-line flag of a plan option (``max_tokens`` -> ``--max-tokens``)."""
+    return "--" + option.replace("_", "-")
+
+
+def plan_options_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
+    """``PlanOptions`` from the flags of :func:`add_plan_option_arguments` plus ``fixed``
+    options (e.g. ``cost``); a ValueError names the flags, not the Python keywords."""
+    from seqbalance.plan import PlanOptions
+
+    values = {name: getattr(args, name) for name in _FLAG_OPTIONS}
+    try:
+        return PlanOptions(**values, **fixed)
+    except ValueError as error:
+        raise ValueError(flag_names(str(error))) from None
+
+
+def flag_names(message: str) -> str:
+    """``message`` with plan-option names and ``name=True`` advice written as flags."""
+    import re
+
+    for name in sorted(_FLAG_OPTIONS, key=len, reverse=True):
+        message = re.sub(rf"\b{name}=True\b", flag(name), message)
+        message = re.sub(rf"(?<![\w-]){name}\b", flag(name), message)
+    return message

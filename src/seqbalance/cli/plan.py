@@ -9,18 +9,20 @@ from typing import Any
 
 from seqbalance.cli._common import (
     add_json_flag,
-    add_objective_argument,
+    add_plan_option_arguments,
     add_time_model_arguments,
+    flag_names,
     load_lengths,
+    plan_options_from_args,
     print_json,
     print_table,
     time_model_from_args,
 )
 
-STRATEGIES = ("balanced", "round_robin", "contiguous", "first_fit", "token_kk")
-
 
 def register(subparsers: Any) -> None:
+    from seqbalance.plan import strategy_names
+
     parser = subparsers.add_parser(
         "plan",
         help="plan one step (or an epoch) of a lengths file and write the plan as JSON",
@@ -36,27 +38,16 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--dp", type=int, required=True, help="data-parallel ranks")
     parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help="token cap per packed micro-batch (default: none, one micro-batch per rank)",
+        "--strategy", choices=strategy_names(), default="balanced", help="default: balanced"
     )
-    parser.add_argument(
-        "--allow-oversize",
-        action="store_true",
-        help="give a sample longer than --max-tokens a micro-batch of its own (default: error)",
-    )
-    parser.add_argument(
-        "--strategy", choices=STRATEGIES, default="balanced", help="default: balanced"
-    )
-    add_objective_argument(parser)
+    add_plan_option_arguments(parser, max_tokens_default=None)
     parser.add_argument(
         "--global-batch",
         type=int,
         default=None,
         help="samples per step: plan a shuffled epoch instead of a single step",
     )
-    parser.add_argument("--seed", type=int, default=0, help="shuffle and planner seed")
+    parser.add_argument("--seed", type=int, default=0, help="epoch shuffle seed")
     add_time_model_arguments(parser)
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan JSON here")
     add_json_flag(parser)
@@ -67,22 +58,27 @@ def run(args: argparse.Namespace) -> int:
     from seqbalance.plan import plan_epoch, plan_step
 
     source = load_lengths(args.lengths, argument="LENGTHS")
-    time_model, _, time_model_source = time_model_from_args(args)
-    options = {
-        "cost": time_model,
-        "max_tokens": args.max_tokens,
-        "groups": source.groups,
-        "objective": args.objective,
-        "strategy": args.strategy,
-        "allow_oversize": args.allow_oversize,
-    }
+    time_model, time_model_source = time_model_from_args(args)
+    options = plan_options_from_args(args, cost=time_model, strategy=args.strategy)
+    try:
+        if args.global_batch is None:
+            plan = plan_step(source.lengths, args.dp, options, groups=source.groups)
+        else:
+            epoch = plan_epoch(
+                source.lengths,
+                args.global_batch,
+                args.dp,
+                options,
+                groups=source.groups,
+                seed=args.seed,
+            )
+    except ValueError as error:
+        raise ValueError(flag_names(str(error))) from None
     if args.global_batch is None:
-        plan = plan_step(source.lengths, args.dp, seed=args.seed, **options)
         plan.validate()
         steps = [plan]
         document: dict[str, Any] = json.loads(plan.to_json())
     else:
-        epoch = plan_epoch(source.lengths, args.global_batch, args.dp, seed=args.seed, **options)
         for step_plan in epoch.steps:
             step_plan.validate()
         steps = list(epoch.steps)

@@ -9,15 +9,17 @@ from typing import Any
 from seqbalance.cli._common import (
     add_json_flag,
     add_lengths_option,
-    add_objective_argument,
+    add_plan_option_arguments,
     add_strategies_option,
     add_time_model_arguments,
+    cost_from_args,
+    flag_names,
     load_lengths,
     markdown_table,
+    plan_options_from_args,
     print_json,
     print_table,
     progress_callback,
-    time_model_from_args,
 )
 
 DEFAULT_GLOBAL_BATCH = 512
@@ -25,7 +27,7 @@ DEFAULT_STEPS = 20
 
 
 def register(subparsers: Any) -> None:
-    from seqbalance.sim import DEFAULT_STRATEGIES
+    from seqbalance.sim import DEFAULT_MAX_TOKENS, default_strategies
 
     parser = subparsers.add_parser(
         "simulate",
@@ -41,12 +43,6 @@ def register(subparsers: Any) -> None:
     add_lengths_option(parser)
     parser.add_argument("--dp", type=int, default=8, help="data-parallel ranks (default: 8)")
     parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=16384,
-        help="token cap per packed micro-batch (default: 16384)",
-    )
-    parser.add_argument(
         "--global-batch",
         type=int,
         default=None,
@@ -59,9 +55,9 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_STEPS,
         help=f"optimizer steps to simulate (default: {DEFAULT_STEPS})",
     )
-    add_objective_argument(parser)
-    add_strategies_option(parser, DEFAULT_STRATEGIES)
-    parser.add_argument("--seed", type=int, default=0, help="sampling and planner seed")
+    add_plan_option_arguments(parser, max_tokens_default=DEFAULT_MAX_TOKENS)
+    add_strategies_option(parser, default_strategies())
+    parser.add_argument("--seed", type=int, default=0, help="batch sampling seed")
     add_time_model_arguments(parser)
     parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG of the result")
     parser.add_argument(
@@ -75,24 +71,27 @@ def run(args: argparse.Namespace) -> int:
     from seqbalance.sim import plot, simulate
 
     source = load_lengths(args.lengths)
-    time_model, model_label, time_model_source = time_model_from_args(args)
+    cost, peak, efficiency, description = cost_from_args(args)
+    options = plan_options_from_args(args, cost=cost)
     with progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback:
-        result = simulate(
-            source.lengths,
-            groups=source.groups,
-            dp_size=args.dp,
-            global_batch_size=min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
-            if args.global_batch is None
-            else args.global_batch,
-            steps=args.steps,
-            max_tokens=args.max_tokens,
-            model=model_label,
-            time_model=time_model,
-            objective=args.objective,
-            strategies=list(args.strategies),
-            seed=args.seed,
-            progress=callback,
-        )
+        try:
+            result = simulate(
+                source.lengths,
+                options,
+                groups=source.groups,
+                dp_size=args.dp,
+                global_batch_size=min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
+                if args.global_batch is None
+                else args.global_batch,
+                steps=args.steps,
+                peak_flops_per_s=peak,
+                efficiency=efficiency,
+                strategies=list(args.strategies),
+                seed=args.seed,
+                progress=callback,
+            )
+        except ValueError as error:
+            raise ValueError(flag_names(str(error))) from None
     if args.plot:
         try:
             plot(result, args.plot)
@@ -101,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
     payload = result.to_dict()
     payload["setup"]["lengths"] = source.label
+    time_model_source = description or result.time_model_source
     payload["setup"]["time_model_source"] = time_model_source
     if args.json:
         print_json(payload)
@@ -145,6 +145,7 @@ def _print_report(result: Any, label: str, time_model_source: str, *, markdown: 
         )
         for name, stats in result.strategies.items()
     ]
+    rows += [(name, "cannot plan", *["-"] * (len(COLUMNS) - 2)) for name in result.failed]
     samples = sum(int(batch.size) for batch in result.batches)
     truncated = f", {result.truncated} truncated to the cap" if result.truncated else ""
     title = (
@@ -155,7 +156,11 @@ def _print_report(result: Any, label: str, time_model_source: str, *, markdown: 
     caption = f"time model: {time_model_source}; dataset: {result.lengths.size} samples{truncated}"
     if markdown:
         print(f"### {title}\n\n{markdown_table(COLUMNS, rows)}\n\n{caption}.\n")
+        for name, message in result.failed.items():
+            print(f"- {name} cannot plan these steps: {flag_names(message)}\n")
         print(f"**{result.headline()}**")
         return
     print_table(title, COLUMNS, rows, caption=caption)
+    for name, message in result.failed.items():
+        print(f"{name} cannot plan these steps: {flag_names(message)}")
     print(result.headline())

@@ -3,23 +3,46 @@
 ``ModelSpec`` describes an architecture (parsed from a Hugging Face config or a bundled preset),
 ``FlopsModel`` is the project's one FLOPs formula (per sample, packed and padded micro-batches),
 ``TimeModel`` predicts seconds per micro-batch (from FLOPs or fitted to measurements) and
-``FlopsMeter`` accumulates FLOPs for TFLOP/s and MFU reports. Nothing here knows about
-partitioning or torch.
+``FlopsMeter`` accumulates FLOPs for TFLOP/s and MFU reports. ``resolve_cost`` is the one place
+that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``). Nothing
+here knows about partitioning or torch.
 """
 
 from __future__ import annotations
 
 from seqbalance.cost.flops import FlopsModel, attention_pairs
 from seqbalance.cost.meter import FlopsMeter
+from seqbalance.cost.resolve import (
+    CallableCost,
+    CostModel,
+    ExternalCost,
+    TokenCost,
+    cost_name,
+    cost_unit,
+    evaluate_costs,
+    flops_model,
+    resolve_cost,
+    seconds_model,
+)
 from seqbalance.cost.spec import ModelSpec, presets
 from seqbalance.cost.time_model import FitStats, TimeModel
 
 __all__ = [
+    "CallableCost",
+    "CostModel",
+    "ExternalCost",
     "FitStats",
     "FlopsMeter",
     "FlopsModel",
     "ModelSpec",
     "TimeModel",
+    "TokenCost",
     "attention_pairs",
+    "cost_name",
+    "cost_unit",
+    "evaluate_costs",
+    "flops_model",
     "presets",
+    "resolve_cost",
+    "seconds_model",
 ]

@@ -452,6 +452,15 @@ class ModelSpec:
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelSpec:
+        """Inverse of :meth:`to_dict` (lists become tuples); unknown keys raise ValueError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"ModelSpec has no field(s) {unknown}; valid: {sorted(known)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
 
 class _Fields:
     """Reads config fields; a missing or None required field raises ValueError naming it."""

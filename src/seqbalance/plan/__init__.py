@@ -3,26 +3,46 @@
 ``plan_step`` composes ``seqbalance.cost`` (what a sample costs) and ``seqbalance.partition``
 (algorithms) under the limits real trainers have: a hard token cap per micro-batch, the same
 number of micro-batches on every rank, pipeline divisibility and groups that stay together.
-``plan_epoch`` splits an epoch into steps (with optional bounded length bucketing) and plans each.
-Results are ``StepPlan`` / ``EpochPlan``; ``validate()`` re-checks every invariant.
+A request is data: ``PlanOptions`` (frozen, validated, fingerprinted). Strategies, ours and the
+baselines, live in one registry (``register_strategy``, ``strategy_names``). ``plan_epoch``
+splits an epoch into steps (with optional bounded length bucketing) and plans each. Results are
+``StepPlan`` / ``EpochPlan``; ``validate()`` re-checks every invariant.
 """
 
 from __future__ import annotations
 
-from seqbalance.plan._costs import DEFAULT_FLOPS_MODEL
+from seqbalance.plan._problem import Problem
 from seqbalance.plan.epoch import plan_epoch
-from seqbalance.plan.step import LAYOUTS, OBJECTIVES, ORDERS, STRATEGIES, plan_step
+from seqbalance.plan.options import LAYOUTS, OBJECTIVES, ORDERS, PlanOptions, option_names
+from seqbalance.plan.registry import (
+    FAMILIES,
+    Microbatches,
+    Strategy,
+    get_strategy,
+    register_strategy,
+    strategy_names,
+    unregister_strategy,
+)
+from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan, PlanValidationError, StepPlan
 
 __all__ = [
-    "DEFAULT_FLOPS_MODEL",
+    "FAMILIES",
     "LAYOUTS",
     "OBJECTIVES",
     "ORDERS",
-    "STRATEGIES",
     "EpochPlan",
+    "Microbatches",
+    "PlanOptions",
     "PlanValidationError",
+    "Problem",
     "StepPlan",
+    "Strategy",
+    "get_strategy",
+    "option_names",
     "plan_epoch",
     "plan_step",
+    "register_strategy",
+    "strategy_names",
+    "unregister_strategy",
 ]

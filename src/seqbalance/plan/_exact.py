@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqbalance.plan._metrics import microbatch_cost
 from seqbalance.plan._problem import Problem
 
 __all__ = ["NODE_LIMIT", "applicable", "objective", "search"]
@@ -33,22 +32,7 @@ def applicable(p: Problem, m: int) -> bool:
 
 def objective(p: Problem, plan: Microbatches) -> float:
     """Step cost of ``plan`` under ``p.objective`` (positions as given)."""
-    costs = np.array(
-        [
-            [
-                microbatch_cost(
-                    np.asarray(mb, dtype=np.int64),
-                    p.lengths,
-                    p.sample_costs,
-                    p.overhead,
-                    p.layout,
-                )
-                for mb in ranks
-            ]
-            for ranks in plan
-        ]
-    )
-    return float(costs.max(axis=0).sum() if p.objective == "lockstep" else costs.sum(axis=1).max())
+    return p.plan_value(plan)
 
 
 def search(p: Problem, m: int, incumbent: Microbatches | None) -> Microbatches | None:
@@ -67,8 +51,6 @@ class _Search:
         self.oversize = p.oversize.tolist()
         self.units = p.unit_of_sample.tolist()
         self.grouped = p.groups is not None
-        self.cap = p.max_tokens
-        self.size = p.micro_batch_size if p.layout == "padded" else None
         self.padded = p.layout == "padded"
         self.lockstep = p.objective == "lockstep"
         self.monotone = not self.padded or _nondecreasing_in_length(p)
@@ -107,13 +89,7 @@ class _Search:
             return count == 0
         if self.slot_closed[slot]:
             return False
-        if self.size is not None and count + 1 > self.size:
-            return False
-        if self.cap is None:
-            return True
-        if self.padded:
-            return (count + 1) * max(self.slot_longest[slot], self.lengths[i]) <= self.cap
-        return self.slot_tokens[slot] + self.lengths[i] <= self.cap
+        return self.p.fits(self.slot_tokens[slot], count, self.slot_longest[slot], self.lengths[i])
 
     def _candidates(self, i: int) -> list[int]:
         m, dp = self.m, self.p.dp

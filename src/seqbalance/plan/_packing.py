@@ -27,17 +27,6 @@ class _Bin:
         self.closed = False
 
 
-def _fits(p: Problem, b: _Bin, length: int) -> bool:
-    if b.closed:
-        return False
-    if p.layout == "packed":
-        return p.max_tokens is None or b.tokens + length <= p.max_tokens
-    count = b.count + 1
-    if p.micro_batch_size is not None and count > p.micro_batch_size:
-        return False
-    return p.max_tokens is None or count * max(b.longest, length) <= p.max_tokens
-
-
 def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[list[int]]:
     """Fill micro-batches with ``samples`` in the given order.
 
@@ -53,7 +42,14 @@ def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[l
         target = None
         if not oversize[i]:
             candidates = bins[-1:] if rule == "next" else bins
-            target = next((b for b in candidates if _fits(p, b, length)), None)
+            target = next(
+                (
+                    b
+                    for b in candidates
+                    if not b.closed and p.fits(b.tokens, b.count, b.longest, length)
+                ),
+                None,
+            )
         if target is None:
             target = _Bin()
             target.closed = bool(oversize[i])

@@ -1,8 +1,10 @@
-"""The planning problem after argument checking: samples, costs, limits and derived bounds.
+"""The planning problem after argument checking: samples, costs, options and derived bounds.
 
-Strategies read a ``Problem`` and return micro-batches; everything they share (what fits in a
-micro-batch, the fewest micro-batches any plan needs, the lower bound on the step cost, the
-grouping of samples into units that must stay on one rank) is defined here once.
+Strategies read a ``Problem`` and return micro-batches; everything they share is defined here
+once: the micro-batch arithmetic (what fits under the cap, what a packed or padded micro-batch
+costs, the objective value), the fewest micro-batches any plan needs, the lower bound on the
+step cost, and the grouping of samples into units that must stay on one rank.
+``StepPlan.validate`` re-derives costs and limits on its own, on purpose.
 """
 
 from __future__ import annotations
@@ -12,31 +14,145 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["Problem"]
+from seqbalance.plan.options import PlanOptions
+
+__all__ = ["OptionFields", "Problem", "objective_value"]
+
+
+def objective_value(costs: np.ndarray, objective: str) -> float:
+    """The step cost of micro-batch costs ``[dp, M]`` (positions as given): the costliest
+    rank's total (``step``) or the sum over positions of the costliest rank (``lockstep``)."""
+    if costs.size == 0:
+        return 0.0
+    if objective == "lockstep":
+        return float(costs.max(axis=0).sum())
+    return float(costs.sum(axis=1).max())
+
+
+class OptionFields:
+    """Read-only views of the plan options most code reads (``self.options`` holds them)."""
+
+    options: PlanOptions
+
+    @property
+    def max_tokens(self) -> int | None:
+        """Token cap per micro-batch (``None``: no cap)."""
+        return self.options.max_tokens
+
+    @property
+    def layout(self) -> str:
+        """``"packed"`` or ``"padded"``."""
+        return self.options.layout
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """Most samples per padded micro-batch."""
+        return self.options.micro_batch_size
+
+    @property
+    def num_microbatches(self) -> int | None:
+        """Requested exact micro-batch count per rank."""
+        return self.options.num_microbatches
+
+    @property
+    def min_microbatches(self) -> int:
+        """Least micro-batch count per rank."""
+        return self.options.min_microbatches
+
+    @property
+    def microbatch_multiple(self) -> int:
+        """The micro-batch count is a multiple of this."""
+        return self.options.microbatch_multiple
+
+    @property
+    def objective(self) -> str:
+        """``"step"`` or ``"lockstep"``."""
+        return self.options.objective
+
+    @property
+    def order(self) -> str:
+        """Execution order of the micro-batches."""
+        return self.options.order
+
+    @property
+    def strategy(self) -> str:
+        """Name of the strategy."""
+        return self.options.strategy
+
+    @property
+    def allow_oversize(self) -> bool:
+        """Whether a sample over the cap may have a micro-batch of its own."""
+        return self.options.allow_oversize
+
+    @property
+    def allow_empty(self) -> bool:
+        """Whether empty micro-batches are allowed."""
+        return self.options.allow_empty
 
 
 @dataclass(frozen=True, eq=False)
-class Problem:
-    """Normalised inputs of ``plan_step`` (see its docstring for the meaning of each option)."""
+class Problem(OptionFields):
+    """Normalised inputs of one ``plan_step`` call.
+
+    Attributes:
+        lengths: int64 ``[n]`` token length of every sample.
+        sample_costs: float64 ``[n]`` cost of every sample (cost-model unit, no overhead).
+        overhead: fixed cost of every micro-batch (cost-model unit).
+        dp: number of data-parallel ranks.
+        groups: int64 ``[n]`` group ids, or ``None``.
+        options: the plan options (their fields are also readable as attributes).
+    """
 
     lengths: np.ndarray
     sample_costs: np.ndarray
     overhead: float
     dp: int
-    max_tokens: int | None
-    layout: str
-    micro_batch_size: int | None
     groups: np.ndarray | None
-    objective: str
-    allow_oversize: bool
-    allow_empty: bool
-    min_microbatches: int
-    microbatch_multiple: int
-    num_microbatches: int | None
+    options: PlanOptions
 
     @property
     def n(self) -> int:
         return int(self.lengths.size)
+
+    # ------------------------------------------------------------------ micro-batch arithmetic
+    @property
+    def cap(self) -> float:
+        """``max_tokens`` as a number (``inf`` without a cap), for comparisons."""
+        return np.inf if self.max_tokens is None else float(self.max_tokens)
+
+    def fits(self, tokens: int, count: int, longest: int, length: int) -> bool:
+        """Whether a non-over-cap sample of ``length`` tokens joins a micro-batch that holds
+        ``count`` samples, ``tokens`` tokens (unpadded) and ``longest`` as its longest sample.
+
+        Packed: the token sum stays within the cap. Padded: at most ``micro_batch_size``
+        samples and ``count x longest`` (padding included) within the cap.
+        """
+        if self.layout == "packed":
+            return tokens + length <= self.cap
+        count += 1
+        if self.micro_batch_size is not None and count > self.micro_batch_size:
+            return False
+        return count * max(longest, length) <= self.cap
+
+    def microbatch_cost(self, indices: np.ndarray) -> float:
+        """Cost of the micro-batch ``indices``: overhead + sum of sample costs (packed), or
+        overhead + count x cost of its longest sample (padded)."""
+        if indices.size == 0:
+            return float(self.overhead)
+        if self.layout == "packed":
+            return float(self.overhead + self.sample_costs[indices].sum())
+        longest = indices[int(np.argmax(self.lengths[indices]))]
+        return float(self.overhead + indices.size * self.sample_costs[longest])
+
+    def plan_value(self, microbatches: list[list[list[int]]]) -> float:
+        """Objective value of micro-batches (positions as given)."""
+        costs = np.array(
+            [
+                [self.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs]
+                for mbs in microbatches
+            ]
+        )
+        return objective_value(costs, self.objective)
 
     @cached_property
     def oversize(self) -> np.ndarray:

@@ -47,14 +47,12 @@ import numpy as np
 
 from seqbalance.partition.greedy import lpt
 from seqbalance.plan import _exact
-from seqbalance.plan._metrics import microbatch_cost
 from seqbalance.plan._packing import fill_empty
-from seqbalance.plan._problem import Problem
+from seqbalance.plan._problem import Problem, objective_value
+from seqbalance.plan.registry import Microbatches
 from seqbalance.plan.strategies import rank_members
 
-__all__ = ["plan_balanced"]
-
-Microbatches = list[list[list[int]]]
+__all__ = ["BALANCED", "Balanced", "plan_balanced"]
 
 _TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
 # Local search stops when the costliest rank is this close (relative) to the lower bound.
@@ -94,6 +92,23 @@ def plan_balanced(p: Problem) -> Microbatches:
 _GROUP_HINT = " (groups must stay on one rank, so some ranks may not get enough samples)"
 
 
+class Balanced:
+    """seqbalance's planner as a registry strategy (see the module docstring)."""
+
+    name = "balanced"
+    enforces_cap = True
+    aligns_positions = True
+    family = "ours"
+    description = "cost-aware ranks and micro-batches planned jointly, hard cap (seqbalance)"
+
+    def plan(self, problem: Problem) -> Microbatches:
+        """Micro-batches of the balanced plan."""
+        return plan_balanced(problem)
+
+
+BALANCED = Balanced()
+
+
 def _attempt(p: Problem, m: int) -> Microbatches | None:
     if p.layout == "padded" and p.groups is None:
         return _padded_global(p, m)
@@ -125,7 +140,7 @@ def _global_first_fit(p: Problem, m: int) -> Microbatches | None:
 
 # ---------------------------------------------------------------------- step 1: ranks
 def _capacities(p: Problem, m: int) -> tuple[float, float]:
-    tokens = np.inf if p.max_tokens is None else float(m * p.max_tokens)
+    tokens = m * p.cap
     count = np.inf
     if p.layout == "padded" and p.micro_batch_size is not None:
         count = float(m * p.micro_batch_size)
@@ -460,7 +475,7 @@ def _heaviest_first(p: Problem, samples: np.ndarray) -> np.ndarray:
 def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches | None:
     if m == 1 and not p.oversize.any():
         return [[samples.tolist()] for samples in members]  # step 1 kept each rank within cap
-    dp, cap = p.dp, (np.inf if p.max_tokens is None else float(p.max_tokens))
+    dp, cap = p.dp, p.cap
     plan: Microbatches = [[[] for _ in range(m)] for _ in range(dp)]
     tokens = np.zeros((dp, m))
     costs = np.full((dp, m), p.overhead)
@@ -514,8 +529,11 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
 
 
 def _lockstep_cost(p: Problem, plan: Microbatches) -> float:
-    costs = np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
-    return float((-np.sort(-costs, axis=1)).max(axis=0).sum())
+    """Lockstep cost after the alignment ``plan_step`` applies (heaviest first on every rank)."""
+    costs = np.array(
+        [[p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs] for mbs in plan]
+    )
+    return objective_value(-np.sort(-costs, axis=1), "lockstep")
 
 
 def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
@@ -528,7 +546,7 @@ def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     is one long sample then no longer forces the others' second micro-batches to be large.
     The re-packed plan is kept only if its lockstep cost is lower.
     """
-    cap = np.inf if p.max_tokens is None else p.max_tokens
+    cap = p.cap
     heaviest = [max(float(p.sample_costs[mb].sum()) for mb in mbs) for mbs in plan]
     reference = int(np.argmax(heaviest))
     profile = sorted(
@@ -579,7 +597,7 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     groups, are unchanged.
     """
     m = len(plan[0])
-    cap = np.inf if p.max_tokens is None else p.max_tokens
+    cap = p.cap
     costs = np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
     tokens = np.array([[int(p.lengths[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
     good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + _LOCKSTEP_GOOD_ENOUGH)
@@ -656,7 +674,7 @@ def _best_inner_change(
 
 
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
-    cap = np.inf if p.max_tokens is None else p.max_tokens
+    cap = p.cap
     order = samples[np.lexsort((samples, -p.capacity_tokens[samples]))]
     bins: list[list[int]] = [[] for _ in range(m)]
     room = [cap] * m
@@ -676,7 +694,7 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
     """Put samples that did not fit on their rank into the cheapest rank with room."""
     if p.groups is not None:
         return False
-    cap = np.inf if p.max_tokens is None else p.max_tokens
+    cap = p.cap
     rank_costs = [
         sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) for ranks in plan
     ]
@@ -784,12 +802,7 @@ def _padded_global(p: Problem, m: int) -> Microbatches | None:
 def _deal(p: Problem, microbatches: list[list[int]], m: int) -> Microbatches:
     """Give each rank exactly ``m`` of the ``dp x m`` micro-batches, costliest first to the
     least loaded rank that still has a free slot."""
-    costs = [
-        microbatch_cost(
-            np.asarray(mb, dtype=np.int64), p.lengths, p.sample_costs, p.overhead, p.layout
-        )
-        for mb in microbatches
-    ]
+    costs = [p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in microbatches]
     plan: Microbatches = [[] for _ in range(p.dp)]
     heap = [(0.0, r) for r in range(p.dp)]
     for c in sorted(range(len(microbatches)), key=lambda c: (-costs[c], c)):

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
+from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan
 
@@ -18,18 +19,20 @@ def plan_epoch(
     lengths: Any,
     global_batch_size: int,
     dp_size: int,
+    options: PlanOptions | None = None,
     *,
+    groups: Any = None,
     seed: int = 0,
     epoch: int = 0,
     shuffle: bool = True,
     drop_last: bool = False,
     bucket_window: int | None = None,
-    **plan_step_options: Any,
+    **option_keywords: Any,
 ) -> EpochPlan:
     """Split the samples of one epoch into optimizer steps and plan each with ``plan_step``.
 
-    Order: with ``shuffle`` the units (samples, or whole groups when ``groups`` is among the
-    options) are permuted by ``np.random.default_rng((seed, epoch))``; otherwise they keep
+    Order: with ``shuffle`` the units (samples, or whole groups when ``groups`` is given) are
+    permuted by ``np.random.default_rng((seed, epoch))``; otherwise they keep
     dataset order. Consecutive units fill steps of ``global_batch_size`` samples; with groups a
     step takes whole groups while they fit, so a step may hold fewer samples. The last, partial
     step is planned too unless ``drop_last`` (its samples are then listed in ``dropped``).
@@ -49,15 +52,17 @@ def plan_epoch(
         lengths: token length of every dataset sample.
         global_batch_size: samples per optimizer step (over all ranks), >= 1.
         dp_size: data-parallel ranks, >= 1.
-        seed, epoch: fix the shuffle (non-negative integers); ``seed`` is also passed to
-            ``plan_step``.
+        options: the ``PlanOptions`` of every step; ``option_keywords`` are applied on top.
+        groups: a group id per dataset sample; a group stays in one step and on one rank.
+        seed, epoch: fix the shuffle (non-negative integers).
         shuffle, drop_last, bucket_window: see above (``bucket_window`` >= 1 or ``None``).
-        **plan_step_options: keyword options of ``plan_step`` (``groups`` is per dataset sample).
+        **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
         ValueError: bad arguments (named), a group larger than ``global_batch_size``, or any
             error ``plan_step`` raises for a step (prefixed with the step number).
     """
+    options = as_options(options, option_keywords, where="plan_epoch")
     lengths = as_lengths(lengths, "lengths")
     n = lengths.size
     global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
@@ -68,9 +73,6 @@ def plan_epoch(
     drop_last = check_bool(drop_last, "drop_last")
     if bucket_window is not None:
         bucket_window = check_int(bucket_window, "bucket_window", minimum=1)
-    if "seed" in plan_step_options:
-        raise ValueError("pass seed to plan_epoch itself, not as a plan_step option")
-    groups = plan_step_options.pop("groups", None)
     group_ids = None if groups is None else as_group_ids(groups, n)
     units = _units(group_ids, n)
     too_big = [u for u in units if u.size > global_batch_size]
@@ -94,11 +96,9 @@ def plan_epoch(
     ]
     plans = []
     for number, indices in enumerate(sample_indices):
-        options = dict(plan_step_options)
-        if group_ids is not None:
-            options["groups"] = group_ids[indices]
+        step_groups = None if group_ids is None else group_ids[indices]
         try:
-            plans.append(plan_step(lengths[indices], dp_size, seed=seed, **options))
+            plans.append(plan_step(lengths[indices], dp_size, options, groups=step_groups))
         except ValueError as error:
             raise ValueError(f"step {number}: {error}") from None
     return EpochPlan(

@@ -21,16 +21,16 @@ split micro-batches on ranks that have fewer, so every rank has exactly ``M``. A
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
 from seqbalance.plan._packing import fill_empty, greedy_microbatches, to_count
 from seqbalance.plan._problem import Problem
+from seqbalance.plan.registry import Microbatches
 
-__all__ = ["BASELINES", "plan_baseline", "rank_members"]
-
-BASELINES = ("round_robin", "contiguous", "first_fit", "token_kk")
-
-Microbatches = list[list[list[int]]]
+__all__ = ["BASELINE_STRATEGIES", "GreedyBaseline", "TokenKK", "rank_members"]
 
 
 def rank_members(p: Problem, rank_of_unit: np.ndarray) -> list[np.ndarray]:
@@ -41,24 +41,41 @@ def rank_members(p: Problem, rank_of_unit: np.ndarray) -> list[np.ndarray]:
     return [order[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
 
-def plan_baseline(p: Problem, strategy: str) -> Microbatches:
-    """Micro-batches (``dp`` lists of ``M`` lists of sample positions) of a baseline."""
-    if strategy == "token_kk":
-        return _token_kk(p)
-    units = np.arange(p.n_units, dtype=np.int64)
-    if strategy == "round_robin":
-        rank_of_unit = units % p.dp
-    elif strategy == "contiguous":
-        sizes = [part.size for part in np.array_split(units, p.dp)]
-        rank_of_unit = np.repeat(np.arange(p.dp), sizes)
-    else:
-        rank_of_unit = _first_fit_ranks(p)
-    rule = "first" if strategy == "first_fit" else "next"
-    per_rank = [
-        greedy_microbatches(p, members.tolist(), rule) for members in rank_members(p, rank_of_unit)
-    ]
-    m = _microbatch_count(p, max(len(bins) for bins in per_rank), strategy)
-    return _check_empty(p, [to_count(bins, m) for bins in per_rank], strategy)
+@dataclass(frozen=True)
+class GreedyBaseline:
+    """A rank rule (unit -> rank) followed by a greedy micro-batch rule on every rank.
+
+    Attributes:
+        name, description: registry name and one line of help.
+        ranks: ``problem -> int64 [n_units]`` rank of every unit.
+        rule: ``"next"`` (next fit) or ``"first"`` (first fit), see ``greedy_microbatches``.
+    """
+
+    name: str
+    description: str
+    ranks: Callable[[Problem], np.ndarray]
+    rule: str
+    enforces_cap: bool = True
+    aligns_positions: bool = False
+    family: str = "baseline"
+
+    def plan(self, p: Problem) -> Microbatches:
+        """Micro-batches: the rank rule, then the micro-batch rule, then ``M`` on every rank."""
+        per_rank = [
+            greedy_microbatches(p, members.tolist(), self.rule)
+            for members in rank_members(p, self.ranks(p))
+        ]
+        m = _microbatch_count(p, max(len(bins) for bins in per_rank), self.name)
+        return _check_empty(p, [to_count(bins, m) for bins in per_rank], self.name)
+
+
+def _round_robin_ranks(p: Problem) -> np.ndarray:
+    return np.arange(p.n_units, dtype=np.int64) % p.dp
+
+
+def _contiguous_ranks(p: Problem) -> np.ndarray:
+    sizes = [part.size for part in np.array_split(np.arange(p.n_units), p.dp)]
+    return np.repeat(np.arange(p.dp, dtype=np.int64), sizes)
 
 
 def _first_fit_ranks(p: Problem) -> np.ndarray:
@@ -72,6 +89,22 @@ def _first_fit_ranks(p: Problem) -> np.ndarray:
         rank_of_unit[unit] = rank
         loads[rank] += weight
     return rank_of_unit
+
+
+@dataclass(frozen=True)
+class TokenKK:
+    """The verl / slime practice: Karmarkar–Karp on token sums for ranks and micro-batches,
+    with a soft cap (see the module docstring)."""
+
+    name: str = "token_kk"
+    description: str = "Karmarkar-Karp on token sums (verl/slime practice), soft cap"
+    enforces_cap: bool = False
+    aligns_positions: bool = False
+    family: str = "baseline"
+
+    def plan(self, p: Problem) -> Microbatches:
+        """Micro-batches of the token Karmarkar–Karp baseline."""
+        return _token_kk(p)
 
 
 def _token_kk(p: Problem) -> Microbatches:
@@ -102,6 +135,26 @@ def _token_kk(p: Problem) -> Microbatches:
         fill_empty(p, microbatches)
         result.append(microbatches)
     return _check_empty(p, result, "token_kk")
+
+
+BASELINE_STRATEGIES = (
+    GreedyBaseline(
+        "round_robin", "unit i to rank i % dp, next-fit micro-batches", _round_robin_ranks, "next"
+    ),
+    GreedyBaseline(
+        "contiguous",
+        "consecutive runs of units per rank, next-fit micro-batches",
+        _contiguous_ranks,
+        "next",
+    ),
+    GreedyBaseline(
+        "first_fit",
+        "first rank within the token budget, first-fit micro-batches",
+        _first_fit_ranks,
+        "first",
+    ),
+    TokenKK(),
+)
 
 
 def _microbatch_count(p: Problem, needed: int, strategy: str) -> int:

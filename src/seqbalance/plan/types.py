@@ -13,11 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance.plan._metrics import microbatch_cost, microbatch_tokens, over_cap
+from seqbalance import __version__
+from seqbalance.plan._problem import OptionFields, objective_value
+from seqbalance.plan.options import PlanOptions
 
 __all__ = ["EpochPlan", "PlanValidationError", "StepPlan"]
 
-_STEP_FORMAT = "seqbalance.StepPlan/1"
+_STEP_FORMAT = "seqbalance.StepPlan/2"
+_STEP_FORMAT_V1 = "seqbalance.StepPlan/1"
 _EPOCH_FORMAT = "seqbalance.EpochPlan/1"
 # Relative tolerance when re-deriving costs: sums in a different order differ by a few ulps.
 _COST_RTOL = 1e-9
@@ -28,7 +31,7 @@ class PlanValidationError(ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class StepPlan:
+class StepPlan(OptionFields):
     """Which rank and micro-batch every sample of one optimizer step goes to.
 
     Attributes:
@@ -42,21 +45,18 @@ class StepPlan:
         sample_costs: float64 ``[n]`` cost of every sample (cost-model unit, no overhead).
         overhead: fixed cost of every micro-batch, empty ones included (cost-model unit).
         dp_size, n_microbatches: number of ranks and of micro-batches per rank (M).
-        max_tokens: the token cap per micro-batch (``None``: no cap).
-        layout: ``"packed"`` or ``"padded"``; micro_batch_size: samples per padded micro-batch.
         groups: int64 ``[n]`` group id per sample, or ``None``.
-        objective: ``"step"`` (max over ranks of the rank total) or ``"lockstep"``
-            (sum over micro-batch positions of the max over ranks).
-        strategy, order, cost_model: how the plan was made (``cost_model`` is a description).
-        allow_oversize, allow_empty, min_microbatches, microbatch_multiple, num_microbatches:
-            the options the plan must honour (checked by ``validate``).
-        cap_enforced: ``False`` only for strategies whose definition ignores the cap
-            (``token_kk``): their over-cap micro-batches are counted in
-            ``summary()["cap_violations"]`` instead of failing ``validate``.
+        options: the ``PlanOptions`` the plan was made with; its fields (``max_tokens``,
+            ``layout``, ``objective``, ``strategy``, ...) are also readable as attributes of the
+            plan, and ``validate`` checks the plan honours them.
+        cost_model: a description of the cost model (``"tokens"``, ``"flops:qwen3-8b"``, ...).
+        cap_enforced: ``False`` only for strategies whose cap is soft (``token_kk``): their
+            over-cap micro-batches are counted in ``summary()["cap_violations"]`` instead of
+            failing ``validate``.
         lower_bound: a lower bound on the ``step_cost`` of every valid plan for the same input
-            and options (cost-model unit); for ``token_kk``, which may use fewer micro-batches
-            than the cap allows, it counts only the overheads of the micro-batches it uses.
-        seed: the seed the plan was made with.
+            and options (cost-model unit); for a soft-cap strategy, which may use fewer
+            micro-batches than the cap allows, it counts only the overheads of the micro-batches
+            it uses.
         planning_seconds: wall time spent planning (excluded from ``==`` and from
             ``to_json(timing=False)``, so plans can be compared for determinism).
     """
@@ -69,22 +69,11 @@ class StepPlan:
     overhead: float
     dp_size: int
     n_microbatches: int
-    max_tokens: int | None
-    layout: str
-    micro_batch_size: int | None
     groups: np.ndarray | None
-    objective: str
-    strategy: str
-    order: str
+    options: PlanOptions
     cost_model: str
-    allow_oversize: bool
-    allow_empty: bool
-    min_microbatches: int
-    microbatch_multiple: int
-    num_microbatches: int | None
     cap_enforced: bool
     lower_bound: float
-    seed: int
     planning_seconds: float = field(default=0.0)
 
     # ------------------------------------------------------------------ derived figures
@@ -102,11 +91,7 @@ class StepPlan:
     def step_cost(self) -> float:
         """The cost the objective minimises: max rank total (``step``) or the sum over
         micro-batch positions of the slowest rank (``lockstep``)."""
-        if self.costs.size == 0:
-            return 0.0
-        if self.objective == "lockstep":
-            return float(self.costs.max(axis=0).sum())
-        return float(self.rank_costs.max())
+        return objective_value(self.costs, self.objective)
 
     def assignment(self) -> tuple[np.ndarray, np.ndarray]:
         """int64 ``[n]`` arrays: the rank and the micro-batch position of every sample."""
@@ -121,7 +106,7 @@ class StepPlan:
     def cap_violations(self) -> int:
         """Number of micro-batches over ``max_tokens`` (or over ``micro_batch_size``)."""
         return sum(
-            over_cap(
+            _over_cap(
                 indices,
                 self.lengths,
                 self.layout,
@@ -272,10 +257,10 @@ class StepPlan:
                 f"{where} holds sample {int(indices[np.argmax(self.lengths[indices])])} of "
                 f"{longest} tokens, above max_tokens = {cap}, and allow_oversize is False"
             )
-        if self.cap_enforced and over_cap(
+        if self.cap_enforced and _over_cap(
             indices, self.lengths, self.layout, cap, size, self.allow_oversize
         ):
-            tokens = microbatch_tokens(indices, self.lengths, self.layout)
+            tokens = _microbatch_tokens(indices, self.lengths, self.layout)
             raise PlanValidationError(
                 f"{where} has {tokens} tokens, above max_tokens = {cap}"
                 + (" (an over-cap sample must be alone)" if longest > cap else "")
@@ -336,24 +321,40 @@ class StepPlan:
         costs = np.zeros(shape, dtype=np.float64)
         for r, microbatches in enumerate(self.ranks):
             for j, indices in enumerate(microbatches):
-                tokens[r, j] = microbatch_tokens(indices, self.lengths, self.layout)
-                costs[r, j] = microbatch_cost(
+                tokens[r, j] = _microbatch_tokens(indices, self.lengths, self.layout)
+                costs[r, j] = _microbatch_cost(
                     indices, self.lengths, self.sample_costs, self.overhead, self.layout
                 )
         return tokens, costs
 
     # ------------------------------------------------------------------ serialisation
     def to_json(self, *, timing: bool = True) -> str:
-        """The plan as JSON text; floats are written with full precision (exact round trip).
+        """The plan as ``seqbalance.StepPlan/2`` JSON text: the options, the provenance
+        (strategy, cost model, lower bound, planning seconds, seqbalance version) and the
+        arrays; floats are written with full precision (exact round trip).
 
         ``timing=False`` leaves out ``planning_seconds``: two plans made from the same inputs
-        and seed then give byte-identical text.
+        then give byte-identical text.
         """
         return json.dumps(self._to_dict(timing=timing), separators=(",", ":"))
 
     def _to_dict(self, *, timing: bool) -> dict[str, Any]:
-        data: dict[str, Any] = {
+        provenance: dict[str, Any] = {
+            "strategy": self.strategy,
+            "cost_model": self.cost_model,
+            "cap_enforced": self.cap_enforced,
+            "lower_bound": float(self.lower_bound),
+            "seqbalance": __version__,
+        }
+        if timing:
+            provenance["planning_seconds"] = float(self.planning_seconds)
+        return {
             "format": _STEP_FORMAT,
+            "options": self.options.to_dict(),
+            "provenance": provenance,
+            "dp_size": int(self.dp_size),
+            "n_microbatches": int(self.n_microbatches),
+            "overhead": float(self.overhead),
             "ranks": [[indices.tolist() for indices in mbs] for mbs in self.ranks],
             "costs": self.costs.tolist(),
             "tokens": self.tokens.tolist(),
@@ -361,35 +362,48 @@ class StepPlan:
             "sample_costs": self.sample_costs.tolist(),
             "groups": None if self.groups is None else self.groups.tolist(),
         }
-        for name in _STEP_SCALARS:
-            value = getattr(self, name)
-            data[name] = value.item() if isinstance(value, np.generic) else value
-        if timing:
-            data["planning_seconds"] = float(self.planning_seconds)
-        return data
 
     @classmethod
     def from_json(cls, text: str) -> StepPlan:
-        """Rebuild a plan written by ``to_json`` (``planning_seconds`` is 0.0 if left out)."""
-        return cls._from_dict(_load(text, _STEP_FORMAT))
+        """Rebuild a plan written by ``to_json`` (``StepPlan/1`` files load too; their
+        ``seed`` is dropped and a cost that is not ``tokens`` or a preset's FLOPs loads as an
+        ``ExternalCost`` naming it).
+
+        Raises:
+            ValueError: not JSON, not a StepPlan document, or a missing or malformed field.
+        """
+        return cls._from_dict(_load(text, (_STEP_FORMAT, _STEP_FORMAT_V1)))
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> StepPlan:
-        if data.get("format") != _STEP_FORMAT:
-            raise ValueError(f"not a StepPlan: format is {data.get('format')!r}")
-        dp = int(data["dp_size"])
-        m = int(data["n_microbatches"])
-        groups = data["groups"]
-        return cls(
-            ranks=[[np.asarray(ix, dtype=np.int64) for ix in mbs] for mbs in data["ranks"]],
-            costs=np.asarray(data["costs"], dtype=np.float64).reshape(dp, m),
-            tokens=np.asarray(data["tokens"], dtype=np.int64).reshape(dp, m),
-            lengths=np.asarray(data["lengths"], dtype=np.int64),
-            sample_costs=np.asarray(data["sample_costs"], dtype=np.float64),
-            groups=None if groups is None else np.asarray(groups, dtype=np.int64),
-            planning_seconds=float(data.get("planning_seconds", 0.0)),
-            **{name: data[name] for name in _STEP_SCALARS},
-        )
+        try:
+            if data.get("format") == _STEP_FORMAT_V1:
+                options, provenance = _v1_options(data), data
+            else:
+                options = PlanOptions.from_dict(data["options"])
+                provenance = data["provenance"]
+            dp, m = int(data["dp_size"]), int(data["n_microbatches"])
+            groups = data["groups"]
+            return cls(
+                ranks=[[np.asarray(ix, dtype=np.int64) for ix in mbs] for mbs in data["ranks"]],
+                costs=np.asarray(data["costs"], dtype=np.float64).reshape(dp, m),
+                tokens=np.asarray(data["tokens"], dtype=np.int64).reshape(dp, m),
+                lengths=np.asarray(data["lengths"], dtype=np.int64),
+                sample_costs=np.asarray(data["sample_costs"], dtype=np.float64),
+                overhead=float(data["overhead"]),
+                dp_size=dp,
+                n_microbatches=m,
+                groups=None if groups is None else np.asarray(groups, dtype=np.int64),
+                options=options,
+                cost_model=str(provenance["cost_model"]),
+                cap_enforced=bool(provenance["cap_enforced"]),
+                lower_bound=float(provenance["lower_bound"]),
+                planning_seconds=float(provenance.get("planning_seconds", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as error:
+            raise ValueError(
+                f"malformed StepPlan document: {type(error).__name__}: {error}"
+            ) from None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StepPlan):
@@ -399,36 +413,43 @@ class StepPlan:
     __hash__ = None  # type: ignore[assignment]
 
 
-_STEP_SCALARS = (
-    "overhead",
-    "dp_size",
-    "n_microbatches",
-    "max_tokens",
-    "layout",
-    "micro_batch_size",
-    "objective",
-    "strategy",
-    "order",
-    "cost_model",
-    "allow_oversize",
-    "allow_empty",
-    "min_microbatches",
-    "microbatch_multiple",
-    "num_microbatches",
-    "cap_enforced",
-    "lower_bound",
-    "seed",
-)
+def _v1_options(data: dict[str, Any]) -> PlanOptions:
+    """The options a ``StepPlan/1`` document recorded as top-level scalars."""
+    from seqbalance.cost.resolve import ExternalCost
+    from seqbalance.cost.spec import presets
+
+    name = str(data["cost_model"])
+    preset = name.removeprefix("flops:")
+    if name == "tokens":
+        cost: dict[str, Any] = {"cost": "tokens"}
+    elif name.startswith("flops:") and preset in presets():
+        cost = {"cost": "flops", "model": preset}
+    else:
+        cost = {"cost": ExternalCost(name)}
+    fields = (
+        "max_tokens",
+        "layout",
+        "micro_batch_size",
+        "num_microbatches",
+        "min_microbatches",
+        "microbatch_multiple",
+        "objective",
+        "order",
+        "strategy",
+        "allow_oversize",
+        "allow_empty",
+    )
+    return PlanOptions(**cost, **{name: data[name] for name in fields})
 
 
-def _load(text: str, expected: str) -> dict[str, Any]:
+def _load(text: str, expected: tuple[str, ...]) -> dict[str, Any]:
     try:
         data = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         raise ValueError(f"not valid JSON: {error}") from None
-    if not isinstance(data, dict) or data.get("format") != expected:
+    if not isinstance(data, dict) or data.get("format") not in expected:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"expected a {expected} document, got format {found!r}")
+        raise ValueError(f"expected a {' or '.join(expected)} document, got format {found!r}")
     return data
 
 
@@ -533,7 +554,7 @@ class EpochPlan:
     @classmethod
     def from_json(cls, text: str) -> EpochPlan:
         """Rebuild an epoch plan written by ``to_json``."""
-        data = _load(text, _EPOCH_FORMAT)
+        data = _load(text, (_EPOCH_FORMAT,))
         return cls(
             steps=[StepPlan._from_dict(step) for step in data["steps"]],
             sample_indices=[np.asarray(ix, dtype=np.int64) for ix in data["sample_indices"]],
@@ -559,3 +580,54 @@ _EPOCH_SCALARS = (
     "drop_last",
     "bucket_window",
 )
+
+
+# ---------------------------------------------------------------------- validate's own arithmetic
+# ``validate`` re-derives what a micro-batch weighs independently of the planner's
+# ``Problem.microbatch_cost`` / ``Problem.fits``, so a planner bug cannot hide behind shared code.
+# Packed (THD): tokens = sum of lengths, cost = overhead + sum of sample costs. Padded (BSHD):
+# tokens = count x longest, cost = overhead + count x cost(longest). Empty: 0 tokens, overhead.
+
+
+def _microbatch_tokens(indices: np.ndarray, lengths: np.ndarray, layout: str) -> int:
+    """Tokens of one micro-batch (padding included for ``layout="padded"``)."""
+    if indices.size == 0:
+        return 0
+    if layout == "packed":
+        return int(lengths[indices].sum())
+    return int(indices.size * lengths[indices].max())
+
+
+def _microbatch_cost(
+    indices: np.ndarray,
+    lengths: np.ndarray,
+    sample_costs: np.ndarray,
+    overhead: float,
+    layout: str,
+) -> float:
+    """Predicted cost of one micro-batch (unit of the cost model), overhead included."""
+    if indices.size == 0:
+        return float(overhead)
+    if layout == "packed":
+        return float(overhead + sample_costs[indices].sum())
+    longest = indices[int(np.argmax(lengths[indices]))]
+    return float(overhead + indices.size * sample_costs[longest])
+
+
+def _over_cap(
+    indices: np.ndarray,
+    lengths: np.ndarray,
+    layout: str,
+    max_tokens: int | None,
+    micro_batch_size: int | None,
+    allow_oversize: bool,
+) -> bool:
+    """True when the micro-batch breaks the token cap or the padded micro-batch size.
+
+    A lone sample longer than ``max_tokens`` is within limits when ``allow_oversize`` is set.
+    """
+    if layout == "padded" and micro_batch_size is not None and indices.size > micro_batch_size:
+        return True
+    if max_tokens is None or _microbatch_tokens(indices, lengths, layout) <= max_tokens:
+        return False
+    return not (allow_oversize and indices.size == 1)

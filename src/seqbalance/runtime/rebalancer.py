@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from seqbalance._validation import as_lengths
+from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.runtime._dist import CollectiveError, Comm
 
 if TYPE_CHECKING:
@@ -318,9 +319,10 @@ class Rebalancer:
         of each sample dict).
     keep_local:
         Relabel plan slots to keep the most bytes on their current rank (default True).
-    plan_options:
-        Forwarded to :func:`seqbalance.plan.plan_step` (``max_tokens``, ``cost``, ``model``,
-        ``num_microbatches``, ``objective``, ...).
+    options:
+        The :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
+        ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied on
+        top. Checked here, at construction.
     """
 
     def __init__(
@@ -330,7 +332,8 @@ class Rebalancer:
         timeout: timedelta = timedelta(seconds=300),
         length_key: str | None = None,
         keep_local: bool = True,
-        **plan_options: Any,
+        options: PlanOptions | None = None,
+        **option_keywords: Any,
     ) -> None:
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
             raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
@@ -338,7 +341,7 @@ class Rebalancer:
         self.timeout = timeout
         self.length_key = length_key
         self.keep_local = bool(keep_local)
-        self.plan_options = dict(plan_options)
+        self.options = as_options(options, option_keywords, where="Rebalancer")
         self._worker: ThreadPoolExecutor | None = None
 
     def rebalance_async(
@@ -440,14 +443,15 @@ class Rebalancer:
         if total:
             from seqbalance.plan import plan_step
 
-            options = dict(self.plan_options)
+            options = self.options
             if total < comm.world_size:
                 # Fewer samples than ranks (an incomplete batch): some ranks must get nothing.
-                options.setdefault("allow_empty", True)
-            if has_groups:
-                options["groups"] = np.concatenate([t[:, n_fields] for t in tables if t.size])
+                options = options.replace(allow_empty=True)
+            groups = (
+                np.concatenate([t[:, n_fields] for t in tables if t.size]) if has_groups else None
+            )
             length_column = self._length_column(fields)
-            plan = plan_step(rows[:, length_column], comm.world_size, **options)
+            plan = plan_step(rows[:, length_column], comm.world_size, options, groups=groups)
             slot_of_sample = np.zeros(total, dtype=np.int64)
             for slot, microbatches in enumerate(plan.ranks):
                 for microbatch in microbatches:

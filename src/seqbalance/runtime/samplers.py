@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
+from seqbalance.plan.options import PlanOptions, as_options
 
 if TYPE_CHECKING:
     from seqbalance.plan import EpochPlan
@@ -147,29 +148,24 @@ class BalancedBatchSampler(_EpochBatchSampler):
     """Yield this rank's planned micro-batches, step after step, for one epoch.
 
     Every rank runs :func:`seqbalance.plan.plan_epoch` with the same ``(lengths,
-    global_batch_size, world_size, seed, epoch, drop_last, **plan_options)`` — planning is
-    deterministic, so all ranks agree without communicating — and iterates over
-    ``plan.microbatches(step, rank)`` for every step. Each optimizer step contributes
-    ``plan.steps[step].n_microbatches`` micro-batches, the same on every rank (see
+    global_batch_size, world_size, options, groups, seed, epoch, shuffle, drop_last,
+    bucket_window)`` — planning is deterministic, so all ranks agree without communicating — and
+    iterates over ``plan.microbatches(step, rank)`` for every step. Each optimizer step
+    contributes ``plan.steps[step].n_microbatches`` micro-batches, the same on every rank (see
     :meth:`microbatches_per_step` to drive gradient accumulation). The last, partial global
-    batch is planned too unless ``drop_last``.
+    batch is planned too unless ``drop_last``. The epoch is planned on first use (``iter`` or
+    ``len``) and cached until the epoch changes.
 
-    Parameters
-    ----------
-    lengths:
-        Token length of every dataset sample (``lengths[i]`` for dataset index ``i``).
-    global_batch_size:
-        Samples per optimizer step across all ranks.
-    rank, world_size:
-        This process's data-parallel rank and the data-parallel size; default to
-        torch.distributed's when it is initialised (otherwise ValueError).
-    seed:
-        Shuffling seed shared by all ranks; the epoch is mixed in by ``set_epoch``.
-    plan_options:
-        Forwarded to :func:`seqbalance.plan.plan_epoch` / ``plan_step`` (``max_tokens``,
-        ``cost``, ``model``, ``num_microbatches``, ``objective``, ``shuffle``, ...).
-
-    The epoch is planned on first use (``iter`` or ``len``) and cached until the epoch changes.
+    Args:
+        lengths: token length of every dataset sample (``lengths[i]`` for dataset index ``i``).
+        global_batch_size: samples per optimizer step across all ranks.
+        rank, world_size: this process's data-parallel rank and the data-parallel size; default
+            to torch.distributed's when it is initialised (otherwise ValueError).
+        seed: shuffling seed shared by all ranks; the epoch is mixed in by ``set_epoch``.
+        drop_last, shuffle, bucket_window, groups: as in :func:`seqbalance.plan.plan_epoch`.
+        options: the :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
+            ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied
+            on top. Checked here, at construction.
     """
 
     def __init__(
@@ -181,11 +177,20 @@ class BalancedBatchSampler(_EpochBatchSampler):
         world_size: int | None = None,
         seed: int = 0,
         drop_last: bool = False,
-        **plan_options: Any,
+        shuffle: bool = True,
+        bucket_window: int | None = None,
+        groups: Any = None,
+        options: PlanOptions | None = None,
+        **option_keywords: Any,
     ) -> None:
         super().__init__(lengths, rank=rank, world_size=world_size, seed=seed, drop_last=drop_last)
         self.global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
-        self.plan_options = dict(plan_options)
+        self.options = as_options(options, option_keywords, where="BalancedBatchSampler")
+        self.shuffle = check_bool(shuffle, "shuffle")
+        self.bucket_window = (
+            None if bucket_window is None else check_int(bucket_window, "bucket_window", minimum=1)
+        )
+        self.groups = None if groups is None else as_group_ids(groups, self.lengths.size)
         self._plan_epoch: int | None = None
         self._plan: EpochPlan | None = None
 
@@ -199,10 +204,13 @@ class BalancedBatchSampler(_EpochBatchSampler):
                 self.lengths,
                 self.global_batch_size,
                 self.world_size,
+                self.options,
+                groups=self.groups,
                 seed=self.seed,
                 epoch=epoch,
+                shuffle=self.shuffle,
                 drop_last=self.drop_last,
-                **self.plan_options,
+                bucket_window=self.bucket_window,
             )
             self._plan_epoch = epoch
         return self._plan

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_int
+from seqbalance.plan.options import PlanOptions, as_options
 
 if TYPE_CHECKING:
     from seqbalance.plan import StepPlan
@@ -72,8 +73,9 @@ class WindowBalancer:
     max_delay:
         Most dispatches a sample may be passed over (default: the smallest the window allows,
         ``ceil(window / batch_size) - 1``).
-    plan_options:
-        Forwarded to :func:`seqbalance.plan.plan_step` (``cost``, ``max_tokens``, ...).
+    options:
+        The :class:`seqbalance.PlanOptions` of every dispatched step; ``option_keywords``
+        (any ``PlanOptions`` field by name) are applied on top. Checked here, at construction.
 
     Selection at each dispatch: first the fewest earliest-deadline samples that must leave now
     so that every later dispatch can still meet every deadline; then, among candidate
@@ -90,7 +92,8 @@ class WindowBalancer:
         *,
         window: int | None = None,
         max_delay: int | None = None,
-        **plan_options: Any,
+        options: PlanOptions | None = None,
+        **option_keywords: Any,
     ) -> None:
         self.dp_size = check_int(dp_size, "dp_size", minimum=1)
         self.batch_size = check_int(batch_size, "batch_size", minimum=1)
@@ -107,7 +110,7 @@ class WindowBalancer:
                 f"{self.max_delay} could not be honoured; use window <= "
                 f"{self.batch_size * (self.max_delay + 1)} or a larger max_delay"
             )
-        self.plan_options = dict(plan_options)
+        self.options = as_options(options, option_keywords, where="WindowBalancer")
         self._ids: list[int] = []
         self._lengths: list[int] = []
         self._pushed_at: list[int] = []
@@ -245,14 +248,14 @@ class WindowBalancer:
         """The candidate whose plan has the lowest predicted imbalance (ties: the earlier one)."""
         from seqbalance.plan import plan_step
 
-        options = dict(self.plan_options)
+        options = self.options
         if candidates[0].size < self.dp_size:
             # Only the tail of a stream can be this small: some ranks must get nothing.
-            options.setdefault("allow_empty", True)
+            options = options.replace(allow_empty=True)
         best: tuple[float, np.ndarray, StepPlan] | None = None
         for candidate in candidates:
             chosen = np.sort(candidate)
-            plan = plan_step(lengths[chosen], self.dp_size, **options)
+            plan = plan_step(lengths[chosen], self.dp_size, options)
             score = float(plan.summary()["imbalance"])
             if best is None or score < best[0]:
                 best = (score, chosen, plan)

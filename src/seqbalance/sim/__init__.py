@@ -8,22 +8,20 @@ strategy on identical data and aggregate predicted step times, imbalance and ove
 from __future__ import annotations
 
 from seqbalance.sim.engine import (
-    DEFAULT_EFFICIENCY,
-    DEFAULT_PEAK_FLOPS_PER_S,
-    DEFAULT_STRATEGIES,
+    DEFAULT_MAX_TOKENS,
     SimulationResult,
     StrategyResult,
+    default_strategies,
     sample_batches,
     simulate,
 )
 from seqbalance.sim.plot import plot
 
 __all__ = [
-    "DEFAULT_EFFICIENCY",
-    "DEFAULT_PEAK_FLOPS_PER_S",
-    "DEFAULT_STRATEGIES",
+    "DEFAULT_MAX_TOKENS",
     "SimulationResult",
     "StrategyResult",
+    "default_strategies",
     "plot",
     "sample_batches",
     "simulate",

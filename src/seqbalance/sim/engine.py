@@ -15,28 +15,31 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_choice, check_int
+from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
+from seqbalance.plan.options import PlanOptions, as_options
 
 if TYPE_CHECKING:
-    from seqbalance.cost import ModelSpec, TimeModel
+    from seqbalance.cost import TimeModel
     from seqbalance.plan import StepPlan
 
 __all__ = [
-    "DEFAULT_EFFICIENCY",
-    "DEFAULT_PEAK_FLOPS_PER_S",
-    "DEFAULT_STRATEGIES",
+    "DEFAULT_MAX_TOKENS",
     "SimulationResult",
     "StrategyResult",
+    "default_strategies",
     "sample_batches",
     "simulate",
 ]
 
-DEFAULT_STRATEGIES = ("round_robin", "contiguous", "first_fit", "token_kk", "balanced")
-DEFAULT_PEAK_FLOPS_PER_S = 989e12
-"""Peak dense bf16 throughput of one H100 SXM GPU (FLOP/s), the default hardware."""
-DEFAULT_EFFICIENCY = 0.4
-"""Default fraction of peak a training step sustains (typical MFU of a tuned LLM trainer)."""
+DEFAULT_MAX_TOKENS = 16384
+"""``simulate``'s token cap when neither ``options`` nor ``max_tokens`` gives one."""
 
-OBJECTIVES = ("step", "lockstep")
+
+def default_strategies() -> tuple[str, ...]:
+    """What ``simulate`` compares by default: the common baselines, then ours."""
+    from seqbalance.plan import strategy_names
+
+    return (*strategy_names("baseline"), *strategy_names("ours"))
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ class SimulationResult:
     """What :func:`simulate` predicts, per strategy, for one stream of global batches.
 
     Attributes:
-        strategies: strategy name -> :class:`StrategyResult`, in the order requested.
+        strategies: strategy name -> :class:`StrategyResult`, in the order requested, for every
+            strategy that planned every step.
         plans: strategy name -> the :class:`~seqbalance.plan.StepPlan` of every step (plan
             indices are positions within that step's batch).
         batches: dataset indices of each step's global batch (identical for every strategy).
@@ -112,10 +116,14 @@ class SimulationResult:
             trainer's ``cutoff_len`` does).
         lower_bound_seconds: float64 ``[steps]``, the lower bound on each step's time.
         representative_step: the step whose lower bound is the median (used for plots).
-        dp_size, global_batch_size, steps, max_tokens, objective, seed: the inputs.
+        dp_size, global_batch_size, steps, seed: the inputs.
+        options: the plan options of every step (``strategy`` aside); ``options.cost`` is the
+            :class:`~seqbalance.cost.TimeModel` that turned lengths into seconds
+            (``time_model``); ``max_tokens`` and ``objective`` are read from it too.
         model: name of the model the costs describe.
-        time_model: the :class:`~seqbalance.cost.TimeModel` that turned lengths into seconds.
-        time_model_source: one line saying where ``time_model`` came from.
+        time_model_source: one line saying where the time model came from.
+        failed: strategy name -> why it could not plan (the first failing step and the
+            planner's message), for requested strategies that are absent from ``strategies``.
     """
 
     strategies: dict[str, StrategyResult]
@@ -129,12 +137,26 @@ class SimulationResult:
     dp_size: int
     global_batch_size: int
     steps: int
-    max_tokens: int | None
-    objective: str
     seed: int
+    options: PlanOptions
     model: str
-    time_model: TimeModel
     time_model_source: str
+    failed: dict[str, str]
+
+    @property
+    def time_model(self) -> TimeModel:
+        """The time model every cost is a prediction of (``options.cost``)."""
+        return self.options.cost
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The token cap of every step."""
+        return self.options.max_tokens
+
+    @property
+    def objective(self) -> str:
+        """``"step"`` or ``"lockstep"``."""
+        return self.options.objective
 
     @property
     def best(self) -> str:
@@ -168,6 +190,7 @@ class SimulationResult:
                 "steps": self.steps,
                 "max_tokens": self.max_tokens,
                 "objective": self.objective,
+                "layout": self.options.layout,
                 "seed": self.seed,
                 "model": self.model,
                 "time_model": json.loads(self.time_model.to_json()),
@@ -183,6 +206,7 @@ class SimulationResult:
             "best": self.best,
             "lower_bound_seconds": self.lower_bound_seconds.tolist(),
             "strategies": {name: result.to_dict() for name, result in self.strategies.items()},
+            "failed": dict(self.failed),
         }
 
 
@@ -235,26 +259,14 @@ def sample_batches(
     return batches
 
 
-def _resolve_model(model: str | ModelSpec) -> ModelSpec:
-    from seqbalance.cost import ModelSpec
+def _check_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
+    from seqbalance.plan import strategy_names
 
-    if isinstance(model, ModelSpec):
-        return model
-    if isinstance(model, str):
-        return ModelSpec.preset(model)
-    raise ValueError(f"model must be a preset name or a ModelSpec, got {model!r}")
-
-
-def _model_name(model: str | ModelSpec) -> str:
-    if isinstance(model, str):
-        return model
-    return str(getattr(model, "name", None) or "custom")
-
-
-def _check_strategies(strategies: Sequence[str]) -> tuple[str, ...]:
+    if strategies is None:
+        return default_strategies()
     if isinstance(strategies, str) or not strategies:
         raise ValueError(f"strategies must be a non-empty sequence of names, got {strategies!r}")
-    names = tuple(check_choice(name, "strategies", DEFAULT_STRATEGIES) for name in strategies)
+    names = tuple(check_choice(name, "strategies", strategy_names()) for name in strategies)
     if len(set(names)) != len(names):
         raise ValueError(f"strategies must not repeat a name, got {list(names)}")
     return names
@@ -262,50 +274,60 @@ def _check_strategies(strategies: Sequence[str]) -> tuple[str, ...]:
 
 def simulate(
     lengths: Any,
+    options: PlanOptions | None = None,
     *,
     groups: Any = None,
     dp_size: int = 8,
     global_batch_size: int = 512,
     steps: int = 20,
-    max_tokens: int | None = 16384,
-    model: str | ModelSpec = "qwen3-8b",
-    time_model: TimeModel | None = None,
     peak_flops_per_s: float = DEFAULT_PEAK_FLOPS_PER_S,
     efficiency: float = DEFAULT_EFFICIENCY,
-    objective: str = "step",
-    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    strategies: Sequence[str] | None = None,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    **option_keywords: Any,
 ) -> SimulationResult:
     """Plan ``steps`` sampled global batches with every strategy and predict their step times.
 
     Args:
         lengths: token length of every sample in the dataset (int, >= 0).
+        options: the ``PlanOptions`` of every step (every plan option applies: layout,
+            micro-batch counts, objective, ...); ``option_keywords`` are applied on top. Without
+            ``options``, the cost defaults to ``"flops"`` (``model``, default preset) and
+            ``max_tokens`` to ``DEFAULT_MAX_TOKENS``. The cost must give seconds: a
+            ``TimeModel`` (e.g. calibrated by ``seqbalance calibrate``), or FLOPs
+            (``"flops"``, a ``ModelSpec`` or ``FlopsModel``), turned into seconds at
+            ``peak_flops_per_s * efficiency``. ``strategy`` is not used: ``strategies`` are.
         groups: optional group id per sample (e.g. the prompt of each GRPO response); groups
             are drawn whole into batches and kept on one rank by the planner.
         dp_size: data-parallel ranks.
         global_batch_size: samples per optimizer step (rounded up to whole groups).
         steps: number of optimizer steps to simulate.
-        max_tokens: token cap per packed micro-batch; longer samples are truncated to it (as a
-            trainer's ``cutoff_len`` does) and counted in ``SimulationResult.truncated``.
-            ``None`` means no cap (one micro-batch per rank).
-        model: preset name or :class:`~seqbalance.cost.ModelSpec` whose FLOPs set the costs
-            (only a label when ``time_model`` is given).
-        time_model: seconds per micro-batch (e.g. calibrated by ``seqbalance calibrate``);
-            when ``None``, ``model``'s FLOPs at ``peak_flops_per_s * efficiency`` are used.
         peak_flops_per_s: accelerator peak (FLOP/s), default H100 bf16 dense (989 TFLOP/s).
         efficiency: sustained fraction of peak, in (0, 1], default 0.4.
-        objective: ``"step"`` (DDP: max over ranks of summed micro-batches) or ``"lockstep"``
-            (FSDP/ZeRO-3: sum over micro-batches of the max over ranks).
-        strategies: planner strategies to compare, each on identical batches.
-        seed: seeds batch sampling and the planner.
+        strategies: registered strategy names to compare, each on identical batches (default:
+            ``default_strategies()``).
+        seed: seeds batch sampling.
         progress: called as ``progress(done_steps, steps)`` after each step is planned.
+        **option_keywords: any ``PlanOptions`` field by name.
+
+    Samples longer than ``max_tokens`` are truncated to it (as a trainer's ``cutoff_len``
+    does) and counted in ``SimulationResult.truncated``, unless ``allow_oversize``.
 
     Returns:
         A :class:`SimulationResult`; its ``strategies`` hold predicted seconds per strategy.
+
+    Raises:
+        ValueError: bad arguments, naming them (unknown options included).
     """
+    from seqbalance.cost.resolve import cost_name, seconds_model
     from seqbalance.plan import plan_step
 
+    if "strategy" in option_keywords:
+        raise ValueError("simulate compares every name in strategies=[...]; do not pass strategy")
+    if options is None:
+        option_keywords = {"cost": "flops", "max_tokens": DEFAULT_MAX_TOKENS, **option_keywords}
+    options = as_options(options, option_keywords, where="simulate")
     lengths = as_lengths(lengths)
     if lengths.size == 0:
         raise ValueError("lengths must hold at least one sample, got an empty array")
@@ -317,48 +339,50 @@ def simulate(
                 "give one group id per sample"
             )
     dp_size = check_int(dp_size, "dp_size", minimum=1)
-    if max_tokens is not None:
-        max_tokens = check_int(max_tokens, "max_tokens", minimum=1)
-    objective = check_choice(objective, "objective", OBJECTIVES)
     names = _check_strategies(strategies)
     seed = check_int(seed, "seed", minimum=0)
     global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
-    if time_model is None:
-        spec = _resolve_model(model)
-        model_name = _model_name(spec)
-        from seqbalance.cost import FlopsModel, TimeModel
-
-        time_model = TimeModel.from_flops(FlopsModel(spec), peak_flops_per_s, efficiency)
-        source = (
-            f"{model_name} FLOPs at {peak_flops_per_s / 1e12:g} TFLOP/s x {efficiency:g} efficiency"
-        )
-    else:
-        source = "given TimeModel"
-        model_name = _model_name(model)
+    model_name = cost_name(options.cost_model).removeprefix("flops:")
+    time_model, source = seconds_model(
+        options.cost_model, peak_flops_per_s=peak_flops_per_s, efficiency=efficiency
+    )
+    max_tokens = options.max_tokens
+    options = options.replace(cost=time_model, model=None)
 
     truncated = 0
-    if max_tokens is not None:
+    if max_tokens is not None and not options.allow_oversize:
         truncated = int(np.count_nonzero(lengths > max_tokens))
         lengths = np.minimum(lengths, max_tokens)
     batches = sample_batches(lengths.size, global_batch_size, steps, groups=groups, seed=seed)
 
     plans: dict[str, list[StepPlan]] = {name: [] for name in names}
+    failed: dict[str, str] = {}
+    per_strategy = {name: options.replace(strategy=name) for name in names}
     for step, batch in enumerate(batches):
         for name in names:
-            plans[name].append(
-                plan_step(
+            if name in failed:
+                continue
+            try:
+                plan = plan_step(
                     lengths[batch],
                     dp_size,
-                    cost=time_model,
-                    max_tokens=max_tokens,
+                    per_strategy[name],
                     groups=None if groups is None else groups[batch],
-                    objective=objective,
-                    strategy=name,
-                    seed=seed,
                 )
-            )
+            except ValueError as error:
+                # A baseline that cannot honour the options is a finding, not a crash.
+                failed[name] = f"step {step}: {error}"
+                del plans[name]
+                continue
+            plans[name].append(plan)
         if progress is not None:
             progress(step + 1, steps)
+    if not plans:
+        raise ValueError(
+            "no strategy could plan these steps: "
+            + "; ".join(f"{name}: {message}" for name, message in failed.items())
+        )
+    names = tuple(plans)
 
     summaries = {name: [plan.summary() for plan in plans[name]] for name in names}
     # Every strategy's bound is valid for the same batch, so the tightest one is the bound.
@@ -409,10 +433,9 @@ def simulate(
         dp_size=dp_size,
         global_batch_size=global_batch_size,
         steps=len(batches),
-        max_tokens=max_tokens,
-        objective=objective,
         seed=seed,
+        options=options,
         model=model_name,
-        time_model=time_model,
         time_model_source=source,
+        failed=failed,
     )

@@ -1,0 +1,241 @@
+"""``PlanOptions``: one frozen, validated description of a plan request.
+
+The options travel unchanged from the caller through ``plan_epoch``, the samplers, the
+rebalancer, the window balancer and the simulator into every ``StepPlan``. They are checked once,
+at construction (a typo fails there, not at the first step), write to and read from JSON, and
+have a stable ``fingerprint()`` that the runtime compares across ranks and across resumes.
+Per-call data (``lengths``, ``groups``) is not an option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from seqbalance._validation import check_bool, check_choice, check_int
+
+__all__ = [
+    "LAYOUTS",
+    "MAX_TOKENS_LIMIT",
+    "OBJECTIVES",
+    "ORDERS",
+    "PlanOptions",
+    "as_options",
+    "option_names",
+]
+
+OBJECTIVES = ("step", "lockstep")
+ORDERS = ("none", "descending", "pipeline")
+LAYOUTS = ("packed", "padded")
+MAX_TOKENS_LIMIT = 2**53
+"""Largest accepted ``max_tokens``: token sums stay exact in int64 and float64 arithmetic."""
+_FORMAT = "seqbalance.PlanOptions/1"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PlanOptions:
+    """Every option of a plan request (see ``plan_step`` for how each one acts).
+
+    Attributes:
+        cost: what a sample costs: ``"tokens"``, ``"flops"`` (with ``model``), a ``ModelSpec``,
+            a cost model (``FlopsModel``: FLOPs, ``TimeModel``: seconds, or any object with
+            ``per_sample`` and ``microbatch_overhead``) or a callable ``lengths -> costs``.
+        model: preset name or ``ModelSpec`` for ``cost="flops"`` (default
+            ``seqbalance.defaults.DEFAULT_MODEL``); rejected with any other cost.
+        max_tokens: hard cap on the tokens of every micro-batch (padding included for the
+            padded layout); ``None``: no cap.
+        layout: ``"packed"`` (THD) or ``"padded"`` (BSHD, needs ``micro_batch_size``).
+        micro_batch_size: most samples per padded micro-batch (padded layout only).
+        num_microbatches: exact micro-batch count per rank, or ``None`` for the fewest feasible.
+        min_microbatches: at least this many micro-batches per rank.
+        microbatch_multiple: the count is a multiple of this (pipeline parallelism).
+        objective: ``"step"`` (DDP: the costliest rank's total) or ``"lockstep"`` (FSDP /
+            ZeRO-3: the sum over micro-batch positions of the costliest rank).
+        order: execution order of each rank's micro-batches: ``"none"``, ``"descending"`` or
+            ``"pipeline"``.
+        strategy: a registered strategy name (``seqbalance.plan.strategy_names()``).
+        allow_oversize: a sample longer than ``max_tokens`` gets a micro-batch of its own
+            instead of raising ValueError.
+        allow_empty: allow empty micro-batches.
+    """
+
+    cost: Any = "tokens"
+    model: Any = None
+    max_tokens: int | None = None
+    layout: str = "packed"
+    micro_batch_size: int | None = None
+    num_microbatches: int | None = None
+    min_microbatches: int = 1
+    microbatch_multiple: int = 1
+    objective: str = "step"
+    order: str = "none"
+    strategy: str = "balanced"
+    allow_oversize: bool = False
+    allow_empty: bool = False
+    _cost_model: Any = field(init=False, repr=False, default=None)
+
+    def __post_init__(self) -> None:
+        from seqbalance.cost.resolve import resolve_cost
+        from seqbalance.plan.registry import get_strategy
+
+        def set_(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        set_("layout", check_choice(self.layout, "layout", LAYOUTS))
+        set_("objective", check_choice(self.objective, "objective", OBJECTIVES))
+        set_("order", check_choice(self.order, "order", ORDERS))
+        get_strategy(self.strategy)  # raises ValueError listing the registered names
+        for name in ("allow_oversize", "allow_empty"):
+            set_(name, check_bool(getattr(self, name), name))
+        if self.max_tokens is not None:
+            set_("max_tokens", check_int(self.max_tokens, "max_tokens", minimum=1))
+            if self.max_tokens > MAX_TOKENS_LIMIT:
+                raise ValueError(
+                    f"max_tokens must be <= 2**53 = {MAX_TOKENS_LIMIT}, got {self.max_tokens}"
+                )
+        if self.layout == "padded":
+            if self.micro_batch_size is None:
+                raise ValueError("layout='padded' needs micro_batch_size (samples per micro-batch)")
+            set_(
+                "micro_batch_size", check_int(self.micro_batch_size, "micro_batch_size", minimum=1)
+            )
+        elif self.micro_batch_size is not None:
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size!r} applies to layout='padded' only; "
+                "a packed micro-batch is limited by max_tokens"
+            )
+        set_("min_microbatches", check_int(self.min_microbatches, "min_microbatches", minimum=1))
+        set_(
+            "microbatch_multiple",
+            check_int(self.microbatch_multiple, "microbatch_multiple", minimum=1),
+        )
+        if self.num_microbatches is not None:
+            m = check_int(self.num_microbatches, "num_microbatches", minimum=1)
+            set_("num_microbatches", m)
+            if m < self.min_microbatches:
+                raise ValueError(
+                    f"num_microbatches = {m} conflicts with min_microbatches = "
+                    f"{self.min_microbatches}"
+                )
+            if m % self.microbatch_multiple:
+                raise ValueError(
+                    f"num_microbatches = {m} conflicts with microbatch_multiple = "
+                    f"{self.microbatch_multiple} (not a multiple)"
+                )
+        set_("_cost_model", resolve_cost(self.cost, self.model))
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def cost_model(self) -> Any:
+        """The resolved cost model (``seqbalance.cost.resolve_cost(cost, model)``)."""
+        return self._cost_model
+
+    @property
+    def cap_enforced(self) -> bool:
+        """Whether the strategy keeps every micro-batch within ``max_tokens``."""
+        from seqbalance.plan.registry import get_strategy
+
+        return bool(get_strategy(self.strategy).enforces_cap)
+
+    def replace(self, **changes: Any) -> PlanOptions:
+        """A copy with ``changes`` applied (validated; unknown names raise ValueError)."""
+        _check_names(changes, "PlanOptions.replace")
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every option; costs and models as in
+        ``seqbalance.cost.describe_cost`` (a callable is recorded by its qualified name)."""
+        from seqbalance.cost.resolve import describe_cost
+
+        data = {name: getattr(self, name) for name in option_names()}
+        data["cost"] = describe_cost(self.cost)
+        data["model"] = describe_cost(self.model)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlanOptions:
+        """Inverse of ``to_dict``; unknown keys raise ValueError listing the valid names."""
+        from seqbalance.cost.resolve import cost_from_description
+
+        if not isinstance(data, Mapping):
+            raise ValueError(f"PlanOptions data must be a mapping, got {type(data).__name__}")
+        values = dict(data)
+        _check_names(values, "PlanOptions")
+        for name in ("cost", "model"):
+            if name in values:
+                values[name] = cost_from_description(values[name], name)
+        return cls(**values)
+
+    def to_json(self) -> str:
+        """Canonical JSON text (sorted keys, no spaces): equal options give equal text."""
+        return json.dumps(
+            {"format": _FORMAT, **self.to_dict()}, sort_keys=True, separators=(",", ":")
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> PlanOptions:
+        """Rebuild options written by ``to_json``."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError, RecursionError) as error:
+            raise ValueError(f"PlanOptions JSON is not valid: {error}") from None
+        if not isinstance(data, dict) or data.pop("format", None) != _FORMAT:
+            raise ValueError(f"expected a {_FORMAT} document")
+        return cls.from_dict(data)
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of ``to_json()``: equal on every rank and process iff the options are.
+
+        A callable cost is identified by its qualified name only: two different lambdas share a
+        fingerprint, so give cost functions distinct names.
+        """
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PlanOptions):
+            return NotImplemented
+        return self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
+
+
+def option_names() -> tuple[str, ...]:
+    """The names of every plan option, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(PlanOptions) if f.init)
+
+
+def _check_names(values: Mapping[str, Any], where: str) -> None:
+    valid = option_names()
+    unknown = [name for name in values if name not in valid]
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; valid options: "
+            + ", ".join(valid)
+        )
+
+
+def as_options(
+    options: PlanOptions | None, keywords: Mapping[str, Any], *, where: str
+) -> PlanOptions:
+    """``options`` with ``keywords`` applied on top (or new options from ``keywords`` alone).
+
+    This is how every entry point (``plan_step``, ``plan_epoch``, ``simulate``, the samplers,
+    the rebalancer, the window balancer) accepts both ``options=PlanOptions(...)`` and plain
+    keywords.
+
+    Raises:
+        ValueError: ``options`` is not a PlanOptions, or a keyword is not an option (named,
+            with the list of valid options, prefixed with ``where``), or a value is invalid.
+    """
+    if options is not None and not isinstance(options, PlanOptions):
+        raise ValueError(f"{where}: options must be a PlanOptions or None, got {options!r}")
+    _check_names(keywords, where)
+    if options is None:
+        return PlanOptions(**keywords)
+    return dataclasses.replace(options, **keywords) if keywords else options

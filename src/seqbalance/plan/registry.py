@@ -1,0 +1,143 @@
+"""The strategy registry: every way of planning a step, ours and the baselines, by name.
+
+A strategy turns a ``Problem`` (lengths, costs, limits; see ``seqbalance.plan.Problem``) into
+micro-batches: ``dp`` lists of ``M`` lists of sample positions, the same ``M`` on every rank.
+``plan_step`` does everything around it (input checks, costs, the micro-batch order, the
+``StepPlan``), so a strategy is only the placement decision. Every list of strategy names in the
+package, the CLI and the benchmarks comes from ``strategy_names()``.
+
+Register your own::
+
+    class Reverse:
+        name = "reverse"
+        enforces_cap = True  # plan_step / validate() then treat an over-cap micro-batch as a bug
+        aligns_positions = False
+        family = "custom"
+        description = "arrival order, last sample first"
+
+        def plan(self, problem):
+            ...
+
+    seqbalance.plan.register_strategy(Reverse())
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from seqbalance.plan._problem import Problem
+
+__all__ = [
+    "Microbatches",
+    "Strategy",
+    "get_strategy",
+    "register_strategy",
+    "strategy_names",
+    "unregister_strategy",
+]
+
+Microbatches = list[list[list[int]]]
+"""``dp`` lists of ``M`` lists of sample positions (indices into the step's lengths)."""
+
+FAMILIES = ("ours", "baseline", "stack", "custom")
+"""``ours``: seqbalance's planner; ``baseline``: common practice (compared by default);
+``stack``: a training stack's own scheduler; ``custom``: registered by a user."""
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """A placement rule.
+
+    Attributes:
+        name: registry key (what ``strategy=`` takes).
+        enforces_cap: ``True`` when no micro-batch it makes exceeds ``max_tokens`` (then
+            ``StepPlan.validate`` treats one as an error); ``False`` for a soft cap (over-cap
+            micro-batches are counted in ``summary()["cap_violations"]``).
+        aligns_positions: for ``objective="lockstep"``, ``plan_step`` sorts every rank's
+            micro-batches heaviest first before applying ``order`` (the alignment that
+            minimises the sum over positions of the slowest rank for the chosen micro-batches).
+        family: one of ``FAMILIES``.
+        description: one line for help texts and reports.
+    """
+
+    name: str
+    enforces_cap: bool
+    aligns_positions: bool
+    family: str
+    description: str
+
+    def plan(self, problem: Problem) -> Microbatches:
+        """Micro-batches of ``problem``; raise ValueError when the limits cannot be met."""
+        ...
+
+
+_REGISTRY: dict[str, Strategy] = {}
+
+
+def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
+    """Add ``strategy`` under ``strategy.name`` (returned, so this works as a decorator on an
+    instance factory too).
+
+    Raises:
+        ValueError: the object lacks a protocol member, its name is not a non-empty string, its
+            family is unknown, or the name is taken and ``replace`` is False.
+    """
+    _ensure_builtins()
+    missing = [
+        member
+        for member in ("name", "enforces_cap", "aligns_positions", "family", "description", "plan")
+        if not hasattr(strategy, member)
+    ]
+    if missing:
+        raise ValueError(f"strategy {strategy!r} lacks {', '.join(missing)} (see Strategy)")
+    name = strategy.name
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise ValueError(f"strategy.name must be a non-empty string, got {name!r}")
+    if strategy.family not in FAMILIES:
+        raise ValueError(f"strategy.family must be one of {FAMILIES}, got {strategy.family!r}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"a strategy named {name!r} is already registered; pass replace=True")
+    _REGISTRY[name] = strategy
+    return strategy
+
+
+def unregister_strategy(name: str) -> None:
+    """Remove a registered strategy (ValueError when absent)."""
+    _ensure_builtins()
+    if name not in _REGISTRY:
+        raise ValueError(f"no strategy named {name!r} is registered")
+    del _REGISTRY[name]
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy registered as ``name``; ValueError listing the registered names."""
+    _ensure_builtins()
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"strategy must be one of {', '.join(map(repr, _REGISTRY))}, got {name!r}")
+    return _REGISTRY[name]
+
+
+def strategy_names(*families: str) -> tuple[str, ...]:
+    """Registered names in registration order (deterministic), optionally of some families."""
+    _ensure_builtins()
+    for family in families:
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    return tuple(name for name, s in _REGISTRY.items() if not families or s.family in families)
+
+
+_BUILTINS_LOADED = False
+
+
+def _ensure_builtins() -> None:
+    """Register the built-in strategies on first use (their modules import this one)."""
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    _BUILTINS_LOADED = True
+    from seqbalance.plan.balanced import BALANCED
+    from seqbalance.plan.strategies import BASELINE_STRATEGIES
+
+    for strategy in (BALANCED, *BASELINE_STRATEGIES):
+        _REGISTRY[strategy.name] = strategy

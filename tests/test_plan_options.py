@@ -1,0 +1,247 @@
+"""PlanOptions: validation at construction, JSON round trip, fingerprint, and every entry point
+that takes ``options=`` (or keywords) rejecting a typo when it is constructed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import seqbalance as sb
+from seqbalance.cost import ExternalCost, FlopsModel, ModelSpec, TimeModel
+from seqbalance.plan import PlanOptions, option_names, plan_epoch
+from seqbalance.plan.options import MAX_TOKENS_LIMIT, as_options
+
+LENGTHS = np.array([900, 40, 300, 70, 500, 25, 800, 60, 120, 33], dtype=np.int64)
+
+
+def test_defaults_match_plan_step() -> None:
+    options = PlanOptions()
+    assert (options.cost, options.model, options.max_tokens) == ("tokens", None, None)
+    assert (options.layout, options.objective, options.order, options.strategy) == (
+        "packed",
+        "step",
+        "none",
+        "balanced",
+    )
+    assert options.cap_enforced
+    assert sb.plan_step(LENGTHS, 2).options == options
+
+
+def test_positional_arguments_are_refused() -> None:
+    with pytest.raises(TypeError):
+        PlanOptions("tokens")  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+        ({"max_tokens": 2**64}, r"max_tokens must be <= 2\*\*53"),
+        ({"max_tokens": 1.5}, "max_tokens must be an integer"),
+        ({"layout": "ragged"}, "layout must be one of"),
+        ({"layout": "padded"}, "needs micro_batch_size"),
+        ({"micro_batch_size": 4}, "applies to layout='padded' only"),
+        ({"objective": "sync"}, "objective must be one of"),
+        ({"order": "random"}, "order must be one of"),
+        ({"strategy": "fastest"}, "strategy must be one of .*'balanced'"),
+        ({"allow_empty": "false"}, "allow_empty must be True or False"),
+        ({"min_microbatches": 0}, "min_microbatches must be >= 1"),
+        ({"num_microbatches": 3, "microbatch_multiple": 2}, "not a multiple"),
+        ({"num_microbatches": 2, "min_microbatches": 3}, "conflicts with min_microbatches"),
+        ({"cost": "joules"}, "cost must be"),
+        ({"model": "qwen3-8b"}, "only applies to cost='flops'"),
+        ({"cost": "flops", "model": "gpt-9"}, "unknown preset"),
+    ],
+)
+def test_bad_option_raises_at_construction(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PlanOptions(**changes)
+
+
+def test_max_tokens_limit_is_accepted() -> None:
+    assert PlanOptions(max_tokens=MAX_TOKENS_LIMIT).max_tokens == MAX_TOKENS_LIMIT
+
+
+class _NoneOverhead:
+    microbatch_overhead = None
+
+    @staticmethod
+    def per_sample(lengths: np.ndarray) -> np.ndarray:
+        return lengths.astype(np.float64)
+
+
+def test_cost_object_with_bad_overhead_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="microbatch_overhead must be a number"):
+        PlanOptions(cost=_NoneOverhead())
+
+
+def test_unknown_keyword_lists_the_valid_names() -> None:
+    with pytest.raises(ValueError, match=r"option.*'max_token'.*valid options: cost, model"):
+        as_options(None, {"max_token": 10}, where="here")
+    with pytest.raises(ValueError, match="unknown option"):
+        PlanOptions().replace(max_token=10)
+    with pytest.raises(ValueError, match="options must be a PlanOptions"):
+        as_options({"max_tokens": 10}, {}, where="here")  # type: ignore[arg-type]
+
+
+def test_keywords_apply_on_top_of_options() -> None:
+    base = PlanOptions(max_tokens=1000, objective="lockstep")
+    merged = as_options(base, {"max_tokens": 2000}, where="here")
+    assert (merged.max_tokens, merged.objective) == (2000, "lockstep")
+    assert as_options(base, {}, where="here") is base
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        PlanOptions(),
+        PlanOptions(cost="flops", model="qwen3-4b", max_tokens=4096, objective="lockstep"),
+        PlanOptions(cost=ModelSpec.preset("llama-3.1-8b"), layout="padded", micro_batch_size=4),
+        PlanOptions(cost=FlopsModel(ModelSpec.preset("qwen3-8b"), recompute=True)),
+        PlanOptions(cost=TimeModel(0.001, 2e-6, 3e-10, tile=128), num_microbatches=4),
+        PlanOptions(
+            strategy="token_kk", min_microbatches=2, microbatch_multiple=2, order="pipeline"
+        ),
+        PlanOptions(allow_oversize=True, allow_empty=True, max_tokens=100),
+    ],
+)
+def test_json_round_trip_is_exact(options: PlanOptions) -> None:
+    text = options.to_json()
+    again = PlanOptions.from_json(text)
+    assert again == options
+    assert again.to_json() == text
+    assert again.fingerprint() == options.fingerprint()
+    assert json.loads(text)["format"] == "seqbalance.PlanOptions/1"
+
+
+def test_fingerprint_is_stable_and_sensitive() -> None:
+    options = PlanOptions(cost="flops", max_tokens=4096)
+    # A literal: the fingerprint is the same in every process and on every machine.
+    assert PlanOptions(cost="flops", max_tokens=4096).fingerprint() == options.fingerprint()
+    assert len(options.fingerprint()) == 64
+    others = [
+        options.replace(max_tokens=4097),
+        options.replace(objective="lockstep"),
+        options.replace(model="qwen3-4b"),
+        options.replace(cost="tokens"),
+        options.replace(allow_empty=True),
+    ]
+    prints = {o.fingerprint() for o in others}
+    assert len(prints) == len(others)
+    assert options.fingerprint() not in prints
+
+
+def test_callable_cost_is_recorded_by_name_and_loads_as_external() -> None:
+    def quadratic(lengths: np.ndarray) -> np.ndarray:
+        return lengths.astype(np.float64) ** 2
+
+    options = PlanOptions(cost=quadratic)
+    data = json.loads(options.to_json())
+    assert data["cost"] == {"external": f"{__name__}.{quadratic.__qualname__}"}
+    loaded = PlanOptions.from_json(options.to_json())
+    assert isinstance(loaded.cost, ExternalCost)
+    assert loaded.fingerprint() == options.fingerprint()
+    with pytest.raises(ValueError, match="loaded from JSON and cannot be evaluated"):
+        sb.plan_step(LENGTHS, 2, loaded)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[1, 2]",
+        '{"format": "seqbalance.PlanOptions/1", "max_tokens": "many"}',
+        '{"format": "seqbalance.PlanOptions/1", "bogus": 1}',
+        '{"format": "seqbalance.PlanOptions/1", "cost": {"ModelSpec": {"hidden": 1}}}',
+        '{"format": "seqbalance.PlanOptions/1", "cost": {"FlopsModel": {"spec": {}, "x": 1}}}',
+        "[" * 100_000 + "]" * 100_000,
+    ],
+)
+def test_bad_json_is_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        PlanOptions.from_json(text)
+
+
+def test_option_names_are_the_dataclass_fields() -> None:
+    assert option_names() == (
+        "cost",
+        "model",
+        "max_tokens",
+        "layout",
+        "micro_batch_size",
+        "num_microbatches",
+        "min_microbatches",
+        "microbatch_multiple",
+        "objective",
+        "order",
+        "strategy",
+        "allow_oversize",
+        "allow_empty",
+    )
+
+
+def test_plan_step_takes_options_and_keywords_alike() -> None:
+    options = PlanOptions(cost="flops", max_tokens=1000, objective="lockstep")
+    by_options = sb.plan_step(LENGTHS, 2, options)
+    by_keywords = sb.plan_step(LENGTHS, 2, cost="flops", max_tokens=1000, objective="lockstep")
+    assert by_options == by_keywords
+    assert by_options.options == options
+    assert sb.plan_step(LENGTHS, 2, options, max_tokens=2000).max_tokens == 2000
+
+
+def test_plan_step_seed_is_gone() -> None:
+    with pytest.raises(ValueError, match=r"unknown option.*'seed'"):
+        sb.plan_step(LENGTHS, 2, seed=0)
+
+
+# ------------------------------------------------------------------ typos at construction
+def test_plan_epoch_rejects_a_typo() -> None:
+    with pytest.raises(ValueError, match=r"plan_epoch: unknown option.*'max_token'"):
+        plan_epoch(LENGTHS, 4, 2, max_token=1000)
+
+
+def test_simulate_rejects_a_typo_and_takes_every_option() -> None:
+    from seqbalance.sim import simulate
+
+    with pytest.raises(ValueError, match=r"simulate: unknown option.*'max_token'"):
+        simulate(LENGTHS, dp_size=2, global_batch_size=4, steps=1, max_token=1000)
+    padded = simulate(
+        LENGTHS,
+        dp_size=2,
+        global_batch_size=8,
+        steps=2,
+        max_tokens=2000,
+        layout="padded",
+        micro_batch_size=2,
+    )
+    for plans in padded.plans.values():
+        for plan in plans:
+            assert plan.layout == "padded"
+            assert all(ix.size <= 2 for mbs in plan.ranks for ix in mbs)
+    fixed = simulate(
+        LENGTHS, dp_size=2, global_batch_size=8, steps=2, max_tokens=2000, num_microbatches=2
+    )
+    assert all(p.n_microbatches == 2 for plans in fixed.plans.values() for p in plans)
+
+
+def test_runtime_samplers_reject_a_typo_at_construction() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.runtime import BalancedBatchSampler, WindowBalancer
+
+    with pytest.raises(ValueError, match=r"BalancedBatchSampler: unknown option.*'max_token'"):
+        BalancedBatchSampler(LENGTHS, 4, rank=0, world_size=2, max_token=4096)
+    with pytest.raises(ValueError, match=r"WindowBalancer: unknown option.*'max_token'"):
+        WindowBalancer(2, 4, max_token=4096)
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        BalancedBatchSampler(LENGTHS, 4, rank=0, world_size=2, options=PlanOptions(), max_tokens=0)
+
+
+def test_rebalancer_rejects_a_typo_at_construction() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.runtime import Rebalancer
+
+    with pytest.raises(ValueError, match=r"Rebalancer: unknown option.*'max_token'"):
+        Rebalancer(max_token=4096)
+    assert Rebalancer(options=PlanOptions(max_tokens=10)).options.max_tokens == 10

@@ -1,0 +1,128 @@
+"""The strategy registry: built-ins registered once, user strategies plug into plan_step,
+simulate and the CLI, and a misbehaving strategy is caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import seqbalance as sb
+from seqbalance.plan import (
+    PlanOptions,
+    Problem,
+    get_strategy,
+    register_strategy,
+    strategy_names,
+    unregister_strategy,
+)
+
+LENGTHS = np.array([50, 40, 30, 20, 10, 5, 5, 35], dtype=np.int64)
+
+
+class Reverse:
+    """Last sample first, dealt round robin, one micro-batch per rank."""
+
+    name = "test_reverse"
+    enforces_cap = True
+    aligns_positions = False
+    family = "custom"
+    description = "reverse arrival order, round robin"
+
+    def plan(self, problem: Problem) -> list[list[list[int]]]:
+        ranks: list[list[list[int]]] = [[[]] for _ in range(problem.dp)]
+        for k, i in enumerate(range(problem.n - 1, -1, -1)):
+            ranks[k % problem.dp][0].append(i)
+        return ranks
+
+
+@pytest.fixture
+def reverse():
+    strategy = register_strategy(Reverse())
+    yield strategy
+    unregister_strategy(strategy.name)
+
+
+def test_builtins_in_a_fixed_order() -> None:
+    assert strategy_names() == ("balanced", "round_robin", "contiguous", "first_fit", "token_kk")
+    assert strategy_names("baseline") == ("round_robin", "contiguous", "first_fit", "token_kk")
+    assert strategy_names("ours") == ("balanced",)
+    assert not get_strategy("token_kk").enforces_cap
+    assert get_strategy("balanced").aligns_positions
+
+
+def test_a_user_strategy_plans_validates_and_round_trips(reverse) -> None:
+    assert "test_reverse" in strategy_names("custom")
+    plan = sb.plan_step(LENGTHS, 2, strategy="test_reverse")
+    plan.validate()
+    assert [ix.tolist() for mbs in plan.ranks for ix in mbs] == [[1, 3, 5, 7], [0, 2, 4, 6]]
+    assert sb.StepPlan.from_json(plan.to_json()) == plan
+
+
+def test_a_user_strategy_runs_in_simulate_and_the_cli(reverse, capsys) -> None:
+    from seqbalance.cli import main
+    from seqbalance.sim import simulate
+
+    result = simulate(
+        LENGTHS, dp_size=2, global_batch_size=8, steps=1, strategies=("test_reverse", "balanced")
+    )
+    assert list(result.strategies) == ["test_reverse", "balanced"]
+    assert (
+        main(
+            [
+                "simulate",
+                "--lengths",
+                "lima",
+                "--steps",
+                "1",
+                "--strategies",
+                "test_reverse,balanced",
+                "--max-tokens",
+                "1000000",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert '"test_reverse"' in capsys.readouterr().out
+
+
+def test_register_refuses_duplicates_and_incomplete_objects(reverse) -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register_strategy(Reverse())
+    register_strategy(Reverse(), replace=True)
+
+    class Nameless:
+        enforces_cap = True
+
+    with pytest.raises(ValueError, match="lacks"):
+        register_strategy(Nameless())  # type: ignore[arg-type]
+    bad = Reverse()
+    bad.name = " spaced "
+    with pytest.raises(ValueError, match="non-empty string"):
+        register_strategy(bad)
+    bad = Reverse()
+    bad.family = "mine"
+    with pytest.raises(ValueError, match="family must be one of"):
+        register_strategy(bad)
+    with pytest.raises(ValueError, match="no strategy named"):
+        unregister_strategy("nope")
+
+
+def test_a_strategy_with_uneven_ranks_is_a_value_error() -> None:
+    class Uneven(Reverse):
+        name = "test_uneven"
+
+        def plan(self, problem: Problem) -> list[list[list[int]]]:
+            return [[[0, 1, 2, 3]], [[4, 5], [6, 7]]]
+
+    register_strategy(Uneven())
+    try:
+        with pytest.raises(ValueError, match="micro-batch counts \\[1, 2\\]"):
+            sb.plan_step(LENGTHS, 2, strategy="test_uneven")
+    finally:
+        unregister_strategy("test_uneven")
+
+
+def test_an_unregistered_strategy_cannot_be_asked_for() -> None:
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        PlanOptions(strategy="test_reverse")
