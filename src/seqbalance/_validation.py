@@ -35,7 +35,9 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
         if array.ndim == 0:
             raise ValueError(f"{name} must be a 1-D array of numbers, got the scalar {values!r}")
         raise ValueError(f"{name} must be a 1-D array, got shape {array.shape}")
-    if array.dtype == np.bool_:
+    if array.dtype == np.bool_ or (
+        isinstance(values, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in values)
+    ):
         raise ValueError(f"{name} must hold numbers, got booleans")
     if array.size == 0:
         return array.astype(np.float64)
@@ -46,7 +48,8 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
         if bad is not None:
             raise ValueError(f"{name}[{bad}] = {items[bad]!r} is not a number")
         array = array.astype(np.float64)
-    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+    # Kind, not issubdtype: numpy files timedelta64 under the integers.
+    if array.dtype.kind not in "iuf":
         raise ValueError(f"{name} must hold real numbers, got dtype {array.dtype}")
     return array
 

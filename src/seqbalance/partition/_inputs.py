@@ -12,6 +12,10 @@ from seqbalance.partition._result import SizeLimits
 __all__ = ["validate_inputs"]
 
 
+MAX_PARTS = 2**20
+"""Most parts ``partition`` makes (each is an array; far more than any cluster has ranks)."""
+
+
 def validate_inputs(
     weights: Any, k: Any, *, equal_size: Any, max_items: Any
 ) -> tuple[np.ndarray, int, SizeLimits]:
@@ -23,6 +27,8 @@ def validate_inputs(
     """
     w = as_weights(weights, "weights")
     k = check_int(k, "k", minimum=1)
+    if k > MAX_PARTS:
+        raise ValueError(f"k must be <= 2**20 = {MAX_PARTS} parts, got {k}")
     equal_size = check_bool(equal_size, "equal_size")
     n = w.size
     if max_items is not None:

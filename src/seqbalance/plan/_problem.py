@@ -16,7 +16,10 @@ import numpy as np
 
 from seqbalance.plan.options import PlanOptions
 
-__all__ = ["OptionFields", "Problem", "objective_value"]
+__all__ = ["MAX_SLOTS", "OptionFields", "Problem", "objective_value"]
+
+MAX_SLOTS = 2**22
+"""Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
 
 
 def objective_value(costs: np.ndarray, objective: str) -> float:
@@ -134,6 +137,23 @@ class Problem(OptionFields):
             return False
         return count * max(longest, length) <= self.cap
 
+    def keeps_cap(self, microbatches: list[list[list[int]]]) -> bool:
+        """Whether every micro-batch keeps the cap and the padded size (an over-cap sample
+        alone in its micro-batch is allowed: ``plan_step`` only lets one in with
+        ``allow_oversize``)."""
+        for mbs in microbatches:
+            for mb in mbs:
+                tokens = count = longest = 0
+                for i in mb:
+                    length = int(self.lengths[i])
+                    if self.oversize[i]:
+                        if len(mb) > 1:
+                            return False
+                    elif not self.fits(tokens, count, longest, length):
+                        return False
+                    tokens, count, longest = tokens + length, count + 1, max(longest, length)
+        return True
+
     def microbatch_cost(self, indices: np.ndarray) -> float:
         """Cost of the micro-batch ``indices``: overhead + sum of sample costs (packed), or
         overhead + count x cost of its longest sample (padded)."""
@@ -245,15 +265,25 @@ class Problem(OptionFields):
                         else ""
                     )
                 )
-            return self.num_microbatches
-        m = max(needed, self.min_microbatches, 1)
-        return -(-m // self.microbatch_multiple) * self.microbatch_multiple
+            m = self.num_microbatches
+        else:
+            m = max(needed, self.min_microbatches, 1)
+            m = -(-m // self.microbatch_multiple) * self.microbatch_multiple
+        if self.dp * m > MAX_SLOTS:
+            raise ValueError(
+                f"dp_size x micro-batches = {self.dp} x {m} = {self.dp * m} micro-batch slots, "
+                f"more than 2**22 = {MAX_SLOTS}; check num_microbatches, min_microbatches and "
+                "microbatch_multiple"
+            )
+        return m
 
     def next_microbatches(self, m: int) -> int | None:
-        """The next larger allowed count after ``m`` (``None`` when it is fixed)."""
-        if self.num_microbatches is not None:
+        """The next larger allowed count after ``m`` (``None`` when it is fixed or would exceed
+        ``MAX_SLOTS``)."""
+        following = m + self.microbatch_multiple
+        if self.num_microbatches is not None or self.dp * following > MAX_SLOTS:
             return None
-        return m + self.microbatch_multiple
+        return following
 
     @cached_property
     def min_feasible_microbatches(self) -> int:

@@ -49,7 +49,7 @@ from seqbalance.partition.greedy import lpt
 from seqbalance.plan import _exact
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem, objective_value
-from seqbalance.plan.registry import Microbatches
+from seqbalance.plan.registry import Microbatches, Strategy
 from seqbalance.plan.strategies import rank_members
 
 __all__ = ["BALANCED", "Balanced", "plan_balanced"]
@@ -65,6 +65,7 @@ def plan_balanced(p: Problem) -> Microbatches:
     """Micro-batches (``dp`` lists of ``M`` lists of sample positions) of the balanced plan."""
     m = p.min_feasible_microbatches
     bound = p.lower_bound(m)
+    others = _Portfolio(p)
     while True:
         if not p.allow_empty and p.n < p.dp * m:
             raise ValueError(
@@ -76,8 +77,10 @@ def plan_balanced(p: Problem) -> Microbatches:
         plan = _attempt(p, m)
         if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
             plan = _exact.search(p, m, plan)
+        if plan is None:
+            plan = others.best_with(m)  # a baseline's valid plan with this count, if any
         if plan is not None:
-            return plan
+            return others.best(plan, bound)
         following = p.next_microbatches(m)
         if following is None:
             raise ValueError(
@@ -87,6 +90,98 @@ def plan_balanced(p: Problem) -> Microbatches:
                 + (" and every micro-batch non-empty" if not p.allow_empty else "")
             )
         m = following
+
+
+def aligned_value(p: Problem, plan: Microbatches) -> float:
+    """Objective value of ``plan`` as ``plan_step`` arranges it for this strategy: under
+    ``lockstep`` every rank's micro-batches are sorted heaviest first (positions aligned)."""
+    costs = np.array(
+        [[p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs] for mbs in plan]
+    )
+    if p.objective == "lockstep":
+        costs = -np.sort(-costs, axis=1)
+    return objective_value(costs, p.objective)
+
+
+class _Portfolio:
+    """The other plans ``balanced`` must never lose to, evaluated lazily.
+
+    Candidates are the plans of every registered ``baseline`` and ``stack`` strategy (a
+    soft-cap plan only when it happens to keep the cap) and, where no cap or count constraint
+    binds (one micro-batch per rank), the partition engine's split of the unit costs. A
+    strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
+    objective) is not run when that bound cannot beat the best plan so far.
+    """
+
+    def __init__(self, p: Problem) -> None:
+        self.p = p
+        self._plans: dict[str, Microbatches | None] = {}
+
+    def _plan_of(self, strategy: Strategy) -> Microbatches | None:
+        if strategy.name not in self._plans:
+            try:
+                plan = strategy.plan(self.p)
+            except ValueError:
+                plan = None
+            if plan is not None and not (strategy.enforces_cap or self.p.keeps_cap(plan)):
+                plan = None  # a soft-cap plan over the cap is not a valid alternative
+            self._plans[strategy.name] = plan
+        return self._plans[strategy.name]
+
+    def best_with(self, m: int) -> Microbatches | None:
+        """The best valid baseline plan with exactly ``m`` micro-batches per rank."""
+        found = [
+            plan
+            for strategy in _rivals()
+            if (plan := self._plan_of(strategy)) is not None and len(plan[0]) == m
+        ]
+        return min(found, key=lambda plan: aligned_value(self.p, plan), default=None)
+
+    def best(self, plan: Microbatches, bound: float) -> Microbatches:
+        """``plan`` unless a candidate is cheaper, or as cheap with fewer micro-batches."""
+        p = self.p
+        value = aligned_value(p, plan)
+        if value <= bound * (1 + _TOLERANCE):
+            return plan
+        candidates = [self._partition_start()]
+        for strategy in _rivals():
+            estimate = getattr(strategy, "plan_lower_bound", None)
+            if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
+                continue
+            candidates.append(self._plan_of(strategy))
+        for candidate in candidates:
+            if candidate is None:
+                continue
+            candidate_value = aligned_value(p, candidate)
+            cheaper = candidate_value < value * (1 - _TOLERANCE)
+            if cheaper or (
+                candidate_value <= value * (1 + _TOLERANCE) and len(candidate[0]) < len(plan[0])
+            ):
+                plan, value = candidate, candidate_value
+        return plan
+
+    def _partition_start(self) -> Microbatches | None:
+        """One micro-batch per rank from ``seqbalance.partition`` on the unit costs, when that
+        is a valid plan (packed, a count of one allowed, every rank within the cap)."""
+        from seqbalance.partition import partition
+
+        p = self.p
+        if p.layout != "packed" or p.min_feasible_microbatches != 1 or p.oversize.any():
+            return None
+        parts = partition(p.unit_sums(p.sample_costs), p.dp).parts
+        rank_of_unit = np.empty(p.n_units, dtype=np.int64)
+        for r, part in enumerate(parts):
+            rank_of_unit[part] = r
+        plan = [[samples.tolist()] for samples in rank_members(p, rank_of_unit)]
+        if not p.keeps_cap(plan) or (not p.allow_empty and any(not mbs[0] for mbs in plan)):
+            return None
+        return plan
+
+
+def _rivals() -> list[Strategy]:
+    from seqbalance.plan.registry import get_strategy, strategy_names
+
+    return [get_strategy(name) for name in strategy_names("baseline", "stack")]
 
 
 _GROUP_HINT = " (groups must stay on one rank, so some ranks may not get enough samples)"
@@ -161,7 +256,8 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     state = _RankState(p, m, rank_of_unit, costs, tokens, counts)
     state.pair_rounds()
     state.refine()
-    return rank_of_unit if state.fill_short_ranks() else None
+    # With allow_empty a rank that cannot be given M samples (groups) keeps empty micro-batches.
+    return rank_of_unit if state.fill_short_ranks() or p.allow_empty else None
 
 
 def _fits_capacities(
@@ -528,14 +624,6 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
     return plan
 
 
-def _lockstep_cost(p: Problem, plan: Microbatches) -> float:
-    """Lockstep cost after the alignment ``plan_step`` applies (heaviest first on every rank)."""
-    costs = np.array(
-        [[p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs] for mbs in plan]
-    )
-    return objective_value(-np.sort(-costs, axis=1), "lockstep")
-
-
 def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     """Re-pack every rank under the micro-batch costs of the rank with the costliest
     micro-batch (lockstep).
@@ -557,7 +645,7 @@ def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
         samples = np.array([i for mb in microbatches for i in mb], dtype=np.int64)
         packed = None if r == reference else _pack_under(p, samples, profile, cap)
         result.append(packed if packed is not None else microbatches)
-    return result if _lockstep_cost(p, result) < _lockstep_cost(p, plan) else plan
+    return result if aligned_value(p, result) < aligned_value(p, plan) else plan
 
 
 def _pack_under(

@@ -10,11 +10,14 @@ import numpy as np
 from seqbalance._validation import as_group_ids, as_lengths, check_int
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.plan._problem import Problem
-from seqbalance.plan.options import PlanOptions, as_options
+from seqbalance.plan.options import MAX_TOKENS_LIMIT, PlanOptions, as_options
 from seqbalance.plan.registry import Microbatches, get_strategy
 from seqbalance.plan.types import StepPlan
 
-__all__ = ["plan_step"]
+__all__ = ["MAX_DP_SIZE", "plan_step"]
+
+MAX_DP_SIZE = 2**20
+"""Most data-parallel ranks a plan is made for."""
 
 
 def plan_step(
@@ -78,6 +81,14 @@ def plan_step(
     options = as_options(options, option_keywords, where="plan_step")
     lengths = as_lengths(lengths, "lengths")
     dp_size = check_int(dp_size, "dp_size", minimum=1)
+    if dp_size > MAX_DP_SIZE:
+        raise ValueError(f"dp_size must be <= 2**20 = {MAX_DP_SIZE}, got {dp_size}")
+    total = float(lengths.sum(dtype=np.float64))
+    if total > MAX_TOKENS_LIMIT:
+        raise ValueError(
+            f"lengths sum to {total:.6g} tokens, more than 2**53 = {MAX_TOKENS_LIMIT}: token sums "
+            "this large cannot be represented exactly"
+        )
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
     if options.max_tokens is not None and not options.allow_oversize:
         over = np.flatnonzero(lengths > options.max_tokens)

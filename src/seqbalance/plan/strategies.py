@@ -59,6 +59,10 @@ class GreedyBaseline:
     aligns_positions: bool = False
     family: str = "baseline"
 
+    def plan_lower_bound(self, p: Problem) -> float:
+        """A lower bound on this baseline's objective from its rank rule alone (cheap)."""
+        return _rank_bound(p, self.ranks(p), p.min_feasible_microbatches)
+
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches: the rank rule, then the micro-batch rule, then ``M`` on every rank."""
         per_rank = [
@@ -81,14 +85,21 @@ def _contiguous_ranks(p: Problem) -> np.ndarray:
 def _first_fit_ranks(p: Problem) -> np.ndarray:
     tokens = p.unit_sums(p.lengths)
     budget = float(np.ceil(tokens.sum() / p.dp))
-    loads = np.zeros(p.dp)
-    rank_of_unit = np.empty(p.n_units, dtype=np.int64)
+    # Ranks before ``start`` cannot take even the lightest unit still to come: skip them.
+    lightest_ahead = np.minimum.accumulate(tokens[::-1])[::-1].tolist()
+    loads = [0.0] * p.dp
+    rank_of_unit = [0] * p.n_units
+    start = 0
     for unit, weight in enumerate(tokens.tolist()):
-        room = np.flatnonzero(loads + weight <= budget)
-        rank = int(room[0]) if room.size else int(np.argmin(loads))
+        while start < p.dp and loads[start] > budget - lightest_ahead[unit]:
+            start += 1
+        room = budget - weight
+        rank = next((r for r in range(start, p.dp) if loads[r] <= room), None)
+        if rank is None:
+            rank = loads.index(min(loads))
         rank_of_unit[unit] = rank
         loads[rank] += weight
-    return rank_of_unit
+    return np.array(rank_of_unit, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -102,12 +113,25 @@ class TokenKK:
     aligns_positions: bool = False
     family: str = "baseline"
 
+    def plan_lower_bound(self, p: Problem) -> float:
+        """A lower bound on this baseline's objective from its rank split alone (cheap); its
+        soft cap may use as few micro-batches as the options allow."""
+        return _rank_bound(p, _token_kk_ranks(p), p.round_microbatches(1))
+
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches of the token Karmarkar–Karp baseline."""
         return _token_kk(p)
 
 
-def _token_kk(p: Problem) -> Microbatches:
+def _rank_bound(p: Problem, rank_of_unit: np.ndarray, m: int) -> float:
+    """The costliest rank's least possible total: every micro-batch pays the overhead and every
+    sample at least its least cost (``lockstep`` costs at least as much as ``step``)."""
+    least = p.unit_sums(p.least_sample_costs)
+    loads = np.bincount(rank_of_unit, weights=least, minlength=p.dp)
+    return float(loads.max(initial=0.0)) + m * p.overhead
+
+
+def _token_kk_ranks(p: Problem) -> np.ndarray:
     from seqbalance.partition import partition
 
     unit_tokens = p.unit_sums(p.lengths)
@@ -115,7 +139,13 @@ def _token_kk(p: Problem) -> Microbatches:
     rank_of_unit = np.empty(p.n_units, dtype=np.int64)
     for r, part in enumerate(ranks):
         rank_of_unit[part] = r
-    members = rank_members(p, rank_of_unit)
+    return rank_of_unit
+
+
+def _token_kk(p: Problem) -> Microbatches:
+    from seqbalance.partition import partition
+
+    members = rank_members(p, _token_kk_ranks(p))
     needed = 1
     for samples in members:
         if p.max_tokens is not None:

@@ -442,6 +442,10 @@ def _v1_options(data: dict[str, Any]) -> PlanOptions:
     return PlanOptions(**cost, **{name: data[name] for name in fields})
 
 
+def _malformed(kind: str, error: Exception) -> str:
+    return f"malformed {kind} document: {type(error).__name__}: {error}"
+
+
 def _load(text: str, expected: tuple[str, ...]) -> dict[str, Any]:
     try:
         data = json.loads(text)
@@ -501,6 +505,10 @@ class EpochPlan:
     def validate(self) -> None:
         """Validate every step and check that every dataset sample appears exactly once
         (``dropped`` ones included); raises ``PlanValidationError``."""
+        if len(self.sample_indices) != len(self.steps):
+            raise PlanValidationError(
+                f"{len(self.steps)} steps but {len(self.sample_indices)} lists of dataset indices"
+            )
         for step, plan in enumerate(self.steps):
             if plan.n_samples != self.sample_indices[step].size:
                 raise PlanValidationError(
@@ -512,12 +520,14 @@ class EpochPlan:
             except PlanValidationError as error:
                 raise PlanValidationError(f"step {step}: {error}") from None
         seen = np.concatenate([*self.sample_indices, self.dropped]).astype(np.int64)
-        counts = (
-            np.bincount(seen, minlength=self.n_samples)
-            if seen.size
-            else np.zeros(self.n_samples, dtype=np.int64)
-        )
-        if counts.size > self.n_samples or (counts != 1).any():
+        outside = (seen < 0) | (seen >= self.n_samples)
+        if outside.any():
+            raise PlanValidationError(
+                f"dataset index {int(seen[outside][0])} is out of range for n_samples = "
+                f"{self.n_samples}"
+            )
+        counts = np.bincount(seen, minlength=self.n_samples)
+        if (counts != 1).any():
             bad = int(np.flatnonzero(counts != 1)[0])
             raise PlanValidationError(
                 f"dataset sample {bad} appears {int(counts[bad])} times in the epoch, "
@@ -555,12 +565,15 @@ class EpochPlan:
     def from_json(cls, text: str) -> EpochPlan:
         """Rebuild an epoch plan written by ``to_json``."""
         data = _load(text, (_EPOCH_FORMAT,))
-        return cls(
-            steps=[StepPlan._from_dict(step) for step in data["steps"]],
-            sample_indices=[np.asarray(ix, dtype=np.int64) for ix in data["sample_indices"]],
-            dropped=np.asarray(data["dropped"], dtype=np.int64),
-            **{name: data[name] for name in _EPOCH_SCALARS},
-        )
+        try:
+            return cls(
+                steps=[StepPlan._from_dict(step) for step in data["steps"]],
+                sample_indices=[np.asarray(ix, dtype=np.int64) for ix in data["sample_indices"]],
+                dropped=np.asarray(data["dropped"], dtype=np.int64),
+                **{name: data[name] for name in _EPOCH_SCALARS},
+            )
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
+            raise ValueError(_malformed("EpochPlan", error)) from None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EpochPlan):
