@@ -253,6 +253,24 @@ def test_gemma3_gpt_oss_and_qwen2_5_vl_configs() -> None:
         spec.vision_config["depth"] = 4  # type: ignore[index]
 
 
+def test_qwen_moe_experts_under_their_transformers_5_name() -> None:
+    # transformers 5's Qwen3MoeConfig.to_dict() writes num_experts as num_local_experts; the
+    # experts are still moe_intermediate_size wide (Mixtral's have no such field).
+    config = {
+        **TINY_LLAMA,
+        "model_type": "qwen3_moe",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 6,
+    }
+    spec = ModelSpec.from_hf_config(config)
+    assert (spec.num_experts, spec.moe_intermediate_size, spec.moe_layers) == (4, 6, (0, 1))
+    mixtral = {k: v for k, v in config.items() if k != "moe_intermediate_size"}
+    assert (
+        ModelSpec.from_hf_config({**mixtral, "model_type": "mixtral"}).moe_intermediate_size == 16
+    )
+
+
 def test_unknown_layer_kind_is_named() -> None:
     config = {**TINY_LLAMA, "layer_types": ["full_attention", "hyper_attention"]}
     with pytest.raises(ValueError, match=r"'layer_types'\[1\] = 'hyper_attention' is not a known"):

@@ -347,19 +347,23 @@ def _moe(cfg: Fields, model_type: Any, num_layers: int) -> dict[str, Any]:
                 i for i in range(num_layers) if i >= first_dense and i % frequency == 0
             ),
         }
-    if raw.get("num_local_experts") is not None:  # Mixtral, gpt-oss: every layer
+    if cfg.has("num_local_experts") and not cfg.has("moe_intermediate_size"):
+        # Mixtral, gpt-oss: every layer, experts of intermediate_size.
         return {
             "num_experts": cfg.integer("num_local_experts"),
             "num_experts_per_tok": cfg.integer("num_experts_per_tok"),
             "moe_intermediate_size": cfg.integer("intermediate_size"),
         }
-    if raw.get("num_experts"):  # Qwen2-MoE / Qwen3-MoE / Qwen3-Next / Qwen3.5-MoE
+    # Qwen2-MoE / Qwen3-MoE / Qwen3-Next / Qwen3.5-MoE; transformers 5 writes num_experts as
+    # num_local_experts in to_dict().
+    experts = "num_experts" if cfg.has("num_experts") else "num_local_experts"
+    if raw.get(experts):
         step = cfg.integer("decoder_sparse_step", 1, minimum=1)
         dense_only = set(
             _layer_indices(cfg.get("mlp_only_layers", []), "mlp_only_layers", num_layers)
         )
         return {
-            "num_experts": cfg.integer("num_experts"),
+            "num_experts": cfg.integer(experts),
             "num_experts_per_tok": cfg.integer("num_experts_per_tok"),
             "moe_intermediate_size": cfg.integer("moe_intermediate_size"),
             "shared_expert_intermediate_size": cfg.integer("shared_expert_intermediate_size", 0),
