@@ -356,6 +356,7 @@ def test_hybrid_specs_round_trip_through_json(config: dict) -> None:
     spec = ModelSpec.from_hf_config({**config, "vision_config": {"depth": 1}})
     restored = ModelSpec(**json.loads(json.dumps(spec.to_dict())))
     assert restored == spec and hash(restored) == hash(spec)
+    assert ModelSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 
 
 def _brute_force_chunked_pairs(length: int, causal: bool, chunk: int) -> int:
