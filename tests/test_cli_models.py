@@ -24,7 +24,13 @@ def test_json_lists_every_preset_with_its_spec_and_flops(capsys) -> None:
         )
         assert model["total_params"] == spec.num_parameters()
         assert model["active_params"] == spec.num_parameters(active=True)
+        assert model["layer_kinds"] == spec.layer_kind_counts()
+        assert sum(model["layer_kinds"].values()) == spec.num_layers
     by_name = {m["name"]: m for m in models}
+    assert by_name["llama-4-scout"]["layer_kinds"] == {
+        "full_attention": 12,
+        "chunked_attention": 36,
+    }
     assert by_name["qwen3-30b-a3b"]["moe"] and not by_name["qwen3-8b"]["moe"]
     # Published sizes: Qwen3-8B 8.2B; DeepSeek-V3 671B total, 37B active.
     assert by_name["qwen3-8b"]["total_params"] == by_name["qwen3-8b"]["active_params"]
@@ -40,3 +46,5 @@ def test_table_names_every_preset(capsys) -> None:
         assert name in out
     # DeepSeek-V3: 671.03B parameters, 37.55B active.
     assert "671.03" in out and "37.55" in out
+    assert "12 full + 36 linear" in out  # qwen3-next-80b-a3b
+    assert "4 full + 24 mamba2 + 24 none" in out  # nemotron-h-8b

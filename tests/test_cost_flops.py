@@ -325,3 +325,49 @@ def test_every_preset_gives_positive_finite_costs() -> None:
     for name in presets():
         flops = FlopsModel(ModelSpec.preset(name)).per_sample(lengths)
         assert flops[0] == 0.0 and np.all(np.isfinite(flops)) and np.all(np.diff(flops) > 0)
+
+
+def test_cross_attention_by_hand() -> None:
+    # TINY_LLAMA plus a cross-attention block in layer 1 reading encoder states of width 6.
+    spec = ModelSpec(
+        hidden_size=8,
+        num_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        vocab_size=10,
+        intermediate_size=16,
+        cross_attention_layers=(1,),
+        encoder_hidden_size=6,
+    )
+    query_output = 8 * 2 * 4 + 2 * 4 * 8  # Q: decoder hidden -> heads x 4, O back: 128
+    key_value = 2 * 6 * 1 * 4  # K, V: encoder hidden 6 -> 1 kv head x 4: 48
+    assert spec.num_parameters(include_embeddings=False) == 2 * 576 + query_output + key_value
+    model = FlopsModel(spec)
+    assert model.token_flops == 2464 + 2 * query_output
+    assert model.cross_encoder_token_flops == 2 * key_value
+    assert model.cross_pair_flops == 2 * 2 * 4 + 2 * 2 * 4  # QK^T + AV per decoder-encoder pair
+    # Decoder 5 tokens (15 causal pairs of self-attention), encoder 3 tokens (5 x 3 cross pairs).
+    forward = 2720 * 5 + 64 * 15 + 96 * 3 + 32 * 5 * 3
+    assert model.forward([5], encoder_lengths=[3]).tolist() == [forward]
+    assert model.per_sample([5], encoder_lengths=[3]).tolist() == [3 * forward]
+    assert model.non_polynomial_terms == ("cross-attention layers",)
+
+    packed = model.packed([0, 5, 7], cross_cu_seqlens=[0, 3, 7])
+    assert packed == float(model.per_sample([5, 2], encoder_lengths=[3, 4]).sum())
+    padded_cu = model.packed([0, 5, 7, -1], valid=3, cross_cu_seqlens=[0, 3, 7, 9])
+    assert padded_cu == packed
+    # Padded micro-batches compute every sample at its chunk's longest decoder and encoder length.
+    padded = model.padded([5, 2], 2, encoder_lengths=[3, 4])
+    assert padded == float(model.per_sample([5, 5], encoder_lengths=[4, 4]).sum())
+
+    with pytest.raises(ValueError, match="encoder_lengths is required: the spec has 1 cross"):
+        model.forward([5])
+    with pytest.raises(ValueError, match="encoder_lengths was given but the spec has no cross"):
+        FlopsModel(ModelSpec.from_hf_config(TINY_LLAMA)).forward([5], encoder_lengths=[3])
+    with pytest.raises(ValueError, match="one length per sample \\(2\\), got 1"):
+        model.forward([5, 2], encoder_lengths=[3])
+    with pytest.raises(ValueError, match="cross_cu_seqlens holds 1 sequences, cu_seqlens 2"):
+        model.packed([0, 5, 7], cross_cu_seqlens=[0, 3])
+    with pytest.raises(ValueError, match=r"encoder_lengths\[0\] = -1 is negative"):
+        model.forward([5], encoder_lengths=[-1])

@@ -23,6 +23,14 @@ def test_presets_are_listed_sorted_and_all_load() -> None:
         "llama-3.1-70b",
         "deepseek-v3",
         "mixtral-8x7b",
+        "qwen3.5-35b-a3b",
+        "qwen3-next-80b-a3b",
+        "gpt-oss-20b",
+        "gpt-oss-120b",
+        "gemma-3-27b",
+        "llama-4-scout",
+        "nemotron-h-8b",
+        "qwen2.5-vl-7b",
     }
     for name in names:
         assert ModelSpec.preset(name).name == name

@@ -236,3 +236,18 @@ def test_json_rejects_other_formats() -> None:
         TimeModel.from_json('{"format": "seqbalance.TimeModel", "version": 99}')
     with pytest.raises(ValueError, match="missing or has a bad field"):
         TimeModel.from_json('{"format": "seqbalance.TimeModel", "version": 1, "t0": 0}')
+
+
+def test_from_flops_rejects_chunked_and_cross_attention() -> None:
+    base = {"hidden_size": 8, "num_layers": 2, "num_attention_heads": 2, "vocab_size": 10}
+    chunked = ModelSpec(
+        **base,
+        intermediate_size=16,
+        layer_types=("chunked_attention", "full_attention"),
+        attention_chunk_size=4,
+    )
+    with pytest.raises(ValueError, match="chunked-attention layers, whose cost is not"):
+        TimeModel.from_flops(FlopsModel(chunked), 1e12, 0.5)
+    cross = ModelSpec(**base, intermediate_size=16, cross_attention_layers=(0,))
+    with pytest.raises(ValueError, match="cross-attention layers, whose cost is not"):
+        TimeModel.from_flops(FlopsModel(cross), 1e12, 0.5)

@@ -16,8 +16,8 @@ def register(subparsers: Any) -> None:
         "models",
         help="list the model presets (use their names with --model)",
         description=(
-            "List the bundled model presets with their shape, total and active parameters, and "
-            "the training FLOPs per token (forward + backward) of a "
+            "List the bundled model presets with their shape, layer kinds (token mixers), total "
+            "and active parameters, and the training FLOPs per token (forward + backward) of a "
             f"{REFERENCE_LENGTH}-token sample, attention included."
         ),
     )
@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
 
 
 def describe(name: str) -> dict[str, Any]:
-    """Key numbers of preset ``name``: spec fields, parameters, FLOPs per token at 4k tokens."""
+    """Key numbers of preset ``name``: spec fields, layer kinds, parameters, FLOPs per token."""
     from seqbalance.cost import FlopsModel, ModelSpec
 
     spec = ModelSpec.preset(name)
@@ -37,12 +37,20 @@ def describe(name: str) -> dict[str, Any]:
         "name": name,
         "spec": spec.to_dict(),
         "moe": spec.num_experts > 0,
+        "layer_kinds": spec.layer_kind_counts(),
         "total_params": spec.num_parameters(),
         "active_params": spec.num_parameters(active=True),
         "forward_flops_per_token_linear": linear,
         "forward_flops_per_token_squared": quadratic,
         "training_flops_per_token_at_4k": training / REFERENCE_LENGTH,
     }
+
+
+def layer_kinds(counts: dict[str, int]) -> str:
+    """``{"full_attention": 12, "linear_attention": 36}`` -> ``"12 full + 36 linear"``."""
+    return " + ".join(
+        f"{count} {kind.removesuffix('_attention')}" for kind, count in counts.items()
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{model['total_params'] / 1e9:.2f}",
                 f"{model['active_params'] / 1e9:.2f}",
                 spec["num_layers"],
+                layer_kinds(model["layer_kinds"]),
                 spec["hidden_size"],
                 f"{spec['num_attention_heads']}/{kv_heads}",
                 spec["vocab_size"],
@@ -77,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             "params B",
             "active B",
             "layers",
+            "layer kinds",
             "hidden",
             "heads q/kv",
             "vocab",
@@ -87,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         caption=(
             "params B / active B: billions of parameters, all experts / those one token uses "
             "(top-k routed + shared experts), embeddings included, norms and MTP modules not; "
+            "layer kinds: layers per token mixer (full/sliding/chunked softmax attention, linear "
+            "= Gated DeltaNet, mamba/mamba2, none = MLP only); "
             "MoE experts: active/total; GFLOP/token: training (forward + backward) per token of "
             f"a {REFERENCE_LENGTH}-token sample, attention included"
         ),

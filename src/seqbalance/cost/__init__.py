@@ -24,7 +24,7 @@ from seqbalance.cost.resolve import (
     resolve_cost,
     seconds_model,
 )
-from seqbalance.cost.spec import ModelSpec, presets
+from seqbalance.cost.spec import LinearAttentionSpec, MambaSpec, ModelSpec, presets
 from seqbalance.cost.time_model import FitStats, TimeModel
 
 __all__ = [
@@ -34,6 +34,8 @@ __all__ = [
     "FitStats",
     "FlopsMeter",
     "FlopsModel",
+    "LinearAttentionSpec",
+    "MambaSpec",
     "ModelSpec",
     "TimeModel",
     "TokenCost",

@@ -5,21 +5,30 @@ Counting rules (forward pass, per sequence of ``L`` tokens):
 * A matmul costs 2 FLOPs per multiply-add. Norms, activations, softmax, rotary embeddings and
   biases are not counted (they are not matmuls; together they are well under 1%), nor is the
   Qwen2-MoE shared-expert gate (``hidden x 1``).
-* Per token and layer: the attention projections (Q/K/V/O with GQA, or the MLA projections),
-  the MLP (gated: 3 matrices, plain: 2) or, on MoE layers, the router (``hidden x num_experts``)
-  plus ``num_experts_per_tok`` routed experts plus the shared experts. Once per token: the LM head
+* Per token and layer: the token mixer's projections (Q/K/V/O with GQA, or the MLA projections;
+  Gated DeltaNet or Mamba projections and their depthwise convolution), the MLP (gated: 3
+  matrices, plain: 2) or, on MoE layers, the router (``hidden x num_experts``) plus
+  ``num_experts_per_tok`` routed experts plus the shared experts. Once per token: the LM head
   (``hidden x vocab``, counted with tied embeddings too; the input embedding lookup is free).
-* Attention scores and the weighted sum over values: ``2 * heads * qk_head_dim`` FLOPs for QK^T
-  and ``2 * heads * value_head_dim`` for AV per query–key pair and layer. Causal attention has
+* Linear-attention and SSM layers add their scan's contractions per token (``state_flops``; see
+  :meth:`~seqbalance.cost.spec.LinearAttentionSpec.state_macs_per_token` and
+  :meth:`~seqbalance.cost.spec.MambaSpec.state_macs_per_token`): linear in L.
+* Softmax attention scores and the weighted sum over values: ``2 * heads * qk_head_dim`` FLOPs for
+  QK^T and ``2 * heads * value_head_dim`` for AV per query–key pair and layer. Causal attention has
   ``L(L+1)/2`` pairs, bidirectional (``attention="full"``) ``L²``. A sliding-window layer with
   window ``w`` (each query sees at most ``w`` keys, itself included) has ``L(L+1)/2`` pairs for
-  ``L <= w`` and ``w(w+1)/2 + (L-w)·w`` beyond (causal); bidirectional: ``2·causal − L``.
+  ``L <= w`` and ``w(w+1)/2 + (L-w)·w`` beyond (causal); bidirectional: ``2·causal − L``. A
+  chunked layer (chunks of ``c`` tokens) has the pairs of each chunk: ``k·c(c+1)/2 + r(r+1)/2``
+  for ``L = k·c + r`` (causal), ``k·c² + r²`` bidirectional.
+* Cross-attention layers (encoder-decoder): Q and O projections per decoder token, K and V per
+  encoder token, and the pair FLOPs over decoder x encoder tokens.
 * Training = forward + backward = 3x forward; activation recomputation adds one more forward.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,14 +41,26 @@ __all__ = ["FlopsModel", "attention_pairs"]
 ExtraPerSample = Callable[[np.ndarray], Any]
 
 
-def attention_pairs(lengths: Any, *, causal: bool = True, window: int | None = None) -> np.ndarray:
+def attention_pairs(
+    lengths: Any, *, causal: bool = True, window: int | None = None, chunk: int | None = None
+) -> np.ndarray:
     """Query–key pairs (float64) that attention computes for sequences of ``lengths`` tokens.
 
     Causal: ``L(L+1)/2``; bidirectional: ``L²``. With ``window`` (each query sees at most
     ``window`` keys, itself included): causal ``L(L+1)/2`` up to ``L = window`` and
-    ``window(window+1)/2 + (L - window)·window`` beyond; bidirectional ``2·causal − L``.
+    ``window(window+1)/2 + (L - window)·window`` beyond; bidirectional ``2·causal − L``. With
+    ``chunk`` (attention within consecutive blocks of ``chunk`` tokens, Llama 4): the pairs of each
+    block, ``k·c(c+1)/2 + r(r+1)/2`` for ``L = k·c + r`` causal, ``k·c² + r²`` bidirectional.
     """
     length = as_lengths(lengths).astype(np.float64)
+    if window is not None and chunk is not None:
+        raise ValueError("give at most one of window and chunk")
+    if chunk is not None:
+        c = float(check_int(chunk, "chunk", minimum=1))
+        blocks, rest = np.floor_divide(length, c), np.remainder(length, c)
+        if causal:
+            return blocks * c * (c + 1.0) / 2.0 + rest * (rest + 1.0) / 2.0
+        return blocks * c * c + rest * rest
     if window is None:
         causal_pairs = length * (length + 1.0) / 2.0
     else:
@@ -58,24 +79,29 @@ class FlopsModel:
     spec:
         The architecture.
     attention:
-        ``"causal"`` (decoder training, default) or ``"full"`` (bidirectional).
+        ``"causal"`` (decoder training, default) or ``"full"`` (bidirectional) softmax attention.
+        Gated DeltaNet and SSM layers are causal scans either way.
     recompute:
         Full activation recomputation: training costs 4x forward instead of 3x.
     include_mtp:
         Add the spec's multi-token-prediction modules (DeepSeek-V3) to every token: each adds a
-        ``2·hidden -> hidden`` projection, one decoder layer shaped like the last one, and another
-        LM-head matmul. Off by default (published FLOPs and activated counts exclude them).
+        ``2·hidden -> hidden`` projection, one full-attention layer with the MLP of the last
+        layer, and another LM-head matmul. Off by default (published FLOPs and activated counts
+        exclude them).
     extra_per_sample:
         Optional ``callable(lengths: int64 array) -> forward FLOPs array`` of the same shape,
         e.g. a vision encoder per sample; added to the forward FLOPs (and multiplied for training
         like the rest).
 
-    ``coefficients`` is ``(linear, quadratic)`` such that, for a model without sliding-window
-    layers and without ``extra_per_sample``, ``forward(L) == linear·L + quadratic·L²`` exactly.
-    For causal attention the ``L(L+1)/2`` pairs are split as ``L²/2 + L/2``: ``quadratic`` is half
-    the per-pair FLOPs of all full-attention layers and ``linear`` includes the other half (the
-    diagonal). Sliding-window layers add ``windowed_pair_flops · attention_pairs(L, window=...)``
-    on top; see :attr:`windowed_pair_flops`.
+    ``coefficients`` is ``(linear, quadratic)`` such that ``forward(L) == linear·L +
+    quadratic·L²`` exactly when :attr:`non_polynomial_terms` is empty. For causal attention the
+    ``L(L+1)/2`` pairs are split as ``L²/2 + L/2``: ``quadratic`` is half the per-pair FLOPs of
+    all full-attention layers and ``linear`` includes the other half (the diagonal), the
+    per-token weights (:attr:`token_flops`) and the linear-attention / SSM scans
+    (:attr:`state_flops`). Sliding-window and chunked layers add
+    ``windowed_pair_flops · attention_pairs(L, window=...)`` and
+    ``chunked_pair_flops · attention_pairs(L, chunk=...)`` on top; cross-attention layers add
+    ``cross_encoder_token_flops · E + cross_pair_flops · L·E`` for ``E`` encoder tokens.
     """
 
     def __init__(
@@ -96,9 +122,7 @@ class FlopsModel:
         if extra_per_sample is not None and not callable(extra_per_sample):
             raise ValueError(f"extra_per_sample must be callable, got {extra_per_sample!r}")
         self._extra_per_sample = extra_per_sample
-        self._token_flops, self._full_pair_flops, self._windowed_pair_flops = _forward_terms(
-            spec, include_mtp=include_mtp
-        )
+        self._terms = _forward_terms(spec, include_mtp=include_mtp)
 
     def __repr__(self) -> str:
         return (
@@ -138,31 +162,71 @@ class FlopsModel:
 
     @property
     def token_flops(self) -> float:
-        """Forward FLOPs per token except attention scores (projections, MLP, LM head)."""
-        return self._token_flops
+        """Forward FLOPs per token through weights: mixer projections, MLP, LM head.
+
+        Twice the active matmul parameters without the embedding tables (whose lookup is free),
+        plus one LM-head matmul per output head. Cross-attention K/V projections run on encoder
+        tokens and are in :attr:`cross_encoder_token_flops` instead.
+        """
+        return self._terms.token
+
+    @property
+    def state_flops(self) -> float:
+        """Forward FLOPs per token of the linear-attention and SSM scans (0 without such layers)."""
+        return self._terms.state
 
     @property
     def pair_flops(self) -> float:
         """Forward FLOPs per query–key pair, summed over the full-attention layers."""
-        return self._full_pair_flops
+        return self._terms.full_pair
 
     @property
     def windowed_pair_flops(self) -> float:
         """Forward FLOPs per query–key pair, summed over the sliding-window layers (0 if none)."""
-        return self._windowed_pair_flops
+        return self._terms.windowed_pair
+
+    @property
+    def chunked_pair_flops(self) -> float:
+        """Forward FLOPs per query–key pair, summed over the chunked-attention layers (or 0)."""
+        return self._terms.chunked_pair
+
+    @property
+    def cross_encoder_token_flops(self) -> float:
+        """Forward FLOPs per encoder token: the cross-attention K/V projections (0 if none)."""
+        return self._terms.cross_encoder_token
+
+    @property
+    def cross_pair_flops(self) -> float:
+        """Forward FLOPs per decoder–encoder token pair over the cross-attention layers."""
+        return self._terms.cross_pair
+
+    @property
+    def non_polynomial_terms(self) -> tuple[str, ...]:
+        """Names of the terms that make ``forward(L)`` differ from ``linear·L + quadratic·L²``.
+
+        Empty when :attr:`coefficients` is exact.
+        """
+        terms = (
+            ("sliding-window layers", self._terms.windowed_pair),
+            ("chunked-attention layers", self._terms.chunked_pair),
+            ("cross-attention layers", self._terms.cross_pair),
+            ("extra_per_sample", self.extra_per_sample is not None),
+        )
+        return tuple(name for name, present in terms if present)
 
     @property
     def coefficients(self) -> tuple[float, float]:
         """``(linear FLOPs/token, quadratic FLOPs/token²)`` of the forward pass.
 
-        ``forward(L) = linear·L + quadratic·L²`` (+ windowed and extra terms, if any). For causal
-        attention the pair count ``L(L+1)/2`` is folded in: quadratic = pair_flops / 2 and linear =
-        token_flops + pair_flops / 2.
+        ``forward(L) = linear·L + quadratic·L²`` (+ the :attr:`non_polynomial_terms`, if any).
+        For causal attention the pair count ``L(L+1)/2`` is folded in: quadratic = pair_flops /
+        2 and linear = token_flops + state_flops + pair_flops / 2.
         """
+        linear = self._terms.token + self._terms.state
         if self.attention == "causal":
-            half = self._full_pair_flops / 2.0
-            return self._token_flops + half, half
-        return self._token_flops, self._full_pair_flops
+            half = self._terms.full_pair / 2.0
+            return linear + half, half
+        return linear, self._terms.full_pair
 
     @property
     def training_multiplier(self) -> int:
@@ -176,19 +240,33 @@ class FlopsModel:
 
     # --- per sample --------------------------------------------------------------------------
 
-    def forward(self, lengths: Any) -> np.ndarray:
-        """Forward FLOPs (float64) of each sample of ``lengths`` tokens."""
+    def forward(self, lengths: Any, *, encoder_lengths: Any = None) -> np.ndarray:
+        """Forward FLOPs (float64) of each sample of ``lengths`` tokens.
+
+        ``encoder_lengths`` (one per sample, tokens) is required when the spec has
+        cross-attention layers and refused otherwise.
+        """
         length = as_lengths(lengths)
-        flops = self._transformer_forward(length)
+        encoder = self._encoder_lengths(encoder_lengths, length.size)
+        flops = self._transformer_forward(length, encoder)
         if self.extra_per_sample is not None:
             flops = flops + self._extra(length)
         return flops
 
-    def per_sample(self, lengths: Any, backward: bool = True) -> np.ndarray:
+    def per_sample(
+        self, lengths: Any, backward: bool = True, *, encoder_lengths: Any = None
+    ) -> np.ndarray:
         """FLOPs (float64) per sample: training (forward + backward) by default, else forward."""
-        return self.forward(lengths) * self._multiplier(backward)
+        return self.forward(lengths, encoder_lengths=encoder_lengths) * self._multiplier(backward)
 
-    def packed(self, cu_seqlens: Any, *, valid: int | None = None, backward: bool = True) -> float:
+    def packed(
+        self,
+        cu_seqlens: Any,
+        *,
+        valid: int | None = None,
+        backward: bool = True,
+        cross_cu_seqlens: Any = None,
+    ) -> float:
         """FLOPs of one packed (THD) micro-batch given its cumulative sequence lengths.
 
         ``cu_seqlens`` is a 1-D integer array starting at 0 and non-decreasing; sub-sequence ``i``
@@ -196,26 +274,45 @@ class FlopsModel:
         attention term is summed over the sub-sequences. ``valid`` is the number of leading valid
         entries when the array is padded (Megatron's ``cu_seqlens_argmin`` convention: entries
         from ``valid`` on are padding and ignored); None means every entry is valid.
+        ``cross_cu_seqlens`` gives the encoder tokens of the same sub-sequences (same layout and
+        ``valid``) for a spec with cross-attention layers.
         """
-        return float(self.per_sample(_segment_lengths(cu_seqlens, valid), backward).sum())
+        segments = _segment_lengths(cu_seqlens, valid)
+        encoder = None
+        if cross_cu_seqlens is not None:
+            encoder = _segment_lengths(cross_cu_seqlens, valid, name="cross_cu_seqlens")
+            if encoder.size != segments.size:
+                raise ValueError(
+                    f"cross_cu_seqlens holds {encoder.size} sequences, cu_seqlens "
+                    f"{segments.size}; they must describe the same sequences"
+                )
+        return float(self.per_sample(segments, backward, encoder_lengths=encoder).sum())
 
-    def padded(self, lengths: Any, micro_batch_size: int, *, backward: bool = True) -> float:
+    def padded(
+        self,
+        lengths: Any,
+        micro_batch_size: int,
+        *,
+        backward: bool = True,
+        encoder_lengths: Any = None,
+    ) -> float:
         """FLOPs of BSHD (padded) micro-batches of ``micro_batch_size`` consecutive samples.
 
         Samples are taken in the given order in chunks of ``micro_batch_size`` (the last chunk may
         be shorter); every sample is computed at the length of the longest sample of its chunk,
-        attention included. ``extra_per_sample`` is evaluated on the real lengths (padding does
-        not add images to a sample). Returns the total over all chunks.
+        attention included (and at the longest encoder length, with cross-attention).
+        ``extra_per_sample`` is evaluated on the real lengths (padding does not add images to a
+        sample). Returns the total over all chunks.
         """
         length = as_lengths(lengths)
         size = check_int(micro_batch_size, "micro_batch_size", minimum=1)
+        encoder = self._encoder_lengths(encoder_lengths, length.size)
         if length.size == 0:
             return 0.0
-        starts = np.arange(0, length.size, size)
-        padded_length = np.repeat(
-            np.maximum.reduceat(length, starts), np.diff([*starts, length.size])
-        )
-        total = self._transformer_forward(padded_length).sum()
+        total = self._transformer_forward(
+            _pad_to_chunk_max(length, size),
+            None if encoder is None else _pad_to_chunk_max(encoder, size),
+        ).sum()
         if self.extra_per_sample is not None:
             total += self._extra(length).sum()
         return float(total * self._multiplier(backward))
@@ -225,13 +322,41 @@ class FlopsModel:
     def _multiplier(self, backward: bool) -> int:
         return self.training_multiplier if check_bool(backward, "backward") else 1
 
-    def _transformer_forward(self, length: np.ndarray) -> np.ndarray:
+    def _encoder_lengths(self, encoder_lengths: Any, n: int) -> np.ndarray | None:
+        cross_layers = len(self.spec.cross_attention_layers)
+        if encoder_lengths is None:
+            if cross_layers:
+                raise ValueError(
+                    f"encoder_lengths is required: the spec has {cross_layers} cross-attention "
+                    "layer(s)"
+                )
+            return None
+        if not cross_layers:
+            raise ValueError("encoder_lengths was given but the spec has no cross-attention layers")
+        encoder = as_lengths(encoder_lengths, "encoder_lengths")
+        if encoder.size != n:
+            raise ValueError(
+                f"encoder_lengths must hold one length per sample ({n}), got {encoder.size}"
+            )
+        return encoder
+
+    def _transformer_forward(self, length: np.ndarray, encoder: np.ndarray | None) -> np.ndarray:
         causal = self.attention == "causal"
-        flops = self._token_flops * length.astype(np.float64)
-        flops = flops + self._full_pair_flops * attention_pairs(length, causal=causal)
-        if self._windowed_pair_flops:
-            flops = flops + self._windowed_pair_flops * attention_pairs(
+        terms = self._terms
+        flops = (terms.token + terms.state) * length.astype(np.float64)
+        flops = flops + terms.full_pair * attention_pairs(length, causal=causal)
+        if terms.windowed_pair:
+            flops = flops + terms.windowed_pair * attention_pairs(
                 length, causal=causal, window=self.spec.sliding_window
+            )
+        if terms.chunked_pair:
+            flops = flops + terms.chunked_pair * attention_pairs(
+                length, causal=causal, chunk=self.spec.attention_chunk_size
+            )
+        if encoder is not None:
+            encoder_tokens = encoder.astype(np.float64)
+            flops = flops + encoder_tokens * (
+                terms.cross_encoder_token + terms.cross_pair * length.astype(np.float64)
             )
         return flops
 
@@ -246,47 +371,80 @@ class FlopsModel:
         return as_weights(extra, "extra_per_sample(lengths)")
 
 
-def _segment_lengths(cu_seqlens: Any, valid: int | None) -> np.ndarray:
+def _pad_to_chunk_max(values: np.ndarray, size: int) -> np.ndarray:
+    """Each value replaced by the maximum of its consecutive chunk of ``size`` values."""
+    starts = np.arange(0, values.size, size)
+    return np.repeat(np.maximum.reduceat(values, starts), np.diff([*starts, values.size]))
+
+
+def _segment_lengths(cu_seqlens: Any, valid: int | None, *, name: str = "cu_seqlens") -> np.ndarray:
     if np.ndim(cu_seqlens) != 1:
-        raise ValueError(f"cu_seqlens must be a 1-D array, got shape {np.shape(cu_seqlens)}")
+        raise ValueError(f"{name} must be a 1-D array, got shape {np.shape(cu_seqlens)}")
     entries = np.asarray(cu_seqlens)
     if valid is not None:
         valid = check_int(valid, "valid", minimum=1)
         if valid > entries.size:
-            raise ValueError(f"valid = {valid} exceeds the {entries.size} entries of cu_seqlens")
+            raise ValueError(f"valid = {valid} exceeds the {entries.size} entries of {name}")
         entries = entries[:valid]
-    offsets = as_lengths(entries, "cu_seqlens")
+    offsets = as_lengths(entries, name)
     if offsets.size == 0 or offsets[0] != 0:
         first = "empty" if offsets.size == 0 else f"starts at {int(offsets[0])}"
-        raise ValueError(f"cu_seqlens must start with 0, got {first}")
+        raise ValueError(f"{name} must start with 0, got {first}")
     segments = np.diff(offsets)
     decreasing = segments < 0
     if decreasing.any():
         bad = int(np.flatnonzero(decreasing)[0]) + 1
         raise ValueError(
-            f"cu_seqlens must be non-decreasing: cu_seqlens[{bad}] = {int(offsets[bad])} < "
-            f"cu_seqlens[{bad - 1}] = {int(offsets[bad - 1])}"
+            f"{name} must be non-decreasing: {name}[{bad}] = {int(offsets[bad])} < "
+            f"{name}[{bad - 1}] = {int(offsets[bad - 1])}"
         )
     return segments
 
 
-def _forward_terms(spec: ModelSpec, *, include_mtp: bool) -> tuple[float, float, float]:
-    """(FLOPs per token, per-pair FLOPs of full-attention layers, of windowed layers), forward.
+@dataclass(frozen=True)
+class _Terms:
+    """Forward FLOPs of a spec by what they scale with (see the FlopsModel properties)."""
+
+    token: float
+    state: float
+    full_pair: float
+    windowed_pair: float
+    chunked_pair: float
+    cross_encoder_token: float
+    cross_pair: float
+
+
+def _forward_terms(spec: ModelSpec, *, include_mtp: bool) -> _Terms:
+    """Forward FLOPs per token, per scan token and per query–key pair of each attention kind.
 
     A token passes through every active weight once (``ModelSpec.num_parameters(active=True)``
-    without the embedding tables, whose lookup is free) plus one LM-head matmul per output
-    head (the main one and one per counted MTP module), tied embeddings or not.
+    without the embedding tables, whose lookup is free, and without the cross-attention K/V
+    projections, which see encoder tokens) plus one LM-head matmul per output head (the main one
+    and one per counted MTP module), tied embeddings or not. Each MTP module holds one
+    full-attention layer.
     """
+    params = spec.matmul_parameters()
     mtp_modules = spec.num_mtp_layers if include_mtp else 0
+    cross_layers = len(spec.cross_attention_layers)
     token_macs = (
         spec.num_parameters(active=True, include_embeddings=False, include_mtp=include_mtp)
-        + (1 + mtp_modules) * spec.matmul_parameters().embedding
+        - cross_layers * params.cross_attention_key_value
+        + (1 + mtp_modules) * params.embedding
     )
+    state_macs = 0
+    for kind, count in spec.layer_kind_counts().items():
+        if kind == "linear_attention":
+            state_macs += count * spec.linear_attention.state_macs_per_token()  # type: ignore[union-attr]
+        elif kind in ("mamba", "mamba2"):
+            state_macs += count * spec.mamba.state_macs_per_token(kind)  # type: ignore[union-attr]
     pair_flops_per_layer = 2.0 * spec.num_attention_heads * (spec.qk_head_dim + spec.value_head_dim)
-    windowed_layers = len(spec.sliding_window_layers or ())
-    full_layers = spec.num_layers - windowed_layers + mtp_modules
-    return (
-        2.0 * token_macs,
-        pair_flops_per_layer * full_layers,
-        pair_flops_per_layer * windowed_layers,
+    cross_pair_per_layer = 2.0 * spec.num_attention_heads * 2 * int(spec.head_dim)  # type: ignore[arg-type]
+    return _Terms(
+        token=2.0 * token_macs,
+        state=2.0 * state_macs,
+        full_pair=pair_flops_per_layer * (len(spec.layers_of("full_attention")) + mtp_modules),
+        windowed_pair=pair_flops_per_layer * len(spec.layers_of("sliding_attention")),
+        chunked_pair=pair_flops_per_layer * len(spec.layers_of("chunked_attention")),
+        cross_encoder_token=2.0 * cross_layers * params.cross_attention_key_value,
+        cross_pair=cross_pair_per_layer * cross_layers,
     )

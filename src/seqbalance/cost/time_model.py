@@ -110,8 +110,9 @@ class TimeModel:
 
         ``t0 = 0``; ``(t1, t2)`` are ``flops_model.coefficients`` (already the polynomial in L and
         L², the causal pair count folded in) times the training multiplier, divided by the
-        achieved FLOP/s. Models whose cost is not such a polynomial (sliding-window layers, an
-        ``extra_per_sample`` term) raise ValueError.
+        achieved FLOP/s. Models whose cost is not such a polynomial
+        (``flops_model.non_polynomial_terms``: sliding-window, chunked or cross-attention layers,
+        an ``extra_per_sample`` term) raise ValueError.
         """
         if not isinstance(flops_model, FlopsModel):
             raise ValueError(f"flops_model must be a FlopsModel, got {type(flops_model).__name__}")
@@ -119,15 +120,10 @@ class TimeModel:
         eff = check_positive_float(efficiency, "efficiency")
         if eff > 1:
             raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
-        if flops_model.windowed_pair_flops:
+        if flops_model.non_polynomial_terms:
             raise ValueError(
-                "flops_model has sliding-window layers, whose cost is not t1·L + t2·L²; "
-                "fit a TimeModel to measurements instead"
-            )
-        if flops_model.extra_per_sample is not None:
-            raise ValueError(
-                "flops_model has an extra_per_sample term, whose cost is not t1·L + t2·L²; "
-                "fit a TimeModel to measurements instead"
+                f"flops_model has {' and '.join(flops_model.non_polynomial_terms)}, whose cost is "
+                "not t1·L + t2·L²; fit a TimeModel to measurements instead"
             )
         linear, quadratic = flops_model.coefficients
         multiplier = flops_model.training_multiplier if backward else 1
