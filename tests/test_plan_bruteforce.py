@@ -1,6 +1,7 @@
 """Small instances: ``balanced`` equals a brute force over every sample-to-slot assignment
-(fewest feasible micro-batches first, then the best step cost), and the reported lower bound
-never exceeds the brute-force optimum."""
+(fewest feasible micro-batches first, then the best step cost; more micro-batches only when a
+baseline's plan with more is strictly cheaper), and the reported lower bound never exceeds the
+brute-force optimum."""
 
 from __future__ import annotations
 
@@ -67,15 +68,20 @@ def _candidate_counts(plan: StepPlan) -> list[int]:
 
 
 def _check_against_brute_force(plan: StepPlan) -> None:
+    """Optimal at the fewest feasible count; more micro-batches only when that is strictly
+    cheaper (possible without a per-micro-batch overhead: less padding, finer lockstep
+    positions), which ``balanced`` takes from a baseline's plan rather than lose to it."""
     plan.validate()
     for m in _candidate_counts(plan):
         best = _brute_force(plan, m)
         if best is None:
             assert m < plan.n_microbatches
             continue
-        assert m == plan.n_microbatches, f"brute force fits {m} micro-batches per rank"
-        assert plan.step_cost == pytest.approx(best, rel=1e-9, abs=1e-9)
         assert plan.lower_bound <= best * (1 + 1e-12) + 1e-9
+        if m == plan.n_microbatches:
+            assert plan.step_cost == pytest.approx(best, rel=1e-9, abs=1e-9)
+        else:
+            assert plan.step_cost < best * (1 - 1e-12), f"brute force fits {m} micro-batches"
         return
     raise AssertionError("brute force found no feasible plan")
 

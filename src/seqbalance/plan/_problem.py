@@ -18,7 +18,7 @@ from seqbalance.plan.options import PlanOptions
 
 __all__ = ["MAX_SLOTS", "OptionFields", "Problem", "objective_value"]
 
-MAX_SLOTS = 2**22
+MAX_SLOTS = 2**18
 """Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
 
 
@@ -272,7 +272,7 @@ class Problem(OptionFields):
         if self.dp * m > MAX_SLOTS:
             raise ValueError(
                 f"dp_size x micro-batches = {self.dp} x {m} = {self.dp * m} micro-batch slots, "
-                f"more than 2**22 = {MAX_SLOTS}; check num_microbatches, min_microbatches and "
+                f"more than 2**18 = {MAX_SLOTS}; check num_microbatches, min_microbatches and "
                 "microbatch_multiple"
             )
         return m

@@ -16,7 +16,7 @@ from seqbalance.plan.types import StepPlan
 
 __all__ = ["MAX_DP_SIZE", "plan_step"]
 
-MAX_DP_SIZE = 2**20
+MAX_DP_SIZE = 2**18
 """Most data-parallel ranks a plan is made for."""
 
 
@@ -82,7 +82,7 @@ def plan_step(
     lengths = as_lengths(lengths, "lengths")
     dp_size = check_int(dp_size, "dp_size", minimum=1)
     if dp_size > MAX_DP_SIZE:
-        raise ValueError(f"dp_size must be <= 2**20 = {MAX_DP_SIZE}, got {dp_size}")
+        raise ValueError(f"dp_size must be <= 2**18 = {MAX_DP_SIZE}, got {dp_size}")
     total = float(lengths.sum(dtype=np.float64))
     if total > MAX_TOKENS_LIMIT:
         raise ValueError(
