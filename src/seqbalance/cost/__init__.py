@@ -4,8 +4,10 @@
 ``FlopsModel`` is the project's one FLOPs formula (per sample, packed and padded micro-batches),
 ``TimeModel`` predicts seconds per micro-batch (from FLOPs or fitted to measurements) and
 ``FlopsMeter`` accumulates FLOPs for TFLOP/s and MFU reports. ``resolve_cost`` is the one place
-that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``). Nothing
-here knows about partitioning or torch.
+that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``).
+``SampleParts`` carries what a sample holds beyond its token count (images, HSTU history and
+candidates), which ``VisionLanguageFlopsModel`` (language model + ``VisionSpec`` encoder) costs.
+Nothing here knows about partitioning or torch.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from seqbalance.cost.resolve import (
     resolve_cost,
     seconds_model,
 )
+from seqbalance.cost.samples import SampleParts
 from seqbalance.cost.spec import ModelSpec, presets
 from seqbalance.cost.time_model import FitStats, TimeModel
+from seqbalance.cost.vision import VisionLanguageFlopsModel, VisionSpec
 
 __all__ = [
     "CallableCost",
@@ -35,8 +39,11 @@ __all__ = [
     "FlopsMeter",
     "FlopsModel",
     "ModelSpec",
+    "SampleParts",
     "TimeModel",
     "TokenCost",
+    "VisionLanguageFlopsModel",
+    "VisionSpec",
     "attention_pairs",
     "cost_name",
     "cost_unit",
