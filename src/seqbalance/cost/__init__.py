@@ -6,13 +6,15 @@
 ``FlopsMeter`` accumulates FLOPs for TFLOP/s and MFU reports. ``resolve_cost`` is the one place
 that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``).
 ``SampleParts`` carries what a sample holds beyond its token count (images, HSTU history and
-candidates), which ``VisionLanguageFlopsModel`` (language model + ``VisionSpec`` encoder) costs.
+candidates), which ``VisionLanguageFlopsModel`` (language model + ``VisionSpec`` encoder) and
+``HSTUFlopsModel`` (recommendation) cost.
 Nothing here knows about partitioning or torch.
 """
 
 from __future__ import annotations
 
 from seqbalance.cost.flops import FlopsModel, attention_pairs
+from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec, hstu_attention_pairs, hstu_presets
 from seqbalance.cost.meter import FlopsMeter
 from seqbalance.cost.resolve import (
     CallableCost,
@@ -38,6 +40,8 @@ __all__ = [
     "FitStats",
     "FlopsMeter",
     "FlopsModel",
+    "HSTUFlopsModel",
+    "HSTUSpec",
     "ModelSpec",
     "SampleParts",
     "TimeModel",
@@ -49,6 +53,8 @@ __all__ = [
     "cost_unit",
     "evaluate_costs",
     "flops_model",
+    "hstu_attention_pairs",
+    "hstu_presets",
     "presets",
     "resolve_cost",
     "seconds_model",
