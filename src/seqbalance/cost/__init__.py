@@ -3,8 +3,8 @@
 ``ModelSpec`` describes an architecture (parsed from a Hugging Face config or a bundled preset),
 ``FlopsModel`` is the project's one FLOPs formula (per sample, packed and padded micro-batches),
 ``TimeModel`` predicts seconds per micro-batch (from FLOPs or fitted to measurements) and
-``FlopsMeter`` accumulates FLOPs for TFLOP/s and MFU reports. ``resolve_cost`` is the one place
-that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``).
+``FlopsMeter`` accumulates FLOPs for TFLOP/s, tokens/s and MFU reports. ``resolve_cost`` is the
+one place that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``).
 ``SampleParts`` carries what a sample holds beyond its token count (images, HSTU history and
 candidates), which ``VisionLanguageFlopsModel`` (language model + ``VisionSpec`` encoder) and
 ``HSTUFlopsModel`` (recommendation) cost.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from seqbalance.cost.flops import FlopsModel, attention_pairs
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec, hstu_attention_pairs, hstu_presets
-from seqbalance.cost.meter import FlopsMeter
+from seqbalance.cost.meter import FlopsMeter, FlopsReport, MeterTotals
 from seqbalance.cost.resolve import (
     CallableCost,
     CostModel,
@@ -40,8 +40,10 @@ __all__ = [
     "FitStats",
     "FlopsMeter",
     "FlopsModel",
+    "FlopsReport",
     "HSTUFlopsModel",
     "HSTUSpec",
+    "MeterTotals",
     "ModelSpec",
     "SampleParts",
     "TimeModel",
