@@ -229,7 +229,7 @@ class VisionSpec:
             in_channels=cfg.integer("in_channels", cfg.integer("in_chans", 3)),
             gated_mlp=True,
             window_size=cfg.integer("window_size"),
-            fullatt_block_indexes=tuple(cfg.get("fullatt_block_indexes")),
+            fullatt_block_indexes=cfg.get("fullatt_block_indexes"),
             name=name if name is not None else str(model_type),
         )
 
