@@ -77,12 +77,10 @@ class TorchFlopsMeter:
         timeout: timedelta = timedelta(seconds=300),
         backward: bool = True,
     ) -> None:
-        from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec
+        from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
 
-        if isinstance(model, str):
-            model = ModelSpec.preset(model)
-        if isinstance(model, ModelSpec):
-            model = FlopsModel(model)
+        if isinstance(model, (str, ModelSpec)):
+            model = flops_model(model)
         self.meter = FlopsMeter(
             model,
             backward=backward,
