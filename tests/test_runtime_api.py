@@ -35,7 +35,7 @@ def test_flops_meter_without_torch_distributed_reports_this_process() -> None:
     meter.add(lengths=torch.tensor([50]))
     report = meter.report(0.5)
     total = expected + FlopsModel(spec).per_sample([50]).sum()
-    assert report.world_size == 1
+    assert (report.num_gpus, report.dp_size) == (1, 1)
     assert report.total_flops == pytest.approx(total, rel=1e-12)
     assert (report.tokens, report.samples) == (350, 4)
     assert report.tflops_per_gpu == pytest.approx(total / 0.5 / 1e12)
@@ -51,3 +51,25 @@ def test_flops_meter_accepts_presets_and_validates() -> None:
         TorchFlopsMeter("qwen3-8b").report(0)
     with pytest.raises(ValueError, match="peak_flops_per_s"):
         TorchFlopsMeter("qwen3-8b", peak_flops_per_s=-1)
+    with pytest.raises(ValueError, match="tensor_parallel must be >= 1"):
+        TorchFlopsMeter("qwen3-8b", tensor_parallel=0)
+    with pytest.raises(ValueError, match="dp_size must be >= 1"):
+        TorchFlopsMeter("qwen3-8b", dp_size=0)
+    with pytest.raises(ValueError, match=r"torch\.distributed is not initialised"):
+        TorchFlopsMeter("qwen3-8b", dp_size=2).report(1.0)
+
+
+def test_flops_meter_single_process_with_model_parallel_sizes() -> None:
+    # One process stands for a TP=2 x PP=2 replica: its totals are the job's, over 4 GPUs.
+    spec = TinyCausalTransformer().model_spec()
+    meter = TorchFlopsMeter(spec, tensor_parallel=2, pipeline_parallel=2, backward=False)
+    unpadded = torch.tensor([0, 30, 50, 50], dtype=torch.int32)
+    flops = meter.add(
+        torch.tensor([0, 32, 64, 64]), cu_seqlens_unpadded=unpadded, valid_unpadded=torch.tensor(3)
+    )
+    assert flops == pytest.approx(FlopsModel(spec).forward([30, 20]).sum(), rel=1e-12)
+    assert meter.add(lengths=[7], vp_stage=2) == 0.0
+    report = meter.report(0.25)
+    assert (report.dp_size, report.num_gpus, report.tokens) == (1, 4, 50)
+    assert report.tflops_per_gpu == pytest.approx(flops / 0.25 / 4 / 1e12)
+    assert report.tokens_per_s == 200.0

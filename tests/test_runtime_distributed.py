@@ -289,11 +289,61 @@ def test_flops_meter_reduces_over_the_group(happy: list) -> None:
     per_rank = [model.per_sample([5, 4]).sum() + model.per_sample([r + 1]).sum() for r in range(3)]
     for result in happy:
         report = result["flops"]
-        assert report.world_size == WORLD
+        assert (report.dp_size, report.num_gpus) == (WORLD, WORLD)
         assert report.total_flops == pytest.approx(sum(per_rank), rel=1e-12)
         assert report.tokens == 3 * 9 + 1 + 2 + 3
         assert report.tflops_per_gpu == pytest.approx(sum(per_rank) / 2.0 / WORLD / 1e12)
         assert report.mfu == pytest.approx(report.tflops_per_gpu)
+
+
+def _tensor_parallel_pair(rank: int, world_size: int) -> dict[str, Any]:
+    """Two ranks forming one TP=2 replica: both add the same micro-batches, as TP ranks do."""
+    from seqbalance.runtime.flops import TorchFlopsMeter
+
+    def interval(**layout: Any) -> Any:
+        meter = TorchFlopsMeter(
+            _toy_spec(), peak_flops_per_s=1e12, timeout=timedelta(seconds=20), **layout
+        )
+        meter.add(torch.tensor([0, 5, 9, 9, -1]), valid=4)  # sub-sequences of 5, 4 and 0 tokens
+        meter.add(lengths=[6])
+        return meter.report(2.0)
+
+    dp_groups = [dist.new_group([0]), dist.new_group([1])]  # every rank creates every group
+    return {
+        "sizes": interval(tensor_parallel=2),
+        "group": interval(group=dp_groups[rank], tensor_parallel=2, dp_size=1),
+        "world_default": interval(),
+    }
+
+
+def test_flops_meter_at_tensor_parallel_2_reports_the_true_tflops(tmp_path: Path) -> None:
+    from seqbalance.cost import FlopsModel
+
+    results = _launch(tmp_path, 2, _tensor_parallel_pair)
+    for rank, result in enumerate(results):
+        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
+    # The toy model (hidden 64, 2 layers, 4 heads of 16, SwiGLU 176, vocab 512) costs per token
+    # 2·(2·(4·64² + 3·64·176) + 64·512) = 266,240 FLOPs and per causal pair 2·2·4·(16 + 16) = 512.
+    # The replica trains sequences of 5, 4, 0 and 6 tokens: 15 tokens, 15 + 10 + 0 + 21 = 46
+    # pairs; training is 3x forward.
+    replica = 3 * (266_240 * 15 + 512 * 46)
+    assert replica == 12_051_456
+    assert FlopsModel(_toy_spec()).per_sample([5, 4, 0, 6]).sum() == replica
+    # One replica on 2 GPUs for 2 s: replica / (2 s x 2 GPUs) per GPU.
+    true_tflops = replica / 2.0 / 2 / 1e12
+    for result in results:
+        for name in ("sizes", "group"):
+            report = result["ok"][name]
+            assert (report.dp_size, report.num_gpus, report.tensor_parallel) == (1, 2, 2)
+            assert report.total_flops == pytest.approx(replica, rel=1e-12)
+            assert (report.tokens, report.samples) == (15, 4)
+            assert report.tflops_per_gpu == pytest.approx(true_tflops, rel=1e-12)
+            assert report.mfu == pytest.approx(true_tflops)
+            assert report.tokens_per_s == 7.5
+        # Not told about TP, the meter takes both ranks for replicas: 2x too high (the bug fixed).
+        wrong = result["ok"]["world_default"]
+        assert (wrong.dp_size, wrong.num_gpus) == (2, 2)
+        assert wrong.tflops_per_gpu == pytest.approx(2 * true_tflops, rel=1e-12)
 
 
 def _failing_rank(rank: int, world_size: int, exit_early: bool) -> dict[str, Any]:

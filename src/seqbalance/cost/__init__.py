@@ -3,15 +3,19 @@
 ``ModelSpec`` describes an architecture (parsed from a Hugging Face config or a bundled preset),
 ``FlopsModel`` is the project's one FLOPs formula (per sample, packed and padded micro-batches),
 ``TimeModel`` predicts seconds per micro-batch (from FLOPs or fitted to measurements) and
-``FlopsMeter`` accumulates FLOPs for TFLOP/s and MFU reports. ``resolve_cost`` is the one place
-that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``). Nothing
-here knows about partitioning or torch.
+``FlopsMeter`` accumulates FLOPs for TFLOP/s, tokens/s and MFU reports. ``resolve_cost`` is the
+one place that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``).
+``SampleParts`` carries what a sample holds beyond its token count (images, HSTU history and
+candidates), which ``VisionLanguageFlopsModel`` (language model + ``VisionSpec`` encoder) and
+``HSTUFlopsModel`` (recommendation) cost.
+Nothing here knows about partitioning or torch.
 """
 
 from __future__ import annotations
 
 from seqbalance.cost.flops import FlopsModel, attention_pairs
-from seqbalance.cost.meter import FlopsMeter
+from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec, hstu_attention_pairs, hstu_presets
+from seqbalance.cost.meter import FlopsMeter, FlopsReport, MeterTotals
 from seqbalance.cost.resolve import (
     CallableCost,
     CostModel,
@@ -24,8 +28,10 @@ from seqbalance.cost.resolve import (
     resolve_cost,
     seconds_model,
 )
+from seqbalance.cost.samples import SampleParts
 from seqbalance.cost.spec import LinearAttentionSpec, MambaSpec, ModelSpec, presets
 from seqbalance.cost.time_model import FitStats, TimeModel
+from seqbalance.cost.vision import VisionLanguageFlopsModel, VisionSpec
 
 __all__ = [
     "CallableCost",
@@ -34,16 +40,25 @@ __all__ = [
     "FitStats",
     "FlopsMeter",
     "FlopsModel",
+    "FlopsReport",
+    "HSTUFlopsModel",
+    "HSTUSpec",
     "LinearAttentionSpec",
     "MambaSpec",
+    "MeterTotals",
     "ModelSpec",
+    "SampleParts",
     "TimeModel",
     "TokenCost",
+    "VisionLanguageFlopsModel",
+    "VisionSpec",
     "attention_pairs",
     "cost_name",
     "cost_unit",
     "evaluate_costs",
     "flops_model",
+    "hstu_attention_pairs",
+    "hstu_presets",
     "presets",
     "resolve_cost",
     "seconds_model",

@@ -1,62 +1,65 @@
-"""FLOPs / MFU accounting for packed (THD) training loops, reduced across data-parallel ranks.
+"""FLOPs / MFU accounting for training loops, reduced over the data-parallel group only.
 
-:class:`TorchFlopsMeter` wraps :class:`seqbalance.cost.FlopsMeter` (the one FLOPs formula of the
-project): each rank adds the ``cu_seqlens`` of the micro-batches it trained on, and once per
-logging interval :meth:`TorchFlopsMeter.report` sums the FLOPs over the group with a single
-``all_reduce`` (bounded by a timeout) and returns TFLOP/s per GPU and MFU.
+:class:`TorchFlopsMeter` wraps :class:`seqbalance.cost.FlopsMeter` (the one FLOPs formula and
+the one report computation of the project): every rank adds the micro-batches it trains on
+(``cu_seqlens`` tensors, lengths or sample parts), and once per logging interval
+:meth:`TorchFlopsMeter.report` sums the FLOPs over the data-parallel replicas with a single
+``all_reduce`` (bounded by a timeout) and returns TFLOP/s per GPU, tokens/s and MFU for the
+whole job.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from seqbalance._validation import check_positive_float
+from seqbalance._validation import check_int
+from seqbalance.cost.meter import FlopsReport, MeterTotals
 from seqbalance.runtime._dist import Comm, wait
 
 __all__ = ["FlopsReport", "TorchFlopsMeter"]
 
 
-@dataclass(frozen=True)
-class FlopsReport:
-    """One logging interval, summed over the data-parallel group.
-
-    ``total_flops`` and ``tokens`` are totals over all ranks; ``tflops_per_gpu`` is
-    ``total_flops / seconds / world_size / 1e12``; ``mfu`` is that over one GPU's peak FLOP/s
-    (None when no peak was given).
-    """
-
-    total_flops: float
-    tokens: int
-    samples: int
-    seconds: float
-    world_size: int
-    tflops_per_gpu: float
-    mfu: float | None
-
-
 class TorchFlopsMeter:
-    """Count model FLOPs from ``cu_seqlens`` tensors and report per-GPU TFLOP/s and MFU.
+    """Count model FLOPs of micro-batches; report TFLOP/s per GPU, tokens/s and MFU of the job.
 
-    Parameters
-    ----------
-    model:
-        A :class:`seqbalance.cost.FlopsModel`, a :class:`seqbalance.cost.ModelSpec` or a preset
-        name (e.g. ``"qwen3-8b"``); specs and names get a default ``FlopsModel``.
-    peak_flops_per_s:
-        One GPU's peak FLOP/s for MFU (e.g. ``989e12`` for dense BF16 on an H100 SXM).
-    group:
-        Data-parallel process group to reduce over (default: the world when torch.distributed
-        is initialised; otherwise this process alone).
-    timeout:
-        Longest wait for the reduction; a peer that never arrives raises
-        :class:`seqbalance.runtime.CollectiveError`.
-    backward:
-        Count training FLOPs (forward + backward, default) or forward only.
+    Every rank adds the micro-batches it trains on; all ranks of one data-parallel replica (its
+    tensor-, pipeline- and context-parallel ranks) add the same ones. :meth:`report` sums one
+    copy per replica:
+
+    * ``group`` given (the data-parallel group, e.g. Megatron's ``get_data_parallel_group()``
+      or a ``DeviceMesh``'s ``"dp"`` group): the totals are summed over it, ``dp_size`` = its
+      size.
+    * no ``group``: the totals are summed over the whole world and divided by the
+      model-parallel size ``tensor_parallel x pipeline_parallel x context_parallel`` (each
+      replica's copies), ``dp_size`` = world size / model-parallel size.
+
+    The default (no group, no model-parallel sizes) treats every rank as its own replica. That is
+    right for pure data parallelism (DDP, FSDP) and wrong under tensor, pipeline or context
+    parallelism: with tensor-parallel size 2, both ranks of a pair add the same micro-batches,
+    the world sum counts each twice and TFLOP/s per GPU comes out 2x too high. Pass the sizes
+    (or the data-parallel group) so the meter knows.
+
+    Args:
+        model: A FLOPs model (:class:`seqbalance.cost.FlopsModel`, ``VisionLanguageFlopsModel``
+            or ``HSTUFlopsModel``), a :class:`seqbalance.cost.ModelSpec` or a preset name (e.g.
+            ``"qwen3-8b"``); specs and names get a default ``FlopsModel``.
+        peak_flops_per_s: One GPU's peak FLOP/s for MFU (e.g. ``989e12`` for dense BF16 on an
+            H100 SXM).
+        group: The data-parallel process group to sum over (see above).
+        dp_size: The data-parallel size, checked against ``group`` or the world (optional).
+        tensor_parallel: Tensor-parallel size, or the tensor-parallel process group.
+        pipeline_parallel: Pipeline-parallel size, or the pipeline-parallel process group.
+        context_parallel: Context-parallel size, or the context-parallel process group.
+        seq_length: Tokens per sequence of a dense micro-batch, for a ``cu_seqlens`` without
+            sub-sequences (see :meth:`seqbalance.cost.FlopsMeter.add`).
+        micro_batch_size: Sequences per dense micro-batch (with ``seq_length``).
+        timeout: Longest wait for the reduction; a peer that never arrives raises
+            :class:`seqbalance.runtime.CollectiveError`.
+        backward: Count training FLOPs (forward + backward, default) or forward only.
     """
 
     def __init__(
@@ -65,45 +68,68 @@ class TorchFlopsMeter:
         *,
         peak_flops_per_s: float | None = None,
         group: Any = None,
+        dp_size: int | None = None,
+        tensor_parallel: int | Any = 1,
+        pipeline_parallel: int | Any = 1,
+        context_parallel: int | Any = 1,
+        seq_length: int | None = None,
+        micro_batch_size: int = 1,
         timeout: timedelta = timedelta(seconds=300),
         backward: bool = True,
     ) -> None:
-        from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec
+        from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
 
-        if isinstance(model, str):
-            model = ModelSpec.preset(model)
-        if isinstance(model, ModelSpec):
-            model = FlopsModel(model)
-        self.meter = FlopsMeter(model, backward=backward)
-        self.peak_flops_per_s = (
-            None
-            if peak_flops_per_s is None
-            else check_positive_float(peak_flops_per_s, "peak_flops_per_s")
+        if isinstance(model, (str, ModelSpec)):
+            model = flops_model(model)
+        self.meter = FlopsMeter(
+            model,
+            backward=backward,
+            tensor_parallel=_size(tensor_parallel, "tensor_parallel"),
+            pipeline_parallel=_size(pipeline_parallel, "pipeline_parallel"),
+            context_parallel=_size(context_parallel, "context_parallel"),
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            peak_flops_per_s=peak_flops_per_s,
         )
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
             raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
         self.group = group
+        self.dp_size = None if dp_size is None else check_int(dp_size, "dp_size", minimum=1)
         self.timeout = timeout
+        if dist.is_available() and dist.is_initialized():
+            self._replicas()  # a layout that does not fit the world fails here, not at report
 
     def add(
         self,
         cu_seqlens: torch.Tensor | Any = None,
         *,
         valid: int | torch.Tensor | None = None,
+        cu_seqlens_unpadded: torch.Tensor | Any = None,
+        valid_unpadded: int | torch.Tensor | None = None,
         lengths: torch.Tensor | Any = None,
+        parts: Any = None,
+        vp_stage: int | None = None,
     ) -> float:
-        """Add one micro-batch; return its FLOPs.
+        """Add one micro-batch; return its FLOPs (see :meth:`seqbalance.cost.FlopsMeter.add`).
 
-        Give ``cu_seqlens`` (a 1-D tensor or array starting at 0) or ``lengths``. A padded
-        ``cu_seqlens`` (Megatron: padded with -1 and ``cu_seqlens_argmin`` = the first pad
-        position) is read up to ``valid`` entries; a tensor ``valid`` is fine (one ``.item()``).
-        Padding tokens after ``cu_seqlens[valid - 1]`` count no FLOPs.
+        Give ``cu_seqlens`` and/or ``cu_seqlens_unpadded`` (1-D tensors or arrays starting at
+        0; the unpadded boundaries are used when given), ``lengths`` or ``parts``. A padded
+        ``cu_seqlens`` (Megatron: padded with -1, ``cu_seqlens_argmin`` = the first pad position)
+        is read up to ``valid`` entries; tensor ``valid`` / ``valid_unpadded`` are fine (one
+        ``.item()`` each). ``vp_stage``: the virtual pipeline stage of this forward step (only
+        stage 0 counts).
         """
-        if isinstance(valid, torch.Tensor):
-            valid = int(valid.item())
-        if cu_seqlens is not None:
-            return self.meter.add(cu_seqlens=_to_numpy(cu_seqlens), valid=valid)
-        return self.meter.add(None if lengths is None else _to_numpy(lengths), valid=valid)
+        return self.meter.add(
+            None if lengths is None else _to_numpy(lengths),
+            cu_seqlens=None if cu_seqlens is None else _to_numpy(cu_seqlens),
+            valid=_to_int(valid),
+            cu_seqlens_unpadded=(
+                None if cu_seqlens_unpadded is None else _to_numpy(cu_seqlens_unpadded)
+            ),
+            valid_unpadded=_to_int(valid_unpadded),
+            parts=parts,
+            vp_stage=vp_stage,
+        )
 
     @property
     def local_flops(self) -> float:
@@ -111,34 +137,65 @@ class TorchFlopsMeter:
         return self.meter.total_flops
 
     def report(self, seconds: float, *, reset: bool = True) -> FlopsReport:
-        """Sum this interval over the group (one all_reduce; a collective) and report it.
+        """Sum this interval over the data-parallel replicas (one all_reduce; a collective every
+        rank must call) and report it for the whole job.
 
         ``seconds`` is the wall-clock length of the interval on this rank. Resets the counters
-        unless ``reset=False``.
+        unless ``reset=False``. Without torch.distributed this process is the whole job.
         """
-        elapsed = check_positive_float(seconds, "seconds")
-        totals = [self.meter.total_flops, float(self.meter.tokens), float(self.meter.samples)]
-        world_size = 1
-        if dist.is_available() and dist.is_initialized():
+        local = self.meter.totals
+        if not (dist.is_available() and dist.is_initialized()):
+            if self.dp_size not in (None, 1):
+                raise ValueError(
+                    f"dp_size = {self.dp_size}, but torch.distributed is not initialised: the "
+                    "meter cannot sum the other replicas"
+                )
+            summed, replicas = local, 1
+        else:
+            replicas, copies = self._replicas()
             comm = Comm(self.group, self.timeout)
-            world_size = comm.world_size
-            reduced = torch.tensor(totals, dtype=torch.float64, device=comm.device)
+            values = [local.flops, float(local.tokens), float(local.samples)]
+            reduced = torch.tensor(values, dtype=torch.float64, device=comm.device)
             work = dist.all_reduce(reduced, group=self.group, async_op=True)
             wait(work, "FLOPs all_reduce", self.timeout)
-            totals = reduced.cpu().tolist()
-        tflops = totals[0] / elapsed / world_size / 1e12
-        report = FlopsReport(
-            total_flops=totals[0],
-            tokens=round(totals[1]),
-            samples=round(totals[2]),
-            seconds=elapsed,
-            world_size=world_size,
-            tflops_per_gpu=tflops,
-            mfu=None if self.peak_flops_per_s is None else tflops * 1e12 / self.peak_flops_per_s,
-        )
+            flops, tokens, samples = (reduced.cpu() / copies).tolist()
+            summed = MeterTotals(flops, round(tokens), round(samples))
+        report = self.meter.report(seconds, dp_size=replicas, totals=summed)
         if reset:
             self.meter.reset()
         return report
+
+    def _replicas(self) -> tuple[int, int]:
+        """(data-parallel size, copies of each replica's totals in the reduction group)."""
+        if self.group is not None:
+            replicas, copies = dist.get_world_size(self.group), 1
+            what = "the size of group"
+        else:
+            world = dist.get_world_size()
+            copies = self.meter.model_parallel_size
+            if world % copies:
+                raise ValueError(
+                    f"the world has {world} ranks, not a multiple of tensor_parallel x "
+                    f"pipeline_parallel x context_parallel = {copies}"
+                )
+            replicas = world // copies
+            what = "world size / model-parallel size"
+        if self.dp_size is not None and self.dp_size != replicas:
+            raise ValueError(f"dp_size = {self.dp_size}, but {what} is {replicas}")
+        return replicas, copies
+
+
+def _size(value: Any, name: str) -> int:
+    """A parallel size given as an int or as the process group of that dimension."""
+    if dist.is_available() and isinstance(value, dist.ProcessGroup):
+        return dist.get_world_size(value)
+    return check_int(value, name, minimum=1)
+
+
+def _to_int(value: int | torch.Tensor | None) -> int | None:
+    if isinstance(value, torch.Tensor):
+        return int(value.item())
+    return value
 
 
 def _to_numpy(values: Any) -> Any:
