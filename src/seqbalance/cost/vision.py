@@ -32,9 +32,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from seqbalance._validation import check_bool, check_int
+from seqbalance.cost._hf_config import Fields, config_dict
 from seqbalance.cost.flops import FlopsModel
 from seqbalance.cost.samples import SampleParts, as_grid, check_merge
-from seqbalance.cost.spec import _config_dict, _Fields
 
 __all__ = ["VISION_MODEL_TYPES", "VisionLanguageFlopsModel", "VisionSpec"]
 
@@ -204,10 +204,10 @@ class VisionSpec:
         Hugging Face default). The MLP is gated (Qwen2.5-VL's vision MLP has gate, up and down
         projections).
         """
-        raw = _config_dict(config)
+        raw = config_dict(config)
         model_type = raw.get("model_type")
         if "vision_config" in raw:
-            raw = _config_dict(raw["vision_config"])
+            raw = config_dict(raw["vision_config"])
             model_type = raw.get("model_type", model_type)
         if model_type is None and "fullatt_block_indexes" in raw:
             model_type = "qwen2_5_vl"
@@ -216,7 +216,7 @@ class VisionSpec:
                 f"vision model_type = {model_type!r} is not a known vision layout (known: "
                 f"{', '.join(VISION_MODEL_TYPES)}); construct a VisionSpec directly"
             )
-        cfg = _Fields(raw)
+        cfg = Fields(raw)
         return cls(
             hidden_size=cfg.integer("hidden_size"),
             depth=cfg.integer("depth"),
