@@ -1,7 +1,7 @@
 """seqbalance: data-parallel training on variable-length sequences without waiting for stragglers.
 
 The top-level names are loaded on first use, so ``import seqbalance`` stays cheap and never
-imports an optional dependency. See DESIGN.md for the architecture:
+imports an optional dependency. See docs/design.md for the architecture:
 ``partition`` (algorithms) and ``cost`` (what a sample costs) feed ``plan`` (the step planner);
 ``runtime`` (torch), ``sim``, ``datasets`` and the CLI sit on top.
 """

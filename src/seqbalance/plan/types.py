@@ -27,7 +27,7 @@ _COST_RTOL = 1e-9
 
 
 class PlanValidationError(ValueError):
-    """A plan breaks one of the invariants in DESIGN.md (raised by ``validate()``)."""
+    """A plan breaks one of the invariants in docs/design.md (raised by ``validate()``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,7 +160,7 @@ class StepPlan(OptionFields):
 
     # ------------------------------------------------------------------ invariants
     def validate(self) -> None:
-        """Check every invariant of DESIGN.md; raise ``PlanValidationError`` naming the first
+        """Check every invariant of docs/design.md; raise ``PlanValidationError`` naming the first
         violation found.
 
         Checked: shape (``dp_size`` ranks of exactly ``n_microbatches`` int64 arrays); every
