@@ -305,7 +305,7 @@ def test_same_output_in_another_process():
             assert theirs[f"{method}{equal_size}"] == [p.tolist() for p in ours.parts]
 
 
-# --- quality on realistic inputs (deterministic; the timed targets live in bench/) -------------
+# --- quality on realistic inputs (deterministic; the timed targets live in benchmarks/) ----------
 
 
 def heavy_tailed_weights(n: int) -> np.ndarray:
