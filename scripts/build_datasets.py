@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance.cli._common import print_table, progress
 from seqbalance.datasets import Fields, token_lengths
 from seqbalance.datasets.bundled import DATA_DIR, MANIFEST
 
@@ -149,8 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     raw_dir, reference_dir = args.shared / "data" / "raw", args.shared / "data" / "lengths"
 
     manifest: dict[str, Any] = {}
-    rows, failures = [], []
-    for name, spec in progress(SETS.items(), total=len(SETS), description="datasets"):
+    failures = []
+    print(
+        "bundled length sets vs reference arrays (Qwen3 tokenizer + 5 tokens per ChatML turn)",
+        flush=True,
+    )
+    for name, spec in SETS.items():
         raw = raw_dir / spec["raw"]
         result = token_lengths(
             raw,
@@ -163,15 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         median, worst, exact = _compare(result.lengths, reference)
         if not median <= TOLERANCE:
             failures.append(name)
-        rows.append(
-            [
-                name,
-                result.lengths.size,
-                reference.size,
-                f"{100 * median:.3f}%",
-                f"{100 * worst:.2f}%",
-                f"{100 * exact:.1f}%",
-            ]
+        print(
+            f"{name}: {result.lengths.size} samples (reference {reference.size}), "
+            f"|diff|/ref median {100 * median:.3f}% max {100 * worst:.2f}%, "
+            f"{100 * exact:.1f}% exactly equal",
+            flush=True,
         )
         lengths_file, groups_file = f"{name}.npy", None
         if not args.check_only:
@@ -200,11 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check_only:
         document = {"version": 1, "datasets": manifest}
         MANIFEST.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    print_table(
-        "bundled length sets vs reference arrays (Qwen3 tokenizer + 5 tokens per ChatML turn)",
-        ["set", "samples", "reference", "median |diff|/ref", "max |diff|/ref", "exactly equal"],
-        rows,
-    )
     if failures:
         print(f"outside the {TOLERANCE:.0%} tolerance: {', '.join(failures)}", file=sys.stderr)
         return 1

@@ -1,27 +1,16 @@
-"""Test configuration: hypothesis profiles (derandomized in CI so a failure reproduces)."""
+"""Test configuration: hypothesis profiles (see ``_profiles.py``; derandomized in CI so a
+failure reproduces)."""
 
-import os
-
+from _profiles import SCALES, active_profile
 from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "default",
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "ci",
-    deadline=None,
-    derandomize=True,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "long",
-    max_examples=3000,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.load_profile(
-    "ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "default")
-)
+for _name, _scale in SCALES.items():
+    settings.register_profile(
+        _name,
+        max_examples=round(100 * _scale),
+        deadline=None,
+        derandomize=_name == "ci",
+        print_blob=_name == "ci",
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+settings.load_profile(active_profile())

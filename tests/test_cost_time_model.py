@@ -251,3 +251,30 @@ def test_from_flops_rejects_chunked_and_cross_attention() -> None:
     cross = ModelSpec(**base, intermediate_size=16, cross_attention_layers=(0,))
     with pytest.raises(ValueError, match="cross-attention layers, whose cost is not"):
         TimeModel.from_flops(FlopsModel(cross), 1e12, 0.5)
+
+
+def test_score_by_hand() -> None:
+    model = TimeModel(0.0, 1.0, 0.0)  # one second per token
+    # Predictions 1, 2, 3 s against measurements 1, 4, 2 s: relative errors 0, 1/2, 1/2.
+    stats = model.score([([1], 1.0), ([2], 4.0), ([3], 2.0)])
+    assert stats.n_observations == 3
+    assert stats.mape == pytest.approx(1 / 3)
+    # Residual 0 + 4 + 1 = 5; spread around the mean 7/3 is 14/3: R² = 1 - 15/14 < 0.
+    assert stats.r2 == pytest.approx(-1 / 14)
+    assert model.score([([2, 3], 5.0), ([4], 4.0)]) == FitStats(0.0, 1.0, 2)
+
+
+def test_score_without_spread_and_bad_input() -> None:
+    model = TimeModel(1.0, 0.0, 0.0)
+    assert model.score([([7], 1.0)]) == FitStats(0.0, 1.0, 1)
+    assert model.score([([7], 2.0), ([9], 2.0)]) == FitStats(0.5, 0.0, 2)
+    with pytest.raises(ValueError, match=r"at least 1 .* to score, got 0"):
+        model.score([])
+    with pytest.raises(ValueError, match=r"observations\[0\] seconds"):
+        model.score([([1], 0.0)])
+
+
+def test_fit_records_its_score() -> None:
+    observations = _wide_range(TimeModel(3e-3, 2e-6, 4e-11), 40, noise=0.05, seed=0)
+    fitted = TimeModel.fit(observations, relative=True)
+    assert fitted.fit_stats == fitted.score(observations)

@@ -272,3 +272,15 @@ def test_long_context_rejects_bad_arguments(options: dict, message: str) -> None
     n = arguments.pop("n")
     with pytest.raises(ValueError, match=message):
         datasets.long_context(n, **arguments)
+
+
+def test_describe_summarises_a_set_by_hand() -> None:
+    row = datasets.describe("qwen25math")
+    lengths = datasets.load("qwen25math")
+    assert row["name"] == "qwen25math" and row["samples"] == 800
+    assert row["grouped"] is True and row["groups"] == 100
+    assert row["median"] == float(np.median(lengths)) and row["max"] == int(lengths.max())
+    assert row["p90"] == float(np.percentile(lengths, 90))
+    assert row["total_tokens"] == int(lengths.sum())
+    assert row["license"] == datasets.info("qwen25math")["license"]
+    assert datasets.describe("gsm8k")["groups"] is None

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -207,7 +208,7 @@ def instances(draw):
     return weights, k, equal_size, max_items
 
 
-@settings(max_examples=700)
+@settings(max_examples=examples(700))
 @given(instances(), st.sampled_from(ALL_METHODS))
 def test_every_method_keeps_every_invariant(instance, method):
     weights, k, equal_size, max_items = instance
@@ -223,7 +224,7 @@ def test_every_method_keeps_every_invariant(instance, method):
         assert again.method == result.method
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(instances())
 def test_auto_and_refine_never_lose_to_lpt(instance):
     weights, k, equal_size, max_items = instance
@@ -233,7 +234,7 @@ def test_auto_and_refine_never_lose_to_lpt(instance):
     assert partition(weights, k, method="auto", **options).max_load <= lpt_max
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(instances(), st.randoms(use_true_random=False))
 def test_refine_never_worsens_any_start(instance, random):
     weights, k, equal_size, max_items = instance
@@ -305,7 +306,7 @@ def test_same_output_in_another_process():
             assert theirs[f"{method}{equal_size}"] == [p.tolist() for p in ours.parts]
 
 
-# --- quality on realistic inputs (deterministic; the timed targets live in bench/) -------------
+# --- quality on realistic inputs (deterministic; the timed targets live in benchmarks/) ----------
 
 
 def heavy_tailed_weights(n: int) -> np.ndarray:

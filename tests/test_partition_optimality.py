@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,7 +129,7 @@ def tiny_instances(draw):
     return weights, k, equal_size, max_items
 
 
-@settings(max_examples=600)
+@settings(max_examples=examples(600))
 @given(tiny_instances())
 def test_bound_below_and_every_method_above_the_optimum(instance):
     weights, k, equal_size, max_items = instance

@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -133,7 +134,7 @@ def _plan(problem: dict) -> StepPlan | None:
         return None
 
 
-@settings(max_examples=600)
+@settings(max_examples=examples(600))
 @given(small_problems())
 def test_balanced_matches_brute_force(problem: dict) -> None:
     plan = _plan(problem)
@@ -142,7 +143,7 @@ def test_balanced_matches_brute_force(problem: dict) -> None:
     _check_against_brute_force(plan)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(small_problems())
 def test_infeasible_claims_are_true(problem: dict) -> None:
     """When plan_step refuses a small problem, the brute force finds no plan either (for the

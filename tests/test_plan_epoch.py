@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -104,7 +105,7 @@ def test_json_round_trip() -> None:
     restored.validate()
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(
     n=st.integers(1, 200),
     batch=st.integers(1, 64),

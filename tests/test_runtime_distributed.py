@@ -1,14 +1,14 @@
 """Real multi-process checks of the Rebalancer and TorchFlopsMeter (gloo, CPU, spawned ranks).
 
-Each launch starts ``world_size`` fresh processes with a FileStore in ``tmp_path``; every rank
-runs a worker function of this module and saves what it saw with ``torch.save``; the parent
-checks the results against a single-process reference computed here. The happy-path scenarios
-share one launch (process start-up dominates the runtime on a small machine).
+Each launch starts ``world_size`` fresh processes with :func:`seqbalance.runtime.launch.launch`;
+every rank runs a worker function of this module and returns what it saw (or the error it
+raised); the parent checks the results against a single-process reference computed here. The
+happy-path scenarios share one launch (process start-up dominates the runtime on a small
+machine).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 import traceback
 from datetime import timedelta
@@ -23,6 +23,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from seqbalance.plan import plan_step  # noqa: E402
 from seqbalance.runtime import CollectiveError, Rebalancer  # noqa: E402
+from seqbalance.runtime.launch import launch  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -33,40 +34,23 @@ LAUNCH_TIMEOUT_S = 90.0
 
 
 def _launch(tmp_path: Path, world_size: int, worker: Any, *args: Any) -> list[dict[str, Any]]:
-    """Run ``worker(rank, world_size, *args)`` on gloo ranks; return each rank's result."""
-    context = multiprocessing.get_context("spawn")
-    processes = [
-        context.Process(target=_entry, args=(worker, rank, world_size, str(tmp_path), args))
-        for rank in range(world_size)
-    ]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    for process in processes:
-        process.join(max(deadline - time.monotonic(), 0.1))
-    hung = [p for p in processes if p.is_alive()]
-    for process in hung:
-        process.kill()
-        process.join()
-    assert not hung, f"{len(hung)} rank(s) hung past {LAUNCH_TIMEOUT_S} s"
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-
-
-def _entry(worker: Any, rank: int, world_size: int, directory: str, args: tuple) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{directory}/store",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=30),
+    """Run ``worker(rank, world_size, *args)`` on gloo ranks; each rank's ``{"ok": result}``,
+    or ``{"error", "type", "trace"}`` for what it raised (ranks' output goes to ``tmp_path``)."""
+    return launch(
+        _capture,
+        world_size,
+        args=(worker, *args),
+        timeout=LAUNCH_TIMEOUT_S,
+        collective_timeout=30.0,
+        log_dir=tmp_path,
     )
+
+
+def _capture(rank: int, world_size: int, worker: Any, *args: Any) -> dict[str, Any]:
     try:
-        result = {"ok": worker(rank, world_size, *args)}
+        return {"ok": worker(rank, world_size, *args)}
     except Exception as error:
-        result = {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
-    torch.save(result, Path(directory) / f"rank{rank}.pt")
-    if "error" not in result:
-        dist.destroy_process_group()
+        return {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
 
 
 def _sample(rank: int, index: int) -> dict[str, torch.Tensor]:

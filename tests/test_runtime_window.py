@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +32,7 @@ def _run_stream(balancer: WindowBalancer, lengths: np.ndarray, chunks: list[int]
     return streamed, balancer.flush(), pushed_at
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(data=st.data(), dp_size=st.integers(1, 4), batch_size=st.integers(1, 12))
 def test_random_streams_never_lose_duplicate_or_delay_too_long(data, dp_size, batch_size) -> None:
     max_delay = data.draw(st.integers(0, 4))

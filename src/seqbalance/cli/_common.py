@@ -13,7 +13,7 @@ import argparse
 import json
 import pickle
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +45,14 @@ __all__ = [
     "flag",
     "flag_names",
     "load_lengths",
+    "load_time_model",
     "markdown_table",
     "plan_options_from_args",
     "print_json",
     "print_table",
     "progress",
     "progress_callback",
+    "require_torch",
     "resolve_model",
     "time_model_from_args",
     "to_jsonable",
@@ -318,24 +320,30 @@ def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def load_time_model(source: str) -> TimeModel:
+    """The TimeModel in the JSON file ``source`` (``--time-model``)."""
+    from seqbalance.cost import TimeModel
+
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"--time-model: no such file {str(path)!r}")
+    return TimeModel.load(path)
+
+
 def cost_from_args(args: argparse.Namespace) -> tuple[Any, float, float, str | None]:
     """``(cost, peak FLOP/s, efficiency, description)`` from the cost-model arguments: a
     ``TimeModel`` read from ``--time-model`` (with its description), or the ``--model`` spec
     whose FLOPs ``seqbalance.cost.seconds_model`` turns into seconds (description ``None``)."""
-    from seqbalance.cost import TimeModel
-
     if args.time_model is not None:
         if args.peak_tflops is not None or args.efficiency is not None:
             raise ValueError(
                 "--time-model replaces --peak-tflops/--efficiency; give one or the other"
             )
-        path = Path(args.time_model)
-        if not path.is_file():
-            raise ValueError(f"--time-model: no such file {str(path)!r}")
-        model = TimeModel.load(path)
+        model = load_time_model(args.time_model)
         stats = model.fit_stats
         fit = "" if stats is None else f", fit MAPE {100 * stats.mape:.1f}%"
-        return model, DEFAULT_PEAK_FLOPS_PER_S, DEFAULT_EFFICIENCY, f"TimeModel from {path}{fit}"
+        description = f"TimeModel from {Path(args.time_model)}{fit}"
+        return model, DEFAULT_PEAK_FLOPS_PER_S, DEFAULT_EFFICIENCY, description
     peak = DEFAULT_PEAK_TFLOPS if args.peak_tflops is None else args.peak_tflops
     efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
     peak = check_positive_float(peak, "--peak-tflops")
@@ -443,11 +451,34 @@ def plan_options_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
         raise ValueError(flag_names(str(error))) from None
 
 
-def flag_names(message: str) -> str:
-    """``message`` with plan-option names and ``name=True`` advice written as flags."""
+def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
+    """``message`` with option names and ``name=True`` advice written as flags.
+
+    Args:
+        message: A library error message.
+        flags: Keyword name -> flag; default: the plan options (``max_tokens`` ->
+            ``--max-tokens``, ...).
+    """
     import re
 
-    for name in sorted(_FLAG_OPTIONS, key=len, reverse=True):
-        message = re.sub(rf"\b{name}=True\b", flag(name), message)
-        message = re.sub(rf"(?<![\w-]){name}\b", flag(name), message)
+    if flags is None:
+        flags = {name: flag(name) for name in _FLAG_OPTIONS}
+    for name in sorted(flags, key=len, reverse=True):
+        message = re.sub(rf"\b{name}=True\b", flags[name], message)
+        message = re.sub(rf"(?<![\w-]){name}\b", flags[name], message)
     return message
+
+
+def require_torch() -> None:
+    """Raise ImportError with the one-line fix when PyTorch is not installed.
+
+    A torch that is installed but fails to import raises its own error unchanged.
+    """
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            raise
+        raise ImportError(
+            'this command needs PyTorch, which is not installed: pip install "seqbalance[torch]"'
+        ) from None

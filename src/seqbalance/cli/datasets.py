@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-import numpy as np
 
 from seqbalance import datasets
 from seqbalance.cli._common import add_json_flag, print_json, print_table
@@ -25,29 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def describe(name: str) -> dict[str, Any]:
-    """One bundled set's figures: samples, groups, length statistics (tokens), source, license."""
-    lengths = datasets.load(name)
-    groups = datasets.groups(name)
-    info = datasets.info(name)
-    return {
-        "name": name,
-        "title": info["title"],
-        "samples": int(lengths.size),
-        "grouped": groups is not None,
-        "groups": None if groups is None else int(np.unique(groups).size),
-        "median": float(np.median(lengths)),
-        "p90": float(np.percentile(lengths, 90)),
-        "max": int(lengths.max()),
-        "total_tokens": int(lengths.sum()),
-        "description": info["description"],
-        "source": info["source"],
-        "license": info["license"],
-    }
-
-
 def run(args: argparse.Namespace) -> int:
-    rows = [describe(name) for name in datasets.names()]
+    rows = [datasets.describe(name) for name in datasets.names()]
     if args.json:
         print_json(rows)
         return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -37,11 +37,12 @@ _FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class FitStats:
-    """Quality of a :meth:`TimeModel.fit` on its own observations.
+    """How well a TimeModel predicts a set of measured micro-batches (see :meth:`TimeModel.score`).
 
-    ``mape``: mean absolute percentage error as a fraction (0.05 = 5%); ``r2``: coefficient of
-    determination (1.0 when the observations have no spread and are fitted exactly, 0.0 when
-    they have no spread and are not); ``n_observations``: micro-batches used.
+    Attributes:
+        mape: Mean absolute percentage error, as a fraction (0.05 = 5%).
+        r2: Coefficient of determination of the measured seconds.
+        n_observations: Number of micro-batches scored.
     """
 
     mape: float
@@ -151,28 +152,63 @@ class TimeModel:
         exactly (every support of the coefficients is solved and the best non-negative solution
         kept), and noise-free observations are recovered exactly.
 
-        The result carries :class:`FitStats` as ``fit_stats``, computed the same way for both
-        objectives: MAPE of the predictions and R² of the seconds (unweighted).
+        The result carries ``fit_stats``: :meth:`score` on the same observations (the same
+        unweighted statistics for both objectives).
         """
         relative = check_bool(relative, "relative")
         template = cls(0.0, 0.0, 0.0, tile=tile)
-        features, seconds = _observation_matrix(observations, template)
+        features, seconds = _observation_matrix(
+            observations, template, minimum=3, purpose="to fit 3 coefficients"
+        )
         weights = 1.0 / seconds if relative else np.ones_like(seconds)
         coefficients = _nnls(features * weights[:, None], seconds * weights)
-        predicted = features @ coefficients
+        t0, t1, t2 = (float(c) for c in coefficients)
+        model = cls(t0, t1, t2, tile=template.tile)
+        return replace(model, fit_stats=model.score(observations))
+
+    # --- evaluation --------------------------------------------------------------------------
+
+    def score(self, observations: Sequence[tuple[Any, float]]) -> FitStats:
+        """How well this model predicts measured micro-batches: MAPE and R².
+
+        The one definition of the fit statistics: :meth:`fit` records it for its own
+        observations, ``seqbalance.runtime.calibrate`` for held-out micro-batches and
+        ``seqbalance.runtime.bench`` for every micro-batch trained.
+
+        With ``p_i = microbatch_seconds(lengths_i)`` the prediction and ``s_i`` the measured
+        seconds of observation ``i`` (all ``n`` observations given, each weighted equally):
+
+        - ``mape = (1/n) Σ |p_i − s_i| / s_i``, a fraction (0.05 = 5%);
+        - ``r2 = 1 − Σ (s_i − p_i)² / Σ (s_i − mean(s))²``, the squared errors in seconds and
+          unweighted (also after a ``relative=True`` fit): 1.0 for exact predictions, negative
+          for predictions worse than the mean. When the measurements have no spread (one
+          observation, or all equal) the ratio is undefined: ``r2`` is then 1.0 if every
+          prediction equals its measurement (``numpy.allclose``) and 0.0 otherwise.
+
+        Args:
+            observations: ``(lengths of one micro-batch in tokens, measured seconds)`` pairs;
+                at least one, every seconds value positive.
+
+        Returns:
+            The statistics, with ``n_observations = n``.
+
+        Raises:
+            ValueError: ``observations`` is empty or malformed, or a seconds value is not a
+                positive finite number.
+        """
+        features, seconds = _observation_matrix(observations, self, minimum=1, purpose="to score")
+        predicted = features @ np.array([self.t0, self.t1, self.t2])
         residual = float(np.sum((seconds - predicted) ** 2))
         spread = float(np.sum((seconds - seconds.mean()) ** 2))
         if spread > 0:
             r2 = 1.0 - residual / spread
         else:
             r2 = 1.0 if np.allclose(predicted, seconds) else 0.0
-        stats = FitStats(
+        return FitStats(
             mape=float(np.mean(np.abs(predicted - seconds) / seconds)),
             r2=float(r2),
             n_observations=int(seconds.size),
         )
-        t0, t1, t2 = (float(c) for c in coefficients)
-        return cls(t0, t1, t2, tile=template.tile, fit_stats=stats)
 
     # --- serialisation -----------------------------------------------------------------------
 
@@ -237,16 +273,17 @@ class TimeModel:
 
 
 def _observation_matrix(
-    observations: Sequence[tuple[Any, float]], template: TimeModel
+    observations: Sequence[tuple[Any, float]], template: TimeModel, *, minimum: int, purpose: str
 ) -> tuple[np.ndarray, np.ndarray]:
+    """Features ``[1, ΣL, Σq(L)]`` per micro-batch (q from ``template``) and measured seconds."""
     if isinstance(observations, (str, bytes)) or not isinstance(observations, Sequence):
         raise ValueError(
             "observations must be a sequence of (lengths, seconds) pairs, "
             f"got {type(observations).__name__}"
         )
-    if len(observations) < 3:
+    if len(observations) < minimum:
         raise ValueError(
-            f"observations must hold at least 3 (lengths, seconds) pairs to fit 3 coefficients, "
+            f"observations must hold at least {minimum} (lengths, seconds) pair(s) {purpose}, "
             f"got {len(observations)}"
         )
     rows = np.empty((len(observations), 3), dtype=np.float64)

@@ -17,7 +17,7 @@ import numpy as np
 
 from seqbalance._validation import check_choice
 
-__all__ = ["DATA_DIR", "MANIFEST", "groups", "info", "load", "names"]
+__all__ = ["DATA_DIR", "MANIFEST", "describe", "groups", "info", "load", "names"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MANIFEST = DATA_DIR / "manifest.json"
@@ -69,4 +69,34 @@ def info(name: str) -> dict[str, Any]:
             for key, value in entry.items()
             if not key.endswith("_file") or key == "raw_file"
         },
+    }
+
+
+def describe(name: str) -> dict[str, Any]:
+    """A bundled set at a glance (what ``seqbalance datasets`` lists).
+
+    Args:
+        name: One of :func:`names`.
+
+    Returns:
+        ``name``, ``title``, ``samples``, ``grouped``, ``groups`` (number of groups or None),
+        the ``median``, ``p90`` and ``max`` sample length and ``total_tokens`` (tokens), and
+        ``description``, ``source`` and ``license`` from :func:`info`.
+    """
+    lengths = load(name)
+    group_ids = groups(name)
+    about = info(name)
+    return {
+        "name": name,
+        "title": about["title"],
+        "samples": int(lengths.size),
+        "grouped": group_ids is not None,
+        "groups": None if group_ids is None else int(np.unique(group_ids).size),
+        "median": float(np.median(lengths)),
+        "p90": float(np.percentile(lengths, 90)),
+        "max": int(lengths.max()),
+        "total_tokens": int(lengths.sum()),
+        "description": about["description"],
+        "source": about["source"],
+        "license": about["license"],
     }

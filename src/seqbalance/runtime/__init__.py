@@ -3,8 +3,10 @@
 Owns the DataLoader samplers (:class:`BalancedBatchSampler`, :class:`LengthGroupedSampler`), the
 in-loop :class:`Rebalancer` that moves samples between data-parallel ranks with
 torch.distributed, the streaming :class:`WindowBalancer`, the :class:`TorchFlopsMeter` for
-packed (THD) batches, and ``toy_model`` (a tiny packed-input transformer for examples,
-calibration and benchmarks). This is the only package that imports torch.
+packed (THD) batches, ``toy_model`` (a tiny packed-input transformer for examples, calibration
+and benchmarks), ``calibrate`` (fit a TimeModel to this device), ``bench`` (the strategies
+measured on real training processes) and ``launch`` (the one process launcher that tests,
+benchmarks and ``seqbalance bench`` share). This is the only package that imports torch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ _LAZY_NAMES = {
     "Rebalancer": "seqbalance.runtime.rebalancer",
     "RebalanceResult": "seqbalance.runtime.rebalancer",
     "CollectiveError": "seqbalance.runtime._dist",
+    "LaunchError": "seqbalance.runtime.launch",
     "WindowBalancer": "seqbalance.runtime.window",
     "Dispatch": "seqbalance.runtime.window",
     "TorchFlopsMeter": "seqbalance.runtime.flops",

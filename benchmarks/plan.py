@@ -1,7 +1,7 @@
 """Benchmark of the step planner: step cost against the lower bound, cap violations and planning
 time for every strategy, on real length distributions and FLOPs costs.
 
-    python bench/plan.py [--quick] [--out FILE]
+    python benchmarks/plan.py [--quick] [--out FILE]
 
 Prints a markdown section for BENCHMARKS.md (and writes it to FILE with --out). Cases: global
 batches drawn (fixed seed) from the bundled reference length sets (ShareGPT, GSM8K, LIMA,
@@ -176,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeats = 1 if args.quick else 3
     lines = [
-        "## Step planner (`bench/plan.py`)",
+        "## Step planner (`benchmarks/plan.py`)",
         "",
         f"Machine: {machine()}.",
-        f"Command: `python bench/plan.py{' --quick' if args.quick else ''}`.",
+        f"Command: `python benchmarks/plan.py{' --quick' if args.quick else ''}`.",
         "",
         "Cells: step cost / lower bound under the case's objective (1.000 = provably optimal); "
         "over-cap micro-batches in parentheses (only `token_kk`, whose cap is soft by "

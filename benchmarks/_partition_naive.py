@@ -1,4 +1,4 @@
-"""Baseline for ``bench/partition.py``: k-way Karmarkar–Karp written the textbook way.
+"""Baseline for ``benchmarks/partition.py``: k-way Karmarkar–Karp written the textbook way.
 
 This is the pure-Python form that trainers copy today: a heap of partial solutions, each
 holding ``k`` Python lists of items, merged pairwise (heaviest set of one with the lightest of

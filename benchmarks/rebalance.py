@@ -1,8 +1,9 @@
 """Benchmark: the in-loop Rebalancer's overhead per step, next to the step it balances.
 
-    python bench/rebalance.py [--quick] [--out FILE] [--world-size 4]
+    python benchmarks/rebalance.py [--quick] [--out FILE] [--world-size 4]
 
-Starts ``--world-size`` gloo processes on this machine (CPU). For each step size (256 to 4096
+Starts ``--world-size`` gloo processes on this machine (CPU, with
+``seqbalance.runtime.launch``). For each step size (256 to 4096
 samples over all ranks; heavy-tailed lengths, each rank holding an equal random share, the
 situation after RL rollouts), every rank calls ``Rebalancer.rebalance`` on its samples (dicts of
 ``input_ids`` and ``labels``, int64) and times its three phases: the ``all_gather`` of lengths,
@@ -18,10 +19,8 @@ on a small machine both the overhead and the step time are inflated by contentio
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import platform
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from seqbalance.runtime import Rebalancer
+from seqbalance.runtime.launch import launch
 from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig
 
 MAX_TOKENS = 4096
@@ -42,15 +42,11 @@ def _lengths(n: int, seed: int) -> np.ndarray:
     return np.clip(rng.lognormal(5.0, 1.0, n), 16, 2048).astype(np.int64)
 
 
-def _worker(rank: int, world_size: int, store: str, sizes: list[int], repeats: int, queue) -> None:
+def _worker(
+    rank: int, world_size: int, sizes: list[int], repeats: int
+) -> list[dict[str, Any]] | None:
+    """One rank: the table's rows on rank 0, None elsewhere."""
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(minutes=5),
-    )
     model = TinyCausalTransformer(ToyModelConfig(max_position=MAX_TOKENS))
     rebalancer = Rebalancer(
         timeout=timedelta(minutes=2), max_tokens=MAX_TOKENS, cost=model.model_spec()
@@ -93,9 +89,7 @@ def _worker(rank: int, world_size: int, store: str, sizes: list[int], repeats: i
         dist.all_gather_object(everyone, mine)
         if rank == 0:
             rows.append(_row(n, everyone))
-    if rank == 0:
-        queue.put(rows)
-    dist.destroy_process_group()
+    return rows if rank == 0 else None
 
 
 def _row(n: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -117,20 +111,14 @@ def _row(n: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(sizes: list[int], repeats: int, world_size: int) -> list[dict[str, Any]]:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    with tempfile.TemporaryDirectory() as directory:
-        store = str(Path(directory) / "store")
-        processes = [
-            context.Process(target=_worker, args=(r, world_size, store, sizes, repeats, queue))
-            for r in range(world_size)
-        ]
-        for process in processes:
-            process.start()
-        rows = queue.get(timeout=3600)
-        for process in processes:
-            process.join()
-    return rows
+    results = launch(
+        _worker,
+        world_size,
+        args=(sizes, repeats),
+        timeout=3600.0,
+        collective_timeout=300.0,
+    )
+    return results[0]
 
 
 def markdown(rows: list[dict[str, Any]], world_size: int, repeats: int, command: str) -> str:
@@ -171,7 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [256, 1024] if args.quick else [256, 1024, 4096]
     repeats = 3 if args.quick else 5
-    command = "python bench/rebalance.py" + (" --quick" if args.quick else "")
+    command = "python benchmarks/rebalance.py" + (" --quick" if args.quick else "")
     text = markdown(run(sizes, repeats, args.world_size), args.world_size, repeats, command)
     print(text)
     if args.out is not None:

@@ -7,7 +7,7 @@ Prints a markdown section for BENCHMARKS.md (and writes it with ``--out FILE``):
   ``sb.partition(weights, k, equal_size=...)`` (method ``auto``) and its ratio
   (max load / lower bound);
 * baselines on the lognormal suite, in the same run: a textbook pure-Python k-way
-  Karmarkar–Karp (``bench/_partition_naive.py``) and ``prtpy``'s KK when it imports, each
+  Karmarkar–Karp (``benchmarks/_partition_naive.py``) and ``prtpy``'s KK when it imports, each
   skipped where one run is predicted to exceed ``--baseline-budget`` seconds;
 * pass/fail for the targets of issue 2, including the peak memory traced during one call at
   n=65536 for k=8 and k=1024 (passes when it stays 32x below a single n*k float64 array).
@@ -17,7 +17,7 @@ token lengths ``L``: lognormal (median 1500, sigma 1, clipped to [16, 32768], se
 from the reference length arrays in ``../shared/data/lengths`` (seed 0; without replacement
 when the array holds at least n lengths, with replacement otherwise).
 
-Usage: ``python bench/partition.py [--quick] [--out FILE]``.
+Usage: ``python benchmarks/partition.py [--quick] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def fmt_ratio(ratio: float | None) -> str:
 
 
 def report(args, auto_rows, baseline_rows, has_prtpy, memory) -> str:
-    lines = ["## Partition engine (`bench/partition.py`)", "", *machine_lines(), ""]
+    lines = ["## Partition engine (`benchmarks/partition.py`)", "", *machine_lines(), ""]
     lines += [
         "Weights are `L**2 + 24576*L` per sample. `lognormal`: lengths lognormal (median 1500, "
         "sigma 1, clipped to [16, 32768], seed 0). Other suites: lengths drawn (seed 0) from the "
@@ -294,8 +294,8 @@ def report(args, auto_rows, baseline_rows, has_prtpy, memory) -> str:
         lines += [
             "### Against baselines (lognormal suite)",
             "",
-            "Naive KK: `bench/_partition_naive.py`, the textbook pure-Python k-way KK (heap of "
-            "partial solutions, each holding k lists). prtpy: "
+            "Naive KK: `benchmarks/_partition_naive.py`, the textbook pure-Python k-way KK "
+            "(heap of partial solutions, each holding k lists). prtpy: "
             + (
                 "`prtpy.partitioning.karmarkar_karp` (no equal-size mode)."
                 if has_prtpy

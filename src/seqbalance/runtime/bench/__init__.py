@@ -1,0 +1,41 @@
+"""The benchmark behind ``seqbalance bench``: each strategy measured on real training processes.
+
+P processes (gloo on CPU, NCCL on GPU; started by :func:`seqbalance.runtime.launch.launch`),
+each pinned to one core with one torch thread, train the toy transformer on the same stream of
+real lengths, once per strategy (the strategies take turns step by step, so drift in the
+machine's speed affects them alike). A step is real gradient accumulation: forward + backward
+of every packed micro-batch the plan gives the rank, a gradient all-reduce where DDP has it
+(once per step, or after every micro-batch for the ``lockstep`` objective), then an optimizer
+step. Each rank's compute time and the step wall time are recorded after warm-up.
+
+Unless ``BenchSettings.time_model`` is given, the processes first calibrate a TimeModel
+together (each times a share of the calibration micro-batches, under the same load as
+training) and every strategy is planned with it, so ``balanced`` optimises the cost the
+processes really pay. The same plans feed the simulator, so its predicted reduction sits beside
+the measured one.
+
+Modules: ``settings`` (what to run), ``harness`` (the parent: plan check, launch, report),
+``worker`` (one training process, torch), ``summary`` (the statistics). Only ``worker`` and
+the launch need torch; the rest loads with numpy alone.
+"""
+
+from __future__ import annotations
+
+from seqbalance.runtime.bench.harness import plan_schedule, run
+from seqbalance.runtime.bench.settings import (
+    DEFAULT_STRATEGIES,
+    BenchSettings,
+    length_divisor,
+    scale_lengths,
+)
+from seqbalance.runtime.bench.summary import summarize
+
+__all__ = [
+    "DEFAULT_STRATEGIES",
+    "BenchSettings",
+    "length_divisor",
+    "plan_schedule",
+    "run",
+    "scale_lengths",
+    "summarize",
+]

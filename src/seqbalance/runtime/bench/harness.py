@@ -1,0 +1,125 @@
+"""The parent side of a bench run: check that every strategy can plan, launch, report."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqbalance.cost import TimeModel
+from seqbalance.runtime.bench.settings import BenchSettings
+from seqbalance.runtime.bench.summary import summarize
+
+__all__ = ["plan_schedule", "run"]
+
+Schedule = dict[str, list[list[list[list[int]]]]]
+"""strategy -> step -> rank -> micro-batch -> sample lengths (tokens)."""
+
+
+def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Schedule, Any]:
+    """Plan every step of every strategy on the same sampled batches (the simulator's plans).
+
+    Args:
+        settings: The run; its warm-up and measured steps are planned.
+        time_model: The cost every strategy plans with.
+
+    Returns:
+        ``(schedule, simulation)``: the token lengths of each micro-batch, per strategy, step
+        and rank; and the :class:`~seqbalance.sim.SimulationResult` they come from.
+
+    Raises:
+        ValueError: A strategy cannot plan a step (the planner's message says why).
+    """
+    from seqbalance.sim import simulate
+
+    result = simulate(
+        np.asarray(settings.lengths, dtype=np.int64),
+        groups=None if settings.groups is None else np.asarray(settings.groups),
+        dp_size=settings.procs,
+        global_batch_size=settings.global_batch_size,
+        steps=settings.warmup + settings.steps,
+        max_tokens=settings.max_tokens,
+        cost=time_model,
+        objective=settings.objective,
+        strategies=settings.strategies,
+        seed=settings.seed,
+    )
+    if result.failed:
+        raise ValueError(
+            "; ".join(f"{name} cannot plan {message}" for name, message in result.failed.items())
+        )
+    schedule = {
+        name: [
+            [
+                [result.lengths[batch][indices].tolist() for indices in rank_microbatches]
+                for rank_microbatches in plan.ranks
+            ]
+            for plan, batch in zip(result.plans[name], result.batches, strict=True)
+        ]
+        for name in settings.strategies
+    }
+    return schedule, result
+
+
+def run(
+    settings: BenchSettings, *, progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
+    """Train every strategy on ``settings.procs`` real processes and report what was measured.
+
+    Every strategy is first planned here on one step (with a placeholder cost), so options
+    that no strategy can honour fail before any process starts.
+
+    Args:
+        settings: What to run.
+        progress: Called in this process as ``progress(done, total)`` with the steps rank 0
+            has finished (warm-up included; each step runs every strategy).
+
+    Returns:
+        :func:`~seqbalance.runtime.bench.summarize`'s report, its ``setup`` extended with
+        ``oversubscribed`` (more processes than cores), ``load_average_before`` (1-minute
+        load average before the start, None where the OS has none) and ``elapsed_seconds``.
+
+    Raises:
+        ValueError: A strategy cannot plan the steps, or a bad setting for this machine.
+        seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
+    """
+    from seqbalance.runtime.bench.worker import run_rank
+    from seqbalance.runtime.launch import launch
+
+    plan_schedule(replace(settings, steps=1, warmup=0), TimeModel(0.0, 1.0, 0.0))
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="seqbalance-bench-") as folder:
+        progress_file = Path(folder) / "progress"
+
+        def poll() -> None:
+            with contextlib.suppress(OSError, ValueError):  # not written yet, or mid-write
+                done, total = map(int, progress_file.read_text().split())
+                progress(done, total)
+
+        results = launch(
+            run_rank,
+            settings.procs,
+            args=(settings, str(progress_file)),
+            timeout=settings.launch_timeout_seconds,
+            collective_timeout=settings.timeout_seconds,
+            backend="nccl" if settings.device == "cuda" else "gloo",
+            poll=None if progress is None else poll,
+        )
+    raw = {**results[0], "records": [result["records"] for result in results]}
+    report = summarize(raw, settings)
+    report["setup"].update(
+        {
+            "oversubscribed": settings.procs > len(settings.cores),
+            "load_average_before": load_before,
+            "elapsed_seconds": time.perf_counter() - started,
+        }
+    )
+    return report

@@ -1,0 +1,100 @@
+"""The bench report: measured and predicted figures per strategy, reductions, time-model errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from seqbalance.cost import TimeModel
+from seqbalance.runtime.bench.settings import BenchSettings
+
+__all__ = ["summarize"]
+
+BASELINES = ("round_robin", "token_kk")
+"""Strategies ``balanced`` is compared against when they were measured."""
+
+
+def summarize(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
+    """Per-strategy statistics of a run, and ``balanced``'s reductions against the baselines.
+
+    Args:
+        raw: What the processes returned: ``records`` (per rank, per strategy, one record per
+            measured step with ``compute_seconds``, ``wall_seconds``, ``microbatch_seconds``
+            and ``microbatch_lengths``), ``time_model`` (the TimeModel's JSON object),
+            ``calibration`` (``Calibration.to_dict()`` or None) and ``simulation``
+            (``SimulationResult.to_dict()`` of the planned steps, warm-up included).
+        settings: The run's settings.
+
+    Returns:
+        A plain-JSON dict: ``setup`` (:meth:`BenchSettings.describe`), ``time_model``,
+        ``calibration``, ``microbatch_mape`` (the time model's :meth:`TimeModel.score` MAPE
+        over every measured micro-batch), ``strategies`` (name -> median and mean step wall
+        seconds (slowest rank), mean of the slowest rank's compute, median and mean imbalance
+        (max / mean rank compute per step), the simulator's predicted mean step seconds, the
+        time model's MAPE on the strategy's micro-batches and their count, and every step's
+        wall seconds) and ``comparisons`` (``balanced_vs_<baseline>``: measured step-time,
+        median step-time and compute reductions, the simulator's predicted reduction, and its
+        error relative to the measured one; all fractions, 0.05 = 5% less time).
+    """
+    time_model = TimeModel.from_json(json.dumps(raw["time_model"]))
+    simulation = raw["simulation"]
+    records = raw["records"]
+    strategies: dict[str, dict[str, Any]] = {}
+    every_microbatch = []
+    for name in settings.strategies:
+        per_rank = [rank_records[name] for rank_records in records]
+        compute = np.array([[r["compute_seconds"] for r in rows] for rows in per_rank])  # [P, S]
+        wall = np.array([[r["wall_seconds"] for r in rows] for rows in per_rank]).max(axis=0)
+        imbalance = compute.max(axis=0) / compute.mean(axis=0)
+        observations = [
+            (lengths, seconds)
+            for rows in per_rank
+            for r in rows
+            for lengths, seconds in zip(
+                r["microbatch_lengths"], r["microbatch_seconds"], strict=True
+            )
+        ]
+        every_microbatch.extend(observations)
+        fit = time_model.score(observations)
+        predicted = np.array(simulation["strategies"][name]["step_seconds"][settings.warmup :])
+        strategies[name] = {
+            "median_step_seconds": float(np.median(wall)),
+            "mean_step_seconds": float(wall.mean()),
+            "mean_max_rank_compute_seconds": float(compute.max(axis=0).mean()),
+            "median_imbalance": float(np.median(imbalance)),
+            "mean_imbalance": float(imbalance.mean()),
+            "predicted_mean_step_seconds": float(predicted.mean()),
+            "microbatch_mape": fit.mape,
+            "microbatches": fit.n_observations,
+            "step_seconds": wall.tolist(),
+        }
+
+    def reduction(measure: str, baseline: str) -> float:
+        return 1.0 - strategies["balanced"][measure] / strategies[baseline][measure]
+
+    comparisons = {}
+    if "balanced" in strategies:
+        for baseline in BASELINES:
+            if baseline not in strategies:
+                continue
+            measured = reduction("mean_step_seconds", baseline)
+            predicted = reduction("predicted_mean_step_seconds", baseline)
+            comparisons[f"balanced_vs_{baseline}"] = {
+                "measured_step_time_reduction": measured,
+                "measured_median_step_time_reduction": reduction("median_step_seconds", baseline),
+                "measured_compute_reduction": reduction("mean_max_rank_compute_seconds", baseline),
+                "predicted_reduction": predicted,
+                "prediction_relative_error": abs(predicted - measured) / abs(measured)
+                if measured != 0
+                else None,
+            }
+    return {
+        "setup": settings.describe(),
+        "time_model": raw["time_model"],
+        "calibration": raw["calibration"],
+        "microbatch_mape": time_model.score(every_microbatch).mape,
+        "strategies": strategies,
+        "comparisons": comparisons,
+    }

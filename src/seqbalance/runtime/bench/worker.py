@@ -1,0 +1,165 @@
+"""One bench process: calibrate with the others, receive the plans, train every strategy."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from seqbalance.runtime.bench.harness import plan_schedule
+from seqbalance.runtime.bench.settings import BenchSettings
+from seqbalance.runtime.calibrate import (
+    Calibration,
+    calibration_microbatches,
+    fit_time_model,
+    model_config,
+    time_microbatches,
+)
+from seqbalance.runtime.toy_model import TinyCausalTransformer, make_packed_batch
+
+__all__ = ["run_rank"]
+
+
+def run_rank(
+    rank: int, world_size: int, settings: BenchSettings, progress_file: str
+) -> dict[str, Any]:
+    """The work of one rank, run by :func:`seqbalance.runtime.launch.launch`.
+
+    Args:
+        rank: This process's rank.
+        world_size: Number of processes (``settings.procs``).
+        settings: The run.
+        progress_file: Where rank 0 writes ``DONE TOTAL`` steps after each step.
+
+    Returns:
+        ``{"records": this rank's records per strategy}``; rank 0 adds ``time_model`` (JSON
+        object), ``calibration`` (``Calibration.to_dict()``, None when given a time model) and
+        ``simulation`` (``SimulationResult.to_dict()``).
+    """
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {settings.cores[rank % len(settings.cores)]})
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    device = torch.device(f"cuda:{rank}" if settings.device == "cuda" else "cpu")
+    config = model_config(settings.model_size, max_position=settings.max_tokens)
+    model = TinyCausalTransformer(config, seed=settings.seed).to(device)
+    calibration = None
+    time_model = settings.time_model
+    if time_model is None:
+        calibration = _calibrate_together(model, settings, device, rank)
+        time_model = calibration.time_model
+    box: list[Any] = [None]
+    if rank == 0:
+        box[0], simulation = plan_schedule(settings, time_model)
+    dist.broadcast_object_list(box, src=0)
+    out: dict[str, Any] = {
+        "records": _train(model, box[0], settings, device, rank, Path(progress_file))
+    }
+    if rank == 0:
+        out["time_model"] = json.loads(time_model.to_json())
+        out["calibration"] = None if calibration is None else calibration.to_dict()
+        out["simulation"] = simulation.to_dict()
+    # Leave together: a rank tearing gloo down while its peer is still inside a collective
+    # can abort the process.
+    dist.barrier()
+    return out
+
+
+def _calibrate_together(
+    model: TinyCausalTransformer, settings: BenchSettings, device: torch.device, rank: int
+) -> Calibration:
+    """Every rank times its share of the calibration micro-batches; all fit the same model."""
+    microbatches = calibration_microbatches(
+        settings.trials,
+        max_tokens=settings.max_tokens,
+        max_length=min(settings.max_tokens, max(settings.lengths)),
+        seed=settings.seed,
+    )
+    mine = list(range(rank, len(microbatches), settings.procs))
+    seconds = time_microbatches(
+        model, [microbatches[i] for i in mine], device=device, repeats=settings.repeats
+    )
+    shares: list[Any] = [None] * settings.procs
+    dist.all_gather_object(shares, (mine, seconds.tolist()))
+    measured = np.empty(len(microbatches))
+    for indices, values in shares:
+        measured[indices] = values
+    return fit_time_model(microbatches, measured)
+
+
+def _train(
+    model: TinyCausalTransformer,
+    schedule: dict[str, Any],
+    settings: BenchSettings,
+    device: torch.device,
+    rank: int,
+    progress_file: Path,
+) -> dict[str, list[dict[str, Any]]]:
+    """Train every strategy's steps; per step: this rank's compute, micro-batch and wall times."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(parameters, lr=1e-4)
+    vocab = model.config.vocab_size
+    total_steps = settings.warmup + settings.steps
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def all_reduce_gradients() -> None:
+        # One flat bucket, as DDP does, so communication cost does not depend on the plan.
+        flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+        dist.all_reduce(flat)
+        flat.div_(settings.procs)
+        offset = 0
+        for p in parameters:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    records: dict[str, list[dict[str, Any]]] = {name: [] for name in settings.strategies}
+    # Strategies take turns step by step, so a slow spell of the machine hits them all alike.
+    for step in range(total_steps):
+        for name in settings.strategies:
+            microbatches = schedule[name][step][rank]
+            inputs = [
+                tuple(
+                    t.to(device)
+                    for t in make_packed_batch(lengths, vocab_size=vocab, seed=step * 1000 + i)
+                )
+                for i, lengths in enumerate(microbatches)
+            ]
+            optimizer.zero_grad(set_to_none=False)
+            dist.barrier()
+            step_start = time.perf_counter()
+            seconds = []
+            for batch in inputs:
+                synchronize()
+                start = time.perf_counter()
+                model(*batch).backward()
+                synchronize()
+                seconds.append(time.perf_counter() - start)
+                if settings.objective == "lockstep":
+                    all_reduce_gradients()
+            if settings.objective == "step":
+                all_reduce_gradients()
+            optimizer.step()
+            synchronize()
+            wall = time.perf_counter() - step_start
+            if rank == 0:
+                progress_file.write_text(f"{step + 1} {total_steps}")
+            if step >= settings.warmup:
+                records[name].append(
+                    {
+                        "step": step - settings.warmup,
+                        "compute_seconds": float(sum(seconds)),
+                        "microbatch_seconds": seconds,
+                        "microbatch_lengths": microbatches,
+                        "wall_seconds": wall,
+                    }
+                )
+    return records

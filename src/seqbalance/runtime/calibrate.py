@@ -1,0 +1,330 @@
+"""Calibration: time the toy transformer on this device and fit a TimeModel to the timings.
+
+Times forward + backward of :class:`~seqbalance.runtime.toy_model.TinyCausalTransformer` over
+packed micro-batches of varied sizes and compositions (one long sample, many equal ones, a
+lognormal mix), fits ``seconds = t0 + t1·ΣL + t2·ΣL²`` on three quarters of them (minimising
+the relative error, since the figure that matters is the error per micro-batch whatever its
+size) and scores the fit on the held-out quarter with :meth:`TimeModel.score`.
+
+:func:`calibrate` does all of it in this process (``seqbalance calibrate``); the pieces
+(:func:`calibration_microbatches`, :func:`time_microbatches`, :func:`fit_time_model`) are
+reused by ``seqbalance.runtime.bench``, whose processes each time a share of the micro-batches
+under the same load they train under. torch is imported by the functions that time, so the
+constants and the numpy parts load without it (the command line lists the model sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seqbalance._validation import check_choice, check_int
+from seqbalance.cost import FitStats, TimeModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig
+
+__all__ = [
+    "HOLDOUT_EVERY",
+    "MIN_TRIALS",
+    "MODEL_SIZES",
+    "Calibration",
+    "calibrate",
+    "calibration_microbatches",
+    "fit_time_model",
+    "model_config",
+    "resolve_device",
+    "time_microbatches",
+]
+
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "num_layers": 1,
+        "num_heads": 2,
+        "intermediate_size": 64,
+    },
+    "small": {},
+    "medium": {
+        "vocab_size": 1024,
+        "hidden_size": 128,
+        "num_layers": 4,
+        "num_heads": 4,
+        "intermediate_size": 352,
+    },
+}
+"""Toy transformer shapes as ``ToyModelConfig`` fields; ``small`` is the toy model's default."""
+
+HOLDOUT_EVERY = 4
+"""Every 4th timed micro-batch is held out of the fit, to report honest errors."""
+
+MIN_TRIALS = 4
+"""Fewest micro-batches a calibration times: 3 to fit the 3 coefficients, 1 to score them."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted TimeModel and how well it predicts micro-batches it was not fitted to.
+
+    Attributes:
+        time_model: The fit; its ``fit_stats`` score it on the micro-batches it was fitted to.
+        heldout: :meth:`TimeModel.score` of ``time_model`` on the held-out micro-batches.
+        microbatches: Token lengths of every timed micro-batch.
+        seconds: Median measured forward + backward seconds of each micro-batch.
+        held_out: Boolean mask of the micro-batches left out of the fit.
+        setup: How the timings were taken, as plain JSON values (:func:`calibrate` records the
+            device, threads, model size and configuration, trials, repeats and elapsed
+            seconds); empty when the caller timed the micro-batches itself.
+    """
+
+    time_model: TimeModel
+    heldout: FitStats
+    microbatches: list[np.ndarray]
+    seconds: np.ndarray
+    held_out: np.ndarray
+    setup: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form: the model, MAPE / R² / count on the fit and held-out sets, setup."""
+        train = self.time_model.fit_stats
+        assert train is not None, "TimeModel.fit always records its statistics"
+        return {
+            "time_model": json.loads(self.time_model.to_json()),
+            "train": _stats_dict(train),
+            "heldout": _stats_dict(self.heldout),
+            **self.setup,
+        }
+
+
+def _stats_dict(stats: FitStats) -> dict[str, Any]:
+    return {"mape": stats.mape, "r2": stats.r2, "n": stats.n_observations}
+
+
+def model_config(size: str, *, max_position: int) -> ToyModelConfig:
+    """The toy transformer's configuration of a named size.
+
+    Args:
+        size: A key of :data:`MODEL_SIZES`.
+        max_position: Longest sample the model will see, in tokens.
+    """
+    from seqbalance.runtime.toy_model import ToyModelConfig
+
+    size = check_choice(size, "model_size", tuple(MODEL_SIZES))
+    return ToyModelConfig(**MODEL_SIZES[size], max_position=max_position)
+
+
+def calibration_microbatches(
+    count: int, *, max_tokens: int, max_length: int, seed: int = 0
+) -> list[np.ndarray]:
+    """Token lengths of ``count`` varied packed micro-batches.
+
+    Cycles through three compositions so the fit sees both terms vary independently: one sample
+    (attention-heavy), 2-16 equal samples, and a lognormal mix.
+
+    Args:
+        count: Number of micro-batches, at least :data:`MIN_TRIALS`.
+        max_tokens: Most tokens in one micro-batch; each holds between ``max_tokens / 8`` and
+            ``max_tokens``.
+        max_length: Longest single sample, in tokens.
+        seed: Seed of the sizes and compositions.
+
+    Returns:
+        One int64 array of sample lengths (tokens) per micro-batch.
+    """
+    count = check_int(count, "trials", minimum=MIN_TRIALS)
+    max_tokens = check_int(max_tokens, "max_tokens", minimum=8)
+    max_length = check_int(max_length, "max_length", minimum=1)
+    rng = np.random.default_rng(seed)
+    batches = []
+    for index in range(count):
+        budget = int(rng.integers(max_tokens // 8, max_tokens + 1))
+        kind = index % 3
+        if kind == 0:
+            lengths = np.array([min(budget, max_length)])
+        elif kind == 1:
+            pieces = int(rng.integers(2, 17))
+            lengths = np.full(pieces, max(1, min(budget // pieces, max_length)))
+        else:
+            draws = rng.lognormal(np.log(max(budget / 6, 1.0)), 0.8, size=64)
+            draws = np.clip(np.rint(draws), 1, max_length).astype(np.int64)
+            lengths = draws[np.cumsum(draws) <= budget]
+            if lengths.size == 0:
+                lengths = draws[:1]
+        batches.append(lengths.astype(np.int64))
+    return batches
+
+
+def _synchronize(device: torch.device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_microbatches(
+    model: TinyCausalTransformer,
+    microbatches: Sequence[np.ndarray],
+    *,
+    device: torch.device,
+    repeats: int = 3,
+    warmup: int = 3,
+    progress: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
+    """Median seconds of forward + backward of ``model`` on each packed micro-batch.
+
+    Inputs are built before timing; the largest micro-batch is run ``warmup`` times first
+    (allocator, kernel selection, caches). Repeats sweep over all micro-batches in turn so
+    slow drift of the machine spreads over every micro-batch instead of biasing a few.
+    Gradients accumulate as in gradient accumulation and are cleared between sweeps.
+
+    Args:
+        model: The model to time, on ``device``.
+        microbatches: Token lengths of the samples of each micro-batch.
+        device: Where the inputs go.
+        repeats: Timings per micro-batch; the median is kept.
+        warmup: Untimed runs of the largest micro-batch first.
+        progress: Called as ``progress(done, total)`` after each timed run.
+
+    Returns:
+        float64 seconds, one per micro-batch.
+    """
+    from seqbalance.runtime.toy_model import make_packed_batch
+
+    repeats = check_int(repeats, "repeats", minimum=1)
+    warmup = check_int(warmup, "warmup", minimum=0)
+    vocab = model.config.vocab_size
+    inputs = [
+        tuple(t.to(device) for t in make_packed_batch(lengths, vocab_size=vocab, seed=index))
+        for index, lengths in enumerate(microbatches)
+    ]
+
+    def run(batch: tuple[torch.Tensor, ...]) -> float:
+        _synchronize(device)
+        start = time.perf_counter()
+        model(*batch).backward()
+        _synchronize(device)
+        return time.perf_counter() - start
+
+    largest = max(range(len(inputs)), key=lambda i: int(microbatches[i].sum()))
+    for _ in range(warmup):
+        run(inputs[largest])
+    seconds = np.empty((repeats, len(inputs)))
+    for sweep in range(repeats):
+        model.zero_grad(set_to_none=False)
+        for index, batch in enumerate(inputs):
+            seconds[sweep, index] = run(batch)
+            if progress is not None:
+                progress(sweep * len(inputs) + index + 1, repeats * len(inputs))
+    return np.median(seconds, axis=0)
+
+
+def fit_time_model(microbatches: Sequence[np.ndarray], seconds: np.ndarray) -> Calibration:
+    """Fit a TimeModel on all but every :data:`HOLDOUT_EVERY`-th micro-batch; score the rest.
+
+    The fit minimises the relative error (``TimeModel.fit(..., relative=True)``).
+
+    Args:
+        microbatches: Token lengths of each timed micro-batch, at least :data:`MIN_TRIALS`.
+        seconds: Measured seconds of each micro-batch.
+
+    Returns:
+        The fitted model with its held-out statistics.
+    """
+    check_int(len(microbatches), "number of micro-batches", minimum=MIN_TRIALS)
+    seconds = np.asarray(seconds, dtype=np.float64)
+    held_out = np.arange(len(microbatches)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+    observations = [(microbatches[i], float(seconds[i])) for i in range(len(microbatches))]
+    model = TimeModel.fit([observations[i] for i in np.flatnonzero(~held_out)], relative=True)
+    return Calibration(
+        time_model=model,
+        heldout=model.score([observations[i] for i in np.flatnonzero(held_out)]),
+        microbatches=list(microbatches),
+        seconds=seconds,
+        held_out=held_out,
+    )
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, or ``cuda`` as the current CUDA device; ValueError when CUDA is missing."""
+    import torch
+
+    name = check_choice(name, "device", ("cpu", "cuda"))
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda': this torch has no CUDA device available")
+    return torch.device(name if name == "cpu" else f"cuda:{torch.cuda.current_device()}")
+
+
+def calibrate(
+    *,
+    device: str = "cpu",
+    model_size: str = "small",
+    trials: int = 48,
+    repeats: int = 3,
+    warmup: int = 3,
+    max_tokens: int = 4096,
+    max_length: int | None = None,
+    threads: int | None = 1,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> Calibration:
+    """Time the toy transformer on this device and fit a TimeModel (the whole calibration).
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+        model_size: A key of :data:`MODEL_SIZES`.
+        trials: Micro-batches to time, at least :data:`MIN_TRIALS`; every
+            :data:`HOLDOUT_EVERY`-th is held out of the fit.
+        repeats: Timings per micro-batch, the median kept.
+        warmup: Untimed warm-up runs.
+        max_tokens: Largest micro-batch, in tokens.
+        max_length: Longest single sample, in tokens (default: ``max_tokens``).
+        threads: torch CPU threads, set for the whole process (``torch.set_num_threads``;
+            pinned to 1 by default for stable numbers, as the bench processes use); ``None``
+            leaves torch's setting alone.
+        seed: Seed of the micro-batch compositions and of the model's weights.
+        progress: Called as ``progress(done, total)`` after each timed run.
+
+    Returns:
+        The fitted model, its held-out statistics, the timings and their ``setup``.
+    """
+    import torch
+
+    from seqbalance.runtime.toy_model import TinyCausalTransformer
+
+    started = time.perf_counter()
+    max_length = max_tokens if max_length is None else max_length
+    microbatches = calibration_microbatches(
+        trials, max_tokens=max_tokens, max_length=max_length, seed=seed
+    )
+    torch_device = resolve_device(device)
+    config = model_config(model_size, max_position=max_length)
+    if threads is not None:
+        torch.set_num_threads(check_int(threads, "threads", minimum=1))
+    model = TinyCausalTransformer(config, seed=seed).to(torch_device)
+    seconds = time_microbatches(
+        model,
+        microbatches,
+        device=torch_device,
+        repeats=repeats,
+        warmup=warmup,
+        progress=progress,
+    )
+    calibration = fit_time_model(microbatches, seconds)
+    setup = {
+        "device": str(torch_device),
+        "threads": torch.get_num_threads(),
+        "model_size": model_size,
+        "model_config": model.config_dict(),
+        "trials": len(microbatches),
+        "repeats": repeats,
+        "elapsed_seconds": time.perf_counter() - started,
+    }
+    return replace(calibration, setup=setup)

@@ -1,0 +1,149 @@
+"""The bench harness: length scaling, settings, the report's arithmetic, and a real run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _bench_run import hand_made_raw
+
+from seqbalance.cost import TimeModel
+from seqbalance.runtime.bench import (
+    BenchSettings,
+    length_divisor,
+    plan_schedule,
+    run,
+    scale_lengths,
+    summarize,
+)
+
+
+def settings(**changes) -> BenchSettings:
+    values = {
+        "procs": 2,
+        "device": "cpu",
+        "cores": (0,),
+        "lengths": [10, 20],
+        "groups": None,
+        "strategies": ("round_robin", "balanced"),
+        "objective": "step",
+        "global_batch_size": 2,
+        "steps": 2,
+        "warmup": 1,
+        "max_tokens": 64,
+        "model_size": "tiny",
+        "time_model": None,
+        "trials": 6,
+        "repeats": 1,
+        "seed": 0,
+        "timeout_seconds": 60.0,
+    }
+    return BenchSettings(**{**values, **changes})
+
+
+def test_length_divisor_brings_the_median_to_a_quarter_of_the_cap() -> None:
+    assert length_divisor(np.array([1699, 1700, 1698]), 2048) == 4  # 1699 / 512 -> 4
+    assert length_divisor(np.array([400, 424, 500]), 2048) == 1
+    assert length_divisor(np.array([513]), 2048) == 2
+
+
+def test_scale_lengths_divides_rounding_up_and_cuts_at_the_cap() -> None:
+    scaled, divisor = scale_lengths([1, 7, 8, 9, 1000], 64, divisor=4)
+    assert divisor == 4 and scaled.tolist() == [1, 2, 2, 3, 64]
+    scaled, divisor = scale_lengths([1699, 1700, 1698], 2048)
+    assert divisor == 4 and scaled.tolist() == [425, 425, 425]
+    with pytest.raises(ValueError, match="length_divisor must be >= 1, got 0"):
+        scale_lengths([1], 64, divisor=0)
+
+
+def test_settings_are_validated_and_described() -> None:
+    s = settings(lengths=np.array([3, 4]), groups=[7, 7], strategies=["balanced"])
+    assert s.lengths == (3, 4) and s.groups == (7, 7) and s.strategies == ("balanced",)
+    described = s.describe()
+    assert "lengths" not in described and "time_model" not in described
+    assert described["procs"] == 2 and described["cores"] == (0,)
+    assert described["launch_timeout_seconds"] == 3600.0
+    assert BenchSettings(lengths=[5]).cores  # default: the cores this process may use
+    for bad, message in (
+        ({"procs": 0}, "procs must be >= 1"),
+        ({"device": "tpu"}, "device must be one of"),
+        ({"lengths": []}, "lengths must hold at least one sample"),
+        ({"groups": [1]}, "groups must hold one id per sample"),
+        ({"strategies": "balanced"}, "strategies must be a non-empty sequence"),
+        ({"objective": "fast"}, "objective must be one of"),
+        ({"trials": 3}, "trials must be >= 4"),
+        ({"max_tokens": 7}, "max_tokens must be >= 8"),
+        ({"model_size": "huge"}, "model_size must be one of"),
+        ({"time_model": "tm.json"}, "time_model must be a TimeModel"),
+        ({"timeout_seconds": 0}, "timeout_seconds must be a positive"),
+        ({"cores": ()}, "cores must name at least one"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            settings(**bad)
+
+
+def test_plan_schedule_gives_each_rank_its_microbatch_lengths() -> None:
+    s = settings(lengths=[30, 20, 10, 5], global_batch_size=4, steps=1, warmup=0)
+    schedule, simulation = plan_schedule(s, TimeModel(0.0, 1.0, 0.0))
+    assert list(schedule) == ["round_robin", "balanced"]
+    for name, steps in schedule.items():
+        assert len(steps) == 1 and len(steps[0]) == 2  # one step, two ranks
+        lengths = sorted(x for rank in steps[0] for mb in rank for x in mb)
+        assert lengths == [5, 10, 20, 30], name
+        assert all(sum(mb) <= 64 for rank in steps[0] for mb in rank)
+    assert [sum(map(sum, rank)) for rank in schedule["balanced"][0]] in ([35, 30], [30, 35])
+    assert simulation.dp_size == 2
+
+
+def test_summary_arithmetic_on_hand_made_records() -> None:
+    raw = hand_made_raw()
+    report = summarize(raw, settings())
+    rr, balanced = report["strategies"]["round_robin"], report["strategies"]["balanced"]
+    assert rr["mean_step_seconds"] == pytest.approx(0.12)
+    assert rr["median_step_seconds"] == pytest.approx(0.12)
+    assert rr["median_imbalance"] == pytest.approx((0.10 / 0.08 + 0.12 / 0.09) / 2)
+    assert balanced["mean_imbalance"] == pytest.approx((1.0 + 0.10 / 0.095) / 2)
+    assert rr["predicted_mean_step_seconds"] == pytest.approx(0.11)
+    assert rr["microbatches"] == 4
+    # Predictions are exact except balanced rank 1 step 1: 0.09 predicted, 0.10 measured.
+    assert rr["microbatch_mape"] == pytest.approx(0.0, abs=1e-12)
+    assert balanced["microbatch_mape"] == pytest.approx(0.1 / 4)
+    assert report["microbatch_mape"] == pytest.approx(0.1 / 8)
+    comparison = report["comparisons"]["balanced_vs_round_robin"]
+    assert comparison["measured_step_time_reduction"] == pytest.approx(1 - 0.095 / 0.12)
+    assert comparison["predicted_reduction"] == pytest.approx(1 - 0.085 / 0.11)
+    assert comparison["measured_compute_reduction"] == pytest.approx(1 - 0.09 / 0.11)
+    relative = abs((1 - 0.085 / 0.11) - (1 - 0.095 / 0.12)) / (1 - 0.095 / 0.12)
+    assert comparison["prediction_relative_error"] == pytest.approx(relative)
+    assert "balanced_vs_token_kk" not in report["comparisons"]
+    assert report["setup"] == settings().describe()
+
+
+@pytest.mark.multiprocess
+def test_a_real_run_reports_progress_and_every_strategy() -> None:
+    pytest.importorskip("torch")
+    model = TimeModel(0.001, 2e-6, 1e-9)
+    rng = np.random.default_rng(1)
+    s = settings(
+        lengths=rng.integers(8, 120, size=64),
+        global_batch_size=8,
+        max_tokens=256,
+        steps=2,
+        warmup=1,
+        time_model=model,
+        cores=None,
+        launch_timeout_seconds=300.0,
+    )
+    seen: list[tuple[int, int]] = []
+    report = run(s, progress=lambda done, total: seen.append((done, total)))
+    assert seen and all(total == 3 and 1 <= done <= 3 for done, total in seen)
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+    assert list(report["strategies"]) == ["round_robin", "balanced"]
+    for stats in report["strategies"].values():
+        assert len(stats["step_seconds"]) == 2 and stats["microbatches"] >= 4
+    assert report["calibration"] is None
+    assert TimeModel.from_json(json.dumps(report["time_model"])) == model
+    setup = report["setup"]
+    assert setup["oversubscribed"] == (len(setup["cores"]) < 2)
+    assert setup["elapsed_seconds"] > 0

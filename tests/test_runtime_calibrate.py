@@ -1,0 +1,91 @@
+"""Calibration: composition of the timed micro-batches, the fit and its held-out score."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from seqbalance.cost import FitStats, TimeModel
+from seqbalance.runtime.calibrate import (
+    MODEL_SIZES,
+    calibrate,
+    calibration_microbatches,
+    fit_time_model,
+    model_config,
+)
+
+
+def test_microbatches_respect_the_caps_and_vary_in_shape() -> None:
+    batches = calibration_microbatches(30, max_tokens=1024, max_length=700, seed=3)
+    assert len(batches) == 30
+    for batch in batches:
+        assert batch.dtype == np.int64 and batch.size >= 1
+        assert batch.sum() <= 1024 and batch.max() <= 700 and batch.min() >= 1
+    assert sum(b.size == 1 for b in batches) >= 10  # one-sample micro-batches
+    assert max(b.size for b in batches) >= 4  # and packed ones
+    again = calibration_microbatches(30, max_tokens=1024, max_length=700, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
+
+
+def test_fit_recovers_an_exact_model_and_scores_the_held_out_quarter() -> None:
+    truth = TimeModel(0.003, 2e-5, 4e-9)
+    batches = calibration_microbatches(20, max_tokens=4096, max_length=4096, seed=0)
+    seconds = np.array([truth.microbatch_seconds(b) for b in batches])
+    calibration = fit_time_model(batches, seconds)
+    model = calibration.time_model
+    assert model.t0 == pytest.approx(truth.t0, rel=1e-6)
+    assert model.t1 == pytest.approx(truth.t1, rel=1e-6)
+    assert model.t2 == pytest.approx(truth.t2, rel=1e-6)
+    assert calibration.held_out.sum() == 5 and model.fit_stats.n_observations == 15
+    assert calibration.heldout.n_observations == 5
+    assert calibration.heldout.mape == pytest.approx(0.0, abs=1e-9)
+    assert calibration.heldout.r2 == pytest.approx(1.0)
+    # A 10% error on every held-out micro-batch reads as a 10% MAPE.
+    noisy = seconds.copy()
+    noisy[calibration.held_out] *= 1.1
+    assert fit_time_model(batches, noisy).heldout.mape == pytest.approx(1 / 1.1 * 0.1, rel=1e-6)
+
+
+def test_held_out_statistics_are_the_time_models_score() -> None:
+    rng = np.random.default_rng(5)
+    batches = calibration_microbatches(12, max_tokens=2048, max_length=2048, seed=1)
+    seconds = np.array([1e-3 + 1e-6 * b.sum() for b in batches]) * rng.uniform(0.9, 1.1, 12)
+    calibration = fit_time_model(batches, seconds)
+    held = np.flatnonzero(calibration.held_out)
+    assert held.tolist() == [3, 7, 11]
+    expected = calibration.time_model.score([(batches[i], seconds[i]) for i in held])
+    assert calibration.heldout == expected
+    report = calibration.to_dict()
+    assert report["heldout"] == {"mape": expected.mape, "r2": expected.r2, "n": 3}
+    train = calibration.time_model.fit_stats
+    assert report["train"] == {"mape": train.mape, "r2": train.r2, "n": 9}
+    assert TimeModel.from_json(json.dumps(report["time_model"])) == calibration.time_model
+
+
+def test_bad_arguments_name_themselves() -> None:
+    with pytest.raises(ValueError, match="trials must be >= 4, got 3"):
+        calibration_microbatches(3, max_tokens=64, max_length=64)
+    with pytest.raises(ValueError, match="number of micro-batches"):
+        fit_time_model([np.array([1])] * 3, np.ones(3))
+    with pytest.raises(ValueError, match="model_size must be one of 'tiny', 'small', 'medium'"):
+        model_config("huge", max_position=64)
+
+
+def test_calibrate_times_the_toy_model_here() -> None:
+    pytest.importorskip("torch")
+    calibration = calibrate(
+        model_size="tiny", trials=8, repeats=1, warmup=1, max_tokens=128, threads=1, seed=2
+    )
+    assert len(calibration.microbatches) == 8 and calibration.seconds.shape == (8,)
+    assert np.all(calibration.seconds > 0)
+    assert calibration.held_out.tolist() == [False, False, False, True] * 2
+    assert calibration.time_model.fit_stats.n_observations == 6
+    assert isinstance(calibration.heldout, FitStats) and calibration.heldout.n_observations == 2
+    setup = calibration.to_dict()
+    assert setup["device"] == "cpu" and setup["threads"] == 1 and setup["trials"] == 8
+    assert setup["model_size"] == "tiny" and setup["repeats"] == 1
+    assert setup["model_config"]["hidden_size"] == MODEL_SIZES["tiny"]["hidden_size"]
+    assert setup["model_config"]["max_position"] == 128
+    assert setup["elapsed_seconds"] > 0

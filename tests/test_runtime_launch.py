@@ -1,0 +1,139 @@
+"""The process launcher: results in rank order, the torchrun environment, and prompt failures.
+
+No assertion depends on timing: a failure that the launcher reports as the rank's own error
+(rather than as the launch timeout, which is set far above it) was reported without waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from seqbalance.runtime.launch import LaunchError, free_port, launch  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+LONG = 120.0
+"""A launch timeout no test below should reach."""
+
+
+def _sum_ranks(rank: int, world_size: int, offset: int) -> dict[str, Any]:
+    total = torch.tensor([rank + offset], dtype=torch.float64)
+    dist.all_reduce(total)
+    print(f"rank {rank} says hello")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+    return {
+        "env": {name: os.environ[name] for name in names},
+        "port": int(os.environ["MASTER_PORT"]),
+        "total": float(total),
+        "group": (dist.get_rank(), dist.get_world_size(), dist.get_backend()),
+    }
+
+
+def test_ranks_see_the_torchrun_environment_and_return_in_rank_order(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    polls = []
+    results = launch(
+        _sum_ranks, 3, args=(10,), timeout=LONG, log_dir=tmp_path, poll=lambda: polls.append(1)
+    )
+    assert [r["total"] for r in results] == [33.0] * 3  # 10 + 11 + 12
+    for rank, result in enumerate(results):
+        assert result["env"] == {
+            "RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "3",
+            "MASTER_ADDR": "127.0.0.1",
+        }
+        assert result["group"] == (rank, 3, "gloo")
+        assert f"rank {rank} says hello" in (tmp_path / f"rank{rank}.log").read_text()
+    assert len({r["port"] for r in results}) == 1
+    assert polls  # called while the ranks ran
+    assert "says hello" not in capfd.readouterr().out  # ranks never write over the caller
+
+
+def _fails(rank: int, world_size: int, how: str) -> None:
+    if rank < world_size - 1:
+        time.sleep(10 * LONG)  # alive and busy: the launcher must not wait for it
+    elif how == "raise":
+        print("about to fail")
+        raise ValueError("bad sample 7")
+    elif how == "exit":
+        os._exit(3)
+    elif how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "unpicklable":
+        return lambda: None  # type: ignore[return-value]
+    return None
+
+
+@pytest.mark.parametrize(
+    ("how", "world_size", "message"),
+    [
+        ("raise", 2, r"rank 1 of 2 raised ValueError: bad sample 7 \(exit code 1\)"),
+        ("exit", 1, r"rank 0 of 1 exited without a result \(exit code 3\)"),
+        ("kill", 1, rf"rank 0 of 1 was killed by signal {int(signal.SIGKILL)}"),
+        ("unpicklable", 1, r"rank 0 of 1 returned a result that cannot be pickled: "),
+    ],
+)
+def test_a_failing_rank_ends_the_launch_with_its_error(
+    how: str, world_size: int, message: str
+) -> None:
+    with pytest.raises(LaunchError, match=message) as caught:
+        launch(_fails, world_size, args=(how,), timeout=LONG)
+    text = str(caught.value)
+    if how == "raise":
+        assert 'raise ValueError("bad sample 7")' in text  # the rank's traceback
+        assert "about to fail" in text  # and the tail of its output
+
+
+def _skips_the_collective(rank: int, world_size: int) -> None:
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins
+    else:
+        time.sleep(10 * LONG)
+
+
+def test_a_collective_that_a_peer_never_joins_fails_after_the_collective_timeout() -> None:
+    with pytest.raises(LaunchError, match=r"^rank 0 of 2 raised "):
+        launch(_skips_the_collective, 2, timeout=LONG, collective_timeout=2.0)
+
+
+def _hangs(rank: int, world_size: int) -> None:
+    time.sleep(10 * LONG)
+
+
+def test_the_whole_launch_is_bounded() -> None:
+    with pytest.raises(LaunchError, match=r"rank\(s\) 0 of 1 did not finish within .* 4 s"):
+        launch(_hangs, 1, timeout=4.0)
+
+
+def test_bad_arguments_are_refused_before_any_process_starts() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        launch(_hangs, 0)
+    with pytest.raises(ValueError, match="backend"):
+        launch(_hangs, 1, backend="mpi")
+    with pytest.raises(ValueError, match="timeout"):
+        launch(_hangs, 1, timeout=0.0)
+    with pytest.raises(ValueError, match="collective_timeout"):
+        launch(_hangs, 1, collective_timeout=-1.0)
+    with pytest.raises(ValueError, match="fn must be callable"):
+        launch("not a function", 1)  # type: ignore[arg-type]
+
+
+def test_free_port_is_a_bindable_local_port() -> None:
+    import socket
+
+    port = free_port()
+    assert 0 < port < 65536
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))
