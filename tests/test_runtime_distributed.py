@@ -8,9 +8,7 @@ share one launch (process start-up dominates the runtime on a small machine).
 
 from __future__ import annotations
 
-import multiprocessing
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from _multiprocess import launch, ok  # noqa: E402
+
 from seqbalance.plan import plan_step  # noqa: E402
 from seqbalance.runtime import CollectiveError, Rebalancer  # noqa: E402
 
@@ -29,44 +29,6 @@ pytestmark = pytest.mark.multiprocess
 WORLD = 3
 COUNTS = (5, 0, 9)  # rank 1 starts empty: incomplete and empty local batches
 PLAN_OPTIONS = {"max_tokens": 96}
-LAUNCH_TIMEOUT_S = 90.0
-
-
-def _launch(tmp_path: Path, world_size: int, worker: Any, *args: Any) -> list[dict[str, Any]]:
-    """Run ``worker(rank, world_size, *args)`` on gloo ranks; return each rank's result."""
-    context = multiprocessing.get_context("spawn")
-    processes = [
-        context.Process(target=_entry, args=(worker, rank, world_size, str(tmp_path), args))
-        for rank in range(world_size)
-    ]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    for process in processes:
-        process.join(max(deadline - time.monotonic(), 0.1))
-    hung = [p for p in processes if p.is_alive()]
-    for process in hung:
-        process.kill()
-        process.join()
-    assert not hung, f"{len(hung)} rank(s) hung past {LAUNCH_TIMEOUT_S} s"
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-
-
-def _entry(worker: Any, rank: int, world_size: int, directory: str, args: tuple) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{directory}/store",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=30),
-    )
-    try:
-        result = {"ok": worker(rank, world_size, *args)}
-    except Exception as error:
-        result = {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
-    torch.save(result, Path(directory) / f"rank{rank}.pt")
-    if "error" not in result:
-        dist.destroy_process_group()
 
 
 def _sample(rank: int, index: int) -> dict[str, torch.Tensor]:
@@ -174,10 +136,7 @@ def _toy_spec() -> Any:
 
 @pytest.fixture(scope="module")
 def happy(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    results = _launch(tmp_path_factory.mktemp("happy"), WORLD, _happy_paths)
-    for rank, result in enumerate(results):
-        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
-    return [r["ok"] for r in results]
+    return ok(launch(tmp_path_factory.mktemp("happy"), WORLD, _happy_paths))
 
 
 def _reference() -> tuple[list[dict[str, torch.Tensor]], np.ndarray, Any]:
@@ -365,7 +324,7 @@ def _failing_rank(rank: int, world_size: int, exit_early: bool) -> dict[str, Any
 def test_a_failing_rank_makes_the_others_raise_instead_of_hanging(
     tmp_path: Path, exit_early: bool
 ) -> None:
-    results = _launch(tmp_path, 2, _failing_rank, exit_early)
+    results = launch(tmp_path, 2, _failing_rank, exit_early)
     survivor = results[0]["ok"]
     assert survivor["raised"] is not None
     assert "did not complete within 2 s" in survivor["raised"]
@@ -412,12 +371,107 @@ def _async_overlap(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def test_rebalance_async_overlaps_with_the_training_loops_collectives(tmp_path: Path) -> None:
-    results = _launch(tmp_path, 2, _async_overlap)
-    for rank, result in enumerate(results):
-        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
-        out = result["ok"]
+    for rank, out in enumerate(ok(launch(tmp_path, 2, _async_overlap))):
         assert out["same_origin"] == [True] * 3
         assert out["same_bits"] == [True] * 3
         assert out["restored"] == [[rank, i] for i in range(3 + 4 * rank)]
         assert out["reduced"] == 2.0**10
         assert "dedicated process group" in out["needs_group"]
+
+
+# Settings that differ between the two ranks: (rank 0's, rank 1's) Rebalancer keywords and the
+# names the error must give.
+DISAGREEMENTS = {
+    "max_tokens": ({"max_tokens": 1000}, {"max_tokens": 2000}, ["max_tokens (1000 vs 2000)"]),
+    "num_microbatches": (
+        {"num_microbatches": 1},
+        {"num_microbatches": 2},
+        ["num_microbatches (1 vs 2)"],
+    ),
+    "cost": ({"cost": "tokens"}, {"cost": "flops"}, ['cost ("tokens" vs "flops")']),
+    "keep_local": ({"keep_local": True}, {"keep_local": False}, ["keep_local (true vs false)"]),
+    "length_key": ({}, {"length_key": "input_ids"}, ['length_key (null vs "input_ids")']),
+}
+
+
+def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
+    from seqbalance.runtime._dist import Comm
+
+    exchanges = []
+    original = Comm.exchange
+
+    def counted(self: Any, *args: Any) -> Any:
+        exchanges.append(args[-1])
+        return original(self, *args)
+
+    Comm.exchange = counted  # type: ignore[method-assign]
+    timeout = timedelta(seconds=20)
+    out: dict[str, Any] = {"disagree": {}}
+    samples = [{"input_ids": torch.arange(100 + 10 * i + rank)} for i in range(3)]
+    for name, settings in DISAGREEMENTS.items():
+        rebalancer = Rebalancer(timeout=timeout, **settings[rank])
+        try:
+            rebalancer.rebalance(samples)
+            out["disagree"][name] = None
+        except ValueError as error:
+            out["disagree"][name] = str(error)
+    out["exchanges_before_agreement"] = list(exchanges)
+    # The group is still healthy: agreeing ranks rebalance as usual.
+    out["agreed"] = Rebalancer(timeout=timeout).rebalance(samples).num_samples
+
+    # An incomplete batch: 2 + 1 samples of 900 tokens under a 1000-token cap need 2
+    # micro-batches per rank, 4 slots for 3 samples.
+    capped = Rebalancer(timeout=timeout, max_tokens=1000)
+    incomplete = capped.rebalance([torch.zeros(900)] * (2 - rank))
+    out["incomplete"] = (
+        incomplete.num_samples,
+        [len(mb) for mb in incomplete.microbatches],
+        incomplete.plan.options.allow_empty,
+        incomplete.plan.n_microbatches,
+    )
+    full = capped.rebalance([torch.zeros(900)] * 2)
+    out["full"] = (full.plan.options.allow_empty, full.plan.n_microbatches)
+    # A sample over the cap is named by its rank and local index.
+    try:
+        capped.rebalance([torch.zeros(500), torch.zeros(1200)] if rank == 1 else [])
+        out["oversize"] = None
+    except ValueError as error:
+        out["oversize"] = str(error)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return ok(launch(tmp_path_factory.mktemp("two"), 2, _two_ranks))
+
+
+@pytest.mark.parametrize("name", list(DISAGREEMENTS))
+def test_ranks_that_disagree_on_settings_raise_before_any_data_moves(two_ranks, name) -> None:
+    messages = [result["disagree"][name] for result in two_ranks]
+    assert messages[0] is not None
+    assert messages[0] == messages[1]  # the same ValueError on every rank
+    prefix = "ranks 0 and 1 disagree on the Rebalancer's settings: "
+    assert messages[0].startswith(prefix)
+    listed = messages[0][len(prefix) :].split(". Construct the Rebalancer")[0]
+    assert listed.split("; ") == DISAGREEMENTS[name][2]  # exactly the differing settings
+    for result in two_ranks:
+        assert result["exchanges_before_agreement"] == []
+        assert result["agreed"] == 3
+
+
+def test_an_incomplete_batch_leaves_slots_empty_without_being_asked(two_ranks) -> None:
+    counts = [result["incomplete"][0] for result in two_ranks]
+    assert sorted(counts) == [1, 2]
+    for result in two_ranks:
+        _, sizes, allow_empty, m = result["incomplete"]
+        assert (allow_empty, m) == (True, 2)
+        assert len(sizes) == 2 and sum(sizes) == result["incomplete"][0]
+        # A complete batch is planned with the options as given.
+        assert result["full"] == (False, 2)
+
+
+def test_an_oversize_sample_is_named_by_its_rank_and_local_index(two_ranks) -> None:
+    messages = [result["oversize"] for result in two_ranks]
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("rank 1: samples[1] has 1200 tokens")
+    assert "max_tokens = 1000" in messages[0]

@@ -564,8 +564,8 @@ class Rebalancer:
             others, {k: v for k, v in headers[rank]["settings"].items() if k != "options"}
         )
         raise ValueError(
-            f"ranks 0 and {rank} disagree on the Rebalancer's settings: {', '.join(names)}; "
-            "construct the Rebalancer with the same options, keep_local and length_key on "
+            f"ranks 0 and {rank} disagree on the Rebalancer's settings: {'; '.join(names)}. "
+            "Construct the Rebalancer with the same options, keep_local and length_key on "
             "every rank"
         )
 
