@@ -437,6 +437,16 @@ def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
         out["oversize"] = None
     except ValueError as error:
         out["oversize"] = str(error)
+
+    # Samplers on a data-parallel group: here the two ranks are the tensor-parallel ranks of
+    # one replica (dp_size 1), so each rank's data-parallel group holds only itself.
+    from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler
+
+    dp_groups = [dist.new_group([0]), dist.new_group([1])]
+    lengths = np.arange(1, 41)
+    out["sampler_dp_group"] = list(BalancedBatchSampler(lengths, 8, group=dp_groups[rank]))
+    out["sampler_global"] = list(BalancedBatchSampler(lengths, 8))
+    out["grouped_dp_group"] = list(LengthGroupedSampler(lengths, 4, group=dp_groups[rank]))
     return out
 
 
@@ -475,3 +485,14 @@ def test_an_oversize_sample_is_named_by_its_rank_and_local_index(two_ranks) -> N
     assert messages[0] == messages[1]
     assert messages[0].startswith("rank 1: samples[1] has 1200 tokens")
     assert "max_tokens = 1000" in messages[0]
+
+
+def test_samplers_on_a_data_parallel_group_give_tensor_parallel_peers_the_same_data(
+    two_ranks,
+) -> None:
+    for key in ("sampler_dp_group", "grouped_dp_group"):
+        assert two_ranks[0][key] == two_ranks[1][key]  # same replica, same samples
+        assert sorted(i for batch in two_ranks[0][key] for i in batch) == list(range(40))
+    # The global default splits the replica's data between its two TP ranks: wrong under TP.
+    split = [{i for batch in result["sampler_global"] for i in batch} for result in two_ranks]
+    assert not split[0] & split[1] and len(split[0] | split[1]) == 40
