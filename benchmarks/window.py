@@ -101,7 +101,8 @@ def main() -> None:
         *rows,
         "",
         f"Machine: {platform.machine()}, {platform.system()} {platform.release()}, Python "
-        f"{platform.python_version()}; {elapsed:.0f} s. Command: `python benchmarks/window.py"
+        f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}, {elapsed:.0f} s. "
+        "Command: `python benchmarks/window.py"
         + (" --quick" if args.quick else f" --seeds {seeds}")
         + "`.",
     ]
