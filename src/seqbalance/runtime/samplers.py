@@ -5,31 +5,27 @@ lists of dataset indices, one list per micro-batch, for *this* data-parallel ran
 rank computes the same epoch layout from ``(lengths, seed, epoch)`` without any communication,
 so they are the zero-overhead path when lengths are known up front (tokenized datasets).
 
-Data-parallel position
-----------------------
-A sampler needs this process's data-parallel rank and the data-parallel size: pass the
-data-parallel process group (``group=``, e.g. ``device_mesh["dp"].get_group()``) or
-``dp_rank=`` and ``dp_size=`` (e.g. from Megatron's parallel state). Only when neither is given
-do they default to the global torch.distributed world, which is right for pure data
-parallelism only: under tensor or pipeline parallelism the world holds ``dp x tp x pp`` ranks,
-and the TP (and PP) ranks of one data-parallel replica must get the *same* samples. Using the
-global rank would hand each of them different data and split every replica's batch
-``tp x pp`` ways. ``rank=`` / ``world_size=`` are accepted as older names of ``dp_rank=`` /
-``dp_size=`` (one name of each, never both).
+Data-parallel position: a sampler needs this process's data-parallel rank and the data-parallel
+size: pass the data-parallel process group (``group=``, e.g. ``device_mesh["dp"].get_group()``) or
+``dp_rank=`` and ``dp_size=`` (e.g. from Megatron's parallel state). Only when neither is given do
+they default to the global torch.distributed world, which is right for pure data parallelism only:
+under tensor or pipeline parallelism the world holds ``dp x tp x pp`` ranks, and the TP (and PP)
+ranks of one data-parallel replica must get the *same* samples. Using the global rank would hand
+each of them different data and split every replica's batch ``tp x pp`` ways. ``rank=`` /
+``world_size=`` are accepted as older names of ``dp_rank=`` / ``dp_size=`` (one name of each, never
+both).
 
-Resuming mid-epoch
-------------------
-``state_dict()`` records the epoch and how many micro-batches this rank has consumed, together
-with what the layout depends on (a SHA-256 of the lengths and groups, the plan options'
-fingerprint, seed, shuffle settings, batch sizes, data-parallel rank and size);
-``load_state_dict()`` refuses a resume point from a different setup with a ``ValueError``
-naming what changed, and otherwise makes the next iteration skip exactly the consumed batches.
-Each rank saves and loads its own state (the ranks' batches differ). A DataLoader with workers
-pulls indices from its batch sampler ahead of the training loop (``num_workers *
-prefetch_factor`` batches), so the number of batches the *sampler* has yielded can run ahead of
-the number the *loop* has trained on. For an exact resume, count the batches your loop has
-consumed and save ``sampler.state_dict(consumed=count)``; with ``num_workers=0`` the default
-(batches yielded) is already exact.
+Resuming mid-epoch: ``state_dict()`` records the epoch and how many micro-batches this rank has
+consumed, together with what the layout depends on (a SHA-256 of the lengths and groups, the plan
+options' fingerprint, seed, shuffle settings, batch sizes, data-parallel rank and size);
+``load_state_dict()`` refuses a resume point from a different setup with a ``ValueError`` naming
+what changed, and otherwise makes the next iteration skip exactly the consumed batches. Each rank
+saves and loads its own state (the ranks' batches differ). A DataLoader with workers pulls indices
+from its batch sampler ahead of the training loop (``num_workers * prefetch_factor`` batches), so
+the number of batches the *sampler* has yielded can run ahead of the number the *loop* has trained
+on. For an exact resume, count the batches your loop has consumed and save
+``sampler.state_dict(consumed=count)``; with ``num_workers=0`` the default (batches yielded) is
+already exact.
 """
 
 from __future__ import annotations
