@@ -278,9 +278,7 @@ def _tensor_parallel_pair(rank: int, world_size: int) -> dict[str, Any]:
 def test_flops_meter_at_tensor_parallel_2_reports_the_true_tflops(tmp_path: Path) -> None:
     from seqbalance.cost import FlopsModel
 
-    results = _launch(tmp_path, 2, _tensor_parallel_pair)
-    for rank, result in enumerate(results):
-        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
+    results = [{"ok": out} for out in ok(launch(tmp_path, 2, _tensor_parallel_pair))]
     # The toy model (hidden 64, 2 layers, 4 heads of 16, SwiGLU 176, vocab 512) costs per token
     # 2·(2·(4·64² + 3·64·176) + 64·512) = 266,240 FLOPs and per causal pair 2·2·4·(16 + 16) = 512.
     # The replica trains sequences of 5, 4, 0 and 6 tokens: 15 tokens, 15 + 10 + 0 + 21 = 46
