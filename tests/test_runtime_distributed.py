@@ -392,6 +392,11 @@ DISAGREEMENTS = {
 }
 
 
+def _nan_at_777(lengths: np.ndarray) -> np.ndarray:
+    """A cost model that fails on one length (a user's cost function with a hole)."""
+    return np.where(lengths == 777, np.nan, lengths.astype(float))
+
+
 def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
     from seqbalance.runtime._dist import Comm
 
@@ -435,6 +440,15 @@ def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
         out["oversize"] = None
     except ValueError as error:
         out["oversize"] = str(error)
+
+    # So is a sample whose cost the cost model rejects.
+    try:
+        Rebalancer(timeout=timeout, cost=_nan_at_777).rebalance(
+            [torch.zeros(100), torch.zeros(777)] if rank == 1 else [torch.zeros(5)]
+        )
+        out["bad_cost"] = None
+    except ValueError as error:
+        out["bad_cost"] = str(error)
 
     # Samplers on a data-parallel group: here the two ranks are the tensor-parallel ranks of
     # one replica (dp_size 1), so each rank's data-parallel group holds only itself.
@@ -483,6 +497,8 @@ def test_an_oversize_sample_is_named_by_its_rank_and_local_index(two_ranks) -> N
     assert messages[0] == messages[1]
     assert messages[0].startswith("rank 1: samples[1] has 1200 tokens")
     assert "max_tokens = 1000" in messages[0]
+    costs = [result["bad_cost"] for result in two_ranks]
+    assert costs[0] == costs[1] == "rank 1: cost(lengths)[1] = nan is not finite"
 
 
 def test_samplers_on_a_data_parallel_group_give_tensor_parallel_peers_the_same_data(

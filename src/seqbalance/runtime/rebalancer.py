@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from seqbalance._validation import as_group_ids, check_bool
+from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.runtime._dist import CollectiveError, Comm
 from seqbalance.runtime._samples import (
@@ -471,28 +472,28 @@ class Rebalancer:
         return local.samples, header, table
 
     def _check_lengths(self, local: LocalSamples) -> None:
-        """Local checks of the sample lengths, so that errors name this rank's own indices.
+        """Local checks of the sample lengths and costs, so that an error names this rank's
+        own sample index rather than an index into the gathered batch.
 
         A ``length_key`` missing from the fields is reported after the gather instead, against
         the schema the ranks agree on (a schema that differs between ranks is the real error).
         """
-        cap = self.options.max_tokens
         names = [f.name for f in local.fields]
-        if not local.samples or cap is None or self.options.allow_oversize:
-            return
-        if self.length_key is not None and self.length_key not in names:
+        if not local.samples or (self.length_key is not None and self.length_key not in names):
             return
         column = self._length_column(local.fields)
-        lengths = np.array([sample[column].shape[0] for sample in local.samples])
-        over = np.flatnonzero(lengths > cap)
-        if over.size:
+        lengths = np.array([sample[column].shape[0] for sample in local.samples], dtype=np.int64)
+        cap = self.options.max_tokens
+        over = np.flatnonzero(lengths > cap) if cap is not None else np.zeros(0, np.int64)
+        if over.size and not self.options.allow_oversize:
             i = int(over[0])
             raise ValueError(
-                f"samples[{i}] has {int(lengths[i])} tokens (field "
-                f"{local.fields[column].name!r}), over max_tokens = {cap} ({over.size} of this "
-                "rank's samples are); pass allow_oversize=True to give such a sample a "
-                "micro-batch of its own"
+                f"samples[{i}] has {int(lengths[i])} tokens (field {names[column]!r}), over "
+                f"max_tokens = {cap} ({over.size} of this rank's samples are); pass "
+                "allow_oversize=True to give such a sample a micro-batch of its own"
             )
+        # The cost model's checks name the sample: here, this rank's own index.
+        evaluate_costs(self.options.cost_model, lengths)
 
     def _length_column(self, fields: list[Field]) -> int:
         if self.length_key is None:
