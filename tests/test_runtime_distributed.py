@@ -1,16 +1,14 @@
 """Real multi-process checks of the Rebalancer and TorchFlopsMeter (gloo, CPU, spawned ranks).
 
-Each launch starts ``world_size`` fresh processes with :func:`seqbalance.runtime.launch.launch`;
-every rank runs a worker function of this module and returns what it saw (or the error it
-raised); the parent checks the results against a single-process reference computed here. The
-happy-path scenarios share one launch (process start-up dominates the runtime on a small
-machine).
+Each launch starts ``world_size`` fresh processes with a FileStore in ``tmp_path``; every rank
+runs a worker function of this module and saves what it saw with ``torch.save``; the parent
+checks the results against a single-process reference computed here. The happy-path scenarios
+share one launch (process start-up dominates the runtime on a small machine).
 """
 
 from __future__ import annotations
 
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,36 +19,16 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from _multiprocess import launch, ok  # noqa: E402
+
 from seqbalance.plan import plan_step  # noqa: E402
 from seqbalance.runtime import CollectiveError, Rebalancer  # noqa: E402
-from seqbalance.runtime.launch import launch  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
 WORLD = 3
 COUNTS = (5, 0, 9)  # rank 1 starts empty: incomplete and empty local batches
 PLAN_OPTIONS = {"max_tokens": 96}
-LAUNCH_TIMEOUT_S = 90.0
-
-
-def _launch(tmp_path: Path, world_size: int, worker: Any, *args: Any) -> list[dict[str, Any]]:
-    """Run ``worker(rank, world_size, *args)`` on gloo ranks; each rank's ``{"ok": result}``,
-    or ``{"error", "type", "trace"}`` for what it raised (ranks' output goes to ``tmp_path``)."""
-    return launch(
-        _capture,
-        world_size,
-        args=(worker, *args),
-        timeout=LAUNCH_TIMEOUT_S,
-        collective_timeout=30.0,
-        log_dir=tmp_path,
-    )
-
-
-def _capture(rank: int, world_size: int, worker: Any, *args: Any) -> dict[str, Any]:
-    try:
-        return {"ok": worker(rank, world_size, *args)}
-    except Exception as error:
-        return {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
 
 
 def _sample(rank: int, index: int) -> dict[str, torch.Tensor]:
@@ -158,10 +136,7 @@ def _toy_spec() -> Any:
 
 @pytest.fixture(scope="module")
 def happy(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    results = _launch(tmp_path_factory.mktemp("happy"), WORLD, _happy_paths)
-    for rank, result in enumerate(results):
-        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
-    return [r["ok"] for r in results]
+    return ok(launch(tmp_path_factory.mktemp("happy"), WORLD, _happy_paths))
 
 
 def _reference() -> tuple[list[dict[str, torch.Tensor]], np.ndarray, Any]:
@@ -303,9 +278,7 @@ def _tensor_parallel_pair(rank: int, world_size: int) -> dict[str, Any]:
 def test_flops_meter_at_tensor_parallel_2_reports_the_true_tflops(tmp_path: Path) -> None:
     from seqbalance.cost import FlopsModel
 
-    results = _launch(tmp_path, 2, _tensor_parallel_pair)
-    for rank, result in enumerate(results):
-        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
+    results = [{"ok": out} for out in ok(launch(tmp_path, 2, _tensor_parallel_pair))]
     # The toy model (hidden 64, 2 layers, 4 heads of 16, SwiGLU 176, vocab 512) costs per token
     # 2·(2·(4·64² + 3·64·176) + 64·512) = 266,240 FLOPs and per causal pair 2·2·4·(16 + 16) = 512.
     # The replica trains sequences of 5, 4, 0 and 6 tokens: 15 tokens, 15 + 10 + 0 + 21 = 46
@@ -349,7 +322,7 @@ def _failing_rank(rank: int, world_size: int, exit_early: bool) -> dict[str, Any
 def test_a_failing_rank_makes_the_others_raise_instead_of_hanging(
     tmp_path: Path, exit_early: bool
 ) -> None:
-    results = _launch(tmp_path, 2, _failing_rank, exit_early)
+    results = launch(tmp_path, 2, _failing_rank, exit_early)
     survivor = results[0]["ok"]
     assert survivor["raised"] is not None
     assert "did not complete within 2 s" in survivor["raised"]
@@ -396,12 +369,144 @@ def _async_overlap(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def test_rebalance_async_overlaps_with_the_training_loops_collectives(tmp_path: Path) -> None:
-    results = _launch(tmp_path, 2, _async_overlap)
-    for rank, result in enumerate(results):
-        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
-        out = result["ok"]
+    for rank, out in enumerate(ok(launch(tmp_path, 2, _async_overlap))):
         assert out["same_origin"] == [True] * 3
         assert out["same_bits"] == [True] * 3
         assert out["restored"] == [[rank, i] for i in range(3 + 4 * rank)]
         assert out["reduced"] == 2.0**10
         assert "dedicated process group" in out["needs_group"]
+
+
+# Settings that differ between the two ranks: (rank 0's, rank 1's) Rebalancer keywords and the
+# names the error must give.
+DISAGREEMENTS = {
+    "max_tokens": ({"max_tokens": 1000}, {"max_tokens": 2000}, ["max_tokens (1000 vs 2000)"]),
+    "num_microbatches": (
+        {"num_microbatches": 1},
+        {"num_microbatches": 2},
+        ["num_microbatches (1 vs 2)"],
+    ),
+    "cost": ({"cost": "tokens"}, {"cost": "flops"}, ['cost ("tokens" vs "flops")']),
+    "keep_local": ({"keep_local": True}, {"keep_local": False}, ["keep_local (true vs false)"]),
+    "length_key": ({}, {"length_key": "input_ids"}, ['length_key (null vs "input_ids")']),
+}
+
+
+def _nan_at_777(lengths: np.ndarray) -> np.ndarray:
+    """A cost model that fails on one length (a user's cost function with a hole)."""
+    return np.where(lengths == 777, np.nan, lengths.astype(float))
+
+
+def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
+    from seqbalance.runtime._dist import Comm
+
+    exchanges = []
+    original = Comm.exchange
+
+    def counted(self: Any, *args: Any) -> Any:
+        exchanges.append(args[-1])
+        return original(self, *args)
+
+    Comm.exchange = counted  # type: ignore[method-assign]
+    timeout = timedelta(seconds=20)
+    out: dict[str, Any] = {"disagree": {}}
+    samples = [{"input_ids": torch.arange(100 + 10 * i + rank)} for i in range(3)]
+    for name, settings in DISAGREEMENTS.items():
+        rebalancer = Rebalancer(timeout=timeout, **settings[rank])
+        try:
+            rebalancer.rebalance(samples)
+            out["disagree"][name] = None
+        except ValueError as error:
+            out["disagree"][name] = str(error)
+    out["exchanges_before_agreement"] = list(exchanges)
+    # The group is still healthy: agreeing ranks rebalance as usual.
+    out["agreed"] = Rebalancer(timeout=timeout).rebalance(samples).num_samples
+
+    # An incomplete batch: 2 + 1 samples of 900 tokens under a 1000-token cap need 2
+    # micro-batches per rank, 4 slots for 3 samples.
+    capped = Rebalancer(timeout=timeout, max_tokens=1000)
+    incomplete = capped.rebalance([torch.zeros(900)] * (2 - rank))
+    out["incomplete"] = (
+        incomplete.num_samples,
+        [len(mb) for mb in incomplete.microbatches],
+        incomplete.plan.options.allow_empty,
+        incomplete.plan.n_microbatches,
+    )
+    full = capped.rebalance([torch.zeros(900)] * 2)
+    out["full"] = (full.plan.options.allow_empty, full.plan.n_microbatches)
+    # A sample over the cap is named by its rank and local index.
+    try:
+        capped.rebalance([torch.zeros(500), torch.zeros(1200)] if rank == 1 else [])
+        out["oversize"] = None
+    except ValueError as error:
+        out["oversize"] = str(error)
+
+    # So is a sample whose cost the cost model rejects.
+    try:
+        Rebalancer(timeout=timeout, cost=_nan_at_777).rebalance(
+            [torch.zeros(100), torch.zeros(777)] if rank == 1 else [torch.zeros(5)]
+        )
+        out["bad_cost"] = None
+    except ValueError as error:
+        out["bad_cost"] = str(error)
+
+    # Samplers on a data-parallel group: here the two ranks are the tensor-parallel ranks of
+    # one replica (dp_size 1), so each rank's data-parallel group holds only itself.
+    from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler
+
+    dp_groups = [dist.new_group([0]), dist.new_group([1])]
+    lengths = np.arange(1, 41)
+    out["sampler_dp_group"] = list(BalancedBatchSampler(lengths, 8, group=dp_groups[rank]))
+    out["sampler_global"] = list(BalancedBatchSampler(lengths, 8))
+    out["grouped_dp_group"] = list(LengthGroupedSampler(lengths, 4, group=dp_groups[rank]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return ok(launch(tmp_path_factory.mktemp("two"), 2, _two_ranks))
+
+
+@pytest.mark.parametrize("name", list(DISAGREEMENTS))
+def test_ranks_that_disagree_on_settings_raise_before_any_data_moves(two_ranks, name) -> None:
+    messages = [result["disagree"][name] for result in two_ranks]
+    assert messages[0] is not None
+    assert messages[0] == messages[1]  # the same ValueError on every rank
+    prefix = "ranks 0 and 1 disagree on the Rebalancer's settings: "
+    assert messages[0].startswith(prefix)
+    listed = messages[0][len(prefix) :].split(". Construct the Rebalancer")[0]
+    assert listed.split("; ") == DISAGREEMENTS[name][2]  # exactly the differing settings
+    for result in two_ranks:
+        assert result["exchanges_before_agreement"] == []
+        assert result["agreed"] == 3
+
+
+def test_an_incomplete_batch_leaves_slots_empty_without_being_asked(two_ranks) -> None:
+    counts = [result["incomplete"][0] for result in two_ranks]
+    assert sorted(counts) == [1, 2]
+    for result in two_ranks:
+        _, sizes, allow_empty, m = result["incomplete"]
+        assert (allow_empty, m) == (True, 2)
+        assert len(sizes) == 2 and sum(sizes) == result["incomplete"][0]
+        # A complete batch is planned with the options as given.
+        assert result["full"] == (False, 2)
+
+
+def test_an_oversize_sample_is_named_by_its_rank_and_local_index(two_ranks) -> None:
+    messages = [result["oversize"] for result in two_ranks]
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("rank 1: samples[1] has 1200 tokens")
+    assert "max_tokens = 1000" in messages[0]
+    costs = [result["bad_cost"] for result in two_ranks]
+    assert costs[0] == costs[1] == "rank 1: cost(lengths)[1] = nan is not finite"
+
+
+def test_samplers_on_a_data_parallel_group_give_tensor_parallel_peers_the_same_data(
+    two_ranks,
+) -> None:
+    for key in ("sampler_dp_group", "grouped_dp_group"):
+        assert two_ranks[0][key] == two_ranks[1][key]  # same replica, same samples
+        assert sorted(i for batch in two_ranks[0][key] for i in batch) == list(range(40))
+    # The global default splits the replica's data between its two TP ranks: wrong under TP.
+    split = [{i for batch in result["sampler_global"] for i in batch} for result in two_ranks]
+    assert not split[0] & split[1] and len(split[0] | split[1]) == 40

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from seqbalance.runtime.launch import LaunchError, free_port, launch  # noqa: E402
+from seqbalance.runtime.launch import LaunchError, RankFailure, free_port, launch  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -94,6 +94,27 @@ def test_a_failing_rank_ends_the_launch_with_its_error(
     if how == "raise":
         assert 'raise ValueError("bad sample 7")' in text  # the rank's traceback
         assert "about to fail" in text  # and the tail of its output
+
+
+def _one_fails(rank: int, world_size: int, how: str) -> str:
+    if rank == 0 and how == "raise":
+        raise ValueError("bad sample 7")
+    if rank == 0:
+        os._exit(3)
+    return f"rank {rank} done"
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_without_stop_on_failure_the_others_finish_and_failures_are_reported(how: str) -> None:
+    results = launch(_one_fails, 3, args=(how,), timeout=LONG, stop_on_failure=False)
+    failure = results[0]
+    assert isinstance(failure, RankFailure) and failure.rank == 0
+    if how == "raise":
+        assert failure.what == "raised ValueError: bad sample 7" and failure.exit_code == 1
+        assert 'raise ValueError("bad sample 7")' in failure.traceback
+    else:
+        assert failure.exit_code == 3 and failure.traceback == ""
+    assert results[1:] == ["rank 1 done", "rank 2 done"]
 
 
 def _skips_the_collective(rank: int, world_size: int) -> None:

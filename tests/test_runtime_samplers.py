@@ -206,3 +206,154 @@ def test_length_grouped_is_deterministic_and_shuffles_per_epoch() -> None:
 def test_length_grouped_validates_bucket_size() -> None:
     with pytest.raises(ValueError, match="bucket_size must be a multiple"):
         LengthGroupedSampler([1, 2, 3], 2, rank=0, world_size=2, bucket_size=6)
+
+
+def test_dp_rank_and_dp_size_are_the_names_and_rank_world_size_still_work() -> None:
+    lengths = _lengths(60)
+    new = BalancedBatchSampler(lengths, 12, dp_rank=1, dp_size=3, seed=2, max_tokens=900)
+    old = BalancedBatchSampler(lengths, 12, rank=1, world_size=3, seed=2, max_tokens=900)
+    assert list(new) == list(old)
+    assert (new.dp_rank, new.dp_size, new.rank, new.world_size) == (1, 3, 1, 3)
+    assert new.state_dict() == old.state_dict()
+    grouped = LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=2)
+    assert list(grouped) == list(LengthGroupedSampler(lengths, 4, rank=0, world_size=2))
+
+
+def test_a_position_given_twice_or_with_a_group_is_refused() -> None:
+    with pytest.raises(ValueError, match="pass dp_rank or its older name rank, not both"):
+        BalancedBatchSampler([1, 2, 3], 2, dp_rank=0, rank=0, dp_size=1)
+    with pytest.raises(ValueError, match="pass dp_size or its older name world_size, not both"):
+        LengthGroupedSampler([1, 2, 3], 2, dp_rank=0, dp_size=1, world_size=1)
+    with pytest.raises(ValueError, match="group= determines the data-parallel rank and size"):
+        BalancedBatchSampler([1, 2, 3], 2, group=object(), dp_rank=0, dp_size=1)
+    with pytest.raises(ValueError, match=r"group= needs torch\.distributed to be initialised"):
+        BalancedBatchSampler([1, 2, 3], 2, group=object())
+    with pytest.raises(ValueError, match="dp_rank must be < dp_size = 2, got 2"):
+        BalancedBatchSampler([1, 2, 3], 2, dp_rank=2, dp_size=2)
+
+
+def _resume_point(make, consumed: int = 3) -> dict:
+    sampler = make()
+    iterator = iter(sampler)
+    for _ in range(consumed):
+        next(iterator)
+    return sampler.state_dict()
+
+
+def _refusal(make_saved, make_resumed) -> str:
+    state = _resume_point(make_saved)
+    with pytest.raises(ValueError) as caught:
+        make_resumed().load_state_dict(state)
+    return str(caught.value)
+
+
+def _balanced(lengths=None, **changes):
+    settings = {"dp_rank": 0, "dp_size": 2, "seed": 1, "max_tokens": 1000, "cost": "tokens"}
+    settings.update(changes)
+    data = _lengths(80, seed=6) if lengths is None else lengths
+    return lambda: BalancedBatchSampler(data, 16, **settings)
+
+
+def test_resume_with_another_max_tokens_is_refused_naming_it() -> None:
+    message = _refusal(_balanced(), _balanced(max_tokens=1200))
+    assert "changed: options.max_tokens (1000 saved, 1200 now)." in message
+
+
+def test_resume_with_another_cost_is_refused_naming_it() -> None:
+    message = _refusal(_balanced(), _balanced(cost="flops"))
+    assert 'changed: options.cost ("tokens" saved, "flops" now).' in message
+
+
+def test_resume_with_the_same_count_but_other_lengths_is_refused() -> None:
+    other = _lengths(80, seed=6)
+    other[5] += 1
+    message = _refusal(_balanced(), _balanced(lengths=other))
+    assert "changed: lengths (sha256" in message
+    assert "num_samples" not in message
+
+
+def test_resume_with_other_groups_shuffle_window_batch_or_dp_size_is_refused() -> None:
+    groups = np.arange(80) // 2
+    cases = {
+        "groups (sha256": _balanced(groups=groups),
+        "shuffle (true saved, false now)": _balanced(shuffle=False),
+        "bucket_window (null saved, 2 now)": _balanced(bucket_window=2),
+        "drop_last (false saved, true now)": _balanced(drop_last=True),
+        "seed (1 saved, 2 now)": _balanced(seed=2),
+        "dp_size (world_size) (2 saved, 4 now)": _balanced(dp_size=4),
+    }
+    for expected, resumed in cases.items():
+        assert expected in _refusal(_balanced(), resumed), expected
+    saved = _resume_point(
+        lambda: BalancedBatchSampler(_lengths(80, seed=6), 16, dp_rank=0, dp_size=2)
+    )
+    with pytest.raises(ValueError, match=r"global_batch_size \(16 saved, 8 now\)"):
+        BalancedBatchSampler(_lengths(80, seed=6), 8, dp_rank=0, dp_size=2).load_state_dict(saved)
+
+
+def test_a_state_saved_on_another_rank_of_the_same_layout_is_accepted() -> None:
+    """Every rank consumes the same number of micro-batches, so rank 0's checkpoint (what
+    Trainer saves) resumes rank 1 at the same position of its own micro-batches."""
+    saved = _resume_point(_balanced())
+    other = _balanced(dp_rank=1)()
+    other.load_state_dict(saved)
+    assert other.state_dict()["consumed"] == saved["consumed"]
+    assert other.state_dict()["setup"]["dp_rank"] == 1
+
+
+def test_length_grouped_resume_with_another_batch_size_is_refused() -> None:
+    lengths = _lengths(200)
+    message = _refusal(
+        lambda: LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=2, bucket_size=16),
+        lambda: LengthGroupedSampler(lengths, 8, dp_rank=0, dp_size=2, bucket_size=16),
+    )
+    assert "batch_size (4 saved, 8 now)" in message
+    state = _resume_point(lambda: LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=2))
+    with pytest.raises(ValueError, match=r"sampler .*LengthGroupedSampler.* saved"):
+        BalancedBatchSampler(lengths, 8, dp_rank=0, dp_size=2).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [
+        ({}, "state_dict lacks 'format', 'epoch', 'consumed', 'setup'"),
+        ([], "state must be a mapping"),
+        (None, "state must be a mapping"),
+        ({"epoch": 0, "consumed": 0, "seed": 0, "world_size": 1, "num_samples": 40}, "lacks"),
+    ],
+)
+def test_load_state_dict_rejects_malformed_states(state, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1).load_state_dict(state)
+
+
+def test_load_state_dict_rejects_wrong_types_and_formats() -> None:
+    sampler = BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1)
+    state = sampler.state_dict()
+    for key, value, match in [
+        ("epoch", "1", r"state_dict\['epoch'\] must be an integer"),
+        ("consumed", 1.5, r"state_dict\['consumed'\] must be an integer"),
+        ("consumed", True, r"state_dict\['consumed'\] must be an integer"),
+        ("setup", [1, 2], r"state_dict\['setup'\] must be a mapping"),
+        ("format", "seqbalance.SamplerState/0", "format"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            sampler.load_state_dict({**state, key: value})
+    with pytest.raises(ValueError, match=r"changed: seed \(null saved, 0 now\)"):
+        sampler.load_state_dict({**state, "setup": {**state["setup"], "seed": None}})
+    with pytest.raises(ValueError, match=r"changed: extra \(1 saved, null now\)"):
+        sampler.load_state_dict({**state, "setup": {**state["setup"], "extra": 1}})
+    # A refused state leaves the sampler as it was.
+    assert sampler.epoch == 0 and list(sampler) == list(
+        BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1)
+    )
+
+
+def test_state_dict_is_plain_json() -> None:
+    import json
+
+    sampler = BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1, cost="flops")
+    state = json.loads(json.dumps(_resume_point(lambda: sampler, consumed=1)))
+    resumed = BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1, cost="flops")
+    resumed.load_state_dict(state)
+    assert list(resumed) == list(sampler)[1:]

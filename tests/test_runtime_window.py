@@ -118,5 +118,64 @@ def test_validation() -> None:
         balancer.dispatch()
     with pytest.raises(ValueError, match=r"lengths\[0\]"):
         balancer.push([-1])
-    assert WindowBalancer(2, 4).max_delay == 3
-    assert WindowBalancer(2, 4, window=10).max_delay == 2
+    assert WindowBalancer(2, 4).max_delay == 7  # 2 * ceil(16 / 4) - 1
+    assert WindowBalancer(2, 4, window=10).max_delay == 5  # 2 * ceil(10 / 4) - 1
+
+
+def test_push_takes_generators() -> None:
+    balancer = WindowBalancer(2, 2, window=4, max_delay=1)
+    ids = balancer.push((n for n in [5, 6, 7]), ids=(i for i in [7, 8, 9]), items=iter("abc"))
+    assert ids.tolist() == [7, 8, 9]
+    out = balancer.flush()
+    assert sorted(i for d in out for i in d.ids.tolist()) == [7, 8, 9]
+    assert sorted(x for d in out for r in range(2) for mb in d.rank_items(r) for x in mb) == [
+        "a",
+        "b",
+        "c",
+    ]
+
+
+def test_rank_ids_outside_the_plan_is_a_value_error() -> None:
+    balancer = WindowBalancer(2, 2, window=2, max_delay=0)
+    balancer.push([5, 6])
+    dispatch = balancer.dispatch()
+    for rank in (5, 2, -1, True, 1.0):
+        with pytest.raises(ValueError, match="rank must be"):
+            dispatch.rank_ids(rank)
+    assert sorted(int(i) for r in range(2) for mb in dispatch.rank_ids(r) for i in mb) == [0, 1]
+
+
+def test_a_sample_over_the_cap_is_refused_at_push() -> None:
+    balancer = WindowBalancer(2, 2, max_tokens=1000)
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 1001 \(id 1\) exceeds max_tokens"):
+        balancer.push([10, 1001])
+    assert len(balancer) == 0
+    WindowBalancer(2, 2, max_tokens=1000, allow_oversize=True).push([1001])
+
+
+def test_a_candidate_that_cannot_be_planned_is_skipped_and_flush_returns_the_rest() -> None:
+    # One micro-batch per rank under a 1000-token cap: the two oldest samples (600 + 600) cannot
+    # share a step on one rank, the two short ones can.
+    balancer = WindowBalancer(1, 2, window=4, max_tokens=1000, num_microbatches=1)
+    balancer.push([600, 600, 300, 300])
+    first = balancer.dispatch()
+    assert first.lengths.tolist() == [300, 300]
+    with pytest.raises(ValueError, match="no selection of 2 buffered samples can be planned"):
+        balancer.dispatch()
+    assert len(balancer) == 2  # nothing lost by the failed dispatch
+    (last,) = balancer.flush()
+    assert last.plan is None and last.ids.tolist() == [0, 1]
+    assert "num_microbatches = 1 is infeasible" in last.unplanned
+    with pytest.raises(ValueError, match="could not be planned"):
+        last.rank_ids(0)
+    assert len(balancer) == 0
+
+
+def test_empty_slots_are_allowed_only_when_a_step_needs_them() -> None:
+    # 3 samples of 900 tokens under a 1000-token cap on 2 ranks: 4 slots for 3 samples.
+    balancer = WindowBalancer(2, 3, window=3, max_tokens=1000)
+    balancer.push([900, 900, 900])
+    dispatch = balancer.dispatch()
+    assert dispatch.plan.options.allow_empty and dispatch.plan.n_microbatches == 2
+    balancer.push([900, 900, 100])
+    assert not balancer.dispatch().plan.options.allow_empty

@@ -16,6 +16,11 @@ class CollectiveError(RuntimeError):
 
 
 def wait(work: Any, what: str, timeout: timedelta) -> None:
+    """Wait for an async collective's ``work`` at most ``timeout``.
+
+    Raises:
+        CollectiveError: naming ``what``, when the collective failed or timed out.
+    """
     try:
         work.wait(timeout)
     except RuntimeError as error:

@@ -8,9 +8,11 @@ The one process launcher of the project: the multi-process tests, the benchmarks
 (``init_method="env://"``), so a function written for ``launch`` also runs under ``torchrun``.
 
 Nothing waits forever: every collective on the default group fails after
-``collective_timeout`` seconds, and the launch as a whole after ``timeout`` seconds. The first
-rank that raises or dies ends the launch at once (the other ranks are killed) with a
-:class:`LaunchError` carrying that rank's exit code, traceback and the tail of its output.
+``collective_timeout`` seconds, and the launch as a whole after ``timeout`` seconds. By default
+the first rank that raises or dies ends the launch at once (the other ranks are killed) with a
+:class:`LaunchError` carrying that rank's exit code, traceback and the tail of its output; with
+``stop_on_failure=False`` (fault-injection tests) every rank runs to its end and a failed rank's
+place in the result holds a :class:`RankFailure`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for_exit
 from pathlib import Path
@@ -33,9 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from seqbalance._validation import check_choice, check_int, check_positive_float
+from seqbalance._validation import check_bool, check_choice, check_int, check_positive_float
 
-__all__ = ["LaunchError", "free_port", "launch"]
+__all__ = ["LaunchError", "RankFailure", "free_port", "launch"]
 
 BACKENDS = ("gloo", "nccl")
 POLL_SECONDS = 0.1
@@ -46,6 +49,23 @@ LOG_TAIL_CHARS = 3000
 
 class LaunchError(RuntimeError):
     """A launched rank raised, exited without a result, died, or the launch ran out of time."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """A rank that raised or died, in the results of ``launch(..., stop_on_failure=False)``.
+
+    Attributes:
+        rank: The rank.
+        what: ``"raised TypeName: message"``, or how it died (exit code or signal).
+        traceback: The rank's traceback ("" when it died without one).
+        exit_code: The process exit code (negative: killed by that signal).
+    """
+
+    rank: int
+    what: str
+    traceback: str
+    exit_code: int | None
 
 
 def free_port() -> int:
@@ -65,6 +85,7 @@ def launch(
     backend: str = "gloo",
     log_dir: str | Path | None = None,
     poll: Callable[[], None] | None = None,
+    stop_on_failure: bool = True,
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` local ranks; return their results.
 
@@ -88,6 +109,9 @@ def launch(
             temporary folder, removed afterwards.
         poll: Called in this process about every 0.1 s while the ranks run (e.g. to read a
             progress file they write).
+        stop_on_failure: ``True``: the first failed rank ends the launch with a
+            ``LaunchError``. ``False``: wait for every rank (still within ``timeout``) and
+            return a ``RankFailure`` in the place of each rank that raised or died.
 
     Returns:
         ``[fn(0, ...), fn(1, ...), ...]``: each rank's return value, in rank order.
@@ -104,6 +128,7 @@ def launch(
     timeout = check_positive_float(timeout, "timeout")
     collective_timeout = check_positive_float(collective_timeout, "collective_timeout")
     backend = check_choice(backend, "backend", BACKENDS)
+    stop_on_failure = check_bool(stop_on_failure, "stop_on_failure")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise ValueError(
             f"backend 'nccl' needs one GPU per rank: world_size {world_size}, "
@@ -114,7 +139,16 @@ def launch(
         logs = results if log_dir is None else Path(log_dir)
         logs.mkdir(parents=True, exist_ok=True)
         return _run(
-            fn, world_size, tuple(args), timeout, collective_timeout, backend, results, logs, poll
+            fn,
+            world_size,
+            tuple(args),
+            timeout,
+            collective_timeout,
+            backend,
+            results,
+            logs,
+            poll,
+            stop_on_failure,
         )
 
 
@@ -128,6 +162,7 @@ def _run(
     results: Path,
     logs: Path,
     poll: Callable[[], None] | None,
+    stop_on_failure: bool,
 ) -> list[Any]:
     context = mp.get_context("spawn")
     port = free_port()
@@ -159,9 +194,14 @@ def _run(
             running.difference_update(finished)
             outcomes.update((rank, _read_outcome(results, rank)) for rank in finished)
             failed = [rank for rank in finished if outcomes[rank][0] != "ok"]
-            if failed:
+            if failed and stop_on_failure:
                 raise LaunchError(_failure_message(failed, outcomes, processes, world_size, logs))
-        return [outcomes[rank][1] for rank in range(world_size)]
+        return [
+            outcomes[rank][1]
+            if outcomes[rank][0] == "ok"
+            else _rank_failure(rank, outcomes[rank], processes[rank].exitcode)
+            for rank in range(world_size)
+        ]
     finally:
         for process in processes:
             if process.is_alive():
@@ -236,6 +276,12 @@ def _describe(error: BaseException, what: str = "raised") -> dict[str, str]:
         "what": f"{what} {type(error).__name__}: {error}",
         "traceback": "".join(traceback.format_exception(error)),
     }
+
+
+def _rank_failure(rank: int, outcome: tuple[str, Any], exit_code: int | None) -> RankFailure:
+    if outcome[0] == "error":
+        return RankFailure(rank, outcome[1]["what"], outcome[1]["traceback"], exit_code)
+    return RankFailure(rank, f"died without a result (exit code {exit_code})", "", exit_code)
 
 
 def _read_outcome(results: Path, rank: int) -> tuple[str, Any]:

@@ -3,14 +3,17 @@
 For data whose lengths are only known inside the training loop (RL rollouts, on-the-fly
 packing), :class:`Rebalancer` runs, on every rank of a process group:
 
-1. ``all_gather`` of every rank's sample count, per-field row counts and field schema (padded to
-   the largest rank: gloo's ``all_gather`` needs equal sizes);
-2. the identical :func:`seqbalance.plan.plan_step` over the concatenation (rank 0's samples
-   first), then a deterministic relabelling of the plan's rank slots that keeps as many bytes as
-   possible on the rank that already holds them;
-3. one ``all_to_all_single`` of a byte buffer with per-rank split sizes, carrying only the samples
-   that change rank (all fields, any dtypes); each received tensor is then copied out of the
-   buffer, so it owns its memory like any other tensor.
+1. *gather*: one ``all_gather`` of every rank's description (sample count, per-field row counts,
+   field schema, its settings' fingerprint, any input error; ``seqbalance.runtime._wire``). Ranks
+   whose options, ``keep_local``, ``length_key`` or world size differ, and input errors on any
+   rank, make every rank raise the same ``ValueError`` here, before any sample moves;
+2. *plan*: the identical :func:`seqbalance.plan.plan_step` over the concatenation (rank 0's
+   samples first) on every rank;
+3. *route*: :func:`seqbalance.runtime.routing.route` relabels the plan's rank slots to keep as
+   many bytes as possible where they are, and says who sends which samples to whom;
+4. *exchange*: one ``all_to_all_single`` of a byte buffer with per-rank split sizes, carrying
+   only the samples that change rank (all fields, any dtypes); each received tensor is copied
+   out of the buffer, so it owns its memory like any other tensor.
 
 The result holds this rank's micro-batches and :meth:`RebalanceResult.restore`, which sends
 per-sample outputs (log-probs, losses) back to the rank and position each sample came from.
@@ -20,17 +23,15 @@ of its own) so that the next step's exchange overlaps with the current step's co
 
 Every collective waits at most ``timeout``: a rank that fails (or never calls) makes the others
 raise :class:`CollectiveError` instead of hanging. After such an error the process group is in
-an undefined state; tear it down. Input errors found on any rank are shared in the first
-collective, so every rank raises the same ``ValueError``.
+an undefined state; tear it down.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -39,9 +40,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from seqbalance._validation import as_lengths
+from seqbalance._validation import as_group_ids, check_bool
+from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.runtime._dist import CollectiveError, Comm
+from seqbalance.runtime._samples import (
+    InputForm,
+    LocalSamples,
+    OutputForm,
+    assemble,
+    normalise,
+)
+from seqbalance.runtime._wire import Field, decode, encode, pack, sample_bytes, unpack
+from seqbalance.runtime.routing import Routing, route
 
 if TYPE_CHECKING:
     from seqbalance.plan import StepPlan
@@ -50,113 +61,82 @@ __all__ = ["CollectiveError", "RebalanceResult", "Rebalancer"]
 
 _WORKER_PREFIX = "seqbalance-rebalancer"
 
-_BARE_FIELD = "tensor"
-"""Field name used internally when samples are bare tensors rather than dicts."""
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    dtype: torch.dtype
-    trailing: tuple[int, ...]
-
-    @property
-    def row_bytes(self) -> int:
-        return int(np.prod(self.trailing, dtype=np.int64)) * self.dtype.itemsize
-
-    def to_json(self) -> list[Any]:
-        return [self.name, str(self.dtype).removeprefix("torch."), list(self.trailing)]
-
-    @classmethod
-    def from_json(cls, value: list[Any]) -> _Field:
-        return cls(value[0], getattr(torch, value[1]), tuple(value[2]))
-
 
 def _on_worker_thread() -> bool:
     return threading.current_thread().name.startswith(_WORKER_PREFIX)
 
 
-def _encode(header: dict[str, Any], table: np.ndarray) -> bytes:
-    head = json.dumps(header, sort_keys=True).encode()
-    return len(head).to_bytes(8, "little") + head + np.ascontiguousarray(table, np.int64).tobytes()
+def _gather(comm: Comm, header: dict[str, Any], table: np.ndarray, what: str) -> list[Any]:
+    """Every rank's ``(header, table)`` description."""
+    payloads = comm.all_gather_bytes(encode(header, table), what)
+    return [decode(payload, rank) for rank, payload in enumerate(payloads)]
 
 
-def _decode(payload: bytes) -> tuple[dict[str, Any], np.ndarray]:
-    size = int.from_bytes(payload[:8], "little")
-    header = json.loads(payload[8 : 8 + size])
-    table = np.frombuffer(payload[8 + size :], dtype=np.int64)
-    return header, table.reshape(int(header["n"]), -1) if header["n"] else table.reshape(0, 0)
-
-
-def _raise_first_error(headers: list[dict[str, Any]]) -> None:
+def _raise_first_error(headers: Sequence[dict[str, Any]]) -> None:
     for rank, header in enumerate(headers):
         if header.get("error"):
             raise ValueError(f"rank {rank}: {header['error']}")
 
 
-def _pack(chunks: Sequence[torch.Tensor], sizes: np.ndarray) -> torch.Tensor:
-    """Concatenate the raw bytes of ``chunks`` (``sizes[k]`` bytes each)."""
-    buffer = torch.zeros(int(sizes.sum()), dtype=torch.uint8)
-    offset = 0
-    for chunk, size in zip(chunks, sizes.tolist(), strict=True):
-        raw = chunk.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
-        buffer[offset : offset + size] = raw
-        offset += size
-    return buffer
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _unpack(
-    buffer: torch.Tensor, rows: np.ndarray, fields: Sequence[_Field]
-) -> list[list[torch.Tensor]]:
-    """Inverse of :func:`_pack` for samples with ``rows[k, f]`` rows of ``fields[f]``."""
-    samples = []
-    offset = 0
-    for sample_rows in rows.tolist():
-        tensors = []
-        for spec, n in zip(fields, sample_rows, strict=True):
-            nbytes = n * spec.row_bytes
-            raw = buffer[offset : offset + nbytes].clone()  # own memory, aligned for any dtype
-            tensors.append(raw.view(spec.dtype).reshape(n, *spec.trailing))
-            offset += nbytes
-        samples.append(tensors)
-    return samples
+def _differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """``name (value vs value)`` for every key whose values differ, sorted by name."""
+    return [
+        f"{name} ({_short(mine.get(name))} vs {_short(theirs.get(name))})"
+        for name in sorted(set(mine) | set(theirs))
+        if mine.get(name) != theirs.get(name)
+    ]
 
 
-def _keep_local(slot_of_sample: np.ndarray, origin: np.ndarray, weight: np.ndarray, k: int):
-    """Rank for each plan slot, greedily maximising the bytes that stay where they are.
+@dataclass(frozen=True)
+class _Batch:
+    """What every rank knows after the gather: the description of the whole step."""
 
-    Plan slots are interchangeable (every slot has the same number of micro-batches and the
-    objectives are symmetric in ranks), so relabelling them never changes the plan's quality.
-    """
-    overlap = np.zeros((k, k))
-    np.add.at(overlap, (slot_of_sample, origin), weight)
-    flat = np.flatnonzero(overlap.reshape(-1) > 0)
-    flat = flat[np.lexsort((flat, -overlap.reshape(-1)[flat]))]
-    rank_of_slot = np.full(k, -1, dtype=np.int64)
-    taken = np.zeros(k, dtype=bool)
-    for slot, rank in zip(*(a.tolist() for a in np.unravel_index(flat, (k, k))), strict=True):
-        if rank_of_slot[slot] < 0 and not taken[rank]:
-            rank_of_slot[slot] = rank
-            taken[rank] = True
-    rank_of_slot[rank_of_slot < 0] = np.flatnonzero(~taken)
-    return rank_of_slot
+    counts: np.ndarray  # samples per rank
+    rows: np.ndarray  # [total, fields]: first-dim size of every field of every sample
+    groups: np.ndarray | None  # [total] group ids
+    fields: list[Field]
+    form: InputForm
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Global index of each rank's first sample (and the total at the end)."""
+        return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    @property
+    def origin(self) -> np.ndarray:
+        """The rank holding each sample before the exchange."""
+        return np.repeat(np.arange(self.counts.size), self.counts)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
 
 
 @dataclass(frozen=True)
 class RebalanceResult:
     """This rank's share of one rebalanced step.
 
-    ``microbatches`` mirrors the input form: for a list of samples, a list (one per
-    micro-batch) of lists of samples (dicts of tensors, or tensors); for packed input, a list
-    of ``(packed, cu_seqlens)`` pairs (packed: a tensor or a dict of tensors, concatenated along
-    dim 0; cu_seqlens: the input's dtype, ``[k + 1]``). Received tensors live on the
-    communication device (CPU for gloo, the current CUDA device for NCCL); samples that stayed
-    are the caller's own tensors.
-
-    ``origin[k] = (rank, index)`` says where the ``k``-th sample of this rank (micro-batch
-    order, flattened) came from; ``global_indices`` are the same samples' positions in the
-    concatenation of all ranks' inputs (what ``plan`` indexes). This rank runs plan slot
-    ``plan_rank`` (``plan.ranks[plan_rank]``).
+    Attributes:
+        microbatches: mirrors the input form: for a list of samples, a list (one per
+            micro-batch) of lists of samples (dicts of tensors, or tensors); for packed input, a
+            list of ``(packed, cu_seqlens)`` pairs (packed: a tensor or a dict of tensors,
+            concatenated along dim 0; cu_seqlens: the input's dtype, ``[k + 1]``). Received
+            tensors live on the communication device (CPU for gloo, the current CUDA device for
+            NCCL); samples that stayed are the caller's own tensors.
+        origin: int64 ``[num_samples, 2]``: ``origin[k] = (rank, index)`` says where the
+            ``k``-th sample of this rank (micro-batch order, flattened) came from.
+        global_indices: the same samples' positions in the concatenation of all ranks'
+            inputs (what ``plan`` indexes), one array per micro-batch.
+        plan: the step's plan (``None`` when no rank had a sample).
+        plan_rank: the plan slot this rank runs (``plan.ranks[plan_rank]``).
+        sent_samples, sent_bytes, received_samples, received_bytes: this rank's traffic.
+        timings: seconds spent in ``gather``, ``plan`` (planning and routing), ``exchange``
+            and, once called, ``restore``.
     """
 
     microbatches: list[Any]
@@ -170,8 +150,7 @@ class RebalanceResult:
     received_bytes: int
     timings: dict[str, float]
     _comm: Comm = field(repr=False)
-    _destination: np.ndarray = field(repr=False)
-    _position: np.ndarray = field(repr=False)
+    _routing: Routing = field(repr=False)
     _offsets: np.ndarray = field(repr=False)
     _worker: ThreadPoolExecutor | None = field(default=None, repr=False)
 
@@ -183,146 +162,140 @@ class RebalanceResult:
     def restore(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> Any:
         """Send per-sample outputs back to the rank and order their samples came from.
 
-        ``outputs`` follows this rank's sample order (micro-batches in order, samples in order
-        within each): either a sequence of ``num_samples`` tensors whose first dimension may
-        differ (per-token log-probs) or one tensor whose first dimension is ``num_samples``
-        (one row per sample: losses, rewards). Every rank must use the same form, dtype and
-        trailing shape. Returns this rank's original samples' outputs in their original order:
-        a list of tensors, or one stacked tensor for the row form. A collective: every rank of
-        the group must call it. Results of a Rebalancer that has run asynchronously restore on
-        its worker thread, in call order with its other collectives.
+        A collective: every rank of the group must call it. Results of a Rebalancer that has
+        run asynchronously restore on its worker thread, in call order with its other
+        collectives.
+
+        Args:
+            outputs: follows this rank's sample order (micro-batches in order, samples in order
+                within each): either a sequence of ``num_samples`` tensors whose first
+                dimension may differ (per-token log-probs) or one tensor whose first dimension
+                is ``num_samples`` (one row per sample: losses, rewards). Every rank must use
+                the same form, dtype and trailing shape.
+
+        Returns:
+            This rank's original samples' outputs in their original order: a list of tensors,
+            or one stacked tensor for the row form.
+
+        Raises:
+            ValueError: on every rank, when any rank's outputs are malformed or the ranks'
+                forms, dtypes or trailing shapes differ.
+            CollectiveError: a peer failed or did not call within the timeout.
         """
         if self._worker is not None and not _on_worker_thread():
             return self._worker.submit(self.restore, outputs).result()
-        comm = self._comm
-        local, header = self._describe_outputs(outputs)
+        comm, routing = self._comm, self._routing
+        form, local, header, table = _describe_outputs(outputs, self.num_samples)
         started = time.perf_counter()
-        headers = [
-            _decode(p) for p in comm.all_gather_bytes(_encode(*header), "restore: all_gather")
-        ]
-        _raise_first_error([h for h, _ in headers])
-        described = [h for h, _ in headers if h["n"]]
-        total = int(self._offsets[-1])
-        if not described:
-            return self._empty_outputs(header[0].get("form"))
-        form, fields = described[0]["form"], [_Field.from_json(f) for f in described[0]["fields"]]
-        for h in described[1:]:
-            if (h["form"], h["fields"]) != (described[0]["form"], described[0]["fields"]):
-                raise ValueError(
-                    "restore needs the same output form, dtype and trailing shape on every rank, "
-                    f"got {described[0]['form']} {described[0]['fields']} and "
-                    f"{h['form']} {h['fields']}"
-                )
+        described = _gather(comm, header, table, "restore: all_gather")
+        _raise_first_error([h for h, _ in described])
+        spec = _agreed_output(h for h, _ in described)
+        if spec is None:
+            return torch.zeros(0) if form is OutputForm.ROWS else []
+        form, output = spec
         # rows[g]: first-dimension size of sample g's output, from the rank that computed it.
-        rows = np.zeros(total, dtype=np.int64)
-        for rank, (h, table) in enumerate(headers):
+        rows = np.zeros(routing.destination.size, dtype=np.int64)
+        for rank, (h, held_rows) in enumerate(described):
             if h["n"]:
-                holder = np.flatnonzero(self._destination == rank)
-                order = holder[np.argsort(self._position[holder], kind="stable")]
-                rows[order] = table[:, 0]
-        me = comm.rank
-        mine = np.flatnonzero(self._destination == me)
-        mine = mine[np.argsort(self._position[mine], kind="stable")]
-        origin = np.searchsorted(self._offsets, np.arange(total), side="right") - 1
-        nbytes = rows * fields[0].row_bytes
-        outgoing = mine[origin[mine] != me]  # ascending global index == origin's order
-        outgoing = np.sort(outgoing)
-        incoming = np.flatnonzero((origin == me) & (self._destination != me))
-        send_splits = np.bincount(
-            origin[outgoing], weights=nbytes[outgoing], minlength=comm.world_size
-        )
-        recv_splits = np.bincount(
-            self._destination[incoming], weights=nbytes[incoming], minlength=comm.world_size
-        )
-        position_of = {int(g): k for k, g in enumerate(mine.tolist())}
-        send = _pack([local[position_of[int(g)]] for g in outgoing], nbytes[outgoing])
+                rows[routing.held(rank)] = held_rows[:, 0]
+        back = routing.backward(rows * output.row_bytes)
+        me, position = comm.rank, routing.position
         received = (
             comm.exchange(
-                send,
-                send_splits.astype(np.int64).tolist(),
-                recv_splits.astype(np.int64).tolist(),
+                pack([[local[position[g]]] for g in back.sends(me).tolist()], [output]),
+                back.send_splits(me),
+                back.recv_splits(me),
                 "restore: all_to_all_single",
             )
-            if int(nbytes[origin != self._destination].sum())
+            if back.moved_bytes
             else torch.zeros(0, dtype=torch.uint8)
         )
-        # Incoming data arrive grouped by source rank, ascending global index within a source.
-        arrival = incoming[np.lexsort((incoming, self._destination[incoming]))]
-        unpacked = _unpack(received, rows[arrival][:, None], fields)
-        by_global = {int(g): t[0] for g, t in zip(arrival.tolist(), unpacked, strict=True)}
-        for g in mine.tolist():
-            if origin[g] == me:
-                by_global[int(g)] = local[position_of[int(g)]]
-        ordered = [by_global[g] for g in range(int(self._offsets[me]), int(self._offsets[me + 1]))]
+        arrival = back.receives(me)
+        unpacked = unpack(received, rows[arrival][:, None], [output])
+        arrived = {g: tensors[0] for g, tensors in zip(arrival.tolist(), unpacked, strict=True)}
+        first, last = int(self._offsets[me]), int(self._offsets[me + 1])
+        ordered = [arrived[g] if g in arrived else local[position[g]] for g in range(first, last)]
         self.timings["restore"] = time.perf_counter() - started
-        if form == "rows":
-            return (
-                torch.stack([t.reshape(fields[0].trailing) for t in ordered])
-                if ordered
-                else torch.zeros((0, *fields[0].trailing), dtype=fields[0].dtype)
-            )
-        return ordered
+        if form is OutputForm.PER_SAMPLE:
+            return ordered
+        if not ordered:
+            return torch.zeros((0, *output.trailing), dtype=output.dtype)
+        return torch.stack([t.reshape(output.trailing) for t in ordered])
 
-    def _describe_outputs(
-        self, outputs: torch.Tensor | Sequence[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], tuple[dict[str, Any], np.ndarray]]:
-        n = self.num_samples
-        error = None
-        local: list[torch.Tensor] = []
-        form = "rows" if isinstance(outputs, torch.Tensor) else "per_sample"
-        try:
-            if form == "rows":
-                if outputs.dim() == 0 or outputs.shape[0] != n:
-                    raise ValueError(
-                        f"outputs must have num_samples = {n} rows, "
-                        f"got shape {tuple(outputs.shape)}"
-                    )
-                local = [row.unsqueeze(0) for row in outputs]
-            else:
-                local = list(outputs)
-                if len(local) != n:
-                    raise ValueError(
-                        f"outputs must hold num_samples = {n} tensors, got {len(local)}"
-                    )
-                for k, t in enumerate(local):
-                    if not isinstance(t, torch.Tensor) or t.dim() == 0:
-                        raise ValueError(f"outputs[{k}] must be a tensor with >= 1 dimension")
-            specs = {(t.dtype, tuple(t.shape[1:])) for t in local}
-            if len(specs) > 1:
+
+def _describe_outputs(
+    outputs: torch.Tensor | Sequence[torch.Tensor], n: int
+) -> tuple[OutputForm, list[torch.Tensor], dict[str, Any], np.ndarray]:
+    """Outputs as one tensor per sample, and this rank's description of them."""
+    form = OutputForm.ROWS if isinstance(outputs, torch.Tensor) else OutputForm.PER_SAMPLE
+    try:
+        if form is OutputForm.ROWS:
+            if outputs.dim() == 0 or outputs.shape[0] != n:
                 raise ValueError(
-                    f"outputs mix dtypes or trailing shapes: {sorted(map(str, specs))}"
+                    f"outputs must have num_samples = {n} rows, got shape {tuple(outputs.shape)}"
                 )
-        except ValueError as caught:
-            error = str(caught)
-        if error or not local:
-            return local, ({"error": error, "n": 0, "form": form}, np.zeros((0, 1)))
-        spec = _Field("output", local[0].dtype, tuple(local[0].shape[1:]))
-        table = np.array([[t.shape[0]] for t in local], dtype=np.int64)
-        return local, ({"error": None, "n": n, "form": form, "fields": [spec.to_json()]}, table)
+            local = [row.unsqueeze(0) for row in outputs]
+        else:
+            local = list(outputs)
+            if len(local) != n:
+                raise ValueError(f"outputs must hold num_samples = {n} tensors, got {len(local)}")
+            for k, t in enumerate(local):
+                if not isinstance(t, torch.Tensor) or t.dim() == 0:
+                    raise ValueError(f"outputs[{k}] must be a tensor with >= 1 dimension")
+        specs = {(t.dtype, tuple(t.shape[1:])) for t in local}
+        if len(specs) > 1:
+            raise ValueError(f"outputs mix dtypes or trailing shapes: {sorted(map(str, specs))}")
+    except ValueError as error:
+        return form, [], {"error": str(error), "n": 0, "form": form.value}, np.zeros((0, 1))
+    header = {"error": None, "n": len(local), "form": form.value}
+    if local:
+        header["fields"] = [Field.of("output", local[0]).to_json()]
+    table = np.array([[t.shape[0]] for t in local], dtype=np.int64).reshape(len(local), 1)
+    return form, local, header, table
 
-    def _empty_outputs(self, form: str | None) -> Any:
-        return torch.zeros(0) if form == "rows" else []
+
+def _agreed_output(headers: Any) -> tuple[OutputForm, Field] | None:
+    """The output form and field every rank with outputs agrees on (None: nobody has any)."""
+    described = [h for h in headers if h["n"]]
+    if not described:
+        return None
+    reference = (described[0]["form"], described[0]["fields"])
+    for h in described[1:]:
+        if (h["form"], h["fields"]) != reference:
+            raise ValueError(
+                "restore needs the same output form, dtype and trailing shape on every rank, "
+                f"got {reference[0]} {reference[1]} and {h['form']} {h['fields']}"
+            )
+    return OutputForm(reference[0]), Field.from_json(reference[1][0])
 
 
 class Rebalancer:
     """Rebalance each step's samples across the ranks of ``group`` (default: the world).
 
-    Parameters
-    ----------
-    group:
-        torch.distributed process group of the data-parallel ranks (gloo or NCCL).
-    timeout:
-        Longest wait for any collective; a peer that failed or never arrives makes this rank
-        raise :class:`CollectiveError` after at most this long.
-    length_key:
-        Field whose first dimension is a sample's length in tokens (default: the first field
-        of each sample dict).
-    keep_local:
-        Relabel plan slots to keep the most bytes on their current rank (default True).
-    options:
-        The :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
-        ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied on
-        top. Checked here, at construction.
+    Every rank must construct its Rebalancer with the same options, ``keep_local`` and
+    ``length_key``: the first collective of every step compares them (by
+    ``PlanOptions.fingerprint()``) and raises ``ValueError`` on every rank, naming the options
+    that differ, before any sample moves.
+
+    A step may hold fewer samples than the plan has micro-batch slots (an incomplete batch,
+    e.g. 3 samples that need 2 micro-batches on each of 2 ranks): the step is then planned with
+    ``allow_empty=True``, so some micro-batches (or ranks) get nothing. This happens only when
+    the options as given cannot plan the step, since a rank cannot wait for more samples.
+
+    Args:
+        group: torch.distributed process group of the data-parallel ranks (gloo or NCCL).
+        timeout: longest wait for any collective; a peer that failed or never arrives makes
+            this rank raise :class:`CollectiveError` after at most this long.
+        length_key: field whose first dimension is a sample's length in tokens (default: the
+            first field of each sample dict).
+        keep_local: relabel plan slots to keep the most bytes on their current rank.
+        options: the :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
+            ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied
+            on top. Checked here, at construction.
+        **option_keywords: any ``PlanOptions`` field by name.
+
+    Raises:
+        ValueError: a bad timeout, ``keep_local``, ``length_key`` or option.
     """
 
     def __init__(
@@ -337,10 +310,12 @@ class Rebalancer:
     ) -> None:
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
             raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
+        if length_key is not None and not isinstance(length_key, str):
+            raise ValueError(f"length_key must be a field name or None, got {length_key!r}")
         self.group = group
         self.timeout = timeout
         self.length_key = length_key
-        self.keep_local = bool(keep_local)
+        self.keep_local = check_bool(keep_local, "keep_local")
         self.options = as_options(options, option_keywords, where="Rebalancer")
         self._worker: ThreadPoolExecutor | None = None
 
@@ -360,6 +335,9 @@ class Rebalancer:
         of its own (``group=dist.new_group(...)``) so that its collectives never interleave
         with those of the training loop (DDP's gradient all-reduce). Do not modify ``samples``
         until the future is done. Call :meth:`close` to stop the worker thread.
+
+        Raises:
+            ValueError: the Rebalancer has no dedicated process group.
         """
         if self.group is None:
             raise ValueError(
@@ -385,261 +363,139 @@ class Rebalancer:
     ) -> RebalanceResult:
         """Plan this step over all ranks' samples and move them; a collective on every rank.
 
-        ``samples`` is a list of samples (each a dict of tensors whose first dimension is the
-        sequence, or a tensor), or — with ``cu_seqlens`` — one packed tensor or a dict of packed
-        tensors (``[total_tokens, ...]``) split at ``cu_seqlens``. ``groups`` (optional, one
-        integer per local sample, same ids on every rank) keeps samples of a group on one rank.
-        A rank may pass zero samples.
+        Args:
+            samples: a list of samples (each a dict of tensors whose first dimension is the
+                sequence, or a tensor), or, with ``cu_seqlens``, one packed tensor or a dict of
+                packed tensors (``[total_tokens, ...]``) split at ``cu_seqlens``. A rank may
+                pass zero samples.
+            cu_seqlens: sample boundaries of packed ``samples``.
+            groups: optional, one integer per local sample (same ids on every rank): samples
+                of a group stay on one rank.
+
+        Returns:
+            This rank's :class:`RebalanceResult`.
+
+        Raises:
+            ValueError: on every rank, before any sample moves: the ranks' settings differ, or
+                any rank's input is bad (the message names the rank and its local sample
+                index), or the step cannot be planned.
+            CollectiveError: a peer failed or did not call within the timeout.
         """
         if self._worker is not None and not _on_worker_thread():
             return self.rebalance_async(samples, cu_seqlens=cu_seqlens, groups=groups).result()
         return self._rebalance(samples, cu_seqlens, groups)
 
+    # ------------------------------------------------------------------ the four phases
     def _rebalance(
         self, samples: Any, cu_seqlens: torch.Tensor | None, groups: Any
     ) -> RebalanceResult:
         comm = Comm(self.group, self.timeout)
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        error, local, fields, form = None, [], [], "list"
-        try:
-            local, fields, form = self._normalise(samples, cu_seqlens)
-            local_groups = self._local_groups(groups, len(local))
-        except ValueError as caught:
-            error, local_groups = str(caught), None
-        header, table = self._describe(local, fields, error, local_groups)
-        header["form"] = form
-        headers, tables = zip(
-            *(_decode(p) for p in comm.all_gather_bytes(_encode(header, table), "all_gather")),
-            strict=True,
-        )
+        local, header, table = self._describe(samples, cu_seqlens, groups, comm.world_size)
+        batch = self._gather(comm, header, table, local)
         timings["gather"] = time.perf_counter() - started
-        _raise_first_error(list(headers))
-        fields, has_groups = self._agree(list(headers))
-        if not local and form.startswith("list"):
-            # An empty list cannot tell bare tensors from dicts: take the other ranks' form.
-            form = next(
-                (h["form"] for h in headers if h["n"] and h["form"].startswith("list")), form
-            )
-        counts = np.array([h["n"] for h in headers], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(counts)])
-        total = int(offsets[-1])
-        n_fields = len(fields)
-        rows = (
-            np.concatenate([t[:, :n_fields] for t in tables if t.size])
-            if total
-            else np.zeros((0, n_fields), dtype=np.int64)
-        )
-        origin = np.repeat(np.arange(comm.world_size), counts)
-        sample_bytes = self._sample_bytes(rows, fields)
-        me = comm.rank
 
         started = time.perf_counter()
-        plan = None
-        destination = np.zeros(total, dtype=np.int64)
-        position = np.zeros(total, dtype=np.int64)
-        my_microbatches: list[np.ndarray] = []
-        plan_rank = me
-        if total:
-            from seqbalance.plan import plan_step
-
-            options = self.options
-            if total < comm.world_size:
-                # Fewer samples than ranks (an incomplete batch): some ranks must get nothing.
-                options = options.replace(allow_empty=True)
-            groups = (
-                np.concatenate([t[:, n_fields] for t in tables if t.size]) if has_groups else None
-            )
-            length_column = self._length_column(fields)
-            plan = plan_step(rows[:, length_column], comm.world_size, options, groups=groups)
-            slot_of_sample = np.zeros(total, dtype=np.int64)
-            for slot, microbatches in enumerate(plan.ranks):
-                for microbatch in microbatches:
-                    slot_of_sample[microbatch] = slot
-            rank_of_slot = (
-                _keep_local(
-                    slot_of_sample, origin, sample_bytes.astype(np.float64), comm.world_size
-                )
-                if self.keep_local
-                else np.arange(comm.world_size)
-            )
-            destination = rank_of_slot[slot_of_sample]
-            for slot, microbatches in enumerate(plan.ranks):
-                flat = np.concatenate(list(microbatches) or [np.zeros(0, dtype=np.int64)])
-                position[flat] = np.arange(flat.size)
-                if rank_of_slot[slot] == me:
-                    plan_rank = slot
-                    my_microbatches = [np.asarray(mb, dtype=np.int64) for mb in microbatches]
+        plan = self._plan(batch, comm.world_size)
+        plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
+        nbytes = sample_bytes(batch.rows, batch.fields)
+        routing = route(plan_ranks, batch.origin, nbytes, keep_local=self.keep_local)
         timings["plan"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        outgoing = np.flatnonzero((origin == me) & (destination != me))
-        outgoing = outgoing[np.lexsort((outgoing, destination[outgoing]))]  # grouped by target
-        incoming = np.flatnonzero((destination == me) & (origin != me))
-        send_splits = np.bincount(
-            destination[outgoing], weights=sample_bytes[outgoing], minlength=comm.world_size
-        ).astype(np.int64)
-        recv_splits = np.bincount(
-            origin[incoming], weights=sample_bytes[incoming], minlength=comm.world_size
-        ).astype(np.int64)
-        chunks = [local[g - offsets[me]][f] for g in outgoing.tolist() for f in range(n_fields)]
-        chunk_sizes = (
-            (rows[outgoing] * np.array([f.row_bytes for f in fields])).reshape(-1)
-            if outgoing.size
-            else np.zeros(0, dtype=np.int64)
-        )
-        moving = int(sample_bytes[origin != destination].sum())
-        received = (
-            comm.exchange(
-                _pack(chunks, chunk_sizes),
-                send_splits.tolist(),
-                recv_splits.tolist(),
-                "all_to_all_single",
-            )
-            if moving
-            else torch.zeros(0, dtype=torch.uint8)
-        )
-        arrived = dict(
-            zip(incoming.tolist(), _unpack(received, rows[incoming], fields), strict=True)
-        )
+        arrived = self._exchange(comm, local, batch, routing)
         timings["exchange"] = time.perf_counter() - started
 
-        def sample(g: int) -> list[torch.Tensor]:
-            return local[g - offsets[me]] if origin[g] == me else arrived[g]
+        me, offsets = comm.rank, batch.offsets
+        slot = int(routing.slot_of_rank[me])
+        mine = [np.asarray(mb, dtype=np.int64) for mb in plan_ranks[slot]]
+        cu_dtype = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else torch.int32
 
-        microbatches = [
-            self._output(form, fields, [sample(g) for g in mb.tolist()], cu_seqlens)
-            for mb in my_microbatches
-        ]
-        flat = np.concatenate(my_microbatches) if my_microbatches else np.zeros(0, dtype=np.int64)
+        def sample(g: int) -> list[torch.Tensor]:
+            return arrived[g] if g in arrived else local[g - offsets[me]]
+
+        flat = np.concatenate(mine).astype(np.int64) if mine else np.zeros(0, dtype=np.int64)
+        origin = batch.origin[flat]
+        forward = routing.forward
         return RebalanceResult(
-            microbatches=microbatches,
-            origin=np.stack([origin[flat], flat - offsets[origin[flat]]], axis=1),
-            global_indices=my_microbatches,
+            microbatches=[
+                assemble(batch.form, batch.fields, [sample(g) for g in mb.tolist()], cu_dtype)
+                for mb in mine
+            ],
+            origin=np.stack([origin, flat - offsets[origin]], axis=1),
+            global_indices=mine,
             plan=plan,
-            plan_rank=int(plan_rank),
-            sent_samples=int(outgoing.size),
-            sent_bytes=int(send_splits.sum()),
-            received_samples=int(incoming.size),
-            received_bytes=int(recv_splits.sum()),
+            plan_rank=slot,
+            sent_samples=int(forward.sends(me).size),
+            sent_bytes=int(sum(forward.send_splits(me))),
+            received_samples=len(arrived),
+            received_bytes=int(sum(forward.recv_splits(me))),
             timings=timings,
             _comm=comm,
-            _destination=destination,
-            _position=position,
+            _routing=routing,
             _offsets=offsets,
             _worker=self._worker,
         )
 
-    def _normalise(
-        self, samples: Any, cu_seqlens: torch.Tensor | None
-    ) -> tuple[list[list[torch.Tensor]], list[_Field], str]:
-        """Samples as lists of field tensors, the field schema and the input form."""
-        if cu_seqlens is not None:
-            bounds = as_lengths(torch.as_tensor(cu_seqlens).cpu().numpy(), "cu_seqlens")
-            if bounds.size == 0 or bounds[0] != 0 or (np.diff(bounds) < 0).any():
-                raise ValueError("cu_seqlens must start at 0 and be non-decreasing")
-            packed = samples if isinstance(samples, Mapping) else {_BARE_FIELD: samples}
-            form = "packed_dict" if isinstance(samples, Mapping) else "packed_tensor"
-            for name, tensor in packed.items():
-                if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-                    raise ValueError(f"packed field {name!r} must be a tensor with >= 1 dimension")
-                if tensor.shape[0] != bounds[-1]:
-                    raise ValueError(
-                        f"packed field {name!r} has {tensor.shape[0]} rows but cu_seqlens ends "
-                        f"at {int(bounds[-1])}"
-                    )
-            dicts = [
-                {name: t[int(s) : int(e)] for name, t in packed.items()}
-                for s, e in itertools.pairwise(bounds.tolist())
-            ]
-        else:
-            if isinstance(samples, (torch.Tensor, Mapping)):
-                raise ValueError("a packed tensor (or dict of packed tensors) needs cu_seqlens")
-            items = list(samples)
-            bare = bool(items) and isinstance(items[0], torch.Tensor)
-            form = "list_tensor" if bare else "list_dict"
-            dicts = [{_BARE_FIELD: s} if bare else s for s in items]
-        if not dicts:
-            return [], [], form
-        first = dicts[0]
-        if not isinstance(first, Mapping) or not first:
-            raise ValueError("samples must be tensors or non-empty dicts of tensors")
-        names = list(first)
-        fields = []
-        for name in names:
-            tensor = first[name]
-            if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
-                raise ValueError(f"samples[0][{name!r}] must be a tensor with >= 1 dimension")
-            fields.append(_Field(name, tensor.dtype, tuple(tensor.shape[1:])))
-        local = []
-        for index, sample in enumerate(dicts):
-            if not isinstance(sample, Mapping) or list(sample) != names:
-                got = list(sample) if isinstance(sample, Mapping) else type(sample).__name__
-                raise ValueError(f"samples[{index}] has fields {got}, expected {names}")
-            row = []
-            for spec in fields:
-                tensor = sample[spec.name]
-                if (
-                    not isinstance(tensor, torch.Tensor)
-                    or tensor.dim() == 0
-                    or tensor.dtype != spec.dtype
-                    or tuple(tensor.shape[1:]) != spec.trailing
-                ):
-                    raise ValueError(
-                        f"samples[{index}][{spec.name!r}] must be a {spec.dtype} tensor of shape "
-                        f"[n, {', '.join(map(str, spec.trailing))}]"
-                    )
-                row.append(tensor)
-            local.append(row)
-        return local, fields, form
-
-    @staticmethod
-    def _local_groups(groups: Any, n: int) -> np.ndarray | None:
-        if groups is None:
-            return None
-        values = as_lengths(groups, "groups")
-        if values.size != n:
-            raise ValueError(f"groups has {values.size} entries but there are {n} local samples")
-        return values
-
-    @staticmethod
     def _describe(
-        local: list[list[torch.Tensor]],
-        fields: list[_Field],
-        error: str | None,
-        groups: np.ndarray | None,
-    ) -> tuple[dict[str, Any], np.ndarray]:
-        if error is not None:
-            return {"error": error, "n": 0, "fields": [], "groups": False}, np.zeros(0)
-        columns = [[t.shape[0] for t in sample] for sample in local]
-        table = np.array(columns, dtype=np.int64).reshape(len(local), len(fields))
-        if groups is not None:
-            table = np.concatenate([table, groups[:, None]], axis=1)
-        header = {
-            "error": None,
-            "n": len(local),
-            "fields": [f.to_json() for f in fields],
-            "groups": groups is not None,
+        self, samples: Any, cu_seqlens: torch.Tensor | None, groups: Any, world_size: int
+    ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray]:
+        """This rank's samples and its description for the gather (errors travel in it)."""
+        header: dict[str, Any] = {
+            "settings": {
+                "options": self.options.fingerprint(),
+                "keep_local": self.keep_local,
+                "length_key": self.length_key,
+                "world_size": world_size,
+            },
         }
-        return header, table
+        try:
+            local = normalise(samples, cu_seqlens)
+            group_ids = None if groups is None else as_group_ids(groups, len(local.samples))
+            self._check_lengths(local)
+        except ValueError as error:
+            header.update(error=str(error), n=0, fields=[], groups=False, form="list_dict")
+            return [], header, np.zeros(0, dtype=np.int64)
+        table = np.array(
+            [[t.shape[0] for t in sample] for sample in local.samples], dtype=np.int64
+        ).reshape(len(local.samples), len(local.fields))
+        if group_ids is not None:
+            table = np.concatenate([table, group_ids[:, None]], axis=1)
+        header.update(
+            error=None,
+            n=len(local.samples),
+            fields=[f.to_json() for f in local.fields],
+            groups=group_ids is not None,
+            form=local.form.value,
+        )
+        return local.samples, header, table
 
-    @staticmethod
-    def _agree(headers: list[dict[str, Any]]) -> tuple[list[_Field], bool]:
-        """The field schema and groups flag every non-empty rank agrees on (else ValueError)."""
-        described = [(r, h) for r, h in enumerate(headers) if h["n"]]
-        if not described:
-            return [], False
-        rank0, reference = described[0]
-        for rank, header in described[1:]:
-            for key in ("fields", "groups"):
-                if header[key] != reference[key]:
-                    raise ValueError(
-                        f"ranks {rank0} and {rank} disagree on sample {key}: "
-                        f"{reference[key]} vs {header[key]}"
-                    )
-        return [_Field.from_json(f) for f in reference["fields"]], bool(reference["groups"])
+    def _check_lengths(self, local: LocalSamples) -> None:
+        """Local checks of the sample lengths and costs, so that an error names this rank's
+        own sample index rather than an index into the gathered batch.
 
-    def _length_column(self, fields: list[_Field]) -> int:
+        A ``length_key`` missing from the fields is reported after the gather instead, against
+        the schema the ranks agree on (a schema that differs between ranks is the real error).
+        """
+        names = [f.name for f in local.fields]
+        if not local.samples or (self.length_key is not None and self.length_key not in names):
+            return
+        column = self._length_column(local.fields)
+        lengths = np.array([sample[column].shape[0] for sample in local.samples], dtype=np.int64)
+        cap = self.options.max_tokens
+        over = np.flatnonzero(lengths > cap) if cap is not None else np.zeros(0, np.int64)
+        if over.size and not self.options.allow_oversize:
+            i = int(over[0])
+            raise ValueError(
+                f"samples[{i}] has {int(lengths[i])} tokens (field {names[column]!r}), over "
+                f"max_tokens = {cap} ({over.size} of this rank's samples are); pass "
+                "allow_oversize=True to give such a sample a micro-batch of its own"
+            )
+        # The cost model's checks name the sample: here, this rank's own index.
+        evaluate_costs(self.options.cost_model, lengths)
+
+    def _length_column(self, fields: list[Field]) -> int:
         if self.length_key is None:
             return 0
         names = [f.name for f in fields]
@@ -647,35 +503,109 @@ class Rebalancer:
             raise ValueError(f"length_key = {self.length_key!r} is not a sample field {names}")
         return names.index(self.length_key)
 
-    @staticmethod
-    def _sample_bytes(rows: np.ndarray, fields: list[_Field]) -> np.ndarray:
-        row_bytes = np.array([f.row_bytes for f in fields], dtype=np.int64)
-        return (rows * row_bytes).sum(axis=1) if rows.size else np.zeros(len(rows), np.int64)
+    def _gather(
+        self,
+        comm: Comm,
+        header: dict[str, Any],
+        table: np.ndarray,
+        local: list[list[torch.Tensor]],
+    ) -> _Batch:
+        """All-gather every rank's description; check that the ranks agree (else ValueError)."""
+        described = _gather(comm, header, table, "all_gather")
+        headers = [h for h, _ in described]
+        self._check_settings(comm, headers)
+        _raise_first_error(headers)
+        with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
+        for rank, h in with_samples[1:]:
+            for key in ("fields", "groups"):
+                if h[key] != with_samples[0][1][key]:
+                    raise ValueError(
+                        f"ranks {with_samples[0][0]} and {rank} disagree on sample {key}: "
+                        f"{with_samples[0][1][key]} vs {h[key]}"
+                    )
+        reference = with_samples[0][1] if with_samples else header
+        fields = [Field.from_json(f) for f in reference["fields"]]
+        form = InputForm(header["form"])
+        if not local and form.is_list:
+            # An empty list cannot tell bare tensors from dicts: take the other ranks' form.
+            form = next(
+                (InputForm(h["form"]) for _, h in with_samples if InputForm(h["form"]).is_list),
+                form,
+            )
+        tables = [t for (h, t) in described if h["n"]]
+        full = (
+            np.concatenate(tables)
+            if tables
+            else np.zeros((0, len(fields) + bool(reference["groups"])), dtype=np.int64)
+        )
+        return _Batch(
+            counts=np.array([h["n"] for h in headers], dtype=np.int64),
+            rows=full[:, : len(fields)],
+            groups=full[:, len(fields)] if reference["groups"] else None,
+            fields=fields,
+            form=form,
+        )
+
+    def _check_settings(self, comm: Comm, headers: list[dict[str, Any]]) -> None:
+        """Raise ValueError on every rank when any rank's settings differ from rank 0's.
+
+        The fingerprints travel in the first gather; only when they differ do the ranks
+        all-gather their options' JSON (every rank sees the same headers, so every rank makes
+        this second call) to name the options that differ.
+        """
+        reference = headers[0]["settings"]
+        differing = [r for r, h in enumerate(headers) if h["settings"] != reference]
+        if not differing:
+            return
+        rank = differing[0]
+        texts = comm.all_gather_bytes(self.options.to_json().encode(), "all_gather of options")
+        names = _differences(json.loads(texts[0]), json.loads(texts[rank]))
+        others = {k: v for k, v in reference.items() if k != "options"}
+        names += _differences(
+            others, {k: v for k, v in headers[rank]["settings"].items() if k != "options"}
+        )
+        raise ValueError(
+            f"ranks 0 and {rank} disagree on the Rebalancer's settings: {'; '.join(names)}. "
+            "Construct the Rebalancer with the same options, keep_local and length_key on "
+            "every rank"
+        )
+
+    def _plan(self, batch: _Batch, world_size: int) -> StepPlan | None:
+        """The step's plan, identical on every rank (``None`` when no rank has a sample)."""
+        if not batch.total:
+            return None
+        from seqbalance.plan import plan_step
+
+        lengths = batch.rows[:, self._length_column(batch.fields)]
+        try:
+            return plan_step(lengths, world_size, self.options, groups=batch.groups)
+        except ValueError:
+            if self.options.allow_empty:
+                raise
+        # Only empty micro-batches can make this step plannable (fewer samples than the plan's
+        # micro-batch slots): a rank cannot wait for more samples, so allow them for this step.
+        # If that fails too, its error is the one about this step.
+        return plan_step(
+            lengths, world_size, self.options.replace(allow_empty=True), groups=batch.groups
+        )
 
     @staticmethod
-    def _output(
-        form: str,
-        fields: list[_Field],
-        samples: list[list[torch.Tensor]],
-        cu_seqlens: torch.Tensor | None,
-    ) -> Any:
-        names = [f.name for f in fields]
-        if form == "list_tensor":
-            return [s[0] for s in samples]
-        if form == "list_dict":
-            return [dict(zip(names, s, strict=True)) for s in samples]
-        if not samples:
-            empty = {f.name: torch.zeros((0, *f.trailing), dtype=f.dtype) for f in fields}
-            bounds = torch.zeros(
-                1, dtype=cu_seqlens.dtype if cu_seqlens is not None else torch.int32
+    def _exchange(
+        comm: Comm, local: list[list[torch.Tensor]], batch: _Batch, routing: Routing
+    ) -> dict[int, list[torch.Tensor]]:
+        """Send this rank's leaving samples, receive its arriving ones (by global index)."""
+        forward, me = routing.forward, comm.rank
+        first = int(batch.offsets[me])
+        received = (
+            comm.exchange(
+                pack([local[g - first] for g in forward.sends(me).tolist()], batch.fields),
+                forward.send_splits(me),
+                forward.recv_splits(me),
+                "all_to_all_single",
             )
-            return (empty.get(_BARE_FIELD) if form == "packed_tensor" else empty), bounds
-        lengths = torch.tensor([s[0].shape[0] for s in samples], dtype=torch.int64)
-        bounds = torch.zeros(len(samples) + 1, dtype=torch.int64)
-        torch.cumsum(lengths, 0, out=bounds[1:])
-        bounds = bounds.to(cu_seqlens.dtype if cu_seqlens is not None else torch.int32)
-        packed = {
-            name: torch.cat([s[f].to(samples[0][f].device) for s in samples])
-            for f, name in enumerate(names)
-        }
-        return (packed[_BARE_FIELD] if form == "packed_tensor" else packed), bounds
+            if forward.moved_bytes
+            else torch.zeros(0, dtype=torch.uint8)
+        )
+        arrival = forward.receives(me)
+        unpacked = unpack(received, batch.rows[arrival], batch.fields)
+        return dict(zip(arrival.tolist(), unpacked, strict=True))

@@ -11,7 +11,7 @@ with the same input stream).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,56 +33,83 @@ _OFFSETS = 4
 class Dispatch:
     """One dispatched optimizer step.
 
-    ``ids[k]`` is the id of plan position ``k``: ``plan.ranks[r][j]`` holds plan positions, so
-    ``ids[plan.ranks[r][j]]`` are the ids of rank ``r``'s micro-batch ``j`` (see
-    :meth:`rank_ids`). ``waited[k]`` counts the earlier dispatches that passed sample ``k`` over
-    (always ``<= max_delay``). ``items`` holds the objects pushed with the samples, if any.
+    Attributes:
+        ids: the id of each plan position: ``plan.ranks[r][j]`` holds plan positions, so
+            ``ids[plan.ranks[r][j]]`` are the ids of rank ``r``'s micro-batch ``j`` (see
+            :meth:`rank_ids`).
+        lengths: token length of each plan position.
+        waited: how many earlier dispatches passed each sample over (``<= max_delay``).
+        plan: the step's plan; ``None`` only for the last dispatch of ``flush()`` when its
+            samples could not be planned (``unplanned`` says why).
+        items: the objects pushed with the samples, if any.
+        index: the dispatch's number, from 0.
+        unplanned: why ``plan`` is ``None`` (the planner's error), else ``None``.
     """
 
     ids: np.ndarray
     lengths: np.ndarray
     waited: np.ndarray
-    plan: StepPlan
+    plan: StepPlan | None
     items: list[Any] | None
     index: int
+    unplanned: str | None = None
 
     def rank_ids(self, rank: int) -> list[np.ndarray]:
-        """Sample ids of each micro-batch of ``rank``."""
-        return [self.ids[microbatch] for microbatch in self.plan.ranks[rank]]
+        """Sample ids of each micro-batch of ``rank`` (ValueError: no such rank, or no plan)."""
+        return [self.ids[microbatch] for microbatch in self._microbatches(rank)]
 
     def rank_items(self, rank: int) -> list[list[Any]]:
         """Pushed objects of each micro-batch of ``rank`` (requires ``items`` at push time)."""
         if self.items is None:
             raise ValueError("no items were pushed with these samples; use rank_ids instead")
-        return [[self.items[int(k)] for k in microbatch] for microbatch in self.plan.ranks[rank]]
+        return [[self.items[int(k)] for k in mb] for mb in self._microbatches(rank)]
+
+    def _microbatches(self, rank: int) -> list[np.ndarray]:
+        if self.plan is None:
+            raise ValueError(
+                f"dispatch {self.index} holds {self.ids.size} samples that could not be "
+                f"planned: {self.unplanned}"
+            )
+        dp = self.plan.dp_size
+        if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)):
+            raise ValueError(f"rank must be an integer in [0, {dp}), got {rank!r}")
+        if not 0 <= rank < dp:
+            raise ValueError(f"rank must be in [0, dp_size = {dp}), got {rank}")
+        return self.plan.ranks[int(rank)]
 
 
 class WindowBalancer:
     """Buffer up to ``window`` samples and dispatch balanced steps of ``batch_size`` samples.
 
-    Parameters
-    ----------
-    dp_size:
-        Data-parallel ranks each step is planned for.
-    batch_size:
-        Samples per dispatched step (global, over all ranks).
-    window:
-        Most samples buffered at once (default ``4 * batch_size``); ``push`` beyond it raises.
-        Must satisfy ``batch_size <= window <= batch_size * (max_delay + 1)`` so the delay bound
-        can always be honoured.
-    max_delay:
-        Most dispatches a sample may be passed over (default: the smallest the window allows,
-        ``ceil(window / batch_size) - 1``).
-    options:
-        The :class:`seqbalance.PlanOptions` of every dispatched step; ``option_keywords``
-        (any ``PlanOptions`` field by name) are applied on top. Checked here, at construction.
+    Args:
+        dp_size: data-parallel ranks each step is planned for.
+        batch_size: samples per dispatched step (global, over all ranks).
+        window: most samples buffered at once (default ``4 * batch_size``); ``push`` beyond it
+            raises. Must satisfy ``batch_size <= window <= batch_size * (max_delay + 1)`` so the
+            delay bound can always be honoured.
+        max_delay: most dispatches a sample may be passed over. Default: ``2 * ceil(window /
+            batch_size) - 1``, twice what a first-in first-out buffer would make a sample wait
+            (less one). The smallest value the window allows, ``ceil(window / batch_size) - 1``,
+            makes every buffered sample due as soon as the window is full, which leaves no
+            choice and so no balancing; with the default, about a fifth of each dispatch is
+            forced by deadlines on a steady stream and the rest is chosen for balance
+            (``benchmarks/window.py`` measures the effect).
+        options: the :class:`seqbalance.PlanOptions` of every dispatched step;
+            ``option_keywords`` (any ``PlanOptions`` field by name) are applied on top. Checked
+            here, at construction.
+        **option_keywords: any ``PlanOptions`` field by name.
 
     Selection at each dispatch: first the fewest earliest-deadline samples that must leave now
     so that every later dispatch can still meet every deadline; then, among candidate
-    selections — those samples plus the oldest others, those samples plus runs of similar
+    selections (those samples plus the oldest others, those samples plus runs of similar
     length, and runs of similar length over the whole window that leave every deadline
-    feasible — the one whose plan (:func:`seqbalance.plan.plan_step`) has the lowest predicted
-    imbalance (ties prefer the oldest). At most ``1 + 2 * 4`` plans per dispatch.
+    feasible) the one whose plan (:func:`seqbalance.plan.plan_step`) has the lowest predicted
+    imbalance (ties prefer the oldest). At most ``1 + 2 * 4`` plans per dispatch. A candidate
+    that cannot be planned is skipped; when none can, the candidates are planned again with
+    ``allow_empty=True`` (fewer samples than micro-batch slots, e.g. the end of a stream).
+
+    Raises:
+        ValueError: a bad argument or option (named).
     """
 
     def __init__(
@@ -101,7 +128,7 @@ class WindowBalancer:
             4 * self.batch_size if window is None else window, "window", minimum=self.batch_size
         )
         if max_delay is None:
-            max_delay = -(-self.window // self.batch_size) - 1
+            max_delay = 2 * -(-self.window // self.batch_size) - 1
         self.max_delay = check_int(max_delay, "max_delay", minimum=0)
         if self.window > self.batch_size * (self.max_delay + 1):
             raise ValueError(
@@ -135,22 +162,40 @@ class WindowBalancer:
         ids: Any = None,
         items: Sequence[Any] | None = None,
     ) -> np.ndarray:
-        """Buffer samples of the given token ``lengths``; return their ids (int64).
+        """Buffer samples; return their ids (int64).
 
-        ``ids`` default to a running counter; ``items`` (optional, one per sample) are handed
-        back with the dispatch. Raises ValueError when the window would overflow: dispatch first.
+        Args:
+            lengths: token length of each sample (an array, a sequence or any iterable).
+            ids: one id per sample (default: a running counter).
+            items: optional, one object per sample (any iterable), handed back with the
+                dispatch.
+
+        Raises:
+            ValueError: a bad length or id, mismatched sizes, items with some pushes only, a
+                sample longer than ``max_tokens`` (without ``allow_oversize``: it could never
+                be planned), or a window overflow (dispatch first). Nothing is buffered then.
         """
-        lengths = as_lengths(lengths)
+        lengths = as_lengths(_materialise(lengths), "lengths")
         if ids is None:
             new_ids = np.arange(self._next_id, self._next_id + lengths.size, dtype=np.int64)
         else:
-            new_ids = as_lengths(ids, "ids")
+            new_ids = as_lengths(_materialise(ids), "ids")
             if new_ids.size != lengths.size:
                 raise ValueError(f"ids has {new_ids.size} entries but lengths has {lengths.size}")
-        if items is not None and len(items) != lengths.size:
-            raise ValueError(f"items has {len(items)} entries but lengths has {lengths.size}")
+        if items is not None:
+            items = list(items)
+            if len(items) != lengths.size:
+                raise ValueError(f"items has {len(items)} entries but lengths has {lengths.size}")
         if lengths.size and self._has_items is not None and self._has_items != (items is not None):
             raise ValueError("push items with every sample or with none")
+        cap = self.options.max_tokens
+        if cap is not None and not self.options.allow_oversize and (lengths > cap).any():
+            i = int(np.flatnonzero(lengths > cap)[0])
+            raise ValueError(
+                f"lengths[{i}] = {int(lengths[i])} (id {int(new_ids[i])}) exceeds max_tokens = "
+                f"{cap}; no step could plan it: pass allow_oversize=True to give such a sample "
+                "a micro-batch of its own"
+            )
         if len(self) + lengths.size > self.window:
             raise ValueError(
                 f"pushing {lengths.size} samples would exceed window = {self.window} "
@@ -172,7 +217,13 @@ class WindowBalancer:
         return len(self) >= self.window
 
     def dispatch(self) -> Dispatch:
-        """Plan and remove one step of ``batch_size`` samples (needs that many buffered)."""
+        """Plan and remove one step of ``batch_size`` samples.
+
+        Raises:
+            ValueError: fewer than ``batch_size`` samples are buffered, or no candidate
+                selection can be planned under the options (the buffer is left as it was;
+                ``flush()`` still returns every sample).
+        """
         if len(self) < self.batch_size:
             raise ValueError(
                 f"dispatch needs batch_size = {self.batch_size} buffered samples, have "
@@ -181,11 +232,23 @@ class WindowBalancer:
         return self._dispatch(self.batch_size)
 
     def flush(self) -> list[Dispatch]:
-        """Dispatch everything left (the last step may hold fewer than ``batch_size``)."""
+        """Dispatch everything left (the last step may hold fewer than ``batch_size``).
+
+        Always empties the buffer: if the remaining samples cannot be planned under the
+        options, they come back in one last dispatch with ``plan=None`` and the reason in
+        ``unplanned``.
+        """
         dispatches = []
         while len(self):
-            dispatches.append(self._dispatch(min(self.batch_size, len(self))))
+            dispatches.append(self._dispatch_or_unplanned(min(self.batch_size, len(self))))
         return dispatches
+
+    def _dispatch_or_unplanned(self, size: int) -> Dispatch:
+        """A dispatch of ``size`` samples, or of everything left, unplanned, with the reason."""
+        try:
+            return self._dispatch(size)
+        except ValueError as error:
+            return self._remove(np.arange(len(self)), None, unplanned=str(error))
 
     def _dispatch(self, size: int) -> Dispatch:
         lengths = np.asarray(self._lengths, dtype=np.int64)
@@ -203,23 +266,27 @@ class WindowBalancer:
             run for run in _runs(arrival, lengths, size) if self._feasible(run, deadline)
         ]
         chosen, plan = self._best_selection(lengths, candidates)
-        chosen_ids = np.asarray(self._ids, dtype=np.int64)[chosen]
-        items = [self._items[k] for k in chosen] if self._has_items else None
-        waited = self._dispatched - np.asarray(self._pushed_at, dtype=np.int64)[chosen]
-        keep = np.setdiff1d(arrival, chosen)
+        return self._remove(chosen, plan)
+
+    def _remove(
+        self, chosen: np.ndarray, plan: StepPlan | None, unplanned: str | None = None
+    ) -> Dispatch:
+        """Take the buffered samples at positions ``chosen`` out as the next dispatch."""
+        dispatch = Dispatch(
+            ids=np.asarray(self._ids, dtype=np.int64)[chosen],
+            lengths=np.asarray(self._lengths, dtype=np.int64)[chosen],
+            waited=self._dispatched - np.asarray(self._pushed_at, dtype=np.int64)[chosen],
+            plan=plan,
+            items=[self._items[k] for k in chosen] if self._has_items else None,
+            index=self._dispatched,
+            unplanned=unplanned,
+        )
+        keep = np.setdiff1d(np.arange(len(self)), chosen)
         self._ids = [self._ids[k] for k in keep]
         self._lengths = [self._lengths[k] for k in keep]
         self._pushed_at = [self._pushed_at[k] for k in keep]
         if self._has_items:
             self._items = [self._items[k] for k in keep]
-        dispatch = Dispatch(
-            ids=chosen_ids,
-            lengths=lengths[chosen],
-            waited=waited,
-            plan=plan,
-            items=items,
-            index=self._dispatched,
-        )
         self._dispatched += 1
         return dispatch
 
@@ -245,22 +312,49 @@ class WindowBalancer:
     def _best_selection(
         self, lengths: np.ndarray, candidates: list[np.ndarray]
     ) -> tuple[np.ndarray, StepPlan]:
-        """The candidate whose plan has the lowest predicted imbalance (ties: the earlier one)."""
-        from seqbalance.plan import plan_step
+        """The candidate whose plan has the lowest predicted imbalance (ties: the earlier one).
 
-        options = self.options
-        if candidates[0].size < self.dp_size:
-            # Only the tail of a stream can be this small: some ranks must get nothing.
-            options = options.replace(allow_empty=True)
-        best: tuple[float, np.ndarray, StepPlan] | None = None
-        for candidate in candidates:
-            chosen = np.sort(candidate)
-            plan = plan_step(lengths[chosen], self.dp_size, options)
-            score = float(plan.summary()["imbalance"])
-            if best is None or score < best[0]:
-                best = (score, chosen, plan)
-        assert best is not None
-        return best[1], best[2]
+        Candidates that cannot be planned are skipped. When none can, they are planned again
+        with ``allow_empty=True``: only empty micro-batches can help then (fewer samples than
+        micro-batch slots), and a stream cannot wait for samples that may never come.
+
+        Raises:
+            ValueError: no candidate can be planned even so (the first candidate's error).
+        """
+        relaxed = self.options.replace(allow_empty=True)
+        attempts = (relaxed,) if self.options.allow_empty else (self.options, relaxed)
+        for options in attempts:
+            planned = [_try_plan(lengths, np.sort(c), self.dp_size, options) for c in candidates]
+            scored = [
+                (float(plan.summary()["imbalance"]), k)
+                for k, plan in enumerate(planned)
+                if not isinstance(plan, str)
+            ]
+            if scored:
+                _, best = min(scored)  # the lowest imbalance, then the earliest candidate
+                return np.sort(candidates[best]), planned[best]  # type: ignore[return-value]
+        raise ValueError(
+            f"no selection of {candidates[0].size} buffered samples can be planned for "
+            f"dp_size = {self.dp_size} under these options ({planned[0]}); flush() returns the "
+            "buffered samples"
+        )
+
+
+def _try_plan(
+    lengths: np.ndarray, chosen: np.ndarray, dp_size: int, options: PlanOptions
+) -> StepPlan | str:
+    """The plan of the samples ``chosen``, or the planner's error message."""
+    from seqbalance.plan import plan_step
+
+    try:
+        return plan_step(lengths[chosen], dp_size, options)
+    except ValueError as error:
+        return str(error)
+
+
+def _materialise(values: Any) -> Any:
+    """An iterator (a generator) as a list; anything else as it is."""
+    return list(values) if isinstance(values, Iterator) else values
 
 
 def _runs(pool: np.ndarray, lengths: np.ndarray, size: int) -> list[np.ndarray]:

@@ -1,0 +1,56 @@
+"""Run a worker function on real gloo ranks and collect what each rank returned or raised.
+
+A thin adapter over the project's one launcher, :func:`seqbalance.runtime.launch.launch`, for
+tests that inspect failures: every rank runs ``worker(rank, world_size, *args)`` to its end
+(``stop_on_failure=False``), an exception a worker raises is returned as a record instead of
+ending the launch, and a rank that dies (killed, ``os._exit``) yields ``None``. The launch as a
+whole is bounded, so a hang is a test failure, never a stuck test run.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any
+
+from seqbalance.runtime.launch import RankFailure
+from seqbalance.runtime.launch import launch as _launch
+
+LAUNCH_TIMEOUT_S = 90.0
+
+
+def launch(
+    directory: Path,
+    world_size: int,
+    worker: Any,
+    *args: Any,
+    timeout_s: float = LAUNCH_TIMEOUT_S,
+) -> list[dict[str, Any] | None]:
+    """Run ``worker`` on ``world_size`` gloo ranks; each rank's ``{"ok": result}`` or
+    ``{"error", "type", "trace"}``, or ``None`` for a rank that died without reporting.
+    The ranks' output goes to ``directory``."""
+    results = _launch(
+        _capture,
+        world_size,
+        args=(worker, *args),
+        timeout=timeout_s,
+        collective_timeout=30.0,
+        log_dir=directory,
+        stop_on_failure=False,
+    )
+    return [None if isinstance(result, RankFailure) else result for result in results]
+
+
+def ok(results: list[dict[str, Any] | None]) -> list[Any]:
+    """Every rank's result, failing the test with the rank's traceback when one raised."""
+    for rank, result in enumerate(results):
+        assert result is not None, f"rank {rank} died without reporting"
+        assert "ok" in result, f"rank {rank} failed:\n{result.get('trace')}"
+    return [result["ok"] for result in results]  # type: ignore[index]
+
+
+def _capture(rank: int, world_size: int, worker: Any, *args: Any) -> dict[str, Any]:
+    try:
+        return {"ok": worker(rank, world_size, *args)}
+    except Exception as error:
+        return {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}

@@ -1,0 +1,159 @@
+"""Adversarial: sampler resume points at random positions, resumed with the same or altered
+settings. Either every sample of the epoch is trained exactly once (consumed before the
+checkpoint + yielded after it, over all ranks), or ``load_state_dict`` raises ValueError."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler
+
+# One altered setting per case: (name, function of the base settings -> altered settings).
+ALTERATIONS = {
+    "max_tokens": lambda s: {**s, "max_tokens": (s["max_tokens"] or 900) + 1},
+    "cost": lambda s: {**s, "cost": "flops" if s["cost"] == "tokens" else "tokens"},
+    "lengths": lambda s: {**s, "lengths": _perturbed(s["lengths"])},
+    "seed": lambda s: {**s, "seed": s["seed"] + 1},
+    "groups": lambda s: {**s, "groups": None if s["groups"] is not None else _pairs(s)},
+    "shuffle": lambda s: {**s, "shuffle": not s["shuffle"]},
+    "bucket_window": lambda s: {**s, "bucket_window": 2 if s["bucket_window"] is None else None},
+    "drop_last": lambda s: {**s, "drop_last": not s["drop_last"]},
+    "global_batch_size": lambda s: {**s, "global_batch_size": s["global_batch_size"] + 1},
+    "dp_size": lambda s: {**s, "dp_size": s["dp_size"] + 1},
+    "objective": lambda s: {
+        **s,
+        "objective": "lockstep" if s["objective"] == "step" else "step",
+    },
+}
+
+
+def _perturbed(lengths: list[int]) -> list[int]:
+    """Same count, one length changed: the case the old resume state could not see."""
+    return [lengths[0] + 1, *lengths[1:]]
+
+
+def _pairs(settings: dict[str, Any]) -> list[int]:
+    return [i // 2 for i in range(len(settings["lengths"]))]
+
+
+@st.composite
+def balanced_settings(draw: st.DrawFn) -> dict[str, Any]:
+    n = draw(st.integers(1, 48))
+    return {
+        "lengths": draw(st.lists(st.integers(1, 400), min_size=n, max_size=n)),
+        "global_batch_size": draw(st.integers(2, 12)),
+        "dp_size": draw(st.integers(1, 3)),
+        "seed": draw(st.integers(0, 3)),
+        "shuffle": draw(st.booleans()),
+        "drop_last": draw(st.booleans()),
+        "bucket_window": draw(st.sampled_from([None, 2])),
+        "groups": None,
+        "max_tokens": draw(st.sampled_from([None, 800])),
+        "cost": draw(st.sampled_from(["tokens", "flops"])),
+        "objective": draw(st.sampled_from(["step", "lockstep"])),
+    }
+
+
+def _samplers(settings: dict[str, Any]) -> list[BalancedBatchSampler]:
+    values = dict(settings)
+    lengths, batch, dp = (
+        values.pop("lengths"),
+        values.pop("global_batch_size"),
+        values.pop("dp_size"),
+    )
+    return [
+        BalancedBatchSampler(lengths, batch, dp_rank=r, dp_size=dp, allow_empty=True, **values)
+        for r in range(dp)
+    ]
+
+
+def _check_resume(
+    old: list[Any], new: list[Any], epoch: int, consumed: int, *, rank0_only: bool = False
+) -> str:
+    """Consume ``consumed`` batches on every rank of ``old``, checkpoint (through JSON), load
+    into ``new``; return "refused" or "exact" (and fail on a sample trained twice or never)."""
+    trained: Counter[int] = Counter()
+    states = []
+    for sampler in old:
+        sampler.set_epoch(epoch)
+        iterator = iter(sampler)
+        for _ in range(min(consumed, len(sampler))):
+            trained.update(next(iterator))
+        states.append(json.loads(json.dumps(sampler.state_dict())))
+    if rank0_only:  # one checkpoint for every rank, as Trainer saves it on the main process
+        states = [states[0]] * len(states)
+    if len(states) != len(new):
+        # Another dp size: the checkpoint of rank r goes to rank r where it exists.
+        states = (states * len(new))[: len(new)]
+    try:
+        for sampler, state in zip(new, states, strict=True):
+            sampler.load_state_dict(state)
+    except ValueError:
+        return "refused"
+    expected: Counter[int] = Counter()
+    for sampler in new:
+        for batch in sampler:
+            trained.update(batch)
+        sampler.set_epoch(epoch)
+        expected.update(i for batch in sampler for i in batch)
+    assert trained == expected, "a sample was trained twice or skipped"
+    return "exact"
+
+
+@given(settings=balanced_settings(), epoch=st.integers(0, 2), consumed=st.integers(0, 12))
+def test_balanced_resume_with_the_same_settings_is_exact(settings, epoch, consumed) -> None:
+    outcome = _check_resume(_samplers(settings), _samplers(settings), epoch, consumed)
+    assert outcome == "exact"
+
+
+@given(settings=balanced_settings(), epoch=st.integers(0, 2), consumed=st.integers(0, 12))
+def test_rank_zeros_checkpoint_resumes_every_rank_exactly(settings, epoch, consumed) -> None:
+    outcome = _check_resume(
+        _samplers(settings), _samplers(settings), epoch, consumed, rank0_only=True
+    )
+    assert outcome == "exact"
+
+
+@given(
+    settings=balanced_settings(),
+    altered=st.sampled_from(sorted(ALTERATIONS)),
+    epoch=st.integers(0, 2),
+    consumed=st.integers(0, 12),
+)
+def test_balanced_resume_with_an_altered_setting_is_refused(
+    settings, altered, epoch, consumed
+) -> None:
+    changed = ALTERATIONS[altered](settings)
+    outcome = _check_resume(_samplers(settings), _samplers(changed), epoch, consumed)
+    assert outcome == "refused", altered
+
+
+@given(
+    n=st.integers(0, 60),
+    batch=st.integers(1, 6),
+    dp=st.integers(1, 3),
+    other_batch=st.integers(1, 6),
+    other_dp=st.integers(1, 3),
+    consumed=st.integers(0, 12),
+    drop_last=st.booleans(),
+)
+def test_length_grouped_resume_is_exact_or_refused(
+    n, batch, dp, other_batch, other_dp, consumed, drop_last
+) -> None:
+    lengths = np.random.default_rng(n).integers(1, 500, size=n)
+
+    def make(b: int, d: int) -> list[LengthGroupedSampler]:
+        return [
+            LengthGroupedSampler(lengths, b, dp_rank=r, dp_size=d, seed=1, drop_last=drop_last)
+            for r in range(d)
+        ]
+
+    outcome = _check_resume(make(batch, dp), make(other_batch, other_dp), 1, consumed)
+    same = (batch, dp) == (other_batch, other_dp)
+    assert outcome == ("exact" if same else "refused")
