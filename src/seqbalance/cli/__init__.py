@@ -14,14 +14,24 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
 from seqbalance import __version__
 
 SUBCOMMANDS = ("simulate", "plan", "lengths", "calibrate", "bench", "models", "datasets")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr (``prog: error: ...``),
+    like every other failure of the command line; ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="seqbalance",
         description=(
             "Balance variable-length sequences across data-parallel ranks and micro-batches. "
@@ -35,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OUTPUT_FLAGS = {"output": "-o/--output", "plot": "--plot", "groups_output": "--groups-output"}
+"""Arguments that name a file a command writes, and their flags (checked before any work)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -42,11 +56,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _check_outputs(args)
         return int(args.func(args) or 0)
-    except (ValueError, ImportError) as error:
-        # Bad input and missing optional extras are the user's to fix: a message, not a traceback.
+    except (ValueError, ImportError, OSError) as error:
+        # Bad input, missing optional extras and unwritable paths are the user's to fix: one
+        # line, not a traceback.
         print(f"seqbalance {args.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an output path in a missing folder or onto a folder before any work is done."""
+    for name, flag in OUTPUT_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        path = Path(value)
+        if path.is_dir():
+            raise ValueError(f"{flag} {str(path)!r} is a folder; give a file name")
+        if not path.parent.is_dir():
+            raise ValueError(f"{flag} {str(path)!r}: folder {str(path.parent)!r} does not exist")
 
 
 if __name__ == "__main__":

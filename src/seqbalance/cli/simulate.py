@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Any
 
 from seqbalance.cli._common import (
@@ -68,12 +69,16 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqbalance.sim import plot, simulate
+    from seqbalance.sim import TruncationWarning, plot, simulate
 
     source = load_lengths(args.lengths)
     cost, peak, efficiency, description = cost_from_args(args)
     options = plan_options_from_args(args, cost=cost)
-    with progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback:
+    with (
+        progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback,
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always", TruncationWarning)
         try:
             result = simulate(
                 source.lengths,
@@ -92,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
             )
         except ValueError as error:
             raise ValueError(flag_names(str(error))) from None
+    for warning in caught:
+        if isinstance(warning.message, TruncationWarning):
+            print(
+                f"seqbalance simulate: warning: {flag_names(str(warning.message))}", file=sys.stderr
+            )
     if args.plot:
         try:
             plot(result, args.plot)

@@ -235,7 +235,7 @@ class TimeModel:
         """Inverse of :meth:`to_json`; rejects other formats and unknown versions."""
         try:
             data = json.loads(text)
-        except (TypeError, json.JSONDecodeError) as error:
+        except (TypeError, ValueError, RecursionError) as error:
             raise ValueError(f"TimeModel JSON is not valid JSON: {error}") from None
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(f"TimeModel JSON must be an object with format {_FORMAT!r}")
@@ -259,7 +259,7 @@ class TimeModel:
                     n_observations=int(stats["n_observations"]),
                 ),
             )
-        except (KeyError, TypeError) as error:
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"TimeModel JSON is missing or has a bad field: {error}") from None
 
     def save(self, path: str | Path) -> None:
@@ -268,8 +268,20 @@ class TimeModel:
 
     @classmethod
     def load(cls, path: str | Path) -> TimeModel:
-        """Read a model written by :meth:`save`."""
-        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+        """Read a model written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: no file at ``path`` (the message names it).
+            ValueError: the file is not a TimeModel written by :meth:`save`.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"TimeModel file not found: {str(path)!r}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"TimeModel file {str(path)!r} is not text: {error}") from None
+        return cls.from_json(text)
 
 
 def _observation_matrix(

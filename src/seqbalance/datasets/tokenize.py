@@ -159,7 +159,12 @@ def _llama3() -> Tokenizer:
 
 def _tokenizer_json(path: Path) -> Tokenizer:
     tokenizers = _require("tokenizers", f"reading {path}")
-    backend = tokenizers.Tokenizer.from_file(str(path))
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as error:  # the tokenizers library raises a bare Exception on bad files
+        raise ValueError(
+            f"tokenizer file {str(path)!r} is not a valid tokenizer.json: {error}"
+        ) from None
 
     def count(texts: list[str]) -> list[int]:
         encodings = backend.encode_batch(texts, add_special_tokens=False)

@@ -8,6 +8,7 @@ prediction of the same :class:`~seqbalance.cost.TimeModel`, so the differences b
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,10 +27,25 @@ __all__ = [
     "DEFAULT_MAX_TOKENS",
     "SimulationResult",
     "StrategyResult",
+    "TruncationWarning",
     "default_strategies",
     "sample_batches",
     "simulate",
 ]
+
+
+class TruncationWarning(UserWarning):
+    """``simulate`` cut samples longer than ``max_tokens`` to the cap (``allow_oversize`` plans
+    them whole instead)."""
+
+    def __init__(self, count: int, total: int, max_tokens: int) -> None:
+        super().__init__(
+            f"{count} of {total} samples are longer than max_tokens = {max_tokens} and were "
+            "truncated to it, as a trainer's cutoff_len does; pass allow_oversize=True to plan "
+            "them whole"
+        )
+        self.count, self.total, self.max_tokens = count, total, max_tokens
+
 
 DEFAULT_MAX_TOKENS = 16384
 """``simulate``'s token cap when neither ``options`` nor ``max_tokens`` gives one."""
@@ -353,6 +369,8 @@ def simulate(
     if max_tokens is not None and not options.allow_oversize:
         truncated = int(np.count_nonzero(lengths > max_tokens))
         lengths = np.minimum(lengths, max_tokens)
+        if truncated:
+            warnings.warn(TruncationWarning(truncated, int(lengths.size), max_tokens), stacklevel=2)
     batches = sample_batches(lengths.size, global_batch_size, steps, groups=groups, seed=seed)
 
     plans: dict[str, list[StepPlan]] = {name: [] for name in names}

@@ -1,0 +1,165 @@
+"""Adversarial command-line suite: every failure is one line on stderr and a non-zero exit,
+never a traceback; messages name flags, not Python keywords.
+
+The commands run in this process through ``seqbalance.cli.main`` (an exception escaping it is a
+traceback for the user, and fails the test), on small files the tests write. Flag values are
+generated for the numeric plan options of ``plan`` and ``simulate``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from seqbalance.cli import main
+
+PYTHON_ADVICE = re.compile(r"\b[a-z]+(_[a-z]+)+=(True|False)|pass [a-z]+_[a-z_]+=")
+
+
+def _fails_cleanly(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``argv``; assert a non-zero exit with exactly one stderr line; return it."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code not in (0, None), f"{argv} succeeded"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"{argv} wrote {len(lines)} lines to stderr:\n{err}"
+    assert lines[0].startswith("seqbalance"), lines[0]
+    assert not PYTHON_ADVICE.search(lines[0]), f"advises a Python keyword: {lines[0]}"
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cli")
+    paths = {
+        "lengths": root / "lengths.npy",
+        "long": root / "long.npy",
+        "zero_heads": root / "zero_heads.json",
+        "bad_layers": root / "bad_layers.json",
+        "deep": root / "deep.json",
+        "huge": root / "huge.json",
+        "garbage_tokenizer": root / "tokenizer.json",
+        "chat": root / "chat.jsonl",
+        "folder": root / "folder",
+    }
+    np.save(paths["lengths"], np.array([100, 200, 300, 400, 50, 60, 70, 80]))
+    np.save(paths["long"], np.array([100, 5000, 200, 300]))
+    config = {
+        "model_type": "llama",
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_attention_heads": 0,
+        "num_hidden_layers": 2,
+        "vocab_size": 10,
+    }
+    paths["zero_heads"].write_text(json.dumps(config))
+    paths["bad_layers"].write_text(
+        json.dumps({**config, "num_attention_heads": 2, "layer_types": 5})
+    )
+    paths["deep"].write_text("[" * 100_000 + "]" * 100_000)
+    huge = {"format": "seqbalance.TimeModel", "version": 1, "t0": "1e999999", "t1": 1, "t2": 1}
+    paths["huge"].write_text(json.dumps(huge).replace('"1e999999"', "1e999999"))
+    paths["garbage_tokenizer"].write_text("garbage{")
+    paths["chat"].write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    paths["folder"].mkdir()
+    return paths
+
+
+CASES = [
+    ("plan", "{lengths} --dp 2 -o {folder}/missing/plan.json", "does not exist"),
+    ("plan", "{lengths} --dp 2 -o {folder}", "is a folder"),
+    ("simulate", "--steps 1 --plot {folder}/missing/x.png", "does not exist"),
+    ("simulate", "--steps 1 --plot {folder}", "is a folder"),
+    ("lengths", "{chat} -o {folder}/missing/out.npy", "does not exist"),
+    ("simulate", "--steps 1 --max-tokens 100000000000000000000000", "--max-tokens must be <="),
+    ("simulate", "--steps 1 --model {zero_heads}", "num_attention_heads"),
+    ("simulate", "--steps 1 --model {bad_layers}", "layer_types"),
+    ("simulate", "--steps 1 --time-model {deep}", "not valid JSON"),
+    ("simulate", "--steps 1 --time-model {huge}", "t0"),
+    ("simulate", "--steps 1 --time-model {folder}/missing.json", "missing.json"),
+    ("plan", "{lengths} --dp 2 --time-model {folder}/missing.json", "missing.json"),
+    ("lengths", "{chat} --tokenizer {garbage_tokenizer} -o {folder}/out.npy", "tokenizer"),
+    ("bench", "--timeout nan", "--timeout"),
+    ("bench", "--timeout 0", "--timeout"),
+    ("plan", "{lengths} --dp 16", "--allow-empty"),
+    ("plan", "{long} --dp 2 --max-tokens 1000", "--allow-oversize"),
+    ("plan", "{lengths} --dp 2 --layout padded", "--micro-batch-size"),
+    ("plan", "{lengths} --dp 2 --num-microbatches 3 --microbatch-multiple 2", "multiple"),
+    ("simulate", "--dp x", "invalid int value"),
+    ("plan", "{lengths}", "required"),
+    ("simulate", "--strategies balanced,fastest --steps 1", "strategies"),
+]
+
+
+@pytest.mark.parametrize(("command", "arguments", "expected"), CASES)
+def test_each_reported_failure_is_one_line(command, arguments, expected, files, capsys) -> None:
+    argv = [command, *arguments.format(**{k: str(v) for k, v in files.items()}).split()]
+    line = _fails_cleanly(argv, capsys)
+    assert expected in line, line
+
+
+def test_a_baseline_that_cannot_plan_is_reported_not_fatal(capsys) -> None:
+    assert (
+        main(["simulate", "--steps", "1", "--num-microbatches", "3", "--max-tokens", "32768"]) == 0
+    )
+    captured = capsys.readouterr()
+    assert "round_robin cannot plan these steps" in captured.out
+    assert "--num-microbatches" in captured.out and "num_microbatches" not in captured.out
+
+
+def test_truncation_is_a_visible_warning_with_the_count(capsys) -> None:
+    assert main(["simulate", "--steps", "1", "--max-tokens", "100", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"warning: \d+ of 17545 samples are longer than --max-tokens = 100", err)
+
+
+_NUMBERS = st.one_of(
+    st.integers(-(2**70), 2**70).map(str),
+    st.sampled_from(["nan", "inf", "-1", "0", "1e30", "x", "", "3.5"]),
+)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    values=st.dictionaries(
+        st.sampled_from(
+            [
+                "--max-tokens",
+                "--num-microbatches",
+                "--min-microbatches",
+                "--microbatch-multiple",
+                "--micro-batch-size",
+                "--dp",
+            ]
+        ),
+        _NUMBERS,
+        max_size=3,
+    ),
+    padded=st.booleans(),
+)
+def test_generated_flag_values_never_give_a_traceback(values, padded, files, capsys) -> None:
+    argv = ["plan", str(files["lengths"]), "--json"]
+    if "--dp" not in values:
+        argv += ["--dp", "2"]
+    for flag, value in values.items():
+        argv += [flag, value]
+    if padded:
+        argv += ["--layout", "padded"]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    if code == 0:
+        assert json.loads(captured.out)["summaries"]
+    else:
+        assert len(captured.err.strip().splitlines()) == 1, captured.err
