@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import seqbalance as sb
+from seqbalance._validation import MAX_TOKENS_LIMIT
 from seqbalance.cost import ExternalCost, FlopsModel, ModelSpec, TimeModel
 from seqbalance.plan import PlanOptions, option_names, plan_epoch
-from seqbalance.plan.options import MAX_TOKENS_LIMIT, as_options
+from seqbalance.plan.options import as_options
 
 LENGTHS = np.array([900, 40, 300, 70, 500, 25, 800, 60, 120, 33], dtype=np.int64)
 

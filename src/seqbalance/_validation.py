@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_TOKENS_LIMIT",
     "as_group_ids",
     "as_lengths",
     "as_weights",
@@ -22,6 +23,10 @@ __all__ = [
     "check_non_negative_float",
     "check_positive_float",
 ]
+
+
+MAX_TOKENS_LIMIT = 2**53
+"""Largest token count or token sum accepted anywhere: exact in int64 and float64 arithmetic."""
 
 
 def _as_1d_array(values: Any, name: str) -> np.ndarray:

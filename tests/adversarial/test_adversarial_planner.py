@@ -200,6 +200,16 @@ def test_bad_steps_fail_promptly_with_a_value_error(lengths, dp, options) -> Non
     assert time.perf_counter() - started < 10.0  # a hang, not a timing target
 
 
+_TINY = {
+    "model_type": "llama",
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 10,
+}
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -211,8 +221,24 @@ def test_bad_steps_fail_promptly_with_a_value_error(lengths, dp, options) -> Non
         (lambda: sb.partition([1.0, 2.0], 2**40), "k must be <="),
         (lambda: sb.plan_step([True, 2], 1), "booleans"),
         (lambda: sb.plan_step(np.array([1, 2], dtype="m8[s]"), 1), "real numbers"),
+        (lambda: sb.ModelSpec.from_hf_config({**_TINY, "tie_word_embeddings": "false"}), "True"),
+        (lambda: sb.ModelSpec.from_hf_config({**_TINY, "num_attention_heads": 0}), "heads"),
+        (lambda: sb.ModelSpec.from_hf_config({**_TINY, "layer_types": 5}), "layer_types"),
+        (lambda: TimeModel.fit([([2**62], 1.0), ([2**61], 0.5), ([2**60], 0.3)]), "2\\*\\*53"),
+        (lambda: TimeModel.from_json("[" * 100_000 + "]" * 100_000), "not valid JSON"),
+        (lambda: sb.EpochPlan.from_json('{"format": "seqbalance.EpochPlan/1"}'), "malformed"),
     ],
 )
 def test_the_issues_absurd_inputs(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_missing_time_model_file_names_the_path(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.json"):
+        TimeModel.load(tmp_path / "nope.json")
+
+
+def test_a_huge_padded_micro_batch_size_is_one_chunk() -> None:
+    flops = sb.FlopsModel(sb.ModelSpec.preset("qwen3-8b"))
+    assert flops.padded([10, 20], micro_batch_size=2**70) == flops.padded([10, 20], 2)

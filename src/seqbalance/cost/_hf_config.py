@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_bool, check_int
 from seqbalance.cost.spec import (
     GATED_MLP_MODEL_TYPES,
     PLAIN_MLP_MODEL_TYPES,
@@ -96,6 +96,10 @@ class Fields:
     def integer(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> int:
         return check_int(self.get(key, default), f"config field {key!r}", minimum=minimum)
 
+    def boolean(self, key: str, default: Any = _MISSING) -> bool:
+        """A JSON boolean; a string such as ``"false"`` is an error, not ``True``."""
+        return check_bool(self.get(key, default), f"config field {key!r}")
+
     def layers(self, key: str, num_layers: int) -> tuple[int, ...]:
         return _layer_indices(self.get(key), f"config field {key!r}", num_layers)
 
@@ -170,7 +174,7 @@ def spec_fields(config: Any, *, gated_mlp: bool | None, name: str | None) -> dic
         "num_key_value_heads": cfg.integer("num_key_value_heads", heads),
         "head_dim": cfg.integer("head_dim", hidden // heads),
         "gated_mlp": bool(gated_mlp),
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "tie_word_embeddings": cfg.boolean("tie_word_embeddings", False),
         "attention_output_gate": model_type in _OUTPUT_GATED_ATTENTION,
     }
     if model_type == "nemotron_h":

@@ -305,7 +305,8 @@ class FlopsModel:
         sample). Returns the total over all chunks.
         """
         length = as_lengths(lengths)
-        size = check_int(micro_batch_size, "micro_batch_size", minimum=1)
+        # Chunks of n or more samples are one chunk: a huge size is the same as n.
+        size = min(check_int(micro_batch_size, "micro_batch_size", minimum=1), max(length.size, 1))
         encoder = self._encoder_lengths(encoder_lengths, length.size)
         if length.size == 0:
             return 0.0

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import (
+    MAX_TOKENS_LIMIT,
     as_lengths,
     check_bool,
     check_int,
@@ -307,6 +308,12 @@ def _observation_matrix(
             )
         lengths, value = observation
         length = as_lengths(lengths, f"observations[{i}] lengths")
+        total = float(length.sum(dtype=np.float64))
+        if total > MAX_TOKENS_LIMIT:
+            raise ValueError(
+                f"observations[{i}] lengths sum to {total:.6g} tokens, more than 2**53: such "
+                "sums cannot be represented exactly"
+            )
         seconds[i] = check_positive_float(value, f"observations[{i}] seconds")
         rows[i] = (1.0, float(length.sum()), float(template.quadratic_term(length).sum()))
     return rows, seconds

@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqbalance._validation import check_bool, check_choice, check_int
+from seqbalance._validation import MAX_TOKENS_LIMIT, check_bool, check_choice, check_int
 
 __all__ = [
     "LAYOUTS",
-    "MAX_TOKENS_LIMIT",
     "OBJECTIVES",
     "ORDERS",
     "PlanOptions",
@@ -31,8 +30,6 @@ __all__ = [
 OBJECTIVES = ("step", "lockstep")
 ORDERS = ("none", "descending", "pipeline")
 LAYOUTS = ("packed", "padded")
-MAX_TOKENS_LIMIT = 2**53
-"""Largest accepted ``max_tokens``: token sums stay exact in int64 and float64 arithmetic."""
 _FORMAT = "seqbalance.PlanOptions/1"
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, as_lengths, check_int
+from seqbalance._validation import MAX_TOKENS_LIMIT, as_group_ids, as_lengths, check_int
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.plan._problem import Problem
-from seqbalance.plan.options import MAX_TOKENS_LIMIT, PlanOptions, as_options
+from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.registry import Microbatches, get_strategy
 from seqbalance.plan.types import StepPlan
 
