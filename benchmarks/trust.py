@@ -1,0 +1,175 @@
+"""``balanced`` against every baseline on thousands of random steps: the count of steps where it
+is worse must be 0.
+
+Each input is a step drawn at random: lengths from a bundled real dataset (ShareGPT, GSM8K, LIMA,
+Qwen2.5-Math with its GRPO groups) or synthetic (tiny, wide, all equal), 1 to 4096 samples on 1
+to 64 ranks, with or without a token cap, groups, lockstep, the padded layout, fixed or multiple
+micro-batch counts and empty micro-batches, costed in tokens, FLOPs or seconds with a
+per-micro-batch overhead. Every registered ``baseline`` and ``stack`` strategy plans the same
+step; a baseline's plan counts only when it is valid for the same options (a soft-cap plan only
+when it kept the cap). ``balanced`` loses when its predicted step cost is higher than a valid
+baseline plan's (relative tolerance 1e-9), or when it fails where a baseline plans.
+
+Run: ``python benchmarks/trust.py [--inputs 2000] [--seed 0] [--markdown]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from collections import Counter
+from datetime import datetime, timezone
+
+import numpy as np
+
+import seqbalance as sb
+from seqbalance.cost import TimeModel
+from seqbalance.plan import strategy_names
+
+DATASETS = ("sharegpt", "gsm8k", "lima", "qwen25math")
+SIZES = (1, 2, 3, 5, 8, 12, 16, 24, 32, 64, 128, 256, 512, 1024, 4096)
+SIZE_WEIGHTS = np.array([3, 4, 4, 6, 8, 8, 8, 8, 8, 8, 6, 5, 4, 2, 1], dtype=np.float64)
+COSTS = {
+    "tokens": "tokens",
+    "flops": "flops",
+    "seconds": TimeModel(0.05, 1e-5, 1e-9),
+    "seconds_no_overhead": TimeModel(0.0, 1e-5, 3e-9),
+}
+
+
+def draw_step(rng: np.random.Generator) -> dict:
+    """One random step: lengths, ranks, groups and options, with labels for the report."""
+    n = int(rng.choice(SIZES, p=SIZE_WEIGHTS / SIZE_WEIGHTS.sum()))
+    source = str(rng.choice([*DATASETS, "tiny", "wide", "equal"]))
+    groups = None
+    if source in DATASETS:
+        dataset_groups = sb.datasets.groups(source)
+        if dataset_groups is not None and rng.random() < 0.7:
+            ids = np.unique(dataset_groups)
+            picked = rng.choice(ids, min(ids.size, max(1, n // 8)), replace=False)
+            mask = np.isin(dataset_groups, picked)
+            lengths, groups = sb.datasets.load(source)[mask], dataset_groups[mask]
+        else:
+            lengths = rng.choice(sb.datasets.load(source), n)
+    elif source == "tiny":
+        lengths = rng.integers(0, 40, n)
+    elif source == "wide":
+        lengths = rng.integers(1, 32_000, n)
+    else:
+        lengths = np.full(n, int(rng.integers(1, 4000)))
+    n = lengths.size
+    if groups is None and rng.random() < 0.2:
+        groups = rng.integers(0, max(1, n // int(rng.integers(1, 9))), n)
+    options: dict = {"cost": COSTS[str(rng.choice(sorted(COSTS)))]}
+    if rng.random() < 0.7:
+        options["max_tokens"] = int(rng.choice([256, 1024, 4096, 8192, 16384, 32768]))
+        # A cap below the longest sample is an error unless over-cap samples may stand alone.
+        options["allow_oversize"] = bool(
+            lengths.max(initial=0) > options["max_tokens"] or rng.random() < 0.3
+        )
+    if rng.random() < 0.3:
+        options["objective"] = "lockstep"
+    if rng.random() < 0.15:
+        options["layout"] = "padded"
+        options["micro_batch_size"] = int(rng.integers(1, 9))
+    if rng.random() < 0.1:
+        options["num_microbatches"] = int(rng.integers(1, 5))
+    elif rng.random() < 0.2:
+        options["microbatch_multiple"] = int(rng.integers(2, 4))
+    options["allow_empty"] = bool(rng.random() < (0.6 if groups is not None else 0.2))
+    # Mostly at least one sample per rank (a few steps with fewer, for allow_empty).
+    ranks = [d for d in (1, 2, 3, 4, 8, 16, 32, 64) if d <= max(1, n) or rng.random() < 0.05]
+    dp = int(rng.choice(ranks))
+    return {"lengths": lengths, "dp": dp, "groups": groups, "options": options, "source": source}
+
+
+def _plan(step: dict, strategy: str) -> sb.StepPlan | None:
+    try:
+        return sb.plan_step(
+            step["lengths"], step["dp"], groups=step["groups"], strategy=strategy, **step["options"]
+        )
+    except ValueError:
+        return None
+
+
+def compare(step: dict) -> tuple[str, float]:
+    """``("worse", ratio)`` when balanced loses, else ``("ok", best baseline / balanced)`` or
+    ``("infeasible", 1.0)`` when no strategy can plan the step."""
+    balanced = _plan(step, "balanced")
+    rivals = {}
+    for name in strategy_names("baseline", "stack"):
+        plan = _plan(step, name)
+        if plan is not None and (plan.cap_enforced or plan.cap_violations() == 0):
+            rivals[name] = plan
+    if balanced is None:
+        return ("worse", float("inf")) if rivals else ("infeasible", 1.0)
+    balanced.validate()
+    if not rivals:
+        return "ok", float("nan")
+    best = min(plan.step_cost for plan in rivals.values())
+    if balanced.step_cost > best * (1 + 1e-9):
+        return "worse", balanced.step_cost / best
+    return "ok", best / balanced.step_cost if balanced.step_cost > 0 else 1.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inputs", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    outcomes: Counter[str] = Counter()
+    by_kind: dict[str, Counter[str]] = {}
+    gains: list[float] = []
+    worst_ratio = 1.0
+    started = time.perf_counter()
+    for _ in range(args.inputs):
+        step = draw_step(rng)
+        outcome, ratio = compare(step)
+        outcomes[outcome] += 1
+        kinds = [
+            f"n {'<=64' if step['lengths'].size <= 64 else '>64'}",
+            "groups" if step["groups"] is not None else "no groups",
+            "cap" if "max_tokens" in step["options"] else "no cap",
+            step["options"].get("objective", "step"),
+            step["options"].get("layout", "packed"),
+        ]
+        for kind in kinds:
+            by_kind.setdefault(kind, Counter())[outcome] += 1
+        if outcome == "ok" and np.isfinite(ratio):
+            gains.append(ratio)
+        if outcome == "worse":
+            worst_ratio = max(worst_ratio, ratio)
+    elapsed = time.perf_counter() - started
+    rivals = ", ".join(strategy_names("baseline", "stack"))
+    lines = [
+        f"- Machine: {platform.processor() or platform.machine()}, Python "
+        f"{platform.python_version()}, numpy {np.__version__}, seqbalance {sb.__version__}",
+        f"- Command: `python benchmarks/trust.py --inputs {args.inputs} --seed {args.seed}`",
+        f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {elapsed:.0f} s",
+        f"- Baselines: {rivals}",
+        "",
+        "| inputs | balanced worse | no strategy can plan | balanced at least as good |"
+        " of which strictly better | mean / max gain over the best valid baseline |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {args.inputs} | {outcomes['worse']} | {outcomes['infeasible']} | {outcomes['ok']} |"
+        f" {sum(g > 1 + 1e-9 for g in gains)} |"
+        f" {np.mean(gains) if gains else float('nan'):.4f}x / "
+        f"{max(gains, default=float('nan')):.3f}x |",
+        "",
+        "| kind of input | inputs | balanced worse |",
+        "|---|---:|---:|",
+        *(
+            f"| {kind} | {sum(counts.values())} | {counts['worse']} |"
+            for kind, counts in sorted(by_kind.items())
+        ),
+    ]
+    if outcomes["worse"]:
+        lines.append(f"\nWorst: balanced {worst_ratio:.4f}x the best valid baseline.")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
