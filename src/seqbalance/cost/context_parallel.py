@@ -1,0 +1,491 @@
+"""Cost of a sample sharded over a context-parallel (CP) group, per member.
+
+A sample of ``L`` tokens sharded over ``cp`` ranks is cut into chunks of consecutive tokens:
+
+* ``"head_tail"`` (the load-balanced causal split of Megatron-LM / Transformer Engine): ``2·cp``
+  chunks; member ``s`` holds chunk ``s`` and chunk ``2·cp − 1 − s``. Early chunks have few keys
+  to attend to and late chunks many, so pairing them evens out the causal work. When ``L`` is
+  not a multiple of ``2·cp`` the first ``L mod 2·cp`` chunks hold one token more.
+* ``"contiguous"``: ``cp`` chunks, member ``s`` holds chunk ``s`` (the naive split, for
+  comparison: the last member does most of the attention work).
+
+Every token belongs to exactly one chunk. A member's largest share is ``ceil(L / cp)`` tokens
+for both schemes. Its attention work is exact: query ``q`` (0-based, causal) attends to
+``q + 1`` keys (``min(q + 1, w)`` in a sliding-window layer of window ``w``), so a chunk
+``[a, b)`` costs ``f(b) − f(a)`` query–key pairs, with ``f(x)`` the causal pair count of a
+sequence of ``x`` tokens (:func:`seqbalance.cost.attention_pairs`). The members' shares add up
+to the whole sample's FLOPs exactly.
+
+Communication (all-gather of K/V, or the equivalent ring): in each layer every member receives
+the K/V of the tokens it does not hold, in the forward pass (all-gather) and again in the
+backward pass (reduce-scatter of the K/V gradients), ``passes`` times in all. A collective over
+``cp`` ranks takes ``cp − 1`` ring steps, each paying a fixed latency. :class:`CommModel` holds
+the two constants (bandwidth, latency) and :class:`ContextParallelTimeModel` combines them with a
+:class:`~seqbalance.cost.TimeModel` for the computation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import (
+    as_lengths,
+    check_bool,
+    check_choice,
+    check_int,
+    check_non_negative_float,
+    check_positive_float,
+)
+from seqbalance.cost.flops import FlopsModel, attention_pairs
+from seqbalance.cost.spec import ModelSpec
+from seqbalance.cost.time_model import FitStats, TimeModel, _nnls
+from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_MODEL, DEFAULT_PEAK_FLOPS_PER_S
+
+__all__ = [
+    "SCHEMES",
+    "CommModel",
+    "ContextParallelTimeModel",
+    "kv_elements_per_token",
+    "shard_chunks",
+    "shard_flops",
+    "shard_pairs",
+    "shard_tokens",
+]
+
+SCHEMES = ("head_tail", "contiguous")
+"""Sharding schemes of a sample over its CP group (see the module docstring)."""
+
+_COMM_FORMAT = "seqbalance.CommModel"
+_CP_TIME_FORMAT = "seqbalance.ContextParallelTimeModel"
+_FORMAT_VERSION = 1
+
+
+# ------------------------------------------------------------------ token and pair shares
+def shard_chunks(lengths: Any, cp: int, scheme: str = "head_tail") -> tuple[np.ndarray, np.ndarray]:
+    """Token ranges each member of a CP group holds, for every sample.
+
+    Args:
+        lengths: tokens per sample (non-negative integers).
+        cp: CP group size, >= 1.
+        scheme: ``"head_tail"`` or ``"contiguous"`` (see the module docstring).
+
+    Returns:
+        ``(starts, ends)``: int64 arrays ``[n, cp, k]`` (``k = 2`` for ``head_tail``, 1 for
+        ``contiguous``): member ``s`` of sample ``i`` holds tokens ``[starts[i, s, c],
+        ends[i, s, c])`` for each of its ``k`` chunks, in the order the member lays them out
+        (head chunk first). Chunks may be empty when ``L < 2·cp``.
+    """
+    length = as_lengths(lengths)
+    cp = check_int(cp, "cp", minimum=1)
+    scheme = check_choice(scheme, "scheme", SCHEMES)
+    n_chunks = 2 * cp if scheme == "head_tail" else cp
+    base, extra = np.divmod(length, n_chunks)
+    index = np.arange(n_chunks + 1, dtype=np.int64)
+    # Boundary of chunk k: k·base + min(k, extra) (the first `extra` chunks are one longer).
+    bounds = base[:, None] * index[None, :] + np.minimum(index[None, :], extra[:, None])
+    members = np.arange(cp, dtype=np.int64)
+    chunk_ids = (
+        np.stack([members, 2 * cp - 1 - members], axis=1)
+        if scheme == "head_tail"
+        else (members[:, None])
+    )
+    return bounds[:, chunk_ids], bounds[:, chunk_ids + 1]
+
+
+def shard_tokens(lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
+    """Tokens (int64 ``[n, cp]``) each member of the CP group holds; rows sum to the length."""
+    starts, ends = shard_chunks(lengths, cp, scheme)
+    return (ends - starts).sum(axis=2)
+
+
+def shard_pairs(
+    lengths: Any, cp: int, scheme: str = "head_tail", *, window: int | None = None
+) -> np.ndarray:
+    """Causal query–key pairs (float64 ``[n, cp]``) each member computes for its queries.
+
+    The member's queries attend to every earlier key of the sample (gathered from the other
+    members), so a chunk ``[a, b)`` costs ``attention_pairs(b) − attention_pairs(a)``; rows add
+    up to ``attention_pairs(L, window=window)``.
+    """
+    starts, ends = shard_chunks(lengths, cp, scheme)
+    shape = starts.shape
+    before = attention_pairs(starts.reshape(-1), window=window)
+    through = attention_pairs(ends.reshape(-1), window=window)
+    return (through - before).reshape(shape).sum(axis=2)
+
+
+def shard_flops(
+    flops_model: FlopsModel,
+    lengths: Any,
+    cp: int,
+    scheme: str = "head_tail",
+    *,
+    backward: bool = True,
+) -> np.ndarray:
+    """FLOPs (float64 ``[n, cp]``) each CP member spends on its share of every sample.
+
+    Per member: ``token_flops × its tokens`` (projections, MLP, LM head: the linear FLOPs over
+    ``cp``) plus ``pair_flops × its causal pairs`` (and the sliding-window layers' pairs), times
+    the training multiplier when ``backward``. Rows add up to ``flops_model.per_sample``.
+    Causal attention only; ``extra_per_sample`` terms (not a function of the shares) are
+    rejected.
+    """
+    if not isinstance(flops_model, FlopsModel):
+        raise ValueError(f"flops_model must be a FlopsModel, got {type(flops_model).__name__}")
+    if flops_model.attention != "causal":
+        raise ValueError("shard_flops needs causal attention (the head_tail split assumes it)")
+    if flops_model.extra_per_sample is not None:
+        raise ValueError("shard_flops cannot split an extra_per_sample term over CP members")
+    flops = flops_model.token_flops * shard_tokens(lengths, cp, scheme).astype(np.float64)
+    flops = flops + flops_model.pair_flops * shard_pairs(lengths, cp, scheme)
+    if flops_model.windowed_pair_flops:
+        window = flops_model.spec.sliding_window
+        flops = flops + flops_model.windowed_pair_flops * shard_pairs(
+            lengths, cp, scheme, window=window
+        )
+    multiplier = flops_model.training_multiplier if check_bool(backward, "backward") else 1
+    return flops * multiplier
+
+
+def kv_elements_per_token(spec: ModelSpec) -> int:
+    """K and V elements one token contributes per layer, i.e. what a CP all-gather moves.
+
+    GQA: ``2 · num_key_value_heads · head_dim``. MLA: the materialised keys and values,
+    ``heads · (qk_head_dim + value_head_dim)`` (CP implementations gather them after the
+    up-projection).
+    """
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    if spec.is_mla:
+        return spec.num_attention_heads * (spec.qk_head_dim + spec.value_head_dim)
+    return 2 * int(spec.num_key_value_heads) * int(spec.head_dim)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ communication
+@dataclass(frozen=True)
+class CommModel:
+    """Seconds of the CP collectives: ``latency_s`` per ring step + bytes / bandwidth.
+
+    Attributes:
+        bandwidth_bytes_per_s: bytes per second one member receives during a collective (the
+            bus bandwidth of nccl-tests, not the algorithm bandwidth). Default 200e9, a
+            conservative figure for all-gathers of a few MiB over NVLink within an 8-GPU H100
+            node; across nodes use the network's per-GPU figure (25e9-50e9 for 200-400 Gb/s).
+        latency_s: fixed seconds per ring step of one collective (launch + synchronisation).
+            Default 20e-6.
+        bytes_per_element: bytes of one K/V element as communicated (2 for bf16).
+        passes: collectives per layer and CP group per micro-batch: 2 (forward all-gather and
+            backward reduce-scatter); 3 with activation recomputation (the forward runs twice).
+
+    Both constants are hardware figures: :meth:`fit` recovers them from measured collectives,
+    which is what ``seqbalance calibrate`` must do for CP (see :meth:`fit`).
+    """
+
+    bandwidth_bytes_per_s: float = 200e9
+    latency_s: float = 20e-6
+    bytes_per_element: int = 2
+    passes: int = 2
+    fit_stats: FitStats | None = field(default=None, kw_only=True, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "bandwidth_bytes_per_s",
+            check_positive_float(self.bandwidth_bytes_per_s, "bandwidth_bytes_per_s"),
+        )
+        object.__setattr__(self, "latency_s", check_non_negative_float(self.latency_s, "latency_s"))
+        object.__setattr__(
+            self,
+            "bytes_per_element",
+            check_int(self.bytes_per_element, "bytes_per_element", minimum=1),
+        )
+        object.__setattr__(self, "passes", check_int(self.passes, "passes", minimum=1))
+        if self.fit_stats is not None and not isinstance(self.fit_stats, FitStats):
+            raise ValueError(f"fit_stats must be a FitStats or None, got {self.fit_stats!r}")
+
+    def seconds(self, received_bytes: Any, ring_steps: Any) -> np.ndarray:
+        """Seconds (float64) of collectives receiving ``received_bytes`` in ``ring_steps``."""
+        received = np.asarray(received_bytes, dtype=np.float64)
+        steps = np.asarray(ring_steps, dtype=np.float64)
+        return received / self.bandwidth_bytes_per_s + steps * self.latency_s
+
+    @classmethod
+    def fit(
+        cls,
+        observations: Sequence[tuple[float, int, float]],
+        *,
+        bytes_per_element: int = 2,
+        passes: int = 2,
+    ) -> CommModel:
+        """Fit bandwidth and latency to measured collectives by non-negative least squares.
+
+        ``observations``: ``(bytes received per member, ring steps, seconds)`` triples, at
+        least 2 with different sizes, e.g. timed all-gathers of K/V-sized tensors over CP
+        groups of 2, 4 and 8 (``ring steps = cp − 1`` per collective). The relative error is
+        minimised (each row divided by its seconds), as in ``TimeModel.fit(relative=True)``.
+
+        What ``seqbalance calibrate`` must add for CP: time such all-gathers (and
+        reduce-scatters) on the CP groups the trainer uses, for a few message sizes, fit this
+        model, and save it beside the compute ``TimeModel`` (``to_json``); the planner takes
+        both through :class:`ContextParallelTimeModel`.
+        """
+        if isinstance(observations, (str, bytes)) or not isinstance(observations, Sequence):
+            raise ValueError("observations must be a sequence of (bytes, steps, seconds) triples")
+        if len(observations) < 2:
+            raise ValueError(
+                f"observations must hold at least 2 (bytes, steps, seconds) triples, "
+                f"got {len(observations)}"
+            )
+        rows = np.empty((len(observations), 2))
+        seconds = np.empty(len(observations))
+        for i, observation in enumerate(observations):
+            if not isinstance(observation, (tuple, list)) or len(observation) != 3:
+                raise ValueError(
+                    f"observations[{i}] must be a (bytes, steps, seconds) triple, "
+                    f"got {observation!r}"
+                )
+            received, steps, value = observation
+            rows[i] = (
+                check_non_negative_float(received, f"observations[{i}] bytes"),
+                check_int(steps, f"observations[{i}] steps", minimum=0),
+            )
+            seconds[i] = check_positive_float(value, f"observations[{i}] seconds")
+        weights = 1.0 / seconds
+        inverse_bandwidth, latency = _nnls(rows * weights[:, None], seconds * weights)
+        if inverse_bandwidth <= 0:
+            raise ValueError(
+                "observations do not determine a bandwidth (seconds do not grow with bytes); "
+                "measure larger messages"
+            )
+        predicted = rows @ np.array([inverse_bandwidth, latency])
+        residual = float(np.sum((seconds - predicted) ** 2))
+        spread = float(np.sum((seconds - seconds.mean()) ** 2))
+        stats = FitStats(
+            mape=float(np.mean(np.abs(predicted - seconds) / seconds)),
+            r2=1.0 - residual / spread if spread > 0 else float(np.allclose(predicted, seconds)),
+            n_observations=int(seconds.size),
+        )
+        return cls(
+            1.0 / float(inverse_bandwidth),
+            float(latency),
+            bytes_per_element=bytes_per_element,
+            passes=passes,
+            fit_stats=stats,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (with the format name and version)."""
+        stats = self.fit_stats
+        return {
+            "format": _COMM_FORMAT,
+            "version": _FORMAT_VERSION,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "latency_s": self.latency_s,
+            "bytes_per_element": self.bytes_per_element,
+            "passes": self.passes,
+            "fit_stats": None
+            if stats is None
+            else {"mape": stats.mape, "r2": stats.r2, "n_observations": stats.n_observations},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CommModel:
+        """Inverse of :meth:`to_dict`."""
+        _check_format(data, _COMM_FORMAT, "CommModel")
+        try:
+            stats = data.get("fit_stats")
+            return cls(
+                data["bandwidth_bytes_per_s"],
+                data["latency_s"],
+                bytes_per_element=data["bytes_per_element"],
+                passes=data["passes"],
+                fit_stats=None if stats is None else FitStats(**stats),
+            )
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"CommModel: missing or bad field: {error}") from None
+
+    def to_json(self) -> str:
+        """JSON text of :meth:`to_dict`."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> CommModel:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(_loads(text, "CommModel"))
+
+
+# ------------------------------------------------------------------ time model
+@dataclass(frozen=True)
+class ContextParallelTimeModel:
+    """Seconds of a rank's share of sharded samples: computation plus CP communication.
+
+    Attributes:
+        time: the computation, ``t0 + t1·ΣL + t2·ΣL²`` per micro-batch (a calibrated or
+            FLOPs-derived :class:`~seqbalance.cost.TimeModel`, without ``tile``).
+        comm: the collectives' bandwidth and latency.
+        kv_elements_per_token: K and V elements per token and layer
+            (:func:`kv_elements_per_token` of the model).
+        num_layers: layers, each running its own collective.
+
+    A member's compute for a share of ``x`` tokens and ``p`` causal pairs is
+    ``t1·x + t2·(2p − x)``: the whole sample (``x = L``, ``p = L(L+1)/2``) gives back
+    ``t1·L + t2·L²`` and the members' shares add up to it. The communication of a member
+    holding ``x`` of the sample's ``L`` tokens is ``passes · layers · (L − x) · kv bytes`` over
+    the bandwidth; the latency, ``passes · layers · (cp − 1) · latency_s``, is paid once per CP
+    group per micro-batch (:meth:`group_latency`), however many samples it gathers at once.
+
+    Satisfies the planner's cost protocol for whole samples (:meth:`per_sample`,
+    :attr:`microbatch_overhead`), so one object costs both whole and sharded samples.
+    """
+
+    time: TimeModel
+    comm: CommModel
+    kv_elements_per_token: int
+    num_layers: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.time, TimeModel):
+            raise ValueError(f"time must be a TimeModel, got {type(self.time).__name__}")
+        if self.time.tile is not None:
+            raise ValueError(
+                f"time has tile = {self.time.tile}: tile rounding is per whole sample and does "
+                "not split over CP shards; use a TimeModel without tile"
+            )
+        if not isinstance(self.comm, CommModel):
+            raise ValueError(f"comm must be a CommModel, got {type(self.comm).__name__}")
+        object.__setattr__(
+            self,
+            "kv_elements_per_token",
+            check_int(self.kv_elements_per_token, "kv_elements_per_token", minimum=0),
+        )
+        object.__setattr__(self, "num_layers", check_int(self.num_layers, "num_layers", minimum=1))
+
+    @classmethod
+    def from_model(
+        cls,
+        model: str | ModelSpec = DEFAULT_MODEL,
+        *,
+        time: TimeModel | None = None,
+        comm: CommModel | None = None,
+        peak_flops_per_s: float = DEFAULT_PEAK_FLOPS_PER_S,
+        efficiency: float = DEFAULT_EFFICIENCY,
+    ) -> ContextParallelTimeModel:
+        """The CP time model of ``model`` (a preset name or a :class:`ModelSpec`).
+
+        ``time`` defaults to ``TimeModel.from_flops(FlopsModel(spec), peak_flops_per_s,
+        efficiency)`` (training FLOPs at the given throughput); pass a calibrated one instead.
+        ``comm`` defaults to ``CommModel()``.
+        """
+        if isinstance(model, str):
+            spec = ModelSpec.preset(model)
+        elif isinstance(model, ModelSpec):
+            spec = model
+        else:
+            raise ValueError(f"model must be a preset name or a ModelSpec, got {model!r}")
+        if time is None:
+            time = TimeModel.from_flops(FlopsModel(spec), peak_flops_per_s, efficiency)
+        return cls(
+            time=time,
+            comm=CommModel() if comm is None else comm,
+            kv_elements_per_token=kv_elements_per_token(spec),
+            num_layers=spec.num_layers,
+        )
+
+    # --- the cost protocol (whole samples) ---------------------------------------------------
+    @property
+    def microbatch_overhead(self) -> float:
+        """Seconds every non-empty micro-batch costs regardless of its samples (``t0``)."""
+        return self.time.t0
+
+    def per_sample(self, lengths: Any) -> np.ndarray:
+        """Seconds per whole (unsharded) sample, without ``t0``: ``t1·L + t2·L²``."""
+        return self.time.per_sample(lengths)
+
+    # --- shares -------------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V per token over all layers, for one collective pass."""
+        return self.kv_elements_per_token * self.comm.bytes_per_element * self.num_layers
+
+    def shard_compute(self, lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
+        """Compute seconds (float64 ``[n, cp]``) of each member's share, without ``t0``."""
+        tokens = shard_tokens(lengths, cp, scheme).astype(np.float64)
+        pairs = shard_pairs(lengths, cp, scheme)
+        return self.time.t1 * tokens + self.time.t2 * (2.0 * pairs - tokens)
+
+    def shard_received_bytes(self, lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
+        """Bytes (float64 ``[n, cp]``) each member receives for the sample, all passes."""
+        length = as_lengths(lengths)
+        if check_int(cp, "cp", minimum=1) == 1:
+            return np.zeros((length.size, 1))
+        others = length[:, None] - shard_tokens(length, cp, scheme)
+        return others.astype(np.float64) * float(self.kv_bytes_per_token * self.comm.passes)
+
+    def shard_seconds(self, lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
+        """Seconds (float64 ``[n, cp]``) of each member's share: compute plus the bandwidth
+        part of its communication (the group's latency is added per micro-batch, see
+        :meth:`group_latency`)."""
+        received = self.shard_received_bytes(lengths, cp, scheme)
+        return self.shard_compute(lengths, cp, scheme) + received / self.comm.bandwidth_bytes_per_s
+
+    def group_latency(self, cp: int) -> float:
+        """Latency seconds a CP group of ``cp`` ranks pays once per micro-batch it runs."""
+        cp = check_int(cp, "cp", minimum=1)
+        return self.comm.passes * self.num_layers * (cp - 1) * self.comm.latency_s
+
+    # --- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields: the nested TimeModel and CommModel and the K/V sizes."""
+        return {
+            "format": _CP_TIME_FORMAT,
+            "version": _FORMAT_VERSION,
+            "time": json.loads(self.time.to_json()),
+            "comm": self.comm.to_dict(),
+            "kv_elements_per_token": self.kv_elements_per_token,
+            "num_layers": self.num_layers,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ContextParallelTimeModel:
+        """Inverse of :meth:`to_dict`."""
+        _check_format(data, _CP_TIME_FORMAT, "ContextParallelTimeModel")
+        try:
+            return cls(
+                time=TimeModel.from_json(json.dumps(data["time"])),
+                comm=CommModel.from_dict(data["comm"]),
+                kv_elements_per_token=data["kv_elements_per_token"],
+                num_layers=data["num_layers"],
+            )
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"ContextParallelTimeModel: missing or bad field: {error}") from None
+
+    def to_json(self) -> str:
+        """JSON text of :meth:`to_dict` (floats at full precision: exact round trip)."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> ContextParallelTimeModel:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(_loads(text, "ContextParallelTimeModel"))
+
+
+def _loads(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{what} JSON is not valid JSON: {error}") from None
+
+
+def _check_format(data: Any, expected: str, what: str) -> None:
+    if not isinstance(data, dict) or data.get("format") != expected:
+        raise ValueError(f"{what} must be an object with format {expected!r}")
+    if data.get("version") != _FORMAT_VERSION:
+        raise ValueError(
+            f"{what} version {data.get('version')!r} is not supported "
+            f"(this seqbalance reads version {_FORMAT_VERSION})"
+        )
