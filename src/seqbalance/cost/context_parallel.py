@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -433,10 +433,20 @@ class ContextParallelTimeModel:
         received = self.shard_received_bytes(lengths, cp, scheme)
         return self.shard_compute(lengths, cp, scheme) + received / self.comm.bandwidth_bytes_per_s
 
-    def group_latency(self, cp: int) -> float:
-        """Latency seconds a CP group of ``cp`` ranks pays once per micro-batch it runs."""
-        cp = check_int(cp, "cp", minimum=1)
-        return self.comm.passes * self.num_layers * (cp - 1) * self.comm.latency_s
+    @overload
+    def group_latency(self, cp: int) -> float: ...
+    @overload
+    def group_latency(self, cp: np.ndarray) -> np.ndarray: ...
+    def group_latency(self, cp: int | np.ndarray) -> float | np.ndarray:
+        """Latency seconds a CP group of ``cp`` ranks pays once per micro-batch it runs
+        (``cp`` an int, or an array of sizes: then an array)."""
+        if isinstance(cp, np.ndarray):
+            sizes = as_lengths(cp, "cp")
+            if (sizes < 1).any():
+                raise ValueError(f"cp must be >= 1, got {int(sizes.min())}")
+            return self.comm.passes * self.num_layers * (sizes - 1) * self.comm.latency_s
+        steps = check_int(cp, "cp", minimum=1) - 1
+        return self.comm.passes * self.num_layers * steps * self.comm.latency_s
 
     # --- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,229 @@
+"""The context-parallel planning problem after argument checking, and the schedule strategies build.
+
+Strategies read a ``CPProblem`` and build a ``Schedule``: every rank's list of slots, each slot a
+list of sample positions. A slot of a CP group of size ``cp`` is one list object shared by the
+``cp`` member ranks at the same slot index, so the members run the sample in the same slot by
+construction. ``Schedule.normalise`` brings every rank to the same slot count;
+``Schedule.arrays`` turns it into the per-sample arrays of the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from seqbalance.cost.context_parallel import ContextParallelTimeModel
+
+__all__ = ["CPProblem", "Schedule"]
+
+
+@dataclass(frozen=True, eq=False)
+class CPProblem:
+    """Normalised inputs of ``plan_context_parallel``.
+
+    ``sizes``: the allowed CP sizes that divide ``n_ranks`` (ascending; each divides the next,
+    so aligned blocks nest). ``min_cp``: per sample, the smallest of them whose largest share
+    fits ``cap``.
+    """
+
+    lengths: np.ndarray
+    n_ranks: int
+    sizes: tuple[int, ...]
+    cap: int
+    scheme: str
+    model: ContextParallelTimeModel
+    groups: np.ndarray | None
+    min_cp: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.lengths.size)
+
+    @cached_property
+    def _seconds(self) -> dict[int, np.ndarray]:
+        return {}
+
+    def shard_seconds(self, cp: int) -> np.ndarray:
+        """float64 ``[n, cp]``: each member's seconds for every sample at CP size ``cp``
+        (compute + bandwidth; latency excluded), cached."""
+        if cp not in self._seconds:
+            self._seconds[cp] = self.model.shard_seconds(self.lengths, cp, self.scheme)
+        return self._seconds[cp]
+
+    def max_share(self, samples: np.ndarray, cp: int) -> np.ndarray:
+        """int64: the most tokens any member holds of each of ``samples`` at size ``cp``."""
+        return -(-self.lengths[samples] // cp)
+
+    def member_seconds(self, cp_size: np.ndarray) -> np.ndarray:
+        """float64 ``[n]``: the busiest member's seconds for each sample at its CP size."""
+        out = np.empty(self.n)
+        for cp in np.unique(cp_size).tolist():
+            chosen = cp_size == cp
+            out[chosen] = self.shard_seconds(cp)[chosen].max(axis=1)
+        return out
+
+    def total_seconds(self, cp_size: np.ndarray) -> np.ndarray:
+        """float64 ``[n]``: all members' seconds together for each sample at its CP size."""
+        out = np.empty(self.n)
+        for cp in np.unique(cp_size).tolist():
+            chosen = cp_size == cp
+            out[chosen] = self.shard_seconds(cp)[chosen].sum(axis=1)
+        return out
+
+    @cached_property
+    def unit_of_sample(self) -> np.ndarray:
+        """int64 ``[n]``: the unit (group, or the sample itself) of every sample, numbered in
+        order of first appearance."""
+        if self.groups is None:
+            return np.arange(self.n, dtype=np.int64)
+        _, first, inverse = np.unique(self.groups, return_index=True, return_inverse=True)
+        rank_by_first = np.empty(first.size, dtype=np.int64)
+        rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
+        return rank_by_first[inverse.reshape(-1)]
+
+    @cached_property
+    def units(self) -> list[np.ndarray]:
+        """Sample positions of every unit (ascending), in unit order."""
+        unit = self.unit_of_sample
+        order = np.argsort(unit, kind="stable")
+        return np.split(order, np.flatnonzero(np.diff(unit[order])) + 1) if self.n else []
+
+
+class Schedule:
+    """Slots of every rank under construction (see the module docstring).
+
+    ``slots[r]`` lists rank ``r``'s slots in execution order; ``start[i]`` and ``cp[i]`` give
+    sample ``i``'s CP group (ranks ``start .. start + cp - 1``, shard ``s`` on ``start + s``);
+    ``barriers`` lists slots after which every rank waits for all others.
+    """
+
+    def __init__(self, p: CPProblem) -> None:
+        self.p = p
+        self.slots: list[list[list[int]]] = [[] for _ in range(p.n_ranks)]
+        self.start = np.full(p.n, -1, dtype=np.int64)
+        self.cp = np.zeros(p.n, dtype=np.int64)
+        self.barriers: list[int] = []
+
+    def append(self, start: int, cp: int, samples: list[int]) -> None:
+        """A new slot running ``samples`` on the block ``start .. start + cp - 1``, whose
+        members must have equally many slots so far."""
+        members = self.slots[start : start + cp]
+        count = len(members[0])
+        if any(len(rank) != count for rank in members):
+            raise AssertionError(f"block {start}+{cp} is misaligned: slot counts differ")
+        for rank in members:
+            rank.append(samples)  # the same list object: one slot of the group
+        self.start[samples] = start
+        self.cp[samples] = cp
+
+    def pack(self, start: int, cp: int, samples: list[int]) -> list[list[int]]:
+        """First-fit decreasing of ``samples`` (all of size ``cp``) into slots of the block:
+        largest share first (ties: lower position), each into the first slot with room under
+        the cap. Returns the new slots, appended to the block's ranks."""
+        if not samples:
+            return []
+        members = np.asarray(samples, dtype=np.int64)
+        share = self.p.max_share(members, cp)
+        order = np.lexsort((members, -share))
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for i, size in zip(members[order].tolist(), share[order].tolist(), strict=True):
+            target = next((b for b, left in enumerate(room) if left >= size), None)
+            if target is None:
+                bins.append([])
+                room.append(self.p.cap)
+                target = len(bins) - 1
+            bins[target].append(i)
+            room[target] -= size
+        for bin_ in bins:
+            self.append(start, cp, bin_)
+        return bins
+
+    def slot_seconds(self, start: int, cp: int, samples: list[int]) -> float:
+        """Seconds the block's slot holding ``samples`` takes: its busiest member's share."""
+        if not samples:
+            return 0.0
+        members = np.asarray(samples, dtype=np.int64)
+        shares = self.p.shard_seconds(cp)[members].sum(axis=0).max()
+        return self.p.model.microbatch_overhead + float(shares) + self.p.model.group_latency(cp)
+
+    # ------------------------------------------------------------------ slot counts
+    def normalise(self, target: int, *, allow_empty: bool, home: np.ndarray) -> None:
+        """Bring every rank to exactly ``target`` slots (no rank may have more).
+
+        A rank short of slots first splits one of its slots with two or more samples whose
+        block members all have as many slots as it has (the lighter half of the samples, by
+        share, moves to a new slot appended on every member). Failing that, it takes the
+        shortest whole sample (ties: lowest position) of the most crowded one-rank slot of
+        another rank, when the sample's allowed block (``home[i]``: first rank and size; a
+        group's samples stay inside its block) holds this rank. As a last resort it gets an
+        empty slot, if ``allow_empty``.
+        """
+        n_ranks = self.p.n_ranks
+        for r in range(n_ranks):
+            while len(self.slots[r]) < target:
+                if self._split(r) or self._take(r, home):
+                    continue
+                if not allow_empty:
+                    raise ValueError(
+                        f"rank {r} needs {target - len(self.slots[r])} more slot(s) to reach "
+                        f"{target} and no sample can be split off or moved there, so a slot "
+                        "would be empty; pass allow_empty=True to allow that"
+                    )
+                self.slots[r].append([])
+
+    def _split(self, r: int) -> bool:
+        count = len(self.slots[r])
+        best = None
+        for slot in self.slots[r]:
+            if len(slot) < 2:
+                continue
+            start, cp = int(self.start[slot[0]]), int(self.cp[slot[0]])
+            if any(len(self.slots[m]) != count for m in range(start, start + cp)):
+                continue
+            if best is None or len(slot) > len(best):
+                best = slot
+        if best is None:
+            return False
+        start, cp = int(self.start[best[0]]), int(self.cp[best[0]])
+        members = np.asarray(best, dtype=np.int64)
+        order = np.lexsort((members, -self.p.max_share(members, cp)))
+        keep = len(best) - len(best) // 2
+        moved = members[order[keep:]].tolist()
+        best[:] = members[order[:keep]].tolist()
+        self.append(start, cp, moved)
+        return True
+
+    def _take(self, r: int, home: np.ndarray) -> bool:
+        donor = None
+        for q in range(self.p.n_ranks):
+            if q == r:
+                continue
+            for slot in self.slots[q]:
+                if len(slot) < 2 or self.cp[slot[0]] != 1:
+                    continue
+                if donor is None or len(slot) > len(donor):
+                    donor = slot
+        if donor is None:
+            return False
+        candidates = [i for i in donor if home[i, 0] <= r < home[i, 0] + home[i, 1]]
+        if not candidates:
+            return False
+        sample = min(candidates, key=lambda i: (int(self.p.lengths[i]), i))
+        donor.remove(sample)
+        self.append(r, 1, [sample])
+        return True
+
+    # ------------------------------------------------------------------ result
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(cp_size, group_start, slot_of, n_slots) of the finished schedule."""
+        n_slots = len(self.slots[0]) if self.slots else 0
+        slot_of = np.full(self.p.n, -1, dtype=np.int64)
+        for rank_slots in self.slots:
+            if len(rank_slots) != n_slots:
+                raise AssertionError("ranks have different slot counts after normalise")
+            for j, slot in enumerate(rank_slots):
+                slot_of[slot] = j
+        return self.cp.copy(), self.start.copy(), slot_of, n_slots
