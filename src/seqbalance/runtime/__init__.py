@@ -3,10 +3,12 @@
 Owns the DataLoader samplers (:class:`BalancedBatchSampler`, :class:`LengthGroupedSampler`), the
 in-loop :class:`Rebalancer` that moves samples between data-parallel ranks with
 torch.distributed, the streaming :class:`WindowBalancer`, the :class:`TorchFlopsMeter` for
-packed (THD) batches, ``toy_model`` (a tiny packed-input transformer for examples, calibration
-and benchmarks), ``calibrate`` (fit a TimeModel to this device), ``bench`` (the strategies
-measured on real training processes) and ``launch`` (the one process launcher that tests,
-benchmarks and ``seqbalance bench`` share). This is the only package that imports torch.
+packed (THD) batches, the context-parallel reference executor (``context_parallel``:
+:class:`ContextParallelGroups`, ``run_step``), ``toy_model`` (a tiny packed-input transformer
+for examples, calibration and benchmarks), ``calibrate`` (fit a TimeModel to this device),
+``bench`` (the strategies measured on real training processes) and ``launch`` (the one process
+launcher that tests, benchmarks and ``seqbalance bench`` share). This is the only package that
+imports torch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ _LAZY_NAMES = {
     "Dispatch": "seqbalance.runtime.window",
     "TorchFlopsMeter": "seqbalance.runtime.flops",
     "FlopsReport": "seqbalance.runtime.flops",
+    "ContextParallelGroups": "seqbalance.runtime.context_parallel",
 }
 
 __all__ = [*_LAZY_NAMES, "toy_model"]

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +39,16 @@ from seqbalance._validation import as_lengths, check_int
 if TYPE_CHECKING:
     from seqbalance.cost import ModelSpec
 
-__all__ = ["IGNORE_INDEX", "TinyCausalTransformer", "ToyModelConfig", "make_packed_batch"]
+__all__ = [
+    "IGNORE_INDEX",
+    "TinyCausalTransformer",
+    "ToyModelConfig",
+    "causal_attention",
+    "make_packed_batch",
+]
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``attend(q, k, v) -> out``, all ``[heads, tokens, head_dim]``: one layer's attention."""
 
 IGNORE_INDEX = -100
 """Label value that contributes no loss (the last token of each sample has no next token)."""
@@ -101,7 +112,7 @@ class _Block(nn.Module):
         self.gate_up = nn.Linear(h, 2 * i, bias=False)
         self.down = nn.Linear(i, h, bias=False)
 
-    def forward(self, x: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = (
             self.qkv(self.attn_norm(x))
@@ -109,26 +120,33 @@ class _Block(nn.Module):
             .permute(1, 2, 0, 3)  # [3, heads, tokens, head_dim]
             .unbind(0)
         )
-        # One kernel call per sample keeps attention cost at Σ sᵢ² (as in a varlen kernel);
-        # a block-diagonal mask over the whole pack would cost (Σ sᵢ)². The batch dimension
-        # matters: with 3-D inputs CPU SDPA falls back to its math path, which grows faster
-        # than L² (246 ms vs 28 ms forward+backward at L = 2048), so the time model breaks.
-        attended = torch.cat(
-            [
-                F.scaled_dot_product_attention(
-                    q[None, :, start:end],
-                    k[None, :, start:end],
-                    v[None, :, start:end],
-                    is_causal=True,
-                )[0]
-                for start, end in bounds
-            ]
-            or [v],  # an empty pack
-            dim=1,
-        )
+        attended = attend(q, k, v)
         x = x + self.out(attended.transpose(0, 1).reshape(tokens, x.shape[1]))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[tuple[int, int]]
+) -> torch.Tensor:
+    """Causal attention within each packed sample ``[start, end)`` of ``bounds``.
+
+    ``q``, ``k``, ``v``: ``[heads, tokens, head_dim]``; returns the same shape. One kernel call
+    per sample keeps attention cost at Σ sᵢ² (as in a varlen kernel); a block-diagonal mask over
+    the whole pack would cost (Σ sᵢ)². The batch dimension matters: with 3-D inputs CPU SDPA
+    falls back to its math path, which grows faster than L² (246 ms vs 28 ms forward+backward
+    at L = 2048), so the time model breaks.
+    """
+    return torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], is_causal=True
+            )[0]
+            for start, end in bounds
+        ]
+        or [v],  # an empty pack
+        dim=1,
+    )
 
 
 class TinyCausalTransformer(nn.Module):
@@ -213,10 +231,24 @@ class TinyCausalTransformer(nn.Module):
             [torch.arange(e - s, device=input_ids.device) for s, e in bounds]
             or [input_ids.new_zeros(0)]
         )
-        x = self.embed(input_ids) + self.position(positions)
+        return self.encode(input_ids, positions, partial(causal_attention, bounds=bounds)), bounds
+
+    def encode(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        """Final hidden states ``[tokens, hidden]`` of tokens at ``position_ids``, with every
+        layer's attention computed by ``attend(q, k, v)`` (``[heads, tokens, head_dim]`` each,
+        returning the same shape). ``forward`` uses :func:`causal_attention` within the packed
+        samples; a context-parallel executor passes attention over gathered shards instead."""
+        if position_ids.numel() and int(position_ids.max()) >= self.config.max_position:
+            raise ValueError(
+                f"position {int(position_ids.max())} is beyond max_position = "
+                f"{self.config.max_position}"
+            )
+        x = self.embed(input_ids) + self.position(position_ids)
         for block in self.blocks:
-            x = block(x, bounds)
-        return self.norm(x), bounds
+            x = block(x, attend)
+        return self.norm(x)
 
     def model_spec(self) -> ModelSpec:
         """This model as a :class:`seqbalance.cost.ModelSpec`, for the FLOPs and time models."""

@@ -1,0 +1,245 @@
+"""Context-parallel executor on real gloo processes: loss and gradients equal one process.
+
+Each launch starts ``world_size`` spawned processes (a FileStore in ``tmp_path``) that run every
+plan of the scenario with the toy transformer in float64 and save the step loss and gradients;
+the parent compares them with one process running all samples whole. The launcher is the
+smallest local helper (``seqbalance.runtime.launch`` is not on main yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from seqbalance.cost.context_parallel import CommModel  # noqa: E402
+from seqbalance.plan._cp_metrics import Pieces, slot_loads  # noqa: E402
+from seqbalance.plan.context_parallel import (  # noqa: E402
+    CP_STRATEGIES,
+    ContextParallel,
+    ContextParallelPlan,
+    plan_context_parallel,
+)
+from seqbalance.runtime import CollectiveError  # noqa: E402
+from seqbalance.runtime.context_parallel import (  # noqa: E402
+    ContextParallelGroups,
+    run_step,
+    slot_batch,
+)
+from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+LAUNCH_TIMEOUT_S = 150.0
+CONFIG = ToyModelConfig(
+    vocab_size=61, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24
+)
+OPTIONS = ContextParallel(24, comm=CommModel())  # 24 tokens per rank and slot
+TIMEOUT = timedelta(seconds=30)
+
+
+# ------------------------------------------------------------------ launching
+def _launch(tmp_path: Path, world_size: int, worker: Any, *args: Any) -> list[dict[str, Any]]:
+    """Run ``worker(rank, world_size, *args)`` on gloo ranks; return each rank's result."""
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_entry, args=(worker, rank, world_size, str(tmp_path), args))
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    for process in processes:
+        process.join(max(deadline - time.monotonic(), 0.1))
+    hung = [p for p in processes if p.is_alive()]
+    for process in hung:
+        process.kill()
+        process.join()
+    assert not hung, f"{len(hung)} rank(s) hung past {LAUNCH_TIMEOUT_S} s"
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def _entry(worker: Any, rank: int, world_size: int, directory: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{directory}/store",
+        rank=rank,
+        world_size=world_size,
+        timeout=TIMEOUT,
+    )
+    try:
+        result = {"ok": worker(rank, world_size, *args)}
+    except Exception as error:
+        result = {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
+    torch.save(result, Path(directory) / f"rank{rank}.pt")
+    if "error" not in result:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ the computation
+def _samples(lengths: list[int]) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randint(0, CONFIG.vocab_size, (n,), generator=generator) for n in lengths]
+
+
+def _model() -> TinyCausalTransformer:
+    return TinyCausalTransformer(CONFIG, seed=3).to(torch.float64)
+
+
+def _run_plans(rank: int, world_size: int, plans: list[str]) -> list[dict[str, Any]]:
+    groups = ContextParallelGroups(timeout=TIMEOUT)
+    out = []
+    for text in plans:
+        plan = ContextParallelPlan.from_json(text)
+        model = _model()
+        loss = run_step(model, plan, _samples(plan.lengths.tolist()), groups, timeout=TIMEOUT)
+        out.append({"loss": loss, "grads": {n: p.grad for n, p in model.named_parameters()}})
+    return out
+
+
+def _reference(lengths: list[int]) -> tuple[float, dict[str, torch.Tensor]]:
+    """One process, every sample whole in one packed batch: mean loss over labelled tokens."""
+    samples = _samples(lengths)
+    ids = torch.cat(samples)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    labels = torch.cat(
+        [torch.cat([s[1:], torch.tensor([-100])]) if s.numel() else s for s in samples]
+    )
+    model = _model()
+    loss = model(ids, cu, labels)
+    loss.backward()
+    return float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}
+
+
+# ------------------------------------------------------------------ scenarios
+LENGTHS_2 = [37, 9, 20, 5, 45, 3, 12, 1, 0, 30]
+LENGTHS_4 = [90, 37, 9, 20, 5, 45, 3, 12, 1, 70, 26, 0, 48, 16]
+
+
+def _plans(lengths: list[int], world_size: int) -> list[ContextParallelPlan]:
+    plans = [
+        plan_context_parallel(
+            lengths, world_size, context_parallel=OPTIONS, strategy=strategy, allow_empty=True
+        )
+        for strategy in CP_STRATEGIES
+    ]
+    contiguous = dataclasses.replace(OPTIONS, scheme="contiguous")
+    plans.append(plan_context_parallel(lengths, world_size, context_parallel=contiguous))
+    return plans
+
+
+def _overlapping_groups_plan() -> ContextParallelPlan:
+    """Slot 0 mixes a CP-4 sample, a CP-2 sample on ranks 0-1 and a whole sample on rank 3;
+    slot 1 a CP-2 sample on ranks 2-3 and whole samples: ranks 0 and 1 gather over two
+    different groups in one slot."""
+    lengths = np.array([40, 20, 6, 30, 5, 7])
+    base = plan_context_parallel(lengths, 4, context_parallel=OPTIONS, allow_empty=True)
+    cp_size = np.array([4, 2, 1, 2, 1, 1])
+    group_start = np.array([0, 0, 3, 2, 0, 1])
+    slot_of = np.array([0, 0, 0, 1, 1, 1])
+    pieces = Pieces.from_schedule(cp_size, group_start, slot_of)
+    tokens, costs = slot_loads(pieces, lengths, base.cost_model, "head_tail", 4, 2)
+    plan = dataclasses.replace(
+        base,
+        slots=pieces.per_slot(4, 2),
+        cp_size=cp_size,
+        group_start=group_start,
+        costs=costs,
+        tokens=tokens,
+        n_slots=2,
+        barriers=(),
+        lower_bound=0.0,
+    )
+    plan.validate()
+    return plan
+
+
+@pytest.mark.parametrize(("world_size", "lengths"), [(2, LENGTHS_2), (4, LENGTHS_4)])
+def test_loss_and_gradients_match_one_process(
+    tmp_path: Path, world_size: int, lengths: list[int]
+) -> None:
+    plans = _plans(lengths, world_size)
+    if world_size == 4:
+        plans.append(_overlapping_groups_plan())
+        assert {int(c) for p in plans for c in p.cp_size} == {1, 2, 4}
+    assert any(p.barriers for p in plans)  # the Megatron plan's barriers run too
+    assert all((p.cp_size > 1).any() for p in plans)
+    results = _launch(tmp_path, world_size, _run_plans, [p.to_json() for p in plans])
+    for result in results:
+        assert "ok" in result, result.get("trace")
+    for index, plan in enumerate(plans):
+        loss, grads = _reference(plan.lengths.tolist())
+        for result in results:
+            outcome = result["ok"][index]
+            assert outcome["loss"] == pytest.approx(loss, rel=1e-12)
+            for name, grad in grads.items():
+                torch.testing.assert_close(outcome["grads"][name], grad, rtol=1e-10, atol=1e-12)
+
+
+def test_slot_batch_labels_cross_shards() -> None:
+    # Sample 0 (10 tokens) on CP 2: rank 0 holds [0, 3) and [8, 10); the label of token 2 is
+    # token 3, held by rank 1; the last token has no label.
+    plan = plan_context_parallel(
+        [10, 4], 2, context_parallel=ContextParallel(7, sizes=(2,)), strategy="static_cp"
+    )
+    samples = [torch.arange(100, 110), torch.arange(200, 204)]
+    batch = slot_batch(plan, 0, 0, samples)
+    assert batch.input_ids.tolist() == [100, 101, 102, 108, 109, 200, 203]
+    assert batch.labels.tolist() == [101, 102, 103, 109, -100, 201, -100]
+    assert batch.position_ids.tolist() == [0, 1, 2, 8, 9, 0, 3]
+    with pytest.raises(ValueError, match="samples holds 1 samples"):
+        slot_batch(plan, 0, 0, samples[:1])
+    with pytest.raises(ValueError, match=r"samples\[1\] has shape \(3,\)"):
+        slot_batch(plan, 0, 0, [samples[0], samples[1][:3]])
+
+
+def _disagreeing(rank: int, world_size: int, texts: list[str]) -> dict[str, Any]:
+    groups = ContextParallelGroups(timeout=TIMEOUT)
+    plan = ContextParallelPlan.from_json(texts[rank])
+    try:
+        run_step(_model(), plan, _samples(plan.lengths.tolist()), groups, timeout=TIMEOUT)
+    except ValueError as error:
+        return {"raised": str(error)}
+    return {"raised": None}
+
+
+def _hanging_peer(rank: int, world_size: int, text: str) -> dict[str, Any]:
+    timeout = timedelta(seconds=2)
+    plan = ContextParallelPlan.from_json(text)
+    groups = ContextParallelGroups(timeout=timeout)
+    if rank == 1:
+        groups.prepare(plan)  # joins the agreement and the group creation, then never gathers
+        time.sleep(8)
+        return {}
+    started = time.monotonic()
+    try:
+        run_step(_model(), plan, _samples(plan.lengths.tolist()), groups, timeout=timeout)
+    except CollectiveError as error:
+        return {"raised": str(error), "elapsed": time.monotonic() - started}
+    return {"raised": None}
+
+
+def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
+    one = plan_context_parallel([30, 3], 2, context_parallel=OPTIONS).to_json()
+    other = plan_context_parallel([30, 4], 2, context_parallel=OPTIONS).to_json()
+    (tmp_path / "disagree").mkdir()
+    results = _launch(tmp_path / "disagree", 2, _disagreeing, [one, other])
+    for result in results:
+        assert "ranks disagree on the context-parallel plan" in result["ok"]["raised"]
+    (tmp_path / "hang").mkdir()
+    results = _launch(tmp_path / "hang", 2, _hanging_peer, one)
+    survivor = results[0]["ok"]
+    assert survivor["raised"] is not None and "K/V all-gather" in survivor["raised"]
+    assert "did not complete within 2 s" in survivor["raised"]
+    assert survivor["elapsed"] < 7  # the peer would keep it waiting 8 s
