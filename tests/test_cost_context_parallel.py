@@ -13,6 +13,7 @@ from seqbalance.cost.context_parallel import (
     CommModel,
     ContextParallelTimeModel,
     kv_elements_per_token,
+    kv_layers,
     shard_chunks,
     shard_flops,
     shard_pairs,
@@ -92,6 +93,33 @@ def test_shard_flops_add_up_to_the_sample(preset: str) -> None:
         np.testing.assert_allclose(attention, 3 * flops.pair_flops * shard_pairs(lengths, cp))
 
 
+@pytest.mark.parametrize(
+    "preset", ["gemma-3-27b", "llama-4-scout", "qwen3-next-80b-a3b", "nemotron-h-8b"]
+)
+def test_shard_flops_of_hybrid_models_add_up(preset: str) -> None:
+    # Sliding-window (Gemma 3), chunked (Llama 4), linear-attention (Qwen3-Next) and Mamba-2
+    # (Nemotron-H) layers: every term splits over the members exactly.
+    flops = FlopsModel(ModelSpec.preset(preset))
+    lengths = np.array([5, 9000, 70001])
+    for cp in (2, 8):
+        shares = shard_flops(flops, lengths, cp)
+        np.testing.assert_allclose(shares.sum(axis=1), flops.per_sample(lengths), rtol=1e-12)
+
+
+def test_chunked_pairs_by_hand() -> None:
+    # chunk 3, L = 8, cp = 2 (chunks [0,2) [2,4) [4,6) [6,8)): query q sees (q mod 3) + 1 keys:
+    # 1 2 3 1 2 3 1 2. Member 0: q 0, 1, 6, 7 -> 1 + 2 + 1 + 2 = 6; member 1: 3 + 1 + 2 + 3 = 9.
+    assert shard_pairs([8], 2, chunk=3).tolist() == [[6.0, 9.0]]
+
+
+def test_kv_layers_count_softmax_attention_only() -> None:
+    assert kv_layers(ModelSpec.preset("qwen3-8b")) == 36
+    spec = ModelSpec.preset("qwen3-next-80b-a3b")  # 3 of every 4 layers are linear attention
+    assert kv_layers(spec) == len(spec.layers_of("full_attention")) == spec.num_layers // 4
+    nemotron = ModelSpec.preset("nemotron-h-8b")
+    assert 0 < kv_layers(nemotron) < nemotron.num_layers
+
+
 def test_shard_flops_sliding_window() -> None:
     spec = ModelSpec.from_hf_config(
         {**TINY_LLAMA, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}
@@ -130,7 +158,7 @@ def _tiny_model(**comm: float) -> ContextParallelTimeModel:
         time=TimeModel(0.5, 2.0, 0.25),
         comm=CommModel(**comm),
         kv_elements_per_token=8,
-        num_layers=2,
+        kv_layers=2,
     )
 
 
@@ -167,7 +195,7 @@ def test_from_model_matches_flops() -> None:
     np.testing.assert_allclose(
         model.per_sample(lengths), flops.per_sample(lengths) / (989e12 * 0.4), rtol=1e-12
     )
-    assert model.num_layers == 36
+    assert model.kv_layers == 36
     assert model.comm == CommModel()
 
 
@@ -187,8 +215,8 @@ def test_time_model_json_round_trip() -> None:
 def test_time_model_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="tile"):
         ContextParallelTimeModel(TimeModel(0, 1, 1, tile=128), CommModel(), 8, 2)
-    with pytest.raises(ValueError, match="num_layers"):
-        ContextParallelTimeModel(TimeModel(0, 1, 1), CommModel(), 8, 0)
+    with pytest.raises(ValueError, match="kv_layers"):
+        ContextParallelTimeModel(TimeModel(0, 1, 1), CommModel(), 8, -1)
     with pytest.raises(ValueError, match="bandwidth_bytes_per_s"):
         CommModel(0.0)
     with pytest.raises(ValueError, match="latency_s"):

@@ -26,7 +26,7 @@ def token_model(
         time=TimeModel(t0, 1.0, t2),
         comm=CommModel(1.0, latency, bytes_per_element=1, passes=1),
         kv_elements_per_token=kv,
-        num_layers=1,
+        kv_layers=1,
     )
 
 
@@ -452,7 +452,7 @@ def test_argument_errors() -> None:
         plan([7, 1], 2, 4, strategy="static_cp", static_size=1)
     with pytest.raises(ValueError, match="no CP size"):
         plan([1], 3, 4, sizes=(2, 4))
-    with pytest.raises(ValueError, match="model must be None"):
+    with pytest.raises(ValueError, match="only applies to cost='flops'"):
         plan_context_parallel([1], 2, context_parallel=options, cost=token_model(), model="x")
     with pytest.raises(ValueError, match="conflicts"):
         plan_context_parallel(
@@ -467,6 +467,11 @@ def test_cost_resolution() -> None:
     by_spec = plan_context_parallel([5000, 12000], 2, context_parallel=options, cost=spec)
     assert by_name.cost_model == by_spec.cost_model
     time = TimeModel(0.01, 1e-6, 1e-10)
-    calibrated = plan_context_parallel([5000], 2, context_parallel=options, cost=time)
-    assert calibrated.cost_model.time == time
-    assert calibrated.cost_model.kv_elements_per_token == 2048
+    calibrated = ContextParallelTimeModel.from_model("qwen3-8b", time=time)
+    planned = plan_context_parallel([5000], 2, context_parallel=options, cost=calibrated)
+    assert planned.cost_model.time == time
+    assert planned.cost_model.kv_elements_per_token == 2048
+    with pytest.raises(ValueError, match="K/V sizes"):
+        plan_context_parallel([5000], 2, context_parallel=options, cost=time)
+    with pytest.raises(ValueError, match="only applies to cost='flops'"):
+        plan_context_parallel([5000], 2, context_parallel=options, cost=spec, model="qwen3-8b")

@@ -49,7 +49,7 @@ def _model(kind: str) -> ContextParallelTimeModel:
         time, comm, kv = TimeModel(0.0, 1.0, 0.01), CommModel(50.0, 0.0), 2
     else:  # overheads and latency
         time, comm, kv = TimeModel(3.0, 1.0, 0.005), CommModel(20.0, 0.5), 4
-    return ContextParallelTimeModel(time=time, comm=comm, kv_elements_per_token=kv, num_layers=2)
+    return ContextParallelTimeModel(time=time, comm=comm, kv_elements_per_token=kv, kv_layers=2)
 
 
 @st.composite

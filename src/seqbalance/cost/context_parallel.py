@@ -42,15 +42,18 @@ from seqbalance._validation import (
     check_positive_float,
 )
 from seqbalance.cost.flops import FlopsModel, attention_pairs
-from seqbalance.cost.spec import ModelSpec
+from seqbalance.cost.resolve import flops_model
+from seqbalance.cost.spec import SOFTMAX_ATTENTION_KINDS, ModelSpec
 from seqbalance.cost.time_model import FitStats, TimeModel, _nnls
-from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_MODEL, DEFAULT_PEAK_FLOPS_PER_S
+from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
 
 __all__ = [
     "SCHEMES",
     "CommModel",
     "ContextParallelTimeModel",
+    "context_parallel_cost",
     "kv_elements_per_token",
+    "kv_layers",
     "shard_chunks",
     "shard_flops",
     "shard_pairs",
@@ -104,18 +107,24 @@ def shard_tokens(lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray
 
 
 def shard_pairs(
-    lengths: Any, cp: int, scheme: str = "head_tail", *, window: int | None = None
+    lengths: Any,
+    cp: int,
+    scheme: str = "head_tail",
+    *,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> np.ndarray:
     """Causal query–key pairs (float64 ``[n, cp]``) each member computes for its queries.
 
-    The member's queries attend to every earlier key of the sample (gathered from the other
-    members), so a chunk ``[a, b)`` costs ``attention_pairs(b) − attention_pairs(a)``; rows add
-    up to ``attention_pairs(L, window=window)``.
+    The member's queries attend to the earlier keys of the sample they see (gathered from the
+    other members): the pairs of the first ``x`` queries are ``attention_pairs(x)`` (with the
+    same ``window`` or ``chunk``), so a chunk ``[a, b)`` costs ``attention_pairs(b) −
+    attention_pairs(a)`` and the rows add up to ``attention_pairs(L, window=..., chunk=...)``.
     """
     starts, ends = shard_chunks(lengths, cp, scheme)
     shape = starts.shape
-    before = attention_pairs(starts.reshape(-1), window=window)
-    through = attention_pairs(ends.reshape(-1), window=window)
+    before = attention_pairs(starts.reshape(-1), window=window, chunk=chunk)
+    through = attention_pairs(ends.reshape(-1), window=window, chunk=chunk)
     return (through - before).reshape(shape).sum(axis=2)
 
 
@@ -129,11 +138,13 @@ def shard_flops(
 ) -> np.ndarray:
     """FLOPs (float64 ``[n, cp]``) each CP member spends on its share of every sample.
 
-    Per member: ``token_flops × its tokens`` (projections, MLP, LM head: the linear FLOPs over
-    ``cp``) plus ``pair_flops × its causal pairs`` (and the sliding-window layers' pairs), times
-    the training multiplier when ``backward``. Rows add up to ``flops_model.per_sample``.
-    Causal attention only; ``extra_per_sample`` terms (not a function of the shares) are
-    rejected.
+    Per member: ``(token_flops + state_flops) × its tokens`` (projections, MLP, LM head and the
+    linear-attention / SSM scans: the linear FLOPs over ``cp``) plus, for each kind of softmax
+    attention layer (full, sliding-window, chunked), its per-pair FLOPs times the causal pairs
+    of the member's queries; times the training multiplier when ``backward``. Rows add up to
+    ``flops_model.per_sample``. The hand-off of scan states between members is not counted.
+    Causal attention only; cross-attention and ``extra_per_sample`` terms (not functions of a
+    share) are rejected.
     """
     if not isinstance(flops_model, FlopsModel):
         raise ValueError(f"flops_model must be a FlopsModel, got {type(flops_model).__name__}")
@@ -141,19 +152,27 @@ def shard_flops(
         raise ValueError("shard_flops needs causal attention (the head_tail split assumes it)")
     if flops_model.extra_per_sample is not None:
         raise ValueError("shard_flops cannot split an extra_per_sample term over CP members")
-    flops = flops_model.token_flops * shard_tokens(lengths, cp, scheme).astype(np.float64)
+    if flops_model.cross_pair_flops or flops_model.cross_encoder_token_flops:
+        raise ValueError("shard_flops cannot split cross-attention over CP members")
+    spec = flops_model.spec
+    linear = flops_model.token_flops + flops_model.state_flops
+    flops = linear * shard_tokens(lengths, cp, scheme).astype(np.float64)
     flops = flops + flops_model.pair_flops * shard_pairs(lengths, cp, scheme)
     if flops_model.windowed_pair_flops:
-        window = flops_model.spec.sliding_window
         flops = flops + flops_model.windowed_pair_flops * shard_pairs(
-            lengths, cp, scheme, window=window
+            lengths, cp, scheme, window=spec.sliding_window
+        )
+    if flops_model.chunked_pair_flops:
+        flops = flops + flops_model.chunked_pair_flops * shard_pairs(
+            lengths, cp, scheme, chunk=spec.attention_chunk_size
         )
     multiplier = flops_model.training_multiplier if check_bool(backward, "backward") else 1
     return flops * multiplier
 
 
 def kv_elements_per_token(spec: ModelSpec) -> int:
-    """K and V elements one token contributes per layer, i.e. what a CP all-gather moves.
+    """K and V elements one token contributes per softmax-attention layer, i.e. what a CP
+    all-gather moves.
 
     GQA: ``2 · num_key_value_heads · head_dim``. MLA: the materialised keys and values,
     ``heads · (qk_head_dim + value_head_dim)`` (CP implementations gather them after the
@@ -164,6 +183,15 @@ def kv_elements_per_token(spec: ModelSpec) -> int:
     if spec.is_mla:
         return spec.num_attention_heads * (spec.qk_head_dim + spec.value_head_dim)
     return 2 * int(spec.num_key_value_heads) * int(spec.head_dim)  # type: ignore[arg-type]
+
+
+def kv_layers(spec: ModelSpec) -> int:
+    """Layers whose K/V a CP group gathers: the softmax-attention layers (full, sliding-window,
+    chunked). Linear-attention, SSM and MLP-only layers gather nothing (their scan state
+    hand-off between members is not modelled)."""
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    return sum(len(spec.layers_of(kind)) for kind in SOFTMAX_ATTENTION_KINDS)
 
 
 # ------------------------------------------------------------------ communication
@@ -330,13 +358,15 @@ class ContextParallelTimeModel:
         comm: the collectives' bandwidth and latency.
         kv_elements_per_token: K and V elements per token and layer
             (:func:`kv_elements_per_token` of the model).
-        num_layers: layers, each running its own collective.
+        kv_layers: layers that gather K/V, each running its own collective
+            (:func:`kv_layers` of the model: its softmax-attention layers).
 
     A member's compute for a share of ``x`` tokens and ``p`` causal pairs is
     ``t1·x + t2·(2p − x)``: the whole sample (``x = L``, ``p = L(L+1)/2``) gives back
     ``t1·L + t2·L²`` and the members' shares add up to it. The communication of a member
-    holding ``x`` of the sample's ``L`` tokens is ``passes · layers · (L − x) · kv bytes`` over
-    the bandwidth; the latency, ``passes · layers · (cp − 1) · latency_s``, is paid once per CP
+    holding ``x`` of the sample's ``L`` tokens is ``passes · kv_layers · (L − x) · kv bytes``
+    over the bandwidth; the latency, ``passes · kv_layers · (cp − 1) · latency_s``, is paid once
+    per CP
     group per micro-batch (:meth:`group_latency`), however many samples it gathers at once.
 
     Satisfies the planner's cost protocol for whole samples (:meth:`per_sample`,
@@ -346,7 +376,7 @@ class ContextParallelTimeModel:
     time: TimeModel
     comm: CommModel
     kv_elements_per_token: int
-    num_layers: int
+    kv_layers: int
 
     def __post_init__(self) -> None:
         if not isinstance(self.time, TimeModel):
@@ -363,37 +393,33 @@ class ContextParallelTimeModel:
             "kv_elements_per_token",
             check_int(self.kv_elements_per_token, "kv_elements_per_token", minimum=0),
         )
-        object.__setattr__(self, "num_layers", check_int(self.num_layers, "num_layers", minimum=1))
+        object.__setattr__(self, "kv_layers", check_int(self.kv_layers, "kv_layers", minimum=0))
 
     @classmethod
     def from_model(
         cls,
-        model: str | ModelSpec = DEFAULT_MODEL,
+        model: str | ModelSpec | FlopsModel | None = None,
         *,
         time: TimeModel | None = None,
         comm: CommModel | None = None,
         peak_flops_per_s: float = DEFAULT_PEAK_FLOPS_PER_S,
         efficiency: float = DEFAULT_EFFICIENCY,
     ) -> ContextParallelTimeModel:
-        """The CP time model of ``model`` (a preset name or a :class:`ModelSpec`).
+        """The CP time model of ``model`` (a preset name, a :class:`ModelSpec` or a
+        ``FlopsModel``; None: ``seqbalance.defaults.DEFAULT_MODEL``).
 
-        ``time`` defaults to ``TimeModel.from_flops(FlopsModel(spec), peak_flops_per_s,
-        efficiency)`` (training FLOPs at the given throughput); pass a calibrated one instead.
-        ``comm`` defaults to ``CommModel()``.
+        ``time`` defaults to ``TimeModel.from_flops(flops, peak_flops_per_s, efficiency)``
+        (training FLOPs at the given throughput); pass a calibrated one instead. ``comm``
+        defaults to ``CommModel()``. The K/V sizes come from the model's spec.
         """
-        if isinstance(model, str):
-            spec = ModelSpec.preset(model)
-        elif isinstance(model, ModelSpec):
-            spec = model
-        else:
-            raise ValueError(f"model must be a preset name or a ModelSpec, got {model!r}")
+        flops = flops_model(model)
         if time is None:
-            time = TimeModel.from_flops(FlopsModel(spec), peak_flops_per_s, efficiency)
+            time = TimeModel.from_flops(flops, peak_flops_per_s, efficiency)
         return cls(
             time=time,
             comm=CommModel() if comm is None else comm,
-            kv_elements_per_token=kv_elements_per_token(spec),
-            num_layers=spec.num_layers,
+            kv_elements_per_token=kv_elements_per_token(flops.spec),
+            kv_layers=kv_layers(flops.spec),
         )
 
     # --- the cost protocol (whole samples) ---------------------------------------------------
@@ -410,7 +436,7 @@ class ContextParallelTimeModel:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token over all layers, for one collective pass."""
-        return self.kv_elements_per_token * self.comm.bytes_per_element * self.num_layers
+        return self.kv_elements_per_token * self.comm.bytes_per_element * self.kv_layers
 
     def shard_compute(self, lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
         """Compute seconds (float64 ``[n, cp]``) of each member's share, without ``t0``."""
@@ -444,9 +470,9 @@ class ContextParallelTimeModel:
             sizes = as_lengths(cp, "cp")
             if (sizes < 1).any():
                 raise ValueError(f"cp must be >= 1, got {int(sizes.min())}")
-            return self.comm.passes * self.num_layers * (sizes - 1) * self.comm.latency_s
+            return self.comm.passes * self.kv_layers * (sizes - 1) * self.comm.latency_s
         steps = check_int(cp, "cp", minimum=1) - 1
-        return self.comm.passes * self.num_layers * steps * self.comm.latency_s
+        return self.comm.passes * self.kv_layers * steps * self.comm.latency_s
 
     # --- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -457,7 +483,7 @@ class ContextParallelTimeModel:
             "time": json.loads(self.time.to_json()),
             "comm": self.comm.to_dict(),
             "kv_elements_per_token": self.kv_elements_per_token,
-            "num_layers": self.num_layers,
+            "kv_layers": self.kv_layers,
         }
 
     @classmethod
@@ -469,7 +495,7 @@ class ContextParallelTimeModel:
                 time=TimeModel.from_json(json.dumps(data["time"])),
                 comm=CommModel.from_dict(data["comm"]),
                 kv_elements_per_token=data["kv_elements_per_token"],
-                num_layers=data["num_layers"],
+                kv_layers=data["kv_layers"],
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"ContextParallelTimeModel: missing or bad field: {error}") from None
@@ -482,6 +508,47 @@ class ContextParallelTimeModel:
     def from_json(cls, text: str) -> ContextParallelTimeModel:
         """Inverse of :meth:`to_json`."""
         return cls.from_dict(_loads(text, "ContextParallelTimeModel"))
+
+
+def context_parallel_cost(
+    cost: Any = "flops", model: Any = None, *, comm: CommModel | None = None
+) -> ContextParallelTimeModel:
+    """The :class:`ContextParallelTimeModel` for a ``cost=`` / ``model=`` pair and the CP
+    options' ``comm`` (None: the cost model's, or ``CommModel()``).
+
+    ``cost``: ``"flops"`` (``model``: a preset name or ``ModelSpec``, default
+    ``seqbalance.defaults.DEFAULT_MODEL``), a ``ModelSpec`` or ``FlopsModel`` (seconds at the
+    default throughput), or a ``ContextParallelTimeModel`` (as is). As in
+    ``seqbalance.cost.resolve_cost``, ``model`` only applies to ``cost="flops"``.
+
+    Raises:
+        ValueError: any other cost (``"tokens"``, a callable, a bare ``TimeModel``: they hold
+            no K/V sizes or no seconds), ``model`` with another cost, or a ``comm`` that
+            differs from the one inside a ``ContextParallelTimeModel``.
+    """
+    if model is not None and not (isinstance(cost, str) and cost == "flops"):
+        raise ValueError(f"model={model!r} only applies to cost='flops', got cost={cost!r}")
+    if isinstance(cost, ContextParallelTimeModel):
+        if comm is not None and comm != cost.comm:
+            raise ValueError(
+                f"context_parallel.comm = {comm!r} conflicts with the cost model's comm = "
+                f"{cost.comm!r}; set only one"
+            )
+        return cost
+    if (isinstance(cost, str) and cost == "flops") or isinstance(cost, (ModelSpec, FlopsModel)):
+        return ContextParallelTimeModel.from_model(
+            model if isinstance(cost, str) else cost, comm=comm
+        )
+    hint = (
+        "; build ContextParallelTimeModel.from_model(model, time=your_time_model) to add the "
+        "K/V sizes the communication needs"
+        if isinstance(cost, TimeModel)
+        else ""
+    )
+    raise ValueError(
+        "context parallelism costs compute and communication in seconds: cost must be "
+        f"'flops', a ModelSpec, a FlopsModel or a ContextParallelTimeModel, got {cost!r}{hint}"
+    )
 
 
 def _loads(text: str, what: str) -> Any:

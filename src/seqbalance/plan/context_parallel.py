@@ -39,6 +39,7 @@ from seqbalance.cost.context_parallel import (
     SCHEMES,
     CommModel,
     ContextParallelTimeModel,
+    context_parallel_cost,
     shard_chunks,
 )
 from seqbalance.plan._cp_megatron import plan_megatron_cp
@@ -771,14 +772,14 @@ def plan_context_parallel(
         lengths: tokens per sample (non-negative integers).
         n_ranks: ranks of the data x context-parallel domain, >= 1.
         context_parallel: the CP options (sizes, per-rank cap, scheme, communication).
-        cost: seconds model of the computation: ``"flops"`` (training FLOPs of ``model`` at the
-            default peak throughput and efficiency), a ``ModelSpec`` (its FLOPs likewise), a
-            ``TimeModel`` (calibrated; K/V sizes from ``model``) or a
-            ``ContextParallelTimeModel`` (used as is). Communication needs seconds, so
-            ``"tokens"`` and plain callables are rejected.
-        model: preset name or ``ModelSpec`` for the FLOPs and the K/V sizes (default
-            ``seqbalance.defaults.DEFAULT_MODEL``); not allowed with a
-            ``ContextParallelTimeModel``.
+        cost: the seconds model (``seqbalance.cost.context_parallel.context_parallel_cost``):
+            ``"flops"`` (training FLOPs of ``model`` at the default peak throughput and
+            efficiency), a ``ModelSpec`` or ``FlopsModel`` (likewise), or a
+            ``ContextParallelTimeModel`` (e.g. ``ContextParallelTimeModel.from_model(spec,
+            time=calibrated_time_model)``). Communication needs seconds and K/V sizes, so
+            ``"tokens"``, callables and a bare ``TimeModel`` are rejected.
+        model: preset name or ``ModelSpec`` for ``cost="flops"`` (default
+            ``seqbalance.defaults.DEFAULT_MODEL``); rejected with any other cost.
         groups: a group id per sample (e.g. the GRPO prompt): a group stays inside one aligned
             block, that of its widest sample.
         objective: ``"step"`` (the slowest rank, lockstep inside CP groups). Other objectives
@@ -819,7 +820,7 @@ def plan_context_parallel(
                 f"{min_microbatches} / microbatch_multiple = {microbatch_multiple}"
             )
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
-    cost_model = resolve_cost(cost, model, context_parallel.comm)
+    cost_model = context_parallel_cost(cost, model, comm=context_parallel.comm)
     sizes = context_parallel.usable_sizes(n_ranks)
     if not sizes:
         raise ValueError(
@@ -908,36 +909,3 @@ def _slot_count(
         return num_microbatches
     count = max(needed, minimum, 1)
     return -(-count // multiple) * multiple
-
-
-def resolve_cost(cost: Any, model: Any, comm: CommModel | None) -> ContextParallelTimeModel:
-    """The ``ContextParallelTimeModel`` for ``plan_context_parallel``'s ``cost``/``model``
-    and the options' ``comm`` (see its docstring)."""
-    from seqbalance.cost import ModelSpec, TimeModel
-    from seqbalance.defaults import DEFAULT_MODEL
-
-    if isinstance(cost, ContextParallelTimeModel):
-        if model is not None:
-            raise ValueError(
-                "model must be None with a ContextParallelTimeModel cost (it already holds the "
-                "K/V sizes)"
-            )
-        if comm is not None and comm != cost.comm:
-            raise ValueError(
-                f"context_parallel.comm = {comm!r} conflicts with the cost model's comm = "
-                f"{cost.comm!r}; set only one"
-            )
-        return cost
-    model = DEFAULT_MODEL if model is None else model
-    if isinstance(cost, str) and cost == "flops":
-        return ContextParallelTimeModel.from_model(model, comm=comm)
-    if isinstance(cost, ModelSpec):
-        if model is not DEFAULT_MODEL and model is not cost:
-            raise ValueError("pass the ModelSpec as cost or as model, not both")
-        return ContextParallelTimeModel.from_model(cost, comm=comm)
-    if isinstance(cost, TimeModel):
-        return ContextParallelTimeModel.from_model(model, time=cost, comm=comm)
-    raise ValueError(
-        "context parallelism costs compute and communication in seconds: cost must be 'flops', "
-        f"a ModelSpec, a TimeModel or a ContextParallelTimeModel, got {cost!r}"
-    )
