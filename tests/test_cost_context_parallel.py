@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from _configs import TINY_LLAMA
@@ -178,6 +180,10 @@ def test_time_model_by_hand() -> None:
     assert model.group_latency(4) == pytest.approx(0.12)
     assert model.group_latency(1) == 0.0
     assert model.microbatch_overhead == 0.5
+    # A sharded piece costs each member piece_overhead_s more; a whole sample does not.
+    loaded = replace(model, piece_overhead_s=0.125)
+    np.testing.assert_allclose(loaded.shard_seconds([8], 2), [[16.381, 16.381]])
+    assert loaded.shard_seconds([4], 1).tolist() == [[12.0]]
 
 
 @settings(max_examples=100)
@@ -200,7 +206,9 @@ def test_from_model_matches_flops() -> None:
 
 
 def test_time_model_json_round_trip() -> None:
-    model = _tiny_model(bandwidth_bytes_per_s=123.456, latency_s=1e-7)
+    model = replace(
+        _tiny_model(bandwidth_bytes_per_s=123.456, latency_s=1e-7), piece_overhead_s=3e-4
+    )
     again = ContextParallelTimeModel.from_json(model.to_json())
     assert again == model
     assert again.to_json() == model.to_json()

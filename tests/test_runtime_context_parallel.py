@@ -22,7 +22,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from seqbalance.cost.context_parallel import CommModel  # noqa: E402
+from seqbalance.cost import TimeModel  # noqa: E402
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
 from seqbalance.plan._cp_metrics import Pieces, slot_loads  # noqa: E402
 from seqbalance.plan.context_parallel import (  # noqa: E402
     CP_STRATEGIES,
@@ -33,6 +34,8 @@ from seqbalance.plan.context_parallel import (  # noqa: E402
 from seqbalance.runtime import CollectiveError  # noqa: E402
 from seqbalance.runtime.context_parallel import (  # noqa: E402
     ContextParallelGroups,
+    calibrate_comm,
+    calibrate_piece_overhead,
     run_step,
     slot_batch,
 )
@@ -103,8 +106,9 @@ def _run_plans(rank: int, world_size: int, plans: list[str]) -> list[dict[str, A
     for text in plans:
         plan = ContextParallelPlan.from_json(text)
         model = _model()
-        loss = run_step(model, plan, _samples(plan.lengths.tolist()), groups, timeout=TIMEOUT)
-        out.append({"loss": loss, "grads": {n: p.grad for n, p in model.named_parameters()}})
+        step = run_step(model, plan, _samples(plan.lengths.tolist()), groups, timeout=TIMEOUT)
+        assert step.slot_seconds > 0 and step.sync_seconds > 0
+        out.append({"loss": step.loss, "grads": {n: p.grad for n, p in model.named_parameters()}})
     return out
 
 
@@ -243,3 +247,36 @@ def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
     assert survivor["raised"] is not None and "K/V all-gather" in survivor["raised"]
     assert "did not complete within 2 s" in survivor["raised"]
     assert survivor["elapsed"] < 7  # the peer would keep it waiting 8 s
+
+
+def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
+    groups = ContextParallelGroups(timeout=TIMEOUT)
+    try:
+        calibrate_comm(groups, kv_elements_per_token=8, sizes=(4,), timeout=TIMEOUT)
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    comm = calibrate_comm(
+        groups, kv_elements_per_token=64, rows=(16, 256, 2048), repeats=2, timeout=TIMEOUT
+    )
+    cost = ContextParallelTimeModel(TimeModel(0.0, 1e-6, 1e-9), comm, 64, 2)
+    fitted = calibrate_piece_overhead(
+        _model(),
+        groups,
+        cost,
+        ContextParallel(512),
+        [np.full(count, 256 // count) for count in (2, 8, 32)],
+        repeats=1,
+        timeout=TIMEOUT,
+    )
+    return {"refused": refused, "comm": comm.to_dict(), "overhead": fitted.piece_overhead_s}
+
+
+def test_calibration_gives_every_rank_the_same_model(tmp_path: Path) -> None:
+    results = [r["ok"] for r in _launch(tmp_path, 2, _calibrate)]
+    assert "no CP size > 1 that divides 2 ranks" in results[0]["refused"]
+    assert results[0]["comm"] == results[1]["comm"]  # fitted from rank 0's timings everywhere
+    comm = CommModel.from_dict(results[0]["comm"])
+    assert comm.bandwidth_bytes_per_s > 0 and comm.bytes_per_element == 4
+    assert comm.fit_stats is not None and comm.fit_stats.n_observations == 3
+    assert results[0]["overhead"] == results[1]["overhead"] >= 0.0

@@ -360,6 +360,11 @@ class ContextParallelTimeModel:
             (:func:`kv_elements_per_token` of the model).
         kv_layers: layers that gather K/V, each running its own collective
             (:func:`kv_layers` of the model: its softmax-attention layers).
+        piece_overhead_s: seconds each member spends per sharded sample per micro-batch beyond
+            its tokens' compute (its own attention call, re-ordering the gathered K/V); a
+            whole sample's fixed costs are already inside ``time``'s coefficients. Default 0
+            (a fused varlen CP kernel handles all pieces in one launch); calibrate it for an
+            executor that does not (``seqbalance.runtime.context_parallel``).
 
     A member's compute for a share of ``x`` tokens and ``p`` causal pairs is
     ``t1·x + t2·(2p − x)``: the whole sample (``x = L``, ``p = L(L+1)/2``) gives back
@@ -377,6 +382,7 @@ class ContextParallelTimeModel:
     comm: CommModel
     kv_elements_per_token: int
     kv_layers: int
+    piece_overhead_s: float = field(default=0.0, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.time, TimeModel):
@@ -394,6 +400,11 @@ class ContextParallelTimeModel:
             check_int(self.kv_elements_per_token, "kv_elements_per_token", minimum=0),
         )
         object.__setattr__(self, "kv_layers", check_int(self.kv_layers, "kv_layers", minimum=0))
+        object.__setattr__(
+            self,
+            "piece_overhead_s",
+            check_non_negative_float(self.piece_overhead_s, "piece_overhead_s"),
+        )
 
     @classmethod
     def from_model(
@@ -453,11 +464,14 @@ class ContextParallelTimeModel:
         return others.astype(np.float64) * float(self.kv_bytes_per_token * self.comm.passes)
 
     def shard_seconds(self, lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
-        """Seconds (float64 ``[n, cp]``) of each member's share: compute plus the bandwidth
-        part of its communication (the group's latency is added per micro-batch, see
-        :meth:`group_latency`)."""
+        """Seconds (float64 ``[n, cp]``) of each member's share: compute, the bandwidth part of
+        its communication and, when sharded (``cp > 1``), ``piece_overhead_s`` (the group's
+        latency is added per micro-batch, see :meth:`group_latency`)."""
         received = self.shard_received_bytes(lengths, cp, scheme)
-        return self.shard_compute(lengths, cp, scheme) + received / self.comm.bandwidth_bytes_per_s
+        seconds = (
+            self.shard_compute(lengths, cp, scheme) + received / self.comm.bandwidth_bytes_per_s
+        )
+        return seconds + self.piece_overhead_s if cp > 1 else seconds
 
     @overload
     def group_latency(self, cp: int) -> float: ...
@@ -484,6 +498,7 @@ class ContextParallelTimeModel:
             "comm": self.comm.to_dict(),
             "kv_elements_per_token": self.kv_elements_per_token,
             "kv_layers": self.kv_layers,
+            "piece_overhead_s": self.piece_overhead_s,
         }
 
     @classmethod
@@ -496,6 +511,7 @@ class ContextParallelTimeModel:
                 comm=CommModel.from_dict(data["comm"]),
                 kv_elements_per_token=data["kv_elements_per_token"],
                 kv_layers=data["kv_layers"],
+                piece_overhead_s=data["piece_overhead_s"],
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"ContextParallelTimeModel: missing or bad field: {error}") from None

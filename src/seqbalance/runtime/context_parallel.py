@@ -19,20 +19,27 @@ the same :class:`~seqbalance.plan.context_parallel.ContextParallelPlan`:
    sums every member's K/V gradients and returns each member its own rows (an all-reduce of
    the gathered gradient, then a slice: the reduce-scatter gloo lacks).
 4. :func:`run_step` runs a whole step (forward and backward slot by slot, barriers, and the
-   gradient all-reduce over all ranks), returning the step's loss.
+   gradient all-reduce over all ranks), returning the step's loss and timings.
+5. :func:`calibrate_comm` times the K/V gathers and fits the ``CommModel`` the planner uses;
+   :func:`calibrate_piece_overhead` fits the executor's fixed cost per sharded sample
+   (``ContextParallelTimeModel.piece_overhead_s``). With ``TimeModel`` calibration of the
+   compute, that is what ``seqbalance calibrate`` must do for context parallelism.
 
 Every collective waits at most ``timeout``; a peer that fails or hangs raises
 :class:`~seqbalance.runtime.CollectiveError`. The gathers of one slot are chained (each takes
 the previous one's token output), so the backward pass runs them in exactly the reverse order
 on every rank, which rules out a deadlock between CP groups that share a rank.
 
-Queries of a chunk attend in blocks of ``QUERY_BLOCK`` rows against the keys up to the
-block's end, so the work stays close to the causal pair count the cost model charges
-(``cost.context_parallel.shard_pairs``) instead of a dense rectangle.
+A piece's queries (its chunks back to back) attend in blocks of ``QUERY_BLOCK`` rows against
+the keys up to the block's last position, so the work stays close to the causal pair count the
+cost model charges (``cost.context_parallel.shard_pairs``) instead of a dense rectangle, and a
+short piece costs one attention call per layer, like a whole sample.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,8 +50,18 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from seqbalance.cost.context_parallel import shard_chunks, shard_tokens
-from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
+from seqbalance.cost.context_parallel import (
+    CommModel,
+    ContextParallelTimeModel,
+    shard_chunks,
+    shard_tokens,
+)
+from seqbalance.plan.context_parallel import (
+    ContextParallel,
+    ContextParallelPlan,
+    SlotInputs,
+    plan_context_parallel,
+)
 from seqbalance.runtime._dist import Comm, wait
 from seqbalance.runtime.toy_model import IGNORE_INDEX, TinyCausalTransformer, causal_attention
 
@@ -53,13 +70,16 @@ __all__ = [
     "ContextParallelGroups",
     "SlotAttention",
     "SlotBatch",
+    "StepResult",
+    "calibrate_comm",
+    "calibrate_piece_overhead",
     "run_step",
     "slot_batch",
     "slot_loss",
 ]
 
 QUERY_BLOCK = 128
-"""Query rows per attention call of a sharded chunk (see the module docstring)."""
+"""Query rows per attention call of a sharded piece (see the module docstring)."""
 
 _DEFAULT_TIMEOUT = timedelta(seconds=60)
 
@@ -94,10 +114,14 @@ class ContextParallelGroups:
                 f"ranks disagree on the context-parallel plan: ranks {differing} hold a plan "
                 "that differs from rank 0's; nothing was run"
             )
-        needed = sorted(
+        self.create(
             {(int(c), int(s)) for c, s in zip(plan.cp_size, plan.group_start, strict=True) if c > 1}
         )
-        for size, start in needed:
+
+    def create(self, blocks: Any) -> None:
+        """Create the groups of ``blocks`` (``(size, first rank)`` pairs) that do not exist yet,
+        sorted by size then first rank. Every rank must call it with the same blocks."""
+        for size, start in sorted(blocks):
             if (size, start) not in self._groups:
                 self._groups[(size, start)] = dist.new_group(
                     list(range(start, start + size)), timeout=self.timeout
@@ -208,12 +232,10 @@ class _GatherKV(torch.autograd.Function):
 
 
 @dataclass(frozen=True)
-class _Chunk:
-    query_start: int  # local rows [query_start, query_end)
-    query_end: int
+class _Piece:
+    rows: slice  # this rank's rows of the piece (its chunks, back to back)
+    positions: torch.Tensor  # their token positions in the sample (ascending)
     key_offset: int  # the sample's first row in the group's reordered K/V
-    start: int  # token range [start, end) in the sample
-    end: int
 
 
 @dataclass(frozen=True)
@@ -223,7 +245,7 @@ class _Group:
     counts: list[int]  # rows per member
     index: int  # this rank's member index
     order: torch.Tensor  # gathered rows -> the group's samples back to back, in token order
-    chunks: list[_Chunk]
+    pieces: list[_Piece]
 
 
 class SlotAttention:
@@ -278,16 +300,15 @@ class SlotAttention:
         ]
         gathered_position = np.concatenate(position) if position else np.empty(0, np.int64)
         order = np.argsort(gathered_position, kind="stable")
-        q_cu = inputs.cu_seqlens_q
-        chunks = [
-            _Chunk(
-                int(q_cu[c]),
-                int(q_cu[c + 1]),
-                int(offsets[int(np.searchsorted(samples, inputs.samples[inputs.chunk_piece[c]]))]),
-                int(inputs.chunk_starts[c]),
-                int(inputs.chunk_ends[c]),
+        positions = torch.from_numpy(inputs.position_ids).to(self.device)
+        local_pieces = [
+            _Piece(
+                rows=slice(int(cu[k]), int(cu[k + 1])),
+                positions=positions[int(cu[k]) : int(cu[k + 1])],
+                key_offset=int(offsets[j]),
             )
-            for c in np.flatnonzero(np.isin(inputs.chunk_piece, pieces)).tolist()
+            for j, k in enumerate(pieces.tolist())
+            if cu[k + 1] > cu[k]
         ]
         return _Group(
             process_group=groups.group(size, start),
@@ -295,7 +316,7 @@ class SlotAttention:
             counts=counts,
             index=inputs.rank - start,
             order=torch.from_numpy(order).to(self.device),
-            chunks=chunks,
+            pieces=local_pieces,
         )
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -309,11 +330,8 @@ class SlotAttention:
             )
             keys, values = gathered[:, :, g.order].unbind(0)
             parts.extend(
-                (
-                    c.query_start,
-                    _chunk_attention(q[:, c.query_start : c.query_end], keys, values, c),
-                )
-                for c in g.chunks
+                (piece.rows.start, _piece_attention(q[:, piece.rows], keys, values, piece))
+                for piece in g.pieces
             )
         if not parts:
             return v
@@ -321,21 +339,21 @@ class SlotAttention:
         return torch.cat([out for _, out in parts], dim=1)
 
 
-def _chunk_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, chunk: _Chunk
+def _piece_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, piece: _Piece
 ) -> torch.Tensor:
-    """Queries of tokens ``[start, end)`` against their sample's keys (rows from
-    ``key_offset``), causal, in blocks of ``QUERY_BLOCK`` rows."""
+    """Queries of one piece (its chunks' tokens) against their sample's keys (rows from
+    ``key_offset``), causal by token position, in blocks of ``QUERY_BLOCK`` rows: each block
+    sees the keys up to its last query's position."""
     out = []
-    for row in range(0, chunk.end - chunk.start, QUERY_BLOCK):
-        stop = min(row + QUERY_BLOCK, chunk.end - chunk.start)
-        visible = chunk.start + stop  # keys [0, visible) of the sample
-        position = torch.arange(chunk.start + row, chunk.start + stop, device=q.device)
+    for row in range(0, q.shape[1], QUERY_BLOCK):
+        position = piece.positions[row : row + QUERY_BLOCK]
+        visible = int(position[-1]) + 1
         mask = torch.arange(visible, device=q.device)[None, :] <= position[:, None]
-        key_rows = slice(chunk.key_offset, chunk.key_offset + visible)
+        key_rows = slice(piece.key_offset, piece.key_offset + visible)
         out.append(
             F.scaled_dot_product_attention(
-                q[None, :, row:stop],
+                q[None, :, row : row + QUERY_BLOCK],
                 keys[None, :, key_rows],
                 values[None, :, key_rows],
                 attn_mask=mask,
@@ -360,6 +378,21 @@ def slot_loss(
     return F.cross_entropy(logits, batch.labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What :func:`run_step` measured on this rank (seconds).
+
+    ``loss``: the step's mean token loss (the same on every rank). ``slot_seconds``: wall time
+    from the start of the first slot to the end of the last one, waits inside collectives
+    included (the slowest rank's is the step time the plan predicts). ``sync_seconds``: the
+    gradient and loss sums after the slots.
+    """
+
+    loss: float
+    slot_seconds: float
+    sync_seconds: float
+
+
 def run_step(
     model: TinyCausalTransformer,
     plan: ContextParallelPlan,
@@ -367,19 +400,21 @@ def run_step(
     groups: ContextParallelGroups,
     *,
     timeout: timedelta = _DEFAULT_TIMEOUT,
-) -> float:
+) -> StepResult:
     """Forward and backward of every slot of ``plan`` on this rank, then the gradient sum over
     all ranks. The loss is the mean token loss over the whole step (every labelled token of
     every sample), so gradients equal those of one process running all samples whole.
 
-    Returns the step's loss (the same on every rank). Gradients are accumulated into
-    ``model``'s parameters' ``.grad``.
+    Gradients are accumulated into ``model``'s parameters' ``.grad``. ``groups.prepare(plan)``
+    runs first (the plan agreement check, which also lines the ranks up for the timing).
     """
     groups.prepare(plan)
     rank = dist.get_rank()
     device = next(model.parameters()).device
     labelled = float(np.maximum(plan.lengths - 1, 0).sum())
     total = torch.zeros((), dtype=torch.float64, device=device)
+    _synchronize(device)
+    started = time.perf_counter()
     for j in range(plan.n_slots):
         batch = slot_batch(plan, rank, j, samples, device=device)
         if batch.inputs.n_tokens:
@@ -389,10 +424,125 @@ def run_step(
         if j in plan.barriers:
             marker = torch.zeros(1, device=device)
             wait(dist.all_reduce(marker, async_op=True), f"barrier after slot {j}", timeout)
+    _synchronize(device)
+    slots_done = time.perf_counter()
     world = dist.group.WORLD
     for parameter in model.parameters():
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
         wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", timeout)
     wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", timeout)
-    return float(total)
+    _synchronize(device)
+    return StepResult(
+        loss=float(total),
+        slot_seconds=slots_done - started,
+        sync_seconds=time.perf_counter() - slots_done,
+    )
+
+
+# ------------------------------------------------------------------ calibration
+def calibrate_comm(
+    groups: ContextParallelGroups,
+    *,
+    kv_elements_per_token: int,
+    dtype: torch.dtype = torch.float32,
+    sizes: Sequence[int] = (2,),
+    rows: Sequence[int] = (64, 256, 1024, 4096),
+    repeats: int = 5,
+    timeout: timedelta = _DEFAULT_TIMEOUT,
+) -> CommModel:
+    """Fit the :class:`~seqbalance.cost.context_parallel.CommModel` of this machine's CP
+    collectives: what ``seqbalance calibrate`` must do for context parallelism.
+
+    Every rank calls it. For each CP size, every aligned block times the forward and backward
+    of the executor's K/V gather (``rows`` tokens per member of ``kv_elements_per_token``
+    elements of ``dtype``; median of ``repeats``), as one collective pass each way over one
+    layer. Rank 0's timings are fitted (``CommModel.fit``: bytes each member receives in the
+    model's terms, ``2 (cp − 1) · rows · kv bytes``, and ``2 (cp − 1)`` ring steps) and the
+    same model is returned on every rank.
+    """
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    usable = [int(size) for size in sizes if 1 < int(size) <= world and world % int(size) == 0]
+    if not usable:
+        raise ValueError(f"sizes {list(sizes)} hold no CP size > 1 that divides {world} ranks")
+    groups.create({(size, start) for size in usable for start in range(0, world, size)})
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    half = max(kv_elements_per_token // 2, 1)
+    observations = []
+    for size in usable:
+        start = rank // size * size
+        group = groups.group(size, start)
+        for count in rows:
+            timings = []
+            for _ in range(repeats + 1):  # the first run warms up
+                local = torch.randn(2, 1, count, half, dtype=dtype, requires_grad=True)
+                token = torch.zeros((), requires_grad=True)
+                began = time.perf_counter()
+                gathered, _ = _GatherKV.apply(
+                    local, token, group, [count] * size, rank - start, timeout
+                )
+                gathered.sum().backward()
+                timings.append(time.perf_counter() - began)
+            received = 2.0 * (size - 1) * count * 2 * half * element_bytes
+            observations.append((received, 2 * (size - 1), float(np.median(timings[1:]))))
+    shared: list[Any] = [None] * world
+    dist.all_gather_object(shared, observations)
+    return CommModel.fit(shared[0], bytes_per_element=element_bytes)
+
+
+def calibrate_piece_overhead(
+    model: TinyCausalTransformer,
+    groups: ContextParallelGroups,
+    cost: ContextParallelTimeModel,
+    context_parallel: ContextParallel,
+    batches: Sequence[Any],
+    *,
+    repeats: int = 3,
+    timeout: timedelta = _DEFAULT_TIMEOUT,
+) -> ContextParallelTimeModel:
+    """``cost`` with ``piece_overhead_s`` fitted to this executor on this machine.
+
+    Every rank calls it with the same arguments. Each batch (token lengths; batches should hold
+    about the same tokens in different numbers of samples) runs sharded over all ranks
+    (``static_cp`` over the whole world, ``cost`` without piece overhead); the slowest rank's
+    slot time (median of ``repeats`` after a warm-up) minus the plan's prediction is fitted by
+    least squares to ``a + b · samples``, and ``b`` (at least 0) is the overhead each member
+    pays per sharded sample. ``a`` takes what the batches share (their common
+    misprediction) and is not used.
+    """
+    world = dist.get_world_size()
+    base = dataclasses.replace(cost, piece_overhead_s=0.0)
+    options = dataclasses.replace(
+        context_parallel, sizes=tuple(sorted({1, world})), static_size=world, comm=None
+    )
+    generator = torch.Generator().manual_seed(0)
+    residuals, pieces = [], []
+    for lengths in batches:
+        plan = plan_context_parallel(
+            lengths, world, context_parallel=options, cost=base, strategy="static_cp"
+        )
+        samples = [
+            torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)
+            for n in plan.lengths
+        ]
+        seconds = []
+        for _ in range(repeats + 1):  # the first run warms up
+            model.zero_grad(set_to_none=True)
+            seconds.append(run_step(model, plan, samples, groups, timeout=timeout).slot_seconds)
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, seconds[1:])
+        slowest = float(np.median(np.max(np.array(everyone), axis=0)))
+        residuals.append(slowest - plan.step_cost)
+        pieces.append(float((plan.cp_size > 1).sum()))
+    if len(set(pieces)) < 2:
+        raise ValueError("batches must hold at least two different numbers of samples")
+    design = np.stack([np.ones(len(pieces)), np.array(pieces)], axis=1)
+    (_, slope), *_ = np.linalg.lstsq(design, np.array(residuals), rcond=None)
+    model.zero_grad(set_to_none=True)
+    return dataclasses.replace(cost, piece_overhead_s=max(float(slope), 0.0))
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,47 @@
+"""Simulated comparison of context-parallel strategies (``seqbalance.sim.context_parallel``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from seqbalance.datasets.generators import long_context
+from seqbalance.plan.context_parallel import ContextParallel, plan_context_parallel
+from seqbalance.sim.context_parallel import compare_context_parallel
+
+
+def test_comparison_matches_the_plans() -> None:
+    steps = [long_context(64, seed=seed) for seed in range(2)]
+    options = ContextParallel(16384)
+    comparison = compare_context_parallel(steps, 8, context_parallel=options)
+    assert comparison.n_steps == 2 and set(comparison.results) == {
+        "balanced",
+        "static_cp",
+        "dynamic_cp_megatron",
+    }
+    for strategy, result in comparison.results.items():
+        expected = [
+            plan_context_parallel(lengths, 8, context_parallel=options, strategy=strategy).step_cost
+            for lengths in steps
+        ]
+        np.testing.assert_allclose(result.step_seconds, expected, rtol=1e-12)
+        assert (result.lower_bound <= result.step_seconds * (1 + 1e-9)).all()
+    speedup = comparison.speedup("balanced", "static_cp")
+    np.testing.assert_allclose(
+        speedup,
+        comparison.results["static_cp"].step_seconds / comparison.results["balanced"].step_seconds,
+    )
+    assert (speedup >= 1 - 1e-9).all()  # balanced never loses (invariant 8)
+    summary = comparison.to_dict()["strategies"]
+    assert summary["balanced"]["speedup_over"]["static_cp"]["min"] == pytest.approx(speedup.min())
+    assert summary["static_cp"]["sharded_fraction"] == 1.0
+
+
+def test_comparison_input_errors() -> None:
+    options = ContextParallel(16384)
+    with pytest.raises(ValueError, match="at least one step"):
+        compare_context_parallel([], 8, context_parallel=options)
+    with pytest.raises(ValueError, match="groups has 1 entries for 2 steps"):
+        compare_context_parallel([[1], [2]], 8, context_parallel=options, groups=[[0]])
+    with pytest.raises(ValueError, match=r"steps\[1\]\[0\]"):
+        compare_context_parallel([[1], [-2]], 8, context_parallel=options)
