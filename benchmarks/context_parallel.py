@@ -15,10 +15,11 @@ on a long-tail mix (10% of samples 1.1k-2k tokens, the rest lognormal around 128
 per rank and slot. Both processes first calibrate together: compute (``TimeModel`` fitted to
 timed micro-batches, as ``seqbalance calibrate`` does), communication (``calibrate_comm``:
 timed K/V gathers) and the executor's fixed cost per sharded sample
-(``calibrate_piece_overhead``: 2048 tokens in 4 to 64 samples, all sharded, on batches that are
-not the benchmark's). Every strategy's plans are costed with that model (predicted) and run with
-the reference executor (measured: the slowest rank's time from the first slot to the end of the
-last, the gradient all-reduce excluded), steps interleaved across strategies.
+(``calibrate_piece_overhead``: 2048 tokens in 4 to 128 samples, all sharded, median of 5 runs,
+on batches that are not the benchmark's). Every strategy's plans are costed with that model
+(predicted) and run with the reference executor (measured: the slowest rank's time from the
+first slot to the end of the last, the gradient all-reduce excluded), steps interleaved across
+strategies.
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ def _worker(rank: int, directory: str, steps: int, repeats: int, trials: int) ->
                 kv_layers=kv_layers(spec),
             ),
             options,
-            [np.full(count, 2048 // count) for count in (4, 8, 16, 32, 64)],
+            [np.full(count, 2048 // count) for count in (4, 8, 16, 32, 64, 128)],
+            repeats=5,
             timeout=timeout,
         )
         plans = {
