@@ -12,8 +12,9 @@ step: CP groups inside an NVLink node) and 25 GB/s (CP groups across nodes).
 
 Measured (2 gloo processes on this machine, one thread each): the toy transformer (``small``)
 on a long-tail mix (10% of samples 1.1k-2k tokens, the rest lognormal around 128), 1024 tokens
-per rank and slot. Both processes first calibrate together: compute (``TimeModel`` fitted to
-timed micro-batches, as ``seqbalance calibrate`` does), communication (``calibrate_comm``:
+per rank and slot. Both processes first calibrate together: compute (``calibrate_compute``: a
+``TimeModel`` fitted to whole-sample slots of varied micro-batches run through the executor),
+communication (``calibrate_comm``:
 timed K/V gathers) and the executor's fixed cost per sharded sample
 (``calibrate_piece_overhead``: 2048 tokens in 4 to 128 samples, all sharded, median of 5 runs,
 on batches that are not the benchmark's). Every strategy's plans are costed with that model
@@ -107,16 +108,12 @@ def _worker(rank: int, directory: str, steps: int, repeats: int, trials: int) ->
     import torch
     import torch.distributed as dist
 
-    from seqbalance.cli.calibrate import (
-        calibration_microbatches,
-        fit_time_model,
-        model_config,
-        time_microbatches,
-    )
+    from seqbalance.cli.calibrate import calibration_microbatches, model_config
     from seqbalance.cost.context_parallel import kv_elements_per_token, kv_layers
     from seqbalance.runtime.context_parallel import (
         ContextParallelGroups,
         calibrate_comm,
+        calibrate_compute,
         calibrate_piece_overhead,
         run_step,
     )
@@ -129,18 +126,14 @@ def _worker(rank: int, directory: str, steps: int, repeats: int, trials: int) ->
     )
     try:
         model = TinyCausalTransformer(model_config("small", max_position=2048), seed=0)
-        device = torch.device("cpu")
-        # Compute: each rank times half of the calibration micro-batches, all fit one model.
-        microbatches = calibration_microbatches(trials, max_tokens=MEASURED_CAP, max_length=2048)
-        mine = list(range(rank, len(microbatches), 2))
-        seconds = time_microbatches(model, [microbatches[i] for i in mine], device=device)
-        shares: list[Any] = [None, None]
-        dist.all_gather_object(shares, (mine, seconds.tolist()))
-        measured = np.empty(len(microbatches))
-        for indices, values in shares:
-            measured[indices] = values
-        calibration = fit_time_model(microbatches, measured)
         groups = ContextParallelGroups(timeout=timeout)
+        time_model = calibrate_compute(
+            model,
+            groups,
+            calibration_microbatches(trials, max_tokens=MEASURED_CAP, max_length=MEASURED_CAP),
+            max_tokens_per_rank=MEASURED_CAP,
+            timeout=timeout,
+        )
         spec = model.model_spec()
         comm = calibrate_comm(
             groups, kv_elements_per_token=kv_elements_per_token(spec), timeout=timeout
@@ -150,7 +143,7 @@ def _worker(rank: int, directory: str, steps: int, repeats: int, trials: int) ->
             model,
             groups,
             ContextParallelTimeModel(
-                time=calibration.time_model,
+                time=time_model,
                 comm=comm,
                 kv_elements_per_token=kv_elements_per_token(spec),
                 kv_layers=kv_layers(spec),
@@ -198,7 +191,7 @@ def _worker(rank: int, directory: str, steps: int, repeats: int, trials: int) ->
                 "sharded": {s: [float((p.cp_size > 1).mean()) for p in plans[s]] for s in plans},
                 "calibration": {
                     "time_model": [cost.time.t0, cost.time.t1, cost.time.t2],
-                    "heldout_mape": calibration.heldout_mape,
+                    "fit_mape": time_model.fit_stats.mape if time_model.fit_stats else None,
                     "bandwidth": comm.bandwidth_bytes_per_s,
                     "latency": comm.latency_s,
                     "comm_mape": comm.fit_stats.mape if comm.fit_stats else None,
@@ -232,8 +225,8 @@ def measured(steps: int, repeats: int, trials: int) -> tuple[list[str], dict[str
     lines = [
         f"Calibration: TimeModel t0 = {calibration['time_model'][0] * 1e3:.3f} ms, "
         f"t1 = {calibration['time_model'][1] * 1e9:.1f} ns/token, "
-        f"t2 = {calibration['time_model'][2] * 1e12:.3f} ps/token² (held-out MAPE "
-        f"{100 * calibration['heldout_mape']:.1f}%); gloo K/V gather: "
+        f"t2 = {calibration['time_model'][2] * 1e12:.3f} ps/token² (fit MAPE "
+        f"{100 * calibration['fit_mape']:.1f}%); gloo K/V gather: "
         f"{calibration['bandwidth'] / 1e9:.2f} GB/s, {calibration['latency'] * 1e6:.0f} us per "
         f"ring step (fit MAPE {100 * (calibration['comm_mape'] or 0):.1f}%); executor overhead "
         f"per sharded sample and member: {calibration['piece_overhead'] * 1e3:.2f} ms.",

@@ -450,6 +450,8 @@ def test_argument_errors() -> None:
         plan([1, 2], 2, 4, groups=[0, 0], strategy="dynamic_cp_megatron")
     with pytest.raises(ValueError, match="static_size = 1 is too small"):
         plan([7, 1], 2, 4, strategy="static_cp", static_size=1)
+    # static_size applies to static_cp only: balanced ignores a size that cannot hold the input
+    assert plan([7, 1], 2, 4, static_size=1, allow_empty=True).cp_size.tolist() == [2, 1]
     with pytest.raises(ValueError, match="no CP size"):
         plan([1], 3, 4, sizes=(2, 4))
     with pytest.raises(ValueError, match="only applies to cost='flops'"):
@@ -475,3 +477,50 @@ def test_cost_resolution() -> None:
         plan_context_parallel([5000], 2, context_parallel=options, cost=time)
     with pytest.raises(ValueError, match="only applies to cost='flops'"):
         plan_context_parallel([5000], 2, context_parallel=options, cost=spec, model="qwen3-8b")
+
+
+def test_from_assignment() -> None:
+    options = ContextParallel(4)
+    p = ContextParallelPlan.from_assignment(
+        [8, 2, 3],
+        2,
+        cp_size=[2, 1, 1],
+        group_start=[0, 1, 0],
+        slot_of=[1, 0, 0],
+        context_parallel=options,
+        cost=token_model(),
+    )
+    assert p.n_slots == 2 and p.strategy == "given"
+    assert p.slots[0][0].tolist() == [[2, 0]] and p.slots[1][1].tolist() == [[0, 1]]
+    # Slot 0: rank 0 runs 3 s, rank 1 runs 2 s; slot 1 (CP 2) starts when rank 0 is ready.
+    assert p.step_cost == 7.0
+    with pytest.raises(PlanValidationError, match="holds 5 tokens"):
+        ContextParallelPlan.from_assignment(
+            [8, 2, 3],
+            2,
+            cp_size=[2, 1, 1],
+            group_start=[0, 0, 0],
+            slot_of=[0, 1, 1],
+            context_parallel=options,
+            cost=token_model(),
+        )
+    with pytest.raises(PlanValidationError, match="not inside the 2 ranks"):
+        ContextParallelPlan.from_assignment(
+            [8],
+            2,
+            cp_size=[2],
+            group_start=[1],
+            slot_of=[0],
+            context_parallel=options,
+            cost=token_model(),
+        )
+    with pytest.raises(ValueError, match="slot_of must hold one entry per sample"):
+        ContextParallelPlan.from_assignment(
+            [8],
+            2,
+            cp_size=[2],
+            group_start=[0],
+            slot_of=[0, 0],
+            context_parallel=options,
+            cost=token_model(),
+        )

@@ -36,7 +36,7 @@ def _examples(ci: int, local: int) -> int:
 
 REFUSALS = re.compile(
     "does not fit|would be empty|is infeasible|does not support groups|no CP size|"
-    "needs power-of-two|is too small"
+    "needs power-of-two|is too small|is not an allowed CP size"
 )
 
 SIZES = [(1, 2, 4, 8), (1, 2), (1,), (2, 4), (1, 4), (1, 2, 4), (1, 3, 6)]
@@ -76,6 +76,8 @@ def problems(draw: st.DrawFn, *, grouped: bool | None = None, counts: bool = Tru
     }
     if draw(st.booleans()):
         problem["options"]["scheme"] = "contiguous"
+    if draw(st.integers(0, 4)) == 0:
+        problem["options"]["static_size"] = draw(st.sampled_from(sizes))
     if not megatron and (grouped if grouped is not None else draw(st.integers(0, 3)) == 0):
         problem["groups"] = draw(st.lists(st.integers(0, max(1, n // 3)), min_size=n, max_size=n))
     if counts and draw(st.booleans()):

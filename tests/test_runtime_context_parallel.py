@@ -24,7 +24,6 @@ dist = pytest.importorskip("torch.distributed")
 
 from seqbalance.cost import TimeModel  # noqa: E402
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
-from seqbalance.plan._cp_metrics import Pieces, slot_loads  # noqa: E402
 from seqbalance.plan.context_parallel import (  # noqa: E402
     CP_STRATEGIES,
     ContextParallel,
@@ -35,6 +34,7 @@ from seqbalance.runtime import CollectiveError  # noqa: E402
 from seqbalance.runtime.context_parallel import (  # noqa: E402
     ContextParallelGroups,
     calibrate_comm,
+    calibrate_compute,
     calibrate_piece_overhead,
     run_step,
     slot_batch,
@@ -147,26 +147,14 @@ def _overlapping_groups_plan() -> ContextParallelPlan:
     """Slot 0 mixes a CP-4 sample, a CP-2 sample on ranks 0-1 and a whole sample on rank 3;
     slot 1 a CP-2 sample on ranks 2-3 and whole samples: ranks 0 and 1 gather over two
     different groups in one slot."""
-    lengths = np.array([40, 20, 6, 30, 5, 7])
-    base = plan_context_parallel(lengths, 4, context_parallel=OPTIONS, allow_empty=True)
-    cp_size = np.array([4, 2, 1, 2, 1, 1])
-    group_start = np.array([0, 0, 3, 2, 0, 1])
-    slot_of = np.array([0, 0, 0, 1, 1, 1])
-    pieces = Pieces.from_schedule(cp_size, group_start, slot_of)
-    tokens, costs = slot_loads(pieces, lengths, base.cost_model, "head_tail", 4, 2)
-    plan = dataclasses.replace(
-        base,
-        slots=pieces.per_slot(4, 2),
-        cp_size=cp_size,
-        group_start=group_start,
-        costs=costs,
-        tokens=tokens,
-        n_slots=2,
-        barriers=(),
-        lower_bound=0.0,
+    return ContextParallelPlan.from_assignment(
+        [40, 20, 6, 30, 5, 7],
+        4,
+        cp_size=[4, 2, 1, 2, 1, 1],
+        group_start=[0, 0, 3, 2, 0, 1],
+        slot_of=[0, 0, 0, 1, 1, 1],
+        context_parallel=OPTIONS,
     )
-    plan.validate()
-    return plan
 
 
 @pytest.mark.parametrize(("world_size", "lengths"), [(2, LENGTHS_2), (4, LENGTHS_4)])
@@ -269,7 +257,20 @@ def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
         repeats=1,
         timeout=TIMEOUT,
     )
-    return {"refused": refused, "comm": comm.to_dict(), "overhead": fitted.piece_overhead_s}
+    time_model = calibrate_compute(
+        _model(),
+        groups,
+        [np.array([64]), np.array([8] * 16), np.array([200, 40]), np.array([16]), [300], [5] * 9],
+        max_tokens_per_rank=512,
+        repeats=1,
+        timeout=TIMEOUT,
+    )
+    return {
+        "refused": refused,
+        "comm": comm.to_dict(),
+        "overhead": fitted.piece_overhead_s,
+        "time": time_model.to_json(),
+    }
 
 
 def test_calibration_gives_every_rank_the_same_model(tmp_path: Path) -> None:
@@ -280,3 +281,6 @@ def test_calibration_gives_every_rank_the_same_model(tmp_path: Path) -> None:
     assert comm.bandwidth_bytes_per_s > 0 and comm.bytes_per_element == 4
     assert comm.fit_stats is not None and comm.fit_stats.n_observations == 3
     assert results[0]["overhead"] == results[1]["overhead"] >= 0.0
+    assert results[0]["time"] == results[1]["time"]
+    time_model = TimeModel.from_json(results[0]["time"])
+    assert time_model.fit_stats is not None and time_model.fit_stats.n_observations == 6

@@ -74,11 +74,11 @@ def schedule_step_time(s: Schedule) -> float:
 
 # ------------------------------------------------------------------ balanced
 def plan_balanced_cp(
-    p: CPProblem, *, static: int, allow_empty: bool, finalise: Finalise
+    p: CPProblem, *, statics: list[int], allow_empty: bool, finalise: Finalise
 ) -> Schedule:
     """The balanced schedule, finalised (slot counts equalised by ``finalise``).
 
-    ``static``: the size ``static_cp`` would use; ``allow_empty``: whether the Megatron rule's
+    ``statics``: the sizes ``static_cp`` would use; ``allow_empty``: whether the Megatron rule's
     schedule (which idles ranks) is a valid candidate. Candidates are compared after
     ``finalise``; one it refuses is skipped, and if it refuses all, its first refusal is raised.
     """
@@ -96,7 +96,8 @@ def plan_balanced_cp(
         candidates.append(lambda: _schedule(p, *exact))
     # The baselines are candidates too, so balanced is never worse than them (DESIGN.md, 8).
     candidates += [
-        lambda balance=balance: plan_static_cp(p, static, balance=balance)
+        lambda size=size, balance=balance: plan_static_cp(p, size, balance=balance)
+        for size in statics
         for balance in ("cost", "tokens")
     ]
     if allow_empty and megatron_applicable(p):

@@ -449,6 +449,89 @@ class ContextParallelPlan:
             position_ids=positions.astype(np.int64),
         )
 
+    @classmethod
+    def from_assignment(
+        cls,
+        lengths: Any,
+        n_ranks: int,
+        *,
+        cp_size: Any,
+        group_start: Any,
+        slot_of: Any,
+        context_parallel: ContextParallel,
+        cost: Any = "flops",
+        model: Any = None,
+        groups: Any = None,
+        allow_empty: bool = True,
+        strategy: str = "given",
+    ) -> ContextParallelPlan:
+        """The plan that runs sample ``i`` on CP group ``group_start[i] .. + cp_size[i] − 1`` in
+        slot ``slot_of[i]`` (shard ``s`` on rank ``group_start[i] + s``), costed and validated.
+
+        For schedules made elsewhere (another planner, a hand-written test or calibration
+        case). ``n_slots`` is one more than the largest slot. ``cost`` and ``model`` as for
+        ``plan_context_parallel``.
+
+        Raises:
+            ValueError: bad arrays (shape, negative values), or ``PlanValidationError`` when the
+                assignment breaks an invariant (cap, alignment, groups, empty slots).
+        """
+        lengths = as_lengths(lengths, "lengths")
+        n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
+        arrays = [
+            as_lengths(values, name)
+            for values, name in (
+                (cp_size, "cp_size"),
+                (group_start, "group_start"),
+                (slot_of, "slot_of"),
+            )
+        ]
+        for array, name in zip(arrays, ("cp_size", "group_start", "slot_of"), strict=True):
+            if array.shape != lengths.shape:
+                raise ValueError(
+                    f"{name} must hold one entry per sample ({lengths.size}), got {array.size}"
+                )
+        cp, start, slot = arrays
+        if (cp < 1).any():
+            raise ValueError(f"cp_size[{int(np.argmax(cp < 1))}] must be >= 1")
+        outside = (start < 0) | (start + cp > n_ranks)
+        if outside.any():
+            i = int(np.argmax(outside))
+            raise PlanValidationError(
+                f"sample {i}: CP group at rank {int(start[i])} of size {int(cp[i])} is not inside "
+                f"the {n_ranks} ranks"
+            )
+        cost_model = context_parallel_cost(cost, model, comm=context_parallel.comm)
+        n_slots = int(slot.max(initial=0)) + 1
+        pieces = Pieces.from_schedule(cp, start, slot)
+        scheme, cap = context_parallel.scheme, context_parallel.max_tokens_per_rank
+        tokens, costs = slot_loads(pieces, lengths, cost_model, scheme, n_ranks, n_slots)
+        sizes = context_parallel.usable_sizes(n_ranks)
+        plan = cls(
+            slots=pieces.per_slot(n_ranks, n_slots),
+            cp_size=cp,
+            group_start=start,
+            costs=costs,
+            tokens=tokens,
+            lengths=lengths,
+            groups=None if groups is None else as_group_ids(groups, lengths.size),
+            n_ranks=n_ranks,
+            n_slots=n_slots,
+            barriers=(),
+            context_parallel=context_parallel,
+            cost_model=cost_model,
+            strategy=strategy,
+            objective="step",
+            allow_empty=check_bool(allow_empty, "allow_empty"),
+            min_microbatches=1,
+            microbatch_multiple=1,
+            num_microbatches=None,
+            # Infinite when a sample fits no usable size; validate() reports the cause first.
+            lower_bound=lower_bound(lengths, n_ranks, sizes, cap, cost_model, scheme),
+        )
+        plan.validate()
+        return plan
+
     def fingerprint(self) -> str:
         """sha256 of ``to_json(timing=False)``: ranks compare it before running a step."""
         return hashlib.sha256(self.to_json(timing=False).encode()).hexdigest()
@@ -845,7 +928,6 @@ def plan_context_parallel(
         groups=group_ids,
         min_cp=min_cp,
     )
-    static = static_size(problem, context_parallel.static_size)
     if strategy == "dynamic_cp_megatron":
         allow_empty = True  # the rule idles ranks between its barriers
 
@@ -860,11 +942,19 @@ def plan_context_parallel(
         return schedule
 
     if strategy == "balanced":
+        # static_cp's plans are candidates: at the default size, and at static_size if usable.
+        statics = {static_size(problem, None)}
+        if context_parallel.static_size in problem.sizes and (
+            context_parallel.static_size >= min(statics)
+        ):
+            statics.add(context_parallel.static_size)
         schedule = plan_balanced_cp(
-            problem, static=static, allow_empty=allow_empty, finalise=finalise
+            problem, statics=sorted(statics), allow_empty=allow_empty, finalise=finalise
         )
     elif strategy == "static_cp":
-        schedule = finalise(*plan_static_cp(problem, static))
+        schedule = finalise(
+            *plan_static_cp(problem, static_size(problem, context_parallel.static_size))
+        )
     else:
         schedule = finalise(*plan_megatron_cp(problem))
     cp_size, group_start, slot_of, n_slots = schedule.arrays()

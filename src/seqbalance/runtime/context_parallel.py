@@ -20,10 +20,11 @@ the same :class:`~seqbalance.plan.context_parallel.ContextParallelPlan`:
    the gathered gradient, then a slice: the reduce-scatter gloo lacks).
 4. :func:`run_step` runs a whole step (forward and backward slot by slot, barriers, and the
    gradient all-reduce over all ranks), returning the step's loss and timings.
-5. :func:`calibrate_comm` times the K/V gathers and fits the ``CommModel`` the planner uses;
+5. :func:`calibrate_compute` fits the ``TimeModel`` of the executor's whole-sample slots,
+   :func:`calibrate_comm` times the K/V gathers and fits the ``CommModel`` the planner uses;
    :func:`calibrate_piece_overhead` fits the executor's fixed cost per sharded sample
-   (``ContextParallelTimeModel.piece_overhead_s``). With ``TimeModel`` calibration of the
-   compute, that is what ``seqbalance calibrate`` must do for context parallelism.
+   (``ContextParallelTimeModel.piece_overhead_s``). Together, that is what ``seqbalance
+   calibrate`` must do for context parallelism.
 
 Every collective waits at most ``timeout``; a peer that fails or hangs raises
 :class:`~seqbalance.runtime.CollectiveError`. The gathers of one slot are chained (each takes
@@ -50,6 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import (
     CommModel,
     ContextParallelTimeModel,
@@ -72,6 +74,7 @@ __all__ = [
     "SlotBatch",
     "StepResult",
     "calibrate_comm",
+    "calibrate_compute",
     "calibrate_piece_overhead",
     "run_step",
     "slot_batch",
@@ -489,6 +492,56 @@ def calibrate_comm(
     shared: list[Any] = [None] * world
     dist.all_gather_object(shared, observations)
     return CommModel.fit(shared[0], bytes_per_element=element_bytes)
+
+
+def calibrate_compute(
+    model: TinyCausalTransformer,
+    groups: ContextParallelGroups,
+    microbatches: Sequence[Any],
+    *,
+    max_tokens_per_rank: int,
+    repeats: int = 3,
+    timeout: timedelta = _DEFAULT_TIMEOUT,
+) -> TimeModel:
+    """A ``TimeModel`` of this executor's whole-sample slots on this machine.
+
+    Every rank calls it with the same ``microbatches`` (token lengths, each at most
+    ``max_tokens_per_rank`` tokens). They run ``world`` at a time, one per rank as that rank's
+    only slot (all ranks busy at once, as in training), through :func:`run_step`; each rank's
+    slot time (median of ``repeats`` after a warm-up) is one observation, and the observations
+    of all ranks are fitted with ``TimeModel.fit(relative=True)``. Unlike timing
+    ``model(...)`` alone, this includes what the executor adds per slot.
+    """
+    world = dist.get_world_size()
+    options = ContextParallel(max_tokens_per_rank, sizes=(1,))
+    generator = torch.Generator().manual_seed(0)
+    observations = []
+    for first in range(0, len(microbatches) - world + 1, world):
+        batch = [np.asarray(m, dtype=np.int64) for m in microbatches[first : first + world]]
+        lengths = np.concatenate(batch)
+        owner = np.repeat(np.arange(world), [b.size for b in batch])
+        plan = ContextParallelPlan.from_assignment(
+            lengths,
+            world,
+            cp_size=np.ones_like(lengths),
+            group_start=owner,
+            slot_of=np.zeros_like(lengths),
+            context_parallel=options,
+            cost=ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0),
+        )
+        samples = [
+            torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)
+            for n in lengths
+        ]
+        seconds = []
+        for _ in range(repeats + 1):  # the first run warms up
+            model.zero_grad(set_to_none=True)
+            seconds.append(run_step(model, plan, samples, groups, timeout=timeout).slot_seconds)
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, float(np.median(seconds[1:])))
+        observations += [(b, s) for b, s in zip(batch, everyone, strict=True)]
+    model.zero_grad(set_to_none=True)
+    return TimeModel.fit(observations, relative=True)
 
 
 def calibrate_piece_overhead(
