@@ -1,7 +1,7 @@
 """Benchmark of context-parallel planning (issue 13): ``balanced`` vs ``static_cp`` vs
 ``dynamic_cp_megatron``, simulated at scale and measured on real processes.
 
-    python bench/context_parallel.py [--quick] [--skip-measured] [--out FILE]
+    python benchmarks/context_parallel.py [--quick] [--skip-measured] [--out FILE]
 
 Simulated (``seqbalance.sim.context_parallel.compare_context_parallel``): the long-context mix
 of ``seqbalance.datasets.long_context`` (10% of samples log-uniform in 32k-128k tokens, the rest
@@ -26,13 +26,10 @@ strategies.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import platform
 import sys
-import tempfile
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -104,12 +101,13 @@ def measured_batches(steps: int) -> list[np.ndarray]:
     ]
 
 
-def _worker(rank: int, directory: str, steps: int, repeats: int, trials: int) -> None:
+def _worker(rank: int, world_size: int, steps: int, repeats: int, trials: int) -> dict[str, Any]:
+    """One rank: calibrate together, plan, run every strategy's steps interleaved."""
     import torch
     import torch.distributed as dist
 
-    from seqbalance.cli.calibrate import calibration_microbatches, model_config
     from seqbalance.cost.context_parallel import kv_elements_per_token, kv_layers
+    from seqbalance.runtime.calibrate import calibration_microbatches, model_config
     from seqbalance.runtime.context_parallel import (
         ContextParallelGroups,
         calibrate_comm,
@@ -121,104 +119,87 @@ def _worker(rank: int, directory: str, steps: int, repeats: int, trials: int) ->
 
     torch.set_num_threads(1)
     timeout = timedelta(seconds=120)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{directory}/store", rank=rank, world_size=2, timeout=timeout
+    model = TinyCausalTransformer(model_config("small", max_position=2048), seed=0)
+    groups = ContextParallelGroups(timeout=timeout)
+    time_model = calibrate_compute(
+        model,
+        groups,
+        calibration_microbatches(trials, max_tokens=MEASURED_CAP, max_length=MEASURED_CAP),
+        max_tokens_per_rank=MEASURED_CAP,
+        timeout=timeout,
     )
-    try:
-        model = TinyCausalTransformer(model_config("small", max_position=2048), seed=0)
-        groups = ContextParallelGroups(timeout=timeout)
-        time_model = calibrate_compute(
-            model,
-            groups,
-            calibration_microbatches(trials, max_tokens=MEASURED_CAP, max_length=MEASURED_CAP),
-            max_tokens_per_rank=MEASURED_CAP,
-            timeout=timeout,
-        )
-        spec = model.model_spec()
-        comm = calibrate_comm(
-            groups, kv_elements_per_token=kv_elements_per_token(spec), timeout=timeout
-        )
-        options = ContextParallel(MEASURED_CAP, sizes=(1, 2))
-        cost = calibrate_piece_overhead(
-            model,
-            groups,
-            ContextParallelTimeModel(
-                time=time_model,
-                comm=comm,
-                kv_elements_per_token=kv_elements_per_token(spec),
-                kv_layers=kv_layers(spec),
-            ),
-            options,
-            [np.full(count, 2048 // count) for count in (4, 8, 16, 32, 64, 128)],
-            repeats=5,
-            timeout=timeout,
-        )
-        plans = {
-            strategy: [
-                plan_context_parallel(
-                    lengths, 2, context_parallel=options, cost=cost, strategy=strategy
-                )
-                for lengths in measured_batches(steps)
-            ]
-            for strategy in CP_STRATEGIES
-        }
-        generator = torch.Generator().manual_seed(5)
-        samples = [
-            [torch.randint(0, model.config.vocab_size, (int(n),), generator=generator) for n in b]
-            for b in measured_batches(steps)
+    spec = model.model_spec()
+    comm = calibrate_comm(
+        groups, kv_elements_per_token=kv_elements_per_token(spec), timeout=timeout
+    )
+    options = ContextParallel(MEASURED_CAP, sizes=(1, 2))
+    cost = calibrate_piece_overhead(
+        model,
+        groups,
+        ContextParallelTimeModel(
+            time=time_model,
+            comm=comm,
+            kv_elements_per_token=kv_elements_per_token(spec),
+            kv_layers=kv_layers(spec),
+        ),
+        options,
+        [np.full(count, 2048 // count) for count in (4, 8, 16, 32, 64, 128)],
+        repeats=5,
+        timeout=timeout,
+    )
+    plans = {
+        strategy: [
+            plan_context_parallel(
+                lengths, 2, context_parallel=options, cost=cost, strategy=strategy
+            )
+            for lengths in measured_batches(steps)
         ]
-        # Warm up every strategy once, then interleave (rotating order) to spread drift.
-        for strategy in CP_STRATEGIES:
-            run_step(model, plans[strategy][0], samples[0], groups, timeout=timeout)
-        slot_seconds = {s: np.zeros((repeats, steps)) for s in CP_STRATEGIES}
-        for repeat in range(repeats):
-            for step in range(steps):
-                order = np.roll(np.arange(len(CP_STRATEGIES)), step + repeat)
-                for index in order.tolist():
-                    strategy = CP_STRATEGIES[index]
-                    model.zero_grad(set_to_none=True)
-                    result = run_step(
-                        model, plans[strategy][step], samples[step], groups, timeout=timeout
-                    )
-                    slot_seconds[strategy][repeat, step] = result.slot_seconds
-        gathered: list[Any] = [None, None]
-        dist.all_gather_object(gathered, {s: v.tolist() for s, v in slot_seconds.items()})
-        if rank == 0:
-            slowest = {s: np.maximum(*(np.array(g[s]) for g in gathered)) for s in CP_STRATEGIES}
-            report = {
-                "measured": {s: np.median(v, axis=0).tolist() for s, v in slowest.items()},
-                "predicted": {s: [p.step_cost for p in plans[s]] for s in CP_STRATEGIES},
-                "sharded": {s: [float((p.cp_size > 1).mean()) for p in plans[s]] for s in plans},
-                "calibration": {
-                    "time_model": [cost.time.t0, cost.time.t1, cost.time.t2],
-                    "fit_mape": time_model.fit_stats.mape if time_model.fit_stats else None,
-                    "bandwidth": comm.bandwidth_bytes_per_s,
-                    "latency": comm.latency_s,
-                    "comm_mape": comm.fit_stats.mape if comm.fit_stats else None,
-                    "piece_overhead": cost.piece_overhead_s,
-                },
-            }
-            np.save(Path(directory) / "report.npy", report, allow_pickle=True)
-        dist.destroy_process_group()
-    except Exception:
-        traceback.print_exc()
-        raise
+        for strategy in CP_STRATEGIES
+    }
+    generator = torch.Generator().manual_seed(5)
+    samples = [
+        [torch.randint(0, model.config.vocab_size, (int(n),), generator=generator) for n in batch]
+        for batch in measured_batches(steps)
+    ]
+    # Warm up every strategy once, then interleave (rotating order) to spread drift.
+    for strategy in CP_STRATEGIES:
+        run_step(model, plans[strategy][0], samples[0], groups, timeout=timeout)
+    slot_seconds = {s: np.zeros((repeats, steps)) for s in CP_STRATEGIES}
+    for repeat in range(repeats):
+        for step in range(steps):
+            for index in np.roll(np.arange(len(CP_STRATEGIES)), step + repeat).tolist():
+                strategy = CP_STRATEGIES[index]
+                model.zero_grad(set_to_none=True)
+                result = run_step(
+                    model, plans[strategy][step], samples[step], groups, timeout=timeout
+                )
+                slot_seconds[strategy][repeat, step] = result.slot_seconds
+    everyone: list[Any] = [None] * world_size
+    dist.all_gather_object(everyone, {s: v.tolist() for s, v in slot_seconds.items()})
+    slowest = {s: np.max([np.array(r[s]) for r in everyone], axis=0) for s in CP_STRATEGIES}
+    return {
+        "measured": {s: np.median(v, axis=0).tolist() for s, v in slowest.items()},
+        "predicted": {s: [p.step_cost for p in plans[s]] for s in CP_STRATEGIES},
+        "sharded": {s: [float((p.cp_size > 1).mean()) for p in plans[s]] for s in plans},
+        "calibration": {
+            "time_model": [cost.time.t0, cost.time.t1, cost.time.t2],
+            "fit_mape": time_model.fit_stats.mape if time_model.fit_stats else None,
+            "bandwidth": comm.bandwidth_bytes_per_s,
+            "latency": comm.latency_s,
+            "comm_mape": comm.fit_stats.mape if comm.fit_stats else None,
+            "piece_overhead": cost.piece_overhead_s,
+        },
+    }
 
 
 def measured(steps: int, repeats: int, trials: int) -> tuple[list[str], dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as directory:
-        context = multiprocessing.get_context("spawn")
-        processes = [
-            context.Process(target=_worker, args=(rank, directory, steps, repeats, trials))
-            for rank in range(2)
-        ]
-        for process in processes:
-            process.start()
-        for process in processes:
-            process.join(1800)
-        if any(p.exitcode != 0 for p in processes):
-            raise RuntimeError("a measured worker failed (see its traceback above)")
-        report = np.load(Path(directory) / "report.npy", allow_pickle=True).item()
+    """Run the measured part on 2 gloo ranks (the shared launcher); its markdown lines and
+    raw report."""
+    from seqbalance.runtime.launch import launch
+
+    report = launch(
+        _worker, 2, args=(steps, repeats, trials), timeout=1800.0, collective_timeout=120.0
+    )[0]
     measured_mean = {s: float(np.mean(v)) for s, v in report["measured"].items()}
     predicted_mean = {s: float(np.mean(v)) for s, v in report["predicted"].items()}
     calibration = report["calibration"]
@@ -266,11 +247,11 @@ def main() -> int:
     sim_steps = 2 if args.quick else 5
     started = time.time()
     lines = [
-        "## Context parallelism (`bench/context_parallel.py`)",
+        "## Context parallelism (`benchmarks/context_parallel.py`)",
         "",
         f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
         f"{sys.version.split()[0]}; {time.strftime('%Y-%m-%d')}; command: "
-        f"`python bench/context_parallel.py{' --quick' if args.quick else ''}`.",
+        f"`python benchmarks/context_parallel.py{' --quick' if args.quick else ''}`.",
         "",
         f"### Simulated: long-context mix, Qwen3-8B, {sim_steps} steps per case",
         "",

@@ -1,20 +1,20 @@
 """Property tests of context-parallel plans: every plan validates, balanced is never worse than
 the baselines, and on tiny instances it equals a brute force over every CP size and block.
 
-Example counts follow the hypothesis profile: the ``ci`` profile (``CI`` set, as in
-``.ci/run``) generates 6,300 CP problems; about 80% are planned (the rest are documented
-refusals: too few samples for the slots, an infeasible ``num_microbatches``, ...), which with
-the baselines planned beside them gives about 5,600 validated plans (issue 13 asks for at least
-5,000 with zero invariant violations). A local run generates a few hundred.
+Example counts follow the hypothesis profile (``_profiles.examples``): the ``ci`` profile
+generates 6,300 CP problems; about 80% are planned (the rest are documented refusals: too few
+samples for the slots, an infeasible ``num_microbatches``, ...), which with the baselines planned
+beside them gives about 5,600 validated plans (issue 13 asks for at least 5,000 with zero
+invariant violations). The ``default`` profile runs a quarter of that.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import re
 
 import numpy as np
+from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,13 +26,6 @@ from seqbalance.plan.context_parallel import (
     ContextParallelPlan,
     plan_context_parallel,
 )
-
-_CI = bool(os.environ.get("CI")) or os.environ.get("HYPOTHESIS_PROFILE") == "ci"
-
-
-def _examples(ci: int, local: int) -> int:
-    return ci if _CI else local
-
 
 REFUSALS = re.compile(
     "does not fit|would be empty|is infeasible|does not support groups|no CP size|"
@@ -129,19 +122,19 @@ def _check(problem: dict) -> None:
     assert all((count == 1).all() for count in seen)
 
 
-@settings(max_examples=_examples(3400, 120))
+@settings(max_examples=examples(3400))
 @given(problems())
 def test_cp_plans_validate(problem: dict) -> None:
     _check(problem)
 
 
-@settings(max_examples=_examples(1400, 60))
+@settings(max_examples=examples(1400))
 @given(problems(grouped=True))
 def test_grouped_cp_plans_validate(problem: dict) -> None:
     _check(problem)
 
 
-@settings(max_examples=_examples(700, 40))
+@settings(max_examples=examples(700))
 @given(problems())
 def test_cp_json_round_trip_and_determinism(problem: dict) -> None:
     plan = _plan(problem)
@@ -154,7 +147,7 @@ def test_cp_json_round_trip_and_determinism(problem: dict) -> None:
     loaded.validate()
 
 
-@settings(max_examples=_examples(500, 30))
+@settings(max_examples=examples(500))
 @given(problems(counts=False))
 def test_balanced_never_worse_than_baselines(problem: dict) -> None:
     balanced = _plan(problem, strategy="balanced")
@@ -255,7 +248,7 @@ def tiny_problems(draw: st.DrawFn) -> dict:
     return problem
 
 
-@settings(max_examples=_examples(300, 30))
+@settings(max_examples=examples(300))
 @given(tiny_problems())
 def test_balanced_against_brute_force(problem: dict) -> None:
     """The lower bound never exceeds the optimum; balanced is never better than the optimum

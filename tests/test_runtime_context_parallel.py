@@ -1,15 +1,13 @@
 """Context-parallel executor on real gloo processes: loss and gradients equal one process.
 
-Each launch starts ``world_size`` spawned processes (a FileStore in ``tmp_path``) that run every
-plan of the scenario with the toy transformer in float64 and save the step loss and gradients;
-the parent compares them with one process running all samples whole. The launcher is the
-smallest local helper (``seqbalance.runtime.launch`` is not on main yet).
+Each launch (``seqbalance.runtime.launch``) starts ``world_size`` processes that run every plan
+of the scenario with the toy transformer in float64 and return the step loss and gradients; the
+parent compares them with one process running all samples whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import time
 import traceback
 from datetime import timedelta
@@ -39,6 +37,7 @@ from seqbalance.runtime.context_parallel import (  # noqa: E402
     run_step,
     slot_batch,
 )
+from seqbalance.runtime.launch import launch  # noqa: E402
 from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
@@ -53,41 +52,24 @@ TIMEOUT = timedelta(seconds=30)
 
 # ------------------------------------------------------------------ launching
 def _launch(tmp_path: Path, world_size: int, worker: Any, *args: Any) -> list[dict[str, Any]]:
-    """Run ``worker(rank, world_size, *args)`` on gloo ranks; return each rank's result."""
-    context = multiprocessing.get_context("spawn")
-    processes = [
-        context.Process(target=_entry, args=(worker, rank, world_size, str(tmp_path), args))
-        for rank in range(world_size)
-    ]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    for process in processes:
-        process.join(max(deadline - time.monotonic(), 0.1))
-    hung = [p for p in processes if p.is_alive()]
-    for process in hung:
-        process.kill()
-        process.join()
-    assert not hung, f"{len(hung)} rank(s) hung past {LAUNCH_TIMEOUT_S} s"
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
-
-
-def _entry(worker: Any, rank: int, world_size: int, directory: str, args: tuple) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{directory}/store",
-        rank=rank,
-        world_size=world_size,
-        timeout=TIMEOUT,
+    """Run ``worker(rank, world_size, *args)`` on gloo ranks (the shared launcher); each rank's
+    ``{"ok": result}``, or ``{"error", "type", "trace"}`` for what it raised."""
+    return launch(
+        _capture,
+        world_size,
+        args=(worker, *args),
+        timeout=LAUNCH_TIMEOUT_S,
+        collective_timeout=TIMEOUT.total_seconds(),
+        log_dir=tmp_path,
     )
+
+
+def _capture(rank: int, world_size: int, worker: Any, *args: Any) -> dict[str, Any]:
+    torch.set_num_threads(1)
     try:
-        result = {"ok": worker(rank, world_size, *args)}
+        return {"ok": worker(rank, world_size, *args)}
     except Exception as error:
-        result = {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
-    torch.save(result, Path(directory) / f"rank{rank}.pt")
-    if "error" not in result:
-        dist.destroy_process_group()
+        return {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
 
 
 # ------------------------------------------------------------------ the computation
@@ -225,11 +207,9 @@ def _hanging_peer(rank: int, world_size: int, text: str) -> dict[str, Any]:
 def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
     one = plan_context_parallel([30, 3], 2, context_parallel=OPTIONS).to_json()
     other = plan_context_parallel([30, 4], 2, context_parallel=OPTIONS).to_json()
-    (tmp_path / "disagree").mkdir()
     results = _launch(tmp_path / "disagree", 2, _disagreeing, [one, other])
     for result in results:
         assert "ranks disagree on the context-parallel plan" in result["ok"]["raised"]
-    (tmp_path / "hang").mkdir()
     results = _launch(tmp_path / "hang", 2, _hanging_peer, one)
     survivor = results[0]["ok"]
     assert survivor["raised"] is not None and "K/V all-gather" in survivor["raised"]

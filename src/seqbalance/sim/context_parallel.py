@@ -2,7 +2,7 @@
 
 ``compare_context_parallel(steps, n_ranks, context_parallel=...)`` plans every step with every
 strategy and reports predicted step seconds, the lower bound and planning time; the CLI
-(``simulate --context-parallel``) and ``bench/context_parallel.py`` only print it.
+(``simulate --context-parallel``) and ``benchmarks/context_parallel.py`` only print it.
 """
 
 from __future__ import annotations
