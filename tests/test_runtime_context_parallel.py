@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _multiprocess import launch, ok
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -37,7 +37,6 @@ from seqbalance.runtime.context_parallel import (  # noqa: E402
     run_step,
     slot_batch,
 )
-from seqbalance.runtime.launch import launch  # noqa: E402
 from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
@@ -48,28 +47,6 @@ CONFIG = ToyModelConfig(
 )
 OPTIONS = ContextParallel(24, comm=CommModel())  # 24 tokens per rank and slot
 TIMEOUT = timedelta(seconds=30)
-
-
-# ------------------------------------------------------------------ launching
-def _launch(tmp_path: Path, world_size: int, worker: Any, *args: Any) -> list[dict[str, Any]]:
-    """Run ``worker(rank, world_size, *args)`` on gloo ranks (the shared launcher); each rank's
-    ``{"ok": result}``, or ``{"error", "type", "trace"}`` for what it raised."""
-    return launch(
-        _capture,
-        world_size,
-        args=(worker, *args),
-        timeout=LAUNCH_TIMEOUT_S,
-        collective_timeout=TIMEOUT.total_seconds(),
-        log_dir=tmp_path,
-    )
-
-
-def _capture(rank: int, world_size: int, worker: Any, *args: Any) -> dict[str, Any]:
-    torch.set_num_threads(1)
-    try:
-        return {"ok": worker(rank, world_size, *args)}
-    except Exception as error:
-        return {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
 
 
 # ------------------------------------------------------------------ the computation
@@ -149,13 +126,12 @@ def test_loss_and_gradients_match_one_process(
         assert {int(c) for p in plans for c in p.cp_size} == {1, 2, 4}
     assert any(p.barriers for p in plans)  # the Megatron plan's barriers run too
     assert all((p.cp_size > 1).any() for p in plans)
-    results = _launch(tmp_path, world_size, _run_plans, [p.to_json() for p in plans])
-    for result in results:
-        assert "ok" in result, result.get("trace")
+    texts = [p.to_json() for p in plans]
+    results = ok(launch(tmp_path, world_size, _run_plans, texts, timeout_s=LAUNCH_TIMEOUT_S))
     for index, plan in enumerate(plans):
         loss, grads = _reference(plan.lengths.tolist())
         for result in results:
-            outcome = result["ok"][index]
+            outcome = result[index]
             assert outcome["loss"] == pytest.approx(loss, rel=1e-12)
             for name, grad in grads.items():
                 torch.testing.assert_close(outcome["grads"][name], grad, rtol=1e-10, atol=1e-12)
@@ -207,11 +183,9 @@ def _hanging_peer(rank: int, world_size: int, text: str) -> dict[str, Any]:
 def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
     one = plan_context_parallel([30, 3], 2, context_parallel=OPTIONS).to_json()
     other = plan_context_parallel([30, 4], 2, context_parallel=OPTIONS).to_json()
-    results = _launch(tmp_path / "disagree", 2, _disagreeing, [one, other])
-    for result in results:
-        assert "ranks disagree on the context-parallel plan" in result["ok"]["raised"]
-    results = _launch(tmp_path / "hang", 2, _hanging_peer, one)
-    survivor = results[0]["ok"]
+    for result in ok(launch(tmp_path / "disagree", 2, _disagreeing, [one, other])):
+        assert "ranks disagree on the context-parallel plan" in result["raised"]
+    survivor = ok(launch(tmp_path / "hang", 2, _hanging_peer, one))[0]
     assert survivor["raised"] is not None and "K/V all-gather" in survivor["raised"]
     assert "did not complete within 2 s" in survivor["raised"]
     assert survivor["elapsed"] < 7  # the peer would keep it waiting 8 s
@@ -254,7 +228,7 @@ def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def test_calibration_gives_every_rank_the_same_model(tmp_path: Path) -> None:
-    results = [r["ok"] for r in _launch(tmp_path, 2, _calibrate)]
+    results = ok(launch(tmp_path, 2, _calibrate, timeout_s=LAUNCH_TIMEOUT_S))
     assert "no CP size > 1 that divides 2 ranks" in results[0]["refused"]
     assert results[0]["comm"] == results[1]["comm"]  # fitted from rank 0's timings everywhere
     comm = CommModel.from_dict(results[0]["comm"])
