@@ -60,6 +60,9 @@ __all__ = [
 
 DEFAULT_PEAK_TFLOPS = DEFAULT_PEAK_FLOPS_PER_S / 1e12
 """``seqbalance.defaults.DEFAULT_PEAK_FLOPS_PER_S`` in the CLI's unit, TFLOP/s."""
+LONG_CONTEXT = "long_context"
+"""``--lengths long_context``: the generated long-context mix (``datasets.long_context``)."""
+LONG_CONTEXT_SAMPLES = 20_000
 DEFAULT_LENGTHS = "sharegpt"
 """Bundled dataset that simulate and bench sample from when ``--lengths`` is not given."""
 
@@ -89,8 +92,9 @@ def add_lengths_option(parser: argparse.ArgumentParser) -> None:
         "--lengths",
         default=DEFAULT_LENGTHS,
         metavar="NAME|FILE.npy",
-        help=f"bundled dataset (see `seqbalance datasets`) or .npy of token lengths "
-        f"(default: {DEFAULT_LENGTHS}); bundled groups (qwen25math) are kept together",
+        help=f"bundled dataset (see `seqbalance datasets`), {LONG_CONTEXT} (generated: 10%% of "
+        f"samples 32k-128k tokens, the rest around 2k) or .npy of token lengths (default: "
+        f"{DEFAULT_LENGTHS}); bundled groups (qwen25math) are kept together",
     )
 
 
@@ -243,11 +247,13 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
         return LengthsInput(_read_lengths_file(path, argument), None, path.name)
     from seqbalance import datasets
 
+    if source == LONG_CONTEXT:
+        return LengthsInput(datasets.long_context(LONG_CONTEXT_SAMPLES), None, LONG_CONTEXT)
     available = datasets.names()
     if source not in available:
         raise ValueError(
             f"{argument} {source!r} is neither a file nor a bundled dataset "
-            f"(bundled: {', '.join(available)})"
+            f"(bundled: {', '.join(available)}; generated: {LONG_CONTEXT})"
         )
     lengths = as_lengths(datasets.load(source), source)
     groups = datasets.groups(source)

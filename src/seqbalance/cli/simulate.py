@@ -21,6 +21,7 @@ from seqbalance.cli._common import (
     print_json,
     print_table,
     progress_callback,
+    resolve_model,
 )
 
 DEFAULT_GLOBAL_BATCH = 512
@@ -60,6 +61,25 @@ def register(subparsers: Any) -> None:
     add_strategies_option(parser, default_strategies())
     parser.add_argument("--seed", type=int, default=0, help="batch sampling seed")
     add_time_model_arguments(parser)
+    cp = parser.add_argument_group(
+        "context parallelism",
+        "Shard samples longer than one rank's cap over context-parallel groups and compare "
+        "balanced (CP sizes, placement and packing chosen jointly), static_cp and "
+        "dynamic_cp_megatron on the same steps (try --lengths long_context).",
+    )
+    cp.add_argument(
+        "--context-parallel",
+        type=_sizes,
+        default=None,
+        metavar="SIZES",
+        help="allowed CP group sizes, comma-separated and each dividing the next, e.g. 1,2,4,8",
+    )
+    cp.add_argument(
+        "--max-tokens-per-rank",
+        type=int,
+        default=None,
+        help="tokens one rank holds in one slot (default: --max-tokens)",
+    )
     parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG of the result")
     parser.add_argument(
         "--markdown", action="store_true", help="print the table as a markdown section"
@@ -68,11 +88,24 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from seqbalance.sim import TruncationWarning, plot, simulate
 
     source = load_lengths(args.lengths)
     cost, peak, efficiency, description = cost_from_args(args)
+    if args.context_parallel is not None:
+        return _run_context_parallel(args, source, cost, peak, efficiency)
+    if args.max_tokens_per_rank is not None:
+        raise ValueError("--max-tokens-per-rank applies with --context-parallel only")
     options = plan_options_from_args(args, cost=cost)
     with (
         progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback,
@@ -118,6 +151,94 @@ def run(args: argparse.Namespace) -> int:
     _print_report(result, source.label, time_model_source, markdown=args.markdown)
     if args.plot:
         print(f"plot written to {args.plot}")
+    return 0
+
+
+CP_COLUMNS = (
+    "strategy",
+    "step time (s)",
+    "vs lower bound",
+    "sharded samples",
+    "slots",
+    "plan ms",
+    "plan / step",
+    "vs static_cp",
+    "vs dynamic_cp_megatron",
+)
+
+
+def _run_context_parallel(
+    args: argparse.Namespace, source: Any, cost: Any, peak: float, efficiency: float
+) -> int:
+    """``simulate --context-parallel``: the CP strategies on the same sampled steps."""
+    from seqbalance.cost import TimeModel
+    from seqbalance.cost.context_parallel import ContextParallelTimeModel
+    from seqbalance.plan.context_parallel import ContextParallel
+    from seqbalance.sim import sample_batches
+    from seqbalance.sim.context_parallel import compare_context_parallel
+
+    if args.time_model is not None:
+        # A calibrated compute model; K/V sizes for communication come from --model.
+        cost = ContextParallelTimeModel.from_model(resolve_model(args.model), time=cost)
+    elif not isinstance(cost, TimeModel):
+        cost = ContextParallelTimeModel.from_model(
+            cost, peak_flops_per_s=peak, efficiency=efficiency
+        )
+    cap = args.max_tokens if args.max_tokens_per_rank is None else args.max_tokens_per_rank
+    if cap is None:
+        raise ValueError("--context-parallel needs --max-tokens-per-rank (or --max-tokens)")
+    try:
+        options = ContextParallel(max_tokens_per_rank=cap, sizes=args.context_parallel)
+    except ValueError as error:
+        raise ValueError(f"--context-parallel: {error}") from None
+    global_batch = (
+        min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
+        if args.global_batch is None
+        else args.global_batch
+    )
+    batches = sample_batches(
+        source.lengths.size, global_batch, args.steps, groups=source.groups, seed=args.seed
+    )
+    comparison = compare_context_parallel(
+        [source.lengths[batch] for batch in batches],
+        args.dp,
+        context_parallel=options,
+        cost=cost,
+        groups=None if source.groups is None else [source.groups[b] for b in batches],
+        allow_empty=args.allow_empty,
+    )
+    payload = {"lengths": source.label, "max_tokens_per_rank": cap, **comparison.to_dict()}
+    if args.json:
+        print_json(payload)
+        return 0
+    rows = []
+    for name, result in comparison.results.items():
+        versus = [
+            "-"
+            if other not in comparison.results or other == name
+            else f"{comparison.speedup(name, other).mean():.2f}x"
+            for other in ("static_cp", "dynamic_cp_megatron")
+        ]
+        rows.append(
+            (
+                name,
+                f"{result.mean_step:.3f}",
+                f"{result.ratio:.3f}",
+                f"{100 * result.sharded_fraction.mean():.1f}%",
+                f"{result.slots.mean():.1f}",
+                f"{1e3 * result.planning_seconds.mean():.1f}",
+                f"{100 * result.planning_fraction:.2f}%",
+                *versus,
+            )
+        )
+    title = (
+        f"{source.label}: {args.dp} ranks, CP sizes {list(args.context_parallel)}, "
+        f"{cap} tokens per rank per slot, {len(batches)} steps of ~{global_batch} samples"
+    )
+    if args.markdown:
+        print(f"### {title}\n\n{markdown_table(CP_COLUMNS, rows)}\n")
+    else:
+        print_table(title, CP_COLUMNS, rows)
     return 0
 
 
