@@ -28,6 +28,7 @@ from seqbalance.integrations.baselines import (
     VerlBaseline,
     stack_baseline,
 )
+from seqbalance.plan import PlanOptions
 from seqbalance.plan._problem import Problem
 
 RECORDED = Path(__file__).parent / "data" / "stack_baselines.json.gz"
@@ -53,21 +54,23 @@ def problem(
     allow_empty: bool = True,
 ) -> Problem:
     lengths = np.asarray(lengths, dtype=np.int64)
-    return Problem(
-        lengths=lengths,
-        sample_costs=np.asarray(lengths if costs is None else costs, dtype=np.float64),
-        overhead=0.0,
-        dp=dp,
+    options = PlanOptions(
         max_tokens=max_tokens,
         layout="padded" if micro_batch_size is not None else "packed",
         micro_batch_size=micro_batch_size,
-        groups=None if groups is None else np.asarray(groups, dtype=np.int64),
-        objective="step",
         allow_oversize=True,
         allow_empty=allow_empty,
         min_microbatches=min_microbatches,
         microbatch_multiple=microbatch_multiple,
         num_microbatches=num_microbatches,
+    )
+    return Problem(
+        lengths=lengths,
+        sample_costs=np.asarray(lengths if costs is None else costs, dtype=np.float64),
+        overhead=0.0,
+        dp=dp,
+        groups=None if groups is None else np.asarray(groups, dtype=np.int64),
+        options=options,
     )
 
 

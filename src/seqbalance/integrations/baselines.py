@@ -30,6 +30,11 @@ positions). They reproduce what the stack itself would do with the samples of on
   ``micro_batch_size``, micro-batch ``b`` to rank ``b % dp`` at position ``b // dp`` (how
   Accelerate shards a batch sampler). No cap.
 
+With ``groups``, only ``verl`` plans (the others would split a group across ranks and refuse).
+With ``layout="padded"``, ``verl`` is its fixed ``micro_batch_size`` path (consecutive chunks of
+each rank's dispatched samples) and ``slime`` its static path (no ``max_tokens``). Refusals are
+``ValueError``s saying the strategy "cannot plan this step".
+
 Slime's sample cost is slime's ``calculate_fwd_flops`` of the trained model; here it is the
 planner's own per-sample cost (``problem.sample_costs``, e.g. FLOPs of the same model) unless a
 ``workload`` callable is given. verl's workload is fixed by verl.
@@ -89,14 +94,42 @@ def _check_empty(problem: Any, result: Microbatches, name: str) -> Microbatches:
     return result
 
 
-class VerlBaseline:
+class _StackBaseline:
+    """Shared by the stack baselines: every refusal names the strategy and says it cannot plan
+    the step (the stack itself would fail on the same input)."""
+
+    name: str
+    enforces_cap = False
+    aligns_positions = False
+    family = "stack"
+
+    supports_groups = False
+
+    def plan(self, problem: Any) -> Microbatches:
+        try:
+            if problem.groups is not None and not self.supports_groups:
+                raise ValueError(
+                    "groups are not supported: this stack places the samples of a group on any rank"
+                )
+            return self._plan(problem)
+        except ValueError as error:
+            message = str(error).removeprefix(f"strategy={self.name!r}: ")
+            raise ValueError(f"strategy={self.name!r} cannot plan this step: {message}") from None
+
+    def _plan(self, problem: Any) -> Microbatches:
+        raise NotImplementedError
+
+
+class VerlBaseline(_StackBaseline):
     """verl's driver balance plus ``rearrange_micro_batches`` (see the module docstring)."""
 
     name = "verl"
-    enforces_cap = False
-    aligns_positions = False
+    description = "verl: driver KK on 24576 L + L^2, then per-rank KK micro-batches (soft cap)"
+    supports_groups = True
 
-    def plan(self, problem: Any) -> Microbatches:
+    def _plan(self, problem: Any) -> Microbatches:
+        if problem.layout == "padded":
+            return self._fixed_size(problem)
         if problem.max_tokens is None:
             raise ValueError(
                 "strategy='verl' needs max_tokens (verl's max_token_len per micro-batch)"
@@ -118,6 +151,23 @@ class VerlBaseline:
             result.append(
                 [[members[i] for i in part] for part in self.microbatches(problem, members, m)]
             )
+        return _check_empty(problem, result, self.name)
+
+    def _fixed_size(self, problem: Any) -> Microbatches:
+        """verl without dynamic batch size: each rank's dispatched samples cut into consecutive
+        micro-batches of ``micro_batch_size``."""
+        size = problem.micro_batch_size
+        ranks = self.rank_partitions(problem)
+        m = _rounded(problem, max(_ceil_div(len(members), size) for members in ranks), self.name)
+        result = []
+        for members in ranks:
+            chunks = [members[i : i + size] for i in range(0, len(members), size)]
+            if len(chunks) != m:
+                raise ValueError(
+                    f"{len(members)} samples per rank in micro-batches of {size} give "
+                    f"{len(chunks)} micro-batches, not {m}"
+                )
+            result.append(chunks)
         return _check_empty(problem, result, self.name)
 
     @staticmethod
@@ -163,16 +213,18 @@ class VerlBaseline:
         return parts[::2][::-1] + parts[1::2]
 
 
-class SlimeBaseline:
+class SlimeBaseline(_StackBaseline):
     """slime's ``build_dp_schedule`` for one step with ``--balance-data`` (and, with
     ``balance_by_flops``, ``--balance-by-flops``); see the module docstring."""
-
-    enforces_cap = False
-    aligns_positions = False
 
     def __init__(self, *, balance_by_flops: bool = False, workload: Workload | None = None):
         self.balance_by_flops = bool(balance_by_flops)
         self.name = "slime_flops" if self.balance_by_flops else "slime"
+        self.description = (
+            "slime --balance-by-flops: KK on FLOPs into ceil(tokens / cap) micro-batches (soft cap)"
+            if self.balance_by_flops
+            else "slime --balance-data: first-fit packing, micro-batches to ranks by FLOPs KK"
+        )
         self.workload = workload
 
     def _costs(self, problem: Any) -> list[float]:
@@ -186,10 +238,15 @@ class SlimeBaseline:
             )
         return values.tolist()
 
-    def plan(self, problem: Any) -> Microbatches:
+    def _plan(self, problem: Any) -> Microbatches:
         lengths = [int(x) for x in problem.lengths]
         n, dp = len(lengths), problem.dp
         costs = self._costs(problem)
+        if problem.layout == "padded" and problem.max_tokens is not None:
+            raise ValueError(
+                "slime's dynamic batch size packs micro-batches (THD); use layout='packed', or "
+                "layout='padded' without max_tokens for its static micro_batch_size path"
+            )
         if problem.max_tokens is not None:
             bins = self._dynamic_bins(lengths, costs, problem.max_tokens)
         elif problem.micro_batch_size is not None:
@@ -262,14 +319,13 @@ def _deal(problem: Any, order: np.ndarray, slot_of: np.ndarray, m: int, name: st
     return _check_empty(problem, result, name)
 
 
-class TorchSpecBaseline:
+class TorchSpecBaseline(_StackBaseline):
     """TorchSpec's round-robin dispatch into padded micro-batches (module docstring)."""
 
     name = "torchspec"
-    enforces_cap = False
-    aligns_positions = False
+    description = "TorchSpec: each dispatch dealt round robin, padded micro-batches"
 
-    def plan(self, problem: Any) -> Microbatches:
+    def _plan(self, problem: Any) -> Microbatches:
         m, size = _count_layout(problem, self.name)
         n, dp = int(problem.lengths.size), problem.dp
         j = np.arange(n, dtype=np.int64)
@@ -279,14 +335,13 @@ class TorchSpecBaseline:
         return _deal(problem, j, dispatch * dp + rank, m, self.name)
 
 
-class HFLengthGroupedBaseline:
+class HFLengthGroupedBaseline(_StackBaseline):
     """Hugging Face ``group_by_length`` with Accelerate's batch sharding (module docstring)."""
 
     name = "hf_length_grouped"
-    enforces_cap = False
-    aligns_positions = False
+    description = "Hugging Face group_by_length: longest first, batches dealt by Accelerate"
 
-    def plan(self, problem: Any) -> Microbatches:
+    def _plan(self, problem: Any) -> Microbatches:
         m, size = _count_layout(problem, self.name)
         order = np.argsort(-problem.lengths, kind="stable")
         if size is not None:

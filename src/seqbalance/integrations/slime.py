@@ -171,9 +171,7 @@ def _step_cost(microbatch_costs: list[list[float]], objective: str) -> float:
     return float(aligned.max(axis=0).sum())
 
 
-def _keep_slimes_if_better(
-    ranks: list[list[list[int]]], plan: Any, per_rank_multiple: int
-) -> list[list[list[int]]]:
+def _keep_slimes_if_better(ranks: list[list[list[int]]], plan: Any) -> list[list[list[int]]]:
     """slime's own ``--balance-data`` schedule when it beats the planner's (it respects the cap
     too), so the integration is never worse than slime on its own flags."""
     from seqbalance.integrations.baselines import SlimeBaseline
@@ -184,16 +182,8 @@ def _keep_slimes_if_better(
         sample_costs=plan.sample_costs,
         overhead=plan.overhead,
         dp=plan.dp_size,
-        max_tokens=plan.max_tokens,
-        layout="packed",
-        micro_batch_size=None,
         groups=None,
-        objective=plan.objective,
-        allow_oversize=True,
-        allow_empty=False,
-        min_microbatches=1,
-        microbatch_multiple=per_rank_multiple,
-        num_microbatches=None,
+        options=plan.options,
     )
     try:
         theirs = SlimeBaseline().plan(problem)
@@ -203,7 +193,7 @@ def _keep_slimes_if_better(
         [plan.overhead + float(plan.sample_costs[mb].sum()) for mb in microbatches]
         for microbatches in theirs
     ]
-    if _step_cost(costs, plan.objective) < plan.step_cost:
+    if _step_cost(costs, plan.options.objective) < plan.step_cost:
         order = [np.argsort([-c for c in rank], kind="stable") for rank in costs]
         return [[theirs[r][j] for j in order[r]] for r in range(len(theirs))]
     return ranks
@@ -311,7 +301,7 @@ def build_dp_schedule(
             except ValueError as error:
                 raise ScheduleError(f"step {s}: {error}") from None
             ranks = [[mb.tolist() for mb in microbatches] for microbatches in plan.ranks]
-            ranks = _keep_slimes_if_better(ranks, plan, per_rank_multiple)
+            ranks = _keep_slimes_if_better(ranks, plan)
         elif balance:
             ranks = _balanced_static(lengths, dp, per_rank_multiple, size, cost)
         if ranks is None:

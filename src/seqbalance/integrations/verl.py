@@ -127,8 +127,6 @@ def get_group_balanced_partitions(
         ValueError: mismatched lengths, or fewer runs than parts or a run count not divisible by
             ``k_partitions`` (verl requires equal run counts).
     """
-    from seqbalance.plan._costs import resolve_cost
-
     lengths = as_lengths(np.asarray(seqlen_list).reshape(-1), "seqlen_list")
     if len(uid_list) != lengths.size:
         raise ValueError(f"uid_list has {len(uid_list)} entries, seqlen_list {lengths.size}")
@@ -143,7 +141,7 @@ def get_group_balanced_partitions(
         raise ValueError(
             f"{len(runs)} uid groups cannot be split into k_partitions = {k} equal counts"
         )
-    costs = resolve_cost(choose_cost(cost, model, _verl_workload), None, lengths).sample_costs
+    costs = _sample_costs(choose_cost(cost, model, _verl_workload), lengths)[0]
     parts = get_seqlen_balanced_partitions([float(costs[run].sum()) for run in runs], k, True)
     return [sorted(i for r in part for i in runs[r]) for part in parts]
 
@@ -285,19 +283,18 @@ def _min_max_microbatches(
     needs more micro-batches than verl whenever verl's plan respects the cap.
     """
     from seqbalance.plan import plan_step
-    from seqbalance.plan._costs import resolve_cost
 
     if count > lengths.size:
         return None
     try:
         plan = plan_step(lengths, count, cost=cost, max_tokens=cap, num_microbatches=1)
     except ValueError:
-        resolved = resolve_cost(cost, None, lengths)
-        parts = largest_differencing(resolved.sample_costs.tolist(), count, equal_size=False)
+        sample_costs, overhead = _sample_costs(cost, lengths)
+        parts = largest_differencing(sample_costs.tolist(), count, equal_size=False)
         if max(int(lengths[part].sum()) for part in parts) > cap:
             return None
         arrays = [np.asarray(part, dtype=np.int64) for part in parts]
-        costs = np.array([resolved.overhead + resolved.sample_costs[a].sum() for a in arrays])
+        costs = np.array([overhead + sample_costs[a].sum() for a in arrays])
         return arrays, costs
     return [ranks[0] for ranks in plan.ranks], plan.costs[:, 0]
 
@@ -306,18 +303,23 @@ def _grouped_cost(cost: Any, lengths: np.ndarray, group: int) -> Any:
     """The cost of items made of ``group`` consecutive samples: the sum of their samples'."""
     if group == 1:
         return cost
-    from seqbalance.plan._costs import resolve_cost
-
-    resolved = resolve_cost(cost, None, lengths)
-    per_item = resolved.sample_costs.reshape(-1, group).sum(axis=1)
+    costs, overhead = _sample_costs(cost, lengths)
+    per_item = costs.reshape(-1, group).sum(axis=1)
 
     class _Items:
-        microbatch_overhead = resolved.overhead
+        microbatch_overhead = overhead
 
         def per_sample(self, _item_lengths: np.ndarray) -> np.ndarray:
             return per_item
 
     return _Items()
+
+
+def _sample_costs(cost: Any, lengths: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per-sample costs and the micro-batch overhead of ``cost`` (anything ``plan_step`` takes)."""
+    from seqbalance.cost.resolve import evaluate_costs, resolve_cost
+
+    return evaluate_costs(resolve_cost(cost), lengths)
 
 
 def _verl_workload(lengths: np.ndarray) -> np.ndarray:
@@ -487,11 +489,10 @@ def dp_balanced_order(
     ordered small-large-small by cost, as verl does.
     """
     from seqbalance.partition import partition
-    from seqbalance.plan._costs import resolve_cost
 
     lengths = as_lengths(np.asarray(seqlen_list).reshape(-1), "seqlen_list")
     dp = check_int(dp_size, "dp_size", minimum=1)
-    costs = resolve_cost(choose_cost(cost, model, _verl_workload), None, lengths).sample_costs
+    costs = _sample_costs(choose_cost(cost, model, _verl_workload), lengths)[0]
     size = (
         lengths.size
         if minibatch_size is None
@@ -573,9 +574,7 @@ def balance_batch(
 def _balance_metrics(
     lengths: np.ndarray, order: list[int], dp: int, cost: Any, model: Any, prefix: str
 ) -> dict[str, float]:
-    from seqbalance.plan._costs import resolve_cost
-
-    costs = resolve_cost(choose_cost(cost, model, _verl_workload), None, lengths).sample_costs
+    costs = _sample_costs(choose_cost(cost, model, _verl_workload), lengths)[0]
     before = lengths.reshape(dp, -1).sum(axis=1)
     after_tokens = lengths[order].reshape(dp, -1).sum(axis=1)
     after_costs = costs[order].reshape(dp, -1).sum(axis=1)
