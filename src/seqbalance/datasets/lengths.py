@@ -46,6 +46,7 @@ __all__ = [
     "TokenLengths",
     "detect_format",
     "guess_fields",
+    "lengths_from_dataset",
     "token_lengths",
 ]
 
@@ -473,3 +474,44 @@ def token_lengths(
         format=format,
         dropped_empty=drop_empty,
     )
+
+
+def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
+    """Token lengths (int64) of a tokenized dataset, from one column.
+
+    ``dataset`` is a Hugging Face ``datasets.Dataset`` (anything with ``column_names`` and
+    ``dataset[column]``; ``datasets`` itself is never imported) or any sequence of mappings. The
+    column holds token sequences (their lengths are taken) or lengths as integers (taken as they
+    are, e.g. a precomputed ``"length"`` column).
+
+    Raises:
+        ValueError: the column is missing (the available ones are listed), or a value is neither
+            a sequence nor a non-negative integer (its index is named).
+    """
+    from seqbalance._validation import as_lengths
+
+    if hasattr(dataset, "column_names"):
+        if column not in dataset.column_names:
+            raise ValueError(
+                f"column {column!r} is not in the dataset (columns: "
+                f"{', '.join(map(str, dataset.column_names))})"
+            )
+        values = dataset[column]
+    else:
+        values = []
+        for index, record in enumerate(dataset):
+            if not isinstance(record, dict) or column not in record:
+                raise ValueError(f"dataset[{index}] has no {column!r} entry")
+            values.append(record[column])
+    lengths = []
+    for index, value in enumerate(values):
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            lengths.append(int(value))
+        elif hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+            lengths.append(len(value))
+        else:
+            raise ValueError(
+                f"dataset[{index}][{column!r}] must be a token sequence or a length, got "
+                f"{type(value).__name__}"
+            )
+    return as_lengths(np.asarray(lengths, dtype=np.int64), f"dataset[{column!r}] lengths")
