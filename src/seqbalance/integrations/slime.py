@@ -58,52 +58,29 @@ class ScheduleError(ValueError, AssertionError):
     """An impossible schedule request (slime raises AssertionError for the same cases)."""
 
 
+# What slime's calculate_fwd_flops assumes where a Megatron namespace may not say it: a SwiGLU
+# MLP (it counts three matrices), the unpadded ``vocab_size``, and ``num_query_groups`` used as
+# given. (Tying embeddings changes no FLOPs.)
+_SLIME_ASSUMES = {"swiglu": True, "untie_embeddings_and_output_weights": True}
+
+
 def _megatron_model_spec(args: Any) -> Any:
-    """The ``ModelSpec`` of the model described by a Megatron argument namespace.
+    """The ``ModelSpec`` of the Megatron namespace ``args``, read by
+    ``ModelSpec.from_megatron_args``; fields a slime namespace may lack (slime's own tests pass
+    only what ``calculate_fwd_flops`` reads) take slime's assumptions."""
+    from types import SimpleNamespace
 
-    Reads what slime's ``calculate_fwd_flops`` reads: hidden size, layers, heads, query groups,
-    ``kv_channels``, FFN width, vocabulary, the MoE fields (experts, top-k, expert FFN width,
-    shared-expert width, ``moe_layer_freq``) and the MLA fields.
-
-    TODO(costmodels): replace with ``ModelSpec.from_megatron_args`` once the cost-model branch
-    lands on main; this helper exists only until then.
-    """
     from seqbalance.cost import ModelSpec
 
-    layers = int(args.num_layers)
-    experts = getattr(args, "num_experts", None) or 0
-    moe_layers = None
-    if experts:
-        frequency = getattr(args, "moe_layer_freq", 1)
-        if isinstance(frequency, (list, tuple)):
-            moe_layers = tuple(i for i, f in enumerate(frequency) if f)
-        else:
-            moe_layers = tuple(i for i in range(layers) if i % int(frequency) == 0)
-    mla = bool(getattr(args, "multi_latent_attention", False))
-    vocab = getattr(args, "vocab_size", None) or getattr(args, "padded_vocab_size", None)
-    return ModelSpec(
-        hidden_size=int(args.hidden_size),
-        num_layers=layers,
-        num_attention_heads=int(args.num_attention_heads),
-        num_key_value_heads=getattr(args, "num_query_groups", None) or None,
-        head_dim=getattr(args, "kv_channels", None),
-        vocab_size=int(vocab),
-        intermediate_size=int(getattr(args, "ffn_hidden_size", 0) or 0),
-        gated_mlp=bool(getattr(args, "swiglu", True)),
-        num_experts=int(experts),
-        num_experts_per_tok=int(getattr(args, "moe_router_topk", 0) or 0) if experts else 0,
-        moe_intermediate_size=int(getattr(args, "moe_ffn_hidden_size", 0) or 0) if experts else 0,
-        shared_expert_intermediate_size=int(
-            getattr(args, "moe_shared_expert_intermediate_size", 0) or 0
-        ),
-        moe_layers=moe_layers,
-        q_lora_rank=getattr(args, "q_lora_rank", None) if mla else None,
-        kv_lora_rank=getattr(args, "kv_lora_rank", None) if mla else None,
-        qk_nope_head_dim=int(getattr(args, "qk_head_dim", 0) or 0) if mla else 0,
-        qk_rope_head_dim=int(getattr(args, "qk_pos_emb_head_dim", 0) or 0) if mla else 0,
-        v_head_dim=getattr(args, "v_head_dim", None) if mla else None,
-        name="megatron-args",
-    )
+    fields = dict(vars(args))
+    for key, value in _SLIME_ASSUMES.items():
+        if fields.get(key) is None:
+            fields[key] = value
+    if fields.get("padded_vocab_size") is None and fields.get("vocab_size") is not None:
+        fields["padded_vocab_size"] = fields["vocab_size"]
+    if fields.get("group_query_attention") is None:
+        fields["group_query_attention"] = fields.get("num_query_groups") is not None
+    return ModelSpec.from_megatron_args(SimpleNamespace(**fields), name="megatron-args")
 
 
 def _steps(rollout_indices: Sequence[Any], global_batch_size: int) -> list[list[int]]:
