@@ -25,9 +25,9 @@ What the flags mean here:
   micro-batches dealt to ranks round robin). seqbalance plans only when asked to balance.
 - ``balance_data`` on, dynamic batch size: seqbalance's ``plan_step`` over the whole step, ranks
   and micro-batches together, costs = training FLOPs of the model in ``args``, the cap hard (slime
-  packs by first fit and then balances whole micro-batches across ranks). slime's own schedule
-  for these flags is kept instead in the rare step where it is better, so the result is never
-  worse than slime's ``--balance-data``.
+  packs by first fit and then balances whole micro-batches across ranks). ``balanced`` weighs the
+  registered stack schedulers' plans too, so the result is never worse than slime's
+  ``--balance-data`` on the same costs.
 - ``balance_by_flops`` on (slime turns ``balance_data`` on with it): the same with
   ``objective="lockstep"``, which also balances each micro-batch position across ranks; that is
   what equal-FLOPs micro-batches buy when ranks synchronise per micro-batch (expert parallelism
@@ -140,42 +140,6 @@ def _slime_schedule(
     return _round_robin(bins, dp)
 
 
-def _step_cost(microbatch_costs: list[list[float]], objective: str) -> float:
-    """The objective of a plan from its micro-batch costs (positions aligned heaviest first)."""
-    if objective == "step":
-        return max(sum(costs) for costs in microbatch_costs)
-    aligned = np.sort(np.asarray(microbatch_costs), axis=1)[:, ::-1]
-    return float(aligned.max(axis=0).sum())
-
-
-def _keep_slimes_if_better(ranks: list[list[list[int]]], plan: Any) -> list[list[list[int]]]:
-    """slime's own ``--balance-data`` schedule when it beats the planner's (it respects the cap
-    too), so the integration is never worse than slime on its own flags."""
-    from seqbalance.integrations.baselines import SlimeBaseline
-    from seqbalance.plan._problem import Problem
-
-    problem = Problem(
-        lengths=plan.lengths,
-        sample_costs=plan.sample_costs,
-        overhead=plan.overhead,
-        dp=plan.dp_size,
-        groups=None,
-        options=plan.options,
-    )
-    try:
-        theirs = SlimeBaseline().plan(problem)
-    except ValueError:
-        return ranks
-    costs = [
-        [plan.overhead + float(plan.sample_costs[mb].sum()) for mb in microbatches]
-        for microbatches in theirs
-    ]
-    if _step_cost(costs, plan.options.objective) < plan.step_cost:
-        order = [np.argsort([-c for c in rank], kind="stable") for rank in costs]
-        return [[theirs[r][j] for j in order[r]] for r in range(len(theirs))]
-    return ranks
-
-
 def _balanced_static(
     lengths: np.ndarray, dp: int, per_rank_multiple: int, size: int, cost: Any
 ) -> list[list[list[int]]] | None:
@@ -278,7 +242,6 @@ def build_dp_schedule(
             except ValueError as error:
                 raise ScheduleError(f"step {s}: {error}") from None
             ranks = [[mb.tolist() for mb in microbatches] for microbatches in plan.ranks]
-            ranks = _keep_slimes_if_better(ranks, plan)
         elif balance:
             ranks = _balanced_static(lengths, dp, per_rank_multiple, size, cost)
         if ranks is None:
