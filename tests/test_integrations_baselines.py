@@ -158,8 +158,8 @@ def test_verl_soft_cap_and_equal_counts() -> None:
 def test_verl_rejects_what_verl_rejects() -> None:
     with pytest.raises(ValueError, match="multiple of dp_size"):
         VerlBaseline().plan(problem([1, 2, 3], 2, max_tokens=10))
-    with pytest.raises(ValueError, match="needs max_tokens"):
-        VerlBaseline().plan(problem([1, 2], 2))
+    # No cap is an infinite max_token_len: one micro-batch per rank.
+    assert VerlBaseline().plan(problem([1, 2], 2)) == [[[1]], [[0]]]
 
 
 def test_verl_with_groups_keeps_groups_on_one_rank() -> None:

@@ -9,16 +9,17 @@ positions). They reproduce what the stack itself would do with the samples of on
 * ``verl``: the driver's balance (Karmarkar–Karp on ``24576 L + L^2`` into ``dp`` parts of equal
   sample counts, each part reordered small-large-small), then on every rank
   ``rearrange_micro_batches``: ``max over ranks of min(local samples, ceil(local tokens / cap))``
-  micro-batches (raised to ``min_microbatches`` and a multiple of ``microbatch_multiple``, verl's
-  ``min_num_micro_batch`` / ``num_batches_divided_by``), filled by Karmarkar–Karp on the same
-  workload and ordered lightest-at-both-ends. The cap only sets the count: micro-batches over it
-  are kept (soft cap). With ``groups``, verl's prefix-grouper path: whole groups to ranks, equal
-  group counts.
+  micro-batches (one without a cap; raised to ``min_microbatches`` and a multiple of
+  ``microbatch_multiple``, verl's ``min_num_micro_batch`` / ``num_batches_divided_by``), filled
+  by Karmarkar–Karp on the same workload and ordered lightest-at-both-ends. The cap only sets
+  the count: micro-batches over it are kept (soft cap). With ``groups``, verl's prefix-grouper
+  path: whole groups to ranks, equal group counts.
 * ``slime`` (``--use-dynamic-batch-size --balance-data``): first-fit token packing of the step
   under the cap (a sample over it alone), the bin count raised to a multiple of
   ``dp x microbatch_multiple`` by splitting the largest bins, bins to ranks by Karmarkar–Karp on
-  their summed sample costs with equal counts. Without a cap, slime's static path: consecutive
-  chunks of ``micro_batch_size`` samples. Its cap is hard except for a lone over-cap sample.
+  their summed sample costs with equal counts; no cap packs as an infinite one. With the padded
+  layout and no cap, slime's static path: consecutive chunks of ``micro_batch_size`` samples.
+  Its cap is hard except for a lone over-cap sample.
 * ``slime_flops`` (``--balance-by-flops``): Karmarkar–Karp on sample costs into
   ``ceil(step tokens / cap)`` micro-batches (one per sample when that is at least the sample
   count), then as ``slime``. The cap is soft.
@@ -130,14 +131,12 @@ class VerlBaseline(_StackBaseline):
     def _plan(self, problem: Any) -> Microbatches:
         if problem.layout == "padded":
             return self._fixed_size(problem)
-        if problem.max_tokens is None:
-            raise ValueError(
-                "strategy='verl' needs max_tokens (verl's max_token_len per micro-batch)"
-            )
         lengths = [int(x) for x in problem.lengths]
         ranks = self.rank_partitions(problem)
+        # No cap is an infinite max_token_len: one micro-batch per non-empty rank.
+        cap = problem.max_tokens
         needed = max(
-            min(len(members), _ceil_div(sum(lengths[i] for i in members), problem.max_tokens))
+            min(len(members), _ceil_div(sum(lengths[i] for i in members), cap or 1 << 62))
             for members in ranks
         )
         m = _rounded(problem, needed, self.name)
@@ -247,21 +246,18 @@ class SlimeBaseline(_StackBaseline):
                 "slime's dynamic batch size packs micro-batches (THD); use layout='packed', or "
                 "layout='padded' without max_tokens for its static micro_batch_size path"
             )
-        if problem.max_tokens is not None:
-            bins = self._dynamic_bins(lengths, costs, problem.max_tokens)
-        elif problem.micro_batch_size is not None:
+        static = problem.max_tokens is None and problem.micro_batch_size is not None
+        if static:
             if self.balance_by_flops:
                 raise ValueError("strategy='slime_flops' needs max_tokens (dynamic batch size)")
             size = problem.micro_batch_size
             bins = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
         else:
-            raise ValueError(
-                f"strategy={self.name!r} needs max_tokens (dynamic batch size) or "
-                "micro_batch_size (slime's static micro-batch path)"
-            )
+            # Dynamic batch size; no cap is an infinite max_tokens_per_gpu.
+            bins = self._dynamic_bins(lengths, costs, problem.max_tokens or 1 << 62)
         m = _rounded(problem, _ceil_div(len(bins), dp), self.name)
         if len(bins) != dp * m:
-            if problem.max_tokens is None:
+            if static:
                 raise ValueError(
                     f"strategy={self.name!r}: {len(bins)} static micro-batches are not "
                     f"{dp} x {m}; slime needs the step size to be a multiple of "
