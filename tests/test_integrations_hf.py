@@ -104,7 +104,7 @@ def test_resume_is_exact(tmp_path: Path, processes: int) -> None:
     assert resumed["param_sum"] == full["param_sum"]
     assert resumed["losses"] == full["losses"]
     state = json.loads((tmp_path / "full" / "checkpoint-2" / "seqbalance_sampler.json").read_text())
-    assert state["state"]["consumed"] == 4 and state["state"]["world_size"] == processes
+    assert state["consumed"] == 4 and state["setup"]["dp_size"] == processes
 
 
 def test_resume_with_another_plan_fails_before_training(tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_resume_with_another_plan_fails_before_training(tmp_path: Path) -> None:
         env=env,
     )
     assert done.returncode != 0
-    assert "resume: the checkpoint's sampler seed = 0 differs from this run's 7" in done.stderr
+    assert "resume from" in done.stderr and "set up differently; changed: seed" in done.stderr
 
 
 def test_lengths_from_dataset_column() -> None:

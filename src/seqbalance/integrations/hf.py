@@ -150,14 +150,6 @@ def balanced_train_dataloader(
     )
 
 
-def _sampler_record(sampler: Any) -> dict[str, Any]:
-    return {
-        "state": sampler.state_dict(),
-        "options": sampler.options.fingerprint(),
-        "global_batch_size": sampler.global_batch_size,
-    }
-
-
 class BalancedTrainerMixin:
     """Put before ``Trainer`` / ``SFTTrainer`` in the bases (module docstring).
 
@@ -186,11 +178,12 @@ class BalancedTrainerMixin:
                 if mixin._seqbalance_loader is None or not state.is_world_process_zero:
                     return
                 folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-                record = _sampler_record(mixin._seqbalance_loader.batch_sampler)
-                record["state"]["consumed"] = (
+                # Micro-batches trained in the current epoch (the loader may have prefetched more).
+                consumed = (
                     state.global_step * args.gradient_accumulation_steps
                     - mixin._steps_before_epoch(state)
                 )
+                record = mixin._seqbalance_loader.batch_sampler.state_dict(consumed=consumed)
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / SAMPLER_STATE_FILE).write_text(json.dumps(record, indent=2))
 
@@ -222,16 +215,9 @@ class BalancedTrainerMixin:
                 "trainer, so its data order cannot be resumed exactly"
             )
         saved = json.loads(saved_file.read_text())
-        current = _sampler_record(self.get_train_dataloader().batch_sampler)
-        for key in ("options", "global_batch_size"):
-            if saved[key] != current[key]:
-                raise ValueError(
-                    f"resume: the checkpoint's {key} ({saved[key]!r}) differs from this run's "
-                    f"({current[key]!r}); the plan would differ"
-                )
-        for key in ("seed", "world_size", "num_samples"):
-            if saved["state"][key] != current["state"][key]:
-                raise ValueError(
-                    f"resume: the checkpoint's sampler {key} = {saved['state'][key]!r} differs "
-                    f"from this run's {current['state'][key]!r}; the plan would differ"
-                )
+        try:
+            # A fresh sampler accepts the state only if it would lay out the same plan; the
+            # Trainer itself then skips the micro-batches already trained.
+            self.get_train_dataloader().batch_sampler.load_state_dict(saved)
+        except ValueError as error:
+            raise ValueError(f"resume from {checkpoint}: {error}") from None
