@@ -1,4 +1,4 @@
-"""Balanced batches with the Hugging Face ``Trainer``: override ``get_train_dataloader``.
+"""Balanced batches with the Hugging Face ``Trainer``: three lines with the seqbalance mixin.
 
     python examples/hf_trainer.py --steps 5                         # one process
     torchrun --nproc_per_node 2 examples/hf_trainer.py --steps 5    # data parallel
@@ -7,20 +7,17 @@ Needs ``transformers`` (and ``accelerate``, which ``Trainer`` uses); without the
 prints what to install and exits. A tiny Llama model is trained on random variable-length
 sequences.
 
-How it fits together:
+The three lines (see ``seqbalance.integrations.hf`` for everything they do)::
 
-- :class:`~seqbalance.runtime.BalancedBatchSampler` yields this rank's micro-batches. The plan
-  uses ``num_microbatches = gradient_accumulation_steps`` and ``micro_batch_size =
-  per_device_train_batch_size`` (global batch = their product times the world size), so every
-  optimizer step of the Trainer consumes exactly one planned step on every rank; the last,
-  partial step of an epoch is dropped to keep that true.
-- ``get_train_dataloader`` returns a plain ``DataLoader`` with that ``batch_sampler``. It is not
-  passed through ``accelerator.prepare``: Accelerate would shard the batches across ranks a
-  second time. The Trainer still moves each batch to the device.
-- ``set_epoch`` is forwarded from the DataLoader to the sampler, so every epoch is re-planned.
-- Hugging Face models take padded ``[batch, sequence]`` inputs here, so the plan uses
-  ``layout="padded"``: costs count the padding of each micro-batch, and the planner groups
-  similar lengths into a micro-batch while balancing the ranks.
+    from seqbalance.integrations.hf import BalancedTrainerMixin
+    class BalancedTrainer(BalancedTrainerMixin, Trainer): ...
+    trainer = BalancedTrainer(..., seqbalance_options={"max_tokens": 4096})
+
+Every optimizer step then holds ``per_device_train_batch_size x gradient_accumulation_steps x
+world_size`` samples, planned so the ranks finish together; each rank runs exactly
+``gradient_accumulation_steps`` padded micro-batches of at most ``per_device_train_batch_size``
+samples; the loss is the token mean over the whole step (the Trainer's ``num_items_in_batch``);
+checkpoints record the sampler state and resume exactly.
 """
 
 from __future__ import annotations
@@ -33,15 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqbalance.cost import ModelSpec
-from seqbalance.runtime import BalancedBatchSampler
-
-
-class EpochDataLoader(torch.utils.data.DataLoader):
-    """A DataLoader whose ``set_epoch`` reaches its batch sampler (the Trainer calls it)."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batch_sampler.set_epoch(epoch)
+from seqbalance.integrations.hf import BalancedTrainerMixin
 
 
 def pad(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -86,23 +75,8 @@ def main() -> int:
     )
     model = LlamaForCausalLM(config)
 
-    class BalancedTrainer(Trainer):
-        def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-            micro_batch_size = self.args.per_device_train_batch_size
-            accumulation = self.args.gradient_accumulation_steps
-            sampler = BalancedBatchSampler(
-                lengths,
-                micro_batch_size * accumulation * self.args.world_size,
-                rank=self.args.process_index,
-                world_size=self.args.world_size,
-                seed=self.args.seed,
-                drop_last=True,
-                layout="padded",
-                micro_batch_size=micro_batch_size,
-                num_microbatches=accumulation,
-                cost=ModelSpec.from_hf_config(config),
-            )
-            return EpochDataLoader(self.train_dataset, batch_sampler=sampler, collate_fn=pad)
+    class BalancedTrainer(BalancedTrainerMixin, Trainer):
+        pass
 
     with tempfile.TemporaryDirectory() as output_dir:
         training_args = TrainingArguments(
@@ -117,7 +91,13 @@ def main() -> int:
             use_cpu=not torch.cuda.is_available(),
             seed=0,
         )
-        trainer = BalancedTrainer(model=model, args=training_args, train_dataset=dataset)
+        trainer = BalancedTrainer(
+            model=model,
+            args=training_args,
+            train_dataset=dataset,
+            data_collator=pad,
+            seqbalance_options={"max_tokens": 4096},
+        )
         result = trainer.train()
     if training_args.process_index == 0:
         print(f"trained {result.global_step} steps, final loss {result.training_loss:.3f}")

@@ -10,6 +10,13 @@ takes packed (THD) micro-batches: the samples of a micro-batch are concatenated 
 ``cu_seqlens`` marks their boundaries. Gradients are accumulated over the step's micro-batches
 (``no_sync`` on all but the last) and synchronised once.
 
+Loss normalisation: micro-batches of a balanced plan hold unequal token counts, so averaging
+each micro-batch's mean loss would weight tokens unequally. Every micro-batch's summed token
+loss is divided by the label tokens of the whole step (all micro-batches, all ranks; known from
+the plan, so no communication), times the world size because DDP averages gradients over ranks:
+the step's gradient is that of the mean token loss over the step, as Hugging Face's
+``num_items_in_batch`` does.
+
 Each step prints its wall time, the plan's predicted imbalance (slowest rank's predicted cost
 over the mean) and the measured one: each rank's compute time up to the gradient
 synchronisation (the last backward, where the fast ranks wait), max over mean. Runs on CPU with
@@ -125,20 +132,27 @@ def main() -> None:
     for step in range(steps):
         started = time.perf_counter()
         n_microbatches = plan.steps[step].n_microbatches
+        # Every sample's last token has no label: a step's label tokens are sum(length - 1).
+        step_tokens = int((lengths[plan.sample_indices[step]] - 1).sum())
+        loss_sum = torch.zeros((), device=device or "cpu")
         compute = 0.0
         for index in range(n_microbatches):
             batch = {k: v.to(device or "cpu") for k, v in next(batches).items()}
             last = index == n_microbatches - 1
             with contextlib.nullcontext() if last else ddp.no_sync():
-                loss = ddp(batch["input_ids"], batch["cu_seqlens"], batch["labels"])
+                mean = ddp(batch["input_ids"], batch["cu_seqlens"], batch["labels"])
+                tokens = int((batch["labels"] != IGNORE_INDEX).sum())
                 if last:  # the fast ranks wait for the slow ones in this backward
                     if cuda:
                         torch.cuda.synchronize()
                     compute = time.perf_counter() - started
-                (loss / n_microbatches).backward()
+                (mean * tokens * world_size / step_tokens).backward()
+                loss_sum += mean.detach() * tokens
             meter.add(batch["cu_seqlens"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(loss_sum)  # the step's mean token loss, for the log line only
+        loss = loss_sum / step_tokens
         computes: list[float] = [0.0] * world_size
         dist.all_gather_object(computes, compute)
         step_seconds.append(time.perf_counter() - started)
@@ -146,7 +160,7 @@ def main() -> None:
             predicted = plan.steps[step].summary()["imbalance"]
             measured = max(computes) / (sum(computes) / world_size)
             print(
-                f"{step:4d}  {step_seconds[-1]:7.3f}  {float(loss.detach()):6.3f}  "
+                f"{step:4d}  {step_seconds[-1]:7.3f}  {float(loss):6.3f}  "
                 f"{n_microbatches:13d}  {predicted:19.3f}  {measured:18.3f}"
             )
     report = meter.report(time.perf_counter() - interval_start)

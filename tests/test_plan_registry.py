@@ -43,7 +43,16 @@ def reverse():
 
 
 def test_builtins_in_a_fixed_order() -> None:
-    assert strategy_names() == ("balanced", "round_robin", "contiguous", "first_fit", "token_kk")
+    stacks = ("verl", "slime", "slime_flops", "torchspec", "hf_length_grouped")
+    assert strategy_names() == (
+        "balanced",
+        "round_robin",
+        "contiguous",
+        "first_fit",
+        "token_kk",
+        *stacks,
+    )
+    assert strategy_names("stack") == stacks
     assert strategy_names("baseline") == ("round_robin", "contiguous", "first_fit", "token_kk")
     assert strategy_names("ours") == ("balanced",)
     assert not get_strategy("token_kk").enforces_cap

@@ -12,7 +12,7 @@ import numpy as np
 from seqbalance.cli._common import add_json_flag, print_json, print_table, progress
 from seqbalance.datasets.lengths import (
     FORMATS,
-    TEMPLATE_TOKENS_PER_TURN,
+    TEMPLATES,
     Fields,
     TokenLengths,
     token_lengths,
@@ -29,8 +29,13 @@ Text: repeat --text-field for prompt + response fields (the last one is the resp
 others form the prompt turn, joined with newlines: Alpaca's instruction/input/output); a response
 field holding a list of strings gives one sample per response (a GRPO group; see --groups-output).
 Or --chat-field for a list of messages ({role, content} or ShareGPT's {from, value}) or an HH-RLHF
-"Human:/Assistant:" transcript. Without either, common layouts are recognised from the first
-record. The chatml template adds 5 tokens per turn.
+"Human:/Assistant:" transcript; repeat it for a conversation split over fields (TRL's
+conversational prompt + completion). Without either, common layouts are recognised from the first
+record (OpenAI messages, ShareGPT, Alpaca, TRL prompt/completion plain or conversational, ...).
+
+--tokenizer takes qwen, llama3, a tokenizer.json, or a local Hugging Face tokenizer directory;
+with a directory whose tokenizer has a chat template, each sample is rendered with that template
+and counted as rendered (--template auto); otherwise the chatml template adds 5 tokens per turn.
 
 Malformed records are an error naming their line numbers (JSON lines) or record indices (JSON,
 Parquet); --skip-malformed skips them and lists them.
@@ -62,7 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a text field; repeat for prompt fields then the response field",
     )
     text.add_argument(
-        "--chat-field", metavar="FIELD", help="a field holding the conversation (list of messages)"
+        "--chat-field",
+        action="append",
+        default=None,
+        metavar="FIELD",
+        help="a field holding the conversation (list of messages); repeat for several, in order",
     )
     parser.add_argument(
         "--history-field",
@@ -79,13 +88,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tokenizer",
         default="qwen",
-        help="qwen (Qwen2/2.5/3), llama3, PATH/tokenizer.json, or hf:LOCAL_DIR (default: qwen)",
+        help="qwen (Qwen2/2.5/3), llama3, PATH/tokenizer.json, a local HF tokenizer directory, "
+        "or hf:LOCAL_DIR (through transformers) (default: qwen)",
     )
     parser.add_argument(
         "--template",
-        choices=tuple(TEMPLATE_TOKENS_PER_TURN),
-        default="chatml",
-        help="chat template overhead: chatml = 5 tokens per turn, none = text only",
+        choices=TEMPLATES,
+        default="auto",
+        help="auto = the tokenizer's own chat template when it has one, else chatml; "
+        "tokenizer = insist on it; chatml = 5 tokens per turn; none = text only",
     )
     parser.add_argument(
         "--groups-output",
@@ -114,7 +125,7 @@ def _fields(args: argparse.Namespace) -> Fields | None:
     if args.chat_field:
         if args.history_field:
             raise ValueError("--history-field goes with --text-field, not with --chat-field")
-        return Fields(chat=args.chat_field, extra=extra)
+        return Fields(chat=tuple(args.chat_field), extra=extra)
     if args.history_field or extra:
         raise ValueError("--history-field and --extra-field need --text-field or --chat-field")
     return None

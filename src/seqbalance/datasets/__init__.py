@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from seqbalance.datasets.bundled import describe, groups, info, load, names
 from seqbalance.datasets.generators import long_context, rl_lengths
-from seqbalance.datasets.lengths import Fields, TokenLengths, token_lengths
+from seqbalance.datasets.lengths import Fields, TokenLengths, lengths_from_dataset, token_lengths
 
 __all__ = [
     "Fields",
@@ -21,6 +21,7 @@ __all__ = [
     "describe",
     "groups",
     "info",
+    "lengths_from_dataset",
     "load",
     "long_context",
     "names",

@@ -9,14 +9,20 @@ template's overhead per turn:
   fields before it form one prompt turn, joined with a newline and empty ones left out (the
   Alpaca / LLaMA-Factory convention). A single field is a single turn. ``history_field`` adds
   earlier ``[prompt, response]`` pairs (two turns each).
-- ``chat_field``: a list of messages (``role``/``content`` as in OpenAI, or ``from``/``value`` as
-  in ShareGPT), one turn each; or an Anthropic HH transcript string (``\\n\\nHuman: ...
-  \\n\\nAssistant: ...``), counted as written with one turn per speaker block.
+- ``chat`` fields: a list of messages (``role``/``content`` as in OpenAI, or ``from``/``value`` as
+  in ShareGPT), one turn each; several fields are one conversation in the order given (TRL's
+  conversational ``prompt`` + ``completion``); or an Anthropic HH transcript string
+  (``\\n\\nHuman: ... \\n\\nAssistant: ...``), counted as written with one turn per
+  speaker block.
 - ``extra_fields`` (e.g. a tool schema the trainer puts into the system prompt): counted as text,
   no turn of their own.
 
-``template="chatml"`` adds 5 tokens per turn (``<|im_start|>``, role, newline, ``<|im_end|>``,
-newline); Llama-3's header format costs the same 5. ``template="none"`` adds nothing.
+``template="auto"`` (the default) renders every sample with the tokenizer's own chat template when
+it has one (a Hugging Face tokenizer directory) and counts the rendered text, so the template
+costs exactly what it costs the trainer; otherwise it is ``"chatml"``: 5 tokens per turn
+(``<|im_start|>``, role, newline, ``<|im_end|>``, newline; Llama-3's header format costs the same
+5). ``template="tokenizer"`` insists on the tokenizer's template; ``template="none"`` adds
+nothing.
 Malformed records are errors naming their line numbers (JSON lines) or record indices, unless
 ``skip_malformed`` is set, in which case they are skipped and listed in the result.
 """
@@ -39,6 +45,7 @@ from seqbalance.datasets.tokenize import Tokenizer, get_tokenizer
 
 __all__ = [
     "FORMATS",
+    "TEMPLATES",
     "TEMPLATE_TOKENS_PER_TURN",
     "Fields",
     "MalformedRecord",
@@ -46,11 +53,14 @@ __all__ = [
     "TokenLengths",
     "detect_format",
     "guess_fields",
+    "lengths_from_dataset",
     "token_lengths",
 ]
 
 FORMATS = ("jsonl", "json", "parquet")
 TEMPLATE_TOKENS_PER_TURN = {"chatml": 5, "none": 0}
+TEMPLATES = ("auto", "tokenizer", *TEMPLATE_TOKENS_PER_TURN)
+_ROLES = {"human": "user", "gpt": "assistant"}  # ShareGPT speaker names
 _TOKENIZE_CHUNK = 2048  # texts per tokenizer call: large enough for batching, small for progress
 _SHOWN_MALFORMED = 10
 _HH_SPEAKER = re.compile(r"\n\n(Human|Assistant):")
@@ -71,11 +81,14 @@ class Fields:
     """Which fields of a record hold its text (see the module docstring for how they count)."""
 
     text: tuple[str, ...] = ()
-    chat: str | None = None
+    chat: str | tuple[str, ...] | None = None
     history: str | None = None
     extra: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # One chat field or several (TRL's prompt + completion), always stored as a tuple.
+        chat = (self.chat,) if isinstance(self.chat, str) else self.chat
+        object.__setattr__(self, "chat", tuple(chat) if chat else None)
         if bool(self.text) == (self.chat is not None):
             raise ValueError(
                 f"give either text fields or a chat field, got text={self.text!r}, "
@@ -90,7 +103,7 @@ class Fields:
         if self.text:
             described["text"] = list(self.text)
         if self.chat is not None:
-            described["chat"] = self.chat
+            described["chat"] = self.chat[0] if len(self.chat) == 1 else list(self.chat)
         if self.history is not None:
             described["history"] = self.history
         if self.extra:
@@ -272,6 +285,8 @@ def guess_fields(record: Any) -> Fields:
     for chat in ("messages", "conversations"):
         if isinstance(record.get(chat), list):
             return Fields(chat=chat)
+    if isinstance(record.get("prompt"), list) and isinstance(record.get("completion"), list):
+        return Fields(chat=("prompt", "completion"))  # TRL conversational prompt-completion
     if "instruction" in record and "output" in record:
         text = (
             ("instruction", "input", "output") if "input" in record else ("instruction", "output")
@@ -329,6 +344,25 @@ def _message_content(message: Any, position: int, name: str) -> str:
     raise _Malformed(f"{name}[{position}].{key} must be a string, got {type(content).__name__}")
 
 
+def _message_role(message: dict[str, Any]) -> str:
+    role = message.get("role", message.get("from", "user"))
+    return _ROLES.get(role, role) if isinstance(role, str) else "user"
+
+
+def _hh_messages(transcript: str) -> list[dict[str, str]]:
+    """Speaker blocks of an HH transcript as messages (consecutive blocks of one speaker
+    merged)."""
+    parts = _HH_SPEAKER.split(transcript)
+    messages: list[dict[str, str]] = []
+    for speaker, text in zip(parts[1::2], parts[2::2], strict=True):
+        role = "user" if speaker == "Human" else "assistant"
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += text
+        else:
+            messages.append({"role": role, "content": text.strip()})
+    return messages
+
+
 def _hh_turns(transcript: str, name: str) -> int:
     speakers = _HH_SPEAKER.findall(transcript)
     if not speakers:
@@ -337,21 +371,33 @@ def _hh_turns(transcript: str, name: str) -> int:
     return 1 + sum(a != b for a, b in itertools.pairwise(speakers))
 
 
-def _record_samples(record: Any, fields: Fields) -> tuple[list[list[str]], list[int], bool]:
-    """(texts of each sample, turns of each sample, whether the response was a list)."""
+_Sample = tuple[list[str], int, list[dict[str, str]]]
+"""(texts counted per turn, turns, the conversation as messages for a chat template)."""
+
+
+def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
+    """The samples of one record, and whether its response field held a list."""
     if not isinstance(record, dict):
         raise _Malformed(f"a record must be a JSON object, got {type(record).__name__}")
     extras = [_extra_text(_get(record, name)) for name in fields.extra]
     if fields.chat is not None:
-        chat = _get(record, fields.chat)
-        if isinstance(chat, str):
-            return [[chat, *extras]], [_hh_turns(chat, fields.chat)], False
-        if not isinstance(chat, list):
-            raise _Malformed(
-                f"field {fields.chat!r} must be a list of messages, got {type(chat).__name__}"
-            )
-        texts = [_message_content(message, i, fields.chat) for i, message in enumerate(chat)]
-        return [[*texts, *extras]], [len(texts)], False
+        texts: list[str] = []
+        messages: list[dict[str, str]] = []
+        turns = 0
+        for name in fields.chat:
+            chat = _get(record, name)
+            if isinstance(chat, str) and len(fields.chat) == 1:
+                return [([chat, *extras], _hh_turns(chat, name), _hh_messages(chat))], False
+            if not isinstance(chat, list):
+                raise _Malformed(
+                    f"field {name!r} must be a list of messages, got {type(chat).__name__}"
+                )
+            for i, message in enumerate(chat):
+                content = _message_content(message, i, name)
+                texts.append(content)
+                messages.append({"role": _message_role(message), "content": content})
+            turns += len(chat)
+        return [([*texts, *extras], turns, messages)], False
 
     history_texts: list[str] = []
     if fields.history is not None:
@@ -373,8 +419,46 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[list[str]], list[
         else [_text(response, response_name)]
     )
     turns = len(history_texts) + (1 if prompt_names else 0) + 1
-    shared = [*history_texts, *([prompt] if prompt_names else []), *extras]
-    return [[*shared, text] for text in responses], [turns] * len(responses), grouped
+    shared = [*history_texts, *([prompt] if prompt_names else [])]
+    conversation = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": text}
+        for i, text in enumerate([*history_texts, *([prompt] if prompt_names else [])])
+    ]
+    return [
+        ([*shared, text, *extras], turns, [*conversation, {"role": "assistant", "content": text}])
+        for text in responses
+    ], grouped
+
+
+def _chat_renderer(tokenizer: Tokenizer) -> Callable[[list[dict[str, str]]], str]:
+    """``messages -> text`` with the tokenizer's own Jinja chat template (sandboxed)."""
+    try:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as error:
+        raise ImportError(
+            "rendering the tokenizer's chat template needs jinja2: pip install "
+            "'seqbalance[tokenize]'"
+        ) from error
+
+    def fail(message: str) -> None:
+        raise TemplateError(message)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = fail
+    environment.filters["tojson"] = lambda value, indent=None: json.dumps(
+        value, ensure_ascii=False, indent=indent
+    )
+    template = environment.from_string(str(tokenizer.chat_template))
+    specials = dict(tokenizer.special_tokens)
+
+    def render(messages: list[dict[str, str]]) -> str:
+        try:
+            return template.render(messages=messages, add_generation_prompt=False, **specials)
+        except TemplateError as error:
+            raise _Malformed(f"the tokenizer's chat template refused it: {error}") from None
+
+    return render
 
 
 def _tokenize_unique(
@@ -393,7 +477,7 @@ def token_lengths(
     fields: Fields | None = None,
     format: str | None = None,
     tokenizer: str | Tokenizer = "qwen",
-    template: str = "chatml",
+    template: str = "auto",
     skip_malformed: bool = False,
     drop_empty: bool = False,
     progress: Progress | None = None,
@@ -403,7 +487,8 @@ def token_lengths(
     path: a ``.jsonl``/``.json``/``.parquet`` file, optionally ``.gz``. format: one of FORMATS,
     from the extension when None. fields: which fields hold the text (guessed from the first
     record when None). tokenizer: a spec for :func:`get_tokenizer` or a loaded Tokenizer.
-    template: ``"chatml"`` (5 tokens per turn) or ``"none"``. progress: optional wrapper
+    template: ``"auto"``, ``"tokenizer"``, ``"chatml"`` (5 tokens per turn) or ``"none"`` (module
+    docstring); the result records the one used. progress: optional wrapper
     ``progress(iterable, total=..., description=...)`` used around tokenization.
     Raises MalformedRecordsError (a ValueError) naming line numbers / record indices.
     """
@@ -411,8 +496,16 @@ def token_lengths(
     if not path.is_file():
         raise ValueError(f"path {str(path)!r}: no such file")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
-    template = check_choice(template, "template", tuple(TEMPLATE_TOKENS_PER_TURN))
+    template = check_choice(template, "template", TEMPLATES)
     counter = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    if template == "tokenizer" and counter.chat_template is None:
+        raise ValueError(
+            f"template='tokenizer': tokenizer {counter.name!r} has no chat template (use a "
+            "Hugging Face tokenizer directory, or template 'chatml' / 'none')"
+        )
+    if template == "auto":
+        template = "tokenizer" if counter.chat_template is not None else "chatml"
+    render = _chat_renderer(counter) if template == "tokenizer" else None
     location_kind = "line" if format == "jsonl" else "record"
 
     text_ids: dict[str, int] = {}
@@ -432,16 +525,25 @@ def token_lengths(
                 raise record
             if fields is None:
                 fields = guess_fields(record)
-            samples, turns, grouped = _record_samples(record, fields)
+            samples, grouped = _record_samples(record, fields)
+            without_text = not any(text for texts, _, _ in samples for text in texts)
+            if render is not None:
+                # The rendered conversation replaces the per-turn texts; extras (the last
+                # texts) still count as plain text.
+                n_extra = len(fields.extra)
+                samples = [
+                    ([render(messages), *texts[len(texts) - n_extra :]], 0, messages)
+                    for texts, _, messages in samples
+                ]
         except _Malformed as error:
             malformed.append(MalformedRecord(location, str(error)))
             continue
         any_grouped |= grouped
-        if not any(text for texts in samples for text in texts):
+        if without_text:
             empty.append(location)
             if drop_empty:
                 continue
-        for texts, sample_turn_count in zip(samples, turns, strict=True):
+        for texts, sample_turn_count, _ in samples:
             sample_texts.append([text_ids.setdefault(text, len(text_ids)) for text in texts])
             sample_turns.append(sample_turn_count)
             sample_locations.append(location)
@@ -458,7 +560,8 @@ def token_lengths(
         (i for texts in sample_texts for i in texts), dtype=np.int64, count=owner.size
     )
     text_tokens = np.bincount(owner, weights=counts[flat_ids], minlength=len(sample_texts))
-    overhead = TEMPLATE_TOKENS_PER_TURN[template] * np.asarray(sample_turns, dtype=np.int64)
+    per_turn = TEMPLATE_TOKENS_PER_TURN.get(template, 0)
+    overhead = per_turn * np.asarray(sample_turns, dtype=np.int64)
     return TokenLengths(
         lengths=np.rint(text_tokens).astype(np.int64) + overhead,
         groups=np.asarray(sample_groups, dtype=np.int64) if any_grouped else None,
@@ -473,3 +576,44 @@ def token_lengths(
         format=format,
         dropped_empty=drop_empty,
     )
+
+
+def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
+    """Token lengths (int64) of a tokenized dataset, from one column.
+
+    ``dataset`` is a Hugging Face ``datasets.Dataset`` (anything with ``column_names`` and
+    ``dataset[column]``; ``datasets`` itself is never imported) or any sequence of mappings. The
+    column holds token sequences (their lengths are taken) or lengths as integers (taken as they
+    are, e.g. a precomputed ``"length"`` column).
+
+    Raises:
+        ValueError: the column is missing (the available ones are listed), or a value is neither
+            a sequence nor a non-negative integer (its index is named).
+    """
+    from seqbalance._validation import as_lengths
+
+    if hasattr(dataset, "column_names"):
+        if column not in dataset.column_names:
+            raise ValueError(
+                f"column {column!r} is not in the dataset (columns: "
+                f"{', '.join(map(str, dataset.column_names))})"
+            )
+        values = dataset[column]
+    else:
+        values = []
+        for index, record in enumerate(dataset):
+            if not isinstance(record, dict) or column not in record:
+                raise ValueError(f"dataset[{index}] has no {column!r} entry")
+            values.append(record[column])
+    lengths = []
+    for index, value in enumerate(values):
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            lengths.append(int(value))
+        elif hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+            lengths.append(len(value))
+        else:
+            raise ValueError(
+                f"dataset[{index}][{column!r}] must be a token sequence or a length, got "
+                f"{type(value).__name__}"
+            )
+    return as_lengths(np.asarray(lengths, dtype=np.int64), f"dataset[{column!r}] lengths")

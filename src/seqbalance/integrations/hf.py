@@ -1,0 +1,223 @@
+"""Hugging Face ``Trainer`` and TRL ``SFTTrainer`` with seqbalance's planned batches.
+
+Three lines::
+
+    from seqbalance.integrations.hf import BalancedTrainerMixin
+
+    class MyTrainer(BalancedTrainerMixin, Trainer): ...   # or SFTTrainer
+    trainer = MyTrainer(model=model, args=args, train_dataset=ds, seqbalance_options={...})
+
+What it does:
+
+- ``get_train_dataloader`` returns a DataLoader whose ``batch_sampler`` is
+  :class:`seqbalance.runtime.BalancedBatchSampler`: every optimizer step holds
+  ``per_device_train_batch_size x gradient_accumulation_steps x world_size`` samples and every
+  rank runs exactly ``gradient_accumulation_steps`` micro-batches of it (``num_microbatches``),
+  so the Trainer's accumulation loop and the plan agree. The data-parallel rank and size are the
+  Trainer's (``args.process_index`` / ``args.world_size``, i.e. Accelerate's); the loader is not
+  passed through ``accelerator.prepare``, which would shard the batches a second time. The last,
+  partial step of an epoch is dropped.
+- Layout: padding-free TRL (``args.padding_free``) or ``layout="packed"`` in the options plans
+  packed micro-batches (the token cap ``max_tokens`` applies to their sum); otherwise micro-batches
+  are padded and hold at most ``per_device_train_batch_size`` samples (the planner groups similar
+  lengths and balances the ranks).
+- Cost: by default the training FLOPs of the model being trained
+  (``ModelSpec.from_hf_config(model.config)``), or the ``cost`` / ``model`` in the options.
+- Loss: with unequal micro-batches a per-micro-batch mean weights tokens unequally. The Trainer
+  already divides the summed token loss by ``num_items_in_batch``, the label tokens of the whole
+  optimizer step (over all ranks with ``average_tokens_across_devices``, which is forced on); that
+  is the right normalisation, and it holds here because the step's micro-batches are exactly the
+  ones the Trainer collects for it. Models without ``num_items_in_batch`` support get no such
+  normalisation from the Trainer (a warning is logged).
+- Resume: the plan is a function of the lengths, seed, epoch and options, so the Trainer's own
+  skip of the micro-batches already trained is exact. The sampler state is written into every
+  checkpoint (``seqbalance_sampler.json``) and checked on ``train(resume_from_checkpoint=...)``: a
+  different dataset, seed, world size or plan options raise ``ValueError`` before training.
+
+Lengths come from ``seqbalance_lengths`` when given, else from the ``input_ids`` of the dataset
+(:func:`seqbalance.datasets.lengths_from_dataset`). Needs ``transformers`` (``seqbalance[hf]``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from seqbalance.datasets.lengths import lengths_from_dataset
+
+__all__ = ["SAMPLER_STATE_FILE", "BalancedTrainerMixin", "balanced_train_dataloader"]
+
+SAMPLER_STATE_FILE = "seqbalance_sampler.json"
+"""Name of the sampler-state file written into every checkpoint folder."""
+
+_log = logging.getLogger(__name__)
+
+
+def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The sampler's plan options from the trainer's arguments and the user's options."""
+    args = trainer.args
+    chosen = dict(options)
+    for fixed in ("num_microbatches", "micro_batch_size"):
+        if fixed in chosen:
+            raise ValueError(
+                f"seqbalance_options[{fixed!r}] is set by the Trainer (gradient_accumulation_steps "
+                "and per_device_train_batch_size); leave it out"
+            )
+    chosen["num_microbatches"] = args.gradient_accumulation_steps
+    packed = bool(getattr(args, "padding_free", False)) or chosen.get("layout") == "packed"
+    if packed:
+        chosen["layout"] = "packed"
+    else:
+        chosen["layout"] = "padded"
+        chosen["micro_batch_size"] = args.per_device_train_batch_size
+    if "cost" not in chosen and "model" not in chosen:
+        config = getattr(getattr(trainer, "model", None), "config", None)
+        if config is not None:
+            from seqbalance.cost import ModelSpec
+
+            try:
+                chosen["cost"] = ModelSpec.from_hf_config(config)
+            except (ValueError, KeyError, TypeError) as error:
+                _log.warning(
+                    "seqbalance: balancing tokens, the model config is not usable: %s", error
+                )
+    return chosen
+
+
+class _EpochLoader:
+    """Mixin for a DataLoader whose ``set_epoch`` reaches its batch sampler."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+
+
+def balanced_train_dataloader(
+    trainer: Any, *, lengths: Any = None, options: dict[str, Any] | None = None
+) -> Any:
+    """The training DataLoader of ``trainer`` with a ``BalancedBatchSampler`` (module docstring).
+
+    Usable without the mixin: ``trainer.get_train_dataloader = lambda:
+    balanced_train_dataloader(trainer, options={...})``.
+    """
+    import torch
+
+    from seqbalance.runtime import BalancedBatchSampler
+
+    if trainer.train_dataset is None:
+        raise ValueError("Trainer: training requires a train_dataset")
+    args = trainer.args
+    dataset = trainer.train_dataset
+    if lengths is None:
+        lengths = lengths_from_dataset(dataset, "input_ids")
+    collator = trainer.data_collator
+    try:
+        import datasets
+
+        is_hf_dataset = isinstance(dataset, datasets.Dataset)
+    except ImportError:
+        is_hf_dataset = False
+    if is_hf_dataset:
+        dataset = trainer._remove_unused_columns(dataset, description="training")
+    else:
+        collator = trainer._get_collator_with_removed_columns(collator, description="training")
+    if not getattr(args, "average_tokens_across_devices", True):
+        _log.warning("seqbalance: average_tokens_across_devices is off; turning it on")
+        args.average_tokens_across_devices = True
+    if not getattr(trainer, "model_accepts_loss_kwargs", True):
+        _log.warning(
+            "seqbalance: the model does not take num_items_in_batch, so the Trainer averages "
+            "the loss per micro-batch, which weights tokens of unequal micro-batches unequally"
+        )
+    world = max(1, args.world_size)
+    sampler = BalancedBatchSampler(
+        lengths,
+        args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
+        rank=args.process_index if world > 1 else 0,
+        world_size=world,
+        seed=args.data_seed if args.data_seed is not None else args.seed,
+        drop_last=True,
+        **_plan_options(trainer, options or {}),
+    )
+    loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
+    return loader_class(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=collator,
+        num_workers=args.dataloader_num_workers,
+        pin_memory=args.dataloader_pin_memory,
+    )
+
+
+class BalancedTrainerMixin:
+    """Put before ``Trainer`` / ``SFTTrainer`` in the bases (module docstring).
+
+    Keyword arguments taken by ``__init__``: ``seqbalance_options`` (dict of ``PlanOptions``
+    fields: ``max_tokens``, ``cost``, ``model``, ``objective``, ``layout``, ...) and
+    ``seqbalance_lengths`` (token length of every training sample).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        seqbalance_options: dict[str, Any] | None = None,
+        seqbalance_lengths: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.seqbalance_options = dict(seqbalance_options or {})
+        self.seqbalance_lengths = seqbalance_lengths
+        self._seqbalance_loader: Any = None
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        from transformers import TrainerCallback
+
+        mixin = self
+
+        class _SaveSamplerState(TrainerCallback):
+            def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                if mixin._seqbalance_loader is None or not state.is_world_process_zero:
+                    return
+                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                # Micro-batches trained in the current epoch (the loader may have prefetched more).
+                consumed = (
+                    state.global_step * args.gradient_accumulation_steps
+                    - mixin._steps_before_epoch(state)
+                )
+                record = mixin._seqbalance_loader.batch_sampler.state_dict(consumed=consumed)
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / SAMPLER_STATE_FILE).write_text(json.dumps(record, indent=2))
+
+        self.add_callback(_SaveSamplerState())  # type: ignore[attr-defined]
+
+    def _steps_before_epoch(self, state: Any) -> int:
+        """Micro-batches of the epochs before the current one."""
+        per_epoch = len(self._seqbalance_loader.batch_sampler)
+        done = state.global_step * self.args.gradient_accumulation_steps  # type: ignore[attr-defined]
+        return (done // per_epoch) * per_epoch if per_epoch else 0
+
+    def get_train_dataloader(self) -> Any:
+        self._seqbalance_loader = balanced_train_dataloader(
+            self, lengths=self.seqbalance_lengths, options=self.seqbalance_options
+        )
+        return self._seqbalance_loader
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(resume_from_checkpoint, (str, Path)):
+            self._check_resume(Path(resume_from_checkpoint))
+        return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
+
+    def _check_resume(self, checkpoint: Path) -> None:
+        """Fail before training when the checkpoint's plan is not the one this run would make."""
+        saved_file = checkpoint / SAMPLER_STATE_FILE
+        if not saved_file.is_file():
+            raise ValueError(
+                f"{checkpoint} has no {SAMPLER_STATE_FILE}: it was not written by a seqbalance "
+                "trainer, so its data order cannot be resumed exactly"
+            )
+        saved = json.loads(saved_file.read_text())
+        try:
+            # A fresh sampler accepts the state only if it would lay out the same plan; the
+            # Trainer itself then skips the micro-batches already trained.
+            self.get_train_dataloader().batch_sampler.load_state_dict(saved)
+        except ValueError as error:
+            raise ValueError(f"resume from {checkpoint}: {error}") from None

@@ -1,0 +1,305 @@
+"""The stack baselines reproduce each stack's own plan exactly.
+
+``data/stack_baselines.json.gz`` holds 500 random inputs per baseline with the plan the stack's
+own code produced for them (verl ``rearrange_micro_batches`` after the trainer's driver balance,
+slime ``build_dp_schedule``, TorchSpec's controller dispatch, Hugging Face
+``get_length_grouped_indices`` sharded by Accelerate), recorded by running those functions; only
+their outputs are stored. Where a stack's function is importable, the live tests also compare on
+fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from seqbalance.integrations._reference import largest_differencing, split_largest_bins
+from seqbalance.integrations.baselines import (
+    STACK_BASELINES,
+    HFLengthGroupedBaseline,
+    SlimeBaseline,
+    TorchSpecBaseline,
+    VerlBaseline,
+    stack_baseline,
+)
+from seqbalance.plan import PlanOptions
+from seqbalance.plan._problem import Problem
+
+RECORDED = Path(__file__).parent / "data" / "stack_baselines.json.gz"
+
+
+@cache
+def recorded() -> dict[str, list[dict[str, Any]]]:
+    with gzip.open(RECORDED, "rt") as handle:
+        return json.load(handle)
+
+
+def problem(
+    lengths: Any,
+    dp: int,
+    *,
+    max_tokens: int | None = None,
+    costs: Any = None,
+    micro_batch_size: int | None = None,
+    min_microbatches: int = 1,
+    microbatch_multiple: int = 1,
+    num_microbatches: int | None = None,
+    groups: Any = None,
+    allow_empty: bool = True,
+) -> Problem:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    options = PlanOptions(
+        max_tokens=max_tokens,
+        layout="padded" if micro_batch_size is not None else "packed",
+        micro_batch_size=micro_batch_size,
+        allow_oversize=True,
+        allow_empty=allow_empty,
+        min_microbatches=min_microbatches,
+        microbatch_multiple=microbatch_multiple,
+        num_microbatches=num_microbatches,
+    )
+    return Problem(
+        lengths=lengths,
+        sample_costs=np.asarray(lengths if costs is None else costs, dtype=np.float64),
+        overhead=0.0,
+        dp=dp,
+        groups=None if groups is None else np.asarray(groups, dtype=np.int64),
+        options=options,
+    )
+
+
+def outcome(strategy: Any, p: Problem) -> Any:
+    try:
+        return strategy.plan(p)
+    except ValueError:
+        return "error"
+
+
+def test_recorded_file_has_500_cases_per_baseline() -> None:
+    assert {name: len(cases) for name, cases in recorded().items()} == {
+        s.name: 500 for s in STACK_BASELINES
+    }
+
+
+def test_verl_matches_recorded_plans() -> None:
+    for case in recorded()["verl"]:
+        p = problem(
+            case["lengths"],
+            case["dp"],
+            max_tokens=case["max_tokens"],
+            min_microbatches=case["min_microbatches"],
+            microbatch_multiple=case["microbatch_multiple"],
+        )
+        assert outcome(VerlBaseline(), p) == case["expected"], case
+
+
+@pytest.mark.parametrize("name", ["slime", "slime_flops"])
+def test_slime_matches_recorded_plans(name: str) -> None:
+    for case in recorded()[name]:
+        costs = case["costs"]  # slime's calculate_fwd_flops of the tiny test model, per sample
+        strategy = SlimeBaseline(
+            balance_by_flops=name == "slime_flops", workload=lambda _lengths, c=costs: c
+        )
+        p = problem(
+            case["lengths"],
+            case["dp"],
+            max_tokens=case["max_tokens"],
+            micro_batch_size=case["micro_batch_size"],
+            microbatch_multiple=case["microbatch_multiple"],
+        )
+        assert outcome(strategy, p) == case["expected"], case
+
+
+@pytest.mark.parametrize("strategy", [TorchSpecBaseline(), HFLengthGroupedBaseline()])
+def test_count_based_baselines_match_recorded_plans(strategy: Any) -> None:
+    for case in recorded()[strategy.name]:
+        p = problem(case["lengths"], case["dp"], micro_batch_size=case["micro_batch_size"])
+        assert outcome(strategy, p) == case["expected"], case
+
+
+# ---------------------------------------------------------------- hand-derived examples
+
+
+def test_largest_differencing_by_hand() -> None:
+    # verl's own function returns [[2, 3, 4], [0, 1, 5]] here: sums 10 and 9, heaviest first
+    # (the optimum, 19 = 10 + 9, cannot split evenly).
+    assert largest_differencing([5, 3, 2, 7, 1, 1], 2, equal_size=False) == [[2, 3, 4], [0, 1, 5]]
+    # equal_size: every part gets n / k items.
+    parts = largest_differencing([4, 4, 1, 1], 2, equal_size=True)
+    assert [len(p) for p in parts] == [2, 2]
+    assert sorted(sum([4, 4, 1, 1][i] for i in part) for part in parts) == [5, 5]
+
+
+def test_split_largest_bins_by_hand() -> None:
+    lengths = [6, 1, 5, 2, 3]
+    bins = [[0, 1], [2, 3, 4]]  # 7 and 10 tokens: the second is split, longest first
+    split_largest_bins(bins, 3, lengths)
+    assert bins == [[0, 1], [2], [4, 3]]
+    singles = [[0], [1]]
+    split_largest_bins(singles, 4, lengths)  # nothing can be split: stops early
+    assert singles == [[0], [1]]
+
+
+def test_verl_soft_cap_and_equal_counts() -> None:
+    # Two ranks of 2 samples; rank tokens 900 and 900 with a 600 cap -> 2 micro-batches each,
+    # verl's count ignores that one sample alone is over the cap.
+    p = problem([700, 200, 650, 250], 2, max_tokens=600)
+    plan = VerlBaseline().plan(p)
+    assert [len(mbs) for mbs in plan] == [2, 2]
+    assert sorted(i for mbs in plan for mb in mbs for i in mb) == [0, 1, 2, 3]
+
+
+def test_verl_rejects_what_verl_rejects() -> None:
+    with pytest.raises(ValueError, match="multiple of dp_size"):
+        VerlBaseline().plan(problem([1, 2, 3], 2, max_tokens=10))
+    # No cap is an infinite max_token_len: one micro-batch per rank.
+    assert VerlBaseline().plan(problem([1, 2], 2)) == [[[1]], [[0]]]
+
+
+def test_verl_with_groups_keeps_groups_on_one_rank() -> None:
+    groups = [0, 0, 1, 1, 2, 2, 3, 3]
+    plan = VerlBaseline().plan(
+        problem([100, 100, 200, 200, 150, 150, 50, 50], 2, max_tokens=400, groups=groups)
+    )
+    for mbs in plan:
+        members = [i for mb in mbs for i in mb]
+        for g in {groups[i] for i in members}:
+            assert all(i in members for i, h in enumerate(groups) if h == g)
+    # Group workloads 2x(24576*L + L^2): {200-group + 50-group} vs {100 + 150}: equal tokens.
+    tokens = sorted(
+        sum([100, 100, 200, 200, 150, 150, 50, 50][i] for mb in mbs for i in mb) for mbs in plan
+    )
+    assert tokens == [500, 500]
+
+
+def test_torchspec_round_robin_by_hand() -> None:
+    plan = TorchSpecBaseline().plan(problem(list(range(1, 9)), 2, micro_batch_size=2))
+    assert plan == [[[0, 2], [4, 6]], [[1, 3], [5, 7]]]
+
+
+def test_hf_length_grouped_by_hand() -> None:
+    plan = HFLengthGroupedBaseline().plan(problem([3, 9, 1, 7, 5, 2, 8, 4], 2, micro_batch_size=2))
+    # Longest first: 9, 8, 7, 5, 4, 3, 2, 1 -> batches [1, 6], [3, 4], [7, 0], [5, 2].
+    assert plan == [[[1, 6], [7, 0]], [[3, 4], [5, 2]]]
+
+
+def test_packed_count_baselines_spread_samples_evenly() -> None:
+    p = problem([10] * 10, 2, max_tokens=30, allow_empty=False)  # 100 tokens / (2 x 30) -> M = 2
+    for strategy in (TorchSpecBaseline(), HFLengthGroupedBaseline()):
+        plan = strategy.plan(p)
+        assert sorted(len(mb) for mbs in plan for mb in mbs) == [2, 2, 3, 3]
+
+
+def test_stack_baseline_lookup() -> None:
+    assert [s.name for s in STACK_BASELINES] == [
+        "verl",
+        "slime",
+        "slime_flops",
+        "torchspec",
+        "hf_length_grouped",
+    ]
+    assert all(not s.enforces_cap and not s.aligns_positions for s in STACK_BASELINES)
+    assert stack_baseline("slime_flops").balance_by_flops
+    with pytest.raises(ValueError, match="verl, slime"):
+        stack_baseline("nope")
+
+
+# ---------------------------------------------------------------- live, when the stack imports
+
+
+def test_verl_live_against_verl() -> None:
+    balancing = pytest.importorskip("verl.utils.seqlen_balancing")
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n = int(rng.integers(1, 50))
+        k = int(rng.integers(1, n + 1))
+        values = rng.integers(0, 40, n).tolist()
+        assert largest_differencing(values, k, equal_size=False) == (
+            balancing.get_seqlen_balanced_partitions(values, k, False)
+        )
+
+
+def test_slime_live_against_slime() -> None:
+    schedule = pytest.importorskip("slime.utils.dp_schedule")
+    flops = pytest.importorskip("slime.utils.flops_utils")
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(6)
+    model = {
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "num_query_groups": 2,
+        "vocab_size": 32,
+        "ffn_hidden_size": 64,
+        "num_experts": None,
+        "num_layers": 2,
+        "kv_channels": 8,
+    }
+    for trial in range(200):
+        dp = int(rng.integers(1, 5))
+        n = int(rng.integers(dp, 40))
+        lengths = rng.integers(1, 400, n)
+        cap, by_flops = int(rng.integers(100, 800)), bool(trial % 2)
+        args = SimpleNamespace(
+            micro_batch_size=1,
+            use_dynamic_batch_size=True,
+            max_tokens_per_gpu=cap,
+            balance_data=True,
+            balance_by_flops=by_flops,
+            **model,
+        )
+        config = {
+            "dp_size": dp,
+            "cp_size": 1,
+            "vpp_size": 1,
+            "microbatch_group_size_per_vp_stage": 1,
+        }
+        try:
+            parts, mbi, _, _ = schedule.build_dp_schedule(
+                args, config, lengths.tolist(), global_batch_size=n, rollout_indices=list(range(n))
+            )
+            expected: Any = [[[parts[r][i] for i in mb] for mb in mbi[r]] for r in range(dp)]
+        except AssertionError:
+            expected = "error"
+        costs = [flops.calculate_fwd_flops([int(x)], args) for x in lengths]
+        strategy = SlimeBaseline(balance_by_flops=by_flops, workload=lambda _l, c=costs: c)
+        assert outcome(strategy, problem(lengths, dp, max_tokens=cap)) == expected
+
+
+def test_hf_live_against_transformers_and_accelerate() -> None:
+    torch = pytest.importorskip("torch")
+    pt_utils = pytest.importorskip("transformers.trainer_pt_utils")
+    data_loader = pytest.importorskip("accelerate.data_loader")
+    rng = np.random.default_rng(7)
+    for _ in range(100):
+        dp, size, accumulation = (int(x) for x in rng.integers(1, 5, 3))
+        n = dp * size * accumulation
+        lengths = rng.integers(1, 30, n).tolist()
+        seed = int(rng.integers(0, 2**31))
+        order = pt_utils.get_length_grouped_indices(
+            lengths,
+            size * accumulation,
+            mega_batch_mult=dp,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        arrival = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+        position = {sample: j for j, sample in enumerate(arrival)}
+        expected = [
+            [
+                [position[i] for i in batch]
+                for batch in data_loader.BatchSamplerShard(
+                    torch.utils.data.BatchSampler(order, size, False),
+                    num_processes=dp,
+                    process_index=r,
+                )
+            ]
+            for r in range(dp)
+        ]
+        p = problem([lengths[i] for i in arrival], dp, micro_batch_size=size)
+        assert HFLengthGroupedBaseline().plan(p) == expected

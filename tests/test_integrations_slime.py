@@ -1,0 +1,199 @@
+"""seqbalance.integrations.slime.build_dp_schedule keeps slime's contract."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from seqbalance.cost import FlopsModel, ModelSpec
+from seqbalance.integrations.baselines import SlimeBaseline
+from seqbalance.integrations.slime import ScheduleError, _megatron_model_spec, build_dp_schedule
+
+MODEL = {
+    "hidden_size": 16,
+    "num_attention_heads": 2,
+    "num_query_groups": 2,
+    "vocab_size": 32,
+    "ffn_hidden_size": 64,
+    "num_experts": None,
+    "num_layers": 2,
+    "kv_channels": 8,
+}
+
+
+def make_args(**overrides: Any) -> SimpleNamespace:
+    options = {
+        "micro_batch_size": 1,
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": 100,
+        "balance_data": True,
+        "balance_by_flops": False,
+        **MODEL,
+    }
+    options.update(overrides)
+    return SimpleNamespace(**options)
+
+
+def config(dp: int = 2, cp: int = 1, vpp: int = 1, group: int = 1) -> dict[str, int]:
+    return {
+        "dp_size": dp,
+        "cp_size": cp,
+        "vpp_size": vpp,
+        "microbatch_group_size_per_vp_stage": group,
+    }
+
+
+def check(result: Any, dp: int, kept: list[int], lengths: list[int], cap: int | None) -> None:
+    partitions, mbi, nmb, _ = result
+    seen: set[int] = set()
+    for r in range(dp):
+        assert len(mbi[r]) == sum(nmb)
+        assert [i for mb in mbi[r] for i in mb] == list(range(len(partitions[r])))
+        assert seen.isdisjoint(partitions[r])
+        seen.update(partitions[r])
+        if cap is not None:
+            for mb in mbi[r]:
+                tokens = sum(lengths[partitions[r][i]] for i in mb)
+                assert tokens <= cap or len(mb) == 1
+    assert seen == set(kept)
+
+
+def test_dynamic_balanced_hard_cap_and_equal_counts() -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        dp = int(rng.integers(1, 5))
+        n = int(rng.integers(dp * 4, 60))
+        lengths = rng.integers(1, 90, n)
+        lengths[rng.random(n) < 0.05] = 150  # a few over the 100-token cap, alone in theirs
+        lengths = lengths.tolist()
+        by_flops = bool(trial % 2)
+        args = make_args(balance_by_flops=by_flops)
+        result = build_dp_schedule(
+            args, config(dp), lengths, global_batch_size=n, rollout_indices=list(range(n))
+        )
+        check(result, dp, list(range(n)), lengths, 100)
+
+
+def test_vpp_multiple_cp_cap_and_rollout_grouping() -> None:
+    lengths = [30] * 24
+    args = make_args(max_tokens_per_gpu=40)
+    result = build_dp_schedule(
+        args,
+        config(2, cp=2, vpp=2, group=3),
+        lengths,
+        global_batch_size=12,
+        rollout_indices=[i // 2 for i in range(24)],
+    )
+    assert all(m % 3 == 0 for m in result[2])
+    assert result[3] == [12]
+    check(result, 2, list(range(24)), lengths, 80)  # cap = 40 x cp 2
+
+
+def test_steps_keep_rollouts_together_and_trim_the_tail() -> None:
+    rollout = [0, 0, 1, 2, 2, 3, 4, 4]
+    args = make_args(max_tokens_per_gpu=12)
+    result = build_dp_schedule(
+        args, config(1), [3] * 8, global_batch_size=2, rollout_indices=rollout
+    )
+    assert result[3] == [2, 2]
+    check(result, 1, list(range(6)), [3] * 8, 12)
+    first_step = [result[0][0][i] for mb in result[1][0][: result[2][0]] for i in mb]
+    assert sorted(first_step) == [0, 1, 2]
+
+
+def test_errors_are_value_and_assertion_errors() -> None:
+    with pytest.raises(AssertionError, match="num_rollouts"):
+        build_dp_schedule(
+            make_args(), config(1), [3] * 6, global_batch_size=4, rollout_indices=[0, 0, 1, 1, 2, 2]
+        )
+    with pytest.raises(ValueError, match="samples < dp_size"):
+        build_dp_schedule(
+            make_args(), config(4), [3] * 3, global_batch_size=3, rollout_indices=[0, 1, 2]
+        )
+    assert issubclass(ScheduleError, ValueError) and issubclass(ScheduleError, AssertionError)
+
+
+def test_balance_data_off_is_slimes_own_schedule() -> None:
+    lengths = [60, 50, 40, 30, 20, 10, 70, 80]
+    args = make_args(balance_data=False)
+    partitions, mbi, nmb, _ = build_dp_schedule(
+        args, config(2), lengths, global_batch_size=8, rollout_indices=list(range(8))
+    )
+    # First fit under 100: [60, 40], [50, 30, 20], [10, 70], [80] -> rank 0 bins 0 and 2.
+    assert partitions == [[0, 2, 5, 6], [1, 3, 4, 7]]
+    assert mbi == [[[0, 1], [2, 3]], [[0, 1, 2], [3]]] and nmb == [2]
+
+
+def test_static_balance_beats_slimes_pinned_answer() -> None:
+    # slime's tests/test_dp_schedule.py pins [[1, 2, 5, 6], [0, 3, 4, 7]] here; seqbalance's
+    # equal-count split has a lower heaviest rank under both slime's forward FLOPs (373,952 vs
+    # 374,720, measured with slime's calculate_fwd_flops) and seqbalance's training FLOPs.
+    lengths = [1, 2, 3, 4, 5, 7, 9, 10]
+    args = make_args(use_dynamic_batch_size=False, max_tokens_per_gpu=None)
+    partitions, _, nmb, _ = build_dp_schedule(
+        args, config(2), lengths, global_batch_size=8, rollout_indices=list(range(8))
+    )
+    assert nmb == [4] and [len(p) for p in partitions] == [4, 4]
+    flops = FlopsModel(_megatron_model_spec(args)).per_sample(lengths)
+    ours = max(flops[p].sum() for p in partitions)
+    pinned = max(flops[[1, 2, 5, 6]].sum(), flops[[0, 3, 4, 7]].sum())
+    assert ours < pinned
+
+
+def test_balanced_is_never_worse_than_slimes_schedule() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        n = int(rng.integers(16, 60))
+        lengths = rng.integers(1, 100, n)
+        args = make_args()
+        partitions, mbi, _, _ = build_dp_schedule(
+            args, config(4), lengths.tolist(), global_batch_size=n, rollout_indices=list(range(n))
+        )
+        flops = FlopsModel(_megatron_model_spec(args))
+        costs = flops.per_sample(lengths)
+        ours = max(
+            costs[p].sum() + len(m) * flops.microbatch_overhead
+            for p, m in zip(partitions, mbi, strict=True)
+        )
+        from test_integrations_baselines import problem
+
+        p = problem(lengths, 4, max_tokens=100, costs=costs)
+        theirs = max(
+            costs[[i for mb in mbs for i in mb]].sum() + len(mbs) * flops.microbatch_overhead
+            for mbs in SlimeBaseline().plan(p)
+        )
+        assert ours <= theirs * (1 + 1e-12)
+
+
+def test_megatron_spec_reads_what_slime_reads() -> None:
+    spec = _megatron_model_spec(make_args())
+    assert spec == ModelSpec(
+        hidden_size=16,
+        num_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=32,
+        intermediate_size=64,
+        name="megatron-args",
+    )
+    moe = _megatron_model_spec(
+        make_args(
+            num_experts=8,
+            moe_router_topk=2,
+            moe_ffn_hidden_size=32,
+            moe_shared_expert_intermediate_size=16,
+            moe_layer_freq=[0, 1],
+        )
+    )
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (8, 2, 32)
+    assert moe.moe_layers == (1,) and moe.shared_expert_intermediate_size == 16
+    every_other = _megatron_model_spec(
+        make_args(
+            num_experts=4, moe_router_topk=1, moe_ffn_hidden_size=8, moe_layer_freq=2, num_layers=4
+        )
+    )
+    assert every_other.moe_layers == (0, 2)
