@@ -15,7 +15,7 @@ from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.registry import Microbatches, get_strategy
 from seqbalance.plan.types import StepPlan
 
-__all__ = ["MAX_DP_SIZE", "plan_step"]
+__all__ = ["MAX_DP_SIZE", "check_within_caps", "plan_step", "vision_patches_of"]
 
 MAX_DP_SIZE = 2**18
 """Most data-parallel ranks a plan is made for."""
@@ -105,12 +105,8 @@ def plan_step(
             "this large cannot be represented exactly"
         )
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
-    vision_patches = _vision_patches(parts, options)
-    if not options.allow_oversize:
-        _check_within_cap(lengths, "lengths", options.max_tokens, "max_tokens")
-        _check_within_cap(
-            vision_patches, "vision_patches", options.max_vision_patches, "max_vision_patches"
-        )
+    vision_patches = vision_patches_of(parts, options)
+    check_within_caps(lengths, vision_patches, options)
     sample_costs, overhead = evaluate_costs(options.cost_model, lengths, parts)
     problem = Problem(
         lengths=lengths,
@@ -145,10 +141,14 @@ def plan_step(
     )
 
 
-def _vision_patches(parts: SampleParts | None, options: PlanOptions) -> np.ndarray | None:
-    """Vision patches per sample when the parts describe images (``spatial_merge_size`` set,
-    which a step without images taken from an image data set keeps), else ``None``; the checks
-    that depend on the parts and the options together."""
+def vision_patches_of(parts: SampleParts | None, options: PlanOptions) -> np.ndarray | None:
+    """Vision patches per sample (int64) when the parts describe images (``spatial_merge_size``
+    set, which a step without images taken from an image data set keeps), else ``None``.
+
+    Raises:
+        ValueError: ``max_vision_patches`` without parts that describe images, parts with
+            images or HSTU fields under ``layout="padded"``, or more than 2**53 patches.
+    """
     if parts is not None and options.layout == "padded" and (parts.has_images or parts.has_hstu):
         raise ValueError(
             "layout='padded' cannot plan samples with "
@@ -175,17 +175,27 @@ def _vision_patches(parts: SampleParts | None, options: PlanOptions) -> np.ndarr
     return patches
 
 
-def _check_within_cap(values: np.ndarray | None, name: str, cap: int | None, option: str) -> None:
-    """ValueError naming the first sample over ``cap`` (without ``allow_oversize``)."""
-    if values is None or cap is None:
+def check_within_caps(
+    lengths: np.ndarray, vision_patches: np.ndarray | None, options: PlanOptions
+) -> None:
+    """Unless ``allow_oversize``: ValueError naming the first sample over ``max_tokens``, else
+    the first over ``max_vision_patches`` (``vision_patches`` from ``vision_patches_of``)."""
+    if options.allow_oversize:
         return
-    over = np.flatnonzero(values > cap)
-    if over.size:
-        i = int(over[0])
-        raise ValueError(
-            f"{name}[{i}] = {int(values[i])} exceeds {option} = {cap} ({over.size} sample(s) "
-            "do); pass allow_oversize=True to give such a sample a micro-batch of its own"
-        )
+    for values, name, cap, option in (
+        (lengths, "lengths", options.max_tokens, "max_tokens"),
+        (vision_patches, "vision_patches", options.max_vision_patches, "max_vision_patches"),
+    ):
+        if values is None or cap is None:
+            continue
+        over = np.flatnonzero(values > cap)
+        if over.size:
+            i = int(over[0])
+            raise ValueError(
+                f"{name}[{i}] = {int(values[i])} exceeds {option} = {cap} ({over.size} "
+                "sample(s) do); pass allow_oversize=True to give such a sample a micro-batch of "
+                "its own"
+            )
 
 
 def _checked_shape(microbatches: Microbatches, dp: int, name: str) -> Microbatches:
