@@ -6,19 +6,21 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
 1. Ranks. Units (samples, or whole groups) go to ranks heaviest cost first, each to the rank
    with the least cost (the partition engine's LPT). When that overfills a rank, LPT is redone
    with rank capacities: each unit goes to the least costly rank that can still hold it (rank
-   capacity ``M x max_tokens`` tokens, an over-cap sample counting as a full micro-batch, and
-   ``M x micro_batch_size`` samples for the padded layout). Local search follows: a few
+   capacity ``M x max_tokens`` tokens and ``M x max_vision_patches`` vision patches, an
+   over-cap sample counting as a full micro-batch, and ``M x micro_batch_size`` samples for the
+   padded layout). Local search follows: a few
    vectorised rounds that pair the k-th costliest rank with the k-th lightest and apply the best
    move or swap in every pair at once, then single moves or swaps from the costliest rank to the
    lightest ranks while that lowers the costliest one (until within ``_GOOD_ENOUGH`` of the
    lower bound). Finally units move (or are swapped for larger ones) to ranks holding fewer than
    ``M`` samples, so no micro-batch has to be empty.
 2. Micro-batches, packed layout. Every rank packs its samples, heaviest first, each into its
-   currently cheapest micro-batch that stays within the cap (vectorised over ranks). A rank that
-   does not fit is re-packed by first-fit decreasing on tokens; samples that still do not fit
-   move to the cheapest rank with room (not with groups, which must stay together); as a last
-   resort all samples are packed first-fit decreasing into ``dp x M`` micro-batches that are
-   then dealt to ranks.
+   currently cheapest micro-batch that stays within the caps (tokens, and vision patches when
+   ``max_vision_patches`` is set; vectorised over ranks). A rank that does not fit is re-packed
+   by first-fit decreasing on tokens (on the larger share of either cap with a patch cap);
+   samples that still do not fit move to the cheapest rank with room (not with groups, which
+   must stay together); as a last resort all samples are packed first-fit decreasing into
+   ``dp x M`` micro-batches that are then dealt to ranks.
 3. ``lockstep`` (packed): ranks are re-packed under the micro-batch cost profile of the rank
    holding the costliest micro-batch (so one long sample does not force every rank's other
    micro-batches to be large), then samples move or swap between micro-batches of one rank
@@ -87,6 +89,11 @@ def plan_balanced(p: Problem) -> Microbatches:
             raise ValueError(
                 f"num_microbatches = {m} is infeasible: no assignment found that keeps every "
                 f"micro-batch within max_tokens = {p.max_tokens}"
+                + (
+                    f" and max_vision_patches = {p.max_vision_patches}"
+                    if p.max_vision_patches is not None
+                    else ""
+                )
                 + (" with each group on one rank" if p.groups is not None else "")
                 + (" and every micro-batch non-empty" if not p.allow_empty else "")
             )
