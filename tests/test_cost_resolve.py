@@ -3,17 +3,25 @@ user cost functions (checked output, no access to the caller's arrays)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from _parts import MERGE, QWEN25_VL, TINY_HSTU, TINY_VISION, TINY_VLM
 
 import seqbalance as sb
 from seqbalance.cost import (
     CallableCost,
     CostModel,
+    ExternalCost,
     FlopsModel,
+    HSTUFlopsModel,
     ModelSpec,
+    SampleParts,
+    SecondsFromFlops,
     TimeModel,
     TokenCost,
+    VisionLanguageFlopsModel,
     cost_name,
     cost_unit,
     evaluate_costs,
@@ -21,7 +29,9 @@ from seqbalance.cost import (
     resolve_cost,
     seconds_model,
 )
+from seqbalance.cost.resolve import describe_cost
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_MODEL, DEFAULT_PEAK_FLOPS_PER_S
+from seqbalance.plan import PlanOptions
 
 LENGTHS = np.array([3, 1, 4, 1, 5], dtype=np.int64)
 
@@ -137,3 +147,129 @@ def test_seconds_model() -> None:
         seconds_model(resolve_cost("tokens"), peak_flops_per_s=1.0, efficiency=1.0)
     with pytest.raises(ValueError, match="efficiency must be in"):
         seconds_model(fm, peak_flops_per_s=1.0, efficiency=2.0)
+
+
+# ---------------------------------------------------------------------- samples with parts
+def _image_parts() -> SampleParts:
+    """Tokens 5 + 16/4 + 24/4 = 15, 0 and 9 + 4/4 = 10."""
+    return SampleParts.from_grid_thw(
+        [5, 0, 9], [[1, 4, 4], [2, 2, 6], [1, 2, 2]], [0, 0, 2], spatial_merge_size=MERGE
+    )
+
+
+def test_evaluate_costs_gives_parts_to_models_that_accept_them() -> None:
+    parts = _image_parts()
+    costs, overhead = evaluate_costs(TINY_VLM, parts.tokens, parts)
+    np.testing.assert_array_equal(costs, TINY_VLM.per_sample(parts))
+    assert overhead == 0.0 and costs[0] > TINY_VLM.llm.per_sample(parts.tokens)[0]
+    # Tokens are costed as asked; parts that hold only tokens hide nothing from any model.
+    assert evaluate_costs(resolve_cost("tokens"), parts.tokens, parts)[0].tolist() == [15, 0, 10]
+    fm = flops_model("qwen3-4b")
+    plain = SampleParts(tokens=[3, 4])
+    np.testing.assert_array_equal(
+        evaluate_costs(fm, plain.tokens, plain)[0], fm.per_sample(plain.tokens)
+    )
+
+
+def test_evaluate_costs_refuses_what_a_model_would_ignore() -> None:
+    parts = _image_parts()
+    with pytest.raises(ValueError, match=r"'flops:qwen3-4b' sees token counts only .* images"):
+        evaluate_costs(flops_model("qwen3-4b"), parts.tokens, parts)
+    hstu = TINY_HSTU.parts([3, 0], [1, 2], [0, 1])
+    with pytest.raises(ValueError, match="HSTU fields"):
+        evaluate_costs(TimeModel(0.0, 1.0, 0.0), hstu.tokens, hstu)
+    with pytest.raises(ValueError, match="parts hold 3 samples, lengths 2"):
+        evaluate_costs(TINY_VLM, parts.tokens[:2], parts)
+
+    class Wrong:
+        accepts_parts = True
+        microbatch_overhead = 0.0
+
+        @staticmethod
+        def per_sample(samples: SampleParts) -> np.ndarray:
+            return np.ones(len(samples) + 1)
+
+    with pytest.raises(ValueError, match=r"cost.per_sample\(parts\) must return one cost"):
+        evaluate_costs(Wrong(), parts.tokens, parts)
+
+
+_HSTU_1024 = HSTUFlopsModel("hstu-1024", causal=False, action_interleaved=False, recompute=True)
+_FROZEN = VisionLanguageFlopsModel(TINY_VLM.llm, TINY_VISION, freeze_vision=True)
+
+
+@pytest.mark.parametrize(
+    ("cost", "parts"),
+    [
+        (TINY_VLM, _image_parts()),
+        (_FROZEN, _image_parts()),
+        (TINY_HSTU, TINY_HSTU.parts([3, 0, 7], [1, 2, 0], [0, 1, 2])),
+        (_HSTU_1024, _HSTU_1024.parts([3, 0, 7], [1, 2, 0], [0, 1, 2])),
+        (SecondsFromFlops(TINY_VLM, peak_flops_per_s=1e15, efficiency=0.5), _image_parts()),
+    ],
+)
+def test_parts_models_round_trip_through_plan_options(cost: CostModel, parts: SampleParts) -> None:
+    options = PlanOptions(cost=cost, max_tokens=64)
+    text = options.to_json()
+    loaded = PlanOptions.from_json(text)
+    assert loaded == options and loaded.to_json() == text
+    assert loaded.fingerprint() == options.fingerprint()
+    assert type(loaded.cost) is type(cost) and not isinstance(loaded.cost, ExternalCost)
+    np.testing.assert_array_equal(loaded.cost.per_sample(parts), cost.per_sample(parts))
+
+
+def test_parts_model_options_change_the_fingerprint() -> None:
+    prints = {
+        PlanOptions(cost=cost).fingerprint()
+        for cost in (TINY_VLM, _FROZEN, TINY_HSTU, HSTUFlopsModel(TINY_HSTU.spec, causal=False))
+    }
+    assert len(prints) == 4
+
+
+def test_bad_parts_model_descriptions_are_value_errors() -> None:
+    good = json.loads(PlanOptions(cost=TINY_HSTU).to_json())
+    good["cost"]["HSTUFlopsModel"]["bogus"] = 1
+    with pytest.raises(ValueError, match="not a cost description"):
+        PlanOptions.from_json(json.dumps(good))
+    vlm = json.loads(PlanOptions(cost=TINY_VLM).to_json())
+    vlm["cost"]["VisionLanguageFlopsModel"]["vision"]["depth"] = 0
+    with pytest.raises(ValueError, match="depth"):
+        PlanOptions.from_json(json.dumps(vlm))
+    vlm["cost"]["VisionLanguageFlopsModel"]["vision"] = {"nonsense": 1}
+    with pytest.raises(ValueError, match="not a cost description"):
+        PlanOptions.from_json(json.dumps(vlm))
+    # A model built on a function JSON cannot hold is recorded by name.
+    extra = FlopsModel(ModelSpec.preset("qwen3-4b"), extra_per_sample=lambda x: 0 * x)
+    seconds = SecondsFromFlops(extra, peak_flops_per_s=1e15, efficiency=0.5)
+    assert describe_cost(seconds) == {"external": "seconds(flops:qwen3-4b)"}
+
+
+def test_seconds_model_wraps_flops_a_time_model_cannot_hold() -> None:
+    rate = DEFAULT_PEAK_FLOPS_PER_S * DEFAULT_EFFICIENCY
+    parts = _image_parts()
+    model, source = seconds_model(
+        QWEN25_VL, peak_flops_per_s=DEFAULT_PEAK_FLOPS_PER_S, efficiency=DEFAULT_EFFICIENCY
+    )
+    assert isinstance(model, SecondsFromFlops) and model.accepts_parts
+    assert source == (
+        "qwen2.5-vl-7b+vision:qwen2_5_vl FLOPs at 989 TFLOP/s (H100 bf16 dense) x 0.4 efficiency"
+    )
+    np.testing.assert_allclose(
+        model.per_sample(parts), QWEN25_VL.per_sample(parts) / rate, rtol=1e-15
+    )
+    assert (model.microbatch_overhead, cost_unit(model)) == (0.0, "seconds")
+    assert seconds_model(model, peak_flops_per_s=1.0, efficiency=1.0)[0] is model
+    # A hybrid model (sliding-window layers) is not t1·L + t2·L²: wrapped, not refused.
+    hybrid = flops_model("gpt-oss-20b")
+    with pytest.raises(ValueError, match="sliding-window"):
+        TimeModel.from_flops(hybrid, 1e15, 0.5)
+    wrapped, _ = seconds_model(hybrid, peak_flops_per_s=1e15, efficiency=0.5)
+    assert isinstance(wrapped, SecondsFromFlops) and not wrapped.accepts_parts
+    assert cost_name(wrapped) == "seconds(flops:gpt-oss-20b)"
+    lengths = np.array([100, 4000, 50_000])
+    np.testing.assert_allclose(
+        wrapped.per_sample(lengths), hybrid.per_sample(lengths) / 5e14, rtol=1e-15
+    )
+    with pytest.raises(ValueError, match="must be a cost model in FLOPs"):
+        SecondsFromFlops(resolve_cost("tokens"), peak_flops_per_s=1.0, efficiency=1.0)
+    with pytest.raises(ValueError, match="efficiency must be in"):
+        SecondsFromFlops(hybrid, peak_flops_per_s=1.0, efficiency=1.5)

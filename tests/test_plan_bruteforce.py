@@ -22,7 +22,7 @@ MAX_SLOTS = 4
 
 def _brute_force(plan: StepPlan, m: int) -> float | None:
     """Best step cost over all assignments with ``m`` micro-batches per rank (None: none
-    feasible), with the plan's costs, limits and objective."""
+    feasible), with the plan's costs, limits (the vision-patch cap included) and objective."""
     n, dp = plan.n_samples, plan.dp_size
     slots = dp * m
     lengths, costs = plan.lengths, plan.sample_costs
@@ -46,6 +46,10 @@ def _brute_force(plan: StepPlan, m: int) -> float | None:
     if plan.max_tokens is not None:
         lone_oversize = (count == 1) & (longest > plan.max_tokens) & plan.allow_oversize
         feasible &= ((tokens <= plan.max_tokens) | lone_oversize).all(axis=1)
+    if plan.max_vision_patches is not None:
+        patches = (onehot * plan.vision_patches[None, :, None]).sum(axis=1)
+        lone = (count == 1) & plan.allow_oversize
+        feasible &= ((patches <= plan.max_vision_patches) | lone).all(axis=1)
     if plan.groups is not None:
         rank = assignments // m
         for g in np.unique(plan.groups):

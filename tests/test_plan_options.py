@@ -170,6 +170,7 @@ def test_option_names_are_the_dataclass_fields() -> None:
         "cost",
         "model",
         "max_tokens",
+        "max_vision_patches",
         "layout",
         "micro_batch_size",
         "num_microbatches",

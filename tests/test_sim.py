@@ -6,10 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from _parts import TINY_HSTU, TINY_VLM, hstu_parts, image_parts, over_caps
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqbalance.cost import FlopsModel, ModelSpec, TimeModel
+from seqbalance.cost import FlopsModel, ModelSpec, SampleParts, SecondsFromFlops, TimeModel
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
 from seqbalance.sim import default_strategies, plot, sample_batches, simulate
 
@@ -234,6 +235,69 @@ def test_bad_input_names_the_argument(kwargs: dict, message: str) -> None:
     arguments.update(kwargs)
     with pytest.raises(ValueError, match=message):
         simulate(arguments.pop("lengths"), **arguments)
+
+
+# ---------------------------------------------------------------------------- samples with parts
+
+
+def test_samples_with_images_are_simulated_with_their_parts() -> None:
+    rng = np.random.default_rng(7)
+    parts = image_parts(rng, rng.integers(0, 60, 40))
+    cap = int(parts.vision_patches.max())
+    result = simulate(
+        parts,
+        cost=TINY_VLM,
+        max_tokens=int(parts.tokens.max()),
+        max_vision_patches=cap,
+        dp_size=2,
+        global_batch_size=16,
+        steps=3,
+    )
+    model = result.time_model
+    assert isinstance(model, SecondsFromFlops) and model.flops is TINY_VLM
+    assert result.parts is parts and result.truncated == 0
+    np.testing.assert_array_equal(result.lengths, parts.tokens)
+    rate = DEFAULT_PEAK_FLOPS_PER_S * DEFAULT_EFFICIENCY
+    for name in default_strategies():
+        for plan, batch in zip(result.plans[name], result.batches, strict=True):
+            plan.validate()
+            step = parts.take(batch)
+            np.testing.assert_allclose(
+                plan.sample_costs, TINY_VLM.per_sample(step) / rate, rtol=1e-15
+            )
+            np.testing.assert_array_equal(plan.vision_patches, step.vision_patches)
+            assert plan.cap_violations() == over_caps(plan)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["setup"]["parts"] == {"images": parts.num_images, "hstu": False}
+    assert data["setup"]["time_model"]["SecondsFromFlops"]["efficiency"] == DEFAULT_EFFICIENCY
+
+
+def test_hstu_samples_are_simulated_with_the_hstu_model() -> None:
+    parts = hstu_parts(np.random.default_rng(8), 48)
+    result = simulate(
+        parts, cost=TINY_HSTU, max_tokens=None, dp_size=4, global_batch_size=24, steps=2
+    )
+    assert result.to_dict()["setup"]["parts"] == {"images": 0, "hstu": True}
+    plan, batch = result.plans["balanced"][0], result.batches[0]
+    expected = result.time_model.per_sample(parts.take(batch))
+    np.testing.assert_array_equal(plan.sample_costs, expected)
+
+
+def test_parts_are_never_truncated() -> None:
+    parts = SampleParts(tokens=[100, 5000, 70, 9000, 20, 30, 40, 50])
+    arguments = {"dp_size": 2, "global_batch_size": 8, "steps": 1, "max_tokens": 1000}
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 5000 exceeds max_tokens = 1000"):
+        simulate(parts, cost=TOKENS, **arguments)
+    result = simulate(parts, cost=TOKENS, allow_oversize=True, **arguments)
+    assert result.truncated == 0 and result.to_dict()["setup"]["tokens_per_step"] == [14310]
+    for plan, batch in zip(result.plans["balanced"], result.batches, strict=True):
+        for sample in (1, 3):  # each over the cap: alone in its micro-batch
+            position = int(np.flatnonzero(batch == sample)[0])
+            assert [ix.tolist() for mbs in plan.ranks for ix in mbs if position in ix] == [
+                [position]
+            ]
+    with pytest.raises(ValueError, match="max_vision_patches = 8 needs samples that describe"):
+        simulate(parts, cost=TOKENS, max_vision_patches=8, allow_oversize=True, **arguments)
 
 
 # ---------------------------------------------------------------------------- plot

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _parts import QWEN25_VL, PartsSeconds, hstu_parts, image_parts
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.cost import TimeModel
+from seqbalance.cost import HSTUFlopsModel, TimeModel
 from seqbalance.plan import PlanOptions, strategy_names
 
 SHAREGPT = sb.datasets.load("sharegpt")
@@ -28,11 +29,18 @@ COSTS = {
     "seconds": TimeModel(0.05, 1e-5, 1e-9),  # 50 ms per micro-batch, like a real trainer
     "no_overhead": TimeModel(0.0, 1e-5, 3e-9),
 }
+# Costs of samples with parts (images or HSTU fields); the costs above would ignore them.
+PART_COSTS = {
+    "images": ("tokens", QWEN25_VL, PartsSeconds()),
+    "hstu": ("tokens", HSTUFlopsModel("hstu-1024"), PartsSeconds()),
+}
 
 
 @st.composite
 def problems(draw: st.DrawFn) -> dict:
-    """A step: lengths (ShareGPT, tiny, or wide), ranks, options and maybe groups."""
+    """A step: lengths (ShareGPT, tiny, or wide), ranks, options and maybe groups; sometimes
+    the lengths become ``SampleParts`` (images on top of the text, with a patch cap, or HSTU
+    samples) costed by a model that accepts them."""
     n = draw(st.integers(1, 80))
     source = draw(st.sampled_from(["sharegpt", "tiny", "wide"]))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -62,7 +70,26 @@ def problems(draw: st.DrawFn) -> dict:
     groups = None
     if draw(st.booleans()):
         groups = rng.integers(0, max(1, n // draw(st.integers(1, 8))), n)
+    kind = draw(st.sampled_from(["lengths", "lengths", "lengths", "images", "hstu"]))
+    if kind != "lengths":
+        lengths = _parts_of(draw, rng, kind, lengths, options)
     return {"lengths": lengths, "dp": draw(st.integers(1, 8)), "groups": groups, **options}
+
+
+def _parts_of(
+    draw: st.DrawFn, rng: np.random.Generator, kind: str, lengths: np.ndarray, options: dict
+) -> sb.cost.SampleParts:
+    """Parts for the step (packed only: parts with images or HSTU fields are not padded)."""
+    options.pop("layout", None)
+    options.pop("micro_batch_size", None)
+    options["cost"] = draw(st.sampled_from(PART_COSTS[kind]))
+    if kind == "hstu":
+        return hstu_parts(rng, lengths.size, longest=int(max(2, lengths.max()) // 2))
+    parts = image_parts(rng, lengths, max_side=draw(st.sampled_from([4, 16])))
+    if draw(st.integers(0, 3)) > 0:
+        largest = max(1, int(parts.vision_patches.max()))
+        options["max_vision_patches"] = max(1, int(draw(st.floats(0.5, 8.0)) * largest))
+    return parts
 
 
 def _plan(problem: dict, strategy: str) -> sb.StepPlan | None:
@@ -103,7 +130,11 @@ def test_balanced_never_loses_to_a_baseline(problem: dict) -> None:
 @given(problems())
 def test_balanced_never_loses_to_the_partition_engine_where_nothing_binds(problem: dict) -> None:
     assume(problem["groups"] is None and problem.get("layout", "packed") == "packed")
-    problem = {k: v for k, v in problem.items() if k not in ("max_tokens", "allow_oversize")}
+    problem = {
+        k: v
+        for k, v in problem.items()
+        if k not in ("max_tokens", "max_vision_patches", "allow_oversize")
+    }
     problem.pop("num_microbatches", None)
     problem.pop("microbatch_multiple", None)
     problem.pop("min_microbatches", None)

@@ -7,7 +7,7 @@
 one place that turns a user's ``cost=`` / ``model=`` into a cost model (protocol ``CostModel``).
 ``SampleParts`` carries what a sample holds beyond its token count (images, HSTU history and
 candidates), which ``VisionLanguageFlopsModel`` (language model + ``VisionSpec`` encoder) and
-``HSTUFlopsModel`` (recommendation) cost.
+``HSTUFlopsModel`` (recommendation) cost; ``SecondsFromFlops`` turns such FLOPs into seconds.
 Nothing here knows about partitioning or torch.
 """
 
@@ -20,6 +20,7 @@ from seqbalance.cost.resolve import (
     CallableCost,
     CostModel,
     ExternalCost,
+    SecondsFromFlops,
     TokenCost,
     cost_name,
     cost_unit,
@@ -48,6 +49,7 @@ __all__ = [
     "MeterTotals",
     "ModelSpec",
     "SampleParts",
+    "SecondsFromFlops",
     "TimeModel",
     "TokenCost",
     "VisionLanguageFlopsModel",

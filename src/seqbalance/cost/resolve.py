@@ -5,7 +5,9 @@ without the fixed per-micro-batch cost) and a ``microbatch_overhead`` float (the
 micro-batch pays, empty ones included), both in the model's ``unit``: ``"tokens"``,
 ``"FLOPs"`` (``FlopsModel``), ``"seconds"`` (``TimeModel``) or ``"cost"`` for anything else.
 Costs depend on a sample's length only, which is what lets a padded micro-batch be costed as
-``count`` copies of its longest sample.
+``count`` copies of its longest sample. A model with ``accepts_parts = True``
+(``VisionLanguageFlopsModel``, ``HSTUFlopsModel``) also takes a ``SampleParts`` in
+``per_sample``: its costs then depend on the images or the HSTU fields too (packed layout only).
 
 ``resolve_cost(cost, model)`` accepts what users pass (``"tokens"``, ``"flops"`` with a preset
 name or ``ModelSpec``, a ``ModelSpec``, any cost model, or a callable ``lengths -> costs``) and
@@ -16,6 +18,7 @@ resolution. ``describe_cost`` / ``cost_from_description`` give the JSON form use
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -30,13 +33,14 @@ from seqbalance.defaults import DEFAULT_MODEL, DEFAULT_PEAK_FLOPS_PER_S
 
 if TYPE_CHECKING:
     from seqbalance.cost.flops import FlopsModel
+    from seqbalance.cost.samples import SampleParts
     from seqbalance.cost.spec import ModelSpec
-    from seqbalance.cost.time_model import TimeModel
 
 __all__ = [
     "CallableCost",
     "CostModel",
     "ExternalCost",
+    "SecondsFromFlops",
     "TokenCost",
     "cost_from_description",
     "cost_name",
@@ -113,8 +117,62 @@ class ExternalCost:
         )
 
 
+class SecondsFromFlops:
+    """Seconds from a FLOPs cost model that a ``TimeModel`` cannot represent (sliding-window,
+    chunked or cross-attention terms, vision encoders, HSTU): every FLOPs figure divided by
+    ``peak_flops_per_s x efficiency``.
+
+    ``per_sample`` (seconds per sample) and ``microbatch_overhead`` (seconds) are the FLOPs
+    model's divided by the achieved FLOP/s; ``accepts_parts`` is the FLOPs model's, so parts
+    pass through. Build it with :func:`seconds_model`, which returns a ``TimeModel`` instead
+    where one is exact.
+
+    Args:
+        flops: a cost model in FLOPs (``cost_unit(flops) == "FLOPs"``).
+        peak_flops_per_s: accelerator peak (FLOP/s), > 0.
+        efficiency: sustained fraction of peak, in (0, 1].
+    """
+
+    unit = "seconds"
+
+    def __init__(self, flops: CostModel, *, peak_flops_per_s: float, efficiency: float) -> None:
+        if cost_unit(flops) != "FLOPs":
+            raise ValueError(
+                f"flops must be a cost model in FLOPs, got {cost_name(flops)!r} "
+                f"({cost_unit(flops)})"
+            )
+        self.flops = flops
+        self.peak_flops_per_s, self.efficiency = _check_rate(peak_flops_per_s, efficiency)
+
+    def __repr__(self) -> str:
+        return (
+            f"SecondsFromFlops({self.flops!r}, peak_flops_per_s={self.peak_flops_per_s!r}, "
+            f"efficiency={self.efficiency!r})"
+        )
+
+    @property
+    def rate(self) -> float:
+        """Achieved FLOP/s: ``peak_flops_per_s x efficiency``."""
+        return self.peak_flops_per_s * self.efficiency
+
+    @property
+    def accepts_parts(self) -> bool:
+        """Whether ``per_sample`` takes ``SampleParts`` (the FLOPs model's flag)."""
+        return bool(getattr(self.flops, "accepts_parts", False))
+
+    @property
+    def microbatch_overhead(self) -> float:
+        """Seconds every micro-batch costs regardless of its samples."""
+        return float(self.flops.microbatch_overhead) / self.rate
+
+    def per_sample(self, lengths_or_parts: Any) -> np.ndarray:
+        """Seconds per sample (float64), without the per-micro-batch overhead."""
+        return np.asarray(self.flops.per_sample(lengths_or_parts), dtype=np.float64) / self.rate
+
+
 _TOKENS = TokenCost()
 _FLOPS_OPTIONS = ("attention", "recompute", "include_mtp")
+_HSTU_OPTIONS = ("causal", "action_interleaved", "recompute")
 
 
 def flops_model(model: str | ModelSpec | FlopsModel | None = None) -> FlopsModel:
@@ -201,19 +259,32 @@ def _check_overhead(value: Any) -> float:
     return overhead
 
 
-def evaluate_costs(model: CostModel, lengths: np.ndarray) -> tuple[np.ndarray, float]:
+def evaluate_costs(
+    model: CostModel, lengths: np.ndarray, parts: SampleParts | None = None
+) -> tuple[np.ndarray, float]:
     """Per-sample costs (float64 ``[n]``) and the micro-batch overhead of ``lengths``.
 
     The model gets a copy of ``lengths``, so a function that edits its input cannot change the
-    caller's (or the planner's) arrays.
+    caller's (or the planner's) arrays. With ``parts`` (the samples' ``SampleParts``, whose
+    ``tokens`` are ``lengths``), a model that ``accepts_parts`` gets the parts (read-only
+    arrays) instead; ``TokenCost`` costs the tokens alone, as asked.
 
     Raises:
         ValueError: the model returns the wrong shape, negative or non-finite costs, or a bad
-            overhead.
+            overhead; ``parts`` do not hold one entry per sample; or ``parts`` carry images or
+            HSTU fields that the model (one that sees token counts only) would ignore.
     """
     overhead = _check_overhead(model.microbatch_overhead)
-    name = "cost(lengths)" if isinstance(model, CallableCost) else "cost.per_sample(lengths)"
-    values = model.per_sample(lengths.copy())
+    if parts is not None and len(parts) != lengths.size:
+        raise ValueError(f"parts hold {len(parts)} samples, lengths {lengths.size}")
+    if parts is not None and getattr(model, "accepts_parts", False):
+        name = "cost.per_sample(parts)"
+        values = model.per_sample(parts)
+    else:
+        if parts is not None and not isinstance(model, TokenCost):
+            _check_nothing_ignored(model, parts)
+        name = "cost(lengths)" if isinstance(model, CallableCost) else "cost.per_sample(lengths)"
+        values = model.per_sample(lengths.copy())
     array = np.asarray(values, dtype=np.float64) if not isinstance(values, np.ndarray) else values
     if array.shape != lengths.shape:
         raise ValueError(
@@ -221,6 +292,23 @@ def evaluate_costs(model: CostModel, lengths: np.ndarray) -> tuple[np.ndarray, f
             f"{array.shape}"
         )
     return as_weights(array, name).copy(), overhead
+
+
+def _check_nothing_ignored(model: CostModel, parts: SampleParts) -> None:
+    ignored = [
+        what
+        for what, present in (
+            ("images", parts.has_images),
+            ("HSTU fields (history, candidates, contextual)", parts.has_hstu),
+        )
+        if present
+    ]
+    if ignored:
+        raise ValueError(
+            f"cost {cost_name(model)!r} sees token counts only and would ignore the parts' "
+            f"{' and '.join(ignored)}: use a cost model that accepts parts "
+            "(VisionLanguageFlopsModel, HSTUFlopsModel), or cost='tokens' to cost the tokens alone"
+        )
 
 
 def cost_unit(model: CostModel) -> str:
@@ -237,13 +325,22 @@ def cost_unit(model: CostModel) -> str:
 
 
 def cost_name(model: CostModel) -> str:
-    """A short description for reports: ``tokens``, ``flops:qwen3-8b``, ``TimeModel``, ..."""
+    """A short description for reports: ``tokens``, ``flops:qwen3-8b``, ``TimeModel``,
+    ``flops:qwen2.5-vl-7b+vision:qwen2_5_vl``, ``flops:hstu-1024``, ``seconds(flops:...)``."""
     from seqbalance.cost.flops import FlopsModel
+    from seqbalance.cost.hstu import HSTUFlopsModel
+    from seqbalance.cost.vision import VisionLanguageFlopsModel
 
     if isinstance(model, TokenCost):
         return "tokens"
     if isinstance(model, FlopsModel):
         return f"flops:{model.spec.name or 'custom'}"
+    if isinstance(model, VisionLanguageFlopsModel):
+        return f"{cost_name(model.llm)}+vision:{model.vision.name}"
+    if isinstance(model, HSTUFlopsModel):
+        return f"flops:{model.spec.name}"
+    if isinstance(model, SecondsFromFlops):
+        return f"seconds({cost_name(model.flops)})"
     if isinstance(model, CallableCost):
         return _qualified_name(model.function)
     if isinstance(model, ExternalCost):
@@ -260,23 +357,44 @@ def _qualified_name(function: Any) -> str:
 def describe_cost(cost: Any) -> Any:
     """JSON form of a ``cost=`` or ``model=`` value (see ``cost_from_description``).
 
-    Strings and ``None`` stay as they are; a ``ModelSpec``, ``FlopsModel`` or ``TimeModel``
-    becomes a tagged dict with its full definition; anything else (a callable, a foreign cost
-    object) becomes ``{"external": qualified name}``, which loads as an ``ExternalCost``.
+    Strings and ``None`` stay as they are; a ``ModelSpec``, ``FlopsModel``, ``TimeModel``,
+    ``VisionLanguageFlopsModel``, ``HSTUFlopsModel`` or ``SecondsFromFlops`` becomes a tagged
+    dict with its full definition; anything else (a callable, a foreign cost object, a model
+    built on one) becomes ``{"external": qualified name}``, which loads as an ``ExternalCost``.
     """
-    from seqbalance.cost.flops import FlopsModel
+    from seqbalance.cost.hstu import HSTUFlopsModel
     from seqbalance.cost.spec import ModelSpec
     from seqbalance.cost.time_model import TimeModel
+    from seqbalance.cost.vision import VisionLanguageFlopsModel
 
     if cost is None or isinstance(cost, str):
         return cost
     if isinstance(cost, ModelSpec):
         return {"ModelSpec": cost.to_dict()}
-    if isinstance(cost, FlopsModel) and cost.extra_per_sample is None:
-        options = {name: getattr(cost, name) for name in _FLOPS_OPTIONS}
-        return {"FlopsModel": {"spec": cost.spec.to_dict(), **options}}
+    if (body := _flops_body(cost)) is not None:
+        return {"FlopsModel": body}
     if isinstance(cost, TimeModel):
         return {"TimeModel": json.loads(cost.to_json())}
+    if isinstance(cost, VisionLanguageFlopsModel) and (llm := _flops_body(cost.llm)) is not None:
+        vision = dataclasses.asdict(cost.vision)
+        if vision["fullatt_block_indexes"] is not None:
+            vision["fullatt_block_indexes"] = list(vision["fullatt_block_indexes"])
+        return {
+            "VisionLanguageFlopsModel": {
+                "llm": llm,
+                "vision": vision,
+                "freeze_vision": cost.freeze_vision,
+            }
+        }
+    if isinstance(cost, HSTUFlopsModel):
+        options = {name: getattr(cost, name) for name in _HSTU_OPTIONS}
+        return {"HSTUFlopsModel": {"spec": cost.spec.to_dict(), **options}}
+    if isinstance(cost, SecondsFromFlops):
+        inner = describe_cost(cost.flops)
+        if "external" in inner:
+            return {"external": cost_name(cost)}
+        rate = {"peak_flops_per_s": cost.peak_flops_per_s, "efficiency": cost.efficiency}
+        return {"SecondsFromFlops": {"flops": inner, **rate}}
     if isinstance(cost, ExternalCost):
         return {"external": cost.name}
     if isinstance(cost, CallableCost):
@@ -286,26 +404,30 @@ def describe_cost(cost: Any) -> Any:
     return {"external": _qualified_name(type(cost))}
 
 
+def _flops_body(cost: Any) -> dict[str, Any] | None:
+    """``describe_cost``'s body of a ``FlopsModel`` (None for anything else, or a FlopsModel
+    with an ``extra_per_sample`` function, which JSON cannot hold)."""
+    from seqbalance.cost.flops import FlopsModel
+
+    if not isinstance(cost, FlopsModel) or cost.extra_per_sample is not None:
+        return None
+    options = {name: getattr(cost, name) for name in _FLOPS_OPTIONS}
+    return {"spec": cost.spec.to_dict(), **options}
+
+
 def cost_from_description(value: Any, name: str = "cost") -> Any:
     """Inverse of ``describe_cost``; raises ValueError naming ``name`` on anything else."""
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.spec import ModelSpec
     from seqbalance.cost.time_model import TimeModel
 
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict) and len(value) == 1:
         ((tag, body),) = value.items()
-        if tag == "ModelSpec" and isinstance(body, dict):
-            return ModelSpec.from_dict(body)
-        if (
-            tag == "FlopsModel"
-            and isinstance(body, dict)
-            and isinstance(body.get("spec"), dict)
-            and set(body) <= {"spec", *_FLOPS_OPTIONS}
-        ):
-            options = {k: body[k] for k in _FLOPS_OPTIONS if k in body}
-            return FlopsModel(ModelSpec.from_dict(body["spec"]), **options)
+        loader = _LOADERS.get(tag)
+        if loader is not None and isinstance(body, dict):
+            model = loader(body)
+            if model is not None:
+                return model
         if tag == "TimeModel":
             return TimeModel.from_json(json.dumps(body))
         if tag == "external" and isinstance(body, str):
@@ -313,13 +435,89 @@ def cost_from_description(value: Any, name: str = "cost") -> Any:
     raise ValueError(f"{name} is not a cost description: {value!r}")
 
 
+def _keys(body: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...]) -> bool:
+    return set(required) <= set(body) <= {*required, *optional}
+
+
+def _load_model_spec(body: dict[str, Any]) -> Any:
+    from seqbalance.cost.spec import ModelSpec
+
+    return ModelSpec.from_dict(body)
+
+
+def _load_flops(body: dict[str, Any]) -> Any:
+    from seqbalance.cost.flops import FlopsModel
+    from seqbalance.cost.spec import ModelSpec
+
+    if not (_keys(body, ("spec",), _FLOPS_OPTIONS) and isinstance(body["spec"], dict)):
+        return None
+    options = {k: body[k] for k in _FLOPS_OPTIONS if k in body}
+    return FlopsModel(ModelSpec.from_dict(body["spec"]), **options)
+
+
+def _load_vision_language(body: dict[str, Any]) -> Any:
+    from seqbalance.cost.vision import VisionLanguageFlopsModel, VisionSpec
+
+    vision = body.get("vision")
+    fields = {f.name for f in dataclasses.fields(VisionSpec)}
+    if not (
+        _keys(body, ("llm", "vision", "freeze_vision"), ())
+        and isinstance(body["llm"], dict)
+        and isinstance(vision, dict)
+        and set(vision) <= fields
+    ):
+        return None
+    llm = _load_flops(body["llm"])
+    if llm is None:
+        return None
+    return VisionLanguageFlopsModel(llm, VisionSpec(**vision), freeze_vision=body["freeze_vision"])
+
+
+def _load_hstu(body: dict[str, Any]) -> Any:
+    from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
+
+    if not (_keys(body, ("spec",), _HSTU_OPTIONS) and isinstance(body["spec"], dict)):
+        return None
+    options = {k: body[k] for k in _HSTU_OPTIONS if k in body}
+    return HSTUFlopsModel(HSTUSpec.from_config(body["spec"]), **options)
+
+
+def _load_seconds(body: dict[str, Any]) -> Any:
+    if not _keys(body, ("flops", "peak_flops_per_s", "efficiency"), ()):
+        return None
+    flops = cost_from_description(body["flops"], "SecondsFromFlops flops")
+    return SecondsFromFlops(
+        flops, peak_flops_per_s=body["peak_flops_per_s"], efficiency=body["efficiency"]
+    )
+
+
+_LOADERS = {
+    "ModelSpec": _load_model_spec,
+    "FlopsModel": _load_flops,
+    "VisionLanguageFlopsModel": _load_vision_language,
+    "HSTUFlopsModel": _load_hstu,
+    "SecondsFromFlops": _load_seconds,
+}
+
+
+def _check_rate(peak_flops_per_s: Any, efficiency: Any) -> tuple[float, float]:
+    peak = check_positive_float(peak_flops_per_s, "peak_flops_per_s")
+    efficiency = check_positive_float(efficiency, "efficiency")
+    if efficiency > 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    return peak, efficiency
+
+
 def seconds_model(
     cost: CostModel, *, peak_flops_per_s: float, efficiency: float
-) -> tuple[TimeModel, str]:
-    """A ``TimeModel`` (seconds) for a cost model, and one line saying where it came from.
+) -> tuple[CostModel, str]:
+    """A cost model in seconds for a cost model, and one line saying where it came from.
 
-    A ``TimeModel`` is returned as is; FLOPs (``FlopsModel``) become seconds at
-    ``peak_flops_per_s * efficiency`` (``TimeModel.from_flops``).
+    A seconds model (``TimeModel``, ``SecondsFromFlops``) is returned as is. A cost in FLOPs
+    becomes seconds at ``peak_flops_per_s * efficiency``: a ``TimeModel``
+    (``TimeModel.from_flops``) for a ``FlopsModel`` that is a polynomial in the length, else a
+    ``SecondsFromFlops`` (hybrid layers, ``VisionLanguageFlopsModel``, ``HSTUFlopsModel``, any
+    model whose ``unit`` is ``"FLOPs"``), which keeps ``accepts_parts``.
 
     Raises:
         ValueError: any other cost (tokens or a custom cost have no time unit), or a bad peak or
@@ -330,17 +528,17 @@ def seconds_model(
 
     if isinstance(cost, TimeModel):
         return cost, "given TimeModel"
-    if not isinstance(cost, FlopsModel):
+    if isinstance(cost, SecondsFromFlops):
+        return cost, f"given {cost_name(cost)}"
+    if cost_unit(cost) != "FLOPs":
         raise ValueError(
-            "predicting seconds needs a TimeModel or FLOPs ('flops', a ModelSpec or a "
-            f"FlopsModel) as cost, got {cost_name(cost)!r}"
+            "predicting seconds needs a TimeModel or FLOPs ('flops', a ModelSpec, a "
+            f"FlopsModel or another model in FLOPs) as cost, got {cost_name(cost)!r}"
         )
-    peak = check_positive_float(peak_flops_per_s, "peak_flops_per_s")
-    efficiency = check_positive_float(efficiency, "efficiency")
-    if efficiency > 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    peak, efficiency = _check_rate(peak_flops_per_s, efficiency)
     hardware = " (H100 bf16 dense)" if peak == DEFAULT_PEAK_FLOPS_PER_S else ""
-    source = (
-        f"{cost.spec.name} FLOPs at {peak / 1e12:g} TFLOP/s{hardware} x {efficiency:g} efficiency"
-    )
-    return TimeModel.from_flops(cost, peak, efficiency), source
+    label = cost_name(cost).removeprefix("flops:")
+    source = f"{label} FLOPs at {peak / 1e12:g} TFLOP/s{hardware} x {efficiency:g} efficiency"
+    if isinstance(cost, FlopsModel) and not cost.non_polynomial_terms:
+        return TimeModel.from_flops(cost, peak, efficiency), source
+    return SecondsFromFlops(cost, peak_flops_per_s=peak, efficiency=efficiency), source

@@ -58,9 +58,12 @@ class _Search:
         self.best = objective(p, incumbent) if incumbent is not None else np.inf
         self.best_slots: list[int] | None = None
         self.nodes = 0
-        # Per slot: cost, tokens (unpadded sum), count, longest length, closed (over-cap).
+        # Per slot: cost, tokens (unpadded sum), vision patches, count, longest length, closed
+        # (over-cap).
         self.slot_cost = [p.overhead] * self.slots
         self.slot_tokens = [0] * self.slots
+        self.patches = [0] * p.n if p.patches is None else p.patches.tolist()
+        self.slot_patches = [0] * self.slots
         self.slot_count = [0] * self.slots
         self.slot_longest = [0] * self.slots
         self.slot_closed = [False] * self.slots
@@ -89,7 +92,14 @@ class _Search:
             return count == 0
         if self.slot_closed[slot]:
             return False
-        return self.p.fits(self.slot_tokens[slot], count, self.slot_longest[slot], self.lengths[i])
+        return self.p.fits(
+            self.slot_tokens[slot],
+            count,
+            self.slot_longest[slot],
+            self.lengths[i],
+            self.slot_patches[slot],
+            self.patches[i],
+        )
 
     def _candidates(self, i: int) -> list[int]:
         m, dp = self.m, self.p.dp
@@ -161,6 +171,7 @@ class _Search:
         )
         length = self.lengths[i]
         self.slot_tokens[slot] += length
+        self.slot_patches[slot] += self.patches[i]
         self.slot_count[slot] += 1
         if self.oversize[i]:
             self.slot_closed[slot] = True
@@ -176,6 +187,7 @@ class _Search:
 
     def _undo(self, slot: int, i: int, saved: _Saved) -> None:
         self.slot_tokens[slot] -= self.lengths[i]
+        self.slot_patches[slot] -= self.patches[i]
         self.slot_count[slot] -= 1
         (
             self.slot_cost[slot],

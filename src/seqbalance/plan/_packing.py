@@ -1,8 +1,8 @@
 """Filling micro-batches: greedy bin rules and exact-count adjustment shared by the strategies.
 
 A micro-batch is a list of sample positions. "Fits" always means the limits of ``Problem``: the
-token cap (padding included for the padded layout), the padded micro-batch size, and an over-cap
-sample alone in its micro-batch.
+token cap (padding included for the padded layout), the vision-patch cap, the padded micro-batch
+size, and an over-cap sample alone in its micro-batch.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ __all__ = ["fill_empty", "greedy_microbatches", "to_count"]
 
 
 class _Bin:
-    __slots__ = ("closed", "count", "items", "longest", "tokens")
+    __slots__ = ("closed", "count", "items", "longest", "patches", "tokens")
 
     def __init__(self) -> None:
         self.items: list[int] = []
         self.count = 0
         self.tokens = 0
         self.longest = 0
+        self.patches = 0
         self.closed = False
 
 
@@ -37,8 +38,11 @@ def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[l
     bins: list[_Bin] = []
     lengths = p.lengths
     oversize = p.oversize
+    patches = p.patches
+    fits = p.fits
     for i in samples:
         length = int(lengths[i])
+        added = 0 if patches is None else int(patches[i])
         target = None
         if not oversize[i]:
             candidates = bins[-1:] if rule == "next" else bins
@@ -46,7 +50,7 @@ def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[l
                 (
                     b
                     for b in candidates
-                    if not b.closed and p.fits(b.tokens, b.count, b.longest, length)
+                    if not b.closed and fits(b.tokens, b.count, b.longest, length, b.patches, added)
                 ),
                 None,
             )
@@ -57,6 +61,7 @@ def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[l
         target.items.append(i)
         target.count += 1
         target.tokens += length
+        target.patches += added
         target.longest = max(target.longest, length)
     return [b.items for b in bins]
 

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from seqbalance.plan.options import PlanOptions
+
+if TYPE_CHECKING:
+    from seqbalance.cost.samples import SampleParts
 
 __all__ = ["MAX_SLOTS", "OptionFields", "Problem", "objective_value"]
 
@@ -41,6 +45,11 @@ class OptionFields:
     def max_tokens(self) -> int | None:
         """Token cap per micro-batch (``None``: no cap)."""
         return self.options.max_tokens
+
+    @property
+    def max_vision_patches(self) -> int | None:
+        """Vision-patch cap per micro-batch (``None``: no cap)."""
+        return self.options.max_vision_patches
 
     @property
     def layout(self) -> str:
@@ -104,6 +113,8 @@ class Problem(OptionFields):
         dp: number of data-parallel ranks.
         groups: int64 ``[n]`` group ids, or ``None``.
         options: the plan options (their fields are also readable as attributes).
+        parts: the samples' ``SampleParts`` when they were given as parts (``lengths`` is then
+            ``parts.tokens``), else ``None``.
     """
 
     lengths: np.ndarray
@@ -112,46 +123,74 @@ class Problem(OptionFields):
     dp: int
     groups: np.ndarray | None
     options: PlanOptions
+    parts: SampleParts | None = None
 
     @property
     def n(self) -> int:
         return int(self.lengths.size)
 
     # ------------------------------------------------------------------ micro-batch arithmetic
-    @property
+    @cached_property
     def cap(self) -> float:
         """``max_tokens`` as a number (``inf`` without a cap), for comparisons."""
         return np.inf if self.max_tokens is None else float(self.max_tokens)
 
-    def fits(self, tokens: int, count: int, longest: int, length: int) -> bool:
-        """Whether a non-over-cap sample of ``length`` tokens joins a micro-batch that holds
-        ``count`` samples, ``tokens`` tokens (unpadded) and ``longest`` as its longest sample.
+    @cached_property
+    def patch_cap(self) -> float:
+        """``max_vision_patches`` as a number (``inf`` without a patch cap), for comparisons."""
+        return np.inf if self.max_vision_patches is None else float(self.max_vision_patches)
 
-        Packed: the token sum stays within the cap. Padded: at most ``micro_batch_size``
-        samples and ``count x longest`` (padding included) within the cap.
+    @cached_property
+    def patches(self) -> np.ndarray | None:
+        """int64 ``[n]``: vision-encoder patches of every sample when ``max_vision_patches`` is
+        set (``plan_step`` then guarantees the parts describe images), else ``None``: without a
+        patch cap, planners have nothing to check and skip the patch arithmetic."""
+        if self.max_vision_patches is None or self.parts is None:
+            return None
+        return self.parts.vision_patches
+
+    def fits(
+        self,
+        tokens: int,
+        count: int,
+        longest: int,
+        length: int,
+        patches: int = 0,
+        added_patches: int = 0,
+    ) -> bool:
+        """Whether a non-over-cap sample of ``length`` tokens (and ``added_patches`` vision
+        patches) joins a micro-batch that holds ``count`` samples, ``tokens`` tokens (unpadded),
+        ``longest`` as its longest sample and ``patches`` vision patches.
+
+        Packed: the token sum stays within the cap and the patch sum within the patch cap.
+        Padded (never with a patch cap): at most ``micro_batch_size`` samples and
+        ``count x longest`` (padding included) within the cap.
         """
         if self.layout == "packed":
-            return tokens + length <= self.cap
+            return tokens + length <= self.cap and patches + added_patches <= self.patch_cap
         count += 1
         if self.micro_batch_size is not None and count > self.micro_batch_size:
             return False
         return count * max(longest, length) <= self.cap
 
     def keeps_cap(self, microbatches: list[list[list[int]]]) -> bool:
-        """Whether every micro-batch keeps the cap and the padded size (an over-cap sample
-        alone in its micro-batch is allowed: ``plan_step`` only lets one in with
-        ``allow_oversize``)."""
+        """Whether every micro-batch keeps the caps (tokens and vision patches) and the padded
+        size (an over-cap sample alone in its micro-batch is allowed: ``plan_step`` only lets
+        one in with ``allow_oversize``)."""
+        patches = self.patches
         for mbs in microbatches:
             for mb in mbs:
-                tokens = count = longest = 0
+                tokens = count = longest = used = 0
                 for i in mb:
                     length = int(self.lengths[i])
+                    extra = 0 if patches is None else int(patches[i])
                     if self.oversize[i]:
                         if len(mb) > 1:
                             return False
-                    elif not self.fits(tokens, count, longest, length):
+                    elif not self.fits(tokens, count, longest, length, used, extra):
                         return False
                     tokens, count, longest = tokens + length, count + 1, max(longest, length)
+                    used += extra
         return True
 
     def microbatch_cost(self, indices: np.ndarray) -> float:
@@ -176,10 +215,15 @@ class Problem(OptionFields):
 
     @cached_property
     def oversize(self) -> np.ndarray:
-        """bool ``[n]``: samples longer than the cap (each needs a micro-batch of its own)."""
+        """bool ``[n]``: samples over the token cap or over the patch cap (each needs a
+        micro-batch of its own)."""
         if self.max_tokens is None:
-            return np.zeros(self.n, dtype=bool)
-        return self.lengths > self.max_tokens
+            over = np.zeros(self.n, dtype=bool)
+        else:
+            over = self.lengths > self.max_tokens
+        if self.patches is not None:
+            over |= self.patches > self.max_vision_patches
+        return over
 
     @cached_property
     def capacity_tokens(self) -> np.ndarray:
@@ -188,6 +232,14 @@ class Problem(OptionFields):
         if self.max_tokens is None:
             return self.lengths
         return np.where(self.oversize, self.max_tokens, self.lengths)
+
+    @cached_property
+    def capacity_patches(self) -> np.ndarray | None:
+        """int64 ``[n]``: patch-cap capacity a sample uses up (an over-cap sample fills a whole
+        micro-batch, so it counts as ``max_vision_patches``); ``None`` without a patch cap."""
+        if self.patches is None:
+            return None
+        return np.where(self.oversize, self.max_vision_patches, self.patches)
 
     @cached_property
     def unit_of_sample(self) -> np.ndarray:
@@ -227,6 +279,10 @@ class Problem(OptionFields):
             # Two samples longer than half the cap never share a micro-batch.
             bins = max(bins, -(-int(lengths.sum()) // self.max_tokens))
             bins = max(bins, int((2 * lengths > self.max_tokens).sum()))
+        if self.patches is not None and rest.size:
+            patches = self.patches[rest]  # the same two bounds for the patch cap
+            bins = max(bins, -(-int(patches.sum()) // self.max_vision_patches))
+            bins = max(bins, int((2 * patches > self.max_vision_patches).sum()))
         if self.layout == "padded" and self.micro_batch_size is not None:
             bins = max(bins, -(-rest.size // self.micro_batch_size))
         return over + bins
@@ -244,6 +300,11 @@ class Problem(OptionFields):
                 unit, weights=regular & (2 * self.lengths > self.max_tokens), minlength=k
             )
             bins = np.maximum.reduce([bins, np.ceil(rest_tokens / self.max_tokens), long])
+        if self.patches is not None:
+            cap, patches = self.max_vision_patches, self.patches
+            rest_patches = np.bincount(unit, weights=np.where(regular, patches, 0), minlength=k)
+            many = np.bincount(unit, weights=regular & (2 * patches > cap), minlength=k)
+            bins = np.maximum.reduce([bins, np.ceil(rest_patches / cap), many])
         if self.layout == "padded" and self.micro_batch_size is not None:
             bins = np.maximum(bins, np.ceil(rest_count / self.micro_batch_size))
         return (over + bins).astype(np.int64)
@@ -259,6 +320,11 @@ class Problem(OptionFields):
                     f"num_microbatches = {self.num_microbatches} is infeasible: the samples need "
                     f"at least {needed} micro-batches per rank under max_tokens = "
                     f"{self.max_tokens}"
+                    + (
+                        f" and max_vision_patches = {self.max_vision_patches}"
+                        if self.max_vision_patches is not None
+                        else ""
+                    )
                     + (
                         f" and micro_batch_size = {self.micro_batch_size}"
                         if self.layout == "padded"

@@ -6,19 +6,21 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
 1. Ranks. Units (samples, or whole groups) go to ranks heaviest cost first, each to the rank
    with the least cost (the partition engine's LPT). When that overfills a rank, LPT is redone
    with rank capacities: each unit goes to the least costly rank that can still hold it (rank
-   capacity ``M x max_tokens`` tokens, an over-cap sample counting as a full micro-batch, and
-   ``M x micro_batch_size`` samples for the padded layout). Local search follows: a few
+   capacity ``M x max_tokens`` tokens and ``M x max_vision_patches`` vision patches, an
+   over-cap sample counting as a full micro-batch, and ``M x micro_batch_size`` samples for the
+   padded layout). Local search follows: a few
    vectorised rounds that pair the k-th costliest rank with the k-th lightest and apply the best
    move or swap in every pair at once, then single moves or swaps from the costliest rank to the
    lightest ranks while that lowers the costliest one (until within ``_GOOD_ENOUGH`` of the
    lower bound). Finally units move (or are swapped for larger ones) to ranks holding fewer than
    ``M`` samples, so no micro-batch has to be empty.
 2. Micro-batches, packed layout. Every rank packs its samples, heaviest first, each into its
-   currently cheapest micro-batch that stays within the cap (vectorised over ranks). A rank that
-   does not fit is re-packed by first-fit decreasing on tokens; samples that still do not fit
-   move to the cheapest rank with room (not with groups, which must stay together); as a last
-   resort all samples are packed first-fit decreasing into ``dp x M`` micro-batches that are
-   then dealt to ranks.
+   currently cheapest micro-batch that stays within the caps (tokens, and vision patches when
+   ``max_vision_patches`` is set; vectorised over ranks). A rank that does not fit is re-packed
+   by first-fit decreasing on tokens (on the larger share of either cap with a patch cap);
+   samples that still do not fit move to the cheapest rank with room (not with groups, which
+   must stay together); as a last resort all samples are packed first-fit decreasing into
+   ``dp x M`` micro-batches that are then dealt to ranks.
 3. ``lockstep`` (packed): ranks are re-packed under the micro-batch cost profile of the rank
    holding the costliest micro-batch (so one long sample does not force every rank's other
    micro-batches to be large), then samples move or swap between micro-batches of one rank
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from typing import Any
 
 import numpy as np
 
@@ -86,6 +89,11 @@ def plan_balanced(p: Problem) -> Microbatches:
             raise ValueError(
                 f"num_microbatches = {m} is infeasible: no assignment found that keeps every "
                 f"micro-batch within max_tokens = {p.max_tokens}"
+                + (
+                    f" and max_vision_patches = {p.max_vision_patches}"
+                    if p.max_vision_patches is not None
+                    else ""
+                )
                 + (" with each group on one rank" if p.groups is not None else "")
                 + (" and every micro-batch non-empty" if not p.allow_empty else "")
             )
@@ -234,26 +242,29 @@ def _global_first_fit(p: Problem, m: int) -> Microbatches | None:
 
 
 # ---------------------------------------------------------------------- step 1: ranks
-def _capacities(p: Problem, m: int) -> tuple[float, float]:
+def _capacities(p: Problem, m: int) -> tuple[float, float, float]:
+    """Rank capacities: tokens, samples and vision patches (``inf`` where nothing binds)."""
     tokens = m * p.cap
     count = np.inf
     if p.layout == "padded" and p.micro_batch_size is not None:
         count = float(m * p.micro_batch_size)
-    return tokens, count
+    return tokens, count, m * p.patch_cap
 
 
 def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     costs = p.unit_sums(p.sample_costs)
     tokens = p.unit_sums(p.capacity_tokens)
     counts = p.unit_counts.astype(np.float64)
-    cap_tokens, cap_count = _capacities(p, m)
+    # Without a patch cap the patch arithmetic is skipped everywhere (patches is None).
+    patches = None if p.capacity_patches is None else p.unit_sums(p.capacity_patches)
+    caps = _capacities(p, m)
     # The partition engine's LPT is the usual start; capacities rarely bind.
     rank_of_unit = lpt(costs, p.dp)
-    if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, cap_tokens, cap_count):
-        rank_of_unit = _lpt_with_capacities(p, costs, tokens, counts, cap_tokens, cap_count)
+    if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
+        rank_of_unit = _lpt_with_capacities(p, costs, tokens, counts, patches, caps)
         if rank_of_unit is None:
             return None
-    state = _RankState(p, m, rank_of_unit, costs, tokens, counts)
+    state = _RankState(p, m, rank_of_unit, costs, tokens, counts, patches)
     state.pair_rounds()
     state.refine()
     # With allow_empty a rank that cannot be given M samples (groups) keeps empty micro-batches.
@@ -265,12 +276,17 @@ def _fits_capacities(
     dp: int,
     tokens: np.ndarray,
     counts: np.ndarray,
-    cap_tokens: float,
-    cap_count: float,
+    patches: np.ndarray | None,
+    caps: tuple[float, float, float],
 ) -> bool:
+    cap_tokens, cap_count, cap_patches = caps
     rank_tokens = np.bincount(rank_of_unit, weights=tokens, minlength=dp)
     rank_counts = np.bincount(rank_of_unit, weights=counts, minlength=dp)
-    return bool((rank_tokens <= cap_tokens).all() and (rank_counts <= cap_count).all())
+    if not ((rank_tokens <= cap_tokens).all() and (rank_counts <= cap_count).all()):
+        return False
+    if patches is None:
+        return True
+    return bool((np.bincount(rank_of_unit, weights=patches, minlength=dp) <= cap_patches).all())
 
 
 def _lpt_with_capacities(
@@ -278,31 +294,43 @@ def _lpt_with_capacities(
     costs: np.ndarray,
     tokens: np.ndarray,
     counts: np.ndarray,
-    cap_tokens: float,
-    cap_count: float,
+    patches: np.ndarray | None,
+    caps: tuple[float, float, float],
 ) -> np.ndarray | None:
-    """LPT where each unit goes to the lightest rank that still has room for its tokens and
-    samples; None when some unit fits no rank."""
+    """LPT where each unit goes to the lightest rank that still has room for its tokens,
+    samples and vision patches; None when some unit fits no rank."""
+    cap_tokens, cap_count, cap_patches = caps
     order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
     rank_list = [0] * p.n_units
     rank_tokens = [0.0] * p.dp
     rank_counts = [0.0] * p.dp
+    rank_patches = [0.0] * p.dp
+    unit_patches = [0.0] * p.n_units if patches is None else patches[order].tolist()
+
+    def room(r: int, weight: float, count: float, patch: float) -> bool:
+        return (
+            rank_tokens[r] + weight <= cap_tokens
+            and rank_counts[r] + count <= cap_count
+            and rank_patches[r] + patch <= cap_patches
+        )
+
     heap = [(0.0, r) for r in range(p.dp)]
-    for unit, cost, weight, count in zip(
+    for unit, cost, weight, count, patch in zip(
         order.tolist(),
         costs[order].tolist(),
         tokens[order].tolist(),
         counts[order].tolist(),
+        unit_patches,
         strict=True,
     ):
         load, r = heap[0]
-        if rank_tokens[r] + weight <= cap_tokens and rank_counts[r] + count <= cap_count:
+        if room(r, weight, count, patch):
             heapq.heapreplace(heap, (load + cost, r))
         else:  # the lightest rank is full: take the lightest one with room
             aside = []
             while heap:
                 load, r = heapq.heappop(heap)
-                if rank_tokens[r] + weight <= cap_tokens and rank_counts[r] + count <= cap_count:
+                if room(r, weight, count, patch):
                     break
                 aside.append((load, r))
             else:
@@ -313,11 +341,16 @@ def _lpt_with_capacities(
         rank_list[unit] = r
         rank_tokens[r] += weight
         rank_counts[r] += count
+        rank_patches[r] += patch
     return np.array(rank_list, dtype=np.int64)
 
 
 class _RankState:
-    """Units on ranks with per-rank totals, for local search under the rank capacities."""
+    """Units on ranks with per-rank totals, for local search under the rank capacities.
+
+    ``patches`` (per-unit vision patches) is None without a patch cap; then every patch check
+    is skipped rather than computed against an infinite capacity.
+    """
 
     def __init__(
         self,
@@ -327,13 +360,23 @@ class _RankState:
         costs: np.ndarray,
         tokens: np.ndarray,
         counts: np.ndarray,
+        patches: np.ndarray | None,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
         self.costs, self.tokens, self.counts = costs, tokens, counts
+        self.patches = patches
         self.loads = np.bincount(rank_of_unit, weights=costs, minlength=p.dp)
         self.rank_tokens = np.bincount(rank_of_unit, weights=tokens, minlength=p.dp)
         self.rank_counts = np.bincount(rank_of_unit, weights=counts, minlength=p.dp)
-        self.cap_tokens, self.cap_count = _capacities(p, m)
+        self.cap_tokens, self.cap_count, self.cap_patches = _capacities(p, m)
+        self._totals = [
+            (self.loads, self.costs),
+            (self.rank_tokens, self.tokens),
+            (self.rank_counts, self.counts),
+        ]
+        if patches is not None:
+            self.rank_patches = np.bincount(rank_of_unit, weights=patches, minlength=p.dp)
+            self._totals.append((self.rank_patches, patches))
         # A rank keeps at least M samples, so none of its micro-batches has to be empty.
         self.min_count = m if p.n >= p.dp * m else 0
         # Rank loads at or below this need no local search (packed layout only: with padding
@@ -342,11 +385,7 @@ class _RankState:
 
     def move(self, unit: int, target: int) -> None:
         source = self.rank_of_unit[unit]
-        for totals, values in (
-            (self.loads, self.costs),
-            (self.rank_tokens, self.tokens),
-            (self.rank_counts, self.counts),
-        ):
+        for totals, values in self._totals:
             totals[source] -= values[unit]
             totals[target] += values[unit]
         self.rank_of_unit[unit] = target
@@ -354,18 +393,30 @@ class _RankState:
     def move_many(self, units: np.ndarray, targets: np.ndarray) -> None:
         """Move distinct ``units`` to ``targets`` at once."""
         sources = self.rank_of_unit[units]
-        for totals, values in (
-            (self.loads, self.costs),
-            (self.rank_tokens, self.tokens),
-            (self.rank_counts, self.counts),
-        ):
+        for totals, values in self._totals:
             np.subtract.at(totals, sources, values[units])
             np.add.at(totals, targets, values[units])
         self.rank_of_unit[units] = targets
 
-    def _fits(self, rank: int, tokens: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    def _fits(self, rank: Any, tokens: np.ndarray, counts: np.ndarray) -> np.ndarray:
         return (self.rank_tokens[rank] + tokens <= self.cap_tokens) & (
             self.rank_counts[rank] + counts <= self.cap_count
+        )
+
+    def _patches_move(
+        self, ok: np.ndarray, giver: Any, receiver: Any, units: np.ndarray, partners: Any = None
+    ) -> np.ndarray:
+        """``ok`` and, with a patch cap, both ranks within it after ``units`` move from
+        ``giver`` to ``receiver`` (and ``partners``, where >= 0, back)."""
+        if self.patches is None:
+            return ok
+        moved = self.patches[units]
+        if partners is not None:
+            moved = moved - np.where(partners >= 0, self.patches[np.maximum(partners, 0)], 0.0)
+        return (
+            ok
+            & (self.rank_patches[receiver] + moved <= self.cap_patches)
+            & (self.rank_patches[giver] - moved <= self.cap_patches)
         )
 
     def pair_rounds(self, rounds: int = 4) -> None:
@@ -430,6 +481,7 @@ class _RankState:
                     & (self.rank_counts[lt] + d_counts >= self.min_count)
                     & (new_peak < self.loads[h] * (1 - _TOLERANCE))
                 )
+                ok = self._patches_move(ok, h, lt, mine, partner)
                 if not ok.any():
                     continue
                 rows = np.flatnonzero(ok)
@@ -487,6 +539,7 @@ class _RankState:
         best: tuple[float, int, int, int] | None = None
         # Move one unit: the best moves a cost closest to gap / 2.
         movable = (costs > 0) & (costs < gap) & keeps_count & self._fits(other, tokens, counts)
+        movable = self._patches_move(movable, top, other, mine)
         if movable.any():
             new_peak = np.maximum(peak - costs, low + costs)
             new_peak[~movable] = np.inf
@@ -515,6 +568,7 @@ class _RankState:
                 & (self.rank_tokens[top] - d_tokens <= self.cap_tokens)
                 & (self.rank_counts[top] - d_counts <= self.cap_count)
             )
+            ok = self._patches_move(ok, top, other, mine, partner)
             if ok.any():
                 new_peak = np.maximum(peak - delta, low + delta)
                 new_peak[~ok] = np.inf
@@ -538,6 +592,8 @@ class _RankState:
                 & (self.rank_counts[source] - self.counts >= self.min_count)
                 & self._fits(target, self.tokens, self.counts)
             )
+            every = np.arange(self.costs.size)
+            ok = self._patches_move(ok, source, target, every)
             if ok.any():
                 candidates = np.flatnonzero(ok)
                 unit = candidates[np.lexsort((candidates, self.costs[candidates]))[0]]
@@ -553,6 +609,8 @@ class _RankState:
                 & self._fits(target, d_tokens, gain)
                 & (self.rank_tokens[source][None, :] - d_tokens <= self.cap_tokens)
             )
+            # Unit b goes from its rank to the short one, which gives mine[a] back.
+            ok = self._patches_move(ok, source[None, :], target, every[None, :], mine[:, None])
             if not ok.any():
                 return False
             change = np.abs(self.costs[None, :] - self.costs[mine][:, None])
@@ -574,6 +632,7 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
     dp, cap = p.dp, p.cap
     plan: Microbatches = [[[] for _ in range(m)] for _ in range(dp)]
     tokens = np.zeros((dp, m))
+    patches = None if p.patches is None else np.zeros((dp, m))
     costs = np.full((dp, m), p.overhead)
     closed = np.zeros((dp, m), dtype=bool)
     queues = []
@@ -596,10 +655,16 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
         active = column >= 0
         safe = np.where(active, column, 0)
         length = p.lengths[safe].astype(np.float64)
-        key = np.where(~closed & (tokens + length[:, None] <= cap), costs, np.inf)
+        room = ~closed & (tokens + length[:, None] <= cap)
+        if patches is not None:
+            added = p.patches[safe].astype(np.float64)
+            room &= patches + added[:, None] <= p.patch_cap
+        key = np.where(room, costs, np.inf)
         j = np.argmin(key, axis=1)
         placed = active & np.isfinite(key[rows, j])
         tokens[rows[placed], j[placed]] += length[placed]
+        if patches is not None:
+            patches[rows[placed], j[placed]] += added[placed]
         costs[rows[placed], j[placed]] += p.sample_costs[safe[placed]]
         slot[placed, k] = j[placed]
     # Gather each micro-batch's samples in one pass: sort the placed items by (rank, slot).
@@ -634,7 +699,6 @@ def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     is one long sample then no longer forces the others' second micro-batches to be large.
     The re-packed plan is kept only if its lockstep cost is lower.
     """
-    cap = p.cap
     heaviest = [max(float(p.sample_costs[mb].sum()) for mb in mbs) for mbs in plan]
     reference = int(np.argmax(heaviest))
     profile = sorted(
@@ -643,24 +707,22 @@ def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     result: Microbatches = []
     for r, microbatches in enumerate(plan):
         samples = np.array([i for mb in microbatches for i in mb], dtype=np.int64)
-        packed = None if r == reference else _pack_under(p, samples, profile, cap)
+        packed = None if r == reference else _pack_under(p, samples, profile)
         result.append(packed if packed is not None else microbatches)
     return result if aligned_value(p, result) < aligned_value(p, plan) else plan
 
 
-def _pack_under(
-    p: Problem, samples: np.ndarray, profile: list[float], cap: float
-) -> list[list[int]] | None:
+def _pack_under(p: Problem, samples: np.ndarray, profile: list[float]) -> list[list[int]] | None:
     m = len(profile)
     bins: list[list[int]] = [[] for _ in range(m)]
     costs = [p.overhead] * m
-    room = [cap] * m
+    room = _Rooms(p, m)
     for i in _heaviest_first(p, samples).tolist():
-        cost, length = float(p.sample_costs[i]), int(p.lengths[i])
+        cost = float(p.sample_costs[i])
         if p.oversize[i]:
-            j = next((j for j in range(m) if not bins[j]), None)
+            j = room.first(i)
         else:
-            fits = [j for j in range(m) if room[j] >= length]
+            fits = room.fitting(i)
             j = next((j for j in fits if costs[j] + cost <= profile[j]), None)
             if j is None and fits:
                 j = min(fits, key=lambda j: (costs[j] + cost - profile[j], j))
@@ -668,9 +730,58 @@ def _pack_under(
             return None
         bins[j].append(i)
         costs[j] += cost
-        room[j] = -1 if p.oversize[i] else room[j] - length
+        room.take(j, i)
     fill_empty(p, bins)
     return bins
+
+
+class _Rooms:
+    """What is left under the caps in each of a rank's micro-batches (tokens, and vision
+    patches with a patch cap); an over-cap sample needs an empty micro-batch and closes it."""
+
+    def __init__(self, p: Problem, m: int, microbatches: list[list[int]] | None = None) -> None:
+        self.p = p
+        self.empty = [True] * m
+        self.tokens = [p.cap] * m
+        self.patches = None if p.patches is None else [p.patch_cap] * m
+        for j, mb in enumerate(microbatches or ()):
+            for i in mb:
+                self.take(j, i)
+
+    def fitting(self, i: int) -> list[int]:
+        """The micro-batches that non-over-cap sample ``i`` fits, in order."""
+        length = int(self.p.lengths[i])
+        if self.patches is None:
+            return [j for j, left in enumerate(self.tokens) if left >= length]
+        patch = int(self.p.patches[i])  # type: ignore[index]
+        return [
+            j
+            for j, (left, room) in enumerate(zip(self.tokens, self.patches, strict=True))
+            if left >= length and room >= patch
+        ]
+
+    def first(self, i: int) -> int | None:
+        """The first micro-batch that sample ``i`` fits (None: none)."""
+        if self.p.oversize[i]:
+            return next((j for j, empty in enumerate(self.empty) if empty), None)
+        length = int(self.p.lengths[i])
+        if self.patches is None:
+            return next((j for j, left in enumerate(self.tokens) if left >= length), None)
+        patch = int(self.p.patches[i])  # type: ignore[index]
+        pairs = enumerate(zip(self.tokens, self.patches, strict=True))
+        return next((j for j, (left, room) in pairs if left >= length and room >= patch), None)
+
+    def take(self, j: int, i: int) -> None:
+        """Sample ``i`` joins micro-batch ``j``."""
+        self.empty[j] = False
+        if self.p.oversize[i]:
+            self.tokens[j] = -1
+            if self.patches is not None:
+                self.patches[j] = -1
+            return
+        self.tokens[j] -= int(self.p.lengths[i])
+        if self.patches is not None:
+            self.patches[j] -= int(self.p.patches[i])  # type: ignore[index]
 
 
 def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
@@ -685,9 +796,11 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     groups, are unchanged.
     """
     m = len(plan[0])
-    cap = p.cap
     costs = np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
     tokens = np.array([[int(p.lengths[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
+    patches = None
+    if p.patches is not None:
+        patches = np.array([[int(p.patches[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
     good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + _LOCKSTEP_GOOD_ENOUGH)
     for _ in range(2 * m * p.dp):
         aligned = -np.sort(-costs, axis=1)
@@ -699,7 +812,8 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
             r = int(np.argmax(aligned[:, position]))
             others = np.delete(aligned, r, axis=0).max(axis=0) if p.dp > 1 else np.zeros(m)
             a = int(np.flatnonzero(costs[r] == aligned[r, position])[0])
-            choice = _best_inner_change(p, plan[r], costs[r], tokens[r], a, others, cap)
+            used = None if patches is None else patches[r]
+            choice = _best_inner_change(p, plan[r], costs[r], tokens[r], used, a, others)
             if choice is not None and choice[0] < current * (1 - _TOLERANCE):
                 best = (choice[0], r, a, *choice[1:])
                 break
@@ -714,6 +828,9 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
                 costs[r, target] += p.sample_costs[sample]
                 tokens[r, source] -= p.lengths[sample]
                 tokens[r, target] += p.lengths[sample]
+                if patches is not None:
+                    patches[r, source] -= p.patches[sample]  # type: ignore[index]
+                    patches[r, target] += p.patches[sample]  # type: ignore[index]
 
 
 def _best_inner_change(
@@ -721,12 +838,14 @@ def _best_inner_change(
     microbatches: list[list[int]],
     costs: np.ndarray,
     tokens: np.ndarray,
+    patches: np.ndarray | None,
     a: int,
     others: np.ndarray,
-    cap: float,
 ) -> tuple[float, int, int, int] | None:
     """Best move of a sample of micro-batch ``a`` to another micro-batch ``b`` of the same rank,
-    or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1)."""
+    or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1).
+    ``tokens`` and ``patches`` (None without a patch cap) are the micro-batches' sums."""
+    cap = p.cap
     source = np.asarray(microbatches[a], dtype=np.int64)
     if source.size == 0:
         return None
@@ -748,6 +867,12 @@ def _best_inner_change(
             & (tokens[a] - moved_tokens <= cap)
             & ~((ys < 0) & (source.size == 1))
         )
+        if patches is not None:
+            back_patches = np.where(ys >= 0, p.patches[np.maximum(ys, 0)], 0)  # type: ignore[index]
+            moved_patches = p.patches[xs] - back_patches  # type: ignore[index]
+            ok &= (patches[b] + moved_patches <= p.patch_cap) & (
+                patches[a] - moved_patches <= p.patch_cap
+            )
         if not ok.any():
             continue
         xs, ys, amount = xs[ok], ys[ok], amount[ok]
@@ -762,19 +887,20 @@ def _best_inner_change(
 
 
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
-    cap = p.cap
-    order = samples[np.lexsort((samples, -p.capacity_tokens[samples]))]
+    """First fit, largest first: by tokens, or with a patch cap by the larger share of a cap
+    (tokens / max_tokens or patches / max_vision_patches)."""
+    size = p.capacity_tokens[samples]
+    if p.capacity_patches is not None:
+        size = np.maximum(size / p.cap, p.capacity_patches[samples] / p.patch_cap)
+    order = samples[np.lexsort((samples, -size))]
     bins: list[list[int]] = [[] for _ in range(m)]
-    room = [cap] * m
+    room = _Rooms(p, m)
     for i in order.tolist():
-        if p.oversize[i]:
-            j = next((j for j in range(m) if not bins[j]), None)
-        else:
-            j = next((j for j in range(m) if room[j] >= p.lengths[i]), None)
+        j = room.first(i)
         if j is None:
             return None
         bins[j].append(i)
-        room[j] = -1 if p.oversize[i] else room[j] - int(p.lengths[i])
+        room.take(j, i)
     return bins
 
 
@@ -782,27 +908,17 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
     """Put samples that did not fit on their rank into the cheapest rank with room."""
     if p.groups is not None:
         return False
-    cap = p.cap
     rank_costs = [
         sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) for ranks in plan
     ]
-    rooms = [
-        [-1 if any(p.oversize[mb]) else cap - int(p.lengths[mb].sum()) for mb in ranks]
-        for ranks in plan
-    ]
+    rooms = [_Rooms(p, len(ranks), ranks) for ranks in plan]
     for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
-        length = int(p.lengths[i])
-        options = [
-            (rank_costs[r], j, r)
-            for r in range(p.dp)
-            for j in range(len(plan[r]))
-            if rooms[r][j] >= length
-        ]
+        options = [(rank_costs[r], j, r) for r in range(p.dp) for j in rooms[r].fitting(i)]
         if not options:
             return False
         _, j, r = min(options)
         plan[r][j].append(i)
-        rooms[r][j] -= length
+        rooms[r].take(j, i)
         rank_costs[r] += float(p.sample_costs[i])
     return True
 

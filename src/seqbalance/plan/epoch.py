@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
+from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan
@@ -49,7 +50,10 @@ def plan_epoch(
     a deterministic function of the inputs, ``seed`` and ``epoch``.
 
     Args:
-        lengths: token length of every dataset sample.
+        lengths: token length of every dataset sample, or the samples' ``SampleParts``
+            (lengths = ``parts.tokens``); each step is then planned on
+            ``parts.take(step's dataset indices)``, so images and HSTU fields follow their
+            sample (see ``plan_step``).
         global_batch_size: samples per optimizer step (over all ranks), >= 1.
         dp_size: data-parallel ranks, >= 1.
         options: the ``PlanOptions`` of every step; ``option_keywords`` are applied on top.
@@ -63,7 +67,8 @@ def plan_epoch(
             error ``plan_step`` raises for a step (prefixed with the step number).
     """
     options = as_options(options, option_keywords, where="plan_epoch")
-    lengths = as_lengths(lengths, "lengths")
+    parts = lengths if isinstance(lengths, SampleParts) else None
+    lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
     n = lengths.size
     global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
     dp_size = check_int(dp_size, "dp_size", minimum=1)
@@ -97,8 +102,9 @@ def plan_epoch(
     plans = []
     for number, indices in enumerate(sample_indices):
         step_groups = None if group_ids is None else group_ids[indices]
+        samples = lengths[indices] if parts is None else parts.take(indices)
         try:
-            plans.append(plan_step(lengths[indices], dp_size, options, groups=step_groups))
+            plans.append(plan_step(samples, dp_size, options, groups=step_groups))
         except ValueError as error:
             raise ValueError(f"step {number}: {error}") from None
     return EpochPlan(

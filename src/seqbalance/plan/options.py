@@ -31,6 +31,9 @@ OBJECTIVES = ("step", "lockstep")
 ORDERS = ("none", "descending", "pipeline")
 LAYOUTS = ("packed", "padded")
 _FORMAT = "seqbalance.PlanOptions/1"
+# Options added after the format was published are written only when set, so the JSON text and
+# the fingerprint of options that do not use them stay what they were (resumes keep matching).
+_WRITTEN_WHEN_SET = ("max_vision_patches",)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -45,6 +48,9 @@ class PlanOptions:
             ``seqbalance.defaults.DEFAULT_MODEL``); rejected with any other cost.
         max_tokens: hard cap on the tokens of every micro-batch (padding included for the
             padded layout); ``None``: no cap.
+        max_vision_patches: hard cap on the vision-encoder patches of every micro-batch (the sum
+            of ``SampleParts.vision_patches`` of its samples; packed layout only); ``None``: no
+            cap. Planning with it needs samples given as ``SampleParts`` that describe images.
         layout: ``"packed"`` (THD) or ``"padded"`` (BSHD, needs ``micro_batch_size``).
         micro_batch_size: most samples per padded micro-batch (padded layout only).
         num_microbatches: exact micro-batch count per rank, or ``None`` for the fewest feasible.
@@ -55,14 +61,15 @@ class PlanOptions:
         order: execution order of each rank's micro-batches: ``"none"``, ``"descending"`` or
             ``"pipeline"``.
         strategy: a registered strategy name (``seqbalance.plan.strategy_names()``).
-        allow_oversize: a sample longer than ``max_tokens`` gets a micro-batch of its own
-            instead of raising ValueError.
+        allow_oversize: a sample over ``max_tokens`` (or over ``max_vision_patches``) gets a
+            micro-batch of its own instead of raising ValueError.
         allow_empty: allow empty micro-batches.
     """
 
     cost: Any = "tokens"
     model: Any = None
     max_tokens: int | None = None
+    max_vision_patches: int | None = None
     layout: str = "packed"
     micro_batch_size: int | None = None
     num_microbatches: int | None = None
@@ -88,12 +95,18 @@ class PlanOptions:
         get_strategy(self.strategy)  # raises ValueError listing the registered names
         for name in ("allow_oversize", "allow_empty"):
             set_(name, check_bool(getattr(self, name), name))
-        if self.max_tokens is not None:
-            set_("max_tokens", check_int(self.max_tokens, "max_tokens", minimum=1))
-            if self.max_tokens > MAX_TOKENS_LIMIT:
-                raise ValueError(
-                    f"max_tokens must be <= 2**53 = {MAX_TOKENS_LIMIT}, got {self.max_tokens}"
-                )
+        for name in ("max_tokens", "max_vision_patches"):
+            value = getattr(self, name)
+            if value is not None:
+                set_(name, check_int(value, name, minimum=1))
+                if getattr(self, name) > MAX_TOKENS_LIMIT:
+                    raise ValueError(f"{name} must be <= 2**53 = {MAX_TOKENS_LIMIT}, got {value}")
+        if self.max_vision_patches is not None and self.layout == "padded":
+            raise ValueError(
+                f"max_vision_patches = {self.max_vision_patches} applies to layout='packed' only: "
+                "a padded micro-batch is costed as count x cost(longest), which does not hold "
+                "for samples with images"
+            )
         if self.layout == "padded":
             if self.micro_batch_size is None:
                 raise ValueError("layout='padded' needs micro_batch_size (samples per micro-batch)")
@@ -145,11 +158,16 @@ class PlanOptions:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every option; costs and models as in
-        ``seqbalance.cost.describe_cost`` (a callable is recorded by its qualified name)."""
+        """JSON-ready dict of every option (``max_vision_patches`` only when set); costs and
+        models as in ``seqbalance.cost.describe_cost`` (a callable is recorded by its qualified
+        name)."""
         from seqbalance.cost.resolve import describe_cost
 
-        data = {name: getattr(self, name) for name in option_names()}
+        data = {
+            name: getattr(self, name)
+            for name in option_names()
+            if not (name in _WRITTEN_WHEN_SET and getattr(self, name) is None)
+        }
         data["cost"] = describe_cost(self.cost)
         data["model"] = describe_cost(self.model)
         return data

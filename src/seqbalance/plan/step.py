@@ -9,12 +9,13 @@ import numpy as np
 
 from seqbalance._validation import MAX_TOKENS_LIMIT, as_group_ids, as_lengths, check_int
 from seqbalance.cost.resolve import cost_name, evaluate_costs
+from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.registry import Microbatches, get_strategy
 from seqbalance.plan.types import StepPlan
 
-__all__ = ["MAX_DP_SIZE", "plan_step"]
+__all__ = ["MAX_DP_SIZE", "check_within_caps", "plan_step", "vision_patches_of"]
 
 MAX_DP_SIZE = 2**18
 """Most data-parallel ranks a plan is made for."""
@@ -31,7 +32,13 @@ def plan_step(
     """Decide the rank and micro-batch of every sample of one optimizer step.
 
     Args:
-        lengths: token length of each sample (non-negative integers).
+        lengths: token length of each sample (non-negative integers), or a ``SampleParts``:
+            then the lengths are ``parts.tokens`` and the parts (images, HSTU history,
+            candidates and contextual features) go to a cost model that ``accepts_parts``
+            (``VisionLanguageFlopsModel``, ``HSTUFlopsModel``); ``cost="tokens"`` costs the
+            tokens alone, and any other cost model, which would ignore the images or HSTU
+            fields, raises ValueError. Parts that describe images (``spatial_merge_size``)
+            carry each sample's vision patches for ``max_vision_patches``.
         dp_size: number of data-parallel ranks, >= 1.
         options: a ``PlanOptions``; ``option_keywords`` are applied on top of it (or make the
             options on their own). Their meaning, in short:
@@ -43,10 +50,14 @@ def plan_step(
             * ``model``: preset name or ``ModelSpec`` for ``cost="flops"``.
             * ``max_tokens``: hard cap on the tokens of every micro-batch (padding included for
               ``layout="padded"``); ``None``: no cap.
+            * ``max_vision_patches``: hard cap on the sum of the vision patches of every
+              micro-batch (packed layout, ``lengths`` a ``SampleParts`` describing images);
+              ``None``: no cap.
             * ``layout``: ``"packed"`` (THD: tokens = sum of lengths, cost = overhead + sum of
               sample costs) or ``"padded"`` (BSHD: every sample padded to the longest of its
               micro-batch; tokens = count x longest, cost = overhead + count x cost(longest)),
-              which needs ``micro_batch_size``.
+              which needs ``micro_batch_size``. Samples with images or HSTU parts are packed
+              only: their cost depends on more than their length.
             * ``num_microbatches``: exact micro-batch count per rank (ValueError when
               infeasible); otherwise the count is the fewest the strategy makes feasible,
               raised to ``min_microbatches`` and to a multiple of ``microbatch_multiple``.
@@ -61,8 +72,8 @@ def plan_step(
               each position's costliest micro-batch, is applied to every rank.
             * ``strategy``: a registered name: ``"balanced"`` (ours) or a baseline
               (``seqbalance.plan.strategy_names()``).
-            * ``allow_oversize``: a sample longer than ``max_tokens`` gets a micro-batch of its
-              own instead of raising ValueError.
+            * ``allow_oversize``: a sample over ``max_tokens`` or ``max_vision_patches`` gets
+              a micro-batch of its own instead of raising ValueError.
             * ``allow_empty``: allow empty micro-batches, which can only be needed when there
               are fewer samples than micro-batch slots (or groups that cannot be spread).
         groups: a group id per sample (e.g. the GRPO prompt id); a group stays on one rank.
@@ -74,12 +85,16 @@ def plan_step(
     Raises:
         ValueError: naming the argument, and the sample index and value where relevant: bad
             lengths or groups, ``dp_size < 1``, unknown or conflicting options, a sample over
-            ``max_tokens`` without ``allow_oversize``, a group too large for a rank, an
-            infeasible ``num_microbatches``, or empty micro-batches without ``allow_empty``.
+            ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``, a group too
+            large for a rank, an infeasible ``num_microbatches``, empty micro-batches without
+            ``allow_empty``, ``max_vision_patches`` without parts that describe images, parts
+            with images or HSTU fields under ``layout="padded"`` or with a cost model that
+            would ignore them.
     """
     start = time.perf_counter()
     options = as_options(options, option_keywords, where="plan_step")
-    lengths = as_lengths(lengths, "lengths")
+    parts = lengths if isinstance(lengths, SampleParts) else None
+    lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
     dp_size = check_int(dp_size, "dp_size", minimum=1)
     if dp_size > MAX_DP_SIZE:
         raise ValueError(f"dp_size must be <= 2**18 = {MAX_DP_SIZE}, got {dp_size}")
@@ -90,16 +105,9 @@ def plan_step(
             "this large cannot be represented exactly"
         )
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
-    if options.max_tokens is not None and not options.allow_oversize:
-        over = np.flatnonzero(lengths > options.max_tokens)
-        if over.size:
-            i = int(over[0])
-            raise ValueError(
-                f"lengths[{i}] = {int(lengths[i])} exceeds max_tokens = {options.max_tokens} "
-                f"({over.size} sample(s) do); pass allow_oversize=True to give such a sample "
-                "a micro-batch of its own"
-            )
-    sample_costs, overhead = evaluate_costs(options.cost_model, lengths)
+    vision_patches = vision_patches_of(parts, options)
+    check_within_caps(lengths, vision_patches, options)
+    sample_costs, overhead = evaluate_costs(options.cost_model, lengths, parts)
     problem = Problem(
         lengths=lengths,
         sample_costs=sample_costs,
@@ -107,6 +115,7 @@ def plan_step(
         dp=dp_size,
         groups=group_ids,
         options=options,
+        parts=parts,
     )
     m_lower = problem.min_feasible_microbatches  # raises early on infeasible options
     strategy = get_strategy(options.strategy)
@@ -128,7 +137,65 @@ def plan_step(
         # A soft-cap strategy may use fewer micro-batches than any valid plan needs.
         lower_bound=problem.lower_bound(min(m_lower, costs.shape[1])),
         planning_seconds=time.perf_counter() - start,
+        vision_patches=vision_patches,
     )
+
+
+def vision_patches_of(parts: SampleParts | None, options: PlanOptions) -> np.ndarray | None:
+    """Vision patches per sample (int64) when the parts describe images (``spatial_merge_size``
+    set, which a step without images taken from an image data set keeps), else ``None``.
+
+    Raises:
+        ValueError: ``max_vision_patches`` without parts that describe images, parts with
+            images or HSTU fields under ``layout="padded"``, or more than 2**53 patches.
+    """
+    if parts is not None and options.layout == "padded" and (parts.has_images or parts.has_hstu):
+        raise ValueError(
+            "layout='padded' cannot plan samples with "
+            + ("images" if parts.has_images else "HSTU parts")
+            + ": a padded micro-batch is costed as count x cost(longest sample), which holds "
+            "only when a sample's cost depends on its length alone; use layout='packed'"
+        )
+    if parts is None or parts.spatial_merge_size is None:
+        if options.max_vision_patches is not None:
+            raise ValueError(
+                f"max_vision_patches = {options.max_vision_patches} needs samples that describe "
+                "images: pass lengths as a SampleParts with grid_thw, image_sample and "
+                "spatial_merge_size, got "
+                + ("plain lengths" if parts is None else "a SampleParts without images")
+            )
+        return None
+    patches = parts.vision_patches
+    total = float(patches.sum(dtype=np.float64))
+    if total > MAX_TOKENS_LIMIT:
+        raise ValueError(
+            f"the samples hold {total:.6g} vision patches, more than 2**53 = {MAX_TOKENS_LIMIT}: "
+            "sums this large cannot be represented exactly"
+        )
+    return patches
+
+
+def check_within_caps(
+    lengths: np.ndarray, vision_patches: np.ndarray | None, options: PlanOptions
+) -> None:
+    """Unless ``allow_oversize``: ValueError naming the first sample over ``max_tokens``, else
+    the first over ``max_vision_patches`` (``vision_patches`` from ``vision_patches_of``)."""
+    if options.allow_oversize:
+        return
+    for values, name, cap, option in (
+        (lengths, "lengths", options.max_tokens, "max_tokens"),
+        (vision_patches, "vision_patches", options.max_vision_patches, "max_vision_patches"),
+    ):
+        if values is None or cap is None:
+            continue
+        over = np.flatnonzero(values > cap)
+        if over.size:
+            i = int(over[0])
+            raise ValueError(
+                f"{name}[{i}] = {int(values[i])} exceeds {option} = {cap} ({over.size} "
+                "sample(s) do); pass allow_oversize=True to give such a sample a micro-batch of "
+                "its own"
+            )
 
 
 def _checked_shape(microbatches: Microbatches, dp: int, name: str) -> Microbatches:

@@ -11,12 +11,13 @@ when ``groups`` is given (a group always stays on one rank):
   micro-batches by first fit under the cap.
 * ``token_kk``: the verl / slime practice. Ranks by Karmarkar–Karp on unit token sums with equal
   unit counts; then each rank is split into ``M = max over ranks of ceil(rank tokens / cap)``
-  micro-batches by Karmarkar–Karp on tokens. Its cap is soft by definition: micro-batches over
-  the cap are kept and counted (``StepPlan.cap_enforced`` is False).
+  (and of ``ceil(rank vision patches / max_vision_patches)`` with a patch cap) micro-batches by
+  Karmarkar–Karp on tokens. Its caps are soft by definition: micro-batches over a cap are kept
+  and counted (``StepPlan.cap_enforced`` is False).
 
 All baselines then take ``M`` = the most micro-batches any rank needs (raised to the options) and
 split micro-batches on ranks that have fewer, so every rank has exactly ``M``. Apart from
-``token_kk`` they never exceed the cap. Their order is the arrival order.
+``token_kk`` they never exceed a cap (tokens or vision patches). Their order is the arrival order.
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def _token_kk(p: Problem) -> Microbatches:
     for samples in members:
         if p.max_tokens is not None:
             needed = max(needed, -(-int(p.lengths[samples].sum()) // p.max_tokens))
+        if p.patches is not None:
+            needed = max(needed, -(-int(p.patches[samples].sum()) // p.max_vision_patches))
         if p.layout == "padded" and p.micro_batch_size is not None:
             needed = max(needed, -(-samples.size // p.micro_batch_size))
     # The soft cap does not force more micro-batches, so M_lb (derived from the cap) is not used.

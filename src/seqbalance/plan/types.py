@@ -59,6 +59,10 @@ class StepPlan(OptionFields):
             it uses.
         planning_seconds: wall time spent planning (excluded from ``==`` and from
             ``to_json(timing=False)``, so plans can be compared for determinism).
+        vision_patches: int64 ``[n]`` vision-encoder patches of every sample when the samples
+            were ``SampleParts`` that describe images, else ``None``; ``validate`` checks
+            ``max_vision_patches`` against them and ``summary`` reports the largest
+            micro-batch's patches.
     """
 
     ranks: list[list[np.ndarray]]
@@ -75,6 +79,7 @@ class StepPlan(OptionFields):
     cap_enforced: bool
     lower_bound: float
     planning_seconds: float = field(default=0.0)
+    vision_patches: np.ndarray | None = None
 
     # ------------------------------------------------------------------ derived figures
     @property
@@ -104,7 +109,8 @@ class StepPlan(OptionFields):
         return rank_of, microbatch_of
 
     def cap_violations(self) -> int:
-        """Number of micro-batches over ``max_tokens`` (or over ``micro_batch_size``)."""
+        """Number of micro-batches over ``max_tokens`` (or over ``micro_batch_size``, or over
+        ``max_vision_patches``)."""
         return sum(
             _over_cap(
                 indices,
@@ -113,6 +119,9 @@ class StepPlan(OptionFields):
                 self.max_tokens,
                 self.micro_batch_size,
                 self.allow_oversize,
+            )
+            or _over_patch_cap(
+                indices, self.vision_patches, self.max_vision_patches, self.allow_oversize
             )
             for microbatches in self.ranks
             for indices in microbatches
@@ -127,14 +136,15 @@ class StepPlan(OptionFields):
         ``dp_size``, ``n_samples``, ``tokens`` (incl. padding), ``padding_tokens``,
         ``max_microbatch_tokens``, ``empty_microbatches``, ``cap_violations``,
         ``planning_seconds``, ``strategy``, ``objective``, ``layout``, ``order``,
-        ``cost_model``.
+        ``cost_model``; and ``max_microbatch_vision_patches`` when the samples describe images
+        (``vision_patches`` is set).
         """
         rank_costs = self.rank_costs
         mean = float(rank_costs.mean()) if rank_costs.size else 0.0
         maximum = float(rank_costs.max()) if rank_costs.size else 0.0
         step_cost = self.step_cost
         total_tokens = int(self.tokens.sum())
-        return {
+        figures: dict[str, Any] = {
             "step_cost": step_cost,
             "lower_bound": float(self.lower_bound),
             "ratio": step_cost / self.lower_bound if self.lower_bound > 0 else 1.0,
@@ -157,6 +167,12 @@ class StepPlan(OptionFields):
             "order": self.order,
             "cost_model": self.cost_model,
         }
+        if self.vision_patches is not None:
+            figures["max_microbatch_vision_patches"] = max(
+                (int(self.vision_patches[ix].sum()) for mbs in self.ranks for ix in mbs),
+                default=0,
+            )
+        return figures
 
     # ------------------------------------------------------------------ invariants
     def validate(self) -> None:
@@ -166,10 +182,11 @@ class StepPlan(OptionFields):
         Checked: shape (``dp_size`` ranks of exactly ``n_microbatches`` int64 arrays); every
         sample exactly once; ``n_microbatches`` honours ``num_microbatches``,
         ``min_microbatches`` and ``microbatch_multiple``; no empty micro-batch unless
-        ``allow_empty``; the token cap (and padded micro-batch size) on every micro-batch, a lone
-        over-cap sample only with ``allow_oversize`` (skipped for the cap, not the size, when
-        ``cap_enforced`` is False); groups on one rank; ``costs`` and ``tokens`` equal to what
-        the samples imply; ``lower_bound`` not above ``step_cost``.
+        ``allow_empty``; the token cap (and padded micro-batch size) and the vision-patch cap
+        on every micro-batch, a lone over-cap sample only with ``allow_oversize`` (skipped for
+        the caps, not the size, when ``cap_enforced`` is False); groups on one rank; ``costs``
+        and ``tokens`` equal to what the samples imply; ``lower_bound`` not above
+        ``step_cost``.
         """
         dp, m, n = self.dp_size, self.n_microbatches, self.n_samples
         if len(self.ranks) != dp:
@@ -189,6 +206,7 @@ class StepPlan(OptionFields):
                     )
         self._validate_coverage(n)
         self._validate_microbatch_count()
+        self._validate_vision_patches()
         for r, microbatches in enumerate(self.ranks):
             for j, indices in enumerate(microbatches):
                 self._validate_microbatch(r, j, indices)
@@ -249,22 +267,60 @@ class StepPlan(OptionFields):
                 f"{where} holds {indices.size} samples, micro_batch_size is {size}"
             )
         cap = self.max_tokens
-        if cap is None:
-            return
-        longest = int(self.lengths[indices].max())
-        if longest > cap and not self.allow_oversize:
+        if cap is not None:
+            longest = int(self.lengths[indices].max())
+            if longest > cap and not self.allow_oversize:
+                raise PlanValidationError(
+                    f"{where} holds sample {int(indices[np.argmax(self.lengths[indices])])} of "
+                    f"{longest} tokens, above max_tokens = {cap}, and allow_oversize is False"
+                )
+            if self.cap_enforced and _over_cap(
+                indices, self.lengths, self.layout, cap, size, self.allow_oversize
+            ):
+                tokens = _microbatch_tokens(indices, self.lengths, self.layout)
+                raise PlanValidationError(
+                    f"{where} has {tokens} tokens, above max_tokens = {cap}"
+                    + (" (an over-cap sample must be alone)" if longest > cap else "")
+                )
+        patch_cap = self.max_vision_patches
+        if patch_cap is None or self.vision_patches is None:
+            return  # _validate_vision_patches has checked that they come together
+        patches = self.vision_patches[indices]
+        if int(patches.max()) > patch_cap and not self.allow_oversize:
             raise PlanValidationError(
-                f"{where} holds sample {int(indices[np.argmax(self.lengths[indices])])} of "
-                f"{longest} tokens, above max_tokens = {cap}, and allow_oversize is False"
+                f"{where} holds sample {int(indices[np.argmax(patches)])} of "
+                f"{int(patches.max())} vision patches, above max_vision_patches = {patch_cap}, "
+                "and allow_oversize is False"
             )
-        if self.cap_enforced and _over_cap(
-            indices, self.lengths, self.layout, cap, size, self.allow_oversize
+        if self.cap_enforced and _over_patch_cap(
+            indices, self.vision_patches, patch_cap, self.allow_oversize
         ):
-            tokens = _microbatch_tokens(indices, self.lengths, self.layout)
             raise PlanValidationError(
-                f"{where} has {tokens} tokens, above max_tokens = {cap}"
-                + (" (an over-cap sample must be alone)" if longest > cap else "")
+                f"{where} has {int(patches.sum())} vision patches, above max_vision_patches = "
+                f"{patch_cap}"
+                + (" (an over-cap sample must be alone)" if int(patches.max()) > patch_cap else "")
             )
+
+    def _validate_vision_patches(self) -> None:
+        patches = self.vision_patches
+        if patches is None:
+            if self.max_vision_patches is not None:
+                raise PlanValidationError(
+                    f"max_vision_patches = {self.max_vision_patches} but the plan has no "
+                    "vision_patches to check it against"
+                )
+            return
+        if not isinstance(patches, np.ndarray) or patches.dtype != np.int64:
+            raise PlanValidationError(
+                f"vision_patches must be an int64 array, got {getattr(patches, 'dtype', None)}"
+            )
+        if patches.shape != self.lengths.shape:
+            raise PlanValidationError(
+                f"vision_patches has shape {patches.shape}, lengths has {self.lengths.shape}"
+            )
+        if (patches < 0).any():
+            i = int(np.flatnonzero(patches < 0)[0])
+            raise PlanValidationError(f"vision_patches[{i}] = {int(patches[i])} is negative")
 
     def _validate_groups(self) -> None:
         if self.groups is None:
@@ -348,7 +404,7 @@ class StepPlan(OptionFields):
         }
         if timing:
             provenance["planning_seconds"] = float(self.planning_seconds)
-        return {
+        data: dict[str, Any] = {
             "format": _STEP_FORMAT,
             "options": self.options.to_dict(),
             "provenance": provenance,
@@ -362,12 +418,17 @@ class StepPlan(OptionFields):
             "sample_costs": self.sample_costs.tolist(),
             "groups": None if self.groups is None else self.groups.tolist(),
         }
+        if self.vision_patches is not None:  # written only when set: older readers load the rest
+            data["vision_patches"] = self.vision_patches.tolist()
+        return data
 
     @classmethod
     def from_json(cls, text: str) -> StepPlan:
         """Rebuild a plan written by ``to_json`` (``StepPlan/1`` files load too; their
         ``seed`` is dropped and a cost that is not ``tokens`` or a preset's FLOPs loads as an
         ``ExternalCost`` naming it).
+
+        ``vision_patches`` is optional (absent from plans made without image parts).
 
         Raises:
             ValueError: not JSON, not a StepPlan document, or a missing or malformed field.
@@ -384,6 +445,7 @@ class StepPlan(OptionFields):
                 provenance = data["provenance"]
             dp, m = int(data["dp_size"]), int(data["n_microbatches"])
             groups = data["groups"]
+            patches = data.get("vision_patches")
             return cls(
                 ranks=[[np.asarray(ix, dtype=np.int64) for ix in mbs] for mbs in data["ranks"]],
                 costs=np.asarray(data["costs"], dtype=np.float64).reshape(dp, m),
@@ -399,6 +461,7 @@ class StepPlan(OptionFields):
                 cap_enforced=bool(provenance["cap_enforced"]),
                 lower_bound=float(provenance["lower_bound"]),
                 planning_seconds=float(provenance.get("planning_seconds", 0.0)),
+                vision_patches=None if patches is None else np.asarray(patches, dtype=np.int64),
             )
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as error:
             raise ValueError(
@@ -642,5 +705,20 @@ def _over_cap(
     if layout == "padded" and micro_batch_size is not None and indices.size > micro_batch_size:
         return True
     if max_tokens is None or _microbatch_tokens(indices, lengths, layout) <= max_tokens:
+        return False
+    return not (allow_oversize and indices.size == 1)
+
+
+def _over_patch_cap(
+    indices: np.ndarray,
+    vision_patches: np.ndarray | None,
+    max_vision_patches: int | None,
+    allow_oversize: bool,
+) -> bool:
+    """True when the micro-batch's vision patches sum above ``max_vision_patches`` (a lone
+    over-cap sample is within limits when ``allow_oversize`` is set)."""
+    if max_vision_patches is None or vision_patches is None or indices.size == 0:
+        return False
+    if int(vision_patches[indices].sum()) <= max_vision_patches:
         return False
     return not (allow_oversize and indices.size == 1)

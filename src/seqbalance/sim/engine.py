@@ -1,7 +1,8 @@
 """The simulation engine: sample global batches, plan each one with every strategy, aggregate.
 
 Every strategy sees exactly the same global batches (drawn once, up front), and every cost is a
-prediction of the same :class:`~seqbalance.cost.TimeModel`, so the differences between rows of a
+prediction of the same time model (a :class:`~seqbalance.cost.TimeModel`, or FLOPs turned into
+seconds by :class:`~seqbalance.cost.SecondsFromFlops`), so the differences between rows of a
 :class:`SimulationResult` come from the placement decisions alone.
 """
 
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_choice, check_int
+from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
 from seqbalance.plan.options import PlanOptions, as_options
 
 if TYPE_CHECKING:
-    from seqbalance.cost import TimeModel
+    from seqbalance.cost import CostModel
     from seqbalance.plan import StepPlan
 
 __all__ = [
@@ -126,20 +128,23 @@ class SimulationResult:
         plans: strategy name -> the :class:`~seqbalance.plan.StepPlan` of every step (plan
             indices are positions within that step's batch).
         batches: dataset indices of each step's global batch (identical for every strategy).
-        lengths: the token lengths that were planned, after truncation to ``max_tokens``.
+        lengths: the token lengths that were planned, after truncation to ``max_tokens`` (plain
+            lengths only; with parts, ``parts.tokens`` as given).
         groups: group id per sample, or ``None``.
         truncated: number of dataset samples longer than ``max_tokens`` (cut to the cap, as a
-            trainer's ``cutoff_len`` does).
+            trainer's ``cutoff_len`` does); always 0 with parts, which are never cut.
         lower_bound_seconds: float64 ``[steps]``, the lower bound on each step's time.
         representative_step: the step whose lower bound is the median (used for plots).
         dp_size, global_batch_size, steps, seed: the inputs.
         options: the plan options of every step (``strategy`` aside); ``options.cost`` is the
-            :class:`~seqbalance.cost.TimeModel` that turned lengths into seconds
-            (``time_model``); ``max_tokens`` and ``objective`` are read from it too.
+            time model that turned samples into seconds (``time_model``: a ``TimeModel`` or a
+            ``SecondsFromFlops``); ``max_tokens`` and ``objective`` are read from it too.
         model: name of the model the costs describe.
         time_model_source: one line saying where the time model came from.
         failed: strategy name -> why it could not plan (the first failing step and the
             planner's message), for requested strategies that are absent from ``strategies``.
+        parts: the dataset's ``SampleParts`` when the samples were given as parts, else
+            ``None``.
     """
 
     strategies: dict[str, StrategyResult]
@@ -158,10 +163,11 @@ class SimulationResult:
     model: str
     time_model_source: str
     failed: dict[str, str]
+    parts: SampleParts | None = None
 
     @property
-    def time_model(self) -> TimeModel:
-        """The time model every cost is a prediction of (``options.cost``)."""
+    def time_model(self) -> CostModel:
+        """The time model every cost is a prediction of (``options.cost``, in seconds)."""
         return self.options.cost
 
     @property
@@ -198,7 +204,12 @@ class SimulationResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form: the setup, the headline and every strategy's figures."""
+        from seqbalance.cost import TimeModel
+        from seqbalance.cost.resolve import describe_cost
+
         samples_per_step = [int(batch.size) for batch in self.batches]
+        time_model = self.time_model
+        parts = self.parts
         return {
             "setup": {
                 "dp_size": self.dp_size,
@@ -209,13 +220,20 @@ class SimulationResult:
                 "layout": self.options.layout,
                 "seed": self.seed,
                 "model": self.model,
-                "time_model": json.loads(self.time_model.to_json()),
+                "time_model": (
+                    json.loads(time_model.to_json())
+                    if isinstance(time_model, TimeModel)
+                    else describe_cost(time_model)
+                ),
                 "time_model_source": self.time_model_source,
                 "dataset_samples": int(self.lengths.size),
                 "truncated_samples": self.truncated,
                 "samples_per_step": samples_per_step,
                 "tokens_per_step": [int(self.lengths[batch].sum()) for batch in self.batches],
                 "grouped": self.groups is not None,
+                "parts": None
+                if parts is None
+                else {"images": parts.num_images, "hstu": parts.has_hstu},
                 "representative_step": self.representative_step,
             },
             "headline": self.headline(),
@@ -306,14 +324,17 @@ def simulate(
     """Plan ``steps`` sampled global batches with every strategy and predict their step times.
 
     Args:
-        lengths: token length of every sample in the dataset (int, >= 0).
+        lengths: token length of every sample in the dataset (int, >= 0), or the dataset's
+            ``SampleParts`` (lengths = ``parts.tokens``; each step plans
+            ``parts.take(batch)``, see ``plan_step``).
         options: the ``PlanOptions`` of every step (every plan option applies: layout,
             micro-batch counts, objective, ...); ``option_keywords`` are applied on top. Without
             ``options``, the cost defaults to ``"flops"`` (``model``, default preset) and
             ``max_tokens`` to ``DEFAULT_MAX_TOKENS``. The cost must give seconds: a
             ``TimeModel`` (e.g. calibrated by ``seqbalance calibrate``), or FLOPs
-            (``"flops"``, a ``ModelSpec`` or ``FlopsModel``), turned into seconds at
-            ``peak_flops_per_s * efficiency``. ``strategy`` is not used: ``strategies`` are.
+            (``"flops"``, a ``ModelSpec``, a ``FlopsModel``, ``VisionLanguageFlopsModel`` or
+            ``HSTUFlopsModel``), turned into seconds at ``peak_flops_per_s * efficiency``
+            (``seqbalance.cost.seconds_model``). ``strategy`` is not used: ``strategies`` are.
         groups: optional group id per sample (e.g. the prompt of each GRPO response); groups
             are drawn whole into batches and kept on one rank by the planner.
         dp_size: data-parallel ranks.
@@ -327,8 +348,13 @@ def simulate(
         progress: called as ``progress(done_steps, steps)`` after each step is planned.
         **option_keywords: any ``PlanOptions`` field by name.
 
-    Samples longer than ``max_tokens`` are truncated to it (as a trainer's ``cutoff_len``
-    does) and counted in ``SimulationResult.truncated``, unless ``allow_oversize``.
+    Plain lengths longer than ``max_tokens`` are truncated to it (as a trainer's
+    ``cutoff_len`` does) and counted in ``SimulationResult.truncated``, unless
+    ``allow_oversize``. Samples given as ``SampleParts`` are never truncated (a cut would
+    have to drop image or HSTU tokens consistently, which is the data pipeline's decision):
+    one over ``max_tokens`` or ``max_vision_patches`` follows ``allow_oversize`` as in
+    ``plan_step`` (a micro-batch of its own, or a ValueError naming the dataset sample, before
+    anything is planned).
 
     Returns:
         A :class:`SimulationResult`; its ``strategies`` hold predicted seconds per strategy.
@@ -338,13 +364,15 @@ def simulate(
     """
     from seqbalance.cost.resolve import cost_name, seconds_model
     from seqbalance.plan import plan_step
+    from seqbalance.plan.step import check_within_caps, vision_patches_of
 
     if "strategy" in option_keywords:
         raise ValueError("simulate compares every name in strategies=[...]; do not pass strategy")
     if options is None:
         option_keywords = {"cost": "flops", "max_tokens": DEFAULT_MAX_TOKENS, **option_keywords}
     options = as_options(options, option_keywords, where="simulate")
-    lengths = as_lengths(lengths)
+    parts = lengths if isinstance(lengths, SampleParts) else None
+    lengths = as_lengths(lengths if parts is None else parts.tokens)
     if lengths.size == 0:
         raise ValueError("lengths must hold at least one sample, got an empty array")
     if groups is not None:
@@ -366,7 +394,9 @@ def simulate(
     options = options.replace(cost=time_model, model=None)
 
     truncated = 0
-    if max_tokens is not None and not options.allow_oversize:
+    if parts is not None:
+        check_within_caps(lengths, vision_patches_of(parts, options), options)
+    elif max_tokens is not None and not options.allow_oversize:
         truncated = int(np.count_nonzero(lengths > max_tokens))
         lengths = np.minimum(lengths, max_tokens)
         if truncated:
@@ -377,12 +407,13 @@ def simulate(
     failed: dict[str, str] = {}
     per_strategy = {name: options.replace(strategy=name) for name in names}
     for step, batch in enumerate(batches):
+        samples = lengths[batch] if parts is None else parts.take(batch)
         for name in names:
             if name in failed:
                 continue
             try:
                 plan = plan_step(
-                    lengths[batch],
+                    samples,
                     dp_size,
                     per_strategy[name],
                     groups=None if groups is None else groups[batch],
@@ -456,4 +487,5 @@ def simulate(
         model=model_name,
         time_model_source=source,
         failed=failed,
+        parts=parts,
     )
