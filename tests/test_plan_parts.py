@@ -72,12 +72,23 @@ def test_a_patch_cap_forces_an_extra_micro_batch() -> None:
     assert sb.plan_step(parts, 2, cost=_PartsCost(), max_tokens=20).n_microbatches == 1
 
 
+OWN_STRATEGIES = strategy_names("ours", "baseline")
+"""seqbalance's own strategies; the stacks' schedulers cap tokens only and refuse a patch cap."""
+
+
+def test_the_stacks_schedulers_refuse_a_patch_cap() -> None:
+    parts = _one_image_each([(4, 12), (4, 4)])
+    for strategy in strategy_names("stack"):
+        with pytest.raises(ValueError, match="max_vision_patches is not supported"):
+            sb.plan_step(parts, 1, max_vision_patches=64, strategy=strategy)
+
+
 def test_the_patch_cap_binds_where_the_token_cap_does_not() -> None:
     # Patches 48, 16, 16, 32 (112 in all) under a cap of 64: two micro-batches on one rank,
     # each at most 64 patches; the only splits are {48, 16} + {16, 32}.
     parts = _one_image_each([(4, 12), (4, 4), (4, 4), (4, 8)])
     assert parts.vision_patches.tolist() == [48, 16, 16, 32]
-    for strategy in strategy_names():
+    for strategy in OWN_STRATEGIES:
         plan = sb.plan_step(parts, 1, max_vision_patches=64, strategy=strategy)
         plan.validate()
         assert plan.n_microbatches == 2, strategy
@@ -89,7 +100,7 @@ def test_micro_batches_exactly_at_the_patch_cap() -> None:
     # 32 + 32 patches fill a cap of 64 exactly: one micro-batch, with or without groups, and
     # every strategy agrees. 32 + 36 = 68 patches need two micro-batches under 67, one under 68.
     parts = _one_image_each([(4, 8), (4, 8)])
-    for strategy in strategy_names():
+    for strategy in OWN_STRATEGIES:
         for groups in (None, [0, 0]):
             plan = sb.plan_step(
                 parts,
@@ -116,7 +127,7 @@ def test_a_sample_over_the_patch_cap() -> None:
         ValueError, match=r"vision_patches\[2\] = 80 exceeds max_vision_patches = 64 \(1 sample"
     ):
         sb.plan_step(parts, 1, max_vision_patches=64)
-    for strategy in strategy_names():
+    for strategy in OWN_STRATEGIES:
         plan = sb.plan_step(parts, 2, max_vision_patches=64, allow_oversize=True, strategy=strategy)
         plan.validate()
         assert _microbatch_of(plan, 2).tolist() == [2], strategy

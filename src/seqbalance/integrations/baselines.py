@@ -112,6 +112,8 @@ class _StackBaseline:
                 raise ValueError(
                     "groups are not supported: this stack places the samples of a group on any rank"
                 )
+            if problem.options.max_vision_patches is not None:
+                raise ValueError("max_vision_patches is not supported: this stack caps tokens only")
             return self._plan(problem)
         except ValueError as error:
             message = str(error).removeprefix(f"strategy={self.name!r}: ")
