@@ -181,6 +181,7 @@ def test_option_names_are_the_dataclass_fields() -> None:
         "strategy",
         "allow_oversize",
         "allow_empty",
+        "context_parallel",
     )
 
 
@@ -247,3 +248,60 @@ def test_rebalancer_rejects_a_typo_at_construction() -> None:
     with pytest.raises(ValueError, match=r"Rebalancer: unknown option.*'max_token'"):
         Rebalancer(max_token=4096)
     assert Rebalancer(options=PlanOptions(max_tokens=10)).options.max_tokens == 10
+
+
+# ------------------------------------------------------------------ context parallelism
+def _cp(**changes: object) -> PlanOptions:
+    from seqbalance.plan import ContextParallel
+
+    cp = ContextParallel(max_tokens_per_rank=4096, sizes=(1, 2, 4))
+    return PlanOptions(**{"cost": "flops", "context_parallel": cp, **changes})
+
+
+def test_context_parallel_options_round_trip_and_change_the_fingerprint() -> None:
+    options = _cp(strategy="static_cp")
+    again = PlanOptions.from_json(options.to_json())
+    assert again == options and again.fingerprint() == options.fingerprint()
+    assert options.fingerprint() != _cp().fingerprint()
+    # Options without it are written as before (fingerprints of existing runs unchanged).
+    assert "context_parallel" not in PlanOptions().to_dict()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"strategy": "token_kk"}, "strategy \\(with context_parallel\\) must be one of"),
+        ({"objective": "lockstep"}, "objective = 'lockstep' is not supported"),
+        ({"layout": "padded", "micro_batch_size": 2}, "layout = 'padded' is not supported"),
+        ({"max_tokens": 100}, "conflicts with context_parallel.max_tokens_per_rank"),
+        ({"allow_oversize": True}, "sharded, not left alone"),
+        ({"cost": "tokens"}, "cost must be"),
+        ({"context_parallel": 3}, "context_parallel must be a ContextParallel"),
+    ],
+)
+def test_context_parallel_refuses_what_it_cannot_plan(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _cp(**changes)
+
+
+def test_plan_step_with_context_parallel_is_plan_context_parallel() -> None:
+    from seqbalance.plan import ContextParallelPlan, plan_context_parallel
+
+    lengths = sb.datasets.long_context(60, long_min=5000, long_max=15000, seed=3)
+    options = _cp()
+    plan = sb.plan_step(lengths, 4, options)
+    assert isinstance(plan, ContextParallelPlan)
+    plan.validate()
+    direct = plan_context_parallel(
+        lengths, 4, context_parallel=options.context_parallel, cost=options.cost_model
+    )
+    assert plan.to_json(timing=False) == direct.to_json(timing=False)
+
+
+def test_entry_points_without_context_parallel_refuse_it() -> None:
+    from seqbalance.sim import simulate
+
+    with pytest.raises(ValueError, match="plan_epoch does not plan context-parallel steps"):
+        plan_epoch(LENGTHS, 4, 2, _cp())
+    with pytest.raises(ValueError, match="simulate does not plan context-parallel steps"):
+        simulate(LENGTHS, _cp(), dp_size=2, global_batch_size=4, steps=1)

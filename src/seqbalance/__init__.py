@@ -20,6 +20,8 @@ _LAZY_NAMES = {
     "TimeModel": "seqbalance.cost",
     "FlopsMeter": "seqbalance.cost",
     "PlanOptions": "seqbalance.plan",
+    "ContextParallel": "seqbalance.plan",
+    "SampleParts": "seqbalance.cost",
     "plan_step": "seqbalance.plan",
     "plan_epoch": "seqbalance.plan",
     "StepPlan": "seqbalance.plan",

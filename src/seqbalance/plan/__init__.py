@@ -6,12 +6,20 @@ number of micro-batches on every rank, pipeline divisibility and groups that sta
 A request is data: ``PlanOptions`` (frozen, validated, fingerprinted). Strategies, ours and the
 baselines, live in one registry (``register_strategy``, ``strategy_names``). ``plan_epoch``
 splits an epoch into steps (with optional bounded length bucketing) and plans each. Results are
-``StepPlan`` / ``EpochPlan``; ``validate()`` re-checks every invariant.
+``StepPlan`` / ``EpochPlan``; ``validate()`` re-checks every invariant. With
+``PlanOptions.context_parallel``, samples longer than one rank are sharded over context-parallel
+groups (``plan_context_parallel``, a ``ContextParallelPlan``).
 """
 
 from __future__ import annotations
 
 from seqbalance.plan._problem import Problem
+from seqbalance.plan.context_parallel import (
+    CP_STRATEGIES,
+    ContextParallel,
+    ContextParallelPlan,
+    plan_context_parallel,
+)
 from seqbalance.plan.epoch import plan_epoch
 from seqbalance.plan.options import LAYOUTS, OBJECTIVES, ORDERS, PlanOptions, option_names
 from seqbalance.plan.registry import (
@@ -27,10 +35,13 @@ from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan, PlanValidationError, StepPlan
 
 __all__ = [
+    "CP_STRATEGIES",
     "FAMILIES",
     "LAYOUTS",
     "OBJECTIVES",
     "ORDERS",
+    "ContextParallel",
+    "ContextParallelPlan",
     "EpochPlan",
     "Microbatches",
     "PlanOptions",
@@ -40,6 +51,7 @@ __all__ = [
     "Strategy",
     "get_strategy",
     "option_names",
+    "plan_context_parallel",
     "plan_epoch",
     "plan_step",
     "register_strategy",

@@ -33,7 +33,7 @@ LAYOUTS = ("packed", "padded")
 _FORMAT = "seqbalance.PlanOptions/1"
 # Options added after the format was published are written only when set, so the JSON text and
 # the fingerprint of options that do not use them stay what they were (resumes keep matching).
-_WRITTEN_WHEN_SET = ("max_vision_patches",)
+_WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -64,6 +64,13 @@ class PlanOptions:
         allow_oversize: a sample over ``max_tokens`` (or over ``max_vision_patches``) gets a
             micro-batch of its own instead of raising ValueError.
         allow_empty: allow empty micro-batches.
+        context_parallel: a ``seqbalance.plan.context_parallel.ContextParallel`` (allowed CP
+            sizes, the per-rank token cap, sharding scheme, communication constants) to plan
+            samples longer than one rank over context-parallel groups; ``plan_step`` then
+            returns a ``ContextParallelPlan``. Its strategies are ``balanced``, ``static_cp``
+            and ``dynamic_cp_megatron``; the cost must give seconds and K/V sizes (``"flops"``,
+            a ``ModelSpec`` / ``FlopsModel``, or a ``ContextParallelTimeModel``); packed layout
+            and the ``step`` objective only; ``max_tokens`` is None or the per-rank cap.
     """
 
     cost: Any = "tokens"
@@ -80,6 +87,7 @@ class PlanOptions:
     strategy: str = "balanced"
     allow_oversize: bool = False
     allow_empty: bool = False
+    context_parallel: Any = None
     _cost_model: Any = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
@@ -92,7 +100,8 @@ class PlanOptions:
         set_("layout", check_choice(self.layout, "layout", LAYOUTS))
         set_("objective", check_choice(self.objective, "objective", OBJECTIVES))
         set_("order", check_choice(self.order, "order", ORDERS))
-        get_strategy(self.strategy)  # raises ValueError listing the registered names
+        if self.context_parallel is None:
+            get_strategy(self.strategy)  # raises ValueError listing the registered names
         for name in ("allow_oversize", "allow_empty"):
             set_(name, check_bool(getattr(self, name), name))
         for name in ("max_tokens", "max_vision_patches"):
@@ -136,7 +145,44 @@ class PlanOptions:
                     f"num_microbatches = {m} conflicts with microbatch_multiple = "
                     f"{self.microbatch_multiple} (not a multiple)"
                 )
-        set_("_cost_model", resolve_cost(self.cost, self.model))
+        if self.context_parallel is None:
+            set_("_cost_model", resolve_cost(self.cost, self.model))
+        else:
+            set_("_cost_model", self._check_context_parallel())
+
+    def _check_context_parallel(self) -> Any:
+        """Validate the context-parallel request; return its cost model (seconds, K/V sizes)."""
+        from seqbalance.cost.context_parallel import context_parallel_cost
+        from seqbalance.plan.context_parallel import CP_STRATEGIES, ContextParallel
+
+        cp = self.context_parallel
+        if not isinstance(cp, ContextParallel):
+            raise ValueError(
+                f"context_parallel must be a ContextParallel or None, got {type(cp).__name__}"
+            )
+        check_choice(self.strategy, "strategy (with context_parallel)", CP_STRATEGIES)
+        if self.max_tokens is not None and self.max_tokens != cp.max_tokens_per_rank:
+            raise ValueError(
+                f"max_tokens = {self.max_tokens} conflicts with context_parallel."
+                f"max_tokens_per_rank = {cp.max_tokens_per_rank}; leave max_tokens unset"
+            )
+        unsupported = {
+            "layout": (self.layout, "packed"),
+            "objective": (self.objective, "step"),
+            "order": (self.order, "none"),
+            "allow_oversize": (self.allow_oversize, False),
+            "max_vision_patches": (self.max_vision_patches, None),
+        }
+        for name, (value, supported) in unsupported.items():
+            if value != supported:
+                raise ValueError(
+                    f"{name} = {value!r} is not supported with context_parallel (only "
+                    f"{supported!r}): a sample longer than one rank is sharded, not left alone"
+                    if name == "allow_oversize"
+                    else f"{name} = {value!r} is not supported with context_parallel (only "
+                    f"{supported!r})"
+                )
+        return context_parallel_cost(self.cost, self.model, comm=cp.comm)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -146,10 +192,11 @@ class PlanOptions:
 
     @property
     def cap_enforced(self) -> bool:
-        """Whether the strategy keeps every micro-batch within ``max_tokens``."""
+        """Whether the strategy keeps every micro-batch within ``max_tokens`` (every
+        context-parallel strategy keeps its per-rank cap)."""
         from seqbalance.plan.registry import get_strategy
 
-        return bool(get_strategy(self.strategy).enforces_cap)
+        return self.context_parallel is not None or bool(get_strategy(self.strategy).enforces_cap)
 
     def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` applied (validated; unknown names raise ValueError)."""
@@ -170,6 +217,8 @@ class PlanOptions:
         }
         data["cost"] = describe_cost(self.cost)
         data["model"] = describe_cost(self.model)
+        if self.context_parallel is not None:
+            data["context_parallel"] = self.context_parallel.to_dict()
         return data
 
     @classmethod
@@ -184,6 +233,10 @@ class PlanOptions:
         for name in ("cost", "model"):
             if name in values:
                 values[name] = cost_from_description(values[name], name)
+        if values.get("context_parallel") is not None:
+            from seqbalance.plan.context_parallel import ContextParallel
+
+            values["context_parallel"] = ContextParallel.from_dict(values["context_parallel"])
         return cls(**values)
 
     def to_json(self) -> str:
@@ -236,7 +289,11 @@ def _check_names(values: Mapping[str, Any], where: str) -> None:
 
 
 def as_options(
-    options: PlanOptions | None, keywords: Mapping[str, Any], *, where: str
+    options: PlanOptions | None,
+    keywords: Mapping[str, Any],
+    *,
+    where: str,
+    context_parallel: bool = False,
 ) -> PlanOptions:
     """``options`` with ``keywords`` applied on top (or new options from ``keywords`` alone).
 
@@ -246,11 +303,21 @@ def as_options(
 
     Raises:
         ValueError: ``options`` is not a PlanOptions, or a keyword is not an option (named,
-            with the list of valid options, prefixed with ``where``), or a value is invalid.
+            with the list of valid options, prefixed with ``where``), or a value is invalid, or
+            the options ask for context parallelism where ``context_parallel`` is False (an
+            entry point that does not plan context-parallel steps).
     """
     if options is not None and not isinstance(options, PlanOptions):
         raise ValueError(f"{where}: options must be a PlanOptions or None, got {options!r}")
     _check_names(keywords, where)
     if options is None:
-        return PlanOptions(**keywords)
-    return dataclasses.replace(options, **keywords) if keywords else options
+        result = PlanOptions(**keywords)
+    else:
+        result = dataclasses.replace(options, **keywords) if keywords else options
+    if result.context_parallel is not None and not context_parallel:
+        raise ValueError(
+            f"{where} does not plan context-parallel steps yet: plan each step with "
+            "plan_step(..., context_parallel=...), or compare strategies with "
+            "seqbalance.sim.context_parallel.compare_context_parallel (simulate --context-parallel)"
+        )
+    return result

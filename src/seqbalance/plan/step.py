@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from seqbalance.plan._problem import Problem
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.registry import Microbatches, get_strategy
 from seqbalance.plan.types import StepPlan
+
+if TYPE_CHECKING:
+    from seqbalance.plan.context_parallel import ContextParallelPlan
 
 __all__ = ["MAX_DP_SIZE", "check_within_caps", "plan_step", "vision_patches_of"]
 
@@ -28,7 +31,7 @@ def plan_step(
     *,
     groups: Any = None,
     **option_keywords: Any,
-) -> StepPlan:
+) -> StepPlan | ContextParallelPlan:
     """Decide the rank and micro-batch of every sample of one optimizer step.
 
     Args:
@@ -80,7 +83,9 @@ def plan_step(
         **option_keywords: any ``PlanOptions`` field by name.
 
     Returns:
-        A ``StepPlan`` (see its docstring); ``plan.validate()`` passes.
+        A ``StepPlan`` (see its docstring); ``plan.validate()`` passes. With
+        ``context_parallel`` set, a ``ContextParallelPlan`` (slots of CP groups per rank; see
+        ``seqbalance.plan.context_parallel``), whose ``validate()`` passes too.
 
     Raises:
         ValueError: naming the argument, and the sample index and value where relevant: bad
@@ -92,7 +97,9 @@ def plan_step(
             would ignore them.
     """
     start = time.perf_counter()
-    options = as_options(options, option_keywords, where="plan_step")
+    options = as_options(options, option_keywords, where="plan_step", context_parallel=True)
+    if options.context_parallel is not None:
+        return _plan_context_parallel(lengths, dp_size, options, groups)
     parts = lengths if isinstance(lengths, SampleParts) else None
     lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
     dp_size = check_int(dp_size, "dp_size", minimum=1)
@@ -138,6 +145,29 @@ def plan_step(
         lower_bound=problem.lower_bound(min(m_lower, costs.shape[1])),
         planning_seconds=time.perf_counter() - start,
         vision_patches=vision_patches,
+    )
+
+
+def _plan_context_parallel(
+    lengths: Any, dp_size: int, options: PlanOptions, groups: Any
+) -> ContextParallelPlan:
+    """``plan_step`` with ``options.context_parallel``: one call of ``plan_context_parallel``."""
+    from seqbalance.plan.context_parallel import plan_context_parallel
+
+    if isinstance(lengths, SampleParts):
+        raise ValueError("context_parallel plans token lengths; SampleParts are not supported yet")
+    return plan_context_parallel(
+        lengths,
+        dp_size,
+        context_parallel=options.context_parallel,
+        cost=options.cost_model,
+        groups=groups,
+        objective=options.objective,
+        strategy=options.strategy,
+        num_microbatches=options.num_microbatches,
+        min_microbatches=options.min_microbatches,
+        microbatch_multiple=options.microbatch_multiple,
+        allow_empty=options.allow_empty,
     )
 
 
