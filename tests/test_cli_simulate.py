@@ -187,3 +187,19 @@ def test_plot_without_matplotlib_is_a_clear_error(capsys, lengths_file, tmp_path
     assert main(argv) == 1
     assert "pip install 'seqbalance[plot]'" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_baseline_names_what_a_stack_runs_today_in_the_headline(capsys) -> None:
+    assert main(["simulate", "--steps", "2", "--baseline", "verl", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "verl" in data["strategies"]
+    balanced = data["strategies"]["balanced"]
+    speedup = balanced["speedups"]["verl"]
+    assert speedup == pytest.approx(
+        data["strategies"]["verl"]["total_seconds"] / balanced["total_seconds"]
+    )
+    assert data["headline"].startswith(f"balanced: {speedup:.2f}x faster than verl")
+    assert (
+        main(["simulate", "--steps", "1", "--baseline", "slime", "--strategies", "balanced"]) == 0
+    )
+    assert "faster than slime" in capsys.readouterr().out

@@ -59,6 +59,14 @@ def register(subparsers: Any) -> None:
     )
     add_plan_option_arguments(parser, max_tokens_default=DEFAULT_MAX_TOKENS)
     add_strategies_option(parser, default_strategies())
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="STRATEGY",
+        help="what you run today, e.g. verl, slime, slime_flops, torchspec, hf_length_grouped: "
+        "added to --strategies and named in the headline (see `seqbalance plan --help` for "
+        "every strategy)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="batch sampling seed")
     add_time_model_arguments(parser)
     cp = parser.add_argument_group(
@@ -124,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                 steps=args.steps,
                 peak_flops_per_s=peak,
                 efficiency=efficiency,
-                strategies=list(args.strategies),
+                strategies=_with_baseline(args.strategies, args.baseline),
                 seed=args.seed,
                 progress=callback,
             )
@@ -142,13 +150,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"seqbalance simulate: error: {error}", file=sys.stderr)
             return 1
     payload = result.to_dict()
+    payload["headline"] = result.headline(args.baseline)
     payload["setup"]["lengths"] = source.label
     time_model_source = description or result.time_model_source
     payload["setup"]["time_model_source"] = time_model_source
     if args.json:
         print_json(payload)
         return 0
-    _print_report(result, source.label, time_model_source, markdown=args.markdown)
+    _print_report(
+        result, source.label, time_model_source, markdown=args.markdown, baseline=args.baseline
+    )
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
@@ -242,6 +253,18 @@ def _run_context_parallel(
     return 0
 
 
+def _with_baseline(strategies: tuple[str, ...], baseline: str | None) -> list[str]:
+    from seqbalance.plan import strategy_names
+
+    if baseline is None:
+        return list(strategies)
+    if baseline not in strategy_names():
+        raise ValueError(
+            f"--baseline must be one of {', '.join(strategy_names())}, got {baseline!r}"
+        )
+    return list(strategies) if baseline in strategies else [baseline, *strategies]
+
+
 def _speedup(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
@@ -255,12 +278,20 @@ COLUMNS = (
     "cap violations",
     "micro-batches",
     "plan ms mean/max",
-    "vs round_robin",
-    "vs token_kk",
 )
+DEFAULT_VERSUS = ("round_robin", "token_kk")
+"""Speedup columns shown unless --baseline names another strategy."""
 
 
-def _print_report(result: Any, label: str, time_model_source: str, *, markdown: bool) -> None:
+def _print_report(
+    result: Any, label: str, time_model_source: str, *, markdown: bool, baseline: str | None
+) -> None:
+    versus = (
+        (*DEFAULT_VERSUS, baseline)
+        if baseline is not None and baseline not in DEFAULT_VERSUS
+        else DEFAULT_VERSUS
+    )
+    columns = (*COLUMNS, *(f"vs {name}" for name in versus))
     rows = [
         (
             name,
@@ -271,12 +302,11 @@ def _print_report(result: Any, label: str, time_model_source: str, *, markdown: 
             f"{stats.cap_violations}",
             f"{stats.mean_microbatches:.1f}",
             f"{stats.planning_ms_mean:.1f} / {stats.planning_ms_max:.1f}",
-            _speedup(stats.speedup_vs_round_robin),
-            _speedup(stats.speedup_vs_token_kk),
+            *(_speedup(stats.speedups.get(other)) for other in versus),
         )
         for name, stats in result.strategies.items()
     ]
-    rows += [(name, "cannot plan", *["-"] * (len(COLUMNS) - 2)) for name in result.failed]
+    rows += [(name, "cannot plan", *["-"] * (len(columns) - 2)) for name in result.failed]
     samples = sum(int(batch.size) for batch in result.batches)
     truncated = f", {result.truncated} truncated to the cap" if result.truncated else ""
     title = (
@@ -286,12 +316,12 @@ def _print_report(result: Any, label: str, time_model_source: str, *, markdown: 
     )
     caption = f"time model: {time_model_source}; dataset: {result.lengths.size} samples{truncated}"
     if markdown:
-        print(f"### {title}\n\n{markdown_table(COLUMNS, rows)}\n\n{caption}.\n")
+        print(f"### {title}\n\n{markdown_table(columns, rows)}\n\n{caption}.\n")
         for name, message in result.failed.items():
             print(f"- {name} cannot plan these steps: {flag_names(message)}\n")
-        print(f"**{result.headline()}**")
+        print(f"**{result.headline(baseline)}**")
         return
-    print_table(title, COLUMNS, rows, caption=caption)
+    print_table(title, columns, rows, caption=caption)
     for name, message in result.failed.items():
         print(f"{name} cannot plan these steps: {flag_names(message)}")
-    print(result.headline())
+    print(result.headline(baseline))

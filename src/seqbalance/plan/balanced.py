@@ -62,6 +62,10 @@ _TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
 _GOOD_ENOUGH = 1e-6
 # The lockstep refinement (slower per step) stops this close to the lower bound.
 _LOCKSTEP_GOOD_ENOUGH = 2e-4
+RIVALS_WITHOUT_BOUND_SAMPLES = 256
+"""Largest step on which ``balanced`` also runs rivals that offer no cheap lower bound (the
+stacks' own schedulers, written in plain Python with their exact tie-breaks, take seconds on
+thousands of samples); on larger steps it is checked against them by benchmarks/trust.py."""
 
 
 def plan_balanced(p: Problem) -> Microbatches:
@@ -118,7 +122,8 @@ class _Portfolio:
     soft-cap plan only when it happens to keep the cap) and, where no cap or count constraint
     binds (one micro-batch per rank), the partition engine's split of the unit costs. A
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
-    objective) is not run when that bound cannot beat the best plan so far.
+    objective) is not run when that bound cannot beat the best plan so far; one that offers
+    none is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES`` samples.
     """
 
     def __init__(self, p: Problem) -> None:
@@ -154,6 +159,8 @@ class _Portfolio:
         candidates = [self._partition_start()]
         for strategy in _rivals():
             estimate = getattr(strategy, "plan_lower_bound", None)
+            if estimate is None and p.n > RIVALS_WITHOUT_BOUND_SAMPLES:
+                continue  # a stack's pure-Python scheduler: seconds on a large step
             if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
                 continue
             candidates.append(self._plan_of(strategy))

@@ -75,8 +75,8 @@ class StrategyResult:
         cap_violations: micro-batches above ``max_tokens`` over all steps (0 means safe).
         mean_microbatches: mean number of micro-batches per rank per step.
         planning_ms_mean, planning_ms_max: wall time of one ``plan_step`` call (milliseconds).
-        speedup_vs_round_robin, speedup_vs_token_kk: that baseline's ``total_seconds`` over this
-            strategy's (``> 1`` means faster); ``None`` when the baseline was not simulated.
+        speedups: every simulated strategy's ``total_seconds`` over this strategy's (``> 1``:
+            this one is faster), by name (1.0 for itself).
         step_seconds: float64 ``[steps]`` predicted time of each step.
         rank_seconds: float64 ``[dp_size]`` predicted per-rank load in the representative step.
     """
@@ -92,10 +92,19 @@ class StrategyResult:
     mean_microbatches: float
     planning_ms_mean: float
     planning_ms_max: float
-    speedup_vs_round_robin: float | None
-    speedup_vs_token_kk: float | None
+    speedups: dict[str, float]
     step_seconds: np.ndarray
     rank_seconds: np.ndarray
+
+    @property
+    def speedup_vs_round_robin(self) -> float | None:
+        """``speedups["round_robin"]``, or None when round_robin was not simulated."""
+        return self.speedups.get("round_robin")
+
+    @property
+    def speedup_vs_token_kk(self) -> float | None:
+        """``speedups["token_kk"]``, or None when token_kk was not simulated."""
+        return self.speedups.get("token_kk")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (arrays as lists)."""
@@ -113,6 +122,7 @@ class StrategyResult:
             "planning_ms_max": self.planning_ms_max,
             "speedup_vs_round_robin": self.speedup_vs_round_robin,
             "speedup_vs_token_kk": self.speedup_vs_token_kk,
+            "speedups": dict(self.speedups),
             "step_seconds": self.step_seconds.tolist(),
             "rank_seconds": self.rank_seconds.tolist(),
         }
@@ -187,18 +197,29 @@ class SimulationResult:
             return "balanced"
         return min(self.strategies, key=lambda name: self.strategies[name].total_seconds)
 
-    def headline(self) -> str:
-        """One sentence: how much faster the best strategy is and how close to optimal."""
+    def headline(self, baseline: str | None = None) -> str:
+        """One sentence: how much faster the best strategy is and how close to optimal.
+
+        Against ``baseline`` (e.g. ``"verl"``: what a stack runs today) when given, with the
+        baseline's over-cap micro-batches when it has any; otherwise against ``token_kk`` and
+        ``round_robin`` where they were simulated.
+        """
         best = self.strategies[self.best]
-        speedups = {
-            "token_kk": best.speedup_vs_token_kk,
-            "round_robin": best.speedup_vs_round_robin,
-        }
-        parts = [
-            f"{speedup:.2f}x faster than {baseline}"
-            for baseline, speedup in speedups.items()
-            if speedup is not None and baseline != best.strategy
-        ]
+        if baseline is not None and baseline not in self.strategies:
+            reason = self.failed.get(baseline, "it was not simulated")
+            return f"{best.strategy}: no comparison with {baseline} ({reason})"
+        names = (baseline,) if baseline is not None else ("token_kk", "round_robin")
+        parts = []
+        for name in names:
+            if name == best.strategy or name not in best.speedups:
+                continue
+            speedup = best.speedups[name]
+            change = 100.0 * (1.0 / speedup - 1.0)
+            text = f"{speedup:.2f}x faster than {name} ({change:+.1f}% step time)"
+            violations = self.strategies[name].cap_violations
+            if violations:
+                text += f", which put {violations} micro-batches over the cap"
+            parts.append(text)
         parts.append(f"{100.0 * (best.ratio - 1.0):.1f}% above the lower bound")
         return f"{best.strategy}: " + ", ".join(parts)
 
@@ -441,9 +462,7 @@ def simulate(
     representative = int(np.argsort(lower_bounds, kind="stable")[(len(batches) - 1) // 2])
     totals = {name: float(sum(float(s["step_cost"]) for s in summaries[name])) for name in names}
 
-    def speedup(baseline: str, name: str) -> float | None:
-        if baseline not in totals:
-            return None
+    def speedup(baseline: str, name: str) -> float:
         return totals[baseline] / totals[name] if totals[name] > 0 else 1.0
 
     results = {}
@@ -465,8 +484,7 @@ def simulate(
             mean_microbatches=float(np.mean([int(s["n_microbatches"]) for s in rows])),
             planning_ms_mean=float(planning_ms.mean()),
             planning_ms_max=float(planning_ms.max()),
-            speedup_vs_round_robin=speedup("round_robin", name),
-            speedup_vs_token_kk=speedup("token_kk", name),
+            speedups={other: speedup(other, name) for other in names},
             step_seconds=step_seconds,
             rank_seconds=np.asarray(plans[name][representative].rank_costs, dtype=np.float64),
         )
