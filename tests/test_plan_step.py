@@ -244,3 +244,15 @@ def test_deterministic_and_json_exact() -> None:
     assert restored.planning_seconds == first.planning_seconds
     with pytest.raises(ValueError, match=r"expected a seqbalance\.StepPlan"):
         StepPlan.from_json('{"format": "other"}')
+
+
+def test_a_soft_cap_plans_lower_bound_does_not_assume_the_cap() -> None:
+    """token_kk may overfill a micro-batch, so its lockstep bound cannot count on the cap
+    (found by the CI profile: the bound was 602.5 for a plan costing 602)."""
+    lengths = [52, 52, 52, 120, 0, 120, 170, 208, 203, 218]
+    options = {"objective": "lockstep", "max_tokens": 202, "allow_oversize": True}
+    soft = sb.plan_step(lengths, 2, strategy="token_kk", **options)
+    soft.validate()
+    assert soft.cap_violations() > 0
+    assert soft.lower_bound <= soft.step_cost
+    assert soft.lower_bound <= sb.plan_step(lengths, 2, **options).lower_bound

@@ -401,9 +401,10 @@ class Problem(OptionFields):
         least[order] = suffix_min[first_of_length]
         return least
 
-    def lower_bound(self, m_lower: int) -> float:
+    def lower_bound(self, m_lower: int, *, capped: bool = True) -> float:
         """A lower bound on the step cost of any valid plan with at least ``m_lower``
-        micro-batches per rank.
+        micro-batches per rank (``capped=False``: of any plan that keeps every limit but the
+        token cap, as a soft-cap strategy's).
 
         ``step``: each rank runs at least ``m_lower`` micro-batches, each paying the overhead,
         plus its samples' costs, at least ``unit_cost_bound``. ``lockstep``: the sum over
@@ -422,10 +423,10 @@ class Problem(OptionFields):
         heaviest = int(np.argmax(least))
         total = float(least.sum()) + self.dp * m_lower * self.overhead
         forced = (self.dp - 1) * (self.overhead + float(least[heaviest]))
-        excess = forced - self._ceiling(heaviest, self.dp - 1)
+        excess = forced - self._ceiling(heaviest, self.dp - 1, capped=capped)
         return max(bound, total / self.dp + max(0.0, excess) / self.dp)
 
-    def _ceiling(self, excluded: int, k: int) -> float:
+    def _ceiling(self, excluded: int, k: int, *, capped: bool) -> float:
         """An upper bound on the total cost of ``k`` disjoint micro-batches without sample
         ``excluded``.
 
@@ -434,8 +435,10 @@ class Problem(OptionFields):
         (the LP relaxation, which bounds any 0/1 choice) plus every zero-length sample bounds
         the samples' costs. Padded: a micro-batch costs ``count x cost(longest)`` with
         ``count <= micro_batch_size`` and ``count x L <= max_tokens``; the ``k`` longest samples
-        are distinct, so the ``k`` largest such products bound the sum.
+        are distinct, so the ``k`` largest such products bound the sum. ``capped=False`` drops
+        the token cap from both (a soft-cap plan may exceed it).
         """
+        cap = self.max_tokens if capped else None
         others = np.ones(self.n, dtype=bool)
         others[excluded] = False
         lengths, costs = self.lengths[others], self.sample_costs[others]
@@ -445,18 +448,18 @@ class Problem(OptionFields):
         oversize = self.oversize[others]
         if self.layout == "padded":
             count = np.full(lengths.size, self.micro_batch_size or lengths.size, dtype=np.int64)
-            if self.max_tokens is not None:
-                count = np.minimum(count, self.max_tokens // np.maximum(lengths, 1))
+            if cap is not None:
+                count = np.minimum(count, cap // np.maximum(lengths, 1))
                 count[oversize] = 1
             return overheads + float(np.sort(count * costs)[::-1][:k].sum())
-        if self.max_tokens is None:
+        if cap is None:
             return overheads + float(costs.sum())
-        weight = np.where(oversize, self.max_tokens, lengths)
+        weight = np.where(oversize, cap, lengths)
         positive = weight > 0
         ratio = costs[positive] / weight[positive]
         order = np.argsort(-ratio, kind="stable")
         taken = np.cumsum(weight[positive][order])
-        capacity = k * self.max_tokens
+        capacity = k * cap
         full = int(np.searchsorted(taken, capacity, side="right"))
         packed = float(costs[positive][order][:full].sum())
         if full < order.size:

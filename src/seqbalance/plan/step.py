@@ -142,7 +142,9 @@ def plan_step(
         cost_model=cost_name(options.cost_model),
         cap_enforced=bool(strategy.enforces_cap),
         # A soft-cap strategy may use fewer micro-batches than any valid plan needs.
-        lower_bound=problem.lower_bound(min(m_lower, costs.shape[1])),
+        lower_bound=problem.lower_bound(
+            min(m_lower, costs.shape[1]), capped=bool(strategy.enforces_cap)
+        ),
         planning_seconds=time.perf_counter() - start,
         vision_patches=vision_patches,
     )
