@@ -7,43 +7,21 @@ from typing import Any
 
 from seqbalance.cli._common import add_json_flag, print_json, print_table
 
-REFERENCE_LENGTH = 4096
-"""Sample length (tokens) at which the per-token training FLOPs are quoted."""
-
 
 def register(subparsers: Any) -> None:
+    from seqbalance.cost.flops import PRESET_REFERENCE_LENGTH
+
     parser = subparsers.add_parser(
         "models",
         help="list the model presets (use their names with --model)",
         description=(
             "List the bundled model presets with their shape, layer kinds (token mixers), total "
             "and active parameters, and the training FLOPs per token (forward + backward) of a "
-            f"{REFERENCE_LENGTH}-token sample, attention included."
+            f"{PRESET_REFERENCE_LENGTH}-token sample, attention included."
         ),
     )
     add_json_flag(parser)
     parser.set_defaults(func=run)
-
-
-def describe(name: str) -> dict[str, Any]:
-    """Key numbers of preset ``name``: spec fields, layer kinds, parameters, FLOPs per token."""
-    from seqbalance.cost import FlopsModel, ModelSpec
-
-    spec = ModelSpec.preset(name)
-    flops = FlopsModel(spec)
-    linear, quadratic = flops.coefficients
-    training = float(flops.per_sample([REFERENCE_LENGTH])[0])
-    return {
-        "name": name,
-        "spec": spec.to_dict(),
-        "moe": spec.num_experts > 0,
-        "layer_kinds": spec.layer_kind_counts(),
-        "total_params": spec.num_parameters(),
-        "active_params": spec.num_parameters(active=True),
-        "forward_flops_per_token_linear": linear,
-        "forward_flops_per_token_squared": quadratic,
-        "training_flops_per_token_at_4k": training / REFERENCE_LENGTH,
-    }
 
 
 def layer_kinds(counts: dict[str, int]) -> str:
@@ -54,9 +32,10 @@ def layer_kinds(counts: dict[str, int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqbalance.cost import presets
+    from seqbalance.cost import describe_preset, presets
+    from seqbalance.cost.flops import PRESET_REFERENCE_LENGTH
 
-    models = [describe(name) for name in presets()]
+    models = [describe_preset(name) for name in presets()]
     if args.json:
         print_json(models)
         return 0
@@ -100,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             "layer kinds: layers per token mixer (full/sliding/chunked softmax attention, linear "
             "= Gated DeltaNet, mamba/mamba2, none = MLP only); "
             "MoE experts: active/total; GFLOP/token: training (forward + backward) per token of "
-            f"a {REFERENCE_LENGTH}-token sample, attention included"
+            f"a {PRESET_REFERENCE_LENGTH}-token sample, attention included"
         ),
     )
     return 0

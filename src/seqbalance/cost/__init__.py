@@ -13,7 +13,7 @@ Nothing here knows about partitioning or torch.
 
 from __future__ import annotations
 
-from seqbalance.cost.flops import FlopsModel, attention_pairs
+from seqbalance.cost.flops import FlopsModel, attention_pairs, describe_preset
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec, hstu_attention_pairs, hstu_presets
 from seqbalance.cost.meter import FlopsMeter, FlopsReport, MeterTotals
 from seqbalance.cost.resolve import (
@@ -57,6 +57,7 @@ __all__ = [
     "attention_pairs",
     "cost_name",
     "cost_unit",
+    "describe_preset",
     "evaluate_costs",
     "flops_model",
     "hstu_attention_pairs",

@@ -36,7 +36,7 @@ import numpy as np
 from seqbalance._validation import as_lengths, as_weights, check_bool, check_choice, check_int
 from seqbalance.cost.spec import ModelSpec
 
-__all__ = ["FlopsModel", "attention_pairs"]
+__all__ = ["PRESET_REFERENCE_LENGTH", "FlopsModel", "attention_pairs", "describe_preset"]
 
 ExtraPerSample = Callable[[np.ndarray], Any]
 
@@ -449,3 +449,29 @@ def _forward_terms(spec: ModelSpec, *, include_mtp: bool) -> _Terms:
         cross_encoder_token=2.0 * cross_layers * params.cross_attention_key_value,
         cross_pair=cross_pair_per_layer * cross_layers,
     )
+
+
+PRESET_REFERENCE_LENGTH = 4096
+"""Sample length (tokens) at which ``describe_preset`` quotes training FLOPs per token."""
+
+
+def describe_preset(name: str) -> dict[str, Any]:
+    """Key numbers of preset ``name`` (what ``seqbalance models`` lists): spec fields, layer
+    kinds, total and active parameters, forward FLOPs coefficients (per token, per token²) and
+    training FLOPs per token of a ``PRESET_REFERENCE_LENGTH``-token sample (attention
+    included)."""
+    spec = ModelSpec.preset(name)
+    flops = FlopsModel(spec)
+    linear, quadratic = flops.coefficients
+    training = float(flops.per_sample([PRESET_REFERENCE_LENGTH])[0])
+    return {
+        "name": name,
+        "spec": spec.to_dict(),
+        "moe": spec.num_experts > 0,
+        "layer_kinds": spec.layer_kind_counts(),
+        "total_params": spec.num_parameters(),
+        "active_params": spec.num_parameters(active=True),
+        "forward_flops_per_token_linear": linear,
+        "forward_flops_per_token_squared": quadratic,
+        "training_flops_per_token_at_4k": training / PRESET_REFERENCE_LENGTH,
+    }
