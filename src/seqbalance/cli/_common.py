@@ -368,18 +368,9 @@ def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str]:
 
 
 # ---------------------------------------------------------------------- plan options as flags
-_FLAG_OPTIONS = (
-    "max_tokens",
-    "layout",
-    "micro_batch_size",
-    "num_microbatches",
-    "min_microbatches",
-    "microbatch_multiple",
-    "objective",
-    "order",
-    "allow_oversize",
-    "allow_empty",
-)
+_NO_FLAG = ("cost", "model", "strategy", "max_vision_patches", "context_parallel")
+"""Plan options set by other flags (the cost-model flags, --strategy / --strategies,
+--context-parallel) or that need data the CLI cannot load (vision patches come with parts)."""
 
 
 def add_plan_option_arguments(
@@ -440,6 +431,13 @@ def add_plan_option_arguments(
     )
 
 
+def _flag_options() -> tuple[str, ...]:
+    """The plan options that ``add_plan_option_arguments`` defines a flag for."""
+    from seqbalance.plan import option_names
+
+    return tuple(name for name in option_names() if name not in _NO_FLAG)
+
+
 def flag(option: str) -> str:
     """The command-line flag of a plan option (``max_tokens`` -> ``--max-tokens``)."""
     return "--" + option.replace("_", "-")
@@ -450,7 +448,7 @@ def plan_options_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
     options (e.g. ``cost``); a ValueError names the flags, not the Python keywords."""
     from seqbalance.plan import PlanOptions
 
-    values = {name: getattr(args, name) for name in _FLAG_OPTIONS}
+    values = {name: getattr(args, name) for name in _flag_options()}
     try:
         return PlanOptions(**values, **fixed)
     except ValueError as error:
@@ -468,7 +466,7 @@ def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
     import re
 
     if flags is None:
-        flags = {name: flag(name) for name in _FLAG_OPTIONS}
+        flags = {name: flag(name) for name in _flag_options()}
     for name in sorted(flags, key=len, reverse=True):
         message = re.sub(rf"\b{name}=True\b", flags[name], message)
         message = re.sub(rf"(?<![\w-]){name}\b", flags[name], message)

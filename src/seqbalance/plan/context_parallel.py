@@ -46,7 +46,7 @@ from seqbalance.plan._cp_megatron import plan_megatron_cp
 from seqbalance.plan._cp_metrics import Pieces, finish_times, lower_bound, min_cp_sizes, slot_loads
 from seqbalance.plan._cp_problem import CPProblem, Schedule
 from seqbalance.plan._cp_strategies import plan_balanced_cp, plan_static_cp, static_size
-from seqbalance.plan.types import PlanValidationError
+from seqbalance.plan.types import PlanValidationError, validate_count
 
 __all__ = [
     "CP_OBJECTIVES",
@@ -603,21 +603,7 @@ class ContextParallelPlan:
                     raise PlanValidationError(
                         f"rank {r} slot {j} has dtype {held.dtype}, expected int64"
                     )
-        if m < 1:
-            raise PlanValidationError(f"n_slots = {m}, must be >= 1")
-        if self.num_microbatches is not None and m != self.num_microbatches:
-            raise PlanValidationError(
-                f"n_slots = {m}, but num_microbatches = {self.num_microbatches} was asked"
-            )
-        if m < self.min_microbatches:
-            raise PlanValidationError(
-                f"n_slots = {m} is below min_microbatches = {self.min_microbatches}"
-            )
-        if m % self.microbatch_multiple:
-            raise PlanValidationError(
-                f"n_slots = {m} is not a multiple of microbatch_multiple = "
-                f"{self.microbatch_multiple}"
-            )
+        validate_count(m, "n_slots", self)
 
     def _validate_groups_of_samples(self) -> None:
         n = self.n_samples

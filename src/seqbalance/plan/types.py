@@ -238,22 +238,7 @@ class StepPlan(OptionFields):
             )
 
     def _validate_microbatch_count(self) -> None:
-        m = self.n_microbatches
-        if m < 1:
-            raise PlanValidationError(f"n_microbatches = {m}, must be >= 1")
-        if self.num_microbatches is not None and m != self.num_microbatches:
-            raise PlanValidationError(
-                f"n_microbatches = {m}, but num_microbatches = {self.num_microbatches} was asked"
-            )
-        if m < self.min_microbatches:
-            raise PlanValidationError(
-                f"n_microbatches = {m} is below min_microbatches = {self.min_microbatches}"
-            )
-        if m % self.microbatch_multiple:
-            raise PlanValidationError(
-                f"n_microbatches = {m} is not a multiple of microbatch_multiple = "
-                f"{self.microbatch_multiple}"
-            )
+        validate_count(self.n_microbatches, "n_microbatches", self.options)
 
     def _validate_microbatch(self, r: int, j: int, indices: np.ndarray) -> None:
         where = f"rank {r} micro-batch {j}"
@@ -503,6 +488,26 @@ def _v1_options(data: dict[str, Any]) -> PlanOptions:
         "allow_empty",
     )
     return PlanOptions(**cost, **{name: data[name] for name in fields})
+
+
+def validate_count(m: int, name: str, limits: Any) -> None:
+    """Check a plan's per-rank count ``m`` (called ``name``) against ``limits``'
+    ``num_microbatches``, ``min_microbatches`` and ``microbatch_multiple`` (a ``PlanOptions``,
+    or a ``ContextParallelPlan`` that records them)."""
+    if m < 1:
+        raise PlanValidationError(f"{name} = {m}, must be >= 1")
+    if limits.num_microbatches is not None and m != limits.num_microbatches:
+        raise PlanValidationError(
+            f"{name} = {m}, but num_microbatches = {limits.num_microbatches} was asked"
+        )
+    if m < limits.min_microbatches:
+        raise PlanValidationError(
+            f"{name} = {m} is below min_microbatches = {limits.min_microbatches}"
+        )
+    if m % limits.microbatch_multiple:
+        raise PlanValidationError(
+            f"{name} = {m} is not a multiple of microbatch_multiple = {limits.microbatch_multiple}"
+        )
 
 
 def _malformed(kind: str, error: Exception) -> str:
