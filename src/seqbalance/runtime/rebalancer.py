@@ -46,6 +46,7 @@ from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import vision_patches_of
+from seqbalance.runtime._caps import first_over_cap
 from seqbalance.runtime._dist import CollectiveError, Comm
 from seqbalance.runtime._samples import (
     InputForm,
@@ -579,20 +580,18 @@ class Rebalancer:
         # Without parts, a patch cap is refused after the gather, where a rank that forgot its
         # parts shows as a disagreement between ranks.
         patches = None if parts is None else vision_patches_of(parts, self.options)
-        for values, what, cap, option in (
-            (lengths, f"tokens (field {names[column]!r})", self.options.max_tokens, "max_tokens"),
-            (patches, "vision patches", self.options.max_vision_patches, "max_vision_patches"),
-        ):
-            if values is None or cap is None or self.options.allow_oversize:
-                continue
-            over = np.flatnonzero(values > cap)
-            if over.size:
-                i = int(over[0])
-                raise ValueError(
-                    f"samples[{i}] has {int(values[i])} {what}, over {option} = {cap} "
-                    f"({over.size} of this rank's samples are); pass allow_oversize=True to "
-                    "give such a sample a micro-batch of its own"
-                )
+        over = first_over_cap(lengths, patches, self.options)
+        if over is not None:
+            what = (
+                f"tokens (field {names[column]!r})"
+                if over.option == "max_tokens"
+                else "vision patches"
+            )
+            raise ValueError(
+                f"samples[{over.index}] has {over.value} {what}, over {over.option} = {over.cap} "
+                f"({over.count} of this rank's samples are); pass allow_oversize=True to give "
+                "such a sample a micro-batch of its own"
+            )
         # The cost model's checks name the sample: here, this rank's own index.
         evaluate_costs(self.options.cost_model, lengths, parts)
 
