@@ -510,3 +510,112 @@ def test_samplers_on_a_data_parallel_group_give_tensor_parallel_peers_the_same_d
     # The global default splits the replica's data between its two TP ranks: wrong under TP.
     split = [{i for batch in result["sampler_global"] for i in batch} for result in two_ranks]
     assert not split[0] & split[1] and len(split[0] | split[1]) == 40
+
+
+# ---------------------------------------------------------------------- samples with images
+IMAGE_COUNTS = (6, 0, 9)  # rank 1 has no samples and passes no parts
+IMAGE_OPTIONS = {"max_tokens": 110, "max_vision_patches": 80}
+
+
+def _image_rank(rank: int) -> tuple[list[dict[str, torch.Tensor]], Any]:
+    """Rank ``rank``'s image samples: ``input_ids`` and ``pixel_values`` (one row per patch,
+    ``[rank, sample, image, row]``: every row says where it belongs) and their parts."""
+    from _parts import image_parts
+
+    rng = np.random.default_rng(50 + rank)
+    parts = image_parts(rng, rng.integers(1, 60, IMAGE_COUNTS[rank]), max_images=2)
+    samples = []
+    for i in range(len(parts)):
+        rows = [
+            torch.tensor([[rank, i, k, row] for row in range(int(np.prod(grid)))])
+            for k, grid in enumerate(parts.grid_thw[parts.image_sample == i])
+        ]
+        samples.append(
+            {
+                "input_ids": torch.arange(int(parts.tokens[i])),
+                "pixel_values": torch.cat(rows).float() if rows else torch.zeros(0, 4),
+            }
+        )
+    return samples, parts
+
+
+def _image_steps(rank: int, world_size: int) -> dict[str, Any]:
+    from _parts import TINY_VLM
+
+    samples, parts = _image_rank(rank)
+    rebalancer = Rebalancer(
+        timeout=timedelta(seconds=20), length_key="input_ids", cost=TINY_VLM, **IMAGE_OPTIONS
+    )
+    result = rebalancer.rebalance(samples, parts=parts if samples else None)
+    flat = [s for mb in result.microbatches for s in mb]
+    per_token = [
+        s["input_ids"].double() + 1e6 * float(o[0])
+        for s, o in zip(flat, result.origin, strict=True)
+    ]
+    out: dict[str, Any] = {
+        "microbatches": result.microbatches,
+        "parts": [p.to_dict() for p in result.parts],
+        "global_indices": [mb.tolist() for mb in result.global_indices],
+        "origin": result.origin,
+        "restored": result.restore(per_token),
+    }
+    # Rank 2 forgets its parts: the same ValueError everywhere, before anything moves.
+    try:
+        rebalancer.rebalance(samples, parts=parts if rank != 2 else None)
+        out["disagree"] = None
+    except ValueError as error:
+        out["disagree"] = str(error)
+    return out
+
+
+def test_image_samples_rebalance_under_a_patch_cap(tmp_path: Path) -> None:
+    from seqbalance.cost import SampleParts
+
+    results = ok(launch(tmp_path, WORLD, _image_steps))
+    ranks = [_image_rank(rank) for rank in range(WORLD)]
+    combined = SampleParts.concatenate([parts for _, parts in ranks if len(parts)])
+    # Both caps bind: without either, some micro-batch would exceed it.
+    for cap in ("max_tokens", "max_vision_patches"):
+        loose = plan_step(combined, WORLD, cost="tokens", **{**IMAGE_OPTIONS, cap: None})
+        over = [
+            int(loose.lengths[mb].sum()) > 110 or int(loose.vision_patches[mb].sum()) > 80
+            for r in loose.ranks
+            for mb in r
+        ]
+        assert any(over), cap
+    seen = []
+    for rank, out in enumerate(results):
+        assert len(out["parts"]) == len(out["microbatches"]) == len(out["global_indices"])
+        position = 0
+        for batch, data, indices in zip(
+            out["microbatches"], out["parts"], out["global_indices"], strict=True
+        ):
+            parts = SampleParts.from_dict(data)
+            assert parts == combined.take(indices)  # the micro-batch's samples, in order
+            tokens = [s["input_ids"].shape[0] for s in batch]
+            pixels = [s["pixel_values"].shape[0] for s in batch]
+            assert parts.tokens.tolist() == tokens
+            assert parts.vision_patches.tolist() == pixels
+            assert sum(tokens) <= 110 and sum(pixels) <= 80  # both caps, from what arrived
+            for k, sample in enumerate(batch):
+                origin_rank, origin_index = out["origin"][position + k].tolist()
+                rows = sample["pixel_values"]
+                assert (rows[:, :2] == torch.tensor([origin_rank, origin_index])).all()
+                # The sample's images, in order: grid_thw rows match its pixel rows.
+                grids = parts.grid_thw[parts.image_sample == k]
+                expected = [j for j, grid in enumerate(grids) for _ in range(int(np.prod(grid)))]
+                assert rows[:, 2].long().tolist() == expected
+                seen.append((origin_rank, origin_index))
+            position += len(batch)
+        assert position == out["origin"].shape[0]
+        # Outputs go back to their origin, in origin order.
+        local, _ = ranks[rank]
+        assert len(out["restored"]) == len(local)
+        for sample, restored in zip(local, out["restored"], strict=True):
+            assert torch.equal(restored, sample["input_ids"].double() + 1e6 * rank)
+    assert sorted(seen) == [(r, i) for r in range(WORLD) for i in range(IMAGE_COUNTS[r])]
+    messages = {out["disagree"] for out in results}
+    assert messages == {
+        "ranks disagree on passing parts: rank(s) [0] passed parts, rank(s) [2] did not; "
+        "every rank with samples passes parts, or none does"
+    }

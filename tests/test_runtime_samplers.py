@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from _parts import TINY_HSTU, TINY_VLM, hstu_parts, image_parts
 from hypothesis import given
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from seqbalance.cost import SampleParts  # noqa: E402
 from seqbalance.plan import plan_epoch  # noqa: E402
 from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler  # noqa: E402
 
@@ -350,10 +354,131 @@ def test_load_state_dict_rejects_wrong_types_and_formats() -> None:
 
 
 def test_state_dict_is_plain_json() -> None:
-    import json
-
     sampler = BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1, cost="flops")
     state = json.loads(json.dumps(_resume_point(lambda: sampler, consumed=1)))
     resumed = BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1, cost="flops")
     resumed.load_state_dict(state)
     assert list(resumed) == list(sampler)[1:]
+
+
+# ---------------------------------------------------------------------- samples with parts
+def _image_dataset(n: int = 60, seed: int = 7) -> SampleParts:
+    rng = np.random.default_rng(seed)
+    return image_parts(rng, rng.integers(1, 200, n))
+
+
+PATCH_OPTIONS = {"cost": TINY_VLM, "max_tokens": 1500, "max_vision_patches": 250}
+
+
+def _parts_sampler(parts: SampleParts, rank: int = 0, **changes) -> BalancedBatchSampler:
+    settings = {"dp_rank": rank, "dp_size": 2, "seed": 4, **PATCH_OPTIONS, **changes}
+    return BalancedBatchSampler(parts, 12, **settings)
+
+
+def test_balanced_sampler_plans_parts_as_plan_epoch_does() -> None:
+    parts = _image_dataset()
+    plan = plan_epoch(parts, 12, 2, seed=4, epoch=3, **PATCH_OPTIONS)
+    seen = []
+    for rank in range(2):
+        sampler = _parts_sampler(parts, rank)
+        sampler.set_epoch(3)
+        expected = [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, rank)]
+        assert list(sampler) == expected
+        assert sampler.microbatches_per_step() == [step.n_microbatches for step in plan.steps]
+        assert [step.sample_costs.tolist() for step in sampler.epoch_plan().steps] == [
+            step.sample_costs.tolist() for step in plan.steps
+        ]
+        for batch in sampler:
+            seen += batch
+            assert parts.tokens[batch].sum() <= 1500
+            assert parts.vision_patches[batch].sum() <= 250  # dataset indices: both caps hold
+    assert sorted(seen) == list(range(len(parts)))
+    # The patch cap binds: without it the same epoch needs fewer micro-batches.
+    uncapped = _parts_sampler(parts, max_vision_patches=None)
+    uncapped.set_epoch(3)
+    assert len(uncapped) < len(sampler)
+
+
+def test_parts_are_checked_at_construction_naming_the_dataset_index() -> None:
+    parts = SampleParts.from_grid_thw(
+        [5, 5, 5], [[1, 4, 4], [1, 20, 40], [2, 4, 4]], [0, 1, 2], spatial_merge_size=2
+    )
+    assert parts.vision_patches.tolist() == [16, 800, 32]
+    with pytest.raises(ValueError, match=r"vision_patches\[1\] = 800 exceeds max_vision_patches"):
+        _parts_sampler(parts)
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 205 exceeds max_tokens = 100"):
+        _parts_sampler(parts, max_tokens=100)
+    _parts_sampler(parts, allow_oversize=True, allow_empty=True)
+    with pytest.raises(ValueError, match="max_vision_patches = 250 needs samples that describe"):
+        BalancedBatchSampler(parts.tokens, 2, dp_rank=0, dp_size=1, max_vision_patches=250)
+    with pytest.raises(ValueError, match="would ignore the parts' images"):
+        BalancedBatchSampler(parts, 2, dp_rank=0, dp_size=1, cost="flops")
+    with pytest.raises(ValueError, match="layout='padded' cannot plan samples with images"):
+        BalancedBatchSampler(parts, 2, dp_rank=0, dp_size=1, layout="padded", micro_batch_size=2)
+    with pytest.raises(ValueError, match=r"LengthGroupedSampler .* lengths=parts\.tokens"):
+        LengthGroupedSampler(parts, 2, dp_rank=0, dp_size=1)
+    # Plain lengths are checked at construction too, by dataset index.
+    with pytest.raises(ValueError, match=r"lengths\[2\] = 900 exceeds max_tokens = 800"):
+        BalancedBatchSampler([10, 20, 900], 2, dp_rank=0, dp_size=1, max_tokens=800)
+
+
+def test_hstu_parts_plan_with_the_hstu_model() -> None:
+    parts = hstu_parts(np.random.default_rng(2), 40)
+    sampler = BalancedBatchSampler(parts, 10, dp_rank=1, dp_size=2, cost=TINY_HSTU)
+    plan = plan_epoch(parts, 10, 2, cost=TINY_HSTU)
+    expected = [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, 1)]
+    assert list(sampler) == expected
+
+
+def test_resume_with_parts_is_exact() -> None:
+    parts = _image_dataset()
+    sampler = _parts_sampler(parts, rank=1)
+    sampler.set_epoch(1)
+    full = list(sampler)
+    iterator = iter(sampler)
+    consumed = [next(iterator) for _ in range(3)]
+    state = json.loads(json.dumps(sampler.state_dict()))
+    assert len(state["setup"]["parts"]) == 64  # a SHA-256 of the parts
+    resumed = _parts_sampler(parts, rank=1)
+    resumed.load_state_dict(state)
+    assert consumed + list(resumed) == full
+
+
+def test_a_state_of_plain_lengths_is_refused_with_parts_and_the_other_way_round() -> None:
+    parts = _image_dataset()
+    options = {"dp_rank": 0, "dp_size": 2, "seed": 4, "max_tokens": 1500}
+    with_parts = lambda: BalancedBatchSampler(parts, 12, **options)  # noqa: E731
+    plain = lambda: BalancedBatchSampler(parts.tokens, 12, **options)  # noqa: E731
+    # Same tokens, same options, so only the parts tell the two setups apart.
+    assert "changed: parts (sha256 null saved, " in _refusal(plain, with_parts)
+    assert " saved, null now)" in _refusal(with_parts, plain)
+    # Same tokens and patches, images transposed (h and w swapped): refused too.
+    moved = SampleParts(
+        tokens=parts.tokens,
+        grid_thw=parts.grid_thw[:, [0, 2, 1]],
+        image_sample=parts.image_sample,
+        spatial_merge_size=parts.spatial_merge_size,
+    )
+    assert moved != parts and np.array_equal(moved.vision_patches, parts.vision_patches)
+    message = _refusal(with_parts, lambda: BalancedBatchSampler(moved, 12, **options))
+    assert "changed: parts (sha256" in message and "lengths" not in message
+
+
+def test_a_state_of_plain_lengths_keeps_its_setup() -> None:
+    """Resume states saved before parts existed name exactly these entries: they still load."""
+    state = BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1).state_dict()
+    assert list(state["setup"]) == [
+        "sampler",
+        "num_samples",
+        "lengths",
+        "seed",
+        "drop_last",
+        "dp_rank",
+        "dp_size",
+        "groups",
+        "options",
+        "global_batch_size",
+        "shuffle",
+        "bucket_window",
+    ]
+    assert "max_vision_patches" not in state["setup"]["options"]["values"]

@@ -6,10 +6,13 @@ import itertools
 
 import numpy as np
 import pytest
+from _parts import TINY_VLM, image_parts
 from _profiles import examples
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from seqbalance.cost import SampleParts
+from seqbalance.plan import plan_step
 from seqbalance.runtime.window import WindowBalancer
 
 
@@ -179,3 +182,94 @@ def test_empty_slots_are_allowed_only_when_a_step_needs_them() -> None:
     assert dispatch.plan.options.allow_empty and dispatch.plan.n_microbatches == 2
     balancer.push([900, 900, 100])
     assert not balancer.dispatch().plan.options.allow_empty
+
+
+# ---------------------------------------------------------------------- samples with parts
+@settings(max_examples=examples(60))
+@given(
+    data=st.data(),
+    dp_size=st.integers(1, 3),
+    batch_size=st.integers(1, 8),
+    seed=st.integers(0, 2**16),
+)
+def test_parts_follow_their_samples_and_both_caps_hold(data, dp_size, batch_size, seed) -> None:
+    rng = np.random.default_rng(seed)
+    n = data.draw(st.integers(0, 40))
+    stream = image_parts(rng, rng.integers(1, 60, n))  # up to 3 images, 384 patches
+    chunks = data.draw(st.lists(st.integers(1, 2 * batch_size), min_size=1, max_size=10))
+    # Samples over the patch cap are allowed (each gets a micro-batch of its own).
+    caps = {"max_tokens": 300, "max_vision_patches": 128, "allow_oversize": True}
+    balancer = WindowBalancer(dp_size, batch_size, cost=TINY_VLM, **caps)
+    dispatches, pushed = [], 0
+    for size in itertools.cycle(chunks):
+        if pushed == n:
+            break
+        take = min(size, n - pushed, balancer.window - len(balancer))
+        balancer.push(stream.take(np.arange(pushed, pushed + take)))
+        pushed += take
+        if balancer.ready():
+            dispatches.append(balancer.dispatch())
+    dispatches += balancer.flush()
+
+    ids = np.concatenate([d.ids for d in dispatches]) if dispatches else np.zeros(0, np.int64)
+    assert sorted(ids.tolist()) == list(range(n))  # every sample exactly once
+    for dispatch in dispatches:
+        assert dispatch.parts == stream.take(dispatch.ids)  # parts by plan position
+        assert np.array_equal(dispatch.lengths, stream.tokens[dispatch.ids])
+        plan = dispatch.plan
+        assert np.array_equal(plan.vision_patches, stream.vision_patches[dispatch.ids])
+        plan.validate()
+        tokens_only = plan_step(dispatch.lengths, dp_size, max_tokens=300, allow_empty=True)
+        if plan.n_microbatches > tokens_only.n_microbatches:
+            event("the patch cap needs more micro-batches than the token cap")
+        for rank in range(dp_size):
+            for ids_, parts in zip(dispatch.rank_ids(rank), dispatch.rank_parts(rank), strict=True):
+                assert parts == stream.take(ids_)
+                if len(parts) > 1:  # within both caps, or a lone sample over one
+                    assert parts.tokens.sum() <= 300
+                    assert parts.vision_patches.sum() <= 128
+
+
+def test_the_patch_cap_splits_a_step_that_tokens_alone_would_not() -> None:
+    # Two samples of 20 tokens, each with one 8 x 8 image (64 patches, 16 vision tokens).
+    parts = SampleParts.from_grid_thw([4, 4], [[1, 8, 8]] * 2, [0, 1], spatial_merge_size=2)
+    assert parts.tokens.tolist() == [20, 20] and parts.vision_patches.tolist() == [64, 64]
+    plain = WindowBalancer(1, 2, window=2, max_delay=0, max_tokens=100)
+    plain.push(parts.tokens)
+    assert plain.dispatch().plan.n_microbatches == 1
+    capped = WindowBalancer(1, 2, window=2, max_delay=0, max_tokens=100, max_vision_patches=100)
+    capped.push(parts)
+    dispatch = capped.dispatch()
+    assert dispatch.plan.n_microbatches == 2
+    assert [p.vision_patches.tolist() for p in dispatch.rank_parts(0)] == [[64], [64]]
+    assert [p.grid_thw.tolist() for p in dispatch.rank_parts(0)] == [[[1, 8, 8]]] * 2
+
+
+def test_parts_are_checked_at_push_and_nothing_is_buffered_on_refusal() -> None:
+    images = SampleParts.from_grid_thw(
+        [5, 5], [[1, 4, 4], [1, 20, 40]], [0, 1], spatial_merge_size=2
+    )
+    balancer = WindowBalancer(2, 2, max_vision_patches=600, cost=TINY_VLM)
+    with pytest.raises(ValueError, match=r"vision_patches\[1\] = 800 \(id 1\) exceeds max_vision"):
+        balancer.push(images)
+    with pytest.raises(ValueError, match="max_vision_patches = 600 needs samples that describe"):
+        balancer.push([5, 5])
+    assert len(balancer) == 0
+    balancer.push(images.take([0]))
+    with pytest.raises(ValueError, match=r"push parts .* with every sample or with none"):
+        balancer.push([3])
+    other_merge = SampleParts.from_grid_thw([5], [[1, 3, 3]], [0], spatial_merge_size=3)
+    with pytest.raises(ValueError, match="parts cannot join the buffered samples' parts"):
+        balancer.push(other_merge)
+    assert len(balancer) == 1
+    lengths_stream = WindowBalancer(2, 2)
+    lengths_stream.push([3])
+    with pytest.raises(ValueError, match=r"push parts .* with every sample or with none"):
+        lengths_stream.push(images.take([0]))
+    with pytest.raises(ValueError, match="would ignore the parts' images"):
+        WindowBalancer(2, 2, cost="flops").push(images)
+    WindowBalancer(2, 2, max_vision_patches=600, allow_oversize=True).push(images)
+    plain = WindowBalancer(1, 1, window=1, max_delay=0)
+    plain.push([4])
+    with pytest.raises(ValueError, match="no parts were pushed"):
+        plain.dispatch().rank_parts(0)

@@ -1,6 +1,7 @@
 """Adversarial: sampler resume points at random positions, resumed with the same or altered
 settings. Either every sample of the epoch is trained exactly once (consumed before the
-checkpoint + yielded after it, over all ranks), or ``load_state_dict`` raises ValueError."""
+checkpoint + yielded after it, over all ranks), or ``load_state_dict`` raises ValueError.
+Some settings give the samples as ``SampleParts`` with images (and sometimes a patch cap)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+from _parts import TINY_VLM, image_parts
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +31,12 @@ ALTERATIONS = {
     "objective": lambda s: {
         **s,
         "objective": "lockstep" if s["objective"] == "step" else "step",
+    },
+    # Parts added, or taken away (with the patch cap, which needs them).
+    "parts": lambda s: {
+        **s,
+        "parts_seed": 0 if s["parts_seed"] is None else None,
+        "max_vision_patches": None,
     },
 }
 
@@ -57,6 +65,15 @@ def balanced_settings(draw: st.DrawFn) -> dict[str, Any]:
         "max_tokens": draw(st.sampled_from([None, 800])),
         "cost": draw(st.sampled_from(["tokens", "flops"])),
         "objective": draw(st.sampled_from(["step", "lockstep"])),
+        **draw(
+            st.sampled_from([{"parts_seed": None, "max_vision_patches": None}])
+            | st.fixed_dictionaries(
+                {
+                    "parts_seed": st.integers(0, 3),
+                    "max_vision_patches": st.sampled_from([None, 400]),
+                }
+            )
+        ),
     }
 
 
@@ -67,6 +84,12 @@ def _samplers(settings: dict[str, Any]) -> list[BalancedBatchSampler]:
         values.pop("global_batch_size"),
         values.pop("dp_size"),
     )
+    parts_seed = values.pop("parts_seed")
+    if parts_seed is not None:
+        # Each sample: its drawn length as text plus 0..3 images of at most 384 patches in all
+        # (within the 400-patch cap), costed with the images when the cost is FLOPs.
+        lengths = image_parts(np.random.default_rng(parts_seed), np.asarray(lengths))
+        values["cost"] = TINY_VLM if values["cost"] == "flops" else "tokens"
     return [
         BalancedBatchSampler(lengths, batch, dp_rank=r, dp_size=dp, allow_empty=True, **values)
         for r in range(dp)

@@ -3,9 +3,10 @@
 Two kinds of message:
 
 * a *description* (``encode`` / ``decode``): a JSON header (this rank's sample count, field
-  schema, error, settings) followed by an int64 table with one row per sample (the first-dim
-  size of each field, then optional extra columns such as the group id). Every rank
-  all-gathers every rank's description before anything else moves.
+  schema, error, settings, and its samples' ``SampleParts`` as ``to_dict()`` or null) followed
+  by an int64 table with one row per sample (the first-dim size of each field, then optional
+  extra columns such as the group id). Every rank all-gathers every rank's description before
+  anything else moves.
 * a *payload* (``pack`` / ``unpack``): the raw bytes of the tensors that change rank,
   concatenated sample by sample and field by field, exchanged with one ``all_to_all_single``.
 
@@ -25,9 +26,10 @@ import torch
 
 __all__ = ["WIRE_VERSION", "Field", "decode", "encode", "pack", "sample_bytes", "unpack"]
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 """Changes whenever the description layout changes: ranks running different seqbalance
-versions then fail with a clear message instead of misreading each other."""
+versions then fail with a clear message instead of misreading each other. 2: the header
+carries the samples' parts."""
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,12 @@ For data whose lengths are only known inside the training loop (RL rollouts, on-
 packing), :class:`Rebalancer` runs, on every rank of a process group:
 
 1. *gather*: one ``all_gather`` of every rank's description (sample count, per-field row counts,
-   field schema, its settings' fingerprint, any input error; ``seqbalance.runtime._wire``). Ranks
-   whose options, ``keep_local``, ``length_key`` or world size differ, and input errors on any
-   rank, make every rank raise the same ``ValueError`` here, before any sample moves;
+   field schema, its settings' fingerprint, its samples' ``SampleParts`` when given, any input
+   error; ``seqbalance.runtime._wire``). Ranks whose options, ``keep_local``, ``length_key`` or
+   world size differ, ranks that disagree on passing parts, and input errors on any rank, make
+   every rank raise the same ``ValueError`` here, before any sample moves;
 2. *plan*: the identical :func:`seqbalance.plan.plan_step` over the concatenation (rank 0's
-   samples first) on every rank;
+   samples first, and their parts concatenated in the same order) on every rank;
 3. *route*: :func:`seqbalance.runtime.routing.route` relabels the plan's rank slots to keep as
    many bytes as possible where they are, and says who sends which samples to whom;
 4. *exchange*: one ``all_to_all_single`` of a byte buffer with per-rank split sizes, carrying
@@ -42,7 +43,10 @@ import torch
 
 from seqbalance._validation import as_group_ids, check_bool
 from seqbalance.cost.resolve import evaluate_costs
+from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
+from seqbalance.plan.step import vision_patches_of
+from seqbalance.runtime._caps import first_over_cap
 from seqbalance.runtime._dist import CollectiveError, Comm
 from seqbalance.runtime._samples import (
     InputForm,
@@ -78,6 +82,34 @@ def _raise_first_error(headers: Sequence[dict[str, Any]]) -> None:
             raise ValueError(f"rank {rank}: {header['error']}")
 
 
+def _combined_parts(headers: Sequence[dict[str, Any]]) -> SampleParts | None:
+    """Every rank's parts in rank order (the order of the global indices), or None when the
+    ranks passed none.
+
+    Raises:
+        ValueError: ranks with samples disagree on passing parts, or their parts cannot be
+            concatenated (another ``spatial_merge_size``, HSTU fields on some ranks only).
+    """
+    with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
+    passed = [rank for rank, h in with_samples if h["parts"] is not None]
+    if len(passed) not in (0, len(with_samples)):
+        without = [rank for rank, h in with_samples if h["parts"] is None]
+        raise ValueError(
+            f"ranks disagree on passing parts: rank(s) {passed} passed parts, rank(s) "
+            f"{without} did not; every rank with samples passes parts, or none does"
+        )
+    if not with_samples:
+        # No samples anywhere: parts are given when any rank passed (empty) ones.
+        given = any(h["parts"] is not None for h in headers)
+        return SampleParts(tokens=np.zeros(0, dtype=np.int64)) if given else None
+    if not passed:
+        return None
+    try:
+        return SampleParts.concatenate([SampleParts.from_dict(h["parts"]) for _, h in with_samples])
+    except ValueError as error:
+        raise ValueError(f"the ranks' parts cannot be planned together: {error}") from None
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -101,6 +133,7 @@ class _Batch:
     groups: np.ndarray | None  # [total] group ids
     fields: list[Field]
     form: InputForm
+    parts: SampleParts | None  # [total] every rank's parts in rank order, when passed
 
     @property
     def offsets(self) -> np.ndarray:
@@ -132,6 +165,9 @@ class RebalanceResult:
             ``k``-th sample of this rank (micro-batch order, flattened) came from.
         global_indices: the same samples' positions in the concatenation of all ranks'
             inputs (what ``plan`` indexes), one array per micro-batch.
+        parts: when the ranks passed ``parts``, one :class:`seqbalance.cost.SampleParts` per
+            micro-batch, its samples in micro-batch order (``parts[j].grid_thw`` are the images
+            of micro-batch ``j``, ``image_sample`` their positions in it); else ``None``.
         plan: the step's plan (``None`` when no rank had a sample).
         plan_rank: the plan slot this rank runs (``plan.ranks[plan_rank]``).
         sent_samples, sent_bytes, received_samples, received_bytes: this rank's traffic.
@@ -142,6 +178,7 @@ class RebalanceResult:
     microbatches: list[Any]
     origin: np.ndarray
     global_indices: list[np.ndarray]
+    parts: list[SampleParts] | None
     plan: StepPlan | None
     plan_rank: int
     sent_samples: int
@@ -325,6 +362,7 @@ class Rebalancer:
         *,
         cu_seqlens: torch.Tensor | None = None,
         groups: Any = None,
+        parts: SampleParts | None = None,
     ) -> Future[RebalanceResult]:
         """Start :meth:`rebalance` on a background thread; returns a ``Future`` of its result.
 
@@ -346,7 +384,7 @@ class Rebalancer:
             )
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix=_WORKER_PREFIX)
-        return self._worker.submit(self._rebalance, samples, cu_seqlens, groups)
+        return self._worker.submit(self._rebalance, samples, cu_seqlens, groups, parts)
 
     def close(self) -> None:
         """Stop the worker thread of :meth:`rebalance_async` (after pending calls finish)."""
@@ -360,8 +398,28 @@ class Rebalancer:
         *,
         cu_seqlens: torch.Tensor | None = None,
         groups: Any = None,
+        parts: SampleParts | None = None,
     ) -> RebalanceResult:
         """Plan this step over all ranks' samples and move them; a collective on every rank.
+
+        Samples with images: pass their :class:`seqbalance.cost.SampleParts` as ``parts``, so
+        the plan sees each sample's images (``max_vision_patches``, a cost model that
+        ``accepts_parts`` such as ``VisionLanguageFlopsModel``) and ``result.parts`` gives each
+        micro-batch's ``grid_thw``. Pixel values travel as an ordinary sample field whose first
+        dimension is the sample's patches (its images' ``t·h·w`` rows one after the other, as
+        the Qwen2.5-VL processor flattens them; ``[0, ...]`` for a sample without images). The
+        packed form splits every field at the same ``cu_seqlens``, so use the list form, and
+        name the token field with ``length_key``::
+
+            rebalancer = Rebalancer(length_key="input_ids", cost=vlm_flops, max_tokens=16384,
+                                    max_vision_patches=32768)
+            samples = [{"input_ids": ids, "pixel_values": pixels}, ...]  # pixels: [t·h·w, C·p²]
+            parts = SampleParts(tokens=[ids.shape[0], ...], grid_thw=grid, image_sample=owner,
+                                spatial_merge_size=2)
+            result = rebalancer.rebalance(samples, parts=parts)
+            for batch, batch_parts in zip(result.microbatches, result.parts):
+                pixels = torch.cat([sample["pixel_values"] for sample in batch])
+                image_grid_thw = torch.tensor(batch_parts.grid_thw)  # in the rows' order
 
         Args:
             samples: a list of samples (each a dict of tensors whose first dimension is the
@@ -371,28 +429,37 @@ class Rebalancer:
             cu_seqlens: sample boundaries of packed ``samples``.
             groups: optional, one integer per local sample (same ids on every rank): samples
                 of a group stay on one rank.
+            parts: optional, this rank's samples' ``SampleParts``, one entry per local sample in
+                order; ``parts.tokens`` must equal each sample's length (the ``length_key``
+                field's first dimension). Every rank with samples passes parts, or none does (a
+                rank without samples may pass ``None``).
 
         Returns:
             This rank's :class:`RebalanceResult`.
 
         Raises:
-            ValueError: on every rank, before any sample moves: the ranks' settings differ, or
-                any rank's input is bad (the message names the rank and its local sample
-                index), or the step cannot be planned.
+            ValueError: on every rank, before any sample moves: the ranks' settings differ,
+                ranks with samples disagree on passing ``parts``, any rank's input is bad (the
+                message names the rank and its local sample index: a malformed sample, parts
+                whose tokens differ from the samples' lengths, a sample over ``max_tokens`` or
+                ``max_vision_patches``, a cost the cost model rejects), or the step cannot be
+                planned.
             CollectiveError: a peer failed or did not call within the timeout.
         """
         if self._worker is not None and not _on_worker_thread():
-            return self.rebalance_async(samples, cu_seqlens=cu_seqlens, groups=groups).result()
-        return self._rebalance(samples, cu_seqlens, groups)
+            return self.rebalance_async(
+                samples, cu_seqlens=cu_seqlens, groups=groups, parts=parts
+            ).result()
+        return self._rebalance(samples, cu_seqlens, groups, parts)
 
     # ------------------------------------------------------------------ the four phases
     def _rebalance(
-        self, samples: Any, cu_seqlens: torch.Tensor | None, groups: Any
+        self, samples: Any, cu_seqlens: torch.Tensor | None, groups: Any, parts: Any
     ) -> RebalanceResult:
         comm = Comm(self.group, self.timeout)
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        local, header, table = self._describe(samples, cu_seqlens, groups, comm.world_size)
+        local, header, table = self._describe(samples, cu_seqlens, groups, parts, comm.world_size)
         batch = self._gather(comm, header, table, local)
         timings["gather"] = time.perf_counter() - started
 
@@ -425,6 +492,7 @@ class Rebalancer:
             ],
             origin=np.stack([origin, flat - offsets[origin]], axis=1),
             global_indices=mine,
+            parts=None if batch.parts is None else [batch.parts.take(mb) for mb in mine],
             plan=plan,
             plan_rank=slot,
             sent_samples=int(forward.sends(me).size),
@@ -439,7 +507,12 @@ class Rebalancer:
         )
 
     def _describe(
-        self, samples: Any, cu_seqlens: torch.Tensor | None, groups: Any, world_size: int
+        self,
+        samples: Any,
+        cu_seqlens: torch.Tensor | None,
+        groups: Any,
+        parts: Any,
+        world_size: int,
     ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray]:
         """This rank's samples and its description for the gather (errors travel in it)."""
         header: dict[str, Any] = {
@@ -453,9 +526,11 @@ class Rebalancer:
         try:
             local = normalise(samples, cu_seqlens)
             group_ids = None if groups is None else as_group_ids(groups, len(local.samples))
-            self._check_lengths(local)
+            self._check_lengths(local, parts)
         except ValueError as error:
-            header.update(error=str(error), n=0, fields=[], groups=False, form="list_dict")
+            header.update(
+                error=str(error), n=0, fields=[], groups=False, form="list_dict", parts=None
+            )
             return [], header, np.zeros(0, dtype=np.int64)
         table = np.array(
             [[t.shape[0] for t in sample] for sample in local.samples], dtype=np.int64
@@ -468,32 +543,57 @@ class Rebalancer:
             fields=[f.to_json() for f in local.fields],
             groups=group_ids is not None,
             form=local.form.value,
+            parts=None if parts is None else parts.to_dict(),
         )
         return local.samples, header, table
 
-    def _check_lengths(self, local: LocalSamples) -> None:
-        """Local checks of the sample lengths and costs, so that an error names this rank's
-        own sample index rather than an index into the gathered batch.
+    def _check_lengths(self, local: LocalSamples, parts: Any) -> None:
+        """Local checks of the sample lengths, parts and costs, so that an error names this
+        rank's own sample index rather than an index into the gathered batch.
 
         A ``length_key`` missing from the fields is reported after the gather instead, against
         the schema the ranks agree on (a schema that differs between ranks is the real error).
         """
+        if parts is not None:
+            if not isinstance(parts, SampleParts):
+                raise ValueError(
+                    f"parts must be a SampleParts (one entry per local sample) or None, got "
+                    f"{type(parts).__name__}"
+                )
+            if len(parts) != len(local.samples):
+                raise ValueError(
+                    f"parts hold {len(parts)} samples, but this rank passed "
+                    f"{len(local.samples)}: one entry per local sample, in order"
+                )
         names = [f.name for f in local.fields]
         if not local.samples or (self.length_key is not None and self.length_key not in names):
             return
         column = self._length_column(local.fields)
         lengths = np.array([sample[column].shape[0] for sample in local.samples], dtype=np.int64)
-        cap = self.options.max_tokens
-        over = np.flatnonzero(lengths > cap) if cap is not None else np.zeros(0, np.int64)
-        if over.size and not self.options.allow_oversize:
-            i = int(over[0])
+        if parts is not None and (parts.tokens != lengths).any():
+            i = int(np.flatnonzero(parts.tokens != lengths)[0])
             raise ValueError(
-                f"samples[{i}] has {int(lengths[i])} tokens (field {names[column]!r}), over "
-                f"max_tokens = {cap} ({over.size} of this rank's samples are); pass "
-                "allow_oversize=True to give such a sample a micro-batch of its own"
+                f"parts.tokens[{i}] = {int(parts.tokens[i])}, but samples[{i}] has "
+                f"{int(lengths[i])} tokens (field {names[column]!r}): parts must describe this "
+                "rank's samples, in order"
+            )
+        # Without parts, a patch cap is refused after the gather, where a rank that forgot its
+        # parts shows as a disagreement between ranks.
+        patches = None if parts is None else vision_patches_of(parts, self.options)
+        over = first_over_cap(lengths, patches, self.options)
+        if over is not None:
+            what = (
+                f"tokens (field {names[column]!r})"
+                if over.option == "max_tokens"
+                else "vision patches"
+            )
+            raise ValueError(
+                f"samples[{over.index}] has {over.value} {what}, over {over.option} = {over.cap} "
+                f"({over.count} of this rank's samples are); pass allow_oversize=True to give "
+                "such a sample a micro-batch of its own"
             )
         # The cost model's checks name the sample: here, this rank's own index.
-        evaluate_costs(self.options.cost_model, lengths)
+        evaluate_costs(self.options.cost_model, lengths, parts)
 
     def _length_column(self, fields: list[Field]) -> int:
         if self.length_key is None:
@@ -544,6 +644,7 @@ class Rebalancer:
             groups=full[:, len(fields)] if reference["groups"] else None,
             fields=fields,
             form=form,
+            parts=_combined_parts(headers),
         )
 
     def _check_settings(self, comm: Comm, headers: list[dict[str, Any]]) -> None:
@@ -577,8 +678,15 @@ class Rebalancer:
         from seqbalance.plan import plan_step
 
         lengths = batch.rows[:, self._length_column(batch.fields)]
+        if batch.parts is None and self.options.max_vision_patches is not None:
+            raise ValueError(
+                f"max_vision_patches = {self.options.max_vision_patches} needs the samples' "
+                "images: pass parts=SampleParts(...) with grid_thw, image_sample and "
+                "spatial_merge_size on every rank with samples"
+            )
+        samples = lengths if batch.parts is None else batch.parts  # parts.tokens == lengths
         try:
-            return plan_step(lengths, world_size, self.options, groups=batch.groups)
+            return plan_step(samples, world_size, self.options, groups=batch.groups)
         except ValueError:
             if self.options.allow_empty:
                 raise
@@ -586,7 +694,7 @@ class Rebalancer:
         # micro-batch slots): a rank cannot wait for more samples, so allow them for this step.
         # If that fails too, its error is the one about this step.
         return plan_step(
-            lengths, world_size, self.options.replace(allow_empty=True), groups=batch.groups
+            samples, world_size, self.options.replace(allow_empty=True), groups=batch.groups
         )
 
     @staticmethod

@@ -16,8 +16,9 @@ each of them different data and split every replica's batch ``tp x pp`` ways. ``
 both).
 
 Resuming mid-epoch: ``state_dict()`` records the epoch and how many micro-batches this rank has
-consumed, together with what the layout depends on (a SHA-256 of the lengths and groups, the plan
-options' fingerprint, seed, shuffle settings, batch sizes, data-parallel rank and size);
+consumed, together with what the layout depends on (a SHA-256 of the lengths and groups, and of
+the samples' parts when ``BalancedBatchSampler`` plans a ``SampleParts``; the plan options'
+fingerprint, seed, shuffle settings, batch sizes, data-parallel rank and size);
 ``load_state_dict()`` refuses a resume point from a different setup with a ``ValueError`` naming
 what changed, and otherwise makes the next iteration skip exactly the consumed batches. Each rank
 saves and loads its own state (the ranks' batches differ). A DataLoader with workers pulls indices
@@ -38,7 +39,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
+from seqbalance.cost.resolve import evaluate_costs
+from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
+from seqbalance.plan.step import check_within_caps, vision_patches_of
 
 if TYPE_CHECKING:
     from seqbalance.plan import EpochPlan
@@ -50,6 +54,7 @@ STATE_FORMAT = "seqbalance.SamplerState/1"
 
 _STATE_KEYS = ("format", "epoch", "consumed", "setup")
 _OLDER_NAMES = {"dp_rank": "rank", "dp_size": "world_size"}
+_PARTS_ARRAYS = ("tokens", "grid_thw", "image_sample", "history", "candidates", "contextual")
 
 
 def data_parallel_position(
@@ -136,6 +141,21 @@ def _sha256(array: np.ndarray | None) -> str | None:
     return hashlib.sha256(np.ascontiguousarray(array, dtype="<i8").tobytes()).hexdigest()
 
 
+def _parts_sha256(parts: SampleParts | None) -> str | None:
+    """SHA-256 of every field of ``parts`` (each field's name and shape, then its int64 bytes),
+    or None without parts."""
+    if parts is None:
+        return None
+    digest = hashlib.sha256(f"spatial_merge_size={parts.spatial_merge_size};".encode())
+    for name in _PARTS_ARRAYS:
+        value = getattr(parts, name)
+        shape = None if value is None else list(value.shape)
+        digest.update(f"{name}={shape};".encode())
+        if value is not None:
+            digest.update(np.ascontiguousarray(value, dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
 def _describe_change(name: str, saved: Any, now: Any) -> list[str]:
     """What changed in one setup entry, in words (options are compared option by option)."""
     label = f"{name} ({_OLDER_NAMES[name]})" if name in _OLDER_NAMES else name
@@ -151,7 +171,7 @@ def _describe_change(name: str, saved: Any, now: Any) -> list[str]:
                     for k in changed
                 ]
         return ["options (another PlanOptions fingerprint)"]
-    if name in ("lengths", "groups"):
+    if name in ("lengths", "groups", "parts"):
         return [f"{name} (sha256 {_short(saved)} saved, {_short(now)} now)"]
     return [f"{label} ({_short(saved)} saved, {_short(now)} now)"]
 
@@ -336,7 +356,11 @@ class BalancedBatchSampler(_EpochBatchSampler):
     ``len``) and cached until the epoch changes.
 
     Args:
-        lengths: token length of every dataset sample (``lengths[i]`` for dataset index ``i``).
+        lengths: token length of every dataset sample (``lengths[i]`` for dataset index ``i``),
+            or the samples' :class:`seqbalance.cost.SampleParts` indexed the same way (images
+            as ``grid_thw`` rows with ``image_sample``, or HSTU fields): every step is then
+            planned on the parts of its samples, so ``max_vision_patches`` and a cost model
+            that ``accepts_parts`` see the images (``plan_epoch``).
         global_batch_size: samples per optimizer step across all data-parallel ranks.
         group: the data-parallel process group (module docstring: under tensor or pipeline
             parallelism the global world is the wrong default).
@@ -347,12 +371,19 @@ class BalancedBatchSampler(_EpochBatchSampler):
         drop_last, shuffle, bucket_window, groups: as in :func:`seqbalance.plan.plan_epoch`.
         options: the :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
             ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied
-            on top. Checked here, at construction.
+            on top. Checked here, at construction, together with every sample: against
+            ``max_tokens`` and ``max_vision_patches`` (unless ``allow_oversize``) and through the
+            cost model.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
-        ValueError: a bad argument or option (named), or an ambiguous data-parallel position
-            (:func:`data_parallel_position`).
+        ValueError: a bad argument or option (named), an ambiguous data-parallel position
+            (:func:`data_parallel_position`), a sample over ``max_tokens`` or
+            ``max_vision_patches`` without ``allow_oversize`` (named by its dataset index), a
+            cost the cost model rejects, or parts the options cannot plan (the conditions of
+            :func:`seqbalance.plan.plan_step`: ``max_vision_patches`` without parts that
+            describe images, images or HSTU fields with ``layout="padded"`` or with a cost
+            model that would ignore them).
     """
 
     def __init__(
@@ -373,8 +404,9 @@ class BalancedBatchSampler(_EpochBatchSampler):
         options: PlanOptions | None = None,
         **option_keywords: Any,
     ) -> None:
+        parts = lengths if isinstance(lengths, SampleParts) else None
         super().__init__(
-            lengths,
+            lengths if parts is None else parts.tokens,
             group=group,
             dp_rank=dp_rank,
             dp_size=dp_size,
@@ -383,6 +415,7 @@ class BalancedBatchSampler(_EpochBatchSampler):
             seed=seed,
             drop_last=drop_last,
         )
+        self.parts = parts
         self.global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
         self.options = as_options(options, option_keywords, where="BalancedBatchSampler")
         self.shuffle = check_bool(shuffle, "shuffle")
@@ -390,12 +423,18 @@ class BalancedBatchSampler(_EpochBatchSampler):
             None if bucket_window is None else check_int(bucket_window, "bucket_window", minimum=1)
         )
         self.groups = None if groups is None else as_group_ids(groups, self.lengths.size)
+        # What every step's plan_step would refuse, refused now, naming the dataset index.
+        check_within_caps(self.lengths, vision_patches_of(parts, self.options), self.options)
+        evaluate_costs(self.options.cost_model, self.lengths, parts)
         self._plan_epoch: int | None = None
         self._plan: EpochPlan | None = None
 
     def _setup(self) -> dict[str, Any]:
+        # Parts are recorded only when given, so states of plain lengths keep their setup.
+        parts = {} if self.parts is None else {"parts": _parts_sha256(self.parts)}
         return {
             **super()._setup(),
+            **parts,
             "groups": _sha256(self.groups),
             "options": {
                 "fingerprint": self.options.fingerprint(),
@@ -413,7 +452,7 @@ class BalancedBatchSampler(_EpochBatchSampler):
             from seqbalance.plan import plan_epoch
 
             self._plan = plan_epoch(
-                self.lengths,
+                self.lengths if self.parts is None else self.parts,
                 self.global_batch_size,
                 self.dp_size,
                 self.options,
@@ -461,7 +500,9 @@ class LengthGroupedSampler(_EpochBatchSampler):
     yields the same number of batches, which keeps DDP in lockstep.
 
     Args:
-        lengths: token length of every dataset sample.
+        lengths: token length of every dataset sample (a ``SampleParts`` is refused: this
+            sampler sorts by length alone and would ignore images; pass ``parts.tokens`` to
+            group by tokens, or plan the parts with :class:`BalancedBatchSampler`).
         batch_size: samples per rank and step.
         group, dp_rank, dp_size, rank, world_size: the data-parallel position, as in
             :class:`BalancedBatchSampler`.
@@ -487,6 +528,12 @@ class LengthGroupedSampler(_EpochBatchSampler):
         drop_last: bool = False,
         bucket_size: int | None = None,
     ) -> None:
+        if isinstance(lengths, SampleParts):
+            raise ValueError(
+                "LengthGroupedSampler sorts by token length alone and would ignore the parts' "
+                "images or HSTU fields: pass lengths=parts.tokens, or plan the parts with "
+                "BalancedBatchSampler"
+            )
         super().__init__(
             lengths,
             group=group,

@@ -5,6 +5,10 @@ up to ``window`` of them and, on each dispatch, chooses ``batch_size`` samples t
 across ``dp_size`` ranks. A sample never waits more than ``max_delay`` dispatches: selection is
 earliest-deadline-first for the samples that must go now, and balance-driven for the rest.
 
+Samples may carry parts (images, HSTU fields): push a :class:`seqbalance.cost.SampleParts`
+instead of lengths, and every dispatch is planned on its samples' parts (``max_vision_patches``,
+a cost model that ``accepts_parts``) and hands them back per rank and micro-batch.
+
 Pure Python + numpy: it needs no torch.distributed (run it on the producer, or on every rank
 with the same input stream).
 """
@@ -18,7 +22,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_int
+from seqbalance.cost.resolve import evaluate_costs
+from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
+from seqbalance.plan.step import vision_patches_of
+from seqbalance.runtime._caps import first_over_cap
 
 if TYPE_CHECKING:
     from seqbalance.plan import StepPlan
@@ -37,13 +45,15 @@ class Dispatch:
         ids: the id of each plan position: ``plan.ranks[r][j]`` holds plan positions, so
             ``ids[plan.ranks[r][j]]`` are the ids of rank ``r``'s micro-batch ``j`` (see
             :meth:`rank_ids`).
-        lengths: token length of each plan position.
+        lengths: token length of each plan position (``parts.tokens`` when parts were pushed).
         waited: how many earlier dispatches passed each sample over (``<= max_delay``).
         plan: the step's plan; ``None`` only for the last dispatch of ``flush()`` when its
             samples could not be planned (``unplanned`` says why).
         items: the objects pushed with the samples, if any.
         index: the dispatch's number, from 0.
         unplanned: why ``plan`` is ``None`` (the planner's error), else ``None``.
+        parts: the samples' ``SampleParts`` by plan position, when parts were pushed (see
+            :meth:`rank_parts`); else ``None``.
     """
 
     ids: np.ndarray
@@ -53,6 +63,7 @@ class Dispatch:
     items: list[Any] | None
     index: int
     unplanned: str | None = None
+    parts: SampleParts | None = None
 
     def rank_ids(self, rank: int) -> list[np.ndarray]:
         """Sample ids of each micro-batch of ``rank`` (ValueError: no such rank, or no plan)."""
@@ -63,6 +74,13 @@ class Dispatch:
         if self.items is None:
             raise ValueError("no items were pushed with these samples; use rank_ids instead")
         return [[self.items[int(k)] for k in mb] for mb in self._microbatches(rank)]
+
+    def rank_parts(self, rank: int) -> list[SampleParts]:
+        """Parts of each micro-batch of ``rank``, its samples in ``rank_ids`` order (requires
+        parts at push time): ``rank_parts(r)[j].grid_thw`` are the images of micro-batch ``j``."""
+        if self.parts is None:
+            raise ValueError("no parts were pushed with these samples; use rank_ids instead")
+        return [self.parts.take(mb) for mb in self._microbatches(rank)]
 
     def _microbatches(self, rank: int) -> list[np.ndarray]:
         if self.plan is None:
@@ -143,6 +161,8 @@ class WindowBalancer:
         self._pushed_at: list[int] = []
         self._items: list[Any] = []
         self._has_items: bool | None = None
+        self._has_parts: bool | None = None
+        self._parts: SampleParts | None = None  # the buffered samples' parts, in buffer order
         self._next_id = 0
         self._dispatched = 0
 
@@ -165,17 +185,27 @@ class WindowBalancer:
         """Buffer samples; return their ids (int64).
 
         Args:
-            lengths: token length of each sample (an array, a sequence or any iterable).
+            lengths: token length of each sample (an array, a sequence or any iterable), or
+                the samples' ``SampleParts`` (lengths = ``parts.tokens``): their images or HSTU
+                fields are then planned with them and come back in ``Dispatch.parts``. Push
+                parts with every sample of the stream or with none.
             ids: one id per sample (default: a running counter).
             items: optional, one object per sample (any iterable), handed back with the
                 dispatch.
 
         Raises:
-            ValueError: a bad length or id, mismatched sizes, items with some pushes only, a
-                sample longer than ``max_tokens`` (without ``allow_oversize``: it could never
-                be planned), or a window overflow (dispatch first). Nothing is buffered then.
+            ValueError: a bad length or id, mismatched sizes, items or parts with some pushes
+                only, parts that cannot join the buffered ones (another
+                ``spatial_merge_size``, HSTU fields on some only), a sample over
+                ``max_tokens`` or ``max_vision_patches`` (without ``allow_oversize``: it could
+                never be planned), samples the options cannot plan at all (the conditions of
+                ``plan_step``: ``max_vision_patches`` without parts that describe images,
+                images or HSTU fields with ``layout="padded"`` or with a cost model that would
+                ignore them), a cost the cost model rejects, or a window overflow (dispatch
+                first). Nothing is buffered then.
         """
-        lengths = as_lengths(_materialise(lengths), "lengths")
+        parts = lengths if isinstance(lengths, SampleParts) else None
+        lengths = as_lengths(_materialise(lengths if parts is None else parts.tokens), "lengths")
         if ids is None:
             new_ids = np.arange(self._next_id, self._next_id + lengths.size, dtype=np.int64)
         else:
@@ -188,14 +218,19 @@ class WindowBalancer:
                 raise ValueError(f"items has {len(items)} entries but lengths has {lengths.size}")
         if lengths.size and self._has_items is not None and self._has_items != (items is not None):
             raise ValueError("push items with every sample or with none")
-        cap = self.options.max_tokens
-        if cap is not None and not self.options.allow_oversize and (lengths > cap).any():
-            i = int(np.flatnonzero(lengths > cap)[0])
+        if lengths.size and self._has_parts is not None and self._has_parts != (parts is not None):
+            raise ValueError("push parts (a SampleParts) with every sample or with none")
+        buffered_parts = self._joined_parts(parts) if lengths.size else self._parts
+        patches = vision_patches_of(parts, self.options)
+        over = first_over_cap(lengths, patches, self.options)
+        if over is not None:
+            name = "lengths" if over.option == "max_tokens" else "vision_patches"
             raise ValueError(
-                f"lengths[{i}] = {int(lengths[i])} (id {int(new_ids[i])}) exceeds max_tokens = "
-                f"{cap}; no step could plan it: pass allow_oversize=True to give such a sample "
-                "a micro-batch of its own"
+                f"{name}[{over.index}] = {over.value} (id {int(new_ids[over.index])}) exceeds "
+                f"{over.option} = {over.cap}; no step could plan it: pass allow_oversize=True to "
+                "give such a sample a micro-batch of its own"
             )
+        evaluate_costs(self.options.cost_model, lengths, parts)
         if len(self) + lengths.size > self.window:
             raise ValueError(
                 f"pushing {lengths.size} samples would exceed window = {self.window} "
@@ -203,6 +238,8 @@ class WindowBalancer:
             )
         if lengths.size:
             self._has_items = items is not None
+            self._has_parts = parts is not None
+            self._parts = buffered_parts
         self._ids.extend(int(i) for i in new_ids)
         self._lengths.extend(int(n) for n in lengths)
         self._pushed_at.extend([self._dispatched] * lengths.size)
@@ -211,6 +248,19 @@ class WindowBalancer:
         if new_ids.size:
             self._next_id = max(self._next_id, int(new_ids.max()) + 1)
         return new_ids
+
+    def _joined_parts(self, parts: SampleParts | None) -> SampleParts | None:
+        """The buffered samples' parts with ``parts`` appended (``None``: a stream of lengths).
+
+        Raises:
+            ValueError: parts that cannot be concatenated with the buffered ones.
+        """
+        if parts is None or self._parts is None:
+            return parts
+        try:
+            return SampleParts.concatenate([self._parts, parts])
+        except ValueError as error:
+            raise ValueError(f"parts cannot join the buffered samples' parts: {error}") from None
 
     def ready(self) -> bool:
         """True when the window is full: dispatch now (more samples cannot be pushed)."""
@@ -280,6 +330,7 @@ class WindowBalancer:
             items=[self._items[k] for k in chosen] if self._has_items else None,
             index=self._dispatched,
             unplanned=unplanned,
+            parts=None if self._parts is None else self._parts.take(chosen),
         )
         keep = np.setdiff1d(np.arange(len(self)), chosen)
         self._ids = [self._ids[k] for k in keep]
@@ -287,6 +338,8 @@ class WindowBalancer:
         self._pushed_at = [self._pushed_at[k] for k in keep]
         if self._has_items:
             self._items = [self._items[k] for k in keep]
+        if self._parts is not None:
+            self._parts = self._parts.take(keep)
         self._dispatched += 1
         return dispatch
 
@@ -324,7 +377,10 @@ class WindowBalancer:
         relaxed = self.options.replace(allow_empty=True)
         attempts = (relaxed,) if self.options.allow_empty else (self.options, relaxed)
         for options in attempts:
-            planned = [_try_plan(lengths, np.sort(c), self.dp_size, options) for c in candidates]
+            planned = [
+                _try_plan(lengths, self._parts, np.sort(c), self.dp_size, options)
+                for c in candidates
+            ]
             scored = [
                 (float(plan.summary()["imbalance"]), k)
                 for k, plan in enumerate(planned)
@@ -341,13 +397,19 @@ class WindowBalancer:
 
 
 def _try_plan(
-    lengths: np.ndarray, chosen: np.ndarray, dp_size: int, options: PlanOptions
+    lengths: np.ndarray,
+    parts: SampleParts | None,
+    chosen: np.ndarray,
+    dp_size: int,
+    options: PlanOptions,
 ) -> StepPlan | str:
-    """The plan of the samples ``chosen``, or the planner's error message."""
+    """The plan of the samples ``chosen`` (with their parts, when given), or the planner's
+    error message."""
     from seqbalance.plan import plan_step
 
     try:
-        return plan_step(lengths[chosen], dp_size, options)
+        samples = lengths[chosen] if parts is None else parts.take(chosen)
+        return plan_step(samples, dp_size, options)
     except ValueError as error:
         return str(error)
 
