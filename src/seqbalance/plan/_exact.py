@@ -17,7 +17,7 @@ from seqbalance.plan._problem import Problem
 
 __all__ = ["NODE_LIMIT", "applicable", "objective", "search"]
 
-NODE_LIMIT = 200_000
+NODE_LIMIT = 50_000
 MAX_SAMPLES = 12
 MAX_SLOTS = 8
 
