@@ -60,8 +60,13 @@ __all__ = ["BALANCED", "Balanced", "plan_balanced"]
 _TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
 # Local search stops when the costliest rank is this close (relative) to the lower bound.
 _GOOD_ENOUGH = 1e-6
-# The lockstep refinement (slower per step) stops this close to the lower bound.
+# The lockstep refinement (slower per step) stops this close to the lower bound, ...
 _LOCKSTEP_GOOD_ENOUGH = 2e-4
+# ... or once it has spent this much work (a deterministic budget, about a quarter of a second
+# here): each pair of micro-batches examined counts _PAIR_WORK plus its candidate moves and
+# swaps, and each candidate cost cell evaluated counts one. A pass grows like M^3.
+_LOCKSTEP_WORK = 500_000
+_PAIR_WORK = 100
 RIVALS_WITHOUT_BOUND_SAMPLES = 256
 """Largest step on which ``balanced`` also runs rivals that offer no cheap lower bound (the
 stacks' own schedulers, written in plain Python with their exact tie-breaks, take seconds on
@@ -798,9 +803,9 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     applies), the cost is the sum over positions of the costliest rank. Repeatedly, for the
     rank that sets a position's maximum, the best single move or swap of samples between that
     micro-batch and another of the same rank (within the cap, evaluated exactly after
-    re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times and not once
-    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound. Rank totals, and so
-    groups, are unchanged.
+    re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
+    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound, and not after
+    ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged.
     """
     m = len(plan[0])
     costs = np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
@@ -809,7 +814,10 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     if p.patches is not None:
         patches = np.array([[int(p.patches[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
     good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + _LOCKSTEP_GOOD_ENOUGH)
+    work = [0]
     for _ in range(2 * m * p.dp):
+        if work[0] > _LOCKSTEP_WORK:
+            return
         aligned = -np.sort(-costs, axis=1)
         current = aligned.max(axis=0).sum()
         if current <= good_enough:
@@ -820,7 +828,9 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
             others = np.delete(aligned, r, axis=0).max(axis=0) if p.dp > 1 else np.zeros(m)
             a = int(np.flatnonzero(costs[r] == aligned[r, position])[0])
             used = None if patches is None else patches[r]
-            choice = _best_inner_change(p, plan[r], costs[r], tokens[r], used, a, others)
+            choice = _best_inner_change(p, plan[r], costs[r], tokens[r], used, a, others, work)
+            if work[0] > _LOCKSTEP_WORK:
+                break
             if choice is not None and choice[0] < current * (1 - _TOLERANCE):
                 best = (choice[0], r, a, *choice[1:])
                 break
@@ -848,10 +858,12 @@ def _best_inner_change(
     patches: np.ndarray | None,
     a: int,
     others: np.ndarray,
+    work: list[int],
 ) -> tuple[float, int, int, int] | None:
     """Best move of a sample of micro-batch ``a`` to another micro-batch ``b`` of the same rank,
     or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1).
-    ``tokens`` and ``patches`` (None without a patch cap) are the micro-batches' sums."""
+    ``tokens`` and ``patches`` (None without a patch cap) are the micro-batches' sums;
+    ``work[0]`` counts the work spent (see ``_LOCKSTEP_WORK``)."""
     cap = p.cap
     source = np.asarray(microbatches[a], dtype=np.int64)
     if source.size == 0:
@@ -864,6 +876,7 @@ def _best_inner_change(
         # Candidates: (sample of a, sample of b or -1); amount moved from a to b.
         xs = np.repeat(source, target.size + 1)
         ys = np.tile(np.append(target, -1), source.size)
+        work[0] += _PAIR_WORK + xs.size
         back = np.where(ys >= 0, p.sample_costs[np.maximum(ys, 0)], 0.0)
         back_tokens = np.where(ys >= 0, p.lengths[np.maximum(ys, 0)], 0)
         amount = p.sample_costs[xs] - back
@@ -884,6 +897,7 @@ def _best_inner_change(
             continue
         xs, ys, amount = xs[ok], ys[ok], amount[ok]
         rows = np.repeat(costs[None, :], amount.size, axis=0)
+        work[0] += rows.size
         rows[:, a] -= amount
         rows[:, b] += amount
         value = np.maximum(-np.sort(-rows, axis=1), others).sum(axis=1)
