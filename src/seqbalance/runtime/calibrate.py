@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice, check_int
+from seqbalance._validation import as_lengths, check_choice, check_int
 from seqbalance.cost import FitStats, TimeModel
+from seqbalance.plan import LAYOUTS
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +39,7 @@ __all__ = [
     "Calibration",
     "calibrate",
     "calibration_microbatches",
+    "costed_lengths",
     "fit_time_model",
     "model_config",
     "resolve_device",
@@ -122,19 +124,22 @@ def model_config(size: str, *, max_position: int) -> ToyModelConfig:
 
 
 def calibration_microbatches(
-    count: int, *, max_tokens: int, max_length: int, seed: int = 0
+    count: int, *, max_tokens: int, max_length: int, seed: int = 0, layout: str = "packed"
 ) -> list[np.ndarray]:
-    """Token lengths of ``count`` varied packed micro-batches.
+    """Token lengths of ``count`` varied micro-batches.
 
     Cycles through three compositions so the fit sees both terms vary independently: one sample
-    (attention-heavy), 2-16 equal samples, and a lognormal mix.
+    (attention-heavy), 2-16 equal samples, and a lognormal mix. For the padded layout every
+    sample of a micro-batch takes its longest one's length (what a padded micro-batch costs)
+    and the count is cut to fit ``max_tokens``.
 
     Args:
         count: Number of micro-batches, at least :data:`MIN_TRIALS`.
         max_tokens: Most tokens in one micro-batch; each holds between ``max_tokens / 8`` and
-            ``max_tokens``.
+            ``max_tokens`` (padded: at most ``max_tokens``, padding included).
         max_length: Longest single sample, in tokens.
         seed: Seed of the sizes and compositions.
+        layout: ``"packed"`` or ``"padded"``.
 
     Returns:
         One int64 array of sample lengths (tokens) per micro-batch.
@@ -142,6 +147,7 @@ def calibration_microbatches(
     count = check_int(count, "trials", minimum=MIN_TRIALS)
     max_tokens = check_int(max_tokens, "max_tokens", minimum=8)
     max_length = check_int(max_length, "max_length", minimum=1)
+    layout = check_choice(layout, "layout", LAYOUTS)
     rng = np.random.default_rng(seed)
     batches = []
     for index in range(count):
@@ -158,8 +164,21 @@ def calibration_microbatches(
             lengths = draws[np.cumsum(draws) <= budget]
             if lengths.size == 0:
                 lengths = draws[:1]
+        if layout == "padded":
+            longest = int(lengths.max())
+            lengths = np.full(min(lengths.size, max(1, max_tokens // longest)), longest)
         batches.append(lengths.astype(np.int64))
     return batches
+
+
+def costed_lengths(lengths: Any, layout: str) -> np.ndarray:
+    """The sample lengths a TimeModel prices for a micro-batch of ``lengths`` (tokens): the
+    samples themselves (packed), or every sample at the longest one's length (padded: the
+    planner's ``count x cost(longest)``)."""
+    lengths = as_lengths(lengths)
+    if check_choice(layout, "layout", LAYOUTS) == "packed" or lengths.size == 0:
+        return lengths
+    return np.full(lengths.size, lengths.max())
 
 
 def _synchronize(device: torch.device) -> None:
@@ -176,9 +195,10 @@ def time_microbatches(
     device: torch.device,
     repeats: int = 3,
     warmup: int = 3,
+    layout: str = "packed",
     progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
-    """Median seconds of forward + backward of ``model`` on each packed micro-batch.
+    """Median seconds of forward + backward of ``model`` on each micro-batch.
 
     Inputs are built before timing; the largest micro-batch is run ``warmup`` times first
     (allocator, kernel selection, caches). Repeats sweep over all micro-batches in turn so
@@ -191,25 +211,31 @@ def time_microbatches(
         device: Where the inputs go.
         repeats: Timings per micro-batch; the median is kept.
         warmup: Untimed runs of the largest micro-batch first.
+        layout: ``"packed"`` (:meth:`TinyCausalTransformer.forward` on THD batches) or
+            ``"padded"`` (:meth:`TinyCausalTransformer.forward_padded`, every sample padded
+            to the micro-batch's longest).
         progress: Called as ``progress(done, total)`` after each timed run.
 
     Returns:
         float64 seconds, one per micro-batch.
     """
-    from seqbalance.runtime.toy_model import make_packed_batch
+    from seqbalance.runtime.toy_model import make_packed_batch, make_padded_batch
 
     repeats = check_int(repeats, "repeats", minimum=1)
     warmup = check_int(warmup, "warmup", minimum=0)
+    padded = check_choice(layout, "layout", LAYOUTS) == "padded"
+    make = make_padded_batch if padded else make_packed_batch
+    forward = model.forward_padded if padded else model
     vocab = model.config.vocab_size
     inputs = [
-        tuple(t.to(device) for t in make_packed_batch(lengths, vocab_size=vocab, seed=index))
+        tuple(t.to(device) for t in make(lengths, vocab_size=vocab, seed=index))
         for index, lengths in enumerate(microbatches)
     ]
 
     def run(batch: tuple[torch.Tensor, ...]) -> float:
         _synchronize(device)
         start = time.perf_counter()
-        model(*batch).backward()
+        forward(*batch).backward()
         _synchronize(device)
         return time.perf_counter() - start
 
