@@ -9,6 +9,8 @@ import pytest
 from _bench_run import hand_made_raw
 
 from seqbalance.cost import TimeModel
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.plan import ContextParallel, PlanOptions
 from seqbalance.runtime.bench import (
     BenchSettings,
     length_divisor,
@@ -27,11 +29,10 @@ def settings(**changes) -> BenchSettings:
         "lengths": [10, 20],
         "groups": None,
         "strategies": ("round_robin", "balanced"),
-        "objective": "step",
+        "options": PlanOptions(max_tokens=64),
         "global_batch_size": 2,
         "steps": 2,
         "warmup": 1,
-        "max_tokens": 64,
         "model_size": "tiny",
         "time_model": None,
         "trials": 6,
@@ -53,6 +54,8 @@ def test_scale_lengths_divides_rounding_up_and_cuts_at_the_cap() -> None:
     assert divisor == 4 and scaled.tolist() == [1, 2, 2, 3, 64]
     scaled, divisor = scale_lengths([1699, 1700, 1698], 2048)
     assert divisor == 4 and scaled.tolist() == [425, 425, 425]
+    scaled, _ = scale_lengths([1, 7, 8, 9, 1000], 64, divisor=4, truncate=False)
+    assert scaled.tolist() == [1, 2, 2, 3, 250]
     with pytest.raises(ValueError, match="length_divisor must be >= 1, got 0"):
         scale_lengths([1], 64, divisor=0)
 
@@ -64,16 +67,30 @@ def test_settings_are_validated_and_described() -> None:
     assert "lengths" not in described and "time_model" not in described
     assert described["procs"] == 2 and described["cores"] == (0,)
     assert described["launch_timeout_seconds"] == 3600.0
-    assert BenchSettings(lengths=[5]).cores  # default: the cores this process may use
+    assert described["context_parallel"] is None
+    options = PlanOptions(max_tokens=64).to_dict()
+    assert described["options"] == {
+        k: v for k, v in options.items() if k not in ("cost", "model", "strategy")
+    }
+    default = BenchSettings(lengths=[5])
+    assert default.cores  # default: the cores this process may use
+    assert default.strategies == ("round_robin", "token_kk", "balanced")
+    assert default.options == PlanOptions(max_tokens=4096) and default.max_position == 4096
+    oversize = settings(lengths=[100, 3], options=PlanOptions(max_tokens=64, allow_oversize=True))
+    assert oversize.max_position == 100
     for bad, message in (
         ({"procs": 0}, "procs must be >= 1"),
         ({"device": "tpu"}, "device must be one of"),
         ({"lengths": []}, "lengths must hold at least one sample"),
         ({"groups": [1]}, "groups must hold one id per sample"),
         ({"strategies": "balanced"}, "strategies must be a non-empty sequence"),
-        ({"objective": "fast"}, "objective must be one of"),
         ({"trials": 3}, "trials must be >= 4"),
-        ({"max_tokens": 7}, "max_tokens must be >= 8"),
+        ({"options": PlanOptions(max_tokens=7)}, "max_tokens must be >= 8"),
+        ({"options": PlanOptions()}, "max_tokens must be set"),
+        ({"options": {"max_tokens": 64}}, "options must be a PlanOptions"),
+        ({"options": PlanOptions(max_tokens=64, cost="flops")}, "options.cost must be left"),
+        ({"options": PlanOptions(max_tokens=64, strategy="token_kk")}, "options.strategy"),
+        ({"lengths": [65]}, "above max_tokens = 64"),
         ({"model_size": "huge"}, "model_size must be one of"),
         ({"time_model": "tm.json"}, "time_model must be a TimeModel"),
         ({"timeout_seconds": 0}, "timeout_seconds must be a positive"),
@@ -81,6 +98,35 @@ def test_settings_are_validated_and_described() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             settings(**bad)
+
+
+def test_context_parallel_settings_are_validated_and_described() -> None:
+    cp = ContextParallel(64, sizes=(1, 2))
+    s = settings(options=PlanOptions(), context_parallel=cp, lengths=[10, 128], strategies=None)
+    assert s.strategies == ("balanced", "static_cp", "dynamic_cp_megatron")
+    assert s.max_position == 128 and s.describe()["context_parallel"] == cp.to_dict()
+    cost = ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 8, 1)
+    assert settings(context_parallel=cp, time_model=cost, strategies=None).time_model == cost
+    options = s.context_parallel_options(cost)
+    assert options.context_parallel == cp and options.cost == cost and options.max_tokens is None
+    with pytest.raises(ValueError, match="these settings have no context_parallel"):
+        settings().context_parallel_options(cost)
+    for bad, message in (
+        ({"lengths": [129]}, "above the largest CP size usable on 2 processes \\(2\\)"),
+        ({"procs": 3, "context_parallel": ContextParallel(64, sizes=(2,))}, "none divides procs"),
+        ({"options": PlanOptions(max_tokens=32)}, "max_tokens = 32 conflicts"),
+        ({"options": PlanOptions(layout="padded", micro_batch_size=2)}, "layout = 'padded'"),
+        ({"options": PlanOptions(objective="lockstep")}, "objective = 'lockstep' is not"),
+        ({"context_parallel": ContextParallel(64, comm=CommModel())}, "comm must be None"),
+        ({"context_parallel": (1, 2)}, "context_parallel must be a ContextParallel"),
+        ({"device": "cuda"}, "device 'cuda' is not supported with context_parallel"),
+        ({"strategies": ("token_kk",)}, "strategies entry \\(with context_parallel\\)"),
+        ({"time_model": TimeModel(0.0, 1.0, 0.0)}, "ContextParallelTimeModel or None"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            settings(
+                **{"context_parallel": cp, "options": PlanOptions(), "strategies": None, **bad}
+            )
 
 
 def test_plan_schedule_gives_each_rank_its_microbatch_lengths() -> None:
@@ -128,7 +174,7 @@ def test_a_real_run_reports_progress_and_every_strategy() -> None:
     s = settings(
         lengths=rng.integers(8, 120, size=64),
         global_batch_size=8,
-        max_tokens=256,
+        options=PlanOptions(max_tokens=256),
         steps=2,
         warmup=1,
         time_model=model,

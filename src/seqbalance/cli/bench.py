@@ -6,22 +6,26 @@ import argparse
 import sys
 from typing import Any
 
+import numpy as np
+
 from seqbalance.cli._common import (
+    CONTEXT_PARALLEL_FLAGS,
     add_json_flag,
     add_lengths_option,
-    add_objective_argument,
+    add_plan_option_arguments,
     add_strategies_option,
     flag,
     flag_names,
     load_lengths,
     load_time_model,
     markdown_table,
+    plan_options_from_args,
     print_json,
     print_table,
     progress_callback,
     require_torch,
 )
-from seqbalance.runtime.bench.settings import DEFAULT_STRATEGIES
+from seqbalance.runtime.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
 
 
@@ -34,9 +38,13 @@ def register(subparsers: Any) -> None:
             "one thread, and train a small causal transformer on the same stream of real "
             "lengths once per strategy. Reports measured step time, rank imbalance (max/mean "
             "compute), the step-time reduction of balanced, and how far the time model and the "
-            "simulator were from the measurement. Lengths are divided by --length-divisor "
-            "(default: the smallest integer bringing the median to a quarter of --max-tokens) "
-            "so a CPU core trains several samples per micro-batch."
+            "simulator were from the measurement. Every plan option (--max-tokens, --layout, "
+            "--micro-batch-size, micro-batch counts, --objective, --order, --allow-oversize, "
+            "--allow-empty) applies to every strategy, as in `plan` and `simulate`. Lengths are "
+            "divided by --length-divisor (default: the smallest integer bringing the median to "
+            "a quarter of --max-tokens) so a CPU core trains several samples per micro-batch; "
+            "longer samples are then truncated to --max-tokens (a warning counts them) unless "
+            "--allow-oversize."
         ),
     )
     parser.add_argument("--procs", type=int, default=2, help="processes (default: 2)")
@@ -49,7 +57,6 @@ def register(subparsers: Any) -> None:
         help="divide every length by this (rounded up; default: automatic, see above)",
     )
     add_strategies_option(parser, DEFAULT_STRATEGIES)
-    add_objective_argument(parser)
     parser.add_argument("--steps", type=int, default=20, help="measured steps (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (default: 3)")
     parser.add_argument(
@@ -58,12 +65,6 @@ def register(subparsers: Any) -> None:
         default=32,
         help="samples per step, rounded up to whole groups (default: 32; with groups of 8, "
         "as qwen25math, 64 lets balanced pair groups well)",
-    )
-    parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=4096,
-        help="token cap per micro-batch; longer samples are truncated (default: 4096)",
     )
     parser.add_argument(
         "--model-size",
@@ -100,11 +101,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--markdown", action="store_true", help="print the report as a markdown section"
     )
+    add_plan_option_arguments(parser, max_tokens_default=DEFAULT_MAX_TOKENS)
     add_json_flag(parser)
     parser.set_defaults(func=run)
 
 
 _FLAGS = {
+    **CONTEXT_PARALLEL_FLAGS,
     **{
         name: flag(name)
         for name in (
@@ -112,10 +115,8 @@ _FLAGS = {
             "device",
             "length_divisor",
             "strategies",
-            "objective",
             "steps",
             "warmup",
-            "max_tokens",
             "model_size",
             "trials",
             "repeats",
@@ -123,10 +124,11 @@ _FLAGS = {
         )
     },
     "global_batch_size": "--global-batch",
+    "dp_size": "--procs",
     "timeout_seconds": "--timeout",
     "launch_timeout_seconds": "--launch-timeout",
 }
-"""``BenchSettings`` fields (and ``scale_lengths`` keywords) as the flags that set them."""
+"""``BenchSettings`` fields, plan options (and ``scale_lengths`` keywords) as their flags."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,9 +137,13 @@ def run(args: argparse.Namespace) -> int:
     from seqbalance.runtime.launch import LaunchError
 
     source = load_lengths(args.lengths)
+    options = plan_options_from_args(args)
     try:
         lengths, divisor = bench.scale_lengths(
-            source.lengths, args.max_tokens, divisor=args.length_divisor
+            source.lengths,
+            args.max_tokens,
+            divisor=args.length_divisor,
+            truncate=not options.allow_oversize,
         )
         settings = bench.BenchSettings(
             lengths=lengths,
@@ -145,11 +151,10 @@ def run(args: argparse.Namespace) -> int:
             procs=args.procs,
             device=args.device,
             strategies=args.strategies,
-            objective=args.objective,
+            options=options,
             global_batch_size=args.global_batch,
             steps=args.steps,
             warmup=args.warmup,
-            max_tokens=args.max_tokens,
             model_size=args.model_size,
             time_model=None if args.time_model is None else load_time_model(args.time_model),
             trials=args.trials,
@@ -160,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise ValueError(flag_names(str(error), _FLAGS)) from None
+    _warn_truncated(source.lengths, divisor, args.max_tokens, options.allow_oversize)
     quiet = args.json or args.markdown
     if not quiet:
         print(
@@ -171,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     with progress_callback("bench steps", enabled=not quiet) as bar:
         try:
             report = bench.run(settings, progress=bar)
+        except ValueError as error:  # a strategy that cannot plan, before any process starts
+            raise ValueError(flag_names(str(error), _FLAGS)) from None
         except LaunchError as error:
             print(f"seqbalance bench: error: {error}", file=sys.stderr)
             return 1
@@ -196,11 +204,26 @@ CAPTION = (
 )
 
 
+def _warn_truncated(lengths: Any, divisor: int, cap: int, allow_oversize: bool) -> None:
+    """The visible count of samples the scaling cut to the cap (none with --allow-oversize)."""
+    cut = int(np.count_nonzero(-(-np.asarray(lengths) // divisor) > cap))
+    if cut and not allow_oversize:
+        print(
+            f"seqbalance bench: warning: {cut} of {len(lengths)} samples are longer than "
+            f"--max-tokens = {cap} after dividing by {divisor}; they are truncated to it "
+            "(--allow-oversize keeps them whole)",
+            file=sys.stderr,
+        )
+
+
 def _title(setup: dict[str, Any]) -> str:
+    options = setup["options"]
+    layout = f"padded x{options['micro_batch_size']}, " if options["layout"] == "padded" else ""
     return (
         f"bench: {setup['procs']} procs, {setup['lengths']} lengths / {setup['length_divisor']}, "
         f"toy-{setup['model_size']}, global batch {setup['global_batch_size']}, "
-        f"max_tokens {setup['max_tokens']}, {setup['steps']} steps, objective {setup['objective']}"
+        f"{layout}max_tokens {options['max_tokens']}, {setup['steps']} steps, "
+        f"objective {options['objective']}"
     )
 
 

@@ -27,7 +27,8 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
     """Plan every step of every strategy on the same sampled batches (the simulator's plans).
 
     Args:
-        settings: The run; its warm-up and measured steps are planned.
+        settings: The run; its warm-up and measured steps are planned with its plan options
+            (``settings.options``, every option honoured by the simulator's planner).
         time_model: The cost every strategy plans with.
 
     Returns:
@@ -41,13 +42,11 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
 
     result = simulate(
         np.asarray(settings.lengths, dtype=np.int64),
+        settings.options.replace(cost=time_model),
         groups=None if settings.groups is None else np.asarray(settings.groups),
         dp_size=settings.procs,
         global_batch_size=settings.global_batch_size,
         steps=settings.warmup + settings.steps,
-        max_tokens=settings.max_tokens,
-        cost=time_model,
-        objective=settings.objective,
         strategies=settings.strategies,
         seed=settings.seed,
     )
