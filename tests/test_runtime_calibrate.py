@@ -136,3 +136,16 @@ def test_padded_microbatches_are_timed_through_the_padded_forward(monkeypatch) -
     )
     assert seconds.shape == (2,) and (seconds > 0).all()
     assert shapes == [(2, 7), (1, 5)]
+
+
+def test_piece_overhead_batches_fill_one_slot_in_ever_more_samples() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.runtime.context_parallel import piece_overhead_batches
+
+    batches = piece_overhead_batches(2, 1024)  # the benchmark's: 2048 tokens in 4 .. 128
+    assert [b.size for b in batches] == [4, 8, 16, 32, 64, 128]
+    assert all(b.sum() == 2048 and (b == b[0]).all() for b in batches)
+    # Every sample keeps >= 2 tokens per member: 4 ranks x 16 tokens = 64 in 4 .. 8 samples.
+    assert [b.tolist() for b in piece_overhead_batches(4, 16)] == [[16] * 4, [8] * 8]
+    with pytest.raises(ValueError, match="at least 16 tokens per rank"):
+        piece_overhead_batches(2, 15)

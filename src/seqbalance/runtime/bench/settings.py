@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,7 +19,7 @@ from seqbalance._validation import (
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
-from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
+from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -80,12 +79,6 @@ def scale_lengths(
     )
     scaled = -(-lengths // divisor)
     return (np.minimum(scaled, max_tokens) if check_bool(truncate, "truncate") else scaled), divisor
-
-
-def _this_process_cores() -> tuple[int, ...]:
-    if hasattr(os, "sched_getaffinity"):
-        return tuple(sorted(os.sched_getaffinity(0)))
-    return (0,)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +150,7 @@ class BenchSettings:
             set_("groups", tuple(as_group_ids(self.groups, lengths.size).tolist()))
         set_("procs", check_int(self.procs, "procs", minimum=1))
         set_("device", check_choice(self.device, "device", DEVICES))
-        cores = _this_process_cores() if self.cores is None else tuple(self.cores)
+        cores = available_cores() if self.cores is None else tuple(self.cores)
         if not cores:
             raise ValueError("cores must name at least one CPU core, got none")
         set_("cores", tuple(check_int(core, "cores", minimum=0) for core in cores))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from seqbalance.runtime.calibrate import (
     costed_lengths,
     fit_time_model,
     model_config,
+    pin_process,
     time_microbatches,
 )
 from seqbalance.runtime.toy_model import (
@@ -47,10 +47,7 @@ def run_rank(
         object), ``calibration`` (``Calibration.to_dict()``, None when given a time model) and
         ``simulation`` (``SimulationResult.to_dict()``).
     """
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {settings.cores[rank % len(settings.cores)]})
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
+    pin_process(rank, settings.cores)
     device = torch.device(f"cuda:{rank}" if settings.device == "cuda" else "cpu")
     config = model_config(settings.model_size, max_position=settings.max_position)
     model = TinyCausalTransformer(config, seed=settings.seed).to(device)
