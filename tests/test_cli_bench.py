@@ -13,9 +13,11 @@ pytest.importorskip("torch")
 from _bench_run import hand_made_raw
 
 from seqbalance.cli import build_parser, main
-from seqbalance.cost import TimeModel
+from seqbalance.cost import ModelSpec, TimeModel
+from seqbalance.cost.context_parallel import ContextParallelTimeModel
 from seqbalance.plan import PlanOptions
 from seqbalance.runtime import bench
+from seqbalance.runtime.calibrate import model_config
 
 pytestmark = pytest.mark.torch
 
@@ -325,3 +327,86 @@ def test_two_processes_honour_the_microbatch_count_with_empty_ones(capsys, tmp_p
         non_empty = sum(1 for step in planned[name] for mb in step if mb)
         assert stats["microbatches"] == non_empty < 2 * 2 * 4  # empty ones ran, unscored
         assert len(stats["step_seconds"]) == 2 and stats["median_step_seconds"] > 0
+
+
+def _long_tail(path, seed: int = 5) -> np.ndarray:
+    """Short samples around 30 tokens, 10% of 130-250: over a 128-token rank, CP 2."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(30), 0.6, size=200), 2, 120).astype(np.int64)
+    lengths[::10] = rng.integers(130, 251, size=20)
+    np.save(path, lengths)
+    return lengths
+
+
+CP_ARGS = ("--context-parallel", "1,2", "--max-tokens-per-rank", "128", "--length-divisor", "1")
+TINY_RUN = ("--model-size", "tiny", "--steps", "2", "--warmup", "1", "--global-batch", "12")
+
+
+@pytest.mark.multiprocess
+def test_two_processes_run_the_context_parallel_strategies(capsys, tmp_path) -> None:
+    _long_tail(tmp_path / "lengths.npy")
+    argv = ["bench", "--lengths", str(tmp_path / "lengths.npy"), *CP_ARGS, *TINY_RUN]
+    argv += ["--trials", "6", "--repeats", "1", "--timeout", "60", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["calibrated"] and report["setup"]["context_parallel"]["sizes"] == [1, 2]
+    assert list(report["strategies"]) == ["balanced", "static_cp", "dynamic_cp_megatron"]
+    for name, stats in report["strategies"].items():
+        assert len(stats["step_seconds"]) == len(stats["predicted_step_seconds"]) == 2, name
+        assert stats["mean_step_seconds"] > 0 and stats["predicted_mean_step_seconds"] > 0
+        assert stats["mean_step_with_sync_seconds"] >= stats["mean_step_seconds"]
+    assert report["strategies"]["static_cp"]["sharded_fraction"] == 1.0
+    assert 0 < report["strategies"]["balanced"]["sharded_fraction"] < 1
+    # Every strategy computed the same function on the same samples: the same step losses.
+    assert report["max_loss_spread"] < 1e-5
+    assert set(report["comparisons"]) == {
+        "balanced_vs_static_cp",
+        "balanced_vs_dynamic_cp_megatron",
+    }
+    model = ContextParallelTimeModel.from_dict(report["time_model"])
+    assert model.time.fit_stats.n_observations == 6 and model.comm.fit_stats is not None
+    # The calibrated model, given back with --time-model, skips the calibration.
+    model.save(tmp_path / "cp.json")
+    argv = ["bench", "--lengths", str(tmp_path / "lengths.npy"), *CP_ARGS, *TINY_RUN]
+    argv += ["--time-model", str(tmp_path / "cp.json"), "--strategies", "static_cp,balanced"]
+    assert main([*argv, "--timeout", "60", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("### bench --context-parallel: 2 procs, CP sizes [1, 2], 128 tokens")
+    assert "| static_cp |" in out and "| dynamic_cp_megatron |" not in out
+    assert "- given (--time-model): compute t0" in out
+    assert "- balanced vs static_cp: mean step time" in out
+
+
+def test_context_parallel_options_name_their_flags(capsys, tmp_path) -> None:
+    _long_tail(tmp_path / "lengths.npy")
+    base = ["bench", "--lengths", str(tmp_path / "lengths.npy"), *CP_ARGS]
+    TimeModel(0.001, 2e-6, 1e-9).save(tmp_path / "tm.json")
+    small = ContextParallelTimeModel.from_model(
+        ModelSpec.from_hf_config(model_config("small", max_position=8).to_hf_config()),
+        time=TimeModel(0.001, 2e-6, 1e-9),
+    )
+    small.save(tmp_path / "small.json")
+    for extra, message in (
+        (
+            ["--layout", "padded", "--micro-batch-size", "2"],
+            "--layout = 'padded' is not supported with --context-parallel",
+        ),
+        (["--objective", "lockstep"], "--objective = 'lockstep' is not supported"),
+        (
+            ["--strategies", "token_kk"],
+            "--strategies entry (with --context-parallel) must be one of",
+        ),
+        (["--device", "cuda"], "device 'cuda' is not supported with --context-parallel"),
+        (["--procs", "3", "--context-parallel", "2"], "none divides --procs = 3"),
+        (
+            ["--time-model", str(tmp_path / "tm.json")],
+            "holds a TimeModel; bench --context-parallel",
+        ),
+        (
+            ["--time-model", str(tmp_path / "small.json"), "--model-size", "tiny"],
+            "the tiny toy model",
+        ),
+        (["--num-microbatches", "1"], "--num-microbatches = 1 is infeasible"),
+    ):
+        assert main([*base, *extra]) == 2, extra
+        assert message in capsys.readouterr().err, extra

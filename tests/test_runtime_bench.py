@@ -14,10 +14,12 @@ from seqbalance.plan import ContextParallel, PlanOptions
 from seqbalance.runtime.bench import (
     BenchSettings,
     length_divisor,
+    plan_context_parallel_steps,
     plan_schedule,
     run,
     scale_lengths,
     summarize,
+    summarize_context_parallel,
 )
 
 
@@ -193,3 +195,87 @@ def test_a_real_run_reports_progress_and_every_strategy() -> None:
     setup = report["setup"]
     assert setup["oversubscribed"] == (len(setup["cores"]) < 2)
     assert setup["elapsed_seconds"] > 0
+
+
+def _cp_record(step: int, slot: float, sync: float, loss: float) -> dict:
+    return {"step": step, "slot_seconds": slot, "sync_seconds": sync, "loss": loss}
+
+
+def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
+    cp = ContextParallel(64, sizes=(1, 2))
+    s = settings(context_parallel=cp, options=PlanOptions(), strategies=("balanced", "static_cp"))
+    raw = {
+        "records": [
+            {
+                "balanced": [_cp_record(0, 0.08, 0.01, 2.0), _cp_record(1, 0.10, 0.01, 3.0)],
+                "static_cp": [_cp_record(0, 0.10, 0.01, 2.0002), _cp_record(1, 0.12, 0.02, 3.0)],
+            },
+            {
+                "balanced": [_cp_record(0, 0.09, 0.02, 2.0), _cp_record(1, 0.09, 0.01, 3.0)],
+                "static_cp": [_cp_record(0, 0.11, 0.01, 2.0002), _cp_record(1, 0.12, 0.01, 3.0)],
+            },
+        ],
+        "time_model": {"placeholder": True},
+        "calibrated": True,
+        "plans": {
+            "balanced": {
+                "predicted_seconds": [0.08, 0.10],
+                "sharded_fraction": [0.1, 0.2],
+                "slots": [3, 4],
+            },
+            "static_cp": {
+                "predicted_seconds": [0.10, 0.12],
+                "sharded_fraction": [1.0, 1.0],
+                "slots": [2, 2],
+            },
+        },
+    }
+    report = summarize_context_parallel(raw, s)
+    balanced, static = report["strategies"]["balanced"], report["strategies"]["static_cp"]
+    # The slowest rank's slots per step: balanced [0.09, 0.10], static_cp [0.11, 0.12].
+    assert balanced["step_seconds"] == [0.09, 0.10] and static["step_seconds"] == [0.11, 0.12]
+    assert balanced["mean_step_seconds"] == pytest.approx(0.095)
+    assert balanced["median_step_seconds"] == pytest.approx(0.095)
+    assert balanced["mean_step_with_sync_seconds"] == pytest.approx(0.11)  # 0.09+0.02, 0.10+0.01
+    assert balanced["predicted_mean_step_seconds"] == pytest.approx(0.09)
+    assert balanced["measured_over_predicted"] == pytest.approx(0.095 / 0.09)
+    assert balanced["sharded_fraction"] == pytest.approx(0.15) and balanced["mean_slots"] == 3.5
+    assert report["max_loss_spread"] == pytest.approx(0.0002 / 2.0001)
+    comparison = report["comparisons"]["balanced_vs_static_cp"]
+    measured, predicted = 1 - 0.095 / 0.115, 1 - 0.09 / 0.11
+    assert comparison["measured_step_time_reduction"] == pytest.approx(measured)
+    assert comparison["predicted_reduction"] == pytest.approx(predicted)
+    assert comparison["prediction_relative_error"] == pytest.approx(
+        abs(predicted - measured) / measured
+    )
+    assert "balanced_vs_dynamic_cp_megatron" not in report["comparisons"]
+    assert report["calibrated"] and report["setup"] == s.describe()
+
+
+def test_context_parallel_steps_plan_every_strategy_with_one_static_size() -> None:
+    cp = ContextParallel(64, sizes=(1, 2))
+    lengths = [3, 9, 20, 120, 30, 5, 7, 60, 11, 2, 40, 8]
+    s = settings(
+        context_parallel=cp,
+        options=PlanOptions(num_microbatches=6, allow_empty=True),
+        strategies=None,
+        lengths=lengths,
+        global_batch_size=6,
+        steps=3,
+        warmup=1,
+    )
+    cost = ContextParallelTimeModel(TimeModel(1e-3, 1e-5, 1e-8), CommModel(1e9, 1e-5), 16, 2)
+    comparison = plan_context_parallel_steps(s, cost)
+    assert comparison.context_parallel.static_size == 2  # the dataset's 120 needs CP 2
+    assert list(comparison.plans) == ["balanced", "static_cp", "dynamic_cp_megatron"]
+    again = plan_context_parallel_steps(s, cost)
+    for name, plans in comparison.plans.items():
+        assert len(plans) == 4  # warm-up + measured steps
+        assert all(plan.n_slots == 6 for plan in plans), name  # --num-microbatches honoured
+        assert [p.fingerprint() for p in plans] == [p.fingerprint() for p in again.plans[name]]
+    # static_cp shards every sample at size 2, also in steps without a long sample.
+    assert all((plan.cp_size == 2).all() for plan in comparison.plans["static_cp"])
+    # Every step plans the same samples with every strategy.
+    for step in range(4):
+        firsts = {name: plans[step].lengths.tolist() for name, plans in comparison.plans.items()}
+        assert len({tuple(v) for v in firsts.values()}) == 1

@@ -511,13 +511,12 @@ def _calibrate_context_parallel_rank(
     from seqbalance.runtime.context_parallel import (
         ContextParallelGroups,
         calibrate_cost_model,
-        piece_overhead_batches,
+        calibration_longest,
     )
     from seqbalance.runtime.toy_model import TinyCausalTransformer
 
     pin_process(rank, cores)
-    cap = context_parallel.max_tokens_per_rank
-    longest = max(cap, *(int(b.max()) for b in piece_overhead_batches(world_size, cap)))
+    longest = calibration_longest(world_size, context_parallel.max_tokens_per_rank)
     model = TinyCausalTransformer(model_config(model_size, max_position=longest), seed=seed)
     wait = timedelta(seconds=timeout)
     cost = calibrate_cost_model(

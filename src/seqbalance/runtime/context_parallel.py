@@ -81,6 +81,7 @@ __all__ = [
     "calibrate_compute",
     "calibrate_cost_model",
     "calibrate_piece_overhead",
+    "calibration_longest",
     "piece_overhead_batches",
     "run_step",
     "slot_batch",
@@ -616,6 +617,13 @@ def piece_overhead_batches(world: int, max_tokens_per_rank: int) -> list[np.ndar
             f"overhead on {world} ranks: it needs at least 16 tokens per rank"
         )
     return [np.full(count, total // count, dtype=np.int64) for count in counts]
+
+
+def calibration_longest(world: int, max_tokens_per_rank: int) -> int:
+    """The longest sample :func:`calibrate_cost_model` runs on ``world`` ranks (tokens): the
+    model's position table must hold it."""
+    batches = piece_overhead_batches(world, max_tokens_per_rank)
+    return max(max_tokens_per_rank, *(int(batch.max()) for batch in batches))
 
 
 def calibrate_cost_model(

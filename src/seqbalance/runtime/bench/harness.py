@@ -73,7 +73,9 @@ def run(
     """Train every strategy on ``settings.procs`` real processes and report what was measured.
 
     Every strategy is first planned here on one step (with a placeholder cost), so options
-    that no strategy can honour fail before any process starts.
+    that no strategy can honour fail before any process starts. With
+    ``settings.context_parallel`` this is
+    :func:`~seqbalance.runtime.bench.context_parallel.run_context_parallel` (its report).
 
     Args:
         settings: What to run.
@@ -89,6 +91,10 @@ def run(
         ValueError: A strategy cannot plan the steps, or a bad setting for this machine.
         seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
     """
+    if settings.context_parallel is not None:
+        from seqbalance.runtime.bench.context_parallel import run_context_parallel
+
+        return run_context_parallel(settings, progress=progress)
     from seqbalance.runtime.bench.worker import run_rank
     from seqbalance.runtime.launch import launch
 
