@@ -296,5 +296,14 @@ def test_context_parallel_honours_the_slot_options_and_refuses_the_others(
     ):
         assert main([*argv, *extra]) == 2
         assert message in capsys.readouterr().err
+    # A sample longer than the largest CP size x the per-rank cap is truncated, and counted.
+    short_cap = [*argv[:-2], "--max-tokens-per-rank", "512", "--json"]
+    assert main(short_cap) == 0
+    captured = capsys.readouterr()
+    cut = int((lengths > 4 * 512).sum())
+    assert cut and json.loads(captured.out)["truncated"] == cut
+    assert f"warning: {cut} of 400 samples are longer than the largest usable CP size (4)" in (
+        captured.err
+    )
     assert main(["simulate", "--lengths", str(path), "--max-tokens-per-rank", "8"]) == 2
     assert "--max-tokens-per-rank applies with --context-parallel only" in capsys.readouterr().err

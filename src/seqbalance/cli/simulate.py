@@ -7,6 +7,8 @@ import sys
 import warnings
 from typing import Any
 
+import numpy as np
+
 from seqbalance.cli._common import (
     CONTEXT_PARALLEL_FLAGS,
     add_context_parallel_arguments,
@@ -190,6 +192,20 @@ def _run_context_parallel(
         args, cost=cost, max_tokens=None, context_parallel=context_parallel
     )
     cap = context_parallel.max_tokens_per_rank
+    lengths = source.lengths
+    usable = context_parallel.usable_sizes(args.dp)
+    if usable:  # else the planner says that no size tiles --dp
+        # As without context parallelism, a sample too long to plan is truncated (and counted).
+        longest = usable[-1] * cap
+        cut = int(np.count_nonzero(lengths > longest))
+        if cut:
+            lengths = np.minimum(lengths, longest)
+            print(
+                f"seqbalance simulate: warning: {cut} of {lengths.size} samples are longer than "
+                f"the largest usable CP size ({usable[-1]}) x --max-tokens-per-rank = "
+                f"{longest}; they are truncated to it",
+                file=sys.stderr,
+            )
     global_batch = (
         min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
         if args.global_batch is None
@@ -200,7 +216,7 @@ def _run_context_parallel(
     )
     try:
         comparison = compare_context_parallel(
-            [source.lengths[batch] for batch in batches],
+            [lengths[batch] for batch in batches],
             args.dp,
             context_parallel=context_parallel,
             cost=cost,
@@ -212,7 +228,12 @@ def _run_context_parallel(
         )
     except ValueError as error:
         raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
-    payload = {"lengths": source.label, "max_tokens_per_rank": cap, **comparison.to_dict()}
+    payload = {
+        "lengths": source.label,
+        "max_tokens_per_rank": cap,
+        "truncated": cut if usable else 0,
+        **comparison.to_dict(),
+    }
     if args.json:
         print_json(payload)
         return 0
