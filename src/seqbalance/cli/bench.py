@@ -82,7 +82,9 @@ def register(subparsers: Any) -> None:
         "--time-model",
         metavar="FILE",
         default=None,
-        help="TimeModel JSON to plan with (default: calibrate in the processes first)",
+        help="TimeModel JSON to plan with, from `seqbalance calibrate` (with --context-parallel: "
+        "the ContextParallelTimeModel of `calibrate --context-parallel`, same --model-size; "
+        "default: calibrate in the processes first)",
     )
     parser.add_argument(
         "--trials",
