@@ -279,3 +279,34 @@ def test_context_parallel_steps_plan_every_strategy_with_one_static_size() -> No
     for step in range(4):
         firsts = {name: plans[step].lengths.tolist() for name, plans in comparison.plans.items()}
         assert len({tuple(v) for v in firsts.values()}) == 1
+
+
+def test_settings_round_trip_through_pickle_and_their_description() -> None:
+    import pickle
+
+    options = PlanOptions(
+        max_tokens=96,
+        layout="padded",
+        micro_batch_size=3,
+        num_microbatches=4,
+        min_microbatches=2,
+        microbatch_multiple=2,
+        objective="lockstep",
+        order="descending",
+        allow_oversize=True,
+        allow_empty=True,
+    )
+    s = settings(options=options, lengths=[10, 200], time_model=TimeModel(0.0, 1.0, 0.0))
+    # What the processes receive (launch pickles the settings) is the same request.
+    again = pickle.loads(pickle.dumps(s))
+    assert again == s and again.options.fingerprint() == options.fingerprint()
+    # The report's description rebuilds the same plan options.
+    assert PlanOptions.from_dict(s.describe()["options"]) == options
+    cp = ContextParallel(64, sizes=(1, 2), static_size=2)
+    s = settings(context_parallel=cp, options=PlanOptions(allow_empty=True), strategies=None)
+    again = pickle.loads(pickle.dumps(s))
+    assert again == s and again.context_parallel == cp
+    described = s.describe()
+    assert ContextParallel.from_dict(described["context_parallel"]) == cp
+    assert PlanOptions.from_dict(described["options"]) == PlanOptions(allow_empty=True)
+    assert json.loads(json.dumps(described)) == json.loads(json.dumps(again.describe()))
