@@ -10,17 +10,18 @@ lognormal around 2k), Qwen3-8B training seconds at the default H100 throughput (
 ranks with 512; two communication settings: the default ``CommModel`` (200 GB/s, 20 us per ring
 step: CP groups inside an NVLink node) and 25 GB/s (CP groups across nodes).
 
-Measured (2 gloo processes on this machine, one thread each): the toy transformer (``small``)
-on a long-tail mix (10% of samples 1.1k-2k tokens, the rest lognormal around 128), 1024 tokens
-per rank and slot. Both processes first calibrate together: compute (``calibrate_compute``: a
-``TimeModel`` fitted to whole-sample slots of varied micro-batches run through the executor),
-communication (``calibrate_comm``:
-timed K/V gathers) and the executor's fixed cost per sharded sample
-(``calibrate_piece_overhead``: 2048 tokens in 4 to 128 samples, all sharded, median of 5 runs,
-on batches that are not the benchmark's). Every strategy's plans are costed with that model
-(predicted) and run with the reference executor (measured: the slowest rank's time from the
-first slot to the end of the last, the gradient all-reduce excluded), steps interleaved across
-strategies.
+Measured (2 gloo processes on this machine, one thread each): ``seqbalance bench
+--context-parallel`` run through its library (``seqbalance.runtime.bench`` with
+``BenchSettings.context_parallel``): the toy transformer (``small``) on a long-tail mix (10% of
+samples 1.1k-2k tokens, the rest lognormal around 128), 32 samples per step, 1024 tokens per
+rank and slot, CP sizes 1 and 2. Both processes first calibrate together
+(``seqbalance.runtime.context_parallel.calibrate_cost_model``): compute (a ``TimeModel``
+fitted to whole-sample slots of varied micro-batches run through the executor), communication
+(timed K/V gathers) and the executor's fixed cost per sharded sample (2048 tokens in 4 to 128
+samples, all sharded, median of 5 runs, on batches that are not the benchmark's). Every
+strategy's plans are costed with that model (predicted) and run with the reference executor
+(measured: the slowest rank's time from the first slot to the end of the last, the gradient
+all-reduce excluded), strategies interleaved step by step.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ import os
 import platform
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.cost.context_parallel import CommModel
 from seqbalance.datasets.generators import long_context
-from seqbalance.plan.context_parallel import CP_STRATEGIES, ContextParallel, plan_context_parallel
+from seqbalance.plan.context_parallel import ContextParallel
 from seqbalance.sim.context_parallel import compare_context_parallel
 
 SCALES = ((8, 64), (64, 512))  # (ranks, samples per step)
@@ -85,156 +85,72 @@ def simulated(steps: int) -> tuple[list[str], list[dict[str, Any]]]:
 # ------------------------------------------------------------------ measured
 MEASURED_CAP = 1024
 MEASURED_SAMPLES = 32
+MEASURED_DATASET = 4096
 
 
-def measured_batches(steps: int) -> list[np.ndarray]:
-    return [
-        long_context(
-            MEASURED_SAMPLES,
-            short_median=128.0,
-            short_sigma=0.8,
-            long_min=1100,
-            long_max=2048,
-            seed=100 + seed,
-        )
-        for seed in range(steps)
-    ]
-
-
-def _worker(rank: int, world_size: int, steps: int, repeats: int, trials: int) -> dict[str, Any]:
-    """One rank: calibrate together, plan, run every strategy's steps interleaved."""
-    import torch
-    import torch.distributed as dist
-
-    from seqbalance.cost.context_parallel import kv_elements_per_token, kv_layers
-    from seqbalance.runtime.calibrate import calibration_microbatches, model_config
-    from seqbalance.runtime.context_parallel import (
-        ContextParallelGroups,
-        calibrate_comm,
-        calibrate_compute,
-        calibrate_piece_overhead,
-        run_step,
+def measured_lengths() -> np.ndarray:
+    """The long-tail dataset the measured steps sample from: 10% of samples 1.1k-2k tokens,
+    the rest lognormal around 128 (a per-rank cap of 1024: the long ones need CP 2)."""
+    return long_context(
+        MEASURED_DATASET,
+        short_median=128.0,
+        short_sigma=0.8,
+        long_min=1100,
+        long_max=2048,
+        seed=100,
     )
-    from seqbalance.runtime.toy_model import TinyCausalTransformer
 
-    torch.set_num_threads(1)
-    timeout = timedelta(seconds=120)
-    model = TinyCausalTransformer(model_config("small", max_position=2048), seed=0)
-    groups = ContextParallelGroups(timeout=timeout)
-    time_model = calibrate_compute(
-        model,
-        groups,
-        calibration_microbatches(trials, max_tokens=MEASURED_CAP, max_length=MEASURED_CAP),
-        max_tokens_per_rank=MEASURED_CAP,
-        timeout=timeout,
+
+def measured(steps: int, warmup: int, trials: int) -> tuple[list[str], dict[str, Any]]:
+    """Run ``seqbalance bench --context-parallel`` (``seqbalance.runtime.bench``) on 2 gloo
+    processes; its markdown lines and report."""
+    from seqbalance.plan import PlanOptions
+    from seqbalance.runtime.bench import BenchSettings, run
+
+    settings = BenchSettings(
+        lengths=measured_lengths(),
+        procs=2,
+        options=PlanOptions(),
+        context_parallel=ContextParallel(MEASURED_CAP, sizes=(1, 2)),
+        global_batch_size=MEASURED_SAMPLES,
+        steps=steps,
+        warmup=warmup,
+        trials=trials,
+        timeout_seconds=120.0,
+        launch_timeout_seconds=1800.0,
     )
-    spec = model.model_spec()
-    comm = calibrate_comm(
-        groups, kv_elements_per_token=kv_elements_per_token(spec), timeout=timeout
-    )
-    options = ContextParallel(MEASURED_CAP, sizes=(1, 2))
-    cost = calibrate_piece_overhead(
-        model,
-        groups,
-        ContextParallelTimeModel(
-            time=time_model,
-            comm=comm,
-            kv_elements_per_token=kv_elements_per_token(spec),
-            kv_layers=kv_layers(spec),
-        ),
-        options,
-        [np.full(count, 2048 // count) for count in (4, 8, 16, 32, 64, 128)],
-        repeats=5,
-        timeout=timeout,
-    )
-    plans = {
-        strategy: [
-            plan_context_parallel(
-                lengths, 2, context_parallel=options, cost=cost, strategy=strategy
-            )
-            for lengths in measured_batches(steps)
-        ]
-        for strategy in CP_STRATEGIES
-    }
-    generator = torch.Generator().manual_seed(5)
-    samples = [
-        [torch.randint(0, model.config.vocab_size, (int(n),), generator=generator) for n in batch]
-        for batch in measured_batches(steps)
-    ]
-    # Warm up every strategy once, then interleave (rotating order) to spread drift.
-    for strategy in CP_STRATEGIES:
-        run_step(model, plans[strategy][0], samples[0], groups, timeout=timeout)
-    slot_seconds = {s: np.zeros((repeats, steps)) for s in CP_STRATEGIES}
-    for repeat in range(repeats):
-        for step in range(steps):
-            for index in np.roll(np.arange(len(CP_STRATEGIES)), step + repeat).tolist():
-                strategy = CP_STRATEGIES[index]
-                model.zero_grad(set_to_none=True)
-                result = run_step(
-                    model, plans[strategy][step], samples[step], groups, timeout=timeout
-                )
-                slot_seconds[strategy][repeat, step] = result.slot_seconds
-    everyone: list[Any] = [None] * world_size
-    dist.all_gather_object(everyone, {s: v.tolist() for s, v in slot_seconds.items()})
-    slowest = {s: np.max([np.array(r[s]) for r in everyone], axis=0) for s in CP_STRATEGIES}
-    return {
-        "measured": {s: np.median(v, axis=0).tolist() for s, v in slowest.items()},
-        "predicted": {s: [p.step_cost for p in plans[s]] for s in CP_STRATEGIES},
-        "sharded": {s: [float((p.cp_size > 1).mean()) for p in plans[s]] for s in plans},
-        "calibration": {
-            "time_model": [cost.time.t0, cost.time.t1, cost.time.t2],
-            "fit_mape": time_model.fit_stats.mape if time_model.fit_stats else None,
-            "bandwidth": comm.bandwidth_bytes_per_s,
-            "latency": comm.latency_s,
-            "comm_mape": comm.fit_stats.mape if comm.fit_stats else None,
-            "piece_overhead": cost.piece_overhead_s,
-        },
-    }
-
-
-def measured(steps: int, repeats: int, trials: int) -> tuple[list[str], dict[str, Any]]:
-    """Run the measured part on 2 gloo ranks (the shared launcher); its markdown lines and
-    raw report."""
-    from seqbalance.runtime.launch import launch
-
-    report = launch(
-        _worker, 2, args=(steps, repeats, trials), timeout=1800.0, collective_timeout=120.0
-    )[0]
-    measured_mean = {s: float(np.mean(v)) for s, v in report["measured"].items()}
-    predicted_mean = {s: float(np.mean(v)) for s, v in report["predicted"].items()}
-    calibration = report["calibration"]
+    report = run(settings)
+    model = report["time_model"]
+    time_model, comm = model["time"], model["comm"]
+    strategies = report["strategies"]
     lines = [
-        f"Calibration: TimeModel t0 = {calibration['time_model'][0] * 1e3:.3f} ms, "
-        f"t1 = {calibration['time_model'][1] * 1e9:.1f} ns/token, "
-        f"t2 = {calibration['time_model'][2] * 1e12:.3f} ps/token² (fit MAPE "
-        f"{100 * calibration['fit_mape']:.1f}%); gloo K/V gather: "
-        f"{calibration['bandwidth'] / 1e9:.2f} GB/s, {calibration['latency'] * 1e6:.0f} us per "
-        f"ring step (fit MAPE {100 * (calibration['comm_mape'] or 0):.1f}%); executor overhead "
-        f"per sharded sample and member: {calibration['piece_overhead'] * 1e3:.2f} ms.",
+        f"Calibration: TimeModel t0 = {time_model['t0'] * 1e3:.3f} ms, "
+        f"t1 = {time_model['t1'] * 1e9:.1f} ns/token, "
+        f"t2 = {time_model['t2'] * 1e12:.3f} ps/token² (fit MAPE "
+        f"{100 * time_model['fit_stats']['mape']:.1f}%); gloo K/V gather: "
+        f"{comm['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, {comm['latency_s'] * 1e6:.0f} us per "
+        f"ring step (fit MAPE {100 * comm['fit_stats']['mape']:.1f}%); executor overhead "
+        f"per sharded sample and member: {model['piece_overhead_s'] * 1e3:.2f} ms.",
         "",
         "| strategy | predicted step (ms) | measured step (ms) | measured / predicted | "
         "sharded samples |",
         "|---|---:|---:|---:|---:|",
     ]
     lines.extend(
-        f"| {NAMES[strategy]} | {1e3 * predicted_mean[strategy]:.1f} | "
-        f"{1e3 * measured_mean[strategy]:.1f} | "
-        f"{measured_mean[strategy] / predicted_mean[strategy]:.2f} | "
-        f"{100 * float(np.mean(report['sharded'][strategy])):.0f}% |"
-        for strategy in CP_STRATEGIES
+        f"| {NAMES[name]} | {1e3 * row['predicted_mean_step_seconds']:.1f} | "
+        f"{1e3 * row['mean_step_seconds']:.1f} | {row['measured_over_predicted']:.2f} | "
+        f"{100 * row['sharded_fraction']:.0f}% |"
+        for name, row in strategies.items()
     )
-    reduction = {
-        kind: 1.0 - values["balanced"] / values["static_cp"]
-        for kind, values in (("predicted", predicted_mean), ("measured", measured_mean))
-    }
-    relative = abs(reduction["predicted"] - reduction["measured"]) / abs(reduction["measured"])
+    comparison = report["comparisons"]["balanced_vs_static_cp"]
     lines += [
         "",
         f"balanced vs static_cp: measured step time reduced by "
-        f"{100 * reduction['measured']:.1f}%, predicted {100 * reduction['predicted']:.1f}% "
-        f"(the prediction is {100 * relative:.0f}% off, relative).",
+        f"{100 * comparison['measured_step_time_reduction']:.1f}%, predicted "
+        f"{100 * comparison['predicted_reduction']:.1f}% (the prediction is "
+        f"{100 * comparison['prediction_relative_error']:.0f}% off, relative).",
     ]
-    return lines, {"report": report, "reduction": reduction, "relative_error": relative}
+    return lines, report
 
 
 # ------------------------------------------------------------------ main
@@ -259,14 +175,14 @@ def main() -> int:
     table, _ = simulated(sim_steps)
     lines += table
     if not args.skip_measured:
-        steps, repeats = (4, 2) if args.quick else (8, 3)
+        steps, warmup = (8, 1) if args.quick else (24, 3)
         lines += [
             "",
             f"### Measured: 2 gloo processes, toy model, {MEASURED_SAMPLES} samples per step, "
-            f"{steps} steps x {repeats} repetitions",
+            f"{steps} steps (+{warmup} warm-up)",
             "",
         ]
-        table, _ = measured(steps, repeats, trials=24 if args.quick else 36)
+        table, _ = measured(steps, warmup, trials=24 if args.quick else 36)
         lines += table
     lines += ["", f"Total benchmark time: {time.time() - started:.0f} s."]
     text = "\n".join(lines)

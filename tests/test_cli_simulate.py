@@ -203,3 +203,107 @@ def test_baseline_names_what_a_stack_runs_today_in_the_headline(capsys) -> None:
         main(["simulate", "--steps", "1", "--baseline", "slime", "--strategies", "balanced"]) == 0
     )
     assert "faster than slime" in capsys.readouterr().out
+
+
+CP = ("--dp", "4", "--global-batch", "24", "--steps", "2", "--context-parallel", "1,2,4")
+
+
+def _cp_expected(lengths: np.ndarray, cost, **options) -> dict:
+    from seqbalance.plan import ContextParallel
+    from seqbalance.sim import sample_batches
+    from seqbalance.sim.context_parallel import compare_context_parallel
+
+    batches = sample_batches(lengths.size, 24, 2, seed=0)
+    comparison = compare_context_parallel(
+        [lengths[b] for b in batches],
+        4,
+        context_parallel=ContextParallel(1024, sizes=(1, 2, 4)),
+        cost=cost,
+        **options,
+    )
+    return {name: r.mean_step for name, r in comparison.results.items()}
+
+
+def test_context_parallel_takes_either_time_model_file(capsys, lengths_file, tmp_path) -> None:
+    from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+
+    path, lengths = lengths_file
+    lengths = np.minimum(lengths, 4 * 1024)
+    np.save(path, lengths)
+    compute = TimeModel(1e-3, 2e-6, 4e-9)
+    cp_model = ContextParallelTimeModel(
+        compute, CommModel(1e8, 1e-4), 128, 2, piece_overhead_s=2e-3
+    )
+    cp_model.save(tmp_path / "cp.json")
+    compute.save(tmp_path / "tm.json")
+    argv = ["simulate", "--lengths", str(path), *CP, "--max-tokens-per-rank", "1024"]
+    with_cp = run_json(capsys, *argv, "--time-model", str(tmp_path / "cp.json"))
+    expected = _cp_expected(lengths, cp_model)
+    for name, mean in expected.items():
+        assert with_cp["strategies"][name]["mean_step_seconds"] == pytest.approx(mean, rel=1e-12)
+    # A plain TimeModel keeps working: K/V sizes from --model, the default communication.
+    plain = run_json(capsys, *argv, "--time-model", str(tmp_path / "tm.json"))
+    default_comm = ContextParallelTimeModel.from_model("qwen3-8b", time=compute)
+    for name, mean in _cp_expected(lengths, default_comm).items():
+        assert plain["strategies"][name]["mean_step_seconds"] == pytest.approx(mean, rel=1e-12)
+    assert plain["strategies"]["static_cp"] != with_cp["strategies"]["static_cp"]
+    # Without --context-parallel the file's compute TimeModel plans.
+    whole = run_json(
+        capsys,
+        "simulate",
+        "--lengths",
+        str(path),
+        *SMALL,
+        "--time-model",
+        str(tmp_path / "cp.json"),
+    )
+    again = run_json(
+        capsys,
+        "simulate",
+        "--lengths",
+        str(path),
+        *SMALL,
+        "--time-model",
+        str(tmp_path / "tm.json"),
+    )
+    for name, stats in whole["strategies"].items():
+        assert stats["step_seconds"] == again["strategies"][name]["step_seconds"], name
+    assert "ContextParallelTimeModel from" in whole["setup"]["time_model_source"]
+
+
+def test_context_parallel_honours_the_slot_options_and_refuses_the_others(
+    capsys, lengths_file
+) -> None:
+    path, lengths = lengths_file
+    lengths = np.minimum(lengths, 4 * 1024)
+    np.save(path, lengths)
+    argv = ["simulate", "--lengths", str(path), *CP, "--max-tokens", "1024"]
+    counted = run_json(capsys, *argv, "--num-microbatches", "20", "--allow-empty")
+    for name in ("balanced", "static_cp", "dynamic_cp_megatron"):
+        assert counted["strategies"][name]["mean_slots"] == 20, name
+    for extra, message in (
+        (
+            ["--layout", "padded", "--micro-batch-size", "2"],
+            "--layout = 'padded' is not supported with --context-parallel",
+        ),
+        (["--order", "descending"], "--order = 'descending' is not supported"),
+        (["--allow-oversize"], "--allow-oversize = True is not supported"),
+        (["--max-tokens-per-rank", "0"], "--context-parallel: --max-tokens-per-rank must be >= 1"),
+        (
+            ["--context-parallel", "2,3"],
+            "--context-parallel: sizes must be ascending with each size dividing",
+        ),
+    ):
+        assert main([*argv, *extra]) == 2
+        assert message in capsys.readouterr().err
+    # A sample longer than the largest CP size x the per-rank cap is truncated, and counted.
+    short_cap = [*argv[:-2], "--max-tokens-per-rank", "512", "--json"]
+    assert main(short_cap) == 0
+    captured = capsys.readouterr()
+    cut = int((lengths > 4 * 512).sum())
+    assert cut and json.loads(captured.out)["truncated"] == cut
+    assert f"warning: {cut} of 400 samples are longer than the largest usable CP size (4)" in (
+        captured.err
+    )
+    assert main(["simulate", "--lengths", str(path), "--max-tokens-per-rank", "8"]) == 2
+    assert "--max-tokens-per-rank applies with --context-parallel only" in capsys.readouterr().err

@@ -16,11 +16,13 @@ from seqbalance.cost.context_parallel import (
     ContextParallelTimeModel,
     kv_elements_per_token,
     kv_layers,
+    load_time_model_file,
     shard_chunks,
     shard_flops,
     shard_pairs,
     shard_tokens,
 )
+from seqbalance.plan import ContextParallel, plan_step
 
 
 def test_head_tail_chunks_by_hand() -> None:
@@ -218,6 +220,38 @@ def test_time_model_json_round_trip() -> None:
         CommModel.from_json('{"format": "other"}')
     with pytest.raises(ValueError, match="version"):
         ContextParallelTimeModel.from_json('{"format": "seqbalance.ContextParallelTimeModel"}')
+
+
+def test_time_model_files_save_load_and_are_told_apart(tmp_path) -> None:
+    model = replace(_tiny_model(bandwidth_bytes_per_s=3e8, latency_s=1e-3), piece_overhead_s=2e-3)
+    compute = model.time
+    model.save(tmp_path / "cp.json")
+    loaded = ContextParallelTimeModel.load(tmp_path / "cp.json")
+    assert loaded == model and loaded.to_json() == model.to_json()
+    plain = TimeModel(0.001, 2e-6, 3e-9)
+    plain.save(tmp_path / "tm.json")
+    assert load_time_model_file(tmp_path / "cp.json") == model
+    assert load_time_model_file(tmp_path / "tm.json") == plain
+    with pytest.raises(FileNotFoundError, match=r"missing\.json"):
+        ContextParallelTimeModel.load(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match=r"missing\.json"):
+        load_time_model_file(tmp_path / "missing.json")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "other.json").write_text('{"format": "other"}')
+    for name, message in (("deep", "not valid JSON"), ("other", "format 'seqbalance.TimeModel'")):
+        with pytest.raises(ValueError, match=message):
+            load_time_model_file(tmp_path / f"{name}.json")
+    with pytest.raises(ValueError, match="ContextParallelTimeModel JSON is not valid JSON"):
+        ContextParallelTimeModel.load(tmp_path / "deep.json")
+    # plan_step takes the loaded model as its cost, whole samples and sharded ones alike.
+    lengths = [300, 40, 90, 20]
+    whole = plan_step(lengths, 2, cost=loaded, max_tokens=512)
+    assert whole.sample_costs.tolist() == compute.per_sample(lengths).tolist()
+    sharded = plan_step(
+        lengths, 2, cost=loaded, context_parallel=ContextParallel(256, sizes=(1, 2))
+    )
+    sharded.validate()
+    assert sharded.cp_size[0] == 2  # 300 tokens > 256 per rank: sharded
 
 
 def test_time_model_rejects_bad_input() -> None:

@@ -9,13 +9,17 @@ import pytest
 from _bench_run import hand_made_raw
 
 from seqbalance.cost import TimeModel
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.plan import ContextParallel, PlanOptions
 from seqbalance.runtime.bench import (
     BenchSettings,
     length_divisor,
+    plan_context_parallel_steps,
     plan_schedule,
     run,
     scale_lengths,
     summarize,
+    summarize_context_parallel,
 )
 
 
@@ -27,11 +31,10 @@ def settings(**changes) -> BenchSettings:
         "lengths": [10, 20],
         "groups": None,
         "strategies": ("round_robin", "balanced"),
-        "objective": "step",
+        "options": PlanOptions(max_tokens=64),
         "global_batch_size": 2,
         "steps": 2,
         "warmup": 1,
-        "max_tokens": 64,
         "model_size": "tiny",
         "time_model": None,
         "trials": 6,
@@ -53,6 +56,8 @@ def test_scale_lengths_divides_rounding_up_and_cuts_at_the_cap() -> None:
     assert divisor == 4 and scaled.tolist() == [1, 2, 2, 3, 64]
     scaled, divisor = scale_lengths([1699, 1700, 1698], 2048)
     assert divisor == 4 and scaled.tolist() == [425, 425, 425]
+    scaled, _ = scale_lengths([1, 7, 8, 9, 1000], 64, divisor=4, truncate=False)
+    assert scaled.tolist() == [1, 2, 2, 3, 250]
     with pytest.raises(ValueError, match="length_divisor must be >= 1, got 0"):
         scale_lengths([1], 64, divisor=0)
 
@@ -64,16 +69,30 @@ def test_settings_are_validated_and_described() -> None:
     assert "lengths" not in described and "time_model" not in described
     assert described["procs"] == 2 and described["cores"] == (0,)
     assert described["launch_timeout_seconds"] == 3600.0
-    assert BenchSettings(lengths=[5]).cores  # default: the cores this process may use
+    assert described["context_parallel"] is None
+    options = PlanOptions(max_tokens=64).to_dict()
+    assert described["options"] == {
+        k: v for k, v in options.items() if k not in ("cost", "model", "strategy")
+    }
+    default = BenchSettings(lengths=[5])
+    assert default.cores  # default: the cores this process may use
+    assert default.strategies == ("round_robin", "token_kk", "balanced")
+    assert default.options == PlanOptions(max_tokens=4096) and default.max_position == 4096
+    oversize = settings(lengths=[100, 3], options=PlanOptions(max_tokens=64, allow_oversize=True))
+    assert oversize.max_position == 100
     for bad, message in (
         ({"procs": 0}, "procs must be >= 1"),
         ({"device": "tpu"}, "device must be one of"),
         ({"lengths": []}, "lengths must hold at least one sample"),
         ({"groups": [1]}, "groups must hold one id per sample"),
         ({"strategies": "balanced"}, "strategies must be a non-empty sequence"),
-        ({"objective": "fast"}, "objective must be one of"),
         ({"trials": 3}, "trials must be >= 4"),
-        ({"max_tokens": 7}, "max_tokens must be >= 8"),
+        ({"options": PlanOptions(max_tokens=7)}, "max_tokens must be >= 8"),
+        ({"options": PlanOptions()}, "max_tokens must be set"),
+        ({"options": {"max_tokens": 64}}, "options must be a PlanOptions"),
+        ({"options": PlanOptions(max_tokens=64, cost="flops")}, "options.cost must be left"),
+        ({"options": PlanOptions(max_tokens=64, strategy="token_kk")}, "options.strategy"),
+        ({"lengths": [65]}, "above max_tokens = 64"),
         ({"model_size": "huge"}, "model_size must be one of"),
         ({"time_model": "tm.json"}, "time_model must be a TimeModel"),
         ({"timeout_seconds": 0}, "timeout_seconds must be a positive"),
@@ -81,6 +100,35 @@ def test_settings_are_validated_and_described() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             settings(**bad)
+
+
+def test_context_parallel_settings_are_validated_and_described() -> None:
+    cp = ContextParallel(64, sizes=(1, 2))
+    s = settings(options=PlanOptions(), context_parallel=cp, lengths=[10, 128], strategies=None)
+    assert s.strategies == ("balanced", "static_cp", "dynamic_cp_megatron")
+    assert s.max_position == 128 and s.describe()["context_parallel"] == cp.to_dict()
+    cost = ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 8, 1)
+    assert settings(context_parallel=cp, time_model=cost, strategies=None).time_model == cost
+    options = s.context_parallel_options(cost)
+    assert options.context_parallel == cp and options.cost == cost and options.max_tokens is None
+    with pytest.raises(ValueError, match="these settings have no context_parallel"):
+        settings().context_parallel_options(cost)
+    for bad, message in (
+        ({"lengths": [129]}, "above the largest CP size usable on 2 processes \\(2\\)"),
+        ({"procs": 3, "context_parallel": ContextParallel(64, sizes=(2,))}, "none divides procs"),
+        ({"options": PlanOptions(max_tokens=32)}, "max_tokens = 32 conflicts"),
+        ({"options": PlanOptions(layout="padded", micro_batch_size=2)}, "layout = 'padded'"),
+        ({"options": PlanOptions(objective="lockstep")}, "objective = 'lockstep' is not"),
+        ({"context_parallel": ContextParallel(64, comm=CommModel())}, "comm must be None"),
+        ({"context_parallel": (1, 2)}, "context_parallel must be a ContextParallel"),
+        ({"device": "cuda"}, "device 'cuda' is not supported with context_parallel"),
+        ({"strategies": ("token_kk",)}, "strategies entry \\(with context_parallel\\)"),
+        ({"time_model": TimeModel(0.0, 1.0, 0.0)}, "ContextParallelTimeModel or None"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            settings(
+                **{"context_parallel": cp, "options": PlanOptions(), "strategies": None, **bad}
+            )
 
 
 def test_plan_schedule_gives_each_rank_its_microbatch_lengths() -> None:
@@ -128,7 +176,7 @@ def test_a_real_run_reports_progress_and_every_strategy() -> None:
     s = settings(
         lengths=rng.integers(8, 120, size=64),
         global_batch_size=8,
-        max_tokens=256,
+        options=PlanOptions(max_tokens=256),
         steps=2,
         warmup=1,
         time_model=model,
@@ -147,3 +195,118 @@ def test_a_real_run_reports_progress_and_every_strategy() -> None:
     setup = report["setup"]
     assert setup["oversubscribed"] == (len(setup["cores"]) < 2)
     assert setup["elapsed_seconds"] > 0
+
+
+def _cp_record(step: int, slot: float, sync: float, loss: float) -> dict:
+    return {"step": step, "slot_seconds": slot, "sync_seconds": sync, "loss": loss}
+
+
+def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
+    cp = ContextParallel(64, sizes=(1, 2))
+    s = settings(context_parallel=cp, options=PlanOptions(), strategies=("balanced", "static_cp"))
+    raw = {
+        "records": [
+            {
+                "balanced": [_cp_record(0, 0.08, 0.01, 2.0), _cp_record(1, 0.10, 0.01, 3.0)],
+                "static_cp": [_cp_record(0, 0.10, 0.01, 2.0002), _cp_record(1, 0.12, 0.02, 3.0)],
+            },
+            {
+                "balanced": [_cp_record(0, 0.09, 0.02, 2.0), _cp_record(1, 0.09, 0.01, 3.0)],
+                "static_cp": [_cp_record(0, 0.11, 0.01, 2.0002), _cp_record(1, 0.12, 0.01, 3.0)],
+            },
+        ],
+        "time_model": {"placeholder": True},
+        "calibrated": True,
+        "plans": {
+            "balanced": {
+                "predicted_seconds": [0.08, 0.10],
+                "sharded_fraction": [0.1, 0.2],
+                "slots": [3, 4],
+            },
+            "static_cp": {
+                "predicted_seconds": [0.10, 0.12],
+                "sharded_fraction": [1.0, 1.0],
+                "slots": [2, 2],
+            },
+        },
+    }
+    report = summarize_context_parallel(raw, s)
+    balanced, static = report["strategies"]["balanced"], report["strategies"]["static_cp"]
+    # The slowest rank's slots per step: balanced [0.09, 0.10], static_cp [0.11, 0.12].
+    assert balanced["step_seconds"] == [0.09, 0.10] and static["step_seconds"] == [0.11, 0.12]
+    assert balanced["mean_step_seconds"] == pytest.approx(0.095)
+    assert balanced["median_step_seconds"] == pytest.approx(0.095)
+    assert balanced["mean_step_with_sync_seconds"] == pytest.approx(0.11)  # 0.09+0.02, 0.10+0.01
+    assert balanced["predicted_mean_step_seconds"] == pytest.approx(0.09)
+    assert balanced["measured_over_predicted"] == pytest.approx(0.095 / 0.09)
+    assert balanced["sharded_fraction"] == pytest.approx(0.15) and balanced["mean_slots"] == 3.5
+    assert report["max_loss_spread"] == pytest.approx(0.0002 / 2.0001)
+    comparison = report["comparisons"]["balanced_vs_static_cp"]
+    measured, predicted = 1 - 0.095 / 0.115, 1 - 0.09 / 0.11
+    assert comparison["measured_step_time_reduction"] == pytest.approx(measured)
+    assert comparison["predicted_reduction"] == pytest.approx(predicted)
+    assert comparison["prediction_relative_error"] == pytest.approx(
+        abs(predicted - measured) / measured
+    )
+    assert "balanced_vs_dynamic_cp_megatron" not in report["comparisons"]
+    assert report["calibrated"] and report["setup"] == s.describe()
+
+
+def test_context_parallel_steps_plan_every_strategy_with_one_static_size() -> None:
+    cp = ContextParallel(64, sizes=(1, 2))
+    lengths = [3, 9, 20, 120, 30, 5, 7, 60, 11, 2, 40, 8]
+    s = settings(
+        context_parallel=cp,
+        options=PlanOptions(num_microbatches=6, allow_empty=True),
+        strategies=None,
+        lengths=lengths,
+        global_batch_size=6,
+        steps=3,
+        warmup=1,
+    )
+    cost = ContextParallelTimeModel(TimeModel(1e-3, 1e-5, 1e-8), CommModel(1e9, 1e-5), 16, 2)
+    comparison = plan_context_parallel_steps(s, cost)
+    assert comparison.context_parallel.static_size == 2  # the dataset's 120 needs CP 2
+    assert list(comparison.plans) == ["balanced", "static_cp", "dynamic_cp_megatron"]
+    again = plan_context_parallel_steps(s, cost)
+    for name, plans in comparison.plans.items():
+        assert len(plans) == 4  # warm-up + measured steps
+        assert all(plan.n_slots == 6 for plan in plans), name  # --num-microbatches honoured
+        assert [p.fingerprint() for p in plans] == [p.fingerprint() for p in again.plans[name]]
+    # static_cp shards every sample at size 2, also in steps without a long sample.
+    assert all((plan.cp_size == 2).all() for plan in comparison.plans["static_cp"])
+    # Every step plans the same samples with every strategy.
+    for step in range(4):
+        firsts = {name: plans[step].lengths.tolist() for name, plans in comparison.plans.items()}
+        assert len({tuple(v) for v in firsts.values()}) == 1
+
+
+def test_settings_round_trip_through_pickle_and_their_description() -> None:
+    import pickle
+
+    options = PlanOptions(
+        max_tokens=96,
+        layout="padded",
+        micro_batch_size=3,
+        num_microbatches=4,
+        min_microbatches=2,
+        microbatch_multiple=2,
+        objective="lockstep",
+        order="descending",
+        allow_oversize=True,
+        allow_empty=True,
+    )
+    s = settings(options=options, lengths=[10, 200], time_model=TimeModel(0.0, 1.0, 0.0))
+    # What the processes receive (launch pickles the settings) is the same request.
+    again = pickle.loads(pickle.dumps(s))
+    assert again == s and again.options.fingerprint() == options.fingerprint()
+    # The report's description rebuilds the same plan options.
+    assert PlanOptions.from_dict(s.describe()["options"]) == options
+    cp = ContextParallel(64, sizes=(1, 2), static_size=2)
+    s = settings(context_parallel=cp, options=PlanOptions(allow_empty=True), strategies=None)
+    again = pickle.loads(pickle.dumps(s))
+    assert again == s and again.context_parallel == cp
+    described = s.describe()
+    assert ContextParallel.from_dict(described["context_parallel"]) == cp
+    assert PlanOptions.from_dict(described["options"]) == PlanOptions(allow_empty=True)
+    assert json.loads(json.dumps(described)) == json.loads(json.dumps(again.describe()))

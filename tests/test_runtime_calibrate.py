@@ -12,8 +12,10 @@ from seqbalance.runtime.calibrate import (
     MODEL_SIZES,
     calibrate,
     calibration_microbatches,
+    costed_lengths,
     fit_time_model,
     model_config,
+    time_microbatches,
 )
 
 
@@ -27,6 +29,27 @@ def test_microbatches_respect_the_caps_and_vary_in_shape() -> None:
     assert max(b.size for b in batches) >= 4  # and packed ones
     again = calibration_microbatches(30, max_tokens=1024, max_length=700, seed=3)
     assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
+
+
+def test_padded_microbatches_hold_equal_samples_within_the_cap() -> None:
+    packed = calibration_microbatches(30, max_tokens=1024, max_length=700, seed=3)
+    padded = calibration_microbatches(30, max_tokens=1024, max_length=700, seed=3, layout="padded")
+    for p, q in zip(packed, padded, strict=True):
+        # Each sample at the packed micro-batch's longest, as many as fit the cap (at least 1).
+        assert (q == p.max()).all()
+        assert q.size == min(p.size, max(1, 1024 // int(p.max())))
+    assert max(q.size for q in padded) >= 4
+    with pytest.raises(ValueError, match="layout must be one of"):
+        calibration_microbatches(4, max_tokens=64, max_length=64, layout="ragged")
+
+
+def test_costed_lengths_are_what_the_planner_prices() -> None:
+    assert costed_lengths([5, 9, 2], "packed").tolist() == [5, 9, 2]
+    assert costed_lengths([5, 9, 2], "padded").tolist() == [9, 9, 9]
+    assert costed_lengths([], "padded").tolist() == []
+    model = TimeModel(0.5, 1.0, 0.25)
+    # The padded micro-batch of [5, 9, 2]: overhead + 3 x cost(9), as plan_step charges.
+    assert model.microbatch_seconds(costed_lengths([5, 9, 2], "padded")) == 0.5 + 3 * (9 + 81 / 4)
 
 
 def test_fit_recovers_an_exact_model_and_scores_the_held_out_quarter() -> None:
@@ -89,3 +112,40 @@ def test_calibrate_times_the_toy_model_here() -> None:
     assert setup["model_config"]["hidden_size"] == MODEL_SIZES["tiny"]["hidden_size"]
     assert setup["model_config"]["max_position"] == 128
     assert setup["elapsed_seconds"] > 0
+
+
+def test_padded_microbatches_are_timed_through_the_padded_forward(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    from seqbalance.runtime.toy_model import TinyCausalTransformer
+
+    model = TinyCausalTransformer(model_config("tiny", max_position=64))
+    shapes = []
+    padded_forward = model.forward_padded
+    monkeypatch.setattr(
+        model,
+        "forward_padded",
+        lambda ids, *rest: shapes.append(tuple(ids.shape)) or padded_forward(ids, *rest),
+    )
+    seconds = time_microbatches(
+        model,
+        [np.array([7, 3]), np.array([5])],
+        device=torch.device("cpu"),
+        repeats=1,
+        warmup=0,
+        layout="padded",
+    )
+    assert seconds.shape == (2,) and (seconds > 0).all()
+    assert shapes == [(2, 7), (1, 5)]
+
+
+def test_piece_overhead_batches_fill_one_slot_in_ever_more_samples() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.runtime.context_parallel import piece_overhead_batches
+
+    batches = piece_overhead_batches(2, 1024)  # the benchmark's: 2048 tokens in 4 .. 128
+    assert [b.size for b in batches] == [4, 8, 16, 32, 64, 128]
+    assert all(b.sum() == 2048 and (b == b[0]).all() for b in batches)
+    # Every sample keeps >= 2 tokens per member: 4 ranks x 16 tokens = 64 in 4 .. 8 samples.
+    assert [b.tolist() for b in piece_overhead_batches(4, 16)] == [[16] * 4, [8] * 8]
+    with pytest.raises(ValueError, match="at least 16 tokens per rank"):
+        piece_overhead_batches(2, 15)

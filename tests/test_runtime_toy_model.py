@@ -13,6 +13,7 @@ from seqbalance.runtime.toy_model import (  # noqa: E402
     TinyCausalTransformer,
     ToyModelConfig,
     make_packed_batch,
+    make_padded_batch,
 )
 
 
@@ -60,6 +61,78 @@ def test_loss_and_per_sample_loss_agree(model) -> None:
         per_sample = model.per_sample_loss(ids, cu, labels)
     labelled = torch.tensor([n - 1 for n in lengths], dtype=torch.float32)
     torch.testing.assert_close((per_sample * labelled).sum() / labelled.sum(), mean)
+
+
+def test_make_padded_batch_holds_the_packed_tokens_right_padded() -> None:
+    ids, mask, labels = make_padded_batch([3, 0, 2], vocab_size=11, seed=4)
+    packed_ids, _, packed_labels = make_packed_batch([3, 0, 2], vocab_size=11, seed=4)
+    assert ids.shape == mask.shape == labels.shape == (3, 3) and mask.dtype == torch.bool
+    assert mask.tolist() == [[True, True, True], [False] * 3, [True, True, False]]
+    assert ids[0].tolist() == packed_ids[:3].tolist()
+    assert ids[2, :2].tolist() == packed_ids[3:].tolist()
+    assert ids[1].tolist() == [0, 0, 0] and ids[2, 2] == 0
+    assert labels[0].tolist() == packed_labels[:3].tolist()
+    assert labels[2].tolist() == [*packed_labels[3:].tolist(), IGNORE_INDEX]
+    assert labels[1].tolist() == [IGNORE_INDEX] * 3
+    empty_ids, empty_mask, _ = make_padded_batch([], seed=0)
+    assert empty_ids.shape == empty_mask.shape == (0, 0)
+
+
+def test_padded_loss_and_gradients_equal_the_packed_ones() -> None:
+    # float64 so equality is to rounding: the padded forward computes the same function.
+    model = TinyCausalTransformer(ToyModelConfig(max_position=64), seed=3).double()
+    lengths = [9, 1, 23, 16]
+    vocab = model.config.vocab_size
+    packed = make_packed_batch(lengths, vocab_size=vocab, seed=6)
+    padded = make_padded_batch(lengths, vocab_size=vocab, seed=6)
+    gradients = []
+    for run in (lambda: model(*packed), lambda: model.forward_padded(*padded)):
+        model.zero_grad()
+        loss = run()
+        loss.backward()
+        gradients.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (packed_loss, packed_grads), (padded_loss, padded_grads) = gradients
+    assert torch.isfinite(packed_loss)
+    torch.testing.assert_close(padded_loss, packed_loss, rtol=1e-12, atol=1e-12)
+    for a, b in zip(padded_grads, packed_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # Summed losses agree too, and real positions' logits equal the packed logits.
+    ids, mask, labels = padded
+    total = model.forward_padded(ids, mask, labels, reduction="sum")
+    torch.testing.assert_close(total, model(*packed, reduction="sum"), rtol=1e-12, atol=1e-10)
+    with torch.no_grad():
+        logits = model.forward_padded(ids, mask)
+        expected = model(packed[0], packed[1])
+        torch.testing.assert_close(logits[mask], expected, rtol=1e-10, atol=1e-10)
+
+
+def test_the_padding_never_reaches_a_real_token(model) -> None:
+    ids, mask, labels = make_padded_batch([4, 12], vocab_size=model.config.vocab_size, seed=7)
+    changed = ids.clone()
+    changed[0, 4:] = 1 + torch.arange(8) % (model.config.vocab_size - 1)  # the padding only
+    wrong_labels = labels.clone()
+    wrong_labels[0, 4:] = 3  # labels on padding are ignored (the mask says so)
+    with torch.no_grad():
+        before = model.forward_padded(ids, mask, labels)
+        after = model.forward_padded(changed, mask, wrong_labels)
+    torch.testing.assert_close(before, after)
+
+
+def test_padded_validation(model) -> None:
+    ids, mask, labels = make_padded_batch([3, 2], seed=0)
+    with pytest.raises(ValueError, match="2-D"):
+        model.forward_padded(ids[0], mask[0])
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        model.forward_padded(ids, mask[:, :2])
+    with pytest.raises(ValueError, match="right-padded"):
+        model.forward_padded(ids, mask.flip(1))
+    with pytest.raises(ValueError, match="labels has shape"):
+        model.forward_padded(ids, mask, labels[:1])
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        model.forward_padded(ids, mask, labels, reduction="max")
+    with pytest.raises(ValueError, match="max_position"):
+        wide = torch.zeros((1, 300), dtype=torch.int64)
+        model.forward_padded(wide, torch.ones_like(wide, dtype=torch.bool))
 
 
 def test_training_step_runs_and_reduces_loss() -> None:

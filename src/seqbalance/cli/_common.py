@@ -27,6 +27,8 @@ from seqbalance.plan import OBJECTIVES
 
 if TYPE_CHECKING:
     from seqbalance.cost import ModelSpec, TimeModel
+    from seqbalance.cost.context_parallel import ContextParallelTimeModel
+    from seqbalance.plan import ContextParallel
 
 T = TypeVar("T")
 
@@ -35,13 +37,16 @@ __all__ = [
     "DEFAULT_LENGTHS",
     "DEFAULT_PEAK_TFLOPS",
     "LengthsInput",
+    "add_context_parallel_arguments",
     "add_json_flag",
     "add_lengths_option",
     "add_objective_argument",
     "add_plan_option_arguments",
     "add_strategies_option",
     "add_time_model_arguments",
+    "context_parallel_from_args",
     "cost_from_args",
+    "describe_time_model",
     "flag",
     "flag_names",
     "load_lengths",
@@ -102,14 +107,31 @@ def _comma_separated(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
-def add_strategies_option(parser: argparse.ArgumentParser, default: Sequence[str]) -> None:
-    """Add ``--strategies``, parsed into a tuple of names, shared by simulate and bench."""
+def add_strategies_option(
+    parser: argparse.ArgumentParser,
+    default: Sequence[str],
+    *,
+    context_parallel_default: Sequence[str] | None = None,
+) -> None:
+    """Add ``--strategies``, parsed into a tuple of names, shared by simulate and bench.
+
+    With ``context_parallel_default`` the flag defaults to None (the command picks ``default``
+    or, with ``--context-parallel``, ``context_parallel_default``)."""
     listed = ",".join(default)
+    if context_parallel_default is None:
+        parser.add_argument(
+            "--strategies",
+            type=_comma_separated,
+            default=listed,
+            help=f"comma-separated strategies to compare (default: {listed})",
+        )
+        return
     parser.add_argument(
         "--strategies",
         type=_comma_separated,
-        default=listed,
-        help=f"comma-separated strategies to compare (default: {listed})",
+        default=None,
+        help=f"comma-separated strategies to compare (default: {listed}; with "
+        f"--context-parallel: {','.join(context_parallel_default)})",
     )
 
 
@@ -322,33 +344,68 @@ def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-model",
         metavar="FILE",
         default=None,
-        help="TimeModel JSON from `seqbalance calibrate` (replaces --peak-tflops/--efficiency)",
+        help="TimeModel JSON from `seqbalance calibrate` (replaces --peak-tflops/--efficiency); "
+        "with --context-parallel also a ContextParallelTimeModel from `seqbalance calibrate "
+        "--context-parallel` (it carries the communication constants and K/V sizes); without, "
+        "such a file's compute TimeModel is used",
     )
 
 
-def load_time_model(source: str) -> TimeModel:
-    """The TimeModel in the JSON file ``source`` (``--time-model``)."""
-    from seqbalance.cost import TimeModel
+def load_time_model(
+    source: str, *, context_parallel: bool = False
+) -> TimeModel | ContextParallelTimeModel:
+    """The time model in the JSON file ``source`` (``--time-model``): a ``TimeModel``, or a
+    ``ContextParallelTimeModel`` (``seqbalance calibrate --context-parallel``). Without
+    ``context_parallel`` the latter gives its compute ``TimeModel``, so a ``TimeModel`` is
+    always returned then."""
+    from seqbalance.cost.context_parallel import ContextParallelTimeModel, load_time_model_file
 
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"--time-model: no such file {str(path)!r}")
-    return TimeModel.load(path)
+    model = load_time_model_file(path)
+    if isinstance(model, ContextParallelTimeModel) and not context_parallel:
+        return model.time
+    return model
 
 
-def cost_from_args(args: argparse.Namespace) -> tuple[Any, float, float, str | None]:
-    """``(cost, peak FLOP/s, efficiency, description)`` from the cost-model arguments: a
-    ``TimeModel`` read from ``--time-model`` (with its description), or the ``--model`` spec
-    whose FLOPs ``seqbalance.cost.seconds_model`` turns into seconds (description ``None``)."""
+def describe_time_model(model: Any, source: str) -> str:
+    """One line: what ``--time-model`` ``source`` holds and how well it was fitted."""
+    from seqbalance.cost.context_parallel import ContextParallelTimeModel
+
+    def fit(stats: Any) -> str:
+        return "" if stats is None else f", fit MAPE {100 * stats.mape:.1f}%"
+
+    if isinstance(model, ContextParallelTimeModel):
+        comm = model.comm
+        return (
+            f"ContextParallelTimeModel from {Path(source)} (compute{fit(model.time.fit_stats)}; "
+            f"K/V gather {comm.bandwidth_bytes_per_s / 1e9:.3g} GB/s, "
+            f"{1e6 * comm.latency_s:.0f} us per ring step{fit(comm.fit_stats)}; "
+            f"{1e3 * model.piece_overhead_s:.2f} ms per sharded sample)"
+        )
+    return f"TimeModel from {Path(source)}{fit(model.fit_stats)}"
+
+
+def cost_from_args(
+    args: argparse.Namespace, *, context_parallel: bool = False
+) -> tuple[Any, float, float, str | None]:
+    """``(cost, peak FLOP/s, efficiency, description)`` from the cost-model arguments: the
+    model read from ``--time-model`` (see :func:`load_time_model`; with its description), or
+    the ``--model`` spec whose FLOPs ``seqbalance.cost.seconds_model`` turns into seconds
+    (description ``None``)."""
     if args.time_model is not None:
         if args.peak_tflops is not None or args.efficiency is not None:
             raise ValueError(
                 "--time-model replaces --peak-tflops/--efficiency; give one or the other"
             )
-        model = load_time_model(args.time_model)
-        stats = model.fit_stats
-        fit = "" if stats is None else f", fit MAPE {100 * stats.mape:.1f}%"
-        description = f"TimeModel from {Path(args.time_model)}{fit}"
+        from seqbalance.cost.context_parallel import ContextParallelTimeModel
+
+        model = load_time_model(args.time_model, context_parallel=True)
+        description = describe_time_model(model, args.time_model)
+        if not context_parallel and isinstance(model, ContextParallelTimeModel):
+            model = model.time
+            description = f"the compute model of the {description}"
         return model, DEFAULT_PEAK_FLOPS_PER_S, DEFAULT_EFFICIENCY, description
     peak = DEFAULT_PEAK_TFLOPS if args.peak_tflops is None else args.peak_tflops
     efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
@@ -445,14 +502,83 @@ def flag(option: str) -> str:
 
 def plan_options_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
     """``PlanOptions`` from the flags of :func:`add_plan_option_arguments` plus ``fixed``
-    options (e.g. ``cost``); a ValueError names the flags, not the Python keywords."""
+    options (e.g. ``cost``; they replace a flag's value); a ValueError names the flags, not
+    the Python keywords."""
     from seqbalance.plan import PlanOptions
 
     values = {name: getattr(args, name) for name in _flag_options()}
     try:
-        return PlanOptions(**values, **fixed)
+        return PlanOptions(**{**values, **fixed})
     except ValueError as error:
-        raise ValueError(flag_names(str(error))) from None
+        raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
+
+
+# ---------------------------------------------------------------------- context parallelism
+CONTEXT_PARALLEL_FLAGS = {
+    **{name: flag(name) for name in _flag_options()},
+    "context_parallel": "--context-parallel",
+    "max_tokens_per_rank": "--max-tokens-per-rank",
+}
+"""The plan options' flags and those of :func:`add_context_parallel_arguments`."""
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def add_context_parallel_arguments(
+    parser: argparse.ArgumentParser, description: str, *, cap_help: str
+) -> None:
+    """Add ``--context-parallel SIZES`` and ``--max-tokens-per-rank N`` (simulate, bench,
+    calibrate), in a group described by ``description``; ``cap_help`` says what the per-rank
+    cap defaults to. Read them with :func:`context_parallel_from_args`."""
+    group = parser.add_argument_group("context parallelism", description)
+    group.add_argument(
+        "--context-parallel",
+        type=_sizes,
+        default=None,
+        metavar="SIZES",
+        help="allowed CP group sizes, comma-separated and each dividing the next, e.g. 1,2,4,8",
+    )
+    group.add_argument(
+        "--max-tokens-per-rank",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"tokens one rank holds in one slot (default: {cap_help})",
+    )
+
+
+def context_parallel_from_args(
+    args: argparse.Namespace, *, max_tokens: int | None
+) -> ContextParallel | None:
+    """The ``ContextParallel`` options of ``--context-parallel`` / ``--max-tokens-per-rank``
+    (the per-rank cap defaults to ``max_tokens``), or None without ``--context-parallel``.
+
+    Raises:
+        ValueError: ``--max-tokens-per-rank`` without ``--context-parallel``, no cap at all,
+            or bad sizes or cap (the message names the flag).
+    """
+    from seqbalance.plan import ContextParallel
+
+    if args.context_parallel is None:
+        if args.max_tokens_per_rank is not None:
+            raise ValueError("--max-tokens-per-rank applies with --context-parallel only")
+        return None
+    cap = max_tokens if args.max_tokens_per_rank is None else args.max_tokens_per_rank
+    if cap is None:
+        raise ValueError("--context-parallel needs --max-tokens-per-rank (or --max-tokens)")
+    try:
+        return ContextParallel(max_tokens_per_rank=cap, sizes=args.context_parallel)
+    except ValueError as error:
+        raise ValueError(
+            f"--context-parallel: {flag_names(str(error), CONTEXT_PARALLEL_FLAGS)}"
+        ) from None
 
 
 def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:

@@ -6,22 +6,31 @@ import argparse
 import sys
 from typing import Any
 
+import numpy as np
+
+from seqbalance._validation import check_int
 from seqbalance.cli._common import (
+    CONTEXT_PARALLEL_FLAGS,
+    add_context_parallel_arguments,
     add_json_flag,
     add_lengths_option,
-    add_objective_argument,
+    add_plan_option_arguments,
     add_strategies_option,
+    context_parallel_from_args,
     flag,
     flag_names,
     load_lengths,
     load_time_model,
     markdown_table,
+    plan_options_from_args,
     print_json,
     print_table,
     progress_callback,
     require_torch,
 )
-from seqbalance.runtime.bench.settings import DEFAULT_STRATEGIES
+from seqbalance.cost import TimeModel
+from seqbalance.plan import CP_STRATEGIES
+from seqbalance.runtime.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
 
 
@@ -34,9 +43,14 @@ def register(subparsers: Any) -> None:
             "one thread, and train a small causal transformer on the same stream of real "
             "lengths once per strategy. Reports measured step time, rank imbalance (max/mean "
             "compute), the step-time reduction of balanced, and how far the time model and the "
-            "simulator were from the measurement. Lengths are divided by --length-divisor "
-            "(default: the smallest integer bringing the median to a quarter of --max-tokens) "
-            "so a CPU core trains several samples per micro-batch."
+            "simulator were from the measurement. Every plan option (--max-tokens, --layout, "
+            "--micro-batch-size, micro-batch counts, --objective, --order, --allow-oversize, "
+            "--allow-empty) applies to every strategy, as in `plan` and `simulate`. Lengths are "
+            "divided by --length-divisor (default: the smallest integer bringing the median to "
+            "a quarter of --max-tokens) so a CPU core trains several samples per micro-batch; "
+            "longer samples are then truncated to --max-tokens (a warning counts them) unless "
+            "--allow-oversize. With --context-parallel the processes form a context-parallel "
+            "domain instead (see that group below)."
         ),
     )
     parser.add_argument("--procs", type=int, default=2, help="processes (default: 2)")
@@ -48,8 +62,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help="divide every length by this (rounded up; default: automatic, see above)",
     )
-    add_strategies_option(parser, DEFAULT_STRATEGIES)
-    add_objective_argument(parser)
+    add_strategies_option(parser, DEFAULT_STRATEGIES, context_parallel_default=CP_STRATEGIES)
     parser.add_argument("--steps", type=int, default=20, help="measured steps (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (default: 3)")
     parser.add_argument(
@@ -58,12 +71,6 @@ def register(subparsers: Any) -> None:
         default=32,
         help="samples per step, rounded up to whole groups (default: 32; with groups of 8, "
         "as qwen25math, 64 lets balanced pair groups well)",
-    )
-    parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=4096,
-        help="token cap per micro-batch; longer samples are truncated (default: 4096)",
     )
     parser.add_argument(
         "--model-size",
@@ -75,7 +82,9 @@ def register(subparsers: Any) -> None:
         "--time-model",
         metavar="FILE",
         default=None,
-        help="TimeModel JSON to plan with (default: calibrate in the processes first)",
+        help="TimeModel JSON to plan with, from `seqbalance calibrate` (with --context-parallel: "
+        "the ContextParallelTimeModel of `calibrate --context-parallel`, same --model-size; "
+        "default: calibrate in the processes first)",
     )
     parser.add_argument(
         "--trials",
@@ -100,11 +109,26 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--markdown", action="store_true", help="print the report as a markdown section"
     )
+    add_plan_option_arguments(parser, max_tokens_default=DEFAULT_MAX_TOKENS)
+    add_context_parallel_arguments(
+        parser,
+        "Shard long samples over context-parallel groups of the --procs processes (gloo, CPU) "
+        "and compare static_cp, dynamic_cp_megatron and balanced: the processes first fit a "
+        "ContextParallelTimeModel together (as `seqbalance calibrate --context-parallel`; "
+        "or give its file with --time-model), every strategy is planned with it (predicted) "
+        "and run with the context-parallel executor (measured: the slowest rank's time over "
+        "its slots). Lengths are divided so the median is a quarter of the per-rank cap and "
+        "cut to the largest usable CP size x the per-rank cap. Try --lengths long_context "
+        "--max-tokens-per-rank 1024. --num-microbatches, --min-microbatches, "
+        "--microbatch-multiple and --allow-empty apply to the slots.",
+        cap_help="--max-tokens",
+    )
     add_json_flag(parser)
     parser.set_defaults(func=run)
 
 
 _FLAGS = {
+    **CONTEXT_PARALLEL_FLAGS,
     **{
         name: flag(name)
         for name in (
@@ -112,10 +136,8 @@ _FLAGS = {
             "device",
             "length_divisor",
             "strategies",
-            "objective",
             "steps",
             "warmup",
-            "max_tokens",
             "model_size",
             "trials",
             "repeats",
@@ -123,10 +145,12 @@ _FLAGS = {
         )
     },
     "global_batch_size": "--global-batch",
+    "dp_size": "--procs",
+    "n_ranks": "--procs",
     "timeout_seconds": "--timeout",
     "launch_timeout_seconds": "--launch-timeout",
 }
-"""``BenchSettings`` fields (and ``scale_lengths`` keywords) as the flags that set them."""
+"""``BenchSettings`` fields, plan options (and ``scale_lengths`` keywords) as their flags."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,9 +159,39 @@ def run(args: argparse.Namespace) -> int:
     from seqbalance.runtime.launch import LaunchError
 
     source = load_lengths(args.lengths)
+    context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    options = plan_options_from_args(
+        args, **({} if context_parallel is None else {"max_tokens": None})
+    )
+    time_model = (
+        None
+        if args.time_model is None
+        else load_time_model(args.time_model, context_parallel=context_parallel is not None)
+    )
+    if context_parallel is not None and isinstance(time_model, TimeModel):
+        raise ValueError(
+            f"--time-model {args.time_model!r} holds a TimeModel; bench --context-parallel "
+            "plans with the ContextParallelTimeModel that `seqbalance calibrate "
+            "--context-parallel` writes"
+        )
     try:
+        if context_parallel is None:
+            cap = longest = args.max_tokens
+            what = f"--max-tokens = {cap}"
+        else:
+            cap = context_parallel.max_tokens_per_rank
+            largest = max(
+                context_parallel.usable_sizes(check_int(args.procs, "procs", minimum=1)) or (1,)
+            )
+            longest = largest * cap
+            what = f"the largest CP size ({largest}) x --max-tokens-per-rank = {longest}"
         lengths, divisor = bench.scale_lengths(
-            source.lengths, args.max_tokens, divisor=args.length_divisor
+            source.lengths,
+            longest,
+            divisor=bench.length_divisor(source.lengths, cap)
+            if args.length_divisor is None
+            else args.length_divisor,
+            truncate=not options.allow_oversize,
         )
         settings = bench.BenchSettings(
             lengths=lengths,
@@ -145,13 +199,13 @@ def run(args: argparse.Namespace) -> int:
             procs=args.procs,
             device=args.device,
             strategies=args.strategies,
-            objective=args.objective,
+            options=options,
+            context_parallel=context_parallel,
             global_batch_size=args.global_batch,
             steps=args.steps,
             warmup=args.warmup,
-            max_tokens=args.max_tokens,
             model_size=args.model_size,
-            time_model=None if args.time_model is None else load_time_model(args.time_model),
+            time_model=time_model,
             trials=args.trials,
             repeats=args.repeats,
             seed=args.seed,
@@ -160,17 +214,22 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise ValueError(flag_names(str(error), _FLAGS)) from None
+    if not options.allow_oversize:
+        _warn_truncated(source.lengths, divisor, longest, what)
     quiet = args.json or args.markdown
     if not quiet:
         print(
             f"bench: {settings.procs} processes on cores {list(settings.cores)}, "
-            f"{source.label} lengths / {divisor}, {settings.steps} steps "
+            f"{source.label} lengths / {divisor}, "
+            f"{'calibration, ' if settings.time_model is None else ''}{settings.steps} steps "
             f"(+{settings.warmup} warm-up) x {len(settings.strategies)} strategies ...",
             flush=True,
         )
     with progress_callback("bench steps", enabled=not quiet) as bar:
         try:
             report = bench.run(settings, progress=bar)
+        except ValueError as error:  # a strategy that cannot plan, before any process starts
+            raise ValueError(flag_names(str(error), _FLAGS)) from None
         except LaunchError as error:
             print(f"seqbalance bench: error: {error}", file=sys.stderr)
             return 1
@@ -178,7 +237,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
         return 0
-    _print_report(report, markdown=args.markdown)
+    if context_parallel is None:
+        _print_report(report, markdown=args.markdown)
+    else:
+        _print_context_parallel_report(report, markdown=args.markdown)
     return 0
 
 
@@ -196,11 +258,25 @@ CAPTION = (
 )
 
 
+def _warn_truncated(lengths: Any, divisor: int, longest: int, what: str) -> None:
+    """The visible count of samples the scaling cut to ``longest`` (``what`` names it)."""
+    cut = int(np.count_nonzero(-(-np.asarray(lengths) // divisor) > longest))
+    if cut:
+        print(
+            f"seqbalance bench: warning: {cut} of {len(lengths)} samples are longer than "
+            f"{what} after dividing by {divisor}; they are truncated to it",
+            file=sys.stderr,
+        )
+
+
 def _title(setup: dict[str, Any]) -> str:
+    options = setup["options"]
+    layout = f"padded x{options['micro_batch_size']}, " if options["layout"] == "padded" else ""
     return (
         f"bench: {setup['procs']} procs, {setup['lengths']} lengths / {setup['length_divisor']}, "
         f"toy-{setup['model_size']}, global batch {setup['global_batch_size']}, "
-        f"max_tokens {setup['max_tokens']}, {setup['steps']} steps, objective {setup['objective']}"
+        f"{layout}max_tokens {options['max_tokens']}, {setup['steps']} steps, "
+        f"objective {options['objective']}"
     )
 
 
@@ -238,6 +314,12 @@ def _notes(report: dict[str, Any]) -> list[str]:
             f"(max-rank compute {-100 * c['measured_compute_reduction']:+.1f}%), "
             f"{-100 * c['predicted_reduction']:+.1f}% predicted by the simulator"
         )
+    return notes + _machine_notes(setup)
+
+
+def _machine_notes(setup: dict[str, Any]) -> list[str]:
+    """Warnings about the machine during the run, and the elapsed time."""
+    notes = []
     if setup["oversubscribed"]:
         notes.append("warning: more processes than cores; timings include time-sharing")
     load = setup.get("load_average_before")
@@ -252,13 +334,90 @@ def _notes(report: dict[str, Any]) -> list[str]:
 
 
 def _print_report(report: dict[str, Any], *, markdown: bool) -> None:
+    _print(_title(report["setup"]), COLUMNS, _rows(report), CAPTION, _notes(report), markdown)
+
+
+def _print(
+    title: str,
+    columns: tuple[str, ...],
+    rows: list[tuple[str, ...]],
+    caption: str,
+    notes: list[str],
+    markdown: bool,
+) -> None:
     if markdown:
-        print(f"### {_title(report['setup'])}\n")
-        print(markdown_table(COLUMNS, _rows(report)))
-        print(f"\n{CAPTION}.\n")
-        for note in _notes(report):
+        print(f"### {title}\n")
+        print(markdown_table(columns, rows))
+        print(f"\n{caption}.\n")
+        for note in notes:
             print(f"- {note}")
         return
-    print_table(_title(report["setup"]), COLUMNS, _rows(report), caption=CAPTION)
-    for note in _notes(report):
+    print_table(title, columns, rows, caption=caption)
+    for note in notes:
         print(note)
+
+
+CP_COLUMNS = (
+    "strategy",
+    "median step (ms)",
+    "mean step (ms)",
+    "predicted (ms)",
+    "measured / predicted",
+    "sharded samples",
+    "slots",
+)
+CP_CAPTION = (
+    "step: the slowest rank's time from its first slot to the end of its last (gradient "
+    "all-reduce excluded); predicted: the plan's step time under the ContextParallelTimeModel"
+)
+
+
+def _print_context_parallel_report(report: dict[str, Any], *, markdown: bool) -> None:
+    setup = report["setup"]
+    cp = setup["context_parallel"]
+    title = (
+        f"bench --context-parallel: {setup['procs']} procs, CP sizes {cp['sizes']}, "
+        f"{cp['max_tokens_per_rank']} tokens per rank, {setup['lengths']} lengths / "
+        f"{setup['length_divisor']}, toy-{setup['model_size']}, global batch "
+        f"{setup['global_batch_size']}, {setup['steps']} steps"
+    )
+    rows = [
+        (
+            name,
+            f"{1e3 * s['median_step_seconds']:.1f}",
+            f"{1e3 * s['mean_step_seconds']:.1f}",
+            f"{1e3 * s['predicted_mean_step_seconds']:.1f}",
+            f"{s['measured_over_predicted']:.2f}",
+            f"{100 * s['sharded_fraction']:.0f}%",
+            f"{s['mean_slots']:.1f}",
+        )
+        for name, s in report["strategies"].items()
+    ]
+    model = report["time_model"]
+    time, comm = model["time"], model["comm"]
+
+    def fit(stats: Any) -> str:
+        return "" if stats is None else f" (fit MAPE {100 * stats['mape']:.1f}%)"
+
+    notes = [
+        f"{'calibrated' if report['calibrated'] else 'given (--time-model)'}: compute t0 "
+        f"{1e3 * time['t0']:.3f} ms, t1 {1e6 * time['t1']:.3f} us/token, t2 "
+        f"{1e9 * time['t2']:.4f} ns/token²{fit(time['fit_stats'])}; K/V gather "
+        f"{comm['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, {1e6 * comm['latency_s']:.0f} us per "
+        f"ring step{fit(comm['fit_stats'])}; {1e3 * model['piece_overhead_s']:.2f} ms per "
+        "sharded sample and member"
+    ]
+    for key, c in report["comparisons"].items():
+        off = c["prediction_relative_error"]
+        notes.append(
+            f"{key.replace('_vs_', ' vs ')}: mean step time "
+            f"{-100 * c['measured_step_time_reduction']:+.1f}% measured (median "
+            f"{-100 * c['measured_median_step_time_reduction']:+.1f}%), "
+            f"{-100 * c['predicted_reduction']:+.1f}% predicted"
+            + ("" if off is None else f" ({100 * off:.0f}% off, relative)")
+        )
+    notes.append(
+        f"every strategy computed the same step losses (largest relative spread "
+        f"{report['max_loss_spread']:.1e})"
+    )
+    _print(title, CP_COLUMNS, rows, CP_CAPTION, notes + _machine_notes(setup), markdown)

@@ -1,13 +1,18 @@
-"""``seqbalance calibrate``: fit a TimeModel to this device (``seqbalance.runtime.calibrate``)."""
+"""``seqbalance calibrate``: fit a TimeModel to this device (``seqbalance.runtime.calibrate``);
+with ``--context-parallel``, a ContextParallelTimeModel on real processes."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from seqbalance.cli._common import (
+    CONTEXT_PARALLEL_FLAGS,
+    add_context_parallel_arguments,
     add_json_flag,
+    context_parallel_from_args,
     flag,
     flag_names,
     print_json,
@@ -16,6 +21,10 @@ from seqbalance.cli._common import (
     require_torch,
 )
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
+
+DEFAULT_WARMUP = 3
+DEFAULT_PROCS = 2
+DEFAULT_TIMEOUT = 300.0
 
 
 def register(subparsers: Any) -> None:
@@ -26,7 +35,8 @@ def register(subparsers: Any) -> None:
             "Time forward + backward of a small causal transformer on packed micro-batches of "
             "varied lengths on this device, fit seconds = t0 + t1*sum(L) + t2*sum(L^2) "
             "(least relative error), print its error on held-out micro-batches (every 4th) "
-            "and write it as JSON for --time-model."
+            "and write it as JSON for --time-model. With --context-parallel, fit the "
+            "context-parallel cost instead (see below) and write a ContextParallelTimeModel."
         ),
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default: cpu")
@@ -42,7 +52,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="timings per micro-batch, median kept (default: 3)"
     )
-    parser.add_argument("--warmup", type=int, default=3, help="warm-up runs (default: 3)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help=f"warm-up runs (default: {DEFAULT_WARMUP})"
+    )
     parser.add_argument(
         "--max-tokens",
         type=int,
@@ -62,6 +74,30 @@ def register(subparsers: Any) -> None:
         help="torch CPU threads, pinned for stable numbers (default: 1, as `bench` uses)",
     )
     parser.add_argument("--seed", type=int, default=0, help="micro-batch composition seed")
+    add_context_parallel_arguments(
+        parser,
+        "Fit the cost of the context-parallel executor on --procs gloo processes (each pinned "
+        "to one core, one thread, as `bench` runs them): the compute TimeModel of its slots "
+        "(--trials micro-batches of at most --max-tokens-per-rank tokens), the bandwidth and "
+        "latency of its K/V gathers over the CP sizes above 1 that divide --procs, and its "
+        "fixed cost per sharded sample. The ContextParallelTimeModel it writes plans with "
+        "`simulate --context-parallel --time-model FILE`, `bench --context-parallel "
+        "--time-model FILE` or plan_step(..., cost=ContextParallelTimeModel.load(FILE)).",
+        cap_help="--max-tokens",
+    )
+    parser.add_argument(
+        "--procs",
+        type=int,
+        default=None,
+        help=f"processes, with --context-parallel (default: {DEFAULT_PROCS})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds any collective may wait, with --context-parallel (default: "
+        f"{DEFAULT_TIMEOUT:g})",
+    )
     parser.add_argument(
         "-o", "--output", metavar="FILE", default="time_model.json", help="default: %(default)s"
     )
@@ -70,23 +106,34 @@ def register(subparsers: Any) -> None:
 
 
 _FLAGS = {
-    name: flag(name)
-    for name in (
-        "device",
-        "model_size",
-        "trials",
-        "repeats",
-        "warmup",
-        "max_tokens",
-        "max_length",
-        "threads",
-    )
+    **CONTEXT_PARALLEL_FLAGS,
+    **{
+        name: flag(name)
+        for name in (
+            "device",
+            "model_size",
+            "trials",
+            "repeats",
+            "warmup",
+            "max_tokens",
+            "max_length",
+            "threads",
+            "procs",
+            "timeout",
+        )
+    },
 }
-"""``calibrate()`` keywords as the flags that set them, for error messages."""
+"""``calibrate()`` / ``calibrate_context_parallel()`` keywords as their flags, for errors."""
 
 
 def run(args: argparse.Namespace) -> int:
     require_torch()
+    context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    if context_parallel is not None:
+        return _run_context_parallel(args, context_parallel)
+    for name in ("procs", "timeout"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"{flag(name)} applies with --context-parallel only")
     from seqbalance.runtime.calibrate import calibrate
 
     with progress_callback("timing micro-batches", enabled=not args.json) as callback:
@@ -96,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                 model_size=args.model_size,
                 trials=args.trials,
                 repeats=args.repeats,
-                warmup=args.warmup,
+                warmup=DEFAULT_WARMUP if args.warmup is None else args.warmup,
                 max_tokens=args.max_tokens,
                 max_length=args.max_length,
                 threads=args.threads,
@@ -127,3 +174,77 @@ def run(args: argparse.Namespace) -> int:
         caption=f"{report['elapsed_seconds']:.1f} s; written to {args.output}",
     )
     return 0
+
+
+def _run_context_parallel(args: argparse.Namespace, context_parallel: Any) -> int:
+    """``calibrate --context-parallel``: a ContextParallelTimeModel from real processes."""
+    from seqbalance.runtime.calibrate import calibrate_context_parallel
+    from seqbalance.runtime.launch import LaunchError
+
+    refused = {
+        "--device cuda": args.device != "cpu",
+        "--max-length": args.max_length is not None,
+        "--threads": args.threads != 1,
+        "--warmup": args.warmup is not None,
+    }
+    for name, given in refused.items():
+        if given:
+            raise ValueError(
+                f"{name} does not apply with --context-parallel (gloo processes on the CPU, "
+                "one thread each, samples up to --max-tokens-per-rank, one warm-up per case)"
+            )
+    if not args.json:
+        print(
+            f"calibrate: {args.procs or DEFAULT_PROCS} processes, CP sizes "
+            f"{list(context_parallel.sizes)}, {context_parallel.max_tokens_per_rank} tokens "
+            "per rank ...",
+            flush=True,
+        )
+    try:
+        calibration = calibrate_context_parallel(
+            context_parallel,
+            procs=DEFAULT_PROCS if args.procs is None else args.procs,
+            model_size=args.model_size,
+            trials=args.trials,
+            repeats=args.repeats,
+            seed=args.seed,
+            timeout=DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
+        )
+    except ValueError as error:
+        raise ValueError(flag_names(str(error), _FLAGS)) from None
+    except LaunchError as error:
+        print(f"seqbalance calibrate: error: {error}", file=sys.stderr)
+        return 1
+    cost = calibration.cost
+    cost.save(args.output)
+    report = {**calibration.to_dict(), "output": str(Path(args.output))}
+    if args.json:
+        print_json(report)
+        return 0
+    time, comm = cost.time, cost.comm
+    compute_fit, comm_fit = time.fit_stats, comm.fit_stats
+    setup = calibration.setup
+    print_table(
+        f"ContextParallelTimeModel for the {args.model_size} toy transformer on "
+        f"{setup['procs']} gloo processes (1 thread each)",
+        ("", "value"),
+        [
+            ("t0 (ms per slot)", f"{1e3 * time.t0:.3f}"),
+            ("t1 (µs per token)", f"{1e6 * time.t1:.3f}"),
+            ("t2 (ns per token²)", f"{1e9 * time.t2:.4f}"),
+            ("compute fit MAPE / R²", _fit(compute_fit)),
+            ("K/V gather bandwidth (GB/s)", f"{comm.bandwidth_bytes_per_s / 1e9:.3f}"),
+            ("latency per ring step (µs)", f"{1e6 * comm.latency_s:.1f}"),
+            ("communication fit MAPE / R²", _fit(comm_fit)),
+            ("overhead per sharded sample (ms)", f"{1e3 * cost.piece_overhead_s:.3f}"),
+            ("K/V elements per token x layers", f"{cost.kv_elements_per_token} x {cost.kv_layers}"),
+        ],
+        caption=f"{setup['elapsed_seconds']:.1f} s; written to {args.output}",
+    )
+    if setup["oversubscribed"]:
+        print("warning: more processes than cores; timings include time-sharing")
+    return 0
+
+
+def _fit(stats: Any) -> str:
+    return "-" if stats is None else f"{100 * stats.mape:.1f}% / {stats.r2:.4f}"

@@ -7,12 +7,17 @@ import sys
 import warnings
 from typing import Any
 
+import numpy as np
+
 from seqbalance.cli._common import (
+    CONTEXT_PARALLEL_FLAGS,
+    add_context_parallel_arguments,
     add_json_flag,
     add_lengths_option,
     add_plan_option_arguments,
     add_strategies_option,
     add_time_model_arguments,
+    context_parallel_from_args,
     cost_from_args,
     flag_names,
     load_lengths,
@@ -69,24 +74,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="batch sampling seed")
     add_time_model_arguments(parser)
-    cp = parser.add_argument_group(
-        "context parallelism",
+    add_context_parallel_arguments(
+        parser,
         "Shard samples longer than one rank's cap over context-parallel groups and compare "
         "balanced (CP sizes, placement and packing chosen jointly), static_cp and "
-        "dynamic_cp_megatron on the same steps (try --lengths long_context).",
-    )
-    cp.add_argument(
-        "--context-parallel",
-        type=_sizes,
-        default=None,
-        metavar="SIZES",
-        help="allowed CP group sizes, comma-separated and each dividing the next, e.g. 1,2,4,8",
-    )
-    cp.add_argument(
-        "--max-tokens-per-rank",
-        type=int,
-        default=None,
-        help="tokens one rank holds in one slot (default: --max-tokens)",
+        "dynamic_cp_megatron on the same steps (try --lengths long_context). --num-microbatches, "
+        "--min-microbatches, --microbatch-multiple and --allow-empty apply to the slots; "
+        "--time-model takes a TimeModel (K/V sizes from --model) or a ContextParallelTimeModel "
+        "from `seqbalance calibrate --context-parallel`.",
+        cap_help="--max-tokens",
     )
     parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG of the result")
     parser.add_argument(
@@ -96,24 +92,16 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
 def run(args: argparse.Namespace) -> int:
     from seqbalance.sim import TruncationWarning, plot, simulate
 
     source = load_lengths(args.lengths)
-    cost, peak, efficiency, description = cost_from_args(args)
-    if args.context_parallel is not None:
-        return _run_context_parallel(args, source, cost, peak, efficiency)
-    if args.max_tokens_per_rank is not None:
-        raise ValueError("--max-tokens-per-rank applies with --context-parallel only")
+    context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    cost, peak, efficiency, description = cost_from_args(
+        args, context_parallel=context_parallel is not None
+    )
+    if context_parallel is not None:
+        return _run_context_parallel(args, source, context_parallel, cost, peak, efficiency)
     options = plan_options_from_args(args, cost=cost)
     with (
         progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback,
@@ -179,29 +167,45 @@ CP_COLUMNS = (
 
 
 def _run_context_parallel(
-    args: argparse.Namespace, source: Any, cost: Any, peak: float, efficiency: float
+    args: argparse.Namespace,
+    source: Any,
+    context_parallel: Any,
+    cost: Any,
+    peak: float,
+    efficiency: float,
 ) -> int:
     """``simulate --context-parallel``: the CP strategies on the same sampled steps."""
     from seqbalance.cost import TimeModel
     from seqbalance.cost.context_parallel import ContextParallelTimeModel
-    from seqbalance.plan.context_parallel import ContextParallel
     from seqbalance.sim import sample_batches
     from seqbalance.sim.context_parallel import compare_context_parallel
 
-    if args.time_model is not None:
+    if isinstance(cost, TimeModel):
         # A calibrated compute model; K/V sizes for communication come from --model.
         cost = ContextParallelTimeModel.from_model(resolve_model(args.model), time=cost)
-    elif not isinstance(cost, TimeModel):
+    elif not isinstance(cost, ContextParallelTimeModel):
         cost = ContextParallelTimeModel.from_model(
             cost, peak_flops_per_s=peak, efficiency=efficiency
         )
-    cap = args.max_tokens if args.max_tokens_per_rank is None else args.max_tokens_per_rank
-    if cap is None:
-        raise ValueError("--context-parallel needs --max-tokens-per-rank (or --max-tokens)")
-    try:
-        options = ContextParallel(max_tokens_per_rank=cap, sizes=args.context_parallel)
-    except ValueError as error:
-        raise ValueError(f"--context-parallel: {error}") from None
+    # Every plan option is checked against context parallelism (unsupported ones are refused).
+    options = plan_options_from_args(
+        args, cost=cost, max_tokens=None, context_parallel=context_parallel
+    )
+    cap = context_parallel.max_tokens_per_rank
+    lengths = source.lengths
+    usable = context_parallel.usable_sizes(args.dp)
+    if usable:  # else the planner says that no size tiles --dp
+        # As without context parallelism, a sample too long to plan is truncated (and counted).
+        longest = usable[-1] * cap
+        cut = int(np.count_nonzero(lengths > longest))
+        if cut:
+            lengths = np.minimum(lengths, longest)
+            print(
+                f"seqbalance simulate: warning: {cut} of {lengths.size} samples are longer than "
+                f"the largest usable CP size ({usable[-1]}) x --max-tokens-per-rank = "
+                f"{longest}; they are truncated to it",
+                file=sys.stderr,
+            )
     global_batch = (
         min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
         if args.global_batch is None
@@ -210,15 +214,26 @@ def _run_context_parallel(
     batches = sample_batches(
         source.lengths.size, global_batch, args.steps, groups=source.groups, seed=args.seed
     )
-    comparison = compare_context_parallel(
-        [source.lengths[batch] for batch in batches],
-        args.dp,
-        context_parallel=options,
-        cost=cost,
-        groups=None if source.groups is None else [source.groups[b] for b in batches],
-        allow_empty=args.allow_empty,
-    )
-    payload = {"lengths": source.label, "max_tokens_per_rank": cap, **comparison.to_dict()}
+    try:
+        comparison = compare_context_parallel(
+            [lengths[batch] for batch in batches],
+            args.dp,
+            context_parallel=context_parallel,
+            cost=cost,
+            groups=None if source.groups is None else [source.groups[b] for b in batches],
+            num_microbatches=options.num_microbatches,
+            min_microbatches=options.min_microbatches,
+            microbatch_multiple=options.microbatch_multiple,
+            allow_empty=options.allow_empty,
+        )
+    except ValueError as error:
+        raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
+    payload = {
+        "lengths": source.label,
+        "max_tokens_per_rank": cap,
+        "truncated": cut if usable else 0,
+        **comparison.to_dict(),
+    }
     if args.json:
         print_json(payload)
         return 0

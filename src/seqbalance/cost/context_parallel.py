@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
@@ -44,7 +45,7 @@ from seqbalance._validation import (
 from seqbalance.cost.flops import FlopsModel, attention_pairs
 from seqbalance.cost.resolve import flops_model
 from seqbalance.cost.spec import SOFTMAX_ATTENTION_KINDS, ModelSpec
-from seqbalance.cost.time_model import FitStats, TimeModel, _nnls
+from seqbalance.cost.time_model import FitStats, TimeModel, _nnls, _read_model_file
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "context_parallel_cost",
     "kv_elements_per_token",
     "kv_layers",
+    "load_time_model_file",
     "shard_chunks",
     "shard_flops",
     "shard_pairs",
@@ -525,6 +527,42 @@ class ContextParallelTimeModel:
         """Inverse of :meth:`to_json`."""
         return cls.from_dict(_loads(text, "ContextParallelTimeModel"))
 
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`to_json` to ``path`` (what ``seqbalance calibrate --context-parallel``
+        writes)."""
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ContextParallelTimeModel:
+        """Read a model written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: no file at ``path`` (the message names it).
+            ValueError: the file is not a ContextParallelTimeModel written by :meth:`save`.
+        """
+        return cls.from_json(_read_model_file(path, "ContextParallelTimeModel"))
+
+
+def load_time_model_file(path: str | Path) -> TimeModel | ContextParallelTimeModel:
+    """Either model ``seqbalance calibrate`` writes, told apart by the file's ``format``: a
+    :class:`~seqbalance.cost.TimeModel` (``TimeModel.save``) or a
+    :class:`ContextParallelTimeModel` (:meth:`ContextParallelTimeModel.save`, with
+    ``--context-parallel``).
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (the message names it).
+        ValueError: the file holds neither model (a file of another format is read as a
+            TimeModel, whose error says which format it expects).
+    """
+    text = _read_model_file(path, "time model")
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        data = None  # TimeModel.from_json says what is wrong with it
+    if isinstance(data, dict) and data.get("format") == _CP_TIME_FORMAT:
+        return ContextParallelTimeModel.from_dict(data)
+    return TimeModel.from_json(text)
+
 
 def context_parallel_cost(
     cost: Any = "flops", model: Any = None, *, comm: CommModel | None = None
@@ -570,7 +608,7 @@ def context_parallel_cost(
 def _loads(text: str, what: str) -> Any:
     try:
         return json.loads(text)
-    except (TypeError, json.JSONDecodeError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         raise ValueError(f"{what} JSON is not valid JSON: {error}") from None
 
 

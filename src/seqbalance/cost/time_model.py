@@ -275,14 +275,23 @@ class TimeModel:
             FileNotFoundError: no file at ``path`` (the message names it).
             ValueError: the file is not a TimeModel written by :meth:`save`.
         """
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"TimeModel file not found: {str(path)!r}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(f"TimeModel file {str(path)!r} is not text: {error}") from None
-        return cls.from_json(text)
+        return cls.from_json(_read_model_file(path, "TimeModel"))
+
+
+def _read_model_file(path: str | Path, what: str) -> str:
+    """The text of the model file ``path`` (``what`` names the model in errors).
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (the message names it).
+        ValueError: the file is not UTF-8 text.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file not found: {str(path)!r}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{what} file {str(path)!r} is not text: {error}") from None
 
 
 def _observation_matrix(

@@ -9,13 +9,18 @@ size) and scores the fit on the held-out quarter with :meth:`TimeModel.score`.
 :func:`calibrate` does all of it in this process (``seqbalance calibrate``); the pieces
 (:func:`calibration_microbatches`, :func:`time_microbatches`, :func:`fit_time_model`) are
 reused by ``seqbalance.runtime.bench``, whose processes each time a share of the micro-batches
-under the same load they train under. torch is imported by the functions that time, so the
-constants and the numpy parts load without it (the command line lists the model sizes).
+under the same load they train under. :func:`calibrate_context_parallel` (``seqbalance
+calibrate --context-parallel``) fits a ``ContextParallelTimeModel`` on real processes: compute,
+K/V-gather communication and the fixed cost per sharded sample of the context-parallel
+executor (``seqbalance.runtime.context_parallel.calibrate_cost_model``). torch is imported by
+the functions that time, so the constants and the numpy parts load without it (the command line
+lists the model sizes).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,12 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice, check_int
+from seqbalance._validation import as_lengths, check_choice, check_int, check_positive_float
 from seqbalance.cost import FitStats, TimeModel
+from seqbalance.plan import LAYOUTS
 
 if TYPE_CHECKING:
     import torch
 
+    from seqbalance.cost.context_parallel import ContextParallelTimeModel
+    from seqbalance.plan import ContextParallel
     from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig
 
 __all__ = [
@@ -36,10 +44,15 @@ __all__ = [
     "MIN_TRIALS",
     "MODEL_SIZES",
     "Calibration",
+    "ContextParallelCalibration",
+    "available_cores",
     "calibrate",
+    "calibrate_context_parallel",
     "calibration_microbatches",
+    "costed_lengths",
     "fit_time_model",
     "model_config",
+    "pin_process",
     "resolve_device",
     "time_microbatches",
 ]
@@ -122,19 +135,22 @@ def model_config(size: str, *, max_position: int) -> ToyModelConfig:
 
 
 def calibration_microbatches(
-    count: int, *, max_tokens: int, max_length: int, seed: int = 0
+    count: int, *, max_tokens: int, max_length: int, seed: int = 0, layout: str = "packed"
 ) -> list[np.ndarray]:
-    """Token lengths of ``count`` varied packed micro-batches.
+    """Token lengths of ``count`` varied micro-batches.
 
     Cycles through three compositions so the fit sees both terms vary independently: one sample
-    (attention-heavy), 2-16 equal samples, and a lognormal mix.
+    (attention-heavy), 2-16 equal samples, and a lognormal mix. For the padded layout every
+    sample of a micro-batch takes its longest one's length (what a padded micro-batch costs)
+    and the count is cut to fit ``max_tokens``.
 
     Args:
         count: Number of micro-batches, at least :data:`MIN_TRIALS`.
         max_tokens: Most tokens in one micro-batch; each holds between ``max_tokens / 8`` and
-            ``max_tokens``.
+            ``max_tokens`` (padded: at most ``max_tokens``, padding included).
         max_length: Longest single sample, in tokens.
         seed: Seed of the sizes and compositions.
+        layout: ``"packed"`` or ``"padded"``.
 
     Returns:
         One int64 array of sample lengths (tokens) per micro-batch.
@@ -142,6 +158,7 @@ def calibration_microbatches(
     count = check_int(count, "trials", minimum=MIN_TRIALS)
     max_tokens = check_int(max_tokens, "max_tokens", minimum=8)
     max_length = check_int(max_length, "max_length", minimum=1)
+    layout = check_choice(layout, "layout", LAYOUTS)
     rng = np.random.default_rng(seed)
     batches = []
     for index in range(count):
@@ -158,8 +175,21 @@ def calibration_microbatches(
             lengths = draws[np.cumsum(draws) <= budget]
             if lengths.size == 0:
                 lengths = draws[:1]
+        if layout == "padded":
+            longest = int(lengths.max())
+            lengths = np.full(min(lengths.size, max(1, max_tokens // longest)), longest)
         batches.append(lengths.astype(np.int64))
     return batches
+
+
+def costed_lengths(lengths: Any, layout: str) -> np.ndarray:
+    """The sample lengths a TimeModel prices for a micro-batch of ``lengths`` (tokens): the
+    samples themselves (packed), or every sample at the longest one's length (padded: the
+    planner's ``count x cost(longest)``)."""
+    lengths = as_lengths(lengths)
+    if check_choice(layout, "layout", LAYOUTS) == "packed" or lengths.size == 0:
+        return lengths
+    return np.full(lengths.size, lengths.max())
 
 
 def _synchronize(device: torch.device) -> None:
@@ -176,9 +206,10 @@ def time_microbatches(
     device: torch.device,
     repeats: int = 3,
     warmup: int = 3,
+    layout: str = "packed",
     progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
-    """Median seconds of forward + backward of ``model`` on each packed micro-batch.
+    """Median seconds of forward + backward of ``model`` on each micro-batch.
 
     Inputs are built before timing; the largest micro-batch is run ``warmup`` times first
     (allocator, kernel selection, caches). Repeats sweep over all micro-batches in turn so
@@ -191,25 +222,31 @@ def time_microbatches(
         device: Where the inputs go.
         repeats: Timings per micro-batch; the median is kept.
         warmup: Untimed runs of the largest micro-batch first.
+        layout: ``"packed"`` (:meth:`TinyCausalTransformer.forward` on THD batches) or
+            ``"padded"`` (:meth:`TinyCausalTransformer.forward_padded`, every sample padded
+            to the micro-batch's longest).
         progress: Called as ``progress(done, total)`` after each timed run.
 
     Returns:
         float64 seconds, one per micro-batch.
     """
-    from seqbalance.runtime.toy_model import make_packed_batch
+    from seqbalance.runtime.toy_model import make_packed_batch, make_padded_batch
 
     repeats = check_int(repeats, "repeats", minimum=1)
     warmup = check_int(warmup, "warmup", minimum=0)
+    padded = check_choice(layout, "layout", LAYOUTS) == "padded"
+    make = make_padded_batch if padded else make_packed_batch
+    forward = model.forward_padded if padded else model
     vocab = model.config.vocab_size
     inputs = [
-        tuple(t.to(device) for t in make_packed_batch(lengths, vocab_size=vocab, seed=index))
+        tuple(t.to(device) for t in make(lengths, vocab_size=vocab, seed=index))
         for index, lengths in enumerate(microbatches)
     ]
 
     def run(batch: tuple[torch.Tensor, ...]) -> float:
         _synchronize(device)
         start = time.perf_counter()
-        model(*batch).backward()
+        forward(*batch).backward()
         _synchronize(device)
         return time.perf_counter() - start
 
@@ -328,3 +365,167 @@ def calibrate(
         "elapsed_seconds": time.perf_counter() - started,
     }
     return replace(calibration, setup=setup)
+
+
+# ---------------------------------------------------------------------- processes
+def available_cores() -> tuple[int, ...]:
+    """The CPU cores this process may run on (``(0,)`` where the OS does not say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return (0,)
+
+
+def pin_process(rank: int, cores: Sequence[int]) -> None:
+    """Pin this process to ``cores[rank % len(cores)]`` with one torch thread, as every timed
+    rank of ``bench`` and ``calibrate --context-parallel`` runs (stable timings, no
+    oversubscription)."""
+    import torch
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+
+
+@dataclass(frozen=True)
+class ContextParallelCalibration:
+    """A ``ContextParallelTimeModel`` fitted on real processes, and how it was measured.
+
+    Attributes:
+        cost: The fitted model: its ``time`` (with ``fit_stats``), its ``comm`` (with
+            ``fit_stats``), the toy model's K/V sizes and ``piece_overhead_s``.
+        setup: How: processes, cores, CP sizes, per-rank cap, model size and configuration,
+            trials, repeats, elapsed seconds (plain JSON values).
+    """
+
+    cost: ContextParallelTimeModel
+    setup: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form: the model (``ContextParallelTimeModel.to_dict()``) and the setup."""
+        return {"time_model": self.cost.to_dict(), **self.setup}
+
+
+def calibrate_context_parallel(
+    context_parallel: ContextParallel,
+    *,
+    procs: int = 2,
+    model_size: str = "small",
+    trials: int = 48,
+    repeats: int = 3,
+    seed: int = 0,
+    cores: Sequence[int] | None = None,
+    timeout: float = 300.0,
+    launch_timeout: float = 3600.0,
+) -> ContextParallelCalibration:
+    """Fit the context-parallel cost of the toy transformer on ``procs`` gloo processes here.
+
+    Each process is pinned to one core with one thread (rank r on ``cores[r % len(cores)]``)
+    and they run ``seqbalance.runtime.context_parallel.calibrate_cost_model`` together: the
+    compute ``TimeModel`` of the executor's slots, the ``CommModel`` of its K/V gathers over
+    the allowed CP sizes above 1 that divide ``procs``, and the overhead per sharded sample.
+
+    Args:
+        context_parallel: The CP sizes and per-rank token cap to calibrate for (its ``comm``
+            must be None: that is what is measured).
+        procs: Processes (the DPxCP ranks), at least 2.
+        model_size: A key of :data:`MODEL_SIZES`.
+        trials: Compute micro-batches, at least :data:`MIN_TRIALS`.
+        repeats: Timings per compute micro-batch (median kept).
+        seed: Seed of the micro-batch compositions and of the model's weights.
+        cores: CPU cores to pin to; default: the cores this process may run on.
+        timeout: Seconds any collective may wait before the run fails.
+        launch_timeout: Seconds the whole calibration may take.
+
+    Returns:
+        The fitted model and its setup.
+
+    Raises:
+        ValueError: A bad argument (named), e.g. no allowed CP size above 1 divides ``procs``.
+        seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
+    """
+    from seqbalance.plan import ContextParallel
+    from seqbalance.runtime.launch import launch
+
+    if not isinstance(context_parallel, ContextParallel):
+        raise ValueError(
+            f"context_parallel must be a ContextParallel, got {type(context_parallel).__name__}"
+        )
+    if context_parallel.comm is not None:
+        raise ValueError("context_parallel.comm must be None: it is what the calibration fits")
+    procs = check_int(procs, "procs", minimum=2)
+    if not [size for size in context_parallel.usable_sizes(procs) if size > 1]:
+        raise ValueError(
+            f"context_parallel sizes {list(context_parallel.sizes)} hold no CP size > 1 that "
+            f"divides procs = {procs}: nothing to calibrate"
+        )
+    model_size = check_choice(model_size, "model_size", tuple(MODEL_SIZES))
+    check_int(trials, "trials", minimum=MIN_TRIALS)
+    check_int(repeats, "repeats", minimum=1)
+    check_int(seed, "seed", minimum=0)
+    cores = (
+        available_cores()
+        if cores is None
+        else tuple(check_int(core, "cores", minimum=0) for core in cores)
+    )
+    if not cores:
+        raise ValueError("cores must name at least one CPU core, got none")
+    timeout = check_positive_float(timeout, "timeout")
+    launch_timeout = check_positive_float(launch_timeout, "launch_timeout")
+    started = time.perf_counter()
+    cost, config = launch(
+        _calibrate_context_parallel_rank,
+        procs,
+        args=(context_parallel, model_size, trials, repeats, seed, cores, timeout),
+        timeout=launch_timeout,
+        collective_timeout=timeout,
+    )[0]
+    setup = {
+        "procs": procs,
+        "cores": list(cores),
+        "oversubscribed": procs > len(cores),
+        "context_parallel": context_parallel.to_dict(),
+        "model_size": model_size,
+        "model_config": config,
+        "trials": trials,
+        "repeats": repeats,
+        "elapsed_seconds": time.perf_counter() - started,
+    }
+    return ContextParallelCalibration(cost=cost, setup=setup)
+
+
+def _calibrate_context_parallel_rank(
+    rank: int,
+    world_size: int,
+    context_parallel: ContextParallel,
+    model_size: str,
+    trials: int,
+    repeats: int,
+    seed: int,
+    cores: tuple[int, ...],
+    timeout: float,
+) -> tuple[ContextParallelTimeModel, dict[str, Any]]:
+    """One process of :func:`calibrate_context_parallel` (run by ``launch``)."""
+    from datetime import timedelta
+
+    from seqbalance.runtime.context_parallel import (
+        ContextParallelGroups,
+        calibrate_cost_model,
+        calibration_longest,
+    )
+    from seqbalance.runtime.toy_model import TinyCausalTransformer
+
+    pin_process(rank, cores)
+    longest = calibration_longest(world_size, context_parallel.max_tokens_per_rank)
+    model = TinyCausalTransformer(model_config(model_size, max_position=longest), seed=seed)
+    wait = timedelta(seconds=timeout)
+    cost = calibrate_cost_model(
+        model,
+        ContextParallelGroups(timeout=wait),
+        context_parallel,
+        trials=trials,
+        repeats=repeats,
+        seed=seed,
+        timeout=wait,
+    )
+    return cost, model.config_dict()

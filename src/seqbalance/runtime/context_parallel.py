@@ -23,8 +23,9 @@ the same :class:`~seqbalance.plan.context_parallel.ContextParallelPlan`:
 5. :func:`calibrate_compute` fits the ``TimeModel`` of the executor's whole-sample slots,
    :func:`calibrate_comm` times the K/V gathers and fits the ``CommModel`` the planner uses;
    :func:`calibrate_piece_overhead` fits the executor's fixed cost per sharded sample
-   (``ContextParallelTimeModel.piece_overhead_s``). Together, that is what ``seqbalance
-   calibrate`` must do for context parallelism.
+   (``ContextParallelTimeModel.piece_overhead_s``). :func:`calibrate_cost_model` runs all
+   three (what ``seqbalance calibrate --context-parallel`` and ``seqbalance bench
+   --context-parallel`` do on their processes).
 
 Every collective waits at most ``timeout``; a peer that fails or hangs raises
 :class:`~seqbalance.runtime.CollectiveError`. The gathers of one slot are chained (each takes
@@ -51,10 +52,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from seqbalance._validation import check_int
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import (
     CommModel,
     ContextParallelTimeModel,
+    kv_elements_per_token,
+    kv_layers,
     shard_chunks,
     shard_tokens,
 )
@@ -75,7 +79,10 @@ __all__ = [
     "StepResult",
     "calibrate_comm",
     "calibrate_compute",
+    "calibrate_cost_model",
     "calibrate_piece_overhead",
+    "calibration_longest",
+    "piece_overhead_batches",
     "run_step",
     "slot_batch",
     "slot_loss",
@@ -594,6 +601,100 @@ def calibrate_piece_overhead(
     (_, slope), *_ = np.linalg.lstsq(design, np.array(residuals), rcond=None)
     model.zero_grad(set_to_none=True)
     return dataclasses.replace(cost, piece_overhead_s=max(float(slope), 0.0))
+
+
+def piece_overhead_batches(world: int, max_tokens_per_rank: int) -> list[np.ndarray]:
+    """The batches :func:`calibrate_cost_model` fits the piece overhead on: ``world x
+    max_tokens_per_rank`` tokens (one full slot of every rank when sharded over the world) in
+    4, 8, ... up to 128 equal samples, as long as every sample keeps at least 2 tokens per
+    member (so every head-tail chunk holds a token)."""
+    world = check_int(world, "world", minimum=1)
+    total = world * check_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1)
+    counts = [c for c in (4, 8, 16, 32, 64, 128) if total // c >= 2 * world]
+    if len(counts) < 2:
+        raise ValueError(
+            f"max_tokens_per_rank = {max_tokens_per_rank} is too small to calibrate the piece "
+            f"overhead on {world} ranks: it needs at least 16 tokens per rank"
+        )
+    return [np.full(count, total // count, dtype=np.int64) for count in counts]
+
+
+def calibration_longest(world: int, max_tokens_per_rank: int) -> int:
+    """The longest sample :func:`calibrate_cost_model` runs on ``world`` ranks (tokens): the
+    model's position table must hold it."""
+    batches = piece_overhead_batches(world, max_tokens_per_rank)
+    return max(max_tokens_per_rank, *(int(batch.max()) for batch in batches))
+
+
+def calibrate_cost_model(
+    model: TinyCausalTransformer,
+    groups: ContextParallelGroups,
+    context_parallel: ContextParallel,
+    *,
+    trials: int = 48,
+    repeats: int = 3,
+    comm_repeats: int = 5,
+    seed: int = 0,
+    timeout: timedelta = _DEFAULT_TIMEOUT,
+) -> ContextParallelTimeModel:
+    """The :class:`~seqbalance.cost.context_parallel.ContextParallelTimeModel` of ``model`` run
+    by this executor on this machine, fitted on the ranks that will train.
+
+    Every rank calls it with the same arguments, and all get the same model:
+
+    1. compute: :func:`calibrate_compute` on ``trials`` varied whole-sample micro-batches of
+       at most ``context_parallel.max_tokens_per_rank`` tokens
+       (``seqbalance.runtime.calibrate.calibration_microbatches`` with ``seed``), each timed
+       ``repeats`` times after a warm-up;
+    2. communication: :func:`calibrate_comm` over the allowed CP sizes above 1 that divide the
+       world (``comm_repeats`` timings per message size);
+    3. the fixed cost per sharded sample: :func:`calibrate_piece_overhead` on
+       :func:`piece_overhead_batches` (``comm_repeats`` timings per batch).
+
+    The K/V sizes come from ``model.model_spec()``. Raises ValueError when no allowed size
+    above 1 divides the world.
+    """
+    from seqbalance.runtime.calibrate import calibration_microbatches
+
+    world = dist.get_world_size()
+    cap = context_parallel.max_tokens_per_rank
+    sizes = [size for size in context_parallel.usable_sizes(world) if size > 1]
+    if not sizes:
+        raise ValueError(
+            f"context_parallel sizes {list(context_parallel.sizes)} hold no CP size > 1 that "
+            f"divides {world} ranks: nothing to calibrate"
+        )
+    compute = calibrate_compute(
+        model,
+        groups,
+        calibration_microbatches(trials, max_tokens=cap, max_length=cap, seed=seed),
+        max_tokens_per_rank=cap,
+        repeats=repeats,
+        timeout=timeout,
+    )
+    spec = model.model_spec()
+    comm = calibrate_comm(
+        groups,
+        kv_elements_per_token=kv_elements_per_token(spec),
+        sizes=sizes,
+        repeats=comm_repeats,
+        timeout=timeout,
+    )
+    cost = ContextParallelTimeModel(
+        time=compute,
+        comm=comm,
+        kv_elements_per_token=kv_elements_per_token(spec),
+        kv_layers=kv_layers(spec),
+    )
+    return calibrate_piece_overhead(
+        model,
+        groups,
+        cost,
+        context_parallel,
+        piece_overhead_batches(world, cap),
+        repeats=comm_repeats,
+        timeout=timeout,
+    )
 
 
 def _synchronize(device: torch.device) -> None:

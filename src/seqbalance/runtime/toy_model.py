@@ -14,6 +14,13 @@ untied LM head) so that :meth:`TinyCausalTransformer.model_spec` maps it to a
 Positions restart at 0 in every sample (learned position embeddings, bounded by
 ``max_position``).
 
+:meth:`TinyCausalTransformer.forward_padded` runs the same model on a padded (BSHD) micro-batch
+``[B, S]``: every sample right-padded to the longest, so the work is ``B·S`` tokens and ``B``
+causal ``S × S`` attentions (the cost ``count × cost(longest)`` the planner charges the padded
+layout). The causal mask keeps every real query from the padding after it and the loss skips
+the padding, so the loss and gradients equal :meth:`~TinyCausalTransformer.forward` on the same
+samples packed.
+
 The default configuration (0.43 M parameters) is small enough that one training step on a few
 thousand tokens takes tens of milliseconds on a CPU (2048 tokens in samples of 128: ~35 ms on
 2 cores), while attention already dominates above ~1k tokens per sample, so length imbalance is
@@ -34,24 +41,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import as_lengths, check_choice, check_int
 
 if TYPE_CHECKING:
     from seqbalance.cost import ModelSpec
 
 __all__ = [
     "IGNORE_INDEX",
+    "REDUCTIONS",
     "TinyCausalTransformer",
     "ToyModelConfig",
     "causal_attention",
     "make_packed_batch",
+    "make_padded_batch",
 ]
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``attend(q, k, v) -> out``, all ``[heads, tokens, head_dim]``: one layer's attention."""
+"""``attend(q, k, v) -> out``, all ``[heads, tokens, head_dim]`` (``[B, heads, S, head_dim]``
+for a padded micro-batch): one layer's attention."""
 
 IGNORE_INDEX = -100
 """Label value that contributes no loss (the last token of each sample has no next token)."""
+
+REDUCTIONS = ("mean", "sum")
+"""How the token losses of a micro-batch are combined (``mean`` over labelled tokens: NaN when
+there are none; ``sum``: 0 then, for a trainer that divides by its step's labelled tokens)."""
 
 
 @dataclass(frozen=True)
@@ -113,15 +127,16 @@ class _Block(nn.Module):
         self.down = nn.Linear(i, h, bias=False)
 
     def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
-        tokens = x.shape[0]
+        *batch, tokens, hidden = x.shape  # packed: [tokens, hidden]; padded: [B, S, hidden]
         q, k, v = (
             self.qkv(self.attn_norm(x))
-            .view(tokens, 3, self.num_heads, self.head_dim)
-            .permute(1, 2, 0, 3)  # [3, heads, tokens, head_dim]
+            .view(*batch, tokens, 3, self.num_heads, self.head_dim)
+            .movedim(-3, 0)  # [3, *batch, tokens, heads, head_dim]
+            .transpose(-3, -2)  # [3, *batch, heads, tokens, head_dim]
             .unbind(0)
         )
         attended = attend(q, k, v)
-        x = x + self.out(attended.transpose(0, 1).reshape(tokens, x.shape[1]))
+        x = x + self.out(attended.transpose(-3, -2).reshape(*batch, tokens, hidden))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
@@ -154,6 +169,7 @@ class TinyCausalTransformer(nn.Module):
 
     ``forward(input_ids, cu_seqlens)`` returns logits ``[total_tokens, vocab_size]``; with
     ``labels`` it returns the mean cross-entropy over labelled tokens (``IGNORE_INDEX`` skipped).
+    ``forward_padded(input_ids, attention_mask)`` does the same for a padded ``[B, S]`` batch.
     Parameters are initialised from ``torch.Generator().manual_seed(seed)``, so two processes
     built with the same seed hold identical weights.
     """
@@ -182,13 +198,77 @@ class TinyCausalTransformer(nn.Module):
         input_ids: torch.Tensor,
         cu_seqlens: torch.Tensor,
         labels: torch.Tensor | None = None,
+        *,
+        reduction: str = "mean",
     ) -> torch.Tensor:
-        """Logits ``[total_tokens, vocab]``, or the mean token loss when ``labels`` is given."""
+        """Logits ``[total_tokens, vocab]``, or the token loss when ``labels`` is given
+        (combined as ``reduction`` says, see :data:`REDUCTIONS`)."""
+        reduction = check_choice(reduction, "reduction", REDUCTIONS)
         hidden, _ = self._hidden(input_ids, cu_seqlens)
         logits = self.lm_head(hidden)
         if labels is None:
             return logits
-        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction=reduction)
+
+    def forward_padded(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        *,
+        reduction: str = "mean",
+    ) -> torch.Tensor:
+        """A padded (BSHD) micro-batch: logits ``[B, S, vocab]``, or the token loss when
+        ``labels`` is given (as in :meth:`forward`).
+
+        Args:
+            input_ids: int64 ``[B, S]``: each row one sample, right-padded to ``S`` tokens (the
+                padding's ids do not matter).
+            attention_mask: ``[B, S]``, true (or 1) on a sample's tokens and false (0) on its
+                padding; every row must be a prefix of ones (right padding).
+            labels: int64 ``[B, S]`` next-token labels; positions where ``attention_mask`` is
+                false count as ``IGNORE_INDEX``.
+            reduction: ``"mean"`` or ``"sum"`` (see :data:`REDUCTIONS`).
+
+        Every row runs over all ``S`` positions (the padding is computed, as in a padded
+        trainer). With right padding the causal mask is the padding mask: a sample's query at
+        position ``t`` sees keys ``0..t``, all its own tokens, and never the padding after it,
+        so one causal attention over ``[B, heads, S, head_dim]`` masks the padding exactly
+        (and keeps the causal kernel's half-rectangle work).
+        """
+        reduction = check_choice(reduction, "reduction", REDUCTIONS)
+        if input_ids.dim() != 2:
+            raise ValueError(
+                f"input_ids must be 2-D [B, S] (padded BSHD), got shape {tuple(input_ids.shape)}"
+            )
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
+                f"{tuple(input_ids.shape)}; they must match"
+            )
+        mask = attention_mask.to(torch.bool)
+        if (mask[:, 1:] & ~mask[:, :-1]).any():
+            raise ValueError(
+                "attention_mask must be right-padded: every row a run of true (tokens) "
+                "followed by false (padding)"
+            )
+        if labels is not None and tuple(labels.shape) != tuple(input_ids.shape):
+            raise ValueError(
+                f"labels has shape {tuple(labels.shape)}, input_ids {tuple(input_ids.shape)}; "
+                "they must match"
+            )
+        width = input_ids.shape[1]
+        positions = torch.arange(width, device=input_ids.device).expand_as(input_ids)
+        hidden = self.encode(input_ids, positions, _padded_causal_attention)
+        logits = self.lm_head(hidden)
+        if labels is None:
+            return logits
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            labels.masked_fill(~mask, IGNORE_INDEX).reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction=reduction,
+        )
 
     def per_sample_loss(
         self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, labels: torch.Tensor
@@ -239,7 +319,9 @@ class TinyCausalTransformer(nn.Module):
         """Final hidden states ``[tokens, hidden]`` of tokens at ``position_ids``, with every
         layer's attention computed by ``attend(q, k, v)`` (``[heads, tokens, head_dim]`` each,
         returning the same shape). ``forward`` uses :func:`causal_attention` within the packed
-        samples; a context-parallel executor passes attention over gathered shards instead."""
+        samples; a context-parallel executor passes attention over gathered shards instead.
+        ``input_ids`` and ``position_ids`` may carry leading batch dimensions (``[B, S]`` for
+        :meth:`forward_padded`); ``attend`` then gets ``[B, heads, S, head_dim]``."""
         if position_ids.numel() and int(position_ids.max()) >= self.config.max_position:
             raise ValueError(
                 f"position {int(position_ids.max())} is beyond max_position = "
@@ -273,6 +355,13 @@ class TinyCausalTransformer(nn.Module):
         return asdict(self.config)
 
 
+def _padded_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over ``[B, heads, S, head_dim]`` (see ``forward_padded``)."""
+    if q.shape[-2] == 0:
+        return v
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def make_packed_batch(
     lengths: Any, *, vocab_size: int = ToyModelConfig.vocab_size, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -297,3 +386,24 @@ def make_packed_batch(
         torch.from_numpy(cu.astype(np.int32)),
         torch.from_numpy(labels),
     )
+
+
+def make_padded_batch(
+    lengths: Any, *, vocab_size: int = ToyModelConfig.vocab_size, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The micro-batch of :func:`make_packed_batch` (same ``lengths`` and ``seed``: the same
+    tokens) in the padded layout, every sample right-padded to the longest.
+
+    Returns ``(input_ids, attention_mask, labels)``: int64 ``[B, S]`` (padding holds 0), bool
+    ``[B, S]`` (true on tokens) and int64 ``[B, S]`` (``IGNORE_INDEX`` on each sample's last
+    token and on the padding), with ``B = len(lengths)`` and ``S = max(lengths)`` (0 when empty).
+    """
+    lengths = as_lengths(lengths)
+    tokens, _, packed_labels = make_packed_batch(lengths, vocab_size=vocab_size, seed=seed)
+    width = int(lengths.max()) if lengths.size else 0
+    mask = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None])
+    input_ids = torch.zeros(mask.shape, dtype=torch.int64)
+    labels = torch.full(mask.shape, IGNORE_INDEX, dtype=torch.int64)
+    input_ids[mask] = tokens  # row-major order of the mask is the packed order
+    labels[mask] = packed_labels
+    return input_ids, mask, labels

@@ -8,7 +8,7 @@ strategy and reports predicted step seconds, the lower bound and planning time; 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,10 @@ class ContextParallelComparison:
     n_steps: int
     context_parallel: ContextParallel
     cost_model: Any
+    plans: dict[str, list[ContextParallelPlan]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    """Every strategy's validated plan of every step."""
 
     def speedup(self, strategy: str, baseline: str) -> np.ndarray:
         """Per step: ``baseline``'s step time over ``strategy``'s (> 1: ``strategy`` faster)."""
@@ -105,6 +109,9 @@ def compare_context_parallel(
     model: Any = None,
     groups: Sequence[Any] | None = None,
     strategies: Sequence[str] = CP_STRATEGIES,
+    num_microbatches: int | None = None,
+    min_microbatches: int = 1,
+    microbatch_multiple: int = 1,
     allow_empty: bool = False,
 ) -> ContextParallelComparison:
     """Plan every step with every strategy and collect predicted seconds.
@@ -116,6 +123,8 @@ def compare_context_parallel(
             resolved once and shared by every strategy).
         groups: a group-id array per step, or None.
         strategies: names from ``CP_STRATEGIES``.
+        num_microbatches, min_microbatches, microbatch_multiple: the slot count per rank, as
+            for ``plan_context_parallel``.
         allow_empty: passed to every strategy (``dynamic_cp_megatron`` always allows empty
             slots).
 
@@ -138,6 +147,7 @@ def compare_context_parallel(
         ]
     )
     results = {}
+    every_plan = {}
     for strategy in strategies:
         plans: list[ContextParallelPlan] = []
         for lengths, group_ids in zip(arrays, step_groups, strict=True):
@@ -148,10 +158,14 @@ def compare_context_parallel(
                 cost=cost_model,
                 groups=group_ids,
                 strategy=strategy,
+                num_microbatches=num_microbatches,
+                min_microbatches=min_microbatches,
+                microbatch_multiple=microbatch_multiple,
                 allow_empty=allow_empty,
             )
             plan.validate()
             plans.append(plan)
+        every_plan[strategy] = plans
         results[strategy] = CPStrategyResult(
             strategy=strategy,
             step_seconds=np.array([p.step_cost for p in plans]),
@@ -167,4 +181,5 @@ def compare_context_parallel(
         n_steps=len(arrays),
         context_parallel=context_parallel,
         cost_model=cost_model,
+        plans=every_plan,
     )

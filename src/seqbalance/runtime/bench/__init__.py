@@ -14,13 +14,25 @@ training) and every strategy is planned with it, so ``balanced`` optimises the c
 processes really pay. The same plans feed the simulator, so its predicted reduction sits beside
 the measured one.
 
+With ``BenchSettings.context_parallel`` the processes form a DPxCP domain instead: they
+calibrate a ``ContextParallelTimeModel`` together and run ``static_cp``,
+``dynamic_cp_megatron`` and ``balanced`` with the context-parallel executor, measured against
+the planner's predictions (``context_parallel``).
+
 Modules: ``settings`` (what to run), ``harness`` (the parent: plan check, launch, report),
-``worker`` (one training process, torch), ``summary`` (the statistics). Only ``worker`` and
-the launch need torch; the rest loads with numpy alone.
+``worker`` (one training process, torch), ``summary`` (the statistics),
+``context_parallel`` (the parent side of a context-parallel run, its statistics) and
+``context_parallel_worker`` (one of its processes, torch). Only the workers and the launch
+need torch; the rest loads with numpy alone.
 """
 
 from __future__ import annotations
 
+from seqbalance.runtime.bench.context_parallel import (
+    plan_context_parallel_steps,
+    run_context_parallel,
+    summarize_context_parallel,
+)
 from seqbalance.runtime.bench.harness import plan_schedule, run
 from seqbalance.runtime.bench.settings import (
     DEFAULT_STRATEGIES,
@@ -34,8 +46,11 @@ __all__ = [
     "DEFAULT_STRATEGIES",
     "BenchSettings",
     "length_divisor",
+    "plan_context_parallel_steps",
     "plan_schedule",
     "run",
+    "run_context_parallel",
     "scale_lengths",
     "summarize",
+    "summarize_context_parallel",
 ]

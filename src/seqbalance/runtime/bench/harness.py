@@ -27,7 +27,8 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
     """Plan every step of every strategy on the same sampled batches (the simulator's plans).
 
     Args:
-        settings: The run; its warm-up and measured steps are planned.
+        settings: The run; its warm-up and measured steps are planned with its plan options
+            (``settings.options``, every option honoured by the simulator's planner).
         time_model: The cost every strategy plans with.
 
     Returns:
@@ -41,13 +42,11 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
 
     result = simulate(
         np.asarray(settings.lengths, dtype=np.int64),
+        settings.options.replace(cost=time_model),
         groups=None if settings.groups is None else np.asarray(settings.groups),
         dp_size=settings.procs,
         global_batch_size=settings.global_batch_size,
         steps=settings.warmup + settings.steps,
-        max_tokens=settings.max_tokens,
-        cost=time_model,
-        objective=settings.objective,
         strategies=settings.strategies,
         seed=settings.seed,
     )
@@ -74,7 +73,9 @@ def run(
     """Train every strategy on ``settings.procs`` real processes and report what was measured.
 
     Every strategy is first planned here on one step (with a placeholder cost), so options
-    that no strategy can honour fail before any process starts.
+    that no strategy can honour fail before any process starts. With
+    ``settings.context_parallel`` this is
+    :func:`~seqbalance.runtime.bench.context_parallel.run_context_parallel` (its report).
 
     Args:
         settings: What to run.
@@ -90,6 +91,10 @@ def run(
         ValueError: A strategy cannot plan the steps, or a bad setting for this machine.
         seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
     """
+    if settings.context_parallel is not None:
+        from seqbalance.runtime.bench.context_parallel import run_context_parallel
+
+        return run_context_parallel(settings, progress=progress)
     from seqbalance.runtime.bench.worker import run_rank
     from seqbalance.runtime.launch import launch
 

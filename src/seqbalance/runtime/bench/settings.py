@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -12,18 +11,28 @@ import numpy as np
 from seqbalance._validation import (
     as_group_ids,
     as_lengths,
+    check_bool,
     check_choice,
     check_int,
     check_positive_float,
 )
 from seqbalance.cost import TimeModel
-from seqbalance.plan import OBJECTIVES
-from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
+from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
 
-__all__ = ["DEFAULT_STRATEGIES", "BenchSettings", "length_divisor", "scale_lengths"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_STRATEGIES",
+    "BenchSettings",
+    "length_divisor",
+    "scale_lengths",
+]
 
 DEFAULT_STRATEGIES = ("round_robin", "token_kk", "balanced")
 """The common practice (round robin, token-sum Karmarkar–Karp) and ours."""
+DEFAULT_MAX_TOKENS = 4096
+"""Token cap of a toy micro-batch unless the options say otherwise (a CPU core's worth)."""
 
 DEVICES = ("cpu", "cuda")
 
@@ -44,14 +53,19 @@ def length_divisor(lengths: Any, max_tokens: int) -> int:
 
 
 def scale_lengths(
-    lengths: Any, max_tokens: int, divisor: int | None = None
+    lengths: Any, max_tokens: int, divisor: int | None = None, *, truncate: bool = True
 ) -> tuple[np.ndarray, int]:
-    """Real lengths scaled for the toy model: divided (rounded up), then cut to the cap.
+    """Real lengths scaled for the toy model: divided (rounded up), then cut to ``max_tokens``.
 
     Args:
         lengths: Token lengths of the dataset.
-        max_tokens: Token cap of a micro-batch; longer samples are truncated to it.
-        divisor: Divide every length by this; default :func:`length_divisor`.
+        max_tokens: Longest sample kept: longer samples are truncated to it (the token cap of
+            a micro-batch; with context parallelism, the largest CP size times the per-rank
+            cap).
+        divisor: Divide every length by this; default :func:`length_divisor` of
+            ``max_tokens``.
+        truncate: False keeps samples longer than ``max_tokens`` whole (``allow_oversize``:
+            the planner gives each a micro-batch of its own).
 
     Returns:
         ``(scaled int64 lengths, divisor used)``.
@@ -63,13 +77,8 @@ def scale_lengths(
         if divisor is None
         else check_int(divisor, "length_divisor", minimum=1)
     )
-    return np.minimum(-(-lengths // divisor), max_tokens), divisor
-
-
-def _this_process_cores() -> tuple[int, ...]:
-    if hasattr(os, "sched_getaffinity"):
-        return tuple(sorted(os.sched_getaffinity(0)))
-    return (0,)
+    scaled = -(-lengths // divisor)
+    return (np.minimum(scaled, max_tokens) if check_bool(truncate, "truncate") else scaled), divisor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,19 +89,29 @@ class BenchSettings:
         lengths: Token lengths to sample global batches from (already scaled, see
             :func:`scale_lengths`).
         groups: Group id per sample (kept on one rank), or None.
-        procs: Training processes (data-parallel ranks).
-        device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per process).
+        procs: Training processes (data-parallel ranks; with ``context_parallel``, the ranks
+            of the DPxCP domain).
+        device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per process; not with
+            ``context_parallel``, whose calibration times gloo collectives on the CPU).
         cores: CPU cores the processes are pinned to, rank r on ``cores[r % len(cores)]``;
             default: the cores this process may run on.
-        strategies: Registered strategy names to measure, in turn.
-        objective: ``"step"`` (DDP: one gradient all-reduce per step) or ``"lockstep"`` (one
-            per micro-batch).
+        strategies: Strategy names to measure, in turn; None: :data:`DEFAULT_STRATEGIES`, or
+            every context-parallel strategy (``CP_STRATEGIES``) with ``context_parallel``.
+        options: The plan options every strategy plans with (``PlanOptions``: ``max_tokens``
+            (required without ``context_parallel``), ``layout`` / ``micro_batch_size``,
+            micro-batch counts, ``objective``, ``order``, ``allow_oversize``,
+            ``allow_empty``). Their ``cost`` is the run's time model and their ``strategy``
+            each of ``strategies`` in turn, so both must be left at their defaults.
+        context_parallel: ``ContextParallel`` options (CP sizes, per-rank token cap, scheme)
+            to shard long samples over context-parallel groups of the processes, or None.
+            The options' ``max_tokens`` must then be None or the per-rank cap; ``comm`` must be
+            None (the run calibrates it, or takes it from ``time_model``).
         global_batch_size: Samples per optimizer step (rounded up to whole groups).
         steps: Measured steps per strategy.
         warmup: Unmeasured steps per strategy first.
-        max_tokens: Token cap of a packed micro-batch.
         model_size: Toy transformer size (a key of ``calibrate.MODEL_SIZES``).
-        time_model: TimeModel to plan with; None calibrates one in the processes first.
+        time_model: What to plan with: a TimeModel (a ``ContextParallelTimeModel`` with
+            ``context_parallel``); None calibrates one in the processes first.
         trials: Calibration micro-batches (at least ``calibrate.MIN_TRIALS``).
         repeats: Timings per calibration micro-batch (median kept).
         seed: Seed of the batch sampling, the planner and the model's weights.
@@ -105,14 +124,14 @@ class BenchSettings:
     procs: int = 2
     device: str = "cpu"
     cores: tuple[int, ...] | None = None
-    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
-    objective: str = "step"
+    strategies: tuple[str, ...] | None = None
+    options: PlanOptions = field(default_factory=lambda: PlanOptions(max_tokens=DEFAULT_MAX_TOKENS))
+    context_parallel: ContextParallel | None = None
     global_batch_size: int = 32
     steps: int = 20
     warmup: int = 3
-    max_tokens: int = 4096
     model_size: str = "small"
-    time_model: TimeModel | None = None
+    time_model: TimeModel | ContextParallelTimeModel | None = None
     trials: int = 48
     repeats: int = 3
     seed: int = 0
@@ -131,36 +150,136 @@ class BenchSettings:
             set_("groups", tuple(as_group_ids(self.groups, lengths.size).tolist()))
         set_("procs", check_int(self.procs, "procs", minimum=1))
         set_("device", check_choice(self.device, "device", DEVICES))
-        cores = _this_process_cores() if self.cores is None else tuple(self.cores)
+        cores = available_cores() if self.cores is None else tuple(self.cores)
         if not cores:
             raise ValueError("cores must name at least one CPU core, got none")
         set_("cores", tuple(check_int(core, "cores", minimum=0) for core in cores))
-        if isinstance(self.strategies, str) or not self.strategies:
-            raise ValueError(
-                f"strategies must be a non-empty sequence of names, got {self.strategies!r}"
-            )
-        set_("strategies", tuple(self.strategies))
-        set_("objective", check_choice(self.objective, "objective", OBJECTIVES))
         for name, minimum in (
             ("global_batch_size", 1),
             ("steps", 1),
             ("warmup", 0),
-            ("max_tokens", 8),
             ("trials", MIN_TRIALS),
             ("repeats", 1),
             ("seed", 0),
         ):
             set_(name, check_int(getattr(self, name), name, minimum=minimum))
         set_("model_size", check_choice(self.model_size, "model_size", tuple(MODEL_SIZES)))
-        if self.time_model is not None and not isinstance(self.time_model, TimeModel):
-            raise ValueError(f"time_model must be a TimeModel or None, got {self.time_model!r}")
         for name in ("timeout_seconds", "launch_timeout_seconds"):
             set_(name, check_positive_float(getattr(self, name), name))
+        if isinstance(self.strategies, str) or (
+            self.strategies is not None and not self.strategies
+        ):
+            raise ValueError(
+                f"strategies must be a non-empty sequence of names, got {self.strategies!r}"
+            )
+        self._check_options()
+        if self.context_parallel is None:
+            self._check_data_parallel()
+        else:
+            self._check_context_parallel()
+
+    def _check_options(self) -> None:
+        options = self.options
+        if not isinstance(options, PlanOptions):
+            raise ValueError(f"options must be a PlanOptions, got {type(options).__name__}")
+        defaults = PlanOptions()
+        for name, why in (
+            ("cost", "every strategy plans with the run's time model (time_model, or calibrated)"),
+            ("model", "every strategy plans with the run's time model (time_model, or calibrated)"),
+            ("strategy", "the strategies are measured in turn (strategies=...)"),
+            ("context_parallel", "pass context_parallel= to BenchSettings"),
+        ):
+            if getattr(options, name) != getattr(defaults, name):
+                raise ValueError(f"options.{name} must be left unset: {why}")
+
+    def _check_data_parallel(self) -> None:
+        if self.options.max_tokens is None:
+            raise ValueError("max_tokens must be set: the toy model trains capped micro-batches")
+        if self.options.max_tokens < 8:
+            raise ValueError(f"max_tokens must be >= 8, got {self.options.max_tokens}")
+        if self.time_model is not None and not isinstance(self.time_model, TimeModel):
+            raise ValueError(f"time_model must be a TimeModel or None, got {self.time_model!r}")
+        longest = max(self.lengths)
+        if longest > self.options.max_tokens and not self.options.allow_oversize:
+            raise ValueError(
+                f"lengths hold a sample of {longest} tokens, above max_tokens = "
+                f"{self.options.max_tokens}: truncate the lengths (scale_lengths) or set "
+                "allow_oversize=True"
+            )
+        strategies = DEFAULT_STRATEGIES if self.strategies is None else tuple(self.strategies)
+        object.__setattr__(self, "strategies", strategies)
+
+    def _check_context_parallel(self) -> None:
+        cp = self.context_parallel
+        if not isinstance(cp, ContextParallel):
+            raise ValueError(
+                f"context_parallel must be a ContextParallel or None, got {type(cp).__name__}"
+            )
+        if cp.comm is not None:
+            raise ValueError(
+                "context_parallel.comm must be None: the run calibrates the communication "
+                "(or takes it from time_model)"
+            )
+        if self.device != "cpu":
+            raise ValueError(
+                f"device {self.device!r} is not supported with context_parallel: its "
+                "calibration times gloo collectives on the CPU"
+            )
+        usable = cp.usable_sizes(self.procs)
+        if not usable:
+            raise ValueError(
+                f"context_parallel sizes {list(cp.sizes)}: none divides procs = {self.procs}"
+            )
+        if self.time_model is not None and not isinstance(
+            self.time_model, ContextParallelTimeModel
+        ):
+            raise ValueError(
+                "time_model must be a ContextParallelTimeModel or None with context_parallel, "
+                f"got {type(self.time_model).__name__}"
+            )
+        strategies = CP_STRATEGIES if self.strategies is None else tuple(self.strategies)
+        for name in strategies:
+            check_choice(name, "strategies entry (with context_parallel)", CP_STRATEGIES)
+        object.__setattr__(self, "strategies", strategies)
+        # The options that context-parallel planning cannot honour fail here, named.
+        self.context_parallel_options(
+            ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0)
+        )
+        longest = max(self.lengths)
+        if longest > usable[-1] * cp.max_tokens_per_rank:
+            raise ValueError(
+                f"lengths hold a sample of {longest} tokens, above the largest CP size usable "
+                f"on {self.procs} processes ({usable[-1]}) x max_tokens_per_rank = "
+                f"{cp.max_tokens_per_rank}"
+            )
+
+    def context_parallel_options(self, cost: ContextParallelTimeModel) -> PlanOptions:
+        """The context-parallel plan options of a strategy: :attr:`options` with ``cost``
+        (carrying the communication constants) and :attr:`context_parallel`."""
+        if self.context_parallel is None:
+            raise ValueError("context_parallel_options: these settings have no context_parallel")
+        return self.options.replace(cost=cost, context_parallel=self.context_parallel)
+
+    @property
+    def max_position(self) -> int:
+        """Longest sample the toy model sees (its position table), in tokens."""
+        cap = self.options.max_tokens
+        return max(max(self.lengths), 0 if cap is None else cap)
 
     def describe(self) -> dict[str, Any]:
-        """The settings as plain JSON values, without the data (lengths, groups, time model)."""
-        return {
-            field.name: getattr(self, field.name)
-            for field in fields(self)
-            if field.name not in ("lengths", "groups", "time_model")
+        """The settings as plain JSON values, without the data (lengths, groups, time model);
+        ``options`` as ``PlanOptions.to_dict()`` without ``cost``, ``model`` and
+        ``strategy``, ``context_parallel`` as ``ContextParallel.to_dict()`` (or None)."""
+        described = {
+            item.name: getattr(self, item.name)
+            for item in fields(self)
+            if item.name not in ("lengths", "groups", "time_model", "options", "context_parallel")
         }
+        options = self.options.to_dict()
+        for name in ("cost", "model", "strategy"):
+            del options[name]
+        described["options"] = options
+        described["context_parallel"] = (
+            None if self.context_parallel is None else self.context_parallel.to_dict()
+        )
+        return described

@@ -33,8 +33,8 @@ def summarize(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
         over every measured micro-batch), ``strategies`` (name -> median and mean step wall
         seconds (slowest rank), mean of the slowest rank's compute, median and mean imbalance
         (max / mean rank compute per step), the simulator's predicted mean step seconds, the
-        time model's MAPE on the strategy's micro-batches and their count, and every step's
-        wall seconds) and ``comparisons`` (``balanced_vs_<baseline>``: measured step-time,
+        time model's MAPE on the strategy's non-empty micro-batches and their count, and every
+        step's wall seconds) and ``comparisons`` (``balanced_vs_<baseline>``: measured step-time,
         median step-time and compute reductions, the simulator's predicted reduction, and its
         error relative to the measured one; all fractions, 0.05 = 5% less time).
     """
@@ -55,6 +55,7 @@ def summarize(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
             for lengths, seconds in zip(
                 r["microbatch_lengths"], r["microbatch_seconds"], strict=True
             )
+            if sum(lengths)  # an empty micro-batch computes nothing: nothing to predict
         ]
         every_microbatch.extend(observations)
         fit = time_model.score(observations)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,17 @@ from seqbalance.runtime.bench.settings import BenchSettings
 from seqbalance.runtime.calibrate import (
     Calibration,
     calibration_microbatches,
+    costed_lengths,
     fit_time_model,
     model_config,
+    pin_process,
     time_microbatches,
 )
-from seqbalance.runtime.toy_model import TinyCausalTransformer, make_packed_batch
+from seqbalance.runtime.toy_model import (
+    TinyCausalTransformer,
+    make_packed_batch,
+    make_padded_batch,
+)
 
 __all__ = ["run_rank"]
 
@@ -42,12 +47,9 @@ def run_rank(
         object), ``calibration`` (``Calibration.to_dict()``, None when given a time model) and
         ``simulation`` (``SimulationResult.to_dict()``).
     """
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {settings.cores[rank % len(settings.cores)]})
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
+    pin_process(rank, settings.cores)
     device = torch.device(f"cuda:{rank}" if settings.device == "cuda" else "cpu")
-    config = model_config(settings.model_size, max_position=settings.max_tokens)
+    config = model_config(settings.model_size, max_position=settings.max_position)
     model = TinyCausalTransformer(config, seed=settings.seed).to(device)
     calibration = None
     time_model = settings.time_model
@@ -74,16 +76,24 @@ def run_rank(
 def _calibrate_together(
     model: TinyCausalTransformer, settings: BenchSettings, device: torch.device, rank: int
 ) -> Calibration:
-    """Every rank times its share of the calibration micro-batches; all fit the same model."""
+    """Every rank times its share of the calibration micro-batches (in the run's layout); all
+    fit the same model."""
+    cap = settings.options.max_tokens
+    layout = settings.options.layout
     microbatches = calibration_microbatches(
         settings.trials,
-        max_tokens=settings.max_tokens,
-        max_length=min(settings.max_tokens, max(settings.lengths)),
+        max_tokens=cap,
+        max_length=min(cap, max(settings.lengths)),
         seed=settings.seed,
+        layout=layout,
     )
     mine = list(range(rank, len(microbatches), settings.procs))
     seconds = time_microbatches(
-        model, [microbatches[i] for i in mine], device=device, repeats=settings.repeats
+        model,
+        [microbatches[i] for i in mine],
+        device=device,
+        repeats=settings.repeats,
+        layout=layout,
     )
     shares: list[Any] = [None] * settings.procs
     dist.all_gather_object(shares, (mine, seconds.tolist()))
@@ -101,11 +111,21 @@ def _train(
     rank: int,
     progress_file: Path,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Train every strategy's steps; per step: this rank's compute, micro-batch and wall times."""
+    """Train every strategy's steps; per step: this rank's compute, micro-batch and wall times.
+
+    Micro-batches run in the plan's order (``order``), packed or padded (``layout``). The loss
+    of a step is the sum of its token losses over the labelled tokens of the rank's step (as a
+    trainer that normalises by tokens does), so a micro-batch without labelled tokens adds 0,
+    never NaN. An empty micro-batch (``allow_empty``) computes nothing but still joins the
+    step's collectives (the all-reduce after it under ``lockstep``).
+    """
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(parameters, lr=1e-4)
     vocab = model.config.vocab_size
     total_steps = settings.warmup + settings.steps
+    layout = settings.options.layout
+    make = make_padded_batch if layout == "padded" else make_packed_batch
+    forward = model.forward_padded if layout == "padded" else model
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -127,12 +147,12 @@ def _train(
         for name in settings.strategies:
             microbatches = schedule[name][step][rank]
             inputs = [
-                tuple(
-                    t.to(device)
-                    for t in make_packed_batch(lengths, vocab_size=vocab, seed=step * 1000 + i)
-                )
+                tuple(t.to(device) for t in make(lengths, vocab_size=vocab, seed=step * 1000 + i))
+                if sum(lengths)
+                else None  # nothing to compute
                 for i, lengths in enumerate(microbatches)
             ]
+            labelled = max(sum(max(n - 1, 0) for mb in microbatches for n in mb), 1)
             optimizer.zero_grad(set_to_none=False)
             dist.barrier()
             step_start = time.perf_counter()
@@ -140,12 +160,13 @@ def _train(
             for batch in inputs:
                 synchronize()
                 start = time.perf_counter()
-                model(*batch).backward()
+                if batch is not None:
+                    (forward(*batch, reduction="sum") / labelled).backward()
                 synchronize()
                 seconds.append(time.perf_counter() - start)
-                if settings.objective == "lockstep":
+                if settings.options.objective == "lockstep":
                     all_reduce_gradients()
-            if settings.objective == "step":
+            if settings.options.objective == "step":
                 all_reduce_gradients()
             optimizer.step()
             synchronize()
@@ -158,7 +179,10 @@ def _train(
                         "step": step - settings.warmup,
                         "compute_seconds": float(sum(seconds)),
                         "microbatch_seconds": seconds,
-                        "microbatch_lengths": microbatches,
+                        # What the time model prices (padded: every sample at the longest).
+                        "microbatch_lengths": [
+                            costed_lengths(lengths, layout).tolist() for lengths in microbatches
+                        ],
                         "wall_seconds": wall,
                     }
                 )
