@@ -15,6 +15,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
+
 __all__ = [
     "VERL_LINEAR_WORKLOAD",
     "first_fit_bins",
@@ -59,18 +61,26 @@ class _Group:
 class _Partial:
     """A partial solution: ``k`` groups kept heaviest first.
 
+    Only the non-empty groups are stored (``groups``, heaviest first); the other ``k -
+    len(groups)`` are empty and, the values being non-negative, sort after every non-empty group,
+    so a seed of one item costs O(1) rather than O(k) (slime packs thousands of samples into
+    hundreds of parts).
+
     Heap order: the partial solution with the larger spread (heaviest minus lightest group) comes
     first; on equal spreads, the one whose heaviest group is larger.
     """
 
-    __slots__ = ("groups",)
+    __slots__ = ("groups", "k", "spread")
 
-    def __init__(self, groups: list[_Group]) -> None:
-        self.groups = _descending(groups)
+    def __init__(self, groups: list[_Group], k: int) -> None:
+        self.k = k
+        self._set(_descending(groups))
 
-    @property
-    def spread(self) -> float:
-        return self.groups[0].total - self.groups[-1].total
+    def _set(self, groups: list[_Group]) -> None:
+        """Takes ``groups`` heaviest first."""
+        self.groups = groups
+        lightest = self.groups[-1].total if len(self.groups) == self.k else 0
+        self.spread = self.groups[0].total - lightest
 
     def __lt__(self, other: _Partial) -> bool:
         if self.spread != other.spread:
@@ -78,10 +88,37 @@ class _Partial:
         return other.groups[0].key() < self.groups[0].key()
 
     def absorb(self, other: _Partial) -> None:
-        k = len(self.groups)
-        for i in range(k):
-            self.groups[i].take(other.groups[k - 1 - i].items)
-        self.groups = _descending(self.groups)
+        """Group ``i`` (heaviest first) takes the items of the other's group ``k - 1 - i``."""
+        k, mine, theirs = self.k, self.groups, other.groups
+        cut = min(len(mine), k - len(theirs))
+        changed = []
+        for i in range(cut, len(mine)):
+            mine[i].take(theirs[k - 1 - i].items)
+            changed.append(mine[i])
+        # Positions past this one's non-empty groups: empty groups taking a whole group of the
+        # other, which is the other's group itself (same items, same running total).
+        changed.extend(theirs[k - 1 - i] for i in range(max(len(mine), k - len(theirs)), k))
+        # The first ``cut`` groups are unchanged and still sorted: merge the changed ones in
+        # (as a stable sort of the whole list would place them) instead of sorting all k.
+        self._set(_merge_descending(mine[:cut], _descending(changed)))
+
+
+def _merge_descending(kept: list[_Group], changed: list[_Group]) -> list[_Group]:
+    """Both lists heaviest first; on equal keys, groups of ``kept`` come first."""
+    merged = kept
+    lo = 0
+    for group in changed:
+        key = group.key()
+        hi = len(merged)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if merged[mid].key() >= key:
+                lo = mid + 1
+            else:
+                hi = mid
+        merged.insert(lo, group)
+        lo += 1
+    return merged
 
 
 def _descending(groups: list[_Group]) -> list[_Group]:
@@ -101,50 +138,51 @@ def largest_differencing(values: Sequence[float], k: int, *, equal_size: bool) -
 
     Raises:
         ValueError: fewer items than ``k``, ``equal_size`` with a count not divisible by ``k``,
-            or an empty part (the stacks assert the same).
+            a negative value, or an empty part (the stacks assert the same).
     """
     n = len(values)
     if k < 1 or n < k:
         raise ValueError(f"largest_differencing needs 1 <= k <= number of items, got k={k}, n={n}")
     ordered = sorted((value, index) for index, value in enumerate(values))
+    if ordered[0][0] < 0:
+        raise ValueError(f"largest_differencing needs values >= 0, got {ordered[0][0]}")
+    if equal_size and n % k:
+        raise ValueError(f"equal_size needs the item count {n} to be a multiple of k = {k}")
+    step = k if equal_size else 1
     heap: list[_Partial] = []
-    if equal_size:
-        if n % k:
-            raise ValueError(f"equal_size needs the item count {n} to be a multiple of k = {k}")
-        seeds = [ordered[start : start + k] for start in range(0, n, k)]
-    else:
-        seeds = [[entry] for entry in ordered]
-    for seed in seeds:
-        groups = [_Group() for _ in range(k)]
-        for group, (value, index) in zip(groups, seed, strict=False):
+    for start in range(0, n, step):
+        groups = []
+        for value, index in ordered[start : start + step]:
+            group = _Group()
             group.take([(index, value)])
-        heapq.heappush(heap, _Partial(groups))
+            groups.append(group)
+        heapq.heappush(heap, _Partial(groups, k))
     while len(heap) > 1:
         first = heapq.heappop(heap)
         second = heapq.heappop(heap)
         first.absorb(second)
         heapq.heappush(heap, first)
-    parts = [sorted(index for index, _ in group.items) for group in heap[0].groups]
-    empty = [i for i, part in enumerate(parts) if not part]
-    if empty:
-        raise ValueError(f"largest_differencing left part {empty[0]} empty")
-    return parts
+    groups = heap[0].groups
+    if len(groups) < k:
+        raise ValueError(f"largest_differencing left part {len(groups)} empty")
+    return [sorted(index for index, _ in group.items) for group in groups]
 
 
 def first_fit_bins(lengths: Sequence[int], cap: int) -> list[list[int]]:
     """slime's ``first_fit_pack``: each item, in order, joins the first bin it fits (total <=
     ``cap``), else opens a new bin; an item over ``cap`` opens a bin of its own."""
     bins: list[list[int]] = []
-    totals: list[int] = []
+    # Room left in each bin (negative for a lone over-cap item), searched in C: a step of
+    # thousands of short samples opens thousands of bins.
+    room = np.empty(len(lengths), dtype=np.int64)
     for index, length in enumerate(lengths):
-        for b, total in enumerate(totals):
-            if total + length <= cap:
-                bins[b].append(index)
-                totals[b] += length
-                break
+        fits = np.flatnonzero(room[: len(bins)] >= length)
+        if fits.size:
+            bins[fits[0]].append(index)
+            room[fits[0]] -= length
         else:
+            room[len(bins)] = cap - length
             bins.append([index])
-            totals.append(length)
     return bins
 
 

@@ -16,16 +16,9 @@ from seqbalance.plan._problem import Problem
 __all__ = ["fill_empty", "greedy_microbatches", "to_count"]
 
 
-class _Bin:
-    __slots__ = ("closed", "count", "items", "longest", "patches", "tokens")
-
-    def __init__(self) -> None:
-        self.items: list[int] = []
-        self.count = 0
-        self.tokens = 0
-        self.longest = 0
-        self.patches = 0
-        self.closed = False
+_SCAN_IN_C = 32
+"""First fit scans at most this many open micro-batches in Python; past it, in numpy (per
+sample, a Python scan is cheaper over a few micro-batches, numpy over thousands)."""
 
 
 def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[list[int]]:
@@ -35,35 +28,49 @@ def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[l
     fit (next fit). ``rule="first"``: it joins the oldest micro-batch it fits (first fit). An
     over-cap sample always gets a micro-batch of its own.
     """
-    bins: list[_Bin] = []
-    lengths = p.lengths
-    oversize = p.oversize
-    patches = p.patches
+    order = list(samples)
+    # Per micro-batch: unpadded tokens, samples, longest sample, vision patches, and whether an
+    # over-cap sample closed it; Python lists for the Python scan, mirrored in arrays for numpy.
+    state: list[list[int]] = [[], [], [], [], []]
+    arrays = [np.zeros(len(order), np.int64) for _ in state]
+    tokens, count, longest, patches, closed = state
+    bins: list[list[int]] = []
     fits = p.fits
-    for i in samples:
-        length = int(lengths[i])
-        added = 0 if patches is None else int(patches[i])
+    for i in order:
+        length = int(p.lengths[i])
+        added = 0 if p.patches is None else int(p.patches[i])
         target = None
-        if not oversize[i]:
-            candidates = bins[-1:] if rule == "next" else bins
-            target = next(
-                (
-                    b
-                    for b in candidates
-                    if not b.closed and fits(b.tokens, b.count, b.longest, length, b.patches, added)
-                ),
-                None,
-            )
+        if not p.oversize[i] and bins:
+            first = len(bins) - 1 if rule == "next" else 0
+            if len(bins) - first <= _SCAN_IN_C:
+                target = next(
+                    (
+                        j
+                        for j in range(first, len(bins))
+                        if not closed[j]
+                        and fits(tokens[j], count[j], longest[j], length, patches[j], added)
+                    ),
+                    None,
+                )
+            else:
+                open_ = [array[: len(bins)] for array in arrays]
+                ok = (open_[4] == 0) & fits(*open_[:3], length, open_[3], added)
+                j = int(np.argmax(ok))
+                target = j if ok[j] else None
         if target is None:
-            target = _Bin()
-            target.closed = bool(oversize[i])
-            bins.append(target)
-        target.items.append(i)
-        target.count += 1
-        target.tokens += length
-        target.patches += added
-        target.longest = max(target.longest, length)
-    return [b.items for b in bins]
+            target = len(bins)
+            bins.append([])
+            for column in state:
+                column.append(0)
+            closed[target] = int(p.oversize[i])
+        bins[target].append(i)
+        count[target] += 1
+        tokens[target] += length
+        patches[target] += added
+        longest[target] = max(longest[target], length)
+        for column, array in zip(state, arrays, strict=True):
+            array[target] = column[target]
+    return bins
 
 
 def to_count(microbatches: list[list[int]], m: int) -> list[list[int]]:

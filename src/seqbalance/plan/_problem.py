@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -151,13 +151,13 @@ class Problem(OptionFields):
 
     def fits(
         self,
-        tokens: int,
-        count: int,
-        longest: int,
+        tokens: Any,
+        count: Any,
+        longest: Any,
         length: int,
-        patches: int = 0,
+        patches: Any = 0,
         added_patches: int = 0,
-    ) -> bool:
+    ) -> Any:
         """Whether a non-over-cap sample of ``length`` tokens (and ``added_patches`` vision
         patches) joins a micro-batch that holds ``count`` samples, ``tokens`` tokens (unpadded),
         ``longest`` as its longest sample and ``patches`` vision patches.
@@ -165,13 +165,19 @@ class Problem(OptionFields):
         Packed: the token sum stays within the cap and the patch sum within the patch cap.
         Padded (never with a patch cap): at most ``micro_batch_size`` samples and
         ``count x longest`` (padding included) within the cap.
+
+        The micro-batch arguments may be arrays (one entry per micro-batch, as the first-fit
+        scan passes them); the answer then is a boolean array.
         """
         if self.layout == "packed":
-            return tokens + length <= self.cap and patches + added_patches <= self.patch_cap
+            return (tokens + length <= self.cap) & (patches + added_patches <= self.patch_cap)
         count += 1
-        if self.micro_batch_size is not None and count > self.micro_batch_size:
-            return False
-        return count * max(longest, length) <= self.cap
+        fits = True if self.micro_batch_size is None else count <= self.micro_batch_size
+        if self.max_tokens is not None:
+            # max(longest, length) x count <= cap, divided so no product overflows int64.
+            most = self.max_tokens // count
+            fits = fits & (longest <= most) & (length <= most)
+        return fits
 
     def keeps_cap(self, microbatches: list[list[list[int]]]) -> bool:
         """Whether every micro-batch keeps the caps (tokens and vision patches) and the padded

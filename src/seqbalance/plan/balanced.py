@@ -67,10 +67,6 @@ _LOCKSTEP_GOOD_ENOUGH = 2e-4
 # swaps, and each candidate cost cell evaluated counts one. A pass grows like M^3.
 _LOCKSTEP_WORK = 500_000
 _PAIR_WORK = 100
-RIVALS_WITHOUT_BOUND_SAMPLES = 256
-"""Largest step on which ``balanced`` also runs rivals that offer no cheap lower bound (the
-stacks' own schedulers, written in plain Python with their exact tie-breaks, take seconds on
-thousands of samples); on larger steps it is checked against them by benchmarks/trust.py."""
 
 
 def plan_balanced(p: Problem) -> Microbatches:
@@ -128,7 +124,7 @@ class _Portfolio:
     binds (one micro-batch per rank), the partition engine's split of the unit costs. A
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
     objective) is not run when that bound cannot beat the best plan so far; one that offers
-    none is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES`` samples.
+    none (the stacks' schedulers) is always run, so the promise holds on every step.
     """
 
     def __init__(self, p: Problem) -> None:
@@ -164,8 +160,6 @@ class _Portfolio:
         candidates = [self._partition_start()]
         for strategy in _rivals():
             estimate = getattr(strategy, "plan_lower_bound", None)
-            if estimate is None and p.n > RIVALS_WITHOUT_BOUND_SAMPLES:
-                continue  # a stack's pure-Python scheduler: seconds on a large step
             if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
                 continue
             candidates.append(self._plan_of(strategy))
@@ -749,39 +743,35 @@ def _pack_under(p: Problem, samples: np.ndarray, profile: list[float]) -> list[l
 
 class _Rooms:
     """What is left under the caps in each of a rank's micro-batches (tokens, and vision
-    patches with a patch cap); an over-cap sample needs an empty micro-batch and closes it."""
+    patches with a patch cap); an over-cap sample needs an empty micro-batch and closes it.
+
+    Rooms are float arrays (exact: token counts are below 2**53) searched with numpy, as a tight
+    cap gives thousands of micro-batches."""
 
     def __init__(self, p: Problem, m: int, microbatches: list[list[int]] | None = None) -> None:
         self.p = p
-        self.empty = [True] * m
-        self.tokens = [p.cap] * m
-        self.patches = None if p.patches is None else [p.patch_cap] * m
+        self.empty = np.ones(m, dtype=bool)
+        self.tokens = np.full(m, float(p.cap))
+        self.patches = None if p.patches is None else np.full(m, float(p.patch_cap))
         for j, mb in enumerate(microbatches or ()):
             for i in mb:
                 self.take(j, i)
 
+    def _fits(self, i: int) -> np.ndarray:
+        fits = self.tokens >= self.p.lengths[i]
+        if self.patches is not None:
+            fits &= self.patches >= self.p.patches[i]  # type: ignore[index]
+        return fits
+
     def fitting(self, i: int) -> list[int]:
         """The micro-batches that non-over-cap sample ``i`` fits, in order."""
-        length = int(self.p.lengths[i])
-        if self.patches is None:
-            return [j for j, left in enumerate(self.tokens) if left >= length]
-        patch = int(self.p.patches[i])  # type: ignore[index]
-        return [
-            j
-            for j, (left, room) in enumerate(zip(self.tokens, self.patches, strict=True))
-            if left >= length and room >= patch
-        ]
+        return np.flatnonzero(self._fits(i)).tolist()
 
     def first(self, i: int) -> int | None:
         """The first micro-batch that sample ``i`` fits (None: none)."""
-        if self.p.oversize[i]:
-            return next((j for j, empty in enumerate(self.empty) if empty), None)
-        length = int(self.p.lengths[i])
-        if self.patches is None:
-            return next((j for j, left in enumerate(self.tokens) if left >= length), None)
-        patch = int(self.p.patches[i])  # type: ignore[index]
-        pairs = enumerate(zip(self.tokens, self.patches, strict=True))
-        return next((j for j, (left, room) in pairs if left >= length and room >= patch), None)
+        fits = self.empty if self.p.oversize[i] else self._fits(i)
+        j = int(np.argmax(fits))
+        return j if fits[j] else None
 
     def take(self, j: int, i: int) -> None:
         """Sample ``i`` joins micro-batch ``j``."""
@@ -791,9 +781,9 @@ class _Rooms:
             if self.patches is not None:
                 self.patches[j] = -1
             return
-        self.tokens[j] -= int(self.p.lengths[i])
+        self.tokens[j] -= self.p.lengths[i]
         if self.patches is not None:
-            self.patches[j] -= int(self.p.patches[i])  # type: ignore[index]
+            self.patches[j] -= self.p.patches[i]  # type: ignore[index]
 
 
 def _refine_lockstep(p: Problem, plan: Microbatches) -> None:

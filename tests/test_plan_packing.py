@@ -1,0 +1,82 @@
+"""Greedy micro-batch filling scans few micro-batches in Python and many in numpy: both give the
+plain first-fit / next-fit answer, whatever the layout, cap and over-cap samples."""
+
+from __future__ import annotations
+
+import numpy as np
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.plan import PlanOptions
+from seqbalance.plan._packing import _SCAN_IN_C, greedy_microbatches
+from seqbalance.plan._problem import Problem
+
+
+def _reference(lengths: list[int], cap: int, size: int | None, rule: str) -> list[list[int]]:
+    """First / next fit with every limit spelled out on plain lists."""
+
+    def fits(mb: list[int], length: int) -> bool:
+        if any(lengths[i] > cap for i in mb):
+            return False  # an over-cap sample is alone
+        if size is None:
+            return sum(lengths[i] for i in mb) + length <= cap
+        longest = max([lengths[i] for i in mb] + [length])
+        return len(mb) < size and (len(mb) + 1) * longest <= cap
+
+    bins: list[list[int]] = []
+    for i, length in enumerate(lengths):
+        candidates = bins[-1:] if rule == "next" else bins
+        target = None
+        if length <= cap:
+            target = next((mb for mb in candidates if fits(mb, length)), None)
+        if target is None:
+            target = []
+            bins.append(target)
+        target.append(i)
+    return bins
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 120), min_size=1, max_size=300),
+    cap=st.integers(1, 100),
+    size=st.none() | st.integers(1, 4),
+    rule=st.sampled_from(["first", "next"]),
+)
+def test_greedy_filling_is_plain_first_and_next_fit(
+    lengths: list[int], cap: int, size: int | None, rule: str
+) -> None:
+    array = np.asarray(lengths, dtype=np.int64)
+    options = PlanOptions(
+        max_tokens=cap,
+        layout="packed" if size is None else "padded",
+        micro_batch_size=size,
+        allow_oversize=True,
+    )
+    p = Problem(
+        lengths=array,
+        sample_costs=array.astype(np.float64),
+        overhead=0.0,
+        dp=1,
+        groups=None,
+        options=options,
+    )
+    got = greedy_microbatches(p, range(len(lengths)), rule)
+    assert got == _reference(lengths, cap, size, rule)
+
+
+def test_the_numpy_scan_is_exercised() -> None:
+    lengths = [50] * (4 * _SCAN_IN_C)  # one per micro-batch under a cap of 60
+    array = np.asarray(lengths, dtype=np.int64)
+    p = Problem(
+        lengths=array,
+        sample_costs=array.astype(np.float64),
+        overhead=0.0,
+        dp=1,
+        groups=None,
+        options=PlanOptions(max_tokens=60),
+    )
+    assert greedy_microbatches(p, range(len(lengths)), "first") == [
+        [i] for i in range(len(lengths))
+    ]
