@@ -93,24 +93,27 @@ def _plan(step: dict, strategy: str) -> sb.StepPlan | None:
         return None
 
 
-def compare(step: dict) -> tuple[str, float]:
-    """``("worse", ratio)`` when balanced loses, else ``("ok", best baseline / balanced)`` or
-    ``("infeasible", 1.0)`` when no strategy can plan the step."""
+def compare(step: dict) -> tuple[str, float, float]:
+    """``("worse", ratio, seconds)`` when balanced loses, else ``("ok", best baseline /
+    balanced, seconds)`` or ``("infeasible", 1.0, seconds)`` when no strategy can plan the step;
+    ``seconds`` is balanced's planning time (its portfolio of rivals included)."""
+    started = time.perf_counter()
     balanced = _plan(step, "balanced")
+    seconds = time.perf_counter() - started
     rivals = {}
     for name in strategy_names("baseline", "stack"):
         plan = _plan(step, name)
         if plan is not None and (plan.cap_enforced or plan.cap_violations() == 0):
             rivals[name] = plan
     if balanced is None:
-        return ("worse", float("inf")) if rivals else ("infeasible", 1.0)
+        return ("worse", float("inf"), seconds) if rivals else ("infeasible", 1.0, seconds)
     balanced.validate()
     if not rivals:
-        return "ok", float("nan")
+        return "ok", float("nan"), seconds
     best = min(plan.step_cost for plan in rivals.values())
     if balanced.step_cost > best * (1 + 1e-9):
-        return "worse", balanced.step_cost / best
-    return "ok", best / balanced.step_cost if balanced.step_cost > 0 else 1.0
+        return "worse", balanced.step_cost / best, seconds
+    return "ok", best / balanced.step_cost if balanced.step_cost > 0 else 1.0, seconds
 
 
 def main() -> None:
@@ -124,11 +127,18 @@ def main() -> None:
     by_kind: dict[str, Counter[str]] = {}
     gains: list[float] = []
     worst_ratio = 1.0
+    seconds_by_size: dict[str, list[float]] = {}
     started = time.perf_counter()
     for _ in range(args.inputs):
         step = draw_step(rng)
-        outcome, ratio = compare(step)
+        outcome, ratio, seconds = compare(step)
         outcomes[outcome] += 1
+        size = (
+            "<= 64"
+            if step["lengths"].size <= 64
+            else ("65-1024" if step["lengths"].size <= 1024 else "> 1024")
+        )
+        seconds_by_size.setdefault(size, []).append(seconds)
         kinds = [
             f"n {'<=64' if step['lengths'].size <= 64 else '>64'}",
             "groups" if step["groups"] is not None else "no groups",
@@ -151,10 +161,11 @@ def main() -> None:
         f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; {elapsed:.0f} s",
         f"- Baselines: {rivals}",
         "",
-        "| inputs | balanced worse | no strategy can plan | balanced at least as good |"
+        "| inputs | no strategy can plan | compared | balanced worse | balanced at least as good |"
         " of which strictly better | mean / max gain over the best valid baseline |",
-        "|---:|---:|---:|---:|---:|---:|",
-        f"| {args.inputs} | {outcomes['worse']} | {outcomes['infeasible']} | {outcomes['ok']} |"
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {args.inputs} | {outcomes['infeasible']} | {outcomes['ok'] + outcomes['worse']} |"
+        f" {outcomes['worse']} | {outcomes['ok']} |"
         f" {sum(g > 1 + 1e-9 for g in gains)} |"
         f" {np.mean(gains) if gains else float('nan'):.4f}x / "
         f"{max(gains, default=float('nan')):.3f}x |",
@@ -164,6 +175,14 @@ def main() -> None:
         *(
             f"| {kind} | {sum(counts.values())} | {counts['worse']} |"
             for kind, counts in sorted(by_kind.items())
+        ),
+        "",
+        "| samples per step | inputs | balanced planning time, median / p99 / max (ms) |",
+        "|---|---:|---:|",
+        *(
+            f"| {size} | {len(times)} | {1e3 * np.median(times):.1f} / "
+            f"{1e3 * np.quantile(times, 0.99):.1f} / {1e3 * max(times):.1f} |"
+            for size, times in sorted(seconds_by_size.items(), key=lambda kv: min(kv[1]))
         ),
     ]
     if outcomes["worse"]:
