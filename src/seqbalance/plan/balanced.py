@@ -67,6 +67,14 @@ _LOCKSTEP_GOOD_ENOUGH = 2e-4
 # swaps, and each candidate cost cell evaluated counts one. A pass grows like M^3.
 _LOCKSTEP_WORK = 500_000
 _PAIR_WORK = 100
+RIVALS_WITHOUT_BOUND_SAMPLES = 256
+"""On steps of at most this many samples ``balanced`` always runs the rivals that offer no cheap
+lower bound (the stacks' schedulers: exact re-implementations in plain Python, which on
+thousands of samples cost several times ``balanced``'s own search)."""
+RIVALS_WITHOUT_BOUND_GAP = 1e-4
+"""On larger steps it runs them only when its plan is more than this far (relative) above the
+lower bound: every valid plan costs at least the bound, so a skipped rival is never cheaper by
+more than this fraction."""
 
 
 def plan_balanced(p: Problem) -> Microbatches:
@@ -124,7 +132,9 @@ class _Portfolio:
     binds (one micro-batch per rank), the partition engine's split of the unit costs. A
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
     objective) is not run when that bound cannot beat the best plan so far; one that offers
-    none (the stacks' schedulers) is always run, so the promise holds on every step.
+    none (the stacks' schedulers) is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES``
+    samples, and on larger ones when the plan is more than ``RIVALS_WITHOUT_BOUND_GAP`` above
+    the lower bound.
     """
 
     def __init__(self, p: Problem) -> None:
@@ -160,6 +170,12 @@ class _Portfolio:
         candidates = [self._partition_start()]
         for strategy in _rivals():
             estimate = getattr(strategy, "plan_lower_bound", None)
+            if (
+                estimate is None
+                and p.n > RIVALS_WITHOUT_BOUND_SAMPLES
+                and value <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
+            ):
+                continue  # it could save less than the gap: keep planning in milliseconds
             if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
                 continue
             candidates.append(self._plan_of(strategy))
