@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 from _parts import QWEN25_VL, PartsSeconds, hstu_parts, image_parts
+from _profiles import examples
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.cost import HSTUFlopsModel, TimeModel
 from seqbalance.plan import PlanOptions, strategy_names
+from seqbalance.plan.balanced import RIVALS_WITHOUT_BOUND_GAP, RIVALS_WITHOUT_BOUND_SAMPLES
 
 SHAREGPT = sb.datasets.load("sharegpt")
 COSTS = {
@@ -125,6 +127,38 @@ def test_balanced_never_loses_to_a_baseline(problem: dict) -> None:
         if plan.step_cost <= balanced.step_cost * (1 + 1e-9):
             # As cheap: then never more micro-batches than the baseline.
             assert balanced.n_microbatches <= plan.n_microbatches, name
+
+
+@settings(max_examples=examples(12), deadline=None)
+@given(
+    n=st.integers(RIVALS_WITHOUT_BOUND_SAMPLES + 1, 700),
+    dp=st.sampled_from([2, 3, 8, 16, 64]),
+    cap=st.sampled_from([None, 256, 1024, 8192]),
+    objective=st.sampled_from(["step", "lockstep"]),
+    cost=st.sampled_from(sorted(COSTS)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_on_large_steps_stack_schedulers_win_by_at_most_the_gap(
+    n: int, dp: int, cap: int | None, objective: str, cost: str, seed: int
+) -> None:
+    # Above RIVALS_WITHOUT_BOUND_SAMPLES the stacks' schedulers only run when balanced's plan is
+    # more than the gap above the lower bound; the baselines (cheap bounds) still always count.
+    lengths = np.random.default_rng(seed).choice(SHAREGPT, n)
+    problem = {
+        "lengths": lengths,
+        "dp": dp,
+        "groups": None,
+        "cost": COSTS[cost],
+        "objective": objective,
+        "allow_empty": True,
+    }
+    if cap is not None:
+        problem.update(max_tokens=cap, allow_oversize=True)
+    balanced = _plan(problem, "balanced")
+    assert balanced is not None
+    for name, plan in _valid_alternatives(problem).items():
+        gap = RIVALS_WITHOUT_BOUND_GAP if name in strategy_names("stack") else 0.0
+        assert balanced.step_cost <= plan.step_cost * (1 + gap + 1e-9), name
 
 
 @given(problems())
