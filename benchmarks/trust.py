@@ -25,7 +25,7 @@ import numpy as np
 
 import seqbalance as sb
 from seqbalance.cost import TimeModel
-from seqbalance.plan import strategy_names
+from seqbalance.plan import get_strategy, strategy_names
 
 DATASETS = ("sharegpt", "gsm8k", "lima", "qwen25math")
 SIZES = (1, 2, 3, 5, 8, 12, 16, 24, 32, 64, 128, 256, 512, 1024, 4096)
@@ -93,10 +93,11 @@ def _plan(step: dict, strategy: str) -> sb.StepPlan | None:
         return None
 
 
-def compare(step: dict) -> tuple[str, float, float]:
-    """``("worse", ratio, seconds)`` when balanced loses, else ``("ok", best baseline /
-    balanced, seconds)`` or ``("infeasible", 1.0, seconds)`` when no strategy can plan the step;
-    ``seconds`` is balanced's planning time (its portfolio of rivals included)."""
+def compare(step: dict) -> tuple[str, float, float, str]:
+    """``("worse", ratio, seconds, family)`` when balanced loses (``family`` of the cheapest
+    rival), else ``("ok", best baseline / balanced, seconds, "")`` or ``("infeasible", 1.0,
+    seconds, "")`` when no strategy can plan the step; ``seconds`` is balanced's planning time
+    (its portfolio of rivals included)."""
     started = time.perf_counter()
     balanced = _plan(step, "balanced")
     seconds = time.perf_counter() - started
@@ -106,14 +107,17 @@ def compare(step: dict) -> tuple[str, float, float]:
         if plan is not None and (plan.cap_enforced or plan.cap_violations() == 0):
             rivals[name] = plan
     if balanced is None:
-        return ("worse", float("inf"), seconds) if rivals else ("infeasible", 1.0, seconds)
+        if rivals:
+            return "worse", float("inf"), seconds, get_strategy(next(iter(rivals))).family
+        return "infeasible", 1.0, seconds, ""
     balanced.validate()
     if not rivals:
-        return "ok", float("nan"), seconds
-    best = min(plan.step_cost for plan in rivals.values())
+        return "ok", float("nan"), seconds, ""
+    name = min(rivals, key=lambda name: rivals[name].step_cost)
+    best = rivals[name].step_cost
     if balanced.step_cost > best * (1 + 1e-9):
-        return "worse", balanced.step_cost / best, seconds
-    return "ok", best / balanced.step_cost if balanced.step_cost > 0 else 1.0, seconds
+        return "worse", balanced.step_cost / best, seconds, get_strategy(name).family
+    return "ok", best / balanced.step_cost if balanced.step_cost > 0 else 1.0, seconds, ""
 
 
 def main() -> None:
@@ -126,12 +130,13 @@ def main() -> None:
     outcomes: Counter[str] = Counter()
     by_kind: dict[str, Counter[str]] = {}
     gains: list[float] = []
-    worst_ratio = 1.0
+    worst: dict[str, float] = {}  # family -> largest balanced / best ratio where balanced lost
+    losses: Counter[str] = Counter()
     seconds_by_size: dict[str, list[float]] = {}
     started = time.perf_counter()
     for _ in range(args.inputs):
         step = draw_step(rng)
-        outcome, ratio, seconds = compare(step)
+        outcome, ratio, seconds, family = compare(step)
         outcomes[outcome] += 1
         size = (
             "<= 64"
@@ -151,7 +156,8 @@ def main() -> None:
         if outcome == "ok" and np.isfinite(ratio):
             gains.append(ratio)
         if outcome == "worse":
-            worst_ratio = max(worst_ratio, ratio)
+            losses[family] += 1
+            worst[family] = max(worst.get(family, 1.0), ratio)
     elapsed = time.perf_counter() - started
     rivals = ", ".join(strategy_names("baseline", "stack"))
     lines = [
@@ -185,8 +191,16 @@ def main() -> None:
             for size, times in sorted(seconds_by_size.items(), key=lambda kv: min(kv[1]))
         ),
     ]
-    if outcomes["worse"]:
-        lines.append(f"\nWorst: balanced {worst_ratio:.4f}x the best valid baseline.")
+    lines.append(
+        f"\nWorse than a `baseline` strategy's plan: {losses['baseline']}; than a stack "
+        f"scheduler's: {losses['stack']}"
+        + (
+            f", by at most {worst['stack'] - 1:.1e} (relative)"
+            if losses["stack"] and np.isfinite(worst["stack"])
+            else ""
+        )
+        + "."
+    )
     print("\n".join(lines))
 
 
