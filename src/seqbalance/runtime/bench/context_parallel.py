@@ -21,13 +21,8 @@ This module is the parent side (numpy only until it launches); the ranks run
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +35,7 @@ from seqbalance.cost.context_parallel import (
     kv_layers,
 )
 from seqbalance.runtime.bench.settings import BenchSettings
+from seqbalance.runtime.bench.summary import reductions_against
 
 __all__ = ["plan_context_parallel_steps", "run_context_parallel", "summarize_context_parallel"]
 
@@ -139,7 +135,7 @@ def run_context_parallel(
         seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
     """
     from seqbalance.runtime.bench.context_parallel_worker import run_context_parallel_rank
-    from seqbalance.runtime.launch import launch
+    from seqbalance.runtime.bench.harness import launch_and_summarize
 
     if settings.context_parallel is None:
         raise ValueError("run_context_parallel needs settings with context_parallel")
@@ -153,34 +149,9 @@ def run_context_parallel(
         )
     placeholder = given or ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), *kv)
     plan_context_parallel_steps(replace(settings, steps=1, warmup=0), placeholder)
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="seqbalance-bench-cp-") as folder:
-        progress_file = Path(folder) / "progress"
-
-        def poll() -> None:
-            with contextlib.suppress(OSError, ValueError):  # not written yet, or mid-write
-                done, total = map(int, progress_file.read_text().split())
-                progress(done, total)
-
-        results = launch(
-            run_context_parallel_rank,
-            settings.procs,
-            args=(settings, str(progress_file)),
-            timeout=settings.launch_timeout_seconds,
-            collective_timeout=settings.timeout_seconds,
-            poll=None if progress is None else poll,
-        )
-    raw = {**results[0], "records": [result["records"] for result in results]}
-    report = summarize_context_parallel(raw, settings)
-    report["setup"].update(
-        {
-            "oversubscribed": settings.procs > len(settings.cores),
-            "load_average_before": load_before,
-            "elapsed_seconds": time.perf_counter() - started,
-        }
+    return launch_and_summarize(
+        run_context_parallel_rank, settings, summarize_context_parallel, progress=progress
     )
-    return report
 
 
 def summarize_context_parallel(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
@@ -231,24 +202,7 @@ def summarize_context_parallel(raw: dict[str, Any], settings: BenchSettings) -> 
     loss = np.array(losses)  # [strategies, steps]
     spread = (loss.max(axis=0) - loss.min(axis=0)) / np.abs(loss).mean(axis=0)
 
-    def reduction(measure: str, baseline: str) -> float:
-        return 1.0 - strategies["balanced"][measure] / strategies[baseline][measure]
-
-    comparisons = {}
-    if "balanced" in strategies:
-        for baseline in BASELINES:
-            if baseline not in strategies:
-                continue
-            measured = reduction("mean_step_seconds", baseline)
-            predicted = reduction("predicted_mean_step_seconds", baseline)
-            comparisons[f"balanced_vs_{baseline}"] = {
-                "measured_step_time_reduction": measured,
-                "measured_median_step_time_reduction": reduction("median_step_seconds", baseline),
-                "predicted_reduction": predicted,
-                "prediction_relative_error": abs(predicted - measured) / abs(measured)
-                if measured != 0
-                else None,
-            }
+    comparisons = reductions_against(strategies, BASELINES)
     return {
         "setup": settings.describe(),
         "time_model": raw["time_model"],

@@ -17,7 +17,7 @@ from seqbalance.cost import TimeModel
 from seqbalance.runtime.bench.settings import BenchSettings
 from seqbalance.runtime.bench.summary import summarize
 
-__all__ = ["plan_schedule", "run"]
+__all__ = ["launch_and_summarize", "plan_schedule", "run"]
 
 Schedule = dict[str, list[list[list[list[int]]]]]
 """strategy -> step -> rank -> micro-batch -> sample lengths (tokens)."""
@@ -96,9 +96,27 @@ def run(
 
         return run_context_parallel(settings, progress=progress)
     from seqbalance.runtime.bench.worker import run_rank
-    from seqbalance.runtime.launch import launch
 
     plan_schedule(replace(settings, steps=1, warmup=0), TimeModel(0.0, 1.0, 0.0))
+    backend = "nccl" if settings.device == "cuda" else "gloo"
+    return launch_and_summarize(run_rank, settings, summarize, progress=progress, backend=backend)
+
+
+def launch_and_summarize(
+    rank_main: Callable[..., Any],
+    settings: BenchSettings,
+    summarize_raw: Callable[[dict[str, Any], BenchSettings], dict[str, Any]],
+    *,
+    progress: Callable[[int, int], None] | None,
+    backend: str = "gloo",
+) -> dict[str, Any]:
+    """Run ``rank_main(rank, world_size, settings, progress_file)`` on ``settings.procs``
+    processes, then ``summarize_raw`` on rank 0's result with every rank's ``records``; the
+    report's ``setup`` gains ``oversubscribed`` (more processes than cores),
+    ``load_average_before`` (1-minute load average before the start, None where the OS has
+    none) and ``elapsed_seconds``. Shared by the data-parallel and context-parallel benches."""
+    from seqbalance.runtime.launch import launch
+
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="seqbalance-bench-") as folder:
@@ -110,16 +128,16 @@ def run(
                 progress(done, total)
 
         results = launch(
-            run_rank,
+            rank_main,
             settings.procs,
             args=(settings, str(progress_file)),
             timeout=settings.launch_timeout_seconds,
             collective_timeout=settings.timeout_seconds,
-            backend="nccl" if settings.device == "cuda" else "gloo",
+            backend=backend,
             poll=None if progress is None else poll,
         )
     raw = {**results[0], "records": [result["records"] for result in results]}
-    report = summarize(raw, settings)
+    report = summarize_raw(raw, settings)
     report["setup"].update(
         {
             "oversubscribed": settings.procs > len(settings.cores),

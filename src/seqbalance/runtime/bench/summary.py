@@ -16,6 +16,39 @@ BASELINES = ("round_robin", "token_kk")
 """Strategies ``balanced`` is compared against when they were measured."""
 
 
+def reductions_against(
+    strategies: dict[str, dict[str, Any]], baselines: tuple[str, ...], **extra: str
+) -> dict[str, dict[str, Any]]:
+    """``balanced``'s reductions against each baseline that ran: measured mean and median step
+    time, predicted, the prediction's relative error, and ``measured_<key>_reduction`` for each
+    ``key=measure`` in ``extra``. Empty when ``balanced`` did not run."""
+    if "balanced" not in strategies:
+        return {}
+
+    def reduction(measure: str, baseline: str) -> float:
+        return 1.0 - strategies["balanced"][measure] / strategies[baseline][measure]
+
+    comparisons = {}
+    for baseline in baselines:
+        if baseline not in strategies:
+            continue
+        measured = reduction("mean_step_seconds", baseline)
+        predicted = reduction("predicted_mean_step_seconds", baseline)
+        comparisons[f"balanced_vs_{baseline}"] = {
+            "measured_step_time_reduction": measured,
+            "measured_median_step_time_reduction": reduction("median_step_seconds", baseline),
+            **{
+                f"measured_{key}_reduction": reduction(measure, baseline)
+                for key, measure in extra.items()
+            },
+            "predicted_reduction": predicted,
+            "prediction_relative_error": abs(predicted - measured) / abs(measured)
+            if measured != 0
+            else None,
+        }
+    return comparisons
+
+
 def summarize(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
     """Per-strategy statistics of a run, and ``balanced``'s reductions against the baselines.
 
@@ -72,25 +105,7 @@ def summarize(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
             "step_seconds": wall.tolist(),
         }
 
-    def reduction(measure: str, baseline: str) -> float:
-        return 1.0 - strategies["balanced"][measure] / strategies[baseline][measure]
-
-    comparisons = {}
-    if "balanced" in strategies:
-        for baseline in BASELINES:
-            if baseline not in strategies:
-                continue
-            measured = reduction("mean_step_seconds", baseline)
-            predicted = reduction("predicted_mean_step_seconds", baseline)
-            comparisons[f"balanced_vs_{baseline}"] = {
-                "measured_step_time_reduction": measured,
-                "measured_median_step_time_reduction": reduction("median_step_seconds", baseline),
-                "measured_compute_reduction": reduction("mean_max_rank_compute_seconds", baseline),
-                "predicted_reduction": predicted,
-                "prediction_relative_error": abs(predicted - measured) / abs(measured)
-                if measured != 0
-                else None,
-            }
+    comparisons = reductions_against(strategies, BASELINES, compute="mean_max_rank_compute_seconds")
     return {
         "setup": settings.describe(),
         "time_model": raw["time_model"],
