@@ -80,3 +80,21 @@ def test_the_numpy_scan_is_exercised() -> None:
     assert greedy_microbatches(p, range(len(lengths)), "first") == [
         [i] for i in range(len(lengths))
     ]
+
+
+def test_a_padded_scan_leaves_the_counts_alone() -> None:
+    # 32 full micro-batches of one 7-token sample open the numpy scan; samples 32 and 34 then
+    # share one (2 x 3 = 6 <= 7): a scan that counted each probe as a sample opened a 35th.
+    lengths = [7] * 32 + [2, 4, 3]
+    array = np.asarray(lengths, dtype=np.int64)
+    p = Problem(
+        lengths=array,
+        sample_costs=array.astype(np.float64),
+        overhead=0.0,
+        dp=1,
+        groups=None,
+        options=PlanOptions(max_tokens=7, layout="padded", micro_batch_size=2),
+    )
+    bins = greedy_microbatches(p, range(len(lengths)), "first")
+    assert bins == [[i] for i in range(32)] + [[32, 34], [33]]
+    assert bins == _reference(lengths, 7, 2, "first")

@@ -138,12 +138,14 @@ def largest_differencing(values: Sequence[float], k: int, *, equal_size: bool) -
 
     Raises:
         ValueError: fewer items than ``k``, ``equal_size`` with a count not divisible by ``k``,
-            a negative value, or an empty part (the stacks assert the same).
+            a negative or NaN value, or an empty part (the stacks assert the same).
     """
     n = len(values)
     if k < 1 or n < k:
         raise ValueError(f"largest_differencing needs 1 <= k <= number of items, got k={k}, n={n}")
     ordered = sorted((value, index) for index, value in enumerate(values))
+    if any(value != value for value, _ in ordered):  # NaN: no order to balance by
+        raise ValueError("largest_differencing needs values that are not NaN")
     if ordered[0][0] < 0:
         raise ValueError(f"largest_differencing needs values >= 0, got {ordered[0][0]}")
     if equal_size and n % k:

@@ -171,7 +171,7 @@ class Problem(OptionFields):
         """
         if self.layout == "packed":
             return (tokens + length <= self.cap) & (patches + added_patches <= self.patch_cap)
-        count += 1
+        count = count + 1  # not +=: ``count`` may be the caller's array
         fits = True if self.micro_batch_size is None else count <= self.micro_batch_size
         if self.max_tokens is not None:
             # max(longest, length) x count <= cap, divided so no product overflows int64.
