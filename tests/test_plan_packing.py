@@ -37,6 +37,20 @@ def _reference(lengths: list[int], cap: int, size: int | None, rule: str) -> lis
     return bins
 
 
+def _fill(lengths: list[int], rule: str, options: PlanOptions) -> list[list[int]]:
+    """``greedy_microbatches`` over every sample, in order, on one rank costed in tokens."""
+    array = np.asarray(lengths, dtype=np.int64)
+    p = Problem(
+        lengths=array,
+        sample_costs=array.astype(np.float64),
+        overhead=0.0,
+        dp=1,
+        groups=None,
+        options=options,
+    )
+    return greedy_microbatches(p, range(len(lengths)), rule)
+
+
 @settings(max_examples=examples(300), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 120), min_size=1, max_size=300),
@@ -47,54 +61,24 @@ def _reference(lengths: list[int], cap: int, size: int | None, rule: str) -> lis
 def test_greedy_filling_is_plain_first_and_next_fit(
     lengths: list[int], cap: int, size: int | None, rule: str
 ) -> None:
-    array = np.asarray(lengths, dtype=np.int64)
     options = PlanOptions(
         max_tokens=cap,
         layout="packed" if size is None else "padded",
         micro_batch_size=size,
         allow_oversize=True,
     )
-    p = Problem(
-        lengths=array,
-        sample_costs=array.astype(np.float64),
-        overhead=0.0,
-        dp=1,
-        groups=None,
-        options=options,
-    )
-    got = greedy_microbatches(p, range(len(lengths)), rule)
-    assert got == _reference(lengths, cap, size, rule)
+    assert _fill(lengths, rule, options) == _reference(lengths, cap, size, rule)
 
 
 def test_the_numpy_scan_is_exercised() -> None:
     lengths = [50] * (4 * _SCAN_IN_C)  # one per micro-batch under a cap of 60
-    array = np.asarray(lengths, dtype=np.int64)
-    p = Problem(
-        lengths=array,
-        sample_costs=array.astype(np.float64),
-        overhead=0.0,
-        dp=1,
-        groups=None,
-        options=PlanOptions(max_tokens=60),
-    )
-    assert greedy_microbatches(p, range(len(lengths)), "first") == [
-        [i] for i in range(len(lengths))
-    ]
+    assert _fill(lengths, "first", PlanOptions(max_tokens=60)) == [[i] for i in range(len(lengths))]
 
 
 def test_a_padded_scan_leaves_the_counts_alone() -> None:
     # 32 full micro-batches of one 7-token sample open the numpy scan; samples 32 and 34 then
     # share one (2 x 3 = 6 <= 7): a scan that counted each probe as a sample opened a 35th.
     lengths = [7] * 32 + [2, 4, 3]
-    array = np.asarray(lengths, dtype=np.int64)
-    p = Problem(
-        lengths=array,
-        sample_costs=array.astype(np.float64),
-        overhead=0.0,
-        dp=1,
-        groups=None,
-        options=PlanOptions(max_tokens=7, layout="padded", micro_batch_size=2),
-    )
-    bins = greedy_microbatches(p, range(len(lengths)), "first")
+    bins = _fill(lengths, "first", PlanOptions(max_tokens=7, layout="padded", micro_batch_size=2))
     assert bins == [[i] for i in range(32)] + [[32, 34], [33]]
     assert bins == _reference(lengths, 7, 2, "first")

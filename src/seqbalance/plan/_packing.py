@@ -53,8 +53,12 @@ def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[l
                     None,
                 )
             else:
-                open_ = [array[: len(bins)] for array in arrays]
-                ok = (open_[4] == 0) & fits(*open_[:3], length, open_[3], added)
+                in_tokens, in_count, in_longest, in_patches, in_closed = (
+                    array[: len(bins)] for array in arrays
+                )
+                ok = (in_closed == 0) & fits(
+                    in_tokens, in_count, in_longest, length, in_patches, added
+                )
                 j = int(np.argmax(ok))
                 target = j if ok[j] else None
         if target is None:
