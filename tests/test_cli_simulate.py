@@ -205,6 +205,34 @@ def test_baseline_names_what_a_stack_runs_today_in_the_headline(capsys) -> None:
     assert "faster than slime" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("baseline", ["hf_default", "hf_length_grouped"])
+def test_hf_baselines_run_padded_and_say_so(baseline: str, capsys) -> None:
+    argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "128"]
+    assert main([*argv, "--baseline", baseline, "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["setup"]["layout"] == "padded"
+    assert f"note: {baseline} pads every micro-batch" in captured.err
+    assert "--micro-batch-size 8" in captured.err
+    assert data["headline"].startswith(
+        f"balanced: {data['strategies']['balanced']['speedups'][baseline]:.2f}x faster than "
+        f"{baseline}"
+    )
+    # Every step: 128 samples in padded micro-batches of 8 over 4 ranks = 4 per rank.
+    assert data["strategies"][baseline]["mean_microbatches"] == 4.0
+    assert data["strategies"][baseline]["padding_tokens"] > 0
+
+
+def test_padded_runs_compare_with_the_trainer_default(capsys) -> None:
+    argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "64"]
+    assert main([*argv, "--layout", "padded", "--micro-batch-size", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "hf_default" in data["strategies"]
+    assert "faster than hf_default" in data["headline"]
+    assert main([*argv, "--json"]) == 0  # packed: no stack baseline unless asked for
+    assert "hf_default" not in json.loads(capsys.readouterr().out)["strategies"]
+
+
 CP = ("--dp", "4", "--global-batch", "24", "--steps", "2", "--context-parallel", "1,2,4")
 
 

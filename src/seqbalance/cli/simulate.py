@@ -31,6 +31,10 @@ from seqbalance.cli._common import (
 
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20
+HF_BASELINES = ("hf_default", "hf_length_grouped")
+"""Baselines that pad every micro-batch, as the Hugging Face Trainer does."""
+HF_MICRO_BATCH_SIZE = 8
+"""The Trainer's ``per_device_train_batch_size`` default."""
 
 
 def register(subparsers: Any) -> None:
@@ -68,9 +72,13 @@ def register(subparsers: Any) -> None:
         "--baseline",
         default=None,
         metavar="STRATEGY",
-        help="what you run today, e.g. verl, slime, slime_flops, torchspec, hf_length_grouped: "
-        "added to --strategies and named in the headline (see `seqbalance plan --help` for "
-        "every strategy)",
+        help="what you run today, e.g. verl, slime, slime_flops, torchspec, hf_default (Hugging "
+        "Face Trainer), hf_length_grouped (its group_by_length): added to --strategies and named "
+        "in the headline with the gain against it (see `seqbalance plan --help` for every "
+        "strategy). Default: hf_default with --layout padded (the Trainer's padded "
+        "micro-batches), none otherwise. The Hugging Face baselines pad: with them, a packed run "
+        f"becomes --layout padded (--micro-batch-size default {HF_MICRO_BATCH_SIZE}, the "
+        "Trainer's per_device_train_batch_size)",
     )
     parser.add_argument("--seed", type=int, default=0, help="batch sampling seed")
     add_time_model_arguments(parser)
@@ -97,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
     source = load_lengths(args.lengths)
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    if context_parallel is None:
+        _baseline_setup(args)
     cost, peak, efficiency, description = cost_from_args(
         args, context_parallel=context_parallel is not None
     )
@@ -266,6 +276,24 @@ def _run_context_parallel(
     else:
         print_table(title, CP_COLUMNS, rows)
     return 0
+
+
+def _baseline_setup(args: argparse.Namespace) -> None:
+    """Name the baseline that matches what the user runs (padded micro-batches of a fixed sample
+    count are the Hugging Face Trainer's default), and run the padded baselines padded (said on
+    stderr, never silently)."""
+    if args.baseline is None and args.layout == "padded":
+        args.baseline = "hf_default"
+    if args.baseline in HF_BASELINES and args.layout == "packed":
+        args.layout = "padded"
+        if args.micro_batch_size is None:
+            args.micro_batch_size = HF_MICRO_BATCH_SIZE
+        print(
+            f"seqbalance simulate: note: {args.baseline} pads every micro-batch, as the Hugging "
+            f"Face Trainer does: every strategy is simulated with --layout padded "
+            f"--micro-batch-size {args.micro_batch_size}",
+            file=sys.stderr,
+        )
 
 
 def _with_baseline(strategies: tuple[str, ...], baseline: str | None) -> list[str]:
