@@ -28,6 +28,7 @@ from seqbalance.integrations.baselines import (
     TorchSpecBaseline,
     VerlBaseline,
     length_grouped_indices,
+    length_grouped_steps,
     stack_baseline,
 )
 from seqbalance.plan import PlanOptions
@@ -402,3 +403,21 @@ def test_hf_length_grouped_steps_are_runs_of_transformers_megabatches() -> None:
             ]
             checked += 1
     assert checked > 100
+
+
+def test_length_grouped_steps_are_consecutive_runs_of_the_sampler_order() -> None:
+    lengths = np.random.default_rng(11).integers(1, 3000, 1000)
+    steps = length_grouped_steps(
+        lengths, micro_batch_size=4, gradient_accumulation_steps=3, world_size=5, steps=30, seed=7
+    )
+    assert [s.size for s in steps] == [60] * 30
+    rng = np.random.default_rng(7)
+    first = length_grouped_indices(lengths, 12, permutation=rng.permutation(1000))
+    second = length_grouped_indices(lengths, 12, permutation=rng.permutation(1000))
+    # 16 full steps per epoch (1000 // 60), then the next epoch's order; the tail is left out.
+    assert np.concatenate(steps[:16]).tolist() == first[:960].tolist()
+    assert np.concatenate(steps[16:]).tolist() == second[: 14 * 60].tolist()
+    with pytest.raises(ValueError, match="more than the data set's 1000"):
+        length_grouped_steps(
+            lengths, micro_batch_size=8, gradient_accumulation_steps=8, world_size=16, steps=1
+        )

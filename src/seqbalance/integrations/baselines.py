@@ -37,7 +37,8 @@ positions). They reproduce what the stack itself would do with the samples of on
   per step), so one step of ``dp x b`` samples is a run of one sorted mega-batch: here the step's
   samples sorted longest first (ties in the order given), then dealt as ``hf_default``. No cap.
   The planner sees one step; which samples share a step (similar lengths, under HF) is the
-  sampler's, see :func:`length_grouped_indices`.
+  sampler's: :func:`length_grouped_steps` makes the steps as the Trainer does (``seqbalance
+  simulate`` runs ``hf_length_grouped`` on them, each dealt as ``hf_default`` deals it).
 
 Both Hugging Face baselines are padded (the Trainer's collator pads each micro-batch to its
 longest sample; they refuse ``layout="packed"``).
@@ -77,6 +78,7 @@ __all__ = [
     "TorchSpecBaseline",
     "VerlBaseline",
     "length_grouped_indices",
+    "length_grouped_steps",
     "stack_baseline",
 ]
 
@@ -414,6 +416,48 @@ def length_grouped_indices(
         first = int(np.argmax([lengths[mb[0]] for mb in megabatches]))
         megabatches[0][0], megabatches[first][0] = megabatches[first][0], megabatches[0][0]
     return np.concatenate(megabatches) if megabatches else permutation
+
+
+def length_grouped_steps(
+    lengths: Any,
+    *,
+    micro_batch_size: int,
+    gradient_accumulation_steps: int,
+    world_size: int,
+    steps: int,
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """The optimizer steps of a Hugging Face ``Trainer`` with ``group_by_length``.
+
+    Every epoch is :func:`length_grouped_indices` of a fresh random permutation (numpy's
+    ``default_rng(seed)``, where the Trainer draws ``torch.randperm``: the same mega-batch
+    structure, other random draws) with the sampler's batch size ``micro_batch_size x
+    gradient_accumulation_steps``, cut into steps of ``world_size`` times that many consecutive
+    samples (an epoch's partial last step is left out). Each step lists its samples in the
+    sampler's order, so dealing them as ``hf_default`` does (batch ``b`` of ``micro_batch_size``
+    to rank ``b % world_size``) is exactly what Accelerate hands each rank.
+
+    Returns:
+        ``steps`` int64 arrays of dataset indices.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    per_rank = micro_batch_size * gradient_accumulation_steps
+    size = per_rank * world_size
+    if min(micro_batch_size, gradient_accumulation_steps, world_size, steps) < 1:
+        raise ValueError(
+            "micro_batch_size, gradient_accumulation_steps, world_size and steps must be >= 1"
+        )
+    if size > lengths.size:
+        raise ValueError(f"one step holds {size} samples, more than the data set's {lengths.size}")
+    rng = np.random.default_rng(seed)
+    result: list[np.ndarray] = []
+    while len(result) < steps:
+        order = length_grouped_indices(lengths, per_rank, permutation=rng.permutation(lengths.size))
+        for start in range(0, order.size - size + 1, size):
+            if len(result) == steps:
+                break
+            result.append(order[start : start + size])
+    return result
 
 
 STACK_BASELINES = (
