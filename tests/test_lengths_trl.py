@@ -284,3 +284,20 @@ def test_generation_blocks_render_and_bad_templates_are_one_line(
     assert err.count("\n") == 0 and "Traceback" not in err
     assert err.startswith("seqbalance lengths: error: the chat template of tokenizer ")
     assert "is not valid Jinja (template line 1:" in err
+
+
+def test_records_trl_cannot_tokenize_are_malformed(tokenizer_dir: Path, tmp_path: Path) -> None:
+    from seqbalance.datasets.lengths import MalformedRecordsError
+
+    records = [
+        {"prompt": "The sky is", "completion": " blue."},
+        {"prompt": "The sea is"},  # TRL fails on it (KeyError: 'completion')
+        {"prompt": "The sun is", "completion": 3},
+    ]
+    path = write_jsonl(tmp_path / "bad.jsonl", records)
+    with pytest.raises(MalformedRecordsError, match=r"line 2: field 'completion' is missing"):
+        trl_token_lengths(path, tokenizer=str(tokenizer_dir))
+    result = trl_token_lengths(path, tokenizer=str(tokenizer_dir), skip_malformed=True)
+    assert [r.location for r in result.malformed] == [2, 3]
+    assert result.lengths.tolist() == trl_lengths(tokenizer_dir, records[:1], tmp_path)
+    assert result.locations.tolist() == [1]

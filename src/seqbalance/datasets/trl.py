@@ -8,7 +8,8 @@ TRL (1.x) decides a dataset's format from its keys and tokenizes it with the mod
   already ends with it), tokenized with the tokenizer's special tokens (a BOS where the tokenizer
   adds one).
 - conversational language modeling, ``"messages"`` (or ShareGPT ``"conversations"`` of
-  ``from``/``value``, which TRL renames without mapping the roles): the chat template applied to
+  ``from``/``value`` when the first record is one, which TRL renames without mapping the
+  roles): the chat template applied to
   the messages (with the record's ``tools`` and ``chat_template_kwargs``), as
   ``apply_chat_template(..., tokenize=True)`` tokenizes it.
 - prompt-completion, plain (``"prompt"``, ``"completion"`` + EOS, concatenated as text) or
@@ -114,6 +115,19 @@ def _to_chatml(record: dict[str, Any]) -> dict[str, Any]:
     if "conversations" in record:
         record["messages"] = record.pop("conversations")
     return record
+
+
+def _is_from_value(record: dict[str, Any]) -> bool:
+    """TRL's ``is_conversational_from_value``: ShareGPT ``conversations`` of ``from``/``value``
+    (TRL converts the dataset only when its first record is one)."""
+    messages = record.get("conversations")
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and isinstance(messages[0], dict)
+        and "from" in messages[0]
+        and "value" in messages[0]
+    )
 
 
 def _is_conversational(record: dict[str, Any]) -> bool:
@@ -354,7 +368,9 @@ def trl_token_lengths(
     first = next((r for _, r in records if isinstance(r, dict)), None)
     if first is None:
         raise ValueError(f"{path}: no record is a JSON object")
-    first = _to_chatml(first)
+    convert = _is_from_value(first)
+    if convert:
+        first = _to_chatml(first)
     kind, fields = _fields(first, dataset_text_field)
     add_eos = None if _is_conversational(first) else eos
     if add_eos is None and not _is_conversational(first):
@@ -376,7 +392,8 @@ def trl_token_lengths(
                 raise _Refused(str(record))
             if not isinstance(record, dict):
                 raise _Refused(f"a record must be a JSON object, got {type(record).__name__}")
-            record = _to_chatml(record)
+            if convert:
+                record = _to_chatml(record)
             if kind == "preference":
                 missing = [k for k in ("chosen", "rejected") if k not in record]
                 if missing:
