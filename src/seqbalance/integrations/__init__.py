@@ -13,8 +13,8 @@ its own module so that a stack's optional dependencies are imported only when it
 - ``seqbalance.integrations.megatron``: a Megatron-style data iterator of packed (THD)
   micro-batches with ``cu_seqlens`` in the shape ``PackedSeqParams`` expects (torch, no Megatron).
 - ``seqbalance.integrations.baselines``: the stacks' real schedulers (``verl``, ``slime``,
-  ``slime_flops``, ``torchspec``, ``hf_length_grouped``) as planner strategies, so ``simulate``
-  compares against what a stack runs today.
+  ``slime_flops``, ``torchspec``, ``hf_default``, ``hf_length_grouped``) as planner
+  strategies, so ``simulate`` compares against what a stack runs today.
 
 Submodules are imported on first attribute access; importing this package needs numpy only.
 """
