@@ -212,23 +212,15 @@ KNOWN_LONG_MODULES = {
 
 KNOWN_LONG_FUNCTIONS = {
     "seqbalance/cli/bench.py:run": 89,
-    "seqbalance/cli/simulate.py:_run_context_parallel": 100,
-    "seqbalance/datasets/lengths.py:token_lengths": 105,
-    "seqbalance/integrations/slime.py:build_dp_schedule": 94,
-    "seqbalance/integrations/verl.py:_plan_microbatches": 92,
-    "seqbalance/partition/exact.py:branch_and_bound": 97,
-    "seqbalance/partition/refine.py:_pair_round": 86,
-    "seqbalance/plan/balanced.py:pair_rounds": 82,
-    "seqbalance/plan/context_parallel.py:plan_context_parallel": 150,
-    "seqbalance/plan/context_parallel.py:from_assignment": 81,
-    "seqbalance/plan/epoch.py:plan_epoch": 104,
-    "seqbalance/plan/step.py:plan_step": 124,
-    "seqbalance/runtime/bench/worker.py:_train": 84,
-    "seqbalance/runtime/calibrate.py:calibrate_context_parallel": 86,
-    "seqbalance/sim/context_parallel.py:compare_context_parallel": 83,
-    "seqbalance/sim/engine.py:simulate": 180,
+    "seqbalance/cli/simulate.py:_run_context_parallel": 99,
+    "seqbalance/datasets/lengths.py:token_lengths": 95,
+    "seqbalance/integrations/verl.py:_plan_microbatches": 91,
+    "seqbalance/partition/exact.py:branch_and_bound": 82,
+    "seqbalance/plan/context_parallel.py:plan_context_parallel": 116,
+    "seqbalance/sim/engine.py:simulate": 145,
 }
-"""Functions still over MAX_FUNCTION_LINES (issue 17), each with the length it may not exceed.
+"""Functions still over MAX_FUNCTION_LINES (docstring excluded; issue 17), each with the length
+it may not exceed.
 Argument parsers (``register`` in ``cli/``) are exempt: a flag per line is their clarity."""
 
 
@@ -251,13 +243,20 @@ def test_no_module_grows_past_the_limit() -> None:
     assert set(KNOWN_LONG_MODULES) - set(too_long) == set(), "short now: delete from the list"
 
 
+def _docstring_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of the function's docstring (documentation does not count against its length)."""
+    if ast.get_docstring(node, clean=False) is None:
+        return 0
+    return node.body[0].end_lineno - node.body[0].lineno + 1
+
+
 def test_no_function_grows_past_the_limit() -> None:
     lengths = {}
     for path in _modules().values():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = f"{_relative(path)}:{node.name}"
-                size = node.end_lineno - node.lineno + 1
+                size = node.end_lineno - node.lineno + 1 - _docstring_lines(node)
                 lengths[name] = max(size, lengths.get(name, 0))
     too_long = {
         name: n

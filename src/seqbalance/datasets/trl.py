@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,93 @@ def _fields(first: dict[str, Any], text_field: str) -> tuple[str, Fields]:
     return kind, Fields(chat=names) if conversational else Fields(text=names)
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """How the trainer turns one record of this file into samples (fixed by its first record)."""
+
+    counter: _Counter
+    kind: str
+    convert: bool
+    add_eos: str | None
+    extract_prompt: bool
+    text_field: str
+    max_length: int | None
+    truncation_mode: str
+    completion_only_loss: bool
+
+    @classmethod
+    def of_first_record(
+        cls,
+        first: dict,
+        counter: _Counter,
+        *,
+        eos: str | None,
+        text_field: str,
+        max_length: int | None,
+        truncation_mode: str,
+        completion_only_loss: bool | None,
+    ) -> tuple[_Rules, Fields]:
+        """The rules TRL picks from the dataset's first record, and the fields it reads."""
+        convert = _is_from_value(first)
+        if convert:
+            first = _to_chatml(first)
+        kind, fields = _fields(first, text_field)
+        add_eos = None if _is_conversational(first) else eos
+        if add_eos is None and not _is_conversational(first):
+            raise ValueError(
+                f"tokenizer {counter.source} has no EOS token, which TRL appends to plain text"
+            )
+        if completion_only_loss is None:
+            completion_only_loss = "prompt" in first and "completion" in first
+        rules = cls(
+            counter=counter,
+            kind=kind,
+            convert=convert,
+            add_eos=add_eos,
+            extract_prompt="prompt" not in first,
+            text_field=text_field,
+            max_length=max_length,
+            truncation_mode=truncation_mode,
+            completion_only_loss=completion_only_loss,
+        )
+        return rules, fields
+
+    def samples(self, record: Any) -> list[int] | None:
+        """Token counts of the record's samples; ``None`` when the trainer drops it.
+
+        Raises:
+            _Refused: a record TRL could not tokenize.
+        """
+        if isinstance(record, _Malformed):
+            raise _Refused(str(record))
+        if not isinstance(record, dict):
+            raise _Refused(f"a record must be a JSON object, got {type(record).__name__}")
+        if self.convert:
+            record = _to_chatml(record)
+        if self.kind == "preference":
+            missing = [k for k in ("chosen", "rejected") if k not in record]
+            if missing:
+                raise _Refused(f"field {missing[0]!r} is missing")
+            return _dpo_samples(
+                record,
+                self.counter,
+                add_eos=self.add_eos,
+                extract=self.extract_prompt,
+                max_length=self.max_length,
+                truncation_mode=self.truncation_mode,
+            )
+        single = _sft_sample(
+            record,
+            self.counter,
+            add_eos=self.add_eos,
+            text_field=self.text_field,
+            max_length=self.max_length,
+            truncation_mode=self.truncation_mode,
+            completion_only_loss=self.completion_only_loss,
+        )
+        return None if single is None else [single]
+
+
 def trl_token_lengths(
     path: str | Path,
     *,
@@ -350,8 +438,7 @@ def trl_token_lengths(
     if not path.is_file():
         raise ValueError(f"path {str(path)!r}: no such file")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
-    if max_length is not None:
-        max_length = check_int(max_length, "max_length", minimum=1)
+    max_length = None if max_length is None else check_int(max_length, "max_length", minimum=1)
     truncation_mode = check_choice(truncation_mode, "truncation_mode", TRUNCATION_MODES)
     if not isinstance(dataset_text_field, str) or not dataset_text_field:
         raise ValueError(
@@ -359,7 +446,6 @@ def trl_token_lengths(
         )
     backend, name = _load_tokenizer(tokenizer)
     counter = _Counter(backend, name)
-    eos = getattr(backend, "eos_token", None)
 
     records = list(_records(path, format))
     if not records:
@@ -368,15 +454,15 @@ def trl_token_lengths(
     first = next((r for _, r in records if isinstance(r, dict)), None)
     if first is None:
         raise ValueError(f"{path}: no record is a JSON object")
-    convert = _is_from_value(first)
-    if convert:
-        first = _to_chatml(first)
-    kind, fields = _fields(first, dataset_text_field)
-    add_eos = None if _is_conversational(first) else eos
-    if add_eos is None and not _is_conversational(first):
-        raise ValueError(f"tokenizer {name} has no EOS token, which TRL appends to plain text")
-    if completion_only_loss is None:
-        completion_only_loss = "prompt" in first and "completion" in first
+    rules, fields = _Rules.of_first_record(
+        first,
+        counter,
+        eos=getattr(backend, "eos_token", None),
+        text_field=dataset_text_field,
+        max_length=max_length,
+        truncation_mode=truncation_mode,
+        completion_only_loss=completion_only_loss,
+    )
 
     lengths: list[int] = []
     locations: list[int] = []
@@ -388,35 +474,7 @@ def trl_token_lengths(
         items = progress(records, total=len(records), description="tokenizing as TRL does")
     for location, record in items:
         try:
-            if isinstance(record, _Malformed):
-                raise _Refused(str(record))
-            if not isinstance(record, dict):
-                raise _Refused(f"a record must be a JSON object, got {type(record).__name__}")
-            if convert:
-                record = _to_chatml(record)
-            if kind == "preference":
-                missing = [k for k in ("chosen", "rejected") if k not in record]
-                if missing:
-                    raise _Refused(f"field {missing[0]!r} is missing")
-                sample = _dpo_samples(
-                    record,
-                    counter,
-                    add_eos=add_eos,
-                    extract="prompt" not in first,
-                    max_length=max_length,
-                    truncation_mode=truncation_mode,
-                )
-            else:
-                single = _sft_sample(
-                    record,
-                    counter,
-                    add_eos=add_eos,
-                    text_field=dataset_text_field,
-                    max_length=max_length,
-                    truncation_mode=truncation_mode,
-                    completion_only_loss=completion_only_loss,
-                )
-                sample = None if single is None else [single]
+            sample = rules.samples(record)
         except _Refused as error:
             malformed.append(MalformedRecord(location, str(error)))
             continue
@@ -432,7 +490,7 @@ def trl_token_lengths(
         raise MalformedRecordsError(path, location_kind, malformed)
     return TokenLengths(
         lengths=np.asarray(lengths, dtype=np.int64),
-        groups=np.asarray(groups, dtype=np.int64) if kind == "preference" else None,
+        groups=np.asarray(groups, dtype=np.int64) if rules.kind == "preference" else None,
         locations=np.asarray(locations, dtype=np.int64),
         location_kind=location_kind,
         n_records=len(records),
