@@ -264,6 +264,7 @@ def _megatron_run(tp: int, pp: int) -> list[dict[str, Any]]:
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.enums import ModelType
+    from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -319,10 +320,10 @@ def _megatron_run(tp: int, pp: int) -> list[dict[str, Any]]:
         def set_input_tensor(self, tensor: Any) -> None:
             self.input_tensor = tensor[0] if isinstance(tensor, list) else tensor
 
-        def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        def forward(self, tokens: Any, labels: Any, params: PackedSeqParams) -> torch.Tensor:
             if self.pre_process:
-                bounds = batch["packed_seq_params"]["cu_seqlens_q_padded"].tolist()
-                hidden = causal_mean(self.emb[batch["tokens"][0]], bounds)[:, None]
+                bounds = params.cu_seqlens_q_padded.tolist()
+                hidden = causal_mean(self.emb[tokens[0]], bounds)[:, None]
             else:
                 hidden = self.input_tensor
             if not self.post_process:
@@ -330,7 +331,7 @@ def _megatron_run(tp: int, pp: int) -> list[dict[str, Any]]:
             head = {"head_w": self.head_w, "head_b": self.head_b}
             logits = logits_of(hidden, lambda x: self.up(x)[0], lambda x: self.down(x)[0], head)
             return torch.nn.functional.cross_entropy(
-                logits[:, 0], batch["labels"][0], ignore_index=IGNORE_INDEX, reduction="none"
+                logits[:, 0], labels[0], ignore_index=IGNORE_INDEX, reduction="none"
             )
 
         def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
@@ -351,7 +352,9 @@ def _megatron_run(tp: int, pp: int) -> list[dict[str, Any]]:
 
     def forward_step(data_iterator: Any, chunk: Chunk) -> tuple[torch.Tensor, Any]:
         batch = next(data_iterator)
-        return chunk(batch), partial(per_token_loss, loss_mask=batch["loss_mask"])
+        params = PackedSeqParams(**batch["packed_seq_params"])
+        output = chunk(batch["tokens"], batch["labels"], params)
+        return output, partial(per_token_loss, loss_mask=batch["loss_mask"])
 
     forward_backward = get_forward_backward_func()
     results = []

@@ -56,8 +56,8 @@ sequence boundaries), ``cu_seqlens_q_padded`` / ``cu_seqlens_kv_padded`` (bounda
 padding each sequence to a multiple of ``pad_multiple``, e.g. ``2 x cp_size`` for context
 parallelism), ``max_seqlen_q`` / ``max_seqlen_kv`` (longest padded sequence, int) and
 ``total_tokens`` (``T``). The plan comes from :class:`seqbalance.runtime.BalancedBatchSampler`.
-Needs torch; megatron-core only for the data-parallel position, :func:`check_config` and
-:func:`step_loss`.
+Needs torch; megatron-core only for the default data-parallel position and :func:`step_loss`'s
+default group.
 """
 
 from __future__ import annotations
