@@ -1,4 +1,5 @@
-"""The Megatron-style iterator: packed THD micro-batches in PackedSeqParams' shape, no Megatron."""
+"""The Megatron iterator: packed THD micro-batches in PackedSeqParams' shape, a micro-batch count
+per step and per-token loss, alone and under megatron-core's own schedules on gloo processes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _multiprocess import launch, ok  # noqa: E402
-
 from seqbalance.integrations.megatron import (  # noqa: E402
     IGNORE_INDEX,
     MegatronDataIterator,
@@ -22,6 +21,7 @@ from seqbalance.integrations.megatron import (  # noqa: E402
     per_token_loss,
     step_loss,
 )
+from seqbalance.runtime.launch import launch  # noqa: E402
 
 
 def test_pack_thd_fields_by_hand() -> None:
@@ -398,7 +398,8 @@ def _megatron_run(tp: int, pp: int) -> list[dict[str, Any]]:
 @needs_megatron
 @pytest.mark.multiprocess
 def test_megatron_schedules_give_the_token_mean_loss_and_gradients(tmp_path) -> None:
-    runs = ok(launch(tmp_path, 2 * DP, _megatron_worker, timeout_s=240))
+    # Four ranks import megatron-core at once on a shared CPU: generous collective timeout.
+    runs = launch(_megatron_worker, 2 * DP, timeout=300, collective_timeout=90, log_dir=tmp_path)
     schedules = (
         "forward_backward_no_pipelining",
         "forward_backward_pipelining_without_interleaving",
