@@ -29,7 +29,8 @@ What the flags mean here:
   registered stack schedulers' plans too, and slime's own ``--balance-data`` schedule is weighed
   on every step whatever its size, so the result is never worse than slime's on the same costs
   and objective.
-- ``balance_by_flops`` on (slime turns ``balance_data`` on with it): the same with
+- ``balance_by_flops`` on, with or without ``balance_data`` (slime's main keeps them separate:
+  FLOPs-balanced packing into micro-batches, and FLOPs-balanced ranks): the same with
   ``objective="lockstep"``, which also balances each micro-batch position across ranks; that is
   what equal-FLOPs micro-batches buy when ranks synchronise per micro-batch (expert parallelism
   across data-parallel ranks, as in slime's MoE setups). slime's own ``--balance-by-flops`` may
