@@ -224,7 +224,7 @@ def _run_context_parallel(
             num_microbatches=options.num_microbatches,
             min_microbatches=options.min_microbatches,
             microbatch_multiple=options.microbatch_multiple,
-            allow_empty=options.allow_empty,
+            allow_empty=options.allow_empty or None,  # None: as the compared strategies need
         )
     except ValueError as error:
         raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None

@@ -106,7 +106,7 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
         num_microbatches=options.num_microbatches,
         min_microbatches=options.min_microbatches,
         microbatch_multiple=options.microbatch_multiple,
-        allow_empty=options.allow_empty,
+        allow_empty=options.allow_empty or None,  # None: as the compared strategies need
     )
 
 
