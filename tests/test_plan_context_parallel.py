@@ -564,3 +564,32 @@ def test_from_assignment() -> None:
             context_parallel=options,
             cost=token_model(),
         )
+
+
+def test_options_with_a_cp_time_model_round_trip_and_fingerprint_it() -> None:
+    from seqbalance.plan.options import PlanOptions
+
+    def model(t1: float, **comm: float) -> ContextParallelTimeModel:
+        return ContextParallelTimeModel(TimeModel(1e-3, t1, 1e-9), CommModel(**comm), 64, 2)
+
+    first = PlanOptions(cost=model(1e-6), context_parallel=ContextParallel(64))
+    loaded = PlanOptions.from_json(first.to_json())
+    assert loaded == first and loaded.cost == first.cost
+    assert loaded.fingerprint() == first.fingerprint()
+    assert isinstance(loaded.cost, ContextParallelTimeModel)
+    plan_step_input = [100, 30, 7]
+    assert plan_context_parallel(
+        plan_step_input, 4, context_parallel=loaded.context_parallel, cost=loaded.cost
+    ) == plan_context_parallel(
+        plan_step_input, 4, context_parallel=first.context_parallel, cost=first.cost
+    )
+    others = [
+        first.replace(cost=model(2e-6)),
+        first.replace(cost=model(1e-6, latency_s=1e-5)),
+        first.replace(cost=dataclasses.replace(model(1e-6), piece_overhead_s=1e-4)),
+    ]
+    prints = {first.fingerprint(), *(o.fingerprint() for o in others)}
+    assert len(prints) == 4  # every model decides the plan: every one has its own print
+    data = first.to_dict() | {"cost": {"ContextParallelTimeModel": 5}}
+    with pytest.raises(ValueError, match="ContextParallelTimeModel must be an object"):
+        PlanOptions.from_dict(data)
