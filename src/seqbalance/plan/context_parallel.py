@@ -871,7 +871,7 @@ def plan_context_parallel(
     plans.
 
     Returns:
-        A ``ContextParallelPlan``; ``plan.validate()`` passes.
+        A ``ContextParallelPlan``, validated (``plan.validate()``) before it is returned.
 
     Raises:
         ValueError: naming the argument and value: bad lengths, groups or options, a sample
@@ -956,7 +956,7 @@ def plan_context_parallel(
     tokens, costs = slot_loads(
         pieces, lengths, cost_model, context_parallel.scheme, n_ranks, n_slots
     )
-    return ContextParallelPlan(
+    plan = ContextParallelPlan(
         slots=pieces.per_slot(n_ranks, n_slots),
         cp_size=cp_size,
         group_start=group_start,
@@ -978,6 +978,8 @@ def plan_context_parallel(
         lower_bound=lower_bound(lengths, n_ranks, sizes, cap, cost_model, context_parallel.scheme),
         planning_seconds=time.perf_counter() - start_time,
     )
+    plan.validate()  # every strategy's plan, checked against the request before anyone uses it
+    return plan
 
 
 def _slot_count(
