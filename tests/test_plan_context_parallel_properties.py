@@ -90,7 +90,9 @@ def _plan(problem: dict, **override) -> ContextParallelPlan | None:
     try:
         return plan_context_parallel(lengths, n_ranks, context_parallel=context_parallel, **options)
     except ValueError as error:
-        assert REFUSALS.search(str(error)), str(error)
+        match = REFUSALS.search(str(error))
+        assert match, str(error)
+        event(f"{options['strategy']} refused: {match.group(0)}")
         return None
 
 
