@@ -44,6 +44,7 @@ __all__ = [
     "add_plan_option_arguments",
     "add_strategies_option",
     "add_time_model_arguments",
+    "context_parallel_cost_from_args",
     "context_parallel_from_args",
     "cost_from_args",
     "describe_time_model",
@@ -422,6 +423,25 @@ def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str]:
     cost, peak, efficiency, description = cost_from_args(args)
     model, source = seconds_model(resolve_cost(cost), peak_flops_per_s=peak, efficiency=efficiency)
     return model, description or source
+
+
+def context_parallel_cost_from_args(args: argparse.Namespace) -> tuple[Any, str | None]:
+    """``(ContextParallelTimeModel, description)`` from the cost-model arguments, for
+    ``--context-parallel``: a ``ContextParallelTimeModel`` file as it is, a ``TimeModel`` file
+    with the K/V sizes of ``--model``, or ``--model``'s FLOPs at ``--peak-tflops`` x
+    ``--efficiency`` (description None)."""
+    from seqbalance.cost import TimeModel
+    from seqbalance.cost.context_parallel import ContextParallelTimeModel
+
+    cost, peak, efficiency, description = cost_from_args(args, context_parallel=True)
+    if isinstance(cost, TimeModel):
+        # A calibrated compute model; K/V sizes for communication come from --model.
+        cost = ContextParallelTimeModel.from_model(resolve_model(args.model), time=cost)
+    elif not isinstance(cost, ContextParallelTimeModel):
+        cost = ContextParallelTimeModel.from_model(
+            cost, peak_flops_per_s=peak, efficiency=efficiency
+        )
+    return cost, description
 
 
 # ---------------------------------------------------------------------- plan options as flags

@@ -208,6 +208,7 @@ class PlanOptions:
         """JSON-ready dict of every option (``max_vision_patches`` only when set); costs and
         models as in ``seqbalance.cost.describe_cost`` (a callable is recorded by its qualified
         name)."""
+        from seqbalance.cost.context_parallel import cost_description
         from seqbalance.cost.resolve import describe_cost
 
         data = {
@@ -215,7 +216,8 @@ class PlanOptions:
             for name in option_names()
             if not (name in _WRITTEN_WHEN_SET and getattr(self, name) is None)
         }
-        data["cost"] = describe_cost(self.cost)
+        cp_cost = cost_description(self.cost)  # a ContextParallelTimeModel, in full
+        data["cost"] = describe_cost(self.cost) if cp_cost is None else cp_cost
         data["model"] = describe_cost(self.model)
         if self.context_parallel is not None:
             data["context_parallel"] = self.context_parallel.to_dict()
@@ -224,6 +226,7 @@ class PlanOptions:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlanOptions:
         """Inverse of ``to_dict``; unknown keys raise ValueError listing the valid names."""
+        from seqbalance.cost import context_parallel as cp_cost
         from seqbalance.cost.resolve import cost_from_description
 
         if not isinstance(data, Mapping):
@@ -232,7 +235,10 @@ class PlanOptions:
         _check_names(values, "PlanOptions")
         for name in ("cost", "model"):
             if name in values:
-                values[name] = cost_from_description(values[name], name)
+                model = cp_cost.cost_from_description(values[name]) if name == "cost" else None
+                if model is None:
+                    model = cost_from_description(values[name], name)
+                values[name] = model
         if values.get("context_parallel") is not None:
             from seqbalance.plan.context_parallel import ContextParallel
 
