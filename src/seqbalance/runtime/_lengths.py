@@ -1,0 +1,149 @@
+"""Sample lengths a sampler reads step by step: an array, any array-like, or a ``.npy`` file
+opened as a memory map, never copied whole.
+
+Every pass over all lengths (the construction checks, the fingerprint) runs in chunks of
+``CHUNK`` samples, so its temporary memory is bounded whatever the dataset's size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import as_lengths
+
+__all__ = ["CHUNK", "LengthSource"]
+
+CHUNK = 1 << 22
+"""Samples per chunk of a pass over all lengths (32 MiB as int64)."""
+
+
+class LengthSource:
+    """Validated, read-only token lengths, indexed by dataset index.
+
+    Args:
+        lengths: a path to a 1-D integer ``.npy`` file (memory-mapped), a 1-D integer numpy
+            array (a ``np.load(..., mmap_mode="r")`` memory map included: used as it is), or
+            any other array-like (converted once, as ``as_lengths`` does).
+        name: the argument's name in error messages.
+
+    Raises:
+        ValueError: a file that cannot be read as a ``.npy`` array, is not 1-D, or holds no
+            integers; a negative length (named by dataset index); a float that is not a whole
+            number (array-likes).
+    """
+
+    def __init__(self, lengths: Any, name: str = "lengths") -> None:
+        self.path: Path | None = None
+        if isinstance(lengths, (str, os.PathLike)):
+            self.path = Path(lengths)
+            try:
+                lengths = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError) as error:
+                raise ValueError(
+                    f"{name}: cannot read {self.path} as a .npy array: {error}"
+                ) from None
+            name = f"{name} file {self.path}"
+        elif isinstance(lengths, np.memmap) and lengths.filename is not None:
+            self.path = Path(lengths.filename)
+        self.name = name
+        if isinstance(lengths, np.ndarray) and lengths.dtype.kind in "iu":
+            if lengths.ndim != 1:
+                raise ValueError(f"{name} must be 1-D, got shape {lengths.shape}")
+            self.values = lengths
+            self.size = int(lengths.shape[0])
+            self._check_range()
+        elif self.path is not None:
+            raise ValueError(
+                f"{name} must hold integers (int32 or int64), got dtype {lengths.dtype} and shape "
+                f"{lengths.shape}"
+            )
+        else:
+            self.values = as_lengths(lengths, name)
+        self.size = int(self.values.shape[0])
+        self._stat = self._file_state()
+        self._digest: str | None = None
+
+    def _file_state(self) -> tuple[int, int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+    def chunks(self) -> Any:
+        """``(start, int64 chunk)`` over all lengths, ``CHUNK`` samples at a time."""
+        for start in range(0, self.size, CHUNK):
+            yield start, np.asarray(self.values[start : start + CHUNK], dtype=np.int64)
+
+    def _check_range(self) -> None:
+        limit = np.iinfo(np.int64).max
+        for start in range(0, self.size, CHUNK):
+            chunk = self.values[start : start + CHUNK]
+            bad = np.flatnonzero((chunk < 0) | (chunk > limit)) if chunk.size else chunk
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(
+                    f"{self.name}[{start + i}] = {int(chunk[i])} is "
+                    + ("negative" if chunk[i] < 0 else "too large")
+                )
+
+    def check_each(self, check: Callable[[np.ndarray], None]) -> None:
+        """Run ``check`` on every chunk; a ValueError it raises naming ``lengths[i]`` is
+        re-raised with the dataset index."""
+        start = 0
+        try:
+            for start, chunk in self.chunks():  # noqa: B007 (start names the failing chunk)
+                check(chunk)
+        except ValueError as error:
+            raise ValueError(_shift(str(error), start)) from None
+
+    def take(self, indices: np.ndarray) -> np.ndarray:
+        """Lengths of ``indices`` as int64; checks that a file has not changed.
+
+        Raises:
+            ValueError: the lengths file changed (replaced, resized or rewritten) since the
+                sampler opened it, or a read value is negative.
+        """
+        self.check_unchanged()
+        values = np.asarray(self.values[indices], dtype=np.int64)
+        if values.size and values.min() < 0:
+            raise ValueError(
+                f"{self.name} now holds a negative length: it changed under the sampler"
+            )
+        return values
+
+    def check_unchanged(self) -> None:
+        """ValueError when the lengths file changed since it was opened."""
+        if self.path is not None and self._file_state() != self._stat:
+            raise ValueError(
+                f"{self.name} changed under the running sampler (replaced, resized or "
+                "rewritten): build a new sampler for the new lengths"
+            )
+
+    def sha256(self) -> str:
+        """SHA-256 of all lengths as little-endian int64 (the same digest however they are
+        stored), computed once in chunks."""
+        self.check_unchanged()
+        if self._digest is None:
+            digest = hashlib.sha256()
+            for _, chunk in self.chunks():
+                digest.update(chunk.astype("<i8", copy=False).data)
+            self._digest = digest.hexdigest()
+        return self._digest
+
+
+def _shift(message: str, start: int) -> str:
+    """``message`` with its leading ``name[i]`` turned into the dataset index ``start + i``."""
+    head, bracket, rest = message.partition("[")
+    index, close, tail = rest.partition("]")
+    if not bracket or not close or not index.isdigit() or " " in head:
+        return message
+    return f"{head}[{start + int(index)}]{tail}"
