@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import weakref
 from array import array
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -121,7 +123,9 @@ class EpochBatchSampler:
         self.epoch = 0
         self._resume: tuple[int, int, int] | None = None  # (consumed, step, offset) to go on at
         self._agreed_epoch: int | None = None
-        self._active: Any = None  # the running pass's generator (closed by a new pass)
+        # The running pass's generator, weakly: a loop that drops it (break, exception) lets it
+        # be finalised, which stops its planner thread; a new pass closes it.
+        self._active: weakref.ref[Any] | None = None
         self._start_pass(0, 0, 0)
 
     @property
@@ -185,8 +189,9 @@ class EpochBatchSampler:
         consumed, step, offset = self._resume or (0, 0, 0)
         self._resume = None
         self._start_pass(consumed, step, offset)
-        self._active = self._yield_from(self.epoch, step, offset)
-        return self._active
+        batches = self._yield_from(self.epoch, step, offset)
+        self._active = weakref.ref(batches)
+        return batches
 
     def _yield_from(self, epoch: int, step: int, offset: int) -> Iterator[list[int]]:
         for number, batches in enumerate(self._rank_steps(epoch, step), start=step):
@@ -203,9 +208,10 @@ class EpochBatchSampler:
 
     def close(self) -> None:
         """Stop the running pass (and its background planner); the next ``iter`` starts anew."""
-        if self._active is not None:
-            self._active.close()
-            self._active = None
+        running = None if self._active is None else self._active()
+        if running is not None:
+            running.close()
+        self._active = None
 
     def __len__(self) -> int:
         """Micro-batches this rank yields per epoch (the same on every rank), when every step
@@ -246,9 +252,10 @@ class EpochBatchSampler:
         """
         if self.agreement_timeout is None or self._agreed_epoch == self.epoch:
             return
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
+        # Without torch.distributed imported no process group can exist (and importing torch
+        # here would cost the first micro-batch half a second).
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not (dist.is_available() and dist.is_initialized()):
             return
         from seqbalance.runtime._dist import Comm
 

@@ -22,6 +22,9 @@ __all__ = ["CHUNK", "LengthSource"]
 CHUNK = 1 << 22
 """Samples per chunk of a pass over all lengths (32 MiB as int64)."""
 
+_DISTINCT_LIMIT = 1 << 24
+"""Lengths below this are collected as distinct values (a bitmap of at most 16 MiB)."""
+
 
 class LengthSource:
     """Validated, read-only token lengths, indexed by dataset index.
@@ -57,7 +60,6 @@ class LengthSource:
                 raise ValueError(f"{name} must be 1-D, got shape {lengths.shape}")
             self.values = lengths
             self.size = int(lengths.shape[0])
-            self._check_range()
         elif self.path is not None:
             raise ValueError(
                 f"{name} must hold integers (int32 or int64), got dtype {lengths.dtype} and shape "
@@ -66,6 +68,7 @@ class LengthSource:
         else:
             self.values = as_lengths(lengths, name)
         self.size = int(self.values.shape[0])
+        self._scan()
         self._stat = self._file_state()
         self._digest: str | None = None
 
@@ -78,22 +81,35 @@ class LengthSource:
             return None
         return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
-    def chunks(self) -> Any:
-        """``(start, int64 chunk)`` over all lengths, ``CHUNK`` samples at a time."""
+    def chunks(self, dtype: str = "<i8") -> Any:
+        """``(start, chunk as dtype)`` over all lengths, ``CHUNK`` samples at a time."""
         for start in range(0, self.size, CHUNK):
-            yield start, np.asarray(self.values[start : start + CHUNK], dtype=np.int64)
+            yield start, np.ascontiguousarray(self.values[start : start + CHUNK], dtype=dtype)
 
-    def _check_range(self) -> None:
+    def _scan(self) -> None:
+        """One pass in chunks: negative or too large values (named by dataset index), the
+        largest length, and the distinct lengths while they fit a small bitmap."""
         limit = np.iinfo(np.int64).max
+        seen = np.zeros(0, dtype=bool)
+        largest = 0
         for start in range(0, self.size, CHUNK):
             chunk = self.values[start : start + CHUNK]
-            bad = np.flatnonzero((chunk < 0) | (chunk > limit)) if chunk.size else chunk
-            if bad.size:
-                i = int(bad[0])
+            low, high = chunk.min(), chunk.max()
+            if low < 0 or high > limit:
+                i = int(np.flatnonzero((chunk < 0) | (chunk > limit))[0])
                 raise ValueError(
                     f"{self.name}[{start + i}] = {int(chunk[i])} is "
                     + ("negative" if chunk[i] < 0 else "too large")
                 )
+            largest = max(largest, int(high))
+            if seen is not None and largest < _DISTINCT_LIMIT:
+                if seen.size <= largest:
+                    seen = np.concatenate([seen, np.zeros(largest + 1 - seen.size, dtype=bool)])
+                seen[chunk] = True
+            else:
+                seen = None
+        self.max = largest
+        self.distinct = None if seen is None else np.flatnonzero(seen).astype(np.int64)
 
     def check_each(self, check: Callable[[np.ndarray], None]) -> None:
         """Run ``check`` on every chunk; a ValueError it raises naming ``lengths[i]`` is
@@ -129,13 +145,15 @@ class LengthSource:
             )
 
     def sha256(self) -> str:
-        """SHA-256 of all lengths as little-endian int64 (the same digest however they are
-        stored), computed once in chunks."""
+        """SHA-256 of all lengths, computed once in chunks: little-endian int32 when every
+        length fits (the same digest however the lengths are stored), else int64, each after
+        a prefix naming the width."""
         self.check_unchanged()
         if self._digest is None:
-            digest = hashlib.sha256()
-            for _, chunk in self.chunks():
-                digest.update(chunk.astype("<i8", copy=False).data)
+            width = "<i4" if self.max < 2**31 else "<i8"
+            digest = hashlib.sha256(f"{width};".encode())
+            for _, chunk in self.chunks(width):
+                digest.update(chunk.data)
             self._digest = digest.hexdigest()
         return self._digest
 

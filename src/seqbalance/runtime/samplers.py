@@ -259,7 +259,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         check_group_sizes(self.groups, self.global_batch_size)
         # What every step's plan_step would refuse, refused now, naming the dataset index.
         if parts is None:
-            self._source.check_each(lambda chunk: self._check_samples(chunk, None))
+            self._check_lengths()
         else:
             self._check_samples(self._source.values, parts)
         first = np.arange(min(n, _PROBE), dtype=np.int64)
@@ -270,6 +270,20 @@ class BalancedBatchSampler(EpochBatchSampler):
         self._cost_probe = sha256_of(np.append(costs, overhead).view(np.int64))
         self._layout_cache: EpochLayout | None = None
         self._plan: EpochPlan | None = None
+
+    def _check_lengths(self) -> None:
+        """Caps and costs of every length: on the distinct lengths when the source has them
+        (costs of plain lengths are per sample), and only on a failure over all samples in
+        chunks, to name the first dataset index at fault."""
+        distinct = self._source.distinct
+        if distinct is not None:
+            try:
+                self._check_samples(distinct, None)
+            except ValueError:
+                pass  # found: the pass below names the dataset index
+            else:
+                return
+        self._source.check_each(lambda chunk: self._check_samples(chunk, None))
 
     def _check_samples(self, lengths: np.ndarray, parts: SampleParts | None) -> None:
         check_within_caps(lengths, vision_patches_of(parts, self.options), self.options)
