@@ -134,6 +134,28 @@ def test_resume_with_another_plan_fails_before_training(tmp_path: Path) -> None:
     assert "resume from" in done.stderr and "set up differently; changed: seed" in done.stderr
 
 
+def test_resume_from_the_last_checkpoint_checks_the_plan_too(tmp_path: Path) -> None:
+    """``resume_from_checkpoint=True`` (the newest checkpoint of output_dir) is checked like a
+    checkpoint given by path: another data seed or max_tokens fails before training."""
+    run(tmp_path, "--mode", "balanced", "--steps", "2", "--save-steps", "2")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    command = [sys.executable, str(SCRIPT), "--mode", "balanced", "--steps", "4"]
+    for changed, named in [
+        (("--data-seed", "7"), "changed: seed"),
+        (("--max-tokens", "2048"), "options.max_tokens (1024 saved, 2048 now)"),
+    ]:
+        done = subprocess.run(
+            [*command, *changed, "--output-dir", str(tmp_path), "--resume", "last"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert done.returncode != 0
+        assert f"resume from {tmp_path / 'checkpoint-2'}" in done.stderr, done.stderr[-2000:]
+        assert named in done.stderr
+
+
 def test_lengths_from_dataset_column() -> None:
     datasets = pytest.importorskip("datasets")
     table = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4], []], "length": [3, 1, 0]})

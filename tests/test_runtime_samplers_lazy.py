@@ -74,7 +74,7 @@ def _setups(draw: Any) -> dict[str, Any]:
 
 
 @given(setup=_setups())
-@settings(max_examples=examples(150), deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 def test_every_rank_yields_exactly_the_eager_plan(setup) -> None:
     if setup["groups"] is not None:
         counts = np.bincount(setup["groups"]) if setup["groups"] else np.zeros(1)
