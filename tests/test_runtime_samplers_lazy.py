@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -169,12 +170,27 @@ def test_negative_and_oversize_lengths_are_named_by_dataset_index() -> None:
 def test_a_lengths_file_changed_under_the_sampler_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "lengths.npy"
     np.save(path, _lengths(400))
+    os.utime(path, ns=(0, 0))  # written long ago: the rewrite below surely moves its mtime
     sampler = BalancedBatchSampler(path, 16, dp_rank=0, dp_size=1, lookahead=1)
     batches = iter(sampler)
     next(batches)
-    np.save(path, _lengths(400, seed=9))  # re-tokenized in place, same size
+    # Re-tokenized in place (same size, never truncated: the memory map stays readable).
+    with path.open("r+b") as file:
+        file.seek(-8, 2)
+        file.write(np.int64(999).tobytes())
     with pytest.raises(ValueError, match=r"lengths file .*lengths\.npy changed under the running"):
         list(batches)
+    # Replaced by a new file: the same.
+    sampler = BalancedBatchSampler(path, 16, dp_rank=0, dp_size=1, lookahead=1)
+    batches = iter(sampler)
+    next(batches)
+    np.save(tmp_path / "new.npy", _lengths(400, seed=9))
+    (tmp_path / "new.npy").replace(path)
+    with pytest.raises(ValueError, match=r"lengths file .*lengths\.npy changed under the running"):
+        list(batches)
+    with pytest.raises(ValueError, match="changed under the running"):
+        sampler.state_dict()  # no resume point from lengths that are no longer there
+    gc.collect()
     assert _planner_threads() == 0
 
 
