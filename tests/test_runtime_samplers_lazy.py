@@ -3,6 +3,7 @@ at their step, thread lifetime, exact resume in a new process, and ranks that mu
 
 from __future__ import annotations
 
+import copy
 import gc
 import itertools
 import json
@@ -114,6 +115,27 @@ def test_each_step_is_what_plan_step_gives_for_its_samples() -> None:
     for step in range(layout.n_steps):
         np.testing.assert_array_equal(layout.step(step), plan.sample_indices[step])
         assert sampler.plan_step(layout.step(step), sampler.options) == plan.steps[step]
+
+
+@pytest.mark.parametrize("bucket_window", [None, 2])
+def test_step_plan_is_the_plan_of_the_yielded_step(bucket_window) -> None:
+    lengths = _lengths(300, seed=5)
+    options = {"max_tokens": 2500, "seed": 1, "bucket_window": bucket_window}
+    plan = plan_epoch(lengths, 48, 3, epoch=1, **options)
+    sampler = BalancedBatchSampler(lengths, 48, dp_rank=2, dp_size=3, **options)
+    sampler.set_epoch(1)
+    assert [sampler.step_plan(s) for s in range(len(plan))] == plan.steps  # planned on demand
+    batches = iter(sampler)
+    for step in range(len(plan)):
+        # What the loop needs before the step's first micro-batch: its plan, made ahead.
+        assert sampler.step_plan(step) == plan.steps[step]
+        taken = [next(batches) for _ in range(plan.steps[step].n_microbatches)]
+        assert taken == [mb.tolist() for mb in plan.microbatches(step, 2)]
+    with pytest.raises(ValueError, match=r"step must be in \[0, 7\), got 7"):
+        sampler.step_plan(7)
+    # A sampler copied mid-pass (a running pass does not travel) iterates afresh.
+    clone = copy.deepcopy(sampler)
+    assert list(clone) == [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, 2)]
 
 
 # ---------------------------------------------------------------- memory-mapped lengths

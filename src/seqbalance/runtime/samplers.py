@@ -52,6 +52,8 @@ the planner's choice per step), which trainers read as "no length" (``num_steps`
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +87,9 @@ __all__ = [
 
 _PROBE = 256
 """Samples (the first, in dataset order) whose costs the setup records."""
+
+_RECENT = 64
+"""Step plans kept for ``step_plan`` (a prefetching DataLoader's lag fits in this)."""
 
 
 def data_parallel_position(
@@ -269,6 +274,9 @@ class BalancedBatchSampler(EpochBatchSampler):
         )
         self._cost_probe = sha256_of(np.append(costs, overhead).view(np.int64))
         self._layout_cache: EpochLayout | None = None
+        # The plans the background thread made last, for step_plan() (it writes, the loop reads).
+        self._recent: OrderedDict[tuple[int, int], StepPlan] = OrderedDict()
+        self._recent_lock = threading.Lock()
         self._plan: EpochPlan | None = None
 
     def _check_lengths(self) -> None:
@@ -309,20 +317,21 @@ class BalancedBatchSampler(EpochBatchSampler):
     def layout(self, epoch: int | None = None) -> EpochLayout:
         """Which samples make up each step of ``epoch`` (default: the current epoch)."""
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
-        cached = self._layout_cache
-        if cached is None or cached.epoch != epoch:
-            cached = EpochLayout(
-                self._source.values,
-                self.global_batch_size,
-                group_ids=self.groups,
-                seed=self.seed,
-                epoch=epoch,
-                shuffle=self.shuffle,
-                drop_last=self.drop_last,
-                bucket_window=self.bucket_window,
-            )
-            self._layout_cache = cached
-        return cached
+        if self._layout_cache is None or self._layout_cache.epoch != epoch:
+            self._layout_cache = self._fresh_layout(epoch)
+        return self._layout_cache
+
+    def _fresh_layout(self, epoch: int) -> EpochLayout:
+        return EpochLayout(
+            self._source.values,
+            self.global_batch_size,
+            group_ids=self.groups,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            bucket_window=self.bucket_window,
+        )
 
     def _n_steps(self, epoch: int) -> int:
         return self.layout(epoch).n_steps
@@ -347,6 +356,10 @@ class BalancedBatchSampler(EpochBatchSampler):
                 step_plan = self.plan_step(indices, self.options)
             except ValueError as error:
                 raise ValueError(f"epoch {epoch}, step {number}: {error}") from error
+            with self._recent_lock:
+                self._recent[(epoch, number)] = step_plan
+                while len(self._recent) > _RECENT:
+                    self._recent.popitem(last=False)
             return [indices[mb].tolist() for mb in step_plan.ranks[self.dp_rank]]
 
         planner = Lookahead(plan, range(first, layout.n_steps), self.lookahead)
@@ -355,6 +368,34 @@ class BalancedBatchSampler(EpochBatchSampler):
                 yield planner.take(number)
         finally:
             planner.stop()
+
+    def step_plan(self, step: int, epoch: int | None = None) -> StepPlan:
+        """The :class:`seqbalance.StepPlan` of ``step`` (default epoch: the current one), the
+        plan whose micro-batches the sampler yields for it (e.g. for the step's micro-batch
+        count and tokens): taken from the plans the background planner made last, else planned
+        now (the same plan: planning is deterministic)."""
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
+        layout = self.layout(epoch)
+        step = check_int(step, "step", minimum=0)
+        if step >= layout.n_steps:
+            raise ValueError(f"step must be in [0, {layout.n_steps}), got {step}")
+        with self._recent_lock:
+            found = self._recent.get((epoch, step))
+        if found is not None:
+            return found
+        if self.bucket_window is not None:
+            # The planner thread may be using this layout's window cache: use a private one.
+            layout = self._fresh_layout(epoch)
+        return self.plan_step(layout.step(step), self.options)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        del state["_recent_lock"]
+        return {**state, "_recent": OrderedDict()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._recent_lock = threading.Lock()
 
     def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
         """The whole :class:`seqbalance.plan.EpochPlan` of ``epoch`` (default: the current
