@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ __all__ = ["CHUNK", "LengthSource"]
 
 CHUNK = 1 << 22
 """Samples per chunk of a pass over all lengths (32 MiB as int64)."""
+
+_HASH_THREADS = 4
+"""Threads hashing chunks of lengths at once (each holds at most one converted chunk)."""
 
 _DISTINCT_LIMIT = 1 << 24
 """Lengths below this are collected as distinct values (a bitmap of at most 16 MiB)."""
@@ -145,16 +149,23 @@ class LengthSource:
             )
 
     def sha256(self) -> str:
-        """SHA-256 of all lengths, computed once in chunks: little-endian int32 when every
-        length fits (the same digest however the lengths are stored), else int64, each after
-        a prefix naming the width."""
+        """SHA-256 fingerprint of all lengths, computed once: the SHA-256 of the width
+        (little-endian int32 when every length fits, else int64: the same digest however the
+        lengths are stored) followed by the SHA-256 of each ``CHUNK`` of lengths in that width.
+        The chunks are hashed on up to ``_HASH_THREADS`` threads (hashlib releases the GIL)."""
         self.check_unchanged()
         if self._digest is None:
             width = "<i4" if self.max < 2**31 else "<i8"
-            digest = hashlib.sha256(f"{width};".encode())
-            for _, chunk in self.chunks(width):
-                digest.update(chunk.data)
-            self._digest = digest.hexdigest()
+
+            def chunk_digest(start: int) -> bytes:
+                chunk = np.ascontiguousarray(self.values[start : start + CHUNK], dtype=width)
+                return hashlib.sha256(chunk.data).digest()
+
+            starts = range(0, self.size, CHUNK)
+            threads = max(1, min(_HASH_THREADS, os.cpu_count() or 1, len(starts)))
+            with ThreadPoolExecutor(threads) as pool:
+                digests = list(pool.map(chunk_digest, starts))
+            self._digest = hashlib.sha256(f"{width};".encode() + b"".join(digests)).hexdigest()
         return self._digest
 
 
