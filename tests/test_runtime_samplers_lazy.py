@@ -254,11 +254,15 @@ def test_leaving_the_loop_stops_the_planner_thread() -> None:
     assert _planner_threads() == 0
     first = iter(sampler)
     next(first)
-    second = iter(sampler)  # a new pass closes the one before
+    second = iter(sampler)  # a new pass stops the one before
     next(second)
     assert _planner_threads() == 1
+    with pytest.raises(RuntimeError, match="belongs to a pass that a later iter"):
+        next(first)  # never a silently shortened epoch
     sampler.close()
     assert _planner_threads() == 0
+    with pytest.raises(RuntimeError, match="belongs to a pass"):
+        next(second)
 
 
 def test_len_is_exact_without_planning_when_the_count_is_fixed() -> None:

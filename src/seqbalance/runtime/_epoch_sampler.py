@@ -11,11 +11,11 @@ micro-batches of it already taken, so a resume never has to lay out the steps be
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
-import weakref
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -123,9 +123,11 @@ class EpochBatchSampler:
         self.epoch = 0
         self._resume: tuple[int, int, int] | None = None  # (consumed, step, offset) to go on at
         self._agreed_epoch: int | None = None
-        # The running pass's generator, weakly: a loop that drops it (break, exception) lets it
-        # be finalised, which stops its planner thread; a new pass closes it.
-        self._active: weakref.ref[Any] | None = None
+        # Passes are numbered; an iterator of an older pass raises instead of yielding. A loop
+        # that drops its iterator (break, exception) lets it be finalised, which stops its
+        # planner thread; a new pass stops the old one's planner (``_stop_planner``) at once.
+        self._pass = 0
+        self._stop_planner: Callable[[], None] | None = None
         self._start_pass(0, 0, 0)
 
     @property
@@ -189,29 +191,48 @@ class EpochBatchSampler:
         consumed, step, offset = self._resume or (0, 0, 0)
         self._resume = None
         self._start_pass(consumed, step, offset)
-        batches = self._yield_from(self.epoch, step, offset)
-        self._active = weakref.ref(batches)
-        return batches
+        return self._yield_from(self.epoch, step, offset, self._pass)
 
-    def _yield_from(self, epoch: int, step: int, offset: int) -> Iterator[list[int]]:
-        for number, batches in enumerate(self._rank_steps(epoch, step), start=step):
-            skip = offset if number == step else 0
-            if skip > len(batches):
-                raise ValueError(
-                    f"the resume point is micro-batch {skip} of step {number}, which has "
-                    f"{len(batches)}: the state comes from another plan"
-                )
-            self._counts.append(len(batches))
-            for batch in batches[skip:]:
-                self._consumed += 1
-                yield batch
+    def _yield_from(self, epoch: int, step: int, offset: int, mine: int) -> Iterator[list[int]]:
+        steps = self._rank_steps(epoch, step)
+        try:
+            for number in itertools.count(step):
+                self._check_current(mine)
+                try:
+                    batches = next(steps)
+                except StopIteration:
+                    return
+                except RuntimeError:
+                    self._check_current(mine)  # a planner stopped by a newer pass
+                    raise
+                skip = offset if number == step else 0
+                if skip > len(batches):
+                    raise ValueError(
+                        f"the resume point is micro-batch {skip} of step {number}, which has "
+                        f"{len(batches)}: the state comes from another plan"
+                    )
+                self._counts.append(len(batches))
+                for batch in batches[skip:]:
+                    self._check_current(mine)
+                    self._consumed += 1
+                    yield batch
+        finally:
+            steps.close()
+
+    def _check_current(self, mine: int) -> None:
+        if self._pass != mine:
+            raise RuntimeError(
+                f"this iterator of {type(self).__name__} belongs to a pass that a later iter(), "
+                "load_state_dict() or close() ended; iterate the sampler anew"
+            )
 
     def close(self) -> None:
-        """Stop the running pass (and its background planner); the next ``iter`` starts anew."""
-        running = None if self._active is None else self._active()
-        if running is not None:
-            running.close()
-        self._active = None
+        """End the running pass and stop its background planner; its iterator raises
+        RuntimeError if used again, and the next ``iter`` starts anew."""
+        self._pass += 1
+        if self._stop_planner is not None:
+            self._stop_planner()
+            self._stop_planner = None
 
     def __len__(self) -> int:
         """Micro-batches this rank yields per epoch (the same on every rank), when every step
@@ -396,5 +417,5 @@ class EpochBatchSampler:
         self._start_pass(consumed, step, offset)
 
     def __getstate__(self) -> dict[str, Any]:
-        # A running pass (a generator, maybe a planner thread) does not travel.
-        return {**self.__dict__, "_active": None}
+        # A running pass (its planner thread) does not travel.
+        return {**self.__dict__, "_stop_planner": None}

@@ -363,6 +363,7 @@ class BalancedBatchSampler(EpochBatchSampler):
             return [indices[mb].tolist() for mb in step_plan.ranks[self.dp_rank]]
 
         planner = Lookahead(plan, range(first, layout.n_steps), self.lookahead)
+        self._stop_planner = planner.stop
         try:
             for number in range(first, layout.n_steps):
                 yield planner.take(number)
