@@ -35,8 +35,10 @@ class LengthSource:
 
     Args:
         lengths: a path to a 1-D integer ``.npy`` file (memory-mapped), a 1-D integer numpy
-            array (a ``np.load(..., mmap_mode="r")`` memory map included: used as it is), or
-            any other array-like (converted once, as ``as_lengths`` does).
+            array (a ``np.load(..., mmap_mode="r")`` memory map included) or anything
+            ``np.asarray`` reads as one without copying (a CPU tensor): used as it is, so it
+            must not change while a sampler uses it; any other array-like (floats holding
+            whole numbers, lists) is converted once, as ``as_lengths`` does.
         name: the argument's name in error messages.
 
     Raises:
@@ -59,6 +61,13 @@ class LengthSource:
         elif isinstance(lengths, np.memmap) and lengths.filename is not None:
             self.path = Path(lengths.filename)
         self.name = name
+        if not isinstance(lengths, np.ndarray) and self.path is None:
+            try:  # a CPU tensor or any buffer of integers is read in place, not copied
+                as_array = np.asarray(lengths)
+            except (TypeError, ValueError, RuntimeError):
+                as_array = None
+            if as_array is not None and as_array.dtype.kind in "iu" and as_array.ndim == 1:
+                lengths = as_array
         if isinstance(lengths, np.ndarray) and lengths.dtype.kind in "iu":
             if lengths.ndim != 1:
                 raise ValueError(f"{name} must be 1-D, got shape {lengths.shape}")
