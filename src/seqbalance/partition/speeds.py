@@ -16,6 +16,7 @@ No randomness: the same input gives the same output.
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import numpy as np
@@ -70,22 +71,36 @@ def lpt_speeds(weights: np.ndarray, speeds: np.ndarray, limits: SizeLimits) -> n
     """LPT for parts of different speeds: heaviest first, each item to the part where it
     finishes earliest (``(load + w) / speed``; ties: lower part index) among the parts the size
     limits still allow (see ``greedy.lpt``). Returns the part of each item (int64 ``[n]``).
-    O(n k) time.
+
+    Without binding size limits, parts of one speed sit in one heap by load (the lightest
+    finishes first among them), so an item costs a look at each distinct speed:
+    O(n (log k + distinct speeds)). With limits, every part is checked: O(n k).
     """
     n, k = weights.size, speeds.size
     order = descending_order(weights)
+    values = weights[order].tolist()
+    chosen = np.empty(n, dtype=np.int64)
+    if limits.low == 0 and limits.high >= n:
+        classes = sorted(set(speeds.tolist()), reverse=True)
+        heaps = [[(0.0, part) for part in np.flatnonzero(speeds == s).tolist()] for s in classes]
+        picks = []
+        for value in values:
+            best = min(
+                range(len(classes)),
+                key=lambda c: ((heaps[c][0][0] + value) / classes[c], heaps[c][0][1]),
+            )
+            load, part = heaps[best][0]
+            heapq.heapreplace(heaps[best], (load + value, part))
+            picks.append(part)
+        chosen[order] = picks
+        return chosen
     loads = np.zeros(k)
     sizes = np.zeros(k, dtype=np.int64)
     deficit = k * limits.low  # items still needed to bring every part up to `low`
-    chosen = np.empty(n, dtype=np.int64)
-    limited = limits.low > 0 or limits.high < n
-    for remaining, (item, value) in zip(
-        range(n, 0, -1), zip(order.tolist(), weights[order].tolist(), strict=True), strict=True
-    ):
+    for remaining, item, value in zip(range(n, 0, -1), order.tolist(), values, strict=True):
         finish = (loads + value) / speeds
-        if limited:
-            allowed = (sizes < limits.high) & ((sizes < limits.low) | (deficit < remaining))
-            finish[~allowed] = np.inf
+        allowed = (sizes < limits.high) & ((sizes < limits.low) | (deficit < remaining))
+        finish[~allowed] = np.inf
         part = int(np.argmin(finish))
         deficit -= int(sizes[part] < limits.low)
         sizes[part] += 1

@@ -129,7 +129,7 @@ def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float)
     while (
         count is not None
         and count <= most
-        and value > bound * (1 + _GOOD_ENOUGH)
+        and value > bound * (1 + RIVALS_WITHOUT_BOUND_GAP)  # more could save less than this
         and (p.allow_empty or p.n >= p.dp * count)  # else some micro-batch would be empty
     ):
         candidate = _attempt(p, count)
