@@ -217,3 +217,23 @@ def test_plan_is_identical_in_another_process() -> None:
             rank_speeds=speeds,
         )
         assert ours.to_json(timing=False) == text
+
+
+def test_plan_epoch_and_the_sampler_plan_with_rank_speeds() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.runtime import BalancedBatchSampler
+
+    lengths = sb.datasets.load("sharegpt")[:256]
+    options = sb.PlanOptions(cost="flops", max_tokens=16384, allow_oversize=True)
+    speeds = (1.0, 0.5)
+    plan = sb.plan_epoch(lengths, 64, 2, options, seed=5, rank_speeds=speeds)
+    plan.validate()
+    for step in plan.steps:
+        assert step.rank_speeds == speeds
+        assert step.rank_costs[1] < step.rank_costs[0]  # the half-speed rank gets less work
+        assert step.summary()["ratio"] < 1.01
+    sampler = BalancedBatchSampler(
+        lengths, 64, options=options, rank=1, world_size=2, seed=5, rank_speeds=speeds
+    )
+    expected = [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, 1)]
+    assert list(sampler) == expected

@@ -106,6 +106,11 @@ class OptionFields:
         """Whether empty micro-batches are allowed."""
         return self.options.allow_empty
 
+    @property
+    def rank_speeds(self) -> tuple[float, ...] | None:
+        """Relative speed of every rank, or ``None`` for equal ranks."""
+        return self.options.rank_speeds
+
 
 @dataclass(frozen=True, eq=False)
 class Problem(OptionFields):
@@ -146,7 +151,7 @@ class Problem(OptionFields):
         return np.array(check_rank_speeds(self.options.rank_speeds, self.dp), dtype=np.float64)
 
     @cached_property
-    def rank_speeds(self) -> np.ndarray:
+    def speeds_or_ones(self) -> np.ndarray:
         """float64 ``[dp]``: ``speeds``, or ones for equal ranks (for arithmetic that is exact
         either way: dividing by 1.0 changes nothing)."""
         return np.ones(self.dp) if self.speeds is None else self.speeds
@@ -470,7 +475,7 @@ class Problem(OptionFields):
         ``c``) takes at least ``c / max(s)`` while every other position takes at least its
         total over ``sum(s)``, and those totals add up to at least ``S - c - V``: the bound
         ``c / max(s) + (S - c - V) / sum(s)`` (``S``, ``c``, ``V`` as in ``lower_bound``)."""
-        speeds = self.rank_speeds
+        speeds = self.speeds_or_ones
         overheads = m_lower * self.overhead
         least = self.least_sample_costs
         total = float(least.sum()) + self.dp * overheads

@@ -122,7 +122,7 @@ def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float)
     not hold a fast rank's larger share under the cap: try the larger counts up to the one
     that holds ``max(speed) / mean(speed)`` times an equal share, keep the cheapest (ties: the
     fewest micro-batches)."""
-    speeds = p.rank_speeds
+    speeds = p.speeds_or_ones
     value = aligned_value(p, plan)
     most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
     count = p.next_microbatches(m)
@@ -445,7 +445,7 @@ class _RankState:
         patches: np.ndarray | None,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
-        self.speeds = p.rank_speeds
+        self.speeds = p.speeds_or_ones
         self.costs, self.tokens, self.counts = costs, tokens, counts
         self.patches = patches
         self.loads = np.bincount(rank_of_unit, weights=costs, minlength=p.dp)
@@ -805,7 +805,7 @@ def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     The re-packed plan is kept only if its lockstep cost is lower. With rank speeds the profile
     is in time (cost / speed): rank ``r`` packs under it times its own speed.
     """
-    speeds = p.rank_speeds
+    speeds = p.speeds_or_ones
     heaviest = [
         max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
     ]
@@ -904,7 +904,7 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     speeds every cost below is a time (cost / the rank's speed).
     """
     m = len(plan[0])
-    speeds = p.rank_speeds
+    speeds = p.speeds_or_ones
     costs = (
         np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
         / speeds[:, None]
