@@ -123,6 +123,8 @@ def test_groups_stay_together_with_speeds() -> None:
         ((), "rank_speeds must not be empty"),
         ("1,1", "rank_speeds must be a 1-D array of numbers"),
         ((True, 1.0), "rank_speeds must hold numbers"),
+        ((1.0, 1e-320), r"rank_speeds\[1\] = 1e-320 is outside \[2\*\*-30, 2\*\*30\]"),
+        ((1e12, 1.0), r"rank_speeds\[0\] = 1000000000000.0 is outside"),
     ],
 )
 def test_bad_rank_speeds_raise_naming_them(speeds, message: str) -> None:
