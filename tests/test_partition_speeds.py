@@ -121,7 +121,7 @@ def test_invariants_with_speeds(weights, speeds, method, limited):
 @pytest.mark.parametrize("method", ["auto", "lpt", "refine", "exact", "kk", "round_robin"])
 @pytest.mark.parametrize("value", [1.0, 2.5])
 def test_equal_speeds_give_the_parts_of_no_speeds(method, value):
-    weights = np.random.default_rng(3).integers(1, 1000, 40)
+    weights = np.random.default_rng(3).integers(1, 1000, 14)  # exact proves it at once
     plain = partition(weights, 5, method=method)
     if method == "kk":
         with pytest.raises(ValueError, match="method='kk' does not support speeds"):

@@ -150,7 +150,7 @@ def test_balanced_matches_brute_force(problem: dict) -> None:
     _check_against_brute_force(plan)
 
 
-@settings(max_examples=examples(400))
+@settings(max_examples=examples(200))
 @given(small_problems(), st.data())
 def test_balanced_with_rank_speeds_matches_brute_force(problem: dict, data: st.DataObject) -> None:
     speeds = st.sampled_from([1.0, 0.5, 0.67, 1.5, 0.01])

@@ -32,7 +32,7 @@ def _with_speeds(problem: dict, data: st.DataObject) -> dict:
     return {**problem, "rank_speeds": tuple(speeds)}
 
 
-@settings(max_examples=examples(800))
+@settings(max_examples=examples(400))
 @given(problems(), st.data())
 def test_plans_with_speeds_validate(problem: dict, data: st.DataObject) -> None:
     """Every index once, caps, equal counts, count options, groups (``validate``), the
@@ -40,13 +40,13 @@ def test_plans_with_speeds_validate(problem: dict, data: st.DataObject) -> None:
     _check(_with_speeds(problem, data))
 
 
-@settings(max_examples=examples(300))
+@settings(max_examples=examples(200))
 @given(problems(with_groups=True, count_options=True), st.data())
 def test_grouped_and_counted_plans_with_speeds_validate(problem: dict, data: st.DataObject):
     _check(_with_speeds(problem, data))
 
 
-@settings(max_examples=examples(300))
+@settings(max_examples=examples(120))
 @given(problems(), st.data())
 def test_balanced_never_loses_to_a_baseline_under_speeds(problem: dict, data: st.DataObject):
     problem = {**_with_speeds(problem, data), "strategy": "balanced"}
