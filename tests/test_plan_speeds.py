@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from _acceptance import checked, requires_checked, set_aside
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,7 @@ def _with_speeds(problem: dict, data: st.DataObject) -> dict:
     return {**problem, "rank_speeds": tuple(speeds)}
 
 
+@requires_checked(0.3)
 @settings(max_examples=examples(400))
 @given(problems(), st.data())
 def test_plans_with_speeds_validate(problem: dict, data: st.DataObject) -> None:
@@ -40,19 +42,23 @@ def test_plans_with_speeds_validate(problem: dict, data: st.DataObject) -> None:
     _check(_with_speeds(problem, data))
 
 
+@requires_checked(0.1)
 @settings(max_examples=examples(200))
 @given(problems(with_groups=True, count_options=True), st.data())
 def test_grouped_and_counted_plans_with_speeds_validate(problem: dict, data: st.DataObject):
     _check(_with_speeds(problem, data))
 
 
+@requires_checked(0.3)
 @settings(max_examples=examples(120))
 @given(problems(), st.data())
 def test_balanced_never_loses_to_a_baseline_under_speeds(problem: dict, data: st.DataObject):
     problem = {**_with_speeds(problem, data), "strategy": "balanced"}
     ours = _plan(problem)
     if ours is None:
+        set_aside("refused")
         return
+    checked()
     for name in strategy_names("baseline"):
         theirs = _plan({**problem, "strategy": name})
         if theirs is None or (not theirs.cap_enforced and theirs.cap_violations()):
