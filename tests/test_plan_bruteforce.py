@@ -60,8 +60,8 @@ def _brute_force(plan: StepPlan, m: int) -> float | None:
     if not feasible.any():
         return None
     per_slot = slot_cost[feasible].reshape(-1, dp, m)
-    if plan.speeds is not None:
-        per_slot = per_slot / plan.speeds[None, :, None]
+    if plan.rank_speeds is not None:
+        per_slot = per_slot / np.array(plan.rank_speeds)[None, :, None]
     if plan.objective == "lockstep":
         values = per_slot.max(axis=1).sum(axis=1)
     else:

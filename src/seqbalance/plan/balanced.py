@@ -43,7 +43,6 @@ index).
 from __future__ import annotations
 
 import heapq
-import itertools
 from typing import Any
 
 import numpy as np
@@ -53,6 +52,7 @@ from seqbalance.partition.greedy import lpt
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact
 from seqbalance.plan._packing import fill_empty
+from seqbalance.plan._padded import deal, padded_global, segment
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.registry import Microbatches, Strategy
 from seqbalance.plan.strategies import rank_members
@@ -118,10 +118,9 @@ def plan_balanced(p: Problem) -> Microbatches:
 
 
 def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float) -> Microbatches:
-    """With rank speeds, the fewest micro-batches (sized for equal shares of the tokens) may
-    not hold a fast rank's larger share under the cap: try the larger counts up to the one
-    that holds ``max(speed) / mean(speed)`` times an equal share, keep the cheapest (ties: the
-    fewest micro-batches)."""
+    """With rank speeds the fewest micro-batches (sized for equal shares) may not hold a fast
+    rank's larger share under the cap: try counts up to ``max(speed) / mean(speed)`` times
+    ``m``, keep the cheapest (ties: the fewest)."""
     speeds = p.speeds_or_ones
     value = aligned_value(p, plan)
     most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
@@ -264,17 +263,11 @@ BALANCED = Balanced()
 
 def _attempt(p: Problem, m: int) -> Microbatches | None:
     if p.layout == "padded" and p.groups is None:
-        plan = _padded_global(p, m)
-        if p.speeds is None:
-            return plan
-        # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's own
-        # share (step 1 plans the shares for the speeds) can be cheaper: keep the better.
-        by_rank = _padded_by_rank(p, m)
-        if plan is None or (
-            by_rank is not None and aligned_value(p, by_rank) < aligned_value(p, plan)
-        ):
-            return by_rank
-        return plan
+        # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
+        # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
+        plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
+        valid = [plan for plan in plans if plan is not None]
+        return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
         return _padded_by_rank(p, m)
     rank_of_unit = _assign_units(p, m)
@@ -297,7 +290,7 @@ def _global_first_fit(p: Problem, m: int) -> Microbatches | None:
     if bins is None:
         return None
     fill_empty(p, bins)
-    return _deal(p, bins, m)
+    return deal(p, bins, m)
 
 
 # ---------------------------------------------------------------------- step 1: ranks
@@ -382,15 +375,8 @@ def _lpt_with_capacities(
 
     def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
         if p.speeds is not None:
-            finish = (loads + cost) / p.speeds
-            return next(
-                (
-                    r
-                    for r in np.argsort(finish, kind="stable").tolist()
-                    if room(r, weight, count, patch)
-                ),
-                None,
-            )
+            by_finish = np.argsort((loads + cost) / p.speeds, kind="stable").tolist()
+            return next((r for r in by_finish if room(r, weight, count, patch)), None)
         load, r = heap[0]
         if room(r, weight, count, patch):
             heapq.heapreplace(heap, (load + cost, r))
@@ -470,6 +456,20 @@ class _RankState:
         """float64 ``[dp]``: every rank's load divided by its speed."""
         return self.loads / self.speeds
 
+    def _gap_and_ideal(self, heavy: Any, light: Any) -> tuple[Any, Any]:
+        """The load ``light`` may take before it ends as late as ``heavy`` (the gap), and the
+        transfer that ends both together (half the gap for equal speeds)."""
+        s_heavy, s_light, loads = self.speeds[heavy], self.speeds[light], self.loads
+        gap = loads[heavy] / s_heavy * s_light - loads[light]
+        return gap, (loads[heavy] * s_light - loads[light] * s_heavy) / (s_heavy + s_light)
+
+    def _peak_after(self, heavy: Any, light: Any, delta: np.ndarray) -> np.ndarray:
+        """The later end of ranks ``heavy`` and ``light`` after ``delta`` moves between them."""
+        return np.maximum(
+            (self.loads[heavy] - delta) / self.speeds[heavy],
+            (self.loads[light] + delta) / self.speeds[light],
+        )
+
     def move(self, unit: int, target: int) -> None:
         source = self.rank_of_unit[unit]
         for totals, values in self._totals:
@@ -519,19 +519,13 @@ class _RankState:
         norm = self.costs / scale
         span = 4.0  # keys pair * span + cost keep every pair's costs in its own range
         pairs = np.arange(half)
-        speeds = self.speeds
         for _ in range(rounds):
             times = self.times()
             if times.max() <= self.good_enough:
                 return
             order = np.argsort(times, kind="stable")
             light, heavy = order[:half], order[::-1][:half]
-            # Load the light rank may take before it ends as late as the heavy one, and the
-            # transfer that ends both together (half the gap for equal speeds).
-            gap = times[heavy] * speeds[light] - self.loads[light]
-            ideal = (self.loads[heavy] * speeds[light] - self.loads[light] * speeds[heavy]) / (
-                speeds[heavy] + speeds[light]
-            )
+            gap, ideal = self._gap_and_ideal(heavy, light)
             heavy_pair = np.full(p.dp, -1)
             heavy_pair[heavy] = pairs
             light_pair = np.full(p.dp, -1)
@@ -563,9 +557,7 @@ class _RankState:
                 d_cost = self.costs[mine] - back
                 d_tokens = self.tokens[mine] - np.where(has, self.tokens[safe], 0.0)
                 d_counts = self.counts[mine] - np.where(has, self.counts[safe], 0.0)
-                new_peak = np.maximum(
-                    (self.loads[h] - d_cost) / speeds[h], (self.loads[lt] + d_cost) / speeds[lt]
-                )
+                new_peak = self._peak_after(h, lt, d_cost)
                 ok = (
                     (partner >= -1)
                     & (d_cost > 0)
@@ -613,12 +605,10 @@ class _RankState:
             # First improvement: the lightest rank that can take load from the costliest.
             best = None
             for other in np.argsort(times, kind="stable")[:candidates].tolist():
-                speed = float(self.speeds[other])
-                # Load ``other`` may take before it ends as late as ``top``.
-                gap = peak * speed - float(self.loads[other])
-                if other == top or gap <= _TOLERANCE * peak * speed:
+                gap, ideal = self._gap_and_ideal(top, other)
+                if other == top or gap <= _TOLERANCE * peak * self.speeds[other]:
                     continue
-                best = self._best_change(mine, top, other, gap)
+                best = self._best_change(mine, top, other, float(gap), float(ideal))
                 if best is not None and best[0] < peak * (1 - _TOLERANCE):
                     break
             if best is None or best[0] >= peak * (1 - _TOLERANCE):
@@ -629,24 +619,16 @@ class _RankState:
             self.move(unit, other)
 
     def _best_change(
-        self, mine: np.ndarray, top: int, other: int, gap: float
+        self, mine: np.ndarray, top: int, other: int, gap: float, ideal: float
     ) -> tuple[float, int, int, int] | None:
-        speed_top, speed_other = float(self.speeds[top]), float(self.speeds[other])
-        load_top, low = float(self.loads[top]), float(self.loads[other])
-        # The transfer that ends both ranks together (gap / 2 for equal speeds).
-        ideal = (load_top * speed_other - low * speed_top) / (speed_top + speed_other)
         costs, tokens, counts = self.costs[mine], self.tokens[mine], self.counts[mine]
-
-        def peak_after(delta: np.ndarray) -> np.ndarray:
-            return np.maximum((load_top - delta) / speed_top, (low + delta) / speed_other)
-
         keeps_count = self.rank_counts[top] - counts >= self.min_count
         best: tuple[float, int, int, int] | None = None
         # Move one unit: the best moves a cost closest to gap / 2.
         movable = (costs > 0) & (costs < gap) & keeps_count & self._fits(other, tokens, counts)
         movable = self._patches_move(movable, top, other, mine)
         if movable.any():
-            new_peak = peak_after(costs)
+            new_peak = self._peak_after(top, other, costs)
             new_peak[~movable] = np.inf
             k = int(np.argmin(new_peak))
             best = (float(new_peak[k]), int(mine[k]), other, -1)
@@ -675,7 +657,7 @@ class _RankState:
             )
             ok = self._patches_move(ok, top, other, mine, partner)
             if ok.any():
-                new_peak = peak_after(delta)
+                new_peak = self._peak_after(top, other, delta)
                 new_peak[~ok] = np.inf
                 k = int(np.argmin(new_peak))
                 if best is None or new_peak[k] < best[0]:
@@ -1052,110 +1034,10 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
 
 
 # ---------------------------------------------------------------------- step 3: padded
-def _segment(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
-    """Cut ``samples`` (sorted by length, longest first) into exactly ``k`` consecutive
-    micro-batches with the largest padded cost as small as possible; None if infeasible."""
-    n = samples.size
-    if n == 0:
-        return [[] for _ in range(k)]
-    order = samples[np.lexsort((samples, -p.lengths[samples]))]
-    lengths = p.lengths[order]
-    costs = p.sample_costs[order]
-    take = np.minimum(n - np.arange(n), p.micro_batch_size or n)
-    if p.max_tokens is not None:
-        take = np.minimum(take, p.max_tokens // np.maximum(lengths, 1))
-        take[p.oversize[order]] = 1
-    take_list, cost_list = take.tolist(), costs.tolist()
-    overhead = p.overhead
-
-    def cut(budget: float) -> list[int] | None:
-        starts: list[int] = []
-        i = 0
-        while i < n:
-            if len(starts) == k:
-                return None
-            size = take_list[i]
-            if cost_list[i] > 0 and budget < np.inf:
-                size = min(size, int((budget - overhead) // cost_list[i]))
-            if size < 1:
-                return None
-            starts.append(i)
-            i += size
-        return starts
-
-    best = cut(np.inf)
-    if best is None:
-        return None
-    bounds = [*best, n]
-    high = max(overhead + (b - a) * cost_list[a] for a, b in itertools.pairwise(bounds))
-    low = overhead
-    for _ in range(40):
-        if high - low <= _TOLERANCE * high:
-            break
-        middle = (low + high) / 2
-        starts = cut(middle)
-        if starts is None:
-            low = middle
-        else:
-            best, high = starts, middle
-    bounds = [*best, n]
-    chunks = [order[a:b].tolist() for a, b in itertools.pairwise(bounds)]
-    return _split_to(p, chunks, k)
-
-
-def _split_to(p: Problem, chunks: list[list[int]], k: int) -> list[list[int]]:
-    """Halve the costliest micro-batch holding two or more samples until there are ``k``."""
-
-    def cost(chunk: list[int]) -> float:
-        return p.overhead + len(chunk) * float(p.sample_costs[chunk[0]]) if chunk else 0.0
-
-    heap = [(-cost(c), i) for i, c in enumerate(chunks) if len(c) > 1]
-    heapq.heapify(heap)
-    while len(chunks) < k and heap:
-        _, i = heapq.heappop(heap)
-        chunk = chunks[i]
-        half = len(chunk) // 2
-        chunks[i], tail = chunk[:half], chunk[half:]
-        chunks.append(tail)
-        for index in (i, len(chunks) - 1):
-            if len(chunks[index]) > 1:
-                heapq.heappush(heap, (-cost(chunks[index]), index))
-    chunks.extend([] for _ in range(k - len(chunks)))
-    return chunks
-
-
 def _padded_by_rank(p: Problem, m: int) -> Microbatches | None:
     """Units to ranks (step 1), then each rank's samples cut into its ``m`` micro-batches."""
     rank_of_unit = _assign_units(p, m)
     if rank_of_unit is None:
         return None
-    plan = [_segment(p, samples, m) for samples in rank_members(p, rank_of_unit)]
+    plan = [segment(p, samples, m) for samples in rank_members(p, rank_of_unit)]
     return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]
-
-
-def _padded_global(p: Problem, m: int) -> Microbatches | None:
-    chunks = _segment(p, np.arange(p.n, dtype=np.int64), p.dp * m)
-    if chunks is None:
-        return None
-    return _deal(p, chunks, m)
-
-
-def _deal(p: Problem, microbatches: list[list[int]], m: int) -> Microbatches:
-    """Give each rank exactly ``m`` of the ``dp x m`` micro-batches, costliest first to the
-    least loaded rank that still has a free slot (with rank speeds: the rank with a free slot
-    where it ends earliest, ``(load + cost) / speed``)."""
-    costs = [p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in microbatches]
-    plan: Microbatches = [[] for _ in range(p.dp)]
-    heap = [(0.0, r) for r in range(p.dp)]
-    loads = np.zeros(p.dp)
-    for c in sorted(range(len(microbatches)), key=lambda c: (-costs[c], c)):
-        if p.speeds is None:
-            load, r = heapq.heappop(heap)
-            if len(plan[r]) + 1 < m:
-                heapq.heappush(heap, (load + costs[c], r))
-        else:
-            finish = np.where([len(mbs) < m for mbs in plan], (loads + costs[c]) / p.speeds, np.inf)
-            r = int(np.argmin(finish))
-            loads[r] += costs[c]
-        plan[r].append(microbatches[c])
-    return plan

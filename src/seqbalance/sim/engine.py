@@ -240,7 +240,8 @@ class SimulationResult:
         gain = self.speed_aware_gain
         if gain is not None:
             parts.append(
-                f"planning for rank speeds {_speeds_text(self.options.rank_speeds)} saves "
+                f"planning for rank speeds {','.join(f'{x:g}' for x in self.options.rank_speeds)} "
+                "saves "
                 f"{100.0 * gain:.1f}% step time over planning for equal ranks"
             )
         return f"{best.strategy}: " + ", ".join(parts)
@@ -297,8 +298,53 @@ class SimulationResult:
         }
 
 
-def _speeds_text(speeds: Sequence[float]) -> str:
-    return ",".join(f"{speed:g}" for speed in speeds)
+def _aggregate(
+    plans: dict[str, list[StepPlan]],
+) -> tuple[dict[str, StrategyResult], np.ndarray, int]:
+    """Every strategy's figures over its plans (one per step, the same steps for all), the
+    lower bound of each step, and the representative step (median bound)."""
+    names = tuple(plans)
+    steps = len(plans[names[0]])
+    summaries = {name: [plan.summary() for plan in plans[name]] for name in names}
+    # Every strategy's bound is valid for the same batch, so the tightest one is the bound.
+    lower_bounds = np.max(
+        [[float(s["lower_bound"]) for s in summaries[name]] for name in names], axis=0
+    )
+    representative = int(np.argsort(lower_bounds, kind="stable")[(steps - 1) // 2])
+    totals = {name: float(sum(float(s["step_cost"]) for s in summaries[name])) for name in names}
+
+    def speedup(baseline: str, name: str) -> float:
+        return totals[baseline] / totals[name] if totals[name] > 0 else 1.0
+
+    results = {}
+    for name in names:
+        rows = summaries[name]
+        step_seconds = np.array([float(s["step_cost"]) for s in rows])
+        imbalance = np.array([float(s["imbalance"]) for s in rows])
+        planning_ms = 1e3 * np.array([float(s["planning_seconds"]) for s in rows])
+        bound = float(lower_bounds.sum())
+        results[name] = StrategyResult(
+            strategy=name,
+            total_seconds=totals[name],
+            mean_step_seconds=totals[name] / len(rows),
+            ratio=totals[name] / bound if bound > 0 else 1.0,
+            imbalance=float(imbalance.mean()),
+            max_imbalance=float(imbalance.max()),
+            padding_tokens=int(sum(int(s["padding_tokens"]) for s in rows)),
+            cap_violations=int(sum(int(s["cap_violations"]) for s in rows)),
+            mean_microbatches=float(np.mean([int(s["n_microbatches"]) for s in rows])),
+            planning_ms_mean=float(planning_ms.mean()),
+            planning_ms_max=float(planning_ms.max()),
+            speedups={other: speedup(other, name) for other in names},
+            step_seconds=step_seconds,
+            rank_seconds=_rank_seconds(plans[name][representative]),
+        )
+    return results, lower_bounds, representative
+
+
+def _rank_seconds(plan: StepPlan) -> np.ndarray:
+    """Each rank's predicted seconds: its total cost over its speed."""
+    return plan.rank_costs / np.asarray(plan.rank_speeds or 1.0, dtype=np.float64)
 
 
 def sample_batches(
@@ -494,10 +540,9 @@ def simulate(
     failed: dict[str, str] = {}
     per_strategy = {name: options.replace(strategy=name) for name in names}
     # With rank speeds: what balanced would have done for equal ranks, judged at the speeds.
-    equal_speeds = None
+    equal_speeds, equal = None, []
     if options.rank_speeds is not None and "balanced" in names:
         equal_speeds = options.replace(strategy="balanced", rank_speeds=None)
-    equal_seconds: list[float] = []
     for step, batch in enumerate(batches):
         samples = lengths[batch] if parts is None else parts.take(batch)
         for name in names:
@@ -521,7 +566,7 @@ def simulate(
                 samples, dp_size, equal_speeds, groups=None if groups is None else groups[batch]
             )
             judged = dataclasses.replace(plan, options=per_strategy["balanced"])
-            equal_seconds.append(judged.step_cost)
+            equal.append(judged.step_cost)
         if progress is not None:
             progress(step + 1, steps)
     if not plans:
@@ -529,42 +574,7 @@ def simulate(
             "no strategy could plan these steps: "
             + "; ".join(f"{name}: {message}" for name, message in failed.items())
         )
-    names = tuple(plans)
-
-    summaries = {name: [plan.summary() for plan in plans[name]] for name in names}
-    # Every strategy's bound is valid for the same batch, so the tightest one is the bound.
-    lower_bounds = np.max(
-        [[float(s["lower_bound"]) for s in summaries[name]] for name in names], axis=0
-    )
-    representative = int(np.argsort(lower_bounds, kind="stable")[(len(batches) - 1) // 2])
-    totals = {name: float(sum(float(s["step_cost"]) for s in summaries[name])) for name in names}
-
-    def speedup(baseline: str, name: str) -> float:
-        return totals[baseline] / totals[name] if totals[name] > 0 else 1.0
-
-    results = {}
-    for name in names:
-        rows = summaries[name]
-        step_seconds = np.array([float(s["step_cost"]) for s in rows])
-        imbalance = np.array([float(s["imbalance"]) for s in rows])
-        planning_ms = 1e3 * np.array([float(s["planning_seconds"]) for s in rows])
-        bound = float(lower_bounds.sum())
-        results[name] = StrategyResult(
-            strategy=name,
-            total_seconds=totals[name],
-            mean_step_seconds=totals[name] / len(rows),
-            ratio=totals[name] / bound if bound > 0 else 1.0,
-            imbalance=float(imbalance.mean()),
-            max_imbalance=float(imbalance.max()),
-            padding_tokens=int(sum(int(s["padding_tokens"]) for s in rows)),
-            cap_violations=int(sum(int(s["cap_violations"]) for s in rows)),
-            mean_microbatches=float(np.mean([int(s["n_microbatches"]) for s in rows])),
-            planning_ms_mean=float(planning_ms.mean()),
-            planning_ms_max=float(planning_ms.max()),
-            speedups={other: speedup(other, name) for other in names},
-            step_seconds=step_seconds,
-            rank_seconds=np.asarray(plans[name][representative].rank_times, dtype=np.float64),
-        )
+    results, lower_bounds, representative = _aggregate(plans)
     return SimulationResult(
         strategies=results,
         plans=plans,
@@ -583,7 +593,5 @@ def simulate(
         time_model_source=source,
         failed=failed,
         parts=parts,
-        equal_speed_seconds=np.array(equal_seconds)
-        if "balanced" in results and equal_speeds
-        else None,
+        equal_speed_seconds=np.array(equal) if equal and "balanced" in results else None,
     )
