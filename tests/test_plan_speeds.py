@@ -169,17 +169,28 @@ def test_fingerprints_without_speeds_are_unchanged() -> None:
     assert sb.PlanOptions.from_json(timed.to_json()) == timed
 
 
-@pytest.mark.parametrize("objective", ["step", "lockstep"])
-def test_equal_unit_speeds_give_the_plan_of_no_speeds(objective: str) -> None:
+@pytest.mark.parametrize("speed", [1.0, 0.5])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"objective": "step"},
+        {"objective": "lockstep"},
+        {"layout": "padded", "micro_batch_size": 4},
+        {"objective": "lockstep", "layout": "padded", "micro_batch_size": 2},
+    ],
+)
+def test_equal_speeds_give_the_plan_of_no_speeds(speed: float, options: dict) -> None:
+    """Equal ranks are equal ranks: the same plan, its figures in time at that speed."""
     lengths = sb.datasets.load("sharegpt")[:300]
-    options = {"cost": "flops", "max_tokens": 8192, "allow_oversize": True, "objective": objective}
+    options = {"cost": "flops", "max_tokens": 8192, "allow_oversize": True, **options}
     plain = sb.plan_step(lengths, 6, **options)
-    timed = sb.plan_step(lengths, 6, rank_speeds=(1.0,) * 6, **options)
+    timed = sb.plan_step(lengths, 6, rank_speeds=(speed,) * 6, **options)
     assert [[mb.tolist() for mb in mbs] for mbs in timed.ranks] == [
         [mb.tolist() for mb in mbs] for mbs in plain.ranks
     ]
-    assert timed.step_cost == plain.step_cost
-    assert timed.lower_bound == plain.lower_bound
+    assert timed.step_cost == plain.step_cost / speed
+    assert timed.lower_bound == plain.lower_bound / speed
+    assert timed.summary()["imbalance"] == plain.summary()["imbalance"]
 
 
 def test_speed_aware_beats_equal_planning_under_the_true_speeds() -> None:

@@ -156,14 +156,24 @@ class Problem(OptionFields):
 
     @cached_property
     def speeds(self) -> np.ndarray | None:
-        """float64 ``[dp]`` relative rank speeds (``options.rank_speeds``), or ``None``.
+        """float64 ``[dp]`` relative rank speeds (``options.rank_speeds``), or ``None`` for
+        equal ranks: no speeds, or all equal (the plan for equal ranks is the plan for them;
+        planning works in cost units then, see ``common_speed``).
 
         Raises ValueError naming ``rank_speeds`` when it does not hold one speed per rank."""
         if self.options.rank_speeds is None:
             return None
         from seqbalance.plan.options import check_rank_speeds
 
-        return np.array(check_rank_speeds(self.options.rank_speeds, self.dp), dtype=np.float64)
+        speeds = np.array(check_rank_speeds(self.options.rank_speeds, self.dp), dtype=np.float64)
+        return None if np.all(speeds == speeds[0]) else speeds
+
+    @property
+    def common_speed(self) -> float:
+        """The speed of every rank when ``rank_speeds`` are all equal, else 1.0: planning then
+        works in cost units, and the reported lower bound is divided by it."""
+        speeds = self.options.rank_speeds
+        return float(speeds[0]) if speeds is not None and self.speeds is None else 1.0
 
     @cached_property
     def speeds_or_ones(self) -> np.ndarray:

@@ -150,7 +150,8 @@ def plan_step(
         # A soft-cap strategy may use fewer micro-batches than any valid plan needs.
         lower_bound=problem.lower_bound(
             min(m_lower, costs.shape[1]), capped=bool(strategy.enforces_cap)
-        ),
+        )
+        / problem.common_speed,
         planning_seconds=time.perf_counter() - start,
         vision_patches=vision_patches,
     )
