@@ -3,6 +3,7 @@ that takes ``options=`` (or keywords) rejecting a typo when it is constructed.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -305,3 +306,15 @@ def test_entry_points_without_context_parallel_refuse_it() -> None:
         plan_epoch(LENGTHS, 4, 2, _cp())
     with pytest.raises(ValueError, match="simulate does not plan context-parallel steps"):
         simulate(LENGTHS, _cp(), dp_size=2, global_batch_size=4, steps=1)
+
+
+def test_an_unknown_field_names_every_valid_one() -> None:
+    # The README promises that a typo fails at construction, listing the valid names.
+    for make in (
+        lambda: PlanOptions(bogus=1),  # type: ignore[call-arg]
+        lambda: dataclasses.replace(PlanOptions(), bogus=1),
+        lambda: PlanOptions(_cost_model=1),  # type: ignore[call-arg]
+    ):
+        with pytest.raises(ValueError, match="PlanOptions: unknown option") as error:
+            make()
+        assert all(name in str(error.value) for name in option_names())

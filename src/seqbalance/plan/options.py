@@ -90,6 +90,11 @@ class PlanOptions:
     context_parallel: Any = None
     _cost_model: Any = field(init=False, repr=False, default=None)
 
+    def __new__(cls, *args: Any, **keywords: Any) -> PlanOptions:
+        # The generated __init__ would raise a bare TypeError: name the valid fields instead.
+        _check_names(keywords, "PlanOptions")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         from seqbalance.cost.resolve import resolve_cost
         from seqbalance.plan.registry import get_strategy

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance import __version__
+from seqbalance._validation import check_int
 from seqbalance.plan._problem import OptionFields, objective_value
 from seqbalance.plan.options import PlanOptions
 
@@ -557,7 +558,13 @@ class EpochPlan:
         return iter(self.steps)
 
     def microbatches(self, step: int, rank: int) -> list[np.ndarray]:
-        """Dataset indices of each micro-batch of ``rank`` in ``step``, in execution order."""
+        """Dataset indices of each micro-batch of ``rank`` in ``step``, in execution order.
+
+        Raises:
+            ValueError: ``step`` or ``rank`` is not an integer in range (named).
+        """
+        step = check_int(step, "step")
+        rank = check_int(rank, "rank")
         if not 0 <= step < len(self.steps):
             raise ValueError(f"step must be in [0, {len(self.steps)}), got {step!r}")
         if not 0 <= rank < self.dp_size:
