@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqbalance.cli._common import add_json_flag, print_json, print_table, progress
+from seqbalance.cli._common import add_json_flag, flag_names, print_json, print_table, progress
 from seqbalance.datasets.lengths import (
     FORMATS,
     TEMPLATES,
@@ -155,16 +155,19 @@ def run(args: argparse.Namespace) -> int:
     if args.output.suffix != ".npy":
         raise ValueError(f"--output must be a .npy file, got {str(args.output)!r}")
     started = time.perf_counter()
-    result = token_lengths(
-        args.file,
-        fields=_fields(args),
-        format=args.format,
-        tokenizer=args.tokenizer,
-        template=args.template,
-        skip_malformed=args.skip_malformed,
-        drop_empty=args.drop_empty,
-        progress=lambda items, **options: progress(items, enabled=not args.json, **options),
-    )
+    try:
+        result = token_lengths(
+            args.file,
+            fields=_fields(args),
+            format=args.format,
+            tokenizer=args.tokenizer,
+            template=args.template,
+            skip_malformed=args.skip_malformed,
+            drop_empty=args.drop_empty,
+            progress=lambda items, **options: progress(items, enabled=not args.json, **options),
+        )
+    except ValueError as error:
+        raise ValueError(flag_names(str(error), {"skip_malformed": "--skip-malformed"})) from None
     if args.groups_output is not None and result.groups is None:
         raise ValueError(
             "--groups-output: no field holds a list of responses, so there are no groups"

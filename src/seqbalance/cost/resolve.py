@@ -229,7 +229,7 @@ def preset_cost(name: str) -> Any:
     if isinstance(name, str) and name in hstu_presets():
         return HSTUFlopsModel(name)
     if not isinstance(name, str) or name not in presets():
-        raise ValueError(f"unknown preset {name!r}; available: {', '.join(model_presets())}")
+        raise ValueError(f"model: unknown preset {name!r}; available: {', '.join(model_presets())}")
     return _preset_flops(name)
 
 
@@ -461,15 +461,39 @@ def cost_from_description(value: Any, name: str = "cost") -> Any:
     if isinstance(value, dict) and len(value) == 1:
         ((tag, body),) = value.items()
         loader = _LOADERS.get(tag)
-        if loader is not None and isinstance(body, dict):
-            model = loader(body)
-            if model is not None:
-                return model
-        if tag == "TimeModel":
-            return TimeModel.from_json(json.dumps(body))
+        try:
+            if loader is not None and isinstance(body, dict):
+                model = loader(body)
+                if model is not None:
+                    return model
+            if tag == "TimeModel":
+                return TimeModel.from_json(json.dumps(body))
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+            KeyError,
+            OverflowError,
+            RecursionError,
+        ) as e:
+            # A field of the right shape with a wrong value or type, however deep: name where.
+            raise ValueError(f"{name}: malformed {tag} description: {e}") from None
         if tag == "external" and isinstance(body, str):
             return ExternalCost(body)
-    raise ValueError(f"{name} is not a cost description: {value!r}")
+    raise ValueError(f"{name} is not a cost description: {_short(value)}")
+
+
+_MALFORMED = (ValueError, TypeError, AttributeError, KeyError, OverflowError, RecursionError)
+"""What loading a description with a wrong value or type in some field can raise."""
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to 200 characters (a malformed document can be large)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"a deeply nested {type(value).__name__}"
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _keys(body: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...]) -> bool:
