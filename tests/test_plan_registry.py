@@ -216,3 +216,21 @@ def test_a_sampler_with_a_sample_dropping_strategy_fails_instead_of_skipping() -
             list(sampler)
     finally:
         unregister_strategy("test_halving")
+
+
+def test_balanced_ignores_a_broken_rival_in_its_portfolio() -> None:
+    # A registered baseline-family strategy whose plan drops a sample (and would be cheapest).
+    class Dropping(Reverse):
+        name = "test_dropping_baseline"
+        family = "baseline"
+
+        def plan(self, problem: Problem) -> list[list[list[int]]]:
+            return [[[]] for _ in range(problem.dp - 1)] + [[[0]]]
+
+    register_strategy(Dropping())
+    try:
+        plan = sb.plan_step(LENGTHS, 2, allow_empty=True)
+        plan.validate()
+        assert sorted(np.concatenate([ix for mbs in plan.ranks for ix in mbs])) == list(range(8))
+    finally:
+        unregister_strategy("test_dropping_baseline")

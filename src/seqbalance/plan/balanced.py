@@ -53,6 +53,7 @@ from seqbalance.plan import _exact
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.registry import Microbatches, Strategy
+from seqbalance.plan.step import checked_microbatches
 from seqbalance.plan.strategies import rank_members
 
 __all__ = ["BALANCED", "Balanced", "plan_balanced"]
@@ -150,7 +151,8 @@ class _Portfolio:
     def _plan_of(self, strategy: Strategy) -> Microbatches | None:
         if strategy.name not in self._plans:
             try:
-                plan = strategy.plan(self.p)
+                # A rival's plan is checked like any strategy's (a registered one may be wrong).
+                plan = checked_microbatches(strategy.plan(self.p), self.p, strategy.name)
             except ValueError:
                 plan = None
             if plan is not None and not (strategy.enforces_cap or self.p.keeps_cap(plan)):

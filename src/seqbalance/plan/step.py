@@ -18,7 +18,13 @@ from seqbalance.plan.types import PlanValidationError, StepPlan
 if TYPE_CHECKING:
     from seqbalance.plan.context_parallel import ContextParallelPlan
 
-__all__ = ["MAX_DP_SIZE", "check_within_caps", "plan_step", "vision_patches_of"]
+__all__ = [
+    "MAX_DP_SIZE",
+    "check_within_caps",
+    "checked_microbatches",
+    "plan_step",
+    "vision_patches_of",
+]
 
 MAX_DP_SIZE = 2**18
 """Most data-parallel ranks a plan is made for."""
@@ -126,7 +132,7 @@ def plan_step(
     )
     m_lower = problem.min_feasible_microbatches  # raises early on infeasible options
     strategy = get_strategy(options.strategy)
-    microbatches = _checked_microbatches(strategy.plan(problem), problem, options.strategy)
+    microbatches = checked_microbatches(strategy.plan(problem), problem, options.strategy)
     ranks, costs, tokens = _arrange(problem, microbatches, strategy.aligns_positions)
     plan = StepPlan(
         ranks=ranks,
@@ -237,7 +243,7 @@ def check_within_caps(
             )
 
 
-def _checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatches:
+def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatches:
     """The strategy's result, if it has ``p.dp`` ranks of one common, positive count and
     places every sample position exactly once as an integer (what ``_arrange`` relies on; the
     caps and counts are left to ``StepPlan.validate``).
