@@ -247,8 +247,21 @@ def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
     ours = data["strategies"]["hf_length_grouped"]
     assert ours["step_seconds"] == pytest.approx(expected.step_seconds.tolist(), rel=1e-12)
     balanced = data["strategies"]["balanced"]
+    # Gains per unit of work (seconds per second of sample cost): the steps hold other samples.
+    model = data["setup"]["time_model"]
+    random_steps = simulate(
+        lengths, dp_size=4, global_batch_size=96, steps=3, seed=5, strategies=["round_robin"]
+    ).batches
+
+    def work(batches: list) -> float:
+        return sum(
+            float(np.sum(model["t1"] * (x := lengths[b]) + model["t2"] * x**2.0)) for b in batches
+        )
+
     assert balanced["speedups"]["hf_length_grouped"] == pytest.approx(
-        ours["mean_step_seconds"] / balanced["mean_step_seconds"]
+        (ours["mean_step_seconds"] / work(steps))
+        / (balanced["mean_step_seconds"] / work(random_steps)),
+        rel=1e-9,
     )
     assert main([*argv, *padded, "--global-batch", "100", "--baseline", "hf_length_grouped"]) == 2
     assert "must be a multiple of --dp x --micro-batch-size (32)" in capsys.readouterr().err
@@ -366,3 +379,23 @@ def test_context_parallel_honours_the_slot_options_and_refuses_the_others(
     )
     assert main(["simulate", "--lengths", str(path), "--max-tokens-per-rank", "8"]) == 2
     assert "--max-tokens-per-rank applies with --context-parallel only" in capsys.readouterr().err
+
+
+def test_length_grouped_gain_is_per_unit_of_work(capsys) -> None:
+    """hf_length_grouped's steps hold other samples than the random steps (its first step of each
+    mega-batch the longest of it), so mean step times compare different work. On one rank with
+    one sample per micro-batch every strategy computes exactly its samples' costs (no padding, no
+    imbalance): the gains must all be 1, however few steps are simulated."""
+    argv = ["simulate", "--steps", "3", "--dp", "1", "--global-batch", "16", "--seed", "3"]
+    padded = ["--layout", "padded", "--micro-batch-size", "1"]
+    data = run_json(capsys, *argv, *padded, "--baseline", "hf_length_grouped")
+    strategies = data["strategies"]
+    # The steps differ: the sampler's first step holds the longest samples of its mega-batch.
+    assert (
+        strategies["hf_length_grouped"]["mean_step_seconds"]
+        > 1.5 * (strategies["balanced"]["mean_step_seconds"])
+    )
+    for name, figures in strategies.items():
+        for other, speedup in figures["speedups"].items():
+            assert speedup == pytest.approx(1.0, rel=1e-9), (name, other)
+    assert data["headline"].startswith("balanced: 1.00x faster than hf_length_grouped")

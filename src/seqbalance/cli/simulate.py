@@ -310,8 +310,10 @@ def _with_length_grouped(
     """``result`` plus ``hf_length_grouped``, simulated as the Trainer runs it: its sampler
     (``LengthGroupedSampler``) decides which samples share a step, so its steps are those of
     ``length_grouped_steps`` (as many, of the same size, as the other strategies'), each dealt
-    as Accelerate deals the sampler's batches (``hf_default``'s dealing). Every strategy's
-    speedups are recomputed over the mean step times."""
+    as Accelerate deals the sampler's batches (``hf_default``'s dealing). Its steps hold other
+    samples than the random ones (the first steps of each mega-batch its longest), so every
+    strategy's speedups are recomputed per unit of work: seconds per second of sample cost, the
+    ratio of epoch times (mean step times would credit the lighter steps)."""
     import dataclasses
 
     from seqbalance.integrations.baselines import length_grouped_steps
@@ -349,27 +351,28 @@ def _with_length_grouped(
         print(
             f"seqbalance simulate: note: {LENGTH_GROUPED} runs on the steps its own sampler "
             "makes (LengthGroupedSampler: samples of similar length share a step); the other "
-            "strategies on random steps of the same size",
+            "strategies on random steps of the same size; gains are per unit of work",
             file=sys.stderr,
         )
     stats = dataclasses.replace(grouped.strategies["hf_default"], strategy=LENGTH_GROUPED)
     merged = {**result.strategies, LENGTH_GROUPED: stats}
-    means = {name: s.mean_step_seconds for name, s in merged.items()}
+    plans = {**result.plans, LENGTH_GROUPED: grouped.plans["hf_default"]}
+    per_work = {}
+    for name, figures in merged.items():
+        work = sum(float(plan.sample_costs.sum()) for plan in plans[name])
+        per_work[name] = figures.total_seconds / work if work > 0 else figures.total_seconds
     order = [n for n in _with_baseline(args.strategies, args.baseline) if n in merged]
     strategies = {
         name: dataclasses.replace(
             merged[name],
             speedups={
-                other: means[other] / means[name] if means[name] > 0 else 1.0 for other in means
+                other: per_work[other] / per_work[name] if per_work[name] > 0 else 1.0
+                for other in per_work
             },
         )
         for name in order
     }
-    return dataclasses.replace(
-        result,
-        strategies=strategies,
-        plans={**result.plans, LENGTH_GROUPED: grouped.plans["hf_default"]},
-    )
+    return dataclasses.replace(result, strategies=strategies, plans=plans)
 
 
 def _with_baseline(strategies: tuple[str, ...], baseline: str | None) -> list[str]:
