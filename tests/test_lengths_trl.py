@@ -301,3 +301,14 @@ def test_records_trl_cannot_tokenize_are_malformed(tokenizer_dir: Path, tmp_path
     assert [r.location for r in result.malformed] == [2, 3]
     assert result.lengths.tolist() == trl_lengths(tokenizer_dir, records[:1], tmp_path)
     assert result.locations.tolist() == [1]
+
+
+@pytest.mark.parametrize("name", ["text", "prompt_completion", "preference"])
+def test_plain_text_ignores_an_invalid_template(name: str, tmp_path: Path) -> None:
+    """TRL never renders the chat template for plain text, so an invalid one does not stop it:
+    the counts are TRL's (the template is checked when a conversation needs it)."""
+    bad = make_tokenizer(tmp_path / "bad", template="{{ messages | no_such_filter }}")
+    records = DATASETS[name]
+    path = write_jsonl(tmp_path / f"{name}.jsonl", records)
+    ours = trl_token_lengths(path, tokenizer=str(bad))
+    assert ours.lengths.tolist() == trl_lengths(bad, records, tmp_path)
