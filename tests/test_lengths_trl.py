@@ -312,3 +312,42 @@ def test_plain_text_ignores_an_invalid_template(name: str, tmp_path: Path) -> No
     path = write_jsonl(tmp_path / f"{name}.jsonl", records)
     ours = trl_token_lengths(path, tokenizer=str(bad))
     assert ours.lengths.tolist() == trl_lengths(bad, records, tmp_path)
+
+
+def test_implicit_prompt_with_an_empty_side_is_malformed(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """TRL's ``extract_prompt`` fails on a pair whose chosen or rejected is empty (its loop never
+    runs: UnboundLocalError), so DPOTrainer cannot prepare such a file; the record is malformed."""
+    from seqbalance.datasets.lengths import MalformedRecordsError
+
+    records = [
+        {"chosen": "The sky is blue.", "rejected": "The sky is green."},
+        {"chosen": "", "rejected": "The sea."},
+        {"chosen": [], "rejected": [{"role": "user", "content": "hi"}]},
+        {"chosen": 5, "rejected": "The sea."},  # was a raw TypeError
+        {"chosen": None, "rejected": "The sea."},
+    ]
+    path = write_jsonl(tmp_path / "pairs.jsonl", records)
+    with pytest.raises(UnboundLocalError):
+        trl_lengths(tokenizer_dir, records[:2], tmp_path)
+    with pytest.raises(MalformedRecordsError, match=r"line 2: .*chosen or rejected is empty"):
+        trl_token_lengths(path, tokenizer=str(tokenizer_dir))
+    result = trl_token_lengths(path, tokenizer=str(tokenizer_dir), skip_malformed=True)
+    assert [r.location for r in result.malformed] == [2, 3, 4, 5]
+    assert "must both be strings or both messages" in result.malformed[2].reason
+    assert result.lengths.tolist() == trl_lengths(tokenizer_dir, records[:1], tmp_path)
+
+
+def test_tools_that_are_not_json_make_the_record_malformed(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    records = [
+        {"messages": MESSAGES[0], "tools": '[{"name": "sky"}]'},
+        {"messages": MESSAGES[2], "tools": "not json"},  # was a bare JSON error, no location
+    ]
+    path = write_jsonl(tmp_path / "tools.jsonl", records)
+    with pytest.raises(ValueError, match=r"line 2: field 'tools' is not valid JSON"):
+        trl_token_lengths(path, tokenizer=str(tokenizer_dir))
+    result = trl_token_lengths(path, tokenizer=str(tokenizer_dir), skip_malformed=True)
+    assert result.lengths.tolist() == trl_lengths(tokenizer_dir, records[:1], tmp_path)

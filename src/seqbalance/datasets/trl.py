@@ -149,6 +149,12 @@ def _is_conversational(record: dict[str, Any]) -> bool:
 def _extract_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
     """TRL's ``extract_prompt``: the longest shared prefix (strings: without a space before the
     split) is the prompt."""
+    if not all(isinstance(v, str) for v in (chosen, rejected)) and not all(
+        isinstance(v, list) for v in (chosen, rejected)
+    ):
+        raise _Refused("'chosen' and 'rejected' must both be strings or both messages")
+    if not chosen or not rejected:
+        raise _Refused("chosen or rejected is empty (TRL's extract_prompt fails on it)")
     index = 0
     for index in range(min(len(chosen), len(rejected))):
         if chosen[index] != rejected[index]:
@@ -196,7 +202,11 @@ class _Counter:
             compile_chat_template(self.template, source=f"tokenizer {self.source}")
             self._checked = True
         tools = record.get("tools")
-        tools = json.loads(tools) if isinstance(tools, str) else tools
+        if isinstance(tools, str):  # TRL reads a JSON string as the tool list
+            try:
+                tools = json.loads(tools)
+            except ValueError as error:
+                raise _Refused(f"field 'tools' is not valid JSON ({error})") from None
         extra = record.get("chat_template_kwargs") or {}
         try:
             out = self.backend.apply_chat_template(
