@@ -476,3 +476,12 @@ def test_pack_refuses_a_sample_of_another_length_than_planned() -> None:
             list(step)
     with pytest.raises(ValueError, match="dataset has 3 samples but lengths has 4"):
         MegatronDataIterator(dataset[:3], lengths, global_batch_size=4, dp_rank=0, dp_size=1)
+
+
+def test_iterator_refuses_empty_samples_up_front() -> None:
+    """An empty sequence cannot be packed; it failed in the middle of its step, naming its place
+    in the micro-batch rather than the dataset."""
+    lengths = [3, 0, 4, 5]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 0"):
+        MegatronDataIterator(dataset, lengths, global_batch_size=2, dp_rank=0, dp_size=1)

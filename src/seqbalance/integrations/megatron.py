@@ -301,9 +301,9 @@ class MegatronDataIterator:
 
     Raises:
         ValueError: a bad argument (named), only one of ``dp_rank`` / ``dp_size``, or neither
-            with Megatron's parallel state uninitialised, ``allow_empty=True``, a dataset whose
-            size (or, when packed, a sample's length) differs from ``lengths``; the planner's
-            errors (a sample over ``max_tokens``, an infeasible fixed count).
+            with Megatron's parallel state uninitialised, ``allow_empty=True``, an empty sample,
+            a dataset whose size (or, when packed, a sample's length) differs from ``lengths``;
+            the planner's errors (a sample over ``max_tokens``, an infeasible fixed count).
     """
 
     def __init__(
@@ -345,6 +345,12 @@ class MegatronDataIterator:
         raw = np.asarray(lengths, dtype=np.int64)
         if hasattr(dataset, "__len__") and len(dataset) != raw.size:
             raise ValueError(f"dataset has {len(dataset)} samples but lengths has {raw.size}")
+        empty = np.flatnonzero(raw == 0)
+        if empty.size:
+            raise ValueError(
+                f"lengths[{empty[0]}] = 0: an empty sequence cannot be packed ({empty.size} "
+                "sample(s) are empty; leave them out of the dataset)"
+            )
         self._lengths = raw
         # The cap counts padded tokens, so the plan sees padded lengths.
         planned = -(-raw // self.pad_multiple) * self.pad_multiple
