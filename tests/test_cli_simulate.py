@@ -399,3 +399,17 @@ def test_length_grouped_gain_is_per_unit_of_work(capsys) -> None:
         for other, speedup in figures["speedups"].items():
             assert speedup == pytest.approx(1.0, rel=1e-9), (name, other)
     assert data["headline"].startswith("balanced: 1.00x faster than hf_length_grouped")
+
+
+def test_length_grouped_alone(capsys) -> None:
+    """``--strategies hf_length_grouped`` alone simulates it, padded as with ``--baseline`` (it was
+    'strategies must be a non-empty sequence of names, got []'; next to others, a TypeError
+    traceback: no micro-batch size)."""
+    argv = ["simulate", "--steps", "2", "--dp", "2", "--global-batch", "64", "--seed", "4"]
+    data = run_json(capsys, *argv, "--strategies", "hf_length_grouped")
+    assert list(data["strategies"]) == ["hf_length_grouped"]
+    both = run_json(capsys, *argv, "--strategies", "hf_length_grouped,balanced")
+    alone, paired = data["strategies"]["hf_length_grouped"], both["strategies"]["hf_length_grouped"]
+    assert alone["step_seconds"] == paired["step_seconds"]
+    assert alone["speedups"] == {"hf_length_grouped": 1.0}
+    assert data["setup"]["layout"] == both["setup"]["layout"] == "padded"

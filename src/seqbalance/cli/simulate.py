@@ -132,11 +132,14 @@ def run(args: argparse.Namespace) -> int:
                 steps=args.steps,
                 peak_flops_per_s=peak,
                 efficiency=efficiency,
+                # hf_length_grouped runs on its own steps afterwards; alone, a plain run of
+                # hf_default gives it the steps' size and count.
                 strategies=[
                     name
                     for name in _with_baseline(args.strategies, args.baseline)
                     if name != LENGTH_GROUPED
-                ],
+                ]
+                or ["hf_default"],
                 seed=args.seed,
                 progress=callback,
             )
@@ -292,12 +295,14 @@ def _baseline_setup(args: argparse.Namespace) -> None:
     stderr, never silently)."""
     if args.baseline is None and args.layout == "padded":
         args.baseline = "hf_default"
-    if args.baseline in HF_BASELINES and args.layout == "packed":
+    requested = _with_baseline(args.strategies, args.baseline)
+    padded = next((name for name in requested if name in HF_BASELINES), None)
+    if padded is not None and args.layout == "packed":
         args.layout = "padded"
         if args.micro_batch_size is None:
             args.micro_batch_size = HF_MICRO_BATCH_SIZE
         print(
-            f"seqbalance simulate: note: {args.baseline} pads every micro-batch, as the Hugging "
+            f"seqbalance simulate: note: {padded} pads every micro-batch, as the Hugging "
             f"Face Trainer does: every strategy is simulated with --layout padded "
             f"--micro-batch-size {args.micro_batch_size}",
             file=sys.stderr,
@@ -356,12 +361,14 @@ def _with_length_grouped(
         )
     stats = dataclasses.replace(grouped.strategies["hf_default"], strategy=LENGTH_GROUPED)
     merged = {**result.strategies, LENGTH_GROUPED: stats}
-    plans = {**result.plans, LENGTH_GROUPED: grouped.plans["hf_default"]}
-    per_work = {}
-    for name, figures in merged.items():
-        work = sum(float(plan.sample_costs.sum()) for plan in plans[name])
-        per_work[name] = figures.total_seconds / work if work > 0 else figures.total_seconds
     order = [n for n in _with_baseline(args.strategies, args.baseline) if n in merged]
+    plans = {**result.plans, LENGTH_GROUPED: grouped.plans["hf_default"]}
+    plans = {name: plans[name] for name in order}
+    per_work = {}
+    for name in order:
+        work = sum(float(plan.sample_costs.sum()) for plan in plans[name])
+        total = merged[name].total_seconds
+        per_work[name] = total / work if work > 0 else total
     strategies = {
         name: dataclasses.replace(
             merged[name],
