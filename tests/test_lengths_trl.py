@@ -351,3 +351,44 @@ def test_tools_that_are_not_json_make_the_record_malformed(
         trl_token_lengths(path, tokenizer=str(tokenizer_dir))
     result = trl_token_lengths(path, tokenizer=str(tokenizer_dir), skip_malformed=True)
     assert result.lengths.tolist() == trl_lengths(tokenizer_dir, records[:1], tmp_path)
+
+
+def test_tokenizer_template_sees_every_message_field(tmp_path: Path) -> None:
+    """``seqbalance lengths --tokenizer DIR`` (without --trl) renders the tokenizer's template:
+    tool calls and reasoning are message fields the template renders, as transformers'
+    apply_chat_template passes them (``reasoning`` / ``thinking`` aliased to
+    ``reasoning_content``). They were dropped: 15 tokens counted where the trainer sees 38."""
+    from seqbalance.datasets.lengths import token_lengths
+
+    template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n"
+        "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+        "{{ m['content'] }}{% for c in m.tool_calls or [] %}{{ c | tojson }}{% endfor %}</s>\n"
+        "{% endfor %}"
+    )
+    directory = make_tokenizer(tmp_path / "tok", template=template)
+    user = {"role": "user", "content": "What color is the sky?"}
+    records = [
+        {"messages": [user, {"role": "assistant", "content": "Blue.", "reasoning": "The sky."}]},
+        {"messages": [user, {"role": "assistant", "content": "Blue.", "thinking": "The sea."}]},
+        {"messages": [user, {"role": "assistant", "content": "", "reasoning_content": "Sun."}]},
+        {
+            "messages": [
+                user,
+                {"role": "assistant", "content": "", "tool_calls": [{"name": "sky", "id": 1}]},
+                {"role": "tool", "content": "blue"},
+            ]
+        },
+        {"messages": [user, {"role": "assistant", "content": "Blue."}]},
+    ]
+    path = write_jsonl(tmp_path / "chat.jsonl", records)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    expected = [
+        len(
+            tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+        for r in records
+    ]
+    assert token_lengths(path, tokenizer=str(directory)).lengths.tolist() == expected
