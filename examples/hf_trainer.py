@@ -2,6 +2,7 @@
 
     python examples/hf_trainer.py --steps 5                         # one process
     torchrun --nproc_per_node 2 examples/hf_trainer.py --steps 5    # data parallel
+    python examples/hf_trainer.py --epochs 2                        # by epochs (len() checks)
 
 Needs ``transformers`` (and ``accelerate``, which ``Trainer`` uses); without them the script
 prints what to install and exits. A tiny Llama model is trained on random variable-length
@@ -18,6 +19,11 @@ world_size`` samples, planned so the ranks finish together; each rank runs exact
 ``gradient_accumulation_steps`` padded micro-batches of at most ``per_device_train_batch_size``
 samples; the loss is the token mean over the whole step (the Trainer's ``num_items_in_batch``);
 checkpoints record the sampler state and resume exactly.
+
+By epochs (``--epochs``), the Trainer sizes the run from ``len(dataloader)``: the sampler knows
+it exactly without planning the epoch (every step has ``gradient_accumulation_steps``
+micro-batches), so the scheduler's total steps, the number of steps trained and the epoch's end
+agree; the script prints them and checks that the linear schedule reaches 0 exactly at the end.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ def pad(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=None, help="train whole epochs instead")
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--per-device-batch-size", type=int, default=4)
     parser.add_argument("--gradient-accumulation-steps", type=int, default=2)
@@ -81,7 +88,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as output_dir:
         training_args = TrainingArguments(
             output_dir=output_dir,
-            max_steps=args.steps,
+            max_steps=-1 if args.epochs else args.steps,
+            num_train_epochs=args.epochs or 1,
             per_device_train_batch_size=args.per_device_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             learning_rate=1e-3,
@@ -99,8 +107,22 @@ def main() -> int:
             seqbalance_options={"max_tokens": 4096},
         )
         result = trainer.train()
+        sampler = trainer.get_train_dataloader().batch_sampler
+        final_lr = trainer.lr_scheduler.get_last_lr()[0]
     if training_args.process_index == 0:
         print(f"trained {result.global_step} steps, final loss {result.training_loss:.3f}")
+    if args.epochs:
+        # len() = steps x gradient_accumulation_steps, known before any step is planned.
+        per_epoch = len(sampler) // args.gradient_accumulation_steps
+        print(
+            f"len(dataloader) = {len(sampler)} micro-batches = {per_epoch} steps per epoch; "
+            f"scheduler total steps {trainer.state.max_steps}, trained {result.global_step} "
+            f"steps over {trainer.state.epoch:g} epochs, final learning rate {final_lr:g}"
+        )
+        expected = per_epoch * args.epochs
+        if not (trainer.state.max_steps == result.global_step == expected and final_lr == 0):
+            print("the schedule and the epochs disagree", file=sys.stderr)
+            return 1
     return 0
 
 

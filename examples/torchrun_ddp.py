@@ -117,8 +117,7 @@ def main() -> None:
         RandomTokens(lengths, config.vocab_size, args.seed), batch_sampler=sampler, collate_fn=pack
     )
     meter = TorchFlopsMeter(spec)
-    plan = sampler.epoch_plan()
-    steps = min(args.steps, len(plan))
+    steps = min(args.steps, sampler.num_steps)
     if rank == 0:
         print(
             f"{world_size} ranks ({'nccl' if cuda else 'gloo'}), strategy={args.strategy}, "
@@ -131,9 +130,11 @@ def main() -> None:
     interval_start = time.perf_counter()
     for step in range(steps):
         started = time.perf_counter()
-        n_microbatches = plan.steps[step].n_microbatches
+        # The step's plan, made ahead by the sampler's background planner (not planned again).
+        plan = sampler.step_plan(step)
+        n_microbatches = plan.n_microbatches
         # Every sample's last token has no label: a step's label tokens are sum(length - 1).
-        step_tokens = int((lengths[plan.sample_indices[step]] - 1).sum())
+        step_tokens = int((plan.lengths - 1).sum())
         loss_sum = torch.zeros((), device=device or "cpu")
         compute = 0.0
         for index in range(n_microbatches):
@@ -157,7 +158,7 @@ def main() -> None:
         dist.all_gather_object(computes, compute)
         step_seconds.append(time.perf_counter() - started)
         if rank == 0:
-            predicted = plan.steps[step].summary()["imbalance"]
+            predicted = plan.summary()["imbalance"]
             measured = max(computes) / (sum(computes) / world_size)
             print(
                 f"{step:4d}  {step_seconds[-1]:7.3f}  {float(loss):6.3f}  "

@@ -214,7 +214,6 @@ KNOWN_LONG_FUNCTIONS = {
     "seqbalance/cli/bench.py:run": 89,
     "seqbalance/cli/simulate.py:_run_context_parallel": 99,
     "seqbalance/datasets/lengths.py:token_lengths": 95,
-    "seqbalance/integrations/verl.py:_plan_microbatches": 91,
     "seqbalance/partition/exact.py:branch_and_bound": 82,
     "seqbalance/plan/context_parallel.py:plan_context_parallel": 116,
     "seqbalance/sim/engine.py:simulate": 145,

@@ -101,3 +101,42 @@ def test_oversize_samples_are_an_error_unless_allowed(capsys, tmp_path) -> None:
     plan = StepPlan.from_json(json.dumps(json.loads(capsys.readouterr().out)["plan"]))
     plan.validate()
     assert [1] in [m.tolist() for rank in plan.ranks for m in rank]  # alone in its micro-batch
+
+
+def test_context_parallel_plans_one_step_over_cp_groups(capsys, tmp_path) -> None:
+    from seqbalance.plan.context_parallel import ContextParallelPlan
+
+    path = tmp_path / "long.npy"
+    lengths = np.array([30000, 5000, 1200, 800, 9000, 70000, 300, 40, 16000])
+    np.save(path, lengths)
+    base = ["plan", str(path), "--dp", "8", "--context-parallel", "1,2,4,8"]
+    steps = {}
+    for strategy in ("balanced", "static_cp", "dynamic_cp_megatron"):
+        out = tmp_path / f"{strategy}.json"
+        argv = [*base, "--max-tokens-per-rank", "16384", "--strategy", strategy, "--allow-empty"]
+        assert main([*argv, "-o", str(out), "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        plan = ContextParallelPlan.from_json(out.read_text())
+        plan.validate()
+        assert plan.strategy == strategy and plan.n_ranks == 8 and plan.allow_empty
+        assert np.array_equal(plan.lengths, lengths)
+        assert plan.context_parallel.max_tokens_per_rank == 16384
+        (summary,) = report["summaries"]
+        assert summary["step_cost"] == pytest.approx(plan.step_cost)
+        steps[strategy] = plan.step_cost
+    assert steps["balanced"] <= min(steps.values())
+    # --max-tokens is the per-rank cap when --max-tokens-per-rank is not given; the table.
+    assert main([*base, "--max-tokens", "16384", "--num-microbatches", "2"]) == 0
+    assert "balanced on 8 ranks, CP sizes [1, 2, 4, 8], 16384 tokens per rank" in (
+        capsys.readouterr().out
+    )
+    for extra, message in (
+        (["--global-batch", "4"], "--global-batch does not apply with --context-parallel"),
+        (["--num-microbatches", "1"], "--num-microbatches = 1 is infeasible"),
+        (["--objective", "lockstep"], "--objective = 'lockstep' is not supported"),
+        (["--max-tokens-per-rank", "0"], "--max-tokens-per-rank must be >= 1"),
+    ):
+        assert main([*base, "--max-tokens", "16384", *extra]) == 2, extra
+        assert message in capsys.readouterr().err, extra
+    assert main([*base[:4], "--max-tokens-per-rank", "9"]) == 2
+    assert "--max-tokens-per-rank applies with --context-parallel only" in (capsys.readouterr().err)

@@ -108,30 +108,27 @@ def test_resume_is_exact(tmp_path: Path, processes: int) -> None:
 
 
 def test_resume_with_another_plan_fails_before_training(tmp_path: Path) -> None:
-    run(tmp_path / "full", "--mode", "balanced", "--steps", "2", "--save-steps", "2")
+    """By path, and by ``resume_from_checkpoint=True`` (the newest checkpoint of output_dir):
+    another data seed or max_tokens fails before training."""
+    full = tmp_path / "full"
+    run(full, "--mode", "balanced", "--steps", "2", "--save-steps", "2")
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--mode",
-            "balanced",
-            "--steps",
-            "4",
-            "--data-seed",
-            "7",
-            "--output-dir",
-            str(tmp_path / "other"),
-            "--resume",
-            str(tmp_path / "full" / "checkpoint-2"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode != 0
-    assert "resume from" in done.stderr and "set up differently; changed: seed" in done.stderr
+    command = [sys.executable, str(SCRIPT), "--mode", "balanced", "--steps", "4"]
+    for changed, output, resume, named in [
+        (("--data-seed", "7"), tmp_path / "other", full / "checkpoint-2", "changed: seed"),
+        (("--data-seed", "7"), full, "last", "changed: seed"),
+        (("--max-tokens", "2048"), full, "last", "options.max_tokens (1024 saved, 2048 now)"),
+    ]:
+        done = subprocess.run(
+            [*command, *changed, "--output-dir", str(output), "--resume", str(resume)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert done.returncode != 0
+        assert f"resume from {full / 'checkpoint-2'}" in done.stderr, done.stderr[-2000:]
+        assert named in done.stderr
 
 
 def test_lengths_from_dataset_column() -> None:

@@ -114,13 +114,53 @@ def test_megatron_rule_by_hand() -> None:
     # [90, 80] [70, 60]; 150 -> ranks 0-1, 90 -> rank 2, 80 -> rank 3 (fresh ranks are less
     # loaded), 70 -> rank 3 (6400 < 8100), 60 -> rank 2.
     lengths = [350, 150, 90, 80, 70, 60]
-    p = plan(lengths, 4, 100, strategy="dynamic_cp_megatron")
+    p = plan(lengths, 4, 100, strategy="dynamic_cp_megatron", allow_empty=True)
     assert p.cp_size.tolist() == [4, 2, 1, 1, 1, 1]
     assert p.group_start.tolist() == [0, 0, 2, 3, 3, 2]
     assert p.slot_of().tolist() == [0, 1, 1, 1, 2, 2]
     assert p.barriers == (0,)
     assert p.n_slots == 3 and p.allow_empty
     assert [len(p.slots[r][2]) for r in range(4)] == [0, 0, 1, 1]
+    # The rule idles ranks 0-1 in slot 2: without allow_empty it refuses, naming the option.
+    with pytest.raises(ValueError, match=r"leaves rank 0 slot 2 empty .* allow_empty is False"):
+        plan(lengths, 4, 100, strategy="dynamic_cp_megatron")
+    # One 40-token sample on 6 ranks in a multiple of 4 slots: 22 of 24 slots empty, refused
+    # without allow_empty (the plan says what it was asked for).
+    six = ContextParallel(4096, sizes=(1, 2))
+    kwargs = {"context_parallel": six, "strategy": "dynamic_cp_megatron"}
+    with pytest.raises(ValueError, match="allow_empty"):
+        plan_context_parallel([40], 6, microbatch_multiple=4, **kwargs)
+    idle = plan_context_parallel([40], 6, microbatch_multiple=4, allow_empty=True, **kwargs)
+    assert idle.allow_empty and idle.summary()["empty_slots"] == 22
+
+
+def test_balanced_takes_the_rules_plans_when_faster() -> None:
+    """The issue's cases: balanced was slower than the rule in the same slots, or refused
+    steps the rule plans with every slot busy."""
+    cases = [
+        ([343, 188, 326, 227, 72, 197, 328, 506, 359, 364], 64),
+        ([14055] * 17, 16384),
+        ([12274] * 27, 4096),
+    ]
+    for lengths, cap in cases:
+        options = ContextParallel(cap, sizes=(1, 2, 4, 8))
+        for allow_empty in (False, True):
+            steps = {}
+            for strategy in CP_STRATEGIES:
+                try:
+                    p = plan_context_parallel(
+                        lengths,
+                        8,
+                        context_parallel=options,
+                        strategy=strategy,
+                        allow_empty=allow_empty,
+                    )
+                except ValueError:
+                    continue
+                p.validate()
+                steps[strategy] = p.step_cost
+            assert "balanced" in steps and "dynamic_cp_megatron" in steps
+            assert steps["balanced"] <= min(steps.values()) * (1 + 1e-12)
 
 
 def test_megatron_spreads_idle_ranks() -> None:
@@ -524,3 +564,32 @@ def test_from_assignment() -> None:
             context_parallel=options,
             cost=token_model(),
         )
+
+
+def test_options_with_a_cp_time_model_round_trip_and_fingerprint_it() -> None:
+    from seqbalance.plan.options import PlanOptions
+
+    def model(t1: float, **comm: float) -> ContextParallelTimeModel:
+        return ContextParallelTimeModel(TimeModel(1e-3, t1, 1e-9), CommModel(**comm), 64, 2)
+
+    first = PlanOptions(cost=model(1e-6), context_parallel=ContextParallel(64))
+    loaded = PlanOptions.from_json(first.to_json())
+    assert loaded == first and loaded.cost == first.cost
+    assert loaded.fingerprint() == first.fingerprint()
+    assert isinstance(loaded.cost, ContextParallelTimeModel)
+    plan_step_input = [100, 30, 7]
+    assert plan_context_parallel(
+        plan_step_input, 4, context_parallel=loaded.context_parallel, cost=loaded.cost
+    ) == plan_context_parallel(
+        plan_step_input, 4, context_parallel=first.context_parallel, cost=first.cost
+    )
+    others = [
+        first.replace(cost=model(2e-6)),
+        first.replace(cost=model(1e-6, latency_s=1e-5)),
+        first.replace(cost=dataclasses.replace(model(1e-6), piece_overhead_s=1e-4)),
+    ]
+    prints = {first.fingerprint(), *(o.fingerprint() for o in others)}
+    assert len(prints) == 4  # every model decides the plan: every one has its own print
+    data = first.to_dict() | {"cost": {"ContextParallelTimeModel": 5}}
+    with pytest.raises(ValueError, match="ContextParallelTimeModel must be an object"):
+        PlanOptions.from_dict(data)

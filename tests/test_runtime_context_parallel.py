@@ -1,5 +1,9 @@
 """Context-parallel executor on real gloo processes: loss and gradients equal one process.
 
+The plans: every strategy's, hand-made overlapping groups, and random plans and assignments
+with tiny samples, so that some members hold no token of their sample's shard (they must still
+join every collective of their group, or their peers wait until the timeout).
+
 Each launch (``seqbalance.runtime.launch``) starts ``world_size`` processes that run every plan
 of the scenario with the toy transformer in float64 and return the step loss and gradients; the
 parent compares them with one process running all samples whole.
@@ -126,15 +130,90 @@ def test_loss_and_gradients_match_one_process(
         assert {int(c) for p in plans for c in p.cp_size} == {1, 2, 4}
     assert any(p.barriers for p in plans)  # the Megatron plan's barriers run too
     assert all((p.cp_size > 1).any() for p in plans)
+    # Random plans and assignments in the same launch, tiny and zero-share cases included.
+    plans += _random_plans(world_size, seed=world_size)
+    starved = 0  # pieces of sharded samples with tokens whose member holds none of them
+    for plan in plans:
+        for r in range(plan.n_ranks):
+            for j in range(plan.n_slots):
+                inputs = plan.slot_inputs(r, j)
+                none = (inputs.cp_sizes > 1) & (np.diff(inputs.cu_seqlens) == 0)
+                starved += int((none & (plan.lengths[inputs.samples] > 0)).sum())
+    assert starved >= 3  # the cases that used to deadlock are there
     texts = [p.to_json() for p in plans]
     results = ok(launch(tmp_path, world_size, _run_plans, texts, timeout_s=LAUNCH_TIMEOUT_S))
     for index, plan in enumerate(plans):
         loss, grads = _reference(plan.lengths.tolist())
         for result in results:
             outcome = result[index]
-            assert outcome["loss"] == pytest.approx(loss, rel=1e-12)
+            assert outcome["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-15), index
             for name, grad in grads.items():
                 torch.testing.assert_close(outcome["grads"][name], grad, rtol=1e-10, atol=1e-12)
+
+
+def _random_assignment(rng: np.random.Generator, world_size: int) -> ContextParallelPlan:
+    """Random lengths (many tiny: members with no token of their sample's shard), random CP
+    sizes, blocks and slots under a cap no slot can reach (so every draw is a valid plan)."""
+    n = int(rng.integers(1, 7))
+    lengths = np.where(rng.random(n) < 0.5, rng.integers(0, 6, n), rng.integers(6, 40, n))
+    lengths[0] = max(lengths[0], 2)  # a labelled token: the reference loss is a mean
+    sizes = [s for s in (1, 2, 4) if world_size % s == 0]
+    cp_size = rng.choice(sizes, n)
+    start = np.array([int(rng.integers(0, world_size // c)) * c for c in cp_size.tolist()])
+    slot_of = rng.integers(0, 3, n)
+    options = ContextParallel(4096, sizes=tuple(sizes), comm=CommModel())
+    return ContextParallelPlan.from_assignment(
+        lengths,
+        world_size,
+        cp_size=cp_size,
+        group_start=start,
+        slot_of=slot_of,
+        context_parallel=options,
+    )
+
+
+def _random_plans(world_size: int, seed: int) -> list[ContextParallelPlan]:
+    """Random plans of every strategy, random assignments, and the zero-share cases: a
+    2- and a 3-token sample over 4 ranks (``validate()`` accepts them; a member holds no
+    token of its shard)."""
+    rng = np.random.default_rng(seed)
+    plans = []
+    sizes = (1, 2, 4)[: 2 if world_size == 2 else 3]
+    for k in range(4):
+        n = int(rng.integers(1, 9))
+        tiny = k % 2 == 0
+        lengths = rng.integers(0, 6, n) if tiny else rng.integers(1, 60, n)
+        lengths[0] = max(lengths[0], 2)  # a labelled token: the reference loss is a mean
+        cap = int(rng.integers(2, 8)) if tiny else int(rng.integers(16, 40))
+        options = ContextParallel(cap, sizes=sizes, comm=CommModel())
+        cap = max(cap, -(-int(lengths.max()) // sizes[-1]))
+        options = dataclasses.replace(options, max_tokens_per_rank=cap)
+        strategy = CP_STRATEGIES[k % len(CP_STRATEGIES)]
+        plans.append(
+            plan_context_parallel(
+                lengths,
+                world_size,
+                context_parallel=options,
+                strategy=strategy,
+                allow_empty=True,
+            )
+        )
+    plans += [_random_assignment(rng, world_size) for _ in range(4)]
+    zero_share = ContextParallel(4096, sizes=(world_size,), comm=CommModel())
+    plans.append(
+        plan_context_parallel([2, 3], world_size, context_parallel=zero_share, allow_empty=True)
+    )
+    plans.append(
+        ContextParallelPlan.from_assignment(
+            [1, 2, 0, 5, 1, 1],
+            world_size,
+            cp_size=[world_size] * 6,
+            group_start=[0] * 6,
+            slot_of=[0, 0, 1, 1, 2, 3],
+            context_parallel=zero_share,
+        )
+    )
+    return plans
 
 
 def test_slot_batch_labels_cross_shards() -> None:

@@ -49,8 +49,10 @@ def test_torchrun_ddp_example_trains_on_two_ranks() -> None:
 
 
 def test_hf_trainer_example_runs_or_explains_what_is_missing() -> None:
+    # By epochs: the Trainer sizes the schedule from len(dataloader), which the sampler gives
+    # exactly without planning; 16 samples at a global batch of 4 x 2 = 8 make 2 steps.
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "hf_trainer.py"), "--steps", "2", "--samples", "64"],
+        [sys.executable, str(EXAMPLES / "hf_trainer.py"), "--epochs", "1", "--samples", "16"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -62,3 +64,7 @@ def test_hf_trainer_example_runs_or_explains_what_is_missing() -> None:
         assert "pip install transformers accelerate" in done.stderr
     else:
         assert "trained 2 steps" in done.stdout
+        assert (
+            "len(dataloader) = 4 micro-batches = 2 steps per epoch; scheduler total steps 2, "
+            "trained 2 steps over 1 epochs, final learning rate 0"
+        ) in done.stdout

@@ -53,9 +53,16 @@ def test_balanced_sampler_follows_plan_epoch() -> None:
     plan = plan_epoch(lengths, 16, 2, seed=5, epoch=2, max_tokens=900)
     expected = [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, 1)]
     assert list(sampler) == expected
-    assert len(sampler) == len(expected)
+    assert sampler.num_steps == len(plan)
     assert sampler.microbatches_per_step() == [step.n_microbatches for step in plan.steps]
-    assert sum(sampler.microbatches_per_step()) == len(sampler)
+    assert sum(sampler.microbatches_per_step()) == len(expected)
+    with pytest.raises(TypeError, match="no len\\(\\) without num_microbatches"):
+        len(sampler)  # the count per step is the planner's choice: no guess
+    fixed = BalancedBatchSampler(
+        lengths, 16, rank=1, world_size=2, seed=5, max_tokens=900, num_microbatches=3
+    )
+    fixed.set_epoch(2)
+    assert len(fixed) == 3 * len(plan) == len(list(fixed))  # exact, before any planning
 
 
 def test_balanced_sampler_same_seed_same_batches_and_epochs_differ() -> None:
@@ -113,12 +120,15 @@ def test_state_dict_consumed_override_for_prefetching_loaders() -> None:
 def test_set_epoch_to_another_epoch_discards_the_resume_point() -> None:
     lengths = _lengths(40)
     sampler = BalancedBatchSampler(lengths, 10, rank=0, world_size=1)
-    sampler.load_state_dict({**sampler.state_dict(), "consumed": 2})
+    total = len(list(sampler))
+    state = _resume_point(lambda: sampler, consumed=2)
+    sampler.load_state_dict(state)
     sampler.set_epoch(0)  # same epoch: keep
-    assert len(list(sampler)) == len(sampler) - 2
-    sampler.load_state_dict({**sampler.state_dict(), "consumed": 2})
+    assert len(list(sampler)) == total - 2
+    sampler.load_state_dict(state)
     sampler.set_epoch(1)
-    assert len(list(sampler)) == len(sampler)
+    sampler.set_epoch(0)
+    assert len(list(sampler)) == total
 
 
 def test_load_state_dict_rejects_a_different_setup() -> None:
@@ -128,10 +138,14 @@ def test_load_state_dict_rejects_a_different_setup() -> None:
         BalancedBatchSampler(lengths, 10, rank=0, world_size=1, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match="seed"):
         BalancedBatchSampler(lengths, 10, rank=0, world_size=2, seed=2).load_state_dict(state)
-    with pytest.raises(ValueError, match="consumed"):
+    with pytest.raises(ValueError, match="step"):
         BalancedBatchSampler(lengths, 10, rank=0, world_size=2, seed=1).load_state_dict(
-            {**state, "consumed": 10**6}
+            {**state, "step": 10**6}
         )
+    fixed = {"rank": 0, "world_size": 2, "seed": 1, "num_microbatches": 2}
+    state = BalancedBatchSampler(lengths, 10, **fixed).state_dict()
+    with pytest.raises(ValueError, match="consumed'] = 1000000 exceeds the 8 micro-batches"):
+        BalancedBatchSampler(lengths, 10, **fixed).load_state_dict({**state, "consumed": 10**6})
 
 
 def test_rank_and_world_size_are_required_without_torch_distributed() -> None:
@@ -265,7 +279,7 @@ def test_resume_with_another_max_tokens_is_refused_naming_it() -> None:
 
 def test_resume_with_another_cost_is_refused_naming_it() -> None:
     message = _refusal(_balanced(), _balanced(cost="flops"))
-    assert 'changed: options.cost ("tokens" saved, "flops" now).' in message
+    assert 'changed: options.cost ("tokens" saved, "flops" now); cost_probe' in message
 
 
 def test_resume_with_the_same_count_but_other_lengths_is_refused() -> None:
@@ -320,7 +334,7 @@ def test_length_grouped_resume_with_another_batch_size_is_refused() -> None:
 @pytest.mark.parametrize(
     ("state", "match"),
     [
-        ({}, "state_dict lacks 'format', 'epoch', 'consumed', 'setup'"),
+        ({}, "state_dict lacks 'format', 'epoch', 'consumed', 'step', 'offset', 'setup'"),
         ([], "state must be a mapping"),
         (None, "state must be a mapping"),
         ({"epoch": 0, "consumed": 0, "seed": 0, "world_size": 1, "num_samples": 40}, "lacks"),
@@ -396,7 +410,7 @@ def test_balanced_sampler_plans_parts_as_plan_epoch_does() -> None:
     # The patch cap binds: without it the same epoch needs fewer micro-batches.
     uncapped = _parts_sampler(parts, max_vision_patches=None)
     uncapped.set_epoch(3)
-    assert len(uncapped) < len(sampler)
+    assert len(list(uncapped)) < len(list(sampler))
 
 
 def test_parts_are_checked_at_construction_naming_the_dataset_index() -> None:
@@ -465,7 +479,7 @@ def test_a_state_of_plain_lengths_is_refused_with_parts_and_the_other_way_round(
 
 
 def test_a_state_of_plain_lengths_keeps_its_setup() -> None:
-    """Resume states saved before parts existed name exactly these entries: they still load."""
+    """States of plain lengths name exactly these entries (parts only when given)."""
     state = BalancedBatchSampler(_lengths(40), 10, dp_rank=0, dp_size=1).state_dict()
     assert list(state["setup"]) == [
         "sampler",
@@ -477,6 +491,7 @@ def test_a_state_of_plain_lengths_keeps_its_setup() -> None:
         "dp_size",
         "groups",
         "options",
+        "cost_probe",
         "global_batch_size",
         "shuffle",
         "bucket_window",

@@ -21,7 +21,9 @@ def test_comparison_matches_the_plans() -> None:
     }
     for strategy, result in comparison.results.items():
         expected = [
-            plan_context_parallel(lengths, 8, context_parallel=options, strategy=strategy).step_cost
+            plan_context_parallel(
+                lengths, 8, context_parallel=options, strategy=strategy, allow_empty=True
+            ).step_cost
             for lengths in steps
         ]
         np.testing.assert_allclose(result.step_seconds, expected, rtol=1e-12)
@@ -35,6 +37,11 @@ def test_comparison_matches_the_plans() -> None:
     summary = comparison.to_dict()["strategies"]
     assert summary["balanced"]["speedup_over"]["static_cp"]["min"] == pytest.approx(speedup.min())
     assert summary["static_cp"]["sharded_fraction"] == 1.0
+    # Without the rule, the default is no empty slot; asked for, the rule refuses such steps.
+    alone = compare_context_parallel(steps, 8, context_parallel=options, strategies=["static_cp"])
+    assert alone.results["static_cp"].empty_slots.sum() == 0
+    with pytest.raises(ValueError, match="allow_empty is False"):
+        compare_context_parallel(steps, 8, context_parallel=options, allow_empty=False)
 
 
 def test_comparison_input_errors() -> None:

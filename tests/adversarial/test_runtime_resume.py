@@ -5,6 +5,7 @@ Some settings give the samples as ``SampleParts`` with images (and sometimes a p
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from typing import Any
@@ -105,9 +106,8 @@ def _check_resume(
     states = []
     for sampler in old:
         sampler.set_epoch(epoch)
-        iterator = iter(sampler)
-        for _ in range(min(consumed, len(sampler))):
-            trained.update(next(iterator))
+        for batch in itertools.islice(iter(sampler), consumed):
+            trained.update(batch)
         states.append(json.loads(json.dumps(sampler.state_dict())))
     if rank0_only:  # one checkpoint for every rank, as Trainer saves it on the main process
         states = [states[0]] * len(states)

@@ -107,7 +107,8 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--save-steps", type=int, default=0)
-    parser.add_argument("--resume", default=None)
+    parser.add_argument("--resume", default=None, help="a checkpoint, or 'last' (True)")
+    parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--data-seed", type=int, default=None)
     parser.add_argument("--trl", action="store_true", help="TRL SFTTrainer(padding_free=True)")
     parser.add_argument(
@@ -161,9 +162,10 @@ def main() -> int:
             args=training_args,
             train_dataset=data,
             data_collator=pad,
-            seqbalance_options={"max_tokens": 1024},
+            seqbalance_options={"max_tokens": args.max_tokens},
         )
-    result = trainer.train(resume_from_checkpoint=args.resume)
+    resume = True if args.resume == "last" else args.resume
+    result = trainer.train(resume_from_checkpoint=resume)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     report = {
         "losses": losses,

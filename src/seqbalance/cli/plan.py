@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from seqbalance.cli._common import (
+    CONTEXT_PARALLEL_FLAGS,
+    add_context_parallel_arguments,
     add_json_flag,
     add_plan_option_arguments,
     add_time_model_arguments,
+    context_parallel_cost_from_args,
+    context_parallel_from_args,
     flag_names,
     load_lengths,
     plan_options_from_args,
@@ -22,6 +26,7 @@ from seqbalance.cli._common import (
 
 def register(subparsers: Any) -> None:
     from seqbalance.plan import strategy_names
+    from seqbalance.plan.context_parallel import CP_STRATEGIES
 
     parser = subparsers.add_parser(
         "plan",
@@ -30,15 +35,23 @@ def register(subparsers: Any) -> None:
             "Assign the samples of LENGTHS to --dp ranks and packed micro-batches under the "
             "token cap, minimising the predicted step time. Without --global-batch all samples "
             "form one step (a StepPlan); with it, the samples are shuffled into steps of that "
-            "many samples (an epoch). Costs are predicted seconds (see the cost model options)."
+            "many samples (an epoch). Costs are predicted seconds (see the cost model options). "
+            "With --context-parallel, one step's samples are planned over CP groups of the --dp "
+            "ranks (a ContextParallelPlan)."
         ),
     )
     parser.add_argument(
         "lengths", metavar="LENGTHS", help=".npy file of token lengths, or a bundled dataset name"
     )
     parser.add_argument("--dp", type=int, required=True, help="data-parallel ranks")
+    names = strategy_names()
     parser.add_argument(
-        "--strategy", choices=strategy_names(), default="balanced", help="default: balanced"
+        "--strategy",
+        choices=[*names, *(name for name in CP_STRATEGIES if name not in names)],
+        default="balanced",
+        help="default: balanced (with --context-parallel: "
+        + ", ".join(CP_STRATEGIES)
+        + "; the others without it)",
     )
     add_plan_option_arguments(parser, max_tokens_default=None)
     parser.add_argument(
@@ -49,6 +62,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="epoch shuffle seed")
     add_time_model_arguments(parser)
+    add_context_parallel_arguments(
+        parser,
+        "Shard samples longer than one rank's cap over context-parallel groups of the --dp "
+        "ranks: one step only (no --global-batch). --num-microbatches, --min-microbatches, "
+        "--microbatch-multiple and --allow-empty apply to the slots; --time-model takes a "
+        "TimeModel (K/V sizes from --model) or a ContextParallelTimeModel from `seqbalance "
+        "calibrate --context-parallel`.",
+        cap_help="--max-tokens",
+    )
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan JSON here")
     add_json_flag(parser)
     parser.set_defaults(func=run)
@@ -58,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     from seqbalance.plan import plan_epoch, plan_step
 
     source = load_lengths(args.lengths, argument="LENGTHS")
+    context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    if context_parallel is not None:
+        return _run_context_parallel(args, source, context_parallel)
     time_model, time_model_source = time_model_from_args(args)
     options = plan_options_from_args(args, cost=time_model, strategy=args.strategy)
     try:
@@ -101,6 +126,71 @@ def run(args: argparse.Namespace) -> int:
         print_json(payload)
         return 0
     _print_summaries(summaries, source.label, args, time_model_source)
+    if args.output:
+        print(f"plan written to {args.output}")
+    return 0
+
+
+def _run_context_parallel(args: argparse.Namespace, source: Any, context_parallel: Any) -> int:
+    """``plan --context-parallel``: one step over CP groups, written as a ContextParallelPlan."""
+    from seqbalance.plan import plan_step
+
+    if args.global_batch is not None:
+        raise ValueError("--global-batch does not apply with --context-parallel: it plans one step")
+    cost, description = context_parallel_cost_from_args(args)
+    options = plan_options_from_args(
+        args,
+        cost=cost,
+        strategy=args.strategy,
+        max_tokens=None,  # the per-rank cap is --max-tokens-per-rank (or --max-tokens)
+        context_parallel=context_parallel,
+    )
+    try:
+        plan = plan_step(source.lengths, args.dp, options, groups=source.groups)
+    except ValueError as error:
+        raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
+    plan.validate()
+    document = json.loads(plan.to_json())
+    if args.output:
+        Path(args.output).write_text(json.dumps(document) + "\n", encoding="utf-8")
+    summary = plan.summary()
+    source_text = description or f"{args.model} FLOPs at peak x efficiency"
+    if args.json:
+        payload: dict[str, Any] = {
+            "lengths": source.label,
+            "time_model_source": source_text,
+            "summaries": [summary],
+            "output": args.output,
+        }
+        if not args.output:
+            payload["plan"] = document
+        print_json(payload)
+        return 0
+    print_table(
+        f"{source.label}: {args.strategy} on {args.dp} ranks, CP sizes "
+        f"{list(context_parallel.sizes)}, {context_parallel.max_tokens_per_rank} tokens per rank",
+        (
+            "step time (s)",
+            "lower bound (s)",
+            "vs bound",
+            "slots",
+            "empty slots",
+            "sharded samples",
+            "plan ms",
+        ),
+        [
+            (
+                f"{summary['step_cost']:.3f}",
+                f"{summary['lower_bound']:.3f}",
+                f"{summary['ratio']:.3f}",
+                summary["n_slots"],
+                summary["empty_slots"],
+                f"{summary['sharded_samples']} of {summary['n_samples']}",
+                f"{1e3 * summary['planning_seconds']:.1f}",
+            )
+        ],
+        caption=f"time model: {source_text}",
+    )
     if args.output:
         print(f"plan written to {args.output}")
     return 0

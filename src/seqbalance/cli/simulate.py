@@ -17,6 +17,7 @@ from seqbalance.cli._common import (
     add_plan_option_arguments,
     add_strategies_option,
     add_time_model_arguments,
+    context_parallel_cost_from_args,
     context_parallel_from_args,
     cost_from_args,
     flag_names,
@@ -26,7 +27,6 @@ from seqbalance.cli._common import (
     print_json,
     print_table,
     progress_callback,
-    resolve_model,
 )
 
 DEFAULT_GLOBAL_BATCH = 512
@@ -107,13 +107,10 @@ def run(args: argparse.Namespace) -> int:
 
     source = load_lengths(args.lengths)
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
-    if context_parallel is None:
-        _baseline_setup(args)
-    cost, peak, efficiency, description = cost_from_args(
-        args, context_parallel=context_parallel is not None
-    )
     if context_parallel is not None:
-        return _run_context_parallel(args, source, context_parallel, cost, peak, efficiency)
+        return _run_context_parallel(args, source, context_parallel)
+    _baseline_setup(args)
+    cost, peak, efficiency, description = cost_from_args(args)
     options = plan_options_from_args(args, cost=cost)
     with (
         progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback,
@@ -187,27 +184,12 @@ CP_COLUMNS = (
 )
 
 
-def _run_context_parallel(
-    args: argparse.Namespace,
-    source: Any,
-    context_parallel: Any,
-    cost: Any,
-    peak: float,
-    efficiency: float,
-) -> int:
+def _run_context_parallel(args: argparse.Namespace, source: Any, context_parallel: Any) -> int:
     """``simulate --context-parallel``: the CP strategies on the same sampled steps."""
-    from seqbalance.cost import TimeModel
-    from seqbalance.cost.context_parallel import ContextParallelTimeModel
     from seqbalance.sim import sample_batches
     from seqbalance.sim.context_parallel import compare_context_parallel
 
-    if isinstance(cost, TimeModel):
-        # A calibrated compute model; K/V sizes for communication come from --model.
-        cost = ContextParallelTimeModel.from_model(resolve_model(args.model), time=cost)
-    elif not isinstance(cost, ContextParallelTimeModel):
-        cost = ContextParallelTimeModel.from_model(
-            cost, peak_flops_per_s=peak, efficiency=efficiency
-        )
+    cost, _ = context_parallel_cost_from_args(args)
     # Every plan option is checked against context parallelism (unsupported ones are refused).
     options = plan_options_from_args(
         args, cost=cost, max_tokens=None, context_parallel=context_parallel
@@ -245,7 +227,7 @@ def _run_context_parallel(
             num_microbatches=options.num_microbatches,
             min_microbatches=options.min_microbatches,
             microbatch_multiple=options.microbatch_multiple,
-            allow_empty=options.allow_empty,
+            allow_empty=options.allow_empty or None,  # None: as the compared strategies need
         )
     except ValueError as error:
         raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
@@ -442,6 +424,11 @@ def _print_report(
         f"{label}: {result.model}, dp {result.dp_size}, {result.steps} steps of "
         f"~{samples // result.steps} samples, max_tokens {result.max_tokens}, "
         f"objective {result.objective}"
+        + (
+            ""
+            if result.options.rank_speeds is None
+            else ", rank speeds " + ",".join(f"{x:g}" for x in result.options.rank_speeds)
+        )
     )
     caption = f"time model: {time_model_source}; dataset: {result.lengths.size} samples{truncated}"
     if markdown:

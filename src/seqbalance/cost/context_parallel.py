@@ -53,6 +53,8 @@ __all__ = [
     "CommModel",
     "ContextParallelTimeModel",
     "context_parallel_cost",
+    "cost_description",
+    "cost_from_description",
     "kv_elements_per_token",
     "kv_layers",
     "load_time_model_file",
@@ -68,6 +70,7 @@ SCHEMES = ("head_tail", "contiguous")
 _COMM_FORMAT = "seqbalance.CommModel"
 _CP_TIME_FORMAT = "seqbalance.ContextParallelTimeModel"
 _FORMAT_VERSION = 1
+_DESCRIPTION_TAG = "ContextParallelTimeModel"  # a cost= value in PlanOptions JSON
 
 
 # ------------------------------------------------------------------ token and pair shares
@@ -603,6 +606,26 @@ def context_parallel_cost(
         "context parallelism costs compute and communication in seconds: cost must be "
         f"'flops', a ModelSpec, a FlopsModel or a ContextParallelTimeModel, got {cost!r}{hint}"
     )
+
+
+def cost_description(cost: Any) -> dict[str, Any] | None:
+    """JSON form of a ``ContextParallelTimeModel`` given as ``cost=`` (``PlanOptions.to_dict``):
+    ``{"ContextParallelTimeModel": to_dict()}``, its full definition, so options holding
+    different models differ in JSON and fingerprint; None for any other cost."""
+    if isinstance(cost, ContextParallelTimeModel):
+        return {_DESCRIPTION_TAG: cost.to_dict()}
+    return None
+
+
+def cost_from_description(value: Any) -> ContextParallelTimeModel | None:
+    """Inverse of :func:`cost_description`; None when ``value`` is not such a description.
+
+    Raises:
+        ValueError: the tag is there but its model is malformed (the message says what).
+    """
+    if isinstance(value, dict) and len(value) == 1 and _DESCRIPTION_TAG in value:
+        return ContextParallelTimeModel.from_dict(value[_DESCRIPTION_TAG])
+    return None
 
 
 def _loads(text: str, what: str) -> Any:

@@ -20,6 +20,7 @@ import numpy as np
 __all__ = [
     "VERL_LINEAR_WORKLOAD",
     "first_fit_bins",
+    "karmarkar_karp_groups",
     "largest_differencing",
     "split_largest_bins",
     "verl_workload",
@@ -127,27 +128,28 @@ def _descending(groups: list[_Group]) -> list[_Group]:
     return sorted(groups, key=_Group.key, reverse=True)
 
 
-def largest_differencing(values: Sequence[float], k: int, *, equal_size: bool) -> list[list[int]]:
-    """verl's / slime's ``get_seqlen_balanced_partitions(values, k, equal_size)``.
+def karmarkar_karp_groups(values: Sequence[float], k: int, *, equal_size: bool) -> list[list[int]]:
+    """verl's ``karmarkar_karp(values, k, equal_size)``, exactly: its ``k`` groups, heaviest
+    first, each listing its indices in the order they joined it; with fewer items than ``k`` the
+    trailing groups are empty (verl returns them so too).
 
     Items sorted ascending by ``(value, index)`` seed the heap: one partial solution per item, or
     with ``equal_size`` one per run of ``k`` consecutive items (one item per group). The two
     partial solutions with the largest spreads are merged (heaviest group of one with the lightest
-    of the other) until one is left. Returns its ``k`` groups, heaviest first, each as ascending
-    indices.
+    of the other) until one is left.
 
     Raises:
-        ValueError: fewer items than ``k``, ``equal_size`` with a count not divisible by ``k``,
-            a negative or NaN value, or an empty part (the stacks assert the same).
+        ValueError: no items, ``k < 1``, ``equal_size`` with a count not divisible by ``k``, or a
+            negative or NaN value.
     """
     n = len(values)
-    if k < 1 or n < k:
-        raise ValueError(f"largest_differencing needs 1 <= k <= number of items, got k={k}, n={n}")
+    if k < 1 or n < 1:
+        raise ValueError(f"karmarkar_karp needs k >= 1 and at least one item, got k={k}, n={n}")
     ordered = sorted((value, index) for index, value in enumerate(values))
     if any(value != value for value, _ in ordered):  # NaN: no order to balance by
-        raise ValueError("largest_differencing needs values that are not NaN")
+        raise ValueError("karmarkar_karp needs values that are not NaN")
     if ordered[0][0] < 0:
-        raise ValueError(f"largest_differencing needs values >= 0, got {ordered[0][0]}")
+        raise ValueError(f"karmarkar_karp needs values >= 0, got {ordered[0][0]}")
     if equal_size and n % k:
         raise ValueError(f"equal_size needs the item count {n} to be a multiple of k = {k}")
     step = k if equal_size else 1
@@ -164,10 +166,26 @@ def largest_differencing(values: Sequence[float], k: int, *, equal_size: bool) -
         second = heapq.heappop(heap)
         first.absorb(second)
         heapq.heappush(heap, first)
-    groups = heap[0].groups
-    if len(groups) < k:
-        raise ValueError(f"largest_differencing left part {len(groups)} empty")
-    return [sorted(index for index, _ in group.items) for group in groups]
+    groups = [[index for index, _ in group.items] for group in heap[0].groups]
+    return groups + [[] for _ in range(k - len(groups))]
+
+
+def largest_differencing(values: Sequence[float], k: int, *, equal_size: bool) -> list[list[int]]:
+    """verl's / slime's ``get_seqlen_balanced_partitions(values, k, equal_size)``: the groups of
+    :func:`karmarkar_karp_groups`, heaviest first, each as ascending indices.
+
+    Raises:
+        ValueError: fewer items than ``k``, ``equal_size`` with a count not divisible by ``k``,
+            a negative or NaN value, or an empty part (the stacks assert the same).
+    """
+    n = len(values)
+    if k < 1 or n < k:
+        raise ValueError(f"largest_differencing needs 1 <= k <= number of items, got k={k}, n={n}")
+    groups = karmarkar_karp_groups(values, k, equal_size=equal_size)
+    for position, group in enumerate(groups):
+        if not group:
+            raise ValueError(f"largest_differencing left part {position} empty")
+    return [sorted(group) for group in groups]
 
 
 def first_fit_bins(lengths: Sequence[int], cap: int) -> list[list[int]]:

@@ -31,8 +31,9 @@ What it does:
   normalisation from the Trainer (a warning is logged).
 - Resume: the plan is a function of the lengths, seed, epoch and options, so the Trainer's own
   skip of the micro-batches already trained is exact. The sampler state is written into every
-  checkpoint (``seqbalance_sampler.json``) and checked on ``train(resume_from_checkpoint=...)``: a
-  different dataset, seed, world size or plan options raise ``ValueError`` before training.
+  checkpoint (``seqbalance_sampler.json``) and checked on ``train(resume_from_checkpoint=...)``,
+  given a path or ``True`` (the newest checkpoint of ``output_dir``): a different dataset, seed,
+  world size or plan options raise ``ValueError`` before training.
 
 Lengths come from ``seqbalance_lengths`` when given, else from the ``input_ids`` of the dataset
 (:func:`seqbalance.datasets.lengths_from_dataset`). Needs ``transformers`` (``seqbalance[hf]``).
@@ -202,8 +203,18 @@ class BalancedTrainerMixin:
         return self._seqbalance_loader
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(resume_from_checkpoint, (str, Path)):
-            self._check_resume(Path(resume_from_checkpoint))
+        checkpoint = resume_from_checkpoint
+        if isinstance(checkpoint, bool):
+            # The Trainer's own rule for True: the newest checkpoint in output_dir (the Trainer
+            # raises when there is none).
+            from transformers.trainer_utils import get_last_checkpoint
+
+            folder = self.args.output_dir  # type: ignore[attr-defined]
+            checkpoint = (
+                get_last_checkpoint(folder) if checkpoint and Path(folder).is_dir() else None
+            )
+        if isinstance(checkpoint, (str, Path)):
+            self._check_resume(Path(checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
 
     def _check_resume(self, checkpoint: Path) -> None:

@@ -26,9 +26,11 @@ What the flags mean here:
 - ``balance_data`` on, dynamic batch size: seqbalance's ``plan_step`` over the whole step, ranks
   and micro-batches together, costs = training FLOPs of the model in ``args``, the cap hard (slime
   packs by first fit and then balances whole micro-batches across ranks). ``balanced`` weighs the
-  registered stack schedulers' plans too, so the result is never worse than slime's
-  ``--balance-data`` on the same costs.
-- ``balance_by_flops`` on (slime turns ``balance_data`` on with it): the same with
+  registered stack schedulers' plans too, and slime's own ``--balance-data`` schedule is weighed
+  on every step whatever its size, so the result is never worse than slime's on the same costs
+  and objective.
+- ``balance_by_flops`` on, with or without ``balance_data`` (slime's main keeps them separate:
+  FLOPs-balanced packing into micro-batches, and FLOPs-balanced ranks): the same with
   ``objective="lockstep"``, which also balances each micro-batch position across ranks; that is
   what equal-FLOPs micro-batches buy when ranks synchronise per micro-batch (expert parallelism
   across data-parallel ranks, as in slime's MoE setups). slime's own ``--balance-by-flops`` may
@@ -159,6 +161,22 @@ def _balanced_static(
     return result
 
 
+def _cheaper_of(plan: Any, lengths: np.ndarray, dp: int, request: dict[str, Any]) -> Any:
+    """``plan``, or slime's own ``--balance-data`` schedule of the step (first fit, then bins to
+    ranks by Karmarkar–Karp; its cap is as hard as ours) when that is cheaper on the same costs
+    and objective. The planner skips the stacks' schedulers on large steps already within 1e-4
+    of the lower bound; here slime's is always weighed, so the drop-in is never worse."""
+    from seqbalance.plan import plan_step
+
+    try:
+        own = plan_step(lengths, dp, strategy="slime", **request)
+    except ValueError:
+        return plan  # slime itself cannot plan this step
+    if own.summary()["step_cost"] < plan.summary()["step_cost"]:
+        return own
+    return plan
+
+
 def build_dp_schedule(
     args: Any,
     train_parallel_config: dict[str, int],
@@ -229,18 +247,19 @@ def build_dp_schedule(
             )
         ranks = None
         if balance and dynamic:
+            request = {
+                "cost": cost,
+                "max_tokens": cap,
+                "allow_oversize": True,
+                "microbatch_multiple": per_rank_multiple,
+                "objective": objective,
+            }
             try:
-                plan = plan_step(
-                    lengths,
-                    dp,
-                    cost=cost,
-                    max_tokens=cap,
-                    allow_oversize=True,
-                    microbatch_multiple=per_rank_multiple,
-                    objective=objective,
-                )
+                plan = plan_step(lengths, dp, **request)
             except ValueError as error:
                 raise ScheduleError(f"step {s}: {error}") from None
+            if not by_flops:
+                plan = _cheaper_of(plan, lengths, dp, request)
             ranks = [[mb.tolist() for mb in microbatches] for microbatches in plan.ranks]
         elif balance:
             ranks = _balanced_static(lengths, dp, per_rank_multiple, size, cost)

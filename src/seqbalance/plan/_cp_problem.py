@@ -216,6 +216,17 @@ class Schedule:
         self.append(r, 1, [sample])
         return True
 
+    def refuse_empty(self, strategy: str) -> None:
+        """Raise ValueError naming ``allow_empty`` when a rank has an empty slot."""
+        for r, rank_slots in enumerate(self.slots):
+            for j, slot in enumerate(rank_slots):
+                if not slot:
+                    raise ValueError(
+                        f"strategy {strategy!r} leaves rank {r} slot {j} empty (of "
+                        f"{len(rank_slots)} slots) and allow_empty is False; pass "
+                        "allow_empty=True to allow that"
+                    )
+
     # ------------------------------------------------------------------ result
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """(cp_size, group_start, slot_of, n_slots) of the finished schedule."""

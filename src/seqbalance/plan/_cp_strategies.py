@@ -24,10 +24,15 @@
 4. Tiny instances (at most 4,096 size-and-block choices in all) are also solved by enumerating
    every choice (``_exact_assignment``: with ``t0`` and latency zero, at least as fast as every
    plan that runs one sample per slot).
-5. The plans of ``static_cp`` (samples split by seconds and by tokens) and, where empty slots are
-   allowed, ``dynamic_cp_megatron`` are candidates too, so ``balanced`` is never slower than
-   them on the same input (DESIGN.md, invariant 8).
-6. Slot counts are equalised afterwards (``Schedule.normalise``).
+5. The rivals' plans are candidates too, so ``balanced`` is never slower than a rival's valid
+   plan on the same input and options, and never refuses a step a rival plans (DESIGN.md,
+   invariant 8): ``static_cp`` (samples split by seconds and by tokens) and
+   ``dynamic_cp_megatron``'s schedule without its barriers (a barrier only makes ranks wait,
+   so this is never slower than the rule's own plan), and the rule's choice of CP sizes and
+   blocks used as a seed for step 3's slots.
+6. Slot counts are equalised afterwards (``Schedule.normalise``); a candidate that then breaks
+   an option (an empty slot without ``allow_empty``, too many slots for ``num_microbatches``)
+   is skipped. The fastest remaining candidate wins (the earlier on ties).
 
 ``static_cp`` shards every sample over one fixed size ``c`` with ``n_ranks / c`` data-parallel
 groups, as Megatron-LM's static context parallelism does: samples are split over the groups by
@@ -73,14 +78,12 @@ def schedule_step_time(s: Schedule) -> float:
 
 
 # ------------------------------------------------------------------ balanced
-def plan_balanced_cp(
-    p: CPProblem, *, statics: list[int], allow_empty: bool, finalise: Finalise
-) -> Schedule:
-    """The balanced schedule, finalised (slot counts equalised by ``finalise``).
+def plan_balanced_cp(p: CPProblem, *, statics: list[int], finalise: Finalise) -> Schedule:
+    """The balanced schedule, finalised (slot counts equalised, options checked, by
+    ``finalise``).
 
-    ``statics``: the sizes ``static_cp`` would use; ``allow_empty``: whether the Megatron rule's
-    schedule (which idles ranks) is a valid candidate. Candidates are compared after
-    ``finalise``; one it refuses is skipped, and if it refuses all, its first refusal is raised.
+    ``statics``: the sizes ``static_cp`` would use. Candidates are compared after ``finalise``;
+    one it refuses is skipped, and if it refuses all, its first refusal is raised.
     """
     base = p.min_cp
     fair_share = float(p.total_seconds(base).sum()) / p.n_ranks
@@ -100,8 +103,8 @@ def plan_balanced_cp(
         for size in statics
         for balance in ("cost", "tokens")
     ]
-    if allow_empty and megatron_applicable(p):
-        candidates.append(lambda: plan_megatron_cp(p))
+    if megatron_applicable(p):
+        candidates += [lambda: _without_barriers(*plan_megatron_cp(p)), lambda: _rule_seed(p)]
     best: tuple[float, Schedule] | None = None
     refusal: ValueError | None = None
     for make in candidates:
@@ -117,6 +120,17 @@ def plan_balanced_cp(
         assert refusal is not None
         raise refusal
     return best[1]
+
+
+def _without_barriers(schedule: Schedule, home: np.ndarray) -> tuple[Schedule, np.ndarray]:
+    schedule.barriers.clear()
+    return schedule, home
+
+
+def _rule_seed(p: CPProblem) -> tuple[Schedule, np.ndarray]:
+    """The CP sizes and blocks of ``dynamic_cp_megatron``, slotted and packed by step 3."""
+    rule, _ = plan_megatron_cp(p)
+    return _schedule(p, rule.cp, rule.start)
 
 
 def _raise_sizes(p: CPProblem, base: np.ndarray, limit: float) -> np.ndarray:

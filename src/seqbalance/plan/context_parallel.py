@@ -857,17 +857,27 @@ def plan_context_parallel(
         num_microbatches, min_microbatches, microbatch_multiple: slot count per rank, as for
             ``plan_step`` (exact count, or the fewest the strategy needs raised to at least
             ``min_microbatches`` and to a multiple of ``microbatch_multiple``).
-        allow_empty: allow empty slots (a rank idles for a slot). ``dynamic_cp_megatron``
-            always needs them (its rule idles ranks between barriers), so it implies this.
+        allow_empty: allow empty slots (a rank idles for a slot). Without it, every strategy
+            refuses a step its plan would leave a slot empty in (``dynamic_cp_megatron``'s
+            rule idles ranks between its barriers on most steps).
+
+    Slot counts (one rule for every strategy): with ``num_microbatches=None`` a strategy
+    uses the slots its schedule needs, raised to ``min_microbatches`` and to a multiple of
+    ``microbatch_multiple``. ``static_cp`` and ``dynamic_cp_megatron`` have one schedule each;
+    ``balanced`` plans several candidates (its own, the rivals' plans and the rule's
+    assignment rebuilt as a seed) and keeps the one with the lowest predicted step time (the
+    earlier candidate on ties), so its count is that of its fastest valid plan, and it is
+    never slower than a rival's valid plan under the same options, nor refuses a step a rival
+    plans.
 
     Returns:
-        A ``ContextParallelPlan``; ``plan.validate()`` passes.
+        A ``ContextParallelPlan``, validated (``plan.validate()``) before it is returned.
 
     Raises:
         ValueError: naming the argument and value: bad lengths, groups or options, a sample
             longer than the largest usable CP size times ``max_tokens_per_rank``, an infeasible
-            ``num_microbatches``, empty slots without ``allow_empty``, a strategy that does not
-            support the input (``dynamic_cp_megatron`` with groups).
+            ``num_microbatches``, empty slots without ``allow_empty`` (naming it), a strategy
+            that does not support the input (``dynamic_cp_megatron`` with groups).
     """
     start_time = time.perf_counter()
     lengths = as_lengths(lengths, "lengths")
@@ -914,8 +924,6 @@ def plan_context_parallel(
         groups=group_ids,
         min_cp=min_cp,
     )
-    if strategy == "dynamic_cp_megatron":
-        allow_empty = True  # the rule idles ranks between its barriers
 
     def finalise(schedule: Schedule, home: np.ndarray) -> Schedule:
         target = _slot_count(schedule, num_microbatches, min_microbatches, microbatch_multiple)
@@ -925,6 +933,8 @@ def plan_context_parallel(
                 "needs, so some slot would be empty; pass allow_empty=True to allow that"
             )
         schedule.normalise(target, allow_empty=allow_empty, home=home)
+        if not allow_empty:
+            schedule.refuse_empty(strategy)
         return schedule
 
     if strategy == "balanced":
@@ -934,9 +944,7 @@ def plan_context_parallel(
             context_parallel.static_size >= min(statics)
         ):
             statics.add(context_parallel.static_size)
-        schedule = plan_balanced_cp(
-            problem, statics=sorted(statics), allow_empty=allow_empty, finalise=finalise
-        )
+        schedule = plan_balanced_cp(problem, statics=sorted(statics), finalise=finalise)
     elif strategy == "static_cp":
         schedule = finalise(
             *plan_static_cp(problem, static_size(problem, context_parallel.static_size))
@@ -948,7 +956,7 @@ def plan_context_parallel(
     tokens, costs = slot_loads(
         pieces, lengths, cost_model, context_parallel.scheme, n_ranks, n_slots
     )
-    return ContextParallelPlan(
+    plan = ContextParallelPlan(
         slots=pieces.per_slot(n_ranks, n_slots),
         cp_size=cp_size,
         group_start=group_start,
@@ -970,6 +978,8 @@ def plan_context_parallel(
         lower_bound=lower_bound(lengths, n_ranks, sizes, cap, cost_model, context_parallel.scheme),
         planning_seconds=time.perf_counter() - start_time,
     )
+    plan.validate()  # every strategy's plan, checked against the request before anyone uses it
+    return plan
 
 
 def _slot_count(

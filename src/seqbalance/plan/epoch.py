@@ -9,6 +9,7 @@ import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
 from seqbalance.cost.samples import SampleParts
+from seqbalance.plan._layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan
@@ -33,18 +34,19 @@ def plan_epoch(
     """Split the samples of one epoch into optimizer steps and plan each with ``plan_step``.
 
     Order: with ``shuffle`` the units (samples, or whole groups when ``groups`` is given) are
-    permuted by ``np.random.default_rng((seed, epoch))``; otherwise they keep
-    dataset order. Consecutive units fill steps of ``global_batch_size`` samples; with groups a
-    step takes whole groups while they fit, so a step may hold fewer samples. The last, partial
-    step is planned too unless ``drop_last`` (its samples are then listed in ``dropped``).
+    permuted by a pseudo-random permutation keyed by ``(seed, epoch)`` (constant memory: the
+    samplers evaluate it one step at a time); otherwise they keep dataset order. Consecutive
+    units fill steps of ``global_batch_size`` samples; with groups a step takes whole groups
+    while they fit, so a step may hold fewer samples. The last, partial step is planned too
+    unless ``drop_last`` (its samples are then listed in ``dropped``).
 
     ``bucket_window=w`` gives the planner better material with bounded reordering: within each
     run of ``w`` consecutive steps, units are sorted by length (longest first; ties keep the
     shuffled order) and dealt to those steps in snake order (steps 0..w-1, then w-1..0, ...),
-    skipping steps that are full, so every step gets a similar mix of long and short samples; each
-    step's samples are then shuffled. A sample moves at most ``w - 1`` steps from where the
-    shuffle put it. If whole groups of unequal sizes do not fit the steps' sizes this way, that
-    window keeps the unbucketed steps.
+    skipping steps that are full, so every step gets a similar mix of long and short samples;
+    each step's samples are then shuffled (``np.random.default_rng((seed, epoch, window))``). A
+    sample moves at most ``w - 1`` steps from where the shuffle put it. If whole groups of
+    unequal sizes do not fit the steps' sizes this way, that window keeps the unbucketed steps.
 
     Every sample appears exactly once per epoch (in a step or in ``dropped``), and the plan is
     a deterministic function of the inputs, ``seed`` and ``epoch``.
@@ -79,26 +81,18 @@ def plan_epoch(
     if bucket_window is not None:
         bucket_window = check_int(bucket_window, "bucket_window", minimum=1)
     group_ids = None if groups is None else as_group_ids(groups, n)
-    units = _units(group_ids, n)
-    too_big = [u for u in units if u.size > global_batch_size]
-    if too_big:
-        g = int(group_ids[too_big[0][0]])  # type: ignore[index]
-        raise ValueError(
-            f"groups: group {g} has {too_big[0].size} samples, more than global_batch_size = "
-            f"{global_batch_size}; a group must fit in one step"
-        )
-    rng = np.random.default_rng((seed, epoch))
-    if shuffle:
-        units = [units[i] for i in rng.permutation(len(units)).tolist()]
-    steps = _fill_steps(units, global_batch_size)
-    if bucket_window is not None:
-        steps = _bucket(steps, lengths, bucket_window, global_batch_size, rng)
-    dropped = np.empty(0, dtype=np.int64)
-    if drop_last and steps and sum(u.size for u in steps[-1]) < global_batch_size:
-        dropped = np.sort(np.concatenate(steps.pop()))
-    sample_indices = [
-        np.concatenate(step) if step else np.empty(0, dtype=np.int64) for step in steps
-    ]
+    check_group_sizes(group_ids, global_batch_size)
+    layout = EpochLayout(
+        lengths,
+        global_batch_size,
+        group_ids=group_ids,
+        seed=seed,
+        epoch=epoch,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        bucket_window=bucket_window,
+    )
+    sample_indices = [layout.step(number) for number in range(layout.n_steps)]
     plans = []
     for number, indices in enumerate(sample_indices):
         step_groups = None if group_ids is None else group_ids[indices]
@@ -107,6 +101,7 @@ def plan_epoch(
             plans.append(plan_step(samples, dp_size, options, groups=step_groups))
         except ValueError as error:
             raise ValueError(f"step {number}: {error}") from None
+    dropped = layout.dropped
     return EpochPlan(
         steps=plans,
         sample_indices=sample_indices,
@@ -122,56 +117,16 @@ def plan_epoch(
     )
 
 
-def _units(group_ids: np.ndarray | None, n: int) -> list[np.ndarray]:
-    """Samples of each unit (a sample, or a group in order of first appearance)."""
-    if group_ids is None:
-        return list(np.arange(n, dtype=np.int64).reshape(-1, 1))
-    _, first, inverse = np.unique(group_ids, return_index=True, return_inverse=True)
-    order = np.argsort(inverse.reshape(-1), kind="stable")
-    members = np.split(order, np.cumsum(np.bincount(inverse.reshape(-1)))[:-1])
-    return [members[g] for g in np.argsort(first, kind="stable").tolist()]
-
-
-def _fill_steps(units: list[np.ndarray], size: int) -> list[list[np.ndarray]]:
-    steps: list[list[np.ndarray]] = []
-    count = size
-    for unit in units:
-        if count + unit.size > size:
-            steps.append([])
-            count = 0
-        steps[-1].append(unit)
-        count += unit.size
-    return steps
-
-
-def _bucket(
-    steps: list[list[np.ndarray]],
-    lengths: np.ndarray,
-    window: int,
-    size: int,
-    rng: np.random.Generator,
-) -> list[list[np.ndarray]]:
-    result: list[list[np.ndarray]] = []
-    for start in range(0, len(steps), window):
-        group = steps[start : start + window]
-        units = [u for step in group for u in step]
-        room = [sum(u.size for u in step) for step in group]
-        weight = np.array([int(lengths[u].sum()) for u in units])
-        dealt: list[list[np.ndarray]] = [[] for _ in group]
-        k = len(group)
-        snake = [*range(k), *range(k - 1, -1, -1)]
-        cursor = 0
-        for i in np.argsort(-weight, kind="stable").tolist():
-            unit = units[i]
-            for tries in range(2 * k):
-                target = snake[(cursor + tries) % (2 * k)]
-                if room[target] >= unit.size:
-                    break
-            else:
-                dealt = group  # unequal groups did not fit: keep this window as it was
-                break
-            dealt[target].append(unit)
-            room[target] -= unit.size
-            cursor = (cursor + tries + 1) % (2 * k)
-        result.extend([step[j] for j in rng.permutation(len(step)).tolist()] for step in dealt)
-    return result
+def check_group_sizes(group_ids: np.ndarray | None, global_batch_size: int) -> None:
+    """ValueError naming the first group (in dataset order of first appearance) with more
+    samples than ``global_batch_size``."""
+    if group_ids is None or group_ids.size == 0:
+        return
+    ids, first, counts = np.unique(group_ids, return_index=True, return_counts=True)
+    too_big = np.flatnonzero(counts > global_batch_size)
+    if too_big.size:
+        g = too_big[np.argmin(first[too_big])]
+        raise ValueError(
+            f"groups: group {int(ids[g])} has {int(counts[g])} samples, more than "
+            f"global_batch_size = {global_batch_size}; a group must fit in one step"
+        )

@@ -343,10 +343,12 @@ class SlotAttention:
                 (piece.rows.start, _piece_attention(q[:, piece.rows], keys, values, piece))
                 for piece in g.pieces
             )
-        if not parts:
-            return v
         parts.sort(key=lambda part: part[0])
-        return torch.cat([out for _, out in parts], dim=1)
+        out = torch.cat([out for _, out in parts], dim=1) if parts else v
+        # The chain token (zero) joins the output, so the backward pass reaches every gather of
+        # the slot, and runs its gradient all-reduce, even on a member that holds no token of
+        # the gathered samples (or no query of one of its groups): its peers wait for it there.
+        return out + self.token if self.groups else out
 
 
 def _piece_attention(
@@ -427,7 +429,7 @@ def run_step(
     started = time.perf_counter()
     for j in range(plan.n_slots):
         batch = slot_batch(plan, rank, j, samples, device=device)
-        if batch.inputs.n_tokens:
+        if batch.inputs.n_tokens or _gathers(plan, batch.inputs):
             loss = slot_loss(model, plan, batch, groups, timeout=timeout) / max(labelled, 1.0)
             loss.backward()
             total += loss.detach().to(torch.float64)
@@ -695,6 +697,14 @@ def calibrate_cost_model(
         repeats=comm_repeats,
         timeout=timeout,
     )
+
+
+def _gathers(plan: ContextParallelPlan, inputs: SlotInputs) -> bool:
+    """Whether the slot holds a piece of a sharded sample with tokens: its CP group gathers
+    K/V, and every member takes part, one that holds none of those tokens included (with
+    empty tensors)."""
+    sharded = inputs.cp_sizes > 1
+    return bool((plan.lengths[inputs.samples[sharded]] > 0).any())
 
 
 def _synchronize(device: torch.device) -> None:

@@ -2,8 +2,18 @@
 
 Both samplers are ``batch_sampler`` objects for :class:`torch.utils.data.DataLoader`: they yield
 lists of dataset indices, one list per micro-batch, for *this* data-parallel rank only. Every
-rank computes the same epoch layout from ``(lengths, seed, epoch)`` without any communication,
-so they are the zero-overhead path when lengths are known up front (tokenized datasets).
+rank computes the same epoch layout from ``(lengths, seed, epoch)`` without exchanging data, so
+they are the zero-overhead path when lengths are known up front (tokenized datasets).
+
+Scale: an epoch is laid out one optimizer step at a time, just ahead of use
+(``seqbalance.plan._layout.EpochLayout``: a constant-memory keyed shuffle, no stored
+permutation), and ``BalancedBatchSampler`` plans the next ``lookahead`` steps in a background
+thread while the loop trains, so the first micro-batch comes without planning the epoch and the
+loop does not wait for the planner in steady state. Lengths may be a memory-mapped ``.npy``
+(``np.load(path, mmap_mode="r")`` or the path itself), read step by step and never copied whole.
+Each step's plan is exactly what ``plan_step`` gives for that step's samples, the plan
+``plan_epoch`` makes for the same epoch. A planner error is raised by ``next()`` at the step it
+concerns; a pass the loop leaves (``break``, an exception) or ``close()`` stops the thread.
 
 Data-parallel position: a sampler needs this process's data-parallel rank and the data-parallel
 size: pass the data-parallel process group (``group=``, e.g. ``device_mesh["dp"].get_group()``) or
@@ -15,46 +25,71 @@ each of them different data and split every replica's batch ``tp x pp`` ways. ``
 ``world_size=`` are accepted as older names of ``dp_rank=`` / ``dp_size=`` (one name of each, never
 both).
 
-Resuming mid-epoch: ``state_dict()`` records the epoch and how many micro-batches this rank has
-consumed, together with what the layout depends on (a SHA-256 of the lengths and groups, and of
-the samples' parts when ``BalancedBatchSampler`` plans a ``SampleParts``; the plan options'
-fingerprint, seed, shuffle settings, batch sizes, data-parallel rank and size);
-``load_state_dict()`` refuses a resume point from a different setup with a ``ValueError`` naming
-what changed, and otherwise makes the next iteration skip exactly the consumed batches. Each rank
-saves and loads its own state (the ranks' batches differ). A DataLoader with workers pulls indices
-from its batch sampler ahead of the training loop (``num_workers * prefetch_factor`` batches), so
-the number of batches the *sampler* has yielded can run ahead of the number the *loop* has trained
-on. For an exact resume, count the batches your loop has consumed and save
+Agreement: where torch.distributed is initialised, the first ``iter`` of every epoch all-gathers
+the sampler's setup over ``group`` (or the world) once, with a timeout
+(``agreement_timeout`` seconds; ``None`` skips the check), and every rank raises a ``ValueError``
+naming what differs (lengths, options, the costs of the first samples, seed, batch sizes) before
+any data is yielded. Every rank of that group must iterate its sampler.
+
+Resuming mid-epoch: ``state_dict()`` records the epoch, how many micro-batches this rank has
+consumed and the step and offset they end at, together with what the layout depends on (a
+SHA-256 of the lengths and groups, and of the samples' parts when ``BalancedBatchSampler`` plans a
+``SampleParts``; the plan options' fingerprint and the costs of the first samples, seed, shuffle
+settings, batch sizes, data-parallel rank and size); ``load_state_dict()`` refuses a resume point
+from a different setup with a ``ValueError`` naming what changed, and otherwise makes the next
+iteration start at exactly the next micro-batch, planning only the steps from there on. Each
+rank saves and loads its own state. A DataLoader with workers pulls indices from its batch
+sampler ahead of the training loop (``num_workers * prefetch_factor`` batches), so the number of
+batches the *sampler* has yielded can run ahead of the number the *loop* has trained on. For an
+exact resume, count the batches your loop has consumed and save
 ``sampler.state_dict(consumed=count)``; with ``num_workers=0`` the default (batches yielded) is
 already exact.
+
+``len()``: exact without planning when every step has a fixed micro-batch count
+(``num_microbatches``; ``LengthGroupedSampler`` always); otherwise a ``TypeError`` (the count is
+the planner's choice per step), which trainers read as "no length" (``num_steps`` is exact).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterator, Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
+from seqbalance._validation import as_group_ids, check_bool, check_int
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.plan._layout import EpochLayout, Permutation
+from seqbalance.plan.epoch import check_group_sizes
 from seqbalance.plan.options import PlanOptions, as_options
-from seqbalance.plan.step import check_within_caps, vision_patches_of
+from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
+from seqbalance.runtime._epoch_sampler import (
+    STATE_FORMAT,
+    EpochBatchSampler,
+    parts_sha256,
+    sha256_of,
+)
+from seqbalance.runtime._lengths import LengthSource
+from seqbalance.runtime._lookahead import Lookahead
 
 if TYPE_CHECKING:
-    from seqbalance.plan import EpochPlan
+    from seqbalance.plan import EpochPlan, StepPlan
 
-__all__ = ["BalancedBatchSampler", "LengthGroupedSampler", "data_parallel_position"]
+__all__ = [
+    "STATE_FORMAT",
+    "BalancedBatchSampler",
+    "LengthGroupedSampler",
+    "data_parallel_position",
+]
 
-STATE_FORMAT = "seqbalance.SamplerState/1"
-"""``state_dict()["format"]``; changes whenever the resume state's layout changes."""
+_PROBE = 256
+"""Samples (the first, in dataset order) whose costs the setup records."""
 
-_STATE_KEYS = ("format", "epoch", "consumed", "setup")
-_OLDER_NAMES = {"dp_rank": "rank", "dp_size": "world_size"}
-_PARTS_ARRAYS = ("tokens", "grid_thw", "image_sample", "history", "candidates", "contextual")
+_RECENT = 64
+"""Step plans kept for ``step_plan`` (a prefetching DataLoader's lag fits in this)."""
 
 
 def data_parallel_position(
@@ -135,255 +170,54 @@ def _group_position(group: Any) -> tuple[int, int]:
     return position, dist.get_world_size(group)
 
 
-def _sha256(array: np.ndarray | None) -> str | None:
-    if array is None:
-        return None
-    return hashlib.sha256(np.ascontiguousarray(array, dtype="<i8").tobytes()).hexdigest()
-
-
-def _parts_sha256(parts: SampleParts | None) -> str | None:
-    """SHA-256 of every field of ``parts`` (each field's name and shape, then its int64 bytes),
-    or None without parts."""
-    if parts is None:
-        return None
-    digest = hashlib.sha256(f"spatial_merge_size={parts.spatial_merge_size};".encode())
-    for name in _PARTS_ARRAYS:
-        value = getattr(parts, name)
-        shape = None if value is None else list(value.shape)
-        digest.update(f"{name}={shape};".encode())
-        if value is not None:
-            digest.update(np.ascontiguousarray(value, dtype="<i8").tobytes())
-    return digest.hexdigest()
-
-
-def _describe_change(name: str, saved: Any, now: Any) -> list[str]:
-    """What changed in one setup entry, in words (options are compared option by option)."""
-    label = f"{name} ({_OLDER_NAMES[name]})" if name in _OLDER_NAMES else name
-    if saved == now:
-        return []
-    if name == "options" and isinstance(saved, Mapping) and isinstance(now, Mapping):
-        before, after = saved.get("values"), now.get("values")
-        if isinstance(before, Mapping) and isinstance(after, Mapping):
-            changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-            if changed:
-                return [
-                    f"options.{k} ({_short(before.get(k))} saved, {_short(after.get(k))} now)"
-                    for k in changed
-                ]
-        return ["options (another PlanOptions fingerprint)"]
-    if name in ("lengths", "groups", "parts"):
-        return [f"{name} (sha256 {_short(saved)} saved, {_short(now)} now)"]
-    return [f"{label} ({_short(saved)} saved, {_short(now)} now)"]
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-class _EpochBatchSampler:
-    """Shared epoch / resume bookkeeping: subclasses lay out one epoch in ``_layout`` and
-    list what the layout depends on in ``_setup``."""
-
-    def __init__(
-        self,
-        lengths: Any,
-        *,
-        group: Any,
-        dp_rank: int | None,
-        dp_size: int | None,
-        rank: int | None,
-        world_size: int | None,
-        seed: int,
-        drop_last: bool,
-    ) -> None:
-        self.lengths = as_lengths(lengths)
-        self.dp_rank, self.dp_size = data_parallel_position(
-            group=group, dp_rank=dp_rank, dp_size=dp_size, rank=rank, world_size=world_size
-        )
-        self.seed = check_int(seed, "seed", minimum=0)
-        self.drop_last = check_bool(drop_last, "drop_last")
-        self.epoch = 0
-        self._yielded = 0
-        self._resume_at = 0
-        self._cache_epoch: int | None = None
-        self._cache_batches: list[list[int]] = []
-
-    @property
-    def rank(self) -> int:
-        """Older name of ``dp_rank``."""
-        return self.dp_rank
-
-    @property
-    def world_size(self) -> int:
-        """Older name of ``dp_size``."""
-        return self.dp_size
-
-    def _layout(self, epoch: int) -> list[list[int]]:
-        """This rank's micro-batches (dataset indices) for ``epoch``, in order."""
-        raise NotImplementedError
-
-    def _setup(self) -> dict[str, Any]:
-        """Everything the layout depends on besides the epoch (JSON-ready values)."""
-        return {
-            "sampler": type(self).__name__,
-            "num_samples": int(self.lengths.size),
-            "lengths": _sha256(self.lengths),
-            "seed": self.seed,
-            "drop_last": self.drop_last,
-            "dp_rank": self.dp_rank,
-            "dp_size": self.dp_size,
-        }
-
-    def _batches(self) -> list[list[int]]:
-        if self._cache_epoch != self.epoch:
-            self._cache_batches = self._layout(self.epoch)
-            self._cache_epoch = self.epoch
-        return self._cache_batches
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate next (a different epoch discards a loaded resume point)."""
-        epoch = check_int(epoch, "epoch", minimum=0)
-        if epoch != self.epoch:
-            self._resume_at = 0
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[list[int]]:
-        # Set the position now, not at the first next(): state_dict() right after iter() must
-        # already describe the new pass.
-        batches = self._batches()
-        start, self._resume_at = self._resume_at, 0
-        self._yielded = start
-        return self._yield_from(batches, start)
-
-    def _yield_from(self, batches: list[list[int]], start: int) -> Iterator[list[int]]:
-        for batch in batches[start:]:
-            self._yielded += 1
-            yield batch
-
-    def __len__(self) -> int:
-        """Micro-batches this rank yields per epoch (the same on every rank)."""
-        return len(self._batches())
-
-    def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
-        """Resume point: the epoch, the micro-batches consumed in it on this rank, and the
-        setup the layout depends on.
-
-        Args:
-            consumed: overrides the count of batches the sampler has yielded; pass the number
-                your training loop has actually trained on when a DataLoader prefetches
-                (module docstring).
-
-        Returns:
-            ``{"format", "epoch", "consumed", "setup"}``; plain Python values (``torch.save``
-            and JSON both work).
-        """
-        position = self._yielded if consumed is None else check_int(consumed, "consumed", minimum=0)
-        return {
-            "format": STATE_FORMAT,
-            "epoch": self.epoch,
-            "consumed": position,
-            "setup": self._setup(),
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields exactly the remaining batches.
-
-        Raises:
-            ValueError: ``state`` is not a mapping, lacks a key or has one of the wrong type,
-                comes from another format version, or from a sampler set up differently
-                (another dataset, lengths, groups, options, seed, shuffle settings, batch size
-                or data-parallel size: each difference is named), or ``consumed`` exceeds the
-                epoch's micro-batches. A state saved on another rank of the same layout is
-                accepted: every rank consumes the same number of micro-batches.
-        """
-        if not isinstance(state, Mapping):
-            raise ValueError(
-                f"state must be a mapping from state_dict(), got {type(state).__name__}"
-            )
-        missing = [key for key in _STATE_KEYS if key not in state]
-        if missing:
-            raise ValueError(
-                f"state_dict lacks {', '.join(map(repr, missing))}: expected a state_dict() of "
-                f"{type(self).__name__} ({STATE_FORMAT})"
-            )
-        if state["format"] != STATE_FORMAT:
-            raise ValueError(
-                f"state_dict['format'] = {state['format']!r}, expected {STATE_FORMAT!r}: this "
-                "resume point cannot be checked against this sampler"
-            )
-        saved = state["setup"]
-        if not isinstance(saved, Mapping):
-            raise ValueError(f"state_dict['setup'] must be a mapping, got {type(saved).__name__}")
-        mine = self._setup()
-        # The rank is recorded but may differ: every rank consumes the same number of
-        # micro-batches, so one rank's checkpoint (rank 0's, as Trainer saves) resumes them all.
-        changes = [
-            change
-            for name in [*mine, *(k for k in saved if k not in mine)]
-            if name != "dp_rank"
-            for change in _describe_change(str(name), saved.get(name), mine.get(name))
-        ]
-        if changes:
-            raise ValueError(
-                "state_dict comes from a sampler set up differently; changed: "
-                + "; ".join(changes)
-                + ". A resume point is only valid for the same data, options and data-parallel "
-                "layout"
-            )
-        epoch = check_int(state["epoch"], "state_dict['epoch']", minimum=0)
-        consumed = check_int(state["consumed"], "state_dict['consumed']", minimum=0)
-        self.epoch, previous = epoch, self.epoch
-        if consumed > len(self):
-            available, self.epoch = len(self), previous
-            raise ValueError(
-                f"state_dict['consumed'] = {consumed} exceeds the {available} micro-batches of "
-                f"epoch {epoch}"
-            )
-        self._resume_at = self._yielded = consumed
-
-
-class BalancedBatchSampler(_EpochBatchSampler):
+class BalancedBatchSampler(EpochBatchSampler):
     """Yield this rank's planned micro-batches, step after step, for one epoch.
 
-    Every rank runs :func:`seqbalance.plan.plan_epoch` with the same ``(lengths,
-    global_batch_size, dp_size, options, groups, seed, epoch, shuffle, drop_last,
-    bucket_window)`` (planning is deterministic, so all ranks agree without communicating) and
-    iterates over ``plan.microbatches(step, dp_rank)`` for every step. Each optimizer step
-    contributes ``plan.steps[step].n_microbatches`` micro-batches, the same on every rank (see
-    :meth:`microbatches_per_step` to drive gradient accumulation). The last, partial global
-    batch is planned too unless ``drop_last``. The epoch is planned on first use (``iter`` or
-    ``len``) and cached until the epoch changes.
+    Every rank lays out the epoch's steps as :func:`seqbalance.plan.plan_epoch` does, from the
+    same ``(lengths, global_batch_size, groups, seed, epoch, shuffle, drop_last,
+    bucket_window)``, and plans each step with :func:`seqbalance.plan.plan_step` just ahead of
+    use, ``lookahead`` steps ahead in a background thread (module docstring). Planning is
+    deterministic, so every rank gets the same plan without communicating, and it is exactly
+    the ``plan_epoch`` plan of that step. Each optimizer step contributes its plan's
+    ``n_microbatches`` micro-batches, the same on every rank (fixed with ``num_microbatches``).
+    The last, partial global batch is planned too unless ``drop_last``.
 
     Args:
-        lengths: token length of every dataset sample (``lengths[i]`` for dataset index ``i``),
-            or the samples' :class:`seqbalance.cost.SampleParts` indexed the same way (images
-            as ``grid_thw`` rows with ``image_sample``, or HSTU fields): every step is then
-            planned on the parts of its samples, so ``max_vision_patches`` and a cost model
-            that ``accepts_parts`` see the images (``plan_epoch``).
+        lengths: token length of every dataset sample (``lengths[i]`` for dataset index ``i``):
+            a 1-D integer array (a memory map is read step by step), the path of a 1-D integer
+            ``.npy`` file (memory-mapped), any array-like, or the samples'
+            :class:`seqbalance.cost.SampleParts` indexed the same way (images as ``grid_thw``
+            rows with ``image_sample``, or HSTU fields): every step is then planned on the parts
+            of its samples, so ``max_vision_patches`` and a cost model that ``accepts_parts``
+            see the images.
         global_batch_size: samples per optimizer step across all data-parallel ranks.
         group: the data-parallel process group (module docstring: under tensor or pipeline
-            parallelism the global world is the wrong default).
+            parallelism the global world is the wrong default); also the group of the agreement
+            check.
         dp_rank, dp_size: this process's data-parallel rank and the data-parallel size, instead
             of ``group``.
         rank, world_size: older names of ``dp_rank`` and ``dp_size``.
         seed: shuffling seed shared by all ranks; the epoch is mixed in by ``set_epoch``.
         drop_last, shuffle, bucket_window, groups: as in :func:`seqbalance.plan.plan_epoch`.
+        lookahead: steps planned ahead of the one the loop takes (>= 1).
+        agreement_timeout: seconds the per-epoch agreement check waits for the other ranks;
+            ``None`` skips it (module docstring).
         options: the :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
             ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied
-            on top. Checked here, at construction, together with every sample: against
-            ``max_tokens`` and ``max_vision_patches`` (unless ``allow_oversize``) and through the
-            cost model.
+            on top. Checked here, at construction, together with every sample (one vectorised
+            pass in chunks): against ``max_tokens`` and ``max_vision_patches`` (unless
+            ``allow_oversize``) and through the cost model.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
-        ValueError: a bad argument or option (named), an ambiguous data-parallel position
-            (:func:`data_parallel_position`), a sample over ``max_tokens`` or
-            ``max_vision_patches`` without ``allow_oversize`` (named by its dataset index), a
-            cost the cost model rejects, or parts the options cannot plan (the conditions of
-            :func:`seqbalance.plan.plan_step`: ``max_vision_patches`` without parts that
-            describe images, images or HSTU fields with ``layout="padded"`` or with a cost
-            model that would ignore them).
+        ValueError: a bad argument or option (named), a lengths file that is not a 1-D integer
+            ``.npy``, a negative length, an ambiguous data-parallel position
+            (:func:`data_parallel_position`), a group larger than ``global_batch_size``, a
+            sample over ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``
+            (named by its dataset index), a cost the cost model rejects, or parts the options
+            cannot plan (the conditions of :func:`seqbalance.plan.plan_step`). While iterating:
+            a step the planner refuses (raised by ``next()`` at that step, prefixed with it), a
+            lengths file changed under the sampler, or ranks that disagree.
     """
 
     def __init__(
@@ -401,19 +235,21 @@ class BalancedBatchSampler(_EpochBatchSampler):
         shuffle: bool = True,
         bucket_window: int | None = None,
         groups: Any = None,
+        lookahead: int = 2,
+        agreement_timeout: float | None = 300.0,
         options: PlanOptions | None = None,
         **option_keywords: Any,
     ) -> None:
         parts = lengths if isinstance(lengths, SampleParts) else None
         super().__init__(
-            lengths if parts is None else parts.tokens,
+            LengthSource(lengths if parts is None else parts.tokens),
+            position=data_parallel_position(
+                group=group, dp_rank=dp_rank, dp_size=dp_size, rank=rank, world_size=world_size
+            ),
             group=group,
-            dp_rank=dp_rank,
-            dp_size=dp_size,
-            rank=rank,
-            world_size=world_size,
             seed=seed,
             drop_last=drop_last,
+            agreement_timeout=agreement_timeout,
         )
         self.parts = parts
         self.global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
@@ -422,37 +258,156 @@ class BalancedBatchSampler(_EpochBatchSampler):
         self.bucket_window = (
             None if bucket_window is None else check_int(bucket_window, "bucket_window", minimum=1)
         )
-        self.groups = None if groups is None else as_group_ids(groups, self.lengths.size)
+        self.lookahead = check_int(lookahead, "lookahead", minimum=1)
+        n = self._source.size
+        self.groups = None if groups is None else as_group_ids(groups, n)
+        check_group_sizes(self.groups, self.global_batch_size)
         # What every step's plan_step would refuse, refused now, naming the dataset index.
-        check_within_caps(self.lengths, vision_patches_of(parts, self.options), self.options)
-        evaluate_costs(self.options.cost_model, self.lengths, parts)
-        self._plan_epoch: int | None = None
+        if parts is None:
+            self._check_lengths()
+        else:
+            self._check_samples(self._source.values, parts)
+        first = np.arange(min(n, _PROBE), dtype=np.int64)
+        probe = self._source.take(first)
+        costs, overhead = evaluate_costs(
+            self.options.cost_model, probe, None if parts is None else parts.take(first)
+        )
+        self._cost_probe = sha256_of(np.append(costs, overhead).view(np.int64))
+        self._layout_cache: EpochLayout | None = None
+        # The plans the background thread made last, for step_plan() (it writes, the loop reads).
+        self._recent: OrderedDict[tuple[int, int], StepPlan] = OrderedDict()
+        self._recent_lock = threading.Lock()
         self._plan: EpochPlan | None = None
+
+    def _check_lengths(self) -> None:
+        """Caps and costs of every length: on the distinct lengths when the source has them
+        (costs of plain lengths are per sample), and only on a failure over all samples in
+        chunks, to name the first dataset index at fault."""
+        distinct = self._source.distinct
+        if distinct is not None:
+            try:
+                self._check_samples(distinct, None)
+            except ValueError:
+                pass  # found: the pass below names the dataset index
+            else:
+                return
+        self._source.check_each(lambda chunk: self._check_samples(chunk, None))
+
+    def _check_samples(self, lengths: np.ndarray, parts: SampleParts | None) -> None:
+        check_within_caps(lengths, vision_patches_of(parts, self.options), self.options)
+        evaluate_costs(self.options.cost_model, lengths, parts)
 
     def _setup(self) -> dict[str, Any]:
         # Parts are recorded only when given, so states of plain lengths keep their setup.
-        parts = {} if self.parts is None else {"parts": _parts_sha256(self.parts)}
+        parts = {} if self.parts is None else {"parts": parts_sha256(self.parts)}
         return {
             **super()._setup(),
             **parts,
-            "groups": _sha256(self.groups),
+            "groups": sha256_of(self.groups),
             "options": {
                 "fingerprint": self.options.fingerprint(),
                 "values": self.options.to_dict(),
             },
+            "cost_probe": self._cost_probe,
             "global_batch_size": self.global_batch_size,
             "shuffle": self.shuffle,
             "bucket_window": self.bucket_window,
         }
 
-    def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
-        """The :class:`seqbalance.plan.EpochPlan` of ``epoch`` (default: the current epoch)."""
+    def layout(self, epoch: int | None = None) -> EpochLayout:
+        """Which samples make up each step of ``epoch`` (default: the current epoch)."""
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
-        if self._plan_epoch != epoch or self._plan is None:
+        if self._layout_cache is None or self._layout_cache.epoch != epoch:
+            self._layout_cache = self._fresh_layout(epoch)
+        return self._layout_cache
+
+    def _fresh_layout(self, epoch: int) -> EpochLayout:
+        return EpochLayout(
+            self._source.values,
+            self.global_batch_size,
+            group_ids=self.groups,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            bucket_window=self.bucket_window,
+        )
+
+    def _n_steps(self, epoch: int) -> int:
+        return self.layout(epoch).n_steps
+
+    def _fixed_count(self) -> int | None:
+        return self.options.num_microbatches
+
+    def plan_step(self, indices: np.ndarray, options: PlanOptions) -> StepPlan:
+        """The plan of one step whose samples are ``indices`` (dataset indices, in planning
+        order), under ``options``: the one place a sampler plans, so a caller that adapts the
+        options step by step plugs in here."""
+        samples = self._source.take(indices) if self.parts is None else self.parts.take(indices)
+        step_groups = None if self.groups is None else self.groups[indices]
+        return plan_step(samples, self.dp_size, options, groups=step_groups)
+
+    def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
+        layout = self.layout(epoch)  # only the planner thread calls its step()
+
+        def plan(number: int) -> list[list[int]]:
+            indices = layout.step(number)
+            try:
+                step_plan = self.plan_step(indices, self.options)
+            except ValueError as error:
+                raise ValueError(f"epoch {epoch}, step {number}: {error}") from error
+            with self._recent_lock:
+                self._recent[(epoch, number)] = step_plan
+                while len(self._recent) > _RECENT:
+                    self._recent.popitem(last=False)
+            return [indices[mb].tolist() for mb in step_plan.ranks[self.dp_rank]]
+
+        planner = Lookahead(plan, range(first, layout.n_steps), self.lookahead)
+        self._stop_planner = planner.stop
+        try:
+            for number in range(first, layout.n_steps):
+                yield planner.take(number)
+        finally:
+            planner.stop()
+
+    def step_plan(self, step: int, epoch: int | None = None) -> StepPlan:
+        """The :class:`seqbalance.StepPlan` of ``step`` (default epoch: the current one), the
+        plan whose micro-batches the sampler yields for it (e.g. for the step's micro-batch
+        count and tokens): taken from the plans the background planner made last, else planned
+        now (the same plan: planning is deterministic)."""
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
+        layout = self.layout(epoch)
+        step = check_int(step, "step", minimum=0)
+        if step >= layout.n_steps:
+            raise ValueError(f"step must be in [0, {layout.n_steps}), got {step}")
+        with self._recent_lock:
+            found = self._recent.get((epoch, step))
+        if found is not None:
+            return found
+        if self.bucket_window is not None:
+            # The planner thread may be using this layout's window cache: use a private one.
+            layout = self._fresh_layout(epoch)
+        return self.plan_step(layout.step(step), self.options)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        del state["_recent_lock"]
+        return {**state, "_recent": OrderedDict()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._recent_lock = threading.Lock()
+
+    def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
+        """The whole :class:`seqbalance.plan.EpochPlan` of ``epoch`` (default: the current
+        epoch), planned eagerly with ``plan_epoch`` (every step: use it for inspection, not in
+        the training loop)."""
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
+        if self._plan is None or self._plan.epoch != epoch:
             from seqbalance.plan import plan_epoch
 
             self._plan = plan_epoch(
-                self.lengths if self.parts is None else self.parts,
+                self._source.values if self.parts is None else self.parts,
                 self.global_batch_size,
                 self.dp_size,
                 self.options,
@@ -463,52 +418,53 @@ class BalancedBatchSampler(_EpochBatchSampler):
                 drop_last=self.drop_last,
                 bucket_window=self.bucket_window,
             )
-            self._plan_epoch = epoch
         return self._plan
 
     def microbatches_per_step(self, epoch: int | None = None) -> list[int]:
-        """Micro-batches of each optimizer step in ``epoch`` (sums to ``len(self)``)."""
+        """Micro-batches of each optimizer step in ``epoch``: exact from ``num_microbatches``
+        when set, else from the eager ``epoch_plan`` (which plans every step)."""
+        fixed = self._fixed_count()
+        if fixed is not None:
+            return [fixed] * self._n_steps(self.epoch if epoch is None else epoch)
         return [int(step.n_microbatches) for step in self.epoch_plan(epoch).steps]
 
-    def _layout(self, epoch: int) -> list[list[int]]:
-        plan = self.epoch_plan(epoch)
-        return [
-            [int(i) for i in microbatch]
-            for step in range(len(plan))
-            for microbatch in plan.microbatches(step, self.dp_rank)
-        ]
 
-
-class LengthGroupedSampler(_EpochBatchSampler):
+class LengthGroupedSampler(EpochBatchSampler):
     """Batches of similar lengths, without a planner (Hugging Face ``group_by_length`` style).
 
-    Per epoch, with ``rng = np.random.default_rng([seed, epoch])``:
+    Per epoch, with ``P`` the keyed shuffle of ``plan_epoch`` (``Permutation(n, (seed,
+    epoch))``):
 
-    1. shuffle all indices (``rng.permutation``);
+    1. shuffle all indices (position ``i`` holds ``P(i)``);
     2. cut the shuffled order into buckets of ``bucket_size`` samples (default
        ``50 * batch_size * dp_size``, like Hugging Face's mega-batches) and sort each bucket
        by length, longest first (stable, so equal lengths keep their random order);
     3. cut each bucket into global steps of ``batch_size * dp_size`` samples; within a step,
        rank ``r`` takes the ``r``-th consecutive slice of ``batch_size`` (so all ranks of a step
        see similar lengths);
-    4. shuffle the order of the steps across the whole epoch.
+    4. shuffle the order of the steps across the whole epoch (``Permutation(steps, (seed,
+       epoch, 1))``).
 
-    Each rank yields its batch of every step. Every index appears exactly once per epoch across
-    ranks. A final step with fewer than ``batch_size * dp_size`` samples is dropped with
-    ``drop_last``; otherwise it is split as evenly as possible over the ranks (``np.array_split``),
-    so when fewer samples than ranks remain, some ranks receive an empty batch: every rank always
-    yields the same number of batches, which keeps DDP in lockstep.
+    Steps are computed one at a time (one bucket sorted per step taken), so nothing of the
+    size of the dataset is stored. Each rank yields its batch of every step. Every index
+    appears exactly once per epoch across ranks. A final step with fewer than ``batch_size *
+    dp_size`` samples is dropped with ``drop_last``; otherwise it is split as evenly as
+    possible over the ranks (``np.array_split``), so when fewer samples than ranks remain, some
+    ranks receive an empty batch: every rank always yields the same number of batches, which
+    keeps DDP in lockstep.
 
     Args:
-        lengths: token length of every dataset sample (a ``SampleParts`` is refused: this
-            sampler sorts by length alone and would ignore images; pass ``parts.tokens`` to
-            group by tokens, or plan the parts with :class:`BalancedBatchSampler`).
+        lengths: token length of every dataset sample (an array, a memory map or the path of
+            a ``.npy`` file, as for :class:`BalancedBatchSampler`; a ``SampleParts`` is refused:
+            this sampler sorts by length alone and would ignore images; pass ``parts.tokens``
+            to group by tokens, or plan the parts with :class:`BalancedBatchSampler`).
         batch_size: samples per rank and step.
         group, dp_rank, dp_size, rank, world_size: the data-parallel position, as in
             :class:`BalancedBatchSampler`.
         seed: shuffling seed shared by all ranks.
         drop_last: drop a final step with fewer than ``batch_size * dp_size`` samples.
         bucket_size: samples per length-sorted bucket, a multiple of ``batch_size * dp_size``.
+        agreement_timeout: as in :class:`BalancedBatchSampler`.
 
     Raises:
         ValueError: a bad argument (named).
@@ -527,6 +483,7 @@ class LengthGroupedSampler(_EpochBatchSampler):
         seed: int = 0,
         drop_last: bool = False,
         bucket_size: int | None = None,
+        agreement_timeout: float | None = 300.0,
     ) -> None:
         if isinstance(lengths, SampleParts):
             raise ValueError(
@@ -535,14 +492,14 @@ class LengthGroupedSampler(_EpochBatchSampler):
                 "BalancedBatchSampler"
             )
         super().__init__(
-            lengths,
+            LengthSource(lengths),
+            position=data_parallel_position(
+                group=group, dp_rank=dp_rank, dp_size=dp_size, rank=rank, world_size=world_size
+            ),
             group=group,
-            dp_rank=dp_rank,
-            dp_size=dp_size,
-            rank=rank,
-            world_size=world_size,
             seed=seed,
             drop_last=drop_last,
+            agreement_timeout=agreement_timeout,
         )
         self.batch_size = check_int(batch_size, "batch_size", minimum=1)
         step_size = self.batch_size * self.dp_size
@@ -558,25 +515,34 @@ class LengthGroupedSampler(_EpochBatchSampler):
     def _setup(self) -> dict[str, Any]:
         return {**super()._setup(), "batch_size": self.batch_size, "bucket_size": self.bucket_size}
 
-    def _layout(self, epoch: int) -> list[list[int]]:
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(self.lengths.size)
-        buckets = [order[i : i + self.bucket_size] for i in range(0, order.size, self.bucket_size)]
-        grouped = np.concatenate(
-            [b[np.argsort(-self.lengths[b], kind="stable")] for b in buckets]
-            or [np.zeros(0, dtype=np.int64)]
-        )
-        step_size = self.batch_size * self.dp_size
-        steps = [grouped[i : i + step_size] for i in range(0, grouped.size, step_size)]
-        if steps and steps[-1].size < step_size and self.drop_last:
-            steps.pop()
-        step_order = rng.permutation(len(steps))
-        rank_batches = []
-        for s in step_order:
-            step = steps[s]
+    def _n_steps(self, epoch: int) -> int:
+        n, step_size = self._source.size, self.batch_size * self.dp_size
+        return n // step_size if self.drop_last else -(-n // step_size)
+
+    def _fixed_count(self) -> int | None:
+        return 1
+
+    def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
+        n, step_size = self._source.size, self.batch_size * self.dp_size
+        steps = self._n_steps(epoch)
+        if steps == 0:
+            return
+        shuffle = Permutation(n, (self.seed, epoch))
+        step_order = Permutation(steps, (self.seed, epoch, 1))
+        per_bucket = self.bucket_size // step_size
+        cached: tuple[int, np.ndarray] | None = None
+        for position in range(first, steps):
+            number = int(step_order(np.array([position]))[0])
+            bucket = number // per_bucket
+            if cached is None or cached[0] != bucket:
+                start = bucket * self.bucket_size
+                members = shuffle(np.arange(start, min(start + self.bucket_size, n)))
+                lengths = self._source.take(members)
+                cached = (bucket, members[np.argsort(-lengths, kind="stable")])
+            within = (number - bucket * per_bucket) * step_size
+            step = cached[1][within : within + step_size]
             if step.size == step_size:
                 part = step[self.dp_rank * self.batch_size : (self.dp_rank + 1) * self.batch_size]
             else:
                 part = np.array_split(step, self.dp_size)[self.dp_rank]
-            rank_batches.append([int(i) for i in part])
-        return rank_batches
+            yield [part.tolist()]

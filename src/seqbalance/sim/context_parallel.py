@@ -112,7 +112,7 @@ def compare_context_parallel(
     num_microbatches: int | None = None,
     min_microbatches: int = 1,
     microbatch_multiple: int = 1,
-    allow_empty: bool = False,
+    allow_empty: bool | None = None,
 ) -> ContextParallelComparison:
     """Plan every step with every strategy and collect predicted seconds.
 
@@ -125,8 +125,9 @@ def compare_context_parallel(
         strategies: names from ``CP_STRATEGIES``.
         num_microbatches, min_microbatches, microbatch_multiple: the slot count per rank, as
             for ``plan_context_parallel``.
-        allow_empty: passed to every strategy (``dynamic_cp_megatron`` always allows empty
-            slots).
+        allow_empty: passed to every strategy, so all plan under the same constraints. None:
+            True when ``dynamic_cp_megatron`` is compared (its rule idles ranks between its
+            barriers on most steps, and refuses such steps without it), else False.
 
     Returns:
         A ``ContextParallelComparison``. Every plan is validated.
@@ -135,6 +136,8 @@ def compare_context_parallel(
         raise ValueError("steps must hold at least one step of lengths")
     if groups is not None and len(groups) != len(steps):
         raise ValueError(f"groups has {len(groups)} entries for {len(steps)} steps")
+    if allow_empty is None:
+        allow_empty = "dynamic_cp_megatron" in strategies
     cost_model = context_parallel_cost(cost, model, comm=context_parallel.comm)
     options = replace(context_parallel, comm=None)  # the resolved model carries it
     arrays = [as_lengths(lengths, f"steps[{i}]") for i, lengths in enumerate(steps)]

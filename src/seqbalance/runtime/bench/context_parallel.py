@@ -62,7 +62,9 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
     Args:
         settings: The run (with ``context_parallel``); its plan options' slot counts
             (``num_microbatches``, ``min_microbatches``, ``microbatch_multiple``) and
-            ``allow_empty`` apply to every strategy.
+            ``allow_empty`` apply to every strategy (``allow_empty`` False: empty slots are
+            allowed for all when ``dynamic_cp_megatron`` runs, whose rule needs them; see
+            ``compare_context_parallel``).
         cost: The model every strategy plans with (its ``comm`` included).
 
     Returns:
@@ -106,7 +108,7 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
         num_microbatches=options.num_microbatches,
         min_microbatches=options.min_microbatches,
         microbatch_multiple=options.microbatch_multiple,
-        allow_empty=options.allow_empty,
+        allow_empty=options.allow_empty or None,  # None: as the compared strategies need
     )
 
 

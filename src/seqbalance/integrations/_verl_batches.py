@@ -1,0 +1,331 @@
+"""The micro-batch functions of ``verl.utils.seqlen_balancing`` (verl 0.9.1), under verl's
+contract; public through ``seqbalance.integrations.verl``.
+
+verl 0.9.1's ``rearrange_micro_batches`` makes ``max_token_len`` a strict cap: it starts from
+``min(groups, ceil(tokens / max_token_len))`` micro-batches (raised to ``min_num_micro_batch``,
+agreed over ``dp_group`` and rounded up to ``num_batches_divided_by``), partitions the workloads
+``24576 L + L^2`` with Karmarkar–Karp, and adds micro-batches (``num_batches_divided_by`` at a
+time) until every micro-batch of every rank fits. This module follows the same loop with the same
+collectives, but at each count it keeps the best partition that fits among seqbalance's
+(``plan_step`` and ``partition`` on costs and on tokens) and verl's own Karmarkar–Karp: so it stops
+at verl's count or earlier, and at verl's count its heaviest micro-batch is never heavier.
+"""
+
+from __future__ import annotations
+
+import copy
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import check_int
+from seqbalance.integrations._reference import largest_differencing
+from seqbalance.integrations._verl_partitions import (
+    ceildiv,
+    get_reverse_idx,
+    roundup_divisible,
+    sample_costs,
+)
+
+__all__ = [
+    "plan_micro_batches",
+    "prepare_dynamic_batch",
+    "rearrange_micro_batches",
+    "restore_dynamic_batch",
+]
+
+
+def _effective_lengths(batch: Any) -> np.ndarray:
+    """Tokens of every sample: nested ``input_ids`` offsets, or the ``attention_mask`` row sums."""
+    input_ids = batch["input_ids"]
+    if getattr(input_ids, "is_nested", False):
+        return input_ids.offsets().diff().cpu().numpy().astype(np.int64)
+    return batch["attention_mask"].sum(dim=1).cpu().numpy().astype(np.int64)
+
+
+def _all_reduce(values: list[int], op: str, dp_group: Any) -> list[int]:
+    """``values`` reduced (``"max"`` or ``"min"``) over the ranks of ``dp_group``; the tensor
+    lives on the GPU for NCCL, as verl puts it on its device."""
+    import torch
+    import torch.distributed as dist
+
+    device = "cpu"
+    if dist.get_backend(dp_group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN
+    dist.all_reduce(tensor, op=reduce_op, group=dp_group)
+    return [int(v) for v in tensor.cpu().tolist()]
+
+
+def _synced(dp_group: Any, same_micro_num_in_dp: bool) -> bool:
+    """verl's rule: ranks agree only with ``same_micro_num_in_dp``, a ``dp_group`` and an
+    initialised process group."""
+    if dp_group is None or not same_micro_num_in_dp:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def plan_micro_batches(
+    seqlen_list: Any,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: int | None = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+    *,
+    cost: Any = None,
+    model: Any = None,
+) -> list[list[int]]:
+    """The index lists ``rearrange_micro_batches`` returns, from the samples' token counts.
+
+    Same arguments as ``rearrange_micro_batches`` with ``seqlen_list`` (tokens per sample) in
+    place of the batch; needs torch only when the ranks of ``dp_group`` agree on the count.
+
+    Raises:
+        ValueError: an empty batch, a batch size not divisible by ``force_group_size``, a sample
+            or forced group over ``max_token_len`` on any rank, or more micro-batches needed than
+            a rank has groups (verl raises the same, after the same agreement, so every rank of
+            ``dp_group`` raises together).
+    """
+    lengths = np.asarray(seqlen_list).reshape(-1)
+    if lengths.size == 0:
+        raise ValueError("the batch holds no sequences: nothing to split into micro-batches")
+    if lengths.dtype.kind not in "iu" or lengths.min() < 0:
+        raise ValueError("sequence lengths must be non-negative integers")
+    cap = check_int(max_token_len, "max_token_len", minimum=1)
+    group = check_int(force_group_size, "force_group_size", minimum=1)
+    if lengths.size % group:
+        raise ValueError(
+            f"batch size {lengths.size} is not a multiple of force_group_size = {group}"
+        )
+    step = 1
+    if num_batches_divided_by is not None:
+        step = check_int(num_batches_divided_by, "num_batches_divided_by", minimum=1)
+    item_lengths = lengths.reshape(-1, group).sum(axis=1)
+    n_items = item_lengths.size
+    # verl's starting count; at least 1 (verl fails on a batch of empty sequences).
+    count = max(1, min(n_items, ceildiv(int(item_lengths.sum()), cap)))
+    if min_num_micro_batch is not None:
+        count = max(check_int(min_num_micro_batch, "min_num_micro_batch", minimum=0), count)
+    synced = _synced(dp_group, same_micro_num_in_dp)
+    if synced:
+        (count,) = _all_reduce([count], "max", dp_group)
+    count = roundup_divisible(count, step)
+    costs, overhead = sample_costs(cost, model, lengths)
+    item_costs = costs.reshape(-1, group).sum(axis=1)
+    longest, fewest_items = int(item_lengths.max()), n_items
+    if synced:
+        # Fatal limits agreed before any rank raises, so no peer is left in a collective.
+        longest, negative = _all_reduce([longest, -n_items], "max", dp_group)
+        fewest_items = -negative
+    if longest > cap:
+        what = "a sequence" if group == 1 else f"a forced group of {group} sequences"
+        raise ValueError(
+            f"{what} holds {longest} tokens, more than max_token_len = {cap}: it fits no "
+            "micro-batch"
+        )
+    while True:
+        if count > fewest_items:
+            raise ValueError(
+                f"max_token_len = {cap} needs {count} non-empty micro-batches, but a rank has "
+                f"only {fewest_items} sequences (or forced groups)"
+            )
+        parts = _best_fitting(item_lengths, item_costs, cap, count)
+        fits = parts is not None
+        if synced:
+            fits = bool(_all_reduce([int(fits)], "min", dp_group)[0])
+        if fits:
+            break
+        count += step
+    units = np.arange(lengths.size).reshape(-1, group)
+    micro = [sorted(units[part].reshape(-1).tolist()) for part in parts]
+    weight = [overhead + float(costs[part].sum()) for part in micro]
+    # verl's order: heaviest first (ties: the later first index first) ...
+    order = sorted(range(len(micro)), key=lambda j: (weight[j], micro[j][0]), reverse=True)
+    micro = [micro[j] for j in order]
+    if use_dynamic_bsz_balance:
+        # ... then the lightest at both ends, the heaviest in the middle (fewer exposed bubbles).
+        micro = micro[::2][::-1] + micro[1::2]
+    return micro
+
+
+def _best_fitting(
+    tokens: np.ndarray, costs: np.ndarray, cap: int, count: int
+) -> list[list[int]] | None:
+    """``count`` non-empty parts of the items, each within ``cap`` tokens, with the costliest as
+    cheap as found, or None when no candidate fits.
+
+    Candidates: ``partition`` on costs (near-optimal when the cap does not bind; then the others
+    are not needed), else seqbalance's planner (the cap and the costs together) and ``partition``
+    on tokens (the tight packings); always verl's own Karmarkar–Karp on costs, so whenever verl's
+    partition fits, this fits too and its costliest part is no heavier.
+    """
+    from seqbalance.partition import partition
+    from seqbalance.plan import plan_step
+
+    def fitting(parts: list[list[int]]) -> bool:
+        return all(parts) and max(int(tokens[part].sum()) for part in parts) <= cap
+
+    candidates = [[part.tolist() for part in partition(costs, count).parts]]
+    if not fitting(candidates[0]):
+
+        def items_cost(_lengths: np.ndarray) -> np.ndarray:
+            return costs
+
+        try:
+            plan = plan_step(tokens, count, cost=items_cost, max_tokens=cap, num_microbatches=1)
+            candidates.append([ranks[0].tolist() for ranks in plan.ranks])
+        except ValueError:
+            pass  # the planner found no fitting plan; the others may
+        candidates.append([part.tolist() for part in partition(tokens, count).parts])
+    candidates.append(largest_differencing(costs.tolist(), count, equal_size=False))
+    best, best_cost = None, np.inf
+    for parts in filter(fitting, candidates):
+        heaviest = max(float(costs[part].sum()) for part in parts)
+        if heaviest < best_cost:
+            best, best_cost = parts, heaviest
+    return best
+
+
+def _select(batch: Any, indices: list[int]) -> Any:
+    """Rows ``indices`` of a TensorDict, as verl's ``index_select_tensor_dict``: dense tensors
+    indexed, nested (jagged) tensors rebuilt row by row, non-tensor stacks indexed, non-tensor
+    data without a batch dimension kept."""
+    import torch
+    from tensordict import TensorDict
+
+    index = torch.tensor(indices, dtype=torch.long)
+    values = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.is_nested:
+            rows = value.unbind()
+            values[key] = torch.nested.as_nested_tensor(
+                [rows[i] for i in indices], layout=torch.jagged
+            )
+        elif isinstance(value, torch.Tensor) or value.shape:
+            values[key] = value[index]
+        else:
+            values[key] = value
+    return TensorDict(values, batch_size=[len(indices)])
+
+
+def rearrange_micro_batches(
+    batch: Any,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: int | None = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+    *,
+    cost: Any = None,
+    model: Any = None,
+) -> tuple[list[Any], list[list[int]]]:
+    """Split a TensorDict batch into micro-batches under a strict token cap; verl's contract.
+
+    Args:
+        batch: TensorDict with ``attention_mask`` ``[B, S]`` (tokens = row sums) or nested
+            ``input_ids`` (tokens = row lengths); every entry is sliced the same way.
+        max_token_len: cap on the tokens of every micro-batch (strict, as in verl 0.9.1).
+        dp_group: process group whose ranks agree on the micro-batch count (verl: only when
+            given and ``torch.distributed`` is initialised).
+        num_batches_divided_by: the count is a multiple of this (virtual pipeline size).
+        same_micro_num_in_dp: with ``dp_group``, every rank gets the same count.
+        min_num_micro_batch: at least this many micro-batches.
+        use_dynamic_bsz_balance: order micro-batches lightest at both ends (verl's pipeline
+            order); otherwise heaviest first.
+        force_group_size: consecutive runs of this many samples stay in one micro-batch.
+        cost, model: what to balance (seqbalance's keywords); default verl's workload.
+
+    Returns:
+        ``(micro_batches, indices)``: the TensorDicts and, for each, the ascending positions of
+        its samples in ``batch`` (concatenated they are a permutation of ``range(B)``).
+
+    Raises:
+        ValueError: as :func:`plan_micro_batches`.
+    """
+    indices = plan_micro_batches(
+        _effective_lengths(batch),
+        max_token_len,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
+        use_dynamic_bsz_balance,
+        force_group_size,
+        cost=cost,
+        model=model,
+    )
+    return [_select(batch, part) for part in indices], indices
+
+
+def prepare_dynamic_batch(
+    data: Any,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: int | None = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
+    *,
+    force_group_size: int = 1,
+    cost: Any = None,
+    model: Any = None,
+) -> tuple[list[Any], list[list[int]]]:
+    """verl's ``prepare_dynamic_batch``: ``rearrange_micro_batches`` on ``data``.
+
+    ``data`` is a verl ``DataProto`` (its ``batch`` is split, its ``non_tensor_batch`` arrays are
+    indexed the same way and its ``meta_info`` copied; micro-batches are built with
+    ``type(data).from_dict``) or a TensorDict (micro-batches are TensorDicts).
+    """
+    is_proto = hasattr(data, "non_tensor_batch") and hasattr(data, "batch")
+    micro_batches, indices = rearrange_micro_batches(
+        data.batch if is_proto else data,
+        max_token_len,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
+        use_dynamic_bsz_balance,
+        force_group_size,
+        cost=cost,
+        model=model,
+    )
+    if not is_proto:
+        return micro_batches, indices
+    protos = [
+        type(data).from_dict(
+            dict(micro_batch.items()),
+            {key: value[part] for key, value in data.non_tensor_batch.items()},
+            meta_info=copy.deepcopy(data.meta_info),
+        )
+        for micro_batch, part in zip(micro_batches, indices, strict=True)
+    ]
+    return protos, indices
+
+
+def restore_dynamic_batch(data: Any, batch_idx_list: list[list[int]]) -> Any:
+    """Put rows computed in micro-batch order back in the original order (verl's contract).
+
+    ``data``: a tensor (or nested jagged tensor) whose rows are the concatenated micro-batches.
+
+    Raises:
+        ValueError: ``batch_idx_list`` does not cover the rows of ``data`` exactly once.
+    """
+    import torch
+
+    order = list(chain.from_iterable(batch_idx_list))
+    if len(order) != data.shape[0]:
+        raise ValueError(f"batch_idx_list covers {len(order)} rows, data has {data.shape[0]}")
+    reverse = get_reverse_idx(order)
+    if data.is_nested:
+        rows = data.unbind()
+        return torch.nested.as_nested_tensor([rows[i] for i in reverse], layout=torch.jagged)
+    return data[torch.tensor(reverse, dtype=torch.long)]

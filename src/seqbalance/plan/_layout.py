@@ -1,0 +1,217 @@
+"""Which samples make up each optimizer step of an epoch, computed one step at a time.
+
+``EpochLayout`` is the one definition of an epoch's order that ``plan_epoch`` (eager) and the
+samplers (lazy, step by step) share, so a lazily planned step holds exactly the samples the eager
+plan gives it. Its per-epoch state is constant without groups: the shuffle is a keyed
+pseudo-random permutation (``Permutation``) evaluated at the positions a step needs, never a
+stored array; with groups it is the groups' members (``uint32`` while ``n < 2**32``) and one
+start per step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["EpochLayout", "Permutation"]
+
+_ROUNDS = 6
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant (golden ratio): multiplicative mix
+_CHUNK = 1 << 22  # samples per chunk when a pass over all samples is needed
+
+
+class Permutation:
+    """A keyed bijection of ``[0, n)`` in constant memory (a balanced Feistel network on the
+    smallest even number of bits covering ``n``, cycle-walking back into range).
+
+    The same ``(n, key)`` gives the same permutation on every machine: it is integer arithmetic
+    on ``uint64`` only.
+    """
+
+    def __init__(self, n: int, key: tuple[int, ...]) -> None:
+        self.n = n
+        bits = max(2, (n - 1).bit_length())
+        bits += bits % 2
+        self._half = np.uint64(bits // 2)
+        self._mask = np.uint64((1 << (bits // 2)) - 1)
+        self._keys = np.random.default_rng(key).integers(0, 2**63, _ROUNDS, dtype=np.uint64)
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self._half, x & self._mask
+        for key in self._keys:
+            mixed = (right ^ key) * _MIX
+            mixed ^= mixed >> np.uint64(29)
+            left, right = right, left ^ (mixed & self._mask)
+        return (left << self._half) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """The permuted values at ``positions`` (int64 array in ``[0, n)``), as int64."""
+        out = self._encrypt(np.asarray(positions, dtype=np.uint64))
+        outside = np.flatnonzero(out >= np.uint64(self.n))
+        while outside.size:  # a bijection: walking its cycle from x < n comes back below n
+            out[outside] = self._encrypt(out[outside])
+            outside = outside[out[outside] >= np.uint64(self.n)]
+        return out.astype(np.int64)
+
+
+class EpochLayout:
+    """The dataset indices of every optimizer step of one epoch (``plan_epoch``'s order).
+
+    Order: the units (samples, or whole groups in order of first appearance) are permuted by
+    ``Permutation(units, (seed, epoch))`` with ``shuffle``, else kept in dataset order.
+    Consecutive units fill steps of ``global_batch_size`` samples (a step takes whole groups while
+    they fit). ``bucket_window=w`` deals the units of each run of ``w`` steps by length
+    (``plan_epoch``); each step's samples are then shuffled with
+    ``np.random.default_rng((seed, epoch, window))``. With ``drop_last`` a last step short of
+    ``global_batch_size`` is dropped (``dropped``).
+
+    Args:
+        lengths: 1-D integer array (a memory map is read, never copied whole).
+        global_batch_size, seed, epoch, shuffle, drop_last, bucket_window: checked values.
+        group_ids: int64 group id per sample, or None.
+    """
+
+    def __init__(
+        self,
+        lengths: np.ndarray,
+        global_batch_size: int,
+        *,
+        group_ids: np.ndarray | None,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        drop_last: bool,
+        bucket_window: int | None,
+    ) -> None:
+        self.lengths = lengths
+        self.size = global_batch_size
+        self.seed, self.epoch = seed, epoch
+        self.window = bucket_window
+        n = int(lengths.shape[0])
+        self._members: np.ndarray | None = None
+        if group_ids is None:
+            self._n_units = n
+            self._unit_starts = None
+        else:
+            self._members, self._unit_starts = _group_members(group_ids)
+            self._n_units = self._unit_starts.size - 1
+        self._permutation = (
+            Permutation(self._n_units, (seed, epoch)) if shuffle and self._n_units else None
+        )
+        if group_ids is None:
+            total = -(-n // self.size)
+            self._step_starts = None
+        else:
+            self._step_starts = self._fill_steps()
+            total = self._step_starts.size - 1
+        self._total = total
+        self._window_cache: tuple[int, list[np.ndarray]] | None = None
+        self.dropped = np.empty(0, dtype=np.int64)
+        if drop_last and total and self._raw_step(total - 1).size < self.size:
+            self.dropped = np.sort(self._step(total - 1))
+            total -= 1
+        self.n_steps = total
+
+    def step(self, number: int) -> np.ndarray:
+        """Dataset indices (int64) of step ``number`` in ``[0, n_steps)``, in planning order."""
+        if not 0 <= number < self.n_steps:
+            raise ValueError(f"step must be in [0, {self.n_steps}), got {number}")
+        return self._step(number)
+
+    def _step(self, number: int) -> np.ndarray:
+        if self.window is None:
+            return self._raw_step(number)
+        window = number // self.window
+        if self._window_cache is None or self._window_cache[0] != window:
+            self._window_cache = (window, self._bucket(window))
+        return self._window_cache[1][number - window * self.window]
+
+    def _units(self, first: int, stop: int) -> np.ndarray:
+        """Unit ids at permuted positions ``[first, stop)``."""
+        positions = np.arange(first, stop, dtype=np.int64)
+        return positions if self._permutation is None else self._permutation(positions)
+
+    def _unit_list(self, number: int) -> list[np.ndarray]:
+        """The units of step ``number`` (before bucketing), each as its dataset indices."""
+        if self._step_starts is None:
+            return list(self._raw_step(number).reshape(-1, 1))
+        starts, members = self._unit_starts, self._members
+        units = self._units(int(self._step_starts[number]), int(self._step_starts[number + 1]))
+        return [members[starts[u] : starts[u + 1]].astype(np.int64) for u in units.tolist()]  # type: ignore[index]
+
+    def _raw_step(self, number: int) -> np.ndarray:
+        if self._step_starts is None:
+            first = number * self.size
+            return self._units(first, min(first + self.size, self._n_units))
+        units = self._unit_list(number)
+        return np.concatenate(units) if units else np.empty(0, dtype=np.int64)
+
+    def _fill_steps(self) -> np.ndarray:
+        """Unit positions where each step starts (and the end): whole units while they fit."""
+        sizes = np.diff(self._unit_starts)  # type: ignore[arg-type]
+        if self._n_units == 0:
+            return np.zeros(1, dtype=np.int64)
+        ordered = (
+            sizes
+            if self._permutation is None
+            else np.concatenate(
+                [
+                    sizes[self._units(a, min(a + _CHUNK, self._n_units))]
+                    for a in range(0, self._n_units, _CHUNK)
+                ]
+            )
+        )
+        ends = np.cumsum(ordered)
+        bounds = [0]
+        while bounds[-1] < self._n_units:
+            before = 0 if bounds[-1] == 0 else int(ends[bounds[-1] - 1])
+            # The last unit whose running total stays within the step (at least one unit).
+            stop = int(np.searchsorted(ends, before + self.size, side="right"))
+            bounds.append(max(stop, bounds[-1] + 1))
+        return np.asarray(bounds, dtype=np.int64)
+
+    def _bucket(self, window: int) -> list[np.ndarray]:
+        """Steps of one window, dealt by length in snake order (``plan_epoch``)."""
+        first = window * self.window  # type: ignore[operator]
+        numbers = range(first, min(first + self.window, self._total))  # type: ignore[operator]
+        group = [self._unit_list(s) for s in numbers]
+        units = [u for step in group for u in step]
+        room = [sum(u.size for u in step) for step in group]
+        weight = np.array([int(np.asarray(self.lengths[u], dtype=np.int64).sum()) for u in units])
+        dealt: list[list[np.ndarray]] = [[] for _ in group]
+        k = len(group)
+        snake = [*range(k), *range(k - 1, -1, -1)]
+        cursor = 0
+        for i in np.argsort(-weight, kind="stable").tolist():
+            unit = units[i]
+            for tries in range(2 * k):
+                target = snake[(cursor + tries) % (2 * k)]
+                if room[target] >= unit.size:
+                    break
+            else:
+                dealt = group  # unequal groups did not fit: keep this window as it was
+                break
+            dealt[target].append(unit)
+            room[target] -= unit.size
+            cursor = (cursor + tries + 1) % (2 * k)
+        rng = np.random.default_rng((self.seed, self.epoch, window))
+        steps = []
+        for step in dealt:
+            indices = np.concatenate(step) if step else np.empty(0, dtype=np.int64)
+            steps.append(indices[rng.permutation(indices.size)])
+        return steps
+
+
+def _group_members(group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Samples of each group, groups in order of first appearance: ``(members, starts)``,
+    members compact (``uint32`` while the sample count allows) and ``starts`` of size
+    groups + 1."""
+    _, first, inverse = np.unique(group_ids, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    unit = rank[inverse]
+    dtype = np.uint32 if group_ids.size < 2**32 else np.int64
+    members = np.argsort(unit, kind="stable").astype(dtype)
+    starts = np.zeros(first.size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(unit, minlength=first.size), out=starts[1:])
+    return members, starts

@@ -1,0 +1,88 @@
+"""A bounded lookahead of step plans, computed in a background thread.
+
+The training loop takes step ``s`` while the thread already plans ``s + 1 ... s + depth``, so in
+steady state the loop never waits for the planner. A planner error is delivered as the result
+of the step it concerns and raised there; stopping (the loop left, a new pass) ends the thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Lookahead"]
+
+_POLL_S = 0.05  # how often a blocked thread looks at the stop flag (seconds)
+
+
+class Lookahead:
+    """Results of ``plan(step)`` for ``steps``, in order, at most ``depth`` ahead of use.
+
+    Args:
+        plan: computes one step's result; an exception it raises is kept for that step.
+        steps: the step numbers, in the order they are taken.
+        depth: results computed ahead of the one taken (>= 1).
+    """
+
+    def __init__(self, plan: Callable[[int], Any], steps: range, depth: int) -> None:
+        self._plan = plan
+        self._steps = steps
+        self._results: queue.Queue[tuple[int, Any, BaseException | None]] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="seqbalance-planner", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for step in self._steps:
+            if self._stop.is_set():
+                return
+            try:
+                item: tuple[int, Any, BaseException | None] = (step, self._plan(step), None)
+            except BaseException as error:  # handed to the loop at this step, raised there
+                item = (step, None, error)
+            while not self._stop.is_set():
+                try:
+                    self._results.put(item, timeout=_POLL_S)
+                    break
+                except queue.Full:
+                    continue
+            if item[2] is not None:
+                return
+
+    def take(self, step: int) -> Any:
+        """The result for ``step`` (the next one in order), waiting for it if needed.
+
+        Raises:
+            whatever ``plan(step)`` raised; RuntimeError if the thread ended without it.
+        """
+        while True:
+            try:
+                number, result, error = self._results.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._results.empty():
+                    raise RuntimeError(
+                        f"the background planner stopped before step {step}"
+                    ) from None
+        if number != step:
+            raise RuntimeError(f"the background planner delivered step {number}, expected {step}")
+        if error is not None:
+            raise error
+        return result
+
+    def stop(
+        self, _current_thread: Callable[[], threading.Thread] = threading.current_thread
+    ) -> None:
+        """End the thread (it finishes the step it is planning, then exits)."""
+        # Bound at definition: a generator left unfinished is closed during interpreter
+        # shutdown, when this module's globals may already be None.
+        self._stop.set()
+        if self._thread is not _current_thread():
+            self._thread.join(timeout=60.0)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread.is_alive()
