@@ -295,14 +295,7 @@ class CommModel:
                 "observations do not determine a bandwidth (seconds do not grow with bytes); "
                 "measure larger messages"
             )
-        predicted = rows @ np.array([inverse_bandwidth, latency])
-        residual = float(np.sum((seconds - predicted) ** 2))
-        spread = float(np.sum((seconds - seconds.mean()) ** 2))
-        stats = FitStats(
-            mape=float(np.mean(np.abs(predicted - seconds) / seconds)),
-            r2=1.0 - residual / spread if spread > 0 else float(np.allclose(predicted, seconds)),
-            n_observations=int(seconds.size),
-        )
+        stats = FitStats.of(rows @ np.array([inverse_bandwidth, latency]), seconds)
         return cls(
             1.0 / float(inverse_bandwidth),
             float(latency),
