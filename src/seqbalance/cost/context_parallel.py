@@ -43,7 +43,7 @@ from seqbalance._validation import (
     check_positive_float,
 )
 from seqbalance.cost.flops import FlopsModel, attention_pairs
-from seqbalance.cost.resolve import flops_model
+from seqbalance.cost.lookup import flops_model
 from seqbalance.cost.spec import SOFTMAX_ATTENTION_KINDS, ModelSpec
 from seqbalance.cost.time_model import FitStats, TimeModel, _nnls, _read_model_file
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
