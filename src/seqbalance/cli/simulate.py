@@ -296,7 +296,7 @@ def _with_length_grouped(
     speedups are recomputed over the mean step times."""
     import dataclasses
 
-    from seqbalance.integrations.baselines import length_grouped_steps
+    from seqbalance.plan.stacks import length_grouped_steps
     from seqbalance.sim import simulate
 
     if source.groups is not None:

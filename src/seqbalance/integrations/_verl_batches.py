@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import check_int
-from seqbalance.integrations._reference import largest_differencing
 from seqbalance.integrations._verl_partitions import (
     ceildiv,
     get_reverse_idx,
     roundup_divisible,
     sample_costs,
 )
+from seqbalance.plan.stacks.reference import largest_differencing
 
 __all__ = [
     "plan_micro_batches",

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from seqbalance.integrations._reference import largest_differencing, split_largest_bins
-from seqbalance.integrations.baselines import (
+from seqbalance.plan import PlanOptions
+from seqbalance.plan._problem import Problem
+from seqbalance.plan.stacks import (
     STACK_BASELINES,
     HFDefaultBaseline,
     HFLengthGroupedBaseline,
@@ -31,8 +32,7 @@ from seqbalance.integrations.baselines import (
     length_grouped_steps,
     stack_baseline,
 )
-from seqbalance.plan import PlanOptions
-from seqbalance.plan._problem import Problem
+from seqbalance.plan.stacks.reference import largest_differencing, split_largest_bins
 
 RECORDED = Path(__file__).parent / "data" / "stack_baselines.json.gz"
 
