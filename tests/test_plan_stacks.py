@@ -4,8 +4,9 @@
 own code produced for them (verl ``rearrange_micro_batches`` after the trainer's driver balance,
 slime ``build_dp_schedule``, TorchSpec's controller dispatch, Hugging Face
 ``get_length_grouped_indices`` sharded by Accelerate), recorded by running those functions; only
-their outputs are stored. Where a stack's function is importable, the live tests also compare on
-fresh random inputs.
+their outputs are stored. The verl cases are verl 0.9.1's, re-recorded by
+``scripts/record_verl_baseline.py``. Where a stack's function is importable, the live tests also
+compare on fresh random inputs.
 """
 
 from __future__ import annotations
