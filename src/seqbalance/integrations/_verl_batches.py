@@ -6,7 +6,7 @@ verl 0.9.1's ``rearrange_micro_batches`` makes ``max_token_len`` a strict cap: i
 agreed over ``dp_group`` and rounded up to ``num_batches_divided_by``), partitions the workloads
 ``24576 L + L^2`` with Karmarkar–Karp, and adds micro-batches (``num_batches_divided_by`` at a
 time) until every micro-batch of every rank fits. This module runs the same loop
-(``seqbalance.plan.stacks.verl.strict_cap_count``, which the ``verl`` strategy runs too) with the
+(``seqbalance.plan.stacks.verl.strict_cap_parts``, which the ``verl`` strategy runs too) with the
 same collectives, but at each count it keeps the best partition that fits among seqbalance's
 (``plan_step`` and ``partition`` on costs and on tokens) and verl's own Karmarkar–Karp: so it stops
 at verl's count or earlier, and at verl's count its heaviest micro-batch is never heavier.
@@ -28,7 +28,7 @@ from seqbalance.integrations._verl_partitions import (
     sample_costs,
 )
 from seqbalance.plan.stacks.reference import largest_differencing
-from seqbalance.plan.stacks.verl import strict_cap_count
+from seqbalance.plan.stacks.verl import strict_cap_parts
 
 __all__ = [
     "plan_micro_batches",
@@ -136,7 +136,7 @@ def plan_micro_batches(
     def agree(fits: bool) -> bool:
         return bool(_all_reduce([int(fits)], "min", dp_group)[0]) if synced else fits
 
-    _, parts = strict_cap_count(
+    parts = strict_cap_parts(
         count,
         step=step,
         fewest_items=fewest_items,

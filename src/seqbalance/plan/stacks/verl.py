@@ -7,7 +7,7 @@
   ``microbatch_multiple``, verl's ``min_num_micro_batch`` / ``num_batches_divided_by``), filled
   by Karmarkar–Karp on the same workload; while a micro-batch of any rank is over the cap, the
   count grows by ``microbatch_multiple`` and every rank is filled again (verl 0.9.1's strict cap,
-  :func:`strict_cap_count`), refused once a rank has fewer samples than micro-batches or when a
+  :func:`strict_cap_parts`), refused once a rank has fewer samples than micro-batches or when a
   sample alone is over the cap. The micro-batches run lightest-at-both-ends. With ``groups``,
   verl's prefix-grouper path: whole groups to ranks, equal group counts.
 
@@ -29,12 +29,12 @@ from seqbalance.plan.stacks._base import (
 )
 from seqbalance.plan.stacks.reference import largest_differencing, verl_workload
 
-__all__ = ["VerlBaseline", "strict_cap_count"]
+__all__ = ["VerlBaseline", "strict_cap_parts"]
 
 Parts = TypeVar("Parts")
 
 
-def strict_cap_count(
+def strict_cap_parts(
     count: int,
     *,
     step: int,
@@ -42,7 +42,7 @@ def strict_cap_count(
     cap: int | None,
     fitting: Callable[[int], Parts | None],
     agree: Callable[[bool], bool] = bool,
-) -> tuple[int, Parts]:
+) -> Parts:
     """verl 0.9.1's strict-cap loop of ``rearrange_micro_batches``: from ``count`` micro-batches,
     ``step`` (``num_batches_divided_by``) more at a time, until the parts ``fitting(count)``
     returns keep every micro-batch within the cap (``None``: some micro-batch is over it).
@@ -60,7 +60,7 @@ def strict_cap_count(
             as the ``verl`` strategy does, passes the identity; a drop-in rank all-reduces).
 
     Returns:
-        ``(count, fitting(count))`` at the first count where every rank fits.
+        ``fitting(count)`` at the first count where every rank fits.
 
     Raises:
         ValueError: the count passes ``fewest_items`` first (verl raises the same, on every rank
@@ -76,7 +76,7 @@ def strict_cap_count(
         parts = fitting(count)
         if agree(parts is not None):
             # Every rank fits, this one included.
-            return count, cast(Parts, parts)
+            return cast(Parts, parts)
         count += step
 
 
@@ -116,7 +116,7 @@ class VerlBaseline(StackBaseline):
             sizes = [int(t[p].sum()) for t, rank in zip(tokens, parts, strict=True) for p in rank]
             return parts if max(sizes) <= limit else None
 
-        _, parts = strict_cap_count(
+        parts = strict_cap_parts(
             rounded(problem, needed, self.name),
             step=problem.microbatch_multiple,
             fewest_items=min(t.size for t in tokens),
