@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance.cost import TimeModel
-from seqbalance.runtime.bench.settings import BenchSettings
+from seqbalance.runtime.bench.settings import ONLINE_STRATEGIES, BenchSettings
 from seqbalance.runtime.bench.summary import summarize
 
 __all__ = ["launch_and_summarize", "plan_schedule", "run"]
@@ -28,33 +28,41 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
 
     Args:
         settings: The run; its warm-up and measured steps are planned with its plan options
-            (``settings.options``, every option honoured by the simulator's planner).
+            (``settings.options``, every option honoured by the simulator's planner, and
+            ``settings.rank_speeds``).
         time_model: The cost every strategy plans with.
 
     Returns:
         ``(schedule, simulation)``: the token lengths of each micro-batch, per strategy, step
-        and rank; and the :class:`~seqbalance.sim.SimulationResult` they come from.
+        and rank, and under ``"batches"`` / ``"batch_groups"`` the lengths / group ids of each
+        step's samples (what the strategies planned inside the processes,
+        ``ONLINE_STRATEGIES``, plan from); and the
+        :class:`~seqbalance.sim.SimulationResult` they come from.
 
     Raises:
         ValueError: A strategy cannot plan a step (the planner's message says why).
     """
     from seqbalance.sim import simulate
 
+    offline = tuple(name for name in settings.strategies if name not in ONLINE_STRATEGIES)
+    options = settings.options.replace(cost=time_model)
+    if settings.rank_speeds is not None:
+        options = options.replace(rank_speeds=settings.rank_speeds)
     result = simulate(
         np.asarray(settings.lengths, dtype=np.int64),
-        settings.options.replace(cost=time_model),
+        options,
         groups=None if settings.groups is None else np.asarray(settings.groups),
         dp_size=settings.procs,
         global_batch_size=settings.global_batch_size,
         steps=settings.warmup + settings.steps,
-        strategies=settings.strategies,
+        strategies=offline or ("balanced",),
         seed=settings.seed,
     )
     if result.failed:
         raise ValueError(
             "; ".join(f"{name} cannot plan {message}" for name, message in result.failed.items())
         )
-    schedule = {
+    schedule: dict[str, Any] = {
         name: [
             [
                 [result.lengths[batch][indices].tolist() for indices in rank_microbatches]
@@ -62,8 +70,12 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
             ]
             for plan, batch in zip(result.plans[name], result.batches, strict=True)
         ]
-        for name in settings.strategies
+        for name in offline
     }
+    schedule["batches"] = [result.lengths[batch].tolist() for batch in result.batches]
+    schedule["batch_groups"] = [
+        None if result.groups is None else result.groups[batch].tolist() for batch in result.batches
+    ]
     return schedule, result
 
 
