@@ -436,7 +436,7 @@ def add_plan_option_arguments(
     """Add one flag per plan option (same names in plan, simulate and bench): ``--max-tokens``,
     ``--layout``, ``--micro-batch-size``, ``--num-microbatches``, ``--min-microbatches``,
     ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
-    ``--allow-empty``. Read them back with :func:`plan_options_from_args`."""
+    ``--allow-empty``, ``--rank-speeds``. Read them back with :func:`plan_options_from_args`."""
     from seqbalance.plan import LAYOUTS, ORDERS
 
     group = parser.add_argument_group("plan options")
@@ -486,6 +486,14 @@ def add_plan_option_arguments(
     group.add_argument(
         "--allow-empty", action="store_true", help="allow empty micro-batches (default: error)"
     )
+    group.add_argument(
+        "--rank-speeds",
+        type=_speeds,
+        default=None,
+        metavar="S0,S1,...",
+        help="relative speed of every data-parallel rank, e.g. 1,1,1,0.67 (one per rank): "
+        "balanced plans the least largest time cost / speed (default: equal ranks)",
+    )
 
 
 def _flag_options() -> tuple[str, ...]:
@@ -520,6 +528,16 @@ CONTEXT_PARALLEL_FLAGS = {
     "max_tokens_per_rank": "--max-tokens-per-rank",
 }
 """The plan options' flags and those of :func:`add_context_parallel_arguments`."""
+
+
+def _speeds(text: str) -> tuple[float, ...]:
+    """``--rank-speeds``: comma-separated numbers (their checks are ``PlanOptions``')."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, one per rank, got {text!r}"
+        ) from None
 
 
 def _sizes(text: str) -> tuple[int, ...]:

@@ -26,11 +26,16 @@ MAX_SLOTS = 2**18
 """Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
 
 
-def objective_value(costs: np.ndarray, objective: str) -> float:
+def objective_value(costs: np.ndarray, objective: str, speeds: np.ndarray | None = None) -> float:
     """The step cost of micro-batch costs ``[dp, M]`` (positions as given): the costliest
-    rank's total (``step``) or the sum over positions of the costliest rank (``lockstep``)."""
+    rank's total (``step``) or the sum over positions of the costliest rank (``lockstep``).
+
+    With ``speeds`` (float64 ``[dp]``), rank ``r``'s costs count as ``cost / speeds[r]`` (time
+    in cost units per unit of speed) in both objectives."""
     if costs.size == 0:
         return 0.0
+    if speeds is not None:
+        costs = costs / speeds[:, None]
     if objective == "lockstep":
         return float(costs.max(axis=0).sum())
     return float(costs.sum(axis=1).max())
@@ -129,6 +134,23 @@ class Problem(OptionFields):
     def n(self) -> int:
         return int(self.lengths.size)
 
+    @cached_property
+    def speeds(self) -> np.ndarray | None:
+        """float64 ``[dp]`` relative rank speeds (``options.rank_speeds``), or ``None``.
+
+        Raises ValueError naming ``rank_speeds`` when it does not hold one speed per rank."""
+        if self.options.rank_speeds is None:
+            return None
+        from seqbalance.plan.options import check_rank_speeds
+
+        return np.array(check_rank_speeds(self.options.rank_speeds, self.dp), dtype=np.float64)
+
+    @cached_property
+    def rank_speeds(self) -> np.ndarray:
+        """float64 ``[dp]``: ``speeds``, or ones for equal ranks (for arithmetic that is exact
+        either way: dividing by 1.0 changes nothing)."""
+        return np.ones(self.dp) if self.speeds is None else self.speeds
+
     # ------------------------------------------------------------------ micro-batch arithmetic
     @cached_property
     def cap(self) -> float:
@@ -217,7 +239,7 @@ class Problem(OptionFields):
                 for mbs in microbatches
             ]
         )
-        return objective_value(costs, self.objective)
+        return objective_value(costs, self.objective, self.speeds)
 
     @cached_property
     def oversize(self) -> np.ndarray:
@@ -422,6 +444,8 @@ class Problem(OptionFields):
         most ``V`` in total there, and the other positions cost at least their average, so the
         sum is at least ``S / dp + max(0, (dp - 1) x c - V) / dp``.
         """
+        if self.speeds is not None:
+            return self._speed_lower_bound(m_lower)
         bound = m_lower * self.overhead + self.unit_cost_bound
         if self.objective != "lockstep" or self.n == 0 or self.dp == 1:
             return bound
@@ -431,6 +455,23 @@ class Problem(OptionFields):
         forced = (self.dp - 1) * (self.overhead + float(least[heaviest]))
         excess = forced - self._ceiling(heaviest, self.dp - 1, capped=capped)
         return max(bound, total / self.dp + max(0.0, excess) / self.dp)
+
+    def _speed_lower_bound(self, m_lower: int) -> float:
+        """``lower_bound`` with rank speeds, in cost units per unit of speed.
+
+        Rank ``r`` takes ``(m_r x overhead + C_r) / s_r`` with ``m_r >= m_lower`` micro-batches
+        and ``C_r`` its samples' least costs. Every cost is run somewhere, so the slowest rank
+        takes at least ``(dp x m_lower x overhead + sum C) / sum(s)``; and since
+        ``(m_r x overhead + C_r) / s_r >= m_lower x overhead / max(s) + C_r / s_r``, at least
+        ``m_lower x overhead / max(s)`` plus the speed partition bound of the unit costs
+        (``unit_cost_bound``). ``lockstep`` costs at least ``step`` (the sum over positions of
+        the slowest is at least any rank's total), so the same bound holds."""
+        speeds = self.rank_speeds
+        overheads = m_lower * self.overhead
+        total = float(self.least_sample_costs.sum()) + self.dp * overheads
+        return max(
+            total / float(speeds.sum()), overheads / float(speeds.max()) + self.unit_cost_bound
+        )
 
     def _ceiling(self, excluded: int, k: int, *, capped: bool) -> float:
         """An upper bound on the total cost of ``k`` disjoint micro-batches without sample
@@ -480,13 +521,16 @@ class Problem(OptionFields):
         A unit's samples share a rank, so this is the partition bound of the unit costs over
         ``dp`` ranks: the largest unit; the average; the two smallest of the ``dp + 1`` largest
         units, two of which share a rank; and the further bounds of
-        ``seqbalance.partition.lower_bound``.
+        ``seqbalance.partition.lower_bound``. With rank speeds it bounds the largest rank total
+        divided by its speed instead (``seqbalance.partition``'s bound for speeds).
         """
         from seqbalance.partition import lower_bound as partition_lower_bound
 
         units = np.sort(self.unit_sums(self.least_sample_costs))[::-1]
         if units.size == 0:
             return 0.0
+        if self.speeds is not None:
+            return partition_lower_bound(units, self.dp, speeds=self.speeds)
         bound = max(float(units[0]), float(units.sum()) / self.dp)
         if units.size > self.dp:
             bound = max(bound, float(units[self.dp - 1] + units[self.dp]))

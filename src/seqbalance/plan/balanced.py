@@ -48,7 +48,9 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance.partition._result import SizeLimits
 from seqbalance.partition.greedy import lpt
+from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem, objective_value
@@ -96,6 +98,8 @@ def plan_balanced(p: Problem) -> Microbatches:
         if plan is None:
             plan = others.best_with(m)  # a baseline's valid plan with this count, if any
         if plan is not None:
+            if p.speeds is not None:
+                plan = _more_for_faster_ranks(p, m, plan, bound)
             return others.best(plan, bound)
         following = p.next_microbatches(m)
         if following is None:
@@ -113,6 +117,25 @@ def plan_balanced(p: Problem) -> Microbatches:
         m = following
 
 
+def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float) -> Microbatches:
+    """With rank speeds, the fewest micro-batches (sized for equal shares of the tokens) may
+    not hold a fast rank's larger share under the cap: try the larger counts up to the one
+    that holds ``max(speed) / mean(speed)`` times an equal share, keep the cheapest (ties: the
+    fewest micro-batches)."""
+    speeds = p.rank_speeds
+    value = aligned_value(p, plan)
+    most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
+    count = p.next_microbatches(m)
+    while count is not None and count <= most and value > bound * (1 + _GOOD_ENOUGH):
+        candidate = _attempt(p, count)
+        if candidate is not None:
+            candidate_value = aligned_value(p, candidate)
+            if candidate_value < value * (1 - _TOLERANCE):
+                plan, value = candidate, candidate_value
+        count = p.next_microbatches(count)
+    return plan
+
+
 def aligned_value(p: Problem, plan: Microbatches) -> float:
     """Objective value of ``plan`` as ``plan_step`` arranges it for this strategy: under
     ``lockstep`` every rank's micro-batches are sorted heaviest first (positions aligned)."""
@@ -121,7 +144,7 @@ def aligned_value(p: Problem, plan: Microbatches) -> float:
     )
     if p.objective == "lockstep":
         costs = -np.sort(-costs, axis=1)
-    return objective_value(costs, p.objective)
+    return objective_value(costs, p.objective, p.speeds)
 
 
 class _Portfolio:
@@ -198,7 +221,7 @@ class _Portfolio:
         p = self.p
         if p.layout != "packed" or p.min_feasible_microbatches != 1 or p.oversize.any():
             return None
-        parts = partition(p.unit_sums(p.sample_costs), p.dp).parts
+        parts = partition(p.unit_sums(p.sample_costs), p.dp, speeds=p.speeds).parts
         rank_of_unit = np.empty(p.n_units, dtype=np.int64)
         for r, part in enumerate(parts):
             rank_of_unit[part] = r
@@ -281,7 +304,10 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     patches = None if p.capacity_patches is None else p.unit_sums(p.capacity_patches)
     caps = _capacities(p, m)
     # The partition engine's LPT is the usual start; capacities rarely bind.
-    rank_of_unit = lpt(costs, p.dp)
+    if p.speeds is None:
+        rank_of_unit = lpt(costs, p.dp)
+    else:
+        rank_of_unit = lpt_speeds(costs, p.speeds, SizeLimits(0, p.n_units))
     if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
         rank_of_unit = _lpt_with_capacities(p, costs, tokens, counts, patches, caps)
         if rank_of_unit is None:
@@ -320,7 +346,8 @@ def _lpt_with_capacities(
     caps: tuple[float, float, float],
 ) -> np.ndarray | None:
     """LPT where each unit goes to the lightest rank that still has room for its tokens,
-    samples and vision patches; None when some unit fits no rank."""
+    samples and vision patches (with rank speeds: the rank with room where it finishes
+    earliest, ``(load + cost) / speed``); None when some unit fits no rank."""
     cap_tokens, cap_count, cap_patches = caps
     order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
     rank_list = [0] * p.n_units
@@ -336,7 +363,35 @@ def _lpt_with_capacities(
             and rank_patches[r] + patch <= cap_patches
         )
 
-    heap = [(0.0, r) for r in range(p.dp)]
+    heap = [(0.0, r) for r in range(p.dp)]  # (load, rank): the lightest rank first
+    loads = np.zeros(p.dp)  # with rank speeds, searched by finish time instead
+
+    def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
+        if p.speeds is not None:
+            finish = (loads + cost) / p.speeds
+            return next(
+                (
+                    r
+                    for r in np.argsort(finish, kind="stable").tolist()
+                    if room(r, weight, count, patch)
+                ),
+                None,
+            )
+        load, r = heap[0]
+        if room(r, weight, count, patch):
+            heapq.heapreplace(heap, (load + cost, r))
+            return r
+        aside = []  # the lightest rank is full: take the lightest one with room
+        while heap:
+            load, r = heapq.heappop(heap)
+            if room(r, weight, count, patch):
+                heapq.heappush(heap, (load + cost, r))
+                for item in aside:
+                    heapq.heappush(heap, item)
+                return r
+            aside.append((load, r))
+        return None
+
     for unit, cost, weight, count, patch in zip(
         order.tolist(),
         costs[order].tolist(),
@@ -345,21 +400,10 @@ def _lpt_with_capacities(
         unit_patches,
         strict=True,
     ):
-        load, r = heap[0]
-        if room(r, weight, count, patch):
-            heapq.heapreplace(heap, (load + cost, r))
-        else:  # the lightest rank is full: take the lightest one with room
-            aside = []
-            while heap:
-                load, r = heapq.heappop(heap)
-                if room(r, weight, count, patch):
-                    break
-                aside.append((load, r))
-            else:
-                return None
-            heapq.heappush(heap, (load + cost, r))
-            for item in aside:
-                heapq.heappush(heap, item)
+        r = lightest_with_room(cost, weight, count, patch)
+        if r is None:
+            return None
+        loads[r] += cost
         rank_list[unit] = r
         rank_tokens[r] += weight
         rank_counts[r] += count
@@ -371,7 +415,9 @@ class _RankState:
     """Units on ranks with per-rank totals, for local search under the rank capacities.
 
     ``patches`` (per-unit vision patches) is None without a patch cap; then every patch check
-    is skipped rather than computed against an infinite capacity.
+    is skipped rather than computed against an infinite capacity. With rank speeds the search
+    lowers the largest rank time ``load / speed``; every formula below reduces exactly to the
+    equal-speed one when the speeds are ones (division and multiplication by 1.0 are exact).
     """
 
     def __init__(
@@ -385,6 +431,7 @@ class _RankState:
         patches: np.ndarray | None,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
+        self.speeds = p.rank_speeds
         self.costs, self.tokens, self.counts = costs, tokens, counts
         self.patches = patches
         self.loads = np.bincount(rank_of_unit, weights=costs, minlength=p.dp)
@@ -404,6 +451,10 @@ class _RankState:
         # Rank loads at or below this need no local search (packed layout only: with padding
         # the unit costs do not bound the micro-batch costs).
         self.good_enough = p.unit_cost_bound * (1 + _GOOD_ENOUGH) if p.layout == "packed" else 0.0
+
+    def times(self) -> np.ndarray:
+        """float64 ``[dp]``: every rank's load divided by its speed."""
+        return self.loads / self.speeds
 
     def move(self, unit: int, target: int) -> None:
         source = self.rank_of_unit[unit]
@@ -454,12 +505,19 @@ class _RankState:
         norm = self.costs / scale
         span = 4.0  # keys pair * span + cost keep every pair's costs in its own range
         pairs = np.arange(half)
+        speeds = self.speeds
         for _ in range(rounds):
-            if self.loads.max() <= self.good_enough:
+            times = self.times()
+            if times.max() <= self.good_enough:
                 return
-            order = np.argsort(self.loads, kind="stable")
+            order = np.argsort(times, kind="stable")
             light, heavy = order[:half], order[::-1][:half]
-            gap = self.loads[heavy] - self.loads[light]
+            # Load the light rank may take before it ends as late as the heavy one, and the
+            # transfer that ends both together (half the gap for equal speeds).
+            gap = times[heavy] * speeds[light] - self.loads[light]
+            ideal = (self.loads[heavy] * speeds[light] - self.loads[light] * speeds[heavy]) / (
+                speeds[heavy] + speeds[light]
+            )
             heavy_pair = np.full(p.dp, -1)
             heavy_pair[heavy] = pairs
             light_pair = np.full(p.dp, -1)
@@ -473,7 +531,7 @@ class _RankState:
             keys = theirs_pair * span + norm[theirs]
             first = np.searchsorted(theirs_pair, pairs, side="left")
             last = np.searchsorted(theirs_pair, pairs, side="right") - 1
-            at = np.searchsorted(keys, mine_pair * span + norm[mine] - gap[mine_pair] / 2 / scale)
+            at = np.searchsorted(keys, mine_pair * span + norm[mine] - ideal[mine_pair] / scale)
             options = [np.full(mine.size, -1)]  # -1: move without a partner
             for shift in (0, -1) if theirs.size else ():
                 pick = np.minimum(np.maximum(at + shift, first[mine_pair]), last[mine_pair])
@@ -491,7 +549,9 @@ class _RankState:
                 d_cost = self.costs[mine] - back
                 d_tokens = self.tokens[mine] - np.where(has, self.tokens[safe], 0.0)
                 d_counts = self.counts[mine] - np.where(has, self.counts[safe], 0.0)
-                new_peak = np.maximum(self.loads[h] - d_cost, self.loads[lt] + d_cost)
+                new_peak = np.maximum(
+                    (self.loads[h] - d_cost) / speeds[h], (self.loads[lt] + d_cost) / speeds[lt]
+                )
                 ok = (
                     (partner >= -1)
                     & (d_cost > 0)
@@ -501,7 +561,7 @@ class _RankState:
                     & (self.rank_tokens[h] - d_tokens <= self.cap_tokens)
                     & (self.rank_counts[h] - d_counts >= self.min_count)
                     & (self.rank_counts[lt] + d_counts >= self.min_count)
-                    & (new_peak < self.loads[h] * (1 - _TOLERANCE))
+                    & (new_peak < times[h] * (1 - _TOLERANCE))
                 )
                 ok = self._patches_move(ok, h, lt, mine, partner)
                 if not ok.any():
@@ -530,16 +590,19 @@ class _RankState:
         once the costliest rank is within ``_GOOD_ENOUGH`` of the lower bound."""
         p = self.p
         for _ in range(4 * p.dp):
-            top = int(np.argmax(self.loads))
-            peak = float(self.loads[top])
+            times = self.times()
+            top = int(np.argmax(times))
+            peak = float(times[top])
             if peak <= self.good_enough:
                 return
             mine = np.flatnonzero(self.rank_of_unit == top)
             # First improvement: the lightest rank that can take load from the costliest.
             best = None
-            for other in np.argsort(self.loads, kind="stable")[:candidates].tolist():
-                gap = peak - float(self.loads[other])
-                if other == top or gap <= _TOLERANCE * peak:
+            for other in np.argsort(times, kind="stable")[:candidates].tolist():
+                speed = float(self.speeds[other])
+                # Load ``other`` may take before it ends as late as ``top``.
+                gap = peak * speed - float(self.loads[other])
+                if other == top or gap <= _TOLERANCE * peak * speed:
                     continue
                 best = self._best_change(mine, top, other, gap)
                 if best is not None and best[0] < peak * (1 - _TOLERANCE):
@@ -554,16 +617,22 @@ class _RankState:
     def _best_change(
         self, mine: np.ndarray, top: int, other: int, gap: float
     ) -> tuple[float, int, int, int] | None:
-        peak = float(self.loads[top])
-        low = float(self.loads[other])
+        speed_top, speed_other = float(self.speeds[top]), float(self.speeds[other])
+        load_top, low = float(self.loads[top]), float(self.loads[other])
+        # The transfer that ends both ranks together (gap / 2 for equal speeds).
+        ideal = (load_top * speed_other - low * speed_top) / (speed_top + speed_other)
         costs, tokens, counts = self.costs[mine], self.tokens[mine], self.counts[mine]
+
+        def peak_after(delta: np.ndarray) -> np.ndarray:
+            return np.maximum((load_top - delta) / speed_top, (low + delta) / speed_other)
+
         keeps_count = self.rank_counts[top] - counts >= self.min_count
         best: tuple[float, int, int, int] | None = None
         # Move one unit: the best moves a cost closest to gap / 2.
         movable = (costs > 0) & (costs < gap) & keeps_count & self._fits(other, tokens, counts)
         movable = self._patches_move(movable, top, other, mine)
         if movable.any():
-            new_peak = np.maximum(peak - costs, low + costs)
+            new_peak = peak_after(costs)
             new_peak[~movable] = np.inf
             k = int(np.argmin(new_peak))
             best = (float(new_peak[k]), int(mine[k]), other, -1)
@@ -574,7 +643,7 @@ class _RankState:
         order = np.argsort(self.costs[theirs], kind="stable")
         theirs = theirs[order]
         their_costs = self.costs[theirs]
-        at = np.searchsorted(their_costs, costs - gap / 2)
+        at = np.searchsorted(their_costs, costs - ideal)
         for shift in (0, -1):
             pick = np.minimum(np.maximum(at + shift, 0), theirs.size - 1)
             partner = theirs[pick]
@@ -592,7 +661,7 @@ class _RankState:
             )
             ok = self._patches_move(ok, top, other, mine, partner)
             if ok.any():
-                new_peak = np.maximum(peak - delta, low + delta)
+                new_peak = peak_after(delta)
                 new_peak[~ok] = np.inf
                 k = int(np.argmin(new_peak))
                 if best is None or new_peak[k] < best[0]:
@@ -719,17 +788,23 @@ def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     its samples, heaviest first, into the first micro-batch whose profile cost (and the cap)
     still has room, else where it exceeds the profile least. A rank whose costliest micro-batch
     is one long sample then no longer forces the others' second micro-batches to be large.
-    The re-packed plan is kept only if its lockstep cost is lower.
+    The re-packed plan is kept only if its lockstep cost is lower. With rank speeds the profile
+    is in time (cost / speed): rank ``r`` packs under it times its own speed.
     """
-    heaviest = [max(float(p.sample_costs[mb].sum()) for mb in mbs) for mbs in plan]
+    speeds = p.rank_speeds
+    heaviest = [
+        max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
+    ]
     reference = int(np.argmax(heaviest))
-    profile = sorted(
-        (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
-    )
+    profile = np.array(
+        sorted(
+            (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
+        )
+    ) / float(speeds[reference])
     result: Microbatches = []
     for r, microbatches in enumerate(plan):
         samples = np.array([i for mb in microbatches for i in mb], dtype=np.int64)
-        packed = None if r == reference else _pack_under(p, samples, profile)
+        packed = None if r == reference else _pack_under(p, samples, (profile * speeds[r]).tolist())
         result.append(packed if packed is not None else microbatches)
     return result if aligned_value(p, result) < aligned_value(p, plan) else plan
 
@@ -811,10 +886,15 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     micro-batch and another of the same rank (within the cap, evaluated exactly after
     re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
     the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound, and not after
-    ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged.
+    ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
+    speeds every cost below is a time (cost / the rank's speed).
     """
     m = len(plan[0])
-    costs = np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
+    speeds = p.rank_speeds
+    costs = (
+        np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
+        / speeds[:, None]
+    )
     tokens = np.array([[int(p.lengths[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
     patches = None
     if p.patches is not None:
@@ -834,7 +914,9 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
             others = np.delete(aligned, r, axis=0).max(axis=0) if p.dp > 1 else np.zeros(m)
             a = int(np.flatnonzero(costs[r] == aligned[r, position])[0])
             used = None if patches is None else patches[r]
-            choice = _best_inner_change(p, plan[r], costs[r], tokens[r], used, a, others, work)
+            choice = _best_inner_change(
+                p, plan[r], costs[r], tokens[r], used, a, others, work, float(speeds[r])
+            )
             if work[0] > _LOCKSTEP_WORK:
                 break
             if choice is not None and choice[0] < current * (1 - _TOLERANCE):
@@ -847,8 +929,8 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
             if sample >= 0:
                 plan[r][source].remove(sample)
                 plan[r][target].append(sample)
-                costs[r, source] -= p.sample_costs[sample]
-                costs[r, target] += p.sample_costs[sample]
+                costs[r, source] -= p.sample_costs[sample] / speeds[r]
+                costs[r, target] += p.sample_costs[sample] / speeds[r]
                 tokens[r, source] -= p.lengths[sample]
                 tokens[r, target] += p.lengths[sample]
                 if patches is not None:
@@ -865,11 +947,13 @@ def _best_inner_change(
     a: int,
     others: np.ndarray,
     work: list[int],
+    speed: float,
 ) -> tuple[float, int, int, int] | None:
     """Best move of a sample of micro-batch ``a`` to another micro-batch ``b`` of the same rank,
     or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1).
-    ``tokens`` and ``patches`` (None without a patch cap) are the micro-batches' sums;
-    ``work[0]`` counts the work spent (see ``_LOCKSTEP_WORK``)."""
+    ``costs`` are the rank's micro-batch times (cost / ``speed``), ``tokens`` and ``patches``
+    (None without a patch cap) the micro-batches' sums; ``work[0]`` counts the work spent (see
+    ``_LOCKSTEP_WORK``)."""
     cap = p.cap
     source = np.asarray(microbatches[a], dtype=np.int64)
     if source.size == 0:
@@ -885,7 +969,7 @@ def _best_inner_change(
         work[0] += _PAIR_WORK + xs.size
         back = np.where(ys >= 0, p.sample_costs[np.maximum(ys, 0)], 0.0)
         back_tokens = np.where(ys >= 0, p.lengths[np.maximum(ys, 0)], 0)
-        amount = p.sample_costs[xs] - back
+        amount = (p.sample_costs[xs] - back) / speed
         moved_tokens = p.lengths[xs] - back_tokens
         ok = (
             (amount > 0)
@@ -932,11 +1016,14 @@ def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[
 
 
 def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]]) -> bool:
-    """Put samples that did not fit on their rank into the cheapest rank with room."""
+    """Put samples that did not fit on their rank into the cheapest rank with room (with rank
+    speeds: the least time)."""
     if p.groups is not None:
         return False
+    speeds = p.rank_speeds.tolist()
     rank_costs = [
-        sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) for ranks in plan
+        sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) / speed
+        for ranks, speed in zip(plan, speeds, strict=True)
     ]
     rooms = [_Rooms(p, len(ranks), ranks) for ranks in plan]
     for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
@@ -946,7 +1033,7 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
         _, j, r = min(options)
         plan[r][j].append(i)
         rooms[r].take(j, i)
-        rank_costs[r] += float(p.sample_costs[i])
+        rank_costs[r] += float(p.sample_costs[i]) / speeds[r]
     return True
 
 
@@ -1032,13 +1119,20 @@ def _padded_global(p: Problem, m: int) -> Microbatches | None:
 
 def _deal(p: Problem, microbatches: list[list[int]], m: int) -> Microbatches:
     """Give each rank exactly ``m`` of the ``dp x m`` micro-batches, costliest first to the
-    least loaded rank that still has a free slot."""
+    least loaded rank that still has a free slot (with rank speeds: the rank with a free slot
+    where it ends earliest, ``(load + cost) / speed``)."""
     costs = [p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in microbatches]
     plan: Microbatches = [[] for _ in range(p.dp)]
     heap = [(0.0, r) for r in range(p.dp)]
+    loads = np.zeros(p.dp)
     for c in sorted(range(len(microbatches)), key=lambda c: (-costs[c], c)):
-        load, r = heapq.heappop(heap)
+        if p.speeds is None:
+            load, r = heapq.heappop(heap)
+            if len(plan[r]) + 1 < m:
+                heapq.heappush(heap, (load + costs[c], r))
+        else:
+            finish = np.where([len(mbs) < m for mbs in plan], (loads + costs[c]) / p.speeds, np.inf)
+            r = int(np.argmin(finish))
+            loads[r] += costs[c]
         plan[r].append(microbatches[c])
-        if len(plan[r]) < m:
-            heapq.heappush(heap, (load + costs[c], r))
     return plan

@@ -79,6 +79,10 @@ def plan_step(
               a micro-batch of its own instead of raising ValueError.
             * ``allow_empty``: allow empty micro-batches, which can only be needed when there
               are fewer samples than micro-batch slots (or groups that cannot be spread).
+            * ``rank_speeds``: relative speed of every rank (``dp_size`` positive floats);
+              ``balanced`` then minimises the objective in time, each rank's costs divided by
+              its speed, and ``step_cost`` / ``lower_bound`` are in that unit (``costs`` stay
+              the micro-batches' predicted costs). Baselines ignore the speeds.
         groups: a group id per sample (e.g. the GRPO prompt id); a group stays on one rank.
         **option_keywords: any ``PlanOptions`` field by name.
 
@@ -90,7 +94,8 @@ def plan_step(
     Raises:
         ValueError: naming the argument, and the sample index and value where relevant: bad
             lengths or groups, ``dp_size < 1``, unknown or conflicting options, a sample over
-            ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``, a group too
+            ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``, ``rank_speeds``
+            without one positive, finite speed per rank, a group too
             large for a rank, an infeasible ``num_microbatches``, empty micro-batches without
             ``allow_empty``, ``max_vision_patches`` without parts that describe images, parts
             with images or HSTU fields under ``layout="padded"`` or with a cost model that
@@ -124,6 +129,7 @@ def plan_step(
         options=options,
         parts=parts,
     )
+    problem.speeds  # noqa: B018  (raises early when rank_speeds does not fit dp_size)
     m_lower = problem.min_feasible_microbatches  # raises early on infeasible options
     strategy = get_strategy(options.strategy)
     microbatches = _checked_shape(strategy.plan(problem), dp_size, options.strategy)
@@ -254,7 +260,8 @@ def _arrange(
         permutations = np.argsort(-costs, axis=1, kind="stable")
     aligned = np.take_along_axis(costs, permutations, axis=1)
     if p.objective == "lockstep":
-        shared = _execution_order(aligned.max(axis=0), order)
+        # Positions ordered by their slowest micro-batch (time: cost / speed with rank speeds).
+        shared = _execution_order((aligned / p.rank_speeds[:, None]).max(axis=0), order)
         permutations = permutations[:, shared]
     else:
         permutations = np.array(

@@ -54,7 +54,8 @@ class StepPlan(OptionFields):
             over-cap micro-batches are counted in ``summary()["cap_violations"]`` instead of
             failing ``validate``.
         lower_bound: a lower bound on the ``step_cost`` of every valid plan for the same input
-            and options (cost-model unit); for a soft-cap strategy, which may use fewer
+            and options (cost-model unit; with ``rank_speeds``, cost units per unit of speed);
+            for a soft-cap strategy, which may use fewer
             micro-batches than the cap allows, it counts only the overheads of the micro-batches
             it uses.
         planning_seconds: wall time spent planning (excluded from ``==`` and from
@@ -93,10 +94,24 @@ class StepPlan(OptionFields):
         return self.costs.sum(axis=1)
 
     @property
+    def speeds(self) -> np.ndarray | None:
+        """float64 ``[dp_size]``: ``options.rank_speeds``, or ``None`` for equal ranks."""
+        speeds = self.options.rank_speeds
+        return None if speeds is None else np.array(speeds, dtype=np.float64)
+
+    @property
+    def rank_times(self) -> np.ndarray:
+        """float64 ``[dp_size]``: each rank's total cost divided by its speed (``rank_costs``
+        without ``rank_speeds``)."""
+        speeds = self.speeds
+        return self.rank_costs if speeds is None else self.rank_costs / speeds
+
+    @property
     def step_cost(self) -> float:
         """The cost the objective minimises: max rank total (``step``) or the sum over
-        micro-batch positions of the slowest rank (``lockstep``)."""
-        return objective_value(self.costs, self.objective)
+        micro-batch positions of the slowest rank (``lockstep``); with ``rank_speeds`` every
+        cost counts divided by its rank's speed."""
+        return objective_value(self.costs, self.objective, self.speeds)
 
     def assignment(self) -> tuple[np.ndarray, np.ndarray]:
         """int64 ``[n]`` arrays: the rank and the micro-batch position of every sample."""
@@ -138,20 +153,28 @@ class StepPlan(OptionFields):
         ``planning_seconds``, ``strategy``, ``objective``, ``layout``, ``order``,
         ``cost_model``; and ``max_microbatch_vision_patches`` when the samples describe images
         (``vision_patches`` is set).
+
+        With ``rank_speeds``, ``step_cost``, ``lower_bound``, ``lockstep_cost`` and
+        ``imbalance`` are in speed-scaled time (each rank's costs divided by its speed: cost
+        units per unit of speed; ``imbalance`` is max / mean of ``rank_times``), while
+        ``max_rank_cost`` and ``mean_rank_cost`` stay plain cost totals; ``rank_speeds`` is
+        then listed too.
         """
         rank_costs = self.rank_costs
         mean = float(rank_costs.mean()) if rank_costs.size else 0.0
         maximum = float(rank_costs.max()) if rank_costs.size else 0.0
+        times = self.rank_times
+        mean_time = float(times.mean()) if times.size else 0.0
         step_cost = self.step_cost
         total_tokens = int(self.tokens.sum())
         figures: dict[str, Any] = {
             "step_cost": step_cost,
             "lower_bound": float(self.lower_bound),
             "ratio": step_cost / self.lower_bound if self.lower_bound > 0 else 1.0,
-            "imbalance": maximum / mean if mean > 0 else 1.0,
+            "imbalance": float(times.max()) / mean_time if mean_time > 0 else 1.0,
             "max_rank_cost": maximum,
             "mean_rank_cost": mean,
-            "lockstep_cost": float(self.costs.max(axis=0).sum()) if self.costs.size else 0.0,
+            "lockstep_cost": objective_value(self.costs, "lockstep", self.speeds),
             "n_microbatches": self.n_microbatches,
             "dp_size": self.dp_size,
             "n_samples": self.n_samples,
@@ -167,6 +190,8 @@ class StepPlan(OptionFields):
             "order": self.order,
             "cost_model": self.cost_model,
         }
+        if self.speeds is not None:
+            figures["rank_speeds"] = list(self.options.rank_speeds)
         if self.vision_patches is not None:
             figures["max_microbatch_vision_patches"] = max(
                 (int(self.vision_patches[ix].sum()) for mbs in self.ranks for ix in mbs),
@@ -191,6 +216,10 @@ class StepPlan(OptionFields):
         dp, m, n = self.dp_size, self.n_microbatches, self.n_samples
         if len(self.ranks) != dp:
             raise PlanValidationError(f"plan has {len(self.ranks)} ranks, dp_size is {dp}")
+        if self.options.rank_speeds is not None and len(self.options.rank_speeds) != dp:
+            raise PlanValidationError(
+                f"rank_speeds has {len(self.options.rank_speeds)} entries, dp_size is {dp}"
+            )
         for r, microbatches in enumerate(self.ranks):
             if len(microbatches) != m:
                 raise PlanValidationError(
