@@ -95,6 +95,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="calibration repeats (default: 3)")
     parser.add_argument("--seed", type=int, default=0, help="sampling, planner and weight seed")
     parser.add_argument(
+        "--slow-rank",
+        metavar="R:F[@START-STOP]",
+        default=None,
+        help="rank R computes F times slower (real extra compute after each micro-batch, "
+        "proportional to its time), in measured steps START to STOP-1 (default: all); compare "
+        "--strategies balanced,balanced_adaptive,balanced_oracle (the closed loop, and "
+        "balanced given the true speeds)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=300.0,
@@ -142,6 +151,7 @@ _FLAGS = {
             "trials",
             "repeats",
             "seed",
+            "slow_rank",
         )
     },
     "global_batch_size": "--global-batch",
@@ -209,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
             trials=args.trials,
             repeats=args.repeats,
             seed=args.seed,
+            slow_rank=None if args.slow_rank is None else bench.SlowRank.parse(args.slow_rank),
             timeout_seconds=args.timeout,
             launch_timeout_seconds=args.launch_timeout,
         )
@@ -308,11 +319,26 @@ def _notes(report: dict[str, Any]) -> list[str]:
         f"time model MAPE over all measured micro-batches: {100 * report['microbatch_mape']:.1f}%"
     )
     for key, c in report["comparisons"].items():
+        if "mean_step_ratio" in c:  # balanced_adaptive against balanced / balanced_oracle
+            notes.append(
+                f"{key.replace('_vs_', ' vs ')}: mean step time "
+                f"{-100 * c['mean_step_reduction']:+.1f}% measured"
+            )
+            continue
         notes.append(
             f"{key.replace('_vs_', ' vs ')}: mean step time "
             f"{-100 * c['measured_step_time_reduction']:+.1f}% measured "
             f"(max-rank compute {-100 * c['measured_compute_reduction']:+.1f}%), "
             f"{-100 * c['predicted_reduction']:+.1f}% predicted by the simulator"
+        )
+    adaptive = report.get("adaptive")
+    if adaptive is not None:
+        mape = adaptive["model_mape_after_20_steps"]
+        notes.append(
+            "balanced_adaptive: plans identical on every rank: "
+            f"{'yes' if adaptive['identical_plans_on_every_rank'] else 'NO'}; online model "
+            f"MAPE from step 20: {'n/a' if mape is None else f'{100 * mape:.1f}%'}; learning "
+            f"{1e3 * adaptive['mean_feedback_seconds']:.2f} ms per step"
         )
     return notes + _machine_notes(setup)
 

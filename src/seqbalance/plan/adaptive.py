@@ -99,11 +99,12 @@ class AdaptivePlanner:
 
     @property
     def options(self) -> PlanOptions:
-        """The options the next step is planned with: the online model as cost, and the rank
-        speeds when they differ."""
+        """The options the next step is planned with: the online model as cost, and the
+        measured rank speeds (None while they are equal)."""
         options = self.base_options.replace(cost=self.online.model, model=None)
-        speeds = self.online.rank_speeds
-        return options if speeds is None else options.replace(rank_speeds=speeds)
+        if self.online.feedback.rank_speeds:  # the measured speeds replace any given ones
+            options = options.replace(rank_speeds=self.online.rank_speeds)
+        return options
 
     def plan(self, lengths: Any, *, groups: Any = None) -> StepPlan:
         """Plan one step with :attr:`options` (``plan_step``)."""

@@ -28,8 +28,8 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
 
     Args:
         settings: The run; its warm-up and measured steps are planned with its plan options
-            (``settings.options``, every option honoured by the simulator's planner, and
-            ``settings.rank_speeds``).
+            (``settings.options``, every option honoured by the simulator's planner,
+            ``rank_speeds`` included).
         time_model: The cost every strategy plans with.
 
     Returns:
@@ -45,12 +45,9 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
     from seqbalance.sim import simulate
 
     offline = tuple(name for name in settings.strategies if name not in ONLINE_STRATEGIES)
-    options = settings.options.replace(cost=time_model)
-    if settings.rank_speeds is not None:
-        options = options.replace(rank_speeds=settings.rank_speeds)
     result = simulate(
         np.asarray(settings.lengths, dtype=np.int64),
-        options,
+        settings.options.replace(cost=time_model),
         groups=None if settings.groups is None else np.asarray(settings.groups),
         dp_size=settings.procs,
         global_batch_size=settings.global_batch_size,

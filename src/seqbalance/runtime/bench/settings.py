@@ -19,6 +19,7 @@ from seqbalance._validation import (
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
+from seqbalance.plan.options import check_rank_speeds
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
 
 __all__ = [
@@ -183,8 +184,6 @@ class BenchSettings:
         repeats: Timings per calibration micro-batch (median kept).
         seed: Seed of the batch sampling, the planner and the model's weights.
         slow_rank: A :class:`SlowRank` that computes slower (real extra work), or None.
-        rank_speeds: Relative speed per process the precomputed strategies plan with
-            (``PlanOptions.rank_speeds``), or None.
         timeout_seconds: Seconds any collective may wait before the run fails.
         launch_timeout_seconds: Seconds the whole run may take before it is stopped.
     """
@@ -206,7 +205,6 @@ class BenchSettings:
     repeats: int = 3
     seed: int = 0
     slow_rank: SlowRank | None = None
-    rank_speeds: tuple[float, ...] | None = None
     timeout_seconds: float = 300.0
     launch_timeout_seconds: float = 3600.0
 
@@ -273,18 +271,11 @@ class BenchSettings:
                 raise ValueError(
                     f"slow_rank rank must be < procs = {self.procs}, got {self.slow_rank.rank}"
                 )
-        if self.rank_speeds is not None:
-            speeds = tuple(self.rank_speeds)
-            if len(speeds) != self.procs:
-                raise ValueError(
-                    f"rank_speeds must hold one speed per process ({self.procs}), got {speeds!r}"
-                )
-            values = tuple(check_positive_float(v, "rank_speeds entry") for v in speeds)
-            object.__setattr__(self, "rank_speeds", values)
-        if self.context_parallel is not None and (
-            self.slow_rank is not None or self.rank_speeds is not None
-        ):
-            raise ValueError("slow_rank and rank_speeds are not supported with context_parallel")
+        speeds = self.options.rank_speeds
+        if speeds is not None:
+            check_rank_speeds(speeds, self.procs)
+        if self.context_parallel is not None and self.slow_rank is not None:
+            raise ValueError("slow_rank is not supported with context_parallel")
 
     def _check_data_parallel(self) -> None:
         if self.options.max_tokens is None:

@@ -128,7 +128,7 @@ class _Planner:
         self.schedule, self.settings, self.rank = schedule, settings, rank
         self.options = settings.options.replace(cost=time_model, strategy="balanced")
         self.adaptive = (
-            Adaptive(self.options, prior=time_model, device=device)
+            Adaptive(self.options.replace(rank_speeds=None), prior=time_model, device=device)
             if "balanced_adaptive" in settings.strategies
             else None
         )
@@ -144,7 +144,7 @@ class _Planner:
             plan = self.adaptive.plan(lengths, groups=groups)
         else:
             speeds = _true_speeds(self.settings, step)
-            options = self.options if speeds is None else self.options.replace(rank_speeds=speeds)
+            options = self.options.replace(rank_speeds=speeds)
             plan = plan_step(lengths, self.settings.procs, options, groups=groups)
         self.plans[name] = plan
         return [plan.lengths[indices].tolist() for indices in plan.ranks[self.rank]]
@@ -156,7 +156,7 @@ class _Planner:
             return {}
         out: dict[str, Any] = {
             "plan_sha256": hashlib.sha256(plan.to_json(timing=False).encode()).hexdigest(),
-            "predicted_step_seconds": _predicted_seconds(plan),
+            "predicted_step_seconds": plan.step_cost,  # seconds at the planned speeds
         }
         if name == "balanced_adaptive":
             assert self.adaptive is not None
@@ -168,16 +168,7 @@ def _true_speeds(settings: BenchSettings, step: int) -> tuple[float, ...] | None
     """The ranks' true speeds at schedule step ``step`` (warm-up steps first)."""
     if settings.slow_rank is not None:
         return settings.slow_rank.speeds(settings.procs, step - settings.warmup)
-    return settings.rank_speeds
-
-
-def _predicted_seconds(plan: StepPlan) -> float:
-    """The plan's predicted step time in seconds (its cost model, at its rank speeds)."""
-    speeds = getattr(plan.options, "rank_speeds", None)
-    costs = plan.costs if speeds is None else plan.costs / np.asarray(speeds)[:, None]
-    if plan.options.objective == "lockstep":
-        return float(costs.max(axis=0).sum())
-    return float(costs.sum(axis=1).max())
+    return settings.options.rank_speeds
 
 
 def _burn(seconds: float, work: torch.Tensor) -> None:
