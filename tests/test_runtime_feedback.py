@@ -8,6 +8,7 @@ planning are the real ones.
 from __future__ import annotations
 
 import hashlib
+import json
 import warnings
 from typing import Any
 
@@ -117,3 +118,52 @@ def test_a_100x_slower_rank_is_planned_around_keeping_caps_and_counts(results):
     late = steps[13:]
     assert all(s["rank_tokens"][1] < 0.15 * s["rank_tokens"][0] for s in late)
     assert all(s["rank_tokens"][1] > 0.9 * s["rank_tokens"][0] for s in steps[:10])
+
+
+def _rebalancer_steps(rebalancer: Any, rank: int, first: int, last: int) -> list[dict[str, Any]]:
+    from seqbalance.runtime import Rebalancer  # noqa: F401  (torch-only import, in the rank)
+
+    out = []
+    for step in range(first, last):
+        rng = np.random.default_rng([step, rank])
+        samples = [torch.zeros(int(n)) for n in rng.integers(16, 1024, size=12)]
+        result = rebalancer.rebalance(samples)
+        slow = 3.0 if rank == 1 and step >= 4 else 1.0
+        seconds = tuple(
+            TRUE.microbatch_seconds([s.shape[0] for s in mb]) * slow for mb in result.microbatches
+        )
+        rebalancer.observe(result, StepTiming(seconds, 0.0, sum(seconds)))
+        out.append(
+            {
+                "sha": hashlib.sha256(result.plan.to_json(timing=False).encode()).hexdigest(),
+                "tokens": sum(s.shape[0] for mb in result.microbatches for s in mb),
+                "telemetry": result.telemetry,
+            }
+        )
+    return out
+
+
+def _rebalancer_loop(rank: int, world_size: int) -> dict[str, Any]:
+    from seqbalance.runtime import Rebalancer
+
+    def make() -> Any:
+        return Rebalancer(max_tokens=2048, cost="flops", model="qwen3-8b", adaptive=True)
+
+    rebalancer = make()
+    steps = _rebalancer_steps(rebalancer, rank, 0, 8)
+    state = json.loads(json.dumps(rebalancer.state_dict()))
+    steps += _rebalancer_steps(rebalancer, rank, 8, 14)
+    resumed = make()
+    resumed.load_state_dict(state)
+    return {"steps": steps, "resumed": _rebalancer_steps(resumed, rank, 8, 14)}
+
+
+def test_rebalancer_adaptive_learns_from_the_next_gather_identically(tmp_path):
+    a, b = ok(launch(tmp_path, 2, _rebalancer_loop))
+    assert [s["sha"] for s in a["steps"]] == [s["sha"] for s in b["steps"]]
+    assert [s["telemetry"] for s in a["steps"]] == [s["telemetry"] for s in b["steps"]]
+    assert a["steps"][0]["telemetry"] is None  # nothing observed before the first step
+    assert b["steps"][-1]["telemetry"]["next_rank_speeds"][1] == pytest.approx(1 / 3, rel=0.05)
+    late = zip(a["steps"][8:], b["steps"][8:], strict=True)
+    assert all(slow["tokens"] < 0.5 * fast["tokens"] for fast, slow in late)
+    assert a["resumed"] == a["steps"][8:] and b["resumed"] == b["steps"][8:]

@@ -41,7 +41,13 @@ import numpy as np
 from seqbalance._validation import as_lengths, check_int, check_positive_float
 from seqbalance.cost.time_model import TimeModel
 
-__all__ = ["MIN_SECONDS", "Feedback", "OnlineTimeModel", "microbatch_features"]
+__all__ = [
+    "MIN_SECONDS",
+    "Feedback",
+    "OnlineTimeModel",
+    "as_feedback",
+    "microbatch_features",
+]
 
 MIN_SECONDS = 1e-7
 """Shortest measurement accepted, in seconds: no forward+backward of a micro-batch is faster, so
@@ -98,6 +104,22 @@ class Feedback:
         object.__setattr__(self, "speed_tolerance", tolerance)
         if not isinstance(self.rank_speeds, bool):
             raise ValueError(f"rank_speeds must be True or False, got {self.rank_speeds!r}")
+
+
+def as_feedback(adaptive: Any) -> Feedback | None:
+    """The ``adaptive=`` argument of the runtime classes: False or None (off), True (the
+    default ``Feedback``) or a ``Feedback``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if adaptive is None or adaptive is False:
+        return None
+    if adaptive is True:
+        return Feedback()
+    if isinstance(adaptive, Feedback):
+        return adaptive
+    raise ValueError(f"adaptive must be True, False or a Feedback, got {adaptive!r}")
 
 
 def microbatch_features(model: TimeModel, microbatches: Sequence[Any]) -> np.ndarray:

@@ -20,6 +20,7 @@ An update applies from the next step planned after :meth:`Adaptive.observe`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,31 +29,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqbalance.cost.online import Feedback
+from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.cost.time_model import TimeModel
-from seqbalance.plan.adaptive import AdaptivePlanner
+from seqbalance.plan.adaptive import AdaptivePlanner, prior_time_model
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.types import StepPlan
 from seqbalance.runtime._dist import Comm, wait
 from seqbalance.runtime.timer import StepTimer, StepTiming
 
-__all__ = ["Adaptive", "Feedback", "as_feedback"]
-
-
-def as_feedback(adaptive: Any) -> Feedback | None:
-    """``adaptive=`` of the runtime classes: False/None (off), True (default ``Feedback``) or a
-    ``Feedback``.
-
-    Raises:
-        ValueError: anything else.
-    """
-    if adaptive is None or adaptive is False:
-        return None
-    if adaptive is True:
-        return Feedback()
-    if isinstance(adaptive, Feedback):
-        return adaptive
-    raise ValueError(f"adaptive must be True, False or a Feedback, got {adaptive!r}")
+__all__ = ["Adaptive", "Feedback", "Piggyback", "as_feedback"]
 
 
 class Adaptive:
@@ -139,3 +124,122 @@ class Adaptive:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (options, prior, world size and feedback must match)."""
         self.planner.load_state_dict(state)
+
+
+class Piggyback:
+    """Adaptive planning whose statistics ride on a gather the caller makes anyway (the
+    Rebalancer's per-step description gather): no collective of its own.
+
+    :meth:`observe` computes this rank's statistics of a step and keeps them;
+    :meth:`take_pending` hands them to the caller's next gather (on the caller's thread, so
+    the order of observe and the next step is the caller's, the same on every rank);
+    :meth:`apply` learns from every rank's gathered statistics and returns the options to plan
+    that step with. Updates therefore apply from the step after the one that was observed.
+    """
+
+    def __init__(
+        self,
+        options: PlanOptions,
+        feedback: Feedback,
+        prior: TimeModel | None,
+        log: str | Path | None,
+    ) -> None:
+        prior_time_model(options, prior)  # a cost without a TimeModel form fails here, named
+        self._options, self._feedback, self._prior, self._log = options, feedback, prior, log
+        self._planner: AdaptivePlanner | None = None
+        self._pending: tuple[StepPlan, list[float]] | None = None
+        self._timer: StepTimer | None = None
+        self._state: dict[str, Any] | None = None  # loaded before the world size was known
+
+    def timer(self, group: Any) -> StepTimer:
+        """The step timer (CUDA events when ``group`` is NCCL)."""
+        if self._timer is None:
+            cuda = dist.is_initialized() and dist.get_backend(group) == "nccl"
+            self._timer = StepTimer(
+                torch.device("cuda", torch.cuda.current_device()) if cuda else None
+            )
+        return self._timer
+
+    def planner(self, world_size: int, rank: int) -> AdaptivePlanner:
+        """The planner (made at the first step, when the world size is known)."""
+        if self._planner is None:
+            self._planner = AdaptivePlanner(
+                world_size,
+                self._options,
+                feedback=self._feedback,
+                prior=self._prior,
+                log=self._log if rank == 0 else None,
+            )
+            if self._state is not None:
+                self._planner.load_state_dict(self._state["planner"])
+        elif self._planner.dp_size != world_size:
+            raise ValueError(
+                f"adaptive planning learned on {self._planner.dp_size} ranks, now {world_size}"
+            )
+        return self._planner
+
+    def observe(self, plan: StepPlan, world_size: int, rank: int, timing: StepTiming) -> None:
+        """Keep this rank's statistics of ``plan``'s step for the next gather."""
+        vector = self.planner(world_size, rank).local_statistics(
+            plan,
+            rank,
+            list(timing.microbatch_seconds),
+            sync_seconds=timing.sync_seconds,
+            step_seconds=timing.step_seconds,
+        )
+        self._pending = (plan, vector.tolist())
+
+    def take_pending(self) -> tuple[StepPlan, list[float]] | None:
+        """The statistics for the next gather (once), or None when nothing was observed."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def apply(
+        self,
+        pending: tuple[StepPlan, list[float]] | None,
+        gathered: Sequence[list[float] | None],
+        rank: int,
+    ) -> tuple[PlanOptions, dict[str, Any] | None]:
+        """Learn from every rank's gathered statistics (when they observed); the options for
+        the step being planned, and the observed step's telemetry (None when none was).
+
+        Raises:
+            ValueError: on every rank, when some ranks observed the last step and others did
+                not (their models would diverge).
+        """
+        planner = self.planner(len(gathered), rank)
+        missing = [r for r, vector in enumerate(gathered) if vector is None]
+        if missing and len(missing) < len(gathered):
+            raise ValueError(
+                f"ranks {missing} did not call observe() for the last step and the others did: "
+                "every rank must observe every step (or none) for the plans to agree"
+            )
+        telemetry = None
+        if not missing and pending is not None:
+            telemetry = planner.apply(pending[0], np.array(gathered, dtype=np.float64))
+        return planner.options, telemetry
+
+    def state_dict(self) -> dict[str, Any]:
+        """The model learned and the statistics not yet gathered (plain JSON values)."""
+        if self._planner is None:
+            return {"planner": None if self._state is None else self._state["planner"]}
+        pending = self._pending
+        return {
+            "planner": self._planner.state_dict(),
+            "pending": None
+            if pending is None
+            else {"plan": pending[0].to_json(timing=False), "statistics": pending[1]},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (checked against the options at the next step)."""
+        if not isinstance(state, dict) or "planner" not in state:
+            raise ValueError("state must be a Rebalancer adaptive state_dict")
+        self._planner = None
+        self._state = state if state["planner"] is not None else None
+        pending = state.get("pending")
+        self._pending = (
+            None
+            if pending is None
+            else (StepPlan.from_json(pending["plan"]), list(pending["statistics"]))
+        )

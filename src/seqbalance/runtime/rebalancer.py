@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,6 +45,7 @@ import torch
 from seqbalance._validation import as_group_ids, check_bool
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.cost.time_model import TimeModel
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import vision_patches_of
 from seqbalance.runtime._caps import first_over_cap
@@ -56,7 +58,9 @@ from seqbalance.runtime._samples import (
     normalise,
 )
 from seqbalance.runtime._wire import Field, decode, encode, pack, sample_bytes, unpack
+from seqbalance.runtime.feedback import Feedback, Piggyback, as_feedback
 from seqbalance.runtime.routing import Routing, route
+from seqbalance.runtime.timer import StepTimer, StepTiming
 
 if TYPE_CHECKING:
     from seqbalance.plan import StepPlan
@@ -134,6 +138,7 @@ class _Batch:
     fields: list[Field]
     form: InputForm
     parts: SampleParts | None  # [total] every rank's parts in rank order, when passed
+    feedback: list[Any]  # every rank's adaptive statistics of the last step (None: not observed)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -173,6 +178,9 @@ class RebalanceResult:
         sent_samples, sent_bytes, received_samples, received_bytes: this rank's traffic.
         timings: seconds spent in ``gather``, ``plan`` (planning and routing), ``exchange``
             and, once called, ``restore``.
+        telemetry: with ``adaptive``, the telemetry of the last step :meth:`Rebalancer.observe`
+            saw (``seqbalance.plan.adaptive.AdaptivePlanner.apply``), the same on every rank;
+            else None.
     """
 
     microbatches: list[Any]
@@ -190,6 +198,7 @@ class RebalanceResult:
     _routing: Routing = field(repr=False)
     _offsets: np.ndarray = field(repr=False)
     _worker: ThreadPoolExecutor | None = field(default=None, repr=False)
+    telemetry: dict[str, Any] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -329,10 +338,18 @@ class Rebalancer:
         options: the :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
             ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied
             on top. Checked here, at construction.
+        adaptive: ``True`` or a :class:`seqbalance.runtime.feedback.Feedback` plans every
+            step with the cost model and rank speeds learned from measured time: time each
+            step with :attr:`timer` and call :meth:`observe`; the statistics travel in the next
+            step's gather (no collective of their own) and apply from that step on, the same
+            on every rank. Slot ``r`` of an adaptive plan runs on rank ``r`` (``keep_local``
+            relabelling would hand a slow rank's light share to another rank).
+        prior: with ``adaptive``, a TimeModel to start from (default: ``cost`` as seconds).
+        log: with ``adaptive``, a JSONL file rank 0 appends each step's telemetry to.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
-        ValueError: a bad timeout, ``keep_local``, ``length_key`` or option.
+        ValueError: a bad timeout, ``keep_local``, ``length_key``, ``adaptive`` or option.
     """
 
     def __init__(
@@ -343,6 +360,9 @@ class Rebalancer:
         length_key: str | None = None,
         keep_local: bool = True,
         options: PlanOptions | None = None,
+        adaptive: bool | Feedback = False,
+        prior: TimeModel | None = None,
+        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
@@ -354,6 +374,8 @@ class Rebalancer:
         self.length_key = length_key
         self.keep_local = check_bool(keep_local, "keep_local")
         self.options = as_options(options, option_keywords, where="Rebalancer")
+        feedback = as_feedback(adaptive)
+        self._feedback = None if feedback is None else Piggyback(self.options, feedback, prior, log)
         self._worker: ThreadPoolExecutor | None = None
 
     def rebalance_async(
@@ -384,7 +406,8 @@ class Rebalancer:
             )
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix=_WORKER_PREFIX)
-        return self._worker.submit(self._rebalance, samples, cu_seqlens, groups, parts)
+        pending = None if self._feedback is None else self._feedback.take_pending()
+        return self._worker.submit(self._rebalance, samples, cu_seqlens, groups, parts, pending)
 
     def close(self) -> None:
         """Stop the worker thread of :meth:`rebalance_async` (after pending calls finish)."""
@@ -450,24 +473,66 @@ class Rebalancer:
             return self.rebalance_async(
                 samples, cu_seqlens=cu_seqlens, groups=groups, parts=parts
             ).result()
-        return self._rebalance(samples, cu_seqlens, groups, parts)
+        pending = None if self._feedback is None else self._feedback.take_pending()
+        return self._rebalance(samples, cu_seqlens, groups, parts, pending)
+
+    # ------------------------------------------------------------------ adaptive planning
+    @property
+    def timer(self) -> StepTimer:
+        """With ``adaptive``: time this rank's micro-batches (``timer.microbatch()``) and its
+        gradient sync (``timer.sync()``), then call :meth:`observe`."""
+        if self._feedback is None:
+            raise ValueError("Rebalancer.timer needs adaptive=True")
+        return self._feedback.timer(self.group)
+
+    def observe(self, result: RebalanceResult, timing: StepTiming | None = None) -> None:
+        """With ``adaptive``: learn from this rank's measured step of ``result`` (default
+        ``timer.finish()``; one micro-batch time per ``result.microbatches``). Every rank
+        observes every step; the update applies from the next :meth:`rebalance` call."""
+        timing = self.timer.finish() if timing is None else timing
+        assert self._feedback is not None  # self.timer raised otherwise
+        if result.plan is not None:
+            world_size = len(result.plan.ranks)
+            self._feedback.observe(result.plan, world_size, result.plan_rank, timing)
+
+    def state_dict(self) -> dict[str, Any]:
+        """With ``adaptive``: what it learned (plain JSON values) for a checkpoint."""
+        if self._feedback is None:
+            raise ValueError("Rebalancer.state_dict needs adaptive=True (nothing else to save)")
+        return self._feedback.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the same options, prior, feedback and world size)."""
+        if self._feedback is None:
+            raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
+        self._feedback.load_state_dict(state)
 
     # ------------------------------------------------------------------ the four phases
     def _rebalance(
-        self, samples: Any, cu_seqlens: torch.Tensor | None, groups: Any, parts: Any
+        self,
+        samples: Any,
+        cu_seqlens: torch.Tensor | None,
+        groups: Any,
+        parts: Any,
+        pending: tuple[StepPlan, list[float]] | None = None,
     ) -> RebalanceResult:
         comm = Comm(self.group, self.timeout)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         local, header, table = self._describe(samples, cu_seqlens, groups, parts, comm.world_size)
+        header["feedback"] = None if pending is None else pending[1]
         batch = self._gather(comm, header, table, local)
         timings["gather"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        plan = self._plan(batch, comm.world_size)
+        options, telemetry = self.options, None
+        if self._feedback is not None:
+            options, telemetry = self._feedback.apply(pending, batch.feedback, comm.rank)
+        plan = self._plan(batch, comm.world_size, options)
         plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
         nbytes = sample_bytes(batch.rows, batch.fields)
-        routing = route(plan_ranks, batch.origin, nbytes, keep_local=self.keep_local)
+        keep_local = self.keep_local and self._feedback is None
+        routing = route(plan_ranks, batch.origin, nbytes, keep_local=keep_local)
         timings["plan"] = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -504,6 +569,7 @@ class Rebalancer:
             _routing=routing,
             _offsets=offsets,
             _worker=self._worker,
+            telemetry=telemetry,
         )
 
     def _describe(
@@ -645,6 +711,7 @@ class Rebalancer:
             fields=fields,
             form=form,
             parts=_combined_parts(headers),
+            feedback=[h.get("feedback") for h in headers],
         )
 
     def _check_settings(self, comm: Comm, headers: list[dict[str, Any]]) -> None:
@@ -671,30 +738,30 @@ class Rebalancer:
             "every rank"
         )
 
-    def _plan(self, batch: _Batch, world_size: int) -> StepPlan | None:
+    def _plan(self, batch: _Batch, world_size: int, options: PlanOptions) -> StepPlan | None:
         """The step's plan, identical on every rank (``None`` when no rank has a sample)."""
         if not batch.total:
             return None
         from seqbalance.plan import plan_step
 
         lengths = batch.rows[:, self._length_column(batch.fields)]
-        if batch.parts is None and self.options.max_vision_patches is not None:
+        if batch.parts is None and options.max_vision_patches is not None:
             raise ValueError(
-                f"max_vision_patches = {self.options.max_vision_patches} needs the samples' "
+                f"max_vision_patches = {options.max_vision_patches} needs the samples' "
                 "images: pass parts=SampleParts(...) with grid_thw, image_sample and "
                 "spatial_merge_size on every rank with samples"
             )
         samples = lengths if batch.parts is None else batch.parts  # parts.tokens == lengths
         try:
-            return plan_step(samples, world_size, self.options, groups=batch.groups)
+            return plan_step(samples, world_size, options, groups=batch.groups)
         except ValueError:
-            if self.options.allow_empty:
+            if options.allow_empty:
                 raise
         # Only empty micro-batches can make this step plannable (fewer samples than the plan's
         # micro-batch slots): a rank cannot wait for more samples, so allow them for this step.
         # If that fails too, its error is the one about this step.
         return plan_step(
-            samples, world_size, self.options.replace(allow_empty=True), groups=batch.groups
+            samples, world_size, options.replace(allow_empty=True), groups=batch.groups
         )
 
     @staticmethod
