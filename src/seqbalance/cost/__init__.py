@@ -16,6 +16,7 @@ from __future__ import annotations
 from seqbalance.cost.flops import FlopsModel, attention_pairs, describe_preset
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec, hstu_attention_pairs, hstu_presets
 from seqbalance.cost.meter import FlopsMeter, FlopsReport, MeterTotals
+from seqbalance.cost.online import Feedback, OnlineTimeModel
 from seqbalance.cost.resolve import (
     CallableCost,
     CostModel,
@@ -38,6 +39,7 @@ __all__ = [
     "CallableCost",
     "CostModel",
     "ExternalCost",
+    "Feedback",
     "FitStats",
     "FlopsMeter",
     "FlopsModel",
@@ -48,6 +50,7 @@ __all__ = [
     "MambaSpec",
     "MeterTotals",
     "ModelSpec",
+    "OnlineTimeModel",
     "SampleParts",
     "SecondsFromFlops",
     "TimeModel",
