@@ -738,8 +738,12 @@ class Rebalancer:
             "every rank"
         )
 
-    def _plan(self, batch: _Batch, world_size: int, options: PlanOptions) -> StepPlan | None:
-        """The step's plan, identical on every rank (``None`` when no rank has a sample)."""
+    def _plan(
+        self, batch: _Batch, world_size: int, options: PlanOptions | None = None
+    ) -> StepPlan | None:
+        """The step's plan under ``options`` (default :attr:`options`; adaptive planning
+        passes its own), identical on every rank (``None`` when no rank has a sample)."""
+        options = self.options if options is None else options
         if not batch.total:
             return None
         from seqbalance.plan import plan_step

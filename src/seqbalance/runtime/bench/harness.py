@@ -17,7 +17,7 @@ from seqbalance.cost import TimeModel
 from seqbalance.runtime.bench.settings import ONLINE_STRATEGIES, BenchSettings
 from seqbalance.runtime.bench.summary import summarize
 
-__all__ = ["launch_and_summarize", "plan_schedule", "run"]
+__all__ = ["launch_and_summarize", "plan_schedule", "run", "step_batches"]
 
 Schedule = dict[str, list[list[list[list[int]]]]]
 """strategy -> step -> rank -> micro-batch -> sample lengths (tokens)."""
@@ -34,9 +34,8 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
 
     Returns:
         ``(schedule, simulation)``: the token lengths of each micro-batch, per strategy, step
-        and rank, and under ``"batches"`` / ``"batch_groups"`` the lengths / group ids of each
-        step's samples (what the strategies planned inside the processes,
-        ``ONLINE_STRATEGIES``, plan from); and the
+        and rank (strategies planned inside the processes, ``ONLINE_STRATEGIES``, have none:
+        see :func:`step_batches`); and the
         :class:`~seqbalance.sim.SimulationResult` they come from.
 
     Raises:
@@ -69,11 +68,18 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
         ]
         for name in offline
     }
-    schedule["batches"] = [result.lengths[batch].tolist() for batch in result.batches]
-    schedule["batch_groups"] = [
-        None if result.groups is None else result.groups[batch].tolist() for batch in result.batches
-    ]
     return schedule, result
+
+
+def step_batches(simulation: Any) -> list[tuple[list[int], list[int] | None]]:
+    """Each step's sample lengths and group ids (None without groups) of a ``plan_schedule``
+    simulation: what the strategies planned inside the processes (``ONLINE_STRATEGIES``)
+    plan from, the same batches the others were planned on."""
+    groups = simulation.groups
+    return [
+        (simulation.lengths[batch].tolist(), None if groups is None else groups[batch].tolist())
+        for batch in simulation.batches
+    ]
 
 
 def run(

@@ -142,9 +142,10 @@ def _online_comparisons(strategies: dict[str, dict[str, Any]]) -> dict[str, dict
 
 
 def _adaptive(records: list[dict[str, Any]], settings: BenchSettings) -> dict[str, Any]:
-    """The closed loop's record: every step's telemetry (rank 0's; every rank holds the same),
-    whether every rank planned byte-identical steps, the model's held-out MAPE per
-    micro-batch from measured step 20 on, and the learning's cost per step (seconds)."""
+    """The closed loop's record: every measured step's telemetry (rank 0's; every rank holds
+    the same; its ``step`` counts the steps the loop learned from, warm-up included), whether
+    every rank planned byte-identical steps, the model's held-out MAPE per micro-batch from
+    the loop's 20th step on, and the learning's cost per step (seconds)."""
     rows = [rank_records["balanced_adaptive"] for rank_records in records]
     telemetry = [r["telemetry"] for r in rows[0]]
     identical = all(
@@ -154,7 +155,7 @@ def _adaptive(records: list[dict[str, Any]], settings: BenchSettings) -> dict[st
         for rank_rows in rows
         for i in range(len(telemetry))
     )
-    late = [t["model_error"] for t in telemetry[20:] if t["model_error"] is not None]
+    late = [t["model_error"] for t in telemetry if t["step"] >= 20 and t["model_error"] is not None]
     return {
         "identical_plans_on_every_rank": identical,
         "model_mape_after_20_steps": float(np.mean(late)) if late else None,

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from seqbalance.cost import TimeModel
 from seqbalance.plan import StepPlan, plan_step
-from seqbalance.runtime.bench.harness import plan_schedule
+from seqbalance.runtime.bench.harness import plan_schedule, step_batches
 from seqbalance.runtime.bench.settings import ONLINE_STRATEGIES, BenchSettings
 from seqbalance.runtime.calibrate import (
     Calibration,
@@ -63,10 +63,14 @@ def run_rank(
         time_model = calibration.time_model
     box: list[Any] = [None]
     if rank == 0:
-        box[0], simulation = plan_schedule(settings, time_model)
+        schedule, simulation = plan_schedule(settings, time_model)
+        box[0] = (schedule, step_batches(simulation))
     dist.broadcast_object_list(box, src=0)
+    schedule, batches = box[0]
     out: dict[str, Any] = {
-        "records": _train(model, box[0], settings, time_model, device, rank, Path(progress_file))
+        "records": _train(
+            model, schedule, batches, settings, time_model, device, rank, Path(progress_file)
+        )
     }
     if rank == 0:
         out["time_model"] = json.loads(time_model.to_json())
@@ -120,12 +124,13 @@ class _Planner:
     def __init__(
         self,
         schedule: dict[str, Any],
+        batches: list[tuple[list[int], list[int] | None]],
         settings: BenchSettings,
         time_model: TimeModel,
         device: torch.device,
         rank: int,
     ) -> None:
-        self.schedule, self.settings, self.rank = schedule, settings, rank
+        self.schedule, self.batches, self.settings, self.rank = schedule, batches, settings, rank
         self.options = settings.options.replace(cost=time_model, strategy="balanced")
         self.adaptive = (
             Adaptive(self.options.replace(rank_speeds=None), prior=time_model, device=device)
@@ -137,8 +142,7 @@ class _Planner:
     def microbatches(self, name: str, step: int) -> list[list[int]]:
         if name not in ONLINE_STRATEGIES:
             return self.schedule[name][step][self.rank]
-        lengths = self.schedule["batches"][step]
-        groups = self.schedule["batch_groups"][step]
+        lengths, groups = self.batches[step]
         if name == "balanced_adaptive":
             assert self.adaptive is not None
             plan = self.adaptive.plan(lengths, groups=groups)
@@ -181,6 +185,7 @@ def _burn(seconds: float, work: torch.Tensor) -> None:
 def _train(
     model: TinyCausalTransformer,
     schedule: dict[str, Any],
+    batches: list[tuple[list[int], list[int] | None]],
     settings: BenchSettings,
     time_model: TimeModel,
     device: torch.device,
@@ -205,7 +210,7 @@ def _train(
     layout = settings.options.layout
     make = make_padded_batch if layout == "padded" else make_packed_batch
     forward = model.forward_padded if layout == "padded" else model
-    planner = _Planner(schedule, settings, time_model, device, rank)
+    planner = _Planner(schedule, batches, settings, time_model, device, rank)
     timer = StepTimer(device)
     burner = torch.full((32, 32), 0.01, device=device)
 
