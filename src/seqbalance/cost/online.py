@@ -18,10 +18,10 @@ What the model learns:
   by one fitted factor so its error is comparable. The fit replaces the prior only once its
   held-out error (on each step's micro-batches, scored before they join the fit) over the
   window beats the prior's, and gives way again when it does not;
-- rank speeds: per step, each rank's compute as the latest fit predicts it over its measured
-  compute, relative to the fastest rank; a rank's speed is the median over the last
-  ``Feedback.speed_window`` steps, and speeds within ``speed_tolerance`` of the fastest count
-  as equal (measurement noise, not a straggler).
+- rank speeds: per step, each rank's compute as the fit predicts it over its measured
+  compute, relative to the step's median rank; a rank's speed is the median over the last
+  ``Feedback.speed_window`` steps relative to the fastest such median, and speeds within
+  ``speed_tolerance`` of the fastest count as equal (measurement noise, not a straggler).
 
 Degenerate measurements (NaN, infinite, zero, negative or below :data:`MIN_SECONDS`) are left
 out of every statistic, counted, and reported with one warning per model; they never raise.
@@ -338,8 +338,9 @@ class OnlineTimeModel:
         So a rank that changed speed inside the window, or a slow rank whose speed is not yet
         known, never biases the fit. The fastest rank of each step is read off the prior's
         predictions, then once more off the first fit's. Each step's speeds are then each
-        rank's mean predicted over measured relative to the fastest, and the speeds planned
-        with are their medians over the last ``speed_window`` steps.
+        rank's mean predicted over measured relative to the step's median rank, and the speeds
+        planned with are their medians over the last ``speed_window`` steps, divided by the
+        largest.
         """
         prior = _coefficients(self.prior)
         self._fit, self._scale = None, 1.0
@@ -422,15 +423,17 @@ class OnlineTimeModel:
 
 def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
     """Per step and rank, the mean predicted / measured seconds under ``theta`` relative to
-    the step's fastest rank (float64 [steps, ranks]; NaN where a rank measured nothing)."""
+    the step's median rank (float64 [steps, ranks]; NaN where a rank measured nothing). The
+    median, not the fastest: the largest of many noisy ratios is biased high, the median is
+    not while most ranks run at the same speed."""
     weight = window[:, :, _WEIGHT]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = (window[:, :, _MOMENT] @ theta) / weight
     ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
-        best = np.nanmax(ratio, axis=1, keepdims=True)
-    return ratio / best
+        middle = np.nanmedian(ratio, axis=1, keepdims=True)
+    return ratio / middle
 
 
 def _fixed_effects(window: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
