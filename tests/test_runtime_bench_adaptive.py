@@ -80,3 +80,13 @@ def test_a_real_run_with_a_slow_rank_learns_and_plans_identically():
     assert set(report["comparisons"]) == {"balanced_adaptive_vs_balanced_oracle"}
     for stats in report["strategies"].values():
         assert len(stats["step_seconds"]) == 3
+
+
+def test_bench_cli_names_a_bad_slow_rank(capsys):
+    pytest.importorskip("torch")
+    from seqbalance.cli import main
+
+    assert main(["bench", "--slow-rank", "1", "--steps", "1"]) == 2
+    assert "--slow-rank must be R:F or R:F@START-STOP, got '1'" in capsys.readouterr().err
+    assert main(["bench", "--slow-rank", "5:2", "--steps", "1"]) == 2
+    assert "--slow-rank rank must be < --procs = 2, got 5" in capsys.readouterr().err
