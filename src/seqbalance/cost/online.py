@@ -10,10 +10,11 @@ What the model learns:
 
 - the fit: ``t0 + t1·ΣL + t2·Σq(L)`` by relative non-negative least squares
   (:meth:`TimeModel.fit_normal_equations`, the offline fit's solver) over the sufficient
-  statistics of the last ``Feedback.window`` steps, each micro-batch's seconds first brought to
-  the fastest rank's speed; Huber weights on the relative residual against the model in use
-  damp outliers (a GC pause, a checkpoint step), and once the fit is in use a micro-batch
-  measured more than ``reject`` times faster than predicted is dropped;
+  statistics of the last ``Feedback.window`` steps, with each rank's speed in each step a
+  free parameter except the step's fastest rank (so speeds, known or not, never bias it);
+  Huber weights on the relative residual against the model in use damp outliers (a GC pause,
+  a checkpoint step), and once the fit is in use a micro-batch measured more than ``1 +
+  reject`` times faster than predicted is dropped;
 - the prior: the cost the run started with (FLOPs in seconds, or a saved calibration), scaled
   by one fitted factor so its error is comparable. The fit replaces the prior only once its
   held-out error (on each step's micro-batches, scored before they join the fit) over the
@@ -201,7 +202,7 @@ class OnlineTimeModel:
         sync_seconds: float = 0.0,
         step_seconds: float | None = None,
     ) -> np.ndarray:
-        """This rank's statistics for one step (float64 [25]), to gather with the others'.
+        """This rank's statistics for one step (float64 [24]), to gather with the others'.
 
         Args:
             rank: The rank that measured.
@@ -259,7 +260,7 @@ class OnlineTimeModel:
         return out
 
     def update(self, gathered: Any) -> dict[str, Any]:
-        """Apply one step's statistics of every rank (float64 [world_size, 25], rank order).
+        """Apply one step's statistics of every rank (float64 [world_size, 24], rank order).
 
         Returns:
             The step's telemetry (plain JSON values): ``step``, ``step_seconds`` (slowest

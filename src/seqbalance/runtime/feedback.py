@@ -11,7 +11,7 @@ Rebalancer and the WindowBalancer, and what a custom loop uses directly::
                 loss(micro_batch).backward()
         with loop.timer.sync():
             all_reduce_gradients()
-        telemetry = loop.observe(plan)           # one all_gather of 25 float64 per rank
+        telemetry = loop.observe(plan)           # one all_gather of 24 float64 per rank
 
 Every rank gathers every rank's statistics in rank order and applies the same arithmetic, so the
 cost model and rank speeds, and therefore every later plan, are byte-identical on every rank.
