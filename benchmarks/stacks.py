@@ -5,7 +5,9 @@
 
 Every setup is simulated with ``seqbalance.sim.simulate`` on identical batches for ``balanced``
 and each stack's real scheduler (``seqbalance.integrations.baselines``: ``verl``, ``slime``,
-``slime_flops``, ``torchspec``, ``hf_length_grouped``, plus ``token_kk``), under both objectives.
+``slime_flops``, ``torchspec``, plus ``token_kk``), under both objectives. The Hugging Face
+baselines (``hf_default``, ``hf_length_grouped``) pad their micro-batches and are compared with
+``seqbalance simulate --layout padded`` instead (these setups pack).
 Predicted step times are FLOPs of the named preset at the default peak and efficiency; the
 table shows, per stack, the mean predicted step time, seqbalance's predicted reduction of it
 and the stack's over-cap micro-batches (seqbalance's cap is hard: always 0).
@@ -27,7 +29,7 @@ import numpy as np
 import seqbalance as sb
 from seqbalance.sim import simulate
 
-STACKS = ("token_kk", "verl", "slime", "slime_flops", "torchspec", "hf_length_grouped")
+STACKS = ("token_kk", "verl", "slime", "slime_flops", "torchspec")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ whole is bounded, so a hang is a test failure, never a stuck test run.
 
 from __future__ import annotations
 
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -54,3 +55,22 @@ def _capture(rank: int, world_size: int, worker: Any, *args: Any) -> dict[str, A
         return {"ok": worker(rank, world_size, *args)}
     except Exception as error:
         return {"error": error, "type": type(error).__name__, "trace": traceback.format_exc()}
+
+
+def mark_done(directory: str | Path, rank: int) -> None:
+    """Record that ``rank`` has finished its part (for a peer that plays stuck meanwhile)."""
+    (Path(directory) / f"rank{rank}.done").touch()
+
+
+def stay_stuck(directory: str | Path, ranks: list[int], limit_s: float) -> None:
+    """Play a rank that hangs: sleep until every rank in ``ranks`` has called
+    :func:`mark_done`, or ``limit_s`` seconds at most.
+
+    The hang lasts exactly as long as the test needs it to (the peers' timeouts fire first), so
+    a passing test does not sleep its full ``limit_s``; the launcher keeps the ranks' results in
+    a scratch folder of its own, so the peers report through ``directory`` instead.
+    """
+    deadline = time.monotonic() + limit_s
+    markers = [Path(directory) / f"rank{rank}.done" for rank in ranks]
+    while time.monotonic() < deadline and not all(marker.exists() for marker in markers):
+        time.sleep(0.1)

@@ -205,6 +205,65 @@ def test_baseline_names_what_a_stack_runs_today_in_the_headline(capsys) -> None:
     assert "faster than slime" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("baseline", ["hf_default", "hf_length_grouped"])
+def test_hf_baselines_run_padded_and_say_so(baseline: str, capsys) -> None:
+    argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "128"]
+    assert main([*argv, "--baseline", baseline, "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["setup"]["layout"] == "padded"
+    assert f"note: {baseline} pads every micro-batch" in captured.err
+    assert "--micro-batch-size 8" in captured.err
+    assert data["headline"].startswith(
+        f"balanced: {data['strategies']['balanced']['speedups'][baseline]:.2f}x faster than "
+        f"{baseline}"
+    )
+    # Every step: 128 samples in padded micro-batches of 8 over 4 ranks = 4 per rank.
+    assert data["strategies"][baseline]["mean_microbatches"] == 4.0
+    assert data["strategies"][baseline]["padding_tokens"] > 0
+
+
+def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
+    import seqbalance as sb
+    from seqbalance.integrations.baselines import length_grouped_steps
+    from seqbalance.sim import simulate
+
+    argv = ["simulate", "--steps", "3", "--dp", "4", "--global-batch", "96", "--seed", "5"]
+    padded = ["--layout", "padded", "--micro-batch-size", "8"]
+    assert main([*argv, *padded, "--baseline", "hf_length_grouped", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    lengths = np.minimum(sb.datasets.load("sharegpt"), 16384)
+    steps = length_grouped_steps(
+        lengths, micro_batch_size=8, gradient_accumulation_steps=3, world_size=4, steps=3, seed=5
+    )
+    expected = simulate(
+        lengths,
+        dp_size=4,
+        strategies=["hf_default"],
+        batches=steps,
+        layout="padded",
+        micro_batch_size=8,
+    ).strategies["hf_default"]
+    ours = data["strategies"]["hf_length_grouped"]
+    assert ours["step_seconds"] == pytest.approx(expected.step_seconds.tolist(), rel=1e-12)
+    balanced = data["strategies"]["balanced"]
+    assert balanced["speedups"]["hf_length_grouped"] == pytest.approx(
+        ours["mean_step_seconds"] / balanced["mean_step_seconds"]
+    )
+    assert main([*argv, *padded, "--global-batch", "100", "--baseline", "hf_length_grouped"]) == 2
+    assert "must be a multiple of --dp x --micro-batch-size (32)" in capsys.readouterr().err
+
+
+def test_padded_runs_compare_with_the_trainer_default(capsys) -> None:
+    argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "64"]
+    assert main([*argv, "--layout", "padded", "--micro-batch-size", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "hf_default" in data["strategies"]
+    assert "faster than hf_default" in data["headline"]
+    assert main([*argv, "--json"]) == 0  # packed: no stack baseline unless asked for
+    assert "hf_default" not in json.loads(capsys.readouterr().out)["strategies"]
+
+
 CP = ("--dp", "4", "--global-batch", "24", "--steps", "2", "--context-parallel", "1,2,4")
 
 

@@ -22,10 +22,13 @@ import pytest
 from seqbalance.integrations._reference import largest_differencing, split_largest_bins
 from seqbalance.integrations.baselines import (
     STACK_BASELINES,
+    HFDefaultBaseline,
     HFLengthGroupedBaseline,
     SlimeBaseline,
     TorchSpecBaseline,
     VerlBaseline,
+    length_grouped_indices,
+    length_grouped_steps,
     stack_baseline,
 )
 from seqbalance.plan import PlanOptions
@@ -82,8 +85,9 @@ def outcome(strategy: Any, p: Problem) -> Any:
 
 
 def test_recorded_file_has_500_cases_per_baseline() -> None:
+    # hf_default is checked live against Accelerate's own sharding (below), not recorded.
     assert {name: len(cases) for name, cases in recorded().items()} == {
-        s.name: 500 for s in STACK_BASELINES
+        s.name: 500 for s in STACK_BASELINES if s.name != "hf_default"
     }
 
 
@@ -189,11 +193,22 @@ def test_hf_length_grouped_by_hand() -> None:
     assert plan == [[[1, 6], [7, 0]], [[3, 4], [5, 2]]]
 
 
-def test_packed_count_baselines_spread_samples_evenly() -> None:
+def test_packed_torchspec_spreads_samples_evenly() -> None:
     p = problem([10] * 10, 2, max_tokens=30, allow_empty=False)  # 100 tokens / (2 x 30) -> M = 2
-    for strategy in (TorchSpecBaseline(), HFLengthGroupedBaseline()):
-        plan = strategy.plan(p)
-        assert sorted(len(mb) for mbs in plan for mb in mbs) == [2, 2, 3, 3]
+    plan = TorchSpecBaseline().plan(p)
+    assert sorted(len(mb) for mbs in plan for mb in mbs) == [2, 2, 3, 3]
+
+
+@pytest.mark.parametrize("strategy", [HFDefaultBaseline(), HFLengthGroupedBaseline()])
+def test_hf_baselines_are_padded_only(strategy: Any) -> None:
+    with pytest.raises(ValueError, match="cannot plan this step: the Hugging Face Trainer pads"):
+        strategy.plan(problem([10] * 10, 2, max_tokens=30))
+
+
+def test_hf_default_by_hand() -> None:
+    plan = HFDefaultBaseline().plan(problem([3, 9, 1, 7, 5, 2, 8, 4], 2, micro_batch_size=2))
+    # Arrival order: batches [0, 1], [2, 3], [4, 5], [6, 7], batch b to rank b % 2.
+    assert plan == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
 
 
 def test_stack_baseline_lookup() -> None:
@@ -202,6 +217,7 @@ def test_stack_baseline_lookup() -> None:
         "slime",
         "slime_flops",
         "torchspec",
+        "hf_default",
         "hf_length_grouped",
     ]
     assert all(not s.enforces_cap and not s.aligns_positions for s in STACK_BASELINES)
@@ -303,3 +319,105 @@ def test_hf_live_against_transformers_and_accelerate() -> None:
         ]
         p = problem([lengths[i] for i in arrival], dp, micro_batch_size=size)
         assert HFLengthGroupedBaseline().plan(p) == expected
+
+
+def test_length_grouped_indices_live_against_transformers() -> None:
+    torch = pytest.importorskip("torch")
+    pt_utils = pytest.importorskip("transformers.trainer_pt_utils")
+    rng = np.random.default_rng(8)
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        batch_size = int(rng.integers(1, 12))
+        mult = None if trial % 3 else int(rng.integers(1, 6))
+        lengths = rng.integers(1, 4 if trial % 2 else 500, n).tolist()  # many ties, or few
+        seed = int(rng.integers(0, 2**31))
+        permutation = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        expected = pt_utils.get_length_grouped_indices(
+            lengths, batch_size, mega_batch_mult=mult, generator=torch.Generator().manual_seed(seed)
+        )
+        ours = length_grouped_indices(
+            lengths, batch_size, permutation=permutation.numpy(), mega_batch_mult=mult
+        )
+        assert ours.tolist() == expected, (n, batch_size, mult)
+        if mult is None:  # the Trainer's sampler uses the default mega-batch size
+            sampler = pt_utils.LengthGroupedSampler(
+                batch_size, lengths=lengths, generator=torch.Generator().manual_seed(seed)
+            )
+            assert list(sampler) == expected
+    with pytest.raises(ValueError, match="permutation must hold every index"):
+        length_grouped_indices([1, 2, 3], 1, permutation=[0, 0, 1])
+
+
+def _accelerate_shards(n: int, size: int, dp: int) -> list[list[list[int]]]:
+    """Each process's micro-batches of a DataLoader over ``n`` samples in order (batch size
+    ``size``), as Accelerate's ``BatchSamplerShard`` gives them."""
+    data_loader = pytest.importorskip("accelerate.data_loader")
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    batches = BatchSampler(SequentialSampler(range(n)), size, drop_last=False)
+    return [
+        [list(b) for b in data_loader.BatchSamplerShard(batches, dp, p, split_batches=False)]
+        for p in range(dp)
+    ]
+
+
+def test_hf_default_live_against_accelerate_sharding() -> None:
+    rng = np.random.default_rng(9)
+    for _ in range(100):
+        dp, size, m = (int(x) for x in rng.integers(1, 6, 3))
+        lengths = rng.integers(1, 900, dp * size * m)
+        plan = HFDefaultBaseline().plan(problem(lengths, dp, micro_batch_size=size))
+        assert plan == _accelerate_shards(lengths.size, size, dp)
+
+
+def test_hf_length_grouped_steps_are_runs_of_transformers_megabatches() -> None:
+    """Over a whole data set, HF's sampler order cut into steps of ``dp x b`` samples: every step
+    inside one mega-batch (and away from the swapped longest sample) is planned by
+    ``hf_length_grouped`` exactly as Accelerate shards it, whatever order the step is given in."""
+    torch = pytest.importorskip("torch")
+    pt_utils = pytest.importorskip("transformers.trainer_pt_utils")
+    rng = np.random.default_rng(10)
+    checked = 0
+    for _ in range(20):
+        dp, size, accumulation = int(rng.integers(1, 5)), int(rng.integers(1, 4)), 2
+        per_rank = size * accumulation  # the sampler's batch_size
+        n = per_rank * dp * int(rng.integers(60, 120))
+        lengths = rng.integers(1, 2000, n)
+        order = pt_utils.get_length_grouped_indices(
+            lengths.tolist(), per_rank, generator=torch.Generator().manual_seed(int(n))
+        )
+        megabatch = min(n // (per_rank * 4), 50) * per_rank
+        step = dp * per_rank
+        for start in range(step, n - step + 1, step):
+            if start // megabatch != (start + step - 1) // megabatch or start % megabatch == 0:
+                continue  # spans two mega-batches, or holds the front swapped by the sampler
+            samples = np.asarray(order[start : start + step])
+            shuffled = samples[rng.permutation(step)]
+            plan = HFLengthGroupedBaseline().plan(
+                problem(lengths[shuffled], dp, micro_batch_size=size)
+            )
+            expected = _accelerate_shards(step, size, dp)
+            # Same lengths at the same places (tied samples may swap, which costs the same).
+            assert [[[int(lengths[shuffled[i]]) for i in mb] for mb in r] for r in plan] == [
+                [[int(lengths[samples[i]]) for i in mb] for mb in r] for r in expected
+            ]
+            checked += 1
+    assert checked > 100
+
+
+def test_length_grouped_steps_are_consecutive_runs_of_the_sampler_order() -> None:
+    lengths = np.random.default_rng(11).integers(1, 3000, 1000)
+    steps = length_grouped_steps(
+        lengths, micro_batch_size=4, gradient_accumulation_steps=3, world_size=5, steps=30, seed=7
+    )
+    assert [s.size for s in steps] == [60] * 30
+    rng = np.random.default_rng(7)
+    first = length_grouped_indices(lengths, 12, permutation=rng.permutation(1000))
+    second = length_grouped_indices(lengths, 12, permutation=rng.permutation(1000))
+    # 16 full steps per epoch (1000 // 60), then the next epoch's order; the tail is left out.
+    assert np.concatenate(steps[:16]).tolist() == first[:960].tolist()
+    assert np.concatenate(steps[16:]).tolist() == second[: 14 * 60].tolist()
+    with pytest.raises(ValueError, match="more than the data set's 1000"):
+        length_grouped_steps(
+            lengths, micro_batch_size=8, gradient_accumulation_steps=8, world_size=16, steps=1
+        )

@@ -298,6 +298,7 @@ def test_same_output_in_another_process():
         text=True,
         check=True,
         env=env,
+        timeout=120,
     )
     theirs = json.loads(run.stdout)
     for method in ("auto", "kk", "lpt", "refine"):

@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
+from _acceptance import checked, requires_checked, set_aside
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -138,33 +139,41 @@ def _plan(problem: dict) -> StepPlan | None:
         return None
 
 
+@requires_checked(0.45)
 @settings(max_examples=examples(600))
 @given(small_problems())
 def test_balanced_matches_brute_force(problem: dict) -> None:
     plan = _plan(problem)
     if plan is None or plan.dp_size * plan.n_microbatches > MAX_SLOTS:
+        set_aside("refused" if plan is None else "too many slots for the brute force")
         return
+    checked()
     _check_against_brute_force(plan)
 
 
+@requires_checked(0.12)
 @settings(max_examples=examples(300))
-@given(small_problems())
-def test_infeasible_claims_are_true(problem: dict) -> None:
+@given(small_problems(), st.data())
+def test_infeasible_claims_are_true(problem: dict, data: st.DataObject) -> None:
     """When plan_step refuses a small problem, the brute force finds no plan either (for the
     counts it could have used)."""
-    options = dict(problem)
-    if _plan(problem) is not None or options.get("num_microbatches") is None:
+    # A fixed count is what makes a small step infeasible; draw one the brute force can check.
+    count = data.draw(st.integers(1, MAX_SLOTS // problem["dp"]), label="num_microbatches")
+    problem = dict(problem, num_microbatches=count)
+    if _plan(problem) is not None:
+        set_aside("planned")
         return
     relaxed = dict(problem, num_microbatches=None, allow_empty=True)
     probe = _plan(relaxed)
-    if probe is None:
+    m = problem["num_microbatches"]
+    if probe is None or probe.dp_size * m > MAX_SLOTS:
+        set_aside("infeasible at any count" if probe is None else "too many slots")
         return
+    checked()
     probe = dataclasses.replace(
         probe, options=probe.options.replace(allow_empty=problem["allow_empty"])
     )
-    m = problem["num_microbatches"]
-    if probe.dp_size * m <= MAX_SLOTS:
-        assert _brute_force(probe, m) is None
+    assert _brute_force(probe, m) is None
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from _acceptance import checked, requires_checked, set_aside
 from _parts import (
     MERGE,
     TINY_HSTU,
@@ -326,12 +327,15 @@ def _plan(problem: dict, strategy: str) -> StepPlan | None:
         return None
 
 
+@requires_checked(0.3)
 @settings(max_examples=examples(600))
 @given(part_problems(), st.sampled_from(strategy_names()))
 def test_every_strategy_keeps_both_caps(problem: dict, strategy: str) -> None:
     plan = _plan(problem, strategy)
     if plan is None:
+        set_aside("refused")
         return
+    checked()
     plan.validate()
     assert StepPlan.from_json(plan.to_json()) == plan
     # A soft-cap strategy (token_kk) counts its violations; the others have none.
@@ -366,6 +370,7 @@ def tiny_part_problems(draw: st.DrawFn) -> dict:
     return {"parts": parts, "dp": dp, "groups": options.pop("groups", None), **options}
 
 
+@requires_checked(0.25)
 @settings(max_examples=examples(1200))
 @given(tiny_part_problems())
 def test_balanced_matches_brute_force_with_a_patch_cap(problem: dict) -> None:
@@ -373,21 +378,29 @@ def test_balanced_matches_brute_force_with_a_patch_cap(problem: dict) -> None:
     ``test_plan_bruteforce`` with the patch cap)."""
     plan = _plan(problem, "balanced")
     if plan is None or plan.dp_size * plan.n_microbatches > MAX_SLOTS:
+        set_aside("refused" if plan is None else "too many slots for the brute force")
         return
+    checked()
     _check_against_brute_force(plan)
 
 
+@requires_checked(0.1)
 @settings(max_examples=examples(600))
-@given(tiny_part_problems())
-def test_refusals_under_a_patch_cap_are_true(problem: dict) -> None:
+@given(tiny_part_problems(), st.data())
+def test_refusals_under_a_patch_cap_are_true(problem: dict, data: st.DataObject) -> None:
     """When ``plan_step`` refuses a fixed micro-batch count, the brute force finds no plan with
     that count either (so the patch bounds never claim too much)."""
-    m = problem.get("num_microbatches")
-    if m is None or _plan(problem, "balanced") is not None:
+    # A fixed count is what makes a tiny step infeasible; draw one the brute force can check.
+    m = data.draw(st.integers(1, MAX_SLOTS // problem["dp"]), label="num_microbatches")
+    problem = dict(problem, num_microbatches=m)
+    if _plan(problem, "balanced") is not None:
+        set_aside("planned")
         return
     probe = _plan(dict(problem, num_microbatches=None, allow_empty=True), "balanced")
     if probe is None or probe.dp_size * m > MAX_SLOTS:
+        set_aside("infeasible at any count" if probe is None else "too many slots")
         return
+    checked()
     probe = dataclasses.replace(
         probe, options=probe.options.replace(allow_empty=problem["allow_empty"])
     )

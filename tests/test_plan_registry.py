@@ -43,7 +43,7 @@ def reverse():
 
 
 def test_builtins_in_a_fixed_order() -> None:
-    stacks = ("verl", "slime", "slime_flops", "torchspec", "hf_length_grouped")
+    stacks = ("verl", "slime", "slime_flops", "torchspec", "hf_default", "hf_length_grouped")
     assert strategy_names() == (
         "balanced",
         "round_robin",

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _multiprocess import launch, ok
+from _multiprocess import launch, mark_done, ok, stay_stuck
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -164,19 +164,21 @@ def _disagreeing(rank: int, world_size: int, texts: list[str]) -> dict[str, Any]
     return {"raised": None}
 
 
-def _hanging_peer(rank: int, world_size: int, text: str) -> dict[str, Any]:
+def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict[str, Any]:
     timeout = timedelta(seconds=2)
     plan = ContextParallelPlan.from_json(text)
     groups = ContextParallelGroups(timeout=timeout)
     if rank == 1:
         groups.prepare(plan)  # joins the agreement and the group creation, then never gathers
-        time.sleep(8)
+        stay_stuck(directory, [0], limit_s=8)
         return {}
     started = time.monotonic()
     try:
         run_step(_model(), plan, _samples(plan.lengths.tolist()), groups, timeout=timeout)
     except CollectiveError as error:
         return {"raised": str(error), "elapsed": time.monotonic() - started}
+    finally:
+        mark_done(directory, rank)
     return {"raised": None}
 
 
@@ -185,7 +187,7 @@ def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
     other = plan_context_parallel([30, 4], 2, context_parallel=OPTIONS).to_json()
     for result in ok(launch(tmp_path / "disagree", 2, _disagreeing, [one, other])):
         assert "ranks disagree on the context-parallel plan" in result["raised"]
-    survivor = ok(launch(tmp_path / "hang", 2, _hanging_peer, one))[0]
+    survivor = ok(launch(tmp_path / "hang", 2, _hanging_peer, one, str(tmp_path / "hang")))[0]
     assert survivor["raised"] is not None and "K/V all-gather" in survivor["raised"]
     assert "did not complete within 2 s" in survivor["raised"]
     assert survivor["elapsed"] < 7  # the peer would keep it waiting 8 s

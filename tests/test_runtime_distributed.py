@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from _multiprocess import launch, ok  # noqa: E402
+from _multiprocess import launch, mark_done, ok, stay_stuck  # noqa: E402
 
 from seqbalance.plan import plan_step  # noqa: E402
 from seqbalance.runtime import CollectiveError, Rebalancer  # noqa: E402
@@ -303,18 +303,20 @@ def test_flops_meter_at_tensor_parallel_2_reports_the_true_tflops(tmp_path: Path
         assert wrong.tflops_per_gpu == pytest.approx(2 * true_tflops, rel=1e-12)
 
 
-def _failing_rank(rank: int, world_size: int, exit_early: bool) -> dict[str, Any]:
+def _failing_rank(rank: int, world_size: int, exit_early: bool, directory: str) -> dict[str, Any]:
     rebalancer = Rebalancer(timeout=timedelta(seconds=2))
     if rank == 1:
         if exit_early:
             raise RuntimeError("rank 1 failed before the collective")
-        time.sleep(8)  # alive but never joins the collective
+        stay_stuck(directory, [0], limit_s=8)  # alive but never joins the collective
         return {}
     started = time.monotonic()
     try:
         rebalancer.rebalance([{"input_ids": torch.arange(4)}])
     except CollectiveError as error:
         return {"raised": str(error), "elapsed": time.monotonic() - started}
+    finally:
+        mark_done(directory, rank)
     return {"raised": None}
 
 
@@ -322,7 +324,7 @@ def _failing_rank(rank: int, world_size: int, exit_early: bool) -> dict[str, Any
 def test_a_failing_rank_makes_the_others_raise_instead_of_hanging(
     tmp_path: Path, exit_early: bool
 ) -> None:
-    results = launch(tmp_path, 2, _failing_rank, exit_early)
+    results = launch(tmp_path, 2, _failing_rank, exit_early, str(tmp_path))
     survivor = results[0]["ok"]
     assert survivor["raised"] is not None
     assert "did not complete within 2 s" in survivor["raised"]

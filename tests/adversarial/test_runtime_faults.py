@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
 
-from _multiprocess import launch, ok  # noqa: E402
+from _multiprocess import launch, mark_done, ok, stay_stuck  # noqa: E402
 
 from seqbalance.runtime import CollectiveError, Rebalancer  # noqa: E402
 
@@ -82,7 +82,8 @@ def _fault(rank: int, world_size: int, fault: str, directory: str) -> dict[str, 
 
             def misbehave(*args: Any) -> Any:
                 if fault == "hangs_in_exchange":
-                    _stay_stuck(directory, world_size)
+                    others = [r for r in range(world_size) if r != ODD_RANK]
+                    stay_stuck(directory, others, STUCK_S)
                 os._exit(3)
 
             Comm.exchange = misbehave  # type: ignore[method-assign]
@@ -101,14 +102,8 @@ def _fault(rank: int, world_size: int, fault: str, directory: str) -> dict[str, 
             "message": str(error),
             "elapsed": time.monotonic() - started,
         }
-
-
-def _stay_stuck(directory: str, world_size: int) -> None:
-    """Sleep up to STUCK_S, or until every other rank has reported (keeps the test short)."""
-    reports = [Path(directory) / f"rank{r}.pt" for r in range(world_size) if r != ODD_RANK]
-    deadline = time.monotonic() + STUCK_S
-    while time.monotonic() < deadline and not all(p.exists() for p in reports):
-        time.sleep(0.2)
+    finally:
+        mark_done(directory, rank)
 
 
 @pytest.mark.parametrize(

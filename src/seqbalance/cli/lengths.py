@@ -17,6 +17,7 @@ from seqbalance.datasets.lengths import (
     TokenLengths,
     token_lengths,
 )
+from seqbalance.datasets.trl import TRL_MAX_LENGTH, TRUNCATION_MODES, trl_token_lengths
 
 _SHOWN_SKIPPED = 10
 
@@ -37,9 +38,23 @@ record (OpenAI messages, ShareGPT, Alpaca, TRL prompt/completion plain or conver
 with a directory whose tokenizer has a chat template, each sample is rendered with that template
 and counted as rendered (--template auto); otherwise the chatml template adds 5 tokens per turn.
 
+--trl counts exactly what TRL's trainers feed the model (tokenizer: the model's local Hugging Face
+tokenizer directory; needs transformers): "text" + EOS, "messages" through the chat template,
+prompt/completion (plain or conversational), truncated to --max-length (TRL's default 1024);
+preference pairs (prompt/chosen/rejected) as DPOTrainer tokenizes them, two samples per record in
+one group. Records TRL drops (a prompt that fills --max-length) are listed and left out.
+
 Malformed records are an error naming their line numbers (JSON lines) or record indices (JSON,
 Parquet); --skip-malformed skips them and lists them.
 """
+
+_TRL_CONFLICTS = (
+    ("text_field", "--text-field"),
+    ("chat_field", "--chat-field"),
+    ("history_field", "--history-field"),
+    ("extra_field", "--extra-field"),
+    ("drop_empty", "--drop-empty"),
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -114,8 +129,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="leave out records without any text (default: keep them, aligned with the file)",
     )
+    trl = parser.add_argument_group("TRL (--trl)")
+    trl.add_argument(
+        "--trl",
+        action="store_true",
+        help="count as TRL's SFTTrainer (DPOTrainer for preference pairs) tokenizes and truncates",
+    )
+    trl.add_argument(
+        "--max-length",
+        type=_max_length,
+        default=None,
+        metavar="N|none",
+        help=f"TRL's max_length: lengths are cut to it (default: {TRL_MAX_LENGTH}, TRL's)",
+    )
+    trl.add_argument(
+        "--truncation-mode",
+        choices=TRUNCATION_MODES,
+        default=None,
+        help="TRL's truncation_mode (decides which records are dropped; default keep_start)",
+    )
     add_json_flag(parser)
     parser.set_defaults(func=run)
+
+
+def _max_length(text: str) -> int | str:
+    if text.lower() == "none":
+        return "none"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'none', got {text!r}")
+    return value
+
+
+def _trl_max_length(given: int | str | None) -> int | None:
+    """``--max-length``: TRL's default when not given, no cut for ``none``."""
+    if given is None:
+        return TRL_MAX_LENGTH
+    return None if given == "none" else int(given)
 
 
 def _fields(args: argparse.Namespace) -> Fields | None:
@@ -149,22 +202,52 @@ def _report_skipped(result: TokenLengths) -> None:
             f"{result.empty.size} record(s) without text, {action}: {kind}s {shown}{more}",
             file=sys.stderr,
         )
+    if result.dropped.size:
+        shown = ", ".join(map(str, result.dropped[:_SHOWN_SKIPPED].tolist()))
+        more = " ..." if result.dropped.size > _SHOWN_SKIPPED else ""
+        print(
+            f"{result.dropped.size} record(s) left out, as the trainer drops them (no loss token "
+            f"left after truncation): {kind}s {shown}{more}",
+            file=sys.stderr,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.output.suffix != ".npy":
         raise ValueError(f"--output must be a .npy file, got {str(args.output)!r}")
     started = time.perf_counter()
-    result = token_lengths(
-        args.file,
-        fields=_fields(args),
-        format=args.format,
-        tokenizer=args.tokenizer,
-        template=args.template,
-        skip_malformed=args.skip_malformed,
-        drop_empty=args.drop_empty,
-        progress=lambda items, **options: progress(items, enabled=not args.json, **options),
-    )
+    show = lambda items, **options: progress(items, enabled=not args.json, **options)  # noqa: E731
+    if not args.trl and (args.max_length is not None or args.truncation_mode is not None):
+        raise ValueError("--max-length and --truncation-mode go with --trl")
+    if args.trl:
+        given = [flag for name, flag in _TRL_CONFLICTS if getattr(args, name)]
+        if args.template != "auto":
+            given.append("--template")
+        if given:
+            raise ValueError(
+                f"--trl reads the fields TRL reads and renders with the tokenizer's template; "
+                f"drop {', '.join(given)}"
+            )
+        result = trl_token_lengths(
+            args.file,
+            tokenizer=args.tokenizer,
+            format=args.format,
+            max_length=_trl_max_length(args.max_length),
+            truncation_mode=args.truncation_mode or "keep_start",
+            skip_malformed=args.skip_malformed,
+            progress=show,
+        )
+    else:
+        result = token_lengths(
+            args.file,
+            fields=_fields(args),
+            format=args.format,
+            tokenizer=args.tokenizer,
+            template=args.template,
+            skip_malformed=args.skip_malformed,
+            drop_empty=args.drop_empty,
+            progress=show,
+        )
     if args.groups_output is not None and result.groups is None:
         raise ValueError(
             "--groups-output: no field holds a list of responses, so there are no groups"
@@ -179,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
         "output": str(args.output),
         "groups_output": None if args.groups_output is None else str(args.groups_output),
         **result.summary(),
+        **({"max_length": _trl_max_length(args.max_length)} if args.trl else {}),
         "seconds": round(time.perf_counter() - started, 3),
     }
     if args.json:

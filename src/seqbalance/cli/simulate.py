@@ -31,6 +31,12 @@ from seqbalance.cli._common import (
 
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20
+HF_BASELINES = ("hf_default", "hf_length_grouped")
+"""Baselines that pad every micro-batch, as the Hugging Face Trainer does."""
+HF_MICRO_BATCH_SIZE = 8
+"""The Trainer's ``per_device_train_batch_size`` default."""
+LENGTH_GROUPED = "hf_length_grouped"
+"""Simulated on the steps of Hugging Face's own sampler, not on the shared random steps."""
 
 
 def register(subparsers: Any) -> None:
@@ -68,9 +74,13 @@ def register(subparsers: Any) -> None:
         "--baseline",
         default=None,
         metavar="STRATEGY",
-        help="what you run today, e.g. verl, slime, slime_flops, torchspec, hf_length_grouped: "
-        "added to --strategies and named in the headline (see `seqbalance plan --help` for "
-        "every strategy)",
+        help="what you run today, e.g. verl, slime, slime_flops, torchspec, hf_default (Hugging "
+        "Face Trainer), hf_length_grouped (its group_by_length): added to --strategies and named "
+        "in the headline with the gain against it (see `seqbalance plan --help` for every "
+        "strategy). Default: hf_default with --layout padded (the Trainer's padded "
+        "micro-batches), none otherwise. The Hugging Face baselines pad: with them, a packed run "
+        f"becomes --layout padded (--micro-batch-size default {HF_MICRO_BATCH_SIZE}, the "
+        "Trainer's per_device_train_batch_size)",
     )
     parser.add_argument("--seed", type=int, default=0, help="batch sampling seed")
     add_time_model_arguments(parser)
@@ -97,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
     source = load_lengths(args.lengths)
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    if context_parallel is None:
+        _baseline_setup(args)
     cost, peak, efficiency, description = cost_from_args(
         args, context_parallel=context_parallel is not None
     )
@@ -120,13 +132,19 @@ def run(args: argparse.Namespace) -> int:
                 steps=args.steps,
                 peak_flops_per_s=peak,
                 efficiency=efficiency,
-                strategies=_with_baseline(args.strategies, args.baseline),
+                strategies=[
+                    name
+                    for name in _with_baseline(args.strategies, args.baseline)
+                    if name != LENGTH_GROUPED
+                ],
                 seed=args.seed,
                 progress=callback,
             )
+            if LENGTH_GROUPED in _with_baseline(args.strategies, args.baseline):
+                result = _with_length_grouped(result, source, options, args, peak, efficiency)
         except ValueError as error:
             raise ValueError(flag_names(str(error))) from None
-    for warning in caught:
+    for warning in {str(w.message): w for w in caught}.values():  # each message once
         if isinstance(warning.message, TruncationWarning):
             print(
                 f"seqbalance simulate: warning: {flag_names(str(warning.message))}", file=sys.stderr
@@ -266,6 +284,92 @@ def _run_context_parallel(
     else:
         print_table(title, CP_COLUMNS, rows)
     return 0
+
+
+def _baseline_setup(args: argparse.Namespace) -> None:
+    """Name the baseline that matches what the user runs (padded micro-batches of a fixed sample
+    count are the Hugging Face Trainer's default), and run the padded baselines padded (said on
+    stderr, never silently)."""
+    if args.baseline is None and args.layout == "padded":
+        args.baseline = "hf_default"
+    if args.baseline in HF_BASELINES and args.layout == "packed":
+        args.layout = "padded"
+        if args.micro_batch_size is None:
+            args.micro_batch_size = HF_MICRO_BATCH_SIZE
+        print(
+            f"seqbalance simulate: note: {args.baseline} pads every micro-batch, as the Hugging "
+            f"Face Trainer does: every strategy is simulated with --layout padded "
+            f"--micro-batch-size {args.micro_batch_size}",
+            file=sys.stderr,
+        )
+
+
+def _with_length_grouped(
+    result: Any, source: Any, options: Any, args: argparse.Namespace, peak: float, efficiency: float
+) -> Any:
+    """``result`` plus ``hf_length_grouped``, simulated as the Trainer runs it: its sampler
+    (``LengthGroupedSampler``) decides which samples share a step, so its steps are those of
+    ``length_grouped_steps`` (as many, of the same size, as the other strategies'), each dealt
+    as Accelerate deals the sampler's batches (``hf_default``'s dealing). Every strategy's
+    speedups are recomputed over the mean step times."""
+    import dataclasses
+
+    from seqbalance.integrations.baselines import length_grouped_steps
+    from seqbalance.sim import simulate
+
+    if source.groups is not None:
+        result.failed[LENGTH_GROUPED] = "groups are not supported: HF's sampler ignores them"
+        return result
+    size = int(result.batches[0].size)
+    per_step = args.dp * options.micro_batch_size
+    if size % per_step:
+        raise ValueError(
+            f"{LENGTH_GROUPED}: --global-batch ({size}) must be a multiple of --dp x "
+            f"--micro-batch-size ({per_step}): a Hugging Face step is per_device_train_batch_size "
+            "x gradient_accumulation_steps x world_size samples"
+        )
+    steps = length_grouped_steps(
+        result.lengths,
+        micro_batch_size=options.micro_batch_size,
+        gradient_accumulation_steps=size // per_step,
+        world_size=args.dp,
+        steps=result.steps,
+        seed=args.seed,
+    )
+    grouped = simulate(
+        result.lengths,
+        options,
+        dp_size=args.dp,
+        peak_flops_per_s=peak,
+        efficiency=efficiency,
+        strategies=["hf_default"],
+        batches=steps,
+    )
+    if not (args.json or args.markdown):
+        print(
+            f"seqbalance simulate: note: {LENGTH_GROUPED} runs on the steps its own sampler "
+            "makes (LengthGroupedSampler: samples of similar length share a step); the other "
+            "strategies on random steps of the same size",
+            file=sys.stderr,
+        )
+    stats = dataclasses.replace(grouped.strategies["hf_default"], strategy=LENGTH_GROUPED)
+    merged = {**result.strategies, LENGTH_GROUPED: stats}
+    means = {name: s.mean_step_seconds for name, s in merged.items()}
+    order = [n for n in _with_baseline(args.strategies, args.baseline) if n in merged]
+    strategies = {
+        name: dataclasses.replace(
+            merged[name],
+            speedups={
+                other: means[other] / means[name] if means[name] > 0 else 1.0 for other in means
+            },
+        )
+        for name in order
+    }
+    return dataclasses.replace(
+        result,
+        strategies=strategies,
+        plans={**result.plans, LENGTH_GROUPED: grouped.plans["hf_default"]},
+    )
 
 
 def _with_baseline(strategies: tuple[str, ...], baseline: str | None) -> list[str]:

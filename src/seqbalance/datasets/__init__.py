@@ -7,6 +7,8 @@
 - ``token_lengths`` (``seqbalance.datasets.lengths``): the machinery of ``seqbalance lengths``,
   which counts the tokens of a JSON lines / JSON / Parquet file offline; its tokenizers live in
   ``seqbalance.datasets.tokenize`` and are imported only when used.
+- ``trl_token_lengths`` (``seqbalance.datasets.trl``): ``seqbalance lengths --trl``, the lengths
+  TRL's trainers feed the model (needs transformers, imported only when used).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from seqbalance.datasets.bundled import describe, groups, info, load, names
 from seqbalance.datasets.generators import long_context, rl_lengths
 from seqbalance.datasets.lengths import Fields, TokenLengths, lengths_from_dataset, token_lengths
+from seqbalance.datasets.trl import trl_token_lengths
 
 __all__ = [
     "Fields",
@@ -27,4 +30,5 @@ __all__ = [
     "names",
     "rl_lengths",
     "token_lengths",
+    "trl_token_lengths",
 ]

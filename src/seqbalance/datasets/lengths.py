@@ -34,13 +34,14 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from seqbalance._validation import check_choice
+from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
 from seqbalance.datasets.tokenize import Tokenizer, get_tokenizer
 
 __all__ = [
@@ -150,6 +151,8 @@ class TokenLengths:
     malformed: records skipped as malformed (empty unless skip_malformed was set).
     empty: locations of records without any text (left out when drop_empty was set; otherwise
         they are samples whose length is their template overhead only).
+    dropped: locations of records the trainer itself leaves out (TRL: a prompt that fills
+        ``max_length``, so no loss token is left); they have no sample.
     """
 
     lengths: np.ndarray
@@ -164,6 +167,7 @@ class TokenLengths:
     template: str
     format: str
     dropped_empty: bool = False
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready figures: counts and length statistics in tokens."""
@@ -185,6 +189,7 @@ class TokenLengths:
                 {self.location_kind: r.location, "reason": r.reason} for r in self.malformed
             ],
             "empty": {self.location_kind + "s": self.empty.tolist(), "dropped": self.dropped_empty},
+            "dropped_by_trainer": {self.location_kind + "s": self.dropped.tolist()},
             "format": self.format,
             "fields": self.fields.describe(),
             "tokenizer": self.tokenizer,
@@ -432,33 +437,18 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
 
 def _chat_renderer(tokenizer: Tokenizer) -> Callable[[list[dict[str, str]]], str]:
     """``messages -> text`` with the tokenizer's own Jinja chat template (sandboxed)."""
-    try:
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError as error:
-        raise ImportError(
-            "rendering the tokenizer's chat template needs jinja2: pip install "
-            "'seqbalance[tokenize]'"
-        ) from error
-
-    def fail(message: str) -> None:
-        raise TemplateError(message)
-
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment.globals["raise_exception"] = fail
-    environment.filters["tojson"] = lambda value, indent=None: json.dumps(
-        value, ensure_ascii=False, indent=indent
+    render = compile_chat_template(
+        str(tokenizer.chat_template), source=f"tokenizer {tokenizer.name}"
     )
-    template = environment.from_string(str(tokenizer.chat_template))
     specials = dict(tokenizer.special_tokens)
 
-    def render(messages: list[dict[str, str]]) -> str:
+    def rendered(messages: list[dict[str, str]]) -> str:
         try:
-            return template.render(messages=messages, add_generation_prompt=False, **specials)
-        except TemplateError as error:
+            return render(messages, add_generation_prompt=False, **specials)
+        except ChatTemplateError as error:
             raise _Malformed(f"the tokenizer's chat template refused it: {error}") from None
 
-    return render
+    return rendered
 
 
 def _tokenize_unique(

@@ -10,11 +10,12 @@ its own module so that a stack's optional dependencies are imported only when it
   ``slime.utils.dp_schedule``, FLOPs from the Megatron argument namespace.
 - ``seqbalance.integrations.hf``: Hugging Face ``Trainer`` / TRL ``SFTTrainer`` with the balanced
   sampler, gradient accumulation, resume and token-count loss normalisation (torch).
-- ``seqbalance.integrations.megatron``: a Megatron-style data iterator of packed (THD)
-  micro-batches with ``cu_seqlens`` in the shape ``PackedSeqParams`` expects (torch, no Megatron).
+- ``seqbalance.integrations.megatron``: the data iterator of megatron-core's forward-backward
+  schedules: packed (THD) micro-batches in ``PackedSeqParams``' shape, a micro-batch count per
+  step, and the per-token loss normalisation (torch; megatron-core for its parallel state).
 - ``seqbalance.integrations.baselines``: the stacks' real schedulers (``verl``, ``slime``,
-  ``slime_flops``, ``torchspec``, ``hf_length_grouped``) as planner strategies, so ``simulate``
-  compares against what a stack runs today.
+  ``slime_flops``, ``torchspec``, ``hf_default``, ``hf_length_grouped``) as planner
+  strategies, so ``simulate`` compares against what a stack runs today.
 
 Submodules are imported on first attribute access; importing this package needs numpy only.
 """

@@ -314,6 +314,20 @@ def sample_batches(
     return batches
 
 
+def _given_batch(batch: Any, n_samples: int, step: int) -> np.ndarray:
+    """One step of ``batches``: non-empty distinct dataset indices (int64)."""
+    indices = np.asarray(batch)
+    if indices.ndim != 1 or indices.size == 0 or not np.issubdtype(indices.dtype, np.integer):
+        raise ValueError(f"batches[{step}] must be a non-empty 1-D array of sample indices")
+    indices = indices.astype(np.int64)
+    if indices.min() < 0 or indices.max() >= n_samples or np.unique(indices).size != indices.size:
+        raise ValueError(
+            f"batches[{step}] must hold distinct indices in [0, {n_samples}), got "
+            f"{indices.min()}..{indices.max()} ({indices.size} indices)"
+        )
+    return indices
+
+
 def _check_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
     from seqbalance.plan import strategy_names
 
@@ -340,6 +354,7 @@ def simulate(
     strategies: Sequence[str] | None = None,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    batches: Sequence[Any] | None = None,
     **option_keywords: Any,
 ) -> SimulationResult:
     """Plan ``steps`` sampled global batches with every strategy and predict their step times.
@@ -367,6 +382,10 @@ def simulate(
             ``default_strategies()``).
         seed: seeds batch sampling.
         progress: called as ``progress(done_steps, steps)`` after each step is planned.
+        batches: the dataset indices of every step, in the order the trainer's sampler delivers
+            them, instead of drawing them (a sampler that is part of what is compared, e.g.
+            Hugging Face's ``LengthGroupedSampler``); ``steps``, ``global_batch_size`` and
+            ``seed`` are then not used for drawing.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Plain lengths longer than ``max_tokens`` are truncated to it (as a trainer's
@@ -422,7 +441,12 @@ def simulate(
         lengths = np.minimum(lengths, max_tokens)
         if truncated:
             warnings.warn(TruncationWarning(truncated, int(lengths.size), max_tokens), stacklevel=2)
-    batches = sample_batches(lengths.size, global_batch_size, steps, groups=groups, seed=seed)
+    if batches is None:
+        batches = sample_batches(lengths.size, global_batch_size, steps, groups=groups, seed=seed)
+    else:
+        batches = [_given_batch(batch, lengths.size, step) for step, batch in enumerate(batches)]
+        if not batches:
+            raise ValueError("batches must hold at least one step, got none")
 
     plans: dict[str, list[StepPlan]] = {name: [] for name in names}
     failed: dict[str, str] = {}
