@@ -55,7 +55,7 @@ def partition(
         equal_size: part sizes (item counts) must differ by at most one. Requires ``n >= k``
             unless ``n == 0``.
         max_items: at most this many items per part; ``max_items * k`` must be >= ``n``.
-        speeds: relative speed of every part (``k`` positive, finite numbers), or ``None`` for
+        speeds: relative speed of every part (``k`` numbers in [2**-30, 2**30]), or ``None`` for
             equal parts. The objective becomes ``max(loads / speeds)``; ``lower_bound`` and
             ``ratio`` are in that unit. ``auto``, ``lpt``, ``refine`` and ``exact`` plan for
             the speeds (LPT to the part that finishes the item earliest, then moves and swaps

@@ -16,6 +16,7 @@ No randomness: the same input gives the same output.
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import numpy as np
@@ -70,22 +71,36 @@ def lpt_speeds(weights: np.ndarray, speeds: np.ndarray, limits: SizeLimits) -> n
     """LPT for parts of different speeds: heaviest first, each item to the part where it
     finishes earliest (``(load + w) / speed``; ties: lower part index) among the parts the size
     limits still allow (see ``greedy.lpt``). Returns the part of each item (int64 ``[n]``).
-    O(n k) time.
+
+    Without binding size limits, parts of one speed sit in one heap by load (the lightest
+    finishes first among them), so an item costs a look at each distinct speed:
+    O(n (log k + distinct speeds)). With limits, every part is checked: O(n k).
     """
     n, k = weights.size, speeds.size
     order = descending_order(weights)
+    values = weights[order].tolist()
+    chosen = np.empty(n, dtype=np.int64)
+    if limits.low == 0 and limits.high >= n:
+        classes = sorted(set(speeds.tolist()), reverse=True)
+        heaps = [[(0.0, part) for part in np.flatnonzero(speeds == s).tolist()] for s in classes]
+        picks = []
+        for value in values:
+            best = min(
+                range(len(classes)),
+                key=lambda c: ((heaps[c][0][0] + value) / classes[c], heaps[c][0][1]),
+            )
+            load, part = heaps[best][0]
+            heapq.heapreplace(heaps[best], (load + value, part))
+            picks.append(part)
+        chosen[order] = picks
+        return chosen
     loads = np.zeros(k)
     sizes = np.zeros(k, dtype=np.int64)
     deficit = k * limits.low  # items still needed to bring every part up to `low`
-    chosen = np.empty(n, dtype=np.int64)
-    limited = limits.low > 0 or limits.high < n
-    for remaining, (item, value) in zip(
-        range(n, 0, -1), zip(order.tolist(), weights[order].tolist(), strict=True), strict=True
-    ):
+    for remaining, item, value in zip(range(n, 0, -1), order.tolist(), values, strict=True):
         finish = (loads + value) / speeds
-        if limited:
-            allowed = (sizes < limits.high) & ((sizes < limits.low) | (deficit < remaining))
-            finish[~allowed] = np.inf
+        allowed = (sizes < limits.high) & ((sizes < limits.low) | (deficit < remaining))
+        finish[~allowed] = np.inf
         part = int(np.argmin(finish))
         deficit -= int(sizes[part] < limits.low)
         sizes[part] += 1
@@ -102,15 +117,18 @@ def refine_speeds(
     *,
     target: float = 0.0,
     max_steps: int | None = None,
+    budget: int = 1 << 14,
 ) -> np.ndarray:
     """Improve ``assignment`` by moves and swaps out of the part that finishes last.
 
-    Each step compares, against every other part at once, moving one item of the last part
-    (where the size limits allow) and swapping one of its items for a lighter one (for each
-    item and part, the partner whose weight is closest to the ideal transfer, found by binary
-    search), and applies the change that leaves the later of the two parts finishing earliest.
-    Stops at ``target`` (pass a lower bound), when no change helps, or after ``max_steps``
-    steps (default ``2 * (n + k)``). The returned largest time is never above the input's.
+    Each step compares moving one item of the last part to any other part (where the size
+    limits allow) and swapping one of its items for a lighter one of the parts that finish
+    earliest (as many as hold about ``budget`` items of theirs per item of the last part; for
+    each item and part, the partner closest to the ideal transfer, found by binary search), and
+    applies the change that leaves the later of the two parts finishing earliest. Stops at
+    ``target`` (pass a lower bound), when no change helps, or after ``max_steps`` steps
+    (default ``2 * (n + k)``). The returned largest time is never above the input's.
+    O(n + k x items of the last part) per step.
     """
     n, k = weights.size, speeds.size
     result = assignment.copy()
@@ -120,14 +138,14 @@ def refine_speeds(
     sizes = np.bincount(result, minlength=k)
     scale = float(weights.max()) or 1.0
     steps = 2 * (n + k) if max_steps is None else max_steps
-    parts = np.arange(k)
     for _ in range(steps):
         times = loads / speeds
         last = int(np.argmax(times))
         peak = float(times[last])
         if peak <= target:
             break
-        change = _best_change(weights, result, loads, sizes, speeds, limits, last, scale, parts)
+        state = _State(weights, result, loads, sizes, speeds, limits, scale)
+        change = state.best_change(last, times, budget)
         if change is None or change[0] >= peak * (1 - _TOLERANCE):
             break
         _, giver, other, taker = change
@@ -146,73 +164,102 @@ def refine_speeds(
     return assignment.copy()
 
 
-def _best_change(
-    weights: np.ndarray,
-    assignment: np.ndarray,
-    loads: np.ndarray,
-    sizes: np.ndarray,
-    speeds: np.ndarray,
-    limits: SizeLimits,
-    last: int,
-    scale: float,
-    parts: np.ndarray,
-) -> tuple[float, int, int, int] | None:
-    """The best move or swap out of part ``last``: (new time of the later of the two parts,
-    item given, part receiving it, item taken back or -1), or None when none is possible."""
-    givers = np.flatnonzero(assignment == last)
-    if givers.size == 0:
-        return None
-    others = parts[parts != last]
-    give = weights[givers]
-    s_last, load_last = speeds[last], loads[last]
-    s_other, load_other = speeds[others], loads[others]
-    # The transfer that finishes both parts together: (L_last - d) / s_last = (L_o + d) / s_o.
-    ideal = (load_last * s_other - load_other * s_last) / (s_last + s_other)
+class _State:
+    """One refinement step's view: item weights, their parts, part loads, sizes and speeds."""
 
-    def peak_after(delta: np.ndarray, column: np.ndarray) -> np.ndarray:
+    def __init__(
+        self,
+        weights: np.ndarray,
+        assignment: np.ndarray,
+        loads: np.ndarray,
+        sizes: np.ndarray,
+        speeds: np.ndarray,
+        limits: SizeLimits,
+        scale: float,
+    ) -> None:
+        self.weights, self.assignment, self.loads = weights, assignment, loads
+        self.sizes, self.speeds, self.limits, self.scale = sizes, speeds, limits, scale
+
+    def best_change(
+        self, last: int, times: np.ndarray, budget: int
+    ) -> tuple[float, int, int, int] | None:
+        """The best move or swap out of part ``last``: (new time of the later of the two
+        parts, item given, part receiving it, item taken back or -1), or None."""
+        givers = np.flatnonzero(self.assignment == last)
+        if givers.size == 0:
+            return None
+        give = self.weights[givers]
+        best = self._best_move(last, givers, give)
+        # Swap partners: the parts that finish earliest, within the budget (at least one).
+        by_time = np.argsort(times, kind="stable")
+        by_time = by_time[by_time != last]
+        reach = max(1, int(np.searchsorted(np.cumsum(self.sizes[by_time]) * givers.size, budget)))
+        swap = self._best_swap(last, givers, give, by_time[:reach])
+        if swap is not None and (best is None or swap[0] < best[0]):
+            best = swap
+        return best
+
+    def _peak_after(self, last: int, delta: np.ndarray, others: np.ndarray) -> np.ndarray:
+        """The later end of ``last`` and ``others`` after ``delta`` moves from one to the other."""
         return np.maximum(
-            (load_last - delta) / s_last, (load_other[column] + delta) / s_other[column]
+            (self.loads[last] - delta) / self.speeds[last],
+            (self.loads[others] + delta) / self.speeds[others],
         )
 
-    best: tuple[float, int, int, int] | None = None
-    # Moves: every item of the last part to every other part with room.
-    if sizes[last] > limits.low:
-        open_ = sizes[others] < limits.high
-        if open_.any():
-            rows, cols = np.meshgrid(np.arange(givers.size), np.flatnonzero(open_), indexing="ij")
-            rows, cols = rows.ravel(), cols.ravel()
-            peaks = peak_after(give[rows], cols)
-            at = int(np.argmin(peaks))
-            best = (float(peaks[at]), int(givers[rows[at]]), int(others[cols[at]]), -1)
-    # Swaps: for each item of the last part and each other part, the items of that part whose
-    # weight is closest to ``w - ideal`` (keys part * 4 + normalised weight keep parts apart).
-    takers = np.flatnonzero(assignment != last)
-    if takers.size:
-        column_of = np.full(parts.size, -1)
+    def _best_move(
+        self, last: int, givers: np.ndarray, give: np.ndarray
+    ) -> tuple[float, int, int, int] | None:
+        if self.sizes[last] <= self.limits.low:
+            return None
+        others = np.flatnonzero(self.sizes < self.limits.high)
+        others = others[others != last]
+        if others.size == 0:
+            return None
+        peaks = self._peak_after(last, give[:, None], others[None, :])
+        at = int(np.argmin(peaks))
+        row, column = divmod(at, others.size)
+        return float(peaks.flat[at]), int(givers[row]), int(others[column]), -1
+
+    def _best_swap(
+        self, last: int, givers: np.ndarray, give: np.ndarray, others: np.ndarray
+    ) -> tuple[float, int, int, int] | None:
+        """For each item of ``last`` and part of ``others``, the item of that part whose
+        weight is closest to ``w - ideal`` (the transfer that ends both parts together);
+        keys ``column * 4 + normalised weight`` keep the parts apart in one sorted array."""
+        column_of = np.full(self.speeds.size, -1)
         column_of[others] = np.arange(others.size)
-        taker_col = column_of[assignment[takers]]
-        norm = weights[takers] / scale
+        takers = np.flatnonzero(column_of[self.assignment] >= 0)
+        if takers.size == 0:
+            return None
+        taker_col = column_of[self.assignment[takers]]
+        norm = self.weights[takers] / self.scale
         by_key = np.lexsort((takers, norm, taker_col))
-        takers, taker_col = takers[by_key], taker_col[by_key]
-        keys = taker_col * 4.0 + norm[by_key]
+        takers, taker_col, keys = (
+            takers[by_key],
+            taker_col[by_key],
+            (taker_col * 4.0 + norm)[by_key],
+        )
         first = np.searchsorted(taker_col, np.arange(others.size), side="left")
         stop = np.searchsorted(taker_col, np.arange(others.size), side="right")
-        rows, cols = np.meshgrid(np.arange(givers.size), np.arange(others.size), indexing="ij")
-        rows, cols = rows.ravel(), cols.ravel()
-        wanted = np.clip((give[rows] - ideal[cols]) / scale, -1.0, 2.0)
+        s_last, s_other = self.speeds[last], self.speeds[others]
+        ideal = (self.loads[last] * s_other - self.loads[others] * s_last) / (s_last + s_other)
+        rows = np.repeat(np.arange(givers.size), others.size)
+        cols = np.tile(np.arange(others.size), givers.size)
+        wanted = np.clip((give[rows] - ideal[cols]) / self.scale, -1.0, 2.0)
         position = np.searchsorted(keys, cols * 4.0 + wanted)
+        best: tuple[float, int, int, int] | None = None
         for shift in (-1, 0):
             pick = position + shift
             valid = (pick >= first[cols]) & (pick < stop[cols])
             if not valid.any():
                 continue
             r, c, taker = rows[valid], cols[valid], takers[pick[valid]]
-            delta = give[r] - weights[taker]
-            peaks = np.where(delta > 0, peak_after(delta, c), np.inf)
+            delta = give[r] - self.weights[taker]
+            peaks = np.where(delta > 0, self._peak_after(last, delta, others[c]), np.inf)
             at = int(np.argmin(peaks))
             if np.isfinite(peaks[at]) and (best is None or peaks[at] < best[0]):
                 best = (float(peaks[at]), int(givers[r[at]]), int(others[c[at]]), int(taker[at]))
-    return best
+        return best
 
 
 class _Budget(Exception):

@@ -54,7 +54,7 @@ class _Search:
         self.grouped = p.groups is not None
         self.padded = p.layout == "padded"
         self.lockstep = p.objective == "lockstep"
-        self.speeds = p.rank_speeds.tolist()
+        self.speeds = p.speeds_or_ones.tolist()
         self.monotone = not self.padded or _nondecreasing_in_length(p)
         self.best_plan = incumbent
         self.best = objective(p, incumbent) if incumbent is not None else np.inf

@@ -106,6 +106,11 @@ class OptionFields:
         """Whether empty micro-batches are allowed."""
         return self.options.allow_empty
 
+    @property
+    def rank_speeds(self) -> tuple[float, ...] | None:
+        """Relative speed of every rank, or ``None`` for equal ranks."""
+        return self.options.rank_speeds
+
 
 @dataclass(frozen=True, eq=False)
 class Problem(OptionFields):
@@ -146,7 +151,7 @@ class Problem(OptionFields):
         return np.array(check_rank_speeds(self.options.rank_speeds, self.dp), dtype=np.float64)
 
     @cached_property
-    def rank_speeds(self) -> np.ndarray:
+    def speeds_or_ones(self) -> np.ndarray:
         """float64 ``[dp]``: ``speeds``, or ones for equal ranks (for arithmetic that is exact
         either way: dividing by 1.0 changes nothing)."""
         return np.ones(self.dp) if self.speeds is None else self.speeds
@@ -445,7 +450,7 @@ class Problem(OptionFields):
         sum is at least ``S / dp + max(0, (dp - 1) x c - V) / dp``.
         """
         if self.speeds is not None:
-            return self._speed_lower_bound(m_lower)
+            return self._speed_lower_bound(m_lower, capped=capped)
         bound = m_lower * self.overhead + self.unit_cost_bound
         if self.objective != "lockstep" or self.n == 0 or self.dp == 1:
             return bound
@@ -456,7 +461,7 @@ class Problem(OptionFields):
         excess = forced - self._ceiling(heaviest, self.dp - 1, capped=capped)
         return max(bound, total / self.dp + max(0.0, excess) / self.dp)
 
-    def _speed_lower_bound(self, m_lower: int) -> float:
+    def _speed_lower_bound(self, m_lower: int, *, capped: bool) -> float:
         """``lower_bound`` with rank speeds, in cost units per unit of speed.
 
         Rank ``r`` takes ``(m_r x overhead + C_r) / s_r`` with ``m_r >= m_lower`` micro-batches
@@ -465,13 +470,23 @@ class Problem(OptionFields):
         ``(m_r x overhead + C_r) / s_r >= m_lower x overhead / max(s) + C_r / s_r``, at least
         ``m_lower x overhead / max(s)`` plus the speed partition bound of the unit costs
         (``unit_cost_bound``). ``lockstep`` costs at least ``step`` (the sum over positions of
-        the slowest is at least any rank's total), so the same bound holds."""
-        speeds = self.rank_speeds
+        the slowest is at least any rank's total), so the same bound holds; and, as in the
+        equal-speed bound, the position holding the costliest sample's micro-batch (at least
+        ``c``) takes at least ``c / max(s)`` while every other position takes at least its
+        total over ``sum(s)``, and those totals add up to at least ``S - c - V``: the bound
+        ``c / max(s) + (S - c - V) / sum(s)`` (``S``, ``c``, ``V`` as in ``lower_bound``)."""
+        speeds = self.speeds_or_ones
         overheads = m_lower * self.overhead
-        total = float(self.least_sample_costs.sum()) + self.dp * overheads
-        return max(
-            total / float(speeds.sum()), overheads / float(speeds.max()) + self.unit_cost_bound
-        )
+        least = self.least_sample_costs
+        total = float(least.sum()) + self.dp * overheads
+        fastest, speed_sum = float(speeds.max()), float(speeds.sum())
+        bound = max(total / speed_sum, overheads / fastest + self.unit_cost_bound)
+        if self.objective != "lockstep" or self.n == 0 or self.dp == 1:
+            return bound
+        heaviest = int(np.argmax(least))
+        costliest = self.overhead + float(least[heaviest])
+        rest = total - costliest - self._ceiling(heaviest, self.dp - 1, capped=capped)
+        return max(bound, costliest / fastest + max(0.0, rest) / speed_sum)
 
     def _ceiling(self, excluded: int, k: int, *, capped: bool) -> float:
         """An upper bound on the total cost of ``k`` disjoint micro-batches without sample

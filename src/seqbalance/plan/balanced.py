@@ -122,11 +122,16 @@ def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float)
     not hold a fast rank's larger share under the cap: try the larger counts up to the one
     that holds ``max(speed) / mean(speed)`` times an equal share, keep the cheapest (ties: the
     fewest micro-batches)."""
-    speeds = p.rank_speeds
+    speeds = p.speeds_or_ones
     value = aligned_value(p, plan)
     most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
     count = p.next_microbatches(m)
-    while count is not None and count <= most and value > bound * (1 + _GOOD_ENOUGH):
+    while (
+        count is not None
+        and count <= most
+        and value > bound * (1 + RIVALS_WITHOUT_BOUND_GAP)  # more could save less than this
+        and (p.allow_empty or p.n >= p.dp * count)  # else some micro-batch would be empty
+    ):
         candidate = _attempt(p, count)
         if candidate is not None:
             candidate_value = aligned_value(p, candidate)
@@ -259,14 +264,23 @@ BALANCED = Balanced()
 
 def _attempt(p: Problem, m: int) -> Microbatches | None:
     if p.layout == "padded" and p.groups is None:
-        return _padded_global(p, m)
+        plan = _padded_global(p, m)
+        if p.speeds is None:
+            return plan
+        # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's own
+        # share (step 1 plans the shares for the speeds) can be cheaper: keep the better.
+        by_rank = _padded_by_rank(p, m)
+        if plan is None or (
+            by_rank is not None and aligned_value(p, by_rank) < aligned_value(p, plan)
+        ):
+            return by_rank
+        return plan
+    if p.layout == "padded":
+        return _padded_by_rank(p, m)
     rank_of_unit = _assign_units(p, m)
     if rank_of_unit is None:
         return None
     members = rank_members(p, rank_of_unit)
-    if p.layout == "padded":
-        plan = [_segment(p, samples, m) for samples in members]
-        return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]
     plan = _pack_ranks(p, members, m)
     if plan is None and p.groups is None and p.layout == "packed":
         plan = _global_first_fit(p, m)
@@ -431,7 +445,7 @@ class _RankState:
         patches: np.ndarray | None,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
-        self.speeds = p.rank_speeds
+        self.speeds = p.speeds_or_ones
         self.costs, self.tokens, self.counts = costs, tokens, counts
         self.patches = patches
         self.loads = np.bincount(rank_of_unit, weights=costs, minlength=p.dp)
@@ -791,7 +805,7 @@ def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     The re-packed plan is kept only if its lockstep cost is lower. With rank speeds the profile
     is in time (cost / speed): rank ``r`` packs under it times its own speed.
     """
-    speeds = p.rank_speeds
+    speeds = p.speeds_or_ones
     heaviest = [
         max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
     ]
@@ -890,7 +904,7 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     speeds every cost below is a time (cost / the rank's speed).
     """
     m = len(plan[0])
-    speeds = p.rank_speeds
+    speeds = p.speeds_or_ones
     costs = (
         np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
         / speeds[:, None]
@@ -1017,23 +1031,23 @@ def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[
 
 def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]]) -> bool:
     """Put samples that did not fit on their rank into the cheapest rank with room (with rank
-    speeds: the least time)."""
+    speeds: the rank with room where the sample ends earliest, ``(cost + its cost) / speed``)."""
     if p.groups is not None:
         return False
-    speeds = p.rank_speeds.tolist()
     rank_costs = [
-        sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) / speed
-        for ranks, speed in zip(plan, speeds, strict=True)
+        sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) for ranks in plan
     ]
     rooms = [_Rooms(p, len(ranks), ranks) for ranks in plan]
     for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
-        options = [(rank_costs[r], j, r) for r in range(p.dp) for j in rooms[r].fitting(i)]
+        cost = float(p.sample_costs[i])
+        keys = rank_costs if p.speeds is None else (np.add(rank_costs, cost) / p.speeds).tolist()
+        options = [(keys[r], j, r) for r in range(p.dp) for j in rooms[r].fitting(i)]
         if not options:
             return False
         _, j, r = min(options)
         plan[r][j].append(i)
         rooms[r].take(j, i)
-        rank_costs[r] += float(p.sample_costs[i]) / speeds[r]
+        rank_costs[r] += cost
     return True
 
 
@@ -1108,6 +1122,15 @@ def _split_to(p: Problem, chunks: list[list[int]], k: int) -> list[list[int]]:
                 heapq.heappush(heap, (-cost(chunks[index]), index))
     chunks.extend([] for _ in range(k - len(chunks)))
     return chunks
+
+
+def _padded_by_rank(p: Problem, m: int) -> Microbatches | None:
+    """Units to ranks (step 1), then each rank's samples cut into its ``m`` micro-batches."""
+    rank_of_unit = _assign_units(p, m)
+    if rank_of_unit is None:
+        return None
+    plan = [_segment(p, samples, m) for samples in rank_members(p, rank_of_unit)]
+    return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]
 
 
 def _padded_global(p: Problem, m: int) -> Microbatches | None:

@@ -79,12 +79,13 @@ class PlanOptions:
             a ``ModelSpec`` / ``FlopsModel``, or a ``ContextParallelTimeModel``); packed layout
             and the ``step`` objective only; ``max_tokens`` is None or the per-rank cap.
         rank_speeds: relative speed of every data-parallel rank (a tuple of ``dp_size``
-            positive, finite floats; rank ``r`` runs a micro-batch of cost ``c`` in time
-            ``c / rank_speeds[r]``), or ``None`` for equal ranks. ``balanced`` then minimises the
-            speed-scaled objective (``step``: the largest ``rank total / speed``; ``lockstep``:
-            the sum over positions of the largest ``cost / speed``); baselines ignore speeds
-            but are evaluated under the same objective. Only the ratios matter to the plan;
-            ``StepPlan.summary`` reports times in cost units per unit of speed. Not supported
+            floats in [2**-30, 2**30], 1.0 for a typical rank: rank ``r`` runs a micro-batch
+            of cost ``c`` in time ``c / rank_speeds[r]``), or ``None`` for equal ranks.
+            ``balanced`` then minimises the speed-scaled objective (``step``: the largest
+            ``rank total / speed``; ``lockstep``: the sum over positions of the largest
+            ``cost / speed``); baselines ignore speeds but are evaluated under the same
+            objective. Only the ratios matter to the plan; ``StepPlan.summary`` reports times
+            in cost units per unit of speed. Not supported
             with ``context_parallel``.
     """
 
@@ -297,8 +298,8 @@ def check_rank_speeds(speeds: Any, dp_size: int | None = None) -> tuple[float, .
 
     Raises:
         ValueError: naming ``rank_speeds`` and the bad value (not a 1-D sequence of numbers,
-            empty, an entry that is not positive and finite, or a length other than
-            ``dp_size``).
+            empty, an entry that is not positive and finite or lies outside [2**-30, 2**30],
+            or a length other than ``dp_size``).
     """
     values = tuple(float(x) for x in as_speeds(speeds, "rank_speeds"))
     if dp_size is not None and len(values) != dp_size:

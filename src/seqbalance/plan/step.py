@@ -261,7 +261,7 @@ def _arrange(
     aligned = np.take_along_axis(costs, permutations, axis=1)
     if p.objective == "lockstep":
         # Positions ordered by their slowest micro-batch (time: cost / speed with rank speeds).
-        shared = _execution_order((aligned / p.rank_speeds[:, None]).max(axis=0), order)
+        shared = _execution_order((aligned / p.speeds_or_ones[:, None]).max(axis=0), order)
         permutations = permutations[:, shared]
     else:
         permutations = np.array(
