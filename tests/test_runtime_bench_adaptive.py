@@ -86,7 +86,10 @@ def test_bench_cli_names_a_bad_slow_rank(capsys):
     pytest.importorskip("torch")
     from seqbalance.cli import main
 
-    assert main(["bench", "--slow-rank", "1", "--steps", "1"]) == 2
-    assert "--slow-rank must be R:F or R:F@START-STOP, got '1'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--slow-rank", "1", "--steps", "1"])
+    assert "--slow-rank: slow_rank must be R:F or R:F@START-STOP, got '1'" in (
+        capsys.readouterr().err
+    )
     assert main(["bench", "--slow-rank", "5:2", "--steps", "1"]) == 2
     assert "--slow-rank rank must be < --procs = 2, got 5" in capsys.readouterr().err

@@ -30,7 +30,7 @@ from seqbalance.cli._common import (
 )
 from seqbalance.cost import TimeModel
 from seqbalance.plan import CP_STRATEGIES
-from seqbalance.runtime.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES
+from seqbalance.runtime.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES, SlowRank
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
 
 
@@ -97,6 +97,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--slow-rank",
         metavar="R:F[@START-STOP]",
+        type=_slow_rank,
         default=None,
         help="rank R computes F times slower (real extra compute after each micro-batch, "
         "proportional to its time), in measured steps START to STOP-1 (default: all); compare "
@@ -163,6 +164,14 @@ _FLAGS = {
 """``BenchSettings`` fields, plan options (and ``scale_lengths`` keywords) as their flags."""
 
 
+def _slow_rank(text: str) -> SlowRank:
+    """``--slow-rank``: ``SlowRank.parse``, its message as the flag's error."""
+    try:
+        return SlowRank.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     require_torch()
     from seqbalance.runtime import bench
@@ -219,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
             trials=args.trials,
             repeats=args.repeats,
             seed=args.seed,
-            slow_rank=None if args.slow_rank is None else bench.SlowRank.parse(args.slow_rank),
+            slow_rank=args.slow_rank,
             timeout_seconds=args.timeout,
             launch_timeout_seconds=args.launch_timeout,
         )
@@ -247,8 +256,7 @@ def run(args: argparse.Namespace) -> int:
     report["setup"].update({"lengths": source.label, "length_divisor": divisor})
     if args.json:
         print_json(report)
-        return 0
-    if context_parallel is None:
+    elif context_parallel is None:
         _print_report(report, markdown=args.markdown)
     else:
         _print_context_parallel_report(report, markdown=args.markdown)

@@ -37,7 +37,7 @@ from seqbalance.plan.types import StepPlan
 from seqbalance.runtime._dist import Comm, wait
 from seqbalance.runtime.timer import StepTimer, StepTiming
 
-__all__ = ["Adaptive", "Feedback", "Piggyback", "as_feedback"]
+__all__ = ["Adaptive", "Feedback", "Piggyback", "RebalancerFeedback", "as_feedback"]
 
 
 class Adaptive:
@@ -243,3 +243,42 @@ class Piggyback:
             if pending is None
             else (StepPlan.from_json(pending["plan"]), list(pending["statistics"]))
         )
+
+
+class RebalancerFeedback:
+    """The Rebalancer's adaptive methods (``adaptive=True``): the timer, :meth:`observe` and
+    the checkpoint state; its statistics travel through :class:`Piggyback`."""
+
+    _feedback: Piggyback | None
+    group: Any
+
+    @property
+    def timer(self) -> StepTimer:
+        """With ``adaptive``: time this rank's micro-batches (``timer.microbatch()``) and its
+        gradient sync (``timer.sync()``), then call :meth:`observe`."""
+        if self._feedback is None:
+            raise ValueError("Rebalancer.timer needs adaptive=True")
+        return self._feedback.timer(self.group)
+
+    def observe(self, result: Any, timing: StepTiming | None = None) -> None:
+        """With ``adaptive``: learn from this rank's measured step of ``result`` (a
+        ``RebalanceResult``; ``timing`` default ``timer.finish()``, one micro-batch time per
+        ``result.microbatches``). Every rank observes every step; the update applies from the
+        next ``rebalance`` call."""
+        timing = self.timer.finish() if timing is None else timing
+        assert self._feedback is not None  # self.timer raised otherwise
+        if result.plan is not None:
+            world_size = len(result.plan.ranks)
+            self._feedback.observe(result.plan, world_size, result.plan_rank, timing)
+
+    def state_dict(self) -> dict[str, Any]:
+        """With ``adaptive``: what it learned (plain JSON values) for a checkpoint."""
+        if self._feedback is None:
+            raise ValueError("Rebalancer.state_dict needs adaptive=True (nothing else to save)")
+        return self._feedback.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the same options, prior, feedback and world size)."""
+        if self._feedback is None:
+            raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
+        self._feedback.load_state_dict(state)

@@ -50,6 +50,7 @@ from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import vision_patches_of
 from seqbalance.runtime._caps import first_over_cap
 from seqbalance.runtime._dist import CollectiveError, Comm
+from seqbalance.runtime._outputs import agreed_output, describe_outputs
 from seqbalance.runtime._samples import (
     InputForm,
     LocalSamples,
@@ -58,9 +59,8 @@ from seqbalance.runtime._samples import (
     normalise,
 )
 from seqbalance.runtime._wire import Field, decode, encode, pack, sample_bytes, unpack
-from seqbalance.runtime.feedback import Feedback, Piggyback, as_feedback
+from seqbalance.runtime.feedback import Feedback, Piggyback, RebalancerFeedback, as_feedback
 from seqbalance.runtime.routing import Routing, route
-from seqbalance.runtime.timer import StepTimer, StepTiming
 
 if TYPE_CHECKING:
     from seqbalance.plan import StepPlan
@@ -231,11 +231,11 @@ class RebalanceResult:
         if self._worker is not None and not _on_worker_thread():
             return self._worker.submit(self.restore, outputs).result()
         comm, routing = self._comm, self._routing
-        form, local, header, table = _describe_outputs(outputs, self.num_samples)
+        form, local, header, table = describe_outputs(outputs, self.num_samples)
         started = time.perf_counter()
         described = _gather(comm, header, table, "restore: all_gather")
         _raise_first_error([h for h, _ in described])
-        spec = _agreed_output(h for h, _ in described)
+        spec = agreed_output(h for h, _ in described)
         if spec is None:
             return torch.zeros(0) if form is OutputForm.ROWS else []
         form, output = spec
@@ -269,53 +269,7 @@ class RebalanceResult:
         return torch.stack([t.reshape(output.trailing) for t in ordered])
 
 
-def _describe_outputs(
-    outputs: torch.Tensor | Sequence[torch.Tensor], n: int
-) -> tuple[OutputForm, list[torch.Tensor], dict[str, Any], np.ndarray]:
-    """Outputs as one tensor per sample, and this rank's description of them."""
-    form = OutputForm.ROWS if isinstance(outputs, torch.Tensor) else OutputForm.PER_SAMPLE
-    try:
-        if form is OutputForm.ROWS:
-            if outputs.dim() == 0 or outputs.shape[0] != n:
-                raise ValueError(
-                    f"outputs must have num_samples = {n} rows, got shape {tuple(outputs.shape)}"
-                )
-            local = [row.unsqueeze(0) for row in outputs]
-        else:
-            local = list(outputs)
-            if len(local) != n:
-                raise ValueError(f"outputs must hold num_samples = {n} tensors, got {len(local)}")
-            for k, t in enumerate(local):
-                if not isinstance(t, torch.Tensor) or t.dim() == 0:
-                    raise ValueError(f"outputs[{k}] must be a tensor with >= 1 dimension")
-        specs = {(t.dtype, tuple(t.shape[1:])) for t in local}
-        if len(specs) > 1:
-            raise ValueError(f"outputs mix dtypes or trailing shapes: {sorted(map(str, specs))}")
-    except ValueError as error:
-        return form, [], {"error": str(error), "n": 0, "form": form.value}, np.zeros((0, 1))
-    header = {"error": None, "n": len(local), "form": form.value}
-    if local:
-        header["fields"] = [Field.of("output", local[0]).to_json()]
-    table = np.array([[t.shape[0]] for t in local], dtype=np.int64).reshape(len(local), 1)
-    return form, local, header, table
-
-
-def _agreed_output(headers: Any) -> tuple[OutputForm, Field] | None:
-    """The output form and field every rank with outputs agrees on (None: nobody has any)."""
-    described = [h for h in headers if h["n"]]
-    if not described:
-        return None
-    reference = (described[0]["form"], described[0]["fields"])
-    for h in described[1:]:
-        if (h["form"], h["fields"]) != reference:
-            raise ValueError(
-                "restore needs the same output form, dtype and trailing shape on every rank, "
-                f"got {reference[0]} {reference[1]} and {h['form']} {h['fields']}"
-            )
-    return OutputForm(reference[0]), Field.from_json(reference[1][0])
-
-
-class Rebalancer:
+class Rebalancer(RebalancerFeedback):
     """Rebalance each step's samples across the ranks of ``group`` (default: the world).
 
     Every rank must construct its Rebalancer with the same options, ``keep_local`` and
@@ -475,37 +429,6 @@ class Rebalancer:
             ).result()
         pending = None if self._feedback is None else self._feedback.take_pending()
         return self._rebalance(samples, cu_seqlens, groups, parts, pending)
-
-    # ------------------------------------------------------------------ adaptive planning
-    @property
-    def timer(self) -> StepTimer:
-        """With ``adaptive``: time this rank's micro-batches (``timer.microbatch()``) and its
-        gradient sync (``timer.sync()``), then call :meth:`observe`."""
-        if self._feedback is None:
-            raise ValueError("Rebalancer.timer needs adaptive=True")
-        return self._feedback.timer(self.group)
-
-    def observe(self, result: RebalanceResult, timing: StepTiming | None = None) -> None:
-        """With ``adaptive``: learn from this rank's measured step of ``result`` (default
-        ``timer.finish()``; one micro-batch time per ``result.microbatches``). Every rank
-        observes every step; the update applies from the next :meth:`rebalance` call."""
-        timing = self.timer.finish() if timing is None else timing
-        assert self._feedback is not None  # self.timer raised otherwise
-        if result.plan is not None:
-            world_size = len(result.plan.ranks)
-            self._feedback.observe(result.plan, world_size, result.plan_rank, timing)
-
-    def state_dict(self) -> dict[str, Any]:
-        """With ``adaptive``: what it learned (plain JSON values) for a checkpoint."""
-        if self._feedback is None:
-            raise ValueError("Rebalancer.state_dict needs adaptive=True (nothing else to save)")
-        return self._feedback.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (the same options, prior, feedback and world size)."""
-        if self._feedback is None:
-            raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
-        self._feedback.load_state_dict(state)
 
     # ------------------------------------------------------------------ the four phases
     def _rebalance(

@@ -164,7 +164,10 @@ class _Planner:
         }
         if name == "balanced_adaptive":
             assert self.adaptive is not None
+            # Learning (one small all_gather and the fit) is timed apart, as planning is.
+            started = time.perf_counter()
             out["telemetry"] = self.adaptive.observe(plan, timing)
+            out["feedback_seconds"] = time.perf_counter() - started
         return out
 
 
@@ -173,6 +176,29 @@ def _true_speeds(settings: BenchSettings, step: int) -> tuple[float, ...] | None
     if settings.slow_rank is not None:
         return settings.slow_rank.speeds(settings.procs, step - settings.warmup)
     return settings.options.rank_speeds
+
+
+def _slowdown(settings: BenchSettings, rank: int, step: int) -> float:
+    """How many times slower ``rank`` computes at schedule step ``step`` (warm-up first)."""
+    slow = settings.slow_rank
+    return 1.0 if slow is None or slow.rank != rank else slow.factor_at(step - settings.warmup)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _all_reduce_gradients(parameters: list[torch.Tensor], procs: int) -> None:
+    """Average the gradients over the ranks in one flat bucket, as DDP does, so the
+    communication cost does not depend on the plan."""
+    flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+    dist.all_reduce(flat)
+    flat.div_(procs)
+    offset = 0
+    for p in parameters:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
 
 
 def _burn(seconds: float, work: torch.Tensor) -> None:
@@ -214,26 +240,13 @@ def _train(
     timer = StepTimer(device)
     burner = torch.full((32, 32), 0.01, device=device)
 
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     def all_reduce_gradients() -> None:
-        # One flat bucket, as DDP does, so communication cost does not depend on the plan.
-        flat = torch.cat([p.grad.reshape(-1) for p in parameters])
-        dist.all_reduce(flat)
-        flat.div_(settings.procs)
-        offset = 0
-        for p in parameters:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        _all_reduce_gradients(parameters, settings.procs)
 
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in settings.strategies}
     # Strategies take turns step by step, so a slow spell of the machine hits them all alike.
     for step in range(total_steps):
-        slow = 1.0
-        if settings.slow_rank is not None and settings.slow_rank.rank == rank:
-            slow = settings.slow_rank.factor_at(step - settings.warmup)
+        slow = _slowdown(settings, rank, step)
         for name in settings.strategies:
             microbatches = planner.microbatches(name, step)
             inputs = [
@@ -252,7 +265,7 @@ def _train(
                     if batch is not None:
                         (forward(*batch, reduction="sum") / labelled).backward()
                     if slow > 1.0:
-                        synchronize()
+                        _synchronize(device)
                         _burn((slow - 1.0) * (time.perf_counter() - started), burner)
                 if settings.options.objective == "lockstep":
                     with timer.sync():
@@ -262,13 +275,9 @@ def _train(
                     all_reduce_gradients()
             optimizer.step()
             timing = timer.finish()
-            synchronize()
+            _synchronize(device)
             wall = time.perf_counter() - step_start
-            # Learning (one small all_gather and a 3x3 fit) is timed apart, as planning is.
-            learn_start = time.perf_counter()
             extra = planner.record(name, timing)
-            if "telemetry" in extra:
-                extra["feedback_seconds"] = time.perf_counter() - learn_start
             if rank == 0:
                 progress_file.write_text(f"{step + 1} {total_steps}")
             if step >= settings.warmup:
