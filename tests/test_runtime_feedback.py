@@ -82,6 +82,7 @@ def _closed_loop(rank: int, world_size: int) -> dict[str, Any]:
         "resumed": again,
         "warnings": [str(w.message) for w in caught if "ignored" in str(w.message)],
         "ignored": loop.planner.online.ignored,
+        "rebalancer": _rebalancer_loop(rank, world_size),  # the same processes: one launch
     }
 
 
@@ -160,8 +161,8 @@ def _rebalancer_loop(rank: int, world_size: int) -> dict[str, Any]:
     return {"steps": steps, "resumed": _rebalancer_steps(resumed, rank, 8, 14)}
 
 
-def test_rebalancer_adaptive_learns_from_the_next_gather_identically(tmp_path):
-    a, b = ok(launch(tmp_path, 2, _rebalancer_loop))
+def test_rebalancer_adaptive_learns_from_the_next_gather_identically(results):
+    a, b = (result["rebalancer"] for result in results)
     assert [s["sha"] for s in a["steps"]] == [s["sha"] for s in b["steps"]]
     assert [s["telemetry"] for s in a["steps"]] == [s["telemetry"] for s in b["steps"]]
     assert a["steps"][0]["telemetry"] is None  # nothing observed before the first step
