@@ -20,7 +20,16 @@ from typing import NoReturn
 
 from seqbalance import __version__
 
-SUBCOMMANDS = ("simulate", "plan", "lengths", "calibrate", "bench", "models", "datasets")
+SUBCOMMANDS = (
+    "simulate",
+    "plan",
+    "lengths",
+    "calibrate",
+    "bench",
+    "report",
+    "models",
+    "datasets",
+)
 
 
 class _Parser(argparse.ArgumentParser):

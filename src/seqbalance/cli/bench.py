@@ -30,7 +30,7 @@ from seqbalance.cli._common import (
 )
 from seqbalance.cost import TimeModel
 from seqbalance.plan import CP_STRATEGIES
-from seqbalance.runtime.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES
+from seqbalance.runtime.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES, SlowRank
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
 
 
@@ -95,6 +95,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="calibration repeats (default: 3)")
     parser.add_argument("--seed", type=int, default=0, help="sampling, planner and weight seed")
     parser.add_argument(
+        "--slow-rank",
+        metavar="R:F[@START-STOP]",
+        type=_slow_rank,
+        default=None,
+        help="rank R computes F times slower (real extra compute after each micro-batch, "
+        "proportional to its time), in measured steps START to STOP-1 (default: all); compare "
+        "--strategies balanced,balanced_adaptive,balanced_oracle (the closed loop, and "
+        "balanced given the true speeds)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=300.0,
@@ -142,6 +152,7 @@ _FLAGS = {
             "trials",
             "repeats",
             "seed",
+            "slow_rank",
         )
     },
     "global_batch_size": "--global-batch",
@@ -151,6 +162,14 @@ _FLAGS = {
     "launch_timeout_seconds": "--launch-timeout",
 }
 """``BenchSettings`` fields, plan options (and ``scale_lengths`` keywords) as their flags."""
+
+
+def _slow_rank(text: str) -> SlowRank:
+    """``--slow-rank``: ``SlowRank.parse``, its message as the flag's error."""
+    try:
+        return SlowRank.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             trials=args.trials,
             repeats=args.repeats,
             seed=args.seed,
+            slow_rank=args.slow_rank,
             timeout_seconds=args.timeout,
             launch_timeout_seconds=args.launch_timeout,
         )
@@ -236,8 +256,7 @@ def run(args: argparse.Namespace) -> int:
     report["setup"].update({"lengths": source.label, "length_divisor": divisor})
     if args.json:
         print_json(report)
-        return 0
-    if context_parallel is None:
+    elif context_parallel is None:
         _print_report(report, markdown=args.markdown)
     else:
         _print_context_parallel_report(report, markdown=args.markdown)
@@ -308,11 +327,26 @@ def _notes(report: dict[str, Any]) -> list[str]:
         f"time model MAPE over all measured micro-batches: {100 * report['microbatch_mape']:.1f}%"
     )
     for key, c in report["comparisons"].items():
+        if "mean_step_ratio" in c:  # balanced_adaptive against balanced / balanced_oracle
+            notes.append(
+                f"{key.replace('_vs_', ' vs ')}: mean step time "
+                f"{-100 * c['mean_step_reduction']:+.1f}% measured"
+            )
+            continue
         notes.append(
             f"{key.replace('_vs_', ' vs ')}: mean step time "
             f"{-100 * c['measured_step_time_reduction']:+.1f}% measured "
             f"(max-rank compute {-100 * c['measured_compute_reduction']:+.1f}%), "
             f"{-100 * c['predicted_reduction']:+.1f}% predicted by the simulator"
+        )
+    adaptive = report.get("adaptive")
+    if adaptive is not None:
+        mape = adaptive["model_mape_after_20_steps"]
+        notes.append(
+            "balanced_adaptive: plans identical on every rank: "
+            f"{'yes' if adaptive['identical_plans_on_every_rank'] else 'NO'}; online model "
+            f"MAPE from step 20: {'n/a' if mape is None else f'{100 * mape:.1f}%'}; learning "
+            f"{1e3 * adaptive['mean_feedback_seconds']:.2f} ms per step"
         )
     return notes + _machine_notes(setup)
 

@@ -17,6 +17,7 @@ from seqbalance.cost.flops import FlopsModel, attention_pairs, describe_preset
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec, hstu_attention_pairs, hstu_presets
 from seqbalance.cost.lookup import flops_model, model_presets, preset_cost, resolve_model
 from seqbalance.cost.meter import FlopsMeter, FlopsReport, MeterTotals
+from seqbalance.cost.online import Feedback, OnlineTimeModel
 from seqbalance.cost.resolve import (
     CallableCost,
     CostModel,
@@ -38,6 +39,7 @@ __all__ = [
     "CallableCost",
     "CostModel",
     "ExternalCost",
+    "Feedback",
     "FitStats",
     "FlopsMeter",
     "FlopsModel",
@@ -48,6 +50,7 @@ __all__ = [
     "MambaSpec",
     "MeterTotals",
     "ModelSpec",
+    "OnlineTimeModel",
     "SampleParts",
     "SecondsFromFlops",
     "TimeModel",

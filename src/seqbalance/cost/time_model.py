@@ -212,6 +212,43 @@ class TimeModel:
         model = cls(t0, t1, t2, tile=template.tile)
         return replace(model, fit_stats=model.score(observations))
 
+    @classmethod
+    def fit_normal_equations(cls, gram: Any, moment: Any, *, tile: int | None = None) -> TimeModel:
+        """The :meth:`fit` solution from sufficient statistics instead of the observations.
+
+        For rows ``x_i = w_i·[1, ΣL, Σq(L)]`` and targets ``y_i = w_i·seconds_i`` (``w_i`` any
+        per-observation weight, e.g. ``1/seconds_i`` for a relative fit), ``gram = Σ x_i x_iᵀ``
+        (3x3) and ``moment = Σ x_i y_i`` (3) determine the least-squares objective up to a
+        constant, so sums of them over ranks or steps fit the union of their observations. The
+        non-negative solution is found by the same exact support enumeration as :meth:`fit`,
+        on a square-root factor of ``gram`` (columns scaled to unit diagonal first). No
+        ``fit_stats`` are attached (the observations are not available).
+
+        Raises:
+            ValueError: ``gram`` is not a finite symmetric 3x3 matrix, or ``moment`` not 3
+                finite numbers.
+        """
+        gram = np.asarray(gram, dtype=np.float64)
+        moment = np.asarray(moment, dtype=np.float64)
+        if gram.shape != (3, 3) or not np.all(np.isfinite(gram)):
+            raise ValueError(f"gram must be a finite 3x3 matrix, got {gram!r}")
+        if not np.allclose(gram, gram.T):
+            raise ValueError(f"gram must be symmetric, got {gram!r}")
+        if moment.shape != (3,) or not np.all(np.isfinite(moment)):
+            raise ValueError(f"moment must be 3 finite numbers, got {moment!r}")
+        diagonal = np.sqrt(np.maximum(np.diag(gram), 0.0))
+        scale = np.where(diagonal > 0, diagonal, 1.0)
+        eigenvalues, vectors = np.linalg.eigh(gram / np.outer(scale, scale))
+        # A factor R with RᵀR = gram (in scaled columns) and a target t with Rᵀt = moment: then
+        # ||R x − t||² is the least-squares objective up to a constant. Null directions (no
+        # observation spans them) carry no information and are dropped.
+        keep = eigenvalues > eigenvalues.max(initial=0.0) * 1e-12
+        root = np.sqrt(eigenvalues[keep])
+        factor = root[:, None] * vectors[:, keep].T
+        target = (vectors[:, keep].T @ (moment / scale)) / root
+        coefficients = _nnls(factor, target) / scale if keep.any() else np.zeros(3)
+        return cls(*(float(c) for c in coefficients), tile=tile)
+
     # --- evaluation --------------------------------------------------------------------------
 
     def score(self, observations: Sequence[tuple[Any, float]]) -> FitStats:

@@ -8,12 +8,14 @@ baselines, live in one registry (``register_strategy``, ``strategy_names``). ``p
 splits an epoch into steps (with optional bounded length bucketing) and plans each. Results are
 ``StepPlan`` / ``EpochPlan``; ``validate()`` re-checks every invariant. With
 ``PlanOptions.context_parallel``, samples longer than one rank are sharded over context-parallel
-groups (``plan_context_parallel``, a ``ContextParallelPlan``).
+groups (``plan_context_parallel``, a ``ContextParallelPlan``). ``AdaptivePlanner`` plans each step
+with the cost model and rank speeds learned from measured time (the single-controller form).
 """
 
 from __future__ import annotations
 
 from seqbalance.plan._problem import Problem
+from seqbalance.plan.adaptive import AdaptivePlanner
 from seqbalance.plan.context_parallel import (
     CP_STRATEGIES,
     ContextParallel,
@@ -40,6 +42,7 @@ __all__ = [
     "LAYOUTS",
     "OBJECTIVES",
     "ORDERS",
+    "AdaptivePlanner",
     "ContextParallel",
     "ContextParallelPlan",
     "EpochPlan",

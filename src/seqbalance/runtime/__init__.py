@@ -6,7 +6,10 @@ torch.distributed, the streaming :class:`WindowBalancer`, the :class:`TorchFlops
 packed (THD) batches, the context-parallel reference executor (``context_parallel``:
 :class:`ContextParallelGroups`, ``run_step``), ``toy_model`` (a tiny packed-input transformer
 for examples, calibration and benchmarks), ``calibrate`` (fit a TimeModel to this device),
-``bench`` (the strategies measured on real training processes) and ``launch`` (the one process
+``bench`` (the strategies measured on real training processes), the closed loop
+(:class:`StepTimer` times micro-batches and the gradient sync; :class:`Adaptive` learns the
+cost model and rank speeds from every rank's measurements, ``adaptive=True`` in the
+Rebalancer and the WindowBalancer) and ``launch`` (the one process
 launcher that tests, benchmarks and ``seqbalance bench`` share). This is the only package that
 imports torch.
 """
@@ -28,6 +31,10 @@ _LAZY_NAMES = {
     "TorchFlopsMeter": "seqbalance.runtime.flops",
     "FlopsReport": "seqbalance.runtime.flops",
     "ContextParallelGroups": "seqbalance.runtime.context_parallel",
+    "Adaptive": "seqbalance.runtime.feedback",
+    "Feedback": "seqbalance.runtime.feedback",
+    "StepTimer": "seqbalance.runtime.timer",
+    "StepTiming": "seqbalance.runtime.timer",
 }
 
 __all__ = [*_LAZY_NAMES, "toy_model"]

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,11 +48,13 @@ import torch
 from seqbalance._validation import as_group_ids, check_bool
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.cost.time_model import TimeModel
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import vision_patches_of
 from seqbalance.runtime._agreement import agreed_plan
 from seqbalance.runtime._caps import first_over_cap
 from seqbalance.runtime._dist import CollectiveError, Comm
+from seqbalance.runtime._outputs import agreed_output, describe_outputs
 from seqbalance.runtime._samples import (
     InputForm,
     LocalSamples,
@@ -60,6 +63,7 @@ from seqbalance.runtime._samples import (
     normalise,
 )
 from seqbalance.runtime._wire import Field, decode, encode, pack, sample_bytes, unpack
+from seqbalance.runtime.feedback import Feedback, Piggyback, RebalancerFeedback, as_feedback
 from seqbalance.runtime.routing import Routing, route
 
 if TYPE_CHECKING:
@@ -138,6 +142,7 @@ class _Batch:
     fields: list[Field]
     form: InputForm
     parts: SampleParts | None  # [total] every rank's parts in rank order, when passed
+    feedback: list[Any]  # every rank's adaptive statistics of the last step (None: not observed)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -177,6 +182,9 @@ class RebalanceResult:
         sent_samples, sent_bytes, received_samples, received_bytes: this rank's traffic.
         timings: seconds spent in ``gather``, ``plan`` (planning and routing), ``exchange``
             and, once called, ``restore``.
+        telemetry: with ``adaptive``, the telemetry of the last step :meth:`Rebalancer.observe`
+            saw (``seqbalance.plan.adaptive.AdaptivePlanner.apply``), the same on every rank;
+            else None.
     """
 
     microbatches: list[Any]
@@ -194,6 +202,7 @@ class RebalanceResult:
     _routing: Routing = field(repr=False)
     _offsets: np.ndarray = field(repr=False)
     _worker: ThreadPoolExecutor | None = field(default=None, repr=False)
+    telemetry: dict[str, Any] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -226,11 +235,11 @@ class RebalanceResult:
         if self._worker is not None and not _on_worker_thread():
             return self._worker.submit(self.restore, outputs).result()
         comm, routing = self._comm, self._routing
-        form, local, header, table = _describe_outputs(outputs, self.num_samples)
+        form, local, header, table = describe_outputs(outputs, self.num_samples)
         started = time.perf_counter()
         described = _gather(comm, header, table, "restore: all_gather")
         _raise_first_error([h for h, _ in described])
-        spec = _agreed_output(h for h, _ in described)
+        spec = agreed_output(h for h, _ in described)
         if spec is None:
             return torch.zeros(0) if form is OutputForm.ROWS else []
         form, output = spec
@@ -264,53 +273,7 @@ class RebalanceResult:
         return torch.stack([t.reshape(output.trailing) for t in ordered])
 
 
-def _describe_outputs(
-    outputs: torch.Tensor | Sequence[torch.Tensor], n: int
-) -> tuple[OutputForm, list[torch.Tensor], dict[str, Any], np.ndarray]:
-    """Outputs as one tensor per sample, and this rank's description of them."""
-    form = OutputForm.ROWS if isinstance(outputs, torch.Tensor) else OutputForm.PER_SAMPLE
-    try:
-        if form is OutputForm.ROWS:
-            if outputs.dim() == 0 or outputs.shape[0] != n:
-                raise ValueError(
-                    f"outputs must have num_samples = {n} rows, got shape {tuple(outputs.shape)}"
-                )
-            local = [row.unsqueeze(0) for row in outputs]
-        else:
-            local = list(outputs)
-            if len(local) != n:
-                raise ValueError(f"outputs must hold num_samples = {n} tensors, got {len(local)}")
-            for k, t in enumerate(local):
-                if not isinstance(t, torch.Tensor) or t.dim() == 0:
-                    raise ValueError(f"outputs[{k}] must be a tensor with >= 1 dimension")
-        specs = {(t.dtype, tuple(t.shape[1:])) for t in local}
-        if len(specs) > 1:
-            raise ValueError(f"outputs mix dtypes or trailing shapes: {sorted(map(str, specs))}")
-    except ValueError as error:
-        return form, [], {"error": str(error), "n": 0, "form": form.value}, np.zeros((0, 1))
-    header = {"error": None, "n": len(local), "form": form.value}
-    if local:
-        header["fields"] = [Field.of("output", local[0]).to_json()]
-    table = np.array([[t.shape[0]] for t in local], dtype=np.int64).reshape(len(local), 1)
-    return form, local, header, table
-
-
-def _agreed_output(headers: Any) -> tuple[OutputForm, Field] | None:
-    """The output form and field every rank with outputs agrees on (None: nobody has any)."""
-    described = [h for h in headers if h["n"]]
-    if not described:
-        return None
-    reference = (described[0]["form"], described[0]["fields"])
-    for h in described[1:]:
-        if (h["form"], h["fields"]) != reference:
-            raise ValueError(
-                "restore needs the same output form, dtype and trailing shape on every rank, "
-                f"got {reference[0]} {reference[1]} and {h['form']} {h['fields']}"
-            )
-    return OutputForm(reference[0]), Field.from_json(reference[1][0])
-
-
-class Rebalancer:
+class Rebalancer(RebalancerFeedback):
     """Rebalance each step's samples across the ranks of ``group`` (default: the world).
 
     Every rank must construct its Rebalancer with the same options, ``keep_local`` and
@@ -333,10 +296,18 @@ class Rebalancer:
         options: the :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
             ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied
             on top. Checked here, at construction.
+        adaptive: ``True`` or a :class:`seqbalance.runtime.feedback.Feedback` plans every
+            step with the cost model and rank speeds learned from measured time: time each
+            step with :attr:`timer` and call :meth:`observe`; the statistics travel in the next
+            step's gather (no collective of their own) and apply from that step on, the same
+            on every rank. Slot ``r`` of an adaptive plan runs on rank ``r`` (``keep_local``
+            relabelling would hand a slow rank's light share to another rank).
+        prior: with ``adaptive``, a TimeModel to start from (default: ``cost`` as seconds).
+        log: with ``adaptive``, a JSONL file rank 0 appends each step's telemetry to.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
-        ValueError: a bad timeout, ``keep_local``, ``length_key`` or option.
+        ValueError: a bad timeout, ``keep_local``, ``length_key``, ``adaptive`` or option.
     """
 
     def __init__(
@@ -347,6 +318,9 @@ class Rebalancer:
         length_key: str | None = None,
         keep_local: bool = True,
         options: PlanOptions | None = None,
+        adaptive: bool | Feedback = False,
+        prior: TimeModel | None = None,
+        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
@@ -358,6 +332,8 @@ class Rebalancer:
         self.length_key = length_key
         self.keep_local = check_bool(keep_local, "keep_local")
         self.options = as_options(options, option_keywords, where="Rebalancer")
+        feedback = as_feedback(adaptive)
+        self._feedback = None if feedback is None else Piggyback(self.options, feedback, prior, log)
         self._worker: ThreadPoolExecutor | None = None
 
     def rebalance_async(
@@ -388,7 +364,8 @@ class Rebalancer:
             )
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix=_WORKER_PREFIX)
-        return self._worker.submit(self._rebalance, samples, cu_seqlens, groups, parts)
+        pending = None if self._feedback is None else self._feedback.take_pending()
+        return self._worker.submit(self._rebalance, samples, cu_seqlens, groups, parts, pending)
 
     def close(self) -> None:
         """Stop the worker thread of :meth:`rebalance_async` (after pending calls finish)."""
@@ -455,24 +432,35 @@ class Rebalancer:
             return self.rebalance_async(
                 samples, cu_seqlens=cu_seqlens, groups=groups, parts=parts
             ).result()
-        return self._rebalance(samples, cu_seqlens, groups, parts)
+        pending = None if self._feedback is None else self._feedback.take_pending()
+        return self._rebalance(samples, cu_seqlens, groups, parts, pending)
 
     # ------------------------------------------------------------------ the four phases
     def _rebalance(
-        self, samples: Any, cu_seqlens: torch.Tensor | None, groups: Any, parts: Any
+        self,
+        samples: Any,
+        cu_seqlens: torch.Tensor | None,
+        groups: Any,
+        parts: Any,
+        pending: tuple[StepPlan, list[float]] | None = None,
     ) -> RebalanceResult:
         comm = Comm(self.group, self.timeout)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         local, header, table = self._describe(samples, cu_seqlens, groups, parts, comm.world_size)
+        header["feedback"] = None if pending is None else pending[1]
         batch = self._gather(comm, header, table, local)
         timings["gather"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        plan = self._agreed_plan(comm, batch)
+        options, telemetry = self.options, None
+        if self._feedback is not None:
+            options, telemetry = self._feedback.apply(pending, batch.feedback, comm.rank)
+        plan = self._agreed_plan(comm, batch, options)
         plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
         nbytes = sample_bytes(batch.rows, batch.fields)
-        routing = route(plan_ranks, batch.origin, nbytes, keep_local=self.keep_local)
+        keep_local = self.keep_local and self._feedback is None
+        routing = route(plan_ranks, batch.origin, nbytes, keep_local=keep_local)
         timings["plan"] = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -509,6 +497,7 @@ class Rebalancer:
             _routing=routing,
             _offsets=offsets,
             _worker=self._worker,
+            telemetry=telemetry,
         )
 
     def _describe(
@@ -650,6 +639,7 @@ class Rebalancer:
             fields=fields,
             form=form,
             parts=_combined_parts(headers),
+            feedback=[h.get("feedback") for h in headers],
         )
 
     def _check_settings(self, comm: Comm, headers: list[dict[str, Any]]) -> None:
@@ -676,39 +666,44 @@ class Rebalancer:
             "every rank"
         )
 
-    def _agreed_plan(self, comm: Comm, batch: _Batch) -> StepPlan | None:
-        """The step's plan, once every rank has shown it made the same one: one all-gather
-        before any sample moves (:func:`seqbalance.runtime._agreement.agreed_plan`)."""
+    def _agreed_plan(self, comm: Comm, batch: _Batch, options: PlanOptions) -> StepPlan | None:
+        """The step's plan under ``options``, once every rank has shown it made the same one:
+        one all-gather before any sample moves
+        (:func:`seqbalance.runtime._agreement.agreed_plan`)."""
         try:
-            plan, error = self._plan(batch, comm.world_size), None
+            plan, error = self._plan(batch, comm.world_size, options), None
         except ValueError as raised:
             plan, error = None, str(raised)
         return agreed_plan(comm, plan, error)
 
-    def _plan(self, batch: _Batch, world_size: int) -> StepPlan | None:
-        """The step's plan, identical on every rank (``None`` when no rank has a sample)."""
+    def _plan(
+        self, batch: _Batch, world_size: int, options: PlanOptions | None = None
+    ) -> StepPlan | None:
+        """The step's plan under ``options`` (default :attr:`options`; adaptive planning
+        passes its own), identical on every rank (``None`` when no rank has a sample)."""
+        options = self.options if options is None else options
         if not batch.total:
             return None
         from seqbalance.plan import plan_step
 
         lengths = batch.rows[:, self._length_column(batch.fields)]
-        if batch.parts is None and self.options.max_vision_patches is not None:
+        if batch.parts is None and options.max_vision_patches is not None:
             raise ValueError(
-                f"max_vision_patches = {self.options.max_vision_patches} needs the samples' "
+                f"max_vision_patches = {options.max_vision_patches} needs the samples' "
                 "images: pass parts=SampleParts(...) with grid_thw, image_sample and "
                 "spatial_merge_size on every rank with samples"
             )
         samples = lengths if batch.parts is None else batch.parts  # parts.tokens == lengths
         try:
-            return plan_step(samples, world_size, self.options, groups=batch.groups)
+            return plan_step(samples, world_size, options, groups=batch.groups)
         except ValueError:
-            if self.options.allow_empty:
+            if options.allow_empty:
                 raise
         # Only empty micro-batches can make this step plannable (fewer samples than the plan's
         # micro-batch slots): a rank cannot wait for more samples, so allow them for this step.
         # If that fails too, its error is the one about this step.
         return plan_step(
-            samples, world_size, self.options.replace(allow_empty=True), groups=batch.groups
+            samples, world_size, options.replace(allow_empty=True), groups=batch.groups
         )
 
     @staticmethod

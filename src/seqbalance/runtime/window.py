@@ -17,13 +17,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_int
+from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.cost.time_model import TimeModel
+from seqbalance.plan.adaptive import AdaptivePlanner
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import vision_patches_of
 from seqbalance.runtime._caps import first_over_cap
@@ -115,6 +119,13 @@ class WindowBalancer:
         options: the :class:`seqbalance.PlanOptions` of every dispatched step;
             ``option_keywords`` (any ``PlanOptions`` field by name) are applied on top. Checked
             here, at construction.
+        adaptive: ``True`` or a :class:`seqbalance.cost.online.Feedback`: plan each dispatch
+            with the cost model and rank speeds learned from measured time (an
+            :class:`seqbalance.plan.adaptive.AdaptivePlanner`, :attr:`adaptive`): after a
+            step ran, hand every rank's measured seconds to :meth:`observe`; the update applies
+            from the next dispatch.
+        prior: with ``adaptive``, a TimeModel to start from (default: ``cost`` as seconds).
+        log: with ``adaptive``, a JSONL file each step's telemetry is appended to.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Selection at each dispatch: first the fewest earliest-deadline samples that must leave now
@@ -138,6 +149,9 @@ class WindowBalancer:
         window: int | None = None,
         max_delay: int | None = None,
         options: PlanOptions | None = None,
+        adaptive: bool | Feedback = False,
+        prior: TimeModel | None = None,
+        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
         self.dp_size = check_int(dp_size, "dp_size", minimum=1)
@@ -156,6 +170,12 @@ class WindowBalancer:
                 f"{self.batch_size * (self.max_delay + 1)} or a larger max_delay"
             )
         self.options = as_options(options, option_keywords, where="WindowBalancer")
+        feedback = as_feedback(adaptive)
+        self.adaptive = None
+        if feedback is not None:
+            self.adaptive = AdaptivePlanner(
+                self.dp_size, self.options, feedback=feedback, prior=prior, log=log
+            )
         self._ids: list[int] = []
         self._lengths: list[int] = []
         self._pushed_at: list[int] = []
@@ -261,6 +281,20 @@ class WindowBalancer:
             return SampleParts.concatenate([self._parts, parts])
         except ValueError as error:
             raise ValueError(f"parts cannot join the buffered samples' parts: {error}") from None
+
+    def observe(self, dispatch: Dispatch, rank_seconds: Sequence[Any], **times: Any) -> dict:
+        """With ``adaptive``: learn from every rank's measured seconds of ``dispatch``'s step
+        (``AdaptivePlanner.observe``: per rank its micro-batch seconds or its total; keywords
+        ``sync_seconds``, ``step_seconds``); returns the step's telemetry.
+
+        Raises:
+            ValueError: without ``adaptive``, for a dispatch without a plan, or bad seconds.
+        """
+        if self.adaptive is None:
+            raise ValueError("WindowBalancer.observe needs adaptive=True")
+        if dispatch.plan is None:
+            raise ValueError("this dispatch was not planned (flush's unplanned remainder)")
+        return self.adaptive.observe(dispatch.plan, rank_seconds, **times)
 
     def ready(self) -> bool:
         """True when the window is full: dispatch now (more samples cannot be pushed)."""
@@ -374,8 +408,9 @@ class WindowBalancer:
         Raises:
             ValueError: no candidate can be planned even so (the first candidate's error).
         """
-        relaxed = self.options.replace(allow_empty=True)
-        attempts = (relaxed,) if self.options.allow_empty else (self.options, relaxed)
+        current = self.options if self.adaptive is None else self.adaptive.options
+        relaxed = current.replace(allow_empty=True)
+        attempts = (relaxed,) if current.allow_empty else (current, relaxed)
         for options in attempts:
             planned = [
                 _try_plan(lengths, self._parts, np.sort(c), self.dp_size, options)

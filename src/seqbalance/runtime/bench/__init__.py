@@ -14,6 +14,13 @@ training) and every strategy is planned with it, so ``balanced`` optimises the c
 processes really pay. The same plans feed the simulator, so its predicted reduction sits beside
 the measured one.
 
+``balanced_adaptive`` plans inside the processes with the closed loop (measured micro-batch
+times -> online TimeModel and rank speeds, ``seqbalance.runtime.feedback``), starting from the
+same time model; ``balanced_oracle`` plans ``balanced`` with the true rank speeds of each step.
+``BenchSettings.slow_rank`` makes one rank compute slower (real extra work, for a spell of
+steps or the whole run); ``options.rank_speeds`` plans the precomputed strategies with given
+speeds.
+
 With ``BenchSettings.context_parallel`` the processes form a DPxCP domain instead: they
 calibrate a ``ContextParallelTimeModel`` together and run ``static_cp``,
 ``dynamic_cp_megatron`` and ``balanced`` with the context-parallel executor, measured against
@@ -36,7 +43,9 @@ from seqbalance.runtime.bench.context_parallel import (
 from seqbalance.runtime.bench.harness import plan_schedule, run
 from seqbalance.runtime.bench.settings import (
     DEFAULT_STRATEGIES,
+    ONLINE_STRATEGIES,
     BenchSettings,
+    SlowRank,
     length_divisor,
     scale_lengths,
 )
@@ -44,7 +53,9 @@ from seqbalance.runtime.bench.summary import summarize
 
 __all__ = [
     "DEFAULT_STRATEGIES",
+    "ONLINE_STRATEGIES",
     "BenchSettings",
+    "SlowRank",
     "length_divisor",
     "plan_context_parallel_steps",
     "plan_schedule",

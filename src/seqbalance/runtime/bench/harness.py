@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from seqbalance.cost import TimeModel
-from seqbalance.runtime.bench.settings import BenchSettings
+from seqbalance.runtime.bench.settings import ONLINE_STRATEGIES, BenchSettings
 from seqbalance.runtime.bench.summary import summarize
 
-__all__ = ["launch_and_summarize", "plan_schedule", "run"]
+__all__ = ["launch_and_summarize", "plan_schedule", "run", "step_batches"]
 
 Schedule = dict[str, list[list[list[list[int]]]]]
 """strategy -> step -> rank -> micro-batch -> sample lengths (tokens)."""
@@ -28,18 +28,22 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
 
     Args:
         settings: The run; its warm-up and measured steps are planned with its plan options
-            (``settings.options``, every option honoured by the simulator's planner).
+            (``settings.options``, every option honoured by the simulator's planner,
+            ``rank_speeds`` included).
         time_model: The cost every strategy plans with.
 
     Returns:
         ``(schedule, simulation)``: the token lengths of each micro-batch, per strategy, step
-        and rank; and the :class:`~seqbalance.sim.SimulationResult` they come from.
+        and rank (strategies planned inside the processes, ``ONLINE_STRATEGIES``, have none:
+        see :func:`step_batches`); and the
+        :class:`~seqbalance.sim.SimulationResult` they come from.
 
     Raises:
         ValueError: A strategy cannot plan a step (the planner's message says why).
     """
     from seqbalance.sim import simulate
 
+    offline = tuple(name for name in settings.strategies if name not in ONLINE_STRATEGIES)
     result = simulate(
         np.asarray(settings.lengths, dtype=np.int64),
         settings.options.replace(cost=time_model),
@@ -47,14 +51,14 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
         dp_size=settings.procs,
         global_batch_size=settings.global_batch_size,
         steps=settings.warmup + settings.steps,
-        strategies=settings.strategies,
+        strategies=offline or ("balanced",),
         seed=settings.seed,
     )
     if result.failed:
         raise ValueError(
             "; ".join(f"{name} cannot plan {message}" for name, message in result.failed.items())
         )
-    schedule = {
+    schedule: dict[str, Any] = {
         name: [
             [
                 [result.lengths[batch][indices].tolist() for indices in rank_microbatches]
@@ -62,9 +66,20 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
             ]
             for plan, batch in zip(result.plans[name], result.batches, strict=True)
         ]
-        for name in settings.strategies
+        for name in offline
     }
     return schedule, result
+
+
+def step_batches(simulation: Any) -> list[tuple[list[int], list[int] | None]]:
+    """Each step's sample lengths and group ids (None without groups) of a ``plan_schedule``
+    simulation: what the strategies planned inside the processes (``ONLINE_STRATEGIES``)
+    plan from, the same batches the others were planned on."""
+    groups = simulation.groups
+    return [
+        (simulation.lengths[batch].tolist(), None if groups is None else groups[batch].tolist())
+        for batch in simulation.batches
+    ]
 
 
 def run(

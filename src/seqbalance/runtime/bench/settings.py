@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -19,12 +19,15 @@ from seqbalance._validation import (
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
+from seqbalance.plan.options import check_rank_speeds
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_STRATEGIES",
+    "ONLINE_STRATEGIES",
     "BenchSettings",
+    "SlowRank",
     "length_divisor",
     "scale_lengths",
 ]
@@ -34,7 +37,72 @@ DEFAULT_STRATEGIES = ("round_robin", "token_kk", "balanced")
 DEFAULT_MAX_TOKENS = 4096
 """Token cap of a toy micro-batch unless the options say otherwise (a CPU core's worth)."""
 
+ONLINE_STRATEGIES = ("balanced_adaptive", "balanced_oracle")
+"""Planned inside the processes step by step: ``balanced_adaptive`` with the closed loop
+(``seqbalance.runtime.feedback.Adaptive``, starting from the run's time model), and
+``balanced_oracle``, ``balanced`` given each step's true rank speeds (from ``slow_rank``)."""
+
 DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class SlowRank:
+    """Rank ``rank`` computes ``factor`` times slower in measured steps ``[start, stop)``.
+
+    The slowdown is real work: after each micro-batch the rank computes for ``factor - 1``
+    times that micro-batch's measured time (as a slower device would), never a sleep.
+
+    Attributes:
+        rank: The slow rank.
+        factor: How many times slower (>= 1).
+        start: First slow measured step (warm-up steps are before 0).
+        stop: First step after the slow spell, or None (to the end).
+    """
+
+    rank: int
+    factor: float
+    start: int = 0
+    stop: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rank", check_int(self.rank, "slow_rank rank", minimum=0))
+        factor = check_positive_float(self.factor, "slow_rank factor")
+        if factor < 1:
+            raise ValueError(f"slow_rank factor must be >= 1, got {self.factor!r}")
+        object.__setattr__(self, "factor", factor)
+        object.__setattr__(self, "start", check_int(self.start, "slow_rank start", minimum=0))
+        if self.stop is not None:
+            stop = check_int(self.stop, "slow_rank stop", minimum=self.start + 1)
+            object.__setattr__(self, "stop", stop)
+
+    @classmethod
+    def parse(cls, text: str) -> SlowRank:
+        """``R:F`` or ``R:F@START-STOP`` (``STOP`` may be empty: to the end).
+
+        Raises:
+            ValueError: naming ``text`` when it has another form or bad values.
+        """
+        try:
+            head, _, spell = str(text).partition("@")
+            rank, factor = head.split(":")
+            start, _, stop = spell.partition("-")
+            return cls(int(rank), float(factor), int(start or 0), int(stop) if stop else None)
+        except ValueError as error:
+            raise ValueError(
+                f"slow_rank must be R:F or R:F@START-STOP, got {text!r}: {error}"
+            ) from None
+
+    def factor_at(self, step: int) -> float:
+        """The slowdown of measured step ``step`` (1.0 outside the slow spell)."""
+        inside = step >= self.start and (self.stop is None or step < self.stop)
+        return self.factor if inside else 1.0
+
+    def speeds(self, procs: int, step: int) -> tuple[float, ...] | None:
+        """True relative speeds of the ranks at ``step``, or None when all are equal."""
+        factor = self.factor_at(step)
+        if factor == 1.0:
+            return None
+        return tuple(1.0 / factor if r == self.rank else 1.0 for r in range(procs))
 
 
 def length_divisor(lengths: Any, max_tokens: int) -> int:
@@ -115,6 +183,7 @@ class BenchSettings:
         trials: Calibration micro-batches (at least ``calibrate.MIN_TRIALS``).
         repeats: Timings per calibration micro-batch (median kept).
         seed: Seed of the batch sampling, the planner and the model's weights.
+        slow_rank: A :class:`SlowRank` that computes slower (real extra work), or None.
         timeout_seconds: Seconds any collective may wait before the run fails.
         launch_timeout_seconds: Seconds the whole run may take before it is stopped.
     """
@@ -135,6 +204,7 @@ class BenchSettings:
     trials: int = 48
     repeats: int = 3
     seed: int = 0
+    slow_rank: SlowRank | None = None
     timeout_seconds: float = 300.0
     launch_timeout_seconds: float = 3600.0
 
@@ -173,6 +243,7 @@ class BenchSettings:
                 f"strategies must be a non-empty sequence of names, got {self.strategies!r}"
             )
         self._check_options()
+        self._check_speeds()
         if self.context_parallel is None:
             self._check_data_parallel()
         else:
@@ -191,6 +262,20 @@ class BenchSettings:
         ):
             if getattr(options, name) != getattr(defaults, name):
                 raise ValueError(f"options.{name} must be left unset: {why}")
+
+    def _check_speeds(self) -> None:
+        if self.slow_rank is not None:
+            if not isinstance(self.slow_rank, SlowRank):
+                raise ValueError(f"slow_rank must be a SlowRank or None, got {self.slow_rank!r}")
+            if self.slow_rank.rank >= self.procs:
+                raise ValueError(
+                    f"slow_rank rank must be < procs = {self.procs}, got {self.slow_rank.rank}"
+                )
+        speeds = self.options.rank_speeds
+        if speeds is not None:
+            check_rank_speeds(speeds, self.procs)
+        if self.context_parallel is not None and self.slow_rank is not None:
+            raise ValueError("slow_rank is not supported with context_parallel")
 
     def _check_data_parallel(self) -> None:
         if self.options.max_tokens is None:
@@ -273,8 +358,10 @@ class BenchSettings:
         described = {
             item.name: getattr(self, item.name)
             for item in fields(self)
-            if item.name not in ("lengths", "groups", "time_model", "options", "context_parallel")
+            if item.name
+            not in ("lengths", "groups", "time_model", "options", "context_parallel", "slow_rank")
         }
+        described["slow_rank"] = None if self.slow_rank is None else asdict(self.slow_rank)
         options = self.options.to_dict()
         for name in ("cost", "model", "strategy"):
             del options[name]

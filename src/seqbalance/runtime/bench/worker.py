@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -11,8 +12,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqbalance.runtime.bench.harness import plan_schedule
-from seqbalance.runtime.bench.settings import BenchSettings
+from seqbalance.cost import TimeModel
+from seqbalance.plan import StepPlan, plan_step
+from seqbalance.runtime.bench.harness import plan_schedule, step_batches
+from seqbalance.runtime.bench.settings import ONLINE_STRATEGIES, BenchSettings
 from seqbalance.runtime.calibrate import (
     Calibration,
     calibration_microbatches,
@@ -22,6 +25,8 @@ from seqbalance.runtime.calibrate import (
     pin_process,
     time_microbatches,
 )
+from seqbalance.runtime.feedback import Adaptive
+from seqbalance.runtime.timer import StepTimer, StepTiming
 from seqbalance.runtime.toy_model import (
     TinyCausalTransformer,
     make_packed_batch,
@@ -58,10 +63,14 @@ def run_rank(
         time_model = calibration.time_model
     box: list[Any] = [None]
     if rank == 0:
-        box[0], simulation = plan_schedule(settings, time_model)
+        schedule, simulation = plan_schedule(settings, time_model)
+        box[0] = (schedule, step_batches(simulation))
     dist.broadcast_object_list(box, src=0)
+    schedule, batches = box[0]
     out: dict[str, Any] = {
-        "records": _train(model, box[0], settings, device, rank, Path(progress_file))
+        "records": _train(
+            model, schedule, batches, settings, time_model, device, rank, Path(progress_file)
+        )
     }
     if rank == 0:
         out["time_model"] = json.loads(time_model.to_json())
@@ -103,10 +112,108 @@ def _calibrate_together(
     return fit_time_model(microbatches, measured)
 
 
+class _Planner:
+    """Where each strategy's micro-batches of a step come from, on this rank.
+
+    Precomputed strategies read the schedule (rank 0 planned them). ``balanced_adaptive`` plans
+    here with the closed loop (starting from the run's time model) and learns after each step;
+    ``balanced_oracle`` plans ``balanced`` with the step's true rank speeds. Every rank plans
+    the same steps from the same data, so their plans agree (their hashes are recorded).
+    """
+
+    def __init__(
+        self,
+        schedule: dict[str, Any],
+        batches: list[tuple[list[int], list[int] | None]],
+        settings: BenchSettings,
+        time_model: TimeModel,
+        device: torch.device,
+        rank: int,
+    ) -> None:
+        self.schedule, self.batches, self.settings, self.rank = schedule, batches, settings, rank
+        self.options = settings.options.replace(cost=time_model, strategy="balanced")
+        self.adaptive = (
+            Adaptive(self.options.replace(rank_speeds=None), prior=time_model, device=device)
+            if "balanced_adaptive" in settings.strategies
+            else None
+        )
+        self.plans: dict[str, StepPlan] = {}
+
+    def microbatches(self, name: str, step: int) -> list[list[int]]:
+        if name not in ONLINE_STRATEGIES:
+            return self.schedule[name][step][self.rank]
+        lengths, groups = self.batches[step]
+        if name == "balanced_adaptive":
+            assert self.adaptive is not None
+            plan = self.adaptive.plan(lengths, groups=groups)
+        else:
+            speeds = _true_speeds(self.settings, step)
+            options = self.options.replace(rank_speeds=speeds)
+            plan = plan_step(lengths, self.settings.procs, options, groups=groups)
+        self.plans[name] = plan
+        return [plan.lengths[indices].tolist() for indices in plan.ranks[self.rank]]
+
+    def record(self, name: str, timing: StepTiming) -> dict[str, Any]:
+        """What an online strategy adds to its step record (the adaptive one learns here)."""
+        plan = self.plans.get(name)
+        if plan is None:
+            return {}
+        out: dict[str, Any] = {
+            "plan_sha256": hashlib.sha256(plan.to_json(timing=False).encode()).hexdigest(),
+            "predicted_step_seconds": plan.step_cost,  # seconds at the planned speeds
+        }
+        if name == "balanced_adaptive":
+            assert self.adaptive is not None
+            # Learning (one small all_gather and the fit) is timed apart, as planning is.
+            started = time.perf_counter()
+            out["telemetry"] = self.adaptive.observe(plan, timing)
+            out["feedback_seconds"] = time.perf_counter() - started
+        return out
+
+
+def _true_speeds(settings: BenchSettings, step: int) -> tuple[float, ...] | None:
+    """The ranks' true speeds at schedule step ``step`` (warm-up steps first)."""
+    if settings.slow_rank is not None:
+        return settings.slow_rank.speeds(settings.procs, step - settings.warmup)
+    return settings.options.rank_speeds
+
+
+def _slowdown(settings: BenchSettings, rank: int, step: int) -> float:
+    """How many times slower ``rank`` computes at schedule step ``step`` (warm-up first)."""
+    slow = settings.slow_rank
+    return 1.0 if slow is None or slow.rank != rank else slow.factor_at(step - settings.warmup)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _all_reduce_gradients(parameters: list[torch.Tensor], procs: int) -> None:
+    """Average the gradients over the ranks in one flat bucket, as DDP does, so the
+    communication cost does not depend on the plan."""
+    flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+    dist.all_reduce(flat)
+    flat.div_(procs)
+    offset = 0
+    for p in parameters:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def _burn(seconds: float, work: torch.Tensor) -> None:
+    """Compute (small matrix products) for ``seconds``: a slower device's extra work."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        work = torch.tanh(work @ work)
+
+
 def _train(
     model: TinyCausalTransformer,
     schedule: dict[str, Any],
+    batches: list[tuple[list[int], list[int] | None]],
     settings: BenchSettings,
+    time_model: TimeModel,
     device: torch.device,
     rank: int,
     progress_file: Path,
@@ -117,7 +224,10 @@ def _train(
     of a step is the sum of its token losses over the labelled tokens of the rank's step (as a
     trainer that normalises by tokens does), so a micro-batch without labelled tokens adds 0,
     never NaN. An empty micro-batch (``allow_empty``) computes nothing but still joins the
-    step's collectives (the all-reduce after it under ``lockstep``).
+    step's collectives (the all-reduce after it under ``lockstep``). The slow rank
+    (``settings.slow_rank``) computes ``factor - 1`` times each micro-batch's time again.
+    Micro-batches are timed with a :class:`StepTimer` (CUDA events on a GPU, read once at the
+    step's end).
     """
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(parameters, lr=1e-4)
@@ -126,26 +236,19 @@ def _train(
     layout = settings.options.layout
     make = make_padded_batch if layout == "padded" else make_packed_batch
     forward = model.forward_padded if layout == "padded" else model
-
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    planner = _Planner(schedule, batches, settings, time_model, device, rank)
+    timer = StepTimer(device)
+    burner = torch.full((32, 32), 0.01, device=device)
 
     def all_reduce_gradients() -> None:
-        # One flat bucket, as DDP does, so communication cost does not depend on the plan.
-        flat = torch.cat([p.grad.reshape(-1) for p in parameters])
-        dist.all_reduce(flat)
-        flat.div_(settings.procs)
-        offset = 0
-        for p in parameters:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        _all_reduce_gradients(parameters, settings.procs)
 
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in settings.strategies}
     # Strategies take turns step by step, so a slow spell of the machine hits them all alike.
     for step in range(total_steps):
+        slow = _slowdown(settings, rank, step)
         for name in settings.strategies:
-            microbatches = schedule[name][step][rank]
+            microbatches = planner.microbatches(name, step)
             inputs = [
                 tuple(t.to(device) for t in make(lengths, vocab_size=vocab, seed=step * 1000 + i))
                 if sum(lengths)
@@ -156,34 +259,39 @@ def _train(
             optimizer.zero_grad(set_to_none=False)
             dist.barrier()
             step_start = time.perf_counter()
-            seconds = []
             for batch in inputs:
-                synchronize()
-                start = time.perf_counter()
-                if batch is not None:
-                    (forward(*batch, reduction="sum") / labelled).backward()
-                synchronize()
-                seconds.append(time.perf_counter() - start)
+                with timer.microbatch():
+                    started = time.perf_counter()
+                    if batch is not None:
+                        (forward(*batch, reduction="sum") / labelled).backward()
+                    if slow > 1.0:
+                        _synchronize(device)
+                        _burn((slow - 1.0) * (time.perf_counter() - started), burner)
                 if settings.options.objective == "lockstep":
-                    all_reduce_gradients()
+                    with timer.sync():
+                        all_reduce_gradients()
             if settings.options.objective == "step":
-                all_reduce_gradients()
+                with timer.sync():
+                    all_reduce_gradients()
             optimizer.step()
-            synchronize()
+            timing = timer.finish()
+            _synchronize(device)
             wall = time.perf_counter() - step_start
+            extra = planner.record(name, timing)
             if rank == 0:
                 progress_file.write_text(f"{step + 1} {total_steps}")
             if step >= settings.warmup:
                 records[name].append(
                     {
                         "step": step - settings.warmup,
-                        "compute_seconds": float(sum(seconds)),
-                        "microbatch_seconds": seconds,
+                        "compute_seconds": timing.compute_seconds,
+                        "microbatch_seconds": list(timing.microbatch_seconds),
                         # What the time model prices (padded: every sample at the longest).
                         "microbatch_lengths": [
                             costed_lengths(lengths, layout).tolist() for lengths in microbatches
                         ],
                         "wall_seconds": wall,
+                        **extra,
                     }
                 )
     return records

@@ -1,0 +1,461 @@
+"""OnlineTimeModel: the TimeModel and rank speeds a run learns from its own measured micro-batches.
+
+Each step every rank turns the micro-batches it measured into a small vector of statistics
+(:meth:`OnlineTimeModel.local_statistics`); the vectors of all ranks, gathered in rank order,
+update the model (:meth:`OnlineTimeModel.update`). Every rank applies the same arithmetic to
+the same gathered numbers, so every rank holds a byte-identical model and the same rank speeds,
+and plans identically without any further round trip.
+
+What the model learns:
+
+- the fit: ``t0 + t1·ΣL + t2·Σq(L)`` by relative non-negative least squares
+  (:meth:`TimeModel.fit_normal_equations`, the offline fit's solver) over the sufficient
+  statistics of the last ``Feedback.window`` steps, with each rank's speed in each step a
+  free parameter except the step's fastest rank (so speeds, known or not, never bias it);
+  Huber weights on the relative residual against the model in use damp outliers (a GC pause,
+  a checkpoint step), and once the fit is in use a micro-batch measured more than ``1 +
+  reject`` times faster than predicted is dropped;
+- the prior: the cost the run started with (FLOPs in seconds, or a saved calibration), scaled
+  by one fitted factor so its error is comparable. The fit replaces the prior only once its
+  held-out error (on each step's micro-batches, scored before they join the fit) over the
+  window beats the prior's, and gives way again when it does not;
+- rank speeds: per step, each rank's compute as the fit predicts it over its measured
+  compute, relative to the step's median rank; a rank's speed is the median over the last
+  ``Feedback.speed_window`` steps relative to the fastest such median, and speeds within
+  ``speed_tolerance`` of the fastest count as equal (measurement noise, not a straggler).
+
+Degenerate measurements (NaN, infinite, zero, negative or below :data:`MIN_SECONDS`) are left
+out of every statistic, counted, and reported with one warning per model; they never raise.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import as_lengths, check_int, check_positive_float
+from seqbalance.cost.time_model import TimeModel
+
+__all__ = [
+    "MIN_SECONDS",
+    "Feedback",
+    "OnlineTimeModel",
+    "as_feedback",
+    "microbatch_features",
+]
+
+MIN_SECONDS = 1e-7
+"""Shortest measurement accepted, in seconds: no forward+backward of a micro-batch is faster, so
+anything below (zero, subnormal) is a broken timer, not a measurement."""
+
+_FORMAT = "seqbalance.OnlineTimeModel/1"
+# Layout of one rank's statistics vector (float64).
+_GRAM = slice(0, 9)  # Σ h·x xᵀ / s², x = [1, ΣL, Σq] per micro-batch, s its measured seconds
+_MOMENT = slice(9, 12)  # Σ h·x / s (θ·moment / Σ h: the rank's mean predicted / measured)
+_WEIGHT, _USED, _IGNORED = 12, 13, 14  # Σ h, micro-batches used, ignored
+_ERR_FIT, _ERR_PRIOR, _HELD_OUT = 15, 16, 17  # Σ min(|relative error|, 1) before the update
+_ERR_MODEL = 18  # Σ |relative error| of the model in use
+_PREDICTED, _MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds (used ones)
+_COMPUTE, _SYNC, _STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
+_SIZE = 24
+
+
+@dataclass(frozen=True, kw_only=True)
+class Feedback:
+    """Options of the closed loop (measured time -> cost model and rank speeds -> plans).
+
+    Attributes:
+        window: Steps whose statistics the fit and the held-out comparison use.
+        speed_window: Steps whose median gives each rank's speed (a change shows after about
+            half of them).
+        min_steps: Steps of held-out comparison before the fit may replace the prior.
+        huber: Relative residual beyond which a micro-batch is down-weighted (Huber weight
+            ``huber / |r|``).
+        reject: Once the fit is in use, a micro-batch predicted more than ``1 + reject`` times
+            its measured seconds is dropped (a timer that missed work).
+        speed_tolerance: Ranks within this fraction of the fastest count as equally fast.
+        rank_speeds: Estimate rank speeds and plan with them (False: the model only).
+        timeout_seconds: Deadline of the per-step collective (seconds).
+    """
+
+    window: int = 16
+    speed_window: int = 5
+    min_steps: int = 3
+    huber: float = 0.25
+    reject: float = 3.0
+    speed_tolerance: float = 0.05
+    rank_speeds: bool = True
+    timeout_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("window", "speed_window", "min_steps"):
+            object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=1))
+        for name in ("huber", "reject", "timeout_seconds"):
+            object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
+        tolerance = float(self.speed_tolerance)
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"speed_tolerance must be in [0, 1), got {self.speed_tolerance!r}")
+        object.__setattr__(self, "speed_tolerance", tolerance)
+        if not isinstance(self.rank_speeds, bool):
+            raise ValueError(f"rank_speeds must be True or False, got {self.rank_speeds!r}")
+
+
+def as_feedback(adaptive: Any) -> Feedback | None:
+    """The ``adaptive=`` argument of the runtime classes: False or None (off), True (the
+    default ``Feedback``) or a ``Feedback``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if adaptive is None or adaptive is False:
+        return None
+    if adaptive is True:
+        return Feedback()
+    if isinstance(adaptive, Feedback):
+        return adaptive
+    raise ValueError(f"adaptive must be True, False or a Feedback, got {adaptive!r}")
+
+
+def microbatch_features(model: TimeModel, microbatches: Sequence[Any]) -> np.ndarray:
+    """``[1, ΣL, Σq(L)]`` per micro-batch (float64 [n, 3]), ``q`` from ``model`` (its tile).
+
+    Args:
+        model: Gives the quadratic term (``TimeModel.quadratic_term``).
+        microbatches: Token lengths of each micro-batch.
+    """
+    rows = np.empty((len(microbatches), 3), dtype=np.float64)
+    for i, lengths in enumerate(microbatches):
+        length = as_lengths(lengths, f"microbatches[{i}]")
+        rows[i] = (1.0, float(length.sum()), float(model.quadratic_term(length).sum()))
+    return rows
+
+
+def _coefficients(model: TimeModel) -> np.ndarray:
+    return np.array([model.t0, model.t1, model.t2])
+
+
+class OnlineTimeModel:
+    """A TimeModel and rank speeds fitted online from every rank's measurements (module doc).
+
+    Args:
+        prior: The model to plan with until the fit beats it (its scale is fitted online).
+        world_size: Number of ranks.
+        feedback: The loop's options.
+    """
+
+    def __init__(self, prior: TimeModel, world_size: int, feedback: Feedback | None = None):
+        if not isinstance(prior, TimeModel):
+            raise ValueError(f"prior must be a TimeModel, got {type(prior).__name__}")
+        self.prior = prior
+        self.world_size = check_int(world_size, "world_size", minimum=1)
+        self.feedback = Feedback() if feedback is None else feedback
+        if not isinstance(self.feedback, Feedback):
+            raise ValueError(f"feedback must be a Feedback, got {type(self.feedback).__name__}")
+        self.steps = 0
+        self.ignored = 0
+        self._warned = False
+        # Per step, every rank's [gram, moment, Σh, n] (not speed-corrected: the speeds are
+        # re-derived from the whole window at each update and applied then).
+        self._stats: deque[np.ndarray] = deque(maxlen=self.feedback.window)
+        self._held_out: deque[np.ndarray] = deque(maxlen=self.feedback.window)
+        self._refresh()
+
+    # --- what planning uses -------------------------------------------------------------------
+
+    @property
+    def model(self) -> TimeModel:
+        """The model to plan the next step with: the fit when it wins, else the scaled prior."""
+        return self._model
+
+    @property
+    def source(self) -> str:
+        """``"fit"`` or ``"prior"``: where :attr:`model` comes from."""
+        return "fit" if self._using_fit else "prior"
+
+    @property
+    def speeds(self) -> np.ndarray:
+        """Relative speed per rank (float64 [world_size], the fastest 1.0)."""
+        return self._speeds.copy()
+
+    @property
+    def rank_speeds(self) -> tuple[float, ...] | None:
+        """:attr:`speeds` as ``PlanOptions.rank_speeds``: None when all are equal (or off)."""
+        if not self.feedback.rank_speeds or np.all(self._speeds == 1.0):
+            return None
+        return tuple(float(s) for s in self._speeds)
+
+    # --- one step -------------------------------------------------------------------------------
+
+    def local_statistics(
+        self,
+        rank: int,
+        features: np.ndarray,
+        seconds: Any,
+        *,
+        compute_seconds: float | None = None,
+        sync_seconds: float = 0.0,
+        step_seconds: float | None = None,
+    ) -> np.ndarray:
+        """This rank's statistics for one step (float64 [24]), to gather with the others'.
+
+        Args:
+            rank: The rank that measured.
+            features: ``[1, ΣL, Σq]`` per observation (:func:`microbatch_features`; rows of
+                several micro-batches may be summed into one with their summed seconds).
+            seconds: Measured seconds per observation; degenerate ones are ignored.
+            compute_seconds: The rank's compute this step (default: the sum of ``seconds``
+                that are valid).
+            sync_seconds: The rank's wait at the step's gradient sync.
+            step_seconds: The rank's step wall time (default: compute + sync).
+        """
+        rank = check_int(rank, "rank", minimum=0)
+        if rank >= self.world_size:
+            raise ValueError(f"rank must be < world_size = {self.world_size}, got {rank}")
+        features = np.asarray(features, dtype=np.float64).reshape(-1, 3)
+        with np.errstate(all="ignore"):
+            seconds = np.asarray(seconds, dtype=np.float64).reshape(-1)
+        if seconds.shape[0] != features.shape[0]:
+            raise ValueError(
+                f"seconds must hold one value per observation ({features.shape[0]}), "
+                f"got {seconds.shape[0]}"
+            )
+        valid = np.isfinite(seconds) & (seconds >= MIN_SECONDS)
+        out = np.zeros(_SIZE)
+        out[_IGNORED] = float(np.count_nonzero(~valid))
+        x, measured = features[valid], seconds[valid]
+        speed = self._speeds[rank] if self.feedback.rank_speeds else 1.0
+        reference = measured * speed  # seconds at the fastest rank's speed
+        predicted = x @ _coefficients(self._model)
+        weights = np.ones(measured.size)
+        if self.steps:
+            relative = predicted / reference - 1.0
+            size = np.abs(relative)
+            weights = self.feedback.huber / np.maximum(size, self.feedback.huber)
+            if self._using_fit:
+                weights[relative > self.feedback.reject] = 0.0
+            if self._fit is not None:
+                both = np.abs(x @ _coefficients(self._fit) / reference - 1.0)
+                scaled = np.abs(x @ (self._scale * _coefficients(self.prior)) / reference - 1.0)
+                out[_ERR_FIT] = float(np.minimum(both, 1.0).sum())
+                out[_ERR_PRIOR] = float(np.minimum(scaled, 1.0).sum())
+                out[_HELD_OUT] = float(measured.size)
+            out[_ERR_MODEL] = float(size.sum())
+        rows = x / measured[:, None]
+        out[_GRAM] = (rows.T @ (rows * weights[:, None])).reshape(-1)
+        out[_MOMENT] = rows.T @ weights
+        out[_WEIGHT] = float(weights.sum())
+        out[_USED] = float(measured.size)
+        out[_PREDICTED] = float(predicted.sum())
+        out[_MEASURED] = float(measured.sum())
+        compute = out[_MEASURED] if compute_seconds is None else float(compute_seconds)
+        out[_COMPUTE] = compute
+        out[_SYNC] = float(sync_seconds)
+        out[_STEP] = compute + out[_SYNC] if step_seconds is None else float(step_seconds)
+        return out
+
+    def update(self, gathered: Any) -> dict[str, Any]:
+        """Apply one step's statistics of every rank (float64 [world_size, 24], rank order).
+
+        Returns:
+            The step's telemetry (plain JSON values): ``step``, ``step_seconds`` (slowest
+            rank's wall time), ``rank_compute_seconds``, ``max_rank_compute_seconds``,
+            ``mean_rank_compute_seconds``, ``imbalance`` (max / mean compute),
+            ``idle_fraction`` (per rank: sync wait / step time), ``predicted_rank_seconds``
+            and ``predicted_step_seconds`` (the model in use, at the speeds planned with),
+            ``model_error`` (MAPE of the model in use on this step's micro-batches, before
+            they join the fit; None on the first step), ``model`` (``t0``, ``t1``, ``t2``,
+            ``source``) and ``rank_speeds`` (both as planned this step),
+            ``next_rank_speeds``, ``next_model_source`` and ``ignored_microbatches``.
+        """
+        stats = np.asarray(gathered, dtype=np.float64)
+        if stats.shape != (self.world_size, _SIZE) or not np.all(np.isfinite(stats)):
+            raise ValueError(
+                f"gathered must be finite float64 statistics of shape ({self.world_size}, "
+                f"{_SIZE}), got shape {stats.shape}"
+            )
+        ignored = int(stats[:, _IGNORED].sum())
+        if ignored:
+            self.ignored += ignored
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"{ignored} measured micro-batch time(s) were NaN, infinite, below "
+                    f"{MIN_SECONDS:g} s or negative and were ignored (further ones are counted "
+                    "in the telemetry, without a warning)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        speeds = self._speeds if self.feedback.rank_speeds else np.ones(self.world_size)
+        compute = stats[:, _COMPUTE]
+        used = stats[:, _USED].sum()
+        telemetry: dict[str, Any] = {
+            "step": self.steps,
+            "step_seconds": float(stats[:, _STEP].max()),
+            "rank_compute_seconds": compute.tolist(),
+            "max_rank_compute_seconds": float(compute.max()),
+            "mean_rank_compute_seconds": float(compute.mean()),
+            "imbalance": float(compute.max() / compute.mean()) if compute.mean() > 0 else None,
+            "idle_fraction": [
+                float(s / w) if w > 0 else 0.0
+                for s, w in zip(stats[:, _SYNC], stats[:, _STEP], strict=True)
+            ],
+            "predicted_rank_seconds": (stats[:, _PREDICTED] / speeds).tolist(),
+            "predicted_step_seconds": float((stats[:, _PREDICTED] / speeds).max()),
+            "model_error": float(stats[:, _ERR_MODEL].sum() / used)
+            if self.steps and used
+            else None,
+            "model": {
+                "t0": self._model.t0,
+                "t1": self._model.t1,
+                "t2": self._model.t2,
+                "source": self.source,
+            },
+            "rank_speeds": speeds.tolist(),
+            "ignored_microbatches": ignored,
+        }
+        total = stats.sum(axis=0)
+        self._stats.append(stats[:, : _USED + 1].copy())
+        if total[_HELD_OUT] > 0:
+            self._held_out.append(total[[_ERR_FIT, _ERR_PRIOR, _HELD_OUT]].copy())
+        self.steps += 1
+        self._refresh()
+        telemetry["next_rank_speeds"] = self._speeds.tolist()
+        telemetry["next_model_source"] = self.source
+        return telemetry
+
+    def _refresh(self) -> None:
+        """Re-derive the fit, the prior's scale, the model in use and the speeds from the
+        windows (a pure function of them: resume restores the windows only).
+
+        The fit treats every rank's speed in every step as unknown (a fixed effect), except
+        the step's fastest rank, which sets the time scale: only the shape of each rank's
+        micro-batches within a step, and the fastest rank's level, inform the coefficients.
+        So a rank that changed speed inside the window, or a slow rank whose speed is not yet
+        known, never biases the fit. The fastest rank of each step is read off the prior's
+        predictions, then once more off the first fit's. Each step's speeds are then each
+        rank's mean predicted over measured relative to the step's median rank, and the speeds
+        planned with are their medians over the last ``speed_window`` steps, divided by the
+        largest.
+        """
+        prior = _coefficients(self.prior)
+        self._fit, self._scale = None, 1.0
+        speeds = np.ones(self.world_size)
+        if self._stats:
+            window = np.array(self._stats)  # [steps, ranks, 14]
+            theta = prior
+            for _ in range(2):
+                gram, moment = _fixed_effects(window, _step_ratios(window, theta))
+                denominator = float(prior @ gram @ prior)
+                if denominator > 0 and float(prior @ moment) > 0:
+                    self._scale = float(prior @ moment) / denominator
+                theta = self._scale * prior
+                if window[:, :, _USED].sum() >= 6:
+                    fit = TimeModel.fit_normal_equations(gram, moment, tile=self.prior.tile)
+                    if fit.t0 + fit.t1 + fit.t2 > 0:
+                        self._fit, theta = fit, _coefficients(fit)
+            recent = _step_ratios(window[-self.feedback.speed_window :], theta)
+            seen = np.any(np.isfinite(recent), axis=0)
+            speeds[seen] = np.nanmedian(recent[:, seen], axis=0)
+            speeds = speeds / speeds.max()
+            speeds[speeds >= 1.0 - self.feedback.speed_tolerance] = 1.0
+        scaled = TimeModel(*(self._scale * prior), tile=self.prior.tile)
+        held_out = np.sum(self._held_out, axis=0) if self._held_out else np.zeros(3)
+        self._using_fit = bool(
+            self._fit is not None
+            and len(self._held_out) >= self.feedback.min_steps
+            and held_out[0] < held_out[1]
+        )
+        self._model = self._fit if self._using_fit and self._fit is not None else scaled
+        self._speeds = speeds
+
+    # --- resume ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the model learned, as plain JSON values (floats round-trip exactly)."""
+        return {
+            "format": _FORMAT,
+            "prior": json.loads(self.prior.to_json()),
+            "world_size": self.world_size,
+            "feedback": asdict(self.feedback),
+            "steps": self.steps,
+            "ignored": self.ignored,
+            "warned": self._warned,
+            "stats": [step.tolist() for step in self._stats],
+            "held_out": [row.tolist() for row in self._held_out],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the prior, world size and options must match.
+
+        Raises:
+            ValueError: a state of another format, prior, world size or options.
+        """
+        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+            raise ValueError(f"state must be an OnlineTimeModel state_dict ({_FORMAT})")
+        for key, mine in (
+            ("prior", json.loads(self.prior.to_json())),
+            ("world_size", self.world_size),
+            ("feedback", asdict(self.feedback)),
+        ):
+            if state.get(key) != mine:
+                raise ValueError(
+                    f"state {key} {state.get(key)!r} does not match this run's {mine!r}"
+                )
+        self.steps = int(state["steps"])
+        self.ignored = int(state["ignored"])
+        self._warned = bool(state["warned"])
+        stats = state["stats"]
+        self._stats = deque(
+            (np.array(step, dtype=np.float64).reshape(self.world_size, -1) for step in stats),
+            maxlen=self.feedback.window,
+        )
+        self._held_out = deque(
+            (np.array(row, dtype=np.float64) for row in state["held_out"]),
+            maxlen=self.feedback.window,
+        )
+        self._refresh()
+
+
+def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Per step and rank, the mean predicted / measured seconds under ``theta`` relative to
+    the step's median rank (float64 [steps, ranks]; NaN where a rank measured nothing). The
+    median, not the fastest: the largest of many noisy ratios is biased high, the median is
+    not while most ranks run at the same speed."""
+    weight = window[:, :, _WEIGHT]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (window[:, :, _MOMENT] @ theta) / weight
+    ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
+        middle = np.nanmedian(ratio, axis=1, keepdims=True)
+    return ratio / middle
+
+
+def _fixed_effects(window: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Normal equations of the fit with a free speed per step and rank except each step's
+    fastest (by ``ratios``; ties: the lowest rank): ``(gram [3, 3], moment [3])``.
+
+    For a rank-step with free speed ``u`` the relative residuals are ``z·θ − u`` (``z`` the
+    features over measured seconds); ``u = m·θ / w`` minimises them, which leaves the
+    within-rank-step scatter ``G − m mᵀ / w`` in the objective and nothing in the moment.
+    """
+    gram = np.zeros((3, 3))
+    moment = np.zeros(3)
+    for t in range(window.shape[0]):
+        finite = np.isfinite(ratios[t])
+        reference = int(np.argmax(np.where(finite, ratios[t], -np.inf))) if finite.any() else -1
+        for r in range(window.shape[1]):
+            g = window[t, r, _GRAM].reshape(3, 3)
+            m, w = window[t, r, _MOMENT], window[t, r, _WEIGHT]
+            if r == reference:
+                gram += g
+                moment += m
+            elif w > 0:
+                gram += g - np.outer(m, m) / w
+    return (gram + gram.T) / 2, moment

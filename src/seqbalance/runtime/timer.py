@@ -1,0 +1,145 @@
+"""StepTimer: each micro-batch's forward+backward and the wait at the gradient sync, per rank.
+
+On a GPU the timer records CUDA events around each region (asynchronous: recording an event
+only enqueues it on the stream, nothing waits) and reads them once, at :meth:`StepTimer.finish`,
+after the step's last event has completed; the training loop is never synchronised by the
+timer. On a CPU (or with ``device=None``) it reads ``time.perf_counter`` at each boundary, where
+the work has already completed.
+
+Usage::
+
+    timer = StepTimer(device)
+    for micro_batch in micro_batches:
+        with timer.microbatch():
+            loss(micro_batch).backward()
+    with timer.sync():
+        all_reduce_gradients()
+    timing = timer.finish()  # StepTiming: microbatch_seconds, sync_seconds, step_seconds
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["StepTimer", "StepTiming"]
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """What one rank measured in one step (seconds).
+
+    Attributes:
+        microbatch_seconds: Forward+backward of each micro-batch, in execution order.
+        sync_seconds: Time inside :meth:`StepTimer.sync` regions (the wait for the other ranks
+            plus the collective itself).
+        step_seconds: From the first region's start to the last region's end.
+    """
+
+    microbatch_seconds: tuple[float, ...]
+    sync_seconds: float
+    step_seconds: float
+
+    @property
+    def compute_seconds(self) -> float:
+        """Sum of :attr:`microbatch_seconds`."""
+        return float(sum(self.microbatch_seconds))
+
+
+class _Clock:
+    """A perf_counter reading with the CUDA event interface (``record``, ``elapsed_time``)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def record(self) -> None:
+        self.seconds = time.perf_counter()
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: the CPU work before ``record`` has completed."""
+
+    def elapsed_time(self, end: _Clock) -> float:
+        return (end.seconds - self.seconds) * 1000.0
+
+
+class StepTimer:
+    """Times micro-batches and the gradient sync of one rank, step after step (module doc).
+
+    Args:
+        device: A ``torch.device`` (or its string): CUDA devices use CUDA events, anything else
+            ``perf_counter``. None: ``perf_counter``.
+        event_factory: Overrides the choice: a callable returning an object with ``record()``,
+            ``synchronize()`` and ``elapsed_time(end) -> milliseconds`` (the
+            ``torch.cuda.Event`` interface), for tests and other accelerators.
+    """
+
+    def __init__(self, device: Any = None, *, event_factory: Callable[[], Any] | None = None):
+        if event_factory is None:
+            event_factory = _Clock
+            if device is not None and str(device).startswith("cuda"):
+                import torch
+
+                def event_factory() -> Any:
+                    return torch.cuda.Event(enable_timing=True)
+
+        if not callable(event_factory):
+            raise ValueError(f"event_factory must be callable, got {event_factory!r}")
+        self._new = event_factory
+        self._pool: list[Any] = []  # events reused across steps: creating one costs more
+        self._regions: list[tuple[str, Any, Any]] = []
+        self._open = False
+
+    def _event(self) -> Any:
+        index = 2 * len(self._regions) + (1 if self._open else 0)
+        if index == len(self._pool):
+            self._pool.append(self._new())
+        return self._pool[index]
+
+    @contextmanager
+    def _region(self, kind: str) -> Iterator[None]:
+        if self._open:
+            raise RuntimeError("StepTimer regions cannot nest: close the open one first")
+        start = self._event()
+        self._open = True
+        start.record()
+        try:
+            yield
+        finally:
+            end = self._event()
+            end.record()
+            self._open = False
+            self._regions.append((kind, start, end))
+
+    def microbatch(self) -> Any:
+        """Context manager around one micro-batch's forward+backward."""
+        return self._region("microbatch")
+
+    def sync(self) -> Any:
+        """Context manager around the step's gradient synchronisation (all-reduce)."""
+        return self._region("sync")
+
+    def finish(self) -> StepTiming:
+        """Read this step's regions (waits for the last recorded event) and start a new step.
+
+        Raises:
+            RuntimeError: A region is still open, or nothing was timed this step.
+        """
+        if self._open:
+            raise RuntimeError("StepTimer.finish called inside an open region")
+        if not self._regions:
+            raise RuntimeError("StepTimer.finish: no region was timed this step")
+        regions, self._regions = self._regions, []
+        regions[-1][2].synchronize()
+        microbatches = tuple(
+            start.elapsed_time(end) / 1000.0 for kind, start, end in regions if kind == "microbatch"
+        )
+        sync = sum(
+            start.elapsed_time(end) / 1000.0 for kind, start, end in regions if kind == "sync"
+        )
+        step = regions[0][1].elapsed_time(regions[-1][2]) / 1000.0
+        return StepTiming(microbatches, float(sync), float(step))
