@@ -278,3 +278,78 @@ def test_fit_records_its_score() -> None:
     observations = _wide_range(TimeModel(3e-3, 2e-6, 4e-11), 40, noise=0.05, seed=0)
     fitted = TimeModel.fit(observations, relative=True)
     assert fitted.fit_stats == fitted.score(observations)
+
+
+# Seconds an online fit can see: ordinary, subnormal, tiny, huge, and repeated values.
+_DEGENERATE_SECONDS = st.one_of(
+    st.floats(1e-6, 10.0),
+    st.floats(5e-324, 2.2e-308),  # subnormal
+    st.sampled_from([5e-324, 1e-310, 1e-300, 1e-30, 1.0, 1e30, 1e300, 1.7e308]),
+)
+_DEGENERATE_LENGTHS = st.one_of(
+    st.lists(st.integers(0, 2**20), min_size=0, max_size=4),
+    st.sampled_from([[], [0], [1], [2**26], [2**26, 2**26]]),
+)
+
+
+@given(
+    st.lists(st.tuples(_DEGENERATE_LENGTHS, _DEGENERATE_SECONDS), min_size=1, max_size=8),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_fit_on_degenerate_observations_is_a_model_or_a_value_error(
+    observations, relative: bool, repeat: bool, tiled: bool
+) -> None:
+    import warnings
+
+    if repeat:  # identical observations: nothing tells the coefficients apart
+        observations = [observations[0]] * max(3, len(observations))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy warning fails the test
+        try:
+            model = TimeModel.fit(observations, relative=relative, tile=128 if tiled else None)
+        except ValueError as error:
+            message = str(error)
+            assert "at least 3" in message or "range" in message, message
+            return
+    coefficients = np.array([model.t0, model.t1, model.t2])
+    assert np.isfinite(coefficients).all() and (coefficients >= 0).all()
+    assert model.fit_stats is not None and model.fit_stats.n_observations == len(observations)
+    seconds = np.array([s for _, s in observations])
+    if np.ptp(seconds) == 0 and len(set(map(tuple, (o[0] for o in observations)))) == 1:
+        # The documented fallback: identical micro-batches give t0 alone, exactly their time.
+        assert model.t1 == model.t2 == 0.0
+        assert model.t0 == pytest.approx(seconds[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("relative", [False, True])
+@pytest.mark.parametrize("unit", [1e-310, 1e-300, 1e-9, 1.0, 1e300])
+def test_fit_recovers_coefficients_at_any_scale(relative: bool, unit: float) -> None:
+    lengths = [[100], [200, 50], [300], [1000, 10, 10], [4096]]
+    truth = TimeModel(2 * unit, 1e-3 * unit, 1e-7 * unit)
+    observations = [(ls, truth.microbatch_seconds(ls)) for ls in lengths]
+    model = TimeModel.fit(observations, relative=relative)
+    if unit < 1e-300:  # subnormal seconds keep ~10 significant bits
+        assert model.fit_stats.mape < 1e-2
+        return
+    got = (model.t0, model.t1, model.t2)
+    assert got == pytest.approx((truth.t0, truth.t1, truth.t2), rel=1e-6)
+
+
+def test_fit_refuses_seconds_too_far_apart_for_a_relative_fit() -> None:
+    observations = [([100], 1e-310), ([200], 1.0), ([300], 3.0)]
+    with pytest.raises(ValueError, match=r"span too wide a range.*relative=False"):
+        TimeModel.fit(observations, relative=True)
+    assert TimeModel.fit(observations).fit_stats.r2 > 0.9  # the absolute fit is fine
+
+
+def test_fit_on_identical_or_collinear_observations_keeps_t0_alone() -> None:
+    for observations in (
+        [([100], 1.0)] * 3,
+        [([100], 1.0), ([100, 0], 1.0), ([50, 50], 1.0)],
+        [([], 0.5)] * 4,
+    ):
+        model = TimeModel.fit(observations)
+        assert (model.t1, model.t2) == (0.0, 0.0)
+        assert model.t0 == pytest.approx(observations[0][1], rel=1e-12)

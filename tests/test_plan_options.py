@@ -3,10 +3,15 @@ that takes ``options=`` (or keywords) rejecting a typo when it is constructed.""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance._validation import MAX_TOKENS_LIMIT
@@ -305,3 +310,64 @@ def test_entry_points_without_context_parallel_refuse_it() -> None:
         plan_epoch(LENGTHS, 4, 2, _cp())
     with pytest.raises(ValueError, match="simulate does not plan context-parallel steps"):
         simulate(LENGTHS, _cp(), dp_size=2, global_batch_size=4, steps=1)
+
+
+def test_an_unknown_field_names_every_valid_one() -> None:
+    # The README promises that a typo fails at construction, listing the valid names.
+    for make in (
+        lambda: PlanOptions(bogus=1),  # type: ignore[call-arg]
+        lambda: dataclasses.replace(PlanOptions(), bogus=1),
+        lambda: PlanOptions(_cost_model=1),  # type: ignore[call-arg]
+    ):
+        with pytest.raises(ValueError, match="PlanOptions: unknown option") as error:
+            make()
+        assert all(name in str(error.value) for name in option_names())
+
+
+def _cost_descriptions() -> list[dict]:
+    from seqbalance.cost import HSTUFlopsModel, ModelSpec, seconds_model
+
+    hstu = HSTUFlopsModel("hstu-1024")
+    costs = [
+        ModelSpec.preset("qwen3-8b"),
+        FlopsModel(ModelSpec.preset("qwen3-next-80b-a3b")),
+        FlopsModel(ModelSpec.preset("nemotron-h-8b")),
+        TimeModel(1.0, 2.0, 3.0, tile=128),
+        hstu,
+        seconds_model(hstu, peak_flops_per_s=1e15, efficiency=0.5)[0],
+    ]
+    return [json.loads(json.dumps(PlanOptions(cost=cost).to_dict())) for cost in costs] + [
+        json.loads(json.dumps(PlanOptions(cost="flops", model="qwen2.5-vl-7b").to_dict()))
+    ]
+
+
+def _leaf_paths(node, path=()):  # every path below node (dicts and lists)
+    yield path
+    if isinstance(node, (dict, list)):
+        for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+            yield from _leaf_paths(value, (*path, key))
+
+
+_JUNK = st.sampled_from(
+    [None, -1, 0, 1.5, float("nan"), 10**30, "x", [], {}, True, [[[]]], "mamba2", {"a": 1}]
+).map(copy.deepcopy)  # a fresh object each time: a shared one could end up inside itself
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(st.data())
+def test_from_dict_with_a_malformed_cost_names_the_field(data) -> None:
+    document = data.draw(st.sampled_from(_cost_descriptions()))
+    for _ in range(data.draw(st.integers(1, 2))):
+        paths = [p for p in _leaf_paths(document) if p and p[0] in ("cost", "model")]
+        path = data.draw(st.sampled_from(paths))
+        parent = document
+        for key in path[:-1]:
+            parent = parent[key]
+        if isinstance(parent, dict) and data.draw(st.booleans()):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = data.draw(_JUNK)
+    try:
+        PlanOptions.from_dict(document)
+    except ValueError as error:
+        assert str(error).startswith(("cost", "model")), str(error)

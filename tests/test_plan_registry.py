@@ -135,3 +135,102 @@ def test_a_strategy_with_uneven_ranks_is_a_value_error() -> None:
 def test_an_unregistered_strategy_cannot_be_asked_for() -> None:
     with pytest.raises(ValueError, match="strategy must be one of"):
         PlanOptions(strategy="test_reverse")
+
+
+@pytest.mark.parametrize(
+    ("member", "value", "message"),
+    [
+        ("plan", 5, "plan must be callable"),
+        ("enforces_cap", "yes", "enforces_cap must be a bool"),
+        ("aligns_positions", None, "aligns_positions must be a bool"),
+        ("description", 3, "description must be a string"),
+        ("family", ["custom"], "family must be one of"),
+    ],
+)
+def test_register_refuses_malformed_members(member: str, value: object, message: str) -> None:
+    bad = Reverse()
+    setattr(bad, member, value)
+    with pytest.raises(ValueError, match=message):
+        register_strategy(bad)
+    assert "test_reverse" not in strategy_names()
+
+
+def _first_rank_reversed(problem: Problem) -> list[list[list[int]]]:
+    return Reverse().plan(problem)
+
+
+@pytest.mark.parametrize(
+    ("name", "transform", "message"),
+    [
+        ("negative", lambda mbs: [[[-1, *mbs[0][0][1:]]], mbs[1]], "position -1, out of range"),
+        ("too_large", lambda mbs: [[[8, *mbs[0][0][1:]]], mbs[1]], "position 8, out of range"),
+        ("floats", lambda mbs: [[[float(i) for i in mbs[0][0]]], mbs[1]], "of type float"),
+        ("bools", lambda mbs: [[[True, *mbs[0][0][1:]]], mbs[1]], "of type bool"),
+        ("dropped", lambda mbs: [[mbs[0][0][:2]], mbs[1]], "sample 1 0 times"),
+        ("doubled", lambda mbs: [[mbs[0][0] + [0]], mbs[1]], "sample 0 2 times"),
+        ("not_lists", lambda mbs: 5, "returned int 5"),
+        ("empty_microbatch", lambda mbs: [[mbs[0][0], []], [mbs[1][0], []]], "is empty"),
+        ("over_cap", lambda mbs: [[list(range(8))], [[]]], "above max_tokens = 150"),
+    ],
+)
+def test_every_plan_a_strategy_returns_is_validated(name: str, transform, message: str) -> None:
+    class Broken(Reverse):
+        def plan(self, problem: Problem) -> list[list[list[int]]]:
+            return transform(Reverse().plan(problem))
+
+    broken = Broken()
+    broken.name = f"test_broken_{name}"
+    register_strategy(broken)
+    try:
+        with pytest.raises(ValueError, match=f"strategy 'test_broken_{name}'.*{message}"):
+            sb.plan_step(LENGTHS, 2, strategy=broken.name, max_tokens=150)
+        # plan_epoch and the samplers plan through plan_step: the same refusal reaches them.
+        with pytest.raises(ValueError, match=f"step 0.*{message}"):
+            sb.plan_epoch(LENGTHS, 8, 2, shuffle=False, strategy=broken.name, max_tokens=150)
+    finally:
+        unregister_strategy(broken.name)
+
+
+def test_a_strategy_ignoring_the_count_options_is_refused(reverse) -> None:
+    with pytest.raises(ValueError, match=r"strategy 'test_reverse'.*num_microbatches = 2"):
+        sb.plan_step(LENGTHS, 2, strategy="test_reverse", num_microbatches=2, allow_empty=True)
+    with pytest.raises(ValueError, match=r"strategy 'test_reverse'.*microbatch_multiple = 2"):
+        sb.plan_step(LENGTHS, 2, strategy="test_reverse", microbatch_multiple=2, allow_empty=True)
+
+
+def test_a_sampler_with_a_sample_dropping_strategy_fails_instead_of_skipping() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.runtime import BalancedBatchSampler
+
+    class Halving(Reverse):
+        name = "test_halving"
+
+        def plan(self, problem: Problem) -> list[list[list[int]]]:
+            return [[mbs[0][: len(mbs[0]) // 2]] for mbs in Reverse().plan(problem)]
+
+    register_strategy(Halving())
+    try:
+        lengths = np.arange(1, 17, dtype=np.int64)
+        sampler = BalancedBatchSampler(lengths, 16, dp_rank=0, dp_size=2, strategy="test_halving")
+        with pytest.raises(ValueError, match=r"strategy 'test_halving'.*0 times"):
+            list(sampler)
+    finally:
+        unregister_strategy("test_halving")
+
+
+def test_balanced_ignores_a_broken_rival_in_its_portfolio() -> None:
+    # A registered baseline-family strategy whose plan drops a sample (and would be cheapest).
+    class Dropping(Reverse):
+        name = "test_dropping_baseline"
+        family = "baseline"
+
+        def plan(self, problem: Problem) -> list[list[list[int]]]:
+            return [[[]] for _ in range(problem.dp - 1)] + [[[0]]]
+
+    register_strategy(Dropping())
+    try:
+        plan = sb.plan_step(LENGTHS, 2, allow_empty=True)
+        plan.validate()
+        assert sorted(np.concatenate([ix for mbs in plan.ranks for ix in mbs])) == list(range(8))
+    finally:
+        unregister_strategy("test_dropping_baseline")

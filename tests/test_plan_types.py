@@ -102,3 +102,22 @@ def _without(key: str) -> str:
 def test_malformed_documents_are_value_errors(text: str) -> None:
     with pytest.raises(ValueError):
         StepPlan.from_json(text)
+
+
+@pytest.mark.parametrize(
+    ("step", "rank", "message"),
+    [
+        ("0", 0, "step must be an integer, got '0'"),
+        (0, 1.0, "rank must be an integer, got 1.0"),
+        (True, 0, "step must be an integer, got True"),
+        (None, 0, "step must be an integer, got None"),
+        (0, -1, r"rank must be in \[0, 2\), got -1"),
+        (2, 0, r"step must be in \[0, 2\), got 2"),
+    ],
+)
+def test_epoch_plan_index_arguments_are_checked(step, rank, message: str) -> None:
+    epoch = sb.plan_epoch(np.arange(1, 17), 8, 2, shuffle=False)
+    for method in (epoch.microbatches, epoch.rank_indices):
+        with pytest.raises(ValueError, match=message):
+            method(step, rank)
+    assert epoch.rank_indices(np.int64(1), np.int32(1)).size == 4

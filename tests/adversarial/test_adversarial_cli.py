@@ -9,7 +9,10 @@ generated for the numeric plan options of ``plan`` and ``simulate``.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +53,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "garbage_tokenizer": root / "tokenizer.json",
         "chat": root / "chat.jsonl",
         "folder": root / "folder",
+        "deep_config": root / "deep_config.json",
+        "deep_records": root / "deep.jsonl",
+        "deep_document": root / "deep_document.json",
+        "layers_1e30": root / "layers_1e30.json",
+        "layers_1e8": root / "layers_1e8.json",
+        "hidden_1e30": root / "hidden_1e30.json",
     }
     np.save(paths["lengths"], np.array([100, 200, 300, 400, 50, 60, 70, 80]))
     np.save(paths["long"], np.array([100, 5000, 200, 300]))
@@ -71,6 +80,17 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths["garbage_tokenizer"].write_text("garbage{")
     paths["chat"].write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     paths["folder"].mkdir()
+    nested = "[" * 100_000 + "]" * 100_000
+    paths["deep_config"].write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
+    paths["deep_records"].write_text('{"messages": ' + nested + "}\n")
+    paths["deep_document"].write_text(nested)
+    sane = {**config, "num_attention_heads": 2}
+    for name, changes in (
+        ("layers_1e30", {"num_hidden_layers": 10**30}),
+        ("layers_1e8", {"num_hidden_layers": 10**8}),
+        ("hidden_1e30", {"hidden_size": 10**30}),
+    ):
+        paths[name].write_text(json.dumps({**sane, **changes}))
     return paths
 
 
@@ -97,6 +117,17 @@ CASES = [
     ("simulate", "--dp x", "invalid int value"),
     ("plan", "{lengths}", "required"),
     ("simulate", "--strategies balanced,fastest --steps 1", "strategies"),
+    ("simulate", "--steps 1 --model {deep_config}", "not valid JSON"),
+    ("lengths", "{deep_records} -o {folder}/out.npy", "nested too deeply"),
+    ("lengths", "{deep_document} -o {folder}/out.npy", "nested too deeply"),
+    ("simulate", "--steps 1 --model {layers_1e30}", "'num_hidden_layers' must be <="),
+    ("simulate", "--steps 1 --model {layers_1e8}", "'num_hidden_layers' must be <="),
+    ("simulate", "--steps 1 --model {hidden_1e30}", "'hidden_size' must be <="),
+    (
+        "plan",
+        "{lengths} --dp 2 --layout padded --micro-batch-size 4611686018427387904",
+        "--micro-batch-size must be <=",
+    ),
 ]
 
 
@@ -163,3 +194,36 @@ def test_generated_flag_values_never_give_a_traceback(values, padded, files, cap
         assert json.loads(captured.out)["summaries"]
     else:
         assert len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+def _run_cli(arguments: list[str], **redirects) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "seqbalance", *arguments],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        check=False,
+        **redirects,
+    )
+
+
+@pytest.mark.parametrize("arguments", [["models", "--json"], ["datasets", "--json"]])
+def test_a_closed_stdout_is_one_line(arguments: list[str]) -> None:
+    # Started with stdout closed (`seqbalance models >&-`): Python sets sys.stdout to None.
+    closed = _run_cli(arguments, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(1))
+    assert closed.returncode != 0
+    assert closed.stderr.strip().splitlines() == [
+        f"seqbalance {arguments[0]}: error: standard output is closed; nothing could be printed"
+    ]
+
+
+def test_a_reader_that_goes_away_is_one_line() -> None:
+    # `seqbalance models --json | head -c 1`: the pipe closes while results are written.
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as pipe:
+        result = _run_cli(["models", "--json"], stdout=pipe)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "seqbalance models: error: standard output was closed before all results were written"
+    ]

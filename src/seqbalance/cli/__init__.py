@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,13 +56,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    prefix = f"seqbalance {args.command}: error:"
+    if sys.stdout is None:  # started with stdout closed (`>&-`): nowhere to print results
+        print(f"{prefix} standard output is closed; nothing could be printed", file=sys.stderr)
+        return 2
     try:
         _check_outputs(args)
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # The reader went away (`| head`): say so once, and keep the final flush quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(
+            f"{prefix} standard output was closed before all results were written", file=sys.stderr
+        )
+        return 2
     except (ValueError, ImportError, OSError) as error:
         # Bad input, missing optional extras and unwritable paths are the user's to fix: one
         # line, not a traceback.
-        print(f"seqbalance {args.command}: error: {error}", file=sys.stderr)
+        print(f"{prefix} {error}", file=sys.stderr)
+        return 2
+    except (RecursionError, OverflowError) as error:
+        # Input nested or sized beyond what can be handled (the readers refuse what they know
+        # of with a ValueError; this is the last line for any other path): still one line.
+        print(f"{prefix} input too deeply nested or too large: {error}", file=sys.stderr)
         return 2
 
 

@@ -26,7 +26,7 @@ from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_MODEL, DEFAULT_PEAK_
 from seqbalance.plan import OBJECTIVES
 
 if TYPE_CHECKING:
-    from seqbalance.cost import ModelSpec, TimeModel
+    from seqbalance.cost import HSTUFlopsModel, ModelSpec, TimeModel
     from seqbalance.cost.context_parallel import ContextParallelTimeModel
     from seqbalance.plan import ContextParallel
 
@@ -302,9 +302,10 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
     return lengths
 
 
-def resolve_model(source: str) -> ModelSpec:
-    """A preset name, a Hugging Face ``config.json`` path, or a folder holding one."""
-    from seqbalance.cost import ModelSpec
+def resolve_model(source: str) -> ModelSpec | HSTUFlopsModel:
+    """A preset name (an HSTU preset gives its ``HSTUFlopsModel``), a Hugging Face
+    ``config.json`` path, or a folder holding one."""
+    from seqbalance.cost import HSTUFlopsModel, ModelSpec, hstu_presets, model_presets, presets
 
     path = Path(source)
     if path.is_dir():
@@ -313,6 +314,12 @@ def resolve_model(source: str) -> ModelSpec:
         if not path.is_file():
             raise ValueError(f"--model: no such file {str(path)!r}")
         return ModelSpec.from_hf_config(path)
+    if source in hstu_presets():
+        return HSTUFlopsModel(source)
+    if source not in presets():
+        raise ValueError(
+            f"--model: unknown preset {source!r}; available: {', '.join(model_presets())}"
+        )
     return ModelSpec.preset(source)
 
 

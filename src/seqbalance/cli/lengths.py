@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqbalance.cli._common import add_json_flag, print_json, print_table, progress
+from seqbalance.cli._common import add_json_flag, flag_names, print_json, print_table, progress
 from seqbalance.datasets.lengths import (
     FORMATS,
     TEMPLATES,
@@ -228,26 +228,30 @@ def run(args: argparse.Namespace) -> int:
                 f"--trl reads the fields TRL reads and renders with the tokenizer's template; "
                 f"drop {', '.join(given)}"
             )
-        result = trl_token_lengths(
-            args.file,
-            tokenizer=args.tokenizer,
-            format=args.format,
-            max_length=_trl_max_length(args.max_length),
-            truncation_mode=args.truncation_mode or "keep_start",
-            skip_malformed=args.skip_malformed,
-            progress=show,
-        )
-    else:
-        result = token_lengths(
-            args.file,
-            fields=_fields(args),
-            format=args.format,
-            tokenizer=args.tokenizer,
-            template=args.template,
-            skip_malformed=args.skip_malformed,
-            drop_empty=args.drop_empty,
-            progress=show,
-        )
+    try:
+        if args.trl:
+            result = trl_token_lengths(
+                args.file,
+                tokenizer=args.tokenizer,
+                format=args.format,
+                max_length=_trl_max_length(args.max_length),
+                truncation_mode=args.truncation_mode or "keep_start",
+                skip_malformed=args.skip_malformed,
+                progress=show,
+            )
+        else:
+            result = token_lengths(
+                args.file,
+                fields=_fields(args),
+                format=args.format,
+                tokenizer=args.tokenizer,
+                template=args.template,
+                skip_malformed=args.skip_malformed,
+                drop_empty=args.drop_empty,
+                progress=show,
+            )
+    except ValueError as error:
+        raise ValueError(flag_names(str(error), {"skip_malformed": "--skip-malformed"})) from None
     if args.groups_output is not None and result.groups is None:
         raise ValueError(
             "--groups-output: no field holds a list of responses, so there are no groups"

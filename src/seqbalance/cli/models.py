@@ -31,18 +31,47 @@ def layer_kinds(counts: dict[str, int]) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from seqbalance.cost import describe_preset, presets
+def describe_hstu_preset(name: str) -> dict[str, Any]:
+    """The HSTU preset ``name`` in the shape of ``describe_preset``'s entries (``kind``
+    ``"hstu"``; its FLOPs per token are those of one causal ``PRESET_REFERENCE_LENGTH``-token
+    sequence)."""
+    from seqbalance.cost import HSTUFlopsModel, HSTUSpec
     from seqbalance.cost.flops import PRESET_REFERENCE_LENGTH
 
-    models = [describe_preset(name) for name in presets()]
+    spec = HSTUSpec.preset(name)
+    training = float(HSTUFlopsModel(spec).per_sample([PRESET_REFERENCE_LENGTH])[0])
+    return {
+        "kind": "hstu",
+        "name": name,
+        "spec": spec.to_dict(),
+        "moe": False,
+        "layer_kinds": {"hstu": spec.num_layers},
+        "total_params": spec.num_parameters(),
+        "active_params": spec.num_parameters(),
+        "training_flops_per_token_at_4k": training / PRESET_REFERENCE_LENGTH,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from seqbalance.cost import describe_preset, hstu_presets, presets
+    from seqbalance.cost.flops import PRESET_REFERENCE_LENGTH
+
+    # One namespace, one listing: the language-model presets, then the HSTU ones.
+    models = [
+        *({"kind": "language_model", **describe_preset(name)} for name in presets()),
+        *(describe_hstu_preset(name) for name in hstu_presets()),
+    ]
     if args.json:
         print_json(models)
         return 0
     rows = []
     for model in models:
         spec = model["spec"]
-        kv_heads = spec["num_key_value_heads"] or spec["num_attention_heads"]
+        if model["kind"] == "hstu":
+            heads, vocab = str(spec["num_heads"]), "-"
+        else:
+            kv_heads = spec["num_key_value_heads"] or spec["num_attention_heads"]
+            heads, vocab = f"{spec['num_attention_heads']}/{kv_heads}", spec["vocab_size"]
         moe = f"{spec['num_experts_per_tok']}/{spec['num_experts']}" if model["moe"] else "-"
         rows.append(
             (
@@ -52,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 spec["num_layers"],
                 layer_kinds(model["layer_kinds"]),
                 spec["hidden_size"],
-                f"{spec['num_attention_heads']}/{kv_heads}",
-                spec["vocab_size"],
+                heads,
+                vocab,
                 moe,
                 f"{model['training_flops_per_token_at_4k'] / 1e9:.1f}",
             )
@@ -75,9 +104,10 @@ def run(args: argparse.Namespace) -> int:
         rows,
         caption=(
             "params B / active B: billions of parameters, all experts / those one token uses "
-            "(top-k routed + shared experts), embeddings included, norms and MTP modules not; "
+            "(top-k routed + shared experts), embeddings included, norms and MTP modules not "
+            "(HSTU: the layers' matmul weights, no embedding tables); "
             "layer kinds: layers per token mixer (full/sliding/chunked softmax attention, linear "
-            "= Gated DeltaNet, mamba/mamba2, none = MLP only); "
+            "= Gated DeltaNet, mamba/mamba2, none = MLP only, hstu = HSTU layers); "
             "MoE experts: active/total; GFLOP/token: training (forward + backward) per token of "
             f"a {PRESET_REFERENCE_LENGTH}-token sample, attention included"
         ),

@@ -26,6 +26,8 @@ from seqbalance.cost.resolve import (
     cost_unit,
     evaluate_costs,
     flops_model,
+    model_presets,
+    preset_cost,
     resolve_cost,
     seconds_model,
 )
@@ -62,6 +64,8 @@ __all__ = [
     "flops_model",
     "hstu_attention_pairs",
     "hstu_presets",
+    "model_presets",
+    "preset_cost",
     "presets",
     "resolve_cost",
     "seconds_model",

@@ -23,6 +23,13 @@ from seqbalance.cost.spec import (
 
 _MISSING = object()
 
+#: Upper bounds on config integers, far above any published model: a larger value is a typo or a
+#: hostile file, refused at once instead of costing minutes (per-layer tables) or overflowing.
+MAX_CONFIG_LAYERS = 100_000
+MAX_CONFIG_INTEGER = 2**40
+#: Fields bounded by ``MAX_CONFIG_LAYERS`` (the rest by ``MAX_CONFIG_INTEGER``).
+_LAYER_COUNT_FIELDS = ("num_hidden_layers", "num_nextn_predict_layers")
+
 #: Defaults that transformers' configuration classes apply to fields the published config.json
 #: files leave out (transformers 5.x). Only fields that change the FLOPs or parameter count.
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -94,7 +101,13 @@ class Fields:
         return value
 
     def integer(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> int:
-        return check_int(self.get(key, default), f"config field {key!r}", minimum=minimum)
+        """An integer field, at most ``MAX_CONFIG_LAYERS`` for a layer count and
+        ``MAX_CONFIG_INTEGER`` for anything else (ValueError naming the field)."""
+        value = check_int(self.get(key, default), f"config field {key!r}", minimum=minimum)
+        limit = MAX_CONFIG_LAYERS if key in _LAYER_COUNT_FIELDS else MAX_CONFIG_INTEGER
+        if value > limit:
+            raise ValueError(f"config field {key!r} must be <= {limit}, got {value}")
+        return value
 
     def boolean(self, key: str, default: Any = _MISSING) -> bool:
         """A JSON boolean; a string such as ``"false"`` is an error, not ``True``."""
@@ -125,7 +138,7 @@ def config_dict(config: Any) -> dict[str, Any]:
                 loaded = json.load(handle)
         except FileNotFoundError:
             raise ValueError(f"config: no such file {str(path)!r}") from None
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, RecursionError) as error:
             raise ValueError(f"config: {str(path)!r} is not valid JSON: {error}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"config: {str(path)!r} must hold a JSON object")

@@ -140,7 +140,7 @@ class HSTUSpec:
                 config = json.loads(Path(config).read_text("utf-8"))
             except FileNotFoundError:
                 raise ValueError(f"config: no such file {str(config)!r}") from None
-            except json.JSONDecodeError as error:
+            except (json.JSONDecodeError, RecursionError) as error:
                 raise ValueError(f"config: {str(config)!r} is not valid JSON: {error}") from None
         if not isinstance(config, Mapping):
             raise ValueError(f"config must be a path or a mapping, got {type(config).__name__}")

@@ -48,6 +48,8 @@ __all__ = [
     "describe_cost",
     "evaluate_costs",
     "flops_model",
+    "model_presets",
+    "preset_cost",
     "resolve_cost",
     "seconds_model",
 ]
@@ -185,16 +187,50 @@ def flops_model(model: str | ModelSpec | FlopsModel | None = None) -> FlopsModel
     """
     from seqbalance.cost.flops import FlopsModel
     from seqbalance.cost.spec import ModelSpec
+    from seqbalance.cost.spec import presets as lm_presets
 
     if model is None:
         model = DEFAULT_MODEL
     if isinstance(model, FlopsModel):
         return model
     if isinstance(model, str):
-        return _preset_flops(model)
+        preset = preset_cost(model)
+        if not isinstance(preset, FlopsModel):
+            raise ValueError(
+                f"model {model!r} is an HSTU preset, which has no ModelSpec; this needs a "
+                f"language-model preset ({', '.join(lm_presets())})"
+            )
+        return preset
     if isinstance(model, ModelSpec):
         return FlopsModel(model)
     raise ValueError(f"model must be a preset name or a ModelSpec, got {model!r}")
+
+
+def model_presets() -> list[str]:
+    """Every bundled preset name, sorted: the language-model presets (``ModelSpec.preset``,
+    vision-language ones included) and the HSTU presets (``HSTUSpec.preset``). They share one
+    namespace: ``model=`` and ``--model`` take any of them."""
+    from seqbalance.cost.hstu import hstu_presets
+    from seqbalance.cost.spec import presets
+
+    return sorted([*presets(), *hstu_presets()])
+
+
+def preset_cost(name: str) -> Any:
+    """The FLOPs model of any preset (see :func:`model_presets`): a ``FlopsModel`` for a
+    language-model preset, an ``HSTUFlopsModel`` for an HSTU one.
+
+    Raises:
+        ValueError: an unknown name, listing every preset.
+    """
+    from seqbalance.cost.hstu import HSTUFlopsModel, hstu_presets
+    from seqbalance.cost.spec import presets
+
+    if isinstance(name, str) and name in hstu_presets():
+        return HSTUFlopsModel(name)
+    if not isinstance(name, str) or name not in presets():
+        raise ValueError(f"model: unknown preset {name!r}; available: {', '.join(model_presets())}")
+    return _preset_flops(name)
 
 
 @functools.lru_cache(maxsize=32)
@@ -213,7 +249,8 @@ def resolve_cost(cost: Any = "tokens", model: Any = None) -> CostModel:
             ``model``), a ``ModelSpec`` (its FLOPs), any object with ``per_sample`` and
             ``microbatch_overhead`` (``FlopsModel``: FLOPs, ``TimeModel``: seconds), or a
             callable ``lengths -> per-sample costs`` (no overhead).
-        model: preset name or ``ModelSpec``; only with ``cost="flops"`` (default
+        model: preset name (any of :func:`model_presets`, HSTU ones included) or
+            ``ModelSpec``; only with ``cost="flops"`` (default
             ``seqbalance.defaults.DEFAULT_MODEL``).
 
     Returns:
@@ -234,7 +271,7 @@ def resolve_cost(cost: Any = "tokens", model: Any = None) -> CostModel:
         if cost == "tokens":
             return _TOKENS
         if cost == "flops":
-            return flops_model(model)
+            return preset_cost(model) if isinstance(model, str) else flops_model(model)
     elif isinstance(cost, ModelSpec):
         return flops_model(cost)
     elif isinstance(cost, ExternalCost):
@@ -424,15 +461,39 @@ def cost_from_description(value: Any, name: str = "cost") -> Any:
     if isinstance(value, dict) and len(value) == 1:
         ((tag, body),) = value.items()
         loader = _LOADERS.get(tag)
-        if loader is not None and isinstance(body, dict):
-            model = loader(body)
-            if model is not None:
-                return model
-        if tag == "TimeModel":
-            return TimeModel.from_json(json.dumps(body))
+        try:
+            if loader is not None and isinstance(body, dict):
+                model = loader(body)
+                if model is not None:
+                    return model
+            if tag == "TimeModel":
+                return TimeModel.from_json(json.dumps(body))
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+            KeyError,
+            OverflowError,
+            RecursionError,
+        ) as e:
+            # A field of the right shape with a wrong value or type, however deep: name where.
+            raise ValueError(f"{name}: malformed {tag} description: {e}") from None
         if tag == "external" and isinstance(body, str):
             return ExternalCost(body)
-    raise ValueError(f"{name} is not a cost description: {value!r}")
+    raise ValueError(f"{name} is not a cost description: {_short(value)}")
+
+
+_MALFORMED = (ValueError, TypeError, AttributeError, KeyError, OverflowError, RecursionError)
+"""What loading a description with a wrong value or type in some field can raise."""
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to 200 characters (a malformed document can be large)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"a deeply nested {type(value).__name__}"
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _keys(body: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...]) -> bool:

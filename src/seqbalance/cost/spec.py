@@ -544,6 +544,10 @@ class ModelSpec:
             _set(self, "linear_attention", LinearAttentionSpec(**self.linear_attention))
         if isinstance(self.mamba, Mapping):
             _set(self, "mamba", MambaSpec(**self.mamba))
+        for name, kind in (("linear_attention", LinearAttentionSpec), ("mamba", MambaSpec)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise ValueError(f"{name} must be a {kind.__name__} or None, got {value!r}")
         if "linear_attention" in present and not isinstance(
             self.linear_attention, LinearAttentionSpec
         ):

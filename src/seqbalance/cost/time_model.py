@@ -153,16 +153,44 @@ class TimeModel:
         exactly (every support of the coefficients is solved and the best non-negative solution
         kept), and noise-free observations are recovered exactly.
 
+        Degenerate observations (the online fit sees whatever a window of steps measured):
+        seconds are fitted in units of the largest one, so subnormal (1e-310 s) or huge
+        (1e300 s) values fit as well as ordinary ones. When the observations cannot tell the
+        coefficients apart (identical or collinear micro-batches, all of one size, all empty),
+        the fit falls back to the fewest coefficients that fit as well as any (checked in the
+        order ``t0``, ``t1``, ``t2``): identical micro-batches give ``t0`` alone.
+
         The result carries ``fit_stats``: :meth:`score` on the same observations (the same
         unweighted statistics for both objectives).
+
+        Raises:
+            ValueError: fewer than 3 observations, malformed ones, a seconds value that is not
+                a positive finite number (NaN, inf, 0, negative), or measurements whose
+                coefficients cannot be represented: a ``relative=True`` fit of seconds that
+                span more than float64 can weigh, or coefficients that overflow float64.
         """
         relative = check_bool(relative, "relative")
         template = cls(0.0, 0.0, 0.0, tile=tile)
         features, seconds = _observation_matrix(
             observations, template, minimum=3, purpose="to fit 3 coefficients"
         )
-        weights = 1.0 / seconds if relative else np.ones_like(seconds)
-        coefficients = _nnls(features * weights[:, None], seconds * weights)
+        unit = float(seconds.max())  # the fit runs in units of the slowest micro-batch
+        target = seconds / unit
+        span = f"seconds from {float(seconds.min())!r} to {unit!r}"
+        with np.errstate(all="ignore"):  # overflow is detected below, not warned about
+            weights = 1.0 / target if relative else np.ones_like(target)
+            weighted = features * weights[:, None]
+            if not (np.isfinite(weighted).all() and np.isfinite(weights).all()):
+                raise ValueError(
+                    f"observations: {span} span too wide a range to weigh each micro-batch by "
+                    "1 / seconds (relative=True); fit with relative=False"
+                )
+            try:
+                coefficients = _nnls(weighted, target * weights) * unit
+            except np.linalg.LinAlgError as error:
+                raise ValueError(f"observations ({span}) cannot be fitted: {error}") from None
+        if not np.isfinite(coefficients).all():
+            raise ValueError(f"observations: {span} give coefficients beyond float64's range")
         t0, t1, t2 = (float(c) for c in coefficients)
         model = cls(t0, t1, t2, tile=template.tile)
         return replace(model, fit_stats=model.score(observations))
@@ -198,18 +226,20 @@ class TimeModel:
                 positive finite number.
         """
         features, seconds = _observation_matrix(observations, self, minimum=1, purpose="to score")
-        predicted = features @ np.array([self.t0, self.t1, self.t2])
-        residual = float(np.sum((seconds - predicted) ** 2))
-        spread = float(np.sum((seconds - seconds.mean()) ** 2))
+        with np.errstate(all="ignore"):  # huge predictions give inf statistics, not warnings
+            predicted = features @ np.array([self.t0, self.t1, self.t2])
+            mape = float(np.mean(np.abs(predicted - seconds) / seconds))
+            # r2 is unit-free: computed in units of the slowest micro-batch, the squares of
+            # subnormal or huge seconds neither underflow nor overflow.
+            unit = float(seconds.max())
+            measured, predicted = seconds / unit, predicted / unit
+            residual = float(np.sum((measured - predicted) ** 2))
+            spread = float(np.sum((measured - measured.mean()) ** 2))
         if spread > 0:
             r2 = 1.0 - residual / spread
         else:
-            r2 = 1.0 if np.allclose(predicted, seconds) else 0.0
-        return FitStats(
-            mape=float(np.mean(np.abs(predicted - seconds) / seconds)),
-            r2=float(r2),
-            n_observations=int(seconds.size),
-        )
+            r2 = 1.0 if np.allclose(predicted, measured) else 0.0
+        return FitStats(mape=mape, r2=float(r2), n_observations=int(seconds.size))
 
     # --- serialisation -----------------------------------------------------------------------
 
@@ -341,6 +371,9 @@ def _nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
     scaled = features / scale
     best = np.zeros(n_columns)
     best_residual = float(np.sum(target**2))
+    # A larger support must fit better by more than rounding to win: observations that cannot
+    # tell the coefficients apart keep the fewest (the fallback documented in TimeModel.fit).
+    tolerance = 1e-24 * best_residual
     for size in range(1, n_columns + 1):
         for support in combinations(range(n_columns), size):
             columns = list(support)
@@ -350,6 +383,6 @@ def _nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
             candidate = np.zeros(n_columns)
             candidate[columns] = solution
             residual = float(np.sum((target - scaled @ candidate) ** 2))
-            if residual < best_residual:
+            if residual < best_residual - tolerance:
                 best, best_residual = candidate, residual
     return best / scale

@@ -133,7 +133,7 @@ class MalformedRecordsError(ValueError):
         suffix = f"; and {more} more" if more > 0 else ""
         super().__init__(
             f"{path}: {len(records)} malformed record{'s' if len(records) != 1 else ''} "
-            f"({shown}{suffix}); fix them or skip them (--skip-malformed / skip_malformed=True)"
+            f"({shown}{suffix}); fix them or skip them (skip_malformed=True)"
         )
 
 
@@ -233,6 +233,8 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
                 yield line_number, json.loads(line)
             except json.JSONDecodeError as error:
                 yield line_number, _Malformed(f"invalid JSON ({error.msg} at column {error.colno})")
+            except RecursionError:
+                yield line_number, _Malformed("JSON nested too deeply to read")
 
 
 def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
@@ -244,6 +246,8 @@ def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
                 f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg} "
                 "(a file with one record per line is JSON lines: format 'jsonl')"
             ) from None
+        except RecursionError:
+            raise ValueError(f"{path}: JSON nested too deeply to read") from None
     if not isinstance(document, list):
         raise ValueError(
             f"{path}: a JSON dataset must be a list of records, got {type(document).__name__}"

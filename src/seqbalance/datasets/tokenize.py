@@ -205,7 +205,7 @@ def _directory_template(directory: Path) -> tuple[str | None, tuple[tuple[str, s
     if config_file.is_file():
         try:
             config = json.loads(config_file.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
             raise ValueError(f"{config_file}: not valid JSON ({error})") from None
     template = config.get("chat_template")
     if isinstance(template, list):

@@ -53,6 +53,7 @@ from seqbalance.plan import _exact
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.registry import Microbatches, Strategy
+from seqbalance.plan.step import checked_microbatches
 from seqbalance.plan.strategies import rank_members
 
 __all__ = ["BALANCED", "Balanced", "plan_balanced"]
@@ -71,8 +72,13 @@ RIVALS_WITHOUT_BOUND_SAMPLES = 256
 """On steps of at most this many samples ``balanced`` always runs the rivals that offer no cheap
 lower bound (the stacks' schedulers: exact re-implementations in plain Python, which on
 thousands of samples cost several times ``balanced``'s own search)."""
+RIVALS_WITHOUT_BOUND_WORK = RIVALS_WITHOUT_BOUND_SAMPLES * 64
+"""... and on steps of up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES`` samples whose samples x ranks
+is at most this (the work already accepted at 256 samples on 64 ranks: their Karmarkar-Karp
+splits over the ranks grow with it), e.g. 4096 samples on 4 ranks or 1024 on 16."""
+RIVALS_WITHOUT_BOUND_MAX_SAMPLES = 4096
 RIVALS_WITHOUT_BOUND_GAP = 1e-4
-"""On larger steps it runs them only when its plan is more than this far (relative) above the
+"""On other steps it runs them only when its plan is more than this far (relative) above the
 lower bound: every valid plan costs at least the bound, so a skipped rival is never cheaper by
 more than this fraction."""
 
@@ -133,8 +139,9 @@ class _Portfolio:
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
     objective) is not run when that bound cannot beat the best plan so far; one that offers
     none (the stacks' schedulers) is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES``
-    samples, and on larger ones when the plan is more than ``RIVALS_WITHOUT_BOUND_GAP`` above
-    the lower bound.
+    samples or, up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most
+    ``RIVALS_WITHOUT_BOUND_WORK`` samples x ranks, and on other steps when the plan is more
+    than ``RIVALS_WITHOUT_BOUND_GAP`` above the lower bound.
     """
 
     def __init__(self, p: Problem) -> None:
@@ -144,7 +151,8 @@ class _Portfolio:
     def _plan_of(self, strategy: Strategy) -> Microbatches | None:
         if strategy.name not in self._plans:
             try:
-                plan = strategy.plan(self.p)
+                # A rival's plan is checked like any strategy's (a registered one may be wrong).
+                plan = checked_microbatches(strategy.plan(self.p), self.p, strategy.name)
             except ValueError:
                 plan = None
             if plan is not None and not (strategy.enforces_cap or self.p.keeps_cap(plan)):
@@ -172,7 +180,7 @@ class _Portfolio:
             estimate = getattr(strategy, "plan_lower_bound", None)
             if (
                 estimate is None
-                and p.n > RIVALS_WITHOUT_BOUND_SAMPLES
+                and not _rivals_without_bound_are_cheap(p)
                 and value <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
             ):
                 continue  # it could save less than the gap: keep planning in milliseconds
@@ -206,6 +214,14 @@ class _Portfolio:
         if not p.keeps_cap(plan) or (not p.allow_empty and any(not mbs[0] for mbs in plan)):
             return None
         return plan
+
+
+def _rivals_without_bound_are_cheap(p: Problem) -> bool:
+    """Whether the rivals without a cheap lower bound always run on ``p`` (see
+    ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``RIVALS_WITHOUT_BOUND_WORK``)."""
+    return p.n <= RIVALS_WITHOUT_BOUND_SAMPLES or (
+        p.n <= RIVALS_WITHOUT_BOUND_MAX_SAMPLES and p.n * p.dp <= RIVALS_WITHOUT_BOUND_WORK
+    )
 
 
 def _rivals() -> list[Strategy]:

@@ -20,6 +20,7 @@ from seqbalance._validation import MAX_TOKENS_LIMIT, check_bool, check_choice, c
 
 __all__ = [
     "LAYOUTS",
+    "MAX_MICRO_BATCH_SIZE",
     "OBJECTIVES",
     "ORDERS",
     "PlanOptions",
@@ -34,6 +35,10 @@ _FORMAT = "seqbalance.PlanOptions/1"
 # Options added after the format was published are written only when set, so the JSON text and
 # the fingerprint of options that do not use them stay what they were (resumes keep matching).
 _WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel")
+
+
+MAX_MICRO_BATCH_SIZE = 2**31
+"""Most samples a padded micro-batch may be asked to hold (``micro_batch_size``)."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -90,6 +95,11 @@ class PlanOptions:
     context_parallel: Any = None
     _cost_model: Any = field(init=False, repr=False, default=None)
 
+    def __new__(cls, *args: Any, **keywords: Any) -> PlanOptions:
+        # The generated __init__ would raise a bare TypeError: name the valid fields instead.
+        _check_names(keywords, "PlanOptions")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         from seqbalance.cost.resolve import resolve_cost
         from seqbalance.plan.registry import get_strategy
@@ -122,6 +132,12 @@ class PlanOptions:
             set_(
                 "micro_batch_size", check_int(self.micro_batch_size, "micro_batch_size", minimum=1)
             )
+            if self.micro_batch_size > MAX_MICRO_BATCH_SIZE:
+                # Far above any real micro-batch; slot arithmetic (dp x size) stays in int64.
+                raise ValueError(
+                    f"micro_batch_size must be <= 2**31 = {MAX_MICRO_BATCH_SIZE}, got "
+                    f"{self.micro_batch_size}"
+                )
         elif self.micro_batch_size is not None:
             raise ValueError(
                 f"micro_batch_size={self.micro_batch_size!r} applies to layout='padded' only; "

@@ -3,8 +3,10 @@
 A strategy turns a ``Problem`` (lengths, costs, limits; see ``seqbalance.plan.Problem``) into
 micro-batches: ``dp`` lists of ``M`` lists of sample positions, the same ``M`` on every rank.
 ``plan_step`` does everything around it (input checks, costs, the micro-batch order, the
-``StepPlan``), so a strategy is only the placement decision. Every list of strategy names in the
-package, the CLI and the benchmarks comes from ``strategy_names()``.
+``StepPlan``), so a strategy is only the placement decision; ``plan_step`` validates every
+strategy's result against the request (see ``StepPlan.validate``) before anyone uses it. Every
+list of strategy names in the package, the CLI and the benchmarks comes from
+``strategy_names()``.
 
 Register your own::
 
@@ -24,6 +26,8 @@ Register your own::
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
 
 if TYPE_CHECKING:
     from seqbalance.plan._problem import Problem
@@ -80,8 +84,10 @@ def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
     instance factory too).
 
     Raises:
-        ValueError: the object lacks a protocol member, its name is not a non-empty string, its
-            family is unknown, or the name is taken and ``replace`` is False.
+        ValueError: the object lacks a protocol member, its name is not a non-empty string,
+            ``plan`` is not callable, ``enforces_cap`` or ``aligns_positions`` is not a bool,
+            ``description`` is not a string, its family is unknown, or the name is taken and
+            ``replace`` is False.
     """
     _ensure_builtins()
     missing = [
@@ -94,7 +100,17 @@ def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
     name = strategy.name
     if not isinstance(name, str) or not name or name != name.strip():
         raise ValueError(f"strategy.name must be a non-empty string, got {name!r}")
-    if strategy.family not in FAMILIES:
+    if not callable(strategy.plan):
+        raise ValueError(f"strategy {name!r}: plan must be callable, got {strategy.plan!r}")
+    for flag in ("enforces_cap", "aligns_positions"):
+        value = getattr(strategy, flag)
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"strategy {name!r}: {flag} must be a bool, got {value!r}")
+    if not isinstance(strategy.description, str):
+        raise ValueError(
+            f"strategy {name!r}: description must be a string, got {strategy.description!r}"
+        )
+    if not isinstance(strategy.family, str) or strategy.family not in FAMILIES:
         raise ValueError(f"strategy.family must be one of {FAMILIES}, got {strategy.family!r}")
     if name in _REGISTRY and not replace:
         raise ValueError(f"a strategy named {name!r} is already registered; pass replace=True")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance import __version__
+from seqbalance._validation import check_int
 from seqbalance.plan._problem import OptionFields, objective_value
 from seqbalance.plan.options import PlanOptions
 
@@ -207,9 +208,10 @@ class StepPlan(OptionFields):
         self._validate_coverage(n)
         self._validate_microbatch_count()
         self._validate_vision_patches()
-        for r, microbatches in enumerate(self.ranks):
-            for j, indices in enumerate(microbatches):
-                self._validate_microbatch(r, j, indices)
+        if not self._within_limits_everywhere():  # the loop names the first violation
+            for r, microbatches in enumerate(self.ranks):
+                for j, indices in enumerate(microbatches):
+                    self._validate_microbatch(r, j, indices)
         self._validate_groups()
         self._validate_arrays()
         if self.lower_bound > self.step_cost * (1 + _COST_RTOL) + 1e-12:
@@ -356,8 +358,46 @@ class StepPlan(OptionFields):
                 f"{float(expected_costs[r, j])!r}"
             )
 
+    def _flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Micro-batch sizes (rank-major), their members concatenated, and each one's start
+        and end in that concatenation (``bounds[k]:bounds[k + 1]``); after the shape checks."""
+        parts = [indices for microbatches in self.ranks for indices in microbatches]
+        sizes = np.array([indices.size for indices in parts], dtype=np.int64)
+        members = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return sizes, members, np.concatenate(([0], np.cumsum(sizes)))
+
+    def _within_limits_everywhere(self) -> bool:
+        """A vectorised screen (plan_step validates every plan it returns): True when no
+        micro-batch can fail ``_validate_microbatch`` (packed layout, no empty micro-batch
+        unless allowed, every token and vision-patch sum within its cap)."""
+        if self.layout != "packed":
+            return False
+        sizes, members, bounds = self._flat()
+        if not self.allow_empty and (sizes == 0).any():
+            return False
+        for values, cap in (
+            (self.lengths, self.max_tokens),
+            (self.vision_patches, self.max_vision_patches),
+        ):
+            if values is None or cap is None:
+                continue
+            running = np.concatenate(([0], np.cumsum(values[members], dtype=np.int64)))
+            if (running[bounds[1:]] - running[bounds[:-1]] > cap).any():
+                return False
+        return True
+
     def _derived_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and costs every micro-batch implies (after the shape and coverage checks)."""
         shape = (self.dp_size, self.n_microbatches)
+        if self.layout == "packed":  # vectorised: plan_step validates every plan it returns
+            sizes, members, bounds = self._flat()
+            running = np.concatenate(([0], np.cumsum(self.lengths[members], dtype=np.int64)))
+            slot = np.repeat(np.arange(sizes.size), sizes)
+            sums = np.bincount(slot, weights=self.sample_costs[members], minlength=sizes.size)
+            return (
+                (running[bounds[1:]] - running[bounds[:-1]]).reshape(shape),
+                (self.overhead + sums).reshape(shape),
+            )
         tokens = np.zeros(shape, dtype=np.int64)
         costs = np.zeros(shape, dtype=np.float64)
         for r, microbatches in enumerate(self.ranks):
@@ -557,7 +597,13 @@ class EpochPlan:
         return iter(self.steps)
 
     def microbatches(self, step: int, rank: int) -> list[np.ndarray]:
-        """Dataset indices of each micro-batch of ``rank`` in ``step``, in execution order."""
+        """Dataset indices of each micro-batch of ``rank`` in ``step``, in execution order.
+
+        Raises:
+            ValueError: ``step`` or ``rank`` is not an integer in range (named).
+        """
+        step = check_int(step, "step")
+        rank = check_int(rank, "rank")
         if not 0 <= step < len(self.steps):
             raise ValueError(f"step must be in [0, {len(self.steps)}), got {step!r}")
         if not 0 <= rank < self.dp_size:

@@ -9,7 +9,10 @@ packing), :class:`Rebalancer` runs, on every rank of a process group:
    world size differ, ranks that disagree on passing parts, and input errors on any rank, make
    every rank raise the same ``ValueError`` here, before any sample moves;
 2. *plan*: the identical :func:`seqbalance.plan.plan_step` over the concatenation (rank 0's
-   samples first, and their parts concatenated in the same order) on every rank;
+   samples first, and their parts concatenated in the same order) on every rank, then one small
+   all-gather of digests of the step's per-sample costs and of the plan (or the planning error):
+   ranks whose cost models give different costs (a cost built with different parameters on
+   each rank, which settings cannot show) or whose plans differ raise the same ``ValueError``;
 3. *route*: :func:`seqbalance.runtime.routing.route` relabels the plan's rank slots to keep as
    many bytes as possible where they are, and says who sends which samples to whom;
 4. *exchange*: one ``all_to_all_single`` of a byte buffer with per-rank split sizes, carrying
@@ -46,6 +49,7 @@ from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import vision_patches_of
+from seqbalance.runtime._agreement import agreed_plan
 from seqbalance.runtime._caps import first_over_cap
 from seqbalance.runtime._dist import CollectiveError, Comm
 from seqbalance.runtime._samples import (
@@ -464,7 +468,7 @@ class Rebalancer:
         timings["gather"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        plan = self._plan(batch, comm.world_size)
+        plan = self._agreed_plan(comm, batch)
         plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
         nbytes = sample_bytes(batch.rows, batch.fields)
         routing = route(plan_ranks, batch.origin, nbytes, keep_local=self.keep_local)
@@ -670,6 +674,15 @@ class Rebalancer:
             "Construct the Rebalancer with the same options, keep_local and length_key on "
             "every rank"
         )
+
+    def _agreed_plan(self, comm: Comm, batch: _Batch) -> StepPlan | None:
+        """The step's plan, once every rank has shown it made the same one: one all-gather
+        before any sample moves (:func:`seqbalance.runtime._agreement.agreed_plan`)."""
+        try:
+            plan, error = self._plan(batch, comm.world_size), None
+        except ValueError as raised:
+            plan, error = None, str(raised)
+        return agreed_plan(comm, plan, error)
 
     def _plan(self, batch: _Batch, world_size: int) -> StepPlan | None:
         """The step's plan, identical on every rank (``None`` when no rank has a sample)."""
