@@ -366,3 +366,49 @@ def test_context_parallel_honours_the_slot_options_and_refuses_the_others(
     )
     assert main(["simulate", "--lengths", str(path), "--max-tokens-per-rank", "8"]) == 2
     assert "--max-tokens-per-rank applies with --context-parallel only" in capsys.readouterr().err
+
+
+def test_rank_speeds_judge_every_strategy_and_report_the_speed_aware_gain(
+    capsys, lengths_file
+) -> None:
+    path, _ = lengths_file
+    speeds = "1,1,1,0.67"
+    data = run_json(capsys, "simulate", "--lengths", str(path), *SMALL, "--rank-speeds", speeds)
+    assert data["setup"]["rank_speeds"] == [1.0, 1.0, 1.0, 0.67]
+    plain = run_json(capsys, "simulate", "--lengths", str(path), *SMALL)
+    assert plain["speed_aware"] is None and plain["setup"]["rank_speeds"] is None
+    # Baselines ignore speeds: the same plans, now judged at the slow rank's pace (slower).
+    for name in ("round_robin", "token_kk"):
+        assert data["strategies"][name]["total_seconds"] > plain["strategies"][name][
+            "total_seconds"
+        ] * (1 + 1e-6)
+    gain = data["speed_aware"]
+    aware, equal = gain["speed_aware_mean_step_seconds"], gain["equal_speed_mean_step_seconds"]
+    assert aware == pytest.approx(data["strategies"]["balanced"]["mean_step_seconds"])
+    assert gain["gain"] == pytest.approx(1 - aware / equal)
+    # Equal-speed balanced judged at the true speeds is the plain plan's slowest-rank time
+    # stretched by the slow rank, so the speed-aware plan saves well over 10% here.
+    assert 0.1 < gain["gain"] < 0.34
+    assert "saves" in data["headline"] and "planning for equal ranks" in data["headline"]
+    assert main(["simulate", "--lengths", str(path), *SMALL, "--rank-speeds", speeds]) == 0
+    out = capsys.readouterr().out
+    assert "rank speeds 1,1,1,0.67" in out and "over planning for equal ranks" in out
+
+
+@pytest.mark.parametrize(
+    ("speeds", "message"),
+    [
+        ("1,1,1,0", r"--rank-speeds\[3\] = 0.0 must be positive and finite"),
+        ("1,1", "--rank-speeds has 2 entries, expected one per rank"),
+        ("1,fast,1,1", "--rank-speeds: expected comma-separated numbers"),
+    ],
+)
+def test_bad_rank_speeds_exit_2_naming_the_flag(capsys, lengths_file, speeds, message) -> None:
+    path, _ = lengths_file
+    try:  # argparse exits on a malformed flag; a bad value is the library's ValueError
+        code = main(["simulate", "--lengths", str(path), *SMALL, "--rank-speeds", speeds])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.strip().splitlines()) == 1

@@ -23,7 +23,8 @@ MAX_SLOTS = 4
 
 def _brute_force(plan: StepPlan, m: int) -> float | None:
     """Best step cost over all assignments with ``m`` micro-batches per rank (None: none
-    feasible), with the plan's costs, limits (the vision-patch cap included) and objective."""
+    feasible), with the plan's costs, limits (the vision-patch cap included), objective and
+    rank speeds (each rank's costs divided by its speed)."""
     n, dp = plan.n_samples, plan.dp_size
     slots = dp * m
     lengths, costs = plan.lengths, plan.sample_costs
@@ -59,6 +60,8 @@ def _brute_force(plan: StepPlan, m: int) -> float | None:
     if not feasible.any():
         return None
     per_slot = slot_cost[feasible].reshape(-1, dp, m)
+    if plan.rank_speeds is not None:
+        per_slot = per_slot / np.array(plan.rank_speeds)[None, :, None]
     if plan.objective == "lockstep":
         values = per_slot.max(axis=1).sum(axis=1)
     else:
@@ -143,6 +146,22 @@ def _plan(problem: dict) -> StepPlan | None:
 @settings(max_examples=examples(600))
 @given(small_problems())
 def test_balanced_matches_brute_force(problem: dict) -> None:
+    plan = _plan(problem)
+    if plan is None or plan.dp_size * plan.n_microbatches > MAX_SLOTS:
+        set_aside("refused" if plan is None else "too many slots for the brute force")
+        return
+    checked()
+    _check_against_brute_force(plan)
+
+
+@requires_checked(0.45)
+@settings(max_examples=examples(200))
+@given(small_problems(), st.data())
+def test_balanced_with_rank_speeds_matches_brute_force(problem: dict, data: st.DataObject) -> None:
+    speeds = st.sampled_from([1.0, 0.5, 0.67, 1.5, 0.01])
+    problem["rank_speeds"] = data.draw(
+        st.lists(speeds, min_size=problem["dp"], max_size=problem["dp"])
+    )
     plan = _plan(problem)
     if plan is None or plan.dp_size * plan.n_microbatches > MAX_SLOTS:
         set_aside("refused" if plan is None else "too many slots for the brute force")

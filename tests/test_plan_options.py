@@ -187,6 +187,7 @@ def test_option_names_are_the_dataclass_fields() -> None:
         "allow_oversize",
         "allow_empty",
         "context_parallel",
+        "rank_speeds",
     )
 
 

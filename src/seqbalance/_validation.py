@@ -14,8 +14,10 @@ import numpy as np
 
 __all__ = [
     "MAX_TOKENS_LIMIT",
+    "SPEED_RANGE",
     "as_group_ids",
     "as_lengths",
+    "as_speeds",
     "as_weights",
     "check_bool",
     "check_choice",
@@ -79,6 +81,38 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
         bad = _first(negative)
         raise ValueError(f"{name}[{bad}] = {float(weights[bad])} is negative")
     return weights
+
+
+SPEED_RANGE = (2.0**-30, 2.0**30)
+"""Relative speeds (1.0: a typical rank) lie in about [1e-9, 1e9], so that ``cost / speed``
+never overflows or loses every digit."""
+
+
+def as_speeds(values: Any, name: str, count: int | None = None) -> np.ndarray:
+    """Return ``values`` as a float64 1-D array of positive, finite relative speeds.
+
+    Raises ValueError naming ``name``: not a 1-D array of numbers, empty, an entry that is not
+    positive and finite or lies outside ``SPEED_RANGE`` (with its index and value), or
+    ``count`` given and a different length.
+    """
+    array = _as_1d_array(values, name).astype(np.float64, copy=False)
+    if array.size == 0:
+        raise ValueError(f"{name} must not be empty (one speed per part or rank)")
+    bad = ~(np.isfinite(array) & (array > 0))
+    if bad.any():
+        first = _first(bad)
+        raise ValueError(f"{name}[{first}] = {float(array[first])} must be positive and finite")
+    low, high = SPEED_RANGE
+    bad = (array < low) | (array > high)
+    if bad.any():
+        first = _first(bad)
+        raise ValueError(
+            f"{name}[{first}] = {float(array[first])} is outside [2**-30, 2**30]: speeds are "
+            "relative (1.0 for a typical rank)"
+        )
+    if count is not None and array.size != count:
+        raise ValueError(f"{name} has {array.size} entries, expected {count} (one per part)")
+    return array
 
 
 def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:

@@ -463,7 +463,7 @@ def add_plan_option_arguments(
     """Add one flag per plan option (same names in plan, simulate and bench): ``--max-tokens``,
     ``--layout``, ``--micro-batch-size``, ``--num-microbatches``, ``--min-microbatches``,
     ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
-    ``--allow-empty``. Read them back with :func:`plan_options_from_args`."""
+    ``--allow-empty``, ``--rank-speeds``. Read them back with :func:`plan_options_from_args`."""
     from seqbalance.plan import LAYOUTS, ORDERS
 
     group = parser.add_argument_group("plan options")
@@ -480,24 +480,14 @@ def add_plan_option_arguments(
         default="packed",
         help="packed (THD, default) or padded (BSHD; needs --micro-batch-size)",
     )
-    group.add_argument(
-        "--micro-batch-size", type=int, default=None, help="samples per padded micro-batch"
-    )
-    group.add_argument(
-        "--num-microbatches",
-        type=int,
-        default=None,
-        help="exact micro-batches per rank (default: the fewest feasible)",
-    )
-    group.add_argument(
-        "--min-microbatches", type=int, default=1, help="at least this many per rank (default 1)"
-    )
-    group.add_argument(
-        "--microbatch-multiple",
-        type=int,
-        default=1,
-        help="micro-batch count is a multiple of this (pipeline parallelism; default 1)",
-    )
+    for name, kind, default, text in (
+        ("--micro-batch-size", int, None, "samples per padded micro-batch"),
+        ("--num-microbatches", int, None, "exact micro-batches per rank (default: the fewest)"),
+        ("--min-microbatches", int, 1, "at least this many per rank (default 1)"),
+        ("--microbatch-multiple", int, 1, "the count is a multiple of this (pipelines; default 1)"),
+        ("--rank-speeds", _speeds, None, "speed of every rank, e.g. 1,1,1,0.67 (default: equal)"),
+    ):
+        group.add_argument(name, type=kind, default=default, help=text)
     add_objective_argument(group)
     group.add_argument(
         "--order",
@@ -549,13 +539,23 @@ CONTEXT_PARALLEL_FLAGS = {
 """The plan options' flags and those of :func:`add_context_parallel_arguments`."""
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
+def _numbers(kind: type, what: str) -> Any:
+    """An argparse ``type``: comma-separated values of ``kind`` as a tuple (their checks are
+    the library's)."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(part) for part in _comma_separated(text))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what}, got {text!r}"
+            ) from None
+
+    return parse
+
+
+_sizes = _numbers(int, "integers")
+_speeds = _numbers(float, "numbers, one per rank")
 
 
 def add_context_parallel_arguments(

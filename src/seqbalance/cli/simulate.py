@@ -414,6 +414,11 @@ def _print_report(
         f"{label}: {result.model}, dp {result.dp_size}, {result.steps} steps of "
         f"~{samples // result.steps} samples, max_tokens {result.max_tokens}, "
         f"objective {result.objective}"
+        + (
+            ""
+            if result.options.rank_speeds is None
+            else ", rank speeds " + ",".join(f"{x:g}" for x in result.options.rank_speeds)
+        )
     )
     caption = f"time model: {time_model_source}; dataset: {result.lengths.size} samples{truncated}"
     if markdown:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice, check_positive_float
+from seqbalance._validation import as_speeds, check_choice, check_positive_float
 from seqbalance.partition._inputs import validate_inputs
 from seqbalance.partition._result import PartitionResult, SizeLimits, make_result
 from seqbalance.partition.baselines import contiguous, round_robin
@@ -15,6 +15,12 @@ from seqbalance.partition.exact import branch_and_bound
 from seqbalance.partition.greedy import lpt, multifit
 from seqbalance.partition.kk import karmarkar_karp
 from seqbalance.partition.refine import refine
+from seqbalance.partition.speeds import (
+    exact_speeds,
+    lpt_speeds,
+    refine_speeds,
+    speed_lower_bound,
+)
 
 __all__ = ["METHODS", "partition"]
 
@@ -33,10 +39,14 @@ def partition(
     *,
     equal_size: bool = False,
     max_items: int | None = None,
+    speeds: Any = None,
     method: str = "auto",
     time_limit: float | None = None,
 ) -> PartitionResult:
     """Split items into ``k`` parts so that the heaviest part is as light as possible.
+
+    With ``speeds`` (parts of different speeds), so that the part finishing last, at
+    ``load / speed``, finishes as early as possible.
 
     Args:
         weights: 1-D array of ``n`` non-negative, finite weights (any unit: tokens, FLOPs,
@@ -45,6 +55,13 @@ def partition(
         equal_size: part sizes (item counts) must differ by at most one. Requires ``n >= k``
             unless ``n == 0``.
         max_items: at most this many items per part; ``max_items * k`` must be >= ``n``.
+        speeds: relative speed of every part (``k`` numbers in [2**-30, 2**30]), or ``None`` for
+            equal parts. The objective becomes ``max(loads / speeds)``; ``lower_bound`` and
+            ``ratio`` are in that unit. ``auto``, ``lpt``, ``refine`` and ``exact`` plan for
+            the speeds (LPT to the part that finishes the item earliest, then moves and swaps
+            out of the part that finishes last; the ``auto`` rule below, without MULTIFIT);
+            ``round_robin`` and ``contiguous`` ignore them; ``kk`` refuses them. Equal speeds
+            give the parts of ``speeds=None`` exactly.
         method: ``"auto"`` (default, see below), ``"kk"`` (k-way Karmarkar–Karp; its
             equal-size variant whenever sizes are limited), ``"lpt"`` (longest processing time
             first), ``"refine"`` (LPT, then moves and swaps until no single one lowers the
@@ -72,12 +89,39 @@ def partition(
     Raises:
         ValueError: naming the argument and value for negative/NaN/inf weights, weights that are
             not 1-D, ``k < 1``, an infeasible ``max_items``, ``equal_size`` with ``0 < n < k``,
-            an unknown ``method`` or a non-positive ``time_limit``.
+            an unknown ``method``, a non-positive ``time_limit``, ``speeds`` that are not ``k``
+            positive, finite numbers, or ``speeds`` with ``method="kk"``.
     """
     w, k, limits = validate_inputs(weights, k, equal_size=equal_size, max_items=max_items)
     method = check_choice(method, "method", METHODS)
     if time_limit is not None:
         time_limit = check_positive_float(time_limit, "time_limit")
+    if speeds is not None:
+        s = as_speeds(speeds, "speeds", k)
+        if method == "kk":
+            raise ValueError(
+                "method='kk' does not support speeds (Karmarkar-Karp balances equal parts); "
+                "use method='auto', 'lpt', 'refine' or 'exact'"
+            )
+        if np.all(s == s[0]):
+            # Equal speeds: the equal-speed plan is optimal for them too; only units change.
+            equal = partition(
+                w,
+                k,
+                equal_size=equal_size,
+                max_items=max_items,
+                method=method,
+                time_limit=time_limit,
+            )
+            return make_result(
+                w,
+                _assignment_of(equal.parts, n=w.size),
+                k,
+                equal.lower_bound / s[0],
+                equal.method,
+                s,
+            )
+        return _partition_speeds(w, s, limits, method, time_limit)
     n = w.size
     bound = sorted_lower_bound(np.sort(w)[::-1], k, limits)
     if n == 0:
@@ -107,6 +151,43 @@ def partition(
         )
         used = "exact" if proven else f"{used}+exact(budget)"
     return make_result(w, assignment, k, bound, used)
+
+
+def _partition_speeds(
+    w: np.ndarray, speeds: np.ndarray, limits: SizeLimits, method: str, time_limit: float | None
+) -> PartitionResult:
+    """``partition`` for parts of different speeds (see ``partition.speeds``)."""
+    n, k = w.size, speeds.size
+    descending = np.sort(w)[::-1]
+    bound = speed_lower_bound(descending, speeds, limits, sorted_lower_bound(descending, k, limits))
+    if n == 0:
+        return make_result(w, np.empty(0, dtype=np.int64), k, bound, method, speeds)
+    if method == "round_robin":
+        return make_result(w, round_robin(n, k), k, bound, method, speeds)
+    if method == "contiguous":
+        return make_result(w, contiguous(n, k), k, bound, method, speeds)
+    start = lpt_speeds(w, speeds, limits)
+    if method == "lpt":
+        return make_result(w, start, k, bound, method, speeds)
+    target = bound if method == "refine" else bound * (1.0 + AUTO_TOLERANCE)
+    assignment, used = refine_speeds(w, start, speeds, limits, target=target), "lpt+refine"
+    if method == "exact":
+        limit = 1.0 if time_limit is None else time_limit
+        assignment, proven = exact_speeds(w, speeds, limits, assignment, bound, time_limit=limit)
+        used = "exact" if proven else "exact(timeout)"
+    elif method == "auto" and n <= AUTO_EXACT_ITEMS:
+        assignment, proven = exact_speeds(
+            w, speeds, limits, assignment, bound, time_limit=None, max_nodes=AUTO_EXACT_NODES
+        )
+        used = "exact" if proven else f"{used}+exact(budget)"
+    return make_result(w, assignment, k, bound, used, speeds)
+
+
+def _assignment_of(parts: list[np.ndarray], n: int) -> np.ndarray:
+    assignment = np.empty(n, dtype=np.int64)
+    for part, indices in enumerate(parts):
+        assignment[indices] = part
+    return assignment
 
 
 def _heuristic(w: np.ndarray, k: int, limits: SizeLimits, bound: float) -> tuple[np.ndarray, str]:

@@ -21,9 +21,13 @@ class PartitionResult:
         parts: ``k`` int64 arrays of item indices, each ascending; every index appears once.
         loads: float64 array ``[k]``, the sum of the weights in each part (weight units).
         lower_bound: a valid lower bound on the optimal maximum load (weight units).
-        ratio: ``max(loads) / lower_bound``; 1.0 when ``lower_bound`` is 0 (then every load is 0).
+        lower_bound: a valid lower bound on the optimal maximum load (weight units); with
+            ``speeds``, on the optimal maximum time ``load / speed``.
+        ratio: ``max(loads) / lower_bound`` (with ``speeds``: ``max(times) / lower_bound``);
+            1.0 when ``lower_bound`` is 0 (then every load is 0).
         method: the algorithm that produced the parts, e.g. ``"lpt+refine"`` or ``"exact"``
             (``"exact(timeout)"`` when the exact search ran out of time before proving optimality).
+        speeds: float64 ``[k]`` relative speed of every part as given, or ``None``.
     """
 
     parts: list[np.ndarray]
@@ -31,6 +35,12 @@ class PartitionResult:
     lower_bound: float
     ratio: float
     method: str
+    speeds: np.ndarray | None = None
+
+    @property
+    def times(self) -> np.ndarray:
+        """float64 ``[k]``: ``loads / speeds`` (the loads themselves without speeds)."""
+        return self.loads if self.speeds is None else self.loads / self.speeds
 
     @property
     def max_load(self) -> float:
@@ -71,16 +81,24 @@ def parts_from_assignment(assignment: np.ndarray, k: int) -> list[np.ndarray]:
 
 
 def make_result(
-    weights: np.ndarray, assignment: np.ndarray, k: int, lower_bound: float, method: str
+    weights: np.ndarray,
+    assignment: np.ndarray,
+    k: int,
+    lower_bound: float,
+    method: str,
+    speeds: np.ndarray | None = None,
 ) -> PartitionResult:
-    """Build the result of ``assignment`` (part of each item), recomputing loads from scratch."""
+    """Build the result of ``assignment`` (part of each item), recomputing loads from scratch;
+    with ``speeds`` the ratio is that of the largest ``load / speed`` to ``lower_bound``."""
     loads = np.bincount(assignment, weights=weights, minlength=k).astype(np.float64)
-    max_load = float(loads.max()) if loads.size else 0.0
-    ratio = max_load / lower_bound if lower_bound > 0 else 1.0
+    times = loads if speeds is None else loads / speeds
+    largest = float(times.max()) if times.size else 0.0
+    ratio = largest / lower_bound if lower_bound > 0 else 1.0
     return PartitionResult(
         parts=parts_from_assignment(assignment, k),
         loads=loads,
         lower_bound=float(lower_bound),
         ratio=float(ratio),
         method=method,
+        speeds=speeds,
     )

@@ -24,14 +24,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqbalance._validation import as_speeds
 from seqbalance.partition._inputs import validate_inputs
 from seqbalance.partition._result import SizeLimits
+from seqbalance.partition.speeds import speed_lower_bound
 
 __all__ = ["lower_bound"]
 
 
 def lower_bound(
-    weights: object, k: int, *, equal_size: bool = False, max_items: int | None = None
+    weights: object,
+    k: int,
+    *,
+    equal_size: bool = False,
+    max_items: int | None = None,
+    speeds: object = None,
 ) -> float:
     """Return a lower bound on the optimal maximum part load (same units as ``weights``).
 
@@ -40,13 +47,22 @@ def lower_bound(
         k: number of parts, >= 1.
         equal_size: part sizes must differ by at most one.
         max_items: at most this many items per part (``None`` for no cap).
+        speeds: relative speed of every part (``k`` positive, finite numbers): the bound is
+            then on the optimal maximum of ``load / speed`` (see ``partition.speeds``).
 
     Raises:
-        ValueError: on bad weights, ``k < 1``, an infeasible ``max_items``, or ``equal_size`` with
-            ``0 < len(weights) < k``.
+        ValueError: on bad weights, ``k < 1``, an infeasible ``max_items``, ``equal_size`` with
+            ``0 < len(weights) < k``, or ``speeds`` that are not ``k`` positive, finite numbers.
     """
     w, k, limits = validate_inputs(weights, k, equal_size=equal_size, max_items=max_items)
-    return sorted_lower_bound(np.sort(w)[::-1], k, limits)
+    descending = np.sort(w)[::-1]
+    bound = sorted_lower_bound(descending, k, limits)
+    if speeds is None:
+        return bound
+    s = as_speeds(speeds, "speeds", k)
+    if np.all(s == s[0]):
+        return bound / float(s[0])
+    return speed_lower_bound(descending, s, limits, bound)
 
 
 def sorted_lower_bound(descending: np.ndarray, k: int, limits: SizeLimits) -> float:

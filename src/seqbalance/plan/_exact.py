@@ -4,8 +4,9 @@ Slots are the ``dp x M`` (rank, micro-batch) pairs. Samples are placed heaviest 
 is cut when its cost already reaches the best plan found (valid because adding a sample never
 makes a micro-batch cheaper: always for packed, and for padded when costs do not decrease with
 length), when the samples left cannot fill the empty slots (no empty micro-batch allowed), or by
-symmetry (empty ranks are interchangeable; so are a rank's empty micro-batches for ``step`` and
-all-empty micro-batch positions for ``lockstep``). The search stops after ``NODE_LIMIT`` nodes
+symmetry (empty ranks of equal speed are interchangeable; so are a rank's empty micro-batches
+for ``step`` and all-empty micro-batch positions for ``lockstep``). With rank speeds every cost
+counts as cost / speed of its rank. The search stops after ``NODE_LIMIT`` nodes
 and then keeps the best plan found so far.
 """
 
@@ -53,6 +54,7 @@ class _Search:
         self.grouped = p.groups is not None
         self.padded = p.layout == "padded"
         self.lockstep = p.objective == "lockstep"
+        self.speeds = p.speeds_or_ones.tolist()
         self.monotone = not self.padded or _nondecreasing_in_length(p)
         self.best_plan = incumbent
         self.best = objective(p, incumbent) if incumbent is not None else np.inf
@@ -81,10 +83,12 @@ class _Search:
         return plan
 
     def _value(self) -> float:
-        m, costs = self.m, self.slot_cost
+        m, costs, speeds = self.m, self.slot_cost, self.speeds
         if self.lockstep:
-            return sum(max(costs[r * m + j] for r in range(self.p.dp)) for j in range(m))
-        return max(sum(costs[r * m : (r + 1) * m]) for r in range(self.p.dp))
+            return sum(
+                max(costs[r * m + j] / speeds[r] for r in range(self.p.dp)) for j in range(m)
+            )
+        return max(sum(costs[r * m : (r + 1) * m]) / speeds[r] for r in range(self.p.dp))
 
     def _fits(self, slot: int, i: int) -> bool:
         count = self.slot_count[slot]
@@ -105,13 +109,17 @@ class _Search:
         m, dp = self.m, self.p.dp
         counts = self.slot_count
         rank_empty = [all(counts[r * m + j] == 0 for j in range(m)) for r in range(dp)]
-        first_empty_rank = next((r for r in range(dp) if rank_empty[r]), -1)
+        # The first empty rank of each speed stands for all empty ranks of that speed.
+        first_empty_rank: dict[float, int] = {}
+        for r in range(dp):
+            if rank_empty[r]:
+                first_empty_rank.setdefault(self.speeds[r], r)
         column_empty = [all(counts[r * m + j] == 0 for r in range(dp)) for j in range(m)]
         first_empty_column = next((j for j in range(m) if column_empty[j]), -1)
         pinned = self.unit_rank[self.units[i]] if self.grouped else -1
         result = []
         for r in range(dp) if pinned < 0 else (pinned,):
-            if rank_empty[r] and r != first_empty_rank:
+            if rank_empty[r] and r != first_empty_rank[self.speeds[r]]:
                 continue
             first_empty_here = next((j for j in range(m) if counts[r * m + j] == 0), -1)
             for j in range(m):

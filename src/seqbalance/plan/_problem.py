@@ -20,20 +20,40 @@ from seqbalance.plan.options import PlanOptions
 if TYPE_CHECKING:
     from seqbalance.cost.samples import SampleParts
 
-__all__ = ["MAX_SLOTS", "OptionFields", "Problem", "objective_value"]
+__all__ = ["MAX_SLOTS", "OptionFields", "Problem", "objective_value", "rank_imbalance"]
 
 MAX_SLOTS = 2**18
 """Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
 
 
-def objective_value(costs: np.ndarray, objective: str) -> float:
+def objective_value(costs: np.ndarray, objective: str, speeds: Any = None) -> float:
     """The step cost of micro-batch costs ``[dp, M]`` (positions as given): the costliest
-    rank's total (``step``) or the sum over positions of the costliest rank (``lockstep``)."""
+    rank's total (``step``) or the sum over positions of the costliest rank (``lockstep``).
+
+    With ``speeds`` (one relative speed per rank), rank ``r``'s costs count as
+    ``cost / speeds[r]`` (time in cost units per unit of speed) in both objectives."""
     if costs.size == 0:
         return 0.0
+    if speeds is not None:
+        costs = costs / _per_rank(speeds, costs.shape[0])[:, None]
     if objective == "lockstep":
         return float(costs.max(axis=0).sum())
     return float(costs.sum(axis=1).max())
+
+
+def rank_imbalance(rank_costs: np.ndarray, speeds: Any = None) -> float:
+    """Max / mean of the rank totals (divided by the rank speeds when given); 1.0 when the
+    mean is 0."""
+    times = rank_costs if speeds is None else rank_costs / _per_rank(speeds, rank_costs.size)
+    mean = float(times.mean()) if times.size else 0.0
+    return float(times.max()) / mean if mean > 0 else 1.0
+
+
+def _per_rank(speeds: Any, dp: int) -> np.ndarray:
+    speeds = np.asarray(speeds, dtype=np.float64)
+    if speeds.shape != (dp,):
+        raise ValueError(f"rank_speeds has {speeds.size} entries, expected one per rank: {dp}")
+    return speeds
 
 
 class OptionFields:
@@ -101,6 +121,11 @@ class OptionFields:
         """Whether empty micro-batches are allowed."""
         return self.options.allow_empty
 
+    @property
+    def rank_speeds(self) -> tuple[float, ...] | None:
+        """Relative speed of every rank, or ``None`` for equal ranks."""
+        return self.options.rank_speeds
+
 
 @dataclass(frozen=True, eq=False)
 class Problem(OptionFields):
@@ -128,6 +153,33 @@ class Problem(OptionFields):
     @property
     def n(self) -> int:
         return int(self.lengths.size)
+
+    @cached_property
+    def speeds(self) -> np.ndarray | None:
+        """float64 ``[dp]`` relative rank speeds (``options.rank_speeds``), or ``None`` for
+        equal ranks: no speeds, or all equal (the plan for equal ranks is the plan for them;
+        planning works in cost units then, see ``common_speed``).
+
+        Raises ValueError naming ``rank_speeds`` when it does not hold one speed per rank."""
+        if self.options.rank_speeds is None:
+            return None
+        from seqbalance.plan.options import check_rank_speeds
+
+        speeds = np.array(check_rank_speeds(self.options.rank_speeds, self.dp), dtype=np.float64)
+        return None if np.all(speeds == speeds[0]) else speeds
+
+    @property
+    def common_speed(self) -> float:
+        """The speed of every rank when ``rank_speeds`` are all equal, else 1.0: planning then
+        works in cost units, and the reported lower bound is divided by it."""
+        speeds = self.options.rank_speeds
+        return float(speeds[0]) if speeds is not None and self.speeds is None else 1.0
+
+    @cached_property
+    def speeds_or_ones(self) -> np.ndarray:
+        """float64 ``[dp]``: ``speeds``, or ones for equal ranks (for arithmetic that is exact
+        either way: dividing by 1.0 changes nothing)."""
+        return np.ones(self.dp) if self.speeds is None else self.speeds
 
     # ------------------------------------------------------------------ micro-batch arithmetic
     @cached_property
@@ -217,7 +269,7 @@ class Problem(OptionFields):
                 for mbs in microbatches
             ]
         )
-        return objective_value(costs, self.objective)
+        return objective_value(costs, self.objective, self.speeds)
 
     @cached_property
     def oversize(self) -> np.ndarray:
@@ -422,6 +474,8 @@ class Problem(OptionFields):
         most ``V`` in total there, and the other positions cost at least their average, so the
         sum is at least ``S / dp + max(0, (dp - 1) x c - V) / dp``.
         """
+        if self.speeds is not None:
+            return self._speed_lower_bound(m_lower, capped=capped)
         bound = m_lower * self.overhead + self.unit_cost_bound
         if self.objective != "lockstep" or self.n == 0 or self.dp == 1:
             return bound
@@ -431,6 +485,33 @@ class Problem(OptionFields):
         forced = (self.dp - 1) * (self.overhead + float(least[heaviest]))
         excess = forced - self._ceiling(heaviest, self.dp - 1, capped=capped)
         return max(bound, total / self.dp + max(0.0, excess) / self.dp)
+
+    def _speed_lower_bound(self, m_lower: int, *, capped: bool) -> float:
+        """``lower_bound`` with rank speeds, in cost units per unit of speed.
+
+        Rank ``r`` takes ``(m_r x overhead + C_r) / s_r`` with ``m_r >= m_lower`` micro-batches
+        and ``C_r`` its samples' least costs. Every cost is run somewhere, so the slowest rank
+        takes at least ``(dp x m_lower x overhead + sum C) / sum(s)``; and since
+        ``(m_r x overhead + C_r) / s_r >= m_lower x overhead / max(s) + C_r / s_r``, at least
+        ``m_lower x overhead / max(s)`` plus the speed partition bound of the unit costs
+        (``unit_cost_bound``). ``lockstep`` costs at least ``step`` (the sum over positions of
+        the slowest is at least any rank's total), so the same bound holds; and, as in the
+        equal-speed bound, the position holding the costliest sample's micro-batch (at least
+        ``c``) takes at least ``c / max(s)`` while every other position takes at least its
+        total over ``sum(s)``, and those totals add up to at least ``S - c - V``: the bound
+        ``c / max(s) + (S - c - V) / sum(s)`` (``S``, ``c``, ``V`` as in ``lower_bound``)."""
+        speeds = self.speeds_or_ones
+        overheads = m_lower * self.overhead
+        least = self.least_sample_costs
+        total = float(least.sum()) + self.dp * overheads
+        fastest, speed_sum = float(speeds.max()), float(speeds.sum())
+        bound = max(total / speed_sum, overheads / fastest + self.unit_cost_bound)
+        if self.objective != "lockstep" or self.n == 0 or self.dp == 1:
+            return bound
+        heaviest = int(np.argmax(least))
+        costliest = self.overhead + float(least[heaviest])
+        rest = total - costliest - self._ceiling(heaviest, self.dp - 1, capped=capped)
+        return max(bound, costliest / fastest + max(0.0, rest) / speed_sum)
 
     def _ceiling(self, excluded: int, k: int, *, capped: bool) -> float:
         """An upper bound on the total cost of ``k`` disjoint micro-batches without sample
@@ -480,13 +561,16 @@ class Problem(OptionFields):
         A unit's samples share a rank, so this is the partition bound of the unit costs over
         ``dp`` ranks: the largest unit; the average; the two smallest of the ``dp + 1`` largest
         units, two of which share a rank; and the further bounds of
-        ``seqbalance.partition.lower_bound``.
+        ``seqbalance.partition.lower_bound``. With rank speeds it bounds the largest rank total
+        divided by its speed instead (``seqbalance.partition``'s bound for speeds).
         """
         from seqbalance.partition import lower_bound as partition_lower_bound
 
         units = np.sort(self.unit_sums(self.least_sample_costs))[::-1]
         if units.size == 0:
             return 0.0
+        if self.speeds is not None:
+            return partition_lower_bound(units, self.dp, speeds=self.speeds)
         bound = max(float(units[0]), float(units.sum()) / self.dp)
         if units.size > self.dp:
             bound = max(bound, float(units[self.dp - 1] + units[self.dp]))

@@ -43,14 +43,16 @@ index).
 from __future__ import annotations
 
 import heapq
-import itertools
 from typing import Any
 
 import numpy as np
 
+from seqbalance.partition._result import SizeLimits
 from seqbalance.partition.greedy import lpt
+from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact
 from seqbalance.plan._packing import fill_empty
+from seqbalance.plan._padded import deal, padded_global, segment
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.registry import Microbatches, Strategy
 from seqbalance.plan.step import checked_microbatches
@@ -102,6 +104,8 @@ def plan_balanced(p: Problem) -> Microbatches:
         if plan is None:
             plan = others.best_with(m)  # a baseline's valid plan with this count, if any
         if plan is not None:
+            if p.speeds is not None:
+                plan = _more_for_faster_ranks(p, m, plan, bound)
             return others.best(plan, bound)
         following = p.next_microbatches(m)
         if following is None:
@@ -119,6 +123,29 @@ def plan_balanced(p: Problem) -> Microbatches:
         m = following
 
 
+def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float) -> Microbatches:
+    """With rank speeds the fewest micro-batches (sized for equal shares) may not hold a fast
+    rank's larger share under the cap: try counts up to ``max(speed) / mean(speed)`` times
+    ``m``, keep the cheapest (ties: the fewest)."""
+    speeds = p.speeds_or_ones
+    value = aligned_value(p, plan)
+    most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
+    count = p.next_microbatches(m)
+    while (
+        count is not None
+        and count <= most
+        and value > bound * (1 + RIVALS_WITHOUT_BOUND_GAP)  # more could save less than this
+        and (p.allow_empty or p.n >= p.dp * count)  # else some micro-batch would be empty
+    ):
+        candidate = _attempt(p, count)
+        if candidate is not None:
+            candidate_value = aligned_value(p, candidate)
+            if candidate_value < value * (1 - _TOLERANCE):
+                plan, value = candidate, candidate_value
+        count = p.next_microbatches(count)
+    return plan
+
+
 def aligned_value(p: Problem, plan: Microbatches) -> float:
     """Objective value of ``plan`` as ``plan_step`` arranges it for this strategy: under
     ``lockstep`` every rank's micro-batches are sorted heaviest first (positions aligned)."""
@@ -127,7 +154,7 @@ def aligned_value(p: Problem, plan: Microbatches) -> float:
     )
     if p.objective == "lockstep":
         costs = -np.sort(-costs, axis=1)
-    return objective_value(costs, p.objective)
+    return objective_value(costs, p.objective, p.speeds)
 
 
 class _Portfolio:
@@ -206,7 +233,7 @@ class _Portfolio:
         p = self.p
         if p.layout != "packed" or p.min_feasible_microbatches != 1 or p.oversize.any():
             return None
-        parts = partition(p.unit_sums(p.sample_costs), p.dp).parts
+        parts = partition(p.unit_sums(p.sample_costs), p.dp, speeds=p.speeds).parts
         rank_of_unit = np.empty(p.n_units, dtype=np.int64)
         for r, part in enumerate(parts):
             rank_of_unit[part] = r
@@ -252,14 +279,17 @@ BALANCED = Balanced()
 
 def _attempt(p: Problem, m: int) -> Microbatches | None:
     if p.layout == "padded" and p.groups is None:
-        return _padded_global(p, m)
+        # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
+        # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
+        plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
+        valid = [plan for plan in plans if plan is not None]
+        return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
+    if p.layout == "padded":
+        return _padded_by_rank(p, m)
     rank_of_unit = _assign_units(p, m)
     if rank_of_unit is None:
         return None
     members = rank_members(p, rank_of_unit)
-    if p.layout == "padded":
-        plan = [_segment(p, samples, m) for samples in members]
-        return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]
     plan = _pack_ranks(p, members, m)
     if plan is None and p.groups is None and p.layout == "packed":
         plan = _global_first_fit(p, m)
@@ -276,7 +306,7 @@ def _global_first_fit(p: Problem, m: int) -> Microbatches | None:
     if bins is None:
         return None
     fill_empty(p, bins)
-    return _deal(p, bins, m)
+    return deal(p, bins, m)
 
 
 # ---------------------------------------------------------------------- step 1: ranks
@@ -297,7 +327,10 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     patches = None if p.capacity_patches is None else p.unit_sums(p.capacity_patches)
     caps = _capacities(p, m)
     # The partition engine's LPT is the usual start; capacities rarely bind.
-    rank_of_unit = lpt(costs, p.dp)
+    if p.speeds is None:
+        rank_of_unit = lpt(costs, p.dp)
+    else:
+        rank_of_unit = lpt_speeds(costs, p.speeds, SizeLimits(0, p.n_units))
     if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
         rank_of_unit = _lpt_with_capacities(p, costs, tokens, counts, patches, caps)
         if rank_of_unit is None:
@@ -336,7 +369,8 @@ def _lpt_with_capacities(
     caps: tuple[float, float, float],
 ) -> np.ndarray | None:
     """LPT where each unit goes to the lightest rank that still has room for its tokens,
-    samples and vision patches; None when some unit fits no rank."""
+    samples and vision patches (with rank speeds: the rank with room where it finishes
+    earliest, ``(load + cost) / speed``); None when some unit fits no rank."""
     cap_tokens, cap_count, cap_patches = caps
     order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
     rank_list = [0] * p.n_units
@@ -352,7 +386,28 @@ def _lpt_with_capacities(
             and rank_patches[r] + patch <= cap_patches
         )
 
-    heap = [(0.0, r) for r in range(p.dp)]
+    heap = [(0.0, r) for r in range(p.dp)]  # (load, rank): the lightest rank first
+    loads = np.zeros(p.dp)  # with rank speeds, searched by finish time instead
+
+    def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
+        if p.speeds is not None:
+            by_finish = np.argsort((loads + cost) / p.speeds, kind="stable").tolist()
+            return next((r for r in by_finish if room(r, weight, count, patch)), None)
+        load, r = heap[0]
+        if room(r, weight, count, patch):
+            heapq.heapreplace(heap, (load + cost, r))
+            return r
+        aside = []  # the lightest rank is full: take the lightest one with room
+        while heap:
+            load, r = heapq.heappop(heap)
+            if room(r, weight, count, patch):
+                heapq.heappush(heap, (load + cost, r))
+                for item in aside:
+                    heapq.heappush(heap, item)
+                return r
+            aside.append((load, r))
+        return None
+
     for unit, cost, weight, count, patch in zip(
         order.tolist(),
         costs[order].tolist(),
@@ -361,21 +416,10 @@ def _lpt_with_capacities(
         unit_patches,
         strict=True,
     ):
-        load, r = heap[0]
-        if room(r, weight, count, patch):
-            heapq.heapreplace(heap, (load + cost, r))
-        else:  # the lightest rank is full: take the lightest one with room
-            aside = []
-            while heap:
-                load, r = heapq.heappop(heap)
-                if room(r, weight, count, patch):
-                    break
-                aside.append((load, r))
-            else:
-                return None
-            heapq.heappush(heap, (load + cost, r))
-            for item in aside:
-                heapq.heappush(heap, item)
+        r = lightest_with_room(cost, weight, count, patch)
+        if r is None:
+            return None
+        loads[r] += cost
         rank_list[unit] = r
         rank_tokens[r] += weight
         rank_counts[r] += count
@@ -387,7 +431,9 @@ class _RankState:
     """Units on ranks with per-rank totals, for local search under the rank capacities.
 
     ``patches`` (per-unit vision patches) is None without a patch cap; then every patch check
-    is skipped rather than computed against an infinite capacity.
+    is skipped rather than computed against an infinite capacity. With rank speeds the search
+    lowers the largest rank time ``load / speed``; every formula below reduces exactly to the
+    equal-speed one when the speeds are ones (division and multiplication by 1.0 are exact).
     """
 
     def __init__(
@@ -401,6 +447,7 @@ class _RankState:
         patches: np.ndarray | None,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
+        self.speeds = p.speeds_or_ones
         self.costs, self.tokens, self.counts = costs, tokens, counts
         self.patches = patches
         self.loads = np.bincount(rank_of_unit, weights=costs, minlength=p.dp)
@@ -420,6 +467,24 @@ class _RankState:
         # Rank loads at or below this need no local search (packed layout only: with padding
         # the unit costs do not bound the micro-batch costs).
         self.good_enough = p.unit_cost_bound * (1 + _GOOD_ENOUGH) if p.layout == "packed" else 0.0
+
+    def times(self) -> np.ndarray:
+        """float64 ``[dp]``: every rank's load divided by its speed."""
+        return self.loads / self.speeds
+
+    def _gap_and_ideal(self, heavy: Any, light: Any) -> tuple[Any, Any]:
+        """The load ``light`` may take before it ends as late as ``heavy`` (the gap), and the
+        transfer that ends both together (half the gap for equal speeds)."""
+        s_heavy, s_light, loads = self.speeds[heavy], self.speeds[light], self.loads
+        gap = loads[heavy] / s_heavy * s_light - loads[light]
+        return gap, (loads[heavy] * s_light - loads[light] * s_heavy) / (s_heavy + s_light)
+
+    def _peak_after(self, heavy: Any, light: Any, delta: np.ndarray) -> np.ndarray:
+        """The later end of ranks ``heavy`` and ``light`` after ``delta`` moves between them."""
+        return np.maximum(
+            (self.loads[heavy] - delta) / self.speeds[heavy],
+            (self.loads[light] + delta) / self.speeds[light],
+        )
 
     def move(self, unit: int, target: int) -> None:
         source = self.rank_of_unit[unit]
@@ -471,11 +536,12 @@ class _RankState:
         span = 4.0  # keys pair * span + cost keep every pair's costs in its own range
         pairs = np.arange(half)
         for _ in range(rounds):
-            if self.loads.max() <= self.good_enough:
+            times = self.times()
+            if times.max() <= self.good_enough:
                 return
-            order = np.argsort(self.loads, kind="stable")
+            order = np.argsort(times, kind="stable")
             light, heavy = order[:half], order[::-1][:half]
-            gap = self.loads[heavy] - self.loads[light]
+            gap, ideal = self._gap_and_ideal(heavy, light)
             heavy_pair = np.full(p.dp, -1)
             heavy_pair[heavy] = pairs
             light_pair = np.full(p.dp, -1)
@@ -489,7 +555,7 @@ class _RankState:
             keys = theirs_pair * span + norm[theirs]
             first = np.searchsorted(theirs_pair, pairs, side="left")
             last = np.searchsorted(theirs_pair, pairs, side="right") - 1
-            at = np.searchsorted(keys, mine_pair * span + norm[mine] - gap[mine_pair] / 2 / scale)
+            at = np.searchsorted(keys, mine_pair * span + norm[mine] - ideal[mine_pair] / scale)
             options = [np.full(mine.size, -1)]  # -1: move without a partner
             for shift in (0, -1) if theirs.size else ():
                 pick = np.minimum(np.maximum(at + shift, first[mine_pair]), last[mine_pair])
@@ -507,7 +573,7 @@ class _RankState:
                 d_cost = self.costs[mine] - back
                 d_tokens = self.tokens[mine] - np.where(has, self.tokens[safe], 0.0)
                 d_counts = self.counts[mine] - np.where(has, self.counts[safe], 0.0)
-                new_peak = np.maximum(self.loads[h] - d_cost, self.loads[lt] + d_cost)
+                new_peak = self._peak_after(h, lt, d_cost)
                 ok = (
                     (partner >= -1)
                     & (d_cost > 0)
@@ -517,7 +583,7 @@ class _RankState:
                     & (self.rank_tokens[h] - d_tokens <= self.cap_tokens)
                     & (self.rank_counts[h] - d_counts >= self.min_count)
                     & (self.rank_counts[lt] + d_counts >= self.min_count)
-                    & (new_peak < self.loads[h] * (1 - _TOLERANCE))
+                    & (new_peak < times[h] * (1 - _TOLERANCE))
                 )
                 ok = self._patches_move(ok, h, lt, mine, partner)
                 if not ok.any():
@@ -546,18 +612,19 @@ class _RankState:
         once the costliest rank is within ``_GOOD_ENOUGH`` of the lower bound."""
         p = self.p
         for _ in range(4 * p.dp):
-            top = int(np.argmax(self.loads))
-            peak = float(self.loads[top])
+            times = self.times()
+            top = int(np.argmax(times))
+            peak = float(times[top])
             if peak <= self.good_enough:
                 return
             mine = np.flatnonzero(self.rank_of_unit == top)
             # First improvement: the lightest rank that can take load from the costliest.
             best = None
-            for other in np.argsort(self.loads, kind="stable")[:candidates].tolist():
-                gap = peak - float(self.loads[other])
-                if other == top or gap <= _TOLERANCE * peak:
+            for other in np.argsort(times, kind="stable")[:candidates].tolist():
+                gap, ideal = self._gap_and_ideal(top, other)
+                if other == top or gap <= _TOLERANCE * peak * self.speeds[other]:
                     continue
-                best = self._best_change(mine, top, other, gap)
+                best = self._best_change(mine, top, other, float(gap), float(ideal))
                 if best is not None and best[0] < peak * (1 - _TOLERANCE):
                     break
             if best is None or best[0] >= peak * (1 - _TOLERANCE):
@@ -568,10 +635,8 @@ class _RankState:
             self.move(unit, other)
 
     def _best_change(
-        self, mine: np.ndarray, top: int, other: int, gap: float
+        self, mine: np.ndarray, top: int, other: int, gap: float, ideal: float
     ) -> tuple[float, int, int, int] | None:
-        peak = float(self.loads[top])
-        low = float(self.loads[other])
         costs, tokens, counts = self.costs[mine], self.tokens[mine], self.counts[mine]
         keeps_count = self.rank_counts[top] - counts >= self.min_count
         best: tuple[float, int, int, int] | None = None
@@ -579,7 +644,7 @@ class _RankState:
         movable = (costs > 0) & (costs < gap) & keeps_count & self._fits(other, tokens, counts)
         movable = self._patches_move(movable, top, other, mine)
         if movable.any():
-            new_peak = np.maximum(peak - costs, low + costs)
+            new_peak = self._peak_after(top, other, costs)
             new_peak[~movable] = np.inf
             k = int(np.argmin(new_peak))
             best = (float(new_peak[k]), int(mine[k]), other, -1)
@@ -590,7 +655,7 @@ class _RankState:
         order = np.argsort(self.costs[theirs], kind="stable")
         theirs = theirs[order]
         their_costs = self.costs[theirs]
-        at = np.searchsorted(their_costs, costs - gap / 2)
+        at = np.searchsorted(their_costs, costs - ideal)
         for shift in (0, -1):
             pick = np.minimum(np.maximum(at + shift, 0), theirs.size - 1)
             partner = theirs[pick]
@@ -608,7 +673,7 @@ class _RankState:
             )
             ok = self._patches_move(ok, top, other, mine, partner)
             if ok.any():
-                new_peak = np.maximum(peak - delta, low + delta)
+                new_peak = self._peak_after(top, other, delta)
                 new_peak[~ok] = np.inf
                 k = int(np.argmin(new_peak))
                 if best is None or new_peak[k] < best[0]:
@@ -735,17 +800,23 @@ def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     its samples, heaviest first, into the first micro-batch whose profile cost (and the cap)
     still has room, else where it exceeds the profile least. A rank whose costliest micro-batch
     is one long sample then no longer forces the others' second micro-batches to be large.
-    The re-packed plan is kept only if its lockstep cost is lower.
+    The re-packed plan is kept only if its lockstep cost is lower. With rank speeds the profile
+    is in time (cost / speed): rank ``r`` packs under it times its own speed.
     """
-    heaviest = [max(float(p.sample_costs[mb].sum()) for mb in mbs) for mbs in plan]
+    speeds = p.speeds_or_ones
+    heaviest = [
+        max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
+    ]
     reference = int(np.argmax(heaviest))
-    profile = sorted(
-        (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
-    )
+    profile = np.array(
+        sorted(
+            (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
+        )
+    ) / float(speeds[reference])
     result: Microbatches = []
     for r, microbatches in enumerate(plan):
         samples = np.array([i for mb in microbatches for i in mb], dtype=np.int64)
-        packed = None if r == reference else _pack_under(p, samples, profile)
+        packed = None if r == reference else _pack_under(p, samples, (profile * speeds[r]).tolist())
         result.append(packed if packed is not None else microbatches)
     return result if aligned_value(p, result) < aligned_value(p, plan) else plan
 
@@ -827,10 +898,15 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     micro-batch and another of the same rank (within the cap, evaluated exactly after
     re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
     the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound, and not after
-    ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged.
+    ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
+    speeds every cost below is a time (cost / the rank's speed).
     """
     m = len(plan[0])
-    costs = np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
+    speeds = p.speeds_or_ones
+    costs = (
+        np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
+        / speeds[:, None]
+    )
     tokens = np.array([[int(p.lengths[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
     patches = None
     if p.patches is not None:
@@ -850,7 +926,9 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
             others = np.delete(aligned, r, axis=0).max(axis=0) if p.dp > 1 else np.zeros(m)
             a = int(np.flatnonzero(costs[r] == aligned[r, position])[0])
             used = None if patches is None else patches[r]
-            choice = _best_inner_change(p, plan[r], costs[r], tokens[r], used, a, others, work)
+            choice = _best_inner_change(
+                p, plan[r], costs[r], tokens[r], used, a, others, work, float(speeds[r])
+            )
             if work[0] > _LOCKSTEP_WORK:
                 break
             if choice is not None and choice[0] < current * (1 - _TOLERANCE):
@@ -863,8 +941,8 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
             if sample >= 0:
                 plan[r][source].remove(sample)
                 plan[r][target].append(sample)
-                costs[r, source] -= p.sample_costs[sample]
-                costs[r, target] += p.sample_costs[sample]
+                costs[r, source] -= p.sample_costs[sample] / speeds[r]
+                costs[r, target] += p.sample_costs[sample] / speeds[r]
                 tokens[r, source] -= p.lengths[sample]
                 tokens[r, target] += p.lengths[sample]
                 if patches is not None:
@@ -881,11 +959,13 @@ def _best_inner_change(
     a: int,
     others: np.ndarray,
     work: list[int],
+    speed: float,
 ) -> tuple[float, int, int, int] | None:
     """Best move of a sample of micro-batch ``a`` to another micro-batch ``b`` of the same rank,
     or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1).
-    ``tokens`` and ``patches`` (None without a patch cap) are the micro-batches' sums;
-    ``work[0]`` counts the work spent (see ``_LOCKSTEP_WORK``)."""
+    ``costs`` are the rank's micro-batch times (cost / ``speed``), ``tokens`` and ``patches``
+    (None without a patch cap) the micro-batches' sums; ``work[0]`` counts the work spent (see
+    ``_LOCKSTEP_WORK``)."""
     cap = p.cap
     source = np.asarray(microbatches[a], dtype=np.int64)
     if source.size == 0:
@@ -901,7 +981,7 @@ def _best_inner_change(
         work[0] += _PAIR_WORK + xs.size
         back = np.where(ys >= 0, p.sample_costs[np.maximum(ys, 0)], 0.0)
         back_tokens = np.where(ys >= 0, p.lengths[np.maximum(ys, 0)], 0)
-        amount = p.sample_costs[xs] - back
+        amount = (p.sample_costs[xs] - back) / speed
         moved_tokens = p.lengths[xs] - back_tokens
         ok = (
             (amount > 0)
@@ -948,7 +1028,8 @@ def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[
 
 
 def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]]) -> bool:
-    """Put samples that did not fit on their rank into the cheapest rank with room."""
+    """Put samples that did not fit on their rank into the cheapest rank with room (with rank
+    speeds: the rank with room where the sample ends earliest, ``(cost + its cost) / speed``)."""
     if p.groups is not None:
         return False
     rank_costs = [
@@ -956,105 +1037,23 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
     ]
     rooms = [_Rooms(p, len(ranks), ranks) for ranks in plan]
     for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
-        options = [(rank_costs[r], j, r) for r in range(p.dp) for j in rooms[r].fitting(i)]
+        cost = float(p.sample_costs[i])
+        keys = rank_costs if p.speeds is None else (np.add(rank_costs, cost) / p.speeds).tolist()
+        options = [(keys[r], j, r) for r in range(p.dp) for j in rooms[r].fitting(i)]
         if not options:
             return False
         _, j, r = min(options)
         plan[r][j].append(i)
         rooms[r].take(j, i)
-        rank_costs[r] += float(p.sample_costs[i])
+        rank_costs[r] += cost
     return True
 
 
 # ---------------------------------------------------------------------- step 3: padded
-def _segment(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
-    """Cut ``samples`` (sorted by length, longest first) into exactly ``k`` consecutive
-    micro-batches with the largest padded cost as small as possible; None if infeasible."""
-    n = samples.size
-    if n == 0:
-        return [[] for _ in range(k)]
-    order = samples[np.lexsort((samples, -p.lengths[samples]))]
-    lengths = p.lengths[order]
-    costs = p.sample_costs[order]
-    take = np.minimum(n - np.arange(n), p.micro_batch_size or n)
-    if p.max_tokens is not None:
-        take = np.minimum(take, p.max_tokens // np.maximum(lengths, 1))
-        take[p.oversize[order]] = 1
-    take_list, cost_list = take.tolist(), costs.tolist()
-    overhead = p.overhead
-
-    def cut(budget: float) -> list[int] | None:
-        starts: list[int] = []
-        i = 0
-        while i < n:
-            if len(starts) == k:
-                return None
-            size = take_list[i]
-            if cost_list[i] > 0 and budget < np.inf:
-                size = min(size, int((budget - overhead) // cost_list[i]))
-            if size < 1:
-                return None
-            starts.append(i)
-            i += size
-        return starts
-
-    best = cut(np.inf)
-    if best is None:
+def _padded_by_rank(p: Problem, m: int) -> Microbatches | None:
+    """Units to ranks (step 1), then each rank's samples cut into its ``m`` micro-batches."""
+    rank_of_unit = _assign_units(p, m)
+    if rank_of_unit is None:
         return None
-    bounds = [*best, n]
-    high = max(overhead + (b - a) * cost_list[a] for a, b in itertools.pairwise(bounds))
-    low = overhead
-    for _ in range(40):
-        if high - low <= _TOLERANCE * high:
-            break
-        middle = (low + high) / 2
-        starts = cut(middle)
-        if starts is None:
-            low = middle
-        else:
-            best, high = starts, middle
-    bounds = [*best, n]
-    chunks = [order[a:b].tolist() for a, b in itertools.pairwise(bounds)]
-    return _split_to(p, chunks, k)
-
-
-def _split_to(p: Problem, chunks: list[list[int]], k: int) -> list[list[int]]:
-    """Halve the costliest micro-batch holding two or more samples until there are ``k``."""
-
-    def cost(chunk: list[int]) -> float:
-        return p.overhead + len(chunk) * float(p.sample_costs[chunk[0]]) if chunk else 0.0
-
-    heap = [(-cost(c), i) for i, c in enumerate(chunks) if len(c) > 1]
-    heapq.heapify(heap)
-    while len(chunks) < k and heap:
-        _, i = heapq.heappop(heap)
-        chunk = chunks[i]
-        half = len(chunk) // 2
-        chunks[i], tail = chunk[:half], chunk[half:]
-        chunks.append(tail)
-        for index in (i, len(chunks) - 1):
-            if len(chunks[index]) > 1:
-                heapq.heappush(heap, (-cost(chunks[index]), index))
-    chunks.extend([] for _ in range(k - len(chunks)))
-    return chunks
-
-
-def _padded_global(p: Problem, m: int) -> Microbatches | None:
-    chunks = _segment(p, np.arange(p.n, dtype=np.int64), p.dp * m)
-    if chunks is None:
-        return None
-    return _deal(p, chunks, m)
-
-
-def _deal(p: Problem, microbatches: list[list[int]], m: int) -> Microbatches:
-    """Give each rank exactly ``m`` of the ``dp x m`` micro-batches, costliest first to the
-    least loaded rank that still has a free slot."""
-    costs = [p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in microbatches]
-    plan: Microbatches = [[] for _ in range(p.dp)]
-    heap = [(0.0, r) for r in range(p.dp)]
-    for c in sorted(range(len(microbatches)), key=lambda c: (-costs[c], c)):
-        load, r = heapq.heappop(heap)
-        plan[r].append(microbatches[c])
-        if len(plan[r]) < m:
-            heapq.heappush(heap, (load + costs[c], r))
-    return plan
+    plan = [segment(p, samples, m) for samples in rank_members(p, rank_of_unit)]
+    return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]

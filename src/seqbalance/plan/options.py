@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqbalance._validation import MAX_TOKENS_LIMIT, check_bool, check_choice, check_int
+from seqbalance._validation import (
+    MAX_TOKENS_LIMIT,
+    as_speeds,
+    check_bool,
+    check_choice,
+    check_int,
+)
 
 __all__ = [
     "LAYOUTS",
@@ -25,6 +31,7 @@ __all__ = [
     "ORDERS",
     "PlanOptions",
     "as_options",
+    "check_rank_speeds",
     "option_names",
 ]
 
@@ -34,7 +41,7 @@ LAYOUTS = ("packed", "padded")
 _FORMAT = "seqbalance.PlanOptions/1"
 # Options added after the format was published are written only when set, so the JSON text and
 # the fingerprint of options that do not use them stay what they were (resumes keep matching).
-_WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel")
+_WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel", "rank_speeds")
 
 
 MAX_MICRO_BATCH_SIZE = 2**31
@@ -76,6 +83,15 @@ class PlanOptions:
             and ``dynamic_cp_megatron``; the cost must give seconds and K/V sizes (``"flops"``,
             a ``ModelSpec`` / ``FlopsModel``, or a ``ContextParallelTimeModel``); packed layout
             and the ``step`` objective only; ``max_tokens`` is None or the per-rank cap.
+        rank_speeds: relative speed of every data-parallel rank (a tuple of ``dp_size``
+            floats in [2**-30, 2**30], 1.0 for a typical rank: rank ``r`` runs a micro-batch
+            of cost ``c`` in time ``c / rank_speeds[r]``), or ``None`` for equal ranks.
+            ``balanced`` then minimises the speed-scaled objective (``step``: the largest
+            ``rank total / speed``; ``lockstep``: the sum over positions of the largest
+            ``cost / speed``); baselines ignore speeds but are evaluated under the same
+            objective. Only the ratios matter to the plan; ``StepPlan.summary`` reports times
+            in cost units per unit of speed. Not supported
+            with ``context_parallel``.
     """
 
     cost: Any = "tokens"
@@ -93,6 +109,7 @@ class PlanOptions:
     allow_oversize: bool = False
     allow_empty: bool = False
     context_parallel: Any = None
+    rank_speeds: tuple[float, ...] | None = None
     _cost_model: Any = field(init=False, repr=False, default=None)
 
     def __new__(cls, *args: Any, **keywords: Any) -> PlanOptions:
@@ -161,6 +178,8 @@ class PlanOptions:
                     f"num_microbatches = {m} conflicts with microbatch_multiple = "
                     f"{self.microbatch_multiple} (not a multiple)"
                 )
+        if self.rank_speeds is not None:
+            set_("rank_speeds", check_rank_speeds(self.rank_speeds))
         if self.context_parallel is None:
             set_("_cost_model", resolve_cost(self.cost, self.model))
         else:
@@ -188,6 +207,7 @@ class PlanOptions:
             "order": (self.order, "none"),
             "allow_oversize": (self.allow_oversize, False),
             "max_vision_patches": (self.max_vision_patches, None),
+            "rank_speeds": (self.rank_speeds, None),
         }
         for name, (value, supported) in unsupported.items():
             if value != supported:
@@ -293,6 +313,22 @@ class PlanOptions:
 
     def __hash__(self) -> int:
         return hash(self.to_json())
+
+
+def check_rank_speeds(speeds: Any, dp_size: int | None = None) -> tuple[float, ...]:
+    """``speeds`` as a tuple of positive, finite floats (``dp_size`` of them when given).
+
+    Raises:
+        ValueError: naming ``rank_speeds`` and the bad value (not a 1-D sequence of numbers,
+            empty, an entry that is not positive and finite or lies outside [2**-30, 2**30],
+            or a length other than ``dp_size``).
+    """
+    values = tuple(float(x) for x in as_speeds(speeds, "rank_speeds"))
+    if dp_size is not None and len(values) != dp_size:
+        raise ValueError(
+            f"rank_speeds has {len(values)} entries, expected one per rank: dp_size = {dp_size}"
+        )
+    return values
 
 
 def option_names() -> tuple[str, ...]:

@@ -85,6 +85,10 @@ def plan_step(
               a micro-batch of its own instead of raising ValueError.
             * ``allow_empty``: allow empty micro-batches, which can only be needed when there
               are fewer samples than micro-batch slots (or groups that cannot be spread).
+            * ``rank_speeds``: relative speed of every rank (``dp_size`` positive floats);
+              ``balanced`` then minimises the objective in time, each rank's costs divided by
+              its speed, and ``step_cost`` / ``lower_bound`` are in that unit (``costs`` stay
+              the micro-batches' predicted costs). Baselines ignore the speeds.
         groups: a group id per sample (e.g. the GRPO prompt id); a group stays on one rank.
         **option_keywords: any ``PlanOptions`` field by name.
 
@@ -96,7 +100,8 @@ def plan_step(
     Raises:
         ValueError: naming the argument, and the sample index and value where relevant: bad
             lengths or groups, ``dp_size < 1``, unknown or conflicting options, a sample over
-            ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``, a group too
+            ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``, ``rank_speeds``
+            without one positive, finite speed per rank, a group too
             large for a rank, an infeasible ``num_microbatches``, empty micro-batches without
             ``allow_empty``, ``max_vision_patches`` without parts that describe images, parts
             with images or HSTU fields under ``layout="padded"`` or with a cost model that
@@ -130,6 +135,7 @@ def plan_step(
         options=options,
         parts=parts,
     )
+    problem.speeds  # noqa: B018  (raises early when rank_speeds does not fit dp_size)
     m_lower = problem.min_feasible_microbatches  # raises early on infeasible options
     strategy = get_strategy(options.strategy)
     microbatches = checked_microbatches(strategy.plan(problem), problem, options.strategy)
@@ -150,7 +156,8 @@ def plan_step(
         # A soft-cap strategy may use fewer micro-batches than any valid plan needs.
         lower_bound=problem.lower_bound(
             min(m_lower, costs.shape[1]), capped=bool(strategy.enforces_cap)
-        ),
+        )
+        / problem.common_speed,
         planning_seconds=time.perf_counter() - start,
         vision_patches=vision_patches,
     )
@@ -300,7 +307,8 @@ def _arrange(
         permutations = np.argsort(-costs, axis=1, kind="stable")
     aligned = np.take_along_axis(costs, permutations, axis=1)
     if p.objective == "lockstep":
-        shared = _execution_order(aligned.max(axis=0), order)
+        # Positions ordered by their slowest micro-batch (time: cost / speed with rank speeds).
+        shared = _execution_order((aligned / p.speeds_or_ones[:, None]).max(axis=0), order)
         permutations = permutations[:, shared]
     else:
         permutations = np.array(

@@ -18,6 +18,8 @@ when ``groups`` is given (a group always stays on one rank):
 All baselines then take ``M`` = the most micro-batches any rank needs (raised to the options) and
 split micro-batches on ranks that have fewer, so every rank has exactly ``M``. Apart from
 ``token_kk`` they never exceed a cap (tokens or vision patches). Their order is the arrival order.
+They ignore ``rank_speeds`` (they are what trainers run today); their plans are evaluated under
+the speed-scaled objective like every other.
 """
 
 from __future__ import annotations
@@ -126,9 +128,12 @@ class TokenKK:
 
 def _rank_bound(p: Problem, rank_of_unit: np.ndarray, m: int) -> float:
     """The costliest rank's least possible total: every micro-batch pays the overhead and every
-    sample at least its least cost (``lockstep`` costs at least as much as ``step``)."""
+    sample at least its least cost (``lockstep`` costs at least as much as ``step``); with rank
+    speeds, the slowest rank's least possible time (total / speed)."""
     least = p.unit_sums(p.least_sample_costs)
     loads = np.bincount(rank_of_unit, weights=least, minlength=p.dp)
+    if p.speeds is not None:
+        return float(((loads + m * p.overhead) / p.speeds).max(initial=0.0))
     return float(loads.max(initial=0.0)) + m * p.overhead
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from seqbalance import __version__
 from seqbalance._validation import check_int
-from seqbalance.plan._problem import OptionFields, objective_value
+from seqbalance.plan._problem import OptionFields, objective_value, rank_imbalance
 from seqbalance.plan.options import PlanOptions
 
 __all__ = ["EpochPlan", "PlanValidationError", "StepPlan"]
@@ -55,9 +55,9 @@ class StepPlan(OptionFields):
             over-cap micro-batches are counted in ``summary()["cap_violations"]`` instead of
             failing ``validate``.
         lower_bound: a lower bound on the ``step_cost`` of every valid plan for the same input
-            and options (cost-model unit); for a soft-cap strategy, which may use fewer
-            micro-batches than the cap allows, it counts only the overheads of the micro-batches
-            it uses.
+            and options (cost-model unit, speed-scaled with ``rank_speeds``); for a soft-cap
+            strategy, which may use fewer micro-batches than the cap allows, it counts only the
+            overheads of the micro-batches it uses.
         planning_seconds: wall time spent planning (excluded from ``==`` and from
             ``to_json(timing=False)``, so plans can be compared for determinism).
         vision_patches: int64 ``[n]`` vision-encoder patches of every sample when the samples
@@ -96,8 +96,8 @@ class StepPlan(OptionFields):
     @property
     def step_cost(self) -> float:
         """The cost the objective minimises: max rank total (``step``) or the sum over
-        micro-batch positions of the slowest rank (``lockstep``)."""
-        return objective_value(self.costs, self.objective)
+        micro-batch positions of the slowest rank (``lockstep``); see ``summary`` for speeds."""
+        return objective_value(self.costs, self.objective, self.rank_speeds)
 
     def assignment(self) -> tuple[np.ndarray, np.ndarray]:
         """int64 ``[n]`` arrays: the rank and the micro-batch position of every sample."""
@@ -131,14 +131,14 @@ class StepPlan(OptionFields):
     def summary(self) -> dict[str, Any]:
         """Headline figures (costs in the cost-model unit, times in seconds).
 
-        Keys: ``step_cost`` (under the plan's objective), ``lower_bound``, ``ratio``
-        (step_cost / lower_bound, 1.0 when the bound is 0), ``imbalance`` (max / mean rank
-        total), ``max_rank_cost``, ``mean_rank_cost``, ``lockstep_cost``, ``n_microbatches``,
-        ``dp_size``, ``n_samples``, ``tokens`` (incl. padding), ``padding_tokens``,
-        ``max_microbatch_tokens``, ``empty_microbatches``, ``cap_violations``,
-        ``planning_seconds``, ``strategy``, ``objective``, ``layout``, ``order``,
-        ``cost_model``; and ``max_microbatch_vision_patches`` when the samples describe images
-        (``vision_patches`` is set).
+        Keys: ``step_cost`` (under the plan's objective), ``lower_bound``, ``ratio`` (step_cost /
+        lower_bound, 1.0 when the bound is 0), ``imbalance`` (max / mean rank total),
+        ``max_rank_cost``, ``mean_rank_cost``, ``lockstep_cost``, ``n_microbatches``, ``dp_size``,
+        ``n_samples``, ``tokens`` (incl. padding), ``padding_tokens``, ``max_microbatch_tokens``,
+        ``empty_microbatches``, ``cap_violations``, ``planning_seconds``, ``strategy``,
+        ``objective``, ``layout``, ``order``, ``cost_model``; and ``max_microbatch_vision_patches``
+        when the samples describe images (``vision_patches`` is set). With ``rank_speeds`` the first
+        four and ``lockstep_cost`` are speed-scaled (cost / speed).
         """
         rank_costs = self.rank_costs
         mean = float(rank_costs.mean()) if rank_costs.size else 0.0
@@ -149,10 +149,10 @@ class StepPlan(OptionFields):
             "step_cost": step_cost,
             "lower_bound": float(self.lower_bound),
             "ratio": step_cost / self.lower_bound if self.lower_bound > 0 else 1.0,
-            "imbalance": maximum / mean if mean > 0 else 1.0,
+            "imbalance": rank_imbalance(rank_costs, self.rank_speeds),
             "max_rank_cost": maximum,
             "mean_rank_cost": mean,
-            "lockstep_cost": float(self.costs.max(axis=0).sum()) if self.costs.size else 0.0,
+            "lockstep_cost": objective_value(self.costs, "lockstep", self.rank_speeds),
             "n_microbatches": self.n_microbatches,
             "dp_size": self.dp_size,
             "n_samples": self.n_samples,

@@ -8,6 +8,7 @@ seconds by :class:`~seqbalance.cost.SecondsFromFlops`), so the differences betwe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ import numpy as np
 from seqbalance._validation import as_lengths, check_choice, check_int
 from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
-from seqbalance.plan.options import PlanOptions, as_options
+from seqbalance.plan.options import PlanOptions, as_options, check_rank_speeds
 
 if TYPE_CHECKING:
     from seqbalance.cost import CostModel
@@ -78,7 +79,8 @@ class StrategyResult:
         speedups: every simulated strategy's ``total_seconds`` over this strategy's (``> 1``:
             this one is faster), by name (1.0 for itself).
         step_seconds: float64 ``[steps]`` predicted time of each step.
-        rank_seconds: float64 ``[dp_size]`` predicted per-rank load in the representative step.
+        rank_seconds: float64 ``[dp_size]`` predicted per-rank load in the representative step
+            (seconds on that rank: divided by its speed with ``rank_speeds``).
     """
 
     strategy: str
@@ -155,6 +157,9 @@ class SimulationResult:
             planner's message), for requested strategies that are absent from ``strategies``.
         parts: the dataset's ``SampleParts`` when the samples were given as parts, else
             ``None``.
+        equal_speed_seconds: with ``options.rank_speeds`` (the true speeds, which every
+            strategy is judged at) and ``balanced`` simulated: float64 ``[steps]``, the time of
+            each step had ``balanced`` planned for equal ranks instead; else ``None``.
     """
 
     strategies: dict[str, StrategyResult]
@@ -174,6 +179,17 @@ class SimulationResult:
     time_model_source: str
     failed: dict[str, str]
     parts: SampleParts | None = None
+    equal_speed_seconds: np.ndarray | None = None
+
+    @property
+    def speed_aware_gain(self) -> float | None:
+        """Step time saved by planning for ``rank_speeds`` over planning for equal ranks, both
+        judged at the true speeds (``1 - balanced / equal-speed balanced``); ``None`` without
+        ``equal_speed_seconds``."""
+        if self.equal_speed_seconds is None:
+            return None
+        equal = float(self.equal_speed_seconds.sum())
+        return 1.0 - self.strategies["balanced"].total_seconds / equal if equal > 0 else 0.0
 
     @property
     def time_model(self) -> CostModel:
@@ -221,6 +237,13 @@ class SimulationResult:
                 text += f", which put {violations} micro-batches over the cap"
             parts.append(text)
         parts.append(f"{100.0 * (best.ratio - 1.0):.1f}% above the lower bound")
+        gain = self.speed_aware_gain
+        if gain is not None:
+            parts.append(
+                f"planning for rank speeds {','.join(f'{x:g}' for x in self.options.rank_speeds)} "
+                "saves "
+                f"{100.0 * gain:.1f}% step time over planning for equal ranks"
+            )
         return f"{best.strategy}: " + ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -256,13 +279,72 @@ class SimulationResult:
                 if parts is None
                 else {"images": parts.num_images, "hstu": parts.has_hstu},
                 "representative_step": self.representative_step,
+                "rank_speeds": None
+                if self.options.rank_speeds is None
+                else list(self.options.rank_speeds),
             },
             "headline": self.headline(),
             "best": self.best,
             "lower_bound_seconds": self.lower_bound_seconds.tolist(),
             "strategies": {name: result.to_dict() for name, result in self.strategies.items()},
             "failed": dict(self.failed),
+            "speed_aware": None
+            if self.equal_speed_seconds is None
+            else {
+                "equal_speed_mean_step_seconds": float(self.equal_speed_seconds.mean()),
+                "speed_aware_mean_step_seconds": self.strategies["balanced"].mean_step_seconds,
+                "gain": self.speed_aware_gain,
+            },
         }
+
+
+def _aggregate(
+    plans: dict[str, list[StepPlan]],
+) -> tuple[dict[str, StrategyResult], np.ndarray, int]:
+    """Every strategy's figures over its plans (one per step, the same steps for all), the
+    lower bound of each step, and the representative step (median bound)."""
+    names = tuple(plans)
+    steps = len(plans[names[0]])
+    summaries = {name: [plan.summary() for plan in plans[name]] for name in names}
+    # Every strategy's bound is valid for the same batch, so the tightest one is the bound.
+    lower_bounds = np.max(
+        [[float(s["lower_bound"]) for s in summaries[name]] for name in names], axis=0
+    )
+    representative = int(np.argsort(lower_bounds, kind="stable")[(steps - 1) // 2])
+    totals = {name: float(sum(float(s["step_cost"]) for s in summaries[name])) for name in names}
+
+    def speedup(baseline: str, name: str) -> float:
+        return totals[baseline] / totals[name] if totals[name] > 0 else 1.0
+
+    results = {}
+    for name in names:
+        rows = summaries[name]
+        step_seconds = np.array([float(s["step_cost"]) for s in rows])
+        imbalance = np.array([float(s["imbalance"]) for s in rows])
+        planning_ms = 1e3 * np.array([float(s["planning_seconds"]) for s in rows])
+        bound = float(lower_bounds.sum())
+        results[name] = StrategyResult(
+            strategy=name,
+            total_seconds=totals[name],
+            mean_step_seconds=totals[name] / len(rows),
+            ratio=totals[name] / bound if bound > 0 else 1.0,
+            imbalance=float(imbalance.mean()),
+            max_imbalance=float(imbalance.max()),
+            padding_tokens=int(sum(int(s["padding_tokens"]) for s in rows)),
+            cap_violations=int(sum(int(s["cap_violations"]) for s in rows)),
+            mean_microbatches=float(np.mean([int(s["n_microbatches"]) for s in rows])),
+            planning_ms_mean=float(planning_ms.mean()),
+            planning_ms_max=float(planning_ms.max()),
+            speedups={other: speedup(other, name) for other in names},
+            step_seconds=step_seconds,
+            rank_seconds=_rank_seconds(plans[name][representative]),
+        )
+    return results, lower_bounds, representative
+
+
+def _rank_seconds(plan: StepPlan) -> np.ndarray:
+    """Each rank's predicted seconds: its total cost over its speed."""
+    return plan.rank_costs / np.asarray(plan.rank_speeds or 1.0, dtype=np.float64)
 
 
 def sample_batches(
@@ -396,6 +478,10 @@ def simulate(
     ``plan_step`` (a micro-batch of its own, or a ValueError naming the dataset sample, before
     anything is planned).
 
+    With ``rank_speeds`` every strategy is judged at those (true) speeds: ``balanced`` plans
+    for them, baselines ignore them, and ``balanced`` is planned once more for equal ranks
+    (``SimulationResult.equal_speed_seconds``, ``speed_aware_gain``).
+
     Returns:
         A :class:`SimulationResult`; its ``strategies`` hold predicted seconds per strategy.
 
@@ -423,6 +509,8 @@ def simulate(
                 "give one group id per sample"
             )
     dp_size = check_int(dp_size, "dp_size", minimum=1)
+    if options.rank_speeds is not None:
+        check_rank_speeds(options.rank_speeds, dp_size)
     names = _check_strategies(strategies)
     seed = check_int(seed, "seed", minimum=0)
     global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
@@ -451,6 +539,10 @@ def simulate(
     plans: dict[str, list[StepPlan]] = {name: [] for name in names}
     failed: dict[str, str] = {}
     per_strategy = {name: options.replace(strategy=name) for name in names}
+    # With rank speeds: what balanced would have done for equal ranks, judged at the speeds.
+    equal_speeds, equal = None, []
+    if options.rank_speeds is not None and "balanced" in names:
+        equal_speeds = options.replace(strategy="balanced", rank_speeds=None)
     for step, batch in enumerate(batches):
         samples = lengths[batch] if parts is None else parts.take(batch)
         for name in names:
@@ -469,6 +561,12 @@ def simulate(
                 del plans[name]
                 continue
             plans[name].append(plan)
+        if equal_speeds is not None and "balanced" not in failed:
+            plan = plan_step(
+                samples, dp_size, equal_speeds, groups=None if groups is None else groups[batch]
+            )
+            judged = dataclasses.replace(plan, options=per_strategy["balanced"])
+            equal.append(judged.step_cost)
         if progress is not None:
             progress(step + 1, steps)
     if not plans:
@@ -476,42 +574,7 @@ def simulate(
             "no strategy could plan these steps: "
             + "; ".join(f"{name}: {message}" for name, message in failed.items())
         )
-    names = tuple(plans)
-
-    summaries = {name: [plan.summary() for plan in plans[name]] for name in names}
-    # Every strategy's bound is valid for the same batch, so the tightest one is the bound.
-    lower_bounds = np.max(
-        [[float(s["lower_bound"]) for s in summaries[name]] for name in names], axis=0
-    )
-    representative = int(np.argsort(lower_bounds, kind="stable")[(len(batches) - 1) // 2])
-    totals = {name: float(sum(float(s["step_cost"]) for s in summaries[name])) for name in names}
-
-    def speedup(baseline: str, name: str) -> float:
-        return totals[baseline] / totals[name] if totals[name] > 0 else 1.0
-
-    results = {}
-    for name in names:
-        rows = summaries[name]
-        step_seconds = np.array([float(s["step_cost"]) for s in rows])
-        imbalance = np.array([float(s["imbalance"]) for s in rows])
-        planning_ms = 1e3 * np.array([float(s["planning_seconds"]) for s in rows])
-        bound = float(lower_bounds.sum())
-        results[name] = StrategyResult(
-            strategy=name,
-            total_seconds=totals[name],
-            mean_step_seconds=totals[name] / len(rows),
-            ratio=totals[name] / bound if bound > 0 else 1.0,
-            imbalance=float(imbalance.mean()),
-            max_imbalance=float(imbalance.max()),
-            padding_tokens=int(sum(int(s["padding_tokens"]) for s in rows)),
-            cap_violations=int(sum(int(s["cap_violations"]) for s in rows)),
-            mean_microbatches=float(np.mean([int(s["n_microbatches"]) for s in rows])),
-            planning_ms_mean=float(planning_ms.mean()),
-            planning_ms_max=float(planning_ms.max()),
-            speedups={other: speedup(other, name) for other in names},
-            step_seconds=step_seconds,
-            rank_seconds=np.asarray(plans[name][representative].rank_costs, dtype=np.float64),
-        )
+    results, lower_bounds, representative = _aggregate(plans)
     return SimulationResult(
         strategies=results,
         plans=plans,
@@ -530,4 +593,5 @@ def simulate(
         time_model_source=source,
         failed=failed,
         parts=parts,
+        equal_speed_seconds=np.array(equal) if equal and "balanced" in results else None,
     )
