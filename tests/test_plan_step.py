@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.plan import StepPlan, get_strategy, strategy_names
@@ -143,6 +146,32 @@ def test_round_robin_and_contiguous_definitions() -> None:
     lengths = [1, 2, 3, 4, 5, 6]
     assert _rank_sets(sb.plan_step(lengths, 2, strategy="round_robin")) == [{0, 2, 4}, {1, 3, 5}]
     assert _rank_sets(sb.plan_step(lengths, 2, strategy="contiguous")) == [{0, 1, 2}, {3, 4, 5}]
+
+
+def _first_fit_by_definition(tokens: list[int], dp: int) -> list[int]:
+    """``first_fit``'s rank rule as documented, scanning every rank for every unit."""
+    budget = -(-sum(tokens) // dp)
+    loads = [0] * dp
+    ranks = []
+    for weight in tokens:
+        fits = [r for r in range(dp) if loads[r] + weight <= budget]
+        rank = fits[0] if fits else loads.index(min(loads))
+        ranks.append(rank)
+        loads[rank] += weight
+    return ranks
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    tokens=st.lists(st.integers(1, 5000) | st.integers(1, 8), min_size=1, max_size=80),
+    dp=st.integers(1, 19),
+)
+def test_first_fit_ranks_follow_the_definition(tokens: list[int], dp: int) -> None:
+    plan = sb.plan_step(tokens, dp, strategy="first_fit", allow_empty=True)
+    expected = _first_fit_by_definition(tokens, dp)
+    assert _rank_sets(plan) == [
+        {i for i, rank in enumerate(expected) if rank == r} for r in range(dp)
+    ]
 
 
 def test_token_kk_cap_is_soft() -> None:
