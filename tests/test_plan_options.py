@@ -188,6 +188,7 @@ def test_option_names_are_the_dataclass_fields() -> None:
         "allow_empty",
         "context_parallel",
         "rank_speeds",
+        "planning_budget",
     )
 
 

@@ -10,6 +10,11 @@ from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.plan import StepPlan, get_strategy, strategy_names
+from seqbalance.plan.balanced import RIVALS_WITHOUT_BOUND_GAP
+
+
+def _microbatches(plan: StepPlan) -> list[list[list[int]]]:
+    return [[mb.tolist() for mb in mbs] for mbs in plan.ranks]
 
 
 def _rank_sets(plan: StepPlan) -> list[set[int]]:
@@ -172,6 +177,29 @@ def test_first_fit_ranks_follow_the_definition(tokens: list[int], dp: int) -> No
     assert _rank_sets(plan) == [
         {i for i, rank in enumerate(expected) if rank == r} for r in range(dp)
     ]
+
+
+def test_planning_budget_skips_the_stack_schedulers_only_beyond_it(monkeypatch) -> None:
+    lengths = np.random.default_rng(5).integers(1, 3000, 200)
+    options = {"cost": "flops", "max_tokens": 8192}
+    default = sb.plan_step(lengths, 4, **options)
+    within = sb.plan_step(lengths, 4, planning_budget=200 * 4, **options)
+    assert _microbatches(within) == _microbatches(default)
+    ran = []
+    verl = get_strategy("verl")
+    monkeypatch.setattr(type(verl), "plan", lambda self, p: ran.append(p.n) or [])
+    sb.plan_step(lengths, 4, planning_budget=200 * 4, **options)
+    assert ran == [200]  # within the budget: run (its broken stand-in plan is skipped)
+    ran.clear()
+    fast = sb.plan_step(lengths, 4, planning_budget=200 * 4 - 1, **options)
+    assert ran == []  # beyond it: not run, as balanced's plan is within the gap of its bound
+    assert fast.step_cost <= fast.lower_bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
+
+
+@pytest.mark.parametrize("budget", [-1, 1.5, "10", True])
+def test_a_bad_planning_budget_is_a_value_error(budget: object) -> None:
+    with pytest.raises(ValueError, match="planning_budget"):
+        sb.plan_step([1, 2, 3], 1, planning_budget=budget)
 
 
 def test_token_kk_cap_is_soft() -> None:

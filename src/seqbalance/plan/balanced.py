@@ -165,10 +165,11 @@ class _Portfolio:
     binds (one micro-batch per rank), the partition engine's split of the unit costs. A
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
     objective) is not run when that bound cannot beat the best plan so far; one that offers
-    none (the stacks' schedulers) is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES``
-    samples or, up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most
-    ``RIVALS_WITHOUT_BOUND_WORK`` samples x ranks, and on other steps when the plan is more
-    than ``RIVALS_WITHOUT_BOUND_GAP`` above the lower bound.
+    none (the stacks' schedulers) is run on steps within the ``planning_budget`` option (by
+    default of at most ``RIVALS_WITHOUT_BOUND_SAMPLES`` samples or, up to
+    ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most ``RIVALS_WITHOUT_BOUND_WORK`` samples x
+    ranks), and on other steps when the plan is more than ``RIVALS_WITHOUT_BOUND_GAP`` above
+    the lower bound.
     """
 
     def __init__(self, p: Problem) -> None:
@@ -244,8 +245,12 @@ class _Portfolio:
 
 
 def _rivals_without_bound_are_cheap(p: Problem) -> bool:
-    """Whether the rivals without a cheap lower bound always run on ``p`` (see
-    ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``RIVALS_WITHOUT_BOUND_WORK``)."""
+    """Whether the rivals without a cheap lower bound always run on ``p``: within the
+    ``planning_budget`` option (samples x ranks), by default see ``RIVALS_WITHOUT_BOUND_SAMPLES``
+    and ``RIVALS_WITHOUT_BOUND_WORK``."""
+    budget = p.options.planning_budget
+    if budget is not None:
+        return p.n * p.dp <= budget
     return p.n <= RIVALS_WITHOUT_BOUND_SAMPLES or (
         p.n <= RIVALS_WITHOUT_BOUND_MAX_SAMPLES and p.n * p.dp <= RIVALS_WITHOUT_BOUND_WORK
     )

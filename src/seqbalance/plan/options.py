@@ -41,7 +41,7 @@ LAYOUTS = ("packed", "padded")
 _FORMAT = "seqbalance.PlanOptions/1"
 # Options added after the format was published are written only when set, so the JSON text and
 # the fingerprint of options that do not use them stay what they were (resumes keep matching).
-_WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel", "rank_speeds")
+_WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel", "rank_speeds", "planning_budget")
 
 
 MAX_MICRO_BATCH_SIZE = 2**31
@@ -92,6 +92,16 @@ class PlanOptions:
             objective. Only the ratios matter to the plan; ``StepPlan.summary`` reports times
             in cost units per unit of speed. Not supported
             with ``context_parallel``.
+        planning_budget: a deterministic work budget (never wall-clock, so every rank plans
+            the same) for the rivals ``balanced`` plans that offer no cheap lower bound (the
+            stacks' schedulers, several times ``balanced``'s own search), in work units of
+            samples x ranks of the step: they always run on a step with ``n x dp <=
+            planning_budget``; on a larger step only when ``balanced``'s plan is more than
+            ``seqbalance.plan.balanced.RIVALS_WITHOUT_BOUND_GAP`` (1e-4, relative) above the
+            lower bound, so a skipped one could be cheaper by at most that fraction. ``0``:
+            fastest; ``None`` (default): every step of up to 256 samples, and of up to 4096
+            samples with ``n x dp <= 16384``. Plans where the budget does not bind are
+            unchanged; other strategies ignore it.
     """
 
     cost: Any = "tokens"
@@ -110,6 +120,7 @@ class PlanOptions:
     allow_empty: bool = False
     context_parallel: Any = None
     rank_speeds: tuple[float, ...] | None = None
+    planning_budget: int | None = None
     _cost_model: Any = field(init=False, repr=False, default=None)
 
     def __new__(cls, *args: Any, **keywords: Any) -> PlanOptions:
@@ -180,6 +191,8 @@ class PlanOptions:
                 )
         if self.rank_speeds is not None:
             set_("rank_speeds", check_rank_speeds(self.rank_speeds))
+        if self.planning_budget is not None:
+            set_("planning_budget", check_int(self.planning_budget, "planning_budget", minimum=0))
         if self.context_parallel is None:
             set_("_cost_model", resolve_cost(self.cost, self.model))
         else:
