@@ -72,10 +72,14 @@ class Lookahead:
             raise error
         return result
 
-    def stop(self) -> None:
+    def stop(
+        self, _current_thread: Callable[[], threading.Thread] = threading.current_thread
+    ) -> None:
         """End the thread (it finishes the step it is planning, then exits)."""
+        # Bound at definition: a generator left unfinished is closed during interpreter
+        # shutdown, when this module's globals may already be None.
         self._stop.set()
-        if self._thread is not threading.current_thread():
+        if self._thread is not _current_thread():
             self._thread.join(timeout=60.0)
 
     @property
