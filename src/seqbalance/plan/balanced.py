@@ -207,7 +207,7 @@ class _Portfolio:
         for strategy in _rivals():
             estimate = getattr(strategy, "plan_lower_bound", None)
             if (
-                estimate is None
+                (estimate is None or strategy.family == "stack")  # verl's bound is not cheap
                 and not _rivals_without_bound_are_cheap(p)
                 and value <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
             ):

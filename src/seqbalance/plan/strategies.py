@@ -33,7 +33,7 @@ from seqbalance.plan._packing import fill_empty, greedy_microbatches, to_count
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.registry import Microbatches
 
-__all__ = ["BASELINE_STRATEGIES", "GreedyBaseline", "TokenKK", "rank_members"]
+__all__ = ["BASELINE_STRATEGIES", "GreedyBaseline", "TokenKK", "rank_bound", "rank_members"]
 
 
 def rank_members(p: Problem, rank_of_unit: np.ndarray) -> list[np.ndarray]:
@@ -64,7 +64,7 @@ class GreedyBaseline:
 
     def plan_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's objective from its rank rule alone (cheap)."""
-        return _rank_bound(p, self.ranks(p), p.min_feasible_microbatches)
+        return rank_bound(p, self.ranks(p), p.min_feasible_microbatches)
 
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches: the rank rule, then the micro-batch rule, then ``M`` on every rank."""
@@ -133,14 +133,14 @@ class TokenKK:
     def plan_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's objective from its rank split alone (cheap); its
         soft cap may use as few micro-batches as the options allow."""
-        return _rank_bound(p, _token_kk_ranks(p), p.round_microbatches(1))
+        return rank_bound(p, _token_kk_ranks(p), p.round_microbatches(1))
 
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches of the token Karmarkar–Karp baseline."""
         return _token_kk(p)
 
 
-def _rank_bound(p: Problem, rank_of_unit: np.ndarray, m: int) -> float:
+def rank_bound(p: Problem, rank_of_unit: np.ndarray, m: int) -> float:
     """The costliest rank's least possible total: every micro-batch pays the overhead and every
     sample at least its least cost (``lockstep`` costs at least as much as ``step``); with rank
     speeds, the slowest rank's least possible time (total / speed)."""
