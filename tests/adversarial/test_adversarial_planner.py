@@ -24,6 +24,7 @@ import seqbalance as sb
 from seqbalance.cost import HSTUFlopsModel, TimeModel
 from seqbalance.plan import PlanOptions, strategy_names
 from seqbalance.plan.balanced import (
+    PLANNING_BUDGET_GAP,
     RIVALS_WITHOUT_BOUND_GAP,
     RIVALS_WITHOUT_BOUND_MAX_SAMPLES,
     RIVALS_WITHOUT_BOUND_SAMPLES,
@@ -171,12 +172,16 @@ def test_on_large_steps_stack_schedulers_win_by_at_most_the_gap(
         problem.update(max_tokens=cap, allow_oversize=True)
     balanced = _plan({**problem, "planning_budget": budget}, "balanced")
     assert balanced is not None
+    if budget is not None:  # its own search is the same: at most the gap given up for time
+        default = _plan(problem, "balanced")
+        assert balanced.step_cost <= default.step_cost * (1 + PLANNING_BUDGET_GAP + 1e-9)
     for name, plan in _valid_alternatives(problem).items():
         if budget is None:
             skipped = n > RIVALS_WITHOUT_BOUND_MAX_SAMPLES or n * dp > RIVALS_WITHOUT_BOUND_WORK
+            gap = RIVALS_WITHOUT_BOUND_GAP if skipped and name in strategy_names("stack") else 0.0
         else:
             skipped = n * dp > budget
-        gap = RIVALS_WITHOUT_BOUND_GAP if skipped and name in strategy_names("stack") else 0.0
+            gap = PLANNING_BUDGET_GAP if skipped and name in strategy_names("stack") else 0.0
         assert balanced.step_cost <= plan.step_cost * (1 + gap + 1e-9), name
 
 

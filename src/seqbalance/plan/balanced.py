@@ -83,6 +83,10 @@ RIVALS_WITHOUT_BOUND_GAP = 1e-4
 """On other steps it runs them only when its plan is more than this far (relative) above the
 lower bound: every valid plan costs at least the bound, so a skipped rival is never cheaper by
 more than this fraction."""
+PLANNING_BUDGET_GAP = 1e-3
+"""With the ``planning_budget`` option, on steps beyond it the rivals without a cheap lower bound
+(and the partition engine's split) run only when the plan is more than this far (relative)
+above the lower bound: at most 0.1% of plan quality is given up for planning time."""
 
 
 def plan_balanced(p: Problem) -> Microbatches:
@@ -169,7 +173,8 @@ class _Portfolio:
     default of at most ``RIVALS_WITHOUT_BOUND_SAMPLES`` samples or, up to
     ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most ``RIVALS_WITHOUT_BOUND_WORK`` samples x
     ranks), and on other steps when the plan is more than ``RIVALS_WITHOUT_BOUND_GAP`` above
-    the lower bound.
+    the lower bound (``PLANNING_BUDGET_GAP`` with a ``planning_budget``, which then also
+    applies to the partition engine's split).
     """
 
     def __init__(self, p: Problem) -> None:
@@ -203,15 +208,17 @@ class _Portfolio:
         value = aligned_value(p, plan)
         if value <= bound * (1 + _TOLERANCE):
             return plan
-        candidates = [self._partition_start()]
+        budget = p.options.planning_budget
+        gap = RIVALS_WITHOUT_BOUND_GAP if budget is None else PLANNING_BUDGET_GAP
+        # Whether the rivals without a cheap lower bound run: within the work budget, or where
+        # they could save more than the gap (keep planning in milliseconds otherwise).
+        unbounded = _rivals_without_bound_are_cheap(p) or value > bound * (1 + gap)
+        candidates = [self._partition_start()] if budget is None or unbounded else []
         for strategy in _rivals():
             estimate = getattr(strategy, "plan_lower_bound", None)
-            if (
-                (estimate is None or strategy.family == "stack")  # verl's bound is not cheap
-                and not _rivals_without_bound_are_cheap(p)
-                and value <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
-            ):
-                continue  # it could save less than the gap: keep planning in milliseconds
+            # verl's bound costs a third of its plan: the stacks all follow the rule.
+            if (estimate is None or strategy.family == "stack") and not unbounded:
+                continue
             if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
                 continue
             candidates.append(self._plan_of(strategy))

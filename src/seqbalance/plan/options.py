@@ -94,13 +94,15 @@ class PlanOptions:
             with ``context_parallel``.
         planning_budget: a deterministic work budget (never wall-clock, so every rank plans
             the same) for the rivals ``balanced`` plans that offer no cheap lower bound (the
-            stacks' schedulers, several times ``balanced``'s own search), in work units of
-            samples x ranks of the step: they always run on a step with ``n x dp <=
-            planning_budget``; on a larger step only when ``balanced``'s plan is more than
-            ``seqbalance.plan.balanced.RIVALS_WITHOUT_BOUND_GAP`` (1e-4, relative) above the
-            lower bound, so a skipped one could be cheaper by at most that fraction. ``0``:
-            fastest; ``None`` (default): every step of up to 256 samples, and of up to 4096
-            samples with ``n x dp <= 16384``. Plans where the budget does not bind are
+            stacks' schedulers, several times ``balanced``'s own search, and the partition
+            engine's split), in work units of samples x ranks of the step: they always run on
+            a step with ``n x dp <= planning_budget``; on a larger step only when
+            ``balanced``'s plan is more than 0.1% above the lower bound
+            (``seqbalance.plan.balanced.PLANNING_BUDGET_GAP``), so a skipped one could be
+            cheaper by at most 0.1%. ``0``: fastest. ``None`` (default): the stacks'
+            schedulers run on every step of up to 256 samples, of up to 4096 samples with ``n
+            x dp <= 16384``, and on other steps when the plan is more than 0.01% above the
+            bound; the partition engine always. Plans where the budget does not bind are
             unchanged; other strategies ignore it.
     """
 
