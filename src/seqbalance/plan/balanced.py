@@ -84,9 +84,9 @@ RIVALS_WITHOUT_BOUND_GAP = 1e-4
 lower bound: every valid plan costs at least the bound, so a skipped rival is never cheaper by
 more than this fraction."""
 PLANNING_BUDGET_GAP = 1e-3
-"""With the ``planning_budget`` option, on steps beyond it the rivals without a cheap lower bound
-(and the partition engine's split) run only when the plan is more than this far (relative)
-above the lower bound: at most 0.1% of plan quality is given up for planning time."""
+"""With the ``planning_budget`` option, on steps beyond it no rival (baselines, the stacks'
+schedulers, the partition engine's split) runs unless the plan is more than this far
+(relative) above the lower bound: at most 0.1% of plan quality is given up for planning time."""
 
 
 def plan_balanced(p: Problem) -> Microbatches:
@@ -173,8 +173,8 @@ class _Portfolio:
     default of at most ``RIVALS_WITHOUT_BOUND_SAMPLES`` samples or, up to
     ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most ``RIVALS_WITHOUT_BOUND_WORK`` samples x
     ranks), and on other steps when the plan is more than ``RIVALS_WITHOUT_BOUND_GAP`` above
-    the lower bound (``PLANNING_BUDGET_GAP`` with a ``planning_budget``, which then also
-    applies to the partition engine's split).
+    the lower bound (with a ``planning_budget``: beyond it, no rival runs unless the plan is
+    more than ``PLANNING_BUDGET_GAP`` above the lower bound).
     """
 
     def __init__(self, p: Problem) -> None:
@@ -213,7 +213,9 @@ class _Portfolio:
         # Whether the rivals without a cheap lower bound run: within the work budget, or where
         # they could save more than the gap (keep planning in milliseconds otherwise).
         unbounded = _rivals_without_bound_are_cheap(p) or value > bound * (1 + gap)
-        candidates = [self._partition_start()] if budget is None or unbounded else []
+        if budget is not None and not unbounded:
+            return plan  # beyond the budget no rival could save more than the gap
+        candidates = [self._partition_start()]
         for strategy in _rivals():
             estimate = getattr(strategy, "plan_lower_bound", None)
             # verl's bound costs a third of its plan: the stacks all follow the rule.

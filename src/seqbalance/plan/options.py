@@ -93,16 +93,17 @@ class PlanOptions:
             in cost units per unit of speed. Not supported
             with ``context_parallel``.
         planning_budget: a deterministic work budget (never wall-clock, so every rank plans
-            the same) for the rivals ``balanced`` plans that offer no cheap lower bound (the
-            stacks' schedulers, several times ``balanced``'s own search, and the partition
-            engine's split), in work units of samples x ranks of the step: they always run on
-            a step with ``n x dp <= planning_budget``; on a larger step only when
-            ``balanced``'s plan is more than 0.1% above the lower bound
+            the same) for the rivals ``balanced`` plans besides its own search (the
+            baselines, the stacks' schedulers, several times ``balanced``'s own search, and
+            the partition engine's split), in work units of samples x ranks of the step: on a
+            step with ``n x dp <= planning_budget`` they all run; on a larger step none does
+            unless ``balanced``'s plan is more than 0.1% above the lower bound
             (``seqbalance.plan.balanced.PLANNING_BUDGET_GAP``), so a skipped one could be
             cheaper by at most 0.1%. ``0``: fastest. ``None`` (default): the stacks'
             schedulers run on every step of up to 256 samples, of up to 4096 samples with ``n
             x dp <= 16384``, and on other steps when the plan is more than 0.01% above the
-            bound; the partition engine always. Plans where the budget does not bind are
+            bound; the baselines and the partition engine always (a baseline is skipped when
+            its cheap lower bound cannot win). Plans where the budget does not bind are
             unchanged; other strategies ignore it.
     """
 
