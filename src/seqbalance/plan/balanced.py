@@ -86,7 +86,8 @@ more than this fraction."""
 PLANNING_BUDGET_GAP = 1e-3
 """With the ``planning_budget`` option, on steps beyond it no rival (baselines, the stacks'
 schedulers, the partition engine's split) runs unless the plan is more than this far
-(relative) above the lower bound: at most 0.1% of plan quality is given up for planning time."""
+(relative) above the lower bound, and the lockstep refinement stops this close to it: at most
+0.1% of plan quality is given up for planning time."""
 
 
 def plan_balanced(p: Problem) -> Microbatches:
@@ -911,7 +912,8 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     rank that sets a position's maximum, the best single move or swap of samples between that
     micro-batch and another of the same rank (within the cap, evaluated exactly after
     re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
-    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound, and not after
+    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound (``PLANNING_BUDGET_GAP``
+    on a step beyond the ``planning_budget`` option), and not after
     ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
     speeds every cost below is a time (cost / the rank's speed).
     """
@@ -925,7 +927,10 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     patches = None
     if p.patches is not None:
         patches = np.array([[int(p.patches[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
-    good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + _LOCKSTEP_GOOD_ENOUGH)
+    slack = _LOCKSTEP_GOOD_ENOUGH
+    if p.options.planning_budget is not None and not _rivals_without_bound_are_cheap(p):
+        slack = max(slack, PLANNING_BUDGET_GAP)  # beyond the budget: 0.1% is close enough
+    good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + slack)
     work = [0]
     for _ in range(2 * m * p.dp):
         if work[0] > _LOCKSTEP_WORK:

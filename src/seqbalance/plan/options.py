@@ -99,7 +99,8 @@ class PlanOptions:
             step with ``n x dp <= planning_budget`` they all run; on a larger step none does
             unless ``balanced``'s plan is more than 0.1% above the lower bound
             (``seqbalance.plan.balanced.PLANNING_BUDGET_GAP``), so a skipped one could be
-            cheaper by at most 0.1%. ``0``: fastest. ``None`` (default): the stacks'
+            cheaper by at most 0.1%, and under ``lockstep`` its refinement stops within 0.1%
+            of the bound. ``0``: fastest. ``None`` (default): the stacks'
             schedulers run on every step of up to 256 samples, of up to 4096 samples with ``n
             x dp <= 16384``, and on other steps when the plan is more than 0.01% above the
             bound; the baselines and the partition engine always (a baseline is skipped when
