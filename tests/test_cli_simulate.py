@@ -247,8 +247,21 @@ def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
     ours = data["strategies"]["hf_length_grouped"]
     assert ours["step_seconds"] == pytest.approx(expected.step_seconds.tolist(), rel=1e-12)
     balanced = data["strategies"]["balanced"]
+    # Gains per unit of work (seconds per second of sample cost): the steps hold other samples.
+    model = data["setup"]["time_model"]
+    random_steps = simulate(
+        lengths, dp_size=4, global_batch_size=96, steps=3, seed=5, strategies=["round_robin"]
+    ).batches
+
+    def work(batches: list) -> float:
+        return sum(
+            float(np.sum(model["t1"] * (x := lengths[b]) + model["t2"] * x**2.0)) for b in batches
+        )
+
     assert balanced["speedups"]["hf_length_grouped"] == pytest.approx(
-        ours["mean_step_seconds"] / balanced["mean_step_seconds"]
+        (ours["mean_step_seconds"] / work(steps))
+        / (balanced["mean_step_seconds"] / work(random_steps)),
+        rel=1e-9,
     )
     assert main([*argv, *padded, "--global-batch", "100", "--baseline", "hf_length_grouped"]) == 2
     assert "must be a multiple of --dp x --micro-batch-size (32)" in capsys.readouterr().err
@@ -412,3 +425,37 @@ def test_bad_rank_speeds_exit_2_naming_the_flag(capsys, lengths_file, speeds, me
     assert code == 2
     err = capsys.readouterr().err
     assert re.search(message, err) and len(err.strip().splitlines()) == 1
+
+
+def test_length_grouped_gain_is_per_unit_of_work(capsys) -> None:
+    """hf_length_grouped's steps hold other samples than the random steps (its first step of each
+    mega-batch the longest of it), so mean step times compare different work. On one rank with
+    one sample per micro-batch every strategy computes exactly its samples' costs (no padding, no
+    imbalance): the gains must all be 1, however few steps are simulated."""
+    argv = ["simulate", "--steps", "3", "--dp", "1", "--global-batch", "16", "--seed", "3"]
+    padded = ["--layout", "padded", "--micro-batch-size", "1"]
+    data = run_json(capsys, *argv, *padded, "--baseline", "hf_length_grouped")
+    strategies = data["strategies"]
+    # The steps differ: the sampler's first step holds the longest samples of its mega-batch.
+    assert (
+        strategies["hf_length_grouped"]["mean_step_seconds"]
+        > 1.5 * (strategies["balanced"]["mean_step_seconds"])
+    )
+    for name, figures in strategies.items():
+        for other, speedup in figures["speedups"].items():
+            assert speedup == pytest.approx(1.0, rel=1e-9), (name, other)
+    assert data["headline"].startswith("balanced: 1.00x faster than hf_length_grouped")
+
+
+def test_length_grouped_alone(capsys) -> None:
+    """``--strategies hf_length_grouped`` alone simulates it, padded as with ``--baseline`` (it was
+    'strategies must be a non-empty sequence of names, got []'; next to others, a TypeError
+    traceback: no micro-batch size)."""
+    argv = ["simulate", "--steps", "2", "--dp", "2", "--global-batch", "64", "--seed", "4"]
+    data = run_json(capsys, *argv, "--strategies", "hf_length_grouped")
+    assert list(data["strategies"]) == ["hf_length_grouped"]
+    both = run_json(capsys, *argv, "--strategies", "hf_length_grouped,balanced")
+    alone, paired = data["strategies"]["hf_length_grouped"], both["strategies"]["hf_length_grouped"]
+    assert alone["step_seconds"] == paired["step_seconds"]
+    assert alone["speedups"] == {"hf_length_grouped": 1.0}
+    assert data["setup"]["layout"] == both["setup"]["layout"] == "padded"

@@ -273,3 +273,28 @@ def test_seconds_model_wraps_flops_a_time_model_cannot_hold() -> None:
         SecondsFromFlops(resolve_cost("tokens"), peak_flops_per_s=1.0, efficiency=1.0)
     with pytest.raises(ValueError, match="efficiency must be in"):
         SecondsFromFlops(hybrid, peak_flops_per_s=1.0, efficiency=1.5)
+
+
+def test_resolve_model_is_the_one_lookup_of_a_model(tmp_path) -> None:
+    from seqbalance.cost import HSTUFlopsModel, ModelSpec, resolve_model
+
+    spec = ModelSpec.preset("qwen3-4b")
+    assert resolve_model(spec) is spec
+    assert resolve_model("qwen3-4b") == spec
+    assert isinstance(resolve_model("hstu-1024"), HSTUFlopsModel)
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 1000,
+    }
+    from_dict = resolve_model(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert resolve_model(tmp_path) == from_dict  # a folder holding config.json
+    assert resolve_model(tmp_path / "config.json") == from_dict
+    with pytest.raises(ValueError, match=r"--model: unknown preset 'nope'; available: .*hstu-1024"):
+        resolve_model("nope", "--model")
+    with pytest.raises(ValueError, match="model: no such file"):
+        resolve_model(tmp_path / "missing.json")

@@ -450,3 +450,38 @@ def test_megatron_schedules_give_the_token_mean_loss_and_gradients(tmp_path) -> 
                 torch.testing.assert_close(up, want["up"])
                 torch.testing.assert_close(down, want["down"])
         assert counts == [1, 3]  # a micro-batch count of its own per step
+
+
+def test_iterator_refuses_empty_microbatches() -> None:
+    """Megatron runs forward_step num_microbatches times on every rank: a rank left without a
+    sample in one of them has nothing to pack, so allow_empty is refused up front (it failed in
+    the middle of a step, at pack time)."""
+    lengths = [5, 6, 7, 8, 9, 10, 11, 12]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    with pytest.raises(ValueError, match="allow_empty=True"):
+        MegatronDataIterator(
+            dataset, lengths, global_batch_size=8, dp_rank=0, dp_size=4, allow_empty=True
+        )
+
+
+def test_pack_refuses_a_sample_of_another_length_than_planned() -> None:
+    """The plan (and its cap) is made from ``lengths``: a sample of another length would pack a
+    micro-batch over the cap without a word."""
+    lengths = [5, 6, 7, 8]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    dataset[2] = dataset[2] + [9]
+    it = MegatronDataIterator(dataset, lengths, global_batch_size=4, dp_rank=0, dp_size=1)
+    with pytest.raises(ValueError, match=r"dataset\[2\] has 8 tokens but lengths\[2\] = 7"):
+        for step in it.steps():
+            list(step)
+    with pytest.raises(ValueError, match="dataset has 3 samples but lengths has 4"):
+        MegatronDataIterator(dataset[:3], lengths, global_batch_size=4, dp_rank=0, dp_size=1)
+
+
+def test_iterator_refuses_empty_samples_up_front() -> None:
+    """An empty sequence cannot be packed; it failed in the middle of its step, naming its place
+    in the micro-batch rather than the dataset."""
+    lengths = [3, 0, 4, 5]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 0"):
+        MegatronDataIterator(dataset, lengths, global_batch_size=2, dp_rank=0, dp_size=1)

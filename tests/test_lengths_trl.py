@@ -301,3 +301,94 @@ def test_records_trl_cannot_tokenize_are_malformed(tokenizer_dir: Path, tmp_path
     assert [r.location for r in result.malformed] == [2, 3]
     assert result.lengths.tolist() == trl_lengths(tokenizer_dir, records[:1], tmp_path)
     assert result.locations.tolist() == [1]
+
+
+@pytest.mark.parametrize("name", ["text", "prompt_completion", "preference"])
+def test_plain_text_ignores_an_invalid_template(name: str, tmp_path: Path) -> None:
+    """TRL never renders the chat template for plain text, so an invalid one does not stop it:
+    the counts are TRL's (the template is checked when a conversation needs it)."""
+    bad = make_tokenizer(tmp_path / "bad", template="{{ messages | no_such_filter }}")
+    records = DATASETS[name]
+    path = write_jsonl(tmp_path / f"{name}.jsonl", records)
+    ours = trl_token_lengths(path, tokenizer=str(bad))
+    assert ours.lengths.tolist() == trl_lengths(bad, records, tmp_path)
+
+
+def test_implicit_prompt_with_an_empty_side_is_malformed(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """TRL's ``extract_prompt`` fails on a pair whose chosen or rejected is empty (its loop never
+    runs: UnboundLocalError), so DPOTrainer cannot prepare such a file; the record is malformed."""
+    from seqbalance.datasets.lengths import MalformedRecordsError
+
+    records = [
+        {"chosen": "The sky is blue.", "rejected": "The sky is green."},
+        {"chosen": "", "rejected": "The sea."},
+        {"chosen": [], "rejected": [{"role": "user", "content": "hi"}]},
+        {"chosen": 5, "rejected": "The sea."},  # was a raw TypeError
+        {"chosen": None, "rejected": "The sea."},
+    ]
+    path = write_jsonl(tmp_path / "pairs.jsonl", records)
+    with pytest.raises(UnboundLocalError):
+        trl_lengths(tokenizer_dir, records[:2], tmp_path)
+    with pytest.raises(MalformedRecordsError, match=r"line 2: .*chosen or rejected is empty"):
+        trl_token_lengths(path, tokenizer=str(tokenizer_dir))
+    result = trl_token_lengths(path, tokenizer=str(tokenizer_dir), skip_malformed=True)
+    assert [r.location for r in result.malformed] == [2, 3, 4, 5]
+    assert "must both be strings or both messages" in result.malformed[2].reason
+    assert result.lengths.tolist() == trl_lengths(tokenizer_dir, records[:1], tmp_path)
+
+
+def test_tools_that_are_not_json_make_the_record_malformed(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    records = [
+        {"messages": MESSAGES[0], "tools": '[{"name": "sky"}]'},
+        {"messages": MESSAGES[2], "tools": "not json"},  # was a bare JSON error, no location
+    ]
+    path = write_jsonl(tmp_path / "tools.jsonl", records)
+    with pytest.raises(ValueError, match=r"line 2: field 'tools' is not valid JSON"):
+        trl_token_lengths(path, tokenizer=str(tokenizer_dir))
+    result = trl_token_lengths(path, tokenizer=str(tokenizer_dir), skip_malformed=True)
+    assert result.lengths.tolist() == trl_lengths(tokenizer_dir, records[:1], tmp_path)
+
+
+def test_tokenizer_template_sees_every_message_field(tmp_path: Path) -> None:
+    """``seqbalance lengths --tokenizer DIR`` (without --trl) renders the tokenizer's template:
+    tool calls and reasoning are message fields the template renders, as transformers'
+    apply_chat_template passes them (``reasoning`` / ``thinking`` aliased to
+    ``reasoning_content``). They were dropped: 15 tokens counted where the trainer sees 38."""
+    from seqbalance.datasets.lengths import token_lengths
+
+    template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n"
+        "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+        "{{ m['content'] }}{% for c in m.tool_calls or [] %}{{ c | tojson }}{% endfor %}</s>\n"
+        "{% endfor %}"
+    )
+    directory = make_tokenizer(tmp_path / "tok", template=template)
+    user = {"role": "user", "content": "What color is the sky?"}
+    records = [
+        {"messages": [user, {"role": "assistant", "content": "Blue.", "reasoning": "The sky."}]},
+        {"messages": [user, {"role": "assistant", "content": "Blue.", "thinking": "The sea."}]},
+        {"messages": [user, {"role": "assistant", "content": "", "reasoning_content": "Sun."}]},
+        {
+            "messages": [
+                user,
+                {"role": "assistant", "content": "", "tool_calls": [{"name": "sky", "id": 1}]},
+                {"role": "tool", "content": "blue"},
+            ]
+        },
+        {"messages": [user, {"role": "assistant", "content": "Blue."}]},
+    ]
+    path = write_jsonl(tmp_path / "chat.jsonl", records)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    expected = [
+        len(
+            tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+        for r in records
+    ]
+    assert token_lengths(path, tokenizer=str(directory)).lengths.tolist() == expected

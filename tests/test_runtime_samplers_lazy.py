@@ -32,8 +32,23 @@ def _lengths(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, 1000, n)
 
 
+_EARLIER_THREADS: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _ignore_earlier_planner_threads() -> None:
+    """Planner threads of samplers that earlier tests left half-iterated (still referenced,
+    e.g. from a traceback) are not this test's to count."""
+    _EARLIER_THREADS.clear()
+    _EARLIER_THREADS.update(threading.enumerate())
+
+
 def _planner_threads() -> int:
-    return sum(t.name == "seqbalance-planner" and t.is_alive() for t in threading.enumerate())
+    """Planner threads this test started that are still alive."""
+    return sum(
+        t.name == "seqbalance-planner" and t.is_alive() and t not in _EARLIER_THREADS
+        for t in threading.enumerate()
+    )
 
 
 # ---------------------------------------------------------------- the shuffle

@@ -303,24 +303,11 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
 
 
 def resolve_model(source: str) -> ModelSpec | HSTUFlopsModel:
-    """A preset name (an HSTU preset gives its ``HSTUFlopsModel``), a Hugging Face
-    ``config.json`` path, or a folder holding one."""
-    from seqbalance.cost import HSTUFlopsModel, ModelSpec, hstu_presets, model_presets, presets
+    """``--model``: a preset name, a Hugging Face ``config.json`` path, or a folder holding one
+    (``seqbalance.cost.resolve_model``)."""
+    from seqbalance.cost import resolve_model
 
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise ValueError(f"--model: no such file {str(path)!r}")
-        return ModelSpec.from_hf_config(path)
-    if source in hstu_presets():
-        return HSTUFlopsModel(source)
-    if source not in presets():
-        raise ValueError(
-            f"--model: unknown preset {source!r}; available: {', '.join(model_presets())}"
-        )
-    return ModelSpec.preset(source)
+    return resolve_model(source, "--model")
 
 
 def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:

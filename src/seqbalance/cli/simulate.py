@@ -129,11 +129,14 @@ def run(args: argparse.Namespace) -> int:
                 steps=args.steps,
                 peak_flops_per_s=peak,
                 efficiency=efficiency,
+                # hf_length_grouped runs on its own steps afterwards; alone, a plain run of
+                # hf_default gives it the steps' size and count.
                 strategies=[
                     name
                     for name in _with_baseline(args.strategies, args.baseline)
                     if name != LENGTH_GROUPED
-                ],
+                ]
+                or ["hf_default"],
                 seed=args.seed,
                 progress=callback,
             )
@@ -274,12 +277,14 @@ def _baseline_setup(args: argparse.Namespace) -> None:
     stderr, never silently)."""
     if args.baseline is None and args.layout == "padded":
         args.baseline = "hf_default"
-    if args.baseline in HF_BASELINES and args.layout == "packed":
+    requested = _with_baseline(args.strategies, args.baseline)
+    padded = next((name for name in requested if name in HF_BASELINES), None)
+    if padded is not None and args.layout == "packed":
         args.layout = "padded"
         if args.micro_batch_size is None:
             args.micro_batch_size = HF_MICRO_BATCH_SIZE
         print(
-            f"seqbalance simulate: note: {args.baseline} pads every micro-batch, as the Hugging "
+            f"seqbalance simulate: note: {padded} pads every micro-batch, as the Hugging "
             f"Face Trainer does: every strategy is simulated with --layout padded "
             f"--micro-batch-size {args.micro_batch_size}",
             file=sys.stderr,
@@ -292,8 +297,10 @@ def _with_length_grouped(
     """``result`` plus ``hf_length_grouped``, simulated as the Trainer runs it: its sampler
     (``LengthGroupedSampler``) decides which samples share a step, so its steps are those of
     ``length_grouped_steps`` (as many, of the same size, as the other strategies'), each dealt
-    as Accelerate deals the sampler's batches (``hf_default``'s dealing). Every strategy's
-    speedups are recomputed over the mean step times."""
+    as Accelerate deals the sampler's batches (``hf_default``'s dealing). Its steps hold other
+    samples than the random ones (the first steps of each mega-batch its longest), so every
+    strategy's speedups are recomputed per unit of work: seconds per second of sample cost, the
+    ratio of epoch times (mean step times would credit the lighter steps)."""
     import dataclasses
 
     from seqbalance.integrations.baselines import length_grouped_steps
@@ -331,27 +338,30 @@ def _with_length_grouped(
         print(
             f"seqbalance simulate: note: {LENGTH_GROUPED} runs on the steps its own sampler "
             "makes (LengthGroupedSampler: samples of similar length share a step); the other "
-            "strategies on random steps of the same size",
+            "strategies on random steps of the same size; gains are per unit of work",
             file=sys.stderr,
         )
     stats = dataclasses.replace(grouped.strategies["hf_default"], strategy=LENGTH_GROUPED)
     merged = {**result.strategies, LENGTH_GROUPED: stats}
-    means = {name: s.mean_step_seconds for name, s in merged.items()}
     order = [n for n in _with_baseline(args.strategies, args.baseline) if n in merged]
+    plans = {**result.plans, LENGTH_GROUPED: grouped.plans["hf_default"]}
+    plans = {name: plans[name] for name in order}
+    per_work = {}
+    for name in order:
+        work = sum(float(plan.sample_costs.sum()) for plan in plans[name])
+        total = merged[name].total_seconds
+        per_work[name] = total / work if work > 0 else total
     strategies = {
         name: dataclasses.replace(
             merged[name],
             speedups={
-                other: means[other] / means[name] if means[name] > 0 else 1.0 for other in means
+                other: per_work[other] / per_work[name] if per_work[name] > 0 else 1.0
+                for other in per_work
             },
         )
         for name in order
     }
-    return dataclasses.replace(
-        result,
-        strategies=strategies,
-        plans={**result.plans, LENGTH_GROUPED: grouped.plans["hf_default"]},
-    )
+    return dataclasses.replace(result, strategies=strategies, plans=plans)
 
 
 def _with_baseline(strategies: tuple[str, ...], baseline: str | None) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from seqbalance.cost.flops import FlopsModel, attention_pairs, describe_preset
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec, hstu_attention_pairs, hstu_presets
+from seqbalance.cost.lookup import flops_model, model_presets, preset_cost, resolve_model
 from seqbalance.cost.meter import FlopsMeter, FlopsReport, MeterTotals
 from seqbalance.cost.resolve import (
     CallableCost,
@@ -25,9 +26,6 @@ from seqbalance.cost.resolve import (
     cost_name,
     cost_unit,
     evaluate_costs,
-    flops_model,
-    model_presets,
-    preset_cost,
     resolve_cost,
     seconds_model,
 )
@@ -68,5 +66,6 @@ __all__ = [
     "preset_cost",
     "presets",
     "resolve_cost",
+    "resolve_model",
     "seconds_model",
 ]

@@ -43,7 +43,7 @@ from seqbalance._validation import (
     check_positive_float,
 )
 from seqbalance.cost.flops import FlopsModel, attention_pairs
-from seqbalance.cost.resolve import flops_model
+from seqbalance.cost.lookup import flops_model
 from seqbalance.cost.spec import SOFTMAX_ATTENTION_KINDS, ModelSpec
 from seqbalance.cost.time_model import FitStats, TimeModel, _nnls, _read_model_file
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
@@ -295,14 +295,7 @@ class CommModel:
                 "observations do not determine a bandwidth (seconds do not grow with bytes); "
                 "measure larger messages"
             )
-        predicted = rows @ np.array([inverse_bandwidth, latency])
-        residual = float(np.sum((seconds - predicted) ** 2))
-        spread = float(np.sum((seconds - seconds.mean()) ** 2))
-        stats = FitStats(
-            mape=float(np.mean(np.abs(predicted - seconds) / seconds)),
-            r2=1.0 - residual / spread if spread > 0 else float(np.allclose(predicted, seconds)),
-            n_observations=int(seconds.size),
-        )
+        stats = FitStats.of(rows @ np.array([inverse_bandwidth, latency]), seconds)
         return cls(
             1.0 / float(inverse_bandwidth),
             float(latency),

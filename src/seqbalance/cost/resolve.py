@@ -11,15 +11,14 @@ Costs depend on a sample's length only, which is what lets a padded micro-batch 
 
 ``resolve_cost(cost, model)`` accepts what users pass (``"tokens"``, ``"flops"`` with a preset
 name or ``ModelSpec``, a ``ModelSpec``, any cost model, or a callable ``lengths -> costs``) and
-returns a cost model; ``flops_model(model)`` is the one "preset name -> ModelSpec -> FlopsModel"
-resolution. ``describe_cost`` / ``cost_from_description`` give the JSON form used by
-``PlanOptions`` (round trip and fingerprint).
+returns a cost model; models are looked up by name, path or object in ``cost/lookup.py``.
+``describe_cost`` / ``cost_from_description`` give the JSON form used by ``PlanOptions`` (round
+trip and fingerprint).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 from collections.abc import Callable
@@ -29,12 +28,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from seqbalance._validation import as_weights, check_positive_float
-from seqbalance.defaults import DEFAULT_MODEL, DEFAULT_PEAK_FLOPS_PER_S
+from seqbalance.cost.lookup import flops_model, preset_cost
+from seqbalance.defaults import DEFAULT_PEAK_FLOPS_PER_S
 
 if TYPE_CHECKING:
-    from seqbalance.cost.flops import FlopsModel
     from seqbalance.cost.samples import SampleParts
-    from seqbalance.cost.spec import ModelSpec
 
 __all__ = [
     "CallableCost",
@@ -47,9 +45,6 @@ __all__ = [
     "cost_unit",
     "describe_cost",
     "evaluate_costs",
-    "flops_model",
-    "model_presets",
-    "preset_cost",
     "resolve_cost",
     "seconds_model",
 ]
@@ -175,70 +170,6 @@ class SecondsFromFlops:
 _TOKENS = TokenCost()
 _FLOPS_OPTIONS = ("attention", "recompute", "include_mtp")
 _HSTU_OPTIONS = ("causal", "action_interleaved", "recompute")
-
-
-def flops_model(model: str | ModelSpec | FlopsModel | None = None) -> FlopsModel:
-    """The ``FlopsModel`` of a preset name, a ``ModelSpec`` or a ``FlopsModel`` (returned as is).
-
-    ``None`` means ``seqbalance.defaults.DEFAULT_MODEL``. Presets are parsed once per process.
-
-    Raises:
-        ValueError: an unknown preset, or anything else than the types above.
-    """
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.spec import ModelSpec
-    from seqbalance.cost.spec import presets as lm_presets
-
-    if model is None:
-        model = DEFAULT_MODEL
-    if isinstance(model, FlopsModel):
-        return model
-    if isinstance(model, str):
-        preset = preset_cost(model)
-        if not isinstance(preset, FlopsModel):
-            raise ValueError(
-                f"model {model!r} is an HSTU preset, which has no ModelSpec; this needs a "
-                f"language-model preset ({', '.join(lm_presets())})"
-            )
-        return preset
-    if isinstance(model, ModelSpec):
-        return FlopsModel(model)
-    raise ValueError(f"model must be a preset name or a ModelSpec, got {model!r}")
-
-
-def model_presets() -> list[str]:
-    """Every bundled preset name, sorted: the language-model presets (``ModelSpec.preset``,
-    vision-language ones included) and the HSTU presets (``HSTUSpec.preset``). They share one
-    namespace: ``model=`` and ``--model`` take any of them."""
-    from seqbalance.cost.hstu import hstu_presets
-    from seqbalance.cost.spec import presets
-
-    return sorted([*presets(), *hstu_presets()])
-
-
-def preset_cost(name: str) -> Any:
-    """The FLOPs model of any preset (see :func:`model_presets`): a ``FlopsModel`` for a
-    language-model preset, an ``HSTUFlopsModel`` for an HSTU one.
-
-    Raises:
-        ValueError: an unknown name, listing every preset.
-    """
-    from seqbalance.cost.hstu import HSTUFlopsModel, hstu_presets
-    from seqbalance.cost.spec import presets
-
-    if isinstance(name, str) and name in hstu_presets():
-        return HSTUFlopsModel(name)
-    if not isinstance(name, str) or name not in presets():
-        raise ValueError(f"model: unknown preset {name!r}; available: {', '.join(model_presets())}")
-    return _preset_flops(name)
-
-
-@functools.lru_cache(maxsize=32)
-def _preset_flops(name: str) -> FlopsModel:
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.spec import ModelSpec
-
-    return FlopsModel(ModelSpec.preset(name))
 
 
 def resolve_cost(cost: Any = "tokens", model: Any = None) -> CostModel:

@@ -50,6 +50,23 @@ class FitStats:
     r2: float
     n_observations: int
 
+    @classmethod
+    def of(cls, predicted: np.ndarray, seconds: np.ndarray) -> FitStats:
+        """The statistics of ``predicted`` against the measured positive ``seconds``."""
+        with np.errstate(all="ignore"):  # huge predictions give inf statistics, not warnings
+            mape = float(np.mean(np.abs(predicted - seconds) / seconds))
+            # r2 is unit-free: computed in units of the slowest micro-batch, the squares of
+            # subnormal or huge seconds neither underflow nor overflow.
+            unit = float(seconds.max())
+            measured, predicted = seconds / unit, predicted / unit
+            residual = float(np.sum((measured - predicted) ** 2))
+            spread = float(np.sum((measured - measured.mean()) ** 2))
+        if spread > 0:
+            r2 = 1.0 - residual / spread
+        else:
+            r2 = 1.0 if np.allclose(predicted, measured) else 0.0
+        return cls(mape=mape, r2=float(r2), n_observations=int(seconds.size))
+
 
 @dataclass(frozen=True)
 class TimeModel:
@@ -228,18 +245,7 @@ class TimeModel:
         features, seconds = _observation_matrix(observations, self, minimum=1, purpose="to score")
         with np.errstate(all="ignore"):  # huge predictions give inf statistics, not warnings
             predicted = features @ np.array([self.t0, self.t1, self.t2])
-            mape = float(np.mean(np.abs(predicted - seconds) / seconds))
-            # r2 is unit-free: computed in units of the slowest micro-batch, the squares of
-            # subnormal or huge seconds neither underflow nor overflow.
-            unit = float(seconds.max())
-            measured, predicted = seconds / unit, predicted / unit
-            residual = float(np.sum((measured - predicted) ** 2))
-            spread = float(np.sum((measured - measured.mean()) ** 2))
-        if spread > 0:
-            r2 = 1.0 - residual / spread
-        else:
-            r2 = 1.0 if np.allclose(predicted, measured) else 0.0
-        return FitStats(mape=mape, r2=float(r2), n_observations=int(seconds.size))
+        return FitStats.of(predicted, seconds)
 
     # --- serialisation -----------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ The environment matches the one ``apply_chat_template`` renders with: sandboxed,
 and ``lstrip_blocks``, the ``loopcontrols`` extension (``{% break %}``), the
 ``{% generation %} ... {% endgeneration %}`` block of assistant-only-loss templates (TRL's
 ``assistant_only_loss``; its body renders unchanged), ``tojson`` with the same keyword
-arguments, ``raise_exception`` and ``strftime_now``. A template that is not valid Jinja is a
-``ValueError`` of one line naming where the template came from and the line of the error.
+arguments, ``raise_exception`` and ``strftime_now``; messages reach it as
+``apply_chat_template`` passes them (a message's reasoning also as ``reasoning_content`` and
+``thinking``). A template that is not valid Jinja is a ``ValueError`` of one line naming where
+the template came from and the line of the error.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, ClassVar
 __all__ = ["ChatTemplateError", "compile_chat_template"]
 
 _JINJA_EXTRA = "pip install 'seqbalance[tokenize]'"
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 class ChatTemplateError(Exception):
@@ -97,8 +100,24 @@ def compile_chat_template(template: str, *, source: str) -> Callable[..., str]:
 
     def render(messages: list[dict[str, Any]], **variables: Any) -> str:
         try:
-            return compiled.render(messages=messages, **variables)
+            return compiled.render(messages=_with_reasoning_aliases(messages), **variables)
         except (TemplateError, TypeError, KeyError, IndexError, AttributeError) as error:
             raise ChatTemplateError(str(error) or type(error).__name__) from None
 
     return render
+
+
+def _with_reasoning_aliases(messages: list[Any]) -> list[Any]:
+    """Messages as transformers' ``apply_chat_template`` hands them to the template: reasoning
+    under any of its names (``reasoning_content``, ``thinking``, ``reasoning``) is also
+    ``reasoning_content`` and ``thinking``."""
+    aliased = []
+    for message in messages:
+        if isinstance(message, dict):
+            reasoning = next(
+                (message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None
+            )
+            if reasoning is not None:
+                message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        aliased.append(message)
+    return aliased

@@ -65,6 +65,7 @@ _ROLES = {"human": "user", "gpt": "assistant"}  # ShareGPT speaker names
 _TOKENIZE_CHUNK = 2048  # texts per tokenizer call: large enough for batching, small for progress
 _SHOWN_MALFORMED = 10
 _HH_SPEAKER = re.compile(r"\n\n(Human|Assistant):")
+_MESSAGE_KEYS = ("role", "content", "from", "value")
 _GUESSED_TEXT_FIELDS = (
     ("prompt", "response"),
     ("prompt", "completion"),
@@ -380,7 +381,7 @@ def _hh_turns(transcript: str, name: str) -> int:
     return 1 + sum(a != b for a, b in itertools.pairwise(speakers))
 
 
-_Sample = tuple[list[str], int, list[dict[str, str]]]
+_Sample = tuple[list[str], int, list[dict[str, Any]]]
 """(texts counted per turn, turns, the conversation as messages for a chat template)."""
 
 
@@ -391,7 +392,7 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
     extras = [_extra_text(_get(record, name)) for name in fields.extra]
     if fields.chat is not None:
         texts: list[str] = []
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, Any]] = []
         turns = 0
         for name in fields.chat:
             chat = _get(record, name)
@@ -404,7 +405,9 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
             for i, message in enumerate(chat):
                 content = _message_content(message, i, name)
                 texts.append(content)
-                messages.append({"role": _message_role(message), "content": content})
+                # The other fields (tool calls, reasoning, ...) are the template's to render.
+                other = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
+                messages.append({**other, "role": _message_role(message), "content": content})
             turns += len(chat)
         return [([*texts, *extras], turns, messages)], False
 
@@ -439,14 +442,14 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
     ], grouped
 
 
-def _chat_renderer(tokenizer: Tokenizer) -> Callable[[list[dict[str, str]]], str]:
+def _chat_renderer(tokenizer: Tokenizer) -> Callable[[list[dict[str, Any]]], str]:
     """``messages -> text`` with the tokenizer's own Jinja chat template (sandboxed)."""
     render = compile_chat_template(
         str(tokenizer.chat_template), source=f"tokenizer {tokenizer.name}"
     )
     specials = dict(tokenizer.special_tokens)
 
-    def rendered(messages: list[dict[str, str]]) -> str:
+    def rendered(messages: list[dict[str, Any]]) -> str:
         try:
             return render(messages, add_generation_prompt=False, **specials)
         except ChatTemplateError as error:

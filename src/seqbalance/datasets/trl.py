@@ -28,8 +28,9 @@ default for prompt-completion data) drops a record whose tokenized prompt fills 
 modelled: lengths are per sample, before packing.
 
 Needs ``transformers`` (TRL's own dependency) and a local tokenizer directory; nothing is
-downloaded. The chat template is checked first: invalid Jinja is one ``ValueError`` line; a
-template that refuses a record (``raise_exception``) makes that record malformed.
+downloaded. The chat template is checked before the first conversation is rendered (TRL never
+renders it for plain text): invalid Jinja is one ``ValueError`` line; a template that refuses a
+record (``raise_exception``) makes that record malformed.
 """
 
 from __future__ import annotations
@@ -148,6 +149,12 @@ def _is_conversational(record: dict[str, Any]) -> bool:
 def _extract_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
     """TRL's ``extract_prompt``: the longest shared prefix (strings: without a space before the
     split) is the prompt."""
+    if not all(isinstance(v, str) for v in (chosen, rejected)) and not all(
+        isinstance(v, list) for v in (chosen, rejected)
+    ):
+        raise _Refused("'chosen' and 'rejected' must both be strings or both messages")
+    if not chosen or not rejected:
+        raise _Refused("chosen or rejected is empty (TRL's extract_prompt fails on it)")
     index = 0
     for index in range(min(len(chosen), len(rejected))):
         if chosen[index] != rejected[index]:
@@ -174,10 +181,9 @@ class _Counter:
         template = getattr(backend, "chat_template", None)
         if isinstance(template, dict):  # several named templates: transformers uses "default"
             template = template.get("default")
-        if isinstance(template, str):
-            compile_chat_template(template, source=f"tokenizer {source}")  # invalid -> ValueError
-        self.has_template = isinstance(template, str)
+        self.template = template if isinstance(template, str) else None
         self.source = source
+        self._checked = False
 
     def text(self, text: Any) -> list[int]:
         if not isinstance(text, str):
@@ -187,13 +193,20 @@ class _Counter:
     def chat(self, messages: Any, record: dict[str, Any], **options: Any) -> list[int]:
         if not isinstance(messages, list) or not messages:
             raise _Refused("expected a non-empty list of messages")
-        if not self.has_template:
+        if self.template is None:
             raise ValueError(
                 f"tokenizer {self.source} has no chat template, so conversational records cannot "
                 "be tokenized (TRL fails on them too)"
             )
+        if not self._checked:  # checked here: TRL renders the template for conversations only
+            compile_chat_template(self.template, source=f"tokenizer {self.source}")
+            self._checked = True
         tools = record.get("tools")
-        tools = json.loads(tools) if isinstance(tools, str) else tools
+        if isinstance(tools, str):  # TRL reads a JSON string as the tool list
+            try:
+                tools = json.loads(tools)
+            except ValueError as error:
+                raise _Refused(f"field 'tools' is not valid JSON ({error})") from None
         extra = record.get("chat_template_kwargs") or {}
         try:
             out = self.backend.apply_chat_template(

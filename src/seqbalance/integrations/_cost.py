@@ -11,8 +11,9 @@ __all__ = ["choose_cost"]
 def choose_cost(cost: Any, model: Any, default: Callable[..., Any]) -> Any:
     """What to pass as ``plan_step(cost=...)``.
 
-    ``model`` picks FLOPs of a model: a preset name, a ``ModelSpec``, or a Hugging Face config (a
-    ``config.json`` path, a dict, or a ``PretrainedConfig``); it goes with ``cost=None`` or
+    ``model`` picks FLOPs of a model: anything ``seqbalance.cost.resolve_model`` takes (a preset
+    name, a ``ModelSpec``, or a Hugging Face config: a ``config.json`` path or folder, a dict, or a
+    ``PretrainedConfig``); it goes with ``cost=None`` or
     ``"flops"``. ``cost`` alone is anything ``plan_step`` accepts. With neither, the stack's own
     workload ``default`` is used, so the integration balances what the stack balances until the
     user opts in.
@@ -21,10 +22,6 @@ def choose_cost(cost: Any, model: Any, default: Callable[..., Any]) -> Any:
         return default if cost is None else cost
     if cost not in (None, "flops"):
         raise ValueError(f"model={model!r} goes with cost=None or 'flops', got cost={cost!r}")
-    from seqbalance.cost import ModelSpec
+    from seqbalance.cost import resolve_model
 
-    if isinstance(model, ModelSpec):
-        return model
-    if isinstance(model, str) and not model.endswith(".json"):
-        return ModelSpec.preset(model)
-    return ModelSpec.from_hf_config(model)
+    return resolve_model(model)

@@ -301,8 +301,9 @@ class MegatronDataIterator:
 
     Raises:
         ValueError: a bad argument (named), only one of ``dp_rank`` / ``dp_size``, or neither
-            with Megatron's parallel state uninitialised; the planner's errors (a sample over
-            ``max_tokens``, an infeasible fixed count).
+            with Megatron's parallel state uninitialised, ``allow_empty=True``, an empty sample,
+            a dataset whose size (or, when packed, a sample's length) differs from ``lengths``;
+            the planner's errors (a sample over ``max_tokens``, an infeasible fixed count).
     """
 
     def __init__(
@@ -329,6 +330,11 @@ class MegatronDataIterator:
                 f"pass both dp_rank and dp_size, or neither (from Megatron's parallel state); "
                 f"got dp_rank={dp_rank!r}, dp_size={dp_size!r}"
             )
+        if plan_options.get("allow_empty"):
+            raise ValueError(
+                "allow_empty=True is not supported: Megatron runs forward_step num_microbatches "
+                "times on every rank, and an empty micro-batch has nothing to pack"
+            )
         self.dataset = dataset
         self.pad_multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
         self.num_microbatches = (
@@ -337,6 +343,15 @@ class MegatronDataIterator:
             else check_int(num_microbatches, "num_microbatches", minimum=1)
         )
         raw = np.asarray(lengths, dtype=np.int64)
+        if hasattr(dataset, "__len__") and len(dataset) != raw.size:
+            raise ValueError(f"dataset has {len(dataset)} samples but lengths has {raw.size}")
+        empty = np.flatnonzero(raw == 0)
+        if empty.size:
+            raise ValueError(
+                f"lengths[{empty[0]}] = 0: an empty sequence cannot be packed ({empty.size} "
+                "sample(s) are empty; leave them out of the dataset)"
+            )
+        self._lengths = raw
         # The cap counts padded tokens, so the plan sees padded lengths.
         planned = -(-raw // self.pad_multiple) * self.pad_multiple
         self.sampler = BalancedBatchSampler(
@@ -369,8 +384,20 @@ class MegatronDataIterator:
         return len(self.microbatches_per_step())
 
     def pack(self, indices: Sequence[int]) -> dict[str, Any]:
-        """The packed THD micro-batch of these dataset indices (:func:`pack_thd`)."""
-        return pack_thd([self.dataset[i] for i in indices], pad_multiple=self.pad_multiple)
+        """The packed THD micro-batch of these dataset indices (:func:`pack_thd`).
+
+        Raises:
+            ValueError: a sample's token count is not its ``lengths`` entry (the plan and its
+                cap were made from ``lengths``).
+        """
+        samples = [self.dataset[i] for i in indices]
+        for i, sample in zip(indices, samples, strict=True):
+            if len(sample) != self._lengths[i]:
+                raise ValueError(
+                    f"dataset[{i}] has {len(sample)} tokens but lengths[{i}] = "
+                    f"{self._lengths[i]}: the plan and its max_tokens were made from lengths"
+                )
+        return pack_thd(samples, pad_multiple=self.pad_multiple)
 
     def _next_indices(self) -> list[int]:
         if self._batches is None:

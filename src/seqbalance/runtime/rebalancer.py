@@ -443,11 +443,12 @@ class Rebalancer:
 
         Raises:
             ValueError: on every rank, before any sample moves: the ranks' settings differ,
-                ranks with samples disagree on passing ``parts``, any rank's input is bad (the
-                message names the rank and its local sample index: a malformed sample, parts
-                whose tokens differ from the samples' lengths, a sample over ``max_tokens`` or
-                ``max_vision_patches``, a cost the cost model rejects), or the step cannot be
-                planned.
+                their cost models give different costs for the step's samples (or only some
+                ranks can plan it), ranks with samples disagree on passing ``parts``, any
+                rank's input is bad (the message names the rank and its local sample index:
+                a malformed sample, parts whose tokens differ from the samples' lengths, a
+                sample over ``max_tokens`` or ``max_vision_patches``, a cost the cost model
+                rejects), or the step cannot be planned.
             CollectiveError: a peer failed or did not call within the timeout.
         """
         if self._worker is not None and not _on_worker_thread():
