@@ -478,7 +478,8 @@ def add_plan_option_arguments(
             "--planning-budget",
             int,
             None,
-            "work (samples x ranks) for balanced's rivals without a cheap bound (default: auto)",
+            "samples x ranks up to which balanced runs its rivals; beyond, <= 0.1%% given up "
+            "(default: auto)",
         ),
     ):
         group.add_argument(name, type=kind, default=default, help=text)
