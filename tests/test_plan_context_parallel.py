@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -593,3 +594,20 @@ def test_options_with_a_cp_time_model_round_trip_and_fingerprint_it() -> None:
     data = first.to_dict() | {"cost": {"ContextParallelTimeModel": 5}}
     with pytest.raises(ValueError, match="ContextParallelTimeModel must be an object"):
         PlanOptions.from_dict(data)
+
+
+def test_malformed_documents_are_value_errors_naming_the_plan_type() -> None:
+    text = plan([30, 3, 9], 2, 16).to_json()
+    assert ContextParallelPlan.from_json(text) == plan([30, 3, 9], 2, 16)
+    document = json.loads(text)
+    for broken in (
+        {k: v for k, v in document.items() if k != "slots"},  # a field missing
+        {**document, "n_slots": "many"},  # a field of the wrong type
+        {**document, "costs": [1.0]},  # the wrong shape
+    ):
+        with pytest.raises(ValueError, match="malformed ContextParallelPlan document"):
+            ContextParallelPlan.from_json(json.dumps(broken))
+    with pytest.raises(ValueError, match=r"expected a .* document, got format 'StepPlan/2'"):
+        ContextParallelPlan.from_json(json.dumps({**document, "format": "StepPlan/2"}))
+    with pytest.raises(ValueError, match="not valid JSON"):
+        ContextParallelPlan.from_json("{")

@@ -46,6 +46,7 @@ from seqbalance.plan._cp_megatron import plan_megatron_cp
 from seqbalance.plan._cp_metrics import Pieces, finish_times, lower_bound, min_cp_sizes, slot_loads
 from seqbalance.plan._cp_problem import CPProblem, Schedule
 from seqbalance.plan._cp_strategies import plan_balanced_cp, plan_static_cp, static_size
+from seqbalance.plan._document import MALFORMED_ERRORS, PlanDocument, load_document, malformed
 from seqbalance.plan.types import PlanValidationError, validate_count
 
 __all__ = [
@@ -266,7 +267,7 @@ class SlotInputs:
 
 # ------------------------------------------------------------------ the plan
 @dataclass(frozen=True, eq=False)
-class ContextParallelPlan:
+class ContextParallelPlan(PlanDocument):
     """Which CP group and slot every sample of one step runs in, and what that costs.
 
     Attributes:
@@ -772,12 +773,14 @@ class ContextParallelPlan:
     @classmethod
     def from_json(cls, text: str) -> ContextParallelPlan:
         """Rebuild a plan written by ``to_json``."""
+        data = load_document(text, (_PLAN_FORMAT,))
         try:
-            data = json.loads(text)
-        except (TypeError, json.JSONDecodeError) as error:
-            raise ValueError(f"not valid JSON: {error}") from None
-        if not isinstance(data, dict) or data.get("format") != _PLAN_FORMAT:
-            raise ValueError(f"expected a {_PLAN_FORMAT} document")
+            return cls._from_dict(data)
+        except MALFORMED_ERRORS as error:
+            raise ValueError(malformed("ContextParallelPlan", error)) from None
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> ContextParallelPlan:
         n_ranks, n_slots = int(data["n_ranks"]), int(data["n_slots"])
         groups = data["groups"]
         return cls(
@@ -797,13 +800,6 @@ class ContextParallelPlan:
             planning_seconds=float(data.get("planning_seconds", 0.0)),
             **{name: data[name] for name in _PLAN_SCALARS},
         )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ContextParallelPlan):
-            return NotImplemented
-        return self.to_json(timing=False) == other.to_json(timing=False)
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 _PLAN_SCALARS = (

@@ -15,6 +15,7 @@ import numpy as np
 
 from seqbalance import __version__
 from seqbalance._validation import check_int
+from seqbalance.plan._document import MALFORMED_ERRORS, PlanDocument, load_document, malformed
 from seqbalance.plan._problem import OptionFields, objective_value, rank_imbalance
 from seqbalance.plan.options import PlanOptions
 
@@ -32,7 +33,7 @@ class PlanValidationError(ValueError):
 
 
 @dataclass(frozen=True, eq=False)
-class StepPlan(OptionFields):
+class StepPlan(OptionFields, PlanDocument):
     """Which rank and micro-batch every sample of one optimizer step goes to.
 
     Attributes:
@@ -458,7 +459,7 @@ class StepPlan(OptionFields):
         Raises:
             ValueError: not JSON, not a StepPlan document, or a missing or malformed field.
         """
-        return cls._from_dict(_load(text, (_STEP_FORMAT, _STEP_FORMAT_V1)))
+        return cls._from_dict(load_document(text, (_STEP_FORMAT, _STEP_FORMAT_V1)))
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> StepPlan:
@@ -488,17 +489,8 @@ class StepPlan(OptionFields):
                 planning_seconds=float(provenance.get("planning_seconds", 0.0)),
                 vision_patches=None if patches is None else np.asarray(patches, dtype=np.int64),
             )
-        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as error:
-            raise ValueError(
-                f"malformed StepPlan document: {type(error).__name__}: {error}"
-            ) from None
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, StepPlan):
-            return NotImplemented
-        return self.to_json(timing=False) == other.to_json(timing=False)
-
-    __hash__ = None  # type: ignore[assignment]
+        except MALFORMED_ERRORS as error:
+            raise ValueError(malformed("StepPlan", error)) from None
 
 
 def _v1_options(data: dict[str, Any]) -> PlanOptions:
@@ -550,23 +542,8 @@ def validate_count(m: int, name: str, limits: Any) -> None:
         )
 
 
-def _malformed(kind: str, error: Exception) -> str:
-    return f"malformed {kind} document: {type(error).__name__}: {error}"
-
-
-def _load(text: str, expected: tuple[str, ...]) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except (TypeError, ValueError, RecursionError) as error:
-        raise ValueError(f"not valid JSON: {error}") from None
-    if not isinstance(data, dict) or data.get("format") not in expected:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"expected a {' or '.join(expected)} document, got format {found!r}")
-    return data
-
-
 @dataclass(frozen=True, eq=False)
-class EpochPlan:
+class EpochPlan(PlanDocument):
     """The plans of every optimizer step of one epoch.
 
     Attributes:
@@ -678,7 +655,7 @@ class EpochPlan:
     @classmethod
     def from_json(cls, text: str) -> EpochPlan:
         """Rebuild an epoch plan written by ``to_json``."""
-        data = _load(text, (_EPOCH_FORMAT,))
+        data = load_document(text, (_EPOCH_FORMAT,))
         try:
             return cls(
                 steps=[StepPlan._from_dict(step) for step in data["steps"]],
@@ -686,15 +663,8 @@ class EpochPlan:
                 dropped=np.asarray(data["dropped"], dtype=np.int64),
                 **{name: data[name] for name in _EPOCH_SCALARS},
             )
-        except (KeyError, TypeError, ValueError, OverflowError) as error:
-            raise ValueError(_malformed("EpochPlan", error)) from None
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, EpochPlan):
-            return NotImplemented
-        return self.to_json(timing=False) == other.to_json(timing=False)
-
-    __hash__ = None  # type: ignore[assignment]
+        except MALFORMED_ERRORS as error:
+            raise ValueError(malformed("EpochPlan", error)) from None
 
 
 _EPOCH_SCALARS = (
