@@ -148,8 +148,6 @@ class VerlBaseline(_StackBaseline):
         """A lower bound on the objective of verl's plan from its driver's rank split alone
         (about a third of its work): a plan that keeps the caps has at least the fewest
         feasible micro-batches per rank. ``inf`` where verl cannot plan the step."""
-        from seqbalance.plan.strategies import rank_bound
-
         if problem.options.max_vision_patches is not None:
             return float("inf")
         try:
@@ -159,7 +157,7 @@ class VerlBaseline(_StackBaseline):
         rank_of_unit = np.empty(problem.n_units, dtype=np.int64)
         for r, members in enumerate(ranks):
             rank_of_unit[problem.unit_of_sample[members]] = r
-        return rank_bound(problem, rank_of_unit, problem.min_feasible_microbatches)
+        return problem.rank_bound(rank_of_unit, problem.min_feasible_microbatches)
 
     def _plan(self, problem: Any) -> Microbatches:
         if problem.layout == "padded":

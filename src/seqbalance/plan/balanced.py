@@ -84,10 +84,8 @@ RIVALS_WITHOUT_BOUND_GAP = 1e-4
 lower bound: every valid plan costs at least the bound, so a skipped rival is never cheaper by
 more than this fraction."""
 PLANNING_BUDGET_GAP = 1e-3
-"""With the ``planning_budget`` option, on steps beyond it no rival (baselines, the stacks'
-schedulers, the partition engine's split) runs unless the plan is more than this far
-(relative) above the lower bound, and the lockstep refinement stops this close to it: at most
-0.1% of plan quality is given up for planning time."""
+"""Beyond ``planning_budget``: no rival runs unless the plan is more than this far (relative)
+above the lower bound, and the lockstep refinement stops this close to it."""
 
 
 def plan_balanced(p: Problem) -> Microbatches:
@@ -170,12 +168,10 @@ class _Portfolio:
     binds (one micro-batch per rank), the partition engine's split of the unit costs. A
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
     objective) is not run when that bound cannot beat the best plan so far; one that offers
-    none (the stacks' schedulers) is run on steps within the ``planning_budget`` option (by
-    default of at most ``RIVALS_WITHOUT_BOUND_SAMPLES`` samples or, up to
-    ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most ``RIVALS_WITHOUT_BOUND_WORK`` samples x
-    ranks), and on other steps when the plan is more than ``RIVALS_WITHOUT_BOUND_GAP`` above
-    the lower bound (with a ``planning_budget``: beyond it, no rival runs unless the plan is
-    more than ``PLANNING_BUDGET_GAP`` above the lower bound).
+    none (the stacks' schedulers) is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES``
+    samples or, up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most
+    ``RIVALS_WITHOUT_BOUND_WORK`` samples x ranks, and on other steps when the plan is more
+    than ``RIVALS_WITHOUT_BOUND_GAP`` above the lower bound (see ``planning_budget`` too).
     """
 
     def __init__(self, p: Problem) -> None:
@@ -211,17 +207,16 @@ class _Portfolio:
             return plan
         budget = p.options.planning_budget
         gap = RIVALS_WITHOUT_BOUND_GAP if budget is None else PLANNING_BUDGET_GAP
-        # Whether the rivals without a cheap lower bound run: within the work budget, or where
-        # they could save more than the gap (keep planning in milliseconds otherwise).
+        # Rivals without a cheap bound (and with a budget, all) run only within the budget or
+        # where they could save more than the gap: keep planning in milliseconds otherwise.
         unbounded = _rivals_without_bound_are_cheap(p) or value > bound * (1 + gap)
         if budget is not None and not unbounded:
-            return plan  # beyond the budget no rival could save more than the gap
+            return plan
         candidates = [self._partition_start()]
         for strategy in _rivals():
             estimate = getattr(strategy, "plan_lower_bound", None)
-            # verl's bound costs a third of its plan: the stacks all follow the rule.
             if (estimate is None or strategy.family == "stack") and not unbounded:
-                continue
+                continue  # verl's bound (a third of its plan) only ever skips it
             if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
                 continue
             candidates.append(self._plan_of(strategy))
@@ -255,9 +250,8 @@ class _Portfolio:
 
 
 def _rivals_without_bound_are_cheap(p: Problem) -> bool:
-    """Whether the rivals without a cheap lower bound always run on ``p``: within the
-    ``planning_budget`` option (samples x ranks), by default see ``RIVALS_WITHOUT_BOUND_SAMPLES``
-    and ``RIVALS_WITHOUT_BOUND_WORK``."""
+    """Whether the rivals without a cheap lower bound always run on ``p``: ``n x dp`` within
+    ``planning_budget``, by default see ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``..._WORK``."""
     budget = p.options.planning_budget
     if budget is not None:
         return p.n * p.dp <= budget
@@ -927,9 +921,8 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     patches = None
     if p.patches is not None:
         patches = np.array([[int(p.patches[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
-    slack = _LOCKSTEP_GOOD_ENOUGH
-    if p.options.planning_budget is not None and not _rivals_without_bound_are_cheap(p):
-        slack = max(slack, PLANNING_BUDGET_GAP)  # beyond the budget: 0.1% is close enough
+    beyond = p.options.planning_budget is not None and not _rivals_without_bound_are_cheap(p)
+    slack = PLANNING_BUDGET_GAP if beyond else _LOCKSTEP_GOOD_ENOUGH
     good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + slack)
     work = [0]
     for _ in range(2 * m * p.dp):

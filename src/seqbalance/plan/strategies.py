@@ -33,7 +33,7 @@ from seqbalance.plan._packing import fill_empty, greedy_microbatches, to_count
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.registry import Microbatches
 
-__all__ = ["BASELINE_STRATEGIES", "GreedyBaseline", "TokenKK", "rank_bound", "rank_members"]
+__all__ = ["BASELINE_STRATEGIES", "GreedyBaseline", "TokenKK", "rank_members"]
 
 
 def rank_members(p: Problem, rank_of_unit: np.ndarray) -> list[np.ndarray]:
@@ -64,7 +64,7 @@ class GreedyBaseline:
 
     def plan_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's objective from its rank rule alone (cheap)."""
-        return rank_bound(p, self.ranks(p), p.min_feasible_microbatches)
+        return p.rank_bound(self.ranks(p), p.min_feasible_microbatches)
 
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches: the rank rule, then the micro-batch rule, then ``M`` on every rank."""
@@ -133,22 +133,11 @@ class TokenKK:
     def plan_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's objective from its rank split alone (cheap); its
         soft cap may use as few micro-batches as the options allow."""
-        return rank_bound(p, _token_kk_ranks(p), p.round_microbatches(1))
+        return p.rank_bound(_token_kk_ranks(p), p.round_microbatches(1))
 
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches of the token Karmarkar–Karp baseline."""
         return _token_kk(p)
-
-
-def rank_bound(p: Problem, rank_of_unit: np.ndarray, m: int) -> float:
-    """The costliest rank's least possible total: every micro-batch pays the overhead and every
-    sample at least its least cost (``lockstep`` costs at least as much as ``step``); with rank
-    speeds, the slowest rank's least possible time (total / speed)."""
-    least = p.unit_sums(p.least_sample_costs)
-    loads = np.bincount(rank_of_unit, weights=least, minlength=p.dp)
-    if p.speeds is not None:
-        return float(((loads + m * p.overhead) / p.speeds).max(initial=0.0))
-    return float(loads.max(initial=0.0)) + m * p.overhead
 
 
 def _token_kk_ranks(p: Problem) -> np.ndarray:
