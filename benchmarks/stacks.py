@@ -4,7 +4,7 @@
     python benchmarks/stacks.py --steps 3  # quick look
 
 Every setup is simulated with ``seqbalance.sim.simulate`` on identical batches for ``balanced``
-and each stack's real scheduler (``seqbalance.integrations.baselines``: ``verl``, ``slime``,
+and each stack's real scheduler (``seqbalance.plan.stacks``: ``verl``, ``slime``,
 ``slime_flops``, ``torchspec``, plus ``token_kk``), under both objectives. The Hugging Face
 baselines (``hf_default``, ``hf_length_grouped``) pad their micro-batches and are compared with
 ``seqbalance simulate --layout padded`` instead (these setups pack).

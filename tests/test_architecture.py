@@ -34,13 +34,11 @@ and those below. The root package only holds ``__version__`` and lazy names, so 
 import it."""
 
 KNOWN_UPWARD = {
-    ("seqbalance.plan.registry", "seqbalance.integrations.baselines"),
     ("seqbalance.runtime.bench.context_parallel", "seqbalance.sim"),
     ("seqbalance.runtime.bench.context_parallel", "seqbalance.sim.context_parallel"),
     ("seqbalance.runtime.bench.harness", "seqbalance.sim"),
 }
-"""Upward imports still to remove (issue 17): the stacks' schedulers belong under plan/, the
-bench harness above runtime/."""
+"""Upward imports still to remove (issue 17): the bench harness belongs above runtime/."""
 
 KNOWN_CYCLES = {
     frozenset({"seqbalance.cost._hf_config", "seqbalance.cost.spec"}),

@@ -225,7 +225,7 @@ def test_hf_baselines_run_padded_and_say_so(baseline: str, capsys) -> None:
 
 def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
     import seqbalance as sb
-    from seqbalance.integrations.baselines import length_grouped_steps
+    from seqbalance.plan.stacks import length_grouped_steps
     from seqbalance.sim import simulate
 
     argv = ["simulate", "--steps", "3", "--dp", "4", "--global-batch", "96", "--seed", "5"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from seqbalance.cost import FlopsModel, ModelSpec
-from seqbalance.integrations.baselines import SlimeBaseline
 from seqbalance.integrations.slime import ScheduleError, _megatron_model_spec, build_dp_schedule
+from seqbalance.plan.stacks import SlimeBaseline
 
 MODEL = {
     "hidden_size": 16,
@@ -158,7 +158,7 @@ def test_balanced_is_never_worse_than_slimes_schedule() -> None:
             costs[p].sum() + len(m) * flops.microbatch_overhead
             for p, m in zip(partitions, mbi, strict=True)
         )
-        from test_integrations_baselines import problem
+        from test_plan_stacks import problem
 
         p = problem(lengths, 4, max_tokens=100, costs=costs)
         theirs = max(

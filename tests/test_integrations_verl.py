@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqbalance.integrations import verl as sbv
-from seqbalance.integrations._reference import largest_differencing
+from seqbalance.plan.stacks.reference import largest_differencing
 
 torch = pytest.importorskip("torch")
 tensordict = pytest.importorskip("tensordict")

@@ -303,7 +303,7 @@ def _with_length_grouped(
     ratio of epoch times (mean step times would credit the lighter steps)."""
     import dataclasses
 
-    from seqbalance.integrations.baselines import length_grouped_steps
+    from seqbalance.plan.stacks import length_grouped_steps
     from seqbalance.sim import simulate
 
     if source.groups is not None:

@@ -13,9 +13,10 @@ its own module so that a stack's optional dependencies are imported only when it
 - ``seqbalance.integrations.megatron``: the data iterator of megatron-core's forward-backward
   schedules: packed (THD) micro-batches in ``PackedSeqParams``' shape, a micro-batch count per
   step, and the per-token loss normalisation (torch; megatron-core for its parallel state).
-- ``seqbalance.integrations.baselines``: the stacks' real schedulers (``verl``, ``slime``,
-  ``slime_flops``, ``torchspec``, ``hf_default``, ``hf_length_grouped``) as planner
-  strategies, so ``simulate`` compares against what a stack runs today.
+
+The stacks' own scheduling algorithms (``verl``, ``slime``, ``slime_flops``, ``torchspec``,
+``hf_default``, ``hf_length_grouped``) are planner strategies in ``seqbalance.plan.stacks``; the
+modules here only adapt the stacks' signatures and import those algorithms from there.
 
 Submodules are imported on first attribute access; importing this package needs numpy only.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = ("baselines", "hf", "megatron", "slime", "verl")
+_SUBMODULES = ("hf", "megatron", "slime", "verl")
 
 __all__ = list(_SUBMODULES)
 

@@ -5,8 +5,9 @@ verl 0.9.1's ``rearrange_micro_batches`` makes ``max_token_len`` a strict cap: i
 ``min(groups, ceil(tokens / max_token_len))`` micro-batches (raised to ``min_num_micro_batch``,
 agreed over ``dp_group`` and rounded up to ``num_batches_divided_by``), partitions the workloads
 ``24576 L + L^2`` with Karmarkar–Karp, and adds micro-batches (``num_batches_divided_by`` at a
-time) until every micro-batch of every rank fits. This module follows the same loop with the same
-collectives, but at each count it keeps the best partition that fits among seqbalance's
+time) until every micro-batch of every rank fits. This module runs the same loop
+(``seqbalance.plan.stacks.verl.strict_cap_parts``, which the ``verl`` strategy runs too) with the
+same collectives, but at each count it keeps the best partition that fits among seqbalance's
 (``plan_step`` and ``partition`` on costs and on tokens) and verl's own Karmarkar–Karp: so it stops
 at verl's count or earlier, and at verl's count its heaviest micro-batch is never heavier.
 """
@@ -20,13 +21,14 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import check_int
-from seqbalance.integrations._reference import largest_differencing
 from seqbalance.integrations._verl_partitions import (
     ceildiv,
     get_reverse_idx,
     roundup_divisible,
     sample_costs,
 )
+from seqbalance.plan.stacks.reference import largest_differencing
+from seqbalance.plan.stacks.verl import strict_cap_parts
 
 __all__ = [
     "plan_micro_batches",
@@ -130,19 +132,18 @@ def plan_micro_batches(
             f"{what} holds {longest} tokens, more than max_token_len = {cap}: it fits no "
             "micro-batch"
         )
-    while True:
-        if count > fewest_items:
-            raise ValueError(
-                f"max_token_len = {cap} needs {count} non-empty micro-batches, but a rank has "
-                f"only {fewest_items} sequences (or forced groups)"
-            )
-        parts = _best_fitting(item_lengths, item_costs, cap, count)
-        fits = parts is not None
-        if synced:
-            fits = bool(_all_reduce([int(fits)], "min", dp_group)[0])
-        if fits:
-            break
-        count += step
+
+    def agree(fits: bool) -> bool:
+        return bool(_all_reduce([int(fits)], "min", dp_group)[0]) if synced else fits
+
+    parts = strict_cap_parts(
+        count,
+        step=step,
+        fewest_items=fewest_items,
+        cap=cap,
+        fitting=lambda m: _best_fitting(item_lengths, item_costs, cap, m),
+        agree=agree,
+    )
     units = np.arange(lengths.size).reshape(-1, group)
     micro = [sorted(units[part].reshape(-1).tolist()) for part in parts]
     weight = [overhead + float(costs[part].sum()) for part in micro]

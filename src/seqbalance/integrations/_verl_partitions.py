@@ -19,7 +19,7 @@ import numpy as np
 
 from seqbalance._validation import check_int
 from seqbalance.integrations._cost import choose_cost
-from seqbalance.integrations._reference import (
+from seqbalance.plan.stacks.reference import (
     VERL_LINEAR_WORKLOAD,
     karmarkar_karp_groups,
     largest_differencing,

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import check_choice, check_int
-from seqbalance.integrations._reference import first_fit_bins
+from seqbalance.plan.stacks.reference import first_fit_bins, split_largest_bins
 
 __all__ = ["ScheduleError", "build_dp_schedule"]
 
@@ -117,8 +117,6 @@ def _slime_schedule(
     lengths: list[int], dp: int, per_rank_multiple: int, cap: int | None, size: int
 ) -> list[list[list[int]]]:
     """slime's own unbalanced schedule of one step (positions into the step)."""
-    from seqbalance.integrations._reference import split_largest_bins
-
     n = len(lengths)
     if cap is None:
         bins = [list(range(i, min(i + size, n))) for i in range(0, n, size)]

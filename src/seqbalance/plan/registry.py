@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from seqbalance.plan.stacks import STACK_BASELINES
+
 if TYPE_CHECKING:
     from seqbalance.plan._problem import Problem
 
@@ -147,12 +149,12 @@ _BUILTINS_LOADED = False
 
 
 def _ensure_builtins() -> None:
-    """Register the built-in strategies on first use (their modules import this one)."""
+    """Register the built-in strategies on first use (``balanced`` and the common baselines
+    import this module, so they are imported here, once the registry exists)."""
     global _BUILTINS_LOADED
     if _BUILTINS_LOADED:
         return
     _BUILTINS_LOADED = True
-    from seqbalance.integrations.baselines import STACK_BASELINES
     from seqbalance.plan.balanced import BALANCED
     from seqbalance.plan.strategies import BASELINE_STRATEGIES
 

@@ -4,14 +4,17 @@
 own code produced for them (verl ``rearrange_micro_batches`` after the trainer's driver balance,
 slime ``build_dp_schedule``, TorchSpec's controller dispatch, Hugging Face
 ``get_length_grouped_indices`` sharded by Accelerate), recorded by running those functions; only
-their outputs are stored. Where a stack's function is importable, the live tests also compare on
-fresh random inputs.
+their outputs are stored. The verl cases are verl 0.9.1's, re-recorded by
+``scripts/record_verl_baseline.py``. Where a stack's function is importable, the live tests also
+compare on fresh random inputs.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
+from collections import Counter
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,8 +25,10 @@ from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqbalance.integrations._reference import largest_differencing, split_largest_bins
-from seqbalance.integrations.baselines import (
+from seqbalance.plan import PlanOptions
+from seqbalance.plan._problem import Problem
+from seqbalance.plan.balanced import aligned_value
+from seqbalance.plan.stacks import (
     STACK_BASELINES,
     HFDefaultBaseline,
     HFLengthGroupedBaseline,
@@ -34,9 +39,7 @@ from seqbalance.integrations.baselines import (
     length_grouped_steps,
     stack_baseline,
 )
-from seqbalance.plan import PlanOptions
-from seqbalance.plan._problem import Problem
-from seqbalance.plan.balanced import aligned_value
+from seqbalance.plan.stacks.reference import largest_differencing, split_largest_bins
 
 RECORDED = Path(__file__).parent / "data" / "stack_baselines.json.gz"
 
@@ -154,13 +157,21 @@ def test_split_largest_bins_by_hand() -> None:
     assert singles == [[0], [1]]
 
 
-def test_verl_soft_cap_and_equal_counts() -> None:
-    # Two ranks of 2 samples; rank tokens 900 and 900 with a 600 cap -> 2 micro-batches each,
-    # verl's count ignores that one sample alone is over the cap.
-    p = problem([700, 200, 650, 250], 2, max_tokens=600)
-    plan = VerlBaseline().plan(p)
-    assert [len(mbs) for mbs in plan] == [2, 2]
-    assert sorted(i for mbs in plan for mb in mbs for i in mb) == [0, 1, 2, 3]
+def test_verl_strict_cap_adds_microbatches_until_every_rank_fits() -> None:
+    # Ranks {700, 200} and {650, 250} (the driver pairs the longest with the shortest): 900
+    # tokens each under a 600 cap start at 2 micro-batches, [700] alone is over the cap, so
+    # verl 0.9.1 fails there and would need 3 on a rank of 2 samples: it refuses.
+    with pytest.raises(ValueError, match="a sample holds 700 tokens, more than max_tokens = 600"):
+        VerlBaseline().plan(problem([700, 200, 650, 250], 2, max_tokens=600))
+    # One rank of three 500-token samples under a 900 cap: ceil(1500 / 900) = 2 micro-batches
+    # put two samples together (1000 tokens, over the cap), so verl goes on to 3, which fit.
+    assert VerlBaseline().plan(problem([500, 500, 500], 1, max_tokens=900)) == [[[0], [1], [2]]]
+    # With num_batches_divided_by = 2 it steps from 2 to 4, more than the rank's 3 samples.
+    with pytest.raises(ValueError, match="4 non-empty micro-batches are needed under a cap of 900"):
+        VerlBaseline().plan(problem([500, 500, 500], 1, max_tokens=900, microbatch_multiple=2))
+    # A fixed count that verl's micro-batches do not fit is refused, not exceeded.
+    with pytest.raises(ValueError, match="num_microbatches = 2 is infeasible"):
+        VerlBaseline().plan(problem([500, 500, 500], 1, max_tokens=900, num_microbatches=2))
 
 
 def test_verl_rejects_what_verl_rejects() -> None:
@@ -256,6 +267,7 @@ def test_stack_baseline_lookup() -> None:
         "hf_default",
         "hf_length_grouped",
     ]
+    # verl's packed path keeps the cap, but its padded path has none: no stack enforces it.
     assert all(not s.enforces_cap and not s.aligns_positions for s in STACK_BASELINES)
     assert stack_baseline("slime_flops").balance_by_flops
     with pytest.raises(ValueError, match="verl, slime"):
@@ -275,6 +287,40 @@ def test_verl_live_against_verl() -> None:
         assert largest_differencing(values, k, equal_size=False) == (
             balancing.get_seqlen_balanced_partitions(values, k, False)
         )
+
+
+def test_verl_strategy_live_against_verl() -> None:
+    """Fresh random steps, planned by verl itself the way the recorded cases were (the recording
+    script: the trainer's driver balance, then verl's ``rearrange_micro_batches`` on every rank
+    with the ranks agreeing on the count). Caps close to the longest sample make verl's strict
+    loop add micro-batches (in 12 of these 60 steps)."""
+    pytest.importorskip("verl.utils.seqlen_balancing")
+    path = Path(__file__).parent.parent / "scripts" / "record_verl_baseline.py"
+    spec = importlib.util.spec_from_file_location("record_verl_baseline", path)
+    recorder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recorder)
+    rng = np.random.default_rng(12)
+    outcomes = Counter()
+    for _ in range(60):
+        dp = int(rng.integers(1, 5))
+        case = {
+            "lengths": rng.integers(1, 300, dp * int(rng.integers(1, 10))).tolist(),
+            "dp": dp,
+            "max_tokens": int(rng.integers(300, 400)),
+            "min_microbatches": int(rng.integers(1, 3)),
+            "microbatch_multiple": int(rng.integers(1, 3)),
+        }
+        expected = recorder.verl_plan(case)
+        outcomes["error" if expected == "error" else "plan"] += 1
+        p = problem(
+            case["lengths"],
+            dp,
+            max_tokens=case["max_tokens"],
+            min_microbatches=case["min_microbatches"],
+            microbatch_multiple=case["microbatch_multiple"],
+        )
+        assert outcome(VerlBaseline(), p) == expected, case
+    assert outcomes["plan"] >= 40, outcomes
 
 
 def test_slime_live_against_slime() -> None:
