@@ -1,7 +1,7 @@
 """Benchmark of the step planner: step cost against the lower bound, cap violations and planning
 time for every strategy, on real length distributions and FLOPs costs.
 
-    python benchmarks/plan.py [--quick] [--out FILE]
+    python benchmarks/plan.py [--quick] [--planning-budget N] [--out FILE]
 
 Prints a markdown section for BENCHMARKS.md (and writes it to FILE with --out). Cases: global
 batches drawn (fixed seed) from the bundled reference length sets (ShareGPT, GSM8K, LIMA,
@@ -9,7 +9,8 @@ Qwen2.5-Math with its 8-response groups) and a GRPO-like rollout batch
 (``seqbalance.datasets.rl_lengths``: lognormal responses with a spike at the maximum response
 length, groups of 8); Qwen3-8B and Qwen3-30B-A3B training FLOPs; dp 4 / 8 / 64 with 128 / 512 /
 4096 samples; token caps 8k / 16k / 64k (samples longer than the cap are truncated to it, as
-trainers do); both objectives. ``--quick`` runs one model and fewer repetitions.
+trainers do); both objectives. ``--quick`` runs one model and fewer repetitions;
+``--planning-budget N`` plans ``balanced`` with that ``PlanOptions.planning_budget``.
 """
 
 from __future__ import annotations
@@ -87,9 +88,10 @@ def cases(quick: bool) -> list[Case]:
     return result
 
 
-def run_case(case: Case, repeats: int) -> dict[str, dict]:
+def run_case(case: Case, repeats: int, budget: int | None = None) -> dict[str, dict]:
     results = {}
     for strategy in STRATEGIES:
+        extra = {"planning_budget": budget} if strategy == "balanced" and budget is not None else {}
         times, plan = [], None
         for _ in range(repeats):
             start = time.perf_counter()
@@ -103,6 +105,7 @@ def run_case(case: Case, repeats: int) -> dict[str, dict]:
                 objective=case.objective,
                 strategy=strategy,
                 allow_oversize=True,
+                **extra,
             )
             times.append(time.perf_counter() - start)
         assert plan is not None
@@ -137,14 +140,21 @@ def check_targets(case: Case, results: dict[str, dict]) -> list[str]:
     return failures
 
 
-def headline_timing(repeats: int) -> tuple[float, float, float]:
+def headline_timing(repeats: int, budget: int | None = None) -> tuple[float, float, float]:
     """Best-of-``repeats`` planning seconds for 4096 ShareGPT samples, dp 64, cap 16k,
     Qwen3-8B FLOPs (step objective), the predicted step time, and the plan's ratio to its bound."""
     lengths, _ = draw_batch("sharegpt", 4096, 16384, seed=1)
     times = []
     plan = None
     for _ in range(repeats):
-        plan = sb.plan_step(lengths, 64, cost="flops", max_tokens=16384, allow_oversize=True)
+        plan = sb.plan_step(
+            lengths,
+            64,
+            cost="flops",
+            max_tokens=16384,
+            allow_oversize=True,
+            **({} if budget is None else {"planning_budget": budget}),
+        )
         times.append(plan.planning_seconds)
     assert plan is not None
     return (
@@ -178,13 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one model, one repetition")
     parser.add_argument("--out", help="also write the markdown section to this file")
+    parser.add_argument(
+        "--planning-budget", type=int, default=None, help="balanced's planning_budget option"
+    )
     args = parser.parse_args(argv)
     repeats = 1 if args.quick else 3
+    budget = args.planning_budget
+    flags = (" --quick" if args.quick else "") + (
+        "" if budget is None else f" --planning-budget {budget}"
+    )
     lines = [
         "## Step planner (`benchmarks/plan.py`)",
         "",
         f"Machine: {machine()}.",
-        f"Command: `python benchmarks/plan.py{' --quick' if args.quick else ''}`.",
+        f"Command: `python benchmarks/plan.py{flags}`.",
         "",
         "Cells: step cost / lower bound under the case's objective (1.000 = provably optimal); "
         "over-cap micro-batches in parentheses (only `token_kk`, whose cap is soft by "
@@ -199,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     failed = 0
     all_cases = cases(args.quick)
-    run_case(all_cases[0], 1)  # warm-up: imports, model presets
+    run_case(all_cases[0], 1, budget)  # warm-up: imports, model presets
     for case in all_cases:
-        results = run_case(case, repeats)
+        results = run_case(case, repeats, budget)
         failures = check_targets(case, results)
         failed += bool(failures)
         lines.append(
@@ -212,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             + f" | {'pass' if not failures else 'FAIL: ' + ', '.join(failures)} |"
         )
         print(lines[-1], file=sys.stderr)
-    seconds, step_seconds, ratio = headline_timing(3 if args.quick else 7)
+    seconds, step_seconds, ratio = headline_timing(3 if args.quick else 7, budget)
     lines += [
         "",
         f"Targets met in {len(all_cases) - failed} of {len(all_cases)} cases.",

@@ -188,6 +188,7 @@ def test_option_names_are_the_dataclass_fields() -> None:
         "allow_empty",
         "context_parallel",
         "rank_speeds",
+        "planning_budget",
     )
 
 
@@ -372,3 +373,11 @@ def test_from_dict_with_a_malformed_cost_names_the_field(data) -> None:
         PlanOptions.from_dict(document)
     except ValueError as error:
         assert str(error).startswith(("cost", "model")), str(error)
+
+
+def test_planning_budget_round_trips_and_is_written_only_when_set() -> None:
+    budgeted = PlanOptions(planning_budget=4096)
+    assert PlanOptions.from_json(budgeted.to_json()).planning_budget == 4096
+    assert budgeted.fingerprint() != PlanOptions().fingerprint()
+    # Options without it keep their JSON and fingerprint (saved sampler states still resume).
+    assert "planning_budget" not in PlanOptions().to_json()

@@ -21,9 +21,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seqbalance.plan import PlanOptions
 from seqbalance.plan._problem import Problem
+from seqbalance.plan.balanced import aligned_value
 from seqbalance.plan.stacks import (
     STACK_BASELINES,
     HFDefaultBaseline,
@@ -191,6 +195,38 @@ def test_verl_with_groups_keeps_groups_on_one_rank() -> None:
         sum([100, 100, 200, 200, 150, 150, 50, 50][i] for mb in mbs for i in mb) for mbs in plan
     )
     assert tokens == [500, 500]
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=64),
+    dp=st.sampled_from([1, 2, 4]),
+    cap=st.sampled_from([None, 3000, 8192]),
+    objective=st.sampled_from(["step", "lockstep"]),
+    grouped=st.booleans(),
+)
+def test_verl_lower_bound_never_exceeds_its_valid_plan(
+    lengths: list[int], dp: int, cap: int | None, objective: str, grouped: bool
+) -> None:
+    # balanced skips verl when this bound cannot beat its own plan: it must be a true bound.
+    values = np.asarray(lengths, dtype=np.int64)
+    p = Problem(
+        lengths=values,
+        sample_costs=values * (1.0 + values / 1000.0),  # superlinear, like attention FLOPs
+        overhead=50.0,
+        dp=dp,
+        groups=np.arange(values.size) // 2 if grouped else None,
+        options=PlanOptions(
+            max_tokens=cap, objective=objective, allow_oversize=True, allow_empty=True
+        ),
+    )
+    verl = VerlBaseline()
+    try:
+        plan = verl.plan(p)
+    except ValueError:
+        return
+    if p.keeps_cap(plan):  # a soft-cap plan over the cap is no rival of balanced
+        assert verl.plan_lower_bound(p) <= aligned_value(p, plan) * (1 + 1e-12)
 
 
 def test_torchspec_round_robin_by_hand() -> None:

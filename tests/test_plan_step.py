@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.plan import StepPlan, get_strategy, strategy_names
+from seqbalance.plan.balanced import PLANNING_BUDGET_GAP
+
+
+def _microbatches(plan: StepPlan) -> list[list[list[int]]]:
+    return [[mb.tolist() for mb in mbs] for mbs in plan.ranks]
 
 
 def _rank_sets(plan: StepPlan) -> list[set[int]]:
@@ -143,6 +151,55 @@ def test_round_robin_and_contiguous_definitions() -> None:
     lengths = [1, 2, 3, 4, 5, 6]
     assert _rank_sets(sb.plan_step(lengths, 2, strategy="round_robin")) == [{0, 2, 4}, {1, 3, 5}]
     assert _rank_sets(sb.plan_step(lengths, 2, strategy="contiguous")) == [{0, 1, 2}, {3, 4, 5}]
+
+
+def _first_fit_by_definition(tokens: list[int], dp: int) -> list[int]:
+    """``first_fit``'s rank rule as documented, scanning every rank for every unit."""
+    budget = -(-sum(tokens) // dp)
+    loads = [0] * dp
+    ranks = []
+    for weight in tokens:
+        fits = [r for r in range(dp) if loads[r] + weight <= budget]
+        rank = fits[0] if fits else loads.index(min(loads))
+        ranks.append(rank)
+        loads[rank] += weight
+    return ranks
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    tokens=st.lists(st.integers(1, 5000) | st.integers(1, 8), min_size=1, max_size=80),
+    dp=st.integers(1, 19),
+)
+def test_first_fit_ranks_follow_the_definition(tokens: list[int], dp: int) -> None:
+    plan = sb.plan_step(tokens, dp, strategy="first_fit", allow_empty=True)
+    expected = _first_fit_by_definition(tokens, dp)
+    assert _rank_sets(plan) == [
+        {i for i, rank in enumerate(expected) if rank == r} for r in range(dp)
+    ]
+
+
+def test_planning_budget_skips_the_stack_schedulers_only_beyond_it(monkeypatch) -> None:
+    lengths = np.random.default_rng(5).integers(1, 3000, 200)
+    options = {"cost": "flops", "max_tokens": 8192}
+    default = sb.plan_step(lengths, 4, **options)
+    within = sb.plan_step(lengths, 4, planning_budget=200 * 4, **options)
+    assert _microbatches(within) == _microbatches(default)
+    ran = []
+    torchspec = get_strategy("torchspec")  # a stack scheduler without a lower bound
+    monkeypatch.setattr(type(torchspec), "plan", lambda self, p: ran.append(p.n) or [])
+    sb.plan_step(lengths, 4, planning_budget=200 * 4, **options)
+    assert ran == [200]  # within the budget: run (its broken stand-in plan is skipped)
+    ran.clear()
+    fast = sb.plan_step(lengths, 4, planning_budget=200 * 4 - 1, **options)
+    assert ran == []  # beyond it: not run, as balanced's plan is within the gap of its bound
+    assert fast.step_cost <= fast.lower_bound * (1 + PLANNING_BUDGET_GAP)
+
+
+@pytest.mark.parametrize("budget", [-1, 1.5, "10", True])
+def test_a_bad_planning_budget_is_a_value_error(budget: object) -> None:
+    with pytest.raises(ValueError, match="planning_budget"):
+        sb.plan_step([1, 2, 3], 1, planning_budget=budget)
 
 
 def test_token_kk_cap_is_soft() -> None:

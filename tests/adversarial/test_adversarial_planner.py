@@ -24,6 +24,7 @@ import seqbalance as sb
 from seqbalance.cost import HSTUFlopsModel, TimeModel
 from seqbalance.plan import PlanOptions, strategy_names
 from seqbalance.plan.balanced import (
+    PLANNING_BUDGET_GAP,
     RIVALS_WITHOUT_BOUND_GAP,
     RIVALS_WITHOUT_BOUND_MAX_SAMPLES,
     RIVALS_WITHOUT_BOUND_SAMPLES,
@@ -140,20 +141,24 @@ def test_balanced_never_loses_to_a_baseline(problem: dict) -> None:
 
 @settings(max_examples=examples(12), deadline=None)
 @given(
-    n=st.integers(RIVALS_WITHOUT_BOUND_SAMPLES + 1, 700),
+    n=st.integers(1, 700),
     dp=st.sampled_from([2, 3, 8, 16, 64]),
     cap=st.sampled_from([None, 256, 1024, 8192]),
     objective=st.sampled_from(["step", "lockstep"]),
     cost=st.sampled_from(sorted(COSTS)),
     seed=st.integers(0, 2**32 - 1),
+    budget=st.sampled_from([None, None, 0, 2048]),
 )
 def test_on_large_steps_stack_schedulers_win_by_at_most_the_gap(
-    n: int, dp: int, cap: int | None, objective: str, cost: str, seed: int
+    n: int, dp: int, cap: int | None, objective: str, cost: str, seed: int, budget: int | None
 ) -> None:
-    # Above RIVALS_WITHOUT_BOUND_SAMPLES, on steps of more than RIVALS_WITHOUT_BOUND_WORK
-    # samples x ranks, the stacks' schedulers only run when balanced's plan is more than the gap
-    # above the lower bound; otherwise they always run, and so does every baseline (cheap
-    # bounds): then balanced is never worse.
+    # By default, above RIVALS_WITHOUT_BOUND_SAMPLES on steps of more than
+    # RIVALS_WITHOUT_BOUND_WORK samples x ranks (with planning_budget: on steps of more than it),
+    # the stacks' schedulers only run when balanced's plan is more than the gap above the lower
+    # bound; otherwise they always run, and so does every baseline (cheap bounds): then
+    # balanced is never worse.
+    if budget is None and n <= RIVALS_WITHOUT_BOUND_SAMPLES:
+        n += RIVALS_WITHOUT_BOUND_SAMPLES  # the default always runs them: other tests check it
     lengths = np.random.default_rng(seed).choice(SHAREGPT, n)
     problem = {
         "lengths": lengths,
@@ -165,11 +170,17 @@ def test_on_large_steps_stack_schedulers_win_by_at_most_the_gap(
     }
     if cap is not None:
         problem.update(max_tokens=cap, allow_oversize=True)
-    balanced = _plan(problem, "balanced")
+    balanced = _plan({**problem, "planning_budget": budget}, "balanced")
     assert balanced is not None
+    if budget is not None:  # its own search is the same: at most the gap given up for time
+        default = _plan(problem, "balanced")
+        assert balanced.step_cost <= default.step_cost * (1 + PLANNING_BUDGET_GAP + 1e-9)
     for name, plan in _valid_alternatives(problem).items():
-        skipped = n > RIVALS_WITHOUT_BOUND_MAX_SAMPLES or n * dp > RIVALS_WITHOUT_BOUND_WORK
-        gap = RIVALS_WITHOUT_BOUND_GAP if skipped and name in strategy_names("stack") else 0.0
+        if budget is None:
+            skipped = n > RIVALS_WITHOUT_BOUND_MAX_SAMPLES or n * dp > RIVALS_WITHOUT_BOUND_WORK
+            gap = RIVALS_WITHOUT_BOUND_GAP if skipped and name in strategy_names("stack") else 0.0
+        else:
+            gap = PLANNING_BUDGET_GAP if n * dp > budget else 0.0
         assert balanced.step_cost <= plan.step_cost * (1 + gap + 1e-9), name
 
 

@@ -450,7 +450,8 @@ def add_plan_option_arguments(
     """Add one flag per plan option (same names in plan, simulate and bench): ``--max-tokens``,
     ``--layout``, ``--micro-batch-size``, ``--num-microbatches``, ``--min-microbatches``,
     ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
-    ``--allow-empty``, ``--rank-speeds``. Read them back with :func:`plan_options_from_args`."""
+    ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``. Read them back with
+    :func:`plan_options_from_args`."""
     from seqbalance.plan import LAYOUTS, ORDERS
 
     group = parser.add_argument_group("plan options")
@@ -473,6 +474,7 @@ def add_plan_option_arguments(
         ("--min-microbatches", int, 1, "at least this many per rank (default 1)"),
         ("--microbatch-multiple", int, 1, "the count is a multiple of this (pipelines; default 1)"),
         ("--rank-speeds", _speeds, None, "speed of every rank, e.g. 1,1,1,0.67 (default: equal)"),
+        ("--planning-budget", int, None, "samples x ranks up to which balanced runs every rival"),
     ):
         group.add_argument(name, type=kind, default=default, help=text)
     add_objective_argument(group)

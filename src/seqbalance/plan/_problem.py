@@ -459,6 +459,17 @@ class Problem(OptionFields):
         least[order] = suffix_min[first_of_length]
         return least
 
+    def rank_bound(self, rank_of_unit: np.ndarray, m: int) -> float:
+        """A lower bound on the objective of any plan with ``m`` or more micro-batches per rank
+        and these ranks (each unit's rank): every micro-batch pays the overhead and every
+        sample at least its least cost (``lockstep`` costs at least as much as ``step``); with
+        rank speeds, the slowest rank's least possible time (total / speed)."""
+        least = self.unit_sums(self.least_sample_costs)
+        loads = np.bincount(rank_of_unit, weights=least, minlength=self.dp)
+        if self.speeds is not None:
+            return float(((loads + m * self.overhead) / self.speeds).max(initial=0.0))
+        return float(loads.max(initial=0.0)) + m * self.overhead
+
     def lower_bound(self, m_lower: int, *, capped: bool = True) -> float:
         """A lower bound on the step cost of any valid plan with at least ``m_lower``
         micro-batches per rank (``capped=False``: of any plan that keeps every limit but the

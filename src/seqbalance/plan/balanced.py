@@ -83,6 +83,9 @@ RIVALS_WITHOUT_BOUND_GAP = 1e-4
 """On other steps it runs them only when its plan is more than this far (relative) above the
 lower bound: every valid plan costs at least the bound, so a skipped rival is never cheaper by
 more than this fraction."""
+PLANNING_BUDGET_GAP = 1e-3
+"""Beyond ``planning_budget``: no rival runs unless the plan is more than this far (relative)
+above the lower bound, and the lockstep refinement stops this close to it."""
 
 
 def plan_balanced(p: Problem) -> Microbatches:
@@ -168,7 +171,7 @@ class _Portfolio:
     none (the stacks' schedulers) is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES``
     samples or, up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most
     ``RIVALS_WITHOUT_BOUND_WORK`` samples x ranks, and on other steps when the plan is more
-    than ``RIVALS_WITHOUT_BOUND_GAP`` above the lower bound.
+    than ``RIVALS_WITHOUT_BOUND_GAP`` above the lower bound (see ``planning_budget`` too).
     """
 
     def __init__(self, p: Problem) -> None:
@@ -202,15 +205,18 @@ class _Portfolio:
         value = aligned_value(p, plan)
         if value <= bound * (1 + _TOLERANCE):
             return plan
+        budget = p.options.planning_budget
+        gap = RIVALS_WITHOUT_BOUND_GAP if budget is None else PLANNING_BUDGET_GAP
+        # Rivals without a cheap bound (and with a budget, all) run only within the budget or
+        # where they could save more than the gap: keep planning in milliseconds otherwise.
+        unbounded = _rivals_without_bound_are_cheap(p) or value > bound * (1 + gap)
+        if budget is not None and not unbounded:
+            return plan
         candidates = [self._partition_start()]
         for strategy in _rivals():
             estimate = getattr(strategy, "plan_lower_bound", None)
-            if (
-                estimate is None
-                and not _rivals_without_bound_are_cheap(p)
-                and value <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
-            ):
-                continue  # it could save less than the gap: keep planning in milliseconds
+            if (estimate is None or strategy.family == "stack") and not unbounded:
+                continue  # verl's bound (a third of its plan) only ever skips it
             if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
                 continue
             candidates.append(self._plan_of(strategy))
@@ -244,8 +250,11 @@ class _Portfolio:
 
 
 def _rivals_without_bound_are_cheap(p: Problem) -> bool:
-    """Whether the rivals without a cheap lower bound always run on ``p`` (see
-    ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``RIVALS_WITHOUT_BOUND_WORK``)."""
+    """Whether the rivals without a cheap lower bound always run on ``p``: ``n x dp`` within
+    ``planning_budget``, by default see ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``..._WORK``."""
+    budget = p.options.planning_budget
+    if budget is not None:
+        return p.n * p.dp <= budget
     return p.n <= RIVALS_WITHOUT_BOUND_SAMPLES or (
         p.n <= RIVALS_WITHOUT_BOUND_MAX_SAMPLES and p.n * p.dp <= RIVALS_WITHOUT_BOUND_WORK
     )
@@ -897,7 +906,8 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     rank that sets a position's maximum, the best single move or swap of samples between that
     micro-batch and another of the same rank (within the cap, evaluated exactly after
     re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
-    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound, and not after
+    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound (``PLANNING_BUDGET_GAP``
+    on a step beyond the ``planning_budget`` option), and not after
     ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
     speeds every cost below is a time (cost / the rank's speed).
     """
@@ -911,7 +921,9 @@ def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
     patches = None
     if p.patches is not None:
         patches = np.array([[int(p.patches[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
-    good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + _LOCKSTEP_GOOD_ENOUGH)
+    beyond = p.options.planning_budget is not None and not _rivals_without_bound_are_cheap(p)
+    slack = PLANNING_BUDGET_GAP if beyond else _LOCKSTEP_GOOD_ENOUGH
+    good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + slack)
     work = [0]
     for _ in range(2 * m * p.dp):
         if work[0] > _LOCKSTEP_WORK:

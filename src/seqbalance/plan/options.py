@@ -41,7 +41,7 @@ LAYOUTS = ("packed", "padded")
 _FORMAT = "seqbalance.PlanOptions/1"
 # Options added after the format was published are written only when set, so the JSON text and
 # the fingerprint of options that do not use them stay what they were (resumes keep matching).
-_WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel", "rank_speeds")
+_WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel", "rank_speeds", "planning_budget")
 
 
 MAX_MICRO_BATCH_SIZE = 2**31
@@ -92,6 +92,20 @@ class PlanOptions:
             objective. Only the ratios matter to the plan; ``StepPlan.summary`` reports times
             in cost units per unit of speed. Not supported
             with ``context_parallel``.
+        planning_budget: a deterministic work budget (never wall-clock, so every rank plans
+            the same) for the rivals ``balanced`` plans besides its own search (the
+            baselines, the stacks' schedulers, several times ``balanced``'s own search, and
+            the partition engine's split), in work units of samples x ranks of the step: on a
+            step with ``n x dp <= planning_budget`` they all run; on a larger step none does
+            unless ``balanced``'s plan is more than 0.1% above the lower bound
+            (``seqbalance.plan.balanced.PLANNING_BUDGET_GAP``), so a skipped one could be
+            cheaper by at most 0.1%, and under ``lockstep`` its refinement stops within 0.1%
+            of the bound. ``0``: fastest. ``None`` (default): the stacks'
+            schedulers run on every step of up to 256 samples, of up to 4096 samples with ``n
+            x dp <= 16384``, and on other steps when the plan is more than 0.01% above the
+            bound; the baselines and the partition engine always (a baseline is skipped when
+            its cheap lower bound cannot win). Plans where the budget does not bind are
+            unchanged; other strategies ignore it.
     """
 
     cost: Any = "tokens"
@@ -110,6 +124,7 @@ class PlanOptions:
     allow_empty: bool = False
     context_parallel: Any = None
     rank_speeds: tuple[float, ...] | None = None
+    planning_budget: int | None = None
     _cost_model: Any = field(init=False, repr=False, default=None)
 
     def __new__(cls, *args: Any, **keywords: Any) -> PlanOptions:
@@ -180,6 +195,8 @@ class PlanOptions:
                 )
         if self.rank_speeds is not None:
             set_("rank_speeds", check_rank_speeds(self.rank_speeds))
+        if self.planning_budget is not None:
+            set_("planning_budget", check_int(self.planning_budget, "planning_budget", minimum=0))
         if self.context_parallel is None:
             set_("_cost_model", resolve_cost(self.cost, self.model))
         else:

@@ -67,8 +67,8 @@ class _Partial:
     so a seed of one item costs O(1) rather than O(k) (slime packs thousands of samples into
     hundreds of parts).
 
-    Heap order: the partial solution with the larger spread (heaviest minus lightest group) comes
-    first; on equal spreads, the one whose heaviest group is larger.
+    Heap order (``heap_entry``): the partial solution with the larger spread (heaviest minus
+    lightest group) comes first; on equal spreads, the one whose heaviest group is larger.
     """
 
     __slots__ = ("groups", "k", "spread")
@@ -83,10 +83,12 @@ class _Partial:
         lightest = self.groups[-1].total if len(self.groups) == self.k else 0
         self.spread = self.groups[0].total - lightest
 
-    def __lt__(self, other: _Partial) -> bool:
-        if self.spread != other.spread:
-            return self.spread > other.spread
-        return other.groups[0].key() < self.groups[0].key()
+    def heap_entry(self) -> tuple[float, float, int, _Descending, _Partial]:
+        """The heap order as a tuple (compared in C, not by a Python ``__lt__`` per pair):
+        spread, then the heaviest group's key ``(total, count, items)``, all descending. No two
+        partial solutions share items, so comparisons never reach the last element."""
+        heaviest = self.groups[0]
+        return (-self.spread, -heaviest.total, -len(heaviest.items), _Descending(heaviest), self)
 
     def absorb(self, other: _Partial) -> None:
         """Group ``i`` (heaviest first) takes the items of the other's group ``k - 1 - i``."""
@@ -102,6 +104,18 @@ class _Partial:
         # The first ``cut`` groups are unchanged and still sorted: merge the changed ones in
         # (as a stable sort of the whole list would place them) instead of sorting all k.
         self._set(_merge_descending(mine[:cut], _descending(changed)))
+
+
+class _Descending:
+    """A group's item list ordered descending (the last, rarely reached, part of a heap entry)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, group: _Group) -> None:
+        self.items = group.items
+
+    def __lt__(self, other: _Descending) -> bool:
+        return other.items < self.items
 
 
 def _merge_descending(kept: list[_Group], changed: list[_Group]) -> list[_Group]:
@@ -153,20 +167,20 @@ def karmarkar_karp_groups(values: Sequence[float], k: int, *, equal_size: bool) 
     if equal_size and n % k:
         raise ValueError(f"equal_size needs the item count {n} to be a multiple of k = {k}")
     step = k if equal_size else 1
-    heap: list[_Partial] = []
+    heap: list[tuple[float, float, int, _Descending, _Partial]] = []
     for start in range(0, n, step):
         groups = []
         for value, index in ordered[start : start + step]:
             group = _Group()
             group.take([(index, value)])
             groups.append(group)
-        heapq.heappush(heap, _Partial(groups, k))
+        heapq.heappush(heap, _Partial(groups, k).heap_entry())
     while len(heap) > 1:
-        first = heapq.heappop(heap)
-        second = heapq.heappop(heap)
+        first = heapq.heappop(heap)[-1]
+        second = heapq.heappop(heap)[-1]
         first.absorb(second)
-        heapq.heappush(heap, first)
-    groups = [[index for index, _ in group.items] for group in heap[0].groups]
+        heapq.heappush(heap, first.heap_entry())
+    groups = [[index for index, _ in group.items] for group in heap[0][-1].groups]
     return groups + [[] for _ in range(k - len(groups))]
 
 
