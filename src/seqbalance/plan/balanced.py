@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance.partition.greedy import lpt
-from seqbalance.plan import _exact
+from seqbalance.plan import _exact, _feasible
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.registry import Microbatches, Strategy
@@ -95,21 +95,13 @@ def plan_balanced(p: Problem) -> Microbatches:
             plan = _exact.search(p, m, plan)
         if plan is None:
             plan = others.best_with(m)  # a baseline's valid plan with this count, if any
+        found = _feasible.search(p, m) if plan is None else None  # any packing at all
+        plan = plan if found is None else found.plan
         if plan is not None:
             return others.best(plan, bound)
         following = p.next_microbatches(m)
         if following is None:
-            raise ValueError(
-                f"num_microbatches = {m} is infeasible: no assignment found that keeps every "
-                f"micro-batch within max_tokens = {p.max_tokens}"
-                + (
-                    f" and max_vision_patches = {p.max_vision_patches}"
-                    if p.max_vision_patches is not None
-                    else ""
-                )
-                + (" with each group on one rank" if p.groups is not None else "")
-                + (" and every micro-batch non-empty" if not p.allow_empty else "")
-            )
+            raise ValueError(_feasible.refusal(p, m, proven=found is not None and found.proven))
         m = following
 
 
@@ -283,7 +275,14 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     # The partition engine's LPT is the usual start; capacities rarely bind.
     rank_of_unit = lpt(costs, p.dp)
     if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
-        rank_of_unit = _lpt_with_capacities(p, costs, tokens, counts, patches, caps)
+        # LPT with capacities; failing that, the partition engine on each capacity's measure.
+        starts = itertools.chain(
+            [_lpt_with_capacities(p, costs, tokens, counts, patches, caps)],
+            _feasible.rank_starts(p.dp, tokens, counts, patches, caps),
+        )
+        sizes = (tokens, counts, patches)
+        fitting = (s for s in starts if s is not None and _fits_capacities(s, p.dp, *sizes, caps))
+        rank_of_unit = next(fitting, None)
         if rank_of_unit is None:
             return None
     state = _RankState(p, m, rank_of_unit, costs, tokens, counts, patches)
@@ -915,7 +914,8 @@ def _best_inner_change(
 
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
     """First fit, largest first: by tokens, or with a patch cap by the larger share of a cap
-    (tokens / max_tokens or patches / max_vision_patches)."""
+    (tokens / max_tokens or patches / max_vision_patches); failing that, the partition engine's
+    split (``_feasible.pack_samples``)."""
     size = p.capacity_tokens[samples]
     if p.capacity_patches is not None:
         size = np.maximum(size / p.cap, p.capacity_patches[samples] / p.patch_cap)
@@ -925,7 +925,7 @@ def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[
     for i in order.tolist():
         j = room.first(i)
         if j is None:
-            return None
+            return _feasible.pack_samples(p, samples, m)
         bins[j].append(i)
         room.take(j, i)
     return bins
