@@ -30,12 +30,12 @@ __all__ = [
     "search",
 ]
 
-NODE_LIMIT = 20_000
+NODE_LIMIT = 10_000
 """Placements the exhaustive search tries before it gives up (a budget, not a clock, so the
 answer never depends on the machine): a few tenths of a second at most, spent only on a count
 every other pass failed."""
 
-MAX_SAMPLES = 48
+MAX_SAMPLES = 96
 """The exhaustive search runs on steps of at most this many samples."""
 
 Microbatches = list[list[list[int]]]
@@ -132,13 +132,9 @@ def refusal(p: Problem, m: int, proven: bool) -> str:
     )
     if p.layout == "padded":
         limits += f" and micro_batch_size = {p.micro_batch_size} (padding included)"
-    head = (
-        f"num_microbatches = {m} is infeasible: no assignment"
-        if proven
-        else (f"num_microbatches = {m}: no assignment was found")
-    )
+    found = " is infeasible: no assignment keeps" if proven else ": no assignment found keeps"
     return (
-        f"{head} keeps every micro-batch within {limits}"
+        f"num_microbatches = {m}{found} every micro-batch within {limits}"
         + (" with each group on one rank" if p.groups is not None else "")
         + (" and every micro-batch non-empty" if not p.allow_empty else "")
         + ("" if proven else " (the search is bounded, so one may exist)")
@@ -185,8 +181,13 @@ class _Placements:
         self.nodes = 0
         # Packed: the tokens still to place (an over-cap sample takes a whole empty slot).
         self.packed_cap = p.cap if p.layout == "packed" and np.isfinite(p.cap) else None
-        left = [float(p.capacity_tokens[i]) for i in self.order]
-        self.left_after = [float(x) for x in np.cumsum(left[::-1])[::-1][1:]] + [0.0]
+        left = np.array([float(p.capacity_tokens[i]) for i in self.order] + [0.0])
+        self.left_after = np.cumsum(left[::-1])[::-1][1:].tolist()
+        # The smallest token count still to place: room below it is wasted.
+        regular = np.array([np.inf if p.oversize[i] else left[k] for k, i in enumerate(self.order)])
+        self.least_after = np.minimum.accumulate(np.append(regular, np.inf)[::-1])[::-1][
+            1:
+        ].tolist()
 
     def run(self) -> Search:
         found = self._place(0)
@@ -243,10 +244,9 @@ class _Placements:
             return True
         if self.packed_cap is None:
             return False
-        room = sum(
-            self.packed_cap - t for t, c in zip(self.tokens, self.closed, strict=True) if not c
-        )
-        return self.left_after[depth] > room
+        cap, least = self.packed_cap, self.least_after[depth]
+        rooms = (cap - t for t, c in zip(self.tokens, self.closed, strict=True) if not c)
+        return self.left_after[depth] > sum(r for r in rooms if r >= least or r == cap)
 
     def _place(self, depth: int) -> bool:
         self.nodes += 1
