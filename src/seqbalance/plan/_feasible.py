@@ -20,7 +20,7 @@ from seqbalance.partition import partition
 from seqbalance.plan._problem import Problem
 
 __all__ = [
-    "NODE_LIMIT",
+    "WORK_LIMIT",
     "Search",
     "by_partition",
     "measures",
@@ -30,13 +30,17 @@ __all__ = [
     "search",
 ]
 
-NODE_LIMIT = 10_000
-"""Placements the exhaustive search tries before it gives up (a budget, not a clock, so the
-answer never depends on the machine): a few tenths of a second at most, spent only on a count
-every other pass failed."""
+WORK_LIMIT = 20_000
+"""Slots the exhaustive search examines before it gives up (a budget, not a clock, so the
+answer never depends on the machine): a few hundredths of a second, spent only on a count every
+other pass failed."""
 
 MAX_SAMPLES = 96
-"""The exhaustive search runs on steps of at most this many samples."""
+"""The exhaustive search runs on steps of at most this many samples, ..."""
+
+PADDED_SAMPLES = 12
+"""... and of at most this many with the padded layout and no groups: there the greedy cut of
+the samples sorted by length (``balanced``'s padded pass) already decides the count."""
 
 Microbatches = list[list[list[int]]]
 
@@ -115,9 +119,9 @@ class Search:
 def search(p: Problem, m: int) -> Search:
     """Any plan with ``m`` micro-batches per rank that keeps every limit (caps, padded size,
     groups on one rank, no empty micro-batch unless allowed), by depth-first search over
-    placements, or a proof that none exists. Steps over ``MAX_SAMPLES`` samples, and searches
-    that exceed ``NODE_LIMIT`` placements, return neither."""
-    if p.n > MAX_SAMPLES:
+    placements, or a proof that none exists. Steps over ``MAX_SAMPLES`` samples (padded without
+    groups: ``PADDED_SAMPLES``), and searches that exceed ``WORK_LIMIT``, return neither."""
+    if p.n > (PADDED_SAMPLES if p.layout == "padded" and p.groups is None else MAX_SAMPLES):
         return Search(None, False)
     return _Placements(p, m).run()
 
@@ -178,7 +182,7 @@ class _Placements:
         self.closed = [False] * slots
         self.saved_longest: list[int] = []  # each placement's slot longest, for its undo
         self.assignment = [-1] * p.n
-        self.nodes = 0
+        self.work = 0
         # Packed: the tokens still to place (an over-cap sample takes a whole empty slot).
         self.packed_cap = p.cap if p.layout == "packed" and np.isfinite(p.cap) else None
         left = np.array([float(p.capacity_tokens[i]) for i in self.order] + [0.0])
@@ -196,7 +200,7 @@ class _Placements:
             for i, slot in enumerate(self.assignment):
                 plan[slot // self.m][slot % self.m].append(i)
             return Search(plan, False)
-        return Search(None, self.nodes <= NODE_LIMIT)
+        return Search(None, self.work <= WORK_LIMIT)
 
     def _candidates(self, i: int) -> list[int]:
         m = self.m
@@ -211,6 +215,7 @@ class _Placements:
         seen = set()
         result = []
         for s in slots:
+            self.work += 1
             key = (s // m if self.grouped else 0, self.tokens[s], self.count[s], self.longest[s])
             key += (self.used[s], self.closed[s])
             if key in seen or not self._fits(s, i):
@@ -249,8 +254,8 @@ class _Placements:
         return self.left_after[depth] > sum(r for r in rooms if r >= least or r == cap)
 
     def _place(self, depth: int) -> bool:
-        self.nodes += 1
-        if self.nodes > NODE_LIMIT:
+        self.work += 1
+        if self.work > WORK_LIMIT:
             return False
         if depth == self.p.n:
             return True
@@ -271,7 +276,7 @@ class _Placements:
             if pins:
                 self.unit_rank[unit] = -1
             self._apply(s, i, -1)
-            if self.nodes > NODE_LIMIT:
+            if self.work > WORK_LIMIT:
                 return False
         return False
 
