@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqbalance.partition import partition
+from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem
 
 __all__ = [
@@ -118,12 +119,67 @@ class Search:
 
 def search(p: Problem, m: int) -> Search:
     """Any plan with ``m`` micro-batches per rank that keeps every limit (caps, padded size,
-    groups on one rank, no empty micro-batch unless allowed), by depth-first search over
-    placements, or a proof that none exists. Steps over ``MAX_SAMPLES`` samples (padded without
-    groups: ``PADDED_SAMPLES``), and searches that exceed ``WORK_LIMIT``, return neither."""
+    groups on one rank, no empty micro-batch unless allowed), or a proof that none exists.
+
+    With groups (packed) whole groups are first placed by best fit into the ranks' actual
+    micro-batches (``_pack_units``); then a depth-first search over placements decides. Steps
+    over ``MAX_SAMPLES`` samples (padded without groups: ``PADDED_SAMPLES``), and searches that
+    exceed ``WORK_LIMIT``, return neither a plan nor a proof."""
+    plan = _pack_units(p, m)
+    if plan is not None:
+        return Search(plan, False)
     if p.n > (PADDED_SAMPLES if p.layout == "padded" and p.groups is None else MAX_SAMPLES):
         return Search(None, False)
     return _Placements(p, m).run()
+
+
+def _pack_units(p: Problem, m: int) -> Microbatches | None:
+    """Groups, largest first (tokens), each into the fullest rank whose micro-batches still
+    take all its samples (largest first, each into the fullest micro-batch with room: best
+    fit); ``None`` when some group fits no rank, or (without ``allow_empty``) a micro-batch
+    stays empty. Packed layout with groups only."""
+    if p.layout != "packed" or p.groups is None:
+        return None
+    lengths, patches = p.lengths, p.patches
+    room = np.full((p.dp, m), float(p.cap))
+    patch_room = np.full((p.dp, m), float(p.patch_cap))
+    empty = np.ones((p.dp, m), dtype=bool)
+    plan: Microbatches = [[[] for _ in range(m)] for _ in range(p.dp)]
+    size = p.unit_sums(p.capacity_tokens)
+    unit = p.unit_of_sample
+    for u in np.lexsort((np.arange(p.n_units), -size)).tolist():
+        members = np.flatnonzero(unit == u)
+        members = members[np.lexsort((members, -p.capacity_tokens[members]))].tolist()
+        for r in np.argsort(room.sum(axis=1), kind="stable").tolist():
+            rooms, patch_rooms, free = room[r].copy(), patch_room[r].copy(), empty[r].copy()
+            slots = []
+            for i in members:
+                if p.oversize[i]:
+                    fits = free.copy()
+                else:
+                    fits = rooms >= lengths[i]  # a micro-batch closed by an over-cap one: -1
+                    if patches is not None:
+                        fits &= patch_rooms >= patches[i]
+                if not fits.any():
+                    break
+                j = int(np.argmin(np.where(fits, rooms, np.inf)))  # the fullest that fits
+                slots.append(j)
+                free[j] = False
+                rooms[j] = -1.0 if p.oversize[i] else rooms[j] - lengths[i]
+                if patches is not None:
+                    patch_rooms[j] = -1.0 if p.oversize[i] else patch_rooms[j] - patches[i]
+            if len(slots) == len(members):
+                room[r], patch_room[r], empty[r] = rooms, patch_rooms, free
+                for i, j in zip(members, slots, strict=True):
+                    plan[r][j].append(i)
+                break
+        else:
+            return None
+    for microbatches in plan:
+        fill_empty(p, microbatches)
+    if not p.allow_empty and any(not mb for mbs in plan for mb in mbs):
+        return None
+    return plan
 
 
 def refusal(p: Problem, m: int, proven: bool) -> str:
