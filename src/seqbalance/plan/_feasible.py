@@ -121,13 +121,22 @@ def search(p: Problem, m: int) -> Search:
     """Any plan with ``m`` micro-batches per rank that keeps every limit (caps, padded size,
     groups on one rank, no empty micro-batch unless allowed), or a proof that none exists.
 
-    With groups (packed) whole groups are first placed by best fit into the ranks' actual
-    micro-batches (``_pack_units``); then a depth-first search over placements decides. Steps
-    over ``MAX_SAMPLES`` samples (padded without groups: ``PADDED_SAMPLES``), and searches that
-    exceed ``WORK_LIMIT``, return neither a plan nor a proof."""
-    plan = _pack_units(p, m)
+    Packed, the samples are first split into all ``dp x m`` micro-batches by the partition
+    engine (``m`` consecutive ones per rank) or, with groups, whole groups are placed by best
+    fit into the ranks' micro-batches (``_pack_units``); then a depth-first search over
+    placements decides. Steps over ``MAX_SAMPLES`` samples (padded without groups:
+    ``PADDED_SAMPLES``), and searches that exceed ``WORK_LIMIT``, return neither a plan nor a
+    proof."""
+    if p.groups is None:
+        bins = pack_samples(p, np.arange(p.n, dtype=np.int64), p.dp * m)
+        plan = None if bins is None else [bins[r * m : (r + 1) * m] for r in range(p.dp)]
+    else:
+        plan = _pack_units(p, m)
     if plan is not None:
-        return Search(plan, False)
+        for microbatches in plan:
+            fill_empty(p, microbatches)
+        if p.allow_empty or all(mb for mbs in plan for mb in mbs):
+            return Search(plan, False)
     if p.n > (PADDED_SAMPLES if p.layout == "padded" and p.groups is None else MAX_SAMPLES):
         return Search(None, False)
     return _Placements(p, m).run()
@@ -136,8 +145,8 @@ def search(p: Problem, m: int) -> Search:
 def _pack_units(p: Problem, m: int) -> Microbatches | None:
     """Groups, largest first (tokens), each into the fullest rank whose micro-batches still
     take all its samples (largest first, each into the fullest micro-batch with room: best
-    fit); ``None`` when some group fits no rank, or (without ``allow_empty``) a micro-batch
-    stays empty. Packed layout with groups only."""
+    fit); ``None`` when some group fits no rank. Packed layout with groups only; micro-batches
+    may be empty."""
     if p.layout != "packed" or p.groups is None:
         return None
     lengths, patches = p.lengths, p.patches
@@ -175,10 +184,6 @@ def _pack_units(p: Problem, m: int) -> Microbatches | None:
                 break
         else:
             return None
-    for microbatches in plan:
-        fill_empty(p, microbatches)
-    if not p.allow_empty and any(not mb for mbs in plan for mb in mbs):
-        return None
     return plan
 
 

@@ -31,9 +31,9 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    the slots needed. Without groups this is done for all ``dp x M`` slots at once and the
    micro-batches are dealt to ranks heaviest first (the least loaded rank that still has a free
    slot); with groups each rank is cut into its ``M`` micro-batches after step 1.
-5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) that are not already at the
-   lower bound are finished by an exact branch-and-bound search over all assignments (see
-   ``_exact``), which also proves whether ``M`` is feasible at all.
+5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
+   branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
+   search (``_feasible``) decides whether ``M`` fits, proving it on small steps.
 
 Alignment of micro-batch positions for ``objective="lockstep"`` and the ``order`` option are
 applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, ties broken by
