@@ -45,6 +45,7 @@ KNOWN_CYCLES = {
     frozenset(
         {
             "seqbalance.plan._exact",
+            "seqbalance.plan._feasible",
             "seqbalance.plan._packing",
             "seqbalance.plan._problem",
             "seqbalance.plan.balanced",

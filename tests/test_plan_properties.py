@@ -21,7 +21,8 @@ import seqbalance as sb
 from seqbalance.plan import StepPlan, get_strategy, strategy_names
 
 REFUSALS = re.compile(
-    "micro-batch slots|is infeasible|would be empty|larger than a rank can hold|exceeds max_tokens"
+    "micro-batch slots|is infeasible|no assignment found|would be empty|larger than a rank can hold"
+    "|exceeds max_tokens"
     "|cannot plan this step"
 )
 

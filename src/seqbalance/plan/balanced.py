@@ -31,9 +31,9 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    the slots needed. Without groups this is done for all ``dp x M`` slots at once and the
    micro-batches are dealt to ranks heaviest first (the least loaded rank that still has a free
    slot); with groups each rank is cut into its ``M`` micro-batches after step 1.
-5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) that are not already at the
-   lower bound are finished by an exact branch-and-bound search over all assignments (see
-   ``_exact``), which also proves whether ``M`` is feasible at all.
+5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
+   branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
+   search (``_feasible``) decides whether ``M`` fits, proving it on small steps.
 
 Alignment of micro-batch positions for ``objective="lockstep"`` and the ``order`` option are
 applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, ties broken by
@@ -43,6 +43,7 @@ index).
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ import numpy as np
 from seqbalance.partition._result import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.speeds import lpt_speeds
-from seqbalance.plan import _exact
+from seqbalance.plan import _exact, _feasible
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._padded import deal, padded_global, segment
 from seqbalance.plan._problem import Problem, objective_value
@@ -106,23 +107,15 @@ def plan_balanced(p: Problem) -> Microbatches:
             plan = _exact.search(p, m, plan)
         if plan is None:
             plan = others.best_with(m)  # a baseline's valid plan with this count, if any
+        found = _feasible.search(p, m) if plan is None else None  # any packing at all
+        plan = plan if found is None else found.plan
         if plan is not None:
             if p.speeds is not None:
                 plan = _more_for_faster_ranks(p, m, plan, bound)
             return others.best(plan, bound)
         following = p.next_microbatches(m)
         if following is None:
-            raise ValueError(
-                f"num_microbatches = {m} is infeasible: no assignment found that keeps every "
-                f"micro-batch within max_tokens = {p.max_tokens}"
-                + (
-                    f" and max_vision_patches = {p.max_vision_patches}"
-                    if p.max_vision_patches is not None
-                    else ""
-                )
-                + (" with each group on one rank" if p.groups is not None else "")
-                + (" and every micro-batch non-empty" if not p.allow_empty else "")
-            )
+            raise ValueError(_feasible.refusal(p, m, proven=found is not None and found.proven))
         m = following
 
 
@@ -341,7 +334,14 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     else:
         rank_of_unit = lpt_speeds(costs, p.speeds, SizeLimits(0, p.n_units))
     if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
-        rank_of_unit = _lpt_with_capacities(p, costs, tokens, counts, patches, caps)
+        # LPT with capacities; failing that, the partition engine on each capacity's measure.
+        starts = itertools.chain(
+            [_lpt_with_capacities(p, costs, tokens, counts, patches, caps)],
+            _feasible.rank_starts(p.dp, tokens, counts, patches, caps),
+        )
+        sizes = (tokens, counts, patches)
+        fitting = (s for s in starts if s is not None and _fits_capacities(s, p.dp, *sizes, caps))
+        rank_of_unit = next(fitting, None)
         if rank_of_unit is None:
             return None
     state = _RankState(p, m, rank_of_unit, costs, tokens, counts, patches)
@@ -1023,7 +1023,8 @@ def _best_inner_change(
 
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
     """First fit, largest first: by tokens, or with a patch cap by the larger share of a cap
-    (tokens / max_tokens or patches / max_vision_patches)."""
+    (tokens / max_tokens or patches / max_vision_patches); failing that, the partition engine's
+    split (``_feasible.pack_samples``)."""
     size = p.capacity_tokens[samples]
     if p.capacity_patches is not None:
         size = np.maximum(size / p.cap, p.capacity_patches[samples] / p.patch_cap)
@@ -1033,7 +1034,7 @@ def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[
     for i in order.tolist():
         j = room.first(i)
         if j is None:
-            return None
+            return _feasible.pack_samples(p, samples, m)
         bins[j].append(i)
         room.take(j, i)
     return bins

@@ -1,0 +1,354 @@
+"""Finding a packing where the caps bind, for ``balanced`` when its cost-driven passes find none.
+
+Whether ``k`` micro-batches (or ranks of capacity ``M x max_tokens``) can hold some samples is
+bin packing. Its decision is the partition problem's: split the samples into ``k`` parts with
+the heaviest part, in tokens, as light as possible, and compare that with the cap. The
+partition engine (LPT, Karmarkar-Karp, refinement, and a branch and bound on small inputs)
+answers it far more often than a first fit; it is tried on each cap's measure (tokens, vision
+patches, and the larger share of either cap). For small steps a search over every placement,
+with symmetric placements skipped, decides the count outright, so a refusal can be proven.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqbalance.partition import partition
+from seqbalance.plan._packing import fill_empty
+from seqbalance.plan._problem import Problem
+
+__all__ = [
+    "WORK_LIMIT",
+    "Search",
+    "by_partition",
+    "measures",
+    "pack_samples",
+    "rank_starts",
+    "refusal",
+    "search",
+]
+
+WORK_LIMIT = 20_000
+"""Slots the exhaustive search examines before it gives up (a budget, not a clock, so the
+answer never depends on the machine): a few hundredths of a second, spent only on a count every
+other pass failed."""
+
+MAX_SAMPLES = 96
+"""The exhaustive search runs on steps of at most this many samples, ..."""
+
+PADDED_SAMPLES = 12
+"""... and of at most this many with the padded layout and no groups: there the greedy cut of
+the samples sorted by length (``balanced``'s padded pass) already decides the count."""
+
+Microbatches = list[list[list[int]]]
+
+
+def measures(
+    tokens: np.ndarray, patches: np.ndarray | None, token_cap: float, patch_cap: float
+) -> list[np.ndarray]:
+    """What the caps measure for each item: tokens; with a patch cap also vision patches and
+    the larger share of either cap (``tokens / token_cap`` or ``patches / patch_cap``)."""
+    if patches is None:
+        return [tokens]
+    if not np.isfinite(token_cap):
+        return [patches]
+    share = np.maximum(tokens / token_cap, patches / patch_cap)
+    return [tokens, patches, share]
+
+
+def by_partition(weights: list[np.ndarray], k: int) -> Iterator[np.ndarray]:
+    """The part (``0..k-1``) of every item in the partition engine's split of each of
+    ``weights`` into ``k`` parts, the heaviest part as light as possible."""
+    for w in weights:
+        assignment = np.empty(w.size, dtype=np.int64)
+        for part, items in enumerate(partition(w, k).parts):
+            assignment[items] = part
+        yield assignment
+
+
+def rank_starts(
+    dp: int,
+    tokens: np.ndarray,
+    counts: np.ndarray,
+    patches: np.ndarray | None,
+    caps: tuple[float, float, float],
+) -> Iterator[np.ndarray]:
+    """Units on ``dp`` ranks from the partition engine on each measure a rank capacity
+    (``caps``: tokens, samples, vision patches) limits; the caller checks the capacities."""
+    cap_tokens, cap_count, cap_patches = caps
+    weights = measures(tokens, patches, cap_tokens, cap_patches)
+    if np.isfinite(cap_count):
+        weights.append(counts)
+    yield from by_partition(weights, dp)
+
+
+def pack_samples(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
+    """``samples`` in ``k`` packed micro-batches within the caps, from the partition engine
+    (an over-cap sample alone in its own); ``None`` when no split it tries fits. Micro-batches
+    may be empty."""
+    if p.layout != "packed":
+        return None
+    over = samples[p.oversize[samples]]
+    rest = samples[~p.oversize[samples]]
+    parts = k - over.size
+    if parts < 0 or (parts == 0 and rest.size):
+        return None
+    lone = [[int(i)] for i in over]
+    if rest.size == 0:
+        return lone + [[] for _ in range(parts)]
+    patches = None if p.patches is None else p.patches[rest].astype(np.float64)
+    weights = measures(p.lengths[rest].astype(np.float64), patches, p.cap, p.patch_cap)
+    for assignment in by_partition(weights, parts):
+        bins = [rest[assignment == j].tolist() for j in range(parts)]
+        if p.keeps_cap([bins]):
+            return bins + lone
+    return None
+
+
+@dataclass(frozen=True)
+class Search:
+    """What the exhaustive search found: a plan, or whether it proved that none exists."""
+
+    plan: Microbatches | None
+    proven: bool
+    """No plan with this count exists (the search covered every placement)."""
+
+
+def search(p: Problem, m: int) -> Search:
+    """Any plan with ``m`` micro-batches per rank that keeps every limit (caps, padded size,
+    groups on one rank, no empty micro-batch unless allowed), or a proof that none exists.
+
+    Packed, the samples are first split into all ``dp x m`` micro-batches by the partition
+    engine (``m`` consecutive ones per rank) or, with groups, whole groups are placed by best
+    fit into the ranks' micro-batches (``_pack_units``); then a depth-first search over
+    placements decides. Steps over ``MAX_SAMPLES`` samples (padded without groups:
+    ``PADDED_SAMPLES``), and searches that exceed ``WORK_LIMIT``, return neither a plan nor a
+    proof."""
+    if p.groups is None:
+        bins = pack_samples(p, np.arange(p.n, dtype=np.int64), p.dp * m)
+        plan = None if bins is None else [bins[r * m : (r + 1) * m] for r in range(p.dp)]
+    else:
+        plan = _pack_units(p, m)
+    if plan is not None:
+        for microbatches in plan:
+            fill_empty(p, microbatches)
+        if p.allow_empty or all(mb for mbs in plan for mb in mbs):
+            return Search(plan, False)
+    if p.n > (PADDED_SAMPLES if p.layout == "padded" and p.groups is None else MAX_SAMPLES):
+        return Search(None, False)
+    return _Placements(p, m).run()
+
+
+def _pack_units(p: Problem, m: int) -> Microbatches | None:
+    """Groups, largest first (tokens), each into the fullest rank whose micro-batches still
+    take all its samples (largest first, each into the fullest micro-batch with room: best
+    fit); ``None`` when some group fits no rank. Packed layout with groups only; micro-batches
+    may be empty."""
+    if p.layout != "packed" or p.groups is None:
+        return None
+    lengths, patches = p.lengths, p.patches
+    room = np.full((p.dp, m), float(p.cap))
+    patch_room = np.full((p.dp, m), float(p.patch_cap))
+    empty = np.ones((p.dp, m), dtype=bool)
+    plan: Microbatches = [[[] for _ in range(m)] for _ in range(p.dp)]
+    size = p.unit_sums(p.capacity_tokens)
+    unit = p.unit_of_sample
+    for u in np.lexsort((np.arange(p.n_units), -size)).tolist():
+        members = np.flatnonzero(unit == u)
+        members = members[np.lexsort((members, -p.capacity_tokens[members]))].tolist()
+        for r in np.argsort(room.sum(axis=1), kind="stable").tolist():
+            rooms, patch_rooms, free = room[r].copy(), patch_room[r].copy(), empty[r].copy()
+            slots = []
+            for i in members:
+                if p.oversize[i]:
+                    fits = free.copy()
+                else:
+                    fits = rooms >= lengths[i]  # a micro-batch closed by an over-cap one: -1
+                    if patches is not None:
+                        fits &= patch_rooms >= patches[i]
+                if not fits.any():
+                    break
+                j = int(np.argmin(np.where(fits, rooms, np.inf)))  # the fullest that fits
+                slots.append(j)
+                free[j] = False
+                rooms[j] = -1.0 if p.oversize[i] else rooms[j] - lengths[i]
+                if patches is not None:
+                    patch_rooms[j] = -1.0 if p.oversize[i] else patch_rooms[j] - patches[i]
+            if len(slots) == len(members):
+                room[r], patch_room[r], empty[r] = rooms, patch_rooms, free
+                for i, j in zip(members, slots, strict=True):
+                    plan[r][j].append(i)
+                break
+        else:
+            return None
+    return plan
+
+
+def refusal(p: Problem, m: int, proven: bool) -> str:
+    """The message of a refusal at ``m`` micro-batches per rank: "infeasible" only when
+    ``proven``, else what was not found."""
+    limits = f"max_tokens = {p.max_tokens}" + (
+        f" and max_vision_patches = {p.max_vision_patches}"
+        if p.max_vision_patches is not None
+        else ""
+    )
+    if p.layout == "padded":
+        limits += f" and micro_batch_size = {p.micro_batch_size} (padding included)"
+    found = " is infeasible: no assignment keeps" if proven else ": no assignment found keeps"
+    return (
+        f"num_microbatches = {m}{found} every micro-batch within {limits}"
+        + (" with each group on one rank" if p.groups is not None else "")
+        + (" and every micro-batch non-empty" if not p.allow_empty else "")
+        + ("" if proven else " (the search is bounded, so one may exist)")
+    )
+
+
+class _Placements:
+    """Depth-first search placing samples, largest first, into the ``dp x m`` slots.
+
+    Symmetric placements are tried once: without groups every slot is alike, so of the slots
+    holding the same (tokens, samples, longest, patches) only the first is tried; with groups,
+    only slots of one rank are alike, and of the ranks holding nothing only the first is tried.
+    A branch is cut when the samples left cannot fill the empty slots (no empty micro-batch
+    allowed) or, packed, when their tokens exceed the room left under the cap.
+    """
+
+    def __init__(self, p: Problem, m: int) -> None:
+        self.p, self.m = p, m
+        slots = p.dp * m
+        self.slots = slots
+        size = p.capacity_tokens.astype(np.float64)
+        if p.capacity_patches is not None and np.isfinite(p.cap):
+            size = np.maximum(size / p.cap, p.capacity_patches / p.patch_cap)
+        if p.groups is None:
+            self.order = np.lexsort((np.arange(p.n), -size)).tolist()
+        else:  # a unit's samples one after another, so its rank is pinned early
+            unit_size = p.unit_sums(size)[p.unit_of_sample]
+            self.order = np.lexsort((np.arange(p.n), -size, p.unit_of_sample, -unit_size)).tolist()
+        self.lengths = p.lengths.tolist()
+        self.patches = [0] * p.n if p.patches is None else p.patches.tolist()
+        self.oversize = p.oversize.tolist()
+        self.units = p.unit_of_sample.tolist()
+        self.grouped = p.groups is not None
+        self.unit_rank = [-1] * p.n_units
+        self.rank_used = [0] * p.dp
+        # Per slot: tokens (unpadded), samples, longest sample, vision patches, over-cap inside.
+        self.tokens = [0] * slots
+        self.count = [0] * slots
+        self.longest = [0] * slots
+        self.used = [0] * slots
+        self.closed = [False] * slots
+        self.saved_longest: list[int] = []  # each placement's slot longest, for its undo
+        self.assignment = [-1] * p.n
+        self.work = 0
+        # Packed: the tokens still to place (an over-cap sample takes a whole empty slot).
+        self.packed_cap = p.cap if p.layout == "packed" and np.isfinite(p.cap) else None
+        left = np.array([float(p.capacity_tokens[i]) for i in self.order] + [0.0])
+        self.left_after = np.cumsum(left[::-1])[::-1][1:].tolist()
+        # The smallest token count still to place: room below it is wasted.
+        regular = np.array([np.inf if p.oversize[i] else left[k] for k, i in enumerate(self.order)])
+        self.least_after = np.minimum.accumulate(np.append(regular, np.inf)[::-1])[::-1][
+            1:
+        ].tolist()
+
+    def run(self) -> Search:
+        found = self._place(0)
+        if found:
+            plan: Microbatches = [[[] for _ in range(self.m)] for _ in range(self.p.dp)]
+            for i, slot in enumerate(self.assignment):
+                plan[slot // self.m][slot % self.m].append(i)
+            return Search(plan, False)
+        return Search(None, self.work <= WORK_LIMIT)
+
+    def _candidates(self, i: int) -> list[int]:
+        m = self.m
+        pinned = self.unit_rank[self.units[i]] if self.grouped else -1
+        if pinned >= 0:
+            slots = range(pinned * m, (pinned + 1) * m)
+        elif self.grouped:
+            empty_rank = next((r for r in range(self.p.dp) if not self.rank_used[r]), -1)
+            slots = (s for s in range(self.slots) if self.rank_used[s // m] or s // m == empty_rank)
+        else:
+            slots = range(self.slots)
+        seen = set()
+        result = []
+        for s in slots:
+            self.work += 1
+            key = (s // m if self.grouped else 0, self.tokens[s], self.count[s], self.longest[s])
+            key += (self.used[s], self.closed[s])
+            if key in seen or not self._fits(s, i):
+                continue
+            seen.add(key)
+            result.append(s)
+        # Fullest first (best fit): a tight packing is found sooner.
+        result.sort(key=lambda s: (-self.tokens[s], s))
+        return result
+
+    def _fits(self, s: int, i: int) -> bool:
+        if self.oversize[i]:
+            return self.count[s] == 0
+        if self.closed[s]:
+            return False
+        return bool(
+            self.p.fits(
+                self.tokens[s],
+                self.count[s],
+                self.longest[s],
+                self.lengths[i],
+                self.used[s],
+                self.patches[i],
+            )
+        )
+
+    def _pruned(self, depth: int) -> bool:
+        """Whether the samples after ``depth`` cannot complete the current placement."""
+        remaining = self.p.n - depth - 1
+        if not self.p.allow_empty and self.count.count(0) > remaining:
+            return True
+        if self.packed_cap is None:
+            return False
+        cap, least = self.packed_cap, self.least_after[depth]
+        rooms = (cap - t for t, c in zip(self.tokens, self.closed, strict=True) if not c)
+        return self.left_after[depth] > sum(r for r in rooms if r >= least or r == cap)
+
+    def _place(self, depth: int) -> bool:
+        self.work += 1
+        if self.work > WORK_LIMIT:
+            return False
+        if depth == self.p.n:
+            return True
+        i = self.order[depth]
+        unit = self.units[i]
+        for s in self._candidates(i):
+            rank = s // self.m
+            pins = self.grouped and self.unit_rank[unit] < 0
+            self._apply(s, i, +1)
+            if pins:
+                self.unit_rank[unit] = rank
+            self.rank_used[rank] += 1
+            self.assignment[i] = s
+            if not self._pruned(depth) and self._place(depth + 1):
+                return True
+            self.assignment[i] = -1
+            self.rank_used[rank] -= 1
+            if pins:
+                self.unit_rank[unit] = -1
+            self._apply(s, i, -1)
+            if self.work > WORK_LIMIT:
+                return False
+        return False
+
+    def _apply(self, s: int, i: int, sign: int) -> None:
+        self.tokens[s] += sign * self.lengths[i]
+        self.used[s] += sign * self.patches[i]
+        self.count[s] += sign
+        if self.oversize[i]:
+            self.closed[s] = sign > 0
+        if sign > 0:
+            self.saved_longest.append(self.longest[s])
+            self.longest[s] = max(self.longest[s], self.lengths[i])
+        else:
+            self.longest[s] = self.saved_longest.pop()

@@ -1,0 +1,151 @@
+"""A fixed micro-batch count under a binding cap is planned whenever a valid plan exists, and a
+refusal says "infeasible" only when that is proven.
+
+Small steps are compared with the brute force over every assignment; larger ones are planted:
+their micro-batches are built first, near full, so a valid plan is known to exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from _acceptance import checked, requires_checked, set_aside
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_plan_bruteforce import _brute_force
+
+import seqbalance as sb
+
+ISSUE = [86, 52, 88, 71, 64, 77, 73, 60, 63, 79, 74, 70, 63, 81, 66, 63, 86, 60, 59, 79, 75]
+ISSUE += [51, 53, 65, 84]
+PROVEN = ("is infeasible", "larger than a rank can hold", "would be empty")
+"""The refusals that state a proven fact (a bound, or the exhaustive search)."""
+
+
+def test_the_reported_step_fits_one_microbatch() -> None:
+    assert max(sb.partition(ISSUE, 6).loads) <= 300
+    plan = sb.plan_step(ISSUE, 6, num_microbatches=1, max_tokens=300)
+    plan.validate()
+    assert plan.tokens.max() <= 300 and plan.step_cost == 291  # the partition bound
+    assert sb.plan_step(ISSUE, 6, max_tokens=300).n_microbatches == 1
+
+
+def test_a_refusal_claims_only_what_it_proves() -> None:
+    # 3 x 60 tokens in 2 micro-batches of 100: the bound proves it.
+    with pytest.raises(ValueError, match="num_microbatches = 2 is infeasible"):
+        sb.plan_step([60, 60, 60], 1, max_tokens=100, num_microbatches=2)
+    # 5 x 40 in 2 micro-batches of 100 passes every bound (200 tokens, none over half the
+    # cap); the exhaustive search proves it (each micro-batch holds at most 2).
+    with pytest.raises(ValueError, match="num_microbatches = 2 is infeasible: no assignment"):
+        sb.plan_step([40] * 5, 1, max_tokens=100, num_microbatches=2)
+
+
+@st.composite
+def tight_steps(draw: st.DrawFn) -> dict:
+    """Small steps (at most 4 slots, 8 samples) with a cap close to the average slot."""
+    dp = draw(st.integers(1, 4))
+    m = draw(st.integers(1, 4 // dp))
+    n = draw(st.integers(dp * m, 8))
+    lengths = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    average = -(-sum(lengths) // (dp * m))
+    oversize = draw(st.booleans())
+    options: dict = {
+        "max_tokens": max(1 if oversize else max(lengths), average + draw(st.integers(-5, 15))),
+        "num_microbatches": m,
+        "allow_oversize": oversize,
+        "allow_empty": draw(st.integers(0, 4)) == 0,
+        "objective": draw(st.sampled_from(["step", "lockstep"])),
+    }
+    if draw(st.integers(0, 3)) == 0:
+        options["groups"] = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    if draw(st.integers(0, 4)) == 0:
+        options["layout"] = "padded"
+        options["micro_batch_size"] = draw(st.integers(1, 6))
+    return {"lengths": lengths, "dp": dp, **options}
+
+
+@requires_checked(0.9)
+@settings(max_examples=examples(300), deadline=None)
+@given(tight_steps())
+def test_a_fixed_count_is_planned_when_the_brute_force_finds_a_plan(step: dict) -> None:
+    options = dict(step)
+    lengths, dp, m = options.pop("lengths"), options.pop("dp"), step["num_microbatches"]
+    try:
+        plan, error = sb.plan_step(lengths, dp, **options), None
+    except ValueError as refused:
+        plan, error = None, str(refused)
+    if error is not None and "exceeds max_tokens" in error:
+        set_aside("a sample over the cap without allow_oversize")
+        return
+    # The brute force reads lengths, limits and objective from a plan; any count will do.
+    relaxed = dict(options, num_microbatches=None, allow_empty=True, max_tokens=None)
+    probe = sb.plan_step(lengths, dp, **relaxed)
+    probe = dataclasses.replace(
+        probe,
+        options=probe.options.replace(
+            max_tokens=options["max_tokens"], allow_empty=options["allow_empty"]
+        ),
+    )
+    checked()
+    best = _brute_force(probe, m)
+    if best is None:
+        assert plan is None, "planned a step the brute force finds infeasible"
+        # Every refusal of a step this small is proven, by a bound or the exhaustive search.
+        assert any(claim in error for claim in PROVEN), error
+        return
+    assert plan is not None, f"refused ({error}); the brute force plans it at {best}"
+    plan.validate()
+    assert plan.n_microbatches == m
+
+
+@st.composite
+def planted_steps(draw: st.DrawFn) -> dict:
+    """Steps with a known plan. Either the cap is the heaviest part of ``sb.partition`` of the
+    lengths into ``dp x m`` parts (its parts are the micro-batches), or the plan is built
+    first: ``dp x m`` micro-batches, each filled with 1 to 5 samples to 85-100% of the cap;
+    then, with groups, each rank's samples form 1 to 3 groups."""
+    dp = draw(st.integers(1, 8))
+    m = draw(st.integers(1, 3))
+    if draw(st.booleans()):
+        n = draw(st.integers(dp * m, 6 * dp * m))
+        lengths = draw(st.lists(st.integers(1, 5_000), min_size=n, max_size=n))
+        cap = int(sb.partition(lengths, dp * m).max_load)
+        return {"lengths": lengths, "dp": dp, "max_tokens": cap, "num_microbatches": m}
+    cap = draw(st.integers(20, 2_000))
+    lengths: list[int] = []
+    groups: list[int] = []
+    for slot in range(dp * m):
+        fill = draw(st.integers(max(1, int(0.85 * cap)), cap))
+        k = draw(st.integers(1, min(5, fill)))
+        cuts = sorted(draw(st.sets(st.integers(1, fill - 1), min_size=k - 1, max_size=k - 1)))
+        lengths.extend(np.diff([0, *cuts, fill]).tolist())
+        groups.extend(3 * (slot // m) + draw(st.integers(0, 2)) for _ in range(k))
+    order = draw(st.permutations(range(len(lengths))))
+    step = {
+        "lengths": [lengths[i] for i in order],
+        "dp": dp,
+        "max_tokens": cap,
+        "num_microbatches": m,
+        "objective": draw(st.sampled_from(["step", "lockstep"])),
+    }
+    if draw(st.booleans()):
+        step["groups"] = [groups[i] for i in order]
+    return step
+
+
+@requires_checked(1.0)
+@settings(max_examples=examples(200), deadline=None)
+@given(planted_steps())
+def test_a_planted_packing_is_found(step: dict) -> None:
+    options = dict(step)
+    lengths, dp = options.pop("lengths"), options.pop("dp")
+    checked()
+    plan = sb.plan_step(lengths, dp, **options)
+    plan.validate()
+    assert plan.n_microbatches == step["num_microbatches"]
+    free = sb.plan_step(lengths, dp, **dict(options, num_microbatches=None))
+    # The fewest feasible count, or more only when strictly cheaper (invariant 8).
+    assert free.n_microbatches <= plan.n_microbatches or free.step_cost < plan.step_cost
