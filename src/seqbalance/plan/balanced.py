@@ -55,8 +55,7 @@ from seqbalance.plan import _exact, _feasible
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._padded import deal, padded_global, segment
 from seqbalance.plan._problem import Problem, objective_value
-from seqbalance.plan.registry import Microbatches, Strategy
-from seqbalance.plan.step import checked_microbatches
+from seqbalance.plan.registry import Microbatches, Strategy, checked_microbatches
 from seqbalance.plan.strategies import rank_members
 
 __all__ = ["BALANCED", "Balanced", "plan_balanced"]

@@ -25,11 +25,12 @@ Register your own::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from seqbalance.plan.stacks import STACK_BASELINES
+from seqbalance.plan.types import PlanValidationError
 
 if TYPE_CHECKING:
     from seqbalance.plan._problem import Problem
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Microbatches",
     "Strategy",
+    "checked_microbatches",
     "get_strategy",
     "register_strategy",
     "strategy_names",
@@ -126,6 +128,50 @@ def unregister_strategy(name: str) -> None:
     if name not in _REGISTRY:
         raise ValueError(f"no strategy named {name!r} is registered")
     del _REGISTRY[name]
+
+
+def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatches:
+    """The strategy's result, if it has ``p.dp`` ranks of one common, positive count and
+    places every sample position exactly once as an integer (what ``_arrange`` relies on; the
+    caps and counts are left to ``StepPlan.validate``).
+
+    Raises:
+        PlanValidationError: naming the strategy and the first violation.
+    """
+    where = f"strategy {name!r} returned"
+    try:
+        counts = {len(mbs) for mbs in microbatches}
+        members = [i for mbs in microbatches for mb in mbs for i in mb]
+    except TypeError:
+        raise PlanValidationError(
+            f"{where} {type(microbatches).__name__} {microbatches!r:.80}; expected {p.dp} "
+            "lists of micro-batches, each a list of sample positions"
+        ) from None
+    if len(microbatches) != p.dp or len(counts) != 1 or counts == {0}:
+        raise PlanValidationError(
+            f"{where} {len(microbatches)} ranks with micro-batch counts {sorted(counts)}; "
+            f"expected {p.dp} ranks with the same positive count"
+        )
+    for kind in {type(i) for i in members}:
+        if issubclass(kind, (bool, np.bool_)) or not issubclass(kind, (int, np.integer)):
+            bad = next(i for i in members if type(i) is kind)
+            raise PlanValidationError(
+                f"{where} sample position {bad!r} of type {kind.__name__}; positions must be "
+                "integers"
+            )
+    outside = [i for i in members if not 0 <= i < p.n]
+    if outside:
+        raise PlanValidationError(
+            f"{where} sample position {int(outside[0])}, out of range for {p.n} samples"
+        )
+    flat = np.asarray(members, dtype=np.int64)
+    seen = np.bincount(flat, minlength=p.n)
+    if (seen != 1).any():
+        i = int(np.flatnonzero(seen != 1)[0])
+        raise PlanValidationError(
+            f"{where} sample {i} {int(seen[i])} times; every sample must appear exactly once"
+        )
+    return microbatches
 
 
 def get_strategy(name: str) -> Strategy:

@@ -12,7 +12,7 @@ from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.options import PlanOptions, as_options
-from seqbalance.plan.registry import Microbatches, get_strategy
+from seqbalance.plan.registry import Microbatches, checked_microbatches, get_strategy
 from seqbalance.plan.types import PlanValidationError, StepPlan
 
 if TYPE_CHECKING:
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_DP_SIZE",
     "check_within_caps",
-    "checked_microbatches",
     "plan_step",
     "vision_patches_of",
 ]
@@ -248,50 +247,6 @@ def check_within_caps(
                 "sample(s) do); pass allow_oversize=True to give such a sample a micro-batch of "
                 "its own"
             )
-
-
-def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatches:
-    """The strategy's result, if it has ``p.dp`` ranks of one common, positive count and
-    places every sample position exactly once as an integer (what ``_arrange`` relies on; the
-    caps and counts are left to ``StepPlan.validate``).
-
-    Raises:
-        PlanValidationError: naming the strategy and the first violation.
-    """
-    where = f"strategy {name!r} returned"
-    try:
-        counts = {len(mbs) for mbs in microbatches}
-        members = [i for mbs in microbatches for mb in mbs for i in mb]
-    except TypeError:
-        raise PlanValidationError(
-            f"{where} {type(microbatches).__name__} {microbatches!r:.80}; expected {p.dp} "
-            "lists of micro-batches, each a list of sample positions"
-        ) from None
-    if len(microbatches) != p.dp or len(counts) != 1 or counts == {0}:
-        raise PlanValidationError(
-            f"{where} {len(microbatches)} ranks with micro-batch counts {sorted(counts)}; "
-            f"expected {p.dp} ranks with the same positive count"
-        )
-    for kind in {type(i) for i in members}:
-        if issubclass(kind, (bool, np.bool_)) or not issubclass(kind, (int, np.integer)):
-            bad = next(i for i in members if type(i) is kind)
-            raise PlanValidationError(
-                f"{where} sample position {bad!r} of type {kind.__name__}; positions must be "
-                "integers"
-            )
-    outside = [i for i in members if not 0 <= i < p.n]
-    if outside:
-        raise PlanValidationError(
-            f"{where} sample position {int(outside[0])}, out of range for {p.n} samples"
-        )
-    flat = np.asarray(members, dtype=np.int64)
-    seen = np.bincount(flat, minlength=p.n)
-    if (seen != 1).any():
-        i = int(np.flatnonzero(seen != 1)[0])
-        raise PlanValidationError(
-            f"{where} sample {i} {int(seen[i])} times; every sample must appear exactly once"
-        )
-    return microbatches
 
 
 def _arrange(
