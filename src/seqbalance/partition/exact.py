@@ -29,8 +29,8 @@ __all__ = ["branch_and_bound"]
 _CLOCK_EVERY = 1024  # nodes between clock reads
 
 
-class _Budget(Exception):
-    """Raised inside the search when the time or node budget is spent."""
+class BudgetSpent(Exception):
+    """Raised inside a search when its time or node budget is spent."""
 
 
 def branch_and_bound(
@@ -81,9 +81,9 @@ def branch_and_bound(
         nonlocal best, best_max, nodes
         nodes += 1
         if max_nodes is not None and nodes > max_nodes:
-            raise _Budget
+            raise BudgetSpent
         if deadline is not None and nodes % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
-            raise _Budget
+            raise BudgetSpent
         if position == n:
             best_max = max(loads)
             best = np.empty(n, dtype=np.int64)
@@ -127,6 +127,6 @@ def branch_and_bound(
             children = open_node(position + 1, child_deficit)
             if children is not None:
                 stack.append([position + 1, child_deficit, children, 0, None])
-    except _Budget:
+    except BudgetSpent:
         return best, best_max <= lower_bound
     return best, True  # finished or reached the bound: nothing better than `best` exists

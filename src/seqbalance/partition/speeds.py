@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from seqbalance.partition._result import SizeLimits
+from seqbalance.partition.exact import BudgetSpent
 from seqbalance.partition.greedy import descending_order
 
 __all__ = ["exact_speeds", "lpt_speeds", "max_time", "refine_speeds", "speed_lower_bound"]
@@ -262,10 +263,6 @@ class _State:
         return best
 
 
-class _Budget(Exception):
-    """Raised inside the search when the time or node budget is spent."""
-
-
 def exact_speeds(
     weights: np.ndarray,
     speeds: np.ndarray,
@@ -304,9 +301,9 @@ def exact_speeds(
         nonlocal nodes
         nodes += 1
         if max_nodes is not None and nodes > max_nodes:
-            raise _Budget
+            raise BudgetSpent
         if deadline is not None and nodes % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
-            raise _Budget
+            raise BudgetSpent
         forced = deficit == n - position  # every item left must go to a part below `low`
         value = values[position]
         result, seen = [], set()
@@ -351,6 +348,6 @@ def exact_speeds(
             stack.append(
                 [position + 1, child_deficit, options(position + 1, child_deficit), 0, None]
             )
-    except _Budget:
+    except BudgetSpent:
         return best, best_max <= lower_bound
     return best, True
