@@ -611,3 +611,14 @@ def test_malformed_documents_are_value_errors_naming_the_plan_type() -> None:
         ContextParallelPlan.from_json(json.dumps({**document, "format": "StepPlan/2"}))
     with pytest.raises(ValueError, match="not valid JSON"):
         ContextParallelPlan.from_json("{")
+
+
+@pytest.mark.parametrize("bad", ["8", 0, 2.5, True])
+def test_index_arguments_of_the_plan_types_are_value_errors_naming_them(bad) -> None:
+    result = plan([30, 3, 9], 2, 16)
+    with pytest.raises(ValueError, match="n_ranks"):
+        ContextParallel(16).usable_sizes(bad)
+    with pytest.raises(ValueError, match="sample"):
+        result.cp_group(bad if bad != 0 else 3)
+    with pytest.raises(ValueError, match="rank|slot"):
+        result.slot_inputs(bad if bad != 0 else 2, 0)

@@ -135,6 +135,7 @@ class ContextParallel:
 
     def usable_sizes(self, n_ranks: int) -> tuple[int, ...]:
         """The allowed sizes whose aligned blocks tile ``n_ranks`` ranks."""
+        n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
         return tuple(s for s in self.sizes if n_ranks % s == 0)
 
     def to_dict(self) -> dict[str, Any]:
