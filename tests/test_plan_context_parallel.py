@@ -620,5 +620,5 @@ def test_index_arguments_of_the_plan_types_are_value_errors_naming_them(bad) -> 
         ContextParallel(16).usable_sizes(bad)
     with pytest.raises(ValueError, match="sample"):
         result.cp_group(bad if bad != 0 else 3)
-    with pytest.raises(ValueError, match="rank|slot"):
+    with pytest.raises(ValueError, match=r"rank|slot"):
         result.slot_inputs(bad if bad != 0 else 2, 0)
