@@ -78,6 +78,8 @@ def _run(sampler: BalancedBatchSampler, rank: int, first: int, last: int, save_a
 def _worker(rank: int, world_size: int) -> dict[str, Any]:
     sampler = _sampler()
     steps, state = _run(sampler, rank, 0, STEPS, save_at=RESUME_AT)
+    sampler.set_epoch(1)  # the next epoch goes on with what was learned
+    next_epoch, _ = _run(sampler, rank, 0, 3)
     resumed = _sampler()
     resumed.load_state_dict(state)
     again, _ = _run(resumed, rank, RESUME_AT, STEPS)
@@ -90,7 +92,13 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     except RuntimeError as caught:
         error = str(caught)
     forgetful.close()
-    return {"steps": steps, "resumed": again, "state": state, "forgetful": error}
+    return {
+        "steps": steps,
+        "next_epoch": next_epoch,
+        "resumed": again,
+        "state": state,
+        "forgetful": error,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +124,13 @@ def test_the_slower_rank_gets_less_work_within_a_few_steps(results):
     # step planned for the slow rank is seen + lookahead + 1 (5 steps after it slowed down).
     assert all(0.95 < r < 1.05 for r in ratios[: seen + LOOKAHEAD + 1])
     assert all(0.45 < r < 0.55 for r in ratios[seen + LOOKAHEAD + 1 :])
+
+
+def test_the_next_epoch_goes_on_with_the_learned_speeds(results):
+    a, b = results
+    assert a["next_epoch"] == b["next_epoch"]
+    for step in a["next_epoch"]:
+        assert 0.45 < step["rank_tokens"][1] / step["rank_tokens"][0] < 0.55
 
 
 def test_resume_mid_step_continues_with_the_same_model_and_plans(results):

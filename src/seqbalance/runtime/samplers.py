@@ -184,6 +184,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         prior: TimeModel | None = None,
         **option_keywords: Any,
     ) -> None:
+        self._lagged: LaggedFeedback | None = None  # before super(): _start_pass reads it
         parts = lengths if isinstance(lengths, SampleParts) else None
         super().__init__(
             LengthSource(lengths if parts is None else parts.tokens),
@@ -223,7 +224,6 @@ class BalancedBatchSampler(EpochBatchSampler):
         self._recent_lock = threading.Lock()
         self._plan: EpochPlan | None = None
         feedback = as_feedback(adaptive)
-        self._lagged: LaggedFeedback | None = None
         if feedback is not None:
             from seqbalance.runtime._lagged import LaggedFeedback  # torch, only when asked for
 
@@ -299,6 +299,11 @@ class BalancedBatchSampler(EpochBatchSampler):
     def _fixed_count(self) -> int | None:
         return self.options.num_microbatches
 
+    def _start_pass(self, consumed: int, step: int, offset: int) -> None:
+        super()._start_pass(consumed, step, offset)
+        if self._lagged is not None:
+            self._lagged.start(step)
+
     def plan_step(self, indices: np.ndarray, options: PlanOptions) -> StepPlan:
         """The plan of one step whose samples are ``indices`` (dataset indices, in planning
         order), under ``options``: the one place a sampler plans, so a caller that adapts the
@@ -310,8 +315,6 @@ class BalancedBatchSampler(EpochBatchSampler):
     def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
         layout = self.layout(epoch)  # only the planner thread calls its step()
         lagged, stop = self._lagged, threading.Event()
-        if lagged is not None:
-            lagged.start(first)
 
         def plan(number: int) -> list[list[int]]:
             indices = layout.step(number)
