@@ -8,6 +8,7 @@ background planner, the all_gather and the learning are the real ones.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ BATCH, STEPS, SLOW_FROM, RESUME_AT, LOOKAHEAD = 32, 30, 6, 17, 2
 LENGTHS = np.random.default_rng(0).integers(16, 2048, size=BATCH * STEPS)
 
 
-def _sampler(**extra: Any) -> BalancedBatchSampler:
+def _sampler(log: Any = None) -> BalancedBatchSampler:
     return BalancedBatchSampler(
         LENGTHS,
         BATCH,
@@ -38,7 +39,7 @@ def _sampler(**extra: Any) -> BalancedBatchSampler:
         max_tokens=4096,
         agreement_timeout=30.0,
         adaptive=Feedback(timeout_seconds=30.0),
-        **extra,
+        log=log,
     )
 
 
@@ -75,8 +76,8 @@ def _run(sampler: BalancedBatchSampler, rank: int, first: int, last: int, save_a
     return steps, state
 
 
-def _worker(rank: int, world_size: int) -> dict[str, Any]:
-    sampler = _sampler()
+def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
+    sampler = _sampler(log)
     steps, state = _run(sampler, rank, 0, STEPS, save_at=RESUME_AT)
     sampler.set_epoch(1)  # the next epoch goes on with what was learned
     next_epoch, _ = _run(sampler, rank, 0, 3)
@@ -91,6 +92,10 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
             next(batches)
     except RuntimeError as caught:
         error = str(caught)
+    try:  # three steps taken, none observed: no consistent state to save
+        forgetful.state_dict()
+    except ValueError as caught:
+        error += " | " + str(caught)
     forgetful.close()
     return {
         "steps": steps,
@@ -103,7 +108,14 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return ok(launch(tmp_path_factory.mktemp("adaptive_sampler"), 2, _worker))
+    directory = tmp_path_factory.mktemp("adaptive_sampler")
+    log = directory / "run.jsonl"
+    out = ok(launch(directory, 2, _worker, str(log)))
+    lines = log.read_text().splitlines()  # rank 0's telemetry, one line per observed step
+    assert len(lines) == STEPS + 3
+    logged = [json.loads(line)["next_rank_speeds"] for line in lines[:STEPS]]
+    assert logged == [step["speeds"] for step in out[0]["steps"]]
+    return out
 
 
 def test_plans_are_byte_identical_on_every_rank_every_step(results):
@@ -143,12 +155,13 @@ def test_a_missing_observation_raises_instead_of_hanging(results):
     for result in results:
         assert "call observe() after every step" in result["forgetful"]
         assert f"step {LOOKAHEAD + 1} is planned after 1 observed steps" in result["forgetful"]
+        assert "save after observe()" in result["forgetful"]
 
 
 def test_adaptive_needs_torch_distributed_and_prior_needs_adaptive():
     with pytest.raises(ValueError, match="not initialised"):
         BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, adaptive=True)
-    with pytest.raises(ValueError, match="prior"):
+    with pytest.raises(ValueError, match="prior and log"):
         BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, prior=TRUE)
     with pytest.raises(ValueError, match="adaptive"):
         BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, adaptive="yes")

@@ -16,6 +16,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from seqbalance.cost.online import Feedback
@@ -38,6 +39,7 @@ class LaggedFeedback:
         options: The sampler's plan options (their cost is the prior unless ``prior``).
         feedback: The loop's options.
         prior: A TimeModel to start from, or None.
+        log: A JSONL file rank 0 appends each step's telemetry to, or None.
         group: The data-parallel process group (None: the world).
         lag: The sampler's ``lookahead``.
         position: The sampler's ``(dp_rank, dp_size)``, which must be ``group``'s.
@@ -51,12 +53,15 @@ class LaggedFeedback:
         options: PlanOptions,
         feedback: Feedback,
         prior: TimeModel | None,
+        log: str | Path | None,
         group: Any,
         lag: int,
         position: tuple[int, int],
     ) -> None:
         device = Comm(group, timedelta(seconds=feedback.timeout_seconds)).device
-        self.loop = Adaptive(options, feedback=feedback, prior=prior, group=group, device=device)
+        self.loop = Adaptive(
+            options, feedback=feedback, prior=prior, group=group, device=device, log=log
+        )
         if (self.loop.rank, self.loop.planner.dp_size) != position:
             raise ValueError(
                 f"adaptive needs group= to be the data-parallel group: the sampler is rank "

@@ -55,6 +55,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -149,6 +150,8 @@ class BalancedBatchSampler(EpochBatchSampler):
             ``state_dict`` then carries what was learned (save it after ``observe``), so a
             resume continues with the same model and plans. ``epoch_plan`` is refused.
         prior: with ``adaptive``, a TimeModel to start from (default: the options' cost).
+        log: with ``adaptive``, a JSONL file rank 0 appends each step's telemetry to
+            (``seqbalance report``).
         **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
@@ -182,6 +185,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         options: PlanOptions | None = None,
         adaptive: bool | Feedback = False,
         prior: TimeModel | None = None,
+        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
         self._lagged: LaggedFeedback | None = None  # before super(): _start_pass reads it
@@ -231,12 +235,15 @@ class BalancedBatchSampler(EpochBatchSampler):
                 self.options,
                 feedback,
                 prior,
+                log,
                 group,
                 self.lookahead,
                 (self.dp_rank, self.dp_size),
             )
-        elif prior is not None:
-            raise ValueError("prior is the adaptive model's start: pass it with adaptive=True")
+        elif prior is not None or log is not None:
+            raise ValueError(
+                "prior and log belong to the closed loop: pass them with adaptive=True"
+            )
 
     def _check_lengths(self) -> None:
         """Caps and costs of every length: on the distinct lengths when the source has them
