@@ -146,7 +146,7 @@ class BalancedBatchSampler(EpochBatchSampler):
             thread waits for that observation, and ``next()`` raises RuntimeError instead of
             waiting when the loop has not made it (``observe`` missed, or a DataLoader
             prefetching more than ``lookahead`` steps). A change of speed is therefore planned
-            around ``lookahead + 1`` steps later than with ``Adaptive`` itself.
+            around ``lookahead`` steps later than with ``Adaptive`` itself.
             ``state_dict`` then carries what was learned (save it after ``observe``), so a
             resume continues with the same model and plans. ``epoch_plan`` is refused.
         prior: with ``adaptive``, a TimeModel to start from (default: the options' cost).
