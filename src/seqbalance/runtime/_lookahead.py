@@ -24,13 +24,22 @@ class Lookahead:
         plan: computes one step's result; an exception it raises is kept for that step.
         steps: the step numbers, in the order they are taken.
         depth: results computed ahead of the one taken (>= 1).
+        stop: the event :meth:`stop` sets (default: a new one), for a ``plan`` that waits and
+            must notice it.
     """
 
-    def __init__(self, plan: Callable[[int], Any], steps: range, depth: int) -> None:
+    def __init__(
+        self,
+        plan: Callable[[int], Any],
+        steps: range,
+        depth: int,
+        *,
+        stop: threading.Event | None = None,
+    ) -> None:
         self._plan = plan
         self._steps = steps
         self._results: queue.Queue[tuple[int, Any, BaseException | None]] = queue.Queue(depth)
-        self._stop = threading.Event()
+        self._stop = threading.Event() if stop is None else stop
         self._thread = threading.Thread(target=self._run, name="seqbalance-planner", daemon=True)
         self._thread.start()
 

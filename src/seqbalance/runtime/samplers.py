@@ -54,12 +54,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seqbalance._validation import as_group_ids, check_bool, check_int
+from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._layout import EpochLayout, Permutation
@@ -74,9 +76,13 @@ from seqbalance.runtime._epoch_sampler import (
 )
 from seqbalance.runtime._lengths import LengthSource
 from seqbalance.runtime._lookahead import Lookahead
+from seqbalance.runtime._position import data_parallel_position
 
 if TYPE_CHECKING:
+    from seqbalance.cost.time_model import TimeModel
     from seqbalance.plan import EpochPlan, StepPlan
+    from seqbalance.runtime._lagged import LaggedFeedback
+    from seqbalance.runtime.timer import StepTimer, StepTiming
 
 __all__ = [
     "STATE_FORMAT",
@@ -90,84 +96,6 @@ _PROBE = 256
 
 _RECENT = 64
 """Step plans kept for ``step_plan`` (a prefetching DataLoader's lag fits in this)."""
-
-
-def data_parallel_position(
-    *,
-    group: Any = None,
-    dp_rank: int | None = None,
-    dp_size: int | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-) -> tuple[int, int]:
-    """This process's data-parallel rank and the data-parallel size.
-
-    Args:
-        group: the data-parallel process group: its rank and size are used.
-        dp_rank: this process's data-parallel rank (``rank`` is its older name).
-        dp_size: the data-parallel size (``world_size`` is its older name).
-        rank, world_size: accepted for compatibility; never together with the new names.
-
-    Without ``group``, a missing ``dp_rank`` or ``dp_size`` defaults to the global
-    torch.distributed world's, which is wrong under tensor or pipeline parallelism (module
-    docstring).
-
-    Returns:
-        ``(dp_rank, dp_size)``.
-
-    Raises:
-        ValueError: a name given twice (``dp_rank`` and ``rank``), ``group`` together with a
-            rank or size, nothing to go by (no group, no rank, torch.distributed not
-            initialised), this process outside ``group``, or a rank outside ``[0, size)``.
-    """
-    rank_name, size_name = "dp_rank", "dp_size"
-    if rank is not None:
-        if dp_rank is not None:
-            raise ValueError(
-                f"pass dp_rank or its older name rank, not both (got {dp_rank}, {rank})"
-            )
-        dp_rank, rank_name = rank, "rank"
-    if world_size is not None:
-        if dp_size is not None:
-            raise ValueError(
-                f"pass dp_size or its older name world_size, not both (got {dp_size}, {world_size})"
-            )
-        dp_size, size_name = world_size, "world_size"
-    if group is not None:
-        if dp_rank is not None or dp_size is not None:
-            raise ValueError(
-                f"group= determines the data-parallel rank and size: pass group or "
-                f"{rank_name}/{size_name}, not both"
-            )
-        dp_rank, dp_size = _group_position(group)
-    elif dp_rank is None or dp_size is None:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError(
-                "the data-parallel rank and world_size must be given when torch.distributed is "
-                f"not initialised (got {rank_name}={dp_rank!r}, {size_name}={dp_size!r}): pass "
-                "group= (the data-parallel process group) or dp_rank= and dp_size="
-            )
-        # The global world: right only without tensor or pipeline parallelism.
-        dp_rank = dist.get_rank() if dp_rank is None else dp_rank
-        dp_size = dist.get_world_size() if dp_size is None else dp_size
-    dp_size = check_int(dp_size, size_name, minimum=1)
-    dp_rank = check_int(dp_rank, rank_name, minimum=0)
-    if dp_rank >= dp_size:
-        raise ValueError(f"{rank_name} must be < {size_name} = {dp_size}, got {dp_rank}")
-    return dp_rank, dp_size
-
-
-def _group_position(group: Any) -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError("group= needs torch.distributed to be initialised")
-    position = dist.get_rank(group)
-    if position < 0:
-        raise ValueError("this process is not a member of group")
-    return position, dist.get_world_size(group)
 
 
 class BalancedBatchSampler(EpochBatchSampler):
@@ -207,6 +135,23 @@ class BalancedBatchSampler(EpochBatchSampler):
             on top. Checked here, at construction, together with every sample (one vectorised
             pass in chunks): against ``max_tokens`` and ``max_vision_patches`` (unless
             ``allow_oversize``) and through the cost model.
+        adaptive: ``True`` or a :class:`seqbalance.cost.online.Feedback`: the closed loop
+            (needs torch.distributed and ``group`` the data-parallel group). After each step,
+            every rank calls :meth:`observe` (its micro-batch times from :attr:`timer`, or a
+            ``StepTiming``): one small all_gather, and the online model and rank speeds of
+            :class:`seqbalance.runtime.Adaptive` learn from every rank's times. The rule that
+            keeps plans byte-identical on every rank whatever the background thread's timing:
+            counting steps over the run, step ``k`` is planned with the options as they stand
+            after observing step ``k - lookahead - 1`` (the prior before that); the planner
+            thread waits for that observation, and ``next()`` raises RuntimeError instead of
+            waiting when the loop has not made it (``observe`` missed, or a DataLoader
+            prefetching more than ``lookahead`` steps). A change of speed is therefore planned
+            around ``lookahead`` steps later than with ``Adaptive`` itself.
+            ``state_dict`` then carries what was learned (save it after ``observe``), so a
+            resume continues with the same model and plans. ``epoch_plan`` is refused.
+        prior: with ``adaptive``, a TimeModel to start from (default: the options' cost).
+        log: with ``adaptive``, a JSONL file rank 0 appends each step's telemetry to
+            (``seqbalance report``).
         **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
@@ -238,8 +183,12 @@ class BalancedBatchSampler(EpochBatchSampler):
         lookahead: int = 2,
         agreement_timeout: float | None = 300.0,
         options: PlanOptions | None = None,
+        adaptive: bool | Feedback = False,
+        prior: TimeModel | None = None,
+        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
+        self._lagged: LaggedFeedback | None = None  # before super(): _start_pass reads it
         parts = lengths if isinstance(lengths, SampleParts) else None
         super().__init__(
             LengthSource(lengths if parts is None else parts.tokens),
@@ -278,6 +227,23 @@ class BalancedBatchSampler(EpochBatchSampler):
         self._recent: OrderedDict[tuple[int, int], StepPlan] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._plan: EpochPlan | None = None
+        feedback = as_feedback(adaptive)
+        if feedback is not None:
+            from seqbalance.runtime._lagged import LaggedFeedback  # torch, only when asked for
+
+            self._lagged = LaggedFeedback(
+                self.options,
+                feedback,
+                prior,
+                log,
+                group,
+                self.lookahead,
+                (self.dp_rank, self.dp_size),
+            )
+        elif prior is not None or log is not None:
+            raise ValueError(
+                "prior and log belong to the closed loop: pass them with adaptive=True"
+            )
 
     def _check_lengths(self) -> None:
         """Caps and costs of every length: on the distinct lengths when the source has them
@@ -312,6 +278,7 @@ class BalancedBatchSampler(EpochBatchSampler):
             "global_batch_size": self.global_batch_size,
             "shuffle": self.shuffle,
             "bucket_window": self.bucket_window,
+            **({} if self._lagged is None else {"adaptive": self._lagged.setup()}),
         }
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
@@ -339,6 +306,11 @@ class BalancedBatchSampler(EpochBatchSampler):
     def _fixed_count(self) -> int | None:
         return self.options.num_microbatches
 
+    def _start_pass(self, consumed: int, step: int, offset: int) -> None:
+        super()._start_pass(consumed, step, offset)
+        if self._lagged is not None:
+            self._lagged.start(step)
+
     def plan_step(self, indices: np.ndarray, options: PlanOptions) -> StepPlan:
         """The plan of one step whose samples are ``indices`` (dataset indices, in planning
         order), under ``options``: the one place a sampler plans, so a caller that adapts the
@@ -349,23 +321,29 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
         layout = self.layout(epoch)  # only the planner thread calls its step()
+        lagged, stop = self._lagged, threading.Event()
 
         def plan(number: int) -> list[list[int]]:
             indices = layout.step(number)
+            options = self.options if lagged is None else lagged.options_for(number, stop.is_set)
             try:
-                step_plan = self.plan_step(indices, self.options)
+                step_plan = self.plan_step(indices, options)
             except ValueError as error:
                 raise ValueError(f"epoch {epoch}, step {number}: {error}") from error
+            if lagged is not None:
+                lagged.planned(number, step_plan)
             with self._recent_lock:
                 self._recent[(epoch, number)] = step_plan
                 while len(self._recent) > _RECENT:
                     self._recent.popitem(last=False)
             return [indices[mb].tolist() for mb in step_plan.ranks[self.dp_rank]]
 
-        planner = Lookahead(plan, range(first, layout.n_steps), self.lookahead)
+        planner = Lookahead(plan, range(first, layout.n_steps), self.lookahead, stop=stop)
         self._stop_planner = planner.stop
         try:
             for number in range(first, layout.n_steps):
+                if lagged is not None:
+                    lagged.check_ready(number)
                 yield planner.take(number)
         finally:
             planner.stop()
@@ -384,10 +362,60 @@ class BalancedBatchSampler(EpochBatchSampler):
             found = self._recent.get((epoch, step))
         if found is not None:
             return found
+        if self._lagged is not None:
+            raise ValueError(
+                f"step {step} of epoch {epoch} is not among the last {_RECENT} steps planned: an "
+                "adaptive plan depends on the measurements before it and cannot be remade"
+            )
         if self.bucket_window is not None:
             # The planner thread may be using this layout's window cache: use a private one.
             layout = self._fresh_layout(epoch)
         return self.plan_step(layout.step(step), self.options)
+
+    @property
+    def timer(self) -> StepTimer:
+        """With ``adaptive``: time this rank's micro-batches (``timer.microbatch()``) and its
+        gradient sync (``timer.sync()``), then call :meth:`observe`."""
+        if self._lagged is None:
+            raise ValueError("BalancedBatchSampler.timer needs adaptive=True")
+        return self._lagged.timer
+
+    def observe(self, timing: StepTiming | None = None) -> dict[str, Any]:
+        """With ``adaptive``: learn from every rank's measured times of the oldest step not yet
+        observed (one all_gather over the group; call it on every rank once per step, after the
+        step's micro-batches).
+
+        Args:
+            timing: this rank's measurements of that step, one micro-batch time per
+                micro-batch the sampler yielded for it (default: :attr:`timer`'s ``finish()``).
+
+        Returns:
+            The step's telemetry (``seqbalance.plan.AdaptivePlanner.apply``), the same on every
+            rank.
+
+        Raises:
+            ValueError: without ``adaptive``, or no step taken that is not yet observed.
+            CollectiveError: a peer did not join within ``Feedback.timeout_seconds``.
+        """
+        if self._lagged is None:
+            raise ValueError("BalancedBatchSampler.observe needs adaptive=True")
+        return self._lagged.observe(timing)
+
+    def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
+        """The resume point (``EpochBatchSampler.state_dict``); with ``adaptive`` also what the
+        loop learned (``"adaptive"``), which needs every step before the resume point observed.
+        """
+        state = super().state_dict(consumed=consumed)
+        if self._lagged is not None:
+            state["adaptive"] = self._lagged.state_dict(state["step"])
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (``EpochBatchSampler.load_state_dict``); with ``adaptive``
+        with the model and speeds it learned, so the plans continue exactly."""
+        super().load_state_dict(state)
+        if self._lagged is not None:
+            self._lagged.load_state_dict(state.get("adaptive"))
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -403,6 +431,11 @@ class BalancedBatchSampler(EpochBatchSampler):
         epoch), planned eagerly with ``plan_epoch`` (every step: use it for inspection, not in
         the training loop)."""
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
+        if self._lagged is not None:
+            raise ValueError(
+                "epoch_plan plans with fixed options; an adaptive sampler's plans depend on the "
+                "measurements made step by step (use step_plan)"
+            )
         if self._plan is None or self._plan.epoch != epoch:
             from seqbalance.plan import plan_epoch
 
