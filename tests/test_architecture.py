@@ -202,7 +202,7 @@ KNOWN_LONG_MODULES = {
     "seqbalance/cost/spec.py": 832,
     "seqbalance/datasets/lengths.py": 616,
     "seqbalance/plan/balanced.py": 1072,
-    "seqbalance/plan/context_parallel.py": 993,
+    "seqbalance/plan/context_parallel.py": 994,
     "seqbalance/plan/types.py": 745,
     "seqbalance/runtime/context_parallel.py": 712,
     "seqbalance/runtime/rebalancer.py": 728,
