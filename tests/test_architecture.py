@@ -2,7 +2,8 @@
 
 The import graph is read from the source with ``ast`` (nothing is imported): an edge for every
 ``import``/``from ... import`` of a ``seqbalance`` module, at module level or inside a function
-(a function-local import hides a cycle from Python, not from this test). ``docs/architecture.md``
+(a function-local import hides a cycle from Python, not from this test); imports under
+``if TYPE_CHECKING:`` never run and do not count. ``docs/architecture.md``
 states the layer order checked here. What the layout still owes is listed below by name, so the
 lists can only shrink: a new violation fails, and so does a listed one that is gone (delete it
 from the list).
@@ -110,6 +111,9 @@ def _import_graph() -> dict[str, set[str]]:
     for module, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+                node.body = []  # imports for type hints only never run
+        for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 graph[module].update(_targets(module, path.name == "__init__.py", node, modules))
     for module in modules:
@@ -201,7 +205,7 @@ KNOWN_LONG_MODULES = {
     "seqbalance/cost/context_parallel.py": 638,
     "seqbalance/cost/spec.py": 832,
     "seqbalance/datasets/lengths.py": 616,
-    "seqbalance/plan/balanced.py": 1072,
+    "seqbalance/plan/balanced.py": 762,
     "seqbalance/plan/context_parallel.py": 994,
     "seqbalance/plan/types.py": 745,
     "seqbalance/runtime/context_parallel.py": 712,
