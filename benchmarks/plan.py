@@ -88,6 +88,22 @@ def cases(quick: bool) -> list[Case]:
     return result
 
 
+def plan_case(case: Case, strategy: str, **options: object) -> sb.StepPlan:
+    """``strategy``'s plan of ``case`` (FLOPs of its model, its cap and objective)."""
+    return sb.plan_step(
+        case.lengths,
+        case.dp,
+        cost="flops",
+        model=case.model,
+        max_tokens=case.cap,
+        groups=case.groups,
+        objective=case.objective,
+        strategy=strategy,
+        allow_oversize=True,
+        **options,
+    )
+
+
 def run_case(case: Case, repeats: int, budget: int | None = None) -> dict[str, dict]:
     results = {}
     for strategy in STRATEGIES:
@@ -95,18 +111,7 @@ def run_case(case: Case, repeats: int, budget: int | None = None) -> dict[str, d
         times, plan = [], None
         for _ in range(repeats):
             start = time.perf_counter()
-            plan = sb.plan_step(
-                case.lengths,
-                case.dp,
-                cost="flops",
-                model=case.model,
-                max_tokens=case.cap,
-                groups=case.groups,
-                objective=case.objective,
-                strategy=strategy,
-                allow_oversize=True,
-                **extra,
-            )
+            plan = plan_case(case, strategy, **extra)
             times.append(time.perf_counter() - start)
         assert plan is not None
         plan.validate()

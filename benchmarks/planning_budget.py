@@ -19,7 +19,7 @@ import argparse
 import time
 
 import numpy as np
-from plan import EFFICIENCY, PEAK_FLOPS, Case, cases, machine
+from plan import EFFICIENCY, PEAK_FLOPS, Case, cases, machine, plan_case
 
 import seqbalance as sb
 from seqbalance.datasets import load
@@ -28,17 +28,7 @@ from seqbalance.datasets import load
 def _plan(case: Case, budget: int | None) -> tuple[float, float]:
     """Planning seconds and step cost of ``balanced`` on ``case`` with ``budget``."""
     start = time.perf_counter()
-    plan = sb.plan_step(
-        case.lengths,
-        case.dp,
-        cost="flops",
-        model=case.model,
-        max_tokens=case.cap,
-        groups=case.groups,
-        objective=case.objective,
-        allow_oversize=True,
-        planning_budget=budget,
-    )
+    plan = plan_case(case, "balanced", planning_budget=budget)
     return time.perf_counter() - start, plan.step_cost
 
 
