@@ -142,16 +142,21 @@ def _plan(problem: dict) -> StepPlan | None:
         return None
 
 
-@requires_checked(0.45)
-@settings(max_examples=examples(600))
-@given(small_problems())
-def test_balanced_matches_brute_force(problem: dict) -> None:
+def _check_small(problem: dict) -> None:
+    """Plan ``problem`` and compare with the brute force where it is small enough."""
     plan = _plan(problem)
     if plan is None or plan.dp_size * plan.n_microbatches > MAX_SLOTS:
         set_aside("refused" if plan is None else "too many slots for the brute force")
         return
     checked()
     _check_against_brute_force(plan)
+
+
+@requires_checked(0.45)
+@settings(max_examples=examples(600))
+@given(small_problems())
+def test_balanced_matches_brute_force(problem: dict) -> None:
+    _check_small(problem)
 
 
 @requires_checked(0.45)
@@ -162,12 +167,7 @@ def test_balanced_with_rank_speeds_matches_brute_force(problem: dict, data: st.D
     problem["rank_speeds"] = data.draw(
         st.lists(speeds, min_size=problem["dp"], max_size=problem["dp"])
     )
-    plan = _plan(problem)
-    if plan is None or plan.dp_size * plan.n_microbatches > MAX_SLOTS:
-        set_aside("refused" if plan is None else "too many slots for the brute force")
-        return
-    checked()
-    _check_against_brute_force(plan)
+    _check_small(problem)
 
 
 @requires_checked(0.12)

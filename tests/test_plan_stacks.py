@@ -329,16 +329,8 @@ def test_slime_live_against_slime() -> None:
     from types import SimpleNamespace
 
     rng = np.random.default_rng(6)
-    model = {
-        "hidden_size": 16,
-        "num_attention_heads": 2,
-        "num_query_groups": 2,
-        "vocab_size": 32,
-        "ffn_hidden_size": 64,
-        "num_experts": None,
-        "num_layers": 2,
-        "kv_channels": 8,
-    }
+    from test_integrations_slime import MODEL as model
+
     for trial in range(200):
         dp = int(rng.integers(1, 5))
         n = int(rng.integers(dp, 40))
