@@ -74,3 +74,19 @@ def stay_stuck(directory: str | Path, ranks: list[int], limit_s: float) -> None:
     markers = [Path(directory) / f"rank{rank}.done" for rank in ranks]
     while time.monotonic() < deadline and not all(marker.exists() for marker in markers):
         time.sleep(0.1)
+
+
+def count_exchanges() -> list[str]:
+    """From now on in this rank process, record the name of every Rebalancer exchange (the
+    collective that moves samples), to check that none ran; returns the growing list."""
+    from seqbalance.runtime._dist import Comm
+
+    exchanges: list[str] = []
+    original = Comm.exchange
+
+    def counted(self: Any, *args: Any) -> Any:
+        exchanges.append(args[-1])
+        return original(self, *args)
+
+    Comm.exchange = counted  # type: ignore[method-assign]
+    return exchanges

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from _multiprocess import launch, mark_done, ok, stay_stuck  # noqa: E402
+from _multiprocess import count_exchanges, launch, mark_done, ok, stay_stuck  # noqa: E402
 
 from seqbalance.plan import plan_step  # noqa: E402
 from seqbalance.runtime import CollectiveError, Rebalancer  # noqa: E402
@@ -400,16 +400,7 @@ def _nan_at_777(lengths: np.ndarray) -> np.ndarray:
 
 
 def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
-    from seqbalance.runtime._dist import Comm
-
-    exchanges = []
-    original = Comm.exchange
-
-    def counted(self: Any, *args: Any) -> Any:
-        exchanges.append(args[-1])
-        return original(self, *args)
-
-    Comm.exchange = counted  # type: ignore[method-assign]
+    exchanges = count_exchanges()
     timeout = timedelta(seconds=20)
     out: dict[str, Any] = {"disagree": {}}
     samples = [{"input_ids": torch.arange(100 + 10 * i + rank)} for i in range(3)]

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
 
-from _multiprocess import launch, ok  # noqa: E402
+from _multiprocess import count_exchanges, launch, ok  # noqa: E402
 
 from seqbalance.runtime import Rebalancer  # noqa: E402
 
@@ -67,16 +67,7 @@ def _costs(rank: int) -> dict[str, Any]:
 
 
 def _disagreeing_costs(rank: int, world_size: int) -> dict[str, Any]:
-    from seqbalance.runtime._dist import Comm
-
-    exchanges: list[str] = []
-    original = Comm.exchange
-
-    def counted(self: Any, *args: Any) -> Any:
-        exchanges.append(args[-1])
-        return original(self, *args)
-
-    Comm.exchange = counted  # type: ignore[method-assign]
+    exchanges = count_exchanges()
     timeout = timedelta(seconds=20)
     # Rank 0 holds a few long samples, rank 1 many short ones: token and squared costs plan
     # them differently on 2 ranks.
