@@ -279,8 +279,10 @@ def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
         refused = None
     except ValueError as error:
         refused = str(error)
+    # Messages up to 4 MiB, median of 3: on a loaded 2-core machine smaller ones timed as noise
+    # and the fit found no bandwidth (seconds did not grow with bytes).
     comm = calibrate_comm(
-        groups, kv_elements_per_token=64, rows=(16, 256, 2048), repeats=2, timeout=TIMEOUT
+        groups, kv_elements_per_token=64, rows=(16, 1024, 8192), repeats=3, timeout=TIMEOUT
     )
     cost = ContextParallelTimeModel(TimeModel(0.0, 1e-6, 1e-9), comm, 64, 2)
     fitted = calibrate_piece_overhead(
