@@ -9,7 +9,7 @@ situation after RL rollouts), every rank calls ``Rebalancer.rebalance`` on its s
 ``input_ids`` and ``labels``, int64) and times its three phases: the ``all_gather`` of lengths,
 ``plan_step`` (FLOPs cost of the example model, 4096-token cap) and the ``all_to_all_single``
 exchange. Each figure is the median over repeats of the slowest rank. The step time is one
-forward + backward pass of the example model (``seqbalance.runtime.toy_model``, as in
+forward + backward pass of the example model (``seqbalance.measure.toy_model``, as in
 ``examples/torchrun_ddp.py``) over the rank's rebalanced micro-batches, slowest rank.
 
 Prints a markdown section (and writes it to ``--out``). All ranks share the machine's cores, so
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig
 from seqbalance.runtime import Rebalancer
 from seqbalance.runtime.launch import launch
-from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig
 
 MAX_TOKENS = 4096
 

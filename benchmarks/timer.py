@@ -22,9 +22,9 @@ import time
 
 import torch
 
-from seqbalance.runtime.calibrate import model_config
+from seqbalance.measure.calibrate import model_config
+from seqbalance.measure.toy_model import TinyCausalTransformer, make_packed_batch
 from seqbalance.runtime.timer import StepTimer
-from seqbalance.runtime.toy_model import TinyCausalTransformer, make_packed_batch
 
 TOKENS = 4096
 

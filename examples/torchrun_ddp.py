@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from seqbalance.measure.toy_model import IGNORE_INDEX, TinyCausalTransformer, ToyModelConfig
 from seqbalance.runtime import BalancedBatchSampler, TorchFlopsMeter
-from seqbalance.runtime.toy_model import IGNORE_INDEX, TinyCausalTransformer, ToyModelConfig
 
 
 class RandomTokens(torch.utils.data.Dataset):

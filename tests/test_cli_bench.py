@@ -15,9 +15,9 @@ from _bench_run import hand_made_raw
 from seqbalance.cli import build_parser, main
 from seqbalance.cost import ModelSpec, TimeModel
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
+from seqbalance.measure import bench
+from seqbalance.measure.calibrate import model_config
 from seqbalance.plan import PlanOptions
-from seqbalance.runtime import bench
-from seqbalance.runtime.calibrate import model_config
 
 pytestmark = pytest.mark.torch
 

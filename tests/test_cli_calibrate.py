@@ -61,8 +61,8 @@ def test_context_parallel_calibration_writes_a_model_that_plans(capsys, tmp_path
         kv_elements_per_token,
         kv_layers,
     )
+    from seqbalance.measure.calibrate import model_config
     from seqbalance.plan import ContextParallel, plan_step
-    from seqbalance.runtime.calibrate import model_config
 
     out = tmp_path / "cp.json"
     argv = ["calibrate", "--context-parallel", "1,2", "--max-tokens-per-rank", "128"]

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from seqbalance.cost import FlopsModel  # noqa: E402
+from seqbalance.measure.toy_model import TinyCausalTransformer  # noqa: E402
 from seqbalance.runtime import Rebalancer, TorchFlopsMeter  # noqa: E402
-from seqbalance.runtime.toy_model import TinyCausalTransformer  # noqa: E402
 
 
 def test_rebalancer_needs_an_initialised_process_group() -> None:

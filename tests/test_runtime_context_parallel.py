@@ -26,6 +26,12 @@ dist = pytest.importorskip("torch.distributed")
 
 from seqbalance.cost import TimeModel  # noqa: E402
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
+from seqbalance.measure.calibrate_context_parallel import (  # noqa: E402
+    calibrate_comm,
+    calibrate_compute,
+    calibrate_piece_overhead,
+)
+from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
 from seqbalance.plan.context_parallel import (  # noqa: E402
     CP_STRATEGIES,
     ContextParallel,
@@ -35,13 +41,9 @@ from seqbalance.plan.context_parallel import (  # noqa: E402
 from seqbalance.runtime import CollectiveError  # noqa: E402
 from seqbalance.runtime.context_parallel import (  # noqa: E402
     ContextParallelGroups,
-    calibrate_comm,
-    calibrate_compute,
-    calibrate_piece_overhead,
     run_step,
     slot_batch,
 )
-from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 

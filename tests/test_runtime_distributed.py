@@ -129,7 +129,7 @@ def _happy_paths(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def _toy_spec() -> Any:
-    from seqbalance.runtime.toy_model import TinyCausalTransformer
+    from seqbalance.measure.toy_model import TinyCausalTransformer
 
     return TinyCausalTransformer().model_spec()
 

@@ -3,7 +3,8 @@
 The top-level names are loaded on first use, so ``import seqbalance`` stays cheap and never
 imports an optional dependency. See docs/design.md for the architecture:
 ``partition`` (algorithms) and ``cost`` (what a sample costs) feed ``plan`` (the step planner);
-``runtime`` (torch), ``sim``, ``datasets`` and the CLI sit on top.
+``runtime`` (torch), ``sim``, ``datasets``, ``measure`` (toy model, calibration, bench) and the
+CLI sit on top (docs/architecture.md has the layers).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _LAZY_NAMES = {
     "strategy_names": "seqbalance.plan",
     "simulate": "seqbalance.sim",
 }
-_SUBPACKAGES = ("partition", "cost", "plan", "runtime", "datasets", "sim", "defaults")
+_SUBPACKAGES = ("partition", "cost", "plan", "runtime", "datasets", "sim", "measure", "defaults")
 
 __all__ = ["__version__", *_LAZY_NAMES, *_SUBPACKAGES]
 

@@ -2,8 +2,8 @@
 
 Each module in ``SUBCOMMANDS`` exposes ``register(subparsers)`` (adds its parser and sets
 ``func``) and ``run(args) -> int``. The package only parses arguments and prints results: the
-work is library code (``seqbalance.sim``, ``seqbalance.runtime.calibrate``,
-``seqbalance.runtime.bench``, ...), which ``run`` imports with its heavy dependencies (torch,
+work is library code (``seqbalance.sim``, ``seqbalance.measure.calibrate``,
+``seqbalance.measure.bench``, ...), which ``run`` imports with its heavy dependencies (torch,
 rich, matplotlib, tokenizers), so ``seqbalance --help`` works with numpy alone
 (``tests/test_cli.py`` checks that no ``--help`` even looks for torch).
 """

@@ -1,4 +1,4 @@
-"""``seqbalance bench``: the strategies measured on real processes (``runtime.bench``)."""
+"""``seqbalance bench``: the strategies measured on real processes (``measure.bench``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from seqbalance._validation import check_int
 from seqbalance.cli._common import (
     CONTEXT_PARALLEL_FLAGS,
+    LengthsInput,
     add_context_parallel_arguments,
     add_json_flag,
     add_lengths_option,
@@ -29,9 +30,11 @@ from seqbalance.cli._common import (
     require_torch,
 )
 from seqbalance.cost import TimeModel
-from seqbalance.plan import CP_STRATEGIES
-from seqbalance.runtime.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES, SlowRank
-from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
+from seqbalance.cost.context_parallel import ContextParallelTimeModel
+from seqbalance.measure import bench
+from seqbalance.measure.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES, SlowRank
+from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES
+from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
 
 
 def register(subparsers: Any) -> None:
@@ -174,7 +177,6 @@ def _slow_rank(text: str) -> SlowRank:
 
 def run(args: argparse.Namespace) -> int:
     require_torch()
-    from seqbalance.runtime import bench
     from seqbalance.runtime.launch import LaunchError
 
     source = load_lengths(args.lengths)
@@ -193,6 +195,51 @@ def run(args: argparse.Namespace) -> int:
             "plans with the ContextParallelTimeModel that `seqbalance calibrate "
             "--context-parallel` writes"
         )
+    settings, divisor, longest, what = _settings(
+        args, source, options, context_parallel, time_model
+    )
+    if not options.allow_oversize:
+        _warn_truncated(source.lengths, divisor, longest, what)
+    quiet = args.json or args.markdown
+    if not quiet:
+        print(
+            f"bench: {settings.procs} processes on cores {list(settings.cores)}, "
+            f"{source.label} lengths / {divisor}, "
+            f"{'calibration, ' if settings.time_model is None else ''}{settings.steps} steps "
+            f"(+{settings.warmup} warm-up) x {len(settings.strategies)} strategies ...",
+            flush=True,
+        )
+    with progress_callback("bench steps", enabled=not quiet) as bar:
+        try:
+            report = bench.run(settings, progress=bar)
+        except ValueError as error:  # a strategy that cannot plan, before any process starts
+            raise ValueError(flag_names(str(error), _FLAGS)) from None
+        except LaunchError as error:
+            print(f"seqbalance bench: error: {error}", file=sys.stderr)
+            return 1
+    report["setup"].update({"lengths": source.label, "length_divisor": divisor})
+    if args.json:
+        print_json(report)
+    elif context_parallel is None:
+        _print_report(report, markdown=args.markdown)
+    else:
+        _print_context_parallel_report(report, markdown=args.markdown)
+    return 0
+
+
+def _settings(
+    args: argparse.Namespace,
+    source: LengthsInput,
+    options: PlanOptions,
+    context_parallel: ContextParallel | None,
+    time_model: TimeModel | ContextParallelTimeModel | None,
+) -> tuple[bench.BenchSettings, int, int, str]:
+    """The run's ``BenchSettings`` from the flags, the lengths scaled to the toy model.
+
+    Returns ``(settings, divisor, longest, what)``: the settings, the length divisor, the
+    longest sample kept (tokens) and the flags that set it (for the truncation warning).
+    Errors name the flags.
+    """
     try:
         if context_parallel is None:
             cap = longest = args.max_tokens
@@ -234,33 +281,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise ValueError(flag_names(str(error), _FLAGS)) from None
-    if not options.allow_oversize:
-        _warn_truncated(source.lengths, divisor, longest, what)
-    quiet = args.json or args.markdown
-    if not quiet:
-        print(
-            f"bench: {settings.procs} processes on cores {list(settings.cores)}, "
-            f"{source.label} lengths / {divisor}, "
-            f"{'calibration, ' if settings.time_model is None else ''}{settings.steps} steps "
-            f"(+{settings.warmup} warm-up) x {len(settings.strategies)} strategies ...",
-            flush=True,
-        )
-    with progress_callback("bench steps", enabled=not quiet) as bar:
-        try:
-            report = bench.run(settings, progress=bar)
-        except ValueError as error:  # a strategy that cannot plan, before any process starts
-            raise ValueError(flag_names(str(error), _FLAGS)) from None
-        except LaunchError as error:
-            print(f"seqbalance bench: error: {error}", file=sys.stderr)
-            return 1
-    report["setup"].update({"lengths": source.label, "length_divisor": divisor})
-    if args.json:
-        print_json(report)
-    elif context_parallel is None:
-        _print_report(report, markdown=args.markdown)
-    else:
-        _print_context_parallel_report(report, markdown=args.markdown)
-    return 0
+    return settings, divisor, longest, what
 
 
 COLUMNS = (

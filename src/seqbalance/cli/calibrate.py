@@ -1,4 +1,4 @@
-"""``seqbalance calibrate``: fit a TimeModel to this device (``seqbalance.runtime.calibrate``);
+"""``seqbalance calibrate``: fit a TimeModel to this device (``seqbalance.measure.calibrate``);
 with ``--context-parallel``, a ContextParallelTimeModel on real processes."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from seqbalance.cli._common import (
     progress_callback,
     require_torch,
 )
-from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
+from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, calibrate
 
 DEFAULT_WARMUP = 3
 DEFAULT_PROCS = 2
@@ -134,8 +134,6 @@ def run(args: argparse.Namespace) -> int:
     for name in ("procs", "timeout"):
         if getattr(args, name) is not None:
             raise ValueError(f"{flag(name)} applies with --context-parallel only")
-    from seqbalance.runtime.calibrate import calibrate
-
     with progress_callback("timing micro-batches", enabled=not args.json) as callback:
         try:
             calibration = calibrate(
@@ -178,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_context_parallel(args: argparse.Namespace, context_parallel: Any) -> int:
     """``calibrate --context-parallel``: a ContextParallelTimeModel from real processes."""
-    from seqbalance.runtime.calibrate import calibrate_context_parallel
+    from seqbalance.measure.calibrate_context_parallel import calibrate_context_parallel
     from seqbalance.runtime.launch import LaunchError
 
     refused = {

@@ -4,14 +4,13 @@ Owns the DataLoader samplers (:class:`BalancedBatchSampler`, :class:`LengthGroup
 in-loop :class:`Rebalancer` that moves samples between data-parallel ranks with
 torch.distributed, the streaming :class:`WindowBalancer`, the :class:`TorchFlopsMeter` for
 packed (THD) batches, the context-parallel reference executor (``context_parallel``:
-:class:`ContextParallelGroups`, ``run_step``), ``toy_model`` (a tiny packed-input transformer
-for examples, calibration and benchmarks), ``calibrate`` (fit a TimeModel to this device),
-``bench`` (the strategies measured on real training processes), the closed loop
-(:class:`StepTimer` times micro-batches and the gradient sync; :class:`Adaptive` learns the
-cost model and rank speeds from every rank's measurements, ``adaptive=True`` in the
-Rebalancer and the WindowBalancer) and ``launch`` (the one process
-launcher that tests, benchmarks and ``seqbalance bench`` share). This is the only package that
-imports torch.
+:class:`ContextParallelGroups`, ``run_step``; ``attention``: causal attention within packed
+samples), the closed loop (:class:`StepTimer` times micro-batches and the gradient sync;
+:class:`Adaptive` learns the cost model and rank speeds from every rank's measurements,
+``adaptive=True`` in the Rebalancer and the WindowBalancer) and ``launch`` (the one process
+launcher that tests, benchmarks and ``seqbalance bench`` share). This is what a training loop
+imports; measurement (the toy model, calibration, ``seqbalance bench``) is
+``seqbalance.measure``, above it.
 """
 
 from __future__ import annotations
@@ -37,16 +36,13 @@ _LAZY_NAMES = {
     "StepTiming": "seqbalance.runtime.timer",
 }
 
-__all__ = [*_LAZY_NAMES, "toy_model"]
+__all__ = list(_LAZY_NAMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "toy_model":
-        value: Any = importlib.import_module("seqbalance.runtime.toy_model")
-    elif name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
-    else:
+    if name not in _LAZY_NAMES:
         raise AttributeError(f"module 'seqbalance.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     globals()[name] = value
     return value
 

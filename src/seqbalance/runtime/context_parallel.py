@@ -10,22 +10,19 @@ the same :class:`~seqbalance.plan.context_parallel.ContextParallelPlan`:
 2. :func:`slot_batch` builds a rank's inputs for one slot: its shards in THD form (tokens of
    each piece's chunks back to back), next-token labels, position ids (a token's position in
    its sample) and the chunk ranges (the causal offsets).
-3. :class:`SlotAttention` is the toy transformer's attention for that slot
-   (``TinyCausalTransformer.encode(..., attend=...)``): whole samples attend causally within
-   themselves; for every CP group of the slot, in one order on all ranks (size, then first
-   rank), the members all-gather the K/V of the group's samples (one collective per layer
-   and group) and each local chunk ``[a, b)`` attends to its sample's keys ``[0, b)`` with
-   exact causal masking (query ``a + t`` sees keys ``<= a + t``). The backward of the gather
-   sums every member's K/V gradients and returns each member its own rows (an all-reduce of
-   the gathered gradient, then a slice: the reduce-scatter gloo lacks).
+3. :class:`SlotAttention` is the model's attention for that slot (``model.encode(...,
+   attend=...)``, as the toy transformer of ``seqbalance.measure.toy_model`` has it): whole
+   samples attend causally within themselves; for every CP group of the slot, in one order on
+   all ranks (size, then first rank), the members all-gather the K/V of the group's samples
+   (one collective per layer and group) and each local chunk ``[a, b)`` attends to its sample's
+   keys ``[0, b)`` with exact causal masking (query ``a + t`` sees keys ``<= a + t``). The
+   backward of the gather sums every member's K/V gradients and returns each member its own
+   rows (an all-reduce of the gathered gradient, then a slice: the reduce-scatter gloo lacks).
 4. :func:`run_step` runs a whole step (forward and backward slot by slot, barriers, and the
    gradient all-reduce over all ranks), returning the step's loss and timings.
-5. :func:`calibrate_compute` fits the ``TimeModel`` of the executor's whole-sample slots,
-   :func:`calibrate_comm` times the K/V gathers and fits the ``CommModel`` the planner uses;
-   :func:`calibrate_piece_overhead` fits the executor's fixed cost per sharded sample
-   (``ContextParallelTimeModel.piece_overhead_s``). :func:`calibrate_cost_model` runs all
-   three (what ``seqbalance calibrate --context-parallel`` and ``seqbalance bench
-   --context-parallel`` do on their processes).
+
+The calibration of this executor (its ``ContextParallelTimeModel``: compute, K/V gathers,
+the fixed cost per sharded sample) is ``seqbalance.measure.calibrate_context_parallel``.
 
 Every collective waits at most ``timeout``; a peer that fails or hangs raises
 :class:`~seqbalance.runtime.CollectiveError`. The gathers of one slot are chained (each takes
@@ -40,7 +37,6 @@ short piece costs one attention call per layer, like a whole sample.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,37 +48,25 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from seqbalance._validation import check_int
-from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import (
-    CommModel,
-    ContextParallelTimeModel,
-    kv_elements_per_token,
-    kv_layers,
     shard_chunks,
     shard_tokens,
 )
 from seqbalance.plan.context_parallel import (
-    ContextParallel,
     ContextParallelPlan,
     SlotInputs,
-    plan_context_parallel,
 )
 from seqbalance.runtime._dist import Comm, wait
-from seqbalance.runtime.toy_model import IGNORE_INDEX, TinyCausalTransformer, causal_attention
+from seqbalance.runtime.attention import IGNORE_INDEX, causal_attention
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
     "QUERY_BLOCK",
     "ContextParallelGroups",
     "SlotAttention",
     "SlotBatch",
     "StepResult",
-    "calibrate_comm",
-    "calibrate_compute",
-    "calibrate_cost_model",
-    "calibrate_piece_overhead",
-    "calibration_longest",
-    "piece_overhead_batches",
+    "gather_kv",
     "run_step",
     "slot_batch",
     "slot_loss",
@@ -91,7 +75,8 @@ __all__ = [
 QUERY_BLOCK = 128
 """Query rows per attention call of a sharded piece (see the module docstring)."""
 
-_DEFAULT_TIMEOUT = timedelta(seconds=60)
+DEFAULT_TIMEOUT = timedelta(seconds=60)
+"""How long a collective of the executor waits by default."""
 
 
 # ------------------------------------------------------------------ process groups
@@ -103,7 +88,7 @@ class ContextParallelGroups:
     exist yet, in one order (size, then first rank), on every rank.
     """
 
-    def __init__(self, *, timeout: timedelta = _DEFAULT_TIMEOUT) -> None:
+    def __init__(self, *, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError("torch.distributed is not initialised: call init_process_group first")
         self.timeout = timeout
@@ -241,6 +226,32 @@ class _GatherKV(torch.autograd.Function):
         return padded[ctx.index, :, :, : counts[ctx.index]], grad_token, None, None, None, None
 
 
+def gather_kv(
+    local: torch.Tensor,
+    token: torch.Tensor,
+    group: Any,
+    counts: list[int],
+    index: int,
+    timeout: timedelta,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K/V all-gather of a CP group, differentiable (one collective each way).
+
+    Args:
+        local: This member's rows, ``[2, heads, counts[index], head_dim]`` (K and V stacked).
+        token: The slot's collective-order token (a scalar that requires grad): chaining it
+            through every gather makes the backward pass run them in the reverse order.
+        group: The group's process group (:meth:`ContextParallelGroups.group`).
+        counts: Rows of every member, in member order.
+        index: This rank's member index.
+        timeout: How long each collective may wait.
+
+    Returns:
+        ``(gathered, token)``: every member's rows back to back, member-major
+        (``[2, heads, sum(counts), head_dim]``), and the token to pass to the next gather.
+    """
+    return _GatherKV.apply(local, token, group, counts, index, timeout)
+
+
 @dataclass(frozen=True)
 class _Piece:
     rows: slice  # this rank's rows of the piece (its chunks, back to back)
@@ -268,7 +279,7 @@ class SlotAttention:
         batch: SlotBatch,
         groups: ContextParallelGroups,
         *,
-        timeout: timedelta = _DEFAULT_TIMEOUT,
+        timeout: timedelta = DEFAULT_TIMEOUT,
     ) -> None:
         inputs = batch.inputs
         self.timeout = timeout
@@ -335,7 +346,7 @@ class SlotAttention:
         ]
         for g in self.groups:
             local = torch.stack([k[:, g.local_rows], v[:, g.local_rows]])
-            gathered, self.token = _GatherKV.apply(
+            gathered, self.token = gather_kv(
                 local, self.token, g.process_group, g.counts, g.index, self.timeout
             )
             keys, values = gathered[:, :, g.order].unbind(0)
@@ -376,14 +387,19 @@ def _piece_attention(
 
 # ------------------------------------------------------------------ a step
 def slot_loss(
-    model: TinyCausalTransformer,
+    model: torch.nn.Module,
     plan: ContextParallelPlan,
     batch: SlotBatch,
     groups: ContextParallelGroups,
     *,
-    timeout: timedelta = _DEFAULT_TIMEOUT,
+    timeout: timedelta = DEFAULT_TIMEOUT,
 ) -> torch.Tensor:
-    """Sum of the token losses of this rank's tokens in the slot (differentiable)."""
+    """Sum of the token losses of this rank's tokens in the slot (differentiable).
+
+    ``model`` is a causal LM with ``encode(input_ids, position_ids, attend)`` (final hidden
+    states, every layer's attention computed by ``attend(q, k, v)``) and ``lm_head`` (as the
+    toy transformer of ``seqbalance.measure.toy_model`` has them).
+    """
     attend = SlotAttention(plan, batch, groups, timeout=timeout)
     hidden = model.encode(batch.input_ids, batch.position_ids, attend)
     logits = model.lm_head(hidden)
@@ -406,18 +422,19 @@ class StepResult:
 
 
 def run_step(
-    model: TinyCausalTransformer,
+    model: torch.nn.Module,
     plan: ContextParallelPlan,
     samples: Sequence[torch.Tensor],
     groups: ContextParallelGroups,
     *,
-    timeout: timedelta = _DEFAULT_TIMEOUT,
+    timeout: timedelta = DEFAULT_TIMEOUT,
 ) -> StepResult:
     """Forward and backward of every slot of ``plan`` on this rank, then the gradient sum over
     all ranks. The loss is the mean token loss over the whole step (every labelled token of
     every sample), so gradients equal those of one process running all samples whole.
 
-    Gradients are accumulated into ``model``'s parameters' ``.grad``. ``groups.prepare(plan)``
+    ``model``: as in :func:`slot_loss`. Gradients are accumulated into ``model``'s parameters'
+    ``.grad``. ``groups.prepare(plan)``
     runs first (the plan agreement check, which also lines the ranks up for the timing).
     """
     groups.prepare(plan)
@@ -449,253 +466,6 @@ def run_step(
         loss=float(total),
         slot_seconds=slots_done - started,
         sync_seconds=time.perf_counter() - slots_done,
-    )
-
-
-# ------------------------------------------------------------------ calibration
-def calibrate_comm(
-    groups: ContextParallelGroups,
-    *,
-    kv_elements_per_token: int,
-    dtype: torch.dtype = torch.float32,
-    sizes: Sequence[int] = (2,),
-    rows: Sequence[int] = (64, 256, 1024, 4096),
-    repeats: int = 5,
-    timeout: timedelta = _DEFAULT_TIMEOUT,
-) -> CommModel:
-    """Fit the :class:`~seqbalance.cost.context_parallel.CommModel` of this machine's CP
-    collectives: what ``seqbalance calibrate`` must do for context parallelism.
-
-    Every rank calls it. For each CP size, every aligned block times the forward and backward
-    of the executor's K/V gather (``rows`` tokens per member of ``kv_elements_per_token``
-    elements of ``dtype``; median of ``repeats``), as one collective pass each way over one
-    layer. Rank 0's timings are fitted (``CommModel.fit``: bytes each member receives in the
-    model's terms, ``2 (cp − 1) · rows · kv bytes``, and ``2 (cp − 1)`` ring steps) and the
-    same model is returned on every rank.
-    """
-    world = dist.get_world_size()
-    rank = dist.get_rank()
-    usable = [int(size) for size in sizes if 1 < int(size) <= world and world % int(size) == 0]
-    if not usable:
-        raise ValueError(f"sizes {list(sizes)} hold no CP size > 1 that divides {world} ranks")
-    groups.create({(size, start) for size in usable for start in range(0, world, size)})
-    element_bytes = torch.empty((), dtype=dtype).element_size()
-    half = max(kv_elements_per_token // 2, 1)
-    observations = []
-    for size in usable:
-        start = rank // size * size
-        group = groups.group(size, start)
-        for count in rows:
-            timings = []
-            for _ in range(repeats + 1):  # the first run warms up
-                local = torch.randn(2, 1, count, half, dtype=dtype, requires_grad=True)
-                token = torch.zeros((), requires_grad=True)
-                began = time.perf_counter()
-                gathered, _ = _GatherKV.apply(
-                    local, token, group, [count] * size, rank - start, timeout
-                )
-                gathered.sum().backward()
-                timings.append(time.perf_counter() - began)
-            received = 2.0 * (size - 1) * count * 2 * half * element_bytes
-            observations.append((received, 2 * (size - 1), float(np.median(timings[1:]))))
-    shared: list[Any] = [None] * world
-    dist.all_gather_object(shared, observations)
-    return CommModel.fit(shared[0], bytes_per_element=element_bytes)
-
-
-def calibrate_compute(
-    model: TinyCausalTransformer,
-    groups: ContextParallelGroups,
-    microbatches: Sequence[Any],
-    *,
-    max_tokens_per_rank: int,
-    repeats: int = 3,
-    timeout: timedelta = _DEFAULT_TIMEOUT,
-) -> TimeModel:
-    """A ``TimeModel`` of this executor's whole-sample slots on this machine.
-
-    Every rank calls it with the same ``microbatches`` (token lengths, each at most
-    ``max_tokens_per_rank`` tokens). They run ``world`` at a time, one per rank as that rank's
-    only slot (all ranks busy at once, as in training), through :func:`run_step`; each rank's
-    slot time (median of ``repeats`` after a warm-up) is one observation, and the observations
-    of all ranks are fitted with ``TimeModel.fit(relative=True)``. Unlike timing
-    ``model(...)`` alone, this includes what the executor adds per slot.
-    """
-    world = dist.get_world_size()
-    options = ContextParallel(max_tokens_per_rank, sizes=(1,))
-    generator = torch.Generator().manual_seed(0)
-    observations = []
-    for first in range(0, len(microbatches) - world + 1, world):
-        batch = [np.asarray(m, dtype=np.int64) for m in microbatches[first : first + world]]
-        lengths = np.concatenate(batch)
-        owner = np.repeat(np.arange(world), [b.size for b in batch])
-        plan = ContextParallelPlan.from_assignment(
-            lengths,
-            world,
-            cp_size=np.ones_like(lengths),
-            group_start=owner,
-            slot_of=np.zeros_like(lengths),
-            context_parallel=options,
-            cost=ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0),
-        )
-        samples = [
-            torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)
-            for n in lengths
-        ]
-        seconds = []
-        for _ in range(repeats + 1):  # the first run warms up
-            model.zero_grad(set_to_none=True)
-            seconds.append(run_step(model, plan, samples, groups, timeout=timeout).slot_seconds)
-        everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, float(np.median(seconds[1:])))
-        observations += [(b, s) for b, s in zip(batch, everyone, strict=True)]
-    model.zero_grad(set_to_none=True)
-    return TimeModel.fit(observations, relative=True)
-
-
-def calibrate_piece_overhead(
-    model: TinyCausalTransformer,
-    groups: ContextParallelGroups,
-    cost: ContextParallelTimeModel,
-    context_parallel: ContextParallel,
-    batches: Sequence[Any],
-    *,
-    repeats: int = 3,
-    timeout: timedelta = _DEFAULT_TIMEOUT,
-) -> ContextParallelTimeModel:
-    """``cost`` with ``piece_overhead_s`` fitted to this executor on this machine.
-
-    Every rank calls it with the same arguments. Each batch (token lengths; batches should hold
-    about the same tokens in different numbers of samples) runs sharded over all ranks
-    (``static_cp`` over the whole world, ``cost`` without piece overhead); the slowest rank's
-    slot time (median of ``repeats`` after a warm-up) minus the plan's prediction is fitted by
-    least squares to ``a + b · samples``, and ``b`` (at least 0) is the overhead each member
-    pays per sharded sample. ``a`` takes what the batches share (their common
-    misprediction) and is not used.
-    """
-    world = dist.get_world_size()
-    base = dataclasses.replace(cost, piece_overhead_s=0.0)
-    options = dataclasses.replace(
-        context_parallel, sizes=tuple(sorted({1, world})), static_size=world, comm=None
-    )
-    generator = torch.Generator().manual_seed(0)
-    residuals, pieces = [], []
-    for lengths in batches:
-        plan = plan_context_parallel(
-            lengths, world, context_parallel=options, cost=base, strategy="static_cp"
-        )
-        samples = [
-            torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)
-            for n in plan.lengths
-        ]
-        seconds = []
-        for _ in range(repeats + 1):  # the first run warms up
-            model.zero_grad(set_to_none=True)
-            seconds.append(run_step(model, plan, samples, groups, timeout=timeout).slot_seconds)
-        everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, seconds[1:])
-        slowest = float(np.median(np.max(np.array(everyone), axis=0)))
-        residuals.append(slowest - plan.step_cost)
-        pieces.append(float((plan.cp_size > 1).sum()))
-    if len(set(pieces)) < 2:
-        raise ValueError("batches must hold at least two different numbers of samples")
-    design = np.stack([np.ones(len(pieces)), np.array(pieces)], axis=1)
-    (_, slope), *_ = np.linalg.lstsq(design, np.array(residuals), rcond=None)
-    model.zero_grad(set_to_none=True)
-    return dataclasses.replace(cost, piece_overhead_s=max(float(slope), 0.0))
-
-
-def piece_overhead_batches(world: int, max_tokens_per_rank: int) -> list[np.ndarray]:
-    """The batches :func:`calibrate_cost_model` fits the piece overhead on: ``world x
-    max_tokens_per_rank`` tokens (one full slot of every rank when sharded over the world) in
-    4, 8, ... up to 128 equal samples, as long as every sample keeps at least 2 tokens per
-    member (so every head-tail chunk holds a token)."""
-    world = check_int(world, "world", minimum=1)
-    total = world * check_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1)
-    counts = [c for c in (4, 8, 16, 32, 64, 128) if total // c >= 2 * world]
-    if len(counts) < 2:
-        raise ValueError(
-            f"max_tokens_per_rank = {max_tokens_per_rank} is too small to calibrate the piece "
-            f"overhead on {world} ranks: it needs at least 16 tokens per rank"
-        )
-    return [np.full(count, total // count, dtype=np.int64) for count in counts]
-
-
-def calibration_longest(world: int, max_tokens_per_rank: int) -> int:
-    """The longest sample :func:`calibrate_cost_model` runs on ``world`` ranks (tokens): the
-    model's position table must hold it."""
-    batches = piece_overhead_batches(world, max_tokens_per_rank)
-    return max(max_tokens_per_rank, *(int(batch.max()) for batch in batches))
-
-
-def calibrate_cost_model(
-    model: TinyCausalTransformer,
-    groups: ContextParallelGroups,
-    context_parallel: ContextParallel,
-    *,
-    trials: int = 48,
-    repeats: int = 3,
-    comm_repeats: int = 5,
-    seed: int = 0,
-    timeout: timedelta = _DEFAULT_TIMEOUT,
-) -> ContextParallelTimeModel:
-    """The :class:`~seqbalance.cost.context_parallel.ContextParallelTimeModel` of ``model`` run
-    by this executor on this machine, fitted on the ranks that will train.
-
-    Every rank calls it with the same arguments, and all get the same model:
-
-    1. compute: :func:`calibrate_compute` on ``trials`` varied whole-sample micro-batches of
-       at most ``context_parallel.max_tokens_per_rank`` tokens
-       (``seqbalance.runtime.calibrate.calibration_microbatches`` with ``seed``), each timed
-       ``repeats`` times after a warm-up;
-    2. communication: :func:`calibrate_comm` over the allowed CP sizes above 1 that divide the
-       world (``comm_repeats`` timings per message size);
-    3. the fixed cost per sharded sample: :func:`calibrate_piece_overhead` on
-       :func:`piece_overhead_batches` (``comm_repeats`` timings per batch).
-
-    The K/V sizes come from ``model.model_spec()``. Raises ValueError when no allowed size
-    above 1 divides the world.
-    """
-    from seqbalance.runtime.calibrate import calibration_microbatches
-
-    world = dist.get_world_size()
-    cap = context_parallel.max_tokens_per_rank
-    sizes = [size for size in context_parallel.usable_sizes(world) if size > 1]
-    if not sizes:
-        raise ValueError(
-            f"context_parallel sizes {list(context_parallel.sizes)} hold no CP size > 1 that "
-            f"divides {world} ranks: nothing to calibrate"
-        )
-    compute = calibrate_compute(
-        model,
-        groups,
-        calibration_microbatches(trials, max_tokens=cap, max_length=cap, seed=seed),
-        max_tokens_per_rank=cap,
-        repeats=repeats,
-        timeout=timeout,
-    )
-    spec = model.model_spec()
-    comm = calibrate_comm(
-        groups,
-        kv_elements_per_token=kv_elements_per_token(spec),
-        sizes=sizes,
-        repeats=comm_repeats,
-        timeout=timeout,
-    )
-    cost = ContextParallelTimeModel(
-        time=compute,
-        comm=comm,
-        kv_elements_per_token=kv_elements_per_token(spec),
-        kv_layers=kv_layers(spec),
-    )
-    return calibrate_piece_overhead(
-        model,
-        groups,
-        cost,
-        context_parallel,
-        piece_overhead_batches(world, cap),
-        repeats=comm_repeats,
-        timeout=timeout,
     )
 
 

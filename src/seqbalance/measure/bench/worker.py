@@ -13,10 +13,9 @@ import torch
 import torch.distributed as dist
 
 from seqbalance.cost import TimeModel
-from seqbalance.plan import StepPlan, plan_step
-from seqbalance.runtime.bench.harness import plan_schedule, step_batches
-from seqbalance.runtime.bench.settings import ONLINE_STRATEGIES, BenchSettings
-from seqbalance.runtime.calibrate import (
+from seqbalance.measure.bench.schedule import plan_schedule, step_batches
+from seqbalance.measure.bench.settings import ONLINE_STRATEGIES, BenchSettings
+from seqbalance.measure.calibrate import (
     Calibration,
     calibration_microbatches,
     costed_lengths,
@@ -25,13 +24,14 @@ from seqbalance.runtime.calibrate import (
     pin_process,
     time_microbatches,
 )
-from seqbalance.runtime.feedback import Adaptive
-from seqbalance.runtime.timer import StepTimer, StepTiming
-from seqbalance.runtime.toy_model import (
+from seqbalance.measure.toy_model import (
     TinyCausalTransformer,
     make_packed_batch,
     make_padded_batch,
 )
+from seqbalance.plan import StepPlan, plan_step
+from seqbalance.runtime.feedback import Adaptive
+from seqbalance.runtime.timer import StepTimer, StepTiming
 
 __all__ = ["run_rank"]
 

@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,16 +42,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from seqbalance._validation import as_lengths, check_choice, check_int
-
-if TYPE_CHECKING:
-    from seqbalance.cost import ModelSpec
+from seqbalance.cost import ModelSpec
+from seqbalance.runtime.attention import IGNORE_INDEX, causal_attention
 
 __all__ = [
     "IGNORE_INDEX",
     "REDUCTIONS",
     "TinyCausalTransformer",
     "ToyModelConfig",
-    "causal_attention",
     "make_packed_batch",
     "make_padded_batch",
 ]
@@ -59,9 +57,6 @@ __all__ = [
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``attend(q, k, v) -> out``, all ``[heads, tokens, head_dim]`` (``[B, heads, S, head_dim]``
 for a padded micro-batch): one layer's attention."""
-
-IGNORE_INDEX = -100
-"""Label value that contributes no loss (the last token of each sample has no next token)."""
 
 REDUCTIONS = ("mean", "sum")
 """How the token losses of a micro-batch are combined (``mean`` over labelled tokens: NaN when
@@ -139,29 +134,6 @@ class _Block(nn.Module):
         x = x + self.out(attended.transpose(-3, -2).reshape(*batch, tokens, hidden))
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
-
-
-def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[tuple[int, int]]
-) -> torch.Tensor:
-    """Causal attention within each packed sample ``[start, end)`` of ``bounds``.
-
-    ``q``, ``k``, ``v``: ``[heads, tokens, head_dim]``; returns the same shape. One kernel call
-    per sample keeps attention cost at Σ sᵢ² (as in a varlen kernel); a block-diagonal mask over
-    the whole pack would cost (Σ sᵢ)². The batch dimension matters: with 3-D inputs CPU SDPA
-    falls back to its math path, which grows faster than L² (246 ms vs 28 ms forward+backward
-    at L = 2048), so the time model breaks.
-    """
-    return torch.cat(
-        [
-            F.scaled_dot_product_attention(
-                q[None, :, start:end], k[None, :, start:end], v[None, :, start:end], is_causal=True
-            )[0]
-            for start, end in bounds
-        ]
-        or [v],  # an empty pack
-        dim=1,
-    )
 
 
 class TinyCausalTransformer(nn.Module):
@@ -318,8 +290,9 @@ class TinyCausalTransformer(nn.Module):
     ) -> torch.Tensor:
         """Final hidden states ``[tokens, hidden]`` of tokens at ``position_ids``, with every
         layer's attention computed by ``attend(q, k, v)`` (``[heads, tokens, head_dim]`` each,
-        returning the same shape). ``forward`` uses :func:`causal_attention` within the packed
-        samples; a context-parallel executor passes attention over gathered shards instead.
+        returning the same shape). ``forward`` uses
+        :func:`~seqbalance.runtime.attention.causal_attention` within the packed samples; a
+        context-parallel executor passes attention over gathered shards instead.
         ``input_ids`` and ``position_ids`` may carry leading batch dimensions (``[B, S]`` for
         :meth:`forward_padded`); ``attend`` then gets ``[B, heads, S, head_dim]``."""
         if position_ids.numel() and int(position_ids.max()) >= self.config.max_position:
@@ -334,8 +307,6 @@ class TinyCausalTransformer(nn.Module):
 
     def model_spec(self) -> ModelSpec:
         """This model as a :class:`seqbalance.cost.ModelSpec`, for the FLOPs and time models."""
-        from seqbalance.cost import ModelSpec
-
         c = self.config
         return ModelSpec(
             hidden_size=c.hidden_size,

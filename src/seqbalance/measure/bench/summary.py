@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance.cost import TimeModel
-from seqbalance.runtime.bench.settings import ONLINE_STRATEGIES, BenchSettings
+from seqbalance.measure.bench.settings import ONLINE_STRATEGIES, BenchSettings
 
 __all__ = ["summarize"]
 

@@ -11,16 +11,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqbalance.runtime.bench.context_parallel import plan_context_parallel_steps
-from seqbalance.runtime.bench.settings import BenchSettings
-from seqbalance.runtime.calibrate import model_config, pin_process
-from seqbalance.runtime.context_parallel import (
-    ContextParallelGroups,
-    calibrate_cost_model,
-    calibration_longest,
-    run_step,
-)
-from seqbalance.runtime.toy_model import TinyCausalTransformer
+from seqbalance.measure.bench.context_parallel import plan_context_parallel_steps
+from seqbalance.measure.bench.settings import BenchSettings
+from seqbalance.measure.calibrate import model_config, pin_process
+from seqbalance.measure.calibrate_context_parallel import calibrate_cost_model, calibration_longest
+from seqbalance.measure.toy_model import TinyCausalTransformer
+from seqbalance.runtime.context_parallel import ContextParallelGroups, run_step
 
 __all__ = ["run_context_parallel_rank"]
 

@@ -1,4 +1,8 @@
-"""The parent side of a bench run: check that every strategy can plan, launch, report."""
+"""The parent side of a bench run: check that every strategy can plan, launch, report.
+
+For a data-parallel run and a context-parallel one alike; the ranks run ``worker`` and
+``context_parallel_worker`` (torch, imported when the processes start).
+"""
 
 from __future__ import annotations
 
@@ -11,75 +15,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from seqbalance.cost import TimeModel
-from seqbalance.runtime.bench.settings import ONLINE_STRATEGIES, BenchSettings
-from seqbalance.runtime.bench.summary import summarize
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.measure.bench.context_parallel import (
+    plan_context_parallel_steps,
+    summarize_context_parallel,
+    toy_kv_sizes,
+)
+from seqbalance.measure.bench.schedule import plan_schedule
+from seqbalance.measure.bench.settings import BenchSettings
+from seqbalance.measure.bench.summary import summarize
 
-__all__ = ["launch_and_summarize", "plan_schedule", "run", "step_batches"]
-
-Schedule = dict[str, list[list[list[list[int]]]]]
-"""strategy -> step -> rank -> micro-batch -> sample lengths (tokens)."""
-
-
-def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Schedule, Any]:
-    """Plan every step of every strategy on the same sampled batches (the simulator's plans).
-
-    Args:
-        settings: The run; its warm-up and measured steps are planned with its plan options
-            (``settings.options``, every option honoured by the simulator's planner,
-            ``rank_speeds`` included).
-        time_model: The cost every strategy plans with.
-
-    Returns:
-        ``(schedule, simulation)``: the token lengths of each micro-batch, per strategy, step
-        and rank (strategies planned inside the processes, ``ONLINE_STRATEGIES``, have none:
-        see :func:`step_batches`); and the
-        :class:`~seqbalance.sim.SimulationResult` they come from.
-
-    Raises:
-        ValueError: A strategy cannot plan a step (the planner's message says why).
-    """
-    from seqbalance.sim import simulate
-
-    offline = tuple(name for name in settings.strategies if name not in ONLINE_STRATEGIES)
-    result = simulate(
-        np.asarray(settings.lengths, dtype=np.int64),
-        settings.options.replace(cost=time_model),
-        groups=None if settings.groups is None else np.asarray(settings.groups),
-        dp_size=settings.procs,
-        global_batch_size=settings.global_batch_size,
-        steps=settings.warmup + settings.steps,
-        strategies=offline or ("balanced",),
-        seed=settings.seed,
-    )
-    if result.failed:
-        raise ValueError(
-            "; ".join(f"{name} cannot plan {message}" for name, message in result.failed.items())
-        )
-    schedule: dict[str, Any] = {
-        name: [
-            [
-                [result.lengths[batch][indices].tolist() for indices in rank_microbatches]
-                for rank_microbatches in plan.ranks
-            ]
-            for plan, batch in zip(result.plans[name], result.batches, strict=True)
-        ]
-        for name in offline
-    }
-    return schedule, result
-
-
-def step_batches(simulation: Any) -> list[tuple[list[int], list[int] | None]]:
-    """Each step's sample lengths and group ids (None without groups) of a ``plan_schedule``
-    simulation: what the strategies planned inside the processes (``ONLINE_STRATEGIES``)
-    plan from, the same batches the others were planned on."""
-    groups = simulation.groups
-    return [
-        (simulation.lengths[batch].tolist(), None if groups is None else groups[batch].tolist())
-        for batch in simulation.batches
-    ]
+__all__ = ["launch_and_summarize", "run", "run_context_parallel"]
 
 
 def run(
@@ -90,7 +37,7 @@ def run(
     Every strategy is first planned here on one step (with a placeholder cost), so options
     that no strategy can honour fail before any process starts. With
     ``settings.context_parallel`` this is
-    :func:`~seqbalance.runtime.bench.context_parallel.run_context_parallel` (its report).
+    :func:`run_context_parallel` (its report).
 
     Args:
         settings: What to run.
@@ -98,7 +45,7 @@ def run(
             has finished (warm-up included; each step runs every strategy).
 
     Returns:
-        :func:`~seqbalance.runtime.bench.summarize`'s report, its ``setup`` extended with
+        :func:`~seqbalance.measure.bench.summarize`'s report, its ``setup`` extended with
         ``oversubscribed`` (more processes than cores), ``load_average_before`` (1-minute
         load average before the start, None where the OS has none) and ``elapsed_seconds``.
 
@@ -107,14 +54,55 @@ def run(
         seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
     """
     if settings.context_parallel is not None:
-        from seqbalance.runtime.bench.context_parallel import run_context_parallel
-
         return run_context_parallel(settings, progress=progress)
-    from seqbalance.runtime.bench.worker import run_rank
+    from seqbalance.measure.bench.worker import run_rank
 
     plan_schedule(replace(settings, steps=1, warmup=0), TimeModel(0.0, 1.0, 0.0))
     backend = "nccl" if settings.device == "cuda" else "gloo"
     return launch_and_summarize(run_rank, settings, summarize, progress=progress, backend=backend)
+
+
+def run_context_parallel(
+    settings: BenchSettings, *, progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
+    """Run every context-parallel strategy on ``settings.procs`` real processes and report.
+
+    Every strategy is first planned here on one step (with the given model, or a placeholder
+    with the toy model's K/V sizes), so options no strategy can honour fail before any process
+    starts.
+
+    Args:
+        settings: What to run (``context_parallel`` set).
+        progress: Called in this process as ``progress(done, total)`` with the steps rank 0
+            has finished (warm-up included; each step runs every strategy).
+
+    Returns:
+        :func:`summarize_context_parallel`'s report, its ``setup`` extended with
+        ``oversubscribed``, ``load_average_before`` and ``elapsed_seconds`` (as the data-parallel
+        bench's).
+
+    Raises:
+        ValueError: A strategy cannot plan the steps, or a given time model whose K/V sizes are
+            not the toy model's.
+        seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
+    """
+    from seqbalance.measure.bench.context_parallel_worker import run_context_parallel_rank
+
+    if settings.context_parallel is None:
+        raise ValueError("run_context_parallel needs settings with context_parallel")
+    kv = toy_kv_sizes(settings.model_size)
+    given = settings.time_model
+    if given is not None and (given.kv_elements_per_token, given.kv_layers) != kv:
+        raise ValueError(
+            f"time_model has K/V sizes ({given.kv_elements_per_token} elements per token, "
+            f"{given.kv_layers} layers), the {settings.model_size} toy model ({kv[0]}, {kv[1]}): "
+            "calibrate it for this model_size"
+        )
+    placeholder = given or ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), *kv)
+    plan_context_parallel_steps(replace(settings, steps=1, warmup=0), placeholder)
+    return launch_and_summarize(
+        run_context_parallel_rank, settings, summarize_context_parallel, progress=progress
+    )
 
 
 def launch_and_summarize(

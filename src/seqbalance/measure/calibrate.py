@@ -1,6 +1,6 @@
 """Calibration: time the toy transformer on this device and fit a TimeModel to the timings.
 
-Times forward + backward of :class:`~seqbalance.runtime.toy_model.TinyCausalTransformer` over
+Times forward + backward of :class:`~seqbalance.measure.toy_model.TinyCausalTransformer` over
 packed micro-batches of varied sizes and compositions (one long sample, many equal ones, a
 lognormal mix), fits ``seconds = t0 + t1·ΣL + t2·ΣL²`` on three quarters of them (minimising
 the relative error, since the figure that matters is the error per micro-batch whatever its
@@ -8,13 +8,12 @@ size) and scores the fit on the held-out quarter with :meth:`TimeModel.score`.
 
 :func:`calibrate` does all of it in this process (``seqbalance calibrate``); the pieces
 (:func:`calibration_microbatches`, :func:`time_microbatches`, :func:`fit_time_model`) are
-reused by ``seqbalance.runtime.bench``, whose processes each time a share of the micro-batches
-under the same load they train under. :func:`calibrate_context_parallel` (``seqbalance
-calibrate --context-parallel``) fits a ``ContextParallelTimeModel`` on real processes: compute,
-K/V-gather communication and the fixed cost per sharded sample of the context-parallel
-executor (``seqbalance.runtime.context_parallel.calibrate_cost_model``). torch is imported by
-the functions that time, so the constants and the numpy parts load without it (the command line
-lists the model sizes).
+reused by ``seqbalance.measure.bench``, whose processes each time a share of the micro-batches
+under the same load they train under, and the process helpers (:func:`available_cores`,
+:func:`pin_process`) by every timed process. The context-parallel executor's calibration
+(``seqbalance calibrate --context-parallel``) is ``seqbalance.measure.calibrate_context_parallel``.
+torch is imported by the functions that time, so the constants and the numpy parts load without
+it (the command line lists the model sizes).
 """
 
 from __future__ import annotations
@@ -28,26 +27,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_choice, check_int, check_positive_float
+from seqbalance._validation import as_lengths, check_choice, check_int
 from seqbalance.cost import FitStats, TimeModel
 from seqbalance.plan import LAYOUTS
 
 if TYPE_CHECKING:
     import torch
 
-    from seqbalance.cost.context_parallel import ContextParallelTimeModel
-    from seqbalance.plan import ContextParallel
-    from seqbalance.runtime.toy_model import TinyCausalTransformer, ToyModelConfig
+    from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig
 
 __all__ = [
     "HOLDOUT_EVERY",
     "MIN_TRIALS",
     "MODEL_SIZES",
     "Calibration",
-    "ContextParallelCalibration",
     "available_cores",
     "calibrate",
-    "calibrate_context_parallel",
     "calibration_microbatches",
     "costed_lengths",
     "fit_time_model",
@@ -128,7 +123,7 @@ def model_config(size: str, *, max_position: int) -> ToyModelConfig:
         size: A key of :data:`MODEL_SIZES`.
         max_position: Longest sample the model will see, in tokens.
     """
-    from seqbalance.runtime.toy_model import ToyModelConfig
+    from seqbalance.measure.toy_model import ToyModelConfig
 
     size = check_choice(size, "model_size", tuple(MODEL_SIZES))
     return ToyModelConfig(**MODEL_SIZES[size], max_position=max_position)
@@ -230,7 +225,7 @@ def time_microbatches(
     Returns:
         float64 seconds, one per micro-batch.
     """
-    from seqbalance.runtime.toy_model import make_packed_batch, make_padded_batch
+    from seqbalance.measure.toy_model import make_packed_batch, make_padded_batch
 
     repeats = check_int(repeats, "repeats", minimum=1)
     warmup = check_int(warmup, "warmup", minimum=0)
@@ -334,7 +329,7 @@ def calibrate(
     """
     import torch
 
-    from seqbalance.runtime.toy_model import TinyCausalTransformer
+    from seqbalance.measure.toy_model import TinyCausalTransformer
 
     started = time.perf_counter()
     max_length = max_tokens if max_length is None else max_length
@@ -385,147 +380,3 @@ def pin_process(rank: int, cores: Sequence[int]) -> None:
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-
-
-@dataclass(frozen=True)
-class ContextParallelCalibration:
-    """A ``ContextParallelTimeModel`` fitted on real processes, and how it was measured.
-
-    Attributes:
-        cost: The fitted model: its ``time`` (with ``fit_stats``), its ``comm`` (with
-            ``fit_stats``), the toy model's K/V sizes and ``piece_overhead_s``.
-        setup: How: processes, cores, CP sizes, per-rank cap, model size and configuration,
-            trials, repeats, elapsed seconds (plain JSON values).
-    """
-
-    cost: ContextParallelTimeModel
-    setup: Mapping[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form: the model (``ContextParallelTimeModel.to_dict()``) and the setup."""
-        return {"time_model": self.cost.to_dict(), **self.setup}
-
-
-def calibrate_context_parallel(
-    context_parallel: ContextParallel,
-    *,
-    procs: int = 2,
-    model_size: str = "small",
-    trials: int = 48,
-    repeats: int = 3,
-    seed: int = 0,
-    cores: Sequence[int] | None = None,
-    timeout: float = 300.0,
-    launch_timeout: float = 3600.0,
-) -> ContextParallelCalibration:
-    """Fit the context-parallel cost of the toy transformer on ``procs`` gloo processes here.
-
-    Each process is pinned to one core with one thread (rank r on ``cores[r % len(cores)]``)
-    and they run ``seqbalance.runtime.context_parallel.calibrate_cost_model`` together: the
-    compute ``TimeModel`` of the executor's slots, the ``CommModel`` of its K/V gathers over
-    the allowed CP sizes above 1 that divide ``procs``, and the overhead per sharded sample.
-
-    Args:
-        context_parallel: The CP sizes and per-rank token cap to calibrate for (its ``comm``
-            must be None: that is what is measured).
-        procs: Processes (the DPxCP ranks), at least 2.
-        model_size: A key of :data:`MODEL_SIZES`.
-        trials: Compute micro-batches, at least :data:`MIN_TRIALS`.
-        repeats: Timings per compute micro-batch (median kept).
-        seed: Seed of the micro-batch compositions and of the model's weights.
-        cores: CPU cores to pin to; default: the cores this process may run on.
-        timeout: Seconds any collective may wait before the run fails.
-        launch_timeout: Seconds the whole calibration may take.
-
-    Returns:
-        The fitted model and its setup.
-
-    Raises:
-        ValueError: A bad argument (named), e.g. no allowed CP size above 1 divides ``procs``.
-        seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
-    """
-    from seqbalance.plan import ContextParallel
-    from seqbalance.runtime.launch import launch
-
-    if not isinstance(context_parallel, ContextParallel):
-        raise ValueError(
-            f"context_parallel must be a ContextParallel, got {type(context_parallel).__name__}"
-        )
-    if context_parallel.comm is not None:
-        raise ValueError("context_parallel.comm must be None: it is what the calibration fits")
-    procs = check_int(procs, "procs", minimum=2)
-    if not [size for size in context_parallel.usable_sizes(procs) if size > 1]:
-        raise ValueError(
-            f"context_parallel sizes {list(context_parallel.sizes)} hold no CP size > 1 that "
-            f"divides procs = {procs}: nothing to calibrate"
-        )
-    model_size = check_choice(model_size, "model_size", tuple(MODEL_SIZES))
-    check_int(trials, "trials", minimum=MIN_TRIALS)
-    check_int(repeats, "repeats", minimum=1)
-    check_int(seed, "seed", minimum=0)
-    cores = (
-        available_cores()
-        if cores is None
-        else tuple(check_int(core, "cores", minimum=0) for core in cores)
-    )
-    if not cores:
-        raise ValueError("cores must name at least one CPU core, got none")
-    timeout = check_positive_float(timeout, "timeout")
-    launch_timeout = check_positive_float(launch_timeout, "launch_timeout")
-    started = time.perf_counter()
-    cost, config = launch(
-        _calibrate_context_parallel_rank,
-        procs,
-        args=(context_parallel, model_size, trials, repeats, seed, cores, timeout),
-        timeout=launch_timeout,
-        collective_timeout=timeout,
-    )[0]
-    setup = {
-        "procs": procs,
-        "cores": list(cores),
-        "oversubscribed": procs > len(cores),
-        "context_parallel": context_parallel.to_dict(),
-        "model_size": model_size,
-        "model_config": config,
-        "trials": trials,
-        "repeats": repeats,
-        "elapsed_seconds": time.perf_counter() - started,
-    }
-    return ContextParallelCalibration(cost=cost, setup=setup)
-
-
-def _calibrate_context_parallel_rank(
-    rank: int,
-    world_size: int,
-    context_parallel: ContextParallel,
-    model_size: str,
-    trials: int,
-    repeats: int,
-    seed: int,
-    cores: tuple[int, ...],
-    timeout: float,
-) -> tuple[ContextParallelTimeModel, dict[str, Any]]:
-    """One process of :func:`calibrate_context_parallel` (run by ``launch``)."""
-    from datetime import timedelta
-
-    from seqbalance.runtime.context_parallel import (
-        ContextParallelGroups,
-        calibrate_cost_model,
-        calibration_longest,
-    )
-    from seqbalance.runtime.toy_model import TinyCausalTransformer
-
-    pin_process(rank, cores)
-    longest = calibration_longest(world_size, context_parallel.max_tokens_per_rank)
-    model = TinyCausalTransformer(model_config(model_size, max_position=longest), seed=seed)
-    wait = timedelta(seconds=timeout)
-    cost = calibrate_cost_model(
-        model,
-        ContextParallelGroups(timeout=wait),
-        context_parallel,
-        trials=trials,
-        repeats=repeats,
-        seed=seed,
-        timeout=wait,
-    )
-    return cost, model.config_dict()

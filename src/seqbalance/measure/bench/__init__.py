@@ -26,22 +26,22 @@ calibrate a ``ContextParallelTimeModel`` together and run ``static_cp``,
 ``dynamic_cp_megatron`` and ``balanced`` with the context-parallel executor, measured against
 the planner's predictions (``context_parallel``).
 
-Modules: ``settings`` (what to run), ``harness`` (the parent: plan check, launch, report),
-``worker`` (one training process, torch), ``summary`` (the statistics),
-``context_parallel`` (the parent side of a context-parallel run, its statistics) and
-``context_parallel_worker`` (one of its processes, torch). Only the workers and the launch
-need torch; the rest loads with numpy alone.
+Modules: ``settings`` (what to run), ``schedule`` (the plans of a data-parallel run),
+``harness`` (the parent: plan check, launch, report; both kinds of run), ``worker`` (one
+training process, torch), ``summary`` (the statistics), ``context_parallel`` (the plans and
+statistics of a context-parallel run) and ``context_parallel_worker`` (one of its processes,
+torch). Only the workers and the launch need torch; the rest loads with numpy alone.
 """
 
 from __future__ import annotations
 
-from seqbalance.runtime.bench.context_parallel import (
+from seqbalance.measure.bench.context_parallel import (
     plan_context_parallel_steps,
-    run_context_parallel,
     summarize_context_parallel,
 )
-from seqbalance.runtime.bench.harness import plan_schedule, run
-from seqbalance.runtime.bench.settings import (
+from seqbalance.measure.bench.harness import run, run_context_parallel
+from seqbalance.measure.bench.schedule import plan_schedule
+from seqbalance.measure.bench.settings import (
     DEFAULT_STRATEGIES,
     ONLINE_STRATEGIES,
     BenchSettings,
@@ -49,7 +49,7 @@ from seqbalance.runtime.bench.settings import (
     length_divisor,
     scale_lengths,
 )
-from seqbalance.runtime.bench.summary import summarize
+from seqbalance.measure.bench.summary import summarize
 
 __all__ = [
     "DEFAULT_STRATEGIES",

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from seqbalance.cost import TimeModel
+from seqbalance.measure.bench import BenchSettings, SlowRank, run
 from seqbalance.plan import PlanOptions
-from seqbalance.runtime.bench import BenchSettings, SlowRank, run
 
 
 @pytest.mark.parametrize(

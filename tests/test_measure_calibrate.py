@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from seqbalance.cost import FitStats, TimeModel
-from seqbalance.runtime.calibrate import (
+from seqbalance.measure.calibrate import (
     MODEL_SIZES,
     calibrate,
     calibration_microbatches,
@@ -116,7 +116,7 @@ def test_calibrate_times_the_toy_model_here() -> None:
 
 def test_padded_microbatches_are_timed_through_the_padded_forward(monkeypatch) -> None:
     torch = pytest.importorskip("torch")
-    from seqbalance.runtime.toy_model import TinyCausalTransformer
+    from seqbalance.measure.toy_model import TinyCausalTransformer
 
     model = TinyCausalTransformer(model_config("tiny", max_position=64))
     shapes = []
@@ -140,7 +140,7 @@ def test_padded_microbatches_are_timed_through_the_padded_forward(monkeypatch) -
 
 def test_piece_overhead_batches_fill_one_slot_in_ever_more_samples() -> None:
     pytest.importorskip("torch")
-    from seqbalance.runtime.context_parallel import piece_overhead_batches
+    from seqbalance.measure.calibrate_context_parallel import piece_overhead_batches
 
     batches = piece_overhead_batches(2, 1024)  # the benchmark's: 2048 tokens in 4 .. 128
     assert [b.size for b in batches] == [4, 8, 16, 32, 64, 128]

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from seqbalance.cost import FlopsModel, ModelSpec  # noqa: E402
-from seqbalance.runtime.toy_model import (  # noqa: E402
+from seqbalance.measure.toy_model import (  # noqa: E402
     IGNORE_INDEX,
     TinyCausalTransformer,
     ToyModelConfig,

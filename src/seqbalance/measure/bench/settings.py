@@ -18,9 +18,9 @@ from seqbalance._validation import (
 )
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
 from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
 from seqbalance.plan.options import check_rank_speeds
-from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

@@ -10,8 +10,7 @@ from _bench_run import hand_made_raw
 
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
-from seqbalance.plan import ContextParallel, PlanOptions
-from seqbalance.runtime.bench import (
+from seqbalance.measure.bench import (
     BenchSettings,
     length_divisor,
     plan_context_parallel_steps,
@@ -21,6 +20,7 @@ from seqbalance.runtime.bench import (
     summarize,
     summarize_context_parallel,
 )
+from seqbalance.plan import ContextParallel, PlanOptions
 
 
 def settings(**changes) -> BenchSettings:

@@ -3,7 +3,7 @@
 The processes (``BenchSettings.procs`` gloo ranks, each pinned to one core with one thread, the
 DPxCP domain) first fit a ``ContextParallelTimeModel`` together, unless the settings give one:
 the compute of the executor's slots, its K/V gathers and its fixed cost per sharded sample
-(``seqbalance.runtime.context_parallel.calibrate_cost_model``, what ``seqbalance calibrate
+(``seqbalance.measure.calibrate_context_parallel.calibrate_cost_model``, what ``seqbalance calibrate
 --context-parallel`` runs). Rank 0 then plans every sampled step with every strategy
 (``static_cp``, ``dynamic_cp_megatron``, ``balanced``) on that model
 (``seqbalance.sim.context_parallel.compare_context_parallel``: the predicted step times), and
@@ -15,29 +15,30 @@ predicts (the gradient all-reduce after the slots is recorded apart). No optimiz
 taken: the weights do not change the time, and every strategy then computes the same loss on
 the same step, which the report checks.
 
-This module is the parent side (numpy only until it launches); the ranks run
-``context_parallel_worker``.
+This module plans the steps and summarises what the processes measured (numpy only);
+``harness.run_context_parallel`` launches the ranks, which run ``context_parallel_worker``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from seqbalance.cost import ModelSpec, TimeModel
+from seqbalance.cost import ModelSpec
 from seqbalance.cost.context_parallel import (
-    CommModel,
     ContextParallelTimeModel,
     kv_elements_per_token,
     kv_layers,
 )
-from seqbalance.runtime.bench.settings import BenchSettings
-from seqbalance.runtime.bench.summary import reductions_against
+from seqbalance.measure.bench.settings import BenchSettings
+from seqbalance.measure.bench.summary import reductions_against
+from seqbalance.measure.calibrate import model_config
+from seqbalance.sim import sample_batches
+from seqbalance.sim.context_parallel import compare_context_parallel
 
-__all__ = ["plan_context_parallel_steps", "run_context_parallel", "summarize_context_parallel"]
+__all__ = ["plan_context_parallel_steps", "summarize_context_parallel", "toy_kv_sizes"]
 
 BASELINES = ("static_cp", "dynamic_cp_megatron")
 """Strategies ``balanced`` is compared against when they were measured."""
@@ -45,8 +46,6 @@ BASELINES = ("static_cp", "dynamic_cp_megatron")
 
 def toy_kv_sizes(model_size: str) -> tuple[int, int]:
     """``(K/V elements per token, K/V layers)`` of the toy transformer of ``model_size``."""
-    from seqbalance.runtime.calibrate import model_config
-
     config = model_config(model_size, max_position=1)
     spec = ModelSpec.from_hf_config(config.to_hf_config())
     return kv_elements_per_token(spec), kv_layers(spec)
@@ -74,9 +73,6 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
     Raises:
         ValueError: A strategy cannot plan a step (the planner's message says why).
     """
-    from seqbalance.sim import sample_batches
-    from seqbalance.sim.context_parallel import compare_context_parallel
-
     options = settings.context_parallel_options(cost)  # checks the options once more
     lengths = np.asarray(settings.lengths, dtype=np.int64)
     context_parallel = options.context_parallel
@@ -109,50 +105,6 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
         min_microbatches=options.min_microbatches,
         microbatch_multiple=options.microbatch_multiple,
         allow_empty=options.allow_empty or None,  # None: as the compared strategies need
-    )
-
-
-def run_context_parallel(
-    settings: BenchSettings, *, progress: Callable[[int, int], None] | None = None
-) -> dict[str, Any]:
-    """Run every context-parallel strategy on ``settings.procs`` real processes and report.
-
-    Every strategy is first planned here on one step (with the given model, or a placeholder
-    with the toy model's K/V sizes), so options no strategy can honour fail before any process
-    starts.
-
-    Args:
-        settings: What to run (``context_parallel`` set).
-        progress: Called in this process as ``progress(done, total)`` with the steps rank 0
-            has finished (warm-up included; each step runs every strategy).
-
-    Returns:
-        :func:`summarize_context_parallel`'s report, its ``setup`` extended with
-        ``oversubscribed``, ``load_average_before`` and ``elapsed_seconds`` (as the data-parallel
-        bench's).
-
-    Raises:
-        ValueError: A strategy cannot plan the steps, or a given time model whose K/V sizes are
-            not the toy model's.
-        seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
-    """
-    from seqbalance.runtime.bench.context_parallel_worker import run_context_parallel_rank
-    from seqbalance.runtime.bench.harness import launch_and_summarize
-
-    if settings.context_parallel is None:
-        raise ValueError("run_context_parallel needs settings with context_parallel")
-    kv = toy_kv_sizes(settings.model_size)
-    given = settings.time_model
-    if given is not None and (given.kv_elements_per_token, given.kv_layers) != kv:
-        raise ValueError(
-            f"time_model has K/V sizes ({given.kv_elements_per_token} elements per token, "
-            f"{given.kv_layers} layers), the {settings.model_size} toy model ({kv[0]}, {kv[1]}): "
-            "calibrate it for this model_size"
-        )
-    placeholder = given or ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), *kv)
-    plan_context_parallel_steps(replace(settings, steps=1, warmup=0), placeholder)
-    return launch_and_summarize(
-        run_context_parallel_rank, settings, summarize_context_parallel, progress=progress
     )
 
 
