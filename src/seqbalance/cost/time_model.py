@@ -255,8 +255,8 @@ class TimeModel:
         """How well this model predicts measured micro-batches: MAPE and R².
 
         The one definition of the fit statistics: :meth:`fit` records it for its own
-        observations, ``seqbalance.runtime.calibrate`` for held-out micro-batches and
-        ``seqbalance.runtime.bench`` for every micro-batch trained.
+        observations, ``seqbalance.measure.calibrate`` for held-out micro-batches and
+        ``seqbalance.measure.bench`` for every micro-batch trained.
 
         With ``p_i = microbatch_seconds(lengths_i)`` the prediction and ``s_i`` the measured
         seconds of observation ``i`` (all ``n`` observations given, each weighted equally):
