@@ -52,7 +52,7 @@ from seqbalance.plan.context_parallel import (
 from seqbalance.runtime.context_parallel import (
     DEFAULT_TIMEOUT,
     ContextParallelGroups,
-    gather_kv,
+    GatherKV,
     run_step,
 )
 from seqbalance.runtime.launch import launch
@@ -107,7 +107,9 @@ def calibrate_comm(
                 local = torch.randn(2, 1, count, half, dtype=dtype, requires_grad=True)
                 token = torch.zeros((), requires_grad=True)
                 began = time.perf_counter()
-                gathered, _ = gather_kv(local, token, group, [count] * size, rank - start, timeout)
+                gathered, _ = GatherKV.apply(
+                    local, token, group, [count] * size, rank - start, timeout
+                )
                 gathered.sum().backward()
                 timings.append(time.perf_counter() - began)
             received = 2.0 * (size - 1) * count * 2 * half * element_bytes

@@ -63,10 +63,10 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "QUERY_BLOCK",
     "ContextParallelGroups",
+    "GatherKV",
     "SlotAttention",
     "SlotBatch",
     "StepResult",
-    "gather_kv",
     "run_step",
     "slot_batch",
     "slot_loss",
@@ -190,9 +190,19 @@ def slot_batch(
 
 
 # ------------------------------------------------------------------ CP attention
-class _GatherKV(torch.autograd.Function):
-    """All-gather of members' K/V rows (padded to the widest member); backward: all-reduce the
-    gathered gradient and keep this member's rows. ``token`` orders the collectives."""
+class GatherKV(torch.autograd.Function):
+    """The K/V all-gather of a CP group, differentiable (one collective each way).
+
+    ``GatherKV.apply(local, token, group, counts, index, timeout)``: ``local`` holds this
+    member's rows, ``[2, heads, counts[index], head_dim]`` (K and V stacked); ``token`` is the
+    slot's collective-order token (a scalar that requires grad: chaining it through every
+    gather makes the backward pass run them in the reverse order); ``group`` the process group
+    (:meth:`ContextParallelGroups.group`), ``counts`` every member's rows in member order,
+    ``index`` this rank's member index, ``timeout`` each collective's limit. Returns
+    ``(gathered, token)``: every member's rows back to back, member-major, and the token for
+    the next gather. The rows travel padded to the widest member; the backward all-reduces
+    the gathered gradient and keeps this member's rows.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -224,32 +234,6 @@ class _GatherKV(torch.autograd.Function):
         what = f"context-parallel K/V gradient all-reduce over {len(counts)} ranks"
         wait(dist.all_reduce(padded, group=ctx.group, async_op=True), what, ctx.timeout)
         return padded[ctx.index, :, :, : counts[ctx.index]], grad_token, None, None, None, None
-
-
-def gather_kv(
-    local: torch.Tensor,
-    token: torch.Tensor,
-    group: Any,
-    counts: list[int],
-    index: int,
-    timeout: timedelta,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K/V all-gather of a CP group, differentiable (one collective each way).
-
-    Args:
-        local: This member's rows, ``[2, heads, counts[index], head_dim]`` (K and V stacked).
-        token: The slot's collective-order token (a scalar that requires grad): chaining it
-            through every gather makes the backward pass run them in the reverse order.
-        group: The group's process group (:meth:`ContextParallelGroups.group`).
-        counts: Rows of every member, in member order.
-        index: This rank's member index.
-        timeout: How long each collective may wait.
-
-    Returns:
-        ``(gathered, token)``: every member's rows back to back, member-major
-        (``[2, heads, sum(counts), head_dim]``), and the token to pass to the next gather.
-    """
-    return _GatherKV.apply(local, token, group, counts, index, timeout)
 
 
 @dataclass(frozen=True)
@@ -346,7 +330,7 @@ class SlotAttention:
         ]
         for g in self.groups:
             local = torch.stack([k[:, g.local_rows], v[:, g.local_rows]])
-            gathered, self.token = gather_kv(
+            gathered, self.token = GatherKV.apply(
                 local, self.token, g.process_group, g.counts, g.index, self.timeout
             )
             keys, values = gathered[:, :, g.order].unbind(0)
