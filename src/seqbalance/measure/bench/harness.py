@@ -36,8 +36,7 @@ def run(
 
     Every strategy is first planned here on one step (with a placeholder cost), so options
     that no strategy can honour fail before any process starts. With
-    ``settings.context_parallel`` this is
-    :func:`run_context_parallel` (its report).
+    ``settings.context_parallel`` this is :func:`run_context_parallel` (its report).
 
     Args:
         settings: What to run.
