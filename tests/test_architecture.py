@@ -215,7 +215,6 @@ KNOWN_LONG_FUNCTIONS = {
     "seqbalance/cli/bench.py:run": 89,
     "seqbalance/cli/simulate.py:_run_context_parallel": 84,
     "seqbalance/datasets/lengths.py:token_lengths": 95,
-    "seqbalance/partition/exact.py:branch_and_bound": 82,
     "seqbalance/plan/context_parallel.py:plan_context_parallel": 116,
     "seqbalance/sim/engine.py:simulate": 123,
 }
