@@ -202,7 +202,6 @@ MAX_FUNCTION_LINES = 80
 KNOWN_LONG_MODULES = {
     "seqbalance/cli/_common.py": 630,
     "seqbalance/cost/context_parallel.py": 638,
-    "seqbalance/datasets/lengths.py": 616,
     "seqbalance/plan/balanced.py": 762,
     "seqbalance/plan/context_parallel.py": 994,
     "seqbalance/plan/types.py": 745,
@@ -214,7 +213,6 @@ KNOWN_LONG_MODULES = {
 KNOWN_LONG_FUNCTIONS = {
     "seqbalance/cli/bench.py:run": 89,
     "seqbalance/cli/simulate.py:_run_context_parallel": 84,
-    "seqbalance/datasets/lengths.py:token_lengths": 95,
     "seqbalance/plan/context_parallel.py:plan_context_parallel": 116,
     "seqbalance/sim/engine.py:simulate": 123,
 }
