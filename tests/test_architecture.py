@@ -200,7 +200,6 @@ MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 
 KNOWN_LONG_MODULES = {
-    "seqbalance/cli/_common.py": 630,
     "seqbalance/cost/context_parallel.py": 638,
     "seqbalance/plan/balanced.py": 762,
     "seqbalance/plan/context_parallel.py": 994,
