@@ -13,19 +13,19 @@ import json
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_choice, check_int
+from seqbalance.cost import CostModel, TimeModel
+from seqbalance.cost.resolve import cost_name, describe_cost, seconds_model
 from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
+from seqbalance.plan import StepPlan, plan_step, strategy_names
 from seqbalance.plan.options import PlanOptions, as_options, check_rank_speeds
+from seqbalance.plan.step import check_within_caps, vision_patches_of
 from seqbalance.sim.batches import step_batches
-
-if TYPE_CHECKING:
-    from seqbalance.cost import CostModel
-    from seqbalance.plan import StepPlan
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -56,8 +56,6 @@ DEFAULT_MAX_TOKENS = 16384
 
 def default_strategies() -> tuple[str, ...]:
     """What ``simulate`` compares by default: the common baselines, then ours."""
-    from seqbalance.plan import strategy_names
-
     return (*strategy_names("baseline"), *strategy_names("ours"))
 
 
@@ -248,9 +246,6 @@ class SimulationResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form: the setup, the headline and every strategy's figures."""
-        from seqbalance.cost import TimeModel
-        from seqbalance.cost.resolve import describe_cost
-
         samples_per_step = [int(batch.size) for batch in self.batches]
         time_model = self.time_model
         parts = self.parts
@@ -348,8 +343,6 @@ def _rank_seconds(plan: StepPlan) -> np.ndarray:
 
 
 def _check_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
-    from seqbalance.plan import strategy_names
-
     if strategies is None:
         return default_strategies()
     if isinstance(strategies, str) or not strategies:
@@ -381,8 +374,6 @@ def _within_caps(
 ) -> tuple[np.ndarray, int]:
     """The dataset's lengths, plain ones cut to ``max_tokens`` unless ``allow_oversize`` (with a
     :class:`TruncationWarning`), and how many were cut; parts are checked against the caps."""
-    from seqbalance.plan.step import check_within_caps, vision_patches_of
-
     if parts is not None:
         check_within_caps(lengths, vision_patches_of(parts, options), options)
     elif max_tokens is not None and not options.allow_oversize:
@@ -408,8 +399,6 @@ def _plan_steps(
     step, why the others failed, and (with rank speeds) each step's cost of ``balanced``
     planned for equal ranks, judged at the true speeds. ``progress`` is told the steps done
     out of ``steps``."""
-    from seqbalance.plan import plan_step
-
     plans: dict[str, list[StepPlan]] = {name: [] for name in names}
     failed: dict[str, str] = {}
     per_strategy = {name: options.replace(strategy=name) for name in names}
@@ -510,8 +499,6 @@ def simulate(
     Raises:
         ValueError: bad arguments, naming them (unknown options included).
     """
-    from seqbalance.cost.resolve import cost_name, seconds_model
-
     if "strategy" in option_keywords:
         raise ValueError("simulate compares every name in strategies=[...]; do not pass strategy")
     if options is None:
