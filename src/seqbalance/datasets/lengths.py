@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice
+from seqbalance._validation import as_lengths, check_choice
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
 from seqbalance.datasets.tokenize import Tokenizer, get_tokenizer
@@ -532,8 +532,6 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
         ValueError: the column is missing (the available ones are listed), or a value is neither
             a sequence nor a non-negative integer (its index is named).
     """
-    from seqbalance._validation import as_lengths
-
     if hasattr(dataset, "column_names"):
         if column not in dataset.column_names:
             raise ValueError(
