@@ -1,27 +1,31 @@
-"""Helpers shared by the subcommands: tables, JSON, progress bars, and common inputs.
+"""Helpers shared by the subcommands: common inputs and flags, and (re-exported from
+``cli/_output.py``, their home) tables, JSON and progress bars.
 
-Tables and progress bars use ``rich`` (the ``cli`` extra) when it is installed and fall back to
-plain text otherwise, so every command works with numpy alone. ``--json`` output never depends
-on rich and is the stable, machine-readable form of every command's result. The input helpers
-turn the arguments several commands share (a lengths file or bundled set, a model preset or
-``config.json``, a time model) into objects, raising ValueError with the argument's name.
+The input helpers turn the arguments several commands share (a lengths file or bundled set, a
+model preset or ``config.json``, a time model) into objects, raising ValueError with the
+argument's name.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
-import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_positive_float
+from seqbalance.cli._output import (
+    markdown_table,
+    print_json,
+    print_table,
+    progress,
+    progress_callback,
+    to_jsonable,
+)
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_MODEL, DEFAULT_PEAK_FLOPS_PER_S
 from seqbalance.plan import OBJECTIVES
 
@@ -29,8 +33,6 @@ if TYPE_CHECKING:
     from seqbalance.cost import HSTUFlopsModel, ModelSpec, TimeModel
     from seqbalance.cost.context_parallel import ContextParallelTimeModel
     from seqbalance.plan import ContextParallel
-
-T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -134,120 +136,6 @@ def add_strategies_option(
         help=f"comma-separated strategies to compare (default: {listed}; with "
         f"--context-parallel: {','.join(context_parallel_default)})",
     )
-
-
-def to_jsonable(value: Any) -> Any:
-    """Convert numpy scalars/arrays and tuples (recursively) into plain JSON types."""
-    if isinstance(value, dict):
-        return {str(key): to_jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(item) for item in value]
-    if isinstance(value, np.ndarray):
-        return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def print_json(value: Any) -> None:
-    """Write ``value`` as indented JSON to stdout."""
-    json.dump(to_jsonable(value), sys.stdout, indent=2)
-    sys.stdout.write("\n")
-
-
-def _rich_console(stderr: bool = False) -> Any | None:
-    try:
-        from rich.console import Console
-    except ImportError:
-        return None
-    return Console(stderr=stderr)
-
-
-def print_table(
-    title: str,
-    columns: Sequence[str],
-    rows: Iterable[Sequence[Any]],
-    *,
-    caption: str | None = None,
-) -> None:
-    """Print a table with a title; cells are rendered with ``str`` (format numbers before)."""
-    rendered = [[str(cell) for cell in row] for row in rows]
-    console = _rich_console()
-    if console is not None:
-        from rich.console import Console
-        from rich.table import Table
-
-        if not console.is_terminal:
-            # Piped output has no width to fit; never squeeze figures into "…".
-            console = Console(width=1000)
-
-        table = Table(title=title, caption=caption)
-        for index, column in enumerate(columns):
-            table.add_column(column, justify="left" if index == 0 else "right")
-        for row in rendered:
-            table.add_row(*row)
-        console.print(table)
-        return
-    widths = [
-        max([len(column), *(len(row[index]) for row in rendered)])
-        for index, column in enumerate(columns)
-    ]
-    print(title)
-    print("  ".join(column.rjust(width) for column, width in zip(columns, widths, strict=True)))
-    for row in rendered:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
-    if caption:
-        print(caption)
-
-
-def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub-flavoured markdown table; the first column left-aligned, the others right."""
-    lines = [
-        "| " + " | ".join(columns) + " |",
-        "|" + "|".join([":---", *("---:" for _ in columns[1:])]) + "|",
-    ]
-    lines.extend("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)
-    return "\n".join(lines)
-
-
-def progress(
-    items: Iterable[T],
-    *,
-    total: int | None = None,
-    description: str = "",
-    enabled: bool = True,
-) -> Iterator[T]:
-    """Iterate over ``items`` with a progress bar on stderr when it is a terminal and rich exists.
-
-    Disabled (plain iteration) when ``enabled`` is false, e.g. under ``--json``.
-    """
-    console = _rich_console(stderr=True) if enabled else None
-    if console is None or not console.is_terminal:
-        yield from items
-        return
-    from rich.progress import track
-
-    yield from track(items, total=total, description=description, console=console, transient=True)
-
-
-@contextmanager
-def progress_callback(
-    description: str, *, enabled: bool = True
-) -> Iterator[Callable[[int, int], None]]:
-    """Yield a ``callback(done, total)`` that drives a progress bar on stderr.
-
-    Like :func:`progress`, the bar appears only when stderr is a terminal and rich exists;
-    otherwise the callback does nothing.
-    """
-    console = _rich_console(stderr=True) if enabled else None
-    if console is None or not console.is_terminal:
-        yield lambda done, total: None
-        return
-    from rich.progress import Progress
-
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(description, total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 @dataclass(frozen=True)

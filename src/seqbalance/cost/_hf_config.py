@@ -13,15 +13,44 @@ from pathlib import Path
 from typing import Any
 
 from seqbalance._validation import check_bool, check_int
-from seqbalance.cost.spec import (
-    GATED_MLP_MODEL_TYPES,
-    PLAIN_MLP_MODEL_TYPES,
-    LinearAttentionSpec,
-    MambaSpec,
-    _layer_indices,
-)
+from seqbalance.cost.layers import LinearAttentionSpec, MambaSpec, layer_indices
 
 _MISSING = object()
+
+#: ``model_type`` values whose MLP (and MoE experts) is gated (SwiGLU / GeGLU: gate, up and down
+#: projections, three matrices of ``hidden x intermediate``).
+GATED_MLP_MODEL_TYPES: tuple[str, ...] = (
+    "deepseek_v2",
+    "deepseek_v3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "gpt_oss",
+    "jamba",
+    "llama",
+    "llama4",
+    "llama4_text",
+    "mistral",
+    "mixtral",
+    "olmo",
+    "olmo2",
+    "phi3",
+    "qwen2",
+    "qwen2_5_vl",
+    "qwen2_5_vl_text",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+    "qwen3_5_text",
+    "qwen3_moe",
+    "qwen3_next",
+)
+#: ``model_type`` values with a plain two-matrix MLP (up and down projections; Nemotron-H's
+#: squared-ReLU MLP and experts too).
+PLAIN_MLP_MODEL_TYPES: tuple[str, ...] = ("gpt_neox", "nemotron_h", "phi")
 
 #: Upper bounds on config integers, far above any published model: a larger value is a typo or a
 #: hostile file, refused at once instead of costing minutes (per-layer tables) or overflowing.
@@ -114,7 +143,7 @@ class Fields:
         return check_bool(self.get(key, default), f"config field {key!r}")
 
     def layers(self, key: str, num_layers: int) -> tuple[int, ...]:
-        return _layer_indices(self.get(key), f"config field {key!r}", num_layers)
+        return layer_indices(self.get(key), f"config field {key!r}", num_layers)
 
     def per_layer_list(self, key: str, num_layers: int) -> list[Any]:
         values = self.get(key)
@@ -377,7 +406,7 @@ def _moe(cfg: Fields, model_type: Any, num_layers: int) -> dict[str, Any]:
     if raw.get(experts):
         step = cfg.integer("decoder_sparse_step", 1, minimum=1)
         dense_only = set(
-            _layer_indices(cfg.get("mlp_only_layers", []), "mlp_only_layers", num_layers)
+            layer_indices(cfg.get("mlp_only_layers", []), "mlp_only_layers", num_layers)
         )
         return {
             "num_experts": cfg.integer(experts),

@@ -11,14 +11,12 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from seqbalance.cost.flops import FlopsModel
+from seqbalance.cost.hstu import HSTUFlopsModel, hstu_presets
+from seqbalance.cost.spec import ModelSpec, presets
 from seqbalance.defaults import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.hstu import HSTUFlopsModel
-    from seqbalance.cost.spec import ModelSpec
 
 __all__ = ["flops_model", "model_presets", "preset_cost", "resolve_model"]
 
@@ -35,9 +33,6 @@ def resolve_model(model: Any, name: str = "model") -> ModelSpec | HSTUFlopsModel
     Raises:
         ValueError: an unknown preset (listing them), a missing file, or a bad config.
     """
-    from seqbalance.cost.hstu import HSTUFlopsModel, hstu_presets
-    from seqbalance.cost.spec import ModelSpec, presets
-
     if isinstance(model, ModelSpec):
         return model
     if not isinstance(model, (str, os.PathLike)):
@@ -66,10 +61,6 @@ def flops_model(model: str | ModelSpec | FlopsModel | None = None) -> FlopsModel
     Raises:
         ValueError: an unknown preset, or anything else than the types above.
     """
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.spec import ModelSpec
-    from seqbalance.cost.spec import presets as lm_presets
-
     if model is None:
         model = DEFAULT_MODEL
     if isinstance(model, FlopsModel):
@@ -79,7 +70,7 @@ def flops_model(model: str | ModelSpec | FlopsModel | None = None) -> FlopsModel
         if not isinstance(preset, FlopsModel):
             raise ValueError(
                 f"model {model!r} is an HSTU preset, which has no ModelSpec; this needs a "
-                f"language-model preset ({', '.join(lm_presets())})"
+                f"language-model preset ({', '.join(presets())})"
             )
         return preset
     if isinstance(model, ModelSpec):
@@ -91,9 +82,6 @@ def model_presets() -> list[str]:
     """Every bundled preset name, sorted: the language-model presets (``ModelSpec.preset``,
     vision-language ones included) and the HSTU presets (``HSTUSpec.preset``). They share one
     namespace: ``model=`` and ``--model`` take any of them."""
-    from seqbalance.cost.hstu import hstu_presets
-    from seqbalance.cost.spec import presets
-
     return sorted([*presets(), *hstu_presets()])
 
 
@@ -104,9 +92,6 @@ def preset_cost(name: str) -> Any:
     Raises:
         ValueError: an unknown name, listing every preset.
     """
-    from seqbalance.cost.hstu import HSTUFlopsModel, hstu_presets
-    from seqbalance.cost.spec import presets
-
     if isinstance(name, str) and name in hstu_presets():
         return HSTUFlopsModel(name)
     if not isinstance(name, str) or name not in presets():
@@ -116,7 +101,4 @@ def preset_cost(name: str) -> Any:
 
 @functools.lru_cache(maxsize=32)
 def _preset_flops(name: str) -> FlopsModel:
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.spec import ModelSpec
-
     return FlopsModel(ModelSpec.preset(name))

@@ -23,16 +23,19 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from seqbalance._validation import as_weights, check_positive_float
+from seqbalance.cost.flops import FlopsModel
+from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
 from seqbalance.cost.lookup import flops_model, preset_cost
+from seqbalance.cost.samples import SampleParts
+from seqbalance.cost.spec import ModelSpec
+from seqbalance.cost.time_model import TimeModel
+from seqbalance.cost.vision import VisionLanguageFlopsModel, VisionSpec
 from seqbalance.defaults import DEFAULT_PEAK_FLOPS_PER_S
-
-if TYPE_CHECKING:
-    from seqbalance.cost.samples import SampleParts
 
 __all__ = [
     "CallableCost",
@@ -191,8 +194,6 @@ def resolve_cost(cost: Any = "tokens", model: Any = None) -> CostModel:
         ValueError: an unknown cost or preset, ``model`` with a cost other than ``"flops"``, or
             a cost model whose ``microbatch_overhead`` is not a finite number >= 0.
     """
-    from seqbalance.cost.spec import ModelSpec
-
     if model is not None and not (isinstance(cost, str) and cost == "flops"):
         raise ValueError(
             f"model={model!r} only applies to cost='flops', got cost={cost!r}; "
@@ -281,9 +282,6 @@ def _check_nothing_ignored(model: CostModel, parts: SampleParts) -> None:
 
 def cost_unit(model: CostModel) -> str:
     """The unit of a cost model's values: ``tokens``, ``FLOPs``, ``seconds`` or ``cost``."""
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.time_model import TimeModel
-
     if isinstance(model, FlopsModel):
         return "FLOPs"
     if isinstance(model, TimeModel):
@@ -295,10 +293,6 @@ def cost_unit(model: CostModel) -> str:
 def cost_name(model: CostModel) -> str:
     """A short description for reports: ``tokens``, ``flops:qwen3-8b``, ``TimeModel``,
     ``flops:qwen2.5-vl-7b+vision:qwen2_5_vl``, ``flops:hstu-1024``, ``seconds(flops:...)``."""
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.hstu import HSTUFlopsModel
-    from seqbalance.cost.vision import VisionLanguageFlopsModel
-
     if isinstance(model, TokenCost):
         return "tokens"
     if isinstance(model, FlopsModel):
@@ -330,11 +324,6 @@ def describe_cost(cost: Any) -> Any:
     dict with its full definition; anything else (a callable, a foreign cost object, a model
     built on one) becomes ``{"external": qualified name}``, which loads as an ``ExternalCost``.
     """
-    from seqbalance.cost.hstu import HSTUFlopsModel
-    from seqbalance.cost.spec import ModelSpec
-    from seqbalance.cost.time_model import TimeModel
-    from seqbalance.cost.vision import VisionLanguageFlopsModel
-
     if cost is None or isinstance(cost, str):
         return cost
     if isinstance(cost, ModelSpec):
@@ -375,8 +364,6 @@ def describe_cost(cost: Any) -> Any:
 def _flops_body(cost: Any) -> dict[str, Any] | None:
     """``describe_cost``'s body of a ``FlopsModel`` (None for anything else, or a FlopsModel
     with an ``extra_per_sample`` function, which JSON cannot hold)."""
-    from seqbalance.cost.flops import FlopsModel
-
     if not isinstance(cost, FlopsModel) or cost.extra_per_sample is not None:
         return None
     options = {name: getattr(cost, name) for name in _FLOPS_OPTIONS}
@@ -385,8 +372,6 @@ def _flops_body(cost: Any) -> dict[str, Any] | None:
 
 def cost_from_description(value: Any, name: str = "cost") -> Any:
     """Inverse of ``describe_cost``; raises ValueError naming ``name`` on anything else."""
-    from seqbalance.cost.time_model import TimeModel
-
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, dict) and len(value) == 1:
@@ -432,15 +417,10 @@ def _keys(body: dict[str, Any], required: tuple[str, ...], optional: tuple[str, 
 
 
 def _load_model_spec(body: dict[str, Any]) -> Any:
-    from seqbalance.cost.spec import ModelSpec
-
     return ModelSpec.from_dict(body)
 
 
 def _load_flops(body: dict[str, Any]) -> Any:
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.spec import ModelSpec
-
     if not (_keys(body, ("spec",), _FLOPS_OPTIONS) and isinstance(body["spec"], dict)):
         return None
     options = {k: body[k] for k in _FLOPS_OPTIONS if k in body}
@@ -448,8 +428,6 @@ def _load_flops(body: dict[str, Any]) -> Any:
 
 
 def _load_vision_language(body: dict[str, Any]) -> Any:
-    from seqbalance.cost.vision import VisionLanguageFlopsModel, VisionSpec
-
     vision = body.get("vision")
     fields = {f.name for f in dataclasses.fields(VisionSpec)}
     if not (
@@ -466,8 +444,6 @@ def _load_vision_language(body: dict[str, Any]) -> Any:
 
 
 def _load_hstu(body: dict[str, Any]) -> Any:
-    from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
-
     if not (_keys(body, ("spec",), _HSTU_OPTIONS) and isinstance(body["spec"], dict)):
         return None
     options = {k: body[k] for k in _HSTU_OPTIONS if k in body}
@@ -515,9 +491,6 @@ def seconds_model(
         ValueError: any other cost (tokens or a custom cost have no time unit), or a bad peak or
             efficiency.
     """
-    from seqbalance.cost.flops import FlopsModel
-    from seqbalance.cost.time_model import TimeModel
-
     if isinstance(cost, TimeModel):
         return cost, "given TimeModel"
     if isinstance(cost, SecondsFromFlops):

@@ -19,6 +19,16 @@ from types import MappingProxyType
 from typing import Any
 
 from seqbalance._validation import check_bool, check_int
+from seqbalance.cost import _hf_config, _megatron
+from seqbalance.cost._hf_config import GATED_MLP_MODEL_TYPES, PLAIN_MLP_MODEL_TYPES
+from seqbalance.cost.layers import (
+    LAYER_KINDS,
+    SOFTMAX_ATTENTION_KINDS,
+    LinearAttentionSpec,
+    MambaSpec,
+    layer_indices,
+)
+from seqbalance.cost.parameters import MatmulParameters
 
 __all__ = [
     "GATED_MLP_MODEL_TYPES",
@@ -32,63 +42,6 @@ __all__ = [
     "presets",
 ]
 
-#: ``model_type`` values whose MLP (and MoE experts) is gated (SwiGLU / GeGLU: gate, up and down
-#: projections, three matrices of ``hidden x intermediate``).
-GATED_MLP_MODEL_TYPES: tuple[str, ...] = (
-    "deepseek_v2",
-    "deepseek_v3",
-    "gemma",
-    "gemma2",
-    "gemma3",
-    "gemma3_text",
-    "gpt_oss",
-    "jamba",
-    "llama",
-    "llama4",
-    "llama4_text",
-    "mistral",
-    "mixtral",
-    "olmo",
-    "olmo2",
-    "phi3",
-    "qwen2",
-    "qwen2_5_vl",
-    "qwen2_5_vl_text",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "qwen3_5_moe_text",
-    "qwen3_5_text",
-    "qwen3_moe",
-    "qwen3_next",
-)
-#: ``model_type`` values with a plain two-matrix MLP (up and down projections; Nemotron-H's
-#: squared-ReLU MLP and experts too).
-PLAIN_MLP_MODEL_TYPES: tuple[str, ...] = ("gpt_neox", "nemotron_h", "phi")
-
-#: Token mixers a decoder layer can have (``ModelSpec.layer_types``):
-#:
-#: * ``full_attention``: softmax attention over the whole sequence (causal or bidirectional, as
-#:   :class:`~seqbalance.cost.flops.FlopsModel` is told);
-#: * ``sliding_attention``: softmax attention where a query sees at most ``sliding_window`` keys;
-#: * ``chunked_attention``: softmax attention within blocks of ``attention_chunk_size`` tokens
-#:   (Llama 4);
-#: * ``linear_attention``: Gated DeltaNet (Qwen3-Next, Qwen3.5), see :class:`LinearAttentionSpec`;
-#: * ``mamba``: Mamba-1 selective scan (Jamba), ``mamba2``: Mamba-2 SSD (Nemotron-H), see
-#:   :class:`MambaSpec`;
-#: * ``none``: no token mixer (an MLP-only layer, e.g. Nemotron-H's ``-`` and ``E`` layers).
-LAYER_KINDS: tuple[str, ...] = (
-    "full_attention",
-    "sliding_attention",
-    "chunked_attention",
-    "linear_attention",
-    "mamba",
-    "mamba2",
-    "none",
-)
-#: The kinds that compute softmax attention (query-key pairs, projections of :attr:`ModelSpec`).
-SOFTMAX_ATTENTION_KINDS: tuple[str, ...] = LAYER_KINDS[:3]
 
 _PRESET_PACKAGE = "seqbalance.cost"
 _PRESET_FOLDER = "presets"
@@ -100,213 +53,8 @@ def presets() -> list[str]:
     return sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json"))
 
 
-def _layer_indices(values: Iterable[Any], name: str, num_layers: int) -> tuple[int, ...]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise ValueError(f"{name} must be a sequence of layer indices, got {values!r}")
-    indices = sorted({check_int(v, f"{name} entry", minimum=0) for v in values})
-    if indices and indices[-1] >= num_layers:
-        raise ValueError(
-            f"{name} holds layer {indices[-1]}, but the model has {num_layers} layers "
-            f"(indices 0..{num_layers - 1})"
-        )
-    return tuple(indices)
-
-
 def _set(obj: Any, attribute: str, value: Any) -> None:
     object.__setattr__(obj, attribute, value)
-
-
-@dataclass(frozen=True)
-class LinearAttentionSpec:
-    """Gated DeltaNet token mixer (Qwen3-Next, Qwen3.5 ``linear_attention`` layers).
-
-    Per token: ``in_proj_qkvz`` (``hidden -> 2·key_dim + 2·value_dim``), ``in_proj_ba``
-    (``hidden -> 2·num_value_heads``), a depthwise causal convolution of ``conv_kernel`` taps over
-    the ``2·key_dim + value_dim`` q/k/v channels and ``out_proj`` (``value_dim -> hidden``), with
-    ``key_dim = num_key_heads·key_head_dim`` and ``value_dim = num_value_heads·value_head_dim``.
-    The chunked delta-rule scan works in chunks of ``chunk_size`` tokens (64 in the transformers
-    reference and the flash-linear-attention kernels); see :meth:`state_macs_per_token`.
-    """
-
-    num_key_heads: int
-    num_value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel: int = 4
-    chunk_size: int = 64
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            _set(
-                self,
-                f.name,
-                check_int(getattr(self, f.name), f"linear_attention.{f.name}", minimum=1),
-            )
-        if self.num_value_heads % self.num_key_heads:
-            raise ValueError(
-                f"linear_attention.num_value_heads = {self.num_value_heads} is not a multiple of "
-                f"linear_attention.num_key_heads = {self.num_key_heads}"
-            )
-
-    @property
-    def key_dim(self) -> int:
-        """Width of all query (or key) heads together."""
-        return self.num_key_heads * self.key_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        """Width of all value heads together."""
-        return self.num_value_heads * self.value_head_dim
-
-    def parameters(self, hidden_size: int) -> int:
-        """Weights of one layer's projections and convolution (2 FLOPs per weight and token)."""
-        conv_channels = 2 * self.key_dim + self.value_dim
-        return (
-            hidden_size * (2 * self.key_dim + 2 * self.value_dim)  # in_proj_qkvz
-            + hidden_size * 2 * self.num_value_heads  # in_proj_ba
-            + conv_channels * self.conv_kernel  # depthwise conv1d
-            + self.value_dim * hidden_size  # out_proj
-        )
-
-    def state_macs_per_token(self) -> int:
-        """Multiply-adds per token of the chunked delta-rule scan (one layer, all heads).
-
-        Per value head and chunk of ``C = chunk_size`` tokens (queries and keys are repeated to
-        the value heads): ``k_beta·kᵀ`` and ``q·kᵀ`` (``C²·d_k`` each), the two products with the
-        inverted UT system, ``A·v_beta`` (``C²·d_v``) and ``A·(k_beta·decay)`` (``C²·d_k``),
-        ``(q·kᵀ)·v_new`` (``C²·d_v``), the reads of the recurrent state ``q·S`` and
-        ``k_cumdecay·S`` and its update ``kᵀ·v_new`` (``C·d_k·d_v`` each). Divided by ``C``:
-        ``C·(3·d_k + 2·d_v) + 3·d_k·d_v`` per token and value head.
-        """
-        d_k, d_v, chunk = self.key_head_dim, self.value_head_dim, self.chunk_size
-        return self.num_value_heads * (chunk * (3 * d_k + 2 * d_v) + 3 * d_k * d_v)
-
-
-@dataclass(frozen=True)
-class MambaSpec:
-    """State-space token mixer: Mamba-1 (``mamba`` layers, Jamba) or Mamba-2 (``mamba2``).
-
-    ``inner_size`` is the expanded width ``d_inner`` (``expand·hidden``; Mamba-2:
-    ``num_heads·head_dim``), ``state_size`` the SSM state ``N`` per channel, ``conv_kernel`` the
-    taps of the depthwise causal convolution.
-
-    Mamba-1 also needs ``dt_rank`` (the time-step projection's rank); its projections are
-    ``in_proj`` (``hidden -> 2·d_inner``), ``x_proj`` (``d_inner -> dt_rank + 2·N``), ``dt_proj``
-    (``dt_rank -> d_inner``) and ``out_proj`` (``d_inner -> hidden``); the convolution runs over
-    ``d_inner`` channels.
-
-    Mamba-2 also needs ``num_heads``, ``n_groups`` (groups sharing B and C) and ``chunk_size`` (the
-    SSD chunk length: 128 in Nemotron-H, 256 by default in mamba_ssm); its projections are
-    ``in_proj`` (``hidden -> 2·d_inner + 2·n_groups·N + num_heads``) and ``out_proj``; the
-    convolution runs over ``d_inner + 2·n_groups·N`` channels.
-    """
-
-    inner_size: int
-    state_size: int
-    conv_kernel: int = 4
-    num_heads: int = 0
-    n_groups: int = 0
-    chunk_size: int = 0
-    dt_rank: int = 0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            minimum = 1 if f.name in ("inner_size", "state_size", "conv_kernel") else 0
-            _set(self, f.name, check_int(getattr(self, f.name), f"mamba.{f.name}", minimum=minimum))
-
-    def check(self, kind: str) -> None:
-        """Raise ValueError unless the fields that ``kind`` (``mamba``/``mamba2``) needs are set."""
-        needed = ("dt_rank",) if kind == "mamba" else ("num_heads", "n_groups", "chunk_size")
-        for name in needed:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{kind} layers need mamba.{name} >= 1, got {getattr(self, name)}")
-        if kind == "mamba2":
-            if self.inner_size % self.num_heads:
-                raise ValueError(
-                    f"mamba.inner_size = {self.inner_size} is not a multiple of "
-                    f"mamba.num_heads = {self.num_heads}"
-                )
-            if self.num_heads % self.n_groups:
-                raise ValueError(
-                    f"mamba.num_heads = {self.num_heads} is not a multiple of "
-                    f"mamba.n_groups = {self.n_groups}"
-                )
-
-    def parameters(self, hidden_size: int, kind: str) -> int:
-        """Weights of one ``kind`` layer's projections and convolution."""
-        inner, state = self.inner_size, self.state_size
-        if kind == "mamba":
-            return (
-                hidden_size * 2 * inner  # in_proj
-                + inner * self.conv_kernel  # depthwise conv1d
-                + inner * (self.dt_rank + 2 * state)  # x_proj
-                + self.dt_rank * inner  # dt_proj
-                + inner * hidden_size  # out_proj
-            )
-        bc = 2 * self.n_groups * state
-        return (
-            hidden_size * (2 * inner + bc + self.num_heads)  # in_proj: z, x, B, C, dt
-            + (inner + bc) * self.conv_kernel  # depthwise conv1d over x, B, C
-            + inner * hidden_size  # out_proj
-        )
-
-    def state_macs_per_token(self, kind: str) -> int:
-        """Multiply-adds per token of the scan's contractions (one layer).
-
-        Mamba-1: the selective scan updates the state elementwise (not counted, like other
-        elementwise work); its read-out ``y = h·C`` is a contraction of ``d_inner·N``.
-
-        Mamba-2 (SSD, chunks of ``Q = chunk_size``, head width ``P = d_inner / num_heads``, per
-        head as the transformers reference computes it): ``C·Bᵀ`` within a chunk (``Q²·N``), its
-        product with x (``Q²·P``), the chunk states ``Bᵀ·x`` (``Q·N·P``) and their read-out
-        ``C·state`` (``Q·N·P``); divided by ``Q``: ``Q·(N + P) + 2·N·P`` per token and head. The
-        recurrence that carries states from chunk to chunk is elementwise in the kernels (not
-        counted).
-        """
-        if kind == "mamba":
-            return self.inner_size * self.state_size
-        head_dim = self.inner_size // self.num_heads
-        state = self.state_size
-        return self.num_heads * (self.chunk_size * (state + head_dim) + 2 * state * head_dim)
-
-
-@dataclass(frozen=True)
-class MatmulParameters:
-    """Weights (parameter counts) of a spec's matrices, one entry per component.
-
-    The one place that knows the matrix shapes: :meth:`ModelSpec.num_parameters` sums these
-    and :class:`~seqbalance.cost.flops.FlopsModel` turns them into FLOPs per token (2 per weight a
-    token passes through). Biases, norms and the shared-expert gate (``hidden x 1``) are not
-    counted.
-    """
-
-    attention: int
-    """One softmax-attention layer's projections (GQA Q/K/V/O with the optional output gate, or
-    the MLA projections)."""
-    linear_attention: int
-    """One Gated DeltaNet layer's projections and convolution (0 without such layers)."""
-    mamba: int
-    """One Mamba layer's projections and convolution (0 without such layers)."""
-    dense_mlp: int
-    """One dense MLP (gated: 3 matrices, plain: 2, of ``hidden x intermediate_size``)."""
-    router: int
-    """One MoE layer's router (``hidden x num_experts``)."""
-    expert: int
-    """One routed expert (gated like the dense MLP, ``hidden x moe_intermediate_size``)."""
-    shared_experts: int
-    """All shared experts of one MoE layer together (0 when there are none)."""
-    embedding: int
-    """One ``vocab x hidden`` table: the input embedding, or the LM head (same shape)."""
-    mtp_projection: int
-    """One multi-token-prediction module's ``2·hidden -> hidden`` projection."""
-    cross_attention_query_output: int
-    """One cross-attention layer's Q and O projections (applied to decoder tokens)."""
-    cross_attention_key_value: int
-    """One cross-attention layer's K and V projections (applied to encoder tokens)."""
-
-    def moe_mlp(self, experts: int) -> int:
-        """One MoE layer's router, ``experts`` routed experts and its shared experts."""
-        return self.router + experts * self.expert + self.shared_experts
 
 
 @dataclass(frozen=True)
@@ -429,7 +177,7 @@ class ModelSpec:
         _set(self, "head_dim", check_int(self.head_dim, "head_dim", minimum=1))
         self._check_mla()
         for attribute in ("no_mlp_layers", "nope_layers", "cross_attention_layers"):
-            value = _layer_indices(getattr(self, attribute), attribute, self.num_layers)
+            value = layer_indices(getattr(self, attribute), attribute, self.num_layers)
             _set(self, attribute, value)
         self._check_layer_types()
         self._check_moe()
@@ -477,7 +225,7 @@ class ModelSpec:
                     if self.sliding_window_layers is None
                     else self.sliding_window_layers
                 )
-                windowed = _layer_indices(layers, "sliding_window_layers", self.num_layers)
+                windowed = layer_indices(layers, "sliding_window_layers", self.num_layers)
             kinds = tuple(
                 "sliding_attention" if i in windowed else "full_attention"
                 for i in range(self.num_layers)
@@ -486,7 +234,7 @@ class ModelSpec:
             kinds = self._checked_kinds(self.layer_types)
             windowed = tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
             if self.sliding_window_layers is not None:
-                given = _layer_indices(
+                given = layer_indices(
                     self.sliding_window_layers, "sliding_window_layers", self.num_layers
                 )
                 if given != windowed:
@@ -583,7 +331,7 @@ class ModelSpec:
                     f"{self.moe_intermediate_size}"
                 )
             layers = with_mlp if self.moe_layers is None else self.moe_layers
-            _set(self, "moe_layers", _layer_indices(layers, "moe_layers", self.num_layers))
+            _set(self, "moe_layers", layer_indices(layers, "moe_layers", self.num_layers))
             clash = sorted(set(self.moe_layers) & set(self.no_mlp_layers))
             if clash:
                 raise ValueError(f"layer {clash[0]} is in both moe_layers and no_mlp_layers")
@@ -640,42 +388,7 @@ class ModelSpec:
 
     def matmul_parameters(self) -> MatmulParameters:
         """Weights of each matrix component (see :class:`MatmulParameters`)."""
-        hidden = self.hidden_size
-        heads = self.num_attention_heads
-        mlp_matrices = 3 if self.gated_mlp else 2
-        if self.is_mla:
-            kv_lora = int(self.kv_lora_rank)  # type: ignore[arg-type]
-            if self.q_lora_rank is None:
-                query = hidden * heads * self.qk_head_dim
-            else:
-                query = hidden * self.q_lora_rank + self.q_lora_rank * heads * self.qk_head_dim
-            key_value = hidden * (kv_lora + self.qk_rope_head_dim) + kv_lora * heads * (
-                self.qk_nope_head_dim + self.value_head_dim
-            )
-            attention = query + key_value + heads * self.value_head_dim * hidden
-        else:
-            kv_heads = int(self.num_key_value_heads)  # type: ignore[arg-type]
-            attention = 2 * hidden * (heads + kv_heads) * self.qk_head_dim
-        if self.attention_output_gate:
-            attention += hidden * heads * self.value_head_dim
-        mamba_kind = next((k for k in ("mamba", "mamba2") if k in (self.layer_types or ())), None)
-        encoder_hidden = self.encoder_hidden_size or hidden
-        kv_width = int(self.num_key_value_heads) * self.head_dim  # type: ignore[operator]
-        return MatmulParameters(
-            attention=attention,
-            linear_attention=(
-                self.linear_attention.parameters(hidden) if self.linear_attention else 0
-            ),
-            mamba=(self.mamba.parameters(hidden, mamba_kind) if self.mamba and mamba_kind else 0),
-            dense_mlp=mlp_matrices * hidden * self.intermediate_size,
-            router=hidden * self.num_experts,
-            expert=mlp_matrices * hidden * self.moe_intermediate_size,
-            shared_experts=mlp_matrices * hidden * self.shared_expert_intermediate_size,
-            embedding=self.vocab_size * hidden,
-            mtp_projection=2 * hidden * hidden,
-            cross_attention_query_output=2 * hidden * heads * int(self.head_dim),  # type: ignore[arg-type]
-            cross_attention_key_value=2 * encoder_hidden * kv_width,
-        )
+        return MatmulParameters.of(self)
 
     def mixer_parameters(self, kind: str) -> int:
         """Weights of one layer's token mixer of ``kind`` (0 for ``none``)."""
@@ -782,9 +495,7 @@ class ModelSpec:
         ``use_sliding_window`` + ``max_window_layers``, or a plain ``sliding_window`` (Mistral).
         Biases and norms are ignored (they cost no matmul FLOPs).
         """
-        from seqbalance.cost._hf_config import spec_fields
-
-        return cls(**spec_fields(config, gated_mlp=gated_mlp, name=name))
+        return cls(**_hf_config.spec_fields(config, gated_mlp=gated_mlp, name=name))
 
     @classmethod
     def from_megatron_args(cls, args: Any, *, name: str = "megatron") -> ModelSpec:
@@ -804,9 +515,7 @@ class ModelSpec:
         ``moe_ffn_hidden_size = ffn_hidden_size``) the same rule is applied; any other missing
         field that changes the FLOPs raises ValueError naming it.
         """
-        from seqbalance.cost._megatron import spec_fields
-
-        return cls(**spec_fields(args, name=name))
+        return cls(**_megatron.spec_fields(args, name=name))
 
     def to_dict(self) -> dict[str, Any]:
         """The spec's fields as a JSON-ready dict (tuples become lists, sub-specs dicts)."""

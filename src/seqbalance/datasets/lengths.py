@@ -29,18 +29,18 @@ Malformed records are errors naming their line numbers (JSON lines) or record in
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice
+from seqbalance._validation import as_lengths, check_choice
+from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
 from seqbalance.datasets.tokenize import Tokenizer, get_tokenizer
 
@@ -58,7 +58,6 @@ __all__ = [
     "token_lengths",
 ]
 
-FORMATS = ("jsonl", "json", "parquet")
 TEMPLATE_TOKENS_PER_TURN = {"chatml": 5, "none": 0}
 TEMPLATES = ("auto", "tokenizer", *TEMPLATE_TOKENS_PER_TURN)
 _ROLES = {"human": "user", "gpt": "assistant"}  # ShareGPT speaker names
@@ -199,88 +198,6 @@ class TokenLengths:
         }
 
 
-class _Malformed(Exception):
-    pass
-
-
-def detect_format(path: str | Path) -> str:
-    """File format from the extension (``.jsonl``, ``.json``, ``.parquet``, each maybe ``.gz``)."""
-    suffixes = [s.lower() for s in Path(path).suffixes]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes.pop()
-    extension = suffixes[-1].lstrip(".") if suffixes else ""
-    if extension in ("jsonl", "ndjson"):
-        return "jsonl"
-    if extension in FORMATS:
-        return extension
-    raise ValueError(
-        f"cannot tell the format of {str(path)!r} from its extension; "
-        f"give format as one of {', '.join(FORMATS)}"
-    )
-
-
-def _open_text(path: Path) -> Any:
-    if path.suffix.lower() == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    with _open_text(path) as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_number, json.loads(line)
-            except json.JSONDecodeError as error:
-                yield line_number, _Malformed(f"invalid JSON ({error.msg} at column {error.colno})")
-            except RecursionError:
-                yield line_number, _Malformed("JSON nested too deeply to read")
-
-
-def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
-    with _open_text(path) as handle:
-        try:
-            document = json.load(handle)
-        except json.JSONDecodeError as error:
-            raise ValueError(
-                f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg} "
-                "(a file with one record per line is JSON lines: format 'jsonl')"
-            ) from None
-        except RecursionError:
-            raise ValueError(f"{path}: JSON nested too deeply to read") from None
-    if not isinstance(document, list):
-        raise ValueError(
-            f"{path}: a JSON dataset must be a list of records, got {type(document).__name__}"
-        )
-    yield from enumerate(document)
-
-
-def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as error:
-        raise ImportError(
-            "reading Parquet needs pyarrow: pip install 'seqbalance[parquet]' (or pyarrow)"
-        ) from error
-    index = 0
-    for batch in pq.ParquetFile(path).iter_batches():
-        for row in batch.to_pylist():
-            yield index, row
-            index += 1
-
-
-_READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}
-
-
-def _records(path: Path, format: str) -> Iterator[tuple[int, Any]]:
-    """(location, record or _Malformed) pairs; unreadable files become ValueErrors."""
-    try:
-        yield from _READERS[format](path)
-    except (UnicodeDecodeError, OSError, EOFError) as error:
-        raise ValueError(f"{path}: cannot read it as {format} (UTF-8 text): {error}") from None
-
-
 def guess_fields(record: Any) -> Fields:
     """Fields for common dataset layouts, judged from one record.
 
@@ -315,7 +232,7 @@ def guess_fields(record: Any) -> Fields:
 
 def _get(record: dict[str, Any], name: str) -> Any:
     if name not in record:
-        raise _Malformed(f"field {name!r} is missing")
+        raise Malformed(f"field {name!r} is missing")
     return record[name]
 
 
@@ -324,7 +241,7 @@ def _text(value: Any, name: str) -> str:
         return ""
     if isinstance(value, str):
         return value
-    raise _Malformed(f"field {name!r} must be a string, got {type(value).__name__}")
+    raise Malformed(f"field {name!r} must be a string, got {type(value).__name__}")
 
 
 def _extra_text(value: Any) -> str:
@@ -338,12 +255,12 @@ def _extra_text(value: Any) -> str:
 
 def _message_content(message: Any, position: int, name: str) -> str:
     if not isinstance(message, dict):
-        raise _Malformed(
+        raise Malformed(
             f"{name}[{position}] must be a message object, got {type(message).__name__}"
         )
     key = "content" if "content" in message else "value" if "value" in message else None
     if key is None:
-        raise _Malformed(f"{name}[{position}] has neither 'content' nor 'value'")
+        raise Malformed(f"{name}[{position}] has neither 'content' nor 'value'")
     content = message[key]
     if content is None or isinstance(content, str):
         return content or ""
@@ -351,7 +268,7 @@ def _message_content(message: Any, position: int, name: str) -> str:
         texts = [part.get("text") for part in content if isinstance(part, dict)]
         if all(isinstance(text, str) for text in texts) and len(texts) == len(content):
             return "".join(texts)
-    raise _Malformed(f"{name}[{position}].{key} must be a string, got {type(content).__name__}")
+    raise Malformed(f"{name}[{position}].{key} must be a string, got {type(content).__name__}")
 
 
 def _message_role(message: dict[str, Any]) -> str:
@@ -376,7 +293,7 @@ def _hh_messages(transcript: str) -> list[dict[str, str]]:
 def _hh_turns(transcript: str, name: str) -> int:
     speakers = _HH_SPEAKER.findall(transcript)
     if not speakers:
-        raise _Malformed(f"field {name!r} is a string without 'Human:'/'Assistant:' turns")
+        raise Malformed(f"field {name!r} is a string without 'Human:'/'Assistant:' turns")
     # Consecutive blocks of one speaker are one message.
     return 1 + sum(a != b for a, b in itertools.pairwise(speakers))
 
@@ -388,7 +305,7 @@ _Sample = tuple[list[str], int, list[dict[str, Any]]]
 def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
     """The samples of one record, and whether its response field held a list."""
     if not isinstance(record, dict):
-        raise _Malformed(f"a record must be a JSON object, got {type(record).__name__}")
+        raise Malformed(f"a record must be a JSON object, got {type(record).__name__}")
     extras = [_extra_text(_get(record, name)) for name in fields.extra]
     if fields.chat is not None:
         texts: list[str] = []
@@ -399,7 +316,7 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
             if isinstance(chat, str) and len(fields.chat) == 1:
                 return [([chat, *extras], _hh_turns(chat, name), _hh_messages(chat))], False
             if not isinstance(chat, list):
-                raise _Malformed(
+                raise Malformed(
                     f"field {name!r} must be a list of messages, got {type(chat).__name__}"
                 )
             for i, message in enumerate(chat):
@@ -418,7 +335,7 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
             isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair)
             for pair in history
         ):
-            raise _Malformed(f"field {fields.history!r} must be a list of [prompt, response] pairs")
+            raise Malformed(f"field {fields.history!r} must be a list of [prompt, response] pairs")
         history_texts = [text for pair in history for text in pair]
     *prompt_names, response_name = fields.text
     prompt_parts = [_text(_get(record, name), name) for name in prompt_names]
@@ -453,9 +370,82 @@ def _chat_renderer(tokenizer: Tokenizer) -> Callable[[list[dict[str, Any]]], str
         try:
             return render(messages, add_generation_prompt=False, **specials)
         except ChatTemplateError as error:
-            raise _Malformed(f"the tokenizer's chat template refused it: {error}") from None
+            raise Malformed(f"the tokenizer's chat template refused it: {error}") from None
 
     return rendered
+
+
+@dataclass
+class _Samples:
+    """The samples of a file's records before tokenizing, filled record by record.
+
+    Each sample's texts are ids into ``text_ids`` (a text shared by samples, e.g. a GRPO
+    group's prompt, is tokenized once); ``turns``, ``locations`` and ``groups`` run parallel to
+    ``sample_texts``. ``fields`` is guessed from the first record when not given.
+    """
+
+    fields: Fields | None
+    text_ids: dict[str, int] = field(default_factory=dict)
+    sample_texts: list[list[int]] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    locations: list[int] = field(default_factory=list)
+    groups: list[int] = field(default_factory=list)
+    malformed: list[MalformedRecord] = field(default_factory=list)
+    empty: list[int] = field(default_factory=list)
+    grouped: bool = False
+    n_records: int = 0
+    n_groups: int = 0
+
+    def add(
+        self,
+        location: int,
+        record: Any,
+        render: Callable[[list[dict[str, Any]]], str] | None,
+        *,
+        drop_empty: bool,
+    ) -> None:
+        """Add the samples of one record (or note it as malformed, or as empty)."""
+        self.n_records += 1
+        try:
+            if isinstance(record, Malformed):
+                raise record
+            if self.fields is None:
+                self.fields = guess_fields(record)
+            samples, grouped = _record_samples(record, self.fields)
+            without_text = not any(text for texts, _, _ in samples for text in texts)
+            if render is not None:
+                # The rendered conversation replaces the per-turn texts; extras (the last
+                # texts) still count as plain text.
+                n_extra = len(self.fields.extra)
+                samples = [
+                    ([render(messages), *texts[len(texts) - n_extra :]], 0, messages)
+                    for texts, _, messages in samples
+                ]
+        except Malformed as error:
+            self.malformed.append(MalformedRecord(location, str(error)))
+            return
+        self.grouped |= grouped
+        if without_text:
+            self.empty.append(location)
+            if drop_empty:
+                return
+        for texts, turns, _ in samples:
+            self.sample_texts.append(
+                [self.text_ids.setdefault(text, len(self.text_ids)) for text in texts]
+            )
+            self.turns.append(turns)
+            self.locations.append(location)
+            self.groups.append(self.n_groups)
+        self.n_groups += bool(samples)
+
+    def text_tokens(self, counts: np.ndarray) -> np.ndarray:
+        """Tokens of each sample's texts (float64), from the count of every text in
+        ``text_ids`` order."""
+        owner = np.repeat(np.arange(len(self.sample_texts)), [len(t) for t in self.sample_texts])
+        flat_ids = np.fromiter(
+            (i for texts in self.sample_texts for i in texts), dtype=np.int64, count=owner.size
+        )
+        return np.bincount(owner, weights=counts[flat_ids], minlength=len(self.sample_texts))
 
 
 def _tokenize_unique(
@@ -504,70 +494,25 @@ def token_lengths(
         template = "tokenizer" if counter.chat_template is not None else "chatml"
     render = _chat_renderer(counter) if template == "tokenizer" else None
     location_kind = "line" if format == "jsonl" else "record"
-
-    text_ids: dict[str, int] = {}
-    sample_texts: list[list[int]] = []
-    sample_turns: list[int] = []
-    sample_locations: list[int] = []
-    sample_groups: list[int] = []
-    malformed: list[MalformedRecord] = []
-    empty: list[int] = []
-    any_grouped = False
-    n_records = 0
-    group = 0
-    for location, record in _records(path, format):
-        n_records += 1
-        try:
-            if isinstance(record, _Malformed):
-                raise record
-            if fields is None:
-                fields = guess_fields(record)
-            samples, grouped = _record_samples(record, fields)
-            without_text = not any(text for texts, _, _ in samples for text in texts)
-            if render is not None:
-                # The rendered conversation replaces the per-turn texts; extras (the last
-                # texts) still count as plain text.
-                n_extra = len(fields.extra)
-                samples = [
-                    ([render(messages), *texts[len(texts) - n_extra :]], 0, messages)
-                    for texts, _, messages in samples
-                ]
-        except _Malformed as error:
-            malformed.append(MalformedRecord(location, str(error)))
-            continue
-        any_grouped |= grouped
-        if without_text:
-            empty.append(location)
-            if drop_empty:
-                continue
-        for texts, sample_turn_count, _ in samples:
-            sample_texts.append([text_ids.setdefault(text, len(text_ids)) for text in texts])
-            sample_turns.append(sample_turn_count)
-            sample_locations.append(location)
-            sample_groups.append(group)
-        group += bool(samples)
-    if malformed and not skip_malformed:
-        raise MalformedRecordsError(path, location_kind, malformed)
-    if fields is None:
+    found = _Samples(fields=fields)
+    for location, record in read_records(path, format):
+        found.add(location, record, render, drop_empty=drop_empty)
+    if found.malformed and not skip_malformed:
+        raise MalformedRecordsError(path, location_kind, found.malformed)
+    if found.fields is None:
         raise ValueError(f"{path}: no records")
 
-    counts = _tokenize_unique(list(text_ids), counter, progress)
-    owner = np.repeat(np.arange(len(sample_texts)), [len(t) for t in sample_texts])
-    flat_ids = np.fromiter(
-        (i for texts in sample_texts for i in texts), dtype=np.int64, count=owner.size
-    )
-    text_tokens = np.bincount(owner, weights=counts[flat_ids], minlength=len(sample_texts))
-    per_turn = TEMPLATE_TOKENS_PER_TURN.get(template, 0)
-    overhead = per_turn * np.asarray(sample_turns, dtype=np.int64)
+    text_tokens = found.text_tokens(_tokenize_unique(list(found.text_ids), counter, progress))
+    overhead = TEMPLATE_TOKENS_PER_TURN.get(template, 0) * np.asarray(found.turns, dtype=np.int64)
     return TokenLengths(
         lengths=np.rint(text_tokens).astype(np.int64) + overhead,
-        groups=np.asarray(sample_groups, dtype=np.int64) if any_grouped else None,
-        locations=np.asarray(sample_locations, dtype=np.int64),
+        groups=np.asarray(found.groups, dtype=np.int64) if found.grouped else None,
+        locations=np.asarray(found.locations, dtype=np.int64),
         location_kind=location_kind,
-        n_records=n_records,
-        malformed=tuple(malformed),
-        empty=np.asarray(empty, dtype=np.int64),
-        fields=fields,
+        n_records=found.n_records,
+        malformed=tuple(found.malformed),
+        empty=np.asarray(found.empty, dtype=np.int64),
+        fields=found.fields,
         tokenizer=counter.name,
         template=template,
         format=format,
@@ -587,8 +532,6 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
         ValueError: the column is missing (the available ones are listed), or a value is neither
             a sequence nor a non-negative integer (its index is named).
     """
-    from seqbalance._validation import as_lengths
-
     if hasattr(dataset, "column_names"):
         if column not in dataset.column_names:
             raise ValueError(

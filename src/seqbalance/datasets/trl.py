@@ -44,16 +44,13 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import check_choice, check_int
+from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import compile_chat_template
 from seqbalance.datasets.lengths import (
-    FORMATS,
     Fields,
     MalformedRecord,
     MalformedRecordsError,
     TokenLengths,
-    _Malformed,
-    _records,
-    detect_format,
 )
 
 __all__ = ["TRL_MAX_LENGTH", "TRUNCATION_MODES", "trl_token_lengths"]
@@ -381,7 +378,7 @@ class _Rules:
         Raises:
             _Refused: a record TRL could not tokenize.
         """
-        if isinstance(record, _Malformed):
+        if isinstance(record, Malformed):
             raise _Refused(str(record))
         if not isinstance(record, dict):
             raise _Refused(f"a record must be a JSON object, got {type(record).__name__}")
@@ -460,7 +457,7 @@ def trl_token_lengths(
     backend, name = _load_tokenizer(tokenizer)
     counter = _Counter(backend, name)
 
-    records = list(_records(path, format))
+    records = list(read_records(path, format))
     if not records:
         raise ValueError(f"{path}: no records")
     location_kind = "line" if format == "jsonl" else "record"

@@ -59,20 +59,44 @@ def branch_and_bound(
         (assignment, proven): the best assignment found and whether it is optimal.
     """
     n = weights.size
-    best = start.copy()
     best_max = float(np.bincount(start, weights=weights, minlength=k).max()) if n else 0.0
     if best_max <= lower_bound or k == 1:
-        return best, True
-
+        return start.copy(), True
     order = descending_order(weights)
-    values = weights[order].tolist()
-    order = order.tolist()
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
+    placed, proven = _search(
+        weights[order].tolist(), k, limits, best_max, lower_bound, deadline, max_nodes
+    )
+    if placed is None:
+        return start.copy(), proven
+    best = np.empty(n, dtype=np.int64)
+    best[order] = placed
+    return best, proven
+
+
+def _search(
+    values: list[float],
+    k: int,
+    limits: SizeLimits,
+    best_max: float,
+    lower_bound: float,
+    deadline: float | None,
+    max_nodes: int | None,
+) -> tuple[list[int] | None, bool]:
+    """Depth-first search over the parts of ``values`` (heaviest first) for a maximum load
+    below ``best_max``.
+
+    Returns:
+        (placed, proven): the part of each value in the best assignment found (None when none
+        beats ``best_max``) and whether no better one exists.
+    """
+    n = len(values)
+    best: list[int] | None = None
     suffix = np.concatenate((np.cumsum(values[::-1])[::-1], [0.0])).tolist()
     loads = [0.0] * k
     sizes = [0] * k
     placed = [0] * n  # part of the i-th heaviest item on the current path
     low, high = limits.low, limits.high
-    deadline = None if time_limit is None else time.perf_counter() + time_limit
     nodes = 0
 
     def open_node(position: int, deficit: int) -> list[int] | None:
@@ -86,8 +110,7 @@ def branch_and_bound(
             raise BudgetSpent
         if position == n:
             best_max = max(loads)
-            best = np.empty(n, dtype=np.int64)
-            best[order] = placed
+            best = placed.copy()
             return None
         lightest = values[-1]
         room = sum(best_max - load for load in loads if best_max - load > lightest)

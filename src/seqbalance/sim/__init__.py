@@ -7,13 +7,13 @@ strategy on identical data and aggregate predicted step times, imbalance and ove
 
 from __future__ import annotations
 
+from seqbalance.sim.batches import sample_batches
 from seqbalance.sim.engine import (
     DEFAULT_MAX_TOKENS,
     SimulationResult,
     StrategyResult,
     TruncationWarning,
     default_strategies,
-    sample_batches,
     simulate,
 )
 from seqbalance.sim.plot import plot

@@ -13,18 +13,19 @@ import json
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_choice, check_int
+from seqbalance.cost import CostModel, TimeModel
+from seqbalance.cost.resolve import cost_name, describe_cost, seconds_model
 from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
+from seqbalance.plan import StepPlan, plan_step, strategy_names
 from seqbalance.plan.options import PlanOptions, as_options, check_rank_speeds
-
-if TYPE_CHECKING:
-    from seqbalance.cost import CostModel
-    from seqbalance.plan import StepPlan
+from seqbalance.plan.step import check_within_caps, vision_patches_of
+from seqbalance.sim.batches import step_batches
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -32,7 +33,6 @@ __all__ = [
     "StrategyResult",
     "TruncationWarning",
     "default_strategies",
-    "sample_batches",
     "simulate",
 ]
 
@@ -56,8 +56,6 @@ DEFAULT_MAX_TOKENS = 16384
 
 def default_strategies() -> tuple[str, ...]:
     """What ``simulate`` compares by default: the common baselines, then ours."""
-    from seqbalance.plan import strategy_names
-
     return (*strategy_names("baseline"), *strategy_names("ours"))
 
 
@@ -248,9 +246,6 @@ class SimulationResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form: the setup, the headline and every strategy's figures."""
-        from seqbalance.cost import TimeModel
-        from seqbalance.cost.resolve import describe_cost
-
         samples_per_step = [int(batch.size) for batch in self.batches]
         time_model = self.time_model
         parts = self.parts
@@ -347,72 +342,7 @@ def _rank_seconds(plan: StepPlan) -> np.ndarray:
     return plan.rank_costs / np.asarray(plan.rank_speeds or 1.0, dtype=np.float64)
 
 
-def sample_batches(
-    n_samples: int,
-    global_batch_size: int,
-    steps: int,
-    *,
-    groups: Any = None,
-    seed: int = 0,
-) -> list[np.ndarray]:
-    """Dataset indices (int64) of each step's global batch, drawn like a shuffled DataLoader.
-
-    Each epoch is a fresh permutation from ``np.random.default_rng(seed)``; a batch never spans
-    two epochs (an epoch's tail too short for a batch is dropped, like ``drop_last``). With
-    ``groups`` (one id per sample), whole groups are drawn until the batch holds at least
-    ``global_batch_size`` samples, so a group is never split across steps.
-    """
-    n_samples = check_int(n_samples, "n_samples", minimum=1)
-    global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
-    steps = check_int(steps, "steps", minimum=1)
-    if global_batch_size > n_samples:
-        raise ValueError(
-            f"global_batch_size = {global_batch_size} is larger than the dataset "
-            f"({n_samples} samples)"
-        )
-    if groups is None:
-        order = np.arange(n_samples, dtype=np.int64)
-        starts = order.copy()
-    else:
-        groups = as_lengths(groups, "groups")
-        if groups.size != n_samples:
-            raise ValueError(f"groups has {groups.size} entries, expected {n_samples}")
-        order = np.argsort(groups, kind="stable")
-        _, starts = np.unique(groups[order], return_index=True)
-    sizes = np.diff(np.append(starts, n_samples))
-    rng = np.random.default_rng(seed)
-    batches: list[np.ndarray] = []
-    while len(batches) < steps:
-        permutation = rng.permutation(sizes.size)
-        ends = np.cumsum(sizes[permutation])
-        first, consumed = 0, 0
-        while len(batches) < steps:
-            last = int(np.searchsorted(ends, consumed + global_batch_size))
-            if last >= sizes.size:
-                break
-            units = permutation[first : last + 1]
-            batches.append(np.concatenate([order[starts[u] : starts[u] + sizes[u]] for u in units]))
-            first, consumed = last + 1, int(ends[last])
-    return batches
-
-
-def _given_batch(batch: Any, n_samples: int, step: int) -> np.ndarray:
-    """One step of ``batches``: non-empty distinct dataset indices (int64)."""
-    indices = np.asarray(batch)
-    if indices.ndim != 1 or indices.size == 0 or not np.issubdtype(indices.dtype, np.integer):
-        raise ValueError(f"batches[{step}] must be a non-empty 1-D array of sample indices")
-    indices = indices.astype(np.int64)
-    if indices.min() < 0 or indices.max() >= n_samples or np.unique(indices).size != indices.size:
-        raise ValueError(
-            f"batches[{step}] must hold distinct indices in [0, {n_samples}), got "
-            f"{indices.min()}..{indices.max()} ({indices.size} indices)"
-        )
-    return indices
-
-
 def _check_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
-    from seqbalance.plan import strategy_names
-
     if strategies is None:
         return default_strategies()
     if isinstance(strategies, str) or not strategies:
@@ -421,6 +351,87 @@ def _check_strategies(strategies: Sequence[str] | None) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"strategies must not repeat a name, got {list(names)}")
     return names
+
+
+def _dataset(lengths: Any, groups: Any) -> tuple[SampleParts | None, np.ndarray, Any]:
+    """``simulate``'s dataset checked: its parts (or None), token lengths and group ids."""
+    parts = lengths if isinstance(lengths, SampleParts) else None
+    lengths = as_lengths(lengths if parts is None else parts.tokens)
+    if lengths.size == 0:
+        raise ValueError("lengths must hold at least one sample, got an empty array")
+    if groups is not None:
+        groups = as_lengths(groups, "groups")
+        if groups.size != lengths.size:
+            raise ValueError(
+                f"groups has {groups.size} entries but lengths has {lengths.size}; "
+                "give one group id per sample"
+            )
+    return parts, lengths, groups
+
+
+def _within_caps(
+    lengths: np.ndarray, parts: SampleParts | None, options: PlanOptions, max_tokens: int | None
+) -> tuple[np.ndarray, int]:
+    """The dataset's lengths, plain ones cut to ``max_tokens`` unless ``allow_oversize`` (with a
+    :class:`TruncationWarning`), and how many were cut; parts are checked against the caps."""
+    if parts is not None:
+        check_within_caps(lengths, vision_patches_of(parts, options), options)
+    elif max_tokens is not None and not options.allow_oversize:
+        truncated = int(np.count_nonzero(lengths > max_tokens))
+        if truncated:
+            # stacklevel 3: the warning points at simulate's caller.
+            warnings.warn(TruncationWarning(truncated, int(lengths.size), max_tokens), stacklevel=3)
+        return np.minimum(lengths, max_tokens), truncated
+    return lengths, 0
+
+
+def _plan_steps(
+    dataset: np.ndarray | SampleParts,
+    groups: np.ndarray | None,
+    batches: list[np.ndarray],
+    dp_size: int,
+    options: PlanOptions,
+    names: tuple[str, ...],
+    progress: Callable[[int, int], None] | None,
+    steps: int,
+) -> tuple[dict[str, list[StepPlan]], dict[str, str], list[float]]:
+    """Plan every step with every strategy: the plans of the strategies that planned every
+    step, why the others failed, and (with rank speeds) each step's cost of ``balanced``
+    planned for equal ranks, judged at the true speeds. ``progress`` is told the steps done
+    out of ``steps``."""
+    plans: dict[str, list[StepPlan]] = {name: [] for name in names}
+    failed: dict[str, str] = {}
+    per_strategy = {name: options.replace(strategy=name) for name in names}
+    # With rank speeds: what balanced would have done for equal ranks, judged at the speeds.
+    equal_speeds, equal = None, []
+    if options.rank_speeds is not None and "balanced" in names:
+        equal_speeds = options.replace(strategy="balanced", rank_speeds=None)
+    for step, batch in enumerate(batches):
+        samples = dataset.take(batch) if isinstance(dataset, SampleParts) else dataset[batch]
+        step_groups = None if groups is None else groups[batch]
+        for name in names:
+            if name in failed:
+                continue
+            try:
+                plan = plan_step(samples, dp_size, per_strategy[name], groups=step_groups)
+            except ValueError as error:
+                # A baseline that cannot honour the options is a finding, not a crash.
+                failed[name] = f"step {step}: {error}"
+                del plans[name]
+                continue
+            plans[name].append(plan)
+        if equal_speeds is not None and "balanced" not in failed:
+            plan = plan_step(samples, dp_size, equal_speeds, groups=step_groups)
+            judged = dataclasses.replace(plan, options=per_strategy["balanced"])
+            equal.append(judged.step_cost)
+        if progress is not None:
+            progress(step + 1, steps)
+    if not plans:
+        raise ValueError(
+            "no strategy could plan these steps: "
+            + "; ".join(f"{name}: {message}" for name, message in failed.items())
+        )
+    return plans, failed, equal
 
 
 def simulate(
@@ -488,26 +499,12 @@ def simulate(
     Raises:
         ValueError: bad arguments, naming them (unknown options included).
     """
-    from seqbalance.cost.resolve import cost_name, seconds_model
-    from seqbalance.plan import plan_step
-    from seqbalance.plan.step import check_within_caps, vision_patches_of
-
     if "strategy" in option_keywords:
         raise ValueError("simulate compares every name in strategies=[...]; do not pass strategy")
     if options is None:
         option_keywords = {"cost": "flops", "max_tokens": DEFAULT_MAX_TOKENS, **option_keywords}
     options = as_options(options, option_keywords, where="simulate")
-    parts = lengths if isinstance(lengths, SampleParts) else None
-    lengths = as_lengths(lengths if parts is None else parts.tokens)
-    if lengths.size == 0:
-        raise ValueError("lengths must hold at least one sample, got an empty array")
-    if groups is not None:
-        groups = as_lengths(groups, "groups")
-        if groups.size != lengths.size:
-            raise ValueError(
-                f"groups has {groups.size} entries but lengths has {lengths.size}; "
-                "give one group id per sample"
-            )
+    parts, lengths, groups = _dataset(lengths, groups)
     dp_size = check_int(dp_size, "dp_size", minimum=1)
     if options.rank_speeds is not None:
         check_rank_speeds(options.rank_speeds, dp_size)
@@ -520,60 +517,20 @@ def simulate(
     )
     max_tokens = options.max_tokens
     options = options.replace(cost=time_model, model=None)
-
-    truncated = 0
-    if parts is not None:
-        check_within_caps(lengths, vision_patches_of(parts, options), options)
-    elif max_tokens is not None and not options.allow_oversize:
-        truncated = int(np.count_nonzero(lengths > max_tokens))
-        lengths = np.minimum(lengths, max_tokens)
-        if truncated:
-            warnings.warn(TruncationWarning(truncated, int(lengths.size), max_tokens), stacklevel=2)
-    if batches is None:
-        batches = sample_batches(lengths.size, global_batch_size, steps, groups=groups, seed=seed)
-    else:
-        batches = [_given_batch(batch, lengths.size, step) for step, batch in enumerate(batches)]
-        if not batches:
-            raise ValueError("batches must hold at least one step, got none")
-
-    plans: dict[str, list[StepPlan]] = {name: [] for name in names}
-    failed: dict[str, str] = {}
-    per_strategy = {name: options.replace(strategy=name) for name in names}
-    # With rank speeds: what balanced would have done for equal ranks, judged at the speeds.
-    equal_speeds, equal = None, []
-    if options.rank_speeds is not None and "balanced" in names:
-        equal_speeds = options.replace(strategy="balanced", rank_speeds=None)
-    for step, batch in enumerate(batches):
-        samples = lengths[batch] if parts is None else parts.take(batch)
-        for name in names:
-            if name in failed:
-                continue
-            try:
-                plan = plan_step(
-                    samples,
-                    dp_size,
-                    per_strategy[name],
-                    groups=None if groups is None else groups[batch],
-                )
-            except ValueError as error:
-                # A baseline that cannot honour the options is a finding, not a crash.
-                failed[name] = f"step {step}: {error}"
-                del plans[name]
-                continue
-            plans[name].append(plan)
-        if equal_speeds is not None and "balanced" not in failed:
-            plan = plan_step(
-                samples, dp_size, equal_speeds, groups=None if groups is None else groups[batch]
-            )
-            judged = dataclasses.replace(plan, options=per_strategy["balanced"])
-            equal.append(judged.step_cost)
-        if progress is not None:
-            progress(step + 1, steps)
-    if not plans:
-        raise ValueError(
-            "no strategy could plan these steps: "
-            + "; ".join(f"{name}: {message}" for name, message in failed.items())
-        )
+    lengths, truncated = _within_caps(lengths, parts, options, max_tokens)
+    batches = step_batches(
+        batches, lengths.size, global_batch_size, steps, groups=groups, seed=seed
+    )
+    plans, failed, equal = _plan_steps(
+        lengths if parts is None else parts,
+        groups,
+        batches,
+        dp_size,
+        options,
+        names,
+        progress,
+        steps,
+    )
     results, lower_bounds, representative = _aggregate(plans)
     return SimulationResult(
         strategies=results,

@@ -1,0 +1,101 @@
+"""Reading a dataset file record by record: JSON lines, JSON, Parquet, each optionally gzipped.
+
+Shared by :mod:`seqbalance.datasets.lengths` and :mod:`seqbalance.datasets.trl`. A record that
+cannot be parsed is not an exception of the whole file: it comes back as a :class:`Malformed` in
+its place, so the caller can name every bad line at once (or skip them).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FORMATS", "Malformed", "detect_format", "read_records"]
+
+FORMATS = ("jsonl", "json", "parquet")
+
+
+class Malformed(Exception):
+    """One record that cannot be read: yielded by :func:`read_records` in its place, raised by
+    the parsers of a record; the message is the reason."""
+
+
+def detect_format(path: str | Path) -> str:
+    """File format from the extension (``.jsonl``, ``.json``, ``.parquet``, each maybe ``.gz``)."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes.pop()
+    extension = suffixes[-1].lstrip(".") if suffixes else ""
+    if extension in ("jsonl", "ndjson"):
+        return "jsonl"
+    if extension in FORMATS:
+        return extension
+    raise ValueError(
+        f"cannot tell the format of {str(path)!r} from its extension; "
+        f"give format as one of {', '.join(FORMATS)}"
+    )
+
+
+def _open_text(path: Path) -> Any:
+    if path.suffix.lower() == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    with _open_text(path) as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_number, json.loads(line)
+            except json.JSONDecodeError as error:
+                yield line_number, Malformed(f"invalid JSON ({error.msg} at column {error.colno})")
+            except RecursionError:
+                yield line_number, Malformed("JSON nested too deeply to read")
+
+
+def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
+    with _open_text(path) as handle:
+        try:
+            document = json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg} "
+                "(a file with one record per line is JSON lines: format 'jsonl')"
+            ) from None
+        except RecursionError:
+            raise ValueError(f"{path}: JSON nested too deeply to read") from None
+    if not isinstance(document, list):
+        raise ValueError(
+            f"{path}: a JSON dataset must be a list of records, got {type(document).__name__}"
+        )
+    yield from enumerate(document)
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise ImportError(
+            "reading Parquet needs pyarrow: pip install 'seqbalance[parquet]' (or pyarrow)"
+        ) from error
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches():
+        for row in batch.to_pylist():
+            yield index, row
+            index += 1
+
+
+_READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}
+
+
+def read_records(path: Path, format: str) -> Iterator[tuple[int, Any]]:
+    """(location, record or Malformed) pairs; unreadable files become ValueErrors."""
+    try:
+        yield from _READERS[format](path)
+    except (UnicodeDecodeError, OSError, EOFError) as error:
+        raise ValueError(f"{path}: cannot read it as {format} (UTF-8 text): {error}") from None
