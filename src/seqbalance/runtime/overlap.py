@@ -154,19 +154,16 @@ class RebalancedSteps:
         """
         ahead = self._ahead
         prefetched = ahead is not None and ahead.exception() is None
+        step = ahead.result() if prefetched and ahead is not None else None
         state: dict[str, Any] = {
             "taken": self.taken,
             "overlap": self._overlap,
             "prefetched": prefetched,
-            "telemetry": None,
-            "source": _source_state(self._batches),
+            # The prefetched step replays with the telemetry it has here.
+            "telemetry": None if step is None or step.result is None else step.result.telemetry,
+            "source": _source_state(self._batches) if step is None else step.source,
             "adaptive": None,
         }
-        if prefetched:
-            assert ahead is not None
-            step = ahead.result()
-            state["source"] = step.source
-            state["telemetry"] = None if step.result is None else step.result.telemetry
         if self._rebalancer._feedback is not None:
             state["adaptive"] = self._rebalancer.state_dict()
         return state
