@@ -121,7 +121,7 @@ class RebalanceResult:
         me, position = comm.rank, routing.position
         received = (
             comm.exchange(
-                pack([[local[position[g]]] for g in back.sends(me).tolist()], [output]),
+                pack([[local[position[g]]] for g in back.sends(me).tolist()]),
                 back.send_splits(me),
                 back.recv_splits(me),
                 "restore: all_to_all_single",

@@ -478,7 +478,7 @@ class Rebalancer(RebalancerFeedback):
         first = int(batch.offsets[me])
         received = (
             comm.exchange(
-                pack([local[g - first] for g in forward.sends(me).tolist()], batch.fields),
+                pack([local[g - first] for g in forward.sends(me).tolist()]),
                 forward.send_splits(me),
                 forward.recv_splits(me),
                 "all_to_all_single",
