@@ -15,14 +15,41 @@ from seqbalance.runtime._dist import Comm
 from seqbalance.runtime._gathered import gather_described, raise_first_error
 from seqbalance.runtime._outputs import agreed_output, describe_outputs
 from seqbalance.runtime._samples import OutputForm
-from seqbalance.runtime._wire import pack, unpack
+from seqbalance.runtime._wire import Field, pack, unpack
 from seqbalance.runtime._worker import Worker
-from seqbalance.runtime.routing import Routing
+from seqbalance.runtime.routing import Routing, Transfers
 
 if TYPE_CHECKING:
     from seqbalance.plan import StepPlan
 
-__all__ = ["RebalanceResult"]
+__all__ = ["RebalanceResult", "exchange_samples"]
+
+
+def exchange_samples(
+    comm: Comm,
+    moves: Transfers,
+    sending: list[list[torch.Tensor]],
+    rows: np.ndarray,
+    fields: Sequence[Field],
+    what: str,
+) -> dict[int, list[torch.Tensor]]:
+    """One ``all_to_all_single`` of samples: this rank sends ``sending`` (its samples in
+    ``moves.sends(rank)`` order, one tensor per field) and gets the arriving samples by global
+    index (``rows[g, f]``: first-dimension size of field ``f`` of sample ``g``); ``what`` names
+    the collective in a timeout's error."""
+    me = comm.rank
+    received = (
+        comm.exchange(
+            pack(sending),
+            moves.send_splits(me),
+            moves.recv_splits(me),
+            what,
+        )
+        if moves.moved_bytes
+        else torch.zeros(0, dtype=torch.uint8)
+    )
+    arrival = moves.receives(me)
+    return dict(zip(arrival.tolist(), unpack(received, rows[arrival], fields), strict=True))
 
 
 @dataclass(frozen=True)
@@ -119,19 +146,11 @@ class RebalanceResult:
                 rows[routing.held(rank)] = held_rows[:, 0]
         back = routing.backward(rows * output.row_bytes)
         me, position = comm.rank, routing.position
-        received = (
-            comm.exchange(
-                pack([[local[position[g]]] for g in back.sends(me).tolist()]),
-                back.send_splits(me),
-                back.recv_splits(me),
-                "restore: all_to_all_single",
-            )
-            if back.moved_bytes
-            else torch.zeros(0, dtype=torch.uint8)
+        sending = [[local[position[g]]] for g in back.sends(me).tolist()]
+        moved = exchange_samples(
+            comm, back, sending, rows[:, None], [output], "restore: all_to_all_single"
         )
-        arrival = back.receives(me)
-        unpacked = unpack(received, rows[arrival][:, None], [output])
-        arrived = {g: tensors[0] for g, tensors in zip(arrival.tolist(), unpacked, strict=True)}
+        arrived = {g: tensors[0] for g, tensors in moved.items()}
         first, last = int(self._offsets[me]), int(self._offsets[me + 1])
         ordered = [arrived[g] if g in arrived else local[position[g]] for g in range(first, last)]
         self.timings["restore"] = time.perf_counter() - started

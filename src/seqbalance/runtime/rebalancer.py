@@ -55,9 +55,9 @@ from seqbalance.runtime._agreement import agreed_plan
 from seqbalance.runtime._caps import first_over_cap
 from seqbalance.runtime._dist import CollectiveError, Comm
 from seqbalance.runtime._gathered import Batch, gather_batch
-from seqbalance.runtime._rebalance_result import RebalanceResult
+from seqbalance.runtime._rebalance_result import RebalanceResult, exchange_samples
 from seqbalance.runtime._samples import LocalSamples, assemble, normalise
-from seqbalance.runtime._wire import Field, pack, sample_bytes, unpack
+from seqbalance.runtime._wire import Field, sample_bytes
 from seqbalance.runtime._worker import Worker
 from seqbalance.runtime.feedback import Feedback, Piggyback, RebalancerFeedback, as_feedback
 from seqbalance.runtime.overlap import RebalancedSteps, StepSamples
@@ -476,16 +476,7 @@ class Rebalancer(RebalancerFeedback):
         """Send this rank's leaving samples, receive its arriving ones (by global index)."""
         forward, me = routing.forward, comm.rank
         first = int(batch.offsets[me])
-        received = (
-            comm.exchange(
-                pack([local[g - first] for g in forward.sends(me).tolist()]),
-                forward.send_splits(me),
-                forward.recv_splits(me),
-                "all_to_all_single",
-            )
-            if forward.moved_bytes
-            else torch.zeros(0, dtype=torch.uint8)
+        sending = [local[g - first] for g in forward.sends(me).tolist()]
+        return exchange_samples(
+            comm, forward, sending, batch.rows, batch.fields, "all_to_all_single"
         )
-        arrival = forward.receives(me)
-        unpacked = unpack(received, batch.rows[arrival], batch.fields)
-        return dict(zip(arrival.tolist(), unpacked, strict=True))
