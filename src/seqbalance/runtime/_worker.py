@@ -14,6 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import torch
+
 __all__ = ["Worker"]
 
 _PREFIX = "seqbalance-rebalancer"
@@ -36,7 +38,9 @@ class Worker:
         submitted before."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=_PREFIX)
-        return self._executor.submit(fn, *args)
+        # The current CUDA device is per thread: the worker's NCCL collectives use the caller's.
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        return self._executor.submit(_on_device, device, fn, *args)
 
     def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, in order with the submitted calls while the worker runs (waiting for
@@ -51,3 +55,9 @@ class Worker:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+
+
+def _on_device(device: int | None, fn: Callable[..., T], *args: Any) -> T:
+    if device is not None:
+        torch.cuda.set_device(device)
+    return fn(*args)

@@ -72,6 +72,9 @@ class RebalancedSteps:
     Iterate it once. The wrapped ``batches`` are resumed through their own ``state_dict`` /
     ``load_state_dict`` when they have them (a ``torchdata`` ``StatefulDataLoader``); else a
     resumed iterator skips the batches the saved loop had taken.
+
+    Attributes:
+        taken: steps handed to the loop so far (a resumed iterator counts the saved ones).
     """
 
     def __init__(self, rebalancer: Rebalancer, batches: Iterable[Any], *, overlap: bool) -> None:
@@ -80,7 +83,7 @@ class RebalancedSteps:
         self._overlap = overlap
         self._iterator: Iterator[Any] | None = None
         self._ahead: Future[_Step] | None = None  # the next step, on the worker thread
-        self.taken = 0  # steps handed to the loop
+        self.taken = 0
         self._resume: dict[str, Any] | None = None  # a loaded state, applied when iteration starts
         self._replay: tuple[Any] | None = None  # a resumed prefetched step's saved telemetry
 
