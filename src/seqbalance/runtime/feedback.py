@@ -259,9 +259,9 @@ class Piggyback:
 
     def state_dict(self) -> dict[str, Any]:
         """The model learned and the statistics not yet gathered (plain JSON values)."""
+        pending = self.statistics(self._pending)  # makes the planner when one is pending
         if self._planner is None:
             return {"planner": None if self._state is None else self._state["planner"]}
-        pending = self.statistics(self._pending)
         return {
             "planner": self._planner.state_dict(),
             "pending": None
