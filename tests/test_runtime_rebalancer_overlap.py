@@ -266,6 +266,19 @@ def _adaptive(rank: int, group: Any) -> dict[str, Any]:
     }
 
 
+def _uneven_end(rank: int) -> dict[str, Any]:
+    """Rank 1's batches end a step before rank 0's: rank 1 leaves the loop after 3 steps, rank
+    0 raises CollectiveError at its 4th after the timeout (the group is then unusable: last)."""
+    rebalancer = Rebalancer(dist.new_group(backend="gloo"), timeout=timedelta(seconds=2), **OPTIONS)
+    seen = []
+    try:
+        for step, _ in enumerate(rebalancer.iterate([_batch(rank, s) for s in range(4 - rank)])):
+            seen.append(step)
+    except Exception as error:  # the type is what is checked
+        return {"seen": seen, "raised": type(error).__name__}
+    return {"seen": seen, "raised": None}
+
+
 def _all(rank: int, world_size: int) -> dict[str, Any]:
     group = dist.new_group(backend="gloo")
     return {
@@ -273,6 +286,7 @@ def _all(rank: int, world_size: int) -> dict[str, Any]:
         "errors": _errors_and_exits(rank, group),
         "resume": _resume(rank, group),
         "adaptive": _adaptive(rank, group),
+        "uneven": _uneven_end(rank),
     }
 
 
@@ -329,3 +343,8 @@ def test_adaptive_overlap_learns_with_a_one_step_lag_identically_on_every_rank(r
     assert a["telemetry"] == [False, False] + [True] * 6
     assert a["speed"][1] == pytest.approx(1 / 3, rel=0.05)
     assert a["resumed"] and b["resumed"]
+
+
+def test_ranks_whose_batches_end_at_different_steps_raise_after_the_timeout(results):
+    assert results[0]["uneven"] == {"seen": [0, 1, 2], "raised": "CollectiveError"}
+    assert results[1]["uneven"] == {"seen": [0, 1, 2], "raised": None}
