@@ -5,12 +5,18 @@
 Starts ``--world-size`` gloo processes on this machine (CPU, with
 ``seqbalance.runtime.launch``). For each step size (256 to 4096
 samples over all ranks; heavy-tailed lengths, each rank holding an equal random share, the
-situation after RL rollouts), every rank calls ``Rebalancer.rebalance`` on its samples (dicts of
-``input_ids`` and ``labels``, int64) and times its three phases: the ``all_gather`` of lengths,
-``plan_step`` (FLOPs cost of the example model, 4096-token cap) and the ``all_to_all_single``
-exchange. Each figure is the median over repeats of the slowest rank. The step time is one
-forward + backward pass of the example model (``seqbalance.measure.toy_model``, as in
-``examples/torchrun_ddp.py``) over the rank's rebalanced micro-batches, slowest rank.
+situation after RL rollouts), every rank runs a training loop over ``Rebalancer.iterate`` of
+its samples (dicts of ``input_ids`` and ``labels``, int64; the same batch every step), twice:
+``overlap=False`` (each step's ``all_gather`` of lengths, ``plan_step`` with the FLOPs cost of
+the example model and a 4096-token cap, and ``all_to_all_single`` exchange run when the loop
+asks for the step, as ``rebalance`` does) and ``overlap=True`` (the next step's work runs on
+the Rebalancer's thread and process group while the loop computes). A step is one forward +
+backward pass of the example model (``seqbalance.measure.toy_model``, as in
+``examples/torchrun_ddp.py``) over the rank's rebalanced micro-batches, then an all_reduce on
+the world group (the gradient sync). Measured per step: the time the loop is blocked in
+``next()``, the step (compute and sync) and its compute alone (the measured imbalance is the
+slowest rank's compute over the mean); figures are medians over the steps after the first (whose
+work cannot overlap anything), slowest rank.
 
 Prints a markdown section (and writes it to ``--out``). All ranks share the machine's cores, so
 on a small machine both the overhead and the step time are inflated by contention.
@@ -19,6 +25,7 @@ on a small machine both the overhead and the step time are inflated by contentio
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import time
@@ -35,11 +42,56 @@ from seqbalance.runtime import Rebalancer
 from seqbalance.runtime.launch import launch
 
 MAX_TOKENS = 4096
+MODES = {"off": False, "on": True}  # overlap
 
 
 def _lengths(n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return np.clip(rng.lognormal(5.0, 1.0, n), 16, 2048).astype(np.int64)
+
+
+def _step(model: TinyCausalTransformer, result: Any) -> float:
+    """One training step over this rank's micro-batches, then the gradient sync; the seconds
+    of its compute (before the sync, where ranks wait for each other)."""
+    started = time.perf_counter()
+    for microbatch in result.microbatches:
+        cu = torch.tensor([0, *np.cumsum([s["input_ids"].shape[0] for s in microbatch])])
+        ids = torch.cat([s["input_ids"] for s in microbatch])
+        model(ids, cu, torch.cat([s["labels"] for s in microbatch])).backward()
+    compute = time.perf_counter() - started
+    dist.all_reduce(torch.zeros(1))
+    return compute
+
+
+def _loop(
+    model: TinyCausalTransformer,
+    rebalancer: Rebalancer,
+    local: list[Any],
+    steps: int,
+    overlap: bool,
+) -> dict[str, Any]:
+    """This rank's measurements of ``steps`` training steps over ``rebalancer.iterate``."""
+    iterator = iter(rebalancer.iterate(itertools.repeat(local, steps), overlap=overlap))
+    blocked, computes, totals, phases = [], [], [], []
+    dist.barrier()
+    for _ in range(steps):
+        started = time.perf_counter()
+        result = next(iterator)
+        blocked.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        computes.append(_step(model, result))
+        totals.append(time.perf_counter() - started)
+        phases.append([result.timings[k] for k in ("gather", "plan", "exchange")])
+    iterator.close()
+    return {
+        "phases": np.median(np.array(phases[1:]), axis=0).tolist(),
+        "blocked": float(np.median(blocked[1:])),
+        "compute": float(np.median(computes[1:])),
+        "step": float(np.median(totals[1:])),
+        "tokens": int(sum(s["input_ids"].shape[0] for mb in result.microbatches for s in mb)),
+        "sent": result.sent_samples,
+        "imbalance": float(result.plan.summary()["imbalance"]),
+    }
 
 
 def _worker(
@@ -48,8 +100,9 @@ def _worker(
     """One rank: the table's rows on rank 0, None elsewhere."""
     torch.set_num_threads(1)
     model = TinyCausalTransformer(ToyModelConfig(max_position=MAX_TOKENS))
+    group = dist.new_group(backend="gloo")  # the Rebalancer's own collectives
     rebalancer = Rebalancer(
-        timeout=timedelta(minutes=2), max_tokens=MAX_TOKENS, cost=model.model_spec()
+        group, timeout=timedelta(minutes=2), max_tokens=MAX_TOKENS, cost=model.model_spec()
     )
     rows = []
     for n in sizes:
@@ -63,48 +116,31 @@ def _worker(
                 for length in lengths[owner == rank]
             )
         ]
-        phases = []
-        for _ in range(repeats):
-            dist.barrier()
-            started = time.perf_counter()
-            result = rebalancer.rebalance(local)
-            total = time.perf_counter() - started
-            phases.append([result.timings[k] for k in ("gather", "plan", "exchange")] + [total])
-        dist.barrier()
-        started = time.perf_counter()
-        for microbatch in result.microbatches:
-            cu = torch.tensor([0, *np.cumsum([s["input_ids"].shape[0] for s in microbatch])])
-            ids = torch.cat([s["input_ids"] for s in microbatch])
-            model(ids, cu, torch.cat([s["labels"] for s in microbatch])).backward()
-        compute = time.perf_counter() - started
-        mine = {
-            "phases": np.median(np.array(phases), axis=0).tolist(),
-            "compute": compute,
-            "tokens": int(sum(s["input_ids"].shape[0] for mb in result.microbatches for s in mb)),
-            "sent": result.sent_samples,
-            "microbatches": len(result.microbatches),
-            "imbalance": float(result.plan.summary()["imbalance"]),
-        }
-        everyone: list[Any] = [None] * world_size
-        dist.all_gather_object(everyone, mine)
-        if rank == 0:
-            rows.append(_row(n, everyone))
+        for mode, overlap in MODES.items():
+            mine = _loop(model, rebalancer, local, repeats + 1, overlap)
+            everyone: list[Any] = [None] * world_size
+            dist.all_gather_object(everyone, mine)
+            if rank == 0:
+                rows.append(_row(n, mode, everyone))
     return rows if rank == 0 else None
 
 
-def _row(n: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def _row(n: int, mode: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     phases = np.array([r["phases"] for r in ranks]).max(axis=0)
     computes = np.array([r["compute"] for r in ranks])
+    step = max(r["step"] for r in ranks)
+    blocked = max(r["blocked"] for r in ranks)
     return {
         "samples": n,
+        "overlap": mode,
         "tokens_per_rank": int(np.mean([r["tokens"] for r in ranks])),
         "gather_ms": phases[0] * 1e3,
         "plan_ms": phases[1] * 1e3,
         "exchange_ms": phases[2] * 1e3,
-        "total_ms": phases[3] * 1e3,
+        "blocked_ms": blocked * 1e3,
         "moved": sum(r["sent"] for r in ranks) / n,
-        "step_s": float(computes.max()),
-        "overhead": phases[3] / computes.max(),
+        "step_s": step,
+        "overhead": blocked / step,
         "predicted_imbalance": ranks[0]["imbalance"],
         "measured_imbalance": float(computes.max() / computes.mean()),
     }
@@ -127,16 +163,20 @@ def markdown(rows: list[dict[str, Any]], world_size: int, repeats: int, command:
         "",
         f"`{command}` — {world_size} gloo ranks on one machine ({os.cpu_count()} CPU cores, "
         f"{platform.processor() or platform.machine()}), torch {torch.__version__}; median of "
-        f"{repeats} calls, slowest rank. Step = forward + backward of the example model "
-        "(`toy_model` defaults) over the rank's rebalanced micro-batches.",
+        f"{repeats} steps after the first, slowest rank. Step = forward + backward of the example "
+        "model (`toy_model` defaults) over the rank's rebalanced micro-batches and an "
+        "all_reduce; overhead = time blocked in `next()` / step. With overlap on, the "
+        "all_gather, plan and exchange run on the Rebalancer's thread during the previous "
+        "step.",
         "",
-        "| samples | tokens/rank | all_gather ms | plan ms | exchange ms | total ms "
-        "| samples moved | step s | overhead / step | predicted imbalance | measured imbalance |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| samples | tokens/rank | overlap | all_gather ms | plan ms | exchange ms "
+        "| blocked in next() ms | samples moved | step s | overhead / step "
+        "| predicted imbalance | measured imbalance |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines.extend(
-        f"| {r['samples']} | {r['tokens_per_rank']} | {r['gather_ms']:.1f} "
-        f"| {r['plan_ms']:.1f} | {r['exchange_ms']:.1f} | {r['total_ms']:.1f} "
+        f"| {r['samples']} | {r['tokens_per_rank']} | {r['overlap']} | {r['gather_ms']:.1f} "
+        f"| {r['plan_ms']:.1f} | {r['exchange_ms']:.1f} | {r['blocked_ms']:.1f} "
         f"| {r['moved']:.0%} | {r['step_s']:.2f} | {r['overhead']:.2%} "
         f"| {r['predicted_imbalance']:.3f} | {r['measured_imbalance']:.3f} |"
         for r in rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -144,3 +146,52 @@ def test_route_rejects_a_plan_that_loses_or_repeats_a_sample() -> None:
         route([[np.array([0, 1])], [np.array([1])]], [0, 1], [1, 1])
     with pytest.raises(ValueError, match="outside world_size"):
         transfers([0, 3], [0, 0], [1, 1], 2)
+
+
+def _slots_one_slot_at_a_time(plan_ranks, n):
+    """The per-slot definition of a sample's slot and position (what ``route`` computes in
+    whole-array operations), with its errors."""
+    slot_of_sample = np.full(n, -1, dtype=np.int64)
+    position = np.zeros(n, dtype=np.int64)
+    for slot, microbatches in enumerate(plan_ranks):
+        flat = np.concatenate([np.asarray(mb, dtype=np.int64) for mb in microbatches] or [[]])
+        flat = flat.astype(np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= n):
+            raise ValueError(f"plan slot {slot} holds a sample index outside [0, {n})")
+        if (slot_of_sample[flat] >= 0).any() or np.unique(flat).size != flat.size:
+            raise ValueError(f"plan slot {slot} repeats a sample index")
+        slot_of_sample[flat] = slot
+        position[flat] = np.arange(flat.size)
+    if (slot_of_sample < 0).any():
+        raise ValueError(f"sample {int(np.flatnonzero(slot_of_sample < 0)[0])} is in no plan slot")
+    return slot_of_sample, position
+
+
+@given(
+    n=st.integers(0, 12),
+    data=st.data(),
+)
+def test_route_finds_every_slot_and_position_and_error_as_the_per_slot_definition(n, data):
+    # Micro-batches of indices in [-1, n]: valid plans, lost, repeated and outside indices.
+    plan_ranks = data.draw(
+        st.lists(
+            st.lists(st.lists(st.integers(-1, n), max_size=5).map(np.array), max_size=3),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    if data.draw(st.booleans()):  # a valid plan: a permutation cut into micro-batches
+        order = data.draw(st.permutations(range(n)))
+        cuts = sorted(data.draw(st.lists(st.integers(0, n), min_size=5, max_size=5)))
+        pieces = np.split(np.array(order, dtype=np.int64), cuts)
+        plan_ranks = [pieces[:2], pieces[2:4], pieces[4:]]
+    origin = np.zeros(n, dtype=np.int64)
+    try:
+        expected = _slots_one_slot_at_a_time(plan_ranks, n)
+    except ValueError as error:
+        with pytest.raises(ValueError, match=f"^{re.escape(str(error))}$"):
+            route(plan_ranks, origin, origin, keep_local=False)
+        return
+    routing = route(plan_ranks, origin, origin, keep_local=False)
+    assert routing.slot_of_sample.tolist() == expected[0].tolist()
+    assert routing.position.tolist() == expected[1].tolist()

@@ -23,6 +23,8 @@ _LAZY_NAMES = {
     "LengthGroupedSampler": "seqbalance.runtime.samplers",
     "Rebalancer": "seqbalance.runtime.rebalancer",
     "RebalanceResult": "seqbalance.runtime.rebalancer",
+    "RebalancedSteps": "seqbalance.runtime.rebalancer",
+    "StepSamples": "seqbalance.runtime.rebalancer",
     "CollectiveError": "seqbalance.runtime._dist",
     "LaunchError": "seqbalance.runtime.launch",
     "WindowBalancer": "seqbalance.runtime.window",

@@ -120,7 +120,8 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
             if (
                 not isinstance(tensor, torch.Tensor)
                 or tensor.dim() == 0
-                or Field.of(spec.name, tensor) != spec
+                or tensor.dtype != spec.dtype
+                or tensor.shape[1:] != spec.trailing
             ):
                 raise ValueError(
                     f"samples[{index}][{spec.name!r}] must be a {spec.dtype} tensor of shape "

@@ -92,20 +92,15 @@ def sample_bytes(rows: np.ndarray, fields: Sequence[Field]) -> np.ndarray:
     return (rows[:, : len(fields)] * row_bytes).sum(axis=1)
 
 
-def pack(samples: Sequence[Sequence[torch.Tensor]], fields: Sequence[Field]) -> torch.Tensor:
-    """The raw bytes of ``samples`` (each a list of one tensor per field), in order, as uint8."""
-    rows = np.array([[t.shape[0] for t in sample] for sample in samples], dtype=np.int64).reshape(
-        len(samples), len(fields)
-    )
-    sizes = (rows * np.array([f.row_bytes for f in fields], dtype=np.int64)).reshape(-1)
-    buffer = torch.zeros(int(sizes.sum()), dtype=torch.uint8)
-    offset = 0
-    chunks = (tensor for sample in samples for tensor in sample)
-    for chunk, size in zip(chunks, sizes.tolist(), strict=True):
-        raw = chunk.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
-        buffer[offset : offset + size] = raw
-        offset += size
-    return buffer
+def pack(samples: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+    """The raw bytes of ``samples`` (each a list of one tensor per field), in order, as uint8:
+    one concatenation of every tensor's bytes."""
+    raw = [
+        tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+        for sample in samples
+        for tensor in sample
+    ]
+    return torch.cat(raw) if raw else torch.zeros(0, dtype=torch.uint8)
 
 
 def unpack(
@@ -115,15 +110,22 @@ def unpack(
 
     Each tensor is copied out of the buffer: it owns its memory (aligned for its dtype), like
     any other tensor.
+
+    Raises:
+        ValueError: the buffer's size is not what ``rows`` of ``fields`` occupy.
     """
-    samples = []
-    offset = 0
-    for sample_rows in rows.tolist():
-        tensors = []
-        for spec, n in zip(fields, sample_rows, strict=True):
-            nbytes = n * spec.row_bytes
-            raw = buffer[offset : offset + nbytes].clone()
-            tensors.append(raw.view(spec.dtype).reshape(n, *spec.trailing))
-            offset += nbytes
-        samples.append(tensors)
-    return samples
+    rows = np.asarray(rows, dtype=np.int64)
+    sizes = (rows * np.array([f.row_bytes for f in fields], dtype=np.int64)).reshape(-1)
+    if int(sizes.sum()) != buffer.numel():
+        raise ValueError(f"received {buffer.numel()} bytes, expected {int(sizes.sum())}")
+    if not len(rows):
+        return []
+    chunks = buffer.split(sizes.tolist())
+    tensors = [
+        chunk.clone().view(spec.dtype).reshape(n, *spec.trailing)
+        for chunk, spec, n in zip(
+            chunks, fields * len(rows), rows.reshape(-1).tolist(), strict=True
+        )
+    ]
+    width = len(fields)
+    return [tensors[k * width : (k + 1) * width] for k in range(len(rows))]

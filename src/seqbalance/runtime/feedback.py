@@ -21,6 +21,7 @@ An update applies from the next step planned after :meth:`Adaptive.observe`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -126,13 +127,26 @@ class Adaptive:
         self.planner.load_state_dict(state)
 
 
+@dataclass(frozen=True)
+class _Observed:
+    """One rank's record of an observed step for the next gather: its measurements (the
+    statistics are computed when that gather's step starts), or the statistics themselves
+    (restored from a checkpoint)."""
+
+    plan: StepPlan
+    rank: int | None = None
+    timing: StepTiming | None = None
+    statistics: list[float] | None = None
+
+
 class Piggyback:
     """Adaptive planning whose statistics ride on a gather the caller makes anyway (the
     Rebalancer's per-step description gather): no collective of its own.
 
-    :meth:`observe` computes this rank's statistics of a step and keeps them;
-    :meth:`take_pending` hands them to the caller's next gather (on the caller's thread, so
-    the order of observe and the next step is the caller's, the same on every rank);
+    :meth:`observe` keeps this rank's measurements of a step; :meth:`take_pending` hands them
+    to the caller's next step (on the caller's thread, so the order of observe and the next
+    step is the caller's, the same on every rank); that step turns them into its gather's
+    statistics (:meth:`statistics`, wherever it runs, after every earlier step's update);
     :meth:`apply` learns from every rank's gathered statistics and returns the options to plan
     that step with. Updates therefore apply from the step after the one that was observed.
     """
@@ -147,7 +161,7 @@ class Piggyback:
         prior_time_model(options, prior)  # a cost without a TimeModel form fails here, named
         self._options, self._feedback, self._prior, self._log = options, feedback, prior, log
         self._planner: AdaptivePlanner | None = None
-        self._pending: tuple[StepPlan, list[float]] | None = None
+        self._pending: _Observed | None = None
         self._timer: StepTimer | None = None
         self._state: dict[str, Any] | None = None  # loaded before the world size was known
 
@@ -178,21 +192,45 @@ class Piggyback:
             )
         return self._planner
 
-    def observe(self, plan: StepPlan, world_size: int, rank: int, timing: StepTiming) -> None:
-        """Keep this rank's statistics of ``plan``'s step for the next gather."""
-        vector = self.planner(world_size, rank).local_statistics(
-            plan,
-            rank,
-            list(timing.microbatch_seconds),
-            sync_seconds=timing.sync_seconds,
-            step_seconds=timing.step_seconds,
-        )
-        self._pending = (plan, vector.tolist())
+    def observe(self, plan: StepPlan, rank: int, timing: StepTiming) -> None:
+        """Keep this rank's measurements of ``plan``'s step for the next gather.
 
-    def take_pending(self) -> tuple[StepPlan, list[float]] | None:
-        """The statistics for the next gather (once), or None when nothing was observed."""
+        The statistics are computed when that gather's step starts (:meth:`statistics`), with
+        the model as it stands then: a step planned in the background may be learning from an
+        earlier step meanwhile, and the numbers must not depend on which finished first.
+
+        Raises:
+            ValueError: ``timing`` does not hold one time per micro-batch of the rank's share.
+        """
+        count = len(plan.ranks[rank])
+        if len(timing.microbatch_seconds) != count:
+            raise ValueError(
+                f"seconds of rank {rank} must be one per micro-batch ({count}), got "
+                f"{len(timing.microbatch_seconds)}"
+            )
+        self._pending = _Observed(plan, rank, timing)
+
+    def take_pending(self) -> _Observed | None:
+        """The measurements for the next gather (once), or None when nothing was observed."""
         pending, self._pending = self._pending, None
         return pending
+
+    def statistics(self, observed: _Observed | None) -> tuple[StepPlan, list[float]] | None:
+        """The step's plan and this rank's statistics vector for the gather, or None."""
+        if observed is None:
+            return None
+        if observed.statistics is None:
+            rank, timing = observed.rank, observed.timing
+            assert rank is not None and timing is not None  # observe() keeps both
+            vector = self.planner(len(observed.plan.ranks), rank).local_statistics(
+                observed.plan,
+                rank,
+                list(timing.microbatch_seconds),
+                sync_seconds=timing.sync_seconds,
+                step_seconds=timing.step_seconds,
+            )
+            return observed.plan, vector.tolist()
+        return observed.plan, list(observed.statistics)
 
     def apply(
         self,
@@ -221,9 +259,9 @@ class Piggyback:
 
     def state_dict(self) -> dict[str, Any]:
         """The model learned and the statistics not yet gathered (plain JSON values)."""
+        pending = self.statistics(self._pending)  # makes the planner when one is pending
         if self._planner is None:
             return {"planner": None if self._state is None else self._state["planner"]}
-        pending = self._pending
         return {
             "planner": self._planner.state_dict(),
             "pending": None
@@ -241,7 +279,9 @@ class Piggyback:
         self._pending = (
             None
             if pending is None
-            else (StepPlan.from_json(pending["plan"]), list(pending["statistics"]))
+            else _Observed(
+                StepPlan.from_json(pending["plan"]), statistics=list(pending["statistics"])
+            )
         )
 
 
@@ -268,8 +308,7 @@ class RebalancerFeedback:
         timing = self.timer.finish() if timing is None else timing
         assert self._feedback is not None  # self.timer raised otherwise
         if result.plan is not None:
-            world_size = len(result.plan.ranks)
-            self._feedback.observe(result.plan, world_size, result.plan_rank, timing)
+            self._feedback.observe(result.plan, result.plan_rank, timing)
 
     def state_dict(self) -> dict[str, Any]:
         """With ``adaptive``: what it learned (plain JSON values) for a checkpoint."""

@@ -22,8 +22,11 @@ packing), :class:`Rebalancer` runs, on every rank of a process group:
 The result holds this rank's micro-batches and :meth:`RebalanceResult.restore`, which sends
 per-sample outputs (log-probs, losses) back to the rank and position each sample came from.
 
-:meth:`Rebalancer.rebalance_async` runs the same work on a background thread (on a process group
-of its own) so that the next step's exchange overlaps with the current step's compute.
+:meth:`Rebalancer.iterate` wraps the loop's batches and runs all of this for step ``k + 1`` on a
+background thread (on a process group of its own) while the loop computes step ``k``
+(``seqbalance.runtime.overlap``); :meth:`Rebalancer.rebalance_async` starts one step there.
+The phases live in ``_gathered`` (1), ``_agreement`` (2), ``routing`` (3) and ``_wire`` (4);
+the result and its ``restore`` in ``_rebalance_result``.
 
 Every collective waits at most ``timeout``: a rank that fails (or never calls) makes the others
 raise :class:`CollectiveError` instead of hanging. After such an error the process group is in
@@ -32,12 +35,9 @@ an undefined state; tear it down.
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,223 +54,19 @@ from seqbalance.plan.step import vision_patches_of
 from seqbalance.runtime._agreement import agreed_plan
 from seqbalance.runtime._caps import first_over_cap
 from seqbalance.runtime._dist import CollectiveError, Comm
-from seqbalance.runtime._outputs import agreed_output, describe_outputs
-from seqbalance.runtime._samples import (
-    InputForm,
-    LocalSamples,
-    OutputForm,
-    assemble,
-    normalise,
-)
-from seqbalance.runtime._wire import Field, decode, encode, pack, sample_bytes, unpack
+from seqbalance.runtime._gathered import Batch, gather_batch
+from seqbalance.runtime._rebalance_result import RebalanceResult, exchange_samples
+from seqbalance.runtime._samples import LocalSamples, assemble, normalise
+from seqbalance.runtime._wire import Field, sample_bytes
+from seqbalance.runtime._worker import Worker
 from seqbalance.runtime.feedback import Feedback, Piggyback, RebalancerFeedback, as_feedback
+from seqbalance.runtime.overlap import RebalancedSteps, StepSamples
 from seqbalance.runtime.routing import Routing, route
 
 if TYPE_CHECKING:
     from seqbalance.plan import StepPlan
 
-__all__ = ["CollectiveError", "RebalanceResult", "Rebalancer"]
-
-_WORKER_PREFIX = "seqbalance-rebalancer"
-
-
-def _on_worker_thread() -> bool:
-    return threading.current_thread().name.startswith(_WORKER_PREFIX)
-
-
-def _gather(comm: Comm, header: dict[str, Any], table: np.ndarray, what: str) -> list[Any]:
-    """Every rank's ``(header, table)`` description."""
-    payloads = comm.all_gather_bytes(encode(header, table), what)
-    return [decode(payload, rank) for rank, payload in enumerate(payloads)]
-
-
-def _raise_first_error(headers: Sequence[dict[str, Any]]) -> None:
-    for rank, header in enumerate(headers):
-        if header.get("error"):
-            raise ValueError(f"rank {rank}: {header['error']}")
-
-
-def _combined_parts(headers: Sequence[dict[str, Any]]) -> SampleParts | None:
-    """Every rank's parts in rank order (the order of the global indices), or None when the
-    ranks passed none.
-
-    Raises:
-        ValueError: ranks with samples disagree on passing parts, or their parts cannot be
-            concatenated (another ``spatial_merge_size``, HSTU fields on some ranks only).
-    """
-    with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
-    passed = [rank for rank, h in with_samples if h["parts"] is not None]
-    if len(passed) not in (0, len(with_samples)):
-        without = [rank for rank, h in with_samples if h["parts"] is None]
-        raise ValueError(
-            f"ranks disagree on passing parts: rank(s) {passed} passed parts, rank(s) "
-            f"{without} did not; every rank with samples passes parts, or none does"
-        )
-    if not with_samples:
-        # No samples anywhere: parts are given when any rank passed (empty) ones.
-        given = any(h["parts"] is not None for h in headers)
-        return SampleParts(tokens=np.zeros(0, dtype=np.int64)) if given else None
-    if not passed:
-        return None
-    try:
-        return SampleParts.concatenate([SampleParts.from_dict(h["parts"]) for _, h in with_samples])
-    except ValueError as error:
-        raise ValueError(f"the ranks' parts cannot be planned together: {error}") from None
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
-    """``name (value vs value)`` for every key whose values differ, sorted by name."""
-    return [
-        f"{name} ({_short(mine.get(name))} vs {_short(theirs.get(name))})"
-        for name in sorted(set(mine) | set(theirs))
-        if mine.get(name) != theirs.get(name)
-    ]
-
-
-@dataclass(frozen=True)
-class _Batch:
-    """What every rank knows after the gather: the description of the whole step."""
-
-    counts: np.ndarray  # samples per rank
-    rows: np.ndarray  # [total, fields]: first-dim size of every field of every sample
-    groups: np.ndarray | None  # [total] group ids
-    fields: list[Field]
-    form: InputForm
-    parts: SampleParts | None  # [total] every rank's parts in rank order, when passed
-    feedback: list[Any]  # every rank's adaptive statistics of the last step (None: not observed)
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """Global index of each rank's first sample (and the total at the end)."""
-        return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
-
-    @property
-    def origin(self) -> np.ndarray:
-        """The rank holding each sample before the exchange."""
-        return np.repeat(np.arange(self.counts.size), self.counts)
-
-    @property
-    def total(self) -> int:
-        return int(self.counts.sum())
-
-
-@dataclass(frozen=True)
-class RebalanceResult:
-    """This rank's share of one rebalanced step.
-
-    Attributes:
-        microbatches: mirrors the input form: for a list of samples, a list (one per
-            micro-batch) of lists of samples (dicts of tensors, or tensors); for packed input, a
-            list of ``(packed, cu_seqlens)`` pairs (packed: a tensor or a dict of tensors,
-            concatenated along dim 0; cu_seqlens: the input's dtype, ``[k + 1]``). Received
-            tensors live on the communication device (CPU for gloo, the current CUDA device for
-            NCCL); samples that stayed are the caller's own tensors.
-        origin: int64 ``[num_samples, 2]``: ``origin[k] = (rank, index)`` says where the
-            ``k``-th sample of this rank (micro-batch order, flattened) came from.
-        global_indices: the same samples' positions in the concatenation of all ranks'
-            inputs (what ``plan`` indexes), one array per micro-batch.
-        parts: when the ranks passed ``parts``, one :class:`seqbalance.cost.SampleParts` per
-            micro-batch, its samples in micro-batch order (``parts[j].grid_thw`` are the images
-            of micro-batch ``j``, ``image_sample`` their positions in it); else ``None``.
-        plan: the step's plan (``None`` when no rank had a sample).
-        plan_rank: the plan slot this rank runs (``plan.ranks[plan_rank]``).
-        sent_samples, sent_bytes, received_samples, received_bytes: this rank's traffic.
-        timings: seconds spent in ``gather``, ``plan`` (planning and routing), ``exchange``
-            and, once called, ``restore``.
-        telemetry: with ``adaptive``, the telemetry of the last step :meth:`Rebalancer.observe`
-            saw (``seqbalance.plan.adaptive.AdaptivePlanner.apply``), the same on every rank;
-            else None.
-    """
-
-    microbatches: list[Any]
-    origin: np.ndarray
-    global_indices: list[np.ndarray]
-    parts: list[SampleParts] | None
-    plan: StepPlan | None
-    plan_rank: int
-    sent_samples: int
-    sent_bytes: int
-    received_samples: int
-    received_bytes: int
-    timings: dict[str, float]
-    _comm: Comm = field(repr=False)
-    _routing: Routing = field(repr=False)
-    _offsets: np.ndarray = field(repr=False)
-    _worker: ThreadPoolExecutor | None = field(default=None, repr=False)
-    telemetry: dict[str, Any] | None = None
-
-    @property
-    def num_samples(self) -> int:
-        """Samples this rank holds after the rebalance."""
-        return int(self.origin.shape[0])
-
-    def restore(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> Any:
-        """Send per-sample outputs back to the rank and order their samples came from.
-
-        A collective: every rank of the group must call it. Results of a Rebalancer that has
-        run asynchronously restore on its worker thread, in call order with its other
-        collectives.
-
-        Args:
-            outputs: follows this rank's sample order (micro-batches in order, samples in order
-                within each): either a sequence of ``num_samples`` tensors whose first
-                dimension may differ (per-token log-probs) or one tensor whose first dimension
-                is ``num_samples`` (one row per sample: losses, rewards). Every rank must use
-                the same form, dtype and trailing shape.
-
-        Returns:
-            This rank's original samples' outputs in their original order: a list of tensors,
-            or one stacked tensor for the row form.
-
-        Raises:
-            ValueError: on every rank, when any rank's outputs are malformed or the ranks'
-                forms, dtypes or trailing shapes differ.
-            CollectiveError: a peer failed or did not call within the timeout.
-        """
-        if self._worker is not None and not _on_worker_thread():
-            return self._worker.submit(self.restore, outputs).result()
-        comm, routing = self._comm, self._routing
-        form, local, header, table = describe_outputs(outputs, self.num_samples)
-        started = time.perf_counter()
-        described = _gather(comm, header, table, "restore: all_gather")
-        _raise_first_error([h for h, _ in described])
-        spec = agreed_output(h for h, _ in described)
-        if spec is None:
-            return torch.zeros(0) if form is OutputForm.ROWS else []
-        form, output = spec
-        # rows[g]: first-dimension size of sample g's output, from the rank that computed it.
-        rows = np.zeros(routing.destination.size, dtype=np.int64)
-        for rank, (h, held_rows) in enumerate(described):
-            if h["n"]:
-                rows[routing.held(rank)] = held_rows[:, 0]
-        back = routing.backward(rows * output.row_bytes)
-        me, position = comm.rank, routing.position
-        received = (
-            comm.exchange(
-                pack([[local[position[g]]] for g in back.sends(me).tolist()], [output]),
-                back.send_splits(me),
-                back.recv_splits(me),
-                "restore: all_to_all_single",
-            )
-            if back.moved_bytes
-            else torch.zeros(0, dtype=torch.uint8)
-        )
-        arrival = back.receives(me)
-        unpacked = unpack(received, rows[arrival][:, None], [output])
-        arrived = {g: tensors[0] for g, tensors in zip(arrival.tolist(), unpacked, strict=True)}
-        first, last = int(self._offsets[me]), int(self._offsets[me + 1])
-        ordered = [arrived[g] if g in arrived else local[position[g]] for g in range(first, last)]
-        self.timings["restore"] = time.perf_counter() - started
-        if form is OutputForm.PER_SAMPLE:
-            return ordered
-        if not ordered:
-            return torch.zeros((0, *output.trailing), dtype=output.dtype)
-        return torch.stack([t.reshape(output.trailing) for t in ordered])
+__all__ = ["CollectiveError", "RebalanceResult", "RebalancedSteps", "Rebalancer", "StepSamples"]
 
 
 class Rebalancer(RebalancerFeedback):
@@ -334,7 +130,7 @@ class Rebalancer(RebalancerFeedback):
         self.options = as_options(options, option_keywords, where="Rebalancer")
         feedback = as_feedback(adaptive)
         self._feedback = None if feedback is None else Piggyback(self.options, feedback, prior, log)
-        self._worker: ThreadPoolExecutor | None = None
+        self._worker = Worker()
 
     def rebalance_async(
         self,
@@ -357,21 +153,46 @@ class Rebalancer(RebalancerFeedback):
         Raises:
             ValueError: the Rebalancer has no dedicated process group.
         """
-        if self.group is None:
-            raise ValueError(
-                "rebalance_async needs a dedicated process group: "
-                "Rebalancer(group=torch.distributed.new_group(...))"
-            )
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix=_WORKER_PREFIX)
-        pending = None if self._feedback is None else self._feedback.take_pending()
-        return self._worker.submit(self._rebalance, samples, cu_seqlens, groups, parts, pending)
+        self._check_dedicated("rebalance_async")
+        return self._worker.submit(
+            self._rebalance, samples, cu_seqlens, groups, parts, self._take_pending()
+        )
+
+    def iterate(self, batches: Iterable[Any], *, overlap: bool = True) -> RebalancedSteps:
+        """Rebalance every step of ``batches``, one step ahead of the loop when ``overlap``.
+
+        With ``overlap``, while the loop computes step ``k``, a background thread takes batch
+        ``k + 1`` from ``batches`` and runs its gather, planning and exchange, so the loop
+        waits only for what is left of that work (:class:`RebalancedSteps`). Every item is a
+        step's local samples, as :meth:`rebalance` takes them, or a :class:`StepSamples` with
+        their ``cu_seqlens``, ``groups`` or ``parts``. With ``adaptive``, step ``k`` is then
+        planned from the observations of steps up to ``k - 2`` (one step more than
+        :meth:`rebalance` in a loop); ``overlap=False`` rebalances each step when the loop asks
+        for it, exactly as :meth:`rebalance` does.
+
+        Raises:
+            ValueError: ``overlap`` without a dedicated process group, or a bad ``overlap``.
+        """
+        overlap = check_bool(overlap, "overlap")
+        if overlap:
+            self._check_dedicated("iterate(overlap=True)")
+        return RebalancedSteps(self, batches, overlap=overlap)
 
     def close(self) -> None:
-        """Stop the worker thread of :meth:`rebalance_async` (after pending calls finish)."""
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+        """Stop the worker thread (after the calls handed to it finish); later calls run on
+        the caller's thread."""
+        self._worker.close()
+
+    def _check_dedicated(self, what: str) -> None:
+        if self.group is None:
+            raise ValueError(
+                f"{what} needs a dedicated process group: "
+                "Rebalancer(group=torch.distributed.new_group(...))"
+            )
+
+    def _take_pending(self) -> Any:
+        """The last observation for the next step's gather (None: not adaptive or none)."""
+        return None if self._feedback is None else self._feedback.take_pending()
 
     def rebalance(
         self,
@@ -428,12 +249,9 @@ class Rebalancer(RebalancerFeedback):
                 rejects), or the step cannot be planned.
             CollectiveError: a peer failed or did not call within the timeout.
         """
-        if self._worker is not None and not _on_worker_thread():
-            return self.rebalance_async(
-                samples, cu_seqlens=cu_seqlens, groups=groups, parts=parts
-            ).result()
-        pending = None if self._feedback is None else self._feedback.take_pending()
-        return self._rebalance(samples, cu_seqlens, groups, parts, pending)
+        return self._worker.run(
+            self._rebalance, samples, cu_seqlens, groups, parts, self._take_pending()
+        )
 
     # ------------------------------------------------------------------ the four phases
     def _rebalance(
@@ -442,11 +260,15 @@ class Rebalancer(RebalancerFeedback):
         cu_seqlens: torch.Tensor | None,
         groups: Any,
         parts: Any,
-        pending: tuple[StepPlan, list[float]] | None = None,
+        observed: Any = None,
     ) -> RebalanceResult:
+        """One step's four phases; ``observed``: :meth:`_take_pending` of the caller."""
         comm = Comm(self.group, self.timeout)
         timings: dict[str, float] = {}
         started = time.perf_counter()
+        # The statistics of an observed step are computed here, after every earlier step's
+        # update, whichever thread runs this step.
+        pending = None if self._feedback is None else self._feedback.statistics(observed)
         local, header, table = self._describe(samples, cu_seqlens, groups, parts, comm.world_size)
         header["feedback"] = None if pending is None else pending[1]
         batch = self._gather(comm, header, table, local)
@@ -603,70 +425,11 @@ class Rebalancer(RebalancerFeedback):
         header: dict[str, Any],
         table: np.ndarray,
         local: list[list[torch.Tensor]],
-    ) -> _Batch:
+    ) -> Batch:
         """All-gather every rank's description; check that the ranks agree (else ValueError)."""
-        described = _gather(comm, header, table, "all_gather")
-        headers = [h for h, _ in described]
-        self._check_settings(comm, headers)
-        _raise_first_error(headers)
-        with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
-        for rank, h in with_samples[1:]:
-            for key in ("fields", "groups"):
-                if h[key] != with_samples[0][1][key]:
-                    raise ValueError(
-                        f"ranks {with_samples[0][0]} and {rank} disagree on sample {key}: "
-                        f"{with_samples[0][1][key]} vs {h[key]}"
-                    )
-        reference = with_samples[0][1] if with_samples else header
-        fields = [Field.from_json(f) for f in reference["fields"]]
-        form = InputForm(header["form"])
-        if not local and form.is_list:
-            # An empty list cannot tell bare tensors from dicts: take the other ranks' form.
-            form = next(
-                (InputForm(h["form"]) for _, h in with_samples if InputForm(h["form"]).is_list),
-                form,
-            )
-        tables = [t for (h, t) in described if h["n"]]
-        full = (
-            np.concatenate(tables)
-            if tables
-            else np.zeros((0, len(fields) + bool(reference["groups"])), dtype=np.int64)
-        )
-        return _Batch(
-            counts=np.array([h["n"] for h in headers], dtype=np.int64),
-            rows=full[:, : len(fields)],
-            groups=full[:, len(fields)] if reference["groups"] else None,
-            fields=fields,
-            form=form,
-            parts=_combined_parts(headers),
-            feedback=[h.get("feedback") for h in headers],
-        )
+        return gather_batch(comm, header, table, local, self.options)
 
-    def _check_settings(self, comm: Comm, headers: list[dict[str, Any]]) -> None:
-        """Raise ValueError on every rank when any rank's settings differ from rank 0's.
-
-        The fingerprints travel in the first gather; only when they differ do the ranks
-        all-gather their options' JSON (every rank sees the same headers, so every rank makes
-        this second call) to name the options that differ.
-        """
-        reference = headers[0]["settings"]
-        differing = [r for r, h in enumerate(headers) if h["settings"] != reference]
-        if not differing:
-            return
-        rank = differing[0]
-        texts = comm.all_gather_bytes(self.options.to_json().encode(), "all_gather of options")
-        names = _differences(json.loads(texts[0]), json.loads(texts[rank]))
-        others = {k: v for k, v in reference.items() if k != "options"}
-        names += _differences(
-            others, {k: v for k, v in headers[rank]["settings"].items() if k != "options"}
-        )
-        raise ValueError(
-            f"ranks 0 and {rank} disagree on the Rebalancer's settings: {'; '.join(names)}. "
-            "Construct the Rebalancer with the same options, keep_local and length_key on "
-            "every rank"
-        )
-
-    def _agreed_plan(self, comm: Comm, batch: _Batch, options: PlanOptions) -> StepPlan | None:
+    def _agreed_plan(self, comm: Comm, batch: Batch, options: PlanOptions) -> StepPlan | None:
         """The step's plan under ``options``, once every rank has shown it made the same one:
         one all-gather before any sample moves
         (:func:`seqbalance.runtime._agreement.agreed_plan`)."""
@@ -677,7 +440,7 @@ class Rebalancer(RebalancerFeedback):
         return agreed_plan(comm, plan, error)
 
     def _plan(
-        self, batch: _Batch, world_size: int, options: PlanOptions | None = None
+        self, batch: Batch, world_size: int, options: PlanOptions | None = None
     ) -> StepPlan | None:
         """The step's plan under ``options`` (default :attr:`options`; adaptive planning
         passes its own), identical on every rank (``None`` when no rank has a sample)."""
@@ -708,21 +471,12 @@ class Rebalancer(RebalancerFeedback):
 
     @staticmethod
     def _exchange(
-        comm: Comm, local: list[list[torch.Tensor]], batch: _Batch, routing: Routing
+        comm: Comm, local: list[list[torch.Tensor]], batch: Batch, routing: Routing
     ) -> dict[int, list[torch.Tensor]]:
         """Send this rank's leaving samples, receive its arriving ones (by global index)."""
         forward, me = routing.forward, comm.rank
         first = int(batch.offsets[me])
-        received = (
-            comm.exchange(
-                pack([local[g - first] for g in forward.sends(me).tolist()], batch.fields),
-                forward.send_splits(me),
-                forward.recv_splits(me),
-                "all_to_all_single",
-            )
-            if forward.moved_bytes
-            else torch.zeros(0, dtype=torch.uint8)
+        sending = [local[g - first] for g in forward.sends(me).tolist()]
+        return exchange_samples(
+            comm, forward, sending, batch.rows, batch.fields, "all_to_all_single"
         )
-        arrival = forward.receives(me)
-        unpacked = unpack(received, batch.rows[arrival], batch.fields)
-        return dict(zip(arrival.tolist(), unpacked, strict=True))

@@ -177,20 +177,7 @@ def route(
     origin = as_lengths(origin, "origin")
     nbytes = as_lengths(nbytes, "nbytes")
     n = origin.size
-    slot_of_sample = np.full(n, -1, dtype=np.int64)
-    position = np.zeros(n, dtype=np.int64)
-    for slot, microbatches in enumerate(plan_ranks):
-        flat = np.concatenate([np.asarray(mb, dtype=np.int64) for mb in microbatches] or [[]])
-        flat = flat.astype(np.int64)
-        if flat.size and (flat.min() < 0 or flat.max() >= n):
-            raise ValueError(f"plan slot {slot} holds a sample index outside [0, {n})")
-        if (slot_of_sample[flat] >= 0).any() or np.unique(flat).size != flat.size:
-            raise ValueError(f"plan slot {slot} repeats a sample index")
-        slot_of_sample[flat] = slot
-        position[flat] = np.arange(flat.size)
-    if (slot_of_sample < 0).any():
-        missing = int(np.flatnonzero(slot_of_sample < 0)[0])
-        raise ValueError(f"sample {missing} is in no plan slot")
+    slot_of_sample, position = _slots(plan_ranks, n)
     rank_of_slot = (
         keep_local_labels(slot_of_sample, origin, nbytes, world_size)
         if keep_local
@@ -204,6 +191,41 @@ def route(
         position=position,
         forward=transfers(origin, destination, nbytes, world_size),
     )
+
+
+def _slots(plan_ranks: Sequence[Sequence[np.ndarray]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's plan slot and its position in the slot's micro-batches (flattened), in
+    whole-array operations: one concatenation of every micro-batch, whatever the step's size.
+
+    Raises:
+        ValueError: naming the first slot (in slot order) that holds an index outside
+            ``[0, n)`` or repeats one, or the first sample in no slot.
+    """
+    pieces = [np.asarray(mb, dtype=np.int64).reshape(-1) for mbs in plan_ranks for mb in mbs]
+    sizes = np.array([sum(np.size(mb) for mb in mbs) for mbs in plan_ranks], dtype=np.int64)
+    flat = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
+    slot = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
+    position = np.arange(flat.size, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    outside = np.flatnonzero((flat < 0) | (flat >= n))
+    order = np.argsort(flat, kind="stable")
+    # The later occurrence of each repeated index, in plan order: what a slot-by-slot check
+    # meets first.
+    repeated = order[1:][flat[order[1:]] == flat[order[:-1]]]
+    first_outside = int(slot[outside[0]]) if outside.size else sizes.size
+    first_repeat = int(slot[repeated.min()]) if repeated.size else sizes.size
+    if min(first_outside, first_repeat) < sizes.size:
+        bad = min(first_outside, first_repeat)
+        if bad == first_outside:
+            raise ValueError(f"plan slot {bad} holds a sample index outside [0, {n})")
+        raise ValueError(f"plan slot {bad} repeats a sample index")
+    slot_of_sample = np.full(n, -1, dtype=np.int64)
+    slot_of_sample[flat] = slot
+    if (slot_of_sample < 0).any():
+        missing = int(np.flatnonzero(slot_of_sample < 0)[0])
+        raise ValueError(f"sample {missing} is in no plan slot")
+    at = np.zeros(n, dtype=np.int64)
+    at[flat] = position
+    return slot_of_sample, at
 
 
 def keep_local_labels(
@@ -227,10 +249,14 @@ def keep_local_labels(
     flat = flat[np.lexsort((flat, -overlap.reshape(-1)[flat]))]
     rank_of_slot = np.full(k, -1, dtype=np.int64)
     taken = np.zeros(k, dtype=bool)
+    assigned = 0
     for slot, rank in zip(*(a.tolist() for a in np.unravel_index(flat, (k, k))), strict=True):
         if rank_of_slot[slot] < 0 and not taken[rank]:
             rank_of_slot[slot] = rank
             taken[rank] = True
+            assigned += 1
+            if assigned == k:  # the rest of the pairs can take nothing
+                break
     rank_of_slot[rank_of_slot < 0] = np.flatnonzero(~taken)
     identity = np.arange(k, dtype=np.int64)
     if overlap[identity, rank_of_slot].sum() <= overlap[identity, identity].sum():
