@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from seqbalance.plan.types import StepPlan
     from seqbalance.runtime._dist import Comm
 
-__all__ = ["agreed_plan", "plan_digests"]
+__all__ = ["agreed_plan", "brief", "plan_digests"]
 
 _CHECKS = (
     ("planning", "error", "only some ranks could plan the step"),
@@ -34,6 +34,12 @@ _CHECKS = (
     ("the plan", "plan", "equal costs gave different plans (a nondeterministic strategy)"),
 )
 """(what the ranks disagree on, record key, the likely cause), checked in this order."""
+
+
+def brief(value: Any, width: int) -> str:
+    """``value`` as JSON, cut to ``width`` characters, for naming what ranks disagree on."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def plan_digests(plan: StepPlan | None) -> dict[str, str]:

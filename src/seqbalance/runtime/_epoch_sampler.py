@@ -23,6 +23,7 @@ import numpy as np
 
 from seqbalance._validation import check_bool, check_int
 from seqbalance.cost.samples import SampleParts
+from seqbalance.runtime._agreement import brief
 from seqbalance.runtime._lengths import LengthSource
 
 __all__ = ["STATE_FORMAT", "EpochBatchSampler", "describe_change", "parts_sha256", "sha256_of"]
@@ -68,18 +69,13 @@ def describe_change(name: str, saved: Any, now: Any) -> list[str]:
             changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
             if changed:
                 return [
-                    f"options.{k} ({_short(before.get(k))} saved, {_short(after.get(k))} now)"
+                    f"options.{k} ({brief(before.get(k), 40)} saved, {brief(after.get(k), 40)} now)"
                     for k in changed
                 ]
         return ["options (another PlanOptions fingerprint)"]
     if name in ("lengths", "groups", "parts", "cost_probe"):
-        return [f"{name} (sha256 {_short(saved)} saved, {_short(now)} now)"]
-    return [f"{label} ({_short(saved)} saved, {_short(now)} now)"]
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
+        return [f"{name} (sha256 {brief(saved, 40)} saved, {brief(now, 40)} now)"]
+    return [f"{label} ({brief(saved, 40)} saved, {brief(now, 40)} now)"]
 
 
 def _changes(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:

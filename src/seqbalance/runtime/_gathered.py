@@ -18,6 +18,7 @@ import torch
 
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions
+from seqbalance.runtime._agreement import brief
 from seqbalance.runtime._dist import Comm
 from seqbalance.runtime._samples import InputForm
 from seqbalance.runtime._wire import Field, decode, encode
@@ -65,15 +66,10 @@ def combined_parts(headers: Sequence[dict[str, Any]]) -> SampleParts | None:
         raise ValueError(f"the ranks' parts cannot be planned together: {error}") from None
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
     """``name (value vs value)`` for every key whose values differ, sorted by name."""
     return [
-        f"{name} ({_short(mine.get(name))} vs {_short(theirs.get(name))})"
+        f"{name} ({brief(mine.get(name), 60)} vs {brief(theirs.get(name), 60)})"
         for name in sorted(set(mine) | set(theirs))
         if mine.get(name) != theirs.get(name)
     ]
