@@ -45,17 +45,9 @@ KNOWN_CYCLES = {
     frozenset({"seqbalance.cost._hf_config", "seqbalance.cost.spec"}),
     frozenset(
         {
-            "seqbalance.plan._exact",
-            "seqbalance.plan._feasible",
-            "seqbalance.plan._lockstep",
-            "seqbalance.plan._packing",
-            "seqbalance.plan._portfolio",
             "seqbalance.plan._problem",
-            "seqbalance.plan.balanced",
             "seqbalance.plan.context_parallel",
             "seqbalance.plan.options",
-            "seqbalance.plan.registry",
-            "seqbalance.plan.strategies",
             "seqbalance.plan.types",
         }
     ),
@@ -208,7 +200,6 @@ KNOWN_LONG_MODULES = {
     "seqbalance/cost/spec.py": 832,
     "seqbalance/datasets/lengths.py": 616,
     "seqbalance/plan/context_parallel.py": 994,
-    "seqbalance/plan/types.py": 745,
     "seqbalance/runtime/context_parallel.py": 712,
     "seqbalance/runtime/rebalancer.py": 728,
 }

@@ -50,9 +50,7 @@ above the lower bound, and the lockstep refinement stops this close to it."""
 def aligned_value(p: Problem, plan: Microbatches) -> float:
     """Objective value of ``plan`` as ``plan_step`` arranges it for this strategy: under
     ``lockstep`` every rank's micro-batches are sorted heaviest first (positions aligned)."""
-    costs = np.array(
-        [[p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs] for mbs in plan]
-    )
+    costs = p.plan_costs(plan)
     if p.objective == "lockstep":
         costs = -np.sort(-costs, axis=1)
     return objective_value(costs, p.objective, p.speeds)
