@@ -9,8 +9,7 @@ import pytest
 
 import seqbalance as sb
 from seqbalance.plan import PlanValidationError, StepPlan
-from seqbalance.plan.types import _microbatch_cost as microbatch_cost
-from seqbalance.plan.types import _microbatch_tokens as microbatch_tokens
+from seqbalance.plan._step_validation import microbatch_cost, microbatch_tokens
 
 LENGTHS = np.array([90, 80, 70, 60, 50, 40, 30, 20, 10, 5, 5, 35], dtype=np.int64)
 GROUPS = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5])

@@ -14,6 +14,7 @@ with the cost model and rank speeds learned from measured time (the single-contr
 
 from __future__ import annotations
 
+from seqbalance.plan import _builtins  # noqa: F401  (registers the built-in strategies)
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.adaptive import AdaptivePlanner
 from seqbalance.plan.context_parallel import (

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqbalance.plan._problem import Problem
+from seqbalance.plan.registry import Microbatches
 
 __all__ = ["NODE_LIMIT", "applicable", "objective", "search"]
 
@@ -22,7 +23,6 @@ NODE_LIMIT = 50_000
 MAX_SAMPLES = 12
 MAX_SLOTS = 8
 
-Microbatches = list[list[list[int]]]
 _Saved = tuple[float, int, bool, float]
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from seqbalance.partition import partition
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem
+from seqbalance.plan.registry import Microbatches
 
 __all__ = [
     "WORK_LIMIT",
@@ -42,8 +43,6 @@ MAX_SAMPLES = 96
 PADDED_SAMPLES = 12
 """... and of at most this many with the padded layout and no groups: there the greedy cut of
 the samples sorted by length (``balanced``'s padded pass) already decides the count."""
-
-Microbatches = list[list[list[int]]]
 
 
 def measures(

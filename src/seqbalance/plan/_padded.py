@@ -13,9 +13,9 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["deal", "padded_global", "segment"]
+from seqbalance.plan.registry import Microbatches
 
-Microbatches = list[list[list[int]]]
+__all__ = ["deal", "padded_global", "segment"]
 
 
 class Problem(Protocol):

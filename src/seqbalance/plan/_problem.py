@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance.plan.options import PlanOptions
+from seqbalance.partition import lower_bound as partition_lower_bound
+from seqbalance.plan.options import PlanOptions, check_rank_speeds
+from seqbalance.plan.registry import Microbatches
 
 if TYPE_CHECKING:
     from seqbalance.cost.samples import SampleParts
@@ -163,8 +165,6 @@ class Problem(OptionFields):
         Raises ValueError naming ``rank_speeds`` when it does not hold one speed per rank."""
         if self.options.rank_speeds is None:
             return None
-        from seqbalance.plan.options import check_rank_speeds
-
         speeds = np.array(check_rank_speeds(self.options.rank_speeds, self.dp), dtype=np.float64)
         return None if np.all(speeds == speeds[0]) else speeds
 
@@ -231,7 +231,7 @@ class Problem(OptionFields):
             fits = fits & (longest <= most) & (length <= most)
         return fits
 
-    def keeps_cap(self, microbatches: list[list[list[int]]]) -> bool:
+    def keeps_cap(self, microbatches: Microbatches) -> bool:
         """Whether every micro-batch keeps the caps (tokens and vision patches) and the padded
         size (an over-cap sample alone in its micro-batch is allowed: ``plan_step`` only lets
         one in with ``allow_oversize``)."""
@@ -261,15 +261,18 @@ class Problem(OptionFields):
         longest = indices[int(np.argmax(self.lengths[indices]))]
         return float(self.overhead + indices.size * self.sample_costs[longest])
 
-    def plan_value(self, microbatches: list[list[list[int]]]) -> float:
-        """Objective value of micro-batches (positions as given)."""
-        costs = np.array(
+    def plan_costs(self, microbatches: Microbatches) -> np.ndarray:
+        """float64 ``[dp, M]``: ``microbatch_cost`` of every micro-batch, positions as given."""
+        return np.array(
             [
                 [self.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs]
                 for mbs in microbatches
             ]
         )
-        return objective_value(costs, self.objective, self.speeds)
+
+    def plan_value(self, microbatches: Microbatches) -> float:
+        """Objective value of micro-batches (positions as given)."""
+        return objective_value(self.plan_costs(microbatches), self.objective, self.speeds)
 
     @cached_property
     def oversize(self) -> np.ndarray:
@@ -575,8 +578,6 @@ class Problem(OptionFields):
         ``seqbalance.partition.lower_bound``. With rank speeds it bounds the largest rank total
         divided by its speed instead (``seqbalance.partition``'s bound for speeds).
         """
-        from seqbalance.partition import lower_bound as partition_lower_bound
-
         units = np.sort(self.unit_sums(self.least_sample_costs))[::-1]
         if units.size == 0:
             return 0.0

@@ -23,6 +23,8 @@ from seqbalance._validation import (
     check_choice,
     check_int,
 )
+from seqbalance.cost.resolve import cost_from_description, describe_cost, resolve_cost
+from seqbalance.plan.registry import get_strategy
 
 __all__ = [
     "LAYOUTS",
@@ -133,9 +135,6 @@ class PlanOptions:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        from seqbalance.cost.resolve import resolve_cost
-        from seqbalance.plan.registry import get_strategy
-
         def set_(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
@@ -247,8 +246,6 @@ class PlanOptions:
     def cap_enforced(self) -> bool:
         """Whether the strategy keeps every micro-batch within ``max_tokens`` (every
         context-parallel strategy keeps its per-rank cap)."""
-        from seqbalance.plan.registry import get_strategy
-
         return self.context_parallel is not None or bool(get_strategy(self.strategy).enforces_cap)
 
     def replace(self, **changes: Any) -> PlanOptions:
@@ -262,7 +259,6 @@ class PlanOptions:
         models as in ``seqbalance.cost.describe_cost`` (a callable is recorded by its qualified
         name)."""
         from seqbalance.cost.context_parallel import cost_description
-        from seqbalance.cost.resolve import describe_cost
 
         data = {
             name: getattr(self, name)
@@ -280,7 +276,6 @@ class PlanOptions:
     def from_dict(cls, data: Mapping[str, Any]) -> PlanOptions:
         """Inverse of ``to_dict``; unknown keys raise ValueError listing the valid names."""
         from seqbalance.cost import context_parallel as cp_cost
-        from seqbalance.cost.resolve import cost_from_description
 
         if not isinstance(data, Mapping):
             raise ValueError(f"PlanOptions data must be a mapping, got {type(data).__name__}")

@@ -6,7 +6,8 @@ micro-batches: ``dp`` lists of ``M`` lists of sample positions, the same ``M`` o
 ``StepPlan``), so a strategy is only the placement decision; ``plan_step`` validates every
 strategy's result against the request (see ``StepPlan.validate``) before anyone uses it. Every
 list of strategy names in the package, the CLI and the benchmarks comes from
-``strategy_names()``.
+``strategy_names()``. The registry imports no strategy: the built-in ones are registered by
+``seqbalance.plan._builtins`` when ``seqbalance.plan`` is imported.
 
 Register your own::
 
@@ -29,8 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from seqbalance.plan.stacks import STACK_BASELINES
-from seqbalance.plan.types import PlanValidationError
+from seqbalance.plan._step_validation import PlanValidationError
 
 if TYPE_CHECKING:
     from seqbalance.plan._problem import Problem
@@ -93,7 +93,6 @@ def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
             ``description`` is not a string, its family is unknown, or the name is taken and
             ``replace`` is False.
     """
-    _ensure_builtins()
     missing = [
         member
         for member in ("name", "enforces_cap", "aligns_positions", "family", "description", "plan")
@@ -124,7 +123,6 @@ def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
 
 def unregister_strategy(name: str) -> None:
     """Remove a registered strategy (ValueError when absent)."""
-    _ensure_builtins()
     if name not in _REGISTRY:
         raise ValueError(f"no strategy named {name!r} is registered")
     del _REGISTRY[name]
@@ -176,7 +174,6 @@ def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatch
 
 def get_strategy(name: str) -> Strategy:
     """The strategy registered as ``name``; ValueError listing the registered names."""
-    _ensure_builtins()
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"strategy must be one of {', '.join(map(repr, _REGISTRY))}, got {name!r}")
     return _REGISTRY[name]
@@ -184,25 +181,7 @@ def get_strategy(name: str) -> Strategy:
 
 def strategy_names(*families: str) -> tuple[str, ...]:
     """Registered names in registration order (deterministic), optionally of some families."""
-    _ensure_builtins()
     for family in families:
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
     return tuple(name for name, s in _REGISTRY.items() if not families or s.family in families)
-
-
-_BUILTINS_LOADED = False
-
-
-def _ensure_builtins() -> None:
-    """Register the built-in strategies on first use (``balanced`` and the common baselines
-    import this module, so they are imported here, once the registry exists)."""
-    global _BUILTINS_LOADED
-    if _BUILTINS_LOADED:
-        return
-    _BUILTINS_LOADED = True
-    from seqbalance.plan.balanced import BALANCED
-    from seqbalance.plan.strategies import BASELINE_STRATEGIES
-
-    for strategy in (BALANCED, *BASELINE_STRATEGIES, *STACK_BASELINES):
-        _REGISTRY[strategy.name] = strategy

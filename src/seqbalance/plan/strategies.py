@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seqbalance.partition import partition
 from seqbalance.plan._packing import fill_empty, greedy_microbatches, to_count
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.registry import Microbatches
@@ -141,8 +142,6 @@ class TokenKK:
 
 
 def _token_kk_ranks(p: Problem) -> np.ndarray:
-    from seqbalance.partition import partition
-
     unit_tokens = p.unit_sums(p.lengths)
     ranks = partition(unit_tokens, p.dp, equal_size=p.n_units >= p.dp, method="kk").parts
     rank_of_unit = np.empty(p.n_units, dtype=np.int64)
@@ -152,8 +151,6 @@ def _token_kk_ranks(p: Problem) -> np.ndarray:
 
 
 def _token_kk(p: Problem) -> Microbatches:
-    from seqbalance.partition import partition
-
     members = rank_members(p, _token_kk_ranks(p))
     needed = 1
     for samples in members:

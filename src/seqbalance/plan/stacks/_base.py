@@ -1,7 +1,7 @@
 """What every stack baseline shares: the strategy shell, refusals, and the count-based deal.
 
-The baselines take the planner's ``Problem`` duck-typed (``Any``): importing its module would
-tie this package into the planner's own import graph, which registers these strategies.
+The baselines take the planner's ``Problem`` duck-typed (``Any``): they read a few of its fields
+and methods, as the stack's own code reads its batch.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from seqbalance.plan.registry import Microbatches
 
 __all__ = [
     "Microbatches",
@@ -20,8 +22,6 @@ __all__ = [
     "even_chunks",
     "rounded",
 ]
-
-Microbatches = list[list[list[int]]]
 
 
 def ceil_div(a: int, b: int) -> int:
