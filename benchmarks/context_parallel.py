@@ -38,7 +38,7 @@ import numpy as np
 
 from seqbalance.cost.context_parallel import CommModel
 from seqbalance.datasets.generators import long_context
-from seqbalance.plan.context_parallel import ContextParallel
+from seqbalance.plan import ContextParallel, PlanOptions
 from seqbalance.sim.context_parallel import compare_context_parallel
 
 SCALES = ((8, 64), (64, 512))  # (ranks, samples per step)
@@ -59,9 +59,10 @@ def simulated(steps: int) -> tuple[list[str], list[dict[str, Any]]]:
         for n_ranks, n_samples in SCALES:
             batches = [long_context(n_samples, seed=seed) for seed in range(steps)]
             for cap in CAPS:
-                comparison = compare_context_parallel(
-                    batches, n_ranks, context_parallel=ContextParallel(cap, comm=comm)
+                options = PlanOptions(
+                    cost="flops", max_tokens=cap, context_parallel=ContextParallel(comm=comm)
                 )
+                comparison = compare_context_parallel(batches, n_ranks, options)
                 summary = comparison.to_dict()["strategies"]
                 cases.append({"comm": comm_name, "ranks": n_ranks, "cap": cap, "summary": summary})
                 for name, row in summary.items():

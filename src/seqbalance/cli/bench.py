@@ -29,7 +29,7 @@ from seqbalance.cli._common import (
     require_torch,
 )
 from seqbalance.cost import TimeModel
-from seqbalance.plan import CP_STRATEGIES
+from seqbalance.plan import strategy_names
 from seqbalance.runtime.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES, SlowRank
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES
 
@@ -62,7 +62,9 @@ def register(subparsers: Any) -> None:
         default=None,
         help="divide every length by this (rounded up; default: automatic, see above)",
     )
-    add_strategies_option(parser, DEFAULT_STRATEGIES, context_parallel_default=CP_STRATEGIES)
+    add_strategies_option(
+        parser, DEFAULT_STRATEGIES, context_parallel_default=strategy_names(context_parallel=True)
+    )
     parser.add_argument("--steps", type=int, default=20, help="measured steps (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (default: 3)")
     parser.add_argument(

@@ -62,12 +62,8 @@ from seqbalance.cost.context_parallel import (
     shard_chunks,
     shard_tokens,
 )
-from seqbalance.plan.context_parallel import (
-    ContextParallel,
-    ContextParallelPlan,
-    SlotInputs,
-    plan_context_parallel,
-)
+from seqbalance.plan import PlanOptions, plan_step
+from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan, SlotInputs
 from seqbalance.runtime._dist import Comm, wait
 from seqbalance.runtime.toy_model import IGNORE_INDEX, TinyCausalTransformer, causal_attention
 
@@ -581,8 +577,8 @@ def calibrate_piece_overhead(
     generator = torch.Generator().manual_seed(0)
     residuals, pieces = [], []
     for lengths in batches:
-        plan = plan_context_parallel(
-            lengths, world, context_parallel=options, cost=base, strategy="static_cp"
+        plan = plan_step(
+            lengths, world, PlanOptions(context_parallel=options, cost=base, strategy="static_cp")
         )
         samples = [
             torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)

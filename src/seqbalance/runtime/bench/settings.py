@@ -18,7 +18,7 @@ from seqbalance._validation import (
 )
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
-from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
+from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 from seqbalance.plan.options import check_rank_speeds
 from seqbalance.runtime.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
 
@@ -164,7 +164,8 @@ class BenchSettings:
         cores: CPU cores the processes are pinned to, rank r on ``cores[r % len(cores)]``;
             default: the cores this process may run on.
         strategies: Strategy names to measure, in turn; None: :data:`DEFAULT_STRATEGIES`, or
-            every context-parallel strategy (``CP_STRATEGIES``) with ``context_parallel``.
+            every context-parallel strategy (``strategy_names(context_parallel=True)``) with
+            ``context_parallel``.
         options: The plan options every strategy plans with (``PlanOptions``: ``max_tokens``
             (required without ``context_parallel``), ``layout`` / ``micro_batch_size``,
             micro-batch counts, ``objective``, ``order``, ``allow_oversize``,
@@ -322,20 +323,23 @@ class BenchSettings:
                 "time_model must be a ContextParallelTimeModel or None with context_parallel, "
                 f"got {type(self.time_model).__name__}"
             )
-        strategies = CP_STRATEGIES if self.strategies is None else tuple(self.strategies)
+        names = strategy_names(context_parallel=True)
+        strategies = names if self.strategies is None else tuple(self.strategies)
         for name in strategies:
-            check_choice(name, "strategies entry (with context_parallel)", CP_STRATEGIES)
+            check_choice(name, "strategies entry (with context_parallel)", names)
         object.__setattr__(self, "strategies", strategies)
         # The options that context-parallel planning cannot honour fail here, named.
-        self.context_parallel_options(
+        checked = self.context_parallel_options(
             ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0)
         )
+        # The per-rank cap, checked once by PlanOptions (max_tokens or max_tokens_per_rank).
+        object.__setattr__(self, "context_parallel", checked.context_parallel)
+        cap = checked.max_tokens
         longest = max(self.lengths)
-        if longest > usable[-1] * cp.max_tokens_per_rank:
+        if longest > usable[-1] * cap:
             raise ValueError(
                 f"lengths hold a sample of {longest} tokens, above the largest CP size usable "
-                f"on {self.procs} processes ({usable[-1]}) x max_tokens_per_rank = "
-                f"{cp.max_tokens_per_rank}"
+                f"on {self.procs} processes ({usable[-1]}) x max_tokens_per_rank = {cap}"
             )
 
     def context_parallel_options(self, cost: ContextParallelTimeModel) -> PlanOptions:

@@ -1,0 +1,42 @@
+"""The one micro-batch (slot) count rule, shared by data- and context-parallel planning."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from seqbalance.plan.options import PlanOptions
+
+__all__ = ["MAX_SLOTS", "microbatch_count"]
+
+MAX_SLOTS = 2**18
+"""Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
+
+
+def microbatch_count(needed: int, options: PlanOptions, ranks: int, why: Callable[[], str]) -> int:
+    """The one micro-batch (slot) count rule, for data- and context-parallel plans alike: the
+    count per rank of a plan that needs ``needed``: ``num_microbatches`` when fixed, else
+    ``needed`` raised to ``min_microbatches`` (and 1) and up to a multiple of
+    ``microbatch_multiple``.
+
+    Raises:
+        ValueError: ``num_microbatches`` is fixed and below ``needed`` (the message ends with
+            ``why()``), or ``ranks`` x the count exceeds ``MAX_SLOTS``.
+    """
+    if options.num_microbatches is not None:
+        if needed > options.num_microbatches:
+            raise ValueError(
+                f"num_microbatches = {options.num_microbatches} is infeasible: {why()}"
+            )
+        m = options.num_microbatches
+    else:
+        m = max(needed, options.min_microbatches, 1)
+        m = -(-m // options.microbatch_multiple) * options.microbatch_multiple
+    if ranks * m > MAX_SLOTS:
+        raise ValueError(
+            f"dp_size x micro-batches = {ranks} x {m} = {ranks * m} micro-batch slots, "
+            f"more than 2**18 = {MAX_SLOTS}; check num_microbatches, min_microbatches and "
+            "microbatch_multiple"
+        )
+    return m
