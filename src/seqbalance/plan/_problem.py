@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance.plan._counts import MAX_SLOTS, microbatch_count
+from seqbalance.plan._shared import MAX_SLOTS, microbatch_count, unit_numbers
 from seqbalance.plan.options import PlanOptions
 
 if TYPE_CHECKING:
@@ -306,14 +306,9 @@ class Problem(OptionFields):
 
     @cached_property
     def unit_of_sample(self) -> np.ndarray:
-        """int64 ``[n]``: the unit (group, or the sample itself) of every sample. Units are
-        numbered in order of first appearance."""
-        if self.groups is None:
-            return np.arange(self.n, dtype=np.int64)
-        _, first, inverse = np.unique(self.groups, return_index=True, return_inverse=True)
-        rank_by_first = np.empty(first.size, dtype=np.int64)
-        rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
-        return rank_by_first[inverse.reshape(-1)]
+        """int64 ``[n]``: the unit (group, or the sample itself) of every sample, numbered in
+        order of first appearance (``unit_numbers``)."""
+        return unit_numbers(self.groups, self.n)
 
     @property
     def n_units(self) -> int:

@@ -28,7 +28,8 @@ rule).
 Modules: ``_options`` (``ContextParallel``), ``_plan`` (``ContextParallelPlan``) with its
 checks (``_validate``) and per-rank inputs (``_inputs``), ``_problem`` (the normalised request
 and the schedule strategies build), ``_metrics`` (costs, finish times, bounds), the strategies
-(``_strategies``, ``_megatron``) and ``_planner`` (what ``plan_step`` calls).
+(``_strategies``, ``_megatron``) and ``_planner`` (what ``plan_step`` calls). A strategy of
+context-parallel steps reads a ``CPProblem`` and returns its finalised ``Schedule``.
 """
 
 from __future__ import annotations
@@ -36,5 +37,13 @@ from __future__ import annotations
 from seqbalance.plan.context_parallel._inputs import SlotInputs
 from seqbalance.plan.context_parallel._options import ContextParallel
 from seqbalance.plan.context_parallel._plan import CP_OBJECTIVES, ContextParallelPlan
+from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
 
-__all__ = ["CP_OBJECTIVES", "ContextParallel", "ContextParallelPlan", "SlotInputs"]
+__all__ = [
+    "CP_OBJECTIVES",
+    "CPProblem",
+    "ContextParallel",
+    "ContextParallelPlan",
+    "Schedule",
+    "SlotInputs",
+]

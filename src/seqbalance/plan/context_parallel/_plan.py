@@ -272,36 +272,57 @@ class ContextParallelPlan(PlanChecks, PlanDocument):
                 f"sample {i}: CP group at rank {int(start[i])} of size {int(cp[i])} is not inside "
                 f"the {n_ranks} ranks"
             )
-        cost_model = context_parallel_cost(cost, model, comm=context_parallel.comm)
-        n_slots = int(slot.max(initial=0)) + 1
-        pieces = Pieces.from_schedule(cp, start, slot)
-        scheme, cap = context_parallel.scheme, context_parallel.max_tokens_per_rank
-        tokens, costs = slot_loads(pieces, lengths, cost_model, scheme, n_ranks, n_slots)
-        sizes = context_parallel.usable_sizes(n_ranks)
-        plan = cls(
-            slots=pieces.per_slot(n_ranks, n_slots),
-            cp_size=cp,
-            group_start=start,
-            costs=costs,
-            tokens=tokens,
-            lengths=lengths,
+        plan = cls.costed(
+            lengths,
+            n_ranks,
+            (cp, start, slot, int(slot.max(initial=0)) + 1),
+            context_parallel,
+            context_parallel_cost(cost, model, comm=context_parallel.comm),
             groups=None if groups is None else as_group_ids(groups, lengths.size),
-            n_ranks=n_ranks,
-            n_slots=n_slots,
             barriers=(),
-            context_parallel=context_parallel,
-            cost_model=cost_model,
             strategy=strategy,
             objective="step",
             allow_empty=check_bool(allow_empty, "allow_empty"),
             min_microbatches=1,
             microbatch_multiple=1,
             num_microbatches=None,
-            # Infinite when a sample fits no usable size; validate() reports the cause first.
-            lower_bound=lower_bound(lengths, n_ranks, sizes, cap, cost_model, scheme),
         )
         plan.validate()
         return plan
+
+    @classmethod
+    def costed(
+        cls,
+        lengths: np.ndarray,
+        n_ranks: int,
+        assignment: tuple[np.ndarray, np.ndarray, np.ndarray, int],
+        context_parallel: ContextParallel,
+        cost_model: ContextParallelTimeModel,
+        **fields: Any,
+    ) -> ContextParallelPlan:
+        """The plan of ``assignment`` (``cp_size``, ``group_start``, ``slot_of``, ``n_slots``)
+        with its slots, tokens, costs and lower bound derived from the pieces; ``fields`` are
+        the rest (groups, barriers, strategy, options). Not validated."""
+        cp_size, group_start, slot_of, n_slots = assignment
+        pieces = Pieces.from_schedule(cp_size, group_start, slot_of)
+        scheme, cap = context_parallel.scheme, context_parallel.max_tokens_per_rank
+        tokens, costs = slot_loads(pieces, lengths, cost_model, scheme, n_ranks, n_slots)
+        sizes = context_parallel.usable_sizes(n_ranks)
+        return cls(
+            slots=pieces.per_slot(n_ranks, n_slots),
+            cp_size=cp_size,
+            group_start=group_start,
+            costs=costs,
+            tokens=tokens,
+            lengths=lengths,
+            n_ranks=n_ranks,
+            n_slots=n_slots,
+            context_parallel=context_parallel,
+            cost_model=cost_model,
+            # Infinite when a sample fits no usable size; validate() reports the cause first.
+            lower_bound=lower_bound(lengths, n_ranks, sizes, cap, cost_model, scheme),
+            **fields,
+        )
 
     def fingerprint(self) -> str:
         """sha256 of ``to_json(timing=False)``: ranks compare it before running a step."""

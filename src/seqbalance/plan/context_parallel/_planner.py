@@ -9,12 +9,13 @@ its schedule costed into a validated ``ContextParallelPlan``.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_int
-from seqbalance.plan.context_parallel._metrics import Pieces, lower_bound, min_cp_sizes, slot_loads
+from seqbalance.plan.context_parallel._metrics import min_cp_sizes
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._problem import CPProblem
 from seqbalance.plan.registry import get_strategy
@@ -37,7 +38,7 @@ def plan_context_parallel(
         groups: a group id per sample (e.g. the GRPO prompt): a group stays inside one aligned
             block, that of its widest sample.
 
-    Slot counts (one rule for every strategy, ``seqbalance.plan._counts.microbatch_count``):
+    Slot counts (one rule for every strategy, ``seqbalance.plan._shared.microbatch_count``):
     with ``num_microbatches=None`` a strategy uses the slots its schedule needs, raised to
     ``min_microbatches`` and to a multiple of ``microbatch_multiple``. ``static_cp`` and
     ``dynamic_cp_megatron`` have one schedule each; ``balanced`` plans several candidates (its
@@ -61,34 +62,22 @@ def plan_context_parallel(
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
     problem = _problem(lengths, n_ranks, options, group_ids)
     schedule = get_strategy(options.strategy).plan_context_parallel(problem)
-    cp_size, group_start, slot_of, n_slots = schedule.arrays()
-    pieces = Pieces.from_schedule(cp_size, group_start, slot_of)
-    cp, cost_model = options.context_parallel, problem.model
-    tokens, costs = slot_loads(pieces, lengths, cost_model, cp.scheme, n_ranks, n_slots)
-    plan = ContextParallelPlan(
-        slots=pieces.per_slot(n_ranks, n_slots),
-        cp_size=cp_size,
-        group_start=group_start,
-        costs=costs,
-        tokens=tokens,
-        lengths=lengths,
+    plan = ContextParallelPlan.costed(
+        lengths,
+        n_ranks,
+        schedule.arrays(),
+        options.context_parallel,
+        problem.model,
         groups=group_ids,
-        n_ranks=n_ranks,
-        n_slots=n_slots,
         barriers=tuple(schedule.barriers),
-        context_parallel=cp,
-        cost_model=cost_model,
         strategy=options.strategy,
         objective=options.objective,
         allow_empty=options.allow_empty,
         min_microbatches=options.min_microbatches,
         microbatch_multiple=options.microbatch_multiple,
         num_microbatches=options.num_microbatches,
-        lower_bound=lower_bound(
-            lengths, n_ranks, problem.sizes, problem.cap, cost_model, cp.scheme
-        ),
-        planning_seconds=time.perf_counter() - start_time,
     )
+    plan = replace(plan, planning_seconds=time.perf_counter() - start_time)
     plan.validate()  # every strategy's plan, checked against the request before anyone uses it
     return plan
 

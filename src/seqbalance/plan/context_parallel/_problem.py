@@ -6,7 +6,7 @@ list of sample positions. A slot of a CP group of size ``cp`` is one list object
 construction. ``Schedule.normalise`` brings every rank to the same slot count;
 ``Schedule.arrays`` turns it into the per-sample arrays of the plan; ``CPProblem.finalise``
 brings a schedule to the slot count the options ask for (the one count rule of
-``seqbalance.plan._counts.microbatch_count``).
+``seqbalance.plan._shared.microbatch_count``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
-from seqbalance.plan._counts import microbatch_count
+from seqbalance.plan._shared import microbatch_count, unit_numbers
 
 if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
@@ -117,13 +117,8 @@ class CPProblem:
     @cached_property
     def unit_of_sample(self) -> np.ndarray:
         """int64 ``[n]``: the unit (group, or the sample itself) of every sample, numbered in
-        order of first appearance."""
-        if self.groups is None:
-            return np.arange(self.n, dtype=np.int64)
-        _, first, inverse = np.unique(self.groups, return_index=True, return_inverse=True)
-        rank_by_first = np.empty(first.size, dtype=np.int64)
-        rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
-        return rank_by_first[inverse.reshape(-1)]
+        order of first appearance (``unit_numbers``)."""
+        return unit_numbers(self.groups, self.n)
 
     @cached_property
     def units(self) -> list[np.ndarray]:

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from seqbalance.cost.context_parallel import shard_chunks
 from seqbalance.plan.context_parallel._metrics import Pieces, slot_loads
 from seqbalance.plan.types import PlanValidationError, validate_count
-
-if TYPE_CHECKING:
-    from seqbalance.cost.context_parallel import ContextParallelTimeModel
-    from seqbalance.plan.context_parallel._options import ContextParallel
 
 __all__ = ["COST_RTOL", "PlanChecks"]
 
@@ -23,21 +17,7 @@ COST_RTOL = 1e-9
 class PlanChecks:
     """``validate()`` of ``ContextParallelPlan`` (the fields it reads are the plan's)."""
 
-    slots: list[list[np.ndarray]]
-    cp_size: np.ndarray
-    group_start: np.ndarray
-    costs: np.ndarray
-    tokens: np.ndarray
-    lengths: np.ndarray
-    groups: np.ndarray | None
-    n_ranks: int
-    n_slots: int
-    barriers: tuple[int, ...]
-    context_parallel: ContextParallel
-    cost_model: ContextParallelTimeModel
-    allow_empty: bool
-    lower_bound: float
-    # Also read: ``n_samples``, ``step_cost`` and ``pieces()`` of the plan.
+    # It reads the plan's fields, ``n_samples``, ``step_cost`` and ``pieces()``.
 
     def validate(self) -> None:
         """Check every invariant (DESIGN.md, 1-7 with context parallelism); raise

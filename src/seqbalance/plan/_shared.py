@@ -1,14 +1,17 @@
-"""The one micro-batch (slot) count rule, shared by data- and context-parallel planning."""
+"""Rules data- and context-parallel planning share: the micro-batch (slot) count, and the
+units a grouping of samples forms."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
 
-__all__ = ["MAX_SLOTS", "microbatch_count"]
+__all__ = ["MAX_SLOTS", "microbatch_count", "unit_numbers"]
 
 MAX_SLOTS = 2**18
 """Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
@@ -40,3 +43,14 @@ def microbatch_count(needed: int, options: PlanOptions, ranks: int, why: Callabl
             "microbatch_multiple"
         )
     return m
+
+
+def unit_numbers(groups: np.ndarray | None, n: int) -> np.ndarray:
+    """int64 ``[n]``: the unit (group, or the sample itself without ``groups``) of every
+    sample; units are numbered in order of first appearance."""
+    if groups is None:
+        return np.arange(n, dtype=np.int64)
+    _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
+    rank_by_first = np.empty(first.size, dtype=np.int64)
+    rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank_by_first[inverse.reshape(-1)]
