@@ -12,9 +12,9 @@ step: CP groups inside an NVLink node) and 25 GB/s (CP groups across nodes).
 
 Measured (2 gloo processes on this machine, one thread each): ``seqbalance bench
 --context-parallel`` run through its library (``seqbalance.runtime.bench`` with
-``BenchSettings.context_parallel``): the toy transformer (``small``) on a long-tail mix (10% of
-samples 1.1k-2k tokens, the rest lognormal around 128), 32 samples per step, 1024 tokens per
-rank and slot, CP sizes 1 and 2. Both processes first calibrate together
+``BenchSettings.options.context_parallel``): the toy transformer (``small``) on a long-tail
+mix (10% of samples 1.1k-2k tokens, the rest lognormal around 128), 32 samples per step, 1024
+tokens per rank and slot, CP sizes 1 and 2. Both processes first calibrate together
 (``seqbalance.runtime.context_parallel.calibrate_cost_model``): compute (a ``TimeModel``
 fitted to whole-sample slots of varied micro-batches run through the executor), communication
 (timed K/V gathers) and the executor's fixed cost per sharded sample (2048 tokens in 4 to 128
@@ -105,14 +105,14 @@ def measured_lengths() -> np.ndarray:
 def measured(steps: int, warmup: int, trials: int) -> tuple[list[str], dict[str, Any]]:
     """Run ``seqbalance bench --context-parallel`` (``seqbalance.runtime.bench``) on 2 gloo
     processes; its markdown lines and report."""
-    from seqbalance.plan import PlanOptions
     from seqbalance.runtime.bench import BenchSettings, run
 
     settings = BenchSettings(
         lengths=measured_lengths(),
         procs=2,
-        options=PlanOptions(),
-        context_parallel=ContextParallel(MEASURED_CAP, sizes=(1, 2)),
+        options=PlanOptions(
+            cost="flops", max_tokens=MEASURED_CAP, context_parallel=ContextParallel(sizes=(1, 2))
+        ),
         global_batch_size=MEASURED_SAMPLES,
         steps=steps,
         warmup=warmup,

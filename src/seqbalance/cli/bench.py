@@ -181,8 +181,15 @@ def run(args: argparse.Namespace) -> int:
 
     source = load_lengths(args.lengths)
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    # With context parallelism the per-rank cap is max_tokens, and "flops" stands for the run's
+    # time model (a context-parallel request names seconds).
     options = plan_options_from_args(
-        args, **({} if context_parallel is None else {"max_tokens": None})
+        args,
+        **(
+            {}
+            if context_parallel is None
+            else {"max_tokens": None, "cost": "flops", "context_parallel": context_parallel}
+        ),
     )
     time_model = (
         None
@@ -200,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             cap = longest = args.max_tokens
             what = f"--max-tokens = {cap}"
         else:
-            cap = context_parallel.max_tokens_per_rank
+            cap = options.max_tokens
             largest = max(
                 context_parallel.usable_sizes(check_int(args.procs, "procs", minimum=1)) or (1,)
             )
@@ -221,7 +228,6 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             strategies=args.strategies,
             options=options,
-            context_parallel=context_parallel,
             global_batch_size=args.global_batch,
             steps=args.steps,
             warmup=args.warmup,
