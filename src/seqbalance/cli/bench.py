@@ -174,6 +174,17 @@ def _slow_rank(text: str) -> SlowRank:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _plan_options(args: argparse.Namespace, context_parallel: Any) -> Any:
+    """The run's ``PlanOptions``: with context parallelism the per-rank cap is ``max_tokens``
+    (from ``--max-tokens-per-rank``, or ``--max-tokens``) and ``"flops"`` stands for the run's
+    time model (a context-parallel request names seconds)."""
+    if context_parallel is None:
+        return plan_options_from_args(args)
+    return plan_options_from_args(
+        args, max_tokens=None, cost="flops", context_parallel=context_parallel
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     require_torch()
     from seqbalance.runtime import bench
@@ -181,16 +192,7 @@ def run(args: argparse.Namespace) -> int:
 
     source = load_lengths(args.lengths)
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
-    # With context parallelism the per-rank cap is max_tokens, and "flops" stands for the run's
-    # time model (a context-parallel request names seconds).
-    options = plan_options_from_args(
-        args,
-        **(
-            {}
-            if context_parallel is None
-            else {"max_tokens": None, "cost": "flops", "context_parallel": context_parallel}
-        ),
-    )
+    options = _plan_options(args, context_parallel)
     time_model = (
         None
         if args.time_model is None

@@ -1,5 +1,5 @@
-"""Rules data- and context-parallel planning share: the micro-batch (slot) count, and the
-units a grouping of samples forms."""
+"""Rules data- and context-parallel planning share: the check that every sample fits the cap,
+the micro-batch (slot) count, and the units a grouping of samples forms."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
 
-__all__ = ["MAX_SLOTS", "microbatch_count", "unit_numbers"]
+__all__ = ["MAX_SLOTS", "check_within_caps", "microbatch_count", "unit_numbers"]
 
 MAX_SLOTS = 2**18
 """Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
@@ -54,3 +54,48 @@ def unit_numbers(groups: np.ndarray | None, n: int) -> np.ndarray:
     rank_by_first = np.empty(first.size, dtype=np.int64)
     rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
     return rank_by_first[inverse.reshape(-1)]
+
+
+def check_within_caps(
+    lengths: np.ndarray,
+    vision_patches: np.ndarray | None,
+    options: PlanOptions,
+    *,
+    cp_reach: tuple[int, int] | None = None,
+) -> None:
+    """The one over-cap check of a step's samples.
+
+    Data parallel: unless ``allow_oversize``, ValueError naming the first sample over
+    ``max_tokens``, else the first over ``max_vision_patches`` (``vision_patches`` from
+    ``seqbalance.plan.step.vision_patches_of``). Context parallel (``cp_reach``: the largest
+    usable CP size and ``n_ranks``): a sample may shard over that many ranks, each holding at
+    most ``max_tokens`` (the per-rank cap), and one longer than that is refused.
+    """
+    if cp_reach is not None:
+        widest, n_ranks = cp_reach
+        cap = options.max_tokens
+        over = np.flatnonzero(lengths > widest * cap)
+        if over.size:
+            i = int(over[0])
+            raise ValueError(
+                f"lengths[{i}] = {int(lengths[i])} does not fit: the largest usable CP size "
+                f"{widest} (of n_ranks = {n_ranks}) holds {widest * cap} tokens at "
+                f"max_tokens_per_rank = {cap}"
+            )
+        return
+    if options.allow_oversize:
+        return
+    for values, name, cap, option in (
+        (lengths, "lengths", options.max_tokens, "max_tokens"),
+        (vision_patches, "vision_patches", options.max_vision_patches, "max_vision_patches"),
+    ):
+        if values is None or cap is None:
+            continue
+        over = np.flatnonzero(values > cap)
+        if over.size:
+            i = int(over[0])
+            raise ValueError(
+                f"{name}[{i}] = {int(values[i])} exceeds {option} = {cap} ({over.size} "
+                "sample(s) do); pass allow_oversize=True to give such a sample a micro-batch of "
+                "its own"
+            )

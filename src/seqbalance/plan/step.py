@@ -11,6 +11,7 @@ from seqbalance._validation import MAX_TOKENS_LIMIT, as_group_ids, as_lengths, c
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
+from seqbalance.plan._shared import check_within_caps
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
@@ -209,29 +210,6 @@ def vision_patches_of(parts: SampleParts | None, options: PlanOptions) -> np.nda
             "sums this large cannot be represented exactly"
         )
     return patches
-
-
-def check_within_caps(
-    lengths: np.ndarray, vision_patches: np.ndarray | None, options: PlanOptions
-) -> None:
-    """Unless ``allow_oversize``: ValueError naming the first sample over ``max_tokens``, else
-    the first over ``max_vision_patches`` (``vision_patches`` from ``vision_patches_of``)."""
-    if options.allow_oversize:
-        return
-    for values, name, cap, option in (
-        (lengths, "lengths", options.max_tokens, "max_tokens"),
-        (vision_patches, "vision_patches", options.max_vision_patches, "max_vision_patches"),
-    ):
-        if values is None or cap is None:
-            continue
-        over = np.flatnonzero(values > cap)
-        if over.size:
-            i = int(over[0])
-            raise ValueError(
-                f"{name}[{i}] = {int(values[i])} exceeds {option} = {cap} ({over.size} "
-                "sample(s) do); pass allow_oversize=True to give such a sample a micro-batch of "
-                "its own"
-            )
 
 
 def _arrange(

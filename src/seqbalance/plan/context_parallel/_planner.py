@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_int
+from seqbalance.plan._shared import check_within_caps
 from seqbalance.plan.context_parallel._metrics import min_cp_sizes
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._problem import CPProblem
@@ -95,15 +96,8 @@ def _problem(
     sizes = cp.usable_sizes(n_ranks)
     if not sizes:
         raise ValueError(f"no CP size in sizes = {list(cp.sizes)} divides n_ranks = {n_ranks}")
+    check_within_caps(lengths, None, options, cp_reach=(sizes[-1], n_ranks))
     cap = options.max_tokens
-    min_cp = min_cp_sizes(lengths, sizes, cap)
-    if (min_cp == 0).any():
-        i = int(np.flatnonzero(min_cp == 0)[0])
-        raise ValueError(
-            f"lengths[{i}] = {int(lengths[i])} does not fit: the largest usable CP size "
-            f"{sizes[-1]} (of n_ranks = {n_ranks}) holds {sizes[-1] * cap} tokens at "
-            f"max_tokens_per_rank = {cap}"
-        )
     return CPProblem(
         lengths=lengths,
         n_ranks=n_ranks,
@@ -112,6 +106,6 @@ def _problem(
         scheme=cp.scheme,
         model=options.cost_model,
         groups=groups,
-        min_cp=min_cp,
+        min_cp=min_cp_sizes(lengths, sizes, cap),
         options=options,
     )
