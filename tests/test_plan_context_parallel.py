@@ -552,6 +552,16 @@ def test_from_assignment() -> None:
             context_parallel=options,
             cost=token_model(),
         )
+    with pytest.raises(ValueError, match="max_tokens_per_rank must be set"):
+        ContextParallelPlan.from_assignment(
+            [8],
+            2,
+            cp_size=[2],
+            group_start=[0],
+            slot_of=[0],
+            context_parallel=ContextParallel(sizes=(1, 2)),
+            cost=token_model(),
+        )
     with pytest.raises(ValueError, match="slot_of must hold one entry per sample"):
         ContextParallelPlan.from_assignment(
             [8],
