@@ -36,11 +36,10 @@ from __future__ import annotations
 
 from seqbalance.plan.context_parallel._inputs import SlotInputs
 from seqbalance.plan.context_parallel._options import ContextParallel
-from seqbalance.plan.context_parallel._plan import CP_OBJECTIVES, ContextParallelPlan
+from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
 
 __all__ = [
-    "CP_OBJECTIVES",
     "CPProblem",
     "ContextParallel",
     "ContextParallelPlan",

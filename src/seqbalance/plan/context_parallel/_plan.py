@@ -22,10 +22,7 @@ from seqbalance.plan.context_parallel._options import ContextParallel
 from seqbalance.plan.context_parallel._validate import PlanChecks
 from seqbalance.plan.types import PlanValidationError
 
-__all__ = ["CP_OBJECTIVES", "ContextParallelPlan"]
-
-CP_OBJECTIVES = ("step",)
-"""The objectives a context-parallel plan supports."""
+__all__ = ["ContextParallelPlan"]
 
 _PLAN_FORMAT = "seqbalance.ContextParallelPlan/1"
 
