@@ -12,9 +12,9 @@ step: CP groups inside an NVLink node) and 25 GB/s (CP groups across nodes).
 
 Measured (2 gloo processes on this machine, one thread each): ``seqbalance bench
 --context-parallel`` run through its library (``seqbalance.measure.bench`` with
-``BenchSettings.context_parallel``): the toy transformer (``small``) on a long-tail mix (10% of
-samples 1.1k-2k tokens, the rest lognormal around 128), 32 samples per step, 1024 tokens per
-rank and slot, CP sizes 1 and 2. Both processes first calibrate together
+``BenchSettings.options.context_parallel``): the toy transformer (``small``) on a long-tail
+mix (10% of samples 1.1k-2k tokens, the rest lognormal around 128), 32 samples per step, 1024
+tokens per rank and slot, CP sizes 1 and 2. Both processes first calibrate together
 (``seqbalance.measure.calibrate_context_parallel.calibrate_cost_model``): compute (a ``TimeModel``
 fitted to whole-sample slots of varied micro-batches run through the executor), communication
 (timed K/V gathers) and the executor's fixed cost per sharded sample (2048 tokens in 4 to 128
@@ -38,7 +38,7 @@ import numpy as np
 
 from seqbalance.cost.context_parallel import CommModel
 from seqbalance.datasets.generators import long_context
-from seqbalance.plan.context_parallel import ContextParallel
+from seqbalance.plan import ContextParallel, PlanOptions
 from seqbalance.sim.context_parallel import compare_context_parallel
 
 SCALES = ((8, 64), (64, 512))  # (ranks, samples per step)
@@ -59,9 +59,10 @@ def simulated(steps: int) -> tuple[list[str], list[dict[str, Any]]]:
         for n_ranks, n_samples in SCALES:
             batches = [long_context(n_samples, seed=seed) for seed in range(steps)]
             for cap in CAPS:
-                comparison = compare_context_parallel(
-                    batches, n_ranks, context_parallel=ContextParallel(cap, comm=comm)
+                options = PlanOptions(
+                    cost="flops", max_tokens=cap, context_parallel=ContextParallel(comm=comm)
                 )
+                comparison = compare_context_parallel(batches, n_ranks, options)
                 summary = comparison.to_dict()["strategies"]
                 cases.append({"comm": comm_name, "ranks": n_ranks, "cap": cap, "summary": summary})
                 for name, row in summary.items():
@@ -110,8 +111,9 @@ def measured(steps: int, warmup: int, trials: int) -> tuple[list[str], dict[str,
     settings = BenchSettings(
         lengths=measured_lengths(),
         procs=2,
-        options=PlanOptions(),
-        context_parallel=ContextParallel(MEASURED_CAP, sizes=(1, 2)),
+        options=PlanOptions(
+            cost="flops", max_tokens=MEASURED_CAP, context_parallel=ContextParallel(sizes=(1, 2))
+        ),
         global_batch_size=MEASURED_SAMPLES,
         steps=steps,
         warmup=warmup,

@@ -28,16 +28,11 @@ import numpy as np
 import seqbalance as sb
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
-from seqbalance.plan.context_parallel import (
-    CP_STRATEGIES,
-    ContextParallel,
-    ContextParallelPlan,
-    plan_context_parallel,
-)
+from seqbalance.plan import ContextParallel, ContextParallelPlan, PlanOptions, strategy_names
 
 SIZES = [(1, 2, 4, 8), (1, 2), (1, 2, 4), (2, 4), (1, 4), (1, 8), (1, 2, 4, 8)]
 SHAPES = ("mixed", "tiny", "sharded", "uniform", "few")
-RIVALS = tuple(name for name in CP_STRATEGIES if name != "balanced")
+RIVALS = tuple(name for name in strategy_names(context_parallel=True) if name != "balanced")
 COSTS = {
     "flops": ContextParallelTimeModel.from_model("qwen3-8b"),
     "seconds": ContextParallelTimeModel(
@@ -73,14 +68,14 @@ def draw_step(rng: np.random.Generator) -> dict:
     options: dict = {
         "cost": COSTS[str(rng.choice(sorted(COSTS)))],
         "allow_empty": bool(rng.random() < 0.4),
+        "max_tokens": cap,  # the per-rank cap
     }
-    cp: dict = {"max_tokens_per_rank": cap, "sizes": sizes}
+    cp: dict = {"sizes": sizes}
     if rng.random() < 0.2:
         cp["scheme"] = "contiguous"
     if rng.random() < 0.15:
         cp["static_size"] = int(rng.choice(sizes))
-    if rng.random() < 0.15:
-        options["groups"] = rng.integers(0, max(1, n // 3), n)
+    groups = rng.integers(0, max(1, n // 3), n) if rng.random() < 0.15 else None
     draw = rng.random()
     if draw < 0.1:
         options["num_microbatches"] = int(rng.integers(1, 9))
@@ -92,19 +87,17 @@ def draw_step(rng: np.random.Generator) -> dict:
         "n_ranks": n_ranks,
         "context_parallel": ContextParallel(**cp),
         "options": options,
+        "groups": groups,
         "shape": shape,
     }
 
 
 def _plan(step: dict, strategy: str) -> ContextParallelPlan | None:
     try:
-        return plan_context_parallel(
-            step["lengths"],
-            step["n_ranks"],
-            context_parallel=step["context_parallel"],
-            strategy=strategy,
-            **step["options"],
+        options = PlanOptions(
+            context_parallel=step["context_parallel"], strategy=strategy, **step["options"]
         )
+        return sb.plan_step(step["lengths"], step["n_ranks"], options, groups=step["groups"])
     except ValueError:
         return None
 

@@ -281,18 +281,15 @@ CP = ("--dp", "4", "--global-batch", "24", "--steps", "2", "--context-parallel",
 
 
 def _cp_expected(lengths: np.ndarray, cost, **options) -> dict:
-    from seqbalance.plan import ContextParallel
+    from seqbalance.plan import ContextParallel, PlanOptions
     from seqbalance.sim import sample_batches
     from seqbalance.sim.context_parallel import compare_context_parallel
 
     batches = sample_batches(lengths.size, 24, 2, seed=0)
-    comparison = compare_context_parallel(
-        [lengths[b] for b in batches],
-        4,
-        context_parallel=ContextParallel(1024, sizes=(1, 2, 4)),
-        cost=cost,
-        **options,
+    request = PlanOptions(
+        context_parallel=ContextParallel(1024, sizes=(1, 2, 4)), cost=cost, **options
     )
+    comparison = compare_context_parallel([lengths[b] for b in batches], 4, request)
     return {name: r.mean_step for name, r in comparison.results.items()}
 
 

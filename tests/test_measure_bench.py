@@ -102,33 +102,48 @@ def test_settings_are_validated_and_described() -> None:
             settings(**bad)
 
 
+def cp_options(cp: object, **changes: object) -> PlanOptions:
+    """Context-parallel plan options of a bench run ("flops" stands for the run's model)."""
+    return PlanOptions(**{"cost": "flops", "context_parallel": cp, **changes})
+
+
 def test_context_parallel_settings_are_validated_and_described() -> None:
     cp = ContextParallel(64, sizes=(1, 2))
-    s = settings(options=PlanOptions(), context_parallel=cp, lengths=[10, 128], strategies=None)
+    s = settings(options=cp_options(cp), lengths=[10, 128], strategies=None)
     assert s.strategies == ("balanced", "static_cp", "dynamic_cp_megatron")
     assert s.max_position == 128 and s.describe()["context_parallel"] == cp.to_dict()
+    assert s.context_parallel == cp
     cost = ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 8, 1)
-    assert settings(context_parallel=cp, time_model=cost, strategies=None).time_model == cost
+    assert settings(options=cp_options(cp), time_model=cost, strategies=None).time_model == cost
     options = s.context_parallel_options(cost)
-    assert options.context_parallel == cp and options.cost == cost and options.max_tokens is None
+    assert options.context_parallel == cp and options.cost == cost
+    assert options.max_tokens == cp.max_tokens_per_rank == 64  # one cap, under both names
+    # The cap by its one name: the same settings.
+    by_name = cp_options(ContextParallel(sizes=(1, 2)), max_tokens=64)
+    assert settings(options=by_name, lengths=[10, 128], strategies=None) == s
     with pytest.raises(ValueError, match="these settings have no context_parallel"):
         settings().context_parallel_options(cost)
     for bad, message in (
         ({"lengths": [129]}, "above the largest CP size usable on 2 processes \\(2\\)"),
-        ({"procs": 3, "context_parallel": ContextParallel(64, sizes=(2,))}, "none divides procs"),
-        ({"options": PlanOptions(max_tokens=32)}, "max_tokens = 32 conflicts"),
-        ({"options": PlanOptions(layout="padded", micro_batch_size=2)}, "layout = 'padded'"),
-        ({"options": PlanOptions(objective="lockstep")}, "objective = 'lockstep' is not"),
-        ({"context_parallel": ContextParallel(64, comm=CommModel())}, "comm must be None"),
-        ({"context_parallel": (1, 2)}, "context_parallel must be a ContextParallel"),
+        ({"procs": 3, "options": cp_options(ContextParallel(64, sizes=(2,)))}, "none divides"),
+        ({"options": cp_options(cp, cost=cost)}, "options.cost must be left at 'flops'"),
+        ({"options": cp_options(ContextParallel(64, comm=CommModel()))}, "comm must be None"),
         ({"device": "cuda"}, "device 'cuda' is not supported with context_parallel"),
         ({"strategies": ("token_kk",)}, "strategies entry \\(with context_parallel\\)"),
         ({"time_model": TimeModel(0.0, 1.0, 0.0)}, "ContextParallelTimeModel or None"),
     ):
         with pytest.raises(ValueError, match=message):
-            settings(
-                **{"context_parallel": cp, "options": PlanOptions(), "strategies": None, **bad}
-            )
+            settings(**{"options": cp_options(cp), "strategies": None, **bad})
+    # What PlanOptions refuses with context_parallel, it refuses for bench too.
+    for bad, message in (
+        ({"max_tokens": 32}, "max_tokens = 32 conflicts"),
+        ({"layout": "padded", "micro_batch_size": 2}, "layout = 'padded'"),
+        ({"objective": "lockstep"}, "objective = 'lockstep' is not"),
+        ({"context_parallel": (1, 2)}, "context_parallel must be a ContextParallel"),
+        ({"cost": "tokens"}, "cost must be"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            cp_options(cp, **bad)
 
 
 def test_plan_schedule_gives_each_rank_its_microbatch_lengths() -> None:
@@ -203,7 +218,7 @@ def _cp_record(step: int, slot: float, sync: float, loss: float) -> dict:
 
 def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
     cp = ContextParallel(64, sizes=(1, 2))
-    s = settings(context_parallel=cp, options=PlanOptions(), strategies=("balanced", "static_cp"))
+    s = settings(options=cp_options(cp), strategies=("balanced", "static_cp"))
     raw = {
         "records": [
             {
@@ -256,8 +271,7 @@ def test_context_parallel_steps_plan_every_strategy_with_one_static_size() -> No
     cp = ContextParallel(64, sizes=(1, 2))
     lengths = [3, 9, 20, 120, 30, 5, 7, 60, 11, 2, 40, 8]
     s = settings(
-        context_parallel=cp,
-        options=PlanOptions(num_microbatches=6, allow_empty=True),
+        options=cp_options(cp, num_microbatches=6, allow_empty=True),
         strategies=None,
         lengths=lengths,
         global_batch_size=6,
@@ -303,10 +317,11 @@ def test_settings_round_trip_through_pickle_and_their_description() -> None:
     # The report's description rebuilds the same plan options.
     assert PlanOptions.from_dict(s.describe()["options"]) == options
     cp = ContextParallel(64, sizes=(1, 2), static_size=2)
-    s = settings(context_parallel=cp, options=PlanOptions(allow_empty=True), strategies=None)
+    s = settings(options=cp_options(cp, allow_empty=True), strategies=None)
     again = pickle.loads(pickle.dumps(s))
     assert again == s and again.context_parallel == cp
     described = s.describe()
     assert ContextParallel.from_dict(described["context_parallel"]) == cp
-    assert PlanOptions.from_dict(described["options"]) == PlanOptions(allow_empty=True)
+    rebuilt = {**described["options"], "context_parallel": described["context_parallel"]}
+    assert PlanOptions.from_dict({**rebuilt, "cost": "flops"}) == s.options
     assert json.loads(json.dumps(described)) == json.loads(json.dumps(again.describe()))

@@ -7,15 +7,14 @@ import json
 
 import numpy as np
 import pytest
+from _cp import CP_STRATEGIES, plan_cp
 
 from seqbalance.cost import ModelSpec, TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.plan import PlanValidationError
 from seqbalance.plan.context_parallel import (
-    CP_STRATEGIES,
     ContextParallel,
     ContextParallelPlan,
-    plan_context_parallel,
 )
 
 
@@ -34,7 +33,7 @@ def token_model(
 def plan(lengths, n_ranks, cap, **options) -> ContextParallelPlan:
     cp_options = {k: options.pop(k) for k in ("sizes", "scheme", "static_size") if k in options}
     options.setdefault("cost", token_model())
-    result = plan_context_parallel(
+    result = plan_cp(
         lengths, n_ranks, context_parallel=ContextParallel(cap, **cp_options), **options
     )
     result.validate()
@@ -130,8 +129,8 @@ def test_megatron_rule_by_hand() -> None:
     six = ContextParallel(4096, sizes=(1, 2))
     kwargs = {"context_parallel": six, "strategy": "dynamic_cp_megatron"}
     with pytest.raises(ValueError, match="allow_empty"):
-        plan_context_parallel([40], 6, microbatch_multiple=4, **kwargs)
-    idle = plan_context_parallel([40], 6, microbatch_multiple=4, allow_empty=True, **kwargs)
+        plan_cp([40], 6, microbatch_multiple=4, **kwargs)
+    idle = plan_cp([40], 6, microbatch_multiple=4, allow_empty=True, **kwargs)
     assert idle.allow_empty and idle.summary()["empty_slots"] == 22
 
 
@@ -149,7 +148,7 @@ def test_balanced_takes_the_rules_plans_when_faster() -> None:
             steps = {}
             for strategy in CP_STRATEGIES:
                 try:
-                    p = plan_context_parallel(
+                    p = plan_cp(
                         lengths,
                         8,
                         context_parallel=options,
@@ -182,9 +181,7 @@ def test_balanced_never_worse_than_baselines_on_long_context() -> None:
     lengths = long_context(64, seed=3)
     options = ContextParallel(16384)
     steps = {
-        s: plan_context_parallel(
-            lengths, 8, context_parallel=options, strategy=s, allow_empty=True
-        ).step_cost
+        s: plan_cp(lengths, 8, context_parallel=options, strategy=s, allow_empty=True).step_cost
         for s in CP_STRATEGIES
     }
     assert steps["balanced"] <= steps["static_cp"]
@@ -474,19 +471,19 @@ def test_options_validation() -> None:
 def test_argument_errors() -> None:
     options = ContextParallel(16)
     with pytest.raises(ValueError, match="seconds"):
-        plan_context_parallel([1], 2, context_parallel=options, cost="tokens")
+        plan_cp([1], 2, context_parallel=options, cost="tokens")
     with pytest.raises(ValueError, match="objective"):
-        plan_context_parallel([1], 2, context_parallel=options, objective="lockstep")
+        plan_cp([1], 2, context_parallel=options, objective="lockstep")
     with pytest.raises(ValueError, match="strategy"):
-        plan_context_parallel([1], 2, context_parallel=options, strategy="ring")
+        plan_cp([1], 2, context_parallel=options, strategy="ring")
     with pytest.raises(ValueError, match="context_parallel must be a ContextParallel"):
-        plan_context_parallel([1], 2, context_parallel=16)  # type: ignore[arg-type]
+        plan_cp([1], 2, context_parallel=16)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="n_ranks"):
-        plan_context_parallel([1], 0, context_parallel=options)
+        plan_cp([1], 0, context_parallel=options)
     with pytest.raises(ValueError, match=r"lengths\[0\]"):
-        plan_context_parallel([-1], 2, context_parallel=options)
+        plan_cp([-1], 2, context_parallel=options)
     with pytest.raises(ValueError, match="groups"):
-        plan_context_parallel([1, 2], 2, context_parallel=options, groups=[0])
+        plan_cp([1, 2], 2, context_parallel=options, groups=[0])
     with pytest.raises(ValueError, match="does not support groups"):
         plan([1, 2], 2, 4, groups=[0, 0], strategy="dynamic_cp_megatron")
     with pytest.raises(ValueError, match="static_size = 1 is too small"):
@@ -496,9 +493,9 @@ def test_argument_errors() -> None:
     with pytest.raises(ValueError, match="no CP size"):
         plan([1], 3, 4, sizes=(2, 4))
     with pytest.raises(ValueError, match="only applies to cost='flops'"):
-        plan_context_parallel([1], 2, context_parallel=options, cost=token_model(), model="x")
+        plan_cp([1], 2, context_parallel=options, cost=token_model(), model="x")
     with pytest.raises(ValueError, match="conflicts"):
-        plan_context_parallel(
+        plan_cp(
             [1], 2, context_parallel=ContextParallel(16, comm=CommModel(5.0)), cost=token_model()
         )
 
@@ -506,18 +503,18 @@ def test_argument_errors() -> None:
 def test_cost_resolution() -> None:
     options = ContextParallel(8192)
     spec = ModelSpec.preset("qwen3-8b")
-    by_name = plan_context_parallel([5000, 12000], 2, context_parallel=options)
-    by_spec = plan_context_parallel([5000, 12000], 2, context_parallel=options, cost=spec)
+    by_name = plan_cp([5000, 12000], 2, context_parallel=options)
+    by_spec = plan_cp([5000, 12000], 2, context_parallel=options, cost=spec)
     assert by_name.cost_model == by_spec.cost_model
     time = TimeModel(0.01, 1e-6, 1e-10)
     calibrated = ContextParallelTimeModel.from_model("qwen3-8b", time=time)
-    planned = plan_context_parallel([5000], 2, context_parallel=options, cost=calibrated)
+    planned = plan_cp([5000], 2, context_parallel=options, cost=calibrated)
     assert planned.cost_model.time == time
     assert planned.cost_model.kv_elements_per_token == 2048
     with pytest.raises(ValueError, match="K/V sizes"):
-        plan_context_parallel([5000], 2, context_parallel=options, cost=time)
+        plan_cp([5000], 2, context_parallel=options, cost=time)
     with pytest.raises(ValueError, match="only applies to cost='flops'"):
-        plan_context_parallel([5000], 2, context_parallel=options, cost=spec, model="qwen3-8b")
+        plan_cp([5000], 2, context_parallel=options, cost=spec, model="qwen3-8b")
 
 
 def test_from_assignment() -> None:
@@ -555,6 +552,16 @@ def test_from_assignment() -> None:
             context_parallel=options,
             cost=token_model(),
         )
+    with pytest.raises(ValueError, match="max_tokens_per_rank must be set"):
+        ContextParallelPlan.from_assignment(
+            [8],
+            2,
+            cp_size=[2],
+            group_start=[0],
+            slot_of=[0],
+            context_parallel=ContextParallel(sizes=(1, 2)),
+            cost=token_model(),
+        )
     with pytest.raises(ValueError, match="slot_of must hold one entry per sample"):
         ContextParallelPlan.from_assignment(
             [8],
@@ -579,11 +586,9 @@ def test_options_with_a_cp_time_model_round_trip_and_fingerprint_it() -> None:
     assert loaded.fingerprint() == first.fingerprint()
     assert isinstance(loaded.cost, ContextParallelTimeModel)
     plan_step_input = [100, 30, 7]
-    assert plan_context_parallel(
+    assert plan_cp(
         plan_step_input, 4, context_parallel=loaded.context_parallel, cost=loaded.cost
-    ) == plan_context_parallel(
-        plan_step_input, 4, context_parallel=first.context_parallel, cost=first.cost
-    )
+    ) == plan_cp(plan_step_input, 4, context_parallel=first.context_parallel, cost=first.cost)
     others = [
         first.replace(cost=model(2e-6)),
         first.replace(cost=model(1e-6, latency_s=1e-5)),

@@ -14,6 +14,7 @@ import itertools
 import re
 
 import numpy as np
+from _cp import CP_STRATEGIES, plan_cp
 from _profiles import examples
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
@@ -21,10 +22,8 @@ from hypothesis import strategies as st
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel, shard_tokens
 from seqbalance.plan.context_parallel import (
-    CP_STRATEGIES,
     ContextParallel,
     ContextParallelPlan,
-    plan_context_parallel,
 )
 
 REFUSALS = re.compile(
@@ -88,7 +87,7 @@ def _plan(problem: dict, **override) -> ContextParallelPlan | None:
     context_parallel = ContextParallel(**options.pop("options"))
     options["cost"] = _model(options["cost"])
     try:
-        return plan_context_parallel(lengths, n_ranks, context_parallel=context_parallel, **options)
+        return plan_cp(lengths, n_ranks, context_parallel=context_parallel, **options)
     except ValueError as error:
         match = REFUSALS.search(str(error))
         assert match, str(error)

@@ -291,18 +291,29 @@ def test_context_parallel_refuses_what_it_cannot_plan(changes: dict, message: st
         _cp(**changes)
 
 
-def test_plan_step_with_context_parallel_is_plan_context_parallel() -> None:
-    from seqbalance.plan import ContextParallelPlan, plan_context_parallel
+def test_context_parallel_goes_through_plan_step_with_one_cap() -> None:
+    from seqbalance.plan import ContextParallel, ContextParallelPlan
 
     lengths = sb.datasets.long_context(60, long_min=5000, long_max=15000, seed=3)
     options = _cp()
+    assert options.max_tokens == options.context_parallel.max_tokens_per_rank == 4096
     plan = sb.plan_step(lengths, 4, options)
     assert isinstance(plan, ContextParallelPlan)
     plan.validate()
-    direct = plan_context_parallel(
-        lengths, 4, context_parallel=options.context_parallel, cost=options.cost_model
-    )
-    assert plan.to_json(timing=False) == direct.to_json(timing=False)
+    # The cap by its one name (max_tokens), by its older name, or both, and the options object
+    # or its keywords: one request, one plan.
+    sizes = ContextParallel(sizes=(1, 2, 4))
+    same = [
+        PlanOptions(cost="flops", max_tokens=4096, context_parallel=sizes),
+        _cp(max_tokens=4096),
+    ]
+    for other in same:
+        assert other == options and other.fingerprint() == options.fingerprint()
+        assert sb.plan_step(lengths, 4, other).to_json(timing=False) == plan.to_json(timing=False)
+    by_keywords = sb.plan_step(lengths, 4, cost="flops", max_tokens=4096, context_parallel=sizes)
+    assert by_keywords.to_json(timing=False) == plan.to_json(timing=False)
+    with pytest.raises(ValueError, match="context_parallel needs the per-rank token cap"):
+        PlanOptions(cost="flops", context_parallel=sizes)
 
 
 def test_entry_points_without_context_parallel_refuse_it() -> None:

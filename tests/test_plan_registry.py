@@ -8,6 +8,7 @@ import pytest
 
 import seqbalance as sb
 from seqbalance.plan import (
+    ContextParallel,
     PlanOptions,
     Problem,
     get_strategy,
@@ -15,6 +16,7 @@ from seqbalance.plan import (
     strategy_names,
     unregister_strategy,
 )
+from seqbalance.plan.context_parallel import CPProblem, Schedule
 
 LENGTHS = np.array([50, 40, 30, 20, 10, 5, 5, 35], dtype=np.int64)
 
@@ -115,6 +117,66 @@ def test_register_refuses_duplicates_and_incomplete_objects(reverse) -> None:
         register_strategy(bad)
     with pytest.raises(ValueError, match="no strategy named"):
         unregister_strategy("nope")
+
+
+# ------------------------------------------------------------------ context parallelism
+CP = ContextParallel(64, sizes=(1, 2))
+CP_LENGTHS = [100, 60, 30, 20, 10, 5]
+
+
+def test_context_parallel_strategies_are_in_the_one_registry() -> None:
+    assert strategy_names(context_parallel=True) == ("balanced", "static_cp", "dynamic_cp_megatron")
+    assert strategy_names("baseline", context_parallel=True) == ("static_cp",)
+    assert strategy_names("stack", context_parallel=True) == ("dynamic_cp_megatron",)
+    assert get_strategy("static_cp").family == "baseline"
+    assert get_strategy("dynamic_cp_megatron", context_parallel=True).family == "stack"
+    # Each kind of step asks for a strategy of its kind, named with the value in the error.
+    with pytest.raises(
+        ValueError,
+        match=r"strategy \(with context_parallel\) must be one of 'balanced', 'static_cp', "
+        r"'dynamic_cp_megatron', got 'token_kk'",
+    ):
+        PlanOptions(cost="flops", strategy="token_kk", context_parallel=CP)
+    with pytest.raises(
+        ValueError, match=r"strategy \(without context_parallel\) must be one of .*got 'static_cp'"
+    ):
+        PlanOptions(strategy="static_cp")
+    with pytest.raises(ValueError, match="got 'dynamic_cp_megatron'"):
+        sb.plan_step(LENGTHS, 2, strategy="dynamic_cp_megatron")
+
+
+class Delegating:
+    """A user strategy of context-parallel steps only: static_cp's schedule."""
+
+    name = "test_static_again"
+    family = "custom"
+    description = "static_cp under another name"
+
+    def plan_context_parallel(self, problem: CPProblem) -> Schedule:
+        return get_strategy("static_cp").plan_context_parallel(problem)
+
+
+def test_a_user_strategy_of_context_parallel_steps_plugs_in() -> None:
+    register_strategy(Delegating())
+    try:
+        assert strategy_names(context_parallel=True)[-1] == "test_static_again"
+        assert "test_static_again" not in strategy_names()
+        options = PlanOptions(cost="flops", context_parallel=CP)
+        ours = sb.plan_step(CP_LENGTHS, 4, options.replace(strategy="test_static_again"))
+        theirs = sb.plan_step(CP_LENGTHS, 4, options.replace(strategy="static_cp"))
+        ours.validate()
+        assert ours.strategy == "test_static_again"
+        assert ours.cp_size.tolist() == theirs.cp_size.tolist() == [2] * 6
+        assert ours.slot_of().tolist() == theirs.slot_of().tolist()
+        assert ours.step_cost == theirs.step_cost
+        with pytest.raises(ValueError, match=r"\(without context_parallel\).*'test_static_again'"):
+            PlanOptions(strategy="test_static_again")
+    finally:
+        unregister_strategy("test_static_again")
+    incomplete = Delegating()
+    incomplete.plan_context_parallel = 3  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="plan_context_parallel must be callable"):
+        register_strategy(incomplete)  # type: ignore[arg-type]
 
 
 def test_a_strategy_with_uneven_ranks_is_a_value_error() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _cp import CP_STRATEGIES, plan_cp
 from _multiprocess import launch, mark_done, ok, stay_stuck
 
 torch = pytest.importorskip("torch")
@@ -33,10 +34,8 @@ from seqbalance.measure.calibrate_context_parallel import (  # noqa: E402
 )
 from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
 from seqbalance.plan.context_parallel import (  # noqa: E402
-    CP_STRATEGIES,
     ContextParallel,
     ContextParallelPlan,
-    plan_context_parallel,
 )
 from seqbalance.runtime import CollectiveError  # noqa: E402
 from seqbalance.runtime.context_parallel import (  # noqa: E402
@@ -98,13 +97,11 @@ LENGTHS_4 = [90, 37, 9, 20, 5, 45, 3, 12, 1, 70, 26, 0, 48, 16]
 
 def _plans(lengths: list[int], world_size: int) -> list[ContextParallelPlan]:
     plans = [
-        plan_context_parallel(
-            lengths, world_size, context_parallel=OPTIONS, strategy=strategy, allow_empty=True
-        )
+        plan_cp(lengths, world_size, context_parallel=OPTIONS, strategy=strategy, allow_empty=True)
         for strategy in CP_STRATEGIES
     ]
     contiguous = dataclasses.replace(OPTIONS, scheme="contiguous")
-    plans.append(plan_context_parallel(lengths, world_size, context_parallel=contiguous))
+    plans.append(plan_cp(lengths, world_size, context_parallel=contiguous))
     return plans
 
 
@@ -192,7 +189,7 @@ def _random_plans(world_size: int, seed: int) -> list[ContextParallelPlan]:
         options = dataclasses.replace(options, max_tokens_per_rank=cap)
         strategy = CP_STRATEGIES[k % len(CP_STRATEGIES)]
         plans.append(
-            plan_context_parallel(
+            plan_cp(
                 lengths,
                 world_size,
                 context_parallel=options,
@@ -202,9 +199,7 @@ def _random_plans(world_size: int, seed: int) -> list[ContextParallelPlan]:
         )
     plans += [_random_assignment(rng, world_size) for _ in range(4)]
     zero_share = ContextParallel(4096, sizes=(world_size,), comm=CommModel())
-    plans.append(
-        plan_context_parallel([2, 3], world_size, context_parallel=zero_share, allow_empty=True)
-    )
+    plans.append(plan_cp([2, 3], world_size, context_parallel=zero_share, allow_empty=True))
     plans.append(
         ContextParallelPlan.from_assignment(
             [1, 2, 0, 5, 1, 1],
@@ -221,7 +216,7 @@ def _random_plans(world_size: int, seed: int) -> list[ContextParallelPlan]:
 def test_slot_batch_labels_cross_shards() -> None:
     # Sample 0 (10 tokens) on CP 2: rank 0 holds [0, 3) and [8, 10); the label of token 2 is
     # token 3, held by rank 1; the last token has no label.
-    plan = plan_context_parallel(
+    plan = plan_cp(
         [10, 4], 2, context_parallel=ContextParallel(7, sizes=(2,)), strategy="static_cp"
     )
     samples = [torch.arange(100, 110), torch.arange(200, 204)]
@@ -264,8 +259,8 @@ def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict
 
 
 def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
-    one = plan_context_parallel([30, 3], 2, context_parallel=OPTIONS).to_json()
-    other = plan_context_parallel([30, 4], 2, context_parallel=OPTIONS).to_json()
+    one = plan_cp([30, 3], 2, context_parallel=OPTIONS).to_json()
+    other = plan_cp([30, 4], 2, context_parallel=OPTIONS).to_json()
     for result in ok(launch(tmp_path / "disagree", 2, _disagreeing, [one, other])):
         assert "ranks disagree on the context-parallel plan" in result["raised"]
     survivor = ok(launch(tmp_path / "hang", 2, _hanging_peer, one, str(tmp_path / "hang")))[0]

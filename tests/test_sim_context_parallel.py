@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _cp import plan_cp
 
 from seqbalance.datasets.generators import long_context
-from seqbalance.plan.context_parallel import ContextParallel, plan_context_parallel
+from seqbalance.plan import PlanOptions
+from seqbalance.plan.context_parallel import ContextParallel
 from seqbalance.sim.context_parallel import compare_context_parallel
 
 
 def test_comparison_matches_the_plans() -> None:
     steps = [long_context(64, seed=seed) for seed in range(2)]
     options = ContextParallel(16384)
-    comparison = compare_context_parallel(steps, 8, context_parallel=options)
+    request = PlanOptions(cost="flops", context_parallel=options)
+    comparison = compare_context_parallel(steps, 8, request)
     assert comparison.n_steps == 2 and set(comparison.results) == {
         "balanced",
         "static_cp",
@@ -21,7 +24,7 @@ def test_comparison_matches_the_plans() -> None:
     }
     for strategy, result in comparison.results.items():
         expected = [
-            plan_context_parallel(
+            plan_cp(
                 lengths, 8, context_parallel=options, strategy=strategy, allow_empty=True
             ).step_cost
             for lengths in steps
@@ -38,17 +41,22 @@ def test_comparison_matches_the_plans() -> None:
     assert summary["balanced"]["speedup_over"]["static_cp"]["min"] == pytest.approx(speedup.min())
     assert summary["static_cp"]["sharded_fraction"] == 1.0
     # Without the rule, the default is no empty slot; asked for, the rule refuses such steps.
-    alone = compare_context_parallel(steps, 8, context_parallel=options, strategies=["static_cp"])
+    alone = compare_context_parallel(steps, 8, request, strategies=["static_cp"])
     assert alone.results["static_cp"].empty_slots.sum() == 0
     with pytest.raises(ValueError, match="allow_empty is False"):
-        compare_context_parallel(steps, 8, context_parallel=options, allow_empty=False)
+        compare_context_parallel(steps, 8, request, allow_empty=False)
 
 
 def test_comparison_input_errors() -> None:
-    options = ContextParallel(16384)
+    options = PlanOptions(cost="flops", context_parallel=ContextParallel(16384))
     with pytest.raises(ValueError, match="at least one step"):
-        compare_context_parallel([], 8, context_parallel=options)
+        compare_context_parallel([], 8, options)
     with pytest.raises(ValueError, match="groups has 1 entries for 2 steps"):
-        compare_context_parallel([[1], [2]], 8, context_parallel=options, groups=[[0]])
+        compare_context_parallel([[1], [2]], 8, options, groups=[[0]])
     with pytest.raises(ValueError, match=r"steps\[1\]\[0\]"):
-        compare_context_parallel([[1], [-2]], 8, context_parallel=options)
+        compare_context_parallel([[1], [-2]], 8, options)
+    # The options object of plan_step and bench: with context_parallel, and CP strategies.
+    with pytest.raises(ValueError, match="options must be a PlanOptions with context_parallel"):
+        compare_context_parallel([[1]], 8, PlanOptions())
+    with pytest.raises(ValueError, match=r"strategy \(with context_parallel\).*got 'token_kk'"):
+        compare_context_parallel([[1]], 8, options, strategies=["token_kk"])

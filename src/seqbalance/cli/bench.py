@@ -34,7 +34,7 @@ from seqbalance.cost.context_parallel import ContextParallelTimeModel
 from seqbalance.measure import bench
 from seqbalance.measure.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES, SlowRank
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES
-from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
+from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 
 
 def register(subparsers: Any) -> None:
@@ -65,7 +65,9 @@ def register(subparsers: Any) -> None:
         default=None,
         help="divide every length by this (rounded up; default: automatic, see above)",
     )
-    add_strategies_option(parser, DEFAULT_STRATEGIES, context_parallel_default=CP_STRATEGIES)
+    add_strategies_option(
+        parser, DEFAULT_STRATEGIES, context_parallel_default=strategy_names(context_parallel=True)
+    )
     parser.add_argument("--steps", type=int, default=20, help="measured steps (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (default: 3)")
     parser.add_argument(
@@ -175,15 +177,24 @@ def _slow_rank(text: str) -> SlowRank:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _plan_options(args: argparse.Namespace, context_parallel: Any) -> Any:
+    """The run's ``PlanOptions``: with context parallelism the per-rank cap is ``max_tokens``
+    (from ``--max-tokens-per-rank``, or ``--max-tokens``) and ``"flops"`` stands for the run's
+    time model (a context-parallel request names seconds)."""
+    if context_parallel is None:
+        return plan_options_from_args(args)
+    return plan_options_from_args(
+        args, max_tokens=None, cost="flops", context_parallel=context_parallel
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     require_torch()
     from seqbalance.runtime.launch import LaunchError
 
     source = load_lengths(args.lengths)
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
-    options = plan_options_from_args(
-        args, **({} if context_parallel is None else {"max_tokens": None})
-    )
+    options = _plan_options(args, context_parallel)
     time_model = (
         None
         if args.time_model is None
@@ -245,7 +256,7 @@ def _settings(
             cap = longest = args.max_tokens
             what = f"--max-tokens = {cap}"
         else:
-            cap = context_parallel.max_tokens_per_rank
+            cap = options.max_tokens
             largest = max(
                 context_parallel.usable_sizes(check_int(args.procs, "procs", minimum=1)) or (1,)
             )
@@ -266,7 +277,6 @@ def _settings(
             device=args.device,
             strategies=args.strategies,
             options=options,
-            context_parallel=context_parallel,
             global_batch_size=args.global_batch,
             steps=args.steps,
             warmup=args.warmup,

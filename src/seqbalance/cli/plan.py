@@ -26,7 +26,6 @@ from seqbalance.cli._common import (
 
 def register(subparsers: Any) -> None:
     from seqbalance.plan import strategy_names
-    from seqbalance.plan.context_parallel import CP_STRATEGIES
 
     parser = subparsers.add_parser(
         "plan",
@@ -45,12 +44,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--dp", type=int, required=True, help="data-parallel ranks")
     names = strategy_names()
+    cp_names = strategy_names(context_parallel=True)
     parser.add_argument(
         "--strategy",
-        choices=[*names, *(name for name in CP_STRATEGIES if name not in names)],
+        choices=[*names, *(name for name in cp_names if name not in names)],
         default="balanced",
         help="default: balanced (with --context-parallel: "
-        + ", ".join(CP_STRATEGIES)
+        + ", ".join(cp_names)
         + "; the others without it)",
     )
     add_plan_option_arguments(parser, max_tokens_default=None)

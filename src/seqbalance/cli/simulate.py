@@ -186,55 +186,23 @@ CP_COLUMNS = (
 
 def _run_context_parallel(args: argparse.Namespace, source: Any, context_parallel: Any) -> int:
     """``simulate --context-parallel``: the CP strategies on the same sampled steps."""
-    from seqbalance.sim import sample_batches
     from seqbalance.sim.context_parallel import compare_context_parallel
 
     cost, _ = context_parallel_cost_from_args(args)
-    # Every plan option is checked against context parallelism (unsupported ones are refused).
+    # Every plan option is checked against context parallelism (unsupported ones are refused);
+    # the per-rank cap is --max-tokens-per-rank (or --max-tokens).
     options = plan_options_from_args(
         args, cost=cost, max_tokens=None, context_parallel=context_parallel
     )
-    cap = context_parallel.max_tokens_per_rank
-    lengths = source.lengths
-    usable = context_parallel.usable_sizes(args.dp)
-    if usable:  # else the planner says that no size tiles --dp
-        # As without context parallelism, a sample too long to plan is truncated (and counted).
-        longest = usable[-1] * cap
-        cut = int(np.count_nonzero(lengths > longest))
-        if cut:
-            lengths = np.minimum(lengths, longest)
-            print(
-                f"seqbalance simulate: warning: {cut} of {lengths.size} samples are longer than "
-                f"the largest usable CP size ({usable[-1]}) x --max-tokens-per-rank = "
-                f"{longest}; they are truncated to it",
-                file=sys.stderr,
-            )
-    global_batch = (
-        min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
-        if args.global_batch is None
-        else args.global_batch
-    )
-    batches = sample_batches(
-        source.lengths.size, global_batch, args.steps, groups=source.groups, seed=args.seed
-    )
+    steps, groups, truncated, global_batch = _context_parallel_steps(args, source, options)
     try:
-        comparison = compare_context_parallel(
-            [lengths[batch] for batch in batches],
-            args.dp,
-            context_parallel=context_parallel,
-            cost=cost,
-            groups=None if source.groups is None else [source.groups[b] for b in batches],
-            num_microbatches=options.num_microbatches,
-            min_microbatches=options.min_microbatches,
-            microbatch_multiple=options.microbatch_multiple,
-            allow_empty=options.allow_empty or None,  # None: as the compared strategies need
-        )
+        comparison = compare_context_parallel(steps, args.dp, options, groups=groups)
     except ValueError as error:
         raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
     payload = {
         "lengths": source.label,
-        "max_tokens_per_rank": cap,
-        "truncated": cut if usable else 0,
+        "max_tokens_per_rank": options.max_tokens,
+        "truncated": truncated,
         **comparison.to_dict(),
     }
     if args.json:
@@ -262,13 +230,48 @@ def _run_context_parallel(args: argparse.Namespace, source: Any, context_paralle
         )
     title = (
         f"{source.label}: {args.dp} ranks, CP sizes {list(args.context_parallel)}, "
-        f"{cap} tokens per rank per slot, {len(batches)} steps of ~{global_batch} samples"
+        f"{options.max_tokens} tokens per rank per slot, {len(steps)} steps of ~{global_batch} "
+        "samples"
     )
     if args.markdown:
         print(f"### {title}\n\n{markdown_table(CP_COLUMNS, rows)}\n")
     else:
         print_table(title, CP_COLUMNS, rows)
     return 0
+
+
+def _context_parallel_steps(
+    args: argparse.Namespace, source: Any, options: Any
+) -> tuple[list[np.ndarray], list[np.ndarray] | None, int, int]:
+    """The sampled steps' lengths and groups, the samples truncated to the largest usable CP
+    size x the per-rank cap (as without context parallelism, a sample too long to plan is
+    truncated, said on stderr and counted), and the global batch size."""
+    from seqbalance.sim import sample_batches
+
+    lengths = source.lengths
+    usable = options.context_parallel.usable_sizes(args.dp)
+    cut = 0
+    if usable:  # else the planner says that no size tiles --dp
+        longest = usable[-1] * options.max_tokens
+        cut = int(np.count_nonzero(lengths > longest))
+        if cut:
+            lengths = np.minimum(lengths, longest)
+            print(
+                f"seqbalance simulate: warning: {cut} of {lengths.size} samples are longer than "
+                f"the largest usable CP size ({usable[-1]}) x --max-tokens-per-rank = "
+                f"{longest}; they are truncated to it",
+                file=sys.stderr,
+            )
+    global_batch = (
+        min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
+        if args.global_batch is None
+        else args.global_batch
+    )
+    batches = sample_batches(
+        source.lengths.size, global_batch, args.steps, groups=source.groups, seed=args.seed
+    )
+    groups = None if source.groups is None else [source.groups[b] for b in batches]
+    return [lengths[batch] for batch in batches], groups, cut, global_batch
 
 
 def _baseline_setup(args: argparse.Namespace) -> None:

@@ -44,11 +44,8 @@ from seqbalance.measure.calibrate import (
     pin_process,
 )
 from seqbalance.measure.toy_model import TinyCausalTransformer
-from seqbalance.plan.context_parallel import (
-    ContextParallel,
-    ContextParallelPlan,
-    plan_context_parallel,
-)
+from seqbalance.plan import PlanOptions, plan_step
+from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 from seqbalance.runtime.context_parallel import (
     DEFAULT_TIMEOUT,
     ContextParallelGroups,
@@ -197,8 +194,8 @@ def calibrate_piece_overhead(
     generator = torch.Generator().manual_seed(0)
     residuals, pieces = [], []
     for lengths in batches:
-        plan = plan_context_parallel(
-            lengths, world, context_parallel=options, cost=base, strategy="static_cp"
+        plan = plan_step(
+            lengths, world, PlanOptions(context_parallel=options, cost=base, strategy="static_cp")
         )
         samples = [
             torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)

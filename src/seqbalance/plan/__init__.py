@@ -8,7 +8,8 @@ baselines, live in one registry (``register_strategy``, ``strategy_names``). ``p
 splits an epoch into steps (with optional bounded length bucketing) and plans each. Results are
 ``StepPlan`` / ``EpochPlan``; ``validate()`` re-checks every invariant. With
 ``PlanOptions.context_parallel``, samples longer than one rank are sharded over context-parallel
-groups (``plan_context_parallel``, a ``ContextParallelPlan``). ``AdaptivePlanner`` plans each step
+groups (``seqbalance.plan.context_parallel``, a ``ContextParallelPlan``), through the same
+``plan_step`` and registry. ``AdaptivePlanner`` plans each step
 with the cost model and rank speeds learned from measured time (the single-controller form).
 """
 
@@ -17,16 +18,12 @@ from __future__ import annotations
 from seqbalance.plan import _builtins  # noqa: F401  (registers the built-in strategies)
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.adaptive import AdaptivePlanner
-from seqbalance.plan.context_parallel import (
-    CP_STRATEGIES,
-    ContextParallel,
-    ContextParallelPlan,
-    plan_context_parallel,
-)
+from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 from seqbalance.plan.epoch import plan_epoch
 from seqbalance.plan.options import LAYOUTS, OBJECTIVES, ORDERS, PlanOptions, option_names
 from seqbalance.plan.registry import (
     FAMILIES,
+    ContextParallelStrategy,
     Microbatches,
     Strategy,
     get_strategy,
@@ -38,7 +35,6 @@ from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan, PlanValidationError, StepPlan
 
 __all__ = [
-    "CP_STRATEGIES",
     "FAMILIES",
     "LAYOUTS",
     "OBJECTIVES",
@@ -46,6 +42,7 @@ __all__ = [
     "AdaptivePlanner",
     "ContextParallel",
     "ContextParallelPlan",
+    "ContextParallelStrategy",
     "EpochPlan",
     "Microbatches",
     "PlanOptions",
@@ -55,7 +52,6 @@ __all__ = [
     "Strategy",
     "get_strategy",
     "option_names",
-    "plan_context_parallel",
     "plan_epoch",
     "plan_step",
     "register_strategy",

@@ -16,16 +16,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance.partition import lower_bound as partition_lower_bound
+from seqbalance.plan._shared import MAX_SLOTS, microbatch_count, unit_numbers
 from seqbalance.plan.options import PlanOptions, check_rank_speeds
 from seqbalance.plan.registry import Microbatches
 
 if TYPE_CHECKING:
     from seqbalance.cost.samples import SampleParts
 
-__all__ = ["MAX_SLOTS", "OptionFields", "Problem", "objective_value", "rank_imbalance"]
-
-MAX_SLOTS = 2**18
-"""Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
+__all__ = [
+    "MAX_SLOTS",
+    "OptionFields",
+    "Problem",
+    "microbatch_count",
+    "objective_value",
+    "rank_imbalance",
+]
 
 
 def objective_value(costs: np.ndarray, objective: str, speeds: Any = None) -> float:
@@ -304,14 +309,9 @@ class Problem(OptionFields):
 
     @cached_property
     def unit_of_sample(self) -> np.ndarray:
-        """int64 ``[n]``: the unit (group, or the sample itself) of every sample. Units are
-        numbered in order of first appearance."""
-        if self.groups is None:
-            return np.arange(self.n, dtype=np.int64)
-        _, first, inverse = np.unique(self.groups, return_index=True, return_inverse=True)
-        rank_by_first = np.empty(first.size, dtype=np.int64)
-        rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
-        return rank_by_first[inverse.reshape(-1)]
+        """int64 ``[n]``: the unit (group, or the sample itself) of every sample, numbered in
+        order of first appearance (``unit_numbers``)."""
+        return unit_numbers(self.groups, self.n)
 
     @property
     def n_units(self) -> int:
@@ -371,38 +371,29 @@ class Problem(OptionFields):
         return (over + bins).astype(np.int64)
 
     def round_microbatches(self, needed: int) -> int:
-        """The micro-batch count honouring the options for a strategy that needs ``needed``.
+        """The micro-batch count honouring the options for a strategy that needs ``needed``
+        (:func:`microbatch_count`).
 
         Raises ValueError when ``num_microbatches`` is fixed and too small.
         """
-        if self.num_microbatches is not None:
-            if needed > self.num_microbatches:
-                raise ValueError(
-                    f"num_microbatches = {self.num_microbatches} is infeasible: the samples need "
-                    f"at least {needed} micro-batches per rank under max_tokens = "
-                    f"{self.max_tokens}"
-                    + (
-                        f" and max_vision_patches = {self.max_vision_patches}"
-                        if self.max_vision_patches is not None
-                        else ""
-                    )
-                    + (
-                        f" and micro_batch_size = {self.micro_batch_size}"
-                        if self.layout == "padded"
-                        else ""
-                    )
+
+        def why() -> str:
+            return (
+                f"the samples need at least {needed} micro-batches per rank under max_tokens = "
+                f"{self.max_tokens}"
+                + (
+                    f" and max_vision_patches = {self.max_vision_patches}"
+                    if self.max_vision_patches is not None
+                    else ""
                 )
-            m = self.num_microbatches
-        else:
-            m = max(needed, self.min_microbatches, 1)
-            m = -(-m // self.microbatch_multiple) * self.microbatch_multiple
-        if self.dp * m > MAX_SLOTS:
-            raise ValueError(
-                f"dp_size x micro-batches = {self.dp} x {m} = {self.dp * m} micro-batch slots, "
-                f"more than 2**18 = {MAX_SLOTS}; check num_microbatches, min_microbatches and "
-                "microbatch_multiple"
+                + (
+                    f" and micro_batch_size = {self.micro_batch_size}"
+                    if self.layout == "padded"
+                    else ""
+                )
             )
-        return m
+
+        return microbatch_count(needed, self.options, self.dp, why)
 
     def next_microbatches(self, m: int) -> int | None:
         """The next larger allowed count after ``m`` (``None`` when it is fixed or would exceed

@@ -3,17 +3,16 @@
 For the fewest micro-batches per rank ``M`` that it can make feasible (starting from the proven
 minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when packing fails):
 
-1. Ranks. Units (samples, or whole groups) go to ranks heaviest cost first, each to the rank
-   with the least cost (the partition engine's LPT). When that overfills a rank, LPT is redone
-   with rank capacities: each unit goes to the least costly rank that can still hold it (rank
-   capacity ``M x max_tokens`` tokens and ``M x max_vision_patches`` vision patches, an
-   over-cap sample counting as a full micro-batch, and ``M x micro_batch_size`` samples for the
-   padded layout). Local search follows: a few
-   vectorised rounds that pair the k-th costliest rank with the k-th lightest and apply the best
-   move or swap in every pair at once, then single moves or swaps from the costliest rank to the
-   lightest ranks while that lowers the costliest one (until within ``GOOD_ENOUGH`` of the lower
-   bound; ``plan/_rank_search.py``). Finally units move (or are swapped for larger ones) to
-   ranks holding fewer than ``M`` samples, so no micro-batch has to be empty.
+1. Ranks. Units (samples, or whole groups) go to ranks heaviest cost first, each to the rank with
+   the least cost (the partition engine's LPT). When that overfills a rank, LPT is redone with rank
+   capacities: each unit goes to the least costly rank that can still hold it (rank capacity
+   ``M x max_tokens`` tokens and ``M x max_vision_patches`` vision patches, an over-cap sample
+   counting as a full micro-batch, and ``M x micro_batch_size`` samples for the padded layout).
+   Local search follows: a few vectorised rounds that pair the k-th costliest rank with the k-th
+   lightest and apply the best move or swap in every pair at once, then single moves or swaps from
+   the costliest rank to the lightest ranks while that lowers the costliest one (until within
+   ``GOOD_ENOUGH`` of the lower bound; ``plan/_rank_search.py``). Finally units move (or are swapped
+   for larger ones) to ranks holding fewer than ``M`` samples, so no micro-batch has to be empty.
 2. Micro-batches, packed layout. Every rank packs its samples, heaviest first, each into its
    currently cheapest micro-batch that stays within the caps (tokens, and vision patches when
    ``max_vision_patches`` is set; vectorised over ranks). A rank that does not fit is re-packed
@@ -70,6 +69,7 @@ from seqbalance.plan._portfolio import (
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._rank_search import RankState, capacities
+from seqbalance.plan.context_parallel._strategies import BalancedContextParallel
 from seqbalance.plan.registry import Microbatches
 from seqbalance.plan.strategies import rank_members
 
@@ -142,8 +142,8 @@ def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float)
 _GROUP_HINT = " (groups must stay on one rank, so some ranks may not get enough samples)"
 
 
-class Balanced:
-    """seqbalance's planner as a registry strategy (see the module docstring)."""
+class Balanced(BalancedContextParallel):
+    """seqbalance's planner as a registry strategy, of data- and context-parallel steps."""
 
     name = "balanced"
     enforces_cap = True

@@ -61,7 +61,9 @@ class PlanOptions:
         model: preset name or ``ModelSpec`` for ``cost="flops"`` (default
             ``seqbalance.defaults.DEFAULT_MODEL``); rejected with any other cost.
         max_tokens: hard cap on the tokens of every micro-batch (padding included for the
-            padded layout); ``None``: no cap.
+            padded layout); ``None``: no cap. With ``context_parallel``: the per-rank cap, the
+            tokens one rank holds in one slot (required; ``ContextParallel.max_tokens_per_rank``
+            is the same cap under its older name: either one fills in the other).
         max_vision_patches: hard cap on the vision-encoder patches of every micro-batch (the sum
             of ``SampleParts.vision_patches`` of its samples; packed layout only); ``None``: no
             cap. Planning with it needs samples given as ``SampleParts`` that describe images.
@@ -84,7 +86,7 @@ class PlanOptions:
             returns a ``ContextParallelPlan``. Its strategies are ``balanced``, ``static_cp``
             and ``dynamic_cp_megatron``; the cost must give seconds and K/V sizes (``"flops"``,
             a ``ModelSpec`` / ``FlopsModel``, or a ``ContextParallelTimeModel``); packed layout
-            and the ``step`` objective only; ``max_tokens`` is None or the per-rank cap.
+            and the ``step`` objective only; ``max_tokens`` is the per-rank cap.
         rank_speeds: relative speed of every data-parallel rank (a tuple of ``dp_size``
             floats in [2**-30, 2**30], 1.0 for a typical rank: rank ``r`` runs a micro-batch
             of cost ``c`` in time ``c / rank_speeds[r]``), or ``None`` for equal ranks.
@@ -141,8 +143,9 @@ class PlanOptions:
         set_("layout", check_choice(self.layout, "layout", LAYOUTS))
         set_("objective", check_choice(self.objective, "objective", OBJECTIVES))
         set_("order", check_choice(self.order, "order", ORDERS))
-        if self.context_parallel is None:
-            get_strategy(self.strategy)  # raises ValueError listing the registered names
+        # Raises ValueError naming the strategy when unknown, or when it does not plan this
+        # kind of step (a data-parallel-only one with context_parallel, or the reverse).
+        get_strategy(self.strategy, context_parallel=self.context_parallel is not None)
         for name in ("allow_oversize", "allow_empty"):
             set_(name, check_bool(getattr(self, name), name))
         for name in ("max_tokens", "max_vision_patches"):
@@ -202,20 +205,38 @@ class PlanOptions:
             set_("_cost_model", self._check_context_parallel())
 
     def _check_context_parallel(self) -> Any:
-        """Validate the context-parallel request; return its cost model (seconds, K/V sizes)."""
+        """Validate the context-parallel request, the per-rank cap once for both of its names
+        (``max_tokens``, and ``context_parallel.max_tokens_per_rank`` for compatibility: one
+        fills in the other, and both set must agree); return its cost model (seconds, K/V
+        sizes)."""
         from seqbalance.cost.context_parallel import context_parallel_cost
-        from seqbalance.plan.context_parallel import CP_STRATEGIES, ContextParallel
+        from seqbalance.plan.context_parallel._options import ContextParallel
 
         cp = self.context_parallel
         if not isinstance(cp, ContextParallel):
             raise ValueError(
                 f"context_parallel must be a ContextParallel or None, got {type(cp).__name__}"
             )
-        check_choice(self.strategy, "strategy (with context_parallel)", CP_STRATEGIES)
-        if self.max_tokens is not None and self.max_tokens != cp.max_tokens_per_rank:
+        if self.max_tokens is None:
+            if cp.max_tokens_per_rank is None:
+                raise ValueError(
+                    "context_parallel needs the per-rank token cap: set max_tokens (the tokens "
+                    "one rank holds in one slot)"
+                )
+            if cp.max_tokens_per_rank > MAX_TOKENS_LIMIT:
+                raise ValueError(
+                    f"context_parallel.max_tokens_per_rank must be <= 2**53 = "
+                    f"{MAX_TOKENS_LIMIT}, got {cp.max_tokens_per_rank}"
+                )
+            object.__setattr__(self, "max_tokens", cp.max_tokens_per_rank)
+        elif cp.max_tokens_per_rank is None:
+            cp = dataclasses.replace(cp, max_tokens_per_rank=self.max_tokens)
+            object.__setattr__(self, "context_parallel", cp)
+        elif self.max_tokens != cp.max_tokens_per_rank:
             raise ValueError(
                 f"max_tokens = {self.max_tokens} conflicts with context_parallel."
-                f"max_tokens_per_rank = {cp.max_tokens_per_rank}; leave max_tokens unset"
+                f"max_tokens_per_rank = {cp.max_tokens_per_rank}; set one of them (max_tokens "
+                "is the per-rank cap)"
             )
         unsupported = {
             "layout": (self.layout, "packed"),
@@ -288,7 +309,7 @@ class PlanOptions:
                     model = cost_from_description(values[name], name)
                 values[name] = model
         if values.get("context_parallel") is not None:
-            from seqbalance.plan.context_parallel import ContextParallel
+            from seqbalance.plan.context_parallel._options import ContextParallel
 
             values["context_parallel"] = ContextParallel.from_dict(values["context_parallel"])
         return cls(**values)

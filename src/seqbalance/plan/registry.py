@@ -9,6 +9,13 @@ list of strategy names in the package, the CLI and the benchmarks comes from
 ``strategy_names()``. The registry imports no strategy: the built-in ones are registered by
 ``seqbalance.plan._builtins`` when ``seqbalance.plan`` is imported.
 
+Context parallelism is an option of the same pipeline: a strategy that plans context-parallel
+steps has a ``plan_context_parallel(problem)`` method (a ``CPProblem`` in, a finalised
+``Schedule`` out; see ``seqbalance.plan.context_parallel``). ``balanced`` plans both kinds of
+step; ``static_cp`` and ``dynamic_cp_megatron`` plan context-parallel steps only (they have no
+``plan``, ``enforces_cap`` or ``aligns_positions``). ``strategy_names(context_parallel=True)``
+lists the strategies of context-parallel steps.
+
 Register your own::
 
     class Reverse:
@@ -34,8 +41,10 @@ from seqbalance.plan._step_validation import PlanValidationError
 
 if TYPE_CHECKING:
     from seqbalance.plan._problem import Problem
+    from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
 
 __all__ = [
+    "ContextParallelStrategy",
     "Microbatches",
     "Strategy",
     "checked_microbatches",
@@ -80,6 +89,22 @@ class Strategy(Protocol):
         ...
 
 
+@runtime_checkable
+class ContextParallelStrategy(Protocol):
+    """The optional capability of a strategy that plans context-parallel steps (``name``,
+    ``family`` and ``description`` as for ``Strategy``; ``plan`` and its flags only when it
+    plans data-parallel steps too)."""
+
+    name: str
+    family: str
+    description: str
+
+    def plan_context_parallel(self, problem: CPProblem) -> Schedule:
+        """The finalised schedule of ``problem`` (``problem.finalise`` equalises its slot
+        counts under the options); raise ValueError when the limits cannot be met."""
+        ...
+
+
 _REGISTRY: dict[str, Strategy] = {}
 
 
@@ -87,26 +112,31 @@ def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
     """Add ``strategy`` under ``strategy.name`` (returned, so this works as a decorator on an
     instance factory too).
 
+    A strategy plans data-parallel steps (``plan`` with ``enforces_cap`` and
+    ``aligns_positions``), context-parallel steps (``plan_context_parallel``), or both.
+
     Raises:
         ValueError: the object lacks a protocol member, its name is not a non-empty string,
-            ``plan`` is not callable, ``enforces_cap`` or ``aligns_positions`` is not a bool,
-            ``description`` is not a string, its family is unknown, or the name is taken and
-            ``replace`` is False.
+            ``plan`` or ``plan_context_parallel`` is not callable (one of them is required),
+            ``enforces_cap`` or ``aligns_positions`` is not a bool, ``description`` is not a
+            string, its family is unknown, or the name is taken and ``replace`` is False.
     """
-    missing = [
-        member
-        for member in ("name", "enforces_cap", "aligns_positions", "family", "description", "plan")
-        if not hasattr(strategy, member)
-    ]
+    members = ("name", "family", "description")
+    if hasattr(strategy, "plan") or not hasattr(strategy, "plan_context_parallel"):
+        members += ("enforces_cap", "aligns_positions", "plan")
+    missing = [member for member in members if not hasattr(strategy, member)]
     if missing:
         raise ValueError(f"strategy {strategy!r} lacks {', '.join(missing)} (see Strategy)")
     name = strategy.name
     if not isinstance(name, str) or not name or name != name.strip():
         raise ValueError(f"strategy.name must be a non-empty string, got {name!r}")
-    if not callable(strategy.plan):
-        raise ValueError(f"strategy {name!r}: plan must be callable, got {strategy.plan!r}")
+    for method in ("plan", "plan_context_parallel"):
+        if hasattr(strategy, method) and not callable(getattr(strategy, method)):
+            raise ValueError(
+                f"strategy {name!r}: {method} must be callable, got {getattr(strategy, method)!r}"
+            )
     for flag in ("enforces_cap", "aligns_positions"):
-        value = getattr(strategy, flag)
+        value = getattr(strategy, flag, False)
         if not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"strategy {name!r}: {flag} must be a bool, got {value!r}")
     if not isinstance(strategy.description, str):
@@ -172,16 +202,36 @@ def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatch
     return microbatches
 
 
-def get_strategy(name: str) -> Strategy:
-    """The strategy registered as ``name``; ValueError listing the registered names."""
+def get_strategy(name: str, *, context_parallel: bool | None = None) -> Strategy:
+    """The strategy registered as ``name``; ValueError listing the registered names.
+
+    ``context_parallel``: True (False) also requires that it plans context-parallel
+    (data-parallel) steps, else ValueError naming the strategy and listing those that do.
+    """
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"strategy must be one of {', '.join(map(repr, _REGISTRY))}, got {name!r}")
-    return _REGISTRY[name]
+    strategy = _REGISTRY[name]
+    if context_parallel is not None and not _plans(strategy, context_parallel):
+        names = ", ".join(map(repr, strategy_names(context_parallel=context_parallel)))
+        mode = "with" if context_parallel else "without"
+        raise ValueError(f"strategy ({mode} context_parallel) must be one of {names}, got {name!r}")
+    return strategy
 
 
-def strategy_names(*families: str) -> tuple[str, ...]:
-    """Registered names in registration order (deterministic), optionally of some families."""
+def strategy_names(*families: str, context_parallel: bool = False) -> tuple[str, ...]:
+    """Registered names in registration order (deterministic), optionally of some families:
+    the strategies of data-parallel steps, or with ``context_parallel=True`` those of
+    context-parallel steps (``balanced``, ``static_cp``, ``dynamic_cp_megatron``, ...)."""
     for family in families:
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    return tuple(name for name, s in _REGISTRY.items() if not families or s.family in families)
+    return tuple(
+        name
+        for name, s in _REGISTRY.items()
+        if (not families or s.family in families) and _plans(s, context_parallel)
+    )
+
+
+def _plans(strategy: Strategy, context_parallel: bool) -> bool:
+    """Whether ``strategy`` plans context-parallel (or data-parallel) steps."""
+    return hasattr(strategy, "plan_context_parallel" if context_parallel else "plan")

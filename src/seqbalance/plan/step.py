@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -11,12 +11,12 @@ from seqbalance._validation import MAX_TOKENS_LIMIT, as_group_ids, as_lengths, c
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
+from seqbalance.plan._shared import check_within_caps
+from seqbalance.plan.context_parallel import ContextParallelPlan
+from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.registry import Microbatches, checked_microbatches, get_strategy
 from seqbalance.plan.types import PlanValidationError, StepPlan
-
-if TYPE_CHECKING:
-    from seqbalance.plan.context_parallel import ContextParallelPlan
 
 __all__ = [
     "MAX_DP_SIZE",
@@ -172,24 +172,10 @@ def plan_step(
 def _plan_context_parallel(
     lengths: Any, dp_size: int, options: PlanOptions, groups: Any
 ) -> ContextParallelPlan:
-    """``plan_step`` with ``options.context_parallel``: one call of ``plan_context_parallel``."""
-    from seqbalance.plan.context_parallel import plan_context_parallel
-
+    """``plan_step`` with ``options.context_parallel`` (``seqbalance.plan.context_parallel``)."""
     if isinstance(lengths, SampleParts):
         raise ValueError("context_parallel plans token lengths; SampleParts are not supported yet")
-    return plan_context_parallel(
-        lengths,
-        dp_size,
-        context_parallel=options.context_parallel,
-        cost=options.cost_model,
-        groups=groups,
-        objective=options.objective,
-        strategy=options.strategy,
-        num_microbatches=options.num_microbatches,
-        min_microbatches=options.min_microbatches,
-        microbatch_multiple=options.microbatch_multiple,
-        allow_empty=options.allow_empty,
-    )
+    return plan_context_parallel(lengths, dp_size, options, groups)
 
 
 def vision_patches_of(parts: SampleParts | None, options: PlanOptions) -> np.ndarray | None:
@@ -224,29 +210,6 @@ def vision_patches_of(parts: SampleParts | None, options: PlanOptions) -> np.nda
             "sums this large cannot be represented exactly"
         )
     return patches
-
-
-def check_within_caps(
-    lengths: np.ndarray, vision_patches: np.ndarray | None, options: PlanOptions
-) -> None:
-    """Unless ``allow_oversize``: ValueError naming the first sample over ``max_tokens``, else
-    the first over ``max_vision_patches`` (``vision_patches`` from ``vision_patches_of``)."""
-    if options.allow_oversize:
-        return
-    for values, name, cap, option in (
-        (lengths, "lengths", options.max_tokens, "max_tokens"),
-        (vision_patches, "vision_patches", options.max_vision_patches, "max_vision_patches"),
-    ):
-        if values is None or cap is None:
-            continue
-        over = np.flatnonzero(values > cap)
-        if over.size:
-            i = int(over[0])
-            raise ValueError(
-                f"{name}[{i}] = {int(values[i])} exceeds {option} = {cap} ({over.size} "
-                "sample(s) do); pass allow_oversize=True to give such a sample a micro-batch of "
-                "its own"
-            )
 
 
 def _arrange(

@@ -1,7 +1,8 @@
 """Simulated comparison of context-parallel strategies on the same steps and cost model.
 
-``compare_context_parallel(steps, n_ranks, context_parallel=...)`` plans every step with every
-strategy and reports predicted step seconds, the lower bound and planning time; the CLI
+``compare_context_parallel(steps, n_ranks, PlanOptions(context_parallel=..., ...))`` plans every
+step with every strategy through ``plan_step`` (the options object ``plan_step`` and ``bench``
+take) and reports predicted step seconds, the lower bound and planning time; the CLI
 (``simulate --context-parallel``) and ``benchmarks/context_parallel.py`` only print it.
 """
 
@@ -14,13 +15,10 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths
-from seqbalance.cost.context_parallel import context_parallel_cost
-from seqbalance.plan.context_parallel import (
-    CP_STRATEGIES,
-    ContextParallel,
-    ContextParallelPlan,
-    plan_context_parallel,
-)
+from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
+from seqbalance.plan.options import PlanOptions
+from seqbalance.plan.registry import strategy_names
+from seqbalance.plan.step import plan_step
 
 __all__ = ["CPStrategyResult", "ContextParallelComparison", "compare_context_parallel"]
 
@@ -103,15 +101,10 @@ class ContextParallelComparison:
 def compare_context_parallel(
     steps: Sequence[Any],
     n_ranks: int,
+    options: PlanOptions,
     *,
-    context_parallel: ContextParallel,
-    cost: Any = "flops",
-    model: Any = None,
     groups: Sequence[Any] | None = None,
-    strategies: Sequence[str] = CP_STRATEGIES,
-    num_microbatches: int | None = None,
-    min_microbatches: int = 1,
-    microbatch_multiple: int = 1,
+    strategies: Sequence[str] | None = None,
     allow_empty: bool | None = None,
 ) -> ContextParallelComparison:
     """Plan every step with every strategy and collect predicted seconds.
@@ -119,27 +112,41 @@ def compare_context_parallel(
     Args:
         steps: token lengths of each step's samples (one array per step).
         n_ranks: ranks of the DPxCP domain.
-        context_parallel, cost, model: as for ``plan_context_parallel`` (the cost model is
-            resolved once and shared by every strategy).
+        options: ``PlanOptions`` with ``context_parallel`` (the CP sizes, the per-rank cap
+            ``max_tokens``, the cost model, the slot counts), as for ``plan_step``; its cost
+            model is resolved once and shared by every strategy, and its ``strategy`` is
+            replaced by each of ``strategies``.
         groups: a group-id array per step, or None.
-        strategies: names from ``CP_STRATEGIES``.
-        num_microbatches, min_microbatches, microbatch_multiple: the slot count per rank, as
-            for ``plan_context_parallel``.
+        strategies: names of context-parallel strategies (default: every one,
+            ``strategy_names(context_parallel=True)``).
         allow_empty: passed to every strategy, so all plan under the same constraints. None:
-            True when ``dynamic_cp_megatron`` is compared (its rule idles ranks between its
-            barriers on most steps, and refuses such steps without it), else False.
+            ``options.allow_empty``, or True when ``dynamic_cp_megatron`` is compared (its
+            rule idles ranks between its barriers on most steps, and refuses such steps
+            without it).
 
     Returns:
         A ``ContextParallelComparison``. Every plan is validated.
     """
+    if not isinstance(options, PlanOptions) or options.context_parallel is None:
+        raise ValueError(
+            f"options must be a PlanOptions with context_parallel set, got {options!r:.120}"
+        )
+    strategies = strategy_names(context_parallel=True) if strategies is None else strategies
     if len(steps) == 0:
         raise ValueError("steps must hold at least one step of lengths")
     if groups is not None and len(groups) != len(steps):
         raise ValueError(f"groups has {len(groups)} entries for {len(steps)} steps")
     if allow_empty is None:
-        allow_empty = "dynamic_cp_megatron" in strategies
-    cost_model = context_parallel_cost(cost, model, comm=context_parallel.comm)
-    options = replace(context_parallel, comm=None)  # the resolved model carries it
+        allow_empty = options.allow_empty or "dynamic_cp_megatron" in strategies
+    context_parallel = options.context_parallel
+    cost_model = options.cost_model
+    # The resolved model carries the communication constants.
+    shared = options.replace(
+        cost=cost_model,
+        model=None,
+        context_parallel=replace(context_parallel, comm=None),
+        allow_empty=allow_empty,
+    )
     arrays = [as_lengths(lengths, f"steps[{i}]") for i, lengths in enumerate(steps)]
     step_groups = (
         [None] * len(arrays)
@@ -153,19 +160,9 @@ def compare_context_parallel(
     every_plan = {}
     for strategy in strategies:
         plans: list[ContextParallelPlan] = []
+        strategy_options = shared.replace(strategy=strategy)
         for lengths, group_ids in zip(arrays, step_groups, strict=True):
-            plan = plan_context_parallel(
-                lengths,
-                n_ranks,
-                context_parallel=options,
-                cost=cost_model,
-                groups=group_ids,
-                strategy=strategy,
-                num_microbatches=num_microbatches,
-                min_microbatches=min_microbatches,
-                microbatch_multiple=microbatch_multiple,
-                allow_empty=allow_empty,
-            )
+            plan = plan_step(lengths, n_ranks, strategy_options, groups=group_ids)
             plan.validate()
             plans.append(plan)
         every_plan[strategy] = plans

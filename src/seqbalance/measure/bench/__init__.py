@@ -21,7 +21,7 @@ same time model; ``balanced_oracle`` plans ``balanced`` with the true rank speed
 steps or the whole run); ``options.rank_speeds`` plans the precomputed strategies with given
 speeds.
 
-With ``BenchSettings.context_parallel`` the processes form a DPxCP domain instead: they
+With ``BenchSettings.options.context_parallel`` the processes form a DPxCP domain instead: they
 calibrate a ``ContextParallelTimeModel`` together and run ``static_cp``,
 ``dynamic_cp_megatron`` and ``balanced`` with the context-parallel executor, measured against
 the planner's predictions (``context_parallel``).

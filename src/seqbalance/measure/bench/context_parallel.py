@@ -79,13 +79,12 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
     if context_parallel.static_size is None:
         # A static configuration: one CP size for the whole run, the smallest that fits the
         # dataset's longest sample (not re-chosen for each step's longest).
-        cap = context_parallel.max_tokens_per_rank
         static = next(
             size
             for size in context_parallel.usable_sizes(settings.procs)
-            if size * cap >= lengths.max()
+            if size * options.max_tokens >= lengths.max()
         )
-        context_parallel = replace(context_parallel, static_size=static)
+        options = options.replace(context_parallel=replace(context_parallel, static_size=static))
     groups = None if settings.groups is None else np.asarray(settings.groups, dtype=np.int64)
     batches = sample_batches(
         lengths.size,
@@ -97,14 +96,9 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
     return compare_context_parallel(
         [lengths[batch] for batch in batches],
         settings.procs,
-        context_parallel=context_parallel,
-        cost=cost,
+        options,
         groups=None if groups is None else [groups[batch] for batch in batches],
         strategies=settings.strategies,
-        num_microbatches=options.num_microbatches,
-        min_microbatches=options.min_microbatches,
-        microbatch_multiple=options.microbatch_multiple,
-        allow_empty=options.allow_empty or None,  # None: as the compared strategies need
     )
 
 

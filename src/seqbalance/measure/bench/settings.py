@@ -19,7 +19,7 @@ from seqbalance._validation import (
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
-from seqbalance.plan import CP_STRATEGIES, ContextParallel, PlanOptions
+from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 from seqbalance.plan.options import check_rank_speeds
 
 __all__ = [
@@ -164,16 +164,19 @@ class BenchSettings:
         cores: CPU cores the processes are pinned to, rank r on ``cores[r % len(cores)]``;
             default: the cores this process may run on.
         strategies: Strategy names to measure, in turn; None: :data:`DEFAULT_STRATEGIES`, or
-            every context-parallel strategy (``CP_STRATEGIES``) with ``context_parallel``.
-        options: The plan options every strategy plans with (``PlanOptions``: ``max_tokens``
-            (required without ``context_parallel``), ``layout`` / ``micro_batch_size``,
-            micro-batch counts, ``objective``, ``order``, ``allow_oversize``,
-            ``allow_empty``). Their ``cost`` is the run's time model and their ``strategy``
-            each of ``strategies`` in turn, so both must be left at their defaults.
-        context_parallel: ``ContextParallel`` options (CP sizes, per-rank token cap, scheme)
-            to shard long samples over context-parallel groups of the processes, or None.
-            The options' ``max_tokens`` must then be None or the per-rank cap; ``comm`` must be
-            None (the run calibrates it, or takes it from ``time_model``).
+            every context-parallel strategy (``strategy_names(context_parallel=True)``) with
+            ``context_parallel``.
+        options: The plan options every strategy plans with, the same object ``plan_step`` and
+            ``simulate`` take (``PlanOptions``: ``max_tokens`` (required), ``layout`` /
+            ``micro_batch_size``, micro-batch counts, ``objective``, ``order``,
+            ``allow_oversize``, ``allow_empty``, ``context_parallel``). Their ``cost`` is the
+            run's time model and their ``strategy`` each of ``strategies`` in turn, so both
+            must be left at their defaults; with ``context_parallel`` (CP sizes and scheme, to
+            shard long samples over context-parallel groups of the processes; ``max_tokens`` is
+            then the per-rank cap) the cost must name seconds, as every context-parallel request
+            does: ``cost="flops"``, which the run's ``ContextParallelTimeModel`` replaces.
+            ``context_parallel.comm`` must be None (the run calibrates it, or takes it from
+            ``time_model``).
         global_batch_size: Samples per optimizer step (rounded up to whole groups).
         steps: Measured steps per strategy.
         warmup: Unmeasured steps per strategy first.
@@ -195,7 +198,6 @@ class BenchSettings:
     cores: tuple[int, ...] | None = None
     strategies: tuple[str, ...] | None = None
     options: PlanOptions = field(default_factory=lambda: PlanOptions(max_tokens=DEFAULT_MAX_TOKENS))
-    context_parallel: ContextParallel | None = None
     global_batch_size: int = 32
     steps: int = 20
     warmup: int = 3
@@ -253,15 +255,15 @@ class BenchSettings:
         options = self.options
         if not isinstance(options, PlanOptions):
             raise ValueError(f"options must be a PlanOptions, got {type(options).__name__}")
-        defaults = PlanOptions()
-        for name, why in (
-            ("cost", "every strategy plans with the run's time model (time_model, or calibrated)"),
-            ("model", "every strategy plans with the run's time model (time_model, or calibrated)"),
-            ("strategy", "the strategies are measured in turn (strategies=...)"),
-            ("context_parallel", "pass context_parallel= to BenchSettings"),
+        run_model = "every strategy plans with the run's time model (time_model, or calibrated)"
+        # With context_parallel the cost must name seconds: "flops" stands for the run's model.
+        for name, default, why in (
+            ("cost", "tokens" if options.context_parallel is None else "flops", run_model),
+            ("model", None, run_model),
+            ("strategy", "balanced", "the strategies are measured in turn (strategies=...)"),
         ):
-            if getattr(options, name) != getattr(defaults, name):
-                raise ValueError(f"options.{name} must be left unset: {why}")
+            if getattr(options, name) != default:
+                raise ValueError(f"options.{name} must be left at {default!r}: {why}")
 
     def _check_speeds(self) -> None:
         if self.slow_rank is not None:
@@ -296,10 +298,6 @@ class BenchSettings:
 
     def _check_context_parallel(self) -> None:
         cp = self.context_parallel
-        if not isinstance(cp, ContextParallel):
-            raise ValueError(
-                f"context_parallel must be a ContextParallel or None, got {type(cp).__name__}"
-            )
         if cp.comm is not None:
             raise ValueError(
                 "context_parallel.comm must be None: the run calibrates the communication "
@@ -322,28 +320,33 @@ class BenchSettings:
                 "time_model must be a ContextParallelTimeModel or None with context_parallel, "
                 f"got {type(self.time_model).__name__}"
             )
-        strategies = CP_STRATEGIES if self.strategies is None else tuple(self.strategies)
+        names = strategy_names(context_parallel=True)
+        strategies = names if self.strategies is None else tuple(self.strategies)
         for name in strategies:
-            check_choice(name, "strategies entry (with context_parallel)", CP_STRATEGIES)
+            check_choice(name, "strategies entry (with context_parallel)", names)
         object.__setattr__(self, "strategies", strategies)
         # The options that context-parallel planning cannot honour fail here, named.
         self.context_parallel_options(
             ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0)
         )
-        longest = max(self.lengths)
-        if longest > usable[-1] * cp.max_tokens_per_rank:
+        longest, cap = max(self.lengths), self.options.max_tokens
+        if longest > usable[-1] * cap:
             raise ValueError(
                 f"lengths hold a sample of {longest} tokens, above the largest CP size usable "
-                f"on {self.procs} processes ({usable[-1]}) x max_tokens_per_rank = "
-                f"{cp.max_tokens_per_rank}"
+                f"on {self.procs} processes ({usable[-1]}) x max_tokens_per_rank = {cap}"
             )
+
+    @property
+    def context_parallel(self) -> ContextParallel | None:
+        """``options.context_parallel`` (its ``max_tokens_per_rank`` is ``options.max_tokens``)."""
+        return self.options.context_parallel
 
     def context_parallel_options(self, cost: ContextParallelTimeModel) -> PlanOptions:
         """The context-parallel plan options of a strategy: :attr:`options` with ``cost``
-        (carrying the communication constants) and :attr:`context_parallel`."""
+        (the run's time model, carrying the communication constants)."""
         if self.context_parallel is None:
             raise ValueError("context_parallel_options: these settings have no context_parallel")
-        return self.options.replace(cost=cost, context_parallel=self.context_parallel)
+        return self.options.replace(cost=cost)
 
     @property
     def max_position(self) -> int:
@@ -353,18 +356,18 @@ class BenchSettings:
 
     def describe(self) -> dict[str, Any]:
         """The settings as plain JSON values, without the data (lengths, groups, time model);
-        ``options`` as ``PlanOptions.to_dict()`` without ``cost``, ``model`` and
-        ``strategy``, ``context_parallel`` as ``ContextParallel.to_dict()`` (or None)."""
+        ``options`` as ``PlanOptions.to_dict()`` without ``cost``, ``model``, ``strategy`` and
+        ``context_parallel``, which is given as ``ContextParallel.to_dict()`` (or None)."""
         described = {
             item.name: getattr(self, item.name)
             for item in fields(self)
-            if item.name
-            not in ("lengths", "groups", "time_model", "options", "context_parallel", "slow_rank")
+            if item.name not in ("lengths", "groups", "time_model", "options", "slow_rank")
         }
         described["slow_rank"] = None if self.slow_rank is None else asdict(self.slow_rank)
         options = self.options.to_dict()
         for name in ("cost", "model", "strategy"):
             del options[name]
+        options.pop("context_parallel", None)
         described["options"] = options
         described["context_parallel"] = (
             None if self.context_parallel is None else self.context_parallel.to_dict()

@@ -47,14 +47,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-from seqbalance.plan._cp_megatron import megatron_applicable, plan_megatron_cp
-from seqbalance.plan._cp_metrics import Pieces, finish_times, slot_loads
-from seqbalance.plan._cp_problem import CPProblem, Schedule
+from seqbalance.partition import partition
+from seqbalance.plan.context_parallel._megatron import megatron_applicable, plan_megatron_cp
+from seqbalance.plan.context_parallel._metrics import Pieces, finish_times, slot_loads
+from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
 
-__all__ = ["plan_balanced_cp", "plan_static_cp", "schedule_step_time", "static_size"]
-
-Finalise = Callable[[Schedule, np.ndarray], Schedule]
-"""Equalises a schedule's slot counts given each sample's allowed block (may raise)."""
+__all__ = [
+    "CONTEXT_PARALLEL_BASELINES",
+    "BalancedContextParallel",
+    "plan_balanced_cp",
+    "plan_static_cp",
+    "schedule_step_time",
+    "static_size",
+]
 
 # Raise a sample's CP size while its busiest member exceeds this fraction of a rank's fair share.
 _RAISE_FRACTIONS = (1.0, 0.5, 0.25)
@@ -78,13 +83,18 @@ def schedule_step_time(s: Schedule) -> float:
 
 
 # ------------------------------------------------------------------ balanced
-def plan_balanced_cp(p: CPProblem, *, statics: list[int], finalise: Finalise) -> Schedule:
+def plan_balanced_cp(p: CPProblem) -> Schedule:
     """The balanced schedule, finalised (slot counts equalised, options checked, by
-    ``finalise``).
+    ``p.finalise``).
 
-    ``statics``: the sizes ``static_cp`` would use. Candidates are compared after ``finalise``;
-    one it refuses is skipped, and if it refuses all, its first refusal is raised.
+    Candidates are compared after ``finalise``; one it refuses is skipped, and if it refuses
+    all, its first refusal is raised.
     """
+    finalise = p.finalise
+    # static_cp's plans are candidates: at the default size, and at static_size if usable.
+    statics = {static_size(p, None)}
+    if p.static_size in p.sizes and p.static_size >= min(statics):
+        statics.add(p.static_size)
     base = p.min_cp
     fair_share = float(p.total_seconds(base).sum()) / p.n_ranks
     sizes = [base]
@@ -100,7 +110,7 @@ def plan_balanced_cp(p: CPProblem, *, statics: list[int], finalise: Finalise) ->
     # The baselines are candidates too, so balanced is never worse than them (DESIGN.md, 8).
     candidates += [
         lambda size=size, balance=balance: plan_static_cp(p, size, balance=balance)
-        for size in statics
+        for size in sorted(statics)
         for balance in ("cost", "tokens")
     ]
     if megatron_applicable(p):
@@ -266,8 +276,6 @@ def plan_static_cp(
     """Every sample over CP size ``size``; units split over the ``n_ranks / size`` groups by
     Karmarkar–Karp on tokens (``balance="tokens"``) or the partition engine on predicted
     seconds (``"cost"``), then packed first-fit decreasing per group."""
-    from seqbalance.partition import partition
-
     schedule = Schedule(p)
     n_blocks = p.n_ranks // size
     units = p.units
@@ -285,3 +293,42 @@ def plan_static_cp(
         schedule.pack(block * size, size, samples)
         home[samples] = (block * size, size)
     return schedule, home
+
+
+# ------------------------------------------------------------------ the registered strategies
+class BalancedContextParallel:
+    """The context-parallel capability of the registered ``balanced`` strategy
+    (``seqbalance.plan.balanced.Balanced`` inherits it)."""
+
+    def plan_context_parallel(self, problem: CPProblem) -> Schedule:
+        """The finalised balanced schedule of ``problem`` (:func:`plan_balanced_cp`)."""
+        return plan_balanced_cp(problem)
+
+
+class StaticCP:
+    """``static_cp``: every sample over one CP size (``ContextParallel.static_size``, else the
+    smallest that fits the longest sample), Megatron-LM's static context parallelism."""
+
+    name = "static_cp"
+    family = "baseline"
+    description = "every sample over one CP size, units split by token-sum Karmarkar-Karp"
+
+    def plan_context_parallel(self, problem: CPProblem) -> Schedule:
+        """The finalised static schedule of ``problem``."""
+        return problem.finalise(*plan_static_cp(problem, static_size(problem, problem.static_size)))
+
+
+class MegatronCP:
+    """``dynamic_cp_megatron``: Megatron-LM's hybrid (dynamic) context-parallel rule."""
+
+    name = "dynamic_cp_megatron"
+    family = "stack"
+    description = "Megatron-LM's hybrid CP rule: CP size per sample, groups between barriers"
+
+    def plan_context_parallel(self, problem: CPProblem) -> Schedule:
+        """The finalised schedule of Megatron-LM's rule on ``problem``."""
+        return problem.finalise(*plan_megatron_cp(problem))
+
+
+CONTEXT_PARALLEL_BASELINES = (StaticCP(), MegatronCP())
+"""The context-parallel-only strategies, registered after the data-parallel ones."""

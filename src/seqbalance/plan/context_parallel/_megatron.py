@@ -35,7 +35,7 @@ from collections import deque
 
 import numpy as np
 
-from seqbalance.plan._cp_problem import CPProblem, Schedule
+from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
 
 __all__ = ["plan_megatron_cp"]
 

@@ -4,28 +4,37 @@ Strategies read a ``CPProblem`` and build a ``Schedule``: every rank's list of s
 list of sample positions. A slot of a CP group of size ``cp`` is one list object shared by the
 ``cp`` member ranks at the same slot index, so the members run the sample in the same slot by
 construction. ``Schedule.normalise`` brings every rank to the same slot count;
-``Schedule.arrays`` turns it into the per-sample arrays of the plan.
+``Schedule.arrays`` turns it into the per-sample arrays of the plan; ``CPProblem.finalise``
+brings a schedule to the slot count the options ask for (the one count rule of
+``seqbalance.plan._shared.microbatch_count``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
+from seqbalance.plan._shared import microbatch_count, unit_numbers
+
+if TYPE_CHECKING:
+    from seqbalance.plan.options import PlanOptions
 
 __all__ = ["CPProblem", "Schedule"]
 
 
 @dataclass(frozen=True, eq=False)
 class CPProblem:
-    """Normalised inputs of ``plan_context_parallel``.
+    """Normalised inputs of a context-parallel step (what a strategy's
+    ``plan_context_parallel`` reads).
 
     ``sizes``: the allowed CP sizes that divide ``n_ranks`` (ascending; each divides the next,
-    so aligned blocks nest). ``min_cp``: per sample, the smallest of them whose largest share
-    fits ``cap``.
+    so aligned blocks nest). ``cap``: the per-rank token cap (``options.max_tokens``).
+    ``min_cp``: per sample, the smallest of the sizes whose largest share fits ``cap``.
+    ``options``: the validated request (slot counts, ``allow_empty``, the strategy).
     """
 
     lengths: np.ndarray
@@ -36,10 +45,43 @@ class CPProblem:
     model: ContextParallelTimeModel
     groups: np.ndarray | None
     min_cp: np.ndarray
+    options: PlanOptions
 
     @property
     def n(self) -> int:
         return int(self.lengths.size)
+
+    @property
+    def static_size(self) -> int | None:
+        """The CP size ``static_cp`` was asked to use (``ContextParallel.static_size``)."""
+        return self.options.context_parallel.static_size
+
+    def finalise(self, schedule: Schedule, home: np.ndarray) -> Schedule:
+        """``schedule`` with every rank at the slot count the options ask for
+        (``microbatch_count`` of the slots it needs); ``home`` gives each sample's allowed
+        block (first rank, size) for ``Schedule.normalise``.
+
+        Raises:
+            ValueError: an infeasible ``num_microbatches``, or a slot left empty without
+                ``allow_empty`` (naming it).
+        """
+        allow_empty = self.options.allow_empty
+        needed = max((len(rank_slots) for rank_slots in schedule.slots), default=0)
+        target = microbatch_count(
+            needed,
+            self.options,
+            self.n_ranks,
+            lambda: f"this plan needs {needed} slots per rank",
+        )
+        if not allow_empty and self.n < target:
+            raise ValueError(
+                f"lengths has {self.n} samples, fewer than the {target} slots every rank "
+                "needs, so some slot would be empty; pass allow_empty=True to allow that"
+            )
+        schedule.normalise(target, allow_empty=allow_empty, home=home)
+        if not allow_empty:
+            schedule.refuse_empty(self.options.strategy)
+        return schedule
 
     @cached_property
     def _seconds(self) -> dict[int, np.ndarray]:
@@ -75,13 +117,8 @@ class CPProblem:
     @cached_property
     def unit_of_sample(self) -> np.ndarray:
         """int64 ``[n]``: the unit (group, or the sample itself) of every sample, numbered in
-        order of first appearance."""
-        if self.groups is None:
-            return np.arange(self.n, dtype=np.int64)
-        _, first, inverse = np.unique(self.groups, return_index=True, return_inverse=True)
-        rank_by_first = np.empty(first.size, dtype=np.int64)
-        rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
-        return rank_by_first[inverse.reshape(-1)]
+        order of first appearance (``unit_numbers``)."""
+        return unit_numbers(self.groups, self.n)
 
     @cached_property
     def units(self) -> list[np.ndarray]:

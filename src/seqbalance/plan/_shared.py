@@ -1,0 +1,101 @@
+"""Rules data- and context-parallel planning share: the check that every sample fits the cap,
+the micro-batch (slot) count, and the units a grouping of samples forms."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from seqbalance.plan.options import PlanOptions
+
+__all__ = ["MAX_SLOTS", "check_within_caps", "microbatch_count", "unit_numbers"]
+
+MAX_SLOTS = 2**18
+"""Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
+
+
+def microbatch_count(needed: int, options: PlanOptions, ranks: int, why: Callable[[], str]) -> int:
+    """The one micro-batch (slot) count rule, for data- and context-parallel plans alike: the
+    count per rank of a plan that needs ``needed``: ``num_microbatches`` when fixed, else
+    ``needed`` raised to ``min_microbatches`` (and 1) and up to a multiple of
+    ``microbatch_multiple``.
+
+    Raises:
+        ValueError: ``num_microbatches`` is fixed and below ``needed`` (the message ends with
+            ``why()``), or ``ranks`` x the count exceeds ``MAX_SLOTS``.
+    """
+    if options.num_microbatches is not None:
+        if needed > options.num_microbatches:
+            raise ValueError(
+                f"num_microbatches = {options.num_microbatches} is infeasible: {why()}"
+            )
+        m = options.num_microbatches
+    else:
+        m = max(needed, options.min_microbatches, 1)
+        m = -(-m // options.microbatch_multiple) * options.microbatch_multiple
+    if ranks * m > MAX_SLOTS:
+        raise ValueError(
+            f"dp_size x micro-batches = {ranks} x {m} = {ranks * m} micro-batch slots, "
+            f"more than 2**18 = {MAX_SLOTS}; check num_microbatches, min_microbatches and "
+            "microbatch_multiple"
+        )
+    return m
+
+
+def unit_numbers(groups: np.ndarray | None, n: int) -> np.ndarray:
+    """int64 ``[n]``: the unit (group, or the sample itself without ``groups``) of every
+    sample; units are numbered in order of first appearance."""
+    if groups is None:
+        return np.arange(n, dtype=np.int64)
+    _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
+    rank_by_first = np.empty(first.size, dtype=np.int64)
+    rank_by_first[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank_by_first[inverse.reshape(-1)]
+
+
+def check_within_caps(
+    lengths: np.ndarray,
+    vision_patches: np.ndarray | None,
+    options: PlanOptions,
+    *,
+    cp_reach: tuple[int, int] | None = None,
+) -> None:
+    """The one over-cap check of a step's samples.
+
+    Data parallel: unless ``allow_oversize``, ValueError naming the first sample over
+    ``max_tokens``, else the first over ``max_vision_patches`` (``vision_patches`` from
+    ``seqbalance.plan.step.vision_patches_of``). Context parallel (``cp_reach``: the largest
+    usable CP size and ``n_ranks``): a sample may shard over that many ranks, each holding at
+    most ``max_tokens`` (the per-rank cap), and one longer than that is refused.
+    """
+    if cp_reach is not None:
+        widest, n_ranks = cp_reach
+        cap = options.max_tokens
+        over = np.flatnonzero(lengths > widest * cap)
+        if over.size:
+            i = int(over[0])
+            raise ValueError(
+                f"lengths[{i}] = {int(lengths[i])} does not fit: the largest usable CP size "
+                f"{widest} (of n_ranks = {n_ranks}) holds {widest * cap} tokens at "
+                f"max_tokens_per_rank = {cap}"
+            )
+        return
+    if options.allow_oversize:
+        return
+    for values, name, cap, option in (
+        (lengths, "lengths", options.max_tokens, "max_tokens"),
+        (vision_patches, "vision_patches", options.max_vision_patches, "max_vision_patches"),
+    ):
+        if values is None or cap is None:
+            continue
+        over = np.flatnonzero(values > cap)
+        if over.size:
+            i = int(over[0])
+            raise ValueError(
+                f"{name}[{i}] = {int(values[i])} exceeds {option} = {cap} ({over.size} "
+                "sample(s) do); pass allow_oversize=True to give such a sample a micro-batch of "
+                "its own"
+            )

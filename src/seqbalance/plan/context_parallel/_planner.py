@@ -1,0 +1,111 @@
+"""What ``plan_step`` runs when ``PlanOptions.context_parallel`` is set.
+
+The options arrive validated (``PlanOptions`` checks every context-parallel option once, the
+per-rank cap ``max_tokens`` included); here only the step's data (lengths, ranks, groups) is
+checked, the ``CPProblem`` built, the registered strategy's ``plan_context_parallel`` called and
+its schedule costed into a validated ``ContextParallelPlan``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seqbalance._validation import as_group_ids, as_lengths, check_int
+from seqbalance.plan._shared import check_within_caps
+from seqbalance.plan.context_parallel._metrics import min_cp_sizes
+from seqbalance.plan.context_parallel._plan import ContextParallelPlan
+from seqbalance.plan.context_parallel._problem import CPProblem
+from seqbalance.plan.registry import get_strategy
+
+if TYPE_CHECKING:
+    from seqbalance.plan.options import PlanOptions
+
+__all__ = ["plan_context_parallel"]
+
+
+def plan_context_parallel(
+    lengths: Any, n_ranks: int, options: PlanOptions, groups: Any = None
+) -> ContextParallelPlan:
+    """Plan one step over ``n_ranks`` ranks that shard long samples over CP groups.
+
+    Args:
+        lengths: tokens per sample (non-negative integers).
+        n_ranks: ranks of the data x context-parallel domain, >= 1.
+        options: validated ``PlanOptions`` with ``context_parallel`` set (see ``plan_step``).
+        groups: a group id per sample (e.g. the GRPO prompt): a group stays inside one aligned
+            block, that of its widest sample.
+
+    Slot counts (one rule for every strategy, ``seqbalance.plan._shared.microbatch_count``):
+    with ``num_microbatches=None`` a strategy uses the slots its schedule needs, raised to
+    ``min_microbatches`` and to a multiple of ``microbatch_multiple``. ``static_cp`` and
+    ``dynamic_cp_megatron`` have one schedule each; ``balanced`` plans several candidates (its
+    own, the rivals' plans and the rule's assignment rebuilt as a seed) and keeps the one with
+    the lowest predicted step time (the earlier candidate on ties), so its count is that of
+    its fastest valid plan, and it is never slower than a rival's valid plan under the same
+    options, nor refuses a step a rival plans.
+
+    Returns:
+        A ``ContextParallelPlan``, validated (``plan.validate()``) before it is returned.
+
+    Raises:
+        ValueError: naming the argument and value: bad lengths, ranks or groups, no usable CP
+            size, a sample longer than the largest usable CP size times the per-rank cap, an
+            infeasible ``num_microbatches``, empty slots without ``allow_empty`` (naming it), a
+            strategy that does not support the input (``dynamic_cp_megatron`` with groups).
+    """
+    start_time = time.perf_counter()
+    lengths = as_lengths(lengths, "lengths")
+    n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
+    group_ids = None if groups is None else as_group_ids(groups, lengths.size)
+    problem = _problem(lengths, n_ranks, options, group_ids)
+    schedule = get_strategy(options.strategy).plan_context_parallel(problem)
+    plan = ContextParallelPlan.costed(
+        lengths,
+        n_ranks,
+        schedule.arrays(),
+        options.context_parallel,
+        problem.model,
+        groups=group_ids,
+        barriers=tuple(schedule.barriers),
+        strategy=options.strategy,
+        objective=options.objective,
+        allow_empty=options.allow_empty,
+        min_microbatches=options.min_microbatches,
+        microbatch_multiple=options.microbatch_multiple,
+        num_microbatches=options.num_microbatches,
+    )
+    plan = replace(plan, planning_seconds=time.perf_counter() - start_time)
+    plan.validate()  # every strategy's plan, checked against the request before anyone uses it
+    return plan
+
+
+def _problem(
+    lengths: np.ndarray, n_ranks: int, options: PlanOptions, groups: np.ndarray | None
+) -> CPProblem:
+    """The ``CPProblem`` of a step: the usable CP sizes and every sample's smallest one.
+
+    Raises:
+        ValueError: no allowed size divides ``n_ranks``, or a sample does not fit the largest
+            usable size at the per-rank cap.
+    """
+    cp = options.context_parallel
+    sizes = cp.usable_sizes(n_ranks)
+    if not sizes:
+        raise ValueError(f"no CP size in sizes = {list(cp.sizes)} divides n_ranks = {n_ranks}")
+    check_within_caps(lengths, None, options, cp_reach=(sizes[-1], n_ranks))
+    cap = options.max_tokens
+    return CPProblem(
+        lengths=lengths,
+        n_ranks=n_ranks,
+        sizes=sizes,
+        cap=cap,
+        scheme=cp.scheme,
+        model=options.cost_model,
+        groups=groups,
+        min_cp=min_cp_sizes(lengths, sizes, cap),
+        options=options,
+    )
