@@ -23,7 +23,13 @@ from seqbalance._validation import (
     check_choice,
     check_int,
 )
+from seqbalance.cost.context_parallel import (
+    context_parallel_cost,
+    cost_description,
+)
+from seqbalance.cost.context_parallel import cost_from_description as cp_cost_from_description
 from seqbalance.cost.resolve import cost_from_description, describe_cost, resolve_cost
+from seqbalance.plan._cp_options import ContextParallel
 from seqbalance.plan.registry import get_strategy
 
 __all__ = [
@@ -209,9 +215,6 @@ class PlanOptions:
         (``max_tokens``, and ``context_parallel.max_tokens_per_rank`` for compatibility: one
         fills in the other, and both set must agree); return its cost model (seconds, K/V
         sizes)."""
-        from seqbalance.cost.context_parallel import context_parallel_cost
-        from seqbalance.plan.context_parallel._options import ContextParallel
-
         cp = self.context_parallel
         if not isinstance(cp, ContextParallel):
             raise ValueError(
@@ -279,15 +282,13 @@ class PlanOptions:
         """JSON-ready dict of every option (``max_vision_patches`` only when set); costs and
         models as in ``seqbalance.cost.describe_cost`` (a callable is recorded by its qualified
         name)."""
-        from seqbalance.cost.context_parallel import cost_description
-
         data = {
             name: getattr(self, name)
             for name in option_names()
             if not (name in _WRITTEN_WHEN_SET and getattr(self, name) is None)
         }
-        cp_cost = cost_description(self.cost)  # a ContextParallelTimeModel, in full
-        data["cost"] = describe_cost(self.cost) if cp_cost is None else cp_cost
+        cp_description = cost_description(self.cost)  # a ContextParallelTimeModel, in full
+        data["cost"] = describe_cost(self.cost) if cp_description is None else cp_description
         data["model"] = describe_cost(self.model)
         if self.context_parallel is not None:
             data["context_parallel"] = self.context_parallel.to_dict()
@@ -296,21 +297,17 @@ class PlanOptions:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlanOptions:
         """Inverse of ``to_dict``; unknown keys raise ValueError listing the valid names."""
-        from seqbalance.cost import context_parallel as cp_cost
-
         if not isinstance(data, Mapping):
             raise ValueError(f"PlanOptions data must be a mapping, got {type(data).__name__}")
         values = dict(data)
         _check_names(values, "PlanOptions")
         for name in ("cost", "model"):
             if name in values:
-                model = cp_cost.cost_from_description(values[name]) if name == "cost" else None
+                model = cp_cost_from_description(values[name]) if name == "cost" else None
                 if model is None:
                     model = cost_from_description(values[name], name)
                 values[name] = model
         if values.get("context_parallel") is not None:
-            from seqbalance.plan.context_parallel._options import ContextParallel
-
             values["context_parallel"] = ContextParallel.from_dict(values["context_parallel"])
         return cls(**values)
 

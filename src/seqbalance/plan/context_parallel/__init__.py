@@ -34,8 +34,8 @@ context-parallel steps reads a ``CPProblem`` and returns its finalised ``Schedul
 
 from __future__ import annotations
 
+from seqbalance.plan._cp_options import ContextParallel
 from seqbalance.plan.context_parallel._inputs import SlotInputs
-from seqbalance.plan.context_parallel._options import ContextParallel
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
 

@@ -15,10 +15,10 @@ from seqbalance.cost.context_parallel import (
     context_parallel_cost,
     shard_chunks,
 )
+from seqbalance.plan._cp_options import ContextParallel
 from seqbalance.plan._document import MALFORMED_ERRORS, PlanDocument, load_document, malformed
 from seqbalance.plan.context_parallel._inputs import SlotInputs
 from seqbalance.plan.context_parallel._metrics import Pieces, finish_times, lower_bound, slot_loads
-from seqbalance.plan.context_parallel._options import ContextParallel
 from seqbalance.plan.context_parallel._validate import PlanChecks
 from seqbalance.plan.types import PlanValidationError
 
