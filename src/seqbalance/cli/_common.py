@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import pickle
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqbalance import datasets
 from seqbalance._validation import as_lengths, check_positive_float
 from seqbalance.cli._output import (
     markdown_table,
@@ -26,13 +28,14 @@ from seqbalance.cli._output import (
     progress_callback,
     to_jsonable,
 )
+from seqbalance.cost import TimeModel, resolve_cost, seconds_model
+from seqbalance.cost import resolve_model as _resolve_model
+from seqbalance.cost.context_parallel import ContextParallelTimeModel, load_time_model_file
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_MODEL, DEFAULT_PEAK_FLOPS_PER_S
-from seqbalance.plan import OBJECTIVES
+from seqbalance.plan import LAYOUTS, OBJECTIVES, ORDERS, ContextParallel, PlanOptions, option_names
 
 if TYPE_CHECKING:
-    from seqbalance.cost import HSTUFlopsModel, ModelSpec, TimeModel
-    from seqbalance.cost.context_parallel import ContextParallelTimeModel
-    from seqbalance.plan import ContextParallel
+    from seqbalance.cost import HSTUFlopsModel, ModelSpec
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -156,7 +159,6 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
     path = Path(source)
     if path.suffix == ".npy" or path.exists():
         return LengthsInput(_read_lengths_file(path, argument), None, path.name)
-    from seqbalance import datasets
 
     if source == LONG_CONTEXT:
         return LengthsInput(datasets.long_context(LONG_CONTEXT_SAMPLES), None, LONG_CONTEXT)
@@ -193,9 +195,7 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
 def resolve_model(source: str) -> ModelSpec | HSTUFlopsModel:
     """``--model``: a preset name, a Hugging Face ``config.json`` path, or a folder holding one
     (``seqbalance.cost.resolve_model``)."""
-    from seqbalance.cost import resolve_model
-
-    return resolve_model(source, "--model")
+    return _resolve_model(source, "--model")
 
 
 def add_time_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -241,8 +241,6 @@ def load_time_model(
     ``ContextParallelTimeModel`` (``seqbalance calibrate --context-parallel``). Without
     ``context_parallel`` the latter gives its compute ``TimeModel``, so a ``TimeModel`` is
     always returned then."""
-    from seqbalance.cost.context_parallel import ContextParallelTimeModel, load_time_model_file
-
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"--time-model: no such file {str(path)!r}")
@@ -254,7 +252,6 @@ def load_time_model(
 
 def describe_time_model(model: Any, source: str) -> str:
     """One line: what ``--time-model`` ``source`` holds and how well it was fitted."""
-    from seqbalance.cost.context_parallel import ContextParallelTimeModel
 
     def fit(stats: Any) -> str:
         return "" if stats is None else f", fit MAPE {100 * stats.mape:.1f}%"
@@ -282,8 +279,6 @@ def cost_from_args(
             raise ValueError(
                 "--time-model replaces --peak-tflops/--efficiency; give one or the other"
             )
-        from seqbalance.cost.context_parallel import ContextParallelTimeModel
-
         model = load_time_model(args.time_model, context_parallel=True)
         description = describe_time_model(model, args.time_model)
         if not context_parallel and isinstance(model, ContextParallelTimeModel):
@@ -300,8 +295,6 @@ def cost_from_args(
 
 def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str]:
     """``(time model, one-line description)`` from the cost-model arguments."""
-    from seqbalance.cost import resolve_cost, seconds_model
-
     cost, peak, efficiency, description = cost_from_args(args)
     model, source = seconds_model(resolve_cost(cost), peak_flops_per_s=peak, efficiency=efficiency)
     return model, description or source
@@ -312,9 +305,6 @@ def context_parallel_cost_from_args(args: argparse.Namespace) -> tuple[Any, str 
     ``--context-parallel``: a ``ContextParallelTimeModel`` file as it is, a ``TimeModel`` file
     with the K/V sizes of ``--model``, or ``--model``'s FLOPs at ``--peak-tflops`` x
     ``--efficiency`` (description None)."""
-    from seqbalance.cost import TimeModel
-    from seqbalance.cost.context_parallel import ContextParallelTimeModel
-
     cost, peak, efficiency, description = cost_from_args(args, context_parallel=True)
     if isinstance(cost, TimeModel):
         # A calibrated compute model; K/V sizes for communication come from --model.
@@ -340,8 +330,6 @@ def add_plan_option_arguments(
     ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
     ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``. Read them back with
     :func:`plan_options_from_args`."""
-    from seqbalance.plan import LAYOUTS, ORDERS
-
     group = parser.add_argument_group("plan options")
     cap = "none" if max_tokens_default is None else str(max_tokens_default)
     group.add_argument(
@@ -384,8 +372,6 @@ def add_plan_option_arguments(
 
 def _flag_options() -> tuple[str, ...]:
     """The plan options that ``add_plan_option_arguments`` defines a flag for."""
-    from seqbalance.plan import option_names
-
     return tuple(name for name in option_names() if name not in _NO_FLAG)
 
 
@@ -398,8 +384,6 @@ def plan_options_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
     """``PlanOptions`` from the flags of :func:`add_plan_option_arguments` plus ``fixed``
     options (e.g. ``cost``; they replace a flag's value); a ValueError names the flags, not
     the Python keywords."""
-    from seqbalance.plan import PlanOptions
-
     values = {name: getattr(args, name) for name in _flag_options()}
     try:
         return PlanOptions(**{**values, **fixed})
@@ -468,8 +452,6 @@ def context_parallel_from_args(
         ValueError: ``--max-tokens-per-rank`` without ``--context-parallel``, no cap at all,
             or bad sizes or cap (the message names the flag).
     """
-    from seqbalance.plan import ContextParallel
-
     if args.context_parallel is None:
         if args.max_tokens_per_rank is not None:
             raise ValueError("--max-tokens-per-rank applies with --context-parallel only")
@@ -493,8 +475,6 @@ def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
         flags: Keyword name -> flag; default: the plan options (``max_tokens`` ->
             ``--max-tokens``, ...).
     """
-    import re
-
     if flags is None:
         flags = {name: flag(name) for name in _flag_options()}
     for name in sorted(flags, key=len, reverse=True):

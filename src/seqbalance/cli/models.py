@@ -6,11 +6,11 @@ import argparse
 from typing import Any
 
 from seqbalance.cli._common import add_json_flag, print_json, print_table
+from seqbalance.cost import HSTUFlopsModel, HSTUSpec, describe_preset, hstu_presets, presets
+from seqbalance.cost.flops import PRESET_REFERENCE_LENGTH
 
 
 def register(subparsers: Any) -> None:
-    from seqbalance.cost.flops import PRESET_REFERENCE_LENGTH
-
     parser = subparsers.add_parser(
         "models",
         help="list the model presets (use their names with --model)",
@@ -35,9 +35,6 @@ def describe_hstu_preset(name: str) -> dict[str, Any]:
     """The HSTU preset ``name`` in the shape of ``describe_preset``'s entries (``kind``
     ``"hstu"``; its FLOPs per token are those of one causal ``PRESET_REFERENCE_LENGTH``-token
     sequence)."""
-    from seqbalance.cost import HSTUFlopsModel, HSTUSpec
-    from seqbalance.cost.flops import PRESET_REFERENCE_LENGTH
-
     spec = HSTUSpec.preset(name)
     training = float(HSTUFlopsModel(spec).per_sample([PRESET_REFERENCE_LENGTH])[0])
     return {
@@ -53,9 +50,6 @@ def describe_hstu_preset(name: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqbalance.cost import describe_preset, hstu_presets, presets
-    from seqbalance.cost.flops import PRESET_REFERENCE_LENGTH
-
     # One namespace, one listing: the language-model presets, then the HSTU ones.
     models = [
         *({"kind": "language_model", **describe_preset(name)} for name in presets()),

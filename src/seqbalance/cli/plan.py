@@ -22,11 +22,10 @@ from seqbalance.cli._common import (
     print_table,
     time_model_from_args,
 )
+from seqbalance.plan import plan_epoch, plan_step, strategy_names
 
 
 def register(subparsers: Any) -> None:
-    from seqbalance.plan import strategy_names
-
     parser = subparsers.add_parser(
         "plan",
         help="plan one step (or an epoch) of a lengths file and write the plan as JSON",
@@ -77,8 +76,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqbalance.plan import plan_epoch, plan_step
-
     source = load_lengths(args.lengths, argument="LENGTHS")
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
     if context_parallel is not None:
@@ -133,8 +130,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_context_parallel(args: argparse.Namespace, source: Any, context_parallel: Any) -> int:
     """``plan --context-parallel``: one step over CP groups, written as a ContextParallelPlan."""
-    from seqbalance.plan import plan_step
-
     if args.global_batch is not None:
         raise ValueError("--global-batch does not apply with --context-parallel: it plans one step")
     cost, description = context_parallel_cost_from_args(args)

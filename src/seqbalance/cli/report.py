@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from seqbalance.cli._common import add_json_flag, markdown_table, print_json, print_table
+from seqbalance.sim.run_report import load_telemetry, plot_run, summarize_run
 
 
 def register(subparsers: Any) -> None:
@@ -34,8 +35,6 @@ COLUMNS = ("step", "step (ms)", "imbalance", "predicted (ms)", "model error", "s
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqbalance.sim.run_report import load_telemetry, plot_run, summarize_run
-
     rows = load_telemetry(args.log)
     summary = summarize_run(rows)
     if args.plot is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import warnings
 from typing import Any
@@ -28,6 +29,17 @@ from seqbalance.cli._common import (
     print_table,
     progress_callback,
 )
+from seqbalance.plan import strategy_names
+from seqbalance.plan.stacks import length_grouped_steps
+from seqbalance.sim import (
+    DEFAULT_MAX_TOKENS,
+    TruncationWarning,
+    default_strategies,
+    plot,
+    sample_batches,
+    simulate,
+)
+from seqbalance.sim.context_parallel import compare_context_parallel
 
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20
@@ -40,8 +52,6 @@ LENGTH_GROUPED = "hf_length_grouped"
 
 
 def register(subparsers: Any) -> None:
-    from seqbalance.sim import DEFAULT_MAX_TOKENS, default_strategies
-
     parser = subparsers.add_parser(
         "simulate",
         help="predict step time per strategy on your lengths, model and cluster",
@@ -103,8 +113,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqbalance.sim import TruncationWarning, plot, simulate
-
     source = load_lengths(args.lengths)
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
     if context_parallel is not None:
@@ -186,8 +194,6 @@ CP_COLUMNS = (
 
 def _run_context_parallel(args: argparse.Namespace, source: Any, context_parallel: Any) -> int:
     """``simulate --context-parallel``: the CP strategies on the same sampled steps."""
-    from seqbalance.sim.context_parallel import compare_context_parallel
-
     cost, _ = context_parallel_cost_from_args(args)
     # Every plan option is checked against context parallelism (unsupported ones are refused);
     # the per-rank cap is --max-tokens-per-rank (or --max-tokens).
@@ -246,8 +252,6 @@ def _context_parallel_steps(
     """The sampled steps' lengths and groups, the samples truncated to the largest usable CP
     size x the per-rank cap (as without context parallelism, a sample too long to plan is
     truncated, said on stderr and counted), and the global batch size."""
-    from seqbalance.sim import sample_batches
-
     lengths = source.lengths
     usable = options.context_parallel.usable_sizes(args.dp)
     cut = 0
@@ -304,11 +308,6 @@ def _with_length_grouped(
     samples than the random ones (the first steps of each mega-batch its longest), so every
     strategy's speedups are recomputed per unit of work: seconds per second of sample cost, the
     ratio of epoch times (mean step times would credit the lighter steps)."""
-    import dataclasses
-
-    from seqbalance.plan.stacks import length_grouped_steps
-    from seqbalance.sim import simulate
-
     if source.groups is not None:
         result.failed[LENGTH_GROUPED] = "groups are not supported: HF's sampler ignores them"
         return result
@@ -368,8 +367,6 @@ def _with_length_grouped(
 
 
 def _with_baseline(strategies: tuple[str, ...], baseline: str | None) -> list[str]:
-    from seqbalance.plan import strategy_names
-
     if baseline is None:
         return list(strategies)
     if baseline not in strategy_names():

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from seqbalance.cost import resolve_model
+
 __all__ = ["choose_cost"]
 
 
@@ -22,6 +24,4 @@ def choose_cost(cost: Any, model: Any, default: Callable[..., Any]) -> Any:
         return default if cost is None else cost
     if cost not in (None, "flops"):
         raise ValueError(f"model={model!r} goes with cost=None or 'flops', got cost={cost!r}")
-    from seqbalance.cost import resolve_model
-
     return resolve_model(model)

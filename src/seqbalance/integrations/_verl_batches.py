@@ -27,6 +27,8 @@ from seqbalance.integrations._verl_partitions import (
     roundup_divisible,
     sample_costs,
 )
+from seqbalance.partition import partition
+from seqbalance.plan import plan_step
 from seqbalance.plan.stacks.reference import largest_differencing
 from seqbalance.plan.stacks.verl import strict_cap_parts
 
@@ -167,8 +169,6 @@ def _best_fitting(
     on tokens (the tight packings); always verl's own Karmarkar–Karp on costs, so whenever verl's
     partition fits, this fits too and its costliest part is no heavier.
     """
-    from seqbalance.partition import partition
-    from seqbalance.plan import plan_step
 
     def fitting(parts: list[list[int]]) -> bool:
         return all(parts) and max(int(tokens[part].sum()) for part in parts) <= cap

@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import check_int
+from seqbalance.cost.resolve import evaluate_costs, resolve_cost
 from seqbalance.integrations._cost import choose_cost
+from seqbalance.partition import partition
 from seqbalance.plan.stacks.reference import (
     VERL_LINEAR_WORKLOAD,
     karmarkar_karp_groups,
@@ -127,8 +129,6 @@ def get_seqlen_balanced_partitions(
         ValueError: fewer items than parts, ``equal_size`` with a count not divisible by
             ``k_partitions``, or bad values (named).
     """
-    from seqbalance.partition import partition
-
     values = _scalars(seqlen_list, "seqlen_list")
     weights = np.asarray(values, dtype=np.float64).reshape(-1)
     k = check_int(k_partitions, "k_partitions", minimum=1)
@@ -155,8 +155,6 @@ def sample_costs(cost: Any, model: Any, lengths: np.ndarray) -> tuple[np.ndarray
     (``choose_cost``); with neither, verl's workload as exact int64 values and no overhead."""
     if cost is None and model is None:
         return calculate_workload(lengths.astype(np.int64)), 0.0
-    from seqbalance.cost.resolve import evaluate_costs, resolve_cost
-
     return evaluate_costs(resolve_cost(choose_cost(cost, model, calculate_workload)), lengths)
 
 

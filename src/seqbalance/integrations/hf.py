@@ -46,7 +46,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from seqbalance.cost import ModelSpec
 from seqbalance.datasets.lengths import lengths_from_dataset
+from seqbalance.runtime.samplers import BalancedBatchSampler
 
 __all__ = ["SAMPLER_STATE_FILE", "BalancedTrainerMixin", "balanced_train_dataloader"]
 
@@ -76,8 +78,6 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
     if "cost" not in chosen and "model" not in chosen:
         config = getattr(getattr(trainer, "model", None), "config", None)
         if config is not None:
-            from seqbalance.cost import ModelSpec
-
             try:
                 chosen["cost"] = ModelSpec.from_hf_config(config)
             except (ValueError, KeyError, TypeError) as error:
@@ -103,8 +103,6 @@ def balanced_train_dataloader(
     balanced_train_dataloader(trainer, options={...})``.
     """
     import torch
-
-    from seqbalance.runtime import BalancedBatchSampler
 
     if trainer.train_dataset is None:
         raise ValueError("Trainer: training requires a train_dataset")

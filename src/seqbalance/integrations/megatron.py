@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import check_bool, check_int
+from seqbalance.runtime.samplers import BalancedBatchSampler
 
 __all__ = [
     "IGNORE_INDEX",
@@ -321,8 +322,6 @@ class MegatronDataIterator:
         max_tokens: int | None = None,
         **plan_options: Any,
     ) -> None:
-        from seqbalance.runtime import BalancedBatchSampler
-
         if dp_rank is None and dp_size is None:
             dp_rank, dp_size = megatron_data_parallel_position()
         elif dp_rank is None or dp_size is None:

@@ -46,11 +46,15 @@ that catch slime's assertions keep working.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from seqbalance._validation import check_choice, check_int
+from seqbalance.cost import FlopsModel, ModelSpec
+from seqbalance.partition import partition
+from seqbalance.plan import plan_step
 from seqbalance.plan.stacks.reference import first_fit_bins, split_largest_bins
 
 __all__ = ["ScheduleError", "build_dp_schedule"]
@@ -70,10 +74,6 @@ def _megatron_model_spec(args: Any) -> Any:
     """The ``ModelSpec`` of the Megatron namespace ``args``, read by
     ``ModelSpec.from_megatron_args``; fields a slime namespace may lack (slime's own tests pass
     only what ``calculate_fwd_flops`` reads) take slime's assumptions."""
-    from types import SimpleNamespace
-
-    from seqbalance.cost import ModelSpec
-
     fields = dict(vars(args))
     for key, value in _SLIME_ASSUMES.items():
         if fields.get(key) is None:
@@ -145,8 +145,6 @@ def _balanced_static(
 ) -> list[list[list[int]]] | None:
     """Static path with balance_data: equal sample counts per rank, balanced costs; ``None`` when
     the step does not split into whole micro-batches on every rank."""
-    from seqbalance.partition import partition
-
     n = lengths.size
     if n % (dp * size) or (n // (dp * size)) % per_rank_multiple:
         return None
@@ -164,8 +162,6 @@ def _cheaper_of(plan: Any, lengths: np.ndarray, dp: int, request: dict[str, Any]
     ranks by Karmarkar–Karp; its cap is as hard as ours) when that is cheaper on the same costs
     and objective. The planner skips the stacks' schedulers on large steps already within 1e-4
     of the lower bound; here slime's is always weighed, so the drop-in is never worse."""
-    from seqbalance.plan import plan_step
-
     try:
         own = plan_step(lengths, dp, strategy="slime", **request)
     except ValueError:
@@ -202,9 +198,6 @@ def build_dp_schedule(
         ScheduleError: fewer rollouts than a step, a step with fewer samples than micro-batch
             slots, a static step that does not divide, or bad arguments.
     """
-    from seqbalance.cost import FlopsModel
-    from seqbalance.plan import plan_step
-
     dp = check_int(train_parallel_config["dp_size"], "dp_size", minimum=1)
     cp = check_int(train_parallel_config["cp_size"], "cp_size", minimum=1)
     vpp = check_int(train_parallel_config["vpp_size"], "vpp_size", minimum=1)

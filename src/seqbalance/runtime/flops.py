@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from seqbalance._validation import check_int
+from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
 from seqbalance.runtime._dist import Comm, wait
 
@@ -77,8 +78,6 @@ class TorchFlopsMeter:
         timeout: timedelta = timedelta(seconds=300),
         backward: bool = True,
     ) -> None:
-        from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
-
         if isinstance(model, (str, ModelSpec)):
             model = flops_model(model)
         self.meter = FlopsMeter(

@@ -50,7 +50,7 @@ from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.plan.options import PlanOptions, as_options
-from seqbalance.plan.step import vision_patches_of
+from seqbalance.plan.step import plan_step, vision_patches_of
 from seqbalance.runtime._agreement import agreed_plan
 from seqbalance.runtime._caps import first_over_cap
 from seqbalance.runtime._dist import CollectiveError, Comm
@@ -447,8 +447,6 @@ class Rebalancer(RebalancerFeedback):
         options = self.options if options is None else options
         if not batch.total:
             return None
-        from seqbalance.plan import plan_step
-
         lengths = batch.rows[:, self._length_column(batch.fields)]
         if batch.parts is None and options.max_vision_patches is not None:
             raise ValueError(

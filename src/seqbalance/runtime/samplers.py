@@ -65,7 +65,7 @@ from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._layout import EpochLayout, Permutation
-from seqbalance.plan.epoch import check_group_sizes
+from seqbalance.plan.epoch import check_group_sizes, plan_epoch
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
 from seqbalance.runtime._epoch_sampler import (
@@ -437,8 +437,6 @@ class BalancedBatchSampler(EpochBatchSampler):
                 "measurements made step by step (use step_plan)"
             )
         if self._plan is None or self._plan.epoch != epoch:
-            from seqbalance.plan import plan_epoch
-
             self._plan = plan_epoch(
                 self._source.values if self.parts is None else self.parts,
                 self.global_batch_size,

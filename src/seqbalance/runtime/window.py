@@ -29,7 +29,7 @@ from seqbalance.cost.samples import SampleParts
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.plan.adaptive import AdaptivePlanner
 from seqbalance.plan.options import PlanOptions, as_options
-from seqbalance.plan.step import vision_patches_of
+from seqbalance.plan.step import plan_step, vision_patches_of
 from seqbalance.runtime._caps import first_over_cap
 
 if TYPE_CHECKING:
@@ -440,8 +440,6 @@ def _try_plan(
 ) -> StepPlan | str:
     """The plan of the samples ``chosen`` (with their parts, when given), or the planner's
     error message."""
-    from seqbalance.plan import plan_step
-
     try:
         samples = lengths[chosen] if parts is None else parts.take(chosen)
         return plan_step(samples, dp_size, options)
