@@ -6,13 +6,18 @@ The import graph is read from the source with ``ast`` (nothing is imported): an 
 package that import initialises on the way (``import a.b.c`` runs ``a/b/__init__.py``), other
 than the importer's own packages, which are initialising already; imports under
 ``if TYPE_CHECKING:`` never run and do not count. ``docs/architecture.md`` states the layer
-order checked here.
+order checked here. A function-local import of a project module only defers an optional
+dependency (or carries a ``# lazy: <reason>`` comment): anything else belongs at module level.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
+import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "seqbalance"
@@ -78,17 +83,36 @@ def _packages(module: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(2, len(parts))}
 
 
-def _import_graph() -> dict[str, set[str]]:
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _imports(node: ast.AST, *, in_functions: bool = True) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements in ``node`` that can run: none under ``if TYPE_CHECKING:`` (imports
+    for type hints only never run), and none inside a function unless ``in_functions`` (the rest
+    run at import time)."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+        return
+    if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+        children = node.orelse
+    elif in_functions or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        children = ast.iter_child_nodes(node)
+    else:
+        return
+    for child in children:
+        yield from _imports(child, in_functions=in_functions)
+
+
+def _import_graph(*, in_functions: bool = True) -> dict[str, set[str]]:
+    """Module -> the project modules importing it loads (the imports inside its functions too,
+    unless not ``in_functions``)."""
     modules = _modules()
     graph: dict[str, set[str]] = defaultdict(set)
     for module, path in modules.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
-                node.body = []  # imports for type hints only never run
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                graph[module].update(_targets(module, path.name == "__init__.py", node, modules))
+        for node in _imports(_tree(path), in_functions=in_functions):
+            graph[module].update(_targets(module, path.name == "__init__.py", node, modules))
     for module, targets in graph.items():
         own = _packages(module)
         targets.update(package for target in list(targets) for package in _packages(target) - own)
@@ -175,6 +199,70 @@ def test_a_package_initialised_on_the_way_is_an_edge() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == {frozenset({"a", "b", "c"})}
+
+
+REQUIRED = {"numpy"}
+"""Third-party packages every install has (pyproject's ``dependencies``); any other is an
+optional dependency (an extra)."""
+
+LAZY = re.compile(r"#\s*lazy:\s*\S")
+"""The escape for a function-local import that defers no optional dependency: ``# lazy:
+<reason>`` on its line, for the few accepted reasons (docs/architecture.md)."""
+
+
+def _optional_dependencies(tree: ast.Module) -> set[str]:
+    """The optional dependencies a module imports at import time."""
+    names = set()
+    for node in _imports(tree, in_functions=False):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif not node.level:
+            names.add(node.module.split(".")[0])
+    return names - REQUIRED - set(sys.stdlib_module_names) - {"seqbalance"}
+
+
+def _load_an_optional_dependency() -> set[str]:
+    """The project modules whose import loads an optional dependency: the module itself, a
+    package it initialises, or a module it imports at import time (transitively)."""
+    modules = _modules()
+    graph = _import_graph(in_functions=False)
+    loading = {module for module, path in modules.items() if _optional_dependencies(_tree(path))}
+    grew = True
+    while grew:
+        grew = False
+        for module in modules.keys() - loading:
+            if (graph[module] | _packages(module)) & loading:
+                loading.add(module)
+                grew = True
+    return loading
+
+
+def test_function_local_imports_of_project_modules_only_defer_optional_dependencies() -> None:
+    loading = _load_an_optional_dependency()
+    modules = _modules()
+    needless = []
+    for module, path in modules.items():
+        tree = _tree(path)
+        lines = path.read_text(encoding="utf-8").splitlines()
+        at_import_time = set(_imports(tree, in_functions=False))
+        for node in _imports(tree):
+            if node in at_import_time or any(
+                LAZY.search(line) for line in lines[node.lineno - 1 : node.end_lineno]
+            ):
+                continue
+            needless.extend(
+                f"{_relative(path)}:{node.lineno} imports {target}"
+                for target in _targets(module, path.name == "__init__.py", node, modules)
+                if target not in loading
+            )
+    assert needless == [], "move these imports to module level (or mark them '# lazy: <reason>')"
+
+
+def test_an_optional_dependency_is_found_through_the_modules_imported() -> None:
+    loading = _load_an_optional_dependency()
+    assert "seqbalance.runtime.rebalancer" in loading  # imports torch itself
+    assert "seqbalance.runtime._lagged" in loading  # through runtime._dist, which does
+    assert "seqbalance.runtime.samplers" not in loading  # numpy only
 
 
 MAX_MODULE_LINES = 600
