@@ -75,10 +75,6 @@ class Feedback:
     ``feedback=`` of ``AdaptivePlanner`` and ``Adaptive``) and everything it is set up with.
 
     Attributes:
-        prior: A TimeModel to start from (a saved calibration, ``TimeModel.load``); None: the
-            plan options' cost as seconds (``seqbalance.plan.adaptive.prior_time_model``).
-        log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
-            group; ``seqbalance report``), or None.
         window: Steps whose statistics the fit and the held-out comparison use.
         speed_window: Steps whose median gives each rank's speed (a change shows after about
             half of them).
@@ -90,6 +86,10 @@ class Feedback:
         speed_tolerance: Ranks within this fraction of the fastest count as equally fast.
         rank_speeds: Estimate rank speeds and plan with them (False: the model only).
         timeout_seconds: Deadline of the per-step collective (seconds).
+        prior: A TimeModel to start from (a saved calibration, ``TimeModel.load``); None: the
+            plan options' cost as seconds (``seqbalance.plan.adaptive.prior_time_model``).
+        log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
+            group; ``seqbalance report``), or None.
     """
 
     window: int = 16
