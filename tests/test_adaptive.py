@@ -164,6 +164,28 @@ def test_feedback_rejects_bad_options(kwargs, name):
         Feedback(**kwargs)
 
 
+def test_feedback_holds_the_prior_and_log_and_checks_them(tmp_path):
+    with pytest.raises(ValueError, match=r"prior must be a TimeModel or None, got 'calib\.json'"):
+        Feedback(prior="calib.json")
+    with pytest.raises(ValueError, match="log must be a file path or None, got 3"):
+        Feedback(log=3)
+    with pytest.raises(ValueError, match="log must be a file path or None, got ''"):
+        Feedback(log="")
+    feedback = Feedback(window=8, prior=TRUE, log=tmp_path / "run.jsonl")
+    # The settings a state records: the fit's, not the prior (recorded as a model) or the log.
+    assert feedback.settings() == {**Feedback().settings(), "window": 8}
+    assert set(Feedback().settings()) == {
+        "window", "speed_window", "min_steps", "huber", "reject", "speed_tolerance",
+        "rank_speeds", "timeout_seconds",
+    }  # fmt: skip
+    planner = AdaptivePlanner(2, max_tokens=4096, feedback=feedback)
+    assert planner.online.prior is TRUE and planner.log == tmp_path / "run.jsonl"
+    with pytest.raises(ValueError, match=r"differs from feedback\.prior"):
+        OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2, feedback)
+    with pytest.raises(ValueError, match="feedback must be a Feedback or None, got True"):
+        AdaptivePlanner(2, feedback=True)
+
+
 def test_prior_from_options():
     assert prior_time_model(PlanOptions()) == TimeModel(0.0, 1.0, 0.0)
     flops = prior_time_model(PlanOptions(cost="flops", model="qwen3-8b"))
@@ -192,7 +214,7 @@ def test_controller_learns_from_per_microbatch_or_per_rank_seconds(totals):
 
 def test_controller_writes_telemetry_lines(tmp_path):
     log = tmp_path / "run.jsonl"
-    planner = AdaptivePlanner(2, max_tokens=4096, log=log)
+    planner = AdaptivePlanner(2, max_tokens=4096, feedback=Feedback(log=log))
     lengths = np.arange(100, 1700, 100)
     for _ in range(3):
         plan = planner.plan(lengths)
@@ -203,7 +225,9 @@ def test_controller_writes_telemetry_lines(tmp_path):
 
 
 def _controller_log(path, steps: int = 8) -> None:
-    planner = AdaptivePlanner(2, cost="flops", model="qwen3-8b", max_tokens=4096, log=path)
+    planner = AdaptivePlanner(
+        2, cost="flops", model="qwen3-8b", max_tokens=4096, feedback=Feedback(log=path)
+    )
     rng = np.random.default_rng(4)
     for step in range(steps):
         lengths = rng.integers(16, 2048, size=32)

@@ -241,11 +241,11 @@ def test_runtime_samplers_reject_a_typo_at_construction() -> None:
     from seqbalance.runtime import BalancedBatchSampler, WindowBalancer
 
     with pytest.raises(ValueError, match=r"BalancedBatchSampler: unknown option.*'max_token'"):
-        BalancedBatchSampler(LENGTHS, 4, rank=0, world_size=2, max_token=4096)
+        BalancedBatchSampler(LENGTHS, 4, dp_rank=0, dp_size=2, max_token=4096)
     with pytest.raises(ValueError, match=r"WindowBalancer: unknown option.*'max_token'"):
         WindowBalancer(2, 4, max_token=4096)
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
-        BalancedBatchSampler(LENGTHS, 4, rank=0, world_size=2, options=PlanOptions(), max_tokens=0)
+        BalancedBatchSampler(LENGTHS, 4, dp_rank=0, dp_size=2, options=PlanOptions(), max_tokens=0)
 
 
 def test_rebalancer_rejects_a_typo_at_construction() -> None:

@@ -251,7 +251,7 @@ def test_plan_epoch_and_the_sampler_plan_with_rank_speeds() -> None:
         assert step.rank_costs[1] < step.rank_costs[0]  # the half-speed rank gets less work
         assert step.summary()["ratio"] < 1.01
     sampler = BalancedBatchSampler(
-        lengths, 64, options=options, rank=1, world_size=2, seed=5, rank_speeds=speeds
+        lengths, 64, options=options, dp_rank=1, dp_size=2, seed=5, rank_speeds=speeds
     )
     expected = [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, 1)]
     assert list(sampler) == expected

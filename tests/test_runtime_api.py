@@ -73,3 +73,28 @@ def test_flops_meter_single_process_with_model_parallel_sizes() -> None:
     assert (report.dp_size, report.num_gpus, report.tokens) == (1, 4, 50)
     assert report.tflops_per_gpu == pytest.approx(flops / 0.25 / 4 / 1e12)
     assert report.tokens_per_s == 200.0
+
+
+def test_the_closed_loop_is_one_argument_of_every_constructor() -> None:
+    """Its settings live in one Feedback; no constructor repeats one of them (issue 17)."""
+    import dataclasses
+    import inspect
+
+    from seqbalance.cost import Feedback
+    from seqbalance.plan import AdaptivePlanner
+    from seqbalance.runtime import Adaptive, BalancedBatchSampler, WindowBalancer
+
+    # WindowBalancer's own ``window`` (samples buffered) is not the fit's (steps).
+    loop = {field.name for field in dataclasses.fields(Feedback)} - {"window"}
+    assert {"prior", "log", "timeout_seconds"} <= loop
+    expected = {
+        BalancedBatchSampler: "adaptive",
+        WindowBalancer: "adaptive",
+        Rebalancer: "adaptive",
+        Adaptive: "feedback",
+        AdaptivePlanner: "feedback",
+    }
+    for cls, name in expected.items():
+        parameters = set(inspect.signature(cls).parameters)
+        assert name in parameters, cls.__name__
+        assert not parameters & (loop | {"rank", "world_size"}), cls.__name__

@@ -31,7 +31,7 @@ def test_balanced_sampler_yields_every_index_once_per_epoch(world_size, drop_las
     lengths = _lengths(103)
     per_rank = _all_ranks(
         lambda r: BalancedBatchSampler(
-            lengths, 16, rank=r, world_size=world_size, seed=3, drop_last=drop_last, max_tokens=1024
+            lengths, 16, dp_rank=r, dp_size=world_size, seed=3, drop_last=drop_last, max_tokens=1024
         ),
         world_size,
     )
@@ -48,7 +48,7 @@ def test_balanced_sampler_yields_every_index_once_per_epoch(world_size, drop_las
 
 def test_balanced_sampler_follows_plan_epoch() -> None:
     lengths = _lengths(64, seed=1)
-    sampler = BalancedBatchSampler(lengths, 16, rank=1, world_size=2, seed=5, max_tokens=900)
+    sampler = BalancedBatchSampler(lengths, 16, dp_rank=1, dp_size=2, seed=5, max_tokens=900)
     sampler.set_epoch(2)
     plan = plan_epoch(lengths, 16, 2, seed=5, epoch=2, max_tokens=900)
     expected = [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, 1)]
@@ -59,7 +59,7 @@ def test_balanced_sampler_follows_plan_epoch() -> None:
     with pytest.raises(TypeError, match="no len\\(\\) without num_microbatches"):
         len(sampler)  # the count per step is the planner's choice: no guess
     fixed = BalancedBatchSampler(
-        lengths, 16, rank=1, world_size=2, seed=5, max_tokens=900, num_microbatches=3
+        lengths, 16, dp_rank=1, dp_size=2, seed=5, max_tokens=900, num_microbatches=3
     )
     fixed.set_epoch(2)
     assert len(fixed) == 3 * len(plan) == len(list(fixed))  # exact, before any planning
@@ -69,7 +69,7 @@ def test_balanced_sampler_same_seed_same_batches_and_epochs_differ() -> None:
     lengths = _lengths(80, seed=2)
 
     def batches(seed: int, epoch: int) -> list[list[int]]:
-        sampler = BalancedBatchSampler(lengths, 20, rank=0, world_size=2, seed=seed)
+        sampler = BalancedBatchSampler(lengths, 20, dp_rank=0, dp_size=2, seed=seed)
         sampler.set_epoch(epoch)
         return list(sampler)
 
@@ -87,7 +87,7 @@ def test_balanced_sampler_same_seed_same_batches_and_epochs_differ() -> None:
 def test_resume_yields_exactly_the_remaining_batches(n, world_size, stop, seed) -> None:
     lengths = _lengths(n, seed=seed)
     make = lambda: BalancedBatchSampler(  # noqa: E731
-        lengths, 8, rank=world_size - 1, world_size=world_size, seed=seed, allow_empty=True
+        lengths, 8, dp_rank=world_size - 1, dp_size=world_size, seed=seed, allow_empty=True
     )
     sampler = make()
     sampler.set_epoch(1)
@@ -106,20 +106,20 @@ def test_resume_yields_exactly_the_remaining_batches(n, world_size, stop, seed) 
 
 def test_state_dict_consumed_override_for_prefetching_loaders() -> None:
     lengths = _lengths(50)
-    sampler = BalancedBatchSampler(lengths, 10, rank=0, world_size=2)
+    sampler = BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=2)
     full = list(sampler)
     iterator = iter(sampler)
     for _ in range(4):  # a prefetching DataLoader pulled 4 batches; the loop trained on 2
         next(iterator)
     state = sampler.state_dict(consumed=2)
-    resumed = BalancedBatchSampler(lengths, 10, rank=0, world_size=2)
+    resumed = BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=2)
     resumed.load_state_dict(state)
     assert list(resumed) == full[2:]
 
 
 def test_set_epoch_to_another_epoch_discards_the_resume_point() -> None:
     lengths = _lengths(40)
-    sampler = BalancedBatchSampler(lengths, 10, rank=0, world_size=1)
+    sampler = BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=1)
     total = len(list(sampler))
     state = _resume_point(lambda: sampler, consumed=2)
     sampler.load_state_dict(state)
@@ -133,36 +133,36 @@ def test_set_epoch_to_another_epoch_discards_the_resume_point() -> None:
 
 def test_load_state_dict_rejects_a_different_setup() -> None:
     lengths = _lengths(40)
-    state = BalancedBatchSampler(lengths, 10, rank=0, world_size=2, seed=1).state_dict()
-    with pytest.raises(ValueError, match="world_size"):
-        BalancedBatchSampler(lengths, 10, rank=0, world_size=1, seed=1).load_state_dict(state)
+    state = BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=2, seed=1).state_dict()
+    with pytest.raises(ValueError, match=r"dp_size \(2 saved, 1 now\)"):
+        BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=1, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match="seed"):
-        BalancedBatchSampler(lengths, 10, rank=0, world_size=2, seed=2).load_state_dict(state)
+        BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=2, seed=2).load_state_dict(state)
     with pytest.raises(ValueError, match="step"):
-        BalancedBatchSampler(lengths, 10, rank=0, world_size=2, seed=1).load_state_dict(
+        BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=2, seed=1).load_state_dict(
             {**state, "step": 10**6}
         )
-    fixed = {"rank": 0, "world_size": 2, "seed": 1, "num_microbatches": 2}
+    fixed = {"dp_rank": 0, "dp_size": 2, "seed": 1, "num_microbatches": 2}
     state = BalancedBatchSampler(lengths, 10, **fixed).state_dict()
     with pytest.raises(ValueError, match="consumed'] = 1000000 exceeds the 8 micro-batches"):
         BalancedBatchSampler(lengths, 10, **fixed).load_state_dict({**state, "consumed": 10**6})
 
 
-def test_rank_and_world_size_are_required_without_torch_distributed() -> None:
-    with pytest.raises(ValueError, match="rank and world_size must be given"):
+def test_dp_rank_and_dp_size_are_required_without_torch_distributed() -> None:
+    with pytest.raises(ValueError, match="data-parallel rank and size must be given"):
         BalancedBatchSampler([1, 2, 3], 2)
-    with pytest.raises(ValueError, match="rank must be < world_size"):
-        BalancedBatchSampler([1, 2, 3], 2, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="dp_rank must be < dp_size"):
+        BalancedBatchSampler([1, 2, 3], 2, dp_rank=2, dp_size=2)
     with pytest.raises(ValueError, match="global_batch_size"):
-        BalancedBatchSampler([1, 2, 3], 0, rank=0, world_size=1)
+        BalancedBatchSampler([1, 2, 3], 0, dp_rank=0, dp_size=1)
     with pytest.raises(ValueError, match=r"lengths\[1\]"):
-        BalancedBatchSampler([1, -2, 3], 2, rank=0, world_size=1)
+        BalancedBatchSampler([1, -2, 3], 2, dp_rank=0, dp_size=1)
 
 
 def test_works_as_a_dataloader_batch_sampler() -> None:
     lengths = _lengths(30)
     dataset = [torch.full((int(n),), i) for i, n in enumerate(lengths)]
-    sampler = BalancedBatchSampler(lengths, 10, rank=0, world_size=1, max_tokens=2000)
+    sampler = BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=1, max_tokens=2000)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=list)
     seen = [int(t[0]) for batch in loader for t in batch]
     assert sorted(seen) == list(range(30))
@@ -176,8 +176,8 @@ def test_length_grouped_every_index_once_and_lockstep(drop_last, n, world_size, 
         lambda r: LengthGroupedSampler(
             lengths,
             batch,
-            rank=r,
-            world_size=world_size,
+            dp_rank=r,
+            dp_size=world_size,
             seed=1,
             drop_last=drop_last,
             bucket_size=2 * batch * world_size,
@@ -196,7 +196,7 @@ def test_length_grouped_every_index_once_and_lockstep(drop_last, n, world_size, 
 
 def test_length_grouped_batches_hold_similar_lengths() -> None:
     lengths = _lengths(2000, seed=4)
-    sampler = LengthGroupedSampler(lengths, 8, rank=0, world_size=1, seed=0)
+    sampler = LengthGroupedSampler(lengths, 8, dp_rank=0, dp_size=1, seed=0)
     spread = np.mean([np.ptp(lengths[b]) for b in sampler])
     random_spread = np.mean(
         [np.ptp(lengths[b]) for b in np.random.default_rng(0).permutation(2000).reshape(-1, 8)]
@@ -208,7 +208,7 @@ def test_length_grouped_is_deterministic_and_shuffles_per_epoch() -> None:
     lengths = _lengths(200)
 
     def batches(epoch: int, seed: int = 0) -> list[list[int]]:
-        sampler = LengthGroupedSampler(lengths, 4, rank=1, world_size=2, seed=seed)
+        sampler = LengthGroupedSampler(lengths, 4, dp_rank=1, dp_size=2, seed=seed)
         sampler.set_epoch(epoch)
         return list(sampler)
 
@@ -216,32 +216,29 @@ def test_length_grouped_is_deterministic_and_shuffles_per_epoch() -> None:
     assert batches(0) != batches(1)
     assert batches(0) != batches(0, seed=1)
     # Within a global step, ranks see neighbouring lengths of one sorted bucket.
-    rank0 = LengthGroupedSampler(lengths, 4, rank=0, world_size=2, seed=0)
+    rank0 = LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=2, seed=0)
     for b0, b1 in zip(rank0, batches(0), strict=True):
         assert lengths[b0].min() >= lengths[b1].max()
 
 
 def test_length_grouped_validates_bucket_size() -> None:
     with pytest.raises(ValueError, match="bucket_size must be a multiple"):
-        LengthGroupedSampler([1, 2, 3], 2, rank=0, world_size=2, bucket_size=6)
+        LengthGroupedSampler([1, 2, 3], 2, dp_rank=0, dp_size=2, bucket_size=6)
 
 
-def test_dp_rank_and_dp_size_are_the_names_and_rank_world_size_still_work() -> None:
-    lengths = _lengths(60)
-    new = BalancedBatchSampler(lengths, 12, dp_rank=1, dp_size=3, seed=2, max_tokens=900)
-    old = BalancedBatchSampler(lengths, 12, rank=1, world_size=3, seed=2, max_tokens=900)
-    assert list(new) == list(old)
-    assert (new.dp_rank, new.dp_size, new.rank, new.world_size) == (1, 3, 1, 3)
-    assert new.state_dict() == old.state_dict()
-    grouped = LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=2)
-    assert list(grouped) == list(LengthGroupedSampler(lengths, 4, rank=0, world_size=2))
+def test_dp_rank_and_dp_size_are_the_only_names_of_the_position() -> None:
+    with pytest.raises(
+        ValueError, match=r"BalancedBatchSampler: unknown option\(s\) 'rank', 'world_size'"
+    ):
+        BalancedBatchSampler(_lengths(60), 12, rank=1, world_size=3)
+    with pytest.raises(TypeError, match="rank"):
+        LengthGroupedSampler(_lengths(60), 4, rank=0, world_size=2)
+    sampler = BalancedBatchSampler(_lengths(60), 12, dp_rank=1, dp_size=3)
+    assert (sampler.dp_rank, sampler.dp_size) == (1, 3)
+    assert not hasattr(sampler, "rank") and not hasattr(sampler, "world_size")
 
 
 def test_a_position_given_twice_or_with_a_group_is_refused() -> None:
-    with pytest.raises(ValueError, match="pass dp_rank or its older name rank, not both"):
-        BalancedBatchSampler([1, 2, 3], 2, dp_rank=0, rank=0, dp_size=1)
-    with pytest.raises(ValueError, match="pass dp_size or its older name world_size, not both"):
-        LengthGroupedSampler([1, 2, 3], 2, dp_rank=0, dp_size=1, world_size=1)
     with pytest.raises(ValueError, match="group= determines the data-parallel rank and size"):
         BalancedBatchSampler([1, 2, 3], 2, group=object(), dp_rank=0, dp_size=1)
     with pytest.raises(ValueError, match=r"group= needs torch\.distributed to be initialised"):
@@ -298,7 +295,7 @@ def test_resume_with_other_groups_shuffle_window_batch_or_dp_size_is_refused() -
         "bucket_window (null saved, 2 now)": _balanced(bucket_window=2),
         "drop_last (false saved, true now)": _balanced(drop_last=True),
         "seed (1 saved, 2 now)": _balanced(seed=2),
-        "dp_size (world_size) (2 saved, 4 now)": _balanced(dp_size=4),
+        "dp_size (2 saved, 4 now)": _balanced(dp_size=4),
     }
     for expected, resumed in cases.items():
         assert expected in _refusal(_balanced(), resumed), expected

@@ -38,8 +38,7 @@ def _sampler(log: Any = None) -> BalancedBatchSampler:
         model="qwen3-8b",
         max_tokens=4096,
         agreement_timeout=30.0,
-        adaptive=Feedback(timeout_seconds=30.0),
-        log=log,
+        adaptive=Feedback(timeout_seconds=30.0, log=log),
     )
 
 
@@ -158,11 +157,15 @@ def test_a_missing_observation_raises_instead_of_hanging(results):
         assert "save after observe()" in result["forgetful"]
 
 
-def test_adaptive_needs_torch_distributed_and_prior_needs_adaptive():
+def test_adaptive_needs_torch_distributed_and_prior_lives_in_feedback():
     with pytest.raises(ValueError, match="not initialised"):
         BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, adaptive=True)
-    with pytest.raises(ValueError, match="prior and log"):
-        BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, prior=TRUE)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'prior', 'log'"):
+        BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, prior=TRUE, log="run.jsonl")
+    with pytest.raises(ValueError, match=r"prior must be a TimeModel or None, got 'calib\.json'"):
+        BalancedBatchSampler(
+            LENGTHS, BATCH, dp_rank=0, dp_size=2, adaptive=Feedback(prior="calib.json")
+        )
     with pytest.raises(ValueError, match="adaptive"):
         BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, adaptive="yes")
     plain = BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2)

@@ -14,8 +14,9 @@ def register(subparsers: Any) -> None:
         "report",
         help="summarise an adaptive run's telemetry log (JSONL): table and PNG",
         description=(
-            "Read the telemetry that adaptive planning appends each step (log=RUN.jsonl in "
-            "AdaptivePlanner, Rebalancer, WindowBalancer, runtime.feedback.Adaptive) and print "
+            "Read the telemetry that adaptive planning appends each step (Feedback(log="
+            "'RUN.jsonl') for AdaptivePlanner and Adaptive, adaptive= of BalancedBatchSampler, "
+            "Rebalancer and WindowBalancer) and print "
             "per step the measured step time, measured imbalance (max/mean rank compute), the "
             "predicted slowest-rank compute, the model's error and the slowest rank's speed; "
             "then the time saved against the unbalanced baseline (round_robin) as the fitted "

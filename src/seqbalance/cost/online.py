@@ -34,7 +34,8 @@ import json
 import warnings
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,9 @@ _SIZE = 24
 class Feedback:
     """Options of the closed loop (measured time -> cost model and rank speeds -> plans).
 
+    The one object that turns the loop on (``adaptive=Feedback(...)`` in the runtime, or
+    ``feedback=`` of ``AdaptivePlanner`` and ``Adaptive``) and everything it is set up with.
+
     Attributes:
         window: Steps whose statistics the fit and the held-out comparison use.
         speed_window: Steps whose median gives each rank's speed (a change shows after about
@@ -82,6 +86,10 @@ class Feedback:
         speed_tolerance: Ranks within this fraction of the fastest count as equally fast.
         rank_speeds: Estimate rank speeds and plan with them (False: the model only).
         timeout_seconds: Deadline of the per-step collective (seconds).
+        prior: A TimeModel to start from (a saved calibration, ``TimeModel.load``); None: the
+            plan options' cost as seconds (``seqbalance.plan.adaptive.prior_time_model``).
+        log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
+            group; ``seqbalance report``), or None.
     """
 
     window: int = 16
@@ -92,8 +100,14 @@ class Feedback:
     speed_tolerance: float = 0.05
     rank_speeds: bool = True
     timeout_seconds: float = 60.0
+    prior: TimeModel | None = None
+    log: str | Path | None = None
 
     def __post_init__(self) -> None:
+        if self.prior is not None and not isinstance(self.prior, TimeModel):
+            raise ValueError(f"prior must be a TimeModel or None, got {self.prior!r}")
+        if self.log is not None and (not isinstance(self.log, (str, Path)) or not str(self.log)):
+            raise ValueError(f"log must be a file path or None, got {self.log!r}")
         for name in ("window", "speed_window", "min_steps"):
             object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=1))
         for name in ("huber", "reject", "timeout_seconds"):
@@ -104,6 +118,17 @@ class Feedback:
         object.__setattr__(self, "speed_tolerance", tolerance)
         if not isinstance(self.rank_speeds, bool):
             raise ValueError(f"rank_speeds must be True or False, got {self.rank_speeds!r}")
+
+    def settings(self) -> dict[str, Any]:
+        """The fit's settings as plain JSON values, which what a run learns depends on (for
+        state dicts and agreement checks): every field but ``prior`` (a state records the model
+        it started from itself) and ``log`` (where telemetry goes, free to differ per rank and
+        across a resume)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _UNSETTLED}
+
+
+_UNSETTLED = ("prior", "log")
+"""``Feedback`` fields that are not among its :meth:`Feedback.settings`."""
 
 
 def as_feedback(adaptive: Any) -> Feedback | None:
@@ -144,9 +169,13 @@ class OnlineTimeModel:
     """A TimeModel and rank speeds fitted online from every rank's measurements (module doc).
 
     Args:
-        prior: The model to plan with until the fit beats it (its scale is fitted online).
+        prior: The model to plan with until the fit beats it (its scale is fitted online):
+            ``feedback.prior`` when that is set, or the model the plan options resolve to.
         world_size: Number of ranks.
-        feedback: The loop's options.
+        feedback: The loop's options (its ``log`` is the planner's to write).
+
+    Raises:
+        ValueError: ``prior`` is not a TimeModel or differs from a ``feedback.prior``.
     """
 
     def __init__(self, prior: TimeModel, world_size: int, feedback: Feedback | None = None):
@@ -157,6 +186,11 @@ class OnlineTimeModel:
         self.feedback = Feedback() if feedback is None else feedback
         if not isinstance(self.feedback, Feedback):
             raise ValueError(f"feedback must be a Feedback, got {type(self.feedback).__name__}")
+        if self.feedback.prior is not None and self.feedback.prior != prior:
+            raise ValueError(
+                f"prior {prior!r} differs from feedback.prior {self.feedback.prior!r}: the run "
+                "starts from one model"
+            )
         self.steps = 0
         self.ignored = 0
         self._warned = False
@@ -382,7 +416,7 @@ class OnlineTimeModel:
             "format": _FORMAT,
             "prior": json.loads(self.prior.to_json()),
             "world_size": self.world_size,
-            "feedback": asdict(self.feedback),
+            "feedback": self.feedback.settings(),
             "steps": self.steps,
             "ignored": self.ignored,
             "warned": self._warned,
@@ -401,7 +435,7 @@ class OnlineTimeModel:
         for key, mine in (
             ("prior", json.loads(self.prior.to_json())),
             ("world_size", self.world_size),
-            ("feedback", asdict(self.feedback)),
+            ("feedback", self.feedback.settings()),
         ):
             if state.get(key) != mine:
                 raise ValueError(

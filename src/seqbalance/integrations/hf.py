@@ -133,8 +133,8 @@ def balanced_train_dataloader(
     sampler = BalancedBatchSampler(
         lengths,
         args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
-        rank=args.process_index if world > 1 else 0,
-        world_size=world,
+        dp_rank=args.process_index if world > 1 else 0,
+        dp_size=world,
         seed=args.data_seed if args.data_seed is not None else args.seed,
         drop_last=True,
         **_plan_options(trainer, options or {}),

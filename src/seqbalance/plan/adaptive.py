@@ -32,17 +32,16 @@ __all__ = ["AdaptivePlanner", "prior_time_model"]
 
 
 def prior_time_model(options: PlanOptions, prior: TimeModel | None = None) -> TimeModel:
-    """The model an adaptive run starts from: ``prior`` (a saved calibration) when given, else
-    the options' cost as a TimeModel (tokens: ``t1 = 1``; FLOPs: seconds at the default peak
-    and efficiency, whose scale the online model refits).
+    """The model an adaptive run starts from: ``prior`` (``Feedback.prior``, a saved
+    calibration, checked there) when given, else the options' cost as a TimeModel (tokens:
+    ``t1 = 1``; FLOPs: seconds at the default peak and efficiency, whose scale the online model
+    refits).
 
     Raises:
-        ValueError: ``prior`` is not a TimeModel, or the cost has no TimeModel form (a callable,
-            parts-aware or non-polynomial FLOPs model: pass ``prior=``).
+        ValueError: the cost has no TimeModel form (a callable, parts-aware or non-polynomial
+            FLOPs model: pass ``Feedback(prior=...)``).
     """
     if prior is not None:
-        if not isinstance(prior, TimeModel):
-            raise ValueError(f"prior must be a TimeModel or None, got {type(prior).__name__}")
         return prior
     cost = resolve_cost(options.cost, options.model)
     if isinstance(cost, TokenCost):
@@ -56,7 +55,7 @@ def prior_time_model(options: PlanOptions, prior: TimeModel | None = None) -> Ti
     if not isinstance(model, TimeModel):
         raise ValueError(
             "adaptive planning fits t0 + t1·ΣL + t2·ΣL², which this cost does not have "
-            f"({type(model).__name__}); pass prior=TimeModel(...) (e.g. a calibration)"
+            f"({type(model).__name__}); pass Feedback(prior=TimeModel(...)) (e.g. a calibration)"
         )
     return model
 
@@ -74,11 +73,10 @@ class AdaptivePlanner:
 
     Args:
         dp_size: Number of data-parallel ranks (workers).
-        options: The plan options (their ``cost`` is the prior unless ``prior`` is given;
-            every other option applies to every step unchanged).
-        feedback: The loop's options (default ``Feedback()``).
-        prior: A TimeModel to start from (e.g. ``TimeModel.load`` of a calibration).
-        log: A JSONL file to append each step's telemetry to, or None.
+        options: The plan options (their ``cost`` is the prior unless ``feedback.prior`` is
+            given; every other option applies to every step unchanged).
+        feedback: The loop's options, its prior and telemetry log included (default
+            ``Feedback()``).
         **option_keywords: Applied on top of ``options``.
     """
 
@@ -88,14 +86,17 @@ class AdaptivePlanner:
         options: PlanOptions | None = None,
         *,
         feedback: Feedback | None = None,
-        prior: TimeModel | None = None,
-        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
         self.base_options = as_options(options, option_keywords, where="AdaptivePlanner")
-        self.online = OnlineTimeModel(prior_time_model(self.base_options, prior), dp_size, feedback)
+        feedback = Feedback() if feedback is None else feedback
+        if not isinstance(feedback, Feedback):
+            raise ValueError(f"feedback must be a Feedback or None, got {feedback!r}")
+        self.online = OnlineTimeModel(
+            prior_time_model(self.base_options, feedback.prior), dp_size, feedback
+        )
         self.dp_size = self.online.world_size
-        self.log = None if log is None else Path(log)
+        self.log = None if feedback.log is None else Path(feedback.log)
 
     @property
     def options(self) -> PlanOptions:

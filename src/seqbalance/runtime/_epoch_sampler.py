@@ -32,7 +32,6 @@ STATE_FORMAT = "seqbalance.SamplerState/2"
 """``state_dict()["format"]``; changes whenever the resume state's layout changes."""
 
 _STATE_KEYS = ("format", "epoch", "consumed", "step", "offset", "setup")
-_OLDER_NAMES = {"dp_rank": "rank", "dp_size": "world_size"}
 _PARTS_ARRAYS = ("tokens", "grid_thw", "image_sample", "history", "candidates", "contextual")
 
 
@@ -60,7 +59,6 @@ def parts_sha256(parts: SampleParts | None) -> str | None:
 
 def describe_change(name: str, saved: Any, now: Any) -> list[str]:
     """What changed in one setup entry, in words (options are compared option by option)."""
-    label = f"{name} ({_OLDER_NAMES[name]})" if name in _OLDER_NAMES else name
     if saved == now:
         return []
     if name == "options" and isinstance(saved, Mapping) and isinstance(now, Mapping):
@@ -75,7 +73,7 @@ def describe_change(name: str, saved: Any, now: Any) -> list[str]:
         return ["options (another PlanOptions fingerprint)"]
     if name in ("lengths", "groups", "parts", "cost_probe"):
         return [f"{name} (sha256 {brief(saved, 40)} saved, {brief(now, 40)} now)"]
-    return [f"{label} ({brief(saved, 40)} saved, {brief(now, 40)} now)"]
+    return [f"{name} ({brief(saved, 40)} saved, {brief(now, 40)} now)"]
 
 
 def _changes(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
@@ -130,16 +128,6 @@ class EpochBatchSampler:
     def lengths(self) -> np.ndarray:
         """The samples' token lengths as given (a memory map stays one)."""
         return self._source.values
-
-    @property
-    def rank(self) -> int:
-        """Older name of ``dp_rank``."""
-        return self.dp_rank
-
-    @property
-    def world_size(self) -> int:
-        """Older name of ``dp_size``."""
-        return self.dp_size
 
     # ---------------------------------------------------------------- subclass interface
     def _n_steps(self, epoch: int) -> int:

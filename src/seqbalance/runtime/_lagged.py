@@ -12,15 +12,12 @@ learns from the oldest step not yet observed and records the options after it.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from seqbalance.cost.online import Feedback
-from seqbalance.cost.time_model import TimeModel
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.types import StepPlan
 from seqbalance.runtime._dist import Comm
@@ -36,10 +33,8 @@ class LaggedFeedback:
     """Adaptive options for a lookahead planner (module doc).
 
     Args:
-        options: The sampler's plan options (their cost is the prior unless ``prior``).
+        options: The sampler's plan options (their cost is the prior unless ``feedback.prior``).
         feedback: The loop's options.
-        prior: A TimeModel to start from, or None.
-        log: A JSONL file rank 0 appends each step's telemetry to, or None.
         group: The data-parallel process group (None: the world).
         lag: The sampler's ``lookahead``.
         position: The sampler's ``(dp_rank, dp_size)``, which must be ``group``'s.
@@ -52,16 +47,12 @@ class LaggedFeedback:
         self,
         options: PlanOptions,
         feedback: Feedback,
-        prior: TimeModel | None,
-        log: str | Path | None,
         group: Any,
         lag: int,
         position: tuple[int, int],
     ) -> None:
         device = Comm(group, timedelta(seconds=feedback.timeout_seconds)).device
-        self.loop = Adaptive(
-            options, feedback=feedback, prior=prior, group=group, device=device, log=log
-        )
+        self.loop = Adaptive(options, feedback=feedback, group=group, device=device)
         if (self.loop.rank, self.loop.planner.dp_size) != position:
             raise ValueError(
                 f"adaptive needs group= to be the data-parallel group: the sampler is rank "
@@ -85,7 +76,7 @@ class LaggedFeedback:
 
     def setup(self) -> dict[str, Any]:
         """What the plans depend on besides the options (for the sampler's setup check)."""
-        return {"lookahead": self.lag, "feedback": dataclasses.asdict(self.feedback)}
+        return {"lookahead": self.lag, "feedback": self.feedback.settings()}
 
     def _record(self) -> None:
         planner = self.loop.planner

@@ -11,20 +11,14 @@ __all__ = ["data_parallel_position"]
 
 
 def data_parallel_position(
-    *,
-    group: Any = None,
-    dp_rank: int | None = None,
-    dp_size: int | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
+    *, group: Any = None, dp_rank: int | None = None, dp_size: int | None = None
 ) -> tuple[int, int]:
     """This process's data-parallel rank and the data-parallel size.
 
     Args:
         group: the data-parallel process group: its rank and size are used.
-        dp_rank: this process's data-parallel rank (``rank`` is its older name).
-        dp_size: the data-parallel size (``world_size`` is its older name).
-        rank, world_size: accepted for compatibility; never together with the new names.
+        dp_rank: this process's data-parallel rank.
+        dp_size: the data-parallel size.
 
     Without ``group``, a missing ``dp_rank`` or ``dp_size`` defaults to the global
     torch.distributed world's, which is wrong under tensor or pipeline parallelism (module
@@ -34,28 +28,15 @@ def data_parallel_position(
         ``(dp_rank, dp_size)``.
 
     Raises:
-        ValueError: a name given twice (``dp_rank`` and ``rank``), ``group`` together with a
-            rank or size, nothing to go by (no group, no rank, torch.distributed not
-            initialised), this process outside ``group``, or a rank outside ``[0, size)``.
+        ValueError: ``group`` together with a rank or size, nothing to go by (no group, no
+            rank, torch.distributed not initialised), this process outside ``group``, or a rank
+            outside ``[0, size)``.
     """
-    rank_name, size_name = "dp_rank", "dp_size"
-    if rank is not None:
-        if dp_rank is not None:
-            raise ValueError(
-                f"pass dp_rank or its older name rank, not both (got {dp_rank}, {rank})"
-            )
-        dp_rank, rank_name = rank, "rank"
-    if world_size is not None:
-        if dp_size is not None:
-            raise ValueError(
-                f"pass dp_size or its older name world_size, not both (got {dp_size}, {world_size})"
-            )
-        dp_size, size_name = world_size, "world_size"
     if group is not None:
         if dp_rank is not None or dp_size is not None:
             raise ValueError(
-                f"group= determines the data-parallel rank and size: pass group or "
-                f"{rank_name}/{size_name}, not both"
+                "group= determines the data-parallel rank and size: pass group or "
+                "dp_rank/dp_size, not both"
             )
         dp_rank, dp_size = _group_position(group)
     elif dp_rank is None or dp_size is None:
@@ -63,17 +44,17 @@ def data_parallel_position(
 
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError(
-                "the data-parallel rank and world_size must be given when torch.distributed is "
-                f"not initialised (got {rank_name}={dp_rank!r}, {size_name}={dp_size!r}): pass "
+                "the data-parallel rank and size must be given when torch.distributed is "
+                f"not initialised (got dp_rank={dp_rank!r}, dp_size={dp_size!r}): pass "
                 "group= (the data-parallel process group) or dp_rank= and dp_size="
             )
         # The global world: right only without tensor or pipeline parallelism.
         dp_rank = dist.get_rank() if dp_rank is None else dp_rank
         dp_size = dist.get_world_size() if dp_size is None else dp_size
-    dp_size = check_int(dp_size, size_name, minimum=1)
-    dp_rank = check_int(dp_rank, rank_name, minimum=0)
+    dp_size = check_int(dp_size, "dp_size", minimum=1)
+    dp_rank = check_int(dp_rank, "dp_rank", minimum=0)
     if dp_rank >= dp_size:
-        raise ValueError(f"{rank_name} must be < {size_name} = {dp_size}, got {dp_rank}")
+        raise ValueError(f"dp_rank must be < dp_size = {dp_size}, got {dp_rank}")
     return dp_rank, dp_size
 
 

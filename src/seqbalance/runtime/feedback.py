@@ -1,6 +1,6 @@
 """The closed loop on a process group: time each step, gather, learn, plan the next step.
 
-:class:`Adaptive` is what ``adaptive=True`` / ``feedback=Feedback(...)`` turns on in the
+:class:`Adaptive` is what ``adaptive=True`` / ``adaptive=Feedback(...)`` turns on in the
 Rebalancer and the WindowBalancer, and what a custom loop uses directly::
 
     loop = Adaptive(options=PlanOptions(cost="flops", model="qwen3-8b", max_tokens=16384))
@@ -21,9 +21,8 @@ An update applies from the next step planned after :meth:`Adaptive.observe`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,6 @@ import torch
 import torch.distributed as dist
 
 from seqbalance.cost.online import Feedback, as_feedback
-from seqbalance.cost.time_model import TimeModel
 from seqbalance.plan.adaptive import AdaptivePlanner, prior_time_model
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.types import StepPlan
@@ -45,12 +43,10 @@ class Adaptive:
     """Adaptive planning on every rank of a process group (module doc).
 
     Args:
-        options: The plan options (their cost is the prior unless ``prior`` is given).
-        feedback: The loop's options (default ``Feedback()``).
-        prior: A TimeModel to start from (a saved calibration).
+        options: The plan options (their cost is the prior unless ``feedback.prior`` is given).
+        feedback: The loop's options (default ``Feedback()``); rank 0 alone writes its ``log``.
         group: The data-parallel process group (default: the world).
         device: Where the micro-batches run (CUDA: the timer uses CUDA events).
-        log: JSONL file rank 0 appends each step's telemetry to, or None.
     """
 
     def __init__(
@@ -58,20 +54,14 @@ class Adaptive:
         options: PlanOptions | None = None,
         *,
         feedback: Feedback | None = None,
-        prior: TimeModel | None = None,
         group: Any = None,
         device: Any = None,
-        log: str | Path | None = None,
     ) -> None:
         feedback = Feedback() if feedback is None else feedback
         self.comm = Comm(group, timedelta(seconds=feedback.timeout_seconds))
         self.rank = self.comm.rank
         self.planner = AdaptivePlanner(
-            self.comm.world_size,
-            options,
-            feedback=feedback,
-            prior=prior,
-            log=log if self.rank == 0 else None,
+            self.comm.world_size, options, feedback=_rank_feedback(feedback, self.rank)
         )
         self.timer = StepTimer(device)
 
@@ -127,6 +117,11 @@ class Adaptive:
         self.planner.load_state_dict(state)
 
 
+def _rank_feedback(feedback: Feedback, rank: int) -> Feedback:
+    """``feedback`` as ``rank`` uses it: one telemetry log per run, written by rank 0."""
+    return feedback if rank == 0 or feedback.log is None else replace(feedback, log=None)
+
+
 @dataclass(frozen=True)
 class _Observed:
     """One rank's record of an observed step for the next gather: its measurements (the
@@ -151,15 +146,9 @@ class Piggyback:
     that step with. Updates therefore apply from the step after the one that was observed.
     """
 
-    def __init__(
-        self,
-        options: PlanOptions,
-        feedback: Feedback,
-        prior: TimeModel | None,
-        log: str | Path | None,
-    ) -> None:
-        prior_time_model(options, prior)  # a cost without a TimeModel form fails here, named
-        self._options, self._feedback, self._prior, self._log = options, feedback, prior, log
+    def __init__(self, options: PlanOptions, feedback: Feedback) -> None:
+        prior_time_model(options, feedback.prior)  # a cost without a TimeModel form fails here
+        self._options, self._feedback = options, feedback
         self._planner: AdaptivePlanner | None = None
         self._pending: _Observed | None = None
         self._timer: StepTimer | None = None
@@ -178,11 +167,7 @@ class Piggyback:
         """The planner (made at the first step, when the world size is known)."""
         if self._planner is None:
             self._planner = AdaptivePlanner(
-                world_size,
-                self._options,
-                feedback=self._feedback,
-                prior=self._prior,
-                log=self._log if rank == 0 else None,
+                world_size, self._options, feedback=_rank_feedback(self._feedback, rank)
             )
             if self._state is not None:
                 self._planner.load_state_dict(self._state["planner"])

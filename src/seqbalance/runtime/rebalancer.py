@@ -39,7 +39,6 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,7 +47,6 @@ import torch
 from seqbalance._validation import as_group_ids, check_bool
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
-from seqbalance.cost.time_model import TimeModel
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step, vision_patches_of
 from seqbalance.runtime._agreement import agreed_plan
@@ -98,8 +96,8 @@ class Rebalancer(RebalancerFeedback):
             step's gather (no collective of their own) and apply from that step on, the same
             on every rank. Slot ``r`` of an adaptive plan runs on rank ``r`` (``keep_local``
             relabelling would hand a slow rank's light share to another rank).
-        prior: with ``adaptive``, a TimeModel to start from (default: ``cost`` as seconds).
-        log: with ``adaptive``, a JSONL file rank 0 appends each step's telemetry to.
+            ``Feedback(prior=..., log=...)`` sets the model it starts from (default: ``cost``
+            as seconds) and a JSONL file rank 0 appends each step's telemetry to.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
@@ -115,8 +113,6 @@ class Rebalancer(RebalancerFeedback):
         keep_local: bool = True,
         options: PlanOptions | None = None,
         adaptive: bool | Feedback = False,
-        prior: TimeModel | None = None,
-        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
@@ -129,7 +125,7 @@ class Rebalancer(RebalancerFeedback):
         self.keep_local = check_bool(keep_local, "keep_local")
         self.options = as_options(options, option_keywords, where="Rebalancer")
         feedback = as_feedback(adaptive)
-        self._feedback = None if feedback is None else Piggyback(self.options, feedback, prior, log)
+        self._feedback = None if feedback is None else Piggyback(self.options, feedback)
         self._worker = Worker()
 
     def rebalance_async(

@@ -21,9 +21,7 @@ size: pass the data-parallel process group (``group=``, e.g. ``device_mesh["dp"]
 they default to the global torch.distributed world, which is right for pure data parallelism only:
 under tensor or pipeline parallelism the world holds ``dp x tp x pp`` ranks, and the TP (and PP)
 ranks of one data-parallel replica must get the *same* samples. Using the global rank would hand
-each of them different data and split every replica's batch ``tp x pp`` ways. ``rank=`` /
-``world_size=`` are accepted as older names of ``dp_rank=`` / ``dp_size=`` (one name of each, never
-both).
+each of them different data and split every replica's batch ``tp x pp`` ways.
 
 Agreement: where torch.distributed is initialised, the first ``iter`` of every epoch all-gathers
 the sampler's setup over ``group`` (or the world) once, with a timeout
@@ -55,7 +53,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,7 +76,6 @@ from seqbalance.runtime._lookahead import Lookahead
 from seqbalance.runtime._position import data_parallel_position
 
 if TYPE_CHECKING:
-    from seqbalance.cost.time_model import TimeModel
     from seqbalance.plan import EpochPlan, StepPlan
     from seqbalance.runtime._lagged import LaggedFeedback
     from seqbalance.runtime.timer import StepTimer, StepTiming
@@ -124,7 +120,6 @@ class BalancedBatchSampler(EpochBatchSampler):
             check.
         dp_rank, dp_size: this process's data-parallel rank and the data-parallel size, instead
             of ``group``.
-        rank, world_size: older names of ``dp_rank`` and ``dp_size``.
         seed: shuffling seed shared by all ranks; the epoch is mixed in by ``set_epoch``.
         drop_last, shuffle, bucket_window, groups: as in :func:`seqbalance.plan.plan_epoch`.
         lookahead: steps planned ahead of the one the loop takes (>= 1).
@@ -148,10 +143,9 @@ class BalancedBatchSampler(EpochBatchSampler):
             prefetching more than ``lookahead`` steps). A change of speed is therefore planned
             around ``lookahead`` steps later than with ``Adaptive`` itself.
             ``state_dict`` then carries what was learned (save it after ``observe``), so a
-            resume continues with the same model and plans. ``epoch_plan`` is refused.
-        prior: with ``adaptive``, a TimeModel to start from (default: the options' cost).
-        log: with ``adaptive``, a JSONL file rank 0 appends each step's telemetry to
-            (``seqbalance report``).
+            resume continues with the same model and plans. ``epoch_plan`` is refused. The
+            loop's prior (default: the options' cost) and telemetry log (written by rank 0,
+            ``seqbalance report``) are ``Feedback(prior=..., log=...)``.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Raises:
@@ -173,8 +167,6 @@ class BalancedBatchSampler(EpochBatchSampler):
         group: Any = None,
         dp_rank: int | None = None,
         dp_size: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
         seed: int = 0,
         drop_last: bool = False,
         shuffle: bool = True,
@@ -184,17 +176,15 @@ class BalancedBatchSampler(EpochBatchSampler):
         agreement_timeout: float | None = 300.0,
         options: PlanOptions | None = None,
         adaptive: bool | Feedback = False,
-        prior: TimeModel | None = None,
-        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
         self._lagged: LaggedFeedback | None = None  # before super(): _start_pass reads it
+        # First: a keyword that is no PlanOptions field is named before anything else fails.
+        options = as_options(options, option_keywords, where="BalancedBatchSampler")
         parts = lengths if isinstance(lengths, SampleParts) else None
         super().__init__(
             LengthSource(lengths if parts is None else parts.tokens),
-            position=data_parallel_position(
-                group=group, dp_rank=dp_rank, dp_size=dp_size, rank=rank, world_size=world_size
-            ),
+            position=data_parallel_position(group=group, dp_rank=dp_rank, dp_size=dp_size),
             group=group,
             seed=seed,
             drop_last=drop_last,
@@ -202,7 +192,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         )
         self.parts = parts
         self.global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
-        self.options = as_options(options, option_keywords, where="BalancedBatchSampler")
+        self.options = options
         self.shuffle = check_bool(shuffle, "shuffle")
         self.bucket_window = (
             None if bucket_window is None else check_int(bucket_window, "bucket_window", minimum=1)
@@ -232,17 +222,7 @@ class BalancedBatchSampler(EpochBatchSampler):
             from seqbalance.runtime._lagged import LaggedFeedback  # torch, only when asked for
 
             self._lagged = LaggedFeedback(
-                self.options,
-                feedback,
-                prior,
-                log,
-                group,
-                self.lookahead,
-                (self.dp_rank, self.dp_size),
-            )
-        elif prior is not None or log is not None:
-            raise ValueError(
-                "prior and log belong to the closed loop: pass them with adaptive=True"
+                self.options, feedback, group, self.lookahead, (self.dp_rank, self.dp_size)
             )
 
     def _check_lengths(self) -> None:
@@ -490,7 +470,7 @@ class LengthGroupedSampler(EpochBatchSampler):
             this sampler sorts by length alone and would ignore images; pass ``parts.tokens``
             to group by tokens, or plan the parts with :class:`BalancedBatchSampler`).
         batch_size: samples per rank and step.
-        group, dp_rank, dp_size, rank, world_size: the data-parallel position, as in
+        group, dp_rank, dp_size: the data-parallel position, as in
             :class:`BalancedBatchSampler`.
         seed: shuffling seed shared by all ranks.
         drop_last: drop a final step with fewer than ``batch_size * dp_size`` samples.
@@ -509,8 +489,6 @@ class LengthGroupedSampler(EpochBatchSampler):
         group: Any = None,
         dp_rank: int | None = None,
         dp_size: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
         seed: int = 0,
         drop_last: bool = False,
         bucket_size: int | None = None,
@@ -524,9 +502,7 @@ class LengthGroupedSampler(EpochBatchSampler):
             )
         super().__init__(
             LengthSource(lengths),
-            position=data_parallel_position(
-                group=group, dp_rank=dp_rank, dp_size=dp_size, rank=rank, world_size=world_size
-            ),
+            position=data_parallel_position(group=group, dp_rank=dp_rank, dp_size=dp_size),
             group=group,
             seed=seed,
             drop_last=drop_last,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +25,6 @@ from seqbalance._validation import as_lengths, check_int
 from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
-from seqbalance.cost.time_model import TimeModel
 from seqbalance.plan.adaptive import AdaptivePlanner
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step, vision_patches_of
@@ -123,9 +121,8 @@ class WindowBalancer:
             with the cost model and rank speeds learned from measured time (an
             :class:`seqbalance.plan.adaptive.AdaptivePlanner`, :attr:`adaptive`): after a
             step ran, hand every rank's measured seconds to :meth:`observe`; the update applies
-            from the next dispatch.
-        prior: with ``adaptive``, a TimeModel to start from (default: ``cost`` as seconds).
-        log: with ``adaptive``, a JSONL file each step's telemetry is appended to.
+            from the next dispatch. ``Feedback(prior=..., log=...)`` sets the model it starts
+            from (default: ``cost`` as seconds) and a JSONL file of each step's telemetry.
         **option_keywords: any ``PlanOptions`` field by name.
 
     Selection at each dispatch: first the fewest earliest-deadline samples that must leave now
@@ -150,8 +147,6 @@ class WindowBalancer:
         max_delay: int | None = None,
         options: PlanOptions | None = None,
         adaptive: bool | Feedback = False,
-        prior: TimeModel | None = None,
-        log: str | Path | None = None,
         **option_keywords: Any,
     ) -> None:
         self.dp_size = check_int(dp_size, "dp_size", minimum=1)
@@ -173,9 +168,7 @@ class WindowBalancer:
         feedback = as_feedback(adaptive)
         self.adaptive = None
         if feedback is not None:
-            self.adaptive = AdaptivePlanner(
-                self.dp_size, self.options, feedback=feedback, prior=prior, log=log
-            )
+            self.adaptive = AdaptivePlanner(self.dp_size, self.options, feedback=feedback)
         self._ids: list[int] = []
         self._lengths: list[int] = []
         self._pushed_at: list[int] = []

@@ -30,7 +30,7 @@ from seqbalance.measure.toy_model import (
     make_padded_batch,
 )
 from seqbalance.plan import StepPlan, plan_step
-from seqbalance.runtime.feedback import Adaptive
+from seqbalance.runtime.feedback import Adaptive, Feedback
 from seqbalance.runtime.timer import StepTimer, StepTiming
 
 __all__ = ["run_rank"]
@@ -133,7 +133,11 @@ class _Planner:
         self.schedule, self.batches, self.settings, self.rank = schedule, batches, settings, rank
         self.options = settings.options.replace(cost=time_model, strategy="balanced")
         self.adaptive = (
-            Adaptive(self.options.replace(rank_speeds=None), prior=time_model, device=device)
+            Adaptive(
+                self.options.replace(rank_speeds=None),
+                feedback=Feedback(prior=time_model),
+                device=device,
+            )
             if "balanced_adaptive" in settings.strategies
             else None
         )
