@@ -47,7 +47,9 @@ KNOWN_CYCLES = {
         {
             "seqbalance.plan._exact",
             "seqbalance.plan._feasible",
+            "seqbalance.plan._lockstep",
             "seqbalance.plan._packing",
+            "seqbalance.plan._portfolio",
             "seqbalance.plan._problem",
             "seqbalance.plan.balanced",
             "seqbalance.plan.context_parallel",
@@ -205,7 +207,6 @@ KNOWN_LONG_MODULES = {
     "seqbalance/cost/context_parallel.py": 638,
     "seqbalance/cost/spec.py": 832,
     "seqbalance/datasets/lengths.py": 616,
-    "seqbalance/plan/balanced.py": 762,
     "seqbalance/plan/context_parallel.py": 994,
     "seqbalance/plan/types.py": 745,
     "seqbalance/runtime/context_parallel.py": 712,

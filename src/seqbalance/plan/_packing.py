@@ -13,7 +13,7 @@ import numpy as np
 
 from seqbalance.plan._problem import Problem
 
-__all__ = ["fill_empty", "greedy_microbatches", "to_count"]
+__all__ = ["Rooms", "fill_empty", "greedy_microbatches", "heaviest_first", "to_count"]
 
 
 _SCAN_IN_C = 32
@@ -120,3 +120,52 @@ def fill_empty(p: Problem, microbatches: list[list[int]]) -> None:
         shortest = min(donor, key=lambda i: (int(p.lengths[i]), i))
         donor.remove(shortest)
         empty.append(shortest)
+
+
+def heaviest_first(p: Problem, samples: np.ndarray) -> np.ndarray:
+    return samples[np.lexsort((samples, -p.lengths[samples], -p.sample_costs[samples]))]
+
+
+class Rooms:
+    """What is left under the caps in each of a rank's micro-batches (tokens, and vision
+    patches with a patch cap); an over-cap sample needs an empty micro-batch and closes it.
+
+    Rooms are float arrays (exact: token counts are below 2**53) searched with numpy, as a tight
+    cap gives thousands of micro-batches."""
+
+    def __init__(self, p: Problem, m: int, microbatches: list[list[int]] | None = None) -> None:
+        self.p = p
+        self.empty = np.ones(m, dtype=bool)
+        self.tokens = np.full(m, float(p.cap))
+        self.patches = None if p.patches is None else np.full(m, float(p.patch_cap))
+        for j, mb in enumerate(microbatches or ()):
+            for i in mb:
+                self.take(j, i)
+
+    def _fits(self, i: int) -> np.ndarray:
+        fits = self.tokens >= self.p.lengths[i]
+        if self.patches is not None:
+            fits &= self.patches >= self.p.patches[i]  # type: ignore[index]
+        return fits
+
+    def fitting(self, i: int) -> list[int]:
+        """The micro-batches that non-over-cap sample ``i`` fits, in order."""
+        return np.flatnonzero(self._fits(i)).tolist()
+
+    def first(self, i: int) -> int | None:
+        """The first micro-batch that sample ``i`` fits (None: none)."""
+        fits = self.empty if self.p.oversize[i] else self._fits(i)
+        j = int(np.argmax(fits))
+        return j if fits[j] else None
+
+    def take(self, j: int, i: int) -> None:
+        """Sample ``i`` joins micro-batch ``j``."""
+        self.empty[j] = False
+        if self.p.oversize[i]:
+            self.tokens[j] = -1
+            if self.patches is not None:
+                self.patches[j] = -1
+            return
+        self.tokens[j] -= self.p.lengths[i]
+        if self.patches is not None:
+            self.patches[j] -= self.p.patches[i]  # type: ignore[index]

@@ -24,7 +24,7 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
 3. ``lockstep`` (packed): ranks are re-packed under the micro-batch cost profile of the rank
    holding the costliest micro-batch (so one long sample does not force every rank's other
    micro-batches to be large), then samples move or swap between micro-batches of one rank
-   while that lowers the sum over positions of the slowest rank.
+   while that lowers the sum over positions of the slowest rank (``plan/_lockstep.py``).
 4. Micro-batches, padded layout. Samples sorted by length are cut into consecutive micro-batches
    (similar lengths share a micro-batch, so padding stays small) with the largest micro-batch
    cost as small as possible (bisection over a greedy cut), then split until there are exactly
@@ -34,6 +34,10 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps.
+
+The plan found is then compared with its rivals (the baselines, the stacks' schedulers and the
+partition engine's split, those the planning budget lets run; ``plan/_portfolio.py``): a valid
+rival plan that is cheaper, or as cheap with fewer micro-batches, replaces it.
 
 Alignment of micro-batch positions for ``objective="lockstep"`` and the ``order`` option are
 applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, ties broken by
@@ -51,46 +55,42 @@ from seqbalance.partition._result import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact, _feasible
-from seqbalance.plan._packing import fill_empty
+from seqbalance.plan._lockstep import match_profile, refine_lockstep
+from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
-from seqbalance.plan._problem import Problem, objective_value
+from seqbalance.plan._portfolio import (
+    PLANNING_BUDGET_GAP,
+    RIVALS_WITHOUT_BOUND_GAP,
+    RIVALS_WITHOUT_BOUND_MAX_SAMPLES,
+    RIVALS_WITHOUT_BOUND_SAMPLES,
+    RIVALS_WITHOUT_BOUND_WORK,
+    Portfolio,
+    aligned_value,
+)
+from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._rank_search import RankState, capacities
-from seqbalance.plan.registry import Microbatches, Strategy, checked_microbatches
+from seqbalance.plan.registry import Microbatches
 from seqbalance.plan.strategies import rank_members
 
-__all__ = ["BALANCED", "Balanced", "plan_balanced"]
-
-# The lockstep refinement (slower per step) stops this close to the lower bound, ...
-_LOCKSTEP_GOOD_ENOUGH = 2e-4
-# ... or once it has spent this much work (a deterministic budget, about a quarter of a second
-# here): each pair of micro-batches examined counts _PAIR_WORK plus its candidate moves and
-# swaps, and each candidate cost cell evaluated counts one. A pass grows like M^3.
-_LOCKSTEP_WORK = 500_000
-_PAIR_WORK = 100
-RIVALS_WITHOUT_BOUND_SAMPLES = 256
-"""On steps of at most this many samples ``balanced`` always runs the rivals that offer no cheap
-lower bound (the stacks' schedulers: exact re-implementations in plain Python, which on
-thousands of samples cost several times ``balanced``'s own search)."""
-RIVALS_WITHOUT_BOUND_WORK = RIVALS_WITHOUT_BOUND_SAMPLES * 64
-"""... and on steps of up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES`` samples whose samples x ranks
-is at most this (the work already accepted at 256 samples on 64 ranks: their Karmarkar-Karp
-splits over the ranks grow with it), e.g. 4096 samples on 4 ranks or 1024 on 16."""
-RIVALS_WITHOUT_BOUND_MAX_SAMPLES = 4096
-RIVALS_WITHOUT_BOUND_GAP = 1e-4
-"""On other steps it runs them only when its plan is more than this far (relative) above the
-lower bound: every valid plan costs at least the bound, so a skipped rival is never cheaper by
-more than this fraction."""
-PLANNING_BUDGET_GAP = 1e-3
-"""Beyond ``planning_budget``: no rival runs unless the plan is more than this far (relative)
-above the lower bound, and the lockstep refinement stops this close to it."""
+__all__ = [
+    "BALANCED",
+    "PLANNING_BUDGET_GAP",
+    "RIVALS_WITHOUT_BOUND_GAP",
+    "RIVALS_WITHOUT_BOUND_MAX_SAMPLES",
+    "RIVALS_WITHOUT_BOUND_SAMPLES",
+    "RIVALS_WITHOUT_BOUND_WORK",
+    "Balanced",
+    "aligned_value",
+    "plan_balanced",
+]
 
 
 def plan_balanced(p: Problem) -> Microbatches:
     """Micro-batches (``dp`` lists of ``M`` lists of sample positions) of the balanced plan."""
     m = p.min_feasible_microbatches
     bound = p.lower_bound(m)
-    others = _Portfolio(p)
+    others = Portfolio(p)
     while True:
         if not p.allow_empty and p.n < p.dp * m:
             raise ValueError(
@@ -139,123 +139,6 @@ def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float)
     return plan
 
 
-def aligned_value(p: Problem, plan: Microbatches) -> float:
-    """Objective value of ``plan`` as ``plan_step`` arranges it for this strategy: under
-    ``lockstep`` every rank's micro-batches are sorted heaviest first (positions aligned)."""
-    costs = np.array(
-        [[p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs] for mbs in plan]
-    )
-    if p.objective == "lockstep":
-        costs = -np.sort(-costs, axis=1)
-    return objective_value(costs, p.objective, p.speeds)
-
-
-class _Portfolio:
-    """The other plans ``balanced`` must never lose to, evaluated lazily.
-
-    Candidates are the plans of every registered ``baseline`` and ``stack`` strategy (a
-    soft-cap plan only when it happens to keep the cap) and, where no cap or count constraint
-    binds (one micro-batch per rank), the partition engine's split of the unit costs. A
-    strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
-    objective) is not run when that bound cannot beat the best plan so far; one that offers
-    none (the stacks' schedulers) is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES``
-    samples or, up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most
-    ``RIVALS_WITHOUT_BOUND_WORK`` samples x ranks, and on other steps when the plan is more
-    than ``RIVALS_WITHOUT_BOUND_GAP`` above the lower bound (see ``planning_budget`` too).
-    """
-
-    def __init__(self, p: Problem) -> None:
-        self.p = p
-        self._plans: dict[str, Microbatches | None] = {}
-
-    def _plan_of(self, strategy: Strategy) -> Microbatches | None:
-        if strategy.name not in self._plans:
-            try:
-                # A rival's plan is checked like any strategy's (a registered one may be wrong).
-                plan = checked_microbatches(strategy.plan(self.p), self.p, strategy.name)
-            except ValueError:
-                plan = None
-            if plan is not None and not (strategy.enforces_cap or self.p.keeps_cap(plan)):
-                plan = None  # a soft-cap plan over the cap is not a valid alternative
-            self._plans[strategy.name] = plan
-        return self._plans[strategy.name]
-
-    def best_with(self, m: int) -> Microbatches | None:
-        """The best valid baseline plan with exactly ``m`` micro-batches per rank."""
-        found = [
-            plan
-            for strategy in _rivals()
-            if (plan := self._plan_of(strategy)) is not None and len(plan[0]) == m
-        ]
-        return min(found, key=lambda plan: aligned_value(self.p, plan), default=None)
-
-    def best(self, plan: Microbatches, bound: float) -> Microbatches:
-        """``plan`` unless a candidate is cheaper, or as cheap with fewer micro-batches."""
-        p = self.p
-        value = aligned_value(p, plan)
-        if value <= bound * (1 + _TOLERANCE):
-            return plan
-        budget = p.options.planning_budget
-        gap = RIVALS_WITHOUT_BOUND_GAP if budget is None else PLANNING_BUDGET_GAP
-        # Rivals without a cheap bound (and with a budget, all) run only within the budget or
-        # where they could save more than the gap: keep planning in milliseconds otherwise.
-        unbounded = _rivals_without_bound_are_cheap(p) or value > bound * (1 + gap)
-        if budget is not None and not unbounded:
-            return plan
-        candidates = [self._partition_start()]
-        for strategy in _rivals():
-            estimate = getattr(strategy, "plan_lower_bound", None)
-            if (estimate is None or strategy.family == "stack") and not unbounded:
-                continue  # verl's bound (a third of its plan) only ever skips it
-            if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
-                continue
-            candidates.append(self._plan_of(strategy))
-        for candidate in candidates:
-            if candidate is None:
-                continue
-            candidate_value = aligned_value(p, candidate)
-            cheaper = candidate_value < value * (1 - _TOLERANCE)
-            if cheaper or (
-                candidate_value <= value * (1 + _TOLERANCE) and len(candidate[0]) < len(plan[0])
-            ):
-                plan, value = candidate, candidate_value
-        return plan
-
-    def _partition_start(self) -> Microbatches | None:
-        """One micro-batch per rank from ``seqbalance.partition`` on the unit costs, when that
-        is a valid plan (packed, a count of one allowed, every rank within the cap)."""
-        from seqbalance.partition import partition
-
-        p = self.p
-        if p.layout != "packed" or p.min_feasible_microbatches != 1 or p.oversize.any():
-            return None
-        parts = partition(p.unit_sums(p.sample_costs), p.dp, speeds=p.speeds).parts
-        rank_of_unit = np.empty(p.n_units, dtype=np.int64)
-        for r, part in enumerate(parts):
-            rank_of_unit[part] = r
-        plan = [[samples.tolist()] for samples in rank_members(p, rank_of_unit)]
-        if not p.keeps_cap(plan) or (not p.allow_empty and any(not mbs[0] for mbs in plan)):
-            return None
-        return plan
-
-
-def _rivals_without_bound_are_cheap(p: Problem) -> bool:
-    """Whether the rivals without a cheap lower bound always run on ``p``: ``n x dp`` within
-    ``planning_budget``, by default see ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``..._WORK``."""
-    budget = p.options.planning_budget
-    if budget is not None:
-        return p.n * p.dp <= budget
-    return p.n <= RIVALS_WITHOUT_BOUND_SAMPLES or (
-        p.n <= RIVALS_WITHOUT_BOUND_MAX_SAMPLES and p.n * p.dp <= RIVALS_WITHOUT_BOUND_WORK
-    )
-
-
-def _rivals() -> list[Strategy]:
-    from seqbalance.plan.registry import get_strategy, strategy_names
-
-    return [get_strategy(name) for name in strategy_names("baseline", "stack")]
-
-
 _GROUP_HINT = " (groups must stay on one rank, so some ranks may not get enough samples)"
 
 
@@ -293,8 +176,8 @@ def _attempt(p: Problem, m: int) -> Microbatches | None:
     if plan is None and p.groups is None and p.layout == "packed":
         plan = _global_first_fit(p, m)
     if plan is not None and p.objective == "lockstep" and m > 1:
-        plan = _match_profile(p, plan)
-        _refine_lockstep(p, plan)
+        plan = match_profile(p, plan)
+        refine_lockstep(p, plan)
     return plan
 
 
@@ -424,10 +307,6 @@ def _lpt_with_capacities(
     return np.array(rank_list, dtype=np.int64)
 
 
-def _heaviest_first(p: Problem, samples: np.ndarray) -> np.ndarray:
-    return samples[np.lexsort((samples, -p.lengths[samples], -p.sample_costs[samples]))]
-
-
 def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches | None:
     if m == 1 and not p.oversize.any():
         return [[samples.tolist()] for samples in members]  # step 1 kept each rank within cap
@@ -445,7 +324,7 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
         for j, i in enumerate(over.tolist()):
             plan[r][j].append(i)
             closed[r, j] = True
-        queues.append(_heaviest_first(p, samples[~p.oversize[samples]]))
+        queues.append(heaviest_first(p, samples[~p.oversize[samples]]))
     width = max((q.size for q in queues), default=0)
     items = np.full((dp, width), -1, dtype=np.int64)
     for r, queue in enumerate(queues):
@@ -491,226 +370,6 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
     return plan
 
 
-def _match_profile(p: Problem, plan: Microbatches) -> Microbatches:
-    """Re-pack every rank under the micro-batch costs of the rank with the costliest
-    micro-batch (lockstep).
-
-    That rank's micro-batches, heaviest first, form a profile; every other rank packs
-    its samples, heaviest first, into the first micro-batch whose profile cost (and the cap)
-    still has room, else where it exceeds the profile least. A rank whose costliest micro-batch
-    is one long sample then no longer forces the others' second micro-batches to be large.
-    The re-packed plan is kept only if its lockstep cost is lower. With rank speeds the profile
-    is in time (cost / speed): rank ``r`` packs under it times its own speed.
-    """
-    speeds = p.speeds_or_ones
-    heaviest = [
-        max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
-    ]
-    reference = int(np.argmax(heaviest))
-    profile = np.array(
-        sorted(
-            (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
-        )
-    ) / float(speeds[reference])
-    result: Microbatches = []
-    for r, microbatches in enumerate(plan):
-        samples = np.array([i for mb in microbatches for i in mb], dtype=np.int64)
-        packed = None if r == reference else _pack_under(p, samples, (profile * speeds[r]).tolist())
-        result.append(packed if packed is not None else microbatches)
-    return result if aligned_value(p, result) < aligned_value(p, plan) else plan
-
-
-def _pack_under(p: Problem, samples: np.ndarray, profile: list[float]) -> list[list[int]] | None:
-    m = len(profile)
-    bins: list[list[int]] = [[] for _ in range(m)]
-    costs = [p.overhead] * m
-    room = _Rooms(p, m)
-    for i in _heaviest_first(p, samples).tolist():
-        cost = float(p.sample_costs[i])
-        if p.oversize[i]:
-            j = room.first(i)
-        else:
-            fits = room.fitting(i)
-            j = next((j for j in fits if costs[j] + cost <= profile[j]), None)
-            if j is None and fits:
-                j = min(fits, key=lambda j: (costs[j] + cost - profile[j], j))
-        if j is None:
-            return None
-        bins[j].append(i)
-        costs[j] += cost
-        room.take(j, i)
-    fill_empty(p, bins)
-    return bins
-
-
-class _Rooms:
-    """What is left under the caps in each of a rank's micro-batches (tokens, and vision
-    patches with a patch cap); an over-cap sample needs an empty micro-batch and closes it.
-
-    Rooms are float arrays (exact: token counts are below 2**53) searched with numpy, as a tight
-    cap gives thousands of micro-batches."""
-
-    def __init__(self, p: Problem, m: int, microbatches: list[list[int]] | None = None) -> None:
-        self.p = p
-        self.empty = np.ones(m, dtype=bool)
-        self.tokens = np.full(m, float(p.cap))
-        self.patches = None if p.patches is None else np.full(m, float(p.patch_cap))
-        for j, mb in enumerate(microbatches or ()):
-            for i in mb:
-                self.take(j, i)
-
-    def _fits(self, i: int) -> np.ndarray:
-        fits = self.tokens >= self.p.lengths[i]
-        if self.patches is not None:
-            fits &= self.patches >= self.p.patches[i]  # type: ignore[index]
-        return fits
-
-    def fitting(self, i: int) -> list[int]:
-        """The micro-batches that non-over-cap sample ``i`` fits, in order."""
-        return np.flatnonzero(self._fits(i)).tolist()
-
-    def first(self, i: int) -> int | None:
-        """The first micro-batch that sample ``i`` fits (None: none)."""
-        fits = self.empty if self.p.oversize[i] else self._fits(i)
-        j = int(np.argmax(fits))
-        return j if fits[j] else None
-
-    def take(self, j: int, i: int) -> None:
-        """Sample ``i`` joins micro-batch ``j``."""
-        self.empty[j] = False
-        if self.p.oversize[i]:
-            self.tokens[j] = -1
-            if self.patches is not None:
-                self.patches[j] = -1
-            return
-        self.tokens[j] -= self.p.lengths[i]
-        if self.patches is not None:
-            self.patches[j] -= self.p.patches[i]  # type: ignore[index]
-
-
-def _refine_lockstep(p: Problem, plan: Microbatches) -> None:
-    """Lower the lockstep cost by moving or swapping samples between micro-batches of one rank.
-
-    With every rank's micro-batches sorted heaviest first (the alignment ``plan_step``
-    applies), the cost is the sum over positions of the costliest rank. Repeatedly, for the
-    rank that sets a position's maximum, the best single move or swap of samples between that
-    micro-batch and another of the same rank (within the cap, evaluated exactly after
-    re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
-    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound (``PLANNING_BUDGET_GAP``
-    on a step beyond the ``planning_budget`` option), and not after
-    ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
-    speeds every cost below is a time (cost / the rank's speed).
-    """
-    m = len(plan[0])
-    speeds = p.speeds_or_ones
-    costs = (
-        np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
-        / speeds[:, None]
-    )
-    tokens = np.array([[int(p.lengths[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
-    patches = None
-    if p.patches is not None:
-        patches = np.array([[int(p.patches[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
-    beyond = p.options.planning_budget is not None and not _rivals_without_bound_are_cheap(p)
-    slack = PLANNING_BUDGET_GAP if beyond else _LOCKSTEP_GOOD_ENOUGH
-    good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + slack)
-    work = [0]
-    for _ in range(2 * m * p.dp):
-        if work[0] > _LOCKSTEP_WORK:
-            return
-        aligned = -np.sort(-costs, axis=1)
-        current = aligned.max(axis=0).sum()
-        if current <= good_enough:
-            return
-        best: tuple[float, int, int, int, int, int] | None = None
-        for position in np.argsort(-(aligned.max(axis=0) - np.median(aligned, axis=0))):
-            r = int(np.argmax(aligned[:, position]))
-            others = np.delete(aligned, r, axis=0).max(axis=0) if p.dp > 1 else np.zeros(m)
-            a = int(np.flatnonzero(costs[r] == aligned[r, position])[0])
-            used = None if patches is None else patches[r]
-            choice = _best_inner_change(
-                p, plan[r], costs[r], tokens[r], used, a, others, work, float(speeds[r])
-            )
-            if work[0] > _LOCKSTEP_WORK:
-                break
-            if choice is not None and choice[0] < current * (1 - _TOLERANCE):
-                best = (choice[0], r, a, *choice[1:])
-                break
-        if best is None:
-            return
-        _, r, a, b, x, y = best
-        for source, target, sample in ((a, b, x), (b, a, y)):
-            if sample >= 0:
-                plan[r][source].remove(sample)
-                plan[r][target].append(sample)
-                costs[r, source] -= p.sample_costs[sample] / speeds[r]
-                costs[r, target] += p.sample_costs[sample] / speeds[r]
-                tokens[r, source] -= p.lengths[sample]
-                tokens[r, target] += p.lengths[sample]
-                if patches is not None:
-                    patches[r, source] -= p.patches[sample]  # type: ignore[index]
-                    patches[r, target] += p.patches[sample]  # type: ignore[index]
-
-
-def _best_inner_change(
-    p: Problem,
-    microbatches: list[list[int]],
-    costs: np.ndarray,
-    tokens: np.ndarray,
-    patches: np.ndarray | None,
-    a: int,
-    others: np.ndarray,
-    work: list[int],
-    speed: float,
-) -> tuple[float, int, int, int] | None:
-    """Best move of a sample of micro-batch ``a`` to another micro-batch ``b`` of the same rank,
-    or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1).
-    ``costs`` are the rank's micro-batch times (cost / ``speed``), ``tokens`` and ``patches``
-    (None without a patch cap) the micro-batches' sums; ``work[0]`` counts the work spent (see
-    ``_LOCKSTEP_WORK``)."""
-    cap = p.cap
-    source = np.asarray(microbatches[a], dtype=np.int64)
-    if source.size == 0:
-        return None
-    best: tuple[float, int, int, int] | None = None
-    for b in range(costs.size):
-        if b == a:
-            continue
-        target = np.asarray(microbatches[b], dtype=np.int64)
-        # Candidates: (sample of a, sample of b or -1); amount moved from a to b.
-        xs = np.repeat(source, target.size + 1)
-        ys = np.tile(np.append(target, -1), source.size)
-        work[0] += _PAIR_WORK + xs.size
-        back = np.where(ys >= 0, p.sample_costs[np.maximum(ys, 0)], 0.0)
-        back_tokens = np.where(ys >= 0, p.lengths[np.maximum(ys, 0)], 0)
-        amount = (p.sample_costs[xs] - back) / speed
-        moved_tokens = p.lengths[xs] - back_tokens
-        ok = (
-            (amount > 0)
-            & (tokens[b] + moved_tokens <= cap)
-            & (tokens[a] - moved_tokens <= cap)
-            & ~((ys < 0) & (source.size == 1))
-        )
-        if patches is not None:
-            back_patches = np.where(ys >= 0, p.patches[np.maximum(ys, 0)], 0)  # type: ignore[index]
-            moved_patches = p.patches[xs] - back_patches  # type: ignore[index]
-            ok &= (patches[b] + moved_patches <= p.patch_cap) & (
-                patches[a] - moved_patches <= p.patch_cap
-            )
-        if not ok.any():
-            continue
-        xs, ys, amount = xs[ok], ys[ok], amount[ok]
-        rows = np.repeat(costs[None, :], amount.size, axis=0)
-        work[0] += rows.size
-        rows[:, a] -= amount
-        rows[:, b] += amount
-        value = np.maximum(-np.sort(-rows, axis=1), others).sum(axis=1)
-        k = int(np.argmin(value))
-        if best is None or value[k] < best[0]:
-            best = (float(value[k]), b, int(xs[k]), int(ys[k]))
-    return best
-
-
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
     """First fit, largest first: by tokens, or with a patch cap by the larger share of a cap
     (tokens / max_tokens or patches / max_vision_patches); failing that, the partition engine's
@@ -720,7 +379,7 @@ def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[
         size = np.maximum(size / p.cap, p.capacity_patches[samples] / p.patch_cap)
     order = samples[np.lexsort((samples, -size))]
     bins: list[list[int]] = [[] for _ in range(m)]
-    room = _Rooms(p, m)
+    room = Rooms(p, m)
     for i in order.tolist():
         j = room.first(i)
         if j is None:
@@ -738,7 +397,7 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
     rank_costs = [
         sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) for ranks in plan
     ]
-    rooms = [_Rooms(p, len(ranks), ranks) for ranks in plan]
+    rooms = [Rooms(p, len(ranks), ranks) for ranks in plan]
     for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
         cost = float(p.sample_costs[i])
         keys = rank_costs if p.speeds is None else (np.add(rank_costs, cost) / p.speeds).tolist()

@@ -1,0 +1,203 @@
+"""The ``lockstep`` refinement of ``balanced`` (packed layout): re-pack the ranks under the
+micro-batch cost profile of the rank holding the costliest micro-batch, then move or swap
+samples between micro-batches of one rank while that lowers the sum over positions of the
+slowest rank."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
+from seqbalance.plan._portfolio import (
+    PLANNING_BUDGET_GAP,
+    aligned_value,
+    rivals_without_bound_are_cheap,
+)
+from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
+from seqbalance.plan.registry import Microbatches
+
+__all__ = ["match_profile", "refine_lockstep"]
+
+# The lockstep refinement (slower per step) stops this close to the lower bound, ...
+_LOCKSTEP_GOOD_ENOUGH = 2e-4
+# ... or once it has spent this much work (a deterministic budget, about a quarter of a second
+# here): each pair of micro-batches examined counts _PAIR_WORK plus its candidate moves and
+# swaps, and each candidate cost cell evaluated counts one. A pass grows like M^3.
+_LOCKSTEP_WORK = 500_000
+_PAIR_WORK = 100
+
+
+def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
+    """Re-pack every rank under the micro-batch costs of the rank with the costliest
+    micro-batch (lockstep).
+
+    That rank's micro-batches, heaviest first, form a profile; every other rank packs
+    its samples, heaviest first, into the first micro-batch whose profile cost (and the cap)
+    still has room, else where it exceeds the profile least. A rank whose costliest micro-batch
+    is one long sample then no longer forces the others' second micro-batches to be large.
+    The re-packed plan is kept only if its lockstep cost is lower. With rank speeds the profile
+    is in time (cost / speed): rank ``r`` packs under it times its own speed.
+    """
+    speeds = p.speeds_or_ones
+    heaviest = [
+        max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
+    ]
+    reference = int(np.argmax(heaviest))
+    profile = np.array(
+        sorted(
+            (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
+        )
+    ) / float(speeds[reference])
+    result: Microbatches = []
+    for r, microbatches in enumerate(plan):
+        samples = np.array([i for mb in microbatches for i in mb], dtype=np.int64)
+        packed = None if r == reference else _pack_under(p, samples, (profile * speeds[r]).tolist())
+        result.append(packed if packed is not None else microbatches)
+    return result if aligned_value(p, result) < aligned_value(p, plan) else plan
+
+
+def _pack_under(p: Problem, samples: np.ndarray, profile: list[float]) -> list[list[int]] | None:
+    m = len(profile)
+    bins: list[list[int]] = [[] for _ in range(m)]
+    costs = [p.overhead] * m
+    room = Rooms(p, m)
+    for i in heaviest_first(p, samples).tolist():
+        cost = float(p.sample_costs[i])
+        if p.oversize[i]:
+            j = room.first(i)
+        else:
+            fits = room.fitting(i)
+            j = next((j for j in fits if costs[j] + cost <= profile[j]), None)
+            if j is None and fits:
+                j = min(fits, key=lambda j: (costs[j] + cost - profile[j], j))
+        if j is None:
+            return None
+        bins[j].append(i)
+        costs[j] += cost
+        room.take(j, i)
+    fill_empty(p, bins)
+    return bins
+
+
+def refine_lockstep(p: Problem, plan: Microbatches) -> None:
+    """Lower the lockstep cost by moving or swapping samples between micro-batches of one rank.
+
+    With every rank's micro-batches sorted heaviest first (the alignment ``plan_step``
+    applies), the cost is the sum over positions of the costliest rank. Repeatedly, for the
+    rank that sets a position's maximum, the best single move or swap of samples between that
+    micro-batch and another of the same rank (within the cap, evaluated exactly after
+    re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
+    the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound (``PLANNING_BUDGET_GAP``
+    on a step beyond the ``planning_budget`` option), and not after
+    ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
+    speeds every cost below is a time (cost / the rank's speed).
+    """
+    m = len(plan[0])
+    speeds = p.speeds_or_ones
+    costs = (
+        np.array([[p.overhead + float(p.sample_costs[mb].sum()) for mb in mbs] for mbs in plan])
+        / speeds[:, None]
+    )
+    tokens = np.array([[int(p.lengths[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
+    patches = None
+    if p.patches is not None:
+        patches = np.array([[int(p.patches[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
+    beyond = p.options.planning_budget is not None and not rivals_without_bound_are_cheap(p)
+    slack = PLANNING_BUDGET_GAP if beyond else _LOCKSTEP_GOOD_ENOUGH
+    good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + slack)
+    work = [0]
+    for _ in range(2 * m * p.dp):
+        if work[0] > _LOCKSTEP_WORK:
+            return
+        aligned = -np.sort(-costs, axis=1)
+        current = aligned.max(axis=0).sum()
+        if current <= good_enough:
+            return
+        best: tuple[float, int, int, int, int, int] | None = None
+        for position in np.argsort(-(aligned.max(axis=0) - np.median(aligned, axis=0))):
+            r = int(np.argmax(aligned[:, position]))
+            others = np.delete(aligned, r, axis=0).max(axis=0) if p.dp > 1 else np.zeros(m)
+            a = int(np.flatnonzero(costs[r] == aligned[r, position])[0])
+            used = None if patches is None else patches[r]
+            choice = _best_inner_change(
+                p, plan[r], costs[r], tokens[r], used, a, others, work, float(speeds[r])
+            )
+            if work[0] > _LOCKSTEP_WORK:
+                break
+            if choice is not None and choice[0] < current * (1 - _TOLERANCE):
+                best = (choice[0], r, a, *choice[1:])
+                break
+        if best is None:
+            return
+        _, r, a, b, x, y = best
+        for source, target, sample in ((a, b, x), (b, a, y)):
+            if sample >= 0:
+                plan[r][source].remove(sample)
+                plan[r][target].append(sample)
+                costs[r, source] -= p.sample_costs[sample] / speeds[r]
+                costs[r, target] += p.sample_costs[sample] / speeds[r]
+                tokens[r, source] -= p.lengths[sample]
+                tokens[r, target] += p.lengths[sample]
+                if patches is not None:
+                    patches[r, source] -= p.patches[sample]  # type: ignore[index]
+                    patches[r, target] += p.patches[sample]  # type: ignore[index]
+
+
+def _best_inner_change(
+    p: Problem,
+    microbatches: list[list[int]],
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    patches: np.ndarray | None,
+    a: int,
+    others: np.ndarray,
+    work: list[int],
+    speed: float,
+) -> tuple[float, int, int, int] | None:
+    """Best move of a sample of micro-batch ``a`` to another micro-batch ``b`` of the same rank,
+    or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1).
+    ``costs`` are the rank's micro-batch times (cost / ``speed``), ``tokens`` and ``patches``
+    (None without a patch cap) the micro-batches' sums; ``work[0]`` counts the work spent (see
+    ``_LOCKSTEP_WORK``)."""
+    cap = p.cap
+    source = np.asarray(microbatches[a], dtype=np.int64)
+    if source.size == 0:
+        return None
+    best: tuple[float, int, int, int] | None = None
+    for b in range(costs.size):
+        if b == a:
+            continue
+        target = np.asarray(microbatches[b], dtype=np.int64)
+        # Candidates: (sample of a, sample of b or -1); amount moved from a to b.
+        xs = np.repeat(source, target.size + 1)
+        ys = np.tile(np.append(target, -1), source.size)
+        work[0] += _PAIR_WORK + xs.size
+        back = np.where(ys >= 0, p.sample_costs[np.maximum(ys, 0)], 0.0)
+        back_tokens = np.where(ys >= 0, p.lengths[np.maximum(ys, 0)], 0)
+        amount = (p.sample_costs[xs] - back) / speed
+        moved_tokens = p.lengths[xs] - back_tokens
+        ok = (
+            (amount > 0)
+            & (tokens[b] + moved_tokens <= cap)
+            & (tokens[a] - moved_tokens <= cap)
+            & ~((ys < 0) & (source.size == 1))
+        )
+        if patches is not None:
+            back_patches = np.where(ys >= 0, p.patches[np.maximum(ys, 0)], 0)  # type: ignore[index]
+            moved_patches = p.patches[xs] - back_patches  # type: ignore[index]
+            ok &= (patches[b] + moved_patches <= p.patch_cap) & (
+                patches[a] - moved_patches <= p.patch_cap
+            )
+        if not ok.any():
+            continue
+        xs, ys, amount = xs[ok], ys[ok], amount[ok]
+        rows = np.repeat(costs[None, :], amount.size, axis=0)
+        work[0] += rows.size
+        rows[:, a] -= amount
+        rows[:, b] += amount
+        value = np.maximum(-np.sort(-rows, axis=1), others).sum(axis=1)
+        k = int(np.argmin(value))
+        if best is None or value[k] < best[0]:
+            best = (float(value[k]), b, int(xs[k]), int(ys[k]))
+    return best
