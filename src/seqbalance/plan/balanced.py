@@ -66,10 +66,11 @@ from seqbalance.plan._portfolio import (
     RIVALS_WITHOUT_BOUND_WORK,
     Portfolio,
     aligned_value,
+    beyond_budget,
 )
 from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import GOOD_ENOUGH, RankState, capacities
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
-from seqbalance.plan._rank_search import RankState, capacities
 from seqbalance.plan.registry import Microbatches
 from seqbalance.plan.strategies import rank_members
 
@@ -215,7 +216,12 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
         rank_of_unit = next(fitting, None)
         if rank_of_unit is None:
             return None
-    state = RankState(p, m, rank_of_unit, costs, tokens, counts, patches)
+    # Beyond the planning budget ranks within the gap of the bound are kept where the rank
+    # loads set the cost (``step``, or one micro-batch per rank; otherwise the lockstep
+    # micro-batch phase does: the ranks are searched in full).
+    beyond = (p.objective == "step" or m == 1) and beyond_budget(p)
+    slack = PLANNING_BUDGET_GAP if beyond else GOOD_ENOUGH
+    state = RankState(p, m, rank_of_unit, costs, tokens, counts, patches, slack=slack)
     state.pair_rounds()
     state.refine()
     # With allow_empty a rank that cannot be given M samples (groups) keeps empty micro-batches.
