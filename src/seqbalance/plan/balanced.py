@@ -53,6 +53,7 @@ import numpy as np
 
 from seqbalance.partition._result import SizeLimits
 from seqbalance.partition.greedy import lpt
+from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact, _feasible
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
@@ -224,8 +225,33 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     state = RankState(p, m, rank_of_unit, costs, tokens, counts, patches, slack=slack)
     state.pair_rounds()
     state.refine()
+    if beyond and state.times().max() > state.good_enough:
+        state = _engine_search(p, m, state, (tokens, counts, patches), caps) or state
+    rank_of_unit = state.rank_of_unit
     # With allow_empty a rank that cannot be given M samples (groups) keeps empty micro-batches.
     return rank_of_unit if state.fill_short_ranks() or p.allow_empty else None
+
+
+def _engine_search(
+    p: Problem,
+    m: int,
+    state: RankState,
+    sizes: tuple[np.ndarray, np.ndarray, np.ndarray | None],
+    caps: tuple[float, float, float],
+) -> RankState | None:
+    """Beyond the planning budget, before any rival may run: the partition engine's moves and
+    swaps from an equal-count LPT start (what its ``auto`` keeps with few units per rank, e.g.
+    groups; a few ms) when they lower the costliest rank within the capacities, else None."""
+    if p.speeds is not None or p.layout != "packed" or p.n_units < p.dp:
+        return None
+    equal = SizeLimits.of(p.n_units, p.dp, equal_size=True, max_items=None)
+    start = lpt(state.costs, p.dp, equal)
+    target = p.unit_cost_bound * (1 + PLANNING_BUDGET_GAP)
+    found = refine(state.costs, start, p.dp, SizeLimits(0, p.n_units), target=target)
+    loads = np.bincount(found, weights=state.costs, minlength=p.dp)
+    if loads.max() >= state.loads.max() or not _fits_capacities(found, p.dp, *sizes, caps):
+        return None
+    return RankState(p, m, found, state.costs, *sizes, slack=PLANNING_BUDGET_GAP)
 
 
 def _fits_capacities(
