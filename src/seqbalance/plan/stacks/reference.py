@@ -173,22 +173,53 @@ def karmarkar_karp_groups(values: Sequence[float], k: int, *, equal_size: bool) 
         raise ValueError(f"karmarkar_karp needs values >= 0, got {ordered[0][0]}")
     if equal_size and n % k:
         raise ValueError(f"equal_size needs the item count {n} to be a multiple of k = {k}")
-    step = k if equal_size else 1
+    final = _merge_runs(ordered, k) if equal_size else _merge_singles(ordered, k)
+    groups = [[index for index, _ in group.items] for group in final.groups]
+    return groups + [[] for _ in range(k - len(groups))]
+
+
+# Heap entries are totally ordered (no two partial solutions share items), so the order of
+# merges never depends on a heap's layout.
+def _merge_runs(ordered: list[tuple[float, int]], k: int) -> _Partial:
+    """KK from one partial solution per run of ``k`` items of ``ordered`` (one item a group):
+    heapify, then one pop and one replace per merge."""
     heap = [
         _Partial(
-            [_Group.of(index, value) for value, index in ordered[start : start + step]], k
+            [_Group.of(index, value) for value, index in ordered[start : start + k]], k
         ).heap_entry()
-        for start in range(0, n, step)
+        for start in range(0, len(ordered), k)
     ]
-    # Heap entries are totally ordered (no two share items), so the order of merges does not
-    # depend on the heap's layout: heapify, and one pop and one replace per merge.
     heapq.heapify(heap)
     while len(heap) > 1:
         first = heapq.heappop(heap)[-1]
         first.absorb(heap[0][-1])
         heapq.heapreplace(heap, first.heap_entry())
-    groups = [[index for index, _ in group.items] for group in heap[0][-1].groups]
-    return groups + [[] for _ in range(k - len(groups))]
+    return heap[0][-1]
+
+
+def _merge_singles(ordered: list[tuple[float, int]], k: int) -> _Partial:
+    """KK from one partial solution per item of ``ordered`` (consumed). A single item's heap
+    entry orders by its value, then its index, both descending (its spread is its value, or 0
+    for every item when ``k == 1``): the singles come off in the reverse of ``ordered``, so they
+    wait there and the heap holds the merged partial solutions alone."""
+    heap: list[tuple[float, float, int, _Group, _Partial]] = []
+    top = None  # the heap entry of ordered[-1], built once
+
+    def pop() -> _Partial:
+        nonlocal top
+        if top is None and ordered:
+            value, index = ordered.pop()
+            top = _Partial([_Group.of(index, value)], k).heap_entry()
+        if top is not None and (not heap or top < heap[0]):
+            entry, top = top, None
+            return entry[-1]
+        return heapq.heappop(heap)[-1]
+
+    for _ in range(len(ordered) - 1):
+        first = pop()
+        first.absorb(pop())
+        heapq.heappush(heap, first.heap_entry())
+    return pop()
 
 
 def largest_differencing(values: Sequence[float], k: int, *, equal_size: bool) -> list[list[int]]:
