@@ -94,8 +94,9 @@ class _Partial:
     __slots__ = ("groups", "k", "spread")
 
     def __init__(self, groups: list[_Group], k: int) -> None:
+        """``groups`` heaviest first."""
         self.k = k
-        self._set(groups if len(groups) == 1 else _descending(groups))
+        self._set(groups)
 
     def _set(self, groups: list[_Group]) -> None:
         """Takes ``groups`` heaviest first."""
@@ -183,9 +184,10 @@ def karmarkar_karp_groups(values: Sequence[float], k: int, *, equal_size: bool) 
 def _merge_runs(ordered: list[tuple[float, int]], k: int) -> _Partial:
     """KK from one partial solution per run of ``k`` items of ``ordered`` (one item a group):
     heapify, then one pop and one replace per merge."""
+    # A run ascending by (value, index), reversed, holds its one-item groups heaviest first.
     heap = [
         _Partial(
-            [_Group.of(index, value) for value, index in ordered[start : start + k]], k
+            [_Group.of(i, value) for value, i in reversed(ordered[start : start + k])], k
         ).heap_entry()
         for start in range(0, len(ordered), k)
     ]
