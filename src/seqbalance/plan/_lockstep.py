@@ -89,7 +89,7 @@ def refine_lockstep(p: Problem, plan: Microbatches) -> None:
     micro-batch and another of the same rank (within the cap, evaluated exactly after
     re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
     the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound (``PLANNING_BUDGET_GAP``
-    on a step beyond the ``planning_budget`` option), and not after
+    on a step beyond the planning budget in force, ``plan/_budget.py``), and not after
     ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
     speeds every cost below is a time (cost / the rank's speed).
     """
