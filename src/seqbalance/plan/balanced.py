@@ -226,8 +226,9 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     state.pair_rounds()
     state.refine()
     if beyond and state.times().max() > state.good_enough:
-        state = _engine_search(p, m, state, (tokens, counts, patches), caps) or state
-    rank_of_unit = state.rank_of_unit
+        other = _engine_search(p, m, state, (tokens, counts, patches), caps)
+        if other is not None and (other.fill_short_ranks() or p.allow_empty):
+            return other.rank_of_unit
     # With allow_empty a rank that cannot be given M samples (groups) keeps empty micro-batches.
     return rank_of_unit if state.fill_short_ranks() or p.allow_empty else None
 
