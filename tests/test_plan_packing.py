@@ -82,3 +82,33 @@ def test_a_padded_scan_leaves_the_counts_alone() -> None:
     bins = _fill(lengths, "first", PlanOptions(max_tokens=7, layout="padded", micro_batch_size=2))
     assert bins == [[i] for i in range(32)] + [[32, 34], [33]]
     assert bins == _reference(lengths, 7, 2, "first")
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=40),
+    cap=st.integers(1, 60),
+    slots=st.integers(1, 8),
+    data=st.data(),
+)
+def test_packed_keeps_cap_follows_the_sample_by_sample_check(
+    lengths: list[int], cap: int, slots: int, data: st.DataObject
+) -> None:
+    # The vectorised check: each micro-batch is a lone over-cap sample, or holds no over-cap
+    # sample and sums within the cap; the definition walks the samples one by one.
+    options = PlanOptions(max_tokens=cap, allow_oversize=True, allow_empty=True)
+    tokens = np.array(lengths, dtype=np.int64)
+    p = Problem(tokens, tokens.astype(np.float64), 0.0, 1, None, options)
+    n = len(lengths)
+    slot = data.draw(st.lists(st.integers(0, slots - 1), min_size=n, max_size=n))
+    plan = [[[i for i, s in enumerate(slot) if s == j] for j in range(slots)]]
+    expected = True
+    for mb in plan[0]:
+        total = 0
+        for i in mb:
+            if lengths[i] > cap:
+                expected &= len(mb) == 1
+            else:
+                expected &= total + lengths[i] <= cap
+            total += lengths[i]
+    assert p.keeps_cap(plan) == expected

@@ -24,6 +24,7 @@ from test_plan_properties import _check, _plan, problems
 
 import seqbalance as sb
 from seqbalance.plan import strategy_names
+from seqbalance.plan.balanced import PLANNING_BUDGET_GAP
 
 SPEEDS = st.sampled_from([1.0, 0.67, 0.5, 1.5, 0.01])
 
@@ -54,16 +55,20 @@ def test_grouped_and_counted_plans_with_speeds_validate(problem: dict, data: st.
 @given(problems(), st.data())
 def test_balanced_never_loses_to_a_baseline_under_speeds(problem: dict, data: st.DataObject):
     problem = {**_with_speeds(problem, data), "strategy": "balanced"}
-    ours = _plan(problem)
+    ours = _plan({**problem, "planning_budget": 2**62})  # every rival runs
+    default = _plan(problem)  # the budget from the modeled step: at most the gap given up
     if ours is None:
         set_aside("refused")
         return
     checked()
+    assert default is not None
     for name in strategy_names("baseline"):
         theirs = _plan({**problem, "strategy": name})
         if theirs is None or (not theirs.cap_enforced and theirs.cap_violations()):
             continue  # a soft-cap plan over the cap is no valid rival
         assert ours.step_cost <= theirs.step_cost * (1 + 1e-9) + 1e-9, name
+        gap = 1 + PLANNING_BUDGET_GAP + 1e-9
+        assert default.step_cost <= theirs.step_cost * gap + 1e-9, name
 
 
 def test_summary_is_in_speed_scaled_time() -> None:

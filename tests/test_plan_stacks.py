@@ -39,7 +39,11 @@ from seqbalance.plan.stacks import (
     length_grouped_steps,
     stack_baseline,
 )
-from seqbalance.plan.stacks.reference import largest_differencing, split_largest_bins
+from seqbalance.plan.stacks.reference import (
+    first_fit_bins,
+    largest_differencing,
+    split_largest_bins,
+)
 
 RECORDED = Path(__file__).parent / "data" / "stack_baselines.json.gz"
 
@@ -155,6 +159,53 @@ def test_split_largest_bins_by_hand() -> None:
     singles = [[0], [1]]
     split_largest_bins(singles, 4, lengths)  # nothing can be split: stops early
     assert singles == [[0], [1]]
+    # Exact fits join (3 + 2 = cap), a zero-length item joins the first full bin, an item
+    # over the cap opens its own.
+    assert first_fit_bins([3, 2, 5, 0, 6], 5) == [[0, 1, 3], [2], [4]]
+
+
+def _first_fit_by_definition(lengths: list[int], cap: int) -> list[list[int]]:
+    bins: list[list[int]] = []
+    for index, length in enumerate(lengths):
+        fits = [b for b in bins if sum(lengths[i] for i in b) + length <= cap]
+        if fits:
+            fits[0].append(index)
+        else:
+            bins.append([index])
+    return bins
+
+
+def _split_by_definition(bins: list[list[int]], target: int, lengths: list[int]) -> None:
+    while len(bins) < target:
+        splittable = [(sum(lengths[i] for i in b), k) for k, b in enumerate(bins) if len(b) > 1]
+        if not splittable:
+            return
+        chosen = max(splittable)[1]  # most tokens, ties: the later bin
+        halves: list[list[int]] = [[], []]
+        for i in sorted(bins[chosen], key=lambda item: -lengths[item]):
+            totals = [sum(lengths[j] for j in half) for half in halves]
+            halves[0 if totals[0] <= totals[1] else 1].append(i)
+        bins[chosen] = halves[0]
+        bins.append(halves[1])
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12) | st.integers(0, 80), min_size=1, max_size=150),
+    cap=st.integers(1, 60),
+    extra=st.integers(0, 160),
+)
+def test_slime_packing_and_splitting_follow_their_definitions(
+    lengths: list[int], cap: int, extra: int
+) -> None:
+    # first_fit_bins searches a min-tree and split_largest_bins keeps a heap: both must give
+    # exactly the bins of the plain scans (ties, zero lengths and over-cap items included).
+    bins = first_fit_bins(lengths, cap)
+    assert bins == _first_fit_by_definition(lengths, cap)
+    expected = [list(b) for b in bins]
+    _split_by_definition(expected, len(bins) + extra, lengths)
+    split_largest_bins(bins, len(bins) + extra, lengths)
+    assert bins == expected
 
 
 def test_verl_strict_cap_adds_microbatches_until_every_rank_fits() -> None:

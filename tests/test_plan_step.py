@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.plan import StepPlan, get_strategy, strategy_names
+from seqbalance.plan._portfolio import Portfolio
 from seqbalance.plan.balanced import PLANNING_BUDGET_GAP
 
 
@@ -194,6 +195,76 @@ def test_planning_budget_skips_the_stack_schedulers_only_beyond_it(monkeypatch) 
     fast = sb.plan_step(lengths, 4, planning_budget=200 * 4 - 1, **options)
     assert ran == []  # beyond it: not run, as balanced's plan is within the gap of its bound
     assert fast.step_cost <= fast.lower_bound * (1 + PLANNING_BUDGET_GAP)
+
+
+def _dataset_step(name: str, n: int, cap: int) -> np.ndarray:
+    # As benchmarks/plan.py draws them (the same steps).
+    pool = sb.datasets.load(name)
+    picked = np.random.default_rng(n).choice(pool.size, n, replace=n > pool.size)
+    return np.minimum(pool[picked], cap)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "n", "dp", "cap", "model", "objective", "binds"),
+    [
+        # GSM8K on Qwen3-30B-A3B: a 0.3 s step, too short for the rivals' ~8 ms in 1% of it.
+        ("gsm8k", 128, 4, 8192, "qwen3-30b-a3b", "step", True),
+        # LIMA on Qwen3-8B: a 4.9 s step, long enough for the rivals' ~23 ms.
+        ("lima", 512, 8, 16384, "qwen3-8b", "lockstep", False),
+    ],
+)
+def test_the_default_budget_follows_the_modeled_step(
+    dataset: str, n: int, dp: int, cap: int, model: str, objective: str, binds: bool
+) -> None:
+    lengths = _dataset_step(dataset, n, cap)
+    options = {"cost": "flops", "model": model, "max_tokens": cap, "objective": objective}
+    every = sb.plan_step(lengths, dp, planning_budget=2**62, **options)
+    fastest = sb.plan_step(lengths, dp, planning_budget=0, **options)
+    assert _microbatches(every) != _microbatches(fastest)  # else the case shows nothing
+    assert fastest.step_cost <= every.step_cost * (1 + PLANNING_BUDGET_GAP)
+    default = sb.plan_step(lengths, dp, **options)
+    assert _microbatches(default) == _microbatches(fastest if binds else every)
+    # A cost without a time unit keeps the default rule (here: every rival, 128 samples).
+    if binds:
+        tokens = {**options, "cost": "tokens", "model": None}
+        assert _microbatches(sb.plan_step(lengths, dp, **tokens)) == _microbatches(
+            sb.plan_step(lengths, dp, planning_budget=2**62, **tokens)
+        )
+
+
+def test_beyond_the_budget_the_engine_search_closes_the_gap_on_groups(monkeypatch) -> None:
+    # 512 prompts x 8 responses of Qwen2.5-Math on 64 ranks (benchmarks/plan.py's step): the
+    # rank search alone ends 0.16% above the bound, so every rival would run; the partition
+    # engine's moves and swaps from an equal-count start end within the gap: none runs.
+    pool, pool_groups = sb.datasets.load("qwen25math"), sb.datasets.groups("qwen25math")
+    prompts = np.random.default_rng(4096).choice(int(pool_groups.max()) + 1, 512, replace=True)
+    picked = np.concatenate([np.flatnonzero(pool_groups == p) for p in prompts])
+    lengths, groups = np.minimum(pool[picked], 65536), np.repeat(np.arange(512), 8)
+    options = {"cost": "flops", "model": "qwen3-30b-a3b", "max_tokens": 65536, "groups": groups}
+    every = sb.plan_step(lengths, 64, planning_budget=2**62, **options)
+    ran = []
+    monkeypatch.setattr(Portfolio, "_partition_start", lambda self: ran.append(1))
+    fast = sb.plan_step(lengths, 64, planning_budget=0, **options)
+    assert ran == []  # no rival ran: the plan is within the gap of the bound
+    assert fast.step_cost <= every.step_cost * (1 + PLANNING_BUDGET_GAP)
+
+
+def test_modeled_step_seconds_reads_the_cost_unit() -> None:
+    from seqbalance.cost import TimeModel
+    from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
+    from seqbalance.plan._budget import modeled_step_seconds
+    from seqbalance.plan._problem import Problem
+    from seqbalance.plan.options import PlanOptions
+
+    def seconds(cost: object) -> float | None:
+        options = PlanOptions(cost=cost)
+        lengths = np.array([5])
+        p = Problem(lengths, np.array([1.0]), 0.0, 1, None, options)
+        return modeled_step_seconds(p, 4e14)
+
+    assert seconds("flops") == 4e14 / (DEFAULT_PEAK_FLOPS_PER_S * DEFAULT_EFFICIENCY)
+    assert seconds(TimeModel(0.05, 1e-5, 1e-9)) == 4e14
+    assert seconds("tokens") is None
 
 
 @pytest.mark.parametrize("budget", [-1, 1.5, "10", True])

@@ -32,6 +32,9 @@ from seqbalance.plan.balanced import (
 )
 
 SHAREGPT = sb.datasets.load("sharegpt")
+EVERY_RIVAL = 2**62
+"""A ``planning_budget`` no step exceeds: ``balanced`` runs every rival (by default the budget
+derived from the modeled step may skip them, giving up at most ``PLANNING_BUDGET_GAP``)."""
 COSTS = {
     "tokens": "tokens",
     "flops": "flops",
@@ -124,7 +127,8 @@ def _valid_alternatives(problem: dict) -> dict[str, sb.StepPlan]:
 @requires_checked(0.5)
 @given(problems())
 def test_balanced_never_loses_to_a_baseline(problem: dict) -> None:
-    balanced = _plan(problem, "balanced")
+    balanced = _plan({**problem, "planning_budget": EVERY_RIVAL}, "balanced")
+    default = _plan(problem, "balanced")
     alternatives = _valid_alternatives(problem)
     if balanced is None:
         assert not alternatives, f"balanced failed where {sorted(alternatives)} planned"
@@ -132,11 +136,13 @@ def test_balanced_never_loses_to_a_baseline(problem: dict) -> None:
         return
     checked()
     balanced.validate()
+    assert default is not None
     for name, plan in alternatives.items():
         assert balanced.step_cost <= plan.step_cost * (1 + 1e-9), name
         if plan.step_cost <= balanced.step_cost * (1 + 1e-9):
             # As cheap: then never more micro-batches than the baseline.
             assert balanced.n_microbatches <= plan.n_microbatches, name
+        assert default.step_cost <= plan.step_cost * (1 + PLANNING_BUDGET_GAP + 1e-9), name
 
 
 @settings(max_examples=examples(12), deadline=None)
@@ -158,7 +164,7 @@ def test_on_large_steps_stack_schedulers_win_by_at_most_the_gap(
     # bound; otherwise they always run, and so does every baseline (cheap bounds): then
     # balanced is never worse.
     if budget is None and n <= RIVALS_WITHOUT_BOUND_SAMPLES:
-        n += RIVALS_WITHOUT_BOUND_SAMPLES  # the default always runs them: other tests check it
+        n += RIVALS_WITHOUT_BOUND_SAMPLES  # the default rule always runs them: tested elsewhere
     lengths = np.random.default_rng(seed).choice(SHAREGPT, n)
     problem = {
         "lengths": lengths,
@@ -176,7 +182,9 @@ def test_on_large_steps_stack_schedulers_win_by_at_most_the_gap(
         default = _plan(problem, "balanced")
         assert balanced.step_cost <= default.step_cost * (1 + PLANNING_BUDGET_GAP + 1e-9)
     for name, plan in _valid_alternatives(problem).items():
-        if budget is None:
+        if budget is None and cost != "tokens":
+            gap = PLANNING_BUDGET_GAP  # a cost in time: the budget from the modeled step
+        elif budget is None:
             skipped = n > RIVALS_WITHOUT_BOUND_MAX_SAMPLES or n * dp > RIVALS_WITHOUT_BOUND_WORK
             gap = RIVALS_WITHOUT_BOUND_GAP if skipped and name in strategy_names("stack") else 0.0
         else:
@@ -199,13 +207,17 @@ def test_balanced_never_loses_to_the_partition_engine_where_nothing_binds(proble
     problem.pop("microbatch_multiple", None)
     problem.pop("min_microbatches", None)
     problem["objective"] = "step"
-    balanced = _plan(problem, "balanced")
+    balanced = _plan({**problem, "planning_budget": EVERY_RIVAL}, "balanced")
     if balanced is None or balanced.n_microbatches != 1:
         set_aside("refused" if balanced is None else "several micro-batches")
         return
     checked()
     engine = sb.partition(balanced.sample_costs, problem["dp"])
-    assert balanced.step_cost <= max(engine.loads) + balanced.overhead + 1e-9 * balanced.step_cost
+    engine_cost = max(engine.loads) + balanced.overhead
+    assert balanced.step_cost <= engine_cost + 1e-9 * balanced.step_cost
+    default = _plan(problem, "balanced")  # by default within the gap where the budget binds
+    assert default is not None
+    assert default.step_cost <= engine_cost * (1 + PLANNING_BUDGET_GAP + 1e-9)
 
 
 @requires_checked(0.5)

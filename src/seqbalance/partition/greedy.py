@@ -67,20 +67,34 @@ def best_fit_decreasing(weights: np.ndarray, k: int, capacity: float) -> np.ndar
 
     Residual capacities live in a sorted list, so each item costs one binary search.
     """
+    order = descending_order(weights)
+    return _assignment(order, _best_fit(weights[order].tolist(), k, capacity))
+
+
+def _best_fit(values: list[float], k: int, capacity: float) -> list[int] | None:
+    """``best_fit_decreasing`` on ``values`` already heaviest first: the bin of each, or None."""
     residuals = [capacity] * k
     bins = list(range(k))
-    assignment = np.empty(weights.size, dtype=np.int64)
-    order = descending_order(weights)
-    for item, weight in zip(order.tolist(), weights[order].tolist(), strict=True):
+    chosen = []
+    for weight in values:
         slot = bisect.bisect_left(residuals, weight)
         if slot == k:
             return None
         left = residuals.pop(slot) - weight
         part = bins.pop(slot)
-        assignment[item] = part
+        chosen.append(part)
         slot = bisect.bisect_left(residuals, left)
         residuals.insert(slot, left)
         bins.insert(slot, part)
+    return chosen
+
+
+def _assignment(order: np.ndarray, chosen: list[int] | None) -> np.ndarray | None:
+    """The part of every item, from the parts ``chosen`` for the items in ``order``."""
+    if chosen is None:
+        return None
+    assignment = np.empty(order.size, dtype=np.int64)
+    assignment[order] = chosen
     return assignment
 
 
@@ -93,14 +107,16 @@ def multifit(
     Returns the packing found at the smallest successful capacity, or None if none succeeded.
     Sizes are unconstrained. O(iterations * n log k) time (the list moves are memmoves).
     """
+    order = descending_order(weights)  # sorted once for every trial capacity
+    values = weights[order].tolist()
     best = None
     for _ in range(iterations):
         capacity = (low + high) / 2
-        packing = best_fit_decreasing(weights, k, capacity)
+        packing = _best_fit(values, k, capacity)
         if packing is None:
             low = capacity
         else:
             best, high = packing, capacity
         if high - low <= 1e-6 * high:
             break
-    return best
+    return _assignment(order, best)

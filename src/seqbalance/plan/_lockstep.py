@@ -11,7 +11,7 @@ from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     aligned_value,
-    rivals_without_bound_are_cheap,
+    beyond_budget,
 )
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
@@ -89,7 +89,7 @@ def refine_lockstep(p: Problem, plan: Microbatches) -> None:
     micro-batch and another of the same rank (within the cap, evaluated exactly after
     re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
     the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound (``PLANNING_BUDGET_GAP``
-    on a step beyond the ``planning_budget`` option), and not after
+    on a step beyond the planning budget in force, ``plan/_budget.py``), and not after
     ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
     speeds every cost below is a time (cost / the rank's speed).
     """
@@ -103,8 +103,7 @@ def refine_lockstep(p: Problem, plan: Microbatches) -> None:
     patches = None
     if p.patches is not None:
         patches = np.array([[int(p.patches[mb].sum()) for mb in mbs] for mbs in plan], dtype=float)
-    beyond = p.options.planning_budget is not None and not rivals_without_bound_are_cheap(p)
-    slack = PLANNING_BUDGET_GAP if beyond else _LOCKSTEP_GOOD_ENOUGH
+    slack = PLANNING_BUDGET_GAP if beyond_budget(p) else _LOCKSTEP_GOOD_ENOUGH
     good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + slack)
     work = [0]
     for _ in range(2 * m * p.dp):

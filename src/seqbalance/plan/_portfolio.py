@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqbalance.partition import partition
+from seqbalance.plan._budget import planning_budget
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan.registry import (
@@ -26,6 +27,7 @@ __all__ = [
     "RIVALS_WITHOUT_BOUND_WORK",
     "Portfolio",
     "aligned_value",
+    "beyond_budget",
     "rivals_without_bound_are_cheap",
 ]
 
@@ -101,7 +103,7 @@ class Portfolio:
         value = aligned_value(p, plan)
         if value <= bound * (1 + _TOLERANCE):
             return plan
-        budget = p.options.planning_budget
+        budget = planning_budget(p)
         gap = RIVALS_WITHOUT_BOUND_GAP if budget is None else PLANNING_BUDGET_GAP
         # Rivals without a cheap bound (and with a budget, all) run only within the budget or
         # where they could save more than the gap: keep planning in milliseconds otherwise.
@@ -145,13 +147,21 @@ class Portfolio:
 
 def rivals_without_bound_are_cheap(p: Problem) -> bool:
     """Whether the rivals without a cheap lower bound always run on ``p``: ``n x dp`` within
-    ``planning_budget``, by default see ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``..._WORK``."""
-    budget = p.options.planning_budget
+    the planning budget in force (``plan/_budget.py``), without one see
+    ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``..._WORK``."""
+    budget = planning_budget(p)
     if budget is not None:
         return p.n * p.dp <= budget
     return p.n <= RIVALS_WITHOUT_BOUND_SAMPLES or (
         p.n <= RIVALS_WITHOUT_BOUND_MAX_SAMPLES and p.n * p.dp <= RIVALS_WITHOUT_BOUND_WORK
     )
+
+
+def beyond_budget(p: Problem) -> bool:
+    """Whether ``p`` is beyond the planning budget in force: then no rival runs unless the plan
+    is more than ``PLANNING_BUDGET_GAP`` above the lower bound, and the searches stop within it
+    (the lockstep refinement; under ``step``, the rank search)."""
+    return planning_budget(p) is not None and not rivals_without_bound_are_cheap(p)
 
 
 def _rivals() -> list[Strategy]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance.partition import lower_bound as partition_lower_bound
+from seqbalance.plan._caps import packed_keeps_cap
 from seqbalance.plan._shared import MAX_SLOTS, microbatch_count, unit_numbers
 from seqbalance.plan.options import PlanOptions, check_rank_speeds
 from seqbalance.plan.registry import Microbatches
@@ -240,6 +241,8 @@ class Problem(OptionFields):
         """Whether every micro-batch keeps the caps (tokens and vision patches) and the padded
         size (an over-cap sample alone in its micro-batch is allowed: ``plan_step`` only lets
         one in with ``allow_oversize``)."""
+        if self.layout == "packed":
+            return packed_keeps_cap(self, microbatches)
         patches = self.patches
         for mbs in microbatches:
             for mb in mbs:

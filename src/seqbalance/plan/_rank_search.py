@@ -46,6 +46,8 @@ class RankState:
         tokens: np.ndarray,
         counts: np.ndarray,
         patches: np.ndarray | None,
+        *,
+        slack: float = GOOD_ENOUGH,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
         self.speeds = p.speeds_or_ones
@@ -65,9 +67,9 @@ class RankState:
             self._totals.append((self.rank_patches, patches))
         # A rank keeps at least M samples, so none of its micro-batches has to be empty.
         self.min_count = m if p.n >= p.dp * m else 0
-        # Rank loads at or below this need no local search (packed layout only: with padding
-        # the unit costs do not bound the micro-batch costs).
-        self.good_enough = p.unit_cost_bound * (1 + GOOD_ENOUGH) if p.layout == "packed" else 0.0
+        # Rank loads at or below this (``slack`` relative) need no local search (packed layout
+        # only: with padding the unit costs do not bound the micro-batch costs).
+        self.good_enough = p.unit_cost_bound * (1 + slack) if p.layout == "packed" else 0.0
 
     def times(self) -> np.ndarray:
         """float64 ``[dp]``: every rank's load divided by its speed."""

@@ -52,6 +52,7 @@ import numpy as np
 
 from seqbalance.partition._result import SizeLimits
 from seqbalance.partition.greedy import lpt
+from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact, _feasible
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
@@ -65,10 +66,11 @@ from seqbalance.plan._portfolio import (
     RIVALS_WITHOUT_BOUND_WORK,
     Portfolio,
     aligned_value,
+    beyond_budget,
 )
 from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import GOOD_ENOUGH, RankState, capacities
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
-from seqbalance.plan._rank_search import RankState, capacities
 from seqbalance.plan.context_parallel._strategies import BalancedContextParallel
 from seqbalance.plan.registry import Microbatches
 from seqbalance.plan.strategies import rank_members
@@ -215,11 +217,42 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
         rank_of_unit = next(fitting, None)
         if rank_of_unit is None:
             return None
-    state = RankState(p, m, rank_of_unit, costs, tokens, counts, patches)
+    # Beyond the planning budget ranks within the gap of the bound are kept where the rank
+    # loads set the cost (``step``, or one micro-batch per rank; otherwise the lockstep
+    # micro-batch phase does: the ranks are searched in full).
+    beyond = (p.objective == "step" or m == 1) and beyond_budget(p)
+    slack = PLANNING_BUDGET_GAP if beyond else GOOD_ENOUGH
+    state = RankState(p, m, rank_of_unit, costs, tokens, counts, patches, slack=slack)
     state.pair_rounds()
     state.refine()
+    if beyond and state.times().max() > state.good_enough:
+        other = _engine_search(p, m, state, (tokens, counts, patches), caps)
+        if other is not None and (other.fill_short_ranks() or p.allow_empty):
+            return other.rank_of_unit
     # With allow_empty a rank that cannot be given M samples (groups) keeps empty micro-batches.
     return rank_of_unit if state.fill_short_ranks() or p.allow_empty else None
+
+
+def _engine_search(
+    p: Problem,
+    m: int,
+    state: RankState,
+    sizes: tuple[np.ndarray, np.ndarray, np.ndarray | None],
+    caps: tuple[float, float, float],
+) -> RankState | None:
+    """Beyond the planning budget, before any rival may run: the partition engine's moves and
+    swaps from an equal-count LPT start (what its ``auto`` keeps with few units per rank, e.g.
+    groups; a few ms) when they lower the costliest rank within the capacities, else None."""
+    if p.speeds is not None or p.layout != "packed" or p.n_units < p.dp:
+        return None
+    equal = SizeLimits.of(p.n_units, p.dp, equal_size=True, max_items=None)
+    start = lpt(state.costs, p.dp, equal)
+    target = p.unit_cost_bound * (1 + PLANNING_BUDGET_GAP)
+    found = refine(state.costs, start, p.dp, SizeLimits(0, p.n_units), target=target)
+    loads = np.bincount(found, weights=state.costs, minlength=p.dp)
+    if loads.max() >= state.loads.max() or not _fits_capacities(found, p.dp, *sizes, caps):
+        return None
+    return RankState(p, m, found, state.costs, *sizes, slack=PLANNING_BUDGET_GAP)
 
 
 def _fits_capacities(

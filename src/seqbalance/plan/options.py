@@ -109,13 +109,18 @@ class PlanOptions:
             step with ``n x dp <= planning_budget`` they all run; on a larger step none does
             unless ``balanced``'s plan is more than 0.1% above the lower bound
             (``seqbalance.plan.balanced.PLANNING_BUDGET_GAP``), so a skipped one could be
-            cheaper by at most 0.1%, and under ``lockstep`` its refinement stops within 0.1%
-            of the bound. ``0``: fastest. ``None`` (default): the stacks'
-            schedulers run on every step of up to 256 samples, of up to 4096 samples with ``n
-            x dp <= 16384``, and on other steps when the plan is more than 0.01% above the
-            bound; the baselines and the partition engine always (a baseline is skipped when
-            its cheap lower bound cannot win). Plans where the budget does not bind are
-            unchanged; other strategies ignore it.
+            cheaper by at most 0.1%, and its searches stop within 0.1% of the bound (the
+            lockstep refinement; the rank search where rank loads set the cost). ``0``:
+            fastest; ``>= n x dp``: every rival runs. ``None`` (default): a budget from the
+            modeled step, to keep planning within about 1% of it (``plan/_budget.py``): where
+            the rivals' estimated time (3 ms + 40 us per sample) is at most 1% of the step's
+            lower bound in seconds (FLOPs at ``DEFAULT_PEAK_FLOPS_PER_S x
+            DEFAULT_EFFICIENCY``), or the cost has no time unit, the stacks' schedulers run
+            on every step of up to 256 samples, of up to 4096 samples with ``n x dp <=
+            16384``, and on other steps when the plan is more than 0.01% above the bound,
+            the baselines and the partition engine always (a baseline is skipped when its
+            cheap lower bound cannot win); on a shorter step the budget is 0. Plans where the
+            budget does not bind are unchanged; other strategies ignore it.
     """
 
     cost: Any = "tokens"

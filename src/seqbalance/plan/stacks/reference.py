@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-
-import numpy as np
+from math import inf
+from operator import ne
 
 __all__ = [
     "VERL_LINEAR_WORKLOAD",
@@ -41,7 +41,8 @@ class _Group:
 
     ``total`` is accumulated item by item, as the stacks do, so float sums match bit for bit.
     Ordering (used for sorting the groups of a partial solution): by total, then item count,
-    then the item list itself.
+    then the item list itself. ``<`` compares the item lists alone, descending: the last,
+    rarely reached, part of a heap entry.
     """
 
     __slots__ = ("items", "total")
@@ -50,6 +51,14 @@ class _Group:
         self.items: list[tuple[int, float]] = []
         self.total: float = 0
 
+    @classmethod
+    def of(cls, index: int, value: float) -> _Group:
+        """A group holding the one item ``index`` of ``value``."""
+        group = cls()
+        group.items.append((index, value))
+        group.total += value
+        return group
+
     def take(self, items: list[tuple[int, float]]) -> None:
         for entry in items:
             self.items.append(entry)
@@ -57,6 +66,17 @@ class _Group:
 
     def key(self) -> tuple[float, int, list[tuple[int, float]]]:
         return (self.total, len(self.items), self.items)
+
+    def __lt__(self, other: _Group) -> bool:
+        return other.items < self.items
+
+    def at_least(self, other: _Group) -> bool:
+        """``self.key() >= other.key()``, without building the keys."""
+        if self.total != other.total:
+            return self.total > other.total
+        if len(self.items) != len(other.items):
+            return len(self.items) > len(other.items)
+        return self.items >= other.items
 
 
 class _Partial:
@@ -74,8 +94,9 @@ class _Partial:
     __slots__ = ("groups", "k", "spread")
 
     def __init__(self, groups: list[_Group], k: int) -> None:
+        """``groups`` heaviest first."""
         self.k = k
-        self._set(_descending(groups))
+        self._set(groups)
 
     def _set(self, groups: list[_Group]) -> None:
         """Takes ``groups`` heaviest first."""
@@ -83,12 +104,12 @@ class _Partial:
         lightest = self.groups[-1].total if len(self.groups) == self.k else 0
         self.spread = self.groups[0].total - lightest
 
-    def heap_entry(self) -> tuple[float, float, int, _Descending, _Partial]:
+    def heap_entry(self) -> tuple[float, float, int, _Group, _Partial]:
         """The heap order as a tuple (compared in C, not by a Python ``__lt__`` per pair):
         spread, then the heaviest group's key ``(total, count, items)``, all descending. No two
         partial solutions share items, so comparisons never reach the last element."""
         heaviest = self.groups[0]
-        return (-self.spread, -heaviest.total, -len(heaviest.items), _Descending(heaviest), self)
+        return (-self.spread, -heaviest.total, -len(heaviest.items), heaviest, self)
 
     def absorb(self, other: _Partial) -> None:
         """Group ``i`` (heaviest first) takes the items of the other's group ``k - 1 - i``."""
@@ -106,28 +127,15 @@ class _Partial:
         self._set(_merge_descending(mine[:cut], _descending(changed)))
 
 
-class _Descending:
-    """A group's item list ordered descending (the last, rarely reached, part of a heap entry)."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, group: _Group) -> None:
-        self.items = group.items
-
-    def __lt__(self, other: _Descending) -> bool:
-        return other.items < self.items
-
-
 def _merge_descending(kept: list[_Group], changed: list[_Group]) -> list[_Group]:
     """Both lists heaviest first; on equal keys, groups of ``kept`` come first."""
     merged = kept
     lo = 0
     for group in changed:
-        key = group.key()
         hi = len(merged)
         while lo < hi:
             mid = (lo + hi) // 2
-            if merged[mid].key() >= key:
+            if merged[mid].at_least(group):
                 lo = mid + 1
             else:
                 hi = mid
@@ -159,29 +167,61 @@ def karmarkar_karp_groups(values: Sequence[float], k: int, *, equal_size: bool) 
     n = len(values)
     if k < 1 or n < 1:
         raise ValueError(f"karmarkar_karp needs k >= 1 and at least one item, got k={k}, n={n}")
-    ordered = sorted((value, index) for index, value in enumerate(values))
-    if any(value != value for value, _ in ordered):  # NaN: no order to balance by
+    if any(map(ne, values, values)):  # NaN (the only value unequal to itself): no order
         raise ValueError("karmarkar_karp needs values that are not NaN")
+    ordered = sorted(zip(values, range(n), strict=True))
     if ordered[0][0] < 0:
         raise ValueError(f"karmarkar_karp needs values >= 0, got {ordered[0][0]}")
     if equal_size and n % k:
         raise ValueError(f"equal_size needs the item count {n} to be a multiple of k = {k}")
-    step = k if equal_size else 1
-    heap: list[tuple[float, float, int, _Descending, _Partial]] = []
-    for start in range(0, n, step):
-        groups = []
-        for value, index in ordered[start : start + step]:
-            group = _Group()
-            group.take([(index, value)])
-            groups.append(group)
-        heapq.heappush(heap, _Partial(groups, k).heap_entry())
+    final = _merge_runs(ordered, k) if equal_size else _merge_singles(ordered, k)
+    groups = [[index for index, _ in group.items] for group in final.groups]
+    return groups + [[] for _ in range(k - len(groups))]
+
+
+# Heap entries are totally ordered (no two partial solutions share items), so the order of
+# merges never depends on a heap's layout.
+def _merge_runs(ordered: list[tuple[float, int]], k: int) -> _Partial:
+    """KK from one partial solution per run of ``k`` items of ``ordered`` (one item a group):
+    heapify, then one pop and one replace per merge."""
+    # A run ascending by (value, index), reversed, holds its one-item groups heaviest first.
+    heap = [
+        _Partial(
+            [_Group.of(i, value) for value, i in reversed(ordered[start : start + k])], k
+        ).heap_entry()
+        for start in range(0, len(ordered), k)
+    ]
+    heapq.heapify(heap)
     while len(heap) > 1:
         first = heapq.heappop(heap)[-1]
-        second = heapq.heappop(heap)[-1]
-        first.absorb(second)
+        first.absorb(heap[0][-1])
+        heapq.heapreplace(heap, first.heap_entry())
+    return heap[0][-1]
+
+
+def _merge_singles(ordered: list[tuple[float, int]], k: int) -> _Partial:
+    """KK from one partial solution per item of ``ordered`` (consumed). A single item's heap
+    entry orders by its value, then its index, both descending (its spread is its value, or 0
+    for every item when ``k == 1``): the singles come off in the reverse of ``ordered``, so they
+    wait there and the heap holds the merged partial solutions alone."""
+    heap: list[tuple[float, float, int, _Group, _Partial]] = []
+    top = None  # the heap entry of ordered[-1], built once
+
+    def pop() -> _Partial:
+        nonlocal top
+        if top is None and ordered:
+            value, index = ordered.pop()
+            top = _Partial([_Group.of(index, value)], k).heap_entry()
+        if top is not None and (not heap or top < heap[0]):
+            entry, top = top, None
+            return entry[-1]
+        return heapq.heappop(heap)[-1]
+
+    for _ in range(len(ordered) - 1):
+        first = pop()
+        first.absorb(pop())
         heapq.heappush(heap, first.heap_entry())
-    groups = [[index for index, _ in group.items] for group in heap[0][-1].groups]
-    return groups + [[] for _ in range(k - len(groups))]
+    return pop()
 
 
 def largest_differencing(values: Sequence[float], k: int, *, equal_size: bool) -> list[list[int]]:
@@ -206,18 +246,50 @@ def first_fit_bins(lengths: Sequence[int], cap: int) -> list[list[int]]:
     """slime's ``first_fit_pack``: each item, in order, joins the first bin it fits (total <=
     ``cap``), else opens a new bin; an item over ``cap`` opens a bin of its own."""
     bins: list[list[int]] = []
-    # Room left in each bin (negative for a lone over-cap item), searched in C: a step of
-    # thousands of short samples opens thousands of bins.
-    room = np.empty(len(lengths), dtype=np.int64)
+    # A min-tree over the bins' token totals (leaf ``size + b`` is bin ``b``; leaves of bins not
+    # yet opened hold inf, so they never fit): the first bin with room is found in O(log bins)
+    # rather than by a scan of every bin per item. It doubles when the bins fill its leaves.
+    size, tree = 1, [inf, inf]
     for index, length in enumerate(lengths):
-        fits = np.flatnonzero(room[: len(bins)] >= length)
-        if fits.size:
-            bins[fits[0]].append(index)
-            room[fits[0]] -= length
+        limit = cap - length
+        if tree[1] <= limit:
+            node = 1
+            while node < size:
+                node = 2 * node if tree[2 * node] <= limit else 2 * node + 1
+            bins[node - size].append(index)
+            load = tree[node] + length
         else:
-            room[len(bins)] = cap - length
+            if len(bins) == size:
+                size, tree = _doubled(tree, size)
+            node = size + len(bins)
             bins.append([index])
+            load = length
+        _set_leaf(tree, node, load)
     return bins
+
+
+def _doubled(tree: list[float], size: int) -> tuple[int, list[float]]:
+    """The min-tree of ``first_fit_bins`` with twice the leaves (the new ones inf)."""
+    grown = [inf] * (4 * size)
+    grown[2 * size : 3 * size] = tree[size:]
+    for node in range(2 * size - 1, 0, -1):
+        left, right = grown[2 * node], grown[2 * node + 1]
+        grown[node] = left if left <= right else right
+    return 2 * size, grown
+
+
+def _set_leaf(tree: list[float], node: int, value: float) -> None:
+    """Sets leaf ``node`` of a min-tree and the minima above it (up to where one is unchanged:
+    the nodes above it then are too)."""
+    tree[node] = value
+    node //= 2
+    while node:
+        left, right = tree[2 * node], tree[2 * node + 1]
+        least = left if left <= right else right
+        if tree[node] == least:
+            break
+        tree[node] = least
+        node //= 2
 
 
 def split_largest_bins(bins: list[list[int]], target: int, lengths: Sequence[int]) -> None:
@@ -226,13 +298,12 @@ def split_largest_bins(bins: list[list[int]], target: int, lengths: Sequence[int
     two by LPT on tokens (longest first, stable; to the first half while it is not heavier); the
     first half stays in place, the second is appended. Stops early when every bin is a single
     item."""
-    while len(bins) < target:
-        candidates = [
-            (sum(lengths[i] for i in items), b) for b, items in enumerate(bins) if len(items) > 1
-        ]
-        if not candidates:
-            return
-        _, chosen = max(candidates)
+    # The splittable bins in a heap, most tokens first and on ties the later bin: each split
+    # costs O(log bins) instead of re-summing every bin.
+    heap = [(-sum(lengths[i] for i in items), -b) for b, items in enumerate(bins) if len(items) > 1]
+    heapq.heapify(heap)
+    while len(bins) < target and heap:
+        chosen = -heapq.heappop(heap)[1]
         halves: list[list[int]] = [[], []]
         totals = [0, 0]
         for i in sorted(bins[chosen], key=lambda item: -lengths[item]):
@@ -241,3 +312,6 @@ def split_largest_bins(bins: list[list[int]], target: int, lengths: Sequence[int
             totals[side] += lengths[i]
         bins[chosen] = halves[0]
         bins.append(halves[1])
+        for b, total in ((chosen, totals[0]), (len(bins) - 1, totals[1])):
+            if len(bins[b]) > 1:
+                heapq.heappush(heap, (-total, -b))

@@ -98,7 +98,7 @@ class VerlBaseline(StackBaseline):
         if problem.options.max_vision_patches is not None:
             return float("inf")
         try:
-            ranks = self.rank_partitions(problem)
+            ranks = self.rank_partitions(problem, dispatch_order=False)
         except ValueError:
             return float("inf")
         rank_of_unit = np.empty(problem.n_units, dtype=np.int64)
@@ -164,8 +164,9 @@ class VerlBaseline(StackBaseline):
         return check_empty(problem, result, self.name)
 
     @staticmethod
-    def rank_partitions(problem: Any) -> list[list[int]]:
-        """Each rank's sample positions in the order verl's driver dispatches them."""
+    def rank_partitions(problem: Any, *, dispatch_order: bool = True) -> list[list[int]]:
+        """Each rank's sample positions in the order verl's driver dispatches them (any order
+        without ``dispatch_order``: the rank split alone)."""
         dp = problem.dp
         workload = verl_workload(problem.lengths)
         if problem.groups is None:
@@ -175,6 +176,8 @@ class VerlBaseline(StackBaseline):
                     f"multiple of dp_size = {dp} (verl balances equal-size parts)"
                 )
             ranks = largest_differencing(workload, dp, equal_size=True)
+            if not dispatch_order:
+                return ranks
             reordered = []
             for members in ranks:
                 # Small ones at both ends: ascending by (workload, index), even positions first,
