@@ -12,6 +12,7 @@ import numpy as np
 __all__ = [
     "PlanValidationError",
     "StepPlanChecks",
+    "check_load_arrays",
     "microbatch_cost",
     "microbatch_tokens",
     "over_cap",
@@ -45,6 +46,15 @@ def validate_count(m: int, name: str, limits: Any) -> None:
         raise PlanValidationError(
             f"{name} = {m} is not a multiple of microbatch_multiple = {limits.microbatch_multiple}"
         )
+
+
+def check_load_arrays(costs: object, tokens: object, shape: tuple[int, int]) -> None:
+    """A plan's per-(rank, micro-batch) ``costs`` (float64) and ``tokens`` (int64) have
+    ``shape``; else PlanValidationError naming the array."""
+    for name, array, dtype in (("costs", costs, np.float64), ("tokens", tokens, np.int64)):
+        if not isinstance(array, np.ndarray) or array.shape != shape or array.dtype != dtype:
+            got = getattr(array, "shape", None), getattr(array, "dtype", None)
+            raise PlanValidationError(f"{name} must be {dtype.__name__} {shape}, got {got}")
 
 
 class StepPlanChecks:
@@ -203,14 +213,7 @@ class StepPlanChecks:
             )
 
     def _validate_arrays(self) -> None:
-        shape = (self.dp_size, self.n_microbatches)
-        for name, array, dtype in (
-            ("costs", self.costs, np.float64),
-            ("tokens", self.tokens, np.int64),
-        ):
-            if not isinstance(array, np.ndarray) or array.shape != shape or array.dtype != dtype:
-                got = getattr(array, "shape", None), getattr(array, "dtype", None)
-                raise PlanValidationError(f"{name} must be {dtype.__name__} {shape}, got {got}")
+        check_load_arrays(self.costs, self.tokens, (self.dp_size, self.n_microbatches))
         if self.sample_costs.shape != self.lengths.shape:
             raise PlanValidationError(
                 f"sample_costs has shape {self.sample_costs.shape}, lengths has "

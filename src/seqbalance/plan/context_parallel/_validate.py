@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from seqbalance.cost.context_parallel import shard_chunks
+from seqbalance.plan._step_validation import (
+    PlanValidationError,
+    check_load_arrays,
+    validate_count,
+)
 from seqbalance.plan.context_parallel._metrics import Pieces, slot_loads
-from seqbalance.plan.types import PlanValidationError, validate_count
 
 __all__ = ["PlanChecks"]
 
@@ -206,14 +210,7 @@ class PlanChecks:
             )
 
     def _validate_arrays(self, tokens: np.ndarray, costs: np.ndarray) -> None:
-        shape = (self.n_ranks, self.n_slots)
-        for name, array, dtype in (
-            ("costs", self.costs, np.float64),
-            ("tokens", self.tokens, np.int64),
-        ):
-            if not isinstance(array, np.ndarray) or array.shape != shape or array.dtype != dtype:
-                got = getattr(array, "shape", None), getattr(array, "dtype", None)
-                raise PlanValidationError(f"{name} must be {dtype.__name__} {shape}, got {got}")
+        check_load_arrays(self.costs, self.tokens, (self.n_ranks, self.n_slots))
         wrong = np.argwhere(self.tokens != tokens)
         if wrong.size:
             r, j = (int(v) for v in wrong[0])
