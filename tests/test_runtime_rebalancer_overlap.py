@@ -8,6 +8,7 @@ prefetched batch replayed), and, with ``adaptive``, learn with a fixed one-step 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import threading
 from datetime import timedelta
@@ -94,7 +95,27 @@ class _Source:
         return {"position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position = state["position"]
+        self.position = int(state["position"])
+
+
+class _InPlaceState(_Source):
+    """A source whose ``state_dict`` is its live state, updated in place (as
+    ``nn.Module.state_dict`` shares its tensors)."""
+
+    def __init__(self, rank: int, steps: int) -> None:
+        self.state = {"position": torch.zeros((), dtype=torch.int64)}
+        super().__init__(rank, steps)
+
+    @property
+    def position(self) -> int:  # type: ignore[override]
+        return int(self.state["position"])
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self.state["position"].fill_(int(value))
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.state
 
 
 def _same_as_rebalance(rank: int, group: Any) -> dict[str, Any]:
@@ -337,6 +358,12 @@ def _kept_steps(rank: int, group: Any) -> dict[Any, Any]:
                     state = steps.state_dict()
         except ValueError:
             out["failed", stateful] = (seen, rest(state, stateful) == full[3:])
+    steps = rebalancer().iterate(_InPlaceState(rank, STEPS))
+    for step, _ in enumerate(steps):
+        if step == 1:
+            break
+    state = copy.deepcopy(steps.state_dict())  # as torch.save would keep it
+    out["in_place"] = rest(state, True) == full[2:]
     steps = rebalancer().iterate(_batches(rank, True))
     iterator = iter(steps)
     first = _summary(next(iterator))
@@ -542,6 +569,7 @@ def test_a_finished_step_is_kept_when_the_loop_leaves_never_lost(results):
             assert kept["interrupt", stateful] == ([], True)
             assert kept["failed", stateful] == ([0, 1, 2], True)
         assert kept["after_close"] == ([], True)
+        assert kept["in_place"]
         assert "not the default one" in kept["default_group"]
         assert kept["threads"] == []
 

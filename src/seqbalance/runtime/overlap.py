@@ -32,6 +32,7 @@ the ones :meth:`~seqbalance.runtime.Rebalancer.rebalance` makes for the same bat
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -225,8 +226,10 @@ def _finished(step: _Step) -> Future[_Step]:
 
 
 def _source_state(batches: Any) -> Any:
-    """The wrapped iterable's own state, when it keeps one."""
-    return batches.state_dict() if hasattr(batches, "state_dict") else None
+    """A copy of the wrapped iterable's own state, when it keeps one: a ``state_dict`` may
+    share what the iterable updates in place (as ``nn.Module.state_dict`` shares tensors), and
+    a prefetched step's state is kept while the iterable moves on."""
+    return copy.deepcopy(batches.state_dict()) if hasattr(batches, "state_dict") else None
 
 
 def _with_telemetry(result: RebalanceResult | None, telemetry: Any) -> RebalanceResult | None:
