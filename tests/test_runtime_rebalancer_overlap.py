@@ -377,8 +377,9 @@ def _kept_steps(rank: int, group: Any) -> dict[Any, Any]:
 def _resume_anywhere(rank: int, group: Any) -> dict[str, Any]:
     """A state saved before the first step, after every step and after the end, adaptive, with
     and without the batches' own state_dict, overlap on and off: the resumed run's steps equal
-    the rest of the uninterrupted run byte for byte (plans, origins, tensors, telemetry). The
-    Rebalancer's own state_dict, asked while a step is prefetched, is the iterator's."""
+    the rest of the uninterrupted run byte for byte (plans, origins, tensors, telemetry). A
+    resumed iterator saved again before its first step gives the state it was loaded with;
+    the Rebalancer's own state_dict, asked while a step is prefetched, is the iterator's."""
 
     def make() -> Rebalancer:
         return Rebalancer(
@@ -408,6 +409,8 @@ def _resume_anywhere(rank: int, group: Any) -> dict[str, Any]:
                 again = make()
                 resumed = again.iterate(_batches(rank, stateful), overlap=overlap)
                 resumed.load_state_dict(state)
+                if resumed.state_dict() != state:  # saved again before its first step
+                    wrong.append(("again", overlap, stateful, k))
                 start = min(k, STEPS)
                 if run(again, resumed, start, []) != full[start:]:
                     wrong.append((overlap, stateful, k))

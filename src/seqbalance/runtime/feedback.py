@@ -261,10 +261,12 @@ class Piggyback:
     def state_dict(self) -> dict[str, Any]:
         """The model learned and the statistics not yet gathered (plain JSON values)."""
         pending = self.statistics(self._pending)  # makes the planner when one is pending
-        if self._planner is None:
-            return {"planner": None if self._state is None else self._state["planner"]}
+        if self._planner is not None:
+            planner = self._planner.state_dict()
+        else:  # no step since a load (or at all): the loaded model, and its pending statistics
+            planner = None if self._state is None else self._state["planner"]
         return {
-            "planner": self._planner.state_dict(),
+            "planner": planner,
             "pending": None
             if pending is None
             else {"plan": pending[0].to_json(timing=False), "statistics": pending[1]},

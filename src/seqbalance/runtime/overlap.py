@@ -165,21 +165,25 @@ class RebalancedSteps:
         Waits for the step in flight (its error, if any, is still raised when the loop asks
         for that step). Plain values, plus the wrapped iterator's own state when it has one.
         """
+        if self._iterator is None and self._resume is not None:
+            # Loaded, not started: the batches take the loaded position when iteration starts.
+            return {**copy.deepcopy(self._resume), "adaptive": self._adaptive_state()}
         ahead = self._ahead
         step = None if ahead is None or ahead.exception() is not None else ahead.result()
         prefetched = step is not None and step.error is None
-        state: dict[str, Any] = {
+        return {
             "taken": self.taken,
             "overlap": self._overlap,
             "prefetched": prefetched,
             # The prefetched step replays with the telemetry it has here.
             "telemetry": None if not prefetched or step.result is None else step.result.telemetry,
             "source": _source_state(self._batches) if step is None else step.source,
-            "adaptive": None,
+            "adaptive": self._adaptive_state(),
         }
-        if self._rebalancer._feedback is not None:
-            state["adaptive"] = self._rebalancer.state_dict()
-        return state
+
+    def _adaptive_state(self) -> dict[str, Any] | None:
+        rebalancer = self._rebalancer
+        return None if rebalancer._feedback is None else rebalancer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at :meth:`state_dict`'s step (before iterating; the same Rebalancer options,
