@@ -13,6 +13,9 @@ the wrapped iterator and runs its gather, planning and exchange on the Rebalance
 group, so the loop blocks only for what is left of that work when it asks for step ``k + 1``.
 The worker runs one step at a time, in the loop's order, and so does every rank: the plans are
 the ones :meth:`~seqbalance.runtime.Rebalancer.rebalance` makes for the same batches.
+The wrapped iterator is advanced on the worker thread: if it runs collectives (rollouts
+broadcast from rank 0), they must be on a group the loop does not use, or use
+``overlap=False``.
 
 - An error of step ``k + 1`` (the wrapped iterator's, a bad sample, a peer that timed out) is
   raised when the loop asks for step ``k + 1``; the end of the wrapped iterator ends the loop

@@ -170,7 +170,10 @@ class Rebalancer(RebalancerFeedback):
         their ``cu_seqlens``, ``groups`` or ``parts``. With ``adaptive``, step ``k`` is then
         planned from the observations of steps up to ``k - 2`` (one step more than
         :meth:`rebalance` in a loop); ``overlap=False`` rebalances each step when the loop asks
-        for it, exactly as :meth:`rebalance` does.
+        for it, exactly as :meth:`rebalance` does. With ``overlap``, ``batches`` is iterated
+        on that thread too: batches that run collectives of their own (rollouts broadcast on
+        the world group) must use a group the loop does not use, or ``overlap=False``, or the
+        two threads' collectives cross and hang.
 
         Raises:
             ValueError: ``overlap`` without a dedicated process group (``None`` or the default
