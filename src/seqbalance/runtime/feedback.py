@@ -34,6 +34,7 @@ from seqbalance.plan.adaptive import AdaptivePlanner, prior_time_model
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.types import StepPlan
 from seqbalance.runtime._dist import Comm, wait
+from seqbalance.runtime._worker import Worker
 from seqbalance.runtime.timer import StepTimer, StepTiming
 
 __all__ = ["Adaptive", "Feedback", "Piggyback", "RebalancerFeedback", "as_feedback"]
@@ -245,10 +246,12 @@ class Piggyback:
     def state_dict(self) -> dict[str, Any]:
         """The model learned and the statistics not yet gathered (plain JSON values)."""
         pending = self.statistics(self._pending)  # makes the planner when one is pending
-        if self._planner is None:
-            return {"planner": None if self._state is None else self._state["planner"]}
+        if self._planner is not None:
+            planner = self._planner.state_dict()
+        else:  # no step since a load (or at all): the loaded model, and its pending statistics
+            planner = None if self._state is None else self._state["planner"]
         return {
-            "planner": self._planner.state_dict(),
+            "planner": planner,
             "pending": None
             if pending is None
             else {"plan": pending[0].to_json(timing=False), "statistics": pending[1]},
@@ -275,6 +278,7 @@ class RebalancerFeedback:
     the checkpoint state; its statistics travel through :class:`Piggyback`."""
 
     _feedback: Piggyback | None
+    _worker: Worker
     group: Any
 
     @property
@@ -296,13 +300,15 @@ class RebalancerFeedback:
             self._feedback.observe(result.plan, result.plan_rank, timing)
 
     def state_dict(self) -> dict[str, Any]:
-        """With ``adaptive``: what it learned (plain JSON values) for a checkpoint."""
+        """With ``adaptive``: what it learned (plain JSON values) for a checkpoint, once the
+        steps handed to the worker thread (a prefetched step of ``iterate``, ``rebalance_async``)
+        have learned what they learn: the same state whatever the threads' timing."""
         if self._feedback is None:
             raise ValueError("Rebalancer.state_dict needs adaptive=True (nothing else to save)")
-        return self._feedback.state_dict()
+        return self._worker.run(self._feedback.state_dict)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (the same options, prior, feedback and world size)."""
         if self._feedback is None:
             raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
-        self._feedback.load_state_dict(state)
+        self._worker.run(self._feedback.load_state_dict, state)

@@ -13,13 +13,18 @@ the wrapped iterator and runs its gather, planning and exchange on the Rebalance
 group, so the loop blocks only for what is left of that work when it asks for step ``k + 1``.
 The worker runs one step at a time, in the loop's order, and so does every rank: the plans are
 the ones :meth:`~seqbalance.runtime.Rebalancer.rebalance` makes for the same batches.
+The wrapped iterator is advanced on the worker thread: if it runs collectives (rollouts
+broadcast from rank 0), they must be on a group the loop does not use, or use
+``overlap=False``.
 
 - An error of step ``k + 1`` (the wrapped iterator's, a bad sample, a peer that timed out) is
   raised when the loop asks for step ``k + 1``; the end of the wrapped iterator ends the loop
   there too. Ranks whose iterators end at different steps: the ranks that still have a batch
   raise :class:`~seqbalance.runtime.CollectiveError` after the Rebalancer's ``timeout``.
 - When the loop leaves (``break``, an exception, the end), the step in flight finishes (at most
-  ``timeout``) and the worker thread stops; :meth:`RebalancedSteps.close` does the same.
+  ``timeout``) and the worker thread stops; :meth:`RebalancedSteps.close` does the same. That
+  step is kept, not lost: iterating again hands it out first, and ``state_dict`` counts it as
+  not taken.
 - With ``adaptive``, the step the worker plans while the loop computes step ``k`` cannot see
   step ``k``'s measurements: step ``k`` is planned from the observations of steps up to
   ``k - 2``, on every rank alike, whatever the threads' timing (observe each step before
@@ -30,6 +35,7 @@ the ones :meth:`~seqbalance.runtime.Rebalancer.rebalance` makes for the same bat
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -60,16 +66,18 @@ class StepSamples:
 @dataclass(frozen=True)
 class _Step:
     """A step taken from the wrapped iterator: the iterator's state before it was taken, and
-    the step's result (None: the iterator had ended)."""
+    the step's result (None: the iterator had ended) or the error that took its place."""
 
     source: Any
     result: RebalanceResult | None
+    error: BaseException | None = None
 
 
 class RebalancedSteps:
     """The iterator of :meth:`seqbalance.runtime.Rebalancer.iterate` (module doc).
 
-    Iterate it once. The wrapped ``batches`` are resumed through their own ``state_dict`` /
+    Iterating it again (after a ``break`` or :meth:`close`) goes on at the first step the loop
+    has not had. The wrapped ``batches`` are resumed through their own ``state_dict`` /
     ``load_state_dict`` when they have them (a ``torchdata`` ``StatefulDataLoader``); else a
     resumed iterator skips the batches the saved loop had taken.
 
@@ -101,12 +109,14 @@ class RebalancedSteps:
     def _next_step(self) -> _Step:
         """The next step's result, and the step after it started on the worker thread."""
         rebalancer = self._rebalancer
-        if self._iterator is None:
-            step = self._take(self._start())
-        elif self._ahead is not None:
-            step, self._ahead = self._ahead.result(), None  # raises the step's error here
-        else:
-            step = self._take(rebalancer._take_pending())
+        if self._ahead is None:
+            observed = self._start() if self._iterator is None else rebalancer._take_pending()
+            self._ahead = _finished(self._take(observed))
+        step = self._ahead.result()
+        if step.error is not None:
+            # Kept in _ahead: the step did not happen, state_dict resumes before its batch.
+            raise step.error
+        self._ahead = None
         if self._replay is not None:
             step = _Step(step.source, _with_telemetry(step.result, self._replay[0]))
             self._replay = None
@@ -130,23 +140,26 @@ class RebalancedSteps:
         return self._rebalancer._take_pending()
 
     def _take(self, observed: Any) -> _Step:
-        """Take the next batch and rebalance it (on the worker thread when overlapping)."""
+        """Take the next batch and rebalance it (on the worker thread when overlapping); an
+        error is kept with the iterator's state from before the batch was taken."""
         assert self._iterator is not None
         source = _source_state(self._batches)
         try:
             item = next(self._iterator)
+            if not isinstance(item, StepSamples):
+                item = StepSamples(item)
+            result = self._rebalancer._worker.run(
+                self._rebalancer._rebalance,
+                item.samples,
+                item.cu_seqlens,
+                item.groups,
+                item.parts,
+                observed,
+            )
         except StopIteration:
             return _Step(source, None)
-        if not isinstance(item, StepSamples):
-            item = StepSamples(item)
-        result = self._rebalancer._worker.run(
-            self._rebalancer._rebalance,
-            item.samples,
-            item.cu_seqlens,
-            item.groups,
-            item.parts,
-            observed,
-        )
+        except BaseException as error:  # a KeyboardInterrupt too: the step did not happen
+            return _Step(source, None, error)
         return _Step(source, result)
 
     def state_dict(self) -> dict[str, Any]:
@@ -155,21 +168,25 @@ class RebalancedSteps:
         Waits for the step in flight (its error, if any, is still raised when the loop asks
         for that step). Plain values, plus the wrapped iterator's own state when it has one.
         """
+        if self._iterator is None and self._resume is not None:
+            # Loaded, not started: the batches take the loaded position when iteration starts.
+            return {**copy.deepcopy(self._resume), "adaptive": self._adaptive_state()}
         ahead = self._ahead
-        prefetched = ahead is not None and ahead.exception() is None
-        step = ahead.result() if prefetched and ahead is not None else None
-        state: dict[str, Any] = {
+        step = None if ahead is None or ahead.exception() is not None else ahead.result()
+        prefetched = step is not None and step.error is None
+        return {
             "taken": self.taken,
             "overlap": self._overlap,
             "prefetched": prefetched,
             # The prefetched step replays with the telemetry it has here.
-            "telemetry": None if step is None or step.result is None else step.result.telemetry,
+            "telemetry": None if not prefetched or step.result is None else step.result.telemetry,
             "source": _source_state(self._batches) if step is None else step.source,
-            "adaptive": None,
+            "adaptive": self._adaptive_state(),
         }
-        if self._rebalancer._feedback is not None:
-            state["adaptive"] = self._rebalancer.state_dict()
-        return state
+
+    def _adaptive_state(self) -> dict[str, Any] | None:
+        rebalancer = self._rebalancer
+        return None if rebalancer._feedback is None else rebalancer.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at :meth:`state_dict`'s step (before iterating; the same Rebalancer options,
@@ -200,17 +217,26 @@ class RebalancedSteps:
         self._resume = state
 
     def close(self) -> None:
-        """Let the step in flight finish (at most the Rebalancer's ``timeout``; its result is
-        dropped) and stop the worker thread."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.exception()  # wait; the loop has left, so nobody takes this step
+        """Let the step in flight finish (at most the Rebalancer's ``timeout``) and stop the
+        worker thread. The finished step is kept for a later iteration and :meth:`state_dict`:
+        every rank has exchanged its samples, so dropping it would lose them."""
+        if self._ahead is not None:
+            self._ahead.exception()  # waits, without raising the step's error here
         self._rebalancer.close()
 
 
+def _finished(step: _Step) -> Future[_Step]:
+    """``step`` as a done future, like a step the worker ran."""
+    future: Future[_Step] = Future()
+    future.set_result(step)
+    return future
+
+
 def _source_state(batches: Any) -> Any:
-    """The wrapped iterable's own state, when it keeps one."""
-    return batches.state_dict() if hasattr(batches, "state_dict") else None
+    """A copy of the wrapped iterable's own state, when it keeps one: a ``state_dict`` may
+    share what the iterable updates in place (as ``nn.Module.state_dict`` shares tensors), and
+    a prefetched step's state is kept while the iterable moves on."""
+    return copy.deepcopy(batches.state_dict()) if hasattr(batches, "state_dict") else None
 
 
 def _with_telemetry(result: RebalanceResult | None, telemetry: Any) -> RebalanceResult | None:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from seqbalance._validation import as_group_ids, check_bool
 from seqbalance.cost.resolve import evaluate_costs
@@ -147,7 +148,8 @@ class Rebalancer(RebalancerFeedback):
         until the future is done. Call :meth:`close` to stop the worker thread.
 
         Raises:
-            ValueError: the Rebalancer has no dedicated process group.
+            ValueError: the Rebalancer has no dedicated process group (``None`` or the
+                default group).
         """
         self._check_dedicated("rebalance_async")
         return self._worker.submit(
@@ -164,10 +166,14 @@ class Rebalancer(RebalancerFeedback):
         their ``cu_seqlens``, ``groups`` or ``parts``. With ``adaptive``, step ``k`` is then
         planned from the observations of steps up to ``k - 2`` (one step more than
         :meth:`rebalance` in a loop); ``overlap=False`` rebalances each step when the loop asks
-        for it, exactly as :meth:`rebalance` does.
+        for it, exactly as :meth:`rebalance` does. With ``overlap``, ``batches`` is iterated
+        on that thread too: batches that run collectives of their own (rollouts broadcast on
+        the world group) must use a group the loop does not use, or ``overlap=False``, or the
+        two threads' collectives cross and hang.
 
         Raises:
-            ValueError: ``overlap`` without a dedicated process group, or a bad ``overlap``.
+            ValueError: ``overlap`` without a dedicated process group (``None`` or the default
+                group), or a bad ``overlap``.
         """
         overlap = check_bool(overlap, "overlap")
         if overlap:
@@ -180,9 +186,11 @@ class Rebalancer(RebalancerFeedback):
         self._worker.close()
 
     def _check_dedicated(self, what: str) -> None:
-        if self.group is None:
+        # The default group is the training loop's too: the worker's collectives on it would
+        # interleave with the loop's in a different order on each rank (a hang or mixed data).
+        if self.group is None or (dist.is_available() and self.group is dist.group.WORLD):
             raise ValueError(
-                f"{what} needs a dedicated process group: "
+                f"{what} needs a dedicated process group, not the default one: "
                 "Rebalancer(group=torch.distributed.new_group(...))"
             )
 
