@@ -163,3 +163,30 @@ def test_free_port_is_a_bindable_local_port() -> None:
     assert 0 < port < 65536
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def _environment(rank: int, world_size: int, name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_ranks_see_the_callers_environment_as_it_is_at_each_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The ranks fork from a server started at the first launch; a variable set after it
+    # started must still reach them, as it would reach spawned processes.
+    name = "SEQBALANCE_TEST_LAUNCH_VARIABLE"
+    monkeypatch.delenv(name, raising=False)
+    assert launch(_environment, 2, args=(name,), timeout=LONG) == [None, None]
+    monkeypatch.setenv(name, "set after the first launch")
+    assert launch(_environment, 2, args=(name,), timeout=LONG) == ["set after the first launch"] * 2
+
+
+def test_ranks_are_spawned_where_the_platform_has_no_fork_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from seqbalance.runtime import launch as launch_module
+
+    monkeypatch.setattr(launch_module.mp, "get_all_start_methods", lambda: ["spawn"])
+    assert launch_module._start_context().get_start_method() == "spawn"
+    monkeypatch.undo()
+    assert launch_module._start_context().get_start_method() == "forkserver"
