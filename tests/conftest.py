@@ -6,7 +6,7 @@ worker so its module-scoped set-ups run once) finish both workers together."""
 import os
 
 import pytest
-from _profiles import SCALES, active_profile
+from _profiles import DERANDOMIZED, SCALES, active_profile
 from hypothesis import HealthCheck, settings
 
 for _name, _scale in SCALES.items():
@@ -14,8 +14,8 @@ for _name, _scale in SCALES.items():
         _name,
         max_examples=round(100 * _scale),
         deadline=None,
-        derandomize=_name == "ci",
-        print_blob=_name == "ci",
+        derandomize=_name in DERANDOMIZED,
+        print_blob=_name in DERANDOMIZED,
         suppress_health_check=[HealthCheck.too_slow],
     )
 settings.load_profile(active_profile())
@@ -37,7 +37,7 @@ SLOWEST_FIRST = (
     "test_runtime_distributed.py",
     "test_runtime_launch.py",
 )
-"""Modules that take the longest under the ``ci`` profile (``pytest --durations``), started
+"""Modules that take the longest under the ``full`` profile (``pytest --durations``), started
 first so that no worker is left alone with one of them at the end; the others keep their
 order. Only a hint: a module missing from the list runs in its place, a listed one that is
 gone changes nothing."""

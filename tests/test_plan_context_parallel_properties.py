@@ -1,7 +1,7 @@
 """Property tests of context-parallel plans: every plan validates, balanced is never worse than
 the baselines, and on tiny instances it equals a brute force over every CP size and block.
 
-Example counts follow the hypothesis profile (``_profiles.examples``): the ``ci`` profile
+Example counts follow the hypothesis profile (``_profiles.examples``): the ``full`` profile
 generates 6,300 CP problems; about 80% are planned (the rest are documented refusals: too few
 samples for the slots, an infeasible ``num_microbatches``, ...), which with the baselines planned
 beside them gives about 5,600 validated plans (issue 13 asks for at least 5,000 with zero

@@ -1,6 +1,6 @@
 """Property tests: every plan ``plan_step`` returns passes ``validate()``, across all options.
 
-Under the ``ci`` profile the example counts below add up to 14,000 generated steps (other
+Under the ``full`` profile the example counts below add up to 14,000 generated steps (other
 profiles scale them, see ``_profiles.py``). Problems are drawn mostly feasible: about 10,800 of
 them are planned and validated (issue 4 asks for at least 10,000);
 when ``plan_step`` refuses one (too few samples for the slots, infeasible micro-batch counts),
