@@ -103,42 +103,34 @@ def partition(
                 "method='kk' does not support speeds (Karmarkar-Karp balances equal parts); "
                 "use method='auto', 'lpt', 'refine' or 'exact'"
             )
-        if np.all(s == s[0]):
-            # Equal speeds: the equal-speed plan is optimal for them too; only units change.
-            equal = partition(
-                w,
-                k,
-                equal_size=equal_size,
-                max_items=max_items,
-                method=method,
-                time_limit=time_limit,
-            )
-            return make_result(
-                w,
-                _assignment_of(equal.parts, n=w.size),
-                k,
-                equal.lower_bound / s[0],
-                equal.method,
-                s,
-            )
-        return _partition_speeds(w, s, limits, method, time_limit)
+        if not np.all(s == s[0]):
+            return _partition_speeds(w, s, limits, method, time_limit)
+    assignment, bound, used = _partition_equal(w, k, limits, method, time_limit)
+    if speeds is not None:
+        # Equal speeds: the equal-speed plan is optimal for them too; only units change.
+        return make_result(w, assignment, k, bound / s[0], used, s)
+    return make_result(w, assignment, k, bound, used)
+
+
+def _partition_equal(
+    w: np.ndarray, k: int, limits: SizeLimits, method: str, time_limit: float | None
+) -> tuple[np.ndarray, float, str]:
+    """``partition`` for parts of equal speed: (assignment, lower bound, method used)."""
     n = w.size
     bound = sorted_lower_bound(np.sort(w)[::-1], k, limits)
     if n == 0:
-        return make_result(w, np.empty(0, dtype=np.int64), k, bound, method)
-
+        return np.empty(0, dtype=np.int64), bound, method
     if method == "round_robin":
-        return make_result(w, round_robin(n, k), k, bound, method)
+        return round_robin(n, k), bound, method
     if method == "contiguous":
-        return make_result(w, contiguous(n, k), k, bound, method)
+        return contiguous(n, k), bound, method
     if method == "lpt":
-        return make_result(w, lpt(w, k, limits), k, bound, method)
+        return lpt(w, k, limits), bound, method
     if method == "kk":
         constrained = limits.low > 0 or limits.high < n
-        return make_result(w, karmarkar_karp(w, k, equal_size=constrained), k, bound, method)
+        return karmarkar_karp(w, k, equal_size=constrained), bound, method
     if method == "refine":
-        assignment = refine(w, lpt(w, k, limits), k, limits, target=bound)
-        return make_result(w, assignment, k, bound, "lpt+refine")
+        return refine(w, lpt(w, k, limits), k, limits, target=bound), bound, "lpt+refine"
 
     assignment, used = _heuristic(w, k, limits, bound)
     if method == "exact":
@@ -150,7 +142,7 @@ def partition(
             w, k, limits, assignment, bound, time_limit=None, max_nodes=AUTO_EXACT_NODES
         )
         used = "exact" if proven else f"{used}+exact(budget)"
-    return make_result(w, assignment, k, bound, used)
+    return assignment, bound, used
 
 
 def _partition_speeds(
@@ -181,13 +173,6 @@ def _partition_speeds(
         )
         used = "exact" if proven else f"{used}+exact(budget)"
     return make_result(w, assignment, k, bound, used, speeds)
-
-
-def _assignment_of(parts: list[np.ndarray], n: int) -> np.ndarray:
-    assignment = np.empty(n, dtype=np.int64)
-    for part, indices in enumerate(parts):
-        assignment[indices] = part
-    return assignment
 
 
 def _heuristic(w: np.ndarray, k: int, limits: SizeLimits, bound: float) -> tuple[np.ndarray, str]:
