@@ -20,7 +20,6 @@ class PartitionResult:
     Attributes:
         parts: ``k`` int64 arrays of item indices, each ascending; every index appears once.
         loads: float64 array ``[k]``, the sum of the weights in each part (weight units).
-        lower_bound: a valid lower bound on the optimal maximum load (weight units).
         lower_bound: a valid lower bound on the optimal maximum load (weight units); with
             ``speeds``, on the optimal maximum time ``load / speed``.
         ratio: ``max(loads) / lower_bound`` (with ``speeds``: ``max(times) / lower_bound``);
