@@ -22,13 +22,12 @@ import time
 import numpy as np
 
 from seqbalance.partition._result import SizeLimits
-from seqbalance.partition.exact import BudgetSpent
+from seqbalance.partition.exact import _CLOCK_EVERY, BudgetSpent
 from seqbalance.partition.greedy import descending_order
 
 __all__ = ["exact_speeds", "lpt_speeds", "max_time", "refine_speeds", "speed_lower_bound"]
 
 _TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
-_CLOCK_EVERY = 1024  # search nodes between clock reads
 
 
 def max_time(weights: np.ndarray, assignment: np.ndarray, speeds: np.ndarray) -> float:
