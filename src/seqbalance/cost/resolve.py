@@ -384,14 +384,7 @@ def cost_from_description(value: Any, name: str = "cost") -> Any:
                     return model
             if tag == "TimeModel":
                 return TimeModel.from_json(json.dumps(body))
-        except (
-            ValueError,
-            TypeError,
-            AttributeError,
-            KeyError,
-            OverflowError,
-            RecursionError,
-        ) as e:
+        except _MALFORMED as e:
             # A field of the right shape with a wrong value or type, however deep: name where.
             raise ValueError(f"{name}: malformed {tag} description: {e}") from None
         if tag == "external" and isinstance(body, str):
