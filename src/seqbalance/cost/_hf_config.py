@@ -156,19 +156,24 @@ class Fields:
         return list(values)
 
 
+def read_json(path: str | Path) -> Any:
+    """The JSON value in the file ``path`` (ValueError naming it: missing, or not valid JSON)."""
+    try:
+        with Path(path).open(encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise ValueError(f"config: no such file {str(path)!r}") from None
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise ValueError(f"config: {str(path)!r} is not valid JSON: {error}") from None
+
+
 def config_dict(config: Any) -> dict[str, Any]:
     """A config given as a path (file or model directory), mapping or object, as a dict."""
     if isinstance(config, (str, Path)):
         path = Path(config)
         if path.is_dir():
             path = path / "config.json"
-        try:
-            with path.open(encoding="utf-8") as handle:
-                loaded = json.load(handle)
-        except FileNotFoundError:
-            raise ValueError(f"config: no such file {str(path)!r}") from None
-        except (json.JSONDecodeError, RecursionError) as error:
-            raise ValueError(f"config: {str(path)!r} is not valid JSON: {error}") from None
+        loaded = read_json(path)
         if not isinstance(loaded, dict):
             raise ValueError(f"config: {str(path)!r} must hold a JSON object")
         return loaded

@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_bool, check_int
+from seqbalance.cost._hf_config import read_json
 from seqbalance.cost.samples import SampleParts
 
 __all__ = ["HSTUFlopsModel", "HSTUSpec", "hstu_attention_pairs", "hstu_presets"]
@@ -136,12 +137,7 @@ class HSTUSpec:
             ValueError: another ``format``, an unknown key, or a missing or bad field (named).
         """
         if isinstance(config, (str, Path)):
-            try:
-                config = json.loads(Path(config).read_text("utf-8"))
-            except FileNotFoundError:
-                raise ValueError(f"config: no such file {str(config)!r}") from None
-            except (json.JSONDecodeError, RecursionError) as error:
-                raise ValueError(f"config: {str(config)!r} is not valid JSON: {error}") from None
+            config = read_json(config)
         if not isinstance(config, Mapping):
             raise ValueError(f"config must be a path or a mapping, got {type(config).__name__}")
         if config.get("format") != _FORMAT:
