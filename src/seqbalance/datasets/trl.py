@@ -62,10 +62,6 @@ _CHAT_KEYS = ("prompt", "completion", "chosen", "rejected", "messages", "convers
 _SUPPORTED_KEYS = ("prompt", "chosen", "rejected", "completion", "messages")
 
 
-class _Refused(Exception):
-    pass
-
-
 def _load_tokenizer(tokenizer: Any) -> tuple[Any, str]:
     """A ``transformers`` tokenizer from a local directory spec (or the object itself)."""
     if not isinstance(tokenizer, str):
@@ -149,9 +145,9 @@ def _extract_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
     if not all(isinstance(v, str) for v in (chosen, rejected)) and not all(
         isinstance(v, list) for v in (chosen, rejected)
     ):
-        raise _Refused("'chosen' and 'rejected' must both be strings or both messages")
+        raise Malformed("'chosen' and 'rejected' must both be strings or both messages")
     if not chosen or not rejected:
-        raise _Refused("chosen or rejected is empty (TRL's extract_prompt fails on it)")
+        raise Malformed("chosen or rejected is empty (TRL's extract_prompt fails on it)")
     index = 0
     for index in range(min(len(chosen), len(rejected))):
         if chosen[index] != rejected[index]:
@@ -184,12 +180,12 @@ class _Counter:
 
     def text(self, text: Any) -> list[int]:
         if not isinstance(text, str):
-            raise _Refused(f"expected a string, got {type(text).__name__}")
+            raise Malformed(f"expected a string, got {type(text).__name__}")
         return list(self.backend(text=text)["input_ids"])
 
     def chat(self, messages: Any, record: dict[str, Any], **options: Any) -> list[int]:
         if not isinstance(messages, list) or not messages:
-            raise _Refused("expected a non-empty list of messages")
+            raise Malformed("expected a non-empty list of messages")
         if self.template is None:
             raise ValueError(
                 f"tokenizer {self.source} has no chat template, so conversational records cannot "
@@ -203,14 +199,14 @@ class _Counter:
             try:
                 tools = json.loads(tools)
             except ValueError as error:
-                raise _Refused(f"field 'tools' is not valid JSON ({error})") from None
+                raise Malformed(f"field 'tools' is not valid JSON ({error})") from None
         extra = record.get("chat_template_kwargs") or {}
         try:
             out = self.backend.apply_chat_template(
                 messages, tokenize=True, return_dict=True, tools=tools, **extra, **options
             )
         except Exception as error:  # jinja's TemplateError, TypeError from a template, ...
-            raise _Refused(f"the chat template refused it: {error}") from None
+            raise Malformed(f"the chat template refused it: {error}") from None
         return list(out["input_ids"])
 
 
@@ -245,14 +241,14 @@ def _sft_sample(
         record = _with_eos(record, _eos_target(record, (text_field, "completion")), add_eos)
     if "prompt" in record:
         if "completion" not in record:
-            raise _Refused("field 'completion' is missing (a prompt without a completion)")
+            raise Malformed("field 'completion' is missing (a prompt without a completion)")
         prompt, completion = record["prompt"], record["completion"]
         if _is_conversational(record):
             prompt_ids = counter.chat(prompt, record, add_generation_prompt=True)
             ids = counter.chat(_messages(prompt) + _messages(completion), record)
         else:
             if not isinstance(prompt, str) or not isinstance(completion, str):
-                raise _Refused("'prompt' and 'completion' must both be strings or both messages")
+                raise Malformed("'prompt' and 'completion' must both be strings or both messages")
             prompt_ids = counter.text(prompt)
             ids = counter.text(prompt + completion)
         masked = _common_prefix(prompt_ids, ids) if completion_only_loss else 0
@@ -260,7 +256,7 @@ def _sft_sample(
         ids, masked = counter.chat(record["messages"], record), 0
     else:
         if text_field not in record:
-            raise _Refused(f"field {text_field!r} is missing")
+            raise Malformed(f"field {text_field!r} is missing")
         ids, masked = counter.text(record[text_field]), 0
     if max_length is not None:
         # Labels left after truncation: positions at or past the masked prompt.
@@ -272,7 +268,7 @@ def _sft_sample(
 
 def _messages(value: Any) -> list[Any]:
     if not isinstance(value, list):
-        raise _Refused(f"expected a list of messages, got {type(value).__name__}")
+        raise Malformed(f"expected a list of messages, got {type(value).__name__}")
     return value
 
 
@@ -297,7 +293,7 @@ def _dpo_samples(
         pairs = [counter.chat(_messages(prompt) + _messages(c), record) for c in (chosen, rejected)]
     else:
         if not all(isinstance(v, str) for v in (prompt, chosen, rejected)):
-            raise _Refused("'prompt', 'chosen' and 'rejected' must all be strings or all messages")
+            raise Malformed("'prompt', 'chosen' and 'rejected' must all be strings or all messages")
         prompt_ids = counter.text(prompt)
         pairs = [counter.text(prompt + c) for c in (chosen, rejected)]
     prompt_length = min(_common_prefix(prompt_ids, ids) for ids in pairs)
@@ -376,18 +372,18 @@ class _Rules:
         """Token counts of the record's samples; ``None`` when the trainer drops it.
 
         Raises:
-            _Refused: a record TRL could not tokenize.
+            Malformed: a record TRL could not tokenize.
         """
         if isinstance(record, Malformed):
-            raise _Refused(str(record))
+            raise record
         if not isinstance(record, dict):
-            raise _Refused(f"a record must be a JSON object, got {type(record).__name__}")
+            raise Malformed(f"a record must be a JSON object, got {type(record).__name__}")
         if self.convert:
             record = _to_chatml(record)
         if self.kind == "preference":
             missing = [k for k in ("chosen", "rejected") if k not in record]
             if missing:
-                raise _Refused(f"field {missing[0]!r} is missing")
+                raise Malformed(f"field {missing[0]!r} is missing")
             return _dpo_samples(
                 record,
                 self.counter,
@@ -485,7 +481,7 @@ def trl_token_lengths(
     for location, record in items:
         try:
             sample = rules.samples(record)
-        except _Refused as error:
+        except Malformed as error:
             malformed.append(MalformedRecord(location, str(error)))
             continue
         if sample is None:
