@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+from _other_process import json_from_other_process
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -291,16 +287,8 @@ def test_same_output_in_another_process():
         "        out[f'{m}{e}'] = [p.tolist() for p in r.parts]\n"
         "print(json.dumps(out))\n"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "12345"}  # another hash seed, another process
-    run = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(weights)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-        timeout=120,
-    )
-    theirs = json.loads(run.stdout)
+    # another hash seed, another process
+    theirs = json_from_other_process(code, weights, hash_seed="12345")
     for method in ("auto", "kk", "lpt", "refine"):
         for equal_size in (False, True):
             ours = partition(weights, 7, method=method, equal_size=equal_size)

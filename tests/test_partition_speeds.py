@@ -7,13 +7,10 @@ generated inputs, equal speeds identical to no speeds, bad speeds refused, deter
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from _other_process import json_from_other_process
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -184,16 +181,7 @@ def test_same_output_in_another_process():
         "       for m in ('auto', 'lpt', 'refine')}\n"
         "print(json.dumps(out))\n"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "4321"}
-    run = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(weights), json.dumps(speeds)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-        timeout=120,
-    )
-    theirs = json.loads(run.stdout)
+    theirs = json_from_other_process(code, weights, speeds, hash_seed="4321")
     for method in ("auto", "lpt", "refine"):
         ours = partition(weights, 7, speeds=speeds, method=method)
         assert theirs[method] == [p.tolist() for p in ours.parts]
