@@ -138,13 +138,13 @@ def refine_speeds(
     sizes = np.bincount(result, minlength=k)
     scale = float(weights.max()) or 1.0
     steps = 2 * (n + k) if max_steps is None else max_steps
+    state = _State(weights, result, loads, sizes, speeds, limits, scale)
     for _ in range(steps):
         times = loads / speeds
         last = int(np.argmax(times))
         peak = float(times[last])
         if peak <= target:
             break
-        state = _State(weights, result, loads, sizes, speeds, limits, scale)
         change = state.best_change(last, times, budget)
         if change is None or change[0] >= peak * (1 - _TOLERANCE):
             break
@@ -165,7 +165,8 @@ def refine_speeds(
 
 
 class _State:
-    """One refinement step's view: item weights, their parts, part loads, sizes and speeds."""
+    """The refinement's view of item weights, their parts, part loads, sizes and speeds (the
+    arrays ``refine_speeds`` updates in place, so one view serves every step)."""
 
     def __init__(
         self,
