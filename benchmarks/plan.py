@@ -108,7 +108,7 @@ def plan_case(case: Case, strategy: str, **options: object) -> sb.StepPlan:
 def run_case(case: Case, repeats: int, budget: int | None = None) -> dict[str, dict]:
     results = {}
     for strategy in STRATEGIES:
-        extra = {"planning_budget": budget} if strategy == "balanced" and budget is not None else {}
+        extra = {"planning_budget": budget} if strategy == "balanced" else {}
         times, plan = [], None
         for _ in range(repeats):
             start = time.perf_counter()
@@ -157,12 +157,7 @@ def headline_timing(repeats: int, budget: int | None = None) -> tuple[float, flo
     plan = None
     for _ in range(repeats):
         plan = sb.plan_step(
-            lengths,
-            64,
-            cost="flops",
-            max_tokens=16384,
-            allow_oversize=True,
-            **({} if budget is None else {"planning_budget": budget}),
+            lengths, 64, cost="flops", max_tokens=16384, allow_oversize=True, planning_budget=budget
         )
         times.append(plan.planning_seconds)
     assert plan is not None
