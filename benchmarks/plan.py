@@ -181,6 +181,15 @@ def machine() -> str:
     )
 
 
+def publish(lines: list[str], path: str | None) -> None:
+    """Print the markdown section ``lines`` and, with ``--out``, write it to ``path`` too."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if path:
+        with open(path, "w") as out:
+            out.write(text)
+
+
 def cell(summary: dict) -> str:
     text = f"{summary['ratio']:.3f}"
     if summary["cap_violations"]:
@@ -243,11 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{100 * seconds / step_seconds:.3f}% of the predicted step time of "
         f"{step_seconds:.2f} s, at {ratio:.4f} x the lower bound.",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text)
+    publish(lines, args.out)
     return 0
 
 
