@@ -108,7 +108,7 @@ def plan_case(case: Case, strategy: str, **options: object) -> sb.StepPlan:
 def run_case(case: Case, repeats: int, budget: int | None = None) -> dict[str, dict]:
     results = {}
     for strategy in STRATEGIES:
-        extra = {"planning_budget": budget} if strategy == "balanced" and budget is not None else {}
+        extra = {"planning_budget": budget} if strategy == "balanced" else {}
         times, plan = [], None
         for _ in range(repeats):
             start = time.perf_counter()
@@ -157,12 +157,7 @@ def headline_timing(repeats: int, budget: int | None = None) -> tuple[float, flo
     plan = None
     for _ in range(repeats):
         plan = sb.plan_step(
-            lengths,
-            64,
-            cost="flops",
-            max_tokens=16384,
-            allow_oversize=True,
-            **({} if budget is None else {"planning_budget": budget}),
+            lengths, 64, cost="flops", max_tokens=16384, allow_oversize=True, planning_budget=budget
         )
         times.append(plan.planning_seconds)
     assert plan is not None
@@ -184,6 +179,15 @@ def machine() -> str:
         f"{cpu}, {os.cpu_count()} cores (shared), Python {platform.python_version()}, "
         f"numpy {np.__version__}"
     )
+
+
+def publish(lines: list[str], path: str | None) -> None:
+    """Print the markdown section ``lines`` and, with ``--out``, write it to ``path`` too."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if path:
+        with open(path, "w") as out:
+            out.write(text)
 
 
 def cell(summary: dict) -> str:
@@ -248,11 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{100 * seconds / step_seconds:.3f}% of the predicted step time of "
         f"{step_seconds:.2f} s, at {ratio:.4f} x the lower bound.",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text)
+    publish(lines, args.out)
     return 0
 
 

@@ -22,7 +22,7 @@ import argparse
 import time
 
 import numpy as np
-from plan import EFFICIENCY, PEAK_FLOPS, Case, cases, machine, plan_case
+from plan import EFFICIENCY, PEAK_FLOPS, Case, cases, machine, plan_case, publish
 
 import seqbalance as sb
 from seqbalance.datasets import load
@@ -98,11 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{min(plan.planning_seconds for plan in large) * 1e3:.0f} ms (best of 2), "
         f"{large[0].summary()['ratio']:.6f} x the lower bound."
     )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as out:
-            out.write(text)
+    publish(lines, args.out)
     return 0
 
 

@@ -24,6 +24,7 @@ from seqbalance._validation import check_int
 from seqbalance.integrations._verl_partitions import (
     ceildiv,
     get_reverse_idx,
+    heaviest,
     roundup_divisible,
     sample_costs,
 )
@@ -186,12 +187,8 @@ def _best_fitting(
             pass  # the planner found no fitting plan; the others may
         candidates.append([part.tolist() for part in partition(tokens, count).parts])
     candidates.append(largest_differencing(costs.tolist(), count, equal_size=False))
-    best, best_cost = None, np.inf
-    for parts in filter(fitting, candidates):
-        heaviest = max(float(costs[part].sum()) for part in parts)
-        if heaviest < best_cost:
-            best, best_cost = parts, heaviest
-    return best
+    # min keeps the first of equally heavy candidates.
+    return min(filter(fitting, candidates), key=lambda parts: heaviest(parts, costs), default=None)
 
 
 def _select(batch: Any, indices: list[int]) -> Any:

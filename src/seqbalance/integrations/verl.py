@@ -125,6 +125,13 @@ def dp_balanced_order(
     on its own and stays in its place (verl's ``keep_minibatch``). Within a rank the samples are
     ordered small-large-small by cost, as verl does.
     """
+    return _balanced_order(seqlen_list, dp_size, groups, minibatch_size, cost, model)[0]
+
+
+def _balanced_order(
+    seqlen_list: Any, dp_size: int, groups: Any, minibatch_size: int | None, cost: Any, model: Any
+) -> tuple[list[int], np.ndarray]:
+    """:func:`dp_balanced_order`, and the per-sample costs it balanced (for the metrics)."""
     lengths = as_lengths(np.asarray(seqlen_list).reshape(-1), "seqlen_list")
     dp = check_int(dp_size, "dp_size", minimum=1)
     costs = sample_costs(cost, model, lengths)[0]
@@ -164,7 +171,7 @@ def dp_balanced_order(
                 ascending = sorted(members, key=lambda i: (costs[i], i))
                 members = ascending[::2] + ascending[1::2][::-1]
             ranks[r].extend(members)
-    return [i for members in ranks for i in members]
+    return [i for members in ranks for i in members], costs
 
 
 def balance_batch(
@@ -199,20 +206,18 @@ def balance_batch(
         minibatch = self.config.actor_rollout_ref.actor.get("ppo_mini_batch_size")
     cost = getattr(self, "seqbalance_cost", None)
     model = getattr(self, "seqbalance_model", None)
-    order = dp_balanced_order(
-        lengths, dp, groups=groups, minibatch_size=minibatch, cost=cost, model=model
-    )
+    order, costs = _balanced_order(lengths, dp, groups, minibatch, cost, model)
     batch.reorder(torch.tensor(order))
-    metrics.update(_balance_metrics(lengths, order, dp, cost, model, logging_prefix))
+    metrics.update(_balance_metrics(lengths, order, dp, costs, logging_prefix))
 
 
 def _balance_metrics(
-    lengths: np.ndarray, order: list[int], dp: int, cost: Any, model: Any, prefix: str
+    lengths: np.ndarray, order: list[int], dp: int, costs: np.ndarray, prefix: str
 ) -> dict[str, float]:
-    """verl's ``log_seqlen_unbalance`` figures of the dispatch, and the cost imbalance after."""
+    """verl's ``log_seqlen_unbalance`` figures of the dispatch, and the imbalance of the
+    per-sample ``costs`` after."""
     chunks = np.asarray(order).reshape(dp, -1)
     metrics = log_seqlen_unbalance(lengths.tolist(), chunks.tolist(), prefix)
-    costs = sample_costs(cost, model, lengths)[0]
     after = costs[chunks].sum(axis=1).astype(np.float64)
     mean = float(after.mean())
     metrics[f"{prefix}/balanced_imbalance"] = float(after.max()) / mean if mean > 0 else 1.0
