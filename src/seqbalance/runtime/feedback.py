@@ -33,7 +33,7 @@ from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.plan.adaptive import AdaptivePlanner, prior_time_model
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.types import StepPlan
-from seqbalance.runtime._dist import Comm, wait
+from seqbalance.runtime._dist import Comm, group_device, wait
 from seqbalance.runtime._worker import Worker
 from seqbalance.runtime.timer import StepTimer, StepTiming
 
@@ -165,10 +165,7 @@ class Piggyback:
     def timer(self, group: Any) -> StepTimer:
         """The step timer (CUDA events when ``group`` is NCCL)."""
         if self._timer is None:
-            cuda = dist.is_initialized() and dist.get_backend(group) == "nccl"
-            self._timer = StepTimer(
-                torch.device("cuda", torch.cuda.current_device()) if cuda else None
-            )
+            self._timer = StepTimer(group_device(group) if dist.is_initialized() else None)
         return self._timer
 
     def planner(self, world_size: int, rank: int) -> AdaptivePlanner:
