@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CollectiveError", "Comm", "wait"]
+__all__ = ["CollectiveError", "Comm", "group_device", "wait"]
 
 
 class CollectiveError(RuntimeError):
@@ -30,6 +30,14 @@ def wait(work: Any, what: str, timeout: timedelta) -> None:
         ) from error
 
 
+def group_device(group: Any) -> torch.device:
+    """Where the collectives of ``group`` (an initialised process group, None: the world) take
+    their tensors: the current CUDA device on NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class Comm:
     """Collectives on one process group, each bounded by the timeout."""
 
@@ -40,11 +48,7 @@ class Comm:
         self.timeout = timeout
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if dist.get_backend(group) == "nccl"
-            else torch.device("cpu")
-        )
+        self.device = group_device(group)
 
     def all_gather_bytes(self, payload: bytes, what: str) -> list[bytes]:
         """Every rank's ``payload`` (two all_gathers: sizes, then payloads padded to the max)."""

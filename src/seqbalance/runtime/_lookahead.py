@@ -90,8 +90,3 @@ class Lookahead:
         self._stop.set()
         if self._thread is not _current_thread():
             self._thread.join(timeout=60.0)
-
-    @property
-    def alive(self) -> bool:
-        """Whether the thread still runs."""
-        return self._thread.is_alive()

@@ -33,7 +33,7 @@ from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.plan.adaptive import AdaptivePlanner, prior_time_model
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.types import StepPlan
-from seqbalance.runtime._dist import Comm, wait
+from seqbalance.runtime._dist import Comm, group_device, wait
 from seqbalance.runtime._worker import Worker
 from seqbalance.runtime.timer import StepTimer, StepTiming
 
@@ -90,13 +90,7 @@ class Adaptive:
             CollectiveError: a peer did not join within ``Feedback.timeout_seconds``.
         """
         timing = self.timer.finish() if timing is None else timing
-        local = self.planner.local_statistics(
-            plan,
-            self.rank,
-            list(timing.microbatch_seconds),
-            sync_seconds=timing.sync_seconds,
-            step_seconds=timing.step_seconds,
-        )
+        local = _statistics(self.planner, plan, self.rank, timing)
         return self.planner.apply(plan, self.gather(local))
 
     def gather(self, local: np.ndarray) -> np.ndarray:
@@ -116,6 +110,19 @@ class Adaptive:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (options, prior, world size and feedback must match)."""
         self.planner.load_state_dict(state)
+
+
+def _statistics(
+    planner: AdaptivePlanner, plan: StepPlan, rank: int, timing: StepTiming
+) -> np.ndarray:
+    """``rank``'s statistics vector of ``plan``'s step from its ``timing``."""
+    return planner.local_statistics(
+        plan,
+        rank,
+        list(timing.microbatch_seconds),
+        sync_seconds=timing.sync_seconds,
+        step_seconds=timing.step_seconds,
+    )
 
 
 def _rank_feedback(feedback: Feedback, rank: int) -> Feedback:
@@ -158,10 +165,7 @@ class Piggyback:
     def timer(self, group: Any) -> StepTimer:
         """The step timer (CUDA events when ``group`` is NCCL)."""
         if self._timer is None:
-            cuda = dist.is_initialized() and dist.get_backend(group) == "nccl"
-            self._timer = StepTimer(
-                torch.device("cuda", torch.cuda.current_device()) if cuda else None
-            )
+            self._timer = StepTimer(group_device(group) if dist.is_initialized() else None)
         return self._timer
 
     def planner(self, world_size: int, rank: int) -> AdaptivePlanner:
@@ -208,14 +212,8 @@ class Piggyback:
         if observed.statistics is None:
             rank, timing = observed.rank, observed.timing
             assert rank is not None and timing is not None  # observe() keeps both
-            vector = self.planner(len(observed.plan.ranks), rank).local_statistics(
-                observed.plan,
-                rank,
-                list(timing.microbatch_seconds),
-                sync_seconds=timing.sync_seconds,
-                step_seconds=timing.step_seconds,
-            )
-            return observed.plan, vector.tolist()
+            planner = self.planner(len(observed.plan.ranks), rank)
+            return observed.plan, _statistics(planner, observed.plan, rank, timing).tolist()
         return observed.plan, list(observed.statistics)
 
     def apply(

@@ -301,7 +301,7 @@ class Rebalancer(RebalancerFeedback):
         def sample(g: int) -> list[torch.Tensor]:
             return arrived[g] if g in arrived else local[g - offsets[me]]
 
-        flat = np.concatenate(mine).astype(np.int64) if mine else np.zeros(0, dtype=np.int64)
+        flat = np.concatenate(mine) if mine else np.zeros(0, dtype=np.int64)
         origin = batch.origin[flat]
         forward = routing.forward
         return RebalanceResult(

@@ -203,7 +203,7 @@ def _slots(plan_ranks: Sequence[Sequence[np.ndarray]], n: int) -> tuple[np.ndarr
     """
     pieces = [np.asarray(mb, dtype=np.int64).reshape(-1) for mbs in plan_ranks for mb in mbs]
     sizes = np.array([sum(np.size(mb) for mb in mbs) for mbs in plan_ranks], dtype=np.int64)
-    flat = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
+    flat = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
     slot = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
     position = np.arange(flat.size, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     outside = np.flatnonzero((flat < 0) | (flat >= n))
@@ -213,8 +213,8 @@ def _slots(plan_ranks: Sequence[Sequence[np.ndarray]], n: int) -> tuple[np.ndarr
     repeated = order[1:][flat[order[1:]] == flat[order[:-1]]]
     first_outside = int(slot[outside[0]]) if outside.size else sizes.size
     first_repeat = int(slot[repeated.min()]) if repeated.size else sizes.size
-    if min(first_outside, first_repeat) < sizes.size:
-        bad = min(first_outside, first_repeat)
+    bad = min(first_outside, first_repeat)
+    if bad < sizes.size:
         if bad == first_outside:
             raise ValueError(f"plan slot {bad} holds a sample index outside [0, {n})")
         raise ValueError(f"plan slot {bad} repeats a sample index")
