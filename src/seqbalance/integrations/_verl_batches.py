@@ -55,10 +55,9 @@ def _all_reduce(values: list[int], op: str, dp_group: Any) -> list[int]:
     import torch
     import torch.distributed as dist
 
-    device = "cpu"
-    if dist.get_backend(dp_group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    from seqbalance.runtime._dist import group_device
+
+    tensor = torch.tensor(values, dtype=torch.int64, device=group_device(dp_group))
     reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN
     dist.all_reduce(tensor, op=reduce_op, group=dp_group)
     return [int(v) for v in tensor.cpu().tolist()]
