@@ -23,10 +23,9 @@ from seqbalance.cli._common import (
     cost_from_args,
     flag_names,
     load_lengths,
-    markdown_table,
     plan_options_from_args,
     print_json,
-    print_table,
+    print_section,
     progress_callback,
 )
 from seqbalance.plan import strategy_names
@@ -239,10 +238,7 @@ def _run_context_parallel(args: argparse.Namespace, source: Any, context_paralle
         f"{options.max_tokens} tokens per rank per slot, {len(steps)} steps of ~{global_batch} "
         "samples"
     )
-    if args.markdown:
-        print(f"### {title}\n\n{markdown_table(CP_COLUMNS, rows)}\n")
-    else:
-        print_table(title, CP_COLUMNS, rows)
+    print_section(title, CP_COLUMNS, rows, markdown=args.markdown)
     return 0
 
 
@@ -431,13 +427,12 @@ def _print_report(
         )
     )
     caption = f"time model: {time_model_source}; dataset: {result.lengths.size} samples{truncated}"
+    print_section(title, columns, rows, caption=caption, markdown=markdown)
     if markdown:
-        print(f"### {title}\n\n{markdown_table(columns, rows)}\n\n{caption}.\n")
         for name, message in result.failed.items():
             print(f"- {name} cannot plan these steps: {flag_names(message)}\n")
         print(f"**{result.headline(baseline)}**")
         return
-    print_table(title, columns, rows, caption=caption)
     for name, message in result.failed.items():
         print(f"{name} cannot plan these steps: {flag_names(message)}")
     print(result.headline(baseline))
