@@ -97,13 +97,11 @@ def run(args: argparse.Namespace) -> int:
             )
     except ValueError as error:
         raise ValueError(flag_names(str(error))) from None
+    # plan_step validates every plan it returns (plan_epoch's steps included).
     if args.global_batch is None:
-        plan.validate()
         steps = [plan]
         document: dict[str, Any] = json.loads(plan.to_json())
     else:
-        for step_plan in epoch.steps:
-            step_plan.validate()
         steps = list(epoch.steps)
         document = {
             "steps": [json.loads(step_plan.to_json()) for step_plan in epoch.steps],
@@ -166,7 +164,6 @@ def _run_context_parallel(args: argparse.Namespace, source: Any, context_paralle
         plan = plan_step(source.lengths, args.dp, options, groups=source.groups)
     except ValueError as error:
         raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
-    plan.validate()
     summary = plan.summary()
     source_text = description or f"{args.model} FLOPs at peak x efficiency"
     return _write_and_print(
