@@ -130,9 +130,7 @@ def run(args: argparse.Namespace) -> int:
                 options,
                 groups=source.groups,
                 dp_size=args.dp,
-                global_batch_size=min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
-                if args.global_batch is None
-                else args.global_batch,
+                global_batch_size=_global_batch(args, source),
                 steps=args.steps,
                 peak_flops_per_s=peak,
                 efficiency=efficiency,
@@ -262,16 +260,20 @@ def _context_parallel_steps(
                 f"{longest}; they are truncated to it",
                 file=sys.stderr,
             )
-    global_batch = (
-        min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
-        if args.global_batch is None
-        else args.global_batch
-    )
+    global_batch = _global_batch(args, source)
     batches = sample_batches(
         source.lengths.size, global_batch, args.steps, groups=source.groups, seed=args.seed
     )
     groups = None if source.groups is None else [source.groups[b] for b in batches]
     return [lengths[batch] for batch in batches], groups, cut, global_batch
+
+
+def _global_batch(args: argparse.Namespace, source: Any) -> int:
+    """``--global-batch``, by default ``DEFAULT_GLOBAL_BATCH`` samples or the whole dataset
+    when it is smaller."""
+    if args.global_batch is None:
+        return min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
+    return args.global_batch
 
 
 def _baseline_setup(args: argparse.Namespace) -> None:
