@@ -23,6 +23,7 @@ from seqbalance._validation import as_lengths, check_positive_float
 from seqbalance.cli._output import (
     markdown_table,
     print_json,
+    print_section,
     print_table,
     progress,
     progress_callback,
@@ -60,6 +61,7 @@ __all__ = [
     "markdown_table",
     "plan_options_from_args",
     "print_json",
+    "print_section",
     "print_table",
     "progress",
     "progress_callback",

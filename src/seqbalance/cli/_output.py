@@ -20,6 +20,7 @@ T = TypeVar("T")
 __all__ = [
     "markdown_table",
     "print_json",
+    "print_section",
     "print_table",
     "progress",
     "progress_callback",
@@ -89,6 +90,28 @@ def print_table(
         print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
     if caption:
         print(caption)
+
+
+def print_section(
+    title: str,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    caption: str | None = None,
+    notes: Iterable[str] = (),
+    markdown: bool = False,
+) -> None:
+    """Print a titled table, its caption and its notes: a markdown section (``### title``, the
+    table, ``caption.``, the notes as a list) or :func:`print_table` followed by the notes."""
+    if markdown:
+        section = f"### {title}\n\n{markdown_table(columns, rows)}\n"
+        print(section if caption is None else f"{section}\n{caption}.\n")
+        for note in notes:
+            print(f"- {note}")
+        return
+    print_table(title, columns, rows, caption=caption)
+    for note in notes:
+        print(note)
 
 
 def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

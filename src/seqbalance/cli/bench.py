@@ -22,10 +22,9 @@ from seqbalance.cli._common import (
     flag_names,
     load_lengths,
     load_time_model,
-    markdown_table,
     plan_options_from_args,
     print_json,
-    print_table,
+    print_section,
     progress_callback,
     require_torch,
 )
@@ -399,27 +398,14 @@ def _machine_notes(setup: dict[str, Any]) -> list[str]:
 
 
 def _print_report(report: dict[str, Any], *, markdown: bool) -> None:
-    _print(_title(report["setup"]), COLUMNS, _rows(report), CAPTION, _notes(report), markdown)
-
-
-def _print(
-    title: str,
-    columns: tuple[str, ...],
-    rows: list[tuple[str, ...]],
-    caption: str,
-    notes: list[str],
-    markdown: bool,
-) -> None:
-    if markdown:
-        print(f"### {title}\n")
-        print(markdown_table(columns, rows))
-        print(f"\n{caption}.\n")
-        for note in notes:
-            print(f"- {note}")
-        return
-    print_table(title, columns, rows, caption=caption)
-    for note in notes:
-        print(note)
+    print_section(
+        _title(report["setup"]),
+        COLUMNS,
+        _rows(report),
+        caption=CAPTION,
+        notes=_notes(report),
+        markdown=markdown,
+    )
 
 
 CP_COLUMNS = (
@@ -485,4 +471,11 @@ def _print_context_parallel_report(report: dict[str, Any], *, markdown: bool) ->
         f"every strategy computed the same step losses (largest relative spread "
         f"{report['max_loss_spread']:.1e})"
     )
-    _print(title, CP_COLUMNS, rows, CP_CAPTION, notes + _machine_notes(setup), markdown)
+    print_section(
+        title,
+        CP_COLUMNS,
+        rows,
+        caption=CP_CAPTION,
+        notes=notes + _machine_notes(setup),
+        markdown=markdown,
+    )

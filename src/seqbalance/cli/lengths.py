@@ -184,6 +184,12 @@ def _fields(args: argparse.Namespace) -> Fields | None:
     return None
 
 
+def _listed(locations: np.ndarray) -> str:
+    """The first ``_SHOWN_SKIPPED`` record locations, comma-separated (`` ...`` when more)."""
+    shown = ", ".join(map(str, locations[:_SHOWN_SKIPPED].tolist()))
+    return shown + (" ..." if locations.size > _SHOWN_SKIPPED else "")
+
+
 def _report_skipped(result: TokenLengths) -> None:
     kind = result.location_kind
     if result.malformed:
@@ -193,21 +199,18 @@ def _report_skipped(result: TokenLengths) -> None:
         if len(result.malformed) > _SHOWN_SKIPPED:
             print(f"  ... and {len(result.malformed) - _SHOWN_SKIPPED} more", file=sys.stderr)
     if result.empty.size:
-        shown = ", ".join(map(str, result.empty[:_SHOWN_SKIPPED].tolist()))
-        more = " ..." if result.empty.size > _SHOWN_SKIPPED else ""
         action = (
             "left out" if result.dropped_empty else "kept (pass --drop-empty to leave them out)"
         )
         print(
-            f"{result.empty.size} record(s) without text, {action}: {kind}s {shown}{more}",
+            f"{result.empty.size} record(s) without text, {action}: "
+            f"{kind}s {_listed(result.empty)}",
             file=sys.stderr,
         )
     if result.dropped.size:
-        shown = ", ".join(map(str, result.dropped[:_SHOWN_SKIPPED].tolist()))
-        more = " ..." if result.dropped.size > _SHOWN_SKIPPED else ""
         print(
             f"{result.dropped.size} record(s) left out, as the trainer drops them (no loss token "
-            f"left after truncation): {kind}s {shown}{more}",
+            f"left after truncation): {kind}s {_listed(result.dropped)}",
             file=sys.stderr,
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,24 +97,43 @@ def run(args: argparse.Namespace) -> int:
             )
     except ValueError as error:
         raise ValueError(flag_names(str(error))) from None
+    # plan_step validates every plan it returns (plan_epoch's steps included).
     if args.global_batch is None:
-        plan.validate()
         steps = [plan]
         document: dict[str, Any] = json.loads(plan.to_json())
     else:
-        for step_plan in epoch.steps:
-            step_plan.validate()
         steps = list(epoch.steps)
         document = {
             "steps": [json.loads(step_plan.to_json()) for step_plan in epoch.steps],
             "sample_indices": [indices.tolist() for indices in epoch.sample_indices],
         }
+    summaries = [step_plan.summary() for step_plan in steps]
+    return _write_and_print(
+        args,
+        source.label,
+        document,
+        summaries,
+        time_model_source,
+        lambda: _print_summaries(summaries, source.label, args, time_model_source),
+    )
+
+
+def _write_and_print(
+    args: argparse.Namespace,
+    label: str,
+    document: dict[str, Any],
+    summaries: list[dict[str, Any]],
+    time_model_source: str,
+    print_summaries: Callable[[], None],
+) -> int:
+    """Write the plan ``document`` to ``--output`` when given, then print the JSON payload
+    (``--json``: the summaries, and the plan itself when it was not written) or the table
+    (``print_summaries``)."""
     if args.output:
         Path(args.output).write_text(json.dumps(document) + "\n", encoding="utf-8")
-    summaries = [step_plan.summary() for step_plan in steps]
     if args.json:
         payload: dict[str, Any] = {
-            "lengths": source.label,
+            "lengths": label,
             "time_model_source": time_model_source,
             "summaries": summaries,
             "output": args.output,
@@ -122,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             payload["plan"] = document
         print_json(payload)
         return 0
-    _print_summaries(summaries, source.label, args, time_model_source)
+    print_summaries()
     if args.output:
         print(f"plan written to {args.output}")
     return 0
@@ -144,25 +164,29 @@ def _run_context_parallel(args: argparse.Namespace, source: Any, context_paralle
         plan = plan_step(source.lengths, args.dp, options, groups=source.groups)
     except ValueError as error:
         raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
-    plan.validate()
-    document = json.loads(plan.to_json())
-    if args.output:
-        Path(args.output).write_text(json.dumps(document) + "\n", encoding="utf-8")
     summary = plan.summary()
     source_text = description or f"{args.model} FLOPs at peak x efficiency"
-    if args.json:
-        payload: dict[str, Any] = {
-            "lengths": source.label,
-            "time_model_source": source_text,
-            "summaries": [summary],
-            "output": args.output,
-        }
-        if not args.output:
-            payload["plan"] = document
-        print_json(payload)
-        return 0
+    return _write_and_print(
+        args,
+        source.label,
+        json.loads(plan.to_json()),
+        [summary],
+        source_text,
+        lambda: _print_context_parallel_summary(
+            summary, source.label, args, context_parallel, source_text
+        ),
+    )
+
+
+def _print_context_parallel_summary(
+    summary: dict[str, Any],
+    label: str,
+    args: argparse.Namespace,
+    context_parallel: Any,
+    source: str,
+) -> None:
     print_table(
-        f"{source.label}: {args.strategy} on {args.dp} ranks, CP sizes "
+        f"{label}: {args.strategy} on {args.dp} ranks, CP sizes "
         f"{list(context_parallel.sizes)}, {context_parallel.max_tokens_per_rank} tokens per rank",
         (
             "step time (s)",
@@ -184,11 +208,8 @@ def _run_context_parallel(args: argparse.Namespace, source: Any, context_paralle
                 f"{1e3 * summary['planning_seconds']:.1f}",
             )
         ],
-        caption=f"time model: {source_text}",
+        caption=f"time model: {source}",
     )
-    if args.output:
-        print(f"plan written to {args.output}")
-    return 0
 
 
 def _print_summaries(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from seqbalance.cli._common import add_json_flag, markdown_table, print_json, print_table
+from seqbalance.cli._common import add_json_flag, print_json, print_section
 from seqbalance.sim.run_report import load_telemetry, plot_run, summarize_run
 
 
@@ -54,16 +54,8 @@ def run(args: argparse.Namespace) -> int:
         )
         for step, ms, imbalance, predicted, error, speed in summary["table"]
     ]
-    notes = _notes(summary)
     title = f"run: {summary['steps']} steps from {args.log}"
-    if args.markdown:
-        print(f"### {title}\n\n{markdown_table(COLUMNS, table)}\n")
-        for note in notes:
-            print(f"- {note}")
-        return 0
-    print_table(title, COLUMNS, table)
-    for note in notes:
-        print(note)
+    print_section(title, COLUMNS, table, notes=_notes(summary), markdown=args.markdown)
     return 0
 
 

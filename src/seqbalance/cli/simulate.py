@@ -23,10 +23,9 @@ from seqbalance.cli._common import (
     cost_from_args,
     flag_names,
     load_lengths,
-    markdown_table,
     plan_options_from_args,
     print_json,
-    print_table,
+    print_section,
     progress_callback,
 )
 from seqbalance.plan import strategy_names
@@ -131,9 +130,7 @@ def run(args: argparse.Namespace) -> int:
                 options,
                 groups=source.groups,
                 dp_size=args.dp,
-                global_batch_size=min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
-                if args.global_batch is None
-                else args.global_batch,
+                global_batch_size=_global_batch(args, source),
                 steps=args.steps,
                 peak_flops_per_s=peak,
                 efficiency=efficiency,
@@ -239,10 +236,7 @@ def _run_context_parallel(args: argparse.Namespace, source: Any, context_paralle
         f"{options.max_tokens} tokens per rank per slot, {len(steps)} steps of ~{global_batch} "
         "samples"
     )
-    if args.markdown:
-        print(f"### {title}\n\n{markdown_table(CP_COLUMNS, rows)}\n")
-    else:
-        print_table(title, CP_COLUMNS, rows)
+    print_section(title, CP_COLUMNS, rows, markdown=args.markdown)
     return 0
 
 
@@ -266,16 +260,20 @@ def _context_parallel_steps(
                 f"{longest}; they are truncated to it",
                 file=sys.stderr,
             )
-    global_batch = (
-        min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
-        if args.global_batch is None
-        else args.global_batch
-    )
+    global_batch = _global_batch(args, source)
     batches = sample_batches(
         source.lengths.size, global_batch, args.steps, groups=source.groups, seed=args.seed
     )
     groups = None if source.groups is None else [source.groups[b] for b in batches]
     return [lengths[batch] for batch in batches], groups, cut, global_batch
+
+
+def _global_batch(args: argparse.Namespace, source: Any) -> int:
+    """``--global-batch``, by default ``DEFAULT_GLOBAL_BATCH`` samples or the whole dataset
+    when it is smaller."""
+    if args.global_batch is None:
+        return min(DEFAULT_GLOBAL_BATCH, source.lengths.size)
+    return args.global_batch
 
 
 def _baseline_setup(args: argparse.Namespace) -> None:
@@ -431,13 +429,12 @@ def _print_report(
         )
     )
     caption = f"time model: {time_model_source}; dataset: {result.lengths.size} samples{truncated}"
+    print_section(title, columns, rows, caption=caption, markdown=markdown)
     if markdown:
-        print(f"### {title}\n\n{markdown_table(columns, rows)}\n\n{caption}.\n")
         for name, message in result.failed.items():
             print(f"- {name} cannot plan these steps: {flag_names(message)}\n")
         print(f"**{result.headline(baseline)}**")
         return
-    print_table(title, columns, rows, caption=caption)
     for name, message in result.failed.items():
         print(f"{name} cannot plan these steps: {flag_names(message)}")
     print(result.headline(baseline))

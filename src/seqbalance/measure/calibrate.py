@@ -10,8 +10,9 @@ size) and scores the fit on the held-out quarter with :meth:`TimeModel.score`.
 (:func:`calibration_microbatches`, :func:`time_microbatches`, :func:`fit_time_model`) are
 reused by ``seqbalance.measure.bench``, whose processes each time a share of the micro-batches
 under the same load they train under, and the process helpers (:func:`available_cores`,
-:func:`pin_process`) by every timed process. The context-parallel executor's calibration
-(``seqbalance calibrate --context-parallel``) is ``seqbalance.measure.calibrate_context_parallel``.
+:func:`pin_process`, :func:`synchronize`) by every timed process. The context-parallel
+executor's calibration (``seqbalance calibrate --context-parallel``) is
+``seqbalance.measure.calibrate_context_parallel``.
 torch is imported by the functions that time, so the constants and the numpy parts load without
 it (the command line lists the model sizes).
 """
@@ -49,6 +50,7 @@ __all__ = [
     "model_config",
     "pin_process",
     "resolve_device",
+    "synchronize",
     "time_microbatches",
 ]
 
@@ -187,7 +189,8 @@ def costed_lengths(lengths: Any, layout: str) -> np.ndarray:
     return np.full(lengths.size, lengths.max())
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a CUDA device; nothing to wait for on a CPU)."""
     import torch
 
     if device.type == "cuda":
@@ -239,10 +242,10 @@ def time_microbatches(
     ]
 
     def run(batch: tuple[torch.Tensor, ...]) -> float:
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         forward(*batch).backward()
-        _synchronize(device)
+        synchronize(device)
         return time.perf_counter() - start
 
     largest = max(range(len(inputs)), key=lambda i: int(microbatches[i].sum()))

@@ -151,16 +151,9 @@ def calibrate_compute(
             context_parallel=options,
             cost=ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0),
         )
-        samples = [
-            torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)
-            for n in lengths
-        ]
-        seconds = []
-        for _ in range(repeats + 1):  # the first run warms up
-            model.zero_grad(set_to_none=True)
-            seconds.append(run_step(model, plan, samples, groups, timeout=timeout).slot_seconds)
+        seconds = _slot_seconds(model, plan, groups, generator, repeats=repeats, timeout=timeout)
         everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, float(np.median(seconds[1:])))
+        dist.all_gather_object(everyone, float(np.median(seconds)))
         observations += [(b, s) for b, s in zip(batch, everyone, strict=True)]
     model.zero_grad(set_to_none=True)
     return TimeModel.fit(observations, relative=True)
@@ -197,16 +190,9 @@ def calibrate_piece_overhead(
         plan = plan_step(
             lengths, world, PlanOptions(context_parallel=options, cost=base, strategy="static_cp")
         )
-        samples = [
-            torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)
-            for n in plan.lengths
-        ]
-        seconds = []
-        for _ in range(repeats + 1):  # the first run warms up
-            model.zero_grad(set_to_none=True)
-            seconds.append(run_step(model, plan, samples, groups, timeout=timeout).slot_seconds)
+        seconds = _slot_seconds(model, plan, groups, generator, repeats=repeats, timeout=timeout)
         everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, seconds[1:])
+        dist.all_gather_object(everyone, seconds)
         slowest = float(np.median(np.max(np.array(everyone), axis=0)))
         residuals.append(slowest - plan.step_cost)
         pieces.append(float((plan.cp_size > 1).sum()))
@@ -216,6 +202,28 @@ def calibrate_piece_overhead(
     (_, slope), *_ = np.linalg.lstsq(design, np.array(residuals), rcond=None)
     model.zero_grad(set_to_none=True)
     return dataclasses.replace(cost, piece_overhead_s=max(float(slope), 0.0))
+
+
+def _slot_seconds(
+    model: TinyCausalTransformer,
+    plan: ContextParallelPlan,
+    groups: ContextParallelGroups,
+    generator: torch.Generator,
+    *,
+    repeats: int,
+    timeout: timedelta,
+) -> list[float]:
+    """This rank's slot seconds of ``repeats`` runs of ``plan`` (after one warm-up run), on
+    random token ids drawn from ``generator`` for ``plan.lengths``."""
+    samples = [
+        torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)
+        for n in plan.lengths
+    ]
+    seconds = []
+    for _ in range(repeats + 1):  # the first run warms up
+        model.zero_grad(set_to_none=True)
+        seconds.append(run_step(model, plan, samples, groups, timeout=timeout).slot_seconds)
+    return seconds[1:]
 
 
 def piece_overhead_batches(world: int, max_tokens_per_rank: int) -> list[np.ndarray]:

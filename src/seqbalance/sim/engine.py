@@ -370,10 +370,12 @@ def _dataset(lengths: Any, groups: Any) -> tuple[SampleParts | None, np.ndarray,
 
 
 def _within_caps(
-    lengths: np.ndarray, parts: SampleParts | None, options: PlanOptions, max_tokens: int | None
+    lengths: np.ndarray, parts: SampleParts | None, options: PlanOptions
 ) -> tuple[np.ndarray, int]:
-    """The dataset's lengths, plain ones cut to ``max_tokens`` unless ``allow_oversize`` (with a
-    :class:`TruncationWarning`), and how many were cut; parts are checked against the caps."""
+    """The dataset's lengths, plain ones cut to ``options.max_tokens`` unless ``allow_oversize``
+    (with a :class:`TruncationWarning`), and how many were cut; parts are checked against the
+    caps."""
+    max_tokens = options.max_tokens
     if parts is not None:
         check_within_caps(lengths, vision_patches_of(parts, options), options)
     elif max_tokens is not None and not options.allow_oversize:
@@ -515,9 +517,8 @@ def simulate(
     time_model, source = seconds_model(
         options.cost_model, peak_flops_per_s=peak_flops_per_s, efficiency=efficiency
     )
-    max_tokens = options.max_tokens
     options = options.replace(cost=time_model, model=None)
-    lengths, truncated = _within_caps(lengths, parts, options, max_tokens)
+    lengths, truncated = _within_caps(lengths, parts, options)
     batches = step_batches(
         batches, lengths.size, global_batch_size, steps, groups=groups, seed=seed
     )

@@ -71,7 +71,6 @@ def summarize_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ``(step, measured ms, max/mean compute, predicted ms, model error, slowest speed)``.
     """
     compute = np.array([r["max_rank_compute_seconds"] for r in rows])
-    mean = np.array([r["mean_rank_compute_seconds"] for r in rows])
     predicted = np.array([r["predicted_step_seconds"] for r in rows])
     errors = [r["model_error"] for r in rows if r["model_error"] is not None]
     idle = [f for r in rows for f in r.get("idle_fraction", [])]
@@ -80,8 +79,8 @@ def summarize_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for r in rows
         if r.get("baseline_step_seconds") is not None and r.get("planned_step_seconds") is not None
     ]
+    imbalance = _imbalance(rows)
     with np.errstate(divide="ignore", invalid="ignore"):
-        imbalance = np.where(mean > 0, compute / mean, np.nan)
         step_error = np.abs(predicted - compute) / compute
     return {
         "steps": len(rows),
@@ -109,6 +108,14 @@ def summarize_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _imbalance(rows: list[dict[str, Any]]) -> np.ndarray:
+    """Each step's measured imbalance: max / mean rank compute (NaN where the mean is 0)."""
+    compute = np.array([r["max_rank_compute_seconds"] for r in rows])
+    mean = np.array([r["mean_rank_compute_seconds"] for r in rows])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, compute / mean, np.nan)
+
+
 def plot_run(rows: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Write a PNG of the run to ``path`` and return the path.
 
@@ -120,12 +127,7 @@ def plot_run(rows: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
     plt = _pyplot()
     steps = [r["step"] for r in rows]
     figure, axes = plt.subplots(3, 1, figsize=(9.0, 9.0), sharex=True, layout="constrained")
-    imbalance = [
-        r["max_rank_compute_seconds"] / r["mean_rank_compute_seconds"]
-        if r["mean_rank_compute_seconds"] > 0
-        else np.nan
-        for r in rows
-    ]
+    imbalance = _imbalance(rows)
     axes[0].plot(steps, imbalance, marker=".", label="measured imbalance (max / mean compute)")
     axes[0].plot(steps, [min(r["rank_speeds"]) for r in rows], "--", label="slowest rank speed")
     axes[0].set_ylabel("ratio")

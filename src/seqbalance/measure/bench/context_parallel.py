@@ -33,7 +33,7 @@ from seqbalance.cost.context_parallel import (
     kv_layers,
 )
 from seqbalance.measure.bench.settings import BenchSettings
-from seqbalance.measure.bench.summary import reductions_against
+from seqbalance.measure.bench.summary import rank_steps, reductions_against
 from seqbalance.measure.calibrate import model_config
 from seqbalance.sim import sample_batches
 from seqbalance.sim.context_parallel import compare_context_parallel
@@ -129,8 +129,8 @@ def summarize_context_parallel(raw: dict[str, Any], settings: BenchSettings) -> 
     losses = []
     for name in settings.strategies:
         per_rank = [rank_records[name] for rank_records in records]
-        rank_slots = np.array([[r["slot_seconds"] for r in rows] for rows in per_rank])  # [P, S]
-        rank_sync = np.array([[r["sync_seconds"] for r in rows] for rows in per_rank])
+        rank_slots = rank_steps(per_rank, "slot_seconds")  # [P, S]
+        rank_sync = rank_steps(per_rank, "sync_seconds")
         slots = rank_slots.max(axis=0)
         whole = (rank_slots + rank_sync).max(axis=0)
         losses.append([r["loss"] for r in per_rank[0]])

@@ -16,6 +16,12 @@ BASELINES = ("round_robin", "token_kk")
 """Strategies ``balanced`` is compared against when they were measured."""
 
 
+def rank_steps(per_rank: list[list[dict[str, Any]]], key: str) -> np.ndarray:
+    """``key`` of every rank's step records (one list per rank, one record per measured step):
+    an array ``[ranks, steps]``."""
+    return np.array([[record[key] for record in rows] for rows in per_rank])
+
+
 def reductions_against(
     strategies: dict[str, dict[str, Any]], baselines: tuple[str, ...], **extra: str
 ) -> dict[str, dict[str, Any]]:
@@ -78,8 +84,8 @@ def summarize(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
     every_microbatch = []
     for name in settings.strategies:
         per_rank = [rank_records[name] for rank_records in records]
-        compute = np.array([[r["compute_seconds"] for r in rows] for rows in per_rank])  # [P, S]
-        wall = np.array([[r["wall_seconds"] for r in rows] for rows in per_rank]).max(axis=0)
+        compute = rank_steps(per_rank, "compute_seconds")  # [P, S]
+        wall = rank_steps(per_rank, "wall_seconds").max(axis=0)
         imbalance = compute.max(axis=0) / compute.mean(axis=0)
         observations = [
             (lengths, seconds)

@@ -22,6 +22,7 @@ from seqbalance.measure.calibrate import (
     fit_time_model,
     model_config,
     pin_process,
+    synchronize,
     time_microbatches,
 )
 from seqbalance.measure.toy_model import (
@@ -188,11 +189,6 @@ def _slowdown(settings: BenchSettings, rank: int, step: int) -> float:
     return 1.0 if slow is None or slow.rank != rank else slow.factor_at(step - settings.warmup)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _all_reduce_gradients(parameters: list[torch.Tensor], procs: int) -> None:
     """Average the gradients over the ranks in one flat bucket, as DDP does, so the
     communication cost does not depend on the plan."""
@@ -269,7 +265,7 @@ def _train(
                     if batch is not None:
                         (forward(*batch, reduction="sum") / labelled).backward()
                     if slow > 1.0:
-                        _synchronize(device)
+                        synchronize(device)
                         _burn((slow - 1.0) * (time.perf_counter() - started), burner)
                 if settings.options.objective == "lockstep":
                     with timer.sync():
@@ -279,7 +275,7 @@ def _train(
                     all_reduce_gradients()
             optimizer.step()
             timing = timer.finish()
-            _synchronize(device)
+            synchronize(device)
             wall = time.perf_counter() - step_start
             extra = planner.record(name, timing)
             if rank == 0:
