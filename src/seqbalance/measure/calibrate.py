@@ -10,7 +10,7 @@ size) and scores the fit on the held-out quarter with :meth:`TimeModel.score`.
 (:func:`calibration_microbatches`, :func:`time_microbatches`, :func:`fit_time_model`) are
 reused by ``seqbalance.measure.bench``, whose processes each time a share of the micro-batches
 under the same load they train under, and the process helpers (:func:`available_cores`,
-:func:`pin_process`, :func:`synchronize`) by every timed process. The context-parallel
+:func:`pin_process`) by every timed process. The context-parallel
 executor's calibration (``seqbalance calibrate --context-parallel``) is
 ``seqbalance.measure.calibrate_context_parallel``.
 torch is imported by the functions that time, so the constants and the numpy parts load without
@@ -50,7 +50,6 @@ __all__ = [
     "model_config",
     "pin_process",
     "resolve_device",
-    "synchronize",
     "time_microbatches",
 ]
 
@@ -189,14 +188,6 @@ def costed_lengths(lengths: Any, layout: str) -> np.ndarray:
     return np.full(lengths.size, lengths.max())
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on ``device`` (a CUDA device; nothing to wait for on a CPU)."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_microbatches(
     model: TinyCausalTransformer,
     microbatches: Sequence[np.ndarray],
@@ -229,6 +220,7 @@ def time_microbatches(
         float64 seconds, one per micro-batch.
     """
     from seqbalance.measure.toy_model import make_packed_batch, make_padded_batch
+    from seqbalance.runtime._dist import synchronize
 
     repeats = check_int(repeats, "repeats", minimum=1)
     warmup = check_int(warmup, "warmup", minimum=0)

@@ -38,6 +38,12 @@ def group_device(group: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a CUDA device; nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Comm:
     """Collectives on one process group, each bounded by the timeout."""
 

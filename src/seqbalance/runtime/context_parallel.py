@@ -56,7 +56,7 @@ from seqbalance.plan.context_parallel import (
     ContextParallelPlan,
     SlotInputs,
 )
-from seqbalance.runtime._dist import Comm, wait
+from seqbalance.runtime._dist import Comm, synchronize, wait
 from seqbalance.runtime.attention import IGNORE_INDEX, causal_attention
 
 __all__ = [
@@ -426,7 +426,7 @@ def run_step(
     device = next(model.parameters()).device
     labelled = float(np.maximum(plan.lengths - 1, 0).sum())
     total = torch.zeros((), dtype=torch.float64, device=device)
-    _synchronize(device)
+    synchronize(device)
     started = time.perf_counter()
     for j in range(plan.n_slots):
         batch = slot_batch(plan, rank, j, samples, device=device)
@@ -437,7 +437,7 @@ def run_step(
         if j in plan.barriers:
             marker = torch.zeros(1, device=device)
             wait(dist.all_reduce(marker, async_op=True), f"barrier after slot {j}", timeout)
-    _synchronize(device)
+    synchronize(device)
     slots_done = time.perf_counter()
     world = dist.group.WORLD
     for parameter in model.parameters():
@@ -445,7 +445,7 @@ def run_step(
             parameter.grad = torch.zeros_like(parameter)
         wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", timeout)
     wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", timeout)
-    _synchronize(device)
+    synchronize(device)
     return StepResult(
         loss=float(total),
         slot_seconds=slots_done - started,
@@ -459,8 +459,3 @@ def _gathers(plan: ContextParallelPlan, inputs: SlotInputs) -> bool:
     empty tensors)."""
     sharded = inputs.cp_sizes > 1
     return bool((plan.lengths[inputs.samples[sharded]] > 0).any())
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

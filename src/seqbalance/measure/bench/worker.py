@@ -22,7 +22,6 @@ from seqbalance.measure.calibrate import (
     fit_time_model,
     model_config,
     pin_process,
-    synchronize,
     time_microbatches,
 )
 from seqbalance.measure.toy_model import (
@@ -31,6 +30,7 @@ from seqbalance.measure.toy_model import (
     make_padded_batch,
 )
 from seqbalance.plan import StepPlan, plan_step
+from seqbalance.runtime._dist import synchronize
 from seqbalance.runtime.feedback import Adaptive, Feedback
 from seqbalance.runtime.timer import StepTimer, StepTiming
 
