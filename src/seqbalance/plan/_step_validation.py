@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "COST_RTOL",
     "PlanValidationError",
     "StepPlanChecks",
     "check_load_arrays",
@@ -21,7 +22,7 @@ __all__ = [
 ]
 
 # Relative tolerance when re-deriving costs: sums in a different order differ by a few ulps.
-_COST_RTOL = 1e-9
+COST_RTOL = 1e-9
 
 
 class PlanValidationError(ValueError):
@@ -98,7 +99,7 @@ class StepPlanChecks:
                     self._validate_microbatch(r, j, indices)
         self._validate_groups()
         self._validate_arrays()
-        if self.lower_bound > self.step_cost * (1 + _COST_RTOL) + 1e-12:
+        if self.lower_bound > self.step_cost * (1 + COST_RTOL) + 1e-12:
             raise PlanValidationError(
                 f"lower_bound {self.lower_bound!r} exceeds step_cost {self.step_cost!r}"
             )
@@ -227,7 +228,7 @@ class StepPlanChecks:
                 f"tokens[{r}, {j}] = {int(self.tokens[r, j])}, the micro-batch holds "
                 f"{int(expected_tokens[r, j])} tokens"
             )
-        close = np.isclose(self.costs, expected_costs, rtol=_COST_RTOL, atol=0.0)
+        close = np.isclose(self.costs, expected_costs, rtol=COST_RTOL, atol=0.0)
         if not close.all():
             r, j = (int(v) for v in np.argwhere(~close)[0])
             raise PlanValidationError(

@@ -6,6 +6,7 @@ import numpy as np
 
 from seqbalance.cost.context_parallel import shard_chunks
 from seqbalance.plan._step_validation import (
+    COST_RTOL,
     PlanValidationError,
     check_load_arrays,
     validate_count,
@@ -13,9 +14,6 @@ from seqbalance.plan._step_validation import (
 from seqbalance.plan.context_parallel._metrics import Pieces, slot_loads
 
 __all__ = ["PlanChecks"]
-
-_COST_RTOL = 1e-9
-"""Relative tolerance when re-deriving costs: sums in a different order differ by a few ulps."""
 
 
 class PlanChecks:
@@ -68,7 +66,7 @@ class PlanChecks:
                 f"barriers {list(self.barriers)} must be ascending slots < {n_slots}"
             )
         self._validate_arrays(tokens, costs)
-        if self.lower_bound > self.step_cost * (1 + _COST_RTOL) + 1e-12:
+        if self.lower_bound > self.step_cost * (1 + COST_RTOL) + 1e-12:
             raise PlanValidationError(
                 f"lower_bound {self.lower_bound!r} exceeds step_cost {self.step_cost!r}"
             )
@@ -217,7 +215,7 @@ class PlanChecks:
             raise PlanValidationError(
                 f"tokens[{r}, {j}] = {int(self.tokens[r, j])}, the pieces hold {int(tokens[r, j])}"
             )
-        wrong = np.argwhere(~np.isclose(self.costs, costs, rtol=_COST_RTOL, atol=1e-15))
+        wrong = np.argwhere(~np.isclose(self.costs, costs, rtol=COST_RTOL, atol=1e-15))
         if wrong.size:
             r, j = (int(v) for v in wrong[0])
             raise PlanValidationError(
