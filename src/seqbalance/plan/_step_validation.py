@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ __all__ = [
     "PlanValidationError",
     "StepPlanChecks",
     "check_load_arrays",
+    "check_rank_arrays",
     "microbatch_cost",
     "microbatch_tokens",
     "over_cap",
@@ -58,6 +60,38 @@ def check_load_arrays(costs: object, tokens: object, shape: tuple[int, int]) -> 
             raise PlanValidationError(f"{name} must be {dtype.__name__} {shape}, got {got}")
 
 
+def check_rank_arrays(
+    ranks: Sequence[Sequence[object]],
+    n_ranks: tuple[str, int],
+    count: tuple[str, int],
+    unit: tuple[str, str],
+    row_shape: tuple[int, ...] = (),
+) -> None:
+    """A plan's ``ranks[r][j]``: ``n_ranks`` ranks of ``count`` arrays each (both given as
+    (name, value) for the message), every one of shape ``[k, *row_shape]`` and int64 unless
+    empty; else PlanValidationError. ``unit`` names one array and several (singular, plural)."""
+    (ranks_name, n), (count_name, m), (one, several) = n_ranks, count, unit
+    if len(ranks) != n:
+        raise PlanValidationError(f"plan has {len(ranks)} ranks, {ranks_name} is {n}")
+    form = f"[k, {', '.join(map(str, row_shape))}]" if row_shape else "1-D"
+    for r, arrays in enumerate(ranks):
+        if len(arrays) != m:
+            raise PlanValidationError(
+                f"rank {r} has {len(arrays)} {several}, every rank must have {count_name} = {m}"
+            )
+        for j, held in enumerate(arrays):
+            if (
+                not isinstance(held, np.ndarray)
+                or held.ndim != 1 + len(row_shape)
+                or held.shape[1:] != row_shape
+            ):
+                raise PlanValidationError(f"rank {r} {one} {j} is not a {form} array")
+            if held.size and held.dtype != np.int64:
+                raise PlanValidationError(
+                    f"rank {r} {one} {j} has dtype {held.dtype}, expected int64"
+                )
+
+
 class StepPlanChecks:
     """``validate`` and its checks, mixed into ``StepPlan`` (they read its fields)."""
 
@@ -74,23 +108,13 @@ class StepPlanChecks:
         and ``tokens`` equal to what the samples imply; ``lower_bound`` not above
         ``step_cost``.
         """
-        dp, m, n = self.dp_size, self.n_microbatches, self.n_samples
-        if len(self.ranks) != dp:
-            raise PlanValidationError(f"plan has {len(self.ranks)} ranks, dp_size is {dp}")
-        for r, microbatches in enumerate(self.ranks):
-            if len(microbatches) != m:
-                raise PlanValidationError(
-                    f"rank {r} has {len(microbatches)} micro-batches, every rank must have "
-                    f"n_microbatches = {m}"
-                )
-            for j, indices in enumerate(microbatches):
-                if not isinstance(indices, np.ndarray) or indices.ndim != 1:
-                    raise PlanValidationError(f"rank {r} micro-batch {j} is not a 1-D array")
-                if indices.size and indices.dtype != np.int64:
-                    raise PlanValidationError(
-                        f"rank {r} micro-batch {j} has dtype {indices.dtype}, expected int64"
-                    )
-        self._validate_coverage(n)
+        check_rank_arrays(
+            self.ranks,
+            ("dp_size", self.dp_size),
+            ("n_microbatches", self.n_microbatches),
+            ("micro-batch", "micro-batches"),
+        )
+        self._validate_coverage(self.n_samples)
         self._validate_microbatch_count()
         self._validate_vision_patches()
         if not self._within_limits_everywhere():  # the loop names the first violation

@@ -9,6 +9,7 @@ from seqbalance.plan._step_validation import (
     COST_RTOL,
     PlanValidationError,
     check_load_arrays,
+    check_rank_arrays,
     validate_count,
 )
 from seqbalance.plan.context_parallel._metrics import Pieces, slot_loads
@@ -72,22 +73,14 @@ class PlanChecks:
             )
 
     def _validate_shape(self) -> None:
-        n_ranks, m = self.n_ranks, self.n_slots
-        if len(self.slots) != n_ranks:
-            raise PlanValidationError(f"plan has {len(self.slots)} ranks, n_ranks is {n_ranks}")
-        for r, rank_slots in enumerate(self.slots):
-            if len(rank_slots) != m:
-                raise PlanValidationError(
-                    f"rank {r} has {len(rank_slots)} slots, every rank must have n_slots = {m}"
-                )
-            for j, held in enumerate(rank_slots):
-                if not isinstance(held, np.ndarray) or held.ndim != 2 or held.shape[1] != 2:
-                    raise PlanValidationError(f"rank {r} slot {j} is not a [k, 2] array")
-                if held.size and held.dtype != np.int64:
-                    raise PlanValidationError(
-                        f"rank {r} slot {j} has dtype {held.dtype}, expected int64"
-                    )
-        validate_count(m, "n_slots", self)
+        check_rank_arrays(
+            self.slots,
+            ("n_ranks", self.n_ranks),
+            ("n_slots", self.n_slots),
+            ("slot", "slots"),
+            row_shape=(2,),
+        )
+        validate_count(self.n_slots, "n_slots", self)
 
     def _validate_groups_of_samples(self) -> None:
         n = self.n_samples
