@@ -15,6 +15,7 @@ __all__ = [
     "PlanValidationError",
     "StepPlanChecks",
     "check_load_arrays",
+    "check_lower_bound",
     "check_rank_arrays",
     "microbatch_cost",
     "microbatch_tokens",
@@ -92,6 +93,13 @@ def check_rank_arrays(
                 )
 
 
+def check_lower_bound(lower_bound: float, step_cost: float) -> None:
+    """A plan's ``lower_bound`` is not above its ``step_cost`` (up to rounding); else
+    PlanValidationError."""
+    if lower_bound > step_cost * (1 + COST_RTOL) + 1e-12:
+        raise PlanValidationError(f"lower_bound {lower_bound!r} exceeds step_cost {step_cost!r}")
+
+
 class StepPlanChecks:
     """``validate`` and its checks, mixed into ``StepPlan`` (they read its fields)."""
 
@@ -123,10 +131,7 @@ class StepPlanChecks:
                     self._validate_microbatch(r, j, indices)
         self._validate_groups()
         self._validate_arrays()
-        if self.lower_bound > self.step_cost * (1 + COST_RTOL) + 1e-12:
-            raise PlanValidationError(
-                f"lower_bound {self.lower_bound!r} exceeds step_cost {self.step_cost!r}"
-            )
+        check_lower_bound(self.lower_bound, self.step_cost)
 
     def _validate_coverage(self, n: int) -> None:
         parts = [indices for microbatches in self.ranks for indices in microbatches]

@@ -9,6 +9,7 @@ from seqbalance.plan._step_validation import (
     COST_RTOL,
     PlanValidationError,
     check_load_arrays,
+    check_lower_bound,
     check_rank_arrays,
     validate_count,
 )
@@ -67,10 +68,7 @@ class PlanChecks:
                 f"barriers {list(self.barriers)} must be ascending slots < {n_slots}"
             )
         self._validate_arrays(tokens, costs)
-        if self.lower_bound > self.step_cost * (1 + COST_RTOL) + 1e-12:
-            raise PlanValidationError(
-                f"lower_bound {self.lower_bound!r} exceeds step_cost {self.step_cost!r}"
-            )
+        check_lower_bound(self.lower_bound, self.step_cost)
 
     def _validate_shape(self) -> None:
         check_rank_arrays(
