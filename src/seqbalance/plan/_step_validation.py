@@ -16,6 +16,7 @@ __all__ = [
     "StepPlanChecks",
     "check_load_arrays",
     "check_lower_bound",
+    "check_per_sample",
     "check_rank_arrays",
     "microbatch_cost",
     "microbatch_tokens",
@@ -98,6 +99,13 @@ def check_lower_bound(lower_bound: float, step_cost: float) -> None:
     PlanValidationError."""
     if lower_bound > step_cost * (1 + COST_RTOL) + 1e-12:
         raise PlanValidationError(f"lower_bound {lower_bound!r} exceeds step_cost {step_cost!r}")
+
+
+def check_per_sample(name: str, values: np.ndarray, lengths: np.ndarray) -> None:
+    """``values`` (a plan's array called ``name``) holds one entry per sample, the shape of
+    ``lengths``; else PlanValidationError."""
+    if values.shape != lengths.shape:
+        raise PlanValidationError(f"{name} has shape {values.shape}, lengths has {lengths.shape}")
 
 
 class StepPlanChecks:
@@ -215,10 +223,7 @@ class StepPlanChecks:
             raise PlanValidationError(
                 f"vision_patches must be an int64 array, got {getattr(patches, 'dtype', None)}"
             )
-        if patches.shape != self.lengths.shape:
-            raise PlanValidationError(
-                f"vision_patches has shape {patches.shape}, lengths has {self.lengths.shape}"
-            )
+        check_per_sample("vision_patches", patches, self.lengths)
         if (patches < 0).any():
             i = int(np.flatnonzero(patches < 0)[0])
             raise PlanValidationError(f"vision_patches[{i}] = {int(patches[i])} is negative")
@@ -226,10 +231,7 @@ class StepPlanChecks:
     def _validate_groups(self) -> None:
         if self.groups is None:
             return
-        if self.groups.shape != self.lengths.shape:
-            raise PlanValidationError(
-                f"groups has shape {self.groups.shape}, lengths has {self.lengths.shape}"
-            )
+        check_per_sample("groups", self.groups, self.lengths)
         rank_of, _ = self.assignment()
         ids, inverse = np.unique(self.groups, return_inverse=True)
         first_rank = np.full(ids.size, -1, dtype=np.int64)
@@ -244,11 +246,7 @@ class StepPlanChecks:
 
     def _validate_arrays(self) -> None:
         check_load_arrays(self.costs, self.tokens, (self.dp_size, self.n_microbatches))
-        if self.sample_costs.shape != self.lengths.shape:
-            raise PlanValidationError(
-                f"sample_costs has shape {self.sample_costs.shape}, lengths has "
-                f"{self.lengths.shape}"
-            )
+        check_per_sample("sample_costs", self.sample_costs, self.lengths)
         expected_tokens, expected_costs = self._derived_arrays()
         wrong = np.argwhere(self.tokens != expected_tokens)
         if wrong.size:

@@ -10,6 +10,7 @@ from seqbalance.plan._step_validation import (
     PlanValidationError,
     check_load_arrays,
     check_lower_bound,
+    check_per_sample,
     check_rank_arrays,
     validate_count,
 )
@@ -176,10 +177,7 @@ class PlanChecks:
     def _validate_groups(self) -> None:
         if self.groups is None:
             return
-        if self.groups.shape != self.lengths.shape:
-            raise PlanValidationError(
-                f"groups has shape {self.groups.shape}, lengths has {self.lengths.shape}"
-            )
+        check_per_sample("groups", self.groups, self.lengths)
         ids, inverse = np.unique(self.groups, return_inverse=True)
         widest = np.zeros(ids.size, dtype=np.int64)
         np.maximum.at(widest, inverse, self.cp_size)
