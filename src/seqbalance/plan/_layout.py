@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqbalance.plan._shared import unit_numbers
+
 __all__ = ["EpochLayout", "Permutation"]
 
 _ROUNDS = 6
@@ -205,13 +207,10 @@ def _group_members(group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Samples of each group, groups in order of first appearance: ``(members, starts)``,
     members compact (``uint32`` while the sample count allows) and ``starts`` of size
     groups + 1."""
-    _, first, inverse = np.unique(group_ids, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    rank = np.empty(first.size, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
-    unit = rank[inverse]
+    unit = unit_numbers(group_ids, group_ids.size)
+    sizes = np.bincount(unit)  # units are numbered 0..k-1, each present: k entries
     dtype = np.uint32 if group_ids.size < 2**32 else np.int64
     members = np.argsort(unit, kind="stable").astype(dtype)
-    starts = np.zeros(first.size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(unit, minlength=first.size), out=starts[1:])
+    starts = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
     return members, starts

@@ -5,14 +5,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "COST_RTOL",
     "PlanValidationError",
     "StepPlanChecks",
     "check_load_arrays",
+    "check_lower_bound",
+    "check_per_sample",
+    "check_rank_arrays",
     "microbatch_cost",
     "microbatch_tokens",
     "over_cap",
@@ -21,7 +26,7 @@ __all__ = [
 ]
 
 # Relative tolerance when re-deriving costs: sums in a different order differ by a few ulps.
-_COST_RTOL = 1e-9
+COST_RTOL = 1e-9
 
 
 class PlanValidationError(ValueError):
@@ -57,6 +62,52 @@ def check_load_arrays(costs: object, tokens: object, shape: tuple[int, int]) -> 
             raise PlanValidationError(f"{name} must be {dtype.__name__} {shape}, got {got}")
 
 
+def check_rank_arrays(
+    ranks: Sequence[Sequence[object]],
+    n_ranks: tuple[str, int],
+    count: tuple[str, int],
+    unit: tuple[str, str],
+    row_shape: tuple[int, ...] = (),
+) -> None:
+    """A plan's ``ranks[r][j]``: ``n_ranks`` ranks of ``count`` arrays each (both given as
+    (name, value) for the message), every one of shape ``[k, *row_shape]`` and int64 unless
+    empty; else PlanValidationError. ``unit`` names one array and several (singular, plural)."""
+    (ranks_name, n), (count_name, m), (one, several) = n_ranks, count, unit
+    if len(ranks) != n:
+        raise PlanValidationError(f"plan has {len(ranks)} ranks, {ranks_name} is {n}")
+    form = f"[k, {', '.join(map(str, row_shape))}]" if row_shape else "1-D"
+    for r, arrays in enumerate(ranks):
+        if len(arrays) != m:
+            raise PlanValidationError(
+                f"rank {r} has {len(arrays)} {several}, every rank must have {count_name} = {m}"
+            )
+        for j, held in enumerate(arrays):
+            if (
+                not isinstance(held, np.ndarray)
+                or held.ndim != 1 + len(row_shape)
+                or held.shape[1:] != row_shape
+            ):
+                raise PlanValidationError(f"rank {r} {one} {j} is not a {form} array")
+            if held.size and held.dtype != np.int64:
+                raise PlanValidationError(
+                    f"rank {r} {one} {j} has dtype {held.dtype}, expected int64"
+                )
+
+
+def check_lower_bound(lower_bound: float, step_cost: float) -> None:
+    """A plan's ``lower_bound`` is not above its ``step_cost`` (up to rounding); else
+    PlanValidationError."""
+    if lower_bound > step_cost * (1 + COST_RTOL) + 1e-12:
+        raise PlanValidationError(f"lower_bound {lower_bound!r} exceeds step_cost {step_cost!r}")
+
+
+def check_per_sample(name: str, values: np.ndarray, lengths: np.ndarray) -> None:
+    """``values`` (a plan's array called ``name``) holds one entry per sample, the shape of
+    ``lengths``; else PlanValidationError."""
+    if values.shape != lengths.shape:
+        raise PlanValidationError(f"{name} has shape {values.shape}, lengths has {lengths.shape}")
+
+
 class StepPlanChecks:
     """``validate`` and its checks, mixed into ``StepPlan`` (they read its fields)."""
 
@@ -73,23 +124,13 @@ class StepPlanChecks:
         and ``tokens`` equal to what the samples imply; ``lower_bound`` not above
         ``step_cost``.
         """
-        dp, m, n = self.dp_size, self.n_microbatches, self.n_samples
-        if len(self.ranks) != dp:
-            raise PlanValidationError(f"plan has {len(self.ranks)} ranks, dp_size is {dp}")
-        for r, microbatches in enumerate(self.ranks):
-            if len(microbatches) != m:
-                raise PlanValidationError(
-                    f"rank {r} has {len(microbatches)} micro-batches, every rank must have "
-                    f"n_microbatches = {m}"
-                )
-            for j, indices in enumerate(microbatches):
-                if not isinstance(indices, np.ndarray) or indices.ndim != 1:
-                    raise PlanValidationError(f"rank {r} micro-batch {j} is not a 1-D array")
-                if indices.size and indices.dtype != np.int64:
-                    raise PlanValidationError(
-                        f"rank {r} micro-batch {j} has dtype {indices.dtype}, expected int64"
-                    )
-        self._validate_coverage(n)
+        check_rank_arrays(
+            self.ranks,
+            ("dp_size", self.dp_size),
+            ("n_microbatches", self.n_microbatches),
+            ("micro-batch", "micro-batches"),
+        )
+        self._validate_coverage(self.n_samples)
         self._validate_microbatch_count()
         self._validate_vision_patches()
         if not self._within_limits_everywhere():  # the loop names the first violation
@@ -98,10 +139,7 @@ class StepPlanChecks:
                     self._validate_microbatch(r, j, indices)
         self._validate_groups()
         self._validate_arrays()
-        if self.lower_bound > self.step_cost * (1 + _COST_RTOL) + 1e-12:
-            raise PlanValidationError(
-                f"lower_bound {self.lower_bound!r} exceeds step_cost {self.step_cost!r}"
-            )
+        check_lower_bound(self.lower_bound, self.step_cost)
 
     def _validate_coverage(self, n: int) -> None:
         parts = [indices for microbatches in self.ranks for indices in microbatches]
@@ -185,10 +223,7 @@ class StepPlanChecks:
             raise PlanValidationError(
                 f"vision_patches must be an int64 array, got {getattr(patches, 'dtype', None)}"
             )
-        if patches.shape != self.lengths.shape:
-            raise PlanValidationError(
-                f"vision_patches has shape {patches.shape}, lengths has {self.lengths.shape}"
-            )
+        check_per_sample("vision_patches", patches, self.lengths)
         if (patches < 0).any():
             i = int(np.flatnonzero(patches < 0)[0])
             raise PlanValidationError(f"vision_patches[{i}] = {int(patches[i])} is negative")
@@ -196,10 +231,7 @@ class StepPlanChecks:
     def _validate_groups(self) -> None:
         if self.groups is None:
             return
-        if self.groups.shape != self.lengths.shape:
-            raise PlanValidationError(
-                f"groups has shape {self.groups.shape}, lengths has {self.lengths.shape}"
-            )
+        check_per_sample("groups", self.groups, self.lengths)
         rank_of, _ = self.assignment()
         ids, inverse = np.unique(self.groups, return_inverse=True)
         first_rank = np.full(ids.size, -1, dtype=np.int64)
@@ -214,11 +246,7 @@ class StepPlanChecks:
 
     def _validate_arrays(self) -> None:
         check_load_arrays(self.costs, self.tokens, (self.dp_size, self.n_microbatches))
-        if self.sample_costs.shape != self.lengths.shape:
-            raise PlanValidationError(
-                f"sample_costs has shape {self.sample_costs.shape}, lengths has "
-                f"{self.lengths.shape}"
-            )
+        check_per_sample("sample_costs", self.sample_costs, self.lengths)
         expected_tokens, expected_costs = self._derived_arrays()
         wrong = np.argwhere(self.tokens != expected_tokens)
         if wrong.size:
@@ -227,7 +255,7 @@ class StepPlanChecks:
                 f"tokens[{r}, {j}] = {int(self.tokens[r, j])}, the micro-batch holds "
                 f"{int(expected_tokens[r, j])} tokens"
             )
-        close = np.isclose(self.costs, expected_costs, rtol=_COST_RTOL, atol=0.0)
+        close = np.isclose(self.costs, expected_costs, rtol=COST_RTOL, atol=0.0)
         if not close.all():
             r, j = (int(v) for v in np.argwhere(~close)[0])
             raise PlanValidationError(

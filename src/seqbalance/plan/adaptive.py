@@ -24,6 +24,7 @@ from seqbalance.cost.online import Feedback, OnlineTimeModel, microbatch_feature
 from seqbalance.cost.resolve import TokenCost, resolve_cost, seconds_model
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
+from seqbalance.plan._problem import objective_value
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import StepPlan
@@ -254,8 +255,6 @@ def _step_seconds(
     the slowest rank (``step``) or the sum over positions of the slowest (``lockstep``)."""
     coefficients = np.array([model.t0, model.t1, model.t2])
     seconds = np.stack(
-        [planner.features(plan, rank) @ coefficients / speeds[rank] for rank in range(plan.dp_size)]
-    )  # [dp, M]
-    if plan.options.objective == "lockstep":
-        return float(seconds.max(axis=0).sum())
-    return float(seconds.sum(axis=1).max())
+        [planner.features(plan, rank) @ coefficients for rank in range(plan.dp_size)]
+    )  # [dp, M], at speed 1
+    return objective_value(seconds, plan.options.objective, speeds)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqbalance.partition import partition
+from seqbalance.plan._min_tree import first_within, min_tree, set_leaf
 from seqbalance.plan._packing import fill_empty, greedy_microbatches, to_count
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.registry import Microbatches
@@ -93,10 +94,7 @@ def _first_fit_ranks(p: Problem) -> np.ndarray:
     # fit): the first rank with room is found in O(log dp) instead of a scan over the ranks,
     # which on 131k samples over 1024 ranks took seconds.
     size = 1 << max(p.dp - 1, 0).bit_length()
-    tree = [0.0] * (2 * size)
-    tree[size + p.dp :] = [np.inf] * (size - p.dp)
-    for node in range(size - 1, 0, -1):
-        tree[node] = min(tree[2 * node], tree[2 * node + 1])
+    tree = min_tree([0.0] * p.dp, size)
     rank_of_unit = [0] * p.n_units
     for unit, weight in enumerate(tokens.tolist()):
         # The first rank whose load stays within the budget; if none, the least loaded (the
@@ -104,19 +102,9 @@ def _first_fit_ranks(p: Problem) -> np.ndarray:
         room = budget - weight
         if tree[1] > room:
             room = tree[1]
-        node = 1
-        while node < size:
-            node = 2 * node if tree[2 * node] <= room else 2 * node + 1
+        node = first_within(tree, size, room)
         rank_of_unit[unit] = node - size
-        tree[node] += weight
-        node //= 2
-        while node:
-            left, right = tree[2 * node], tree[2 * node + 1]
-            least = left if left <= right else right
-            if tree[node] == least:
-                break  # loads only grow: the nodes above are unchanged too
-            tree[node] = least
-            node //= 2
+        set_leaf(tree, node, tree[node] + weight)
     return np.array(rank_of_unit, dtype=np.int64)
 
 

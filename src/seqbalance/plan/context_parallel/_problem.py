@@ -11,6 +11,7 @@ brings a schedule to the slot count the options ask for (the one count rule of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -100,18 +101,18 @@ class CPProblem:
 
     def member_seconds(self, cp_size: np.ndarray) -> np.ndarray:
         """float64 ``[n]``: the busiest member's seconds for each sample at its CP size."""
-        out = np.empty(self.n)
-        for cp in np.unique(cp_size).tolist():
-            chosen = cp_size == cp
-            out[chosen] = self.shard_seconds(cp)[chosen].max(axis=1)
-        return out
+        return self._over_members(cp_size, np.max)
 
     def total_seconds(self, cp_size: np.ndarray) -> np.ndarray:
         """float64 ``[n]``: all members' seconds together for each sample at its CP size."""
+        return self._over_members(cp_size, np.sum)
+
+    def _over_members(self, cp_size: np.ndarray, reduce: Callable[..., np.ndarray]) -> np.ndarray:
+        """float64 ``[n]``: ``reduce`` over the members' seconds of each sample at its CP size."""
         out = np.empty(self.n)
         for cp in np.unique(cp_size).tolist():
             chosen = cp_size == cp
-            out[chosen] = self.shard_seconds(cp)[chosen].sum(axis=1)
+            out[chosen] = reduce(self.shard_seconds(cp)[chosen], axis=1)
         return out
 
     @cached_property

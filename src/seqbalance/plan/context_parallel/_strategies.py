@@ -42,6 +42,7 @@ seconds instead) and each group packs its samples into slots first-fit decreasin
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 
@@ -114,7 +115,7 @@ def plan_balanced_cp(p: CPProblem) -> Schedule:
         for balance in ("cost", "tokens")
     ]
     if megatron_applicable(p):
-        candidates += [lambda: _without_barriers(*plan_megatron_cp(p)), lambda: _rule_seed(p)]
+        candidates += _rule_candidates(p)
     best: tuple[float, Schedule] | None = None
     refusal: ValueError | None = None
     for make in candidates:
@@ -132,15 +133,26 @@ def plan_balanced_cp(p: CPProblem) -> Schedule:
     return best[1]
 
 
-def _without_barriers(schedule: Schedule, home: np.ndarray) -> tuple[Schedule, np.ndarray]:
-    schedule.barriers.clear()
-    return schedule, home
+def _rule_candidates(p: CPProblem) -> list[Callable[[], tuple[Schedule, np.ndarray]]]:
+    """``dynamic_cp_megatron``'s schedule without its barriers, then its CP sizes and blocks
+    slotted and packed by step 3; the rule runs once for both, when the first is made."""
 
+    @functools.cache
+    def rule() -> tuple[Schedule, np.ndarray, np.ndarray, np.ndarray]:
+        schedule, home = plan_megatron_cp(p)
+        # finalise reshapes the schedule: keep the rule's own sizes and blocks for the seed.
+        return schedule, home, schedule.cp.copy(), schedule.start.copy()
 
-def _rule_seed(p: CPProblem) -> tuple[Schedule, np.ndarray]:
-    """The CP sizes and blocks of ``dynamic_cp_megatron``, slotted and packed by step 3."""
-    rule, _ = plan_megatron_cp(p)
-    return _schedule(p, rule.cp, rule.start)
+    def without_barriers() -> tuple[Schedule, np.ndarray]:
+        schedule, home, _, _ = rule()
+        schedule.barriers.clear()
+        return schedule, home
+
+    def seed() -> tuple[Schedule, np.ndarray]:
+        _, _, cp_size, start = rule()
+        return _schedule(p, cp_size, start)
+
+    return [without_barriers, seed]
 
 
 def _raise_sizes(p: CPProblem, base: np.ndarray, limit: float) -> np.ndarray:

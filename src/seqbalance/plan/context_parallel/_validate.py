@@ -6,16 +6,17 @@ import numpy as np
 
 from seqbalance.cost.context_parallel import shard_chunks
 from seqbalance.plan._step_validation import (
+    COST_RTOL,
     PlanValidationError,
     check_load_arrays,
+    check_lower_bound,
+    check_per_sample,
+    check_rank_arrays,
     validate_count,
 )
 from seqbalance.plan.context_parallel._metrics import Pieces, slot_loads
 
 __all__ = ["PlanChecks"]
-
-_COST_RTOL = 1e-9
-"""Relative tolerance when re-deriving costs: sums in a different order differ by a few ulps."""
 
 
 class PlanChecks:
@@ -68,28 +69,17 @@ class PlanChecks:
                 f"barriers {list(self.barriers)} must be ascending slots < {n_slots}"
             )
         self._validate_arrays(tokens, costs)
-        if self.lower_bound > self.step_cost * (1 + _COST_RTOL) + 1e-12:
-            raise PlanValidationError(
-                f"lower_bound {self.lower_bound!r} exceeds step_cost {self.step_cost!r}"
-            )
+        check_lower_bound(self.lower_bound, self.step_cost)
 
     def _validate_shape(self) -> None:
-        n_ranks, m = self.n_ranks, self.n_slots
-        if len(self.slots) != n_ranks:
-            raise PlanValidationError(f"plan has {len(self.slots)} ranks, n_ranks is {n_ranks}")
-        for r, rank_slots in enumerate(self.slots):
-            if len(rank_slots) != m:
-                raise PlanValidationError(
-                    f"rank {r} has {len(rank_slots)} slots, every rank must have n_slots = {m}"
-                )
-            for j, held in enumerate(rank_slots):
-                if not isinstance(held, np.ndarray) or held.ndim != 2 or held.shape[1] != 2:
-                    raise PlanValidationError(f"rank {r} slot {j} is not a [k, 2] array")
-                if held.size and held.dtype != np.int64:
-                    raise PlanValidationError(
-                        f"rank {r} slot {j} has dtype {held.dtype}, expected int64"
-                    )
-        validate_count(m, "n_slots", self)
+        check_rank_arrays(
+            self.slots,
+            ("n_ranks", self.n_ranks),
+            ("n_slots", self.n_slots),
+            ("slot", "slots"),
+            row_shape=(2,),
+        )
+        validate_count(self.n_slots, "n_slots", self)
 
     def _validate_groups_of_samples(self) -> None:
         n = self.n_samples
@@ -187,10 +177,7 @@ class PlanChecks:
     def _validate_groups(self) -> None:
         if self.groups is None:
             return
-        if self.groups.shape != self.lengths.shape:
-            raise PlanValidationError(
-                f"groups has shape {self.groups.shape}, lengths has {self.lengths.shape}"
-            )
+        check_per_sample("groups", self.groups, self.lengths)
         ids, inverse = np.unique(self.groups, return_inverse=True)
         widest = np.zeros(ids.size, dtype=np.int64)
         np.maximum.at(widest, inverse, self.cp_size)
@@ -217,7 +204,7 @@ class PlanChecks:
             raise PlanValidationError(
                 f"tokens[{r}, {j}] = {int(self.tokens[r, j])}, the pieces hold {int(tokens[r, j])}"
             )
-        wrong = np.argwhere(~np.isclose(self.costs, costs, rtol=_COST_RTOL, atol=1e-15))
+        wrong = np.argwhere(~np.isclose(self.costs, costs, rtol=COST_RTOL, atol=1e-15))
         if wrong.size:
             r, j = (int(v) for v in wrong[0])
             raise PlanValidationError(

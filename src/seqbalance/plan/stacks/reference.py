@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from math import inf
 from operator import ne
 
+from seqbalance.plan._min_tree import first_within, min_tree, set_leaf
+
 __all__ = [
     "VERL_LINEAR_WORKLOAD",
     "first_fit_bins",
@@ -253,43 +255,17 @@ def first_fit_bins(lengths: Sequence[int], cap: int) -> list[list[int]]:
     for index, length in enumerate(lengths):
         limit = cap - length
         if tree[1] <= limit:
-            node = 1
-            while node < size:
-                node = 2 * node if tree[2 * node] <= limit else 2 * node + 1
+            node = first_within(tree, size, limit)
             bins[node - size].append(index)
             load = tree[node] + length
         else:
             if len(bins) == size:
-                size, tree = _doubled(tree, size)
+                size, tree = 2 * size, min_tree(tree[size:], 2 * size)
             node = size + len(bins)
             bins.append([index])
             load = length
-        _set_leaf(tree, node, load)
+        set_leaf(tree, node, load)
     return bins
-
-
-def _doubled(tree: list[float], size: int) -> tuple[int, list[float]]:
-    """The min-tree of ``first_fit_bins`` with twice the leaves (the new ones inf)."""
-    grown = [inf] * (4 * size)
-    grown[2 * size : 3 * size] = tree[size:]
-    for node in range(2 * size - 1, 0, -1):
-        left, right = grown[2 * node], grown[2 * node + 1]
-        grown[node] = left if left <= right else right
-    return 2 * size, grown
-
-
-def _set_leaf(tree: list[float], node: int, value: float) -> None:
-    """Sets leaf ``node`` of a min-tree and the minima above it (up to where one is unchanged:
-    the nodes above it then are too)."""
-    tree[node] = value
-    node //= 2
-    while node:
-        left, right = tree[2 * node], tree[2 * node + 1]
-        least = left if left <= right else right
-        if tree[node] == least:
-            break
-        tree[node] = least
-        node //= 2
 
 
 def split_largest_bins(bins: list[list[int]], target: int, lengths: Sequence[int]) -> None:

@@ -185,8 +185,7 @@ class VerlBaseline(StackBaseline):
                 ascending = sorted(members, key=lambda i: (workload[i], i))
                 reordered.append(ascending[::2] + ascending[1::2][::-1])
             return reordered
-        units = problem.unit_of_sample
-        n_units = int(units.max()) + 1
+        units, n_units = problem.unit_of_sample, problem.n_units
         if n_units % dp:
             raise ValueError(
                 f"strategy='verl' with groups needs the group count ({n_units}) to be a multiple "
