@@ -262,7 +262,7 @@ def test_cli_trl_bad_options_are_one_line(
 def test_max_length_needs_trl(tmp_path: Path, capsys) -> None:
     path = write_jsonl(tmp_path / "t.jsonl", DATASETS["text"])
     assert main(["lengths", str(path), "-o", str(tmp_path / "t.npy"), "--max-length", "8"]) == 2
-    assert "--max-length and --truncation-mode go with --trl" in capsys.readouterr().err
+    assert "--max-length: TRL settings, they go with --trl" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("trl_mode", [False, True])
