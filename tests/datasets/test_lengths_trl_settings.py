@@ -1,8 +1,8 @@
 """`seqbalance lengths --trl` with SFTConfig's loss masks and packing, against TRL itself.
 
 Each case builds the trainer's own prepared dataset (SFTTrainer with a tiny model on CPU, the
-byte-level BPE tokenizer of tests/test_lengths_trl.py: trained here, offline, with a chat template
-that has ``{% generation %}`` blocks) and asserts that our lengths equal its ``len(input_ids)``
+byte-level BPE tokenizer of tests/_trl_tokenizer.py: trained offline, with a chat template that
+has ``{% generation %}`` blocks) and asserts that our lengths equal its ``len(input_ids)``
 row for row, and with packing that our pieces equal its ``seq_lengths``. The records come from
 tests/data (Alpaca, ShareGPT, chat messages) and from text long enough to overflow ``max_length``.
 """
@@ -23,56 +23,14 @@ transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
+from _trl_tokenizer import TEMPLATE, make_tokenizer  # noqa: E402
+
 from seqbalance.cli import main  # noqa: E402
 from seqbalance.datasets.lengths import MalformedRecordsError  # noqa: E402
 from seqbalance.datasets.trl import trl_token_lengths  # noqa: E402
 from seqbalance.datasets.trl_packing import BATCH_SIZE, pack_lengths  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<|assistant|>\n{% generation %}{{ m['content'] }}</s>"
-    "{% endgeneration %}\n"
-    "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-CORPUS = [
-    "Give three tips for staying healthy. Eat a balanced diet and exercise.",
-    "What color is the sky? It is blue, far away from the sea.",
-    "def add(a, b):\n    return a + b\n",
-]
-
-
-def make_tokenizer(directory: Path, template: str = TEMPLATE) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    specials = ["<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=380,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(CORPUS * 3, trainer)
-    bos = backend.token_to_id("<s>")
-    backend.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    backend.save(str(directory / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "pad_token": "<pad>",
-        "chat_template": template,
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return directory
 
 
 @pytest.fixture(scope="module")
