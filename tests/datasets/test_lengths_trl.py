@@ -23,57 +23,10 @@ transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
+from _trl_tokenizer import make_tokenizer  # noqa: E402
+
 from seqbalance.cli import main  # noqa: E402
 from seqbalance.datasets.trl import trl_token_lengths  # noqa: E402
-
-TEMPLATE = (
-    "{{ bos_token }}"
-    "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<|assistant|>\n{% generation %}{{ m['content'] }}</s>"
-    "{% endgeneration %}\n"
-    "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-CORPUS = [
-    "The sky is blue and the sea is green.",
-    "What color is the sky? It is blue.",
-    "Where is the sun? In the sky, far away from the sea.",
-    "Tokens merge across boundaries: skyline, seaside, sunshine.",
-    "def add(a, b):\n    return a + b\n",
-]
-
-
-def make_tokenizer(directory: Path, template: str | None = TEMPLATE) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    specials = ["<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>", "<|tools|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(CORPUS * 3, trainer)
-    bos = backend.token_to_id("<s>")
-    backend.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    backend.save(str(directory / "tokenizer.json"))
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "pad_token": "<pad>",
-    }
-    if template is not None:
-        config["chat_template"] = template
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return directory
 
 
 def exit_code(argv: list[str]) -> int:
@@ -262,7 +215,7 @@ def test_cli_trl_bad_options_are_one_line(
 def test_max_length_needs_trl(tmp_path: Path, capsys) -> None:
     path = write_jsonl(tmp_path / "t.jsonl", DATASETS["text"])
     assert main(["lengths", str(path), "-o", str(tmp_path / "t.npy"), "--max-length", "8"]) == 2
-    assert "--max-length and --truncation-mode go with --trl" in capsys.readouterr().err
+    assert "--max-length: TRL settings, they go with --trl" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("trl_mode", [False, True])
