@@ -24,11 +24,9 @@ from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel.options import ContextParallel
 from seqbalance.plan.epoch import plan_epoch
 from seqbalance.plan.options import LAYOUTS, OBJECTIVES, ORDERS, PlanOptions, option_names
+from seqbalance.plan.protocols import ContextParallelStrategy, Microbatches, Strategy
 from seqbalance.plan.registry import (
     FAMILIES,
-    ContextParallelStrategy,
-    Microbatches,
-    Strategy,
     get_strategy,
     register_strategy,
     strategy_names,
