@@ -272,8 +272,8 @@ def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict
 
 
 def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
-    one = plan_cp([30, 3], 2, context_parallel=OPTIONS).to_json()
-    other = plan_cp([30, 4], 2, context_parallel=OPTIONS).to_json()
+    one = plan_cp([30, 3], 2, max_tokens=CAP, context_parallel=OPTIONS).to_json()
+    other = plan_cp([30, 4], 2, max_tokens=CAP, context_parallel=OPTIONS).to_json()
     for result in ok(launch(tmp_path / "disagree", 2, _disagreeing, [one, other])):
         assert "ranks disagree on the context-parallel plan" in result["raised"]
     survivor = ok(launch(tmp_path / "hang", 2, _hanging_peer, one, str(tmp_path / "hang")))[0]
