@@ -245,18 +245,17 @@ def test_slot_batch_labels_cross_shards() -> None:
         slot_batch(plan, 0, 0, [samples[0], samples[1][:3]])
 
 
+def _step(plan: ContextParallelPlan, groups: ContextParallelGroups, timeout: timedelta) -> None:
+    """A fresh model through ``plan`` (the failure cases: nothing is compared)."""
+    samples = _samples(plan.lengths.tolist())
+    run_step(_model(), plan, samples, groups, forward=FORWARD, timeout=timeout)
+
+
 def _disagreeing(rank: int, world_size: int, texts: list[str]) -> dict[str, Any]:
     groups = ContextParallelGroups(timeout=TIMEOUT)
     plan = ContextParallelPlan.from_json(texts[rank])
     try:
-        run_step(
-            _model(),
-            plan,
-            _samples(plan.lengths.tolist()),
-            groups,
-            forward=FORWARD,
-            timeout=TIMEOUT,
-        )
+        _step(plan, groups, TIMEOUT)
     except ValueError as error:
         return {"raised": str(error)}
     return {"raised": None}
@@ -272,14 +271,7 @@ def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict
         return {}
     started = time.monotonic()
     try:
-        run_step(
-            _model(),
-            plan,
-            _samples(plan.lengths.tolist()),
-            groups,
-            forward=FORWARD,
-            timeout=timeout,
-        )
+        _step(plan, groups, timeout)
     except CollectiveError as error:
         return {"raised": str(error), "elapsed": time.monotonic() - started}
     finally:
