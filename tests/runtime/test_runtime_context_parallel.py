@@ -39,6 +39,7 @@ from seqbalance.plan.context_parallel import (  # noqa: E402
 from seqbalance.runtime import CollectiveError  # noqa: E402
 from seqbalance.runtime.context_parallel import (  # noqa: E402
     ContextParallelGroups,
+    SlotBatch,
     run_step,
     slot_batch,
 )
@@ -241,8 +242,15 @@ def test_slot_batch_labels_cross_shards() -> None:
     assert batch.position_ids.tolist() == [0, 1, 2, 8, 9, 0, 3]
     with pytest.raises(ValueError, match="samples holds 1 samples"):
         slot_batch(plan, 0, 0, samples[:1])
-    with pytest.raises(ValueError, match=r"samples\[1\] has shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"tokens\[1\] \(sample 1\) has shape \(3,\)"):
         slot_batch(plan, 0, 0, [samples[0], samples[1][:3]])
+    # The same from the slot's inputs and its pieces' whole samples (what a sampler feeds).
+    inputs = plan.slot_inputs(0, 0)
+    again = SlotBatch.of(inputs, samples)
+    assert again.input_ids.tolist() == batch.input_ids.tolist()
+    assert again.labels.tolist() == batch.labels.tolist()
+    with pytest.raises(ValueError, match="tokens holds 1 samples, the slot has 2 pieces"):
+        SlotBatch.of(inputs, samples[:1])
 
 
 def _step(plan: ContextParallelPlan, groups: ContextParallelGroups, timeout: timedelta) -> None:

@@ -118,12 +118,61 @@ class ContextParallelGroups:
 # ------------------------------------------------------------------ per-rank inputs
 @dataclass(frozen=True)
 class SlotBatch:
-    """One rank's packed inputs for one slot (see :func:`slot_batch`)."""
+    """One rank's packed inputs for one slot: its tokens, their next-token labels and their
+    positions in their samples, with the slot's :class:`SlotInputs` (see :meth:`of`)."""
 
     inputs: SlotInputs
     input_ids: torch.Tensor
     labels: torch.Tensor
     position_ids: torch.Tensor
+
+    @classmethod
+    def of(
+        cls,
+        inputs: SlotInputs,
+        tokens: Sequence[torch.Tensor],
+        *,
+        device: torch.device | None = None,
+    ) -> SlotBatch:
+        """The batch of a slot's ``inputs`` (``plan.slot_inputs(rank, slot)``, or a sampler's
+        or the Rebalancer's ``ContextParallelSlot.inputs``) from ``tokens``: per piece, the
+        token ids of its whole sample (1-D int64, ``inputs.lengths[k]`` of them). Only the
+        chunks this rank computes are read; a token's label is the next token of its sample
+        (``IGNORE_INDEX`` for the last one), whichever rank holds that next token.
+
+        Raises:
+            ValueError: ``tokens`` holds another number of pieces, or a sample of another
+                length than the inputs say.
+        """
+        if len(tokens) != inputs.lengths.size:
+            raise ValueError(
+                f"tokens holds {len(tokens)} samples, the slot has {inputs.lengths.size} pieces"
+            )
+        for k, sample in enumerate(tokens):
+            if sample.dim() != 1 or sample.shape[0] != inputs.lengths[k]:
+                raise ValueError(
+                    f"tokens[{k}] (sample {int(inputs.samples[k])}) has shape "
+                    f"{tuple(sample.shape)}, the slot says {int(inputs.lengths[k])} tokens"
+                )
+        ids, labels = [], []
+        for k, a, b in zip(
+            inputs.chunk_piece.tolist(),
+            inputs.chunk_starts.tolist(),
+            inputs.chunk_ends.tolist(),
+            strict=True,
+        ):
+            ids.append(tokens[k][a:b])
+            following = tokens[k][a + 1 : b + 1]
+            if b == tokens[k].shape[0]:
+                following = torch.cat([following, following.new_full((1,), IGNORE_INDEX)])
+            labels.append(following)
+        empty = torch.zeros(0, dtype=torch.int64)
+        return cls(
+            inputs=inputs,
+            input_ids=(torch.cat(ids) if ids else empty).to(device),
+            labels=(torch.cat(labels) if labels else empty).to(device),
+            position_ids=torch.from_numpy(inputs.position_ids).to(device),
+        )
 
 
 def slot_batch(
@@ -134,41 +183,12 @@ def slot_batch(
     *,
     device: torch.device | None = None,
 ) -> SlotBatch:
-    """The tokens, next-token labels and positions ``rank`` computes in ``slot``.
-
-    ``samples`` holds the token ids of every sample of the step (1-D int64 tensors, in plan
-    order); only the chunks of this rank's pieces are read. A token's label is the next token
-    of its sample (``IGNORE_INDEX`` for the last one), whichever rank holds that next token.
-    """
+    """The :class:`SlotBatch` ``rank`` computes in ``slot`` of ``plan``; ``samples`` holds the
+    token ids of every sample of the step (1-D int64 tensors, in plan order)."""
     if len(samples) != plan.n_samples:
         raise ValueError(f"samples holds {len(samples)} samples, the plan has {plan.n_samples}")
     inputs = plan.slot_inputs(rank, slot)
-    ids, labels = [], []
-    for k, a, b in zip(
-        inputs.chunk_piece.tolist(),
-        inputs.chunk_starts.tolist(),
-        inputs.chunk_ends.tolist(),
-        strict=True,
-    ):
-        i = int(inputs.samples[k])
-        tokens = samples[i]
-        if tokens.dim() != 1 or tokens.shape[0] != plan.lengths[i]:
-            raise ValueError(
-                f"samples[{i}] has shape {tuple(tokens.shape)}, the plan says "
-                f"{int(plan.lengths[i])} tokens"
-            )
-        ids.append(tokens[a:b])
-        following = tokens[a + 1 : b + 1]
-        if b == tokens.shape[0]:
-            following = torch.cat([following, following.new_full((1,), IGNORE_INDEX)])
-        labels.append(following)
-    empty = torch.zeros(0, dtype=torch.int64)
-    return SlotBatch(
-        inputs=inputs,
-        input_ids=(torch.cat(ids) if ids else empty).to(device),
-        labels=(torch.cat(labels) if labels else empty).to(device),
-        position_ids=torch.from_numpy(inputs.position_ids).to(device),
-    )
+    return SlotBatch.of(inputs, [samples[i] for i in inputs.samples.tolist()], device=device)
 
 
 # ------------------------------------------------------------------ a step
