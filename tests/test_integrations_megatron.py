@@ -175,8 +175,8 @@ needs_megatron = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None
     or importlib.util.find_spec("megatron.core") is None
     or importlib.util.find_spec("triton") is None,
-    reason="megatron-core (and triton, which it imports) not installed: "
-    "pip install 'seqbalance[megatron]'",
+    reason="megatron-core (and triton, which it imports) not installed: pip install --no-deps "
+    "--ignore-requires-python megatron-core==0.19.2 triton==3.9.0 (README's test command)",
 )
 VOCAB, HIDDEN, FFN = 16, 8, 16
 DP, STEP_SAMPLES, MAX_TOKENS = 2, 8, 32

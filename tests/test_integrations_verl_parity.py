@@ -2,8 +2,9 @@
 parameters, exact helpers, never more micro-batches, and the cases of verl's own
 tests/utils/test_seqlen_balancing.py rewritten for CPU (verl does not ship its tests).
 
-Skipped when verl (with what ``verl.utils.seqlen_balancing`` imports: ray, omegaconf,
-tensordict) is not installed: ``pip install --no-deps verl==0.9.1 && pip install ray omegaconf``.
+Runs in verl's own environment (verl 0.9.1 with the versions it declares: ``bash
+scripts/verl_env.sh`` builds it and runs these); skipped where verl is not importable, as in the
+main test environment, whose transformers and tensordict are newer than verl allows.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ tensordict = pytest.importorskip("tensordict")
 try:  # any import failure of verl (absent, or a dependency missing or too new) skips
     import verl.utils.seqlen_balancing as V
 except ImportError as error:
-    pytest.skip(f"verl is not importable: {error}", allow_module_level=True)
+    pytest.skip(
+        f"verl is not importable ({error}): these run in verl's own environment, "
+        "bash scripts/verl_env.sh",
+        allow_module_level=True,
+    )
 
 from verl import DataProto  # noqa: E402
 from verl.utils.model import create_random_mask  # noqa: E402
