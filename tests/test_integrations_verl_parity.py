@@ -385,15 +385,17 @@ def test_install_patches_verl_and_its_importers_and_uninstall_restores(monkeypat
     originals = {name: getattr(V, name) for name in sbv.VERL_FUNCTIONS}
     line = "from verl.utils.seqlen_balancing import rearrange_micro_batches, ceildiv"
     monkeypatch.delitem(sys.modules, "verl._fake_engine_utils", raising=False)
+    monkeypatch.delenv(sbv.ENV_OPTIONS, raising=False)
     before = _user_module("verl._fake_engine_utils", line)
     try:
-        with sbv.install():
-            assert all(getattr(V, name) is getattr(sbv, name) for name in sbv.VERL_FUNCTIONS)
-            assert before.rearrange_micro_batches is sbv.rearrange_micro_batches
-            assert before.ceildiv is sbv.ceildiv
+        with sbv.install() as installation:
+            for name in sbv.VERL_FUNCTIONS:
+                assert getattr(V, name) is installation.functions[name]
+                assert getattr(V, name).__wrapped__ is getattr(sbv, name)
+            assert before.rearrange_micro_batches is V.rearrange_micro_batches
+            assert before.ceildiv is V.ceildiv
             later = _user_module("verl._fake_trainer", line)  # imported while installed
-            assert later.rearrange_micro_batches is sbv.rearrange_micro_batches
-            sbv.install()  # idempotent
+            assert later.rearrange_micro_batches is V.rearrange_micro_batches
             # verl's own DataProto path now plans with seqbalance: 6 micro-batches, not 7.
             lengths = torch.tensor(EXAMPLE)
             mask = (torch.arange(100)[None, :] < lengths[:, None]).long()
@@ -401,12 +403,18 @@ def test_install_patches_verl_and_its_importers_and_uninstall_restores(monkeypat
                 {"input_ids": torch.zeros_like(mask), "attention_mask": mask}
             )
             assert len(V.prepare_dynamic_batch(proto, 300)[1]) == 6
+            with sbv.install(model="qwen3-8b"):  # nested: restores the outer one at its end
+                workload = V.calculate_workload(torch.tensor([1000, 10]))
+                assert workload.dtype == torch.float64 and workload[0] > 1e9
+            assert V.calculate_workload is installation.functions["calculate_workload"]
+            functions = installation.functions
+            assert later.rearrange_micro_batches is functions["rearrange_micro_batches"]
         assert all(getattr(V, name) is originals[name] for name in sbv.VERL_FUNCTIONS)
         assert before.rearrange_micro_batches is originals["rearrange_micro_batches"]
         assert later.rearrange_micro_batches is originals["rearrange_micro_batches"]
         assert len(V.prepare_dynamic_batch(proto, 300)[1]) == 7
         sbv.install()
-        assert V.karmarkar_karp is sbv.karmarkar_karp
+        assert V.karmarkar_karp.__wrapped__ is sbv.karmarkar_karp
         sbv.uninstall()
         sbv.uninstall()  # nothing to undo
         assert V.karmarkar_karp is originals["karmarkar_karp"]
