@@ -485,3 +485,58 @@ def test_iterator_refuses_empty_samples_up_front() -> None:
     dataset = [list(range(1, n + 1)) for n in lengths]
     with pytest.raises(ValueError, match=r"lengths\[1\] = 0"):
         MegatronDataIterator(dataset, lengths, global_batch_size=2, dp_rank=0, dp_size=1)
+
+
+def counting_planner(it: MegatronDataIterator) -> list[int]:
+    """Wrap the iterator's planner: the returned list grows by one per step planned."""
+    calls: list[int] = []
+    plan = it.sampler.plan_step
+
+    def counted(indices, options):  # type: ignore[no-untyped-def]
+        calls.append(len(indices))
+        return plan(indices, options)
+
+    it.sampler.plan_step = counted
+    return calls
+
+
+def test_steps_are_planned_just_ahead_and_once() -> None:
+    """The first step comes after planning at most the lookahead (not the epoch), every step is
+    planned exactly once, and each step's micro-batches are those of the eager epoch plan."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(5, 300, 4000)
+    dataset = [np.arange(n) for n in lengths]
+    it = MegatronDataIterator(
+        dataset, lengths, global_batch_size=64, dp_rank=1, dp_size=4, max_tokens=1200
+    )
+    eager = it.sampler.epoch_plan().steps  # planned on its own (not through the iterator)
+    calls = counting_planner(it)
+    steps = it.steps()
+    first = next(steps)
+    assert len(calls) <= it.sampler.lookahead + 2 < it.num_steps() == len(eager) == 62
+    got = [first.indices, *(step.indices for step in steps)]
+    assert len(calls) == it.num_steps()
+    layout = it.sampler.layout()
+    want = [[layout.step(k)[mb].tolist() for mb in plan.ranks[1]] for k, plan in enumerate(eager)]
+    assert got == want
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 5])
+def test_resume_at_every_position_continues_the_same_steps(num_microbatches) -> None:
+    (fresh,), _ = iterators(1, num_microbatches=num_microbatches)
+    all_steps = [step.indices for step in fresh.steps()]
+    flat = [mb for step in all_steps for mb in step]
+    bounds = np.cumsum([0, *map(len, all_steps)]).tolist()
+    for consumed in range(len(flat) + 1):
+        (it,), _ = iterators(1, num_microbatches=num_microbatches)
+        for _ in range(consumed):
+            next(it)
+        (resumed,), _ = iterators(1, num_microbatches=num_microbatches)
+        resumed.load_state_dict(it.state_dict())
+        if consumed in bounds:
+            assert [s.indices for s in resumed.steps()] == all_steps[bounds.index(consumed) :]
+        else:
+            with pytest.raises(ValueError, match="inside a step"):
+                next(resumed.steps())
+            rest = [resumed._next_indices() for _ in range(len(flat) - consumed)]
+            assert rest == flat[consumed:]

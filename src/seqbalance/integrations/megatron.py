@@ -294,8 +294,10 @@ class MegatronDataIterator:
         max_tokens: hard cap per micro-batch, counted after padding to ``pad_multiple``.
         plan_options: other ``PlanOptions`` fields (``cost``, ``model``, ``objective``, ...).
 
-    The epoch is laid out on first use; ``set_epoch`` selects the next. :meth:`steps` yields one
-    :class:`MegatronStep` per optimizer step; iterating the object itself yields micro-batches
+    The epoch is laid out on first use and planned step by step just ahead of use (the
+    sampler's background planner, so the first step comes in milliseconds whatever the epoch's
+    size); ``set_epoch`` selects the next. :meth:`steps` yields one :class:`MegatronStep` per
+    optimizer step; iterating the object itself yields micro-batches
     one by one (for ``data_iterator=iterator, num_microbatches=get_num_microbatches()`` with a
     fixed count) and stops at the end of the epoch. ``state_dict`` / ``load_state_dict`` resume
     exactly (micro-batches consumed in the epoch).
@@ -367,20 +369,26 @@ class MegatronDataIterator:
         )
         self._batches: Iterator[list[int]] | None = None
         self._consumed = 0
+        self._step, self._offset = 0, 0  # where the next micro-batch lies in the epoch
+        self._count: int | None = None  # micro-batches of step self._step, once known
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next (re-planned; every rank must call it alike)."""
         self.sampler.set_epoch(epoch)
         self._batches = None
         self._consumed = 0
+        self._step, self._offset, self._count = 0, 0, None
 
     def microbatches_per_step(self) -> list[int]:
-        """Micro-batches of each optimizer step of the current epoch (the same on every rank)."""
+        """Micro-batches of each optimizer step of the current epoch (the same on every rank).
+
+        Without a fixed ``num_microbatches`` this plans every step of the epoch at once (for
+        inspection; :meth:`steps` plans each step just ahead of its use)."""
         return self.sampler.microbatches_per_step()
 
     def num_steps(self) -> int:
-        """Optimizer steps in the current epoch."""
-        return len(self.microbatches_per_step())
+        """Optimizer steps in the current epoch (exact, without planning)."""
+        return self.sampler.num_steps
 
     def pack(self, indices: Sequence[int]) -> dict[str, Any]:
         """The packed THD micro-batch of these dataset indices (:func:`pack_thd`).
@@ -398,29 +406,49 @@ class MegatronDataIterator:
                 )
         return pack_thd(samples, pad_multiple=self.pad_multiple)
 
+    def _step_count(self, step: int) -> int:
+        """Micro-batches of ``step`` on every rank: the fixed count, or the step's plan, which
+        the sampler's planner made just ahead (its plan is kept, so nothing is planned twice)."""
+        if self.num_microbatches is not None:
+            return self.num_microbatches
+        return len(self.sampler.step_plan(step).ranks[self.sampler.dp_rank])
+
     def _next_indices(self) -> list[int]:
         if self._batches is None:
             self._batches = iter(self.sampler)
         indices = next(self._batches)
+        if self._count is None:
+            self._count = self._step_count(self._step)
         self._consumed += 1
+        self._offset += 1
+        if self._offset == self._count:
+            self._step, self._offset, self._count = self._step + 1, 0, None
         return indices
 
     def steps(self) -> Iterator[MegatronStep]:
-        """One :class:`MegatronStep` per remaining optimizer step of the epoch.
+        """One :class:`MegatronStep` per remaining optimizer step of the epoch, each planned
+        just ahead of its use (the first comes after planning a few steps, whatever the size
+        of the epoch); the plans are those of :meth:`microbatches_per_step`'s eager epoch plan.
 
         Raises:
             ValueError: (at the first ``next``) micro-batches were taken one by one and the
                 position is inside a step.
         """
-        bounds = np.cumsum([0, *self.microbatches_per_step()])
-        if self._consumed not in bounds:
+        if self._offset:
+            count = self._count if self._count is not None else self._step_count(self._step)
             raise ValueError(
                 f"{self._consumed} micro-batches of this epoch were consumed, which is inside "
-                f"a step (steps end at {bounds[1:].tolist()}): steps() must start at a step's "
-                "first micro-batch"
+                f"a step (micro-batch {self._offset} of step {self._step}'s {count}): steps() "
+                "must start at a step's first micro-batch"
             )
-        for size in np.diff(bounds[np.searchsorted(bounds, self._consumed) :]):
-            yield MegatronStep(self, [self._next_indices() for _ in range(int(size))])
+        while True:
+            number = self._step
+            try:
+                first = self._next_indices()
+            except StopIteration:
+                return
+            rest = [self._next_indices() for _ in range(self._step_count(number) - 1)]
+            yield MegatronStep(self, [first, *rest])
 
     def __iter__(self) -> MegatronDataIterator:
         return self
@@ -437,3 +465,4 @@ class MegatronDataIterator:
         self.sampler.load_state_dict(state)
         self._batches = None
         self._consumed = int(state["consumed"])
+        self._step, self._offset, self._count = int(state["step"]), int(state["offset"]), None
