@@ -3,7 +3,7 @@
     python benchmarks/rebalance.py [--quick] [--out FILE] [--world-size 4] [--device cpu|cuda]
 
 Starts ``--world-size`` gloo processes on this machine (CPU, with
-``seqbalance.runtime.launch``; ``--device cuda``: NCCL, one GPU per process, the samples and the
+``seqbalance.measure.launch``; ``--device cuda``: NCCL, one GPU per process, the samples and the
 model on the rank's GPU, scripts/device_check.sh). For each step size (256 to 4096
 samples over all ranks; heavy-tailed lengths, each rank holding an equal random share, the
 situation after RL rollouts), every rank runs a training loop over ``Rebalancer.iterate`` of
@@ -38,10 +38,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from seqbalance.measure.launch import launch
 from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig
 from seqbalance.runtime import Rebalancer
-from seqbalance.runtime._dist import synchronize
-from seqbalance.runtime.launch import launch
+from seqbalance.runtime.collectives import synchronize
 
 MAX_TOKENS = 4096
 MODES = {"off": False, "on": True}  # overlap

@@ -36,5 +36,6 @@ python -c "import transformers, tensordict, verl; print('verl environment:', \
 'verl', verl.__version__, 'transformers', transformers.__version__, \
 'tensordict', tensordict.__version__)"
 # -k verl: every test of the two verl modules, and the live verl tests of the stack baselines.
-python -m pytest -q -k verl "$@" \
-    tests/test_integrations_verl_parity.py tests/test_integrations_verl.py tests/test_plan_stacks.py
+python -m pytest -q -k verl "$@" tests/integrations/test_integrations_verl_parity.py \
+    tests/integrations/test_integrations_verl.py tests/integrations/test_integrations_verl_install.py \
+    tests/plan/test_plan_stacks.py

@@ -21,11 +21,9 @@ from seqbalance.plan.adaptive import AdaptivePlanner
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 from seqbalance.plan.epoch import plan_epoch
 from seqbalance.plan.options import LAYOUTS, OBJECTIVES, ORDERS, PlanOptions, option_names
+from seqbalance.plan.protocols import ContextParallelStrategy, Microbatches, Strategy
 from seqbalance.plan.registry import (
     FAMILIES,
-    ContextParallelStrategy,
-    Microbatches,
-    Strategy,
     get_strategy,
     register_strategy,
     strategy_names,
