@@ -230,10 +230,12 @@ def install_into(
     skipped (verl's optional parts), except the first.
 
     ``extra(options)`` gives functions that are not attributes of ``ours`` (built per
-    installation)."""
+    installation); a target name that is neither stays verl's."""
     settings = _options(cost, model, options)
-    names = tuple(name for group in targets.values() for name in group)
     built = extra(settings) if extra is not None else {}
+    names = tuple(
+        name for group in targets.values() for name in group if name in built or hasattr(ours, name)
+    )
     functions = _functions(ours, tuple(n for n in names if n not in built), settings)
     installation = Installation(settings, {**functions, **built})
     with _lock:
@@ -246,7 +248,7 @@ def install_into(
                 continue
             for name in group:
                 current = getattr(target, name, None)
-                if current is None:
+                if current is None or name not in installation.functions:
                     continue
                 installation._previous[name] = current
                 for module in _bindings(name, current):

@@ -52,6 +52,7 @@ from seqbalance.integrations._verl_batches import (
     rearrange_micro_batches,
     restore_dynamic_batch,
 )
+from seqbalance.integrations._verl_dynamic_cp import DynamicCPScheduler, scheduler_entry
 from seqbalance.integrations._verl_install import (
     ENV_OPTIONS,
     Installation,
@@ -92,6 +93,7 @@ VERL_FUNCTIONS = (
 __all__ = [
     "ENV_OPTIONS",
     "VERL_FUNCTIONS",
+    "DynamicCPScheduler",
     "Installation",
     "balance_batch",
     "calculate_workload",
@@ -236,6 +238,8 @@ def _balance_metrics(
 # ---------------------------------------------------------------- install into verl
 
 _VERL_MODULE = "verl.utils.seqlen_balancing"
+_DYNAMIC_CP_MODULE = "verl.utils.dynamic_cp_scheduler"
+_DYNAMIC_CP_ENTRY = "get_megatron_dynamic_cp_scheduler_cls"
 
 
 def install(
@@ -251,6 +255,12 @@ def install(
     ``calculate_workload`` returns it per sequence (float64, as a tensor where verl passes one),
     so the driver's balance (``_balance_batch``, the SFT trainer) balances it too. Without
     settings the cost is verl's own ``24576 L + L^2`` and every helper returns verl's values.
+
+    With a cost that prices context parallelism (a model's FLOPs, a
+    ``ContextParallelTimeModel``), it also answers verl's dynamic-CP entry point
+    (``verl.utils.dynamic_cp_scheduler.get_megatron_dynamic_cp_scheduler_cls``, in that module and
+    in verl's Megatron engine): :class:`DynamicCPScheduler` plans each batch with ``plan_step``
+    and ``context_parallel``. With verl's own workload that entry stays Megatron's.
 
     Installations nest: ``with install(model=...): ...`` inside a process-wide ``install()``
     restores the outer one's functions when the block ends; :func:`uninstall` removes all.
@@ -275,6 +285,8 @@ def install(
         ValueError: a bad cost or model, both ``options`` and ``cost`` / ``model``, options that
             set what verl decides, or a bad ``SEQBALANCE_VERL_OPTIONS``.
     """
-    targets = {_VERL_MODULE: VERL_FUNCTIONS}
+    targets = {_VERL_MODULE: VERL_FUNCTIONS, _DYNAMIC_CP_MODULE: (_DYNAMIC_CP_ENTRY,)}
     ours = sys.modules[__name__]
-    return install_into(targets, ours, cost=cost, model=model, options=options)
+    return install_into(
+        targets, ours, cost=cost, model=model, options=options, extra=scheduler_entry
+    )
