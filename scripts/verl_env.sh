@@ -38,4 +38,4 @@ python -c "import transformers, tensordict, verl; print('verl environment:', \
 # -k verl: every test of the two verl modules, and the live verl tests of the stack baselines.
 python -m pytest -q -k verl "$@" tests/integrations/test_integrations_verl_parity.py \
     tests/integrations/test_integrations_verl.py tests/integrations/test_integrations_verl_install.py \
-    tests/plan/test_plan_stacks.py
+    tests/integrations/test_integrations_verl_dynamic_cp.py tests/plan/test_plan_stacks.py

@@ -52,7 +52,7 @@ def one_group_per_slot(plan: ContextParallelPlan) -> tuple[np.ndarray, np.ndarra
     group: the widest block holding any of its pieces there (blocks of sizes that divide each
     other nest or are apart, so each rank has one)."""
     cp, start = plan.cp_size.copy(), plan.group_start.copy()
-    slot_of = plan.slot_of
+    slot_of = plan.slot_of()
     for slot in range(plan.n_slots):
         members = np.flatnonzero(slot_of == slot)
         block_of = np.arange(plan.n_ranks)  # each rank's widest block: (start, size)
@@ -127,7 +127,7 @@ class DynamicCPScheduler:
             if over <= 0:
                 return ContextParallelPlan.from_assignment(
                     lengths, self.n_ranks, self.options, cp_size=cp, group_start=start,
-                    slot_of=planned.slot_of,
+                    slot_of=planned.slot_of(),
                 )  # fmt: skip
             cap -= over
         raise ValueError(
@@ -139,7 +139,7 @@ class DynamicCPScheduler:
     def _held(cp: np.ndarray, start: np.ndarray, plan: ContextParallelPlan) -> int:
         """The most tokens one rank holds in one slot under ``(cp, start)`` (ceil shares)."""
         held = np.zeros((plan.n_ranks, plan.n_slots), dtype=np.int64)
-        for sample, (size, first, slot) in enumerate(zip(cp, start, plan.slot_of, strict=True)):
+        for sample, (size, first, slot) in enumerate(zip(cp, start, plan.slot_of(), strict=True)):
             held[first : first + size, slot] += -(-int(plan.lengths[sample]) // int(size))
         return int(held.max())
 
@@ -154,7 +154,7 @@ class DynamicCPScheduler:
             raise ValueError("sample_id_seqlens is empty: nothing to schedule")
         plan = self.plan([length for _, length in pairs])
         self.last_plan = plan
-        slot_of = plan.slot_of
+        slot_of = plan.slot_of()
         schedule = []
         for slot in range(plan.n_slots):
             ranks: list[list[int]] = [[] for _ in range(self.n_ranks)]
@@ -173,7 +173,7 @@ def scheduler_entry(options: PlanOptions | None) -> dict[str, Any]:
     if options is None:
         return {}
     try:
-        options.replace(context_parallel=ContextParallel(sizes=(1,)))
+        options.replace(context_parallel=ContextParallel(sizes=(1,)), max_tokens=1)
     except ValueError:
         return {}
     scheduler = type("DynamicCPScheduler", (DynamicCPScheduler,), {"default_options": options})
