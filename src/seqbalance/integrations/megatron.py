@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import check_bool, check_int
+from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
 from seqbalance.runtime.samplers import BalancedBatchSampler
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "MegatronDataIterator",
     "MegatronStep",
     "check_config",
+    "hybrid_cp_sizes",
     "megatron_data_parallel_position",
     "pack_thd",
     "per_token_loss",

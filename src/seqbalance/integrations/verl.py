@@ -52,7 +52,11 @@ from seqbalance.integrations._verl_batches import (
     rearrange_micro_batches,
     restore_dynamic_batch,
 )
-from seqbalance.integrations._verl_dynamic_cp import DynamicCPScheduler, scheduler_entry
+from seqbalance.integrations._verl_dynamic_cp import (
+    DynamicCPScheduler,
+    hybrid_cp_sizes,
+    scheduler_entry,
+)
 from seqbalance.integrations._verl_install import (
     ENV_OPTIONS,
     Installation,
@@ -103,6 +107,7 @@ __all__ = [
     "get_reverse_idx",
     "get_seqlen_balanced_partitions",
     "greedy_partition",
+    "hybrid_cp_sizes",
     "install",
     "installations",
     "karmarkar_karp",
