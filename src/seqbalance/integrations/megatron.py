@@ -49,6 +49,10 @@ peers too, each then takes its share of every sequence); with pipeline paralleli
 What needs a GPU: Megatron's THD attention (Transformer Engine's fused or flash attention) and
 its ``DistributedDataParallel`` buffers; everything in this module runs on CPU.
 
+**Dynamic (hybrid) context parallelism.** megatron-core 0.19.2's ``hybrid_context_parallel``
+schedule takes one ``(samples by id, sample_id_groups)`` pair per step; :func:`hybrid_cp_batch`
+makes it from a ``ContextParallelPlan`` of the step (CP sizes from :func:`hybrid_cp_sizes`).
+
 Every micro-batch is a dict of ``[1, T]`` tensors (``tokens``, ``labels``, ``loss_mask``,
 ``position_ids``: positions restart at 0 in every sequence) and ``packed_seq_params``, a plain
 dict: ``qkv_format="thd"``, ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 ``[k + 1]``, the real
@@ -62,6 +66,7 @@ default group.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -69,6 +74,7 @@ import numpy as np
 
 from seqbalance._validation import check_bool, check_int
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
+from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.runtime.samplers import BalancedBatchSampler
 
 __all__ = [
@@ -76,6 +82,7 @@ __all__ = [
     "MegatronDataIterator",
     "MegatronStep",
     "check_config",
+    "hybrid_cp_batch",
     "hybrid_cp_sizes",
     "megatron_data_parallel_position",
     "pack_thd",
@@ -140,6 +147,76 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
             "total_tokens": total,
         },
     }
+
+
+def hybrid_cp_batch(
+    plan: ContextParallelPlan, rank: int, samples: Sequence[Any], *, pad_multiple: int = 1
+) -> tuple[dict[int, dict[str, Any]], list[list[list[int]]]]:
+    """What ``hybrid_context_parallel_forward_backward`` takes from ``data_iterator`` for one
+    step, on DPxCP rank ``rank``, from a ``ContextParallelPlan`` of that step.
+
+    Slot ``g`` of the plan is group ``g``; a rank lists its pieces of the slot widest CP group
+    first (then by first rank, then sample), one order on every rank, so the members of a CP
+    group reach each shared sample together. Sample ids are positions in the step.
+
+    Args:
+        plan: the step's plan over the DPxCP group (``plan_step(lengths, dp * cp, options with
+            context_parallel)``, CP sizes from :func:`hybrid_cp_sizes`: the groups Megatron
+            creates; ``scheme="head_tail"``, Megatron's zigzag split).
+        rank: this process's DPxCP rank (``parallel_state.get_data_parallel_rank(
+            with_context_parallel=True)``).
+        samples: the step's token sequences, in plan order (``samples[i]`` has
+            ``plan.lengths[i]`` tokens).
+        pad_multiple: pad each sequence to a multiple of this; a sharded one also to a multiple
+            of ``2 x`` its CP size (Megatron's zigzag split needs it).
+
+    Returns:
+        ``(batch, sample_id_groups)``: ``batch[i]`` for each sample this rank runs, a dict of
+        ``[1, T]`` tensors (``tokens``, ``labels``, ``loss_mask``, ``position_ids``, as in
+        :func:`pack_thd`) with ``cu_seqlens`` / ``cu_seqlens_padded`` (int32 ``[0, L]`` /
+        ``[0, T]``) and ``max_seqlen``; every rank's ``sample_id_groups``.
+
+    Raises:
+        ValueError: not a context-parallel plan, a rank outside it, a scheme other than
+            ``head_tail``, or samples that do not match the plan's lengths.
+    """
+    import torch
+
+    if not isinstance(plan, ContextParallelPlan):
+        raise ValueError(f"plan must be a ContextParallelPlan, got {type(plan).__name__}")
+    rank = check_int(rank, "rank", minimum=0)
+    if rank >= plan.n_ranks:
+        raise ValueError(f"rank must be in [0, {plan.n_ranks}), got {rank}")
+    if plan.context_parallel.scheme != "head_tail":
+        raise ValueError(
+            f"Megatron shards with its zigzag split (scheme 'head_tail'), the plan has "
+            f"{plan.context_parallel.scheme!r}"
+        )
+    if len(samples) != plan.lengths.size:
+        raise ValueError(f"samples has {len(samples)} sequences, the plan {plan.lengths.size}")
+    multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
+    cp, start, slot_of = plan.cp_size, plan.group_start, plan.slot_of()
+    groups: list[list[list[int]]] = [[[] for _ in range(plan.n_ranks)] for _ in range(plan.n_slots)]
+    for sample in np.lexsort((np.arange(cp.size), start, -cp)).tolist():
+        for member in range(int(start[sample]), int(start[sample] + cp[sample])):
+            groups[int(slot_of[sample])][member].append(sample)
+    for sample, sequence in enumerate(samples):
+        if len(sequence) != plan.lengths[sample]:
+            raise ValueError(
+                f"samples[{sample}] has {len(sequence)} tokens but the plan has "
+                f"{int(plan.lengths[sample])}"
+            )
+    batch = {}
+    for sample in sorted({i for group in groups for i in group[rank]}):
+        sequence = samples[sample]
+        size = int(cp[sample])
+        packed = pack_thd([sequence], pad_multiple=math.lcm(multiple, 2 * size if size > 1 else 1))
+        params = packed.pop("packed_seq_params")
+        packed["cu_seqlens"] = params["cu_seqlens_q"]
+        packed["cu_seqlens_padded"] = params["cu_seqlens_q_padded"]
+        packed["max_seqlen"] = torch.tensor([params["max_seqlen_q"]], dtype=torch.int32)
+        batch[sample] = packed
+    return batch, groups
 
 
 def megatron_data_parallel_position() -> tuple[int, int]:
