@@ -22,7 +22,10 @@ torch = pytest.importorskip("torch")
 tensordict = pytest.importorskip("tensordict")
 
 VERL = "verl.utils.seqlen_balancing"
+DCP = "verl.utils.dynamic_cp_scheduler"
+ENTRY = "get_megatron_dynamic_cp_scheduler_cls"
 LINE = "from verl.utils.seqlen_balancing import calculate_workload, rearrange_micro_batches"
+ENGINE = f"{LINE}\nfrom {DCP} import {ENTRY}"
 
 
 def _module(name: str, source: str) -> types.ModuleType:
@@ -34,19 +37,20 @@ def _module(name: str, source: str) -> types.ModuleType:
 
 @contextlib.contextmanager
 def stand_in_verl(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
-    """verl's balancing module (with function objects of its own) and one of its importers,
-    removed again at the end, as is every installation."""
-    for name in (VERL, "verl._engine", "verl._later"):
+    """verl's balancing module and its dynamic-CP module (with function objects of their own)
+    and one importer of both, removed again at the end, as is every installation."""
+    for name in (VERL, DCP, "verl._engine", "verl._later"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    module = types.ModuleType(VERL)
-    for name in sbv.VERL_FUNCTIONS:
+    module, dcp = types.ModuleType(VERL), types.ModuleType(DCP)
+    for target, name in [*((module, n) for n in sbv.VERL_FUNCTIONS), (dcp, ENTRY)]:
 
         def original(*args: object, _name: str = name, **kwargs: object) -> str:
             return f"verl's {_name}"
 
-        setattr(module, name, original)
+        setattr(target, name, original)
     monkeypatch.setitem(sys.modules, VERL, module)
-    _module("verl._engine", LINE)
+    monkeypatch.setitem(sys.modules, DCP, dcp)
+    _module("verl._engine", ENGINE)
     try:
         yield module
     finally:
@@ -168,7 +172,9 @@ def test_any_order_of_installs_and_removals_restores_exactly(ops) -> None:
     """Model: the functions in verl are those of the newest installation still active (verl's
     own when none is), in verl's module and in every importer, whenever it was imported."""
     with pytest.MonkeyPatch.context() as monkeypatch, stand_in_verl(monkeypatch) as verl:
+        dcp = sys.modules[DCP]
         originals = [getattr(verl, name) for name in sbv.VERL_FUNCTIONS]
+        entry = getattr(dcp, ENTRY)
         rearrange = sbv.VERL_FUNCTIONS.index("rearrange_micro_batches")
         active: list[sbv.Installation] = []
         importers = [sys.modules["verl._engine"]]
@@ -178,17 +184,23 @@ def test_any_order_of_installs_and_removals_restores_exactly(ops) -> None:
             elif op == "remove" and active:
                 active.pop(value % len(active)).uninstall()
             elif op == "import":
-                importers.append(_module(f"verl._user{len(importers)}", LINE))
+                importers.append(_module(f"verl._user{len(importers)}", ENGINE))
             want = (
                 originals
                 if not active
                 else [active[-1].functions[name] for name in sbv.VERL_FUNCTIONS]
             )
+            # The dynamic-CP entry: the newest installation with a model replaced it.
+            owners = [inst for inst in active if ENTRY in inst.functions]
+            want_entry = owners[-1].functions[ENTRY] if owners else entry
             assert [getattr(verl, name) for name in sbv.VERL_FUNCTIONS] == want
+            assert getattr(dcp, ENTRY) is want_entry
             for module in importers:
                 assert module.calculate_workload is want[0]
                 assert module.rearrange_micro_batches is want[rearrange]
+                assert getattr(module, ENTRY) is want_entry
             assert sbv.installations() == active
         sbv.uninstall()
         assert [getattr(verl, name) for name in sbv.VERL_FUNCTIONS] == originals
         assert all(m.calculate_workload is originals[0] for m in importers)
+        assert all(getattr(m, ENTRY) is entry for m in [dcp, *importers])

@@ -84,32 +84,36 @@ class Installation:
             position = next((i for i, inst in enumerate(_active) if inst is self), None)
             if position is None:
                 return
-            if position == len(_active) - 1:
-                self._restore()
-            else:
-                _active[position + 1]._inherit(self)
+            for name in self.functions:
+                # The next newer installation that replaced this name took over its binding.
+                newer = (inst for inst in _active[position + 1 :] if name in inst.functions)
+                successor = next(newer, None)
+                if successor is None:
+                    self._restore(name)
+                else:
+                    successor._inherit(self, name)
             del _active[position]
 
-    def _restore(self) -> None:
-        for module, name, value in reversed(self._records):
-            setattr(module, name, value)
-        # Modules imported while it was installed took its functions from verl's module.
-        for name, function in self.functions.items():
-            if name in self._previous:
-                for module in _bindings(name, function):
-                    setattr(module, name, self._previous[name])
+    def _restore(self, name: str) -> None:
+        for module, attribute, value in reversed(self._records):
+            if attribute == name:
+                setattr(module, name, value)
+        # Modules imported while it was installed took its function from verl's module.
+        if name in self._previous:
+            for module in _bindings(name, self.functions[name]):
+                setattr(module, name, self._previous[name])
 
-    def _inherit(self, earlier: Installation) -> None:
-        """``earlier`` (installed just before this one) is removed: where this one recorded
-        earlier's functions, record what earlier had recorded instead."""
-        own = {(id(module), name): value for module, name, value in earlier._records}
-        for k, (module, name, value) in enumerate(self._records):
-            if value is earlier.functions.get(name):
-                before = own.get((id(module), name), earlier._previous.get(name, value))
+    def _inherit(self, earlier: Installation, name: str) -> None:
+        """``earlier`` (the installation whose ``name`` this one replaced) is removed: where
+        this one recorded earlier's function, record what earlier had recorded instead."""
+        function = earlier.functions[name]
+        own = {id(module): value for module, n, value in earlier._records if n == name}
+        for k, (module, attribute, value) in enumerate(self._records):
+            if attribute == name and value is function:
+                before = own.get(id(module), earlier._previous.get(name, value))
                 self._records[k] = (module, name, before)
-        for name, value in self._previous.items():
-            if value is earlier.functions.get(name):
-                self._previous[name] = earlier._previous.get(name, value)
+        if self._previous.get(name) is function:
+            self._previous[name] = earlier._previous.get(name, function)
 
     def __enter__(self) -> Installation:
         return self
