@@ -29,6 +29,7 @@ SLOWEST_FIRST = (
     "test_plan_context_parallel_properties.py",
     "test_integrations_hf.py",
     "test_runtime_context_parallel.py",
+    "test_runtime_context_parallel_hf.py",
     "test_integrations_megatron.py",
     "test_integrations_verl_install.py",
     "test_runtime_samplers_lazy.py",
