@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance.sim.plot import _pyplot
+from seqbalance.sim.plot import pyplot
 
 __all__ = ["RunTelemetry", "load_telemetry", "plot_run", "summarize_run"]
 
@@ -267,7 +267,7 @@ def plot_run(run: RunTelemetry, path: str | os.PathLike[str]) -> Path:
     step as the unbalanced baseline and as planned under the fitted model (ms), the area
     between them the time balancing saved.
     """
-    plt = _pyplot()
+    plt = pyplot()
     c, steps = run.columns, run.step
     figure, axes = plt.subplots(3, 1, figsize=(9.0, 9.0), sharex=True, layout="constrained")
     imbalance = _ratio(c["max_rank_compute_seconds"], c["mean_rank_compute_seconds"])

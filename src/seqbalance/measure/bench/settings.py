@@ -39,7 +39,7 @@ DEFAULT_MAX_TOKENS = 4096
 
 ONLINE_STRATEGIES = ("balanced_adaptive", "balanced_oracle")
 """Planned inside the processes step by step: ``balanced_adaptive`` with the closed loop
-(``seqbalance.runtime.feedback.Adaptive``, starting from the run's time model), and
+(``seqbalance.runtime.closed_loop.feedback.Adaptive``, starting from the run's time model), and
 ``balanced_oracle``, ``balanced`` given each step's true rank speeds (from ``slow_rank``)."""
 
 DEVICES = ("cpu", "cuda")
@@ -333,12 +333,12 @@ class BenchSettings:
         if longest > usable[-1] * cap:
             raise ValueError(
                 f"lengths hold a sample of {longest} tokens, above the largest CP size usable "
-                f"on {self.procs} processes ({usable[-1]}) x max_tokens_per_rank = {cap}"
+                f"on {self.procs} processes ({usable[-1]}) x max_tokens = {cap} (the per-rank cap)"
             )
 
     @property
     def context_parallel(self) -> ContextParallel | None:
-        """``options.context_parallel`` (its ``max_tokens_per_rank`` is ``options.max_tokens``)."""
+        """``options.context_parallel`` (the per-rank cap is ``options.max_tokens``)."""
         return self.options.context_parallel
 
     def context_parallel_options(self, cost: ContextParallelTimeModel) -> PlanOptions:

@@ -1,0 +1,115 @@
+"""`seqbalance calibrate`: the command writes a loadable TimeModel and reports its errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from seqbalance.cli import main
+from seqbalance.cost import TimeModel
+
+pytestmark = pytest.mark.torch
+
+
+def test_cli_writes_a_loadable_time_model(capsys, tmp_path) -> None:
+    out = tmp_path / "tm.json"
+    argv = [
+        "calibrate",
+        "--model-size",
+        "tiny",
+        "--trials",
+        "8",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "256",
+        "-o",
+        str(out),
+        "--json",
+    ]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    model = TimeModel.load(out)
+    assert model == TimeModel.from_json(json.dumps(report["time_model"]))
+    assert model.fit_stats is not None and model.fit_stats.n_observations == 6
+    assert report["train"]["n"] == 6 and report["heldout"]["n"] == 2
+    assert report["trials"] == 8 and report["threads"] == 1 and report["device"] == "cpu"
+    assert report["model_config"]["hidden_size"] == 32
+    assert report["output"] == str(out)
+    assert model.microbatch_seconds([256]) > 0
+
+
+def test_cli_rejects_bad_options(capsys, tmp_path) -> None:
+    assert main(["calibrate", "--trials", "2", "-o", str(tmp_path / "x.json")]) == 2
+    assert "trials" in capsys.readouterr().err
+    assert main(["calibrate", "--max-length", "0", "-o", str(tmp_path / "x.json")]) == 2
+    assert "--max-length must be >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.multiprocess
+def test_context_parallel_calibration_writes_a_model_that_plans(capsys, tmp_path) -> None:
+    from seqbalance.cost import ModelSpec
+    from seqbalance.cost.context_parallel import (
+        ContextParallelTimeModel,
+        kv_elements_per_token,
+        kv_layers,
+    )
+    from seqbalance.measure.calibrate import model_config
+    from seqbalance.plan import ContextParallel, plan_step
+
+    out = tmp_path / "cp.json"
+    argv = ["calibrate", "--context-parallel", "1,2", "--max-tokens", "128"]
+    argv += ["--model-size", "tiny", "--trials", "6", "--repeats", "1", "--timeout", "60"]
+    assert main([*argv, "-o", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    cost = ContextParallelTimeModel.load(out)
+    assert cost.to_dict() == report["time_model"] and report["output"] == str(out)
+    assert report["procs"] == 2 and report["context_parallel"]["sizes"] == [1, 2]
+    assert report["max_tokens"] == 128
+    spec = ModelSpec.from_hf_config(model_config("tiny", max_position=128).to_hf_config())
+    assert (cost.kv_elements_per_token, cost.kv_layers) == (
+        kv_elements_per_token(spec),
+        kv_layers(spec),
+    )
+    assert cost.time.fit_stats.n_observations == 6  # one slot per rank and case
+    assert cost.comm.fit_stats.n_observations == 4  # 4 message sizes over CP size 2
+    assert cost.comm.bandwidth_bytes_per_s > 0 and cost.piece_overhead_s >= 0
+    # The file plans: plan_step with the loaded cost, and simulate --context-parallel.
+    plan = plan_step(
+        [300, 40, 20, 10], 2, cost=cost, max_tokens=256, context_parallel=ContextParallel()
+    )
+    plan.validate()
+    np_lengths = tmp_path / "lengths.npy"
+    np.save(np_lengths, np.array([300, 40, 20, 10, 250, 5]))
+    simulate = ["simulate", "--lengths", str(np_lengths), "--dp", "2", "--global-batch", "6"]
+    simulate += ["--steps", "1", "--context-parallel", "1,2", "--max-tokens", "256"]
+    assert main([*simulate, "--time-model", str(out), "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["strategies"]) == {
+        "balanced",
+        "static_cp",
+        "dynamic_cp_megatron",
+    }
+
+
+def test_context_parallel_options_are_checked_before_any_process(capsys, tmp_path) -> None:
+    out = str(tmp_path / "x.json")
+    for argv, message in (
+        (["--procs", "2"], "--procs applies with --context-parallel only"),
+        (["--timeout", "5"], "--timeout applies with --context-parallel only"),
+        (["--context-parallel", "1,2", "--max-length", "5"], "--max-length does not apply"),
+        (["--context-parallel", "1,2", "--warmup", "1"], "--warmup does not apply"),
+        (["--context-parallel", "1,4"], "hold no CP size > 1 that divides --procs = 2"),
+        (["--context-parallel", "1,2", "--procs", "1"], "--procs must be >= 2, got 1"),
+        (["--context-parallel", "1,2", "--trials", "2"], "--trials must be >= 4, got 2"),
+        (["--context-parallel", "1,3,2"], "--context-parallel: sizes must be ascending"),
+    ):
+        assert main(["calibrate", *argv, "-o", out]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert not (tmp_path / "x.json").exists()
