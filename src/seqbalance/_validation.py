@@ -15,7 +15,6 @@ import numpy as np
 __all__ = [
     "MAX_TIMEOUT_SECONDS",
     "MAX_TOKENS_LIMIT",
-    "MIN_TIMEOUT_SECONDS",
     "SPEED_RANGE",
     "as_group_ids",
     "as_lengths",
@@ -222,25 +221,6 @@ def check_timeout(value: Any, name: str) -> float:
 def check_non_negative_float(value: Any, name: str) -> float:
     """Return ``value`` as a float; reject bools, NaN, inf and values < 0."""
     return _check_real(value, name, positive=False)
-
-
-MIN_TIMEOUT_SECONDS = 1e-3
-MAX_TIMEOUT_SECONDS = 1e9
-"""Timeouts are accepted from a millisecond (the resolution of torch.distributed's) to about 31
-years: every clock that waits on one represents it (``datetime.timedelta``, ``threading``'s
-waits, ``time.monotonic()`` deadlines), so a timeout never overflows at first use."""
-
-
-def check_timeout(value: Any, name: str) -> float:
-    """Return ``value`` (seconds) as a float; reject bools, NaN, inf and values outside
-    [``MIN_TIMEOUT_SECONDS``, ``MAX_TIMEOUT_SECONDS``]."""
-    seconds = check_positive_float(value, name)
-    if not MIN_TIMEOUT_SECONDS <= seconds <= MAX_TIMEOUT_SECONDS:
-        raise ValueError(
-            f"{name} must be between {MIN_TIMEOUT_SECONDS:g} and {MAX_TIMEOUT_SECONDS:g} "
-            f"seconds, got {value!r}"
-        )
-    return seconds
 
 
 def check_choice(value: Any, name: str, choices: Sequence[str] | Iterable[str]) -> str:
