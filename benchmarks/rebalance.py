@@ -29,7 +29,6 @@ import itertools
 import os
 import platform
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +100,7 @@ def _worker(
     torch.set_num_threads(1)
     model = TinyCausalTransformer(ToyModelConfig(max_position=MAX_TOKENS))
     group = dist.new_group(backend="gloo")  # the Rebalancer's own collectives
-    rebalancer = Rebalancer(
-        group, timeout=timedelta(minutes=2), max_tokens=MAX_TOKENS, cost=model.model_spec()
-    )
+    rebalancer = Rebalancer(group, timeout=120.0, max_tokens=MAX_TOKENS, cost=model.model_spec())
     rows = []
     for n in sizes:
         lengths = _lengths(n, seed=n)

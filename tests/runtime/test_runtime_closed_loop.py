@@ -416,9 +416,11 @@ def test_feedback_checks_its_log_and_timeout_up_front(tmp_path):
     with pytest.raises(ValueError, match="is a folder"):
         Feedback(log=tmp_path)
     for timeout in (float("inf"), float("nan"), 1e20, 0.0, -1.0, True):
-        with pytest.raises(ValueError, match="timeout_seconds"):
-            Feedback(timeout_seconds=timeout)
-    assert Feedback(timeout_seconds=3600.0).timeout_seconds == 3600.0
+        with pytest.raises(ValueError, match="timeout"):
+            Feedback(timeout=timeout)
+    assert Feedback(timeout=3600.0).timeout == 3600.0
+    with pytest.warns(DeprecationWarning, match="timeout="):  # the old name, for one release
+        assert Feedback(timeout_seconds=30.0) == Feedback(timeout=30.0)
 
 
 def _learned_planner(steps: int = 4) -> AdaptivePlanner:
