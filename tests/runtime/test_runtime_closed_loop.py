@@ -3,6 +3,7 @@ the single-controller AdaptivePlanner (numpy only)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 
@@ -316,6 +317,7 @@ ANY_SECONDS = st.one_of(
 )
 
 
+@functools.cache
 def _plan(dp: int) -> StepPlan:
     lengths = np.random.default_rng(dp).integers(16, 2048, size=12 * dp)
     return plan_step(lengths, dp, LOOP_OPTIONS)
@@ -479,13 +481,16 @@ def _mutations(value):
     return junk
 
 
+@functools.cache
+def _learned_state() -> str:
+    return json.dumps(_learned_planner(3).state_dict())
+
+
 @settings(max_examples=examples(400))
 @given(data=st.data())
 def test_a_corrupted_state_is_a_value_error_and_changes_nothing(data):
-    planner = _learned_planner(3)
-    state = json.loads(json.dumps(planner.state_dict()))
-    corrupted = data.draw(_mutations(state))
-    resumed = _learned_planner(1)
+    corrupted = data.draw(_mutations(json.loads(_learned_state())))
+    resumed = AdaptivePlanner(2, cost=TRUE, max_tokens=4096)
     before = _state(resumed.loop)
     try:
         resumed.load_state_dict(corrupted)
