@@ -430,10 +430,12 @@ DEADLINE_CONVERSION = "seqbalance.runtime.collectives"
 
 DEADLINES_PENDING = {
     "seqbalance.runtime.context_parallel.executor",
+    "seqbalance.runtime.context_parallel.slot_attention",
     "seqbalance.measure.calibrate_context_parallel",
 }
-"""Modules whose public signatures still take a ``timedelta``: the context-parallel executor and
-its calibration, being rewritten (issue 29); they move to float seconds with it."""
+"""Modules whose public signatures still take a ``timedelta``: the context-parallel executor, its
+attention and its calibration (issue 29's modules, in active work); they move to float seconds
+(``collectives.deadline``, ``DEFAULT_TIMEOUT_SECONDS``) and leave this set."""
 
 
 def _timedelta_parameters() -> list[str]:
