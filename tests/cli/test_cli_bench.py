@@ -157,6 +157,8 @@ def test_bad_options_name_their_flags(capsys, tmp_path) -> None:
     assert "--global-batch must be >= 1, got 0" in capsys.readouterr().err
     assert main(["bench", *lengths, "--timeout", "-1"]) == 2
     assert "--timeout must be a positive" in capsys.readouterr().err
+    assert main(["bench", *lengths, "--noise", "-1"]) == 2
+    assert "--noise must be a non-negative finite number, got -1.0" in capsys.readouterr().err
     assert main(["bench", *lengths, "--length-divisor", "0"]) == 2
     assert "--length-divisor must be >= 1, got 0" in capsys.readouterr().err
     assert main(["bench", *lengths, "--time-model", str(tmp_path / "none.json")]) == 2

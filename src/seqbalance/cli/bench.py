@@ -109,6 +109,15 @@ def register(subparsers: Any) -> None:
         "balanced given the true speeds)",
     )
     parser.add_argument(
+        "--noise",
+        metavar="F",
+        type=float,
+        default=0.0,
+        help="background load on every rank: after each micro-batch, compute again for a random "
+        "multiple of its time, exponential with mean F (reproducible from --seed; default: 0). "
+        "balanced_adaptive should stay near balanced_oracle under it",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=300.0,
@@ -164,6 +173,7 @@ _FLAGS = {
             "repeats",
             "seed",
             "slow_rank",
+            "noise",
             "hf_model",
         )
     },
@@ -293,6 +303,7 @@ def _settings(
             repeats=args.repeats,
             seed=args.seed,
             slow_rank=args.slow_rank,
+            noise=args.noise,
             timeout_seconds=args.timeout,
             launch_timeout_seconds=args.launch_timeout,
         )

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqbalance._validation import check_choice, check_int, check_positive_float
+from seqbalance._validation import check_choice, check_int, check_timeout
 from seqbalance.cost import ModelSpec, TimeModel
 from seqbalance.cost.context_parallel import (
     CommModel,
@@ -425,8 +425,8 @@ def calibrate_context_parallel(
     )
     if not cores:
         raise ValueError("cores must name at least one CPU core, got none")
-    timeout = check_positive_float(timeout, "timeout")
-    launch_timeout = check_positive_float(launch_timeout, "launch_timeout")
+    timeout = check_timeout(timeout, "timeout")
+    launch_timeout = check_timeout(launch_timeout, "launch_timeout")
     started = time.perf_counter()
     cost, config = launch(
         _calibrate_context_parallel_rank,

@@ -94,6 +94,16 @@ class Rebalancer:
             as seconds) and a JSONL file rank 0 appends each step's telemetry to.
         **option_keywords: any ``PlanOptions`` field by name.
 
+    With ``context_parallel`` (RL rollouts with samples longer than one rank can hold),
+    ``group`` is the DPxCP domain and each step is a ``ContextParallelPlan`` over its ranks
+    (``max_tokens``: the tokens one rank holds in one slot): every member of a sharded
+    sample's CP group receives the sample, each micro-batch is a slot with its record in
+    ``RebalanceResult.slots`` (which tokens of each sample this rank computes, in which CP
+    group), and ``restore`` takes each piece's per-token outputs and returns every sample's
+    outputs whole, on its origin rank, in origin order. Plan rank ``r`` runs on rank ``r``
+    (relabelling would break the aligned CP groups: ``keep_local`` does not apply); ``adaptive``
+    and ``parts`` are not supported with it yet (ValueError).
+
     Raises:
         ValueError: a bad timeout, ``keep_local``, ``length_key``, ``adaptive`` or option.
     """
@@ -116,8 +126,15 @@ class Rebalancer:
         self.timeout = seconds
         self.length_key = length_key
         self.keep_local = check_bool(keep_local, "keep_local")
-        self.options = as_options(options, option_keywords, where="Rebalancer")
+        self.options = as_options(
+            options, option_keywords, where="Rebalancer", context_parallel=True
+        )
         feedback = as_feedback(adaptive)
+        if feedback is not None and self.options.context_parallel is not None:
+            raise ValueError(
+                "Rebalancer(adaptive=...) with context_parallel is not supported yet: the closed "
+                "loop learns data-parallel micro-batch times; plan with fixed options"
+            )
         self.engine = StepEngine(
             group,
             self.timeout,
