@@ -10,7 +10,6 @@ when the loop runs ahead.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,7 +22,7 @@ from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
 from seqbalance.runtime.agreement import agreed_plan
-from seqbalance.runtime.collectives import Comm
+from seqbalance.runtime.collectives import Comm, deadline
 from seqbalance.runtime.rebalancing._gathered import Batch, gather_batch
 from seqbalance.runtime.rebalancing._samples import LocalSamples, assemble, normalise
 from seqbalance.runtime.rebalancing.caps import first_over_cap
@@ -45,7 +44,7 @@ class StepEngine:
 
     Args:
         group: the data-parallel process group.
-        timeout: longest wait for any collective.
+        timeout: longest wait for any collective, in seconds.
         options: the plan options of every step.
         length_key: field whose first dimension is a sample's length (None: the first field).
         keep_local: relabel plan slots to keep the most bytes on their current rank.
@@ -59,7 +58,7 @@ class StepEngine:
     def __init__(
         self,
         group: Any,
-        timeout: timedelta,
+        timeout: float,
         options: PlanOptions,
         *,
         length_key: str | None,
@@ -67,7 +66,7 @@ class StepEngine:
         feedback: Piggyback | None,
     ) -> None:
         self.group = group
-        self.timeout = timeout
+        self._deadline = deadline(timeout)
         self.options = options
         self.length_key = length_key
         self.keep_local = keep_local
@@ -99,7 +98,7 @@ class StepEngine:
         observed: Any = None,
     ) -> RebalanceResult:
         """One step's four phases; ``observed``: :meth:`take_observation` of the caller."""
-        comm = Comm(self.group, self.timeout)
+        comm = Comm(self.group, self._deadline)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         # The statistics of an observed step are computed here, after every earlier step's

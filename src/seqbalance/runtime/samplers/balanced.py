@@ -353,7 +353,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
         Raises:
             ValueError: without ``adaptive``, or no step taken that is not yet observed.
-            CollectiveError: a peer did not join within ``Feedback.timeout_seconds``.
+            CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         if self._lagged is None:
             raise ValueError("BalancedBatchSampler.observe needs adaptive=True")
