@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ CAP = 24  # tokens per rank and slot
 OPTIONS = ContextParallel(comm=CommModel())
 ASSIGNED = PlanOptions(cost="flops", max_tokens=CAP, context_parallel=OPTIONS, allow_empty=True)
 """The request of the hand-made assignments (``ContextParallelPlan.from_assignment``)."""
-TIMEOUT = timedelta(seconds=30)
+TIMEOUT = 30.0  # seconds any collective may wait
 FORWARD = TinyCausalTransformer.slot_logits
 
 
@@ -253,7 +252,7 @@ def test_slot_batch_labels_cross_shards() -> None:
         SlotBatch.of(inputs, samples[:1])
 
 
-def _step(plan: ContextParallelPlan, groups: ContextParallelGroups, timeout: timedelta) -> None:
+def _step(plan: ContextParallelPlan, groups: ContextParallelGroups, timeout: float) -> None:
     """A fresh model through ``plan`` (the failure cases: nothing is compared)."""
     samples = _samples(plan.lengths.tolist())
     run_step(_model(), plan, samples, groups, forward=FORWARD, timeout=timeout)
@@ -270,7 +269,7 @@ def _disagreeing(rank: int, world_size: int, texts: list[str]) -> dict[str, Any]
 
 
 def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict[str, Any]:
-    timeout = timedelta(seconds=2)
+    timeout = 2.0
     plan = ContextParallelPlan.from_json(text)
     groups = ContextParallelGroups(timeout=timeout)
     if rank == 1:

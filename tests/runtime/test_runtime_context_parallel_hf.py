@@ -21,7 +21,6 @@ relative plus 1e-12 absolute (measured: about 1e-15, float64 rounding).
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -57,7 +56,7 @@ WORLD = 4
 CAP = 24  # tokens per rank and slot
 VOCAB = 61
 LR = 0.05
-TIMEOUT = timedelta(seconds=30)
+TIMEOUT = 30.0  # seconds any collective may wait
 SCALE = {
     "hidden_size": 32,
     "num_attention_heads": 4,
