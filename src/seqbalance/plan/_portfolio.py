@@ -57,7 +57,8 @@ class Portfolio:
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
     objective) is not run when that bound cannot beat the best plan so far. Otherwise a rival
     runs when the planning budget in force admits it (``plan/_budget.py``: a cheap one always)
-    or when the plan is more than the budget's gap above the lower bound.
+    or when the plan is more than the budget's gap above the lower bound; the partition
+    engine's split runs where the budget admits every rival, or beyond that gap.
     """
 
     def __init__(self, p: Problem) -> None:
@@ -94,7 +95,9 @@ class Portfolio:
         rivals = _rivals()
         admitted = _budget.admitted(p, rivals)
         every = value > bound * (1 + _budget.budget_gap(p))  # a skipped rival could win more
-        candidates = [self._partition_start()]
+        # The partition engine's split (a search of its own) runs where every rival does.
+        engine = every or not _budget.beyond_budget(p, rivals)
+        candidates = [self._partition_start()] if engine else []
         for strategy in rivals:
             if not (every or strategy.name in admitted):
                 continue
