@@ -3,7 +3,7 @@
     python benchmarks/rebalance.py [--quick] [--out FILE] [--world-size 4]
 
 Starts ``--world-size`` gloo processes on this machine (CPU, with
-``seqbalance.runtime.launch``). For each step size (256 to 4096
+``seqbalance.measure.launch``). For each step size (256 to 4096
 samples over all ranks; heavy-tailed lengths, each rank holding an equal random share, the
 situation after RL rollouts), every rank runs a training loop over ``Rebalancer.iterate`` of
 its samples (dicts of ``input_ids`` and ``labels``, int64; the same batch every step), twice:
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from seqbalance.measure.launch import launch
 from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig
 from seqbalance.runtime import Rebalancer
-from seqbalance.runtime.launch import launch
 
 MAX_TOKENS = 4096
 MODES = {"off": False, "on": True}  # overlap

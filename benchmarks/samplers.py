@@ -67,7 +67,7 @@ def measure(path: Path, microbatches: int, train_ms: float) -> dict:
     import torch  # noqa: F401  (a training process has torch loaded; not counted below)
 
     import seqbalance as sb
-    from seqbalance.plan._layout import Permutation
+    from seqbalance.plan.layout import Permutation
     from seqbalance.runtime import BalancedBatchSampler
 
     lengths = np.load(path, mmap_mode="r")

@@ -24,7 +24,7 @@ import torch
 
 from seqbalance.measure.calibrate import model_config
 from seqbalance.measure.toy_model import TinyCausalTransformer, make_packed_batch
-from seqbalance.runtime.timer import StepTimer
+from seqbalance.runtime.closed_loop.timer import StepTimer
 
 TOKENS = 4096
 

@@ -1,6 +1,6 @@
 """Run a worker function on real gloo ranks and collect what each rank returned or raised.
 
-A thin adapter over the project's one launcher, :func:`seqbalance.runtime.launch.launch`, for
+A thin adapter over the project's one launcher, :func:`seqbalance.measure.launch.launch`, for
 tests that inspect failures: every rank runs ``worker(rank, world_size, *args)`` to its end
 (``stop_on_failure=False``), an exception a worker raises is returned as a record instead of
 ending the launch, and a rank that dies (killed, ``os._exit``) yields ``None``. The launch as a
@@ -14,8 +14,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from seqbalance.runtime.launch import RankFailure
-from seqbalance.runtime.launch import launch as _launch
+from seqbalance.measure.launch import RankFailure
+from seqbalance.measure.launch import launch as _launch
 
 LAUNCH_TIMEOUT_S = 90.0
 
@@ -79,7 +79,7 @@ def stay_stuck(directory: str | Path, ranks: list[int], limit_s: float) -> None:
 def count_exchanges() -> list[str]:
     """From now on in this rank process, record the name of every Rebalancer exchange (the
     collective that moves samples), to check that none ran; returns the growing list."""
-    from seqbalance.runtime._dist import Comm
+    from seqbalance.runtime.collectives import Comm
 
     exchanges: list[str] = []
     original = Comm.exchange

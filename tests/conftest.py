@@ -35,7 +35,7 @@ SLOWEST_FIRST = (
     "test_runtime_resume.py",
     "test_plan_parts.py",
     "test_runtime_distributed.py",
-    "test_runtime_launch.py",
+    "test_measure_launch.py",
 )
 """Modules that take the longest under the ``full`` profile (``pytest --durations``), started
 first so that no worker is left alone with one of them at the end; the others keep their

@@ -88,30 +88,36 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"))
 
 
-def _imports(node: ast.AST, *, in_functions: bool = True) -> Iterator[ast.Import | ast.ImportFrom]:
+def _imports(
+    node: ast.AST, *, in_functions: bool = True, type_checking: bool = False
+) -> Iterator[ast.Import | ast.ImportFrom]:
     """The import statements in ``node`` that can run: none under ``if TYPE_CHECKING:`` (imports
-    for type hints only never run), and none inside a function unless ``in_functions`` (the rest
-    run at import time)."""
+    for type hints only never run) unless ``type_checking``, and none inside a function unless
+    ``in_functions`` (the rest run at import time)."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         yield node
         return
-    if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+    if (
+        isinstance(node, ast.If)
+        and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        and not type_checking
+    ):
         children = node.orelse
     elif in_functions or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         children = ast.iter_child_nodes(node)
     else:
         return
     for child in children:
-        yield from _imports(child, in_functions=in_functions)
+        yield from _imports(child, in_functions=in_functions, type_checking=type_checking)
 
 
-def _import_graph(*, in_functions: bool = True) -> dict[str, set[str]]:
+def _import_graph(*, in_functions: bool = True, type_checking: bool = False) -> dict[str, set[str]]:
     """Module -> the project modules importing it loads (the imports inside its functions too,
-    unless not ``in_functions``)."""
+    unless not ``in_functions``; those for type hints only too, with ``type_checking``)."""
     modules = _modules()
     graph: dict[str, set[str]] = defaultdict(set)
     for module, path in modules.items():
-        for node in _imports(_tree(path), in_functions=in_functions):
+        for node in _imports(_tree(path), in_functions=in_functions, type_checking=type_checking):
             graph[module].update(_targets(module, path.name == "__init__.py", node, modules))
     for module, targets in graph.items():
         own = _packages(module)
@@ -177,7 +183,7 @@ def test_every_package_has_a_layer() -> None:
 def test_imports_run_downwards_only() -> None:
     upward = {
         (module, target)
-        for module, targets in _import_graph().items()
+        for module, targets in _import_graph(type_checking=True).items()
         for target in targets
         if _layer(module) is not None
         and _layer(target) is not None
@@ -187,12 +193,14 @@ def test_imports_run_downwards_only() -> None:
 
 
 def test_no_import_cycles() -> None:
-    assert _cycles(_import_graph()) == set()
+    """Not even through imports for type hints only: a cycle of types is a cycle of concepts."""
+    assert _cycles(_import_graph(type_checking=True)) == set()
 
 
 def test_a_package_initialised_on_the_way_is_an_edge() -> None:
     graph = _import_graph()
-    assert "seqbalance.plan.context_parallel" in graph["seqbalance.runtime.context_parallel"]
+    executor = "seqbalance.runtime.context_parallel.executor"
+    assert "seqbalance.plan.context_parallel" in graph[executor]
     assert "seqbalance.plan" not in graph["seqbalance.plan.options"]  # its own package
 
 
@@ -260,8 +268,8 @@ def test_function_local_imports_of_project_modules_only_defer_optional_dependenc
 
 def test_an_optional_dependency_is_found_through_the_modules_imported() -> None:
     loading = _load_an_optional_dependency()
-    assert "seqbalance.runtime.rebalancer" in loading  # imports torch itself
-    assert "seqbalance.runtime._lagged" in loading  # through runtime._dist, which does
+    assert "seqbalance.runtime.rebalancing.rebalancer" in loading  # imports torch itself
+    assert "seqbalance.runtime.closed_loop.lagged" in loading  # through runtime.collectives
     assert "seqbalance.runtime.samplers" not in loading  # numpy only
 
 
@@ -306,3 +314,84 @@ def test_no_function_grows_past_the_limit() -> None:
         and not (name.startswith("seqbalance/cli/") and name.endswith(":register"))
     }
     assert too_long == {}
+
+
+def _private(name: str) -> bool:
+    """A name its module keeps to itself: a leading underscore, not a dunder."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _owner(module: str) -> str | None:
+    """The package a private module belongs to: the top-level package that holds it (its
+    subpackages share their private modules), or None for a public module; ``__init__`` and
+    ``__main__`` are not private."""
+    parts = module.split(".")
+    if not any(_private(part) for part in parts[2:]):
+        return None
+    return ".".join(parts[:2])
+
+
+def _private_names(tree: ast.Module) -> set[str]:
+    """The private names a module defines: functions, classes, variables, attributes it
+    assigns (``self._x = ...``) and parameters."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return {name for name in names if _private(name)}
+
+
+def _private_reads() -> list[str]:
+    """Where a module reaches into another: a private name imported from another module, a
+    private module imported from outside its package, or ``obj._name`` (not ``self``, ``cls``
+    or ``super()``) for a private name only other modules define."""
+    modules = _modules()
+    defined = {module: _private_names(_tree(path)) for module, path in modules.items()}
+    definers: dict[str, set[str]] = defaultdict(set)
+    for module, names in defined.items():
+        for name in names:
+            definers[name].add(module)
+    found = []
+    for module, path in modules.items():
+        where = _relative(path)
+        for node in _imports(_tree(path), type_checking=True):
+            for target in _targets(module, path.name == "__init__.py", node, modules):
+                owner = _owner(target)
+                if owner is not None and not (module == owner or module.startswith(owner + ".")):
+                    found.append(f"{where}:{node.lineno} imports the private module {target}")
+            if isinstance(node, ast.ImportFrom):
+                found.extend(
+                    f"{where}:{node.lineno} imports {alias.name}"
+                    for alias in node.names
+                    if _private(alias.name)
+                    and not any(target.endswith("." + alias.name) for target in modules)
+                )
+        for node in ast.walk(_tree(path)):
+            if not isinstance(node, ast.Attribute) or not _private(node.attr):
+                continue
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                continue
+            if isinstance(base, ast.Call) and ast.unparse(base.func) == "super":
+                continue
+            if node.attr not in defined[module] and definers[node.attr] - {module}:
+                found.append(f"{where}:{node.lineno} reads {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_members() -> None:
+    assert _private_reads() == [], "make these public (or move the code to where it is read)"
+
+
+def test_private_reads_are_found() -> None:
+    assert _owner("seqbalance.plan.context_parallel._plan") == "seqbalance.plan"
+    assert _owner("seqbalance._validation") is None  # layer 0: every package's
+    assert _owner("seqbalance.runtime.samplers") is None
+    tree = ast.parse("class A:\n    def f(self, other):\n        self._x = other._y\n")
+    assert _private_names(tree) == {"_x"}

@@ -32,7 +32,17 @@ _LAZY_NAMES = {
     "strategy_names": "seqbalance.plan",
     "simulate": "seqbalance.sim",
 }
-_SUBPACKAGES = ("partition", "cost", "plan", "runtime", "datasets", "sim", "measure", "defaults")
+_SUBPACKAGES = (
+    "partition",
+    "cost",
+    "plan",
+    "runtime",
+    "datasets",
+    "sim",
+    "integrations",
+    "measure",
+    "defaults",
+)
 
 __all__ = ["__version__", *_LAZY_NAMES, *_SUBPACKAGES]
 

@@ -72,7 +72,7 @@ def test_a_rank_with_other_options_makes_every_rank_raise_naming_them(tmp_path: 
 
 def _fault(rank: int, world_size: int, fault: str, directory: str) -> dict[str, Any]:
     """Rank ODD_RANK misbehaves as ``fault`` says; the others report how their call ended."""
-    from seqbalance.runtime._dist import Comm
+    from seqbalance.runtime.collectives import Comm
 
     rebalancer = Rebalancer(timeout=TIMEOUT, **OPTIONS)
     if rank == ODD_RANK:

@@ -13,7 +13,7 @@ from _parts import TINY_VLM, image_parts
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from seqbalance.runtime.window import WindowBalancer
+from seqbalance.runtime.rebalancing.window import WindowBalancer
 
 PATCH_CAP = {"max_vision_patches": st.integers(40, 600)}
 

@@ -1,7 +1,7 @@
 """Train a tiny random Llama with the stock Trainer or seqbalance's, print the run as JSON.
 
 Run directly (one process) or under ``torch.distributed.run`` (gloo). Used by
-tests/test_integrations_hf.py.
+tests/integrations/test_integrations_hf.py.
 """
 
 from __future__ import annotations

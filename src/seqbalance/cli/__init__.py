@@ -5,7 +5,7 @@ Each module in ``SUBCOMMANDS`` exposes ``register(subparsers)`` (adds its parser
 work is library code (``seqbalance.sim``, ``seqbalance.measure.calibrate``,
 ``seqbalance.measure.bench``, ...), which ``run`` imports with its heavy dependencies (torch,
 rich, matplotlib, tokenizers), so ``seqbalance --help`` works with numpy alone
-(``tests/test_cli.py`` checks that no ``--help`` even looks for torch).
+(``tests/cli/test_cli.py`` checks that no ``--help`` even looks for torch).
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ def _plan_options(args: argparse.Namespace, context_parallel: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     require_torch()
-    from seqbalance.runtime.launch import LaunchError
+    from seqbalance.measure.launch import LaunchError
 
     source = load_lengths(args.lengths)
     context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)

@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_context_parallel(args: argparse.Namespace, context_parallel: Any) -> int:
     """``calibrate --context-parallel``: a ContextParallelTimeModel from real processes."""
     from seqbalance.measure.calibrate_context_parallel import calibrate_context_parallel
-    from seqbalance.runtime.launch import LaunchError
+    from seqbalance.measure.launch import LaunchError
 
     refused = {
         "--device cuda": args.device != "cpu",

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,13 @@ from seqbalance.datasets.lengths import (
     TokenLengths,
     token_lengths,
 )
-from seqbalance.datasets.trl import TRL_MAX_LENGTH, TRUNCATION_MODES, trl_token_lengths
+from seqbalance.datasets.trl import (
+    PACKING_STRATEGIES,
+    TRL_MAX_LENGTH,
+    TRL_SEED,
+    TRUNCATION_MODES,
+    trl_token_lengths,
+)
 
 _SHOWN_SKIPPED = 10
 
@@ -42,12 +49,26 @@ and counted as rendered (--template auto); otherwise the chatml template adds 5 
 tokenizer directory; needs transformers): "text" + EOS, "messages" through the chat template,
 prompt/completion (plain or conversational), truncated to --max-length (TRL's default 1024);
 preference pairs (prompt/chosen/rejected) as DPOTrainer tokenizes them, two samples per record in
-one group. Records TRL drops (a prompt that fills --max-length) are listed and left out.
+one group. Records TRL drops (no loss token left in the --max-length window) are listed and left
+out. TRL's SFTConfig settings: --completion-only-loss, --assistant-only-loss, --packing
+(bfd, bfd_split, wrapped: one length per packed row, --pieces-output for the sequences inside
+them), --shuffle-dataset with --seed, --dataset-num-proc.
 
 Malformed records are an error naming their line numbers (JSON lines) or record indices (JSON,
 Parquet); --skip-malformed skips them and lists them.
 """
 
+_TRL_ONLY = (
+    ("max_length", "--max-length"),
+    ("truncation_mode", "--truncation-mode"),
+    ("completion_only_loss", "--completion-only-loss"),
+    ("assistant_only_loss", "--assistant-only-loss"),
+    ("packing", "--packing"),
+    ("shuffle_dataset", "--shuffle-dataset"),
+    ("seed", "--seed"),
+    ("dataset_num_proc", "--dataset-num-proc"),
+    ("pieces_output", "--pieces-output"),
+)
 _TRL_CONFLICTS = (
     ("text_field", "--text-field"),
     ("chat_field", "--chat-field"),
@@ -148,6 +169,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="TRL's truncation_mode (decides which records are dropped; default keep_start)",
     )
+    trl.add_argument(
+        "--completion-only-loss",
+        choices=("true", "false"),
+        default=None,
+        help="SFTConfig's completion_only_loss (default: true for prompt/completion data)",
+    )
+    trl.add_argument(
+        "--assistant-only-loss",
+        action="store_true",
+        default=None,
+        help="SFTConfig's assistant_only_loss: loss on the assistant turns only (conversations)",
+    )
+    trl.add_argument(
+        "--packing",
+        choices=PACKING_STRATEGIES,
+        default=None,
+        help="SFTConfig(packing=True, packing_strategy=...): one length per packed row",
+    )
+    trl.add_argument(
+        "--pieces-output",
+        type=Path,
+        metavar="PATH",
+        help="with --packing: write the sequences inside the rows (.npy, row after row)",
+    )
+    trl.add_argument(
+        "--shuffle-dataset",
+        action="store_true",
+        default=None,
+        help="SFTConfig's shuffle_dataset: the trainer's order, shuffled with --seed",
+    )
+    trl.add_argument(
+        "--seed", type=_positive_or_zero, default=None, help=f"TRL's seed (default {TRL_SEED})"
+    )
+    trl.add_argument(
+        "--dataset-num-proc",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="SFTConfig's dataset_num_proc (packing runs per worker shard)",
+    )
     add_json_flag(parser)
     parser.set_defaults(func=run)
 
@@ -161,6 +222,23 @@ def _max_length(text: str) -> int | str:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer or 'none', got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _positive_or_zero(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _positive_or_zero(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
     return value
 
 
@@ -215,13 +293,14 @@ def _report_skipped(result: TokenLengths) -> None:
         )
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.output.suffix != ".npy":
-        raise ValueError(f"--output must be a .npy file, got {str(args.output)!r}")
-    started = time.perf_counter()
-    show = lambda items, **options: progress(items, enabled=not args.json, **options)  # noqa: E731
-    if not args.trl and (args.max_length is not None or args.truncation_mode is not None):
-        raise ValueError("--max-length and --truncation-mode go with --trl")
+def _check_trl_flags(args: argparse.Namespace) -> None:
+    """TRL's settings only with --trl, and --trl without the field and template flags."""
+    if not args.trl:
+        given = [flag for name, flag in _TRL_ONLY if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: TRL settings, they go with --trl")
+    if args.pieces_output is not None and args.packing is None:
+        raise ValueError("--pieces-output goes with --packing (the sequences inside packed rows)")
     if args.trl:
         given = [flag for name, flag in _TRL_CONFLICTS if getattr(args, name)]
         if args.template != "auto":
@@ -231,30 +310,51 @@ def run(args: argparse.Namespace) -> int:
                 f"--trl reads the fields TRL reads and renders with the tokenizer's template; "
                 f"drop {', '.join(given)}"
             )
+
+
+def _count(args: argparse.Namespace, show: Any) -> TokenLengths:
+    """The lengths as the flags ask: TRL's (--trl) or ours."""
+    if not args.trl:
+        return token_lengths(
+            args.file,
+            fields=_fields(args),
+            format=args.format,
+            tokenizer=args.tokenizer,
+            template=args.template,
+            skip_malformed=args.skip_malformed,
+            drop_empty=args.drop_empty,
+            progress=show,
+        )
+    completion_only = args.completion_only_loss
+    return trl_token_lengths(
+        args.file,
+        tokenizer=args.tokenizer,
+        format=args.format,
+        max_length=_trl_max_length(args.max_length),
+        truncation_mode=args.truncation_mode or "keep_start",
+        completion_only_loss=None if completion_only is None else completion_only == "true",
+        assistant_only_loss=bool(args.assistant_only_loss),
+        packing=args.packing is not None,
+        packing_strategy=args.packing or "bfd",
+        shuffle_dataset=bool(args.shuffle_dataset),
+        seed=TRL_SEED if args.seed is None else args.seed,
+        dataset_num_proc=args.dataset_num_proc,
+        skip_malformed=args.skip_malformed,
+        progress=show,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.output.suffix != ".npy":
+        raise ValueError(f"--output must be a .npy file, got {str(args.output)!r}")
+    started = time.perf_counter()
+    show = lambda items, **options: progress(items, enabled=not args.json, **options)  # noqa: E731
+    _check_trl_flags(args)
     try:
-        if args.trl:
-            result = trl_token_lengths(
-                args.file,
-                tokenizer=args.tokenizer,
-                format=args.format,
-                max_length=_trl_max_length(args.max_length),
-                truncation_mode=args.truncation_mode or "keep_start",
-                skip_malformed=args.skip_malformed,
-                progress=show,
-            )
-        else:
-            result = token_lengths(
-                args.file,
-                fields=_fields(args),
-                format=args.format,
-                tokenizer=args.tokenizer,
-                template=args.template,
-                skip_malformed=args.skip_malformed,
-                drop_empty=args.drop_empty,
-                progress=show,
-            )
+        result = _count(args, show)
     except ValueError as error:
-        raise ValueError(flag_names(str(error), {"skip_malformed": "--skip-malformed"})) from None
+        flags = {"skip_malformed": "--skip-malformed", **dict(_TRL_ONLY)}
+        raise ValueError(flag_names(str(error), flags)) from None
     if args.groups_output is not None and result.groups is None:
         raise ValueError(
             "--groups-output: no field holds a list of responses, so there are no groups"
@@ -262,6 +362,8 @@ def run(args: argparse.Namespace) -> int:
     np.save(args.output, result.lengths)
     if args.groups_output is not None:
         np.save(args.groups_output, result.groups)
+    if args.pieces_output is not None:
+        np.save(args.pieces_output, result.pieces)
     _report_skipped(result)
 
     summary = {
@@ -270,13 +372,15 @@ def run(args: argparse.Namespace) -> int:
         "groups_output": None if args.groups_output is None else str(args.groups_output),
         **result.summary(),
         **({"max_length": _trl_max_length(args.max_length)} if args.trl else {}),
+        **({"packing": args.packing} if args.packing else {}),
         "seconds": round(time.perf_counter() - started, 3),
     }
     if args.json:
         print_json(summary)
         return 0
-    columns = ["samples", "records", "tokens"]
-    row = [f"{summary[key]:,}" for key in ("samples", "records", "total_tokens")]
+    counted = ("samples", *(("pieces",) if result.pieces is not None else ()), "records")
+    columns = [*counted, "tokens"]
+    row = [f"{summary[key]:,}" for key in (*counted, "total_tokens")]
     if result.lengths.size:
         columns += ["mean", "median", "p90", "max"]
         row += [f"{summary[key]:,.0f}" for key in ("mean", "median", "p90", "max")]

@@ -52,7 +52,7 @@ from seqbalance.cost._shards import (
 from seqbalance.cost.flops import FlopsModel
 from seqbalance.cost.lookup import flops_model
 from seqbalance.cost.spec import ModelSpec
-from seqbalance.cost.time_model import FitStats, TimeModel, _nnls, _read_model_file
+from seqbalance.cost.time_model import FitStats, TimeModel, nnls, read_model_file
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
 
 __all__ = [
@@ -167,7 +167,7 @@ class CommModel:
             )
             seconds[i] = check_positive_float(value, f"observations[{i}] seconds")
         weights = 1.0 / seconds
-        inverse_bandwidth, latency = _nnls(rows * weights[:, None], seconds * weights)
+        inverse_bandwidth, latency = nnls(rows * weights[:, None], seconds * weights)
         if inverse_bandwidth <= 0:
             raise ValueError(
                 "observations do not determine a bandwidth (seconds do not grow with bytes); "
@@ -414,7 +414,7 @@ class ContextParallelTimeModel:
             FileNotFoundError: no file at ``path`` (the message names it).
             ValueError: the file is not a ContextParallelTimeModel written by :meth:`save`.
         """
-        return cls.from_json(_read_model_file(path, "ContextParallelTimeModel"))
+        return cls.from_json(read_model_file(path, "ContextParallelTimeModel"))
 
 
 def load_time_model_file(path: str | Path) -> TimeModel | ContextParallelTimeModel:
@@ -428,7 +428,7 @@ def load_time_model_file(path: str | Path) -> TimeModel | ContextParallelTimeMod
         ValueError: the file holds neither model (a file of another format is read as a
             TimeModel, whose error says which format it expects).
     """
-    text = _read_model_file(path, "time model")
+    text = read_model_file(path, "time model")
     try:
         data = json.loads(text)
     except (TypeError, ValueError, RecursionError):

@@ -36,7 +36,13 @@ import numpy as np
 from seqbalance._validation import as_lengths, as_weights, check_bool, check_choice, check_int
 from seqbalance.cost.spec import ModelSpec
 
-__all__ = ["PRESET_REFERENCE_LENGTH", "FlopsModel", "attention_pairs", "describe_preset"]
+__all__ = [
+    "PRESET_REFERENCE_LENGTH",
+    "FlopsModel",
+    "attention_pairs",
+    "describe_preset",
+    "segment_lengths",
+]
 
 ExtraPerSample = Callable[[np.ndarray], Any]
 
@@ -277,10 +283,10 @@ class FlopsModel:
         ``cross_cu_seqlens`` gives the encoder tokens of the same sub-sequences (same layout and
         ``valid``) for a spec with cross-attention layers.
         """
-        segments = _segment_lengths(cu_seqlens, valid)
+        segments = segment_lengths(cu_seqlens, valid)
         encoder = None
         if cross_cu_seqlens is not None:
-            encoder = _segment_lengths(cross_cu_seqlens, valid, name="cross_cu_seqlens")
+            encoder = segment_lengths(cross_cu_seqlens, valid, name="cross_cu_seqlens")
             if encoder.size != segments.size:
                 raise ValueError(
                     f"cross_cu_seqlens holds {encoder.size} sequences, cu_seqlens "
@@ -378,7 +384,7 @@ def _pad_to_chunk_max(values: np.ndarray, size: int) -> np.ndarray:
     return np.repeat(np.maximum.reduceat(values, starts), np.diff([*starts, values.size]))
 
 
-def _segment_lengths(cu_seqlens: Any, valid: int | None, *, name: str = "cu_seqlens") -> np.ndarray:
+def segment_lengths(cu_seqlens: Any, valid: int | None, *, name: str = "cu_seqlens") -> np.ndarray:
     if np.ndim(cu_seqlens) != 1:
         raise ValueError(f"{name} must be a 1-D array, got shape {np.shape(cu_seqlens)}")
     entries = np.asarray(cu_seqlens)

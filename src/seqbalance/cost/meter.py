@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_bool, check_int, check_positive_float
-from seqbalance.cost.flops import FlopsModel, _segment_lengths
+from seqbalance.cost.flops import FlopsModel, segment_lengths
 from seqbalance.cost.hstu import HSTUFlopsModel
 from seqbalance.cost.samples import SampleParts
 from seqbalance.cost.vision import VisionLanguageFlopsModel
@@ -228,7 +228,7 @@ class FlopsMeter:
                     "seq_length (and micro_batch_size) for the dense fallback"
                 )
             return np.full(self.micro_batch_size, self.seq_length, dtype=np.int64)
-        return _segment_lengths(entries, count)
+        return segment_lengths(entries, count)
 
     def report(
         self, seconds: float, *, dp_size: int = 1, totals: MeterTotals | None = None

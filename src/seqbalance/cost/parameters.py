@@ -1,16 +1,13 @@
 """Parameter counts of a :class:`~seqbalance.cost.spec.ModelSpec`'s matrices, by component.
 
-The one place that knows the matrix shapes: the spec's parameter counts and the FLOPs formula
-(:mod:`seqbalance.cost.flops`) both start from :class:`MatmulParameters`.
+The spec's parameter counts and the FLOPs formula (:mod:`seqbalance.cost.flops`) both start from
+:class:`MatmulParameters`, which ``ModelSpec.matmul_parameters()`` (the one place that knows the
+matrix shapes) builds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from seqbalance.cost.spec import ModelSpec
 
 __all__ = ["MatmulParameters"]
 
@@ -19,7 +16,7 @@ __all__ = ["MatmulParameters"]
 class MatmulParameters:
     """Weights (parameter counts) of a spec's matrices, one entry per component.
 
-    The one place that knows the matrix shapes: :meth:`ModelSpec.num_parameters` sums these
+    Built by ``ModelSpec.matmul_parameters()``: :meth:`ModelSpec.num_parameters` sums these
     and :class:`~seqbalance.cost.flops.FlopsModel` turns them into FLOPs per token (2 per weight a
     token passes through). Biases, norms and the shared-expert gate (``hidden x 1``) are not
     counted.
@@ -52,43 +49,3 @@ class MatmulParameters:
     def moe_mlp(self, experts: int) -> int:
         """One MoE layer's router, ``experts`` routed experts and its shared experts."""
         return self.router + experts * self.expert + self.shared_experts
-
-    @classmethod
-    def of(cls, spec: ModelSpec) -> MatmulParameters:
-        """The weights of ``spec``'s matrices."""
-        hidden = spec.hidden_size
-        heads = spec.num_attention_heads
-        mlp_matrices = 3 if spec.gated_mlp else 2
-        if spec.is_mla:
-            kv_lora = int(spec.kv_lora_rank)  # type: ignore[arg-type]
-            if spec.q_lora_rank is None:
-                query = hidden * heads * spec.qk_head_dim
-            else:
-                query = hidden * spec.q_lora_rank + spec.q_lora_rank * heads * spec.qk_head_dim
-            key_value = hidden * (kv_lora + spec.qk_rope_head_dim) + kv_lora * heads * (
-                spec.qk_nope_head_dim + spec.value_head_dim
-            )
-            attention = query + key_value + heads * spec.value_head_dim * hidden
-        else:
-            kv_heads = int(spec.num_key_value_heads)  # type: ignore[arg-type]
-            attention = 2 * hidden * (heads + kv_heads) * spec.qk_head_dim
-        if spec.attention_output_gate:
-            attention += hidden * heads * spec.value_head_dim
-        mamba_kind = next((k for k in ("mamba", "mamba2") if k in (spec.layer_types or ())), None)
-        encoder_hidden = spec.encoder_hidden_size or hidden
-        kv_width = int(spec.num_key_value_heads) * spec.head_dim  # type: ignore[operator]
-        return cls(
-            attention=attention,
-            linear_attention=(
-                spec.linear_attention.parameters(hidden) if spec.linear_attention else 0
-            ),
-            mamba=(spec.mamba.parameters(hidden, mamba_kind) if spec.mamba and mamba_kind else 0),
-            dense_mlp=mlp_matrices * hidden * spec.intermediate_size,
-            router=hidden * spec.num_experts,
-            expert=mlp_matrices * hidden * spec.moe_intermediate_size,
-            shared_experts=mlp_matrices * hidden * spec.shared_expert_intermediate_size,
-            embedding=spec.vocab_size * hidden,
-            mtp_projection=2 * hidden * hidden,
-            cross_attention_query_output=2 * hidden * heads * int(spec.head_dim),  # type: ignore[arg-type]
-            cross_attention_key_value=2 * encoder_hidden * kv_width,
-        )

@@ -387,8 +387,44 @@ class ModelSpec:
         return {kind: kinds.count(kind) for kind in LAYER_KINDS if kind in kinds}
 
     def matmul_parameters(self) -> MatmulParameters:
-        """Weights of each matrix component (see :class:`MatmulParameters`)."""
-        return MatmulParameters.of(self)
+        """Weights of each matrix component (see :class:`MatmulParameters`): the one place that
+        knows the matrix shapes."""
+        hidden = self.hidden_size
+        heads = self.num_attention_heads
+        mlp_matrices = 3 if self.gated_mlp else 2
+        if self.is_mla:
+            kv_lora = int(self.kv_lora_rank)  # type: ignore[arg-type]
+            if self.q_lora_rank is None:
+                query = hidden * heads * self.qk_head_dim
+            else:
+                query = hidden * self.q_lora_rank + self.q_lora_rank * heads * self.qk_head_dim
+            key_value = hidden * (kv_lora + self.qk_rope_head_dim) + kv_lora * heads * (
+                self.qk_nope_head_dim + self.value_head_dim
+            )
+            attention = query + key_value + heads * self.value_head_dim * hidden
+        else:
+            kv_heads = int(self.num_key_value_heads)  # type: ignore[arg-type]
+            attention = 2 * hidden * (heads + kv_heads) * self.qk_head_dim
+        if self.attention_output_gate:
+            attention += hidden * heads * self.value_head_dim
+        mamba_kind = next((k for k in ("mamba", "mamba2") if k in (self.layer_types or ())), None)
+        encoder_hidden = self.encoder_hidden_size or hidden
+        kv_width = int(self.num_key_value_heads) * self.head_dim  # type: ignore[operator]
+        return MatmulParameters(
+            attention=attention,
+            linear_attention=(
+                self.linear_attention.parameters(hidden) if self.linear_attention else 0
+            ),
+            mamba=(self.mamba.parameters(hidden, mamba_kind) if self.mamba and mamba_kind else 0),
+            dense_mlp=mlp_matrices * hidden * self.intermediate_size,
+            router=hidden * self.num_experts,
+            expert=mlp_matrices * hidden * self.moe_intermediate_size,
+            shared_experts=mlp_matrices * hidden * self.shared_expert_intermediate_size,
+            embedding=self.vocab_size * hidden,
+            mtp_projection=2 * hidden * hidden,
+            cross_attention_query_output=2 * hidden * heads * int(self.head_dim),  # type: ignore[arg-type]
+            cross_attention_key_value=2 * encoder_hidden * kv_width,
+        )
 
     def mixer_parameters(self, kind: str) -> int:
         """Weights of one layer's token mixer of ``kind`` (0 for ``none``)."""

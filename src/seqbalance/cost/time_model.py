@@ -30,7 +30,7 @@ from seqbalance._validation import (
 )
 from seqbalance.cost.flops import FlopsModel
 
-__all__ = ["FitStats", "TimeModel"]
+__all__ = ["FitStats", "TimeModel", "nnls", "read_model_file"]
 
 _FORMAT = "seqbalance.TimeModel"
 _FORMAT_VERSION = 1
@@ -203,7 +203,7 @@ class TimeModel:
                     "1 / seconds (relative=True); fit with relative=False"
                 )
             try:
-                coefficients = _nnls(weighted, target * weights) * unit
+                coefficients = nnls(weighted, target * weights) * unit
             except np.linalg.LinAlgError as error:
                 raise ValueError(f"observations ({span}) cannot be fitted: {error}") from None
         if not np.isfinite(coefficients).all():
@@ -246,7 +246,7 @@ class TimeModel:
         root = np.sqrt(eigenvalues[keep])
         factor = root[:, None] * vectors[:, keep].T
         target = (vectors[:, keep].T @ (moment / scale)) / root
-        coefficients = _nnls(factor, target) / scale if keep.any() else np.zeros(3)
+        coefficients = nnls(factor, target) / scale if keep.any() else np.zeros(3)
         return cls(*(float(c) for c in coefficients), tile=tile)
 
     # --- evaluation --------------------------------------------------------------------------
@@ -348,10 +348,10 @@ class TimeModel:
             FileNotFoundError: no file at ``path`` (the message names it).
             ValueError: the file is not a TimeModel written by :meth:`save`.
         """
-        return cls.from_json(_read_model_file(path, "TimeModel"))
+        return cls.from_json(read_model_file(path, "TimeModel"))
 
 
-def _read_model_file(path: str | Path, what: str) -> str:
+def read_model_file(path: str | Path, what: str) -> str:
     """The text of the model file ``path`` (``what`` names the model in errors).
 
     Raises:
@@ -401,7 +401,7 @@ def _observation_matrix(
     return rows, seconds
 
 
-def _nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
+def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Exact non-negative least squares for a handful of columns by enumerating supports.
 
     The optimum's support S has x_S equal to the unconstrained least-squares solution on the

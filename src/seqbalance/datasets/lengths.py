@@ -153,6 +153,8 @@ class TokenLengths:
         they are samples whose length is their template overhead only).
     dropped: locations of records the trainer itself leaves out (TRL: a prompt that fills
         ``max_length``, so no loss token is left); they have no sample.
+    pieces: with TRL's packing, where each sample is a packed row: int64 token counts of the
+        sequences inside the rows, row after row (attention stays within each); None otherwise.
     """
 
     lengths: np.ndarray
@@ -168,6 +170,7 @@ class TokenLengths:
     format: str
     dropped_empty: bool = False
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    pieces: np.ndarray | None = None
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready figures: counts and length statistics in tokens."""
@@ -184,6 +187,7 @@ class TokenLengths:
         return {
             "records": self.n_records,
             "samples": int(lengths.size),
+            **({} if self.pieces is None else {"pieces": int(self.pieces.size)}),
             "groups": None if self.groups is None else int(np.unique(self.groups).size),
             "malformed": [
                 {self.location_kind: r.location, "reason": r.reason} for r in self.malformed

@@ -9,9 +9,8 @@ TRL (1.x) decides a dataset's format from its keys and tokenizes it with the mod
   adds one).
 - conversational language modeling, ``"messages"`` (or ShareGPT ``"conversations"`` of
   ``from``/``value`` when the first record is one, which TRL renames without mapping the
-  roles): the chat template applied to
-  the messages (with the record's ``tools`` and ``chat_template_kwargs``), as
-  ``apply_chat_template(..., tokenize=True)`` tokenizes it.
+  roles): the chat template applied to the messages (with the record's ``tools`` and
+  ``chat_template_kwargs``), as ``apply_chat_template(..., tokenize=True)`` tokenizes it.
 - prompt-completion, plain (``"prompt"``, ``"completion"`` + EOS, concatenated as text) or
   conversational (the template applied to prompt + completion messages).
 - preference pairs (``"chosen"``, ``"rejected"``, optional ``"prompt"``; without one, the
@@ -20,12 +19,25 @@ TRL (1.x) decides a dataset's format from its keys and tokenizes it with the mod
   rejected (EOS added to plain completions), with the record as their group (DPO runs the pair in
   one micro-batch; ``TokenLengths.groups``).
 
+The loss masks (SFTConfig): ``completion_only_loss`` (default: on for prompt-completion data)
+masks the prompt; ``assistant_only_loss`` (conversations only) masks every token outside the
+chat template's ``{% generation %}`` blocks (a template without them is replaced by TRL's
+training template for the model, as SFTTrainer does; a record without any assistant token stops
+TRL, so it is malformed here).
+
 Truncation: every length is cut to ``max_length`` (1024 by default, SFTConfig's and DPOConfig's
 default; ``None``: no cut). Like the trainers, records that truncation leaves without a loss
-token are dropped and listed in ``TokenLengths.dropped``: SFT with the completion-only loss (the
-default for prompt-completion data) drops a record whose tokenized prompt fills ``max_length``
-(``keep_start``); DPO drops a pair whose prompt fills it. Packing (``packing=True``) is not
-modelled: lengths are per sample, before packing.
+token are dropped and listed in ``TokenLengths.dropped``: SFT drops a record whose kept window
+(``keep_start``: its first ``max_length`` tokens, ``keep_end``: its last) holds no unmasked token;
+DPO drops a pair whose prompt fills ``max_length`` (``keep_start``). With the masks off, SFT
+keeps every record.
+
+Packing (``packing=True``, SFT): the samples, untruncated and none dropped, are packed into rows
+of at most ``max_length`` tokens by ``packing_strategy`` (:mod:`seqbalance.datasets.trl_packing`):
+the lengths are then the rows' (each row is one sample of the trainer's DataLoader) and
+``TokenLengths.pieces`` holds the sequences inside them (``bfd``/``bfd_split``: the documents
+or document pieces that attention keeps apart; ``wrapped``: the row itself). ``shuffle_dataset``
+shuffles as the trainer does (with ``seed``), so the order is the trainer's too.
 
 Needs ``transformers`` (TRL's own dependency) and a local tokenizer directory; nothing is
 downloaded. The chat template is checked before the first conversation is rendered (TRL never
@@ -35,7 +47,6 @@ record (``raise_exception``) makes that record malformed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,171 +54,32 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice, check_int
+from seqbalance._validation import check_bool, check_choice, check_int
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
-from seqbalance.datasets.chat_template import compile_chat_template
+from seqbalance.datasets._trl_tokens import (
+    Counter,
+    common_prefix,
+    extract_prompt,
+    is_conversational,
+    is_from_value,
+    load_tokenizer,
+    to_chatml,
+)
 from seqbalance.datasets.lengths import (
     Fields,
     MalformedRecord,
     MalformedRecordsError,
     TokenLengths,
 )
+from seqbalance.datasets.trl_packing import PACKING_STRATEGIES, pack_lengths, shuffled_order
 
-__all__ = ["TRL_MAX_LENGTH", "TRUNCATION_MODES", "trl_token_lengths"]
+__all__ = ["PACKING_STRATEGIES", "TRL_MAX_LENGTH", "TRUNCATION_MODES", "trl_token_lengths"]
 
 TRL_MAX_LENGTH = 1024
 """``max_length`` of TRL's SFTConfig and DPOConfig by default."""
 TRUNCATION_MODES = ("keep_start", "keep_end")
-_CHAT_KEYS = ("prompt", "completion", "chosen", "rejected", "messages", "conversations")
-_SUPPORTED_KEYS = ("prompt", "chosen", "rejected", "completion", "messages")
-
-
-def _load_tokenizer(tokenizer: Any) -> tuple[Any, str]:
-    """A ``transformers`` tokenizer from a local directory spec (or the object itself)."""
-    if not isinstance(tokenizer, str):
-        if not callable(getattr(tokenizer, "apply_chat_template", None)):
-            raise ValueError(
-                f"tokenizer must be a local tokenizer directory or a transformers tokenizer, got "
-                f"{type(tokenizer).__name__}"
-            )
-        return tokenizer, str(getattr(tokenizer, "name_or_path", type(tokenizer).__name__))
-    directory = Path(tokenizer.removeprefix("hf:"))
-    if not directory.is_dir():
-        raise ValueError(
-            f"tokenizer {tokenizer!r}: TRL counts need the model's own tokenizer, a local Hugging "
-            "Face tokenizer directory (its EOS token, special tokens and chat template)"
-        )
-    try:
-        import transformers
-    except ImportError as error:
-        raise ImportError(
-            "TRL token counts need transformers (TRL's own dependency): pip install "
-            "'seqbalance[hf]'"
-        ) from error
-    try:
-        backend = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        raise ValueError(f"tokenizer {tokenizer!r}: cannot load it ({first_line})") from None
-    return backend, str(directory)
-
-
-def _to_chatml(record: dict[str, Any]) -> dict[str, Any]:
-    """TRL's ``maybe_convert_to_chatml``: ``from``/``value`` keys become ``role``/``content``
-    (the role values are kept), ``conversations`` becomes ``messages``."""
-    record = dict(record)
-    for key in _CHAT_KEYS:
-        if isinstance(record.get(key), list):
-            record[key] = [
-                {
-                    ("role" if k == "from" else "content" if k == "value" else k): v
-                    for k, v in message.items()
-                }
-                if isinstance(message, dict)
-                else message
-                for message in record[key]
-            ]
-    if "conversations" in record:
-        record["messages"] = record.pop("conversations")
-    return record
-
-
-def _is_from_value(record: dict[str, Any]) -> bool:
-    """TRL's ``is_conversational_from_value``: ShareGPT ``conversations`` of ``from``/``value``
-    (TRL converts the dataset only when its first record is one)."""
-    messages = record.get("conversations")
-    return (
-        isinstance(messages, list)
-        and bool(messages)
-        and isinstance(messages[0], dict)
-        and "from" in messages[0]
-        and "value" in messages[0]
-    )
-
-
-def _is_conversational(record: dict[str, Any]) -> bool:
-    """TRL's ``is_conversational``: a supported key holding a list of ``role`` messages."""
-    for key in _SUPPORTED_KEYS:
-        value = record.get(key)
-        if key in record:
-            return (
-                isinstance(value, list)
-                and bool(value)
-                and isinstance(value[0], dict)
-                and "role" in value[0]
-            )
-    return False
-
-
-def _extract_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
-    """TRL's ``extract_prompt``: the longest shared prefix (strings: without a space before the
-    split) is the prompt."""
-    if not all(isinstance(v, str) for v in (chosen, rejected)) and not all(
-        isinstance(v, list) for v in (chosen, rejected)
-    ):
-        raise Malformed("'chosen' and 'rejected' must both be strings or both messages")
-    if not chosen or not rejected:
-        raise Malformed("chosen or rejected is empty (TRL's extract_prompt fails on it)")
-    index = 0
-    for index in range(min(len(chosen), len(rejected))):
-        if chosen[index] != rejected[index]:
-            if chosen[index - 1] == " ":
-                index -= 1
-            break
-    return chosen[:index], chosen[index:], rejected[index:]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-class _Counter:
-    """Tokenizes one record's parts as TRL's ``_tokenize`` does."""
-
-    def __init__(self, backend: Any, source: str) -> None:
-        self.backend = backend
-        template = getattr(backend, "chat_template", None)
-        if isinstance(template, dict):  # several named templates: transformers uses "default"
-            template = template.get("default")
-        self.template = template if isinstance(template, str) else None
-        self.source = source
-        self._checked = False
-
-    def text(self, text: Any) -> list[int]:
-        if not isinstance(text, str):
-            raise Malformed(f"expected a string, got {type(text).__name__}")
-        return list(self.backend(text=text)["input_ids"])
-
-    def chat(self, messages: Any, record: dict[str, Any], **options: Any) -> list[int]:
-        if not isinstance(messages, list) or not messages:
-            raise Malformed("expected a non-empty list of messages")
-        if self.template is None:
-            raise ValueError(
-                f"tokenizer {self.source} has no chat template, so conversational records cannot "
-                "be tokenized (TRL fails on them too)"
-            )
-        if not self._checked:  # checked here: TRL renders the template for conversations only
-            compile_chat_template(self.template, source=f"tokenizer {self.source}")
-            self._checked = True
-        tools = record.get("tools")
-        if isinstance(tools, str):  # TRL reads a JSON string as the tool list
-            try:
-                tools = json.loads(tools)
-            except ValueError as error:
-                raise Malformed(f"field 'tools' is not valid JSON ({error})") from None
-        extra = record.get("chat_template_kwargs") or {}
-        try:
-            out = self.backend.apply_chat_template(
-                messages, tokenize=True, return_dict=True, tools=tools, **extra, **options
-            )
-        except Exception as error:  # jinja's TemplateError, TypeError from a template, ...
-            raise Malformed(f"the chat template refused it: {error}") from None
-        return list(out["input_ids"])
+TRL_SEED = 42
+"""``seed`` of transformers' TrainingArguments by default (what ``shuffle_dataset`` uses)."""
 
 
 def _eos_target(record: dict[str, Any], fields: tuple[str, ...]) -> str | None:
@@ -222,48 +94,57 @@ def _with_eos(record: dict[str, Any], name: str | None, eos: str) -> dict[str, A
     return record
 
 
-def _cut(n: int, max_length: int | None) -> int:
-    return n if max_length is None else min(n, max_length)
-
-
 def _sft_sample(
     record: dict[str, Any],
-    counter: _Counter,
+    counter: Counter,
     *,
     add_eos: str | None,
     text_field: str,
-    max_length: int | None,
-    truncation_mode: str,
     completion_only_loss: bool,
-) -> int | None:
-    """One SFT record's length, or None when the trainer drops it."""
+    assistant_only_loss: bool,
+) -> tuple[int, np.ndarray | None]:
+    """One SFT record's token count and its loss mask (``None``: every token has a label)."""
     if add_eos is not None:
         record = _with_eos(record, _eos_target(record, (text_field, "completion")), add_eos)
+    masks: list[np.ndarray] = []
     if "prompt" in record:
         if "completion" not in record:
             raise Malformed("field 'completion' is missing (a prompt without a completion)")
         prompt, completion = record["prompt"], record["completion"]
-        if _is_conversational(record):
-            prompt_ids = counter.chat(prompt, record, add_generation_prompt=True)
-            ids = counter.chat(_messages(prompt) + _messages(completion), record)
+        if is_conversational(record):
+            prompt_ids, _ = counter.chat(prompt, record, add_generation_prompt=True)
+            ids, assistant = counter.chat(
+                _messages(prompt) + _messages(completion), record, mask=assistant_only_loss
+            )
         else:
             if not isinstance(prompt, str) or not isinstance(completion, str):
                 raise Malformed("'prompt' and 'completion' must both be strings or both messages")
-            prompt_ids = counter.text(prompt)
+            prompt_ids, assistant = counter.text(prompt), None
             ids = counter.text(prompt + completion)
-        masked = _common_prefix(prompt_ids, ids) if completion_only_loss else 0
-    elif _is_conversational(record):
-        ids, masked = counter.chat(record["messages"], record), 0
+        if completion_only_loss:
+            masks.append(np.arange(len(ids)) >= common_prefix(prompt_ids, ids))
+    elif is_conversational(record):
+        ids, assistant = counter.chat(record["messages"], record, mask=assistant_only_loss)
     else:
         if text_field not in record:
             raise Malformed(f"field {text_field!r} is missing")
-        ids, masked = counter.text(record[text_field]), 0
-    if max_length is not None:
-        # Labels left after truncation: positions at or past the masked prompt.
-        kept = min(len(ids), max_length) if truncation_mode == "keep_start" else len(ids)
-        if kept <= masked:
-            return None
-    return _cut(len(ids), max_length)
+        ids, assistant = counter.text(record[text_field]), None
+    if assistant is not None:
+        if 1 not in assistant:
+            raise Malformed(
+                "no assistant token (the chat template's {% generation %} blocks mark none), "
+                "which stops TRL under assistant_only_loss"
+            )
+        masks.append(np.asarray(assistant, dtype=bool))
+    return len(ids), (np.logical_and.reduce(masks) if masks else None)
+
+
+def _keeps(n: int, mask: np.ndarray | None, max_length: int, truncation_mode: str) -> bool:
+    """Whether SFT keeps a record after truncation: a label is left in the kept window."""
+    window = (
+        slice(None, max_length) if truncation_mode == "keep_start" else slice(-max_length, None)
+    )
+    return bool(mask[window].any()) if mask is not None else n > 0
 
 
 def _messages(value: Any) -> list[Any]:
@@ -274,7 +155,7 @@ def _messages(value: Any) -> list[Any]:
 
 def _dpo_samples(
     record: dict[str, Any],
-    counter: _Counter,
+    counter: Counter,
     *,
     add_eos: str | None,
     extract: bool,
@@ -283,28 +164,32 @@ def _dpo_samples(
 ) -> list[int] | None:
     """One preference pair's two lengths (chosen, rejected), or None when DPO drops it."""
     if extract:
-        prompt, chosen, rejected = _extract_prompt(record["chosen"], record["rejected"])
+        prompt, chosen, rejected = extract_prompt(record["chosen"], record["rejected"])
         record = {**record, "prompt": prompt, "chosen": chosen, "rejected": rejected}
     if add_eos is not None:
         record = _with_eos(_with_eos(record, "chosen", add_eos), "rejected", add_eos)
     prompt, chosen, rejected = record["prompt"], record["chosen"], record["rejected"]
-    if _is_conversational(record):
-        prompt_ids = counter.chat(prompt, record, add_generation_prompt=True)
-        pairs = [counter.chat(_messages(prompt) + _messages(c), record) for c in (chosen, rejected)]
+    if is_conversational(record):
+        prompt_ids, _ = counter.chat(prompt, record, add_generation_prompt=True)
+        pairs = [
+            counter.chat(_messages(prompt) + _messages(c), record)[0] for c in (chosen, rejected)
+        ]
     else:
         if not all(isinstance(v, str) for v in (prompt, chosen, rejected)):
             raise Malformed("'prompt', 'chosen' and 'rejected' must all be strings or all messages")
         prompt_ids = counter.text(prompt)
         pairs = [counter.text(prompt + c) for c in (chosen, rejected)]
-    prompt_length = min(_common_prefix(prompt_ids, ids) for ids in pairs)
-    if max_length is not None and truncation_mode == "keep_start" and prompt_length >= max_length:
+    prompt_length = min(common_prefix(prompt_ids, ids) for ids in pairs)
+    if max_length is None:
+        return [len(ids) for ids in pairs]
+    if truncation_mode == "keep_start" and prompt_length >= max_length:
         return None
-    return [_cut(len(ids), max_length) for ids in pairs]
+    return [min(len(ids), max_length) for ids in pairs]
 
 
 def _fields(first: dict[str, Any], text_field: str) -> tuple[str, Fields]:
     """The dataset's kind (from its first record, as TRL decides) and its fields."""
-    conversational = _is_conversational(first)
+    conversational = is_conversational(first)
     if "chosen" in first and "rejected" in first:
         names = (*(("prompt",) if "prompt" in first else ()), "chosen", "rejected")
         kind = "preference"
@@ -318,58 +203,88 @@ def _fields(first: dict[str, Any], text_field: str) -> tuple[str, Fields]:
 
 
 @dataclass(frozen=True)
+class _Config:
+    """The trainer settings that decide the lengths (SFTConfig's names; DPO reads the first
+    three). ``completion_only_loss=None``: on for prompt-completion data, as SFTTrainer."""
+
+    max_length: int | None
+    truncation_mode: str
+    dataset_text_field: str
+    completion_only_loss: bool | None
+    assistant_only_loss: bool
+    packing: bool
+    packing_strategy: str
+    shuffle_dataset: bool
+    seed: int
+    dataset_num_proc: int | None
+
+    def check_for(self, first: dict[str, Any], kind: str) -> None:
+        """The errors TRL raises for these settings on this dataset (decided by its first
+        record, before any conversion)."""
+        sft_only = {
+            "completion_only_loss": self.completion_only_loss is not None,
+            "assistant_only_loss": self.assistant_only_loss,
+            "packing": self.packing,
+            "shuffle_dataset": self.shuffle_dataset,
+        }
+        given = [name for name, set_ in sft_only.items() if set_]
+        if kind == "preference" and given:
+            raise ValueError(
+                f"{', '.join(given)}: SFTConfig options, but preference pairs are counted as "
+                "DPOTrainer prepares them, which has no such option"
+            )
+        if self.assistant_only_loss and not is_conversational(first):
+            raise ValueError(
+                "assistant_only_loss is for conversational datasets (messages, or conversational "
+                "prompt/completion), and TRL refuses this one"
+            )
+        if self.packing and self.max_length is None:
+            raise ValueError("packing needs max_length (the packed row length), got None")
+
+
+@dataclass(frozen=True)
 class _Rules:
     """How the trainer turns one record of this file into samples (fixed by its first record)."""
 
-    counter: _Counter
+    counter: Counter
+    config: _Config
     kind: str
     convert: bool
     add_eos: str | None
     extract_prompt: bool
-    text_field: str
-    max_length: int | None
-    truncation_mode: str
     completion_only_loss: bool
 
     @classmethod
     def of_first_record(
-        cls,
-        first: dict,
-        counter: _Counter,
-        *,
-        eos: str | None,
-        text_field: str,
-        max_length: int | None,
-        truncation_mode: str,
-        completion_only_loss: bool | None,
+        cls, first: dict, counter: Counter, *, eos: str | None, config: _Config
     ) -> tuple[_Rules, Fields]:
         """The rules TRL picks from the dataset's first record, and the fields it reads."""
-        convert = _is_from_value(first)
-        if convert:
-            first = _to_chatml(first)
-        kind, fields = _fields(first, text_field)
-        add_eos = None if _is_conversational(first) else eos
-        if add_eos is None and not _is_conversational(first):
+        convert = is_from_value(first)
+        converted = to_chatml(first) if convert else first
+        kind, fields = _fields(converted, config.dataset_text_field)
+        config.check_for(first, kind)
+        add_eos = None if is_conversational(converted) else eos
+        if add_eos is None and not is_conversational(converted):
             raise ValueError(
                 f"tokenizer {counter.source} has no EOS token, which TRL appends to plain text"
             )
+        completion_only_loss = config.completion_only_loss
         if completion_only_loss is None:
-            completion_only_loss = "prompt" in first and "completion" in first
+            completion_only_loss = "prompt" in converted and "completion" in converted
         rules = cls(
             counter=counter,
+            config=config,
             kind=kind,
             convert=convert,
             add_eos=add_eos,
-            extract_prompt="prompt" not in first,
-            text_field=text_field,
-            max_length=max_length,
-            truncation_mode=truncation_mode,
+            extract_prompt="prompt" not in converted,
             completion_only_loss=completion_only_loss,
         )
         return rules, fields
 
     def samples(self, record: Any) -> list[int] | None:
-        """Token counts of the record's samples; ``None`` when the trainer drops it.
+        """Token counts of the record's samples (untruncated when packing); ``None`` when the
+        trainer drops it.
 
         Raises:
             Malformed: a record TRL could not tokenize.
@@ -379,7 +294,8 @@ class _Rules:
         if not isinstance(record, dict):
             raise Malformed(f"a record must be a JSON object, got {type(record).__name__}")
         if self.convert:
-            record = _to_chatml(record)
+            record = to_chatml(record)
+        config = self.config
         if self.kind == "preference":
             missing = [k for k in ("chosen", "rejected") if k not in record]
             if missing:
@@ -389,19 +305,22 @@ class _Rules:
                 self.counter,
                 add_eos=self.add_eos,
                 extract=self.extract_prompt,
-                max_length=self.max_length,
-                truncation_mode=self.truncation_mode,
+                max_length=config.max_length,
+                truncation_mode=config.truncation_mode,
             )
-        single = _sft_sample(
+        n, mask = _sft_sample(
             record,
             self.counter,
             add_eos=self.add_eos,
-            text_field=self.text_field,
-            max_length=self.max_length,
-            truncation_mode=self.truncation_mode,
+            text_field=config.dataset_text_field,
             completion_only_loss=self.completion_only_loss,
+            assistant_only_loss=config.assistant_only_loss,
         )
-        return None if single is None else [single]
+        if config.packing or config.max_length is None:  # TRL truncates and drops neither way
+            return [n]
+        if not _keeps(n, mask, config.max_length, config.truncation_mode):
+            return None
+        return [min(n, config.max_length)]
 
 
 def trl_token_lengths(
@@ -413,45 +332,71 @@ def trl_token_lengths(
     truncation_mode: str = "keep_start",
     dataset_text_field: str = "text",
     completion_only_loss: bool | None = None,
+    assistant_only_loss: bool = False,
+    packing: bool = False,
+    packing_strategy: str = "bfd",
+    shuffle_dataset: bool = False,
+    seed: int = TRL_SEED,
+    dataset_num_proc: int | None = None,
     skip_malformed: bool = False,
     progress: Callable[..., Iterable[Any]] | None = None,
 ) -> TokenLengths:
     """The length of every sample TRL trains on, from a dataset file (module docstring).
+
+    The keyword arguments from ``max_length`` to ``dataset_num_proc`` are SFTConfig's (DPOConfig
+    has the first three; the others are refused for preference pairs).
 
     Args:
         path: a ``.jsonl`` / ``.json`` / ``.parquet`` file (optionally ``.gz``).
         tokenizer: a local Hugging Face tokenizer directory (``"DIR"`` or ``"hf:DIR"``) or a
             loaded ``transformers`` tokenizer: the one the trainer gets as ``processing_class``.
         format: one of ``FORMATS``; from the extension when None.
-        max_length: the trainer's ``max_length`` in tokens (``None``: no truncation).
+        max_length: the trainer's ``max_length`` in tokens (``None``: no truncation); with
+            packing, the packed row length.
         truncation_mode: ``"keep_start"`` or ``"keep_end"`` (the lengths are the same; only
             which records are dropped differs).
-        dataset_text_field: SFTConfig's ``dataset_text_field``.
-        completion_only_loss: SFTConfig's; ``None`` means True for prompt-completion data.
+        dataset_text_field: the text field of language-modeling data.
+        completion_only_loss: mask the prompt of prompt-completion data; ``None`` means True for
+            prompt-completion data.
+        assistant_only_loss: mask every token outside the assistant turns (conversations only).
+        packing: pack the samples into rows of ``max_length`` tokens.
+        packing_strategy: one of ``PACKING_STRATEGIES``.
+        shuffle_dataset: shuffle as the trainer does (with ``seed``).
+        seed: the trainer's ``seed`` (TrainingArguments', 42 by default).
+        dataset_num_proc: the trainer's ``dataset_num_proc`` (packing runs per worker shard).
         skip_malformed: skip (and list) records TRL could not tokenize instead of raising.
         progress: optional ``progress(iterable, total=..., description=...)`` wrapper.
 
     Returns:
-        ``TokenLengths`` in file order (``template="trl"``); preference pairs give two samples
-        per record, grouped; ``dropped`` lists the records the trainer leaves out.
+        ``TokenLengths`` in the trainer's order (file order unless shuffled; ``template="trl"``);
+        preference pairs give two samples per record, grouped; ``dropped`` lists the records the
+        trainer leaves out; with packing, one sample per packed row, ``pieces`` the sequences in
+        them and ``locations`` the record of each row's first token.
 
     Raises:
-        ValueError: bad arguments, an invalid chat template, conversational records without
-            one, or malformed records (``MalformedRecordsError``) unless ``skip_malformed``.
+        ValueError: bad arguments, settings TRL refuses for this data, an invalid chat
+            template, conversational records without one, or malformed records
+            (``MalformedRecordsError``) unless ``skip_malformed``.
         ImportError: transformers is missing.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"path {str(path)!r}: no such file")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
-    max_length = None if max_length is None else check_int(max_length, "max_length", minimum=1)
-    truncation_mode = check_choice(truncation_mode, "truncation_mode", TRUNCATION_MODES)
-    if not isinstance(dataset_text_field, str) or not dataset_text_field:
-        raise ValueError(
-            f"dataset_text_field must be a non-empty string, got {dataset_text_field!r}"
-        )
-    backend, name = _load_tokenizer(tokenizer)
-    counter = _Counter(backend, name)
+    config = _checked_config(
+        max_length=max_length,
+        truncation_mode=truncation_mode,
+        dataset_text_field=dataset_text_field,
+        completion_only_loss=completion_only_loss,
+        assistant_only_loss=assistant_only_loss,
+        packing=packing,
+        packing_strategy=packing_strategy,
+        shuffle_dataset=shuffle_dataset,
+        seed=seed,
+        dataset_num_proc=dataset_num_proc,
+    )
+    backend, name = load_tokenizer(tokenizer)
+    counter = Counter(backend, name, assistant_only_loss=config.assistant_only_loss)
 
     records = list(read_records(path, format))
     if not records:
@@ -461,50 +406,98 @@ def trl_token_lengths(
     if first is None:
         raise ValueError(f"{path}: no record is a JSON object")
     rules, fields = _Rules.of_first_record(
-        first,
-        counter,
-        eos=getattr(backend, "eos_token", None),
-        text_field=dataset_text_field,
-        max_length=max_length,
-        truncation_mode=truncation_mode,
-        completion_only_loss=completion_only_loss,
+        first, counter, eos=getattr(backend, "eos_token", None), config=config
     )
-
-    lengths: list[int] = []
-    locations: list[int] = []
-    groups: list[int] = []
-    malformed: list[MalformedRecord] = []
-    dropped: list[int] = []
     items: Iterable[tuple[int, Any]] = records
     if progress is not None:
         items = progress(records, total=len(records), description="tokenizing as TRL does")
-    for location, record in items:
-        try:
-            sample = rules.samples(record)
-        except Malformed as error:
-            malformed.append(MalformedRecord(location, str(error)))
-            continue
-        if sample is None:
-            dropped.append(location)
-            continue
-        group = groups[-1] + 1 if groups else 0
-        for length in sample:
-            lengths.append(length)
-            locations.append(location)
-            groups.append(group)
-    if malformed and not skip_malformed:
-        raise MalformedRecordsError(path, location_kind, malformed)
+    found = _Found.of(items, rules)
+    if found.malformed and not skip_malformed:
+        raise MalformedRecordsError(path, location_kind, found.malformed)
+    lengths, locations, pieces = _as_fed(found, config)
     return TokenLengths(
-        lengths=np.asarray(lengths, dtype=np.int64),
-        groups=np.asarray(groups, dtype=np.int64) if rules.kind == "preference" else None,
-        locations=np.asarray(locations, dtype=np.int64),
+        lengths=lengths,
+        groups=np.asarray(found.groups, dtype=np.int64) if rules.kind == "preference" else None,
+        locations=locations,
         location_kind=location_kind,
         n_records=len(records),
-        malformed=tuple(malformed),
+        malformed=tuple(found.malformed),
         empty=np.zeros(0, dtype=np.int64),
         fields=fields,
         tokenizer=name,
         template="trl",
         format=format,
-        dropped=np.asarray(dropped, dtype=np.int64),
+        dropped=np.asarray(found.dropped, dtype=np.int64),
+        pieces=pieces,
     )
+
+
+def _checked_config(**settings: Any) -> _Config:
+    """The settings as a ``_Config``; a ``ValueError`` naming the first bad one."""
+    max_length = settings["max_length"]
+    if max_length is not None:
+        settings["max_length"] = check_int(max_length, "max_length", minimum=1)
+    check_choice(settings["truncation_mode"], "truncation_mode", TRUNCATION_MODES)
+    check_choice(settings["packing_strategy"], "packing_strategy", PACKING_STRATEGIES)
+    text_field = settings["dataset_text_field"]
+    if not isinstance(text_field, str) or not text_field:
+        raise ValueError(f"dataset_text_field must be a non-empty string, got {text_field!r}")
+    if settings["completion_only_loss"] is not None:
+        check_bool(settings["completion_only_loss"], "completion_only_loss")
+    for name in ("assistant_only_loss", "packing", "shuffle_dataset"):
+        check_bool(settings[name], name)
+    settings["seed"] = check_int(settings["seed"], "seed", minimum=0)
+    if settings["dataset_num_proc"] is not None:
+        settings["dataset_num_proc"] = check_int(
+            settings["dataset_num_proc"], "dataset_num_proc", minimum=1
+        )
+    return _Config(**settings)
+
+
+@dataclass
+class _Found:
+    """The samples of a file's records as the trainer tokenizes them, in file order."""
+
+    lengths: list[int]
+    locations: list[int]
+    groups: list[int]
+    malformed: list[MalformedRecord]
+    dropped: list[int]
+
+    @classmethod
+    def of(cls, items: Iterable[tuple[int, Any]], rules: _Rules) -> _Found:
+        found = cls([], [], [], [], [])
+        for location, record in items:
+            try:
+                sample = rules.samples(record)
+            except Malformed as error:
+                found.malformed.append(MalformedRecord(location, str(error)))
+                continue
+            if sample is None:
+                found.dropped.append(location)
+                continue
+            group = found.groups[-1] + 1 if found.groups else 0
+            for length in sample:
+                found.lengths.append(length)
+                found.locations.append(location)
+                found.groups.append(group)
+        return found
+
+
+def _as_fed(found: _Found, config: _Config) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(lengths, locations, pieces) in the order the trainer feeds them: shuffled and packed as
+    the config says (pieces: None without packing)."""
+    lengths = np.asarray(found.lengths, dtype=np.int64)
+    locations = np.asarray(found.locations, dtype=np.int64)
+    if config.shuffle_dataset:  # SFTTrainer shuffles before packing, and again at the end
+        order = shuffled_order(lengths.size, config.seed)
+        lengths, locations = lengths[order], locations[order]
+    if not config.packing:
+        return lengths, locations, None
+    assert config.max_length is not None  # _Config.check_for refused packing without it
+    rows = pack_lengths(
+        lengths, config.max_length, config.packing_strategy, num_proc=config.dataset_num_proc
+    )
+    if config.shuffle_dataset:
+        rows = rows.take(shuffled_order(rows.lengths.size, config.seed))
+    return rows.lengths, locations[rows.first_sample], rows.pieces

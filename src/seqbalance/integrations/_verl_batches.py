@@ -55,7 +55,7 @@ def _all_reduce(values: list[int], op: str, dp_group: Any) -> list[int]:
     import torch
     import torch.distributed as dist
 
-    from seqbalance.runtime._dist import group_device
+    from seqbalance.runtime.collectives import group_device
 
     tensor = torch.tensor(values, dtype=torch.int64, device=group_device(dp_group))
     reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN

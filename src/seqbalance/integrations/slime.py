@@ -56,8 +56,7 @@ import numpy as np
 from seqbalance._validation import check_choice, check_int
 from seqbalance.cost import FlopsModel, ModelSpec
 from seqbalance.partition import partition
-from seqbalance.plan import plan_step
-from seqbalance.plan._problem import objective_value
+from seqbalance.plan import objective_value, plan_step
 from seqbalance.plan.stacks.reference import (
     first_fit_bins,
     largest_differencing,

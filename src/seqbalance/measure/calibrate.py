@@ -220,7 +220,7 @@ def time_microbatches(
         float64 seconds, one per micro-batch.
     """
     from seqbalance.measure.toy_model import make_packed_batch, make_padded_batch
-    from seqbalance.runtime._dist import synchronize
+    from seqbalance.runtime.collectives import synchronize
 
     repeats = check_int(repeats, "repeats", minimum=1)
     warmup = check_int(warmup, "warmup", minimum=0)

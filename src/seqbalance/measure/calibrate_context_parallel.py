@@ -43,6 +43,7 @@ from seqbalance.measure.calibrate import (
     model_config,
     pin_process,
 )
+from seqbalance.measure.launch import launch
 from seqbalance.measure.toy_model import TinyCausalTransformer
 from seqbalance.plan import PlanOptions, plan_step
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
@@ -52,7 +53,6 @@ from seqbalance.runtime.context_parallel import (
     GatherKV,
     run_step,
 )
-from seqbalance.runtime.launch import launch
 
 __all__ = [
     "ContextParallelCalibration",
@@ -374,7 +374,7 @@ def calibrate_context_parallel(
 
     Raises:
         ValueError: A bad argument (named), e.g. no allowed CP size above 1 divides ``procs``.
-        seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
+        seqbalance.measure.launch.LaunchError: A process failed, died or ran out of time.
     """
     if not isinstance(context_parallel, ContextParallel):
         raise ValueError(

@@ -43,7 +43,7 @@ from torch import nn
 
 from seqbalance._validation import as_lengths, check_choice, check_int
 from seqbalance.cost import ModelSpec
-from seqbalance.runtime.attention import IGNORE_INDEX, causal_attention
+from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX, causal_attention
 
 __all__ = [
     "IGNORE_INDEX",
@@ -291,8 +291,8 @@ class TinyCausalTransformer(nn.Module):
         """Final hidden states ``[tokens, hidden]`` of tokens at ``position_ids``, with every
         layer's attention computed by ``attend(q, k, v)`` (``[heads, tokens, head_dim]`` each,
         returning the same shape). ``forward`` uses
-        :func:`~seqbalance.runtime.attention.causal_attention` within the packed samples; a
-        context-parallel executor passes attention over gathered shards instead.
+        :func:`~seqbalance.runtime.context_parallel.causal_attention` within the packed samples;
+        a context-parallel executor passes attention over gathered shards instead.
         ``input_ids`` and ``position_ids`` may carry leading batch dimensions (``[B, S]`` for
         :meth:`forward_padded`); ``attend`` then gets ``[B, heads, S, head_dim]``."""
         if position_ids.numel() and int(position_ids.max()) >= self.config.max_position:

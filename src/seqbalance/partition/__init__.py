@@ -16,10 +16,10 @@ import types
 from typing import Any
 
 from seqbalance.partition._api import METHODS, partition
-from seqbalance.partition._result import PartitionResult
+from seqbalance.partition._result import PartitionResult, SizeLimits
 from seqbalance.partition.bounds import lower_bound
 
-__all__ = ["METHODS", "PartitionResult", "lower_bound", "partition"]
+__all__ = ["METHODS", "PartitionResult", "SizeLimits", "lower_bound", "partition"]
 
 
 class _CallableModule(types.ModuleType):

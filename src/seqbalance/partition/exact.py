@@ -24,9 +24,9 @@ import numpy as np
 from seqbalance.partition._result import SizeLimits
 from seqbalance.partition.greedy import descending_order
 
-__all__ = ["branch_and_bound"]
+__all__ = ["CLOCK_EVERY", "branch_and_bound"]
 
-_CLOCK_EVERY = 1024  # nodes between clock reads
+CLOCK_EVERY = 1024  # nodes between clock reads
 
 
 class BudgetSpent(Exception):
@@ -106,7 +106,7 @@ def _search(
         nodes += 1
         if max_nodes is not None and nodes > max_nodes:
             raise BudgetSpent
-        if deadline is not None and nodes % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+        if deadline is not None and nodes % CLOCK_EVERY == 0 and time.perf_counter() > deadline:
             raise BudgetSpent
         if position == n:
             best_max = max(loads)

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from seqbalance.partition._result import SizeLimits
-from seqbalance.partition.exact import _CLOCK_EVERY, BudgetSpent
+from seqbalance.partition.exact import CLOCK_EVERY, BudgetSpent
 from seqbalance.partition.greedy import descending_order
 
 __all__ = ["exact_speeds", "lpt_speeds", "max_time", "refine_speeds", "speed_lower_bound"]
@@ -302,7 +302,7 @@ def exact_speeds(
         nodes += 1
         if max_nodes is not None and nodes > max_nodes:
             raise BudgetSpent
-        if deadline is not None and nodes % _CLOCK_EVERY == 0 and time.perf_counter() > deadline:
+        if deadline is not None and nodes % CLOCK_EVERY == 0 and time.perf_counter() > deadline:
             raise BudgetSpent
         forced = deficit == n - position  # every item left must go to a part below `low`
         value = values[position]

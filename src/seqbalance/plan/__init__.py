@@ -16,16 +16,14 @@ with the cost model and rank speeds learned from measured time (the single-contr
 from __future__ import annotations
 
 from seqbalance.plan import _builtins  # noqa: F401  (registers the built-in strategies)
-from seqbalance.plan._problem import Problem
+from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.adaptive import AdaptivePlanner
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 from seqbalance.plan.epoch import plan_epoch
 from seqbalance.plan.options import LAYOUTS, OBJECTIVES, ORDERS, PlanOptions, option_names
+from seqbalance.plan.protocols import ContextParallelStrategy, Microbatches, Strategy
 from seqbalance.plan.registry import (
     FAMILIES,
-    ContextParallelStrategy,
-    Microbatches,
-    Strategy,
     get_strategy,
     register_strategy,
     strategy_names,
@@ -51,6 +49,7 @@ __all__ = [
     "StepPlan",
     "Strategy",
     "get_strategy",
+    "objective_value",
     "option_names",
     "plan_epoch",
     "plan_step",

@@ -1,33 +1,40 @@
 """Whether a packed plan keeps the caps, vectorised (``Problem.keeps_cap`` for the packed
-layout: the portfolio checks every soft-cap rival's plan, thousands of samples each)."""
+layout: the portfolio checks every soft-cap rival's plan, thousands of samples each). It reads
+the problem's arrays, not the ``Problem`` (which uses it)."""
 
 from __future__ import annotations
 
 from itertools import chain
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from seqbalance.plan._problem import Problem
+from seqbalance.plan._shared import Microbatches
 
 __all__ = ["packed_keeps_cap"]
 
 
-def packed_keeps_cap(p: Problem, microbatches: list[list[list[int]]]) -> bool:
-    """Whether every micro-batch of ``microbatches`` (sample positions of ``p``) is one
-    over-cap sample alone, or holds no over-cap sample and sums within the token cap and the
-    vision-patch cap (lengths and patches are non-negative, so the sums bound every partial
-    sum a sample-by-sample check would see)."""
+def packed_keeps_cap(
+    microbatches: Microbatches,
+    *,
+    lengths: np.ndarray,
+    oversize: np.ndarray,
+    cap: float,
+    patches: np.ndarray | None,
+    patch_cap: float,
+) -> bool:
+    """Whether every micro-batch of ``microbatches`` (sample positions) is one over-cap sample
+    (``oversize``) alone, or holds no over-cap sample and sums within the token cap (``lengths``,
+    ``cap``) and the vision-patch cap (``patches``, ``patch_cap``; lengths and patches are
+    non-negative, so the sums bound every partial sum a sample-by-sample check would see)."""
     flat = [mb for mbs in microbatches for mb in mbs]
     sizes = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
     samples = np.fromiter(chain.from_iterable(flat), dtype=np.int64, count=int(sizes.sum()))
     owner = np.repeat(np.arange(len(flat)), sizes)
-    over = np.bincount(owner, weights=p.oversize[samples], minlength=len(flat)) > 0
+    over = np.bincount(owner, weights=oversize[samples], minlength=len(flat)) > 0
     if (over & (sizes > 1)).any():
         return False
-    fits = np.bincount(owner, weights=p.lengths[samples], minlength=len(flat)) <= p.cap
-    if p.patches is not None:
-        used = np.bincount(owner, weights=p.patches[samples], minlength=len(flat))
-        fits &= used <= p.patch_cap
+    fits = np.bincount(owner, weights=lengths[samples], minlength=len(flat)) <= cap
+    if patches is not None:
+        used = np.bincount(owner, weights=patches[samples], minlength=len(flat))
+        fits &= used <= patch_cap
     return bool((over | fits).all())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqbalance.plan._problem import Problem
-from seqbalance.plan.registry import Microbatches
+from seqbalance.plan._shared import Microbatches
 
 __all__ = ["NODE_LIMIT", "applicable", "objective", "search"]
 

@@ -19,7 +19,7 @@ import numpy as np
 from seqbalance.partition import partition
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem
-from seqbalance.plan.registry import Microbatches
+from seqbalance.plan._shared import Microbatches
 
 __all__ = [
     "WORK_LIMIT",

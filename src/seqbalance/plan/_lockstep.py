@@ -15,7 +15,7 @@ from seqbalance.plan._portfolio import (
 )
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
-from seqbalance.plan.registry import Microbatches
+from seqbalance.plan._shared import Microbatches
 
 __all__ = ["match_profile", "refine_lockstep"]
 

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from seqbalance.plan.registry import Microbatches
+from seqbalance.plan._shared import Microbatches
 
 __all__ = ["deal", "padded_global", "segment"]
 

@@ -18,13 +18,8 @@ from seqbalance.plan._budget import (
 )
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
-from seqbalance.plan.registry import (
-    Microbatches,
-    Strategy,
-    checked_microbatches,
-    get_strategy,
-    strategy_names,
-)
+from seqbalance.plan.protocols import Microbatches, Strategy, checked_microbatches
+from seqbalance.plan.registry import get_strategy, strategy_names
 from seqbalance.plan.strategies import rank_members
 
 __all__ = [

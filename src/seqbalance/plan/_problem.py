@@ -17,9 +17,8 @@ import numpy as np
 
 from seqbalance.partition import lower_bound as partition_lower_bound
 from seqbalance.plan._caps import packed_keeps_cap
-from seqbalance.plan._shared import MAX_SLOTS, microbatch_count, unit_numbers
+from seqbalance.plan._shared import MAX_SLOTS, Microbatches, microbatch_count, unit_numbers
 from seqbalance.plan.options import PlanOptions, check_rank_speeds
-from seqbalance.plan.registry import Microbatches
 
 if TYPE_CHECKING:
     from seqbalance.cost.samples import SampleParts
@@ -242,7 +241,14 @@ class Problem(OptionFields):
         size (an over-cap sample alone in its micro-batch is allowed: ``plan_step`` only lets
         one in with ``allow_oversize``)."""
         if self.layout == "packed":
-            return packed_keeps_cap(self, microbatches)
+            return packed_keeps_cap(
+                microbatches,
+                lengths=self.lengths,
+                oversize=self.oversize,
+                cap=self.cap,
+                patches=self.patches,
+                patch_cap=self.patch_cap,
+            )
         patches = self.patches
         for mbs in microbatches:
             for mb in mbs:

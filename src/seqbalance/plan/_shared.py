@@ -11,7 +11,11 @@ import numpy as np
 if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
 
-__all__ = ["MAX_SLOTS", "check_within_caps", "microbatch_count", "unit_numbers"]
+__all__ = ["MAX_SLOTS", "Microbatches", "check_within_caps", "microbatch_count", "unit_numbers"]
+
+Microbatches = list[list[list[int]]]
+"""``dp`` lists of ``M`` lists of sample positions (indices into the step's lengths): what a
+strategy returns (``seqbalance.plan.protocols``)."""
 
 MAX_SLOTS = 2**18
 """Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""

@@ -3,7 +3,7 @@
 The single-controller form (a driver that plans for its workers, as in verl and slime) uses it
 directly: :meth:`AdaptivePlanner.plan` a step, run it on the workers, hand their measured
 seconds to :meth:`AdaptivePlanner.observe`, plan the next. The distributed runtime
-(``seqbalance.runtime.feedback``) uses the same object on every rank, feeding
+(``seqbalance.runtime.closed_loop.feedback``) uses the same object on every rank, feeding
 :meth:`AdaptivePlanner.apply` with every rank's :meth:`AdaptivePlanner.local_statistics`
 gathered in rank order; identical inputs give identical models and plans everywhere.
 

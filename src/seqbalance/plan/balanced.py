@@ -50,7 +50,7 @@ import itertools
 
 import numpy as np
 
-from seqbalance.partition._result import SizeLimits
+from seqbalance.partition import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
@@ -71,8 +71,8 @@ from seqbalance.plan._portfolio import (
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import GOOD_ENOUGH, RankState, capacities
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
+from seqbalance.plan._shared import Microbatches
 from seqbalance.plan.context_parallel._strategies import BalancedContextParallel
-from seqbalance.plan.registry import Microbatches
 from seqbalance.plan.strategies import rank_members
 
 __all__ = [

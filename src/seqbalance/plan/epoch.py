@@ -9,7 +9,7 @@ import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
 from seqbalance.cost.samples import SampleParts
-from seqbalance.plan._layout import EpochLayout
+from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan

@@ -7,7 +7,9 @@ micro-batches: ``dp`` lists of ``M`` lists of sample positions, the same ``M`` o
 strategy's result against the request (see ``StepPlan.validate``) before anyone uses it. Every
 list of strategy names in the package, the CLI and the benchmarks comes from
 ``strategy_names()``. The registry imports no strategy: the built-in ones are registered by
-``seqbalance.plan._builtins`` when ``seqbalance.plan`` is imported.
+``seqbalance.plan._builtins`` when ``seqbalance.plan`` is imported. This module is the name
+table alone (it knows nothing of problems, so ``PlanOptions`` checks a name here); what a
+strategy is, its protocols and the shape of its result, is ``seqbalance.plan.protocols``.
 
 Context parallelism is an option of the same pipeline: a strategy that plans context-parallel
 steps has a ``plan_context_parallel(problem)`` method (a ``CPProblem`` in, a finalised
@@ -33,82 +35,31 @@ Register your own::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+import importlib
+import warnings
+from typing import Any
 
 import numpy as np
 
-from seqbalance.plan._step_validation import PlanValidationError
-
-if TYPE_CHECKING:
-    from seqbalance.plan._problem import Problem
-    from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
-
 __all__ = [
-    "ContextParallelStrategy",
-    "Microbatches",
-    "Strategy",
-    "checked_microbatches",
+    "FAMILIES",
     "get_strategy",
     "register_strategy",
     "strategy_names",
     "unregister_strategy",
 ]
 
-Microbatches = list[list[list[int]]]
-"""``dp`` lists of ``M`` lists of sample positions (indices into the step's lengths)."""
-
 FAMILIES = ("ours", "baseline", "stack", "custom")
 """``ours``: seqbalance's planner; ``baseline``: common practice (compared by default);
 ``stack``: a training stack's own scheduler; ``custom``: registered by a user."""
 
 
-@runtime_checkable
-class Strategy(Protocol):
-    """A placement rule.
-
-    Attributes:
-        name: registry key (what ``strategy=`` takes).
-        enforces_cap: ``True`` when no micro-batch it makes exceeds ``max_tokens`` (then
-            ``StepPlan.validate`` treats one as an error); ``False`` for a soft cap (over-cap
-            micro-batches are counted in ``summary()["cap_violations"]``).
-        aligns_positions: for ``objective="lockstep"``, ``plan_step`` sorts every rank's
-            micro-batches heaviest first before applying ``order`` (the alignment that
-            minimises the sum over positions of the slowest rank for the chosen micro-batches).
-        family: one of ``FAMILIES``.
-        description: one line for help texts and reports.
-    """
-
-    name: str
-    enforces_cap: bool
-    aligns_positions: bool
-    family: str
-    description: str
-
-    def plan(self, problem: Problem) -> Microbatches:
-        """Micro-batches of ``problem``; raise ValueError when the limits cannot be met."""
-        ...
+_REGISTRY: dict[str, Any] = {}
+"""Name -> strategy (a ``Strategy`` and/or ``ContextParallelStrategy`` of
+``seqbalance.plan.protocols``), in registration order."""
 
 
-@runtime_checkable
-class ContextParallelStrategy(Protocol):
-    """The optional capability of a strategy that plans context-parallel steps (``name``,
-    ``family`` and ``description`` as for ``Strategy``; ``plan`` and its flags only when it
-    plans data-parallel steps too)."""
-
-    name: str
-    family: str
-    description: str
-
-    def plan_context_parallel(self, problem: CPProblem) -> Schedule:
-        """The finalised schedule of ``problem`` (``problem.finalise`` equalises its slot
-        counts under the options); raise ValueError when the limits cannot be met."""
-        ...
-
-
-_REGISTRY: dict[str, Strategy] = {}
-
-
-def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
+def register_strategy(strategy: Any, *, replace: bool = False) -> Any:
     """Add ``strategy`` under ``strategy.name`` (returned, so this works as a decorator on an
     instance factory too).
 
@@ -158,51 +109,7 @@ def unregister_strategy(name: str) -> None:
     del _REGISTRY[name]
 
 
-def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatches:
-    """The strategy's result, if it has ``p.dp`` ranks of one common, positive count and
-    places every sample position exactly once as an integer (what ``_arrange`` relies on; the
-    caps and counts are left to ``StepPlan.validate``).
-
-    Raises:
-        PlanValidationError: naming the strategy and the first violation.
-    """
-    where = f"strategy {name!r} returned"
-    try:
-        counts = {len(mbs) for mbs in microbatches}
-        members = [i for mbs in microbatches for mb in mbs for i in mb]
-    except TypeError:
-        raise PlanValidationError(
-            f"{where} {type(microbatches).__name__} {microbatches!r:.80}; expected {p.dp} "
-            "lists of micro-batches, each a list of sample positions"
-        ) from None
-    if len(microbatches) != p.dp or len(counts) != 1 or counts == {0}:
-        raise PlanValidationError(
-            f"{where} {len(microbatches)} ranks with micro-batch counts {sorted(counts)}; "
-            f"expected {p.dp} ranks with the same positive count"
-        )
-    for kind in {type(i) for i in members}:
-        if issubclass(kind, (bool, np.bool_)) or not issubclass(kind, (int, np.integer)):
-            bad = next(i for i in members if type(i) is kind)
-            raise PlanValidationError(
-                f"{where} sample position {bad!r} of type {kind.__name__}; positions must be "
-                "integers"
-            )
-    outside = [i for i in members if not 0 <= i < p.n]
-    if outside:
-        raise PlanValidationError(
-            f"{where} sample position {int(outside[0])}, out of range for {p.n} samples"
-        )
-    flat = np.asarray(members, dtype=np.int64)
-    seen = np.bincount(flat, minlength=p.n)
-    if (seen != 1).any():
-        i = int(np.flatnonzero(seen != 1)[0])
-        raise PlanValidationError(
-            f"{where} sample {i} {int(seen[i])} times; every sample must appear exactly once"
-        )
-    return microbatches
-
-
-def get_strategy(name: str, *, context_parallel: bool | None = None) -> Strategy:
+def get_strategy(name: str, *, context_parallel: bool | None = None) -> Any:
     """The strategy registered as ``name``; ValueError listing the registered names.
 
     ``context_parallel``: True (False) also requires that it plans context-parallel
@@ -232,6 +139,22 @@ def strategy_names(*families: str, context_parallel: bool = False) -> tuple[str,
     )
 
 
-def _plans(strategy: Strategy, context_parallel: bool) -> bool:
+def _plans(strategy: Any, context_parallel: bool) -> bool:
     """Whether ``strategy`` plans context-parallel (or data-parallel) steps."""
     return hasattr(strategy, "plan_context_parallel" if context_parallel else "plan")
+
+
+_MOVED = ("ContextParallelStrategy", "Microbatches", "Strategy", "checked_microbatches")
+"""Names this module held before the protocols moved to ``seqbalance.plan.protocols``: served
+here with a DeprecationWarning for one release."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module 'seqbalance.plan.registry' has no attribute {name!r}")
+    warnings.warn(
+        f"seqbalance.plan.registry.{name} is deprecated: use seqbalance.plan.protocols.{name}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module("seqbalance.plan.protocols"), name)

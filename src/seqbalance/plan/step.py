@@ -15,7 +15,8 @@ from seqbalance.plan._shared import check_within_caps
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
-from seqbalance.plan.registry import Microbatches, checked_microbatches, get_strategy
+from seqbalance.plan.protocols import Microbatches, checked_microbatches
+from seqbalance.plan.registry import get_strategy
 from seqbalance.plan.types import PlanValidationError, StepPlan
 
 __all__ = [

@@ -34,7 +34,7 @@ from seqbalance.plan._budget import Price
 from seqbalance.plan._min_tree import first_within, min_tree, set_leaf
 from seqbalance.plan._packing import fill_empty, greedy_microbatches, to_count
 from seqbalance.plan._problem import Problem
-from seqbalance.plan.registry import Microbatches
+from seqbalance.plan._shared import Microbatches
 
 __all__ = ["BASELINE_STRATEGIES", "GreedyBaseline", "TokenKK", "rank_members"]
 

@@ -1,47 +1,62 @@
 """seqbalance.runtime: the planner inside real PyTorch training loops (needs the torch extra).
 
-Owns the DataLoader samplers (:class:`BalancedBatchSampler`, :class:`LengthGroupedSampler`), the
-in-loop :class:`Rebalancer` that moves samples between data-parallel ranks with
-torch.distributed, the streaming :class:`WindowBalancer`, the :class:`TorchFlopsMeter` for
-packed (THD) batches, the context-parallel reference executor (``context_parallel``:
-:class:`ContextParallelGroups`, ``run_step``; ``attention``: causal attention within packed
-samples), the closed loop (:class:`StepTimer` times micro-batches and the gradient sync;
-:class:`Adaptive` learns the cost model and rank speeds from every rank's measurements,
-``adaptive=True`` in the Rebalancer and the WindowBalancer) and ``launch`` (the one process
-launcher that tests, benchmarks and ``seqbalance bench`` share). This is what a training loop
-imports; measurement (the toy model, calibration, ``seqbalance bench``) is
-``seqbalance.measure``, above it.
+Grouped by feature: ``samplers`` (the DataLoader samplers :class:`BalancedBatchSampler` and
+:class:`LengthGroupedSampler`), ``rebalancing`` (the in-loop :class:`Rebalancer` that moves
+samples between data-parallel ranks with torch.distributed, and the streaming
+:class:`WindowBalancer`), ``closed_loop`` (:class:`StepTimer` times micro-batches and the
+gradient sync; :class:`Adaptive` learns the cost model and rank speeds from every rank's
+measurements, ``adaptive=True`` in the samplers, the Rebalancer and the WindowBalancer),
+``context_parallel`` (the reference executor: :class:`ContextParallelGroups`, ``run_step``, and
+causal attention within packed samples), ``flops`` (:class:`TorchFlopsMeter` for packed (THD)
+batches) and ``collectives`` (:class:`CollectiveError` and the deadline every collective
+waits under). This is what a training loop imports; measurement (the process launcher, the toy
+model, calibration, ``seqbalance bench``) is ``seqbalance.measure``, above it.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
+
+from seqbalance.runtime._moved import install
 
 _LAZY_NAMES = {
     "BalancedBatchSampler": "seqbalance.runtime.samplers",
     "LengthGroupedSampler": "seqbalance.runtime.samplers",
-    "Rebalancer": "seqbalance.runtime.rebalancer",
-    "RebalanceResult": "seqbalance.runtime.rebalancer",
-    "RebalancedSteps": "seqbalance.runtime.rebalancer",
-    "StepSamples": "seqbalance.runtime.rebalancer",
-    "CollectiveError": "seqbalance.runtime._dist",
-    "LaunchError": "seqbalance.runtime.launch",
-    "WindowBalancer": "seqbalance.runtime.window",
-    "Dispatch": "seqbalance.runtime.window",
+    "Rebalancer": "seqbalance.runtime.rebalancing.rebalancer",
+    "RebalanceResult": "seqbalance.runtime.rebalancing.rebalancer",
+    "RebalancedSteps": "seqbalance.runtime.rebalancing.rebalancer",
+    "StepSamples": "seqbalance.runtime.rebalancing.rebalancer",
+    "CollectiveError": "seqbalance.runtime.collectives",
+    "WindowBalancer": "seqbalance.runtime.rebalancing.window",
+    "Dispatch": "seqbalance.runtime.rebalancing.window",
     "TorchFlopsMeter": "seqbalance.runtime.flops",
     "FlopsReport": "seqbalance.runtime.flops",
     "ContextParallelGroups": "seqbalance.runtime.context_parallel",
-    "Adaptive": "seqbalance.runtime.feedback",
-    "Feedback": "seqbalance.runtime.feedback",
-    "StepTimer": "seqbalance.runtime.timer",
-    "StepTiming": "seqbalance.runtime.timer",
+    "Adaptive": "seqbalance.runtime.closed_loop.feedback",
+    "Feedback": "seqbalance.runtime.closed_loop.feedback",
+    "StepTimer": "seqbalance.runtime.closed_loop.timer",
+    "StepTiming": "seqbalance.runtime.closed_loop.timer",
 }
+
+_DEPRECATED_NAMES = {"LaunchError": "seqbalance.measure.launch"}
+"""Names that moved out of the runtime: still served here, with a DeprecationWarning, for one
+release."""
 
 __all__ = list(_LAZY_NAMES)
 
+install()
+
 
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED_NAMES:
+        warnings.warn(
+            f"seqbalance.runtime.{name} is deprecated: use {_DEPRECATED_NAMES[name]}.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(_DEPRECATED_NAMES[name]), name)
     if name not in _LAZY_NAMES:
         raise AttributeError(f"module 'seqbalance.runtime' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from seqbalance._validation import check_int
 from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
-from seqbalance.runtime._dist import Comm, wait
+from seqbalance.runtime.collectives import Comm, wait
 
 __all__ = ["FlopsReport", "TorchFlopsMeter"]
 

@@ -11,10 +11,10 @@ import numpy as np
 if TYPE_CHECKING:
     from seqbalance.sim.engine import SimulationResult
 
-__all__ = ["plot"]
+__all__ = ["plot", "pyplot"]
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -32,7 +32,7 @@ def plot(result: SimulationResult, path: str | os.PathLike[str]) -> Path:
     representative step, its lower bound dashed, so stragglers stand out at a glance. Bottom:
     the histogram of the planned sample lengths (tokens) with the micro-batch token cap.
     """
-    plt = _pyplot()
+    plt = pyplot()
     names = list(result.strategies)
     step = result.representative_step
     figure = plt.figure(figsize=(max(8.0, 2.4 * len(names)), 7.0), layout="constrained")

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance.sim.plot import _pyplot
+from seqbalance.sim.plot import pyplot
 
 __all__ = ["load_telemetry", "plot_run", "summarize_run"]
 
@@ -124,7 +124,7 @@ def plot_run(rows: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
     step as the unbalanced baseline and as planned under the fitted model (ms), the area
     between them the time balancing saved.
     """
-    plt = _pyplot()
+    plt = pyplot()
     steps = [r["step"] for r in rows]
     figure, axes = plt.subplots(3, 1, figsize=(9.0, 9.0), sharex=True, layout="constrained")
     imbalance = _imbalance(rows)

@@ -1,6 +1,6 @@
 """The benchmark behind ``seqbalance bench``: each strategy measured on real training processes.
 
-P processes (gloo on CPU, NCCL on GPU; started by :func:`seqbalance.runtime.launch.launch`),
+P processes (gloo on CPU, NCCL on GPU; started by :func:`seqbalance.measure.launch.launch`),
 each pinned to one core with one torch thread, train the toy transformer on the same stream of
 real lengths, once per strategy (the strategies take turns step by step, so drift in the
 machine's speed affects them alike). A step is real gradient accumulation: forward + backward
@@ -15,8 +15,8 @@ processes really pay. The same plans feed the simulator, so its predicted reduct
 the measured one.
 
 ``balanced_adaptive`` plans inside the processes with the closed loop (measured micro-batch
-times -> online TimeModel and rank speeds, ``seqbalance.runtime.feedback``), starting from the
-same time model; ``balanced_oracle`` plans ``balanced`` with the true rank speeds of each step.
+times -> online TimeModel and rank speeds, ``seqbalance.runtime.closed_loop``), starting from
+the same time model; ``balanced_oracle`` plans ``balanced`` with the true rank speeds of each step.
 ``BenchSettings.slow_rank`` makes one rank compute slower (real extra work, for a spell of
 steps or the whole run); ``options.rank_speeds`` plans the precomputed strategies with given
 speeds.

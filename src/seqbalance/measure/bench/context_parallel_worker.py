@@ -24,7 +24,7 @@ __all__ = ["run_context_parallel_rank"]
 def run_context_parallel_rank(
     rank: int, world_size: int, settings: BenchSettings, progress_file: str
 ) -> dict[str, Any]:
-    """The work of one rank, run by :func:`seqbalance.runtime.launch.launch`.
+    """The work of one rank, run by :func:`seqbalance.measure.launch.launch`.
 
     Returns:
         ``{"records": per strategy, one record per measured step (slot_seconds,

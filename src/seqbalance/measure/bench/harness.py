@@ -50,7 +50,7 @@ def run(
 
     Raises:
         ValueError: A strategy cannot plan the steps, or a bad setting for this machine.
-        seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
+        seqbalance.measure.launch.LaunchError: A process failed, died or ran out of time.
     """
     if settings.context_parallel is not None:
         return run_context_parallel(settings, progress=progress)
@@ -83,7 +83,7 @@ def run_context_parallel(
     Raises:
         ValueError: A strategy cannot plan the steps, or a given time model whose K/V sizes are
             not the toy model's.
-        seqbalance.runtime.launch.LaunchError: A process failed, died or ran out of time.
+        seqbalance.measure.launch.LaunchError: A process failed, died or ran out of time.
     """
     from seqbalance.measure.bench.context_parallel_worker import run_context_parallel_rank
 
@@ -117,7 +117,7 @@ def launch_and_summarize(
     report's ``setup`` gains ``oversubscribed`` (more processes than cores),
     ``load_average_before`` (1-minute load average before the start, None where the OS has
     none) and ``elapsed_seconds``. Shared by the data-parallel and context-parallel benches."""
-    from seqbalance.runtime.launch import launch
+    from seqbalance.measure.launch import launch
 
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     started = time.perf_counter()

@@ -30,9 +30,9 @@ from seqbalance.measure.toy_model import (
     make_padded_batch,
 )
 from seqbalance.plan import StepPlan, plan_step
-from seqbalance.runtime._dist import synchronize
-from seqbalance.runtime.feedback import Adaptive, Feedback
-from seqbalance.runtime.timer import StepTimer, StepTiming
+from seqbalance.runtime.closed_loop.feedback import Adaptive, Feedback
+from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
+from seqbalance.runtime.collectives import synchronize
 
 __all__ = ["run_rank"]
 
@@ -40,7 +40,7 @@ __all__ = ["run_rank"]
 def run_rank(
     rank: int, world_size: int, settings: BenchSettings, progress_file: str
 ) -> dict[str, Any]:
-    """The work of one rank, run by :func:`seqbalance.runtime.launch.launch`.
+    """The work of one rank, run by :func:`seqbalance.measure.launch.launch`.
 
     Args:
         rank: This process's rank.

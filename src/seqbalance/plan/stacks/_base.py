@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance.plan._budget import Price
-from seqbalance.plan.registry import Microbatches
+from seqbalance.plan._shared import Microbatches
 
 __all__ = [
     "Microbatches",

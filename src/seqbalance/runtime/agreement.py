@@ -1,0 +1,88 @@
+"""Ranks show each other the plan they made before any sample moves.
+
+Equal settings are not enough for equal plans: a cost built by a factory, a closure or a class
+instance with different parameters on each rank has the same options fingerprint (its qualified
+name) but gives different costs, so the ranks would plan differently and an exchange would fail
+(gloo aborts on mismatched sizes) or deliver the wrong samples. :func:`agreed_plan` all-gathers
+a few bytes per rank, digests of what decided the plan and of the plan itself, and makes every
+rank raise the same ``ValueError`` when they differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from seqbalance.plan.types import StepPlan
+    from seqbalance.runtime.collectives import Comm
+
+__all__ = ["agreed_plan", "brief", "plan_digests"]
+
+_CHECKS = (
+    ("planning", "error", "only some ranks could plan the step"),
+    (
+        "the step's per-sample costs",
+        "costs",
+        "their cost models give different costs for the same samples (a cost built with "
+        "different parameters on each rank: a factory, a closure or a class instance?); build "
+        "the same cost on every rank",
+    ),
+    ("the plan", "plan", "equal costs gave different plans (a nondeterministic strategy)"),
+)
+"""(what the ranks disagree on, record key, the likely cause), checked in this order."""
+
+
+def brief(value: Any, width: int) -> str:
+    """``value`` as JSON, cut to ``width`` characters, for naming what ranks disagree on."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def plan_digests(plan: StepPlan | None) -> dict[str, str]:
+    """SHA-256 digests of what decided ``plan`` (its per-sample costs and micro-batch overhead
+    as float64 bytes) and of the plan itself (every rank's micro-batches); empty strings
+    without a plan."""
+    if plan is None:
+        return {"costs": "", "plan": ""}
+    costs = hashlib.sha256(np.ascontiguousarray(plan.sample_costs, dtype=np.float64).tobytes())
+    costs.update(np.float64(plan.overhead).tobytes())
+    layout = hashlib.sha256()
+    for microbatches in plan.ranks:
+        layout.update(np.array([mb.size for mb in microbatches], dtype=np.int64).tobytes())
+        for mb in microbatches:
+            layout.update(np.ascontiguousarray(mb, dtype=np.int64).tobytes())
+    return {"costs": costs.hexdigest(), "plan": layout.hexdigest()}
+
+
+def agreed_plan(comm: Comm, plan: StepPlan | None, error: str | None) -> StepPlan | None:
+    """``plan`` (this rank's plan of the step, ``None`` without samples or on ``error``, the
+    planning error's message) once every rank of ``comm`` shows the same one.
+
+    One all-gather of a small JSON record per rank.
+
+    Raises:
+        ValueError: on every rank: the planning error when every rank got the same one, or the
+            first disagreement with rank 0 (some ranks failed to plan, different per-sample
+            costs, or different plans from equal costs), naming the rank.
+        CollectiveError: a peer failed or did not call within the timeout.
+    """
+    mine = json.dumps({"error": error, **plan_digests(plan)}).encode()
+    records = [json.loads(text) for text in comm.all_gather_bytes(mine, "all_gather of plans")]
+    messages = {record["error"] for record in records}
+    if len(messages) == 1 and error is not None:
+        raise ValueError(error)  # the same planning error on every rank
+    for what, key, cause in _CHECKS:
+        rank = next((r for r, rec in enumerate(records) if rec[key] != records[0][key]), None)
+        if rank is None:
+            continue
+        detail = ""
+        if key == "error":
+            detail = f" ({records[0][key] or 'planned'} vs {records[rank][key] or 'planned'})"
+        raise ValueError(
+            f"ranks 0 and {rank} disagree on {what}{detail}: {cause}; no sample was moved"
+        )
+    return plan

@@ -1,0 +1,173 @@
+"""The Rebalancer's first phase: every rank's description of its samples, gathered and checked.
+
+One ``all_gather`` of every rank's description (``seqbalance.runtime.rebalancing.wire``) makes
+every rank hold the same :class:`Batch`, the step's samples as a whole, or raise the same
+``ValueError``: settings that differ (named), input errors of any rank, sample schemas or group
+flags that differ, parts that cannot be planned together.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqbalance.cost.samples import SampleParts
+from seqbalance.plan.options import PlanOptions
+from seqbalance.runtime.agreement import brief
+from seqbalance.runtime.collectives import Comm
+from seqbalance.runtime.rebalancing._samples import InputForm
+from seqbalance.runtime.rebalancing.wire import Field, decode, encode
+
+__all__ = ["Batch", "combined_parts", "gather_batch", "gather_described", "raise_first_error"]
+
+
+def gather_described(comm: Comm, header: dict[str, Any], table: np.ndarray, what: str) -> list[Any]:
+    """Every rank's ``(header, table)`` description."""
+    payloads = comm.all_gather_bytes(encode(header, table), what)
+    return [decode(payload, rank) for rank, payload in enumerate(payloads)]
+
+
+def raise_first_error(headers: Sequence[dict[str, Any]]) -> None:
+    for rank, header in enumerate(headers):
+        if header.get("error"):
+            raise ValueError(f"rank {rank}: {header['error']}")
+
+
+def combined_parts(headers: Sequence[dict[str, Any]]) -> SampleParts | None:
+    """Every rank's parts in rank order (the order of the global indices), or None when the
+    ranks passed none.
+
+    Raises:
+        ValueError: ranks with samples disagree on passing parts, or their parts cannot be
+            concatenated (another ``spatial_merge_size``, HSTU fields on some ranks only).
+    """
+    with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
+    passed = [rank for rank, h in with_samples if h["parts"] is not None]
+    if len(passed) not in (0, len(with_samples)):
+        without = [rank for rank, h in with_samples if h["parts"] is None]
+        raise ValueError(
+            f"ranks disagree on passing parts: rank(s) {passed} passed parts, rank(s) "
+            f"{without} did not; every rank with samples passes parts, or none does"
+        )
+    if not with_samples:
+        # No samples anywhere: parts are given when any rank passed (empty) ones.
+        given = any(h["parts"] is not None for h in headers)
+        return SampleParts(tokens=np.zeros(0, dtype=np.int64)) if given else None
+    if not passed:
+        return None
+    try:
+        return SampleParts.concatenate([SampleParts.from_dict(h["parts"]) for _, h in with_samples])
+    except ValueError as error:
+        raise ValueError(f"the ranks' parts cannot be planned together: {error}") from None
+
+
+def _differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """``name (value vs value)`` for every key whose values differ, sorted by name."""
+    return [
+        f"{name} ({brief(mine.get(name), 60)} vs {brief(theirs.get(name), 60)})"
+        for name in sorted(set(mine) | set(theirs))
+        if mine.get(name) != theirs.get(name)
+    ]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What every rank knows after the gather: the description of the whole step."""
+
+    counts: np.ndarray  # samples per rank
+    rows: np.ndarray  # [total, fields]: first-dim size of every field of every sample
+    groups: np.ndarray | None  # [total] group ids
+    fields: list[Field]
+    form: InputForm
+    parts: SampleParts | None  # [total] every rank's parts in rank order, when passed
+    feedback: list[Any]  # every rank's adaptive statistics of the last step (None: not observed)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Global index of each rank's first sample (and the total at the end)."""
+        return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    @property
+    def origin(self) -> np.ndarray:
+        """The rank holding each sample before the exchange."""
+        return np.repeat(np.arange(self.counts.size), self.counts)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+
+def gather_batch(
+    comm: Comm,
+    header: dict[str, Any],
+    table: np.ndarray,
+    local: list[list[torch.Tensor]],
+    options: PlanOptions,
+) -> Batch:
+    """All-gather every rank's description; check that the ranks agree (else ValueError)."""
+    described = gather_described(comm, header, table, "all_gather")
+    headers = [h for h, _ in described]
+    _check_settings(comm, headers, options)
+    raise_first_error(headers)
+    with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
+    for rank, h in with_samples[1:]:
+        for key in ("fields", "groups"):
+            if h[key] != with_samples[0][1][key]:
+                raise ValueError(
+                    f"ranks {with_samples[0][0]} and {rank} disagree on sample {key}: "
+                    f"{with_samples[0][1][key]} vs {h[key]}"
+                )
+    reference = with_samples[0][1] if with_samples else header
+    fields = [Field.from_json(f) for f in reference["fields"]]
+    form = InputForm(header["form"])
+    if not local and form.is_list:
+        # An empty list cannot tell bare tensors from dicts: take the other ranks' form.
+        form = next(
+            (InputForm(h["form"]) for _, h in with_samples if InputForm(h["form"]).is_list),
+            form,
+        )
+    tables = [t for (h, t) in described if h["n"]]
+    full = (
+        np.concatenate(tables)
+        if tables
+        else np.zeros((0, len(fields) + bool(reference["groups"])), dtype=np.int64)
+    )
+    return Batch(
+        counts=np.array([h["n"] for h in headers], dtype=np.int64),
+        rows=full[:, : len(fields)],
+        groups=full[:, len(fields)] if reference["groups"] else None,
+        fields=fields,
+        form=form,
+        parts=combined_parts(headers),
+        feedback=[h.get("feedback") for h in headers],
+    )
+
+
+def _check_settings(comm: Comm, headers: list[dict[str, Any]], options: PlanOptions) -> None:
+    """Raise ValueError on every rank when any rank's settings differ from rank 0's.
+
+    The fingerprints travel in the first gather; only when they differ do the ranks
+    all-gather their options' JSON (every rank sees the same headers, so every rank makes
+    this second call) to name the options that differ.
+    """
+    reference = headers[0]["settings"]
+    differing = [r for r, h in enumerate(headers) if h["settings"] != reference]
+    if not differing:
+        return
+    rank = differing[0]
+    texts = comm.all_gather_bytes(options.to_json().encode(), "all_gather of options")
+    names = _differences(json.loads(texts[0]), json.loads(texts[rank]))
+    others = {k: v for k, v in reference.items() if k != "options"}
+    names += _differences(
+        others, {k: v for k, v in headers[rank]["settings"].items() if k != "options"}
+    )
+    raise ValueError(
+        f"ranks 0 and {rank} disagree on the Rebalancer's settings: {'; '.join(names)}. "
+        "Construct the Rebalancer with the same options, keep_local and length_key on "
+        "every rank"
+    )

@@ -1,0 +1,60 @@
+"""What ``RebalanceResult.restore`` gathers about each rank's outputs, and their agreement."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqbalance.runtime.rebalancing._samples import OutputForm
+from seqbalance.runtime.rebalancing.wire import Field
+
+__all__ = ["agreed_output", "describe_outputs"]
+
+
+def describe_outputs(
+    outputs: torch.Tensor | Sequence[torch.Tensor], n: int
+) -> tuple[OutputForm, list[torch.Tensor], dict[str, Any], np.ndarray]:
+    """Outputs as one tensor per sample, and this rank's description of them."""
+    form = OutputForm.ROWS if isinstance(outputs, torch.Tensor) else OutputForm.PER_SAMPLE
+    try:
+        if form is OutputForm.ROWS:
+            if outputs.dim() == 0 or outputs.shape[0] != n:
+                raise ValueError(
+                    f"outputs must have num_samples = {n} rows, got shape {tuple(outputs.shape)}"
+                )
+            local = [row.unsqueeze(0) for row in outputs]
+        else:
+            local = list(outputs)
+            if len(local) != n:
+                raise ValueError(f"outputs must hold num_samples = {n} tensors, got {len(local)}")
+            for k, t in enumerate(local):
+                if not isinstance(t, torch.Tensor) or t.dim() == 0:
+                    raise ValueError(f"outputs[{k}] must be a tensor with >= 1 dimension")
+        specs = {(t.dtype, tuple(t.shape[1:])) for t in local}
+        if len(specs) > 1:
+            raise ValueError(f"outputs mix dtypes or trailing shapes: {sorted(map(str, specs))}")
+    except ValueError as error:
+        return form, [], {"error": str(error), "n": 0, "form": form.value}, np.zeros((0, 1))
+    header = {"error": None, "n": len(local), "form": form.value}
+    if local:
+        header["fields"] = [Field.of("output", local[0]).to_json()]
+    table = np.array([[t.shape[0]] for t in local], dtype=np.int64).reshape(len(local), 1)
+    return form, local, header, table
+
+
+def agreed_output(headers: Any) -> tuple[OutputForm, Field] | None:
+    """The output form and field every rank with outputs agrees on (None: nobody has any)."""
+    described = [h for h in headers if h["n"]]
+    if not described:
+        return None
+    reference = (described[0]["form"], described[0]["fields"])
+    for h in described[1:]:
+        if (h["form"], h["fields"]) != reference:
+            raise ValueError(
+                "restore needs the same output form, dtype and trailing shape on every rank, "
+                f"got {reference[0]} {reference[1]} and {h['form']} {h['fields']}"
+            )
+    return OutputForm(reference[0]), Field.from_json(reference[1][0])

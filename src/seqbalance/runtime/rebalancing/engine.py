@@ -1,0 +1,313 @@
+"""The Rebalancer's step engine: one step's four phases (module doc of ``rebalancer``), for one
+set of settings, on the caller's thread.
+
+:class:`StepEngine` is the one seam between the loop-facing :class:`~seqbalance.runtime.Rebalancer`
+(``rebalance``, ``iterate``, ``observe``) and the work of a step: ``rebalancer`` and
+``overlap`` drive it only through its public members, on its :attr:`StepEngine.worker` thread
+when the loop runs ahead.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from seqbalance._validation import as_group_ids
+from seqbalance.cost.resolve import evaluate_costs
+from seqbalance.cost.samples import SampleParts
+from seqbalance.plan.options import PlanOptions
+from seqbalance.plan.step import plan_step, vision_patches_of
+from seqbalance.runtime.agreement import agreed_plan
+from seqbalance.runtime.collectives import Comm
+from seqbalance.runtime.rebalancing._gathered import Batch, gather_batch
+from seqbalance.runtime.rebalancing._samples import LocalSamples, assemble, normalise
+from seqbalance.runtime.rebalancing.caps import first_over_cap
+from seqbalance.runtime.rebalancing.results import RebalanceResult, exchange_samples
+from seqbalance.runtime.rebalancing.routing import Routing, route
+from seqbalance.runtime.rebalancing.wire import Field, sample_bytes
+from seqbalance.runtime.rebalancing.worker import Worker
+
+if TYPE_CHECKING:
+    from seqbalance.plan import StepPlan
+    from seqbalance.runtime.closed_loop.feedback import Piggyback
+
+__all__ = ["StepEngine"]
+
+
+class StepEngine:
+    """One step's gather, plan, route and exchange for a Rebalancer's settings.
+
+    Args:
+        group: the data-parallel process group.
+        timeout: longest wait for any collective.
+        options: the plan options of every step.
+        length_key: field whose first dimension is a sample's length (None: the first field).
+        keep_local: relabel plan slots to keep the most bytes on their current rank.
+        feedback: the closed loop whose statistics ride on the gather (None: not adaptive).
+
+    Attributes:
+        worker: the one thread every collective of the Rebalancer runs on, in call order, once
+            started (``rebalance_async``, ``iterate``); until then calls run on the caller's.
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        timeout: timedelta,
+        options: PlanOptions,
+        *,
+        length_key: str | None,
+        keep_local: bool,
+        feedback: Piggyback | None,
+    ) -> None:
+        self.group = group
+        self.timeout = timeout
+        self.options = options
+        self.length_key = length_key
+        self.keep_local = keep_local
+        self.feedback = feedback
+        self.worker = Worker()
+
+    def take_observation(self) -> Any:
+        """The last observation for the next step's gather, once (None: not adaptive or none);
+        taken on the loop's thread, so the order of observe and the next step is the loop's."""
+        return None if self.feedback is None else self.feedback.take_pending()
+
+    def adaptive_state(self) -> dict[str, Any] | None:
+        """What the closed loop learned (None: not adaptive), once the steps handed to the
+        worker have learned what they learn."""
+        return None if self.feedback is None else self.worker.run(self.feedback.state_dict)
+
+    def load_adaptive_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`adaptive_state` (in order with the worker's steps)."""
+        assert self.feedback is not None  # the Rebalancer checks adaptive first
+        self.worker.run(self.feedback.load_state_dict, state)
+
+    def step(
+        self,
+        samples: Any,
+        cu_seqlens: torch.Tensor | None,
+        groups: Any,
+        parts: Any,
+        observed: Any = None,
+    ) -> RebalanceResult:
+        """One step's four phases; ``observed``: :meth:`take_observation` of the caller."""
+        comm = Comm(self.group, self.timeout)
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        # The statistics of an observed step are computed here, after every earlier step's
+        # update, whichever thread runs this step.
+        pending = None if self.feedback is None else self.feedback.statistics(observed)
+        local, header, table = self.describe(samples, cu_seqlens, groups, parts, comm.world_size)
+        header["feedback"] = None if pending is None else pending[1]
+        batch = self.gather(comm, header, table, local)
+        timings["gather"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        options, telemetry = self.options, None
+        if self.feedback is not None:
+            options, telemetry = self.feedback.apply(pending, batch.feedback, comm.rank)
+        plan = self._agreed_plan(comm, batch, options)
+        plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
+        nbytes = sample_bytes(batch.rows, batch.fields)
+        keep_local = self.keep_local and self.feedback is None
+        routing = route(plan_ranks, batch.origin, nbytes, keep_local=keep_local)
+        timings["plan"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        arrived = self._exchange(comm, local, batch, routing)
+        timings["exchange"] = time.perf_counter() - started
+
+        me, offsets = comm.rank, batch.offsets
+        slot = int(routing.slot_of_rank[me])
+        mine = [np.asarray(mb, dtype=np.int64) for mb in plan_ranks[slot]]
+        cu_dtype = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else torch.int32
+
+        def sample(g: int) -> list[torch.Tensor]:
+            return arrived[g] if g in arrived else local[g - offsets[me]]
+
+        flat = np.concatenate(mine) if mine else np.zeros(0, dtype=np.int64)
+        origin = batch.origin[flat]
+        forward = routing.forward
+        return RebalanceResult(
+            microbatches=[
+                assemble(batch.form, batch.fields, [sample(g) for g in mb.tolist()], cu_dtype)
+                for mb in mine
+            ],
+            origin=np.stack([origin, flat - offsets[origin]], axis=1),
+            global_indices=mine,
+            parts=None if batch.parts is None else [batch.parts.take(mb) for mb in mine],
+            plan=plan,
+            plan_rank=slot,
+            sent_samples=int(forward.sends(me).size),
+            sent_bytes=int(sum(forward.send_splits(me))),
+            received_samples=len(arrived),
+            received_bytes=int(sum(forward.recv_splits(me))),
+            timings=timings,
+            _comm=comm,
+            _routing=routing,
+            _offsets=offsets,
+            _worker=self.worker,
+            telemetry=telemetry,
+        )
+
+    def describe(
+        self,
+        samples: Any,
+        cu_seqlens: torch.Tensor | None,
+        groups: Any,
+        parts: Any,
+        world_size: int,
+    ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray]:
+        """This rank's samples and its description for the gather (errors travel in it)."""
+        header: dict[str, Any] = {
+            "settings": {
+                "options": self.options.fingerprint(),
+                "keep_local": self.keep_local,
+                "length_key": self.length_key,
+                "world_size": world_size,
+            },
+        }
+        try:
+            local = normalise(samples, cu_seqlens)
+            group_ids = None if groups is None else as_group_ids(groups, len(local.samples))
+            self._check_lengths(local, parts)
+        except ValueError as error:
+            header.update(
+                error=str(error), n=0, fields=[], groups=False, form="list_dict", parts=None
+            )
+            return [], header, np.zeros(0, dtype=np.int64)
+        table = np.array(
+            [[t.shape[0] for t in sample] for sample in local.samples], dtype=np.int64
+        ).reshape(len(local.samples), len(local.fields))
+        if group_ids is not None:
+            table = np.concatenate([table, group_ids[:, None]], axis=1)
+        header.update(
+            error=None,
+            n=len(local.samples),
+            fields=[f.to_json() for f in local.fields],
+            groups=group_ids is not None,
+            form=local.form.value,
+            parts=None if parts is None else parts.to_dict(),
+        )
+        return local.samples, header, table
+
+    def _check_lengths(self, local: LocalSamples, parts: Any) -> None:
+        """Local checks of the sample lengths, parts and costs, so that an error names this
+        rank's own sample index rather than an index into the gathered batch.
+
+        A ``length_key`` missing from the fields is reported after the gather instead, against
+        the schema the ranks agree on (a schema that differs between ranks is the real error).
+        """
+        if parts is not None:
+            if not isinstance(parts, SampleParts):
+                raise ValueError(
+                    f"parts must be a SampleParts (one entry per local sample) or None, got "
+                    f"{type(parts).__name__}"
+                )
+            if len(parts) != len(local.samples):
+                raise ValueError(
+                    f"parts hold {len(parts)} samples, but this rank passed "
+                    f"{len(local.samples)}: one entry per local sample, in order"
+                )
+        names = [f.name for f in local.fields]
+        if not local.samples or (self.length_key is not None and self.length_key not in names):
+            return
+        column = self._length_column(local.fields)
+        lengths = np.array([sample[column].shape[0] for sample in local.samples], dtype=np.int64)
+        if parts is not None and (parts.tokens != lengths).any():
+            i = int(np.flatnonzero(parts.tokens != lengths)[0])
+            raise ValueError(
+                f"parts.tokens[{i}] = {int(parts.tokens[i])}, but samples[{i}] has "
+                f"{int(lengths[i])} tokens (field {names[column]!r}): parts must describe this "
+                "rank's samples, in order"
+            )
+        # Without parts, a patch cap is refused after the gather, where a rank that forgot its
+        # parts shows as a disagreement between ranks.
+        patches = None if parts is None else vision_patches_of(parts, self.options)
+        over = first_over_cap(lengths, patches, self.options)
+        if over is not None:
+            what = (
+                f"tokens (field {names[column]!r})"
+                if over.option == "max_tokens"
+                else "vision patches"
+            )
+            raise ValueError(
+                f"samples[{over.index}] has {over.value} {what}, over {over.option} = {over.cap} "
+                f"({over.count} of this rank's samples are); pass allow_oversize=True to give "
+                "such a sample a micro-batch of its own"
+            )
+        # The cost model's checks name the sample: here, this rank's own index.
+        evaluate_costs(self.options.cost_model, lengths, parts)
+
+    def _length_column(self, fields: list[Field]) -> int:
+        if self.length_key is None:
+            return 0
+        names = [f.name for f in fields]
+        if self.length_key not in names:
+            raise ValueError(f"length_key = {self.length_key!r} is not a sample field {names}")
+        return names.index(self.length_key)
+
+    def gather(
+        self,
+        comm: Comm,
+        header: dict[str, Any],
+        table: np.ndarray,
+        local: list[list[torch.Tensor]],
+    ) -> Batch:
+        """All-gather every rank's description; check that the ranks agree (else ValueError)."""
+        return gather_batch(comm, header, table, local, self.options)
+
+    def _agreed_plan(self, comm: Comm, batch: Batch, options: PlanOptions) -> StepPlan | None:
+        """The step's plan under ``options``, once every rank has shown it made the same one:
+        one all-gather before any sample moves
+        (:func:`seqbalance.runtime.agreement.agreed_plan`)."""
+        try:
+            plan, error = self.plan(batch, comm.world_size, options), None
+        except ValueError as raised:
+            plan, error = None, str(raised)
+        return agreed_plan(comm, plan, error)
+
+    def plan(
+        self, batch: Batch, world_size: int, options: PlanOptions | None = None
+    ) -> StepPlan | None:
+        """The step's plan under ``options`` (default :attr:`options`; adaptive planning
+        passes its own), identical on every rank (``None`` when no rank has a sample)."""
+        options = self.options if options is None else options
+        if not batch.total:
+            return None
+        lengths = batch.rows[:, self._length_column(batch.fields)]
+        if batch.parts is None and options.max_vision_patches is not None:
+            raise ValueError(
+                f"max_vision_patches = {options.max_vision_patches} needs the samples' "
+                "images: pass parts=SampleParts(...) with grid_thw, image_sample and "
+                "spatial_merge_size on every rank with samples"
+            )
+        samples = lengths if batch.parts is None else batch.parts  # parts.tokens == lengths
+        try:
+            return plan_step(samples, world_size, options, groups=batch.groups)
+        except ValueError:
+            if options.allow_empty:
+                raise
+        # Only empty micro-batches can make this step plannable (fewer samples than the plan's
+        # micro-batch slots): a rank cannot wait for more samples, so allow them for this step.
+        # If that fails too, its error is the one about this step.
+        return plan_step(
+            samples, world_size, options.replace(allow_empty=True), groups=batch.groups
+        )
+
+    @staticmethod
+    def _exchange(
+        comm: Comm, local: list[list[torch.Tensor]], batch: Batch, routing: Routing
+    ) -> dict[int, list[torch.Tensor]]:
+        """Send this rank's leaving samples, receive its arriving ones (by global index)."""
+        forward, me = routing.forward, comm.rank
+        first = int(batch.offsets[me])
+        sending = [local[g - first] for g in forward.sends(me).tolist()]
+        return exchange_samples(
+            comm, forward, sending, batch.rows, batch.fields, "all_to_all_single"
+        )

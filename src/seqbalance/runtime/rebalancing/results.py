@@ -1,0 +1,161 @@
+"""What one rebalanced step hands back to a rank, and the way its outputs go home."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from seqbalance.cost.samples import SampleParts
+from seqbalance.runtime.collectives import Comm
+from seqbalance.runtime.rebalancing._gathered import gather_described, raise_first_error
+from seqbalance.runtime.rebalancing._outputs import agreed_output, describe_outputs
+from seqbalance.runtime.rebalancing._samples import OutputForm
+from seqbalance.runtime.rebalancing.routing import Routing, Transfers
+from seqbalance.runtime.rebalancing.wire import Field, pack, unpack
+from seqbalance.runtime.rebalancing.worker import Worker
+
+if TYPE_CHECKING:
+    from seqbalance.plan import StepPlan
+
+__all__ = ["RebalanceResult", "exchange_samples"]
+
+
+def exchange_samples(
+    comm: Comm,
+    moves: Transfers,
+    sending: list[list[torch.Tensor]],
+    rows: np.ndarray,
+    fields: Sequence[Field],
+    what: str,
+) -> dict[int, list[torch.Tensor]]:
+    """One ``all_to_all_single`` of samples: this rank sends ``sending`` (its samples in
+    ``moves.sends(rank)`` order, one tensor per field) and gets the arriving samples by global
+    index (``rows[g, f]``: first-dimension size of field ``f`` of sample ``g``); ``what`` names
+    the collective in a timeout's error."""
+    me = comm.rank
+    received = (
+        comm.exchange(
+            pack(sending),
+            moves.send_splits(me),
+            moves.recv_splits(me),
+            what,
+        )
+        if moves.moved_bytes
+        else torch.zeros(0, dtype=torch.uint8)
+    )
+    arrival = moves.receives(me)
+    return dict(zip(arrival.tolist(), unpack(received, rows[arrival], fields), strict=True))
+
+
+@dataclass(frozen=True)
+class RebalanceResult:
+    """This rank's share of one rebalanced step.
+
+    Attributes:
+        microbatches: mirrors the input form: for a list of samples, a list (one per
+            micro-batch) of lists of samples (dicts of tensors, or tensors); for packed input, a
+            list of ``(packed, cu_seqlens)`` pairs (packed: a tensor or a dict of tensors,
+            concatenated along dim 0; cu_seqlens: the input's dtype, ``[k + 1]``). Received
+            tensors live on the communication device (CPU for gloo, the current CUDA device for
+            NCCL); samples that stayed are the caller's own tensors.
+        origin: int64 ``[num_samples, 2]``: ``origin[k] = (rank, index)`` says where the
+            ``k``-th sample of this rank (micro-batch order, flattened) came from.
+        global_indices: the same samples' positions in the concatenation of all ranks'
+            inputs (what ``plan`` indexes), one array per micro-batch.
+        parts: when the ranks passed ``parts``, one :class:`seqbalance.cost.SampleParts` per
+            micro-batch, its samples in micro-batch order (``parts[j].grid_thw`` are the images
+            of micro-batch ``j``, ``image_sample`` their positions in it); else ``None``.
+        plan: the step's plan (``None`` when no rank had a sample).
+        plan_rank: the plan slot this rank runs (``plan.ranks[plan_rank]``).
+        sent_samples, sent_bytes, received_samples, received_bytes: this rank's traffic.
+        timings: seconds spent in ``gather``, ``plan`` (planning and routing), ``exchange``
+            and, once called, ``restore``.
+        telemetry: with ``adaptive``, the telemetry of the last step :meth:`Rebalancer.observe`
+            saw (``seqbalance.plan.adaptive.AdaptivePlanner.apply``), the same on every rank;
+            else None.
+    """
+
+    microbatches: list[Any]
+    origin: np.ndarray
+    global_indices: list[np.ndarray]
+    parts: list[SampleParts] | None
+    plan: StepPlan | None
+    plan_rank: int
+    sent_samples: int
+    sent_bytes: int
+    received_samples: int
+    received_bytes: int
+    timings: dict[str, float]
+    _comm: Comm = field(repr=False)
+    _routing: Routing = field(repr=False)
+    _offsets: np.ndarray = field(repr=False)
+    _worker: Worker | None = field(default=None, repr=False)
+    telemetry: dict[str, Any] | None = None
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank holds after the rebalance."""
+        return int(self.origin.shape[0])
+
+    def restore(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> Any:
+        """Send per-sample outputs back to the rank and order their samples came from.
+
+        A collective: every rank of the group must call it. Results of a Rebalancer that has
+        run asynchronously restore on its worker thread, in call order with its other
+        collectives.
+
+        Args:
+            outputs: follows this rank's sample order (micro-batches in order, samples in order
+                within each): either a sequence of ``num_samples`` tensors whose first
+                dimension may differ (per-token log-probs) or one tensor whose first dimension
+                is ``num_samples`` (one row per sample: losses, rewards). Every rank must use
+                the same form, dtype and trailing shape.
+
+        Returns:
+            This rank's original samples' outputs in their original order: a list of tensors,
+            or one stacked tensor for the row form.
+
+        Raises:
+            ValueError: on every rank, when any rank's outputs are malformed or the ranks'
+                forms, dtypes or trailing shapes differ.
+            CollectiveError: a peer failed or did not call within the timeout.
+        """
+        if self._worker is not None:
+            return self._worker.run(self._restore, outputs)
+        return self._restore(outputs)
+
+    def _restore(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> Any:
+        comm, routing = self._comm, self._routing
+        form, local, header, table = describe_outputs(outputs, self.num_samples)
+        started = time.perf_counter()
+        described = gather_described(comm, header, table, "restore: all_gather")
+        raise_first_error([h for h, _ in described])
+        spec = agreed_output(h for h, _ in described)
+        if spec is None:
+            return torch.zeros(0) if form is OutputForm.ROWS else []
+        form, output = spec
+        # rows[g]: first-dimension size of sample g's output, from the rank that computed it.
+        rows = np.zeros(routing.destination.size, dtype=np.int64)
+        for rank, (h, held_rows) in enumerate(described):
+            if h["n"]:
+                rows[routing.held(rank)] = held_rows[:, 0]
+        back = routing.backward(rows * output.row_bytes)
+        me, position = comm.rank, routing.position
+        sending = [[local[position[g]]] for g in back.sends(me).tolist()]
+        moved = exchange_samples(
+            comm, back, sending, rows[:, None], [output], "restore: all_to_all_single"
+        )
+        arrived = {g: tensors[0] for g, tensors in moved.items()}
+        first, last = int(self._offsets[me]), int(self._offsets[me + 1])
+        ordered = [arrived[g] if g in arrived else local[position[g]] for g in range(first, last)]
+        self.timings["restore"] = time.perf_counter() - started
+        if form is OutputForm.PER_SAMPLE:
+            return ordered
+        if not ordered:
+            return torch.zeros((0, *output.trailing), dtype=output.dtype)
+        return torch.stack([t.reshape(output.trailing) for t in ordered])

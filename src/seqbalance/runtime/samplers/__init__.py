@@ -1,0 +1,63 @@
+"""DataLoader batch samplers that know every sample's length before the epoch starts.
+
+Both samplers are ``batch_sampler`` objects for :class:`torch.utils.data.DataLoader`: they yield
+lists of dataset indices, one list per micro-batch, for *this* data-parallel rank only. Every
+rank computes the same epoch layout from ``(lengths, seed, epoch)`` without exchanging data, so
+they are the zero-overhead path when lengths are known up front (tokenized datasets).
+
+Scale: an epoch is laid out one optimizer step at a time, just ahead of use
+(``seqbalance.plan.layout.EpochLayout``: a constant-memory keyed shuffle, no stored
+permutation), and ``BalancedBatchSampler`` plans the next ``lookahead`` steps in a background
+thread while the loop trains, so the first micro-batch comes without planning the epoch and the
+loop does not wait for the planner in steady state. Lengths may be a memory-mapped ``.npy``
+(``np.load(path, mmap_mode="r")`` or the path itself), read step by step and never copied whole.
+Each step's plan is exactly what ``plan_step`` gives for that step's samples, the plan
+``plan_epoch`` makes for the same epoch. A planner error is raised by ``next()`` at the step it
+concerns; a pass the loop leaves (``break``, an exception) or ``close()`` stops the thread.
+
+Data-parallel position: a sampler needs this process's data-parallel rank and the data-parallel
+size: pass the data-parallel process group (``group=``, e.g. ``device_mesh["dp"].get_group()``) or
+``dp_rank=`` and ``dp_size=`` (e.g. from Megatron's parallel state). Only when neither is given do
+they default to the global torch.distributed world, which is right for pure data parallelism only:
+under tensor or pipeline parallelism the world holds ``dp x tp x pp`` ranks, and the TP (and PP)
+ranks of one data-parallel replica must get the *same* samples. Using the global rank would hand
+each of them different data and split every replica's batch ``tp x pp`` ways.
+
+Agreement: where torch.distributed is initialised, the first ``iter`` of every epoch all-gathers
+the sampler's setup over ``group`` (or the world) once, with a timeout
+(``agreement_timeout`` seconds; ``None`` skips the check), and every rank raises a ``ValueError``
+naming what differs (lengths, options, the costs of the first samples, seed, batch sizes) before
+any data is yielded. Every rank of that group must iterate its sampler.
+
+Resuming mid-epoch: ``state_dict()`` records the epoch, how many micro-batches this rank has
+consumed and the step and offset they end at, together with what the layout depends on (a
+SHA-256 of the lengths and groups, and of the samples' parts when ``BalancedBatchSampler`` plans a
+``SampleParts``; the plan options' fingerprint and the costs of the first samples, seed, shuffle
+settings, batch sizes, data-parallel rank and size); ``load_state_dict()`` refuses a resume point
+from a different setup with a ``ValueError`` naming what changed, and otherwise makes the next
+iteration start at exactly the next micro-batch, planning only the steps from there on. Each
+rank saves and loads its own state. A DataLoader with workers pulls indices from its batch
+sampler ahead of the training loop (``num_workers * prefetch_factor`` batches), so the number of
+batches the *sampler* has yielded can run ahead of the number the *loop* has trained on. For an
+exact resume, count the batches your loop has consumed and save
+``sampler.state_dict(consumed=count)``; with ``num_workers=0`` the default (batches yielded) is
+already exact.
+
+``len()``: exact without planning when every step has a fixed micro-batch count
+(``num_microbatches``; ``LengthGroupedSampler`` always); otherwise a ``TypeError`` (the count is
+the planner's choice per step), which trainers read as "no length" (``num_steps`` is exact).
+"""
+
+from __future__ import annotations
+
+from seqbalance.runtime.samplers._epoch import STATE_FORMAT
+from seqbalance.runtime.samplers._position import data_parallel_position
+from seqbalance.runtime.samplers.balanced import BalancedBatchSampler
+from seqbalance.runtime.samplers.length_grouped import LengthGroupedSampler
+
+__all__ = [
+    "STATE_FORMAT",
+    "BalancedBatchSampler",
+    "LengthGroupedSampler",
+    "data_parallel_position",
+]

@@ -1,0 +1,405 @@
+"""What both samplers share: the epoch position, exact resume, ``len()``, and the check that
+all data-parallel ranks set up the same sampler.
+
+A pass over an epoch yields the micro-batches of one optimizer step after another; subclasses
+say how many steps an epoch has (``_n_steps``), how many micro-batches each step has when that
+is fixed (``_fixed_count``), and produce this rank's micro-batches step by step
+(``_rank_steps``). The position is ``(step, offset)``: the step in progress and the
+micro-batches of it already taken, so a resume never has to lay out the steps before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import sys
+from array import array
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import check_bool, check_int
+from seqbalance.cost.samples import SampleParts
+from seqbalance.runtime.agreement import brief
+from seqbalance.runtime.samplers._lengths import LengthSource
+
+__all__ = ["STATE_FORMAT", "EpochBatchSampler", "describe_change", "parts_sha256", "sha256_of"]
+
+STATE_FORMAT = "seqbalance.SamplerState/2"
+"""``state_dict()["format"]``; changes whenever the resume state's layout changes."""
+
+_STATE_KEYS = ("format", "epoch", "consumed", "step", "offset", "setup")
+_PARTS_ARRAYS = ("tokens", "grid_thw", "image_sample", "history", "candidates", "contextual")
+
+
+def sha256_of(array: np.ndarray | None) -> str | None:
+    """SHA-256 of ``array`` as little-endian int64 bytes, or None."""
+    if array is None:
+        return None
+    return hashlib.sha256(np.ascontiguousarray(array, dtype="<i8").tobytes()).hexdigest()
+
+
+def parts_sha256(parts: SampleParts | None) -> str | None:
+    """SHA-256 of every field of ``parts`` (each field's name and shape, then its int64 bytes),
+    or None without parts."""
+    if parts is None:
+        return None
+    digest = hashlib.sha256(f"spatial_merge_size={parts.spatial_merge_size};".encode())
+    for name in _PARTS_ARRAYS:
+        value = getattr(parts, name)
+        shape = None if value is None else list(value.shape)
+        digest.update(f"{name}={shape};".encode())
+        if value is not None:
+            digest.update(np.ascontiguousarray(value, dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
+def describe_change(name: str, saved: Any, now: Any) -> list[str]:
+    """What changed in one setup entry, in words (options are compared option by option)."""
+    if saved == now:
+        return []
+    if name == "options" and isinstance(saved, Mapping) and isinstance(now, Mapping):
+        before, after = saved.get("values"), now.get("values")
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+            if changed:
+                return [
+                    f"options.{k} ({brief(before.get(k), 40)} saved, {brief(after.get(k), 40)} now)"
+                    for k in changed
+                ]
+        return ["options (another PlanOptions fingerprint)"]
+    if name in ("lengths", "groups", "parts", "cost_probe"):
+        return [f"{name} (sha256 {brief(saved, 40)} saved, {brief(now, 40)} now)"]
+    return [f"{name} ({brief(saved, 40)} saved, {brief(now, 40)} now)"]
+
+
+def _changes(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """Differences between two setups, the data-parallel rank left out (it may differ)."""
+    return [
+        change
+        for name in [*mine, *(k for k in other if k not in mine)]
+        if name != "dp_rank"
+        for change in describe_change(str(name), other.get(name), mine.get(name))
+    ]
+
+
+class EpochBatchSampler:
+    """Shared epoch, resume and agreement logic (module docstring)."""
+
+    def __init__(
+        self,
+        lengths: Any,
+        *,
+        position: tuple[int, int],
+        group: Any,
+        seed: int,
+        drop_last: bool,
+        agreement_timeout: float | None,
+    ) -> None:
+        self._source = lengths if isinstance(lengths, LengthSource) else LengthSource(lengths)
+        self.dp_rank, self.dp_size = position
+        self.seed = check_int(seed, "seed", minimum=0)
+        self.drop_last = check_bool(drop_last, "drop_last")
+        if agreement_timeout is not None and not (
+            isinstance(agreement_timeout, (int, float))
+            and not isinstance(agreement_timeout, bool)
+            and agreement_timeout > 0
+        ):
+            raise ValueError(
+                f"agreement_timeout must be a positive number of seconds or None, got "
+                f"{agreement_timeout!r}"
+            )
+        self.agreement_timeout = agreement_timeout
+        self._group = group
+        self.epoch = 0
+        self._resume: tuple[int, int, int] | None = None  # (consumed, step, offset) to go on at
+        self._agreed_epoch: int | None = None
+        # Passes are numbered; an iterator of an older pass raises instead of yielding. A loop
+        # that drops its iterator (break, exception) lets it be finalised, which stops its
+        # planner thread; a new pass stops the old one's planner (``_stop_planner``) at once.
+        self._pass = 0
+        self._stop_planner: Callable[[], None] | None = None
+        self._start_pass(0, 0, 0)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """The samples' token lengths as given (a memory map stays one)."""
+        return self._source.values
+
+    # ---------------------------------------------------------------- subclass interface
+    def _n_steps(self, epoch: int) -> int:
+        """Optimizer steps of ``epoch``."""
+        raise NotImplementedError
+
+    def _fixed_count(self) -> int | None:
+        """Micro-batches of every step when fixed, else None."""
+        raise NotImplementedError
+
+    def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
+        """This rank's micro-batches of each step from ``first`` on, step by step."""
+        raise NotImplementedError
+
+    def _setup(self) -> dict[str, Any]:
+        """Everything the layout depends on besides the epoch (JSON-ready values)."""
+        return {
+            "sampler": type(self).__name__,
+            "num_samples": self._source.size,
+            "lengths": self._source.sha256(),
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "dp_rank": self.dp_rank,
+            "dp_size": self.dp_size,
+        }
+
+    # ---------------------------------------------------------------- iteration
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to iterate next (a different epoch discards a loaded resume point)."""
+        epoch = check_int(epoch, "epoch", minimum=0)
+        if epoch != self.epoch:
+            self._resume = None
+        self.epoch = epoch
+
+    def _start_pass(self, consumed: int, step: int, offset: int) -> None:
+        self._base = (consumed, step, offset)
+        self._consumed = consumed
+        self._counts = array("L")  # micro-batches of each step this pass has started
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # Checked and positioned now, not at the first next(): a disagreement fails before any
+        # data is yielded, and state_dict() right after iter() describes the new pass.
+        self.close()
+        self.check_agreement()
+        consumed, step, offset = self._resume or (0, 0, 0)
+        self._resume = None
+        self._start_pass(consumed, step, offset)
+        return self._yield_from(self.epoch, step, offset, self._pass)
+
+    def _yield_from(self, epoch: int, step: int, offset: int, mine: int) -> Iterator[list[int]]:
+        steps = self._rank_steps(epoch, step)
+        try:
+            for number in itertools.count(step):
+                self._check_current(mine)
+                try:
+                    batches = next(steps)
+                except StopIteration:
+                    return
+                except RuntimeError:
+                    self._check_current(mine)  # a planner stopped by a newer pass
+                    raise
+                skip = offset if number == step else 0
+                if skip > len(batches):
+                    raise ValueError(
+                        f"the resume point is micro-batch {skip} of step {number}, which has "
+                        f"{len(batches)}: the state comes from another plan"
+                    )
+                self._counts.append(len(batches))
+                for batch in batches[skip:]:
+                    self._check_current(mine)
+                    self._consumed += 1
+                    yield batch
+        finally:
+            steps.close()
+
+    def _check_current(self, mine: int) -> None:
+        if self._pass != mine:
+            raise RuntimeError(
+                f"this iterator of {type(self).__name__} belongs to a pass that a later iter(), "
+                "load_state_dict() or close() ended; iterate the sampler anew"
+            )
+
+    def close(self) -> None:
+        """End the running pass and stop its background planner; its iterator raises
+        RuntimeError if used again, and the next ``iter`` starts anew."""
+        self._pass += 1
+        if self._stop_planner is not None:
+            self._stop_planner()
+            self._stop_planner = None
+
+    def __len__(self) -> int:
+        """Micro-batches this rank yields per epoch (the same on every rank), when every step
+        has a fixed number of them.
+
+        Raises:
+            TypeError: the micro-batch count of a step is the planner's choice
+                (``num_microbatches`` not set), so the epoch's total is known only once every
+                step is planned. Trainers read this as "no length" (Hugging Face ``Trainer``
+                then needs ``max_steps``; Lightning and accelerate iterate to the end).
+                ``num_steps`` is exact without planning.
+        """
+        fixed = self._fixed_count()
+        if fixed is None:
+            raise TypeError(
+                f"{type(self).__name__} has no len() without num_microbatches: each step's "
+                "micro-batch count is chosen when the step is planned (set num_microbatches for "
+                "an exact len(), or use num_steps and max_steps)"
+            )
+        return fixed * self._n_steps(self.epoch)
+
+    @property
+    def num_steps(self) -> int:
+        """Optimizer steps in the current epoch (exact, without planning)."""
+        return self._n_steps(self.epoch)
+
+    # ---------------------------------------------------------------- agreement
+    def check_agreement(self) -> None:
+        """Where torch.distributed runs: one all_gather of the setup over the group (the
+        data-parallel group, else the world); every rank raises if any rank differs.
+
+        Done once per epoch by ``iter``, before any data is yielded.
+
+        Raises:
+            ValueError: naming the rank that differs and what differs (lengths, options, cost,
+                seed, batch sizes, epoch, data-parallel size).
+            CollectiveError: a rank did not take part within ``agreement_timeout`` seconds.
+        """
+        if self.agreement_timeout is None or self._agreed_epoch == self.epoch:
+            return
+        # Without torch.distributed imported no process group can exist (and importing torch
+        # here would cost the first micro-batch half a second).
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not (dist.is_available() and dist.is_initialized()):
+            return
+        from seqbalance.runtime.collectives import Comm
+
+        comm = Comm(self._group, timedelta(seconds=self.agreement_timeout))
+        mine = {**self._setup(), "epoch": self.epoch}
+        payload = json.dumps(mine, sort_keys=True, default=str).encode()
+        gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
+        for other_rank, other in enumerate(gathered):
+            if other != payload:
+                changes = _changes(mine, json.loads(other))
+                if not changes:
+                    continue  # only the data-parallel rank differs
+                raise ValueError(
+                    f"{type(self).__name__}: rank {other_rank} of the group set up its sampler "
+                    f"differently from rank {comm.rank} (theirs saved, mine now): "
+                    + "; ".join(changes)
+                    + ". Every data-parallel rank must build the sampler from the same lengths, "
+                    "options, seed and batch sizes, or samples are trained twice and others never"
+                )
+        self._agreed_epoch = self.epoch
+
+    # ---------------------------------------------------------------- resume
+    def _position_of(self, consumed: int) -> tuple[int, int]:
+        """``(step, offset)`` after ``consumed`` micro-batches of the current epoch."""
+        fixed = self._fixed_count()
+        if fixed is not None:
+            return divmod(consumed, fixed)
+        base_consumed, step, offset = self._base
+        if consumed < base_consumed:
+            raise ValueError(
+                f"consumed = {consumed} lies before where this pass started ({base_consumed} "
+                "micro-batches): save the state during the pass that trained them"
+            )
+        if consumed == base_consumed:
+            return step, offset
+        rest = consumed - base_consumed + offset
+        for count in self._counts:
+            if rest < count:
+                return step, rest
+            rest -= count
+            step += 1
+        if rest:
+            raise ValueError(
+                f"consumed = {consumed} exceeds the {self._consumed} micro-batches this sampler "
+                "has yielded in the epoch"
+            )
+        return step, 0
+
+    def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
+        """Resume point: the epoch, the micro-batches consumed in it on this rank (and the step
+        and offset they end at), and the setup the layout depends on.
+
+        Args:
+            consumed: overrides the count of batches the sampler has yielded; pass the number
+                your training loop has actually trained on when a DataLoader prefetches
+                (module docstring of ``seqbalance.runtime.samplers``).
+
+        Returns:
+            ``{"format", "epoch", "consumed", "step", "offset", "setup"}``; plain Python values
+            (``torch.save`` and JSON both work).
+        """
+        position = (
+            self._consumed if consumed is None else check_int(consumed, "consumed", minimum=0)
+        )
+        step, offset = self._position_of(position)
+        return {
+            "format": STATE_FORMAT,
+            "epoch": self.epoch,
+            "consumed": position,
+            "step": step,
+            "offset": offset,
+            "setup": self._setup(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields exactly the remaining batches.
+
+        Raises:
+            ValueError: ``state`` is not a mapping, lacks a key or has one of the wrong type,
+                comes from another format version, or from a sampler set up differently
+                (another dataset, lengths, groups, options, cost, seed, shuffle settings, batch
+                size or data-parallel size: each difference is named), or its position lies
+                beyond the epoch. A state saved on another rank of the same layout is accepted:
+                every rank consumes the same number of micro-batches.
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(
+                f"state must be a mapping from state_dict(), got {type(state).__name__}"
+            )
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(
+                f"state_dict lacks {', '.join(map(repr, missing))}: expected a state_dict() of "
+                f"{type(self).__name__} ({STATE_FORMAT})"
+            )
+        if state["format"] != STATE_FORMAT:
+            raise ValueError(
+                f"state_dict['format'] = {state['format']!r}, expected {STATE_FORMAT!r}: this "
+                "resume point cannot be checked against this sampler"
+            )
+        saved = state["setup"]
+        if not isinstance(saved, Mapping):
+            raise ValueError(f"state_dict['setup'] must be a mapping, got {type(saved).__name__}")
+        # The rank is recorded but may differ: every rank consumes the same number of
+        # micro-batches, so one rank's checkpoint (rank 0's, as Trainer saves) resumes them all.
+        changes = _changes(self._setup(), saved)
+        if changes:
+            raise ValueError(
+                "state_dict comes from a sampler set up differently; changed: "
+                + "; ".join(changes)
+                + ". A resume point is only valid for the same data, options and data-parallel "
+                "layout"
+            )
+        epoch = check_int(state["epoch"], "state_dict['epoch']", minimum=0)
+        consumed = check_int(state["consumed"], "state_dict['consumed']", minimum=0)
+        step = check_int(state["step"], "state_dict['step']", minimum=0)
+        offset = check_int(state["offset"], "state_dict['offset']", minimum=0)
+        steps = self._n_steps(epoch)
+        fixed = self._fixed_count()
+        if fixed is not None and consumed > fixed * steps:
+            raise ValueError(
+                f"state_dict['consumed'] = {consumed} exceeds the {fixed * steps} micro-batches "
+                f"of epoch {epoch}"
+            )
+        if fixed is not None and (step, offset) != divmod(consumed, fixed):
+            raise ValueError(
+                f"state_dict['step'], ['offset'] = {step}, {offset} do not match consumed = "
+                f"{consumed} at {fixed} micro-batches per step"
+            )
+        if step > steps or (step == steps and offset):
+            raise ValueError(
+                f"state_dict['step'] = {step} (offset {offset}) lies beyond the {steps} steps of "
+                f"epoch {epoch}"
+            )
+        self.close()
+        self.epoch = epoch
+        self._resume = (consumed, step, offset)
+        self._start_pass(consumed, step, offset)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A running pass (its planner thread) does not travel.
+        return {**self.__dict__, "_stop_planner": None}

@@ -1,0 +1,389 @@
+"""BalancedBatchSampler: this rank's planned micro-batches, step by step (package docstring:
+position, agreement, resume, ``len()``)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seqbalance._validation import as_group_ids, check_bool, check_int
+from seqbalance.cost.online import Feedback, as_feedback
+from seqbalance.cost.resolve import evaluate_costs
+from seqbalance.cost.samples import SampleParts
+from seqbalance.plan.epoch import check_group_sizes, plan_epoch
+from seqbalance.plan.layout import EpochLayout
+from seqbalance.plan.options import PlanOptions, as_options
+from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
+from seqbalance.runtime.samplers._epoch import (
+    EpochBatchSampler,
+    parts_sha256,
+    sha256_of,
+)
+from seqbalance.runtime.samplers._lengths import LengthSource
+from seqbalance.runtime.samplers._lookahead import Lookahead
+from seqbalance.runtime.samplers._position import data_parallel_position
+
+if TYPE_CHECKING:
+    from seqbalance.plan import EpochPlan, StepPlan
+    from seqbalance.runtime.closed_loop.lagged import LaggedFeedback
+    from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
+
+__all__ = ["BalancedBatchSampler"]
+
+_PROBE = 256
+"""Samples (the first, in dataset order) whose costs the setup records."""
+
+_RECENT = 64
+"""Step plans kept for ``step_plan`` (a prefetching DataLoader's lag fits in this)."""
+
+
+class BalancedBatchSampler(EpochBatchSampler):
+    """Yield this rank's planned micro-batches, step after step, for one epoch.
+
+    Every rank lays out the epoch's steps as :func:`seqbalance.plan.plan_epoch` does, from the
+    same ``(lengths, global_batch_size, groups, seed, epoch, shuffle, drop_last,
+    bucket_window)``, and plans each step with :func:`seqbalance.plan.plan_step` just ahead of
+    use, ``lookahead`` steps ahead in a background thread (module docstring). Planning is
+    deterministic, so every rank gets the same plan without communicating, and it is exactly
+    the ``plan_epoch`` plan of that step. Each optimizer step contributes its plan's
+    ``n_microbatches`` micro-batches, the same on every rank (fixed with ``num_microbatches``).
+    The last, partial global batch is planned too unless ``drop_last``.
+
+    Args:
+        lengths: token length of every dataset sample (``lengths[i]`` for dataset index ``i``):
+            a 1-D integer array (a memory map is read step by step), the path of a 1-D integer
+            ``.npy`` file (memory-mapped), any array-like, or the samples'
+            :class:`seqbalance.cost.SampleParts` indexed the same way (images as ``grid_thw``
+            rows with ``image_sample``, or HSTU fields): every step is then planned on the parts
+            of its samples, so ``max_vision_patches`` and a cost model that ``accepts_parts``
+            see the images.
+        global_batch_size: samples per optimizer step across all data-parallel ranks.
+        group: the data-parallel process group (module docstring: under tensor or pipeline
+            parallelism the global world is the wrong default); also the group of the agreement
+            check.
+        dp_rank, dp_size: this process's data-parallel rank and the data-parallel size, instead
+            of ``group``.
+        seed: shuffling seed shared by all ranks; the epoch is mixed in by ``set_epoch``.
+        drop_last, shuffle, bucket_window, groups: as in :func:`seqbalance.plan.plan_epoch`.
+        lookahead: steps planned ahead of the one the loop takes (>= 1).
+        agreement_timeout: seconds the per-epoch agreement check waits for the other ranks;
+            ``None`` skips it (module docstring).
+        options: the :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
+            ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied
+            on top. Checked here, at construction, together with every sample (one vectorised
+            pass in chunks): against ``max_tokens`` and ``max_vision_patches`` (unless
+            ``allow_oversize``) and through the cost model.
+        adaptive: ``True`` or a :class:`seqbalance.cost.online.Feedback`: the closed loop
+            (needs torch.distributed and ``group`` the data-parallel group). After each step,
+            every rank calls :meth:`observe` (its micro-batch times from :attr:`timer`, or a
+            ``StepTiming``): one small all_gather, and the online model and rank speeds of
+            :class:`seqbalance.runtime.Adaptive` learn from every rank's times. The rule that
+            keeps plans byte-identical on every rank whatever the background thread's timing:
+            counting steps over the run, step ``k`` is planned with the options as they stand
+            after observing step ``k - lookahead - 1`` (the prior before that); the planner
+            thread waits for that observation, and ``next()`` raises RuntimeError instead of
+            waiting when the loop has not made it (``observe`` missed, or a DataLoader
+            prefetching more than ``lookahead`` steps). A change of speed is therefore planned
+            around ``lookahead`` steps later than with ``Adaptive`` itself.
+            ``state_dict`` then carries what was learned (save it after ``observe``), so a
+            resume continues with the same model and plans. ``epoch_plan`` is refused. The
+            loop's prior (default: the options' cost) and telemetry log (written by rank 0,
+            ``seqbalance report``) are ``Feedback(prior=..., log=...)``.
+        **option_keywords: any ``PlanOptions`` field by name.
+
+    Raises:
+        ValueError: a bad argument or option (named), a lengths file that is not a 1-D integer
+            ``.npy``, a negative length, an ambiguous data-parallel position
+            (:func:`data_parallel_position`), a group larger than ``global_batch_size``, a
+            sample over ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``
+            (named by its dataset index), a cost the cost model rejects, or parts the options
+            cannot plan (the conditions of :func:`seqbalance.plan.plan_step`). While iterating:
+            a step the planner refuses (raised by ``next()`` at that step, prefixed with it), a
+            lengths file changed under the sampler, or ranks that disagree.
+    """
+
+    def __init__(
+        self,
+        lengths: Any,
+        global_batch_size: int,
+        *,
+        group: Any = None,
+        dp_rank: int | None = None,
+        dp_size: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        bucket_window: int | None = None,
+        groups: Any = None,
+        lookahead: int = 2,
+        agreement_timeout: float | None = 300.0,
+        options: PlanOptions | None = None,
+        adaptive: bool | Feedback = False,
+        **option_keywords: Any,
+    ) -> None:
+        self._lagged: LaggedFeedback | None = None  # before super(): _start_pass reads it
+        # First: a keyword that is no PlanOptions field is named before anything else fails.
+        options = as_options(options, option_keywords, where="BalancedBatchSampler")
+        parts = lengths if isinstance(lengths, SampleParts) else None
+        super().__init__(
+            LengthSource(lengths if parts is None else parts.tokens),
+            position=data_parallel_position(group=group, dp_rank=dp_rank, dp_size=dp_size),
+            group=group,
+            seed=seed,
+            drop_last=drop_last,
+            agreement_timeout=agreement_timeout,
+        )
+        self.parts = parts
+        self.global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
+        self.options = options
+        self.shuffle = check_bool(shuffle, "shuffle")
+        self.bucket_window = (
+            None if bucket_window is None else check_int(bucket_window, "bucket_window", minimum=1)
+        )
+        self.lookahead = check_int(lookahead, "lookahead", minimum=1)
+        n = self._source.size
+        self.groups = None if groups is None else as_group_ids(groups, n)
+        check_group_sizes(self.groups, self.global_batch_size)
+        # What every step's plan_step would refuse, refused now, naming the dataset index.
+        if parts is None:
+            self._check_lengths()
+        else:
+            self._check_samples(self._source.values, parts)
+        first = np.arange(min(n, _PROBE), dtype=np.int64)
+        probe = self._source.take(first)
+        costs, overhead = evaluate_costs(
+            self.options.cost_model, probe, None if parts is None else parts.take(first)
+        )
+        self._cost_probe = sha256_of(np.append(costs, overhead).view(np.int64))
+        self._layout_cache: EpochLayout | None = None
+        # The plans the background thread made last, for step_plan() (it writes, the loop reads).
+        self._recent: OrderedDict[tuple[int, int], StepPlan] = OrderedDict()
+        self._recent_lock = threading.Lock()
+        self._plan: EpochPlan | None = None
+        feedback = as_feedback(adaptive)
+        if feedback is not None:
+            from seqbalance.runtime.closed_loop.lagged import (
+                LaggedFeedback,  # torch, only when asked for
+            )
+
+            self._lagged = LaggedFeedback(
+                self.options, feedback, group, self.lookahead, (self.dp_rank, self.dp_size)
+            )
+
+    def _check_lengths(self) -> None:
+        """Caps and costs of every length: on the distinct lengths when the source has them
+        (costs of plain lengths are per sample), and only on a failure over all samples in
+        chunks, to name the first dataset index at fault."""
+        distinct = self._source.distinct
+        if distinct is not None:
+            try:
+                self._check_samples(distinct, None)
+            except ValueError:
+                pass  # found: the pass below names the dataset index
+            else:
+                return
+        self._source.check_each(lambda chunk: self._check_samples(chunk, None))
+
+    def _check_samples(self, lengths: np.ndarray, parts: SampleParts | None) -> None:
+        check_within_caps(lengths, vision_patches_of(parts, self.options), self.options)
+        evaluate_costs(self.options.cost_model, lengths, parts)
+
+    def _setup(self) -> dict[str, Any]:
+        # Parts are recorded only when given, so states of plain lengths keep their setup.
+        parts = {} if self.parts is None else {"parts": parts_sha256(self.parts)}
+        return {
+            **super()._setup(),
+            **parts,
+            "groups": sha256_of(self.groups),
+            "options": {
+                "fingerprint": self.options.fingerprint(),
+                "values": self.options.to_dict(),
+            },
+            "cost_probe": self._cost_probe,
+            "global_batch_size": self.global_batch_size,
+            "shuffle": self.shuffle,
+            "bucket_window": self.bucket_window,
+            **({} if self._lagged is None else {"adaptive": self._lagged.setup()}),
+        }
+
+    def layout(self, epoch: int | None = None) -> EpochLayout:
+        """Which samples make up each step of ``epoch`` (default: the current epoch)."""
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
+        if self._layout_cache is None or self._layout_cache.epoch != epoch:
+            self._layout_cache = self._fresh_layout(epoch)
+        return self._layout_cache
+
+    def _fresh_layout(self, epoch: int) -> EpochLayout:
+        return EpochLayout(
+            self._source.values,
+            self.global_batch_size,
+            group_ids=self.groups,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            bucket_window=self.bucket_window,
+        )
+
+    def _n_steps(self, epoch: int) -> int:
+        return self.layout(epoch).n_steps
+
+    def _fixed_count(self) -> int | None:
+        return self.options.num_microbatches
+
+    def _start_pass(self, consumed: int, step: int, offset: int) -> None:
+        super()._start_pass(consumed, step, offset)
+        if self._lagged is not None:
+            self._lagged.start(step)
+
+    def plan_step(self, indices: np.ndarray, options: PlanOptions) -> StepPlan:
+        """The plan of one step whose samples are ``indices`` (dataset indices, in planning
+        order), under ``options``: the one place a sampler plans, so a caller that adapts the
+        options step by step plugs in here."""
+        samples = self._source.take(indices) if self.parts is None else self.parts.take(indices)
+        step_groups = None if self.groups is None else self.groups[indices]
+        return plan_step(samples, self.dp_size, options, groups=step_groups)
+
+    def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
+        layout = self.layout(epoch)  # only the planner thread calls its step()
+        lagged, stop = self._lagged, threading.Event()
+
+        def plan(number: int) -> list[list[int]]:
+            indices = layout.step(number)
+            options = self.options if lagged is None else lagged.options_for(number, stop.is_set)
+            try:
+                step_plan = self.plan_step(indices, options)
+            except ValueError as error:
+                raise ValueError(f"epoch {epoch}, step {number}: {error}") from error
+            if lagged is not None:
+                lagged.planned(number, step_plan)
+            with self._recent_lock:
+                self._recent[(epoch, number)] = step_plan
+                while len(self._recent) > _RECENT:
+                    self._recent.popitem(last=False)
+            return [indices[mb].tolist() for mb in step_plan.ranks[self.dp_rank]]
+
+        planner = Lookahead(plan, range(first, layout.n_steps), self.lookahead, stop=stop)
+        self._stop_planner = planner.stop
+        try:
+            for number in range(first, layout.n_steps):
+                if lagged is not None:
+                    lagged.check_ready(number)
+                yield planner.take(number)
+        finally:
+            planner.stop()
+
+    def step_plan(self, step: int, epoch: int | None = None) -> StepPlan:
+        """The :class:`seqbalance.StepPlan` of ``step`` (default epoch: the current one), the
+        plan whose micro-batches the sampler yields for it (e.g. for the step's micro-batch
+        count and tokens): taken from the plans the background planner made last, else planned
+        now (the same plan: planning is deterministic)."""
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
+        layout = self.layout(epoch)
+        step = check_int(step, "step", minimum=0)
+        if step >= layout.n_steps:
+            raise ValueError(f"step must be in [0, {layout.n_steps}), got {step}")
+        with self._recent_lock:
+            found = self._recent.get((epoch, step))
+        if found is not None:
+            return found
+        if self._lagged is not None:
+            raise ValueError(
+                f"step {step} of epoch {epoch} is not among the last {_RECENT} steps planned: an "
+                "adaptive plan depends on the measurements before it and cannot be remade"
+            )
+        if self.bucket_window is not None:
+            # The planner thread may be using this layout's window cache: use a private one.
+            layout = self._fresh_layout(epoch)
+        return self.plan_step(layout.step(step), self.options)
+
+    @property
+    def timer(self) -> StepTimer:
+        """With ``adaptive``: time this rank's micro-batches (``timer.microbatch()``) and its
+        gradient sync (``timer.sync()``), then call :meth:`observe`."""
+        if self._lagged is None:
+            raise ValueError("BalancedBatchSampler.timer needs adaptive=True")
+        return self._lagged.timer
+
+    def observe(self, timing: StepTiming | None = None) -> dict[str, Any]:
+        """With ``adaptive``: learn from every rank's measured times of the oldest step not yet
+        observed (one all_gather over the group; call it on every rank once per step, after the
+        step's micro-batches).
+
+        Args:
+            timing: this rank's measurements of that step, one micro-batch time per
+                micro-batch the sampler yielded for it (default: :attr:`timer`'s ``finish()``).
+
+        Returns:
+            The step's telemetry (``seqbalance.plan.AdaptivePlanner.apply``), the same on every
+            rank.
+
+        Raises:
+            ValueError: without ``adaptive``, or no step taken that is not yet observed.
+            CollectiveError: a peer did not join within ``Feedback.timeout_seconds``.
+        """
+        if self._lagged is None:
+            raise ValueError("BalancedBatchSampler.observe needs adaptive=True")
+        return self._lagged.observe(timing)
+
+    def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
+        """The resume point (``EpochBatchSampler.state_dict``); with ``adaptive`` also what the
+        loop learned (``"adaptive"``), which needs every step before the resume point observed.
+        """
+        state = super().state_dict(consumed=consumed)
+        if self._lagged is not None:
+            state["adaptive"] = self._lagged.state_dict(state["step"])
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (``EpochBatchSampler.load_state_dict``); with ``adaptive``
+        with the model and speeds it learned, so the plans continue exactly."""
+        super().load_state_dict(state)
+        if self._lagged is not None:
+            self._lagged.load_state_dict(state.get("adaptive"))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        del state["_recent_lock"]
+        return {**state, "_recent": OrderedDict()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._recent_lock = threading.Lock()
+
+    def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
+        """The whole :class:`seqbalance.plan.EpochPlan` of ``epoch`` (default: the current
+        epoch), planned eagerly with ``plan_epoch`` (every step: use it for inspection, not in
+        the training loop)."""
+        epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
+        if self._lagged is not None:
+            raise ValueError(
+                "epoch_plan plans with fixed options; an adaptive sampler's plans depend on the "
+                "measurements made step by step (use step_plan)"
+            )
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = plan_epoch(
+                self._source.values if self.parts is None else self.parts,
+                self.global_batch_size,
+                self.dp_size,
+                self.options,
+                groups=self.groups,
+                seed=self.seed,
+                epoch=epoch,
+                shuffle=self.shuffle,
+                drop_last=self.drop_last,
+                bucket_window=self.bucket_window,
+            )
+        return self._plan
+
+    def microbatches_per_step(self, epoch: int | None = None) -> list[int]:
+        """Micro-batches of each optimizer step in ``epoch``: exact from ``num_microbatches``
+        when set, else from the eager ``epoch_plan`` (which plans every step)."""
+        fixed = self._fixed_count()
+        if fixed is not None:
+            return [fixed] * self._n_steps(self.epoch if epoch is None else epoch)
+        return [int(step.n_microbatches) for step in self.epoch_plan(epoch).steps]

@@ -1,0 +1,133 @@
+"""LengthGroupedSampler: batches of similar lengths without a planner (package docstring:
+position, agreement, resume, ``len()``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import check_int
+from seqbalance.cost.samples import SampleParts
+from seqbalance.plan.layout import Permutation
+from seqbalance.runtime.samplers._epoch import EpochBatchSampler
+from seqbalance.runtime.samplers._lengths import LengthSource
+from seqbalance.runtime.samplers._position import data_parallel_position
+
+__all__ = ["LengthGroupedSampler"]
+
+
+class LengthGroupedSampler(EpochBatchSampler):
+    """Batches of similar lengths, without a planner (Hugging Face ``group_by_length`` style).
+
+    Per epoch, with ``P`` the keyed shuffle of ``plan_epoch`` (``Permutation(n, (seed,
+    epoch))``):
+
+    1. shuffle all indices (position ``i`` holds ``P(i)``);
+    2. cut the shuffled order into buckets of ``bucket_size`` samples (default
+       ``50 * batch_size * dp_size``, like Hugging Face's mega-batches) and sort each bucket
+       by length, longest first (stable, so equal lengths keep their random order);
+    3. cut each bucket into global steps of ``batch_size * dp_size`` samples; within a step,
+       rank ``r`` takes the ``r``-th consecutive slice of ``batch_size`` (so all ranks of a step
+       see similar lengths);
+    4. shuffle the order of the steps across the whole epoch (``Permutation(steps, (seed,
+       epoch, 1))``).
+
+    Steps are computed one at a time (one bucket sorted per step taken), so nothing of the
+    size of the dataset is stored. Each rank yields its batch of every step. Every index
+    appears exactly once per epoch across ranks. A final step with fewer than ``batch_size *
+    dp_size`` samples is dropped with ``drop_last``; otherwise it is split as evenly as
+    possible over the ranks (``np.array_split``), so when fewer samples than ranks remain, some
+    ranks receive an empty batch: every rank always yields the same number of batches, which
+    keeps DDP in lockstep.
+
+    Args:
+        lengths: token length of every dataset sample (an array, a memory map or the path of
+            a ``.npy`` file, as for :class:`BalancedBatchSampler`; a ``SampleParts`` is refused:
+            this sampler sorts by length alone and would ignore images; pass ``parts.tokens``
+            to group by tokens, or plan the parts with :class:`BalancedBatchSampler`).
+        batch_size: samples per rank and step.
+        group, dp_rank, dp_size: the data-parallel position, as in
+            :class:`BalancedBatchSampler`.
+        seed: shuffling seed shared by all ranks.
+        drop_last: drop a final step with fewer than ``batch_size * dp_size`` samples.
+        bucket_size: samples per length-sorted bucket, a multiple of ``batch_size * dp_size``.
+        agreement_timeout: as in :class:`BalancedBatchSampler`.
+
+    Raises:
+        ValueError: a bad argument (named).
+    """
+
+    def __init__(
+        self,
+        lengths: Any,
+        batch_size: int,
+        *,
+        group: Any = None,
+        dp_rank: int | None = None,
+        dp_size: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+        bucket_size: int | None = None,
+        agreement_timeout: float | None = 300.0,
+    ) -> None:
+        if isinstance(lengths, SampleParts):
+            raise ValueError(
+                "LengthGroupedSampler sorts by token length alone and would ignore the parts' "
+                "images or HSTU fields: pass lengths=parts.tokens, or plan the parts with "
+                "BalancedBatchSampler"
+            )
+        super().__init__(
+            LengthSource(lengths),
+            position=data_parallel_position(group=group, dp_rank=dp_rank, dp_size=dp_size),
+            group=group,
+            seed=seed,
+            drop_last=drop_last,
+            agreement_timeout=agreement_timeout,
+        )
+        self.batch_size = check_int(batch_size, "batch_size", minimum=1)
+        step_size = self.batch_size * self.dp_size
+        if bucket_size is None:
+            bucket_size = 50 * step_size
+        self.bucket_size = check_int(bucket_size, "bucket_size", minimum=1)
+        if self.bucket_size % step_size:
+            raise ValueError(
+                f"bucket_size must be a multiple of batch_size * dp_size = {step_size}, "
+                f"got {self.bucket_size}"
+            )
+
+    def _setup(self) -> dict[str, Any]:
+        return {**super()._setup(), "batch_size": self.batch_size, "bucket_size": self.bucket_size}
+
+    def _n_steps(self, epoch: int) -> int:
+        n, step_size = self._source.size, self.batch_size * self.dp_size
+        return n // step_size if self.drop_last else -(-n // step_size)
+
+    def _fixed_count(self) -> int | None:
+        return 1
+
+    def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
+        n, step_size = self._source.size, self.batch_size * self.dp_size
+        steps = self._n_steps(epoch)
+        if steps == 0:
+            return
+        shuffle = Permutation(n, (self.seed, epoch))
+        step_order = Permutation(steps, (self.seed, epoch, 1))
+        per_bucket = self.bucket_size // step_size
+        cached: tuple[int, np.ndarray] | None = None
+        for position in range(first, steps):
+            number = int(step_order(np.array([position]))[0])
+            bucket = number // per_bucket
+            if cached is None or cached[0] != bucket:
+                start = bucket * self.bucket_size
+                members = shuffle(np.arange(start, min(start + self.bucket_size, n)))
+                lengths = self._source.take(members)
+                cached = (bucket, members[np.argsort(-lengths, kind="stable")])
+            within = (number - bucket * per_bucket) * step_size
+            step = cached[1][within : within + step_size]
+            if step.size == step_size:
+                part = step[self.dp_rank * self.batch_size : (self.dp_rank + 1) * self.batch_size]
+            else:
+                part = np.array_split(step, self.dp_size)[self.dp_rank]
+            yield [part.tolist()]

@@ -1,0 +1,487 @@
+"""The Megatron iterator: packed THD micro-batches in PackedSeqParams' shape, a micro-batch count
+per step and per-token loss, alone and under megatron-core's own schedules on gloo processes."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from seqbalance.integrations.megatron import (  # noqa: E402
+    IGNORE_INDEX,
+    MegatronDataIterator,
+    check_config,
+    pack_thd,
+    per_token_loss,
+    step_loss,
+)
+from seqbalance.measure.launch import launch  # noqa: E402
+
+
+def test_pack_thd_fields_by_hand() -> None:
+    batch = pack_thd([[1, 2, 3], [4, 5]], pad_multiple=2)
+    assert batch["tokens"].tolist() == [[1, 2, 3, 0, 4, 5]]
+    assert batch["labels"].tolist() == [[2, 3, IGNORE_INDEX, IGNORE_INDEX, 5, IGNORE_INDEX]]
+    assert batch["loss_mask"].tolist() == [[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1]]
+    params = batch["packed_seq_params"]
+    assert params["qkv_format"] == "thd"
+    assert params["cu_seqlens_q"].tolist() == [0, 3, 5]
+    assert params["cu_seqlens_q"].dtype == torch.int32
+    assert params["cu_seqlens_kv"].tolist() == [0, 3, 5]
+    assert params["cu_seqlens_q_padded"].tolist() == [0, 4, 6]
+    assert params["cu_seqlens_kv_padded"].tolist() == [0, 4, 6]
+    assert (params["max_seqlen_q"], params["max_seqlen_kv"], params["total_tokens"]) == (4, 4, 6)
+
+
+def test_pack_thd_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="samples is empty"):
+        pack_thd([])
+    with pytest.raises(ValueError, match=r"samples\[1\]"):
+        pack_thd([[1], []])
+    with pytest.raises(ValueError, match="pad_multiple"):
+        pack_thd([[1]], pad_multiple=0)
+
+
+def iterators(
+    dp: int, num_microbatches: int | None = 4, **options: object
+) -> tuple[list[MegatronDataIterator], np.ndarray]:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 200, 96)
+    dataset = [np.arange(n) + i for i, n in enumerate(lengths)]
+    made = [
+        MegatronDataIterator(
+            dataset,
+            lengths,
+            global_batch_size=16 * dp,
+            dp_rank=r,
+            dp_size=dp,
+            num_microbatches=num_microbatches,
+            pad_multiple=4,
+            max_tokens=600,
+            **options,
+        )
+        for r in range(dp)
+    ]
+    return made, lengths
+
+
+def test_every_rank_gets_m_packed_microbatches_per_step_within_the_cap() -> None:
+    ranks, lengths = iterators(2)
+    assert ranks[0].num_steps() == ranks[1].num_steps() == 3  # 96 samples, 32 per step
+    for _ in range(ranks[0].num_steps()):
+        seen = []
+        for it in ranks:
+            for _ in range(4):
+                batch = next(it)
+                params = batch["packed_seq_params"]
+                assert params["total_tokens"] <= 600
+                assert batch["tokens"].shape == (1, params["total_tokens"])
+                starts = params["cu_seqlens_q_padded"][:-1].tolist()
+                sizes = (params["cu_seqlens_q"][1:] - params["cu_seqlens_q"][:-1]).tolist()
+                seen.extend(
+                    (int(batch["tokens"][0, s]), n) for s, n in zip(starts, sizes, strict=True)
+                )
+        # the first token of sample i is i: 32 distinct samples of the right lengths per step
+        assert len({i for i, _ in seen}) == 32
+        assert all(lengths[i] == n for i, n in seen)
+    with pytest.raises(StopIteration):
+        next(ranks[0])
+
+
+def test_resume_continues_exactly() -> None:
+    (first,), _ = iterators(1)
+    for _ in range(5):
+        next(first)
+    state = first.state_dict()
+    expected = [next(first)["tokens"] for _ in range(3)]
+    (resumed,), _ = iterators(1)
+    resumed.load_state_dict(state)
+    for want in expected:
+        assert torch.equal(next(resumed)["tokens"], want)
+
+
+def test_steps_yield_each_steps_count_then_stop() -> None:
+    (it,), _ = iterators(1, num_microbatches=None)
+    counts = it.microbatches_per_step()
+    steps = list(it.steps())
+    assert [step.num_microbatches for step in steps] == [len(step) for step in steps] == counts
+    for step in steps:
+        batches = list(step)  # exactly num_microbatches, then StopIteration
+        assert len(batches) == step.num_microbatches
+        assert [b["packed_seq_params"]["cu_seqlens_q"].numel() - 1 for b in batches] == [
+            len(indices) for indices in step.indices
+        ]
+    assert sorted(i for step in steps for mb in step.indices for i in mb) == list(range(96))
+
+
+def test_steps_refuse_a_position_inside_a_step_and_resume_at_a_boundary() -> None:
+    (it,), _ = iterators(1)  # 6 steps of 4 micro-batches
+    next(it)
+    with pytest.raises(ValueError, match="inside a step"):
+        next(it.steps())
+    for _ in range(3):
+        next(it)
+    state = it.state_dict()
+    (resumed,), _ = iterators(1)
+    resumed.load_state_dict(state)
+    (fresh,), _ = iterators(1)
+    assert [step.indices for step in resumed.steps()] == [step.indices for step in fresh.steps()][
+        1:
+    ]
+
+
+def test_megatron_position_and_config_checks() -> None:
+    with pytest.raises(ValueError, match="dp_rank and dp_size, or neither"):
+        MegatronDataIterator([[1]], [1], global_batch_size=1, dp_rank=0)
+
+    class Config:
+        calculate_per_token_loss = False
+        pipeline_model_parallel_size = 2
+        variable_seq_lengths = False
+
+    with pytest.raises(ValueError, match="calculate_per_token_loss must be True"):
+        check_config(Config())
+    Config.calculate_per_token_loss = True
+    with pytest.raises(ValueError, match="variable_seq_lengths must be True"):
+        check_config(Config())
+    Config.variable_seq_lengths = True
+    check_config(Config())
+
+
+def test_per_token_loss_and_step_loss_by_hand() -> None:
+    total, count, report = per_token_loss(torch.tensor([[1.0, 2.0, 4.0]]), torch.tensor([1, 0, 1]))
+    assert (float(total), int(count), report["lm loss"].tolist()) == (5.0, 2, [5.0, 2.0])
+    with pytest.raises(ValueError, match="loss_mask has 2"):
+        per_token_loss(torch.ones(3), torch.ones(2))
+    with pytest.raises(ValueError, match="last pipeline stage"):
+        step_loss([])
+
+
+# --- megatron-core's own schedules on gloo processes ---------------------------------------------
+#
+# A tiny language model: embedding -> causal mean within each packed sequence (cu_seqlens) -> MLP
+# through Megatron's ColumnParallelLinear / RowParallelLinear -> output layer -> per-token cross
+# entropy. The reference runs each sample alone in one process, in plain torch, with the same
+# weights: the Megatron runs must give the same loss and gradients whatever the packing.
+
+needs_megatron = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None
+    or importlib.util.find_spec("megatron.core") is None
+    or importlib.util.find_spec("triton") is None,
+    reason="megatron-core (and triton, which it imports) not installed: "
+    "pip install 'seqbalance[megatron]'",
+)
+VOCAB, HIDDEN, FFN = 16, 8, 16
+DP, STEP_SAMPLES, MAX_TOKENS = 2, 8, 32
+# Two steps in dataset order (shuffle=False): short samples (1 micro-batch per rank), long ones.
+STEP_LENGTHS = [[3, 4, 5, 6, 7, 8, 5, 4], [30, 25, 20, 15, 12, 10, 28, 22]]
+
+
+def tiny_data() -> tuple[list[torch.Tensor], list[int]]:
+    lengths = [n for step in STEP_LENGTHS for n in step]
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (n,), generator=g) for n in lengths], lengths
+
+
+def tiny_weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    shapes = {"emb": (VOCAB, HIDDEN), "up": (FFN, HIDDEN), "down": (HIDDEN, FFN)}
+    shapes |= {"head_w": (VOCAB, HIDDEN), "head_b": (VOCAB,)}
+    return {name: 0.5 * torch.randn(shape, generator=g) for name, shape in shapes.items()}
+
+
+def causal_mean(h: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    """Each token's mean over its own sequence's tokens so far: attention within a sequence."""
+    pieces = [
+        torch.cumsum(h[a:b], 0) / torch.arange(1, b - a + 1).unsqueeze(1)
+        for a, b in itertools.pairwise(bounds)
+    ]
+    return torch.cat(pieces)
+
+
+def logits_of(h: torch.Tensor, up: Any, down: Any, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.nn.functional.linear(
+        h + down(torch.nn.functional.gelu(up(h))), w["head_w"], w["head_b"]
+    )
+
+
+def reference(samples: list[int]) -> tuple[float, dict[str, torch.Tensor]]:
+    """Mean loss per token over ``samples`` (each run alone) and its gradients."""
+    data, _ = tiny_data()
+    w = {name: t.clone().requires_grad_() for name, t in tiny_weights().items()}
+    total, count = torch.zeros(()), 0
+    for i in samples:
+        tokens = data[i]
+        h = causal_mean(w["emb"][tokens], [0, tokens.numel()])
+        logits = logits_of(h, lambda x: x @ w["up"].T, lambda x: x @ w["down"].T, w)
+        total = total + torch.nn.functional.cross_entropy(logits[:-1], tokens[1:], reduction="sum")
+        count += tokens.numel() - 1
+    (total / count).backward()
+    return float(total / count), {name: t.grad for name, t in w.items()}
+
+
+class _CudaToCpu(torch.overrides.TorchFunctionMode):
+    """Factory calls with ``device="cuda"`` (the schedules' token counter) made on the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = dict(kwargs or {})
+        if kwargs.get("device") == "cuda":
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def _megatron_worker(rank: int, world_size: int) -> list[dict[str, Any]]:
+    # megatron-core 0.19's CUDA-only lines, pointed at the CPU in this process only: the
+    # pipeline's receive buffers (torch.cuda.current_device()), its torch.cuda.synchronize()
+    # after batched send/recv, and the schedules' token counter (_CudaToCpu).
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda device=None: None
+    from megatron.core import parallel_state
+
+    results = []
+    for tp, pp in ((2, 1), (1, 2)):
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            distributed_timeout_minutes=1,
+        )
+        try:
+            results.extend(_megatron_run(tp, pp))
+        finally:
+            parallel_state.destroy_model_parallel()
+    return results
+
+
+def _megatron_run(tp: int, pp: int) -> list[dict[str, Any]]:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.enums import ModelType
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=2,
+        hidden_size=HIDDEN,
+        num_attention_heads=2,
+        use_cpu_initialization=True,
+        calculate_per_token_loss=True,
+        variable_seq_lengths=True,
+        moe_token_dispatcher_type="alltoall",  # the default refuses variable_seq_lengths
+        pipeline_dtype=torch.float32,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+    )
+    config.finalize_model_grads_func = finalize_model_grads
+    check_config(config)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    weights = tiny_weights()
+    shard = slice(tp_rank * FFN // tp, (tp_rank + 1) * FFN // tp)
+
+    class Chunk(torch.nn.Module):
+        """This pipeline stage of the tiny model, with the attributes megatron-core reads;
+        finish_grad_sync / scale_gradients do what Megatron's DistributedDataParallel does with
+        calculate_per_token_loss (sum over data-parallel ranks, then scale)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.config, self.ddp_config = config, DistributedDataParallelConfig()
+            self.model_type = ModelType.encoder_or_decoder
+            self.pre_process = parallel_state.is_pipeline_first_stage()
+            self.post_process = parallel_state.is_pipeline_last_stage()
+            self.share_embeddings_and_output_weights = False
+            self.input_tensor: torch.Tensor | None = None
+            if self.pre_process:
+                self.emb = torch.nn.Parameter(weights["emb"].clone())
+            if self.post_process:
+                init = torch.nn.init.zeros_
+                self.up = ColumnParallelLinear(
+                    HIDDEN, FFN, config=config, init_method=init, bias=False, gather_output=False
+                )
+                self.down = RowParallelLinear(
+                    FFN, HIDDEN, config=config, init_method=init, bias=False,
+                    input_is_parallel=True, skip_bias_add=False,
+                )  # fmt: skip
+                with torch.no_grad():
+                    self.up.weight.copy_(weights["up"][shard])
+                    self.down.weight.copy_(weights["down"][:, shard])
+                self.head_w = torch.nn.Parameter(weights["head_w"].clone())
+                self.head_b = torch.nn.Parameter(weights["head_b"].clone())
+
+        def set_input_tensor(self, tensor: Any) -> None:
+            self.input_tensor = tensor[0] if isinstance(tensor, list) else tensor
+
+        def forward(self, tokens: Any, labels: Any, params: PackedSeqParams) -> torch.Tensor:
+            if self.pre_process:
+                bounds = params.cu_seqlens_q_padded.tolist()
+                hidden = causal_mean(self.emb[tokens[0]], bounds)[:, None]
+            else:
+                hidden = self.input_tensor
+            if not self.post_process:
+                return hidden  # [tokens, 1, hidden] to the next stage
+            head = {"head_w": self.head_w, "head_b": self.head_b}
+            logits = logits_of(hidden, lambda x: self.up(x)[0], lambda x: self.down(x)[0], head)
+            return torch.nn.functional.cross_entropy(
+                logits[:, 0], labels[0], ignore_index=IGNORE_INDEX, reduction="none"
+            )
+
+        def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
+            group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+            for p in self.parameters():
+                dist.all_reduce(p.grad, group=group)
+
+        def scale_gradients(self, scaling: Any) -> None:
+            for p in self.parameters():
+                p.grad *= scaling
+
+    model = Chunk()
+    data, lengths = tiny_data()
+    iterator = MegatronDataIterator(  # data-parallel position from parallel_state
+        data, lengths, global_batch_size=STEP_SAMPLES, max_tokens=MAX_TOKENS, pad_multiple=2,
+        shuffle=False, cost="tokens",
+    )  # fmt: skip
+
+    def forward_step(data_iterator: Any, chunk: Chunk) -> tuple[torch.Tensor, Any]:
+        batch = next(data_iterator)
+        params = PackedSeqParams(**batch["packed_seq_params"])
+        output = chunk(batch["tokens"], batch["labels"], params)
+        return output, partial(per_token_loss, loss_mask=batch["loss_mask"])
+
+    forward_backward = get_forward_backward_func()
+    results = []
+    for step in iterator.steps():
+        with _CudaToCpu():
+            losses = forward_backward(
+                forward_step_func=forward_step, data_iterator=step, model=[model],
+                num_microbatches=step.num_microbatches, seq_length=MAX_TOKENS,
+                micro_batch_size=1,
+            )  # fmt: skip
+        last = parallel_state.is_pipeline_last_stage()
+        results.append(
+            {
+                "schedule": forward_backward.__name__,
+                "tp": tp,
+                "tp_rank": tp_rank,
+                "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+                "dp_rank": parallel_state.get_data_parallel_rank(),
+                "indices": step.indices,
+                "loss": step_loss(losses) if last else None,
+                "pairs": [entry["lm loss"].tolist() for entry in losses],
+                "grads": {
+                    "emb": model.emb.grad.clone() if model.pre_process else None,
+                    **(
+                        {
+                            "up": model.up.weight.grad.clone(),
+                            "down": model.down.weight.grad.clone(),
+                            "head_w": model.head_w.grad.clone(),
+                            "head_b": model.head_b.grad.clone(),
+                        }
+                        if last
+                        else {}
+                    ),
+                },
+            }
+        )
+        model.zero_grad(set_to_none=False)
+    return results
+
+
+@needs_megatron
+@pytest.mark.multiprocess
+def test_megatron_schedules_give_the_token_mean_loss_and_gradients(tmp_path) -> None:
+    # Four ranks import megatron-core at once on a shared CPU: generous collective timeout.
+    runs = launch(_megatron_worker, 2 * DP, timeout=300, collective_timeout=90, log_dir=tmp_path)
+    schedules = (
+        "forward_backward_no_pipelining",
+        "forward_backward_pipelining_without_interleaving",
+    )
+    for phase, schedule in enumerate(schedules):
+        counts = []
+        for s, step_lengths in enumerate(STEP_LENGTHS):
+            samples = list(range(s * STEP_SAMPLES, s * STEP_SAMPLES + len(step_lengths)))
+            records = [run[2 * phase + s] for run in runs]
+            assert {r["schedule"] for r in records} == {schedule}
+            # The tensor- / pipeline-parallel peers of a replica got the same micro-batches;
+            # the replicas together got the step's samples, each once.
+            replicas: dict[int, list[Any]] = {}
+            for r in records:
+                replicas.setdefault(r["dp_rank"], []).append(r["indices"])
+            assert sorted(replicas) == list(range(DP))
+            assert all(peer == same[0] for same in replicas.values() for peer in same)
+            got = sorted(i for same in replicas.values() for mb in same[0] for i in mb)
+            assert got == samples
+            (count,) = {len(r["indices"]) for r in records}
+            counts.append(count)
+
+            want_loss, want = reference(samples)
+            last = [r for r in records if r["loss"] is not None]
+            assert len(last) == (2 * DP if phase == 0 else DP)
+            for r in last:
+                assert r["loss"] == pytest.approx(want_loss, rel=1e-5)
+            # Megatron's default normalisation (each micro-batch's own mean) would differ where
+            # the micro-batches hold different token counts (step 1; in step 0 they are equal).
+            pairs = [pair for r in last if r["tp_rank"] == 0 for pair in r["pairs"]]
+            mean_of_means = np.mean([total / n for total, n in pairs])
+            assert (abs(mean_of_means - want_loss) > 1e-3) == (s == 1)
+            for r in records:
+                grads = r["grads"]
+                if grads["emb"] is not None:
+                    torch.testing.assert_close(grads["emb"], want["emb"])
+                if "head_w" in grads:
+                    torch.testing.assert_close(grads["head_w"], want["head_w"])
+                    torch.testing.assert_close(grads["head_b"], want["head_b"])
+            for dp_rank in range(DP):
+                shards = sorted(
+                    (r["tp_rank"], r["grads"])
+                    for r in last
+                    if r["dp_rank"] == dp_rank
+                )  # fmt: skip
+                up = torch.cat([g["up"] for _, g in shards], 0)
+                down = torch.cat([g["down"] for _, g in shards], 1)
+                torch.testing.assert_close(up, want["up"])
+                torch.testing.assert_close(down, want["down"])
+        assert counts == [1, 3]  # a micro-batch count of its own per step
+
+
+def test_iterator_refuses_empty_microbatches() -> None:
+    """Megatron runs forward_step num_microbatches times on every rank: a rank left without a
+    sample in one of them has nothing to pack, so allow_empty is refused up front (it failed in
+    the middle of a step, at pack time)."""
+    lengths = [5, 6, 7, 8, 9, 10, 11, 12]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    with pytest.raises(ValueError, match="allow_empty=True"):
+        MegatronDataIterator(
+            dataset, lengths, global_batch_size=8, dp_rank=0, dp_size=4, allow_empty=True
+        )
+
+
+def test_pack_refuses_a_sample_of_another_length_than_planned() -> None:
+    """The plan (and its cap) is made from ``lengths``: a sample of another length would pack a
+    micro-batch over the cap without a word."""
+    lengths = [5, 6, 7, 8]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    dataset[2] = dataset[2] + [9]
+    it = MegatronDataIterator(dataset, lengths, global_batch_size=4, dp_rank=0, dp_size=1)
+    with pytest.raises(ValueError, match=r"dataset\[2\] has 8 tokens but lengths\[2\] = 7"):
+        for step in it.steps():
+            list(step)
+    with pytest.raises(ValueError, match="dataset has 3 samples but lengths has 4"):
+        MegatronDataIterator(dataset[:3], lengths, global_batch_size=4, dp_rank=0, dp_size=1)
+
+
+def test_iterator_refuses_empty_samples_up_front() -> None:
+    """An empty sequence cannot be packed; it failed in the middle of its step, naming its place
+    in the micro-batch rather than the dataset."""
+    lengths = [3, 0, 4, 5]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 0"):
+        MegatronDataIterator(dataset, lengths, global_batch_size=2, dp_rank=0, dp_size=1)

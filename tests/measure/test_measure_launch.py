@@ -1,0 +1,192 @@
+"""The process launcher: results in rank order, the torchrun environment, and prompt failures.
+
+No assertion depends on timing: a failure that the launcher reports as the rank's own error
+(rather than as the launch timeout, which is set far above it) was reported without waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from seqbalance.measure.launch import LaunchError, RankFailure, free_port, launch  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+LONG = 120.0
+"""A launch timeout no test below should reach."""
+
+
+def _sum_ranks(rank: int, world_size: int, offset: int) -> dict[str, Any]:
+    total = torch.tensor([rank + offset], dtype=torch.float64)
+    dist.all_reduce(total)
+    print(f"rank {rank} says hello")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+    return {
+        "env": {name: os.environ[name] for name in names},
+        "port": int(os.environ["MASTER_PORT"]),
+        "total": float(total),
+        "group": (dist.get_rank(), dist.get_world_size(), dist.get_backend()),
+    }
+
+
+def test_ranks_see_the_torchrun_environment_and_return_in_rank_order(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    polls = []
+    results = launch(
+        _sum_ranks, 3, args=(10,), timeout=LONG, log_dir=tmp_path, poll=lambda: polls.append(1)
+    )
+    assert [r["total"] for r in results] == [33.0] * 3  # 10 + 11 + 12
+    for rank, result in enumerate(results):
+        assert result["env"] == {
+            "RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "3",
+            "MASTER_ADDR": "127.0.0.1",
+        }
+        assert result["group"] == (rank, 3, "gloo")
+        assert f"rank {rank} says hello" in (tmp_path / f"rank{rank}.log").read_text()
+    assert len({r["port"] for r in results}) == 1
+    assert polls  # called while the ranks ran
+    assert "says hello" not in capfd.readouterr().out  # ranks never write over the caller
+
+
+def _fails(rank: int, world_size: int, how: str) -> None:
+    if rank < world_size - 1:
+        time.sleep(10 * LONG)  # alive and busy: the launcher must not wait for it
+    elif how == "raise":
+        print("about to fail")
+        raise ValueError("bad sample 7")
+    elif how == "exit":
+        os._exit(3)
+    elif how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "unpicklable":
+        return lambda: None  # type: ignore[return-value]
+    return None
+
+
+@pytest.mark.parametrize(
+    ("how", "world_size", "message"),
+    [
+        ("raise", 2, r"rank 1 of 2 raised ValueError: bad sample 7 \(exit code 1\)"),
+        ("exit", 1, r"rank 0 of 1 exited without a result \(exit code 3\)"),
+        ("kill", 1, rf"rank 0 of 1 was killed by signal {int(signal.SIGKILL)}"),
+        ("unpicklable", 1, r"rank 0 of 1 returned a result that cannot be pickled: "),
+    ],
+)
+def test_a_failing_rank_ends_the_launch_with_its_error(
+    how: str, world_size: int, message: str
+) -> None:
+    with pytest.raises(LaunchError, match=message) as caught:
+        launch(_fails, world_size, args=(how,), timeout=LONG)
+    text = str(caught.value)
+    if how == "raise":
+        assert 'raise ValueError("bad sample 7")' in text  # the rank's traceback
+        assert "about to fail" in text  # and the tail of its output
+
+
+def _one_fails(rank: int, world_size: int, how: str) -> str:
+    # Every rank is through the gloo rendezvous before one dies, and the one that dies is not
+    # rank 0, which hosts the rendezvous store: a peer dying mid-rendezvous resets the others'
+    # connections, which is a different failure from the one under test.
+    dist.barrier()
+    last = world_size - 1
+    if rank == last and how == "raise":
+        raise ValueError("bad sample 7")
+    if rank == last:
+        os._exit(3)
+    return f"rank {rank} done"
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_without_stop_on_failure_the_others_finish_and_failures_are_reported(how: str) -> None:
+    results = launch(_one_fails, 3, args=(how,), timeout=LONG, stop_on_failure=False)
+    failure = results[2]
+    assert isinstance(failure, RankFailure) and failure.rank == 2
+    if how == "raise":
+        assert failure.what == "raised ValueError: bad sample 7" and failure.exit_code == 1
+        assert 'raise ValueError("bad sample 7")' in failure.traceback
+    else:
+        assert failure.exit_code == 3 and failure.traceback == ""
+    assert results[:2] == ["rank 0 done", "rank 1 done"]
+
+
+def _skips_the_collective(rank: int, world_size: int) -> None:
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins
+    else:
+        time.sleep(10 * LONG)
+
+
+def test_a_collective_that_a_peer_never_joins_fails_after_the_collective_timeout() -> None:
+    with pytest.raises(LaunchError, match=r"^rank 0 of 2 raised "):
+        launch(_skips_the_collective, 2, timeout=LONG, collective_timeout=2.0)
+
+
+def _hangs(rank: int, world_size: int) -> None:
+    time.sleep(10 * LONG)
+
+
+def test_the_whole_launch_is_bounded() -> None:
+    with pytest.raises(LaunchError, match=r"rank\(s\) 0 of 1 did not finish within .* 4 s"):
+        launch(_hangs, 1, timeout=4.0)
+
+
+def test_bad_arguments_are_refused_before_any_process_starts() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        launch(_hangs, 0)
+    with pytest.raises(ValueError, match="backend"):
+        launch(_hangs, 1, backend="mpi")
+    with pytest.raises(ValueError, match="timeout"):
+        launch(_hangs, 1, timeout=0.0)
+    with pytest.raises(ValueError, match="collective_timeout"):
+        launch(_hangs, 1, collective_timeout=-1.0)
+    with pytest.raises(ValueError, match="fn must be callable"):
+        launch("not a function", 1)  # type: ignore[arg-type]
+
+
+def test_free_port_is_a_bindable_local_port() -> None:
+    import socket
+
+    port = free_port()
+    assert 0 < port < 65536
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def _environment(rank: int, world_size: int, name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_ranks_see_the_callers_environment_as_it_is_at_each_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The ranks fork from a server started at the first launch; a variable set after it
+    # started must still reach them, as it would reach spawned processes.
+    name = "SEQBALANCE_TEST_LAUNCH_VARIABLE"
+    monkeypatch.delenv(name, raising=False)
+    assert launch(_environment, 2, args=(name,), timeout=LONG) == [None, None]
+    monkeypatch.setenv(name, "set after the first launch")
+    assert launch(_environment, 2, args=(name,), timeout=LONG) == ["set after the first launch"] * 2
+
+
+def test_ranks_are_spawned_where_the_platform_has_no_fork_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from seqbalance.measure import launch as launch_module
+
+    monkeypatch.setattr(launch_module.mp, "get_all_start_methods", lambda: ["spawn"])
+    assert launch_module._start_context().get_start_method() == "spawn"
+    monkeypatch.undo()
+    assert launch_module._start_context().get_start_method() == "forkserver"

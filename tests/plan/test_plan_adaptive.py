@@ -1,0 +1,291 @@
+"""The online cost model, rank speeds and the single-controller AdaptivePlanner (numpy only)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from seqbalance.cost import TimeModel
+from seqbalance.cost.online import Feedback, OnlineTimeModel, microbatch_features
+from seqbalance.plan.adaptive import AdaptivePlanner, prior_time_model
+from seqbalance.plan.options import PlanOptions
+
+TRUE = TimeModel(0.003, 2e-6, 3e-10)
+
+
+def _microbatches(rng: np.random.Generator, count: int) -> list[np.ndarray]:
+    return [rng.integers(10, 2000, size=rng.integers(1, 6)) for _ in range(count)]
+
+
+def _seconds(features: np.ndarray, model: TimeModel = TRUE) -> np.ndarray:
+    return features @ np.array([model.t0, model.t1, model.t2])
+
+
+def test_fit_normal_equations_matches_the_observation_fit():
+    rng = np.random.default_rng(0)
+    observations = [
+        (lengths, TRUE.microbatch_seconds(lengths) * (1 + 0.05 * rng.standard_normal()))
+        for lengths in _microbatches(rng, 40)
+    ]
+    direct = TimeModel.fit(observations, relative=True)
+    rows = microbatch_features(TRUE, [lengths for lengths, _ in observations])
+    rows /= np.array([seconds for _, seconds in observations])[:, None]
+    from_moments = TimeModel.fit_normal_equations(rows.T @ rows, rows.sum(axis=0))
+    for name in ("t0", "t1", "t2"):
+        assert getattr(from_moments, name) == pytest.approx(getattr(direct, name), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("gram", "moment"), [(np.eye(2), np.ones(3)), (np.full((3, 3), np.nan), np.ones(3))]
+)
+def test_fit_normal_equations_rejects_bad_statistics(gram, moment):
+    with pytest.raises(ValueError, match="gram"):
+        TimeModel.fit_normal_equations(gram, moment)
+
+
+def _run(model: OnlineTimeModel, steps: int, *, seed: int = 0, slow=None, corrupt=None):
+    """Two ranks, 4 micro-batches each per step, TRUE timings (rank 1 ``slow(step)`` slower)."""
+    rng = np.random.default_rng(seed)
+    history = []
+    for step in range(steps):
+        rows = []
+        for rank in range(model.world_size):
+            features = microbatch_features(TRUE, _microbatches(rng, 4))
+            seconds = _seconds(features) * (1 + 0.02 * rng.standard_normal(4))
+            if slow is not None and rank == 1:
+                seconds = seconds * slow(step)
+            if corrupt is not None:
+                features, seconds = corrupt(step, rank, features, seconds)
+            rows.append(model.local_statistics(rank, features, seconds))
+        history.append(model.update(np.array(rows)))
+    return history
+
+
+def test_noise_free_fit_recovers_the_model_and_replaces_a_wrong_prior():
+    model = OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2)
+    rng = np.random.default_rng(1)
+    for _ in range(8):
+        rows = []
+        for rank in range(2):
+            features = microbatch_features(TRUE, _microbatches(rng, 4))
+            rows.append(model.local_statistics(rank, features, _seconds(features)))
+        model.update(np.array(rows))
+    assert model.source == "fit"
+    assert model.model.t0 == pytest.approx(TRUE.t0, rel=1e-6)
+    assert model.model.t1 == pytest.approx(TRUE.t1, rel=1e-6)
+    assert model.model.t2 == pytest.approx(TRUE.t2, rel=1e-6)
+    assert model.rank_speeds is None
+
+
+def test_exact_prior_is_planned_with_until_the_fit_has_held_out_steps():
+    model = OnlineTimeModel(TRUE, 2, Feedback(min_steps=3))
+    history = _run(model, 12)
+    assert [h["model"]["source"] for h in history[:4]] == ["prior"] * 4
+    assert all(h["model_error"] < 0.05 for h in history[1:])
+
+
+def test_slow_rank_is_detected_and_its_recovery_seen_within_three_steps():
+    model = OnlineTimeModel(TRUE, 2, Feedback(speed_window=5))
+    history = _run(model, 40, slow=lambda step: 1.5 if 10 <= step < 25 else 1.0)
+    speeds = np.array([h["next_rank_speeds"] for h in history])
+    assert np.all(speeds[:, 0] == 1.0)
+    assert np.all(speeds[:9, 1] == 1.0)
+    assert np.all(np.abs(speeds[12:25, 1] - 1 / 1.5) < 0.05)  # 3rd step after the change on
+    assert np.all(speeds[27:, 1] == 1.0)
+
+
+def test_degenerate_timings_are_ignored_with_one_warning_and_change_nothing():
+    bad_values = [np.nan, -1.0, 0.0, 5e-324, np.inf]
+
+    def corrupt(step, rank, features, seconds):
+        if step in (3, 5, 6) and rank == 0:
+            extra = np.vstack([features, features[: len(bad_values)]])
+            return extra, np.concatenate([seconds, bad_values[: len(features)]])
+        return features, seconds
+
+    clean = OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2)
+    _run(clean, 15)
+    dirty = OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = _run(dirty, 15, corrupt=corrupt)
+    assert len([w for w in caught if "ignored" in str(w.message)]) == 1
+    assert dirty.ignored == 12
+    assert sum(h["ignored_microbatches"] for h in history) == 12
+    assert dirty.model == clean.model
+    assert np.array_equal(dirty.speeds, clean.speeds)
+
+
+def test_outliers_barely_move_the_fit():
+    def gc_pause(step, rank, features, seconds):
+        if step % 7 == 3:
+            seconds = seconds.copy()
+            seconds[0] *= 20.0  # a GC pause or checkpoint inside one micro-batch
+        return features, seconds
+
+    model = OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2)
+    _run(model, 30, corrupt=gc_pause)
+    rng = np.random.default_rng(9)
+    features = microbatch_features(TRUE, _microbatches(rng, 200))
+    error = np.abs(_seconds(features, model.model) / _seconds(features) - 1)
+    assert model.source == "fit"
+    assert error.mean() < 0.05
+
+
+def test_state_dict_round_trips_through_json_and_continues_identically():
+    first = OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2)
+    _run(first, 10, slow=lambda step: 1.5)
+    resumed = OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert resumed.model == first.model
+    assert np.array_equal(resumed.speeds, first.speeds)
+    a = _run(first, 5, seed=3, slow=lambda step: 1.5)
+    b = _run(resumed, 5, seed=3, slow=lambda step: 1.5)
+    assert json.dumps(a) == json.dumps(b)
+    other = OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 3)
+    with pytest.raises(ValueError, match="world_size"):
+        other.load_state_dict(first.state_dict())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"window": 0}, "window"),
+        ({"huber": -1.0}, "huber"),
+        ({"speed_tolerance": 1.0}, "speed_tolerance"),
+        ({"rank_speeds": 1}, "rank_speeds"),
+    ],
+)
+def test_feedback_rejects_bad_options(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        Feedback(**kwargs)
+
+
+def test_feedback_holds_the_prior_and_log_and_checks_them(tmp_path):
+    with pytest.raises(ValueError, match=r"prior must be a TimeModel or None, got 'calib\.json'"):
+        Feedback(prior="calib.json")
+    with pytest.raises(ValueError, match="log must be a file path or None, got 3"):
+        Feedback(log=3)
+    with pytest.raises(ValueError, match="log must be a file path or None, got ''"):
+        Feedback(log="")
+    feedback = Feedback(window=8, prior=TRUE, log=tmp_path / "run.jsonl")
+    # The settings a state records: the fit's, not the prior (recorded as a model) or the log.
+    assert feedback.settings() == {**Feedback().settings(), "window": 8}
+    assert set(Feedback().settings()) == {
+        "window", "speed_window", "min_steps", "huber", "reject", "speed_tolerance",
+        "rank_speeds", "timeout_seconds",
+    }  # fmt: skip
+    planner = AdaptivePlanner(2, max_tokens=4096, feedback=feedback)
+    assert planner.online.prior is TRUE and planner.log == tmp_path / "run.jsonl"
+    with pytest.raises(ValueError, match=r"differs from feedback\.prior"):
+        OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2, feedback)
+    with pytest.raises(ValueError, match="feedback must be a Feedback or None, got True"):
+        AdaptivePlanner(2, feedback=True)
+
+
+def test_prior_from_options():
+    assert prior_time_model(PlanOptions()) == TimeModel(0.0, 1.0, 0.0)
+    flops = prior_time_model(PlanOptions(cost="flops", model="qwen3-8b"))
+    assert flops.t1 > 0 and flops.t2 > 0
+    assert prior_time_model(PlanOptions(), TRUE) is TRUE
+    with pytest.raises(ValueError, match="TimeModel prior"):
+        prior_time_model(PlanOptions(cost=lambda lengths: lengths))
+
+
+@pytest.mark.parametrize("totals", [False, True])
+def test_controller_learns_from_per_microbatch_or_per_rank_seconds(totals):
+    planner = AdaptivePlanner(4, cost="flops", model="qwen3-8b", max_tokens=8192)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        lengths = rng.integers(50, 4000, size=64)
+        plan = planner.plan(lengths)
+        seconds = [[TRUE.microbatch_seconds(lengths[i]) for i in mbs] for mbs in plan.ranks]
+        telemetry = planner.observe(plan, [sum(s) for s in seconds] if totals else seconds)
+    assert planner.online.source == "fit"
+    assert telemetry["model_error"] < 1e-6
+    assert telemetry["planned_step_seconds"] <= telemetry["baseline_step_seconds"]
+    assert planner.options.cost == planner.online.model
+    with pytest.raises(ValueError, match="rank_seconds"):
+        planner.observe(plan, seconds[:2])
+
+
+def test_controller_writes_telemetry_lines(tmp_path):
+    log = tmp_path / "run.jsonl"
+    planner = AdaptivePlanner(2, max_tokens=4096, feedback=Feedback(log=log))
+    lengths = np.arange(100, 1700, 100)
+    for _ in range(3):
+        plan = planner.plan(lengths)
+        planner.observe(plan, [0.1, 0.1])
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    assert {"step_seconds", "idle_fraction", "rank_speeds", "model_error"} <= set(lines[0])
+
+
+def _controller_log(path, steps: int = 8) -> None:
+    planner = AdaptivePlanner(
+        2, cost="flops", model="qwen3-8b", max_tokens=4096, feedback=Feedback(log=path)
+    )
+    rng = np.random.default_rng(4)
+    for step in range(steps):
+        lengths = rng.integers(16, 2048, size=32)
+        plan = planner.plan(lengths)
+        slow = 2.0 if step >= 3 else 1.0
+        planner.observe(
+            plan,
+            [
+                [TRUE.microbatch_seconds(lengths[i]) * (slow if r else 1.0) for i in mbs]
+                for r, mbs in enumerate(plan.ranks)
+            ],
+        )
+
+
+def test_run_report_summarises_and_plots_a_log(tmp_path):
+    pytest.importorskip("matplotlib")
+    from seqbalance.cli import main
+    from seqbalance.sim.run_report import load_telemetry, summarize_run
+
+    log = tmp_path / "run.jsonl"
+    _controller_log(log)
+    summary = summarize_run(load_telemetry(log))
+    assert summary["steps"] == 8
+    assert 0 < summary["saved_fraction"] < 1
+    assert summary["last_rank_speeds"][1] == pytest.approx(0.5, rel=0.02)
+    png = tmp_path / "run.png"
+    assert main(["report", str(log), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_report_names_a_bad_line(tmp_path, capsys):
+    from seqbalance.cli import main
+
+    log = tmp_path / "bad.jsonl"
+    log.write_text('{"step": 0}\n')
+    assert main(["report", str(log)]) == 2
+    assert "bad.jsonl:1 is not a telemetry step" in capsys.readouterr().err
+
+
+def test_window_balancer_adaptive_plans_around_a_slow_rank():
+    from seqbalance.runtime.rebalancing.window import WindowBalancer
+
+    balancer = WindowBalancer(2, 32, adaptive=True, max_tokens=4096, cost="flops")
+    rng = np.random.default_rng(5)
+    shares = []
+    for _ in range(8):
+        balancer.push(rng.integers(16, 2048, size=32))
+        dispatch = balancer.dispatch()
+        plan = dispatch.plan
+        seconds = [
+            [TRUE.microbatch_seconds(plan.lengths[i]) * (2.0 if r else 1.0) for i in mbs]
+            for r, mbs in enumerate(plan.ranks)
+        ]
+        telemetry = balancer.observe(dispatch, seconds)
+        tokens = [int(plan.lengths[np.concatenate(mbs)].sum()) for mbs in plan.ranks]
+        shares.append(tokens[1] / sum(tokens))
+    assert telemetry["next_rank_speeds"][1] == pytest.approx(0.5, rel=0.02)
+    assert shares[0] == pytest.approx(0.5, abs=0.05)
+    assert shares[-1] < 0.4
+    with pytest.raises(ValueError, match="adaptive"):
+        WindowBalancer(2, 32, adaptive="yes")

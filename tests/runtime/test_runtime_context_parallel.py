@@ -1,0 +1,320 @@
+"""Context-parallel executor on real gloo processes: loss and gradients equal one process.
+
+The plans: every strategy's, hand-made overlapping groups, and random plans and assignments
+with tiny samples, so that some members hold no token of their sample's shard (they must still
+join every collective of their group, or their peers wait until the timeout).
+
+Each launch (``seqbalance.measure.launch``) starts ``world_size`` processes that run every plan
+of the scenario with the toy transformer in float64 and return the step loss and gradients; the
+parent compares them with one process running all samples whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _cp import CP_STRATEGIES, plan_cp
+from _multiprocess import launch, mark_done, ok, stay_stuck
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from seqbalance.cost import TimeModel  # noqa: E402
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
+from seqbalance.measure.calibrate_context_parallel import (  # noqa: E402
+    calibrate_comm,
+    calibrate_compute,
+    calibrate_piece_overhead,
+)
+from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
+from seqbalance.plan.context_parallel import (  # noqa: E402
+    ContextParallel,
+    ContextParallelPlan,
+)
+from seqbalance.runtime import CollectiveError  # noqa: E402
+from seqbalance.runtime.context_parallel import (  # noqa: E402
+    ContextParallelGroups,
+    run_step,
+    slot_batch,
+)
+
+pytestmark = pytest.mark.multiprocess
+
+LAUNCH_TIMEOUT_S = 150.0
+CONFIG = ToyModelConfig(
+    vocab_size=61, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24
+)
+OPTIONS = ContextParallel(24, comm=CommModel())  # 24 tokens per rank and slot
+TIMEOUT = timedelta(seconds=30)
+
+
+# ------------------------------------------------------------------ the computation
+def _samples(lengths: list[int]) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randint(0, CONFIG.vocab_size, (n,), generator=generator) for n in lengths]
+
+
+def _model() -> TinyCausalTransformer:
+    return TinyCausalTransformer(CONFIG, seed=3).to(torch.float64)
+
+
+def _run_plans(rank: int, world_size: int, plans: list[str]) -> list[dict[str, Any]]:
+    groups = ContextParallelGroups(timeout=TIMEOUT)
+    out = []
+    for text in plans:
+        plan = ContextParallelPlan.from_json(text)
+        model = _model()
+        step = run_step(model, plan, _samples(plan.lengths.tolist()), groups, timeout=TIMEOUT)
+        assert step.slot_seconds > 0 and step.sync_seconds > 0
+        out.append({"loss": step.loss, "grads": {n: p.grad for n, p in model.named_parameters()}})
+    return out
+
+
+def _reference(lengths: list[int]) -> tuple[float, dict[str, torch.Tensor]]:
+    """One process, every sample whole in one packed batch: mean loss over labelled tokens."""
+    samples = _samples(lengths)
+    ids = torch.cat(samples)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    labels = torch.cat(
+        [torch.cat([s[1:], torch.tensor([-100])]) if s.numel() else s for s in samples]
+    )
+    model = _model()
+    loss = model(ids, cu, labels)
+    loss.backward()
+    return float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}
+
+
+# ------------------------------------------------------------------ scenarios
+LENGTHS_2 = [37, 9, 20, 5, 45, 3, 12, 1, 0, 30]
+LENGTHS_4 = [90, 37, 9, 20, 5, 45, 3, 12, 1, 70, 26, 0, 48, 16]
+
+
+def _plans(lengths: list[int], world_size: int) -> list[ContextParallelPlan]:
+    plans = [
+        plan_cp(lengths, world_size, context_parallel=OPTIONS, strategy=strategy, allow_empty=True)
+        for strategy in CP_STRATEGIES
+    ]
+    contiguous = dataclasses.replace(OPTIONS, scheme="contiguous")
+    plans.append(plan_cp(lengths, world_size, context_parallel=contiguous))
+    return plans
+
+
+def _overlapping_groups_plan() -> ContextParallelPlan:
+    """Slot 0 mixes a CP-4 sample, a CP-2 sample on ranks 0-1 and a whole sample on rank 3;
+    slot 1 a CP-2 sample on ranks 2-3 and whole samples: ranks 0 and 1 gather over two
+    different groups in one slot."""
+    return ContextParallelPlan.from_assignment(
+        [40, 20, 6, 30, 5, 7],
+        4,
+        cp_size=[4, 2, 1, 2, 1, 1],
+        group_start=[0, 0, 3, 2, 0, 1],
+        slot_of=[0, 0, 0, 1, 1, 1],
+        context_parallel=OPTIONS,
+    )
+
+
+@pytest.mark.parametrize(("world_size", "lengths"), [(2, LENGTHS_2), (4, LENGTHS_4)])
+def test_loss_and_gradients_match_one_process(
+    tmp_path: Path, world_size: int, lengths: list[int]
+) -> None:
+    plans = _plans(lengths, world_size)
+    if world_size == 4:
+        plans.append(_overlapping_groups_plan())
+        assert {int(c) for p in plans for c in p.cp_size} == {1, 2, 4}
+    assert any(p.barriers for p in plans)  # the Megatron plan's barriers run too
+    assert all((p.cp_size > 1).any() for p in plans)
+    # Random plans and assignments in the same launch, tiny and zero-share cases included.
+    plans += _random_plans(world_size, seed=world_size)
+    starved = 0  # pieces of sharded samples with tokens whose member holds none of them
+    for plan in plans:
+        for r in range(plan.n_ranks):
+            for j in range(plan.n_slots):
+                inputs = plan.slot_inputs(r, j)
+                none = (inputs.cp_sizes > 1) & (np.diff(inputs.cu_seqlens) == 0)
+                starved += int((none & (plan.lengths[inputs.samples] > 0)).sum())
+    assert starved >= 3  # the cases that used to deadlock are there
+    texts = [p.to_json() for p in plans]
+    results = ok(launch(tmp_path, world_size, _run_plans, texts, timeout_s=LAUNCH_TIMEOUT_S))
+    for index, plan in enumerate(plans):
+        loss, grads = _reference(plan.lengths.tolist())
+        for result in results:
+            outcome = result[index]
+            assert outcome["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-15), index
+            for name, grad in grads.items():
+                torch.testing.assert_close(outcome["grads"][name], grad, rtol=1e-10, atol=1e-12)
+
+
+def _random_assignment(rng: np.random.Generator, world_size: int) -> ContextParallelPlan:
+    """Random lengths (many tiny: members with no token of their sample's shard), random CP
+    sizes, blocks and slots under a cap no slot can reach (so every draw is a valid plan)."""
+    n = int(rng.integers(1, 7))
+    lengths = np.where(rng.random(n) < 0.5, rng.integers(0, 6, n), rng.integers(6, 40, n))
+    lengths[0] = max(lengths[0], 2)  # a labelled token: the reference loss is a mean
+    sizes = [s for s in (1, 2, 4) if world_size % s == 0]
+    cp_size = rng.choice(sizes, n)
+    start = np.array([int(rng.integers(0, world_size // c)) * c for c in cp_size.tolist()])
+    slot_of = rng.integers(0, 3, n)
+    options = ContextParallel(4096, sizes=tuple(sizes), comm=CommModel())
+    return ContextParallelPlan.from_assignment(
+        lengths,
+        world_size,
+        cp_size=cp_size,
+        group_start=start,
+        slot_of=slot_of,
+        context_parallel=options,
+    )
+
+
+def _random_plans(world_size: int, seed: int) -> list[ContextParallelPlan]:
+    """Random plans of every strategy, random assignments, and the zero-share cases: a
+    2- and a 3-token sample over 4 ranks (``validate()`` accepts them; a member holds no
+    token of its shard)."""
+    rng = np.random.default_rng(seed)
+    plans = []
+    sizes = (1, 2, 4)[: 2 if world_size == 2 else 3]
+    for k in range(4):
+        n = int(rng.integers(1, 9))
+        tiny = k % 2 == 0
+        lengths = rng.integers(0, 6, n) if tiny else rng.integers(1, 60, n)
+        lengths[0] = max(lengths[0], 2)  # a labelled token: the reference loss is a mean
+        cap = int(rng.integers(2, 8)) if tiny else int(rng.integers(16, 40))
+        options = ContextParallel(cap, sizes=sizes, comm=CommModel())
+        cap = max(cap, -(-int(lengths.max()) // sizes[-1]))
+        options = dataclasses.replace(options, max_tokens_per_rank=cap)
+        strategy = CP_STRATEGIES[k % len(CP_STRATEGIES)]
+        plans.append(
+            plan_cp(
+                lengths,
+                world_size,
+                context_parallel=options,
+                strategy=strategy,
+                allow_empty=True,
+            )
+        )
+    plans += [_random_assignment(rng, world_size) for _ in range(4)]
+    zero_share = ContextParallel(4096, sizes=(world_size,), comm=CommModel())
+    plans.append(plan_cp([2, 3], world_size, context_parallel=zero_share, allow_empty=True))
+    plans.append(
+        ContextParallelPlan.from_assignment(
+            [1, 2, 0, 5, 1, 1],
+            world_size,
+            cp_size=[world_size] * 6,
+            group_start=[0] * 6,
+            slot_of=[0, 0, 1, 1, 2, 3],
+            context_parallel=zero_share,
+        )
+    )
+    return plans
+
+
+def test_slot_batch_labels_cross_shards() -> None:
+    # Sample 0 (10 tokens) on CP 2: rank 0 holds [0, 3) and [8, 10); the label of token 2 is
+    # token 3, held by rank 1; the last token has no label.
+    plan = plan_cp(
+        [10, 4], 2, context_parallel=ContextParallel(7, sizes=(2,)), strategy="static_cp"
+    )
+    samples = [torch.arange(100, 110), torch.arange(200, 204)]
+    batch = slot_batch(plan, 0, 0, samples)
+    assert batch.input_ids.tolist() == [100, 101, 102, 108, 109, 200, 203]
+    assert batch.labels.tolist() == [101, 102, 103, 109, -100, 201, -100]
+    assert batch.position_ids.tolist() == [0, 1, 2, 8, 9, 0, 3]
+    with pytest.raises(ValueError, match="samples holds 1 samples"):
+        slot_batch(plan, 0, 0, samples[:1])
+    with pytest.raises(ValueError, match=r"samples\[1\] has shape \(3,\)"):
+        slot_batch(plan, 0, 0, [samples[0], samples[1][:3]])
+
+
+def _disagreeing(rank: int, world_size: int, texts: list[str]) -> dict[str, Any]:
+    groups = ContextParallelGroups(timeout=TIMEOUT)
+    plan = ContextParallelPlan.from_json(texts[rank])
+    try:
+        run_step(_model(), plan, _samples(plan.lengths.tolist()), groups, timeout=TIMEOUT)
+    except ValueError as error:
+        return {"raised": str(error)}
+    return {"raised": None}
+
+
+def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict[str, Any]:
+    timeout = timedelta(seconds=2)
+    plan = ContextParallelPlan.from_json(text)
+    groups = ContextParallelGroups(timeout=timeout)
+    if rank == 1:
+        groups.prepare(plan)  # joins the agreement and the group creation, then never gathers
+        stay_stuck(directory, [0], limit_s=8)
+        return {}
+    started = time.monotonic()
+    try:
+        run_step(_model(), plan, _samples(plan.lengths.tolist()), groups, timeout=timeout)
+    except CollectiveError as error:
+        return {"raised": str(error), "elapsed": time.monotonic() - started}
+    finally:
+        mark_done(directory, rank)
+    return {"raised": None}
+
+
+def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
+    one = plan_cp([30, 3], 2, context_parallel=OPTIONS).to_json()
+    other = plan_cp([30, 4], 2, context_parallel=OPTIONS).to_json()
+    for result in ok(launch(tmp_path / "disagree", 2, _disagreeing, [one, other])):
+        assert "ranks disagree on the context-parallel plan" in result["raised"]
+    survivor = ok(launch(tmp_path / "hang", 2, _hanging_peer, one, str(tmp_path / "hang")))[0]
+    assert survivor["raised"] is not None and "K/V all-gather" in survivor["raised"]
+    assert "did not complete within 2 s" in survivor["raised"]
+    assert survivor["elapsed"] < 7  # the peer would keep it waiting 8 s
+
+
+def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
+    groups = ContextParallelGroups(timeout=TIMEOUT)
+    try:
+        calibrate_comm(groups, kv_elements_per_token=8, sizes=(4,), timeout=TIMEOUT)
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    # Messages up to 4 MiB, median of 3: on a loaded 2-core machine smaller ones timed as noise
+    # and the fit found no bandwidth (seconds did not grow with bytes).
+    comm = calibrate_comm(
+        groups, kv_elements_per_token=64, rows=(16, 1024, 8192), repeats=3, timeout=TIMEOUT
+    )
+    cost = ContextParallelTimeModel(TimeModel(0.0, 1e-6, 1e-9), comm, 64, 2)
+    fitted = calibrate_piece_overhead(
+        _model(),
+        groups,
+        cost,
+        ContextParallel(512),
+        [np.full(count, 256 // count) for count in (2, 8, 32)],
+        repeats=1,
+        timeout=TIMEOUT,
+    )
+    time_model = calibrate_compute(
+        _model(),
+        groups,
+        [np.array([64]), np.array([8] * 16), np.array([200, 40]), np.array([16]), [300], [5] * 9],
+        max_tokens_per_rank=512,
+        repeats=1,
+        timeout=TIMEOUT,
+    )
+    return {
+        "refused": refused,
+        "comm": comm.to_dict(),
+        "overhead": fitted.piece_overhead_s,
+        "time": time_model.to_json(),
+    }
+
+
+def test_calibration_gives_every_rank_the_same_model(tmp_path: Path) -> None:
+    results = ok(launch(tmp_path, 2, _calibrate, timeout_s=LAUNCH_TIMEOUT_S))
+    assert "no CP size > 1 that divides 2 ranks" in results[0]["refused"]
+    assert results[0]["comm"] == results[1]["comm"]  # fitted from rank 0's timings everywhere
+    comm = CommModel.from_dict(results[0]["comm"])
+    assert comm.bandwidth_bytes_per_s > 0 and comm.bytes_per_element == 4
+    assert comm.fit_stats is not None and comm.fit_stats.n_observations == 3
+    assert results[0]["overhead"] == results[1]["overhead"] >= 0.0
+    assert results[0]["time"] == results[1]["time"]
+    time_model = TimeModel.from_json(results[0]["time"])
+    assert time_model.fit_stats is not None and time_model.fit_stats.n_observations == 6

@@ -1,0 +1,174 @@
+"""BalancedBatchSampler(adaptive=True) on real gloo processes: the lagged closed loop.
+
+Micro-batch times are synthetic (a known TimeModel, rank 1 twice as slow from step SLOW_FROM),
+so the resumed run can be compared with the uninterrupted one exactly; the sampler, its
+background planner, the all_gather and the learning are the real ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from _multiprocess import launch, ok  # noqa: E402
+
+from seqbalance.cost import TimeModel  # noqa: E402
+from seqbalance.cost.online import Feedback  # noqa: E402
+from seqbalance.runtime.closed_loop.timer import StepTiming  # noqa: E402
+from seqbalance.runtime.samplers import BalancedBatchSampler  # noqa: E402
+
+TRUE = TimeModel(0.002, 2e-6, 3e-10)
+BATCH, STEPS, SLOW_FROM, RESUME_AT, LOOKAHEAD = 32, 30, 6, 17, 2
+LENGTHS = np.random.default_rng(0).integers(16, 2048, size=BATCH * STEPS)
+
+
+def _sampler(log: Any = None) -> BalancedBatchSampler:
+    return BalancedBatchSampler(
+        LENGTHS,
+        BATCH,
+        seed=3,
+        lookahead=LOOKAHEAD,
+        cost="flops",
+        model="qwen3-8b",
+        max_tokens=4096,
+        agreement_timeout=30.0,
+        adaptive=Feedback(timeout_seconds=30.0, log=log),
+    )
+
+
+def _timing(plan: Any, rank: int, step: int) -> StepTiming:
+    slow = 2.0 if rank == 1 and step >= SLOW_FROM else 1.0
+    seconds = tuple(TRUE.microbatch_seconds(plan.lengths[i]) * slow for i in plan.ranks[rank])
+    return StepTiming(seconds, 0.0, sum(seconds))
+
+
+def _run(sampler: BalancedBatchSampler, rank: int, first: int, last: int, save_at: int = -1):
+    """Train steps ``first..last-1`` (resuming at ``first`` if it was saved mid-step); the
+    state saved after the first micro-batch of step ``save_at``."""
+    steps, state = [], None
+    batches = iter(sampler)
+    offset = sampler.state_dict()["offset"]
+    for step in range(first, last):
+        taken = [next(batches)]
+        plan = sampler.step_plan(step)
+        if step == save_at:
+            state = sampler.state_dict()
+        taken += [next(batches) for _ in range(plan.n_microbatches - 1 - offset)]
+        mine = plan.ranks[rank][offset:]  # the yielded micro-batches are this rank's of the plan
+        assert [LENGTHS[t].tolist() for t in taken] == [plan.lengths[i].tolist() for i in mine]
+        offset = 0
+        plan.validate()
+        telemetry = sampler.observe(_timing(plan, rank, step))
+        steps.append(
+            {
+                "sha": hashlib.sha256(plan.to_json(timing=False).encode()).hexdigest(),
+                "rank_tokens": [int(plan.lengths[np.concatenate(r)].sum()) for r in plan.ranks],
+                "speeds": telemetry["next_rank_speeds"],
+            }
+        )
+    return steps, state
+
+
+def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
+    sampler = _sampler(log)
+    steps, state = _run(sampler, rank, 0, STEPS, save_at=RESUME_AT)
+    sampler.set_epoch(1)  # the next epoch goes on with what was learned
+    next_epoch, _ = _run(sampler, rank, 0, 3)
+    resumed = _sampler()
+    resumed.load_state_dict(state)
+    again, _ = _run(resumed, rank, RESUME_AT, STEPS)
+    # A loop that never observes: the step that needs the missing observation raises.
+    forgetful = _sampler()
+    batches, error = iter(forgetful), None
+    try:
+        for _ in range(BATCH * STEPS):
+            next(batches)
+    except RuntimeError as caught:
+        error = str(caught)
+    try:  # three steps taken, none observed: no consistent state to save
+        forgetful.state_dict()
+    except ValueError as caught:
+        error += " | " + str(caught)
+    forgetful.close()
+    return {
+        "steps": steps,
+        "next_epoch": next_epoch,
+        "resumed": again,
+        "state": state,
+        "forgetful": error,
+    }
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("adaptive_sampler")
+    log = directory / "run.jsonl"
+    out = ok(launch(directory, 2, _worker, str(log)))
+    lines = log.read_text().splitlines()  # rank 0's telemetry, one line per observed step
+    assert len(lines) == STEPS + 3
+    logged = [json.loads(line)["next_rank_speeds"] for line in lines[:STEPS]]
+    assert logged == [step["speeds"] for step in out[0]["steps"]]
+    return out
+
+
+def test_plans_are_byte_identical_on_every_rank_every_step(results):
+    a, b = results
+    assert [s["sha"] for s in a["steps"]] == [s["sha"] for s in b["steps"]]
+    assert a["steps"] == b["steps"]
+    assert len({s["sha"] for s in a["steps"]}) == STEPS
+
+
+def test_the_slower_rank_gets_less_work_within_a_few_steps(results):
+    steps = results[0]["steps"]
+    ratios = [s["rank_tokens"][1] / s["rank_tokens"][0] for s in steps]
+    # The observation after which rank 1's measured speed is 0.5 (the median over the window).
+    seen = next(i for i, s in enumerate(steps) if s["speeds"][1] < 1.0)
+    assert SLOW_FROM <= seen <= SLOW_FROM + 3
+    assert all(abs(s["speeds"][1] - 0.5) < 1e-6 for s in steps[seen:])
+    # The rule, exactly: step k is planned after observing step k - lookahead - 1, so the first
+    # step planned for the slow rank is seen + lookahead + 1 (5 steps after it slowed down).
+    assert all(0.95 < r < 1.05 for r in ratios[: seen + LOOKAHEAD + 1])
+    assert all(0.45 < r < 0.55 for r in ratios[seen + LOOKAHEAD + 1 :])
+
+
+def test_the_next_epoch_goes_on_with_the_learned_speeds(results):
+    a, b = results
+    assert a["next_epoch"] == b["next_epoch"]
+    for step in a["next_epoch"]:
+        assert 0.45 < step["rank_tokens"][1] / step["rank_tokens"][0] < 0.55
+
+
+def test_resume_mid_step_continues_with_the_same_model_and_plans(results):
+    for result in results:
+        assert result["state"]["offset"] == 1 and result["state"]["step"] == RESUME_AT
+        assert result["resumed"] == result["steps"][RESUME_AT:]
+
+
+def test_a_missing_observation_raises_instead_of_hanging(results):
+    for result in results:
+        assert "call observe() after every step" in result["forgetful"]
+        assert f"step {LOOKAHEAD + 1} is planned after 1 observed steps" in result["forgetful"]
+        assert "save after observe()" in result["forgetful"]
+
+
+def test_adaptive_needs_torch_distributed_and_prior_lives_in_feedback():
+    with pytest.raises(ValueError, match="not initialised"):
+        BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, adaptive=True)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'prior', 'log'"):
+        BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, prior=TRUE, log="run.jsonl")
+    with pytest.raises(ValueError, match=r"prior must be a TimeModel or None, got 'calib\.json'"):
+        BalancedBatchSampler(
+            LENGTHS, BATCH, dp_rank=0, dp_size=2, adaptive=Feedback(prior="calib.json")
+        )
+    with pytest.raises(ValueError, match="adaptive"):
+        BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2, adaptive="yes")
+    plain = BalancedBatchSampler(LENGTHS, BATCH, dp_rank=0, dp_size=2)
+    with pytest.raises(ValueError, match="adaptive=True"):
+        plain.observe()
+    assert "adaptive" not in plain.state_dict()
