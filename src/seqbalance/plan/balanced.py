@@ -55,9 +55,11 @@ from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact, _feasible
+from seqbalance.plan._intervals import Intervals, count_bound
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
+from seqbalance.plan._padded_search import cheapest_start, improve_intervals
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     RIVALS_WITHOUT_BOUND_GAP,
@@ -166,6 +168,8 @@ def _attempt(p: Problem, m: int) -> Microbatches | None:
         # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
         plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
+        if plans[0] is not None and p.speeds is None:
+            plans += _interval_search(p, m, plans[0])
         valid = [plan for plan in plans if plan is not None]
         return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
@@ -181,6 +185,16 @@ def _attempt(p: Problem, m: int) -> Microbatches | None:
         plan = match_profile(p, plan)
         refine_lockstep(p, plan)
     return plan
+
+
+def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatches | None]:
+    """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts)
+    and from the cheapest cuts whose intervals cost at most the count's lower bound."""
+    intervals = Intervals.of(p)
+    bound = count_bound(p, m)
+    target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
+    starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
+    return [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
 
 
 def _global_first_fit(p: Problem, m: int) -> Microbatches | None:
