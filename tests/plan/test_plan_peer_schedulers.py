@@ -32,7 +32,7 @@ from seqbalance.plan.stacks import (
 )
 from seqbalance.plan.stacks.hf_rebalance import rebalance_groups
 
-RECORDED = Path(__file__).parent / "data" / "peer_schedulers.json.gz"
+RECORDED = Path(__file__).parents[1] / "data" / "peer_schedulers.json.gz"
 
 
 @cache

@@ -84,7 +84,7 @@ def plan(request: dict[str, Any], strategy: str) -> sb.StepPlan | None:
         return None
 
 
-@settings(max_examples=examples(1200), deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(requests())
 def test_balanced_never_loses_to_a_registered_strategy(request: dict[str, Any]) -> None:
     balanced = plan(request, "balanced")
