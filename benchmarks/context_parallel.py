@@ -3,7 +3,7 @@
 
     python benchmarks/context_parallel.py [--quick] [--skip-measured] [--out FILE]
 
-Simulated (``seqbalance.sim.context_parallel.compare_context_parallel``): the long-context mix
+Simulated (``seqbalance.sim.simulate`` with ``context_parallel``): the long-context mix
 of ``seqbalance.datasets.long_context`` (10% of samples log-uniform in 32k-128k tokens, the rest
 lognormal around 2k), Qwen3-8B training seconds at the default H100 throughput (989 TFLOP/s x
 0.4), CP sizes 1, 2, 4, 8, per-rank caps 16k and 32k, 8 ranks with 64 samples per step and 64
@@ -39,7 +39,7 @@ import numpy as np
 from seqbalance.cost.context_parallel import CommModel
 from seqbalance.datasets.generators import long_context
 from seqbalance.plan import ContextParallel, PlanOptions
-from seqbalance.sim.context_parallel import compare_context_parallel
+from seqbalance.sim import simulate
 
 SCALES = ((8, 64), (64, 512))  # (ranks, samples per step)
 CAPS = (16384, 32768)
@@ -62,8 +62,13 @@ def simulated(steps: int) -> tuple[list[str], list[dict[str, Any]]]:
                 options = PlanOptions(
                     cost="flops", max_tokens=cap, context_parallel=ContextParallel(comm=comm)
                 )
-                comparison = compare_context_parallel(batches, n_ranks, options)
-                summary = comparison.to_dict()["strategies"]
+                result = simulate(
+                    np.concatenate(batches),
+                    options,
+                    dp_size=n_ranks,
+                    batches=[np.arange(k * n_samples, (k + 1) * n_samples) for k in range(steps)],
+                )
+                summary = _summary(result)
                 cases.append({"comm": comm_name, "ranks": n_ranks, "cap": cap, "summary": summary})
                 for name, row in summary.items():
                     speedup = (
@@ -81,6 +86,32 @@ def simulated(steps: int) -> tuple[list[str], list[dict[str, Any]]]:
                         f"{100 * row['sharded_fraction']:.0f}% |"
                     )
     return lines, cases
+
+
+def _summary(result: Any) -> dict[str, dict[str, Any]]:
+    """Per strategy: mean step, ratio to the summed lower bounds, per-step speedup over every
+    other strategy (min, mean), planning time (mean, largest fraction of its step), sharded
+    samples."""
+    out = {}
+    for name, figures in result.strategies.items():
+        plans = result.plans[name]
+        planning = np.array([plan.planning_seconds for plan in plans])
+        out[name] = {
+            "mean_step_seconds": figures.mean_step_seconds,
+            "ratio_to_lower_bound": figures.ratio,
+            "max_planning_fraction": float((planning / figures.step_seconds).max()),
+            "mean_planning_seconds": float(planning.mean()),
+            "sharded_fraction": figures.sharded_fraction,
+            "speedup_over": {
+                other: {
+                    "min": float((theirs.step_seconds / figures.step_seconds).min()),
+                    "mean": float((theirs.step_seconds / figures.step_seconds).mean()),
+                }
+                for other, theirs in result.strategies.items()
+                if other != name
+            },
+        }
+    return out
 
 
 # ------------------------------------------------------------------ measured

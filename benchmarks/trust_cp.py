@@ -111,7 +111,7 @@ def _violation(step: dict, plan: ContextParallelPlan) -> str | None:
     asked = step["options"]["allow_empty"]
     if plan.allow_empty != asked:
         return f"allow_empty {plan.allow_empty} where {asked} was asked"
-    if not asked and plan.summary()["empty_slots"]:
+    if not asked and plan.summary()["empty_microbatches"]:
         return "empty slot without allow_empty"
     wanted = step["options"].get("num_microbatches")
     if wanted is not None and plan.n_slots != wanted:

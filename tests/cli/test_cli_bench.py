@@ -338,7 +338,7 @@ def _long_tail(path, seed: int = 5) -> np.ndarray:
     return lengths
 
 
-CP_ARGS = ("--context-parallel", "1,2", "--max-tokens-per-rank", "128", "--length-divisor", "1")
+CP_ARGS = ("--context-parallel", "1,2", "--max-tokens", "128", "--length-divisor", "1")
 TINY_RUN = ("--model-size", "tiny", "--steps", "2", "--warmup", "1", "--global-batch", "12")
 
 

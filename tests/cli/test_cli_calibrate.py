@@ -65,14 +65,14 @@ def test_context_parallel_calibration_writes_a_model_that_plans(capsys, tmp_path
     from seqbalance.plan import ContextParallel, plan_step
 
     out = tmp_path / "cp.json"
-    argv = ["calibrate", "--context-parallel", "1,2", "--max-tokens-per-rank", "128"]
+    argv = ["calibrate", "--context-parallel", "1,2", "--max-tokens", "128"]
     argv += ["--model-size", "tiny", "--trials", "6", "--repeats", "1", "--timeout", "60"]
     assert main([*argv, "-o", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     cost = ContextParallelTimeModel.load(out)
     assert cost.to_dict() == report["time_model"] and report["output"] == str(out)
     assert report["procs"] == 2 and report["context_parallel"]["sizes"] == [1, 2]
-    assert report["context_parallel"]["max_tokens_per_rank"] == 128
+    assert report["max_tokens"] == 128
     spec = ModelSpec.from_hf_config(model_config("tiny", max_position=128).to_hf_config())
     assert (cost.kv_elements_per_token, cost.kv_layers) == (
         kv_elements_per_token(spec),
@@ -82,12 +82,14 @@ def test_context_parallel_calibration_writes_a_model_that_plans(capsys, tmp_path
     assert cost.comm.fit_stats.n_observations == 4  # 4 message sizes over CP size 2
     assert cost.comm.bandwidth_bytes_per_s > 0 and cost.piece_overhead_s >= 0
     # The file plans: plan_step with the loaded cost, and simulate --context-parallel.
-    plan = plan_step([300, 40, 20, 10], 2, cost=cost, context_parallel=ContextParallel(256))
+    plan = plan_step(
+        [300, 40, 20, 10], 2, cost=cost, max_tokens=256, context_parallel=ContextParallel()
+    )
     plan.validate()
     np_lengths = tmp_path / "lengths.npy"
     np.save(np_lengths, np.array([300, 40, 20, 10, 250, 5]))
     simulate = ["simulate", "--lengths", str(np_lengths), "--dp", "2", "--global-batch", "6"]
-    simulate += ["--steps", "1", "--context-parallel", "1,2", "--max-tokens-per-rank", "256"]
+    simulate += ["--steps", "1", "--context-parallel", "1,2", "--max-tokens", "256"]
     assert main([*simulate, "--time-model", str(out), "--json"]) == 0
     assert set(json.loads(capsys.readouterr().out)["strategies"]) == {
         "balanced",

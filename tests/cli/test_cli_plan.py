@@ -103,7 +103,7 @@ def test_oversize_samples_are_an_error_unless_allowed(capsys, tmp_path) -> None:
     assert [1] in [m.tolist() for rank in plan.ranks for m in rank]  # alone in its micro-batch
 
 
-def test_context_parallel_plans_one_step_over_cp_groups(capsys, tmp_path) -> None:
+def test_context_parallel_plans_over_cp_groups(capsys, tmp_path) -> None:
     from seqbalance.plan.context_parallel import ContextParallelPlan
 
     path = tmp_path / "long.npy"
@@ -113,30 +113,42 @@ def test_context_parallel_plans_one_step_over_cp_groups(capsys, tmp_path) -> Non
     steps = {}
     for strategy in ("balanced", "static_cp", "dynamic_cp_megatron"):
         out = tmp_path / f"{strategy}.json"
-        argv = [*base, "--max-tokens-per-rank", "16384", "--strategy", strategy, "--allow-empty"]
+        argv = [*base, "--max-tokens", "16384", "--strategy", strategy, "--allow-empty"]
         assert main([*argv, "-o", str(out), "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         plan = ContextParallelPlan.from_json(out.read_text())
         plan.validate()
         assert plan.strategy == strategy and plan.n_ranks == 8 and plan.allow_empty
         assert np.array_equal(plan.lengths, lengths)
-        assert plan.context_parallel.max_tokens_per_rank == 16384
+        assert plan.max_tokens == 16384  # the per-rank cap, under its one name
         (summary,) = report["summaries"]
         assert summary["step_cost"] == pytest.approx(plan.step_cost)
         steps[strategy] = plan.step_cost
     assert steps["balanced"] <= min(steps.values())
-    # --max-tokens is the per-rank cap when --max-tokens-per-rank is not given; the table.
+    # The table: one row per step, the sharded samples beside the figures of every plan.
     assert main([*base, "--max-tokens", "16384", "--num-microbatches", "2"]) == 0
-    assert "balanced on 8 ranks, CP sizes [1, 2, 4, 8], 16384 tokens per rank" in (
-        capsys.readouterr().out
-    )
+    table = capsys.readouterr().out
+    assert "balanced on 8 ranks, max_tokens 16384, CP sizes [1, 2, 4, 8]" in table
+    assert "sharded samples" in table
+    # An epoch (--global-batch): every step a ContextParallelPlan, every sample in one step.
+    out = tmp_path / "epoch.json"
+    argv = [*base, "--max-tokens", "16384", "--global-batch", "4", "--allow-empty"]
+    assert main([*argv, "-o", str(out)]) == 0
+    document = json.loads(out.read_text())
+    epoch = [ContextParallelPlan.from_json(json.dumps(step)) for step in document["steps"]]
+    assert [plan.n_samples for plan in epoch] == [4, 4, 1]
+    assert sorted(i for ix in document["sample_indices"] for i in ix) == list(range(9))
     for extra, message in (
-        (["--global-batch", "4"], "--global-batch does not apply with --context-parallel"),
         (["--num-microbatches", "1"], "--num-microbatches = 1 is infeasible"),
         (["--objective", "lockstep"], "--objective = 'lockstep' is not supported"),
-        (["--max-tokens-per-rank", "0"], "--max-tokens-per-rank must be >= 1"),
+        (["--max-tokens", "0"], "--max-tokens must be >= 1"),
     ):
         assert main([*base, "--max-tokens", "16384", *extra]) == 2, extra
         assert message in capsys.readouterr().err, extra
-    assert main([*base[:4], "--max-tokens-per-rank", "9"]) == 2
-    assert "--max-tokens-per-rank applies with --context-parallel only" in (capsys.readouterr().err)
+    assert main(base) == 2  # no cap: --max-tokens is required with --context-parallel
+    assert "--context-parallel needs the per-rank token cap: set --max-tokens" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        main([*base, "--max-tokens-per-rank", "9"])
+    assert "--max-tokens-per-rank is gone: use --max-tokens" in capsys.readouterr().err

@@ -282,15 +282,14 @@ CP = ("--dp", "4", "--global-batch", "24", "--steps", "2", "--context-parallel",
 
 def _cp_expected(lengths: np.ndarray, cost, **options) -> dict:
     from seqbalance.plan import ContextParallel, PlanOptions
-    from seqbalance.sim import sample_batches
-    from seqbalance.sim.context_parallel import compare_context_parallel
+    from seqbalance.sim import sample_batches, simulate
 
     batches = sample_batches(lengths.size, 24, 2, seed=0)
     request = PlanOptions(
-        context_parallel=ContextParallel(1024, sizes=(1, 2, 4)), cost=cost, **options
+        context_parallel=ContextParallel(sizes=(1, 2, 4)), max_tokens=1024, cost=cost, **options
     )
-    comparison = compare_context_parallel([lengths[b] for b in batches], 4, request)
-    return {name: r.mean_step for name, r in comparison.results.items()}
+    result = simulate(lengths, request, dp_size=4, batches=batches)
+    return {name: r.mean_step_seconds for name, r in result.strategies.items()}
 
 
 def test_context_parallel_takes_either_time_model_file(capsys, lengths_file, tmp_path) -> None:
@@ -305,7 +304,7 @@ def test_context_parallel_takes_either_time_model_file(capsys, lengths_file, tmp
     )
     cp_model.save(tmp_path / "cp.json")
     compute.save(tmp_path / "tm.json")
-    argv = ["simulate", "--lengths", str(path), *CP, "--max-tokens-per-rank", "1024"]
+    argv = ["simulate", "--lengths", str(path), *CP, "--max-tokens", "1024"]
     with_cp = run_json(capsys, *argv, "--time-model", str(tmp_path / "cp.json"))
     expected = _cp_expected(lengths, cp_model)
     for name, mean in expected.items():
@@ -349,7 +348,8 @@ def test_context_parallel_honours_the_slot_options_and_refuses_the_others(
     argv = ["simulate", "--lengths", str(path), *CP, "--max-tokens", "1024"]
     counted = run_json(capsys, *argv, "--num-microbatches", "20", "--allow-empty")
     for name in ("balanced", "static_cp", "dynamic_cp_megatron"):
-        assert counted["strategies"][name]["mean_slots"] == 20, name
+        assert counted["strategies"][name]["mean_microbatches"] == 20, name
+        assert 0 < counted["strategies"][name]["sharded_fraction"] <= 1, name
     for extra, message in (
         (
             ["--layout", "padded", "--micro-batch-size", "2"],
@@ -357,25 +357,32 @@ def test_context_parallel_honours_the_slot_options_and_refuses_the_others(
         ),
         (["--order", "descending"], "--order = 'descending' is not supported"),
         (["--allow-oversize"], "--allow-oversize = True is not supported"),
-        (["--max-tokens-per-rank", "0"], "--context-parallel: --max-tokens-per-rank must be >= 1"),
-        (
-            ["--context-parallel", "2,3"],
-            "--context-parallel: sizes must be ascending with each size dividing",
-        ),
+        (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+        (["--context-parallel", "2,1"], "--context-parallel: sizes must be ascending"),
+        (["--strategies", "token_kk"], "--strategies must be one of 'balanced', 'static_cp'"),
     ):
         assert main([*argv, *extra]) == 2
-        assert message in capsys.readouterr().err
+        error = capsys.readouterr().err
+        assert message in error and error.count("\n") == 1, error
+    with pytest.raises(SystemExit) as exit_:  # the old flag: a usage error naming the new one
+        main([*argv, "--max-tokens-per-rank", "64"])
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and error.count("\n") == 1
+    assert "--max-tokens-per-rank is gone: use --max-tokens" in error
+    # One table: every strategy's row, with the CP columns.
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    for text in ("balanced", "static_cp", "dynamic_cp_megatron", "sharded", "vs static_cp"):
+        assert text in table, text
     # A sample longer than the largest CP size x the per-rank cap is truncated, and counted.
-    short_cap = [*argv[:-2], "--max-tokens-per-rank", "512", "--json"]
+    short_cap = [*argv[:-2], "--max-tokens", "512", "--json"]
     assert main(short_cap) == 0
     captured = capsys.readouterr()
     cut = int((lengths > 4 * 512).sum())
-    assert cut and json.loads(captured.out)["truncated"] == cut
+    assert cut and json.loads(captured.out)["setup"]["truncated_samples"] == cut
     assert f"warning: {cut} of 400 samples are longer than the largest usable CP size (4)" in (
         captured.err
     )
-    assert main(["simulate", "--lengths", str(path), "--max-tokens-per-rank", "8"]) == 2
-    assert "--max-tokens-per-rank applies with --context-parallel only" in capsys.readouterr().err
 
 
 def test_rank_speeds_judge_every_strategy_and_report_the_speed_aware_gain(

@@ -248,7 +248,7 @@ def test_time_model_files_save_load_and_are_told_apart(tmp_path) -> None:
     whole = plan_step(lengths, 2, cost=loaded, max_tokens=512)
     assert whole.sample_costs.tolist() == compute.per_sample(lengths).tolist()
     sharded = plan_step(
-        lengths, 2, cost=loaded, context_parallel=ContextParallel(256, sizes=(1, 2))
+        lengths, 2, cost=loaded, max_tokens=256, context_parallel=ContextParallel(sizes=(1, 2))
     )
     sharded.validate()
     assert sharded.cp_size[0] == 2  # 300 tokens > 256 per rank: sharded

@@ -103,12 +103,13 @@ def test_settings_are_validated_and_described() -> None:
 
 
 def cp_options(cp: object, **changes: object) -> PlanOptions:
-    """Context-parallel plan options of a bench run ("flops" stands for the run's model)."""
-    return PlanOptions(**{"cost": "flops", "context_parallel": cp, **changes})
+    """Context-parallel plan options of a bench run ("flops" stands for the run's model), 64
+    tokens per rank and slot unless ``changes`` say otherwise."""
+    return PlanOptions(**{"cost": "flops", "max_tokens": 64, "context_parallel": cp, **changes})
 
 
 def test_context_parallel_settings_are_validated_and_described() -> None:
-    cp = ContextParallel(64, sizes=(1, 2))
+    cp = ContextParallel(sizes=(1, 2))
     s = settings(options=cp_options(cp), lengths=[10, 128], strategies=None)
     assert s.strategies == ("balanced", "static_cp", "dynamic_cp_megatron")
     assert s.max_position == 128 and s.describe()["context_parallel"] == cp.to_dict()
@@ -117,17 +118,14 @@ def test_context_parallel_settings_are_validated_and_described() -> None:
     assert settings(options=cp_options(cp), time_model=cost, strategies=None).time_model == cost
     options = s.context_parallel_options(cost)
     assert options.context_parallel == cp and options.cost == cost
-    assert options.max_tokens == cp.max_tokens_per_rank == 64  # one cap, under both names
-    # The cap by its one name: the same settings.
-    by_name = cp_options(ContextParallel(sizes=(1, 2)), max_tokens=64)
-    assert settings(options=by_name, lengths=[10, 128], strategies=None) == s
+    assert options.max_tokens == 64  # the per-rank cap
     with pytest.raises(ValueError, match="these settings have no context_parallel"):
         settings().context_parallel_options(cost)
     for bad, message in (
         ({"lengths": [129]}, "above the largest CP size usable on 2 processes \\(2\\)"),
-        ({"procs": 3, "options": cp_options(ContextParallel(64, sizes=(2,)))}, "none divides"),
+        ({"procs": 3, "options": cp_options(ContextParallel(sizes=(2,)))}, "none divides"),
         ({"options": cp_options(cp, cost=cost)}, "options.cost must be left at 'flops'"),
-        ({"options": cp_options(ContextParallel(64, comm=CommModel()))}, "comm must be None"),
+        ({"options": cp_options(ContextParallel(comm=CommModel()))}, "comm must be None"),
         ({"device": "cuda"}, "device 'cuda' is not supported with context_parallel"),
         ({"strategies": ("token_kk",)}, "strategies entry \\(with context_parallel\\)"),
         ({"time_model": TimeModel(0.0, 1.0, 0.0)}, "ContextParallelTimeModel or None"),
@@ -136,7 +134,7 @@ def test_context_parallel_settings_are_validated_and_described() -> None:
             settings(**{"options": cp_options(cp), "strategies": None, **bad})
     # What PlanOptions refuses with context_parallel, it refuses for bench too.
     for bad, message in (
-        ({"max_tokens": 32}, "max_tokens = 32 conflicts"),
+        ({"max_tokens": None}, "context_parallel needs the per-rank token cap"),
         ({"layout": "padded", "micro_batch_size": 2}, "layout = 'padded'"),
         ({"objective": "lockstep"}, "objective = 'lockstep' is not"),
         ({"context_parallel": (1, 2)}, "context_parallel must be a ContextParallel"),
@@ -217,7 +215,7 @@ def _cp_record(step: int, slot: float, sync: float, loss: float) -> dict:
 
 
 def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
-    cp = ContextParallel(64, sizes=(1, 2))
+    cp = ContextParallel(sizes=(1, 2))
     s = settings(options=cp_options(cp), strategies=("balanced", "static_cp"))
     raw = {
         "records": [
@@ -268,7 +266,7 @@ def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
 
 
 def test_context_parallel_steps_plan_every_strategy_with_one_static_size() -> None:
-    cp = ContextParallel(64, sizes=(1, 2))
+    cp = ContextParallel(sizes=(1, 2))
     lengths = [3, 9, 20, 120, 30, 5, 7, 60, 11, 2, 40, 8]
     s = settings(
         options=cp_options(cp, num_microbatches=6, allow_empty=True),
@@ -280,7 +278,7 @@ def test_context_parallel_steps_plan_every_strategy_with_one_static_size() -> No
     )
     cost = ContextParallelTimeModel(TimeModel(1e-3, 1e-5, 1e-8), CommModel(1e9, 1e-5), 16, 2)
     comparison = plan_context_parallel_steps(s, cost)
-    assert comparison.context_parallel.static_size == 2  # the dataset's 120 needs CP 2
+    assert comparison.options.context_parallel.static_size == 2  # the dataset's 120: CP 2
     assert list(comparison.plans) == ["balanced", "static_cp", "dynamic_cp_megatron"]
     again = plan_context_parallel_steps(s, cost)
     for name, plans in comparison.plans.items():
@@ -316,7 +314,7 @@ def test_settings_round_trip_through_pickle_and_their_description() -> None:
     assert again == s and again.options.fingerprint() == options.fingerprint()
     # The report's description rebuilds the same plan options.
     assert PlanOptions.from_dict(s.describe()["options"]) == options
-    cp = ContextParallel(64, sizes=(1, 2), static_size=2)
+    cp = ContextParallel(sizes=(1, 2), static_size=2)
     s = settings(options=cp_options(cp, allow_empty=True), strategies=None)
     again = pickle.loads(pickle.dumps(s))
     assert again == s and again.context_parallel == cp

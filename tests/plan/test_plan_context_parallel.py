@@ -11,7 +11,7 @@ from _cp import CP_STRATEGIES, plan_cp
 
 from seqbalance.cost import ModelSpec, TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
-from seqbalance.plan import PlanValidationError
+from seqbalance.plan import PlanOptions, PlanValidationError, option_names, plan_step
 from seqbalance.plan.context_parallel import (
     ContextParallel,
     ContextParallelPlan,
@@ -34,7 +34,7 @@ def plan(lengths, n_ranks, cap, **options) -> ContextParallelPlan:
     cp_options = {k: options.pop(k) for k in ("sizes", "scheme", "static_size") if k in options}
     options.setdefault("cost", token_model())
     result = plan_cp(
-        lengths, n_ranks, context_parallel=ContextParallel(cap, **cp_options), **options
+        lengths, n_ranks, max_tokens=cap, context_parallel=ContextParallel(**cp_options), **options
     )
     result.validate()
     return result
@@ -79,7 +79,7 @@ def test_lockstep_inside_groups() -> None:
     p = plan([8, 3], 2, 4, strategy="static_cp", sizes=(1, 2), static_size=2)
     assert p.step_cost == pytest.approx(max(p.costs.sum(axis=1)))
     lengths = [8, 3]
-    wait_plan = dataclasses.replace(
+    wait_plan = _broken(
         p,
         slots=[
             [np.array([[1, 0]]), np.array([[0, 0]])],
@@ -126,12 +126,12 @@ def test_megatron_rule_by_hand() -> None:
         plan(lengths, 4, 100, strategy="dynamic_cp_megatron")
     # One 40-token sample on 6 ranks in a multiple of 4 slots: 22 of 24 slots empty, refused
     # without allow_empty (the plan says what it was asked for).
-    six = ContextParallel(4096, sizes=(1, 2))
-    kwargs = {"context_parallel": six, "strategy": "dynamic_cp_megatron"}
+    six = ContextParallel(sizes=(1, 2))
+    kwargs = {"context_parallel": six, "max_tokens": 4096, "strategy": "dynamic_cp_megatron"}
     with pytest.raises(ValueError, match="allow_empty"):
         plan_cp([40], 6, microbatch_multiple=4, **kwargs)
     idle = plan_cp([40], 6, microbatch_multiple=4, allow_empty=True, **kwargs)
-    assert idle.allow_empty and idle.summary()["empty_slots"] == 22
+    assert idle.allow_empty and idle.summary()["empty_microbatches"] == 22
 
 
 def test_balanced_takes_the_rules_plans_when_faster() -> None:
@@ -143,7 +143,7 @@ def test_balanced_takes_the_rules_plans_when_faster() -> None:
         ([12274] * 27, 4096),
     ]
     for lengths, cap in cases:
-        options = ContextParallel(cap, sizes=(1, 2, 4, 8))
+        options = ContextParallel(sizes=(1, 2, 4, 8))
         for allow_empty in (False, True):
             steps = {}
             for strategy in CP_STRATEGIES:
@@ -151,6 +151,7 @@ def test_balanced_takes_the_rules_plans_when_faster() -> None:
                     p = plan_cp(
                         lengths,
                         8,
+                        max_tokens=cap,
                         context_parallel=options,
                         strategy=strategy,
                         allow_empty=allow_empty,
@@ -179,9 +180,9 @@ def test_balanced_never_worse_than_baselines_on_long_context() -> None:
     from seqbalance.datasets.generators import long_context
 
     lengths = long_context(64, seed=3)
-    options = ContextParallel(16384)
+    options = {"context_parallel": ContextParallel(), "max_tokens": 16384}
     steps = {
-        s: plan_cp(lengths, 8, context_parallel=options, strategy=s, allow_empty=True).step_cost
+        s: plan_cp(lengths, 8, **options, strategy=s, allow_empty=True).step_cost
         for s in CP_STRATEGIES
     }
     assert steps["balanced"] <= steps["static_cp"]
@@ -230,7 +231,7 @@ def test_summary() -> None:
     summary = p.summary()
     assert summary["step_cost"] == 8.0 and summary["ratio"] == 1.0
     assert summary["cp_sizes"] == {1: 4, 2: 1}
-    assert summary["sharded_samples"] == 1 and summary["empty_slots"] == 0
+    assert summary["sharded_samples"] == 1 and summary["empty_microbatches"] == 0
     assert summary["idle_fraction"] == 0.0
 
 
@@ -250,13 +251,16 @@ def test_slot_inputs_by_hand() -> None:
     assert (inputs.max_seqlen_q, inputs.max_seqlen_k) == (3, 10)
     assert [(s, c, k.tolist()) for s, c, k in inputs.groups()] == [(0, 2, [0, 1])]
     with pytest.raises(ValueError, match="multiple of 2·cp"):
-        inputs.transformer_engine(2, 0, lengths=p.lengths)
+        inputs.transformer_engine(2, 0)
 
 
 def test_transformer_engine_inputs() -> None:
     p = plan([8, 4], 2, 6, sizes=(2,), strategy="static_cp")
     inputs = p.slot_inputs(1, 0)
-    te = inputs.transformer_engine(2, 0, lengths=p.lengths)
+    te = inputs.transformer_engine(2, 0)
+    assert inputs.lengths.tolist() == [8, 4] and inputs.scheme == "head_tail"
+    with pytest.warns(DeprecationWarning, match="lengths"):
+        assert inputs.transformer_engine(2, 0, lengths=p.lengths)["max_seqlen"] == 8
     assert te["cu_seqlens"].tolist() == [0, 8, 12]
     assert te["token_index"].tolist() == list(range(inputs.n_tokens))
     assert te["max_seqlen"] == 8
@@ -273,6 +277,13 @@ def valid() -> ContextParallelPlan:
 
 
 def _broken(plan_: ContextParallelPlan, **changes) -> ContextParallelPlan:
+    """``plan_`` with ``changes``: its fields (``slots`` and ``n_slots`` by their family names
+    ``ranks`` and ``n_microbatches``) or options (in ``plan_.options``)."""
+    requested = {name: changes.pop(name) for name in list(changes) if name in option_names()}
+    renamed = {"slots": "ranks", "n_slots": "n_microbatches"}
+    changes = {renamed.get(name, name): value for name, value in changes.items()}
+    if requested:
+        changes["options"] = plan_.options.replace(**requested)
     return dataclasses.replace(plan_, **changes)
 
 
@@ -392,7 +403,9 @@ def test_rejects_cap_violation(valid: ContextParallelPlan) -> None:
     slots[0][1] = np.vstack([slots[0][1], slots[1][1]])
     slots[1][1] = np.empty((0, 2), dtype=np.int64)
     broken = _broken(valid, slots=slots, group_start=np.array([0, 0, 0, 0, 0]), allow_empty=True)
-    with pytest.raises(PlanValidationError, match="holds 8 tokens, above max_tokens_per_rank"):
+    with pytest.raises(
+        PlanValidationError, match="holds 8 tokens, above the per-rank cap max_tokens"
+    ):
         broken.validate()
 
 
@@ -453,37 +466,38 @@ def test_sample_too_long_names_it() -> None:
 
 
 def test_options_validation() -> None:
-    with pytest.raises(ValueError, match="max_tokens_per_rank"):
-        ContextParallel(0)
-    with pytest.raises(ValueError, match="each size dividing the next"):
-        ContextParallel(16, sizes=(1, 2, 3))
+    with pytest.raises(ValueError, match="ascending without repeats"):
+        ContextParallel(sizes=(1, 4, 2))
+    with pytest.raises(ValueError, match="ascending without repeats"):
+        ContextParallel(sizes=(1, 2, 2))
+    assert ContextParallel(sizes=(1, 2, 3)).sizes == (1, 2, 3)  # need not divide each other
     with pytest.raises(ValueError, match="static_size = 4 is not one of"):
-        ContextParallel(16, sizes=(1, 2), static_size=4)
+        ContextParallel(sizes=(1, 2), static_size=4)
     with pytest.raises(ValueError, match="scheme"):
-        ContextParallel(16, scheme="ring")
-    assert ContextParallel.powers_of_two(8, 16).sizes == (1, 2, 4, 8)
+        ContextParallel(scheme="ring")
+    assert ContextParallel.powers_of_two(8).sizes == (1, 2, 4, 8)
     with pytest.raises(ValueError, match="power of two"):
-        ContextParallel.powers_of_two(6, 16)
-    options = ContextParallel(16, comm=CommModel(1e9), static_size=2)
+        ContextParallel.powers_of_two(6)
+    options = ContextParallel(comm=CommModel(1e9), static_size=2)
     assert ContextParallel.from_dict(options.to_dict()) == options
 
 
 def test_argument_errors() -> None:
-    options = ContextParallel(16)
+    options = ContextParallel()
     with pytest.raises(ValueError, match="seconds"):
-        plan_cp([1], 2, context_parallel=options, cost="tokens")
+        plan_cp([1], 2, context_parallel=options, max_tokens=16, cost="tokens")
     with pytest.raises(ValueError, match="objective"):
-        plan_cp([1], 2, context_parallel=options, objective="lockstep")
+        plan_cp([1], 2, context_parallel=options, max_tokens=16, objective="lockstep")
     with pytest.raises(ValueError, match="strategy"):
-        plan_cp([1], 2, context_parallel=options, strategy="ring")
+        plan_cp([1], 2, context_parallel=options, max_tokens=16, strategy="ring")
     with pytest.raises(ValueError, match="context_parallel must be a ContextParallel"):
-        plan_cp([1], 2, context_parallel=16)  # type: ignore[arg-type]
+        plan_cp([1], 2, max_tokens=16, context_parallel=16)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="n_ranks"):
-        plan_cp([1], 0, context_parallel=options)
+        plan_cp([1], 0, context_parallel=options, max_tokens=16)
     with pytest.raises(ValueError, match=r"lengths\[0\]"):
-        plan_cp([-1], 2, context_parallel=options)
+        plan_cp([-1], 2, context_parallel=options, max_tokens=16)
     with pytest.raises(ValueError, match="groups"):
-        plan_cp([1, 2], 2, context_parallel=options, groups=[0])
+        plan_cp([1, 2], 2, context_parallel=options, max_tokens=16, groups=[0])
     with pytest.raises(ValueError, match="does not support groups"):
         plan([1, 2], 2, 4, groups=[0, 0], strategy="dynamic_cp_megatron")
     with pytest.raises(ValueError, match="static_size = 1 is too small"):
@@ -493,102 +507,79 @@ def test_argument_errors() -> None:
     with pytest.raises(ValueError, match="no CP size"):
         plan([1], 3, 4, sizes=(2, 4))
     with pytest.raises(ValueError, match="only applies to cost='flops'"):
-        plan_cp([1], 2, context_parallel=options, cost=token_model(), model="x")
+        plan_cp([1], 2, context_parallel=options, max_tokens=16, cost=token_model(), model="x")
     with pytest.raises(ValueError, match="conflicts"):
         plan_cp(
-            [1], 2, context_parallel=ContextParallel(16, comm=CommModel(5.0)), cost=token_model()
+            [1],
+            2,
+            max_tokens=16,
+            context_parallel=ContextParallel(comm=CommModel(5.0)),
+            cost=token_model(),
         )
 
 
 def test_cost_resolution() -> None:
-    options = ContextParallel(8192)
+    options = ContextParallel()
     spec = ModelSpec.preset("qwen3-8b")
-    by_name = plan_cp([5000, 12000], 2, context_parallel=options)
-    by_spec = plan_cp([5000, 12000], 2, context_parallel=options, cost=spec)
-    assert by_name.cost_model == by_spec.cost_model
+    by_name = plan_cp([5000, 12000], 2, context_parallel=options, max_tokens=8192)
+    by_spec = plan_cp([5000, 12000], 2, context_parallel=options, max_tokens=8192, cost=spec)
+    assert by_name.time_model == by_spec.time_model
     time = TimeModel(0.01, 1e-6, 1e-10)
     calibrated = ContextParallelTimeModel.from_model("qwen3-8b", time=time)
-    planned = plan_cp([5000], 2, context_parallel=options, cost=calibrated)
-    assert planned.cost_model.time == time
-    assert planned.cost_model.kv_elements_per_token == 2048
+    planned = plan_cp([5000], 2, context_parallel=options, max_tokens=8192, cost=calibrated)
+    assert planned.time_model.time == time
+    assert planned.time_model.kv_elements_per_token == 2048
     with pytest.raises(ValueError, match="K/V sizes"):
-        plan_cp([5000], 2, context_parallel=options, cost=time)
+        plan_cp([5000], 2, context_parallel=options, max_tokens=8192, cost=time)
     with pytest.raises(ValueError, match="only applies to cost='flops'"):
-        plan_cp([5000], 2, context_parallel=options, cost=spec, model="qwen3-8b")
+        plan_cp([5000], 2, context_parallel=options, max_tokens=8192, cost=spec, model="qwen3-8b")
 
 
 def test_from_assignment() -> None:
-    options = ContextParallel(4)
-    p = ContextParallelPlan.from_assignment(
-        [8, 2, 3],
-        2,
-        cp_size=[2, 1, 1],
-        group_start=[0, 1, 0],
-        slot_of=[1, 0, 0],
-        context_parallel=options,
-        cost=token_model(),
+    options = PlanOptions(
+        cost=token_model(), max_tokens=4, context_parallel=ContextParallel(), allow_empty=True
     )
-    assert p.n_slots == 2 and p.strategy == "given"
+    p = ContextParallelPlan.from_assignment(
+        [8, 2, 3], 2, options, cp_size=[2, 1, 1], group_start=[0, 1, 0], slot_of=[1, 0, 0]
+    )
+    assert p.n_slots == 2 and p.options == options
     assert p.slots[0][0].tolist() == [[2, 0]] and p.slots[1][1].tolist() == [[0, 1]]
     # Slot 0: rank 0 runs 3 s, rank 1 runs 2 s; slot 1 (CP 2) starts when rank 0 is ready.
     assert p.step_cost == 7.0
     with pytest.raises(PlanValidationError, match="holds 5 tokens"):
         ContextParallelPlan.from_assignment(
-            [8, 2, 3],
-            2,
-            cp_size=[2, 1, 1],
-            group_start=[0, 0, 0],
-            slot_of=[0, 1, 1],
-            context_parallel=options,
-            cost=token_model(),
+            [8, 2, 3], 2, options, cp_size=[2, 1, 1], group_start=[0, 0, 0], slot_of=[0, 1, 1]
         )
     with pytest.raises(PlanValidationError, match="not inside the 2 ranks"):
         ContextParallelPlan.from_assignment(
-            [8],
-            2,
-            cp_size=[2],
-            group_start=[1],
-            slot_of=[0],
-            context_parallel=options,
-            cost=token_model(),
+            [8], 2, options, cp_size=[2], group_start=[1], slot_of=[0]
         )
-    with pytest.raises(ValueError, match="max_tokens_per_rank must be set"):
+    with pytest.raises(ValueError, match="options must be a PlanOptions with context_parallel"):
         ContextParallelPlan.from_assignment(
-            [8],
-            2,
-            cp_size=[2],
-            group_start=[0],
-            slot_of=[0],
-            context_parallel=ContextParallel(sizes=(1, 2)),
-            cost=token_model(),
+            [8], 2, PlanOptions(), cp_size=[2], group_start=[0], slot_of=[0]
         )
     with pytest.raises(ValueError, match="slot_of must hold one entry per sample"):
         ContextParallelPlan.from_assignment(
-            [8],
-            2,
-            cp_size=[2],
-            group_start=[0],
-            slot_of=[0, 0],
-            context_parallel=options,
-            cost=token_model(),
+            [8], 2, options, cp_size=[2], group_start=[0], slot_of=[0, 0]
+        )
+    # The options' slot counts are checked too.
+    with pytest.raises(PlanValidationError, match="num_microbatches = 3"):
+        ContextParallelPlan.from_assignment(
+            [8], 2, options.replace(num_microbatches=3), cp_size=[2], group_start=[0], slot_of=[0]
         )
 
 
 def test_options_with_a_cp_time_model_round_trip_and_fingerprint_it() -> None:
-    from seqbalance.plan.options import PlanOptions
-
     def model(t1: float, **comm: float) -> ContextParallelTimeModel:
         return ContextParallelTimeModel(TimeModel(1e-3, t1, 1e-9), CommModel(**comm), 64, 2)
 
-    first = PlanOptions(cost=model(1e-6), context_parallel=ContextParallel(64))
+    first = PlanOptions(cost=model(1e-6), max_tokens=64, context_parallel=ContextParallel())
     loaded = PlanOptions.from_json(first.to_json())
     assert loaded == first and loaded.cost == first.cost
     assert loaded.fingerprint() == first.fingerprint()
     assert isinstance(loaded.cost, ContextParallelTimeModel)
     plan_step_input = [100, 30, 7]
-    assert plan_cp(
-        plan_step_input, 4, context_parallel=loaded.context_parallel, cost=loaded.cost
-    ) == plan_cp(plan_step_input, 4, context_parallel=first.context_parallel, cost=first.cost)
+    assert plan_step(plan_step_input, 4, loaded) == plan_step(plan_step_input, 4, first)
     others = [
         first.replace(cost=model(2e-6)),
         first.replace(cost=model(1e-6, latency_s=1e-5)),
@@ -622,7 +613,7 @@ def test_malformed_documents_are_value_errors_naming_the_plan_type() -> None:
 def test_index_arguments_of_the_plan_types_are_value_errors_naming_them(bad) -> None:
     result = plan([30, 3, 9], 2, 16)
     with pytest.raises(ValueError, match="n_ranks"):
-        ContextParallel(16).usable_sizes(bad)
+        ContextParallel().usable_sizes(bad)
     with pytest.raises(ValueError, match="sample"):
         result.cp_group(bad if bad != 0 else 3)
     with pytest.raises(ValueError, match=r"rank|slot"):

@@ -31,7 +31,10 @@ REFUSALS = re.compile(
     "needs power-of-two|is too small|is not an allowed CP size|allow_empty is False"
 )
 
-SIZES = [(1, 2, 4, 8), (1, 2), (1,), (2, 4), (1, 4), (1, 2, 4), (1, 3, 6)]
+SIZES = [(1, 2, 4, 8), (1, 2), (1,), (2, 4), (1, 4), (1, 2, 4), (1, 3, 6), (1, 2, 3, 6), (2, 3)]
+"""Allowed CP sizes; the last two do not divide each other (their blocks overlap)."""
+POWERS_OF_TWO = [sizes for sizes in SIZES if not any(s & (s - 1) for s in sizes)]
+"""The sizes Megatron-LM's rule plans with."""
 
 
 def _model(kind: str) -> ContextParallelTimeModel:
@@ -49,7 +52,7 @@ def problems(draw: st.DrawFn, *, grouped: bool | None = None, counts: bool = Tru
     strategy = draw(st.sampled_from(CP_STRATEGIES))
     megatron = strategy == "dynamic_cp_megatron"  # no groups, power-of-two sizes
     n_ranks = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
-    sizes = draw(st.sampled_from(SIZES[:-1] if megatron else SIZES))
+    sizes = draw(st.sampled_from(POWERS_OF_TWO if megatron else SIZES))
     cap = draw(st.integers(4, 300))
     usable = [s for s in sizes if n_ranks % s == 0] or [1]
     widest = max(usable)
@@ -61,7 +64,8 @@ def problems(draw: st.DrawFn, *, grouped: bool | None = None, counts: bool = Tru
     problem: dict = {
         "lengths": lengths,
         "n_ranks": n_ranks,
-        "options": {"max_tokens_per_rank": cap, "sizes": sizes},
+        "max_tokens": cap,
+        "options": {"sizes": sizes},
         "strategy": strategy,
         "cost": draw(st.sampled_from(["tokens", "quadratic", "overheads"])),
         "allow_empty": draw(st.booleans()),
@@ -112,7 +116,7 @@ def _check(problem: dict) -> None:
     for r in range(plan.n_ranks):
         for j in range(plan.n_slots):
             inputs = plan.slot_inputs(r, j)
-            assert inputs.n_tokens <= plan.context_parallel.max_tokens_per_rank
+            assert inputs.n_tokens <= plan.max_tokens
             for k, a, b in zip(
                 inputs.chunk_piece.tolist(),
                 inputs.chunk_starts.tolist(),
@@ -180,11 +184,11 @@ def test_balanced_never_worse_than_rivals() -> None:
 # ------------------------------------------------------------------ brute force
 def _placements(plan: ContextParallelPlan, i: int) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
     """(cp, first rank, seconds per rank, tokens per rank) of every feasible group of sample i."""
-    model, scheme = plan.cost_model, plan.context_parallel.scheme
+    model, scheme = plan.time_model, plan.context_parallel.scheme
     length = int(plan.lengths[i])
     out = []
     for c in plan.context_parallel.usable_sizes(plan.n_ranks):
-        if -(-length // c) > plan.context_parallel.max_tokens_per_rank:
+        if -(-length // c) > plan.max_tokens:
             continue
         share = model.shard_seconds([length], c, scheme)[0]
         tokens = shard_tokens([length], c, scheme)[0]
@@ -217,7 +221,7 @@ def _brute_force(plan: ContextParallelPlan) -> tuple[float, float]:
         onehot = slot[:, i][:, None] == np.arange(n)[None, :]
         costs += seconds[:, :, None] * onehot[:, None, :]
         tokens += held[:, :, None] * onehot[:, None, :]
-    feasible = (tokens <= plan.context_parallel.max_tokens_per_rank).all(axis=(1, 2))
+    feasible = (tokens <= plan.max_tokens).all(axis=(1, 2))
     if plan.groups is not None:
         for g in np.unique(plan.groups).tolist():
             members = np.flatnonzero(plan.groups == g)
@@ -251,7 +255,8 @@ def tiny_problems(draw: st.DrawFn) -> dict:
     problem = {
         "lengths": draw(st.lists(st.integers(0, widest * cap), min_size=n, max_size=n)),
         "n_ranks": n_ranks,
-        "options": {"max_tokens_per_rank": cap, "sizes": sizes},
+        "max_tokens": cap,
+        "options": {"sizes": sizes},
         "strategy": "balanced",
         "cost": draw(st.sampled_from(["tokens", "quadratic"])),
         "allow_empty": True,

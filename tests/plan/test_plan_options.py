@@ -261,8 +261,8 @@ def test_rebalancer_rejects_a_typo_at_construction() -> None:
 def _cp(**changes: object) -> PlanOptions:
     from seqbalance.plan import ContextParallel
 
-    cp = ContextParallel(max_tokens_per_rank=4096, sizes=(1, 2, 4))
-    return PlanOptions(**{"cost": "flops", "context_parallel": cp, **changes})
+    cp = ContextParallel(sizes=(1, 2, 4))
+    return PlanOptions(**{"cost": "flops", "max_tokens": 4096, "context_parallel": cp, **changes})
 
 
 def test_context_parallel_options_round_trip_and_change_the_fingerprint() -> None:
@@ -280,7 +280,7 @@ def test_context_parallel_options_round_trip_and_change_the_fingerprint() -> Non
         ({"strategy": "token_kk"}, "strategy \\(with context_parallel\\) must be one of"),
         ({"objective": "lockstep"}, "objective = 'lockstep' is not supported"),
         ({"layout": "padded", "micro_batch_size": 2}, "layout = 'padded' is not supported"),
-        ({"max_tokens": 100}, "conflicts with context_parallel.max_tokens_per_rank"),
+        ({"max_tokens": None}, "context_parallel needs the per-rank token cap: set max_tokens"),
         ({"allow_oversize": True}, "sharded, not left alone"),
         ({"cost": "tokens"}, "cost must be"),
         ({"context_parallel": 3}, "context_parallel must be a ContextParallel"),
@@ -296,33 +296,35 @@ def test_context_parallel_goes_through_plan_step_with_one_cap() -> None:
 
     lengths = sb.datasets.long_context(60, long_min=5000, long_max=15000, seed=3)
     options = _cp()
-    assert options.max_tokens == options.context_parallel.max_tokens_per_rank == 4096
+    assert options.max_tokens == 4096
     plan = sb.plan_step(lengths, 4, options)
     assert isinstance(plan, ContextParallelPlan)
     plan.validate()
-    # The cap by its one name (max_tokens), by its older name, or both, and the options object
-    # or its keywords: one request, one plan.
+    # The options object or its keywords: one request, one plan.
     sizes = ContextParallel(sizes=(1, 2, 4))
-    same = [
-        PlanOptions(cost="flops", max_tokens=4096, context_parallel=sizes),
-        _cp(max_tokens=4096),
-    ]
-    for other in same:
-        assert other == options and other.fingerprint() == options.fingerprint()
-        assert sb.plan_step(lengths, 4, other).to_json(timing=False) == plan.to_json(timing=False)
     by_keywords = sb.plan_step(lengths, 4, cost="flops", max_tokens=4096, context_parallel=sizes)
     assert by_keywords.to_json(timing=False) == plan.to_json(timing=False)
     with pytest.raises(ValueError, match="context_parallel needs the per-rank token cap"):
         PlanOptions(cost="flops", context_parallel=sizes)
 
 
-def test_entry_points_without_context_parallel_refuse_it() -> None:
-    from seqbalance.sim import simulate
+def test_the_old_cap_name_is_gone_with_an_error_naming_max_tokens() -> None:
+    from seqbalance.plan import ContextParallel
 
-    with pytest.raises(ValueError, match="plan_epoch does not plan context-parallel steps"):
-        plan_epoch(LENGTHS, 4, 2, _cp())
-    with pytest.raises(ValueError, match="simulate does not plan context-parallel steps"):
-        simulate(LENGTHS, _cp(), dp_size=2, global_batch_size=4, steps=1)
+    for make in (
+        lambda: ContextParallel(max_tokens_per_rank=4096, sizes=(1, 2)),  # type: ignore[call-arg]
+        lambda: ContextParallel(4096, sizes=(1, 2)),  # the cap was the first positional field
+    ):
+        with pytest.raises(ValueError, match=r"PlanOptions\(max_tokens=\.\.\.\)"):
+            make()
+    with pytest.raises(AttributeError, match=r"max_tokens_per_rank is gone.*max_tokens"):
+        ContextParallel().max_tokens_per_rank  # noqa: B018
+    with pytest.raises(ValueError, match=r"unknown option.*'max_tokens_per_rank'"):
+        PlanOptions(max_tokens_per_rank=4096)  # type: ignore[call-arg]
+    # A document of the older format (it held the cap) is refused, saying why.
+    old = {**ContextParallel().to_dict(), "format": "seqbalance.ContextParallel/1"}
+    with pytest.raises(ValueError, match=r"held the per-rank cap, now PlanOptions\.max_tokens"):
+        ContextParallel.from_dict(old)
 
 
 def test_an_unknown_field_names_every_valid_one() -> None:

@@ -129,7 +129,7 @@ def test_register_refuses_duplicates_and_incomplete_objects(reverse) -> None:
 
 
 # ------------------------------------------------------------------ context parallelism
-CP = ContextParallel(64, sizes=(1, 2))
+CP = ContextParallel(sizes=(1, 2))  # with max_tokens=64 per rank and slot
 CP_LENGTHS = [100, 60, 30, 20, 10, 5]
 
 
@@ -145,7 +145,7 @@ def test_context_parallel_strategies_are_in_the_one_registry() -> None:
         match=r"strategy \(with context_parallel\) must be one of 'balanced', 'static_cp', "
         r"'dynamic_cp_megatron', got 'token_kk'",
     ):
-        PlanOptions(cost="flops", strategy="token_kk", context_parallel=CP)
+        PlanOptions(cost="flops", max_tokens=64, strategy="token_kk", context_parallel=CP)
     with pytest.raises(
         ValueError, match=r"strategy \(without context_parallel\) must be one of .*got 'static_cp'"
     ):
@@ -170,7 +170,7 @@ def test_a_user_strategy_of_context_parallel_steps_plugs_in() -> None:
     try:
         assert strategy_names(context_parallel=True)[-1] == "test_static_again"
         assert "test_static_again" not in strategy_names()
-        options = PlanOptions(cost="flops", context_parallel=CP)
+        options = PlanOptions(cost="flops", max_tokens=64, context_parallel=CP)
         ours = sb.plan_step(CP_LENGTHS, 4, options.replace(strategy="test_static_again"))
         theirs = sb.plan_step(CP_LENGTHS, 4, options.replace(strategy="static_cp"))
         ours.validate()

@@ -152,9 +152,9 @@ def test_rank_speeds_of_the_wrong_length_raise_naming_them() -> None:
 def test_context_parallel_refuses_rank_speeds() -> None:
     from seqbalance.plan.context_parallel import ContextParallel
 
-    cp = ContextParallel(max_tokens_per_rank=4096, sizes=(1, 2))
+    cp = ContextParallel(sizes=(1, 2))
     with pytest.raises(ValueError, match=r"rank_speeds = \(1.0, 0.5\) is not supported with"):
-        sb.PlanOptions(cost="flops", context_parallel=cp, rank_speeds=(1.0, 0.5))
+        sb.PlanOptions(cost="flops", max_tokens=4096, context_parallel=cp, rank_speeds=(1.0, 0.5))
 
 
 def test_fingerprints_without_speeds_are_unchanged() -> None:

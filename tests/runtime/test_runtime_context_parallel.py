@@ -33,6 +33,7 @@ from seqbalance.measure.calibrate_context_parallel import (  # noqa: E402
     calibrate_piece_overhead,
 )
 from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
+from seqbalance.plan import PlanOptions, plan_step  # noqa: E402
 from seqbalance.plan.context_parallel import (  # noqa: E402
     ContextParallel,
     ContextParallelPlan,
@@ -50,7 +51,10 @@ LAUNCH_TIMEOUT_S = 150.0
 CONFIG = ToyModelConfig(
     vocab_size=61, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24
 )
-OPTIONS = ContextParallel(24, comm=CommModel())  # 24 tokens per rank and slot
+CAP = 24  # tokens per rank and slot
+OPTIONS = ContextParallel(comm=CommModel())
+ASSIGNED = PlanOptions(cost="flops", max_tokens=CAP, context_parallel=OPTIONS, allow_empty=True)
+"""The request of the hand-made assignments (``ContextParallelPlan.from_assignment``)."""
 TIMEOUT = timedelta(seconds=30)
 
 
@@ -97,11 +101,18 @@ LENGTHS_4 = [90, 37, 9, 20, 5, 45, 3, 12, 1, 70, 26, 0, 48, 16]
 
 def _plans(lengths: list[int], world_size: int) -> list[ContextParallelPlan]:
     plans = [
-        plan_cp(lengths, world_size, context_parallel=OPTIONS, strategy=strategy, allow_empty=True)
+        plan_cp(
+            lengths,
+            world_size,
+            max_tokens=CAP,
+            context_parallel=OPTIONS,
+            strategy=strategy,
+            allow_empty=True,
+        )
         for strategy in CP_STRATEGIES
     ]
     contiguous = dataclasses.replace(OPTIONS, scheme="contiguous")
-    plans.append(plan_cp(lengths, world_size, context_parallel=contiguous))
+    plans.append(plan_cp(lengths, world_size, max_tokens=CAP, context_parallel=contiguous))
     return plans
 
 
@@ -112,10 +123,10 @@ def _overlapping_groups_plan() -> ContextParallelPlan:
     return ContextParallelPlan.from_assignment(
         [40, 20, 6, 30, 5, 7],
         4,
+        ASSIGNED,
         cp_size=[4, 2, 1, 2, 1, 1],
         group_start=[0, 0, 3, 2, 0, 1],
         slot_of=[0, 0, 0, 1, 1, 1],
-        context_parallel=OPTIONS,
     )
 
 
@@ -160,14 +171,14 @@ def _random_assignment(rng: np.random.Generator, world_size: int) -> ContextPara
     cp_size = rng.choice(sizes, n)
     start = np.array([int(rng.integers(0, world_size // c)) * c for c in cp_size.tolist()])
     slot_of = rng.integers(0, 3, n)
-    options = ContextParallel(4096, sizes=tuple(sizes), comm=CommModel())
+    cp = ContextParallel(sizes=tuple(sizes), comm=CommModel())
     return ContextParallelPlan.from_assignment(
         lengths,
         world_size,
+        ASSIGNED.replace(max_tokens=4096, context_parallel=cp),
         cp_size=cp_size,
         group_start=start,
         slot_of=slot_of,
-        context_parallel=options,
     )
 
 
@@ -184,30 +195,32 @@ def _random_plans(world_size: int, seed: int) -> list[ContextParallelPlan]:
         lengths = rng.integers(0, 6, n) if tiny else rng.integers(1, 60, n)
         lengths[0] = max(lengths[0], 2)  # a labelled token: the reference loss is a mean
         cap = int(rng.integers(2, 8)) if tiny else int(rng.integers(16, 40))
-        options = ContextParallel(cap, sizes=sizes, comm=CommModel())
+        options = ContextParallel(sizes=sizes, comm=CommModel())
         cap = max(cap, -(-int(lengths.max()) // sizes[-1]))
-        options = dataclasses.replace(options, max_tokens_per_rank=cap)
         strategy = CP_STRATEGIES[k % len(CP_STRATEGIES)]
         plans.append(
             plan_cp(
                 lengths,
                 world_size,
+                max_tokens=cap,
                 context_parallel=options,
                 strategy=strategy,
                 allow_empty=True,
             )
         )
     plans += [_random_assignment(rng, world_size) for _ in range(4)]
-    zero_share = ContextParallel(4096, sizes=(world_size,), comm=CommModel())
-    plans.append(plan_cp([2, 3], world_size, context_parallel=zero_share, allow_empty=True))
+    zero_share = ASSIGNED.replace(
+        max_tokens=4096, context_parallel=ContextParallel(sizes=(world_size,), comm=CommModel())
+    )
+    plans.append(plan_step([2, 3], world_size, zero_share))
     plans.append(
         ContextParallelPlan.from_assignment(
             [1, 2, 0, 5, 1, 1],
             world_size,
+            zero_share,
             cp_size=[world_size] * 6,
             group_start=[0] * 6,
             slot_of=[0, 0, 1, 1, 2, 3],
-            context_parallel=zero_share,
         )
     )
     return plans
@@ -217,7 +230,7 @@ def test_slot_batch_labels_cross_shards() -> None:
     # Sample 0 (10 tokens) on CP 2: rank 0 holds [0, 3) and [8, 10); the label of token 2 is
     # token 3, held by rank 1; the last token has no label.
     plan = plan_cp(
-        [10, 4], 2, context_parallel=ContextParallel(7, sizes=(2,)), strategy="static_cp"
+        [10, 4], 2, max_tokens=7, context_parallel=ContextParallel(sizes=(2,)), strategy="static_cp"
     )
     samples = [torch.arange(100, 110), torch.arange(200, 204)]
     batch = slot_batch(plan, 0, 0, samples)
@@ -259,8 +272,8 @@ def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict
 
 
 def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
-    one = plan_cp([30, 3], 2, context_parallel=OPTIONS).to_json()
-    other = plan_cp([30, 4], 2, context_parallel=OPTIONS).to_json()
+    one = plan_cp([30, 3], 2, max_tokens=CAP, context_parallel=OPTIONS).to_json()
+    other = plan_cp([30, 4], 2, max_tokens=CAP, context_parallel=OPTIONS).to_json()
     for result in ok(launch(tmp_path / "disagree", 2, _disagreeing, [one, other])):
         assert "ranks disagree on the context-parallel plan" in result["raised"]
     survivor = ok(launch(tmp_path / "hang", 2, _hanging_peer, one, str(tmp_path / "hang")))[0]
@@ -286,8 +299,9 @@ def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
         _model(),
         groups,
         cost,
-        ContextParallel(512),
+        ContextParallel(),
         [np.full(count, 256 // count) for count in (2, 8, 32)],
+        max_tokens=512,
         repeats=1,
         timeout=TIMEOUT,
     )
@@ -295,7 +309,7 @@ def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
         _model(),
         groups,
         [np.array([64]), np.array([8] * 16), np.array([200, 40]), np.array([16]), [300], [5] * 9],
-        max_tokens_per_rank=512,
+        max_tokens=512,
         repeats=1,
         timeout=TIMEOUT,
     )

@@ -69,6 +69,7 @@ __all__ = [
     "resolve_model",
     "time_model_from_args",
     "to_jsonable",
+    "with_kv_sizes",
 ]
 
 DEFAULT_PEAK_TFLOPS = DEFAULT_PEAK_FLOPS_PER_S / 1e12
@@ -302,16 +303,22 @@ def time_model_from_args(args: argparse.Namespace) -> tuple[TimeModel, str]:
     return model, description or source
 
 
+def with_kv_sizes(cost: Any, args: argparse.Namespace) -> Any:
+    """A context-parallel ``cost``: a calibrated compute ``TimeModel`` (``--time-model``) gets
+    the K/V sizes of ``--model`` that the communication needs; any other cost as it is."""
+    if isinstance(cost, TimeModel):
+        return ContextParallelTimeModel.from_model(resolve_model(args.model), time=cost)
+    return cost
+
+
 def context_parallel_cost_from_args(args: argparse.Namespace) -> tuple[Any, str | None]:
     """``(ContextParallelTimeModel, description)`` from the cost-model arguments, for
     ``--context-parallel``: a ``ContextParallelTimeModel`` file as it is, a ``TimeModel`` file
     with the K/V sizes of ``--model``, or ``--model``'s FLOPs at ``--peak-tflops`` x
     ``--efficiency`` (description None)."""
     cost, peak, efficiency, description = cost_from_args(args, context_parallel=True)
-    if isinstance(cost, TimeModel):
-        # A calibrated compute model; K/V sizes for communication come from --model.
-        cost = ContextParallelTimeModel.from_model(resolve_model(args.model), time=cost)
-    elif not isinstance(cost, ContextParallelTimeModel):
+    cost = with_kv_sizes(cost, args)
+    if not isinstance(cost, ContextParallelTimeModel):
         cost = ContextParallelTimeModel.from_model(
             cost, peak_flops_per_s=peak, efficiency=efficiency
         )
@@ -397,9 +404,8 @@ def plan_options_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
 CONTEXT_PARALLEL_FLAGS = {
     **{name: flag(name) for name in _flag_options()},
     "context_parallel": "--context-parallel",
-    "max_tokens_per_rank": "--max-tokens-per-rank",
 }
-"""The plan options' flags and those of :func:`add_context_parallel_arguments`."""
+"""The plan options' flags and that of :func:`add_context_parallel_arguments`."""
 
 
 def _numbers(kind: type, what: str) -> Any:
@@ -421,48 +427,48 @@ _sizes = _numbers(int, "integers")
 _speeds = _numbers(float, "numbers, one per rank")
 
 
-def add_context_parallel_arguments(
-    parser: argparse.ArgumentParser, description: str, *, cap_help: str
-) -> None:
-    """Add ``--context-parallel SIZES`` and ``--max-tokens-per-rank N`` (simulate, bench,
-    calibrate), in a group described by ``description``; ``cap_help`` says what the per-rank
-    cap defaults to. Read them with :func:`context_parallel_from_args`."""
+class _Removed(argparse.Action):
+    """A flag that is gone: using it is a one-line error naming its replacement."""
+
+    def __init__(self, *args: Any, replacement: str, **keywords: Any) -> None:
+        super().__init__(*args, help=argparse.SUPPRESS, **keywords)
+        self.replacement = replacement
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **keywords: Any) -> None:
+        parser.error(f"{self.option_strings[0]} is gone: {self.replacement}")
+
+
+def add_context_parallel_arguments(parser: argparse.ArgumentParser, description: str) -> None:
+    """Add ``--context-parallel SIZES`` (plan, simulate, bench, calibrate), in a group described
+    by ``description``; the per-rank cap is ``--max-tokens``. Read it with
+    :func:`context_parallel_from_args`."""
     group = parser.add_argument_group("context parallelism", description)
     group.add_argument(
         "--context-parallel",
         type=_sizes,
         default=None,
         metavar="SIZES",
-        help="allowed CP group sizes, comma-separated and each dividing the next, e.g. 1,2,4,8",
+        help="allowed CP group sizes, comma-separated and ascending, e.g. 1,2,4,8 (the per-rank "
+        "token cap, the tokens one rank holds in one slot, is --max-tokens)",
     )
     group.add_argument(
         "--max-tokens-per-rank",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"tokens one rank holds in one slot (default: {cap_help})",
+        action=_Removed,
+        replacement="use --max-tokens (with --context-parallel it is the per-rank cap, the "
+        "tokens one rank holds in one slot)",
     )
 
 
-def context_parallel_from_args(
-    args: argparse.Namespace, *, max_tokens: int | None
-) -> ContextParallel | None:
-    """The ``ContextParallel`` options of ``--context-parallel`` / ``--max-tokens-per-rank``
-    (the per-rank cap defaults to ``max_tokens``), or None without ``--context-parallel``.
+def context_parallel_from_args(args: argparse.Namespace) -> ContextParallel | None:
+    """The ``ContextParallel`` options of ``--context-parallel``, or None without it.
 
     Raises:
-        ValueError: ``--max-tokens-per-rank`` without ``--context-parallel``, no cap at all,
-            or bad sizes or cap (the message names the flag).
+        ValueError: bad sizes (the message names the flag).
     """
     if args.context_parallel is None:
-        if args.max_tokens_per_rank is not None:
-            raise ValueError("--max-tokens-per-rank applies with --context-parallel only")
         return None
-    cap = max_tokens if args.max_tokens_per_rank is None else args.max_tokens_per_rank
-    if cap is None:
-        raise ValueError("--context-parallel needs --max-tokens-per-rank (or --max-tokens)")
     try:
-        return ContextParallel(max_tokens_per_rank=cap, sizes=args.context_parallel)
+        return ContextParallel(sizes=args.context_parallel)
     except ValueError as error:
         raise ValueError(
             f"--context-parallel: {flag_names(str(error), CONTEXT_PARALLEL_FLAGS)}"

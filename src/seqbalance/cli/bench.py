@@ -133,9 +133,8 @@ def register(subparsers: Any) -> None:
         "and run with the context-parallel executor (measured: the slowest rank's time over "
         "its slots). Lengths are divided so the median is a quarter of the per-rank cap and "
         "cut to the largest usable CP size x the per-rank cap. Try --lengths long_context "
-        "--max-tokens-per-rank 1024. --num-microbatches, --min-microbatches, "
-        "--microbatch-multiple and --allow-empty apply to the slots.",
-        cap_help="--max-tokens",
+        "--max-tokens 1024 (with --context-parallel: the per-rank cap). --num-microbatches, "
+        "--min-microbatches, --microbatch-multiple and --allow-empty apply to the slots.",
     )
     add_json_flag(parser)
     parser.set_defaults(func=run)
@@ -177,14 +176,12 @@ def _slow_rank(text: str) -> SlowRank:
 
 
 def _plan_options(args: argparse.Namespace, context_parallel: Any) -> Any:
-    """The run's ``PlanOptions``: with context parallelism the per-rank cap is ``max_tokens``
-    (from ``--max-tokens-per-rank``, or ``--max-tokens``) and ``"flops"`` stands for the run's
-    time model (a context-parallel request names seconds)."""
+    """The run's ``PlanOptions``: with context parallelism ``--max-tokens`` is the per-rank cap
+    and ``"flops"`` stands for the run's time model (a context-parallel request names
+    seconds)."""
     if context_parallel is None:
         return plan_options_from_args(args)
-    return plan_options_from_args(
-        args, max_tokens=None, cost="flops", context_parallel=context_parallel
-    )
+    return plan_options_from_args(args, cost="flops", context_parallel=context_parallel)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     from seqbalance.measure.launch import LaunchError
 
     source = load_lengths(args.lengths)
-    context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    context_parallel = context_parallel_from_args(args)
     options = _plan_options(args, context_parallel)
     time_model = (
         None
@@ -260,7 +257,7 @@ def _settings(
                 context_parallel.usable_sizes(check_int(args.procs, "procs", minimum=1)) or (1,)
             )
             longest = largest * cap
-            what = f"the largest CP size ({largest}) x --max-tokens-per-rank = {longest}"
+            what = f"the largest CP size ({largest}) x --max-tokens = {longest}"
         lengths, divisor = bench.scale_lengths(
             source.lengths,
             longest,
@@ -428,7 +425,7 @@ def _print_context_parallel_report(report: dict[str, Any], *, markdown: bool) ->
     cp = setup["context_parallel"]
     title = (
         f"bench --context-parallel: {setup['procs']} procs, CP sizes {cp['sizes']}, "
-        f"{cp['max_tokens_per_rank']} tokens per rank, {setup['lengths']} lengths / "
+        f"{setup['options']['max_tokens']} tokens per rank, {setup['lengths']} lengths / "
         f"{setup['length_divisor']}, toy-{setup['model_size']}, global batch "
         f"{setup['global_batch_size']}, {setup['steps']} steps"
     )

@@ -78,12 +78,12 @@ def register(subparsers: Any) -> None:
         parser,
         "Fit the cost of the context-parallel executor on --procs gloo processes (each pinned "
         "to one core, one thread, as `bench` runs them): the compute TimeModel of its slots "
-        "(--trials micro-batches of at most --max-tokens-per-rank tokens), the bandwidth and "
-        "latency of its K/V gathers over the CP sizes above 1 that divide --procs, and its "
-        "fixed cost per sharded sample. The ContextParallelTimeModel it writes plans with "
-        "`simulate --context-parallel --time-model FILE`, `bench --context-parallel "
-        "--time-model FILE` or plan_step(..., cost=ContextParallelTimeModel.load(FILE)).",
-        cap_help="--max-tokens",
+        "(--trials micro-batches of at most --max-tokens tokens, the per-rank cap), the "
+        "bandwidth and latency of its K/V gathers over the CP sizes above 1 that divide "
+        "--procs, and its fixed cost per sharded sample. The ContextParallelTimeModel it "
+        "writes plans with `simulate --context-parallel --time-model FILE`, `bench "
+        "--context-parallel --time-model FILE` or "
+        "plan_step(..., cost=ContextParallelTimeModel.load(FILE)).",
     )
     parser.add_argument(
         "--procs",
@@ -128,7 +128,7 @@ _FLAGS = {
 
 def run(args: argparse.Namespace) -> int:
     require_torch()
-    context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    context_parallel = context_parallel_from_args(args)
     if context_parallel is not None:
         return _run_context_parallel(args, context_parallel)
     for name in ("procs", "timeout"):
@@ -189,18 +189,19 @@ def _run_context_parallel(args: argparse.Namespace, context_parallel: Any) -> in
         if given:
             raise ValueError(
                 f"{name} does not apply with --context-parallel (gloo processes on the CPU, "
-                "one thread each, samples up to --max-tokens-per-rank, one warm-up per case)"
+                "one thread each, samples up to --max-tokens, one warm-up per case)"
             )
     if not args.json:
         print(
             f"calibrate: {args.procs or DEFAULT_PROCS} processes, CP sizes "
-            f"{list(context_parallel.sizes)}, {context_parallel.max_tokens_per_rank} tokens "
+            f"{list(context_parallel.sizes)}, {args.max_tokens} tokens "
             "per rank ...",
             flush=True,
         )
     try:
         calibration = calibrate_context_parallel(
             context_parallel,
+            max_tokens=args.max_tokens,
             procs=DEFAULT_PROCS if args.procs is None else args.procs,
             model_size=args.model_size,
             trials=args.trials,

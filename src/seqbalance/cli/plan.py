@@ -35,8 +35,8 @@ def register(subparsers: Any) -> None:
             "token cap, minimising the predicted step time. Without --global-batch all samples "
             "form one step (a StepPlan); with it, the samples are shuffled into steps of that "
             "many samples (an epoch). Costs are predicted seconds (see the cost model options). "
-            "With --context-parallel, one step's samples are planned over CP groups of the --dp "
-            "ranks (a ContextParallelPlan)."
+            "With --context-parallel, each step's samples are planned over CP groups of the --dp "
+            "ranks (a ContextParallelPlan per step)."
         ),
     )
     parser.add_argument(
@@ -64,12 +64,11 @@ def register(subparsers: Any) -> None:
     add_time_model_arguments(parser)
     add_context_parallel_arguments(
         parser,
-        "Shard samples longer than one rank's cap over context-parallel groups of the --dp "
-        "ranks: one step only (no --global-batch). --num-microbatches, --min-microbatches, "
-        "--microbatch-multiple and --allow-empty apply to the slots; --time-model takes a "
-        "TimeModel (K/V sizes from --model) or a ContextParallelTimeModel from `seqbalance "
-        "calibrate --context-parallel`.",
-        cap_help="--max-tokens",
+        "Shard samples longer than one rank's cap (--max-tokens: the tokens one rank holds in "
+        "one slot) over context-parallel groups of the --dp ranks, one step or an epoch "
+        "(--global-batch). --num-microbatches, --min-microbatches, --microbatch-multiple and "
+        "--allow-empty apply to the slots; --time-model takes a TimeModel (K/V sizes from "
+        "--model) or a ContextParallelTimeModel from `seqbalance calibrate --context-parallel`.",
     )
     parser.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan JSON here")
     add_json_flag(parser)
@@ -78,11 +77,15 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     source = load_lengths(args.lengths, argument="LENGTHS")
-    context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
-    if context_parallel is not None:
-        return _run_context_parallel(args, source, context_parallel)
-    time_model, time_model_source = time_model_from_args(args)
-    options = plan_options_from_args(args, cost=time_model, strategy=args.strategy)
+    context_parallel = context_parallel_from_args(args)
+    if context_parallel is None:
+        cost, time_model_source = time_model_from_args(args)
+    else:
+        cost, description = context_parallel_cost_from_args(args)
+        time_model_source = description or f"{args.model} FLOPs at peak x efficiency"
+    options = plan_options_from_args(
+        args, cost=cost, strategy=args.strategy, context_parallel=context_parallel
+    )
     try:
         if args.global_batch is None:
             plan = plan_step(source.lengths, args.dp, options, groups=source.groups)
@@ -96,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
             )
     except ValueError as error:
-        raise ValueError(flag_names(str(error))) from None
+        raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
     # plan_step validates every plan it returns (plan_epoch's steps included).
     if args.global_batch is None:
         steps = [plan]
@@ -148,70 +151,6 @@ def _write_and_print(
     return 0
 
 
-def _run_context_parallel(args: argparse.Namespace, source: Any, context_parallel: Any) -> int:
-    """``plan --context-parallel``: one step over CP groups, written as a ContextParallelPlan."""
-    if args.global_batch is not None:
-        raise ValueError("--global-batch does not apply with --context-parallel: it plans one step")
-    cost, description = context_parallel_cost_from_args(args)
-    options = plan_options_from_args(
-        args,
-        cost=cost,
-        strategy=args.strategy,
-        max_tokens=None,  # the per-rank cap is --max-tokens-per-rank (or --max-tokens)
-        context_parallel=context_parallel,
-    )
-    try:
-        plan = plan_step(source.lengths, args.dp, options, groups=source.groups)
-    except ValueError as error:
-        raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
-    summary = plan.summary()
-    source_text = description or f"{args.model} FLOPs at peak x efficiency"
-    return _write_and_print(
-        args,
-        source.label,
-        json.loads(plan.to_json()),
-        [summary],
-        source_text,
-        lambda: _print_context_parallel_summary(
-            summary, source.label, args, context_parallel, source_text
-        ),
-    )
-
-
-def _print_context_parallel_summary(
-    summary: dict[str, Any],
-    label: str,
-    args: argparse.Namespace,
-    context_parallel: Any,
-    source: str,
-) -> None:
-    print_table(
-        f"{label}: {args.strategy} on {args.dp} ranks, CP sizes "
-        f"{list(context_parallel.sizes)}, {context_parallel.max_tokens_per_rank} tokens per rank",
-        (
-            "step time (s)",
-            "lower bound (s)",
-            "vs bound",
-            "slots",
-            "empty slots",
-            "sharded samples",
-            "plan ms",
-        ),
-        [
-            (
-                f"{summary['step_cost']:.3f}",
-                f"{summary['lower_bound']:.3f}",
-                f"{summary['ratio']:.3f}",
-                summary["n_slots"],
-                summary["empty_slots"],
-                f"{summary['sharded_samples']} of {summary['n_samples']}",
-                f"{1e3 * summary['planning_seconds']:.1f}",
-            )
-        ],
-        caption=f"time model: {source}",
-    )
-
-
 def _print_summaries(
     summaries: list[dict[str, Any]], label: str, args: argparse.Namespace, source: str
 ) -> None:
@@ -225,12 +164,18 @@ def _print_summaries(
             summary["n_microbatches"],
             summary["cap_violations"],
             f"{1e3 * summary['planning_seconds']:.1f}",
+            *(
+                (f"{summary['sharded_samples']} of {summary['n_samples']}",)
+                if "sharded_samples" in summary
+                else ()
+            ),
         )
         for step, summary in enumerate(summaries)
     ]
+    sizes = args.context_parallel
     print_table(
-        f"{label}: {args.strategy} on {args.dp} ranks, max_tokens {args.max_tokens}, "
-        f"objective {args.objective}",
+        f"{label}: {args.strategy} on {args.dp} ranks, max_tokens {args.max_tokens}"
+        + (f", objective {args.objective}" if sizes is None else f", CP sizes {list(sizes)}"),
         (
             "step",
             "step time (s)",
@@ -240,6 +185,7 @@ def _print_summaries(
             "micro-batches",
             "cap violations",
             "plan ms",
+            *(() if sizes is None else ("sharded samples",)),
         ),
         rows,
         caption=f"time model: {source}",

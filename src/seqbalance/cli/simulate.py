@@ -6,9 +6,8 @@ import argparse
 import dataclasses
 import sys
 import warnings
+from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from seqbalance.cli._common import (
     CONTEXT_PARALLEL_FLAGS,
@@ -18,7 +17,6 @@ from seqbalance.cli._common import (
     add_plan_option_arguments,
     add_strategies_option,
     add_time_model_arguments,
-    context_parallel_cost_from_args,
     context_parallel_from_args,
     cost_from_args,
     flag_names,
@@ -27,6 +25,7 @@ from seqbalance.cli._common import (
     print_json,
     print_section,
     progress_callback,
+    with_kv_sizes,
 )
 from seqbalance.plan import strategy_names
 from seqbalance.plan.stacks import length_grouped_steps
@@ -35,11 +34,12 @@ from seqbalance.sim import (
     TruncationWarning,
     default_strategies,
     plot,
-    sample_batches,
     simulate,
 )
-from seqbalance.sim.context_parallel import compare_context_parallel
+from seqbalance.sim.result import default_baselines
 
+_FLAGS = {**CONTEXT_PARALLEL_FLAGS, "strategies": "--strategies"}
+"""The plan options' flags and those of simulate's own options, for errors."""
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20
 HF_BASELINES = ("hf_default", "hf_length_grouped")
@@ -78,7 +78,11 @@ def register(subparsers: Any) -> None:
         help=f"optimizer steps to simulate (default: {DEFAULT_STEPS})",
     )
     add_plan_option_arguments(parser, max_tokens_default=DEFAULT_MAX_TOKENS)
-    add_strategies_option(parser, default_strategies())
+    add_strategies_option(
+        parser,
+        default_strategies(),
+        context_parallel_default=default_strategies(context_parallel=True),
+    )
     parser.add_argument(
         "--baseline",
         default=None,
@@ -95,13 +99,14 @@ def register(subparsers: Any) -> None:
     add_time_model_arguments(parser)
     add_context_parallel_arguments(
         parser,
-        "Shard samples longer than one rank's cap over context-parallel groups and compare "
-        "balanced (CP sizes, placement and packing chosen jointly), static_cp and "
-        "dynamic_cp_megatron on the same steps (try --lengths long_context). --num-microbatches, "
-        "--min-microbatches, --microbatch-multiple and --allow-empty apply to the slots; "
-        "--time-model takes a TimeModel (K/V sizes from --model) or a ContextParallelTimeModel "
-        "from `seqbalance calibrate --context-parallel`.",
-        cap_help="--max-tokens",
+        "Shard samples longer than one rank's cap (--max-tokens: the tokens one rank holds in "
+        "one slot) over context-parallel groups of the --dp ranks and compare balanced (CP "
+        "sizes, placement and packing chosen jointly), static_cp and dynamic_cp_megatron on the "
+        "same steps, in the same table (try --lengths long_context). --num-microbatches, "
+        "--min-microbatches, --microbatch-multiple and --allow-empty apply to the slots (with "
+        "dynamic_cp_megatron every strategy may leave slots empty); --time-model takes a "
+        "TimeModel (K/V sizes from --model) or a ContextParallelTimeModel from `seqbalance "
+        "calibrate --context-parallel`.",
     )
     parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG of the result")
     parser.add_argument(
@@ -113,12 +118,18 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     source = load_lengths(args.lengths)
-    context_parallel = context_parallel_from_args(args, max_tokens=args.max_tokens)
+    context_parallel = context_parallel_from_args(args)
+    if args.strategies is None:
+        args.strategies = default_strategies(context_parallel=context_parallel is not None)
+    if context_parallel is None:
+        _baseline_setup(args)
+    cost, peak, efficiency, description = cost_from_args(
+        args, context_parallel=context_parallel is not None
+    )
     if context_parallel is not None:
-        return _run_context_parallel(args, source, context_parallel)
-    _baseline_setup(args)
-    cost, peak, efficiency, description = cost_from_args(args)
-    options = plan_options_from_args(args, cost=cost)
+        cost = with_kv_sizes(cost, args)
+    options = plan_options_from_args(args, cost=cost, context_parallel=context_parallel)
+    requested = _with_baseline(args.strategies, args.baseline, context_parallel is not None)
     with (
         progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback,
         warnings.catch_warnings(record=True) as caught,
@@ -136,19 +147,14 @@ def run(args: argparse.Namespace) -> int:
                 efficiency=efficiency,
                 # hf_length_grouped runs on its own steps afterwards; alone, a plain run of
                 # hf_default gives it the steps' size and count.
-                strategies=[
-                    name
-                    for name in _with_baseline(args.strategies, args.baseline)
-                    if name != LENGTH_GROUPED
-                ]
-                or ["hf_default"],
+                strategies=[name for name in requested if name != LENGTH_GROUPED] or ["hf_default"],
                 seed=args.seed,
                 progress=callback,
             )
-            if LENGTH_GROUPED in _with_baseline(args.strategies, args.baseline):
+            if LENGTH_GROUPED in requested:
                 result = _with_length_grouped(result, source, options, args, peak, efficiency)
         except ValueError as error:
-            raise ValueError(flag_names(str(error))) from None
+            raise ValueError(flag_names(str(error), _FLAGS)) from None
     for warning in {str(w.message): w for w in caught}.values():  # each message once
         if isinstance(warning.message, TruncationWarning):
             print(
@@ -174,98 +180,6 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
-
-
-CP_COLUMNS = (
-    "strategy",
-    "step time (s)",
-    "vs lower bound",
-    "sharded samples",
-    "slots",
-    "plan ms",
-    "plan / step",
-    "vs static_cp",
-    "vs dynamic_cp_megatron",
-)
-
-
-def _run_context_parallel(args: argparse.Namespace, source: Any, context_parallel: Any) -> int:
-    """``simulate --context-parallel``: the CP strategies on the same sampled steps."""
-    cost, _ = context_parallel_cost_from_args(args)
-    # Every plan option is checked against context parallelism (unsupported ones are refused);
-    # the per-rank cap is --max-tokens-per-rank (or --max-tokens).
-    options = plan_options_from_args(
-        args, cost=cost, max_tokens=None, context_parallel=context_parallel
-    )
-    steps, groups, truncated, global_batch = _context_parallel_steps(args, source, options)
-    try:
-        comparison = compare_context_parallel(steps, args.dp, options, groups=groups)
-    except ValueError as error:
-        raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
-    payload = {
-        "lengths": source.label,
-        "max_tokens_per_rank": options.max_tokens,
-        "truncated": truncated,
-        **comparison.to_dict(),
-    }
-    if args.json:
-        print_json(payload)
-        return 0
-    rows = []
-    for name, result in comparison.results.items():
-        versus = [
-            "-"
-            if other not in comparison.results or other == name
-            else f"{comparison.speedup(name, other).mean():.2f}x"
-            for other in ("static_cp", "dynamic_cp_megatron")
-        ]
-        rows.append(
-            (
-                name,
-                f"{result.mean_step:.3f}",
-                f"{result.ratio:.3f}",
-                f"{100 * result.sharded_fraction.mean():.1f}%",
-                f"{result.slots.mean():.1f}",
-                f"{1e3 * result.planning_seconds.mean():.1f}",
-                f"{100 * result.planning_fraction:.2f}%",
-                *versus,
-            )
-        )
-    title = (
-        f"{source.label}: {args.dp} ranks, CP sizes {list(args.context_parallel)}, "
-        f"{options.max_tokens} tokens per rank per slot, {len(steps)} steps of ~{global_batch} "
-        "samples"
-    )
-    print_section(title, CP_COLUMNS, rows, markdown=args.markdown)
-    return 0
-
-
-def _context_parallel_steps(
-    args: argparse.Namespace, source: Any, options: Any
-) -> tuple[list[np.ndarray], list[np.ndarray] | None, int, int]:
-    """The sampled steps' lengths and groups, the samples truncated to the largest usable CP
-    size x the per-rank cap (as without context parallelism, a sample too long to plan is
-    truncated, said on stderr and counted), and the global batch size."""
-    lengths = source.lengths
-    usable = options.context_parallel.usable_sizes(args.dp)
-    cut = 0
-    if usable:  # else the planner says that no size tiles --dp
-        longest = usable[-1] * options.max_tokens
-        cut = int(np.count_nonzero(lengths > longest))
-        if cut:
-            lengths = np.minimum(lengths, longest)
-            print(
-                f"seqbalance simulate: warning: {cut} of {lengths.size} samples are longer than "
-                f"the largest usable CP size ({usable[-1]}) x --max-tokens-per-rank = "
-                f"{longest}; they are truncated to it",
-                file=sys.stderr,
-            )
-    global_batch = _global_batch(args, source)
-    batches = sample_batches(
-        source.lengths.size, global_batch, args.steps, groups=source.groups, seed=args.seed
-    )
-    groups = None if source.groups is None else [source.groups[b] for b in batches]
-    return [lengths[batch] for batch in batches], groups, cut, global_batch
 
 
 def _global_batch(args: argparse.Namespace, source: Any) -> int:
@@ -364,13 +278,14 @@ def _with_length_grouped(
     return dataclasses.replace(result, strategies=strategies, plans=plans)
 
 
-def _with_baseline(strategies: tuple[str, ...], baseline: str | None) -> list[str]:
+def _with_baseline(
+    strategies: Sequence[str], baseline: str | None, context_parallel: bool = False
+) -> list[str]:
     if baseline is None:
         return list(strategies)
-    if baseline not in strategy_names():
-        raise ValueError(
-            f"--baseline must be one of {', '.join(strategy_names())}, got {baseline!r}"
-        )
+    names = strategy_names(context_parallel=context_parallel)
+    if baseline not in names:
+        raise ValueError(f"--baseline must be one of {', '.join(names)}, got {baseline!r}")
     return list(strategies) if baseline in strategies else [baseline, *strategies]
 
 
@@ -389,18 +304,24 @@ COLUMNS = (
     "plan ms mean/max",
 )
 DEFAULT_VERSUS = ("round_robin", "token_kk")
-"""Speedup columns shown unless --baseline names another strategy."""
+"""Speedup columns shown unless --baseline names another strategy (with --context-parallel:
+``default_baselines``, static_cp and dynamic_cp_megatron)."""
 
 
 def _print_report(
     result: Any, label: str, time_model_source: str, *, markdown: bool, baseline: str | None
 ) -> None:
-    versus = (
-        (*DEFAULT_VERSUS, baseline)
-        if baseline is not None and baseline not in DEFAULT_VERSUS
-        else DEFAULT_VERSUS
+    context_parallel = result.options.context_parallel
+    default_versus = (
+        DEFAULT_VERSUS if context_parallel is None else default_baselines(result.options)
     )
-    columns = (*COLUMNS, *(f"vs {name}" for name in versus))
+    versus = (
+        (*default_versus, baseline)
+        if baseline is not None and baseline not in default_versus
+        else default_versus
+    )
+    sharded = () if context_parallel is None else ("sharded",)
+    columns = (*COLUMNS, *sharded, *(f"vs {name}" for name in versus))
     rows = [
         (
             name,
@@ -411,6 +332,7 @@ def _print_report(
             f"{stats.cap_violations}",
             f"{stats.mean_microbatches:.1f}",
             f"{stats.planning_ms_mean:.1f} / {stats.planning_ms_max:.1f}",
+            *(() if context_parallel is None else (f"{100 * stats.sharded_fraction:.1f}%",)),
             *(_speedup(stats.speedups.get(other)) for other in versus),
         )
         for name, stats in result.strategies.items()
@@ -426,6 +348,11 @@ def _print_report(
             ""
             if result.options.rank_speeds is None
             else ", rank speeds " + ",".join(f"{x:g}" for x in result.options.rank_speeds)
+        )
+        + (
+            ""
+            if context_parallel is None
+            else f", CP sizes {list(context_parallel.sizes)} (max_tokens per rank and slot)"
         )
     )
     caption = f"time model: {time_model_source}; dataset: {result.lengths.size} samples{truncated}"

@@ -121,21 +121,26 @@ def calibrate_compute(
     groups: ContextParallelGroups,
     microbatches: Sequence[Any],
     *,
-    max_tokens_per_rank: int,
+    max_tokens: int,
     repeats: int = 3,
     timeout: timedelta = DEFAULT_TIMEOUT,
 ) -> TimeModel:
     """A ``TimeModel`` of this executor's whole-sample slots on this machine.
 
     Every rank calls it with the same ``microbatches`` (token lengths, each at most
-    ``max_tokens_per_rank`` tokens). They run ``world`` at a time, one per rank as that rank's
-    only slot (all ranks busy at once, as in training), through :func:`run_step`; each rank's
-    slot time (median of ``repeats`` after a warm-up) is one observation, and the observations
-    of all ranks are fitted with ``TimeModel.fit(relative=True)``. Unlike timing
+    ``max_tokens`` tokens, the per-rank cap). They run ``world`` at a time, one per rank as
+    that rank's only slot (all ranks busy at once, as in training), through :func:`run_step`;
+    each rank's slot time (median of ``repeats`` after a warm-up) is one observation, and the
+    observations of all ranks are fitted with ``TimeModel.fit(relative=True)``. Unlike timing
     ``model(...)`` alone, this includes what the executor adds per slot.
     """
     world = dist.get_world_size()
-    options = ContextParallel(max_tokens_per_rank, sizes=(1,))
+    options = PlanOptions(
+        cost=ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0),
+        max_tokens=max_tokens,
+        context_parallel=ContextParallel(sizes=(1,)),
+        allow_empty=True,
+    )
     generator = torch.Generator().manual_seed(0)
     observations = []
     for first in range(0, len(microbatches) - world + 1, world):
@@ -145,11 +150,10 @@ def calibrate_compute(
         plan = ContextParallelPlan.from_assignment(
             lengths,
             world,
+            options,
             cp_size=np.ones_like(lengths),
             group_start=owner,
             slot_of=np.zeros_like(lengths),
-            context_parallel=options,
-            cost=ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0),
         )
         seconds = _slot_seconds(model, plan, groups, generator, repeats=repeats, timeout=timeout)
         everyone: list[Any] = [None] * world
@@ -166,10 +170,12 @@ def calibrate_piece_overhead(
     context_parallel: ContextParallel,
     batches: Sequence[Any],
     *,
+    max_tokens: int,
     repeats: int = 3,
     timeout: timedelta = DEFAULT_TIMEOUT,
 ) -> ContextParallelTimeModel:
-    """``cost`` with ``piece_overhead_s`` fitted to this executor on this machine.
+    """``cost`` with ``piece_overhead_s`` fitted to this executor on this machine
+    (``max_tokens``: the per-rank cap the batches are planned under).
 
     Every rank calls it with the same arguments. Each batch (token lengths; batches should hold
     about the same tokens in different numbers of samples) runs sharded over all ranks
@@ -188,7 +194,11 @@ def calibrate_piece_overhead(
     residuals, pieces = [], []
     for lengths in batches:
         plan = plan_step(
-            lengths, world, PlanOptions(context_parallel=options, cost=base, strategy="static_cp")
+            lengths,
+            world,
+            PlanOptions(
+                context_parallel=options, max_tokens=max_tokens, cost=base, strategy="static_cp"
+            ),
         )
         seconds = _slot_seconds(model, plan, groups, generator, repeats=repeats, timeout=timeout)
         everyone: list[Any] = [None] * world
@@ -226,27 +236,27 @@ def _slot_seconds(
     return seconds[1:]
 
 
-def piece_overhead_batches(world: int, max_tokens_per_rank: int) -> list[np.ndarray]:
+def piece_overhead_batches(world: int, max_tokens: int) -> list[np.ndarray]:
     """The batches :func:`calibrate_cost_model` fits the piece overhead on: ``world x
-    max_tokens_per_rank`` tokens (one full slot of every rank when sharded over the world) in
+    max_tokens`` tokens (one full slot of every rank when sharded over the world) in
     4, 8, ... up to 128 equal samples, as long as every sample keeps at least 2 tokens per
     member (so every head-tail chunk holds a token)."""
     world = check_int(world, "world", minimum=1)
-    total = world * check_int(max_tokens_per_rank, "max_tokens_per_rank", minimum=1)
+    total = world * check_int(max_tokens, "max_tokens", minimum=1)
     counts = [c for c in (4, 8, 16, 32, 64, 128) if total // c >= 2 * world]
     if len(counts) < 2:
         raise ValueError(
-            f"max_tokens_per_rank = {max_tokens_per_rank} is too small to calibrate the piece "
+            f"max_tokens = {max_tokens} is too small to calibrate the piece "
             f"overhead on {world} ranks: it needs at least 16 tokens per rank"
         )
     return [np.full(count, total // count, dtype=np.int64) for count in counts]
 
 
-def calibration_longest(world: int, max_tokens_per_rank: int) -> int:
+def calibration_longest(world: int, max_tokens: int) -> int:
     """The longest sample :func:`calibrate_cost_model` runs on ``world`` ranks (tokens): the
     model's position table must hold it."""
-    batches = piece_overhead_batches(world, max_tokens_per_rank)
-    return max(max_tokens_per_rank, *(int(batch.max()) for batch in batches))
+    batches = piece_overhead_batches(world, max_tokens)
+    return max(max_tokens, *(int(batch.max()) for batch in batches))
 
 
 def calibrate_cost_model(
@@ -254,6 +264,7 @@ def calibrate_cost_model(
     groups: ContextParallelGroups,
     context_parallel: ContextParallel,
     *,
+    max_tokens: int,
     trials: int = 48,
     repeats: int = 3,
     comm_repeats: int = 5,
@@ -266,7 +277,7 @@ def calibrate_cost_model(
     Every rank calls it with the same arguments, and all get the same model:
 
     1. compute: :func:`calibrate_compute` on ``trials`` varied whole-sample micro-batches of
-       at most ``context_parallel.max_tokens_per_rank`` tokens
+       at most ``max_tokens`` tokens (the per-rank cap)
        (``seqbalance.measure.calibrate.calibration_microbatches`` with ``seed``), each timed
        ``repeats`` times after a warm-up;
     2. communication: :func:`calibrate_comm` over the allowed CP sizes above 1 that divide the
@@ -278,7 +289,7 @@ def calibrate_cost_model(
     above 1 divides the world.
     """
     world = dist.get_world_size()
-    cap = context_parallel.max_tokens_per_rank
+    cap = check_int(max_tokens, "max_tokens", minimum=1)
     sizes = [size for size in context_parallel.usable_sizes(world) if size > 1]
     if not sizes:
         raise ValueError(
@@ -289,7 +300,7 @@ def calibrate_cost_model(
         model,
         groups,
         calibration_microbatches(trials, max_tokens=cap, max_length=cap, seed=seed),
-        max_tokens_per_rank=cap,
+        max_tokens=cap,
         repeats=repeats,
         timeout=timeout,
     )
@@ -313,6 +324,7 @@ def calibrate_cost_model(
         cost,
         context_parallel,
         piece_overhead_batches(world, cap),
+        max_tokens=cap,
         repeats=comm_repeats,
         timeout=timeout,
     )
@@ -341,6 +353,7 @@ class ContextParallelCalibration:
 def calibrate_context_parallel(
     context_parallel: ContextParallel,
     *,
+    max_tokens: int,
     procs: int = 2,
     model_size: str = "small",
     trials: int = 48,
@@ -358,8 +371,9 @@ def calibrate_context_parallel(
     the allowed CP sizes above 1 that divide ``procs``, and the overhead per sharded sample.
 
     Args:
-        context_parallel: The CP sizes and per-rank token cap to calibrate for (its ``comm``
-            must be None: that is what is measured).
+        context_parallel: The CP sizes to calibrate for (its ``comm`` must be None: that is
+            what is measured).
+        max_tokens: The per-rank token cap (tokens one rank holds in one slot).
         procs: Processes (the DPxCP ranks), at least 2.
         model_size: A key of :data:`MODEL_SIZES`.
         trials: Compute micro-batches, at least :data:`MIN_TRIALS`.
@@ -382,6 +396,7 @@ def calibrate_context_parallel(
         )
     if context_parallel.comm is not None:
         raise ValueError("context_parallel.comm must be None: it is what the calibration fits")
+    max_tokens = check_int(max_tokens, "max_tokens", minimum=1)
     procs = check_int(procs, "procs", minimum=2)
     if not [size for size in context_parallel.usable_sizes(procs) if size > 1]:
         raise ValueError(
@@ -405,7 +420,7 @@ def calibrate_context_parallel(
     cost, config = launch(
         _calibrate_context_parallel_rank,
         procs,
-        args=(context_parallel, model_size, trials, repeats, seed, cores, timeout),
+        args=(context_parallel, max_tokens, model_size, trials, repeats, seed, cores, timeout),
         timeout=launch_timeout,
         collective_timeout=timeout,
     )[0]
@@ -414,6 +429,7 @@ def calibrate_context_parallel(
         "cores": list(cores),
         "oversubscribed": procs > len(cores),
         "context_parallel": context_parallel.to_dict(),
+        "max_tokens": max_tokens,
         "model_size": model_size,
         "model_config": config,
         "trials": trials,
@@ -427,6 +443,7 @@ def _calibrate_context_parallel_rank(
     rank: int,
     world_size: int,
     context_parallel: ContextParallel,
+    max_tokens: int,
     model_size: str,
     trials: int,
     repeats: int,
@@ -436,13 +453,14 @@ def _calibrate_context_parallel_rank(
 ) -> tuple[ContextParallelTimeModel, dict[str, Any]]:
     """One process of :func:`calibrate_context_parallel` (run by ``launch``)."""
     pin_process(rank, cores)
-    longest = calibration_longest(world_size, context_parallel.max_tokens_per_rank)
+    longest = calibration_longest(world_size, max_tokens)
     model = TinyCausalTransformer(model_config(model_size, max_position=longest), seed=seed)
     wait = timedelta(seconds=timeout)
     cost = calibrate_cost_model(
         model,
         ContextParallelGroups(timeout=wait),
         context_parallel,
+        max_tokens=max_tokens,
         trials=trials,
         repeats=repeats,
         seed=seed,

@@ -6,7 +6,8 @@ number of micro-batches on every rank, pipeline divisibility and groups that sta
 A request is data: ``PlanOptions`` (frozen, validated, fingerprinted). Strategies, ours and the
 baselines, live in one registry (``register_strategy``, ``strategy_names``). ``plan_epoch``
 splits an epoch into steps (with optional bounded length bucketing) and plans each. Results are
-``StepPlan`` / ``EpochPlan``; ``validate()`` re-checks every invariant. With
+``Plan`` s (``StepPlan``, ``ContextParallelPlan``) and ``EpochPlan``; ``validate()`` re-checks
+every invariant. With
 ``PlanOptions.context_parallel``, samples longer than one rank are sharded over context-parallel
 groups (``seqbalance.plan.context_parallel``, a ``ContextParallelPlan``), through the same
 ``plan_step`` and registry. ``AdaptivePlanner`` plans each step
@@ -18,7 +19,9 @@ from __future__ import annotations
 from seqbalance.plan import _builtins  # noqa: F401  (registers the built-in strategies)
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.adaptive import AdaptivePlanner
-from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
+from seqbalance.plan.base import Plan
+from seqbalance.plan.context_parallel._plan import ContextParallelPlan
+from seqbalance.plan.context_parallel.options import ContextParallel
 from seqbalance.plan.epoch import plan_epoch
 from seqbalance.plan.options import LAYOUTS, OBJECTIVES, ORDERS, PlanOptions, option_names
 from seqbalance.plan.protocols import ContextParallelStrategy, Microbatches, Strategy
@@ -43,6 +46,7 @@ __all__ = [
     "ContextParallelStrategy",
     "EpochPlan",
     "Microbatches",
+    "Plan",
     "PlanOptions",
     "PlanValidationError",
     "Problem",

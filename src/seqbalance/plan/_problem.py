@@ -17,8 +17,9 @@ import numpy as np
 
 from seqbalance.partition import lower_bound as partition_lower_bound
 from seqbalance.plan._caps import packed_keeps_cap
+from seqbalance.plan._fields import GroupedSamples
 from seqbalance.plan._intervals import padded_bound
-from seqbalance.plan._shared import MAX_SLOTS, Microbatches, microbatch_count, unit_numbers
+from seqbalance.plan._shared import MAX_SLOTS, Microbatches, microbatch_count
 from seqbalance.plan.options import PlanOptions, check_rank_speeds
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_SLOTS",
-    "OptionFields",
     "Problem",
     "microbatch_count",
     "objective_value",
@@ -64,79 +64,8 @@ def _per_rank(speeds: Any, dp: int) -> np.ndarray:
     return speeds
 
 
-class OptionFields:
-    """Read-only views of the plan options most code reads (``self.options`` holds them)."""
-
-    options: PlanOptions
-
-    @property
-    def max_tokens(self) -> int | None:
-        """Token cap per micro-batch (``None``: no cap)."""
-        return self.options.max_tokens
-
-    @property
-    def max_vision_patches(self) -> int | None:
-        """Vision-patch cap per micro-batch (``None``: no cap)."""
-        return self.options.max_vision_patches
-
-    @property
-    def layout(self) -> str:
-        """``"packed"`` or ``"padded"``."""
-        return self.options.layout
-
-    @property
-    def micro_batch_size(self) -> int | None:
-        """Most samples per padded micro-batch."""
-        return self.options.micro_batch_size
-
-    @property
-    def num_microbatches(self) -> int | None:
-        """Requested exact micro-batch count per rank."""
-        return self.options.num_microbatches
-
-    @property
-    def min_microbatches(self) -> int:
-        """Least micro-batch count per rank."""
-        return self.options.min_microbatches
-
-    @property
-    def microbatch_multiple(self) -> int:
-        """The micro-batch count is a multiple of this."""
-        return self.options.microbatch_multiple
-
-    @property
-    def objective(self) -> str:
-        """``"step"`` or ``"lockstep"``."""
-        return self.options.objective
-
-    @property
-    def order(self) -> str:
-        """Execution order of the micro-batches."""
-        return self.options.order
-
-    @property
-    def strategy(self) -> str:
-        """Name of the strategy."""
-        return self.options.strategy
-
-    @property
-    def allow_oversize(self) -> bool:
-        """Whether a sample over the cap may have a micro-batch of its own."""
-        return self.options.allow_oversize
-
-    @property
-    def allow_empty(self) -> bool:
-        """Whether empty micro-batches are allowed."""
-        return self.options.allow_empty
-
-    @property
-    def rank_speeds(self) -> tuple[float, ...] | None:
-        """Relative speed of every rank, or ``None`` for equal ranks."""
-        return self.options.rank_speeds
-
-
 @dataclass(frozen=True, eq=False)
-class Problem(OptionFields):
+class Problem(GroupedSamples):
     """Normalised inputs of one ``plan_step`` call.
 
     Attributes:
@@ -157,10 +86,6 @@ class Problem(OptionFields):
     groups: np.ndarray | None
     options: PlanOptions
     parts: SampleParts | None = None
-
-    @property
-    def n(self) -> int:
-        return int(self.lengths.size)
 
     @cached_property
     def speeds(self) -> np.ndarray | None:
@@ -316,26 +241,6 @@ class Problem(OptionFields):
         if self.patches is None:
             return None
         return np.where(self.oversize, self.max_vision_patches, self.patches)
-
-    @cached_property
-    def unit_of_sample(self) -> np.ndarray:
-        """int64 ``[n]``: the unit (group, or the sample itself) of every sample, numbered in
-        order of first appearance (``unit_numbers``)."""
-        return unit_numbers(self.groups, self.n)
-
-    @property
-    def n_units(self) -> int:
-        return self.n if self.groups is None else int(self.unit_of_sample.max(initial=-1)) + 1
-
-    def unit_sums(self, values: np.ndarray) -> np.ndarray:
-        """Per-unit sums of a per-sample array (float64)."""
-        if self.groups is None:
-            return values.astype(np.float64)
-        return np.bincount(self.unit_of_sample, weights=values, minlength=self.n_units)
-
-    @cached_property
-    def unit_counts(self) -> np.ndarray:
-        return np.bincount(self.unit_of_sample, minlength=self.n_units).astype(np.int64)
 
     # ------------------------------------------------------------------ micro-batch counts
     def bins_needed(self, members: np.ndarray) -> int:

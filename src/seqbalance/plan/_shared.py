@@ -84,7 +84,7 @@ def check_within_caps(
             raise ValueError(
                 f"lengths[{i}] = {int(lengths[i])} does not fit: the largest usable CP size "
                 f"{widest} (of n_ranks = {n_ranks}) holds {widest * cap} tokens at "
-                f"max_tokens_per_rank = {cap}"
+                f"max_tokens = {cap} (the per-rank cap)"
             )
         return
     if options.allow_oversize:

@@ -18,6 +18,7 @@ __all__ = [
     "check_lower_bound",
     "check_per_sample",
     "check_rank_arrays",
+    "check_same_loads",
     "microbatch_cost",
     "microbatch_tokens",
     "over_cap",
@@ -60,6 +61,32 @@ def check_load_arrays(costs: object, tokens: object, shape: tuple[int, int]) -> 
         if not isinstance(array, np.ndarray) or array.shape != shape or array.dtype != dtype:
             got = getattr(array, "shape", None), getattr(array, "dtype", None)
             raise PlanValidationError(f"{name} must be {dtype.__name__} {shape}, got {got}")
+
+
+def check_same_loads(
+    tokens: np.ndarray,
+    costs: np.ndarray,
+    expected_tokens: np.ndarray,
+    expected_costs: np.ndarray,
+    *,
+    atol: float = 0.0,
+) -> None:
+    """A plan's ``tokens`` equal, and its ``costs`` are close to (``COST_RTOL``, ``atol``),
+    what its contents imply; else PlanValidationError naming the first cell."""
+    wrong = np.argwhere(tokens != expected_tokens)
+    if wrong.size:
+        r, j = (int(v) for v in wrong[0])
+        raise PlanValidationError(
+            f"tokens[{r}, {j}] = {int(tokens[r, j])}, its contents hold "
+            f"{int(expected_tokens[r, j])} tokens"
+        )
+    close = np.isclose(costs, expected_costs, rtol=COST_RTOL, atol=atol)
+    if not close.all():
+        r, j = (int(v) for v in np.argwhere(~close)[0])
+        raise PlanValidationError(
+            f"costs[{r}, {j}] = {float(costs[r, j])!r}, its contents cost "
+            f"{float(expected_costs[r, j])!r}"
+        )
 
 
 def check_rank_arrays(
@@ -109,37 +136,23 @@ def check_per_sample(name: str, values: np.ndarray, lengths: np.ndarray) -> None
 
 
 class StepPlanChecks:
-    """``validate`` and its checks, mixed into ``StepPlan`` (they read its fields)."""
+    """The data-parallel checks of ``StepPlan.validate`` (``Plan.validate`` runs the shape, the
+    micro-batch count, these, the costs and tokens and the lower bound), mixed into ``StepPlan``
+    (they read its fields)."""
 
-    def validate(self) -> None:
-        """Check every invariant of docs/design.md; raise ``PlanValidationError`` naming the first
-        violation found.
-
-        Checked: shape (``dp_size`` ranks of exactly ``n_microbatches`` int64 arrays); every
-        sample exactly once; ``n_microbatches`` honours ``num_microbatches``,
-        ``min_microbatches`` and ``microbatch_multiple``; no empty micro-batch unless
-        ``allow_empty``; the token cap (and padded micro-batch size) and the vision-patch cap
-        on every micro-batch, a lone over-cap sample only with ``allow_oversize`` (skipped for
-        the caps, not the size, when ``cap_enforced`` is False); groups on one rank; ``costs``
-        and ``tokens`` equal to what the samples imply; ``lower_bound`` not above
-        ``step_cost``.
-        """
-        check_rank_arrays(
-            self.ranks,
-            ("dp_size", self.dp_size),
-            ("n_microbatches", self.n_microbatches),
-            ("micro-batch", "micro-batches"),
-        )
+    def _validate_contents(self) -> None:
+        """Every sample exactly once; no empty micro-batch unless ``allow_empty``; the token
+        cap (and padded micro-batch size) and the vision-patch cap on every micro-batch, a lone
+        over-cap sample only with ``allow_oversize`` (skipped for the caps, not the size, when
+        ``cap_enforced`` is False); groups on one rank; one sample cost per sample."""
         self._validate_coverage(self.n_samples)
-        self._validate_microbatch_count()
         self._validate_vision_patches()
         if not self._within_limits_everywhere():  # the loop names the first violation
             for r, microbatches in enumerate(self.ranks):
                 for j, indices in enumerate(microbatches):
                     self._validate_microbatch(r, j, indices)
         self._validate_groups()
-        self._validate_arrays()
-        check_lower_bound(self.lower_bound, self.step_cost)
+        check_per_sample("sample_costs", self.sample_costs, self.lengths)
 
     def _validate_coverage(self, n: int) -> None:
         parts = [indices for microbatches in self.ranks for indices in microbatches]
@@ -160,9 +173,6 @@ class StepPlanChecks:
             raise PlanValidationError(
                 f"{missing.size} sample(s) missing from the plan, first: sample {int(missing[0])}"
             )
-
-    def _validate_microbatch_count(self) -> None:
-        validate_count(self.n_microbatches, "n_microbatches", self.options)
 
     def _validate_microbatch(self, r: int, j: int, indices: np.ndarray) -> None:
         where = f"rank {r} micro-batch {j}"
@@ -244,25 +254,6 @@ class StepPlanChecks:
                 f"and {int(rank_of[i])} (sample {i})"
             )
 
-    def _validate_arrays(self) -> None:
-        check_load_arrays(self.costs, self.tokens, (self.dp_size, self.n_microbatches))
-        check_per_sample("sample_costs", self.sample_costs, self.lengths)
-        expected_tokens, expected_costs = self._derived_arrays()
-        wrong = np.argwhere(self.tokens != expected_tokens)
-        if wrong.size:
-            r, j = (int(v) for v in wrong[0])
-            raise PlanValidationError(
-                f"tokens[{r}, {j}] = {int(self.tokens[r, j])}, the micro-batch holds "
-                f"{int(expected_tokens[r, j])} tokens"
-            )
-        close = np.isclose(self.costs, expected_costs, rtol=COST_RTOL, atol=0.0)
-        if not close.all():
-            r, j = (int(v) for v in np.argwhere(~close)[0])
-            raise PlanValidationError(
-                f"costs[{r}, {j}] = {float(self.costs[r, j])!r}, the micro-batch costs "
-                f"{float(expected_costs[r, j])!r}"
-            )
-
     def _flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Micro-batch sizes (rank-major), their members concatenated, and each one's start
         and end in that concatenation (``bounds[k]:bounds[k + 1]``); after the shape checks."""
@@ -291,8 +282,9 @@ class StepPlanChecks:
                 return False
         return True
 
-    def _derived_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens and costs every micro-batch implies (after the shape and coverage checks)."""
+    def _derived_loads(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """Tokens and costs every micro-batch implies (after the shape and coverage checks),
+        and the costs' absolute tolerance (none: sums in another order differ by ulps only)."""
         shape = (self.dp_size, self.n_microbatches)
         if self.layout == "packed":  # vectorised: plan_step validates every plan it returns
             sizes, members, bounds = self._flat()
@@ -302,6 +294,7 @@ class StepPlanChecks:
             return (
                 (running[bounds[1:]] - running[bounds[:-1]]).reshape(shape),
                 (self.overhead + sums).reshape(shape),
+                0.0,
             )
         tokens = np.zeros(shape, dtype=np.int64)
         costs = np.zeros(shape, dtype=np.float64)
@@ -311,7 +304,7 @@ class StepPlanChecks:
                 costs[r, j] = microbatch_cost(
                     indices, self.lengths, self.sample_costs, self.overhead, self.layout
                 )
-        return tokens, costs
+        return tokens, costs, 0.0
 
 
 # ---------------------------------------------------------------------- validate's own arithmetic

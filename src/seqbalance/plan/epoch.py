@@ -57,8 +57,12 @@ def plan_epoch(
             ``parts.take(step's dataset indices)``, so images and HSTU fields follow their
             sample (see ``plan_step``).
         global_batch_size: samples per optimizer step (over all ranks), >= 1.
-        dp_size: data-parallel ranks, >= 1.
+        dp_size: data-parallel ranks (with ``context_parallel``: all ranks of the DPxCP
+            domain), >= 1.
         options: the ``PlanOptions`` of every step; ``option_keywords`` are applied on top.
+            With ``context_parallel`` each step is a ``ContextParallelPlan`` over ``dp_size``
+            ranks (the DPxCP domain): samples longer than one rank's cap (``max_tokens``) are
+            sharded over CP groups; every sample still lies in exactly one step.
         groups: a group id per dataset sample; a group stays in one step and on one rank.
         seed, epoch: fix the shuffle (non-negative integers).
         shuffle, drop_last, bucket_window: see above (``bucket_window`` >= 1 or ``None``).
@@ -68,7 +72,7 @@ def plan_epoch(
         ValueError: bad arguments (named), a group larger than ``global_batch_size``, or any
             error ``plan_step`` raises for a step (prefixed with the step number).
     """
-    options = as_options(options, option_keywords, where="plan_epoch")
+    options = as_options(options, option_keywords, where="plan_epoch", context_parallel=True)
     parts = lengths if isinstance(lengths, SampleParts) else None
     lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
     n = lengths.size

@@ -29,7 +29,7 @@ from seqbalance.cost.context_parallel import (
 )
 from seqbalance.cost.context_parallel import cost_from_description as cp_cost_from_description
 from seqbalance.cost.resolve import cost_from_description, describe_cost, resolve_cost
-from seqbalance.plan._cp_options import ContextParallel
+from seqbalance.plan.context_parallel.options import ContextParallel
 from seqbalance.plan.registry import get_strategy
 
 __all__ = [
@@ -68,8 +68,8 @@ class PlanOptions:
             ``seqbalance.defaults.DEFAULT_MODEL``); rejected with any other cost.
         max_tokens: hard cap on the tokens of every micro-batch (padding included for the
             padded layout); ``None``: no cap. With ``context_parallel``: the per-rank cap, the
-            tokens one rank holds in one slot (required; ``ContextParallel.max_tokens_per_rank``
-            is the same cap under its older name: either one fills in the other).
+            tokens one rank holds in one slot (its shares of sharded samples plus its whole
+            samples; required).
         max_vision_patches: hard cap on the vision-encoder patches of every micro-batch (the sum
             of ``SampleParts.vision_patches`` of its samples; packed layout only); ``None``: no
             cap. Planning with it needs samples given as ``SampleParts`` that describe images.
@@ -87,7 +87,7 @@ class PlanOptions:
             micro-batch of its own instead of raising ValueError.
         allow_empty: allow empty micro-batches.
         context_parallel: a ``seqbalance.plan.context_parallel.ContextParallel`` (allowed CP
-            sizes, the per-rank token cap, sharding scheme, communication constants) to plan
+            sizes, sharding scheme, communication constants) to plan
             samples longer than one rank over context-parallel groups; ``plan_step`` then
             returns a ``ContextParallelPlan``. Its strategies are ``balanced``, ``static_cp``
             and ``dynamic_cp_megatron``; the cost must give seconds and K/V sizes (``"flops"``,
@@ -214,35 +214,17 @@ class PlanOptions:
             set_("_cost_model", self._check_context_parallel())
 
     def _check_context_parallel(self) -> Any:
-        """Validate the context-parallel request, the per-rank cap once for both of its names
-        (``max_tokens``, and ``context_parallel.max_tokens_per_rank`` for compatibility: one
-        fills in the other, and both set must agree); return its cost model (seconds, K/V
-        sizes)."""
+        """Validate the context-parallel request (``max_tokens``, the per-rank cap, is
+        required); return its cost model (seconds, K/V sizes)."""
         cp = self.context_parallel
         if not isinstance(cp, ContextParallel):
             raise ValueError(
                 f"context_parallel must be a ContextParallel or None, got {type(cp).__name__}"
             )
         if self.max_tokens is None:
-            if cp.max_tokens_per_rank is None:
-                raise ValueError(
-                    "context_parallel needs the per-rank token cap: set max_tokens (the tokens "
-                    "one rank holds in one slot)"
-                )
-            if cp.max_tokens_per_rank > MAX_TOKENS_LIMIT:
-                raise ValueError(
-                    f"context_parallel.max_tokens_per_rank must be <= 2**53 = "
-                    f"{MAX_TOKENS_LIMIT}, got {cp.max_tokens_per_rank}"
-                )
-            object.__setattr__(self, "max_tokens", cp.max_tokens_per_rank)
-        elif cp.max_tokens_per_rank is None:
-            cp = dataclasses.replace(cp, max_tokens_per_rank=self.max_tokens)
-            object.__setattr__(self, "context_parallel", cp)
-        elif self.max_tokens != cp.max_tokens_per_rank:
             raise ValueError(
-                f"max_tokens = {self.max_tokens} conflicts with context_parallel."
-                f"max_tokens_per_rank = {cp.max_tokens_per_rank}; set one of them (max_tokens "
-                "is the per-rank cap)"
+                "context_parallel needs the per-rank token cap: set max_tokens (the tokens one "
+                "rank holds in one slot)"
             )
         unsupported = {
             "layout": (self.layout, "packed"),
@@ -407,8 +389,8 @@ def as_options(
         result = dataclasses.replace(options, **keywords) if keywords else options
     if result.context_parallel is not None and not context_parallel:
         raise ValueError(
-            f"{where} does not plan context-parallel steps yet: plan each step with "
-            "plan_step(..., context_parallel=...), or compare strategies with "
-            "seqbalance.sim.context_parallel.compare_context_parallel (simulate --context-parallel)"
+            f"{where} does not plan context-parallel steps yet: plan them with "
+            "plan_step(..., context_parallel=...) or plan_epoch, or compare strategies with "
+            "seqbalance.sim.simulate(..., context_parallel=...) (simulate --context-parallel)"
         )
     return result

@@ -12,7 +12,7 @@ from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._shared import check_within_caps
-from seqbalance.plan.context_parallel import ContextParallelPlan
+from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.protocols import Microbatches, checked_microbatches
@@ -147,7 +147,7 @@ def plan_step(
         lengths=lengths,
         sample_costs=sample_costs,
         overhead=overhead,
-        dp_size=dp_size,
+        n_ranks=dp_size,
         n_microbatches=costs.shape[1],
         groups=group_ids,
         options=options,

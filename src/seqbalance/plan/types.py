@@ -1,4 +1,5 @@
-"""Plan result types: ``StepPlan`` (one optimizer step), ``EpochPlan`` (an epoch of steps).
+"""Plan result types: ``StepPlan`` (one data-parallel optimizer step), ``EpochPlan`` (an epoch
+of steps, each a ``Plan``).
 
 A ``StepPlan`` carries everything needed to re-check itself (``validate``), to report on itself
 (``summary``) and to be sent to other processes (``to_json`` / ``from_json``, exact round trip).
@@ -8,17 +9,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
-from seqbalance import __version__
 from seqbalance._validation import check_int
 from seqbalance.cost.resolve import ExternalCost
 from seqbalance.cost.spec import presets
 from seqbalance.plan._document import MALFORMED_ERRORS, PlanDocument, load_document, malformed
-from seqbalance.plan._problem import OptionFields, objective_value, rank_imbalance
+from seqbalance.plan._problem import objective_value
 from seqbalance.plan._step_validation import (
     PlanValidationError,
     StepPlanChecks,
@@ -26,6 +26,7 @@ from seqbalance.plan._step_validation import (
     over_patch_cap,
 )
 from seqbalance.plan._step_validation import validate_count as validate_count  # re-exported
+from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions
 
 __all__ = ["EpochPlan", "PlanValidationError", "StepPlan"]
@@ -35,67 +36,54 @@ _STEP_FORMAT_V1 = "seqbalance.StepPlan/1"
 _EPOCH_FORMAT = "seqbalance.EpochPlan/1"
 
 
-@dataclass(frozen=True, eq=False)
-class StepPlan(OptionFields, StepPlanChecks, PlanDocument):
-    """Which rank and micro-batch every sample of one optimizer step goes to.
+@dataclass(frozen=True, eq=False, kw_only=True)
+class StepPlan(StepPlanChecks, Plan):
+    """Which rank and micro-batch every sample of one optimizer step goes to (a ``Plan``).
 
-    Attributes:
+    Attributes (besides ``Plan``'s: ``costs``, ``tokens``, ``lengths``, ``groups``,
+    ``options``, ``lower_bound``, ``planning_seconds``):
         ranks: ``dp_size`` lists of ``n_microbatches`` int64 arrays of sample positions (indices
             into ``lengths``), each ascending; the list order is the execution order.
         costs: float64 ``[dp_size, n_microbatches]`` predicted micro-batch costs, overhead
             included (unit of the cost model: tokens, FLOPs or seconds).
         tokens: int64 ``[dp_size, n_microbatches]`` tokens per micro-batch (padding included for
             ``layout="padded"``).
-        lengths: int64 ``[n]`` token length of every sample.
         sample_costs: float64 ``[n]`` cost of every sample (cost-model unit, no overhead).
         overhead: fixed cost of every micro-batch, empty ones included (cost-model unit).
-        dp_size, n_microbatches: number of ranks and of micro-batches per rank (M).
-        groups: int64 ``[n]`` group id per sample, or ``None``.
-        options: the ``PlanOptions`` the plan was made with; its fields (``max_tokens``,
-            ``layout``, ``objective``, ``strategy``, ...) are also readable as attributes of the
-            plan, and ``validate`` checks the plan honours them.
+        n_ranks, n_microbatches: number of ranks (``dp_size``) and of micro-batches per rank
+            (M).
         cost_model: a description of the cost model (``"tokens"``, ``"flops:qwen3-8b"``, ...).
         cap_enforced: ``False`` only for strategies whose cap is soft (``token_kk``): their
             over-cap micro-batches are counted in ``summary()["cap_violations"]`` instead of
             failing ``validate``.
-        lower_bound: a lower bound on the ``step_cost`` of every valid plan for the same input
-            and options (cost-model unit, speed-scaled with ``rank_speeds``); for a soft-cap
-            strategy, which may use fewer micro-batches than the cap allows, it counts only the
-            overheads of the micro-batches it uses.
-        planning_seconds: wall time spent planning (excluded from ``==`` and from
-            ``to_json(timing=False)``, so plans can be compared for determinism).
+        lower_bound: speed-scaled with ``rank_speeds``; for a soft-cap strategy, which may use
+            fewer micro-batches than the cap allows, it counts only the overheads of the
+            micro-batches it uses.
         vision_patches: int64 ``[n]`` vision-encoder patches of every sample when the samples
             were ``SampleParts`` that describe images, else ``None``; ``validate`` checks
             ``max_vision_patches`` against them and ``summary`` reports the largest
             micro-batch's patches.
     """
 
-    ranks: list[list[np.ndarray]]
-    costs: np.ndarray
-    tokens: np.ndarray
-    lengths: np.ndarray
+    FORMATS: ClassVar[tuple[str, ...]] = (_STEP_FORMAT, _STEP_FORMAT_V1)
+    _SHAPE_NAMES: ClassVar[tuple[str, str]] = ("dp_size", "n_microbatches")
+
     sample_costs: np.ndarray
     overhead: float
-    dp_size: int
-    n_microbatches: int
-    groups: np.ndarray | None
-    options: PlanOptions
     cost_model: str
     cap_enforced: bool
-    lower_bound: float
-    planning_seconds: float = field(default=0.0)
     vision_patches: np.ndarray | None = None
 
     # ------------------------------------------------------------------ derived figures
     @property
-    def n_samples(self) -> int:
-        """Number of samples in the step."""
-        return int(self.lengths.size)
+    def dp_size(self) -> int:
+        """Data-parallel ranks (``n_ranks``)."""
+        return self.n_ranks
 
     @property
-    def rank_costs(self) -> np.ndarray:
-        """float64 ``[dp_size]``: each rank's total cost (sum of its micro-batch costs)."""
-        return self.costs.sum(axis=1)
+    def cost_model_name(self) -> str:
+        """``cost_model``."""
+        return self.cost_model
 
     @property
     def step_cost(self) -> float:
@@ -133,44 +121,16 @@ class StepPlan(OptionFields, StepPlanChecks, PlanDocument):
         )
 
     def summary(self) -> dict[str, Any]:
-        """Headline figures (costs in the cost-model unit, times in seconds).
+        """Headline figures (``Plan.summary``'s; with ``rank_speeds`` the first four and
+        ``lockstep_cost`` are speed-scaled, cost / speed), and ``lockstep_cost``,
+        ``dp_size``, and ``max_microbatch_vision_patches`` when the samples describe images
+        (``vision_patches`` is set)."""
+        return super().summary()
 
-        Keys: ``step_cost`` (under the plan's objective), ``lower_bound``, ``ratio`` (step_cost /
-        lower_bound, 1.0 when the bound is 0), ``imbalance`` (max / mean rank total),
-        ``max_rank_cost``, ``mean_rank_cost``, ``lockstep_cost``, ``n_microbatches``, ``dp_size``,
-        ``n_samples``, ``tokens`` (incl. padding), ``padding_tokens``, ``max_microbatch_tokens``,
-        ``empty_microbatches``, ``cap_violations``, ``planning_seconds``, ``strategy``,
-        ``objective``, ``layout``, ``order``, ``cost_model``; and ``max_microbatch_vision_patches``
-        when the samples describe images (``vision_patches`` is set). With ``rank_speeds`` the first
-        four and ``lockstep_cost`` are speed-scaled (cost / speed).
-        """
-        rank_costs = self.rank_costs
-        mean = float(rank_costs.mean()) if rank_costs.size else 0.0
-        maximum = float(rank_costs.max()) if rank_costs.size else 0.0
-        step_cost = self.step_cost
-        total_tokens = int(self.tokens.sum())
+    def _summary_extras(self) -> dict[str, Any]:
         figures: dict[str, Any] = {
-            "step_cost": step_cost,
-            "lower_bound": float(self.lower_bound),
-            "ratio": step_cost / self.lower_bound if self.lower_bound > 0 else 1.0,
-            "imbalance": rank_imbalance(rank_costs, self.rank_speeds),
-            "max_rank_cost": maximum,
-            "mean_rank_cost": mean,
             "lockstep_cost": objective_value(self.costs, "lockstep", self.rank_speeds),
-            "n_microbatches": self.n_microbatches,
             "dp_size": self.dp_size,
-            "n_samples": self.n_samples,
-            "tokens": total_tokens,
-            "padding_tokens": total_tokens - int(self.lengths.sum()),
-            "max_microbatch_tokens": int(self.tokens.max()) if self.tokens.size else 0,
-            "empty_microbatches": sum(m.size == 0 for mbs in self.ranks for m in mbs),
-            "cap_violations": self.cap_violations(),
-            "planning_seconds": self.planning_seconds,
-            "strategy": self.strategy,
-            "objective": self.objective,
-            "layout": self.layout,
-            "order": self.order,
-            "cost_model": self.cost_model,
         }
         if self.vision_patches is not None:
             figures["max_microbatch_vision_patches"] = max(
@@ -188,22 +148,15 @@ class StepPlan(OptionFields, StepPlanChecks, PlanDocument):
         ``timing=False`` leaves out ``planning_seconds``: two plans made from the same inputs
         then give byte-identical text.
         """
-        return json.dumps(self._to_dict(timing=timing), separators=(",", ":"))
+        return super().to_json(timing=timing)
 
     def _to_dict(self, *, timing: bool) -> dict[str, Any]:
-        provenance: dict[str, Any] = {
-            "strategy": self.strategy,
-            "cost_model": self.cost_model,
-            "cap_enforced": self.cap_enforced,
-            "lower_bound": float(self.lower_bound),
-            "seqbalance": __version__,
-        }
-        if timing:
-            provenance["planning_seconds"] = float(self.planning_seconds)
         data: dict[str, Any] = {
             "format": _STEP_FORMAT,
             "options": self.options.to_dict(),
-            "provenance": provenance,
+            "provenance": self._provenance(
+                timing=timing, cost_model=self.cost_model, cap_enforced=self.cap_enforced
+            ),
             "dp_size": int(self.dp_size),
             "n_microbatches": int(self.n_microbatches),
             "overhead": float(self.overhead),
@@ -229,38 +182,37 @@ class StepPlan(OptionFields, StepPlanChecks, PlanDocument):
         Raises:
             ValueError: not JSON, not a StepPlan document, or a missing or malformed field.
         """
-        return cls._from_dict(load_document(text, (_STEP_FORMAT, _STEP_FORMAT_V1)))
+        plan = super().from_json(text)
+        assert isinstance(plan, StepPlan)
+        return plan
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> StepPlan:
-        try:
-            if data.get("format") == _STEP_FORMAT_V1:
-                options, provenance = _v1_options(data), data
-            else:
-                options = PlanOptions.from_dict(data["options"])
-                provenance = data["provenance"]
-            dp, m = int(data["dp_size"]), int(data["n_microbatches"])
-            groups = data["groups"]
-            patches = data.get("vision_patches")
-            return cls(
-                ranks=[[np.asarray(ix, dtype=np.int64) for ix in mbs] for mbs in data["ranks"]],
-                costs=np.asarray(data["costs"], dtype=np.float64).reshape(dp, m),
-                tokens=np.asarray(data["tokens"], dtype=np.int64).reshape(dp, m),
-                lengths=np.asarray(data["lengths"], dtype=np.int64),
-                sample_costs=np.asarray(data["sample_costs"], dtype=np.float64),
-                overhead=float(data["overhead"]),
-                dp_size=dp,
-                n_microbatches=m,
-                groups=None if groups is None else np.asarray(groups, dtype=np.int64),
-                options=options,
-                cost_model=str(provenance["cost_model"]),
-                cap_enforced=bool(provenance["cap_enforced"]),
-                lower_bound=float(provenance["lower_bound"]),
-                planning_seconds=float(provenance.get("planning_seconds", 0.0)),
-                vision_patches=None if patches is None else np.asarray(patches, dtype=np.int64),
-            )
-        except MALFORMED_ERRORS as error:
-            raise ValueError(malformed("StepPlan", error)) from None
+        if data.get("format") == _STEP_FORMAT_V1:
+            options, provenance = _v1_options(data), data
+        else:
+            options = PlanOptions.from_dict(data["options"])
+            provenance = data["provenance"]
+        dp, m = int(data["dp_size"]), int(data["n_microbatches"])
+        groups = data["groups"]
+        patches = data.get("vision_patches")
+        return cls(
+            ranks=[[np.asarray(ix, dtype=np.int64) for ix in mbs] for mbs in data["ranks"]],
+            costs=np.asarray(data["costs"], dtype=np.float64).reshape(dp, m),
+            tokens=np.asarray(data["tokens"], dtype=np.int64).reshape(dp, m),
+            lengths=np.asarray(data["lengths"], dtype=np.int64),
+            sample_costs=np.asarray(data["sample_costs"], dtype=np.float64),
+            overhead=float(data["overhead"]),
+            n_ranks=dp,
+            n_microbatches=m,
+            groups=None if groups is None else np.asarray(groups, dtype=np.int64),
+            options=options,
+            cost_model=str(provenance["cost_model"]),
+            cap_enforced=bool(provenance["cap_enforced"]),
+            lower_bound=float(provenance["lower_bound"]),
+            planning_seconds=float(provenance.get("planning_seconds", 0.0)),
+            vision_patches=None if patches is None else np.asarray(patches, dtype=np.int64),
+        )
 
 
 def _v1_options(data: dict[str, Any]) -> PlanOptions:
@@ -294,7 +246,8 @@ class EpochPlan(PlanDocument):
     """The plans of every optimizer step of one epoch.
 
     Attributes:
-        steps: one ``StepPlan`` per step; its indices are positions within that step.
+        steps: one ``Plan`` per step (a ``StepPlan``, or a ``ContextParallelPlan`` with
+            ``context_parallel``); its indices are positions within that step.
         sample_indices: per step, int64 dataset indices of the step's samples (step position
             ``i`` is dataset sample ``sample_indices[step][i]``).
         n_samples: dataset size; global_batch_size, dp_size: as planned.
@@ -302,7 +255,7 @@ class EpochPlan(PlanDocument):
         dropped: int64 dataset indices left out by ``drop_last`` (empty otherwise).
     """
 
-    steps: list[StepPlan]
+    steps: list[Plan]
     sample_indices: list[np.ndarray]
     n_samples: int
     global_batch_size: int
@@ -317,11 +270,13 @@ class EpochPlan(PlanDocument):
     def __len__(self) -> int:
         return len(self.steps)
 
-    def __iter__(self) -> Iterator[StepPlan]:
+    def __iter__(self) -> Iterator[Plan]:
         return iter(self.steps)
 
     def microbatches(self, step: int, rank: int) -> list[np.ndarray]:
-        """Dataset indices of each micro-batch of ``rank`` in ``step``, in execution order.
+        """Dataset indices of each micro-batch of ``rank`` in ``step``, in execution order
+        (with context parallelism: of the samples the rank runs whole or a shard of in each
+        slot).
 
         Raises:
             ValueError: ``step`` or ``rank`` is not an integer in range (named).
@@ -332,8 +287,8 @@ class EpochPlan(PlanDocument):
             raise ValueError(f"step must be in [0, {len(self.steps)}), got {step!r}")
         if not 0 <= rank < self.dp_size:
             raise ValueError(f"rank must be in [0, {self.dp_size}), got {rank!r}")
-        positions = self.sample_indices[step]
-        return [positions[indices] for indices in self.steps[step].ranks[rank]]
+        positions, plan = self.sample_indices[step], self.steps[step]
+        return [positions[plan.samples(rank, j)] for j in range(plan.n_microbatches)]
 
     def rank_indices(self, step: int, rank: int) -> np.ndarray:
         """All dataset indices ``rank`` processes in ``step`` (micro-batches concatenated)."""
@@ -405,7 +360,7 @@ class EpochPlan(PlanDocument):
         data = load_document(text, (_EPOCH_FORMAT,))
         try:
             return cls(
-                steps=[StepPlan._from_dict(step) for step in data["steps"]],
+                steps=[Plan.from_document(step) for step in data["steps"]],
                 sample_indices=[np.asarray(ix, dtype=np.int64) for ix in data["sample_indices"]],
                 dropped=np.asarray(data["dropped"], dtype=np.int64),
                 **{name: data[name] for name in _EPOCH_SCALARS},

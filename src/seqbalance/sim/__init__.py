@@ -10,13 +10,12 @@ from __future__ import annotations
 from seqbalance.sim.batches import sample_batches
 from seqbalance.sim.engine import (
     DEFAULT_MAX_TOKENS,
-    SimulationResult,
-    StrategyResult,
     TruncationWarning,
     default_strategies,
     simulate,
 )
 from seqbalance.sim.plot import plot
+from seqbalance.sim.result import SimulationResult, StrategyResult
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",

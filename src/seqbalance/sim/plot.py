@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from seqbalance.sim.engine import SimulationResult
+    from seqbalance.sim.result import SimulationResult
 
 __all__ = ["plot", "pyplot"]
 

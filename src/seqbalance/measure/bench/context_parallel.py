@@ -6,7 +6,7 @@ the compute of the executor's slots, its K/V gathers and its fixed cost per shar
 (``seqbalance.measure.calibrate_context_parallel.calibrate_cost_model``, what ``seqbalance calibrate
 --context-parallel`` runs). Rank 0 then plans every sampled step with every strategy
 (``static_cp``, ``dynamic_cp_megatron``, ``balanced``) on that model
-(``seqbalance.sim.context_parallel.compare_context_parallel``: the predicted step times), and
+(``seqbalance.sim.simulate`` with ``context_parallel``: the predicted step times), and
 every rank runs the plans with the reference executor
 (``seqbalance.runtime.context_parallel.run_step``), strategies interleaved step by step in a
 rotating order so drift in the machine's speed hits them alike. The measured step time is the
@@ -35,8 +35,7 @@ from seqbalance.cost.context_parallel import (
 from seqbalance.measure.bench.settings import BenchSettings
 from seqbalance.measure.bench.summary import rank_steps, reductions_against
 from seqbalance.measure.calibrate import model_config
-from seqbalance.sim import sample_batches
-from seqbalance.sim.context_parallel import compare_context_parallel
+from seqbalance.sim import sample_batches, simulate
 
 __all__ = ["plan_context_parallel_steps", "summarize_context_parallel", "toy_kv_sizes"]
 
@@ -63,7 +62,7 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
             (``num_microbatches``, ``min_microbatches``, ``microbatch_multiple``) and
             ``allow_empty`` apply to every strategy (``allow_empty`` False: empty slots are
             allowed for all when ``dynamic_cp_megatron`` runs, whose rule needs them; see
-            ``compare_context_parallel``).
+            ``seqbalance.sim.simulate``).
         cost: The model every strategy plans with (its ``comm`` included).
 
     Returns:
@@ -93,13 +92,18 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
         groups=groups,
         seed=settings.seed,
     )
-    return compare_context_parallel(
-        [lengths[batch] for batch in batches],
-        settings.procs,
+    result = simulate(
+        lengths,
         options,
-        groups=None if groups is None else [groups[batch] for batch in batches],
+        groups=groups,
+        dp_size=settings.procs,
+        batches=batches,
         strategies=settings.strategies,
     )
+    if result.failed:  # every strategy is measured on every step: a refusal ends the run
+        name, message = next(iter(result.failed.items()))
+        raise ValueError(f"strategy {name!r} cannot plan {message}")
+    return result
 
 
 def summarize_context_parallel(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:

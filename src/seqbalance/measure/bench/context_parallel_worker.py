@@ -36,7 +36,7 @@ def run_context_parallel_rank(
         raise ValueError("run_context_parallel_rank needs settings with context_parallel")
     pin_process(rank, settings.cores)
     timeout = timedelta(seconds=settings.timeout_seconds)
-    cap = settings.context_parallel.max_tokens_per_rank
+    cap = settings.options.max_tokens
     longest = max(settings.max_position, calibration_longest(world_size, cap))
     config = model_config(settings.model_size, max_position=longest)
     model = TinyCausalTransformer(config, seed=settings.seed)
@@ -47,6 +47,7 @@ def run_context_parallel_rank(
             model,
             groups,
             settings.context_parallel,
+            max_tokens=cap,
             trials=settings.trials,
             repeats=settings.repeats,
             seed=settings.seed,

@@ -333,12 +333,12 @@ class BenchSettings:
         if longest > usable[-1] * cap:
             raise ValueError(
                 f"lengths hold a sample of {longest} tokens, above the largest CP size usable "
-                f"on {self.procs} processes ({usable[-1]}) x max_tokens_per_rank = {cap}"
+                f"on {self.procs} processes ({usable[-1]}) x max_tokens = {cap} (the per-rank cap)"
             )
 
     @property
     def context_parallel(self) -> ContextParallel | None:
-        """``options.context_parallel`` (its ``max_tokens_per_rank`` is ``options.max_tokens``)."""
+        """``options.context_parallel`` (the per-rank cap is ``options.max_tokens``)."""
         return self.options.context_parallel
 
     def context_parallel_options(self, cost: ContextParallelTimeModel) -> PlanOptions:

@@ -8,8 +8,8 @@ stays whole on one rank) and a slot (micro-batch position), so that:
 * every token of every sample is computed exactly once (shard ``s`` of a sample of CP size
   ``cp`` runs on rank ``group_start + s`` and holds the tokens
   :func:`seqbalance.cost.context_parallel.shard_chunks` gives member ``s``);
-* each rank's share in each slot is at most the per-rank cap (``PlanOptions.max_tokens``,
-  mirrored in ``ContextParallel.max_tokens_per_rank``) tokens;
+* each rank's share in each slot is at most the per-rank cap (``PlanOptions.max_tokens``)
+  tokens;
 * all members of a CP group run the sample in the same slot;
 * every rank has the same number of slots (honouring ``num_microbatches``,
   ``min_microbatches``, ``microbatch_multiple``; empty slots only with ``allow_empty``);
@@ -25,24 +25,41 @@ context_parallel=True)``): ``balanced`` (ours), ``static_cp`` (every sample over
 ``n_ranks / cp`` data-parallel groups) and ``dynamic_cp_megatron`` (Megatron-LM's hybrid CP
 rule).
 
-Modules: ``_options`` (``ContextParallel``), ``_plan`` (``ContextParallelPlan``) with its
-checks (``_validate``) and per-rank inputs (``_inputs``), ``_problem`` (the normalised request
-and the schedule strategies build), ``_metrics`` (costs, finish times, bounds), the strategies
-(``_strategies``, ``_megatron``) and ``_planner`` (what ``plan_step`` calls). A strategy of
-context-parallel steps reads a ``CPProblem`` and returns its finalised ``Schedule``.
+Modules: ``options`` (``ContextParallel``, a leaf that ``PlanOptions`` imports), ``_plan``
+(``ContextParallelPlan``) with its checks (``_validate``) and per-rank inputs (``_inputs``),
+``_problem`` (the normalised request and the schedule strategies build), ``_metrics`` (costs,
+finish times, bounds), the strategies (``_strategies``, ``_megatron``) and ``_planner`` (what
+``plan_step`` calls). A strategy of context-parallel steps reads a ``CPProblem`` and returns
+its finalised ``Schedule``.
+
+This package is a lazy facade: its names load on first use, so importing
+``seqbalance.plan.context_parallel.options`` (as ``PlanOptions`` does) does not import the plan
+types that build on ``PlanOptions`` (which would be an import cycle).
 """
 
 from __future__ import annotations
 
-from seqbalance.plan._cp_options import ContextParallel
-from seqbalance.plan.context_parallel._inputs import SlotInputs
-from seqbalance.plan.context_parallel._plan import ContextParallelPlan
-from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
+import importlib
+from typing import Any
 
-__all__ = [
-    "CPProblem",
-    "ContextParallel",
-    "ContextParallelPlan",
-    "Schedule",
-    "SlotInputs",
-]
+_LAZY_NAMES = {
+    "CPProblem": "seqbalance.plan.context_parallel._problem",
+    "ContextParallel": "seqbalance.plan.context_parallel.options",
+    "ContextParallelPlan": "seqbalance.plan.context_parallel._plan",
+    "Schedule": "seqbalance.plan.context_parallel._problem",
+    "SlotInputs": "seqbalance.plan.context_parallel._inputs",
+}
+
+__all__ = sorted(_LAZY_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY_NAMES:
+        raise AttributeError(f"module 'seqbalance.plan.context_parallel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

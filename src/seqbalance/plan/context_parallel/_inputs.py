@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,8 @@ class SlotInputs:
             bottom-right aligned since flash-attn 2.1).
         max_seqlen_q, max_seqlen_k: the longest chunk and the longest key range.
         position_ids: int64 ``[T]``: every local token's position in its sample.
+        lengths: int64 ``[p]``: each piece's sample length (tokens of the whole sample).
+        scheme: how the samples are cut over their groups (``ContextParallel.scheme``).
     """
 
     rank: int
@@ -51,6 +54,8 @@ class SlotInputs:
     max_seqlen_q: int
     max_seqlen_k: int
     position_ids: np.ndarray
+    lengths: np.ndarray
+    scheme: str
 
     @property
     def n_tokens(self) -> int:
@@ -72,7 +77,9 @@ class SlotInputs:
             for cp, start in keys
         ]
 
-    def transformer_engine(self, cp: int, start: int, *, lengths: np.ndarray) -> dict[str, Any]:
+    def transformer_engine(
+        self, cp: int, start: int, *, lengths: np.ndarray | None = None
+    ) -> dict[str, Any]:
         """Inputs of Transformer Engine's THD context parallelism for one CP group of the slot.
 
         TE (``DotProductAttention`` with ``cp_group`` set, ``qkv_format="thd"``) takes the local
@@ -81,20 +88,31 @@ class SlotInputs:
         ``{"token_index": int64 local token positions of the group's pieces, "cu_seqlens":
         int32 global boundaries of the group's samples, "max_seqlen": int}``.
 
+        ``lengths`` (the plan's) is deprecated and not used: the inputs hold each piece's
+        sample length.
+
         Raises:
             ValueError: the group is not in the slot, or a sample length is not a multiple of
                 ``2·cp`` (pad such samples before planning to use TE).
         """
+        if lengths is not None:
+            warnings.warn(
+                "transformer_engine(lengths=...) is deprecated and not used: SlotInputs.lengths "
+                "holds each piece's sample length",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         pieces = np.flatnonzero((self.cp_sizes == cp) & (self.group_starts == start))
         if pieces.size == 0 or cp < 2:
             raise ValueError(f"no CP group of size {cp} at rank {start} in this slot")
-        sample_lengths = lengths[self.samples[pieces]]
+        sample_lengths = self.lengths[pieces]
         uneven = sample_lengths % (2 * cp) != 0
         if uneven.any():
-            i = int(self.samples[pieces][np.argmax(uneven)])
+            k = int(np.argmax(uneven))
             raise ValueError(
-                f"lengths[{i}] = {int(lengths[i])} is not a multiple of 2·cp = {2 * cp}, which "
-                "Transformer Engine's THD context parallelism requires"
+                f"lengths[{int(self.samples[pieces][k])}] = {int(sample_lengths[k])} is not a "
+                f"multiple of 2·cp = {2 * cp}, which Transformer Engine's THD context "
+                "parallelism requires"
             )
         token_index = np.concatenate(
             [np.arange(self.cu_seqlens[k], self.cu_seqlens[k + 1]) for k in pieces.tolist()]

@@ -89,7 +89,7 @@ def _needed_sizes(p: CPProblem) -> np.ndarray:
         size = next((s for s in p.sizes if s >= power), None)
         if size is None:
             raise ValueError(
-                f"lengths[{i}] = {length} needs CP size {power} under max_tokens_per_rank = "
+                f"lengths[{i}] = {length} needs CP size {power} under max_tokens = "
                 f"{p.cap}, above the largest usable size {p.sizes[-1]}"
             )
         out[i] = size

@@ -11,9 +11,10 @@ One definition, used by the strategies (to compare candidates), by ``ContextPara
   every distinct CP group of size > 1 among its pieces, once (one collective per layer gathers
   all of that group's samples in the slot).
 * Step time (lockstep inside CP groups): members of a CP group synchronise at every layer of
-  the slot that runs the sample, so in each slot the ranks linked by shared samples (aligned
-  blocks nest, so these are the largest blocks present) start together, when the last of them
-  is ready, and finish together, after the longest of their slot times. Other ranks run their
+  the slot that runs the sample, so in each slot the ranks linked by shared samples (the
+  groups of the slot, merged where they share a rank: with nested sizes, the largest blocks
+  present) start together, when the last of them is ready, and finish together, after the
+  longest of their slot times. Other ranks run their
   slot on their own. A barrier after a slot makes every rank wait for the slowest. The step
   time is the last rank's finish.
 """
@@ -126,24 +127,40 @@ def finish_times(seconds: np.ndarray, pieces: Pieces, barriers: tuple[int, ...] 
     finish = np.zeros(n_ranks)
     sharded = pieces.cp > 1
     blocks = np.unique(
-        np.stack([pieces.slot[sharded], -pieces.cp[sharded], pieces.start[sharded]], axis=1),
+        np.stack(
+            [
+                pieces.slot[sharded],
+                pieces.start[sharded],
+                pieces.start[sharded] + pieces.cp[sharded],
+            ],
+            axis=1,
+        ),
         axis=0,
-    )  # by slot, then largest block first
+    )  # (slot, first rank, end): by slot, then first rank
     bounds = np.searchsorted(blocks[:, 0], np.arange(n_slots + 1))
     barrier_set = set(barriers)
     for j in range(n_slots):
-        linked = np.zeros(n_ranks, dtype=bool)
         after = finish + seconds[:, j]
-        for _, neg_cp, start in blocks[bounds[j] : bounds[j + 1]].tolist():
-            if linked[start]:
-                continue  # nested in a larger block of this slot, already linked
-            members = slice(start, start - neg_cp)
-            linked[members] = True
+        for first, end in _linked_ranges(blocks[bounds[j] : bounds[j + 1], 1:].tolist()):
+            members = slice(first, end)
             after[members] = finish[members].max() + seconds[members, j].max()
         finish = after
         if j in barrier_set:
             finish[:] = finish.max()
     return finish
+
+
+def _linked_ranges(blocks: list[list[int]]) -> list[tuple[int, int]]:
+    """The ranges of ranks that the CP groups ``[first, end)`` of one slot (sorted by first
+    rank) link together: overlapping groups merge (a rank in two groups links both). Nested
+    blocks give the largest ones."""
+    ranges: list[tuple[int, int]] = []
+    for first, end in blocks:
+        if ranges and first < ranges[-1][1]:
+            ranges[-1] = (ranges[-1][0], max(ranges[-1][1], end))
+        else:
+            ranges.append((first, end))
+    return ranges
 
 
 def lower_bound(

@@ -2,82 +2,78 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
-from seqbalance.cost.context_parallel import (
-    ContextParallelTimeModel,
-    context_parallel_cost,
-    shard_chunks,
-)
-from seqbalance.plan._cp_options import ContextParallel
-from seqbalance.plan._document import MALFORMED_ERRORS, PlanDocument, load_document, malformed
+from seqbalance._validation import as_group_ids, as_lengths, check_int
+from seqbalance.cost.context_parallel import ContextParallelTimeModel, shard_chunks
+from seqbalance.cost.resolve import cost_name
+from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel._inputs import SlotInputs
 from seqbalance.plan.context_parallel._metrics import Pieces, finish_times, lower_bound, slot_loads
-from seqbalance.plan.context_parallel._validate import PlanChecks
+from seqbalance.plan.context_parallel._validate import ContextParallelChecks
+from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.types import PlanValidationError
 
 __all__ = ["ContextParallelPlan"]
 
-_PLAN_FORMAT = "seqbalance.ContextParallelPlan/1"
+_PLAN_FORMAT = "seqbalance.ContextParallelPlan/2"
 
 
-@dataclass(frozen=True, eq=False)
-class ContextParallelPlan(PlanChecks, PlanDocument):
-    """Which CP group and slot every sample of one step runs in, and what that costs.
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ContextParallelPlan(ContextParallelChecks, Plan):
+    """Which CP group and slot every sample of one step runs in, and what that costs (a
+    ``Plan`` whose micro-batches are slots).
 
-    Attributes:
-        slots: ``n_ranks`` lists of ``n_slots`` int64 ``[k, 2]`` arrays: the ``(sample, shard)``
-            pieces each rank runs in each slot, by sample position.
+    Attributes (besides ``Plan``'s: ``n_ranks``, ``n_microbatches``, ``lengths``, ``groups``,
+    ``options``, ``lower_bound``, ``planning_seconds``):
+        ranks: ``n_ranks`` lists of ``n_microbatches`` int64 ``[k, 2]`` arrays: the
+            ``(sample, shard)`` pieces each rank runs in each slot, by sample position (also
+            readable as ``slots``; ``n_slots`` is ``n_microbatches``).
         cp_size: int64 ``[n]``: each sample's CP group size (1: whole).
         group_start: int64 ``[n]``: the first rank of each sample's group (its group is ranks
             ``group_start .. group_start + cp_size − 1``; shard ``s`` runs on rank
             ``group_start + s``).
         costs: float64 ``[n_ranks, n_slots]``: seconds of each rank's slot (see ``_metrics``).
         tokens: int64 ``[n_ranks, n_slots]``: tokens each rank holds in each slot.
-        lengths: int64 ``[n]``; groups: int64 ``[n]`` or None.
-        n_ranks, n_slots: ranks of the DPxCP domain and slots per rank.
         barriers: slots after which every rank waits for all others (``dynamic_cp_megatron``).
-        context_parallel: the options; cost_model: the seconds model the plan was costed with.
-        strategy, objective: how it was planned.
-        allow_empty, min_microbatches, microbatch_multiple, num_microbatches: slot-count options
-            the plan honours.
+        options: the request: ``options.context_parallel`` (also ``context_parallel``) the CP
+            options, ``options.max_tokens`` the per-rank cap, ``options.cost_model`` (also
+            ``time_model``) the seconds model the plan is costed with.
         lower_bound: a lower bound on the step time of any valid plan (seconds).
-        planning_seconds: wall time spent planning (left out of ``==`` and of
-            ``to_json(timing=False)``).
     """
 
-    slots: list[list[np.ndarray]]
+    FORMATS: ClassVar[tuple[str, ...]] = (_PLAN_FORMAT,)
+    _SHAPE_NAMES: ClassVar[tuple[str, str]] = ("n_ranks", "n_slots")
+    _UNIT: ClassVar[tuple[str, str]] = ("slot", "slots")
+    _ROW_SHAPE: ClassVar[tuple[int, ...]] = (2,)
+
     cp_size: np.ndarray
     group_start: np.ndarray
-    costs: np.ndarray
-    tokens: np.ndarray
-    lengths: np.ndarray
-    groups: np.ndarray | None
-    n_ranks: int
-    n_slots: int
     barriers: tuple[int, ...]
-    context_parallel: ContextParallel
-    cost_model: ContextParallelTimeModel
-    strategy: str
-    objective: str
-    allow_empty: bool
-    min_microbatches: int
-    microbatch_multiple: int
-    num_microbatches: int | None
-    lower_bound: float
-    planning_seconds: float = field(default=0.0)
 
     # ------------------------------------------------------------------ derived figures
     @property
-    def n_samples(self) -> int:
-        """Number of samples in the step."""
-        return int(self.lengths.size)
+    def slots(self) -> list[list[np.ndarray]]:
+        """``ranks``: per rank, per slot, the ``(sample, shard)`` pieces it runs."""
+        return self.ranks
+
+    @property
+    def n_slots(self) -> int:
+        """Slots per rank (``n_microbatches``)."""
+        return self.n_microbatches
+
+    @property
+    def time_model(self) -> ContextParallelTimeModel:
+        """The seconds model the plan is costed with (``options.cost_model``)."""
+        return self.options.cost_model
+
+    @property
+    def cost_model_name(self) -> str:
+        """The cost model's name (``ContextParallelTimeModel``)."""
+        return cost_name(self.time_model)
 
     def pieces(self) -> Pieces:
         """Flat arrays of every piece (rank, slot, sample, shard, its CP size and start)."""
@@ -130,30 +126,21 @@ class ContextParallelPlan(PlanChecks, PlanDocument):
         return tuple(range(start, start + int(self.cp_size[i])))
 
     def summary(self) -> dict[str, Any]:
-        """Headline figures (seconds): ``step_cost``, ``lower_bound``, ``ratio``,
-        ``mean_rank_busy`` (mean over ranks of their slots' seconds), ``idle_fraction``
-        (1 − mean busy / step), ``n_slots``, ``n_ranks``, ``n_samples``, ``sharded_samples``,
-        ``cp_sizes`` (samples per CP size), ``empty_slots``, ``max_slot_tokens``,
-        ``planning_seconds``, ``strategy``."""
+        """Headline figures in seconds (``Plan.summary``'s: ``mean_rank_cost`` is the mean
+        over ranks of their slots' seconds, ``empty_microbatches`` counts empty slots), and
+        ``idle_fraction`` (1 − mean rank cost / step), ``sharded_samples`` and ``cp_sizes``
+        (samples per CP size)."""
+        return super().summary()
+
+    def _summary_extras(self) -> dict[str, Any]:
         step = self.step_cost
         busy = self.costs.sum(axis=1)
         mean_busy = float(busy.mean()) if busy.size else 0.0
         sizes, counts = np.unique(self.cp_size, return_counts=True)
         return {
-            "step_cost": step,
-            "lower_bound": float(self.lower_bound),
-            "ratio": step / self.lower_bound if self.lower_bound > 0 else 1.0,
-            "mean_rank_busy": mean_busy,
             "idle_fraction": 1.0 - mean_busy / step if step > 0 else 0.0,
-            "n_slots": self.n_slots,
-            "n_ranks": self.n_ranks,
-            "n_samples": self.n_samples,
             "sharded_samples": int((self.cp_size > 1).sum()),
             "cp_sizes": {int(s): int(c) for s, c in zip(sizes, counts, strict=True)},
-            "empty_slots": sum(len(held) == 0 for rank_slots in self.slots for held in rank_slots),
-            "max_slot_tokens": int(self.tokens.max()) if self.tokens.size else 0,
-            "planning_seconds": self.planning_seconds,
-            "strategy": self.strategy,
         }
 
     def slot_inputs(self, rank: int, slot: int) -> SlotInputs:
@@ -209,6 +196,8 @@ class ContextParallelPlan(PlanChecks, PlanDocument):
             max_seqlen_q=int(sizes.max(initial=0)),
             max_seqlen_k=int(end.max(initial=0)),
             position_ids=positions.astype(np.int64),
+            lengths=self.lengths[samples],
+            scheme=self.context_parallel.scheme,
         )
 
     @classmethod
@@ -216,33 +205,30 @@ class ContextParallelPlan(PlanChecks, PlanDocument):
         cls,
         lengths: Any,
         n_ranks: int,
+        options: PlanOptions,
         *,
         cp_size: Any,
         group_start: Any,
         slot_of: Any,
-        context_parallel: ContextParallel,
-        cost: Any = "flops",
-        model: Any = None,
         groups: Any = None,
-        allow_empty: bool = True,
-        strategy: str = "given",
     ) -> ContextParallelPlan:
         """The plan that runs sample ``i`` on CP group ``group_start[i] .. + cp_size[i] − 1`` in
         slot ``slot_of[i]`` (shard ``s`` on rank ``group_start[i] + s``), costed and validated.
 
         For schedules made elsewhere (another planner, a hand-written test or calibration
-        case). ``n_slots`` is one more than the largest slot. ``cost`` and ``model`` as for
-        ``PlanOptions`` with ``context_parallel``; ``context_parallel.max_tokens_per_rank``
-        must be set (the cap the plan is checked against).
+        case). ``options``: a ``PlanOptions`` with ``context_parallel`` (its ``max_tokens`` is
+        the per-rank cap the plan is checked against; its slot-count options and
+        ``allow_empty`` are checked too; its ``strategy`` is recorded as given).
+        ``n_slots`` is one more than the largest slot.
 
         Raises:
-            ValueError: bad arrays (shape, negative values), no cap, or ``PlanValidationError``
-                when the assignment breaks an invariant (cap, alignment, groups, empty slots).
+            ValueError: bad arrays (shape, negative values), options without
+                ``context_parallel``, or ``PlanValidationError`` when the assignment breaks an
+                invariant (cap, alignment, groups, empty slots, slot count).
         """
-        if context_parallel.max_tokens_per_rank is None:
+        if not isinstance(options, PlanOptions) or options.context_parallel is None:
             raise ValueError(
-                "context_parallel.max_tokens_per_rank must be set: the plan is checked against "
-                "the per-rank cap"
+                f"options must be a PlanOptions with context_parallel set, got {options!r:.120}"
             )
         lengths = as_lengths(lengths, "lengths")
         n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
@@ -273,16 +259,9 @@ class ContextParallelPlan(PlanChecks, PlanDocument):
             lengths,
             n_ranks,
             (cp, start, slot, int(slot.max(initial=0)) + 1),
-            context_parallel,
-            context_parallel_cost(cost, model, comm=context_parallel.comm),
+            options,
             groups=None if groups is None else as_group_ids(groups, lengths.size),
             barriers=(),
-            strategy=strategy,
-            objective="step",
-            allow_empty=check_bool(allow_empty, "allow_empty"),
-            min_microbatches=1,
-            microbatch_multiple=1,
-            num_microbatches=None,
         )
         plan.validate()
         return plan
@@ -293,101 +272,79 @@ class ContextParallelPlan(PlanChecks, PlanDocument):
         lengths: np.ndarray,
         n_ranks: int,
         assignment: tuple[np.ndarray, np.ndarray, np.ndarray, int],
-        context_parallel: ContextParallel,
-        cost_model: ContextParallelTimeModel,
-        **fields: Any,
+        options: PlanOptions,
+        *,
+        groups: np.ndarray | None,
+        barriers: tuple[int, ...],
     ) -> ContextParallelPlan:
         """The plan of ``assignment`` (``cp_size``, ``group_start``, ``slot_of``, ``n_slots``)
-        with its slots, tokens, costs and lower bound derived from the pieces; ``fields`` are
-        the rest (groups, barriers, strategy, options). Not validated."""
+        for the request ``options``, with its slots, tokens, costs and lower bound derived from
+        the pieces. Not validated."""
         cp_size, group_start, slot_of, n_slots = assignment
         pieces = Pieces.from_schedule(cp_size, group_start, slot_of)
-        scheme, cap = context_parallel.scheme, context_parallel.max_tokens_per_rank
-        tokens, costs = slot_loads(pieces, lengths, cost_model, scheme, n_ranks, n_slots)
-        sizes = context_parallel.usable_sizes(n_ranks)
+        model, scheme, cap = options.cost_model, options.context_parallel.scheme, options.max_tokens
+        tokens, costs = slot_loads(pieces, lengths, model, scheme, n_ranks, n_slots)
+        sizes = options.context_parallel.usable_sizes(n_ranks)
         return cls(
-            slots=pieces.per_slot(n_ranks, n_slots),
+            ranks=pieces.per_slot(n_ranks, n_slots),
+            n_ranks=n_ranks,
+            n_microbatches=n_slots,
             cp_size=cp_size,
             group_start=group_start,
             costs=costs,
             tokens=tokens,
             lengths=lengths,
-            n_ranks=n_ranks,
-            n_slots=n_slots,
-            context_parallel=context_parallel,
-            cost_model=cost_model,
+            groups=groups,
+            barriers=barriers,
+            options=options,
             # Infinite when a sample fits no usable size; validate() reports the cause first.
-            lower_bound=lower_bound(lengths, n_ranks, sizes, cap, cost_model, scheme),
-            **fields,
+            lower_bound=lower_bound(lengths, n_ranks, sizes, cap, model, scheme),
         )
 
-    def fingerprint(self) -> str:
-        """sha256 of ``to_json(timing=False)``: ranks compare it before running a step."""
-        return hashlib.sha256(self.to_json(timing=False).encode()).hexdigest()
-
     # ------------------------------------------------------------------ serialisation
-    def to_json(self, *, timing: bool = True) -> str:
-        """The plan as JSON text (exact round trip); ``timing=False`` leaves out
-        ``planning_seconds``, so equal plans give byte-identical text."""
-        data: dict[str, Any] = {
+    def _to_dict(self, *, timing: bool) -> dict[str, Any]:
+        return {
             "format": _PLAN_FORMAT,
+            "options": self.options.to_dict(),
+            "provenance": self._provenance(timing=timing),
+            "n_ranks": int(self.n_ranks),
+            "n_slots": int(self.n_slots),
             "slots": [[held.tolist() for held in rank_slots] for rank_slots in self.slots],
             "cp_size": self.cp_size.tolist(),
             "group_start": self.group_start.tolist(),
+            "barriers": list(self.barriers),
             "costs": self.costs.tolist(),
             "tokens": self.tokens.tolist(),
             "lengths": self.lengths.tolist(),
             "groups": None if self.groups is None else self.groups.tolist(),
-            "barriers": list(self.barriers),
-            "context_parallel": self.context_parallel.to_dict(),
-            "cost_model": self.cost_model.to_dict(),
         }
-        for name in _PLAN_SCALARS:
-            data[name] = getattr(self, name)
-        if timing:
-            data["planning_seconds"] = float(self.planning_seconds)
-        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> ContextParallelPlan:
         """Rebuild a plan written by ``to_json``."""
-        data = load_document(text, (_PLAN_FORMAT,))
-        try:
-            return cls._from_dict(data)
-        except MALFORMED_ERRORS as error:
-            raise ValueError(malformed("ContextParallelPlan", error)) from None
+        plan = super().from_json(text)
+        assert isinstance(plan, ContextParallelPlan)
+        return plan
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> ContextParallelPlan:
         n_ranks, n_slots = int(data["n_ranks"]), int(data["n_slots"])
-        groups = data["groups"]
+        groups, provenance = data["groups"], data["provenance"]
         return cls(
-            slots=[
+            ranks=[
                 [np.asarray(held, dtype=np.int64).reshape(-1, 2) for held in rank_slots]
                 for rank_slots in data["slots"]
             ],
+            n_ranks=n_ranks,
+            n_microbatches=n_slots,
             cp_size=np.asarray(data["cp_size"], dtype=np.int64),
             group_start=np.asarray(data["group_start"], dtype=np.int64),
+            barriers=tuple(int(b) for b in data["barriers"]),
             costs=np.asarray(data["costs"], dtype=np.float64).reshape(n_ranks, n_slots),
             tokens=np.asarray(data["tokens"], dtype=np.int64).reshape(n_ranks, n_slots),
             lengths=np.asarray(data["lengths"], dtype=np.int64),
             groups=None if groups is None else np.asarray(groups, dtype=np.int64),
-            barriers=tuple(data["barriers"]),
-            context_parallel=ContextParallel.from_dict(data["context_parallel"]),
-            cost_model=ContextParallelTimeModel.from_dict(data["cost_model"]),
-            planning_seconds=float(data.get("planning_seconds", 0.0)),
-            **{name: data[name] for name in _PLAN_SCALARS},
+            options=PlanOptions.from_dict(data["options"]),
+            lower_bound=float(provenance["lower_bound"]),
+            planning_seconds=float(provenance.get("planning_seconds", 0.0)),
         )
-
-
-_PLAN_SCALARS = (
-    "n_ranks",
-    "n_slots",
-    "strategy",
-    "objective",
-    "allow_empty",
-    "min_microbatches",
-    "microbatch_multiple",
-    "num_microbatches",
-    "lower_bound",
-)

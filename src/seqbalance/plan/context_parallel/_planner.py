@@ -12,11 +12,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from seqbalance._validation import as_group_ids, as_lengths, check_int
 from seqbalance.plan._shared import check_within_caps
-from seqbalance.plan.context_parallel._metrics import min_cp_sizes
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._problem import CPProblem
 from seqbalance.plan.registry import get_strategy
@@ -61,51 +58,20 @@ def plan_context_parallel(
     lengths = as_lengths(lengths, "lengths")
     n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
-    problem = _problem(lengths, n_ranks, options, group_ids)
+    problem = CPProblem(lengths=lengths, n_ranks=n_ranks, groups=group_ids, options=options)
+    if not problem.sizes:
+        cp = options.context_parallel
+        raise ValueError(f"no CP size in sizes = {list(cp.sizes)} divides n_ranks = {n_ranks}")
+    check_within_caps(lengths, None, options, cp_reach=(problem.sizes[-1], n_ranks))
     schedule = get_strategy(options.strategy).plan_context_parallel(problem)
     plan = ContextParallelPlan.costed(
         lengths,
         n_ranks,
         schedule.arrays(),
-        options.context_parallel,
-        problem.model,
+        options,
         groups=group_ids,
         barriers=tuple(schedule.barriers),
-        strategy=options.strategy,
-        objective=options.objective,
-        allow_empty=options.allow_empty,
-        min_microbatches=options.min_microbatches,
-        microbatch_multiple=options.microbatch_multiple,
-        num_microbatches=options.num_microbatches,
     )
     plan = replace(plan, planning_seconds=time.perf_counter() - start_time)
     plan.validate()  # every strategy's plan, checked against the request before anyone uses it
     return plan
-
-
-def _problem(
-    lengths: np.ndarray, n_ranks: int, options: PlanOptions, groups: np.ndarray | None
-) -> CPProblem:
-    """The ``CPProblem`` of a step: the usable CP sizes and every sample's smallest one.
-
-    Raises:
-        ValueError: no allowed size divides ``n_ranks``, or a sample does not fit the largest
-            usable size at the per-rank cap.
-    """
-    cp = options.context_parallel
-    sizes = cp.usable_sizes(n_ranks)
-    if not sizes:
-        raise ValueError(f"no CP size in sizes = {list(cp.sizes)} divides n_ranks = {n_ranks}")
-    check_within_caps(lengths, None, options, cp_reach=(sizes[-1], n_ranks))
-    cap = options.max_tokens
-    return CPProblem(
-        lengths=lengths,
-        n_ranks=n_ranks,
-        sizes=sizes,
-        cap=cap,
-        scheme=cp.scheme,
-        model=options.cost_model,
-        groups=groups,
-        min_cp=min_cp_sizes(lengths, sizes, cap),
-        options=options,
-    )

@@ -14,43 +14,59 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
-from seqbalance.plan._shared import microbatch_count, unit_numbers
-
-if TYPE_CHECKING:
-    from seqbalance.plan.options import PlanOptions
+from seqbalance.plan._fields import GroupedSamples
+from seqbalance.plan._shared import microbatch_count
+from seqbalance.plan.context_parallel._metrics import min_cp_sizes
+from seqbalance.plan.options import PlanOptions
 
 __all__ = ["CPProblem", "Schedule"]
 
 
 @dataclass(frozen=True, eq=False)
-class CPProblem:
+class CPProblem(GroupedSamples):
     """Normalised inputs of a context-parallel step (what a strategy's
-    ``plan_context_parallel`` reads).
+    ``plan_context_parallel`` reads): the step's samples and groups, the ranks and the request
+    (``options``, whole: its fields are readable as attributes); the rest is derived.
 
-    ``sizes``: the allowed CP sizes that divide ``n_ranks`` (ascending; each divides the next,
-    so aligned blocks nest). ``cap``: the per-rank token cap (``options.max_tokens``).
-    ``min_cp``: per sample, the smallest of the sizes whose largest share fits ``cap``.
-    ``options``: the validated request (slot counts, ``allow_empty``, the strategy).
+    ``sizes``: the allowed CP sizes that divide ``n_ranks`` (ascending). ``cap``: the per-rank
+    token cap (``options.max_tokens``). ``min_cp``: per sample, the smallest of the sizes whose
+    largest share fits ``cap`` (0 where none does). ``model``: the seconds model
+    (``options.cost_model``). ``scheme``: how samples are cut (``context_parallel.scheme``).
     """
 
     lengths: np.ndarray
     n_ranks: int
-    sizes: tuple[int, ...]
-    cap: int
-    scheme: str
-    model: ContextParallelTimeModel
     groups: np.ndarray | None
-    min_cp: np.ndarray
     options: PlanOptions
 
+    @cached_property
+    def sizes(self) -> tuple[int, ...]:
+        """The usable CP sizes (``ContextParallel.usable_sizes(n_ranks)``)."""
+        return self.options.context_parallel.usable_sizes(self.n_ranks)
+
     @property
-    def n(self) -> int:
-        return int(self.lengths.size)
+    def cap(self) -> int:
+        """The per-rank token cap (``options.max_tokens``)."""
+        return self.options.max_tokens
+
+    @property
+    def scheme(self) -> str:
+        """How a sample is cut over its group (``context_parallel.scheme``)."""
+        return self.options.context_parallel.scheme
+
+    @property
+    def model(self) -> ContextParallelTimeModel:
+        """The seconds model (``options.cost_model``)."""
+        return self.options.cost_model
+
+    @cached_property
+    def min_cp(self) -> np.ndarray:
+        """int64 ``[n]``: each sample's smallest usable size that fits the cap (0: none)."""
+        return min_cp_sizes(self.lengths, self.sizes, self.cap)
 
     @property
     def static_size(self) -> int | None:
@@ -115,19 +131,6 @@ class CPProblem:
             out[chosen] = reduce(self.shard_seconds(cp)[chosen], axis=1)
         return out
 
-    @cached_property
-    def unit_of_sample(self) -> np.ndarray:
-        """int64 ``[n]``: the unit (group, or the sample itself) of every sample, numbered in
-        order of first appearance (``unit_numbers``)."""
-        return unit_numbers(self.groups, self.n)
-
-    @cached_property
-    def units(self) -> list[np.ndarray]:
-        """Sample positions of every unit (ascending), in unit order."""
-        unit = self.unit_of_sample
-        order = np.argsort(unit, kind="stable")
-        return np.split(order, np.flatnonzero(np.diff(unit[order])) + 1) if self.n else []
-
 
 class Schedule:
     """Slots of every rank under construction (see the module docstring).
@@ -143,18 +146,31 @@ class Schedule:
         self.start = np.full(p.n, -1, dtype=np.int64)
         self.cp = np.zeros(p.n, dtype=np.int64)
         self.barriers: list[int] = []
+        self.gaps = 0  # empty slots ``append`` left on the shorter members of a block
 
     def append(self, start: int, cp: int, samples: list[int]) -> None:
-        """A new slot running ``samples`` on the block ``start .. start + cp - 1``, whose
-        members must have equally many slots so far."""
+        """A new slot running ``samples`` on the block ``start .. start + cp - 1``, after the
+        last slot of its busiest member. Members with fewer slots get empty slots (gaps) up to
+        there: it happens only with CP sizes that do not divide each other, whose blocks do
+        not nest (``fill_gaps`` moves whole samples into them)."""
         members = self.slots[start : start + cp]
-        count = len(members[0])
-        if any(len(rank) != count for rank in members):
-            raise AssertionError(f"block {start}+{cp} is misaligned: slot counts differ")
+        count = max(len(rank) for rank in members)
         for rank in members:
+            self.gaps += count - len(rank)
+            rank.extend([] for _ in range(count - len(rank)))
             rank.append(samples)  # the same list object: one slot of the group
         self.start[samples] = start
         self.cp[samples] = cp
+
+    def fill_gaps(self) -> None:
+        """Move each rank's last slots, while they hold whole samples only (one-rank slots, free
+        to move), into its empty slots, earliest first."""
+        for rank_slots in self.slots:
+            while True:
+                gaps = [j for j, slot in enumerate(rank_slots) if not slot]
+                if not gaps or not rank_slots[-1] or self.cp[rank_slots[-1][0]] != 1:
+                    break
+                rank_slots[gaps[0]] = rank_slots.pop()
 
     def pack(self, start: int, cp: int, samples: list[int]) -> list[list[int]]:
         """First-fit decreasing of ``samples`` (all of size ``cp``) into slots of the block:

@@ -166,7 +166,10 @@ def _raise_sizes(p: CPProblem, base: np.ndarray, limit: float) -> np.ndarray:
 
 
 def _place(p: CPProblem, cp_size: np.ndarray) -> tuple[Schedule, np.ndarray]:
-    """Step 2 of the module docstring for the given CP sizes."""
+    """Step 2 of the module docstring for the given CP sizes (a narrower sample of a group
+    whose block holds no aligned block of its size, possible only with sizes that do not divide
+    each other, takes the smallest larger size that has one)."""
+    cp_size = cp_size.copy()
     busiest = p.member_seconds(cp_size)
     total = p.total_seconds(cp_size)
     units = p.units
@@ -190,6 +193,10 @@ def _place(p: CPProblem, cp_size: np.ndarray) -> tuple[Schedule, np.ndarray]:
         for i in sorted(members.tolist(), key=lambda i: (-cp_size[i], -busiest[i], i)):
             c = int(cp_size[i])
             first = block if c == widest[u] else _least_loaded_block(load, c, block, widest[u])
+            while first is None:
+                c = next(size for size in p.sizes if size > c)
+                first = _least_loaded_block(load, c, block, widest[u])
+                cp_size[i], busiest[i] = c, p.shard_seconds(c)[i].max()
             start[i] = first
             load[first : first + c] += busiest[i]  # members run in lockstep
     return _schedule(p, cp_size, start)[0], home
@@ -204,6 +211,8 @@ def _schedule(p: CPProblem, cp_size: np.ndarray, start: np.ndarray) -> tuple[Sch
         for first in range(0, p.n_ranks, c):
             samples = np.flatnonzero((cp_size == c) & (start == first)).tolist()
             schedule.pack(first, c, samples)
+    if schedule.gaps:
+        schedule.fill_gaps()
     home = np.tile(np.array([0, p.n_ranks], dtype=np.int64), (p.n, 1))
     if p.groups is not None:
         for members in p.units:
@@ -247,17 +256,23 @@ def _exact_assignment(p: CPProblem) -> tuple[np.ndarray, np.ndarray] | None:
     for members in p.units if p.groups is not None else []:
         widest = cp_size[:, members].max(axis=1, keepdims=True)
         block = start[:, members] // widest
-        feasible &= (block == block[:, :1]).all(axis=1)
+        inside = start[:, members] + cp_size[:, members] <= (block[:, :1] + 1) * widest
+        feasible &= (block == block[:, :1]).all(axis=1) & inside.all(axis=1)
     peak = np.where(feasible, loads.max(axis=1), np.inf)
     best = int(np.argmin(peak))
     return cp_size[best].copy(), start[best].copy()
 
 
-def _least_loaded_block(load: np.ndarray, c: int, first: int, size: int) -> int:
-    """First rank of the ``c``-block inside ``[first, first + size)`` whose busiest member has
-    the least load (ties: the lowest block)."""
-    peaks = load[first : first + size].reshape(-1, c).max(axis=1)
-    return first + c * int(np.argmin(peaks))
+def _least_loaded_block(load: np.ndarray, c: int, first: int, size: int) -> int | None:
+    """First rank of the aligned ``c``-block (first rank a multiple of ``c``) inside
+    ``[first, first + size)`` whose busiest member has the least load (ties: the lowest
+    block); None when no such block fits (``c`` not dividing ``first`` and ``size``)."""
+    lowest = -(-first // c) * c
+    count = (first + size - lowest) // c
+    if count < 1:
+        return None
+    peaks = load[lowest : lowest + count * c].reshape(count, c).max(axis=1)
+    return lowest + c * int(np.argmin(peaks))
 
 
 # ------------------------------------------------------------------ static CP
@@ -276,7 +291,7 @@ def static_size(p: CPProblem, requested: int | None) -> int:
         longest = int(np.argmax(p.lengths))
         raise ValueError(
             f"context_parallel.static_size = {requested} is too small: lengths[{longest}] = "
-            f"{int(p.lengths[longest])} needs CP size {needed} under max_tokens_per_rank = "
+            f"{int(p.lengths[longest])} needs CP size {needed} under max_tokens = "
             f"{p.cap}"
         )
     return requested

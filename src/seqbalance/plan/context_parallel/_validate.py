@@ -5,41 +5,26 @@ from __future__ import annotations
 import numpy as np
 
 from seqbalance.cost.context_parallel import shard_chunks
-from seqbalance.plan._step_validation import (
-    COST_RTOL,
-    PlanValidationError,
-    check_load_arrays,
-    check_lower_bound,
-    check_per_sample,
-    check_rank_arrays,
-    validate_count,
-)
+from seqbalance.plan._step_validation import PlanValidationError, check_per_sample
 from seqbalance.plan.context_parallel._metrics import Pieces, slot_loads
 
-__all__ = ["PlanChecks"]
+__all__ = ["ContextParallelChecks"]
 
 
-class PlanChecks:
-    """``validate()`` of ``ContextParallelPlan`` (the fields it reads are the plan's)."""
+class ContextParallelChecks:
+    """The context-parallel checks of ``ContextParallelPlan.validate`` (``Plan.validate`` runs
+    the shape, the slot count, these, the costs and tokens and the lower bound), mixed into
+    the plan (they read its fields, ``n_samples`` and ``pieces()``)."""
 
-    # It reads the plan's fields, ``n_samples``, ``step_cost`` and ``pieces()``.
-
-    def validate(self) -> None:
-        """Check every invariant (DESIGN.md, 1-7 with context parallelism); raise
-        ``PlanValidationError`` naming the first violation.
-
-        Checked: shape (``n_ranks`` ranks of ``n_slots`` ``[k, 2]`` int64 arrays) and the
-        slot-count options; per sample an allowed CP size that divides ``n_ranks`` and an
-        aligned block inside the ranks; every piece names a valid sample and shard, sits on rank
-        ``group_start + shard``, and every shard of every sample appears exactly once (so every
-        token is computed exactly once: the scheme's chunks of the shards tile the sample),
-        all in one slot; no empty slot unless ``allow_empty``; every slot within
-        ``max_tokens_per_rank`` on every rank; groups inside the block of their widest sample;
-        barriers within range; ``costs`` and ``tokens`` equal to what the pieces imply;
-        ``lower_bound`` not above ``step_cost``.
-        """
+    def _validate_contents(self) -> None:
+        """The invariants of DESIGN.md 1-7 with context parallelism: per sample an allowed CP
+        size that divides ``n_ranks`` and an aligned block inside the ranks; every piece names
+        a valid sample and shard, sits on rank ``group_start + shard``, and every shard of every
+        sample appears exactly once (so every token is computed exactly once: the scheme's
+        chunks of the shards tile the sample), all in one slot; no empty slot unless
+        ``allow_empty``; groups inside the block of their widest sample; barriers within
+        range."""
         n, n_ranks, n_slots = self.n_samples, self.n_ranks, self.n_slots
-        self._validate_shape()
         self._validate_groups_of_samples()
         pieces = self.pieces()
         self._validate_pieces(pieces, n)
@@ -50,17 +35,6 @@ class PlanChecks:
         if empty and not self.allow_empty:
             r, j = empty[0]
             raise PlanValidationError(f"rank {r} slot {j} is empty and allow_empty is False")
-        tokens, costs = slot_loads(
-            pieces, self.lengths, self.cost_model, self.context_parallel.scheme, n_ranks, n_slots
-        )
-        cap = self.context_parallel.max_tokens_per_rank
-        over = np.argwhere(tokens > cap)
-        if over.size:
-            r, j = (int(v) for v in over[0])
-            raise PlanValidationError(
-                f"rank {r} slot {j} holds {int(tokens[r, j])} tokens, above "
-                f"max_tokens_per_rank = {cap}"
-            )
         self._validate_groups()
         if any(not 0 <= b < n_slots for b in self.barriers) or list(self.barriers) != sorted(
             set(self.barriers)
@@ -68,18 +42,31 @@ class PlanChecks:
             raise PlanValidationError(
                 f"barriers {list(self.barriers)} must be ascending slots < {n_slots}"
             )
-        self._validate_arrays(tokens, costs)
-        check_lower_bound(self.lower_bound, self.step_cost)
 
-    def _validate_shape(self) -> None:
-        check_rank_arrays(
-            self.slots,
-            ("n_ranks", self.n_ranks),
-            ("n_slots", self.n_slots),
-            ("slot", "slots"),
-            row_shape=(2,),
+    def _validate_derived(self, tokens: np.ndarray) -> None:
+        """Every slot within ``max_tokens`` (the per-rank cap) on every rank (``tokens``: what
+        the pieces hold)."""
+        cap = self.max_tokens
+        over = np.argwhere(tokens > cap)
+        if over.size:
+            r, j = (int(v) for v in over[0])
+            raise PlanValidationError(
+                f"rank {r} slot {j} holds {int(tokens[r, j])} tokens, above the per-rank cap "
+                f"max_tokens = {cap}"
+            )
+
+    def _derived_loads(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """Tokens and seconds the pieces imply (after ``_validate_contents``), and the seconds'
+        absolute tolerance."""
+        tokens, costs = slot_loads(
+            self.pieces(),
+            self.lengths,
+            self.time_model,
+            self.context_parallel.scheme,
+            self.n_ranks,
+            self.n_slots,
         )
-        validate_count(self.n_slots, "n_slots", self)
+        return tokens, costs, 1e-15
 
     def _validate_groups_of_samples(self) -> None:
         n = self.n_samples
@@ -194,20 +181,4 @@ class PlanChecks:
                 f"group {int(ids[g])} is not inside one block of {int(widest[g])} rank(s): sample "
                 f"{i} runs on ranks {int(self.group_start[i])}..."
                 f"{int(self.group_start[i] + self.cp_size[i] - 1)}"
-            )
-
-    def _validate_arrays(self, tokens: np.ndarray, costs: np.ndarray) -> None:
-        check_load_arrays(self.costs, self.tokens, (self.n_ranks, self.n_slots))
-        wrong = np.argwhere(self.tokens != tokens)
-        if wrong.size:
-            r, j = (int(v) for v in wrong[0])
-            raise PlanValidationError(
-                f"tokens[{r}, {j}] = {int(self.tokens[r, j])}, the pieces hold {int(tokens[r, j])}"
-            )
-        wrong = np.argwhere(~np.isclose(self.costs, costs, rtol=COST_RTOL, atol=1e-15))
-        if wrong.size:
-            r, j = (int(v) for v in wrong[0])
-            raise PlanValidationError(
-                f"costs[{r}, {j}] = {float(self.costs[r, j])!r}, the pieces cost "
-                f"{float(costs[r, j])!r}"
             )
