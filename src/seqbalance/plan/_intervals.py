@@ -184,7 +184,9 @@ class Intervals:
         k = min(k, self.n)
         if self.n == 0 or self._work(k) > _WORK:
             return None
-        take = np.minimum(self.take, np.floor(cap / np.maximum(self.least, 1e-300)))
+        # A relative 1e-9 of slack: ``cap`` may be a bound less its overheads (rounding).
+        fits = np.floor(cap * (1 + 1e-9) / np.maximum(self.least, 1e-300))
+        take = np.minimum(self.take, fits)
         take = np.maximum(take, 0).astype(np.int64)
         f = np.full(self.n + 1, np.inf)
         f[0] = 0.0
@@ -245,9 +247,8 @@ def _monotone_minima(
         if cols.size:
             left = best[np.maximum(cols - step, 0)]
             right = best[np.minimum(cols + step, n + 1)]
-            low = np.maximum(left, lo[cols])
-            high = np.minimum(right, cols - 1)
-            high = np.maximum(high, low)
+            low = np.minimum(np.maximum(left, lo[cols]), n - 1)
+            high = np.maximum(np.minimum(right, cols - 1), low)
             counts = high - low + 1
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
             rows = np.repeat(low - starts, counts) + np.arange(int(counts.sum()))
