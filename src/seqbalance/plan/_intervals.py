@@ -15,8 +15,9 @@ then a cut of that order into ``K = dp x M`` intervals and a deal of the interva
 dynamic program over the cut points, one layer per interval (the cost ``size x cost(first)`` is
 Monge, so each layer's best cuts move monotonically; vectorised). Any plan with ``M``
 micro-batches per rank costs at least ``least_total(dp x M) / dp`` on its costliest rank (and
-in lockstep, whose positions cost at least their mean), and its first interval holds the longest
-sample and at least ``n - (K - 1) x micro_batch_size`` samples.
+in lockstep, whose positions cost at least their mean); and the rank holding the longest
+sample's interval pays for it and for ``M - 1`` more, each at least ``n - (K - 1) x``
+(the most an interval holds) samples long (``Intervals.first_rank``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-__all__ = ["Intervals", "count_bound", "padded_bound"]
+__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound"]
 
 _SHIFTS = 48
 """Layers whose longest interval has at most this many samples are computed by shifts (one
@@ -44,6 +45,10 @@ class Problem(Protocol):
     lengths: np.ndarray
     sample_costs: np.ndarray
     overhead: float
+    groups: np.ndarray | None
+    speeds: np.ndarray | None
+    layout: str
+    objective: str
     oversize: np.ndarray
     n: int
     dp: int
@@ -54,6 +59,8 @@ class Problem(Protocol):
 
     @property
     def least_sample_costs(self) -> np.ndarray: ...
+
+    def lower_bound(self, m_lower: int, *, capped: bool = True) -> float: ...
 
 
 _OF: WeakKeyDictionary[Problem, Intervals] = WeakKeyDictionary()
@@ -70,8 +77,21 @@ def count_bound(p: Problem, m: int) -> float:
     total = intervals.least_total(k)
     if total is None:
         return 0.0
-    first = intervals.first_size(k) * float(intervals.least[0]) if intervals.n else 0.0
-    return max(total / p.dp, first) + m * p.overhead
+    bound = max(total / p.dp, intervals.first_rank(k, m))
+    if p.objective == "lockstep":
+        bound = max(bound, intervals.tier_maxima(k, p.dp))
+    return bound + m * p.overhead
+
+
+def bound_at_count(p: Problem, m: int, *, capped: bool = True) -> float:
+    """A lower bound on the step cost of any valid plan of ``p`` with exactly ``m``
+    micro-batches per rank (``capped=False``: keeping every limit but the token cap):
+    ``Problem.lower_bound(m)`` and, for the padded layout without groups or rank speeds,
+    ``count_bound``."""
+    bound = p.lower_bound(m, capped=capped)
+    if p.layout == "padded" and capped and p.groups is None and p.speeds is None:
+        bound = max(bound, count_bound(p, m))
+    return bound
 
 
 def padded_bound(p: Problem, m_lower: int) -> float:
@@ -127,13 +147,31 @@ class Intervals:
         self.take = np.maximum(take, 1)
         self._totals: list[float] = [0.0 if n == 0 else np.inf]
 
-    def first_size(self, k: int) -> int:
-        """The fewest samples the first of ``k`` intervals holds (the others hold at most
-        ``take`` each)."""
-        if k <= 1:
-            return self.n
-        rest = np.sort(self.take)[::-1][: k - 1].sum()
-        return max(1, self.n - int(rest))
+    def tier_maxima(self, k: int, dp: int) -> float:
+        """A lower bound on the lockstep cost (least costs, no overhead) of ``k`` intervals
+        dealt to ``dp`` ranks: the ``j``-th interval (by position) starts no later than ``j``
+        times the most an interval holds and holds at least the fewest, so it costs at least
+        ``fewest x least[j x most]``; at least ``t x dp + 1`` intervals cost that much for
+        ``j = t x dp``, so position ``t``'s costliest micro-batch does."""
+        if self.n == 0:
+            return 0.0
+        widest = int(self.take.max())
+        fewest = max(1, self.n - (k - 1) * widest)
+        starts = np.minimum(np.arange(0, k, dp) * widest, self.n - 1)
+        return fewest * float(self.least[starts].sum())
+
+    def first_rank(self, k: int, m: int) -> float:
+        """A lower bound on the samples' cost (least costs, no overhead) of the rank holding
+        the first of ``k`` intervals with ``m`` of them: the first holds the longest sample and
+        at least ``n - (k - 1) x (most any interval holds)`` samples; each of its other ``m - 1``
+        holds at least that many and, ``q``-th from the end, starts no later than ``q`` of
+        them before the end."""
+        if self.n == 0:
+            return 0.0
+        widest = int(self.take.max())
+        fewest = max(1, self.n - (k - 1) * widest)
+        starts = np.maximum(self.n - fewest * np.arange(1, m), 0)
+        return fewest * float(self.least[0] + self.least[starts].sum())
 
     def least_total(self, k: int) -> float | None:
         """The least total cost (least sample costs, no overhead) of cutting the samples into
@@ -194,6 +232,8 @@ class Intervals:
         for _ in range(k):
             g, start = _best_starts(f, self.least, take)
             better = g < f
+            if not better.any():
+                break  # one more interval helps nowhere, so no later one does
             choices.append(np.where(better, start, -1))
             f = np.where(better, g, f)
         if not np.isfinite(f[-1]):
@@ -222,8 +262,22 @@ class Intervals:
 def _best_starts(
     f: np.ndarray, costs: np.ndarray, take: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``_monotone_minima`` and the start that attains each (where finite)."""
-    return _monotone_minima(f, costs, take, with_starts=True)  # type: ignore[return-value]
+    """``_monotone_minima`` and the start that attains each (where finite): by shifts when no
+    interval may hold more than ``_SHIFTS`` samples."""
+    widest = int(take.max(initial=0))
+    if widest > _SHIFTS:
+        return _monotone_minima(f, costs, take, with_starts=True)  # type: ignore[return-value]
+    n = costs.size
+    h = np.full(n + 1, np.inf)
+    best = np.zeros(n + 1, dtype=np.int64)
+    for size in range(1, widest + 1):
+        start = np.flatnonzero(take[: n - size + 1] >= size)
+        candidate = f[start] + size * costs[start]
+        end = start + size
+        lower = candidate < h[end]
+        h[end[lower]] = candidate[lower]
+        best[end[lower]] = start[lower]
+    return h, best
 
 
 def _monotone_minima(

@@ -138,11 +138,12 @@ class _State:
     # ---------------------------------------------------------------- moves
     def step(self) -> bool:
         """Apply the best improving move; False when none improves."""
-        cut_move = self._best_cut_move()
-        swap = None if self.lockstep else self._best_swap()
+        moves = [self._best_cut_move(), self._best_relocation()]
+        if not self.lockstep:
+            moves.append(self._best_swap())
         current = self._current_key()
         best = min(
-            (move for move in (cut_move, swap) if move is not None),
+            (move for move in moves if move is not None),
             key=lambda move: move[0],
             default=None,
         )
@@ -155,6 +156,15 @@ class _State:
         if self.lockstep:
             return self.value(), 0.0
         return self._key(self.loads)
+
+    def _hot(self) -> np.ndarray:
+        """bool ``[K]``: the intervals that set the objective (the costliest rank's;
+        ``lockstep``: the costliest of every cost tier)."""
+        if self.lockstep:
+            hot = np.zeros(self.k, dtype=bool)
+            hot[np.argsort(-self.cost, kind="stable")[:: self.p.dp]] = True
+            return hot
+        return self.rank == int(np.argmax(self.loads))
 
     def _best_cut_move(self) -> tuple[tuple[float, float], object] | None:
         y, d = self._cut_candidates()
@@ -190,12 +200,7 @@ class _State:
         """Cuts next to an interval that matters (on the costliest rank; lockstep: a tier's
         costliest) moved by ``d`` samples, where both intervals stay non-empty and within
         their caps."""
-        if self.lockstep:
-            order = np.argsort(-self.cost, kind="stable")
-            hot = np.zeros(self.k, dtype=bool)
-            hot[order[:: self.p.dp]] = True
-        else:
-            hot = self.rank == int(np.argmax(self.loads))
+        hot = self._hot()
         near = np.flatnonzero(hot[:-1] | hot[1:]) + 1  # cut y separates y - 1 and y
         if near.size == 0:
             return near, near
@@ -213,6 +218,64 @@ class _State:
         ok &= left <= take[self.cuts[y - 1]]
         ok &= right <= take[np.minimum(new_cut, self.iv.n - 1)]
         return y[ok], d[ok]
+
+    def _best_relocation(self) -> tuple[tuple[float, float], object] | None:
+        """An interval that matters merged into a neighbour, its rank taking instead the last
+        sample of the order, split off the last interval: a costly short interval moves to
+        where samples cost least."""
+        sizes = np.diff(self.cuts)
+        last = self.k - 1
+        if self.k < 3 or sizes[last] < 2:
+            return None
+        hot = self._hot()
+        hot[last] = False
+        hot_j = np.flatnonzero(hot)
+        j = np.concatenate([hot_j[hot_j >= 1], hot_j[hot_j + 1 < last]])
+        into = np.concatenate([hot_j[hot_j >= 1] - 1, hot_j[hot_j + 1 < last] + 1])
+        first = self.cuts[np.minimum(j, into)]
+        merged = sizes[j] + sizes[into]
+        ok = merged <= self.iv.take[first]
+        j, into, first, merged = j[ok], into[ok], first[ok], merged[ok]
+        if j.size == 0:
+            return None
+        w_into = self._interval_costs(first, merged)
+        w_last = float(
+            self._interval_costs(self.cuts[last : last + 1], sizes[last : last + 1] - 1)[0]
+        )
+        w_new = float(self._interval_costs(np.array([self.iv.n - 1]), np.array([1]))[0])
+        rows = np.arange(j.size)
+        if self.lockstep:
+            costs = np.repeat(np.append(self.cost, w_new)[None, :], j.size, axis=0)
+            costs[rows, into] = w_into
+            costs[:, last] = w_last
+            costs[rows, j] = -np.inf  # merged away: sorts last and is dropped
+            values = _lockstep(costs, self.p.dp, drop=1)
+            keys = np.stack([values, np.zeros_like(values)], axis=1)
+        else:
+            loads = np.repeat(self.loads[None, :], j.size, axis=0)
+            np.add.at(loads, (rows, self.rank[j]), w_new - self.cost[j])
+            np.add.at(loads, (rows, self.rank[into]), w_into - self.cost[into])
+            np.add.at(loads, (rows, np.full(j.size, self.rank[last])), w_last - self.cost[last])
+            keys = np.stack([loads.max(axis=1), (loads * loads).sum(axis=1)], axis=1)
+        i = int(np.lexsort((keys[:, 1], keys[:, 0]))[0])
+        key = (float(keys[i, 0]), float(keys[i, 1]))
+
+        def apply() -> None:
+            at_j, at_into = int(j[i]), int(into[i])
+            low = min(at_j, at_into)
+            cuts, cost, rank = self.cuts.tolist(), self.cost.tolist(), self.rank.tolist()
+            owner, keeper = rank[at_j], rank[at_into]
+            del cuts[low + 1]
+            cost[low : low + 2] = [float(w_into[i])]
+            rank[low : low + 2] = [keeper]
+            cost[-1] = w_last
+            cuts.insert(len(cuts) - 1, self.iv.n - 1)
+            self.cuts = np.asarray(cuts, dtype=np.int64)
+            self.cost = np.asarray([*cost, w_new])
+            self.rank = np.asarray([*rank, owner], dtype=np.int64)
+            self.loads = np.bincount(self.rank, weights=self.cost, minlength=self.p.dp)
+
+        return key, apply
 
     def _best_swap(self) -> tuple[tuple[float, float], object] | None:
         a = int(np.argmax(self.loads))
@@ -273,11 +336,11 @@ class _State:
         return result
 
 
-def _lockstep(rows: np.ndarray, dp: int) -> np.ndarray:
-    """Per row of interval costs: the sum of every ``dp``-th cost sorted heaviest first (the
-    lockstep cost of the intervals dealt by cost tier)."""
+def _lockstep(rows: np.ndarray, dp: int, drop: int = 0) -> np.ndarray:
+    """Per row of interval costs: the sum of every ``dp``-th cost sorted heaviest first, the
+    last ``drop`` left out (the lockstep cost of the intervals dealt by cost tier)."""
     ordered = -np.sort(-rows, axis=1)
-    return ordered[:, ::dp].sum(axis=1)
+    return ordered[:, : rows.shape[1] - drop : dp].sum(axis=1)
 
 
 def _better(key: tuple[float, float], current: tuple[float, float]) -> bool:

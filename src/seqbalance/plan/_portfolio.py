@@ -16,6 +16,7 @@ from seqbalance.plan._budget import (
     RIVALS_WITHOUT_BOUND_SAMPLES,
     RIVALS_WITHOUT_BOUND_WORK,
 )
+from seqbalance.plan._intervals import bound_at_count
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan.protocols import Microbatches, Strategy, checked_microbatches
@@ -89,6 +90,10 @@ class Portfolio:
             return plan
         rivals = _rivals()
         admitted = _budget.admitted(p, rivals)
+        if p.layout == "padded":
+            # The stacks' dear schedulers plan a padded step with the one count its
+            # micro_batch_size gives (ours): plans of that count cost at least this.
+            bound = max(bound, bound_at_count(p, len(plan[0])))
         every = value > bound * (1 + _budget.budget_gap(p))  # a skipped rival could win more
         # The partition engine's split (a search of its own) runs where every rival does.
         engine = every or not _budget.beyond_budget(p, rivals)

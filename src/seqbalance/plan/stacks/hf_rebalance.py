@@ -129,21 +129,20 @@ def _top_up(
     """Before a tier freezes: each of its other groups takes samples, one at a time, from the
     cheapest unfrozen group outside the tier holding two or more, while its cost projected at its
     current longest length stays within ``ceiling``."""
+    outside = np.ones(counts.size, dtype=bool)  # neither frozen nor in the tier
+    outside[list(frozen | tier)] = False
     for group in tier:
         if group in frozen or group == pivot:
             continue
         while True:
-            costs = _costs(counts, lengths)
             longest = int(lengths[int(counts[:group].sum())])
             size = int(counts[group]) + 1
             if size * longest + QUADRATIC_COST_COEF * size * longest * longest > ceiling:
                 break
-            donors = [
-                i for i in range(counts.size) if i not in frozen and i not in tier and counts[i] > 1
-            ]
-            if not donors:
+            donors = np.flatnonzero(outside & (counts > 1))
+            if donors.size == 0:
                 break
-            donor = donors[int(np.argmin(costs[donors]))]
+            donor = donors[int(np.argmin(_costs(counts, lengths)[donors]))]
             counts[group] += 1
             counts[donor] -= 1
 
