@@ -8,6 +8,10 @@ whose micro-batches are such runs) the search repeatedly applies the best of:
 - moving a cut by ``d`` samples (1, 2, 4, ... both ways) between two neighbouring intervals: the
   padded maximum changes where an interval gains or loses its longest sample, and a sample
   that dominates ends up alone (or with few others) in its interval;
+- passing a sample along a chain of full intervals to the nearest one with room (where the caps
+  bind, a run between full ones cannot shrink otherwise);
+- merging a costly interval into its neighbour, its rank taking instead the last sample of the
+  order (the cheapest);
 - (``step``) swapping two intervals between the costliest rank and another;
 
 that lowers the objective: ``step``, the costliest rank's total (ties: the sum of squared rank
@@ -138,7 +142,7 @@ class _State:
     # ---------------------------------------------------------------- moves
     def step(self) -> bool:
         """Apply the best improving move; False when none improves."""
-        moves = [self._best_cut_move(), self._best_relocation()]
+        moves = [self._best_cut_move(), self._best_relocation(), self._best_chain()]
         if not self.lockstep:
             moves.append(self._best_swap())
         current = self._current_key()
@@ -277,6 +281,51 @@ class _State:
 
         return key, apply
 
+    def _best_chain(self) -> tuple[tuple[float, float], object] | None:
+        """An interval that matters passes one sample along a chain of full neighbours to the
+        nearest interval with room: to the right (its last sample; every interval between
+        starts one sample earlier) or to the left (its first sample; every interval between
+        starts one later). Where caps bind, cut moves alone cannot shrink a run between full
+        ones."""
+        sizes = np.diff(self.cuts)
+        room = sizes < self.iv.take[self.cuts[:-1]]  # another sample at its end fits
+        best: tuple[tuple[float, float], np.ndarray, np.ndarray] | None = None
+        for x in np.flatnonzero(self._hot()).tolist():
+            if sizes[x] < 2:
+                continue
+            for y in (_nearest(room, x, 1), _nearest(room, x, -1)):
+                if y is None:
+                    continue
+                cuts = self.cuts.copy()
+                if y > x:
+                    cuts[x + 1 : y + 1] -= 1
+                else:
+                    cuts[y + 1 : x + 1] += 1
+                low, high = min(x, y), max(x, y) + 1
+                new_sizes = np.diff(cuts[low : high + 1])
+                if (new_sizes > self.iv.take[cuts[low:high]]).any():
+                    continue
+                cost = self.cost.copy()
+                cost[low:high] = self._interval_costs(cuts[low:high], new_sizes)
+                key = self._key_of(cost)
+                if best is None or key < best[0]:
+                    best = (key, cuts, cost)
+        if best is None:
+            return None
+        key, cuts, cost = best
+
+        def apply() -> None:
+            self.cuts, self.cost = cuts, cost
+            self.loads = np.bincount(self.rank, weights=cost, minlength=self.p.dp)
+
+        return key, apply
+
+    def _key_of(self, cost: np.ndarray) -> tuple[float, float]:
+        """The key of the current ranks with interval costs ``cost``."""
+        if self.lockstep:
+            return float(_lockstep(cost[None, :], self.p.dp)[0]), 0.0
+        return self._key(np.bincount(self.rank, weights=cost, minlength=self.p.dp))
+
     def _best_swap(self) -> tuple[tuple[float, float], object] | None:
         a = int(np.argmax(self.loads))
         mine = np.flatnonzero(self.rank == a)
@@ -341,6 +390,14 @@ def _lockstep(rows: np.ndarray, dp: int, drop: int = 0) -> np.ndarray:
     last ``drop`` left out (the lockstep cost of the intervals dealt by cost tier)."""
     ordered = -np.sort(-rows, axis=1)
     return ordered[:, : rows.shape[1] - drop : dp].sum(axis=1)
+
+
+def _nearest(room: np.ndarray, x: int, direction: int) -> int | None:
+    """The nearest interval after (``direction`` 1) or before (-1) ``x`` with room."""
+    found = np.flatnonzero(room[x + 1 :] if direction > 0 else room[:x][::-1])
+    if found.size == 0:
+        return None
+    return x + 1 + int(found[0]) if direction > 0 else x - 1 - int(found[0])
 
 
 def _better(key: tuple[float, float], current: tuple[float, float]) -> bool:
