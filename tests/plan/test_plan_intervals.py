@@ -53,6 +53,7 @@ def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
         micro_batch_size=size,
         max_tokens=cap,
         least_sample_costs=least,
+        allow_empty=False,
     )
     intervals = Intervals(problem)
     k = data.draw(st.integers(1, lengths.size))

@@ -56,6 +56,7 @@ class Problem(Protocol):
     micro_batch_size: int | None
     num_microbatches: int | None
     microbatch_multiple: int
+    allow_empty: bool
 
     @property
     def least_sample_costs(self) -> np.ndarray: ...
@@ -135,6 +136,7 @@ class Intervals:
     def __init__(self, p: Problem) -> None:
         n = p.n
         self.n = n
+        self.allow_empty = bool(p.allow_empty)
         self.order = np.lexsort((np.arange(n), -p.lengths)).astype(np.int64)
         lengths = p.lengths[self.order]
         self.least = np.asarray(p.least_sample_costs, dtype=np.float64)[self.order]
@@ -150,28 +152,36 @@ class Intervals:
     def tier_maxima(self, k: int, dp: int) -> float:
         """A lower bound on the lockstep cost (least costs, no overhead) of ``k`` intervals
         dealt to ``dp`` ranks: the ``j``-th interval (by position) starts no later than ``j``
-        times the most an interval holds and holds at least the fewest, so it costs at least
-        ``fewest x least[j x most]``; at least ``t x dp + 1`` intervals cost that much for
-        ``j = t x dp``, so position ``t``'s costliest micro-batch does."""
-        if self.n == 0:
+        times the most an interval holds and holds at least ``fewest(k)`` samples, so it costs
+        at least ``fewest x least[j x most]``; at least ``t x dp + 1`` intervals cost that much
+        for ``j = t x dp``, so position ``t``'s costliest micro-batch does."""
+        fewest = self.fewest(k)
+        if fewest == 0:
             return 0.0
-        widest = int(self.take.max())
-        fewest = max(1, self.n - (k - 1) * widest)
-        starts = np.minimum(np.arange(0, k, dp) * widest, self.n - 1)
+        starts = np.minimum(np.arange(0, k, dp) * int(self.take.max()), self.n - 1)
         return fewest * float(self.least[starts].sum())
+
+    def fewest(self, k: int) -> int:
+        """The fewest samples each of ``k`` intervals holds: what the others cannot (they hold
+        at most the most any holds), at least one unless micro-batches may be empty."""
+        return max(0 if self.allow_empty else 1, self.n - (k - 1) * int(self.take.max()))
 
     def first_rank(self, k: int, m: int) -> float:
         """A lower bound on the samples' cost (least costs, no overhead) of the rank holding
         the first of ``k`` intervals with ``m`` of them: the first holds the longest sample and
-        at least ``n - (k - 1) x (most any interval holds)`` samples; each of its other ``m - 1``
-        holds at least that many and, ``q``-th from the end, starts no later than ``q`` of
-        them before the end."""
+        at least ``fewest(k)`` (and one); each of its other ``m - 1`` holds at least
+        ``fewest(k)`` and, ``q``-th from the end, starts no later than ``q`` times that before
+        the end."""
         if self.n == 0:
             return 0.0
-        widest = int(self.take.max())
-        fewest = max(1, self.n - (k - 1) * widest)
-        starts = np.maximum(self.n - fewest * np.arange(1, m), 0)
-        return fewest * float(self.least[0] + self.least[starts].sum())
+        fewest = self.fewest(k)
+        own = max(fewest, 1) * float(self.least[0])
+        if fewest == 0 or m < 2:
+            return own
+        starts = self.n - fewest * np.arange(1, m)
+        if starts.min() < 0:
+            return own  # they cannot all hold that many: no plan has this count
+        return own + fewest * float(self.least[starts].sum())
 
     def least_total(self, k: int) -> float | None:
         """The least total cost (least sample costs, no overhead) of cutting the samples into
