@@ -125,7 +125,7 @@ def test_budget_skips_only_dear_rivals() -> None:
     large = _problem(4096, 64, cost=short)
     names = admitted(large, rivals)
     assert names == {s.name for s in rivals if rival_seconds(s, large) <= CHEAP_RIVAL_SECONDS}
-    assert "token_kk" not in names and "megatron_dp_balanced" not in names
+    assert "token_kk" not in names and "megatron_dp_balanced" in names  # 62 ms and 2 ms
     # planning_budget >= n x dp admits every rival; 0 only the cheap ones.
     assert admitted(_problem(4096, 64, planning_budget=4096 * 64), rivals) == {
         s.name for s in rivals

@@ -60,7 +60,7 @@ __all__ = [
 
 PLANNING_SHARE = 0.01
 """The share of the modeled step that planning may take by default."""
-CHEAP_RIVAL_SECONDS = 2e-3
+CHEAP_RIVAL_SECONDS = 3e-3
 """A rival priced at most this always runs, whatever the budget."""
 PLANNING_BUDGET_GAP = 1e-3
 """Where the budget skips a rival it runs anyway when the plan is more than this far (relative)

@@ -106,7 +106,7 @@ class PlanOptions:
             the same) for the dear rivals ``balanced`` plans besides its own search (the
             baselines and the stacks' schedulers, each priced by its own estimated planning
             time; ``plan/_budget.py``), in work units of samples x ranks of the step. A rival
-            priced at most 2 ms always runs whatever the budget; a dearer one runs on a step
+            priced at most 3 ms always runs whatever the budget; a dearer one runs on a step
             with ``n x dp <= planning_budget``, and on a larger step only when ``balanced``'s
             plan is more than 0.1% above the lower bound
             (``seqbalance.plan.balanced.PLANNING_BUDGET_GAP``), so a skipped one could be

@@ -115,7 +115,7 @@ def _first_fit_ranks(p: Problem) -> np.ndarray:
     return np.array(rank_of_unit, dtype=np.int64)
 
 
-_TOKEN_KK_PRICE = Price(6e-4, 15e-6)
+_TOKEN_KK_PRICE = Price(1e-3, 20e-6)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ class TorchSpecBaseline(StackBaseline):
 
     name = "torchspec"
     description = "TorchSpec: rows sorted in length groups, each dispatch split longest first"
-    price = Price(1e-4, 1e-6, 1e-7)
+    price = Price(1e-4, 1e-6)
 
     def __init__(self, *, length_group_size: int = LENGTH_GROUP_SIZE) -> None:
         self.length_group_size = int(length_group_size)

@@ -88,7 +88,7 @@ class VerlBaseline(StackBaseline):
 
     name = "verl"
     description = "verl: driver KK on 24576 L + L^2, then per-rank KK micro-batches (strict cap)"
-    price = Price(3e-4, 10e-6)
+    price = Price(3e-4, 7e-6)
     # False although the packed path keeps the cap: the padded path (verl without dynamic batch
     # size) has no token cap, and the flag holds for every layout.
     supports_groups = True
