@@ -7,9 +7,9 @@ step (``planning_seconds(problem)`` of the strategy; ``DEFAULT_PRICE`` for one t
 an upper envelope of CPU times measured on a shared 2-core EPYC VM (``benchmarks/
 planning_budget.py``):
 
-- A rival priced at most ``CHEAP_RIVAL_SECONDS`` always runs (a few hundred microseconds to
-  milliseconds on steps of up to a few hundred samples: round robin, first fit, token KK, the
-  stacks' schedulers).
+- A rival priced at most ``CHEAP_RIVAL_SECONDS`` (0.5 ms) always runs (on steps of up to about a
+  hundred samples: round robin, contiguous, slime's first fit, TorchSpec's, Megatron's and the
+  Hugging Face Trainer's schedulers, and more of them on smaller steps).
 - A dearer rival runs when the budget admits it. With the ``planning_budget`` option (samples x
   ranks) set: when ``n x dp`` is at most it. By default (``None``) the budget follows the
   modeled step, so that planning stays within about ``PLANNING_SHARE`` (1%) of it: the dear
@@ -22,7 +22,9 @@ planning_budget.py``):
 - A rival the budget does not admit still runs when ``balanced``'s plan is more than the gap
   above the lower bound (``PLANNING_BUDGET_GAP``, 0.1%; ``RIVALS_WITHOUT_BOUND_GAP``, 0.01%, for
   a cost without a time unit by default): every valid plan costs at least the bound, so a
-  skipped rival is never cheaper by more than that.
+  skipped rival is never cheaper by more than that. On steps of more than ``SLACK_SAMPLES``
+  samples the searches of ``balanced`` then stop within that gap too; on smaller ones they run
+  in full (a few milliseconds).
 
 Everything here is a function of the request (lengths, options), never of a clock, so every rank
 makes the same plan.
@@ -50,6 +52,7 @@ __all__ = [
     "RIVALS_WITHOUT_BOUND_MAX_SAMPLES",
     "RIVALS_WITHOUT_BOUND_SAMPLES",
     "RIVALS_WITHOUT_BOUND_WORK",
+    "SLACK_SAMPLES",
     "Price",
     "admitted",
     "beyond_budget",
@@ -60,16 +63,19 @@ __all__ = [
 
 PLANNING_SHARE = 0.01
 """The share of the modeled step that planning may take by default."""
-CHEAP_RIVAL_SECONDS = 3e-3
+CHEAP_RIVAL_SECONDS = 5e-4
 """A rival priced at most this always runs, whatever the budget."""
+RIVALS_WITHOUT_BOUND_SAMPLES = 256
+"""A cost without a time unit admits every rival on steps of at most this many samples ..."""
+SLACK_SAMPLES = RIVALS_WITHOUT_BOUND_SAMPLES
+"""Where the budget skips a rival, the searches stop within the gap of the bound only on steps
+of more than this many samples (on smaller ones they take a few milliseconds in full)."""
 PLANNING_BUDGET_GAP = 1e-3
 """Where the budget skips a rival it runs anyway when the plan is more than this far (relative)
 above the lower bound; the searches of ``balanced`` stop this close to it there (the lockstep
 refinement; the rank search where the rank loads set the cost)."""
 RIVALS_WITHOUT_BOUND_GAP = 1e-4
 """The same gap for a cost without a time unit under the default rule."""
-RIVALS_WITHOUT_BOUND_SAMPLES = 256
-"""A cost without a time unit admits every rival on steps of at most this many samples ..."""
 RIVALS_WITHOUT_BOUND_WORK = RIVALS_WITHOUT_BOUND_SAMPLES * 64
 """... and on steps of up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES`` samples whose samples x ranks
 is at most this (the work accepted at 256 samples on 64 ranks), e.g. 4096 samples on 4 ranks."""
@@ -123,8 +129,9 @@ def admitted(p: Problem, rivals: list[Any]) -> frozenset[str]:
 
 def beyond_budget(p: Problem, rivals: list[Any]) -> bool:
     """Whether the budget in force skips some rival on ``p`` (it then runs only where the plan is
-    more than ``budget_gap(p)`` above the lower bound, and the searches stop within it)."""
-    return _in_force(p, rivals)[1]
+    more than ``budget_gap(p)`` above the lower bound) on a step of more than ``SLACK_SAMPLES``
+    samples (the searches then stop within that gap)."""
+    return p.n > SLACK_SAMPLES and _in_force(p, rivals)[1]
 
 
 def budget_gap(p: Problem) -> float:
