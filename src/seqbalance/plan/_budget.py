@@ -67,7 +67,7 @@ CHEAP_RIVAL_SECONDS = 5e-4
 """A rival priced at most this always runs, whatever the budget."""
 RIVALS_WITHOUT_BOUND_SAMPLES = 256
 """A cost without a time unit admits every rival on steps of at most this many samples ..."""
-SLACK_SAMPLES = RIVALS_WITHOUT_BOUND_SAMPLES
+SLACK_SAMPLES = 100
 """Where the budget skips a rival, the searches stop within the gap of the bound only on steps
 of more than this many samples (on smaller ones they take a few milliseconds in full)."""
 PLANNING_BUDGET_GAP = 1e-3

@@ -14,12 +14,11 @@ strategy (transformers 5.24, ``BatchRebalanceSampler``).
 
 ``GA`` (gradient accumulation steps, the micro-batches per rank) is ``num_microbatches`` when
 set, else what a fixed ``micro_batch_size`` gives (``ceil(n / (dp x micro_batch_size))``, the
-Trainer's ``per_device_train_batch_size``; packed: the fewest micro-batches the cap allows).
+Trainer's ``per_device_train_batch_size``). Padded only, as the Trainer's other samplers here.
 The groups' sizes are the sampler's own: a step where one exceeds ``micro_batch_size`` is refused
 (the Trainer's ``per_device_train_batch_size`` is no limit there: plan with ``micro_batch_size``
 = the step's size and ``num_microbatches = GA``). No token cap (``enforces_cap`` is False: its
-over-cap micro-batches are counted). The sampler is padded by
-design; with ``layout="packed"`` its groups are costed packed (a flattening collator).
+over-cap micro-batches are counted).
 """
 
 from __future__ import annotations
@@ -161,6 +160,11 @@ class HFBatchRebalanceBaseline(StackBaseline):
         return 1e-4 + problem.n * (1e-5 + 1.5e-7 * problem.dp * m)
 
     def _plan(self, problem: Any) -> Microbatches:
+        if problem.layout != "padded":
+            raise ValueError(
+                "the Hugging Face Trainer pads every micro-batch (batch_rebalance balances padded "
+                "cost): use layout='padded'"
+            )
         n, dp = int(problem.lengths.size), problem.dp
         if problem.num_microbatches is not None:
             ga = rounded(problem, problem.num_microbatches, self.name)
