@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_TIMEOUT_SECONDS",
     "MAX_TOKENS_LIMIT",
     "SPEED_RANGE",
     "as_group_ids",
@@ -24,6 +25,7 @@ __all__ = [
     "check_int",
     "check_non_negative_float",
     "check_positive_float",
+    "check_timeout",
 ]
 
 
@@ -198,6 +200,22 @@ def _check_real(value: Any, name: str, *, positive: bool) -> float:
 def check_positive_float(value: Any, name: str) -> float:
     """Return ``value`` as a float; reject bools, NaN, inf and values <= 0."""
     return _check_real(value, name, positive=True)
+
+
+MAX_TIMEOUT_SECONDS = 10.0 * 365 * 24 * 3600
+"""Longest deadline accepted, in seconds (ten years): a longer one is a mistake (``inf``, a value
+in the wrong unit), and ``datetime.timedelta`` overflows not far above it."""
+
+
+def check_timeout(value: Any, name: str) -> float:
+    """Return a deadline in seconds as a float: positive, finite and at most
+    ``MAX_TIMEOUT_SECONDS`` (so converting it to a ``timedelta`` can never overflow)."""
+    seconds = _check_real(value, name, positive=True)
+    if seconds > MAX_TIMEOUT_SECONDS:
+        raise ValueError(
+            f"{name} must be at most {MAX_TIMEOUT_SECONDS:g} seconds (ten years), got {value!r}"
+        )
+    return seconds
 
 
 def check_non_negative_float(value: Any, name: str) -> float:

@@ -24,7 +24,14 @@ def test_slow_rank_parses(text, expected):
 
 @pytest.mark.parametrize(
     ("text", "match"),
-    [("1", "R:F"), ("1:0.5", "factor must be >= 1"), ("1:2@5-5", "stop"), ("-1:2", "rank")],
+    [
+        ("1", "R:F"),
+        ("1:0.5", "factor must be between 1 and 100"),
+        ("1:1e12", "factor must be between 1 and 100"),
+        ("1:inf", "factor must be a positive finite"),
+        ("1:2@5-5", "stop"),
+        ("-1:2", "rank"),
+    ],
 )
 def test_slow_rank_rejects_bad_text(text, match):
     with pytest.raises(ValueError, match=match):
@@ -70,9 +77,41 @@ def test_settings_check_slow_rank_and_rank_speeds():
     }
 
 
+def test_settings_refuse_limits_no_run_could_meet_up_front():
+    for bad, message in (
+        ({"noise": -0.1}, "noise must be a non-negative finite"),
+        ({"noise": 10.5}, "noise must be between 0 and 10"),
+        ({"timeout_seconds": 1e20}, "timeout_seconds must be at most 3.1536e[+]08 seconds"),
+        ({"launch_timeout_seconds": float("inf")}, "launch_timeout_seconds must be a positive"),
+        ({"steps": 2**24}, r"\(warmup \+ steps\) x global_batch_size must be at most 16777216"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            _settings(**bad)
+    assert _settings(noise=0.5).describe()["noise"] == 0.5
+
+
+def test_background_load_is_reproducible_extra_work_of_the_given_mean():
+    pytest.importorskip("torch")
+    from seqbalance.measure.bench.worker import _extra_work
+
+    quiet = _settings(slow_rank=SlowRank(1, 3.0, 2, None))
+    assert _extra_work(quiet, 0, 5, 0, 4).tolist() == [0.0] * 4
+    assert _extra_work(quiet, 1, 1 + 2, 0, 4).tolist() == [2.0] * 4  # warm-up step 1 first
+    noisy = _settings(noise=0.5, slow_rank=None)
+    draws = np.concatenate(
+        [_extra_work(noisy, r, step, 0, 50) for r in (0, 1) for step in range(40)]
+    )
+    assert (draws >= 0).all() and draws.mean() == pytest.approx(0.5, rel=0.05)
+    again = _extra_work(noisy, 1, 7, 1, 50)
+    assert again.tolist() == _extra_work(noisy, 1, 7, 1, 50).tolist()  # same seed, same draws
+    assert again.tolist() != _extra_work(noisy, 0, 7, 1, 50).tolist()  # every rank its own
+
+
 def test_a_real_run_with_a_slow_rank_learns_and_plans_identically():
     pytest.importorskip("torch")
-    report = run(_settings(strategies=("balanced_adaptive", "balanced_oracle"), steps=3))
+    # Under background load too: the plans stay identical on every rank.
+    settings = _settings(strategies=("balanced_adaptive", "balanced_oracle"), steps=3, noise=0.3)
+    report = run(settings)
     assert list(report["strategies"]) == ["balanced_adaptive", "balanced_oracle"]
     adaptive = report["adaptive"]
     assert adaptive["identical_plans_on_every_rank"]
@@ -93,3 +132,15 @@ def test_bench_cli_names_a_bad_slow_rank(capsys):
     )
     assert main(["bench", "--slow-rank", "5:2", "--steps", "1"]) == 2
     assert "--slow-rank rank must be < --procs = 2, got 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # refused before any process starts
+        main(["bench", "--slow-rank", "1:1e12"])
+    assert "slow_rank factor must be between 1 and 100" in capsys.readouterr().err
+    for flags, message in (
+        (["--noise", "nan"], "--noise must be a non-negative finite number"),
+        (["--timeout", "1e20"], "--timeout must be at most 3.1536e+08 seconds (ten years)"),
+        (["--launch-timeout", "inf"], "--launch-timeout must be a positive finite"),
+        (["--steps", "100000", "--global-batch", "1000"], "(--warmup + --steps) x --global-batch"),
+    ):
+        assert main(["bench", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err

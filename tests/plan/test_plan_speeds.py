@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from test_plan_properties import _check, _plan, problems
 
 import seqbalance as sb
-from seqbalance.plan import strategy_names
+from seqbalance.plan import _lockstep as lockstep
+from seqbalance.plan import balanced, strategy_names
 from seqbalance.plan.balanced import PLANNING_BUDGET_GAP
 
 SPEEDS = st.sampled_from([1.0, 0.67, 0.5, 1.5, 0.01])
@@ -110,6 +111,39 @@ def test_hundredfold_slowdown_keeps_every_cap_and_count(objective: str, layout: 
     equal = sb.plan_step(lengths, 8, **options)
     judged = dataclasses.replace(equal, options=equal.options.replace(rank_speeds=speeds))
     assert plan.step_cost < 0.2 * judged.step_cost
+
+
+@pytest.mark.parametrize("slow", [0.67, 0.2])
+def test_lockstep_search_with_speeds_is_bounded(slow: float, monkeypatch) -> None:
+    # Where many micro-batch counts could hold a fast rank's larger share (every sample over a
+    # tiny cap: about 300 to 500 at 0.2), the planner attempts a bounded number of
+    # them and refines the lockstep order of a few, within two refinements' work in all (it
+    # attempted and refined every count: 18 s of CPU for this step at 0.2).
+    attempts: list[int] = []
+    spent: dict[int, int] = {}  # each refinement's work counter, by identity
+    attempt, inner = balanced._attempt, lockstep._best_inner_change
+
+    def counted_attempt(p, m, **keywords):
+        attempts.append(m)
+        return attempt(p, m, **keywords)
+
+    def counted_inner(*args):
+        found = inner(*args)
+        spent[id(args[7])] = args[7][0]
+        return found
+
+    monkeypatch.setattr(balanced, "_attempt", counted_attempt)
+    monkeypatch.setattr(lockstep, "_best_inner_change", counted_inner)
+    lengths = np.random.default_rng(0).choice(sb.datasets.load("sharegpt"), 600)
+    options = {"cost": "flops", "objective": "lockstep", "allow_empty": True}
+    options.update(max_tokens=64, allow_oversize=True, rank_speeds=(1.0, slow))
+    plan = sb.plan_step(lengths, 2, **options)
+    plan.validate()
+    counts = attempts[0] * (1 / ((1 + slow) / 2) - 1)  # the counts above the fewest (~300)
+    assert 1 < len(attempts) <= 1 + balanced._COUNTS_TRIED + 2 * np.log2(counts)
+    assert len(spent) <= 1 + balanced._COUNTS_REFINED
+    # One call past its budget at most: each refinement checks it before a call.
+    assert sum(spent.values()) <= 2 * lockstep.LOCKSTEP_WORK + len(spent) * 10**6
 
 
 def test_groups_stay_together_with_speeds() -> None:

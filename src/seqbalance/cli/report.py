@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from seqbalance.cli._common import add_json_flag, print_json, print_section
-from seqbalance.sim.run_report import load_telemetry, plot_run, summarize_run
+from seqbalance.sim.run_report import DEFAULT_ROWS, load_telemetry, plot_run, summarize_run
 
 
 def register(subparsers: Any) -> None:
@@ -20,11 +20,19 @@ def register(subparsers: Any) -> None:
             "per step the measured step time, measured imbalance (max/mean rank compute), the "
             "predicted slowest-rank compute, the model's error and the slowest rank's speed; "
             "then the time saved against the unbalanced baseline (round_robin) as the fitted "
-            "model predicts both. --plot writes the same over steps as a PNG (matplotlib)."
+            "model predicts both. A run longer than --rows steps is shown in ranges of steps "
+            "(their means). A last line cut short (a run that crashed mid-write) is skipped and "
+            "named. --plot writes the same over steps as a PNG (matplotlib)."
         ),
     )
     parser.add_argument("log", metavar="RUN.jsonl", help="telemetry file")
     parser.add_argument("--plot", metavar="PNG", default=None, help="write the plot here")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=DEFAULT_ROWS,
+        help=f"most table rows, text and --json (default: {DEFAULT_ROWS}; 0: every step)",
+    )
     parser.add_argument(
         "--markdown", action="store_true", help="print the report as a markdown section"
     )
@@ -36,27 +44,33 @@ COLUMNS = ("step", "step (ms)", "imbalance", "predicted (ms)", "model error", "s
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = load_telemetry(args.log)
-    summary = summarize_run(rows)
+    if args.rows < 0:
+        raise ValueError(f"--rows must be >= 0, got {args.rows}")
+    telemetry = load_telemetry(args.log)
+    summary = summarize_run(telemetry, rows=args.rows)
     if args.plot is not None:
-        summary["plot"] = str(plot_run(rows, args.plot))
+        summary["plot"] = str(plot_run(telemetry, args.plot))
     if args.json:
         print_json(summary)
         return 0
     table = [
         (
-            str(step),
-            f"{ms:.1f}",
-            f"{imbalance:.3f}",
-            f"{predicted:.1f}",
-            "-" if error is None else f"{100 * error:.1f}%",
-            f"{speed:.3f}",
+            str(first) if first == last else f"{first}-{last}",
+            _cell(ms, "{:.1f}"),
+            _cell(imbalance, "{:.3f}"),
+            _cell(predicted, "{:.1f}"),
+            _cell(None if error is None else 100 * error, "{:.1f}%"),
+            _cell(speed, "{:.3f}"),
         )
-        for step, ms, imbalance, predicted, error, speed in summary["table"]
+        for first, last, ms, imbalance, predicted, error, speed in summary["table"]
     ]
     title = f"run: {summary['steps']} steps from {args.log}"
     print_section(title, COLUMNS, table, notes=_notes(summary), markdown=args.markdown)
     return 0
+
+
+def _cell(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)
 
 
 def _notes(summary: dict[str, Any]) -> list[str]:
@@ -64,9 +78,11 @@ def _notes(summary: dict[str, Any]) -> list[str]:
         return "n/a" if value is None else f"{100 * value:.1f}%"
 
     saved = summary["saved_fraction"]
+    skipped = summary["skipped_line"]
     return [
+        *([f"line {skipped} was cut short (a crash mid-write?) and is skipped"] if skipped else []),
         f"measured: {summary['measured_seconds']:.2f} s over {summary['steps']} steps, "
-        f"mean imbalance {summary['mean_imbalance']:.3f}, mean idle "
+        f"mean imbalance {_cell(summary['mean_imbalance'], '{:.3f}')}, mean idle "
         f"{percent(summary['mean_idle_fraction'])} of each rank's step",
         f"predicted vs measured slowest-rank compute: {percent(summary['step_prediction_mape'])} "
         f"mean error per step; model per micro-batch: {percent(summary['model_mape'])}",

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from seqbalance._validation import check_bool, check_choice, check_int, check_positive_float
+from seqbalance._validation import check_bool, check_choice, check_int, check_timeout
 
 __all__ = ["LaunchError", "RankFailure", "free_port", "launch"]
 
@@ -128,8 +128,8 @@ def launch(
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {fn!r}")
     world_size = check_int(world_size, "world_size", minimum=1)
-    timeout = check_positive_float(timeout, "timeout")
-    collective_timeout = check_positive_float(collective_timeout, "collective_timeout")
+    timeout = check_timeout(timeout, "timeout")
+    collective_timeout = check_timeout(collective_timeout, "collective_timeout")
     backend = check_choice(backend, "backend", BACKENDS)
     stop_on_failure = check_bool(stop_on_failure, "stop_on_failure")
     if backend == "nccl" and torch.cuda.device_count() < world_size:

@@ -5,6 +5,8 @@ slowest rank."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
@@ -17,15 +19,18 @@ from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._shared import Microbatches
 
-__all__ = ["match_profile", "refine_lockstep"]
+__all__ = ["LOCKSTEP_WORK", "match_profile", "refine_lockstep"]
 
 # The lockstep refinement (slower per step) stops this close to the lower bound, ...
 _LOCKSTEP_GOOD_ENOUGH = 2e-4
-# ... or once it has spent this much work (a deterministic budget, about a quarter of a second
-# here): each pair of micro-batches examined counts _PAIR_WORK plus its candidate moves and
-# swaps, and each candidate cost cell evaluated counts one. A pass grows like M^3.
-_LOCKSTEP_WORK = 500_000
-_PAIR_WORK = 100
+# ... or once it has spent this much work (a deterministic budget; a unit is about 10 ns of CPU
+# on the 2-core development VM, so about 50 ms): each search of one micro-batch's moves and
+# swaps counts _CALL_WORK (its fixed numpy calls) plus one per candidate move or swap and one per
+# candidate cost cell evaluated. A pass grows like M^3.
+LOCKSTEP_WORK = 5_000_000
+_CALL_WORK = 5_000
+# Candidate cost rows are evaluated this many cells at a time (bounded memory on large steps).
+_CELLS_PER_CHUNK = 1 << 18
 
 
 def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
@@ -80,7 +85,7 @@ def _pack_under(p: Problem, samples: np.ndarray, profile: list[float]) -> list[l
     return bins
 
 
-def refine_lockstep(p: Problem, plan: Microbatches) -> None:
+def refine_lockstep(p: Problem, plan: Microbatches, budget: int = LOCKSTEP_WORK) -> None:
     """Lower the lockstep cost by moving or swapping samples between micro-batches of one rank.
 
     With every rank's micro-batches sorted heaviest first (the alignment ``plan_step``
@@ -90,8 +95,8 @@ def refine_lockstep(p: Problem, plan: Microbatches) -> None:
     re-sorting) is applied while it lowers the cost, at most ``2 x M x dp`` times, not once
     the cost is within ``_LOCKSTEP_GOOD_ENOUGH`` of the lower bound (``PLANNING_BUDGET_GAP``
     on a step beyond the planning budget in force, ``plan/_budget.py``), and not after
-    ``_LOCKSTEP_WORK`` units of work. Rank totals, and so groups, are unchanged. With rank
-    speeds every cost below is a time (cost / the rank's speed).
+    ``budget`` units of work (``LOCKSTEP_WORK`` by default). Rank totals, and so groups, are
+    unchanged. With rank speeds every cost below is a time (cost / the rank's speed).
     """
     m = len(plan[0])
     speeds = p.speeds_or_ones
@@ -107,7 +112,7 @@ def refine_lockstep(p: Problem, plan: Microbatches) -> None:
     good_enough = p.lower_bound(p.min_feasible_microbatches) * (1 + slack)
     work = [0]
     for _ in range(2 * m * p.dp):
-        if work[0] > _LOCKSTEP_WORK:
+        if work[0] > budget:
             return
         aligned = -np.sort(-costs, axis=1)
         current = aligned.max(axis=0).sum()
@@ -122,7 +127,7 @@ def refine_lockstep(p: Problem, plan: Microbatches) -> None:
             choice = _best_inner_change(
                 p, plan[r], costs[r], tokens[r], used, a, others, work, float(speeds[r])
             )
-            if work[0] > _LOCKSTEP_WORK:
+            if work[0] > budget:
                 break
             if choice is not None and choice[0] < current * (1 - _TOLERANCE):
                 best = (choice[0], r, a, *choice[1:])
@@ -158,45 +163,53 @@ def _best_inner_change(
     or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1).
     ``costs`` are the rank's micro-batch times (cost / ``speed``), ``tokens`` and ``patches``
     (None without a patch cap) the micro-batches' sums; ``work[0]`` counts the work spent (see
-    ``_LOCKSTEP_WORK``)."""
-    cap = p.cap
+    ``LOCKSTEP_WORK``). Every ``b`` is examined at once; ties go to the first ``b``, then the
+    first sample of ``a``, then the first partner (``b``'s order, the plain move last)."""
+    work[0] += _CALL_WORK
     source = np.asarray(microbatches[a], dtype=np.int64)
     if source.size == 0:
         return None
-    best: tuple[float, int, int, int] | None = None
-    for b in range(costs.size):
-        if b == a:
-            continue
-        target = np.asarray(microbatches[b], dtype=np.int64)
-        # Candidates: (sample of a, sample of b or -1); amount moved from a to b.
-        xs = np.repeat(source, target.size + 1)
-        ys = np.tile(np.append(target, -1), source.size)
-        work[0] += _PAIR_WORK + xs.size
-        back = np.where(ys >= 0, p.sample_costs[np.maximum(ys, 0)], 0.0)
-        back_tokens = np.where(ys >= 0, p.lengths[np.maximum(ys, 0)], 0)
-        amount = (p.sample_costs[xs] - back) / speed
-        moved_tokens = p.lengths[xs] - back_tokens
-        ok = (
-            (amount > 0)
-            & (tokens[b] + moved_tokens <= cap)
-            & (tokens[a] - moved_tokens <= cap)
-            & ~((ys < 0) & (source.size == 1))
+    # Partners: every sample of every other micro-batch b, then -1 (a plain move), b by b.
+    sizes = np.array([len(mb) for mb in microbatches], dtype=np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(microbatches), np.int64, int(sizes.sum()))
+    partners = np.insert(flat, np.cumsum(sizes), -1)
+    target_of = np.repeat(np.arange(sizes.size), sizes + 1)
+    keep = target_of != a
+    partners, target_of = partners[keep], target_of[keep]
+    # Candidates, source sample-major: (source[i], partners[j]) at i * len(partners) + j.
+    xs = np.repeat(source, partners.size)
+    ys = np.tile(partners, source.size)
+    bs = np.tile(target_of, source.size)
+    work[0] += xs.size
+    has = ys >= 0
+    partner = np.maximum(ys, 0)
+    amount = (p.sample_costs[xs] - np.where(has, p.sample_costs[partner], 0.0)) / speed
+    moved_tokens = p.lengths[xs] - np.where(has, p.lengths[partner], 0)
+    ok = (
+        (amount > 0)
+        & (tokens[bs] + moved_tokens <= p.cap)
+        & (tokens[a] - moved_tokens <= p.cap)
+        & (has | (source.size > 1))  # a plain move must not leave a empty
+    )
+    if patches is not None:
+        moved_patches = p.patches[xs] - np.where(has, p.patches[partner], 0)  # type: ignore[index]
+        ok &= (patches[bs] + moved_patches <= p.patch_cap) & (
+            patches[a] - moved_patches <= p.patch_cap
         )
-        if patches is not None:
-            back_patches = np.where(ys >= 0, p.patches[np.maximum(ys, 0)], 0)  # type: ignore[index]
-            moved_patches = p.patches[xs] - back_patches  # type: ignore[index]
-            ok &= (patches[b] + moved_patches <= p.patch_cap) & (
-                patches[a] - moved_patches <= p.patch_cap
-            )
-        if not ok.any():
-            continue
-        xs, ys, amount = xs[ok], ys[ok], amount[ok]
-        rows = np.repeat(costs[None, :], amount.size, axis=0)
+    chosen = np.flatnonzero(ok)
+    if chosen.size == 0:
+        return None
+    value = np.empty(chosen.size)
+    step = max(1, _CELLS_PER_CHUNK // costs.size)
+    for start in range(0, chosen.size, step):
+        part = chosen[start : start + step]
+        rows = np.repeat(costs[None, :], part.size, axis=0)
         work[0] += rows.size
-        rows[:, a] -= amount
-        rows[:, b] += amount
-        value = np.maximum(-np.sort(-rows, axis=1), others).sum(axis=1)
-        k = int(np.argmin(value))
-        if best is None or value[k] < best[0]:
-            best = (float(value[k]), b, int(xs[k]), int(ys[k]))
-    return best
+        lines = np.arange(part.size)
+        rows[lines, a] -= amount[part]
+        rows[lines, bs[part]] += amount[part]
+        value[start : start + step] = np.maximum(-np.sort(-rows, axis=1), others).sum(axis=1)
+    best = value.min()
+    tied = chosen[value == best]
+    k = int(tied[np.lexsort((tied, bs[tied]))[0]])  # the first b, then candidate order
+    return float(best), int(bs[k]), int(xs[k]), int(ys[k])

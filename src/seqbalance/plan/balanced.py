@@ -62,7 +62,7 @@ from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact, _feasible
 from seqbalance.plan._intervals import Intervals, count_bound
-from seqbalance.plan._lockstep import match_profile, refine_lockstep
+from seqbalance.plan._lockstep import LOCKSTEP_WORK, match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
 from seqbalance.plan._padded_search import cheapest_start, improve_intervals
@@ -109,7 +109,8 @@ def plan_balanced(p: Problem) -> Microbatches:
                 + _GROUP_HINT * (p.groups is not None)
                 + "; pass allow_empty=True to allow empty micro-batches"
             )
-        plan = _attempt(p, m)
+        # With speeds the lockstep refinement runs after the search over counts.
+        plan = _attempt(p, m, refine=p.speeds is None)
         if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
             plan = _exact.search(p, m, plan)
         if plan is None:
@@ -144,25 +145,69 @@ def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:
 
 def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float) -> Microbatches:
     """With rank speeds the fewest micro-batches (sized for equal shares) may not hold a fast
-    rank's larger share under the cap: try counts up to ``max(speed) / mean(speed)`` times
-    ``m``, keep the cheapest (ties: the fewest)."""
-    speeds = p.speeds_or_ones
+    rank's larger share under the cap: search larger counts (``_search_counts``) and keep the
+    cheapest plan (ties: the fewest micro-batches). Under ``lockstep`` ``plan`` (made without
+    the lockstep refinement) and the counts are compared before it; it then runs on the
+    ``_COUNTS_REFINED`` cheapest only, sharing one refinement's work budget."""
     value = aligned_value(p, plan)
-    most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
-    count = p.next_microbatches(m)
-    while (
-        count is not None
-        and count <= most
-        and value > bound * (1 + RIVALS_WITHOUT_BOUND_GAP)  # more could save less than this
-        and (p.allow_empty or p.n >= p.dp * count)  # else some micro-batch would be empty
-    ):
-        candidate = _attempt(p, count)
-        if candidate is not None:
+    if value <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP):
+        return plan  # more could save less than this
+    found = [(value, plan), *_search_counts(p, m, bound)]
+    found.sort(key=lambda item: item[0])  # stable: the fewest micro-batches first on ties
+    best = None
+    for candidate_value, candidate in found[:_COUNTS_REFINED]:
+        if _refines(p, len(candidate[0])):
+            refine_lockstep(p, candidate, LOCKSTEP_WORK // _COUNTS_REFINED)
             candidate_value = aligned_value(p, candidate)
-            if candidate_value < value * (1 - _TOLERANCE):
-                plan, value = candidate, candidate_value
+        if best is None or candidate_value < best[0] * (1 - _TOLERANCE):
+            best = (candidate_value, candidate)
+    return best[1]
+
+
+_COUNTS_TRIED = 8
+"""``_search_counts`` first tries at most this many counts, evenly spread (each is a whole
+attempt: ranks, packing, the lockstep profile)."""
+_COUNTS_REFINED = 3
+
+
+def _search_counts(p: Problem, m: int, bound: float) -> list[tuple[float, Microbatches]]:
+    """Plans (before the lockstep refinement) with counts above ``m`` up to
+    ``max(speed) / mean(speed)`` times ``m``, cheapest first (ties: the fewest micro-batches).
+
+    A bounded search, since the cost over counts is not smooth: ``_COUNTS_TRIED`` counts evenly
+    spread over the range, then around the cheapest so far steps that halve down to the
+    neighbouring count; it stops at a plan within ``RIVALS_WITHOUT_BOUND_GAP`` of ``bound``."""
+    speeds = p.speeds_or_ones
+    most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
+    counts = []
+    count = p.next_microbatches(m)
+    # Past allow_empty's limit some micro-batch would be empty.
+    while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
+        counts.append(count)
         count = p.next_microbatches(count)
-    return plan
+    tried: dict[int, tuple[float, Microbatches]] = {}  # by position in counts
+
+    def cost_at(index: int) -> float:
+        if index not in tried:
+            candidate = _attempt(p, counts[index], refine=False)
+            if candidate is not None:
+                tried[index] = (aligned_value(p, candidate), candidate)
+        return tried[index][0] if index in tried else np.inf
+
+    def cheapest() -> int:
+        return min(tried, key=lambda i: (tried[i][0], i), default=0)
+
+    spread = min(len(counts), _COUNTS_TRIED)
+    for index in np.linspace(0, len(counts) - 1, spread).round().astype(np.int64).tolist():
+        if cost_at(index) <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP):
+            return [tried[index]]  # more could save less than this
+    step = (len(counts) - 1) // max(1, spread - 1) // 2
+    while step >= 1:
+        centre = cheapest()
+        cost_at(max(0, centre - step))
+        cost_at(min(len(counts) - 1, centre + step))
+        step //= 2
+    return [tried[i] for i in sorted(tried, key=lambda i: (tried[i][0], i))]
 
 
 _GROUP_HINT = " (groups must stay on one rank, so some ranks may not get enough samples)"
@@ -185,7 +230,9 @@ class Balanced(BalancedContextParallel):
 BALANCED = Balanced()
 
 
-def _attempt(p: Problem, m: int) -> Microbatches | None:
+def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
+    """The plan with ``m`` micro-batches per rank (None when none was found); ``refine=False``
+    leaves out the lockstep refinement (``match_profile`` still applies)."""
     if p.layout == "padded" and p.groups is None:
         # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
@@ -203,9 +250,10 @@ def _attempt(p: Problem, m: int) -> Microbatches | None:
     plan = _pack_ranks(p, members, m)
     if plan is None and p.groups is None and p.layout == "packed":
         plan = _global_first_fit(p, m)
-    if plan is not None and p.objective == "lockstep" and m > 1:
+    if plan is not None and _refines(p, m):
         plan = match_profile(p, plan)
-        refine_lockstep(p, plan)
+        if refine:
+            refine_lockstep(p, plan)
     return plan
 
 
@@ -217,6 +265,11 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
     target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
     starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
     return [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
+
+
+def _refines(p: Problem, m: int) -> bool:
+    """Whether plans with ``m`` micro-batches per rank get the lockstep phase (packed only)."""
+    return p.objective == "lockstep" and p.layout == "packed" and m > 1
 
 
 def _global_first_fit(p: Problem, m: int) -> Microbatches | None:

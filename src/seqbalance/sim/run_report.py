@@ -1,14 +1,19 @@
 """What a run's telemetry says: measured imbalance, predicted vs measured, time balancing saved.
 
-The telemetry is what adaptive planning writes each step (``AdaptivePlanner.apply``, one JSON
+The telemetry is what adaptive planning writes each step (``ClosedLoop.learn``, one JSON
 object per line of a JSONL log): measured step and rank compute seconds, the model's
 prediction of them, its error, the rank speeds, and the step as the unbalanced baseline
 (``round_robin``) and as planned, both predicted by the fitted model at the measured speeds.
+A log is read line by line into per-step columns (a 100k-step log in seconds); a last line cut
+short (a run that crashed mid-write) is skipped and reported, any other bad line is a
+``ValueError`` naming its line and field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -17,49 +22,158 @@ import numpy as np
 
 from seqbalance.sim.plot import pyplot
 
-__all__ = ["load_telemetry", "plot_run", "summarize_run"]
+__all__ = ["RunTelemetry", "load_telemetry", "plot_run", "summarize_run"]
 
-_REQUIRED = (
-    "step",
-    "step_seconds",
-    "max_rank_compute_seconds",
-    "mean_rank_compute_seconds",
-    "predicted_step_seconds",
-    "model_error",
-    "rank_speeds",
+_NUMBERS = (  # field: whether JSON null is allowed (a step without it)
+    ("step_seconds", False),
+    ("max_rank_compute_seconds", False),
+    ("mean_rank_compute_seconds", False),
+    ("predicted_step_seconds", False),
+    ("model_error", True),
+    ("baseline_step_seconds", True),
+    ("planned_step_seconds", True),
 )
+_REQUIRED = ("step", *(name for name, _ in _NUMBERS[:5]), "rank_speeds")
+DEFAULT_ROWS = 50
+"""Table rows of ``summarize_run`` by default: a longer run is shown in ranges of steps."""
 
 
-def load_telemetry(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class RunTelemetry:
+    """A run's telemetry, one entry per step in log order (NaN where a step has no value).
+
+    Attributes:
+        path: the log it was read from.
+        step: int64 ``[steps]`` step numbers.
+        columns: float64 ``[steps]`` per field: ``step_seconds``,
+            ``max_rank_compute_seconds``, ``mean_rank_compute_seconds``,
+            ``predicted_step_seconds``, ``model_error``, ``baseline_step_seconds``,
+            ``planned_step_seconds`` (seconds; ``model_error`` a fraction).
+        slowest_speed: float64 ``[steps]``: the smallest planned rank speed of each step.
+        idle_sum, idle_count: the sum and number of every rank's idle fraction, all steps.
+        last_rank_speeds: the speeds the last step leaves for the next one.
+        skipped_line: the number of a last line cut short and skipped, or None.
+    """
+
+    path: str
+    step: np.ndarray
+    columns: dict[str, np.ndarray]
+    slowest_speed: np.ndarray
+    idle_sum: float
+    idle_count: int
+    last_rank_speeds: list[float]
+    skipped_line: int | None = None
+
+    def __len__(self) -> int:
+        return int(self.step.size)
+
+
+def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
     """Every step's telemetry from a JSONL file (blank lines skipped).
 
     Raises:
         FileNotFoundError: no file at ``path`` (named).
-        ValueError: a line that is not a JSON object with the telemetry's fields (its number
-            named), or no step at all.
+        ValueError: a line that is not a JSON object with the telemetry's fields of the right
+            types (its number and the field named), a line cut short anywhere but last, or
+            no complete step at all.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"telemetry file not found: {str(path)!r}")
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as error:
-            raise ValueError(f"{path}:{number} is not JSON: {error}") from None
+    reader = _Reader(str(path))
+    pending: ValueError | None = None  # a line that did not parse: fine only if it is the last
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, start=1):
+            if not raw.strip():
+                continue
+            if pending is not None:
+                raise pending
+            try:
+                row = json.loads(raw)
+            except ValueError as error:  # bad UTF-8 or JSON
+                pending = ValueError(f"{path}:{number} is not JSON: {error}")
+                reader.skipped_line = number
+                continue
+            reader.add(number, row)
+    if not reader.steps:
+        raise pending or ValueError(f"{path} holds no telemetry step")
+    return reader.telemetry()
+
+
+class _Reader:
+    """Checks each step's fields and collects them into columns."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.steps: list[int] = []
+        self.values: dict[str, list[float]] = {name: [] for name, _ in _NUMBERS}
+        self.slowest: list[float] = []
+        self.idle_sum, self.idle_count = 0.0, 0
+        self.last_speeds: list[float] = []
+        self.skipped_line: int | None = None
+
+    def add(self, number: int, row: Any) -> None:
+        where = f"{self.path}:{number}"
         missing = [key for key in _REQUIRED if not isinstance(row, dict) or key not in row]
         if missing:
-            raise ValueError(f"{path}:{number} is not a telemetry step (missing {missing})")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"{path} holds no telemetry step")
-    return rows
+            raise ValueError(f"{where} is not a telemetry step (missing {missing})")
+        step = row["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or abs(step) >= 2**63:
+            raise ValueError(f"{where}: step must be an integer, got {step!r:.40}")
+        for name, nullable in _NUMBERS:
+            value = row.get(name)
+            self.values[name].append(_number(where, name, value, nullable=nullable))
+        speeds = _numbers(where, "rank_speeds", row["rank_speeds"], empty=False)
+        idle = _numbers(where, "idle_fraction", row.get("idle_fraction", []))
+        following = row.get("next_rank_speeds", speeds)
+        self.last_speeds = _numbers(where, "next_rank_speeds", following, empty=False)
+        self.steps.append(step)
+        self.slowest.append(min(speeds))
+        self.idle_sum += math.fsum(idle)
+        self.idle_count += len(idle)
+
+    def telemetry(self) -> RunTelemetry:
+        return RunTelemetry(
+            path=self.path,
+            step=np.array(self.steps, dtype=np.int64),
+            columns={
+                name: np.array(values, dtype=np.float64) for name, values in self.values.items()
+            },
+            slowest_speed=np.array(self.slowest, dtype=np.float64),
+            idle_sum=self.idle_sum,
+            idle_count=self.idle_count,
+            last_rank_speeds=self.last_speeds,
+            skipped_line=self.skipped_line,
+        )
 
 
-def summarize_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _number(where: str, name: str, value: Any, *, nullable: bool) -> float:
+    if value is None and nullable:
+        return math.nan
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float64
+            pass
+    kind = "a number or null" if nullable else "a number"
+    raise ValueError(f"{where}: {name} must be {kind}, got {value!r:.40}")
+
+
+def _numbers(where: str, name: str, value: Any, *, empty: bool = True) -> list[float]:
+    if not isinstance(value, list) or not (empty or value):
+        kind = "a list of numbers" if empty else "a non-empty list of numbers"
+        raise ValueError(f"{where}: {name} must be {kind}, got {value!r:.40}")
+    return [_number(where, name, item, nullable=False) for item in value]
+
+
+def summarize_run(run: RunTelemetry, *, rows: int | None = DEFAULT_ROWS) -> dict[str, Any]:
     """The run in a few figures (plain JSON values).
+
+    Args:
+        run: what ``load_telemetry`` read.
+        rows: at most this many table rows: a longer run is shown in equal ranges of
+            consecutive steps, each with its means (and its slowest speed). None or 0: a row
+            per step.
 
     Returns:
         ``steps``; ``measured_seconds`` (sum of step times); ``mean_step_seconds``;
@@ -67,56 +181,85 @@ def summarize_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
         steps); ``step_prediction_mape`` (predicted vs measured slowest-rank compute, per
         step); ``model_mape`` (the model's per-micro-batch error, steps that have one);
         ``saved_fraction`` (1 - planned / baseline predicted seconds, summed over the steps
-        that have both; None when none has); ``last_rank_speeds``; and ``table``: per step
-        ``(step, measured ms, max/mean compute, predicted ms, model error, slowest speed)``.
+        that have both; None when none has); ``last_rank_speeds``; ``skipped_line`` (a last
+        line cut short, or None); and ``table``: per row ``(first step, last step, measured
+        ms, max/mean compute, predicted ms, model error, slowest speed)``, the means of the
+        finite values (None where there is none). Means skip values that are not finite.
     """
-    compute = np.array([r["max_rank_compute_seconds"] for r in rows])
-    predicted = np.array([r["predicted_step_seconds"] for r in rows])
-    errors = [r["model_error"] for r in rows if r["model_error"] is not None]
-    idle = [f for r in rows for f in r.get("idle_fraction", [])]
-    pairs = [
-        (r["baseline_step_seconds"], r["planned_step_seconds"])
-        for r in rows
-        if r.get("baseline_step_seconds") is not None and r.get("planned_step_seconds") is not None
-    ]
-    imbalance = _imbalance(rows)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        step_error = np.abs(predicted - compute) / compute
+    c = run.columns
+    compute, predicted = c["max_rank_compute_seconds"], c["predicted_step_seconds"]
+    imbalance = _ratio(compute, c["mean_rank_compute_seconds"])
+    step_error = np.abs(_ratio(predicted - compute, compute))
+    both = np.isfinite(c["baseline_step_seconds"]) & np.isfinite(c["planned_step_seconds"])
+    baseline = float(c["baseline_step_seconds"][both].sum())
     return {
-        "steps": len(rows),
-        "measured_seconds": float(sum(r["step_seconds"] for r in rows)),
-        "mean_step_seconds": float(np.mean([r["step_seconds"] for r in rows])),
-        "mean_imbalance": float(np.nanmean(imbalance)),
-        "mean_idle_fraction": float(np.mean(idle)) if idle else None,
-        "step_prediction_mape": float(np.nanmean(step_error)),
-        "model_mape": float(np.mean(errors)) if errors else None,
-        "saved_fraction": 1.0 - sum(p for _, p in pairs) / sum(b for b, _ in pairs)
-        if pairs and sum(b for b, _ in pairs) > 0
+        "steps": len(run),
+        "measured_seconds": float(_finite(c["step_seconds"]).sum()),
+        "mean_step_seconds": _mean(c["step_seconds"]),
+        "mean_imbalance": _mean(imbalance),
+        "mean_idle_fraction": run.idle_sum / run.idle_count if run.idle_count else None,
+        "step_prediction_mape": _mean(step_error),
+        "model_mape": _mean(c["model_error"]),
+        "saved_fraction": 1.0 - float(c["planned_step_seconds"][both].sum()) / baseline
+        if baseline > 0
         else None,
-        "last_rank_speeds": rows[-1].get("next_rank_speeds", rows[-1]["rank_speeds"]),
-        "table": [
-            (
-                r["step"],
-                1e3 * r["step_seconds"],
-                float(imbalance[i]),
-                1e3 * r["predicted_step_seconds"],
-                r["model_error"],
-                min(r["rank_speeds"]),
-            )
-            for i, r in enumerate(rows)
-        ],
+        "last_rank_speeds": run.last_rank_speeds,
+        "skipped_line": run.skipped_line,
+        "table": _table(run, imbalance, rows),
     }
 
 
-def _imbalance(rows: list[dict[str, Any]]) -> np.ndarray:
-    """Each step's measured imbalance: max / mean rank compute (NaN where the mean is 0)."""
-    compute = np.array([r["max_rank_compute_seconds"] for r in rows])
-    mean = np.array([r["mean_rank_compute_seconds"] for r in rows])
+def _table(run: RunTelemetry, imbalance: np.ndarray, rows: int | None) -> list[tuple]:
+    """Rows over ranges of consecutive steps (one step each when the run is short)."""
+    n = len(run)
+    bounds = np.linspace(0, n, min(n, rows or n) + 1).round().astype(np.int64)
+    starts, ends = bounds[:-1], bounds[1:] - 1
+    c = run.columns
+    columns = [
+        1e3 * c["step_seconds"],
+        imbalance,
+        1e3 * c["predicted_step_seconds"],
+        c["model_error"],
+    ]
+    means = [_range_means(column, starts) for column in columns]
+    means.append(np.minimum.reduceat(run.slowest_speed, starts))
+    return [
+        (int(run.step[a]), int(run.step[b]), *(_value(m[i]) for m in means))
+        for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
+    ]
+
+
+def _range_means(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The mean of the finite ``values`` in each range from ``starts`` (NaN where none)."""
+    finite = np.isfinite(values)
+    with np.errstate(invalid="ignore"):
+        return np.add.reduceat(np.where(finite, values, 0.0), starts) / np.add.reduceat(
+            finite, starts
+        )
+
+
+def _value(value: float) -> float | None:
+    """A table cell: None where there is no finite value (JSON null)."""
+    return float(value) if math.isfinite(value) else None
+
+
+def _ratio(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+    """``top / bottom``, NaN where ``bottom`` is not positive."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(mean > 0, compute / mean, np.nan)
+        return np.where(bottom > 0, top / bottom, np.nan)
 
 
-def plot_run(rows: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
+def _finite(values: np.ndarray) -> np.ndarray:
+    return values[np.isfinite(values)]
+
+
+def _mean(values: np.ndarray) -> float | None:
+    """The mean over the finite entries, None when there is none."""
+    finite = _finite(values)
+    return float(finite.mean()) if finite.size else None
+
+
+def plot_run(run: RunTelemetry, path: str | os.PathLike[str]) -> Path:
     """Write a PNG of the run to ``path`` and return the path.
 
     Three panels over steps: measured imbalance (max / mean rank compute) with the slowest
@@ -125,25 +268,18 @@ def plot_run(rows: list[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
     between them the time balancing saved.
     """
     plt = pyplot()
-    steps = [r["step"] for r in rows]
+    c, steps = run.columns, run.step
     figure, axes = plt.subplots(3, 1, figsize=(9.0, 9.0), sharex=True, layout="constrained")
-    imbalance = _imbalance(rows)
+    imbalance = _ratio(c["max_rank_compute_seconds"], c["mean_rank_compute_seconds"])
     axes[0].plot(steps, imbalance, marker=".", label="measured imbalance (max / mean compute)")
-    axes[0].plot(steps, [min(r["rank_speeds"]) for r in rows], "--", label="slowest rank speed")
+    axes[0].plot(steps, run.slowest_speed, "--", label="slowest rank speed")
     axes[0].set_ylabel("ratio")
     axes[0].legend(loc="best")
-    axes[1].plot(steps, [1e3 * r["max_rank_compute_seconds"] for r in rows], label="measured")
-    axes[1].plot(steps, [1e3 * r["predicted_step_seconds"] for r in rows], label="predicted")
+    axes[1].plot(steps, 1e3 * c["max_rank_compute_seconds"], label="measured")
+    axes[1].plot(steps, 1e3 * c["predicted_step_seconds"], label="predicted")
     axes[1].set_ylabel("slowest rank compute (ms)")
     axes[1].legend(loc="best")
-    baseline = [
-        np.nan if r.get("baseline_step_seconds") is None else 1e3 * r["baseline_step_seconds"]
-        for r in rows
-    ]
-    planned = [
-        np.nan if r.get("planned_step_seconds") is None else 1e3 * r["planned_step_seconds"]
-        for r in rows
-    ]
+    baseline, planned = 1e3 * c["baseline_step_seconds"], 1e3 * c["planned_step_seconds"]
     axes[2].plot(steps, baseline, label="unbalanced baseline (round_robin), fitted model")
     axes[2].plot(steps, planned, label="as planned, fitted model")
     axes[2].fill_between(steps, planned, baseline, alpha=0.2, label="saved")

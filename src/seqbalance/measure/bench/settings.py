@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -14,17 +15,23 @@ from seqbalance._validation import (
     check_bool,
     check_choice,
     check_int,
+    check_non_negative_float,
     check_positive_float,
+    check_timeout,
 )
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
+from seqbalance.measure.hf_model import scaled_preset
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 from seqbalance.plan.options import check_rank_speeds
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_STRATEGIES",
+    "MAX_NOISE",
+    "MAX_SAMPLE_STEPS",
+    "MAX_SLOWDOWN",
     "ONLINE_STRATEGIES",
     "BenchSettings",
     "SlowRank",
@@ -39,10 +46,19 @@ DEFAULT_MAX_TOKENS = 4096
 
 ONLINE_STRATEGIES = ("balanced_adaptive", "balanced_oracle")
 """Planned inside the processes step by step: ``balanced_adaptive`` with the closed loop
-(``seqbalance.runtime.closed_loop.feedback.Adaptive``, starting from the run's time model), and
+(``seqbalance.runtime.Adaptive``, starting from the run's time model), and
 ``balanced_oracle``, ``balanced`` given each step's true rank speeds (from ``slow_rank``)."""
 
 DEVICES = ("cpu", "cuda")
+
+MAX_SLOWDOWN = 100.0
+"""The largest ``SlowRank.factor``: a rank slower than that has failed rather than slowed, and
+its extra work would stretch the run as many times."""
+MAX_NOISE = 10.0
+"""The largest ``BenchSettings.noise`` (mean extra work per micro-batch, in its own times)."""
+MAX_SAMPLE_STEPS = 2**24
+"""The most samples a run trains per strategy, ``(warmup + steps) x global_batch_size``: at a
+millisecond per sample on a CPU core that is already past the default launch timeout."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +70,7 @@ class SlowRank:
 
     Attributes:
         rank: The slow rank.
-        factor: How many times slower (>= 1).
+        factor: How many times slower (1 to ``MAX_SLOWDOWN``).
         start: First slow measured step (warm-up steps are before 0).
         stop: First step after the slow spell, or None (to the end).
     """
@@ -67,8 +83,10 @@ class SlowRank:
     def __post_init__(self) -> None:
         object.__setattr__(self, "rank", check_int(self.rank, "slow_rank rank", minimum=0))
         factor = check_positive_float(self.factor, "slow_rank factor")
-        if factor < 1:
-            raise ValueError(f"slow_rank factor must be >= 1, got {self.factor!r}")
+        if not 1 <= factor <= MAX_SLOWDOWN:
+            raise ValueError(
+                f"slow_rank factor must be between 1 and {MAX_SLOWDOWN:g}, got {self.factor!r}"
+            )
         object.__setattr__(self, "factor", factor)
         object.__setattr__(self, "start", check_int(self.start, "slow_rank start", minimum=0))
         if self.stop is not None:
@@ -86,11 +104,12 @@ class SlowRank:
             head, _, spell = str(text).partition("@")
             rank, factor = head.split(":")
             start, _, stop = spell.partition("-")
-            return cls(int(rank), float(factor), int(start or 0), int(stop) if stop else None)
+            values = (int(rank), float(factor), int(start or 0), int(stop) if stop else None)
         except ValueError as error:
             raise ValueError(
                 f"slow_rank must be R:F or R:F@START-STOP, got {text!r}: {error}"
             ) from None
+        return cls(*values)
 
     def factor_at(self, step: int) -> float:
         """The slowdown of measured step ``step`` (1.0 outside the slow spell)."""
@@ -181,12 +200,20 @@ class BenchSettings:
         steps: Measured steps per strategy.
         warmup: Unmeasured steps per strategy first.
         model_size: Toy transformer size (a key of ``calibrate.MODEL_SIZES``).
+        hf_model: With ``context_parallel``: a bundled preset whose architecture is measured
+            too, after the toy, as a small Hugging Face causal LM
+            (``seqbalance.measure.hf_model.scaled_preset``; needs ``transformers``); None: the
+            toy only.
         time_model: What to plan with: a TimeModel (a ``ContextParallelTimeModel`` with
             ``context_parallel``); None calibrates one in the processes first.
         trials: Calibration micro-batches (at least ``calibrate.MIN_TRIALS``).
         repeats: Timings per calibration micro-batch (median kept).
         seed: Seed of the batch sampling, the planner and the model's weights.
         slow_rank: A :class:`SlowRank` that computes slower (real extra work), or None.
+        noise: Background load on every rank, reproducible: after each micro-batch a rank
+            computes again for a random multiple of its time, exponentially distributed with
+            mean ``noise`` (0 to ``MAX_NOISE``; drawn from ``seed``, the rank, the step and
+            the micro-batch), as a neighbour stealing time slices would. 0: none.
         timeout_seconds: Seconds any collective may wait before the run fails.
         launch_timeout_seconds: Seconds the whole run may take before it is stopped.
     """
@@ -202,11 +229,13 @@ class BenchSettings:
     steps: int = 20
     warmup: int = 3
     model_size: str = "small"
+    hf_model: str | None = None
     time_model: TimeModel | ContextParallelTimeModel | None = None
     trials: int = 48
     repeats: int = 3
     seed: int = 0
     slow_rank: SlowRank | None = None
+    noise: float = 0.0
     timeout_seconds: float = 300.0
     launch_timeout_seconds: float = 3600.0
 
@@ -236,8 +265,18 @@ class BenchSettings:
         ):
             set_(name, check_int(getattr(self, name), name, minimum=minimum))
         set_("model_size", check_choice(self.model_size, "model_size", tuple(MODEL_SIZES)))
+        if (self.warmup + self.steps) * self.global_batch_size > MAX_SAMPLE_STEPS:
+            raise ValueError(
+                f"(warmup + steps) x global_batch_size must be at most {MAX_SAMPLE_STEPS} "
+                f"samples per strategy, got ({self.warmup} + {self.steps}) x "
+                f"{self.global_batch_size}"
+            )
+        noise = check_non_negative_float(self.noise, "noise")
+        if noise > MAX_NOISE:
+            raise ValueError(f"noise must be between 0 and {MAX_NOISE:g}, got {self.noise!r}")
+        set_("noise", noise)
         for name in ("timeout_seconds", "launch_timeout_seconds"):
-            set_(name, check_positive_float(getattr(self, name), name))
+            set_(name, check_timeout(getattr(self, name), name))
         if isinstance(self.strategies, str) or (
             self.strategies is not None and not self.strategies
         ):
@@ -246,6 +285,7 @@ class BenchSettings:
             )
         self._check_options()
         self._check_speeds()
+        self._check_hf_model()
         if self.context_parallel is None:
             self._check_data_parallel()
         else:
@@ -278,6 +318,8 @@ class BenchSettings:
             check_rank_speeds(speeds, self.procs)
         if self.context_parallel is not None and self.slow_rank is not None:
             raise ValueError("slow_rank is not supported with context_parallel")
+        if self.context_parallel is not None and self.noise:
+            raise ValueError("noise is not supported with context_parallel")
 
     def _check_data_parallel(self) -> None:
         if self.options.max_tokens is None:
@@ -295,6 +337,17 @@ class BenchSettings:
             )
         strategies = DEFAULT_STRATEGIES if self.strategies is None else tuple(self.strategies)
         object.__setattr__(self, "strategies", strategies)
+
+    def _check_hf_model(self) -> None:
+        if self.hf_model is None:
+            return
+        if self.context_parallel is None:
+            raise ValueError("hf_model is measured with context_parallel only")
+        if importlib.util.find_spec("transformers") is None:
+            raise ValueError(
+                f"hf_model {self.hf_model!r} needs transformers: pip install 'seqbalance[hf]'"
+            )
+        scaled_preset(self.hf_model, max_position=1)  # an unknown or unsupported preset, named
 
     def _check_context_parallel(self) -> None:
         cp = self.context_parallel

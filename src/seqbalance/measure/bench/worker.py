@@ -30,7 +30,7 @@ from seqbalance.measure.toy_model import (
     make_padded_batch,
 )
 from seqbalance.plan import StepPlan, plan_step
-from seqbalance.runtime.closed_loop.feedback import Adaptive, Feedback
+from seqbalance.runtime.closed_loop import Adaptive, Feedback
 from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 from seqbalance.runtime.collectives import synchronize
 
@@ -183,10 +183,20 @@ def _true_speeds(settings: BenchSettings, step: int) -> tuple[float, ...] | None
     return settings.options.rank_speeds
 
 
-def _slowdown(settings: BenchSettings, rank: int, step: int) -> float:
-    """How many times slower ``rank`` computes at schedule step ``step`` (warm-up first)."""
+def _extra_work(
+    settings: BenchSettings, rank: int, step: int, strategy: int, microbatches: int
+) -> np.ndarray:
+    """float64 ``[microbatches]``: the extra work of ``rank`` after each micro-batch of
+    ``strategy`` (its index) at schedule step ``step`` (warm-up first), in multiples of the
+    micro-batch's time: the slow rank's ``factor - 1``, plus the background load
+    (``settings.noise``), drawn from the seed, rank, step and strategy."""
     slow = settings.slow_rank
-    return 1.0 if slow is None or slow.rank != rank else slow.factor_at(step - settings.warmup)
+    factor = 1.0 if slow is None or slow.rank != rank else slow.factor_at(step - settings.warmup)
+    extra = np.full(microbatches, factor - 1.0)
+    if settings.noise:
+        draws = np.random.default_rng((settings.seed, rank, step, strategy))
+        extra += draws.exponential(settings.noise, microbatches)
+    return extra
 
 
 def _all_reduce_gradients(parameters: list[torch.Tensor], procs: int) -> None:
@@ -225,7 +235,8 @@ def _train(
     trainer that normalises by tokens does), so a micro-batch without labelled tokens adds 0,
     never NaN. An empty micro-batch (``allow_empty``) computes nothing but still joins the
     step's collectives (the all-reduce after it under ``lockstep``). The slow rank
-    (``settings.slow_rank``) computes ``factor - 1`` times each micro-batch's time again.
+    (``settings.slow_rank``) computes ``factor - 1`` times each micro-batch's time again, and
+    with ``settings.noise`` every rank a random multiple of it (``_extra_work``).
     Micro-batches are timed with a :class:`StepTimer` (CUDA events on a GPU, read once at the
     step's end).
     """
@@ -246,9 +257,9 @@ def _train(
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in settings.strategies}
     # Strategies take turns step by step, so a slow spell of the machine hits them all alike.
     for step in range(total_steps):
-        slow = _slowdown(settings, rank, step)
-        for name in settings.strategies:
+        for index, name in enumerate(settings.strategies):
             microbatches = planner.microbatches(name, step)
+            extra = _extra_work(settings, rank, step, index, len(microbatches))
             inputs = [
                 tuple(t.to(device) for t in make(lengths, vocab_size=vocab, seed=step * 1000 + i))
                 if sum(lengths)
@@ -259,14 +270,14 @@ def _train(
             optimizer.zero_grad(set_to_none=False)
             dist.barrier()
             step_start = time.perf_counter()
-            for batch in inputs:
+            for batch, more in zip(inputs, extra.tolist(), strict=True):
                 with timer.microbatch():
                     started = time.perf_counter()
                     if batch is not None:
                         (forward(*batch, reduction="sum") / labelled).backward()
-                    if slow > 1.0:
+                    if more > 0.0:
                         synchronize(device)
-                        _burn((slow - 1.0) * (time.perf_counter() - started), burner)
+                        _burn(more * (time.perf_counter() - started), burner)
                 if settings.options.objective == "lockstep":
                     with timer.sync():
                         all_reduce_gradients()
