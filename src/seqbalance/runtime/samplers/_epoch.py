@@ -15,7 +15,7 @@ import itertools
 import json
 import sys
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -138,8 +138,9 @@ class EpochBatchSampler:
         """Micro-batches of every step when fixed, else None."""
         raise NotImplementedError
 
-    def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
-        """This rank's micro-batches of each step from ``first`` on, step by step."""
+    def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
+        """This rank's micro-batches of each step from ``first`` on, step by step (each a
+        sequence of dataset indices: a list, or a ``ContextParallelSlot``)."""
         raise NotImplementedError
 
     def _setup(self) -> dict[str, Any]:
@@ -167,7 +168,7 @@ class EpochBatchSampler:
         self._consumed = consumed
         self._counts = array("L")  # micro-batches of each step this pass has started
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[Sequence[int]]:
         # Checked and positioned now, not at the first next(): a disagreement fails before any
         # data is yielded, and state_dict() right after iter() describes the new pass.
         self.close()
@@ -177,7 +178,7 @@ class EpochBatchSampler:
         self._start_pass(consumed, step, offset)
         return self._yield_from(self.epoch, step, offset, self._pass)
 
-    def _yield_from(self, epoch: int, step: int, offset: int, mine: int) -> Iterator[list[int]]:
+    def _yield_from(self, epoch: int, step: int, offset: int, mine: int) -> Iterator[Sequence[int]]:
         steps = self._rank_steps(epoch, step)
         try:
             for number in itertools.count(step):
