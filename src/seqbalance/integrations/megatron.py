@@ -50,8 +50,11 @@ What needs a GPU: Megatron's THD attention (Transformer Engine's fused or flash 
 its ``DistributedDataParallel`` buffers; everything in this module runs on CPU.
 
 **Dynamic (hybrid) context parallelism.** megatron-core 0.19.2's ``hybrid_context_parallel``
-schedule takes one ``(samples by id, sample_id_groups)`` pair per step; :func:`hybrid_cp_batch`
-makes it from a ``ContextParallelPlan`` of the step (CP sizes from :func:`hybrid_cp_sizes`).
+schedule (``forward_backward_no_pipelining`` with ``config.hybrid_context_parallel``) reads one
+``(samples by id, sample_id_groups)`` pair per step from ``data_iterator``.
+``MegatronDataIterator(..., context_parallel=ContextParallel(sizes=hybrid_cp_sizes(n)))`` plans
+each step over the DPxCP group (``max_tokens`` per rank and slot) and yields that pair
+(:class:`MegatronHybridStep`; :func:`hybrid_cp_batch` makes it from any ``ContextParallelPlan``).
 
 Every micro-batch is a dict of ``[1, T]`` tensors (``tokens``, ``labels``, ``loss_mask``,
 ``position_ids``: positions restart at 0 in every sequence) and ``packed_seq_params``, a plain
