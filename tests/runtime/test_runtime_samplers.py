@@ -276,7 +276,7 @@ def test_resume_with_another_max_tokens_is_refused_naming_it() -> None:
 
 def test_resume_with_another_cost_is_refused_naming_it() -> None:
     message = _refusal(_balanced(), _balanced(cost="flops"))
-    assert 'changed: options.cost ("tokens" saved, "flops" now); cost_probe' in message
+    assert 'changed: options.cost ("tokens" saved, "flops" now); costs' in message
 
 
 def test_resume_with_the_same_count_but_other_lengths_is_refused() -> None:
@@ -488,7 +488,7 @@ def test_a_state_of_plain_lengths_keeps_its_setup() -> None:
         "dp_size",
         "groups",
         "options",
-        "cost_probe",
+        "costs",
         "global_batch_size",
         "shuffle",
         "bucket_window",
