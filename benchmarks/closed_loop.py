@@ -28,7 +28,8 @@ import numpy as np
 
 from seqbalance.cost import TimeModel
 from seqbalance.datasets import load
-from seqbalance.plan import AdaptivePlanner, PlanOptions, plan_step
+from seqbalance.plan import PlanOptions, plan_step
+from seqbalance.runtime import AdaptivePlanner
 
 TRUE = TimeModel(0.004, 2.5e-5, 2.0e-9)
 """About the toy model on one core: 4 ms per micro-batch, 25 µs per token, 2 ns per token²."""

@@ -23,6 +23,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src" / "seqbalance"
 
 LAYERS = {
+    "_moved": 0,
     "_validation": 0,
     "defaults": 0,
     "partition": 1,
@@ -395,3 +396,30 @@ def test_private_reads_are_found() -> None:
     assert _owner("seqbalance.runtime.samplers") is None
     tree = ast.parse("class A:\n    def f(self, other):\n        self._x = other._y\n")
     assert _private_names(tree) == {"_x"}
+
+
+CLOSED_LOOP = {
+    "Feedback",
+    "OnlineTimeModel",
+    "ClosedLoop",
+    "AdaptivePlanner",
+    "Adaptive",
+    "Piggyback",
+    "LaggedFeedback",
+    "StepTimer",
+    "StepTiming",
+}
+"""The closed loop's classes: settings, model, the one loop object, its transports, the timer."""
+
+
+def test_the_closed_loop_lives_in_one_folder() -> None:
+    homes = {
+        node.name: module
+        for module, path in _modules().items()
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.ClassDef) and node.name in CLOSED_LOOP
+    }
+    assert set(homes) == CLOSED_LOOP
+    assert {
+        n: m for n, m in homes.items() if not m.startswith("seqbalance.runtime.closed_loop.")
+    } == {}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from seqbalance._moved import install
+
 __version__ = "0.1.0"
 
 _LAZY_NAMES = {
@@ -45,6 +47,9 @@ _SUBPACKAGES = (
 )
 
 __all__ = ["__version__", *_LAZY_NAMES, *_SUBPACKAGES]
+
+
+install()  # the deprecated module paths of one release (seqbalance._moved)
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,6 @@ import numpy as np
 __all__ = [
     "MAX_TIMEOUT_SECONDS",
     "MAX_TOKENS_LIMIT",
-    "MIN_TIMEOUT_SECONDS",
     "SPEED_RANGE",
     "as_group_ids",
     "as_lengths",
@@ -203,28 +202,25 @@ def check_positive_float(value: Any, name: str) -> float:
     return _check_real(value, name, positive=True)
 
 
-def check_non_negative_float(value: Any, name: str) -> float:
-    """Return ``value`` as a float; reject bools, NaN, inf and values < 0."""
-    return _check_real(value, name, positive=False)
-
-
-MIN_TIMEOUT_SECONDS = 1e-3
-MAX_TIMEOUT_SECONDS = 1e9
-"""Timeouts are accepted from a millisecond (the resolution of torch.distributed's) to about 31
-years: every clock that waits on one represents it (``datetime.timedelta``, ``threading``'s
-waits, ``time.monotonic()`` deadlines), so a timeout never overflows at first use."""
+MAX_TIMEOUT_SECONDS = 10.0 * 365 * 24 * 3600
+"""Longest deadline accepted, in seconds (ten years): a longer one is a mistake (``inf``, a value
+in the wrong unit), and ``datetime.timedelta`` overflows not far above it."""
 
 
 def check_timeout(value: Any, name: str) -> float:
-    """Return ``value`` (seconds) as a float; reject bools, NaN, inf and values outside
-    [``MIN_TIMEOUT_SECONDS``, ``MAX_TIMEOUT_SECONDS``]."""
-    seconds = check_positive_float(value, name)
-    if not MIN_TIMEOUT_SECONDS <= seconds <= MAX_TIMEOUT_SECONDS:
+    """Return a deadline in seconds as a float: positive, finite and at most
+    ``MAX_TIMEOUT_SECONDS`` (so converting it to a ``timedelta`` can never overflow)."""
+    seconds = _check_real(value, name, positive=True)
+    if seconds > MAX_TIMEOUT_SECONDS:
         raise ValueError(
-            f"{name} must be between {MIN_TIMEOUT_SECONDS:g} and {MAX_TIMEOUT_SECONDS:g} "
-            f"seconds, got {value!r}"
+            f"{name} must be at most {MAX_TIMEOUT_SECONDS:g} seconds (ten years), got {value!r}"
         )
     return seconds
+
+
+def check_non_negative_float(value: Any, name: str) -> float:
+    """Return ``value`` as a float; reject bools, NaN, inf and values < 0."""
+    return _check_real(value, name, positive=False)
 
 
 def check_choice(value: Any, name: str, choices: Sequence[str] | Iterable[str]) -> str:

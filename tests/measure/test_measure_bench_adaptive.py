@@ -81,9 +81,8 @@ def test_settings_refuse_limits_no_run_could_meet_up_front():
     for bad, message in (
         ({"noise": -0.1}, "noise must be a non-negative finite"),
         ({"noise": 10.5}, "noise must be between 0 and 10"),
-        ({"timeout_seconds": 1e20}, "timeout_seconds must be between 0.001 and 1e[+]09"),
+        ({"timeout_seconds": 1e20}, "timeout_seconds must be at most 3.1536e[+]08 seconds"),
         ({"launch_timeout_seconds": float("inf")}, "launch_timeout_seconds must be a positive"),
-        ({"timeout_seconds": 1e-4}, "timeout_seconds must be between"),
         ({"steps": 2**24}, r"\(warmup \+ steps\) x global_batch_size must be at most 16777216"),
     ):
         with pytest.raises(ValueError, match=message):
@@ -138,7 +137,7 @@ def test_bench_cli_names_a_bad_slow_rank(capsys):
     assert "slow_rank factor must be between 1 and 100" in capsys.readouterr().err
     for flags, message in (
         (["--noise", "nan"], "--noise must be a non-negative finite number"),
-        (["--timeout", "1e20"], "--timeout must be between 0.001 and 1e+09 seconds"),
+        (["--timeout", "1e20"], "--timeout must be at most 3.1536e+08 seconds (ten years)"),
         (["--launch-timeout", "inf"], "--launch-timeout must be a positive finite"),
         (["--steps", "100000", "--global-batch", "1000"], "(--warmup + --steps) x --global-batch"),
     ):

@@ -80,9 +80,13 @@ def test_the_closed_loop_is_one_argument_of_every_constructor() -> None:
     import dataclasses
     import inspect
 
-    from seqbalance.cost import Feedback
-    from seqbalance.plan import AdaptivePlanner
-    from seqbalance.runtime import Adaptive, BalancedBatchSampler, WindowBalancer
+    from seqbalance.runtime import (
+        Adaptive,
+        AdaptivePlanner,
+        BalancedBatchSampler,
+        Feedback,
+        WindowBalancer,
+    )
 
     # WindowBalancer's own ``window`` (samples buffered) is not the fit's (steps).
     loop = {field.name for field in dataclasses.fields(Feedback)} - {"window"}
@@ -98,3 +102,19 @@ def test_the_closed_loop_is_one_argument_of_every_constructor() -> None:
         parameters = set(inspect.signature(cls).parameters)
         assert name in parameters, cls.__name__
         assert not parameters & (loop | {"rank", "world_size"}), cls.__name__
+
+
+def test_a_worker_runs_a_call_inline_only_on_its_own_thread() -> None:
+    """Another Rebalancer's worker thread is a caller like any other (issue 26: the worker is
+    known by object, not by its thread's name)."""
+    import threading
+
+    from seqbalance.runtime.rebalancing.worker import Worker
+
+    a, b = Worker(), Worker()
+    b.submit(lambda: None).result()  # b's thread started
+    ident = threading.get_ident
+    own, inline, other = a.submit(lambda: (ident(), a.run(ident), b.run(ident))).result()
+    assert own == inline != other
+    a.close()
+    b.close()

@@ -21,7 +21,7 @@ from _multiprocess import launch, ok  # noqa: E402
 
 from seqbalance.cost import TimeModel  # noqa: E402
 from seqbalance.plan import PlanOptions  # noqa: E402
-from seqbalance.runtime.closed_loop.feedback import Adaptive, Feedback  # noqa: E402
+from seqbalance.runtime.closed_loop import Adaptive, Feedback  # noqa: E402
 from seqbalance.runtime.closed_loop.timer import StepTiming  # noqa: E402
 
 TRUE = TimeModel(0.002, 2e-6, 3e-10)
@@ -81,9 +81,37 @@ def _closed_loop(rank: int, world_size: int) -> dict[str, Any]:
         "steps": steps,
         "resumed": again,
         "warnings": [str(w.message) for w in caught if "ignored" in str(w.message)],
-        "ignored": loop.planner.online.ignored,
+        "ignored": loop.online.ignored,
         "rebalancer": _rebalancer_loop(rank, world_size),  # the same processes: one launch
+        "extra_observe": _extra_observe(rank),
+        "adaptive_differs": _adaptive_differs(rank),
     }
+
+
+def _extra_observe(rank: int) -> str | None:
+    """Rank 1 observes step 1 twice: its second report meets rank 0's report of step 2."""
+    loop = Adaptive(OPTIONS, feedback=Feedback(timeout_seconds=30.0))
+    try:
+        for step in range(3):
+            plan = loop.plan(np.random.default_rng(step).integers(16, 2048, size=48))
+            loop.observe(plan, _timing(plan, rank, step))
+            if rank == 1 and step == 1:
+                loop.observe(plan, _timing(plan, rank, step))
+    except ValueError as error:
+        return f"{error} (learned {loop.loop.observed})"
+    return None
+
+
+def _adaptive_differs(rank: int) -> str | None:
+    """Ranks whose Rebalancers differ only in ``adaptive`` refuse the step before data moves."""
+    from seqbalance.runtime import Rebalancer
+
+    rebalancer = Rebalancer(max_tokens=2048, adaptive=Feedback(window=8 if rank else 16))
+    try:
+        rebalancer.rebalance([torch.zeros(10 + rank)])
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +198,15 @@ def test_rebalancer_adaptive_learns_from_the_next_gather_identically(results):
     late = zip(a["steps"][8:], b["steps"][8:], strict=True)
     assert all(slow["tokens"] < 0.5 * fast["tokens"] for fast, slow in late)
     assert a["resumed"] == a["steps"][8:] and b["resumed"] == b["steps"][8:]
+
+
+def test_a_missed_or_extra_observe_is_the_same_value_error_on_every_rank(results):
+    a, b = (result["extra_observe"] for result in results)
+    assert a == b
+    assert "rank 1 observed step 1 where step 2 was due" in a
+    assert a.endswith("(learned 2)")  # nothing learned from the refused step
+
+
+def test_ranks_whose_adaptive_settings_differ_refuse_the_step(results):
+    a, b = (result["adaptive_differs"] for result in results)
+    assert a == b and "adaptive" in a

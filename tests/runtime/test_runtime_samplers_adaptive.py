@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from _multiprocess import launch, ok  # noqa: E402
 
 from seqbalance.cost import TimeModel  # noqa: E402
-from seqbalance.cost.online import Feedback  # noqa: E402
+from seqbalance.runtime.closed_loop import Feedback  # noqa: E402
 from seqbalance.runtime.closed_loop.timer import StepTiming  # noqa: E402
 from seqbalance.runtime.samplers import BalancedBatchSampler  # noqa: E402
 
@@ -97,12 +97,35 @@ def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
         error += " | " + str(caught)
     forgetful.close()
     return {
+        "missed": _miss_one_observe(_sampler(), rank),
         "steps": steps,
         "next_epoch": next_epoch,
         "resumed": again,
         "state": state,
         "forgetful": error,
     }
+
+
+def _miss_one_observe(sampler: BalancedBatchSampler, rank: int) -> str | None:
+    """Rank 1 skips observe() after step 2, timing with the sampler's timer: its next report
+    holds two steps' micro-batches and meets rank 0's report of step 2."""
+    batches = iter(sampler)
+    try:
+        for step in range(5):
+            next(batches)
+            plan = sampler.step_plan(step)
+            for _ in range(plan.n_microbatches - 1):
+                next(batches)
+            for _ in range(plan.n_microbatches):
+                with sampler.timer.microbatch():
+                    pass
+            if not (rank == 1 and step == 2):
+                sampler.observe()
+    except ValueError as error:
+        return str(error)
+    finally:
+        sampler.close()
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +195,9 @@ def test_adaptive_needs_torch_distributed_and_prior_lives_in_feedback():
     with pytest.raises(ValueError, match="adaptive=True"):
         plain.observe()
     assert "adaptive" not in plain.state_dict()
+
+
+def test_a_rank_that_misses_an_observe_makes_every_rank_raise_at_that_step(results):
+    a, b = (result["missed"] for result in results)
+    assert a == b
+    assert a.startswith("rank 1 could not report step 2: seconds of rank 1 must be one")

@@ -13,11 +13,12 @@ Nothing here knows about partitioning or torch.
 
 from __future__ import annotations
 
+from typing import Any
+
 from seqbalance.cost.flops import FlopsModel, attention_pairs, describe_preset
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec, hstu_attention_pairs, hstu_presets
 from seqbalance.cost.lookup import flops_model, model_presets, preset_cost, resolve_model
 from seqbalance.cost.meter import FlopsMeter, FlopsReport, MeterTotals
-from seqbalance.cost.online import Feedback, OnlineTimeModel
 from seqbalance.cost.resolve import (
     CallableCost,
     CostModel,
@@ -39,7 +40,6 @@ __all__ = [
     "CallableCost",
     "CostModel",
     "ExternalCost",
-    "Feedback",
     "FitStats",
     "FlopsMeter",
     "FlopsModel",
@@ -50,7 +50,6 @@ __all__ = [
     "MambaSpec",
     "MeterTotals",
     "ModelSpec",
-    "OnlineTimeModel",
     "SampleParts",
     "SecondsFromFlops",
     "TimeModel",
@@ -72,3 +71,12 @@ __all__ = [
     "resolve_model",
     "seconds_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Feedback", "OnlineTimeModel"):  # named, not imported: a layer above
+        raise AttributeError(
+            f"seqbalance.cost.{name} moved to seqbalance.runtime.closed_loop: "
+            f"from seqbalance.runtime import {name}"
+        )
+    raise AttributeError(f"module 'seqbalance.cost' has no attribute {name!r}")

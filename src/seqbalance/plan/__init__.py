@@ -10,15 +10,16 @@ splits an epoch into steps (with optional bounded length bucketing) and plans ea
 every invariant. With
 ``PlanOptions.context_parallel``, samples longer than one rank are sharded over context-parallel
 groups (``seqbalance.plan.context_parallel``, a ``ContextParallelPlan``), through the same
-``plan_step`` and registry. ``AdaptivePlanner`` plans each step
-with the cost model and rank speeds learned from measured time (the single-controller form).
+``plan_step`` and registry. Planning from measured time (the closed loop, ``AdaptivePlanner``)
+is ``seqbalance.runtime.closed_loop``, above this package.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from seqbalance.plan import _builtins  # noqa: F401  (registers the built-in strategies)
-from seqbalance.plan._problem import Problem
-from seqbalance.plan.adaptive import AdaptivePlanner
+from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel.options import ContextParallel
@@ -40,7 +41,6 @@ __all__ = [
     "LAYOUTS",
     "OBJECTIVES",
     "ORDERS",
-    "AdaptivePlanner",
     "ContextParallel",
     "ContextParallelPlan",
     "ContextParallelStrategy",
@@ -53,6 +53,7 @@ __all__ = [
     "StepPlan",
     "Strategy",
     "get_strategy",
+    "objective_value",
     "option_names",
     "plan_epoch",
     "plan_step",
@@ -60,3 +61,12 @@ __all__ = [
     "strategy_names",
     "unregister_strategy",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AdaptivePlanner":  # named, not imported: the closed loop is a layer above
+        raise AttributeError(
+            "seqbalance.plan.AdaptivePlanner moved to seqbalance.runtime.closed_loop: "
+            "from seqbalance.runtime import AdaptivePlanner"
+        )
+    raise AttributeError(f"module 'seqbalance.plan' has no attribute {name!r}")

@@ -5,7 +5,8 @@ Grouped by feature: ``samplers`` (the DataLoader samplers :class:`BalancedBatchS
 samples between data-parallel ranks with torch.distributed, and the streaming
 :class:`WindowBalancer`), ``closed_loop`` (:class:`StepTimer` times micro-batches and the
 gradient sync; :class:`Adaptive` learns the cost model and rank speeds from every rank's
-measurements, ``adaptive=True`` in the samplers, the Rebalancer and the WindowBalancer),
+measurements, ``adaptive=True`` in the samplers, the Rebalancer and the WindowBalancer;
+:class:`AdaptivePlanner` for one controller that plans for its workers),
 ``context_parallel`` (the reference executor: :class:`ContextParallelGroups`, ``run_step``, and
 causal attention within packed samples), ``flops`` (:class:`TorchFlopsMeter` for packed (THD)
 batches) and ``collectives`` (:class:`CollectiveError` and the deadline every collective
@@ -18,8 +19,6 @@ from __future__ import annotations
 import importlib
 import warnings
 from typing import Any
-
-from seqbalance.runtime._moved import install
 
 _LAZY_NAMES = {
     "BalancedBatchSampler": "seqbalance.runtime.samplers",
@@ -34,10 +33,13 @@ _LAZY_NAMES = {
     "TorchFlopsMeter": "seqbalance.runtime.flops",
     "FlopsReport": "seqbalance.runtime.flops",
     "ContextParallelGroups": "seqbalance.runtime.context_parallel",
-    "Adaptive": "seqbalance.runtime.closed_loop.feedback",
-    "Feedback": "seqbalance.runtime.closed_loop.feedback",
-    "StepTimer": "seqbalance.runtime.closed_loop.timer",
-    "StepTiming": "seqbalance.runtime.closed_loop.timer",
+    "Adaptive": "seqbalance.runtime.closed_loop",
+    "AdaptivePlanner": "seqbalance.runtime.closed_loop",
+    "ClosedLoop": "seqbalance.runtime.closed_loop",
+    "Feedback": "seqbalance.runtime.closed_loop",
+    "OnlineTimeModel": "seqbalance.runtime.closed_loop",
+    "StepTimer": "seqbalance.runtime.closed_loop",
+    "StepTiming": "seqbalance.runtime.closed_loop",
 }
 
 _DEPRECATED_NAMES = {"LaunchError": "seqbalance.measure.launch"}
@@ -45,8 +47,6 @@ _DEPRECATED_NAMES = {"LaunchError": "seqbalance.measure.launch"}
 release."""
 
 __all__ = list(_LAZY_NAMES)
-
-install()
 
 
 def __getattr__(name: str) -> Any:

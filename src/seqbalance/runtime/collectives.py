@@ -1,4 +1,9 @@
-"""Collectives with a deadline: every wait is bounded, so a failed peer raises, never hangs."""
+"""Collectives with a deadline: every wait is bounded, so a failed peer raises, never hangs.
+
+Deadlines are float seconds in every public signature (checked where they are given:
+``seqbalance._validation.check_timeout``); :func:`deadline` is the one place they become the
+``timedelta`` torch.distributed takes.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CollectiveError", "Comm", "group_device", "wait"]
+from seqbalance._validation import check_timeout
+
+__all__ = ["CollectiveError", "Comm", "deadline", "group_device", "synchronize", "wait"]
 
 
 class CollectiveError(RuntimeError):
     """A collective failed or did not finish within the timeout (a peer rank failed or hung)."""
+
+
+def deadline(seconds: float, name: str = "timeout") -> timedelta:
+    """``seconds`` as the ``timedelta`` of a collective's wait.
+
+    Raises:
+        ValueError: naming ``name``: not positive and finite, or beyond
+            ``MAX_TIMEOUT_SECONDS`` (it could overflow).
+    """
+    return timedelta(seconds=check_timeout(seconds, name))
 
 
 def wait(work: Any, what: str, timeout: timedelta) -> None:

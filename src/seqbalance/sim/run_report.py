@@ -1,6 +1,6 @@
 """What a run's telemetry says: measured imbalance, predicted vs measured, time balancing saved.
 
-The telemetry is what adaptive planning writes each step (``AdaptivePlanner.apply``, one JSON
+The telemetry is what adaptive planning writes each step (``ClosedLoop.learn``, one JSON
 object per line of a JSONL log): measured step and rank compute seconds, the model's
 prediction of them, its error, the rank speeds, and the step as the unbalanced baseline
 (``round_robin``) and as planned, both predicted by the fitted model at the measured speeds.

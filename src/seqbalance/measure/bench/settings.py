@@ -44,7 +44,7 @@ DEFAULT_MAX_TOKENS = 4096
 
 ONLINE_STRATEGIES = ("balanced_adaptive", "balanced_oracle")
 """Planned inside the processes step by step: ``balanced_adaptive`` with the closed loop
-(``seqbalance.runtime.closed_loop.feedback.Adaptive``, starting from the run's time model), and
+(``seqbalance.runtime.Adaptive``, starting from the run's time model), and
 ``balanced_oracle``, ``balanced`` given each step's true rank speeds (from ``slow_rank``)."""
 
 DEVICES = ("cpu", "cuda")

@@ -30,7 +30,7 @@ from seqbalance.measure.toy_model import (
     make_padded_batch,
 )
 from seqbalance.plan import StepPlan, plan_step
-from seqbalance.runtime.closed_loop.feedback import Adaptive, Feedback
+from seqbalance.runtime.closed_loop import Adaptive, Feedback
 from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 from seqbalance.runtime.collectives import synchronize
 

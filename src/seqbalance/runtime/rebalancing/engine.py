@@ -33,7 +33,7 @@ from seqbalance.runtime.rebalancing.worker import Worker
 
 if TYPE_CHECKING:
     from seqbalance.plan import StepPlan
-    from seqbalance.runtime.closed_loop.feedback import Piggyback
+    from seqbalance.runtime.closed_loop.transports import Piggyback
 
 __all__ = ["StepEngine"]
 
@@ -47,7 +47,7 @@ class StepEngine:
         options: the plan options of every step.
         length_key: field whose first dimension is a sample's length (None: the first field).
         keep_local: relabel plan slots to keep the most bytes on their current rank.
-        feedback: the closed loop whose statistics ride on the gather (None: not adaptive).
+        feedback: the closed loop whose records ride on the gather (None: not adaptive).
 
     Attributes:
         worker: the one thread every collective of the Rebalancer runs on, in call order, once
@@ -101,7 +101,7 @@ class StepEngine:
         started = time.perf_counter()
         # The statistics of an observed step are computed here, after every earlier step's
         # update, whichever thread runs this step.
-        pending = None if self.feedback is None else self.feedback.statistics(observed)
+        pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
         local, header, table = self.describe(samples, cu_seqlens, groups, parts, comm.world_size)
         header["feedback"] = None if pending is None else pending[1]
         batch = self.gather(comm, header, table, local)
@@ -170,6 +170,7 @@ class StepEngine:
                 "keep_local": self.keep_local,
                 "length_key": self.length_key,
                 "world_size": world_size,
+                "adaptive": None if self.feedback is None else self.feedback.setup(),
             },
         }
         try:

@@ -47,8 +47,9 @@ import torch.distributed as dist
 from seqbalance._validation import check_bool
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
-from seqbalance.runtime.closed_loop.feedback import Feedback, Piggyback, as_feedback
+from seqbalance.runtime.closed_loop.settings import Feedback, as_feedback
 from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
+from seqbalance.runtime.closed_loop.transports import Piggyback
 from seqbalance.runtime.collectives import CollectiveError
 from seqbalance.runtime.rebalancing.engine import StepEngine
 from seqbalance.runtime.rebalancing.overlap import RebalancedSteps, StepSamples

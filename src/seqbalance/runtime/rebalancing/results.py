@@ -76,7 +76,7 @@ class RebalanceResult:
         timings: seconds spent in ``gather``, ``plan`` (planning and routing), ``exchange``
             and, once called, ``restore``.
         telemetry: with ``adaptive``, the telemetry of the last step :meth:`Rebalancer.observe`
-            saw (``seqbalance.plan.adaptive.AdaptivePlanner.apply``), the same on every rank;
+            saw (``seqbalance.runtime.ClosedLoop.learn``), the same on every rank;
             else None.
     """
 

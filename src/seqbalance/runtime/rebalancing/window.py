@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_int
-from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
-from seqbalance.plan.adaptive import AdaptivePlanner
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step, vision_patches_of
+from seqbalance.runtime.closed_loop.planner import AdaptivePlanner
+from seqbalance.runtime.closed_loop.settings import Feedback, as_feedback
 from seqbalance.runtime.rebalancing.caps import first_over_cap
 
 if TYPE_CHECKING:
@@ -117,9 +117,9 @@ class WindowBalancer:
         options: the :class:`seqbalance.PlanOptions` of every dispatched step;
             ``option_keywords`` (any ``PlanOptions`` field by name) are applied on top. Checked
             here, at construction.
-        adaptive: ``True`` or a :class:`seqbalance.cost.online.Feedback`: plan each dispatch
+        adaptive: ``True`` or a :class:`seqbalance.runtime.Feedback`: plan each dispatch
             with the cost model and rank speeds learned from measured time (an
-            :class:`seqbalance.plan.adaptive.AdaptivePlanner`, :attr:`adaptive`): after a
+            :class:`seqbalance.runtime.AdaptivePlanner`, :attr:`adaptive`): after a
             step ran, hand every rank's measured seconds to :meth:`observe`; the update applies
             from the next dispatch. ``Feedback(prior=..., log=...)`` sets the model it starts
             from (default: ``cost`` as seconds) and a JSONL file of each step's telemetry.

@@ -27,6 +27,7 @@ class Worker:
 
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
+        self._thread: int | None = None  # this worker's thread (its ident), once started
 
     @property
     def running(self) -> bool:
@@ -37,7 +38,9 @@ class Worker:
         """Run ``fn(*args)`` on the worker thread (started now if needed), after every call
         submitted before."""
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=_PREFIX)
+            self._executor = ThreadPoolExecutor(
+                1, thread_name_prefix=_PREFIX, initializer=self._started
+            )
         # The current CUDA device is per thread: the worker's NCCL collectives use the caller's.
         device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
         return self._executor.submit(_on_device, device, fn, *args)
@@ -45,16 +48,21 @@ class Worker:
     def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, in order with the submitted calls while the worker runs (waiting for
         it), else on this thread."""
-        on_worker = threading.current_thread().name.startswith(_PREFIX)
+        # This worker's own thread runs it inline (a call it runs asks for another); another
+        # Rebalancer's worker thread is a caller like any other.
+        on_worker = threading.get_ident() == self._thread
         if self._executor is None or on_worker:
             return fn(*args)
         return self.submit(fn, *args).result()
+
+    def _started(self) -> None:
+        self._thread = threading.get_ident()
 
     def close(self) -> None:
         """Stop the thread once the calls submitted so far have finished."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-            self._executor = None
+            self._executor, self._thread = None, None
 
 
 def _on_device(device: int | None, fn: Callable[..., T], *args: Any) -> T:

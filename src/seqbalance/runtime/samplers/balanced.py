@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance._validation import as_group_ids, check_bool, check_int
-from seqbalance.cost.online import Feedback, as_feedback
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.epoch import check_group_sizes, check_steps_fill, plan_epoch
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
+from seqbalance.runtime.closed_loop.settings import Feedback, as_feedback
 from seqbalance.runtime.samplers._epoch import (
     EpochBatchSampler,
     parts_sha256,
@@ -75,7 +75,7 @@ class BalancedBatchSampler(EpochBatchSampler):
             on top. Checked here, at construction, together with every sample (one vectorised
             pass in chunks): against ``max_tokens`` and ``max_vision_patches`` (unless
             ``allow_oversize``) and through the cost model.
-        adaptive: ``True`` or a :class:`seqbalance.cost.online.Feedback`: the closed loop
+        adaptive: ``True`` or a :class:`seqbalance.runtime.Feedback`: the closed loop
             (needs torch.distributed and ``group`` the data-parallel group). After each step,
             every rank calls :meth:`observe` (its micro-batch times from :attr:`timer`, or a
             ``StepTiming``): one small all_gather, and the online model and rank speeds of
@@ -344,7 +344,7 @@ class BalancedBatchSampler(EpochBatchSampler):
                 micro-batch the sampler yielded for it (default: :attr:`timer`'s ``finish()``).
 
         Returns:
-            The step's telemetry (``seqbalance.plan.AdaptivePlanner.apply``), the same on every
+            The step's telemetry (``seqbalance.runtime.ClosedLoop.learn``), the same on every
             rank.
 
         Raises:

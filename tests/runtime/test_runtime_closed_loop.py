@@ -1,4 +1,5 @@
-"""The online cost model, rank speeds and the single-controller AdaptivePlanner (numpy only)."""
+"""The closed loop without processes: the online cost model, rank speeds, the one ClosedLoop and
+the single-controller AdaptivePlanner (numpy only)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,22 @@ import warnings
 
 import numpy as np
 import pytest
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from seqbalance._validation import SPEED_RANGE
 from seqbalance.cost import TimeModel
-from seqbalance.cost.online import Feedback, OnlineTimeModel, microbatch_features
-from seqbalance.plan.adaptive import AdaptivePlanner, prior_time_model
+from seqbalance.plan import StepPlan, plan_step
 from seqbalance.plan.options import PlanOptions
+from seqbalance.runtime.closed_loop import (
+    AdaptivePlanner,
+    ClosedLoop,
+    Feedback,
+    OnlineTimeModel,
+    microbatch_features,
+    prior_time_model,
+)
 
 TRUE = TimeModel(0.003, 2e-6, 3e-10)
 
@@ -114,7 +126,7 @@ def test_degenerate_timings_are_ignored_with_one_warning_and_change_nothing():
         history = _run(dirty, 15, corrupt=corrupt)
     assert len([w for w in caught if "ignored" in str(w.message)]) == 1
     assert dirty.ignored == 12
-    assert sum(h["ignored_microbatches"] for h in history) == 12
+    assert sum(h["ignored_measurements"] for h in history) == 12
     assert dirty.model == clean.model
     assert np.array_equal(dirty.speeds, clean.speeds)
 
@@ -172,14 +184,15 @@ def test_feedback_holds_the_prior_and_log_and_checks_them(tmp_path):
     with pytest.raises(ValueError, match="log must be a file path or None, got ''"):
         Feedback(log="")
     feedback = Feedback(window=8, prior=TRUE, log=tmp_path / "run.jsonl")
-    # The settings a state records: the fit's, not the prior (recorded as a model) or the log.
+    # The settings a state records: the fit's, not the prior (recorded as a model), the log or
+    # how long a gather waits.
     assert feedback.settings() == {**Feedback().settings(), "window": 8}
     assert set(Feedback().settings()) == {
         "window", "speed_window", "min_steps", "huber", "reject", "speed_tolerance",
-        "rank_speeds", "timeout_seconds",
+        "rank_speeds",
     }  # fmt: skip
     planner = AdaptivePlanner(2, max_tokens=4096, feedback=feedback)
-    assert planner.online.prior is TRUE and planner.log == tmp_path / "run.jsonl"
+    assert planner.online.prior is TRUE and planner.loop.log == tmp_path / "run.jsonl"
     with pytest.raises(ValueError, match=r"differs from feedback\.prior"):
         OnlineTimeModel(TimeModel(0.0, 1e-6, 1e-9), 2, feedback)
     with pytest.raises(ValueError, match="feedback must be a Feedback or None, got True"):
@@ -206,7 +219,8 @@ def test_controller_learns_from_per_microbatch_or_per_rank_seconds(totals):
         telemetry = planner.observe(plan, [sum(s) for s in seconds] if totals else seconds)
     assert planner.online.source == "fit"
     assert telemetry["model_error"] < 1e-6
-    assert telemetry["planned_step_seconds"] <= telemetry["baseline_step_seconds"]
+    assert "baseline_step_seconds" not in telemetry  # on demand: one more plan_step
+    assert telemetry["planned_step_seconds"] <= planner.baseline_step_seconds(plan)
     assert planner.options.cost == planner.online.model
     with pytest.raises(ValueError, match="rank_seconds"):
         planner.observe(plan, seconds[:2])
@@ -222,6 +236,7 @@ def test_controller_writes_telemetry_lines(tmp_path):
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 1, 2]
     assert {"step_seconds", "idle_fraction", "rank_speeds", "model_error"} <= set(lines[0])
+    assert all(line["baseline_step_seconds"] > 0 for line in lines)  # the log has the baseline
 
 
 def _controller_log(path, steps: int = 8) -> None:
@@ -289,3 +304,190 @@ def test_window_balancer_adaptive_plans_around_a_slow_rank():
     assert shares[-1] < 0.4
     with pytest.raises(ValueError, match="adaptive"):
         WindowBalancer(2, 32, adaptive="yes")
+
+
+# --- issue 27: no single measurement, state or call order breaks the loop -------------------
+
+LOOP_OPTIONS = PlanOptions(cost=TRUE, max_tokens=4096)
+ANY_SECONDS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, -1.0, 5e-324, 1e-7, 1e5, 1e5 + 1, 1e300, float("nan")]),
+    st.floats(1e-4, 1.0),
+)
+
+
+def _plan(dp: int) -> StepPlan:
+    lengths = np.random.default_rng(dp).integers(16, 2048, size=12 * dp)
+    return plan_step(lengths, dp, LOOP_OPTIONS)
+
+
+def _state(loop: ClosedLoop) -> str:
+    return json.dumps(loop.state_dict(), sort_keys=True)
+
+
+def _outcome(loop: ClosedLoop, plan: StepPlan, records: list) -> str:
+    """What ``learn`` gives on one rank: its telemetry as JSON, or its ValueError."""
+    try:
+        return json.dumps(loop.learn(plan, records), sort_keys=True)
+    except ValueError as error:
+        return f"ValueError: {error}"
+
+
+@settings(max_examples=examples(400))
+@given(data=st.data(), dp=st.integers(1, 3), steps=st.integers(1, 6))
+def test_any_floats_and_any_order_of_observes_agree_on_every_rank(data, dp, steps):
+    """Every rank makes its own record from its own (arbitrary) measurements and may observe a
+    step too early or too late; the same gathered records give every rank the same outcome: the
+    identical learned state, or the same ValueError with nothing learned."""
+    plan = _plan(dp)
+    loops = [ClosedLoop(LOOP_OPTIONS, dp, Feedback(min_steps=1)) for _ in range(dp)]
+    for _ in range(steps):
+        records = []
+        for rank, loop in enumerate(loops):
+            shift = data.draw(st.sampled_from([0, 0, 0, 0, 1, -1]), label="missed or extra")
+            count = len(plan.ranks[rank])
+            per_microbatch = data.draw(st.booleans(), label="per micro-batch")
+            size = count if per_microbatch else None
+            if per_microbatch and data.draw(st.integers(0, 9)) == 0:
+                size = count + 1  # a timing of another step's micro-batches
+            seconds = (
+                data.draw(st.lists(ANY_SECONDS, min_size=size, max_size=size))
+                if size is not None
+                else data.draw(ANY_SECONDS)
+            )
+            sync, step = data.draw(ANY_SECONDS), data.draw(st.none() | ANY_SECONDS)
+            records.append(
+                loop.record(
+                    loop.observed + shift,
+                    lambda loop=loop, rank=rank, seconds=seconds, sync=sync, step=step: (
+                        loop.statistics(plan, rank, seconds, sync_seconds=sync, step_seconds=step)
+                    ),
+                )
+            )
+        records = json.loads(json.dumps(records))  # what a gather delivers
+        before = [_state(loop) for loop in loops]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            outcomes = [_outcome(loop, plan, records) for loop in loops]
+        assert len(set(outcomes)) == 1, outcomes
+        after = [_state(loop) for loop in loops]
+        assert len(set(after)) == 1
+        if outcomes[0].startswith("ValueError"):
+            assert after == before  # nothing learned, so a retry cannot learn twice
+        else:
+            telemetry = json.loads(outcomes[0])
+            assert np.isfinite(telemetry["step_seconds"])
+        speeds = loops[0].online.speeds
+        assert np.all((speeds >= SPEED_RANGE[0]) & (speeds <= 1.0))
+        assert loops[0].options.cost == loops[0].online.model  # options that plan_step takes
+
+
+def test_one_extreme_timing_cannot_wedge_planning():
+    """A timer in the wrong unit on one rank (1e5 s against 1e-7 s): the speed it teaches is
+    clamped to the planner's range, and the next step still plans within every cap."""
+    planner = AdaptivePlanner(2, cost=TRUE, max_tokens=4096, feedback=Feedback(speed_window=1))
+    lengths = np.random.default_rng(0).integers(16, 2048, size=24)
+    for _ in range(2):
+        plan = planner.plan(lengths)
+        planner.observe(plan, [[1e-7] * len(plan.ranks[0]), [1e5] * len(plan.ranks[1])])
+    assert planner.options.rank_speeds == (1.0, SPEED_RANGE[0])
+    planner.plan(lengths).validate()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 1e300, "fast", None])
+def test_bad_totals_sync_and_step_times_are_dropped_not_raised(bad):
+    planner = AdaptivePlanner(2, cost=TRUE, max_tokens=4096)
+    plan = planner.plan(np.arange(100, 2500, 100))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        telemetry = planner.observe(
+            plan, [bad, 0.5], sync_seconds=[bad, 0.0], step_seconds=[bad, bad]
+        )
+    # Rank 0's total, sync and step, rank 1's step (a step time of None is compute + sync).
+    assert telemetry["ignored_measurements"] == (2 if bad is None else 4)
+    assert len([w for w in caught if "ignored" in str(w.message)]) == 1
+    assert np.isfinite(telemetry["step_seconds"]) and telemetry["step_seconds"] >= 0
+    assert all(np.isfinite(telemetry["idle_fraction"]))
+
+
+def test_feedback_checks_its_log_and_timeout_up_front(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        Feedback(log=tmp_path / "missing" / "run.jsonl")
+    with pytest.raises(ValueError, match="is a folder"):
+        Feedback(log=tmp_path)
+    for timeout in (float("inf"), float("nan"), 1e20, 0.0, -1.0, True):
+        with pytest.raises(ValueError, match="timeout_seconds"):
+            Feedback(timeout_seconds=timeout)
+    assert Feedback(timeout_seconds=3600.0).timeout_seconds == 3600.0
+
+
+def _learned_planner(steps: int = 4) -> AdaptivePlanner:
+    planner = AdaptivePlanner(2, cost=TRUE, max_tokens=4096)
+    lengths = np.random.default_rng(1).integers(16, 2048, size=24)
+    for _ in range(steps):
+        plan = planner.plan(lengths)
+        seconds = [
+            [TRUE.microbatch_seconds(lengths[i]) * (1 + r) for i in m]
+            for r, m in enumerate(plan.ranks)
+        ]
+        planner.observe(plan, seconds)
+    return planner
+
+
+def test_states_of_earlier_releases_still_load():
+    planner = _learned_planner()
+    online = planner.online.state_dict()
+    online["feedback"] = {**online["feedback"], "timeout_seconds": 60.0}  # then a setting
+    fingerprint = planner.base_options.fingerprint()
+    for old in (
+        {"options": fingerprint, "online": online},  # AdaptivePlanner / Adaptive
+        {"observed": 4, "after": [[4, {"options": fingerprint, "online": online}]]},  # sampler
+    ):
+        resumed = AdaptivePlanner(2, cost=TRUE, max_tokens=4096)
+        resumed.load_state_dict(json.loads(json.dumps(old)))
+        assert resumed.options == planner.options
+
+
+def _mutations(value):
+    """Strategies replacing one leaf of a JSON ``value`` (or dropping a key) anywhere in it."""
+    junk = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(),
+        st.text(max_size=3),
+        st.lists(st.integers(), max_size=2),
+        st.dictionaries(st.text(max_size=2), st.none(), max_size=1),
+    )
+    if isinstance(value, dict) and value:
+        key = st.sampled_from(sorted(value))
+        return st.one_of(
+            junk,
+            key.map(lambda k: {m: v for m, v in value.items() if m != k}),
+            key.flatmap(lambda k: _mutations(value[k]).map(lambda v: {**value, k: v})),
+        )
+    if isinstance(value, list) and value:
+        index = st.integers(0, len(value) - 1)
+        return st.one_of(
+            junk,
+            index.flatmap(
+                lambda i: _mutations(value[i]).map(lambda v: [*value[:i], v, *value[i + 1 :]])
+            ),
+        )
+    return junk
+
+
+@settings(max_examples=examples(400))
+@given(data=st.data())
+def test_a_corrupted_state_is_a_value_error_and_changes_nothing(data):
+    planner = _learned_planner(3)
+    state = json.loads(json.dumps(planner.state_dict()))
+    corrupted = data.draw(_mutations(state))
+    resumed = _learned_planner(1)
+    before = _state(resumed.loop)
+    try:
+        resumed.load_state_dict(corrupted)
+    except ValueError:
+        assert _state(resumed.loop) == before
+    else:
+        assert resumed.options.cost == resumed.online.model  # a state that loads plans

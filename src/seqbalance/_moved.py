@@ -1,8 +1,11 @@
-"""Deprecated module paths of ``seqbalance.runtime``, kept working for one release.
+"""Deprecated module paths, kept working for one release.
 
-The runtime was regrouped by feature (samplers, rebalancing, closed loop, context parallelism)
-and the process launcher moved to ``seqbalance.measure.launch``. Importing a module by its old
-path warns (``DeprecationWarning``) and gives a module whose names are the new module's.
+The runtime was regrouped by feature (samplers, rebalancing, closed loop, context parallelism),
+the process launcher moved to ``seqbalance.measure.launch``, and the closed loop's pieces that
+lived in ``cost`` and ``plan`` moved to ``seqbalance.runtime.closed_loop``. Importing a module by
+its old path warns (``DeprecationWarning``) and gives a module whose names are the new module's.
+The root package installs this finder (it is the one layer above every other), so an old path of
+a lower layer never makes that layer import a higher one.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import warnings
 __all__ = ["MOVED", "install"]
 
 MOVED = {
+    "seqbalance.cost.online": "seqbalance.runtime.closed_loop",
+    "seqbalance.plan.adaptive": "seqbalance.runtime.closed_loop",
     "seqbalance.runtime.attention": "seqbalance.runtime.context_parallel.attention",
-    "seqbalance.runtime.feedback": "seqbalance.runtime.closed_loop.feedback",
+    "seqbalance.runtime.feedback": "seqbalance.runtime.closed_loop",
     "seqbalance.runtime.launch": "seqbalance.measure.launch",
     "seqbalance.runtime.overlap": "seqbalance.runtime.rebalancing.overlap",
     "seqbalance.runtime.rebalancer": "seqbalance.runtime.rebalancing.rebalancer",

@@ -24,8 +24,10 @@ What the model learns:
   ``Feedback.speed_window`` steps relative to the fastest such median, and speeds within
   ``speed_tolerance`` of the fastest count as equal (measurement noise, not a straggler).
 
-Degenerate measurements (NaN, infinite, zero, negative or below :data:`MIN_SECONDS`) are left
-out of every statistic, counted, and reported with one warning per model; they never raise.
+Degenerate measurements (not a number, NaN, infinite, zero, negative, below
+:data:`MIN_SECONDS` or above :data:`MAX_SECONDS`; sync and step times too) are left out of every
+statistic, counted, and reported with one warning per model; they never raise. Speeds stay in
+the planner's range (``SPEED_RANGE``), so no finite timing can wedge planning.
 """
 
 from __future__ import annotations
@@ -34,26 +36,23 @@ import json
 import warnings
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int, check_positive_float
+from seqbalance._validation import SPEED_RANGE, as_lengths, check_int
 from seqbalance.cost.time_model import TimeModel
+from seqbalance.runtime.closed_loop.settings import Feedback
 
-__all__ = [
-    "MIN_SECONDS",
-    "Feedback",
-    "OnlineTimeModel",
-    "as_feedback",
-    "microbatch_features",
-]
+__all__ = ["MAX_SECONDS", "MIN_SECONDS", "OnlineTimeModel", "microbatch_features"]
 
 MIN_SECONDS = 1e-7
 """Shortest measurement accepted, in seconds: no forward+backward of a micro-batch is faster, so
 anything below (zero, subnormal) is a broken timer, not a measurement."""
+
+MAX_SECONDS = 1e5
+"""Longest measurement accepted, in seconds (a day): a longer micro-batch, sync or step is a
+timer in the wrong unit or a stalled process, not a measurement."""
 
 _FORMAT = "seqbalance.OnlineTimeModel/1"
 # Layout of one rank's statistics vector (float64).
@@ -65,86 +64,6 @@ _ERR_MODEL = 18  # Σ |relative error| of the model in use
 _PREDICTED, _MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds (used ones)
 _COMPUTE, _SYNC, _STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
 _SIZE = 24
-
-
-@dataclass(frozen=True, kw_only=True)
-class Feedback:
-    """Options of the closed loop (measured time -> cost model and rank speeds -> plans).
-
-    The one object that turns the loop on (``adaptive=Feedback(...)`` in the runtime, or
-    ``feedback=`` of ``AdaptivePlanner`` and ``Adaptive``) and everything it is set up with.
-
-    Attributes:
-        window: Steps whose statistics the fit and the held-out comparison use.
-        speed_window: Steps whose median gives each rank's speed (a change shows after about
-            half of them).
-        min_steps: Steps of held-out comparison before the fit may replace the prior.
-        huber: Relative residual beyond which a micro-batch is down-weighted (Huber weight
-            ``huber / |r|``).
-        reject: Once the fit is in use, a micro-batch predicted more than ``1 + reject`` times
-            its measured seconds is dropped (a timer that missed work).
-        speed_tolerance: Ranks within this fraction of the fastest count as equally fast.
-        rank_speeds: Estimate rank speeds and plan with them (False: the model only).
-        timeout_seconds: Deadline of the per-step collective (seconds).
-        prior: A TimeModel to start from (a saved calibration, ``TimeModel.load``); None: the
-            plan options' cost as seconds (``seqbalance.plan.adaptive.prior_time_model``).
-        log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
-            group; ``seqbalance report``), or None.
-    """
-
-    window: int = 16
-    speed_window: int = 5
-    min_steps: int = 3
-    huber: float = 0.25
-    reject: float = 3.0
-    speed_tolerance: float = 0.05
-    rank_speeds: bool = True
-    timeout_seconds: float = 60.0
-    prior: TimeModel | None = None
-    log: str | Path | None = None
-
-    def __post_init__(self) -> None:
-        if self.prior is not None and not isinstance(self.prior, TimeModel):
-            raise ValueError(f"prior must be a TimeModel or None, got {self.prior!r}")
-        if self.log is not None and (not isinstance(self.log, (str, Path)) or not str(self.log)):
-            raise ValueError(f"log must be a file path or None, got {self.log!r}")
-        for name in ("window", "speed_window", "min_steps"):
-            object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=1))
-        for name in ("huber", "reject", "timeout_seconds"):
-            object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
-        tolerance = float(self.speed_tolerance)
-        if not 0 <= tolerance < 1:
-            raise ValueError(f"speed_tolerance must be in [0, 1), got {self.speed_tolerance!r}")
-        object.__setattr__(self, "speed_tolerance", tolerance)
-        if not isinstance(self.rank_speeds, bool):
-            raise ValueError(f"rank_speeds must be True or False, got {self.rank_speeds!r}")
-
-    def settings(self) -> dict[str, Any]:
-        """The fit's settings as plain JSON values, which what a run learns depends on (for
-        state dicts and agreement checks): every field but ``prior`` (a state records the model
-        it started from itself) and ``log`` (where telemetry goes, free to differ per rank and
-        across a resume)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _UNSETTLED}
-
-
-_UNSETTLED = ("prior", "log")
-"""``Feedback`` fields that are not among its :meth:`Feedback.settings`."""
-
-
-def as_feedback(adaptive: Any) -> Feedback | None:
-    """The ``adaptive=`` argument of the runtime classes: False or None (off), True (the
-    default ``Feedback``) or a ``Feedback``.
-
-    Raises:
-        ValueError: anything else.
-    """
-    if adaptive is None or adaptive is False:
-        return None
-    if adaptive is True:
-        return Feedback()
-    if isinstance(adaptive, Feedback):
-        return adaptive
-    raise ValueError(f"adaptive must be True, False or a Feedback, got {adaptive!r}")
 
 
 def microbatch_features(model: TimeModel, microbatches: Sequence[Any]) -> np.ndarray:
@@ -232,36 +151,44 @@ class OnlineTimeModel:
         features: np.ndarray,
         seconds: Any,
         *,
-        compute_seconds: float | None = None,
-        sync_seconds: float = 0.0,
-        step_seconds: float | None = None,
+        sync_seconds: Any = 0.0,
+        step_seconds: Any = None,
     ) -> np.ndarray:
-        """This rank's statistics for one step (float64 [24]), to gather with the others'.
+        """This rank's statistics for one step (float64 [24], always finite), to gather with
+        the others'.
 
         Args:
             rank: The rank that measured.
             features: ``[1, ΣL, Σq]`` per observation (:func:`microbatch_features`; rows of
                 several micro-batches may be summed into one with their summed seconds).
-            seconds: Measured seconds per observation; degenerate ones are ignored.
-            compute_seconds: The rank's compute this step (default: the sum of ``seconds``
-                that are valid).
+            seconds: Measured seconds per observation.
             sync_seconds: The rank's wait at the step's gradient sync.
             step_seconds: The rank's step wall time (default: compute + sync).
+
+        A measurement that is not a number in ``[MIN_SECONDS, MAX_SECONDS]`` (sync: in ``[0,
+        MAX_SECONDS]``) is dropped and counted (the compute is then the sum of the kept
+        seconds, the step time compute + sync): no value makes this raise.
+
+        Raises:
+            ValueError: a bad ``rank``, or ``seconds`` not one per row of ``features``.
         """
         rank = check_int(rank, "rank", minimum=0)
         if rank >= self.world_size:
             raise ValueError(f"rank must be < world_size = {self.world_size}, got {rank}")
         features = np.asarray(features, dtype=np.float64).reshape(-1, 3)
-        with np.errstate(all="ignore"):
-            seconds = np.asarray(seconds, dtype=np.float64).reshape(-1)
+        seconds = _as_seconds(seconds)
         if seconds.shape[0] != features.shape[0]:
             raise ValueError(
                 f"seconds must hold one value per observation ({features.shape[0]}), "
                 f"got {seconds.shape[0]}"
             )
-        valid = np.isfinite(seconds) & (seconds >= MIN_SECONDS)
+        valid = (seconds >= MIN_SECONDS) & (seconds <= MAX_SECONDS)  # False for NaN
+        sync = _as_seconds(sync_seconds)
+        sync_kept = sync.shape == (1,) and 0.0 <= sync[0] <= MAX_SECONDS
+        step = _as_seconds(step_seconds) if step_seconds is not None else np.zeros(1)
+        step_kept = step.shape == (1,) and 0.0 <= step[0] <= MAX_SECONDS
         out = np.zeros(_SIZE)
-        out[_IGNORED] = float(np.count_nonzero(~valid))
+        out[_IGNORED] = float(np.count_nonzero(~valid) + (not sync_kept) + (not step_kept))
         x, measured = features[valid], seconds[valid]
         speed = self._speeds[rank] if self.feedback.rank_speeds else 1.0
         reference = measured * speed  # seconds at the fastest rank's speed
@@ -287,10 +214,10 @@ class OnlineTimeModel:
         out[_USED] = float(measured.size)
         out[_PREDICTED] = float(predicted.sum())
         out[_MEASURED] = float(measured.sum())
-        compute = out[_MEASURED] if compute_seconds is None else float(compute_seconds)
-        out[_COMPUTE] = compute
-        out[_SYNC] = float(sync_seconds)
-        out[_STEP] = compute + out[_SYNC] if step_seconds is None else float(step_seconds)
+        out[_COMPUTE] = out[_MEASURED]
+        out[_SYNC] = float(sync[0]) if sync_kept else 0.0
+        given = step_seconds is not None and step_kept
+        out[_STEP] = float(step[0]) if given else out[_COMPUTE] + out[_SYNC]
         return out
 
     def update(self, gathered: Any) -> dict[str, Any]:
@@ -305,7 +232,7 @@ class OnlineTimeModel:
             ``model_error`` (MAPE of the model in use on this step's micro-batches, before
             they join the fit; None on the first step), ``model`` (``t0``, ``t1``, ``t2``,
             ``source``) and ``rank_speeds`` (both as planned this step),
-            ``next_rank_speeds``, ``next_model_source`` and ``ignored_microbatches``.
+            ``next_rank_speeds``, ``next_model_source`` and ``ignored_measurements``.
         """
         stats = np.asarray(gathered, dtype=np.float64)
         if stats.shape != (self.world_size, _SIZE) or not np.all(np.isfinite(stats)):
@@ -319,9 +246,9 @@ class OnlineTimeModel:
             if not self._warned:
                 self._warned = True
                 warnings.warn(
-                    f"{ignored} measured micro-batch time(s) were NaN, infinite, below "
-                    f"{MIN_SECONDS:g} s or negative and were ignored (further ones are counted "
-                    "in the telemetry, without a warning)",
+                    f"{ignored} measured time(s) (micro-batch, sync or step) were not numbers "
+                    f"in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] s and were ignored (further ones "
+                    "are counted in the telemetry, without a warning)",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -351,7 +278,7 @@ class OnlineTimeModel:
                 "source": self.source,
             },
             "rank_speeds": speeds.tolist(),
-            "ignored_microbatches": ignored,
+            "ignored_measurements": ignored,
         }
         total = stats.sum(axis=0)
         self._stats.append(stats[:, : _USED + 1].copy())
@@ -398,6 +325,9 @@ class OnlineTimeModel:
             speeds[seen] = np.nanmedian(recent[:, seen], axis=0)
             speeds = speeds / speeds.max()
             speeds[speeds >= 1.0 - self.feedback.speed_tolerance] = 1.0
+            # The planner's range: one extreme (finite) timing must not leave a speed that
+            # every later plan refuses.
+            speeds = np.clip(speeds, SPEED_RANGE[0], 1.0)
         scaled = TimeModel(*(self._scale * prior), tile=self.prior.tile)
         held_out = np.sum(self._held_out, axis=0) if self._held_out else np.zeros(3)
         self._using_fit = bool(
@@ -425,35 +355,71 @@ class OnlineTimeModel:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; the prior, world size and options must match.
+        """Restore :meth:`state_dict`; the prior, world size and options must match. Nothing
+        changes unless the whole state loads.
 
         Raises:
-            ValueError: a state of another format, prior, world size or options.
+            ValueError: a state of another format, prior, world size or options, or a corrupted
+                one (missing keys, wrong types or shapes, counts out of range, values that are
+                not finite).
         """
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             raise ValueError(f"state must be an OnlineTimeModel state_dict ({_FORMAT})")
-        for key, mine in (
-            ("prior", json.loads(self.prior.to_json())),
-            ("world_size", self.world_size),
-            ("feedback", self.feedback.settings()),
+        settings = state.get("feedback")
+        if isinstance(settings, dict):  # saved before timeout_seconds left the settings
+            settings = {k: v for k, v in settings.items() if k != "timeout_seconds"}
+        for key, saved, mine in (
+            ("prior", state.get("prior"), json.loads(self.prior.to_json())),
+            ("world_size", state.get("world_size"), self.world_size),
+            ("feedback", settings, self.feedback.settings()),
         ):
-            if state.get(key) != mine:
-                raise ValueError(
-                    f"state {key} {state.get(key)!r} does not match this run's {mine!r}"
-                )
-        self.steps = int(state["steps"])
-        self.ignored = int(state["ignored"])
-        self._warned = bool(state["warned"])
-        stats = state["stats"]
-        self._stats = deque(
-            (np.array(step, dtype=np.float64).reshape(self.world_size, -1) for step in stats),
-            maxlen=self.feedback.window,
-        )
-        self._held_out = deque(
-            (np.array(row, dtype=np.float64) for row in state["held_out"]),
-            maxlen=self.feedback.window,
-        )
+            if saved != mine:
+                raise ValueError(f"state {key} {saved!r} does not match this run's {mine!r}")
+        try:
+            steps, ignored = _count(state["steps"]), _count(state["ignored"])
+            stats = [_finite(step, (self.world_size, _USED + 1)) for step in state["stats"]]
+            held_out = [_finite(row, (3,)) for row in state["held_out"]]
+            warned = state["warned"]
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
+            raise ValueError(f"state is not a valid OnlineTimeModel state_dict: {error}") from None
+        if not isinstance(warned, bool) or len(stats) > min(steps, self.feedback.window):
+            raise ValueError("state is not a valid OnlineTimeModel state_dict: inconsistent")
+        self.steps, self.ignored, self._warned = steps, ignored, warned
+        self._stats = deque(stats, maxlen=self.feedback.window)
+        self._held_out = deque(held_out, maxlen=self.feedback.window)
         self._refresh()
+
+
+def _count(value: Any) -> int:
+    """A saved count: a non-negative int (ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a count must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _finite(values: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Saved numbers as a float64 array of ``shape``, all finite (ValueError otherwise)."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.shape != shape or not np.all(np.isfinite(array)):
+        raise ValueError(f"expected finite numbers of shape {shape}, got {values!r:.80}")
+    return array
+
+
+def _as_seconds(values: Any) -> np.ndarray:
+    """``values`` as a float64 1-D array; an entry that is not a number becomes NaN (dropped)."""
+    try:
+        with np.errstate(all="ignore"):
+            return np.asarray(values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        items = list(values) if isinstance(values, (list, tuple)) else [values]
+        return np.array([_number(value) for value in items], dtype=np.float64)
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")
 
 
 def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:

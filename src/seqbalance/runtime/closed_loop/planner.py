@@ -1,0 +1,141 @@
+"""AdaptivePlanner: the closed loop with one controller that plans for its workers.
+
+The single-controller transport (a driver that plans for its workers, as in verl and slime):
+:meth:`AdaptivePlanner.plan` a step, run it on the workers, hand their measured seconds to
+:meth:`AdaptivePlanner.observe`, plan the next. It needs no process group and no torch: the
+controller holds every rank's seconds, makes every rank's record itself and gives them to the
+one :class:`~seqbalance.runtime.closed_loop.ClosedLoop` (lag 0: a step is planned after the
+step before it was observed; plans made before that use the options as they stand).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from seqbalance.plan.options import PlanOptions, as_options
+from seqbalance.plan.step import plan_step
+from seqbalance.plan.types import StepPlan
+from seqbalance.runtime.closed_loop.loop import ClosedLoop
+from seqbalance.runtime.closed_loop.online import OnlineTimeModel
+from seqbalance.runtime.closed_loop.settings import Feedback
+
+__all__ = ["AdaptivePlanner"]
+
+
+class AdaptivePlanner:
+    """Plans steps from measured time: the online model and rank speeds (module doc).
+
+    Args:
+        dp_size: Number of data-parallel ranks (workers).
+        options: The plan options (their ``cost`` is the prior unless ``feedback.prior`` is
+            given; every other option applies to every step unchanged).
+        feedback: The loop's settings, its prior and telemetry log included (default
+            ``Feedback()``).
+        **option_keywords: Applied on top of ``options``.
+    """
+
+    def __init__(
+        self,
+        dp_size: int,
+        options: PlanOptions | None = None,
+        *,
+        feedback: Feedback | None = None,
+        **option_keywords: Any,
+    ) -> None:
+        self.loop = ClosedLoop(
+            as_options(options, option_keywords, where="AdaptivePlanner"), dp_size, feedback
+        )
+
+    @property
+    def dp_size(self) -> int:
+        return self.loop.world_size
+
+    @property
+    def base_options(self) -> PlanOptions:
+        """The options as given (their cost is the prior)."""
+        return self.loop.base_options
+
+    @property
+    def online(self) -> OnlineTimeModel:
+        """The online model and rank speeds."""
+        return self.loop.online
+
+    @property
+    def options(self) -> PlanOptions:
+        """The options the next step is planned with: the online model as cost, and the
+        measured rank speeds (None while they are equal)."""
+        return self.loop.options
+
+    def plan(self, lengths: Any, *, groups: Any = None) -> StepPlan:
+        """Plan one step with :attr:`options` (``plan_step``)."""
+        return plan_step(lengths, self.dp_size, self.options, groups=groups)
+
+    def observe(
+        self,
+        plan: StepPlan,
+        rank_seconds: Sequence[Any],
+        *,
+        sync_seconds: Sequence[Any] | None = None,
+        step_seconds: Sequence[Any] | None = None,
+    ) -> dict[str, Any]:
+        """Learn from every worker's measured seconds of ``plan``'s step.
+
+        Args:
+            plan: The step's plan (from :meth:`plan`).
+            rank_seconds: Per rank, its micro-batch seconds (one per micro-batch) or its
+                whole compute seconds (one number). Values that are not seconds (NaN,
+                negative, absurd) are dropped with one warning.
+            sync_seconds: Per rank, its wait at the gradient sync (default 0).
+            step_seconds: Per rank, its step wall time (default compute + sync).
+
+        Returns:
+            The step's telemetry (``ClosedLoop.learn``).
+
+        Raises:
+            ValueError: a list not one entry per rank, or a rank's seconds neither one number
+                nor one per micro-batch; nothing is learned then.
+        """
+        ranks = self.dp_size
+        sync = [0.0] * ranks if sync_seconds is None else list(sync_seconds)
+        steps = [None] * ranks if step_seconds is None else list(step_seconds)
+        for name, values in (
+            ("rank_seconds", rank_seconds),
+            ("sync_seconds", sync),
+            ("step_seconds", steps),
+        ):
+            if len(values) != ranks:
+                raise ValueError(
+                    f"{name} must hold one entry per rank ({ranks}), got {len(values)}"
+                )
+        if plan.dp_size != ranks:
+            raise ValueError(f"plan has {plan.dp_size} ranks, this planner {ranks}")
+        loop = self.loop
+        records = [
+            loop.record(
+                loop.observed,
+                lambda r=rank: loop.statistics(
+                    plan, r, rank_seconds[r], sync_seconds=sync[r], step_seconds=steps[r]
+                ),
+            )
+            for rank in range(ranks)
+        ]
+        return loop.learn(plan, records)
+
+    def baseline_step_seconds(self, plan: StepPlan) -> float | None:
+        """The unbalanced baseline's predicted seconds for ``plan``'s samples (on demand;
+        ``ClosedLoop.baseline_step_seconds``)."""
+        return self.loop.baseline_step_seconds(plan)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the loop learned (``ClosedLoop.state_dict``: plain JSON values)."""
+        return self.loop.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (older releases' states too).
+
+        Raises:
+            ValueError: a state from other options, prior, world size or feedback, or a
+                corrupted one.
+        """
+        self.loop.load_state_dict(state)

@@ -1,0 +1,119 @@
+"""Feedback: everything the closed loop is set up with, one frozen object checked once, here.
+
+``adaptive=Feedback(...)`` turns the loop on in the runtime classes (``adaptive=True`` is
+``Feedback()``), ``feedback=`` in :class:`~seqbalance.runtime.closed_loop.AdaptivePlanner` and
+:class:`~seqbalance.runtime.closed_loop.Adaptive`. Numpy only: the single-controller planner and
+the WindowBalancer use it without torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from seqbalance._validation import check_int, check_positive_float, check_timeout
+from seqbalance.cost.time_model import TimeModel
+
+__all__ = ["Feedback", "as_feedback"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Feedback:
+    """Options of the closed loop (measured time -> cost model and rank speeds -> plans).
+
+    Attributes:
+        window: Steps whose statistics the fit and the held-out comparison use.
+        speed_window: Steps whose median gives each rank's speed (a change shows after about
+            half of them).
+        min_steps: Steps of held-out comparison before the fit may replace the prior.
+        huber: Relative residual beyond which a micro-batch is down-weighted (Huber weight
+            ``huber / |r|``).
+        reject: Once the fit is in use, a micro-batch predicted more than ``1 + reject`` times
+            its measured seconds is dropped (a timer that missed work).
+        speed_tolerance: Ranks within this fraction of the fastest count as equally fast.
+        rank_speeds: Estimate rank speeds and plan with them (False: the model only).
+        timeout_seconds: Deadline of the per-step collective (seconds; finite, at most ten
+            years).
+        prior: A TimeModel to start from (a saved calibration, ``TimeModel.load``); None: the
+            plan options' cost as seconds (``seqbalance.runtime.closed_loop.prior_time_model``).
+        log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
+            group; ``seqbalance report``), or None. Checked here: its folder must exist and
+            be writable (and the file, when it exists).
+
+    Raises:
+        ValueError: naming the field and its bad value.
+    """
+
+    window: int = 16
+    speed_window: int = 5
+    min_steps: int = 3
+    huber: float = 0.25
+    reject: float = 3.0
+    speed_tolerance: float = 0.05
+    rank_speeds: bool = True
+    timeout_seconds: float = 60.0
+    prior: TimeModel | None = None
+    log: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.prior is not None and not isinstance(self.prior, TimeModel):
+            raise ValueError(f"prior must be a TimeModel or None, got {self.prior!r}")
+        if self.log is not None:
+            _check_log(self.log)
+        for name in ("window", "speed_window", "min_steps"):
+            object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=1))
+        for name in ("huber", "reject"):
+            object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
+        timeout = check_timeout(self.timeout_seconds, "timeout_seconds")
+        object.__setattr__(self, "timeout_seconds", timeout)
+        tolerance = float(self.speed_tolerance)
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"speed_tolerance must be in [0, 1), got {self.speed_tolerance!r}")
+        object.__setattr__(self, "speed_tolerance", tolerance)
+        if not isinstance(self.rank_speeds, bool):
+            raise ValueError(f"rank_speeds must be True or False, got {self.rank_speeds!r}")
+
+    def settings(self) -> dict[str, Any]:
+        """The fit's settings as plain JSON values, which what a run learns depends on (for
+        state dicts and agreement checks): every field but ``prior`` (a state records the model
+        it started from itself), ``log`` (where telemetry goes, free to differ per rank and
+        across a resume) and ``timeout_seconds`` (how long a gather waits changes nothing
+        learned)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _UNSETTLED}
+
+
+_UNSETTLED = ("prior", "log", "timeout_seconds")
+"""``Feedback`` fields that are not among its :meth:`Feedback.settings`."""
+
+
+def _check_log(log: Any) -> None:
+    """``log`` is a path a telemetry line can be appended to (ValueError naming it if not)."""
+    if not isinstance(log, (str, Path)) or not str(log):
+        raise ValueError(f"log must be a file path or None, got {log!r}")
+    path = Path(log)
+    folder = path.parent
+    if path.is_dir():
+        raise ValueError(f"log = {str(log)!r} is a folder: give the path of a .jsonl file")
+    if not folder.is_dir():
+        raise ValueError(f"log = {str(log)!r}: its folder {str(folder)!r} does not exist")
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)
+    if not writable:
+        raise ValueError(f"log = {str(log)!r} cannot be written (permissions)")
+
+
+def as_feedback(adaptive: Any) -> Feedback | None:
+    """The ``adaptive=`` argument of the runtime classes: False or None (off), True (the
+    default ``Feedback``) or a ``Feedback``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if adaptive is None or adaptive is False:
+        return None
+    if adaptive is True:
+        return Feedback()
+    if isinstance(adaptive, Feedback):
+        return adaptive
+    raise ValueError(f"adaptive must be True, False or a Feedback, got {adaptive!r}")

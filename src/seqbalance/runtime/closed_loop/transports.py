@@ -1,0 +1,382 @@
+"""How the ranks' measurements meet: the closed loop on a process group.
+
+Two transports carry every rank's record (``loop`` module doc) to every rank, which all hand
+the same records to the same :class:`~seqbalance.runtime.closed_loop.ClosedLoop`, so the model,
+the rank speeds and every later plan are byte-identical on every rank:
+
+- :class:`Adaptive`: an all-gather of its own, one per step (a custom loop; the sampler's
+  lookahead form, ``lagged``)::
+
+    loop = Adaptive(options=PlanOptions(cost="flops", model="qwen3-8b", max_tokens=16384))
+    for lengths in steps:                       # the same lengths on every rank
+        plan = loop.plan(lengths)
+        for micro_batch in plan.ranks[loop.rank]:
+            with loop.timer.microbatch():
+                loss(micro_batch).backward()
+        with loop.timer.sync():
+            all_reduce_gradients()
+        telemetry = loop.observe(plan)           # one small all_gather
+
+- :class:`Piggyback`: the records ride on a gather the Rebalancer makes anyway (its per-step
+  description gather), no collective of their own.
+
+(The third transport, one controller that has every rank's seconds, is
+:class:`~seqbalance.runtime.closed_loop.AdaptivePlanner`.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from seqbalance.plan.options import PlanOptions, as_options
+from seqbalance.plan.step import plan_step
+from seqbalance.plan.types import StepPlan
+from seqbalance.runtime.closed_loop.loop import FORMAT, ClosedLoop, prior_time_model, upgrade
+from seqbalance.runtime.closed_loop.online import OnlineTimeModel
+from seqbalance.runtime.closed_loop.settings import Feedback
+from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
+from seqbalance.runtime.collectives import Comm, deadline, group_device
+
+__all__ = ["Adaptive", "Piggyback"]
+
+_REMEMBERED = 16
+"""Plans whose step numbers ``Adaptive`` remembers (a loop observes the step it just planned)."""
+
+
+def _measure(loop: ClosedLoop, plan: StepPlan, rank: int, timing: Any) -> Any:
+    """What ``loop.record`` measures: ``rank``'s statistics of ``plan`` from its ``timing``."""
+    return loop.statistics(
+        plan,
+        rank,
+        list(timing.microbatch_seconds),
+        sync_seconds=timing.sync_seconds,
+        step_seconds=timing.step_seconds,
+    )
+
+
+class Adaptive:
+    """Adaptive planning on every rank of a process group (module doc).
+
+    Args:
+        options: The plan options (their cost is the prior unless ``feedback.prior`` is given).
+        feedback: The loop's settings (default ``Feedback()``); rank 0 alone writes its ``log``.
+        group: The data-parallel process group (default: the world).
+        device: Where the micro-batches run (CUDA: the timer uses CUDA events; default: where
+            the group's collectives run).
+        lag: The lag rule's number (``ClosedLoop``): step ``k`` is planned after ``k - lag``
+            observed steps.
+    """
+
+    def __init__(
+        self,
+        options: PlanOptions | None = None,
+        *,
+        feedback: Feedback | None = None,
+        group: Any = None,
+        device: Any = None,
+        lag: int = 0,
+    ) -> None:
+        feedback = Feedback() if feedback is None else feedback
+        if not isinstance(feedback, Feedback):
+            raise ValueError(f"feedback must be a Feedback or None, got {feedback!r}")
+        self.comm = Comm(group, deadline(feedback.timeout_seconds))
+        self.rank = self.comm.rank
+        self.loop = ClosedLoop(
+            as_options(options, {}, where="Adaptive"),
+            self.comm.world_size,
+            feedback,
+            lag=lag,
+            writes_log=self.rank == 0,
+        )
+        self.timer = StepTimer(self.comm.device if device is None else device)
+        self.planned = 0  # steps planned over the run (the next plan's step number)
+        # The last plans made here and their step numbers (an observed one included: observing
+        # it again is an extra observe(), which its number shows).
+        self._numbers: deque[tuple[StepPlan, int]] = deque(maxlen=_REMEMBERED)
+
+    @property
+    def options(self) -> PlanOptions:
+        """The options after every step learned so far."""
+        return self.loop.options
+
+    @property
+    def online(self) -> OnlineTimeModel:
+        """The online model and rank speeds."""
+        return self.loop.online
+
+    def plan(self, lengths: Any, *, groups: Any = None) -> StepPlan:
+        """Plan the next step (the same lengths on every rank give the same plan everywhere).
+
+        Raises:
+            ValueError: the step's observations are not made yet (the lag rule), or what
+                ``plan_step`` raises.
+        """
+        options = self.loop.options_for(self.planned)
+        plan = plan_step(lengths, self.comm.world_size, options, groups=groups)
+        self._numbers.append((plan, self.planned))
+        self.planned += 1
+        return plan
+
+    def observe(
+        self, plan: StepPlan, timing: StepTiming | None = None, *, step: int | None = None
+    ) -> dict[str, Any]:
+        """Learn from this rank's timing of ``plan``'s step and every other rank's (one
+        all_gather).
+
+        Args:
+            plan: The step that ran.
+            timing: This rank's measurements (default: :attr:`timer`'s ``finish()``), one
+                micro-batch time per micro-batch of this rank in ``plan``.
+            step: The step's number over the run (default: the number :meth:`plan` gave
+                ``plan``, else the next step due).
+
+        Returns:
+            The step's telemetry (``ClosedLoop.learn``), the same on every rank.
+
+        Raises:
+            ValueError: on every rank, when any rank could not measure the step (a timing
+                that does not fit its plan), ranks observed different steps, or they are set
+                up differently; nothing is learned then.
+            CollectiveError: a peer did not join within ``Feedback.timeout_seconds``.
+        """
+        if step is None:
+            step = next((n for p, n in self._numbers if p is plan), self.loop.observed)
+        loop, rank = self.loop, self.rank
+
+        def measure() -> Any:
+            return _measure(loop, plan, rank, self.timer.finish() if timing is None else timing)
+
+        records = self.gather(loop.record(step, measure))
+        return loop.learn(plan, records)
+
+    def gather(self, record: dict[str, Any]) -> list[Any]:
+        """Every rank's record, in rank order (one all_gather of JSON, with the deadline)."""
+        payloads = self.comm.all_gather_bytes(json.dumps(record).encode(), "closed-loop gather")
+        return [json.loads(payload) for payload in payloads]
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the loop learned (``ClosedLoop.state_dict``); the same on every rank."""
+        return self.loop.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (older releases' states too); the run goes on at the step
+        after the last one observed.
+
+        Raises:
+            ValueError: a state from other options, prior, world size or feedback, or a
+                corrupted one.
+        """
+        self.loop.load_state_dict(state)
+        self.planned = self.loop.observed
+        self._numbers.clear()
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """One rank's observation of a step for the next gather: its measurements (the record is
+    made when that gather's step starts), or the record itself (restored from a checkpoint)."""
+
+    plan: StepPlan
+    step: int
+    rank: int | None = None
+    timing: Any = None
+    record: dict[str, Any] | None = None
+
+
+class Piggyback:
+    """The closed loop whose records ride on the Rebalancer's per-step gather (module doc).
+
+    :meth:`observe` keeps this rank's measurements of a step; :meth:`take_pending` hands them
+    to the Rebalancer's next step (on the loop's thread, so the order of observe and the next
+    step is the loop's, the same on every rank); that step turns them into its gather's record
+    (:meth:`record`, wherever it runs, after every earlier step's update); :meth:`apply` learns
+    from every rank's gathered record and returns the options to plan that step with. A step is
+    therefore planned after every observation made before its gather: with ``rebalance`` in a
+    loop the one before it (lag 0), with ``iterate``'s prefetch the one before that (lag 1).
+
+    Args:
+        options: The Rebalancer's plan options.
+        feedback: The loop's settings.
+
+    Raises:
+        ValueError: the options' cost has no TimeModel form and no ``feedback.prior``.
+    """
+
+    def __init__(self, options: PlanOptions, feedback: Feedback) -> None:
+        self._options, self._feedback = options, feedback
+        self._prior = prior_time_model(options, feedback.prior)  # the cost, resolved once
+        self._loop: ClosedLoop | None = None  # made at the first step, when the world is known
+        self._pending: _Observed | None = None
+        self._observations = 0  # observe() calls over the run: the next observation's number
+        self._timer: StepTimer | None = None
+        self._state: dict[str, Any] | None = None  # loaded before the world size was known
+
+    def setup(self) -> dict[str, Any]:
+        """What learning depends on, for the Rebalancer's settings check across ranks."""
+        return {"feedback": self._feedback.settings(), "prior": json.loads(self._prior.to_json())}
+
+    def timer(self, group: Any) -> StepTimer:
+        """The step timer (CUDA events when ``group`` is NCCL)."""
+        if self._timer is None:
+            self._timer = StepTimer(group_device(group) if dist.is_initialized() else None)
+        return self._timer
+
+    def loop(self, world_size: int, rank: int) -> ClosedLoop:
+        """The loop (made at the first step, when the world size is known).
+
+        Raises:
+            ValueError: it learned on another number of ranks.
+        """
+        if self._loop is None:
+            loop = ClosedLoop(
+                self._options,
+                world_size,
+                self._feedback,
+                prior=self._prior,
+                writes_log=rank == 0,
+            )
+            if self._state is not None and self._state["history"]:  # else nothing learned yet
+                loop.load_state_dict(self._state)
+            self._loop, self._state = loop, None
+        elif self._loop.world_size != world_size:
+            raise ValueError(
+                f"adaptive planning learned on {self._loop.world_size} ranks, now {world_size}"
+            )
+        return self._loop
+
+    def observe(self, plan: StepPlan, rank: int, timing: Any) -> None:
+        """Keep this rank's measurements of ``plan``'s step for the next gather.
+
+        The record is made when that gather's step starts (:meth:`record`), with the model as
+        it stands then: a step planned in the background may be learning from an earlier step
+        meanwhile, and the numbers must not depend on which finished first. A timing that does
+        not fit the plan is reported there, to every rank.
+        """
+        self._pending = _Observed(plan, self._observations, rank, timing)
+        self._observations += 1
+
+    def take_pending(self) -> _Observed | None:
+        """The observation for the next gather (once), or None when nothing was observed."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def record(self, observed: _Observed | None, rank: int) -> tuple[StepPlan, dict] | None:
+        """The observed step's plan and this rank's record for the gather, or None."""
+        if observed is None:
+            return None
+        loop = self.loop(len(observed.plan.ranks), rank)
+        if observed.record is not None:
+            return observed.plan, {**observed.record, "setup": loop.setup}
+        return observed.plan, loop.record(
+            observed.step, lambda: _measure(loop, observed.plan, observed.rank, observed.timing)
+        )
+
+    def apply(
+        self,
+        pending: tuple[StepPlan, dict[str, Any]] | None,
+        gathered: Sequence[dict[str, Any] | None],
+        rank: int,
+    ) -> tuple[PlanOptions, dict[str, Any] | None]:
+        """Learn from every rank's gathered record (when they observed); the options for the
+        step being planned, and the observed step's telemetry (None when none was).
+
+        Raises:
+            ValueError: on every rank, when some ranks observed the last step and others did
+                not (their models would diverge), or ``ClosedLoop.learn`` refuses the records.
+        """
+        loop = self.loop(len(gathered), rank)
+        missing = [r for r, record in enumerate(gathered) if record is None]
+        if missing and len(missing) < len(gathered):
+            raise ValueError(
+                f"ranks {missing} did not call observe() for the last step and the others did: "
+                "every rank must observe every step (or none) for the plans to agree"
+            )
+        telemetry = None
+        if not missing and pending is not None:
+            telemetry = loop.learn(pending[0], gathered)
+        return loop.options, telemetry
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the loop learned and the observation not yet gathered (``ClosedLoop``'s one
+        format, its ``pending`` the plan and this rank's record)."""
+        observed = self._pending
+        if observed is not None:
+            plan, record = self.record(observed, observed.rank if observed.rank is not None else 0)
+            pending = {"plan": plan.to_json(timing=False), "record": record}
+        else:
+            pending = None
+        if self._loop is not None:
+            return self._loop.state_dict(pending)
+        if self._state is not None:  # no step since a load: the loaded state
+            return {**self._state, "pending": pending}
+        return {
+            "format": FORMAT,
+            "options": self._options.fingerprint(),
+            "history": [],
+            "pending": pending,
+        }
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore :meth:`state_dict` (a Rebalancer's adaptive state of an earlier release too;
+        checked against the options at the next step).
+
+        Raises:
+            ValueError: not such a state.
+        """
+        state = _upgraded(state)
+        pending = state["pending"]
+        try:
+            observed = state["history"][-1]["steps"] if state["history"] else 0
+            restored = (
+                None
+                if pending is None
+                else _Observed(
+                    StepPlan.from_json(pending["plan"]),
+                    pending["record"]["step"],
+                    record=pending["record"],
+                )
+            )
+        except (KeyError, TypeError, IndexError, ValueError) as error:
+            raise ValueError(f"not a Rebalancer adaptive state_dict: {error}") from None
+        if not isinstance(observed, int):
+            raise ValueError("not a Rebalancer adaptive state_dict: steps")
+        self._loop, self._state = None, state
+        self._pending = restored
+        self._observations = observed + (restored is not None)
+
+
+def _upgraded(state: Any) -> dict[str, Any]:
+    """A Rebalancer's adaptive state in the one format, whatever release saved it."""
+    if isinstance(state, dict) and set(state) == {"planner", "pending"}:  # before the one format
+        try:
+            history = [] if state["planner"] is None else upgrade(state["planner"])["history"]
+            observed = history[-1]["steps"] if history else 0
+            old = state["pending"]
+            pending = (
+                None
+                if old is None
+                else {
+                    "plan": old["plan"],
+                    "record": {
+                        "step": observed,
+                        "setup": None,
+                        "stats": list(old["statistics"]),
+                        "error": None,
+                    },
+                }
+            )
+        except (KeyError, TypeError, IndexError) as error:
+            raise ValueError(f"not a Rebalancer adaptive state_dict: {error}") from None
+        options = None if state["planner"] is None else state["planner"]["options"]
+        state = {"format": FORMAT, "options": options, "history": history, "pending": pending}
+    if isinstance(state, dict) and state.get("format") == FORMAT and not state.get("history"):
+        if set(state) != {"format", "options", "history", "pending"}:
+            raise ValueError("not a Rebalancer adaptive state_dict")
+        return state  # nothing learned yet
+    return upgrade(state)
