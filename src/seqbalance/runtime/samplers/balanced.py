@@ -226,11 +226,10 @@ class BalancedBatchSampler(EpochBatchSampler):
         }
 
     def _agreement(self) -> dict[str, Any]:
-        # The closed loop's prior shapes the plans, yet a resume may start from another (the
-        # state carries the model it learned), so only ranks compare it.
-        if self._lagged is None or self._lagged.feedback.prior is None:
-            return {}
-        return {"adaptive_prior": self._lagged.feedback.prior.to_json()}
+        # The closed loop's prior shapes the plans; a resume compares it through the adaptive
+        # state (load_state_dict), ranks here.
+        prior = None if self._lagged is None else self._lagged.loop.feedback.prior
+        return {} if prior is None else {"adaptive_prior": prior.to_json()}
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
         """Which samples make up each step of ``epoch`` (default: the current epoch)."""
