@@ -10,23 +10,23 @@ lognormal around 2k), Qwen3-8B training seconds at the default H100 throughput (
 ranks with 512; two communication settings: the default ``CommModel`` (200 GB/s, 20 us per ring
 step: CP groups inside an NVLink node) and 25 GB/s (CP groups across nodes).
 
-Measured (2 gloo processes on this machine, one thread each): ``seqbalance bench
---context-parallel`` run through its library (``seqbalance.measure.bench`` with
-``BenchSettings.options.context_parallel``): the toy transformer (``small``) on a long-tail
-mix (10% of samples 1.1k-2k tokens, the rest lognormal around 128), 32 samples per step, 1024
-tokens per rank and slot, CP sizes 1 and 2. Both processes first calibrate together
-(``seqbalance.measure.calibrate_context_parallel.calibrate_cost_model``): compute (a ``TimeModel``
-fitted to whole-sample slots of varied micro-batches run through the executor), communication
-(timed K/V gathers) and the executor's fixed cost per sharded sample (2048 tokens in 4 to 128
-samples, all sharded, median of 5 runs, on batches that are not the benchmark's). Every
-strategy's plans are costed with that model (predicted) and run with the reference executor
-(measured: the slowest rank's time from the first slot to the end of the last, the gradient
-all-reduce excluded), strategies interleaved step by step.
+Measured (issue 29; ``seqbalance bench --context-parallel`` through its library,
+``seqbalance.measure.bench``): 4 gloo processes, one thread each, CP sizes 1, 2, 4, 1024 tokens
+per rank and slot, 32 samples per step, on the long-context mix and on ShareGPT (each divided so
+its median is a quarter of the cap, cut to 4 x 1024), the toy transformer (``small``) and a
+small Hugging Face Qwen3 (the ``qwen3-8b`` preset scaled down, ``--hf-model``). Per model the
+processes first calibrate together (``calibrate_cost_model``: every constant of the
+``ContextParallelTimeModel`` fitted at once on whole and sharded slots the executor runs, timed
+in CPU seconds); every strategy's plans are costed with that model (predicted) and run with the
+reference executor, strategies interleaved step by step (measured: the wall clock, and the CPU
+step: every rank's per-slot CPU seconds through the plan's lockstep rule, what the step takes
+with each rank on a core of its own). ``--runs`` repeats the whole measurement (default 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -115,75 +115,76 @@ def _summary(result: Any) -> dict[str, dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ measured
+MEASURED_PROCS = 4
 MEASURED_CAP = 1024
-MEASURED_SAMPLES = 32
-MEASURED_DATASET = 4096
+MEASURED_DATASETS = ("long_context", "sharegpt")
+MEASURED_HF = "qwen3-8b"
 
 
-def measured_lengths() -> np.ndarray:
-    """The long-tail dataset the measured steps sample from: 10% of samples 1.1k-2k tokens,
-    the rest lognormal around 128 (a per-rank cap of 1024: the long ones need CP 2)."""
-    return long_context(
-        MEASURED_DATASET,
-        short_median=128.0,
-        short_sigma=0.8,
-        long_min=1100,
-        long_max=2048,
-        seed=100,
-    )
-
-
-def measured(steps: int, warmup: int, trials: int) -> tuple[list[str], dict[str, Any]]:
-    """Run ``seqbalance bench --context-parallel`` (``seqbalance.measure.bench``) on 2 gloo
-    processes; its markdown lines and report."""
-    from seqbalance.measure.bench import BenchSettings, run
+def measured_settings(dataset: str, steps: int, warmup: int, trials: int) -> Any:
+    """The bench settings of one measured run (see the module docstring)."""
+    from seqbalance.datasets import load
+    from seqbalance.measure.bench import BenchSettings, length_divisor, scale_lengths
     from seqbalance.plan import PlanOptions
 
-    settings = BenchSettings(
-        lengths=measured_lengths(),
-        procs=2,
+    raw = long_context(20000, seed=0) if dataset == "long_context" else load(dataset)
+    longest = MEASURED_PROCS * MEASURED_CAP
+    lengths, _ = scale_lengths(raw, longest, divisor=length_divisor(raw, MEASURED_CAP))
+    return BenchSettings(
+        lengths=lengths,
+        procs=MEASURED_PROCS,
         options=PlanOptions(
-            cost="flops", max_tokens=MEASURED_CAP, context_parallel=ContextParallel(sizes=(1, 2))
+            cost="flops",
+            max_tokens=MEASURED_CAP,
+            context_parallel=ContextParallel(sizes=(1, 2, 4)),
         ),
-        global_batch_size=MEASURED_SAMPLES,
         steps=steps,
         warmup=warmup,
         trials=trials,
-        timeout_seconds=120.0,
-        launch_timeout_seconds=1800.0,
+        hf_model=MEASURED_HF,
+        timeout_seconds=300.0,
+        launch_timeout_seconds=3600.0,
     )
-    report = run(settings)
-    model = report["time_model"]
-    time_model, comm = model["time"], model["comm"]
-    strategies = report["strategies"]
+
+
+def measured(runs: int, steps: int, warmup: int, trials: int) -> tuple[list[str], list[Any]]:
+    """Every dataset ``runs`` times (interleaved: long_context, sharegpt, long_context, ...);
+    the markdown table and the reports."""
+    from seqbalance.measure.bench import run
+
     lines = [
-        f"Calibration: TimeModel t0 = {time_model['t0'] * 1e3:.3f} ms, "
-        f"t1 = {time_model['t1'] * 1e9:.1f} ns/token, "
-        f"t2 = {time_model['t2'] * 1e12:.3f} ps/token² (fit MAPE "
-        f"{100 * time_model['fit_stats']['mape']:.1f}%); gloo K/V gather: "
-        f"{comm['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, {comm['latency_s'] * 1e6:.0f} us per "
-        f"ring step (fit MAPE {100 * comm['fit_stats']['mape']:.1f}%); executor overhead "
-        f"per sharded sample and member: {model['piece_overhead_s'] * 1e3:.2f} ms.",
-        "",
-        "| strategy | predicted step (ms) | measured step (ms) | measured / predicted | "
-        "sharded samples |",
-        "|---|---:|---:|---:|---:|",
+        "| run | dataset | model | load | balanced vs static_cp: predicted, CPU (off), wall | "
+        "balanced vs Megatron: predicted, CPU (off), wall | CPU / predicted (balanced) | "
+        "fit MAPE | sharded attention x |",
+        "|---:|---|---|---:|---|---|---:|---:|---:|",
     ]
-    lines.extend(
-        f"| {NAMES[name]} | {1e3 * row['predicted_mean_step_seconds']:.1f} | "
-        f"{1e3 * row['mean_step_seconds']:.1f} | {row['measured_over_predicted']:.2f} | "
-        f"{100 * row['sharded_fraction']:.0f}% |"
-        for name, row in strategies.items()
+    reports = []
+    for index in range(runs):
+        for dataset in MEASURED_DATASETS:
+            report = run(measured_settings(dataset, steps, warmup, trials))
+            reports.append({"dataset": dataset, **report})
+            load = report["setup"]["load_average_before"]
+            for label, model in report["models"].items():
+                lines.append(
+                    f"| {index + 1} | {dataset} | {label} | {load:.1f} | "
+                    + " | ".join(_versus(model["comparisons"][f"balanced_vs_{b}"]) for b in BASE)
+                    + f" | {model['strategies']['balanced']['cpu_over_predicted']:.2f} | "
+                    f"{100 * model['time_model']['time']['fit_stats']['mape']:.1f}% | "
+                    f"{model['time_model']['sharded_attention_factor']:.2f} |"
+                )
+    return lines, reports
+
+
+BASE = ("static_cp", "dynamic_cp_megatron")
+
+
+def _versus(c: dict[str, Any]) -> str:
+    off = c["cpu_prediction_relative_error"]
+    return (
+        f"{-100 * c['predicted_reduction']:+.1f}%, {-100 * c['measured_cpu_reduction']:+.1f}% "
+        f"({'-' if off is None else f'{100 * off:.0f}%'}), "
+        f"{-100 * c['measured_step_time_reduction']:+.1f}%"
     )
-    comparison = report["comparisons"]["balanced_vs_static_cp"]
-    lines += [
-        "",
-        f"balanced vs static_cp: measured step time reduced by "
-        f"{100 * comparison['measured_step_time_reduction']:.1f}%, predicted "
-        f"{100 * comparison['predicted_reduction']:.1f}% (the prediction is "
-        f"{100 * comparison['prediction_relative_error']:.0f}% off, relative).",
-    ]
-    return lines, report
 
 
 # ------------------------------------------------------------------ main
@@ -192,6 +193,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps and repetitions")
     parser.add_argument("--skip-measured", action="store_true", help="simulated part only")
     parser.add_argument("--out", type=Path, help="also write the markdown section to FILE")
+    parser.add_argument("--runs", type=int, default=2, help="measured repetitions (default 2)")
+    parser.add_argument("--json", type=Path, help="also write the measured reports to FILE")
     args = parser.parse_args()
     sim_steps = 2 if args.quick else 5
     started = time.time()
@@ -208,15 +211,17 @@ def main() -> int:
     table, _ = simulated(sim_steps)
     lines += table
     if not args.skip_measured:
-        steps, warmup = (8, 1) if args.quick else (24, 3)
+        steps, warmup = (6, 1) if args.quick else (16, 2)
         lines += [
             "",
-            f"### Measured: 2 gloo processes, toy model, {MEASURED_SAMPLES} samples per step, "
-            f"{steps} steps (+{warmup} warm-up)",
+            f"### Measured: {MEASURED_PROCS} gloo processes, toy model and {MEASURED_HF} "
+            f"(scaled), {steps} steps (+{warmup} warm-up), {args.runs} runs",
             "",
         ]
-        table, _ = measured(steps, warmup, trials=24 if args.quick else 36)
+        table, reports = measured(args.runs, steps, warmup, trials=24 if args.quick else 48)
         lines += table
+        if args.json is not None:
+            args.json.write_text(json.dumps(reports, indent=1) + "\n", encoding="utf-8")
     lines += ["", f"Total benchmark time: {time.time() - started:.0f} s."]
     text = "\n".join(lines)
     print(text)

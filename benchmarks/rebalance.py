@@ -1,9 +1,10 @@
 """Benchmark: the in-loop Rebalancer's overhead per step, next to the step it balances.
 
-    python benchmarks/rebalance.py [--quick] [--out FILE] [--world-size 4]
+    python benchmarks/rebalance.py [--quick] [--out FILE] [--world-size 4] [--device cpu|cuda]
 
 Starts ``--world-size`` gloo processes on this machine (CPU, with
-``seqbalance.measure.launch``). For each step size (256 to 4096
+``seqbalance.measure.launch``; ``--device cuda``: NCCL, one GPU per process, the samples and the
+model on the rank's GPU, scripts/device_check.sh). For each step size (256 to 4096
 samples over all ranks; heavy-tailed lengths, each rank holding an equal random share, the
 situation after RL rollouts), every rank runs a training loop over ``Rebalancer.iterate`` of
 its samples (dicts of ``input_ids`` and ``labels``, int64; the same batch every step), twice:
@@ -40,6 +41,7 @@ import torch.distributed as dist
 from seqbalance.measure.launch import launch
 from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig
 from seqbalance.runtime import Rebalancer
+from seqbalance.runtime.collectives import synchronize
 
 MAX_TOKENS = 4096
 MODES = {"off": False, "on": True}  # overlap
@@ -50,16 +52,18 @@ def _lengths(n: int, seed: int) -> np.ndarray:
     return np.clip(rng.lognormal(5.0, 1.0, n), 16, 2048).astype(np.int64)
 
 
-def _step(model: TinyCausalTransformer, result: Any) -> float:
+def _step(model: TinyCausalTransformer, result: Any, device: torch.device) -> float:
     """One training step over this rank's micro-batches, then the gradient sync; the seconds
     of its compute (before the sync, where ranks wait for each other)."""
     started = time.perf_counter()
     for microbatch in result.microbatches:
-        cu = torch.tensor([0, *np.cumsum([s["input_ids"].shape[0] for s in microbatch])])
+        sizes = [s["input_ids"].shape[0] for s in microbatch]
+        cu = torch.tensor([0, *np.cumsum(sizes)], device=device)
         ids = torch.cat([s["input_ids"] for s in microbatch])
         model(ids, cu, torch.cat([s["labels"] for s in microbatch])).backward()
+    synchronize(device)
     compute = time.perf_counter() - started
-    dist.all_reduce(torch.zeros(1))
+    dist.all_reduce(torch.zeros(1, device=device))
     return compute
 
 
@@ -69,6 +73,7 @@ def _loop(
     local: list[Any],
     steps: int,
     overlap: bool,
+    device: torch.device,
 ) -> dict[str, Any]:
     """This rank's measurements of ``steps`` training steps over ``rebalancer.iterate``."""
     iterator = iter(rebalancer.iterate(itertools.repeat(local, steps), overlap=overlap))
@@ -79,7 +84,7 @@ def _loop(
         result = next(iterator)
         blocked.append(time.perf_counter() - started)
         started = time.perf_counter()
-        computes.append(_step(model, result))
+        computes.append(_step(model, result, device))
         totals.append(time.perf_counter() - started)
         phases.append([result.timings[k] for k in ("gather", "plan", "exchange")])
     iterator.close()
@@ -95,12 +100,14 @@ def _loop(
 
 
 def _worker(
-    rank: int, world_size: int, sizes: list[int], repeats: int
+    rank: int, world_size: int, sizes: list[int], repeats: int, device_type: str
 ) -> list[dict[str, Any]] | None:
     """One rank: the table's rows on rank 0, None elsewhere."""
     torch.set_num_threads(1)
-    model = TinyCausalTransformer(ToyModelConfig(max_position=MAX_TOKENS))
-    group = dist.new_group(backend="gloo")  # the Rebalancer's own collectives
+    device = torch.device(f"cuda:{rank}" if device_type == "cuda" else "cpu")
+    model = TinyCausalTransformer(ToyModelConfig(max_position=MAX_TOKENS)).to(device)
+    # The Rebalancer's own collectives, on the backend of the device.
+    group = dist.new_group(backend="nccl" if device_type == "cuda" else "gloo")
     rebalancer = Rebalancer(
         group, timeout=timedelta(minutes=2), max_tokens=MAX_TOKENS, cost=model.model_spec()
     )
@@ -110,14 +117,14 @@ def _worker(
         owner = np.random.default_rng(n + 1).permutation(n) % world_size
         generator = torch.Generator().manual_seed(rank)
         local = [
-            {"input_ids": ids, "labels": ids.roll(-1)}
+            {"input_ids": ids.to(device), "labels": ids.roll(-1).to(device)}
             for ids in (
                 torch.randint(0, model.config.vocab_size, (int(length),), generator=generator)
                 for length in lengths[owner == rank]
             )
         ]
         for mode, overlap in MODES.items():
-            mine = _loop(model, rebalancer, local, repeats + 1, overlap)
+            mine = _loop(model, rebalancer, local, repeats + 1, overlap, device)
             everyone: list[Any] = [None] * world_size
             dist.all_gather_object(everyone, mine)
             if rank == 0:
@@ -146,23 +153,33 @@ def _row(n: int, mode: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run(sizes: list[int], repeats: int, world_size: int) -> list[dict[str, Any]]:
+def run(
+    sizes: list[int], repeats: int, world_size: int, device: str = "cpu"
+) -> list[dict[str, Any]]:
     results = launch(
         _worker,
         world_size,
-        args=(sizes, repeats),
+        args=(sizes, repeats, device),
         timeout=3600.0,
         collective_timeout=300.0,
+        backend="nccl" if device == "cuda" else "gloo",
     )
     return results[0]
 
 
-def markdown(rows: list[dict[str, Any]], world_size: int, repeats: int, command: str) -> str:
+def markdown(
+    rows: list[dict[str, Any]], world_size: int, repeats: int, command: str, device: str = "cpu"
+) -> str:
+    where = (
+        f"{world_size} NCCL ranks, one {torch.cuda.get_device_name(0)} each"
+        if device == "cuda"
+        else f"{world_size} gloo ranks on one machine ({os.cpu_count()} CPU cores, "
+        f"{platform.processor() or platform.machine()})"
+    )
     lines = [
         "## Rebalancer overhead per step",
         "",
-        f"`{command}` — {world_size} gloo ranks on one machine ({os.cpu_count()} CPU cores, "
-        f"{platform.processor() or platform.machine()}), torch {torch.__version__}; median of "
+        f"`{command}` — {where}, torch {torch.__version__}; median of "
         f"{repeats} steps after the first, slowest rank. Step = forward + backward of the example "
         "model (`toy_model` defaults) over the rank's rebalanced micro-batches and an "
         "all_reduce; overhead = time blocked in `next()` / step. With overlap on, the "
@@ -196,11 +213,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="256 and 1024 samples, 3 repeats")
     parser.add_argument("--out", type=Path, help="also write the markdown section here")
     parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     sizes = [256, 1024] if args.quick else [256, 1024, 4096]
     repeats = 3 if args.quick else 5
     command = "python benchmarks/rebalance.py" + (" --quick" if args.quick else "")
-    text = markdown(run(sizes, repeats, args.world_size), args.world_size, repeats, command)
+    command += " --device cuda" if args.device == "cuda" else ""
+    rows = run(sizes, repeats, args.world_size, args.device)
+    text = markdown(rows, args.world_size, repeats, command, args.device)
     print(text)
     if args.out is not None:
         args.out.write_text(text)

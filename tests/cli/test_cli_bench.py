@@ -348,35 +348,46 @@ TINY_RUN = ("--model-size", "tiny", "--steps", "2", "--warmup", "1", "--global-b
 def test_two_processes_run_the_context_parallel_strategies(capsys, tmp_path) -> None:
     _long_tail(tmp_path / "lengths.npy")
     argv = ["bench", "--lengths", str(tmp_path / "lengths.npy"), *CP_ARGS, *TINY_RUN]
-    argv += ["--trials", "6", "--repeats", "1", "--timeout", "60", "--json"]
-    assert main(argv) == 0
+    argv += ["--trials", "4", "--repeats", "1", "--timeout", "60", "--json"]
+    assert main([*argv, "--hf-model", "qwen3-8b"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["calibrated"] and report["setup"]["context_parallel"]["sizes"] == [1, 2]
-    assert list(report["strategies"]) == ["balanced", "static_cp", "dynamic_cp_megatron"]
-    for name, stats in report["strategies"].items():
-        assert len(stats["step_seconds"]) == len(stats["predicted_step_seconds"]) == 2, name
-        assert stats["mean_step_seconds"] > 0 and stats["predicted_mean_step_seconds"] > 0
-        assert stats["mean_step_with_sync_seconds"] >= stats["mean_step_seconds"]
-    assert report["strategies"]["static_cp"]["sharded_fraction"] == 1.0
-    assert 0 < report["strategies"]["balanced"]["sharded_fraction"] < 1
-    # Every strategy computed the same function on the same samples: the same step losses.
-    assert report["max_loss_spread"] < 1e-5
-    assert set(report["comparisons"]) == {
-        "balanced_vs_static_cp",
-        "balanced_vs_dynamic_cp_megatron",
-    }
-    model = ContextParallelTimeModel.from_dict(report["time_model"])
-    assert model.time.fit_stats.n_observations == 6 and model.comm.fit_stats is not None
-    # The calibrated model, given back with --time-model, skips the calibration.
-    model.save(tmp_path / "cp.json")
+    assert report["setup"]["context_parallel"]["sizes"] == [1, 2]
+    assert report["setup"]["hf_model"] == "qwen3-8b"
+    assert list(report["models"]) == ["toy-tiny", "hf-qwen3-8b"]  # the toy, then the HF model
+    for label, model in report["models"].items():
+        assert model["calibrated"], label
+        assert list(model["strategies"]) == ["balanced", "static_cp", "dynamic_cp_megatron"]
+        for name, stats in model["strategies"].items():
+            assert len(stats["step_seconds"]) == len(stats["predicted_step_seconds"]) == 2, name
+            assert len(stats["cpu_step_seconds"]) == 2 and stats["mean_cpu_step_seconds"] > 0
+            assert stats["mean_step_seconds"] > 0 and stats["predicted_mean_step_seconds"] > 0
+            assert stats["mean_step_with_sync_seconds"] >= stats["mean_step_seconds"]
+        assert model["strategies"]["static_cp"]["sharded_fraction"] == 1.0
+        assert 0 < model["strategies"]["balanced"]["sharded_fraction"] < 1
+        # Every strategy computed the same function on the same samples: the same step losses.
+        assert model["max_loss_spread"] < 1e-5
+        assert set(model["comparisons"]) == {
+            "balanced_vs_static_cp",
+            "balanced_vs_dynamic_cp_megatron",
+        }
+        cost = ContextParallelTimeModel.from_dict(model["time_model"])
+        # 4 whole-sample micro-batches on 2 ranks, and CP 2 over 128 and 256 tokens in
+        # 1 .. 32 samples: 2 + 6 + 6 plans of one slot on each rank.
+        assert cost.time.fit_stats.n_observations == 2 * (2 + 6 + 6), label
+    hf = ContextParallelTimeModel.from_dict(report["models"]["hf-qwen3-8b"]["time_model"])
+    assert (hf.kv_elements_per_token, hf.kv_layers) == (2 * 1 * 16, 2)  # 1 K/V head of 16
+    # The calibrated toy model, given back with --time-model, skips the toy's calibration.
+    toy = ContextParallelTimeModel.from_dict(report["models"]["toy-tiny"]["time_model"])
+    toy.save(tmp_path / "cp.json")
     argv = ["bench", "--lengths", str(tmp_path / "lengths.npy"), *CP_ARGS, *TINY_RUN]
     argv += ["--time-model", str(tmp_path / "cp.json"), "--strategies", "static_cp,balanced"]
     assert main([*argv, "--timeout", "60", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("### bench --context-parallel: 2 procs, CP sizes [1, 2], 128 tokens")
+    assert ", toy-tiny, " in out and "hf-" not in out
     assert "| static_cp |" in out and "| dynamic_cp_megatron |" not in out
-    assert "- given (--time-model): compute t0" in out
-    assert "- balanced vs static_cp: mean step time" in out
+    assert "- given (--time-model): t0" in out
+    assert "- balanced vs static_cp: mean step time" in out and "% CPU step" in out
 
 
 def test_context_parallel_options_name_their_flags(capsys, tmp_path) -> None:
@@ -409,6 +420,7 @@ def test_context_parallel_options_name_their_flags(capsys, tmp_path) -> None:
             "the tiny toy model",
         ),
         (["--num-microbatches", "1"], "--num-microbatches = 1 is infeasible"),
+        (["--hf-model", "nemotron-h-8b"], "'nemotron-h-8b' has layers the context-parallel"),
     ):
         assert main([*base, *extra]) == 2, extra
         assert message in capsys.readouterr().err, extra

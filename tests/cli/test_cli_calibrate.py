@@ -78,9 +78,12 @@ def test_context_parallel_calibration_writes_a_model_that_plans(capsys, tmp_path
         kv_elements_per_token(spec),
         kv_layers(spec),
     )
-    assert cost.time.fit_stats.n_observations == 6  # one slot per rank and case
-    assert cost.comm.fit_stats.n_observations == 4  # 4 message sizes over CP size 2
+    # One fit of every rank's slot of every calibration plan: 6 whole-sample micro-batches on 2
+    # ranks (3 plans) and CP 2 over 128 and 256 tokens in 1 .. 32 samples (6 + 6 plans).
+    assert cost.time.fit_stats.n_observations == 2 * (3 + 6 + 6)
+    assert cost.comm.fit_stats == cost.time.fit_stats
     assert cost.comm.bandwidth_bytes_per_s > 0 and cost.piece_overhead_s >= 0
+    assert cost.sharded_attention_factor >= 0
     # The file plans: plan_step with the loaded cost, and simulate --context-parallel.
     plan = plan_step(
         [300, 40, 20, 10], 2, cost=cost, max_tokens=256, context_parallel=ContextParallel()

@@ -17,6 +17,8 @@ from seqbalance.integrations.megatron import (  # noqa: E402
     IGNORE_INDEX,
     MegatronDataIterator,
     check_config,
+    hybrid_cp_batch,
+    hybrid_cp_sizes,
     pack_thd,
     per_token_loss,
     step_loss,
@@ -175,8 +177,8 @@ needs_megatron = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None
     or importlib.util.find_spec("megatron.core") is None
     or importlib.util.find_spec("triton") is None,
-    reason="megatron-core (and triton, which it imports) not installed: "
-    "pip install 'seqbalance[megatron]'",
+    reason="megatron-core (and triton, which it imports) not installed: pip install --no-deps "
+    "--ignore-requires-python megatron-core==0.19.2 triton==3.9.0 (README's test command)",
 )
 VOCAB, HIDDEN, FFN = 16, 8, 16
 DP, STEP_SAMPLES, MAX_TOKENS = 2, 8, 32
@@ -485,3 +487,231 @@ def test_iterator_refuses_empty_samples_up_front() -> None:
     dataset = [list(range(1, n + 1)) for n in lengths]
     with pytest.raises(ValueError, match=r"lengths\[1\] = 0"):
         MegatronDataIterator(dataset, lengths, global_batch_size=2, dp_rank=0, dp_size=1)
+
+
+def counting_planner(it: MegatronDataIterator) -> list[int]:
+    """Wrap the iterator's planner: the returned list grows by one per step planned."""
+    calls: list[int] = []
+    plan = it.sampler.plan_step
+
+    def counted(indices, options):  # type: ignore[no-untyped-def]
+        calls.append(len(indices))
+        return plan(indices, options)
+
+    it.sampler.plan_step = counted
+    return calls
+
+
+def test_steps_are_planned_just_ahead_and_once() -> None:
+    """The first step comes after planning at most the lookahead (not the epoch), every step is
+    planned exactly once, and each step's micro-batches are those of the eager epoch plan."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(5, 300, 4000)
+    dataset = [np.arange(n) for n in lengths]
+    it = MegatronDataIterator(
+        dataset, lengths, global_batch_size=64, dp_rank=1, dp_size=4, max_tokens=1200
+    )
+    eager = it.sampler.epoch_plan().steps  # planned on its own (not through the iterator)
+    calls = counting_planner(it)
+    steps = it.steps()
+    first = next(steps)
+    assert len(calls) <= it.sampler.lookahead + 2 < it.num_steps() == len(eager) == 62
+    got = [first.indices, *(step.indices for step in steps)]
+    assert len(calls) == it.num_steps()
+    layout = it.sampler.layout()
+    want = [[layout.step(k)[mb].tolist() for mb in plan.ranks[1]] for k, plan in enumerate(eager)]
+    assert got == want
+
+
+@pytest.mark.parametrize("num_microbatches", [None, 5])
+def test_resume_at_every_position_continues_the_same_steps(num_microbatches) -> None:
+    (fresh,), _ = iterators(1, num_microbatches=num_microbatches)
+    all_steps = [step.indices for step in fresh.steps()]
+    flat = [mb for step in all_steps for mb in step]
+    bounds = np.cumsum([0, *map(len, all_steps)]).tolist()
+    for consumed in range(len(flat) + 1):
+        (it,), _ = iterators(1, num_microbatches=num_microbatches)
+        for _ in range(consumed):
+            next(it)
+        (resumed,), _ = iterators(1, num_microbatches=num_microbatches)
+        resumed.load_state_dict(it.state_dict())
+        if consumed in bounds:
+            assert [s.indices for s in resumed.steps()] == all_steps[bounds.index(consumed) :]
+        else:
+            with pytest.raises(ValueError, match="inside a step"):
+                next(resumed.steps())
+            rest = [resumed._next_indices() for _ in range(len(flat) - consumed)]
+            assert rest == flat[consumed:]
+
+
+# --- megatron-core's hybrid (dynamic) context parallelism, fed a seqbalance CP plan ------------
+#
+# A per-token model (embedding -> MLP -> output layer, no attention), so a CP member's loss over
+# its zigzag share needs nothing from its partners: the step's loss and gradients equal one
+# process running each sample whole iff every token ran exactly once on the DPxCP group.
+
+HYBRID_CAP = 32
+HYBRID_LENGTHS = [96, 56, 24, 16, 16, 8, 8, 8, 24, 16]  # 96 needs 4 ranks, 56 two
+
+
+def hybrid_plan() -> Any:
+    from seqbalance import PlanOptions, plan_step
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    options = PlanOptions(
+        cost="flops",
+        model="qwen3-8b",
+        max_tokens=HYBRID_CAP,
+        context_parallel=ContextParallel(sizes=hybrid_cp_sizes(4)),
+    )
+    return plan_step(HYBRID_LENGTHS, 4, options)
+
+
+def hybrid_data() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    return [torch.randint(0, VOCAB, (n,), generator=g) for n in HYBRID_LENGTHS]
+
+
+def test_hybrid_cp_batch_lists_every_piece_once_in_one_order() -> None:
+    plan, data = hybrid_plan(), hybrid_data()
+    assert plan.cp_size.max() > 1  # some samples are sharded
+    runs = [hybrid_cp_batch(plan, r, data) for r in range(4)]
+    groups = runs[0][1]
+    assert all(run[1] == groups for run in runs) and len(groups) == plan.n_slots
+    for slot, ranks in enumerate(groups):
+        assert all(ranks)  # Megatron asserts every rank has a sample in every group
+        for sample in {i for ids in ranks for i in ids}:
+            members = [r for r in range(4) if sample in ranks[r]]
+            assert members == list(plan.cp_group(sample)) and plan.slot_of()[sample] == slot
+        # one order: any two samples two ranks share come in the same order on both
+        for a, b in itertools.combinations(range(4), 2):
+            shared = [i for i in ranks[a] if i in ranks[b]]
+            assert shared == [i for i in ranks[b] if i in ranks[a]]
+    for rank, (batch, _) in enumerate(runs):
+        assert sorted(batch) == sorted({i for ranks in groups for i in ranks[rank]})
+        for i, sample in batch.items():
+            size = int(plan.cp_size[i])
+            assert sample["tokens"][0, : HYBRID_LENGTHS[i]].tolist() == data[i].tolist()
+            assert sample["tokens"].shape[1] % (2 * size if size > 1 else 1) == 0
+            assert sample["cu_seqlens"].tolist() == [0, HYBRID_LENGTHS[i]]
+    with pytest.raises(ValueError, match="rank must be in"):
+        hybrid_cp_batch(plan, 4, data)
+    with pytest.raises(ValueError, match=r"samples\[2\] has 3 tokens"):
+        hybrid_cp_batch(plan, 0, [*data[:2], data[2][:3], *data[3:]])
+
+
+def _hybrid_worker(rank: int, world_size: int) -> dict[str, Any]:
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda device=None: None
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(
+        hybrid_context_parallel=True, distributed_timeout_minutes=1
+    )
+    try:
+        return _hybrid_run()
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def _hybrid_run() -> dict[str, Any]:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    config = TransformerConfig(
+        num_layers=1, hidden_size=HIDDEN, num_attention_heads=2, use_cpu_initialization=True,
+        calculate_per_token_loss=True, variable_seq_lengths=True, pipeline_dtype=torch.float32,
+        moe_token_dispatcher_type="alltoall", hybrid_context_parallel=True,
+        max_seqlen_per_dp_cp_rank=HYBRID_CAP,
+    )  # fmt: skip
+    config.finalize_model_grads_func = finalize_model_grads
+    weights = tiny_weights()
+
+    class PerToken(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config, self.ddp_config = config, DistributedDataParallelConfig()
+            self.model_type = ModelType.encoder_or_decoder
+            self.w = torch.nn.ParameterDict(
+                {name: torch.nn.Parameter(t.clone()) for name, t in weights.items()}
+            )
+
+        def set_input_tensor(self, tensor: Any) -> None:
+            pass
+
+        def forward(self, tokens: Any, labels: Any) -> torch.Tensor:
+            w = self.w
+            logits = logits_of(w["emb"][tokens[0]], lambda x: x @ w["up"].T,
+                               lambda x: x @ w["down"].T, w)  # fmt: skip
+            return torch.nn.functional.cross_entropy(
+                logits, labels[0], ignore_index=IGNORE_INDEX, reduction="none"
+            )
+
+        def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
+            group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+            for p in self.parameters():
+                dist.all_reduce(p.grad, group=group)
+
+        def scale_gradients(self, scaling: Any) -> None:
+            for p in self.parameters():
+                p.grad *= scaling
+
+    model = PerToken()
+    plan = hybrid_plan()
+    rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    item = hybrid_cp_batch(plan, rank, hybrid_data())
+
+    def forward_step(data_iterator: Any, chunk: PerToken) -> tuple[torch.Tensor, Any]:
+        sample = get_batch_on_this_cp_rank(
+            next(data_iterator), is_hybrid_cp=True,
+            hybrid_cp_group_func=parallel_state.get_hybrid_data_context_parallel_groups,
+        )  # fmt: skip
+        output = chunk(sample["tokens"], sample["labels"])
+        return output, partial(per_token_loss, loss_mask=sample["loss_mask"])
+
+    forward_backward = get_forward_backward_func()
+    with _CudaToCpu():
+        losses = forward_backward(
+            forward_step_func=forward_step, data_iterator=iter([item]), model=[model],
+            num_microbatches=plan.n_slots, seq_length=HYBRID_CAP, micro_batch_size=1,
+        )  # fmt: skip
+    return {
+        "rank": rank,
+        "ran": len(losses),
+        "loss": step_loss(losses),
+        "grads": {name: p.grad.clone() for name, p in model.w.items()},
+    }
+
+
+def hybrid_reference() -> tuple[float, dict[str, torch.Tensor]]:
+    w = {name: t.clone().requires_grad_() for name, t in tiny_weights().items()}
+    total, count = torch.zeros(()), 0
+    for tokens in hybrid_data():
+        logits = logits_of(w["emb"][tokens], lambda x: x @ w["up"].T, lambda x: x @ w["down"].T, w)
+        total = total + torch.nn.functional.cross_entropy(logits[:-1], tokens[1:], reduction="sum")
+        count += tokens.numel() - 1
+    (total / count).backward()
+    return float(total.detach() / count), {name: t.grad for name, t in w.items()}
+
+
+@needs_megatron
+@pytest.mark.multiprocess
+def test_megatron_hybrid_cp_schedule_runs_a_seqbalance_plan(tmp_path) -> None:
+    """megatron-core 0.19.2's hybrid-CP schedule on 4 gloo processes (one DPxCP group of 4, its
+    power-of-two groups), fed hybrid_cp_batch of a seqbalance plan with samples sharded over 2
+    and 4 ranks: the loss and every gradient equal one process running each sample whole."""
+    runs = launch(_hybrid_worker, 4, timeout=300, collective_timeout=90, log_dir=tmp_path)
+    plan = hybrid_plan()
+    want_loss, want = hybrid_reference()
+    assert sorted(run["rank"] for run in runs) == [0, 1, 2, 3]
+    for run in runs:
+        mine = sum(len(ranks[run["rank"]]) for ranks in hybrid_cp_batch(plan, 0, hybrid_data())[1])
+        assert run["ran"] == mine  # one forward pass per listed sample
+        assert run["loss"] == pytest.approx(want_loss, rel=1e-5)
+        for name, grad in run["grads"].items():
+            torch.testing.assert_close(grad, want[name])

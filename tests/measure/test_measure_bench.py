@@ -129,9 +129,15 @@ def test_context_parallel_settings_are_validated_and_described() -> None:
         ({"device": "cuda"}, "device 'cuda' is not supported with context_parallel"),
         ({"strategies": ("token_kk",)}, "strategies entry \\(with context_parallel\\)"),
         ({"time_model": TimeModel(0.0, 1.0, 0.0)}, "ContextParallelTimeModel or None"),
+        ({"hf_model": "gemma-3-27b"}, "'gemma-3-27b' has layers the context-parallel"),
+        ({"hf_model": "qwen9"}, "unknown preset 'qwen9'"),
     ):
         with pytest.raises(ValueError, match=message):
             settings(**{"options": cp_options(cp), "strategies": None, **bad})
+    hf = settings(options=cp_options(cp), strategies=None, hf_model="qwen3-8b")
+    assert hf.describe()["hf_model"] == "qwen3-8b"
+    with pytest.raises(ValueError, match="hf_model is measured with context_parallel only"):
+        settings(hf_model="qwen3-8b")
     # What PlanOptions refuses with context_parallel, it refuses for bench too.
     for bad, message in (
         ({"max_tokens": None}, "context_parallel needs the per-rank token cap"),
@@ -217,34 +223,43 @@ def _cp_record(step: int, slot: float, sync: float, loss: float) -> dict:
 def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
     cp = ContextParallel(sizes=(1, 2))
     s = settings(options=cp_options(cp), strategies=("balanced", "static_cp"))
-    raw = {
-        "records": [
-            {
-                "balanced": [_cp_record(0, 0.08, 0.01, 2.0), _cp_record(1, 0.10, 0.01, 3.0)],
-                "static_cp": [_cp_record(0, 0.10, 0.01, 2.0002), _cp_record(1, 0.12, 0.02, 3.0)],
-            },
-            {
-                "balanced": [_cp_record(0, 0.09, 0.02, 2.0), _cp_record(1, 0.09, 0.01, 3.0)],
-                "static_cp": [_cp_record(0, 0.11, 0.01, 2.0002), _cp_record(1, 0.12, 0.01, 3.0)],
-            },
-        ],
+    records = [
+        {
+            "balanced": [_cp_record(0, 0.08, 0.01, 2.0), _cp_record(1, 0.10, 0.01, 3.0)],
+            "static_cp": [_cp_record(0, 0.10, 0.01, 2.0002), _cp_record(1, 0.12, 0.02, 3.0)],
+        },
+        {
+            "balanced": [_cp_record(0, 0.09, 0.02, 2.0), _cp_record(1, 0.09, 0.01, 3.0)],
+            "static_cp": [_cp_record(0, 0.11, 0.01, 2.0002), _cp_record(1, 0.12, 0.01, 3.0)],
+        },
+    ]
+    described = {
         "time_model": {"placeholder": True},
         "calibrated": True,
         "plans": {
             "balanced": {
                 "predicted_seconds": [0.08, 0.10],
+                "cpu_seconds": [0.07, 0.09],
                 "sharded_fraction": [0.1, 0.2],
                 "slots": [3, 4],
             },
             "static_cp": {
                 "predicted_seconds": [0.10, 0.12],
+                "cpu_seconds": [0.10, 0.10],
                 "sharded_fraction": [1.0, 1.0],
                 "slots": [2, 2],
             },
         },
     }
+    raw = {
+        "records": [{"toy-small": r, "hf-qwen3-8b": r} for r in records],
+        "models": {"toy-small": described, "hf-qwen3-8b": {**described, "calibrated": False}},
+    }
     report = summarize_context_parallel(raw, s)
-    balanced, static = report["strategies"]["balanced"], report["strategies"]["static_cp"]
+    assert report["setup"] == s.describe() and list(report["models"]) == list(raw["models"])
+    assert not report["models"]["hf-qwen3-8b"]["calibrated"]
+    toy = report["models"]["toy-small"]
+    balanced, static = toy["strategies"]["balanced"], toy["strategies"]["static_cp"]
     # The slowest rank's slots per step: balanced [0.09, 0.10], static_cp [0.11, 0.12].
     assert balanced["step_seconds"] == [0.09, 0.10] and static["step_seconds"] == [0.11, 0.12]
     assert balanced["mean_step_seconds"] == pytest.approx(0.095)
@@ -252,17 +267,22 @@ def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
     assert balanced["mean_step_with_sync_seconds"] == pytest.approx(0.11)  # 0.09+0.02, 0.10+0.01
     assert balanced["predicted_mean_step_seconds"] == pytest.approx(0.09)
     assert balanced["measured_over_predicted"] == pytest.approx(0.095 / 0.09)
+    assert balanced["mean_cpu_step_seconds"] == pytest.approx(0.08)
+    assert balanced["cpu_over_predicted"] == pytest.approx(0.08 / 0.09)
+    assert balanced["cpu_step_seconds"] == [0.07, 0.09]
     assert balanced["sharded_fraction"] == pytest.approx(0.15) and balanced["mean_slots"] == 3.5
-    assert report["max_loss_spread"] == pytest.approx(0.0002 / 2.0001)
-    comparison = report["comparisons"]["balanced_vs_static_cp"]
-    measured, predicted = 1 - 0.095 / 0.115, 1 - 0.09 / 0.11
+    assert toy["max_loss_spread"] == pytest.approx(0.0002 / 2.0001)
+    comparison = toy["comparisons"]["balanced_vs_static_cp"]
+    measured, predicted, cpu = 1 - 0.095 / 0.115, 1 - 0.09 / 0.11, 1 - 0.08 / 0.10
     assert comparison["measured_step_time_reduction"] == pytest.approx(measured)
+    assert comparison["measured_cpu_reduction"] == pytest.approx(cpu)
     assert comparison["predicted_reduction"] == pytest.approx(predicted)
     assert comparison["prediction_relative_error"] == pytest.approx(
         abs(predicted - measured) / measured
     )
-    assert "balanced_vs_dynamic_cp_megatron" not in report["comparisons"]
-    assert report["calibrated"] and report["setup"] == s.describe()
+    assert comparison["cpu_prediction_relative_error"] == pytest.approx(abs(predicted - cpu) / cpu)
+    assert "balanced_vs_dynamic_cp_megatron" not in toy["comparisons"]
+    assert toy["calibrated"]
 
 
 def test_context_parallel_steps_plan_every_strategy_with_one_static_size() -> None:

@@ -138,14 +138,112 @@ def test_padded_microbatches_are_timed_through_the_padded_forward(monkeypatch) -
     assert shapes == [(2, 7), (1, 5)]
 
 
-def test_piece_overhead_batches_fill_one_slot_in_ever_more_samples() -> None:
-    pytest.importorskip("torch")
-    from seqbalance.measure.calibrate_context_parallel import piece_overhead_batches
+def _cp_cost(**constants: float):
+    from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 
-    batches = piece_overhead_batches(2, 1024)  # the benchmark's: 2048 tokens in 4 .. 128
-    assert [b.size for b in batches] == [4, 8, 16, 32, 64, 128]
-    assert all(b.sum() == 2048 and (b == b[0]).all() for b in batches)
-    # Every sample keeps >= 2 tokens per member: 4 ranks x 16 tokens = 64 in 4 .. 8 samples.
-    assert [b.tolist() for b in piece_overhead_batches(4, 16)] == [[16] * 4, [8] * 8]
-    with pytest.raises(ValueError, match="at least 16 tokens per rank"):
-        piece_overhead_batches(2, 15)
+    return ContextParallelTimeModel(
+        TimeModel(constants["t0"], constants["t1"], constants["t2"]),
+        CommModel(constants["bandwidth"], constants["latency"], bytes_per_element=4),
+        128,
+        2,
+        piece_overhead_s=constants["piece"],
+        sharded_attention_factor=constants["factor"],
+    )
+
+
+def test_calibration_plans_cover_whole_and_every_sharded_size() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate_context_parallel import (
+        calibration_longest,
+        calibration_plans,
+    )
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    cp = ContextParallel(sizes=(1, 2, 4))
+    cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-3, factor=1)
+    plans = calibration_plans(4, cp, cost, max_tokens=64, trials=8, seed=1)
+    whole = [p for p in plans if (p.cp_size == 1).all()]
+    assert len(whole) == 2 and all(p.n_slots == 1 and (p.tokens > 0).all() for p in whole)
+    sharded = [p for p in plans if (p.cp_size > 1).all()]
+    assert len(whole) + len(sharded) == len(plans)
+    for size in (2, 4):
+        mine = [p for p in sharded if (p.cp_size == size).all()]
+        # 1 .. 32 equal samples holding half or all of size x 64 tokens, >= 2 per member.
+        counts = sorted(int(p.cp_size.size * size // 4) for p in mine)
+        expected = sorted(
+            c
+            for fill in (0.5, 1.0)
+            for c in (1, 2, 4, 8, 16, 32)
+            if int(size * 64 * fill) // c >= 2 * size
+        )
+        assert counts == expected, size
+        assert all((p.tokens.max() <= 64) and p.n_slots == 1 for p in mine)
+    assert calibration_longest(4, cp, 64) == 256 == max(int(p.lengths.max()) for p in plans)
+
+
+def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate_context_parallel import (
+        FEATURES,
+        calibration_plans,
+        fit_cost_model,
+        slot_features,
+    )
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    truth = {
+        "t0": 2e-3,
+        "t1": 3e-5,
+        "t2": 1e-8,
+        "bandwidth": 4e8,
+        "latency": 2e-4,
+        "piece": 8e-4,
+        "factor": 1.6,
+    }
+    cost = _cp_cost(**truth)
+    plans = calibration_plans(4, ContextParallel(sizes=(1, 2, 4)), cost, max_tokens=256, seed=2)
+    # The features give back the plans' own costs under the true constants.
+    constants = np.array(
+        [
+            *(truth["t0"], truth["t1"], truth["t2"], truth["t2"] * truth["factor"]),
+            *(1 / truth["bandwidth"], truth["latency"], truth["piece"]),
+        ]
+    )
+    for plan in plans:
+        features = slot_features(plan)
+        assert features.shape == (*plan.costs.shape, len(FEATURES))
+        np.testing.assert_allclose(features @ constants, plan.costs, rtol=1e-12)
+    fitted = fit_cost_model([(plan, plan.costs) for plan in plans])
+    assert fitted.time.t0 == pytest.approx(truth["t0"], rel=1e-6)
+    assert fitted.time.t1 == pytest.approx(truth["t1"], rel=1e-6)
+    assert fitted.time.t2 == pytest.approx(truth["t2"], rel=1e-6)
+    assert fitted.sharded_attention_factor == pytest.approx(truth["factor"], rel=1e-6)
+    assert fitted.comm.bandwidth_bytes_per_s == pytest.approx(truth["bandwidth"], rel=1e-6)
+    assert fitted.comm.latency_s == pytest.approx(truth["latency"], rel=1e-6)
+    assert fitted.piece_overhead_s == pytest.approx(truth["piece"], rel=1e-6)
+    assert fitted.time.fit_stats.mape < 1e-9
+    assert fitted.time.fit_stats.n_observations == sum(int((p.tokens > 0).sum()) for p in plans)
+    # Noise: each slot 10% off at random, the fit stays close on what the plans cost.
+    rng = np.random.default_rng(0)
+    noisy = fit_cost_model([(p, p.costs * rng.uniform(0.9, 1.1, p.costs.shape)) for p in plans])
+    for plan in plans:
+        held = plan.tokens > 0
+        error = (
+            np.abs(slot_features(plan) @ _constants(noisy) - plan.costs)[held] / plan.costs[held]
+        )
+        assert error.max() < 0.1
+    with pytest.raises(ValueError, match="at least one"):
+        fit_cost_model([])
+    with pytest.raises(ValueError, match="must be > 0"):
+        fit_cost_model([(plans[0], np.zeros_like(plans[0].costs))])
+
+
+def _constants(model) -> np.ndarray:
+    time = model.time
+    comm = model.comm
+    return np.array(
+        [
+            *(time.t0, time.t1, time.t2, time.t2 * model.sharded_attention_factor),
+            *(1 / comm.bandwidth_bytes_per_s, comm.latency_s, model.piece_overhead_s),
+        ]
+    )

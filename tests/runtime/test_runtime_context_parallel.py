@@ -25,12 +25,10 @@ from _multiprocess import launch, mark_done, ok, stay_stuck
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from seqbalance.cost import TimeModel  # noqa: E402
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
 from seqbalance.measure.calibrate_context_parallel import (  # noqa: E402
-    calibrate_comm,
-    calibrate_compute,
-    calibrate_piece_overhead,
+    calibrate_cost_model,
+    measure_slot_seconds,
 )
 from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
 from seqbalance.plan import PlanOptions, plan_step  # noqa: E402
@@ -56,6 +54,7 @@ OPTIONS = ContextParallel(comm=CommModel())
 ASSIGNED = PlanOptions(cost="flops", max_tokens=CAP, context_parallel=OPTIONS, allow_empty=True)
 """The request of the hand-made assignments (``ContextParallelPlan.from_assignment``)."""
 TIMEOUT = timedelta(seconds=30)
+FORWARD = TinyCausalTransformer.slot_logits
 
 
 # ------------------------------------------------------------------ the computation
@@ -74,8 +73,11 @@ def _run_plans(rank: int, world_size: int, plans: list[str]) -> list[dict[str, A
     for text in plans:
         plan = ContextParallelPlan.from_json(text)
         model = _model()
-        step = run_step(model, plan, _samples(plan.lengths.tolist()), groups, timeout=TIMEOUT)
+        step = run_step(
+            model, plan, _samples(plan.lengths.tolist()), groups, forward=FORWARD, timeout=TIMEOUT
+        )
         assert step.slot_seconds > 0 and step.sync_seconds > 0
+        assert len(step.slot_cpu_seconds) == plan.n_slots and min(step.slot_cpu_seconds) >= 0
         out.append({"loss": step.loss, "grads": {n: p.grad for n, p in model.named_parameters()}})
     return out
 
@@ -243,11 +245,17 @@ def test_slot_batch_labels_cross_shards() -> None:
         slot_batch(plan, 0, 0, [samples[0], samples[1][:3]])
 
 
+def _step(plan: ContextParallelPlan, groups: ContextParallelGroups, timeout: timedelta) -> None:
+    """A fresh model through ``plan`` (the failure cases: nothing is compared)."""
+    samples = _samples(plan.lengths.tolist())
+    run_step(_model(), plan, samples, groups, forward=FORWARD, timeout=timeout)
+
+
 def _disagreeing(rank: int, world_size: int, texts: list[str]) -> dict[str, Any]:
     groups = ContextParallelGroups(timeout=TIMEOUT)
     plan = ContextParallelPlan.from_json(texts[rank])
     try:
-        run_step(_model(), plan, _samples(plan.lengths.tolist()), groups, timeout=TIMEOUT)
+        _step(plan, groups, TIMEOUT)
     except ValueError as error:
         return {"raised": str(error)}
     return {"raised": None}
@@ -263,7 +271,7 @@ def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict
         return {}
     started = time.monotonic()
     try:
-        run_step(_model(), plan, _samples(plan.lengths.tolist()), groups, timeout=timeout)
+        _step(plan, groups, timeout)
     except CollectiveError as error:
         return {"raised": str(error), "elapsed": time.monotonic() - started}
     finally:
@@ -284,51 +292,43 @@ def test_failures_raise_instead_of_hanging(tmp_path: Path) -> None:
 
 def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
     groups = ContextParallelGroups(timeout=TIMEOUT)
+    model = _model()
     try:
-        calibrate_comm(groups, kv_elements_per_token=8, sizes=(4,), timeout=TIMEOUT)
+        calibrate_cost_model(
+            model, groups, ContextParallel(sizes=(1, 4)), max_tokens=64, spec=model.model_spec()
+        )
         refused = None
     except ValueError as error:
         refused = str(error)
-    # Messages up to 4 MiB, median of 3: on a loaded 2-core machine smaller ones timed as noise
-    # and the fit found no bandwidth (seconds did not grow with bytes).
-    comm = calibrate_comm(
-        groups, kv_elements_per_token=64, rows=(16, 1024, 8192), repeats=3, timeout=TIMEOUT
-    )
-    cost = ContextParallelTimeModel(TimeModel(0.0, 1e-6, 1e-9), comm, 64, 2)
-    fitted = calibrate_piece_overhead(
-        _model(),
+    cost = calibrate_cost_model(
+        model,
         groups,
-        cost,
-        ContextParallel(),
-        [np.full(count, 256 // count) for count in (2, 8, 32)],
-        max_tokens=512,
+        ContextParallel(sizes=(1, 2)),
+        max_tokens=64,
+        spec=model.model_spec(),
+        forward=FORWARD,
+        trials=4,
         repeats=1,
         timeout=TIMEOUT,
     )
-    time_model = calibrate_compute(
-        _model(),
-        groups,
-        [np.array([64]), np.array([8] * 16), np.array([200, 40]), np.array([16]), [300], [5] * 9],
-        max_tokens=512,
-        repeats=1,
-        timeout=TIMEOUT,
+    plan = plan_cp([30, 100, 7], 2, max_tokens=64, context_parallel=OPTIONS)
+    seconds = measure_slot_seconds(
+        model, plan, groups, _samples(plan.lengths.tolist()), forward=FORWARD, repeats=1
     )
-    return {
-        "refused": refused,
-        "comm": comm.to_dict(),
-        "overhead": fitted.piece_overhead_s,
-        "time": time_model.to_json(),
-    }
+    return {"refused": refused, "cost": cost.to_json(), "seconds": seconds, "slots": plan.n_slots}
 
 
 def test_calibration_gives_every_rank_the_same_model(tmp_path: Path) -> None:
     results = ok(launch(tmp_path, 2, _calibrate, timeout_s=LAUNCH_TIMEOUT_S))
     assert "no CP size > 1 that divides 2 ranks" in results[0]["refused"]
-    assert results[0]["comm"] == results[1]["comm"]  # fitted from rank 0's timings everywhere
-    comm = CommModel.from_dict(results[0]["comm"])
-    assert comm.bandwidth_bytes_per_s > 0 and comm.bytes_per_element == 4
-    assert comm.fit_stats is not None and comm.fit_stats.n_observations == 3
-    assert results[0]["overhead"] == results[1]["overhead"] >= 0.0
-    assert results[0]["time"] == results[1]["time"]
-    time_model = TimeModel.from_json(results[0]["time"])
-    assert time_model.fit_stats is not None and time_model.fit_stats.n_observations == 6
+    assert results[0]["cost"] == results[1]["cost"]  # one fit of every rank's slots, everywhere
+    cost = ContextParallelTimeModel.from_json(results[0]["cost"])
+    assert cost.comm.bytes_per_element == 8  # the float64 model's K/V
+    assert (cost.kv_elements_per_token, cost.kv_layers) == (32, 2)
+    # 4 whole-sample micro-batches on 2 ranks: 2 plans of 2 slots; sharded over CP 2: 64 and
+    # 128 tokens in 1 .. 32 samples of >= 4 tokens: 5 + 6 plans, one slot on each rank.
+    assert cost.time.fit_stats.n_observations == 2 * (2 + 5 + 6)
+    assert cost.time.fit_stats.mape < 1.0
+    seconds = results[0]["seconds"]
+    np.testing.assert_array_equal(seconds, results[1]["seconds"])
+    assert seconds.shape == (2, results[0]["slots"]) and (seconds > 0).all()

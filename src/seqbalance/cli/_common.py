@@ -262,10 +262,10 @@ def describe_time_model(model: Any, source: str) -> str:
     if isinstance(model, ContextParallelTimeModel):
         comm = model.comm
         return (
-            f"ContextParallelTimeModel from {Path(source)} (compute{fit(model.time.fit_stats)}; "
-            f"K/V gather {comm.bandwidth_bytes_per_s / 1e9:.3g} GB/s, "
-            f"{1e6 * comm.latency_s:.0f} us per ring step{fit(comm.fit_stats)}; "
-            f"{1e3 * model.piece_overhead_s:.2f} ms per sharded sample)"
+            f"ContextParallelTimeModel from {Path(source)} (K/V gather "
+            f"{comm.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {1e6 * comm.latency_s:.0f} us per ring "
+            f"step; {1e3 * model.piece_overhead_s:.2f} ms per sharded sample; sharded attention "
+            f"x{model.sharded_attention_factor:.2f}{fit(model.time.fit_stats)})"
         )
     return f"TimeModel from {Path(source)}{fit(model.fit_stats)}"
 

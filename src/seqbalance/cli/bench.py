@@ -145,6 +145,14 @@ def register(subparsers: Any) -> None:
         "--max-tokens 1024 (with --context-parallel: the per-rank cap). --num-microbatches, "
         "--min-microbatches, --microbatch-multiple and --allow-empty apply to the slots.",
     )
+    parser.add_argument(
+        "--hf-model",
+        metavar="PRESET",
+        default=None,
+        help="with --context-parallel: after the toy transformer, measure a small Hugging Face "
+        "causal LM of this bundled preset's architecture the same way (scaled down to the toy's "
+        "size, no download; needs transformers), e.g. qwen3-8b or llama-3.1-8b",
+    )
     add_json_flag(parser)
     parser.set_defaults(func=run)
 
@@ -166,6 +174,7 @@ _FLAGS = {
             "seed",
             "slow_rank",
             "noise",
+            "hf_model",
         )
     },
     "global_batch_size": "--global-batch",
@@ -223,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
             f"bench: {settings.procs} processes on cores {list(settings.cores)}, "
             f"{source.label} lengths / {divisor}, "
             f"{'calibration, ' if settings.time_model is None else ''}{settings.steps} steps "
-            f"(+{settings.warmup} warm-up) x {len(settings.strategies)} strategies ...",
+            f"(+{settings.warmup} warm-up) x {len(settings.strategies)} strategies"
+            f"{'' if settings.hf_model is None else ' x 2 models'} ...",
             flush=True,
         )
     with progress_callback("bench steps", enabled=not quiet) as bar:
@@ -287,6 +297,7 @@ def _settings(
             steps=args.steps,
             warmup=args.warmup,
             model_size=args.model_size,
+            hf_model=args.hf_model,
             time_model=time_model,
             trials=args.trials,
             repeats=args.repeats,
@@ -418,72 +429,84 @@ def _print_report(report: dict[str, Any], *, markdown: bool) -> None:
 
 CP_COLUMNS = (
     "strategy",
-    "median step (ms)",
     "mean step (ms)",
+    "CPU step (ms)",
     "predicted (ms)",
     "measured / predicted",
+    "CPU / predicted",
     "sharded samples",
     "slots",
 )
 CP_CAPTION = (
-    "step: the slowest rank's time from its first slot to the end of its last (gradient "
-    "all-reduce excluded); predicted: the plan's step time under the ContextParallelTimeModel"
+    "step: the slowest rank's wall time from its first slot to the end of its last (gradient "
+    "all-reduce excluded); CPU step: every rank's per-slot CPU seconds through the plan's "
+    "lockstep rule (each rank on a core of its own); predicted: the plan's step time under the "
+    "ContextParallelTimeModel"
 )
 
 
 def _print_context_parallel_report(report: dict[str, Any], *, markdown: bool) -> None:
     setup = report["setup"]
     cp = setup["context_parallel"]
-    title = (
-        f"bench --context-parallel: {setup['procs']} procs, CP sizes {cp['sizes']}, "
-        f"{setup['options']['max_tokens']} tokens per rank, {setup['lengths']} lengths / "
-        f"{setup['length_divisor']}, toy-{setup['model_size']}, global batch "
-        f"{setup['global_batch_size']}, {setup['steps']} steps"
-    )
-    rows = [
-        (
-            name,
-            f"{1e3 * s['median_step_seconds']:.1f}",
-            f"{1e3 * s['mean_step_seconds']:.1f}",
-            f"{1e3 * s['predicted_mean_step_seconds']:.1f}",
-            f"{s['measured_over_predicted']:.2f}",
-            f"{100 * s['sharded_fraction']:.0f}%",
-            f"{s['mean_slots']:.1f}",
+    for label, model in report["models"].items():
+        title = (
+            f"bench --context-parallel: {setup['procs']} procs, CP sizes {cp['sizes']}, "
+            f"{setup['options']['max_tokens']} tokens per rank, {setup['lengths']} lengths / "
+            f"{setup['length_divisor']}, {label}, global batch {setup['global_batch_size']}, "
+            f"{setup['steps']} steps"
         )
-        for name, s in report["strategies"].items()
-    ]
-    model = report["time_model"]
-    time, comm = model["time"], model["comm"]
+        rows = [
+            (
+                name,
+                f"{1e3 * s['mean_step_seconds']:.1f}",
+                f"{1e3 * s['mean_cpu_step_seconds']:.1f}",
+                f"{1e3 * s['predicted_mean_step_seconds']:.1f}",
+                f"{s['measured_over_predicted']:.2f}",
+                f"{s['cpu_over_predicted']:.2f}",
+                f"{100 * s['sharded_fraction']:.0f}%",
+                f"{s['mean_slots']:.1f}",
+            )
+            for name, s in model["strategies"].items()
+        ]
+        print_section(
+            title,
+            CP_COLUMNS,
+            rows,
+            caption=CP_CAPTION,
+            notes=_context_parallel_notes(model) + _machine_notes(setup),
+            markdown=markdown,
+        )
 
-    def fit(stats: Any) -> str:
-        return "" if stats is None else f" (fit MAPE {100 * stats['mape']:.1f}%)"
 
+def _context_parallel_notes(model: dict[str, Any]) -> list[str]:
+    cost = model["time_model"]
+    time, comm = cost["time"], cost["comm"]
+    fit = time["fit_stats"]
     notes = [
-        f"{'calibrated' if report['calibrated'] else 'given (--time-model)'}: compute t0 "
+        f"{'calibrated' if model['calibrated'] else 'given (--time-model)'}: t0 "
         f"{1e3 * time['t0']:.3f} ms, t1 {1e6 * time['t1']:.3f} us/token, t2 "
-        f"{1e9 * time['t2']:.4f} ns/token²{fit(time['fit_stats'])}; K/V gather "
+        f"{1e9 * time['t2']:.4f} ns/token², sharded attention x"
+        f"{cost['sharded_attention_factor']:.2f}; K/V gather "
         f"{comm['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, {1e6 * comm['latency_s']:.0f} us per "
-        f"ring step{fit(comm['fit_stats'])}; {1e3 * model['piece_overhead_s']:.2f} ms per "
-        "sharded sample and member"
+        f"ring step; {1e3 * cost['piece_overhead_s']:.2f} ms per sharded sample and member"
+        + ("" if fit is None else f" (fit MAPE {100 * fit['mape']:.1f}%)")
     ]
-    for key, c in report["comparisons"].items():
-        off = c["prediction_relative_error"]
+    for key, c in model["comparisons"].items():
         notes.append(
             f"{key.replace('_vs_', ' vs ')}: mean step time "
-            f"{-100 * c['measured_step_time_reduction']:+.1f}% measured (median "
-            f"{-100 * c['measured_median_step_time_reduction']:+.1f}%), "
-            f"{-100 * c['predicted_reduction']:+.1f}% predicted"
-            + ("" if off is None else f" ({100 * off:.0f}% off, relative)")
+            f"{-100 * c['predicted_reduction']:+.1f}% predicted, "
+            f"{-100 * c['measured_cpu_reduction']:+.1f}% CPU step"
+            f"{_off(c['cpu_prediction_relative_error'])}, "
+            f"{-100 * c['measured_step_time_reduction']:+.1f}% wall"
+            f"{_off(c['prediction_relative_error'])}"
         )
     notes.append(
         f"every strategy computed the same step losses (largest relative spread "
-        f"{report['max_loss_spread']:.1e})"
+        f"{model['max_loss_spread']:.1e})"
     )
-    print_section(
-        title,
-        CP_COLUMNS,
-        rows,
-        caption=CP_CAPTION,
-        notes=notes + _machine_notes(setup),
-        markdown=markdown,
-    )
+    return notes
+
+
+def _off(error: float | None) -> str:
+    """`` (x% off)``: how far the prediction is from a measured reduction, relative."""
+    return "" if error is None else f" ({100 * error:.0f}% off)"

@@ -241,14 +241,20 @@ class ContextParallelTimeModel:
             whole sample's fixed costs are already inside ``time``'s coefficients. Default 0
             (a fused varlen CP kernel handles all pieces in one launch); calibrate it for an
             executor that does not (``seqbalance.runtime.context_parallel``).
+        sharded_attention_factor: a sharded piece's attention seconds per causal pair, relative
+            to a whole sample's (``t2``). Default 1 (a varlen kernel that aligns the causal mask
+            to the bottom right skips the masked half as a whole sample's causal kernel does);
+            an executor whose chunk kernels compute a materialised mask pays more per pair
+            (the reference executor on CPU: about 1.5), which its calibration measures.
 
     A member's compute for a share of ``x`` tokens and ``p`` causal pairs is
-    ``t1·x + t2·(2p − x)``: the whole sample (``x = L``, ``p = L(L+1)/2``) gives back
-    ``t1·L + t2·L²`` and the members' shares add up to it. The communication of a member
-    holding ``x`` of the sample's ``L`` tokens is ``passes · kv_layers · (L − x) · kv bytes``
-    over the bandwidth; the latency, ``passes · kv_layers · (cp − 1) · latency_s``, is paid once
-    per CP
-    group per micro-batch (:meth:`group_latency`), however many samples it gathers at once.
+    ``t1·x + f·t2·(2p − x)``, ``f`` the ``sharded_attention_factor`` when the sample is
+    sharded and 1 when whole: the whole sample (``x = L``, ``p = L(L+1)/2``) gives back
+    ``t1·L + t2·L²``, and with ``f = 1`` the members' shares add up to it. The communication
+    of a member holding ``x`` of the sample's ``L`` tokens is ``passes · kv_layers · (L − x) ·
+    kv bytes`` over the bandwidth; the latency, ``passes · kv_layers · (cp − 1) · latency_s``,
+    is paid once per CP group per micro-batch (:meth:`group_latency`), however many samples it
+    gathers at once.
 
     Satisfies the planner's cost protocol for whole samples (:meth:`per_sample`,
     :attr:`microbatch_overhead`), so one object costs both whole and sharded samples.
@@ -259,6 +265,7 @@ class ContextParallelTimeModel:
     kv_elements_per_token: int
     kv_layers: int
     piece_overhead_s: float = field(default=0.0, kw_only=True)
+    sharded_attention_factor: float = field(default=1.0, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.time, TimeModel):
@@ -280,6 +287,11 @@ class ContextParallelTimeModel:
             self,
             "piece_overhead_s",
             check_non_negative_float(self.piece_overhead_s, "piece_overhead_s"),
+        )
+        object.__setattr__(
+            self,
+            "sharded_attention_factor",
+            check_non_negative_float(self.sharded_attention_factor, "sharded_attention_factor"),
         )
 
     @classmethod
@@ -326,10 +338,12 @@ class ContextParallelTimeModel:
         return self.kv_elements_per_token * self.comm.bytes_per_element * self.kv_layers
 
     def shard_compute(self, lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
-        """Compute seconds (float64 ``[n, cp]``) of each member's share, without ``t0``."""
+        """Compute seconds (float64 ``[n, cp]``) of each member's share, without ``t0``
+        (sharded shares' attention times ``sharded_attention_factor``)."""
         tokens = shard_tokens(lengths, cp, scheme).astype(np.float64)
         pairs = shard_pairs(lengths, cp, scheme)
-        return self.time.t1 * tokens + self.time.t2 * (2.0 * pairs - tokens)
+        t2 = self.time.t2 * (self.sharded_attention_factor if cp > 1 else 1.0)
+        return self.time.t1 * tokens + t2 * (2.0 * pairs - tokens)
 
     def shard_received_bytes(self, lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
         """Bytes (float64 ``[n, cp]``) each member receives for the sample, all passes."""
@@ -375,6 +389,7 @@ class ContextParallelTimeModel:
             "kv_elements_per_token": self.kv_elements_per_token,
             "kv_layers": self.kv_layers,
             "piece_overhead_s": self.piece_overhead_s,
+            "sharded_attention_factor": self.sharded_attention_factor,
         }
 
     @classmethod
@@ -388,6 +403,8 @@ class ContextParallelTimeModel:
                 kv_elements_per_token=data["kv_elements_per_token"],
                 kv_layers=data["kv_layers"],
                 piece_overhead_s=data["piece_overhead_s"],
+                # Files written before the factor existed: 1, what they were planned with.
+                sharded_attention_factor=data.get("sharded_attention_factor", 1.0),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"ContextParallelTimeModel: missing or bad field: {error}") from None

@@ -39,6 +39,7 @@ __all__ = [
     "MambaSpec",
     "MatmulParameters",
     "ModelSpec",
+    "preset_config",
     "presets",
 ]
 
@@ -51,6 +52,20 @@ def presets() -> list[str]:
     """Names of the bundled model presets (HF ``config.json`` files), sorted."""
     files = resources.files(_PRESET_PACKAGE).joinpath(_PRESET_FOLDER).iterdir()
     return sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json"))
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` of the bundled preset ``name`` (see :func:`presets`), as
+    a dictionary.
+
+    Raises:
+        ValueError: ``name`` is not a bundled preset (the message lists them).
+    """
+    available = presets()
+    if name not in available:
+        raise ValueError(f"unknown preset {name!r}; available: {', '.join(available)}")
+    folder = resources.files(_PRESET_PACKAGE).joinpath(_PRESET_FOLDER)
+    return json.loads(folder.joinpath(f"{name}.json").read_text("utf-8"))
 
 
 def _set(obj: Any, attribute: str, value: Any) -> None:
@@ -491,12 +506,7 @@ class ModelSpec:
     @classmethod
     def preset(cls, name: str) -> ModelSpec:
         """The bundled spec ``name`` (see :func:`presets`), parsed with :meth:`from_hf_config`."""
-        available = presets()
-        if name not in available:
-            raise ValueError(f"unknown preset {name!r}; available: {', '.join(available)}")
-        folder = resources.files(_PRESET_PACKAGE).joinpath(_PRESET_FOLDER)
-        text = folder.joinpath(f"{name}.json").read_text("utf-8")
-        return cls.from_hf_config(json.loads(text), name=name)
+        return cls.from_hf_config(preset_config(name), name=name)
 
     @classmethod
     def from_hf_config(

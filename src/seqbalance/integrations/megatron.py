@@ -49,6 +49,10 @@ peers too, each then takes its share of every sequence); with pipeline paralleli
 What needs a GPU: Megatron's THD attention (Transformer Engine's fused or flash attention) and
 its ``DistributedDataParallel`` buffers; everything in this module runs on CPU.
 
+**Dynamic (hybrid) context parallelism.** megatron-core 0.19.2's ``hybrid_context_parallel``
+schedule takes one ``(samples by id, sample_id_groups)`` pair per step; :func:`hybrid_cp_batch`
+makes it from a ``ContextParallelPlan`` of the step (CP sizes from :func:`hybrid_cp_sizes`).
+
 Every micro-batch is a dict of ``[1, T]`` tensors (``tokens``, ``labels``, ``loss_mask``,
 ``position_ids``: positions restart at 0 in every sequence) and ``packed_seq_params``, a plain
 dict: ``qkv_format="thd"``, ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32 ``[k + 1]``, the real
@@ -62,12 +66,15 @@ default group.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from seqbalance._validation import check_bool, check_int
+from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
+from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.runtime.samplers import BalancedBatchSampler
 
 __all__ = [
@@ -75,6 +82,8 @@ __all__ = [
     "MegatronDataIterator",
     "MegatronStep",
     "check_config",
+    "hybrid_cp_batch",
+    "hybrid_cp_sizes",
     "megatron_data_parallel_position",
     "pack_thd",
     "per_token_loss",
@@ -138,6 +147,76 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
             "total_tokens": total,
         },
     }
+
+
+def hybrid_cp_batch(
+    plan: ContextParallelPlan, rank: int, samples: Sequence[Any], *, pad_multiple: int = 1
+) -> tuple[dict[int, dict[str, Any]], list[list[list[int]]]]:
+    """What ``hybrid_context_parallel_forward_backward`` takes from ``data_iterator`` for one
+    step, on DPxCP rank ``rank``, from a ``ContextParallelPlan`` of that step.
+
+    Slot ``g`` of the plan is group ``g``; a rank lists its pieces of the slot widest CP group
+    first (then by first rank, then sample), one order on every rank, so the members of a CP
+    group reach each shared sample together. Sample ids are positions in the step.
+
+    Args:
+        plan: the step's plan over the DPxCP group (``plan_step(lengths, dp * cp, options with
+            context_parallel)``, CP sizes from :func:`hybrid_cp_sizes`: the groups Megatron
+            creates; ``scheme="head_tail"``, Megatron's zigzag split).
+        rank: this process's DPxCP rank (``parallel_state.get_data_parallel_rank(
+            with_context_parallel=True)``).
+        samples: the step's token sequences, in plan order (``samples[i]`` has
+            ``plan.lengths[i]`` tokens).
+        pad_multiple: pad each sequence to a multiple of this; a sharded one also to a multiple
+            of ``2 x`` its CP size (Megatron's zigzag split needs it).
+
+    Returns:
+        ``(batch, sample_id_groups)``: ``batch[i]`` for each sample this rank runs, a dict of
+        ``[1, T]`` tensors (``tokens``, ``labels``, ``loss_mask``, ``position_ids``, as in
+        :func:`pack_thd`) with ``cu_seqlens`` / ``cu_seqlens_padded`` (int32 ``[0, L]`` /
+        ``[0, T]``) and ``max_seqlen``; every rank's ``sample_id_groups``.
+
+    Raises:
+        ValueError: not a context-parallel plan, a rank outside it, a scheme other than
+            ``head_tail``, or samples that do not match the plan's lengths.
+    """
+    import torch
+
+    if not isinstance(plan, ContextParallelPlan):
+        raise ValueError(f"plan must be a ContextParallelPlan, got {type(plan).__name__}")
+    rank = check_int(rank, "rank", minimum=0)
+    if rank >= plan.n_ranks:
+        raise ValueError(f"rank must be in [0, {plan.n_ranks}), got {rank}")
+    if plan.context_parallel.scheme != "head_tail":
+        raise ValueError(
+            f"Megatron shards with its zigzag split (scheme 'head_tail'), the plan has "
+            f"{plan.context_parallel.scheme!r}"
+        )
+    if len(samples) != plan.lengths.size:
+        raise ValueError(f"samples has {len(samples)} sequences, the plan {plan.lengths.size}")
+    multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
+    cp, start, slot_of = plan.cp_size, plan.group_start, plan.slot_of()
+    groups: list[list[list[int]]] = [[[] for _ in range(plan.n_ranks)] for _ in range(plan.n_slots)]
+    for sample in np.lexsort((np.arange(cp.size), start, -cp)).tolist():
+        for member in range(int(start[sample]), int(start[sample] + cp[sample])):
+            groups[int(slot_of[sample])][member].append(sample)
+    for sample, sequence in enumerate(samples):
+        if len(sequence) != plan.lengths[sample]:
+            raise ValueError(
+                f"samples[{sample}] has {len(sequence)} tokens but the plan has "
+                f"{int(plan.lengths[sample])}"
+            )
+    batch = {}
+    for sample in sorted({i for group in groups for i in group[rank]}):
+        sequence = samples[sample]
+        size = int(cp[sample])
+        packed = pack_thd([sequence], pad_multiple=math.lcm(multiple, 2 * size if size > 1 else 1))
+        params = packed.pop("packed_seq_params")
+        packed["cu_seqlens"] = params["cu_seqlens_q"]
+        packed["cu_seqlens_padded"] = params["cu_seqlens_q_padded"]
+        packed["max_seqlen"] = torch.tensor([params["max_seqlen_q"]], dtype=torch.int32)
+        batch[sample] = packed
+    return batch, groups
 
 
 def megatron_data_parallel_position() -> tuple[int, int]:
@@ -294,8 +373,10 @@ class MegatronDataIterator:
         max_tokens: hard cap per micro-batch, counted after padding to ``pad_multiple``.
         plan_options: other ``PlanOptions`` fields (``cost``, ``model``, ``objective``, ...).
 
-    The epoch is laid out on first use; ``set_epoch`` selects the next. :meth:`steps` yields one
-    :class:`MegatronStep` per optimizer step; iterating the object itself yields micro-batches
+    The epoch is laid out on first use and planned step by step just ahead of use (the
+    sampler's background planner, so the first step comes in milliseconds whatever the epoch's
+    size); ``set_epoch`` selects the next. :meth:`steps` yields one :class:`MegatronStep` per
+    optimizer step; iterating the object itself yields micro-batches
     one by one (for ``data_iterator=iterator, num_microbatches=get_num_microbatches()`` with a
     fixed count) and stops at the end of the epoch. ``state_dict`` / ``load_state_dict`` resume
     exactly (micro-batches consumed in the epoch).
@@ -367,20 +448,26 @@ class MegatronDataIterator:
         )
         self._batches: Iterator[list[int]] | None = None
         self._consumed = 0
+        self._step, self._offset = 0, 0  # where the next micro-batch lies in the epoch
+        self._count: int | None = None  # micro-batches of step self._step, once known
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next (re-planned; every rank must call it alike)."""
         self.sampler.set_epoch(epoch)
         self._batches = None
         self._consumed = 0
+        self._step, self._offset, self._count = 0, 0, None
 
     def microbatches_per_step(self) -> list[int]:
-        """Micro-batches of each optimizer step of the current epoch (the same on every rank)."""
+        """Micro-batches of each optimizer step of the current epoch (the same on every rank).
+
+        Without a fixed ``num_microbatches`` this plans every step of the epoch at once (for
+        inspection; :meth:`steps` plans each step just ahead of its use)."""
         return self.sampler.microbatches_per_step()
 
     def num_steps(self) -> int:
-        """Optimizer steps in the current epoch."""
-        return len(self.microbatches_per_step())
+        """Optimizer steps in the current epoch (exact, without planning)."""
+        return self.sampler.num_steps
 
     def pack(self, indices: Sequence[int]) -> dict[str, Any]:
         """The packed THD micro-batch of these dataset indices (:func:`pack_thd`).
@@ -398,29 +485,49 @@ class MegatronDataIterator:
                 )
         return pack_thd(samples, pad_multiple=self.pad_multiple)
 
+    def _step_count(self, step: int) -> int:
+        """Micro-batches of ``step`` on every rank: the fixed count, or the step's plan, which
+        the sampler's planner made just ahead (its plan is kept, so nothing is planned twice)."""
+        if self.num_microbatches is not None:
+            return self.num_microbatches
+        return len(self.sampler.step_plan(step).ranks[self.sampler.dp_rank])
+
     def _next_indices(self) -> list[int]:
         if self._batches is None:
             self._batches = iter(self.sampler)
         indices = next(self._batches)
+        if self._count is None:
+            self._count = self._step_count(self._step)
         self._consumed += 1
+        self._offset += 1
+        if self._offset == self._count:
+            self._step, self._offset, self._count = self._step + 1, 0, None
         return indices
 
     def steps(self) -> Iterator[MegatronStep]:
-        """One :class:`MegatronStep` per remaining optimizer step of the epoch.
+        """One :class:`MegatronStep` per remaining optimizer step of the epoch, each planned
+        just ahead of its use (the first comes after planning a few steps, whatever the size
+        of the epoch); the plans are those of :meth:`microbatches_per_step`'s eager epoch plan.
 
         Raises:
             ValueError: (at the first ``next``) micro-batches were taken one by one and the
                 position is inside a step.
         """
-        bounds = np.cumsum([0, *self.microbatches_per_step()])
-        if self._consumed not in bounds:
+        if self._offset:
+            count = self._count if self._count is not None else self._step_count(self._step)
             raise ValueError(
                 f"{self._consumed} micro-batches of this epoch were consumed, which is inside "
-                f"a step (steps end at {bounds[1:].tolist()}): steps() must start at a step's "
-                "first micro-batch"
+                f"a step (micro-batch {self._offset} of step {self._step}'s {count}): steps() "
+                "must start at a step's first micro-batch"
             )
-        for size in np.diff(bounds[np.searchsorted(bounds, self._consumed) :]):
-            yield MegatronStep(self, [self._next_indices() for _ in range(int(size))])
+        while True:
+            number = self._step
+            try:
+                first = self._next_indices()
+            except StopIteration:
+                return
+            rest = [self._next_indices() for _ in range(self._step_count(number) - 1)]
+            yield MegatronStep(self, [first, *rest])
 
     def __iter__(self) -> MegatronDataIterator:
         return self
@@ -437,3 +544,4 @@ class MegatronDataIterator:
         self.sampler.load_state_dict(state)
         self._batches = None
         self._consumed = int(state["consumed"])
+        self._step, self._offset, self._count = int(state["step"]), int(state["offset"]), None

@@ -42,7 +42,6 @@ partition helpers need numpy only.
 from __future__ import annotations
 
 import sys
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -52,6 +51,18 @@ from seqbalance.integrations._verl_batches import (
     prepare_dynamic_batch,
     rearrange_micro_batches,
     restore_dynamic_batch,
+)
+from seqbalance.integrations._verl_dynamic_cp import (
+    DynamicCPScheduler,
+    hybrid_cp_sizes,
+    scheduler_entry,
+)
+from seqbalance.integrations._verl_install import (
+    ENV_OPTIONS,
+    Installation,
+    install_into,
+    installations,
+    uninstall,
 )
 from seqbalance.integrations._verl_partitions import (
     calculate_workload,
@@ -65,6 +76,7 @@ from seqbalance.integrations._verl_partitions import (
     roundup_divisible,
     sample_costs,
 )
+from seqbalance.plan.options import PlanOptions
 
 VERL_FUNCTIONS = (
     "calculate_workload",
@@ -83,7 +95,9 @@ VERL_FUNCTIONS = (
 """The public functions of verl 0.9.1's ``verl.utils.seqlen_balancing``, in its order."""
 
 __all__ = [
+    "ENV_OPTIONS",
     "VERL_FUNCTIONS",
+    "DynamicCPScheduler",
     "Installation",
     "balance_batch",
     "calculate_workload",
@@ -93,7 +107,9 @@ __all__ = [
     "get_reverse_idx",
     "get_seqlen_balanced_partitions",
     "greedy_partition",
+    "hybrid_cp_sizes",
     "install",
+    "installations",
     "karmarkar_karp",
     "log_seqlen_unbalance",
     "prepare_dynamic_batch",
@@ -227,70 +243,55 @@ def _balance_metrics(
 # ---------------------------------------------------------------- install into verl
 
 _VERL_MODULE = "verl.utils.seqlen_balancing"
-_patched: list[tuple[ModuleType, str, Any]] = []
-"""(module, attribute, verl's function) for every binding :func:`install` replaced."""
+_DYNAMIC_CP_MODULE = "verl.utils.dynamic_cp_scheduler"
+_DYNAMIC_CP_ENTRY = "get_megatron_dynamic_cp_scheduler_cls"
 
 
-class Installation:
-    """What :func:`install` returns: ``with install(): ...`` uninstalls when the block ends."""
+def install(
+    *, cost: Any = None, model: Any = None, options: PlanOptions | None = None
+) -> Installation:
+    """Replace verl's functions with these, bound to what they plan with, in
+    ``verl.utils.seqlen_balancing`` and in every loaded module that imported one by name
+    (``from verl.utils.seqlen_balancing import ...``); modules imported later get them through
+    verl's module.
 
-    def __enter__(self) -> Installation:
-        return self
+    verl's call sites pass no cost, so the installation carries it: ``rearrange_micro_batches``,
+    ``prepare_dynamic_batch`` and ``get_group_balanced_partitions`` plan with it, and
+    ``calculate_workload`` returns it per sequence (float64, as a tensor where verl passes one),
+    so the driver's balance (``_balance_batch``, the SFT trainer) balances it too. Without
+    settings the cost is verl's own ``24576 L + L^2`` and every helper returns verl's values.
 
-    def __exit__(self, *exc_info: object) -> None:
-        uninstall()
+    With a cost that prices context parallelism (a model's FLOPs, a
+    ``ContextParallelTimeModel``), it also answers verl's dynamic-CP entry point
+    (``verl.utils.dynamic_cp_scheduler.get_megatron_dynamic_cp_scheduler_cls``, in that module and
+    in verl's Megatron engine): :class:`DynamicCPScheduler` plans each batch with ``plan_step``
+    and ``context_parallel``. With verl's own workload that entry stays Megatron's.
 
-
-def _bindings(name: str, value: Any) -> list[ModuleType]:
-    """The loaded modules whose attribute ``name`` is ``value`` (imported by name)."""
-    found = []
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict) and namespace.get(name) is value:
-            found.append(module)
-    return found
-
-
-def install() -> Installation:
-    """Replace verl's functions with these, in ``verl.utils.seqlen_balancing`` and in every
-    loaded module that imported one by name (``from verl.utils.seqlen_balancing import ...``);
-    modules imported later get these through verl's module. Idempotent.
+    Installations nest: ``with install(model=...): ...`` inside a process-wide ``install()``
+    restores the outer one's functions when the block ends; :func:`uninstall` removes all.
 
     Runs in the calling process only: verl's workers are Ray processes, so set it as Ray's
-    ``worker_process_setup_hook`` (docs/integrations.md) to reach them.
+    ``worker_process_setup_hook`` (docs/integrations.md). A hook is called without arguments:
+    then the settings come from the ``SEQBALANCE_VERL_OPTIONS`` environment variable
+    (``PlanOptions.to_json()`` text, or the path of a file holding it; set it in the same
+    ``runtime_env``'s ``env_vars``).
+
+    Args:
+        cost, model: as the functions' keywords (``model="qwen3-8b"``, a ``ModelSpec`` or a Hugging
+            Face config for FLOPs; ``cost=`` any ``plan_step`` cost, e.g. a ``TimeModel``).
+        options: a ``PlanOptions`` instead (its ``cost`` / ``model``; the fields verl decides
+            itself, such as ``max_tokens`` and micro-batch counts, must be left unset).
 
     Returns:
-        An :class:`Installation`; ``with install(): ...`` restores verl's functions at exit,
-        as :func:`uninstall` does.
+        The :class:`Installation`; ``with install(): ...`` removes it at the end of the block.
 
     Raises:
         ModuleNotFoundError: verl is not installed.
+        ValueError: a bad cost or model, both ``options`` and ``cost`` / ``model``, options that
+            set what verl decides, or a bad ``SEQBALANCE_VERL_OPTIONS``.
     """
-    import importlib
-
-    target = importlib.import_module(_VERL_MODULE)
-    if not _patched:
-        ours = sys.modules[__name__]
-        for name in VERL_FUNCTIONS:
-            original = getattr(target, name, None)
-            if original is None or original is getattr(ours, name):
-                continue
-            for module in _bindings(name, original):
-                _patched.append((module, name, original))
-                setattr(module, name, getattr(ours, name))
-    return Installation()
-
-
-def uninstall() -> None:
-    """Undo :func:`install`: verl's functions back wherever it put these, and in verl's own
-    modules imported since (a module of yours that imports these directly keeps them). Does
-    nothing when not installed."""
-    originals = {name: original for _, name, original in _patched}
-    while _patched:
-        module, name, original = _patched.pop()
-        setattr(module, name, original)
+    targets = {_VERL_MODULE: VERL_FUNCTIONS, _DYNAMIC_CP_MODULE: (_DYNAMIC_CP_ENTRY,)}
     ours = sys.modules[__name__]
-    for name, original in originals.items():
-        for module in _bindings(name, getattr(ours, name)):
-            if module.__name__ == "verl" or module.__name__.startswith("verl."):
-                setattr(module, name, original)
+    return install_into(
+        targets, ours, cost=cost, model=model, options=options, extra=scheduler_entry
+    )

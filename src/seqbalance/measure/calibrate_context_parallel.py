@@ -1,14 +1,25 @@
 """Calibration of the context-parallel executor: its ``ContextParallelTimeModel`` on real processes.
 
-Every rank of the DPxCP domain calls the same functions, with the executor of
-``seqbalance.runtime.context_parallel``:
+The model is linear in its constants: a rank's slot costs
 
-- :func:`calibrate_compute` fits the ``TimeModel`` of the executor's whole-sample slots;
-- :func:`calibrate_comm` times the K/V gathers and fits the ``CommModel`` the planner uses;
-- :func:`calibrate_piece_overhead` fits the executor's fixed cost per sharded sample
-  (``ContextParallelTimeModel.piece_overhead_s``);
-- :func:`calibrate_cost_model` runs all three (what ``seqbalance bench --context-parallel``
-  does on its processes).
+    t0 (when it holds a piece) + t1·tokens + t2·(whole samples' causal pairs)
+    + f·t2·(sharded pieces' causal pairs) + received K/V bytes / bandwidth
+    + ring steps · latency + sharded pieces · piece overhead
+
+(``seqbalance.cost.context_parallel``; ``f`` the ``sharded_attention_factor``), so one
+non-negative least-squares fit over measured slots gives every constant at once, each seen in
+the mix the executor really runs. Every rank of the DPxCP domain calls the same functions:
+
+- :func:`calibration_plans`: varied whole-sample slots (``calibrate.calibration_microbatches``)
+  and sharded slots over every usable CP size (1 to 32 equal samples filling half or all of a
+  block's cap);
+- :func:`measure_slot_seconds`: one plan through the executor (``run_step``), every rank's CPU
+  seconds of every slot (``StepResult.slot_cpu_seconds``: compute and the collectives' own
+  work, not the waits; median of ``repeats`` after a warm-up);
+- :func:`slot_features` and :func:`fit_cost_model`: what each constant multiplies in each slot
+  (the plan re-costed under unit models) and the relative-error fit;
+- :func:`calibrate_cost_model`: all of it, for any model the executor runs (``forward``), what
+  ``seqbalance bench --context-parallel`` does on its processes.
 
 :func:`calibrate_context_parallel` (``seqbalance calibrate --context-parallel``) starts the
 processes here and runs :func:`calibrate_cost_model` on them with the toy transformer.
@@ -16,7 +27,6 @@ processes here and runs :func:`calibrate_cost_model` on them with the toy transf
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,13 +38,14 @@ import torch
 import torch.distributed as dist
 
 from seqbalance._validation import check_choice, check_int, check_timeout
-from seqbalance.cost import TimeModel
+from seqbalance.cost import ModelSpec, TimeModel
 from seqbalance.cost.context_parallel import (
     CommModel,
     ContextParallelTimeModel,
     kv_elements_per_token,
     kv_layers,
 )
+from seqbalance.cost.time_model import FitStats, nnls
 from seqbalance.measure.calibrate import (
     MIN_TRIALS,
     MODEL_SIZES,
@@ -45,289 +56,289 @@ from seqbalance.measure.calibrate import (
 )
 from seqbalance.measure.launch import launch
 from seqbalance.measure.toy_model import TinyCausalTransformer
-from seqbalance.plan import PlanOptions, plan_step
+from seqbalance.plan import PlanOptions
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 from seqbalance.runtime.context_parallel import (
     DEFAULT_TIMEOUT,
     ContextParallelGroups,
-    GatherKV,
+    SlotForward,
     run_step,
+    slot_logits,
 )
 
 __all__ = [
+    "FEATURES",
     "ContextParallelCalibration",
-    "calibrate_comm",
-    "calibrate_compute",
     "calibrate_context_parallel",
     "calibrate_cost_model",
-    "calibrate_piece_overhead",
     "calibration_longest",
-    "piece_overhead_batches",
+    "calibration_plans",
+    "fit_cost_model",
+    "measure_slot_seconds",
+    "slot_features",
 ]
 
+FEATURES = (
+    "t0",
+    "t1",
+    "t2",
+    "sharded_t2",
+    "seconds_per_byte",
+    "latency_s",
+    "piece_overhead_s",
+)
+"""The constants :func:`fit_cost_model` fits, in the order of :func:`slot_features`' last axis
+(``sharded_t2`` is ``sharded_attention_factor · t2``, ``seconds_per_byte`` ``1 / bandwidth``)."""
 
-def calibrate_comm(
-    groups: ContextParallelGroups,
-    *,
-    kv_elements_per_token: int,
-    dtype: torch.dtype = torch.float32,
-    sizes: Sequence[int] = (2,),
-    rows: Sequence[int] = (64, 256, 1024, 4096),
-    repeats: int = 5,
-    timeout: timedelta = DEFAULT_TIMEOUT,
-) -> CommModel:
-    """Fit the :class:`~seqbalance.cost.context_parallel.CommModel` of this machine's CP
-    collectives: what ``seqbalance calibrate`` must do for context parallelism.
+_NO_BYTES = 1e300
+"""A bandwidth (bytes/s) at which a unit model's communication costs nothing."""
 
-    Every rank calls it. For each CP size, every aligned block times the forward and backward
-    of the executor's K/V gather (``rows`` tokens per member of ``kv_elements_per_token``
-    elements of ``dtype``; median of ``repeats``), as one collective pass each way over one
-    layer. Rank 0's timings are fitted (``CommModel.fit``: bytes each member receives in the
-    model's terms, ``2 (cp − 1) · rows · kv bytes``, and ``2 (cp − 1)`` ring steps) and the
-    same model is returned on every rank.
-    """
-    world = dist.get_world_size()
-    rank = dist.get_rank()
-    usable = [int(size) for size in sizes if 1 < int(size) <= world and world % int(size) == 0]
-    if not usable:
-        raise ValueError(f"sizes {list(sizes)} hold no CP size > 1 that divides {world} ranks")
-    groups.create({(size, start) for size in usable for start in range(0, world, size)})
-    element_bytes = torch.empty((), dtype=dtype).element_size()
-    half = max(kv_elements_per_token // 2, 1)
-    observations = []
-    for size in usable:
-        start = rank // size * size
-        group = groups.group(size, start)
-        for count in rows:
-            timings = []
-            for _ in range(repeats + 1):  # the first run warms up
-                local = torch.randn(2, 1, count, half, dtype=dtype, requires_grad=True)
-                token = torch.zeros((), requires_grad=True)
-                began = time.perf_counter()
-                gathered, _ = GatherKV.apply(
-                    local, token, group, [count] * size, rank - start, timeout
-                )
-                gathered.sum().backward()
-                timings.append(time.perf_counter() - began)
-            received = 2.0 * (size - 1) * count * 2 * half * element_bytes
-            observations.append((received, 2 * (size - 1), float(np.median(timings[1:]))))
-    shared: list[Any] = [None] * world
-    dist.all_gather_object(shared, observations)
-    return CommModel.fit(shared[0], bytes_per_element=element_bytes)
+_FILLS = (0.5, 1.0)
+_COUNTS = (1, 2, 4, 8, 16, 32)
 
 
-def calibrate_compute(
-    model: TinyCausalTransformer,
-    groups: ContextParallelGroups,
-    microbatches: Sequence[Any],
-    *,
-    max_tokens: int,
-    repeats: int = 3,
-    timeout: timedelta = DEFAULT_TIMEOUT,
-) -> TimeModel:
-    """A ``TimeModel`` of this executor's whole-sample slots on this machine.
-
-    Every rank calls it with the same ``microbatches`` (token lengths, each at most
-    ``max_tokens`` tokens, the per-rank cap). They run ``world`` at a time, one per rank as
-    that rank's only slot (all ranks busy at once, as in training), through :func:`run_step`;
-    each rank's slot time (median of ``repeats`` after a warm-up) is one observation, and the
-    observations of all ranks are fitted with ``TimeModel.fit(relative=True)``. Unlike timing
-    ``model(...)`` alone, this includes what the executor adds per slot.
-    """
-    world = dist.get_world_size()
-    options = PlanOptions(
-        cost=ContextParallelTimeModel(TimeModel(0.0, 1.0, 0.0), CommModel(), 0, 0),
-        max_tokens=max_tokens,
-        context_parallel=ContextParallel(sizes=(1,)),
-        allow_empty=True,
-    )
-    generator = torch.Generator().manual_seed(0)
-    observations = []
-    for first in range(0, len(microbatches) - world + 1, world):
-        batch = [np.asarray(m, dtype=np.int64) for m in microbatches[first : first + world]]
-        lengths = np.concatenate(batch)
-        owner = np.repeat(np.arange(world), [b.size for b in batch])
-        plan = ContextParallelPlan.from_assignment(
-            lengths,
-            world,
-            options,
-            cp_size=np.ones_like(lengths),
-            group_start=owner,
-            slot_of=np.zeros_like(lengths),
-        )
-        seconds = _slot_seconds(model, plan, groups, generator, repeats=repeats, timeout=timeout)
-        everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, float(np.median(seconds)))
-        observations += [(b, s) for b, s in zip(batch, everyone, strict=True)]
-    model.zero_grad(set_to_none=True)
-    return TimeModel.fit(observations, relative=True)
-
-
-def calibrate_piece_overhead(
-    model: TinyCausalTransformer,
-    groups: ContextParallelGroups,
+# ------------------------------------------------------------------ plans and features
+def calibration_plans(
+    world: int,
+    context_parallel: ContextParallel,
     cost: ContextParallelTimeModel,
-    context_parallel: ContextParallel,
-    batches: Sequence[Any],
-    *,
-    max_tokens: int,
-    repeats: int = 3,
-    timeout: timedelta = DEFAULT_TIMEOUT,
-) -> ContextParallelTimeModel:
-    """``cost`` with ``piece_overhead_s`` fitted to this executor on this machine
-    (``max_tokens``: the per-rank cap the batches are planned under).
-
-    Every rank calls it with the same arguments. Each batch (token lengths; batches should hold
-    about the same tokens in different numbers of samples) runs sharded over all ranks
-    (``static_cp`` over the whole world, ``cost`` without piece overhead); the slowest rank's
-    slot time (median of ``repeats`` after a warm-up) minus the plan's prediction is fitted by
-    least squares to ``a + b · samples``, and ``b`` (at least 0) is the overhead each member
-    pays per sharded sample. ``a`` takes what the batches share (their common
-    misprediction) and is not used.
-    """
-    world = dist.get_world_size()
-    base = dataclasses.replace(cost, piece_overhead_s=0.0)
-    options = dataclasses.replace(
-        context_parallel, sizes=tuple(sorted({1, world})), static_size=world, comm=None
-    )
-    generator = torch.Generator().manual_seed(0)
-    residuals, pieces = [], []
-    for lengths in batches:
-        plan = plan_step(
-            lengths,
-            world,
-            PlanOptions(
-                context_parallel=options, max_tokens=max_tokens, cost=base, strategy="static_cp"
-            ),
-        )
-        seconds = _slot_seconds(model, plan, groups, generator, repeats=repeats, timeout=timeout)
-        everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, seconds)
-        slowest = float(np.median(np.max(np.array(everyone), axis=0)))
-        residuals.append(slowest - plan.step_cost)
-        pieces.append(float((plan.cp_size > 1).sum()))
-    if len(set(pieces)) < 2:
-        raise ValueError("batches must hold at least two different numbers of samples")
-    design = np.stack([np.ones(len(pieces)), np.array(pieces)], axis=1)
-    (_, slope), *_ = np.linalg.lstsq(design, np.array(residuals), rcond=None)
-    model.zero_grad(set_to_none=True)
-    return dataclasses.replace(cost, piece_overhead_s=max(float(slope), 0.0))
-
-
-def _slot_seconds(
-    model: TinyCausalTransformer,
-    plan: ContextParallelPlan,
-    groups: ContextParallelGroups,
-    generator: torch.Generator,
-    *,
-    repeats: int,
-    timeout: timedelta,
-) -> list[float]:
-    """This rank's slot seconds of ``repeats`` runs of ``plan`` (after one warm-up run), on
-    random token ids drawn from ``generator`` for ``plan.lengths``."""
-    samples = [
-        torch.randint(0, model.config.vocab_size, (int(n),), generator=generator)
-        for n in plan.lengths
-    ]
-    seconds = []
-    for _ in range(repeats + 1):  # the first run warms up
-        model.zero_grad(set_to_none=True)
-        seconds.append(run_step(model, plan, samples, groups, timeout=timeout).slot_seconds)
-    return seconds[1:]
-
-
-def piece_overhead_batches(world: int, max_tokens: int) -> list[np.ndarray]:
-    """The batches :func:`calibrate_cost_model` fits the piece overhead on: ``world x
-    max_tokens`` tokens (one full slot of every rank when sharded over the world) in
-    4, 8, ... up to 128 equal samples, as long as every sample keeps at least 2 tokens per
-    member (so every head-tail chunk holds a token)."""
-    world = check_int(world, "world", minimum=1)
-    total = world * check_int(max_tokens, "max_tokens", minimum=1)
-    counts = [c for c in (4, 8, 16, 32, 64, 128) if total // c >= 2 * world]
-    if len(counts) < 2:
-        raise ValueError(
-            f"max_tokens = {max_tokens} is too small to calibrate the piece "
-            f"overhead on {world} ranks: it needs at least 16 tokens per rank"
-        )
-    return [np.full(count, total // count, dtype=np.int64) for count in counts]
-
-
-def calibration_longest(world: int, max_tokens: int) -> int:
-    """The longest sample :func:`calibrate_cost_model` runs on ``world`` ranks (tokens): the
-    model's position table must hold it."""
-    batches = piece_overhead_batches(world, max_tokens)
-    return max(max_tokens, *(int(batch.max()) for batch in batches))
-
-
-def calibrate_cost_model(
-    model: TinyCausalTransformer,
-    groups: ContextParallelGroups,
-    context_parallel: ContextParallel,
     *,
     max_tokens: int,
     trials: int = 48,
+    seed: int = 0,
+) -> list[ContextParallelPlan]:
+    """The one-slot plans :func:`calibrate_cost_model` measures on ``world`` ranks.
+
+    Whole samples: ``trials`` varied micro-batches of at most ``max_tokens`` tokens
+    (``calibrate.calibration_microbatches`` with ``seed``), ``world`` at a time, one per rank.
+    Sharded: for every usable size ``c > 1`` of ``context_parallel``, ``1, 2, 4, ... 32`` equal
+    samples holding half or all of ``c · max_tokens`` tokens (each keeping at least 2 tokens
+    per member) on every aligned block of ``c`` ranks. ``cost`` only costs the plans (its K/V
+    sizes are the model's).
+    """
+    world = check_int(world, "world", minimum=1)
+    cap = check_int(max_tokens, "max_tokens", minimum=1)
+    options = PlanOptions(
+        cost=cost, max_tokens=cap, context_parallel=context_parallel, allow_empty=True
+    )
+    plans = []
+    micro = calibration_microbatches(trials, max_tokens=cap, max_length=cap, seed=seed)
+    for first in range(0, len(micro) - world + 1, world):
+        batch = micro[first : first + world]
+        lengths = np.concatenate(batch)
+        owner = np.repeat(np.arange(world), [b.size for b in batch])
+        plans.append(_one_slot(lengths, world, options, np.ones_like(lengths), owner))
+    for size in [s for s in context_parallel.usable_sizes(world) if s > 1]:
+        for fill in _FILLS:
+            total = int(size * cap * fill)
+            for count in [c for c in _COUNTS if total // c >= 2 * size]:
+                lengths = np.full(count * (world // size), total // count, dtype=np.int64)
+                start = np.repeat(np.arange(0, world, size), count)
+                plans.append(_one_slot(lengths, world, options, np.full_like(lengths, size), start))
+    return plans
+
+
+def _one_slot(
+    lengths: np.ndarray, world: int, options: PlanOptions, cp: np.ndarray, start: np.ndarray
+) -> ContextParallelPlan:
+    return ContextParallelPlan.from_assignment(
+        lengths, world, options, cp_size=cp, group_start=start, slot_of=np.zeros_like(lengths)
+    )
+
+
+def calibration_longest(world: int, context_parallel: ContextParallel, max_tokens: int) -> int:
+    """The longest sample :func:`calibration_plans` holds on ``world`` ranks (tokens): the
+    model's position table must hold it."""
+    sizes = context_parallel.usable_sizes(check_int(world, "world", minimum=1))
+    return max(sizes) * check_int(max_tokens, "max_tokens", minimum=1)
+
+
+def _unit(
+    cost: ContextParallelTimeModel,
+    *,
+    t0: float = 0.0,
+    t1: float = 0.0,
+    t2: float = 0.0,
+    factor: float = 0.0,
+    per_byte: float = 0.0,
+    latency: float = 0.0,
+    piece: float = 0.0,
+) -> ContextParallelTimeModel:
+    """A model with the given constants and every other one 0 (``cost``'s K/V sizes, bytes per
+    element and passes)."""
+    comm = cost.comm
+    return ContextParallelTimeModel(
+        TimeModel(t0, t1, t2),
+        CommModel(
+            1.0 / per_byte if per_byte else _NO_BYTES, latency, comm.bytes_per_element, comm.passes
+        ),
+        cost.kv_elements_per_token,
+        cost.kv_layers,
+        piece_overhead_s=piece,
+        sharded_attention_factor=factor,
+    )
+
+
+def _unit_models(cost: ContextParallelTimeModel) -> list[ContextParallelTimeModel]:
+    """One model per entry of :data:`FEATURES`, that constant 1 (the sharded pairs: see
+    :func:`slot_features`)."""
+    return [
+        _unit(cost, t0=1.0),
+        _unit(cost, t1=1.0),
+        _unit(cost, t2=1.0),  # whole samples' pairs only (factor 0)
+        _unit(cost, t2=1.0, factor=1.0),  # minus the one before: the sharded pieces' pairs
+        _unit(cost, per_byte=1.0),
+        _unit(cost, latency=1.0),
+        _unit(cost, piece=1.0),
+    ]
+
+
+def slot_features(plan: ContextParallelPlan) -> np.ndarray:
+    """float64 ``[n_ranks, n_slots, len(FEATURES)]``: what each constant of the plan's time
+    model multiplies in each rank's slot, so that ``features @ constants`` is the slots'
+    seconds (``plan.costs`` for the plan's own constants)."""
+    assignment = (plan.cp_size, plan.group_start, plan.slot_of(), plan.n_slots)
+    costs = [
+        ContextParallelPlan.costed(
+            plan.lengths,
+            plan.n_ranks,
+            assignment,
+            plan.options.replace(cost=unit),
+            groups=plan.groups,
+            barriers=plan.barriers,
+        ).costs
+        for unit in _unit_models(plan.time_model)
+    ]
+    costs[3] = costs[3] - costs[2]
+    return np.stack(costs, axis=-1)
+
+
+def fit_cost_model(
+    observations: Sequence[tuple[ContextParallelPlan, np.ndarray]],
+) -> ContextParallelTimeModel:
+    """The constants that best predict measured slots, relative errors (NNLS).
+
+    Args:
+        observations: ``(plan, seconds)`` pairs, ``seconds`` float64 ``[n_ranks, n_slots]``
+            measured for every rank's slot; slots that hold no piece are left out. The plans'
+            time model gives the K/V sizes, bytes per element and passes.
+
+    Returns:
+        The model (its ``time.fit_stats``: the fit's error on every slot). A constant the fit
+        finds no cost for is 0; no cost per byte gives a bandwidth of 1e300 bytes/s, and no
+        whole-sample attention (``t2 = 0``) a ``sharded_attention_factor`` of 1.
+
+    Raises:
+        ValueError: no observation, or a measured slot of zero seconds.
+    """
+    if not observations:
+        raise ValueError("observations must hold at least one (plan, seconds) pair, got none")
+    features, seconds = [], []
+    for plan, measured in observations:
+        rows = slot_features(plan)
+        held = rows[:, :, 0] > 0
+        features.append(rows[held])
+        seconds.append(np.asarray(measured, dtype=np.float64)[held])
+    x, y = np.concatenate(features), np.concatenate(seconds)
+    if (y <= 0).any():
+        raise ValueError(f"measured slot seconds must be > 0, got {float(y.min())}")
+    constants = nnls(x / y[:, None], np.ones_like(y))
+    t0, t1, t2, sharded_t2, per_byte, latency, piece = constants.tolist()
+    template = observations[0][0].time_model
+    stats = FitStats.of(x @ constants, y)
+    return ContextParallelTimeModel(
+        TimeModel(t0, t1, t2, fit_stats=stats),
+        CommModel(
+            1.0 / per_byte if per_byte > 0 else _NO_BYTES,
+            latency,
+            template.comm.bytes_per_element,
+            template.comm.passes,
+            fit_stats=stats,
+        ),
+        template.kv_elements_per_token,
+        template.kv_layers,
+        piece_overhead_s=piece,
+        sharded_attention_factor=sharded_t2 / t2 if t2 > 0 else 1.0,
+    )
+
+
+# ------------------------------------------------------------------ on the processes
+def measure_slot_seconds(
+    model: torch.nn.Module,
+    plan: ContextParallelPlan,
+    groups: ContextParallelGroups,
+    samples: Sequence[torch.Tensor],
+    *,
+    forward: SlotForward = slot_logits,
     repeats: int = 3,
-    comm_repeats: int = 5,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+) -> np.ndarray:
+    """float64 ``[n_ranks, n_slots]``: every rank's CPU seconds of every slot of ``plan``
+    (median of ``repeats`` runs after a warm-up run), the same on every rank (all-gathered).
+    Every rank calls it with the same arguments; gradients are left zeroed."""
+    seconds = []
+    for _ in range(check_int(repeats, "repeats", minimum=1) + 1):
+        model.zero_grad(set_to_none=True)
+        step = run_step(model, plan, samples, groups, forward=forward, timeout=timeout)
+        seconds.append(step.slot_cpu_seconds)
+    model.zero_grad(set_to_none=True)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, np.median(np.array(seconds[1:]), axis=0).tolist())
+    return np.array(everyone, dtype=np.float64).reshape(plan.n_ranks, plan.n_slots)
+
+
+def calibrate_cost_model(
+    model: torch.nn.Module,
+    groups: ContextParallelGroups,
+    context_parallel: ContextParallel,
+    *,
+    max_tokens: int,
+    spec: ModelSpec,
+    forward: SlotForward = slot_logits,
+    trials: int = 48,
+    repeats: int = 3,
     seed: int = 0,
     timeout: timedelta = DEFAULT_TIMEOUT,
 ) -> ContextParallelTimeModel:
     """The :class:`~seqbalance.cost.context_parallel.ContextParallelTimeModel` of ``model`` run
     by this executor on this machine, fitted on the ranks that will train.
 
-    Every rank calls it with the same arguments, and all get the same model:
+    Every rank calls it with the same arguments, and all get the same model: every plan of
+    :func:`calibration_plans` (``trials``, ``seed``) runs through :func:`measure_slot_seconds`
+    (``repeats`` timings; token ids drawn below ``spec.vocab_size``), and
+    :func:`fit_cost_model` fits them. ``spec`` describes ``model`` (its K/V sizes: what a
+    gather moves); ``forward`` runs it (default: a Hugging Face causal LM).
 
-    1. compute: :func:`calibrate_compute` on ``trials`` varied whole-sample micro-batches of
-       at most ``max_tokens`` tokens (the per-rank cap)
-       (``seqbalance.measure.calibrate.calibration_microbatches`` with ``seed``), each timed
-       ``repeats`` times after a warm-up;
-    2. communication: :func:`calibrate_comm` over the allowed CP sizes above 1 that divide the
-       world (``comm_repeats`` timings per message size);
-    3. the fixed cost per sharded sample: :func:`calibrate_piece_overhead` on
-       :func:`piece_overhead_batches` (``comm_repeats`` timings per batch).
-
-    The K/V sizes come from ``model.model_spec()``. Raises ValueError when no allowed size
-    above 1 divides the world.
+    Raises:
+        ValueError: no allowed CP size above 1 divides the world (nothing sharded to fit).
     """
     world = dist.get_world_size()
-    cap = check_int(max_tokens, "max_tokens", minimum=1)
-    sizes = [size for size in context_parallel.usable_sizes(world) if size > 1]
-    if not sizes:
+    if not [size for size in context_parallel.usable_sizes(world) if size > 1]:
         raise ValueError(
             f"context_parallel sizes {list(context_parallel.sizes)} hold no CP size > 1 that "
             f"divides {world} ranks: nothing to calibrate"
         )
-    compute = calibrate_compute(
-        model,
-        groups,
-        calibration_microbatches(trials, max_tokens=cap, max_length=cap, seed=seed),
-        max_tokens=cap,
-        repeats=repeats,
-        timeout=timeout,
+    element = next(model.parameters()).element_size()
+    template = ContextParallelTimeModel(
+        TimeModel(0.0, 0.0, 0.0),
+        CommModel(bytes_per_element=element),
+        kv_elements_per_token(spec),
+        kv_layers(spec),
     )
-    spec = model.model_spec()
-    comm = calibrate_comm(
-        groups,
-        kv_elements_per_token=kv_elements_per_token(spec),
-        sizes=sizes,
-        repeats=comm_repeats,
-        timeout=timeout,
+    plans = calibration_plans(
+        world, context_parallel, template, max_tokens=max_tokens, trials=trials, seed=seed
     )
-    cost = ContextParallelTimeModel(
-        time=compute,
-        comm=comm,
-        kv_elements_per_token=kv_elements_per_token(spec),
-        kv_layers=kv_layers(spec),
-    )
-    return calibrate_piece_overhead(
-        model,
-        groups,
-        cost,
-        context_parallel,
-        piece_overhead_batches(world, cap),
-        max_tokens=cap,
-        repeats=comm_repeats,
-        timeout=timeout,
-    )
+    generator = torch.Generator().manual_seed(seed)
+    observations = []
+    for plan in plans:
+        samples = [
+            torch.randint(0, spec.vocab_size, (int(n),), generator=generator) for n in plan.lengths
+        ]
+        seconds = measure_slot_seconds(
+            model, plan, groups, samples, forward=forward, repeats=repeats, timeout=timeout
+        )
+        observations.append((plan, seconds))
+    return fit_cost_model(observations)
 
 
 # ---------------------------------------------------------------------- processes
@@ -336,8 +347,8 @@ class ContextParallelCalibration:
     """A ``ContextParallelTimeModel`` fitted on real processes, and how it was measured.
 
     Attributes:
-        cost: The fitted model: its ``time`` (with ``fit_stats``), its ``comm`` (with
-            ``fit_stats``), the toy model's K/V sizes and ``piece_overhead_s``.
+        cost: The fitted model: its ``time`` and ``comm`` (with the fit's ``fit_stats``), the
+            toy model's K/V sizes, ``piece_overhead_s`` and ``sharded_attention_factor``.
         setup: How: processes, cores, CP sizes, per-rank cap, model size and configuration,
             trials, repeats, elapsed seconds (plain JSON values).
     """
@@ -366,9 +377,9 @@ def calibrate_context_parallel(
     """Fit the context-parallel cost of the toy transformer on ``procs`` gloo processes here.
 
     Each process is pinned to one core with one thread (rank r on ``cores[r % len(cores)]``)
-    and they run ``calibrate_cost_model`` together: the
-    compute ``TimeModel`` of the executor's slots, the ``CommModel`` of its K/V gathers over
-    the allowed CP sizes above 1 that divide ``procs``, and the overhead per sharded sample.
+    and they run :func:`calibrate_cost_model` together. The slots are timed in CPU seconds, so
+    processes that share a core (``procs`` above the cores) measure what each would take on a
+    core of its own.
 
     Args:
         context_parallel: The CP sizes to calibrate for (its ``comm`` must be None: that is
@@ -376,8 +387,8 @@ def calibrate_context_parallel(
         max_tokens: The per-rank token cap (tokens one rank holds in one slot).
         procs: Processes (the DPxCP ranks), at least 2.
         model_size: A key of :data:`MODEL_SIZES`.
-        trials: Compute micro-batches, at least :data:`MIN_TRIALS`.
-        repeats: Timings per compute micro-batch (median kept).
+        trials: Whole-sample micro-batches, at least :data:`MIN_TRIALS`.
+        repeats: Timings per calibration plan (median kept).
         seed: Seed of the micro-batch compositions and of the model's weights.
         cores: CPU cores to pin to; default: the cores this process may run on.
         timeout: Seconds any collective may wait before the run fails.
@@ -453,7 +464,7 @@ def _calibrate_context_parallel_rank(
 ) -> tuple[ContextParallelTimeModel, dict[str, Any]]:
     """One process of :func:`calibrate_context_parallel` (run by ``launch``)."""
     pin_process(rank, cores)
-    longest = calibration_longest(world_size, max_tokens)
+    longest = calibration_longest(world_size, context_parallel, max_tokens)
     model = TinyCausalTransformer(model_config(model_size, max_position=longest), seed=seed)
     wait = timedelta(seconds=timeout)
     cost = calibrate_cost_model(
@@ -461,6 +472,8 @@ def _calibrate_context_parallel_rank(
         ContextParallelGroups(timeout=wait),
         context_parallel,
         max_tokens=max_tokens,
+        spec=model.model_spec(),
+        forward=TinyCausalTransformer.slot_logits,
         trials=trials,
         repeats=repeats,
         seed=seed,

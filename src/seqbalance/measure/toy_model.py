@@ -305,6 +305,15 @@ class TinyCausalTransformer(nn.Module):
             x = block(x, attend)
         return self.norm(x)
 
+    def slot_logits(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        """Logits ``[tokens, vocab]`` of tokens at ``position_ids``, every layer's attention
+        computed by ``attend``: the toy's forward adapter of the context-parallel executor
+        (``run_step(..., forward=TinyCausalTransformer.slot_logits)``, ``attend`` the slot's
+        :class:`~seqbalance.runtime.context_parallel.SlotAttention`)."""
+        return self.lm_head(self.encode(input_ids, position_ids, attend))
+
     def model_spec(self) -> ModelSpec:
         """This model as a :class:`seqbalance.cost.ModelSpec`, for the FLOPs and time models."""
         c = self.config

@@ -1,19 +1,25 @@
 """``seqbalance bench --context-parallel``: the context-parallel strategies on real processes.
 
 The processes (``BenchSettings.procs`` gloo ranks, each pinned to one core with one thread, the
-DPxCP domain) first fit a ``ContextParallelTimeModel`` together, unless the settings give one:
-the compute of the executor's slots, its K/V gathers and its fixed cost per sharded sample
-(``seqbalance.measure.calibrate_context_parallel.calibrate_cost_model``, what ``seqbalance calibrate
---context-parallel`` runs). Rank 0 then plans every sampled step with every strategy
-(``static_cp``, ``dynamic_cp_megatron``, ``balanced``) on that model
-(``seqbalance.sim.simulate`` with ``context_parallel``: the predicted step times), and
-every rank runs the plans with the reference executor
-(``seqbalance.runtime.context_parallel.run_step``), strategies interleaved step by step in a
-rotating order so drift in the machine's speed hits them alike. The measured step time is the
-slowest rank's time from its first slot to the end of its last one, which is what the plan
-predicts (the gradient all-reduce after the slots is recorded apart). No optimizer step is
-taken: the weights do not change the time, and every strategy then computes the same loss on
-the same step, which the report checks.
+DPxCP domain) measure the toy transformer and then, when ``BenchSettings.hf_model`` names a
+preset, a small Hugging Face causal LM of that architecture (``seqbalance.measure.hf_model``),
+each the same way. First they fit the model's ``ContextParallelTimeModel`` together, unless
+the settings give one for the toy: every constant at once on the executor's own slots
+(``seqbalance.measure.calibrate_context_parallel.calibrate_cost_model``, what ``seqbalance
+calibrate --context-parallel`` runs). Rank 0 then plans every sampled step with every strategy
+(``static_cp``, ``dynamic_cp_megatron``, ``balanced``) on that model (``seqbalance.sim.simulate``
+with ``context_parallel``: the predicted step times), and every rank runs the plans with the
+reference executor (``seqbalance.runtime.context_parallel.run_step``), strategies interleaved
+step by step in a rotating order so drift in the machine's speed hits them alike.
+
+Two measured step times: the wall-clock one, the slowest rank's time from its first slot to the
+end of its last (the gradient all-reduce after the slots is recorded apart), and the CPU one,
+every rank's per-slot CPU seconds (compute and the collectives' own work, not the waits) put
+through the plan's lockstep rule (``ContextParallelPlan.finish_times``): what the step takes
+when every rank has a core of its own, which the wall clock shows only then (processes that
+share cores, or a machine others load, stretch it). No optimizer step is taken: the weights do
+not change the time, and every strategy then computes the same loss on the same step, which the
+report checks.
 
 This module plans the steps and summarises what the processes measured (numpy only);
 ``harness.run_context_parallel`` launches the ranks, which run ``context_parallel_worker``.
@@ -33,11 +39,16 @@ from seqbalance.cost.context_parallel import (
     kv_layers,
 )
 from seqbalance.measure.bench.settings import BenchSettings
-from seqbalance.measure.bench.summary import rank_steps, reductions_against
+from seqbalance.measure.bench.summary import prediction_error, rank_steps, reductions_against
 from seqbalance.measure.calibrate import model_config
 from seqbalance.sim import sample_batches, simulate
 
-__all__ = ["plan_context_parallel_steps", "summarize_context_parallel", "toy_kv_sizes"]
+__all__ = [
+    "plan_context_parallel_steps",
+    "summarize_context_parallel",
+    "summarize_model",
+    "toy_kv_sizes",
+]
 
 BASELINES = ("static_cp", "dynamic_cp_megatron")
 """Strategies ``balanced`` is compared against when they were measured."""
@@ -107,28 +118,51 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
 
 
 def summarize_context_parallel(raw: dict[str, Any], settings: BenchSettings) -> dict[str, Any]:
-    """Per-strategy measured and predicted step times, and ``balanced``'s reductions.
+    """Per model and strategy, measured and predicted step times, and ``balanced``'s reductions.
 
     Args:
-        raw: What the processes returned: ``records`` (per rank, per strategy, one record per
-            measured step with ``slot_seconds``, ``sync_seconds`` and ``loss``), ``time_model``
-            (the ``ContextParallelTimeModel``'s dict), ``calibrated`` (whether the processes
-            fitted it) and ``plans`` (per strategy and measured step: ``predicted_seconds``,
-            ``sharded_fraction``, ``slots``).
+        raw: What the processes returned: ``records`` (per rank, per model label, per
+            strategy, one record per measured step with ``slot_seconds``, ``sync_seconds`` and
+            ``loss``) and ``models`` (per label: ``time_model``, the
+            ``ContextParallelTimeModel``'s dict; ``calibrated``, whether the processes fitted
+            it; ``plans``, per strategy and measured step: ``predicted_seconds``,
+            ``cpu_seconds``, ``sharded_fraction``, ``slots``).
         settings: The run's settings.
 
     Returns:
-        A plain-JSON dict: ``setup`` (:meth:`BenchSettings.describe`), ``time_model``,
-        ``calibrated``, ``strategies`` (name -> median and mean measured step seconds (the
-        slowest rank's slots), mean of the slowest rank's slots + gradient sync, mean
-        predicted step seconds, measured / predicted, mean sharded fraction and slots, and
-        every step's measured and predicted seconds), ``max_loss_spread`` (largest relative
-        spread of a step's loss over the strategies: they compute the same function, so it
-        is float rounding) and ``comparisons`` (``balanced_vs_<baseline>``: measured mean and
-        median step-time reductions, the predicted one and its error relative to the measured
-        one; fractions, 0.05 = 5% less time).
+        A plain-JSON dict: ``setup`` (:meth:`BenchSettings.describe`) and ``models``, per label
+        (``toy-<size>``, ``hf-<preset>``) what :func:`summarize_model` gives.
     """
-    records = raw["records"]
+    return {
+        "setup": settings.describe(),
+        "models": {
+            label: summarize_model(
+                [rank_records[label] for rank_records in raw["records"]], described, settings
+            )
+            for label, described in raw["models"].items()
+        },
+    }
+
+
+def summarize_model(
+    records: list[dict[str, list[dict[str, Any]]]],
+    described: dict[str, Any],
+    settings: BenchSettings,
+) -> dict[str, Any]:
+    """One model's figures (see :func:`summarize_context_parallel` for ``records`` and
+    ``described``, one model's share of each).
+
+    Returns:
+        ``time_model``, ``calibrated``, ``strategies`` (name -> median and mean measured step
+        seconds (the slowest rank's slots, wall clock), mean of the slowest rank's slots +
+        gradient sync, median and mean CPU step seconds, mean predicted step seconds,
+        measured / predicted for both, mean sharded fraction and slots, and every step's
+        measured, CPU and predicted seconds), ``max_loss_spread`` (largest relative spread of a
+        step's loss over the strategies: they compute the same function, so it is float
+        rounding) and ``comparisons`` (``balanced_vs_<baseline>``: the measured (wall and CPU)
+        mean and median step-time reductions, the predicted one and its error relative to each
+        measured one; fractions, 0.05 = 5% less time).
+    """
     strategies: dict[str, dict[str, Any]] = {}
     losses = []
     for name in settings.strategies:
@@ -138,27 +172,39 @@ def summarize_context_parallel(raw: dict[str, Any], settings: BenchSettings) -> 
         slots = rank_slots.max(axis=0)
         whole = (rank_slots + rank_sync).max(axis=0)
         losses.append([r["loss"] for r in per_rank[0]])
-        planned = raw["plans"][name]
+        planned = described["plans"][name]
         predicted = np.array(planned["predicted_seconds"])
+        cpu = np.array(planned["cpu_seconds"])
         strategies[name] = {
             "median_step_seconds": float(np.median(slots)),
             "mean_step_seconds": float(slots.mean()),
             "mean_step_with_sync_seconds": float(whole.mean()),
+            "median_cpu_step_seconds": float(np.median(cpu)),
+            "mean_cpu_step_seconds": float(cpu.mean()),
             "predicted_mean_step_seconds": float(predicted.mean()),
             "measured_over_predicted": float(slots.mean() / predicted.mean()),
+            "cpu_over_predicted": float(cpu.mean() / predicted.mean()),
             "sharded_fraction": float(np.mean(planned["sharded_fraction"])),
             "mean_slots": float(np.mean(planned["slots"])),
             "step_seconds": slots.tolist(),
+            "cpu_step_seconds": cpu.tolist(),
             "predicted_step_seconds": predicted.tolist(),
         }
     loss = np.array(losses)  # [strategies, steps]
     spread = (loss.max(axis=0) - loss.min(axis=0)) / np.abs(loss).mean(axis=0)
-
-    comparisons = reductions_against(strategies, BASELINES)
+    comparisons = reductions_against(
+        strategies,
+        BASELINES,
+        cpu="mean_cpu_step_seconds",
+        median_cpu="median_cpu_step_seconds",
+    )
+    for comparison in comparisons.values():
+        comparison["cpu_prediction_relative_error"] = prediction_error(
+            comparison["predicted_reduction"], comparison["measured_cpu_reduction"]
+        )
     return {
-        "setup": settings.describe(),
-        "time_model": raw["time_model"],
-        "calibrated": raw["calibrated"],
+        "time_model": described["time_model"],
+        "calibrated": described["calibrated"],
         "strategies": strategies,
         "max_loss_spread": float(spread.max()),
         "comparisons": comparisons,

@@ -1,8 +1,10 @@
-"""One ``bench --context-parallel`` process: calibrate with the others, receive the plans, run
-every strategy's steps with the context-parallel executor."""
+"""One ``bench --context-parallel`` process: for each model (the toy transformer, then the
+scaled-down Hugging Face preset when the settings name one), calibrate with the others, receive
+the plans, run every strategy's steps with the context-parallel executor."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -11,14 +13,23 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from seqbalance.cost import ModelSpec
 from seqbalance.measure.bench.context_parallel import plan_context_parallel_steps
 from seqbalance.measure.bench.settings import BenchSettings
 from seqbalance.measure.calibrate import model_config, pin_process
 from seqbalance.measure.calibrate_context_parallel import calibrate_cost_model, calibration_longest
+from seqbalance.measure.hf_model import hf_causal_lm, scaled_preset
 from seqbalance.measure.toy_model import TinyCausalTransformer
-from seqbalance.runtime.context_parallel import ContextParallelGroups, run_step
+from seqbalance.runtime.context_parallel import (
+    ContextParallelGroups,
+    SlotForward,
+    run_step,
+    slot_logits,
+)
 
 __all__ = ["run_context_parallel_rank"]
+
+_Model = tuple[torch.nn.Module, ModelSpec, SlotForward]
 
 
 def run_context_parallel_rank(
@@ -27,83 +38,130 @@ def run_context_parallel_rank(
     """The work of one rank, run by :func:`seqbalance.measure.launch.launch`.
 
     Returns:
-        ``{"records": per strategy, one record per measured step (slot_seconds,
-        sync_seconds, loss)}``; rank 0 adds ``time_model`` (the model's dict), ``calibrated``
-        and ``plans`` (per strategy, over the measured steps: ``predicted_seconds``,
-        ``sharded_fraction``, ``slots``).
+        ``{"records": per model label, per strategy, one record per measured step
+        (slot_seconds, sync_seconds, loss)}``; rank 0 adds ``models``: per label,
+        ``time_model`` (the model's dict), ``calibrated`` and ``plans`` (per strategy, over
+        the measured steps: ``predicted_seconds``, ``cpu_seconds`` (every rank's slot CPU
+        seconds replayed through the plan's lockstep rule), ``sharded_fraction``, ``slots``).
     """
     if settings.context_parallel is None:
         raise ValueError("run_context_parallel_rank needs settings with context_parallel")
     pin_process(rank, settings.cores)
     timeout = timedelta(seconds=settings.timeout_seconds)
-    cap = settings.options.max_tokens
-    longest = max(settings.max_position, calibration_longest(world_size, cap))
-    config = model_config(settings.model_size, max_position=longest)
-    model = TinyCausalTransformer(config, seed=settings.seed)
     groups = ContextParallelGroups(timeout=timeout)
-    cost = settings.time_model
-    if cost is None:
-        cost = calibrate_cost_model(
+    progress = _Progress(Path(progress_file) if rank == 0 else None, settings)
+    out: dict[str, Any] = {"records": {}}
+    models: dict[str, Any] = {}
+    for label, build in _models(settings, world_size):
+        model, spec, forward = build()
+        given = settings.time_model if label == _toy_label(settings) else None
+        cost = given or calibrate_cost_model(
             model,
             groups,
             settings.context_parallel,
-            max_tokens=cap,
+            max_tokens=settings.options.max_tokens,
+            spec=spec,
+            forward=forward,
             trials=settings.trials,
             repeats=settings.repeats,
             seed=settings.seed,
             timeout=timeout,
         )
-    box: list[Any] = [None]
+        box: list[Any] = [None]
+        if rank == 0:
+            box[0] = plan_context_parallel_steps(settings, cost).plans
+        dist.broadcast_object_list(box, src=0)
+        plans = box[0]
+        samples = _samples(plans, settings, spec.vocab_size)
+        records, cpu = _run(model, forward, plans, samples, settings, groups, timeout, progress)
+        out["records"][label] = records
+        everyone: list[Any] = [None] * world_size
+        dist.all_gather_object(everyone, cpu)
+        if rank == 0:
+            models[label] = _described(plans, everyone, settings, cost, given is None)
     if rank == 0:
-        box[0] = plan_context_parallel_steps(settings, cost)
-    dist.broadcast_object_list(box, src=0)
-    comparison = box[0]
-    records = _run(model, comparison.plans, settings, groups, timeout, rank, Path(progress_file))
-    out: dict[str, Any] = {"records": records}
-    if rank == 0:
-        measured = slice(settings.warmup, None)
-        out["time_model"] = cost.to_dict()
-        out["calibrated"] = settings.time_model is None
-        out["plans"] = {
-            name: {
-                "predicted_seconds": [p.step_cost for p in plans[measured]],
-                "sharded_fraction": [float((p.cp_size > 1).mean()) for p in plans[measured]],
-                "slots": [p.n_slots for p in plans[measured]],
-            }
-            for name, plans in comparison.plans.items()
-        }
+        out["models"] = models
     # Leave together: a rank tearing gloo down while its peer is still inside a collective
     # can abort the process.
     dist.barrier()
     return out
 
 
+def _toy_label(settings: BenchSettings) -> str:
+    return f"toy-{settings.model_size}"
+
+
+def _models(settings: BenchSettings, world_size: int) -> Iterator[tuple[str, Callable[[], _Model]]]:
+    """``(label, build)`` of every model the run measures, in order."""
+    cap = settings.options.max_tokens
+    longest = max(
+        settings.max_position, calibration_longest(world_size, settings.context_parallel, cap)
+    )
+
+    def toy() -> _Model:
+        config = model_config(settings.model_size, max_position=longest)
+        model = TinyCausalTransformer(config, seed=settings.seed)
+        return model, model.model_spec(), TinyCausalTransformer.slot_logits
+
+    yield _toy_label(settings), toy
+    if settings.hf_model is not None:
+        preset = settings.hf_model
+
+        def hf() -> _Model:
+            config = scaled_preset(preset, max_position=longest)
+            model = hf_causal_lm(config, seed=settings.seed)
+            return model, ModelSpec.from_hf_config(config), slot_logits
+
+        yield f"hf-{preset}", hf
+
+
+def _samples(
+    plans: dict[str, list[Any]], settings: BenchSettings, vocab: int
+) -> list[list[torch.Tensor]]:
+    """The same token ids on every rank (a label may sit on another rank's shard); every
+    strategy plans the same batches, so any strategy's plans give the samples' lengths."""
+    generator = torch.Generator().manual_seed(settings.seed)
+    return [
+        [torch.randint(0, vocab, (int(n),), generator=generator) for n in plan.lengths]
+        for plan in plans[settings.strategies[0]]
+    ]
+
+
+class _Progress:
+    """Rank 0 writes ``done total`` (steps of every model) for the parent's progress bar."""
+
+    def __init__(self, path: Path | None, settings: BenchSettings) -> None:
+        models = 1 + (settings.hf_model is not None)
+        self.path, self.done, self.total = path, 0, models * (settings.warmup + settings.steps)
+
+    def step(self) -> None:
+        self.done += 1
+        if self.path is not None:
+            self.path.write_text(f"{self.done} {self.total}")
+
+
 def _run(
-    model: TinyCausalTransformer,
+    model: torch.nn.Module,
+    forward: SlotForward,
     plans: dict[str, list[Any]],
+    samples: list[list[torch.Tensor]],
     settings: BenchSettings,
     groups: ContextParallelGroups,
     timeout: timedelta,
-    rank: int,
-    progress_file: Path,
-) -> dict[str, list[dict[str, Any]]]:
-    """Every strategy's steps, interleaved (the order rotates step by step)."""
+    progress: _Progress,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[list[float]]]]:
+    """Every strategy's steps, interleaved (the order rotates step by step): per strategy the
+    measured steps' records and their slots' CPU seconds."""
     names = list(settings.strategies)
-    total = settings.warmup + settings.steps
-    # The same token ids on every rank (a label may sit on another rank's shard); every
-    # strategy plans the same batches, so any strategy's plans give the samples' lengths.
-    generator = torch.Generator().manual_seed(settings.seed)
-    vocab = model.config.vocab_size
-    samples = [
-        [torch.randint(0, vocab, (int(n),), generator=generator) for n in plan.lengths]
-        for plan in plans[names[0]]
-    ]
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for step in range(total):
+    cpu: dict[str, list[list[float]]] = {name: [] for name in names}
+    for step in range(settings.warmup + settings.steps):
         for index in np.roll(np.arange(len(names)), -step).tolist():
             name = names[index]
             model.zero_grad(set_to_none=True)
-            result = run_step(model, plans[name][step], samples[step], groups, timeout=timeout)
+            result = run_step(
+                model, plans[name][step], samples[step], groups, forward=forward, timeout=timeout
+            )
             if step >= settings.warmup:
                 records[name].append(
                     {
@@ -113,6 +171,30 @@ def _run(
                         "loss": result.loss,
                     }
                 )
-        if rank == 0:
-            progress_file.write_text(f"{step + 1} {total}")
-    return records
+                cpu[name].append(list(result.slot_cpu_seconds))
+        progress.step()
+    return records, cpu
+
+
+def _described(
+    plans: dict[str, list[Any]],
+    cpu: list[dict[str, list[list[float]]]],
+    settings: BenchSettings,
+    cost: Any,
+    calibrated: bool,
+) -> dict[str, Any]:
+    """Rank 0's account of one model: its time model and, per strategy and measured step, the
+    plan's figures and the CPU step (every rank's slot CPU seconds through the lockstep rule)."""
+    described = {}
+    for name, steps in plans.items():
+        steps = steps[settings.warmup :]
+        described[name] = {
+            "predicted_seconds": [p.step_cost for p in steps],
+            "cpu_seconds": [
+                float(p.finish_times(np.array([rank[name][s] for rank in cpu])).max())
+                for s, p in enumerate(steps)
+            ],
+            "sharded_fraction": [float((p.cp_size > 1).mean()) for p in steps],
+            "slots": [p.n_slots for p in steps],
+        }
+    return {"time_model": cost.to_dict(), "calibrated": calibrated, "plans": described}

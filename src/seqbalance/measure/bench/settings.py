@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -21,6 +22,7 @@ from seqbalance._validation import (
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
+from seqbalance.measure.hf_model import scaled_preset
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 from seqbalance.plan.options import check_rank_speeds
 
@@ -198,6 +200,10 @@ class BenchSettings:
         steps: Measured steps per strategy.
         warmup: Unmeasured steps per strategy first.
         model_size: Toy transformer size (a key of ``calibrate.MODEL_SIZES``).
+        hf_model: With ``context_parallel``: a bundled preset whose architecture is measured
+            too, after the toy, as a small Hugging Face causal LM
+            (``seqbalance.measure.hf_model.scaled_preset``; needs ``transformers``); None: the
+            toy only.
         time_model: What to plan with: a TimeModel (a ``ContextParallelTimeModel`` with
             ``context_parallel``); None calibrates one in the processes first.
         trials: Calibration micro-batches (at least ``calibrate.MIN_TRIALS``).
@@ -223,6 +229,7 @@ class BenchSettings:
     steps: int = 20
     warmup: int = 3
     model_size: str = "small"
+    hf_model: str | None = None
     time_model: TimeModel | ContextParallelTimeModel | None = None
     trials: int = 48
     repeats: int = 3
@@ -278,6 +285,7 @@ class BenchSettings:
             )
         self._check_options()
         self._check_speeds()
+        self._check_hf_model()
         if self.context_parallel is None:
             self._check_data_parallel()
         else:
@@ -329,6 +337,17 @@ class BenchSettings:
             )
         strategies = DEFAULT_STRATEGIES if self.strategies is None else tuple(self.strategies)
         object.__setattr__(self, "strategies", strategies)
+
+    def _check_hf_model(self) -> None:
+        if self.hf_model is None:
+            return
+        if self.context_parallel is None:
+            raise ValueError("hf_model is measured with context_parallel only")
+        if importlib.util.find_spec("transformers") is None:
+            raise ValueError(
+                f"hf_model {self.hf_model!r} needs transformers: pip install 'seqbalance[hf]'"
+            )
+        scaled_preset(self.hf_model, max_position=1)  # an unknown or unsupported preset, named
 
     def _check_context_parallel(self) -> None:
         cp = self.context_parallel

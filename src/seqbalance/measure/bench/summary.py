@@ -22,6 +22,12 @@ def rank_steps(per_rank: list[list[dict[str, Any]]], key: str) -> np.ndarray:
     return np.array([[record[key] for record in rows] for rows in per_rank])
 
 
+def prediction_error(predicted: float, measured: float) -> float | None:
+    """How far a predicted reduction is from the measured one, relative to the measured one
+    (None when nothing was measured to be relative to)."""
+    return abs(predicted - measured) / abs(measured) if measured != 0 else None
+
+
 def reductions_against(
     strategies: dict[str, dict[str, Any]], baselines: tuple[str, ...], **extra: str
 ) -> dict[str, dict[str, Any]]:
@@ -48,9 +54,7 @@ def reductions_against(
                 for key, measure in extra.items()
             },
             "predicted_reduction": predicted,
-            "prediction_relative_error": abs(predicted - measured) / abs(measured)
-            if measured != 0
-            else None,
+            "prediction_relative_error": prediction_error(predicted, measured),
         }
     return comparisons
 

@@ -101,9 +101,18 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
             start,
         )
 
-    def finish_times(self) -> np.ndarray:
-        """float64 ``[n_ranks]``: when each rank finishes (lockstep inside CP groups)."""
-        return finish_times(self.costs, self.pieces(), self.barriers)
+    def finish_times(self, seconds: Any = None) -> np.ndarray:
+        """float64 ``[n_ranks]``: when each rank finishes (lockstep inside CP groups), its
+        slots taking ``seconds`` (float64 ``[n_ranks, n_slots]``, e.g. measured ones; None:
+        ``costs``, the predicted ones)."""
+        if seconds is None:
+            return finish_times(self.costs, self.pieces(), self.barriers)
+        seconds = np.asarray(seconds, dtype=np.float64)
+        if seconds.shape != self.costs.shape:
+            raise ValueError(
+                f"seconds must have shape {self.costs.shape} (ranks, slots), got {seconds.shape}"
+            )
+        return finish_times(seconds, self.pieces(), self.barriers)
 
     @property
     def step_cost(self) -> float:

@@ -1,0 +1,185 @@
+"""verl 0.9.1's dynamic context-parallel scheduler entry point, planned by seqbalance; public
+through ``seqbalance.integrations.verl``.
+
+verl's ``verl.utils.dynamic_cp_scheduler.DynamicCPScheduler.schedule`` asks
+``get_megatron_dynamic_cp_scheduler_cls()`` for megatron-core's ``DefaultDynamicCPScheduler``
+(Megatron-LM #5154; megatron-core 0.19.2 does not ship it, so there verl's dynamic CP stops with
+a RuntimeError), builds it with ``(max_seqlen_per_dp_cp_rank=, cp_size=, dp_size=,
+microbatch_group_size_per_vp_stage=)`` and calls ``get_groups_and_subsamples(list(enumerate(
+seq_lens)))``. The answer is one entry per micro-batch, each ``dp_size x cp_size`` lists of sample
+ids, one per rank of the DPxCP group; verl then treats the ranks holding the same list as one CP
+group (contiguous, aligned to its size) that runs those samples as one THD pack sharded over the
+group (``local_cp_size``), and refuses an empty list.
+
+:class:`DynamicCPScheduler` answers the same call from ``plan_step`` with ``context_parallel``:
+CP sizes are the powers of two dividing the group and the whole group (the groups Megatron's
+hybrid CP creates), ``max_tokens`` is ``max_seqlen_per_dp_cp_rank``. seqbalance's plan may give a
+rank in one slot its share of a sharded sample and whole samples of its own; verl's format has
+one CP group per rank and micro-batch, so within each slot every sample of a maximal sharded
+block is sharded over that whole block (its members' tokens averaged: never more than the
+busiest member had, up to one token per sample of rounding, which re-planning under a lower cap
+absorbs). The result is validated as a ``ContextParallelPlan`` (every token once, the per-rank
+cap, aligned groups, no empty slot) before verl sees it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from seqbalance._validation import check_int
+from seqbalance.plan import plan_step
+from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
+from seqbalance.plan.options import PlanOptions
+
+__all__ = ["DynamicCPScheduler", "hybrid_cp_sizes", "one_group_per_slot", "scheduler_entry"]
+
+_REPLANS = 4
+"""Lower caps tried when averaging a block's tokens rounds a member over the cap."""
+
+
+def hybrid_cp_sizes(n_ranks: int) -> tuple[int, ...]:
+    """CP group sizes of a DPxCP group of ``n_ranks``: the powers of two dividing it, and the
+    whole group (megatron-core's hybrid DPxCP groups; each divides the next)."""
+    n = check_int(n_ranks, "n_ranks", minimum=1)
+    powers = [2**k for k in range(n.bit_length()) if n % 2**k == 0 and 2**k < n]
+    return (*powers, n)
+
+
+def one_group_per_slot(plan: ContextParallelPlan) -> tuple[np.ndarray, np.ndarray]:
+    """``(cp_size, group_start)`` per sample such that in every slot each rank belongs to one CP
+    group: the widest block holding any of its pieces there (blocks of sizes that divide each
+    other nest or are apart, so each rank has one)."""
+    cp, start = plan.cp_size.copy(), plan.group_start.copy()
+    slot_of = plan.slot_of()
+    for slot in range(plan.n_slots):
+        members = np.flatnonzero(slot_of == slot)
+        block_of = np.arange(plan.n_ranks)  # each rank's widest block: (start, size)
+        size_of = np.ones(plan.n_ranks, dtype=np.int64)
+        for sample in members[np.argsort(-cp[members], kind="stable")]:
+            first, size = int(start[sample]), int(cp[sample])
+            if size_of[first] < size:
+                block_of[first : first + size], size_of[first : first + size] = first, size
+        for sample in members:
+            rank = int(start[sample])
+            start[sample], cp[sample] = block_of[rank], size_of[rank]
+    return cp, start
+
+
+class DynamicCPScheduler:
+    """megatron-core's ``DefaultDynamicCPScheduler`` contract, as verl 0.9.1 calls it, planned
+    by ``plan_step`` (module docstring).
+
+    Args:
+        max_seqlen_per_dp_cp_rank: tokens one rank holds in one micro-batch (the hard cap).
+        cp_size, dp_size: verl's sizes; the DPxCP group has ``dp_size x cp_size`` ranks.
+        microbatch_group_size_per_vp_stage: with virtual pipelines, the micro-batch count is a
+            multiple of it.
+        options: what to plan with (a FLOPs cost or a ``ContextParallelTimeModel``; its
+            ``context_parallel`` may set the scheme); default :attr:`default_options`, which
+            ``install()`` sets on the class it gives verl.
+    """
+
+    default_options: PlanOptions | None = None
+
+    def __init__(
+        self,
+        max_seqlen_per_dp_cp_rank: int,
+        cp_size: int,
+        dp_size: int,
+        microbatch_group_size_per_vp_stage: int | None = None,
+        *,
+        options: PlanOptions | None = None,
+    ) -> None:
+        options = options if options is not None else self.default_options
+        if options is None:
+            raise ValueError("options is required: a PlanOptions with a FLOPs or CP time cost")
+        cap = check_int(max_seqlen_per_dp_cp_rank, "max_seqlen_per_dp_cp_rank", minimum=1)
+        cp_ranks = check_int(cp_size, "cp_size", minimum=1)
+        self.max_tokens = cap
+        self.n_ranks = cp_ranks * check_int(dp_size, "dp_size", minimum=1)
+        multiple = 1
+        if microbatch_group_size_per_vp_stage is not None:
+            name = "microbatch_group_size_per_vp_stage"
+            multiple = check_int(microbatch_group_size_per_vp_stage, name, minimum=1)
+        scheme = (options.context_parallel or ContextParallel()).scheme
+        self.options = options.replace(
+            context_parallel=ContextParallel(sizes=hybrid_cp_sizes(self.n_ranks), scheme=scheme),
+            max_tokens=cap,
+            microbatch_multiple=multiple,
+            allow_empty=False,
+        )
+        self.last_plan: ContextParallelPlan | None = None
+
+    def plan(self, lengths: Any) -> ContextParallelPlan:
+        """The validated plan of one batch, one CP group per rank and slot (module docstring).
+
+        Raises:
+            ValueError: a sample longer than the whole group holds, or no plan under the cap.
+        """
+        lengths = np.asarray(lengths, dtype=np.int64)
+        cap = self.max_tokens
+        for _ in range(_REPLANS):
+            planned = plan_step(lengths, self.n_ranks, self.options.replace(max_tokens=cap))
+            cp, start = one_group_per_slot(planned)
+            over = self._held(cp, start, planned) - self.max_tokens
+            if over <= 0:
+                return ContextParallelPlan.from_assignment(
+                    lengths, self.n_ranks, self.options, cp_size=cp, group_start=start,
+                    slot_of=planned.slot_of(),
+                )  # fmt: skip
+            cap -= over
+        raise ValueError(
+            f"no plan keeps every rank within max_seqlen_per_dp_cp_rank = {self.max_tokens} once "
+            "each rank runs one CP group per micro-batch"
+        )
+
+    @staticmethod
+    def _held(cp: np.ndarray, start: np.ndarray, plan: ContextParallelPlan) -> int:
+        """The most tokens one rank holds in one slot under ``(cp, start)`` (ceil shares)."""
+        held = np.zeros((plan.n_ranks, plan.n_slots), dtype=np.int64)
+        for sample, (size, first, slot) in enumerate(zip(cp, start, plan.slot_of(), strict=True)):
+            held[first : first + size, slot] += -(-int(plan.lengths[sample]) // int(size))
+        return int(held.max())
+
+    def get_groups_and_subsamples(self, sample_id_seqlens: Any) -> list[list[list[int]]]:
+        """Per micro-batch, the sample ids each rank of the DPxCP group runs (verl's call).
+
+        Args:
+            sample_id_seqlens: ``(sample_id, sequence_length)`` pairs.
+        """
+        pairs = [(int(sample_id), int(length)) for sample_id, length in sample_id_seqlens]
+        if not pairs:
+            raise ValueError("sample_id_seqlens is empty: nothing to schedule")
+        plan = self.plan([length for _, length in pairs])
+        self.last_plan = plan
+        slot_of = plan.slot_of()
+        schedule = []
+        for slot in range(plan.n_slots):
+            ranks: list[list[int]] = [[] for _ in range(self.n_ranks)]
+            for sample in np.flatnonzero(slot_of == slot).tolist():
+                first, size = int(plan.group_start[sample]), int(plan.cp_size[sample])
+                for rank in range(first, first + size):
+                    ranks[rank].append(pairs[sample][0])
+            schedule.append(ranks)
+        return schedule
+
+
+def scheduler_entry(options: PlanOptions | None) -> dict[str, Any]:
+    """``{"get_megatron_dynamic_cp_scheduler_cls": function}`` for an installation that plans
+    with ``options``, or ``{}`` when its cost cannot cost context parallelism (verl's own
+    workload, tokens: then verl keeps Megatron's scheduler)."""
+    if options is None:
+        return {}
+    try:
+        options.replace(context_parallel=ContextParallel(sizes=(1,)), max_tokens=1)
+    except ValueError:
+        return {}
+    scheduler = type("DynamicCPScheduler", (DynamicCPScheduler,), {"default_options": options})
+
+    def get_megatron_dynamic_cp_scheduler_cls() -> type:
+        """seqbalance's dynamic CP scheduler, in place of megatron-core's (``install()``)."""
+        return scheduler
+
+    return {"get_megatron_dynamic_cp_scheduler_cls": get_megatron_dynamic_cp_scheduler_cls}
