@@ -255,15 +255,15 @@ class _CheckedFile:
             for start, stop in ranges:
                 ends = (self.first + start * self.stride, self.first + (stop - 1) * self.stride)
                 low = min(ends)
-                data = _pread_all(fd, max(ends) + size - low, low, self.name)
+                data = _pread_into(fd, max(ends) + size - low, low, self.name)
                 out.append(
-                    np.ndarray(  # a strided view of the bytes read, copied out
+                    np.ndarray(  # the values among the bytes read, without a copy
                         (stop - start,),
                         self.dtype,
                         buffer=data,
                         offset=self.first + start * self.stride - low,
                         strides=(self.stride,),
-                    ).copy()
+                    )
                 )
             self._check(os.fstat(fd))  # written to while reading: its state moved
         finally:
@@ -275,14 +275,16 @@ class _CheckedFile:
             _changed(self.name)
 
 
-def _pread_all(fd: int, count: int, at: int, name: str) -> bytes:
-    """``count`` bytes of ``fd`` from ``at``; ValueError (changed) when the file ends first."""
-    data = b""
-    while len(data) < count:  # a read may return less than asked
-        more = os.pread(fd, count - len(data), at + len(data))
-        if not more:
+def _pread_into(fd: int, count: int, at: int, name: str) -> np.ndarray:
+    """``count`` bytes of ``fd`` from ``at``, read straight into a new array; ValueError
+    (changed) when the file ends first."""
+    data = np.empty(count, dtype=np.uint8)
+    view, done = memoryview(data), 0
+    while done < count:  # a read may return less than asked
+        got = os.preadv(fd, [view[done:]], at + done)
+        if got == 0:
             _changed(name)  # cut short: truncated
-        data += more
+        done += got
     return data
 
 
