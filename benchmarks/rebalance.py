@@ -30,7 +30,6 @@ import itertools
 import os
 import platform
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +107,7 @@ def _worker(
     model = TinyCausalTransformer(ToyModelConfig(max_position=MAX_TOKENS)).to(device)
     # The Rebalancer's own collectives, on the backend of the device.
     group = dist.new_group(backend="nccl" if device_type == "cuda" else "gloo")
-    rebalancer = Rebalancer(
-        group, timeout=timedelta(minutes=2), max_tokens=MAX_TOKENS, cost=model.model_spec()
-    )
+    rebalancer = Rebalancer(group, timeout=120.0, max_tokens=MAX_TOKENS, cost=model.model_spec())
     rows = []
     for n in sizes:
         lengths = _lengths(n, seed=n)

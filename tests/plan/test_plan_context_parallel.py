@@ -618,3 +618,32 @@ def test_index_arguments_of_the_plan_types_are_value_errors_naming_them(bad) -> 
         result.cp_group(bad if bad != 0 else 3)
     with pytest.raises(ValueError, match=r"rank|slot"):
         result.slot_inputs(bad if bad != 0 else 2, 0)
+
+
+# ------------------------------------------------------------------ the runtime's slot record
+def test_slot_record_names_the_pieces_and_their_tokens() -> None:
+    # L = 10 on CP 2 and a whole 4-token sample: member 0 holds [0, 3) and [8, 10).
+    p = plan([10, 4], 2, 7, sizes=(2,), strategy="static_cp")
+    record = p.slot(0, 0, step=3, indices=[40, 41])
+    assert (record.step, record.slot, record.rank) == (3, 0, 0)
+    assert list(record) == [40, 41] and len(record) == 2 and record[1] == 41
+    assert record[:1] == [40]
+    assert record.cp_group(0) == (0, 1) and record.cp_group(1) == (0, 1)
+    assert record.positions(0).tolist() == [0, 1, 2, 8, 9]
+    tokens = np.arange(100, 110)
+    assert record.local(0, tokens).tolist() == [100, 101, 102, 108, 109]
+    # The members' shares put back at their positions give the sample whole, once each.
+    other = p.slot(1, 0)
+    together = np.concatenate([record.positions(0), other.positions(0)])
+    assert sorted(together.tolist()) == list(range(10))
+    for k in range(2):
+        for member in (0, 1):
+            np.testing.assert_array_equal(
+                p.slot(member, 0).positions(k),
+                p.shard_positions(int(p.slot(member, 0).inputs.samples[k]), member),
+            )
+    assert list(p.slot(0, 0)) == [0, 1]  # default indices: the step positions
+    with pytest.raises(ValueError, match="indices must hold one entry per sample"):
+        p.slot(0, 0, indices=[1])
+    with pytest.raises(ValueError, match="shard must be < 2"):
+        p.shard_positions(0, 2)

@@ -18,9 +18,16 @@ def test_rebalancer_needs_an_initialised_process_group() -> None:
         Rebalancer().rebalance([{"input_ids": torch.arange(3)}])
 
 
-def test_rebalancer_validates_its_timeout() -> None:
-    with pytest.raises(ValueError, match="timeout must be a positive"):
-        Rebalancer(timeout=5)
+def test_deadlines_are_float_seconds_checked_at_construction() -> None:
+    """One deadline form (issue 26): float seconds, finite, positive, never overflowing."""
+    for bad in (0, -1.0, float("inf"), float("nan"), 1e20, True, "60"):
+        with pytest.raises(ValueError, match=r"timeout must be (a positive|at most)"):
+            Rebalancer(timeout=bad)
+        with pytest.raises(ValueError, match=r"timeout must be (a positive|at most)"):
+            TorchFlopsMeter(TinyCausalTransformer().model_spec(), timeout=bad)
+    assert Rebalancer(timeout=5).timeout == 5.0
+    with pytest.warns(DeprecationWarning, match="timeout=20"):  # the old form, for one release
+        assert Rebalancer(timeout=timedelta(seconds=20)).timeout == 20.0
     with pytest.raises(ValueError, match="timeout must be a positive"):
         Rebalancer(timeout=timedelta(0))
 
@@ -88,8 +95,9 @@ def test_the_closed_loop_is_one_argument_of_every_constructor() -> None:
         WindowBalancer,
     )
 
-    # WindowBalancer's own ``window`` (samples buffered) is not the fit's (steps).
-    loop = {field.name for field in dataclasses.fields(Feedback)} - {"window"}
+    # WindowBalancer's own ``window`` (samples buffered) is not the fit's (steps), and the
+    # Rebalancer's ``timeout`` is its collectives' deadline (the loop's rides on them).
+    loop = {field.name for field in dataclasses.fields(Feedback)} - {"window", "timeout"}
     assert {"prior", "log", "timeout_seconds"} <= loop
     expected = {
         BalancedBatchSampler: "adaptive",

@@ -9,7 +9,6 @@ share one launch (process start-up dominates the runtime on a small machine).
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +50,7 @@ def _bits(tensor: torch.Tensor) -> bytes:
 def _happy_paths(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     local = [_sample(rank, i) for i in range(COUNTS[rank])]
-    rebalancer = Rebalancer(timeout=timedelta(seconds=20), length_key="input_ids", **PLAN_OPTIONS)
+    rebalancer = Rebalancer(timeout=20.0, length_key="input_ids", **PLAN_OPTIONS)
     result = rebalancer.rebalance(local)
     out["list"] = {
         "microbatches": result.microbatches,
@@ -260,9 +259,7 @@ def _tensor_parallel_pair(rank: int, world_size: int) -> dict[str, Any]:
     from seqbalance.runtime.flops import TorchFlopsMeter
 
     def interval(**layout: Any) -> Any:
-        meter = TorchFlopsMeter(
-            _toy_spec(), peak_flops_per_s=1e12, timeout=timedelta(seconds=20), **layout
-        )
+        meter = TorchFlopsMeter(_toy_spec(), peak_flops_per_s=1e12, timeout=20.0, **layout)
         meter.add(torch.tensor([0, 5, 9, 9, -1]), valid=4)  # sub-sequences of 5, 4 and 0 tokens
         meter.add(lengths=[6])
         return meter.report(2.0)
@@ -304,7 +301,7 @@ def test_flops_meter_at_tensor_parallel_2_reports_the_true_tflops(tmp_path: Path
 
 
 def _failing_rank(rank: int, world_size: int, exit_early: bool, directory: str) -> dict[str, Any]:
-    rebalancer = Rebalancer(timeout=timedelta(seconds=2))
+    rebalancer = Rebalancer(timeout=2.0)
     if rank == 1:
         if exit_early:
             raise RuntimeError("rank 1 failed before the collective")
@@ -337,11 +334,9 @@ def test_a_failing_rank_makes_the_others_raise_instead_of_hanging(
 def _async_overlap(rank: int, world_size: int) -> dict[str, Any]:
     steps = [[_sample(10 * step + rank, i) for i in range(3 + 4 * rank)] for step in range(3)]
     # Reference: the same steps rebalanced synchronously on the world group.
-    reference = [
-        Rebalancer(timeout=timedelta(seconds=20), **PLAN_OPTIONS).rebalance(s) for s in steps
-    ]
+    reference = [Rebalancer(timeout=20.0, **PLAN_OPTIONS).rebalance(s) for s in steps]
     group = dist.new_group(backend="gloo")
-    rebalancer = Rebalancer(group, timeout=timedelta(seconds=20), **PLAN_OPTIONS)
+    rebalancer = Rebalancer(group, timeout=20.0, **PLAN_OPTIONS)
     futures = [rebalancer.rebalance_async(s) for s in steps]
     total = torch.ones(1)
     for _ in range(10):  # the training loop keeps using the world group meanwhile
@@ -401,7 +396,7 @@ def _nan_at_777(lengths: np.ndarray) -> np.ndarray:
 
 def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
     exchanges = count_exchanges()
-    timeout = timedelta(seconds=20)
+    timeout = 20.0
     out: dict[str, Any] = {"disagree": {}}
     samples = [{"input_ids": torch.arange(100 + 10 * i + rank)} for i in range(3)]
     for name, settings in DISAGREEMENTS.items():
@@ -536,9 +531,7 @@ def _image_steps(rank: int, world_size: int) -> dict[str, Any]:
     from _parts import TINY_VLM
 
     samples, parts = _image_rank(rank)
-    rebalancer = Rebalancer(
-        timeout=timedelta(seconds=20), length_key="input_ids", cost=TINY_VLM, **IMAGE_OPTIONS
-    )
+    rebalancer = Rebalancer(timeout=20.0, length_key="input_ids", cost=TINY_VLM, **IMAGE_OPTIONS)
     result = rebalancer.rebalance(samples, parts=parts if samples else None)
     flat = [s for mb in result.microbatches for s in mb]
     per_token = [

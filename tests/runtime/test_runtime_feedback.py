@@ -70,11 +70,11 @@ def _steps(loop: Adaptive, rank: int, first: int, last: int) -> list[dict[str, A
 def _closed_loop(rank: int, world_size: int) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loop = Adaptive(OPTIONS, feedback=Feedback(timeout_seconds=30.0))
+        loop = Adaptive(OPTIONS, feedback=Feedback(timeout=30.0))
         steps = _steps(loop, rank, 0, RESUME_AT)
         state = loop.state_dict()
         steps += _steps(loop, rank, RESUME_AT, STEPS)
-        resumed = Adaptive(OPTIONS, feedback=Feedback(timeout_seconds=30.0))
+        resumed = Adaptive(OPTIONS, feedback=Feedback(timeout=30.0))
         resumed.load_state_dict(state)
         again = _steps(resumed, rank, RESUME_AT, STEPS)
     return {
@@ -90,7 +90,7 @@ def _closed_loop(rank: int, world_size: int) -> dict[str, Any]:
 
 def _extra_observe(rank: int) -> str | None:
     """Rank 1 observes step 1 twice: its second report meets rank 0's report of step 2."""
-    loop = Adaptive(OPTIONS, feedback=Feedback(timeout_seconds=30.0))
+    loop = Adaptive(OPTIONS, feedback=Feedback(timeout=30.0))
     try:
         for step in range(3):
             plan = loop.plan(np.random.default_rng(step).integers(16, 2048, size=48))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import threading
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from seqbalance.runtime.closed_loop.timer import StepTiming  # noqa: E402
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 6
-TIMEOUT = timedelta(seconds=20)
+TIMEOUT = 20.0
 OPTIONS = {"max_tokens": 96}
 WAIT_S = 20.0  # the longest a scenario waits for the other thread (never reached when it passes)
 
@@ -295,7 +294,7 @@ def _adaptive(rank: int, group: Any) -> dict[str, Any]:
 def _uneven_end(rank: int) -> dict[str, Any]:
     """Rank 1's batches end a step before rank 0's: rank 1 leaves the loop after 3 steps, rank
     0 raises CollectiveError at its 4th after the timeout (the group is then unusable: last)."""
-    rebalancer = Rebalancer(dist.new_group(backend="gloo"), timeout=timedelta(seconds=2), **OPTIONS)
+    rebalancer = Rebalancer(dist.new_group(backend="gloo"), timeout=2.0, **OPTIONS)
     seen = []
     try:
         for step, _ in enumerate(rebalancer.iterate([_batch(rank, s) for s in range(4 - rank)])):
@@ -481,7 +480,7 @@ def _early_break(rank: int) -> dict[str, Any]:
     """Rank 1 leaves the loop after step 1 (step 2 prefetched): rank 0 gets step 2, then
     CollectiveError at step 3 after the timeout; neither rank keeps a thread."""
     group = dist.new_group(backend="gloo")
-    rebalancer = Rebalancer(group, timeout=timedelta(seconds=2), **OPTIONS)
+    rebalancer = Rebalancer(group, timeout=2.0, **OPTIONS)
     seen, raised = [], None
     try:
         for step, _ in enumerate(rebalancer.iterate(_batches(rank, True))):

@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqbalance.plan import plan_step
+from seqbalance.cost import TimeModel
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.plan import ContextParallel, PlanOptions, plan_step
 from seqbalance.plan._problem import objective_value
+from seqbalance.runtime.rebalancing.pieces import route_pieces
 from seqbalance.runtime.rebalancing.routing import keep_local_labels, route, transfers
 
 
@@ -31,12 +34,14 @@ def steps(draw: st.DrawFn) -> tuple[object, np.ndarray, np.ndarray]:
 
 def _simulate_all_to_all(t, payload: dict[int, np.ndarray]) -> dict[int, dict[int, np.ndarray]]:
     """Carry out ``t`` as all_to_all_single would; every rank parses its buffer by
-    ``t.receives``. ``payload[g]`` is sample ``g``'s bytes; returns what each rank parsed."""
+    ``t.receives``. ``payload[g]`` is the bytes of what ``g`` names (a sample, or with
+    ``t.ids`` what an entry carries); returns what each rank parsed."""
     k = t.world_size
     send_buffers = []
     for rank in range(k):
         sends = t.sends(rank)
-        assert (t.target[sends] != rank).all() and (t.source[sends] == rank).all()
+        if t.ids is None:  # entries are the samples themselves
+            assert (t.target[sends] != rank).all() and (t.source[sends] == rank).all()
         buffer = np.concatenate([payload[g] for g in sends.tolist()] or [np.zeros(0, np.int64)])
         assert buffer.size == sum(t.send_splits(rank))
         send_buffers.append(np.split(buffer, np.cumsum(t.send_splits(rank))[:-1]))
@@ -45,7 +50,8 @@ def _simulate_all_to_all(t, payload: dict[int, np.ndarray]) -> dict[int, dict[in
         arrived = np.concatenate([send_buffers[src][rank] for src in range(k)])
         assert arrived.size == sum(t.recv_splits(rank))
         receives = t.receives(rank)
-        chunks = np.split(arrived, np.cumsum(t.nbytes[receives])[:-1]) if receives.size else []
+        sizes = [payload[g].size for g in receives.tolist()]
+        chunks = np.split(arrived, np.cumsum(sizes)[:-1]) if receives.size else []
         parsed[rank] = dict(zip(receives.tolist(), chunks, strict=True))
     return parsed
 
@@ -195,3 +201,74 @@ def test_route_finds_every_slot_and_position_and_error_as_the_per_slot_definitio
     routing = route(plan_ranks, origin, origin, keep_local=False)
     assert routing.slot_of_sample.tolist() == expected[0].tolist()
     assert routing.position.tolist() == expected[1].tolist()
+
+
+# ------------------------------------------------------------------ context parallelism
+CP_COST = ContextParallelTimeModel(TimeModel(1e-3, 1e-6, 1e-9), CommModel(1e9, 1e-5), 16, 2)
+
+
+@st.composite
+def cp_steps(draw: st.DrawFn) -> tuple[object, np.ndarray, np.ndarray]:
+    """A context-parallel step: its plan, each sample's origin rank and its bytes."""
+    world = draw(st.sampled_from([1, 2, 3, 4, 6]))
+    counts = draw(st.lists(st.integers(0, 5), min_size=world, max_size=world))
+    n = sum(counts)
+    cap = draw(st.integers(4, 64))
+    sizes = draw(st.sampled_from([(1, 2, 4), (1, 2, 3, 6), (2, 3), (1,)]))
+    if not any(world % s == 0 for s in sizes):
+        sizes = (1,)
+    widest = max(s for s in sizes if world % s == 0)
+    lengths = draw(st.lists(st.integers(0, widest * cap), min_size=n, max_size=n))
+    options = PlanOptions(
+        cost=CP_COST,
+        max_tokens=cap,
+        context_parallel=ContextParallel(sizes=sizes),
+        allow_empty=True,
+    )
+    plan = plan_step(lengths, world, options)
+    origin = np.repeat(np.arange(world), counts)
+    nbytes = np.array(lengths, dtype=np.int64) * draw(st.sampled_from([0, 1, 4]))
+    return plan, origin, nbytes
+
+
+@given(step=cp_steps())
+def test_every_member_of_a_cp_group_gets_the_sample_and_outputs_go_home(step) -> None:
+    plan, origin, nbytes = step
+    routing = route_pieces(plan, origin, nbytes)
+    k = plan.n_ranks
+    for rank in range(k):
+        held = routing.held(rank)
+        rows = np.concatenate(plan.ranks[rank]) if plan.n_slots else np.zeros((0, 2), np.int64)
+        assert routing.sample[held].tolist() == rows[:, 0].tolist()
+        assert routing.shard[held].tolist() == rows[:, 1].tolist()
+        assert routing.position[held].tolist() == list(range(held.size))
+    payload = {g: np.full(int(nbytes[g]), g, dtype=np.int64) for g in range(origin.size)}
+    parsed = _simulate_all_to_all(routing.forward, payload)
+    for rank in range(k):
+        needs = {int(g) for g in routing.sample[routing.held(rank)] if origin[g] != rank}
+        assert sorted(parsed[rank]) == sorted(needs)  # each sample once, from its origin
+        for g, chunk in parsed[rank].items():
+            assert np.array_equal(chunk, payload[g])
+    # Each member's outputs of its share go back to the sample's origin, by piece.
+    pieces = routing.sample.size
+    out_bytes = (np.arange(pieces) % 3) * 4
+    back = routing.backward(out_bytes)
+    returned = _simulate_all_to_all(
+        back, {p: np.full(int(out_bytes[p]), -p) for p in range(pieces)}
+    )
+    for rank in range(k):
+        away = (origin[routing.sample] == rank) & (routing.destination != rank)
+        assert sorted(returned[rank]) == np.flatnonzero(away).tolist()
+        for g in np.flatnonzero(origin == rank).tolist():
+            shards = routing.shard[routing.pieces_of(g)].tolist()
+            assert shards == list(range(int(plan.cp_size[g])))
+
+
+def test_route_pieces_checks_its_arrays() -> None:
+    plan = plan_step(
+        [10, 3],
+        2,
+        PlanOptions(cost=CP_COST, max_tokens=8, context_parallel=ContextParallel(sizes=(1, 2))),
+    )
+    with pytest.raises(ValueError, match="one entry per sample"):
+        route_pieces(plan, np.array([0]), np.array([1, 1]))

@@ -578,3 +578,98 @@ def test_a_state_of_plain_lengths_keeps_its_setup() -> None:
         "bucket_window",
     ]
     assert "max_vision_patches" not in state["setup"]["options"]["values"]
+
+
+# ------------------------------------------------------------------ context parallelism
+def _cp_sampler(rank: int, world_size: int, lengths: np.ndarray, **changes) -> BalancedBatchSampler:
+    from seqbalance.plan import ContextParallel
+
+    options = {
+        "cost": "flops",
+        "max_tokens": 1024,
+        "context_parallel": ContextParallel(sizes=(1, 2, 3, 4)),
+        "allow_empty": True,
+        **changes,
+    }
+    return BalancedBatchSampler(lengths, 10, dp_rank=rank, dp_size=world_size, seed=1, **options)
+
+
+def _cp_lengths(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.where(rng.random(n) < 0.3, rng.integers(1025, 3000, n), rng.integers(1, 1024, n))
+
+
+@pytest.mark.parametrize("world_size", [4, 6])  # 3 and 4 do not divide each other; 6: 4 unused
+def test_context_parallel_slots_cover_every_token_once_as_plan_epoch_plans(world_size) -> None:
+    lengths = _cp_lengths(45, seed=world_size)
+    samplers = [_cp_sampler(rank, world_size, lengths) for rank in range(world_size)]
+    epoch = samplers[0].epoch_plan()
+    slots = [list(sampler) for sampler in samplers]
+    assert len({len(s) for s in slots}) == 1  # every rank the same number of slots
+    covered = [np.zeros(int(length), dtype=np.int64) for length in lengths]
+    for rank, mine in enumerate(slots):
+        steps = [slot.step for slot in mine]
+        assert steps == sorted(steps)
+        for slot in mine:
+            expected = epoch.steps[slot.step].slot(
+                rank, slot.slot, step=slot.step, indices=epoch.sample_indices[slot.step]
+            )
+            assert list(slot) == list(expected) and slot.rank == rank
+            for k, index in enumerate(slot):
+                covered[index][slot.positions(k)] += 1
+                assert rank in slot.cp_group(k)
+    assert all((c == 1).all() for c in covered)  # every token of every sample exactly once
+    used = {int(c) for plan in epoch.steps for c in plan.cp_size}
+    assert used <= ({1, 2, 4} if world_size == 4 else {1, 2, 3}) and max(used) > 1
+
+
+def test_context_parallel_resume_is_exact_at_every_point() -> None:
+    lengths = _cp_lengths(30, seed=2)
+    full = [list(slot) for slot in _cp_sampler(2, 4, lengths)]
+    for stop in range(len(full) + 1):
+        sampler = _cp_sampler(2, 4, lengths)
+        iterator = iter(sampler)
+        taken = [list(next(iterator)) for _ in range(stop)]
+        resumed = _cp_sampler(2, 4, lengths)
+        resumed.load_state_dict(sampler.state_dict())
+        assert taken + [list(slot) for slot in resumed] == full, stop
+    other = _cp_sampler(2, 4, lengths, max_tokens=2048)
+    with pytest.raises(ValueError, match=r"options\.max_tokens"):
+        other.load_state_dict(_cp_sampler(2, 4, lengths).state_dict())
+
+
+def test_context_parallel_sampler_refuses_what_it_cannot_plan_at_construction() -> None:
+    lengths = _cp_lengths(20, seed=3)
+    lengths[7] = 5000  # above the widest usable CP size (4) x 1024
+    with pytest.raises(ValueError, match=r"lengths\[7\] = 5000 does not fit"):
+        _cp_sampler(0, 4, lengths)
+    with pytest.raises(ValueError, match="no CP size in sizes"):
+        _cp_sampler(0, 5, _cp_lengths(20, seed=3), context_parallel=_sizes(2, 4))
+    with pytest.raises(ValueError, match="adaptive=True is not supported with context_parallel"):
+        _cp_sampler(0, 4, _cp_lengths(20, seed=3), adaptive=True)
+    parts = SampleParts(tokens=_cp_lengths(20, seed=3))
+    with pytest.raises(ValueError, match="SampleParts are not supported with context_parallel"):
+        BalancedBatchSampler(
+            parts,
+            10,
+            dp_rank=0,
+            dp_size=4,
+            cost="flops",
+            max_tokens=1024,
+            context_parallel=_sizes(1, 2),
+        )
+
+
+def _sizes(*sizes: int) -> object:
+    from seqbalance.plan import ContextParallel
+
+    return ContextParallel(sizes=sizes)
+
+
+def test_the_window_balancer_and_the_adaptive_rebalancer_refuse_context_parallel() -> None:
+    from seqbalance.runtime import Rebalancer, WindowBalancer
+
+    with pytest.raises(ValueError, match="WindowBalancer does not plan context-parallel steps"):
+        WindowBalancer(2, 4, cost="flops", max_tokens=64, context_parallel=_sizes(1, 2))
+    with pytest.raises(ValueError, match=r"adaptive=.* with context_parallel is not supported"):
+        Rebalancer(adaptive=True, max_tokens=64, cost="flops", context_parallel=_sizes(1, 2))

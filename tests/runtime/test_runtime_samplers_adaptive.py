@@ -38,7 +38,7 @@ def _sampler(log: Any = None) -> BalancedBatchSampler:
         model="qwen3-8b",
         max_tokens=4096,
         agreement_timeout=30.0,
-        adaptive=Feedback(timeout_seconds=30.0, log=log),
+        adaptive=Feedback(timeout=30.0, log=log),
     )
 
 

@@ -5,9 +5,9 @@ verl's call sites never pass a cost, so an installation carries it: every functi
 verl's modules is a new function object bound to that installation's settings (the cost of
 ``rearrange_micro_batches`` / ``prepare_dynamic_batch`` / ``get_group_balanced_partitions``,
 and ``calculate_workload``, whose values verl's driver balances and sorts by). Installations
-nest: each records exactly what every binding held before it, and removing one restores that
-(or, when a later one is still active, hands its record on to that one), so an inner
-``with install(...)`` never undoes an outer or process-wide one.
+nest: each records exactly what every binding held before it, and removing one restores that,
+name by name (or, where a newer active one replaced the same name, hands its record on to that
+one), so an inner ``with install(...)`` never undoes an outer or process-wide one.
 """
 
 from __future__ import annotations

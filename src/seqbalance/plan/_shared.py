@@ -65,19 +65,27 @@ def check_within_caps(
     vision_patches: np.ndarray | None,
     options: PlanOptions,
     *,
-    cp_reach: tuple[int, int] | None = None,
+    n_ranks: int | None = None,
 ) -> None:
     """The one over-cap check of a step's samples.
 
     Data parallel: unless ``allow_oversize``, ValueError naming the first sample over
     ``max_tokens``, else the first over ``max_vision_patches`` (``vision_patches`` from
-    ``seqbalance.plan.step.vision_patches_of``). Context parallel (``cp_reach``: the largest
-    usable CP size and ``n_ranks``): a sample may shard over that many ranks, each holding at
-    most ``max_tokens`` (the per-rank cap), and one longer than that is refused.
+    ``seqbalance.plan.step.vision_patches_of``). Context parallel (``options.context_parallel``
+    set; ``n_ranks``: the ranks of the DPxCP domain): a sample may shard over the largest CP
+    size that divides ``n_ranks``, each member holding at most ``max_tokens`` (the per-rank
+    cap), and one longer than that is refused, as is a domain no CP size divides.
     """
-    if cp_reach is not None:
-        widest, n_ranks = cp_reach
-        cap = options.max_tokens
+    context_parallel = options.context_parallel
+    if context_parallel is not None:
+        if n_ranks is None:
+            raise ValueError("check_within_caps: context-parallel options need n_ranks")
+        sizes = context_parallel.usable_sizes(n_ranks)
+        if not sizes:
+            raise ValueError(
+                f"no CP size in sizes = {list(context_parallel.sizes)} divides n_ranks = {n_ranks}"
+            )
+        widest, cap = sizes[-1], options.max_tokens
         over = np.flatnonzero(lengths > widest * cap)
         if over.size:
             i = int(over[0])

@@ -391,8 +391,8 @@ def as_options(
         result = dataclasses.replace(options, **keywords) if keywords else options
     if result.context_parallel is not None and not context_parallel:
         raise ValueError(
-            f"{where} does not plan context-parallel steps yet: plan them with "
-            "plan_step(..., context_parallel=...) or plan_epoch, or compare strategies with "
-            "seqbalance.sim.simulate(..., context_parallel=...) (simulate --context-parallel)"
+            f"{where} does not plan context-parallel steps: plan them with plan_step or "
+            "plan_epoch, feed them with BalancedBatchSampler or the Rebalancer (both take "
+            "context_parallel), or compare strategies with seqbalance.sim.simulate"
         )
     return result

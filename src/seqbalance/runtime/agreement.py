@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqbalance.plan.types import StepPlan
+
 if TYPE_CHECKING:
-    from seqbalance.plan.types import StepPlan
+    from seqbalance.plan.base import Plan
     from seqbalance.runtime.collectives import Comm
 
 __all__ = ["agreed_plan", "brief", "plan_digests"]
@@ -42,14 +44,17 @@ def brief(value: Any, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def plan_digests(plan: StepPlan | None) -> dict[str, str]:
-    """SHA-256 digests of what decided ``plan`` (its per-sample costs and micro-batch overhead
-    as float64 bytes) and of the plan itself (every rank's micro-batches); empty strings
-    without a plan."""
+def plan_digests(plan: Plan | None) -> dict[str, str]:
+    """SHA-256 digests of what decided ``plan`` (a ``StepPlan``'s per-sample costs and
+    micro-batch overhead, a ``ContextParallelPlan``'s slot seconds, as float64 bytes) and of
+    the plan itself (every rank's micro-batches or slots); empty strings without a plan."""
     if plan is None:
         return {"costs": "", "plan": ""}
-    costs = hashlib.sha256(np.ascontiguousarray(plan.sample_costs, dtype=np.float64).tobytes())
-    costs.update(np.float64(plan.overhead).tobytes())
+    if isinstance(plan, StepPlan):
+        costs = hashlib.sha256(np.ascontiguousarray(plan.sample_costs, dtype=np.float64).tobytes())
+        costs.update(np.float64(plan.overhead).tobytes())
+    else:
+        costs = hashlib.sha256(np.ascontiguousarray(plan.costs, dtype=np.float64).tobytes())
     layout = hashlib.sha256()
     for microbatches in plan.ranks:
         layout.update(np.array([mb.size for mb in microbatches], dtype=np.int64).tobytes())
@@ -58,7 +63,7 @@ def plan_digests(plan: StepPlan | None) -> dict[str, str]:
     return {"costs": costs.hexdigest(), "plan": layout.hexdigest()}
 
 
-def agreed_plan(comm: Comm, plan: StepPlan | None, error: str | None) -> StepPlan | None:
+def agreed_plan(comm: Comm, plan: Plan | None, error: str | None) -> Plan | None:
     """``plan`` (this rank's plan of the step, ``None`` without samples or on ``error``, the
     planning error's message) once every rank of ``comm`` shows the same one.
 

@@ -7,6 +7,7 @@ Deadlines are float seconds in every public signature (checked where they are gi
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -22,13 +23,23 @@ class CollectiveError(RuntimeError):
     """A collective failed or did not finish within the timeout (a peer rank failed or hung)."""
 
 
-def deadline(seconds: float, name: str = "timeout") -> timedelta:
-    """``seconds`` as the ``timedelta`` of a collective's wait.
+def deadline(seconds: Any, name: str = "timeout") -> timedelta:
+    """``seconds`` (float seconds) as the ``timedelta`` of a collective's wait: the one place a
+    deadline changes form. A ``timedelta`` is still taken, with a ``DeprecationWarning``, for
+    one release (the Rebalancer's and the FLOPs meter's ``timeout`` were one).
 
     Raises:
         ValueError: naming ``name``: not positive and finite, or beyond
             ``MAX_TIMEOUT_SECONDS`` (it could overflow).
     """
+    if isinstance(seconds, timedelta):
+        warnings.warn(
+            f"{name} as a datetime.timedelta is deprecated: pass seconds as a float "
+            f"({name}={seconds.total_seconds():g})",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        seconds = seconds.total_seconds()
     return timedelta(seconds=check_timeout(seconds, name))
 
 

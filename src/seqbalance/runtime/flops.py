@@ -10,7 +10,6 @@ whole job.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -19,7 +18,8 @@ import torch.distributed as dist
 from seqbalance._validation import check_int
 from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
-from seqbalance.runtime.collectives import Comm, wait
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
+from seqbalance.runtime.collectives import Comm, deadline, wait
 
 __all__ = ["FlopsReport", "TorchFlopsMeter"]
 
@@ -58,7 +58,7 @@ class TorchFlopsMeter:
         seq_length: Tokens per sequence of a dense micro-batch, for a ``cu_seqlens`` without
             sub-sequences (see :meth:`seqbalance.cost.FlopsMeter.add`).
         micro_batch_size: Sequences per dense micro-batch (with ``seq_length``).
-        timeout: Longest wait for the reduction; a peer that never arrives raises
+        timeout: Longest wait for the reduction, in seconds; a peer that never arrives raises
             :class:`seqbalance.runtime.CollectiveError`.
         backward: Count training FLOPs (forward + backward, default) or forward only.
     """
@@ -75,7 +75,7 @@ class TorchFlopsMeter:
         context_parallel: int | Any = 1,
         seq_length: int | None = None,
         micro_batch_size: int = 1,
-        timeout: timedelta = timedelta(seconds=300),
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
         backward: bool = True,
     ) -> None:
         if isinstance(model, (str, ModelSpec)):
@@ -90,11 +90,10 @@ class TorchFlopsMeter:
             micro_batch_size=micro_batch_size,
             peak_flops_per_s=peak_flops_per_s,
         )
-        if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
-            raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
+        self._deadline = deadline(timeout)
+        self.timeout = self._deadline.total_seconds()
         self.group = group
         self.dp_size = None if dp_size is None else check_int(dp_size, "dp_size", minimum=1)
-        self.timeout = timeout
         if dist.is_available() and dist.is_initialized():
             self._replicas()  # a layout that does not fit the world fails here, not at report
 
@@ -152,11 +151,11 @@ class TorchFlopsMeter:
             summed, replicas = local, 1
         else:
             replicas, copies = self._replicas()
-            comm = Comm(self.group, self.timeout)
+            comm = Comm(self.group, self._deadline)
             values = [local.flops, float(local.tokens), float(local.samples)]
             reduced = torch.tensor(values, dtype=torch.float64, device=comm.device)
             work = dist.all_reduce(reduced, group=self.group, async_op=True)
-            wait(work, "FLOPs all_reduce", self.timeout)
+            wait(work, "FLOPs all_reduce", self._deadline)
             flops, tokens, samples = (reduced.cpu() / copies).tolist()
             summed = MeterTotals(flops, round(tokens), round(samples))
         report = self.meter.report(seconds, dp_size=replicas, totals=summed)

@@ -44,6 +44,7 @@ from typing import Any
 
 _LAZY_NAMES = {
     "CPProblem": "seqbalance.plan.context_parallel._problem",
+    "ContextParallelSlot": "seqbalance.plan.context_parallel._inputs",
     "ContextParallel": "seqbalance.plan.context_parallel.options",
     "ContextParallelPlan": "seqbalance.plan.context_parallel._plan",
     "Schedule": "seqbalance.plan.context_parallel._problem",

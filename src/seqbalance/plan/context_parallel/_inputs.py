@@ -1,14 +1,16 @@
-"""``SlotInputs``: what one rank computes in one slot of a ``ContextParallelPlan``."""
+"""``SlotInputs``: what one rank computes in one slot of a ``ContextParallelPlan``; and
+``ContextParallelSlot``, the record the runtime hands out for it."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
-__all__ = ["SlotInputs"]
+__all__ = ["ContextParallelSlot", "SlotInputs"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,3 +126,62 @@ class SlotInputs:
             "cu_seqlens": cu,
             "max_seqlen": int(sample_lengths.max()),
         }
+
+
+@dataclass(frozen=True, eq=False)
+class ContextParallelSlot(Sequence[int]):
+    """What one rank of the DPxCP domain runs in one slot, as the samplers and the Rebalancer
+    hand it out: the samples whose pieces it holds, and the slot's packed inputs.
+
+    A sequence of ``indices`` (``len``, iteration, indexing), so as a ``batch_sampler``'s
+    batch a ``DataLoader`` fetches the whole samples of the slot (their tokens are read by
+    ``positions``); ``inputs`` says which tokens of each this rank computes.
+
+    Attributes:
+        step: the optimizer step (of the epoch, or of the Rebalancer's calls).
+        slot: the slot (micro-batch position) in the step.
+        rank: the rank of the DPxCP domain that runs it.
+        indices: int64 ``[p]``: per piece, the caller's index of its sample (the dataset index
+            for a sampler; the position in ``RebalanceResult``'s samples for the Rebalancer).
+        inputs: the plan's :class:`SlotInputs` of ``(rank, slot)``: ``samples`` (positions in
+            the step), ``shards``, ``cp_sizes``, ``group_starts``, ``cu_seqlens``,
+            ``position_ids``, the chunk map, ``lengths``, ``scheme``, ``groups()``.
+    """
+
+    step: int
+    slot: int
+    rank: int
+    indices: np.ndarray
+    inputs: SlotInputs
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    @overload
+    def __getitem__(self, piece: int) -> int: ...
+    @overload
+    def __getitem__(self, piece: slice) -> list[int]: ...
+    def __getitem__(self, piece: int | slice) -> int | list[int]:
+        if isinstance(piece, slice):
+            return self.indices[piece].tolist()
+        return int(self.indices[piece])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices.tolist())
+
+    def cp_group(self, piece: int) -> tuple[int, ...]:
+        """The ranks of piece ``piece``'s CP group (one rank for a whole sample), shard
+        order."""
+        start = int(self.inputs.group_starts[piece])
+        return tuple(range(start, start + int(self.inputs.cp_sizes[piece])))
+
+    def positions(self, piece: int) -> np.ndarray:
+        """int64: the positions in its sample of the tokens this rank computes of piece
+        ``piece`` (all of them for a whole sample), in local order."""
+        cu = self.inputs.cu_seqlens
+        return self.inputs.position_ids[int(cu[piece]) : int(cu[piece + 1])]
+
+    def local(self, piece: int, tokens: Any) -> Any:
+        """``tokens`` (any per-token array or tensor of piece ``piece``'s whole sample, tokens
+        first) at :meth:`positions`: this rank's share of it."""
+        return tokens[self.positions(piece)]

@@ -11,7 +11,7 @@ from seqbalance._validation import as_group_ids, as_lengths, check_int
 from seqbalance.cost.context_parallel import ContextParallelTimeModel, shard_chunks
 from seqbalance.cost.resolve import cost_name
 from seqbalance.plan.base import Plan
-from seqbalance.plan.context_parallel._inputs import SlotInputs
+from seqbalance.plan.context_parallel._inputs import ContextParallelSlot, SlotInputs
 from seqbalance.plan.context_parallel._metrics import Pieces, finish_times, lower_bound, slot_loads
 from seqbalance.plan.context_parallel._validate import ContextParallelChecks
 from seqbalance.plan.options import PlanOptions
@@ -152,6 +152,52 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
             "cp_sizes": {int(s): int(c) for s, c in zip(sizes, counts, strict=True)},
         }
 
+    def _chunk_ranges(self, sample: int, shard: int) -> list[tuple[int, int]]:
+        """The token ranges of shard ``shard`` of ``sample`` in local order (empty chunks left
+        out)."""
+        first, last = shard_chunks(
+            self.lengths[sample : sample + 1],
+            int(self.cp_size[sample]),
+            self.context_parallel.scheme,
+        )
+        ranges = zip(first[0, shard].tolist(), last[0, shard].tolist(), strict=True)
+        return [(a, b) for a, b in ranges if b > a]
+
+    def shard_positions(self, sample: int, shard: int) -> np.ndarray:
+        """int64: the positions in ``sample`` of the tokens of its shard ``shard``, in the
+        order its member holds them (every position for a whole sample, shard 0)."""
+        i = check_int(sample, "sample", minimum=0)
+        if i >= self.n_samples:
+            raise ValueError(f"sample must be < {self.n_samples}, got {sample}")
+        s = check_int(shard, "shard", minimum=0)
+        if s >= self.cp_size[i]:
+            raise ValueError(f"shard must be < {int(self.cp_size[i])} for sample {i}, got {shard}")
+        ranges = self._chunk_ranges(i, s)
+        if not ranges:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
+
+    def slot(
+        self, rank: int, slot: int, *, step: int = 0, indices: Any = None
+    ) -> ContextParallelSlot:
+        """The record of what ``rank`` runs in ``slot`` (:class:`ContextParallelSlot`): its
+        :meth:`slot_inputs`, and each piece's sample as ``indices[sample]`` (the caller's index
+        of every sample of the step, e.g. dataset indices; default: the step positions)."""
+        inputs = self.slot_inputs(rank, slot)
+        index = np.arange(self.n_samples) if indices is None else np.asarray(indices)
+        if index.shape != (self.n_samples,):
+            raise ValueError(
+                f"indices must hold one entry per sample ({self.n_samples}), got shape "
+                f"{index.shape}"
+            )
+        return ContextParallelSlot(
+            step=check_int(step, "step", minimum=0),
+            slot=inputs.slot,
+            rank=inputs.rank,
+            indices=index[inputs.samples].astype(np.int64),
+            inputs=inputs,
+        )
+
     def slot_inputs(self, rank: int, slot: int) -> SlotInputs:
         """The packed per-rank inputs of one slot (see :class:`SlotInputs`)."""
         r = check_int(rank, "rank", minimum=0)
@@ -165,15 +211,11 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
         samples, shards = held[:, 0], held[:, 1]
         cps, starts = self.cp_size[samples], self.group_start[samples]
         chunk_piece, chunk_starts, chunk_ends = [], [], []
-        for k, (i, s, cp) in enumerate(
-            zip(samples.tolist(), shards.tolist(), cps.tolist(), strict=True)
-        ):
-            first, last = shard_chunks(self.lengths[i : i + 1], cp, self.context_parallel.scheme)
-            for a, b in zip(first[0, s].tolist(), last[0, s].tolist(), strict=True):
-                if b > a:
-                    chunk_piece.append(k)
-                    chunk_starts.append(a)
-                    chunk_ends.append(b)
+        for k, (i, s) in enumerate(zip(samples.tolist(), shards.tolist(), strict=True)):
+            for a, b in self._chunk_ranges(i, s):
+                chunk_piece.append(k)
+                chunk_starts.append(a)
+                chunk_ends.append(b)
         piece = np.asarray(chunk_piece, dtype=np.int64)
         begin = np.asarray(chunk_starts, dtype=np.int64)
         end = np.asarray(chunk_ends, dtype=np.int64)

@@ -58,11 +58,8 @@ def plan_context_parallel(
     lengths = as_lengths(lengths, "lengths")
     n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
+    check_within_caps(lengths, None, options, n_ranks=n_ranks)
     problem = CPProblem(lengths=lengths, n_ranks=n_ranks, groups=group_ids, options=options)
-    if not problem.sizes:
-        cp = options.context_parallel
-        raise ValueError(f"no CP size in sizes = {list(cp.sizes)} divides n_ranks = {n_ranks}")
-    check_within_caps(lengths, None, options, cp_reach=(problem.sizes[-1], n_ranks))
     schedule = get_strategy(options.strategy).plan_context_parallel(problem)
     plan = ContextParallelPlan.costed(
         lengths,

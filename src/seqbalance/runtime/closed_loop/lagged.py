@@ -105,7 +105,7 @@ class LaggedFeedback:
             ValueError: that step has not been taken from the sampler (on this rank, before
                 any collective: nothing to report), or, on every rank, a rank's timing does not
                 fit its step (a missed or extra ``observe()``) or the ranks disagree.
-            CollectiveError: a peer did not join within ``Feedback.timeout_seconds``.
+            CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         index = self.loop.observed
         plan = self._plans.pop(index, None)

@@ -9,12 +9,14 @@ the WindowBalancer use it without torch.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from seqbalance._validation import check_int, check_positive_float, check_timeout
 from seqbalance.cost.time_model import TimeModel
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 
 __all__ = ["Feedback", "as_feedback"]
 
@@ -34,13 +36,14 @@ class Feedback:
             its measured seconds is dropped (a timer that missed work).
         speed_tolerance: Ranks within this fraction of the fastest count as equally fast.
         rank_speeds: Estimate rank speeds and plan with them (False: the model only).
-        timeout_seconds: Deadline of the per-step collective (seconds; finite, at most ten
-            years).
+        timeout: Deadline of the per-step gather, in seconds (finite, at most ten years).
         prior: A TimeModel to start from (a saved calibration, ``TimeModel.load``); None: the
             plan options' cost as seconds (``seqbalance.runtime.closed_loop.prior_time_model``).
         log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
             group; ``seqbalance report``), or None. Checked here: its folder must exist and
             be writable (and the file, when it exists).
+        timeout_seconds: The old name of ``timeout`` (deprecated, for one release: given, it
+            warns and becomes ``timeout``; it reads None).
 
     Raises:
         ValueError: naming the field and its bad value.
@@ -53,9 +56,10 @@ class Feedback:
     reject: float = 3.0
     speed_tolerance: float = 0.05
     rank_speeds: bool = True
-    timeout_seconds: float = 60.0
+    timeout: float = DEFAULT_TIMEOUT_SECONDS
     prior: TimeModel | None = None
     log: str | Path | None = None
+    timeout_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.prior is not None and not isinstance(self.prior, TimeModel):
@@ -66,8 +70,15 @@ class Feedback:
             object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=1))
         for name in ("huber", "reject"):
             object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
-        timeout = check_timeout(self.timeout_seconds, "timeout_seconds")
-        object.__setattr__(self, "timeout_seconds", timeout)
+        if self.timeout_seconds is not None:
+            warnings.warn(
+                "Feedback(timeout_seconds=...) is deprecated: use Feedback(timeout=...)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "timeout", self.timeout_seconds)
+            object.__setattr__(self, "timeout_seconds", None)
+        object.__setattr__(self, "timeout", check_timeout(self.timeout, "timeout"))
         tolerance = float(self.speed_tolerance)
         if not 0 <= tolerance < 1:
             raise ValueError(f"speed_tolerance must be in [0, 1), got {self.speed_tolerance!r}")
@@ -79,12 +90,11 @@ class Feedback:
         """The fit's settings as plain JSON values, which what a run learns depends on (for
         state dicts and agreement checks): every field but ``prior`` (a state records the model
         it started from itself), ``log`` (where telemetry goes, free to differ per rank and
-        across a resume) and ``timeout_seconds`` (how long a gather waits changes nothing
-        learned)."""
+        across a resume) and ``timeout`` (how long a gather waits changes nothing learned)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _UNSETTLED}
 
 
-_UNSETTLED = ("prior", "log", "timeout_seconds")
+_UNSETTLED = ("prior", "log", "timeout", "timeout_seconds")
 """``Feedback`` fields that are not among its :meth:`Feedback.settings`."""
 
 

@@ -85,7 +85,7 @@ class Adaptive:
         feedback = Feedback() if feedback is None else feedback
         if not isinstance(feedback, Feedback):
             raise ValueError(f"feedback must be a Feedback or None, got {feedback!r}")
-        self.comm = Comm(group, deadline(feedback.timeout_seconds))
+        self.comm = Comm(group, deadline(feedback.timeout))
         self.rank = self.comm.rank
         self.loop = ClosedLoop(
             as_options(options, {}, where="Adaptive"),
@@ -143,7 +143,7 @@ class Adaptive:
             ValueError: on every rank, when any rank could not measure the step (a timing
                 that does not fit its plan), ranks observed different steps, or they are set
                 up differently; nothing is learned then.
-            CollectiveError: a peer did not join within ``Feedback.timeout_seconds``.
+            CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         if step is None:
             step = next((n for p, n in self._numbers if p is plan), self.loop.observed)

@@ -15,11 +15,18 @@ __all__ = ["agreed_output", "describe_outputs"]
 
 
 def describe_outputs(
-    outputs: torch.Tensor | Sequence[torch.Tensor], n: int
+    outputs: torch.Tensor | Sequence[torch.Tensor], n: int, rows: Sequence[int] | None = None
 ) -> tuple[OutputForm, list[torch.Tensor], dict[str, Any], np.ndarray]:
-    """Outputs as one tensor per sample, and this rank's description of them."""
+    """Outputs as one tensor per sample, and this rank's description of them; ``rows``: the
+    first dimension each of the ``n`` tensors must have (context parallelism: the tokens of
+    this rank's share of each piece), which only the per-sample form can meet."""
     form = OutputForm.ROWS if isinstance(outputs, torch.Tensor) else OutputForm.PER_SAMPLE
     try:
+        if rows is not None and form is OutputForm.ROWS:
+            raise ValueError(
+                "with context_parallel, restore takes one tensor per piece, one row per token "
+                "of this rank's share (per-token outputs), not one row per sample"
+            )
         if form is OutputForm.ROWS:
             if outputs.dim() == 0 or outputs.shape[0] != n:
                 raise ValueError(
@@ -33,6 +40,11 @@ def describe_outputs(
             for k, t in enumerate(local):
                 if not isinstance(t, torch.Tensor) or t.dim() == 0:
                     raise ValueError(f"outputs[{k}] must be a tensor with >= 1 dimension")
+                if rows is not None and t.shape[0] != rows[k]:
+                    raise ValueError(
+                        f"outputs[{k}] has {t.shape[0]} rows, but this rank computes "
+                        f"{rows[k]} tokens of that piece: one row per token of its share"
+                    )
         specs = {(t.dtype, tuple(t.shape[1:])) for t in local}
         if len(specs) > 1:
             raise ValueError(f"outputs mix dtypes or trailing shapes: {sorted(map(str, specs))}")

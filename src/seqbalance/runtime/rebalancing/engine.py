@@ -10,7 +10,6 @@ when the loop runs ahead.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,20 +18,22 @@ import torch
 from seqbalance._validation import as_group_ids
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
-from seqbalance.plan.step import plan_step, vision_patches_of
+from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
 from seqbalance.runtime.agreement import agreed_plan
-from seqbalance.runtime.collectives import Comm
+from seqbalance.runtime.collectives import Comm, deadline
 from seqbalance.runtime.rebalancing._gathered import Batch, gather_batch
 from seqbalance.runtime.rebalancing._samples import LocalSamples, assemble, normalise
 from seqbalance.runtime.rebalancing.caps import first_over_cap
+from seqbalance.runtime.rebalancing.pieces import PieceRouting, route_pieces
 from seqbalance.runtime.rebalancing.results import RebalanceResult, exchange_samples
 from seqbalance.runtime.rebalancing.routing import Routing, route
 from seqbalance.runtime.rebalancing.wire import Field, sample_bytes
 from seqbalance.runtime.rebalancing.worker import Worker
 
 if TYPE_CHECKING:
-    from seqbalance.plan import StepPlan
+    from seqbalance.plan import Plan
     from seqbalance.runtime.closed_loop.transports import Piggyback
 
 __all__ = ["StepEngine"]
@@ -43,7 +44,7 @@ class StepEngine:
 
     Args:
         group: the data-parallel process group.
-        timeout: longest wait for any collective.
+        timeout: longest wait for any collective, in seconds.
         options: the plan options of every step.
         length_key: field whose first dimension is a sample's length (None: the first field).
         keep_local: relabel plan slots to keep the most bytes on their current rank.
@@ -57,7 +58,7 @@ class StepEngine:
     def __init__(
         self,
         group: Any,
-        timeout: timedelta,
+        timeout: float,
         options: PlanOptions,
         *,
         length_key: str | None,
@@ -65,12 +66,13 @@ class StepEngine:
         feedback: Piggyback | None,
     ) -> None:
         self.group = group
-        self.timeout = timeout
+        self._deadline = deadline(timeout)
         self.options = options
         self.length_key = length_key
         self.keep_local = keep_local
         self.feedback = feedback
         self.worker = Worker()
+        self.steps = 0  # steps made (a context-parallel slot record's ``step``)
 
     def take_observation(self) -> Any:
         """The last observation for the next step's gather, once (None: not adaptive or none);
@@ -96,7 +98,7 @@ class StepEngine:
         observed: Any = None,
     ) -> RebalanceResult:
         """One step's four phases; ``observed``: :meth:`take_observation` of the caller."""
-        comm = Comm(self.group, self.timeout)
+        comm = Comm(self.group, self._deadline)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         # The statistics of an observed step are computed here, after every earlier step's
@@ -112,19 +114,49 @@ class StepEngine:
         if self.feedback is not None:
             options, telemetry = self.feedback.apply(pending, batch.feedback, comm.rank)
         plan = self._agreed_plan(comm, batch, options)
-        plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
         nbytes = sample_bytes(batch.rows, batch.fields)
-        keep_local = self.keep_local and self.feedback is None
-        routing = route(plan_ranks, batch.origin, nbytes, keep_local=keep_local)
+        routing: Routing | PieceRouting
+        if isinstance(plan, ContextParallelPlan):
+            routing = route_pieces(plan, batch.origin, nbytes)
+            mine = _slot_samples(routing, comm.rank)
+            plan_rank = comm.rank  # CP groups are aligned blocks: plan ranks are not relabelled
+        else:
+            plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
+            keep_local = self.keep_local and self.feedback is None
+            routing = route(plan_ranks, batch.origin, nbytes, keep_local=keep_local)
+            plan_rank = int(routing.slot_of_rank[comm.rank])
+            mine = [np.asarray(mb, dtype=np.int64) for mb in plan_ranks[plan_rank]]
         timings["plan"] = time.perf_counter() - started
 
         started = time.perf_counter()
         arrived = self._exchange(comm, local, batch, routing)
         timings["exchange"] = time.perf_counter() - started
+        self.steps += 1
+        return self._result(
+            comm,
+            (local, arrived, batch),
+            routing,
+            (plan, plan_rank, mine),
+            cu_seqlens,
+            (timings, telemetry),
+        )
 
+    def _result(
+        self,
+        comm: Comm,
+        samples: tuple[list[list[torch.Tensor]], dict[int, list[torch.Tensor]], Batch],
+        routing: Routing | PieceRouting,
+        planned: tuple[Plan | None, int, list[np.ndarray]],
+        cu_seqlens: torch.Tensor | None,
+        reports: tuple[dict[str, float], dict[str, Any] | None],
+    ) -> RebalanceResult:
+        """This rank's share of the step: ``mine``, the samples (global indices) of each of
+        its micro-batches (slots) in the plan's ``plan_rank``; ``reports``: the step's timings
+        and the closed loop's telemetry."""
+        local, arrived, batch = samples
+        plan, plan_rank, mine = planned
+        timings, telemetry = reports
         me, offsets = comm.rank, batch.offsets
-        slot = int(routing.slot_of_rank[me])
-        mine = [np.asarray(mb, dtype=np.int64) for mb in plan_ranks[slot]]
         cu_dtype = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else torch.int32
 
         def sample(g: int) -> list[torch.Tensor]:
@@ -133,6 +165,10 @@ class StepEngine:
         flat = np.concatenate(mine) if mine else np.zeros(0, dtype=np.int64)
         origin = batch.origin[flat]
         forward = routing.forward
+        slots = None
+        if isinstance(plan, ContextParallelPlan):
+            step = self.steps - 1
+            slots = [plan.slot(me, j, step=step) for j in range(plan.n_slots)]
         return RebalanceResult(
             microbatches=[
                 assemble(batch.form, batch.fields, [sample(g) for g in mb.tolist()], cu_dtype)
@@ -142,7 +178,7 @@ class StepEngine:
             global_indices=mine,
             parts=None if batch.parts is None else [batch.parts.take(mb) for mb in mine],
             plan=plan,
-            plan_rank=slot,
+            plan_rank=plan_rank,
             sent_samples=int(forward.sends(me).size),
             sent_bytes=int(sum(forward.send_splits(me))),
             received_samples=len(arrived),
@@ -153,6 +189,7 @@ class StepEngine:
             _offsets=offsets,
             _worker=self.worker,
             telemetry=telemetry,
+            slots=slots,
         )
 
     def describe(
@@ -176,7 +213,7 @@ class StepEngine:
         try:
             local = normalise(samples, cu_seqlens)
             group_ids = None if groups is None else as_group_ids(groups, len(local.samples))
-            self._check_lengths(local, parts)
+            self._check_lengths(local, parts, world_size)
         except ValueError as error:
             header.update(
                 error=str(error), n=0, fields=[], groups=False, form="list_dict", parts=None
@@ -197,7 +234,7 @@ class StepEngine:
         )
         return local.samples, header, table
 
-    def _check_lengths(self, local: LocalSamples, parts: Any) -> None:
+    def _check_lengths(self, local: LocalSamples, parts: Any, world_size: int) -> None:
         """Local checks of the sample lengths, parts and costs, so that an error names this
         rank's own sample index rather than an index into the gathered batch.
 
@@ -227,23 +264,27 @@ class StepEngine:
                 f"{int(lengths[i])} tokens (field {names[column]!r}): parts must describe this "
                 "rank's samples, in order"
             )
+        self._check_caps(lengths, parts, names[column], world_size)
+        # The cost model's checks name the sample: here, this rank's own index.
+        evaluate_costs(self.options.cost_model, lengths, parts)
+
+    def _check_caps(self, lengths: np.ndarray, parts: Any, field: str, world_size: int) -> None:
+        """This rank's samples under the caps (``field``: the one holding the lengths)."""
+        if self.options.context_parallel is not None:
+            # A sample may shard over a CP group: the cap is the widest group's reach.
+            check_within_caps(lengths, None, self.options, n_ranks=world_size)
+            return
         # Without parts, a patch cap is refused after the gather, where a rank that forgot its
         # parts shows as a disagreement between ranks.
         patches = None if parts is None else vision_patches_of(parts, self.options)
         over = first_over_cap(lengths, patches, self.options)
         if over is not None:
-            what = (
-                f"tokens (field {names[column]!r})"
-                if over.option == "max_tokens"
-                else "vision patches"
-            )
+            what = f"tokens (field {field!r})" if over.option == "max_tokens" else "vision patches"
             raise ValueError(
                 f"samples[{over.index}] has {over.value} {what}, over {over.option} = {over.cap} "
                 f"({over.count} of this rank's samples are); pass allow_oversize=True to give "
                 "such a sample a micro-batch of its own"
             )
-        # The cost model's checks name the sample: here, this rank's own index.
-        evaluate_costs(self.options.cost_model, lengths, parts)
 
     def _length_column(self, fields: list[Field]) -> int:
         if self.length_key is None:
@@ -263,7 +304,7 @@ class StepEngine:
         """All-gather every rank's description; check that the ranks agree (else ValueError)."""
         return gather_batch(comm, header, table, local, self.options)
 
-    def _agreed_plan(self, comm: Comm, batch: Batch, options: PlanOptions) -> StepPlan | None:
+    def _agreed_plan(self, comm: Comm, batch: Batch, options: PlanOptions) -> Plan | None:
         """The step's plan under ``options``, once every rank has shown it made the same one:
         one all-gather before any sample moves
         (:func:`seqbalance.runtime.agreement.agreed_plan`)."""
@@ -275,7 +316,7 @@ class StepEngine:
 
     def plan(
         self, batch: Batch, world_size: int, options: PlanOptions | None = None
-    ) -> StepPlan | None:
+    ) -> Plan | None:
         """The step's plan under ``options`` (default :attr:`options`; adaptive planning
         passes its own), identical on every rank (``None`` when no rank has a sample)."""
         options = self.options if options is None else options
@@ -312,3 +353,10 @@ class StepEngine:
         return exchange_samples(
             comm, forward, sending, batch.rows, batch.fields, "all_to_all_single"
         )
+
+
+def _slot_samples(routing: PieceRouting, rank: int) -> list[np.ndarray]:
+    """The samples (global indices) of ``rank``'s pieces, one array per slot of the plan."""
+    held = routing.held(rank)
+    slot = routing.slot[held]
+    return [routing.sample[held[slot == j]] for j in range(routing.plan.n_slots)]

@@ -212,6 +212,7 @@ class RebalancedSteps:
                 raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
             self._engine.load_adaptive_state(state["adaptive"])
         self.taken = int(state["taken"])
+        self._engine.steps = self.taken  # the next step's number (context-parallel slot records)
         self._resume = state
 
     def close(self) -> None:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from concurrent.futures import Future
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,11 +45,12 @@ import torch.distributed as dist
 
 from seqbalance._validation import check_bool
 from seqbalance.cost.samples import SampleParts
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.runtime.closed_loop.settings import Feedback, as_feedback
 from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 from seqbalance.runtime.closed_loop.transports import Piggyback
-from seqbalance.runtime.collectives import CollectiveError
+from seqbalance.runtime.collectives import CollectiveError, deadline
 from seqbalance.runtime.rebalancing.engine import StepEngine
 from seqbalance.runtime.rebalancing.overlap import RebalancedSteps, StepSamples
 from seqbalance.runtime.rebalancing.results import RebalanceResult
@@ -76,8 +76,8 @@ class Rebalancer:
 
     Args:
         group: torch.distributed process group of the data-parallel ranks (gloo or NCCL).
-        timeout: longest wait for any collective; a peer that failed or never arrives makes
-            this rank raise :class:`CollectiveError` after at most this long.
+        timeout: longest wait for any collective, in seconds; a peer that failed or never
+            arrives makes this rank raise :class:`CollectiveError` after at most this long.
         length_key: field whose first dimension is a sample's length in tokens (default: the
             first field of each sample dict).
         keep_local: relabel plan slots to keep the most bytes on their current rank.
@@ -94,6 +94,16 @@ class Rebalancer:
             as seconds) and a JSONL file rank 0 appends each step's telemetry to.
         **option_keywords: any ``PlanOptions`` field by name.
 
+    With ``context_parallel`` (RL rollouts with samples longer than one rank can hold),
+    ``group`` is the DPxCP domain and each step is a ``ContextParallelPlan`` over its ranks
+    (``max_tokens``: the tokens one rank holds in one slot): every member of a sharded
+    sample's CP group receives the sample, each micro-batch is a slot with its record in
+    ``RebalanceResult.slots`` (which tokens of each sample this rank computes, in which CP
+    group), and ``restore`` takes each piece's per-token outputs and returns every sample's
+    outputs whole, on its origin rank, in origin order. Plan rank ``r`` runs on rank ``r``
+    (relabelling would break the aligned CP groups: ``keep_local`` does not apply); ``adaptive``
+    and ``parts`` are not supported with it yet (ValueError).
+
     Raises:
         ValueError: a bad timeout, ``keep_local``, ``length_key``, ``adaptive`` or option.
     """
@@ -102,26 +112,32 @@ class Rebalancer:
         self,
         group: Any = None,
         *,
-        timeout: timedelta = timedelta(seconds=300),
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
         length_key: str | None = None,
         keep_local: bool = True,
         options: PlanOptions | None = None,
         adaptive: bool | Feedback = False,
         **option_keywords: Any,
     ) -> None:
-        if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
-            raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
+        seconds = deadline(timeout).total_seconds()  # checked (float seconds) before anything
         if length_key is not None and not isinstance(length_key, str):
             raise ValueError(f"length_key must be a field name or None, got {length_key!r}")
         self.group = group
-        self.timeout = timeout
+        self.timeout = seconds
         self.length_key = length_key
         self.keep_local = check_bool(keep_local, "keep_local")
-        self.options = as_options(options, option_keywords, where="Rebalancer")
+        self.options = as_options(
+            options, option_keywords, where="Rebalancer", context_parallel=True
+        )
         feedback = as_feedback(adaptive)
+        if feedback is not None and self.options.context_parallel is not None:
+            raise ValueError(
+                "Rebalancer(adaptive=...) with context_parallel is not supported yet: the closed "
+                "loop learns data-parallel micro-batch times; plan with fixed options"
+            )
         self.engine = StepEngine(
             group,
-            timeout,
+            self.timeout,
             self.options,
             length_key=length_key,
             keep_local=self.keep_local,

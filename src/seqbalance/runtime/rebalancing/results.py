@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +15,14 @@ from seqbalance.runtime.collectives import Comm
 from seqbalance.runtime.rebalancing._gathered import gather_described, raise_first_error
 from seqbalance.runtime.rebalancing._outputs import agreed_output, describe_outputs
 from seqbalance.runtime.rebalancing._samples import OutputForm
+from seqbalance.runtime.rebalancing.pieces import PieceRouting
 from seqbalance.runtime.rebalancing.routing import Routing, Transfers
 from seqbalance.runtime.rebalancing.wire import Field, pack, unpack
 from seqbalance.runtime.rebalancing.worker import Worker
 
 if TYPE_CHECKING:
-    from seqbalance.plan import StepPlan
+    from seqbalance.plan import Plan
+    from seqbalance.plan.context_parallel import ContextParallelSlot
 
 __all__ = ["RebalanceResult", "exchange_samples"]
 
@@ -78,13 +80,21 @@ class RebalanceResult:
         telemetry: with ``adaptive``, the telemetry of the last step :meth:`Rebalancer.observe`
             saw (``seqbalance.runtime.ClosedLoop.learn``), the same on every rank;
             else None.
+        slots: with ``context_parallel``, one
+            :class:`seqbalance.plan.context_parallel.ContextParallelSlot` per micro-batch (a
+            slot of the ``ContextParallelPlan``): its ``indices`` are ``global_indices[j]``, its
+            ``inputs`` say which tokens of each sample this rank computes (``slot.local(k,
+            tokens)``) and in which CP group. The micro-batches then hold the slot's samples
+            whole (every member of a sample's CP group receives it), ``origin`` has one row per
+            piece, and :meth:`restore` takes one tensor per piece, per token of this rank's
+            share. Else None.
     """
 
     microbatches: list[Any]
     origin: np.ndarray
     global_indices: list[np.ndarray]
     parts: list[SampleParts] | None
-    plan: StepPlan | None
+    plan: Plan | None
     plan_rank: int
     sent_samples: int
     sent_bytes: int
@@ -92,14 +102,15 @@ class RebalanceResult:
     received_bytes: int
     timings: dict[str, float]
     _comm: Comm = field(repr=False)
-    _routing: Routing = field(repr=False)
+    _routing: Routing | PieceRouting = field(repr=False)
     _offsets: np.ndarray = field(repr=False)
     _worker: Worker | None = field(default=None, repr=False)
     telemetry: dict[str, Any] | None = None
+    slots: list[ContextParallelSlot] | None = None
 
     @property
     def num_samples(self) -> int:
-        """Samples this rank holds after the rebalance."""
+        """Samples this rank holds after the rebalance (pieces, with context parallelism)."""
         return int(self.origin.shape[0])
 
     def restore(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> Any:
@@ -114,11 +125,14 @@ class RebalanceResult:
                 within each): either a sequence of ``num_samples`` tensors whose first
                 dimension may differ (per-token log-probs) or one tensor whose first dimension
                 is ``num_samples`` (one row per sample: losses, rewards). Every rank must use
-                the same form, dtype and trailing shape.
+                the same form, dtype and trailing shape. With context parallelism, per-token
+                outputs only: one tensor per piece (``slots[j]``'s pieces in order), one row
+                per token of this rank's share (``len(slot.positions(k))``).
 
         Returns:
             This rank's original samples' outputs in their original order: a list of tensors,
-            or one stacked tensor for the row form.
+            or one stacked tensor for the row form. With context parallelism every sample's
+            outputs are whole again: its members' shares put back at their positions.
 
         Raises:
             ValueError: on every rank, when any rank's outputs are malformed or the ranks'
@@ -131,7 +145,10 @@ class RebalanceResult:
 
     def _restore(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> Any:
         comm, routing = self._comm, self._routing
-        form, local, header, table = describe_outputs(outputs, self.num_samples)
+        shares = None
+        if isinstance(routing, PieceRouting):  # each piece's rows: this rank's share of it
+            shares = [slot.positions(k).size for slot in self.slots or [] for k in range(len(slot))]
+        form, local, header, table = describe_outputs(outputs, self.num_samples, shares)
         started = time.perf_counter()
         described = gather_described(comm, header, table, "restore: all_gather")
         raise_first_error([h for h, _ in described])
@@ -152,10 +169,32 @@ class RebalanceResult:
         )
         arrived = {g: tensors[0] for g, tensors in moved.items()}
         first, last = int(self._offsets[me]), int(self._offsets[me + 1])
-        ordered = [arrived[g] if g in arrived else local[position[g]] for g in range(first, last)]
+
+        def held(g: int) -> torch.Tensor:  # the output of sample (or piece) g, here
+            return arrived[g] if g in arrived else local[position[g]]
+
+        ordered = (
+            [held(g) for g in range(first, last)]
+            if not isinstance(routing, PieceRouting)
+            else [_whole(routing, g, held) for g in range(first, last)]
+        )
         self.timings["restore"] = time.perf_counter() - started
         if form is OutputForm.PER_SAMPLE:
             return ordered
         if not ordered:
             return torch.zeros((0, *output.trailing), dtype=output.dtype)
         return torch.stack([t.reshape(output.trailing) for t in ordered])
+
+
+def _whole(routing: PieceRouting, sample: int, output: Callable[[int], torch.Tensor]) -> Any:
+    """``sample``'s per-token outputs in token order, from the outputs of its pieces
+    (``output(piece)``: one row per token of that member's share)."""
+    pieces = routing.pieces_of(sample)
+    if pieces.size == 1:
+        return output(int(pieces[0]))
+    shares = [output(int(p)) for p in pieces]
+    whole = shares[0].new_empty((int(routing.plan.lengths[sample]), *shares[0].shape[1:]))
+    for p, share in zip(pieces.tolist(), shares, strict=True):
+        at = routing.plan.shard_positions(sample, int(routing.shard[p]))
+        whole[torch.from_numpy(at).to(whole.device)] = share
+    return whole

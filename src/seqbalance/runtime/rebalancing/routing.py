@@ -35,12 +35,16 @@ class Transfers:
         target: int64 ``[n]``: rank holding it after.
         nbytes: int64 ``[n]``: bytes each sample occupies in the exchange buffer.
         world_size: number of ranks.
+        ids: int64 ``[n]``: what each entry carries, when not the entry's own index: with
+            context parallelism one sample travels to every member of its CP group, one entry
+            per member (no rank receives a sample twice).
     """
 
     source: np.ndarray
     target: np.ndarray
     nbytes: np.ndarray
     world_size: int
+    ids: np.ndarray | None = None
 
     @cached_property
     def matrix(self) -> np.ndarray:
@@ -71,18 +75,25 @@ class Transfers:
     def sends(self, rank: int) -> np.ndarray:
         """Global indices ``rank`` sends, in buffer order: by target rank, then by index."""
         out = np.flatnonzero((self.source == rank) & (self.target != rank))
-        return out[np.lexsort((out, self.target[out]))]
+        carried = out if self.ids is None else self.ids[out]
+        return carried[np.lexsort((carried, self.target[out]))]
 
     def receives(self, rank: int) -> np.ndarray:
         """Global indices ``rank`` receives, in arrival order: by source rank, then by index."""
         into = np.flatnonzero((self.target == rank) & (self.source != rank))
-        return into[np.lexsort((into, self.source[into]))]
+        carried = into if self.ids is None else self.ids[into]
+        return carried[np.lexsort((carried, self.source[into]))]
 
 
 def transfers(
-    source: np.ndarray, target: np.ndarray, nbytes: np.ndarray, world_size: int
+    source: np.ndarray,
+    target: np.ndarray,
+    nbytes: np.ndarray,
+    world_size: int,
+    ids: np.ndarray | None = None,
 ) -> Transfers:
-    """Build :class:`Transfers` from per-sample source ranks, target ranks and sizes.
+    """Build :class:`Transfers` from per-sample source ranks, target ranks and sizes (and
+    what each entry carries, ``ids``, when not its own index).
 
     Raises:
         ValueError: arrays of different lengths, ranks outside ``[0, world_size)`` or negative
@@ -102,7 +113,7 @@ def transfers(
             raise ValueError(
                 f"{name} holds rank {int(ranks.max())}, outside world_size = {world_size}"
             )
-    return Transfers(source=source, target=target, nbytes=nbytes, world_size=world_size)
+    return Transfers(source=source, target=target, nbytes=nbytes, world_size=world_size, ids=ids)
 
 
 @dataclass(frozen=True, eq=False)

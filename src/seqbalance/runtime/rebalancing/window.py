@@ -134,8 +134,13 @@ class WindowBalancer:
     that cannot be planned is skipped; when none can, the candidates are planned again with
     ``allow_empty=True`` (fewer samples than micro-batch slots, e.g. the end of a stream).
 
+    Context parallelism is refused (a ValueError naming the classes that take it): the window
+    selects its dispatches by the imbalance of data-parallel plans and hands out micro-batches
+    of whole samples; a stream with samples longer than one rank can hold goes through the
+    ``Rebalancer`` (or ``BalancedBatchSampler``) with ``context_parallel``.
+
     Raises:
-        ValueError: a bad argument or option (named).
+        ValueError: a bad argument or option (named), ``context_parallel``.
     """
 
     def __init__(

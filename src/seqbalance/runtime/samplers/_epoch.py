@@ -15,8 +15,7 @@ import itertools
 import json
 import sys
 from array import array
-from collections.abc import Callable, Iterator, Mapping
-from datetime import timedelta
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -133,8 +132,9 @@ class EpochBatchSampler:
         """Micro-batches of every step when fixed, else None."""
         raise NotImplementedError
 
-    def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
-        """This rank's micro-batches of each step from ``first`` on, step by step."""
+    def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
+        """This rank's micro-batches of each step from ``first`` on, step by step (each a
+        sequence of dataset indices: a list, or a ``ContextParallelSlot``)."""
         raise NotImplementedError
 
     def _check_epoch(self, epoch: int) -> None:
@@ -180,7 +180,7 @@ class EpochBatchSampler:
         self._consumed = consumed
         self._counts = array("L")  # micro-batches of each step this pass has started
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[Sequence[int]]:
         # Checked and positioned now, not at the first next(): a disagreement fails before any
         # data is yielded, and state_dict() right after iter() describes the new pass.
         self.close()
@@ -191,7 +191,7 @@ class EpochBatchSampler:
         self._start_pass(consumed, step, offset)
         return self._yield_from(self.epoch, step, offset, self._pass)
 
-    def _yield_from(self, epoch: int, step: int, offset: int, mine: int) -> Iterator[list[int]]:
+    def _yield_from(self, epoch: int, step: int, offset: int, mine: int) -> Iterator[Sequence[int]]:
         steps = self._rank_steps(epoch, step)
         try:
             for number in itertools.count(step):
@@ -279,9 +279,9 @@ class EpochBatchSampler:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not (dist.is_available() and dist.is_initialized()):
             return
-        from seqbalance.runtime.collectives import Comm
+        from seqbalance.runtime.collectives import Comm, deadline
 
-        comm = Comm(self._group, timedelta(seconds=self.agreement_timeout))
+        comm = Comm(self._group, deadline(self.agreement_timeout, "agreement_timeout"))
         mine = {**self._setup(), **self._agreement(), "epoch": self.epoch}
         payload = json.dumps(mine, sort_keys=True, default=str).encode()
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,6 +14,8 @@ import numpy as np
 from seqbalance._validation import as_group_ids, check_bool, check_int
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
+from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.epoch import check_group_sizes, check_steps_fill, plan_epoch
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
@@ -29,7 +31,7 @@ from seqbalance.runtime.samplers._lookahead import Lookahead
 from seqbalance.runtime.samplers._position import data_parallel_position
 
 if TYPE_CHECKING:
-    from seqbalance.plan import EpochPlan, StepPlan
+    from seqbalance.plan import EpochPlan, Plan
     from seqbalance.runtime.closed_loop.lagged import LaggedFeedback
     from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 
@@ -93,6 +95,17 @@ class BalancedBatchSampler(EpochBatchSampler):
             ``seqbalance report``) are ``Feedback(prior=..., log=...)``.
         **option_keywords: any ``PlanOptions`` field by name.
 
+    With ``context_parallel`` (in ``options`` or by keyword) the sampler runs on every rank of
+    the DPxCP domain: ``group`` (or ``dp_rank`` / ``dp_size``) is that domain, every step is a
+    :class:`seqbalance.plan.ContextParallelPlan` over its ranks (``max_tokens``: the tokens one
+    rank holds in one slot; a sample longer shards over a CP group of ranks), and each batch
+    yielded is a :class:`seqbalance.plan.context_parallel.ContextParallelSlot`: the dataset
+    indices of the samples whose pieces this rank runs in the slot (a ``DataLoader`` fetches
+    those whole samples), with the slot's inputs (each piece's shard and CP group, its tokens'
+    positions, ``cu_seqlens``; ``slot.local(k, tokens)`` is this rank's share of piece ``k``).
+    Every member of a CP group gets the slot of a sharded sample at the same position in the
+    epoch. ``SampleParts`` and ``adaptive`` are not supported with it yet (ValueError).
+
     Raises:
         ValueError: a bad argument or option (named), a lengths file that is not a 1-D integer
             ``.npy``, a negative length, an ambiguous data-parallel position
@@ -120,15 +133,24 @@ class BalancedBatchSampler(EpochBatchSampler):
         bucket_window: int | None = None,
         groups: Any = None,
         lookahead: int = 2,
-        agreement_timeout: float | None = 300.0,
+        agreement_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
         options: PlanOptions | None = None,
         adaptive: bool | Feedback = False,
         **option_keywords: Any,
     ) -> None:
         self._lagged: LaggedFeedback | None = None  # before super(): _start_pass reads it
         # First: a keyword that is no PlanOptions field is named before anything else fails.
-        options = as_options(options, option_keywords, where="BalancedBatchSampler")
+        options = as_options(
+            options, option_keywords, where="BalancedBatchSampler", context_parallel=True
+        )
         parts = lengths if isinstance(lengths, SampleParts) else None
+        if options.context_parallel is not None and (parts is not None or adaptive):
+            raise ValueError(
+                "BalancedBatchSampler with context_parallel plans token lengths with fixed "
+                "options: "
+                + ("SampleParts are" if parts is not None else "adaptive=True is")
+                + " not supported with context_parallel yet"
+            )
         super().__init__(
             LengthSource(lengths if parts is None else parts.tokens),
             position=data_parallel_position(group=group, dp_rank=dp_rank, dp_size=dp_size),
@@ -154,7 +176,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         self._layout_cache: EpochLayout | None = None
         self._check_epoch(0)
         # The plans the background thread made last, for step_plan() (it writes, the loop reads).
-        self._recent: OrderedDict[tuple[int, int], StepPlan] = OrderedDict()
+        self._recent: OrderedDict[tuple[int, int], Plan] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._plan: EpochPlan | None = None
         feedback = as_feedback(adaptive)
@@ -204,7 +226,9 @@ class BalancedBatchSampler(EpochBatchSampler):
         self, lengths: np.ndarray, parts: SampleParts | None
     ) -> tuple[np.ndarray, float]:
         """The samples' costs and the overhead, once they are checked against the caps."""
-        check_within_caps(lengths, vision_patches_of(parts, self.options), self.options)
+        check_within_caps(
+            lengths, vision_patches_of(parts, self.options), self.options, n_ranks=self.dp_size
+        )
         return evaluate_costs(self.options.cost_model, lengths, parts)
 
     def _setup(self) -> dict[str, Any]:
@@ -264,7 +288,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         if self._lagged is not None:
             self._lagged.start(step)
 
-    def plan_step(self, indices: np.ndarray, options: PlanOptions) -> StepPlan:
+    def plan_step(self, indices: np.ndarray, options: PlanOptions) -> Plan:
         """The plan of one step whose samples are ``indices`` (dataset indices, in planning
         order), under ``options``: the one place a sampler plans, so a caller that adapts the
         options step by step plugs in here."""
@@ -272,11 +296,11 @@ class BalancedBatchSampler(EpochBatchSampler):
         step_groups = None if self.groups is None else self.groups[indices]
         return plan_step(samples, self.dp_size, options, groups=step_groups)
 
-    def _rank_steps(self, epoch: int, first: int) -> Iterator[list[list[int]]]:
+    def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
         layout = self.layout(epoch)  # only the planner thread calls its step()
         lagged, stop = self._lagged, threading.Event()
 
-        def plan(number: int) -> list[list[int]]:
+        def plan(number: int) -> Sequence[Sequence[int]]:
             indices = layout.step(number)
             options = self.options if lagged is None else lagged.options_for(number, stop.is_set)
             try:
@@ -289,6 +313,11 @@ class BalancedBatchSampler(EpochBatchSampler):
                 self._recent[(epoch, number)] = step_plan
                 while len(self._recent) > _RECENT:
                     self._recent.popitem(last=False)
+            if isinstance(step_plan, ContextParallelPlan):
+                return [
+                    step_plan.slot(self.dp_rank, j, step=number, indices=indices)
+                    for j in range(step_plan.n_microbatches)
+                ]
             return [indices[mb].tolist() for mb in step_plan.ranks[self.dp_rank]]
 
         planner = Lookahead(plan, range(first, layout.n_steps), self.lookahead, stop=stop)
@@ -301,11 +330,12 @@ class BalancedBatchSampler(EpochBatchSampler):
         finally:
             planner.stop()
 
-    def step_plan(self, step: int, epoch: int | None = None) -> StepPlan:
-        """The :class:`seqbalance.StepPlan` of ``step`` (default epoch: the current one), the
-        plan whose micro-batches the sampler yields for it (e.g. for the step's micro-batch
-        count and tokens): taken from the plans the background planner made last, else planned
-        now (the same plan: planning is deterministic)."""
+    def step_plan(self, step: int, epoch: int | None = None) -> Plan:
+        """The plan of ``step`` (a :class:`seqbalance.StepPlan`, or with context parallelism a
+        ``ContextParallelPlan``; default epoch: the current one), the plan whose micro-batches
+        the sampler yields for it (e.g. for the step's micro-batch count and tokens): taken
+        from the plans the background planner made last, else planned now (the same plan:
+        planning is deterministic)."""
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
         layout = self.layout(epoch)
         step = check_int(step, "step", minimum=0)
@@ -348,7 +378,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
         Raises:
             ValueError: without ``adaptive``, or no step taken that is not yet observed.
-            CollectiveError: a peer did not join within ``Feedback.timeout_seconds``.
+            CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         if self._lagged is None:
             raise ValueError("BalancedBatchSampler.observe needs adaptive=True")
