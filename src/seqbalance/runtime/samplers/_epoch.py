@@ -172,20 +172,24 @@ class EpochBatchSampler:
         if epoch != self.epoch:
             self.close()
             self._resume = None
-            EpochBatchSampler._start_pass(self, 0, 0, 0)  # a position only: no pass starts
+            self._set_position(0, 0, 0)
         self.epoch = epoch
 
-    def _start_pass(self, consumed: int, step: int, offset: int) -> None:
+    def _set_position(self, consumed: int, step: int, offset: int) -> None:
+        """Where the epoch stands (what ``state_dict`` records) before the next batch."""
         self._base = (consumed, step, offset)
         self._consumed = consumed
         self._counts = array("L")  # micro-batches of each step this pass has started
+
+    def _start_pass(self, consumed: int, step: int, offset: int) -> None:
+        self._set_position(consumed, step, offset)
 
     def __iter__(self) -> Iterator[Sequence[int]]:
         # Checked and positioned now, not at the first next(): a disagreement fails before any
         # data is yielded, and state_dict() right after iter() describes the new pass.
         self.close()
+        self.check_agreement()  # first: ranks that differ fail together, before any local check
         self._check_epoch(self.epoch)
-        self.check_agreement()
         consumed, step, offset = self._resume or (0, 0, 0)
         self._resume = None
         self._start_pass(consumed, step, offset)
