@@ -22,14 +22,12 @@ from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.cost import HSTUFlopsModel, TimeModel
+from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.plan import PlanOptions, strategy_names
-from seqbalance.plan.balanced import (
-    PLANNING_BUDGET_GAP,
-    RIVALS_WITHOUT_BOUND_GAP,
-    RIVALS_WITHOUT_BOUND_MAX_SAMPLES,
-    RIVALS_WITHOUT_BOUND_SAMPLES,
-    RIVALS_WITHOUT_BOUND_WORK,
-)
+from seqbalance.plan._budget import admitted, budget_gap
+from seqbalance.plan._problem import Problem
+from seqbalance.plan.balanced import PLANNING_BUDGET_GAP, RIVALS_WITHOUT_BOUND_SAMPLES
+from seqbalance.plan.registry import get_strategy
 
 SHAREGPT = sb.datasets.load("sharegpt")
 EVERY_RIVAL = 2**62
@@ -155,14 +153,13 @@ def test_balanced_never_loses_to_a_baseline(problem: dict) -> None:
     seed=st.integers(0, 2**32 - 1),
     budget=st.sampled_from([None, None, 0, 2048]),
 )
-def test_on_large_steps_stack_schedulers_win_by_at_most_the_gap(
+def test_on_large_steps_dear_rivals_win_by_at_most_the_gap(
     n: int, dp: int, cap: int | None, objective: str, cost: str, seed: int, budget: int | None
 ) -> None:
-    # By default, above RIVALS_WITHOUT_BOUND_SAMPLES on steps of more than
-    # RIVALS_WITHOUT_BOUND_WORK samples x ranks (with planning_budget: on steps of more than it),
-    # the stacks' schedulers only run when balanced's plan is more than the gap above the lower
-    # bound; otherwise they always run, and so does every baseline (cheap bounds): then
-    # balanced is never worse.
+    # The rivals the planning budget in force admits (the cheap ones always, priced by their
+    # own cost) run on every step: balanced is never worse than them. A rival the budget skips
+    # runs only when balanced's plan is more than the budget's gap above the lower bound, so it
+    # wins by at most that gap.
     if budget is None and n <= RIVALS_WITHOUT_BOUND_SAMPLES:
         n += RIVALS_WITHOUT_BOUND_SAMPLES  # the default rule always runs them: tested elsewhere
     lengths = np.random.default_rng(seed).choice(SHAREGPT, n)
@@ -181,15 +178,28 @@ def test_on_large_steps_stack_schedulers_win_by_at_most_the_gap(
     if budget is not None:  # its own search is the same: at most the gap given up for time
         default = _plan(problem, "balanced")
         assert balanced.step_cost <= default.step_cost * (1 + PLANNING_BUDGET_GAP + 1e-9)
+    request = _request({**problem, "planning_budget": budget})
+    rivals = [get_strategy(name) for name in strategy_names("baseline", "stack")]
+    runs = admitted(request, rivals)
     for name, plan in _valid_alternatives(problem).items():
-        if budget is None and cost != "tokens":
-            gap = PLANNING_BUDGET_GAP  # a cost in time: the budget from the modeled step
-        elif budget is None:
-            skipped = n > RIVALS_WITHOUT_BOUND_MAX_SAMPLES or n * dp > RIVALS_WITHOUT_BOUND_WORK
-            gap = RIVALS_WITHOUT_BOUND_GAP if skipped and name in strategy_names("stack") else 0.0
-        else:
-            gap = PLANNING_BUDGET_GAP if n * dp > budget else 0.0
+        gap = 0.0 if name in runs else budget_gap(request)
         assert balanced.step_cost <= plan.step_cost * (1 + gap + 1e-9), name
+
+
+def _request(problem: dict) -> Problem:
+    """The ``Problem`` that ``plan_step`` plans for ``problem`` (no groups, lengths only)."""
+    options = PlanOptions(
+        **{k: v for k, v in problem.items() if k not in ("lengths", "dp", "groups")}
+    )
+    costs, overhead = evaluate_costs(options.cost_model, problem["lengths"], None)
+    return Problem(
+        lengths=np.asarray(problem["lengths"], dtype=np.int64),
+        sample_costs=costs,
+        overhead=overhead,
+        dp=problem["dp"],
+        groups=None,
+        options=options,
+    )
 
 
 @requires_checked(0.2)

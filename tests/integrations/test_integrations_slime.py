@@ -7,6 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seqbalance.cost import FlopsModel, ModelSpec
 from seqbalance.integrations.slime import ScheduleError, _megatron_model_spec, build_dp_schedule
@@ -222,3 +225,131 @@ def test_never_worse_than_slimes_own_schedule_on_large_steps() -> None:
             lengths, dp, cost=flops, max_tokens=100, allow_oversize=True, strategy="slime"
         )
         assert ours <= slime.summary()["step_cost"] * (1 + 1e-12)
+
+
+def _slime_schedules_by_definition(
+    lengths: list[int], costs: np.ndarray, dp: int, align: int, cap: int | None, size: int
+) -> list[list[list[list[int]]]]:
+    """Every schedule slime's build_dp_schedule makes of one step (balance_data on and off,
+    balance_by_flops on and off), from its source: pack, align by splitting, deal."""
+    from seqbalance.plan.stacks.reference import (
+        first_fit_bins,
+        largest_differencing,
+        split_largest_bins,
+    )
+
+    n = len(lengths)
+    if cap is None:
+        packings = [[list(range(i, min(i + size, n))) for i in range(0, n, size)]]
+    else:
+        count = max(1, -(-sum(lengths) // cap))
+        flops = (
+            [[i] for i in range(n)]
+            if count >= n
+            else largest_differencing(list(costs), count, equal_size=False)
+        )
+        packings = [first_fit_bins(lengths, cap), flops]
+    schedules = []
+    for bins in packings:
+        target = max(-(-len(bins) // align) * align, align)
+        if cap is None and target != len(bins):
+            continue
+        split_largest_bins(bins, target, lengths)
+        if len(bins) != target:
+            continue
+        schedules.append([[bins[b] for b in range(r, len(bins), dp)] for r in range(dp)])
+        weights = [float(sum(costs[i] for i in b)) for b in bins]
+        ranks = largest_differencing(weights, dp, equal_size=True)
+        schedules.append([[bins[b] for b in part] for part in ranks])
+    return schedules
+
+
+def _schedule_value(ranks: Any, costs: np.ndarray, overhead: float, objective: str) -> float:
+    rows = [[overhead + float(costs[mb].sum()) for mb in mbs] for mbs in ranks]
+    if objective == "lockstep":
+        return float(sum(max(column) for column in zip(*rows, strict=True)))
+    return max(sum(row) for row in rows)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    dp=st.integers(1, 4),
+    vpp_group=st.sampled_from([(1, 1), (2, 1), (2, 2), (2, 3)]),
+    cp=st.integers(1, 2),
+    dynamic=st.booleans(),
+    size=st.integers(1, 4),
+    flags=st.sampled_from([(True, False), (False, True), (True, True)]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_never_worse_than_any_schedule_slime_makes(
+    dp: int,
+    vpp_group: tuple[int, int],
+    cp: int,
+    dynamic: bool,
+    size: int,
+    flags: tuple[bool, bool],
+    seed: int,
+) -> None:
+    # Steps of any sample count slime accepts (static: ceil(step / micro_batch_size) a multiple
+    # of dp x the micro-batch group, rarely a multiple of dp x micro_batch_size), both paths,
+    # balance_data and balance_by_flops: every step is at least as cheap as every schedule
+    # slime itself would make of it with balancing on or off (valid under the cap).
+    vpp, group = vpp_group
+    align = dp * (group if vpp > 1 else 1)
+    rng = np.random.default_rng(seed)
+    if dynamic:
+        n = int(rng.integers(dp, 40 * dp))
+    else:  # ceil(n / size) chunks, a multiple of align; the last chunk mostly short
+        chunks = align * int(rng.integers(1, 6))
+        n = int(rng.integers((chunks - 1) * size + 1, chunks * size + 1))
+    lengths = np.minimum(rng.lognormal(3.5, 1.1, n).astype(int) + 1, 300)
+    cap = 100 * cp if dynamic else None
+    args = make_args(
+        use_dynamic_batch_size=dynamic,
+        max_tokens_per_gpu=100 if dynamic else None,
+        micro_batch_size=size,
+        balance_data=flags[0],
+        balance_by_flops=flags[1],
+    )
+    rollouts = np.sort(rng.integers(0, max(1, n * 3 // 4), n)).tolist()
+    steps = 1 + int(rng.integers(0, 2))
+    gbs = max(1, len(set(rollouts)) // steps)
+    try:
+        partitions, mbi, nmb, _ = build_dp_schedule(
+            args,
+            config(dp, cp=cp, vpp=vpp, group=group),
+            lengths.tolist(),
+            global_batch_size=gbs,
+            rollout_indices=rollouts,
+        )
+    except ScheduleError:
+        return  # slime refuses the same steps (checked by the contract tests)
+    flops = FlopsModel(_megatron_model_spec(args))
+    objective = "lockstep" if flags[1] else "step"
+    by_rollout: dict[int, list[int]] = {}
+    for position, rollout in enumerate(rollouts):
+        by_rollout.setdefault(rollout, []).append(position)
+    ids = list(by_rollout)
+    offsets = [0] * dp
+    for s, count in enumerate(nmb):
+        samples = [p for rid in ids[s * gbs : (s + 1) * gbs] for p in by_rollout[rid]]
+        local = {sample: i for i, sample in enumerate(samples)}
+        ours = []
+        for r in range(dp):
+            mbs = mbi[r][offsets[r] : offsets[r] + count]
+            offsets[r] += count
+            ours.append([[local[partitions[r][i]] for i in mb] for mb in mbs])
+        step_lengths = lengths[samples]
+        costs = flops.per_sample(step_lengths)
+        overhead = flops.microbatch_overhead
+        value = _schedule_value(ours, costs, overhead, objective)
+        for theirs in _slime_schedules_by_definition(
+            step_lengths.tolist(), costs, dp, align, cap, size
+        ):
+            if cap is not None and any(
+                len(mb) > 1 and int(step_lengths[mb].sum()) > cap for mbs in theirs for mb in mbs
+            ):
+                continue  # --balance-by-flops overfilled a micro-batch: not a valid schedule
+            assert value <= _schedule_value(theirs, costs, overhead, objective) * (1 + 1e-12)
+        if not dynamic:
+            assert all(len(mb) <= size for mbs in ours for mb in mbs)

@@ -88,6 +88,7 @@ def _check_against_brute_force(plan: StepPlan) -> None:
             continue
         assert plan.lower_bound <= best * (1 + 1e-12) + 1e-9
         if m == plan.n_microbatches:
+            assert plan.count_lower_bound <= best * (1 + 1e-12) + 1e-9
             assert plan.step_cost == pytest.approx(best, rel=1e-9, abs=1e-9)
         else:
             assert plan.step_cost < best * (1 - 1e-12), f"brute force fits {m} micro-batches"

@@ -45,7 +45,16 @@ def reverse():
 
 
 def test_builtins_in_a_fixed_order() -> None:
-    stacks = ("verl", "slime", "slime_flops", "torchspec", "hf_default", "hf_length_grouped")
+    stacks = (
+        "verl",
+        "slime",
+        "slime_flops",
+        "torchspec",
+        "hf_default",
+        "hf_length_grouped",
+        "hf_batch_rebalance",
+        "megatron_dp_balanced",
+    )
     assert strategy_names() == (
         "balanced",
         "round_robin",

@@ -2,11 +2,11 @@
 
 ``data/stack_baselines.json.gz`` holds 500 random inputs per baseline with the plan the stack's
 own code produced for them (verl ``rearrange_micro_batches`` after the trainer's driver balance,
-slime ``build_dp_schedule``, TorchSpec's controller dispatch, Hugging Face
-``get_length_grouped_indices`` sharded by Accelerate), recorded by running those functions; only
-their outputs are stored. The verl cases are verl 0.9.1's, re-recorded by
-``scripts/record_verl_baseline.py``. Where a stack's function is importable, the live tests also
-compare on fresh random inputs.
+slime ``build_dp_schedule``, Hugging Face ``get_length_grouped_indices`` sharded by
+Accelerate), recorded by running those functions; only their outputs are stored (TorchSpec's,
+Megatron-LM's and ``batch_rebalance``: ``test_plan_peer_schedulers.py``). The verl cases are
+verl 0.9.1's, re-recorded by ``scripts/record_verl_baseline.py``. Where a stack's function is
+importable, the live tests also compare on fresh random inputs.
 """
 
 from __future__ import annotations
@@ -96,9 +96,11 @@ def outcome(strategy: Any, p: Problem) -> Any:
 
 
 def test_recorded_file_has_500_cases_per_baseline() -> None:
-    # hf_default is checked live against Accelerate's own sharding (below), not recorded.
+    # hf_default is checked live against Accelerate's own sharding (below), not recorded; the
+    # schedulers of tests/test_plan_peer_schedulers.py have their own record.
+    peers = ("hf_default", "torchspec", "hf_batch_rebalance", "megatron_dp_balanced")
     assert {name: len(cases) for name, cases in recorded().items()} == {
-        s.name: 500 for s in STACK_BASELINES if s.name != "hf_default"
+        s.name: 500 for s in STACK_BASELINES if s.name not in peers
     }
 
 
@@ -131,8 +133,8 @@ def test_slime_matches_recorded_plans(name: str) -> None:
         assert outcome(strategy, p) == case["expected"], case
 
 
-@pytest.mark.parametrize("strategy", [TorchSpecBaseline(), HFLengthGroupedBaseline()])
-def test_count_based_baselines_match_recorded_plans(strategy: Any) -> None:
+def test_length_grouped_baseline_matches_recorded_plans() -> None:
+    strategy = HFLengthGroupedBaseline()
     for case in recorded()[strategy.name]:
         p = problem(case["lengths"], case["dp"], micro_batch_size=case["micro_batch_size"])
         assert outcome(strategy, p) == case["expected"], case
@@ -280,11 +282,6 @@ def test_verl_lower_bound_never_exceeds_its_valid_plan(
         assert verl.plan_lower_bound(p) <= aligned_value(p, plan) * (1 + 1e-12)
 
 
-def test_torchspec_round_robin_by_hand() -> None:
-    plan = TorchSpecBaseline().plan(problem(list(range(1, 9)), 2, micro_batch_size=2))
-    assert plan == [[[0, 2], [4, 6]], [[1, 3], [5, 7]]]
-
-
 def test_hf_length_grouped_by_hand() -> None:
     plan = HFLengthGroupedBaseline().plan(problem([3, 9, 1, 7, 5, 2, 8, 4], 2, micro_batch_size=2))
     # Longest first: 9, 8, 7, 5, 4, 3, 2, 1 -> batches [1, 6], [3, 4], [7, 0], [5, 2].
@@ -317,6 +314,8 @@ def test_stack_baseline_lookup() -> None:
         "torchspec",
         "hf_default",
         "hf_length_grouped",
+        "hf_batch_rebalance",
+        "megatron_dp_balanced",
     ]
     # verl's packed path keeps the cap, but its padded path has none: no stack enforces it.
     assert all(not s.enforces_cap and not s.aligns_positions for s in STACK_BASELINES)

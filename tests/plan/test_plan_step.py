@@ -9,8 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.plan import StepPlan, get_strategy, strategy_names
+from seqbalance.cost.resolve import evaluate_costs
+from seqbalance.plan import PlanOptions, StepPlan, get_strategy, strategy_names
+from seqbalance.plan._budget import CHEAP_RIVAL_SECONDS, admitted, rival_seconds
 from seqbalance.plan._portfolio import Portfolio
+from seqbalance.plan._problem import Problem
 from seqbalance.plan.balanced import PLANNING_BUDGET_GAP
 
 
@@ -141,6 +144,8 @@ def test_every_strategy_same_input(strategy: str) -> None:
     lengths = np.random.default_rng(1).integers(1, 2000, 200)
     # The Hugging Face baselines pad every micro-batch (they refuse the packed layout).
     padded = {"layout": "padded", "micro_batch_size": 5} if strategy.startswith("hf_") else {}
+    if strategy == "hf_batch_rebalance":  # its groups vary in size: no size limit, GA given
+        padded.update(micro_batch_size=lengths.size, num_microbatches=16)
     plan = sb.plan_step(lengths, 4, max_tokens=4096, strategy=strategy, **padded)
     plan.validate()
     assert plan.strategy == strategy
@@ -180,21 +185,26 @@ def test_first_fit_ranks_follow_the_definition(tokens: list[int], dp: int) -> No
     ]
 
 
-def test_planning_budget_skips_the_stack_schedulers_only_beyond_it(monkeypatch) -> None:
+def test_planning_budget_skips_dear_rivals_only_beyond_it(monkeypatch) -> None:
     lengths = np.random.default_rng(5).integers(1, 3000, 200)
     options = {"cost": "flops", "max_tokens": 8192}
     default = sb.plan_step(lengths, 4, **options)
     within = sb.plan_step(lengths, 4, planning_budget=200 * 4, **options)
     assert _microbatches(within) == _microbatches(default)
-    ran = []
-    torchspec = get_strategy("torchspec")  # a stack scheduler without a lower bound
-    monkeypatch.setattr(type(torchspec), "plan", lambda self, p: ran.append(p.n) or [])
+    ran: list[str] = []
+    # A dear rival without a lower bound (its price on 200 samples is over 2 ms), and a cheap
+    # one: the budget never skips the cheap one.
+    for name in ("hf_batch_rebalance", "torchspec"):
+        strategy = get_strategy(name)
+        monkeypatch.setattr(
+            type(strategy), "plan", lambda self, p, name=name: ran.append(name) or []
+        )
     sb.plan_step(lengths, 4, planning_budget=200 * 4, **options)
-    assert ran == [200]  # within the budget: run (its broken stand-in plan is skipped)
+    assert sorted(ran) == ["hf_batch_rebalance", "torchspec"]  # within the budget: both run
     ran.clear()
     fast = sb.plan_step(lengths, 4, planning_budget=200 * 4 - 1, **options)
-    assert ran == []  # beyond it: not run, as balanced's plan is within the gap of its bound
-    assert fast.step_cost <= fast.lower_bound * (1 + PLANNING_BUDGET_GAP)
+    assert ran == ["torchspec"]  # beyond it: the dear one is skipped (the plan is within the
+    assert fast.step_cost <= fast.lower_bound * (1 + PLANNING_BUDGET_GAP)  # gap of its bound)
 
 
 def _dataset_step(name: str, n: int, cap: int) -> np.ndarray:
@@ -207,9 +217,9 @@ def _dataset_step(name: str, n: int, cap: int) -> np.ndarray:
 @pytest.mark.parametrize(
     ("dataset", "n", "dp", "cap", "model", "objective", "binds"),
     [
-        # GSM8K on Qwen3-30B-A3B: a 0.3 s step, too short for the rivals' ~8 ms in 1% of it.
+        # GSM8K on Qwen3-30B-A3B: a 0.3 s step, too short for the dear rivals in 1% of it.
         ("gsm8k", 128, 4, 8192, "qwen3-30b-a3b", "step", True),
-        # LIMA on Qwen3-8B: a 4.9 s step, long enough for the rivals' ~23 ms.
+        # LIMA on Qwen3-8B: a 4.9 s step, long enough for every rival's price.
         ("lima", 512, 8, 16384, "qwen3-8b", "lockstep", False),
     ],
 )
@@ -220,13 +230,20 @@ def test_the_default_budget_follows_the_modeled_step(
     options = {"cost": "flops", "model": model, "max_tokens": cap, "objective": objective}
     every = sb.plan_step(lengths, dp, planning_budget=2**62, **options)
     fastest = sb.plan_step(lengths, dp, planning_budget=0, **options)
-    assert _microbatches(every) != _microbatches(fastest)  # else the case shows nothing
     assert fastest.step_cost <= every.step_cost * (1 + PLANNING_BUDGET_GAP)
     default = sb.plan_step(lengths, dp, **options)
     assert _microbatches(default) == _microbatches(fastest if binds else every)
+    # What the default budget admits: the cheap rivals always, the dear ones on a long step.
+    rivals = [get_strategy(name) for name in strategy_names("baseline", "stack")]
+    options = PlanOptions(**options)
+    costs, overhead = evaluate_costs(options.cost_model, lengths, None)
+    problem = Problem(lengths, costs, overhead, dp, None, options)
+    cheap = {s.name for s in rivals if rival_seconds(s, problem) <= CHEAP_RIVAL_SECONDS}
+    assert admitted(problem, rivals) == (cheap if binds else {s.name for s in rivals})
+    assert cheap != {s.name for s in rivals}
     # A cost without a time unit keeps the default rule (here: every rival, 128 samples).
     if binds:
-        tokens = {**options, "cost": "tokens", "model": None}
+        tokens = {"cost": "tokens", "max_tokens": cap, "objective": objective}
         assert _microbatches(sb.plan_step(lengths, dp, **tokens)) == _microbatches(
             sb.plan_step(lengths, dp, planning_budget=2**62, **tokens)
         )

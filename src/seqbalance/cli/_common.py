@@ -359,7 +359,7 @@ def add_plan_option_arguments(
         ("--min-microbatches", int, 1, "at least this many per rank (default 1)"),
         ("--microbatch-multiple", int, 1, "the count is a multiple of this (pipelines; default 1)"),
         ("--rank-speeds", _speeds, None, "speed of every rank, e.g. 1,1,1,0.67 (default: equal)"),
-        ("--planning-budget", int, None, "samples x ranks up to which balanced runs every rival"),
+        ("--planning-budget", int, None, "samples x ranks up to which dear rivals run too"),
     ):
         group.add_argument(name, type=kind, default=default, help=text)
     add_objective_argument(group)

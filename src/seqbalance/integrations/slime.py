@@ -21,23 +21,25 @@ step ``s``, ``global_batch_sizes[s]`` the rollouts of step ``s``.
 
 What the flags mean here:
 
-- ``balance_data`` off: slime's own schedule, unchanged (first-fit token packing or static chunks,
-  micro-batches dealt to ranks round robin). seqbalance plans only when asked to balance.
-- ``balance_data`` on, dynamic batch size: seqbalance's ``plan_step`` over the whole step, ranks
-  and micro-batches together, costs = training FLOPs of the model in ``args``, the cap hard (slime
-  packs by first fit and then balances whole micro-batches across ranks). ``balanced`` weighs the
-  registered stack schedulers' plans too, and slime's own ``--balance-data`` schedule is weighed
-  on every step whatever its size, so the result is never worse than slime's on the same costs
-  and objective.
-- ``balance_by_flops`` on, with or without ``balance_data`` (slime's main keeps them separate:
-  FLOPs-balanced packing into micro-batches, and FLOPs-balanced ranks): the same with
-  ``objective="lockstep"``, which also balances each micro-batch position across ranks; that is
+- ``balance_data`` and ``balance_by_flops`` off: slime's own schedule, unchanged (first-fit
+  token packing or static chunks, micro-batches dealt to ranks round robin). seqbalance plans
+  only when asked to balance.
+- Balancing on, dynamic batch size: seqbalance's ``plan_step`` over the whole step, ranks and
+  micro-batches together, costs = training FLOPs of the model in ``args``, the cap hard.
+  ``balance_by_flops`` (slime's FLOPs-balanced packing, with or without ``balance_data``) plans
+  with ``objective="lockstep"``, which also balances each micro-batch position across ranks:
   what equal-FLOPs micro-batches buy when ranks synchronise per micro-batch (expert parallelism
-  across data-parallel ranks, as in slime's MoE setups). slime's own ``--balance-by-flops`` may
-  overfill micro-batches; here the cap stays hard. Keyword ``objective`` overrides the choice.
-- Static path with ``balance_data``: when the step splits into whole micro-batches on every rank
-  (``step samples % (dp x micro_batch_size) == 0``), samples are balanced across ranks with equal
-  counts and each rank's micro-batches balanced; otherwise slime's static schedule is kept.
+  across data-parallel ranks, as in slime's MoE setups); keyword ``objective`` overrides it.
+- Balancing on, static path (no dynamic batch size): slime's count of ``micro_batch_size``
+  chunks (the last may be shorter), samples to ranks in near-equal counts by balanced costs,
+  each rank's into micro-batches of near-equal counts and balanced costs (none holds more than
+  ``micro_batch_size``), for every step slime accepts (``ceil(step / micro_batch_size)`` a
+  multiple of ``dp_size x`` the micro-batch group), not only steps of whole micro-batches.
+- Never worse than slime: on every step the plan is compared, on the same costs and objective
+  (``lockstep``: every rank's micro-batches heaviest first), with every schedule slime itself
+  makes of the step, with balancing on and off and with either packing (first fit, and
+  ``--balance-by-flops``' FLOPs packing when it keeps the cap, which slime's does not promise),
+  and the cheapest is returned (ties: the fewest micro-batches, then seqbalance's).
 
 Errors are :class:`ScheduleError`, a ``ValueError`` that is also an ``AssertionError`` so callers
 that catch slime's assertions keep working.
@@ -54,8 +56,12 @@ import numpy as np
 from seqbalance._validation import check_choice, check_int
 from seqbalance.cost import FlopsModel, ModelSpec
 from seqbalance.partition import partition
-from seqbalance.plan import plan_step
-from seqbalance.plan.stacks.reference import first_fit_bins, split_largest_bins
+from seqbalance.plan import objective_value, plan_step
+from seqbalance.plan.stacks.reference import (
+    first_fit_bins,
+    largest_differencing,
+    split_largest_bins,
+)
 
 __all__ = ["ScheduleError", "build_dp_schedule"]
 
@@ -113,62 +119,159 @@ def _round_robin(bins: list[list[int]], dp: int) -> list[list[list[int]]]:
     return [[bins[b] for b in range(r, len(bins), dp)] for r in range(dp)]
 
 
-def _slime_schedule(
-    lengths: list[int], dp: int, per_rank_multiple: int, cap: int | None, size: int
-) -> list[list[list[int]]]:
-    """slime's own unbalanced schedule of one step (positions into the step)."""
+def _packings(
+    lengths: list[int], costs: np.ndarray | None, align: int, cap: int | None, size: int
+) -> dict[str, list[list[int]] | str]:
+    """slime's micro-batches of one step before they go to ranks, by packing (positions into
+    the step): dynamic batch size (``cap``) packs first fit (``"first_fit"``) or, with
+    ``--balance-by-flops``, by Karmarkar-Karp on FLOPs into ``ceil(tokens / cap)`` micro-batches
+    (``"flops"``, which may overfill one); the count is raised to a multiple of ``align`` by
+    splitting the largest bins (``"flops"`` only with ``costs``). The static path (no cap) cuts
+    consecutive chunks of ``size`` (``"static"``) and refuses a count that is not a multiple of
+    ``align``. A packing slime refuses maps to its message."""
     n = len(lengths)
     if cap is None:
         bins = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
-    else:
-        bins = first_fit_bins(lengths, cap)
-    align = dp * per_rank_multiple
-    target = max(-(-len(bins) // align) * align, align)
-    if target != len(bins):
-        if cap is None:
-            raise ScheduleError(
-                f"static path: {len(bins)} micro-batches are not a multiple of dp_size x "
-                f"micro-batch group ({align}); make step_size a multiple of "
-                f"dp_size x micro_batch_size x group (step has {n} samples)"
-            )
+        if len(bins) % align:
+            return {
+                "static": f"static path: {len(bins)} micro-batches are not a multiple of "
+                f"dp_size x micro-batch group ({align}); make ceil(step_size / "
+                f"micro_batch_size) a multiple of it (step has {n} samples)"
+            }
+        return {"static": bins}
+    packings = {"first_fit": first_fit_bins(lengths, cap)}
+    if costs is not None:
+        count = max(1, -(-sum(lengths) // cap))
+        packings["flops"] = (
+            [[i] for i in range(n)]
+            if count >= n
+            else largest_differencing(costs.tolist(), count, equal_size=False)
+        )
+    result: dict[str, list[list[int]] | str] = {}
+    for name, bins in packings.items():
+        target = max(-(-len(bins) // align) * align, align)
         split_largest_bins(bins, target, lengths)
-        if len(bins) != target:
-            raise ScheduleError(
-                f"dynamic path: {n} samples cannot fill {target} micro-batches ({align} per "
-                "alignment unit)"
-            )
-    return _round_robin(bins, dp)
+        result[name] = (
+            bins
+            if len(bins) == target
+            else f"dynamic path: {n} samples cannot fill {target} micro-batches ({align} per "
+            "alignment unit)"
+        )
+    return result
 
 
-def _balanced_static(
-    lengths: np.ndarray, dp: int, per_rank_multiple: int, size: int, cost: Any
-) -> list[list[list[int]]] | None:
-    """Static path with balance_data: equal sample counts per rank, balanced costs; ``None`` when
-    the step does not split into whole micro-batches on every rank."""
-    n = lengths.size
-    if n % (dp * size) or (n // (dp * size)) % per_rank_multiple:
-        return None
-    costs = cost.per_sample(lengths)
+def _slime_schedules(
+    lengths: list[int], costs: np.ndarray | None, dp: int, align: int, cap: int | None, size: int
+) -> dict[tuple[str, bool], list[list[list[int]]] | str]:
+    """Every schedule slime itself makes of one step, keyed by (packing, ``balance_data``):
+    each packing's micro-batches dealt round robin (balancing off) or, with ``costs``, to ranks
+    by Karmarkar-Karp on their summed costs with equal counts (``--balance-data``)."""
+    result: dict[tuple[str, bool], list[list[list[int]]] | str] = {}
+    for name, bins in _packings(lengths, costs, align, cap, size).items():
+        if isinstance(bins, str):
+            result[name, False] = result[name, True] = bins
+            continue
+        result[name, False] = _round_robin(bins, dp)
+        if costs is None:
+            continue
+        weights = [float(costs[b].sum()) for b in bins]
+        ranks = largest_differencing(weights, dp, equal_size=True)
+        result[name, True] = [[bins[b] for b in part] for part in ranks]
+    return result
+
+
+def _balanced_static(costs: np.ndarray, dp: int, m: int) -> list[list[list[int]]]:
+    """Static path with balance_data: ``dp x m`` micro-batches (slime's count), samples to ranks
+    in near-equal counts by balanced costs, then each rank's into ``m`` near-equal-count
+    micro-batches of balanced costs (none holds more than ``micro_batch_size``: the count is at
+    least ``step / micro_batch_size``)."""
     result = []
     for members in partition(costs, dp, equal_size=True).parts:
-        m = members.size // size
         parts = partition(costs[members], m, equal_size=True).parts
         result.append([members[part].tolist() for part in parts])
     return result
 
 
-def _cheaper_of(plan: Any, lengths: np.ndarray, dp: int, request: dict[str, Any]) -> Any:
-    """``plan``, or slime's own ``--balance-data`` schedule of the step (first fit, then bins to
-    ranks by Karmarkar–Karp; its cap is as hard as ours) when that is cheaper on the same costs
-    and objective. The planner skips the stacks' schedulers on large steps already within 1e-4
-    of the lower bound; here slime's is always weighed, so the drop-in is never worse."""
-    try:
-        own = plan_step(lengths, dp, strategy="slime", **request)
-    except ValueError:
-        return plan  # slime itself cannot plan this step
-    if own.summary()["step_cost"] < plan.summary()["step_cost"]:
+def _cheapest(
+    candidates: list[list[list[list[int]]]],
+    costs: np.ndarray,
+    overhead: float,
+    objective: str,
+    cap: int | None,
+    lengths: np.ndarray,
+) -> list[list[list[int]]] | None:
+    """The cheapest candidate that keeps the cap (a sample over it alone) on the costs and
+    objective (under ``lockstep`` each rank's micro-batches heaviest first, the alignment the
+    drop-in applies); the first of equally cheap ones with the fewest micro-batches."""
+    best, best_key = None, None
+    for ranks in candidates:
+        if cap is not None and any(
+            len(mb) > 1 and int(lengths[mb].sum()) > cap for mbs in ranks for mb in mbs
+        ):
+            continue
+        if objective == "lockstep":
+            ranks = [sorted(mbs, key=lambda mb: -float(costs[mb].sum())) for mbs in ranks]
+        value = objective_value(
+            np.array([[overhead + float(costs[mb].sum()) for mb in mbs] for mbs in ranks]),
+            objective,
+        )
+        key = (value, len(ranks[0]))
+        if best_key is None or key < best_key:
+            best, best_key = ranks, key
+    return best
+
+
+def _step_ranks(
+    lengths: np.ndarray,
+    dp: int,
+    per_rank_multiple: int,
+    cap: int | None,
+    size: int,
+    cost: Any,
+    objective: str,
+    args: Any,
+) -> list[list[list[int]]]:
+    """One step's micro-batches per rank (positions into the step): slime's own schedule when
+    not balancing (``cost`` None); else the cheapest of seqbalance's plan and every schedule
+    slime makes of the step (both packings, balancing on and off) that keeps the cap.
+
+    Raises:
+        ValueError: slime refuses the step (with balancing: and no plan keeps the cap).
+    """
+    align = dp * per_rank_multiple
+    static = cap is None
+    costs = None if cost is None else cost.per_sample(lengths)
+    schedules = _slime_schedules(lengths.tolist(), costs, dp, align, cap, size)
+    by_flops = bool(getattr(args, "balance_by_flops", False))
+    packing = "static" if static else "flops" if by_flops else "first_fit"
+    own = schedules[packing, bool(getattr(args, "balance_data", False)) and costs is not None]
+    if costs is None or (isinstance(own, str) and static):
+        if isinstance(own, str):
+            raise ValueError(own)
         return own
-    return plan
+    candidates = [ranks for ranks in schedules.values() if not isinstance(ranks, str)]
+    refusal = own if isinstance(own, str) else "no schedule keeps the cap"
+    if static:
+        candidates.insert(0, _balanced_static(costs, dp, len(own[0])))
+    else:
+        try:
+            plan = plan_step(
+                lengths,
+                dp,
+                cost=cost,
+                max_tokens=cap,
+                allow_oversize=True,
+                microbatch_multiple=per_rank_multiple,
+                objective=objective,
+            )
+            candidates.insert(0, [[mb.tolist() for mb in mbs] for mbs in plan.ranks])
+        except ValueError as error:
+            refusal = str(error)
+    overhead = float(getattr(cost, "microbatch_overhead", 0.0))
+    best = _cheapest(candidates, costs, overhead, objective, cap, lengths)
+    if best is None:
+        raise ValueError(refusal)
+    return best
 
 
 def build_dp_schedule(
@@ -236,26 +339,10 @@ def build_dp_schedule(
             raise ScheduleError(
                 f"step {s}: {len(samples)} samples < dp_size {dp}; every rank needs a sample"
             )
-        ranks = None
-        if balance and dynamic:
-            request = {
-                "cost": cost,
-                "max_tokens": cap,
-                "allow_oversize": True,
-                "microbatch_multiple": per_rank_multiple,
-                "objective": objective,
-            }
-            try:
-                plan = plan_step(lengths, dp, **request)
-            except ValueError as error:
-                raise ScheduleError(f"step {s}: {error}") from None
-            if not by_flops:
-                plan = _cheaper_of(plan, lengths, dp, request)
-            ranks = [[mb.tolist() for mb in microbatches] for microbatches in plan.ranks]
-        elif balance:
-            ranks = _balanced_static(lengths, dp, per_rank_multiple, size, cost)
-        if ranks is None:
-            ranks = _slime_schedule(lengths.tolist(), dp, per_rank_multiple, cap, size)
+        try:
+            ranks = _step_ranks(lengths, dp, per_rank_multiple, cap, size, cost, objective, args)
+        except ValueError as error:
+            raise ScheduleError(f"step {s}: {error}") from None
         num_microbatches.append(len(ranks[0]))
         for r, microbatches in enumerate(ranks):
             for microbatch in microbatches:

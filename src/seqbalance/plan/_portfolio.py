@@ -1,13 +1,22 @@
 """The rivals ``balanced`` must never lose to: the baselines, the stacks' schedulers and the
-partition engine's split, run within a planning budget and compared by the objective value of
-the plan as ``plan_step`` arranges it (``aligned_value``)."""
+partition engine's split, run as the planning budget in force lets them (``plan/_budget.py``:
+cheap ones always, dear ones within the budget) and compared by the objective value of the plan
+as ``plan_step`` arranges it (``aligned_value``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from seqbalance.partition import partition
-from seqbalance.plan._budget import planning_budget
+from seqbalance.plan import _budget
+from seqbalance.plan._budget import (
+    PLANNING_BUDGET_GAP,
+    RIVALS_WITHOUT_BOUND_GAP,
+    RIVALS_WITHOUT_BOUND_MAX_SAMPLES,
+    RIVALS_WITHOUT_BOUND_SAMPLES,
+    RIVALS_WITHOUT_BOUND_WORK,
+)
+from seqbalance.plan._intervals import bound_at_count
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan.protocols import Microbatches, Strategy, checked_microbatches
@@ -23,25 +32,7 @@ __all__ = [
     "Portfolio",
     "aligned_value",
     "beyond_budget",
-    "rivals_without_bound_are_cheap",
 ]
-
-RIVALS_WITHOUT_BOUND_SAMPLES = 256
-"""On steps of at most this many samples ``balanced`` always runs the rivals that offer no cheap
-lower bound (the stacks' schedulers: exact re-implementations in plain Python, which on
-thousands of samples cost several times ``balanced``'s own search)."""
-RIVALS_WITHOUT_BOUND_WORK = RIVALS_WITHOUT_BOUND_SAMPLES * 64
-"""... and on steps of up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES`` samples whose samples x ranks
-is at most this (the work already accepted at 256 samples on 64 ranks: their Karmarkar-Karp
-splits over the ranks grow with it), e.g. 4096 samples on 4 ranks or 1024 on 16."""
-RIVALS_WITHOUT_BOUND_MAX_SAMPLES = 4096
-RIVALS_WITHOUT_BOUND_GAP = 1e-4
-"""On other steps it runs them only when its plan is more than this far (relative) above the
-lower bound: every valid plan costs at least the bound, so a skipped rival is never cheaper by
-more than this fraction."""
-PLANNING_BUDGET_GAP = 1e-3
-"""Beyond ``planning_budget``: no rival runs unless the plan is more than this far (relative)
-above the lower bound, and the lockstep refinement stops this close to it."""
 
 
 def aligned_value(p: Problem, plan: Microbatches) -> float:
@@ -60,11 +51,10 @@ class Portfolio:
     soft-cap plan only when it happens to keep the cap) and, where no cap or count constraint
     binds (one micro-batch per rank), the partition engine's split of the unit costs. A
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
-    objective) is not run when that bound cannot beat the best plan so far; one that offers
-    none (the stacks' schedulers) is run on steps of at most ``RIVALS_WITHOUT_BOUND_SAMPLES``
-    samples or, up to ``RIVALS_WITHOUT_BOUND_MAX_SAMPLES``, of at most
-    ``RIVALS_WITHOUT_BOUND_WORK`` samples x ranks, and on other steps when the plan is more
-    than ``RIVALS_WITHOUT_BOUND_GAP`` above the lower bound (see ``planning_budget`` too).
+    objective) is not run when that bound cannot beat the best plan so far. Otherwise a rival
+    runs when the planning budget in force admits it (``plan/_budget.py``: a cheap one always)
+    or when the plan is more than the budget's gap above the lower bound; the partition
+    engine's split runs where the budget admits every rival, or beyond that gap.
     """
 
     def __init__(self, p: Problem) -> None:
@@ -98,18 +88,20 @@ class Portfolio:
         value = aligned_value(p, plan)
         if value <= bound * (1 + _TOLERANCE):
             return plan
-        budget = planning_budget(p)
-        gap = RIVALS_WITHOUT_BOUND_GAP if budget is None else PLANNING_BUDGET_GAP
-        # Rivals without a cheap bound (and with a budget, all) run only within the budget or
-        # where they could save more than the gap: keep planning in milliseconds otherwise.
-        unbounded = rivals_without_bound_are_cheap(p) or value > bound * (1 + gap)
-        if budget is not None and not unbounded:
-            return plan
-        candidates = [self._partition_start()]
-        for strategy in _rivals():
+        rivals = _rivals()
+        admitted = _budget.admitted(p, rivals)
+        if p.layout == "padded":
+            # The stacks' dear schedulers plan a padded step with the one count its
+            # micro_batch_size gives (ours): plans of that count cost at least this.
+            bound = max(bound, bound_at_count(p, len(plan[0])))
+        every = value > bound * (1 + _budget.budget_gap(p))  # a skipped rival could win more
+        # The partition engine's split (a search of its own) runs where every rival does.
+        engine = every or not _budget.beyond_budget(p, rivals)
+        candidates = [self._partition_start()] if engine else []
+        for strategy in rivals:
+            if not (every or strategy.name in admitted):
+                continue
             estimate = getattr(strategy, "plan_lower_bound", None)
-            if (estimate is None or strategy.family == "stack") and not unbounded:
-                continue  # verl's bound (a third of its plan) only ever skips it
             if estimate is not None and estimate(p) >= value * (1 - _TOLERANCE):
                 continue
             candidates.append(self._plan_of(strategy))
@@ -140,23 +132,11 @@ class Portfolio:
         return plan
 
 
-def rivals_without_bound_are_cheap(p: Problem) -> bool:
-    """Whether the rivals without a cheap lower bound always run on ``p``: ``n x dp`` within
-    the planning budget in force (``plan/_budget.py``), without one see
-    ``RIVALS_WITHOUT_BOUND_SAMPLES`` and ``..._WORK``."""
-    budget = planning_budget(p)
-    if budget is not None:
-        return p.n * p.dp <= budget
-    return p.n <= RIVALS_WITHOUT_BOUND_SAMPLES or (
-        p.n <= RIVALS_WITHOUT_BOUND_MAX_SAMPLES and p.n * p.dp <= RIVALS_WITHOUT_BOUND_WORK
-    )
-
-
 def beyond_budget(p: Problem) -> bool:
-    """Whether ``p`` is beyond the planning budget in force: then no rival runs unless the plan
-    is more than ``PLANNING_BUDGET_GAP`` above the lower bound, and the searches stop within it
-    (the lockstep refinement; under ``step``, the rank search)."""
-    return planning_budget(p) is not None and not rivals_without_bound_are_cheap(p)
+    """Whether the planning budget in force skips some rival on ``p``: then a skipped rival runs
+    only where the plan is more than ``budget_gap`` above the lower bound, and the searches stop
+    within it (the lockstep refinement; under ``step``, the rank search)."""
+    return _budget.beyond_budget(p, _rivals())
 
 
 def _rivals() -> list[Strategy]:

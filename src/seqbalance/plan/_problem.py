@@ -18,6 +18,7 @@ import numpy as np
 from seqbalance.partition import lower_bound as partition_lower_bound
 from seqbalance.plan._caps import packed_keeps_cap
 from seqbalance.plan._fields import GroupedSamples
+from seqbalance.plan._intervals import padded_bound
 from seqbalance.plan._shared import MAX_SLOTS, Microbatches, microbatch_count
 from seqbalance.plan.options import PlanOptions, check_rank_speeds
 
@@ -391,11 +392,15 @@ class Problem(GroupedSamples):
         upper bound on the total of ``dp - 1`` disjoint micro-batches without that sample
         (``_ceiling``): the position holding it costs at least ``c``, the other ranks put at
         most ``V`` in total there, and the other positions cost at least their average, so the
-        sum is at least ``S / dp + max(0, (dp - 1) x c - V) / dp``.
+        sum is at least ``S / dp + max(0, (dp - 1) x c - V) / dp``. Padded (no groups, the cap
+        kept): also ``plan._intervals.padded_bound``, from the least total cost of the runs of
+        samples the micro-batches can be.
         """
         if self.speeds is not None:
             return self._speed_lower_bound(m_lower, capped=capped)
         bound = m_lower * self.overhead + self.unit_cost_bound
+        if self.layout == "padded" and capped and self.groups is None:
+            bound = max(bound, padded_bound(self, m_lower))
         if self.objective != "lockstep" or self.n == 0 or self.dp == 1:
             return bound
         least = self.least_sample_costs

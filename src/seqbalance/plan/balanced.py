@@ -29,7 +29,13 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    cost as small as possible (bisection over a greedy cut), then split until there are exactly
    the slots needed. Without groups this is done for all ``dp x M`` slots at once and the
    micro-batches are dealt to ranks heaviest first (the least loaded rank that still has a free
-   slot); with groups each rank is cut into its ``M`` micro-batches after step 1.
+   slot); with groups each rank is cut into its ``M`` micro-batches after step 1. Without
+   groups or rank speeds a local search follows (``plan/_padded_search.py``), from that cut and
+   from the cheapest cut into ``dp x M`` runs whose costs stay within the count's lower bound
+   (``plan/_intervals.py``): it moves cuts between neighbouring runs, merges a costly run into
+   its neighbour while its rank takes the cheapest sample instead, and swaps runs between ranks
+   (``step``) or deals them by cost tier (``lockstep``). Where a rival's padded plan with more
+   micro-batches wins, the same is planned at its count.
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps.
@@ -55,9 +61,11 @@ from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _exact, _feasible
+from seqbalance.plan._intervals import Intervals, count_bound
 from seqbalance.plan._lockstep import LOCKSTEP_WORK, match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
+from seqbalance.plan._padded_search import cheapest_start, improve_intervals
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     RIVALS_WITHOUT_BOUND_GAP,
@@ -112,11 +120,27 @@ def plan_balanced(p: Problem) -> Microbatches:
         if plan is not None:
             if p.speeds is not None:
                 plan = _more_for_faster_ranks(p, m, plan, bound)
-            return others.best(plan, bound)
+            return _at_rival_count(p, others.best(plan, bound))
         following = p.next_microbatches(m)
         if following is None:
             raise ValueError(_feasible.refusal(p, m, proven=found is not None and found.proven))
         m = following
+
+
+def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:
+    """``plan``, or, where it is a rival's padded plan with more micro-batches than ours (a
+    padded micro-batch more pads less), our own plan of that count when it is cheaper."""
+    count = len(plan[0])
+    if (
+        p.layout != "padded"
+        or (p.num_microbatches is not None)
+        or count == p.min_feasible_microbatches
+    ):
+        return plan
+    ours = _attempt(p, count)
+    if ours is not None and aligned_value(p, ours) < aligned_value(p, plan) * (1 - _TOLERANCE):
+        return ours
+    return plan
 
 
 def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float) -> Microbatches:
@@ -213,6 +237,8 @@ def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
         # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
         plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
+        if plans[0] is not None and p.speeds is None:
+            plans += _interval_search(p, m, plans[0])
         valid = [plan for plan in plans if plan is not None]
         return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
@@ -229,6 +255,16 @@ def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
         if refine:
             refine_lockstep(p, plan)
     return plan
+
+
+def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatches | None]:
+    """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts)
+    and from the cheapest cuts whose intervals cost at most the count's lower bound."""
+    intervals = Intervals.of(p)
+    bound = count_bound(p, m)
+    target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
+    starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
+    return [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
 
 
 def _refines(p: Problem, m: int) -> bool:

@@ -103,24 +103,22 @@ class PlanOptions:
             in cost units per unit of speed. Not supported
             with ``context_parallel``.
         planning_budget: a deterministic work budget (never wall-clock, so every rank plans
-            the same) for the rivals ``balanced`` plans besides its own search (the
-            baselines, the stacks' schedulers, several times ``balanced``'s own search, and
-            the partition engine's split), in work units of samples x ranks of the step: on a
-            step with ``n x dp <= planning_budget`` they all run; on a larger step none does
-            unless ``balanced``'s plan is more than 0.1% above the lower bound
+            the same) for the dear rivals ``balanced`` plans besides its own search (the
+            baselines and the stacks' schedulers, each priced by its own estimated planning
+            time; ``plan/_budget.py``), in work units of samples x ranks of the step. A rival
+            priced at most 3 ms always runs whatever the budget; a dearer one runs on a step
+            with ``n x dp <= planning_budget``, and on a larger step only when ``balanced``'s
+            plan is more than 0.1% above the lower bound
             (``seqbalance.plan.balanced.PLANNING_BUDGET_GAP``), so a skipped one could be
-            cheaper by at most 0.1%, and its searches stop within 0.1% of the bound (the
+            cheaper by at most 0.1%, and the searches then stop within 0.1% of the bound (the
             lockstep refinement; the rank search where rank loads set the cost). ``0``:
             fastest; ``>= n x dp``: every rival runs. ``None`` (default): a budget from the
-            modeled step, to keep planning within about 1% of it (``plan/_budget.py``): where
-            the rivals' estimated time (3 ms + 40 us per sample) is at most 1% of the step's
-            lower bound in seconds (FLOPs at ``DEFAULT_PEAK_FLOPS_PER_S x
-            DEFAULT_EFFICIENCY``), or the cost has no time unit, the stacks' schedulers run
-            on every step of up to 256 samples, of up to 4096 samples with ``n x dp <=
-            16384``, and on other steps when the plan is more than 0.01% above the bound,
-            the baselines and the partition engine always (a baseline is skipped when its
-            cheap lower bound cannot win); on a shorter step the budget is 0. Plans where the
-            budget does not bind are unchanged; other strategies ignore it.
+            modeled step, to keep planning within about 1% of it: the dear rivals are admitted,
+            cheapest first, while their prices and ``balanced``'s own search fit within 1% of
+            the step's lower bound in seconds (FLOPs at ``DEFAULT_PEAK_FLOPS_PER_S x
+            DEFAULT_EFFICIENCY``); for a cost without a time unit they run on every step of up
+            to 256 samples or of up to 4096 samples with ``n x dp <= 16384``, and on other
+            steps when the plan is more than 0.01% above the bound. Other strategies ignore it.
     """
 
     cost: Any = "tokens"

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqbalance.partition import partition
+from seqbalance.plan._budget import Price
 from seqbalance.plan._min_tree import first_within, min_tree, set_leaf
 from seqbalance.plan._packing import fill_empty, greedy_microbatches, to_count
 from seqbalance.plan._problem import Problem
@@ -54,15 +55,21 @@ class GreedyBaseline:
         name, description: registry name and one line of help.
         ranks: ``problem -> int64 [n_units]`` rank of every unit.
         rule: ``"next"`` (next fit) or ``"first"`` (first fit), see ``greedy_microbatches``.
+        price: its estimated planning seconds (``plan/_budget.py``).
     """
 
     name: str
     description: str
     ranks: Callable[[Problem], np.ndarray]
     rule: str
+    price: Price
     enforces_cap: bool = True
     aligns_positions: bool = False
     family: str = "baseline"
+
+    def planning_seconds(self, p: Problem) -> float:
+        """Estimated planning seconds of this baseline on ``p`` (for the planning budget)."""
+        return self.price.seconds(p)
 
     def plan_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's objective from its rank rule alone (cheap)."""
@@ -108,6 +115,9 @@ def _first_fit_ranks(p: Problem) -> np.ndarray:
     return np.array(rank_of_unit, dtype=np.int64)
 
 
+_TOKEN_KK_PRICE = Price(1e-3, 20e-6)
+
+
 @dataclass(frozen=True)
 class TokenKK:
     """The verl / slime practice: Karmarkar–Karp on token sums for ranks and micro-batches,
@@ -118,6 +128,11 @@ class TokenKK:
     enforces_cap: bool = False
     aligns_positions: bool = False
     family: str = "baseline"
+    price: Price = _TOKEN_KK_PRICE
+
+    def planning_seconds(self, p: Problem) -> float:
+        """Estimated planning seconds of this baseline on ``p`` (for the planning budget)."""
+        return self.price.seconds(p)
 
     def plan_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's objective from its rank split alone (cheap); its
@@ -165,19 +180,25 @@ def _token_kk(p: Problem) -> Microbatches:
 
 BASELINE_STRATEGIES = (
     GreedyBaseline(
-        "round_robin", "unit i to rank i % dp, next-fit micro-batches", _round_robin_ranks, "next"
+        "round_robin",
+        "unit i to rank i % dp, next-fit micro-batches",
+        _round_robin_ranks,
+        "next",
+        Price(1e-4, 3e-6),
     ),
     GreedyBaseline(
         "contiguous",
         "consecutive runs of units per rank, next-fit micro-batches",
         _contiguous_ranks,
         "next",
+        Price(1e-4, 3e-6),
     ),
     GreedyBaseline(
         "first_fit",
         "first rank within the token budget, first-fit micro-batches",
         _first_fit_ranks,
         "first",
+        Price(2e-4, 6e-6),
     ),
     TokenKK(),
 )

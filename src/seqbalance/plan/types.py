@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,7 +19,8 @@ from seqbalance._validation import check_int
 from seqbalance.cost.resolve import ExternalCost
 from seqbalance.cost.spec import presets
 from seqbalance.plan._document import MALFORMED_ERRORS, PlanDocument, load_document, malformed
-from seqbalance.plan._problem import objective_value
+from seqbalance.plan._intervals import bound_at_count
+from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._step_validation import (
     PlanValidationError,
     StepPlanChecks,
@@ -123,14 +125,36 @@ class StepPlan(StepPlanChecks, Plan):
     def summary(self) -> dict[str, Any]:
         """Headline figures (``Plan.summary``'s; with ``rank_speeds`` the first four and
         ``lockstep_cost`` are speed-scaled, cost / speed), and ``lockstep_cost``,
-        ``dp_size``, and ``max_microbatch_vision_patches`` when the samples describe images
-        (``vision_patches`` is set)."""
+        ``dp_size``, ``count_lower_bound`` and ``count_ratio`` (step_cost over it), and
+        ``max_microbatch_vision_patches`` when the samples describe images (``vision_patches``
+        is set)."""
         return super().summary()
 
+    @cached_property
+    def count_lower_bound(self) -> float:
+        """A lower bound on the step cost of every valid plan for the same input and options
+        with this plan's micro-batch count (``lower_bound`` covers every count the options
+        allow: padded micro-batches pad less the more there are). For the padded layout, the
+        least total cost of that many runs of the samples sorted by length
+        (``plan/_intervals.py``): the figure a padded plan of a given count is judged by."""
+        problem = Problem(
+            lengths=self.lengths,
+            sample_costs=self.sample_costs,
+            overhead=self.overhead,
+            dp=self.dp_size,
+            groups=self.groups,
+            options=self.options,
+        )
+        bound = bound_at_count(problem, self.n_microbatches, capped=self.cap_enforced)
+        return max(float(self.lower_bound), bound / problem.common_speed)
+
     def _summary_extras(self) -> dict[str, Any]:
+        at_count = self.count_lower_bound
         figures: dict[str, Any] = {
             "lockstep_cost": objective_value(self.costs, "lockstep", self.rank_speeds),
             "dp_size": self.dp_size,
+            "count_lower_bound": at_count,
+            "count_ratio": self.step_cost / at_count if at_count > 0 else 1.0,
         }
         if self.vision_patches is not None:
             figures["max_microbatch_vision_patches"] = max(

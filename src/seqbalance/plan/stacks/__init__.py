@@ -8,10 +8,12 @@ positions). They reproduce what the stack itself would do with the samples of on
 
 One module per stack: :mod:`~seqbalance.plan.stacks.verl` (``verl``),
 :mod:`~seqbalance.plan.stacks.slime` (``slime``, ``slime_flops``),
-:mod:`~seqbalance.plan.stacks.torchspec` (``torchspec``) and :mod:`~seqbalance.plan.stacks.hf`
-(``hf_default``, ``hf_length_grouped``); :mod:`~seqbalance.plan.stacks.reference` holds the
-stacks' shared algorithms (their Karmarkar–Karp, first-fit packing, bin splitting), which the
-drop-ins in ``seqbalance.integrations`` use too.
+:mod:`~seqbalance.plan.stacks.torchspec` (``torchspec``), :mod:`~seqbalance.plan.stacks.hf`
+(``hf_default``, ``hf_length_grouped``), :mod:`~seqbalance.plan.stacks.hf_rebalance`
+(``hf_batch_rebalance``) and :mod:`~seqbalance.plan.stacks.megatron`
+(``megatron_dp_balanced``); :mod:`~seqbalance.plan.stacks.reference` holds the stacks' shared
+algorithms (their Karmarkar–Karp, first-fit packing, bin splitting), which the drop-ins in
+``seqbalance.integrations`` use too.
 
 With ``groups``, only ``verl`` plans (the others would split a group across ranks and refuse).
 Refusals are ``ValueError``s saying the strategy "cannot plan this step".
@@ -27,14 +29,18 @@ from seqbalance.plan.stacks.hf import (
     length_grouped_indices,
     length_grouped_steps,
 )
+from seqbalance.plan.stacks.hf_rebalance import HFBatchRebalanceBaseline
+from seqbalance.plan.stacks.megatron import MegatronDpBalancedBaseline
 from seqbalance.plan.stacks.slime import SlimeBaseline
 from seqbalance.plan.stacks.torchspec import TorchSpecBaseline
 from seqbalance.plan.stacks.verl import VerlBaseline
 
 __all__ = [
     "STACK_BASELINES",
+    "HFBatchRebalanceBaseline",
     "HFDefaultBaseline",
     "HFLengthGroupedBaseline",
+    "MegatronDpBalancedBaseline",
     "SlimeBaseline",
     "TorchSpecBaseline",
     "VerlBaseline",
@@ -51,6 +57,8 @@ STACK_BASELINES = (
     TorchSpecBaseline(),
     HFDefaultBaseline(),
     HFLengthGroupedBaseline(),
+    HFBatchRebalanceBaseline(),
+    MegatronDpBalancedBaseline(),
 )
 """One instance of every stack baseline, in the order reports list them."""
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance.plan._budget import Price
 from seqbalance.plan._shared import Microbatches
 
 __all__ = [
@@ -59,6 +60,12 @@ class StackBaseline:
     family = "stack"
 
     supports_groups = False
+    price = Price(3e-4, 1e-5)
+    """Estimated planning seconds (``plan/_budget.py``), an upper envelope of measured times."""
+
+    def planning_seconds(self, problem: Any) -> float:
+        """Estimated planning seconds of this scheduler on ``problem`` (for the budget)."""
+        return self.price.seconds(problem)
 
     def plan(self, problem: Any) -> Microbatches:
         try:

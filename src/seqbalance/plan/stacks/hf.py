@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance.plan._budget import Price
 from seqbalance.plan.stacks._base import Microbatches, StackBaseline, count_layout, deal
 
 __all__ = [
@@ -40,6 +41,7 @@ class HFDefaultBaseline(StackBaseline):
 
     name = "hf_default"
     description = "Hugging Face Trainer default: random sampler, padded micro-batches"
+    price = Price(5e-5, 3e-7)
 
     def _plan(self, problem: Any) -> Microbatches:
         if problem.layout != "padded":

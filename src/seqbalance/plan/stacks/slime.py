@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance.plan._budget import Price
 from seqbalance.plan.stacks._base import (
     Microbatches,
     StackBaseline,
@@ -54,6 +55,7 @@ class SlimeBaseline(StackBaseline):
             else "slime --balance-data: first-fit packing, micro-batches to ranks by FLOPs KK"
         )
         self.workload = workload
+        self.price = Price(2e-4, 6e-6) if self.balance_by_flops else Price(1e-4, 2e-6)
 
     def _costs(self, problem: Any) -> list[float]:
         if self.workload is None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from seqbalance.plan._budget import Price
 from seqbalance.plan.stacks._base import (
     Microbatches,
     StackBaseline,
@@ -87,6 +88,7 @@ class VerlBaseline(StackBaseline):
 
     name = "verl"
     description = "verl: driver KK on 24576 L + L^2, then per-rank KK micro-batches (strict cap)"
+    price = Price(3e-4, 7e-6)
     # False although the packed path keeps the cap: the padded path (verl without dynamic batch
     # size) has no token cap, and the flag holds for every layout.
     supports_groups = True

@@ -1,0 +1,328 @@
+"""Padded micro-batches as intervals of the samples sorted longest first: the least total cost
+of a given number of micro-batches, and the lower bounds it gives.
+
+A padded micro-batch costs ``overhead + count x cost(its longest sample)``. With sample costs
+that do not decrease with length (``Problem.least_sample_costs`` are such costs, at most the
+real ones), some best plan of every micro-batch count has every micro-batch a run of
+consecutive samples in the order longest first: given any plan, list its micro-batches by their
+longest sample and hand each, in that order, the next run of as many samples; no micro-batch
+gets a longer longest sample (every sample before a micro-batch's longest belongs to an earlier
+one), so none costs more and none breaks a cap, and each keeps its rank and position. A plan is
+then a cut of that order into ``K = dp x M`` intervals and a deal of the intervals to ranks.
+
+``Intervals.least_total(k)``: the least total cost of ``k`` intervals under the caps (at most
+``micro_batch_size`` samples, ``count x longest <= max_tokens``, an over-cap sample alone), a
+dynamic program over the cut points, one layer per interval (the cost ``size x cost(first)`` is
+Monge, so each layer's best cuts move monotonically; vectorised). Any plan with ``M``
+micro-batches per rank costs at least ``least_total(dp x M) / dp`` on its costliest rank (and
+in lockstep, whose positions cost at least their mean); and the rank holding the longest
+sample's interval pays for it and for ``M - 1`` more, each at least ``n - (K - 1) x``
+(the most an interval holds) samples long (``Intervals.first_rank``).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Protocol
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound"]
+
+_SHIFTS = 48
+"""Layers whose longest interval has at most this many samples are computed by shifts (one
+vectorised pass per interval size); longer ones by the monotone divide and conquer."""
+_WORK = 30_000_000
+"""The dynamic program is not run when its work (layers x samples x per-layer factor) would
+exceed this; the bounds then fall back to ``Problem``'s own."""
+
+
+class Problem(Protocol):
+    """What this module reads of a ``plan._problem.Problem`` (a structural type, so that it
+    needs nothing from the rest of ``plan``)."""
+
+    lengths: np.ndarray
+    sample_costs: np.ndarray
+    overhead: float
+    groups: np.ndarray | None
+    speeds: np.ndarray | None
+    layout: str
+    objective: str
+    oversize: np.ndarray
+    n: int
+    dp: int
+    max_tokens: int | None
+    micro_batch_size: int | None
+    num_microbatches: int | None
+    microbatch_multiple: int
+    allow_empty: bool
+
+    @property
+    def least_sample_costs(self) -> np.ndarray: ...
+
+    def lower_bound(self, m_lower: int, *, capped: bool = True) -> float: ...
+
+
+_OF: WeakKeyDictionary[Problem, Intervals] = WeakKeyDictionary()
+
+
+def count_bound(p: Problem, m: int) -> float:
+    """A lower bound on the step cost (``step`` or ``lockstep``, equal rank speeds) of any
+    valid plan of the padded step ``p`` with exactly ``m`` micro-batches per rank (0 when the
+    dynamic program would take too long): the least total cost of ``dp x m`` intervals over
+    the ranks, and the costliest rank's interval holding the longest sample, each with ``m``
+    overheads."""
+    intervals = Intervals.of(p)
+    k = p.dp * m
+    total = intervals.least_total(k)
+    if total is None:
+        return 0.0
+    bound = max(total / p.dp, intervals.first_rank(k, m))
+    if p.objective == "lockstep":
+        bound = max(bound, intervals.tier_maxima(k, p.dp))
+    return bound + m * p.overhead
+
+
+def bound_at_count(p: Problem, m: int, *, capped: bool = True) -> float:
+    """A lower bound on the step cost of any valid plan of ``p`` with exactly ``m``
+    micro-batches per rank (``capped=False``: keeping every limit but the token cap):
+    ``Problem.lower_bound(m)`` and, for the padded layout without groups or rank speeds,
+    ``count_bound``."""
+    bound = p.lower_bound(m, capped=capped)
+    if p.layout == "padded" and capped and p.groups is None and p.speeds is None:
+        bound = max(bound, count_bound(p, m))
+    return bound
+
+
+def padded_bound(p: Problem, m_lower: int) -> float:
+    """A lower bound on the step cost of any valid plan of the padded step ``p`` with at least
+    ``m_lower`` micro-batches per rank: ``count_bound`` of ``num_microbatches`` when it is fixed,
+    else the least ``count_bound`` over the counts the options allow (more micro-batches pad
+    less but pay more overheads; without an overhead, no better than the samples' own costs, and
+    0 is returned)."""
+    if p.num_microbatches is not None:
+        return count_bound(p, p.num_microbatches)
+    if p.overhead <= 0:
+        return 0.0
+    floor = float(Intervals.of(p).least.sum()) / p.dp  # no plan pads less than none at all
+    best, m = np.inf, m_lower
+    while m * p.overhead + floor < best:
+        bound = count_bound(p, m)
+        if bound <= 0:
+            return 0.0
+        best = min(best, bound)
+        m += p.microbatch_multiple
+    return float(best)
+
+
+class Intervals:
+    """The samples of a padded step sorted longest first (ties: by position) and what runs of
+    them may hold.
+
+    Attributes:
+        order: int64 ``[n]`` sample positions, longest first.
+        least: float64 ``[n]`` the least cost each (``least_sample_costs``, non-increasing).
+        take: int64 ``[n]`` the most samples an interval starting there may hold.
+    """
+
+    @classmethod
+    def of(cls, p: Problem) -> Intervals:
+        """The intervals of ``p`` (made once per problem)."""
+        if p not in _OF:
+            _OF[p] = cls(p)
+        return _OF[p]
+
+    def __init__(self, p: Problem) -> None:
+        n = p.n
+        self.n = n
+        self.allow_empty = bool(p.allow_empty)
+        self.order = np.lexsort((np.arange(n), -p.lengths)).astype(np.int64)
+        lengths = p.lengths[self.order]
+        self.least = np.asarray(p.least_sample_costs, dtype=np.float64)[self.order]
+        take = n - np.arange(n, dtype=np.int64)
+        if p.micro_batch_size is not None:
+            take = np.minimum(take, p.micro_batch_size)
+        if p.max_tokens is not None:
+            take = np.minimum(take, p.max_tokens // np.maximum(lengths, 1))
+        take[p.oversize[self.order]] = 1
+        self.take = np.maximum(take, 1)
+        self._totals: list[float] = [0.0 if n == 0 else np.inf]
+
+    def tier_maxima(self, k: int, dp: int) -> float:
+        """A lower bound on the lockstep cost (least costs, no overhead) of ``k`` intervals
+        dealt to ``dp`` ranks: the ``j``-th interval (by position) starts no later than ``j``
+        times the most an interval holds and holds at least ``fewest(k)`` samples, so it costs
+        at least ``fewest x least[j x most]``; at least ``t x dp + 1`` intervals cost that much
+        for ``j = t x dp``, so position ``t``'s costliest micro-batch does."""
+        fewest = self.fewest(k)
+        if fewest == 0:
+            return 0.0
+        starts = np.minimum(np.arange(0, k, dp) * int(self.take.max()), self.n - 1)
+        return fewest * float(self.least[starts].sum())
+
+    def fewest(self, k: int) -> int:
+        """The fewest samples each of ``k`` intervals holds: what the others cannot (they hold
+        at most the most any holds), at least one unless micro-batches may be empty."""
+        return max(0 if self.allow_empty else 1, self.n - (k - 1) * int(self.take.max()))
+
+    def first_rank(self, k: int, m: int) -> float:
+        """A lower bound on the samples' cost (least costs, no overhead) of the rank holding
+        the first of ``k`` intervals with ``m`` of them: the first holds the longest sample and
+        at least ``fewest(k)`` (and one); each of its other ``m - 1`` holds at least
+        ``fewest(k)`` and, ``q``-th from the end, starts no later than ``q`` times that before
+        the end."""
+        if self.n == 0:
+            return 0.0
+        fewest = self.fewest(k)
+        own = max(fewest, 1) * float(self.least[0])
+        if fewest == 0 or m < 2:
+            return own
+        starts = self.n - fewest * np.arange(1, m)
+        if starts.min() < 0:
+            return own  # they cannot all hold that many: no plan has this count
+        return own + fewest * float(self.least[starts].sum())
+
+    def least_total(self, k: int) -> float | None:
+        """The least total cost (least sample costs, no overhead) of cutting the samples into
+        at most ``k`` intervals under the caps; ``inf`` when none exists; None when the work
+        would exceed ``_WORK``."""
+        k = min(k, self.n)
+        if k < len(self._totals):
+            return self._totals[k]
+        if self.n == 0:
+            return 0.0
+        if self._work(k) > _WORK:
+            return None
+        f = self._frontier
+        while len(self._totals) <= k:
+            f = self._layer(f)
+            self._totals.append(float(f[-1]))
+        self._frontier = f
+        return self._totals[k]
+
+    def _layer(self, f: np.ndarray) -> np.ndarray:
+        """One more interval: ``g[j] = min(f[j], min over i < j, j - i <= take[i] of f[i] +
+        (j - i) x least[i])``."""
+        if self._shifts is None:
+            return np.minimum(f, _monotone_minima(f, self.least, self.take))
+        g = f.copy()
+        for start, end, added in self._shifts:
+            g[end] = np.minimum(g[end], f[start] + added)
+        return g
+
+    @cached_property
+    def _shifts(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        """Per interval size: its starts, ends and costs (None when intervals may be longer
+        than ``_SHIFTS``: the divide and conquer then)."""
+        widest = int(self.take.max())
+        if widest > _SHIFTS:
+            return None
+        shifts = []
+        for size in range(1, widest + 1):
+            start = np.flatnonzero(self.take[: self.n - size + 1] >= size)
+            shifts.append((start, start + size, size * self.least[start]))
+        return shifts
+
+    def cheapest_cuts(self, k: int, cap: float) -> np.ndarray | None:
+        """Cut points (``k + 1`` ascending positions into ``order``, or fewer when fewer
+        intervals are as cheap) of the least total cost of at most ``k`` intervals each costing
+        at most ``cap`` (least costs); None when there is none or the work would exceed
+        ``_WORK``."""
+        k = min(k, self.n)
+        if self.n == 0 or self._work(k) > _WORK:
+            return None
+        # A relative 1e-9 of slack: ``cap`` may be a bound less its overheads (rounding).
+        fits = np.floor(cap * (1 + 1e-9) / np.maximum(self.least, 1e-300))
+        take = np.minimum(self.take, fits)
+        take = np.maximum(take, 0).astype(np.int64)
+        f = np.full(self.n + 1, np.inf)
+        f[0] = 0.0
+        choices = []
+        for _ in range(k):
+            g, start = _best_starts(f, self.least, take)
+            better = g < f
+            if not better.any():
+                break  # one more interval helps nowhere, so no later one does
+            choices.append(np.where(better, start, -1))
+            f = np.where(better, g, f)
+        if not np.isfinite(f[-1]):
+            return None
+        cuts, j = [self.n], self.n
+        for choice in reversed(choices):
+            if choice[j] >= 0:
+                j = int(choice[j])
+                cuts.append(j)
+        return np.asarray(cuts[::-1], dtype=np.int64)
+
+    @cached_property
+    def _frontier(self) -> np.ndarray:
+        f = np.full(self.n + 1, np.inf)
+        f[0] = 0.0
+        return f
+
+    def _work(self, k: int) -> float:
+        """Element operations of ``k`` layers: one pass per interval size by shifts, about
+        three per level of the divide and conquer."""
+        widest = int(self.take.max())
+        per_layer = widest if widest <= _SHIFTS else 3 * max(self.n, 2).bit_length()
+        return float(k * self.n * per_layer)
+
+
+def _best_starts(
+    f: np.ndarray, costs: np.ndarray, take: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_monotone_minima`` and the start that attains each (where finite): by shifts when no
+    interval may hold more than ``_SHIFTS`` samples."""
+    widest = int(take.max(initial=0))
+    if widest > _SHIFTS:
+        return _monotone_minima(f, costs, take, with_starts=True)  # type: ignore[return-value]
+    n = costs.size
+    h = np.full(n + 1, np.inf)
+    best = np.zeros(n + 1, dtype=np.int64)
+    for size in range(1, widest + 1):
+        start = np.flatnonzero(take[: n - size + 1] >= size)
+        candidate = f[start] + size * costs[start]
+        end = start + size
+        lower = candidate < h[end]
+        h[end[lower]] = candidate[lower]
+        best[end[lower]] = start[lower]
+    return h, best
+
+
+def _monotone_minima(
+    f: np.ndarray, costs: np.ndarray, take: np.ndarray, *, with_starts: bool = False
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """``h[j] = min over valid i of f[i] + (j - i) x costs[i]`` for every ``j`` (``h[0] =
+    inf``), by divide and conquer on the monotone best cut (the cost is Monge), one vectorised
+    pass per level; ``with_starts``: also the best start of every ``j``."""
+    n = costs.size
+    positions = np.arange(n, dtype=np.int64)
+    reach = positions + take  # the last column an interval starting at i may end at
+    # lo[j]: the first start whose interval reaches j (reach is non-decreasing).
+    columns = np.arange(n + 1, dtype=np.int64)
+    lo = np.searchsorted(reach, columns, side="left")
+    best = np.full(n + 2, -1, dtype=np.int64)
+    best[0], best[n + 1] = 0, n - 1
+    h = np.full(n + 1, np.inf)
+    step = 1 << max(n, 1).bit_length()
+    while step >= 1:
+        cols = np.arange(step, n + 1, 2 * step, dtype=np.int64)
+        if cols.size:
+            left = best[np.maximum(cols - step, 0)]
+            right = best[np.minimum(cols + step, n + 1)]
+            low = np.minimum(np.maximum(left, lo[cols]), n - 1)
+            high = np.maximum(np.minimum(right, cols - 1), low)
+            counts = high - low + 1
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            rows = np.repeat(low - starts, counts) + np.arange(int(counts.sum()))
+            at = np.repeat(cols, counts)
+            values = f[rows] + (at - rows) * costs[rows]
+            values[(at - rows > take[rows]) | (rows >= at)] = np.inf
+            least = np.minimum.reduceat(values, starts)
+            marked = np.where(values == least.repeat(counts), rows, n)
+            first = np.minimum.reduceat(marked, starts)
+            best[cols] = np.where(np.isfinite(least), first, low)
+            h[cols] = least
+        step //= 2
+    return (h, best[: n + 1]) if with_starts else h

@@ -1,0 +1,408 @@
+"""The padded layout's local search over interval cuts and ranks (``balanced``, step 4).
+
+A padded plan whose micro-batches are runs of the samples sorted longest first
+(``plan/_intervals.py`` says why some best plan is one) is the cut points of that order into
+``K = dp x M`` intervals and each interval's rank. From a start (the cut of ``plan/_padded.py``,
+whose micro-batches are such runs) the search repeatedly applies the best of:
+
+- moving a cut by ``d`` samples (1, 2, 4, ... both ways) between two neighbouring intervals: the
+  padded maximum changes where an interval gains or loses its longest sample, and a sample
+  that dominates ends up alone (or with few others) in its interval;
+- passing a sample along a chain of full intervals to the nearest one with room (where the caps
+  bind, a run between full ones cannot shrink otherwise);
+- merging a costly interval into its neighbour, its rank taking instead the last sample of the
+  order (the cheapest);
+- (``step``) swapping two intervals between the costliest rank and another;
+
+that lowers the objective: ``step``, the costliest rank's total (ties: the sum of squared rank
+totals); ``lockstep``, the sum over positions of the costliest micro-batch when every rank's
+micro-batches are sorted heaviest first, which for given intervals is least when they are dealt
+by cost tier (the ``dp`` costliest first, one to each rank, then the next ``dp``, ...). Moves keep
+every cap (``micro_batch_size``, the token cap with padding, an over-cap sample alone). The
+search stops when no move helps, within ``GOOD_ENOUGH`` of the bound, or after a number of
+rounds that grows with ``K``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from seqbalance.plan._intervals import Intervals
+from seqbalance.plan._shared import Microbatches
+
+__all__ = ["cheapest_start", "improve_intervals"]
+
+_ROUNDS_PER_INTERVAL = 8
+_ROUNDS = 64
+"""The search stops after ``_ROUNDS + _ROUNDS_PER_INTERVAL x K`` improving moves at most."""
+_RELATIVE = 1e-12  # improvements smaller than this are float noise
+
+
+class Problem(Protocol):
+    """What the search reads of a ``plan._problem.Problem`` (structural)."""
+
+    sample_costs: np.ndarray
+    overhead: float
+    dp: int
+    objective: str
+
+
+def improve_intervals(
+    p: Problem, intervals: Intervals, plan: Microbatches, target: float
+) -> Microbatches | None:
+    """``plan`` (padded, every micro-batch a run of ``intervals.order``) improved by the local
+    search; None when ``plan`` is not of that form. Stops early at ``target`` or below."""
+    state = _State.of(p, intervals, plan)
+    if state is None:
+        return None
+    for _ in range(_ROUNDS + _ROUNDS_PER_INTERVAL * state.k):
+        if state.value() <= target or not state.step():
+            break
+    return state.plan()
+
+
+def cheapest_start(p: Problem, intervals: Intervals, m: int, cap: float) -> Microbatches | None:
+    """A start for the search: the least total cost of ``dp x m`` intervals each costing at
+    most ``cap`` (``Intervals.cheapest_cuts``; split, costliest first, to exactly that many),
+    dealt to ranks costliest first to the least loaded rank with fewer than ``m``."""
+    k = p.dp * m
+    cuts = intervals.cheapest_cuts(k, cap)
+    if cuts is None or intervals.n < k:
+        return None
+    cuts = cuts.tolist()
+    costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
+    while len(cuts) - 1 < k:
+        sizes = np.diff(cuts)
+        weights = np.where(sizes > 1, sizes * costs[cuts[:-1]], -np.inf)
+        j = int(np.argmax(weights))
+        cuts.insert(j + 1, cuts[j] + int(sizes[j]) // 2)
+    starts = np.asarray(cuts[:-1])
+    weights = p.overhead + np.diff(cuts) * costs[starts]
+    loads = np.zeros(p.dp)
+    counts = np.zeros(p.dp, dtype=np.int64)
+    result: Microbatches = [[] for _ in range(p.dp)]
+    for j in np.argsort(-weights, kind="stable").tolist():
+        r = int(np.argmin(np.where(counts < m, loads, np.inf)))
+        result[r].append(intervals.order[cuts[j] : cuts[j + 1]].tolist())
+        loads[r] += weights[j]
+        counts[r] += 1
+    return result
+
+
+class _State:
+    """Cut points ``cuts`` (``K + 1``, ascending, into ``order``), each interval's rank and cost
+    (overhead included), and the ranks' totals."""
+
+    def __init__(
+        self, p: Problem, intervals: Intervals, cuts: np.ndarray, rank: np.ndarray
+    ) -> None:
+        self.p, self.iv = p, intervals
+        self.costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
+        self.cuts, self.rank, self.k = cuts, rank, rank.size
+        self.m = self.k // p.dp
+        self.cost = self._interval_costs(cuts[:-1], np.diff(cuts))
+        self.loads = np.bincount(rank, weights=self.cost, minlength=p.dp)
+        self.lockstep = p.objective == "lockstep"
+
+    @classmethod
+    def of(cls, p: Problem, intervals: Intervals, plan: Microbatches) -> _State | None:
+        position = np.empty(intervals.n, dtype=np.int64)
+        position[intervals.order] = np.arange(intervals.n)
+        firsts, sizes, ranks = [], [], []
+        for r, microbatches in enumerate(plan):
+            for mb in microbatches:
+                if not mb:
+                    return None
+                at = np.sort(position[np.asarray(mb, dtype=np.int64)])
+                if at[-1] - at[0] + 1 != at.size:
+                    return None  # not a run of the sorted order
+                firsts.append(int(at[0]))
+                sizes.append(at.size)
+                ranks.append(r)
+        by_first = np.argsort(firsts, kind="stable")
+        cuts = np.append(np.asarray(firsts)[by_first], intervals.n)
+        if not np.array_equal(np.diff(cuts), np.asarray(sizes)[by_first]):
+            return None
+        return cls(p, intervals, cuts.astype(np.int64), np.asarray(ranks)[by_first])
+
+    def _interval_costs(self, first: np.ndarray, size: np.ndarray) -> np.ndarray:
+        return self.p.overhead + size * self.costs[first]
+
+    # ---------------------------------------------------------------- objective
+    def value(self) -> float:
+        if self.lockstep:
+            return float(_lockstep(self.cost[None, :], self.p.dp)[0])
+        return float(self.loads.max())
+
+    def _key(self, loads: np.ndarray) -> tuple[float, float]:
+        return float(loads.max()), float((loads * loads).sum())
+
+    # ---------------------------------------------------------------- moves
+    def step(self) -> bool:
+        """Apply the best improving move; False when none improves."""
+        moves = [self._best_cut_move(), self._best_relocation(), self._best_chain()]
+        if not self.lockstep:
+            moves.append(self._best_swap())
+        current = self._current_key()
+        best = min(
+            (move for move in moves if move is not None),
+            key=lambda move: move[0],
+            default=None,
+        )
+        if best is None or not _better(best[0], current):
+            return False
+        best[1]()
+        return True
+
+    def _current_key(self) -> tuple[float, float]:
+        if self.lockstep:
+            return self.value(), 0.0
+        return self._key(self.loads)
+
+    def _hot(self) -> np.ndarray:
+        """bool ``[K]``: the intervals that set the objective (the costliest rank's;
+        ``lockstep``: the costliest of every cost tier)."""
+        if self.lockstep:
+            hot = np.zeros(self.k, dtype=bool)
+            hot[np.argsort(-self.cost, kind="stable")[:: self.p.dp]] = True
+            return hot
+        return self.rank == int(np.argmax(self.loads))
+
+    def _best_cut_move(self) -> tuple[tuple[float, float], object] | None:
+        y, d = self._cut_candidates()
+        if y.size == 0:
+            return None
+        x = y - 1
+        new_cut = self.cuts[y] + d
+        wx = self._interval_costs(self.cuts[x], new_cut - self.cuts[x])
+        wy = self._interval_costs(new_cut, self.cuts[y + 1] - new_cut)
+        if self.lockstep:
+            rows = np.repeat(self.cost[None, :], y.size, axis=0)
+            rows[np.arange(y.size), x] = wx
+            rows[np.arange(y.size), y] = wy
+            values = _lockstep(rows, self.p.dp)
+            keys = np.stack([values, np.zeros_like(values)], axis=1)
+        else:
+            keys = self._keys_after(
+                self.rank[x], wx - self.cost[x], self.rank[y], wy - self.cost[y]
+            )
+        i = int(np.lexsort((keys[:, 1], keys[:, 0]))[0])
+        key = (float(keys[i, 0]), float(keys[i, 1]))
+
+        def apply() -> None:
+            at_x, at_y = int(x[i]), int(y[i])
+            self.cuts[at_y] = int(new_cut[i])
+            self.loads[self.rank[at_x]] += wx[i] - self.cost[at_x]
+            self.loads[self.rank[at_y]] += wy[i] - self.cost[at_y]
+            self.cost[at_x], self.cost[at_y] = wx[i], wy[i]
+
+        return key, apply
+
+    def _cut_candidates(self) -> tuple[np.ndarray, np.ndarray]:
+        """Cuts next to an interval that matters (on the costliest rank; lockstep: a tier's
+        costliest) moved by ``d`` samples, where both intervals stay non-empty and within
+        their caps."""
+        hot = self._hot()
+        near = np.flatnonzero(hot[:-1] | hot[1:]) + 1  # cut y separates y - 1 and y
+        if near.size == 0:
+            return near, near
+        widest = int(np.diff(self.cuts).max())
+        steps = []
+        for power in range(widest.bit_length()):
+            steps += [1 << power, -(1 << power)]
+        y = np.repeat(near, len(steps))
+        d = np.tile(np.asarray(steps, dtype=np.int64), near.size)
+        new_cut = self.cuts[y] + d
+        left = new_cut - self.cuts[y - 1]
+        right = self.cuts[y + 1] - new_cut
+        ok = (left >= 1) & (right >= 1)
+        take = self.iv.take
+        ok &= left <= take[self.cuts[y - 1]]
+        ok &= right <= take[np.minimum(new_cut, self.iv.n - 1)]
+        return y[ok], d[ok]
+
+    def _best_relocation(self) -> tuple[tuple[float, float], object] | None:
+        """An interval that matters merged into a neighbour, its rank taking instead the last
+        sample of the order, split off the last interval: a costly short interval moves to
+        where samples cost least."""
+        sizes = np.diff(self.cuts)
+        last = self.k - 1
+        if self.k < 3 or sizes[last] < 2:
+            return None
+        hot = self._hot()
+        hot[last] = False
+        hot_j = np.flatnonzero(hot)
+        j = np.concatenate([hot_j[hot_j >= 1], hot_j[hot_j + 1 < last]])
+        into = np.concatenate([hot_j[hot_j >= 1] - 1, hot_j[hot_j + 1 < last] + 1])
+        first = self.cuts[np.minimum(j, into)]
+        merged = sizes[j] + sizes[into]
+        ok = merged <= self.iv.take[first]
+        j, into, first, merged = j[ok], into[ok], first[ok], merged[ok]
+        if j.size == 0:
+            return None
+        w_into = self._interval_costs(first, merged)
+        w_last = float(
+            self._interval_costs(self.cuts[last : last + 1], sizes[last : last + 1] - 1)[0]
+        )
+        w_new = float(self._interval_costs(np.array([self.iv.n - 1]), np.array([1]))[0])
+        rows = np.arange(j.size)
+        if self.lockstep:
+            costs = np.repeat(np.append(self.cost, w_new)[None, :], j.size, axis=0)
+            costs[rows, into] = w_into
+            costs[:, last] = w_last
+            costs[rows, j] = -np.inf  # merged away: sorts last and is dropped
+            values = _lockstep(costs, self.p.dp, drop=1)
+            keys = np.stack([values, np.zeros_like(values)], axis=1)
+        else:
+            loads = np.repeat(self.loads[None, :], j.size, axis=0)
+            np.add.at(loads, (rows, self.rank[j]), w_new - self.cost[j])
+            np.add.at(loads, (rows, self.rank[into]), w_into - self.cost[into])
+            np.add.at(loads, (rows, np.full(j.size, self.rank[last])), w_last - self.cost[last])
+            keys = np.stack([loads.max(axis=1), (loads * loads).sum(axis=1)], axis=1)
+        i = int(np.lexsort((keys[:, 1], keys[:, 0]))[0])
+        key = (float(keys[i, 0]), float(keys[i, 1]))
+
+        def apply() -> None:
+            at_j, at_into = int(j[i]), int(into[i])
+            low = min(at_j, at_into)
+            cuts, cost, rank = self.cuts.tolist(), self.cost.tolist(), self.rank.tolist()
+            owner, keeper = rank[at_j], rank[at_into]
+            del cuts[low + 1]
+            cost[low : low + 2] = [float(w_into[i])]
+            rank[low : low + 2] = [keeper]
+            cost[-1] = w_last
+            cuts.insert(len(cuts) - 1, self.iv.n - 1)
+            self.cuts = np.asarray(cuts, dtype=np.int64)
+            self.cost = np.asarray([*cost, w_new])
+            self.rank = np.asarray([*rank, owner], dtype=np.int64)
+            self.loads = np.bincount(self.rank, weights=self.cost, minlength=self.p.dp)
+
+        return key, apply
+
+    def _best_chain(self) -> tuple[tuple[float, float], object] | None:
+        """An interval that matters passes one sample along a chain of full neighbours to the
+        nearest interval with room: to the right (its last sample; every interval between
+        starts one sample earlier) or to the left (its first sample; every interval between
+        starts one later). Where caps bind, cut moves alone cannot shrink a run between full
+        ones."""
+        sizes = np.diff(self.cuts)
+        room = sizes < self.iv.take[self.cuts[:-1]]  # another sample at its end fits
+        best: tuple[tuple[float, float], np.ndarray, np.ndarray] | None = None
+        for x in np.flatnonzero(self._hot()).tolist():
+            if sizes[x] < 2:
+                continue
+            for y in (_nearest(room, x, 1), _nearest(room, x, -1)):
+                if y is None:
+                    continue
+                cuts = self.cuts.copy()
+                if y > x:
+                    cuts[x + 1 : y + 1] -= 1
+                else:
+                    cuts[y + 1 : x + 1] += 1
+                low, high = min(x, y), max(x, y) + 1
+                new_sizes = np.diff(cuts[low : high + 1])
+                if (new_sizes > self.iv.take[cuts[low:high]]).any():
+                    continue
+                cost = self.cost.copy()
+                cost[low:high] = self._interval_costs(cuts[low:high], new_sizes)
+                key = self._key_of(cost)
+                if best is None or key < best[0]:
+                    best = (key, cuts, cost)
+        if best is None:
+            return None
+        key, cuts, cost = best
+
+        def apply() -> None:
+            self.cuts, self.cost = cuts, cost
+            self.loads = np.bincount(self.rank, weights=cost, minlength=self.p.dp)
+
+        return key, apply
+
+    def _key_of(self, cost: np.ndarray) -> tuple[float, float]:
+        """The key of the current ranks with interval costs ``cost``."""
+        if self.lockstep:
+            return float(_lockstep(cost[None, :], self.p.dp)[0]), 0.0
+        return self._key(np.bincount(self.rank, weights=cost, minlength=self.p.dp))
+
+    def _best_swap(self) -> tuple[tuple[float, float], object] | None:
+        a = int(np.argmax(self.loads))
+        mine = np.flatnonzero(self.rank == a)
+        theirs = np.flatnonzero(self.rank != a)
+        if mine.size == 0 or theirs.size == 0:
+            return None
+        j = np.repeat(mine, theirs.size)
+        q = np.tile(theirs, mine.size)
+        delta = self.cost[q] - self.cost[j]
+        useful = delta < 0
+        if not useful.any():
+            return None
+        j, q, delta = j[useful], q[useful], delta[useful]
+        keys = self._keys_after(np.full(j.size, a), delta, self.rank[q], -delta)
+        i = int(np.lexsort((keys[:, 1], keys[:, 0]))[0])
+        key = (float(keys[i, 0]), float(keys[i, 1]))
+
+        def apply() -> None:
+            at_j, at_q = int(j[i]), int(q[i])
+            b = int(self.rank[at_q])
+            self.loads[a] += delta[i]
+            self.loads[b] -= delta[i]
+            self.rank[at_j], self.rank[at_q] = b, a
+
+        return key, apply
+
+    def _keys_after(
+        self, ra: np.ndarray, da: np.ndarray, rb: np.ndarray, db: np.ndarray
+    ) -> np.ndarray:
+        """(max, sum of squares) of the rank totals after adding ``da`` to rank ``ra`` and
+        ``db`` to rank ``rb`` (each row a candidate; ``ra`` may equal ``rb``)."""
+        loads = self.loads
+        same = ra == rb
+        la = loads[ra] + da + np.where(same, db, 0.0)
+        lb = np.where(same, la, loads[rb] + db)
+        top = np.argsort(-loads, kind="stable")[:3]
+        others = np.full(ra.size, -np.inf)
+        for r in top[::-1].tolist():  # the largest rank total outside ra and rb
+            others = np.where((ra != r) & (rb != r), loads[r], others)
+        new_max = np.maximum(np.maximum(la, lb), others)
+        squares = float((loads * loads).sum())
+        sumsq = squares - loads[ra] ** 2 + la**2
+        sumsq = np.where(same, sumsq, sumsq - loads[rb] ** 2 + lb**2)
+        return np.stack([new_max, sumsq], axis=1)
+
+    # ---------------------------------------------------------------- result
+    def plan(self) -> Microbatches:
+        """The micro-batches: interval ``j`` to its rank (``lockstep``: dealt by cost tier)."""
+        rank = self.rank
+        if self.lockstep:
+            rank = np.empty(self.k, dtype=np.int64)
+            rank[np.argsort(-self.cost, kind="stable")] = np.arange(self.k) % self.p.dp
+        order = self.iv.order
+        result: Microbatches = [[] for _ in range(self.p.dp)]
+        for j in range(self.k):
+            result[int(rank[j])].append(order[self.cuts[j] : self.cuts[j + 1]].tolist())
+        return result
+
+
+def _lockstep(rows: np.ndarray, dp: int, drop: int = 0) -> np.ndarray:
+    """Per row of interval costs: the sum of every ``dp``-th cost sorted heaviest first, the
+    last ``drop`` left out (the lockstep cost of the intervals dealt by cost tier)."""
+    ordered = -np.sort(-rows, axis=1)
+    return ordered[:, : rows.shape[1] - drop : dp].sum(axis=1)
+
+
+def _nearest(room: np.ndarray, x: int, direction: int) -> int | None:
+    """The nearest interval after (``direction`` 1) or before (-1) ``x`` with room."""
+    found = np.flatnonzero(room[x + 1 :] if direction > 0 else room[:x][::-1])
+    if found.size == 0:
+        return None
+    return x + 1 + int(found[0]) if direction > 0 else x - 1 - int(found[0])
+
+
+def _better(key: tuple[float, float], current: tuple[float, float]) -> bool:
+    """Whether ``key`` improves ``current``: a lower maximum, or the same with a lower second
+    figure (beyond float noise)."""
+    if key[0] < current[0] * (1 - _RELATIVE):
+        return True
+    return key[0] <= current[0] and key[1] < current[1] * (1 - _RELATIVE)

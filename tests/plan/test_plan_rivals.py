@@ -1,0 +1,138 @@
+"""``balanced`` is never worse than any registered strategy on the same request, at the default
+planning budget (docs/design.md, invariant 8): packed and padded, ``step`` and ``lockstep``,
+steps where one sample dominates, the peers' own configurations (Hugging Face
+``batch_rebalance``: every sample of the step may share a micro-batch, ``num_microbatches`` =
+gradient accumulation), and costs in tokens, FLOPs, seconds or the peers' own cost.
+
+The cheap rivals always run and the budget admits the dear ones on these steps, so the test
+asserts no loss at all; ``test_budget_skips_only_dear_rivals`` checks what the budget skips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqbalance as sb
+from seqbalance.cost import TimeModel
+from seqbalance.cost.resolve import evaluate_costs
+from seqbalance.plan import PlanOptions, strategy_names
+from seqbalance.plan._budget import CHEAP_RIVAL_SECONDS, admitted, rival_seconds
+from seqbalance.plan._problem import Problem
+from seqbalance.plan.registry import get_strategy
+
+SHAREGPT = sb.datasets.load("sharegpt")
+
+
+def hf_cost(lengths: Any) -> np.ndarray:
+    """The Hugging Face sampler's padded cost per sample: ``L + 0.001 L^2``."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    return lengths + 0.001 * lengths * lengths
+
+
+COSTS = {
+    "tokens": "tokens",
+    "flops": "flops",
+    "seconds": TimeModel(0.05, 1e-5, 1e-9),
+    "hf": hf_cost,
+}
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> dict[str, Any]:
+    """A step (heavy-tailed, uniform, one dominant sample, or ShareGPT) and its options."""
+    n = draw(st.integers(1, 96))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["sharegpt", "heavy", "uniform", "dominant"]))
+    if kind == "sharegpt":
+        lengths = rng.choice(SHAREGPT, n)
+    elif kind == "heavy":
+        lengths = np.minimum(rng.pareto(1.2, n) * 200 + 1, 60_000).astype(np.int64)
+    elif kind == "uniform":
+        lengths = rng.integers(1, 4000, n)
+    else:
+        lengths = rng.integers(20, 800, n)
+        lengths[rng.integers(0, n)] = rng.integers(5_000, 30_000)
+    dp = draw(st.integers(1, 8))
+    options: dict[str, Any] = {
+        "cost": COSTS[draw(st.sampled_from(sorted(COSTS)))],
+        "objective": draw(st.sampled_from(["step", "lockstep"])),
+        "allow_empty": draw(st.booleans()),
+    }
+    layout = draw(st.sampled_from(["packed", "padded", "peer"]))
+    if layout == "padded":
+        options.update(layout="padded", micro_batch_size=draw(st.integers(1, 8)))
+    elif layout == "peer":  # batch_rebalance: sizes vary freely, GA micro-batches per rank
+        options.update(
+            layout="padded", micro_batch_size=n, num_microbatches=draw(st.integers(1, 4))
+        )
+    if draw(st.booleans()):
+        options.update(max_tokens=draw(st.sampled_from([2048, 8192, 32768])), allow_oversize=True)
+    return {"lengths": lengths, "dp": dp, **options}
+
+
+def plan(request: dict[str, Any], strategy: str) -> sb.StepPlan | None:
+    options = dict(request)
+    lengths, dp = options.pop("lengths"), options.pop("dp")
+    try:
+        return sb.plan_step(lengths, dp, strategy=strategy, **options)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=examples(800), deadline=None)
+@given(requests())
+def test_balanced_never_loses_to_a_registered_strategy(request: dict[str, Any]) -> None:
+    balanced = plan(request, "balanced")
+    rivals = {
+        name: p
+        for name in strategy_names("baseline", "stack")
+        if (p := plan(request, name)) is not None and (p.cap_enforced or p.cap_violations() == 0)
+    }
+    if balanced is None:
+        assert not rivals, f"balanced refused where {sorted(rivals)} planned"
+        return
+    for name, rival in rivals.items():
+        assert balanced.step_cost <= rival.step_cost * (1 + 1e-9), name
+        if rival.step_cost <= balanced.step_cost * (1 + 1e-9):
+            assert balanced.n_microbatches <= rival.n_microbatches, name
+
+
+def _problem(n: int, dp: int, **options: Any) -> Problem:
+    lengths = np.random.default_rng(n).choice(SHAREGPT, n)
+    plan_options = PlanOptions(**options)
+    costs, overhead = evaluate_costs(plan_options.cost_model, lengths, None)
+    return Problem(
+        lengths=lengths,
+        sample_costs=costs,
+        overhead=overhead,
+        dp=dp,
+        groups=None,
+        options=plan_options,
+    )
+
+
+def test_budget_skips_only_dear_rivals() -> None:
+    rivals = [get_strategy(name) for name in strategy_names("baseline", "stack")]
+    # A short step (microseconds): the budget admits the cheap rivals alone, priced by their
+    # own cost: on 64 samples the greedy baselines and most stacks' schedulers, not the KK ones.
+    short = TimeModel(1e-6, 1e-9, 0.0)
+    small = _problem(64, 4, cost=short)
+    cheap = {s.name for s in rivals if rival_seconds(s, small) <= CHEAP_RIVAL_SECONDS}
+    assert admitted(small, rivals) == cheap
+    assert {"round_robin", "slime", "torchspec", "megatron_dp_balanced"} <= cheap
+    assert "token_kk" not in cheap
+    large = _problem(4096, 64, cost=short)
+    names = admitted(large, rivals)
+    assert names == {s.name for s in rivals if rival_seconds(s, large) <= CHEAP_RIVAL_SECONDS}
+    assert "token_kk" not in names  # 83 ms on this step
+    # planning_budget >= n x dp admits every rival; 0 only the cheap ones.
+    assert admitted(_problem(4096, 64, planning_budget=4096 * 64), rivals) == {
+        s.name for s in rivals
+    }
+    assert admitted(_problem(4096, 64, planning_budget=0), rivals) == names
+    assert len({rival_seconds(s, large) for s in rivals}) > 5  # each priced by its own cost
