@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from seqbalance.cost import SampleParts  # noqa: E402
-from seqbalance.plan import plan_epoch  # noqa: E402
+from seqbalance.cost import SampleParts, TimeModel  # noqa: E402
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
+from seqbalance.plan import ContextParallel, PlanOptions, plan_epoch, plan_step  # noqa: E402
 from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler  # noqa: E402
 
 
@@ -213,6 +214,61 @@ def test_a_grouped_epoch_with_a_short_step_fails_before_its_data() -> None:
     groups = np.arange(48) // 3
     with pytest.raises(ValueError, match="holds 6 samples, fewer than its 8 micro-batch slots"):
         BalancedBatchSampler(lengths, 8, groups=groups, dp_rank=0, dp_size=2, num_microbatches=4)
+
+
+_CP_COST = ContextParallelTimeModel(TimeModel(1e-3, 1e-6, 1e-9), CommModel(1e9, 1e-5), 16, 2)
+
+
+@given(
+    step=st.integers(1, 16),
+    ranks=st.sampled_from([1, 2, 4]),
+    sizes=st.sampled_from([(1,), (1, 2), (2, 4), (1, 2, 4)]),
+    count=st.integers(1, 4),
+    seed=st.integers(0, 9),
+)
+def test_a_context_parallel_step_refused_up_front_cannot_be_planned(
+    step, ranks, sizes, count, seed
+) -> None:
+    # The sampler refuses a short CP step before any data; what it refuses, the planner
+    # refuses too (a sample fills one slot on each of at most the widest CP size of ranks).
+    lengths = np.random.default_rng(seed).integers(1, 300, size=step)
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=4096,
+        context_parallel=ContextParallel(sizes=sizes),
+        num_microbatches=count,
+    )
+    if not ContextParallel(sizes=sizes).usable_sizes(ranks):
+        return
+    try:
+        BalancedBatchSampler(lengths, step, dp_rank=0, dp_size=ranks, options=options)
+    except ValueError as refusal:
+        assert "micro-batch slots" in str(refusal)
+        with pytest.raises(ValueError, match="empty"):
+            plan_step(lengths, ranks, options)
+
+
+def test_a_short_last_context_parallel_step_is_refused_before_its_data() -> None:
+    # 4 ranks x 2 slots; the last step's 3 samples fill at most 3 x 2 rank slots at CP <= 2.
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=4096,
+        context_parallel=ContextParallel(sizes=(1, 2)),
+        num_microbatches=2,
+    )
+    lengths = _lengths(35)
+    with pytest.raises(ValueError) as refusal:
+        BalancedBatchSampler(lengths, 16, dp_rank=0, dp_size=4, options=options)
+    assert str(refusal.value).startswith(
+        "epoch 0: step 2 (the last, partial global batch) holds 3 samples, fewer than its 8 "
+        "micro-batch slots (4 ranks x 2 slots; a sample fills one slot on each of at most 2 "
+        "ranks (the widest usable CP size))"
+    )
+    for rank in range(4):
+        kept = BalancedBatchSampler(
+            lengths, 16, dp_rank=rank, dp_size=4, options=options, drop_last=True
+        )
+        assert len(kept) == len(list(kept)) == 4
 
 
 def test_load_state_dict_rejects_a_different_setup() -> None:
