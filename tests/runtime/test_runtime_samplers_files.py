@@ -1,6 +1,7 @@
 """Lengths files under a running sampler: every way a ``.npy`` file can change (rewritten in place,
-truncated, extended, replaced, deleted) or be the wrong kind (a ``.npz`` archive, a header that
-promises more than the file holds) is a ``ValueError``, never a signal.
+truncated, extended, replaced, deleted, replaced by a FIFO) or be the wrong kind (a ``.npz``
+archive, a header that promises more than the file holds, a FIFO or a folder) is a
+``ValueError``, never a signal or a hang.
 
 Each case runs in its own Python process, so a SIGBUS (what a memory map of a truncated file
 raises) shows as a failed case with the signal's exit code instead of killing pytest.
@@ -58,6 +59,9 @@ _CHANGE = textwrap.dedent(
         path.with_name("new.npy").replace(path)
     elif change == "delete":
         path.unlink()
+    elif change == "fifo":  # opening a FIFO for reading blocks until a writer comes
+        path.unlink()
+        os.mkfifo(path)
     outcomes = []
     for use in ("iterate", "state_dict", "step_plan", "fresh_pass"):
         try:
@@ -77,7 +81,7 @@ _CHANGE = textwrap.dedent(
     """
 )
 
-CHANGES = ["truncate", "truncate_to_header", "extend", "rewrite", "replace", "delete"]
+CHANGES = ["truncate", "truncate_to_header", "extend", "rewrite", "replace", "delete", "fifo"]
 
 
 def _lengths_file(tmp_path: Path) -> Path:
@@ -98,7 +102,7 @@ def test_a_file_changed_under_a_running_sampler_is_a_value_error(
         [sys.executable, "-c", _CHANGE, str(path), change, how, sampler_kind],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=120,  # a hang (a blocking open) fails the case
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     assert result.returncode == 0, f"exit {result.returncode} (a signal?):\n{result.stderr[-3000:]}"
@@ -118,11 +122,15 @@ def test_a_file_that_is_not_a_npy_array_is_refused_naming_it(tmp_path: Path) -> 
     os.truncate(short, 128 + 8 * 10)  # the header promises 999 values, the file holds 10
     text = tmp_path / "text.npy"
     text.write_text("1\n2\n3\n")
+    fifo = tmp_path / "fifo.npy"
+    os.mkfifo(fifo)  # opening it would block forever
     for path, match in (
         (archive, r"lengths\.npz is a \.npz archive, not a \.npy array"),
         (short, r"cannot read .*short\.npy as a \.npy array"),
         (text, r"cannot read .*text\.npy as a \.npy array"),
-        (tmp_path, r"cannot read .* as a \.npy array"),
+        (tmp_path, r"is not a regular file \(a folder, FIFO or device\)"),
+        (fifo, r"fifo\.npy is not a regular file"),
+        (tmp_path / "missing.npy", r"cannot read .*missing\.npy as a \.npy array"),
     ):
         for make in (
             lambda p: BalancedBatchSampler(p, 4, dp_rank=0, dp_size=1),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import stat
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -246,7 +247,8 @@ class _CheckedFile:
         """The values of positions ``[start, stop)`` of each range (``stop > start``)."""
         size = self.dtype.itemsize
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            # Non-blocking: a FIFO put in the file's place opens at once (then fails the check).
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             _changed(self.name)
         try:
@@ -270,8 +272,8 @@ class _CheckedFile:
             os.close(fd)
         return out
 
-    def _check(self, stat: os.stat_result) -> None:
-        if (stat.st_ino, stat.st_size, stat.st_mtime_ns) != self.state:
+    def _check(self, info: os.stat_result) -> None:
+        if (info.st_ino, info.st_size, info.st_mtime_ns) != self.state:
             _changed(self.name)
 
 
@@ -292,6 +294,15 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
     """The ``.npy`` file at ``path`` as a read-only memory map (the ``lengths`` property; the
     sampler reads through ``_CheckedFile``)."""
     try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
+    if not stat.S_ISREG(mode):  # a FIFO would block the open forever, a device never end
+        raise ValueError(
+            f"{name}: {path} is not a regular file (a folder, FIFO or device): give the path of "
+            "a .npy file"
+        )
+    try:
         loaded = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as error:
         raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
@@ -306,10 +317,10 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
 
 def _file_state(path: Path) -> tuple[int, int, int] | None:
     try:
-        stat = os.stat(path)
+        info = os.stat(path)
     except OSError:
         return None
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+    return info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def _changed(name: str) -> NoReturn:
