@@ -60,3 +60,5 @@ def test_a_plan_made_elsewhere_is_numbered_at_its_first_observe() -> None:
     with pytest.raises(ValueError, match="step must be >= 0, got -1"):
         planner.observe(plan, _seconds(plan, 1.0), step=-1)
     assert planner.observe(plan, _seconds(plan, 1.0), step=1)["step"] == 1
+    mine = planner.plan(np.arange(100, 140))  # numbered after the steps observed: step 2
+    assert planner.observe(mine, _seconds(mine, 1.0))["step"] == 2

@@ -133,10 +133,11 @@ class AdaptivePlanner:
         loop = self.loop
         if step is None:
             step = next((n for p, n in self._numbers if p is plan), None)
-        if step is None:
+        if step is None:  # a plan made elsewhere (WindowBalancer): the step due
             step = loop.observed
             self._numbers.append((plan, step))
         step = check_int(step, "step", minimum=0)
+        self.planned = max(self.planned, step + 1)  # plan() numbers the steps after it
         records = [
             loop.record(
                 step,
