@@ -428,21 +428,12 @@ def test_the_closed_loop_lives_in_one_folder() -> None:
 DEADLINE_CONVERSION = "seqbalance.runtime.collectives"
 """The one module where a deadline (float seconds) becomes the ``timedelta`` torch takes."""
 
-DEADLINES_PENDING = {
-    "seqbalance.runtime.context_parallel.executor",
-    "seqbalance.runtime.context_parallel.slot_attention",
-    "seqbalance.measure.calibrate_context_parallel",
-}
-"""Modules whose public signatures still take a ``timedelta``: the context-parallel executor, its
-attention and its calibration (issue 29's modules, in active work); they move to float seconds
-(``collectives.deadline``, ``DEFAULT_TIMEOUT_SECONDS``) and leave this set."""
-
 
 def _timedelta_parameters() -> list[str]:
     """Public functions (and methods of public classes) with a parameter typed ``timedelta``."""
     found = []
     for module, path in _modules().items():
-        if module == DEADLINE_CONVERSION or module in DEADLINES_PENDING:
+        if module == DEADLINE_CONVERSION:
             continue
         for node in ast.walk(_tree(path)):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -498,3 +498,87 @@ def test_a_corrupted_state_is_a_value_error_and_changes_nothing(data):
         assert _state(resumed.loop) == before
     else:
         assert resumed.options.cost == resumed.online.model  # a state that loads plans
+
+
+# ------------------------------------------------------------------ context parallelism
+def _cp_options(compute: TimeModel, **changes: object) -> PlanOptions:
+    from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+    from seqbalance.plan import ContextParallel
+
+    return PlanOptions(
+        cost=ContextParallelTimeModel(
+            compute,
+            CommModel(5e9, 2e-5),
+            64,
+            4,
+            piece_overhead_s=1e-4,
+            sharded_attention_factor=1.5,  # a sharded piece's pairs cost more than a whole one's
+        ),
+        max_tokens=4096,
+        context_parallel=ContextParallel(sizes=(1, 2, 4)),
+        allow_empty=True,
+        **changes,
+    )
+
+
+def _cp_step(rng: np.random.Generator) -> np.ndarray:
+    long = rng.random(24) < 0.3
+    return np.where(long, rng.integers(4097, 16000, 24), rng.integers(100, 4096, 24))
+
+
+def test_measured_slot_times_correct_the_compute_of_the_cp_time_model():
+    """Slots measured under a model whose compute is 2-4x the prior's (communication as
+    predicted): the loop takes the plan's communication off each slot's seconds and learns the
+    compute exactly; the plans it makes then predict the measured step."""
+    prior = TimeModel(1e-3, 1e-6, 1e-9)
+    true = TimeModel(2e-3, 3e-6, 4e-9)
+    measured_under = _cp_options(true)
+    planner = AdaptivePlanner(4, _cp_options(prior))
+    assert planner.online.model == prior  # the prior: the CP model's compute part
+    rng = np.random.default_rng(0)
+    for step in range(8):
+        plan = planner.plan(_cp_step(rng))
+        assert plan.context_parallel is not None and (plan.cp_size > 1).any()
+        measured = plan.recosted(measured_under)
+        telemetry = planner.observe(plan, [measured.costs[r] for r in range(4)])
+        if step == 0:
+            assert plan.step_cost < 0.5 * measured.step_cost  # the prior is far off
+    learned = planner.options.cost
+    for name in ("t0", "t1", "t2"):
+        assert getattr(learned.time, name) == pytest.approx(getattr(true, name), rel=1e-6)
+    assert learned.comm == measured_under.cost.comm  # communication stays as given
+    plan = planner.plan(_cp_step(rng))
+    assert plan.step_cost == pytest.approx(plan.recosted(measured_under).step_cost, rel=1e-6)
+    assert telemetry["planned_step_seconds"] == pytest.approx(measured.step_cost, rel=1e-6)
+    assert planner.options.rank_speeds is None  # context-parallel plans take no speeds
+    # Resume: the same state gives the same options and the same next plan.
+    again = AdaptivePlanner(4, _cp_options(prior))
+    again.load_state_dict(json.loads(json.dumps(planner.state_dict())))
+    lengths = _cp_step(rng)
+    assert again.plan(lengths) == planner.plan(lengths)
+    assert planner.baseline_step_seconds(plan) >= plan.step_cost * (1 - 1e-9)  # static_cp
+
+
+def test_slot_compute_splits_a_slot_into_compute_and_communication():
+    plan = plan_step(
+        _cp_step(np.random.default_rng(3)), 4, _cp_options(TimeModel(1e-3, 1e-6, 1e-9))
+    )
+    model = plan.time_model
+    for rank in range(4):
+        features, rest = plan.slot_compute(rank)
+        for j, held in enumerate(plan.ranks[rank]):
+            x = 0.0
+            expected_rest, groups = 0.0, set()
+            for sample, shard in held.tolist():
+                cp, length = int(plan.cp_size[sample]), plan.lengths[sample : sample + 1]
+                share = model.shard_compute(length, cp, plan.context_parallel.scheme)[0, shard]
+                seconds = model.shard_seconds(length, cp, plan.context_parallel.scheme)[0, shard]
+                expected_rest += seconds - share
+                x += share
+                if cp > 1:
+                    groups.add((int(plan.group_start[sample]), cp))
+            expected_rest += sum(model.group_latency(cp) for _, cp in groups)
+            compute = features[j] @ np.array([model.time.t0, model.time.t1, model.time.t2])
+            assert features[j, 0] == (1.0 if len(held) else 0.0)
+            assert compute == pytest.approx(x + model.time.t0 * features[j, 0], rel=1e-12)
+            assert rest[j] == pytest.approx(expected_rest, rel=1e-9, abs=1e-15)

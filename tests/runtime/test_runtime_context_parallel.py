@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from seqbalance.plan.context_parallel import (  # noqa: E402
 from seqbalance.runtime import CollectiveError  # noqa: E402
 from seqbalance.runtime.context_parallel import (  # noqa: E402
     ContextParallelGroups,
+    SlotBatch,
     run_step,
     slot_batch,
 )
@@ -53,7 +53,7 @@ CAP = 24  # tokens per rank and slot
 OPTIONS = ContextParallel(comm=CommModel())
 ASSIGNED = PlanOptions(cost="flops", max_tokens=CAP, context_parallel=OPTIONS, allow_empty=True)
 """The request of the hand-made assignments (``ContextParallelPlan.from_assignment``)."""
-TIMEOUT = timedelta(seconds=30)
+TIMEOUT = 30.0  # seconds any collective may wait
 FORWARD = TinyCausalTransformer.slot_logits
 
 
@@ -241,11 +241,18 @@ def test_slot_batch_labels_cross_shards() -> None:
     assert batch.position_ids.tolist() == [0, 1, 2, 8, 9, 0, 3]
     with pytest.raises(ValueError, match="samples holds 1 samples"):
         slot_batch(plan, 0, 0, samples[:1])
-    with pytest.raises(ValueError, match=r"samples\[1\] has shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"tokens\[1\] \(sample 1\) has shape \(3,\)"):
         slot_batch(plan, 0, 0, [samples[0], samples[1][:3]])
+    # The same from the slot's inputs and its pieces' whole samples (what a sampler feeds).
+    inputs = plan.slot_inputs(0, 0)
+    again = SlotBatch.of(inputs, samples)
+    assert again.input_ids.tolist() == batch.input_ids.tolist()
+    assert again.labels.tolist() == batch.labels.tolist()
+    with pytest.raises(ValueError, match="tokens holds 1 samples, the slot has 2 pieces"):
+        SlotBatch.of(inputs, samples[:1])
 
 
-def _step(plan: ContextParallelPlan, groups: ContextParallelGroups, timeout: timedelta) -> None:
+def _step(plan: ContextParallelPlan, groups: ContextParallelGroups, timeout: float) -> None:
     """A fresh model through ``plan`` (the failure cases: nothing is compared)."""
     samples = _samples(plan.lengths.tolist())
     run_step(_model(), plan, samples, groups, forward=FORWARD, timeout=timeout)
@@ -262,7 +269,7 @@ def _disagreeing(rank: int, world_size: int, texts: list[str]) -> dict[str, Any]
 
 
 def _hanging_peer(rank: int, world_size: int, text: str, directory: str) -> dict[str, Any]:
-    timeout = timedelta(seconds=2)
+    timeout = 2.0
     plan = ContextParallelPlan.from_json(text)
     groups = ContextParallelGroups(timeout=timeout)
     if rank == 1:

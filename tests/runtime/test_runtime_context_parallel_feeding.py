@@ -11,6 +11,8 @@ sample's per-token outputs back whole to its origin rank, in origin order.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +27,7 @@ from _multiprocess import launch, ok  # noqa: E402
 from seqbalance.cost import TimeModel  # noqa: E402
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
 from seqbalance.plan import ContextParallel, PlanOptions, plan_epoch, plan_step  # noqa: E402
-from seqbalance.runtime import BalancedBatchSampler, Rebalancer  # noqa: E402
+from seqbalance.runtime import BalancedBatchSampler, Rebalancer, StepTiming  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -149,8 +151,50 @@ def _restore_error(result: Any, outputs: Any) -> str | None:
     return None
 
 
+TRUE = OPTIONS.replace(cost=dataclasses.replace(OPTIONS.cost, time=TimeModel(3e-3, 4e-6, 5e-9)))
+"""What the slots "measure": the same communication, a compute that the prior underestimates."""
+
+
+def _measured(plan: Any, rank: int) -> StepTiming:
+    """The slot seconds ``rank`` would measure for ``plan`` under :data:`TRUE`."""
+    seconds = plan.recosted(TRUE).costs[rank]
+    return StepTiming(tuple(seconds.tolist()), 0.0, float(seconds.sum()))
+
+
+def _adaptive_scenarios(rank: int) -> dict[str, Any]:
+    """The closed loop with context parallelism: the Rebalancer (statistics riding on the
+    gather) and the sampler (its lagged form, one all-gather per observe)."""
+    local = [_sample(rank, i) for i in range(COUNTS[rank])]
+    rebalancer = Rebalancer(timeout=TIMEOUT, length_key="input_ids", options=OPTIONS, adaptive=True)
+    models = []
+    for _ in range(6):
+        result = rebalancer.rebalance(local)
+        models.append(json.loads(result.plan.options.cost.time.to_json()))
+        rebalancer.observe(result, _measured(result.plan, rank))
+    sampler = BalancedBatchSampler(
+        LENGTHS, GLOBAL_BATCH, seed=3, options=OPTIONS, adaptive=True, lookahead=1
+    )
+    sampled, iterator = [], iter(sampler)
+    for step in range(6):
+        first = next(iterator)  # the step is planned by now
+        plan = sampler.step_plan(step)
+        assert first.step == step
+        slots = [first, *(next(iterator) for _ in range(plan.n_microbatches - 1))]
+        indices = sampler.layout().step(step)
+        planned = [list(plan.slot(rank, j, indices=indices)) for j in range(plan.n_microbatches)]
+        sampled.append(
+            (json.loads(plan.options.cost.time.to_json()), [list(s) for s in slots] == planned)
+        )
+        sampler.observe(_measured(plan, rank))
+    return {"rebalancer": models, "sampler": sampled}
+
+
 def _worker(rank: int, world_size: int) -> dict[str, Any]:
-    return {"sampler": _sampler_scenarios(rank), "rebalancer": _rebalancer_scenarios(rank)}
+    return {
+        "sampler": _sampler_scenarios(rank),
+        "rebalancer": _rebalancer_scenarios(rank),
+        "adaptive": _adaptive_scenarios(rank),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +303,19 @@ def test_restore_brings_every_samples_outputs_home_whole(ranks) -> None:
     # A wrong share on one rank: every rank raises the same error, naming the rank.
     messages = {result["rebalancer"]["short"] for result in ranks}
     assert len(messages) == 1 and "rows, but this rank computes" in messages.pop()
+
+
+def test_measured_slot_times_correct_the_cp_time_model_on_every_rank(ranks) -> None:
+    """Rebalancer: step k is planned with what steps before k - 1 taught (the statistics ride on
+    the next gather); the sampler (lookahead 1) likewise. Every rank plans with the same model,
+    which becomes the measured compute; the sampler's slots are those of its own plans."""
+    true = TRUE.cost.time
+    for kind in ("rebalancer", "sampler"):
+        runs = [result["adaptive"][kind] for result in ranks]
+        assert all(run == runs[0] for run in runs), kind  # the same models on every rank
+        models = [step if kind == "rebalancer" else step[0] for step in runs[0]]
+        if kind == "sampler":  # every rank's slots are those of the step's plan
+            assert all(step[1] for run in runs for step in run)
+        assert models[0] == json.loads(OPTIONS.cost.time.to_json())  # the prior
+        for name in ("t0", "t1", "t2"):
+            assert models[-1][name] == pytest.approx(getattr(true, name), rel=1e-6), kind

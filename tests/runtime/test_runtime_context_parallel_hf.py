@@ -6,9 +6,14 @@ query/key norms, Llama-3's rotary scaling; no download) run on 4 gloo processes 
 steps in a row, each step a different plan: every strategy's (CP sizes 1, 2 and 4; samples up
 to 3.75x the per-rank cap, so some shard over 4 ranks), the contiguous split, a slot where
 ranks belong to two CP groups at once, and a 2-token sample over 4 ranks (members with no
-token of their shard). One launch (module-scoped) returns every rank's loss and gradients of
-every step; the parent runs the same steps in one process, every sample whole with the
-``sdpa`` attention, one sample per forward.
+token of their shard). The Qwen3 model is also fed the way a training loop gets its data:
+the slots a ``BalancedBatchSampler`` with ``context_parallel`` hands each rank over an epoch
+(the dataset's samples fetched whole, each rank computing its share), and the slots the
+``Rebalancer`` makes of every rank's rollouts in two steps (a sharded sample reaching every
+member of its group), each slot run with ``SlotBatch.of`` + ``SlotAttention`` + ``slot_loss``.
+One launch (module-scoped) returns every rank's loss and gradients of every step; the parent
+runs the same steps in one process, every sample whole with the ``sdpa`` attention, one sample
+per forward.
 
 Tolerance: float64 everywhere; the loss to 1e-12 relative, every gradient element to 1e-10
 relative plus 1e-12 absolute (measured: about 1e-15, float64 rounding).
@@ -16,7 +21,6 @@ relative plus 1e-12 absolute (measured: about 1e-15, float64 rounding).
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -25,6 +29,7 @@ from _cp import CP_STRATEGIES, plan_cp
 from _multiprocess import launch, ok
 
 torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
 pytest.importorskip("transformers")
 F = torch.nn.functional
 
@@ -32,14 +37,17 @@ from seqbalance.cost.context_parallel import CommModel  # noqa: E402
 from seqbalance.measure.hf_model import hf_causal_lm, scaled_preset  # noqa: E402
 from seqbalance.plan import PlanOptions  # noqa: E402
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan  # noqa: E402
+from seqbalance.runtime import BalancedBatchSampler, Rebalancer  # noqa: E402
 from seqbalance.runtime.context_parallel import (  # noqa: E402
     ATTENTION_NAME,
     ContextParallelGroups,
     SlotAttention,
+    SlotBatch,
     attention_forward,
     register_attention,
     run_step,
     slot_logits,
+    slot_loss,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -48,7 +56,7 @@ WORLD = 4
 CAP = 24  # tokens per rank and slot
 VOCAB = 61
 LR = 0.05
-TIMEOUT = timedelta(seconds=30)
+TIMEOUT = 30.0  # seconds any collective may wait
 SCALE = {
     "hidden_size": 32,
     "num_attention_heads": 4,
@@ -115,9 +123,10 @@ def _steps() -> list[ContextParallelPlan]:
 
 def _train(rank: int, world_size: int, configs: dict[str, Any], texts: list[str]) -> Any:
     """Every model through every plan, an SGD step after each: per model and step, this
-    rank's view of the step loss and the (all-reduced) gradients."""
+    rank's view of the step loss and the (all-reduced) gradients; then the first model fed by
+    the sampler and by the Rebalancer (:func:`_fed`)."""
     groups = ContextParallelGroups(timeout=TIMEOUT)
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[dict[str, Any]]] = _fed(rank, _model(configs[FED_MODEL]), groups)
     for name, config in configs.items():
         model = _model(config)
         out[name] = []
@@ -135,16 +144,105 @@ def _train(rank: int, world_size: int, configs: dict[str, Any], texts: list[str]
     return out
 
 
+# ------------------------------------------------------------------ fed by sampler, Rebalancer
+FED_MODEL = "qwen3-8b"
+FED = PlanOptions(cost="flops", max_tokens=CAP, context_parallel=CP)
+_RNG = np.random.default_rng(9)
+_LENGTHS = np.where(
+    _RNG.random(24) < 0.25, _RNG.integers(CAP + 1, 84, 24), _RNG.integers(2, CAP, 24)
+)
+_LENGTHS[:2] = (83, 50)  # over 3 and 2 ranks' cap: CP 4 and 2
+DATASET = [  # a quarter longer than a rank's cap
+    torch.randint(0, VOCAB, (int(n),), generator=torch.Generator().manual_seed(i))
+    for i, n in enumerate(_LENGTHS)
+]
+GLOBAL_BATCH = 8  # 3 steps of the epoch
+LOCAL = ((5, 0, 4, 3), (2, 3, 3, 1))  # the Rebalancer's samples per rank, in two steps
+
+
+def _local(step: int, rank: int) -> list[torch.Tensor]:
+    """This rank's rollouts of the Rebalancer's ``step``: some longer than a rank's cap."""
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    lengths = torch.randint(2, 80, (LOCAL[step][rank],), generator=generator).tolist()
+    return [torch.randint(0, VOCAB, (n,), generator=generator) for n in lengths]
+
+
+def _user_step(
+    model: Any, plan: Any, slots: list[tuple[Any, list[torch.Tensor]]], groups: Any
+) -> dict[str, Any]:
+    """What a training loop does with the slots a sampler or the Rebalancer hands this rank
+    (each: its ``SlotInputs`` and its pieces' whole samples): every slot's loss and backward,
+    then the sums over the ranks; returns the step's loss and gradients."""
+    assert not plan.barriers
+    groups.prepare(plan)  # the step's CP process groups (and the plan agreement check)
+    labelled = float(np.maximum(plan.lengths - 1, 0).sum())
+    model.zero_grad(set_to_none=True)
+    total = torch.zeros((), dtype=torch.float64)
+    for inputs, tokens in slots:
+        batch = SlotBatch.of(inputs, tokens)
+        attention = SlotAttention(inputs, groups, timeout=TIMEOUT)
+        if inputs.n_tokens or attention.gathers:  # a member with no token still gathers
+            loss = slot_loss(model, batch, attention) / labelled
+            loss.backward()
+            total += loss.detach()
+    for parameter in model.parameters():
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+        dist.all_reduce(parameter.grad)
+    dist.all_reduce(total)
+    step = {"loss": float(total), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    _sgd(model)
+    return step
+
+
+def _fed(rank: int, model: Any, groups: Any) -> dict[str, list[dict[str, Any]]]:
+    """The model trained on the epoch a ``BalancedBatchSampler`` hands this rank (step by
+    step: the dataset indices it fetched, loss, gradients), and on the steps a ``Rebalancer``
+    makes of every rank's rollouts (a fresh copy of the same weights)."""
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    sampler = BalancedBatchSampler([len(t) for t in DATASET], GLOBAL_BATCH, seed=3, options=FED)
+    by_step: dict[int, list[Any]] = {}
+    for slot in sampler:  # ContextParallelSlot: a batch of dataset indices, and its inputs
+        by_step.setdefault(slot.step, []).append(slot)
+    out: dict[str, list[dict[str, Any]]] = {"sampler": [], "rebalancer": []}
+    for step, slots in sorted(by_step.items()):
+        fed = [(slot.inputs, [DATASET[i] for i in slot]) for slot in slots]
+        result = _user_step(model, sampler.step_plan(step), fed, groups)
+        out["sampler"].append({**result, "indices": sorted(i for slot in slots for i in slot)})
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(initial[n])
+    rebalancer = Rebalancer(timeout=TIMEOUT, length_key="input_ids", options=FED)
+    for step in range(len(LOCAL)):
+        result = rebalancer.rebalance([{"input_ids": t} for t in _local(step, rank)])
+        fed = [
+            (slot.inputs, [sample["input_ids"] for sample in samples])
+            for slot, samples in zip(result.slots, result.microbatches, strict=True)
+        ]
+        out["rebalancer"].append(_user_step(model, result.plan, fed, groups))
+    return out
+
+
 def _reference(config: dict[str, Any], plans: list[ContextParallelPlan]) -> list[dict[str, Any]]:
     """The same steps in one process: each sample whole, alone, with sdpa attention."""
+    return _reference_steps(
+        config, [_samples(plan.lengths, step) for step, plan in enumerate(plans)]
+    )
+
+
+def _reference_steps(
+    config: dict[str, Any], steps: list[list[torch.Tensor]]
+) -> list[dict[str, Any]]:
+    """Steps of the given samples in one process: each sample whole, alone, with sdpa
+    attention; the mean token loss of the step, then an SGD step."""
     model = _model(config)
     model.set_attn_implementation("sdpa")
     out = []
-    for step, plan in enumerate(plans):
+    for samples in steps:
         model.zero_grad(set_to_none=True)
-        labelled = float(np.maximum(plan.lengths - 1, 0).sum())
+        labelled = float(sum(max(len(tokens) - 1, 0) for tokens in samples))
         loss = 0.0
-        for tokens in _samples(plan.lengths, step):
+        for tokens in samples:
             if tokens.numel() < 2:
                 continue
             logits = model(input_ids=tokens[None]).logits[0, :-1]
@@ -183,21 +281,58 @@ def test_the_steps_cover_what_they_claim(
     assert starved >= 2  # members that hold no token of their sample still join its gathers
 
 
+def _assert_equal(reference: list[dict[str, Any]], got: list[list[dict[str, Any]]]) -> None:
+    """Every rank's loss and gradients of every step (``got[rank][step]``) equal the
+    reference's, to the module docstring's tolerance."""
+    for step, expected in enumerate(reference):
+        for rank, steps in enumerate(got):
+            mine = steps[step]
+            assert mine["loss"] == pytest.approx(expected["loss"], rel=1e-12), (step, rank)
+            assert set(mine["grads"]) == set(expected["grads"])
+            for parameter, grad in expected["grads"].items():
+                torch.testing.assert_close(
+                    mine["grads"][parameter], grad, rtol=1e-10, atol=1e-12, msg=f"{parameter}"
+                )
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_loss_and_every_gradient_equal_one_process(
     trained: tuple[list[ContextParallelPlan], Any], name: str
 ) -> None:
     plans, results = trained
-    reference = _reference(MODELS[name], plans)
-    for step, expected in enumerate(reference):
-        for rank, result in enumerate(results):
-            got = result[name][step]
-            assert got["loss"] == pytest.approx(expected["loss"], rel=1e-12), (step, rank)
-            assert set(got["grads"]) == set(expected["grads"])
-            for parameter, grad in expected["grads"].items():
-                torch.testing.assert_close(
-                    got["grads"][parameter], grad, rtol=1e-10, atol=1e-12, msg=f"{parameter}"
-                )
+    _assert_equal(_reference(MODELS[name], plans), [result[name] for result in results])
+
+
+def test_fed_by_the_sampler_equal_one_process(
+    trained: tuple[list[ContextParallelPlan], Any],
+) -> None:
+    _, results = trained
+    epochs = [result["sampler"] for result in results]
+    assert len(epochs[0]) == len(DATASET) // GLOBAL_BATCH
+    steps = []
+    for step in range(len(epochs[0])):
+        # Every rank saw pieces of the step's samples; together, each sample of the epoch once.
+        seen = sorted({i for epoch in epochs for i in epoch[step]["indices"]})
+        assert len(seen) == GLOBAL_BATCH
+        steps.append([DATASET[i] for i in seen])
+    covered = sorted({i for epoch in epochs for step in epoch for i in step["indices"]})
+    assert covered == list(range(len(DATASET)))
+    assert max(len(t) for t in DATASET) > 3 * CAP
+    _assert_equal(_reference_steps(MODELS[FED_MODEL], steps), epochs)
+
+
+def test_fed_by_the_rebalancer_equal_one_process(
+    trained: tuple[list[ContextParallelPlan], Any],
+) -> None:
+    _, results = trained
+    steps = [
+        [tokens for rank in range(WORLD) for tokens in _local(step, rank)]
+        for step in range(len(LOCAL))
+    ]
+    assert max(len(t) for step in steps for t in step) > 3 * CAP
+    _assert_equal(
+        _reference_steps(MODELS[FED_MODEL], steps), [result["rebalancer"] for result in results]
+    )
 
 
 # ------------------------------------------------------------------ one process

@@ -561,8 +561,6 @@ def test_context_parallel_sampler_refuses_what_it_cannot_plan_at_construction() 
         _cp_sampler(0, 4, lengths)
     with pytest.raises(ValueError, match="no CP size in sizes"):
         _cp_sampler(0, 5, _cp_lengths(20, seed=3), context_parallel=_sizes(2, 4))
-    with pytest.raises(ValueError, match="adaptive=True is not supported with context_parallel"):
-        _cp_sampler(0, 4, _cp_lengths(20, seed=3), adaptive=True)
     parts = SampleParts(tokens=_cp_lengths(20, seed=3))
     with pytest.raises(ValueError, match="SampleParts are not supported with context_parallel"):
         BalancedBatchSampler(
@@ -582,10 +580,8 @@ def _sizes(*sizes: int) -> object:
     return ContextParallel(sizes=sizes)
 
 
-def test_the_window_balancer_and_the_adaptive_rebalancer_refuse_context_parallel() -> None:
-    from seqbalance.runtime import Rebalancer, WindowBalancer
+def test_the_window_balancer_refuses_context_parallel() -> None:
+    from seqbalance.runtime import WindowBalancer
 
     with pytest.raises(ValueError, match="WindowBalancer does not plan context-parallel steps"):
         WindowBalancer(2, 4, cost="flops", max_tokens=64, context_parallel=_sizes(1, 2))
-    with pytest.raises(ValueError, match=r"adaptive=.* with context_parallel is not supported"):
-        Rebalancer(adaptive=True, max_tokens=64, cost="flops", context_parallel=_sizes(1, 2))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,7 @@ from seqbalance.cost.context_parallel import (
     kv_layers,
 )
 from seqbalance.cost.time_model import FitStats, nnls
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure.calibrate import (
     MIN_TRIALS,
     MODEL_SIZES,
@@ -59,7 +59,6 @@ from seqbalance.measure.toy_model import TinyCausalTransformer
 from seqbalance.plan import PlanOptions
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 from seqbalance.runtime.context_parallel import (
-    DEFAULT_TIMEOUT,
     ContextParallelGroups,
     SlotForward,
     run_step,
@@ -271,7 +270,7 @@ def measure_slot_seconds(
     *,
     forward: SlotForward = slot_logits,
     repeats: int = 3,
-    timeout: timedelta = DEFAULT_TIMEOUT,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> np.ndarray:
     """float64 ``[n_ranks, n_slots]``: every rank's CPU seconds of every slot of ``plan``
     (median of ``repeats`` runs after a warm-up run), the same on every rank (all-gathered).
@@ -298,7 +297,7 @@ def calibrate_cost_model(
     trials: int = 48,
     repeats: int = 3,
     seed: int = 0,
-    timeout: timedelta = DEFAULT_TIMEOUT,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> ContextParallelTimeModel:
     """The :class:`~seqbalance.cost.context_parallel.ContextParallelTimeModel` of ``model`` run
     by this executor on this machine, fitted on the ranks that will train.
@@ -466,10 +465,9 @@ def _calibrate_context_parallel_rank(
     pin_process(rank, cores)
     longest = calibration_longest(world_size, context_parallel, max_tokens)
     model = TinyCausalTransformer(model_config(model_size, max_position=longest), seed=seed)
-    wait = timedelta(seconds=timeout)
     cost = calibrate_cost_model(
         model,
-        ContextParallelGroups(timeout=wait),
+        ContextParallelGroups(timeout=timeout),
         context_parallel,
         max_tokens=max_tokens,
         spec=model.model_spec(),
@@ -477,6 +475,6 @@ def _calibrate_context_parallel_rank(
         trials=trials,
         repeats=repeats,
         seed=seed,
-        timeout=wait,
+        timeout=timeout,
     )
     return cost, model.config_dict()

@@ -5,7 +5,6 @@ the plans, run every strategy's steps with the context-parallel executor."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ def run_context_parallel_rank(
     if settings.context_parallel is None:
         raise ValueError("run_context_parallel_rank needs settings with context_parallel")
     pin_process(rank, settings.cores)
-    timeout = timedelta(seconds=settings.timeout_seconds)
+    timeout = settings.timeout_seconds
     groups = ContextParallelGroups(timeout=timeout)
     progress = _Progress(Path(progress_file) if rank == 0 else None, settings)
     out: dict[str, Any] = {"records": {}}
@@ -147,7 +146,7 @@ def _run(
     samples: list[list[torch.Tensor]],
     settings: BenchSettings,
     groups: ContextParallelGroups,
-    timeout: timedelta,
+    timeout: float,
     progress: _Progress,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[list[float]]]]:
     """Every strategy's steps, interleaved (the order rotates step by step): per strategy the

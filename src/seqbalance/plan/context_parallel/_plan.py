@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_int
-from seqbalance.cost.context_parallel import ContextParallelTimeModel, shard_chunks
+from seqbalance.cost.context_parallel import (
+    ContextParallelTimeModel,
+    shard_chunks,
+    shard_pairs,
+    shard_tokens,
+)
 from seqbalance.cost.resolve import cost_name
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel._inputs import ContextParallelSlot, SlotInputs
@@ -151,6 +156,51 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
             "sharded_samples": int((self.cp_size > 1).sum()),
             "cp_sizes": {int(s): int(c) for s, c in zip(sizes, counts, strict=True)},
         }
+
+    def slot_compute(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """What the compute of each of ``rank``'s slots is made of, for fitting its time.
+
+        Returns:
+            float64 ``[n_slots, 3]``: per slot ``[1 if it holds a piece else 0, Σ x, Σ f·(2·p −
+            x)]`` over its pieces, ``x`` a share's tokens, ``p`` its causal pairs and ``f`` the
+            model's ``sharded_attention_factor`` for a sharded piece (1 for a whole sample), so
+            that ``t0, t1, t2`` of a ``TimeModel`` give the slot's compute seconds
+            (``ContextParallelTimeModel.shard_compute``); and float64 ``[n_slots]``: the rest
+            of each slot's predicted seconds (communication, latency, piece overhead) under
+            the plan's own model.
+        """
+        r = check_int(rank, "rank", minimum=0)
+        if r >= self.n_ranks:
+            raise ValueError(f"rank must be < {self.n_ranks}, got {rank}")
+        pieces, scheme = self.pieces(), self.context_parallel.scheme
+        mine = pieces.rank == r
+        features = np.zeros((self.n_slots, 3))
+        features[np.unique(pieces.slot[mine]), 0] = 1.0
+        for cp in np.unique(pieces.cp[mine]).tolist():
+            chosen = np.flatnonzero(mine & (pieces.cp == cp))
+            samples, inverse = np.unique(pieces.sample[chosen], return_inverse=True)
+            at = (inverse, pieces.shard[chosen])
+            tokens = shard_tokens(self.lengths[samples], cp, scheme)[at].astype(np.float64)
+            pairs = shard_pairs(self.lengths[samples], cp, scheme)[at]
+            np.add.at(features[:, 1], pieces.slot[chosen], tokens)
+            factor = self.time_model.sharded_attention_factor if cp > 1 else 1.0
+            np.add.at(features[:, 2], pieces.slot[chosen], factor * (2.0 * pairs - tokens))
+        time = self.time_model.time
+        return features, self.costs[r] - features @ np.array([time.t0, time.t1, time.t2])
+
+    def recosted(self, options: PlanOptions) -> ContextParallelPlan:
+        """The same schedule (CP sizes, groups, slots, barriers) costed under ``options`` (e.g.
+        a time model learned since), not validated."""
+        assignment = (self.cp_size, self.group_start, self.slot_of(), self.n_slots)
+        plan = ContextParallelPlan.costed(
+            self.lengths,
+            self.n_ranks,
+            assignment,
+            options,
+            groups=self.groups,
+            barriers=self.barriers,
+        )
+        return replace(plan, planning_seconds=self.planning_seconds)
 
     def _chunk_ranges(self, sample: int, shard: int) -> list[tuple[int, int]]:
         """The token ranges of shard ``shard`` of ``sample`` in local order (empty chunks left

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions
-from seqbalance.plan.types import StepPlan
 from seqbalance.runtime.closed_loop.settings import Feedback
 from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 from seqbalance.runtime.closed_loop.transports import Adaptive
@@ -55,7 +55,7 @@ class LaggedFeedback:
                 f"{self.adaptive.rank} of {self.adaptive.comm.world_size}"
             )
         self.loop = self.adaptive.loop
-        self._plans: dict[int, StepPlan] = {}  # planned, not yet observed, by index
+        self._plans: dict[int, Plan] = {}  # planned, not yet observed, by index
         self._shift: int | None = None  # index - step number in the running pass
 
     @property
@@ -93,7 +93,7 @@ class LaggedFeedback:
         assert self._shift is not None
         return self.loop.wait_options_for(step + self._shift, stopping)
 
-    def planned(self, step: int, plan: StepPlan) -> None:
+    def planned(self, step: int, plan: Plan) -> None:
         """Keep ``step``'s plan for its observation."""
         assert self._shift is not None
         self._plans[step + self._shift] = plan

@@ -23,6 +23,7 @@ until the step is accepted, so a retry never learns twice.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -34,12 +35,13 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import check_int
-from seqbalance.cost.resolve import TokenCost, resolve_cost, seconds_model
+from seqbalance.cost.resolve import TokenCost, seconds_model
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
 from seqbalance.plan import objective_value, plan_step
+from seqbalance.plan.base import Plan
+from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
-from seqbalance.plan.types import StepPlan
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel, microbatch_features
 from seqbalance.runtime.closed_loop.settings import Feedback
 
@@ -64,12 +66,9 @@ def prior_time_model(options: PlanOptions, prior: TimeModel | None = None) -> Ti
     """
     if prior is not None:
         return prior
-    # The options resolved their cost once; with context parallelism that one is the CP cost.
-    cost = (
-        options.cost_model
-        if options.context_parallel is None
-        else resolve_cost(options.cost, options.model)
-    )
+    if options.context_parallel is not None:  # the compute part of the CP time model
+        return options.cost_model.time
+    cost = options.cost_model
     if isinstance(cost, TokenCost):
         return TimeModel(cost.microbatch_overhead, 1.0, 0.0)
     try:
@@ -159,7 +158,12 @@ class ClosedLoop:
 
     def _options_of(self, online: OnlineTimeModel) -> PlanOptions:
         """The options ``online``'s model and speeds give (the measured speeds replace any
-        given ones)."""
+        given ones). With context parallelism the model is the compute part of the CP time
+        model (its communication constants and K/V sizes stay), and no speeds: context-parallel
+        planning takes none."""
+        if self.base_options.context_parallel is not None:
+            cost = dataclasses.replace(self.base_options.cost_model, time=online.model)
+            return self.base_options.replace(cost=cost, model=None)
         options = self.base_options.replace(cost=online.model, model=None)
         if self.feedback.rank_speeds:
             options = options.replace(rank_speeds=online.rank_speeds)
@@ -219,8 +223,12 @@ class ClosedLoop:
 
     # --- one step ---------------------------------------------------------------------------
 
-    def features(self, plan: StepPlan, rank: int) -> np.ndarray:
-        """``[1, ΣL, Σq]`` of each of ``rank``'s micro-batches in ``plan`` (costed lengths)."""
+    def features(self, plan: Plan, rank: int) -> np.ndarray:
+        """``[1, ΣL, Σq]`` of each of ``rank``'s micro-batches in ``plan`` (costed lengths);
+        with context parallelism per slot ``[occupied, Σ x, Σ (2p − x)]`` of its shares
+        (``ContextParallelPlan.slot_compute``)."""
+        if isinstance(plan, ContextParallelPlan):
+            return plan.slot_compute(rank)[0]
         layout = plan.options.layout
         return microbatch_features(
             self.online.model,
@@ -229,7 +237,7 @@ class ClosedLoop:
 
     def statistics(
         self,
-        plan: StepPlan,
+        plan: Plan,
         rank: int,
         seconds: Any,
         *,
@@ -254,14 +262,22 @@ class ClosedLoop:
             raise ValueError(f"rank must be an integer, got {rank!r}")
         if not 0 <= rank < len(plan.ranks):
             raise ValueError(f"rank must be in [0, {len(plan.ranks)}), got {rank}")
-        features = self.features(plan, int(rank))
+        # With context parallelism a slot's measured seconds hold its communication too: the
+        # plan's prediction of that part (``rest``) is taken off, so the compute model learns.
+        if isinstance(plan, ContextParallelPlan):
+            features, rest = plan.slot_compute(int(rank))
+        else:
+            features, rest = self.features(plan, int(rank)), None
         if np.ndim(seconds) == 0:
             features, seconds = features.sum(axis=0, keepdims=True), [seconds]
+            rest = None if rest is None else rest.sum(keepdims=True)
         elif len(seconds) != features.shape[0]:
             raise ValueError(
                 f"seconds of rank {rank} must be one number or one per micro-batch "
                 f"({features.shape[0]}), got {len(seconds)}"
             )
+        if rest is not None:
+            seconds = np.asarray(seconds, dtype=np.float64) - rest
         return self.online.local_statistics(
             int(rank), features, seconds, sync_seconds=sync_seconds, step_seconds=step_seconds
         )
@@ -281,7 +297,7 @@ class ClosedLoop:
                 error = str(raised)
         return {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
 
-    def learn(self, plan: StepPlan, records: Sequence[Any]) -> dict[str, Any]:
+    def learn(self, plan: Plan, records: Sequence[Any]) -> dict[str, Any]:
         """Learn the step of ``plan`` from every rank's record (rank order) (module doc).
 
         Returns:
@@ -337,26 +353,29 @@ class ClosedLoop:
             raise ValueError(f"closed-loop records hold malformed statistics: {error}") from None
         return gathered
 
-    def _step_seconds(self, plan: StepPlan, speeds: np.ndarray) -> float:
+    def _step_seconds(self, plan: Plan, speeds: np.ndarray) -> float:
         """Predicted step seconds of ``plan`` under the model in use at ``speeds``, by its
-        objective."""
+        objective (context parallelism: the schedule recosted, lockstep in CP groups)."""
+        if isinstance(plan, ContextParallelPlan):
+            return plan.recosted(self._options_of(self.online)).step_cost
         model = self.online.model
         coefficients = np.array([model.t0, model.t1, model.t2])
-        seconds = np.stack([self.features(plan, r) @ coefficients for r in range(plan.dp_size)])
+        seconds = np.stack([self.features(plan, r) @ coefficients for r in range(plan.n_ranks)])
         return objective_value(seconds, plan.options.objective, speeds)
 
-    def baseline_step_seconds(self, plan: StepPlan, speeds: Any = None) -> float | None:
-        """What the unbalanced baseline (``round_robin``, the same limits) would take for the
-        samples of ``plan`` under the model in use at ``speeds`` (default: the current ones);
-        None when it cannot plan them. On demand (one more ``plan_step``): the log has it, the
-        telemetry a step returns does not."""
-        try:
-            baseline = plan_step(
-                plan.lengths,
-                plan.dp_size,
-                plan.options.replace(cost=self.online.model, model=None, strategy="round_robin"),
-                groups=plan.groups,
+    def baseline_step_seconds(self, plan: Plan, speeds: Any = None) -> float | None:
+        """What the unbalanced baseline (``round_robin``, the same limits; with context
+        parallelism ``static_cp``) would take for the samples of ``plan`` under the model in
+        use at ``speeds`` (default: the current ones); None when it cannot plan them. On demand
+        (one more ``plan_step``): the log has it, the telemetry a step returns does not."""
+        if isinstance(plan, ContextParallelPlan):  # static context parallelism
+            options = self._options_of(self.online).replace(strategy="static_cp")
+        else:
+            options = plan.options.replace(
+                cost=self.online.model, model=None, strategy="round_robin"
             )
+        try:
+            baseline = plan_step(plan.lengths, plan.n_ranks, options, groups=plan.groups)
         except ValueError:
             return None
         return self._step_seconds(baseline, self.online.speeds if speeds is None else speeds)

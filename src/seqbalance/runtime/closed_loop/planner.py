@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
-from seqbalance.plan.types import StepPlan
 from seqbalance.runtime.closed_loop.loop import ClosedLoop
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
@@ -44,7 +44,9 @@ class AdaptivePlanner:
         **option_keywords: Any,
     ) -> None:
         self.loop = ClosedLoop(
-            as_options(options, option_keywords, where="AdaptivePlanner"), dp_size, feedback
+            as_options(options, option_keywords, where="AdaptivePlanner", context_parallel=True),
+            dp_size,
+            feedback,
         )
 
     @property
@@ -67,13 +69,13 @@ class AdaptivePlanner:
         measured rank speeds (None while they are equal)."""
         return self.loop.options
 
-    def plan(self, lengths: Any, *, groups: Any = None) -> StepPlan:
+    def plan(self, lengths: Any, *, groups: Any = None) -> Plan:
         """Plan one step with :attr:`options` (``plan_step``)."""
         return plan_step(lengths, self.dp_size, self.options, groups=groups)
 
     def observe(
         self,
-        plan: StepPlan,
+        plan: Plan,
         rank_seconds: Sequence[Any],
         *,
         sync_seconds: Sequence[Any] | None = None,
@@ -108,8 +110,8 @@ class AdaptivePlanner:
                 raise ValueError(
                     f"{name} must hold one entry per rank ({ranks}), got {len(values)}"
                 )
-        if plan.dp_size != ranks:
-            raise ValueError(f"plan has {plan.dp_size} ranks, this planner {ranks}")
+        if plan.n_ranks != ranks:
+            raise ValueError(f"plan has {plan.n_ranks} ranks, this planner {ranks}")
         loop = self.loop
         records = [
             loop.record(
@@ -122,7 +124,7 @@ class AdaptivePlanner:
         ]
         return loop.learn(plan, records)
 
-    def baseline_step_seconds(self, plan: StepPlan) -> float | None:
+    def baseline_step_seconds(self, plan: Plan) -> float | None:
         """The unbalanced baseline's predicted seconds for ``plan``'s samples (on demand;
         ``ClosedLoop.baseline_step_seconds``)."""
         return self.loop.baseline_step_seconds(plan)

@@ -34,9 +34,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
-from seqbalance.plan.types import StepPlan
 from seqbalance.runtime.closed_loop.loop import FORMAT, ClosedLoop, prior_time_model, upgrade
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
@@ -49,7 +49,7 @@ _REMEMBERED = 16
 """Plans whose step numbers ``Adaptive`` remembers (a loop observes the step it just planned)."""
 
 
-def _measure(loop: ClosedLoop, plan: StepPlan, rank: int, timing: Any) -> Any:
+def _measure(loop: ClosedLoop, plan: Plan, rank: int, timing: Any) -> Any:
     """What ``loop.record`` measures: ``rank``'s statistics of ``plan`` from its ``timing``."""
     return loop.statistics(
         plan,
@@ -88,7 +88,7 @@ class Adaptive:
         self.comm = Comm(group, deadline(feedback.timeout))
         self.rank = self.comm.rank
         self.loop = ClosedLoop(
-            as_options(options, {}, where="Adaptive"),
+            as_options(options, {}, where="Adaptive", context_parallel=True),
             self.comm.world_size,
             feedback,
             lag=lag,
@@ -98,7 +98,7 @@ class Adaptive:
         self.planned = 0  # steps planned over the run (the next plan's step number)
         # The last plans made here and their step numbers (an observed one included: observing
         # it again is an extra observe(), which its number shows).
-        self._numbers: deque[tuple[StepPlan, int]] = deque(maxlen=_REMEMBERED)
+        self._numbers: deque[tuple[Plan, int]] = deque(maxlen=_REMEMBERED)
 
     @property
     def options(self) -> PlanOptions:
@@ -110,7 +110,7 @@ class Adaptive:
         """The online model and rank speeds."""
         return self.loop.online
 
-    def plan(self, lengths: Any, *, groups: Any = None) -> StepPlan:
+    def plan(self, lengths: Any, *, groups: Any = None) -> Plan:
         """Plan the next step (the same lengths on every rank give the same plan everywhere).
 
         Raises:
@@ -124,7 +124,7 @@ class Adaptive:
         return plan
 
     def observe(
-        self, plan: StepPlan, timing: StepTiming | None = None, *, step: int | None = None
+        self, plan: Plan, timing: StepTiming | None = None, *, step: int | None = None
     ) -> dict[str, Any]:
         """Learn from this rank's timing of ``plan``'s step and every other rank's (one
         all_gather).
@@ -182,7 +182,7 @@ class _Observed:
     """One rank's observation of a step for the next gather: its measurements (the record is
     made when that gather's step starts), or the record itself (restored from a checkpoint)."""
 
-    plan: StepPlan
+    plan: Plan
     step: int
     rank: int | None = None
     timing: Any = None
@@ -250,7 +250,7 @@ class Piggyback:
             )
         return self._loop
 
-    def observe(self, plan: StepPlan, rank: int, timing: Any) -> None:
+    def observe(self, plan: Plan, rank: int, timing: Any) -> None:
         """Keep this rank's measurements of ``plan``'s step for the next gather.
 
         The record is made when that gather's step starts (:meth:`record`), with the model as
@@ -266,7 +266,7 @@ class Piggyback:
         pending, self._pending = self._pending, None
         return pending
 
-    def record(self, observed: _Observed | None, rank: int) -> tuple[StepPlan, dict] | None:
+    def record(self, observed: _Observed | None, rank: int) -> tuple[Plan, dict] | None:
         """The observed step's plan and this rank's record for the gather, or None."""
         if observed is None:
             return None
@@ -279,7 +279,7 @@ class Piggyback:
 
     def apply(
         self,
-        pending: tuple[StepPlan, dict[str, Any]] | None,
+        pending: tuple[Plan, dict[str, Any]] | None,
         gathered: Sequence[dict[str, Any] | None],
         rank: int,
     ) -> tuple[PlanOptions, dict[str, Any] | None]:
@@ -337,7 +337,7 @@ class Piggyback:
                 None
                 if pending is None
                 else _Observed(
-                    StepPlan.from_json(pending["plan"]),
+                    Plan.from_json(pending["plan"]),
                     pending["record"]["step"],
                     record=pending["record"],
                 )

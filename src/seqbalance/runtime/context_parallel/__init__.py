@@ -32,15 +32,10 @@ from seqbalance.runtime.context_parallel.hf import (
     register_attention,
     slot_logits,
 )
-from seqbalance.runtime.context_parallel.slot_attention import (
-    DEFAULT_TIMEOUT,
-    GatherKV,
-    SlotAttention,
-)
+from seqbalance.runtime.context_parallel.slot_attention import GatherKV, SlotAttention
 
 __all__ = [
     "ATTENTION_NAME",
-    "DEFAULT_TIMEOUT",
     "IGNORE_INDEX",
     "ContextParallelGroups",
     "GatherKV",

@@ -30,7 +30,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -38,11 +37,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
-from seqbalance.runtime.collectives import Comm, synchronize, wait
+from seqbalance.runtime.collectives import Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
 from seqbalance.runtime.context_parallel.hf import slot_logits
-from seqbalance.runtime.context_parallel.slot_attention import DEFAULT_TIMEOUT, SlotAttention
+from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
 
 __all__ = [
     "ContextParallelGroups",
@@ -67,13 +67,14 @@ class ContextParallelGroups:
 
     ``prepare(plan)`` must be called by every rank with the same plan (it checks that, through
     an all-gather of the plan's fingerprint); it creates the groups the plan needs that do not
-    exist yet, in one order (size, then first rank), on every rank.
+    exist yet, in one order (size, then first rank), on every rank. ``timeout``: the seconds
+    each of its collectives (and those of the subgroups it creates) may wait.
     """
 
-    def __init__(self, *, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, *, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError("torch.distributed is not initialised: call init_process_group first")
-        self.timeout = timeout
+        self.timeout = deadline(timeout)  # seconds, checked; the timedelta torch takes
         self._groups: dict[tuple[int, int], Any] = {}
 
     def prepare(self, plan: ContextParallelPlan) -> None:
@@ -118,12 +119,61 @@ class ContextParallelGroups:
 # ------------------------------------------------------------------ per-rank inputs
 @dataclass(frozen=True)
 class SlotBatch:
-    """One rank's packed inputs for one slot (see :func:`slot_batch`)."""
+    """One rank's packed inputs for one slot: its tokens, their next-token labels and their
+    positions in their samples, with the slot's :class:`SlotInputs` (see :meth:`of`)."""
 
     inputs: SlotInputs
     input_ids: torch.Tensor
     labels: torch.Tensor
     position_ids: torch.Tensor
+
+    @classmethod
+    def of(
+        cls,
+        inputs: SlotInputs,
+        tokens: Sequence[torch.Tensor],
+        *,
+        device: torch.device | None = None,
+    ) -> SlotBatch:
+        """The batch of a slot's ``inputs`` (``plan.slot_inputs(rank, slot)``, or a sampler's
+        or the Rebalancer's ``ContextParallelSlot.inputs``) from ``tokens``: per piece, the
+        token ids of its whole sample (1-D int64, ``inputs.lengths[k]`` of them). Only the
+        chunks this rank computes are read; a token's label is the next token of its sample
+        (``IGNORE_INDEX`` for the last one), whichever rank holds that next token.
+
+        Raises:
+            ValueError: ``tokens`` holds another number of pieces, or a sample of another
+                length than the inputs say.
+        """
+        if len(tokens) != inputs.lengths.size:
+            raise ValueError(
+                f"tokens holds {len(tokens)} samples, the slot has {inputs.lengths.size} pieces"
+            )
+        for k, sample in enumerate(tokens):
+            if sample.dim() != 1 or sample.shape[0] != inputs.lengths[k]:
+                raise ValueError(
+                    f"tokens[{k}] (sample {int(inputs.samples[k])}) has shape "
+                    f"{tuple(sample.shape)}, the slot says {int(inputs.lengths[k])} tokens"
+                )
+        ids, labels = [], []
+        for k, a, b in zip(
+            inputs.chunk_piece.tolist(),
+            inputs.chunk_starts.tolist(),
+            inputs.chunk_ends.tolist(),
+            strict=True,
+        ):
+            ids.append(tokens[k][a:b])
+            following = tokens[k][a + 1 : b + 1]
+            if b == tokens[k].shape[0]:
+                following = torch.cat([following, following.new_full((1,), IGNORE_INDEX)])
+            labels.append(following)
+        empty = torch.zeros(0, dtype=torch.int64)
+        return cls(
+            inputs=inputs,
+            input_ids=(torch.cat(ids) if ids else empty).to(device),
+            labels=(torch.cat(labels) if labels else empty).to(device),
+            position_ids=torch.from_numpy(inputs.position_ids).to(device),
+        )
 
 
 def slot_batch(
@@ -134,41 +184,12 @@ def slot_batch(
     *,
     device: torch.device | None = None,
 ) -> SlotBatch:
-    """The tokens, next-token labels and positions ``rank`` computes in ``slot``.
-
-    ``samples`` holds the token ids of every sample of the step (1-D int64 tensors, in plan
-    order); only the chunks of this rank's pieces are read. A token's label is the next token
-    of its sample (``IGNORE_INDEX`` for the last one), whichever rank holds that next token.
-    """
+    """The :class:`SlotBatch` ``rank`` computes in ``slot`` of ``plan``; ``samples`` holds the
+    token ids of every sample of the step (1-D int64 tensors, in plan order)."""
     if len(samples) != plan.n_samples:
         raise ValueError(f"samples holds {len(samples)} samples, the plan has {plan.n_samples}")
     inputs = plan.slot_inputs(rank, slot)
-    ids, labels = [], []
-    for k, a, b in zip(
-        inputs.chunk_piece.tolist(),
-        inputs.chunk_starts.tolist(),
-        inputs.chunk_ends.tolist(),
-        strict=True,
-    ):
-        i = int(inputs.samples[k])
-        tokens = samples[i]
-        if tokens.dim() != 1 or tokens.shape[0] != plan.lengths[i]:
-            raise ValueError(
-                f"samples[{i}] has shape {tuple(tokens.shape)}, the plan says "
-                f"{int(plan.lengths[i])} tokens"
-            )
-        ids.append(tokens[a:b])
-        following = tokens[a + 1 : b + 1]
-        if b == tokens.shape[0]:
-            following = torch.cat([following, following.new_full((1,), IGNORE_INDEX)])
-        labels.append(following)
-    empty = torch.zeros(0, dtype=torch.int64)
-    return SlotBatch(
-        inputs=inputs,
-        input_ids=(torch.cat(ids) if ids else empty).to(device),
-        labels=(torch.cat(labels) if labels else empty).to(device),
-        position_ids=torch.from_numpy(inputs.position_ids).to(device),
-    )
+    return SlotBatch.of(inputs, [samples[i] for i in inputs.samples.tolist()], device=device)
 
 
 # ------------------------------------------------------------------ a step
@@ -214,16 +235,18 @@ def run_step(
     groups: ContextParallelGroups,
     *,
     forward: SlotForward = slot_logits,
-    timeout: timedelta = DEFAULT_TIMEOUT,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> StepResult:
     """Forward and backward of every slot of ``plan`` on this rank, then the gradient sum over
     all ranks. The loss is the mean token loss over the whole step (every labelled token of
     every sample), so gradients equal those of one process running all samples whole.
 
-    ``model`` and ``forward``: as in :func:`slot_loss`. Gradients are accumulated into
+    ``model`` and ``forward``: as in :func:`slot_loss`; ``timeout``: the seconds each
+    collective may wait. Gradients are accumulated into
     ``model``'s parameters' ``.grad``. ``groups.prepare(plan)`` runs first (the plan agreement
     check, which also lines the ranks up for the timing).
     """
+    limit = deadline(timeout)
     groups.prepare(plan)
     rank = dist.get_rank()
     device = next(model.parameters()).device
@@ -235,7 +258,9 @@ def run_step(
     for j in range(plan.n_slots):
         cpu_started = time.process_time()
         batch = slot_batch(plan, rank, j, samples, device=device)
-        attention = SlotAttention(batch.inputs, groups, timeout=timeout, device=device)
+        attention = SlotAttention(
+            batch.inputs, groups, timeout=limit.total_seconds(), device=device
+        )
         # A member with no token of its CP group's samples still runs: its peers gather from it.
         if batch.inputs.n_tokens or attention.gathers:
             loss = slot_loss(model, batch, attention, forward=forward) / labelled
@@ -244,15 +269,15 @@ def run_step(
         cpu_seconds.append(time.process_time() - cpu_started)
         if j in plan.barriers:
             marker = torch.zeros(1, device=device)
-            wait(dist.all_reduce(marker, async_op=True), f"barrier after slot {j}", timeout)
+            wait(dist.all_reduce(marker, async_op=True), f"barrier after slot {j}", limit)
     synchronize(device)
     slots_done = time.perf_counter()
     world = dist.group.WORLD
     for parameter in model.parameters():
         if parameter.grad is None:
             parameter.grad = torch.zeros_like(parameter)
-        wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", timeout)
-    wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", timeout)
+        wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", limit)
+    wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", limit)
     synchronize(device)
     return StepResult(
         loss=float(total),

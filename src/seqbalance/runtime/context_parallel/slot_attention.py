@@ -29,7 +29,6 @@ Hugging Face models reach it through ``attn_implementation="seqbalance_cp"``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -37,14 +36,12 @@ import torch
 import torch.distributed as dist
 
 from seqbalance.cost.context_parallel import shard_chunks, shard_tokens
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import SlotInputs
-from seqbalance.runtime.collectives import wait
+from seqbalance.runtime.collectives import deadline, wait
 from seqbalance.runtime.context_parallel.attention import causal_attention, chunk_attention
 
-__all__ = ["DEFAULT_TIMEOUT", "GatherKV", "SlotAttention"]
-
-DEFAULT_TIMEOUT = timedelta(seconds=60)
-"""How long a collective of the context-parallel attention waits by default."""
+__all__ = ["GatherKV", "SlotAttention"]
 
 # The collectives' current names (torch >= 2.10); older releases call them *_tensor.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -59,10 +56,10 @@ class GatherKV(torch.autograd.Function):
     the slot's collective-order token (a scalar that requires grad: chaining it through every
     gather makes the backward pass run them in the reverse order); ``group`` the process group,
     ``counts`` every member's rows in member order, ``index`` this rank's member index,
-    ``timeout`` each collective's limit. Returns ``(gathered, token)``: every member's rows
-    back to back, member-major, and the token for the next gather. The rows travel padded to
-    the widest member; the backward reduce-scatters the gathered gradient, so each member
-    receives the sum of every member's gradient of its own rows.
+    ``timeout`` each collective's limit (seconds). Returns ``(gathered, token)``: every
+    member's rows back to back, member-major, and the token for the next gather. The rows
+    travel padded to the widest member; the backward reduce-scatters the gathered gradient, so
+    each member receives the sum of every member's gradient of its own rows.
     """
 
     @staticmethod
@@ -73,19 +70,17 @@ class GatherKV(torch.autograd.Function):
         group: Any,
         counts: list[int],
         index: int,
-        timeout: timedelta,
+        timeout: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(counts)
         padded = local.new_zeros((*local.shape[:2], width, *local.shape[3:]))
         padded[:, :, : local.shape[2]] = local
         gathered = padded.new_empty((len(counts), *padded.shape))
         what = f"context-parallel K/V all-gather over {len(counts)} ranks"
-        wait(
-            _ALL_GATHER(gathered.view(-1), padded.view(-1), group=group, async_op=True),
-            what,
-            timeout,
-        )
-        ctx.group, ctx.counts, ctx.index, ctx.timeout = group, counts, index, timeout
+        limit = deadline(timeout)
+        work = _ALL_GATHER(gathered.view(-1), padded.view(-1), group=group, async_op=True)
+        wait(work, what, limit)
+        ctx.group, ctx.counts, ctx.index, ctx.limit = group, counts, index, limit
         rows = torch.cat([gathered[m, :, :, :n] for m, n in enumerate(counts)], dim=2)
         return rows, token.clone()
 
@@ -98,7 +93,7 @@ class GatherKV(torch.autograd.Function):
         mine = padded.new_empty(padded.shape[1:])
         what = f"context-parallel K/V gradient reduce-scatter over {len(counts)} ranks"
         work = _REDUCE_SCATTER(mine.view(-1), padded.view(-1), group=ctx.group, async_op=True)
-        wait(work, what, ctx.timeout)
+        wait(work, what, ctx.limit)
         return mine[:, :, : counts[ctx.index]], grad_token, None, None, None, None
 
 
@@ -126,7 +121,7 @@ class SlotAttention:
             samples' lengths and the sharding scheme.
         groups: The process groups of the plan's CP blocks (an object with
             ``group(size, first_rank)``, e.g. ``ContextParallelGroups`` after ``prepare``).
-        timeout: How long each collective waits.
+        timeout: How long each collective waits, in seconds.
         device: Where the model's tensors live (the gathers' index tensors go there).
 
     One instance per slot and forward pass: it carries the slot's collective-order token.
@@ -140,10 +135,10 @@ class SlotAttention:
         inputs: SlotInputs,
         groups: Any,
         *,
-        timeout: timedelta = DEFAULT_TIMEOUT,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
         device: torch.device | str | None = None,
     ) -> None:
-        self.timeout = timeout
+        self.timeout = deadline(timeout).total_seconds()  # checked here, once
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.n_tokens = inputs.n_tokens
         cu = inputs.cu_seqlens.tolist()

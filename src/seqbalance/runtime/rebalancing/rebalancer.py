@@ -101,8 +101,9 @@ class Rebalancer:
     ``RebalanceResult.slots`` (which tokens of each sample this rank computes, in which CP
     group), and ``restore`` takes each piece's per-token outputs and returns every sample's
     outputs whole, on its origin rank, in origin order. Plan rank ``r`` runs on rank ``r``
-    (relabelling would break the aligned CP groups: ``keep_local`` does not apply); ``adaptive``
-    and ``parts`` are not supported with it yet (ValueError).
+    (relabelling would break the aligned CP groups: ``keep_local`` does not apply). With
+    ``adaptive`` the measured slot times correct the compute part of the CP time model (its
+    communication constants stay; no rank speeds); ``parts`` are not supported with it yet.
 
     Raises:
         ValueError: a bad timeout, ``keep_local``, ``length_key``, ``adaptive`` or option.
@@ -130,11 +131,6 @@ class Rebalancer:
             options, option_keywords, where="Rebalancer", context_parallel=True
         )
         feedback = as_feedback(adaptive)
-        if feedback is not None and self.options.context_parallel is not None:
-            raise ValueError(
-                "Rebalancer(adaptive=...) with context_parallel is not supported yet: the closed "
-                "loop learns data-parallel micro-batch times; plan with fixed options"
-            )
         self.engine = StepEngine(
             group,
             self.timeout,

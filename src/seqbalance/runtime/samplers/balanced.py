@@ -105,7 +105,8 @@ class BalancedBatchSampler(EpochBatchSampler):
     those whole samples), with the slot's inputs (each piece's shard and CP group, its tokens'
     positions, ``cu_seqlens``; ``slot.local(k, tokens)`` is this rank's share of piece ``k``).
     Every member of a CP group gets the slot of a sharded sample at the same position in the
-    epoch. ``SampleParts`` and ``adaptive`` are not supported with it yet (ValueError).
+    epoch. With ``adaptive`` the measured slot times correct the compute part of the CP time
+    model (``ClosedLoop``); ``SampleParts`` are not supported with it yet (ValueError).
 
     Raises:
         ValueError: a bad argument or option (named), a lengths file that is not a 1-D integer
@@ -143,12 +144,10 @@ class BalancedBatchSampler(EpochBatchSampler):
             options, option_keywords, where="BalancedBatchSampler", context_parallel=True
         )
         parts = lengths if isinstance(lengths, SampleParts) else None
-        if options.context_parallel is not None and (parts is not None or adaptive):
+        if options.context_parallel is not None and parts is not None:
             raise ValueError(
-                "BalancedBatchSampler with context_parallel plans token lengths with fixed "
-                "options: "
-                + ("SampleParts are" if parts is not None else "adaptive=True is")
-                + " not supported with context_parallel yet"
+                "BalancedBatchSampler with context_parallel plans token lengths: SampleParts "
+                "are not supported with context_parallel yet"
             )
         super().__init__(
             LengthSource(lengths if parts is None else parts.tokens),
