@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _configs import SLIME_TINY
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,16 +16,7 @@ from seqbalance.cost import FlopsModel, ModelSpec
 from seqbalance.integrations.slime import ScheduleError, _megatron_model_spec, build_dp_schedule
 from seqbalance.plan.stacks import SlimeBaseline
 
-MODEL = {
-    "hidden_size": 16,
-    "num_attention_heads": 2,
-    "num_query_groups": 2,
-    "vocab_size": 32,
-    "ffn_hidden_size": 64,
-    "num_experts": None,
-    "num_layers": 2,
-    "kv_channels": 8,
-}
+MODEL = SLIME_TINY
 
 
 def make_args(**overrides: Any) -> SimpleNamespace:

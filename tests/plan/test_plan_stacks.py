@@ -380,7 +380,7 @@ def test_slime_live_against_slime() -> None:
     from types import SimpleNamespace
 
     rng = np.random.default_rng(6)
-    from test_integrations_slime import MODEL as model
+    from _configs import SLIME_TINY as model
 
     for trial in range(200):
         dp = int(rng.integers(1, 5))
