@@ -179,3 +179,19 @@ def test_lockstep_positions_fill_one_after_the_other() -> None:
     )
     assert plan.step_cost == pytest.approx(4266 + 0.001 * 4266**2, rel=1e-12)
     assert plan.count_lower_bound == pytest.approx(plan.step_cost, rel=1e-6)
+
+
+def test_a_dominant_sample_gets_a_rank_of_its_own() -> None:
+    # 30 ShareGPT-like lengths on 13 ranks, 2 micro-batches each, padded tokens, empty
+    # micro-batches allowed: the 489-token sample alone reaches the bound; any companion adds
+    # at least its padded cost (102 tokens) to that rank. The others fit 12 ranks within 507.
+    lengths = [489, 389, 360, 302, 295, 273, 252, 250, 245, 242, 221, 212, 204, 193, 192]
+    lengths += [189, 173, 164, 164, 161, 159, 159, 151, 147, 129, 129, 126, 124, 114, 102]
+    plan = sb.plan_step(
+        lengths, 13, cost="tokens", layout="padded", micro_batch_size=30, num_microbatches=2,
+        allow_empty=True,
+    )  # fmt: skip
+    plan.validate()
+    (rank,) = [r for r, mbs in enumerate(plan.ranks) if any(0 in mb for mb in mbs)]
+    assert sorted(int(i) for mb in plan.ranks[rank] for i in mb) == [0]
+    assert plan.count_lower_bound == 489 and plan.step_cost <= 507

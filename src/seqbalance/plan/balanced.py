@@ -238,7 +238,7 @@ def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
         plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
         if plans[0] is not None and p.speeds is None:
-            plans += _interval_search(p, m, plans[0])
+            plans += [*_interval_search(p, m, plans[0]), _longest_alone(p, m)]
         valid = [plan for plan in plans if plan is not None]
         return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
@@ -270,6 +270,32 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
     found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
     # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
     return found + [plan for plan in starts[2:] if plan is not None]
+
+
+def _longest_alone(p: Problem, m: int) -> Microbatches | None:
+    """Padded ``step`` with empty micro-batches allowed, where the longest sample alone reaches
+    the lower bound: it alone on the last rank (any companion adds its padded cost to the
+    costliest rank) and the others planned on the other ranks (the same way, so each sample
+    that dominates what is left gets a rank of its own); None elsewhere."""
+    if not (p.allow_empty and p.objective == "step" and p.dp > 1 and p.n > 1):
+        return None
+    longest = int(np.lexsort((np.arange(p.n), -p.lengths))[0])
+    if p.sample_costs[longest] + m * p.overhead < p.lower_bound(m) * (1 - _TOLERANCE):
+        return None
+    others = np.delete(np.arange(p.n), longest)
+    rest = Problem(
+        lengths=p.lengths[others],
+        sample_costs=p.sample_costs[others],
+        overhead=p.overhead,
+        dp=p.dp - 1,
+        groups=None,
+        options=p.options,
+    )
+    plan = _attempt(rest, m)
+    if plan is None:
+        return None
+    alone = [[longest]] + [[] for _ in range(m - 1)]
+    return [[others[mb].tolist() for mb in mbs] for mbs in plan] + [alone]
 
 
 def _refines(p: Problem, m: int) -> bool:
