@@ -36,7 +36,7 @@ from plan import machine, publish
 import seqbalance as sb
 from seqbalance.cost import TimeModel
 from seqbalance.cost.resolve import evaluate_costs
-from seqbalance.plan import PlanOptions, strategy_names
+from seqbalance.plan import PlanOptions, objective_value, strategy_names
 from seqbalance.plan._budget import admitted, budget_gap
 from seqbalance.plan._problem import Problem
 from seqbalance.plan.registry import get_strategy
@@ -254,9 +254,7 @@ def _steps_of(result: Any, dp: int) -> list[list[list[list[int]]]]:
 
 def _value(ranks: Any, costs: np.ndarray, overhead: float, objective: str) -> float:
     rows = [[overhead + float(costs[mb].sum()) for mb in mbs] for mbs in ranks]
-    if objective == "lockstep":
-        return float(sum(max(column) for column in zip(*rows, strict=True)))
-    return max(sum(row) for row in rows)
+    return objective_value(np.asarray(rows), objective)
 
 
 def slime_compare(case: dict[str, Any], real: Any, ours: Any) -> tuple[int, int, float]:
