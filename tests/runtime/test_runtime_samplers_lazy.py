@@ -407,7 +407,10 @@ def test_ranks_that_agree_train_every_sample_once(agreement) -> None:
 
 
 def test_agreement_timeout_is_checked() -> None:
-    with pytest.raises(ValueError, match="agreement_timeout must be a positive number"):
-        BalancedBatchSampler(_lengths(10), 4, dp_rank=0, dp_size=1, agreement_timeout=0)
+    for bad in (0, -1.0, True, "5", float("inf")):
+        with pytest.raises(ValueError, match="agreement_timeout must be a positive"):
+            BalancedBatchSampler(_lengths(10), 4, dp_rank=0, dp_size=1, agreement_timeout=bad)
+    with pytest.raises(ValueError, match="agreement_timeout must be at most"):
+        BalancedBatchSampler(_lengths(10), 4, dp_rank=0, dp_size=1, agreement_timeout=1e12)
     unchecked = BalancedBatchSampler(_lengths(10), 4, dp_rank=0, dp_size=1, agreement_timeout=None)
     assert sorted(i for batch in unchecked for i in batch) == list(range(10))

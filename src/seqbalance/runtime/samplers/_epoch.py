@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_bool, check_int
+from seqbalance._validation import check_bool, check_int, check_timeout
 from seqbalance.cost.samples import SampleParts
 from seqbalance.runtime.agreement import brief
 from seqbalance.runtime.samplers._lengths import LengthSource
@@ -103,16 +103,11 @@ class EpochBatchSampler:
         self.dp_rank, self.dp_size = position
         self.seed = check_int(seed, "seed", minimum=0)
         self.drop_last = check_bool(drop_last, "drop_last")
-        if agreement_timeout is not None and not (
-            isinstance(agreement_timeout, (int, float))
-            and not isinstance(agreement_timeout, bool)
-            and agreement_timeout > 0
-        ):
-            raise ValueError(
-                f"agreement_timeout must be a positive number of seconds or None, got "
-                f"{agreement_timeout!r}"
-            )
-        self.agreement_timeout = agreement_timeout
+        self.agreement_timeout = (
+            None
+            if agreement_timeout is None
+            else check_timeout(agreement_timeout, "agreement_timeout")
+        )
         self._group = group
         self.epoch = 0
         self._resume: tuple[int, int, int] | None = None  # (consumed, step, offset) to go on at
