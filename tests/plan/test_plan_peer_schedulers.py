@@ -11,10 +11,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +18,7 @@ import pytest
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_plan_stacks import outcome, problem
+from test_plan_stacks import outcome, problem, recorded
 
 import seqbalance as sb
 from seqbalance.plan.stacks import (
@@ -31,15 +27,6 @@ from seqbalance.plan.stacks import (
     TorchSpecBaseline,
 )
 from seqbalance.plan.stacks.hf_rebalance import rebalance_groups
-
-RECORDED = Path(__file__).parents[1] / "data" / "peer_schedulers.json.gz"
-
-
-@cache
-def recorded() -> dict[str, list[dict[str, Any]]]:
-    with gzip.open(RECORDED, "rt") as handle:
-        return json.load(handle)
-
 
 # ---------------------------------------------------------------- Hugging Face batch_rebalance
 
@@ -117,7 +104,7 @@ def test_hf_batch_rebalance_takes_ga_from_microbatch_size() -> None:
 
 
 def test_torchspec_matches_recorded_plans() -> None:
-    for case in recorded()["torchspec"]:
+    for case in recorded("peer_schedulers")["torchspec"]:
         strategy = TorchSpecBaseline(length_group_size=case["length_group_size"])
         p = problem(case["lengths"], case["dp"], microbatch_size=case["micro_batch_size"])
         assert outcome(strategy, p) == case["expected"], case
@@ -142,7 +129,7 @@ def test_torchspec_by_hand() -> None:
 
 
 def test_megatron_dp_balanced_matches_recorded_plans() -> None:
-    cases = recorded()["megatron_dp_balanced"]
+    cases = recorded("peer_schedulers")["megatron_dp_balanced"]
     assert sum(case["expected"] != "error" for case in cases) >= 300
     for case in cases:
         p = problem(

@@ -45,12 +45,13 @@ from seqbalance.plan.stacks.reference import (
     split_largest_bins,
 )
 
-RECORDED = Path(__file__).parents[1] / "data" / "stack_baselines.json.gz"
+DATA = Path(__file__).parents[1] / "data"
 
 
 @cache
-def recorded() -> dict[str, list[dict[str, Any]]]:
-    with gzip.open(RECORDED, "rt") as handle:
+def recorded(name: str = "stack_baselines") -> dict[str, list[dict[str, Any]]]:
+    """The cases of ``tests/data/<name>.json.gz``, by strategy name."""
+    with gzip.open(DATA / f"{name}.json.gz", "rt") as handle:
         return json.load(handle)
 
 

@@ -339,6 +339,7 @@ def _warn_truncated(lengths: Any, divisor: int, longest: int, what: str) -> None
 
 def _title(setup: dict[str, Any]) -> str:
     options = setup["options"]
+    # the PlanOptions/1 document's key for microbatch_size
     layout = f"padded x{options['micro_batch_size']}, " if options["layout"] == "padded" else ""
     return (
         f"bench: {setup['procs']} procs, {setup['lengths']} lengths / {setup['length_divisor']}, "

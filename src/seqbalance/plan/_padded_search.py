@@ -145,7 +145,7 @@ class _State:
         moves = [self._best_cut_move(), self._best_relocation(), self._best_chain()]
         if not self.lockstep:
             moves.append(self._best_swap())
-        current = self._current_key()
+        current = self._key_of(self.cost)
         best = min(
             (move for move in moves if move is not None),
             key=lambda move: move[0],
@@ -155,11 +155,6 @@ class _State:
             return False
         best[1]()
         return True
-
-    def _current_key(self) -> tuple[float, float]:
-        if self.lockstep:
-            return self.value(), 0.0
-        return self._key(self.loads)
 
     def _hot(self) -> np.ndarray:
         """bool ``[K]``: the intervals that set the objective (the costliest rank's;

@@ -191,7 +191,7 @@ class BenchSettings:
             ``context_parallel``.
         options: The plan options every strategy plans with, the same object ``plan_step`` and
             ``simulate`` take (``PlanOptions``: ``max_tokens`` (required), ``layout`` /
-            ``micro_batch_size``, micro-batch counts, ``objective``, ``order``,
+            ``microbatch_size``, micro-batch counts, ``objective``, ``order``,
             ``allow_oversize``, ``allow_empty``, ``context_parallel``). Their ``cost`` is the
             run's time model and their ``strategy`` each of ``strategies`` in turn, so both
             must be left at their defaults; with ``context_parallel`` (CP sizes and scheme, to

@@ -188,15 +188,17 @@ def _extra_work(
 ) -> np.ndarray:
     """float64 ``[microbatches]``: the extra work of ``rank`` after each micro-batch of
     ``strategy`` (its index) at schedule step ``step`` (warm-up first), in multiples of the
-    micro-batch's time: the slow rank's ``factor - 1``, plus the background load
-    (``settings.noise``), drawn from the seed, rank, step and strategy."""
+    micro-batch's time: ``factor x (1 + load) - 1``, with the slow rank's ``factor`` and the
+    background load (``settings.noise``, drawn from the seed, rank, step and strategy). The load
+    takes its share of a slow rank's time too, so the ranks' mean relative speeds stay the slow
+    rank's (what ``balanced_oracle`` plans with)."""
     slow = settings.slow_rank
     factor = 1.0 if slow is None or slow.rank != rank else slow.factor_at(step - settings.warmup)
-    extra = np.full(microbatches, factor - 1.0)
+    load = np.zeros(microbatches)
     if settings.noise:
         draws = np.random.default_rng((settings.seed, rank, step, strategy))
-        extra += draws.exponential(settings.noise, microbatches)
-    return extra
+        load = draws.exponential(settings.noise, microbatches)
+    return factor * (1.0 + load) - 1.0
 
 
 def _all_reduce_gradients(parameters: list[torch.Tensor], procs: int) -> None:
