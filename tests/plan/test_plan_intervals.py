@@ -50,7 +50,7 @@ def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
         sample_costs=costs,
         oversize=np.zeros(lengths.size, dtype=bool),
         n=lengths.size,
-        micro_batch_size=size,
+        microbatch_size=size,
         max_tokens=cap,
         least_sample_costs=least,
         allow_empty=False,
@@ -75,10 +75,10 @@ def test_padded_steps_reach_their_bound() -> None:
     # ShareGPT, Qwen3-8B FLOPs, 8 ranks: micro-batches of 8 samples, and the Hugging Face
     # batch_rebalance configuration (every sample may share, GA micro-batches).
     lengths = sb.datasets.load("sharegpt")[:512]
-    fixed = sb.plan_step(lengths, 8, cost="flops", layout="padded", micro_batch_size=8)
+    fixed = sb.plan_step(lengths, 8, cost="flops", layout="padded", microbatch_size=8)
     assert fixed.summary()["count_ratio"] <= 1.02
     free = sb.plan_step(
-        lengths[:128], 8, cost="flops", layout="padded", micro_batch_size=128, num_microbatches=4
+        lengths[:128], 8, cost="flops", layout="padded", microbatch_size=128, num_microbatches=4
     )
     assert free.summary()["ratio"] <= 1.02
     assert free.summary()["count_lower_bound"] == free.lower_bound  # one count: one bound

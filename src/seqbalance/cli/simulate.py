@@ -44,7 +44,7 @@ DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20
 HF_BASELINES = ("hf_default", "hf_length_grouped")
 """Baselines that pad every micro-batch, as the Hugging Face Trainer does."""
-HF_MICRO_BATCH_SIZE = 8
+HF_MICROBATCH_SIZE = 8
 """The Trainer's ``per_device_train_batch_size`` default."""
 LENGTH_GROUPED = "hf_length_grouped"
 """Simulated on the steps of Hugging Face's own sampler, not on the shared random steps."""
@@ -92,7 +92,7 @@ def register(subparsers: Any) -> None:
         "in the headline with the gain against it (see `seqbalance plan --help` for every "
         "strategy). Default: hf_default with --layout padded (the Trainer's padded "
         "micro-batches), none otherwise. The Hugging Face baselines pad: with them, a packed run "
-        f"becomes --layout padded (--micro-batch-size default {HF_MICRO_BATCH_SIZE}, the "
+        f"becomes --layout padded (--microbatch-size default {HF_MICROBATCH_SIZE}, the "
         "Trainer's per_device_train_batch_size)",
     )
     parser.add_argument("--seed", type=int, default=0, help="batch sampling seed")
@@ -200,12 +200,12 @@ def _baseline_setup(args: argparse.Namespace) -> None:
     padded = next((name for name in requested if name in HF_BASELINES), None)
     if padded is not None and args.layout == "packed":
         args.layout = "padded"
-        if args.micro_batch_size is None:
-            args.micro_batch_size = HF_MICRO_BATCH_SIZE
+        if args.microbatch_size is None:
+            args.microbatch_size = HF_MICROBATCH_SIZE
         print(
             f"seqbalance simulate: note: {padded} pads every micro-batch, as the Hugging "
             f"Face Trainer does: every strategy is simulated with --layout padded "
-            f"--micro-batch-size {args.micro_batch_size}",
+            f"--microbatch-size {args.microbatch_size}",
             file=sys.stderr,
         )
 
@@ -224,16 +224,16 @@ def _with_length_grouped(
         result.failed[LENGTH_GROUPED] = "groups are not supported: HF's sampler ignores them"
         return result
     size = int(result.batches[0].size)
-    per_step = args.dp * options.micro_batch_size
+    per_step = args.dp * options.microbatch_size
     if size % per_step:
         raise ValueError(
             f"{LENGTH_GROUPED}: --global-batch ({size}) must be a multiple of --dp x "
-            f"--micro-batch-size ({per_step}): a Hugging Face step is per_device_train_batch_size "
+            f"--microbatch-size ({per_step}): a Hugging Face step is per_device_train_batch_size "
             "x gradient_accumulation_steps x world_size samples"
         )
     steps = length_grouped_steps(
         result.lengths,
-        micro_batch_size=options.micro_batch_size,
+        microbatch_size=options.microbatch_size,
         gradient_accumulation_steps=size // per_step,
         world_size=args.dp,
         steps=result.steps,
