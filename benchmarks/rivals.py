@@ -90,11 +90,9 @@ def request(rng: np.random.Generator) -> dict[str, Any]:
     }
     layout = str(rng.choice(["packed", "padded", "peer"]))
     if layout == "padded":
-        options.update(layout="padded", micro_batch_size=int(rng.integers(1, 9)))
+        options.update(layout="padded", microbatch_size=int(rng.integers(1, 9)))
     elif layout == "peer":  # batch_rebalance: free sizes, GA micro-batches per rank
-        options.update(
-            layout="padded", micro_batch_size=n, num_microbatches=int(rng.integers(1, 5))
-        )
+        options.update(layout="padded", microbatch_size=n, num_microbatches=int(rng.integers(1, 5)))
     if rng.integers(0, 2):
         options.update(max_tokens=int(rng.choice([4096, 16384, 65536])), allow_oversize=True)
     return {"kind": kind, "shape": layout, **options}

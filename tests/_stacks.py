@@ -17,7 +17,7 @@ def problem(
     *,
     max_tokens: int | None = None,
     costs: Any = None,
-    micro_batch_size: int | None = None,
+    microbatch_size: int | None = None,
     min_microbatches: int = 1,
     microbatch_multiple: int = 1,
     num_microbatches: int | None = None,
@@ -27,8 +27,8 @@ def problem(
     lengths = np.asarray(lengths, dtype=np.int64)
     options = PlanOptions(
         max_tokens=max_tokens,
-        layout="padded" if micro_batch_size is not None else "packed",
-        micro_batch_size=micro_batch_size,
+        layout="padded" if microbatch_size is not None else "packed",
+        microbatch_size=microbatch_size,
         allow_oversize=True,
         allow_empty=allow_empty,
         min_microbatches=min_microbatches,

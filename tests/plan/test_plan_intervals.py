@@ -52,7 +52,7 @@ def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
         sample_costs=costs,
         oversize=np.zeros(lengths.size, dtype=bool),
         n=lengths.size,
-        micro_batch_size=size,
+        microbatch_size=size,
         max_tokens=cap,
         least_sample_costs=least,
         allow_empty=False,
@@ -77,10 +77,10 @@ def test_padded_steps_reach_their_bound() -> None:
     # ShareGPT, Qwen3-8B FLOPs, 8 ranks: micro-batches of 8 samples, and the Hugging Face
     # batch_rebalance configuration (every sample may share, GA micro-batches).
     lengths = sb.datasets.load("sharegpt")[:512]
-    fixed = sb.plan_step(lengths, 8, cost="flops", layout="padded", micro_batch_size=8)
+    fixed = sb.plan_step(lengths, 8, cost="flops", layout="padded", microbatch_size=8)
     assert fixed.summary()["count_ratio"] <= 1.02
     free = sb.plan_step(
-        lengths[:128], 8, cost="flops", layout="padded", micro_batch_size=128, num_microbatches=4
+        lengths[:128], 8, cost="flops", layout="padded", microbatch_size=128, num_microbatches=4
     )
     assert free.summary()["ratio"] <= 1.02
     assert free.summary()["count_lower_bound"] == free.lower_bound  # one count: one bound
@@ -147,7 +147,7 @@ def test_lockstep_padded_bound_and_plan(lengths, dp, m, size, cap, overhead, all
             allow_empty=allow_empty,
             allow_oversize=True,
             layout="padded",
-            micro_batch_size=size,
+            microbatch_size=size,
             num_microbatches=m,
             max_tokens=cap,
         )
@@ -170,7 +170,7 @@ def test_lockstep_positions_fill_one_after_the_other() -> None:
         7,
         cost=lambda x: np.asarray(x) + 0.001 * np.asarray(x, dtype=float) ** 2,
         layout="padded",
-        micro_batch_size=11,
+        microbatch_size=11,
         num_microbatches=3,
         objective="lockstep",
         allow_empty=True,
@@ -188,7 +188,7 @@ def test_a_dominant_sample_gets_a_rank_of_its_own() -> None:
     lengths = [489, 389, 360, 302, 295, 273, 252, 250, 245, 242, 221, 212, 204, 193, 192]
     lengths += [189, 173, 164, 164, 161, 159, 159, 151, 147, 129, 129, 126, 124, 114, 102]
     plan = sb.plan_step(
-        lengths, 13, cost="tokens", layout="padded", micro_batch_size=30, num_microbatches=2,
+        lengths, 13, cost="tokens", layout="padded", microbatch_size=30, num_microbatches=2,
         allow_empty=True,
     )  # fmt: skip
     plan.validate()

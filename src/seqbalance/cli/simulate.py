@@ -47,7 +47,7 @@ HF_BASELINES = ("hf_default", "hf_length_grouped", "hf_batch_rebalance")
 BATCH_REBALANCE = "hf_batch_rebalance"
 """Groups a step's samples freely (no per-micro-batch count): run with micro-batches of up to
 the step's samples."""
-HF_MICRO_BATCH_SIZE = 8
+HF_MICROBATCH_SIZE = 8
 """The Trainer's ``per_device_train_batch_size`` default."""
 LENGTH_GROUPED = "hf_length_grouped"
 """Simulated on the steps of Hugging Face's own sampler, not on the shared random steps."""
@@ -96,7 +96,7 @@ def register(subparsers: Any) -> None:
         "headline with the gain against it (see `seqbalance plan --help` for every strategy). "
         "Default: hf_default with --layout padded (the Trainer's padded micro-batches), none "
         "otherwise. The Hugging Face baselines pad: with them, a packed run becomes --layout "
-        f"padded (--micro-batch-size default {HF_MICRO_BATCH_SIZE}, the Trainer's "
+        f"padded (--microbatch-size default {HF_MICROBATCH_SIZE}, the Trainer's "
         "per_device_train_batch_size; the step's samples for hf_batch_rebalance, whose groups "
         "vary, with --num-microbatches its gradient accumulation)",
     )
@@ -208,13 +208,13 @@ def _baseline_setup(args: argparse.Namespace, global_batch: int) -> None:
         padded = args.baseline
     if padded is not None and args.layout == "packed":
         args.layout = "padded"
-        if args.micro_batch_size is None:
+        if args.microbatch_size is None:
             free = padded == BATCH_REBALANCE
-            args.micro_batch_size = global_batch if free else HF_MICRO_BATCH_SIZE
+            args.microbatch_size = global_batch if free else HF_MICROBATCH_SIZE
         print(
             f"seqbalance simulate: note: {padded} pads every micro-batch, as the Hugging "
             f"Face Trainer does: every strategy is simulated with --layout padded "
-            f"--micro-batch-size {args.micro_batch_size}",
+            f"--microbatch-size {args.microbatch_size}",
             file=sys.stderr,
         )
 
@@ -233,16 +233,16 @@ def _with_length_grouped(
         result.failed[LENGTH_GROUPED] = "groups are not supported: HF's sampler ignores them"
         return result
     size = int(result.batches[0].size)
-    per_step = args.dp * options.micro_batch_size
+    per_step = args.dp * options.microbatch_size
     if size % per_step:
         raise ValueError(
             f"{LENGTH_GROUPED}: --global-batch ({size}) must be a multiple of --dp x "
-            f"--micro-batch-size ({per_step}): a Hugging Face step is per_device_train_batch_size "
+            f"--microbatch-size ({per_step}): a Hugging Face step is per_device_train_batch_size "
             "x gradient_accumulation_steps x world_size samples"
         )
     steps = length_grouped_steps(
         result.lengths,
-        micro_batch_size=options.micro_batch_size,
+        microbatch_size=options.microbatch_size,
         gradient_accumulation_steps=size // per_step,
         world_size=args.dp,
         steps=result.steps,

@@ -11,7 +11,7 @@ one), so none costs more and none breaks a cap, and each keeps its rank and posi
 then a cut of that order into ``K = dp x M`` intervals and a deal of the intervals to ranks.
 
 ``Intervals.least_total(k)``: the least total cost of ``k`` intervals under the caps (at most
-``micro_batch_size`` samples, ``count x longest <= max_tokens``, an over-cap sample alone), a
+``microbatch_size`` samples, ``count x longest <= max_tokens``, an over-cap sample alone), a
 dynamic program over the cut points, one layer per interval (the cost ``size x cost(first)`` is
 Monge, so each layer's best cuts move monotonically; vectorised). Any plan with ``M``
 micro-batches per rank costs at least ``least_total(dp x M) / dp`` on its costliest rank (and
@@ -56,7 +56,7 @@ class Problem(Protocol):
     n: int
     dp: int
     max_tokens: int | None
-    micro_batch_size: int | None
+    microbatch_size: int | None
     num_microbatches: int | None
     microbatch_multiple: int
     allow_empty: bool
@@ -149,8 +149,8 @@ class Intervals:
         lengths = p.lengths[self.order]
         self.least = np.asarray(p.least_sample_costs, dtype=np.float64)[self.order]
         take = n - np.arange(n, dtype=np.int64)
-        if p.micro_batch_size is not None:
-            take = np.minimum(take, p.micro_batch_size)
+        if p.microbatch_size is not None:
+            take = np.minimum(take, p.microbatch_size)
         if p.max_tokens is not None:
             take = np.minimum(take, p.max_tokens // np.maximum(lengths, 1))
         take[p.oversize[self.order]] = 1

@@ -18,7 +18,7 @@ that lowers the objective: ``step``, the costliest rank's total (ties: the sum o
 totals); ``lockstep``, the sum over positions of the costliest micro-batch when every rank's
 micro-batches are sorted heaviest first, which for given intervals is least when they are dealt
 by cost tier (the ``dp`` costliest first, one to each rank, then the next ``dp``, ...). Moves keep
-every cap (``micro_batch_size``, the token cap with padding, an over-cap sample alone). The
+every cap (``microbatch_size``, the token cap with padding, an over-cap sample alone). The
 search stops when no move helps, within ``GOOD_ENOUGH`` of the bound, or after a number of
 rounds that grows with ``K``.
 """

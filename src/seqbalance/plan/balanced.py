@@ -7,7 +7,7 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    the least cost (the partition engine's LPT). When that overfills a rank, LPT is redone with rank
    capacities: each unit goes to the least costly rank that can still hold it (rank capacity
    ``M x max_tokens`` tokens and ``M x max_vision_patches`` vision patches, an over-cap sample
-   counting as a full micro-batch, and ``M x micro_batch_size`` samples for the padded layout).
+   counting as a full micro-batch, and ``M x microbatch_size`` samples for the padded layout).
    Local search follows: a few vectorised rounds that pair the k-th costliest rank with the k-th
    lightest and apply the best move or swap in every pair at once, then single moves or swaps from
    the costliest rank to the lightest ranks while that lowers the costliest one (until within
