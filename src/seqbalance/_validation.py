@@ -206,11 +206,21 @@ MAX_TIMEOUT_SECONDS = 10.0 * 365 * 24 * 3600
 """Longest deadline accepted, in seconds (ten years): a longer one is a mistake (``inf``, a value
 in the wrong unit), and ``datetime.timedelta`` overflows not far above it."""
 
+MIN_TIMEOUT_SECONDS = 1e-6
+"""Shortest deadline accepted, in seconds: ``datetime.timedelta``'s resolution (a shorter one
+would become a deadline of zero)."""
+
 
 def check_timeout(value: Any, name: str) -> float:
-    """Return a deadline in seconds as a float: positive, finite and at most
-    ``MAX_TIMEOUT_SECONDS`` (so converting it to a ``timedelta`` can never overflow)."""
+    """Return a deadline in seconds as a float: positive, finite, at least
+    ``MIN_TIMEOUT_SECONDS`` and at most ``MAX_TIMEOUT_SECONDS`` (so converting it to a
+    ``timedelta`` can neither overflow nor round to zero)."""
     seconds = _check_real(value, name, positive=True)
+    if seconds < MIN_TIMEOUT_SECONDS:
+        raise ValueError(
+            f"{name} must be at least {MIN_TIMEOUT_SECONDS:g} seconds (a timedelta's "
+            f"resolution), got {value!r}"
+        )
     if seconds > MAX_TIMEOUT_SECONDS:
         raise ValueError(
             f"{name} must be at most {MAX_TIMEOUT_SECONDS:g} seconds (ten years), got {value!r}"

@@ -105,6 +105,11 @@ def test_background_load_is_reproducible_extra_work_of_the_given_mean():
     again = _extra_work(noisy, 1, 7, 1, 50)
     assert again.tolist() == _extra_work(noisy, 1, 7, 1, 50).tolist()  # same seed, same draws
     assert again.tolist() != _extra_work(noisy, 0, 7, 1, 50).tolist()  # every rank its own
+    # On the slow rank the load takes its share of the slowed time: factor x (1 + load) - 1,
+    # so the ranks' mean relative speed stays 1 / factor (the oracle's).
+    slow = _settings(noise=0.5, slow_rank=SlowRank(1, 3.0))
+    load = _extra_work(noisy, 1, 9, 0, 50)
+    assert _extra_work(slow, 1, 9, 0, 50) == pytest.approx(3.0 * (1.0 + load) - 1.0)
 
 
 def test_a_real_run_with_a_slow_rank_learns_and_plans_identically():

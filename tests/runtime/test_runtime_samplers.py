@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from seqbalance.cost import SampleParts  # noqa: E402
-from seqbalance.plan import plan_epoch  # noqa: E402
+from seqbalance.cost import SampleParts, TimeModel  # noqa: E402
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
+from seqbalance.plan import ContextParallel, PlanOptions, plan_epoch, plan_step  # noqa: E402
 from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler  # noqa: E402
 
 
@@ -129,6 +130,145 @@ def test_set_epoch_to_another_epoch_discards_the_resume_point() -> None:
     sampler.set_epoch(1)
     sampler.set_epoch(0)
     assert len(list(sampler)) == total
+
+
+def test_set_epoch_during_a_pass_ends_it_and_never_records_its_position() -> None:
+    lengths = _lengths(60)
+    sampler = BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=1, num_microbatches=2)
+    batches = iter(sampler)
+    for _ in range(5):
+        next(batches)
+    sampler.set_epoch(1)  # before epoch 0 is over
+    state = sampler.state_dict()
+    assert (state["epoch"], state["consumed"], state["step"], state["offset"]) == (1, 0, 0, 0)
+    with pytest.raises(RuntimeError, match="belongs to a pass that a later"):
+        next(batches)
+    with pytest.raises(ValueError, match="exceeds the 0 micro-batches this sampler has yielded"):
+        sampler.state_dict(consumed=5)  # what the old pass yielded is not epoch 1's
+    # After a whole pass too: the next epoch starts at its beginning.
+    list(sampler)
+    sampler.set_epoch(2)
+    assert sampler.state_dict()["consumed"] == 0
+    epoch_2 = BalancedBatchSampler(lengths, 10, dp_rank=0, dp_size=1, num_microbatches=2)
+    epoch_2.set_epoch(2)
+    assert list(sampler) == list(epoch_2)
+
+
+@given(
+    n=st.integers(1, 80),
+    batch=st.integers(1, 24),
+    dp=st.integers(1, 3),
+    count=st.integers(1, 4),
+    drop_last=st.booleans(),
+    epoch=st.integers(0, 2),
+)
+def test_len_with_a_fixed_count_is_what_the_epoch_yields_or_refused_up_front(
+    n, batch, dp, count, drop_last, epoch
+) -> None:
+    # A step with fewer samples than dp x num_microbatches cannot be planned without empty
+    # micro-batches: refused before any data (and len() refuses too), never an epoch that
+    # stops at its last step after len() promised it.
+    lengths = _lengths(n, seed=n)
+    steps = [min(batch, n - start) for start in range(0, n, batch)]
+    if drop_last and steps[-1] < batch:
+        steps.pop()
+    short = [s for s in steps if s < dp * count]
+
+    def make(rank: int) -> BalancedBatchSampler:
+        sampler = BalancedBatchSampler(
+            lengths, batch, dp_rank=rank, dp_size=dp, num_microbatches=count, drop_last=drop_last
+        )
+        sampler.set_epoch(epoch)
+        return sampler
+
+    if short:
+        with pytest.raises(ValueError, match=f"holds {min(short)} samples, fewer than its"):
+            make(0)
+        return
+    for rank in range(dp):
+        sampler = make(rank)
+        assert len(sampler) == len(list(sampler)) == count * len(steps)
+
+
+def test_a_short_last_step_is_refused_naming_what_plans_it() -> None:
+    lengths = _lengths(100)
+    options = {"dp_rank": 0, "dp_size": 2, "num_microbatches": 4}
+    with pytest.raises(ValueError) as refusal:
+        BalancedBatchSampler(lengths, 32, **options)
+    assert str(refusal.value) == (
+        "epoch 0: step 3 (the last, partial global batch) holds 4 samples, fewer than its 8 "
+        "micro-batch slots (dp_size = 2 x 4 micro-batches), so it cannot be planned without an "
+        "empty micro-batch: pass drop_last=True to leave a last, partial step out, "
+        "allow_empty=True, or fewer micro-batches"
+    )
+    dropped = BalancedBatchSampler(lengths, 32, drop_last=True, **options)
+    assert len(dropped) == len(list(dropped)) == 12
+    empty = BalancedBatchSampler(lengths, 32, allow_empty=True, **options)
+    assert len(empty) == len(list(empty)) == 16
+
+
+def test_a_grouped_epoch_with_a_short_step_fails_before_its_data() -> None:
+    # Groups of 3 in steps of 8 samples: whole groups leave steps of 6; two ranks x 4
+    # micro-batches need 8. The sampler is refused up front, whatever the epoch.
+    lengths = _lengths(48)
+    groups = np.arange(48) // 3
+    with pytest.raises(ValueError, match="holds 6 samples, fewer than its 8 micro-batch slots"):
+        BalancedBatchSampler(lengths, 8, groups=groups, dp_rank=0, dp_size=2, num_microbatches=4)
+
+
+_CP_COST = ContextParallelTimeModel(TimeModel(1e-3, 1e-6, 1e-9), CommModel(1e9, 1e-5), 16, 2)
+
+
+@given(
+    step=st.integers(1, 16),
+    ranks=st.sampled_from([1, 2, 4]),
+    sizes=st.sampled_from([(1,), (1, 2), (2, 4), (1, 2, 4)]),
+    count=st.integers(1, 4),
+    seed=st.integers(0, 9),
+)
+def test_a_context_parallel_step_refused_up_front_cannot_be_planned(
+    step, ranks, sizes, count, seed
+) -> None:
+    # The sampler refuses a short CP step before any data; what it refuses, the planner
+    # refuses too (a sample fills one slot on each of at most the widest CP size of ranks).
+    lengths = np.random.default_rng(seed).integers(1, 300, size=step)
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=4096,
+        context_parallel=ContextParallel(sizes=sizes),
+        num_microbatches=count,
+    )
+    if not ContextParallel(sizes=sizes).usable_sizes(ranks):
+        return
+    try:
+        BalancedBatchSampler(lengths, step, dp_rank=0, dp_size=ranks, options=options)
+    except ValueError as refusal:
+        assert "micro-batch slots" in str(refusal)
+        with pytest.raises(ValueError, match="empty"):
+            plan_step(lengths, ranks, options)
+
+
+def test_a_short_last_context_parallel_step_is_refused_before_its_data() -> None:
+    # 4 ranks x 2 slots; the last step's 3 samples fill at most 3 x 2 rank slots at CP <= 2.
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=4096,
+        context_parallel=ContextParallel(sizes=(1, 2)),
+        num_microbatches=2,
+    )
+    lengths = _lengths(35)
+    with pytest.raises(ValueError) as refusal:
+        BalancedBatchSampler(lengths, 16, dp_rank=0, dp_size=4, options=options)
+    assert str(refusal.value).startswith(
+        "epoch 0: step 2 (the last, partial global batch) holds 3 samples, fewer than its 8 "
+        "micro-batch slots (4 ranks x 2 slots; a sample fills one slot on each of at most 2 "
+        "ranks (the widest usable CP size))"
+    )
+    for rank in range(4):
+        kept = BalancedBatchSampler(
+            lengths, 16, dp_rank=rank, dp_size=4, options=options, drop_last=True
+        )
+        assert len(kept) == len(list(kept)) == 4
 
 
 def test_load_state_dict_rejects_a_different_setup() -> None:
@@ -276,7 +416,7 @@ def test_resume_with_another_max_tokens_is_refused_naming_it() -> None:
 
 def test_resume_with_another_cost_is_refused_naming_it() -> None:
     message = _refusal(_balanced(), _balanced(cost="flops"))
-    assert 'changed: options.cost ("tokens" saved, "flops" now); cost_probe' in message
+    assert 'changed: options.cost ("tokens" saved, "flops" now); costs' in message
 
 
 def test_resume_with_the_same_count_but_other_lengths_is_refused() -> None:
@@ -425,7 +565,7 @@ def test_parts_are_checked_at_construction_naming_the_dataset_index() -> None:
     with pytest.raises(ValueError, match="would ignore the parts' images"):
         BalancedBatchSampler(parts, 2, dp_rank=0, dp_size=1, cost="flops")
     with pytest.raises(ValueError, match="layout='padded' cannot plan samples with images"):
-        BalancedBatchSampler(parts, 2, dp_rank=0, dp_size=1, layout="padded", micro_batch_size=2)
+        BalancedBatchSampler(parts, 2, dp_rank=0, dp_size=1, layout="padded", microbatch_size=2)
     with pytest.raises(ValueError, match=r"LengthGroupedSampler .* lengths=parts\.tokens"):
         LengthGroupedSampler(parts, 2, dp_rank=0, dp_size=1)
     # Plain lengths are checked at construction too, by dataset index.
@@ -488,7 +628,7 @@ def test_a_state_of_plain_lengths_keeps_its_setup() -> None:
         "dp_size",
         "groups",
         "options",
-        "cost_probe",
+        "costs",
         "global_batch_size",
         "shuffle",
         "bucket_window",

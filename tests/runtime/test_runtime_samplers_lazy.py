@@ -389,7 +389,7 @@ def agreement(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     ("name", "named"),
     [
         ("max_tokens", "options.max_tokens (4096 saved, 8192 now)"),
-        ("cost", "cost_probe (sha256"),
+        ("cost", "costs (sha256"),
         ("lengths", "lengths (sha256"),
         ("seed", "seed (2 saved, 1 now)"),
     ],
@@ -407,7 +407,10 @@ def test_ranks_that_agree_train_every_sample_once(agreement) -> None:
 
 
 def test_agreement_timeout_is_checked() -> None:
-    with pytest.raises(ValueError, match="agreement_timeout must be a positive number"):
-        BalancedBatchSampler(_lengths(10), 4, dp_rank=0, dp_size=1, agreement_timeout=0)
+    for bad in (0, float("inf"), float("nan"), 1e20, True, "60"):
+        with pytest.raises(ValueError, match="agreement_timeout must be"):
+            BalancedBatchSampler(_lengths(10), 4, dp_rank=0, dp_size=1, agreement_timeout=bad)
+        with pytest.raises(ValueError, match="agreement_timeout must be"):
+            LengthGroupedSampler(_lengths(10), 4, dp_rank=0, dp_size=1, agreement_timeout=bad)
     unchecked = BalancedBatchSampler(_lengths(10), 4, dp_rank=0, dp_size=1, agreement_timeout=None)
     assert sorted(i for batch in unchecked for i in batch) == list(range(10))

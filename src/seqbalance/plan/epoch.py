@@ -9,12 +9,13 @@ import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
 from seqbalance.cost.samples import SampleParts
+from seqbalance.plan._shared import microbatch_count
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan
 
-__all__ = ["plan_epoch"]
+__all__ = ["check_steps_fill", "plan_epoch"]
 
 
 def plan_epoch(
@@ -133,4 +134,41 @@ def check_group_sizes(group_ids: np.ndarray | None, global_batch_size: int) -> N
         raise ValueError(
             f"groups: group {int(ids[g])} has {int(counts[g])} samples, more than "
             f"global_batch_size = {global_batch_size}; a group must fit in one step"
+        )
+
+
+def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) -> None:
+    """Refuse, before any step is planned, a layout with a step that no plan can fill, without
+    ``allow_empty``: fewer samples than ``dp_size`` x the fewest micro-batches the options allow
+    (``num_microbatches``, else ``min_microbatches`` up to a multiple of
+    ``microbatch_multiple``). With ``context_parallel`` (``dp_size``: the ranks of the DPxCP
+    domain) a sample fills at most one slot on each of at most the widest usable CP size of
+    ranks, so a step needs ``least`` samples and ``samples x widest >= dp_size x least`` (a
+    necessary condition: a step could still fail for other reasons).
+
+    Raises:
+        ValueError: naming the epoch, the step, its samples and the options that would plan it.
+    """
+    found = layout.smallest_step()
+    if found is None or options.allow_empty:
+        return
+    step, samples = found
+    least = microbatch_count(1, options, dp_size, str)
+    slots = dp_size * least
+    if options.context_parallel is None:
+        fills, why = samples >= slots, f"dp_size = {dp_size} x {least} micro-batches"
+    else:
+        widest = max(options.context_parallel.usable_sizes(dp_size), default=1)
+        fills = samples >= least and samples * widest >= slots
+        why = (
+            f"{dp_size} ranks x {least} slots; a sample fills one slot on each of at most "
+            f"{widest} ranks (the widest usable CP size)"
+        )
+    if not fills:
+        last = " (the last, partial global batch)" if step == layout.n_steps - 1 else ""
+        raise ValueError(
+            f"epoch {layout.epoch}: step {step}{last} holds {samples} samples, fewer than its "
+            f"{slots} micro-batch slots ({why}), so it cannot be planned without an empty "
+            "micro-batch: pass drop_last=True to leave a last, partial step out, "
+            "allow_empty=True, or fewer micro-batches"
         )

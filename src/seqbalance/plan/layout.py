@@ -107,11 +107,32 @@ class EpochLayout:
             total = self._step_starts.size - 1
         self._total = total
         self._window_cache: tuple[int, list[np.ndarray]] | None = None
+        self._smallest: tuple[int, int] | None = None  # smallest_step() with groups, once
         self.dropped = np.empty(0, dtype=np.int64)
         if drop_last and total and self._raw_step(total - 1).size < self.size:
             self.dropped = np.sort(self._step(total - 1))
             total -= 1
         self.n_steps = total
+
+    def smallest_step(self) -> tuple[int, int] | None:
+        """``(step, samples)`` of the first step with the fewest samples (bucketing keeps every
+        step's size), or None without steps."""
+        if self.n_steps == 0:
+            return None
+        if self._step_starts is None:  # every step full but maybe the last
+            last = self.n_steps - 1
+            samples = min(self.size, self._n_units - last * self.size)
+            return (last, samples) if samples < self.size else (0, self.size)
+        if self._smallest is None:
+            sizes = np.diff(self._unit_starts)  # type: ignore[arg-type]
+            ends = np.zeros(self._n_units + 1, dtype=np.int64)
+            for a in range(0, self._n_units, _CHUNK):  # units in step order, chunk by chunk
+                stop = min(a + _CHUNK, self._n_units)
+                ends[a + 1 : stop + 1] = ends[a] + np.cumsum(sizes[self._units(a, stop)])
+            steps = np.diff(ends[self._step_starts[: self.n_steps + 1]])  # type: ignore[index]
+            step = int(np.argmin(steps))
+            self._smallest = (step, int(steps[step]))
+        return self._smallest
 
     def step(self, number: int) -> np.ndarray:
         """Dataset indices (int64) of step ``number`` in ``[0, n_steps)``, in planning order."""

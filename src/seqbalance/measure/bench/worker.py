@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from seqbalance.cost import TimeModel
-from seqbalance.measure.bench.schedule import plan_schedule, step_batches
+from seqbalance.measure.bench.schedule import plan_schedule, step_inputs
 from seqbalance.measure.bench.settings import ONLINE_STRATEGIES, BenchSettings
 from seqbalance.measure.calibrate import (
     Calibration,
@@ -65,7 +65,7 @@ def run_rank(
     box: list[Any] = [None]
     if rank == 0:
         schedule, simulation = plan_schedule(settings, time_model)
-        box[0] = (schedule, step_batches(simulation))
+        box[0] = (schedule, step_inputs(simulation))
     dist.broadcast_object_list(box, src=0)
     schedule, batches = box[0]
     out: dict[str, Any] = {
@@ -188,15 +188,17 @@ def _extra_work(
 ) -> np.ndarray:
     """float64 ``[microbatches]``: the extra work of ``rank`` after each micro-batch of
     ``strategy`` (its index) at schedule step ``step`` (warm-up first), in multiples of the
-    micro-batch's time: the slow rank's ``factor - 1``, plus the background load
-    (``settings.noise``), drawn from the seed, rank, step and strategy."""
+    micro-batch's time: ``factor x (1 + load) - 1``, with the slow rank's ``factor`` and the
+    background load (``settings.noise``, drawn from the seed, rank, step and strategy). The load
+    takes its share of a slow rank's time too, so the ranks' mean relative speeds stay the slow
+    rank's (what ``balanced_oracle`` plans with)."""
     slow = settings.slow_rank
     factor = 1.0 if slow is None or slow.rank != rank else slow.factor_at(step - settings.warmup)
-    extra = np.full(microbatches, factor - 1.0)
+    load = np.zeros(microbatches)
     if settings.noise:
         draws = np.random.default_rng((settings.seed, rank, step, strategy))
-        extra += draws.exponential(settings.noise, microbatches)
-    return extra
+        load = draws.exponential(settings.noise, microbatches)
+    return factor * (1.0 + load) - 1.0
 
 
 def _all_reduce_gradients(parameters: list[torch.Tensor], procs: int) -> None:

@@ -5,14 +5,18 @@ The single-controller transport (a driver that plans for its workers, as in verl
 :meth:`AdaptivePlanner.observe`, plan the next. It needs no process group and no torch: the
 controller holds every rank's seconds, makes every rank's record itself and gives them to the
 one :class:`~seqbalance.runtime.closed_loop.ClosedLoop` (lag 0: a step is planned after the
-step before it was observed; plans made before that use the options as they stand).
+step before it was observed; plans made before that use the options as they stand). Steps are
+numbered in the order :meth:`AdaptivePlanner.plan` makes them, so a step observed twice, or
+observed while an earlier one was not, is a ValueError at that ``observe`` (nothing learned).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from seqbalance._validation import check_int
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
@@ -21,6 +25,10 @@ from seqbalance.runtime.closed_loop.online import OnlineTimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
 
 __all__ = ["AdaptivePlanner"]
+
+_REMEMBERED = 16
+"""Plans whose step numbers the planner remembers (observed ones included: observing one again
+is an extra observe(), which its number shows)."""
 
 
 class AdaptivePlanner:
@@ -48,6 +56,8 @@ class AdaptivePlanner:
             dp_size,
             feedback,
         )
+        self.planned = 0  # steps planned over the run (the next plan's step number)
+        self._numbers: deque[tuple[Plan, int]] = deque(maxlen=_REMEMBERED)
 
     @property
     def dp_size(self) -> int:
@@ -70,8 +80,12 @@ class AdaptivePlanner:
         return self.loop.options
 
     def plan(self, lengths: Any, *, groups: Any = None) -> Plan:
-        """Plan one step with :attr:`options` (``plan_step``)."""
-        return plan_step(lengths, self.dp_size, self.options, groups=groups)
+        """Plan the next step with :attr:`options` (``plan_step``); steps are numbered in
+        the order they are planned (module doc)."""
+        plan = plan_step(lengths, self.dp_size, self.options, groups=groups)
+        self._numbers.append((plan, self.planned))
+        self.planned += 1
+        return plan
 
     def observe(
         self,
@@ -80,6 +94,7 @@ class AdaptivePlanner:
         *,
         sync_seconds: Sequence[Any] | None = None,
         step_seconds: Sequence[Any] | None = None,
+        step: int | None = None,
     ) -> dict[str, Any]:
         """Learn from every worker's measured seconds of ``plan``'s step.
 
@@ -90,13 +105,16 @@ class AdaptivePlanner:
                 negative, absurd) are dropped with one warning.
             sync_seconds: Per rank, its wait at the gradient sync (default 0).
             step_seconds: Per rank, its step wall time (default compute + sync).
+            step: The step's number over the run (default: the number :meth:`plan` gave
+                ``plan``, else the next step due; a plan made elsewhere is remembered with it).
 
         Returns:
             The step's telemetry (``ClosedLoop.learn``).
 
         Raises:
-            ValueError: a list not one entry per rank, or a rank's seconds neither one number
-                nor one per micro-batch; nothing is learned then.
+            ValueError: a list not one entry per rank, a rank's seconds neither one number
+                nor one per micro-batch, or a step that is not the one due (a missed or extra
+                observe); nothing is learned then.
         """
         ranks = self.dp_size
         sync = [0.0] * ranks if sync_seconds is None else list(sync_seconds)
@@ -113,9 +131,16 @@ class AdaptivePlanner:
         if plan.n_ranks != ranks:
             raise ValueError(f"plan has {plan.n_ranks} ranks, this planner {ranks}")
         loop = self.loop
+        if step is None:
+            step = next((n for p, n in self._numbers if p is plan), None)
+        if step is None:  # a plan made elsewhere (WindowBalancer): the step due
+            step = loop.observed
+            self._numbers.append((plan, step))
+        step = check_int(step, "step", minimum=0)
+        self.planned = max(self.planned, step + 1)  # plan() numbers the steps after it
         records = [
             loop.record(
-                loop.observed,
+                step,
                 lambda r=rank: loop.statistics(
                     plan, r, rank_seconds[r], sync_seconds=sync[r], step_seconds=steps[r]
                 ),
@@ -141,3 +166,5 @@ class AdaptivePlanner:
                 corrupted one.
         """
         self.loop.load_state_dict(state)
+        self.planned = self.loop.observed
+        self._numbers.clear()

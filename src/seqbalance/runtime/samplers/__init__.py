@@ -9,8 +9,11 @@ Scale: an epoch is laid out one optimizer step at a time, just ahead of use
 (``seqbalance.plan.layout.EpochLayout``: a constant-memory keyed shuffle, no stored
 permutation), and ``BalancedBatchSampler`` plans the next ``lookahead`` steps in a background
 thread while the loop trains, so the first micro-batch comes without planning the epoch and the
-loop does not wait for the planner in steady state. Lengths may be a memory-mapped ``.npy``
-(``np.load(path, mmap_mode="r")`` or the path itself), read step by step and never copied whole.
+loop does not wait for the planner in steady state. Lengths may be a ``.npy`` file (its path, or
+``np.load(path, mmap_mode="r")`` and any view of it), read step by step and never copied whole:
+read with ``pread`` rather than through the memory map, each read checking that the file is the
+one the sampler opened, so a file rewritten, truncated or replaced under a running sampler is a
+``ValueError`` at the next read, never a SIGBUS.
 Each step's plan is exactly what ``plan_step`` gives for that step's samples, the plan
 ``plan_epoch`` makes for the same epoch. A planner error is raised by ``next()`` at the step it
 concerns; a pass the loop leaves (``break``, an exception) or ``close()`` stops the thread.
@@ -26,13 +29,14 @@ each of them different data and split every replica's batch ``tp x pp`` ways.
 Agreement: where torch.distributed is initialised, the first ``iter`` of every epoch all-gathers
 the sampler's setup over ``group`` (or the world) once, with a timeout
 (``agreement_timeout`` seconds; ``None`` skips the check), and every rank raises a ``ValueError``
-naming what differs (lengths, options, the costs of the first samples, seed, batch sizes) before
-any data is yielded. Every rank of that group must iterate its sampler.
+naming what differs (lengths, options, a SHA-256 of every sample's cost, seed, batch sizes, the
+closed loop and its settings and prior) before any data is yielded. Every rank of that group must
+iterate its sampler.
 
 Resuming mid-epoch: ``state_dict()`` records the epoch, how many micro-batches this rank has
 consumed and the step and offset they end at, together with what the layout depends on (a
 SHA-256 of the lengths and groups, and of the samples' parts when ``BalancedBatchSampler`` plans a
-``SampleParts``; the plan options' fingerprint and the costs of the first samples, seed, shuffle
+``SampleParts``; the plan options' fingerprint and a SHA-256 of every sample's cost, seed, shuffle
 settings, batch sizes, data-parallel rank and size); ``load_state_dict()`` refuses a resume point
 from a different setup with a ``ValueError`` naming what changed, and otherwise makes the next
 iteration start at exactly the next micro-batch, planning only the steps from there on. Each
@@ -41,11 +45,17 @@ sampler ahead of the training loop (``num_workers * prefetch_factor`` batches), 
 batches the *sampler* has yielded can run ahead of the number the *loop* has trained on. For an
 exact resume, count the batches your loop has consumed and save
 ``sampler.state_dict(consumed=count)``; with ``num_workers=0`` the default (batches yielded) is
-already exact.
+already exact. ``consumed`` lies between where the pass started and what it has yielded.
+``set_epoch`` to another epoch starts it afresh: a running pass ends (its iterator raises
+``RuntimeError`` if used again) and the position is the new epoch's start, so a state never records
+one epoch's position under another's number.
 
 ``len()``: exact without planning when every step has a fixed micro-batch count
 (``num_microbatches``; ``LengthGroupedSampler`` always); otherwise a ``TypeError`` (the count is
-the planner's choice per step), which trainers read as "no length" (``num_steps`` is exact).
+the planner's choice per step), which trainers read as "no length" (``num_steps`` is exact). A
+step with fewer samples than its micro-batch slots (a last, partial global batch smaller than
+``dp_size x num_microbatches``, without ``allow_empty``) is refused before any data and by
+``len()``, so an epoch never stops short of the length it promised for that reason.
 """
 
 from __future__ import annotations

@@ -16,19 +16,18 @@ import json
 import sys
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_bool, check_int
+from seqbalance._validation import check_bool, check_int, check_timeout
 from seqbalance.cost.samples import SampleParts
 from seqbalance.runtime.agreement import brief
 from seqbalance.runtime.samplers._lengths import LengthSource
 
 __all__ = ["STATE_FORMAT", "EpochBatchSampler", "describe_change", "parts_sha256", "sha256_of"]
 
-STATE_FORMAT = "seqbalance.SamplerState/2"
+STATE_FORMAT = "seqbalance.SamplerState/3"
 """``state_dict()["format"]``; changes whenever the resume state's layout changes."""
 
 _STATE_KEYS = ("format", "epoch", "consumed", "step", "offset", "setup")
@@ -71,7 +70,7 @@ def describe_change(name: str, saved: Any, now: Any) -> list[str]:
                     for k in changed
                 ]
         return ["options (another PlanOptions fingerprint)"]
-    if name in ("lengths", "groups", "parts", "cost_probe"):
+    if name in ("lengths", "groups", "parts", "costs"):
         return [f"{name} (sha256 {brief(saved, 40)} saved, {brief(now, 40)} now)"]
     return [f"{name} ({brief(saved, 40)} saved, {brief(now, 40)} now)"]
 
@@ -103,16 +102,11 @@ class EpochBatchSampler:
         self.dp_rank, self.dp_size = position
         self.seed = check_int(seed, "seed", minimum=0)
         self.drop_last = check_bool(drop_last, "drop_last")
-        if agreement_timeout is not None and not (
-            isinstance(agreement_timeout, (int, float))
-            and not isinstance(agreement_timeout, bool)
-            and agreement_timeout > 0
-        ):
-            raise ValueError(
-                f"agreement_timeout must be a positive number of seconds or None, got "
-                f"{agreement_timeout!r}"
-            )
-        self.agreement_timeout = agreement_timeout
+        self.agreement_timeout = (
+            None
+            if agreement_timeout is None
+            else check_timeout(agreement_timeout, "agreement_timeout")
+        )
         self._group = group
         self.epoch = 0
         self._resume: tuple[int, int, int] | None = None  # (consumed, step, offset) to go on at
@@ -143,6 +137,15 @@ class EpochBatchSampler:
         sequence of dataset indices: a list, or a ``ContextParallelSlot``)."""
         raise NotImplementedError
 
+    def _check_epoch(self, epoch: int) -> None:
+        """Raise ValueError when ``epoch`` has a step that cannot be planned, known without
+        planning (before ``iter`` yields anything, and before ``len`` promises its steps)."""
+
+    def _agreement(self) -> dict[str, Any]:
+        """What ranks compare besides the setup: what shapes their plans but may differ across
+        a resume (JSON-ready values)."""
+        return {}
+
     def _setup(self) -> dict[str, Any]:
         """Everything the layout depends on besides the epoch (JSON-ready values)."""
         return {
@@ -157,22 +160,36 @@ class EpochBatchSampler:
 
     # ---------------------------------------------------------------- iteration
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate next (a different epoch discards a loaded resume point)."""
+        """Select the epoch to iterate next.
+
+        Another epoch than the current one starts it afresh: a loaded resume point is
+        discarded, a running pass of the old epoch ends (its iterator raises RuntimeError if
+        used again) and the position is the new epoch's start, so ``state_dict`` never records
+        the old epoch's position under the new epoch's number (a resume would skip work never
+        trained). The same epoch changes nothing.
+        """
         epoch = check_int(epoch, "epoch", minimum=0)
         if epoch != self.epoch:
+            self.close()
             self._resume = None
+            self._set_position(0, 0, 0)
         self.epoch = epoch
 
-    def _start_pass(self, consumed: int, step: int, offset: int) -> None:
+    def _set_position(self, consumed: int, step: int, offset: int) -> None:
+        """Where the epoch stands (what ``state_dict`` records) before the next batch."""
         self._base = (consumed, step, offset)
         self._consumed = consumed
         self._counts = array("L")  # micro-batches of each step this pass has started
+
+    def _start_pass(self, consumed: int, step: int, offset: int) -> None:
+        self._set_position(consumed, step, offset)
 
     def __iter__(self) -> Iterator[Sequence[int]]:
         # Checked and positioned now, not at the first next(): a disagreement fails before any
         # data is yielded, and state_dict() right after iter() describes the new pass.
         self.close()
-        self.check_agreement()
+        self.check_agreement()  # first: ranks that differ fail together, before any local check
+        self._check_epoch(self.epoch)
         consumed, step, offset = self._resume or (0, 0, 0)
         self._resume = None
         self._start_pass(consumed, step, offset)
@@ -229,6 +246,8 @@ class EpochBatchSampler:
                 step is planned. Trainers read this as "no length" (Hugging Face ``Trainer``
                 then needs ``max_steps``; Lightning and accelerate iterate to the end).
                 ``num_steps`` is exact without planning.
+            ValueError: a step of the epoch cannot be planned (fewer samples than micro-batch
+                slots without ``allow_empty``): the epoch would end there, short of the count.
         """
         fixed = self._fixed_count()
         if fixed is None:
@@ -237,6 +256,7 @@ class EpochBatchSampler:
                 "micro-batch count is chosen when the step is planned (set num_microbatches for "
                 "an exact len(), or use num_steps and max_steps)"
             )
+        self._check_epoch(self.epoch)
         return fixed * self._n_steps(self.epoch)
 
     @property
@@ -263,10 +283,10 @@ class EpochBatchSampler:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not (dist.is_available() and dist.is_initialized()):
             return
-        from seqbalance.runtime.collectives import Comm
+        from seqbalance.runtime.collectives import Comm, deadline
 
-        comm = Comm(self._group, timedelta(seconds=self.agreement_timeout))
-        mine = {**self._setup(), "epoch": self.epoch}
+        comm = Comm(self._group, deadline(self.agreement_timeout, "agreement_timeout"))
+        mine = {**self._setup(), **self._agreement(), "epoch": self.epoch}
         payload = json.dumps(mine, sort_keys=True, default=str).encode()
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
         for other_rank, other in enumerate(gathered):
@@ -285,16 +305,22 @@ class EpochBatchSampler:
 
     # ---------------------------------------------------------------- resume
     def _position_of(self, consumed: int) -> tuple[int, int]:
-        """``(step, offset)`` after ``consumed`` micro-batches of the current epoch."""
-        fixed = self._fixed_count()
-        if fixed is not None:
-            return divmod(consumed, fixed)
+        """``(step, offset)`` after ``consumed`` micro-batches of the current epoch: between
+        where this pass started and what it has yielded."""
         base_consumed, step, offset = self._base
         if consumed < base_consumed:
             raise ValueError(
                 f"consumed = {consumed} lies before where this pass started ({base_consumed} "
                 "micro-batches): save the state during the pass that trained them"
             )
+        if consumed > self._consumed:
+            raise ValueError(
+                f"consumed = {consumed} exceeds the {self._consumed} micro-batches this sampler "
+                f"has yielded in epoch {self.epoch}"
+            )
+        fixed = self._fixed_count()
+        if fixed is not None:
+            return divmod(consumed, fixed)
         if consumed == base_consumed:
             return step, offset
         rest = consumed - base_consumed + offset
@@ -303,11 +329,6 @@ class EpochBatchSampler:
                 return step, rest
             rest -= count
             step += 1
-        if rest:
-            raise ValueError(
-                f"consumed = {consumed} exceeds the {self._consumed} micro-batches this sampler "
-                "has yielded in the epoch"
-            )
         return step, 0
 
     def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:

@@ -1,18 +1,24 @@
 """Sample lengths a sampler reads step by step: an array, any array-like, or a ``.npy`` file
-opened as a memory map, never copied whole.
+read in place, never copied whole.
 
 Every pass over all lengths (the construction checks, the fingerprint) runs in chunks of
-``CHUNK`` samples, so its temporary memory is bounded whatever the dataset's size.
+``CHUNK`` samples, so its temporary memory is bounded whatever the dataset's size. A file's
+lengths are read with ``pread`` at the positions needed, never through a memory map: each read
+checks that the file is still the one the sampler opened (inode, size, modification time)
+before and after, so a file rewritten, truncated or replaced under a running sampler is a
+``ValueError`` (a memory map of a truncated file would kill the process with SIGBUS).
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -29,34 +35,33 @@ _HASH_THREADS = 4
 _DISTINCT_LIMIT = 1 << 24
 """Lengths below this are collected as distinct values (a bitmap of at most 16 MiB)."""
 
+_BLOCK = 4096
+"""Positions closer than this many bytes in the file are read at once, with what lies between."""
+
 
 class LengthSource:
     """Validated, read-only token lengths, indexed by dataset index.
 
     Args:
-        lengths: a path to a 1-D integer ``.npy`` file (memory-mapped), a 1-D integer numpy
-            array (a ``np.load(..., mmap_mode="r")`` memory map included) or anything
-            ``np.asarray`` reads as one without copying (a CPU tensor): used as it is, so it
-            must not change while a sampler uses it; any other array-like (floats holding
-            whole numbers, lists) is converted once, as ``as_lengths`` does.
+        lengths: a path to a 1-D integer ``.npy`` file (read in place, module docstring), a
+            1-D integer numpy array (a memory map, ``np.load(..., mmap_mode="r")`` or any view
+            of one, is read from its file like a path) or anything ``np.asarray`` reads as one
+            without copying (a CPU tensor): used as it is, so it must not change while a
+            sampler uses it; any other array-like (floats holding whole numbers, lists) is
+            converted once, as ``as_lengths`` does.
         name: the argument's name in error messages.
 
     Raises:
-        ValueError: a file that cannot be read as a ``.npy`` array, is not 1-D, or holds no
-            integers; a negative length (named by dataset index); a float that is not a whole
-            number (array-likes).
+        ValueError: a file that cannot be read as a ``.npy`` array (a ``.npz`` archive
+            included), is not 1-D, or holds no integers; a negative length (named by dataset
+            index); a float that is not a whole number (array-likes).
     """
 
     def __init__(self, lengths: Any, name: str = "lengths") -> None:
         self.path: Path | None = None
         if isinstance(lengths, (str, os.PathLike)):
             self.path = Path(lengths)
-            try:
-                lengths = np.load(self.path, mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError) as error:
-                raise ValueError(
-                    f"{name}: cannot read {self.path} as a .npy array: {error}"
-                ) from None
+            lengths = _load_npy(self.path, name)
             name = f"{name} file {self.path}"
         elif isinstance(lengths, np.memmap) and lengths.filename is not None:
             self.path = Path(lengths.filename)
@@ -72,7 +77,6 @@ class LengthSource:
             if lengths.ndim != 1:
                 raise ValueError(f"{name} must be 1-D, got shape {lengths.shape}")
             self.values = lengths
-            self.size = int(lengths.shape[0])
         elif self.path is not None:
             raise ValueError(
                 f"{name} must hold integers (int32 or int64), got dtype {lengths.dtype} and shape "
@@ -81,32 +85,41 @@ class LengthSource:
         else:
             self.values = as_lengths(lengths, name)
         self.size = int(self.values.shape[0])
+        self._stat = None if self.path is None else _file_state(self.path)
+        self._file = _CheckedFile.of(self.values, self.path, name)
         self._scan()
-        self._stat = self._file_state()
         self._digest: str | None = None
 
-    def _file_state(self) -> tuple[int, int, int] | None:
-        if self.path is None:
-            return None
-        try:
-            stat = os.stat(self.path)
-        except OSError:
-            return None
-        return stat.st_ino, stat.st_size, stat.st_mtime_ns
+    @property
+    def reader(self) -> Any:
+        """The lengths as an array to index (``reader[indices]``, ``reader.shape``), every read
+        of a file checked (module docstring)."""
+        return self.values if self._file is None else self._file
 
-    def chunks(self, dtype: str = "<i8") -> Any:
+    def read(self, key: Any) -> np.ndarray:
+        """``lengths[key]`` (a slice or integer positions), checking that a file is unchanged.
+
+        Raises:
+            ValueError: the lengths file changed since the sampler opened it.
+        """
+        if self._file is None:
+            self.check_unchanged()
+            return np.asarray(self.values[key])
+        return self._file[key]
+
+    def chunks(self, dtype: str = "<i8") -> Iterator[tuple[int, np.ndarray]]:
         """``(start, chunk as dtype)`` over all lengths, ``CHUNK`` samples at a time."""
         for start in range(0, self.size, CHUNK):
-            yield start, np.ascontiguousarray(self.values[start : start + CHUNK], dtype=dtype)
+            yield start, np.ascontiguousarray(self.read(slice(start, start + CHUNK)), dtype=dtype)
 
     def _scan(self) -> None:
         """One pass in chunks: negative or too large values (named by dataset index), the
         largest length, and the distinct lengths while they fit a small bitmap."""
         limit = np.iinfo(np.int64).max
-        seen = np.zeros(0, dtype=bool)
+        seen: np.ndarray | None = np.zeros(0, dtype=bool)
         largest = 0
         for start in range(0, self.size, CHUNK):
-            chunk = self.values[start : start + CHUNK]
+            chunk = self.read(slice(start, start + CHUNK))
             low, high = chunk.min(), chunk.max()
             if low < 0 or high > limit:
                 i = int(np.flatnonzero((chunk < 0) | (chunk > limit))[0])
@@ -141,8 +154,7 @@ class LengthSource:
             ValueError: the lengths file changed (replaced, resized or rewritten) since the
                 sampler opened it, or a read value is negative.
         """
-        self.check_unchanged()
-        values = np.asarray(self.values[indices], dtype=np.int64)
+        values = np.asarray(self.read(indices), dtype=np.int64)
         if values.size and values.min() < 0:
             raise ValueError(
                 f"{self.name} now holds a negative length: it changed under the sampler"
@@ -151,11 +163,8 @@ class LengthSource:
 
     def check_unchanged(self) -> None:
         """ValueError when the lengths file changed since it was opened."""
-        if self.path is not None and self._file_state() != self._stat:
-            raise ValueError(
-                f"{self.name} changed under the running sampler (replaced, resized or "
-                "rewritten): build a new sampler for the new lengths"
-            )
+        if self.path is not None and _file_state(self.path) != self._stat:
+            _changed(self.name)
 
     def sha256(self) -> str:
         """SHA-256 fingerprint of all lengths, computed once: the SHA-256 of the width
@@ -167,7 +176,7 @@ class LengthSource:
             width = "<i4" if self.max < 2**31 else "<i8"
 
             def chunk_digest(start: int) -> bytes:
-                chunk = np.ascontiguousarray(self.values[start : start + CHUNK], dtype=width)
+                chunk = np.ascontiguousarray(self.read(slice(start, start + CHUNK)), dtype=width)
                 return hashlib.sha256(chunk.data).digest()
 
             starts = range(0, self.size, CHUNK)
@@ -176,6 +185,149 @@ class LengthSource:
                 digests = list(pool.map(chunk_digest, starts))
             self._digest = hashlib.sha256(f"{width};".encode() + b"".join(digests)).hexdigest()
         return self._digest
+
+
+class _CheckedFile:
+    """The values of a 1-D memory map of a ``.npy`` file, read with ``pread`` instead (module
+    docstring), indexed like the array: ``reader[slice]`` or ``reader[integer positions]``.
+
+    Args:
+        mapped: the memory map (the whole array or any 1-D view of it), whose place in the file
+            says where each value lies; its memory is never read.
+        path: the file.
+        name: the lengths' name in error messages.
+    """
+
+    def __init__(self, mapped: np.memmap, path: Path, name: str) -> None:
+        self.path, self.name = path, name
+        self.dtype = mapped.dtype
+        self.shape = mapped.shape
+        self.stride = int(mapped.strides[0])  # bytes from a value to the next, maybe negative
+        # Where value 0 lies: the map starts at the offset rounded down to the allocation
+        # granularity, and a view of part of it starts further in.
+        mapping = np.frombuffer(mapped._mmap, dtype=np.uint8)  # type: ignore[attr-defined]
+        start = int(mapped.offset) - int(mapped.offset) % mmap.ALLOCATIONGRANULARITY
+        self.first = start + int(mapped.ctypes.data) - int(mapping.ctypes.data)
+        self.state = _file_state(path)
+
+    @classmethod
+    def of(cls, values: np.ndarray, path: Path | None, name: str) -> _CheckedFile | None:
+        """The reader of ``values`` when it is a 1-D memory map of the file at ``path``, else
+        None (an array in memory)."""
+        if path is None or getattr(values, "_mmap", None) is None or values.ndim != 1:
+            return None
+        return cls(values, path, name)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                raise ValueError(f"{self.name}: read in steps of 1, got {step}")
+            if stop <= start:
+                return np.empty(0, dtype=self.dtype)
+            return self._read([(start, stop)])[0]
+        positions = np.asarray(key, dtype=np.int64)
+        if positions.size == 0:
+            return np.empty(positions.shape, dtype=self.dtype)
+        if positions.min() < 0 or positions.max() >= len(self):
+            raise IndexError(f"{self.name}: positions out of range [0, {len(self)})")
+        wanted = np.unique(positions)
+        # Runs of positions close together in the file, each read at once.
+        gap = max(1, _BLOCK // max(abs(self.stride), 1))
+        breaks = np.flatnonzero(np.diff(wanted) > gap) + 1
+        runs = np.split(wanted, breaks)
+        read = self._read([(int(run[0]), int(run[-1]) + 1) for run in runs])
+        values = np.concatenate([part[run - run[0]] for part, run in zip(read, runs, strict=True)])
+        return values[np.searchsorted(wanted, positions)]
+
+    def _read(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+        """The values of positions ``[start, stop)`` of each range (``stop > start``)."""
+        size = self.dtype.itemsize
+        try:
+            # Non-blocking: a FIFO put in the file's place opens at once (then fails the check).
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            _changed(self.name)
+        try:
+            self._check(os.fstat(fd))
+            out = []
+            for start, stop in ranges:
+                ends = (self.first + start * self.stride, self.first + (stop - 1) * self.stride)
+                low = min(ends)
+                data = _pread_into(fd, max(ends) + size - low, low, self.name)
+                out.append(
+                    np.ndarray(  # the values among the bytes read, without a copy
+                        (stop - start,),
+                        self.dtype,
+                        buffer=data,
+                        offset=self.first + start * self.stride - low,
+                        strides=(self.stride,),
+                    )
+                )
+            self._check(os.fstat(fd))  # written to while reading: its state moved
+        finally:
+            os.close(fd)
+        return out
+
+    def _check(self, info: os.stat_result) -> None:
+        if (info.st_ino, info.st_size, info.st_mtime_ns) != self.state:
+            _changed(self.name)
+
+
+def _pread_into(fd: int, count: int, at: int, name: str) -> np.ndarray:
+    """``count`` bytes of ``fd`` from ``at``, read straight into a new array; ValueError
+    (changed) when the file ends first."""
+    data = np.empty(count, dtype=np.uint8)
+    view, done = memoryview(data), 0
+    while done < count:  # a read may return less than asked
+        got = os.preadv(fd, [view[done:]], at + done)
+        if got == 0:
+            _changed(name)  # cut short: truncated
+        done += got
+    return data
+
+
+def _load_npy(path: Path, name: str) -> np.ndarray:
+    """The ``.npy`` file at ``path`` as a read-only memory map (the ``lengths`` property; the
+    sampler reads through ``_CheckedFile``)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
+    if not stat.S_ISREG(mode):  # a FIFO would block the open forever, a device never end
+        raise ValueError(
+            f"{name}: {path} is not a regular file (a folder, FIFO or device): give the path of "
+            "a .npy file"
+        )
+    try:
+        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
+    if not isinstance(loaded, np.ndarray):  # a .npz archive: a mapping of arrays
+        loaded.close()
+        raise ValueError(
+            f"{name}: {path} is a .npz archive, not a .npy array: save the lengths with np.save, "
+            "or pass the array (np.load(path)[key])"
+        )
+    return loaded
+
+
+def _file_state(path: Path) -> tuple[int, int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _changed(name: str) -> NoReturn:
+    raise ValueError(
+        f"{name} changed under the running sampler (replaced, resized or rewritten): build a new "
+        "sampler for the new lengths"
+    )
 
 
 def _shift(message: str, start: int) -> str:

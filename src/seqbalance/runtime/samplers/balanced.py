@@ -3,6 +3,7 @@ position, agreement, resume, ``len()``)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -13,8 +14,9 @@ import numpy as np
 from seqbalance._validation import as_group_ids, check_bool, check_int
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import ContextParallelPlan
-from seqbalance.plan.epoch import check_group_sizes, plan_epoch
+from seqbalance.plan.epoch import check_group_sizes, check_steps_fill, plan_epoch
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
@@ -34,9 +36,6 @@ if TYPE_CHECKING:
     from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 
 __all__ = ["BalancedBatchSampler"]
-
-_PROBE = 256
-"""Samples (the first, in dataset order) whose costs the setup records."""
 
 _RECENT = 64
 """Step plans kept for ``step_plan`` (a prefetching DataLoader's lag fits in this)."""
@@ -114,7 +113,9 @@ class BalancedBatchSampler(EpochBatchSampler):
             (:func:`data_parallel_position`), a group larger than ``global_batch_size``, a
             sample over ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``
             (named by its dataset index), a cost the cost model rejects, or parts the options
-            cannot plan (the conditions of :func:`seqbalance.plan.plan_step`). While iterating:
+            cannot plan (the conditions of :func:`seqbalance.plan.plan_step`), a step with
+            fewer samples than its micro-batch slots (:func:`seqbalance.plan.epoch.
+            check_steps_fill`; checked again by ``iter`` and ``len`` each epoch). While iterating:
             a step the planner refuses (raised by ``next()`` at that step, prefixed with it), a
             lengths file changed under the sampler, or ranks that disagree.
     """
@@ -133,7 +134,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         bucket_window: int | None = None,
         groups: Any = None,
         lookahead: int = 2,
-        agreement_timeout: float | None = 300.0,
+        agreement_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
         options: PlanOptions | None = None,
         adaptive: bool | Feedback = False,
         **option_keywords: Any,
@@ -168,18 +169,11 @@ class BalancedBatchSampler(EpochBatchSampler):
         n = self._source.size
         self.groups = None if groups is None else as_group_ids(groups, n)
         check_group_sizes(self.groups, self.global_batch_size)
-        # What every step's plan_step would refuse, refused now, naming the dataset index.
-        if parts is None:
-            self._check_lengths()
-        else:
-            self._check_samples(self._source.values, parts)
-        first = np.arange(min(n, _PROBE), dtype=np.int64)
-        probe = self._source.take(first)
-        costs, overhead = evaluate_costs(
-            self.options.cost_model, probe, None if parts is None else parts.take(first)
-        )
-        self._cost_probe = sha256_of(np.append(costs, overhead).view(np.int64))
+        # What every step's plan_step would refuse, refused now, naming the dataset index; the
+        # same pass digests every sample's cost (ranks and resumes compare it).
+        self._costs = self._check_and_digest_costs()
         self._layout_cache: EpochLayout | None = None
+        self._check_epoch(0)
         # The plans the background thread made last, for step_plan() (it writes, the loop reads).
         self._recent: OrderedDict[tuple[int, int], Plan] = OrderedDict()
         self._recent_lock = threading.Lock()
@@ -194,25 +188,47 @@ class BalancedBatchSampler(EpochBatchSampler):
                 self.options, feedback, group, self.lookahead, (self.dp_rank, self.dp_size)
             )
 
-    def _check_lengths(self) -> None:
-        """Caps and costs of every length: on the distinct lengths when the source has them
-        (costs of plain lengths are per sample), and only on a failure over all samples in
-        chunks, to name the first dataset index at fault."""
+    def _check_and_digest_costs(self) -> str:
+        """Check every sample against the caps and through the cost model, and return the
+        SHA-256 of every sample's cost and the micro-batch overhead (float64 bytes).
+
+        With parts: all samples at once (parts are in memory). Plain lengths: a cost is a
+        function of the length alone, so the costs of the distinct lengths (with the lengths'
+        own digest, which ranks compare too) fix every sample's; where there are too many
+        distinct lengths to collect, or a check fails (to name the dataset index at fault),
+        all samples in chunks of a memory map's worth."""
+        digest = hashlib.sha256()
+
+        def add(costs: np.ndarray, overhead: float) -> None:
+            digest.update(np.ascontiguousarray(costs, dtype="<f8").tobytes())
+            digest.update(np.array([overhead], dtype="<f8").tobytes())
+
+        if self.parts is not None:
+            digest.update(b"every sample;")
+            add(*self._check_samples(self._source.values, self.parts))
+            return digest.hexdigest()
         distinct = self._source.distinct
         if distinct is not None:
             try:
-                self._check_samples(distinct, None)
+                costs = self._check_samples(distinct, None)
             except ValueError:
                 pass  # found: the pass below names the dataset index
             else:
-                return
-        self._source.check_each(lambda chunk: self._check_samples(chunk, None))
+                digest.update(b"distinct lengths;")
+                add(*costs)
+                return digest.hexdigest()
+        digest.update(b"every sample;")
+        self._source.check_each(lambda chunk: add(*self._check_samples(chunk, None)))
+        return digest.hexdigest()
 
-    def _check_samples(self, lengths: np.ndarray, parts: SampleParts | None) -> None:
+    def _check_samples(
+        self, lengths: np.ndarray, parts: SampleParts | None
+    ) -> tuple[np.ndarray, float]:
+        """The samples' costs and the overhead, once they are checked against the caps."""
         check_within_caps(
             lengths, vision_patches_of(parts, self.options), self.options, n_ranks=self.dp_size
         )
-        evaluate_costs(self.options.cost_model, lengths, parts)
+        return evaluate_costs(self.options.cost_model, lengths, parts)
 
     def _setup(self) -> dict[str, Any]:
         # Parts are recorded only when given, so states of plain lengths keep their setup.
@@ -225,12 +241,18 @@ class BalancedBatchSampler(EpochBatchSampler):
                 "fingerprint": self.options.fingerprint(),
                 "values": self.options.to_dict(),
             },
-            "cost_probe": self._cost_probe,
+            "costs": self._costs,
             "global_batch_size": self.global_batch_size,
             "shuffle": self.shuffle,
             "bucket_window": self.bucket_window,
             **({} if self._lagged is None else {"adaptive": self._lagged.setup()}),
         }
+
+    def _agreement(self) -> dict[str, Any]:
+        # The closed loop's prior shapes the plans; a resume compares it through the adaptive
+        # state (load_state_dict), ranks here.
+        prior = None if self._lagged is None else self._lagged.loop.feedback.prior
+        return {} if prior is None else {"adaptive_prior": prior.to_json()}
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
         """Which samples make up each step of ``epoch`` (default: the current epoch)."""
@@ -241,7 +263,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _fresh_layout(self, epoch: int) -> EpochLayout:
         return EpochLayout(
-            self._source.values,
+            self._source.reader,
             self.global_batch_size,
             group_ids=self.groups,
             seed=self.seed,
@@ -256,6 +278,9 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _fixed_count(self) -> int | None:
         return self.options.num_microbatches
+
+    def _check_epoch(self, epoch: int) -> None:
+        check_steps_fill(self.layout(epoch), self.dp_size, self.options)
 
     def _start_pass(self, consumed: int, step: int, offset: int) -> None:
         super()._start_pass(consumed, step, offset)
@@ -395,7 +420,7 @@ class BalancedBatchSampler(EpochBatchSampler):
             )
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = plan_epoch(
-                self._source.values if self.parts is None else self.parts,
+                self._source.read(slice(None)) if self.parts is None else self.parts,
                 self.global_batch_size,
                 self.dp_size,
                 self.options,

@@ -10,6 +10,7 @@ import numpy as np
 
 from seqbalance._validation import check_int
 from seqbalance.cost.samples import SampleParts
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.layout import Permutation
 from seqbalance.runtime.samplers._epoch import EpochBatchSampler
 from seqbalance.runtime.samplers._lengths import LengthSource
@@ -70,7 +71,7 @@ class LengthGroupedSampler(EpochBatchSampler):
         seed: int = 0,
         drop_last: bool = False,
         bucket_size: int | None = None,
-        agreement_timeout: float | None = 300.0,
+        agreement_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         if isinstance(lengths, SampleParts):
             raise ValueError(

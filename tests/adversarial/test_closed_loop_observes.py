@@ -1,0 +1,64 @@
+"""Adversarial: the single controller (``AdaptivePlanner``) under any order of plan() and
+observe() calls. An observe of the step due is learned; any other (a step observed twice, or one
+observed while an earlier one was not) is a ValueError naming the steps, and nothing changes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqbalance.cost import TimeModel
+from seqbalance.plan import plan_step
+from seqbalance.runtime.closed_loop import AdaptivePlanner
+
+TRUE = TimeModel(0.003, 2e-6, 3e-10)
+
+
+def _seconds(plan, slow: float) -> list[list[float]]:
+    return [
+        [TRUE.microbatch_seconds(plan.lengths[i]) * (slow if r else 1.0) for i in mbs]
+        for r, mbs in enumerate(plan.ranks)
+    ]
+
+
+@given(
+    calls=st.lists(st.one_of(st.just(-1), st.integers(0, 7)), min_size=1, max_size=14),
+    slow=st.floats(1.0, 3.0),
+)
+def test_any_order_of_plans_and_observes_learns_each_step_once_in_order(calls, slow) -> None:
+    # -1: plan the next step; k: observe the k-th plan made (when there is one).
+    planner = AdaptivePlanner(2, cost="flops", model="qwen3-8b", max_tokens=8192)
+    plans, observed = [], 0
+    for call in calls:
+        if call < 0 or call >= len(plans):
+            lengths = np.random.default_rng(len(plans)).integers(50, 4000, size=24)
+            plans.append(planner.plan(lengths))
+            continue
+        before = json.dumps(planner.state_dict(), sort_keys=True)
+        if call == observed:
+            planner.observe(plans[call], _seconds(plans[call], slow))
+            observed += 1
+        else:
+            with pytest.raises(ValueError, match=f"observed step {call} where step {observed}"):
+                planner.observe(plans[call], _seconds(plans[call], slow))
+            assert json.dumps(planner.state_dict(), sort_keys=True) == before
+        assert planner.loop.observed == observed
+
+
+def test_a_plan_made_elsewhere_is_numbered_at_its_first_observe() -> None:
+    # WindowBalancer plans with planner.options itself: its plans take the step due, and the
+    # same plan observed again is an extra observe.
+    planner = AdaptivePlanner(2, max_tokens=4096)
+    plan = plan_step(np.arange(100, 140), 2, planner.options)
+    planner.observe(plan, _seconds(plan, 1.0))
+    with pytest.raises(ValueError, match="observed step 0 where step 1 was due"):
+        planner.observe(plan, _seconds(plan, 1.0))
+    with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+        planner.observe(plan, _seconds(plan, 1.0), step=-1)
+    assert planner.observe(plan, _seconds(plan, 1.0), step=1)["step"] == 1
+    mine = planner.plan(np.arange(100, 140))  # numbered after the steps observed: step 2
+    assert planner.observe(mine, _seconds(mine, 1.0))["step"] == 2
