@@ -186,6 +186,15 @@ def test_time_model_by_hand() -> None:
     loaded = replace(model, piece_overhead_s=0.125)
     np.testing.assert_allclose(loaded.shard_seconds([8], 2), [[16.381, 16.381]])
     assert loaded.shard_seconds([4], 1).tolist() == [[12.0]]
+    # sample_overhead_s: every piece, whole or sharded, costs its rank that much more (a
+    # sharded one piece_overhead_s on top); a whole sample's per_sample includes it.
+    per_sample = replace(loaded, sample_overhead_s=0.5)
+    np.testing.assert_allclose(per_sample.shard_seconds([8], 2), [[16.881, 16.881]])
+    assert per_sample.shard_seconds([4, 2], 1).tolist() == [[12.5], [5.5]]  # L = 2: 4 + 1 + 0.5
+    assert per_sample.per_sample([4, 2]).tolist() == [12.5, 5.5]
+    assert per_sample.microbatch_overhead == 0.5
+    with pytest.raises(ValueError, match="sample_overhead_s"):
+        replace(model, sample_overhead_s=-1e-3)
 
 
 @settings(max_examples=100)
@@ -214,6 +223,12 @@ def test_time_model_json_round_trip() -> None:
     again = ContextParallelTimeModel.from_json(model.to_json())
     assert again == model
     assert again.to_json() == model.to_json()
+    # The per-sample cost travels; files written before it existed read as 0.
+    costly = replace(model, sample_overhead_s=4e-4)
+    assert ContextParallelTimeModel.from_json(costly.to_json()) == costly
+    old = costly.to_dict()
+    del old["sample_overhead_s"]
+    assert ContextParallelTimeModel.from_dict(old) == model
     comm = CommModel(5e9, 3e-6, bytes_per_element=4, passes=3)
     assert CommModel.from_json(comm.to_json()) == comm
     with pytest.raises(ValueError, match="format"):

@@ -148,6 +148,7 @@ def _cp_cost(**constants: float):
         2,
         piece_overhead_s=constants["piece"],
         sharded_attention_factor=constants["factor"],
+        sample_overhead_s=constants.get("sample", 0.0),
     )
 
 
@@ -199,6 +200,7 @@ def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
         "latency": 2e-4,
         "piece": 8e-4,
         "factor": 1.6,
+        "sample": 4e-4,
     }
     cost = _cp_cost(**truth)
     plans = calibration_plans(4, ContextParallel(sizes=(1, 2, 4)), cost, max_tokens=256, seed=2)
@@ -206,7 +208,7 @@ def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
     constants = np.array(
         [
             *(truth["t0"], truth["t1"], truth["t2"], truth["t2"] * truth["factor"]),
-            *(1 / truth["bandwidth"], truth["latency"], truth["piece"]),
+            *(1 / truth["bandwidth"], truth["latency"], truth["piece"], truth["sample"]),
         ]
     )
     for plan in plans:
@@ -221,6 +223,7 @@ def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
     assert fitted.comm.bandwidth_bytes_per_s == pytest.approx(truth["bandwidth"], rel=1e-6)
     assert fitted.comm.latency_s == pytest.approx(truth["latency"], rel=1e-6)
     assert fitted.piece_overhead_s == pytest.approx(truth["piece"], rel=1e-6)
+    assert fitted.sample_overhead_s == pytest.approx(truth["sample"], rel=1e-6)
     assert fitted.time.fit_stats.mape < 1e-9
     assert fitted.time.fit_stats.n_observations == sum(int((p.tokens > 0).sum()) for p in plans)
     # Noise: each slot 10% off at random, the fit stays close on what the plans cost.
@@ -245,5 +248,6 @@ def _constants(model) -> np.ndarray:
         [
             *(time.t0, time.t1, time.t2, time.t2 * model.sharded_attention_factor),
             *(1 / comm.bandwidth_bytes_per_s, comm.latency_s, model.piece_overhead_s),
+            model.sample_overhead_s,
         ]
     )

@@ -237,10 +237,16 @@ class ContextParallelTimeModel:
         kv_layers: layers that gather K/V, each running its own collective
             (:func:`kv_layers` of the model: its softmax-attention layers).
         piece_overhead_s: seconds each member spends per sharded sample per micro-batch beyond
-            its tokens' compute (its own attention call, re-ordering the gathered K/V); a
-            whole sample's fixed costs are already inside ``time``'s coefficients. Default 0
-            (a fused varlen CP kernel handles all pieces in one launch); calibrate it for an
-            executor that does not (``seqbalance.runtime.context_parallel``).
+            its tokens' compute and ``sample_overhead_s`` (re-ordering the gathered K/V, the
+            chunked attention). Default 0 (a fused varlen CP kernel handles all pieces in one
+            launch); calibrate it for an executor that does not
+            (``seqbalance.runtime.context_parallel``).
+        sample_overhead_s: seconds a rank spends per piece it holds in a micro-batch, whole
+            sample or shard, beyond its tokens' compute: an executor that attends each sample
+            in its own call per layer pays it (the reference executor on CPU: about 0.4 ms for
+            the toy model), a varlen kernel that takes every sample in one launch does not.
+            Default 0; without it a calibration spreads that cost over ``t0`` and ``t1``, which
+            over-prices slots of few samples against slots of many.
         sharded_attention_factor: a sharded piece's attention seconds per causal pair, relative
             to a whole sample's (``t2``). Default 1 (a varlen kernel that aligns the causal mask
             to the bottom right skips the masked half as a whole sample's causal kernel does);
@@ -266,6 +272,7 @@ class ContextParallelTimeModel:
     kv_layers: int
     piece_overhead_s: float = field(default=0.0, kw_only=True)
     sharded_attention_factor: float = field(default=1.0, kw_only=True)
+    sample_overhead_s: float = field(default=0.0, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.time, TimeModel):
@@ -292,6 +299,11 @@ class ContextParallelTimeModel:
             self,
             "sharded_attention_factor",
             check_non_negative_float(self.sharded_attention_factor, "sharded_attention_factor"),
+        )
+        object.__setattr__(
+            self,
+            "sample_overhead_s",
+            check_non_negative_float(self.sample_overhead_s, "sample_overhead_s"),
         )
 
     @classmethod
@@ -328,8 +340,9 @@ class ContextParallelTimeModel:
         return self.time.t0
 
     def per_sample(self, lengths: Any) -> np.ndarray:
-        """Seconds per whole (unsharded) sample, without ``t0``: ``t1·L + t2·L²``."""
-        return self.time.per_sample(lengths)
+        """Seconds per whole (unsharded) sample, without ``t0``: ``t1·L + t2·L²`` plus
+        ``sample_overhead_s``."""
+        return self.time.per_sample(lengths) + self.sample_overhead_s
 
     # --- shares -------------------------------------------------------------------------------
     @property
@@ -355,11 +368,14 @@ class ContextParallelTimeModel:
 
     def shard_seconds(self, lengths: Any, cp: int, scheme: str = "head_tail") -> np.ndarray:
         """Seconds (float64 ``[n, cp]``) of each member's share: compute, the bandwidth part of
-        its communication and, when sharded (``cp > 1``), ``piece_overhead_s`` (the group's
-        latency is added per micro-batch, see :meth:`group_latency`)."""
+        its communication, ``sample_overhead_s`` and, when sharded (``cp > 1``),
+        ``piece_overhead_s`` (the group's latency is added per micro-batch, see
+        :meth:`group_latency`)."""
         received = self.shard_received_bytes(lengths, cp, scheme)
         seconds = (
-            self.shard_compute(lengths, cp, scheme) + received / self.comm.bandwidth_bytes_per_s
+            self.shard_compute(lengths, cp, scheme)
+            + received / self.comm.bandwidth_bytes_per_s
+            + self.sample_overhead_s
         )
         return seconds + self.piece_overhead_s if cp > 1 else seconds
 
@@ -390,6 +406,7 @@ class ContextParallelTimeModel:
             "kv_layers": self.kv_layers,
             "piece_overhead_s": self.piece_overhead_s,
             "sharded_attention_factor": self.sharded_attention_factor,
+            "sample_overhead_s": self.sample_overhead_s,
         }
 
     @classmethod
@@ -405,6 +422,8 @@ class ContextParallelTimeModel:
                 piece_overhead_s=data["piece_overhead_s"],
                 # Files written before the factor existed: 1, what they were planned with.
                 sharded_attention_factor=data.get("sharded_attention_factor", 1.0),
+                # Files written before the per-sample cost existed: 0, as they were planned.
+                sample_overhead_s=data.get("sample_overhead_s", 0.0),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"ContextParallelTimeModel: missing or bad field: {error}") from None

@@ -4,7 +4,7 @@ The model is linear in its constants: a rank's slot costs
 
     t0 (when it holds a piece) + t1·tokens + t2·(whole samples' causal pairs)
     + f·t2·(sharded pieces' causal pairs) + received K/V bytes / bandwidth
-    + ring steps · latency + sharded pieces · piece overhead
+    + ring steps · latency + sharded pieces · piece overhead + pieces · sample overhead
 
 (``seqbalance.cost.context_parallel``; ``f`` the ``sharded_attention_factor``), so one
 non-negative least-squares fit over measured slots gives every constant at once, each seen in
@@ -85,6 +85,7 @@ FEATURES = (
     "seconds_per_byte",
     "latency_s",
     "piece_overhead_s",
+    "sample_overhead_s",
 )
 """The constants :func:`fit_cost_model` fits, in the order of :func:`slot_features`' last axis
 (``sharded_t2`` is ``sharded_attention_factor · t2``, ``seconds_per_byte`` ``1 / bandwidth``)."""
@@ -162,6 +163,7 @@ def _unit(
     per_byte: float = 0.0,
     latency: float = 0.0,
     piece: float = 0.0,
+    sample: float = 0.0,
 ) -> ContextParallelTimeModel:
     """A model with the given constants and every other one 0 (``cost``'s K/V sizes, bytes per
     element and passes)."""
@@ -175,6 +177,7 @@ def _unit(
         cost.kv_layers,
         piece_overhead_s=piece,
         sharded_attention_factor=factor,
+        sample_overhead_s=sample,
     )
 
 
@@ -189,6 +192,7 @@ def _unit_models(cost: ContextParallelTimeModel) -> list[ContextParallelTimeMode
         _unit(cost, per_byte=1.0),
         _unit(cost, latency=1.0),
         _unit(cost, piece=1.0),
+        _unit(cost, sample=1.0),
     ]
 
 
@@ -242,7 +246,7 @@ def fit_cost_model(
     if (y <= 0).any():
         raise ValueError(f"measured slot seconds must be > 0, got {float(y.min())}")
     constants = nnls(x / y[:, None], np.ones_like(y))
-    t0, t1, t2, sharded_t2, per_byte, latency, piece = constants.tolist()
+    t0, t1, t2, sharded_t2, per_byte, latency, piece, sample = constants.tolist()
     template = observations[0][0].time_model
     stats = FitStats.of(x @ constants, y)
     return ContextParallelTimeModel(
@@ -258,6 +262,7 @@ def fit_cost_model(
         template.kv_layers,
         piece_overhead_s=piece,
         sharded_attention_factor=sharded_t2 / t2 if t2 > 0 else 1.0,
+        sample_overhead_s=sample,
     )
 
 

@@ -166,8 +166,8 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
             model's ``sharded_attention_factor`` for a sharded piece (1 for a whole sample), so
             that ``t0, t1, t2`` of a ``TimeModel`` give the slot's compute seconds
             (``ContextParallelTimeModel.shard_compute``); and float64 ``[n_slots]``: the rest
-            of each slot's predicted seconds (communication, latency, piece overhead) under
-            the plan's own model.
+            of each slot's predicted seconds (communication, latency, sample and piece
+            overheads) under the plan's own model.
         """
         r = check_int(rank, "rank", minimum=0)
         if r >= self.n_ranks:
