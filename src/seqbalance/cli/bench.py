@@ -489,7 +489,7 @@ def _context_parallel_notes(model: dict[str, Any]) -> list[str]:
         f"{1e9 * time['t2']:.4f} ns/token², sharded attention x"
         f"{cost['sharded_attention_factor']:.2f}; K/V gather "
         f"{comm['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, {1e6 * comm['latency_s']:.0f} us per "
-        f"ring step; {1e3 * cost.get('sample_overhead_s', 0.0):.2f} ms per sample and rank, "
+        f"ring step; {1e3 * cost['sample_overhead_s']:.2f} ms per sample and rank, "
         f"{1e3 * cost['piece_overhead_s']:.2f} ms more per sharded sample and member"
         + ("" if fit is None else f" (fit MAPE {100 * fit['mape']:.1f}%)")
     ]
