@@ -7,7 +7,7 @@ Part 1 (README's table): on every bundled length set, ``--steps`` global batches
 (lengths capped at 16k, as trainers truncate) on 8 ranks, Qwen3-8B training FLOPs, each peer in
 the configuration it runs in (packed with the 16k cap for verl, slime, Megatron's DP-balanced
 packer; padded micro-batches of 4 for TorchSpec and the Hugging Face samplers; Hugging Face
-``batch_rebalance`` with its variable groups: ``micro_batch_size`` = the step, 4 gradient
+``batch_rebalance`` with its variable groups: ``microbatch_size`` = the step, 4 gradient
 accumulation steps), and ``balanced`` with the same request at the default planning budget.
 Cell: the peer's total predicted step cost over ``balanced``'s (> 1: ``balanced`` is faster) and
 the steps where ``balanced`` is worse, by how much at most (only a dear rival the planning
@@ -36,7 +36,7 @@ import seqbalance as sb
 DATASETS = sb.datasets.names()
 N, DP, CAP, GA = 256, 8, 16384, 4
 PACKED = {"cost": "flops", "model": "qwen3-8b", "max_tokens": CAP, "allow_oversize": True}
-PADDED = {"cost": "flops", "model": "qwen3-8b", "layout": "padded", "micro_batch_size": 4}
+PADDED = {"cost": "flops", "model": "qwen3-8b", "layout": "padded", "microbatch_size": 4}
 PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "verl": ("packed, 16k cap", {**PACKED, "objective": "step"}),
     "slime": ("packed, 16k cap", {**PACKED, "objective": "step"}),
@@ -47,11 +47,11 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "hf_length_grouped": ("padded, 4 per micro-batch", {**PADDED, "objective": "step"}),
     "hf_batch_rebalance": (
         "padded, GA 4, step",
-        {**PADDED, "micro_batch_size": N, "num_microbatches": GA, "objective": "step"},
+        {**PADDED, "microbatch_size": N, "num_microbatches": GA, "objective": "step"},
     ),
     "hf_batch_rebalance ": (
         "padded, GA 4, lockstep",
-        {**PADDED, "micro_batch_size": N, "num_microbatches": GA, "objective": "lockstep"},
+        {**PADDED, "microbatch_size": N, "num_microbatches": GA, "objective": "lockstep"},
     ),
 }
 
@@ -121,7 +121,7 @@ def unseen_table(count: int) -> list[str]:
             options = {
                 "cost": hf_cost,
                 "layout": "padded",
-                "micro_batch_size": 128,
+                "microbatch_size": 128,
                 "num_microbatches": GA,
                 "objective": objective,
             }
@@ -137,11 +137,11 @@ def unseen_table(count: int) -> list[str]:
 
 def padded_table(count: int) -> list[str]:
     configs = {
-        "8 per micro-batch, FLOPs": {**PADDED, "micro_batch_size": 8},
+        "8 per micro-batch, FLOPs": {**PADDED, "microbatch_size": 8},
         "batch_rebalance's (GA 4, its cost)": {
             "cost": hf_cost,
             "layout": "padded",
-            "micro_batch_size": N,
+            "microbatch_size": N,
             "num_microbatches": GA,
         },
     }

@@ -75,7 +75,7 @@ def draw_step(rng: np.random.Generator) -> dict:
         options["objective"] = "lockstep"
     if rng.random() < 0.15:
         options["layout"] = "padded"
-        options["micro_batch_size"] = int(rng.integers(1, 9))
+        options["microbatch_size"] = int(rng.integers(1, 9))
     if rng.random() < 0.1:
         options["num_microbatches"] = int(rng.integers(1, 5))
     elif rng.random() < 0.2:

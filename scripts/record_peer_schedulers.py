@@ -9,7 +9,7 @@ at the given commit and run as they are (only their outputs are stored):
 - TorchSpec (PR #148, c9d2f8a): ``length_grouped_order`` and ``sample_length_hint``
   (``torchspec/data/utils.py``), ``AsyncTrainingController._partition_results`` and ``_seq_len``
   (``torchspec/controller/training_controller.py``); a step's rows in length-grouped order, cut
-  into dispatches of ``dp x micro_batch_size`` rows, each partitioned over the ranks.
+  into dispatches of ``dp x microbatch_size`` rows, each partitioned over the ranks.
 - Megatron-LM (main, PR #6684): ``BasePackingScheduler.__init__`` and ``DpBalancedScheduler``'s
   ``__init__`` and ``get_groups_and_subsamples`` (``megatron/core/datasets/data_schedule.py``).
 

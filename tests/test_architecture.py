@@ -23,7 +23,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src" / "seqbalance"
 
 LAYERS = {
-    "_moved": 0,
+    "_deprecated": 0,
     "_validation": 0,
     "defaults": 0,
     "partition": 1,

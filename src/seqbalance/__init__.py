@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from seqbalance._moved import install
+from seqbalance._deprecated import install
 
 __version__ = "0.1.0"
 
@@ -49,7 +49,7 @@ _SUBPACKAGES = (
 __all__ = ["__version__", *_LAZY_NAMES, *_SUBPACKAGES]
 
 
-install()  # the deprecated module paths of one release (seqbalance._moved)
+install()  # the deprecated module paths of one release (seqbalance._deprecated)
 
 
 def __getattr__(name: str) -> Any:

@@ -112,7 +112,7 @@ CASES = [
     ("bench", "--timeout 0", "--timeout"),
     ("plan", "{lengths} --dp 16", "--allow-empty"),
     ("plan", "{long} --dp 2 --max-tokens 1000", "--allow-oversize"),
-    ("plan", "{lengths} --dp 2 --layout padded", "--micro-batch-size"),
+    ("plan", "{lengths} --dp 2 --layout padded", "--microbatch-size"),
     ("plan", "{lengths} --dp 2 --num-microbatches 3 --microbatch-multiple 2", "multiple"),
     ("simulate", "--dp x", "invalid int value"),
     ("plan", "{lengths}", "required"),
@@ -125,8 +125,8 @@ CASES = [
     ("simulate", "--steps 1 --model {hidden_1e30}", "'hidden_size' must be <="),
     (
         "plan",
-        "{lengths} --dp 2 --layout padded --micro-batch-size 4611686018427387904",
-        "--micro-batch-size must be <=",
+        "{lengths} --dp 2 --layout padded --microbatch-size 4611686018427387904",
+        "--microbatch-size must be <=",
     ),
 ]
 
@@ -168,7 +168,7 @@ _NUMBERS = st.one_of(
                 "--num-microbatches",
                 "--min-microbatches",
                 "--microbatch-multiple",
-                "--micro-batch-size",
+                "--microbatch-size",
                 "--dp",
             ]
         ),

@@ -69,7 +69,7 @@ def problems(draw: st.DrawFn) -> dict:
         options["objective"] = "lockstep"
     if draw(st.integers(0, 4)) == 0:
         options["layout"] = "padded"
-        options["micro_batch_size"] = draw(st.integers(1, 8))
+        options["microbatch_size"] = draw(st.integers(1, 8))
     options["allow_empty"] = draw(st.booleans())
     count = draw(st.integers(0, 3))
     if count == 1:
@@ -91,7 +91,7 @@ def _parts_of(
 ) -> sb.cost.SampleParts:
     """Parts for the step (packed only: parts with images or HSTU fields are not padded)."""
     options.pop("layout", None)
-    options.pop("micro_batch_size", None)
+    options.pop("microbatch_size", None)
     options["cost"] = draw(st.sampled_from(PART_COSTS[kind]))
     if kind == "hstu":
         return hstu_parts(rng, lengths.size, longest=int(max(2, lengths.max()) // 2))
@@ -372,6 +372,6 @@ def test_missing_time_model_file_names_the_path(tmp_path) -> None:
         TimeModel.load(tmp_path / "nope.json")
 
 
-def test_a_huge_padded_micro_batch_size_is_one_chunk() -> None:
+def test_a_huge_padded_microbatch_size_is_one_chunk() -> None:
     flops = sb.FlopsModel(sb.ModelSpec.preset("qwen3-8b"))
-    assert flops.padded([10, 20], micro_batch_size=2**70) == flops.padded([10, 20], 2)
+    assert flops.padded([10, 20], microbatch_size=2**70) == flops.padded([10, 20], 2)

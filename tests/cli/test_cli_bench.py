@@ -62,7 +62,7 @@ def test_markdown_report_of_a_hand_made_run(capsys, monkeypatch, tmp_path) -> No
 PLAN_OPTION_FLAGS = (
     "--max-tokens",
     "--layout",
-    "--micro-batch-size",
+    "--microbatch-size",
     "--num-microbatches",
     "--min-microbatches",
     "--microbatch-multiple",
@@ -113,7 +113,7 @@ def test_plan_option_flags_reach_the_settings(capsys, monkeypatch, tmp_path) -> 
         *("--lengths", str(tmp_path / "x.npy"), "--length-divisor", "1"),
         *("--strategies", "round_robin,balanced", "--model-size", "tiny", "--json"),
         *("--steps", "2", "--warmup", "1"),
-        *("--max-tokens", "96", "--layout", "padded", "--micro-batch-size", "3"),
+        *("--max-tokens", "96", "--layout", "padded", "--microbatch-size", "3"),
         *("--num-microbatches", "4", "--min-microbatches", "2", "--microbatch-multiple", "2"),
         *("--objective", "lockstep", "--order", "descending", "--allow-oversize"),
         "--allow-empty",
@@ -123,7 +123,7 @@ def test_plan_option_flags_reach_the_settings(capsys, monkeypatch, tmp_path) -> 
     assert settings.options == PlanOptions(
         max_tokens=96,
         layout="padded",
-        micro_batch_size=3,
+        microbatch_size=3,
         num_microbatches=4,
         min_microbatches=2,
         microbatch_multiple=2,
@@ -164,7 +164,7 @@ def test_bad_options_name_their_flags(capsys, tmp_path) -> None:
     assert main(["bench", *lengths, "--time-model", str(tmp_path / "none.json")]) == 2
     assert "--time-model: no such file" in capsys.readouterr().err
     assert main(["bench", *lengths, "--layout", "padded"]) == 2
-    assert "--layout" in (err := capsys.readouterr().err) and "--micro-batch-size" in err
+    assert "--layout" in (err := capsys.readouterr().err) and "--microbatch-size" in err
     assert main(["bench", *lengths, "--num-microbatches", "3", "--microbatch-multiple", "2"]) == 2
     err = capsys.readouterr().err
     assert "--num-microbatches = 3 conflicts with --microbatch-multiple = 2" in err
@@ -292,13 +292,13 @@ def test_two_processes_train_padded_microbatches(capsys, tmp_path) -> None:
     argv = ["bench", "--lengths", str(tmp_path / "lengths.npy"), "--length-divisor", "1"]
     argv += ["--model-size", "tiny", "--steps", "2", "--warmup", "1", "--global-batch", "8"]
     argv += ["--max-tokens", "256", "--trials", "6", "--repeats", "1", "--timeout", "60"]
-    argv += ["--layout", "padded", "--micro-batch-size", "2", "--json"]
+    argv += ["--layout", "padded", "--microbatch-size", "2", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["setup"]["options"]["layout"] == "padded"
     assert report["setup"]["options"]["micro_batch_size"] == 2
     # Calibrated on padded micro-batches: every sample at its micro-batch's longest length.
-    options = PlanOptions(max_tokens=256, layout="padded", micro_batch_size=2)
+    options = PlanOptions(max_tokens=256, layout="padded", microbatch_size=2)
     planned = _microbatches_run(report, options, lengths, 8)
     for name, stats in report["strategies"].items():
         microbatches = [mb for step in planned[name] for mb in step]
@@ -401,7 +401,7 @@ def test_context_parallel_options_name_their_flags(capsys, tmp_path) -> None:
     small.save(tmp_path / "small.json")
     for extra, message in (
         (
-            ["--layout", "padded", "--micro-batch-size", "2"],
+            ["--layout", "padded", "--microbatch-size", "2"],
             "--layout = 'padded' is not supported with --context-parallel",
         ),
         (["--objective", "lockstep"], "--objective = 'lockstep' is not supported"),

@@ -213,7 +213,7 @@ def test_hf_baselines_run_padded_and_say_so(baseline: str, capsys) -> None:
     data = json.loads(captured.out)
     assert data["setup"]["layout"] == "padded"
     assert f"note: {baseline} pads every micro-batch" in captured.err
-    assert "--micro-batch-size 8" in captured.err
+    assert "--microbatch-size 8" in captured.err
     assert data["headline"].startswith(
         f"balanced: {data['strategies']['balanced']['speedups'][baseline]:.2f}x faster than "
         f"{baseline}"
@@ -223,18 +223,32 @@ def test_hf_baselines_run_padded_and_say_so(baseline: str, capsys) -> None:
     assert data["strategies"][baseline]["padding_tokens"] > 0
 
 
+def test_batch_rebalance_runs_padded_with_the_step_as_microbatch_size(capsys) -> None:
+    # Its groups hold any number of samples: micro-batches of up to the step's 128 samples.
+    argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "128", "--json"]
+    options = ["--num-microbatches", "4", "--max-tokens", "65536"]
+    assert main([*argv, "--baseline", "hf_batch_rebalance", *options]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["setup"]["layout"] == "padded"
+    assert "--microbatch-size 128" in captured.err
+    rival = data["strategies"]["hf_batch_rebalance"]
+    assert rival["mean_microbatches"] == 4.0
+    assert data["strategies"]["balanced"]["speedups"]["hf_batch_rebalance"] >= 1.0
+
+
 def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
     import seqbalance as sb
     from seqbalance.plan.stacks import length_grouped_steps
     from seqbalance.sim import simulate
 
     argv = ["simulate", "--steps", "3", "--dp", "4", "--global-batch", "96", "--seed", "5"]
-    padded = ["--layout", "padded", "--micro-batch-size", "8"]
+    padded = ["--layout", "padded", "--microbatch-size", "8"]
     assert main([*argv, *padded, "--baseline", "hf_length_grouped", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     lengths = np.minimum(sb.datasets.load("sharegpt"), 16384)
     steps = length_grouped_steps(
-        lengths, micro_batch_size=8, gradient_accumulation_steps=3, world_size=4, steps=3, seed=5
+        lengths, microbatch_size=8, gradient_accumulation_steps=3, world_size=4, steps=3, seed=5
     )
     expected = simulate(
         lengths,
@@ -242,7 +256,7 @@ def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
         strategies=["hf_default"],
         batches=steps,
         layout="padded",
-        micro_batch_size=8,
+        microbatch_size=8,
     ).strategies["hf_default"]
     ours = data["strategies"]["hf_length_grouped"]
     assert ours["step_seconds"] == pytest.approx(expected.step_seconds.tolist(), rel=1e-12)
@@ -264,12 +278,12 @@ def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
         rel=1e-9,
     )
     assert main([*argv, *padded, "--global-batch", "100", "--baseline", "hf_length_grouped"]) == 2
-    assert "must be a multiple of --dp x --micro-batch-size (32)" in capsys.readouterr().err
+    assert "must be a multiple of --dp x --microbatch-size (32)" in capsys.readouterr().err
 
 
 def test_padded_runs_compare_with_the_trainer_default(capsys) -> None:
     argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "64"]
-    assert main([*argv, "--layout", "padded", "--micro-batch-size", "4", "--json"]) == 0
+    assert main([*argv, "--layout", "padded", "--microbatch-size", "4", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert "hf_default" in data["strategies"]
     assert "faster than hf_default" in data["headline"]
@@ -352,7 +366,7 @@ def test_context_parallel_honours_the_slot_options_and_refuses_the_others(
         assert 0 < counted["strategies"][name]["sharded_fraction"] <= 1, name
     for extra, message in (
         (
-            ["--layout", "padded", "--micro-batch-size", "2"],
+            ["--layout", "padded", "--microbatch-size", "2"],
             "--layout = 'padded' is not supported with --context-parallel",
         ),
         (["--order", "descending"], "--order = 'descending' is not supported"),
@@ -437,7 +451,7 @@ def test_length_grouped_gain_is_per_unit_of_work(capsys) -> None:
     one sample per micro-batch every strategy computes exactly its samples' costs (no padding, no
     imbalance): the gains must all be 1, however few steps are simulated."""
     argv = ["simulate", "--steps", "3", "--dp", "1", "--global-batch", "16", "--seed", "3"]
-    padded = ["--layout", "padded", "--micro-batch-size", "1"]
+    padded = ["--layout", "padded", "--microbatch-size", "1"]
     data = run_json(capsys, *argv, *padded, "--baseline", "hf_length_grouped")
     strategies = data["strategies"]
     # The steps differ: the sampler's first step holds the longest samples of its mega-batch.

@@ -251,7 +251,7 @@ def test_padded_micro_batches() -> None:
     model = FlopsModel(ModelSpec.from_hf_config(TINY_LLAMA))
     # chunks of 2 in order: [1, 3] -> 3, 3; [2, 5] -> 5, 5; [4] -> 4
     expected = float(model.per_sample([3, 3, 5, 5, 4]).sum())
-    assert model.padded([1, 3, 2, 5, 4], micro_batch_size=2) == expected
+    assert model.padded([1, 3, 2, 5, 4], microbatch_size=2) == expected
     assert model.padded([1, 3, 2, 5, 4], 1) == float(model.per_sample([1, 3, 2, 5, 4]).sum())
     assert model.padded([1, 3, 2, 5, 4], 10) == float(model.per_sample([5] * 5).sum())
     assert model.padded([], 4) == 0.0
@@ -261,7 +261,7 @@ def test_padded_micro_batches() -> None:
     assert spec_model.padded([256] * 32, 32) == pytest.approx(
         spec_model.packed(np.arange(0, 8193, 256)), rel=1e-12
     )
-    with pytest.raises(ValueError, match="micro_batch_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="microbatch_size must be >= 1, got 0"):
         model.padded([1, 2], 0)
 
 

@@ -41,7 +41,7 @@ def test_plan_step_takes_every_preset_by_name(name: str) -> None:
     plan.validate()
     expected = preset_cost(name).per_sample(LENGTHS)
     np.testing.assert_array_equal(plan.sample_costs, expected)
-    assert plan.cost_model == f"flops:{name}"
+    assert plan.cost_model_name == f"flops:{name}"
     options = sb.PlanOptions(cost="flops", model=name)
     assert sb.PlanOptions.from_json(options.to_json()) == options
 

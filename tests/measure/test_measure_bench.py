@@ -141,7 +141,7 @@ def test_context_parallel_settings_are_validated_and_described() -> None:
     # What PlanOptions refuses with context_parallel, it refuses for bench too.
     for bad, message in (
         ({"max_tokens": None}, "context_parallel needs the per-rank token cap"),
-        ({"layout": "padded", "micro_batch_size": 2}, "layout = 'padded'"),
+        ({"layout": "padded", "microbatch_size": 2}, "layout = 'padded'"),
         ({"objective": "lockstep"}, "objective = 'lockstep' is not"),
         ({"context_parallel": (1, 2)}, "context_parallel must be a ContextParallel"),
         ({"cost": "tokens"}, "cost must be"),
@@ -319,7 +319,7 @@ def test_settings_round_trip_through_pickle_and_their_description() -> None:
     options = PlanOptions(
         max_tokens=96,
         layout="padded",
-        micro_batch_size=3,
+        microbatch_size=3,
         num_microbatches=4,
         min_microbatches=2,
         microbatch_multiple=2,

@@ -44,7 +44,7 @@ def _brute_force(plan: StepPlan, m: int) -> float | None:
         tokens = count * np.maximum(longest, 0)
         longest_sample = masked_lengths.argmax(axis=1)
         slot_cost = plan.overhead + count * np.where(count > 0, costs[longest_sample], 0.0)
-        feasible &= (count <= plan.micro_batch_size).all(axis=1)
+        feasible &= (count <= plan.microbatch_size).all(axis=1)
     if plan.max_tokens is not None:
         lone_oversize = (count == 1) & (longest > plan.max_tokens) & plan.allow_oversize
         feasible &= ((tokens <= plan.max_tokens) | lone_oversize).all(axis=1)
@@ -110,7 +110,7 @@ def small_problems(draw: st.DrawFn) -> dict:
         options["allow_oversize"] = draw(st.booleans())
     if draw(st.integers(0, 3)) == 0:
         options["layout"] = "padded"
-        options["micro_batch_size"] = draw(st.integers(1, 6))
+        options["microbatch_size"] = draw(st.integers(1, 6))
     if draw(st.integers(0, 3)) == 0:
         options["groups"] = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     if dp <= 2 and draw(st.booleans()):

@@ -63,7 +63,7 @@ def tight_steps(draw: st.DrawFn) -> dict:
         options["groups"] = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     if draw(st.integers(0, 4)) == 0:
         options["layout"] = "padded"
-        options["micro_batch_size"] = draw(st.integers(1, 6))
+        options["microbatch_size"] = draw(st.integers(1, 6))
     return {"lengths": lengths, "dp": dp, **options}
 
 

@@ -47,8 +47,8 @@ def test_positional_arguments_are_refused() -> None:
         ({"max_tokens": 2**64}, r"max_tokens must be <= 2\*\*53"),
         ({"max_tokens": 1.5}, "max_tokens must be an integer"),
         ({"layout": "ragged"}, "layout must be one of"),
-        ({"layout": "padded"}, "needs micro_batch_size"),
-        ({"micro_batch_size": 4}, "applies to layout='padded' only"),
+        ({"layout": "padded"}, "needs microbatch_size"),
+        ({"microbatch_size": 4}, "applies to layout='padded' only"),
         ({"objective": "sync"}, "objective must be one of"),
         ({"order": "random"}, "order must be one of"),
         ({"strategy": "fastest"}, "strategy must be one of .*'balanced'"),
@@ -104,7 +104,7 @@ def test_keywords_apply_on_top_of_options() -> None:
     [
         PlanOptions(),
         PlanOptions(cost="flops", model="qwen3-4b", max_tokens=4096, objective="lockstep"),
-        PlanOptions(cost=ModelSpec.preset("llama-3.1-8b"), layout="padded", micro_batch_size=4),
+        PlanOptions(cost=ModelSpec.preset("llama-3.1-8b"), layout="padded", microbatch_size=4),
         PlanOptions(cost=FlopsModel(ModelSpec.preset("qwen3-8b"), recompute=True)),
         PlanOptions(cost=TimeModel(0.001, 2e-6, 3e-10, tile=128), num_microbatches=4),
         PlanOptions(
@@ -177,7 +177,7 @@ def test_option_names_are_the_dataclass_fields() -> None:
         "max_tokens",
         "max_vision_patches",
         "layout",
-        "micro_batch_size",
+        "microbatch_size",
         "num_microbatches",
         "min_microbatches",
         "microbatch_multiple",
@@ -224,7 +224,7 @@ def test_simulate_rejects_a_typo_and_takes_every_option() -> None:
         steps=2,
         max_tokens=2000,
         layout="padded",
-        micro_batch_size=2,
+        microbatch_size=2,
     )
     for plans in padded.plans.values():
         for plan in plans:
@@ -279,7 +279,7 @@ def test_context_parallel_options_round_trip_and_change_the_fingerprint() -> Non
     [
         ({"strategy": "token_kk"}, "strategy \\(with context_parallel\\) must be one of"),
         ({"objective": "lockstep"}, "objective = 'lockstep' is not supported"),
-        ({"layout": "padded", "micro_batch_size": 2}, "layout = 'padded' is not supported"),
+        ({"layout": "padded", "microbatch_size": 2}, "layout = 'padded' is not supported"),
         ({"max_tokens": None}, "context_parallel needs the per-rank token cap: set max_tokens"),
         ({"allow_oversize": True}, "sharded, not left alone"),
         ({"cost": "tokens"}, "cost must be"),

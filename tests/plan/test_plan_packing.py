@@ -64,7 +64,7 @@ def test_greedy_filling_is_plain_first_and_next_fit(
     options = PlanOptions(
         max_tokens=cap,
         layout="packed" if size is None else "padded",
-        micro_batch_size=size,
+        microbatch_size=size,
         allow_oversize=True,
     )
     assert _fill(lengths, rule, options) == _reference(lengths, cap, size, rule)
@@ -79,7 +79,7 @@ def test_a_padded_scan_leaves_the_counts_alone() -> None:
     # 32 full micro-batches of one 7-token sample open the numpy scan; samples 32 and 34 then
     # share one (2 x 3 = 6 <= 7): a scan that counted each probe as a sample opened a 35th.
     lengths = [7] * 32 + [2, 4, 3]
-    bins = _fill(lengths, "first", PlanOptions(max_tokens=7, layout="padded", micro_batch_size=2))
+    bins = _fill(lengths, "first", PlanOptions(max_tokens=7, layout="padded", microbatch_size=2))
     assert bins == [[i] for i in range(32)] + [[32, 34], [33]]
     assert bins == _reference(lengths, 7, 2, "first")
 

@@ -170,15 +170,15 @@ def test_the_patch_cap_needs_parts_that_describe_images() -> None:
 
 def test_padded_layout_refuses_images_and_the_patch_cap() -> None:
     with pytest.raises(ValueError, match="applies to layout='packed' only"):
-        PlanOptions(max_vision_patches=8, layout="padded", micro_batch_size=2)
+        PlanOptions(max_vision_patches=8, layout="padded", microbatch_size=2)
     parts = _one_image_each([(2, 2), (2, 4)])
     with pytest.raises(ValueError, match="layout='padded' cannot plan samples with images"):
-        sb.plan_step(parts, 1, layout="padded", micro_batch_size=2)
+        sb.plan_step(parts, 1, layout="padded", microbatch_size=2)
     hstu = hstu_parts(np.random.default_rng(0), 3)
     with pytest.raises(ValueError, match="cannot plan samples with HSTU parts"):
-        sb.plan_step(hstu, 1, layout="padded", micro_batch_size=2, cost=TINY_HSTU)
+        sb.plan_step(hstu, 1, layout="padded", microbatch_size=2, cost=TINY_HSTU)
     text_only = SampleParts(tokens=[5, 7], spatial_merge_size=MERGE)
-    assert sb.plan_step(text_only, 1, layout="padded", micro_batch_size=2).tokens.tolist() == [[14]]
+    assert sb.plan_step(text_only, 1, layout="padded", microbatch_size=2).tokens.tolist() == [[14]]
 
 
 def test_cost_models_that_would_ignore_parts_are_refused() -> None:
@@ -208,7 +208,7 @@ def test_vision_language_costs_flow_into_the_plan() -> None:
     np.testing.assert_array_equal(plan.sample_costs, expected)
     np.testing.assert_array_equal(plan.lengths, parts.tokens)
     np.testing.assert_array_equal(plan.vision_patches, parts.vision_patches)
-    assert plan.cost_model == "flops:llama+vision:custom"
+    assert plan.cost_model_name == "flops:llama+vision:custom"
     assert plan.costs.sum() == pytest.approx(expected.sum(), rel=1e-12)
 
 
@@ -219,7 +219,7 @@ def test_hstu_parts_plan_with_the_hstu_model() -> None:
     np.testing.assert_array_equal(plan.sample_costs, TINY_HSTU.per_sample(parts))
     np.testing.assert_array_equal(plan.lengths, parts.tokens)
     assert plan.vision_patches is None and "max_microbatch_vision_patches" not in plan.summary()
-    assert plan.cost_model == "flops:custom"
+    assert plan.cost_model_name == "flops:custom"
 
 
 # ---------------------------------------------------------------------- validate, JSON

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 from _profiles import examples
+from _stacks import outcome, problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_plan_stacks import outcome, problem, recorded
+from test_plan_stacks import recorded
 
 import seqbalance as sb
 from seqbalance.plan.stacks import (
@@ -68,7 +69,7 @@ def test_hf_batch_rebalance_is_the_installed_sampler(step: tuple[list[int], int,
         for rank in range(dp)
     ]
     assert rebalance_groups(lengths, dp, ga) == expected
-    p = problem(lengths, dp, micro_batch_size=len(lengths), num_microbatches=ga)
+    p = problem(lengths, dp, microbatch_size=len(lengths), num_microbatches=ga)
     assert HFBatchRebalanceBaseline().plan(p) == expected
 
 
@@ -84,20 +85,20 @@ def test_hf_batch_rebalance_by_hand() -> None:
     assert plan == [[[6, 3], [1]], [[4, 7], [0, 5, 2]]]
     with pytest.raises(ValueError, match="cannot plan this step: 3 samples cannot fill the 4"):
         HFBatchRebalanceBaseline().plan(
-            problem([1, 2, 3], 2, micro_batch_size=3, num_microbatches=2)
+            problem([1, 2, 3], 2, microbatch_size=3, num_microbatches=2)
         )
 
 
-def test_hf_batch_rebalance_takes_ga_from_micro_batch_size() -> None:
+def test_hf_batch_rebalance_takes_ga_from_microbatch_size() -> None:
     # 16 samples, 2 ranks x 2 per device -> GA 4, the Trainer's effective batch; equal lengths
     # keep groups of 2.
-    p = problem([5] * 16, 2, micro_batch_size=2)
+    p = problem([5] * 16, 2, microbatch_size=2)
     plan = HFBatchRebalanceBaseline().plan(p)
     assert plan == rebalance_groups([5] * 16, 2, 4)
     assert [len(mb) for mbs in plan for mb in mbs] == [2] * 8
     # Its groups grow past the per-device batch where samples are short: refused, saying how.
-    with pytest.raises(ValueError, match="micro_batch_size = the step's size"):
-        HFBatchRebalanceBaseline().plan(problem(list(range(1, 17)), 2, micro_batch_size=2))
+    with pytest.raises(ValueError, match="microbatch_size = the step's size"):
+        HFBatchRebalanceBaseline().plan(problem(list(range(1, 17)), 2, microbatch_size=2))
 
 
 # ---------------------------------------------------------------- TorchSpec
@@ -106,7 +107,7 @@ def test_hf_batch_rebalance_takes_ga_from_micro_batch_size() -> None:
 def test_torchspec_matches_recorded_plans() -> None:
     for case in recorded("peer_schedulers")["torchspec"]:
         strategy = TorchSpecBaseline(length_group_size=case["length_group_size"])
-        p = problem(case["lengths"], case["dp"], micro_batch_size=case["micro_batch_size"])
+        p = problem(case["lengths"], case["dp"], microbatch_size=case["micro_batch_size"])
         assert outcome(strategy, p) == case["expected"], case
 
 
@@ -115,13 +116,13 @@ def test_torchspec_by_hand() -> None:
     # 3 (0), 2 (5), 1 (2), each to the rank with fewer tokens that has room: loads 9 | 8, 9 | 15,
     # 14 | 15, 18 | 15, 18 | 18, then 2 to rank 0 (ties: the lower rank), full, and 1 to rank 1.
     lengths = [3, 9, 1, 7, 5, 2, 8, 4]
-    plan = TorchSpecBaseline().plan(problem(lengths, 2, micro_batch_size=4))
+    plan = TorchSpecBaseline().plan(problem(lengths, 2, microbatch_size=4))
     assert plan == [[[1, 4, 7, 5]], [[6, 3, 0, 2]]]
     # One row per rank per dispatch: round robin over the length-grouped order.
-    plan = TorchSpecBaseline().plan(problem(lengths, 2, micro_batch_size=1))
+    plan = TorchSpecBaseline().plan(problem(lengths, 2, microbatch_size=1))
     assert plan == [[[1], [3], [7], [5]], [[6], [4], [0], [2]]]
     # Rows are sorted within chunks of length_group_size only.
-    plan = TorchSpecBaseline(length_group_size=4).plan(problem(lengths, 2, micro_batch_size=1))
+    plan = TorchSpecBaseline(length_group_size=4).plan(problem(lengths, 2, microbatch_size=1))
     assert plan == [[[1], [0], [6], [7]], [[3], [2], [4], [5]]]
 
 
@@ -165,11 +166,11 @@ def test_megatron_dp_balanced_by_hand() -> None:
 @pytest.mark.parametrize("name", ["hf_batch_rebalance", "megatron_dp_balanced", "torchspec"])
 def test_peers_plan_through_plan_step(name: str) -> None:
     lengths = sb.datasets.load("sharegpt")[:64]
-    kwargs: dict[str, Any] = {"layout": "padded", "micro_batch_size": 4}
+    kwargs: dict[str, Any] = {"layout": "padded", "microbatch_size": 4}
     if name == "megatron_dp_balanced":
         kwargs = {"max_tokens": 8192, "allow_oversize": True}
     elif name == "hf_batch_rebalance":
-        kwargs = {"layout": "padded", "micro_batch_size": 64, "num_microbatches": 4}
+        kwargs = {"layout": "padded", "microbatch_size": 64, "num_microbatches": 4}
     plan = sb.plan_step(lengths, 4, strategy=name, allow_empty=True, **kwargs)
     plan.validate()
     balanced = sb.plan_step(lengths, 4, allow_empty=True, **kwargs)

@@ -68,7 +68,7 @@ def problems(
     chosen_layout = layout or draw(st.sampled_from(["packed", "packed", "padded"]))
     if chosen_layout == "padded":
         options["layout"] = "padded"
-        options["micro_batch_size"] = draw(st.integers(1, 8))
+        options["microbatch_size"] = draw(st.integers(1, 8))
     grouped = with_groups if with_groups is not None else draw(st.integers(0, 3)) == 0
     if grouped:
         options["groups"] = draw(st.lists(st.integers(0, max(1, n // 3)), min_size=n, max_size=n))

@@ -65,11 +65,9 @@ def requests(draw: st.DrawFn) -> dict[str, Any]:
     }
     layout = draw(st.sampled_from(["packed", "padded", "peer"]))
     if layout == "padded":
-        options.update(layout="padded", micro_batch_size=draw(st.integers(1, 8)))
+        options.update(layout="padded", microbatch_size=draw(st.integers(1, 8)))
     elif layout == "peer":  # batch_rebalance: sizes vary freely, GA micro-batches per rank
-        options.update(
-            layout="padded", micro_batch_size=n, num_microbatches=draw(st.integers(1, 4))
-        )
+        options.update(layout="padded", microbatch_size=n, num_microbatches=draw(st.integers(1, 4)))
     if draw(st.booleans()):
         options.update(max_tokens=draw(st.sampled_from([2048, 8192, 32768])), allow_oversize=True)
     return {"lengths": lengths, "dp": dp, **options}

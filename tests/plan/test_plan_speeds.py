@@ -99,7 +99,7 @@ def test_hundredfold_slowdown_keeps_every_cap_and_count(objective: str, layout: 
         "microbatch_multiple": 2,
     }
     if layout == "padded":
-        options.update(layout="padded", micro_batch_size=8)
+        options.update(layout="padded", microbatch_size=8)
     speeds = (1.0,) * 7 + (0.01,)
     plan = sb.plan_step(lengths, 8, rank_speeds=speeds, **options)
     plan.validate()
@@ -214,8 +214,8 @@ def test_fingerprints_without_speeds_are_unchanged() -> None:
     [
         {"objective": "step"},
         {"objective": "lockstep"},
-        {"layout": "padded", "micro_batch_size": 4},
-        {"objective": "lockstep", "layout": "padded", "micro_batch_size": 2},
+        {"layout": "padded", "microbatch_size": 4},
+        {"objective": "lockstep", "layout": "padded", "microbatch_size": 2},
     ],
 )
 def test_equal_speeds_give_the_plan_of_no_speeds(speed: float, options: dict) -> None:

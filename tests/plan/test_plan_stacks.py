@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _profiles import examples
+from _stacks import outcome, problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,47 +54,6 @@ def recorded(name: str = "stack_baselines") -> dict[str, list[dict[str, Any]]]:
     """The cases of ``tests/data/<name>.json.gz``, by strategy name."""
     with gzip.open(DATA / f"{name}.json.gz", "rt") as handle:
         return json.load(handle)
-
-
-def problem(
-    lengths: Any,
-    dp: int,
-    *,
-    max_tokens: int | None = None,
-    costs: Any = None,
-    micro_batch_size: int | None = None,
-    min_microbatches: int = 1,
-    microbatch_multiple: int = 1,
-    num_microbatches: int | None = None,
-    groups: Any = None,
-    allow_empty: bool = True,
-) -> Problem:
-    lengths = np.asarray(lengths, dtype=np.int64)
-    options = PlanOptions(
-        max_tokens=max_tokens,
-        layout="padded" if micro_batch_size is not None else "packed",
-        micro_batch_size=micro_batch_size,
-        allow_oversize=True,
-        allow_empty=allow_empty,
-        min_microbatches=min_microbatches,
-        microbatch_multiple=microbatch_multiple,
-        num_microbatches=num_microbatches,
-    )
-    return Problem(
-        lengths=lengths,
-        sample_costs=np.asarray(lengths if costs is None else costs, dtype=np.float64),
-        overhead=0.0,
-        dp=dp,
-        groups=None if groups is None else np.asarray(groups, dtype=np.int64),
-        options=options,
-    )
-
-
-def outcome(strategy: Any, p: Problem) -> Any:
-    try:
-        return strategy.plan(p)
-    except ValueError:
-        return "error"
 
 
 def test_recorded_file_has_500_cases_per_baseline() -> None:
@@ -128,7 +88,7 @@ def test_slime_matches_recorded_plans(name: str) -> None:
             case["lengths"],
             case["dp"],
             max_tokens=case["max_tokens"],
-            micro_batch_size=case["micro_batch_size"],
+            microbatch_size=case["micro_batch_size"],
             microbatch_multiple=case["microbatch_multiple"],
         )
         assert outcome(strategy, p) == case["expected"], case
@@ -137,7 +97,7 @@ def test_slime_matches_recorded_plans(name: str) -> None:
 def test_length_grouped_baseline_matches_recorded_plans() -> None:
     strategy = HFLengthGroupedBaseline()
     for case in recorded()[strategy.name]:
-        p = problem(case["lengths"], case["dp"], micro_batch_size=case["micro_batch_size"])
+        p = problem(case["lengths"], case["dp"], microbatch_size=case["micro_batch_size"])
         assert outcome(strategy, p) == case["expected"], case
 
 
@@ -284,7 +244,7 @@ def test_verl_lower_bound_never_exceeds_its_valid_plan(
 
 
 def test_hf_length_grouped_by_hand() -> None:
-    plan = HFLengthGroupedBaseline().plan(problem([3, 9, 1, 7, 5, 2, 8, 4], 2, micro_batch_size=2))
+    plan = HFLengthGroupedBaseline().plan(problem([3, 9, 1, 7, 5, 2, 8, 4], 2, microbatch_size=2))
     # Longest first: 9, 8, 7, 5, 4, 3, 2, 1 -> batches [1, 6], [3, 4], [7, 0], [5, 2].
     assert plan == [[[1, 6], [7, 0]], [[3, 4], [5, 2]]]
 
@@ -302,7 +262,7 @@ def test_hf_baselines_are_padded_only(strategy: Any) -> None:
 
 
 def test_hf_default_by_hand() -> None:
-    plan = HFDefaultBaseline().plan(problem([3, 9, 1, 7, 5, 2, 8, 4], 2, micro_batch_size=2))
+    plan = HFDefaultBaseline().plan(problem([3, 9, 1, 7, 5, 2, 8, 4], 2, microbatch_size=2))
     # Arrival order: batches [0, 1], [2, 3], [4, 5], [6, 7], batch b to rank b % 2.
     assert plan == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
 
@@ -380,7 +340,7 @@ def test_slime_live_against_slime() -> None:
     from types import SimpleNamespace
 
     rng = np.random.default_rng(6)
-    from test_integrations_slime import MODEL as model
+    from _configs import SLIME_TINY as model
 
     for trial in range(200):
         dp = int(rng.integers(1, 5))
@@ -388,7 +348,7 @@ def test_slime_live_against_slime() -> None:
         lengths = rng.integers(1, 400, n)
         cap, by_flops = int(rng.integers(100, 800)), bool(trial % 2)
         args = SimpleNamespace(
-            micro_batch_size=1,
+            microbatch_size=1,
             use_dynamic_batch_size=True,
             max_tokens_per_gpu=cap,
             balance_data=True,
@@ -442,7 +402,7 @@ def test_hf_live_against_transformers_and_accelerate() -> None:
             ]
             for r in range(dp)
         ]
-        p = problem([lengths[i] for i in arrival], dp, micro_batch_size=size)
+        p = problem([lengths[i] for i in arrival], dp, microbatch_size=size)
         assert HFLengthGroupedBaseline().plan(p) == expected
 
 
@@ -491,7 +451,7 @@ def test_hf_default_live_against_accelerate_sharding() -> None:
     for _ in range(100):
         dp, size, m = (int(x) for x in rng.integers(1, 6, 3))
         lengths = rng.integers(1, 900, dp * size * m)
-        plan = HFDefaultBaseline().plan(problem(lengths, dp, micro_batch_size=size))
+        plan = HFDefaultBaseline().plan(problem(lengths, dp, microbatch_size=size))
         assert plan == _accelerate_shards(lengths.size, size, dp)
 
 
@@ -519,7 +479,7 @@ def test_hf_length_grouped_steps_are_runs_of_transformers_megabatches() -> None:
             samples = np.asarray(order[start : start + step])
             shuffled = samples[rng.permutation(step)]
             plan = HFLengthGroupedBaseline().plan(
-                problem(lengths[shuffled], dp, micro_batch_size=size)
+                problem(lengths[shuffled], dp, microbatch_size=size)
             )
             expected = _accelerate_shards(step, size, dp)
             # Same lengths at the same places (tied samples may swap, which costs the same).
@@ -533,7 +493,7 @@ def test_hf_length_grouped_steps_are_runs_of_transformers_megabatches() -> None:
 def test_length_grouped_steps_are_consecutive_runs_of_the_sampler_order() -> None:
     lengths = np.random.default_rng(11).integers(1, 3000, 1000)
     steps = length_grouped_steps(
-        lengths, micro_batch_size=4, gradient_accumulation_steps=3, world_size=5, steps=30, seed=7
+        lengths, microbatch_size=4, gradient_accumulation_steps=3, world_size=5, steps=30, seed=7
     )
     assert [s.size for s in steps] == [60] * 30
     rng = np.random.default_rng(7)
@@ -544,5 +504,5 @@ def test_length_grouped_steps_are_consecutive_runs_of_the_sampler_order() -> Non
     assert np.concatenate(steps[16:]).tolist() == second[: 14 * 60].tolist()
     with pytest.raises(ValueError, match="more than the data set's 1000"):
         length_grouped_steps(
-            lengths, micro_batch_size=8, gradient_accumulation_steps=8, world_size=16, steps=1
+            lengths, microbatch_size=8, gradient_accumulation_steps=8, world_size=16, steps=1
         )

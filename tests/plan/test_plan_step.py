@@ -68,7 +68,7 @@ def test_flops_cost_uses_model_preset() -> None:
     plan.validate()
     flops = sb.FlopsModel(sb.ModelSpec.preset("qwen3-8b")).per_sample(lengths)
     np.testing.assert_allclose(plan.sample_costs, flops)
-    assert plan.cost_model == "flops:qwen3-8b"
+    assert plan.cost_model_name == "flops:qwen3-8b"
     default = sb.plan_step(lengths, 2, cost="flops")
     np.testing.assert_allclose(default.sample_costs, flops)
     spec = sb.ModelSpec.preset("qwen3-8b")
@@ -102,7 +102,7 @@ def test_groups_stay_together() -> None:
 
 
 def test_padded_layout_counts_padding() -> None:
-    plan = sb.plan_step([10, 9, 2, 1], 1, layout="padded", micro_batch_size=2)
+    plan = sb.plan_step([10, 9, 2, 1], 1, layout="padded", microbatch_size=2)
     plan.validate()
     # Sorting by length pairs (10, 9) and (2, 1): 20 + 4 padded tokens, 4 of them padding.
     assert sorted(plan.tokens[0].tolist()) == [4, 20]
@@ -143,9 +143,9 @@ def test_pipeline_order_keeps_lockstep_alignment() -> None:
 def test_every_strategy_same_input(strategy: str) -> None:
     lengths = np.random.default_rng(1).integers(1, 2000, 200)
     # The Hugging Face baselines pad every micro-batch (they refuse the packed layout).
-    padded = {"layout": "padded", "micro_batch_size": 5} if strategy.startswith("hf_") else {}
+    padded = {"layout": "padded", "microbatch_size": 5} if strategy.startswith("hf_") else {}
     if strategy == "hf_batch_rebalance":  # its groups vary in size: no size limit, GA given
-        padded.update(micro_batch_size=lengths.size, num_microbatches=16)
+        padded.update(microbatch_size=lengths.size, num_microbatches=16)
     plan = sb.plan_step(lengths, 4, max_tokens=4096, strategy=strategy, **padded)
     plan.validate()
     assert plan.strategy == strategy
@@ -350,8 +350,8 @@ def test_empty_microbatches_only_when_allowed() -> None:
         ([1, 2], 1, {"objective": "fast"}, "objective must be one of"),
         ([1, 2], 1, {"order": "random"}, "order must be one of"),
         ([1, 2], 1, {"layout": "ragged"}, "layout must be one of"),
-        ([1, 2], 1, {"layout": "padded"}, "needs micro_batch_size"),
-        ([1, 2], 1, {"micro_batch_size": 2}, "applies to layout='padded' only"),
+        ([1, 2], 1, {"layout": "padded"}, "needs microbatch_size"),
+        ([1, 2], 1, {"microbatch_size": 2}, "applies to layout='padded' only"),
         ([1, 2], 1, {"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
         ([1, 200, 300], 1, {"max_tokens": 100}, r"lengths\[1\] = 200 exceeds max_tokens = 100"),
         ([1, 2], 1, {"num_microbatches": 2, "min_microbatches": 3}, "conflicts with min_micro"),

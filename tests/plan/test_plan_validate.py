@@ -198,10 +198,10 @@ def test_wrong_array_shape_and_dtype() -> None:
 
 
 def test_padded_microbatch_size() -> None:
-    plan = sb.plan_step(LENGTHS, 2, layout="padded", micro_batch_size=3)
+    plan = sb.plan_step(LENGTHS, 2, layout="padded", microbatch_size=3)
     plan.validate()
-    with pytest.raises(PlanValidationError, match="micro_batch_size is 2"):
-        _with_options(plan, micro_batch_size=2).validate()
+    with pytest.raises(PlanValidationError, match="microbatch_size is 2"):
+        _with_options(plan, microbatch_size=2).validate()
 
 
 def test_lower_bound_above_cost() -> None:

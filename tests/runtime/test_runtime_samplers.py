@@ -565,7 +565,7 @@ def test_parts_are_checked_at_construction_naming_the_dataset_index() -> None:
     with pytest.raises(ValueError, match="would ignore the parts' images"):
         BalancedBatchSampler(parts, 2, dp_rank=0, dp_size=1, cost="flops")
     with pytest.raises(ValueError, match="layout='padded' cannot plan samples with images"):
-        BalancedBatchSampler(parts, 2, dp_rank=0, dp_size=1, layout="padded", micro_batch_size=2)
+        BalancedBatchSampler(parts, 2, dp_rank=0, dp_size=1, layout="padded", microbatch_size=2)
     with pytest.raises(ValueError, match=r"LengthGroupedSampler .* lengths=parts\.tokens"):
         LengthGroupedSampler(parts, 2, dp_rank=0, dp_size=1)
     # Plain lengths are checked at construction too, by dataset index.

@@ -335,7 +335,8 @@ def add_plan_option_arguments(
     parser: argparse.ArgumentParser, *, max_tokens_default: int | None
 ) -> None:
     """Add one flag per plan option (same names in plan, simulate and bench): ``--max-tokens``,
-    ``--layout``, ``--micro-batch-size``, ``--num-microbatches``, ``--min-microbatches``,
+    ``--layout``, ``--microbatch-size`` (``--micro-batch-size``, its old spelling, still
+    works), ``--num-microbatches``, ``--min-microbatches``,
     ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
     ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``. Read them back with
     :func:`plan_options_from_args`."""
@@ -351,10 +352,16 @@ def add_plan_option_arguments(
         "--layout",
         choices=LAYOUTS,
         default="packed",
-        help="packed (THD, default) or padded (BSHD; needs --micro-batch-size)",
+        help="packed (THD, default) or padded (BSHD; needs --microbatch-size)",
+    )
+    group.add_argument(
+        "--microbatch-size",
+        "--micro-batch-size",  # the old spelling (deprecated, for one release)
+        type=int,
+        default=None,
+        help="samples per padded micro-batch",
     )
     for name, kind, default, text in (
-        ("--micro-batch-size", int, None, "samples per padded micro-batch"),
         ("--num-microbatches", int, None, "exact micro-batches per rank (default: the fewest)"),
         ("--min-microbatches", int, 1, "at least this many per rank (default 1)"),
         ("--microbatch-multiple", int, 1, "the count is a multiple of this (pipelines; default 1)"),

@@ -31,7 +31,7 @@ from seqbalance.cli._common import (
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
 from seqbalance.measure import bench
-from seqbalance.measure.bench.settings import DEFAULT_MAX_TOKENS, DEFAULT_STRATEGIES, SlowRank
+from seqbalance.measure.bench.settings import DEFAULT_STRATEGIES, TOY_MAX_TOKENS, SlowRank
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 
@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
             "lengths once per strategy. Reports measured step time, rank imbalance (max/mean "
             "compute), the step-time reduction of balanced, and how far the time model and the "
             "simulator were from the measurement. Every plan option (--max-tokens, --layout, "
-            "--micro-batch-size, micro-batch counts, --objective, --order, --allow-oversize, "
+            "--microbatch-size, micro-batch counts, --objective, --order, --allow-oversize, "
             "--allow-empty) applies to every strategy, as in `plan` and `simulate`. Lengths are "
             "divided by --length-divisor (default: the smallest integer bringing the median to "
             "a quarter of --max-tokens) so a CPU core trains several samples per micro-batch; "
@@ -132,7 +132,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--markdown", action="store_true", help="print the report as a markdown section"
     )
-    add_plan_option_arguments(parser, max_tokens_default=DEFAULT_MAX_TOKENS)
+    add_plan_option_arguments(parser, max_tokens_default=TOY_MAX_TOKENS)
     add_context_parallel_arguments(
         parser,
         "Shard long samples over context-parallel groups of the --procs processes (gloo, CPU) "
@@ -339,6 +339,7 @@ def _warn_truncated(lengths: Any, divisor: int, longest: int, what: str) -> None
 
 def _title(setup: dict[str, Any]) -> str:
     options = setup["options"]
+    # the PlanOptions/1 document's key for microbatch_size
     layout = f"padded x{options['micro_batch_size']}, " if options["layout"] == "padded" else ""
     return (
         f"bench: {setup['procs']} procs, {setup['lengths']} lengths / {setup['length_divisor']}, "

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._deprecated import renamed_keywords
 from seqbalance._validation import as_lengths, as_weights, check_bool, check_choice, check_int
 from seqbalance.cost.spec import ModelSpec
 
@@ -294,17 +295,18 @@ class FlopsModel:
                 )
         return float(self.per_sample(segments, backward, encoder_lengths=encoder).sum())
 
+    @renamed_keywords(micro_batch_size="microbatch_size")
     def padded(
         self,
         lengths: Any,
-        micro_batch_size: int,
+        microbatch_size: int,
         *,
         backward: bool = True,
         encoder_lengths: Any = None,
     ) -> float:
-        """FLOPs of BSHD (padded) micro-batches of ``micro_batch_size`` consecutive samples.
+        """FLOPs of BSHD (padded) micro-batches of ``microbatch_size`` consecutive samples.
 
-        Samples are taken in the given order in chunks of ``micro_batch_size`` (the last chunk may
+        Samples are taken in the given order in chunks of ``microbatch_size`` (the last chunk may
         be shorter); every sample is computed at the length of the longest sample of its chunk,
         attention included (and at the longest encoder length, with cross-attention).
         ``extra_per_sample`` is evaluated on the real lengths (padding does not add images to a
@@ -312,7 +314,7 @@ class FlopsModel:
         """
         length = as_lengths(lengths)
         # Chunks of n or more samples are one chunk: a huge size is the same as n.
-        size = min(check_int(micro_batch_size, "micro_batch_size", minimum=1), max(length.size, 1))
+        size = min(check_int(microbatch_size, "microbatch_size", minimum=1), max(length.size, 1))
         encoder = self._encoder_lengths(encoder_lengths, length.size)
         if length.size == 0:
             return 0.0

@@ -41,7 +41,7 @@ _DECIDED_BY_VERL = {
     "max_tokens": None,
     "max_vision_patches": None,
     "layout": "packed",
-    "micro_batch_size": None,
+    "microbatch_size": None,
     "num_microbatches": None,
     "min_microbatches": 1,
     "microbatch_multiple": 1,

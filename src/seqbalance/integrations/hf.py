@@ -62,7 +62,7 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
     """The sampler's plan options from the trainer's arguments and the user's options."""
     args = trainer.args
     chosen = dict(options)
-    for fixed in ("num_microbatches", "micro_batch_size"):
+    for fixed in ("num_microbatches", "microbatch_size", "micro_batch_size"):
         if fixed in chosen:
             raise ValueError(
                 f"seqbalance_options[{fixed!r}] is set by the Trainer (gradient_accumulation_steps "
@@ -74,7 +74,7 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
         chosen["layout"] = "packed"
     else:
         chosen["layout"] = "padded"
-        chosen["micro_batch_size"] = args.per_device_train_batch_size
+        chosen["microbatch_size"] = args.per_device_train_batch_size
     if "cost" not in chosen and "model" not in chosen:
         config = getattr(getattr(trainer, "model", None), "config", None)
         if config is not None:

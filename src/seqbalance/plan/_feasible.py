@@ -195,7 +195,7 @@ def refusal(p: Problem, m: int, proven: bool) -> str:
         else ""
     )
     if p.layout == "padded":
-        limits += f" and micro_batch_size = {p.micro_batch_size} (padding included)"
+        limits += f" and microbatch_size = {p.microbatch_size} (padding included)"
     found = " is infeasible: no assignment keeps" if proven else ": no assignment found keeps"
     return (
         f"num_microbatches = {m}{found} every micro-batch within {limits}"

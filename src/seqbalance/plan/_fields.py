@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from seqbalance._deprecated import RenamedAttribute
 from seqbalance.plan._shared import unit_numbers
 
 if TYPE_CHECKING:
@@ -38,9 +39,11 @@ class OptionFields:
         return self.options.layout
 
     @property
-    def micro_batch_size(self) -> int | None:
+    def microbatch_size(self) -> int | None:
         """Most samples per padded micro-batch."""
-        return self.options.micro_batch_size
+        return self.options.microbatch_size
+
+    micro_batch_size = RenamedAttribute("microbatch_size")
 
     @property
     def num_microbatches(self) -> int | None:

@@ -30,7 +30,7 @@ class Problem(Protocol):
     n: int
     speeds: np.ndarray | None
     max_tokens: int | None
-    micro_batch_size: int | None
+    microbatch_size: int | None
 
     def microbatch_cost(self, indices: np.ndarray) -> float: ...
 
@@ -47,7 +47,7 @@ def segment(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
     order = samples[np.lexsort((samples, -p.lengths[samples]))]
     lengths = p.lengths[order]
     costs = p.sample_costs[order]
-    take = np.minimum(n - np.arange(n), p.micro_batch_size or n)
+    take = np.minimum(n - np.arange(n), p.microbatch_size or n)
     if p.max_tokens is not None:
         take = np.minimum(take, p.max_tokens // np.maximum(lengths, 1))
         take[p.oversize[order]] = 1

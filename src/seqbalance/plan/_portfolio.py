@@ -92,7 +92,7 @@ class Portfolio:
         admitted = _budget.admitted(p, rivals)
         if p.layout == "padded":
             # The stacks' dear schedulers plan a padded step with the one count its
-            # micro_batch_size gives (ours): plans of that count cost at least this.
+            # microbatch_size gives (ours): plans of that count cost at least this.
             bound = max(bound, bound_at_count(p, len(plan[0])))
         every = value > bound * (1 + _budget.budget_gap(p))  # a skipped rival could win more
         # The partition engine's split (a search of its own) runs where every rival does.

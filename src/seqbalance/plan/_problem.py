@@ -146,7 +146,7 @@ class Problem(GroupedSamples):
         ``longest`` as its longest sample and ``patches`` vision patches.
 
         Packed: the token sum stays within the cap and the patch sum within the patch cap.
-        Padded (never with a patch cap): at most ``micro_batch_size`` samples and
+        Padded (never with a patch cap): at most ``microbatch_size`` samples and
         ``count x longest`` (padding included) within the cap.
 
         The micro-batch arguments may be arrays (one entry per micro-batch, as the first-fit
@@ -155,7 +155,7 @@ class Problem(GroupedSamples):
         if self.layout == "packed":
             return (tokens + length <= self.cap) & (patches + added_patches <= self.patch_cap)
         count = count + 1  # not +=: ``count`` may be the caller's array
-        fits = True if self.micro_batch_size is None else count <= self.micro_batch_size
+        fits = True if self.microbatch_size is None else count <= self.microbatch_size
         if self.max_tokens is not None:
             # max(longest, length) x count <= cap, divided so no product overflows int64.
             most = self.max_tokens // count
@@ -259,8 +259,8 @@ class Problem(GroupedSamples):
             patches = self.patches[rest]  # the same two bounds for the patch cap
             bins = max(bins, -(-int(patches.sum()) // self.max_vision_patches))
             bins = max(bins, int((2 * patches > self.max_vision_patches).sum()))
-        if self.layout == "padded" and self.micro_batch_size is not None:
-            bins = max(bins, -(-rest.size // self.micro_batch_size))
+        if self.layout == "padded" and self.microbatch_size is not None:
+            bins = max(bins, -(-rest.size // self.microbatch_size))
         return over + bins
 
     def _unit_bins_needed(self) -> np.ndarray:
@@ -281,8 +281,8 @@ class Problem(GroupedSamples):
             rest_patches = np.bincount(unit, weights=np.where(regular, patches, 0), minlength=k)
             many = np.bincount(unit, weights=regular & (2 * patches > cap), minlength=k)
             bins = np.maximum.reduce([bins, np.ceil(rest_patches / cap), many])
-        if self.layout == "padded" and self.micro_batch_size is not None:
-            bins = np.maximum(bins, np.ceil(rest_count / self.micro_batch_size))
+        if self.layout == "padded" and self.microbatch_size is not None:
+            bins = np.maximum(bins, np.ceil(rest_count / self.microbatch_size))
         return (over + bins).astype(np.int64)
 
     def round_microbatches(self, needed: int) -> int:
@@ -302,7 +302,7 @@ class Problem(GroupedSamples):
                     else ""
                 )
                 + (
-                    f" and micro_batch_size = {self.micro_batch_size}"
+                    f" and microbatch_size = {self.microbatch_size}"
                     if self.layout == "padded"
                     else ""
                 )
@@ -445,7 +445,7 @@ class Problem(GroupedSamples):
         (counted as ``max_tokens``), so the fractional knapsack over ``k x max_tokens`` tokens
         (the LP relaxation, which bounds any 0/1 choice) plus every zero-length sample bounds
         the samples' costs. Padded: a micro-batch costs ``count x cost(longest)`` with
-        ``count <= micro_batch_size`` and ``count x L <= max_tokens``; the ``k`` longest samples
+        ``count <= microbatch_size`` and ``count x L <= max_tokens``; the ``k`` longest samples
         are distinct, so the ``k`` largest such products bound the sum. ``capped=False`` drops
         the token cap from both (a soft-cap plan may exceed it).
         """
@@ -458,7 +458,7 @@ class Problem(GroupedSamples):
             return overheads
         oversize = self.oversize[others]
         if self.layout == "padded":
-            count = np.full(lengths.size, self.micro_batch_size or lengths.size, dtype=np.int64)
+            count = np.full(lengths.size, self.microbatch_size or lengths.size, dtype=np.int64)
             if cap is not None:
                 count = np.minimum(count, cap // np.maximum(lengths, 1))
                 count[oversize] = 1

@@ -23,8 +23,8 @@ def capacities(p: Problem, m: int) -> tuple[float, float, float]:
     """Rank capacities: tokens, samples and vision patches (``inf`` where nothing binds)."""
     tokens = m * p.cap
     count = np.inf
-    if p.layout == "padded" and p.micro_batch_size is not None:
-        count = float(m * p.micro_batch_size)
+    if p.layout == "padded" and p.microbatch_size is not None:
+        count = float(m * p.microbatch_size)
     return tokens, count, m * p.patch_cap
 
 

@@ -180,10 +180,10 @@ class StepPlanChecks:
             if not self.allow_empty:
                 raise PlanValidationError(f"{where} is empty and allow_empty is False")
             return
-        size = self.micro_batch_size
+        size = self.microbatch_size
         if self.layout == "padded" and size is not None and indices.size > size:
             raise PlanValidationError(
-                f"{where} holds {indices.size} samples, micro_batch_size is {size}"
+                f"{where} holds {indices.size} samples, microbatch_size is {size}"
             )
         cap = self.max_tokens
         if cap is not None:
@@ -344,14 +344,14 @@ def over_cap(
     lengths: np.ndarray,
     layout: str,
     max_tokens: int | None,
-    micro_batch_size: int | None,
+    microbatch_size: int | None,
     allow_oversize: bool,
 ) -> bool:
     """True when the micro-batch breaks the token cap or the padded micro-batch size.
 
     A lone sample longer than ``max_tokens`` is within limits when ``allow_oversize`` is set.
     """
-    if layout == "padded" and micro_batch_size is not None and indices.size > micro_batch_size:
+    if layout == "padded" and microbatch_size is not None and indices.size > microbatch_size:
         return True
     if max_tokens is None or microbatch_tokens(indices, lengths, layout) <= max_tokens:
         return False

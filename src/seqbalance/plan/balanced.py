@@ -7,7 +7,7 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    the least cost (the partition engine's LPT). When that overfills a rank, LPT is redone with rank
    capacities: each unit goes to the least costly rank that can still hold it (rank capacity
    ``M x max_tokens`` tokens and ``M x max_vision_patches`` vision patches, an over-cap sample
-   counting as a full micro-batch, and ``M x micro_batch_size`` samples for the padded layout).
+   counting as a full micro-batch, and ``M x microbatch_size`` samples for the padded layout).
    Local search follows: a few vectorised rounds that pair the k-th costliest rank with the k-th
    lightest and apply the best move or swap in every pair at once, then single moves or swaps from
    the costliest rank to the lightest ranks while that lowers the costliest one (until within
@@ -65,7 +65,7 @@ from seqbalance.plan._intervals import Intervals, count_bound
 from seqbalance.plan._lockstep import LOCKSTEP_WORK, match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
-from seqbalance.plan._padded_search import cheapest_start, improve_intervals
+from seqbalance.plan._padded_search import cheapest_start, improve_intervals, tiered_start
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     RIVALS_WITHOUT_BOUND_GAP,
@@ -238,7 +238,7 @@ def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
         plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
         if plans[0] is not None and p.speeds is None:
-            plans += _interval_search(p, m, plans[0])
+            plans += [*_interval_search(p, m, plans[0]), _longest_alone(p, m)]
         valid = [plan for plan in plans if plan is not None]
         return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
@@ -258,13 +258,44 @@ def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
 
 
 def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatches | None]:
-    """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts)
-    and from the cheapest cuts whose intervals cost at most the count's lower bound."""
+    """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts),
+    from the cheapest cuts whose intervals cost at most the count's lower bound and, in
+    ``lockstep``, from positions cut one after the other (``tiered_start``; also as it is)."""
     intervals = Intervals.of(p)
     bound = count_bound(p, m)
     target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
     starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
-    return [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
+    if p.objective == "lockstep" and m > 1:
+        starts.append(tiered_start(p, intervals, m))
+    found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
+    # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
+    return found + [plan for plan in starts[2:] if plan is not None]
+
+
+def _longest_alone(p: Problem, m: int) -> Microbatches | None:
+    """Padded ``step`` with empty micro-batches allowed, where the longest sample alone reaches
+    the lower bound: it alone on the last rank (any companion adds its padded cost to the
+    costliest rank) and the others planned on the other ranks (the same way, so each sample
+    that dominates what is left gets a rank of its own); None elsewhere."""
+    if not (p.allow_empty and p.objective == "step" and p.dp > 1 and p.n > 1):
+        return None
+    longest = int(np.lexsort((np.arange(p.n), -p.lengths))[0])
+    if p.sample_costs[longest] + m * p.overhead < p.lower_bound(m) * (1 - _TOLERANCE):
+        return None
+    others = np.delete(np.arange(p.n), longest)
+    rest = Problem(
+        lengths=p.lengths[others],
+        sample_costs=p.sample_costs[others],
+        overhead=p.overhead,
+        dp=p.dp - 1,
+        groups=None,
+        options=p.options,
+    )
+    plan = _attempt(rest, m)
+    if plan is None:
+        return None
+    alone = [[longest]] + [[] for _ in range(m - 1)]
+    return [[others[mb].tolist() for mb in mbs] for mbs in plan] + [alone]
 
 
 def _refines(p: Problem, m: int) -> bool:

@@ -56,7 +56,9 @@ class Plan(OptionFields, PlanDocument):
         planning_seconds: wall time spent planning (left out of ``==``, of ``fingerprint`` and
             of ``to_json(timing=False)``, so plans can be compared for determinism).
 
-    Subclasses give ``step_cost``, their own checks and their document's fields.
+    Subclasses give ``step_cost``, ``cost_model_name`` (a short description of the cost
+    model: ``"tokens"``, ``"flops:qwen3-8b"``, ...), their own checks and their document's
+    fields.
     """
 
     ranks: list[list[np.ndarray]]
@@ -153,11 +155,6 @@ class Plan(OptionFields, PlanDocument):
         }
         figures.update(self._summary_extras())
         return figures
-
-    @property
-    def cost_model_name(self) -> str:
-        """A short description of the cost model (``"tokens"``, ``"flops:qwen3-8b"``, ...)."""
-        raise NotImplementedError
 
     def _summary_extras(self) -> dict[str, Any]:
         return {}

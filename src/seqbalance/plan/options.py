@@ -10,12 +10,14 @@ Per-call data (``lengths``, ``groups``) is not an option.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from seqbalance._deprecated import RenamedAttribute, current_names, moved_names
 from seqbalance._validation import (
     MAX_TOKENS_LIMIT,
     as_speeds,
@@ -34,7 +36,7 @@ from seqbalance.plan.registry import get_strategy
 
 __all__ = [
     "LAYOUTS",
-    "MAX_MICRO_BATCH_SIZE",
+    "MAX_MICROBATCH_SIZE",
     "OBJECTIVES",
     "ORDERS",
     "PlanOptions",
@@ -50,10 +52,17 @@ _FORMAT = "seqbalance.PlanOptions/1"
 # Options added after the format was published are written only when set, so the JSON text and
 # the fingerprint of options that do not use them stay what they were (resumes keep matching).
 _WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel", "rank_speeds", "planning_budget")
+_RENAMED = {"micro_batch_size": "microbatch_size"}
+"""Old option names -> their names now: the old ones still work, with a DeprecationWarning, for
+one release (keywords, ``replace``, ``as_options``, ``from_dict``, attributes)."""
+_DOCUMENT_KEYS = {"microbatch_size": "micro_batch_size"}
+"""Options whose key in the ``PlanOptions/1`` document is their name before the rename: the
+document (``to_dict``, ``to_json``, every plan's JSON) and so the ``fingerprint`` stay
+byte-identical, so ranks and resumes across versions agree."""
 
 
-MAX_MICRO_BATCH_SIZE = 2**31
-"""Most samples a padded micro-batch may be asked to hold (``micro_batch_size``)."""
+MAX_MICROBATCH_SIZE = 2**31
+"""Most samples a padded micro-batch may be asked to hold (``microbatch_size``)."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -73,8 +82,9 @@ class PlanOptions:
         max_vision_patches: hard cap on the vision-encoder patches of every micro-batch (the sum
             of ``SampleParts.vision_patches`` of its samples; packed layout only); ``None``: no
             cap. Planning with it needs samples given as ``SampleParts`` that describe images.
-        layout: ``"packed"`` (THD) or ``"padded"`` (BSHD, needs ``micro_batch_size``).
-        micro_batch_size: most samples per padded micro-batch (padded layout only).
+        layout: ``"packed"`` (THD) or ``"padded"`` (BSHD, needs ``microbatch_size``).
+        microbatch_size: most samples per padded micro-batch (padded layout only; the old
+            name ``micro_batch_size`` still works, deprecated, for one release).
         num_microbatches: exact micro-batch count per rank, or ``None`` for the fewest feasible.
         min_microbatches: at least this many micro-batches per rank.
         microbatch_multiple: the count is a multiple of this (pipeline parallelism).
@@ -126,7 +136,7 @@ class PlanOptions:
     max_tokens: int | None = None
     max_vision_patches: int | None = None
     layout: str = "packed"
-    micro_batch_size: int | None = None
+    microbatch_size: int | None = None
     num_microbatches: int | None = None
     min_microbatches: int = 1
     microbatch_multiple: int = 1
@@ -140,10 +150,7 @@ class PlanOptions:
     planning_budget: int | None = None
     _cost_model: Any = field(init=False, repr=False, default=None)
 
-    def __new__(cls, *args: Any, **keywords: Any) -> PlanOptions:
-        # The generated __init__ would raise a bare TypeError: name the valid fields instead.
-        _check_names(keywords, "PlanOptions")
-        return super().__new__(cls)
+    micro_batch_size = RenamedAttribute("microbatch_size")
 
     def __post_init__(self) -> None:
         def set_(name: str, value: Any) -> None:
@@ -170,20 +177,18 @@ class PlanOptions:
                 "for samples with images"
             )
         if self.layout == "padded":
-            if self.micro_batch_size is None:
-                raise ValueError("layout='padded' needs micro_batch_size (samples per micro-batch)")
-            set_(
-                "micro_batch_size", check_int(self.micro_batch_size, "micro_batch_size", minimum=1)
-            )
-            if self.micro_batch_size > MAX_MICRO_BATCH_SIZE:
+            if self.microbatch_size is None:
+                raise ValueError("layout='padded' needs microbatch_size (samples per micro-batch)")
+            set_("microbatch_size", check_int(self.microbatch_size, "microbatch_size", minimum=1))
+            if self.microbatch_size > MAX_MICROBATCH_SIZE:
                 # Far above any real micro-batch; slot arithmetic (dp x size) stays in int64.
                 raise ValueError(
-                    f"micro_batch_size must be <= 2**31 = {MAX_MICRO_BATCH_SIZE}, got "
-                    f"{self.micro_batch_size}"
+                    f"microbatch_size must be <= 2**31 = {MAX_MICROBATCH_SIZE}, got "
+                    f"{self.microbatch_size}"
                 )
-        elif self.micro_batch_size is not None:
+        elif self.microbatch_size is not None:
             raise ValueError(
-                f"micro_batch_size={self.micro_batch_size!r} applies to layout='padded' only; "
+                f"microbatch_size={self.microbatch_size!r} applies to layout='padded' only; "
                 "a packed micro-batch is limited by max_tokens"
             )
         set_("min_microbatches", check_int(self.min_microbatches, "min_microbatches", minimum=1))
@@ -259,16 +264,17 @@ class PlanOptions:
 
     def replace(self, **changes: Any) -> PlanOptions:
         """A copy with ``changes`` applied (validated; unknown names raise ValueError)."""
-        _check_names(changes, "PlanOptions.replace")
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **_check_names(changes, "PlanOptions.replace"))
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every option (``max_vision_patches`` only when set); costs and
-        models as in ``seqbalance.cost.describe_cost`` (a callable is recorded by its qualified
-        name)."""
+        """JSON-ready dict of every option (``max_vision_patches`` only when set), the
+        ``PlanOptions/1`` document: ``microbatch_size`` under its key ``micro_batch_size``
+        (unchanged by the rename, so documents and fingerprints are those of earlier versions);
+        costs and models as in ``seqbalance.cost.describe_cost`` (a callable is recorded by its
+        qualified name)."""
         data = {
-            name: getattr(self, name)
+            _DOCUMENT_KEYS.get(name, name): getattr(self, name)
             for name in option_names()
             if not (name in _WRITTEN_WHEN_SET and getattr(self, name) is None)
         }
@@ -281,11 +287,17 @@ class PlanOptions:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlanOptions:
-        """Inverse of ``to_dict``; unknown keys raise ValueError listing the valid names."""
+        """Inverse of ``to_dict`` (the options' own names are read too); unknown keys raise
+        ValueError listing the valid names."""
         if not isinstance(data, Mapping):
             raise ValueError(f"PlanOptions data must be a mapping, got {type(data).__name__}")
         values = dict(data)
-        _check_names(values, "PlanOptions")
+        for name, key in _DOCUMENT_KEYS.items():
+            if key in values:
+                if name in values:
+                    raise ValueError(f"PlanOptions: give {key} (the document's key) or {name}")
+                values[name] = values.pop(key)
+        values = _check_names(values, "PlanOptions")
         for name in ("cost", "model"):
             if name in values:
                 model = cp_cost_from_description(values[name]) if name == "cost" else None
@@ -351,7 +363,14 @@ def option_names() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(PlanOptions) if f.init)
 
 
-def _check_names(values: Mapping[str, Any], where: str) -> None:
+def _check_names(values: Mapping[str, Any], where: str, *, stacklevel: int = 2) -> dict[str, Any]:
+    """``values`` under the options' names now (an old name warns, ``stacklevel`` as in
+    ``seqbalance._deprecated``: ``_RENAMED``).
+
+    Raises:
+        ValueError: a name that is no option, listing the valid ones.
+    """
+    values = current_names(values, _RENAMED, where, stacklevel=stacklevel + 1)
     valid = option_names()
     unknown = [name for name in values if name not in valid]
     if unknown:
@@ -359,6 +378,21 @@ def _check_names(values: Mapping[str, Any], where: str) -> None:
             f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; valid options: "
             + ", ".join(valid)
         )
+    return values
+
+
+_dataclass_init = PlanOptions.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self: PlanOptions, *args: Any, **keywords: Any) -> None:
+    # The generated __init__ would raise a bare TypeError for an unknown name: name the valid
+    # options instead (and take the old names, deprecated).
+    _dataclass_init(self, *args, **_check_names(keywords, "PlanOptions"))
+
+
+PlanOptions.__init__ = _init  # type: ignore[method-assign]
+__getattr__ = moved_names(__name__, {"MAX_MICRO_BATCH_SIZE": f"{__name__}.MAX_MICROBATCH_SIZE"})
 
 
 def as_options(
@@ -382,7 +416,7 @@ def as_options(
     """
     if options is not None and not isinstance(options, PlanOptions):
         raise ValueError(f"{where}: options must be a PlanOptions or None, got {options!r}")
-    _check_names(keywords, where)
+    keywords = _check_names(keywords, where, stacklevel=3)
     if options is None:
         result = PlanOptions(**keywords)
     else:

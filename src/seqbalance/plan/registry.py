@@ -35,11 +35,11 @@ Register your own::
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from typing import Any
 
 import numpy as np
+
+from seqbalance._deprecated import moved_names
 
 __all__ = [
     "FAMILIES",
@@ -148,13 +148,4 @@ _MOVED = ("ContextParallelStrategy", "Microbatches", "Strategy", "checked_microb
 """Names this module held before the protocols moved to ``seqbalance.plan.protocols``: served
 here with a DeprecationWarning for one release."""
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module 'seqbalance.plan.registry' has no attribute {name!r}")
-    warnings.warn(
-        f"seqbalance.plan.registry.{name} is deprecated: use seqbalance.plan.protocols.{name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module("seqbalance.plan.protocols"), name)
+__getattr__ = moved_names(__name__, {name: f"seqbalance.plan.protocols.{name}" for name in _MOVED})

@@ -65,7 +65,7 @@ def plan_step(
             * ``layout``: ``"packed"`` (THD: tokens = sum of lengths, cost = overhead + sum of
               sample costs) or ``"padded"`` (BSHD: every sample padded to the longest of its
               micro-batch; tokens = count x longest, cost = overhead + count x cost(longest)),
-              which needs ``micro_batch_size``. Samples with images or HSTU parts are packed
+              which needs ``microbatch_size``. Samples with images or HSTU parts are packed
               only: their cost depends on more than their length.
             * ``num_microbatches``: exact micro-batch count per rank (ValueError when
               infeasible); otherwise the count is the fewest the strategy makes feasible,
@@ -151,7 +151,7 @@ def plan_step(
         n_microbatches=costs.shape[1],
         groups=group_ids,
         options=options,
-        cost_model=cost_name(options.cost_model),
+        cost_model_name=cost_name(options.cost_model),
         cap_enforced=bool(strategy.enforces_cap),
         # A soft-cap strategy may use fewer micro-batches than any valid plan needs.
         lower_bound=problem.lower_bound(

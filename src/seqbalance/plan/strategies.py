@@ -161,14 +161,14 @@ def _token_kk(p: Problem) -> Microbatches:
             needed = max(needed, -(-int(p.lengths[samples].sum()) // p.max_tokens))
         if p.patches is not None:
             needed = max(needed, -(-int(p.patches[samples].sum()) // p.max_vision_patches))
-        if p.layout == "padded" and p.micro_batch_size is not None:
-            needed = max(needed, -(-samples.size // p.micro_batch_size))
+        if p.layout == "padded" and p.microbatch_size is not None:
+            needed = max(needed, -(-samples.size // p.microbatch_size))
     # The soft cap does not force more micro-batches, so M_lb (derived from the cap) is not used.
     try:
         m = p.round_microbatches(needed)
     except ValueError as error:
         raise ValueError(f"strategy='token_kk': {error}") from None
-    max_items = p.micro_batch_size if p.layout == "padded" else None
+    max_items = p.microbatch_size if p.layout == "padded" else None
     result = []
     for samples in members:
         parts = partition(p.lengths[samples], m, max_items=max_items, method="kk").parts

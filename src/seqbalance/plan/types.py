@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from seqbalance._deprecated import RenamedAttribute
 from seqbalance._validation import check_int
 from seqbalance.cost.resolve import ExternalCost
 from seqbalance.cost.spec import presets
@@ -54,7 +55,9 @@ class StepPlan(StepPlanChecks, Plan):
         overhead: fixed cost of every micro-batch, empty ones included (cost-model unit).
         n_ranks, n_microbatches: number of ranks (``dp_size``) and of micro-batches per rank
             (M).
-        cost_model: a description of the cost model (``"tokens"``, ``"flops:qwen3-8b"``, ...).
+        cost_model_name: a description of the cost model (``"tokens"``, ``"flops:qwen3-8b"``,
+            ...; ``options.cost_model`` is the model itself). The old name ``cost_model``
+            still reads it, deprecated, for one release.
         cap_enforced: ``False`` only for strategies whose cap is soft (``token_kk``): their
             over-cap micro-batches are counted in ``summary()["cap_violations"]`` instead of
             failing ``validate``.
@@ -72,7 +75,7 @@ class StepPlan(StepPlanChecks, Plan):
 
     sample_costs: np.ndarray
     overhead: float
-    cost_model: str
+    cost_model_name: str
     cap_enforced: bool
     vision_patches: np.ndarray | None = None
 
@@ -82,10 +85,7 @@ class StepPlan(StepPlanChecks, Plan):
         """Data-parallel ranks (``n_ranks``)."""
         return self.n_ranks
 
-    @property
-    def cost_model_name(self) -> str:
-        """``cost_model``."""
-        return self.cost_model
+    cost_model = RenamedAttribute("cost_model_name")
 
     @property
     def step_cost(self) -> float:
@@ -104,7 +104,7 @@ class StepPlan(StepPlanChecks, Plan):
         return rank_of, microbatch_of
 
     def cap_violations(self) -> int:
-        """Number of micro-batches over ``max_tokens`` (or over ``micro_batch_size``, or over
+        """Number of micro-batches over ``max_tokens`` (or over ``microbatch_size``, or over
         ``max_vision_patches``)."""
         return sum(
             over_cap(
@@ -112,7 +112,7 @@ class StepPlan(StepPlanChecks, Plan):
                 self.lengths,
                 self.layout,
                 self.max_tokens,
-                self.micro_batch_size,
+                self.microbatch_size,
                 self.allow_oversize,
             )
             or over_patch_cap(
@@ -179,7 +179,7 @@ class StepPlan(StepPlanChecks, Plan):
             "format": _STEP_FORMAT,
             "options": self.options.to_dict(),
             "provenance": self._provenance(
-                timing=timing, cost_model=self.cost_model, cap_enforced=self.cap_enforced
+                timing=timing, cost_model=self.cost_model_name, cap_enforced=self.cap_enforced
             ),
             "dp_size": int(self.dp_size),
             "n_microbatches": int(self.n_microbatches),
@@ -231,7 +231,7 @@ class StepPlan(StepPlanChecks, Plan):
             n_microbatches=m,
             groups=None if groups is None else np.asarray(groups, dtype=np.int64),
             options=options,
-            cost_model=str(provenance["cost_model"]),
+            cost_model_name=str(provenance["cost_model"]),
             cap_enforced=bool(provenance["cap_enforced"]),
             lower_bound=float(provenance["lower_bound"]),
             planning_seconds=float(provenance.get("planning_seconds", 0.0)),
@@ -252,7 +252,7 @@ def _v1_options(data: dict[str, Any]) -> PlanOptions:
     fields = (
         "max_tokens",
         "layout",
-        "micro_batch_size",
+        "micro_batch_size",  # the document's key for microbatch_size
         "num_microbatches",
         "min_microbatches",
         "microbatch_multiple",
@@ -262,7 +262,9 @@ def _v1_options(data: dict[str, Any]) -> PlanOptions:
         "allow_oversize",
         "allow_empty",
     )
-    return PlanOptions(**cost, **{name: data[name] for name in fields})
+    values = {name: data[name] for name in fields}
+    values["microbatch_size"] = values.pop("micro_batch_size")
+    return PlanOptions(**cost, **values)
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,8 +17,9 @@ model, calibration, ``seqbalance bench``) is ``seqbalance.measure``, above it.
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import Any
+
+from seqbalance._deprecated import moved_names
 
 _LAZY_NAMES = {
     "BalancedBatchSampler": "seqbalance.runtime.samplers",
@@ -42,7 +43,7 @@ _LAZY_NAMES = {
     "StepTiming": "seqbalance.runtime.closed_loop",
 }
 
-_DEPRECATED_NAMES = {"LaunchError": "seqbalance.measure.launch"}
+_moved_name = moved_names(__name__, {"LaunchError": "seqbalance.measure.launch.LaunchError"})
 """Names that moved out of the runtime: still served here, with a DeprecationWarning, for one
 release."""
 
@@ -50,15 +51,8 @@ __all__ = list(_LAZY_NAMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED_NAMES:
-        warnings.warn(
-            f"seqbalance.runtime.{name} is deprecated: use {_DEPRECATED_NAMES[name]}.{name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(_DEPRECATED_NAMES[name]), name)
     if name not in _LAZY_NAMES:
-        raise AttributeError(f"module 'seqbalance.runtime' has no attribute {name!r}")
+        return _moved_name(name, stacklevel=3)
     value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     globals()[name] = value
     return value

@@ -7,13 +7,13 @@ Deadlines are float seconds in every public signature (checked where they are gi
 
 from __future__ import annotations
 
-import warnings
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from seqbalance._deprecated import warn
 from seqbalance._validation import check_timeout
 
 __all__ = ["CollectiveError", "Comm", "deadline", "group_device", "synchronize", "wait"]
@@ -33,10 +33,9 @@ def deadline(seconds: Any, name: str = "timeout") -> timedelta:
             ``MAX_TIMEOUT_SECONDS`` (it could overflow).
     """
     if isinstance(seconds, timedelta):
-        warnings.warn(
-            f"{name} as a datetime.timedelta is deprecated: pass seconds as a float "
-            f"({name}={seconds.total_seconds():g})",
-            DeprecationWarning,
+        warn(
+            f"{name} as a datetime.timedelta",
+            f"seconds as a float ({name}={seconds.total_seconds():g})",
             stacklevel=3,
         )
         seconds = seconds.total_seconds()

@@ -7,12 +7,12 @@ data-parallel ones; this alias, kept for one release, forwards to it.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from seqbalance._deprecated import warn
 from seqbalance._validation import as_group_ids, as_lengths
 from seqbalance.plan.options import PlanOptions
 from seqbalance.sim.engine import simulate
@@ -40,11 +40,10 @@ def compare_context_parallel(
         ValueError: as ``simulate``; ``options`` without ``context_parallel``, no step, or a
             groups list of another length than ``steps``.
     """
-    warnings.warn(
-        "compare_context_parallel is deprecated: use seqbalance.sim.simulate(lengths, options, "
-        "dp_size=n_ranks, batches=...) with options.context_parallel set",
-        DeprecationWarning,
-        stacklevel=2,
+    warn(
+        "compare_context_parallel",
+        "seqbalance.sim.simulate(lengths, options, dp_size=n_ranks, batches=...) with "
+        "options.context_parallel set",
     )
     if not isinstance(options, PlanOptions) or options.context_parallel is None:
         raise ValueError(

@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._deprecated import moved_names
 from seqbalance.cost import TimeModel
 from seqbalance.measure.bench.settings import ONLINE_STRATEGIES, BenchSettings
 from seqbalance.sim import simulate
 
-__all__ = ["Schedule", "plan_schedule", "step_batches"]
+__all__ = ["Schedule", "plan_schedule", "step_inputs"]
 
 Schedule = dict[str, list[list[list[list[int]]]]]
 """strategy -> step -> rank -> micro-batch -> sample lengths (tokens)."""
@@ -33,7 +34,7 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
     Returns:
         ``(schedule, simulation)``: the token lengths of each micro-batch, per strategy, step
         and rank (strategies planned inside the processes, ``ONLINE_STRATEGIES``, have none:
-        see :func:`step_batches`); and the
+        see :func:`step_inputs`); and the
         :class:`~seqbalance.sim.SimulationResult` they come from.
 
     Raises:
@@ -67,7 +68,7 @@ def plan_schedule(settings: BenchSettings, time_model: TimeModel) -> tuple[Sched
     return schedule, result
 
 
-def step_batches(simulation: Any) -> list[tuple[list[int], list[int] | None]]:
+def step_inputs(simulation: Any) -> list[tuple[list[int], list[int] | None]]:
     """Each step's sample lengths and group ids (None without groups) of a ``plan_schedule``
     simulation: what the strategies planned inside the processes (``ONLINE_STRATEGIES``)
     plan from, the same batches the others were planned on."""
@@ -76,3 +77,6 @@ def step_batches(simulation: Any) -> list[tuple[list[int], list[int] | None]]:
         (simulation.lengths[batch].tolist(), None if groups is None else groups[batch].tolist())
         for batch in simulation.batches
     ]
+
+
+__getattr__ = moved_names(__name__, {"step_batches": f"{__name__}.step_inputs"})

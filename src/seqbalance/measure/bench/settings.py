@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._deprecated import moved_names
 from seqbalance._validation import (
     as_group_ids,
     as_lengths,
@@ -27,12 +28,12 @@ from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 from seqbalance.plan.options import check_rank_speeds
 
 __all__ = [
-    "DEFAULT_MAX_TOKENS",
     "DEFAULT_STRATEGIES",
     "MAX_NOISE",
     "MAX_SAMPLE_STEPS",
     "MAX_SLOWDOWN",
     "ONLINE_STRATEGIES",
+    "TOY_MAX_TOKENS",
     "BenchSettings",
     "SlowRank",
     "length_divisor",
@@ -41,8 +42,11 @@ __all__ = [
 
 DEFAULT_STRATEGIES = ("round_robin", "token_kk", "balanced")
 """The common practice (round robin, token-sum Karmarkar–Karp) and ours."""
-DEFAULT_MAX_TOKENS = 4096
-"""Token cap of a toy micro-batch unless the options say otherwise (a CPU core's worth)."""
+TOY_MAX_TOKENS = 4096
+"""Token cap of a toy micro-batch unless the options say otherwise (a CPU core's worth; the
+simulator's default for real models is ``seqbalance.sim.DEFAULT_MAX_TOKENS``)."""
+
+__getattr__ = moved_names(__name__, {"DEFAULT_MAX_TOKENS": f"{__name__}.TOY_MAX_TOKENS"})
 
 ONLINE_STRATEGIES = ("balanced_adaptive", "balanced_oracle")
 """Planned inside the processes step by step: ``balanced_adaptive`` with the closed loop
@@ -187,7 +191,7 @@ class BenchSettings:
             ``context_parallel``.
         options: The plan options every strategy plans with, the same object ``plan_step`` and
             ``simulate`` take (``PlanOptions``: ``max_tokens`` (required), ``layout`` /
-            ``micro_batch_size``, micro-batch counts, ``objective``, ``order``,
+            ``microbatch_size``, micro-batch counts, ``objective``, ``order``,
             ``allow_oversize``, ``allow_empty``, ``context_parallel``). Their ``cost`` is the
             run's time model and their ``strategy`` each of ``strategies`` in turn, so both
             must be left at their defaults; with ``context_parallel`` (CP sizes and scheme, to
@@ -224,7 +228,7 @@ class BenchSettings:
     device: str = "cpu"
     cores: tuple[int, ...] | None = None
     strategies: tuple[str, ...] | None = None
-    options: PlanOptions = field(default_factory=lambda: PlanOptions(max_tokens=DEFAULT_MAX_TOKENS))
+    options: PlanOptions = field(default_factory=lambda: PlanOptions(max_tokens=TOY_MAX_TOKENS))
     global_batch_size: int = 32
     steps: int = 20
     warmup: int = 3

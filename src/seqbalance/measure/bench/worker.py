@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from seqbalance.cost import TimeModel
-from seqbalance.measure.bench.schedule import plan_schedule, step_batches
+from seqbalance.measure.bench.schedule import plan_schedule, step_inputs
 from seqbalance.measure.bench.settings import ONLINE_STRATEGIES, BenchSettings
 from seqbalance.measure.calibrate import (
     Calibration,
@@ -65,7 +65,7 @@ def run_rank(
     box: list[Any] = [None]
     if rank == 0:
         schedule, simulation = plan_schedule(settings, time_model)
-        box[0] = (schedule, step_batches(simulation))
+        box[0] = (schedule, step_inputs(simulation))
     dist.broadcast_object_list(box, src=0)
     schedule, batches = box[0]
     out: dict[str, Any] = {

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
+
+from seqbalance._deprecated import warn
 
 __all__ = ["ContextParallelSlot", "SlotInputs"]
 
@@ -98,11 +99,9 @@ class SlotInputs:
                 ``2·cp`` (pad such samples before planning to use TE).
         """
         if lengths is not None:
-            warnings.warn(
-                "transformer_engine(lengths=...) is deprecated and not used: SlotInputs.lengths "
-                "holds each piece's sample length",
-                DeprecationWarning,
-                stacklevel=2,
+            warn(
+                "transformer_engine(lengths=...), which is not used,",
+                "transformer_engine(cp, start): SlotInputs.lengths holds each sample length",
             )
         pieces = np.flatnonzero((self.cp_sizes == cp) & (self.group_starts == start))
         if pieces.size == 0 or cp < 2:

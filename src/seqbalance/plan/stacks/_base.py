@@ -89,8 +89,8 @@ def count_layout(problem: Any, name: str) -> tuple[int, int | None]:
     is ``None`` for the packed layout, whose samples are spread evenly over the ``dp x M``
     micro-batches."""
     n, dp = int(problem.lengths.size), problem.dp
-    if problem.micro_batch_size is not None:
-        size = problem.micro_batch_size
+    if problem.microbatch_size is not None:
+        size = problem.microbatch_size
         return rounded(problem, max(1, ceil_div(n, dp * size)), name), size
     needed = 1
     if problem.max_tokens is not None:

@@ -2,7 +2,7 @@
 
 * ``hf_default``: the Hugging Face ``Trainer`` as it comes (``RandomSampler``, no packing): the
   step's samples in the order given (the random order the sampler drew them in), cut into padded
-  micro-batches of ``micro_batch_size`` (``per_device_train_batch_size``), micro-batch ``b`` to
+  micro-batches of ``microbatch_size`` (``per_device_train_batch_size``), micro-batch ``b`` to
   rank ``b % dp`` at position ``b // dp`` (how Accelerate shards the DataLoader's batches). No
   cap.
 * ``hf_length_grouped``: ``train_sampling_strategy="group_by_length"``: ``LengthGroupedSampler``
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._deprecated import renamed_keywords
 from seqbalance.plan._budget import Price
 from seqbalance.plan.stacks._base import Microbatches, StackBaseline, count_layout, deal
 
@@ -47,7 +48,7 @@ class HFDefaultBaseline(StackBaseline):
         if problem.layout != "padded":
             raise ValueError(
                 "the Hugging Face Trainer pads every micro-batch of per_device_train_batch_size "
-                "samples: use layout='padded' with micro_batch_size"
+                "samples: use layout='padded' with microbatch_size"
             )
         m, size = count_layout(problem, self.name)
         order = self.order(problem.lengths)
@@ -107,10 +108,11 @@ def length_grouped_indices(
     return np.concatenate(megabatches) if megabatches else permutation
 
 
+@renamed_keywords(micro_batch_size="microbatch_size")
 def length_grouped_steps(
     lengths: Any,
     *,
-    micro_batch_size: int,
+    microbatch_size: int,
     gradient_accumulation_steps: int,
     world_size: int,
     steps: int,
@@ -120,21 +122,21 @@ def length_grouped_steps(
 
     Every epoch is :func:`length_grouped_indices` of a fresh random permutation (numpy's
     ``default_rng(seed)``, where the Trainer draws ``torch.randperm``: the same mega-batch
-    structure, other random draws) with the sampler's batch size ``micro_batch_size x
+    structure, other random draws) with the sampler's batch size ``microbatch_size x
     gradient_accumulation_steps``, cut into steps of ``world_size`` times that many consecutive
     samples (an epoch's partial last step is left out). Each step lists its samples in the
-    sampler's order, so dealing them as ``hf_default`` does (batch ``b`` of ``micro_batch_size``
+    sampler's order, so dealing them as ``hf_default`` does (batch ``b`` of ``microbatch_size``
     to rank ``b % world_size``) is exactly what Accelerate hands each rank.
 
     Returns:
         ``steps`` int64 arrays of dataset indices.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    per_rank = micro_batch_size * gradient_accumulation_steps
+    per_rank = microbatch_size * gradient_accumulation_steps
     size = per_rank * world_size
-    if min(micro_batch_size, gradient_accumulation_steps, world_size, steps) < 1:
+    if min(microbatch_size, gradient_accumulation_steps, world_size, steps) < 1:
         raise ValueError(
-            "micro_batch_size, gradient_accumulation_steps, world_size and steps must be >= 1"
+            "microbatch_size, gradient_accumulation_steps, world_size and steps must be >= 1"
         )
     if size > lengths.size:
         raise ValueError(f"one step holds {size} samples, more than the data set's {lengths.size}")

@@ -13,10 +13,10 @@ strategy (transformers 5.24, ``BatchRebalanceSampler``).
   it in the tests).
 
 ``GA`` (gradient accumulation steps, the micro-batches per rank) is ``num_microbatches`` when
-set, else what a fixed ``micro_batch_size`` gives (``ceil(n / (dp x micro_batch_size))``, the
+set, else what a fixed ``microbatch_size`` gives (``ceil(n / (dp x microbatch_size))``, the
 Trainer's ``per_device_train_batch_size``). Padded only, as the Trainer's other samplers here.
-The groups' sizes are the sampler's own: a step where one exceeds ``micro_batch_size`` is refused
-(the Trainer's ``per_device_train_batch_size`` is no limit there: plan with ``micro_batch_size``
+The groups' sizes are the sampler's own: a step where one exceeds ``microbatch_size`` is refused
+(the Trainer's ``per_device_train_batch_size`` is no limit there: plan with ``microbatch_size``
 = the step's size and ``num_microbatches = GA``). No token cap (``enforces_cap`` is False: its
 over-cap micro-batches are counted).
 """
@@ -176,12 +176,12 @@ class HFBatchRebalanceBaseline(StackBaseline):
                 "micro-batches (the sampler needs a sample in each)"
             )
         plan = rebalance_groups(problem.lengths, dp, ga)
-        size = problem.micro_batch_size if problem.layout == "padded" else None
+        size = problem.microbatch_size if problem.layout == "padded" else None
         largest = max(len(mb) for mbs in plan for mb in mbs)
         if size is not None and largest > size:
             raise ValueError(
                 f"its groups vary in size and one holds {largest} samples, more than "
-                f"micro_batch_size = {size}; plan it with micro_batch_size = the step's size "
+                f"microbatch_size = {size}; plan it with microbatch_size = the step's size "
                 f"({n}) and num_microbatches = GA ({ga})"
             )
         return plan

@@ -5,7 +5,7 @@
   under the cap (a sample over it alone), the bin count raised to a multiple of
   ``dp x microbatch_multiple`` by splitting the largest bins, bins to ranks by Karmarkar–Karp on
   their summed sample costs with equal counts; no cap packs as an infinite one. With the padded
-  layout and no cap, slime's static path: consecutive chunks of ``micro_batch_size`` samples.
+  layout and no cap, slime's static path: consecutive chunks of ``microbatch_size`` samples.
   Its cap is hard except for a lone over-cap sample.
 * ``slime_flops`` (``--balance-by-flops``): Karmarkar–Karp on sample costs into
   ``ceil(step tokens / cap)`` micro-batches (one per sample when that is at least the sample
@@ -75,13 +75,13 @@ class SlimeBaseline(StackBaseline):
         if problem.layout == "padded" and problem.max_tokens is not None:
             raise ValueError(
                 "slime's dynamic batch size packs micro-batches (THD); use layout='packed', or "
-                "layout='padded' without max_tokens for its static micro_batch_size path"
+                "layout='padded' without max_tokens for its static microbatch_size path"
             )
-        static = problem.max_tokens is None and problem.micro_batch_size is not None
+        static = problem.max_tokens is None and problem.microbatch_size is not None
         if static:
             if self.balance_by_flops:
                 raise ValueError("strategy='slime_flops' needs max_tokens (dynamic batch size)")
-            size = problem.micro_batch_size
+            size = problem.microbatch_size
             bins = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
         else:
             # Dynamic batch size; no cap is an infinite max_tokens_per_gpu.
@@ -92,7 +92,7 @@ class SlimeBaseline(StackBaseline):
                 raise ValueError(
                     f"strategy={self.name!r}: {len(bins)} static micro-batches are not "
                     f"{dp} x {m}; slime needs the step size to be a multiple of "
-                    "dp_size x micro_batch_size x the micro-batch multiple"
+                    "dp_size x microbatch_size x the micro-batch multiple"
                 )
             split_largest_bins(bins, dp * m, lengths)
             if len(bins) != dp * m:

@@ -2,9 +2,9 @@
 
 * ``torchspec``: the controller orders each epoch's rows longest first within consecutive
   chunks of ``length_group_size`` rows (``length_grouped_order``; 1024 at #148, 32 since #156),
-  and splits each dispatch of ``dp x micro_batch_size`` rows over the ranks
+  and splits each dispatch of ``dp x microbatch_size`` rows over the ranks
   (``_partition_results``, PR #109): longest first (stable), each row to the rank with the
-  fewest tokens among those holding fewer than ``micro_batch_size`` rows (the lowest rank on
+  fewest tokens among those holding fewer than ``microbatch_size`` rows (the lowest rank on
   ties); a dispatch of at most one row per rank, or one not divisible by ``dp``, is dealt round
   robin. A rank's rows of one dispatch are its padded micro-batch at that position. No cap.
 

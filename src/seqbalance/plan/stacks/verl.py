@@ -11,7 +11,7 @@
   sample alone is over the cap. The micro-batches run lightest-at-both-ends. With ``groups``,
   verl's prefix-grouper path: whole groups to ranks, equal group counts.
 
-With ``layout="padded"``, ``verl`` is its fixed ``micro_batch_size`` path (consecutive chunks of
+With ``layout="padded"``, ``verl`` is its fixed ``microbatch_size`` path (consecutive chunks of
 each rank's dispatched samples). verl's workload is fixed by verl.
 """
 
@@ -150,8 +150,8 @@ class VerlBaseline(StackBaseline):
 
     def _fixed_size(self, problem: Any) -> Microbatches:
         """verl without dynamic batch size: each rank's dispatched samples cut into consecutive
-        micro-batches of ``micro_batch_size``."""
-        size = problem.micro_batch_size
+        micro-batches of ``microbatch_size``."""
+        size = problem.microbatch_size
         ranks = self.rank_partitions(problem)
         m = rounded(problem, max(ceil_div(len(members), size) for members in ranks), self.name)
         result = []

@@ -9,11 +9,11 @@ the WindowBalancer use it without torch.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from seqbalance._deprecated import warn
 from seqbalance._validation import check_int, check_positive_float, check_timeout
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
@@ -71,11 +71,7 @@ class Feedback:
         for name in ("huber", "reject"):
             object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
         if self.timeout_seconds is not None:
-            warnings.warn(
-                "Feedback(timeout_seconds=...) is deprecated: use Feedback(timeout=...)",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+            warn("Feedback(timeout_seconds=...)", "Feedback(timeout=...)", stacklevel=3)
             object.__setattr__(self, "timeout", self.timeout_seconds)
             object.__setattr__(self, "timeout_seconds", None)
         object.__setattr__(self, "timeout", check_timeout(self.timeout, "timeout"))
