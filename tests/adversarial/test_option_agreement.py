@@ -30,10 +30,8 @@ CHANGES = {
     .filter(lambda v: v != 4096)
     .map(lambda v: {"max_tokens": v}),
     "max_vision_patches": st.integers(1, 10**6).map(lambda v: {"max_vision_patches": v}),
-    "layout": st.integers(1, 64).map(lambda v: {"layout": "padded", "micro_batch_size": v}),
-    "micro_batch_size": st.integers(1, 64).map(
-        lambda v: {"layout": "padded", "micro_batch_size": v}
-    ),
+    "layout": st.integers(1, 64).map(lambda v: {"layout": "padded", "microbatch_size": v}),
+    "microbatch_size": st.integers(1, 64).map(lambda v: {"layout": "padded", "microbatch_size": v}),
     "num_microbatches": st.integers(1, 64).map(lambda v: {"num_microbatches": v}),
     "min_microbatches": st.integers(2, 64).map(lambda v: {"min_microbatches": v}),
     "microbatch_multiple": st.integers(2, 64).map(lambda v: {"microbatch_multiple": v}),
