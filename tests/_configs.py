@@ -14,3 +14,15 @@ TINY_LLAMA = {
 }
 """Hugging Face config: hidden 8, 2 query heads, 1 kv head of width 4, SwiGLU MLP of width 16,
 2 layers, vocab 10 (small enough to count FLOPs and parameters by hand)."""
+
+SLIME_TINY = {
+    "hidden_size": 16,
+    "num_attention_heads": 2,
+    "num_query_groups": 2,
+    "vocab_size": 32,
+    "ffn_hidden_size": 64,
+    "num_experts": None,
+    "num_layers": 2,
+    "kv_channels": 8,
+}
+"""The Megatron arguments slime's FLOPs read, of a tiny dense model (slime's tests and ours)."""

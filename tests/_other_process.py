@@ -1,12 +1,14 @@
-"""Running code in a fresh Python process, for determinism tests (``from _other_process import
-...``)."""
+"""Running code in fresh Python processes: determinism tests and launched examples
+(``from _other_process import ...``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -23,3 +25,26 @@ def json_from_other_process(code: str, *arguments: Any, hash_seed: str) -> Any:
         timeout=120,
     )
     return json.loads(run.stdout)
+
+
+def run_process_tree(
+    command: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(command, capture_output=True, text=True)`` in a session of its own: on
+    ``timeout`` (seconds) the whole process tree is killed, not only ``command``, so a launcher's
+    workers (``torch.distributed.run``) never outlive a failed test waiting on their peers."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=None if env is None else dict(env),
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)

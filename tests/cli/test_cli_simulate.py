@@ -223,6 +223,20 @@ def test_hf_baselines_run_padded_and_say_so(baseline: str, capsys) -> None:
     assert data["strategies"][baseline]["padding_tokens"] > 0
 
 
+def test_batch_rebalance_runs_padded_with_the_step_as_microbatch_size(capsys) -> None:
+    # Its groups hold any number of samples: micro-batches of up to the step's 128 samples.
+    argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "128", "--json"]
+    options = ["--num-microbatches", "4", "--max-tokens", "65536"]
+    assert main([*argv, "--baseline", "hf_batch_rebalance", *options]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["setup"]["layout"] == "padded"
+    assert "--microbatch-size 128" in captured.err
+    rival = data["strategies"]["hf_batch_rebalance"]
+    assert rival["mean_microbatches"] == 4.0
+    assert data["strategies"]["balanced"]["speedups"]["hf_batch_rebalance"] >= 1.0
+
+
 def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
     import seqbalance as sb
     from seqbalance.plan.stacks import length_grouped_steps

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _other_process import run_process_tree
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
@@ -38,12 +39,8 @@ def run(tmp_path: Path, *options: str, processes: int = 1) -> dict:
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
     }
-    done = subprocess.run(
-        [*launcher, str(SCRIPT), "--output-dir", str(tmp_path), *options],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    done = run_process_tree(
+        [*launcher, str(SCRIPT), "--output-dir", str(tmp_path), *options], timeout=300, env=env
     )
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))

@@ -7,24 +7,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _configs import SLIME_TINY
 from _profiles import examples
+from _stacks import problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbalance.cost import FlopsModel, ModelSpec
-from seqbalance.integrations.slime import ScheduleError, _megatron_model_spec, build_dp_schedule
+from seqbalance.integrations.slime import (
+    ScheduleError,
+    _megatron_model_spec,
+    _slime_workloads,
+    build_dp_schedule,
+)
 from seqbalance.plan.stacks import SlimeBaseline
 
-MODEL = {
-    "hidden_size": 16,
-    "num_attention_heads": 2,
-    "num_query_groups": 2,
-    "vocab_size": 32,
-    "ffn_hidden_size": 64,
-    "num_experts": None,
-    "num_layers": 2,
-    "kv_channels": 8,
-}
+MODEL = SLIME_TINY
 
 
 def make_args(**overrides: Any) -> SimpleNamespace:
@@ -47,6 +45,18 @@ def config(dp: int = 2, cp: int = 1, vpp: int = 1, group: int = 1) -> dict[str, 
         "vpp_size": vpp,
         "microbatch_group_size_per_vp_stage": group,
     }
+
+
+def _slimes_heaviest(args: Any, lengths: np.ndarray, dp: int, flops: FlopsModel) -> float:
+    """The heaviest rank (training FLOPs) of slime's --balance-data schedule of one step under
+    a cap of 100 tokens, weighing samples as slime does (its own FLOPs where slime is
+    installed, as the drop-in does)."""
+    costs = flops.per_sample(lengths)
+    slime = SlimeBaseline(workload=lambda x: _slime_workloads(args, x, costs))
+    return max(
+        costs[[i for mb in mbs for i in mb]].sum() + len(mbs) * flops.microbatch_overhead
+        for mbs in slime.plan(problem(lengths, dp, max_tokens=100, costs=costs))
+    )
 
 
 def check(result: Any, dp: int, kept: list[int], lengths: list[int], cap: int | None) -> None:
@@ -161,14 +171,7 @@ def test_balanced_is_never_worse_than_slimes_schedule() -> None:
             costs[p].sum() + len(m) * flops.microbatch_overhead
             for p, m in zip(partitions, mbi, strict=True)
         )
-        from test_plan_stacks import problem
-
-        p = problem(lengths, 4, max_tokens=100, costs=costs)
-        theirs = max(
-            costs[[i for mb in mbs for i in mb]].sum() + len(mbs) * flops.microbatch_overhead
-            for mbs in SlimeBaseline().plan(p)
-        )
-        assert ours <= theirs * (1 + 1e-12)
+        assert ours <= _slimes_heaviest(args, lengths, 4, flops) * (1 + 1e-12)
 
 
 def test_megatron_spec_reads_what_slime_reads() -> None:
@@ -205,8 +208,6 @@ def test_megatron_spec_reads_what_slime_reads() -> None:
 def test_never_worse_than_slimes_own_schedule_on_large_steps() -> None:
     # Above 256 samples the planner alone may skip slime's schedule when its own plan is within
     # 1e-4 of the lower bound; the drop-in weighs it on every step (seeded steps where it won).
-    import seqbalance as sb
-
     rng = np.random.default_rng(1)
     for _ in range(6):
         dp, n = int(rng.choice([2, 4])), int(rng.integers(257, 300))
@@ -221,10 +222,7 @@ def test_never_worse_than_slimes_own_schedule_on_large_steps() -> None:
             costs[p].sum() + len(m) * flops.microbatch_overhead
             for p, m in zip(partitions, mbi, strict=True)
         )
-        slime = sb.plan_step(
-            lengths, dp, cost=flops, max_tokens=100, allow_oversize=True, strategy="slime"
-        )
-        assert ours <= slime.summary()["step_cost"] * (1 + 1e-12)
+        assert ours <= _slimes_heaviest(args, lengths, dp, flops) * (1 + 1e-12)
 
 
 def _slime_schedules_by_definition(
@@ -343,8 +341,9 @@ def test_never_worse_than_any_schedule_slime_makes(
         costs = flops.per_sample(step_lengths)
         overhead = flops.microbatch_overhead
         value = _schedule_value(ours, costs, overhead, objective)
+        workloads = _slime_workloads(args, step_lengths, costs)  # slime's own where installed
         for theirs in _slime_schedules_by_definition(
-            step_lengths.tolist(), costs, dp, align, cap, size
+            step_lengths.tolist(), workloads, dp, align, cap, size
         ):
             if cap is not None and any(
                 len(mb) > 1 and int(step_lengths[mb].sum()) > cap for mbs in theirs for mb in mbs

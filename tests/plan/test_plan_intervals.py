@@ -5,9 +5,11 @@ over every cut, the bounds hold against every plan of that count (brute force in
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -82,3 +84,114 @@ def test_padded_steps_reach_their_bound() -> None:
     )
     assert free.summary()["ratio"] <= 1.02
     assert free.summary()["count_lower_bound"] == free.lower_bound  # one count: one bound
+
+
+def _least_maximum(lengths, costs, samples, dp, size, cap) -> float:
+    """The least cost of the costliest of at most ``dp`` padded micro-batches holding
+    ``samples`` (runs of the longest-first order suffice: the module's argument)."""
+    ranked = sorted(samples, key=lambda i: -lengths[i])
+    best = {0: 0.0}  # samples placed -> least costliest micro-batch so far
+    for _ in range(dp):
+        after = dict(best)
+        for start, value in best.items():
+            for end in range(start + 1, len(ranked) + 1):
+                count, top = end - start, ranked[start]
+                if count > size or (count > 1 and cap is not None and count * lengths[top] > cap):
+                    break
+                after[end] = min(after.get(end, np.inf), max(value, count * costs[top]))
+        best = after
+    return best.get(len(ranked), np.inf)
+
+
+def _lockstep_optimum(lengths, costs, dp, m, size, cap, overhead, allow_empty) -> float:
+    """The least ``lockstep`` cost of any padded plan with ``m`` micro-batches per rank, by
+    definition: every split of the samples into ``m`` positions, each position's micro-batches
+    (one per rank) costing its costliest; with no empty micro-batch, a position needs ``dp``
+    samples (splitting a micro-batch never costs more: costs rise with length)."""
+    n, values = len(lengths), []
+    for split in itertools.product(range(m), repeat=n):
+        total = 0.0
+        for t in range(m):
+            samples = [i for i in range(n) if split[i] == t]
+            if not allow_empty and len(samples) < dp:
+                total = np.inf
+                break
+            total += overhead + _least_maximum(lengths, costs, samples, dp, size, cap)
+        values.append(total)
+    return float(min(values))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 400), min_size=1, max_size=7),
+    dp=st.integers(1, 6),
+    m=st.integers(2, 3),
+    size=st.integers(1, 7),
+    cap=st.one_of(st.none(), st.integers(400, 1500)),
+    overhead=st.sampled_from([0.0, 50.0]),
+    allow_empty=st.booleans(),
+)
+def test_lockstep_padded_bound_and_plan(lengths, dp, m, size, cap, overhead, allow_empty) -> None:
+    # The level bound (Intervals.level_bound) never exceeds the least lockstep cost, and
+    # balanced's plan (with the positions cut one after the other: tiered_start) is that cost
+    # wherever every sample fits one position's micro-batches alone.
+    lengths = np.asarray(lengths, dtype=np.int64)
+    costs = lengths + 0.002 * lengths.astype(np.float64) ** 2
+    model = sb.cost.TimeModel(overhead, 1.0, 0.002)
+    try:
+        plan = sb.plan_step(
+            lengths,
+            dp,
+            cost=model,
+            objective="lockstep",
+            allow_empty=allow_empty,
+            allow_oversize=True,
+            layout="padded",
+            microbatch_size=size,
+            num_microbatches=m,
+            max_tokens=cap,
+        )
+    except ValueError:
+        return  # no plan of this count (too few samples for non-empty micro-batches)
+    best = _lockstep_optimum(lengths, costs, dp, m, size, cap, overhead, allow_empty)
+    assert plan.count_lower_bound <= best * (1 + 1e-9)
+    assert plan.step_cost >= best * (1 - 1e-9)
+    if lengths.size <= min(dp, size) or (allow_empty and lengths.size <= dp):
+        assert plan.step_cost == pytest.approx(best, rel=1e-9)
+
+
+def test_lockstep_positions_fill_one_after_the_other() -> None:
+    # 11 samples, 7 ranks, 3 positions: the first position holds them all in 7 micro-batches
+    # costing at most its longest sample's (22,464.756); the plan of one micro-batch per rank
+    # for the 7 longest and a second position for the rest cost 18.5% more.
+    lengths = [2231, 1254, 1073, 3509, 2563, 1773, 544, 2142, 2229, 4266, 1601]
+    plan = sb.plan_step(
+        lengths,
+        7,
+        cost=lambda x: np.asarray(x) + 0.001 * np.asarray(x, dtype=float) ** 2,
+        layout="padded",
+        microbatch_size=11,
+        num_microbatches=3,
+        objective="lockstep",
+        allow_empty=True,
+        max_tokens=16384,
+        allow_oversize=True,
+    )
+    assert plan.step_cost == pytest.approx(4266 + 0.001 * 4266**2, rel=1e-12)
+    assert plan.count_lower_bound == pytest.approx(plan.step_cost, rel=1e-6)
+
+
+def test_a_dominant_sample_gets_a_rank_of_its_own() -> None:
+    # 30 ShareGPT-like lengths on 13 ranks, 2 micro-batches each, padded tokens, empty
+    # micro-batches allowed: the 489-token sample alone reaches the bound; any companion adds
+    # at least its padded cost (102 tokens) to that rank. The others fit 12 ranks within 507.
+    lengths = [489, 389, 360, 302, 295, 273, 252, 250, 245, 242, 221, 212, 204, 193, 192]
+    lengths += [189, 173, 164, 164, 161, 159, 159, 151, 147, 129, 129, 126, 124, 114, 102]
+    plan = sb.plan_step(
+        lengths, 13, cost="tokens", layout="padded", microbatch_size=30, num_microbatches=2,
+        allow_empty=True,
+    )  # fmt: skip
+    plan.validate()
+    (rank,) = [r for r, mbs in enumerate(plan.ranks) if any(0 in mb for mb in mbs)]
+    assert sorted(int(i) for mb in plan.ranks[rank] for i in mb) == [0]
+    assert plan.count_lower_bound == 489 and plan.step_cost <= 507

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 from _profiles import examples
+from _stacks import outcome, problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_plan_stacks import outcome, problem, recorded
+from test_plan_stacks import recorded
 
 import seqbalance as sb
 from seqbalance.plan.stacks import (

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _profiles import examples
+from _stacks import outcome, problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,47 +54,6 @@ def recorded(name: str = "stack_baselines") -> dict[str, list[dict[str, Any]]]:
     """The cases of ``tests/data/<name>.json.gz``, by strategy name."""
     with gzip.open(DATA / f"{name}.json.gz", "rt") as handle:
         return json.load(handle)
-
-
-def problem(
-    lengths: Any,
-    dp: int,
-    *,
-    max_tokens: int | None = None,
-    costs: Any = None,
-    microbatch_size: int | None = None,
-    min_microbatches: int = 1,
-    microbatch_multiple: int = 1,
-    num_microbatches: int | None = None,
-    groups: Any = None,
-    allow_empty: bool = True,
-) -> Problem:
-    lengths = np.asarray(lengths, dtype=np.int64)
-    options = PlanOptions(
-        max_tokens=max_tokens,
-        layout="padded" if microbatch_size is not None else "packed",
-        microbatch_size=microbatch_size,
-        allow_oversize=True,
-        allow_empty=allow_empty,
-        min_microbatches=min_microbatches,
-        microbatch_multiple=microbatch_multiple,
-        num_microbatches=num_microbatches,
-    )
-    return Problem(
-        lengths=lengths,
-        sample_costs=np.asarray(lengths if costs is None else costs, dtype=np.float64),
-        overhead=0.0,
-        dp=dp,
-        groups=None if groups is None else np.asarray(groups, dtype=np.int64),
-        options=options,
-    )
-
-
-def outcome(strategy: Any, p: Problem) -> Any:
-    try:
-        return strategy.plan(p)
-    except ValueError:
-        return "error"
 
 
 def test_recorded_file_has_500_cases_per_baseline() -> None:
@@ -380,7 +340,7 @@ def test_slime_live_against_slime() -> None:
     from types import SimpleNamespace
 
     rng = np.random.default_rng(6)
-    from test_integrations_slime import MODEL as model
+    from _configs import SLIME_TINY as model
 
     for trial in range(200):
         dp = int(rng.integers(1, 5))

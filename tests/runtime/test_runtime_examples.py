@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _other_process import run_process_tree
 
 pytest.importorskip("torch")
 
@@ -30,13 +31,7 @@ def test_torchrun_ddp_example_trains_on_two_ranks() -> None:
         "--samples",
         "256",
     ]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = run_process_tree(command, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = re.findall(
         r"^\s+(\d+)\s+[\d.]+\s+[\d.]+\s+\d+\s+([\d.]+)\s+([\d.]+)$", done.stdout, re.M

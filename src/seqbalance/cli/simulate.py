@@ -42,8 +42,11 @@ _FLAGS = {**CONTEXT_PARALLEL_FLAGS, "strategies": "--strategies"}
 """The plan options' flags and those of simulate's own options, for errors."""
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20
-HF_BASELINES = ("hf_default", "hf_length_grouped")
+HF_BASELINES = ("hf_default", "hf_length_grouped", "hf_batch_rebalance")
 """Baselines that pad every micro-batch, as the Hugging Face Trainer does."""
+BATCH_REBALANCE = "hf_batch_rebalance"
+"""Groups a step's samples freely (no per-micro-batch count): run with micro-batches of up to
+the step's samples."""
 HF_MICROBATCH_SIZE = 8
 """The Trainer's ``per_device_train_batch_size`` default."""
 LENGTH_GROUPED = "hf_length_grouped"
@@ -87,13 +90,15 @@ def register(subparsers: Any) -> None:
         "--baseline",
         default=None,
         metavar="STRATEGY",
-        help="what you run today, e.g. verl, slime, slime_flops, torchspec, hf_default (Hugging "
-        "Face Trainer), hf_length_grouped (its group_by_length): added to --strategies and named "
-        "in the headline with the gain against it (see `seqbalance plan --help` for every "
-        "strategy). Default: hf_default with --layout padded (the Trainer's padded "
-        "micro-batches), none otherwise. The Hugging Face baselines pad: with them, a packed run "
-        f"becomes --layout padded (--microbatch-size default {HF_MICROBATCH_SIZE}, the "
-        "Trainer's per_device_train_batch_size)",
+        help="what you run today, e.g. verl, slime, slime_flops, megatron_dp_balanced, "
+        "torchspec, hf_default (Hugging Face Trainer), hf_length_grouped (its group_by_length), "
+        "hf_batch_rebalance (its batch_rebalance): added to --strategies and named in the "
+        "headline with the gain against it (see `seqbalance plan --help` for every strategy). "
+        "Default: hf_default with --layout padded (the Trainer's padded micro-batches), none "
+        "otherwise. The Hugging Face baselines pad: with them, a packed run becomes --layout "
+        f"padded (--microbatch-size default {HF_MICROBATCH_SIZE}, the Trainer's "
+        "per_device_train_batch_size; the step's samples for hf_batch_rebalance, whose groups "
+        "vary, with --num-microbatches its gradient accumulation)",
     )
     parser.add_argument("--seed", type=int, default=0, help="batch sampling seed")
     add_time_model_arguments(parser)
@@ -122,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if args.strategies is None:
         args.strategies = default_strategies(context_parallel=context_parallel is not None)
     if context_parallel is None:
-        _baseline_setup(args)
+        _baseline_setup(args, _global_batch(args, source))
     cost, peak, efficiency, description = cost_from_args(
         args, context_parallel=context_parallel is not None
     )
@@ -190,18 +195,22 @@ def _global_batch(args: argparse.Namespace, source: Any) -> int:
     return args.global_batch
 
 
-def _baseline_setup(args: argparse.Namespace) -> None:
+def _baseline_setup(args: argparse.Namespace, global_batch: int) -> None:
     """Name the baseline that matches what the user runs (padded micro-batches of a fixed sample
     count are the Hugging Face Trainer's default), and run the padded baselines padded (said on
-    stderr, never silently)."""
+    stderr, never silently): micro-batches of the Trainer's default size, or of up to the step's
+    samples for ``hf_batch_rebalance`` as the baseline."""
     if args.baseline is None and args.layout == "padded":
         args.baseline = "hf_default"
     requested = _with_baseline(args.strategies, args.baseline)
     padded = next((name for name in requested if name in HF_BASELINES), None)
+    if args.baseline in HF_BASELINES:
+        padded = args.baseline
     if padded is not None and args.layout == "packed":
         args.layout = "padded"
         if args.microbatch_size is None:
-            args.microbatch_size = HF_MICROBATCH_SIZE
+            free = padded == BATCH_REBALANCE
+            args.microbatch_size = global_batch if free else HF_MICROBATCH_SIZE
         print(
             f"seqbalance simulate: note: {padded} pads every micro-batch, as the Hugging "
             f"Face Trainer does: every strategy is simulated with --layout padded "

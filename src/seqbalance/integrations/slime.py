@@ -39,7 +39,9 @@ What the flags mean here:
   (``lockstep``: every rank's micro-batches heaviest first), with every schedule slime itself
   makes of the step, with balancing on and off and with either packing (first fit, and
   ``--balance-by-flops``' FLOPs packing when it keeps the cap, which slime's does not promise),
-  and the cheapest is returned (ties: the fewest micro-batches, then seqbalance's).
+  and the cheapest is returned (ties: the fewest micro-batches, then seqbalance's). slime's
+  schedules are rebuilt with the weights slime's Karmarkar-Karp uses (its own
+  ``calculate_fwd_flops`` where slime is importable, as inside slime), so they are its own.
 
 Errors are :class:`ScheduleError`, a ``ValueError`` that is also an ``AssertionError`` so callers
 that catch slime's assertions keep working.
@@ -114,6 +116,18 @@ def _steps(rollout_indices: Sequence[Any], global_batch_size: int) -> list[list[
     ]
 
 
+def _slime_workloads(args: Any, lengths: np.ndarray, costs: np.ndarray) -> np.ndarray:
+    """What slime's own Karmarkar-Karp passes weigh each sample by: slime's
+    ``calculate_fwd_flops`` where slime is installed (the drop-in runs inside it), so that its
+    schedules are reproduced exactly; else ``costs``, the training FLOPs of the same model
+    (slime's accounting up to a few FLOPs per token, so a partition may differ slightly)."""
+    try:
+        from slime.utils.flops_utils import calculate_fwd_flops
+    except ImportError:
+        return costs
+    return np.asarray([calculate_fwd_flops([int(x)], args) for x in lengths], dtype=np.float64)
+
+
 def _round_robin(bins: list[list[int]], dp: int) -> list[list[list[int]]]:
     """slime without ``balance_data``: micro-batch ``b`` to rank ``b % dp``."""
     return [[bins[b] for b in range(r, len(bins), dp)] for r in range(dp)]
@@ -164,8 +178,9 @@ def _slime_schedules(
     lengths: list[int], costs: np.ndarray | None, dp: int, align: int, cap: int | None, size: int
 ) -> dict[tuple[str, bool], list[list[list[int]]] | str]:
     """Every schedule slime itself makes of one step, keyed by (packing, ``balance_data``):
-    each packing's micro-batches dealt round robin (balancing off) or, with ``costs``, to ranks
-    by Karmarkar-Karp on their summed costs with equal counts (``--balance-data``)."""
+    each packing's micro-batches dealt round robin (balancing off) or, with ``costs`` (slime's
+    workloads), to ranks by Karmarkar-Karp on their summed costs with equal counts
+    (``--balance-data``)."""
     result: dict[tuple[str, bool], list[list[list[int]]] | str] = {}
     for name, bins in _packings(lengths, costs, align, cap, size).items():
         if isinstance(bins, str):
@@ -241,7 +256,8 @@ def _step_ranks(
     align = dp * per_rank_multiple
     static = cap is None
     costs = None if cost is None else cost.per_sample(lengths)
-    schedules = _slime_schedules(lengths.tolist(), costs, dp, align, cap, size)
+    workloads = None if costs is None else _slime_workloads(args, lengths, costs)
+    schedules = _slime_schedules(lengths.tolist(), workloads, dp, align, cap, size)
     by_flops = bool(getattr(args, "balance_by_flops", False))
     packing = "static" if static else "flops" if by_flops else "first_fit"
     own = schedules[packing, bool(getattr(args, "balance_data", False)) and costs is not None]

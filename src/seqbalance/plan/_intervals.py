@@ -36,6 +36,9 @@ vectorised pass per interval size); longer ones by the monotone divide and conqu
 _WORK = 30_000_000
 """The dynamic program is not run when its work (layers x samples x per-layer factor) would
 exceed this; the bounds then fall back to ``Problem``'s own."""
+_LEVEL_PASSES = 1024
+"""``Intervals.level_bound`` is not computed when its intervals x levels (about 20 passes of
+the reach each) would exceed this."""
 
 
 class Problem(Protocol):
@@ -88,10 +91,15 @@ def bound_at_count(p: Problem, m: int, *, capped: bool = True) -> float:
     """A lower bound on the step cost of any valid plan of ``p`` with exactly ``m``
     micro-batches per rank (``capped=False``: keeping every limit but the token cap):
     ``Problem.lower_bound(m)`` and, for the padded layout without groups or rank speeds,
-    ``count_bound``."""
+    ``count_bound`` and ``Intervals.level_bound`` (``m`` levels in lockstep, one for
+    ``step``: its costliest micro-batch), with ``m`` overheads."""
     bound = p.lower_bound(m, capped=capped)
     if p.layout == "padded" and capped and p.groups is None and p.speeds is None:
         bound = max(bound, count_bound(p, m))
+        levels = m if p.objective == "lockstep" else 1
+        by_level = Intervals.of(p).level_bound(p.dp * m, p.dp, levels)
+        if by_level is not None:
+            bound = max(bound, by_level + m * p.overhead)
     return bound
 
 
@@ -148,6 +156,7 @@ class Intervals:
         take[p.oversize[self.order]] = 1
         self.take = np.maximum(take, 1)
         self._totals: list[float] = [0.0 if n == 0 else np.inf]
+        self._levels: dict[tuple[int, int, int], float] = {}
 
     def tier_maxima(self, k: int, dp: int) -> float:
         """A lower bound on the lockstep cost (least costs, no overhead) of ``k`` intervals
@@ -160,6 +169,68 @@ class Intervals:
             return 0.0
         starts = np.minimum(np.arange(0, k, dp) * int(self.take.max()), self.n - 1)
         return fewest * float(self.least[starts].sum())
+
+    def level_bound(self, k: int, dp: int, levels: int) -> float | None:
+        """A lower bound on the cost (least costs, no overhead) of ``k`` intervals dealt to
+        ``dp`` ranks at ``levels`` positions each, in lockstep (with one level: the costliest
+        interval, a bound for ``step`` too); None when the work would exceed ``_LEVEL_PASSES``.
+
+        With ``N(u)`` the intervals costing more than ``u``, at least ``ceil(N(u) / dp)``
+        positions cost more than ``u`` (a position holds one interval per rank), so the sum
+        over positions of their costliest is at least ``integral of ceil(N(u) / dp) du``, and
+        at least that with ``N(u)`` the fewest of any cut: ``sum over t < levels of u_t``,
+        ``u_t`` the least ``u`` at which some cut into at most ``k`` intervals has at most
+        ``t x dp`` costing more (``_cut_exists``; each ``u_t`` found to a relative ``1e-6``
+        from below, so the sum stays a bound)."""
+        key = (k, dp, levels)
+        if key not in self._levels:
+            if self.n == 0:
+                return 0.0
+            if k * levels > _LEVEL_PASSES:
+                return None
+            total, high = 0.0, float(self.take[0]) * float(self.least.max())
+            for t in range(levels):
+                high = self._least_threshold(k, t * dp, high)
+                if high <= 0:
+                    break
+                total += high
+            self._levels[key] = total
+        return self._levels[key]
+
+    def _least_threshold(self, k: int, expensive: int, high: float) -> float:
+        """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
+        at most ``k`` intervals has at most ``expensive`` costing more than ``u`` (0 when
+        ``u = 0`` has one; ``high`` must have one)."""
+        if self._cut_exists(k, expensive, 0.0):
+            return 0.0
+        low = 0.0  # no cut at low; one at high
+        while high - low > 1e-6 * high:
+            middle = 0.5 * (low + high)
+            if self._cut_exists(k, expensive, middle):
+                high = middle
+            else:
+                low = middle
+        return low
+
+    def _cut_exists(self, k: int, expensive: int, u: float) -> bool:
+        """Whether some cut into at most ``k`` intervals (within ``take``) has at most
+        ``expensive`` intervals costing more than ``u``: the farthest sample reached with
+        ``a`` intervals, ``e`` of them dear, taking each interval as long as it may be (where an
+        interval may end never decreases with its start, so the farthest reach dominates)."""
+        n = self.n
+        positive = self.least > 0
+        fits = np.full(n, n, dtype=np.int64)
+        fits[positive] = np.floor(u * (1 + 1e-12) / self.least[positive]).astype(np.int64)
+        cheap = np.append(np.arange(n) + np.minimum(self.take, fits), n)
+        full = np.append(np.arange(n) + self.take, n)
+        reach = np.zeros(expensive + 1, dtype=np.int64)
+        for _ in range(k):
+            after = np.maximum(reach, cheap[reach])
+            after[1:] = np.maximum(after[1:], full[reach[:-1]])
+            reach = after
+            if reach[-1] >= n:
+                return True
+        return False
 
     def fewest(self, k: int) -> int:
         """The fewest samples each of ``k`` intervals holds: what the others cannot (they hold

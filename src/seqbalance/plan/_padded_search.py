@@ -32,12 +32,14 @@ import numpy as np
 from seqbalance.plan._intervals import Intervals
 from seqbalance.plan._shared import Microbatches
 
-__all__ = ["cheapest_start", "improve_intervals"]
+__all__ = ["cheapest_start", "improve_intervals", "tiered_start"]
 
 _ROUNDS_PER_INTERVAL = 8
 _ROUNDS = 64
 """The search stops after ``_ROUNDS + _ROUNDS_PER_INTERVAL x K`` improving moves at most."""
 _RELATIVE = 1e-12  # improvements smaller than this are float noise
+_TIER_PAIRS = 200_000
+"""``tiered_start`` is not tried when its (first sample, size) pairs would exceed this."""
 
 
 class Problem(Protocol):
@@ -89,6 +91,97 @@ def cheapest_start(p: Problem, intervals: Intervals, m: int, cap: float) -> Micr
         loads[r] += weights[j]
         counts[r] += 1
     return result
+
+
+def tiered_start(p: Problem, intervals: Intervals, m: int) -> Microbatches | None:
+    """A ``lockstep`` start: the ``m`` positions as consecutive runs of the order (the first
+    holding the longest samples), each cut into at most ``dp`` intervals (one per rank), every
+    one as long as the caps and the position's first interval's cost allow; the first
+    interval's size per position chosen by a dynamic program for the least sum of those costs.
+    A position may stay empty, or a micro-batch, where empty ones are allowed; otherwise the
+    costliest intervals with more than one sample are split until each position has ``dp``
+    (None where that cannot be done, or the pairs exceed ``_TIER_PAIRS``)."""
+    n, dp, take = intervals.n, p.dp, intervals.take
+    if n == 0 or int(take.sum()) > _TIER_PAIRS:
+        return None
+    costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
+    first = np.repeat(np.arange(n), take)
+    offsets = np.cumsum(take) - take
+    size = np.arange(first.size) - offsets[first] + 1
+    top = size * costs[first]
+    reach = _tier_reach(costs, take, first + size, top, dp - 1)
+    best, choices = np.full(n + 1, np.inf), []
+    best[n] = 0.0
+    for _ in range(m):
+        total = top + best[reach]
+        value, pick = np.minimum.reduceat(total, offsets), _first_minimum(total, offsets, take)
+        after = np.append(value, np.inf)
+        keep = p.allow_empty and best < after  # one position fewer, left empty
+        choices.append(np.where(keep, -1, np.append(pick, -1)))
+        best = np.where(keep, best, after)
+    if not np.isfinite(best[0]):
+        return None
+    return _tiers_plan(p, intervals, costs, choices, first, size, top)
+
+
+def _first_minimum(values: np.ndarray, offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per segment (``offsets``, ``counts``) of ``values``, the index of its first minimum."""
+    least = np.minimum.reduceat(values, offsets)
+    at = np.where(values == np.repeat(least, counts), np.arange(values.size), values.size)
+    return np.minimum.reduceat(at, offsets)
+
+
+def _tier_reach(
+    costs: np.ndarray, take: np.ndarray, at: np.ndarray, top: np.ndarray, more: int
+) -> np.ndarray:
+    """Where ``more`` intervals from ``at`` end, each as long as ``take`` and ``top`` (a cost
+    per interval, per entry) allow."""
+    n = costs.size
+    for _ in range(more):
+        j = np.minimum(at, n - 1)
+        fits = np.floor(top * (1 + 1e-12) / np.maximum(costs[j], 1e-300))
+        grow = np.minimum(take[j], np.minimum(fits, n)).astype(np.int64)
+        at = np.where(at < n, at + grow, at)
+    return at
+
+
+def _tiers_plan(
+    p: Problem,
+    intervals: Intervals,
+    costs: np.ndarray,
+    choices: list[np.ndarray],
+    first: np.ndarray,
+    size: np.ndarray,
+    top: np.ndarray,
+) -> Microbatches | None:
+    """The plan the choices of ``tiered_start`` describe (positions from the longest)."""
+    n, dp = intervals.n, p.dp
+    positions, at = [], 0
+    for choice in reversed(choices):
+        pair = int(choice[at])
+        runs: list[list[int]] = []
+        if pair >= 0:
+            runs.append([at, at + int(size[pair])])
+            at = runs[-1][1]
+            for _ in range(dp - 1):
+                end = int(_tier_reach(costs, intervals.take, np.array([at]), top[[pair]], 1)[0])
+                if end == at:
+                    break
+                runs.append([at, end])
+                at = end
+        while not p.allow_empty and len(runs) < dp:
+            wide = [j for j, (a, b) in enumerate(runs) if b - a > 1]
+            if not wide:
+                return None
+            j = max(wide, key=lambda j: (runs[j][1] - runs[j][0]) * costs[runs[j][0]])
+            a, b = runs[j]
+            runs[j : j + 1] = [[a, a + (b - a) // 2], [a + (b - a) // 2, b]]
+        runs.sort(key=lambda run: -(run[1] - run[0]) * costs[run[0]])
+        positions.append(runs + [[0, 0]] * (dp - len(runs)))
+    if at != n:
+        return None
+    order = intervals.order
+    return [[order[a:b].tolist() for a, b in (runs[r] for runs in positions)] for r in range(dp)]
 
 
 class _State:

@@ -65,7 +65,7 @@ from seqbalance.plan._intervals import Intervals, count_bound
 from seqbalance.plan._lockstep import LOCKSTEP_WORK, match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
-from seqbalance.plan._padded_search import cheapest_start, improve_intervals
+from seqbalance.plan._padded_search import cheapest_start, improve_intervals, tiered_start
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     RIVALS_WITHOUT_BOUND_GAP,
@@ -230,15 +230,19 @@ class Balanced(BalancedContextParallel):
 BALANCED = Balanced()
 
 
-def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
+def _attempt(
+    p: Problem, m: int, *, refine: bool = True, isolate: bool = True
+) -> Microbatches | None:
     """The plan with ``m`` micro-batches per rank (None when none was found); ``refine=False``
-    leaves out the lockstep refinement (``match_profile`` still applies)."""
+    leaves out the lockstep refinement (``match_profile`` still applies), ``isolate=False`` the
+    padded plan with dominant samples alone (``_longest_alone``)."""
     if p.layout == "padded" and p.groups is None:
         # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
         plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
         if plans[0] is not None and p.speeds is None:
             plans += _interval_search(p, m, plans[0])
+            plans += [_longest_alone(p, m)] if isolate else []
         valid = [plan for plan in plans if plan is not None]
         return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
@@ -258,13 +262,46 @@ def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
 
 
 def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatches | None]:
-    """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts)
-    and from the cheapest cuts whose intervals cost at most the count's lower bound."""
+    """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts),
+    from the cheapest cuts whose intervals cost at most the count's lower bound and, in
+    ``lockstep``, from positions cut one after the other (``tiered_start``; also as it is)."""
     intervals = Intervals.of(p)
     bound = count_bound(p, m)
     target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
     starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
-    return [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
+    if p.objective == "lockstep" and m > 1:
+        starts.append(tiered_start(p, intervals, m))
+    found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
+    # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
+    return found + [plan for plan in starts[2:] if plan is not None]
+
+
+def _longest_alone(p: Problem, m: int) -> Microbatches | None:
+    """Padded ``step`` with empty micro-batches allowed, where samples alone reach the lower
+    bound: each of them (the longest, at most ``dp - 1``) alone on a rank of its own (any
+    companion adds its padded cost to a rank already at the bound) and the others planned on
+    the other ranks (once: no further isolation there); None elsewhere."""
+    if not (p.allow_empty and p.objective == "step" and p.n > p.dp > 1):
+        return None
+    order = np.lexsort((np.arange(p.n), -p.lengths))
+    reach = p.sample_costs[order] + m * p.overhead >= p.lower_bound(m) * (1 - _TOLERANCE)
+    alone = order[: min(int(reach.sum()), p.dp - 1)]
+    if alone.size == 0:
+        return None
+    others = np.setdiff1d(np.arange(p.n), alone)
+    rest = Problem(
+        lengths=p.lengths[others],
+        sample_costs=p.sample_costs[others],
+        overhead=p.overhead,
+        dp=p.dp - alone.size,
+        groups=None,
+        options=p.options,
+    )
+    plan = _attempt(rest, m, isolate=False)
+    if plan is None:
+        return None
+    own = [[[int(i)]] + [[] for _ in range(m - 1)] for i in alone]
+    return [[others[mb].tolist() for mb in mbs] for mbs in plan] + own
 
 
 def _refines(p: Problem, m: int) -> bool:
