@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -30,21 +32,38 @@ def json_from_other_process(code: str, *arguments: Any, hash_seed: str) -> Any:
 def run_process_tree(
     command: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(command, capture_output=True, text=True)`` in a session of its own: on
-    ``timeout`` (seconds) the whole process tree is killed, not only ``command``, so a launcher's
-    workers (``torch.distributed.run``) never outlive a failed test waiting on their peers."""
+    """``subprocess.run(command, capture_output=True, text=True)`` that, on ``timeout``
+    (seconds), kills every process ``command`` started, not only ``command``: a launcher's
+    workers (``torch.distributed.run`` starts each in a session of its own) never outlive a
+    failed test, and the test never waits on pipes they hold open."""
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=None if env is None else dict(env),
-        start_new_session=True,
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+        for pid in [*_descendants(process.pid), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait()
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux ``/proc``; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found += below
+        frontier += below
+    return found

@@ -18,12 +18,14 @@ from seqbalance.integrations.megatron import (  # noqa: E402
     MegatronDataIterator,
     check_config,
     hybrid_cp_batch,
+    hybrid_cp_groups,
     hybrid_cp_sizes,
     pack_thd,
     per_token_loss,
     step_loss,
 )
 from seqbalance.measure.launch import launch  # noqa: E402
+from seqbalance.plan.context_parallel import ContextParallel  # noqa: E402
 
 
 def test_pack_thd_fields_by_hand() -> None:
@@ -155,6 +157,9 @@ def test_megatron_position_and_config_checks() -> None:
         check_config(Config())
     Config.variable_seq_lengths = True
     check_config(Config())
+    Config.hybrid_context_parallel = True
+    with pytest.raises(ValueError, match="hybrid_context_parallel needs pipeline"):
+        check_config(Config())
 
 
 def test_per_token_loss_and_step_loss_by_hand() -> None:
@@ -572,6 +577,103 @@ def hybrid_data() -> list[torch.Tensor]:
     return [torch.randint(0, VOCAB, (n,), generator=g) for n in HYBRID_LENGTHS]
 
 
+EPOCH_SEED = 11
+"""A layout with whole samples, samples sharded over 2 and over 4 ranks, and slots in which a
+rank runs shares of two sharded samples (so CP partners must agree on their order)."""
+
+
+def hybrid_epoch_data() -> tuple[list[torch.Tensor], np.ndarray]:
+    rng = np.random.default_rng(EPOCH_SEED)
+    lengths = np.concatenate(
+        [rng.integers(2, 33, 16), rng.integers(33, 65, 5), rng.integers(65, 129, 3)]
+    )
+    g = torch.Generator().manual_seed(EPOCH_SEED)
+    return [torch.randint(0, VOCAB, (int(n),), generator=g) for n in lengths], lengths
+
+
+def hybrid_iterator(**overrides: Any) -> MegatronDataIterator:
+    """24 samples, 3 steps of 8 over a DPxCP group of 4 (cap 32 tokens per rank and slot)."""
+    data, lengths = hybrid_epoch_data()
+    settings: dict[str, Any] = {
+        "global_batch_size": 8,
+        "max_tokens": HYBRID_CAP,
+        "context_parallel": ContextParallel(sizes=hybrid_cp_sizes(4)),
+        "cost": "flops",
+        "model": "qwen3-8b",
+        "seed": EPOCH_SEED,
+    }
+    return MegatronDataIterator(data, lengths, **{**settings, **overrides})
+
+
+def test_hybrid_iterator_steps_agree_cover_every_sample_and_resume() -> None:
+    """Per step, every DPxCP rank gets the plan's sample_id_groups and exactly the whole samples
+    it lists (padded for the zigzag split); the epoch covers every sample once; each step is
+    planned once; resuming at every step boundary, or taking steps as ``next(iterator)``,
+    continues with the same steps."""
+    data, lengths = hybrid_epoch_data()
+    made = [hybrid_iterator(dp_rank=r, dp_size=4) for r in range(4)]
+    calls = counting_planner(made[0])
+    runs = [list(it.steps()) for it in made]
+    assert len(calls) == made[0].num_steps() == 3
+    seen: list[int] = []
+    for steps in zip(*runs, strict=True):
+        plan = steps[0].plan
+        assert all(step.sample_id_groups == hybrid_cp_groups(plan) for step in steps)
+        assert {step.num_microbatches for step in steps} == {plan.n_slots}
+        step_samples = set()
+        for rank, step in enumerate(steps):
+            batch, groups = next(step)
+            with pytest.raises(StopIteration):
+                next(step)
+            assert sorted(batch) == sorted(step.indices)
+            assert set(batch) == {i for group in groups for i in group[rank]}
+            for sample, packed in batch.items():
+                index, size = step.indices[sample], int(plan.cp_size[sample])
+                n, multiple = int(lengths[index]), 2 * size if size > 1 else 1
+                assert packed["tokens"][0, :n].tolist() == data[index].tolist()
+                assert packed["tokens"].shape[1] % multiple == 0
+                assert packed["tokens"].shape[1] < n + multiple
+                assert packed["cu_seqlens"].tolist() == [0, n]
+                step_samples.add(index)
+        assert len(step_samples) == 8
+        seen.extend(step_samples)
+    assert sorted(seen) == list(range(len(data)))
+    assert {int(c) for steps in runs[0] for c in steps.plan.cp_size} == {1, 2, 4}
+    for k in range(len(runs[1]) + 1):
+        it = hybrid_iterator(dp_rank=1, dp_size=4)
+        for step in runs[1][:k]:
+            batch, groups = next(it)  # Megatron-LM's data_iterator=iterator form
+            assert (sorted(batch), groups) == (sorted(step.indices), step.sample_id_groups)
+        resumed = hybrid_iterator(dp_rank=1, dp_size=4)
+        resumed.load_state_dict(it.state_dict())
+        rest = [(s.indices, s.sample_id_groups) for s in resumed.steps()]
+        assert rest == [(s.indices, s.sample_id_groups) for s in runs[1][k:]]
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_hybrid_iterator_refuses_what_megatron_cannot_run() -> None:
+    from seqbalance import PlanOptions, plan_step
+
+    data, lengths = hybrid_epoch_data()
+    with pytest.raises(ValueError, match=r"sizes holds \[3\].*hybrid_cp_sizes\(6\) = \[1, 2, 6\]"):
+        MegatronDataIterator(
+            data, lengths, global_batch_size=12, dp_rank=0, dp_size=6, max_tokens=HYBRID_CAP,
+            context_parallel=ContextParallel(sizes=(1, 2, 3, 6)), cost="flops", model="qwen3-8b",
+        )  # fmt: skip
+    contiguous = ContextParallel(sizes=hybrid_cp_sizes(4), scheme="contiguous")
+    with pytest.raises(ValueError, match="zigzag split"):
+        hybrid_iterator(dp_rank=0, dp_size=4, context_parallel=contiguous)
+    with pytest.raises(ValueError, match="allow_empty=True is not supported"):
+        hybrid_iterator(dp_rank=0, dp_size=4, allow_empty=True)
+    sparse = PlanOptions(
+        cost="flops", model="qwen3-8b", max_tokens=8, allow_empty=True,
+        context_parallel=ContextParallel(sizes=(1,)),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="rank 1 has no sample in the plan's last slot"):
+        hybrid_cp_groups(plan_step([8], 4, sparse))
+
+
 def test_hybrid_cp_batch_lists_every_piece_once_in_one_order() -> None:
     plan, data = hybrid_plan(), hybrid_data()
     assert plan.cp_size.max() > 1  # some samples are sharded
@@ -609,19 +711,24 @@ def _hybrid_worker(rank: int, world_size: int) -> dict[str, Any]:
         hybrid_context_parallel=True, distributed_timeout_minutes=1
     )
     try:
-        return _hybrid_run()
+        model = _hybrid_model()
+        rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+        plan = hybrid_plan()
+        item = hybrid_cp_batch(plan, rank, hybrid_data())
+        ran, losses = _hybrid_step(model, iter([item]), plan.n_slots)
+        result = {"rank": rank, "ran": len(ran), "loss": step_loss(losses)}
+        result["grads"] = {name: p.grad.clone() for name, p in model.w.items()}
+        return {**result, **_hybrid_epoch(model)}
     finally:
         parallel_state.destroy_model_parallel()
 
 
-def _hybrid_run() -> dict[str, Any]:
+def _hybrid_model() -> torch.nn.Module:
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.enums import ModelType
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from megatron.core.utils import get_batch_on_this_cp_rank
 
     config = TransformerConfig(
         num_layers=1, hidden_size=HIDDEN, num_attention_heads=2, use_cpu_initialization=True,
@@ -661,37 +768,86 @@ def _hybrid_run() -> dict[str, Any]:
             for p in self.parameters():
                 p.grad *= scaling
 
-    model = PerToken()
-    plan = hybrid_plan()
-    rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
-    item = hybrid_cp_batch(plan, rank, hybrid_data())
+    return PerToken()
 
-    def forward_step(data_iterator: Any, chunk: PerToken) -> tuple[torch.Tensor, Any]:
+
+def _hybrid_epoch(model: Any) -> dict[str, Any]:
+    """A MegatronDataIterator epoch on the hybrid schedule: step 0 from ``steps()``, then a
+    fresh iterator resumed from its state feeds the rest as ``data_iterator=iterator``
+    (Megatron-LM's training loop); last, one rank's iterator set up differently."""
+    from megatron.core import parallel_state
+
+    def record(ran: list, losses: list, groups: list) -> dict[str, Any]:
+        grads = {name: p.grad.clone() for name, p in model.w.items()}
+        return {"ran": ran, "loss": step_loss(losses), "groups": groups, "grads": grads}
+
+    first_pass = hybrid_iterator()  # the DPxCP position from parallel_state
+    step = next(first_pass.steps())
+    ran, losses = _hybrid_step(model, step, step.num_microbatches)
+    epoch = [record(ran, losses, step.sample_id_groups)]
+    resumed = hybrid_iterator()
+    resumed.load_state_dict(first_pass.state_dict())
+    seen: list[Any] = []
+    spy = (seen.append(item) or item for item in resumed)
+    for _ in range(resumed.num_steps() - 1):
+        ran, losses = _hybrid_step(model, spy, resumed.microbatches_per_step()[0])
+        epoch.append(record(ran, losses, seen[-1][1]))
+    rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    odd = hybrid_iterator(seed=EPOCH_SEED + (rank == 3))
+    try:
+        next(odd.steps())
+    except ValueError as error:
+        return {"epoch": epoch, "disagreement": str(error)}
+    return {"epoch": epoch, "disagreement": None}
+
+
+def _hybrid_step(
+    model: Any, data_iterator: Any, num_microbatches: int
+) -> tuple[list[tuple[int, list[int], bool]], list]:
+    """One step of megatron-core's hybrid schedule (gradients zeroed first): per forward pass,
+    the sample's CP size, the positions of the real tokens this rank computed, and whether its
+    CP partners ran the same sample at the same time (attention's exchange in the group, which
+    a per-token model lacks: each member all-gathers the sample's length); the losses."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    ran: list[tuple[int, list[int], bool]] = []
+    for p in model.parameters():
+        p.grad = None
+
+    def forward_step(data_iterator: Any, chunk: Any) -> tuple[torch.Tensor, Any]:
         sample = get_batch_on_this_cp_rank(
             next(data_iterator), is_hybrid_cp=True,
             hybrid_cp_group_func=parallel_state.get_hybrid_data_context_parallel_groups,
         )  # fmt: skip
+        size, length = int(sample["local_cp_size"]), int(sample["cu_seqlens"][-1])
+        partners = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+        if size > 1:
+            dist.all_gather(partners, torch.tensor([length]), group=sample["hybrid_cp_group"])
+        together = size == 1 or all(int(p) == length for p in partners)
+        positions = sample["position_ids"][0]
+        ran.append((size, positions[positions < length].tolist(), together))
         output = chunk(sample["tokens"], sample["labels"])
         return output, partial(per_token_loss, loss_mask=sample["loss_mask"])
 
-    forward_backward = get_forward_backward_func()
     with _CudaToCpu():
-        losses = forward_backward(
-            forward_step_func=forward_step, data_iterator=iter([item]), model=[model],
-            num_microbatches=plan.n_slots, seq_length=HYBRID_CAP, micro_batch_size=1,
+        losses = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=data_iterator, model=[model],
+            num_microbatches=num_microbatches, seq_length=HYBRID_CAP, micro_batch_size=1,
         )  # fmt: skip
-    return {
-        "rank": rank,
-        "ran": len(losses),
-        "loss": step_loss(losses),
-        "grads": {name: p.grad.clone() for name, p in model.w.items()},
-    }
+    return ran, losses
 
 
-def hybrid_reference() -> tuple[float, dict[str, torch.Tensor]]:
+def hybrid_reference(
+    samples: list[torch.Tensor] | None = None,
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """Mean loss per token over ``samples`` (default: hybrid_data()), each whole, and its
+    gradients, in one process."""
     w = {name: t.clone().requires_grad_() for name, t in tiny_weights().items()}
     total, count = torch.zeros(()), 0
-    for tokens in hybrid_data():
+    for tokens in hybrid_data() if samples is None else samples:
         logits = logits_of(w["emb"][tokens], lambda x: x @ w["up"].T, lambda x: x @ w["down"].T, w)
         total = total + torch.nn.functional.cross_entropy(logits[:-1], tokens[1:], reduction="sum")
         count += tokens.numel() - 1
@@ -699,13 +855,20 @@ def hybrid_reference() -> tuple[float, dict[str, torch.Tensor]]:
     return float(total.detach() / count), {name: t.grad for name, t in w.items()}
 
 
+@pytest.fixture(scope="module")
+def hybrid_runs(tmp_path_factory) -> list[dict[str, Any]]:
+    """One launch of 4 gloo processes for every test of megatron-core's hybrid schedule."""
+    log_dir = tmp_path_factory.mktemp("hybrid")
+    return launch(_hybrid_worker, 4, timeout=400, collective_timeout=90, log_dir=log_dir)
+
+
 @needs_megatron
 @pytest.mark.multiprocess
-def test_megatron_hybrid_cp_schedule_runs_a_seqbalance_plan(tmp_path) -> None:
+def test_megatron_hybrid_cp_schedule_runs_a_seqbalance_plan(hybrid_runs) -> None:
     """megatron-core 0.19.2's hybrid-CP schedule on 4 gloo processes (one DPxCP group of 4, its
     power-of-two groups), fed hybrid_cp_batch of a seqbalance plan with samples sharded over 2
     and 4 ranks: the loss and every gradient equal one process running each sample whole."""
-    runs = launch(_hybrid_worker, 4, timeout=300, collective_timeout=90, log_dir=tmp_path)
+    runs = hybrid_runs
     plan = hybrid_plan()
     want_loss, want = hybrid_reference()
     assert sorted(run["rank"] for run in runs) == [0, 1, 2, 3]
@@ -715,3 +878,46 @@ def test_megatron_hybrid_cp_schedule_runs_a_seqbalance_plan(tmp_path) -> None:
         assert run["loss"] == pytest.approx(want_loss, rel=1e-5)
         for name, grad in run["grads"].items():
             torch.testing.assert_close(grad, want[name])
+
+
+@needs_megatron
+@pytest.mark.multiprocess
+def test_megatron_iterator_feeds_the_hybrid_schedule_an_epoch(hybrid_runs) -> None:
+    """MegatronDataIterator(context_parallel=...) on megatron-core 0.19.2's hybrid schedule, 4
+    gloo processes, an epoch of 3 steps (whole samples, samples sharded over 2 and 4 ranks; a
+    resume after step 0, then ``data_iterator=iterator``): every rank runs the plan's groups, one
+    forward pass per listed sample with the plan's CP size; over the epoch every token of every
+    sample is computed exactly once on the DPxCP group; each step's loss and every gradient
+    equal one process running the step's samples whole; a rank set up differently fails on
+    every rank."""
+    data, lengths = hybrid_epoch_data()
+    it = hybrid_iterator(dp_rank=0, dp_size=4)
+    layout = it.sampler.layout()
+    computed: dict[int, list[int]] = {index: [] for index in range(len(data))}
+    for k in range(layout.n_steps):
+        indices, plan = layout.step(k), it.sampler.step_plan(k)
+        want_loss, want = hybrid_reference([data[i] for i in indices])
+        groups = hybrid_cp_groups(plan)
+        for run in hybrid_runs:
+            got = run["epoch"][k]
+            assert got["groups"] == groups
+            listed = [sample for group in groups for sample in group[run["rank"]]]
+            assert len(got["ran"]) == len(listed)
+            for sample, (cp_size, positions, together) in zip(listed, got["ran"], strict=True):
+                assert cp_size == plan.cp_size[sample] and together
+                computed[int(indices[sample])].extend(positions)
+            assert got["loss"] == pytest.approx(want_loss, rel=1e-5)
+            for name, grad in got["grads"].items():
+                torch.testing.assert_close(grad, want[name])
+    for index, positions in computed.items():
+        assert sorted(positions) == list(range(lengths[index])), index
+    shared = [
+        [sample for sample in ids if it.sampler.step_plan(k).cp_size[sample] > 1]
+        for k in range(layout.n_steps)
+        for group in hybrid_cp_groups(it.sampler.step_plan(k))
+        for ids in group
+    ]
+    assert max(map(len, shared)) >= 2  # the order of a rank's sharded samples was exercised
+    for run in hybrid_runs:
+        assert "set up its sampler differently" in run["disagreement"]
+        assert "seed" in run["disagreement"]

@@ -12,7 +12,8 @@ its own module so that a stack's optional dependencies are imported only when it
   sampler, gradient accumulation, resume and token-count loss normalisation (torch).
 - ``seqbalance.integrations.megatron``: the data iterator of megatron-core's forward-backward
   schedules: packed (THD) micro-batches in ``PackedSeqParams``' shape, a micro-batch count per
-  step, and the per-token loss normalisation (torch; megatron-core for its parallel state).
+  step, and the per-token loss normalisation; with context parallelism, the per-step input of
+  megatron-core's hybrid CP schedule (torch; megatron-core for its parallel state).
 
 The stacks' own scheduling algorithms (``verl``, ``slime``, ``slime_flops``, ``torchspec``,
 ``hf_default``, ``hf_length_grouped``) are planner strategies in ``seqbalance.plan.stacks``; the

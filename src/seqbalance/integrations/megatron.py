@@ -50,8 +50,11 @@ What needs a GPU: Megatron's THD attention (Transformer Engine's fused or flash 
 its ``DistributedDataParallel`` buffers; everything in this module runs on CPU.
 
 **Dynamic (hybrid) context parallelism.** megatron-core 0.19.2's ``hybrid_context_parallel``
-schedule takes one ``(samples by id, sample_id_groups)`` pair per step; :func:`hybrid_cp_batch`
-makes it from a ``ContextParallelPlan`` of the step (CP sizes from :func:`hybrid_cp_sizes`).
+schedule (``forward_backward_no_pipelining`` with ``config.hybrid_context_parallel``) reads one
+``(samples by id, sample_id_groups)`` pair per step from ``data_iterator``.
+``MegatronDataIterator(..., context_parallel=ContextParallel(sizes=hybrid_cp_sizes(n)))`` plans
+each step over the DPxCP group (``max_tokens`` per rank and slot) and yields that pair
+(:class:`MegatronHybridStep`; :func:`hybrid_cp_batch` makes it from any ``ContextParallelPlan``).
 
 Every micro-batch is a dict of ``[1, T]`` tensors (``tokens``, ``labels``, ``loss_mask``,
 ``position_ids``: positions restart at 0 in every sequence) and ``packed_seq_params``, a plain
@@ -66,23 +69,32 @@ default group.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from seqbalance._validation import check_bool, check_int
+from seqbalance.integrations._megatron_batches import (
+    IGNORE_INDEX,
+    check_hybrid_cp,
+    hybrid_cp_batch,
+    hybrid_cp_groups,
+    hybrid_cp_sample,
+    pack_thd,
+)
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
-from seqbalance.plan.context_parallel import ContextParallelPlan
+from seqbalance.plan.options import as_options
 from seqbalance.runtime.samplers import BalancedBatchSampler
 
 __all__ = [
     "IGNORE_INDEX",
     "MegatronDataIterator",
+    "MegatronHybridStep",
     "MegatronStep",
     "check_config",
     "hybrid_cp_batch",
+    "hybrid_cp_groups",
     "hybrid_cp_sizes",
     "megatron_data_parallel_position",
     "pack_thd",
@@ -90,142 +102,26 @@ __all__ = [
     "step_loss",
 ]
 
-IGNORE_INDEX = -100
-"""Label of positions without a next token (sequence ends, padding); ``loss_mask`` is 0 there."""
 
-
-def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]:
-    """Pack token sequences into one THD micro-batch (see the module docstring for the fields).
-
-    Args:
-        samples: 1-D integer token sequences (tensors, arrays or lists), at least one.
-        pad_multiple: each sequence is padded (token 0, no loss) to a multiple of this.
-
-    Raises:
-        ValueError: no samples, an empty or non-1-D sample, or ``pad_multiple < 1``.
-    """
-    import torch
-
-    multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
-    if len(samples) == 0:
-        raise ValueError("samples is empty: a micro-batch needs at least one sequence")
-    sequences = [torch.as_tensor(s, dtype=torch.int64) for s in samples]
-    for i, sequence in enumerate(sequences):
-        if sequence.ndim != 1 or sequence.numel() == 0:
-            raise ValueError(f"samples[{i}] must be a non-empty 1-D token sequence")
-    lengths = torch.tensor([s.numel() for s in sequences], dtype=torch.int64)
-    padded = (lengths + multiple - 1) // multiple * multiple
-    total = int(padded.sum())
-    tokens = torch.zeros(total, dtype=torch.int64)
-    labels = torch.full((total,), IGNORE_INDEX, dtype=torch.int64)
-    position_ids = torch.zeros(total, dtype=torch.int64)
-    starts = torch.cumsum(padded, 0) - padded
-    for sequence, start, width in zip(sequences, starts.tolist(), padded.tolist(), strict=True):
-        n = sequence.numel()
-        tokens[start : start + n] = sequence
-        labels[start : start + n - 1] = sequence[1:]
-        position_ids[start : start + width] = torch.arange(width)
-    loss_mask = (labels != IGNORE_INDEX).float()
-    cu = torch.zeros(len(sequences) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lengths, 0)
-    cu_padded = torch.zeros_like(cu)
-    cu_padded[1:] = torch.cumsum(padded, 0)
-    longest = int(padded.max())
-    return {
-        "tokens": tokens[None],
-        "labels": labels[None],
-        "loss_mask": loss_mask[None],
-        "position_ids": position_ids[None],
-        "packed_seq_params": {
-            "qkv_format": "thd",
-            "cu_seqlens_q": cu,
-            "cu_seqlens_kv": cu.clone(),
-            "cu_seqlens_q_padded": cu_padded,
-            "cu_seqlens_kv_padded": cu_padded.clone(),
-            "max_seqlen_q": longest,
-            "max_seqlen_kv": longest,
-            "total_tokens": total,
-        },
-    }
-
-
-def hybrid_cp_batch(
-    plan: ContextParallelPlan, rank: int, samples: Sequence[Any], *, pad_multiple: int = 1
-) -> tuple[dict[int, dict[str, Any]], list[list[list[int]]]]:
-    """What ``hybrid_context_parallel_forward_backward`` takes from ``data_iterator`` for one
-    step, on DPxCP rank ``rank``, from a ``ContextParallelPlan`` of that step.
-
-    Slot ``g`` of the plan is group ``g``; a rank lists its pieces of the slot widest CP group
-    first (then by first rank, then sample), one order on every rank, so the members of a CP
-    group reach each shared sample together. Sample ids are positions in the step.
-
-    Args:
-        plan: the step's plan over the DPxCP group (``plan_step(lengths, dp * cp, options with
-            context_parallel)``, CP sizes from :func:`hybrid_cp_sizes`: the groups Megatron
-            creates; ``scheme="head_tail"``, Megatron's zigzag split).
-        rank: this process's DPxCP rank (``parallel_state.get_data_parallel_rank(
-            with_context_parallel=True)``).
-        samples: the step's token sequences, in plan order (``samples[i]`` has
-            ``plan.lengths[i]`` tokens).
-        pad_multiple: pad each sequence to a multiple of this; a sharded one also to a multiple
-            of ``2 x`` its CP size (Megatron's zigzag split needs it).
-
-    Returns:
-        ``(batch, sample_id_groups)``: ``batch[i]`` for each sample this rank runs, a dict of
-        ``[1, T]`` tensors (``tokens``, ``labels``, ``loss_mask``, ``position_ids``, as in
-        :func:`pack_thd`) with ``cu_seqlens`` / ``cu_seqlens_padded`` (int32 ``[0, L]`` /
-        ``[0, T]``) and ``max_seqlen``; every rank's ``sample_id_groups``.
-
-    Raises:
-        ValueError: not a context-parallel plan, a rank outside it, a scheme other than
-            ``head_tail``, or samples that do not match the plan's lengths.
-    """
-    import torch
-
-    if not isinstance(plan, ContextParallelPlan):
-        raise ValueError(f"plan must be a ContextParallelPlan, got {type(plan).__name__}")
-    rank = check_int(rank, "rank", minimum=0)
-    if rank >= plan.n_ranks:
-        raise ValueError(f"rank must be in [0, {plan.n_ranks}), got {rank}")
-    if plan.context_parallel.scheme != "head_tail":
-        raise ValueError(
-            f"Megatron shards with its zigzag split (scheme 'head_tail'), the plan has "
-            f"{plan.context_parallel.scheme!r}"
-        )
-    if len(samples) != plan.lengths.size:
-        raise ValueError(f"samples has {len(samples)} sequences, the plan {plan.lengths.size}")
-    multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
-    cp, start, slot_of = plan.cp_size, plan.group_start, plan.slot_of()
-    groups: list[list[list[int]]] = [[[] for _ in range(plan.n_ranks)] for _ in range(plan.n_slots)]
-    for sample in np.lexsort((np.arange(cp.size), start, -cp)).tolist():
-        for member in range(int(start[sample]), int(start[sample] + cp[sample])):
-            groups[int(slot_of[sample])][member].append(sample)
-    for sample, sequence in enumerate(samples):
-        if len(sequence) != plan.lengths[sample]:
-            raise ValueError(
-                f"samples[{sample}] has {len(sequence)} tokens but the plan has "
-                f"{int(plan.lengths[sample])}"
-            )
-    batch = {}
-    for sample in sorted({i for group in groups for i in group[rank]}):
-        sequence = samples[sample]
-        size = int(cp[sample])
-        packed = pack_thd([sequence], pad_multiple=math.lcm(multiple, 2 * size if size > 1 else 1))
-        params = packed.pop("packed_seq_params")
-        packed["cu_seqlens"] = params["cu_seqlens_q"]
-        packed["cu_seqlens_padded"] = params["cu_seqlens_q_padded"]
-        packed["max_seqlen"] = torch.tensor([params["max_seqlen_q"]], dtype=torch.int32)
-        batch[sample] = packed
-    return batch, groups
-
-
-def megatron_data_parallel_position() -> tuple[int, int]:
+def megatron_data_parallel_position(*, with_context_parallel: bool = False) -> tuple[int, int]:
     """This process's data-parallel rank and the data-parallel size, from Megatron's parallel
-    state (without context parallelism: the context-parallel ranks of a replica share samples).
+    state: without context parallelism by default (the context-parallel ranks of a replica
+    share samples); with it, the DPxCP rank and size (hybrid context parallelism plans over
+    the DPxCP group).
 
     Raises:
         ValueError: megatron-core's model-parallel state is not initialised.
     """
+    parallel_state = _parallel_state()
+    with_cp = check_bool(with_context_parallel, "with_context_parallel")
+    return (
+        parallel_state.get_data_parallel_rank(with_context_parallel=with_cp),
+        parallel_state.get_data_parallel_world_size(with_context_parallel=with_cp),
+    )
+
+
+def _parallel_state() -> Any:
+    """megatron-core's ``parallel_state``, initialised (else ValueError)."""
     from megatron.core import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
@@ -233,10 +129,7 @@ def megatron_data_parallel_position() -> tuple[int, int]:
             "megatron.core.parallel_state is not initialised: call "
             "parallel_state.initialize_model_parallel(...) first, or pass dp_rank= and dp_size="
         )
-    return (
-        parallel_state.get_data_parallel_rank(),
-        parallel_state.get_data_parallel_world_size(),
-    )
+    return parallel_state
 
 
 def check_config(config: Any) -> None:
@@ -245,8 +138,11 @@ def check_config(config: Any) -> None:
     Raises:
         ValueError: ``calculate_per_token_loss`` is off (the schedule would divide each
             micro-batch's loss by its own token count and by ``num_microbatches``, so the step's
-            loss would depend on the packing), or pipeline parallelism without
-            ``variable_seq_lengths`` (packed micro-batches differ in length).
+            loss would depend on the packing), pipeline parallelism without
+            ``variable_seq_lengths`` (packed micro-batches differ in length), or
+            ``hybrid_context_parallel`` with pipeline parallelism (megatron-core 0.19's
+            pipelined schedules have no hybrid branch and would run the step's one
+            ``(batch, sample_id_groups)`` pair as a micro-batch).
     """
     if not getattr(config, "calculate_per_token_loss", False):
         raise ValueError(
@@ -260,6 +156,12 @@ def check_config(config: Any) -> None:
             f"config.variable_seq_lengths must be True with pipeline_model_parallel_size = "
             f"{pipeline}, got {getattr(config, 'variable_seq_lengths', None)!r}: packed "
             "micro-batches differ in length"
+        )
+    if pipeline > 1 and getattr(config, "hybrid_context_parallel", False):
+        raise ValueError(
+            f"config.hybrid_context_parallel needs pipeline_model_parallel_size = 1, got "
+            f"{pipeline}: only megatron-core's forward_backward_no_pipelining runs the hybrid "
+            "schedule"
         )
 
 
@@ -354,15 +256,55 @@ class MegatronStep:
         return self._owner.pack(self.indices[self._next - 1])
 
 
+class MegatronHybridStep:
+    """This DPxCP rank's part of one optimizer step under megatron-core's hybrid context
+    parallelism: the ``data_iterator`` of one forward-backward call, which the hybrid schedule
+    reads once, ``(batch, sample_id_groups)`` (:func:`hybrid_cp_batch`'s form, packed on that
+    ``next``), then ``StopIteration``.
+
+    Attributes:
+        plan: the step's :class:`seqbalance.plan.ContextParallelPlan` over the DPxCP group.
+        sample_id_groups: every rank's sample ids per group (slot), :func:`hybrid_cp_groups`.
+        indices: ``{sample id: dataset index}`` of the samples this rank runs (sample ids are
+            positions in the step).
+        num_microbatches: the plan's slots; the schedule runs one forward pass per sample it
+            lists for this rank, and reads ``num_microbatches`` only to scale a loss that is not
+            per token (:func:`check_config` refuses that).
+    """
+
+    def __init__(self, owner: MegatronDataIterator, plan: Any, slots: Sequence[Any]) -> None:
+        self._owner = owner
+        self.plan = plan
+        self.sample_id_groups = hybrid_cp_groups(plan)
+        self.indices = {
+            int(sample): int(index)
+            for slot in slots
+            for sample, index in zip(slot.inputs.samples, slot.indices, strict=True)
+        }
+        self.num_microbatches = plan.n_slots
+        self._taken = False
+
+    def __iter__(self) -> MegatronHybridStep:
+        return self
+
+    def __next__(self) -> tuple[dict[int, dict[str, Any]], list[list[list[int]]]]:
+        if self._taken:
+            raise StopIteration
+        self._taken = True
+        return self._owner.hybrid_batch(self), self.sample_id_groups
+
+
 class MegatronDataIterator:
-    """This data-parallel rank's packed micro-batches, step by step (module docstring).
+    """This data-parallel rank's packed micro-batches, step by step (module docstring); with
+    ``context_parallel``, this DPxCP rank's steps for megatron-core's hybrid CP schedule.
 
     Args:
         dataset: ``dataset[i]`` is the token sequence of sample ``i``.
         lengths: tokens of every sample (``len(dataset[i])``).
         global_batch_size: samples per optimizer step over all data-parallel ranks.
-        dp_rank, dp_size: this rank's data-parallel index and the data-parallel size; both
-            ``None`` (the default): from ``megatron.core.parallel_state``.
+        dp_rank, dp_size: this rank's data-parallel index and the data-parallel size (with
+            ``context_parallel``: its DPxCP rank and the DPxCP size); both ``None`` (the
+            default): from ``megatron.core.parallel_state``.
         num_microbatches: a fixed micro-batch count per rank and step (Megatron's
             ``get_num_microbatches()``); ``None``: each step's plan chooses it
             (``MegatronStep.num_microbatches``).
@@ -370,8 +312,18 @@ class MegatronDataIterator:
         shuffle: shuffle the samples before cutting steps (else dataset order).
         pad_multiple: pad every sequence to a multiple of this (``2 x cp_size`` with context
             parallelism).
-        max_tokens: hard cap per micro-batch, counted after padding to ``pad_multiple``.
-        plan_options: other ``PlanOptions`` fields (``cost``, ``model``, ``objective``, ...).
+        max_tokens: hard cap per micro-batch, counted after padding to ``pad_multiple``
+            (with ``context_parallel``: the tokens one rank holds in one slot,
+            ``max_seqlen_per_dp_cp_rank``).
+        plan_options: other ``PlanOptions`` fields (``cost``, ``model``, ``objective``,
+            ``options=PlanOptions(...)``, ...). ``context_parallel=ContextParallel(sizes=
+            hybrid_cp_sizes(n))`` (``n`` the DPxCP size) plans each step over the DPxCP group
+            for ``TransformerConfig(hybrid_context_parallel=True)``: :meth:`steps` then yields
+            one :class:`MegatronHybridStep` per step and iterating the object yields each
+            step's ``(batch, sample_id_groups)``, what the hybrid schedule reads once per step.
+            A sample sharded over ``c`` ranks is padded to a multiple of ``2 x c`` (Megatron's
+            zigzag split), which adds at most one token per rank to what the plan counts; with
+            ``pad_multiple`` a multiple of ``2 x`` the largest size the cap holds exactly.
 
     The epoch is laid out on first use and planned step by step just ahead of use (the
     sampler's background planner, so the first step comes in milliseconds whatever the epoch's
@@ -383,8 +335,10 @@ class MegatronDataIterator:
 
     Raises:
         ValueError: a bad argument (named), only one of ``dp_rank`` / ``dp_size``, or neither
-            with Megatron's parallel state uninitialised, ``allow_empty=True``, an empty sample,
-            a dataset whose size (or, when packed, a sample's length) differs from ``lengths``;
+            with Megatron's parallel state uninitialised, ``allow_empty=True``, CP sizes that
+            megatron-core's hybrid groups lack or a scheme other than ``head_tail``, an empty
+            sample, a dataset whose size (or, when packed, a sample's length) differs from
+            ``lengths``;
             the planner's errors (a sample over ``max_tokens``, an infeasible fixed count).
     """
 
@@ -403,25 +357,42 @@ class MegatronDataIterator:
         max_tokens: int | None = None,
         **plan_options: Any,
     ) -> None:
+        if num_microbatches is not None:
+            plan_options["num_microbatches"] = check_int(
+                num_microbatches, "num_microbatches", minimum=1
+            )
+        if max_tokens is not None:
+            plan_options["max_tokens"] = max_tokens
+        options = as_options(
+            plan_options.pop("options", None),
+            plan_options,
+            where="MegatronDataIterator",
+            context_parallel=True,
+        )
+        self.context_parallel = options.context_parallel
+        position: dict[str, Any] = {"dp_rank": dp_rank, "dp_size": dp_size}
         if dp_rank is None and dp_size is None:
-            dp_rank, dp_size = megatron_data_parallel_position()
+            # The group, so the sampler's agreement check spans the ranks sharing the plan
+            # (not the world: tensor-parallel peers need not build an iterator).
+            with_cp = self.context_parallel is not None
+            dp_rank, dp_size = megatron_data_parallel_position(with_context_parallel=with_cp)
+            group = _parallel_state().get_data_parallel_group(with_context_parallel=with_cp)
+            position = {"group": group}
         elif dp_rank is None or dp_size is None:
             raise ValueError(
                 f"pass both dp_rank and dp_size, or neither (from Megatron's parallel state); "
                 f"got dp_rank={dp_rank!r}, dp_size={dp_size!r}"
             )
-        if plan_options.get("allow_empty"):
+        if self.context_parallel is not None:
+            check_hybrid_cp(self.context_parallel, check_int(dp_size, "dp_size", minimum=1))
+        if options.allow_empty:
             raise ValueError(
                 "allow_empty=True is not supported: Megatron runs forward_step num_microbatches "
                 "times on every rank, and an empty micro-batch has nothing to pack"
             )
         self.dataset = dataset
         self.pad_multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
-        self.num_microbatches = (
-            None
-            if num_microbatches is None
-            else check_int(num_microbatches, "num_microbatches", minimum=1)
-        )
+        self.num_microbatches = options.num_microbatches
         raw = np.asarray(lengths, dtype=np.int64)
         if hasattr(dataset, "__len__") and len(dataset) != raw.size:
             raise ValueError(f"dataset has {len(dataset)} samples but lengths has {raw.size}")
@@ -437,16 +408,13 @@ class MegatronDataIterator:
         self.sampler = BalancedBatchSampler(
             planned,
             global_batch_size,
-            dp_rank=dp_rank,
-            dp_size=dp_size,
+            **position,
             seed=seed,
             shuffle=check_bool(shuffle, "shuffle"),
             drop_last=True,
-            num_microbatches=self.num_microbatches,
-            max_tokens=max_tokens,
-            **plan_options,
+            options=options,
         )
-        self._batches: Iterator[list[int]] | None = None
+        self._batches: Iterator[Sequence[int]] | None = None
         self._consumed = 0
         self._step, self._offset = 0, 0  # where the next micro-batch lies in the epoch
         self._count: int | None = None  # micro-batches of step self._step, once known
@@ -476,14 +444,32 @@ class MegatronDataIterator:
             ValueError: a sample's token count is not its ``lengths`` entry (the plan and its
                 cap were made from ``lengths``).
         """
-        samples = [self.dataset[i] for i in indices]
-        for i, sample in zip(indices, samples, strict=True):
-            if len(sample) != self._lengths[i]:
-                raise ValueError(
-                    f"dataset[{i}] has {len(sample)} tokens but lengths[{i}] = "
-                    f"{self._lengths[i]}: the plan and its max_tokens were made from lengths"
-                )
-        return pack_thd(samples, pad_multiple=self.pad_multiple)
+        return pack_thd([self._sample(i) for i in indices], pad_multiple=self.pad_multiple)
+
+    def hybrid_batch(self, step: MegatronHybridStep) -> dict[int, dict[str, Any]]:
+        """The samples this rank runs in ``step``, by sample id, each whole as
+        :func:`hybrid_cp_sample` packs it (``get_batch_on_this_cp_rank`` takes the share).
+
+        Raises:
+            ValueError: as :meth:`pack`.
+        """
+        return {
+            sample: hybrid_cp_sample(
+                self._sample(index),
+                int(step.plan.cp_size[sample]),
+                pad_multiple=self.pad_multiple,
+            )
+            for sample, index in sorted(step.indices.items())
+        }
+
+    def _sample(self, i: int) -> Any:
+        sample = self.dataset[i]
+        if len(sample) != self._lengths[i]:
+            raise ValueError(
+                f"dataset[{i}] has {len(sample)} tokens but lengths[{i}] = "
+                f"{self._lengths[i]}: the plan and its max_tokens were made from lengths"
+            )
+        return sample
 
     def _step_count(self, step: int) -> int:
         """Micro-batches of ``step`` on every rank: the fixed count, or the step's plan, which
@@ -492,7 +478,7 @@ class MegatronDataIterator:
             return self.num_microbatches
         return len(self.sampler.step_plan(step).ranks[self.sampler.dp_rank])
 
-    def _next_indices(self) -> list[int]:
+    def _next_indices(self) -> Sequence[int]:
         if self._batches is None:
             self._batches = iter(self.sampler)
         indices = next(self._batches)
@@ -504,15 +490,21 @@ class MegatronDataIterator:
             self._step, self._offset, self._count = self._step + 1, 0, None
         return indices
 
-    def steps(self) -> Iterator[MegatronStep]:
-        """One :class:`MegatronStep` per remaining optimizer step of the epoch, each planned
-        just ahead of its use (the first comes after planning a few steps, whatever the size
-        of the epoch); the plans are those of :meth:`microbatches_per_step`'s eager epoch plan.
+    def steps(self) -> Iterator[MegatronStep | MegatronHybridStep]:
+        """One :class:`MegatronStep` (with ``context_parallel``: :class:`MegatronHybridStep`)
+        per remaining optimizer step of the epoch, each planned just ahead of its use (the
+        first comes after planning a few steps, whatever the size of the epoch); the plans are
+        those of :meth:`microbatches_per_step`'s eager epoch plan.
 
         Raises:
             ValueError: (at the first ``next``) micro-batches were taken one by one and the
                 position is inside a step.
         """
+        while self._step < self.num_steps():
+            yield self._take_step()
+
+    def _take_step(self) -> MegatronStep | MegatronHybridStep:
+        """The next whole step (``StopIteration`` at the end of the epoch)."""
         if self._offset:
             count = self._count if self._count is not None else self._step_count(self._step)
             raise ValueError(
@@ -520,23 +512,26 @@ class MegatronDataIterator:
                 f"a step (micro-batch {self._offset} of step {self._step}'s {count}): steps() "
                 "must start at a step's first micro-batch"
             )
-        while True:
-            number = self._step
-            try:
-                first = self._next_indices()
-            except StopIteration:
-                return
-            rest = [self._next_indices() for _ in range(self._step_count(number) - 1)]
-            yield MegatronStep(self, [first, *rest])
+        number = self._step
+        first = self._next_indices()
+        batches = [first, *(self._next_indices() for _ in range(self._step_count(number) - 1))]
+        if self.context_parallel is None:
+            return MegatronStep(self, batches)
+        return MegatronHybridStep(self, self.sampler.step_plan(number), batches)
 
     def __iter__(self) -> MegatronDataIterator:
         return self
 
-    def __next__(self) -> dict[str, Any]:
-        return self.pack(self._next_indices())
+    def __next__(self) -> Any:
+        """The next micro-batch; with ``context_parallel`` the next step's ``(batch,
+        sample_id_groups)`` (``data_iterator=iterator`` for the hybrid schedule)."""
+        if self.context_parallel is None:
+            return self.pack(self._next_indices())
+        return next(self._take_step())
 
     def state_dict(self) -> dict[str, Any]:
-        """Resume point (epoch and micro-batches consumed on this rank)."""
+        """Resume point (epoch and micro-batches, or with ``context_parallel`` slots, consumed
+        on this rank)."""
         return self.sampler.state_dict(consumed=self._consumed)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

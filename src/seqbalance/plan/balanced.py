@@ -230,15 +230,19 @@ class Balanced(BalancedContextParallel):
 BALANCED = Balanced()
 
 
-def _attempt(p: Problem, m: int, *, refine: bool = True) -> Microbatches | None:
+def _attempt(
+    p: Problem, m: int, *, refine: bool = True, isolate: bool = True
+) -> Microbatches | None:
     """The plan with ``m`` micro-batches per rank (None when none was found); ``refine=False``
-    leaves out the lockstep refinement (``match_profile`` still applies)."""
+    leaves out the lockstep refinement (``match_profile`` still applies), ``isolate=False`` the
+    padded plan with dominant samples alone (``_longest_alone``)."""
     if p.layout == "padded" and p.groups is None:
         # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
         plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
         if plans[0] is not None and p.speeds is None:
-            plans += [*_interval_search(p, m, plans[0]), _longest_alone(p, m)]
+            plans += _interval_search(p, m, plans[0])
+            plans += [_longest_alone(p, m)] if isolate else []
         valid = [plan for plan in plans if plan is not None]
         return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
@@ -273,29 +277,31 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
 
 
 def _longest_alone(p: Problem, m: int) -> Microbatches | None:
-    """Padded ``step`` with empty micro-batches allowed, where the longest sample alone reaches
-    the lower bound: it alone on the last rank (any companion adds its padded cost to the
-    costliest rank) and the others planned on the other ranks (the same way, so each sample
-    that dominates what is left gets a rank of its own); None elsewhere."""
-    if not (p.allow_empty and p.objective == "step" and p.dp > 1 and p.n > 1):
+    """Padded ``step`` with empty micro-batches allowed, where samples alone reach the lower
+    bound: each of them (the longest, at most ``dp - 1``) alone on a rank of its own (any
+    companion adds its padded cost to a rank already at the bound) and the others planned on
+    the other ranks (once: no further isolation there); None elsewhere."""
+    if not (p.allow_empty and p.objective == "step" and p.n > p.dp > 1):
         return None
-    longest = int(np.lexsort((np.arange(p.n), -p.lengths))[0])
-    if p.sample_costs[longest] + m * p.overhead < p.lower_bound(m) * (1 - _TOLERANCE):
+    order = np.lexsort((np.arange(p.n), -p.lengths))
+    reach = p.sample_costs[order] + m * p.overhead >= p.lower_bound(m) * (1 - _TOLERANCE)
+    alone = order[: min(int(reach.sum()), p.dp - 1)]
+    if alone.size == 0:
         return None
-    others = np.delete(np.arange(p.n), longest)
+    others = np.setdiff1d(np.arange(p.n), alone)
     rest = Problem(
         lengths=p.lengths[others],
         sample_costs=p.sample_costs[others],
         overhead=p.overhead,
-        dp=p.dp - 1,
+        dp=p.dp - alone.size,
         groups=None,
         options=p.options,
     )
-    plan = _attempt(rest, m)
+    plan = _attempt(rest, m, isolate=False)
     if plan is None:
         return None
-    alone = [[longest]] + [[] for _ in range(m - 1)]
-    return [[others[mb].tolist() for mb in mbs] for mbs in plan] + [alone]
+    own = [[[int(i)]] + [[] for _ in range(m - 1)] for i in alone]
+    return [[others[mb].tolist() for mb in mbs] for mbs in plan] + own
 
 
 def _refines(p: Problem, m: int) -> bool:
