@@ -142,8 +142,8 @@ def measured_settings(dataset: str, steps: int, warmup: int, trials: int) -> Any
         warmup=warmup,
         trials=trials,
         hf_model=MEASURED_HF,
-        timeout_seconds=300.0,
-        launch_timeout_seconds=3600.0,
+        timeout=300.0,
+        launch_timeout=3600.0,
     )
 
 

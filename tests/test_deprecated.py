@@ -145,3 +145,19 @@ def test_an_old_module_path_loads_the_new_module(monkeypatch) -> None:
     with pytest.warns(DeprecationWarning, match="import seqbalance.runtime.closed_loop.timer"):
         old = importlib.import_module("seqbalance.runtime.timer")
     assert old.StepTimer is importlib.import_module("seqbalance.runtime.closed_loop").StepTimer
+
+
+def test_old_settings_fields_of_the_bench() -> None:
+    from seqbalance.measure.bench import BenchSettings
+
+    new = BenchSettings(lengths=(8,), timeout=60.0, launch_timeout=600.0)
+    with pytest.warns(
+        DeprecationWarning, match=r"timeout_seconds=\.\.\.\) is deprecated"
+    ) as caught:
+        old = BenchSettings(lengths=(8,), timeout_seconds=60.0, launch_timeout_seconds=600.0)
+    assert old == new and len(caught) == 2
+    assert {Path(w.filename).name for w in caught} == {Path(__file__).name}
+    with _old_name_warns("BenchSettings.timeout"):
+        assert new.timeout_seconds == 60.0
+    with pytest.raises(ValueError, match="timeout_seconds is the deprecated name of timeout"):
+        BenchSettings(lengths=(8,), timeout=1.0, timeout_seconds=1.0)

@@ -30,6 +30,7 @@ __all__ = [
     "current_names",
     "install",
     "moved_names",
+    "renamed_fields",
     "renamed_keywords",
     "warn",
 ]
@@ -98,6 +99,21 @@ def renamed_keywords(**renames: str) -> Callable[[_Function], _Function]:
             return function(*args, **current_names(keywords, renames, where))
 
         return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def renamed_fields(**renames: str) -> Callable[[type], type]:
+    """Class decorator (a dataclass): its ``__init__`` also takes each field under its old
+    name (``old="new"``) and instances read it under the old name, with a DeprecationWarning."""
+
+    def decorate(cls: type) -> type:
+        cls.__init__ = renamed_keywords(**renames)(cls.__init__)  # type: ignore[misc]
+        for old, new in renames.items():
+            attribute = RenamedAttribute(new)
+            attribute.__set_name__(cls, old)
+            setattr(cls, old, attribute)
+        return cls
 
     return decorate
 

@@ -1,6 +1,7 @@
 """Adversarial: the single controller (``AdaptivePlanner``) under any order of plan() and
 observe() calls. An observe of the step due is learned; any other (a step observed twice, or one
-observed while an earlier one was not) is a ValueError naming the steps, and nothing changes."""
+observed while an earlier one was not) is a ValueError naming the steps, and nothing changes;
+the same for ``WindowBalancer``'s dispatches."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from seqbalance.cost import TimeModel
 from seqbalance.plan import plan_step
+from seqbalance.runtime import WindowBalancer
 from seqbalance.runtime.closed_loop import AdaptivePlanner
 
 TRUE = TimeModel(0.003, 2e-6, 3e-10)
@@ -49,9 +51,32 @@ def test_any_order_of_plans_and_observes_learns_each_step_once_in_order(calls, s
         assert planner.loop.observed == observed
 
 
+@given(order=st.permutations(range(5)), skip=st.integers(0, 5))
+def test_window_balancer_dispatches_are_observed_once_in_order(order, skip) -> None:
+    # WindowBalancer plans with the planner's options itself and numbers each dispatch.
+    balancer = WindowBalancer(2, 16, max_tokens=4096, adaptive=True)
+    rng = np.random.default_rng(skip)
+    dispatches = []
+    for _ in range(5):
+        balancer.push(rng.integers(50, 3000, size=16))
+        dispatches.append(balancer.dispatch())
+    observed = 0
+    for k in order:
+        if k == skip:
+            continue
+        plan = dispatches[k].plan
+        if k == observed:
+            balancer.observe(dispatches[k], _seconds(plan, 1.5))
+            observed += 1
+        else:
+            with pytest.raises(ValueError, match=f"observed step {k} where step {observed}"):
+                balancer.observe(dispatches[k], _seconds(plan, 1.5))
+    assert balancer.adaptive.loop.observed == observed
+
+
 def test_a_plan_made_elsewhere_is_numbered_at_its_first_observe() -> None:
-    # WindowBalancer plans with planner.options itself: its plans take the step due, and the
-    # same plan observed again is an extra observe.
+    # A plan the planner did not number takes the step due; the same plan observed again is an
+    # extra observe.
     planner = AdaptivePlanner(2, max_tokens=4096)
     plan = plan_step(np.arange(100, 140), 2, planner.options)
     planner.observe(plan, _seconds(plan, 1.0))

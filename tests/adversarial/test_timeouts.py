@@ -42,10 +42,10 @@ MAKERS = {
         "agreement_timeout",
         lambda t: LengthGroupedSampler(LENGTHS, 4, dp_rank=0, dp_size=1, agreement_timeout=t),
     ),
-    "BenchSettings": ("timeout_seconds", lambda t: BenchSettings(lengths=(8,), timeout_seconds=t)),
+    "BenchSettings": ("timeout", lambda t: BenchSettings(lengths=(8,), timeout=t)),
     "BenchSettings.launch": (
-        "launch_timeout_seconds",
-        lambda t: BenchSettings(lengths=(8,), launch_timeout_seconds=t),
+        "launch_timeout",
+        lambda t: BenchSettings(lengths=(8,), launch_timeout=t),
     ),
 }
 REFUSED_BY_LAUNCH = ("timeout", "collective_timeout")

@@ -40,7 +40,7 @@ def settings(**changes) -> BenchSettings:
         "trials": 6,
         "repeats": 1,
         "seed": 0,
-        "timeout_seconds": 60.0,
+        "timeout": 60.0,
     }
     return BenchSettings(**{**values, **changes})
 
@@ -68,7 +68,7 @@ def test_settings_are_validated_and_described() -> None:
     described = s.describe()
     assert "lengths" not in described and "time_model" not in described
     assert described["procs"] == 2 and described["cores"] == (0,)
-    assert described["launch_timeout_seconds"] == 3600.0
+    assert described["launch_timeout"] == 3600.0
     assert described["context_parallel"] is None
     options = PlanOptions(max_tokens=64).to_dict()
     assert described["options"] == {
@@ -95,7 +95,7 @@ def test_settings_are_validated_and_described() -> None:
         ({"lengths": [65]}, "above max_tokens = 64"),
         ({"model_size": "huge"}, "model_size must be one of"),
         ({"time_model": "tm.json"}, "time_model must be a TimeModel"),
-        ({"timeout_seconds": 0}, "timeout_seconds must be a positive"),
+        ({"timeout": 0}, "timeout must be a positive"),
         ({"cores": ()}, "cores must name at least one"),
     ):
         with pytest.raises(ValueError, match=message):
@@ -200,7 +200,7 @@ def test_a_real_run_reports_progress_and_every_strategy() -> None:
         warmup=1,
         time_model=model,
         cores=None,
-        launch_timeout_seconds=300.0,
+        launch_timeout=300.0,
     )
     seen: list[tuple[int, int]] = []
     report = run(s, progress=lambda done, total: seen.append((done, total)))

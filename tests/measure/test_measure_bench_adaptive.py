@@ -58,8 +58,8 @@ def _settings(**changes) -> BenchSettings:
         "model_size": "tiny",
         "time_model": TimeModel(0.001, 2e-6, 1e-9),
         "slow_rank": SlowRank(1, 3.0),
-        "launch_timeout_seconds": 300.0,
-        "timeout_seconds": 60.0,
+        "launch_timeout": 300.0,
+        "timeout": 60.0,
     }
     return BenchSettings(**{**values, **changes})
 
@@ -81,8 +81,8 @@ def test_settings_refuse_limits_no_run_could_meet_up_front():
     for bad, message in (
         ({"noise": -0.1}, "noise must be a non-negative finite"),
         ({"noise": 10.5}, "noise must be between 0 and 10"),
-        ({"timeout_seconds": 1e20}, "timeout_seconds must be at most 3.1536e[+]08 seconds"),
-        ({"launch_timeout_seconds": float("inf")}, "launch_timeout_seconds must be a positive"),
+        ({"timeout": 1e20}, "timeout must be at most 3.1536e[+]08 seconds"),
+        ({"launch_timeout": float("inf")}, "launch_timeout must be a positive"),
         ({"steps": 2**24}, r"\(warmup \+ steps\) x global_batch_size must be at most 16777216"),
     ):
         with pytest.raises(ValueError, match=message):

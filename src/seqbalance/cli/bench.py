@@ -30,6 +30,7 @@ from seqbalance.cli._common import (
 )
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure import bench
 from seqbalance.measure.bench.settings import DEFAULT_STRATEGIES, TOY_MAX_TOKENS, SlowRank
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES
@@ -120,8 +121,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=300.0,
-        help="seconds any collective may wait before the run fails (default: 300)",
+        default=DEFAULT_TIMEOUT_SECONDS,
+        help=f"seconds any collective may wait before the run fails (default: "
+        f"{DEFAULT_TIMEOUT_SECONDS:g})",
     )
     parser.add_argument(
         "--launch-timeout",
@@ -180,8 +182,8 @@ _FLAGS = {
     "global_batch_size": "--global-batch",
     "dp_size": "--procs",
     "n_ranks": "--procs",
-    "timeout_seconds": "--timeout",
-    "launch_timeout_seconds": "--launch-timeout",
+    "timeout": "--timeout",
+    "launch_timeout": "--launch-timeout",
 }
 """``BenchSettings`` fields, plan options (and ``scale_lengths`` keywords) as their flags."""
 
@@ -304,8 +306,8 @@ def _settings(
             seed=args.seed,
             slow_rank=args.slow_rank,
             noise=args.noise,
-            timeout_seconds=args.timeout,
-            launch_timeout_seconds=args.launch_timeout,
+            timeout=args.timeout,
+            launch_timeout=args.launch_timeout,
         )
     except ValueError as error:
         raise ValueError(flag_names(str(error), _FLAGS)) from None

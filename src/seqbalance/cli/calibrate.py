@@ -20,11 +20,11 @@ from seqbalance.cli._common import (
     progress_callback,
     require_torch,
 )
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, calibrate
 
 DEFAULT_WARMUP = 3
 DEFAULT_PROCS = 2
-DEFAULT_TIMEOUT = 300.0
 
 
 def register(subparsers: Any) -> None:
@@ -96,7 +96,7 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         help=f"seconds any collective may wait, with --context-parallel (default: "
-        f"{DEFAULT_TIMEOUT:g})",
+        f"{DEFAULT_TIMEOUT_SECONDS:g})",
     )
     parser.add_argument(
         "-o", "--output", metavar="FILE", default="time_model.json", help="default: %(default)s"
@@ -207,7 +207,7 @@ def _run_context_parallel(args: argparse.Namespace, context_parallel: Any) -> in
             trials=args.trials,
             repeats=args.repeats,
             seed=args.seed,
-            timeout=DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
+            timeout=DEFAULT_TIMEOUT_SECONDS if args.timeout is None else args.timeout,
         )
     except ValueError as error:
         raise ValueError(flag_names(str(error), _FLAGS)) from None

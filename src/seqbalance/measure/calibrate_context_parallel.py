@@ -375,7 +375,7 @@ def calibrate_context_parallel(
     repeats: int = 3,
     seed: int = 0,
     cores: Sequence[int] | None = None,
-    timeout: float = 300.0,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
     launch_timeout: float = 3600.0,
 ) -> ContextParallelCalibration:
     """Fit the context-parallel cost of the toy transformer on ``procs`` gloo processes here.

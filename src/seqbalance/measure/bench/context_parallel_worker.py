@@ -46,7 +46,7 @@ def run_context_parallel_rank(
     if settings.context_parallel is None:
         raise ValueError("run_context_parallel_rank needs settings with context_parallel")
     pin_process(rank, settings.cores)
-    timeout = settings.timeout_seconds
+    timeout = settings.timeout
     groups = ContextParallelGroups(timeout=timeout)
     progress = _Progress(Path(progress_file) if rank == 0 else None, settings)
     out: dict[str, Any] = {"records": {}}

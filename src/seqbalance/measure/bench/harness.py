@@ -133,8 +133,8 @@ def launch_and_summarize(
             rank_main,
             settings.procs,
             args=(settings, str(progress_file)),
-            timeout=settings.launch_timeout_seconds,
-            collective_timeout=settings.timeout_seconds,
+            timeout=settings.launch_timeout,
+            collective_timeout=settings.timeout,
             backend=backend,
             poll=None if progress is None else poll,
         )

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._deprecated import moved_names
+from seqbalance._deprecated import moved_names, renamed_fields
 from seqbalance._validation import (
     as_group_ids,
     as_lengths,
@@ -22,6 +22,7 @@ from seqbalance._validation import (
 )
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
 from seqbalance.measure.hf_model import scaled_preset
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
@@ -172,6 +173,7 @@ def scale_lengths(
     return (np.minimum(scaled, max_tokens) if check_bool(truncate, "truncate") else scaled), divisor
 
 
+@renamed_fields(timeout_seconds="timeout", launch_timeout_seconds="launch_timeout")
 @dataclass(frozen=True, kw_only=True)
 class BenchSettings:
     """Everything a bench run needs; validated at construction (ValueError naming the field).
@@ -218,8 +220,10 @@ class BenchSettings:
             computes again for a random multiple of its time, exponentially distributed with
             mean ``noise`` (0 to ``MAX_NOISE``; drawn from ``seed``, the rank, the step and
             the micro-batch), as a neighbour stealing time slices would. 0: none.
-        timeout_seconds: Seconds any collective may wait before the run fails.
-        launch_timeout_seconds: Seconds the whole run may take before it is stopped.
+        timeout: Seconds any collective may wait before the run fails (was
+            ``timeout_seconds``, deprecated for one release).
+        launch_timeout: Seconds the whole run may take before it is stopped (was
+            ``launch_timeout_seconds``, deprecated for one release).
     """
 
     lengths: tuple[int, ...]
@@ -240,8 +244,8 @@ class BenchSettings:
     seed: int = 0
     slow_rank: SlowRank | None = None
     noise: float = 0.0
-    timeout_seconds: float = 300.0
-    launch_timeout_seconds: float = 3600.0
+    timeout: float = DEFAULT_TIMEOUT_SECONDS
+    launch_timeout: float = 3600.0
 
     def __post_init__(self) -> None:
         def set_(name: str, value: Any) -> None:
@@ -279,7 +283,7 @@ class BenchSettings:
         if noise > MAX_NOISE:
             raise ValueError(f"noise must be between 0 and {MAX_NOISE:g}, got {self.noise!r}")
         set_("noise", noise)
-        for name in ("timeout_seconds", "launch_timeout_seconds"):
+        for name in ("timeout", "launch_timeout"):
             set_(name, check_timeout(getattr(self, name), name))
         if isinstance(self.strategies, str) or (
             self.strategies is not None and not self.strategies

@@ -83,9 +83,17 @@ class AdaptivePlanner:
         """Plan the next step with :attr:`options` (``plan_step``); steps are numbered in
         the order they are planned (module doc)."""
         plan = plan_step(lengths, self.dp_size, self.options, groups=groups)
-        self._numbers.append((plan, self.planned))
-        self.planned += 1
+        self.numbered(plan)
         return plan
+
+    def numbered(self, plan: Plan) -> int:
+        """Record ``plan`` as the next step planned and return its number over the run: for a
+        caller that plans with :attr:`options` itself (``WindowBalancer``), so that its steps
+        are checked at :meth:`observe` as :meth:`plan`'s are."""
+        number = self.planned
+        self._numbers.append((plan, number))
+        self.planned += 1
+        return number
 
     def observe(
         self,
@@ -133,7 +141,7 @@ class AdaptivePlanner:
         loop = self.loop
         if step is None:
             step = next((n for p, n in self._numbers if p is plan), None)
-        if step is None:  # a plan made elsewhere (WindowBalancer): the step due
+        if step is None:  # a plan made elsewhere and not numbered: the step due
             step = loop.observed
             self._numbers.append((plan, step))
         step = check_int(step, "step", minimum=0)

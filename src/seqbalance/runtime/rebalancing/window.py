@@ -286,7 +286,9 @@ class WindowBalancer:
         ``sync_seconds``, ``step_seconds``); returns the step's telemetry.
 
         Raises:
-            ValueError: without ``adaptive``, for a dispatch without a plan, or bad seconds.
+            ValueError: without ``adaptive``, for a dispatch without a plan, bad seconds, or a
+                dispatch observed twice or while an earlier planned one was not (nothing is
+                learned then).
         """
         if self.adaptive is None:
             raise ValueError("WindowBalancer.observe needs adaptive=True")
@@ -364,6 +366,8 @@ class WindowBalancer:
             unplanned=unplanned,
             parts=None if self._parts is None else self._parts.take(chosen),
         )
+        if plan is not None and self.adaptive is not None:
+            self.adaptive.numbered(plan)  # observe() then refuses a dispatch skipped or repeated
         keep = np.setdiff1d(np.arange(len(self)), chosen)
         self._ids = [self._ids[k] for k in keep]
         self._lengths = [self._lengths[k] for k in keep]
