@@ -220,7 +220,11 @@ class Intervals:
         n = self.n
         positive = self.least > 0
         fits = np.full(n, n, dtype=np.int64)
-        fits[positive] = np.floor(u * (1 + 1e-12) / self.least[positive]).astype(np.int64)
+        # Capped at n before the integer cast: a very large u (a loose upper bound) would
+        # otherwise overflow int64 and wrap to a negative count.
+        fits[positive] = np.minimum(np.floor(u * (1 + 1e-12) / self.least[positive]), n).astype(
+            np.int64
+        )
         cheap = np.append(np.arange(n) + np.minimum(self.take, fits), n)
         full = np.append(np.arange(n) + self.take, n)
         reach = np.zeros(expensive + 1, dtype=np.int64)
