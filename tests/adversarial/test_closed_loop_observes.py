@@ -40,14 +40,14 @@ def test_any_order_of_plans_and_observes_learns_each_step_once_in_order(calls, s
             lengths = np.random.default_rng(len(plans)).integers(50, 4000, size=24)
             plans.append(planner.plan(lengths))
             continue
-        before = json.dumps(planner.state_dict(), sort_keys=True)
+        before = json.dumps(planner.state_dict(), sort_keys=True), planner.planned
         if call == observed:
             planner.observe(plans[call], _seconds(plans[call], slow))
             observed += 1
         else:
             with pytest.raises(ValueError, match=f"observed step {call} where step {observed}"):
                 planner.observe(plans[call], _seconds(plans[call], slow))
-            assert json.dumps(planner.state_dict(), sort_keys=True) == before
+            assert (json.dumps(planner.state_dict(), sort_keys=True), planner.planned) == before
         assert planner.loop.observed == observed
 
 
@@ -87,3 +87,22 @@ def test_a_plan_made_elsewhere_is_numbered_at_its_first_observe() -> None:
     assert planner.observe(plan, _seconds(plan, 1.0), step=1)["step"] == 1
     mine = planner.plan(np.arange(100, 140))  # numbered after the steps observed: step 2
     assert planner.observe(mine, _seconds(mine, 1.0))["step"] == 2
+
+
+def test_a_refused_observe_leaves_the_numbering_as_it_was() -> None:
+    # A mistaken step= is refused and must not renumber the plans made after it.
+    planner = AdaptivePlanner(2, max_tokens=4096)
+    lengths = np.arange(100, 140)
+    first, second = planner.plan(lengths), planner.plan(lengths)
+    planner.observe(first, _seconds(first, 1.0))
+    third = planner.plan(lengths)
+    with pytest.raises(ValueError, match="observed step 7 where step 1 was due"):
+        planner.observe(second, _seconds(second, 1.0), step=7)
+    unnumbered = plan_step(lengths, 2, planner.options)
+    with pytest.raises(ValueError, match="rank_seconds"):
+        planner.observe(unnumbered, [[0.1]])
+    assert planner.planned == 3
+    planner.observe(second, _seconds(second, 1.0))
+    planner.observe(third, _seconds(third, 1.0))
+    fourth = planner.plan(lengths)
+    assert planner.observe(fourth, _seconds(fourth, 1.0))["step"] == 3

@@ -111,6 +111,19 @@ def test_resume_continues_exactly() -> None:
         assert torch.equal(next(resumed)["tokens"], want)
 
 
+def test_set_epoch_of_the_current_epoch_keeps_a_loaded_resume_point() -> None:
+    # A training loop calls set_epoch(epoch) at the top of every epoch, resumed or not.
+    (first,), _ = iterators(1)
+    steps = first.steps()
+    list(next(steps))
+    state = first.state_dict()
+    expected = [step.indices for step in steps]
+    (resumed,), _ = iterators(1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(resumed.sampler.epoch)
+    assert [step.indices for step in resumed.steps()] == expected
+
+
 def test_steps_yield_each_steps_count_then_stop() -> None:
     (it,), _ = iterators(1, num_microbatches=None)
     counts = it.microbatches_per_step()

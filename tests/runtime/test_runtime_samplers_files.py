@@ -165,3 +165,24 @@ def itertools_islice(sampler: Any, count: int) -> list[Any]:
         if len(batches) == count:
             break
     return batches
+
+
+def test_a_memory_map_whose_file_was_replaced_is_refused_and_one_whose_file_is_gone_is_read(
+    tmp_path: Path,
+) -> None:
+    # The sampler reads a caller's map through its file: a file replaced since the map was made
+    # holds other lengths (refused, never planned silently); a deleted one leaves the map.
+    path = tmp_path / "lengths.npy"
+    lengths = np.arange(1, 257, dtype=np.int64)
+    np.save(path, lengths)
+    mapped = np.load(path, mmap_mode="r")
+    np.save(tmp_path / "other.npy", lengths[::-1].copy())
+    os.replace(tmp_path / "other.npy", path)
+    with pytest.raises(ValueError, match="no longer holds what the memory map given holds"):
+        BalancedBatchSampler(mapped, 64, dp_rank=0, dp_size=2, max_tokens=1000)
+    np.save(path, lengths)
+    mapped = np.load(path, mmap_mode="r")
+    path.unlink()
+    sampler = BalancedBatchSampler(mapped, 64, dp_rank=0, dp_size=2, max_tokens=1000)
+    in_memory = BalancedBatchSampler(lengths, 64, dp_rank=0, dp_size=2, max_tokens=1000)
+    assert [list(b) for b in sampler] == [list(b) for b in in_memory]

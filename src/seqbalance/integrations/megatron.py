@@ -420,7 +420,10 @@ class MegatronDataIterator:
         self._count: int | None = None  # micro-batches of step self._step, once known
 
     def set_epoch(self, epoch: int) -> None:
-        """Iterate ``epoch`` next (re-planned; every rank must call it alike)."""
+        """Iterate ``epoch`` next (re-planned; every rank must call it alike). The current
+        epoch changes nothing, as for the sampler: a loaded resume point stays."""
+        if epoch == self.sampler.epoch:
+            return
         self.sampler.set_epoch(epoch)
         self._batches = None
         self._consumed = 0

@@ -141,11 +141,10 @@ class AdaptivePlanner:
         loop = self.loop
         if step is None:
             step = next((n for p, n in self._numbers if p is plan), None)
-        if step is None:  # a plan made elsewhere and not numbered: the step due
+        unnumbered = step is None
+        if unnumbered:  # a plan made elsewhere and not numbered: the step due
             step = loop.observed
-            self._numbers.append((plan, step))
         step = check_int(step, "step", minimum=0)
-        self.planned = max(self.planned, step + 1)  # plan() numbers the steps after it
         records = [
             loop.record(
                 step,
@@ -155,7 +154,12 @@ class AdaptivePlanner:
             )
             for rank in range(ranks)
         ]
-        return loop.learn(plan, records)
+        learned = loop.learn(plan, records)
+        # Only an accepted step moves the numbering (a refused observe changes nothing).
+        if unnumbered:
+            self._numbers.append((plan, step))
+        self.planned = max(self.planned, step + 1)  # plan() numbers the steps after it
+        return learned
 
     def baseline_step_seconds(self, plan: Plan) -> float | None:
         """The unbalanced baseline's predicted seconds for ``plan``'s samples (on demand;

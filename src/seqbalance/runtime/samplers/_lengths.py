@@ -63,8 +63,15 @@ class LengthSource:
             self.path = Path(lengths)
             lengths = _load_npy(self.path, name)
             name = f"{name} file {self.path}"
-        elif isinstance(lengths, np.memmap) and lengths.filename is not None:
+        elif (
+            # A map the caller made is read through its file while that file is still there
+            # (a deleted file leaves only the map to read), and checked against the map below.
+            isinstance(lengths, np.memmap)
+            and lengths.filename is not None
+            and os.path.exists(lengths.filename)
+        ):
             self.path = Path(lengths.filename)
+        given_map = isinstance(lengths, np.memmap) and self.path is not None
         self.name = name
         if not isinstance(lengths, np.ndarray) and self.path is None:
             try:  # a CPU tensor or any buffer of integers is read in place, not copied
@@ -87,7 +94,7 @@ class LengthSource:
         self.size = int(self.values.shape[0])
         self._stat = None if self.path is None else _file_state(self.path)
         self._file = _CheckedFile.of(self.values, self.path, name)
-        self._scan()
+        self._scan(self.values if given_map and self._file is not None else None)
         self._digest: str | None = None
 
     @property
@@ -112,14 +119,20 @@ class LengthSource:
         for start in range(0, self.size, CHUNK):
             yield start, np.ascontiguousarray(self.read(slice(start, start + CHUNK)), dtype=dtype)
 
-    def _scan(self) -> None:
+    def _scan(self, mapped: np.ndarray | None = None) -> None:
         """One pass in chunks: negative or too large values (named by dataset index), the
-        largest length, and the distinct lengths while they fit a small bitmap."""
+        largest length, and the distinct lengths while they fit a small bitmap; with
+        ``mapped`` (the caller's memory map), that its file still holds what the map holds."""
         limit = np.iinfo(np.int64).max
         seen: np.ndarray | None = np.zeros(0, dtype=bool)
         largest = 0
         for start in range(0, self.size, CHUNK):
             chunk = self.read(slice(start, start + CHUNK))
+            if mapped is not None and not np.array_equal(chunk, mapped[start : start + CHUNK]):
+                raise ValueError(
+                    f"{self.name}: the file {self.path} no longer holds what the memory map "
+                    "given holds (replaced or rewritten since it was mapped); map it again"
+                )
             low, high = chunk.min(), chunk.max()
             if low < 0 or high > limit:
                 i = int(np.flatnonzero((chunk < 0) | (chunk > limit))[0])
