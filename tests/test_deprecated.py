@@ -132,12 +132,16 @@ def test_old_keywords_of_functions() -> None:
     assert [a.tolist() for a in old] == [b.tolist() for b in new]
 
 
-def test_the_old_command_line_flag_is_an_alias() -> None:
-    parser = argparse.ArgumentParser()
+def test_the_old_command_line_flag_is_an_alias_that_warns(capsys) -> None:
+    parser = argparse.ArgumentParser(prog="seqbalance plan")
     add_plan_option_arguments(parser, max_tokens_default=None)
     for spelling in ("--microbatch-size", "--micro-batch-size"):
         args = parser.parse_args(["--layout", "padded", spelling, "3"])
         assert plan_options_from_args(args).microbatch_size == 3
+    assert capsys.readouterr().err == (
+        "seqbalance plan: warning: --micro-batch-size is deprecated, use --microbatch-size "
+        "(the old spelling goes in the next release)\n"
+    )
 
 
 def test_an_old_module_path_loads_the_new_module(monkeypatch) -> None:

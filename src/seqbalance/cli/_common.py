@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import pickle
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,6 +333,29 @@ _NO_FLAG = ("cost", "model", "strategy", "max_vision_patches", "context_parallel
 --context-parallel) or that need data the CLI cannot load (vision patches come with parts)."""
 
 
+class _OldSpelling(argparse.Action):
+    """A flag's old spelling, kept for one release: it sets the new flag's value and says on
+    stderr that it is deprecated."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any):
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated, use {self.new} "
+            "(the old spelling goes in the next release)",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
 def add_plan_option_arguments(
     parser: argparse.ArgumentParser, *, max_tokens_default: int | None
 ) -> None:
@@ -356,11 +380,15 @@ def add_plan_option_arguments(
         help="packed (THD, default) or padded (BSHD; needs --microbatch-size)",
     )
     group.add_argument(
-        "--microbatch-size",
-        "--micro-batch-size",  # the old spelling (deprecated, for one release)
+        "--microbatch-size", type=int, default=None, help="samples per padded micro-batch"
+    )
+    group.add_argument(
+        "--micro-batch-size",
+        dest="microbatch_size",
         type=int,
-        default=None,
-        help="samples per padded micro-batch",
+        action=_OldSpelling,
+        new="--microbatch-size",
+        help=argparse.SUPPRESS,
     )
     for name, kind, default, text in (
         ("--num-microbatches", int, None, "exact micro-batches per rank (default: the fewest)"),
