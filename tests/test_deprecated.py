@@ -139,8 +139,8 @@ def test_the_old_command_line_flag_is_an_alias_that_warns(capsys) -> None:
         args = parser.parse_args(["--layout", "padded", spelling, "3"])
         assert plan_options_from_args(args).microbatch_size == 3
     assert capsys.readouterr().err == (
-        "seqbalance plan: warning: --micro-batch-size is deprecated, use --microbatch-size "
-        "(the old spelling goes in the next release)\n"
+        "seqbalance plan: warning: --micro-batch-size is deprecated: use --microbatch-size "
+        "(it goes in the next release)\n"
     )
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "RenamedAttribute",
     "current_names",
     "install",
+    "message",
     "moved_names",
     "renamed_fields",
     "renamed_keywords",
@@ -52,16 +53,18 @@ MOVED = {
 """Old module path -> where it lives now."""
 
 
+def message(old: str, new: str) -> str:
+    """The one deprecation message: ``old`` is deprecated, use ``new`` (for warnings and the
+    command line alike)."""
+    return f"{old} is deprecated: use {new} (it goes in the next release)"
+
+
 def warn(old: str, new: str, *, stacklevel: int = 2) -> None:
-    """The one deprecation message: ``old`` is deprecated, use ``new``.
+    """Warn with :func:`message` (a ``DeprecationWarning``).
 
     ``stacklevel`` counts from the function that calls this one, as ``warnings.warn``'s does
     (1: that function; the default 2: its caller, the user's code). So do the others here."""
-    warnings.warn(
-        f"{old} is deprecated: use {new} (it goes in the next release)",
-        DeprecationWarning,
-        stacklevel=stacklevel + 1,
-    )
+    warnings.warn(message(old, new), DeprecationWarning, stacklevel=stacklevel + 1)
 
 
 def current_names(

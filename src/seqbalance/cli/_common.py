@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seqbalance import datasets
+from seqbalance._deprecated import message
 from seqbalance._validation import as_lengths, check_positive_float
 from seqbalance.cli._output import (
     markdown_table,
@@ -348,11 +349,7 @@ class _OldSpelling(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        print(
-            f"{parser.prog}: warning: {option_string} is deprecated, use {self.new} "
-            "(the old spelling goes in the next release)",
-            file=sys.stderr,
-        )
+        print(f"{parser.prog}: warning: {message(option_string, self.new)}", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 
