@@ -371,9 +371,10 @@ def test_two_processes_run_the_context_parallel_strategies(capsys, tmp_path) -> 
             "balanced_vs_dynamic_cp_megatron",
         }
         cost = ContextParallelTimeModel.from_dict(model["time_model"])
-        # 4 whole-sample micro-batches on 2 ranks, and CP 2 over 128 and 256 tokens in
-        # 1 .. 32 samples: 2 + 6 + 6 plans of one slot on each rank.
-        assert cost.time.fit_stats.n_observations == 2 * (2 + 6 + 6), label
+        # 4 whole-sample micro-batches on 2 ranks, 6 plans of one short sample per rank, and
+        # CP 2 over 128 and 256 tokens in 1 .. 32 samples: 2 + 6 + 6 + 6 plans of one slot on
+        # each rank.
+        assert cost.time.fit_stats.n_observations == 2 * (2 + 6 + 6 + 6), label
     hf = ContextParallelTimeModel.from_dict(report["models"]["hf-qwen3-8b"]["time_model"])
     assert (hf.kv_elements_per_token, hf.kv_layers) == (2 * 1 * 16, 2)  # 1 K/V head of 16
     # The calibrated toy model, given back with --time-model, skips the toy's calibration.

@@ -79,8 +79,9 @@ def test_context_parallel_calibration_writes_a_model_that_plans(capsys, tmp_path
         kv_layers(spec),
     )
     # One fit of every rank's slot of every calibration plan: 6 whole-sample micro-batches on 2
-    # ranks (3 plans) and CP 2 over 128 and 256 tokens in 1 .. 32 samples (6 + 6 plans).
-    assert cost.time.fit_stats.n_observations == 2 * (3 + 6 + 6)
+    # ranks (3 plans), 6 plans of one short sample per rank, and CP 2 over 128 and 256 tokens in
+    # 1 .. 32 samples (6 + 6 plans).
+    assert cost.time.fit_stats.n_observations == 2 * (3 + 6 + 6 + 6)
     assert cost.comm.fit_stats == cost.time.fit_stats
     assert cost.comm.bandwidth_bytes_per_s > 0 and cost.piece_overhead_s >= 0
     assert cost.sharded_attention_factor >= 0

@@ -164,7 +164,12 @@ def test_calibration_plans_cover_whole_and_every_sharded_size() -> None:
     cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-3, factor=1)
     plans = calibration_plans(4, cp, cost, max_tokens=64, trials=8, seed=1)
     whole = [p for p in plans if (p.cp_size == 1).all()]
-    assert len(whole) == 2 and all(p.n_slots == 1 and (p.tokens > 0).all() for p in whole)
+    # 8 trials on 4 ranks make 2 varied plans; then 6 plans of one short sample per rank,
+    # 2 (64 / 128, at least 2) to 8 (64 / 8) tokens, so that one-sample slots are fitted.
+    assert len(whole) == 2 + 6 and all(p.n_slots == 1 and (p.tokens > 0).all() for p in whole)
+    short = np.concatenate([p.lengths for p in whole[2:]])
+    assert all(p.lengths.size == 4 for p in whole[2:])
+    assert short.min() == 2 and short.max() == 8 and (np.diff(short) >= 0).all()
     sharded = [p for p in plans if (p.cp_size > 1).all()]
     assert len(whole) + len(sharded) == len(plans)
     for size in (2, 4):

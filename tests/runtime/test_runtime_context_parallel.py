@@ -332,9 +332,10 @@ def test_calibration_gives_every_rank_the_same_model(tmp_path: Path) -> None:
     cost = ContextParallelTimeModel.from_json(results[0]["cost"])
     assert cost.comm.bytes_per_element == 8  # the float64 model's K/V
     assert (cost.kv_elements_per_token, cost.kv_layers) == (32, 2)
-    # 4 whole-sample micro-batches on 2 ranks: 2 plans of 2 slots; sharded over CP 2: 64 and
-    # 128 tokens in 1 .. 32 samples of >= 4 tokens: 5 + 6 plans, one slot on each rank.
-    assert cost.time.fit_stats.n_observations == 2 * (2 + 5 + 6)
+    # 4 whole-sample micro-batches on 2 ranks: 2 plans, then 6 of one short sample per rank;
+    # sharded over CP 2: 64 and 128 tokens in 1 .. 32 samples of >= 4 tokens: 5 + 6 plans, one
+    # slot on each rank.
+    assert cost.time.fit_stats.n_observations == 2 * (2 + 6 + 5 + 6)
     assert cost.time.fit_stats.mape < 1.0
     seconds = results[0]["seconds"]
     np.testing.assert_array_equal(seconds, results[1]["seconds"])

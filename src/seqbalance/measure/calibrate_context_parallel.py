@@ -10,9 +10,9 @@ The model is linear in its constants: a rank's slot costs
 non-negative least-squares fit over measured slots gives every constant at once, each seen in
 the mix the executor really runs. Every rank of the DPxCP domain calls the same functions:
 
-- :func:`calibration_plans`: varied whole-sample slots (``calibrate.calibration_microbatches``)
-  and sharded slots over every usable CP size (1 to 32 equal samples filling half or all of a
-  block's cap);
+- :func:`calibration_plans`: varied whole-sample slots (``calibrate.calibration_microbatches``,
+  then short one-sample slots) and sharded slots over every usable CP size (1 to 32 equal
+  samples filling half or all of a block's cap);
 - :func:`measure_slot_seconds`: one plan through the executor (``run_step``), every rank's CPU
   seconds of every slot (``StepResult.slot_cpu_seconds``: compute and the collectives' own
   work, not the waits; median of ``repeats`` after a warm-up);
@@ -95,6 +95,7 @@ _NO_BYTES = 1e300
 
 _FILLS = (0.5, 1.0)
 _COUNTS = (1, 2, 4, 8, 16, 32)
+_SHORT_PLANS = 6
 
 
 # ------------------------------------------------------------------ plans and features
@@ -110,7 +111,9 @@ def calibration_plans(
     """The one-slot plans :func:`calibrate_cost_model` measures on ``world`` ranks.
 
     Whole samples: ``trials`` varied micro-batches of at most ``max_tokens`` tokens
-    (``calibrate.calibration_microbatches`` with ``seed``), ``world`` at a time, one per rank.
+    (``calibrate.calibration_microbatches`` with ``seed``), ``world`` at a time, one per rank,
+    then one short sample per rank (``cap / 128`` to ``cap / 8`` tokens, see
+    :func:`_short_samples`).
     Sharded: for every usable size ``c > 1`` of ``context_parallel``, ``1, 2, 4, ... 32`` equal
     samples holding half or all of ``c · max_tokens`` tokens (each keeping at least 2 tokens
     per member) on every aligned block of ``c`` ranks. ``cost`` only costs the plans (its K/V
@@ -128,6 +131,9 @@ def calibration_plans(
         lengths = np.concatenate(batch)
         owner = np.repeat(np.arange(world), [b.size for b in batch])
         plans.append(_one_slot(lengths, world, options, np.ones_like(lengths), owner))
+    for short in _short_samples(cap, world):
+        owner = np.arange(world)
+        plans.append(_one_slot(short, world, options, np.ones_like(short), owner))
     for size in [s for s in context_parallel.usable_sizes(world) if s > 1]:
         for fill in _FILLS:
             total = int(size * cap * fill)
@@ -136,6 +142,16 @@ def calibration_plans(
                 start = np.repeat(np.arange(0, world, size), count)
                 plans.append(_one_slot(lengths, world, options, np.full_like(lengths, size), start))
     return plans
+
+
+def _short_samples(cap: int, world: int) -> list[np.ndarray]:
+    """One short sample per rank, below the ``cap / 8`` tokens of the varied micro-batches: the
+    one-sample slots a per-sample rule such as Megatron's makes for short samples (without them
+    the fit prices such slots from longer ones). ``world`` lengths per plan, log-spaced from
+    ``cap / 128`` (at least 2) tokens up to ``cap / 8``, ``_SHORT_PLANS`` plans."""
+    shortest, longest = max(2, cap // 128), max(2, cap // 8)
+    lengths = np.rint(np.geomspace(shortest, longest, _SHORT_PLANS * world)).astype(np.int64)
+    return list(lengths.reshape(_SHORT_PLANS, world))
 
 
 def _one_slot(
