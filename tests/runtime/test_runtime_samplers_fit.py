@@ -226,3 +226,22 @@ def test_a_context_parallel_step_over_its_tokens_is_refused_and_unplannable(
     assert lengths[indices].sum() > ranks * count * cap
     with pytest.raises(ValueError):
         plan_step(lengths[indices], ranks, options)
+
+
+def test_a_context_parallel_epoch_the_fill_check_passes_is_planned_on_every_rank() -> None:
+    # 19 samples in steps of 4 on 4 ranks, CP sizes (2, 4), 3 slots: the check passes (4 x 4 >=
+    # 4 x 3 rank slots), and every step plans (the search fills what the candidates left empty).
+    lengths = np.random.default_rng(2).integers(1, 300, size=19)  # once refused at step 1
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=4096,
+        context_parallel=ContextParallel(sizes=(2, 4)),
+        num_microbatches=3,
+    )
+    seen = []
+    for rank in range(4):
+        sampler = BalancedBatchSampler(lengths, 4, dp_rank=rank, dp_size=4, options=options)
+        slots = list(sampler)
+        assert len(slots) == len(sampler) == 15
+        seen += [i for slot in slots for i in slot]
+    assert set(seen) == set(range(19))
