@@ -103,6 +103,37 @@ def test_refused_up_front_exactly_when_the_planner_bound_refuses_a_step(epoch, c
         assert f"num_microbatches = {options.num_microbatches}" in refusal
 
 
+@settings(max_examples=examples(800), deadline=None)
+@given(
+    epoch=_epochs(), chunk=st.integers(1, 9), shuffle=st.booleans(), epoch_number=st.integers(0, 5)
+)
+def test_step_sums_are_the_sums_over_each_steps_samples(
+    epoch, chunk, shuffle, epoch_number
+) -> None:
+    lengths, size, _, _, setup = epoch
+    layout = EpochLayout(
+        lengths,
+        size,
+        group_ids=setup["groups"],
+        seed=setup["seed"],
+        epoch=epoch_number,
+        shuffle=shuffle,
+        drop_last=setup["drop_last"],
+        bucket_window=None,
+    )
+    columns = np.stack([lengths, np.arange(lengths.size) ** 2, np.ones_like(lengths)], axis=1)
+    saved, layout_module._SUM_CHUNK = layout_module._SUM_CHUNK, chunk
+    try:
+        sums = layout.step_sums(lambda key: columns[key])
+    finally:
+        layout_module._SUM_CHUNK = saved
+    expected = [columns[layout.step(step)].sum(axis=0) for step in range(layout.n_steps)]
+    assert sums.reshape(-1, 3).tolist() == np.reshape(expected, (-1, 3)).tolist()
+    permutation = layout_module.Permutation(lengths.size, (setup["seed"], epoch_number))
+    every = np.arange(lengths.size)
+    assert permutation.inverse(permutation(every)).tolist() == every.tolist()
+
+
 def _refusal(lengths, size, dp, options, setup) -> str | None:
     try:
         BalancedBatchSampler(lengths, size, dp_rank=0, dp_size=dp, options=options, **setup)
