@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _parts import TINY_VLM, image_parts
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -132,6 +133,14 @@ def test_step_sums_are_the_sums_over_each_steps_samples(
     permutation = layout_module.Permutation(lengths.size, (setup["seed"], epoch_number))
     every = np.arange(lengths.size)
     assert permutation.inverse(permutation(every)).tolist() == every.tolist()
+
+
+def _planner_refusal(samples, dp, options, groups=None) -> str | None:
+    try:
+        plan_step(samples, dp, options, groups=groups)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def _refusal(lengths, size, dp, options, setup) -> str | None:
@@ -276,3 +285,34 @@ def test_a_context_parallel_epoch_the_fill_check_passes_is_planned_on_every_rank
         assert len(slots) == len(sampler) == 15
         seen += [i for slot in slots for i in slot]
     assert set(seen) == set(range(19))
+
+
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1])  # seed 1, 2 micro-batches: step 3 (a sample over a cap)
+def test_the_patch_cap_counts_in_the_up_front_check(count, seed) -> None:
+    # Samples with images: the bound counts vision patches (max_vision_patches) as the planner
+    # does, so the sampler refuses exactly when a step's plan_step refuses by that bound.
+    rng = np.random.default_rng(seed)
+    parts = image_parts(rng, rng.integers(1, 200, 60))
+    options = PlanOptions(
+        cost=TINY_VLM,
+        max_tokens=1500,
+        max_vision_patches=250,
+        num_microbatches=count,
+        allow_oversize=True,  # a sample over a cap counts as a micro-batch of its own
+    )
+    refusal = _refusal(parts, 12, 2, options, {"seed": seed})
+    sampler = BalancedBatchSampler(
+        parts, 12, dp_rank=0, dp_size=2, seed=seed, options=options.replace(num_microbatches=None)
+    )
+    layout = sampler.layout(0)
+    refused = [
+        step
+        for step in range(layout.n_steps)
+        if _BOUND[0] in (_planner_refusal(parts.take(layout.step(step)), 2, options) or "")
+    ]
+    if refused:
+        assert refusal is not None
+        assert refusal.startswith(f"epoch 0: step {refused[0]} of {layout.n_steps} holds ")
+    else:
+        assert refusal is None
