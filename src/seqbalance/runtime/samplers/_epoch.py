@@ -275,7 +275,8 @@ class EpochBatchSampler:
 
         Raises:
             ValueError: naming the rank that differs and what differs (lengths, options, cost,
-                seed, batch sizes, epoch, data-parallel size, the resume point loaded).
+                seed, batch sizes, epoch, data-parallel size, the resume point loaded), or
+                data-parallel ranks not held equally often (the same ``dp_rank`` twice).
             CollectiveError: a rank did not take part within ``agreement_timeout`` seconds.
         """
         if self.agreement_timeout is None or self._agreed_epoch == self.epoch:
@@ -307,7 +308,22 @@ class EpochBatchSampler:
                     "options, seed and batch sizes (and resume from the same state_dict), or "
                     "samples are trained twice and others never"
                 )
+        self._check_positions([json.loads(other)["dp_rank"] for other in gathered])
         self._agreed_epoch = self.epoch
+
+    def _check_positions(self, dp_ranks: list[Any]) -> None:
+        """ValueError unless every data-parallel rank is held by as many of the group's
+        processes as any other (one each on the data-parallel group; tensor-parallel peers on
+        the world share one): two processes given the same ``dp_rank``, or a ``dp_size`` larger
+        than the ranks that run, would train some samples twice and others never."""
+        held = [dp_ranks.count(rank) for rank in range(self.dp_size)]
+        if min(held) != max(held):
+            raise ValueError(
+                f"{type(self).__name__}: the group's processes hold data-parallel ranks "
+                f"{brief(dp_ranks, 120)} (in group order), not each of the {self.dp_size} "
+                "equally often: give every process its own dp_rank (or pass group=, the "
+                "data-parallel group), or samples are trained twice and others never"
+            )
 
     # ---------------------------------------------------------------- resume
     def _position_of(self, consumed: int) -> tuple[int, int]:
