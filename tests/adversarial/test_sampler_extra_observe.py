@@ -3,7 +3,8 @@ has not taken (an extra call, with an explicit ``StepTiming`` of the right shape
 before the first step). The planner thread plans ``lookahead`` steps ahead, so such a step's
 plan exists already; observing it would pair this rank's measurements with the other ranks' of
 an earlier step for the rest of the run. Every rank raises the same ValueError at that gather
-instead, well within the gather's deadline. Real gloo processes."""
+instead, well within the gather's deadline. A missed ``observe()`` whose timing has the right
+shape is seen where the loop names the step (``observe(step=)``). Real gloo processes."""
 
 from __future__ import annotations
 
@@ -32,13 +33,20 @@ def _timing(count: int) -> StepTiming:
     return StepTiming(tuple(0.01 * (k + 1) for k in range(count)), 0.001, 0.01 * count + 0.001)
 
 
-def _extra_observe(sampler: BalancedBatchSampler, rank: int, extra_at: int) -> dict[str, Any]:
+def _extra_observe(
+    sampler: BalancedBatchSampler, rank: int, extra_at: int, skip_at: int | None = None
+) -> dict[str, Any]:
     started, batches, steps = time.monotonic(), iter(sampler), 0
     try:
         if extra_at < 0:
             sampler.observe(_timing(2))  # every rank: nothing taken yet
         for step in range(sampler.num_steps):
             taken = [next(batches) for _ in range(2)]
+            if skip_at is not None:  # the loop names its step
+                if not (rank == 1 and step == skip_at):
+                    sampler.observe(_timing(len(taken)), step=step)
+                steps += 1
+                continue
             sampler.observe(_timing(len(taken)))
             if rank == 1 and step == extra_at:
                 sampler.observe(_timing(len(taken)))
@@ -64,6 +72,15 @@ def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
             adaptive=Feedback(timeout=TIMEOUT),
         )
         out.append(_extra_observe(sampler, rank, extra_at))
+    sampler = BalancedBatchSampler(
+        lengths,
+        32,
+        max_tokens=20_000,
+        num_microbatches=2,
+        seed=3,
+        adaptive=Feedback(timeout=TIMEOUT),
+    )
+    out.append(_extra_observe(sampler, rank, 0, skip_at=3))
     return out
 
 
@@ -79,3 +96,18 @@ def test_an_observe_of_a_step_not_taken_fails_every_rank_at_that_step(tmp_path: 
         # with another, and nobody waits for the deadline.
         assert (first["steps"], second["steps"]) == ((0, 0) if extra_at < 0 else (due, extra_at))
         assert max(first["seconds"], second["seconds"]) < TIMEOUT / 2
+
+
+def test_a_missed_observe_of_a_named_step_fails_every_rank_at_the_next(tmp_path: Path) -> None:
+    first, second = (result[-1] for result in ok(launch(tmp_path, 2, _worker)))
+    assert (
+        first["error"]
+        == second["error"]
+        == (
+            "rank 1 could not report step 3: rank 1 observed step 4 of the epoch where step 3 was "
+            "due (a missed or extra observe())"
+        )
+    )
+    # rank 0 fails at its observe of step 3, the gather rank 1's report of step 4 joins
+    assert (first["steps"], second["steps"]) == (3, 4)
+    assert max(first["seconds"], second["seconds"]) < TIMEOUT / 2

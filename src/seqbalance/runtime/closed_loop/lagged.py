@@ -101,27 +101,40 @@ class LaggedFeedback:
         assert self._shift is not None
         self._plans[step + self._shift] = plan
 
-    def observe(self, timing: StepTiming | None) -> dict[str, Any]:
+    def observe(self, timing: StepTiming | None, step: int | None = None) -> dict[str, Any]:
         """Learn from the oldest step not yet observed (module doc); its telemetry.
+
+        Args:
+            timing: This rank's measurements of that step.
+            step: The step of the running pass the loop says it measured, or None.
 
         Raises:
             ValueError: on every rank, when a rank observes a step it has not taken from the
                 sampler (an extra ``observe()``: a step the planner made ahead of the loop is
-                not one the loop trained), a rank's timing does not fit its step (a missed
+                not one the loop trained), names another ``step`` than the one due (a missed
+                or extra ``observe()``), a rank's timing does not fit its step (a missed
                 ``observe()`` with the sampler's timer) or the ranks disagree.
             CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         index = self.loop.observed
-        plan = self._plans.pop(index, None) if index < self._taken else None
+        plan = self._plans.get(index) if index < self._taken else None
+        error = None
         if plan is None:
-            # Reported through the gather, so the ranks that observe correctly raise at this
-            # step too instead of pairing their next step with this rank's extra one.
             error = (
                 f"rank {self.adaptive.rank} called observe() for step {index} of the run, "
                 "which it has not taken from the sampler (one observe() per step, after its "
                 "micro-batches)"
             )
+        elif step is not None and self._shift is not None and step + self._shift != index:
+            error = (
+                f"rank {self.adaptive.rank} observed step {step} of the epoch where step "
+                f"{index - self._shift} was due (a missed or extra observe())"
+            )
+        if error is not None:
+            # Reported through the gather, so the ranks that observe correctly raise at this
+            # step too instead of pairing their next step with this rank's other one.
             self.loop.learn(None, self.adaptive.gather(self.loop.record(index, None, error)))
+        self._plans.pop(index)
         return self.adaptive.observe(plan, timing, step=index)
 
     def state_dict(self, step: int) -> dict[str, Any]:
