@@ -58,29 +58,22 @@ def _extra_observe(
     return {"error": None, "steps": steps, "seconds": time.monotonic() - started}
 
 
-def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
+def _sampler(lookahead: int) -> BalancedBatchSampler:
     lengths = np.random.default_rng(7).integers(10, 2000, 320)
-    out = []
-    for extra_at, lookahead in CASES:
-        sampler = BalancedBatchSampler(
-            lengths,
-            32,
-            max_tokens=20_000,
-            num_microbatches=2,
-            seed=3,
-            lookahead=lookahead,
-            adaptive=Feedback(timeout=TIMEOUT),
-        )
-        out.append(_extra_observe(sampler, rank, extra_at))
-    sampler = BalancedBatchSampler(
+    return BalancedBatchSampler(
         lengths,
         32,
         max_tokens=20_000,
         num_microbatches=2,
         seed=3,
+        lookahead=lookahead,
         adaptive=Feedback(timeout=TIMEOUT),
     )
-    out.append(_extra_observe(sampler, rank, 0, skip_at=3))
+
+
+def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
+    out = [_extra_observe(_sampler(lookahead), rank, at) for at, lookahead in CASES]
+    out.append(_extra_observe(_sampler(2), rank, 0, skip_at=3))
     return out
 
 
