@@ -160,6 +160,75 @@ def test_lockstep_padded_bound_and_plan(lengths, dp, m, size, cap, overhead, all
         assert plan.step_cost == pytest.approx(best, rel=1e-9)
 
 
+def _least_over_cuts(least: np.ndarray, take: np.ndarray, k: int, dp: int) -> float:
+    """The least ``lockstep`` cost (no overhead) of any cut of the longest-first order into at
+    most ``k`` runs (within ``take``), every cut tried: its runs sorted costliest first, dealt
+    ``dp`` to a position, each position costing its first."""
+    n, best = least.size, np.inf
+    for marks in itertools.product([False, True], repeat=n - 1):
+        cuts = [0, *(i + 1 for i, cut in enumerate(marks) if cut), n]
+        if len(cuts) - 1 > k:
+            continue
+        sizes = np.diff(cuts)
+        if (sizes > take[cuts[:-1]]).any():
+            continue
+        costs = np.sort(sizes * least[cuts[:-1]])[::-1]
+        best = min(best, float(costs[::dp].sum()))
+    return best
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=10),
+    dominant=st.lists(st.integers(300, 3000), max_size=3),
+    dp=st.integers(2, 5),
+    m=st.integers(2, 4),
+    size=st.one_of(st.none(), st.integers(1, 6)),
+    cap=st.one_of(st.none(), st.integers(600, 4000)),
+)
+def test_top_bound_is_at_most_every_cut(lengths, dominant, dp, m, size, cap) -> None:
+    # Intervals.top_bound (the costliest position priced by its costliest run, the others by
+    # their mean) never exceeds the least lockstep cost of any cut into at most dp x m runs
+    # (which plans of m micro-batches per rank cost at least: the module's argument), with
+    # one to three dominant samples where it matters most.
+    lengths = np.asarray(lengths + dominant, dtype=np.int64)
+    costs = lengths + 0.001 * lengths.astype(np.float64) ** 2
+    order = np.argsort(-lengths, kind="stable")
+    least = np.empty(lengths.size)
+    least[order] = np.minimum.accumulate(costs[order][::-1])[::-1]
+    problem = SimpleNamespace(
+        lengths=lengths,
+        sample_costs=costs,
+        oversize=np.zeros(lengths.size, dtype=bool),
+        n=lengths.size,
+        microbatch_size=size,
+        max_tokens=cap,
+        least_sample_costs=least,
+        allow_empty=True,
+    )
+    intervals = Intervals(problem)
+    bound = intervals.top_bound(dp * m, dp, m)
+    assert bound is not None
+    best = _least_over_cuts(intervals.least, intervals.take, dp * m, dp)
+    assert bound <= best * (1 + 1e-9)
+    # With a floor, the bound is the same or stops at a value reached at most there.
+    stopped = intervals.top_bound(dp * m, dp, m, floor=0.5 * bound)
+    assert stopped == bound or stopped <= 0.5 * bound
+
+
+def test_top_bound_prices_a_dominant_position() -> None:
+    # Glaive tool calls, 256 samples on 8 ranks, micro-batches of 8, Qwen3-8B FLOPs: two
+    # 11,541-token samples set the first position; the level bound priced the other positions
+    # by cuts of their own (count_ratio 1.29), the top bound by the mean of what is left.
+    lengths = np.minimum(
+        np.random.default_rng(1).choice(sb.datasets.load("glaive_toolcall"), 256), 16384
+    )
+    plan = sb.plan_step(
+        lengths, 8, cost="flops", layout="padded", microbatch_size=8, objective="lockstep"
+    )
+    assert plan.summary()["count_ratio"] <= 1.03
+
+
 def test_lockstep_positions_fill_one_after_the_other() -> None:
     # 11 samples, 7 ranks, 3 positions: the first position holds them all in 7 micro-batches
     # costing at most its longest sample's (22,464.756); the plan of one micro-batch per rank

@@ -22,6 +22,7 @@ sample's interval pays for it and for ``M - 1`` more, each at least ``n - (K - 1
 
 from __future__ import annotations
 
+import itertools
 from functools import cached_property
 from typing import Protocol
 from weakref import WeakKeyDictionary
@@ -39,6 +40,13 @@ exceed this; the bounds then fall back to ``Problem``'s own."""
 _LEVEL_PASSES = 1024
 """``Intervals.level_bound`` is not computed when its intervals x levels (about 20 passes of
 the reach each) would exceed this."""
+_TOP_EVALUATIONS = 12
+"""``Intervals.top_bound`` evaluates ``R(w)`` at most this many times."""
+_TOP_TOLERANCE = 1e-4
+"""``Intervals.top_bound`` stops bisecting once its bound is this close to a value reached."""
+_TOP_WORK = 1.5e7
+"""``Intervals.top_bound`` is not computed when its work (evaluations x layers x rows x
+(start, size) pairs) would exceed this (about 0.1 s)."""
 
 
 class Problem(Protocol):
@@ -87,19 +95,26 @@ def count_bound(p: Problem, m: int) -> float:
     return bound + m * p.overhead
 
 
-def bound_at_count(p: Problem, m: int, *, capped: bool = True) -> float:
+def bound_at_count(p: Problem, m: int, *, capped: bool = True, tight: bool = False) -> float:
     """A lower bound on the step cost of any valid plan of ``p`` with exactly ``m``
     micro-batches per rank (``capped=False``: keeping every limit but the token cap):
     ``Problem.lower_bound(m)`` and, for the padded layout without groups or rank speeds,
     ``count_bound`` and ``Intervals.level_bound`` (``m`` levels in lockstep, one for
-    ``step``: its costliest micro-batch), with ``m`` overheads."""
+    ``step``: its costliest micro-batch), with ``m`` overheads; ``tight``: in lockstep also
+    ``Intervals.top_bound`` (dearer: ``StepPlan.count_lower_bound`` reports it, the planner
+    does without)."""
     bound = p.lower_bound(m, capped=capped)
     if p.layout == "padded" and capped and p.groups is None and p.speeds is None:
         bound = max(bound, count_bound(p, m))
         levels = m if p.objective == "lockstep" else 1
-        by_level = Intervals.of(p).level_bound(p.dp * m, p.dp, levels)
+        intervals = Intervals.of(p)
+        by_level = intervals.level_bound(p.dp * m, p.dp, levels)
         if by_level is not None:
             bound = max(bound, by_level + m * p.overhead)
+        if tight and p.objective == "lockstep":
+            top = intervals.top_bound(p.dp * m, p.dp, m, floor=bound - m * p.overhead)
+            if top is not None:
+                bound = max(bound, top + m * p.overhead)
     return bound
 
 
@@ -196,6 +211,97 @@ class Intervals:
                 total += high
             self._levels[key] = total
         return self._levels[key]
+
+    def top_bound(self, k: int, dp: int, levels: int, floor: float = 0.0) -> float | None:
+        """A lower bound on the ``lockstep`` cost (least costs, no overhead) of ``k``
+        intervals dealt to ``dp`` ranks at ``levels`` positions each, or ``floor`` or less
+        where it cannot be more (it stops there); None when the work would exceed
+        ``_TOP_WORK`` or an interval may hold more than ``_SHIFTS`` samples.
+
+        The costliest position costs its costliest interval ``w``, every interval costs at most
+        ``w``, and each other position costs at least the mean of its ``dp`` intervals: so the
+        plan costs at least ``w + R(w) / dp``, ``R(w)`` the least total of a cut into at most
+        ``k`` intervals of at most ``w`` each, less at most ``dp`` of them (``_rest``). ``R``
+        never increases with ``w``, so on a cell ``[a, b]`` of ``w`` the sum is at least ``a +
+        R(b) / dp``. The cells run from the least costliest interval (``level_bound``'s first
+        level) up a ladder of ratios ``1 + 8^j x 1e-5`` (where a dominant interval sets ``w``,
+        the least is just above it) to the least sum reached (above it, ``w`` alone is more);
+        the cell of the least is then bisected while evaluations are left."""
+        if self.n == 0 or levels < 2 or dp < 2 or int(self.take.max()) > _SHIFTS:
+            return None
+        pairs = float(self.take.sum())  # (start, size) pairs a layer of ``_rest`` reads
+        if _TOP_EVALUATIONS * min(k, self.n) * (dp + 1) * pairs > _TOP_WORK:
+            return None
+        level = self.level_bound(k, dp, 1)
+        low = max(float(self.least[0]), level or 0.0)  # no plan's costliest interval is less
+        rest: dict[float, float] = {}
+
+        def value(w: float) -> float:
+            if w not in rest:
+                rest[w] = self._rest(k, dp, w) / dp
+            return rest[w]
+
+        points, reached = [low], np.inf
+        for j in range(_TOP_EVALUATIONS):
+            w = low * (1 + 1e-5 * 8.0**j)
+            if w >= reached:
+                break
+            points.append(w)
+            reached = min(reached, w + value(w))
+            if reached <= floor:
+                return reached
+        if not np.isfinite(reached):
+            return low  # no cut on the ladder: only the least costliest interval is known
+        points.append(reached)
+        cells = [(a + value(b), a, b) for a, b in itertools.pairwise(points)]
+        while len(rest) < _TOP_EVALUATIONS:
+            least, a, b = min(cells)
+            middle = float(np.sqrt(a * b))
+            if least >= reached * (1 - _TOP_TOLERANCE) or not a < middle < b:
+                break
+            reached = min(reached, middle + value(middle))
+            if reached <= floor:
+                return reached
+            cells.remove((least, a, b))
+            cells += [(a + value(middle), a, middle), (middle + value(b), middle, b)]
+        return min(min(cells)[0], reached)
+
+    def _rest(self, k: int, dp: int, w: float) -> float:
+        """``R(w)``: the least total cost of a cut into at most ``k`` intervals costing at
+        most ``w`` each, less at most ``dp`` of them (inf when there is no such cut). Row ``e``
+        of the dynamic program has ``e`` intervals left out, column ``j`` covers at least the
+        first ``j`` samples (covering more never costs more: a later start costs no more per
+        sample and may hold as many); a left-out interval is as long as it may be."""
+        n = self.n
+        fits = np.full(n, n, dtype=np.int64)
+        positive = self.least > 0
+        fits[positive] = np.minimum(np.floor(w * (1 + 1e-12) / self.least[positive]), n)
+        cap = np.minimum(self.take, fits)
+        if cap[0] < 1:
+            return np.inf
+        # Every (start, size) within the cap, grouped by where it ends.
+        first = np.repeat(np.arange(n), cap)
+        end = np.arange(first.size) - np.repeat(np.cumsum(cap) - cap, cap) + 1 + first
+        by_end = np.argsort(end, kind="stable")
+        first, end = first[by_end], end[by_end]
+        cost = (end - first) * self.least[first]
+        ends, groups = np.unique(end, return_index=True)
+        # A left-out interval from each start as far as it may reach (every cap is at least 1:
+        # the first is and the least costs do not increase): per end, the first start, whose
+        # value is the least (values never decrease along a row).
+        far, nearest = np.unique(np.arange(n) + cap, return_index=True)
+        f = np.full((dp + 1, n + 1), np.inf)
+        f[0, 0] = 0.0
+        for _ in range(min(k, n)):
+            g = f.copy()
+            charged = np.minimum.reduceat(f[:, first] + cost, groups, axis=1)
+            g[:, ends] = np.minimum(g[:, ends], charged)
+            g[1:, far] = np.minimum(g[1:, far], f[:-1, nearest])
+            g = np.minimum.accumulate(g[:, ::-1], axis=1)[:, ::-1]
+            if np.array_equal(g, f):
+                break
+            f = g
+        return float(f[:, n].min())
 
     def _least_threshold(self, k: int, expensive: int, high: float) -> float:
         """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
