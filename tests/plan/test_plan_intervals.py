@@ -133,7 +133,7 @@ def _lockstep_optimum(lengths, costs, dp, m, size, cap, overhead, allow_empty) -
 )
 def test_lockstep_padded_bound_and_plan(lengths, dp, m, size, cap, overhead, allow_empty) -> None:
     # The level bound (Intervals.level_bound) never exceeds the least lockstep cost, and
-    # balanced's plan (with the positions cut one after the other: tiered_start) is that cost
+    # balanced's plan (with the positions cut one after the other: tiered_starts) is that cost
     # wherever every sample fits one position's micro-batches alone.
     lengths = np.asarray(lengths, dtype=np.int64)
     costs = lengths + 0.002 * lengths.astype(np.float64) ** 2
@@ -248,6 +248,40 @@ def test_lockstep_positions_fill_one_after_the_other() -> None:
     )
     assert plan.step_cost == pytest.approx(4266 + 0.001 * 4266**2, rel=1e-12)
     assert plan.count_lower_bound == pytest.approx(plan.step_cost, rel=1e-6)
+
+
+def test_lockstep_last_position_need_not_open_with_its_costliest() -> None:
+    # 7 samples, 6 ranks, 3 positions, empty micro-batches allowed, cost L + 0.001 L^2: one
+    # position of five samples alone and the two shortest together costs 2 x (2739 +
+    # 7502.121) = 20,482.242; six alone and the seventh in a second position cost 17,855.025
+    # + 8,399.481 (the positions cut by their first micro-batch's cost found only that).
+    lengths = [3755, 3710, 3708, 3093, 2992, 2739, 2441]
+    plan = sb.plan_step(
+        lengths,
+        6,
+        cost=lambda x: np.asarray(x) + 0.001 * np.asarray(x, dtype=float) ** 2,
+        layout="padded",
+        microbatch_size=7,
+        num_microbatches=3,
+        objective="lockstep",
+        allow_empty=True,
+    )
+    assert plan.step_cost == pytest.approx(2 * (2739 + 0.001 * 2739**2), rel=1e-12)
+    assert plan.count_lower_bound <= plan.step_cost * (1 + 1e-9)
+
+
+def test_lockstep_positions_leave_samples_for_the_next() -> None:
+    # A 100-token sample and ten of 10 on 3 ranks, 2 positions, no empty micro-batch, padded
+    # tokens: the first position (the long one alone, the others up to 100 each) could hold
+    # every sample, but the second needs 3; its three singletons cost 10. The plan is 110, and
+    # the bound (the first position's costliest, then the least costliest second) is exact.
+    lengths = [100] + [10] * 10
+    plan = sb.plan_step(
+        lengths, 3, cost="tokens", layout="padded", microbatch_size=11, num_microbatches=2,
+        objective="lockstep",
+    )  # fmt: skip
+    assert plan.step_cost == 110
+    assert plan.count_lower_bound == pytest.approx(110, rel=1e-5)
 
 
 def test_a_dominant_sample_gets_a_rank_of_its_own() -> None:

@@ -23,6 +23,7 @@ sample's interval pays for it and for ``M - 1`` more, each at least ``n - (K - 1
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from functools import cached_property
 from typing import Protocol
 from weakref import WeakKeyDictionary
@@ -215,31 +216,52 @@ class Intervals:
     def top_bound(self, k: int, dp: int, levels: int, floor: float = 0.0) -> float | None:
         """A lower bound on the ``lockstep`` cost (least costs, no overhead) of ``k``
         intervals dealt to ``dp`` ranks at ``levels`` positions each, or ``floor`` or less
-        where it cannot be more (it stops there); None when the work would exceed
-        ``_TOP_WORK`` or an interval may hold more than ``_SHIFTS`` samples.
+        where it cannot be more (it stops there); None where the work would exceed
+        ``_TOP_WORK`` (or, with more than two levels, an interval may hold more than
+        ``_SHIFTS`` samples).
 
-        The costliest position costs its costliest interval ``w``, every interval costs at most
-        ``w``, and each other position costs at least the mean of its ``dp`` intervals: so the
-        plan costs at least ``w + R(w) / dp``, ``R(w)`` the least total of a cut into at most
-        ``k`` intervals of at most ``w`` each, less at most ``dp`` of them (``_rest``). ``R``
-        never increases with ``w``, so on a cell ``[a, b]`` of ``w`` the sum is at least ``a +
-        R(b) / dp``. The cells run from the least costliest interval (``level_bound``'s first
-        level) up a ladder of ratios ``1 + 8^j x 1e-5`` (where a dominant interval sets ``w``,
-        the least is just above it) to the least sum reached (above it, ``w`` alone is more);
-        the cell of the least is then bisected while evaluations are left."""
-        if self.n == 0 or levels < 2 or dp < 2 or int(self.take.max()) > _SHIFTS:
+        The costliest position costs its costliest interval ``w`` and every interval costs
+        at most ``w``. With two levels, the other position costs at least ``second(w)``, the
+        least ``u`` at which a cut into at most ``k`` intervals of at most ``w`` has at most
+        ``dp`` costing more than ``u`` (exact: the plan is ``w + second(w)`` at best). With
+        more, each other position costs at least the mean of its ``dp`` intervals:
+        ``R(w) / dp``, ``R(w)`` the least total of such a cut less at most ``dp`` of its
+        intervals (``_rest``). Both never increase with ``w``: ``_cells`` bounds the least of
+        ``w`` plus either over the values ``w`` may have."""
+        if self.n == 0 or levels < 2 or dp < 2:
             return None
+        if levels == 2:
+            if _TOP_EVALUATIONS * k * 20 > _TOP_WORK / 1000:  # 20 bisection steps of k passes
+                return None
+            return self._cells(k, dp, lambda w: self._second(k, dp, w), floor)
         pairs = float(self.take.sum())  # (start, size) pairs a layer of ``_rest`` reads
-        if _TOP_EVALUATIONS * min(k, self.n) * (dp + 1) * pairs > _TOP_WORK:
+        work = _TOP_EVALUATIONS * min(k, self.n) * (dp + 1) * pairs
+        if int(self.take.max()) > _SHIFTS or work > _TOP_WORK:
             return None
+        return self._cells(k, dp, lambda w: self._rest(k, dp, w) / dp, floor)
+
+    def _second(self, k: int, dp: int, w: float) -> float:
+        """The least costliest interval of a second position when every interval costs at
+        most ``w`` (from below; inf where no cut has every interval within ``w``)."""
+        if not self._cut_exists(k, dp, w, w):
+            return np.inf
+        return self._least_threshold(k, dp, w, w)
+
+    def _cells(self, k: int, dp: int, rest: Callable[[float], float], floor: float) -> float:
+        """The least ``a + rest(b)`` over cells ``[a, b]`` covering the values the costliest
+        interval ``w`` may have (``rest`` never increasing), or a value reached at most
+        ``floor``: from the least (``level_bound``'s first level) up a ladder of ratios ``1 +
+        8^j x 1e-5`` (where a dominant interval sets ``w``, the least is just above it) to the
+        least ``w + rest(w)`` reached (above it, ``w`` alone is more); then the cell of the
+        least bisected while ``_TOP_EVALUATIONS`` are left."""
         level = self.level_bound(k, dp, 1)
         low = max(float(self.least[0]), level or 0.0)  # no plan's costliest interval is less
-        rest: dict[float, float] = {}
+        memo: dict[float, float] = {}
 
         def value(w: float) -> float:
-            if w not in rest:
-                rest[w] = self._rest(k, dp, w) / dp
-            return rest[w]
+            if w not in memo:
+                memo[w] = rest(w)
+            return memo[w]
 
         points, reached = [low], np.inf
         for j in range(_TOP_EVALUATIONS):
@@ -254,7 +276,7 @@ class Intervals:
             return low  # no cut on the ladder: only the least costliest interval is known
         points.append(reached)
         cells = [(a + value(b), a, b) for a, b in itertools.pairwise(points)]
-        while len(rest) < _TOP_EVALUATIONS:
+        while len(memo) < _TOP_EVALUATIONS:
             least, a, b = min(cells)
             middle = float(np.sqrt(a * b))
             if least >= reached * (1 - _TOP_TOLERANCE) or not a < middle < b:
@@ -273,10 +295,7 @@ class Intervals:
         first ``j`` samples (covering more never costs more: a later start costs no more per
         sample and may hold as many); a left-out interval is as long as it may be."""
         n = self.n
-        fits = np.full(n, n, dtype=np.int64)
-        positive = self.least > 0
-        fits[positive] = np.minimum(np.floor(w * (1 + 1e-12) / self.least[positive]), n)
-        cap = np.minimum(self.take, fits)
+        cap = self._ends(w)[:-1] - np.arange(n)
         if cap[0] < 1:
             return np.inf
         # Every (start, size) within the cap, grouped by where it ends.
@@ -303,26 +322,9 @@ class Intervals:
             f = g
         return float(f[:, n].min())
 
-    def _least_threshold(self, k: int, expensive: int, high: float) -> float:
-        """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
-        at most ``k`` intervals has at most ``expensive`` costing more than ``u`` (0 when
-        ``u = 0`` has one; ``high`` must have one)."""
-        if self._cut_exists(k, expensive, 0.0):
-            return 0.0
-        low = 0.0  # no cut at low; one at high
-        while high - low > 1e-6 * high:
-            middle = 0.5 * (low + high)
-            if self._cut_exists(k, expensive, middle):
-                high = middle
-            else:
-                low = middle
-        return low
-
-    def _cut_exists(self, k: int, expensive: int, u: float) -> bool:
-        """Whether some cut into at most ``k`` intervals (within ``take``) has at most
-        ``expensive`` intervals costing more than ``u``: the farthest sample reached with
-        ``a`` intervals, ``e`` of them dear, taking each interval as long as it may be (where an
-        interval may end never decreases with its start, so the farthest reach dominates)."""
+    def _ends(self, u: float) -> np.ndarray:
+        """int64 ``[n + 1]``: where an interval from each start ends when it holds as many
+        samples as ``take`` and a cost of at most ``u`` allow (``n`` past the last)."""
         n = self.n
         positive = self.least > 0
         fits = np.full(n, n, dtype=np.int64)
@@ -331,8 +333,31 @@ class Intervals:
         fits[positive] = np.minimum(np.floor(u * (1 + 1e-12) / self.least[positive]), n).astype(
             np.int64
         )
-        cheap = np.append(np.arange(n) + np.minimum(self.take, fits), n)
-        full = np.append(np.arange(n) + self.take, n)
+        return np.append(np.arange(n) + np.minimum(self.take, fits), n)
+
+    def _least_threshold(self, k: int, expensive: int, high: float, cap: float = np.inf) -> float:
+        """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
+        at most ``k`` intervals of at most ``cap`` each has at most ``expensive`` costing more
+        than ``u`` (0 when ``u = 0`` has one; ``high`` must have one)."""
+        if self._cut_exists(k, expensive, 0.0, cap):
+            return 0.0
+        low = 0.0  # no cut at low; one at high
+        while high - low > 1e-6 * high:
+            middle = 0.5 * (low + high)
+            if self._cut_exists(k, expensive, middle, cap):
+                high = middle
+            else:
+                low = middle
+        return low
+
+    def _cut_exists(self, k: int, expensive: int, u: float, cap: float = np.inf) -> bool:
+        """Whether some cut into at most ``k`` intervals (within ``take``) of at most ``cap``
+        each has at most ``expensive`` intervals costing more than ``u``: the farthest sample
+        reached with ``a`` intervals, ``e`` of them dear, taking each interval as long as it
+        may be (where an interval may end never decreases with its start, so the farthest
+        reach dominates)."""
+        n = self.n
+        cheap, full = self._ends(u), self._ends(cap)
         reach = np.zeros(expensive + 1, dtype=np.int64)
         for _ in range(k):
             after = np.maximum(reach, cheap[reach])
