@@ -17,7 +17,10 @@ Monge, so each layer's best cuts move monotonically; vectorised). Any plan with 
 micro-batches per rank costs at least ``least_total(dp x M) / dp`` on its costliest rank (and
 in lockstep, whose positions cost at least their mean); and the rank holding the longest
 sample's interval pays for it and for ``M - 1`` more, each at least ``n - (K - 1) x``
-(the most an interval holds) samples long (``Intervals.first_rank``).
+(the most an interval holds) samples long (``Intervals.first_rank``). In ``lockstep``, each
+position costs its costliest interval: ``Intervals.level_bound`` bounds each position alone,
+``Intervals.top_bound`` the costliest position together with the others (what ``summary()``
+reports; the planner does without it).
 """
 
 from __future__ import annotations
