@@ -33,15 +33,9 @@ def _by_definition(costs: np.ndarray, take: np.ndarray, k: int) -> float:
     return float(best[n])
 
 
-@settings(max_examples=examples(300), deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 600), min_size=1, max_size=40),
-    size=st.one_of(st.none(), st.integers(1, 6), st.integers(49, 60)),
-    cap=st.one_of(st.none(), st.integers(600, 4000)),
-    data=st.data(),
-)
-def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
-    # Both ways of computing a layer: shifts (runs of at most 48) and the divide and conquer.
+def _intervals(lengths: list[int], size: int | None, cap: int | None, *, allow_empty: bool):
+    """The intervals of a padded step costing ``L + 0.001 L^2`` per sample (the least costs
+    those of the sorted order, non-increasing)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     costs = lengths + 0.001 * lengths.astype(np.float64) ** 2
     order = np.argsort(-lengths, kind="stable")
@@ -55,10 +49,22 @@ def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
         microbatch_size=size,
         max_tokens=cap,
         least_sample_costs=least,
-        allow_empty=False,
+        allow_empty=allow_empty,
     )
-    intervals = Intervals(problem)
-    k = data.draw(st.integers(1, lengths.size))
+    return Intervals(problem)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 600), min_size=1, max_size=40),
+    size=st.one_of(st.none(), st.integers(1, 6), st.integers(49, 60)),
+    cap=st.one_of(st.none(), st.integers(600, 4000)),
+    data=st.data(),
+)
+def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
+    # Both ways of computing a layer: shifts (runs of at most 48) and the divide and conquer.
+    intervals = _intervals(lengths, size, cap, allow_empty=False)
+    k = data.draw(st.integers(1, len(lengths)))
     expected = _by_definition(intervals.least, intervals.take, k)
     assert intervals.least_total(k) == np.float64(expected) or np.isclose(
         intervals.least_total(k), expected, rtol=1e-12
@@ -67,7 +73,7 @@ def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
     if not np.isfinite(expected):  # k runs cannot hold the samples under the caps
         assert cuts is None
         return
-    assert cuts is not None and cuts[0] == 0 and cuts[-1] == lengths.size
+    assert cuts is not None and cuts[0] == 0 and cuts[-1] == len(lengths)
     sizes = np.diff(cuts)
     assert (sizes <= intervals.take[cuts[:-1]]).all() and sizes.size <= k
     assert np.isclose((sizes * intervals.least[cuts[:-1]]).sum(), expected, rtol=1e-12)
@@ -191,22 +197,7 @@ def test_top_bound_is_at_most_every_cut(lengths, dominant, dp, m, size, cap) -> 
     # their mean) never exceeds the least lockstep cost of any cut into at most dp x m runs
     # (which plans of m micro-batches per rank cost at least: the module's argument), with
     # one to three dominant samples where it matters most.
-    lengths = np.asarray(lengths + dominant, dtype=np.int64)
-    costs = lengths + 0.001 * lengths.astype(np.float64) ** 2
-    order = np.argsort(-lengths, kind="stable")
-    least = np.empty(lengths.size)
-    least[order] = np.minimum.accumulate(costs[order][::-1])[::-1]
-    problem = SimpleNamespace(
-        lengths=lengths,
-        sample_costs=costs,
-        oversize=np.zeros(lengths.size, dtype=bool),
-        n=lengths.size,
-        microbatch_size=size,
-        max_tokens=cap,
-        least_sample_costs=least,
-        allow_empty=True,
-    )
-    intervals = Intervals(problem)
+    intervals = _intervals(lengths + dominant, size, cap, allow_empty=True)
     bound = intervals.top_bound(dp * m, dp, m)
     assert bound is not None
     best = _least_over_cuts(intervals.least, intervals.take, dp * m, dp)
