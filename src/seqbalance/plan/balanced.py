@@ -106,6 +106,8 @@ def plan_balanced(p: Problem) -> Microbatches:
     m = p.min_feasible_microbatches
     bound = p.lower_bound(m)
     others = Portfolio(p)
+    if (shortcut := _largest_count_first(p, m, bound)) is not None:
+        return _at_rival_count(p, others.best(shortcut, bound))
     while True:
         if not p.allow_empty and p.n < p.dp * m:
             raise ValueError(
@@ -114,8 +116,6 @@ def plan_balanced(p: Problem) -> Microbatches:
                 + _GROUP_HINT * (p.groups is not None)
                 + "; pass allow_empty=True to allow empty micro-batches"
             )
-        if (shortcut := _largest_count_first(p, m, bound)) is not None:
-            return _at_rival_count(p, others.best(shortcut, bound))
         # With speeds the lockstep refinement runs after the search over counts.
         plan = _attempt(p, m, refine=p.speeds is None)
         if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
