@@ -78,6 +78,7 @@ def _pack_under(
     order = np.lexsort((samples, -p.lengths[samples], -p.sample_costs[samples], rank))
     samples = samples[order]  # by rank, heaviest first within a rank (as ``heaviest_first``)
     starts = np.cumsum(counts) - counts
+    last = np.maximum(starts + counts - 1, 0)  # a valid position even for a rank without samples
     limit = profile[None, :] * p.speeds_or_ones[:, None]
     loads = np.full((dp, m), float(p.overhead))
     tokens = np.full((dp, m), float(p.cap))
@@ -87,27 +88,30 @@ def _pack_under(
     failed = np.zeros(dp, dtype=bool)
     failed[reference] = True
     for step in range(int(counts.max(initial=0))):
-        rows = np.flatnonzero((counts > step) & ~failed)
-        at = starts[rows] + step
-        i = samples[at]
-        cost, big = p.sample_costs[i][:, None], p.oversize[i]
-        fits = tokens[rows] >= p.lengths[i][:, None]
+        # Every rank at once; a rank without an s-th sample (or failed) is left as it is.
+        i = samples[np.minimum(starts + step, last)]
+        length, cost, big = p.lengths[i], p.sample_costs[i], p.oversize[i]
+        fits = tokens >= length[:, None]
         if patches is not None:
-            fits &= patches[rows] >= p.patches[i][:, None]  # type: ignore[index]
-        fits[big] = empty[rows[big]]
-        within = fits & (loads[rows] + cost <= limit[rows])
-        excess = np.where(fits, loads[rows] + cost - limit[rows], np.inf)
+            fits &= patches >= p.patches[i][:, None]  # type: ignore[index]
+        fits = np.where(big[:, None], empty, fits)
+        trial = loads + cost[:, None]
+        within = fits & (trial <= limit)
+        excess = np.where(fits, trial - limit, np.inf)
         j = np.where(within.any(axis=1), within.argmax(axis=1), excess.argmin(axis=1))
-        j[big] = fits[big].argmax(axis=1)
+        j = np.where(big, fits.argmax(axis=1), j)
+        live = (counts > step) & ~failed
         ok = fits.any(axis=1)
-        failed[rows[~ok]] = True
-        rows, at, i, j, big = rows[ok], at[ok], i[ok], j[ok], big[ok]
-        where[at] = j
-        loads[rows, j] += p.sample_costs[i]
+        failed |= live & ~ok
+        rows = np.flatnonzero(live & ok)
+        j = j[rows]
+        where[starts[rows] + step] = j
+        loads[rows, j] = trial[rows, j]
         empty[rows, j] = False
-        tokens[rows, j] = np.where(big, -1.0, tokens[rows, j] - p.lengths[i])
+        tokens[rows, j] = np.where(big[rows], -1.0, tokens[rows, j] - length[rows])
         if patches is not None:
-            patches[rows, j] = np.where(big, -1.0, patches[rows, j] - p.patches[i])  # type: ignore[index]
+            used = p.patches[i[rows]]  # type: ignore[index]
+            patches[rows, j] = np.where(big[rows], -1.0, patches[rows, j] - used)
     result: list[list[list[int]] | None] = []
     for r in range(dp):
         if failed[r]:
