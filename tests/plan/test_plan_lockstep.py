@@ -68,6 +68,7 @@ def _requests(draw: Any) -> tuple[Any, list[list[list[int]]], int, np.ndarray]:
     )
     p = SimpleNamespace(
         dp=dp,
+        n=n,
         lengths=lengths,
         sample_costs=costs,
         overhead=float(draw(st.integers(0, 3))),

@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from seqbalance.plan._packing import fill_empty
+from seqbalance.plan._packing import fill_empty, heaviest_first
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     aligned_value,
@@ -74,9 +74,10 @@ def _pack_under(
     samples = np.fromiter(
         (i for mbs in plan for mb in mbs for i in mb), dtype=np.int64, count=int(counts.sum())
     )
-    rank = np.repeat(np.arange(dp), counts)
-    order = np.lexsort((samples, -p.lengths[samples], -p.sample_costs[samples], rank))
-    samples = samples[order]  # by rank, heaviest first within a rank (as ``heaviest_first``)
+    rank_of = np.empty(p.n, dtype=np.int64)
+    rank_of[samples] = np.repeat(np.arange(dp), counts)
+    samples = heaviest_first(p, samples)
+    samples = samples[np.argsort(rank_of[samples], kind="stable")]  # by rank, heaviest first
     starts = np.cumsum(counts) - counts
     last = np.maximum(starts + counts - 1, 0)  # a valid position even for a rank without samples
     limit = profile[None, :] * p.speeds_or_ones[:, None]
@@ -93,7 +94,8 @@ def _pack_under(
         length, cost, big = p.lengths[i], p.sample_costs[i], p.oversize[i]
         fits = tokens >= length[:, None]
         if patches is not None:
-            fits &= patches >= p.patches[i][:, None]  # type: ignore[index]
+            need = p.patches[i]  # type: ignore[index]
+            fits &= patches >= need[:, None]
         fits = np.where(big[:, None], empty, fits)
         trial = loads + cost[:, None]
         within = fits & (trial <= limit)
@@ -110,8 +112,7 @@ def _pack_under(
         empty[rows, j] = False
         tokens[rows, j] = np.where(big[rows], -1.0, tokens[rows, j] - length[rows])
         if patches is not None:
-            used = p.patches[i[rows]]  # type: ignore[index]
-            patches[rows, j] = np.where(big[rows], -1.0, patches[rows, j] - used)
+            patches[rows, j] = np.where(big[rows], -1.0, patches[rows, j] - need[rows])
     result: list[list[list[int]] | None] = []
     for r in range(dp):
         if failed[r]:
