@@ -190,3 +190,12 @@ def test_ranks_are_spawned_where_the_platform_has_no_fork_server(
     assert launch_module._start_context().get_start_method() == "spawn"
     monkeypatch.undo()
     assert launch_module._start_context().get_start_method() == "forkserver"
+
+
+def test_the_collective_deadline_defaults_to_the_one_default() -> None:
+    import inspect
+
+    from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
+
+    default = inspect.signature(launch).parameters["collective_timeout"].default
+    assert default == DEFAULT_TIMEOUT_SECONDS

@@ -19,9 +19,11 @@ torch = pytest.importorskip("torch")
 from _multiprocess import launch, ok  # noqa: E402
 
 from seqbalance.cost import TimeModel  # noqa: E402
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS  # noqa: E402
 from seqbalance.runtime.closed_loop import Feedback  # noqa: E402
 from seqbalance.runtime.closed_loop.timer import StepTiming  # noqa: E402
 from seqbalance.runtime.samplers import BalancedBatchSampler  # noqa: E402
+from seqbalance.runtime.samplers.balanced import _one_deadline  # noqa: E402
 
 TRUE = TimeModel(0.002, 2e-6, 3e-10)
 BATCH, STEPS, SLOW_FROM, RESUME_AT, LOOKAHEAD = 32, 30, 6, 17, 2
@@ -201,3 +203,29 @@ def test_a_rank_that_misses_an_observe_makes_every_rank_raise_at_that_step(resul
     a, b = (result["missed"] for result in results)
     assert a == b
     assert a.startswith("rank 1 could not report step 2: seconds of rank 1 must be one")
+
+
+def test_an_adaptive_sampler_has_one_deadline():
+    # adaptive=True takes agreement_timeout for the gather; a Feedback's own timeout sets both
+    # when agreement_timeout is left at its default; two explicit different ones are refused.
+    default = DEFAULT_TIMEOUT_SECONDS
+    feedback, agreement = _one_deadline(Feedback(), 12.0)
+    assert (feedback.timeout, agreement) == (12.0, 12.0)
+    feedback, agreement = _one_deadline(Feedback(timeout=7.0), default)
+    assert (feedback.timeout, agreement) == (7.0, 7.0)
+    feedback, agreement = _one_deadline(Feedback(timeout=7.0), 7.0)
+    assert (feedback.timeout, agreement) == (7.0, 7.0)
+    feedback, agreement = _one_deadline(Feedback(timeout=7.0), None)  # no agreement check
+    assert (feedback.timeout, agreement) == (7.0, None)
+    assert _one_deadline(None, 5.0) == (None, 5.0)
+    with pytest.raises(ValueError, match=r"agreement_timeout = 5.0 and adaptive=Feedback\(timeout"):
+        BalancedBatchSampler(
+            LENGTHS,
+            BATCH,
+            dp_rank=0,
+            dp_size=2,
+            agreement_timeout=5.0,
+            adaptive=Feedback(timeout=7.0),
+        )
+    with pytest.raises(ValueError, match="agreement_timeout must be a positive finite number"):
+        _one_deadline(Feedback(timeout=7.0), float("inf"))

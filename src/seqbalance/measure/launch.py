@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from seqbalance._validation import check_bool, check_choice, check_int, check_timeout
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 
 __all__ = ["LaunchError", "RankFailure", "free_port", "launch"]
 
@@ -84,7 +85,7 @@ def launch(
     *,
     args: Sequence[Any] = (),
     timeout: float = 300.0,
-    collective_timeout: float = 60.0,
+    collective_timeout: float = DEFAULT_TIMEOUT_SECONDS,
     backend: str = "gloo",
     log_dir: str | Path | None = None,
     poll: Callable[[], None] | None = None,
@@ -106,7 +107,8 @@ def launch(
         args: Extra positional arguments for ``fn``, the same on every rank.
         timeout: Seconds the whole launch may take, start-up included.
         collective_timeout: Seconds any collective on the default process group may wait
-            (``init_process_group(timeout=...)``).
+            (``init_process_group(timeout=...)``); default: the project's one collective
+            deadline, ``seqbalance.defaults.DEFAULT_TIMEOUT_SECONDS``.
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank: rank r uses ``cuda:r``).
         log_dir: Folder for the ranks' output files, kept after the launch; default: a
             temporary folder, removed afterwards.

@@ -19,7 +19,13 @@ from seqbalance.partition import lower_bound as partition_lower_bound
 from seqbalance.plan._caps import packed_keeps_cap
 from seqbalance.plan._fields import GroupedSamples
 from seqbalance.plan._intervals import padded_bound
-from seqbalance.plan._shared import MAX_SLOTS, Microbatches, microbatch_count
+from seqbalance.plan._shared import (
+    MAX_SLOTS,
+    Microbatches,
+    bin_features,
+    bins_bound,
+    microbatch_count,
+)
 from seqbalance.plan.options import PlanOptions, check_rank_speeds
 
 if TYPE_CHECKING:
@@ -243,47 +249,23 @@ class Problem(GroupedSamples):
         return np.where(self.oversize, self.max_vision_patches, self.patches)
 
     # ------------------------------------------------------------------ micro-batch counts
+    @cached_property
+    def bin_features(self) -> np.ndarray:
+        """int64 ``[n, 6]``: each sample's part of the micro-batch count bound
+        (``seqbalance.plan._shared.bin_features``)."""
+        return bin_features(self.lengths, self.patches, self.options)
+
     def bins_needed(self, members: np.ndarray) -> int:
         """A lower bound on the micro-batches the samples ``members`` need under the limits."""
         if members.size == 0:
             return 0
-        over = int(self.oversize[members].sum())
-        rest = members[~self.oversize[members]]
-        lengths = self.lengths[rest]
-        bins = 1 if rest.size else 0
-        if self.max_tokens is not None and rest.size:
-            # Two samples longer than half the cap never share a micro-batch.
-            bins = max(bins, -(-int(lengths.sum()) // self.max_tokens))
-            bins = max(bins, int((2 * lengths > self.max_tokens).sum()))
-        if self.patches is not None and rest.size:
-            patches = self.patches[rest]  # the same two bounds for the patch cap
-            bins = max(bins, -(-int(patches.sum()) // self.max_vision_patches))
-            bins = max(bins, int((2 * patches > self.max_vision_patches).sum()))
-        if self.layout == "padded" and self.microbatch_size is not None:
-            bins = max(bins, -(-rest.size // self.microbatch_size))
-        return over + bins
+        return int(bins_bound(self.bin_features[members].sum(axis=0)[None, :], self.options)[0])
 
     def _unit_bins_needed(self) -> np.ndarray:
         """``bins_needed`` of every unit at once (int64 ``[n_units]``)."""
-        unit, k = self.unit_of_sample, self.n_units
-        over = np.bincount(unit, weights=self.oversize, minlength=k)
-        regular = ~self.oversize
-        rest_count = np.bincount(unit, weights=regular, minlength=k)
-        bins = (rest_count > 0).astype(np.float64)
-        if self.max_tokens is not None:
-            rest_tokens = np.bincount(unit, weights=np.where(regular, self.lengths, 0), minlength=k)
-            long = np.bincount(
-                unit, weights=regular & (2 * self.lengths > self.max_tokens), minlength=k
-            )
-            bins = np.maximum.reduce([bins, np.ceil(rest_tokens / self.max_tokens), long])
-        if self.patches is not None:
-            cap, patches = self.max_vision_patches, self.patches
-            rest_patches = np.bincount(unit, weights=np.where(regular, patches, 0), minlength=k)
-            many = np.bincount(unit, weights=regular & (2 * patches > cap), minlength=k)
-            bins = np.maximum.reduce([bins, np.ceil(rest_patches / cap), many])
-        if self.layout == "padded" and self.microbatch_size is not None:
-            bins = np.maximum(bins, np.ceil(rest_count / self.microbatch_size))
-        return (over + bins).astype(np.int64)
+        sums = np.zeros((self.n_units, 6), dtype=np.int64)
+        np.add.at(sums, self.unit_of_sample, self.bin_features)
+        return bins_bound(sums, self.options)
 
     def round_microbatches(self, needed: int) -> int:
         """The micro-batch count honouring the options for a strategy that needs ``needed``

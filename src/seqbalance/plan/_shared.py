@@ -11,7 +11,15 @@ import numpy as np
 if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
 
-__all__ = ["MAX_SLOTS", "Microbatches", "check_within_caps", "microbatch_count", "unit_numbers"]
+__all__ = [
+    "MAX_SLOTS",
+    "Microbatches",
+    "bin_features",
+    "bins_bound",
+    "check_within_caps",
+    "microbatch_count",
+    "unit_numbers",
+]
 
 Microbatches = list[list[list[int]]]
 """``dp`` lists of ``M`` lists of sample positions (indices into the step's lengths): what a
@@ -47,6 +55,51 @@ def microbatch_count(needed: int, options: PlanOptions, ranks: int, why: Callabl
             "microbatch_multiple"
         )
     return m
+
+
+def bin_features(
+    lengths: np.ndarray, patches: np.ndarray | None, options: PlanOptions
+) -> np.ndarray:
+    """int64 ``[n, 6]``: what each sample adds to the count bound of ``bins_bound``: whether it
+    is over a cap (it needs a micro-batch of its own; only with ``allow_oversize``), whether it
+    is not, and, for the samples within the caps, its tokens, whether it is longer than half
+    the token cap, its vision patches (``patches``, counted when ``max_vision_patches`` is set)
+    and whether they are more than half the patch cap. Rows add up over any set of samples."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cap, patch_cap = options.max_tokens, options.max_vision_patches
+    if patch_cap is None:
+        patches = None
+    over = np.zeros(lengths.shape, dtype=bool) if cap is None else lengths > cap
+    if patches is not None:
+        over = over | (patches > patch_cap)
+    rest = ~over
+    features = np.zeros((lengths.size, 6), dtype=np.int64)
+    features[:, 0], features[:, 1] = over, rest
+    features[:, 2] = np.where(rest, lengths, 0)
+    if cap is not None:
+        features[:, 3] = rest & (lengths > cap // 2)  # 2 x length > cap, without overflow
+    if patches is not None:
+        features[:, 4] = np.where(rest, patches, 0)
+        features[:, 5] = rest & (patches > patch_cap // 2)
+    return features
+
+
+def bins_bound(sums: np.ndarray, options: PlanOptions) -> np.ndarray:
+    """int64 ``[k]``: the fewest micro-batches that can hold each of ``k`` sets of samples
+    under the caps (a lower bound: bin packing), from the sets' summed ``bin_features``
+    (``[k, 6]``): one per over-cap sample, plus for the others at least one, the tokens over
+    the cap, the samples longer than half the cap (no two share a micro-batch), the same two
+    for vision patches, and the padded layout's samples over ``microbatch_size``."""
+    over, rest, tokens, long, patches, many = (sums[:, j] for j in range(6))
+    bins = np.minimum(rest, 1)
+    cap, patch_cap = options.max_tokens, options.max_vision_patches
+    if cap is not None:
+        bins = np.maximum.reduce([bins, -(-tokens // cap), long])
+    if patch_cap is not None:
+        bins = np.maximum.reduce([bins, -(-patches // patch_cap), many])
+    if options.layout == "padded" and options.microbatch_size is not None:
+        bins = np.maximum(bins, -(-rest // options.microbatch_size))
+    return over + bins
 
 
 def unit_numbers(groups: np.ndarray | None, n: int) -> np.ndarray:

@@ -3,19 +3,20 @@ bounded window) and plan every step with ``plan_step``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
 from seqbalance.cost.samples import SampleParts
-from seqbalance.plan._shared import microbatch_count
+from seqbalance.plan._shared import bin_features, bins_bound, microbatch_count
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
 from seqbalance.plan.types import EpochPlan
 
-__all__ = ["check_steps_fill", "plan_epoch"]
+__all__ = ["check_steps", "check_steps_fill", "plan_epoch"]
 
 
 def plan_epoch(
@@ -172,3 +173,138 @@ def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) ->
             "micro-batch: pass drop_last=True to leave a last, partial step out, "
             "allow_empty=True, or fewer micro-batches"
         )
+
+
+def check_steps(
+    layout: EpochLayout, dp_size: int, options: PlanOptions, patches: np.ndarray | None = None
+) -> None:
+    """Refuse, before any step is planned, an epoch with a step that no plan can hold: a step
+    short of samples (``check_steps_fill``), and with ``num_microbatches`` fixed, a step whose
+    samples need more micro-batches than ``dp_size x num_microbatches`` under the caps, or a
+    group that needs more than ``num_microbatches`` on its rank.
+
+    The count a step needs is the planner's own lower bound (``seqbalance.plan._shared.
+    bins_bound``: one micro-batch per over-cap sample, the tokens over ``max_tokens``, the
+    samples longer than half of it, the same for ``max_vision_patches``, the padded samples over
+    ``microbatch_size``; with ``context_parallel`` the tokens over ``max_tokens`` on each of the
+    ``dp_size`` ranks), summed per step in one vectorised pass over the epoch's order
+    (``EpochLayout.step_sums``), skipped when ``global_batch_size`` samples cannot exceed it.
+    With ``bucket_window`` the steps of a window share its samples, so the bound is checked per
+    window (their total against the window's slots). What passes can still fail when the step
+    is planned: the bound is necessary, not sufficient (packing is bin packing); the planner
+    then raises at that step, on every rank, before that step's data.
+
+    Args:
+        layout: the epoch's steps.
+        dp_size: the ranks (with ``context_parallel``: of the DPxCP domain).
+        options: the plan options of every step.
+        patches: vision patches per dataset sample, when ``max_vision_patches`` is set.
+
+    Raises:
+        ValueError: naming the epoch, the first step (or window, or group) that cannot be held,
+            what it holds and the options (``num_microbatches``, ``max_tokens``, ...).
+    """
+    check_steps_fill(layout, dp_size, options)
+    m = options.num_microbatches
+    if m is None or layout.n_steps == 0:
+        return
+    context_parallel = options.context_parallel is not None
+
+    def features(indices: np.ndarray) -> np.ndarray:
+        lengths = np.asarray(layout.lengths[indices], dtype=np.int64)
+        if context_parallel:  # a sample longer than the cap is sharded: count its tokens
+            rows = np.zeros((indices.size, 6), dtype=np.int64)
+            rows[:, 1], rows[:, 2] = 1, lengths
+            return rows
+        return bin_features(lengths, None if patches is None else patches[indices], options)
+
+    if not context_parallel:
+        _check_group_bins(layout, options, features)
+    reach = (
+        max(options.context_parallel.usable_sizes(dp_size), default=1) if context_parallel else 1
+    )
+    if layout.size * reach <= dp_size * m:
+        return  # a sample needs at most one slot on each of ``reach`` ranks: every step fits
+    sums = layout.step_sums(features)
+    first = np.arange(layout.n_steps)
+    if layout.window is not None:
+        first = np.arange(0, layout.n_steps, layout.window)
+        sums = np.add.reduceat(sums, first, axis=0)
+        if layout.dropped.size and layout.n_steps % layout.window:
+            # The dropped step was dealt with the last window's steps: take theirs as dealt.
+            kept = layout.window_steps(layout.n_steps // layout.window)[:-1]
+            sums[-1] = sum(features(step).sum(axis=0) for step in kept)
+    steps = np.diff(np.append(first, layout.n_steps))
+    cp_need = -(-sums[:, 2] // (options.max_tokens or 1))  # CP: tokens over the per-rank cap
+    need = cp_need if context_parallel else bins_bound(sums, options)
+    over = np.flatnonzero(need > steps * dp_size * m)
+    if over.size:
+        k = int(over[0])
+        _refuse_overfull(
+            layout, dp_size, options, int(first[k]), int(steps[k]), sums[k], int(need[k])
+        )
+
+
+def _check_group_bins(
+    layout: EpochLayout, options: PlanOptions, features: Callable[[np.ndarray], np.ndarray]
+) -> None:
+    """ValueError naming the first group (in order of first appearance) whose samples need
+    more micro-batches than ``num_microbatches`` (a group stays on one rank)."""
+    if layout.group_ids is None or layout.largest_unit() <= options.num_microbatches:
+        return  # a group of k samples needs at most k micro-batches
+    need = bins_bound(layout.unit_sums(features), options)
+    over = np.flatnonzero(need > options.num_microbatches)
+    if over.size:
+        u = int(over[0])
+        group = int(layout.group_ids[layout.unit_first_sample(u)])
+        raise ValueError(
+            f"groups: group {group} needs at least {int(need[u])} micro-batches on its rank "
+            f"under {_caps(options)}, more than num_microbatches = {options.num_microbatches}: "
+            "every step holding it would fail; raise num_microbatches or the caps"
+        )
+
+
+def _caps(options: PlanOptions) -> str:
+    caps = [f"max_tokens = {options.max_tokens}"] if options.max_tokens is not None else []
+    if options.max_vision_patches is not None:
+        caps.append(f"max_vision_patches = {options.max_vision_patches}")
+    if options.layout == "padded":
+        caps.append(f"microbatch_size = {options.microbatch_size}")
+    return " and ".join(caps)
+
+
+def _refuse_overfull(
+    layout: EpochLayout,
+    dp_size: int,
+    options: PlanOptions,
+    step: int,
+    steps: int,
+    sums: np.ndarray,
+    need: int,
+) -> None:
+    m = options.num_microbatches
+    samples, tokens, over = int(sums[0] + sums[1]), int(sums[2]), int(sums[0])
+    held = f"{samples} samples of {tokens} tokens" + (
+        f" ({over} of them over the caps, their tokens not counted)" if over else ""
+    )
+    if layout.window is None:
+        where = f"step {step} of {layout.n_steps} holds"
+        slots = f"its dp_size x num_microbatches = {dp_size} x {m} = {dp_size * m} slots"
+    else:
+        where = (
+            f"steps {step}..{step + steps - 1} of {layout.n_steps} (one bucket_window, whose "
+            "samples bucketing deals among its steps) hold"
+        )
+        slots = (
+            f"their {steps} x dp_size x num_microbatches = {steps} x {dp_size} x {m} = "
+            f"{steps * dp_size * m} slots"
+        )
+    if options.context_parallel is not None:
+        why = f"under max_tokens = {options.max_tokens} per rank and slot"
+    else:
+        why = f"under {_caps(options)}"
+    raise ValueError(
+        f"epoch {layout.epoch}: {where} {held}, which need at least {need} micro-batches {why}, "
+        f"more than {slots}: the epoch cannot be planned with num_microbatches = {m}; raise "
+        "num_microbatches or max_tokens, or lower global_batch_size"
+    )

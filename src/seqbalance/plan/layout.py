@@ -10,6 +10,8 @@ start per step.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
 from seqbalance.plan._shared import unit_numbers
@@ -19,6 +21,7 @@ __all__ = ["EpochLayout", "Permutation"]
 _ROUNDS = 6
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant (golden ratio): multiplicative mix
 _CHUNK = 1 << 22  # samples per chunk when a pass over all samples is needed
+_SUM_CHUNK = 1 << 19  # rows per chunk of ``step_sums`` (several int64 columns each)
 
 
 class Permutation:
@@ -88,6 +91,7 @@ class EpochLayout:
         self.size = global_batch_size
         self.seed, self.epoch = seed, epoch
         self.window = bucket_window
+        self.group_ids = group_ids
         n = int(lengths.shape[0])
         self._members: np.ndarray | None = None
         if group_ids is None:
@@ -134,6 +138,49 @@ class EpochLayout:
             self._smallest = (step, int(steps[step]))
         return self._smallest
 
+    def step_sums(self, values: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """int64 ``[n_steps, f]``: the sum over each step's samples of ``values(indices)`` (an
+        int64 ``[k, f]`` row per dataset index), in one vectorised pass over the epoch's order,
+        chunk by chunk (no step is laid out one by one). With ``bucket_window`` these are the
+        steps before bucketing: bucketing deals the units of a window among its steps, so the
+        sums over a window are the same."""
+        if self._step_starts is None:  # units are samples, ``size`` to a step
+            total = min(self.n_steps * self.size, self._n_units)
+            chunk = max(1, _SUM_CHUNK // self.size) * self.size
+            blocks = (values(self._units(a, min(a + chunk, total))) for a in range(0, total, chunk))
+            return _sums_between(blocks, np.arange(0, total + self.size, self.size).clip(0, total))
+        per_unit = self.unit_sums(values)
+        blocks = (
+            per_unit[self._units(a, min(a + _SUM_CHUNK, self._n_units))]
+            for a in range(0, self._n_units, _SUM_CHUNK)
+        )
+        return _sums_between(blocks, self._step_starts[: self.n_steps + 1])  # type: ignore[index]
+
+    def largest_unit(self) -> int:
+        """Samples of the largest unit (1 without groups; 0 without samples)."""
+        if self._unit_starts is None:
+            return min(1, self._n_units)
+        return int(np.diff(self._unit_starts).max(initial=0))
+
+    def unit_first_sample(self, unit: int) -> int:
+        """The dataset index of the first sample of ``unit`` (a group, in order of first
+        appearance; without groups the sample ``unit`` itself)."""
+        if self._members is None or self._unit_starts is None:
+            return unit
+        return int(self._members[self._unit_starts[unit]])
+
+    def unit_sums(self, values: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """int64 ``[n_units, f]``: the sum of ``values`` (as in ``step_sums``) over each group's
+        samples, groups in order of first appearance (with ``group_ids`` only)."""
+        members, starts = self._members, self._unit_starts
+        if members is None or starts is None:
+            raise ValueError("unit_sums needs group_ids")
+        blocks = (
+            values(members[a : a + _SUM_CHUNK].astype(np.int64))
+            for a in range(0, members.size, _SUM_CHUNK)
+        )
+        return _sums_between(blocks, starts)
+
     def step(self, number: int) -> np.ndarray:
         """Dataset indices (int64) of step ``number`` in ``[0, n_steps)``, in planning order."""
         if not 0 <= number < self.n_steps:
@@ -147,6 +194,11 @@ class EpochLayout:
         if self._window_cache is None or self._window_cache[0] != window:
             self._window_cache = (window, self._bucket(window))
         return self._window_cache[1][number - window * self.window]
+
+    def window_steps(self, window: int) -> list[np.ndarray]:
+        """The steps of bucket window ``window`` (dataset indices, as ``step`` gives them),
+        computed afresh: safe beside a thread that calls ``step``."""
+        return self._bucket(window)
 
     def _units(self, first: int, stop: int) -> np.ndarray:
         """Unit ids at permuted positions ``[first, stop)``."""
@@ -222,6 +274,24 @@ class EpochLayout:
             indices = np.concatenate(step) if step else np.empty(0, dtype=np.int64)
             steps.append(indices[rng.permutation(indices.size)])
         return steps
+
+
+def _sums_between(blocks: Iterator[np.ndarray], bounds: np.ndarray) -> np.ndarray:
+    """int64 ``[len(bounds) - 1, f]``: the sums of the rows between consecutive ``bounds``
+    (ascending row positions, the first 0) of the row blocks concatenated, block by block."""
+    at = np.zeros((bounds.size, 0), dtype=np.int64)
+    carry: np.ndarray | None = None
+    done = 0
+    for block in blocks:
+        running = np.cumsum(block, axis=0)
+        if carry is None:
+            at = np.zeros((bounds.size, block.shape[1]), dtype=np.int64)
+            carry = np.zeros(block.shape[1], dtype=np.int64)
+        running += carry
+        first, stop = np.searchsorted(bounds, [done, done + block.shape[0]], side="right")
+        at[first:stop] = running[bounds[first:stop] - done - 1]
+        carry, done = running[-1], done + block.shape[0]
+    return np.diff(at, axis=0)
 
 
 def _group_members(group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

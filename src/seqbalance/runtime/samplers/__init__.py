@@ -52,10 +52,21 @@ one epoch's position under another's number.
 
 ``len()``: exact without planning when every step has a fixed micro-batch count
 (``num_microbatches``; ``LengthGroupedSampler`` always); otherwise a ``TypeError`` (the count is
-the planner's choice per step), which trainers read as "no length" (``num_steps`` is exact). A
-step with fewer samples than its micro-batch slots (a last, partial global batch smaller than
-``dp_size x num_microbatches``, without ``allow_empty``) is refused before any data and by
-``len()``, so an epoch never stops short of the length it promised for that reason.
+the planner's choice per step), which trainers read as "no length" (``num_steps`` is exact).
+What ``len()`` promises is checked first, for each epoch (at construction for epoch 0, then by
+``iter`` and ``len``), in one vectorised pass over the epoch's order, without planning a step
+(``seqbalance.plan.epoch.check_steps``): a step with fewer samples than its micro-batch slots
+(a last, partial global batch smaller than ``dp_size x num_microbatches``, without
+``allow_empty``), and with ``num_microbatches`` a step whose samples need more than its
+``dp_size x num_microbatches`` micro-batches under the caps by the planner's own lower bound
+(tokens over ``max_tokens``, samples longer than half of it, over-cap samples alone, the same
+for ``max_vision_patches``, ``microbatch_size`` when padded; with ``context_parallel`` the
+tokens over ``max_tokens`` on every rank), or a group that no rank can hold, are refused with a
+``ValueError`` naming the epoch, the first such step (with ``bucket_window``: window) or group,
+what it holds and ``num_microbatches``. What remains: a step within that bound that the planner
+still cannot pack (bin packing; e.g. five 40-token samples in two micro-batches of 100 tokens).
+It fails when it is reached, on every rank alike (planning is deterministic), by ``next()`` at
+that step, prefixed with the epoch and step, before any of that step's data.
 """
 
 from __future__ import annotations

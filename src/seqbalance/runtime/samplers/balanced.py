@@ -3,6 +3,7 @@ position, agreement, resume, ``len()``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections import OrderedDict
@@ -11,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, check_bool, check_int
+from seqbalance._validation import as_group_ids, check_bool, check_int, check_timeout
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import ContextParallelPlan
-from seqbalance.plan.epoch import check_group_sizes, check_steps_fill, plan_epoch
+from seqbalance.plan.epoch import check_group_sizes, check_steps, plan_epoch
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
@@ -71,7 +72,11 @@ class BalancedBatchSampler(EpochBatchSampler):
         drop_last, shuffle, bucket_window, groups: as in :func:`seqbalance.plan.plan_epoch`.
         lookahead: steps planned ahead of the one the loop takes (>= 1).
         agreement_timeout: seconds the per-epoch agreement check waits for the other ranks;
-            ``None`` skips it (module docstring).
+            ``None`` skips it (module docstring). With ``adaptive`` it is also the deadline of
+            the per-step gather (``Feedback.timeout``): one deadline for the sampler's
+            collectives. ``adaptive=True`` takes it; a ``Feedback`` whose ``timeout`` differs
+            sets it when ``agreement_timeout`` is left at its default, and is a ValueError
+            beside another explicit ``agreement_timeout``.
         options: the :class:`seqbalance.PlanOptions` of every step; ``option_keywords`` (any
             ``PlanOptions`` field by name: ``max_tokens``, ``cost``, ``model``, ...) are applied
             on top. Checked here, at construction, together with every sample (one vectorised
@@ -114,8 +119,10 @@ class BalancedBatchSampler(EpochBatchSampler):
             sample over ``max_tokens`` or ``max_vision_patches`` without ``allow_oversize``
             (named by its dataset index), a cost the cost model rejects, or parts the options
             cannot plan (the conditions of :func:`seqbalance.plan.plan_step`), a step with
-            fewer samples than its micro-batch slots (:func:`seqbalance.plan.epoch.
-            check_steps_fill`; checked again by ``iter`` and ``len`` each epoch). While iterating:
+            fewer samples than its micro-batch slots, or with ``num_microbatches``
+            more samples than they can hold under the caps by the planner's lower bound
+            (:func:`seqbalance.plan.epoch.check_steps`; checked again by ``iter`` and ``len``
+            each epoch; package docstring). While iterating:
             a step the planner refuses (raised by ``next()`` at that step, prefixed with it), a
             lengths file changed under the sampler, or ranks that disagree.
     """
@@ -144,6 +151,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         options = as_options(
             options, option_keywords, where="BalancedBatchSampler", context_parallel=True
         )
+        feedback, agreement_timeout = _one_deadline(as_feedback(adaptive), agreement_timeout)
         parts = lengths if isinstance(lengths, SampleParts) else None
         if options.context_parallel is not None and parts is not None:
             raise ValueError(
@@ -173,12 +181,12 @@ class BalancedBatchSampler(EpochBatchSampler):
         # same pass digests every sample's cost (ranks and resumes compare it).
         self._costs = self._check_and_digest_costs()
         self._layout_cache: EpochLayout | None = None
+        self._checked_epoch: int | None = None
         self._check_epoch(0)
         # The plans the background thread made last, for step_plan() (it writes, the loop reads).
         self._recent: OrderedDict[tuple[int, int], Plan] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._plan: EpochPlan | None = None
-        feedback = as_feedback(adaptive)
         if feedback is not None:
             from seqbalance.runtime.closed_loop.lagged import (
                 LaggedFeedback,  # torch, only when asked for
@@ -280,7 +288,13 @@ class BalancedBatchSampler(EpochBatchSampler):
         return self.options.num_microbatches
 
     def _check_epoch(self, epoch: int) -> None:
-        check_steps_fill(self.layout(epoch), self.dp_size, self.options)
+        if self._checked_epoch == epoch:
+            return  # one pass over the epoch's order per epoch, not one per iter() or len()
+        patches = None
+        if self.options.max_vision_patches is not None:
+            patches = vision_patches_of(self.parts, self.options)
+        check_steps(self.layout(epoch), self.dp_size, self.options, patches)
+        self._checked_epoch = epoch
 
     def _start_pass(self, consumed: int, step: int, offset: int) -> None:
         super()._start_pass(consumed, step, offset)
@@ -377,7 +391,8 @@ class BalancedBatchSampler(EpochBatchSampler):
 
         Raises:
             ValueError: without ``adaptive``, or no step taken that is not yet observed.
-            CollectiveError: a peer did not join within ``Feedback.timeout``.
+            CollectiveError: a peer did not join within the sampler's deadline
+                (``agreement_timeout``, the same as ``Feedback.timeout``).
         """
         if self._lagged is None:
             raise ValueError("BalancedBatchSampler.observe needs adaptive=True")
@@ -440,3 +455,23 @@ class BalancedBatchSampler(EpochBatchSampler):
         if fixed is not None:
             return [fixed] * self._n_steps(self.epoch if epoch is None else epoch)
         return [int(step.n_microbatches) for step in self.epoch_plan(epoch).steps]
+
+
+def _one_deadline(
+    feedback: Feedback | None, agreement_timeout: float | None
+) -> tuple[Feedback | None, float | None]:
+    """The closed loop's settings and the agreement deadline, made one deadline (the
+    ``agreement_timeout`` entry of ``BalancedBatchSampler``'s arguments)."""
+    if agreement_timeout is not None:
+        agreement_timeout = check_timeout(agreement_timeout, "agreement_timeout")
+    if feedback is None or agreement_timeout is None or feedback.timeout == agreement_timeout:
+        return feedback, agreement_timeout  # None: no agreement check, the gather keeps its own
+    if feedback.timeout == DEFAULT_TIMEOUT_SECONDS:  # adaptive=True, or a Feedback left at it
+        return dataclasses.replace(feedback, timeout=agreement_timeout), agreement_timeout
+    if agreement_timeout == DEFAULT_TIMEOUT_SECONDS:
+        return feedback, feedback.timeout
+    raise ValueError(
+        f"agreement_timeout = {agreement_timeout!r} and adaptive=Feedback(timeout="
+        f"{feedback.timeout!r}) are two deadlines for one sampler's collectives: give one (the "
+        "sampler uses agreement_timeout for both when adaptive=True)"
+    )

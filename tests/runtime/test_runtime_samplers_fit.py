@@ -1,0 +1,228 @@
+"""The samplers' up-front check that every step of an epoch fits ``dp_size x num_microbatches``
+micro-batches under the caps (``seqbalance.plan.epoch.check_steps``): what it refuses, the
+planner refuses at that step; what it passes but the planner cannot pack fails loudly at that
+step, on every rank, before that step's data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.cost import TimeModel
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.plan import ContextParallel, PlanOptions, plan_step
+from seqbalance.plan import layout as layout_module
+from seqbalance.plan.layout import EpochLayout
+from seqbalance.runtime import BalancedBatchSampler
+
+_BOUND = ("the samples need at least", "larger than a rank can hold")
+_CP_COST = ContextParallelTimeModel(TimeModel(1e-3, 1e-6, 1e-9), CommModel(1e9, 1e-5), 16, 2)
+
+
+def _groups(draw, n: int, size: int) -> np.ndarray | None:
+    if not draw(st.booleans()):
+        return None
+    ids = np.array(draw(st.lists(st.integers(0, max(1, n // 2)), min_size=n, max_size=n)))
+    _, counts = np.unique(ids, return_counts=True)
+    return ids if n == 0 or counts.max() <= size else None
+
+
+@st.composite
+def _epochs(draw):
+    n = draw(st.integers(1, 40))
+    size = draw(st.integers(1, 12))
+    cap = draw(st.integers(8, 200))
+    lengths = np.array(draw(st.lists(st.integers(1, 2 * cap), min_size=n, max_size=n)))
+    padded = draw(st.booleans())
+    oversize = draw(st.booleans())
+    if not oversize:
+        lengths = np.minimum(lengths, cap)
+    options = PlanOptions(
+        max_tokens=cap,
+        num_microbatches=draw(st.integers(1, 4)),
+        layout="padded" if padded else "packed",
+        microbatch_size=draw(st.integers(1, 4)) if padded else None,
+        allow_oversize=oversize,
+        allow_empty=True,
+    )
+    setup = {
+        "groups": _groups(draw, n, size),
+        "seed": draw(st.integers(0, 3)),
+        "drop_last": draw(st.booleans()),
+    }
+    return lengths, size, draw(st.integers(1, 3)), options, setup
+
+
+@settings(max_examples=examples(1200), deadline=None)
+@given(epoch=_epochs(), chunk=st.integers(1, 9))
+def test_refused_up_front_exactly_when_the_planner_bound_refuses_a_step(epoch, chunk) -> None:
+    # The check is the planner's own lower bound on each step's micro-batches, summed over the
+    # epoch in one vectorised pass: it refuses an epoch iff some step's plan_step refuses by
+    # that bound, and it names the first such step (or the group).
+    lengths, size, dp, options, setup = epoch
+    layout_module_chunk = layout_module._SUM_CHUNK
+    layout_module._SUM_CHUNK = chunk  # many chunks: the chunked sums must join up exactly
+    try:
+        refusal = _refusal(lengths, size, dp, options, setup)
+    finally:
+        layout_module._SUM_CHUNK = layout_module_chunk
+    layout = EpochLayout(
+        lengths,
+        size,
+        group_ids=setup["groups"],
+        seed=setup["seed"],
+        epoch=0,
+        shuffle=True,
+        drop_last=setup["drop_last"],
+        bucket_window=None,
+    )
+    refused = []
+    for step in range(layout.n_steps):
+        indices = layout.step(step)
+        groups = None if setup["groups"] is None else setup["groups"][indices]
+        try:
+            plan_step(lengths[indices], dp, options, groups=groups)
+        except ValueError as error:
+            if any(reason in str(error) for reason in _BOUND):
+                refused.append((step, str(error)))
+    if not refused:
+        assert refusal is None or refusal.startswith("groups:")
+        return
+    assert refusal is not None
+    if refusal.startswith("groups:"):
+        # The planner refuses the step holding that group (a group no rank can hold is refused
+        # even where drop_last leaves it out of this epoch: another epoch would hold it).
+        group = int(refusal.split()[2])
+        holding = [s for s in range(layout.n_steps) if group in setup["groups"][layout.step(s)]]
+        assert not holding or holding[0] in [step for step, _ in refused]
+    else:
+        assert refusal.startswith(f"epoch 0: step {refused[0][0]} of {layout.n_steps} holds ")
+        assert f"num_microbatches = {options.num_microbatches}" in refusal
+
+
+def _refusal(lengths, size, dp, options, setup) -> str | None:
+    try:
+        BalancedBatchSampler(lengths, size, dp_rank=0, dp_size=dp, options=options, **setup)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(epoch=_epochs(), window=st.integers(1, 4))
+def test_a_refused_bucket_window_holds_a_step_the_planner_refuses(epoch, window) -> None:
+    # With bucket_window the steps of a window share its samples: a window is refused when its
+    # samples cannot fit all its steps' slots, so one of its steps must fail.
+    lengths, size, dp, options, setup = epoch
+    setup = {**setup, "bucket_window": window}
+    refusal = _refusal(lengths, size, dp, options, setup)
+    if refusal is None or refusal.startswith("groups:"):
+        return
+    first, last = (int(x) for x in refusal.split("steps ")[1].split(" of ")[0].split(".."))
+    sampler_setup = {**setup, "options": options.replace(num_microbatches=None)}
+    sampler = BalancedBatchSampler(lengths, size, dp_rank=0, dp_size=dp, **sampler_setup)
+    layout = sampler.layout(0)
+    failed = 0
+    for step in range(first, last + 1):
+        indices = layout.step(step)
+        groups = None if setup["groups"] is None else setup["groups"][indices]
+        try:
+            plan_step(lengths[indices], dp, options, groups=groups)
+        except ValueError:
+            failed += 1
+    assert failed
+
+
+def test_a_step_over_its_slots_is_refused_at_construction_naming_it() -> None:
+    lengths = np.full(1000, 100)
+    lengths[500:520] = 900  # 20 samples over half the cap: wherever they land, a step overflows
+    options = {"max_tokens": 1000, "num_microbatches": 2, "seed": 0}
+    with pytest.raises(ValueError) as refusal:
+        BalancedBatchSampler(lengths, 40, dp_rank=0, dp_size=2, **options)
+    message = str(refusal.value)
+    assert message.startswith("epoch 0: step 3 of 25 holds 40 samples of 6400 tokens")
+    assert "more than its dp_size x num_microbatches = 2 x 2 = 4 slots" in message
+    # It is the first step the planner refuses.
+    sampler = BalancedBatchSampler(lengths, 40, dp_rank=0, dp_size=2, max_tokens=1000, seed=0)
+    counts = [sampler.step_plan(step).n_microbatches for step in range(25)]
+    assert next(step for step, m in enumerate(counts) if m > 2) == 3
+    # Another epoch's order is checked by set_epoch + iter and by len().
+    ok = BalancedBatchSampler(
+        lengths, 40, dp_rank=0, dp_size=2, max_tokens=1000, num_microbatches=4
+    )
+    assert len(ok) == 100
+    # 8 long samples: epoch 0 of seed 3 has no step with 3 of them; epoch 1 has (step 13).
+    few = np.full(1000, 100)
+    few[500:508] = 900
+    tight = BalancedBatchSampler(
+        few, 40, dp_rank=0, dp_size=2, max_tokens=1000, num_microbatches=3, seed=3
+    )
+    assert len(tight) == 75
+    tight.set_epoch(1)
+    with pytest.raises(ValueError, match=r"^epoch 1: step 13 of 25 holds 40 samples of 6400"):
+        len(tight)
+    with pytest.raises(ValueError, match=r"^epoch 1: step 13 of 25 holds"):
+        iter(tight)
+
+
+def test_a_group_that_no_rank_can_hold_is_named() -> None:
+    lengths = np.full(100, 600)
+    groups = np.arange(100) // 4
+    with pytest.raises(ValueError, match=r"^groups: group 0 needs at least 4 micro-batches"):
+        BalancedBatchSampler(
+            lengths, 20, dp_rank=0, dp_size=2, max_tokens=1000, num_microbatches=3, groups=groups
+        )
+
+
+def test_a_step_the_bound_passes_but_no_packing_holds_fails_at_that_step_on_every_rank() -> None:
+    # Five samples of 40 tokens under a cap of 100 need 3 micro-batches, but the bound (200
+    # tokens over the cap, none over half of it) says 2: the check passes and the planner finds
+    # no packing. Every rank yields the steps before it, then raises at it, before its data.
+    lengths = np.full(15, 40)
+    lengths[:5] = 10
+    options = {"max_tokens": 100, "num_microbatches": 1, "shuffle": False}
+    yielded, errors = [], []
+    for rank in range(2):
+        sampler = BalancedBatchSampler(lengths, 5, dp_rank=rank, dp_size=2, **options)
+        assert len(sampler) == 3
+        batches = iter(sampler)
+        with pytest.raises(ValueError) as refusal:
+            while True:
+                yielded.append((rank, next(batches)))
+        errors.append(str(refusal.value))
+    assert errors[0] == errors[1]
+    assert errors[0].startswith("epoch 0, step 1: num_microbatches = 1 is infeasible")
+    assert [rank for rank, _ in yielded] == [0, 1]  # step 0, one micro-batch on each rank
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    n=st.integers(1, 30),
+    size=st.integers(1, 10),
+    ranks=st.sampled_from([2, 4]),
+    count=st.integers(1, 3),
+    cap=st.integers(50, 400),
+    seed=st.integers(0, 5),
+)
+def test_a_context_parallel_step_over_its_tokens_is_refused_and_unplannable(
+    n, size, ranks, count, cap, seed
+) -> None:
+    lengths = np.random.default_rng(seed).integers(1, 2 * cap, size=n)
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=cap,
+        context_parallel=ContextParallel(sizes=(1, 2)),
+        num_microbatches=count,
+        allow_empty=True,
+    )
+    refusal = _refusal(lengths, size, ranks, options, {"shuffle": False})
+    if refusal is None:
+        return
+    step = int(refusal.split("step ")[1].split(" ")[0])
+    indices = np.arange(step * size, min((step + 1) * size, n))
+    assert lengths[indices].sum() > ranks * count * cap
+    with pytest.raises(ValueError):
+        plan_step(lengths[indices], ranks, options)
