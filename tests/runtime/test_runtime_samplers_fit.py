@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _parts import TINY_VLM, image_parts
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -101,6 +102,45 @@ def test_refused_up_front_exactly_when_the_planner_bound_refuses_a_step(epoch, c
     else:
         assert refusal.startswith(f"epoch 0: step {refused[0][0]} of {layout.n_steps} holds ")
         assert f"num_microbatches = {options.num_microbatches}" in refusal
+
+
+@settings(max_examples=examples(800), deadline=None)
+@given(
+    epoch=_epochs(), chunk=st.integers(1, 9), shuffle=st.booleans(), epoch_number=st.integers(0, 5)
+)
+def test_step_sums_are_the_sums_over_each_steps_samples(
+    epoch, chunk, shuffle, epoch_number
+) -> None:
+    lengths, size, _, _, setup = epoch
+    layout = EpochLayout(
+        lengths,
+        size,
+        group_ids=setup["groups"],
+        seed=setup["seed"],
+        epoch=epoch_number,
+        shuffle=shuffle,
+        drop_last=setup["drop_last"],
+        bucket_window=None,
+    )
+    columns = np.stack([lengths, np.arange(lengths.size) ** 2, np.ones_like(lengths)], axis=1)
+    saved, layout_module._SUM_CHUNK = layout_module._SUM_CHUNK, chunk
+    try:
+        sums = layout.step_sums(lambda key: columns[key])
+    finally:
+        layout_module._SUM_CHUNK = saved
+    expected = [columns[layout.step(step)].sum(axis=0) for step in range(layout.n_steps)]
+    assert sums.reshape(-1, 3).tolist() == np.reshape(expected, (-1, 3)).tolist()
+    permutation = layout_module.Permutation(lengths.size, (setup["seed"], epoch_number))
+    every = np.arange(lengths.size)
+    assert permutation.inverse(permutation(every)).tolist() == every.tolist()
+
+
+def _planner_refusal(samples, dp, options, groups=None) -> str | None:
+    try:
+        plan_step(samples, dp, options, groups=groups)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def _refusal(lengths, size, dp, options, setup) -> str | None:
@@ -226,3 +266,53 @@ def test_a_context_parallel_step_over_its_tokens_is_refused_and_unplannable(
     assert lengths[indices].sum() > ranks * count * cap
     with pytest.raises(ValueError):
         plan_step(lengths[indices], ranks, options)
+
+
+def test_a_context_parallel_epoch_the_fill_check_passes_is_planned_on_every_rank() -> None:
+    # 19 samples in steps of 4 on 4 ranks, CP sizes (2, 4), 3 slots: the check passes (4 x 4 >=
+    # 4 x 3 rank slots), and every step plans (the search fills what the candidates left empty).
+    lengths = np.random.default_rng(2).integers(1, 300, size=19)  # once refused at step 1
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=4096,
+        context_parallel=ContextParallel(sizes=(2, 4)),
+        num_microbatches=3,
+    )
+    seen = []
+    for rank in range(4):
+        sampler = BalancedBatchSampler(lengths, 4, dp_rank=rank, dp_size=4, options=options)
+        slots = list(sampler)
+        assert len(slots) == len(sampler) == 15
+        seen += [i for slot in slots for i in slot]
+    assert set(seen) == set(range(19))
+
+
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("seed", [0, 1])  # seed 1, 2 micro-batches: step 3 (a sample over a cap)
+def test_the_patch_cap_counts_in_the_up_front_check(count, seed) -> None:
+    # Samples with images: the bound counts vision patches (max_vision_patches) as the planner
+    # does, so the sampler refuses exactly when a step's plan_step refuses by that bound.
+    rng = np.random.default_rng(seed)
+    parts = image_parts(rng, rng.integers(1, 200, 60))
+    options = PlanOptions(
+        cost=TINY_VLM,
+        max_tokens=1500,
+        max_vision_patches=250,
+        num_microbatches=count,
+        allow_oversize=True,  # a sample over a cap counts as a micro-batch of its own
+    )
+    refusal = _refusal(parts, 12, 2, options, {"seed": seed})
+    sampler = BalancedBatchSampler(
+        parts, 12, dp_rank=0, dp_size=2, seed=seed, options=options.replace(num_microbatches=None)
+    )
+    layout = sampler.layout(0)
+    refused = [
+        step
+        for step in range(layout.n_steps)
+        if _BOUND[0] in (_planner_refusal(parts.take(layout.step(step)), 2, options) or "")
+    ]
+    if refused:
+        assert refusal is not None
+        assert refusal.startswith(f"epoch 0: step {refused[0]} of {layout.n_steps} holds ")
+    else:
+        assert refusal is None

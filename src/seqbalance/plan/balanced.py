@@ -65,7 +65,7 @@ from seqbalance.plan._intervals import Intervals, count_bound
 from seqbalance.plan._lockstep import LOCKSTEP_WORK, match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
-from seqbalance.plan._padded_search import cheapest_start, improve_intervals, tiered_start
+from seqbalance.plan._padded_search import cheapest_start, improve_intervals, tiered_starts
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     RIVALS_WITHOUT_BOUND_GAP,
@@ -264,13 +264,13 @@ def _attempt(
 def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatches | None]:
     """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts),
     from the cheapest cuts whose intervals cost at most the count's lower bound and, in
-    ``lockstep``, from positions cut one after the other (``tiered_start``; also as it is)."""
+    ``lockstep``, from positions cut one after the other (``tiered_starts``; also as they are)."""
     intervals = Intervals.of(p)
     bound = count_bound(p, m)
     target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
     starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
     if p.objective == "lockstep" and m > 1:
-        starts.append(tiered_start(p, intervals, m))
+        starts += tiered_starts(p, intervals, m)
     found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
     # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
     return found + [plan for plan in starts[2:] if plan is not None]

@@ -210,13 +210,13 @@ def check_steps(
         return
     context_parallel = options.context_parallel is not None
 
-    def features(indices: np.ndarray) -> np.ndarray:
-        lengths = np.asarray(layout.lengths[indices], dtype=np.int64)
+    def features(key: Any) -> np.ndarray:  # dataset indices, or a slice of them
+        lengths = np.asarray(layout.lengths[key], dtype=np.int64)
         if context_parallel:  # a sample longer than the cap is sharded: count its tokens
-            rows = np.zeros((indices.size, 6), dtype=np.int64)
+            rows = np.zeros((lengths.size, 6), dtype=np.int64)
             rows[:, 1], rows[:, 2] = 1, lengths
             return rows
-        return bin_features(lengths, None if patches is None else patches[indices], options)
+        return bin_features(lengths, None if patches is None else patches[key], options)
 
     if not context_parallel:
         _check_group_bins(layout, options, features)
@@ -246,7 +246,7 @@ def check_steps(
 
 
 def _check_group_bins(
-    layout: EpochLayout, options: PlanOptions, features: Callable[[np.ndarray], np.ndarray]
+    layout: EpochLayout, options: PlanOptions, features: Callable[[Any], np.ndarray]
 ) -> None:
     """ValueError naming the first group (in order of first appearance) whose samples need
     more micro-batches than ``num_microbatches`` (a group stays on one rank)."""

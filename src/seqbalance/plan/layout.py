@@ -11,6 +11,7 @@ start per step.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -48,12 +49,27 @@ class Permutation:
             left, right = right, left ^ (mixed & self._mask)
         return (left << self._half) | right
 
+    def _decrypt(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self._half, x & self._mask
+        for key in self._keys[::-1]:  # each round undone, last first
+            mixed = (left ^ key) * _MIX
+            mixed ^= mixed >> np.uint64(29)
+            left, right = right ^ (mixed & self._mask), left
+        return (left << self._half) | right
+
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """The permuted values at ``positions`` (int64 array in ``[0, n)``), as int64."""
-        out = self._encrypt(np.asarray(positions, dtype=np.uint64))
+        return self._walk(self._encrypt, positions)
+
+    def inverse(self, values: np.ndarray) -> np.ndarray:
+        """The positions (int64) whose permuted values are ``values`` (int64 in ``[0, n)``)."""
+        return self._walk(self._decrypt, values)
+
+    def _walk(self, cipher: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+        out = cipher(np.asarray(x, dtype=np.uint64))
         outside = np.flatnonzero(out >= np.uint64(self.n))
         while outside.size:  # a bijection: walking its cycle from x < n comes back below n
-            out[outside] = self._encrypt(out[outside])
+            out[outside] = cipher(out[outside])
             outside = outside[out[outside] >= np.uint64(self.n)]
         return out.astype(np.int64)
 
@@ -138,17 +154,16 @@ class EpochLayout:
             self._smallest = (step, int(steps[step]))
         return self._smallest
 
-    def step_sums(self, values: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """int64 ``[n_steps, f]``: the sum over each step's samples of ``values(indices)`` (an
-        int64 ``[k, f]`` row per dataset index), in one vectorised pass over the epoch's order,
-        chunk by chunk (no step is laid out one by one). With ``bucket_window`` these are the
-        steps before bucketing: bucketing deals the units of a window among its steps, so the
-        sums over a window are the same."""
-        if self._step_starts is None:  # units are samples, ``size`` to a step
-            total = min(self.n_steps * self.size, self._n_units)
-            chunk = max(1, _SUM_CHUNK // self.size) * self.size
-            blocks = (values(self._units(a, min(a + chunk, total))) for a in range(0, total, chunk))
-            return _sums_between(blocks, np.arange(0, total + self.size, self.size).clip(0, total))
+    def step_sums(self, values: Callable[[Any], np.ndarray]) -> np.ndarray:
+        """int64 ``[n_steps, f]``: the sum over each step's samples of ``values(key)`` (an int64
+        ``[k, f]`` row per sample of ``key``: int64 dataset indices, or a slice of them), in
+        one vectorised pass, chunk by chunk (no step is laid out one by one): without groups
+        the samples in dataset order, each to its step by the inverse shuffle (a lengths file
+        is read sequentially); with groups the groups' sums in the shuffled order. With
+        ``bucket_window`` these are the steps before bucketing: bucketing deals the units of a
+        window among its steps, so the sums over a window are the same."""
+        if self._step_starts is None:  # units are samples, ``size`` to a step: read in
+            return self._sample_step_sums(values)  # dataset order (a file: sequential reads)
         per_unit = self.unit_sums(values)
         blocks = (
             per_unit[self._units(a, min(a + _SUM_CHUNK, self._n_units))]
@@ -169,7 +184,26 @@ class EpochLayout:
             return unit
         return int(self._members[self._unit_starts[unit]])
 
-    def unit_sums(self, values: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    def _sample_step_sums(self, values: Callable[[Any], np.ndarray]) -> np.ndarray:
+        """``step_sums`` without groups: each sample's step from its shuffled position (the
+        inverse permutation), the samples taken in dataset order."""
+        kept = min(self.n_steps * self.size, self._n_units)  # positions of the planned steps
+        sums: np.ndarray | None = None
+        for a in range(0, self._n_units, _SUM_CHUNK):
+            samples = np.arange(a, min(a + _SUM_CHUNK, self._n_units), dtype=np.int64)
+            positions = samples if self._permutation is None else self._permutation.inverse(samples)
+            planned = positions < kept  # not the dropped last step
+            rows = values(slice(a, a + samples.size))[planned]  # a slice: one read of a file
+            steps = positions[planned] // self.size
+            if sums is None:
+                sums = np.zeros((self.n_steps, rows.shape[1]), dtype=np.int64)
+            for column in range(rows.shape[1]):  # float64 weights: exact below 2**53
+                sums[:, column] += np.bincount(
+                    steps, weights=rows[:, column], minlength=self.n_steps
+                ).astype(np.int64)
+        return np.zeros((self.n_steps, 0), dtype=np.int64) if sums is None else sums
+
+    def unit_sums(self, values: Callable[[Any], np.ndarray]) -> np.ndarray:
         """int64 ``[n_units, f]``: the sum of ``values`` (as in ``step_sums``) over each group's
         samples, groups in order of first appearance (with ``group_ids`` only)."""
         members, starts = self._members, self._unit_starts

@@ -33,6 +33,10 @@
 6. Slot counts are equalised afterwards (``Schedule.normalise``); a candidate that then breaks
    an option (an empty slot without ``allow_empty``, too many slots for ``num_microbatches``)
    is skipped. The fastest remaining candidate wins (the earlier on ties).
+7. When every candidate is refused, ``_search.search_schedule`` looks for any schedule that
+   keeps the limits (depth-first, bounded by a count of placements) at the fewest slot counts
+   the options allow: a step the candidates' fixed sizes and blocks leave with an empty slot,
+   or pack over the cap, is planned whenever the search finds a plan (always, on small steps).
 
 ``static_cp`` shards every sample over one fixed size ``c`` with ``n_ranks / c`` data-parallel
 groups, as Megatron-LM's static context parallelism does: samples are split over the groups by
@@ -49,9 +53,11 @@ from collections.abc import Callable
 import numpy as np
 
 from seqbalance.partition import partition
+from seqbalance.plan._shared import microbatch_count
 from seqbalance.plan.context_parallel._megatron import megatron_applicable, plan_megatron_cp
 from seqbalance.plan.context_parallel._metrics import Pieces, finish_times, slot_loads
 from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
+from seqbalance.plan.context_parallel._search import search_schedule
 
 __all__ = [
     "CONTEXT_PARALLEL_BASELINES",
@@ -66,6 +72,7 @@ __all__ = [
 _RAISE_FRACTIONS = (1.0, 0.5, 0.25)
 _TIE = 1e-12  # relative: step times closer than this are equal
 _EXACT_COMBINATIONS = 4096  # enumerate every (size, block) choice up to this many in all
+_SEARCHED_COUNTS = 4  # slot counts the search tries when every candidate is refused
 
 
 def schedule_step_time(s: Schedule) -> float:
@@ -129,8 +136,31 @@ def plan_balanced_cp(p: CPProblem) -> Schedule:
             best = (seconds, schedule)
     if best is None:
         assert refusal is not None
-        raise refusal
+        found = _searched(p)
+        if found is None:
+            raise refusal
+        return found
     return best[1]
+
+
+def _searched(p: CPProblem) -> Schedule | None:
+    """A schedule from the exhaustive search (``_search``) at the fewest slot counts the
+    options allow for the step's tokens, when every candidate was refused."""
+    rank_slot_tokens = p.n_ranks * p.cap
+    least = max(1, -(-int(p.lengths.sum()) // rank_slot_tokens))
+    counts = []
+    for needed in range(least, least + _SEARCHED_COUNTS):
+        try:
+            count = microbatch_count(needed, p.options, p.n_ranks, str)
+        except ValueError:
+            break
+        if count not in counts:
+            counts.append(count)
+    for count in counts:
+        schedule = search_schedule(p, count)
+        if schedule is not None:
+            return schedule
+    return None
 
 
 def _rule_candidates(p: CPProblem) -> list[Callable[[], tuple[Schedule, np.ndarray]]]:
