@@ -337,7 +337,8 @@ def _longest_alone(p: Problem, m: int) -> Microbatches | None:
         overhead=p.overhead,
         dp=p.dp - alone.size,
         groups=None,
-        options=p.options,
+        # Only planned without speeds (equal ones are none): none for the fewer ranks either.
+        options=p.options.replace(rank_speeds=None),
     )
     plan = _attempt(rest, m, isolate=False)
     if plan is None:
