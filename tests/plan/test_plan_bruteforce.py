@@ -16,7 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
+from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.plan import StepPlan
+from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import capacity_bound
 
 MAX_SLOTS = 4
 
@@ -171,6 +174,39 @@ def test_balanced_with_rank_speeds_matches_brute_force(problem: dict, data: st.D
     _check_small(problem)
 
 
+@requires_checked(0.3)
+@settings(max_examples=examples(200))
+@given(small_problems(), st.data())
+def test_capacity_bound_is_below_the_brute_force(problem: dict, data: st.DataObject) -> None:
+    """``capacity_bound`` (what the count search with rank speeds skips counts by) is at most
+    the optimum of every count the brute force reaches."""
+    speeds = data.draw(
+        st.lists(
+            st.sampled_from([1.0, 0.5, 0.67, 1.5, 0.01]),
+            min_size=problem["dp"],
+            max_size=problem["dp"],
+        )
+    )
+    problem = {**problem, "rank_speeds": speeds, "num_microbatches": None}
+    plan = _plan(problem)
+    if plan is None:
+        set_aside("refused")
+        return
+    costs, overhead = evaluate_costs(plan.options.cost_model, plan.lengths, None)
+    p = Problem(plan.lengths, costs, overhead, plan.dp_size, None, plan.options)
+    if p.speeds is None:
+        set_aside("equal speeds (planned in cost units, without the bound)")
+        return
+    optima = {m: _brute_force(plan, m) for m in range(1, MAX_SLOTS // plan.dp_size + 1)}
+    optima = {m: best for m, best in optima.items() if best is not None}
+    if not optima:
+        set_aside("no count the brute force reaches")
+        return
+    checked()
+    for m, best in optima.items():
+        assert capacity_bound(p, m) <= best * (1 + 1e-9) + 1e-9, m
+
+
 @requires_checked(0.12)
 @settings(max_examples=examples(300))
 @given(small_problems(), st.data())
@@ -212,3 +248,19 @@ def test_ten_samples_four_slots(lengths: list[int], dp: int, options: dict) -> N
 def test_lpt_trap_is_solved_exactly() -> None:
     plan = sb.plan_step([3, 3, 2, 2, 2], 2)
     assert plan.step_cost == 6.0
+
+
+@pytest.mark.parametrize(("m", "bound"), [(2, np.inf), (3, 60.0), (4, 40.0), (9, 40.0)])
+def test_capacity_bound_by_hand(m: int, bound: float) -> None:
+    # Six samples of 10 tokens, cap 10, speeds (1, 0.5): with m micro-batches a rank holds at
+    # most m samples. m = 3: three each, the slow rank takes 30 / 0.5 = 60; m = 4: four on the
+    # fast rank, two on the slow one, 40 (the speed bound 60 / 1.5 from there on); m = 2: none.
+    options = sb.PlanOptions(max_tokens=10, rank_speeds=(1.0, 0.5))
+    lengths = np.full(6, 10)
+    p = Problem(lengths, lengths.astype(np.float64), 0.0, 2, None, options)
+    assert capacity_bound(p, m) == pytest.approx(bound)
+    if np.isfinite(bound):
+        plan = sb.plan_step(
+            lengths, 2, max_tokens=10, rank_speeds=(1.0, 0.5), num_microbatches=m, allow_empty=True
+        )
+        assert plan.step_cost == pytest.approx(bound)

@@ -33,15 +33,9 @@ def _by_definition(costs: np.ndarray, take: np.ndarray, k: int) -> float:
     return float(best[n])
 
 
-@settings(max_examples=examples(300), deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 600), min_size=1, max_size=40),
-    size=st.one_of(st.none(), st.integers(1, 6), st.integers(49, 60)),
-    cap=st.one_of(st.none(), st.integers(600, 4000)),
-    data=st.data(),
-)
-def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
-    # Both ways of computing a layer: shifts (runs of at most 48) and the divide and conquer.
+def _intervals(lengths: list[int], size: int | None, cap: int | None, *, allow_empty: bool):
+    """The intervals of a padded step costing ``L + 0.001 L^2`` per sample (the least costs
+    those of the sorted order, non-increasing)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     costs = lengths + 0.001 * lengths.astype(np.float64) ** 2
     order = np.argsort(-lengths, kind="stable")
@@ -55,10 +49,22 @@ def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
         microbatch_size=size,
         max_tokens=cap,
         least_sample_costs=least,
-        allow_empty=False,
+        allow_empty=allow_empty,
     )
-    intervals = Intervals(problem)
-    k = data.draw(st.integers(1, lengths.size))
+    return Intervals(problem)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 600), min_size=1, max_size=40),
+    size=st.one_of(st.none(), st.integers(1, 6), st.integers(49, 60)),
+    cap=st.one_of(st.none(), st.integers(600, 4000)),
+    data=st.data(),
+)
+def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
+    # Both ways of computing a layer: shifts (runs of at most 48) and the divide and conquer.
+    intervals = _intervals(lengths, size, cap, allow_empty=False)
+    k = data.draw(st.integers(1, len(lengths)))
     expected = _by_definition(intervals.least, intervals.take, k)
     assert intervals.least_total(k) == np.float64(expected) or np.isclose(
         intervals.least_total(k), expected, rtol=1e-12
@@ -67,7 +73,7 @@ def test_least_total_is_the_dynamic_program(lengths, size, cap, data) -> None:
     if not np.isfinite(expected):  # k runs cannot hold the samples under the caps
         assert cuts is None
         return
-    assert cuts is not None and cuts[0] == 0 and cuts[-1] == lengths.size
+    assert cuts is not None and cuts[0] == 0 and cuts[-1] == len(lengths)
     sizes = np.diff(cuts)
     assert (sizes <= intervals.take[cuts[:-1]]).all() and sizes.size <= k
     assert np.isclose((sizes * intervals.least[cuts[:-1]]).sum(), expected, rtol=1e-12)
@@ -133,7 +139,7 @@ def _lockstep_optimum(lengths, costs, dp, m, size, cap, overhead, allow_empty) -
 )
 def test_lockstep_padded_bound_and_plan(lengths, dp, m, size, cap, overhead, allow_empty) -> None:
     # The level bound (Intervals.level_bound) never exceeds the least lockstep cost, and
-    # balanced's plan (with the positions cut one after the other: tiered_start) is that cost
+    # balanced's plan (with the positions cut one after the other: tiered_starts) is that cost
     # wherever every sample fits one position's micro-batches alone.
     lengths = np.asarray(lengths, dtype=np.int64)
     costs = lengths + 0.002 * lengths.astype(np.float64) ** 2
@@ -160,6 +166,60 @@ def test_lockstep_padded_bound_and_plan(lengths, dp, m, size, cap, overhead, all
         assert plan.step_cost == pytest.approx(best, rel=1e-9)
 
 
+def _least_over_cuts(least: np.ndarray, take: np.ndarray, k: int, dp: int) -> float:
+    """The least ``lockstep`` cost (no overhead) of any cut of the longest-first order into at
+    most ``k`` runs (within ``take``), every cut tried: its runs sorted costliest first, dealt
+    ``dp`` to a position, each position costing its first."""
+    n, best = least.size, np.inf
+    for marks in itertools.product([False, True], repeat=n - 1):
+        cuts = [0, *(i + 1 for i, cut in enumerate(marks) if cut), n]
+        if len(cuts) - 1 > k:
+            continue
+        sizes = np.diff(cuts)
+        if (sizes > take[cuts[:-1]]).any():
+            continue
+        costs = np.sort(sizes * least[cuts[:-1]])[::-1]
+        best = min(best, float(costs[::dp].sum()))
+    return best
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=10),
+    dominant=st.lists(st.integers(300, 3000), max_size=3),
+    dp=st.integers(2, 5),
+    m=st.integers(2, 4),
+    size=st.one_of(st.none(), st.integers(1, 6)),
+    cap=st.one_of(st.none(), st.integers(600, 4000)),
+)
+def test_top_bound_is_at_most_every_cut(lengths, dominant, dp, m, size, cap) -> None:
+    # Intervals.top_bound (the costliest position priced by its costliest run, the others by
+    # their mean) never exceeds the least lockstep cost of any cut into at most dp x m runs
+    # (which plans of m micro-batches per rank cost at least: the module's argument), with
+    # one to three dominant samples where it matters most.
+    intervals = _intervals(lengths + dominant, size, cap, allow_empty=True)
+    bound = intervals.top_bound(dp * m, dp, m)
+    assert bound is not None
+    best = _least_over_cuts(intervals.least, intervals.take, dp * m, dp)
+    assert bound <= best * (1 + 1e-9)
+    # With a floor, the bound is the same or stops at a value reached at most there.
+    stopped = intervals.top_bound(dp * m, dp, m, floor=0.5 * bound)
+    assert stopped == bound or stopped <= 0.5 * bound
+
+
+def test_top_bound_prices_a_dominant_position() -> None:
+    # Glaive tool calls, 256 samples on 8 ranks, micro-batches of 8, Qwen3-8B FLOPs: two
+    # 11,541-token samples set the first position; the level bound priced the other positions
+    # by cuts of their own (count_ratio 1.29), the top bound by the mean of what is left.
+    lengths = np.minimum(
+        np.random.default_rng(1).choice(sb.datasets.load("glaive_toolcall"), 256), 16384
+    )
+    plan = sb.plan_step(
+        lengths, 8, cost="flops", layout="padded", microbatch_size=8, objective="lockstep"
+    )
+    assert plan.summary()["count_ratio"] <= 1.03
+
+
 def test_lockstep_positions_fill_one_after_the_other() -> None:
     # 11 samples, 7 ranks, 3 positions: the first position holds them all in 7 micro-batches
     # costing at most its longest sample's (22,464.756); the plan of one micro-batch per rank
@@ -179,6 +239,40 @@ def test_lockstep_positions_fill_one_after_the_other() -> None:
     )
     assert plan.step_cost == pytest.approx(4266 + 0.001 * 4266**2, rel=1e-12)
     assert plan.count_lower_bound == pytest.approx(plan.step_cost, rel=1e-6)
+
+
+def test_lockstep_last_position_need_not_open_with_its_costliest() -> None:
+    # 7 samples, 6 ranks, 3 positions, empty micro-batches allowed, cost L + 0.001 L^2: one
+    # position of five samples alone and the two shortest together costs 2 x (2739 +
+    # 7502.121) = 20,482.242; six alone and the seventh in a second position cost 17,855.025
+    # + 8,399.481 (the positions cut by their first micro-batch's cost found only that).
+    lengths = [3755, 3710, 3708, 3093, 2992, 2739, 2441]
+    plan = sb.plan_step(
+        lengths,
+        6,
+        cost=lambda x: np.asarray(x) + 0.001 * np.asarray(x, dtype=float) ** 2,
+        layout="padded",
+        microbatch_size=7,
+        num_microbatches=3,
+        objective="lockstep",
+        allow_empty=True,
+    )
+    assert plan.step_cost == pytest.approx(2 * (2739 + 0.001 * 2739**2), rel=1e-12)
+    assert plan.count_lower_bound <= plan.step_cost * (1 + 1e-9)
+
+
+def test_lockstep_positions_leave_samples_for_the_next() -> None:
+    # A 100-token sample and ten of 10 on 3 ranks, 2 positions, no empty micro-batch, padded
+    # tokens: the first position (the long one alone, the others up to 100 each) could hold
+    # every sample, but the second needs 3; its three singletons cost 10. The plan is 110, and
+    # the bound (the first position's costliest, then the least costliest second) is exact.
+    lengths = [100] + [10] * 10
+    plan = sb.plan_step(
+        lengths, 3, cost="tokens", layout="padded", microbatch_size=11, num_microbatches=2,
+        objective="lockstep",
+    )  # fmt: skip
+    assert plan.step_cost == 110
+    assert plan.count_lower_bound == pytest.approx(110, rel=1e-5)
 
 
 def test_a_dominant_sample_gets_a_rank_of_its_own() -> None:

@@ -44,6 +44,23 @@ def test_plans_with_speeds_validate(problem: dict, data: st.DataObject) -> None:
     _check(_with_speeds(problem, data))
 
 
+def test_equal_speeds_plan_a_dominant_sample_alone_as_no_speeds() -> None:
+    """A padded step whose samples each reach the bound puts one alone on a rank and plans the
+    rest on fewer ranks: equal speeds (no speeds) must not be kept for those fewer ranks (they
+    were: a refusal, 'rank_speeds has 2 entries')."""
+    options = {"layout": "padded", "microbatch_size": 1, "allow_empty": True}
+
+    def square(lengths: np.ndarray) -> np.ndarray:
+        return lengths.astype(np.float64) ** 2
+
+    none = sb.plan_step([0, 0, 0], 2, cost=square, **options)
+    equal = sb.plan_step([0, 0, 0], 2, cost=square, rank_speeds=[1.0, 1.0], **options)
+    assert [[mb.tolist() for mb in mbs] for mbs in equal.ranks] == [
+        [mb.tolist() for mb in mbs] for mbs in none.ranks
+    ]
+    assert equal.n_microbatches == none.n_microbatches
+
+
 @requires_checked(0.1)
 @settings(max_examples=examples(200))
 @given(problems(with_groups=True, count_options=True), st.data())

@@ -38,6 +38,7 @@ from seqbalance.plan.stacks import (
     VerlBaseline,
     length_grouped_indices,
     length_grouped_steps,
+    reference,
     stack_baseline,
 )
 from seqbalance.plan.stacks.reference import (
@@ -298,6 +299,30 @@ def test_verl_live_against_verl() -> None:
         assert largest_differencing(values, k, equal_size=False) == (
             balancing.get_seqlen_balanced_partitions(values, k, False)
         )
+
+
+def test_verl_live_long_runs_of_singles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many float values into fewer parts (slime's ``--balance-by-flops`` shape): the merges of
+    one partial solution with single items, done in bulk, match verl's one at a time."""
+    balancing = pytest.importorskip("verl.utils.seqlen_balancing")
+    bulk = [0]
+
+    def counted(partial: Any, ordered: Any) -> int:
+        taken = absorb_singles(partial, ordered)
+        bulk[0] += taken
+        return taken
+
+    absorb_singles = reference._absorb_singles
+    monkeypatch.setattr(reference, "_absorb_singles", counted)
+    rng = np.random.default_rng(25)
+    for _ in range(20):
+        n = int(rng.integers(50, 250))
+        k = int(rng.integers(2, 40))  # verl sorts its k parts at every merge
+        values = (rng.lognormal(6.0, float(rng.uniform(0.2, 1.5)), n) ** 2).tolist()
+        assert largest_differencing(values, k, equal_size=False) == (
+            balancing.get_seqlen_balanced_partitions(values, k, False)
+        )
+    assert bulk[0] > 500
 
 
 def test_verl_strategy_live_against_verl() -> None:

@@ -292,15 +292,15 @@ def _adaptive(rank: int, group: Any) -> dict[str, Any]:
 
 
 def _uneven_end(rank: int) -> dict[str, Any]:
-    """Rank 1's batches end a step before rank 0's: rank 1 leaves the loop after 3 steps, rank
-    0 raises CollectiveError at its 4th after the timeout (the group is then unusable: last)."""
+    """Rank 1's batches end a step before rank 0's: rank 1's end meets rank 0's 4th step in
+    the gather, and both raise the same ValueError there (not rank 0 alone after the timeout)."""
     rebalancer = Rebalancer(dist.new_group(backend="gloo"), timeout=2.0, **OPTIONS)
     seen = []
     try:
         for step, _ in enumerate(rebalancer.iterate([_batch(rank, s) for s in range(4 - rank)])):
             seen.append(step)
-    except Exception as error:  # the type is what is checked
-        return {"seen": seen, "raised": type(error).__name__}
+    except Exception as error:
+        return {"seen": seen, "raised": f"{type(error).__name__}: {error}"}
     return {"seen": seen, "raised": None}
 
 
@@ -562,9 +562,13 @@ def test_adaptive_overlap_learns_with_a_one_step_lag_identically_on_every_rank(r
     assert a["resumed"] and b["resumed"]
 
 
-def test_ranks_whose_batches_end_at_different_steps_raise_after_the_timeout(results):
-    assert results[0]["uneven"] == {"seen": [0, 1, 2], "raised": "CollectiveError"}
-    assert results[1]["uneven"] == {"seen": [0, 1, 2], "raised": None}
+def test_ranks_whose_batches_end_at_different_steps_raise_together_at_that_step(results):
+    raised = (
+        "ValueError: the batches of rank(s) [1] ended after 3 steps while rank(s) [0] have "
+        "another step: every rank's iterable must yield the same number of steps"
+    )
+    for out in results:
+        assert out["uneven"] == {"seen": [0, 1, 2], "raised": raised}
 
 
 def test_a_finished_step_is_kept_when_the_loop_leaves_never_lost(results):

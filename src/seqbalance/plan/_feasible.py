@@ -101,7 +101,10 @@ def pack_samples(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | N
     patches = None if p.patches is None else p.patches[rest].astype(np.float64)
     weights = measures(p.lengths[rest].astype(np.float64), patches, p.cap, p.patch_cap)
     for assignment in by_partition(weights, parts):
-        bins = [rest[assignment == j].tolist() for j in range(parts)]
+        # One stable sort, not a mask per part (``parts`` can be in the hundreds).
+        grouped = rest[np.argsort(assignment, kind="stable")]
+        sizes = np.bincount(assignment, minlength=parts)
+        bins = [part.tolist() for part in np.split(grouped, np.cumsum(sizes)[:-1])]
         if p.keeps_cap([bins]):
             return bins + lone
     return None

@@ -17,11 +17,16 @@ Monge, so each layer's best cuts move monotonically; vectorised). Any plan with 
 micro-batches per rank costs at least ``least_total(dp x M) / dp`` on its costliest rank (and
 in lockstep, whose positions cost at least their mean); and the rank holding the longest
 sample's interval pays for it and for ``M - 1`` more, each at least ``n - (K - 1) x``
-(the most an interval holds) samples long (``Intervals.first_rank``).
+(the most an interval holds) samples long (``Intervals.first_rank``). In ``lockstep``, each
+position costs its costliest interval: ``Intervals.level_bound`` bounds each position alone,
+``Intervals.top_bound`` the costliest position together with the others (what ``summary()``
+reports; the planner does without it).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from functools import cached_property
 from typing import Protocol
 from weakref import WeakKeyDictionary
@@ -39,6 +44,13 @@ exceed this; the bounds then fall back to ``Problem``'s own."""
 _LEVEL_PASSES = 1024
 """``Intervals.level_bound`` is not computed when its intervals x levels (about 20 passes of
 the reach each) would exceed this."""
+_TOP_EVALUATIONS = 12
+"""``Intervals.top_bound`` evaluates ``R(w)`` at most this many times."""
+_TOP_TOLERANCE = 1e-4
+"""``Intervals.top_bound`` stops bisecting once its bound is this close to a value reached."""
+_TOP_WORK = 1.5e7
+"""``Intervals.top_bound`` is not computed when its work (evaluations x layers x rows x
+(start, size) pairs) would exceed this (about 0.1 s)."""
 
 
 class Problem(Protocol):
@@ -87,19 +99,26 @@ def count_bound(p: Problem, m: int) -> float:
     return bound + m * p.overhead
 
 
-def bound_at_count(p: Problem, m: int, *, capped: bool = True) -> float:
+def bound_at_count(p: Problem, m: int, *, capped: bool = True, tight: bool = False) -> float:
     """A lower bound on the step cost of any valid plan of ``p`` with exactly ``m``
     micro-batches per rank (``capped=False``: keeping every limit but the token cap):
     ``Problem.lower_bound(m)`` and, for the padded layout without groups or rank speeds,
     ``count_bound`` and ``Intervals.level_bound`` (``m`` levels in lockstep, one for
-    ``step``: its costliest micro-batch), with ``m`` overheads."""
+    ``step``: its costliest micro-batch), with ``m`` overheads; ``tight``: in lockstep also
+    ``Intervals.top_bound`` (dearer: ``StepPlan.count_lower_bound`` reports it, the planner
+    does without)."""
     bound = p.lower_bound(m, capped=capped)
     if p.layout == "padded" and capped and p.groups is None and p.speeds is None:
         bound = max(bound, count_bound(p, m))
         levels = m if p.objective == "lockstep" else 1
-        by_level = Intervals.of(p).level_bound(p.dp * m, p.dp, levels)
+        intervals = Intervals.of(p)
+        by_level = intervals.level_bound(p.dp * m, p.dp, levels)
         if by_level is not None:
             bound = max(bound, by_level + m * p.overhead)
+        if tight and p.objective == "lockstep":
+            top = intervals.top_bound(p.dp * m, p.dp, m, floor=bound - m * p.overhead)
+            if top is not None:
+                bound = max(bound, top + m * p.overhead)
     return bound
 
 
@@ -197,26 +216,118 @@ class Intervals:
             self._levels[key] = total
         return self._levels[key]
 
-    def _least_threshold(self, k: int, expensive: int, high: float) -> float:
-        """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
-        at most ``k`` intervals has at most ``expensive`` costing more than ``u`` (0 when
-        ``u = 0`` has one; ``high`` must have one)."""
-        if self._cut_exists(k, expensive, 0.0):
-            return 0.0
-        low = 0.0  # no cut at low; one at high
-        while high - low > 1e-6 * high:
-            middle = 0.5 * (low + high)
-            if self._cut_exists(k, expensive, middle):
-                high = middle
-            else:
-                low = middle
-        return low
+    def top_bound(self, k: int, dp: int, levels: int, floor: float = 0.0) -> float | None:
+        """A lower bound on the ``lockstep`` cost (least costs, no overhead) of ``k``
+        intervals dealt to ``dp`` ranks at ``levels`` positions each, or ``floor`` or less
+        where it cannot be more (it stops there); None where the work would exceed
+        ``_TOP_WORK`` (or, with more than two levels, an interval may hold more than
+        ``_SHIFTS`` samples).
 
-    def _cut_exists(self, k: int, expensive: int, u: float) -> bool:
-        """Whether some cut into at most ``k`` intervals (within ``take``) has at most
-        ``expensive`` intervals costing more than ``u``: the farthest sample reached with
-        ``a`` intervals, ``e`` of them dear, taking each interval as long as it may be (where an
-        interval may end never decreases with its start, so the farthest reach dominates)."""
+        The costliest position costs its costliest interval ``w`` and every interval costs
+        at most ``w``. With two levels, the other position costs at least ``second(w)``, the
+        least ``u`` at which a cut into at most ``k`` intervals of at most ``w`` has at most
+        ``dp`` costing more than ``u`` (exact: the plan is ``w + second(w)`` at best). With
+        more, each other position costs at least the mean of its ``dp`` intervals:
+        ``R(w) / dp``, ``R(w)`` the least total of such a cut less at most ``dp`` of its
+        intervals (``_rest``). Both never increase with ``w``: ``_cells`` bounds the least of
+        ``w`` plus either over the values ``w`` may have."""
+        if self.n == 0 or levels < 2 or dp < 2:
+            return None
+        if levels == 2:
+            if _TOP_EVALUATIONS * k * 20 > _TOP_WORK / 1000:  # 20 bisection steps of k passes
+                return None
+            return self._cells(k, dp, lambda w: self._second(k, dp, w), floor)
+        pairs = float(self.take.sum())  # (start, size) pairs a layer of ``_rest`` reads
+        work = _TOP_EVALUATIONS * min(k, self.n) * (dp + 1) * pairs
+        if int(self.take.max()) > _SHIFTS or work > _TOP_WORK:
+            return None
+        return self._cells(k, dp, lambda w: self._rest(k, dp, w) / dp, floor)
+
+    def _second(self, k: int, dp: int, w: float) -> float:
+        """The least costliest interval of a second position when every interval costs at
+        most ``w`` (from below; inf where no cut has every interval within ``w``)."""
+        if not self._cut_exists(k, dp, w, w):
+            return np.inf
+        return self._least_threshold(k, dp, w, w)
+
+    def _cells(self, k: int, dp: int, rest: Callable[[float], float], floor: float) -> float:
+        """The least ``a + rest(b)`` over cells ``[a, b]`` covering the values the costliest
+        interval ``w`` may have (``rest`` never increasing), or a value reached at most
+        ``floor``: from the least (``level_bound``'s first level) up a ladder of ratios ``1 +
+        8^j x 1e-5`` (where a dominant interval sets ``w``, the least is just above it) to the
+        least ``w + rest(w)`` reached (above it, ``w`` alone is more); then the cell of the
+        least bisected while ``_TOP_EVALUATIONS`` are left."""
+        level = self.level_bound(k, dp, 1)
+        low = max(float(self.least[0]), level or 0.0)  # no plan's costliest interval is less
+        memo: dict[float, float] = {}
+
+        def value(w: float) -> float:
+            if w not in memo:
+                memo[w] = rest(w)
+            return memo[w]
+
+        points, reached = [low], np.inf
+        for j in range(_TOP_EVALUATIONS):
+            w = low * (1 + 1e-5 * 8.0**j)
+            if w >= reached:
+                break
+            points.append(w)
+            reached = min(reached, w + value(w))
+            if reached <= floor:
+                return reached
+        if not np.isfinite(reached):
+            return low  # no cut on the ladder: only the least costliest interval is known
+        points.append(reached)
+        cells = [(a + value(b), a, b) for a, b in itertools.pairwise(points)]
+        while len(memo) < _TOP_EVALUATIONS:
+            least, a, b = min(cells)
+            middle = float(np.sqrt(a * b))
+            if least >= reached * (1 - _TOP_TOLERANCE) or not a < middle < b:
+                break
+            reached = min(reached, middle + value(middle))
+            if reached <= floor:
+                return reached
+            cells.remove((least, a, b))
+            cells += [(a + value(middle), a, middle), (middle + value(b), middle, b)]
+        return min(min(cells)[0], reached)
+
+    def _rest(self, k: int, dp: int, w: float) -> float:
+        """``R(w)``: the least total cost of a cut into at most ``k`` intervals costing at
+        most ``w`` each, less at most ``dp`` of them (inf when there is no such cut). Row ``e``
+        of the dynamic program has ``e`` intervals left out, column ``j`` covers at least the
+        first ``j`` samples (covering more never costs more: a later start costs no more per
+        sample and may hold as many); a left-out interval is as long as it may be."""
+        n = self.n
+        cap = self._ends(w)[:-1] - np.arange(n)
+        if cap[0] < 1:
+            return np.inf
+        # Every (start, size) within the cap, grouped by where it ends.
+        first = np.repeat(np.arange(n), cap)
+        end = np.arange(first.size) - np.repeat(np.cumsum(cap) - cap, cap) + 1 + first
+        by_end = np.argsort(end, kind="stable")
+        first, end = first[by_end], end[by_end]
+        cost = (end - first) * self.least[first]
+        ends, groups = np.unique(end, return_index=True)
+        # A left-out interval from each start as far as it may reach (every cap is at least 1:
+        # the first is and the least costs do not increase): per end, the first start, whose
+        # value is the least (values never decrease along a row).
+        far, nearest = np.unique(np.arange(n) + cap, return_index=True)
+        f = np.full((dp + 1, n + 1), np.inf)
+        f[0, 0] = 0.0
+        for _ in range(min(k, n)):
+            g = f.copy()
+            charged = np.minimum.reduceat(f[:, first] + cost, groups, axis=1)
+            g[:, ends] = np.minimum(g[:, ends], charged)
+            g[1:, far] = np.minimum(g[1:, far], f[:-1, nearest])
+            g = np.minimum.accumulate(g[:, ::-1], axis=1)[:, ::-1]
+            if np.array_equal(g, f):
+                break
+            f = g
+        return float(f[:, n].min())
+
+    def _ends(self, u: float) -> np.ndarray:
+        """int64 ``[n + 1]``: where an interval from each start ends when it holds as many
+        samples as ``take`` and a cost of at most ``u`` allow (``n`` past the last)."""
         n = self.n
         positive = self.least > 0
         fits = np.full(n, n, dtype=np.int64)
@@ -225,8 +336,31 @@ class Intervals:
         fits[positive] = np.minimum(np.floor(u * (1 + 1e-12) / self.least[positive]), n).astype(
             np.int64
         )
-        cheap = np.append(np.arange(n) + np.minimum(self.take, fits), n)
-        full = np.append(np.arange(n) + self.take, n)
+        return np.append(np.arange(n) + np.minimum(self.take, fits), n)
+
+    def _least_threshold(self, k: int, expensive: int, high: float, cap: float = np.inf) -> float:
+        """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
+        at most ``k`` intervals of at most ``cap`` each has at most ``expensive`` costing more
+        than ``u`` (0 when ``u = 0`` has one; ``high`` must have one)."""
+        if self._cut_exists(k, expensive, 0.0, cap):
+            return 0.0
+        low = 0.0  # no cut at low; one at high
+        while high - low > 1e-6 * high:
+            middle = 0.5 * (low + high)
+            if self._cut_exists(k, expensive, middle, cap):
+                high = middle
+            else:
+                low = middle
+        return low
+
+    def _cut_exists(self, k: int, expensive: int, u: float, cap: float = np.inf) -> bool:
+        """Whether some cut into at most ``k`` intervals (within ``take``) of at most ``cap``
+        each has at most ``expensive`` intervals costing more than ``u``: the farthest sample
+        reached with ``a`` intervals, ``e`` of them dear, taking each interval as long as it
+        may be (where an interval may end never decreases with its start, so the farthest
+        reach dominates)."""
+        n = self.n
+        cheap, full = self._ends(u), self._ends(cap)
         reach = np.zeros(expensive + 1, dtype=np.int64)
         for _ in range(k):
             after = np.maximum(reach, cheap[reach])

@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
+from seqbalance.plan._packing import fill_empty, heaviest_first
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     aligned_value,
@@ -54,35 +54,77 @@ def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
             (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
         )
     ) / float(speeds[reference])
-    result: Microbatches = []
-    for r, microbatches in enumerate(plan):
-        samples = np.array([i for mb in microbatches for i in mb], dtype=np.int64)
-        packed = None if r == reference else _pack_under(p, samples, (profile * speeds[r]).tolist())
-        result.append(packed if packed is not None else microbatches)
+    repacked = _pack_under(p, plan, reference, profile)
+    result = [mine if mine is not None else mbs for mine, mbs in zip(repacked, plan, strict=True)]
     return result if aligned_value(p, result) < aligned_value(p, plan) else plan
 
 
-def _pack_under(p: Problem, samples: np.ndarray, profile: list[float]) -> list[list[int]] | None:
-    m = len(profile)
-    bins: list[list[int]] = [[] for _ in range(m)]
-    costs = [p.overhead] * m
-    room = Rooms(p, m)
-    for i in heaviest_first(p, samples).tolist():
-        cost = float(p.sample_costs[i])
-        if p.oversize[i]:
-            j = room.first(i)
-        else:
-            fits = room.fitting(i)
-            j = next((j for j in fits if costs[j] + cost <= profile[j]), None)
-            if j is None and fits:
-                j = min(fits, key=lambda j: (costs[j] + cost - profile[j], j))
-        if j is None:
-            return None
-        bins[j].append(i)
-        costs[j] += cost
-        room.take(j, i)
-    fill_empty(p, bins)
-    return bins
+def _pack_under(
+    p: Problem, plan: Microbatches, reference: int, profile: np.ndarray
+) -> list[list[list[int]] | None]:
+    """Every rank but ``reference`` re-packed under ``profile`` times its speed (None for the
+    reference and for a rank that does not fit): its samples, heaviest first, each into the
+    first micro-batch that fits the caps and stays within the profile, else the fitting one
+    that exceeds it least (the first of equals); an over-cap sample into the first empty one.
+
+    Vectorised over ranks: step ``s`` places every rank's ``s``-th heaviest sample at once (the
+    same float operations, in the same order, as one rank at a time)."""
+    m, dp = profile.size, p.dp
+    counts = np.array([sum(len(mb) for mb in mbs) for mbs in plan], dtype=np.int64)
+    samples = np.fromiter(
+        (i for mbs in plan for mb in mbs for i in mb), dtype=np.int64, count=int(counts.sum())
+    )
+    rank_of = np.empty(p.n, dtype=np.int64)
+    rank_of[samples] = np.repeat(np.arange(dp), counts)
+    samples = heaviest_first(p, samples)
+    samples = samples[np.argsort(rank_of[samples], kind="stable")]  # by rank, heaviest first
+    starts = np.cumsum(counts) - counts
+    last = np.maximum(starts + counts - 1, 0)  # a valid position even for a rank without samples
+    limit = profile[None, :] * p.speeds_or_ones[:, None]
+    loads = np.full((dp, m), float(p.overhead))
+    tokens = np.full((dp, m), float(p.cap))
+    patches = None if p.patches is None else np.full((dp, m), float(p.patch_cap))
+    empty = np.ones((dp, m), dtype=bool)
+    where = np.empty(samples.size, dtype=np.int64)  # micro-batch of each placed sample
+    failed = np.zeros(dp, dtype=bool)
+    failed[reference] = True
+    for step in range(int(counts.max(initial=0))):
+        # Every rank at once; a rank without an s-th sample (or failed) is left as it is.
+        i = samples[np.minimum(starts + step, last)]
+        length, cost, big = p.lengths[i], p.sample_costs[i], p.oversize[i]
+        fits = tokens >= length[:, None]
+        if patches is not None:
+            need = p.patches[i]  # type: ignore[index]
+            fits &= patches >= need[:, None]
+        fits = np.where(big[:, None], empty, fits)
+        trial = loads + cost[:, None]
+        within = fits & (trial <= limit)
+        excess = np.where(fits, trial - limit, np.inf)
+        j = np.where(within.any(axis=1), within.argmax(axis=1), excess.argmin(axis=1))
+        j = np.where(big, fits.argmax(axis=1), j)
+        live = (counts > step) & ~failed
+        ok = fits.any(axis=1)
+        failed |= live & ~ok
+        rows = np.flatnonzero(live & ok)
+        j = j[rows]
+        where[starts[rows] + step] = j
+        loads[rows, j] = trial[rows, j]
+        empty[rows, j] = False
+        tokens[rows, j] = np.where(big[rows], -1.0, tokens[rows, j] - length[rows])
+        if patches is not None:
+            patches[rows, j] = np.where(big[rows], -1.0, patches[rows, j] - need[rows])
+    result: list[list[list[int]] | None] = []
+    for r in range(dp):
+        if failed[r]:
+            result.append(None)
+            continue
+        bins: list[list[int]] = [[] for _ in range(m)]
+        span = slice(starts[r], starts[r] + counts[r])
+        for i, j in zip(samples[span].tolist(), where[span].tolist(), strict=True):
+            bins[j].append(i)
+        fill_empty(p, bins)
+        result.append(bins)
+    return result
 
 
 def refine_lockstep(p: Problem, plan: Microbatches, budget: int = LOCKSTEP_WORK) -> None:

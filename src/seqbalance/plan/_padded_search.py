@@ -32,14 +32,14 @@ import numpy as np
 from seqbalance.plan._intervals import Intervals
 from seqbalance.plan._shared import Microbatches
 
-__all__ = ["cheapest_start", "improve_intervals", "tiered_start"]
+__all__ = ["cheapest_start", "improve_intervals", "tiered_starts"]
 
 _ROUNDS_PER_INTERVAL = 8
 _ROUNDS = 64
 """The search stops after ``_ROUNDS + _ROUNDS_PER_INTERVAL x K`` improving moves at most."""
 _RELATIVE = 1e-12  # improvements smaller than this are float noise
 _TIER_PAIRS = 200_000
-"""``tiered_start`` is not tried when its (first sample, size) pairs would exceed this."""
+"""``tiered_starts`` are not tried when its (first sample, size) pairs would exceed this."""
 
 
 class Problem(Protocol):
@@ -49,6 +49,7 @@ class Problem(Protocol):
     overhead: float
     dp: int
     objective: str
+    allow_empty: bool
 
 
 def improve_intervals(
@@ -93,35 +94,89 @@ def cheapest_start(p: Problem, intervals: Intervals, m: int, cap: float) -> Micr
     return result
 
 
-def tiered_start(p: Problem, intervals: Intervals, m: int) -> Microbatches | None:
-    """A ``lockstep`` start: the ``m`` positions as consecutive runs of the order (the first
+def tiered_starts(p: Problem, intervals: Intervals, m: int) -> list[Microbatches]:
+    """``lockstep`` starts: the ``m`` positions as consecutive runs of the order (the first
     holding the longest samples), each cut into at most ``dp`` intervals (one per rank), every
     one as long as the caps and the position's first interval's cost allow; the first
     interval's size per position chosen by a dynamic program for the least sum of those costs.
     A position may stay empty, or a micro-batch, where empty ones are allowed; otherwise the
-    costliest intervals with more than one sample are split until each position has ``dp``
-    (None where that cannot be done, or the pairs exceed ``_TIER_PAIRS``)."""
-    n, dp, take = intervals.n, p.dp, intervals.take
+    costliest intervals with more than one sample are split until each position has ``dp``.
+    Two programs: positions as long as they may be, and (a second start where it differs)
+    positions that leave ``dp`` samples to each later one where micro-batches may not be
+    empty, the last one free to hold all the rest at its least cost (``_last_position``).
+    None of them where the pairs exceed ``_TIER_PAIRS``."""
+    n, take = intervals.n, intervals.take
     if n == 0 or int(take.sum()) > _TIER_PAIRS:
-        return None
+        return []
     costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
     first = np.repeat(np.arange(n), take)
     offsets = np.cumsum(take) - take
     size = np.arange(first.size) - offsets[first] + 1
     top = size * costs[first]
-    reach = _tier_reach(costs, take, first + size, top, dp - 1)
+    reach = _tier_reach(costs, take, first + size, top, p.dp - 1)
+    last = _last_position(costs, take, np.unique(top), p.dp)
+    plans: list[Microbatches] = []
+    for fitted in (None, last):
+        choices = _tier_choices(p, m, (first, take, size, top, reach), fitted)
+        plan = (
+            None
+            if choices is None
+            else _tiers_plan(p, intervals, costs, choices, size, top, fitted)
+        )
+        if plan is not None and plan not in plans:
+            plans.append(plan)
+    return plans
+
+
+def _tier_choices(
+    p: Problem,
+    m: int,
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    last: np.ndarray | None,
+) -> list[np.ndarray] | None:
+    """``tiered_starts``' dynamic program over the positions from the last: per position and
+    start, the pair opening it (-1: left empty; -2: the last position at ``last``'s cost);
+    ``pairs``: each pair's first sample, the pairs per first sample (``take``), size, cost
+    and where the position it opens ends. None where no plan has ``m`` positions."""
+    first, take, size, top, reach = pairs
+    n, offsets = take.size, np.cumsum(take) - take
     best, choices = np.full(n + 1, np.inf), []
     best[n] = 0.0
     for _ in range(m):
-        total = top + best[reach]
-        value, pick = np.minimum.reduceat(total, offsets), _first_minimum(total, offsets, take)
+        limit = _limit(p, n, len(choices)) if last is not None else n
+        total = np.where(first + size <= limit, top + best[np.minimum(reach, limit)], np.inf)
+        value = np.minimum.reduceat(total, offsets)
         after = np.append(value, np.inf)
+        pick = np.append(_first_minimum(total, offsets, take), -1)
+        if last is not None and not choices:
+            whole = np.append(last, np.inf) < after
+            after, pick = np.where(whole, np.append(last, np.inf), after), np.where(whole, -2, pick)
         keep = p.allow_empty and best < after  # one position fewer, left empty
-        choices.append(np.where(keep, -1, np.append(pick, -1)))
+        choices.append(np.where(keep, -1, pick))
         best = np.where(keep, best, after)
-    if not np.isfinite(best[0]):
-        return None
-    return _tiers_plan(p, intervals, costs, choices, first, size, top)
+    return choices if np.isfinite(best[0]) else None
+
+
+def _limit(p: Problem, n: int, later: int) -> int:
+    """Where a position may end with ``later`` positions after it: the end, or where empty
+    micro-batches are not allowed, ``dp`` samples before it for each later position (each
+    needs as many for micro-batches of its own)."""
+    return n if p.allow_empty else n - p.dp * later
+
+
+def _last_position(costs: np.ndarray, take: np.ndarray, tops: np.ndarray, dp: int) -> np.ndarray:
+    """Per start ``i``: the least of ``tops`` (ascending) at which ``dp`` intervals, each as
+    long as ``take`` and that cost allow, hold every sample from ``i`` on (inf where none
+    does): a position whose costliest interval need not be its first (bisection per start)."""
+    n = costs.size
+    starts = np.arange(n)
+    low, high = np.zeros(n, dtype=np.int64), np.full(n, tops.size - 1)
+    fits = _tier_reach(costs, take, starts, tops[high], dp) >= n
+    while (low < high).any():
+        middle = (low + high) // 2
+        ok = _tier_reach(costs, take, starts, tops[middle], dp) >= n
+        high, low = np.where(ok, middle, high), np.where(ok | (low == high), low, middle + 1)
+    return np.where(fits, tops[low], np.inf)
 
 
 def _first_minimum(values: np.ndarray, offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -150,21 +205,27 @@ def _tiers_plan(
     intervals: Intervals,
     costs: np.ndarray,
     choices: list[np.ndarray],
-    first: np.ndarray,
     size: np.ndarray,
     top: np.ndarray,
+    last: np.ndarray | None,
 ) -> Microbatches | None:
-    """The plan the choices of ``tiered_start`` describe (positions from the longest)."""
+    """The plan the choices of ``_tier_choices`` describe (positions from the longest): a
+    pair (its ``size`` and ``top``) opens a position, -2 a last one at ``last``'s cost (with
+    ``last``, positions leave samples to the later ones as the program did)."""
     n, dp = intervals.n, p.dp
     positions, at = [], 0
-    for choice in reversed(choices):
+    for later, choice in reversed(list(enumerate(choices))):
         pair = int(choice[at])
+        limit = _limit(p, n, later) if last is not None else n
         runs: list[list[int]] = []
-        if pair >= 0:
-            runs.append([at, at + int(size[pair])])
-            at = runs[-1][1]
-            for _ in range(dp - 1):
-                end = int(_tier_reach(costs, intervals.take, np.array([at]), top[[pair]], 1)[0])
+        if pair != -1:
+            cost = top[[pair]] if pair >= 0 else last[[at]]  # type: ignore[index]
+            if pair >= 0:
+                runs.append([at, at + int(size[pair])])
+                at = runs[-1][1]
+            while len(runs) < dp:
+                end = int(_tier_reach(costs, intervals.take, np.array([at]), cost, 1)[0])
+                end = min(end, limit)
                 if end == at:
                     break
                 runs.append([at, end])

@@ -1,10 +1,12 @@
 """Local search of units over ranks under the ranks' capacities (the balanced planner's rank
 phase): move or swap units between the costliest and the lightest ranks while that lowers the
-costliest one, within the token, sample and vision-patch capacities of ``m`` micro-batches.
+costliest one, within the token, sample and vision-patch capacities of ``m`` micro-batches;
+its LPT start under those capacities, and the lower bound they put on a count's step cost.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,7 +14,14 @@ import numpy as np
 if TYPE_CHECKING:
     from seqbalance.plan._problem import Problem
 
-__all__ = ["GOOD_ENOUGH", "TOLERANCE", "RankState", "capacities"]
+__all__ = [
+    "GOOD_ENOUGH",
+    "TOLERANCE",
+    "RankState",
+    "capacities",
+    "capacity_bound",
+    "lpt_with_capacities",
+]
 
 TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
 # Local search stops when the costliest rank is this close (relative) to the lower bound.
@@ -26,6 +35,103 @@ def capacities(p: Problem, m: int) -> tuple[float, float, float]:
     if p.layout == "padded" and p.microbatch_size is not None:
         count = float(m * p.microbatch_size)
     return tokens, count, m * p.patch_cap
+
+
+def capacity_bound(p: Problem, m: int) -> float:
+    """A lower bound (with rank speeds) on the step cost of any valid plan with ``m``
+    micro-batches per rank, from the token capacity alone (overheads left out).
+
+    Rank ``r`` holds at most ``m x max_tokens`` of capacity tokens, so at most ``K``, the most
+    least-cost such tokens can carry (samples taken by cost per token, the last one in part);
+    in time ``T`` it runs at most ``min(T x s_r, K)``. Every cost runs somewhere, so ``T`` is at
+    least where those add up to the total least cost. ``lockstep`` costs at least ``step``, so
+    the bound holds for both; ``inf`` where even ``dp x K`` is short of the total."""
+    least, tokens = p.least_sample_costs, p.capacity_tokens.astype(np.float64)
+    total = float(least.sum())
+    if not np.isfinite(p.cap) or total <= 0.0:
+        return 0.0
+    free = tokens <= 0
+    density = least[~free] / tokens[~free]
+    order = np.lexsort((np.arange(density.size), -density))
+    reach = np.concatenate(([0.0], np.cumsum(tokens[~free][order])))
+    carried = np.concatenate(([0.0], np.cumsum(least[~free][order])))
+    most = float(least[free].sum()) + float(np.interp(m * p.cap, reach, carried))
+    speeds = np.sort(p.speeds_or_ones)[::-1]  # the fastest rank is full first
+    # At T = most / s_k the k + 1 fastest ranks are full and the others run T x s_j.
+    later = np.concatenate((np.cumsum(speeds[::-1])[::-1][1:], [0.0]))
+    full = np.arange(1, speeds.size + 1) * most
+    reached = full + most / speeds * later >= total
+    if most <= 0.0 or not reached.any():
+        return np.inf
+    k = int(np.argmax(reached))  # the k fastest are full before T reaches most / s_k
+    return (total - k * most) / float(speeds[k:].sum())
+
+
+def lpt_with_capacities(
+    p: Problem,
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    counts: np.ndarray,
+    patches: np.ndarray | None,
+    caps: tuple[float, float, float],
+) -> np.ndarray | None:
+    """LPT where each unit goes to the lightest rank that still has room for its tokens,
+    samples and vision patches (with rank speeds: the rank with room where it finishes
+    earliest, ``(load + cost) / speed``); None when some unit fits no rank."""
+    cap_tokens, cap_count, cap_patches = caps
+    order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
+    rank_list = [0] * p.n_units
+    rank_tokens = [0.0] * p.dp
+    rank_counts = [0.0] * p.dp
+    rank_patches = [0.0] * p.dp
+    unit_patches = [0.0] * p.n_units if patches is None else patches[order].tolist()
+
+    def room(r: int, weight: float, count: float, patch: float) -> bool:
+        return (
+            rank_tokens[r] + weight <= cap_tokens
+            and rank_counts[r] + count <= cap_count
+            and rank_patches[r] + patch <= cap_patches
+        )
+
+    heap = [(0.0, r) for r in range(p.dp)]  # (load, rank): the lightest rank first
+    loads = np.zeros(p.dp)  # with rank speeds, searched by finish time instead
+
+    def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
+        if p.speeds is not None:
+            by_finish = np.argsort((loads + cost) / p.speeds, kind="stable").tolist()
+            return next((r for r in by_finish if room(r, weight, count, patch)), None)
+        load, r = heap[0]
+        if room(r, weight, count, patch):
+            heapq.heapreplace(heap, (load + cost, r))
+            return r
+        aside = []  # the lightest rank is full: take the lightest one with room
+        while heap:
+            load, r = heapq.heappop(heap)
+            if room(r, weight, count, patch):
+                heapq.heappush(heap, (load + cost, r))
+                for item in aside:
+                    heapq.heappush(heap, item)
+                return r
+            aside.append((load, r))
+        return None
+
+    for unit, cost, weight, count, patch in zip(
+        order.tolist(),
+        costs[order].tolist(),
+        tokens[order].tolist(),
+        counts[order].tolist(),
+        unit_patches,
+        strict=True,
+    ):
+        r = lightest_with_room(cost, weight, count, patch)
+        if r is None:
+            return None
+        loads[r] += cost
+        rank_list[unit] = r
+        rank_tokens[r] += weight
+        rank_counts[r] += count
+        rank_patches[r] += patch
+    return np.array(rank_list, dtype=np.int64)
 
 
 class RankState:

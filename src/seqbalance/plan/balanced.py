@@ -51,7 +51,6 @@ index).
 
 from __future__ import annotations
 
-import heapq
 import itertools
 
 import numpy as np
@@ -65,7 +64,7 @@ from seqbalance.plan._intervals import Intervals, count_bound
 from seqbalance.plan._lockstep import LOCKSTEP_WORK, match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
-from seqbalance.plan._padded_search import cheapest_start, improve_intervals, tiered_start
+from seqbalance.plan._padded_search import cheapest_start, improve_intervals, tiered_starts
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     RIVALS_WITHOUT_BOUND_GAP,
@@ -77,7 +76,13 @@ from seqbalance.plan._portfolio import (
     beyond_budget,
 )
 from seqbalance.plan._problem import Problem
-from seqbalance.plan._rank_search import GOOD_ENOUGH, RankState, capacities
+from seqbalance.plan._rank_search import (
+    GOOD_ENOUGH,
+    RankState,
+    capacities,
+    capacity_bound,
+    lpt_with_capacities,
+)
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._shared import Microbatches
 from seqbalance.plan.context_parallel._strategies import BalancedContextParallel
@@ -101,6 +106,8 @@ def plan_balanced(p: Problem) -> Microbatches:
     m = p.min_feasible_microbatches
     bound = p.lower_bound(m)
     others = Portfolio(p)
+    if (shortcut := _largest_count_first(p, m, bound)) is not None:
+        return _at_rival_count(p, others.best(shortcut, bound))
     while True:
         if not p.allow_empty and p.n < p.dp * m:
             raise ValueError(
@@ -152,7 +159,7 @@ def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float)
     value = aligned_value(p, plan)
     if value <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP):
         return plan  # more could save less than this
-    found = [(value, plan), *_search_counts(p, m, bound)]
+    found = [(value, plan), *_search_counts(p, m, bound, value)]
     found.sort(key=lambda item: item[0])  # stable: the fewest micro-batches first on ties
     best = None
     for candidate_value, candidate in found[:_COUNTS_REFINED]:
@@ -164,33 +171,64 @@ def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float)
     return best[1]
 
 
+def _largest_count_first(p: Problem, m: int, bound: float) -> Microbatches | None:
+    """With rank speeds, the plan ``_more_for_faster_ranks`` would return, found without the
+    plan of ``m`` (dear where the fast ranks fill ``m`` micro-batches to the cap) where that is
+    sure: ``capacity_bound`` puts every plan of ``m`` above the bound's gap and the largest
+    count searched (its first) plans within it (``step``, or no lockstep refinement); else
+    None."""
+    gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
+    if p.speeds is None or _exact.applicable(p, m) or capacity_bound(p, m) * (1 - 1e-9) <= gap:
+        return None
+    counts = _counts_above(p, m)
+    if not counts or _refines(p, counts[-1]):
+        return None
+    plan = _attempt(p, counts[-1], refine=False)
+    return plan if plan is not None and aligned_value(p, plan) <= gap else None
+
+
+def _counts_above(p: Problem, m: int) -> list[int]:
+    """The counts ``_search_counts`` searches: above ``m``, up to ``max(speed) / mean(speed)``
+    times ``m``, none past ``allow_empty``'s limit (where some micro-batch would be empty)."""
+    speeds = p.speeds_or_ones
+    most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
+    counts = []
+    count = p.next_microbatches(m)
+    while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
+        counts.append(count)
+        count = p.next_microbatches(count)
+    return counts
+
+
 _COUNTS_TRIED = 8
 """``_search_counts`` first tries at most this many counts, evenly spread (each is a whole
 attempt: ranks, packing, the lockstep profile)."""
 _COUNTS_REFINED = 3
 
 
-def _search_counts(p: Problem, m: int, bound: float) -> list[tuple[float, Microbatches]]:
+def _search_counts(
+    p: Problem, m: int, bound: float, value: float
+) -> list[tuple[float, Microbatches]]:
     """Plans (before the lockstep refinement) with counts above ``m`` up to
     ``max(speed) / mean(speed)`` times ``m``, cheapest first (ties: the fewest micro-batches).
 
     A bounded search, since the cost over counts is not smooth: ``_COUNTS_TRIED`` counts evenly
-    spread over the range, then around the cheapest so far steps that halve down to the
-    neighbouring count; it stops at a plan within ``RIVALS_WITHOUT_BOUND_GAP`` of ``bound``."""
-    speeds = p.speeds_or_ones
-    most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
-    counts = []
-    count = p.next_microbatches(m)
-    # Past allow_empty's limit some micro-batch would be empty.
-    while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
-        counts.append(count)
-        count = p.next_microbatches(count)
+    spread over the range (the largest first), then around the cheapest so far steps that halve
+    down to the neighbouring count; it stops at a plan within ``RIVALS_WITHOUT_BOUND_GAP`` of
+    ``bound``. A count is not planned where its ``capacity_bound`` exceeds the
+    ``_COUNTS_REFINED``-th cheapest value so far (``value``, of ``m``, included): it could not
+    be among the cheapest returned, so skipping it changes nothing but the time."""
+    counts = _counts_above(p, m)
     tried: dict[int, tuple[float, Microbatches]] = {}  # by position in counts
+    skipped: set[int] = set()  # counts that cannot be among the cheapest
 
     def cost_at(index: int) -> float:
-        if index not in tried:
-            candidate = _attempt(p, counts[index], refine=False)
-            if candidate is not None:
+        if index not in tried and index not in skipped:
+            known = sorted([value, *(item[0] for item in tried.values())])
+            last = known[_COUNTS_REFINED - 1] if len(known) >= _COUNTS_REFINED else np.inf
+            if capacity_bound(p, counts[index]) * (1 - 1e-9) > last:
+                skipped.add(index)
+            elif (candidate := _attempt(p, counts[index], refine=False)) is not None:
                 tried[index] = (aligned_value(p, candidate), candidate)
         return tried[index][0] if index in tried else np.inf
 
@@ -198,7 +236,11 @@ def _search_counts(p: Problem, m: int, bound: float) -> list[tuple[float, Microb
         return min(tried, key=lambda i: (tried[i][0], i), default=0)
 
     spread = min(len(counts), _COUNTS_TRIED)
-    for index in np.linspace(0, len(counts) - 1, spread).round().astype(np.int64).tolist():
+    probes = np.linspace(0, len(counts) - 1, spread).round().astype(np.int64).tolist()
+    # The largest counts first: they hold the fastest rank's share (sized for the speeds), so
+    # they usually meet the bound or set low values to skip the smaller counts by (the dearest
+    # to plan: packed near the cap).
+    for index in probes[::-1]:
         if cost_at(index) <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP):
             return [tried[index]]  # more could save less than this
     step = (len(counts) - 1) // max(1, spread - 1) // 2
@@ -264,13 +306,13 @@ def _attempt(
 def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatches | None]:
     """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts),
     from the cheapest cuts whose intervals cost at most the count's lower bound and, in
-    ``lockstep``, from positions cut one after the other (``tiered_start``; also as it is)."""
+    ``lockstep``, from positions cut one after the other (``tiered_starts``; also as they are)."""
     intervals = Intervals.of(p)
     bound = count_bound(p, m)
     target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
     starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
     if p.objective == "lockstep" and m > 1:
-        starts.append(tiered_start(p, intervals, m))
+        starts += tiered_starts(p, intervals, m)
     found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
     # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
     return found + [plan for plan in starts[2:] if plan is not None]
@@ -295,7 +337,8 @@ def _longest_alone(p: Problem, m: int) -> Microbatches | None:
         overhead=p.overhead,
         dp=p.dp - alone.size,
         groups=None,
-        options=p.options,
+        # Only planned without speeds (equal ones are none): none for the fewer ranks either.
+        options=p.options.replace(rank_speeds=None),
     )
     plan = _attempt(rest, m, isolate=False)
     if plan is None:
@@ -335,7 +378,7 @@ def _assign_units(p: Problem, m: int) -> np.ndarray | None:
     if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
         # LPT with capacities; failing that, the partition engine on each capacity's measure.
         starts = itertools.chain(
-            [_lpt_with_capacities(p, costs, tokens, counts, patches, caps)],
+            [lpt_with_capacities(p, costs, tokens, counts, patches, caps)],
             _feasible.rank_starts(p.dp, tokens, counts, patches, caps),
         )
         sizes = (tokens, counts, patches)
@@ -397,73 +440,6 @@ def _fits_capacities(
     if patches is None:
         return True
     return bool((np.bincount(rank_of_unit, weights=patches, minlength=dp) <= cap_patches).all())
-
-
-def _lpt_with_capacities(
-    p: Problem,
-    costs: np.ndarray,
-    tokens: np.ndarray,
-    counts: np.ndarray,
-    patches: np.ndarray | None,
-    caps: tuple[float, float, float],
-) -> np.ndarray | None:
-    """LPT where each unit goes to the lightest rank that still has room for its tokens,
-    samples and vision patches (with rank speeds: the rank with room where it finishes
-    earliest, ``(load + cost) / speed``); None when some unit fits no rank."""
-    cap_tokens, cap_count, cap_patches = caps
-    order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
-    rank_list = [0] * p.n_units
-    rank_tokens = [0.0] * p.dp
-    rank_counts = [0.0] * p.dp
-    rank_patches = [0.0] * p.dp
-    unit_patches = [0.0] * p.n_units if patches is None else patches[order].tolist()
-
-    def room(r: int, weight: float, count: float, patch: float) -> bool:
-        return (
-            rank_tokens[r] + weight <= cap_tokens
-            and rank_counts[r] + count <= cap_count
-            and rank_patches[r] + patch <= cap_patches
-        )
-
-    heap = [(0.0, r) for r in range(p.dp)]  # (load, rank): the lightest rank first
-    loads = np.zeros(p.dp)  # with rank speeds, searched by finish time instead
-
-    def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
-        if p.speeds is not None:
-            by_finish = np.argsort((loads + cost) / p.speeds, kind="stable").tolist()
-            return next((r for r in by_finish if room(r, weight, count, patch)), None)
-        load, r = heap[0]
-        if room(r, weight, count, patch):
-            heapq.heapreplace(heap, (load + cost, r))
-            return r
-        aside = []  # the lightest rank is full: take the lightest one with room
-        while heap:
-            load, r = heapq.heappop(heap)
-            if room(r, weight, count, patch):
-                heapq.heappush(heap, (load + cost, r))
-                for item in aside:
-                    heapq.heappush(heap, item)
-                return r
-            aside.append((load, r))
-        return None
-
-    for unit, cost, weight, count, patch in zip(
-        order.tolist(),
-        costs[order].tolist(),
-        tokens[order].tolist(),
-        counts[order].tolist(),
-        unit_patches,
-        strict=True,
-    ):
-        r = lightest_with_room(cost, weight, count, patch)
-        if r is None:
-            return None
-        loads[r] += cost
-        rank_list[unit] = r
-        rank_tokens[r] += weight
-        rank_counts[r] += count
-        rank_patches[r] += patch
-    return np.array(rank_list, dtype=np.int64)
 
 
 def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches | None:

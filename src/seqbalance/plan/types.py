@@ -145,7 +145,7 @@ class StepPlan(StepPlanChecks, Plan):
             groups=self.groups,
             options=self.options,
         )
-        bound = bound_at_count(problem, self.n_microbatches, capped=self.cap_enforced)
+        bound = bound_at_count(problem, self.n_microbatches, capped=self.cap_enforced, tight=True)
         return max(float(self.lower_bound), bound / problem.common_speed)
 
     def _summary_extras(self) -> dict[str, Any]:

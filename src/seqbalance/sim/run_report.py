@@ -74,12 +74,15 @@ def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
     Raises:
         FileNotFoundError: no file at ``path`` (named).
         ValueError: a line that is not a JSON object with the telemetry's fields of the right
-            types (its number and the field named), a line cut short anywhere but last, or
-            no complete step at all.
+            types (its number and the field named; rank speeds positive and finite), a line
+            cut short anywhere but last, no complete step at all, or a path that is no regular
+            file.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"telemetry file not found: {str(path)!r}")
+    if not path.is_file():  # a FIFO would block the read, a device never end
+        raise ValueError(f"{str(path)!r} is not a regular file (a folder, FIFO or device)")
     reader = _Reader(str(path))
     pending: ValueError | None = None  # a line that did not parse: fine only if it is the last
     with path.open("rb") as file:
@@ -90,7 +93,8 @@ def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
                 raise pending
             try:
                 row = json.loads(raw)
-            except ValueError as error:  # bad UTF-8 or JSON
+            except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, or nested deeper
+                # than the parser goes
                 pending = ValueError(f"{path}:{number} is not JSON: {error}")
                 reader.skipped_line = number
                 continue
@@ -123,10 +127,10 @@ class _Reader:
         for name, nullable in _NUMBERS:
             value = row.get(name)
             self.values[name].append(_number(where, name, value, nullable=nullable))
-        speeds = _numbers(where, "rank_speeds", row["rank_speeds"], empty=False)
+        speeds = _speeds(where, "rank_speeds", row["rank_speeds"])
         idle = _numbers(where, "idle_fraction", row.get("idle_fraction", []))
         following = row.get("next_rank_speeds", speeds)
-        self.last_speeds = _numbers(where, "next_rank_speeds", following, empty=False)
+        self.last_speeds = _speeds(where, "next_rank_speeds", following)
         self.steps.append(step)
         self.slowest.append(min(speeds))
         self.idle_sum += math.fsum(idle)
@@ -164,6 +168,13 @@ def _numbers(where: str, name: str, value: Any, *, empty: bool = True) -> list[f
         kind = "a list of numbers" if empty else "a non-empty list of numbers"
         raise ValueError(f"{where}: {name} must be {kind}, got {value!r:.40}")
     return [_number(where, name, item, nullable=False) for item in value]
+
+
+def _speeds(where: str, name: str, value: Any) -> list[float]:
+    speeds = _numbers(where, name, value, empty=False)
+    if not all(0 < speed < math.inf for speed in speeds):
+        raise ValueError(f"{where}: {name} must be positive and finite, got {value!r:.40}")
+    return speeds
 
 
 def summarize_run(run: RunTelemetry, *, rows: int | None = DEFAULT_ROWS) -> dict[str, Any]:

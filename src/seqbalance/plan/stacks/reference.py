@@ -219,11 +219,44 @@ def _merge_singles(ordered: list[tuple[float, int]], k: int) -> _Partial:
             return entry[-1]
         return heapq.heappop(heap)[-1]
 
-    for _ in range(len(ordered) - 1):
+    merges = len(ordered) - 1
+    while merges:
+        # One partial solution with k non-empty groups left against singles: while its spread
+        # beats the next single (so it comes off first, and the single second), each merge puts
+        # that single into its lightest group (``_absorb_singles``, in bulk).
+        only = heap[0][-1] if top is None and len(heap) == 1 else None
+        if only is not None and len(only.groups) == k and ordered and only.spread > ordered[-1][0]:
+            merges -= _absorb_singles(only, ordered)
+            heap[0] = only.heap_entry()
+            continue
         first = pop()
         first.absorb(pop())
         heapq.heappush(heap, first.heap_entry())
+        merges -= 1
     return pop()
+
+
+def _absorb_singles(partial: _Partial, ordered: list[tuple[float, int]]) -> int:
+    """Merges ``partial`` (all of its ``k`` groups non-empty, its spread above the next value)
+    with the singles at the end of ``ordered`` (consumed) while its spread exceeds the next
+    single's value; returns how many it took. Each single joins the lightest group, as
+    ``_Partial.absorb`` does, with the lightest found by a heap of group keys instead of a
+    re-sorted list; the groups are re-sorted once at the end (their keys are distinct)."""
+    # Ascending keys form a valid heap; keys differ in their items, so the group is never compared.
+    rooms = [(group.total, len(group.items), group.items, group) for group in partial.groups[::-1]]
+    heaviest = partial.groups[0]
+    taken = 0
+    while ordered and heaviest.total - rooms[0][0] > ordered[-1][0]:
+        value, index = ordered.pop()
+        _, count, items, group = rooms[0]
+        items.append((index, value))
+        group.total += value  # the same float additions, in the same order, as ``take``
+        heapq.heapreplace(rooms, (group.total, count + 1, items, group))
+        if group.at_least(heaviest):
+            heaviest = group
+        taken += 1
+    partial._set(_descending([group for *_, group in rooms]))
+    return taken
 
 
 def largest_differencing(values: Sequence[float], k: int, *, equal_size: bool) -> list[list[int]]:

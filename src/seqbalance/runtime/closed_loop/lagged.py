@@ -57,6 +57,7 @@ class LaggedFeedback:
         self.loop = self.adaptive.loop
         self._plans: dict[int, Plan] = {}  # planned, not yet observed, by index
         self._shift: int | None = None  # index - step number in the running pass
+        self._taken = 0  # index of the first step not yet taken from the sampler
 
     @property
     def timer(self) -> StepTimer:
@@ -70,6 +71,7 @@ class LaggedFeedback:
     def start(self, first: int) -> None:
         """A pass begins at step ``first``: its steps follow the ones observed."""
         self._shift = self.loop.observed - first
+        self._taken = self.loop.observed
         self._plans.clear()
 
     def check_ready(self, step: int) -> None:
@@ -83,6 +85,7 @@ class LaggedFeedback:
                 "after every step, and keep a DataLoader's prefetch within lookahead steps "
                 "(raise lookahead)"
             )
+        self._taken = max(self._taken, step + self._shift + 1)
 
     def options_for(self, step: int, stopping: Callable[[], bool]) -> PlanOptions:
         """The options of ``step`` of the running pass, waiting for their observation.
@@ -98,22 +101,40 @@ class LaggedFeedback:
         assert self._shift is not None
         self._plans[step + self._shift] = plan
 
-    def observe(self, timing: StepTiming | None) -> dict[str, Any]:
+    def observe(self, timing: StepTiming | None, step: int | None = None) -> dict[str, Any]:
         """Learn from the oldest step not yet observed (module doc); its telemetry.
 
+        Args:
+            timing: This rank's measurements of that step.
+            step: The step of the running pass the loop says it measured, or None.
+
         Raises:
-            ValueError: that step has not been taken from the sampler (on this rank, before
-                any collective: nothing to report), or, on every rank, a rank's timing does not
-                fit its step (a missed or extra ``observe()``) or the ranks disagree.
+            ValueError: on every rank, when a rank observes a step it has not taken from the
+                sampler (an extra ``observe()``: a step the planner made ahead of the loop is
+                not one the loop trained), names another ``step`` than the one due (a missed
+                or extra ``observe()``), a rank's timing does not fit its step (a missed
+                ``observe()`` with the sampler's timer) or the ranks disagree.
             CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         index = self.loop.observed
-        plan = self._plans.pop(index, None)
+        plan = self._plans.get(index) if index < self._taken else None
+        error = None
         if plan is None:
-            raise ValueError(
-                f"observe() is for a step taken from the sampler; step {index} of the "
-                "run has not been (one observe() per step, after its micro-batches)"
+            error = (
+                f"rank {self.adaptive.rank} called observe() for step {index} of the run, "
+                "which it has not taken from the sampler (one observe() per step, after its "
+                "micro-batches)"
             )
+        elif step is not None and self._shift is not None and step + self._shift != index:
+            error = (
+                f"rank {self.adaptive.rank} observed step {step} of the epoch where step "
+                f"{index - self._shift} was due (a missed or extra observe())"
+            )
+        if error is not None:
+            # Reported through the gather, so the ranks that observe correctly raise at this
+            # step too instead of pairing their next step with this rank's other one.
+            self.loop.learn(None, self.adaptive.gather(self.loop.record(index, None, error)))
+        self._plans.pop(index)
         return self.adaptive.observe(plan, timing, step=index)
 
     def state_dict(self, step: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -386,7 +387,10 @@ class ClosedLoop:
         if self._log_failed or self.log is None:
             return
         try:
-            with self.log.open("a", encoding="utf-8") as file:
+            # Non-blocking: a FIFO put in the log's place would block the open (this rank's
+            # observe) until a reader came; it fails instead (ENXIO) and the log stops.
+            fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+            with open(fd, "a", encoding="utf-8") as file:
                 file.write(json.dumps(line) + "\n")
         except OSError as error:
             self._log_failed = True

@@ -102,6 +102,8 @@ def _check_log(log: Any) -> None:
     folder = path.parent
     if path.is_dir():
         raise ValueError(f"log = {str(log)!r} is a folder: give the path of a .jsonl file")
+    if path.exists() and not path.is_file():  # a FIFO would block the first write
+        raise ValueError(f"log = {str(log)!r} is not a regular file (a FIFO or device)")
     if not folder.is_dir():
         raise ValueError(f"log = {str(log)!r}: its folder {str(folder)!r} does not exist")
     writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)

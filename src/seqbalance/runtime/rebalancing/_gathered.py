@@ -23,13 +23,47 @@ from seqbalance.runtime.collectives import Comm
 from seqbalance.runtime.rebalancing._samples import InputForm
 from seqbalance.runtime.rebalancing.wire import Field, decode, encode
 
-__all__ = ["Batch", "combined_parts", "gather_batch", "gather_described", "raise_first_error"]
+__all__ = [
+    "Batch",
+    "all_ended",
+    "combined_parts",
+    "gather_batch",
+    "gather_described",
+    "gather_end",
+    "raise_first_error",
+]
 
 
 def gather_described(comm: Comm, header: dict[str, Any], table: np.ndarray, what: str) -> list[Any]:
     """Every rank's ``(header, table)`` description."""
     payloads = comm.all_gather_bytes(encode(header, table), what)
     return [decode(payload, rank) for rank, payload in enumerate(payloads)]
+
+
+def all_ended(headers: Sequence[dict[str, Any]]) -> bool:
+    """Whether every rank's batches have ended (``header["ended"]``: the steps it made).
+
+    Raises:
+        ValueError: on every rank, when only some ranks' batches ended: the others would wait
+            for them at their next step until the timeout.
+    """
+    ended = [rank for rank, header in enumerate(headers) if header.get("ended") is not None]
+    if not ended or len(ended) == len(headers):
+        return bool(ended)
+    going = [rank for rank in range(len(headers)) if rank not in ended]
+    raise ValueError(
+        f"the batches of rank(s) {ended} ended after {headers[ended[0]]['ended']} steps while "
+        f"rank(s) {going} have another step: every rank's iterable must yield the same number "
+        "of steps"
+    )
+
+
+def gather_end(comm: Comm, header: dict[str, Any], table: np.ndarray, options: PlanOptions) -> None:
+    """The gather of a rank whose batches ended (``header["ended"]``), in the order of
+    :func:`gather_batch`'s collectives: ValueError on every rank unless every rank's ended."""
+    headers = [h for h, _ in gather_described(comm, header, table, "all_gather")]
+    _check_settings(comm, headers, options)
+    all_ended(headers)
 
 
 def raise_first_error(headers: Sequence[dict[str, Any]]) -> None:
@@ -113,6 +147,7 @@ def gather_batch(
     described = gather_described(comm, header, table, "all_gather")
     headers = [h for h, _ in described]
     _check_settings(comm, headers, options)
+    all_ended(headers)  # this rank has a step: raises when some rank's batches ended
     raise_first_error(headers)
     with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
     for rank, h in with_samples[1:]:

@@ -23,7 +23,7 @@ from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
 from seqbalance.runtime.agreement import agreed_plan
 from seqbalance.runtime.collectives import Comm, deadline
-from seqbalance.runtime.rebalancing._gathered import Batch, gather_batch
+from seqbalance.runtime.rebalancing._gathered import Batch, gather_batch, gather_end
 from seqbalance.runtime.rebalancing._samples import LocalSamples, assemble, normalise
 from seqbalance.runtime.rebalancing.caps import first_over_cap
 from seqbalance.runtime.rebalancing.pieces import PieceRouting, route_pieces
@@ -191,6 +191,15 @@ class StepEngine:
             telemetry=telemetry,
             slots=slots,
         )
+
+    def end(self) -> None:
+        """This rank's batches ended (``Rebalancer.iterate``): one gather like a step's, so
+        ranks whose batches end at different steps raise the same ValueError together
+        (:func:`all_ended`) instead of the longer ones waiting out the timeout."""
+        comm = Comm(self.group, self._deadline)
+        _, header, table = self.describe([], None, None, None, comm.world_size)
+        header["ended"] = self.steps
+        gather_end(comm, header, table, self.options)
 
     def describe(
         self,

@@ -19,8 +19,9 @@ broadcast from rank 0), they must be on a group the loop does not use, or use
 
 - An error of step ``k + 1`` (the wrapped iterator's, a bad sample, a peer that timed out) is
   raised when the loop asks for step ``k + 1``; the end of the wrapped iterator ends the loop
-  there too. Ranks whose iterators end at different steps: the ranks that still have a batch
-  raise :class:`~seqbalance.runtime.CollectiveError` after the Rebalancer's ``timeout``.
+  there too, after one gather in which the ranks compare where their iterators ended: ranks
+  whose iterators end at different steps all raise the same ValueError at that step (the
+  ones that still have a batch would otherwise wait out the Rebalancer's ``timeout``).
 - When the loop leaves (``break``, an exception, the end), the step in flight finishes (at most
   ``timeout``) and the worker thread stops; :meth:`RebalancedSteps.close` does the same. That
   step is kept, not lost: iterating again hands it out first, and ``state_dict`` counts it as
@@ -94,6 +95,7 @@ class RebalancedSteps:
         self.taken = 0
         self._resume: dict[str, Any] | None = None  # a loaded state, applied when iteration starts
         self._replay: tuple[Any] | None = None  # a resumed prefetched step's saved telemetry
+        self._ended = False  # the batches ended and the ranks compared where
 
     def __iter__(self) -> Iterator[RebalanceResult]:
         try:
@@ -157,6 +159,12 @@ class RebalancedSteps:
                 observed,
             )
         except StopIteration:
+            if not self._ended:  # once: a later iteration of the ended loop meets no one
+                self._ended = True
+                try:
+                    self._engine.worker.run(self._engine.end)
+                except BaseException as error:  # ranks that ended apart: every rank raises
+                    return _Step(source, None, error)
             return _Step(source, None)
         except BaseException as error:  # a KeyboardInterrupt too: the step did not happen
             return _Step(source, None, error)

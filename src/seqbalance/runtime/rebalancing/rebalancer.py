@@ -185,7 +185,8 @@ class Rebalancer:
 
         Raises:
             ValueError: ``overlap`` without a dedicated process group (``None`` or the default
-                group), or a bad ``overlap``.
+                group), or a bad ``overlap``; while iterating, on every rank, ranks whose
+                ``batches`` end at different steps (at the first step some rank lacks).
         """
         overlap = check_bool(overlap, "overlap")
         if overlap:

@@ -31,6 +31,7 @@ STATE_FORMAT = "seqbalance.SamplerState/3"
 """``state_dict()["format"]``; changes whenever the resume state's layout changes."""
 
 _STATE_KEYS = ("format", "epoch", "consumed", "step", "offset", "setup")
+_POSITION = ("consumed", "step", "offset")
 _PARTS_ARRAYS = ("tokens", "grid_thw", "image_sample", "history", "candidates", "contextual")
 
 
@@ -269,11 +270,13 @@ class EpochBatchSampler:
         """Where torch.distributed runs: one all_gather of the setup over the group (the
         data-parallel group, else the world); every rank raises if any rank differs.
 
-        Done once per epoch by ``iter``, before any data is yielded.
+        Done once per epoch by ``iter``, before any data is yielded, and again after
+        ``load_state_dict``.
 
         Raises:
             ValueError: naming the rank that differs and what differs (lengths, options, cost,
-                seed, batch sizes, epoch, data-parallel size).
+                seed, batch sizes, epoch, data-parallel size, the resume point loaded), or
+                data-parallel ranks not held equally often (the same ``dp_rank`` twice).
             CollectiveError: a rank did not take part within ``agreement_timeout`` seconds.
         """
         if self.agreement_timeout is None or self._agreed_epoch == self.epoch:
@@ -286,7 +289,10 @@ class EpochBatchSampler:
         from seqbalance.runtime.collectives import Comm, deadline
 
         comm = Comm(self._group, deadline(self.agreement_timeout, "agreement_timeout"))
-        mine = {**self._setup(), **self._agreement(), "epoch": self.epoch}
+        # The resume point too: ranks that loaded different states (a rank's checkpoint taken
+        # at another count) would train different steps and end the epoch apart.
+        resume = None if self._resume is None else dict(zip(_POSITION, self._resume, strict=True))
+        mine = {**self._setup(), **self._agreement(), "epoch": self.epoch, "resume_point": resume}
         payload = json.dumps(mine, sort_keys=True, default=str).encode()
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
         for other_rank, other in enumerate(gathered):
@@ -299,9 +305,25 @@ class EpochBatchSampler:
                     f"differently from rank {comm.rank} (theirs saved, mine now): "
                     + "; ".join(changes)
                     + ". Every data-parallel rank must build the sampler from the same lengths, "
-                    "options, seed and batch sizes, or samples are trained twice and others never"
+                    "options, seed and batch sizes (and resume from the same state_dict), or "
+                    "samples are trained twice and others never"
                 )
+        self._check_positions([json.loads(other)["dp_rank"] for other in gathered])
         self._agreed_epoch = self.epoch
+
+    def _check_positions(self, dp_ranks: list[Any]) -> None:
+        """ValueError unless every data-parallel rank is held by as many of the group's
+        processes as any other (one each on the data-parallel group; tensor-parallel peers on
+        the world share one): two processes given the same ``dp_rank``, or a ``dp_size`` larger
+        than the ranks that run, would train some samples twice and others never."""
+        held = [dp_ranks.count(rank) for rank in range(self.dp_size)]
+        if min(held) != max(held):
+            raise ValueError(
+                f"{type(self).__name__}: the group's processes hold data-parallel ranks "
+                f"{brief(dp_ranks, 120)} (in group order), not each of the {self.dp_size} "
+                "equally often: give every process its own dp_rank (or pass group=, the "
+                "data-parallel group), or samples are trained twice and others never"
+            )
 
     # ---------------------------------------------------------------- resume
     def _position_of(self, consumed: int) -> tuple[int, int]:
@@ -420,6 +442,7 @@ class EpochBatchSampler:
         self.close()
         self.epoch = epoch
         self._resume = (consumed, step, offset)
+        self._agreed_epoch = None  # the next iter compares the resume point across ranks
         self._start_pass(consumed, step, offset)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -3,10 +3,11 @@ read in place, never copied whole.
 
 Every pass over all lengths (the construction checks, the fingerprint) runs in chunks of
 ``CHUNK`` samples, so its temporary memory is bounded whatever the dataset's size. A file's
-lengths are read with ``pread`` at the positions needed, never through a memory map: each read
-checks that the file is still the one the sampler opened (inode, size, modification time)
-before and after, so a file rewritten, truncated or replaced under a running sampler is a
-``ValueError`` (a memory map of a truncated file would kill the process with SIGBUS).
+lengths are read with ``pread`` at the positions needed, never through a memory map (a caller's
+map, or any array whose memory maps a file, included): each read checks that the file is still
+the one the sampler opened (inode, size, modification and change time) before and after, so a
+file rewritten, truncated or replaced under a running sampler is a ``ValueError`` (a memory map
+of a truncated file would kill the process with SIGBUS).
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ class LengthSource:
         self.size = int(self.values.shape[0])
         self._stat = None if self.path is None else _file_state(self.path)
         self._file = _CheckedFile.of(self.values, self.path, name)
+        if self._file is None and self.path is None:
+            self._file = _CheckedFile.mapped(self.values, name)
+            if self._file is not None:
+                self.path, given_map = self._file.path, True
+                self._stat = self._file.state
         self._scan(self.values if given_map and self._file is not None else None)
         self._digest: str | None = None
 
@@ -211,16 +217,12 @@ class _CheckedFile:
         name: the lengths' name in error messages.
     """
 
-    def __init__(self, mapped: np.memmap, path: Path, name: str) -> None:
+    def __init__(self, mapped: np.ndarray, path: Path, name: str, first: int) -> None:
         self.path, self.name = path, name
         self.dtype = mapped.dtype
         self.shape = mapped.shape
         self.stride = int(mapped.strides[0])  # bytes from a value to the next, maybe negative
-        # Where value 0 lies: the map starts at the offset rounded down to the allocation
-        # granularity, and a view of part of it starts further in.
-        mapping = np.frombuffer(mapped._mmap, dtype=np.uint8)  # type: ignore[attr-defined]
-        start = int(mapped.offset) - int(mapped.offset) % mmap.ALLOCATIONGRANULARITY
-        self.first = start + int(mapped.ctypes.data) - int(mapping.ctypes.data)
+        self.first = first  # where value 0 lies in the file
         self.state = _file_state(path)
 
     @classmethod
@@ -229,7 +231,52 @@ class _CheckedFile:
         None (an array in memory)."""
         if path is None or getattr(values, "_mmap", None) is None or values.ndim != 1:
             return None
-        return cls(values, path, name)  # type: ignore[arg-type]
+        # Where value 0 lies: the map starts at the offset rounded down to the allocation
+        # granularity, and a view of part of it starts further in.
+        mapping = np.frombuffer(values._mmap, dtype=np.uint8)  # type: ignore[attr-defined]
+        offset = int(values.offset)  # type: ignore[attr-defined]
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        return cls(values, path, name, start + int(values.ctypes.data) - int(mapping.ctypes.data))
+
+    @classmethod
+    def mapped(cls, values: np.ndarray, name: str) -> _CheckedFile | None:
+        """The reader of ``values`` when its memory maps a regular file that its path still
+        names although it is no ``np.memmap`` (``np.asarray`` of one, a tensor on one,
+        ``np.frombuffer`` of an ``mmap``): found in ``/proc/self/maps`` (Linux; elsewhere None).
+        A file truncated under such an array would kill the process with SIGBUS on reading it.
+        """
+        if values.flags.owndata or values.ndim != 1 or values.size == 0:
+            return None
+        address = int(values.ctypes.data)
+        try:
+            with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+                lines = maps.read().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            fields = line.split(maxsplit=5)  # range, perms, offset, dev, inode, path
+            if len(fields) < 6 or not fields[5].startswith("/"):
+                continue
+            low, high = (int(bound, 16) for bound in fields[0].split("-"))
+            if not low <= address < high:
+                continue
+            path = Path(fields[5])
+            major, minor = (int(part, 16) for part in fields[3].split(":"))
+            try:
+                info = os.stat(path)
+            except OSError:  # deleted (" (deleted)"): only the map holds the values now
+                return None
+            same = (info.st_ino, os.major(info.st_dev), os.minor(info.st_dev)) == (
+                int(fields[4]),
+                major,
+                minor,
+            )
+            if not same or not stat.S_ISREG(info.st_mode):
+                return None  # the path names another file now: the map holds the values
+            return cls(
+                values, path, f"{name} (mapped from {path})", int(fields[2], 16) + address - low
+            )
+        return None
 
     def __len__(self) -> int:
         return int(self.shape[0])
@@ -286,7 +333,7 @@ class _CheckedFile:
         return out
 
     def _check(self, info: os.stat_result) -> None:
-        if (info.st_ino, info.st_size, info.st_mtime_ns) != self.state:
+        if _state_of(info) != self.state:
             _changed(self.name)
 
 
@@ -328,12 +375,17 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
     return loaded
 
 
-def _file_state(path: Path) -> tuple[int, int, int] | None:
+def _file_state(path: Path) -> tuple[int, int, int, int] | None:
     try:
-        info = os.stat(path)
+        return _state_of(os.stat(path))
     except OSError:
         return None
-    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _state_of(info: os.stat_result) -> tuple[int, int, int, int]:
+    # The change time too: a rewrite whose writer puts the modification time back (os.utime,
+    # cp -p, rsync -t --inplace) still moves it (a chmod does as well: refused, not missed).
+    return info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def _changed(name: str) -> NoReturn:

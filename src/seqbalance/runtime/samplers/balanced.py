@@ -376,7 +376,9 @@ class BalancedBatchSampler(EpochBatchSampler):
             raise ValueError("BalancedBatchSampler.timer needs adaptive=True")
         return self._lagged.timer
 
-    def observe(self, timing: StepTiming | None = None) -> dict[str, Any]:
+    def observe(
+        self, timing: StepTiming | None = None, *, step: int | None = None
+    ) -> dict[str, Any]:
         """With ``adaptive``: learn from every rank's measured times of the oldest step not yet
         observed (one all_gather over the group; call it on every rank once per step, after the
         step's micro-batches).
@@ -384,19 +386,27 @@ class BalancedBatchSampler(EpochBatchSampler):
         Args:
             timing: this rank's measurements of that step, one micro-batch time per
                 micro-batch the sampler yielded for it (default: :attr:`timer`'s ``finish()``).
+            step: the step of the epoch the loop measured, when it knows (``state_dict()``'s
+                numbering): a step other than the oldest not yet observed (a missed or extra
+                ``observe()`` that ``timing`` alone cannot show) fails every rank at that
+                gather.
 
         Returns:
             The step's telemetry (``seqbalance.runtime.ClosedLoop.learn``), the same on every
             rank.
 
         Raises:
-            ValueError: without ``adaptive``, or no step taken that is not yet observed.
+            ValueError: without ``adaptive``; on every rank, when a rank observes a step it
+                has not taken, names another ``step`` than the one due, or its timing does not
+                fit the step.
             CollectiveError: a peer did not join within the sampler's deadline
                 (``agreement_timeout``, the same as ``Feedback.timeout``).
         """
         if self._lagged is None:
             raise ValueError("BalancedBatchSampler.observe needs adaptive=True")
-        return self._lagged.observe(timing)
+        return self._lagged.observe(
+            timing, None if step is None else check_int(step, "step", minimum=0)
+        )
 
     def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
         """The resume point (``EpochBatchSampler.state_dict``); with ``adaptive`` also what the

@@ -1,0 +1,100 @@
+"""The lockstep re-packing under a profile (``plan/_lockstep.py``), vectorised over ranks, places
+every sample exactly where packing one rank at a time by its definition does."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.plan._lockstep import _pack_under
+from seqbalance.plan._packing import fill_empty
+
+
+def _one_rank(p: Any, samples: list[int], limits: list[float]) -> list[list[int]] | None:
+    """One rank packed by the definition, on plain lists: heaviest first (cost, then length,
+    then position), each sample into the first micro-batch that fits the caps and stays within
+    its limit, else the fitting one exceeding it least (the first of equals); an over-cap sample
+    into the first empty one; None when a sample fits nowhere."""
+    m = len(limits)
+    bins: list[list[int]] = [[] for _ in range(m)]
+    loads, empty = [float(p.overhead)] * m, [True] * m
+    tokens = [float(p.cap)] * m
+    patches = None if p.patches is None else [float(p.patch_cap)] * m
+    for i in sorted(samples, key=lambda i: (-p.sample_costs[i], -p.lengths[i], i)):
+        cost = float(p.sample_costs[i])
+        if p.oversize[i]:
+            j = next((j for j in range(m) if empty[j]), None)
+        else:
+            fits = [
+                j
+                for j in range(m)
+                if tokens[j] >= p.lengths[i] and (patches is None or patches[j] >= p.patches[i])
+            ]
+            j = next((j for j in fits if loads[j] + cost <= limits[j]), None)
+            if j is None and fits:
+                j = min(fits, key=lambda j: (loads[j] + cost - limits[j], j))
+        if j is None:
+            return None
+        bins[j].append(i)
+        loads[j] += cost
+        empty[j] = False
+        tokens[j] = -1.0 if p.oversize[i] else tokens[j] - p.lengths[i]
+        if patches is not None:
+            patches[j] = -1.0 if p.oversize[i] else patches[j] - p.patches[i]
+    fill_empty(p, bins)
+    return bins
+
+
+@st.composite
+def _requests(draw: Any) -> tuple[Any, list[list[list[int]]], int, np.ndarray]:
+    dp, m = draw(st.integers(1, 6)), draw(st.integers(1, 5))
+    n = draw(st.integers(0, 40))
+    lengths = np.array(draw(st.lists(st.integers(0, 60), min_size=n, max_size=n)), dtype=np.int64)
+    # Small integer costs tie often; the profile's limits are met, missed and tied.
+    costs = np.array(draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)), dtype=float)
+    cap = draw(st.integers(20, 90))
+    patches = patch_cap = None
+    if draw(st.booleans()):
+        patches = np.array(draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)))
+        patch_cap = draw(st.integers(4, 20))
+    oversize = lengths > cap if patches is None else (lengths > cap) | (patches > patch_cap)
+    speeds = np.array(
+        draw(st.lists(st.sampled_from([0.5, 1.0, 1.5, 3.0]), min_size=dp, max_size=dp))
+    )
+    p = SimpleNamespace(
+        dp=dp,
+        n=n,
+        lengths=lengths,
+        sample_costs=costs,
+        overhead=float(draw(st.integers(0, 3))),
+        cap=float(cap),
+        patches=patches,
+        patch_cap=None if patch_cap is None else float(patch_cap),
+        oversize=oversize,
+        speeds_or_ones=speeds,
+    )
+    rank_of = draw(st.lists(st.integers(0, dp - 1), min_size=n, max_size=n))
+    plan = []
+    for r in range(dp):
+        mine = [i for i in range(n) if rank_of[i] == r]
+        plan.append([part.tolist() for part in np.array_split(np.array(mine, dtype=int), m)])
+    profile = np.sort(np.array(draw(st.lists(st.integers(0, 30), min_size=m, max_size=m)), float))
+    return p, plan, draw(st.integers(0, dp - 1)), profile[::-1] / 2
+
+
+@settings(max_examples=examples(800), deadline=None)
+@given(_requests())
+def test_ranks_packed_at_once_as_one_by_one(request: Any) -> None:
+    p, plan, reference, profile = request
+    expected = [
+        None
+        if r == reference
+        else _one_rank(p, [i for mb in mbs for i in mb], (profile * p.speeds_or_ones[r]).tolist())
+        for r, mbs in enumerate(plan)
+    ]
+    assert _pack_under(p, plan, reference, profile) == expected
