@@ -220,23 +220,28 @@ def test_top_bound_prices_a_dominant_position() -> None:
     assert plan.summary()["count_ratio"] <= 1.03
 
 
+def _padded_lockstep(lengths: list[int], dp: int, **options) -> sb.StepPlan:
+    """``lengths`` on ``dp`` ranks, padded, one micro-batch may hold the whole step, 3 positions
+    (empty micro-batches allowed), lockstep, cost ``L + 0.001 L^2``."""
+    return sb.plan_step(
+        lengths,
+        dp,
+        cost=lambda x: np.asarray(x) + 0.001 * np.asarray(x, dtype=float) ** 2,
+        layout="padded",
+        microbatch_size=len(lengths),
+        num_microbatches=3,
+        objective="lockstep",
+        allow_empty=True,
+        **options,
+    )
+
+
 def test_lockstep_positions_fill_one_after_the_other() -> None:
     # 11 samples, 7 ranks, 3 positions: the first position holds them all in 7 micro-batches
     # costing at most its longest sample's (22,464.756); the plan of one micro-batch per rank
     # for the 7 longest and a second position for the rest cost 18.5% more.
     lengths = [2231, 1254, 1073, 3509, 2563, 1773, 544, 2142, 2229, 4266, 1601]
-    plan = sb.plan_step(
-        lengths,
-        7,
-        cost=lambda x: np.asarray(x) + 0.001 * np.asarray(x, dtype=float) ** 2,
-        layout="padded",
-        microbatch_size=11,
-        num_microbatches=3,
-        objective="lockstep",
-        allow_empty=True,
-        max_tokens=16384,
-        allow_oversize=True,
-    )
+    plan = _padded_lockstep(lengths, 7, max_tokens=16384, allow_oversize=True)
     assert plan.step_cost == pytest.approx(4266 + 0.001 * 4266**2, rel=1e-12)
     assert plan.count_lower_bound == pytest.approx(plan.step_cost, rel=1e-6)
 
@@ -247,16 +252,7 @@ def test_lockstep_last_position_need_not_open_with_its_costliest() -> None:
     # 7502.121) = 20,482.242; six alone and the seventh in a second position cost 17,855.025
     # + 8,399.481 (the positions cut by their first micro-batch's cost found only that).
     lengths = [3755, 3710, 3708, 3093, 2992, 2739, 2441]
-    plan = sb.plan_step(
-        lengths,
-        6,
-        cost=lambda x: np.asarray(x) + 0.001 * np.asarray(x, dtype=float) ** 2,
-        layout="padded",
-        microbatch_size=7,
-        num_microbatches=3,
-        objective="lockstep",
-        allow_empty=True,
-    )
+    plan = _padded_lockstep(lengths, 6)
     assert plan.step_cost == pytest.approx(2 * (2739 + 0.001 * 2739**2), rel=1e-12)
     assert plan.count_lower_bound <= plan.step_cost * (1 + 1e-9)
 
