@@ -311,3 +311,32 @@ def test_plan_epoch_and_the_sampler_plan_with_rank_speeds() -> None:
     )
     expected = [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, 1)]
     assert list(sampler) == expected
+
+
+@pytest.mark.parametrize("seed", [1000, 1001])
+def test_fewest_count_left_out_changes_nothing_but_the_time(seed: int, monkeypatch) -> None:
+    # Where the capacity bound puts the fewest count above the third-cheapest larger count,
+    # lockstep planning leaves it out (it is never attempted) and plans exactly what the full
+    # count loop plans (the shortcut switched off).
+    lengths = np.random.default_rng(seed).lognormal(6, 1.5, 1000).clip(1, 8192).astype(int)
+    options = {"max_tokens": 8192, "rank_speeds": (1.0, 0.6), "allow_empty": True}
+    options["objective"] = "lockstep"
+    attempts: list[int] = []
+    attempt = balanced._attempt
+
+    def counted_attempt(p, m, **keywords):
+        attempts.append(m)
+        return attempt(p, m, **keywords)
+
+    monkeypatch.setattr(balanced, "_attempt", counted_attempt)
+    fast = sb.plan_step(lengths, 2, **options)
+    fewest = int(np.ceil(lengths.sum() / 2 / 8192))
+    assert fewest not in attempts and attempts
+    monkeypatch.setattr(balanced, "_fewest_left_out", lambda p, m, bound: (None, None))
+    attempts.clear()
+    full = sb.plan_step(lengths, 2, **options)
+    assert attempts[0] == fewest
+    assert fast.step_cost == full.step_cost
+    assert [[mb.tolist() for mb in mbs] for mbs in fast.ranks] == [
+        [mb.tolist() for mb in mbs] for mbs in full.ranks
+    ]

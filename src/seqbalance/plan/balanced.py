@@ -108,6 +108,9 @@ def plan_balanced(p: Problem) -> Microbatches:
     others = Portfolio(p)
     if (shortcut := _largest_count_first(p, m, bound)) is not None:
         return _at_rival_count(p, others.best(shortcut, bound))
+    shortcut, searched = _fewest_left_out(p, m, bound)
+    if shortcut is not None:
+        return _at_rival_count(p, others.best(shortcut, bound))
     while True:
         if not p.allow_empty and p.n < p.dp * m:
             raise ValueError(
@@ -126,12 +129,12 @@ def plan_balanced(p: Problem) -> Microbatches:
         plan = plan if found is None else found.plan
         if plan is not None:
             if p.speeds is not None:
-                plan = _more_for_faster_ranks(p, m, plan, bound)
+                plan = _more_for_faster_ranks(p, m, plan, bound, searched)
             return _at_rival_count(p, others.best(plan, bound))
         following = p.next_microbatches(m)
         if following is None:
             raise ValueError(_feasible.refusal(p, m, proven=found is not None and found.proven))
-        m = following
+        m, searched = following, None
 
 
 def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:
@@ -150,17 +153,29 @@ def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:
     return plan
 
 
-def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float) -> Microbatches:
+def _more_for_faster_ranks(
+    p: Problem,
+    m: int,
+    plan: Microbatches,
+    bound: float,
+    searched: list[tuple[float, Microbatches]] | None = None,
+) -> Microbatches:
     """With rank speeds the fewest micro-batches (sized for equal shares) may not hold a fast
-    rank's larger share under the cap: search larger counts (``_search_counts``) and keep the
-    cheapest plan (ties: the fewest micro-batches). Under ``lockstep`` ``plan`` (made without
-    the lockstep refinement) and the counts are compared before it; it then runs on the
-    ``_COUNTS_REFINED`` cheapest only, sharing one refinement's work budget."""
+    rank's larger share under the cap: search larger counts (``_search_counts``, or its result
+    ``searched`` where already run) and keep the cheapest plan (ties: the fewest micro-batches).
+    Under ``lockstep`` ``plan`` (made without the lockstep refinement) and the counts are
+    compared before it; it then runs on the ``_COUNTS_REFINED`` cheapest only."""
     value = aligned_value(p, plan)
     if value <= bound * (1 + RIVALS_WITHOUT_BOUND_GAP):
         return plan  # more could save less than this
-    found = [(value, plan), *_search_counts(p, m, bound, value)]
+    found = [(value, plan), *(_search_counts(p, m, bound, value) if searched is None else searched)]
     found.sort(key=lambda item: item[0])  # stable: the fewest micro-batches first on ties
+    return _refined_cheapest(p, found)
+
+
+def _refined_cheapest(p: Problem, found: list[tuple[float, Microbatches]]) -> Microbatches:
+    """The cheapest of the ``_COUNTS_REFINED`` first plans of ``found`` (sorted by value), each
+    after the lockstep refinement where it applies (sharing one refinement's work budget)."""
     best = None
     for candidate_value, candidate in found[:_COUNTS_REFINED]:
         if _refines(p, len(candidate[0])):
@@ -169,6 +184,33 @@ def _more_for_faster_ranks(p: Problem, m: int, plan: Microbatches, bound: float)
         if best is None or candidate_value < best[0] * (1 - _TOLERANCE):
             best = (candidate_value, candidate)
     return best[1]
+
+
+def _fewest_left_out(
+    p: Problem, m: int, bound: float
+) -> tuple[Microbatches | None, list[tuple[float, Microbatches]] | None]:
+    """Where ``capacity_bound`` puts every plan of ``m`` above the bound's gap (packed, no
+    groups, rank speeds, a plan of ``m`` sure to exist: else the count loop would go on from a
+    larger count): ``_search_counts`` run before the plan of ``m`` (dear where fast ranks fill
+    to the cap), and the plan ``_more_for_faster_ranks`` would return where the bound puts
+    ``m`` above the ``_COUNTS_REFINED``-th cheapest found (``m`` is not planned); else
+    (None, the search or None)."""
+    gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
+    if (
+        p.speeds is None
+        or p.layout != "packed"
+        or p.groups is not None
+        or _exact.applicable(p, m)
+        or capacity_bound(p, m) * (1 - 1e-9) <= gap
+        or _assign_units(p, m) is None
+        or _global_first_fit(p, m) is None
+    ):
+        return None, None
+    found = _search_counts(p, m, bound, np.inf)
+    last = found[_COUNTS_REFINED - 1][0] if len(found) >= _COUNTS_REFINED else np.inf
+    if capacity_bound(p, m) * (1 - 1e-9) > last:
+        return _refined_cheapest(p, found), found
+    return None, found
 
 
 def _largest_count_first(p: Problem, m: int, bound: float) -> Microbatches | None:
