@@ -31,6 +31,15 @@ def test_microbatches_respect_the_caps_and_vary_in_shape() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
 
 
+@pytest.mark.parametrize("cap", [8, 9, 12, 15, 16, 64])
+def test_small_caps_are_respected_too(cap: int) -> None:
+    # 2-16 equal samples of at least one token each: under a cap of 16 there were more samples
+    # than tokens allowed (cap 8: 47 of 240 micro-batches over it).
+    for seed in range(20):
+        for batch in calibration_microbatches(12, max_tokens=cap, max_length=cap, seed=seed):
+            assert 1 <= batch.sum() <= cap and batch.min() >= 1
+
+
 def test_padded_microbatches_hold_equal_samples_within_the_cap() -> None:
     packed = calibration_microbatches(30, max_tokens=1024, max_length=700, seed=3)
     padded = calibration_microbatches(30, max_tokens=1024, max_length=700, seed=3, layout="padded")

@@ -163,7 +163,8 @@ def calibration_microbatches(
         if kind == 0:
             lengths = np.array([min(budget, max_length)])
         elif kind == 1:
-            pieces = int(rng.integers(2, 17))
+            # At most max_tokens samples of at least 1 token: a cap under 16 holds them all.
+            pieces = min(int(rng.integers(2, 17)), max_tokens)
             lengths = np.full(pieces, max(1, min(budget // pieces, max_length)))
         else:
             draws = rng.lognormal(np.log(max(budget / 6, 1.0)), 0.8, size=64)

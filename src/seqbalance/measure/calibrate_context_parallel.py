@@ -138,7 +138,10 @@ def calibration_plans(
         for fill in _FILLS:
             total = int(size * cap * fill)
             for count in [c for c in _COUNTS if total // c >= 2 * size]:
-                lengths = np.full(count * (world // size), total // count, dtype=np.int64)
+                # A multiple of 2 x size, so that equal shards keep every member within the
+                # cap (a cap that does not divide evenly gave one member a token too many).
+                length = total // count // (2 * size) * (2 * size)
+                lengths = np.full(count * (world // size), length, dtype=np.int64)
                 start = np.repeat(np.arange(0, world, size), count)
                 plans.append(_one_slot(lengths, world, options, np.full_like(lengths, size), start))
     return plans
