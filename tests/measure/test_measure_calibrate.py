@@ -219,12 +219,7 @@ def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
     cost = _cp_cost(**truth)
     plans = calibration_plans(4, ContextParallel(sizes=(1, 2, 4)), cost, max_tokens=256, seed=2)
     # The features give back the plans' own costs under the true constants.
-    constants = np.array(
-        [
-            *(truth["t0"], truth["t1"], truth["t2"], truth["t2"] * truth["factor"]),
-            *(1 / truth["bandwidth"], truth["latency"], truth["piece"], truth["sample"]),
-        ]
-    )
+    constants = _constants(cost)
     for plan in plans:
         features = slot_features(plan)
         assert features.shape == (*plan.costs.shape, len(FEATURES))

@@ -290,21 +290,8 @@ class ContextParallelTimeModel:
             check_int(self.kv_elements_per_token, "kv_elements_per_token", minimum=0),
         )
         object.__setattr__(self, "kv_layers", check_int(self.kv_layers, "kv_layers", minimum=0))
-        object.__setattr__(
-            self,
-            "piece_overhead_s",
-            check_non_negative_float(self.piece_overhead_s, "piece_overhead_s"),
-        )
-        object.__setattr__(
-            self,
-            "sharded_attention_factor",
-            check_non_negative_float(self.sharded_attention_factor, "sharded_attention_factor"),
-        )
-        object.__setattr__(
-            self,
-            "sample_overhead_s",
-            check_non_negative_float(self.sample_overhead_s, "sample_overhead_s"),
-        )
+        for name in ("piece_overhead_s", "sharded_attention_factor", "sample_overhead_s"):
+            object.__setattr__(self, name, check_non_negative_float(getattr(self, name), name))
 
     @classmethod
     def from_model(
