@@ -123,11 +123,12 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     source = load_lengths(args.lengths)
+    global_batch = _global_batch(args, source)
     context_parallel = context_parallel_from_args(args)
     if args.strategies is None:
         args.strategies = default_strategies(context_parallel=context_parallel is not None)
     if context_parallel is None:
-        _baseline_setup(args, _global_batch(args, source))
+        _baseline_setup(args, global_batch)
     cost, peak, efficiency, description = cost_from_args(
         args, context_parallel=context_parallel is not None
     )
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
                 options,
                 groups=source.groups,
                 dp_size=args.dp,
-                global_batch_size=_global_batch(args, source),
+                global_batch_size=global_batch,
                 steps=args.steps,
                 peak_flops_per_s=peak,
                 efficiency=efficiency,
