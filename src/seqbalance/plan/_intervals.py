@@ -33,7 +33,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound"]
+__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound", "run_room"]
 
 _SHIFTS = 48
 """Layers whose longest interval has at most this many samples are computed by shifts (one
@@ -141,6 +141,26 @@ def padded_bound(p: Problem, m_lower: int) -> float:
         best = min(best, bound)
         m += p.microbatch_multiple
     return float(best)
+
+
+def run_room(
+    costs: np.ndarray, take: np.ndarray, budget: float | np.ndarray, slack: float = 1e-12
+) -> np.ndarray:
+    """int64: how many samples a run of the order longest first may hold from each start (or
+    per entry, with ``costs``, ``take`` and ``budget`` of one shape): at most ``take`` (>= 1)
+    and as many as keep ``count x costs`` within ``budget`` (a relative ``slack`` over it: a
+    budget may be a bound less overheads, rounded). The one place that arithmetic lives: it
+    never divides by a cost of 0 or one so small that the quotient overflows (a sample of
+    length 0 costs 0 FLOPs), and a negative budget holds nothing."""
+    budget = np.maximum(np.asarray(budget, dtype=np.float64), 0.0)
+    # Where ``take`` samples fit, no division by the cost: compared as cost against the budget
+    # per sample, which cannot overflow (``take >= 1``; an infinite budget fits every take).
+    whole = costs / (1 + slack) <= budget / take
+    part = np.zeros(np.broadcast(costs, budget).shape)
+    # Elsewhere cost > budget / take >= 0, so budget / cost < take: finite.
+    np.divide(budget, costs, out=part, where=~whole)
+    counts = np.minimum(np.floor(part * (1 + slack)), take)
+    return np.where(whole, take, counts).astype(np.int64)
 
 
 class Intervals:
@@ -328,15 +348,7 @@ class Intervals:
     def _ends(self, u: float) -> np.ndarray:
         """int64 ``[n + 1]``: where an interval from each start ends when it holds as many
         samples as ``take`` and a cost of at most ``u`` allow (``n`` past the last)."""
-        n = self.n
-        positive = self.least > 0
-        fits = np.full(n, n, dtype=np.int64)
-        # Capped at n before the integer cast: a very large u (a loose upper bound) would
-        # otherwise overflow int64 and wrap to a negative count.
-        fits[positive] = np.minimum(np.floor(u * (1 + 1e-12) / self.least[positive]), n).astype(
-            np.int64
-        )
-        return np.append(np.arange(n) + np.minimum(self.take, fits), n)
+        return np.append(np.arange(self.n) + run_room(self.least, self.take, u), self.n)
 
     def _least_threshold(self, k: int, expensive: int, high: float, cap: float = np.inf) -> float:
         """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
@@ -442,9 +454,7 @@ class Intervals:
         if self.n == 0 or self._work(k) > _WORK:
             return None
         # A relative 1e-9 of slack: ``cap`` may be a bound less its overheads (rounding).
-        fits = np.floor(cap * (1 + 1e-9) / np.maximum(self.least, 1e-300))
-        take = np.minimum(self.take, fits)
-        take = np.maximum(take, 0).astype(np.int64)
+        take = run_room(self.least, self.take, cap, slack=1e-9)
         f = np.full(self.n + 1, np.inf)
         f[0] = 0.0
         choices = []

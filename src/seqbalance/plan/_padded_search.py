@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from seqbalance.plan._intervals import Intervals
+from seqbalance.plan._intervals import Intervals, run_room
 from seqbalance.plan._shared import Microbatches
 
 __all__ = ["cheapest_start", "improve_intervals", "tiered_starts"]
@@ -194,9 +194,7 @@ def _tier_reach(
     n = costs.size
     for _ in range(more):
         j = np.minimum(at, n - 1)
-        fits = np.floor(top * (1 + 1e-12) / np.maximum(costs[j], 1e-300))
-        grow = np.minimum(take[j], np.minimum(fits, n)).astype(np.int64)
-        at = np.where(at < n, at + grow, at)
+        at = np.where(at < n, at + run_room(costs[j], take[j], top), at)
     return at
 
 
