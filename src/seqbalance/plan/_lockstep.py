@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from seqbalance.plan._packing import fill_empty, heaviest_first
+from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     aligned_value,
@@ -82,21 +82,15 @@ def _pack_under(
     last = np.maximum(starts + counts - 1, 0)  # a valid position even for a rank without samples
     limit = profile[None, :] * p.speeds_or_ones[:, None]
     loads = np.full((dp, m), float(p.overhead))
-    tokens = np.full((dp, m), float(p.cap))
-    patches = None if p.patches is None else np.full((dp, m), float(p.patch_cap))
-    empty = np.ones((dp, m), dtype=bool)
+    rooms = Rooms(p, m, ranks=dp)
     where = np.empty(samples.size, dtype=np.int64)  # micro-batch of each placed sample
     failed = np.zeros(dp, dtype=bool)
     failed[reference] = True
     for step in range(int(counts.max(initial=0))):
         # Every rank at once; a rank without an s-th sample (or failed) is left as it is.
         i = samples[np.minimum(starts + step, last)]
-        length, cost, big = p.lengths[i], p.sample_costs[i], p.oversize[i]
-        fits = tokens >= length[:, None]
-        if patches is not None:
-            need = p.patches[i]  # type: ignore[index]
-            fits &= patches >= need[:, None]
-        fits = np.where(big[:, None], empty, fits)
+        cost, big = p.sample_costs[i], p.oversize[i]
+        fits = rooms.allowed(i)
         trial = loads + cost[:, None]
         within = fits & (trial <= limit)
         excess = np.where(fits, trial - limit, np.inf)
@@ -109,10 +103,7 @@ def _pack_under(
         j = j[rows]
         where[starts[rows] + step] = j
         loads[rows, j] = trial[rows, j]
-        empty[rows, j] = False
-        tokens[rows, j] = np.where(big[rows], -1.0, tokens[rows, j] - length[rows])
-        if patches is not None:
-            patches[rows, j] = np.where(big[rows], -1.0, patches[rows, j] - need[rows])
+        rooms.take(j, i[rows], rows)
     result: list[list[list[int]] | None] = []
     for r in range(dp):
         if failed[r]:
