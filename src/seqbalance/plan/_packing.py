@@ -149,6 +149,7 @@ class Rooms:
         self.empty = np.ones(shape, dtype=bool)
         self.tokens = np.full(shape, float(p.cap))
         self.patches = None if p.patches is None else np.full(shape, float(p.patch_cap))
+        self._closing = bool(p.oversize.any())  # some sample closes its micro-batch
         for j, mb in enumerate(microbatches or ()):
             for i in mb:
                 self.take(j, i)
@@ -167,7 +168,8 @@ class Rooms:
     def allowed(self, i: np.ndarray) -> np.ndarray:
         """bool ``[ranks, m]``: where each row's sample ``i[row]`` may go (the micro-batches it
         fits; an over-cap sample: the empty ones)."""
-        return np.where(self.p.oversize[i][:, None], self.empty, self._fits(i))
+        fits = self._fits(i)
+        return np.where(self.p.oversize[i][:, None], self.empty, fits) if self._closing else fits
 
     def first(self, i: int) -> int | None:
         """The first micro-batch that sample ``i`` fits (None: none)."""
@@ -179,9 +181,12 @@ class Rooms:
         """Sample ``i`` joins micro-batch ``j``; with ``rows``, each row's sample of ``i`` joins
         its micro-batch of ``j``."""
         at = j if rows is None else (rows, j)
-        big = self.p.oversize[i]
         self.empty[at] = False
-        self.tokens[at] = np.where(big, -1.0, self.tokens[at] - self.p.lengths[i])
+        self.tokens[at] -= self.p.lengths[i]
         if self.patches is not None:
-            left = self.patches[at] - self.p.patches[i]  # type: ignore[index]
-            self.patches[at] = np.where(big, -1.0, left)
+            self.patches[at] -= self.p.patches[i]  # type: ignore[index]
+        if self._closing:  # no room is left beside an over-cap sample
+            big = self.p.oversize[i]
+            self.tokens[at] = np.where(big, -1.0, self.tokens[at])
+            if self.patches is not None:
+                self.patches[at] = np.where(big, -1.0, self.patches[at])
