@@ -353,8 +353,9 @@ def measure_slot_timings(
     """float64 ``[repeats, n_ranks, n_slots]``: every rank's CPU seconds of every slot of
     ``plan`` in each of ``repeats`` runs after a warm-up run, the same on every rank
     (all-gathered). Every rank calls it with the same arguments; gradients are left zeroed."""
+    repeats = check_int(repeats, "repeats", minimum=1)
     seconds = []
-    for _ in range(check_int(repeats, "repeats", minimum=1) + 1):
+    for _ in range(repeats + 1):
         model.zero_grad(set_to_none=True)
         step = run_step(model, plan, samples, groups, forward=forward, timeout=timeout)
         seconds.append(step.slot_cpu_seconds)
