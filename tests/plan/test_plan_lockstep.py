@@ -7,12 +7,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seqbalance.plan import PlanOptions
+from seqbalance.plan import _lockstep as lockstep
 from seqbalance.plan._lockstep import _pack_under
 from seqbalance.plan._packing import fill_empty
+from seqbalance.plan._problem import Problem
 
 
 def _one_rank(p: Any, samples: list[int], limits: list[float]) -> list[list[int]] | None:
@@ -98,3 +102,39 @@ def test_ranks_packed_at_once_as_one_by_one(request: Any) -> None:
         for r, mbs in enumerate(plan)
     ]
     assert _pack_under(p, plan, reference, profile) == expected
+
+
+def _speeds_problem(lengths: list[int], speeds: tuple[float, float]) -> Problem:
+    options = PlanOptions(max_tokens=100, objective="lockstep", rank_speeds=speeds)
+    lengths_array = np.array(lengths)
+    return Problem(
+        lengths=lengths_array,
+        sample_costs=lengths_array.astype(np.float64),
+        overhead=0.0,
+        dp=2,
+        groups=None,
+        options=options,
+    )
+
+
+def _refuse(*args: Any) -> None:
+    raise AssertionError("searched although one rank sets the whole cost")
+
+
+def test_a_rank_costliest_at_every_position_ends_both_phases(monkeypatch: Any) -> None:
+    # Rank 1 (speed 0.25) has the costlier micro-batch at every position (times 160 and 120
+    # against 50 and 10): the lockstep cost is its total, which moves inside a rank keep, so
+    # neither the re-packing nor the refinement searches, and the plan stays as it is.
+    p = _speeds_problem([50, 10, 30, 10, 20, 10], (1.0, 0.25))
+    plan = [[[0], [1]], [[2, 3], [4, 5]]]
+    monkeypatch.setattr(lockstep, "_pack_under", _refuse)
+    monkeypatch.setattr(lockstep, "_best_inner_change", _refuse)
+    assert lockstep.match_profile(p, plan) is plan
+    lockstep.refine_lockstep(p, plan)
+    assert plan == [[[0], [1]], [[2, 3], [4, 5]]]
+    # Equal speeds: rank 0 is costlier at the first position (50 against 40), rank 1 at the
+    # second (30 against 10), so both phases search (and the refusal above fires).
+    p = _speeds_problem([50, 10, 30, 10, 20, 10], (1.0, 1.0))
+    for phase in (lockstep.match_profile, lockstep.refine_lockstep):
+        with pytest.raises(AssertionError, match="one rank sets"):
+            phase(p, [[[0], [1]], [[2, 3], [4, 5]]])

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from test_plan_properties import _check, _plan, problems
 
 import seqbalance as sb
+from seqbalance.plan import _at_count, _count_search, strategy_names
 from seqbalance.plan import _lockstep as lockstep
-from seqbalance.plan import balanced, strategy_names
 from seqbalance.plan.balanced import PLANNING_BUDGET_GAP
 
 SPEEDS = st.sampled_from([1.0, 0.67, 0.5, 1.5, 0.01])
@@ -138,7 +138,7 @@ def test_lockstep_search_with_speeds_is_bounded(slow: float, monkeypatch) -> Non
     # attempted and refined every count: 18 s of CPU for this step at 0.2).
     attempts: list[int] = []
     spent: dict[int, int] = {}  # each refinement's work counter, by identity
-    attempt, inner = balanced._attempt, lockstep._best_inner_change
+    attempt, inner = _at_count.attempt, lockstep._best_inner_change
 
     def counted_attempt(p, m, **keywords):
         attempts.append(m)
@@ -149,7 +149,7 @@ def test_lockstep_search_with_speeds_is_bounded(slow: float, monkeypatch) -> Non
         spent[id(args[7])] = args[7][0]
         return found
 
-    monkeypatch.setattr(balanced, "_attempt", counted_attempt)
+    monkeypatch.setattr(_at_count, "attempt", counted_attempt)
     monkeypatch.setattr(lockstep, "_best_inner_change", counted_inner)
     lengths = np.random.default_rng(0).choice(sb.datasets.load("sharegpt"), 600)
     options = {"cost": "flops", "objective": "lockstep", "allow_empty": True}
@@ -157,8 +157,8 @@ def test_lockstep_search_with_speeds_is_bounded(slow: float, monkeypatch) -> Non
     plan = sb.plan_step(lengths, 2, **options)
     plan.validate()
     counts = attempts[0] * (1 / ((1 + slow) / 2) - 1)  # the counts above the fewest (~300)
-    assert 1 < len(attempts) <= 1 + balanced._COUNTS_TRIED + 2 * np.log2(counts)
-    assert len(spent) <= 1 + balanced._COUNTS_REFINED
+    assert 1 < len(attempts) <= 1 + _count_search.COUNTS_TRIED + 2 * np.log2(counts)
+    assert len(spent) <= 1 + _count_search.COUNTS_REFINED
     # One call past its budget at most: each refinement checks it before a call.
     assert sum(spent.values()) <= 2 * lockstep.LOCKSTEP_WORK + len(spent) * 10**6
 
@@ -322,17 +322,17 @@ def test_fewest_count_left_out_changes_nothing_but_the_time(seed: int, monkeypat
     options = {"max_tokens": 8192, "rank_speeds": (1.0, 0.6), "allow_empty": True}
     options["objective"] = "lockstep"
     attempts: list[int] = []
-    attempt = balanced._attempt
+    attempt = _at_count.attempt
 
     def counted_attempt(p, m, **keywords):
         attempts.append(m)
         return attempt(p, m, **keywords)
 
-    monkeypatch.setattr(balanced, "_attempt", counted_attempt)
+    monkeypatch.setattr(_at_count, "attempt", counted_attempt)
     fast = sb.plan_step(lengths, 2, **options)
     fewest = int(np.ceil(lengths.sum() / 2 / 8192))
     assert fewest not in attempts and attempts
-    monkeypatch.setattr(balanced, "_fewest_left_out", lambda p, m, bound: (None, None))
+    monkeypatch.setattr(_count_search.CountSearch, "shortcut", lambda self: None)
     attempts.clear()
     full = sb.plan_step(lengths, 2, **options)
     assert attempts[0] == fewest

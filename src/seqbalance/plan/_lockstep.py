@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from seqbalance.plan._packing import fill_empty, heaviest_first
+from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     aligned_value,
@@ -42,13 +42,17 @@ def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     still has room, else where it exceeds the profile least. A rank whose costliest micro-batch
     is one long sample then no longer forces the others' second micro-batches to be large.
     The re-packed plan is kept only if its lockstep cost is lower. With rank speeds the profile
-    is in time (cost / speed): rank ``r`` packs under it times its own speed.
+    is in time (cost / speed): rank ``r`` packs under it times its own speed. Where the
+    reference rank is the costliest at every position, it sets the whole cost and is kept as
+    it is, so no re-packing can lower the cost: the plan is returned without one.
     """
     speeds = p.speeds_or_ones
     heaviest = [
         max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
     ]
     reference = int(np.argmax(heaviest))
+    if _dominant(_aligned_times(p, plan), reference):
+        return plan
     profile = np.array(
         sorted(
             (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
@@ -57,6 +61,18 @@ def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     repacked = _pack_under(p, plan, reference, profile)
     result = [mine if mine is not None else mbs for mine, mbs in zip(repacked, plan, strict=True)]
     return result if aligned_value(p, result) < aligned_value(p, plan) else plan
+
+
+def _aligned_times(p: Problem, plan: Microbatches) -> np.ndarray:
+    """float64 ``[dp, M]``: every rank's micro-batch times, heaviest first (what
+    ``aligned_value`` takes the maximum of at each position)."""
+    return -np.sort(-p.plan_costs(plan), axis=1) / p.speeds_or_ones[:, None]
+
+
+def _dominant(aligned: np.ndarray, rank: int) -> bool:
+    """Whether ``rank`` is the costliest at every position of ``aligned`` (times, heaviest
+    first): the lockstep cost is then its own total, which moves inside a rank keep."""
+    return bool((aligned[rank] >= aligned).all())
 
 
 def _pack_under(
@@ -82,21 +98,15 @@ def _pack_under(
     last = np.maximum(starts + counts - 1, 0)  # a valid position even for a rank without samples
     limit = profile[None, :] * p.speeds_or_ones[:, None]
     loads = np.full((dp, m), float(p.overhead))
-    tokens = np.full((dp, m), float(p.cap))
-    patches = None if p.patches is None else np.full((dp, m), float(p.patch_cap))
-    empty = np.ones((dp, m), dtype=bool)
+    rooms = Rooms(p, m, ranks=dp)
     where = np.empty(samples.size, dtype=np.int64)  # micro-batch of each placed sample
     failed = np.zeros(dp, dtype=bool)
     failed[reference] = True
     for step in range(int(counts.max(initial=0))):
         # Every rank at once; a rank without an s-th sample (or failed) is left as it is.
         i = samples[np.minimum(starts + step, last)]
-        length, cost, big = p.lengths[i], p.sample_costs[i], p.oversize[i]
-        fits = tokens >= length[:, None]
-        if patches is not None:
-            need = p.patches[i]  # type: ignore[index]
-            fits &= patches >= need[:, None]
-        fits = np.where(big[:, None], empty, fits)
+        cost, big = p.sample_costs[i], p.oversize[i]
+        fits = rooms.allowed(i)
         trial = loads + cost[:, None]
         within = fits & (trial <= limit)
         excess = np.where(fits, trial - limit, np.inf)
@@ -109,10 +119,7 @@ def _pack_under(
         j = j[rows]
         where[starts[rows] + step] = j
         loads[rows, j] = trial[rows, j]
-        empty[rows, j] = False
-        tokens[rows, j] = np.where(big[rows], -1.0, tokens[rows, j] - length[rows])
-        if patches is not None:
-            patches[rows, j] = np.where(big[rows], -1.0, patches[rows, j] - need[rows])
+        rooms.take(j, i[rows], rows)
     result: list[list[list[int]] | None] = []
     for r in range(dp):
         if failed[r]:
@@ -158,7 +165,8 @@ def refine_lockstep(p: Problem, plan: Microbatches, budget: int = LOCKSTEP_WORK)
             return
         aligned = -np.sort(-costs, axis=1)
         current = aligned.max(axis=0).sum()
-        if current <= good_enough:
+        # A rank costliest at every position sets the cost: no move lowers its total.
+        if current <= good_enough or _dominant(aligned, int(np.argmax(aligned[:, 0]))):
             return
         best: tuple[float, int, int, int, int, int] | None = None
         for position in np.argsort(-(aligned.max(axis=0) - np.median(aligned, axis=0))):

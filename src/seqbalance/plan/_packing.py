@@ -8,6 +8,7 @@ size, and an over-cap sample alone in its micro-batch.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -127,30 +128,48 @@ def heaviest_first(p: Problem, samples: np.ndarray) -> np.ndarray:
 
 
 class Rooms:
-    """What is left under the caps in each of a rank's micro-batches (tokens, and vision
-    patches with a patch cap); an over-cap sample needs an empty micro-batch and closes it.
+    """What is left under the caps in micro-batches (tokens, and vision patches with a patch
+    cap); an over-cap sample needs an empty micro-batch and closes it.
 
-    Rooms are float arrays (exact: token counts are below 2**53) searched with numpy, as a tight
-    cap gives thousands of micro-batches."""
+    One rank's ``m`` micro-batches, or with ``ranks`` a ``[ranks, m]`` table filled one sample
+    per rank at a time (``allowed`` and ``take`` with an array of samples, one per row). Rooms
+    are float arrays (exact: token counts are below 2**53) searched with numpy, as a tight cap
+    gives thousands of micro-batches."""
 
-    def __init__(self, p: Problem, m: int, microbatches: list[list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        p: Problem,
+        m: int,
+        microbatches: list[list[int]] | None = None,
+        *,
+        ranks: int | None = None,
+    ) -> None:
         self.p = p
-        self.empty = np.ones(m, dtype=bool)
-        self.tokens = np.full(m, float(p.cap))
-        self.patches = None if p.patches is None else np.full(m, float(p.patch_cap))
+        shape = (m,) if ranks is None else (ranks, m)
+        self.empty = np.ones(shape, dtype=bool)
+        self.tokens = np.full(shape, float(p.cap))
+        self.patches = None if p.patches is None else np.full(shape, float(p.patch_cap))
+        self._closing = bool(p.oversize.any())  # some sample closes its micro-batch
         for j, mb in enumerate(microbatches or ()):
             for i in mb:
                 self.take(j, i)
 
-    def _fits(self, i: int) -> np.ndarray:
-        fits = self.tokens >= self.p.lengths[i]
+    def _fits(self, i: Any) -> np.ndarray:
+        # A sample against every micro-batch, or each row's sample against its row.
+        fits = self.tokens >= self.p.lengths[i][..., None]
         if self.patches is not None:
-            fits &= self.patches >= self.p.patches[i]  # type: ignore[index]
+            fits &= self.patches >= self.p.patches[i][..., None]  # type: ignore[index]
         return fits
 
     def fitting(self, i: int) -> list[int]:
         """The micro-batches that non-over-cap sample ``i`` fits, in order."""
         return np.flatnonzero(self._fits(i)).tolist()
+
+    def allowed(self, i: np.ndarray) -> np.ndarray:
+        """bool ``[ranks, m]``: where each row's sample ``i[row]`` may go (the micro-batches it
+        fits; an over-cap sample: the empty ones)."""
+        fits = self._fits(i)
+        return np.where(self.p.oversize[i][:, None], self.empty, fits) if self._closing else fits
 
     def first(self, i: int) -> int | None:
         """The first micro-batch that sample ``i`` fits (None: none)."""
@@ -158,14 +177,16 @@ class Rooms:
         j = int(np.argmax(fits))
         return j if fits[j] else None
 
-    def take(self, j: int, i: int) -> None:
-        """Sample ``i`` joins micro-batch ``j``."""
-        self.empty[j] = False
-        if self.p.oversize[i]:
-            self.tokens[j] = -1
-            if self.patches is not None:
-                self.patches[j] = -1
-            return
-        self.tokens[j] -= self.p.lengths[i]
+    def take(self, j: Any, i: Any, rows: np.ndarray | None = None) -> None:
+        """Sample ``i`` joins micro-batch ``j``; with ``rows``, each row's sample of ``i`` joins
+        its micro-batch of ``j``."""
+        at = j if rows is None else (rows, j)
+        self.empty[at] = False
+        self.tokens[at] -= self.p.lengths[i]
         if self.patches is not None:
-            self.patches[j] -= self.p.patches[i]  # type: ignore[index]
+            self.patches[at] -= self.p.patches[i]  # type: ignore[index]
+        if self._closing:  # no room is left beside an over-cap sample
+            big = self.p.oversize[i]
+            self.tokens[at] = np.where(big, -1.0, self.tokens[at])
+            if self.patches is not None:
+                self.patches[at] = np.where(big, -1.0, self.patches[at])

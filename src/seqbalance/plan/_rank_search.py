@@ -98,7 +98,11 @@ def lpt_with_capacities(
 
     def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
         if p.speeds is not None:
-            by_finish = np.argsort((loads + cost) / p.speeds, kind="stable").tolist()
+            finish = (loads + cost) / p.speeds
+            first = int(np.argmin(finish))  # the first of the earliest: the usual answer
+            if room(first, weight, count, patch):
+                return first
+            by_finish = np.argsort(finish, kind="stable").tolist()
             return next((r for r in by_finish if room(r, weight, count, patch)), None)
         load, r = heap[0]
         if room(r, weight, count, patch):

@@ -1,0 +1,323 @@
+"""The ``balanced`` plan with a given number of micro-batches per rank ``m`` (steps 1-4 of
+``plan/balanced.py``): units to ranks under the ranks' capacities, each rank's samples packed
+into micro-batches (the lockstep profile and refinement, or the padded cuts and their search),
+and the fallbacks where a rank does not fit."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from seqbalance.partition import SizeLimits
+from seqbalance.partition.greedy import lpt
+from seqbalance.partition.refine import refine
+from seqbalance.partition.speeds import lpt_speeds
+from seqbalance.plan import _feasible
+from seqbalance.plan._intervals import Intervals, count_bound
+from seqbalance.plan._lockstep import match_profile, refine_lockstep
+from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
+from seqbalance.plan._padded import deal, padded_global, segment
+from seqbalance.plan._padded_search import cheapest_start, improve_intervals, tiered_starts
+from seqbalance.plan._portfolio import PLANNING_BUDGET_GAP, aligned_value, beyond_budget
+from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import (
+    GOOD_ENOUGH,
+    RankState,
+    capacities,
+    lpt_with_capacities,
+)
+from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
+from seqbalance.plan._shared import Microbatches
+from seqbalance.plan.strategies import rank_members
+
+__all__ = ["assign_units", "attempt", "global_first_fit", "refines"]
+
+
+def attempt(
+    p: Problem, m: int, *, refine: bool = True, isolate: bool = True
+) -> Microbatches | None:
+    """The plan with ``m`` micro-batches per rank (None when none was found); ``refine=False``
+    leaves out the lockstep refinement (``match_profile`` still applies), ``isolate=False`` the
+    padded plan with dominant samples alone (``_longest_alone``)."""
+    if p.layout == "padded" and p.groups is None:
+        # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
+        # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
+        plans = [padded_global(p, m), *([_padded_by_rank(p, m)] if p.speeds is not None else [])]
+        if plans[0] is not None and p.speeds is None:
+            plans += _interval_search(p, m, plans[0])
+            plans += [_longest_alone(p, m)] if isolate else []
+        valid = [plan for plan in plans if plan is not None]
+        return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
+    if p.layout == "padded":
+        return _padded_by_rank(p, m)
+    rank_of_unit = assign_units(p, m)
+    if rank_of_unit is None:
+        return None
+    members = rank_members(p, rank_of_unit)
+    plan = _pack_ranks(p, members, m)
+    if plan is None and p.groups is None and p.layout == "packed":
+        plan = global_first_fit(p, m)
+    if plan is not None and refines(p, m):
+        plan = match_profile(p, plan)
+        if refine:
+            refine_lockstep(p, plan)
+    return plan
+
+
+def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatches | None]:
+    """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts),
+    from the cheapest cuts whose intervals cost at most the count's lower bound and, in
+    ``lockstep``, from positions cut one after the other (``tiered_starts``; also as they are)."""
+    intervals = Intervals.of(p)
+    bound = count_bound(p, m)
+    target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
+    starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
+    if p.objective == "lockstep" and m > 1:
+        starts += tiered_starts(p, intervals, m)
+    found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
+    # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
+    return found + [plan for plan in starts[2:] if plan is not None]
+
+
+def _longest_alone(p: Problem, m: int) -> Microbatches | None:
+    """Padded ``step`` with empty micro-batches allowed, where samples alone reach the lower
+    bound: each of them (the longest, at most ``dp - 1``) alone on a rank of its own (any
+    companion adds its padded cost to a rank already at the bound) and the others planned on
+    the other ranks (once: no further isolation there); None elsewhere."""
+    if not (p.allow_empty and p.objective == "step" and p.n > p.dp > 1):
+        return None
+    order = np.lexsort((np.arange(p.n), -p.lengths))
+    reach = p.sample_costs[order] + m * p.overhead >= p.lower_bound(m) * (1 - _TOLERANCE)
+    alone = order[: min(int(reach.sum()), p.dp - 1)]
+    if alone.size == 0:
+        return None
+    others = np.setdiff1d(np.arange(p.n), alone)
+    rest = Problem(
+        lengths=p.lengths[others],
+        sample_costs=p.sample_costs[others],
+        overhead=p.overhead,
+        dp=p.dp - alone.size,
+        groups=None,
+        # Only planned without speeds (equal ones are none): none for the fewer ranks either.
+        options=p.options.replace(rank_speeds=None),
+    )
+    plan = attempt(rest, m, isolate=False)
+    if plan is None:
+        return None
+    own = [[[int(i)]] + [[] for _ in range(m - 1)] for i in alone]
+    return [[others[mb].tolist() for mb in mbs] for mbs in plan] + own
+
+
+def refines(p: Problem, m: int) -> bool:
+    """Whether plans with ``m`` micro-batches per rank get the lockstep phase (packed only)."""
+    return p.objective == "lockstep" and p.layout == "packed" and m > 1
+
+
+def global_first_fit(p: Problem, m: int) -> Microbatches | None:
+    """Fallback for tight caps: first-fit decreasing over all ``dp x M`` micro-batches, which
+    are then dealt to ranks costliest first (least loaded rank with a free slot)."""
+    bins = _first_fit_decreasing(p, np.arange(p.n, dtype=np.int64), p.dp * m)
+    if bins is None:
+        return None
+    fill_empty(p, bins)
+    return deal(p, bins, m)
+
+
+# ---------------------------------------------------------------------- step 1: ranks
+def assign_units(p: Problem, m: int) -> np.ndarray | None:
+    costs = p.unit_sums(p.sample_costs)
+    tokens = p.unit_sums(p.capacity_tokens)
+    counts = p.unit_counts.astype(np.float64)
+    # Without a patch cap the patch arithmetic is skipped everywhere (patches is None).
+    patches = None if p.capacity_patches is None else p.unit_sums(p.capacity_patches)
+    caps = capacities(p, m)
+    # The partition engine's LPT is the usual start; capacities rarely bind.
+    if p.speeds is None:
+        rank_of_unit = lpt(costs, p.dp)
+    else:
+        rank_of_unit = lpt_speeds(costs, p.speeds, SizeLimits(0, p.n_units))
+    if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
+        # LPT with capacities; failing that, the partition engine on each capacity's measure.
+        starts = itertools.chain(
+            [lpt_with_capacities(p, costs, tokens, counts, patches, caps)],
+            _feasible.rank_starts(p.dp, tokens, counts, patches, caps),
+        )
+        sizes = (tokens, counts, patches)
+        fitting = (s for s in starts if s is not None and _fits_capacities(s, p.dp, *sizes, caps))
+        rank_of_unit = next(fitting, None)
+        if rank_of_unit is None:
+            return None
+    # Beyond the planning budget ranks within the gap of the bound are kept where the rank
+    # loads set the cost (``step``, or one micro-batch per rank; otherwise the lockstep
+    # micro-batch phase does: the ranks are searched in full).
+    beyond = (p.objective == "step" or m == 1) and beyond_budget(p)
+    slack = PLANNING_BUDGET_GAP if beyond else GOOD_ENOUGH
+    state = RankState(p, m, rank_of_unit, costs, tokens, counts, patches, slack=slack)
+    state.pair_rounds()
+    state.refine()
+    if beyond and state.times().max() > state.good_enough:
+        other = _engine_search(p, m, state, (tokens, counts, patches), caps)
+        if other is not None and (other.fill_short_ranks() or p.allow_empty):
+            return other.rank_of_unit
+    # With allow_empty a rank that cannot be given M samples (groups) keeps empty micro-batches.
+    return rank_of_unit if state.fill_short_ranks() or p.allow_empty else None
+
+
+def _engine_search(
+    p: Problem,
+    m: int,
+    state: RankState,
+    sizes: tuple[np.ndarray, np.ndarray, np.ndarray | None],
+    caps: tuple[float, float, float],
+) -> RankState | None:
+    """Beyond the planning budget, before any rival may run: the partition engine's moves and
+    swaps from an equal-count LPT start (what its ``auto`` keeps with few units per rank, e.g.
+    groups; a few ms) when they lower the costliest rank within the capacities, else None."""
+    if p.speeds is not None or p.layout != "packed" or p.n_units < p.dp:
+        return None
+    equal = SizeLimits.of(p.n_units, p.dp, equal_size=True, max_items=None)
+    start = lpt(state.costs, p.dp, equal)
+    target = p.unit_cost_bound * (1 + PLANNING_BUDGET_GAP)
+    found = refine(state.costs, start, p.dp, SizeLimits(0, p.n_units), target=target)
+    loads = np.bincount(found, weights=state.costs, minlength=p.dp)
+    if loads.max() >= state.loads.max() or not _fits_capacities(found, p.dp, *sizes, caps):
+        return None
+    return RankState(p, m, found, state.costs, *sizes, slack=PLANNING_BUDGET_GAP)
+
+
+def _fits_capacities(
+    rank_of_unit: np.ndarray,
+    dp: int,
+    tokens: np.ndarray,
+    counts: np.ndarray,
+    patches: np.ndarray | None,
+    caps: tuple[float, float, float],
+) -> bool:
+    cap_tokens, cap_count, cap_patches = caps
+    rank_tokens = np.bincount(rank_of_unit, weights=tokens, minlength=dp)
+    rank_counts = np.bincount(rank_of_unit, weights=counts, minlength=dp)
+    if not ((rank_tokens <= cap_tokens).all() and (rank_counts <= cap_count).all()):
+        return False
+    if patches is None:
+        return True
+    return bool((np.bincount(rank_of_unit, weights=patches, minlength=dp) <= cap_patches).all())
+
+
+def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches | None:
+    if m == 1 and not p.oversize.any():
+        return [[samples.tolist()] for samples in members]  # step 1 kept each rank within cap
+    dp, cap = p.dp, p.cap
+    plan: Microbatches = [[[] for _ in range(m)] for _ in range(dp)]
+    tokens = np.zeros((dp, m))
+    patches = None if p.patches is None else np.zeros((dp, m))
+    costs = np.full((dp, m), p.overhead)
+    closed = np.zeros((dp, m), dtype=bool)
+    queues = []
+    for r, samples in enumerate(members):
+        over = samples[p.oversize[samples]]
+        if over.size > m:
+            return None
+        for j, i in enumerate(over.tolist()):
+            plan[r][j].append(i)
+            closed[r, j] = True
+        queues.append(heaviest_first(p, samples[~p.oversize[samples]]))
+    width = max((q.size for q in queues), default=0)
+    items = np.full((dp, width), -1, dtype=np.int64)
+    for r, queue in enumerate(queues):
+        items[r, : queue.size] = queue
+    rows = np.arange(dp)
+    slot = np.full((dp, width), -1, dtype=np.int64)
+    for k in range(width):
+        column = items[:, k]
+        active = column >= 0
+        safe = np.where(active, column, 0)
+        length = p.lengths[safe].astype(np.float64)
+        room = ~closed & (tokens + length[:, None] <= cap)
+        if patches is not None:
+            added = p.patches[safe].astype(np.float64)
+            room &= patches + added[:, None] <= p.patch_cap
+        key = np.where(room, costs, np.inf)
+        j = np.argmin(key, axis=1)
+        placed = active & np.isfinite(key[rows, j])
+        tokens[rows[placed], j[placed]] += length[placed]
+        if patches is not None:
+            patches[rows[placed], j[placed]] += added[placed]
+        costs[rows[placed], j[placed]] += p.sample_costs[safe[placed]]
+        slot[placed, k] = j[placed]
+    # Gather each micro-batch's samples in one pass: sort the placed items by (rank, slot).
+    flat_slot = (rows[:, None] * m + slot).ravel()
+    placed_items = slot.ravel() >= 0
+    order = np.argsort(flat_slot[placed_items], kind="stable")
+    grouped = items.ravel()[placed_items][order]
+    sizes = np.bincount(flat_slot[placed_items], minlength=dp * m)
+    for flat, part in enumerate(np.split(grouped, np.cumsum(sizes)[:-1])):
+        plan[flat // m][flat % m].extend(part.tolist())
+    lost = (items >= 0) & (slot < 0)
+    leftovers = [items[r, lost[r]].tolist() for r in range(dp)]
+    for r in range(dp):
+        if leftovers[r]:
+            repacked = _first_fit_decreasing(p, members[r], m)
+            if repacked is not None:
+                plan[r], leftovers[r] = repacked, []
+    if any(leftovers) and not _place_leftovers(p, plan, leftovers):
+        return None
+    for microbatches in plan:
+        fill_empty(p, microbatches)
+    return plan
+
+
+def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
+    """First fit, largest first: by tokens, or with a patch cap by the larger share of a cap
+    (tokens / max_tokens or patches / max_vision_patches); failing that, the partition engine's
+    split (``_feasible.pack_samples``), except with rank speeds where the samples fill the
+    ``m`` micro-batches to the token cap exactly: the rank step fills a fast rank to its
+    capacity, and a packing would have to fill every micro-batch exactly, which the engine's
+    split (about 10 ms at hundreds of samples) did not find in any of 96 such ranks of random
+    steps; the caller places what does not fit elsewhere."""
+    size = p.capacity_tokens[samples]
+    if p.capacity_patches is not None:
+        size = np.maximum(size / p.cap, p.capacity_patches[samples] / p.patch_cap)
+    order = samples[np.lexsort((samples, -size))]
+    bins: list[list[int]] = [[] for _ in range(m)]
+    room = Rooms(p, m)
+    for i in order.tolist():
+        j = room.first(i)
+        if j is None:
+            full = p.speeds is not None and p.capacity_tokens[samples].sum() >= m * p.cap
+            return None if full else _feasible.pack_samples(p, samples, m)
+        bins[j].append(i)
+        room.take(j, i)
+    return bins
+
+
+def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]]) -> bool:
+    """Put samples that did not fit on their rank into the cheapest rank with room (with rank
+    speeds: the rank with room where the sample ends earliest, ``(cost + its cost) / speed``)."""
+    if p.groups is not None:
+        return False
+    rank_costs = [
+        sum(p.overhead + float(p.sample_costs[mb].sum()) for mb in ranks) for ranks in plan
+    ]
+    rooms = [Rooms(p, len(ranks), ranks) for ranks in plan]
+    for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
+        cost = float(p.sample_costs[i])
+        keys = rank_costs if p.speeds is None else (np.add(rank_costs, cost) / p.speeds).tolist()
+        options = [(keys[r], j, r) for r in range(p.dp) for j in rooms[r].fitting(i)]
+        if not options:
+            return False
+        _, j, r = min(options)
+        plan[r][j].append(i)
+        rooms[r].take(j, i)
+        rank_costs[r] += cost
+    return True
+
+
+# ---------------------------------------------------------------------- step 3: padded
+def _padded_by_rank(p: Problem, m: int) -> Microbatches | None:
+    """Units to ranks (step 1), then each rank's samples cut into its ``m`` micro-batches."""
+    rank_of_unit = assign_units(p, m)
+    if rank_of_unit is None:
+        return None
+    plan = [segment(p, samples, m) for samples in rank_members(p, rank_of_unit)]
+    return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]

@@ -1,0 +1,168 @@
+"""With rank speeds, the balanced planner's search over micro-batch counts: the fewest count
+``m`` is sized for equal shares, so a fast rank's larger share may only fit (or run cheaper)
+with more micro-batches. ``CountSearch`` plans a bounded number of larger counts (each at most
+once), leaves out counts that the token capacity bound rules out, and keeps the cheapest."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqbalance.plan import _at_count, _exact
+from seqbalance.plan._lockstep import LOCKSTEP_WORK, refine_lockstep
+from seqbalance.plan._portfolio import RIVALS_WITHOUT_BOUND_GAP, aligned_value
+from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
+from seqbalance.plan._rank_search import capacity_bound
+from seqbalance.plan._shared import Microbatches
+
+__all__ = ["COUNTS_REFINED", "COUNTS_TRIED", "CountSearch", "counts_above"]
+
+COUNTS_TRIED = 8
+"""The search first tries at most this many counts, evenly spread (each is a whole attempt:
+ranks, packing, the lockstep profile)."""
+COUNTS_REFINED = 3
+"""Under ``lockstep`` the refinement runs on this many of the cheapest plans found."""
+
+# The capacity bound is compared with plan values this much below it (float noise).
+_BOUND_NOISE = 1e-9
+
+Found = list[tuple[float, Microbatches]]
+
+
+def counts_above(p: Problem, m: int) -> list[int]:
+    """The counts searched: above ``m``, up to ``max(speed) / mean(speed)`` times ``m``, none
+    past ``allow_empty``'s limit (where some micro-batch would be empty)."""
+    speeds = p.speeds_or_ones
+    most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
+    counts = []
+    count = p.next_microbatches(m)
+    while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
+        counts.append(count)
+        count = p.next_microbatches(count)
+    return counts
+
+
+class CountSearch:
+    """The count search of one step with rank speeds, from the fewest count ``m`` (``advance``
+    moves it where ``m`` has no plan). ``bound`` is the step's lower bound: a plan within
+    ``RIVALS_WITHOUT_BOUND_GAP`` of it ends the search. Each count is planned (without the
+    lockstep refinement) at most once per step; ``_at_count.attempt`` is deterministic, so a
+    kept plan is the one planning it again would give."""
+
+    def __init__(self, p: Problem, m: int, bound: float) -> None:
+        self.p, self.m, self.bound = p, m, bound
+        self.gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
+        self._plans: dict[int, tuple[float, Microbatches] | None] = {}  # by count
+        self._found: Found | None = None  # the search from m, where already run
+
+    def advance(self, m: int) -> None:
+        """The fewest count is now ``m`` (the previous one has no plan)."""
+        self.m, self._found = m, None
+
+    def shortcut(self) -> Microbatches | None:
+        """The plan ``cheapest`` would return, found without planning ``m`` (dear where fast
+        ranks fill its micro-batches to the cap), where that is sure: ``capacity_bound`` puts
+        every plan of ``m`` above the bound's gap, and either the largest count plans within it
+        (``step``, or no lockstep refinement at that count) or the bound puts ``m`` above the
+        ``COUNTS_REFINED``-th cheapest count found (packed, no groups, and a plan of ``m`` sure
+        to exist: else the count loop would go on from a larger count); else None (the search
+        then stays for ``cheapest``)."""
+        p, m = self.p, self.m
+        if _exact.applicable(p, m):
+            return None
+        fewest = capacity_bound(p, m) * (1 - _BOUND_NOISE)
+        if fewest <= self.gap:
+            return None
+        counts = counts_above(p, m)
+        if counts and not _at_count.refines(p, counts[-1]):
+            largest = self._plan(counts[-1])
+            if largest is not None and largest[0] <= self.gap:
+                return largest[1]
+        if (
+            p.layout != "packed"
+            or p.groups is not None
+            or _at_count.assign_units(p, m) is None
+            or _at_count.global_first_fit(p, m) is None
+        ):
+            return None
+        self._found = self._search(np.inf)
+        found = self._found
+        last = found[COUNTS_REFINED - 1][0] if len(found) >= COUNTS_REFINED else np.inf
+        return _refined_cheapest(p, found) if fewest > last else None
+
+    def cheapest(self, plan: Microbatches) -> Microbatches:
+        """The cheapest of ``plan`` (of ``m``, made without the lockstep refinement) and the
+        plans of the larger counts searched (ties: the fewest micro-batches). Under
+        ``lockstep`` they are compared before it; it then runs on the ``COUNTS_REFINED``
+        cheapest only."""
+        value = aligned_value(self.p, plan)
+        if value <= self.gap:
+            return plan  # more could save less than this
+        searched = self._search(value) if self._found is None else self._found
+        found = [(value, plan), *searched]
+        found.sort(key=lambda item: item[0])  # stable: the fewest micro-batches first on ties
+        return _refined_cheapest(self.p, found)
+
+    def _plan(self, count: int) -> tuple[float, Microbatches] | None:
+        """(value, plan) with ``count`` micro-batches per rank, or None where none was found."""
+        if count not in self._plans:
+            plan = _at_count.attempt(self.p, count, refine=False)
+            self._plans[count] = None if plan is None else (aligned_value(self.p, plan), plan)
+        return self._plans[count]
+
+    def _search(self, value: float) -> Found:
+        """Plans (before the lockstep refinement) with the counts above ``m`` (``counts_above``),
+        cheapest first (ties: the fewest micro-batches).
+
+        A bounded search, since the cost over counts is not smooth: ``COUNTS_TRIED`` counts
+        evenly spread over the range (the largest first), then around the cheapest so far steps
+        that halve down to the neighbouring count; it stops at a plan within the bound's gap. A
+        count is not planned where its ``capacity_bound`` exceeds the ``COUNTS_REFINED``-th
+        cheapest value so far (``value``, of ``m``, included): it could not be among the
+        cheapest returned, so skipping it changes nothing but the time."""
+        p = self.p
+        counts = counts_above(p, self.m)
+        tried: dict[int, tuple[float, Microbatches]] = {}  # by position in counts
+        skipped: set[int] = set()  # counts that cannot be among the cheapest
+
+        def cost_at(index: int) -> float:
+            if index not in tried and index not in skipped:
+                known = sorted([value, *(item[0] for item in tried.values())])
+                last = known[COUNTS_REFINED - 1] if len(known) >= COUNTS_REFINED else np.inf
+                if capacity_bound(p, counts[index]) * (1 - _BOUND_NOISE) > last:
+                    skipped.add(index)
+                elif (found := self._plan(counts[index])) is not None:
+                    tried[index] = found
+            return tried[index][0] if index in tried else np.inf
+
+        def cheapest() -> int:
+            return min(tried, key=lambda i: (tried[i][0], i), default=0)
+
+        spread = min(len(counts), COUNTS_TRIED)
+        probes = np.linspace(0, len(counts) - 1, spread).round().astype(np.int64).tolist()
+        # The largest counts first: they hold the fastest rank's share (sized for the speeds),
+        # so they usually meet the bound or set low values to skip the smaller counts by (the
+        # dearest to plan: packed near the cap).
+        for index in probes[::-1]:
+            if cost_at(index) <= self.gap:
+                return [tried[index]]  # more could save less than this
+        step = (len(counts) - 1) // max(1, spread - 1) // 2
+        while step >= 1:
+            centre = cheapest()
+            cost_at(max(0, centre - step))
+            cost_at(min(len(counts) - 1, centre + step))
+            step //= 2
+        return [tried[i] for i in sorted(tried, key=lambda i: (tried[i][0], i))]
+
+
+def _refined_cheapest(p: Problem, found: Found) -> Microbatches:
+    """The cheapest of the ``COUNTS_REFINED`` first plans of ``found`` (sorted by value), each
+    after the lockstep refinement where it applies (sharing one refinement's work budget)."""
+    best = None
+    for candidate_value, candidate in found[:COUNTS_REFINED]:
+        if _at_count.refines(p, len(candidate[0])):
+            refine_lockstep(p, candidate, LOCKSTEP_WORK // COUNTS_REFINED)
+            candidate_value = aligned_value(p, candidate)
+        if best is None or candidate_value < best[0] * (1 - _TOLERANCE):
+            best = (candidate_value, candidate)
+    return best[1]
