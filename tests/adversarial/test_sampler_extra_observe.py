@@ -4,12 +4,13 @@ before the first step). The planner thread plans ``lookahead`` steps ahead, so s
 plan exists already; observing it would pair this rank's measurements with the other ranks' of
 an earlier step for the rest of the run. Every rank raises the same ValueError at that gather
 instead, well within the gather's deadline. A missed ``observe()`` whose timing has the right
-shape is seen where the loop names the step (``observe(step=)``). Real gloo processes."""
+shape fails every rank at the next gather too: by the step the loop names (``observe(step=)``),
+and without it by the steps each rank had taken from its sampler (the rank that missed one has
+taken one more). Real gloo processes."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,11 @@ def _timing(count: int) -> StepTiming:
 
 
 def _extra_observe(
-    sampler: BalancedBatchSampler, rank: int, extra_at: int, skip_at: int | None = None
+    sampler: BalancedBatchSampler,
+    rank: int,
+    extra_at: int,
+    skip_at: int | None = None,
+    named: bool = True,
 ) -> dict[str, Any]:
     started, batches, steps = time.monotonic(), iter(sampler), 0
     try:
@@ -42,9 +47,9 @@ def _extra_observe(
             sampler.observe(_timing(2))  # every rank: nothing taken yet
         for step in range(sampler.num_steps):
             taken = [next(batches) for _ in range(2)]
-            if skip_at is not None:  # the loop names its step
+            if skip_at is not None:  # the loop names its step, or not
                 if not (rank == 1 and step == skip_at):
-                    sampler.observe(_timing(len(taken)), step=step)
+                    sampler.observe(_timing(len(taken)), **({"step": step} if named else {}))
                 steps += 1
                 continue
             sampler.observe(_timing(len(taken)))
@@ -74,11 +79,18 @@ def _sampler(lookahead: int) -> BalancedBatchSampler:
 def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
     out = [_extra_observe(_sampler(lookahead), rank, at) for at, lookahead in CASES]
     out.append(_extra_observe(_sampler(2), rank, 0, skip_at=3))
+    out.extend(_extra_observe(_sampler(ahead), rank, 0, 3, named=False) for ahead in (1, 3))
     return out
 
 
-def test_an_observe_of_a_step_not_taken_fails_every_rank_at_that_step(tmp_path: Path) -> None:
-    results = ok(launch(tmp_path, 2, _worker))
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
+    return ok(launch(tmp_path_factory.mktemp("observe"), 2, _worker))
+
+
+def test_an_observe_of_a_step_not_taken_fails_every_rank_at_that_step(
+    results: list[list[dict[str, Any]]],
+) -> None:
     for k, (extra_at, _) in enumerate(CASES):
         first, second = results[0][k], results[1][k]
         assert first["error"] is not None and first["error"] == second["error"], (extra_at, first)
@@ -91,8 +103,10 @@ def test_an_observe_of_a_step_not_taken_fails_every_rank_at_that_step(tmp_path: 
         assert max(first["seconds"], second["seconds"]) < TIMEOUT / 2
 
 
-def test_a_missed_observe_of_a_named_step_fails_every_rank_at_the_next(tmp_path: Path) -> None:
-    first, second = (result[-1] for result in ok(launch(tmp_path, 2, _worker)))
+def test_a_missed_observe_of_a_named_step_fails_every_rank_at_the_next(
+    results: list[list[dict[str, Any]]],
+) -> None:
+    first, second = (result[len(CASES)] for result in results)
     assert (
         first["error"]
         == second["error"]
@@ -102,5 +116,24 @@ def test_a_missed_observe_of_a_named_step_fails_every_rank_at_the_next(tmp_path:
         )
     )
     # rank 0 fails at its observe of step 3, the gather rank 1's report of step 4 joins
+    assert (first["steps"], second["steps"]) == (3, 4)
+    assert max(first["seconds"], second["seconds"]) < TIMEOUT / 2
+
+
+@pytest.mark.parametrize("case", [1, 2])
+def test_a_missed_observe_without_a_step_fails_every_rank_at_the_next(
+    results: list[list[dict[str, Any]]], case: int
+) -> None:
+    first, second = (result[len(CASES) + case] for result in results)
+    assert (
+        first["error"]
+        == second["error"]
+        == (
+            "ranks observed step 3 after taking [4, 5] steps from their samplers (rank order): "
+            "a missed or extra observe() on a rank (every rank observes every step once, after "
+            "its micro-batches), or DataLoaders that take batches ahead differently (use the "
+            "same num_workers and prefetch_factor on every rank)"
+        )
+    )
     assert (first["steps"], second["steps"]) == (3, 4)
     assert max(first["seconds"], second["seconds"]) < TIMEOUT / 2

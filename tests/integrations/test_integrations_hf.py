@@ -17,9 +17,16 @@ pytest.importorskip("accelerate", reason="the hf extra (accelerate) is not insta
 from seqbalance.datasets import lengths_from_dataset
 
 
-def test_loss_curve_matches_stock_within_noise(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def balanced(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One process, 6 steps with seqbalance's sampler, and step 0's token mean (one run serves
+    the loss curve and the token mean: a subprocess costs its imports, the steps little)."""
+    return run(tmp_path_factory.mktemp("ours"), "--mode", "balanced", "--manual-loss")
+
+
+def test_loss_curve_matches_stock_within_noise(tmp_path: Path, balanced: dict) -> None:
     stock = run(tmp_path / "stock", "--mode", "stock")["losses"]
-    ours = run(tmp_path / "ours", "--mode", "balanced")["losses"]
+    ours = balanced["losses"]
     assert len(stock) == len(ours) == 6
     # Different sample order, same data and model: the curves agree to a few hundredths while
     # both fall by more than 0.8 nats over 6 steps.
@@ -28,20 +35,18 @@ def test_loss_curve_matches_stock_within_noise(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
-def test_loss_is_the_token_mean_of_the_whole_step(tmp_path: Path, processes: int) -> None:
-    # lr = 0: the logged loss of step 0 must equal the mean token loss over every sample the plan
-    # put in that step (all micro-batches, all ranks), however unequal the micro-batches are.
-    report = run(
-        tmp_path,
-        "--mode",
-        "balanced",
-        "--steps",
-        "1",
-        "--lr",
-        "0",
-        "--manual-loss",
-        processes=processes,
-    )
+def test_loss_is_the_token_mean_of_the_whole_step(
+    tmp_path: Path, processes: int, request: pytest.FixtureRequest
+) -> None:
+    # The logged loss of step 0 (the initial weights) must equal the mean token loss over every
+    # sample the plan put in that step (all micro-batches, all ranks), however unequal the
+    # micro-batches are.
+    if processes == 1:
+        report = request.getfixturevalue("balanced")
+    else:
+        report = run(
+            tmp_path, "--mode", "balanced", "--steps", "1", "--manual-loss", processes=processes
+        )
     assert report["world_size"] == processes
     assert report["losses"][0] == pytest.approx(report["manual_step0"], rel=1e-6)
 

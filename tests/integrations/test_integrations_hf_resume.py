@@ -19,18 +19,27 @@ pytest.importorskip("accelerate", reason="the hf extra (accelerate) is not insta
 from _hf_train import SCRIPT, SRC, run
 
 
-@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
-def test_resume_is_exact(tmp_path: Path, processes: int) -> None:
-    full = run(
-        tmp_path / "full",
-        "--mode",
-        "balanced",
-        "--steps",
-        "4",
-        "--save-steps",
-        "2",
-        processes=processes,
+def _full(output: Path, processes: int) -> dict:
+    """4 steps, a checkpoint after 2 and 4 (``output/checkpoint-2``, ``-4``)."""
+    return run(
+        output, "--mode", "balanced", "--steps", "4", "--save-steps", "2", processes=processes
     )
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The one-process full run (its folder and report), for the exact resume and the refused
+    ones (a subprocess costs its imports: one run serves both)."""
+    output = tmp_path_factory.mktemp("hf") / "full"
+    return output, _full(output, 1)
+
+
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
+def test_resume_is_exact(tmp_path: Path, processes: int, request: pytest.FixtureRequest) -> None:
+    if processes == 1:
+        output, full = request.getfixturevalue("one_process")
+    else:
+        output, full = tmp_path / "full", _full(tmp_path / "full", processes)
     resumed = run(
         tmp_path / "resumed",
         "--mode",
@@ -38,20 +47,21 @@ def test_resume_is_exact(tmp_path: Path, processes: int) -> None:
         "--steps",
         "4",
         "--resume",
-        str(tmp_path / "full" / "checkpoint-2"),
+        str(output / "checkpoint-2"),
         processes=processes,
     )
     assert resumed["param_sum"] == full["param_sum"]
     assert resumed["losses"] == full["losses"]
-    state = json.loads((tmp_path / "full" / "checkpoint-2" / "seqbalance_sampler.json").read_text())
+    state = json.loads((output / "checkpoint-2" / "seqbalance_sampler.json").read_text())
     assert state["consumed"] == 4 and state["setup"]["dp_size"] == processes
 
 
-def test_resume_with_another_plan_fails_before_training(tmp_path: Path) -> None:
+def test_resume_with_another_plan_fails_before_training(
+    tmp_path: Path, one_process: tuple[Path, dict]
+) -> None:
     """By path, and by ``resume_from_checkpoint=True`` (the newest checkpoint of output_dir):
     another data seed or max_tokens fails before training."""
-    full = tmp_path / "full"
-    run(full, "--mode", "balanced", "--steps", "2", "--save-steps", "2")
+    full = one_process[0]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     command = [sys.executable, str(SCRIPT), "--mode", "balanced", "--steps", "4"]
     for changed, output, resume, named in [
@@ -59,6 +69,7 @@ def test_resume_with_another_plan_fails_before_training(tmp_path: Path) -> None:
         (("--data-seed", "7"), full, "last", "changed: seed"),
         (("--max-tokens", "2048"), full, "last", "options.max_tokens (1024 saved, 2048 now)"),
     ]:
+        checkpoint = full / ("checkpoint-4" if resume == "last" else "checkpoint-2")
         done = subprocess.run(
             [*command, *changed, "--output-dir", str(output), "--resume", str(resume)],
             capture_output=True,
@@ -67,5 +78,5 @@ def test_resume_with_another_plan_fails_before_training(tmp_path: Path) -> None:
             env=env,
         )
         assert done.returncode != 0
-        assert f"resume from {full / 'checkpoint-2'}" in done.stderr, done.stderr[-2000:]
+        assert f"resume from {checkpoint}" in done.stderr, done.stderr[-2000:]
         assert named in done.stderr

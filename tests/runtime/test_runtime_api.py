@@ -98,7 +98,7 @@ def test_the_closed_loop_is_one_argument_of_every_constructor() -> None:
     # WindowBalancer's own ``window`` (samples buffered) is not the fit's (steps), and the
     # Rebalancer's ``timeout`` is its collectives' deadline (the loop's rides on them).
     loop = {field.name for field in dataclasses.fields(Feedback)} - {"window", "timeout"}
-    assert {"prior", "log", "timeout_seconds"} <= loop
+    assert {"prior", "log"} <= loop
     expected = {
         BalancedBatchSampler: "adaptive",
         WindowBalancer: "adaptive",

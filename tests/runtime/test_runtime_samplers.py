@@ -534,12 +534,13 @@ def test_balanced_sampler_plans_parts_as_plan_epoch_does() -> None:
         sampler = _parts_sampler(parts, rank)
         sampler.set_epoch(3)
         expected = [mb.tolist() for s in range(len(plan)) for mb in plan.microbatches(s, rank)]
-        assert list(sampler) == expected
+        batches = list(sampler)
+        assert batches == expected
         assert sampler.microbatches_per_step() == [step.n_microbatches for step in plan.steps]
         assert [step.sample_costs.tolist() for step in sampler.epoch_plan().steps] == [
             step.sample_costs.tolist() for step in plan.steps
         ]
-        for batch in sampler:
+        for batch in batches:
             seen += batch
             assert parts.tokens[batch].sum() <= 1500
             assert parts.vision_patches[batch].sum() <= 250  # dataset indices: both caps hold
@@ -547,7 +548,7 @@ def test_balanced_sampler_plans_parts_as_plan_epoch_does() -> None:
     # The patch cap binds: without it the same epoch needs fewer micro-batches.
     uncapped = _parts_sampler(parts, max_vision_patches=None)
     uncapped.set_epoch(3)
-    assert len(list(uncapped)) < len(list(sampler))
+    assert len(list(uncapped)) < len(batches)
 
 
 def test_parts_are_checked_at_construction_naming_the_dataset_index() -> None:

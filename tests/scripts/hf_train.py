@@ -7,6 +7,7 @@ tests/integrations/test_integrations_hf.py.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -164,6 +165,8 @@ def main() -> int:
             data_collator=pad,
             seqbalance_options={"max_tokens": args.max_tokens},
         )
+    # Step 0's loss is computed with the initial weights: keep them for the manual token mean.
+    initial = copy.deepcopy(model) if args.manual_loss else None
     resume = True if args.resume == "last" else args.resume
     result = trainer.train(resume_from_checkpoint=resume)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -180,7 +183,7 @@ def main() -> int:
         with torch.no_grad():
             for i in samples.tolist():
                 ids = torch.tensor(data[i]["input_ids"])[None]
-                loss = model(input_ids=ids, labels=ids).loss
+                loss = initial(input_ids=ids, labels=ids).loss
                 total += float(loss) * (ids.shape[1] - 1)
                 tokens += ids.shape[1] - 1
         report["manual_step0"] = total / tokens

@@ -16,7 +16,7 @@ is_hybrid_cp=True)`` cuts into this rank's zigzag share (2 x cp chunks, so ``T``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ __all__ = [
     "hybrid_cp_batch",
     "hybrid_cp_groups",
     "hybrid_cp_sample",
+    "hybrid_cp_samples",
     "pack_thd",
 ]
 
@@ -207,9 +208,16 @@ def hybrid_cp_batch(
                 f"samples[{sample}] has {len(sequence)} tokens but the plan has "
                 f"{int(plan.lengths[sample])}"
             )
-    mine = sorted({i for group in groups for i in group[rank]})
-    batch = {
-        i: hybrid_cp_sample(samples[i], int(plan.cp_size[i]), pad_multiple=pad_multiple)
-        for i in mine
+    mine = {i for group in groups for i in group[rank]}
+    return hybrid_cp_samples(plan, {i: samples[i] for i in mine}, pad_multiple), groups
+
+
+def hybrid_cp_samples(
+    plan: ContextParallelPlan, sequences: Mapping[int, Any], pad_multiple: int
+) -> dict[int, dict[str, Any]]:
+    """The ``batch`` of :func:`hybrid_cp_batch`: each sequence (by sample id, a position in
+    the plan's step) as :func:`hybrid_cp_sample` packs it at its CP size, by sample id."""
+    return {
+        i: hybrid_cp_sample(sequences[i], int(plan.cp_size[i]), pad_multiple=pad_multiple)
+        for i in sorted(sequences)
     }
-    return batch, groups

@@ -80,7 +80,7 @@ from seqbalance.integrations._megatron_batches import (
     check_hybrid_cp,
     hybrid_cp_batch,
     hybrid_cp_groups,
-    hybrid_cp_sample,
+    hybrid_cp_samples,
     pack_thd,
 )
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
@@ -456,14 +456,8 @@ class MegatronDataIterator:
         Raises:
             ValueError: as :meth:`pack`.
         """
-        return {
-            sample: hybrid_cp_sample(
-                self._sample(index),
-                int(step.plan.cp_size[sample]),
-                pad_multiple=self.pad_multiple,
-            )
-            for sample, index in sorted(step.indices.items())
-        }
+        sequences = {sample: self._sample(index) for sample, index in sorted(step.indices.items())}
+        return hybrid_cp_samples(step.plan, sequences, self.pad_multiple)
 
     def _sample(self, i: int) -> Any:
         sample = self.dataset[i]

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_DP_SIZE",
     "check_within_caps",
     "plan_step",
+    "plan_step_with_costs",
     "vision_patches_of",
 ]
 
@@ -111,6 +112,42 @@ def plan_step(
     options = as_options(options, option_keywords, where="plan_step", context_parallel=True)
     if options.context_parallel is not None:
         return _plan_context_parallel(lengths, dp_size, options, groups)
+    return _plan(lengths, dp_size, options, groups, None, start)
+
+
+def plan_step_with_costs(
+    lengths: Any,
+    dp_size: int,
+    options: PlanOptions,
+    costs: tuple[np.ndarray, float],
+    *,
+    groups: Any = None,
+) -> StepPlan:
+    """:func:`plan_step` of samples whose costs are known: ``costs`` is ``(per-sample costs,
+    micro-batch overhead)`` as ``evaluate_costs(options.cost_model, ...)`` gave them (a
+    sampler's costs, computed once and compared across ranks), used instead of calling the
+    cost model on these samples again. Packed or padded layout, not context parallelism.
+
+    Raises:
+        ValueError: those of :func:`plan_step`, ``context_parallel`` set, or costs of another
+            shape than the lengths.
+    """
+    start = time.perf_counter()
+    if not isinstance(options, PlanOptions) or options.context_parallel is not None:
+        raise ValueError("plan_step_with_costs takes PlanOptions without context_parallel")
+    return _plan(lengths, dp_size, options, groups, costs, start)
+
+
+def _plan(
+    lengths: Any,
+    dp_size: int,
+    options: PlanOptions,
+    groups: Any,
+    costs: tuple[np.ndarray, float] | None,
+    start: float,
+) -> StepPlan:
+    """:func:`plan_step` without context parallelism; ``costs``: the samples' known costs and
+    overhead (None: the cost model's)."""
     parts = lengths if isinstance(lengths, SampleParts) else None
     lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
     dp_size = check_int(dp_size, "dp_size", minimum=1)
@@ -125,7 +162,15 @@ def plan_step(
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
     vision_patches = vision_patches_of(parts, options)
     check_within_caps(lengths, vision_patches, options)
-    sample_costs, overhead = evaluate_costs(options.cost_model, lengths, parts)
+    if costs is None:
+        sample_costs, overhead = evaluate_costs(options.cost_model, lengths, parts)
+    else:
+        sample_costs, overhead = np.asarray(costs[0], dtype=np.float64), float(costs[1])
+        if sample_costs.shape != lengths.shape:
+            raise ValueError(
+                f"costs must hold one cost per sample, shape {lengths.shape}, got shape "
+                f"{sample_costs.shape}"
+            )
     problem = Problem(
         lengths=lengths,
         sample_costs=sample_costs,

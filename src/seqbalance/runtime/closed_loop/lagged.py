@@ -111,8 +111,9 @@ class LaggedFeedback:
         Raises:
             ValueError: on every rank, when a rank observes a step it has not taken from the
                 sampler (an extra ``observe()``: a step the planner made ahead of the loop is
-                not one the loop trained), names another ``step`` than the one due (a missed
-                or extra ``observe()``), a rank's timing does not fit its step (a missed
+                not one the loop trained), names another ``step`` than the one due or has
+                taken another number of steps from the sampler than the others (a missed or
+                extra ``observe()``), a rank's timing does not fit its step (a missed
                 ``observe()`` with the sampler's timer) or the ranks disagree.
             CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
@@ -130,12 +131,13 @@ class LaggedFeedback:
                 f"rank {self.adaptive.rank} observed step {step} of the epoch where step "
                 f"{index - self._shift} was due (a missed or extra observe())"
             )
-        if error is not None:
-            # Reported through the gather, so the ranks that observe correctly raise at this
-            # step too instead of pairing their next step with this rank's other one.
-            self.loop.learn(None, self.adaptive.gather(self.loop.record(index, None, error)))
-        self._plans.pop(index)
-        return self.adaptive.observe(plan, timing, step=index)
+        if error is None:
+            self._plans.pop(index)
+        # An error is reported through the gather, so the ranks that observe correctly raise at
+        # this step too instead of pairing their next step with this rank's other one. The
+        # steps taken show a missed observe() that neither the step nor the timing shows: the
+        # rank that missed one has taken a step more when it observes this one.
+        return self.adaptive.exchange(plan, timing, index, error=error, taken=self._taken)
 
     def state_dict(self, step: int) -> dict[str, Any]:
         """The learned state for a resume at ``step`` of the running pass (``ClosedLoop``'s one

@@ -14,11 +14,14 @@ step later than ``rebalance`` (its statistics ride on the next gather).
 
 A record is one rank's report of one observed step, plain JSON: ``{"step": the step's number
 (observations this rank made before it), "setup": a digest of what learning depends on,
-"stats": the statistics vector, "error": why it could not be made}``. :meth:`ClosedLoop.learn`
-takes every rank's record (rank order) and either learns the step or raises the same
-``ValueError`` on every rank: a rank that could not measure (its error), ranks that observed
-different steps (a missed or extra ``observe()``), or ranks set up differently. Nothing changes
-until the step is accepted, so a retry never learns twice.
+"stats": the statistics vector, "error": why it could not be made}``, and where the transport
+knows it ``"taken"``: the steps the rank's loop had taken from its source when it observed (the
+sampler's count; ranks running the same loop over the same plans have taken the same number).
+:meth:`ClosedLoop.learn` takes every rank's record (rank order) and either learns the step or
+raises the same ``ValueError`` on every rank: a rank that could not measure (its error), ranks
+that observed different steps or had taken different numbers of steps (a missed or extra
+``observe()``), or ranks set up differently. Nothing changes until the step is accepted, so a
+retry never learns twice.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import os
 import threading
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,12 +50,15 @@ from seqbalance.plan.options import PlanOptions
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel, microbatch_features
 from seqbalance.runtime.closed_loop.settings import Feedback
 
-__all__ = ["FORMAT", "ClosedLoop", "prior_time_model"]
+__all__ = ["FORMAT", "ClosedLoop", "StepNumbers", "prior_time_model"]
 
 FORMAT = "seqbalance.ClosedLoop/1"
 """The one state format: ``{"format", "options": the base options' fingerprint, "history":
 the online model's states after each observation the lag rule may still ask for (oldest
 first; the last is the current one), "pending": a record not yet gathered, or None}``."""
+
+_RECORD_KEYS = {"step", "setup", "stats", "error"}
+"""The keys of every record (module doc); ``"taken"`` may come with them."""
 
 _POLL_S = 0.05  # how often a waiting planner thread looks at its stop flag (seconds)
 
@@ -284,19 +291,25 @@ class ClosedLoop:
         )
 
     def record(
-        self, step: int, measure: Callable[[], np.ndarray] | None, error: str | None = None
+        self,
+        step: int,
+        measure: Callable[[], np.ndarray] | None,
+        error: str | None = None,
+        *,
+        taken: int | None = None,
     ) -> dict[str, Any]:
         """This rank's record of observed step ``step`` (module doc): ``measure()``'s
         statistics, or the error that kept the rank from measuring (a ValueError or
-        RuntimeError of ``measure``, or ``error``). Never raises: the error travels to every
-        rank, which all raise it in :meth:`learn`."""
+        RuntimeError of ``measure``, or ``error``), with ``taken`` when given. Never raises:
+        the error travels to every rank, which all raise it in :meth:`learn`."""
         stats = None
         if error is None and measure is not None:
             try:
                 stats = measure().tolist()
             except (ValueError, RuntimeError) as raised:
                 error = str(raised)
-        return {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
+        record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
+        return record if taken is None else {**record, "taken": int(taken)}
 
     def learn(self, plan: Plan, records: Sequence[Any]) -> dict[str, Any]:
         """Learn the step of ``plan`` from every rank's record (rank order) (module doc).
@@ -328,7 +341,7 @@ class ClosedLoop:
                 f"records must hold one per rank ({self.world_size}), got {len(records)}"
             )
         for rank, record in enumerate(records):
-            if not isinstance(record, dict) or set(record) != {"step", "setup", "stats", "error"}:
+            if not isinstance(record, dict) or set(record) - {"taken"} != _RECORD_KEYS:
                 raise ValueError(f"rank {rank} sent a malformed closed-loop record: {record!r:.80}")
             if record["error"] is not None:
                 raise ValueError(
@@ -348,6 +361,15 @@ class ClosedLoop:
                     f"(steps observed by rank: {steps}): a missed or extra observe(); every "
                     "rank observes every step once, in order"
                 )
+        taken = [record.get("taken") for record in records]
+        if any(count != taken[0] for count in taken):
+            raise ValueError(
+                f"ranks observed step {self.observed} after taking {taken} steps from their "
+                "samplers (rank order): a missed or extra observe() on a rank (every rank "
+                "observes every step once, after its micro-batches), or DataLoaders that take "
+                "batches ahead differently (use the same num_workers and prefetch_factor on "
+                "every rank)"
+            )
         try:
             gathered = np.array([record["stats"] for record in records], dtype=np.float64)
         except (TypeError, ValueError) as error:
@@ -442,6 +464,39 @@ class ClosedLoop:
             self._after = restored
             self._changed.notify_all()
         return state["pending"]
+
+
+class StepNumbers:
+    """The numbers over the run of the steps a transport plans (the lag rule's), in the order
+    they are planned, remembered for the last ``remembered`` plans (an observed one included:
+    observing it again is an extra ``observe()``, which its number shows)."""
+
+    def __init__(self, remembered: int = 16) -> None:
+        self.planned = 0  # steps planned over the run (the next plan's number)
+        self._numbers: deque[tuple[Plan, int]] = deque(maxlen=remembered)
+
+    def numbered(self, plan: Plan) -> int:
+        """Record ``plan`` as the next step planned; its number."""
+        number = self.planned
+        self._numbers.append((plan, number))
+        self.planned += 1
+        return number
+
+    def of(self, plan: Plan) -> int | None:
+        """The number given to ``plan``, or None (not numbered here, or forgotten)."""
+        return next((number for made, number in self._numbers if made is plan), None)
+
+    def observed(self, number: int, unnumbered: Plan | None = None) -> None:
+        """Step ``number`` was learned: later plans are numbered after it; ``unnumbered``, a
+        plan made elsewhere that was learned as that step, is remembered with it."""
+        if unnumbered is not None:
+            self._numbers.append((unnumbered, number))
+        self.planned = max(self.planned, number + 1)
+
+    def restart(self, observed: int) -> None:
+        """A loaded state: the next plan is step ``observed``; nothing planned is remembered."""
+        self.planned = observed
+        self._numbers.clear()
 
 
 def upgrade(state: Any) -> dict[str, Any]:

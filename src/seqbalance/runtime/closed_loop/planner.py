@@ -12,7 +12,6 @@ observed while an earlier one was not, is a ValueError at that ``observe`` (noth
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,15 +19,11 @@ from seqbalance._validation import check_int
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
-from seqbalance.runtime.closed_loop.loop import ClosedLoop
+from seqbalance.runtime.closed_loop.loop import ClosedLoop, StepNumbers
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
 
 __all__ = ["AdaptivePlanner"]
-
-_REMEMBERED = 16
-"""Plans whose step numbers the planner remembers (observed ones included: observing one again
-is an extra observe(), which its number shows)."""
 
 
 class AdaptivePlanner:
@@ -56,8 +51,12 @@ class AdaptivePlanner:
             dp_size,
             feedback,
         )
-        self.planned = 0  # steps planned over the run (the next plan's step number)
-        self._numbers: deque[tuple[Plan, int]] = deque(maxlen=_REMEMBERED)
+        self._steps = StepNumbers()
+
+    @property
+    def planned(self) -> int:
+        """Steps planned over the run (the next plan's step number)."""
+        return self._steps.planned
 
     @property
     def dp_size(self) -> int:
@@ -90,10 +89,7 @@ class AdaptivePlanner:
         """Record ``plan`` as the next step planned and return its number over the run: for a
         caller that plans with :attr:`options` itself (``WindowBalancer``), so that its steps
         are checked at :meth:`observe` as :meth:`plan`'s are."""
-        number = self.planned
-        self._numbers.append((plan, number))
-        self.planned += 1
-        return number
+        return self._steps.numbered(plan)
 
     def observe(
         self,
@@ -140,11 +136,9 @@ class AdaptivePlanner:
             raise ValueError(f"plan has {plan.n_ranks} ranks, this planner {ranks}")
         loop = self.loop
         if step is None:
-            step = next((n for p, n in self._numbers if p is plan), None)
-        unnumbered = step is None
-        if unnumbered:  # a plan made elsewhere and not numbered: the step due
-            step = loop.observed
-        step = check_int(step, "step", minimum=0)
+            step = self._steps.of(plan)
+        unnumbered = step is None  # a plan made elsewhere and not numbered: the step due
+        step = check_int(loop.observed if unnumbered else step, "step", minimum=0)
         records = [
             loop.record(
                 step,
@@ -156,9 +150,7 @@ class AdaptivePlanner:
         ]
         learned = loop.learn(plan, records)
         # Only an accepted step moves the numbering (a refused observe changes nothing).
-        if unnumbered:
-            self._numbers.append((plan, step))
-        self.planned = max(self.planned, step + 1)  # plan() numbers the steps after it
+        self._steps.observed(step, plan if unnumbered else None)
         return learned
 
     def baseline_step_seconds(self, plan: Plan) -> float | None:
@@ -178,5 +170,4 @@ class AdaptivePlanner:
                 corrupted one.
         """
         self.loop.load_state_dict(state)
-        self.planned = self.loop.observed
-        self._numbers.clear()
+        self._steps.restart(self.loop.observed)

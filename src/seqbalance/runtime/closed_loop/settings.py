@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from seqbalance._deprecated import warn
+from seqbalance._deprecated import renamed_fields
 from seqbalance._validation import check_int, check_positive_float, check_timeout
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
@@ -21,6 +21,7 @@ from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 __all__ = ["Feedback", "as_feedback"]
 
 
+@renamed_fields(timeout_seconds="timeout")
 @dataclass(frozen=True, kw_only=True)
 class Feedback:
     """Options of the closed loop (measured time -> cost model and rank speeds -> plans).
@@ -42,8 +43,9 @@ class Feedback:
         log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
             group; ``seqbalance report``), or None. Checked here: its folder must exist and
             be writable (and the file, when it exists).
-        timeout_seconds: The old name of ``timeout`` (deprecated, for one release: given, it
-            warns and becomes ``timeout``; it reads None).
+
+    ``timeout_seconds`` is the old name of ``timeout`` (deprecated, for one release: as a
+    keyword and an attribute it warns and means ``timeout``).
 
     Raises:
         ValueError: naming the field and its bad value.
@@ -59,7 +61,6 @@ class Feedback:
     timeout: float = DEFAULT_TIMEOUT_SECONDS
     prior: TimeModel | None = None
     log: str | Path | None = None
-    timeout_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.prior is not None and not isinstance(self.prior, TimeModel):
@@ -70,10 +71,6 @@ class Feedback:
             object.__setattr__(self, name, check_int(getattr(self, name), name, minimum=1))
         for name in ("huber", "reject"):
             object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
-        if self.timeout_seconds is not None:
-            warn("Feedback(timeout_seconds=...)", "Feedback(timeout=...)", stacklevel=3)
-            object.__setattr__(self, "timeout", self.timeout_seconds)
-            object.__setattr__(self, "timeout_seconds", None)
         object.__setattr__(self, "timeout", check_timeout(self.timeout, "timeout"))
         tolerance = float(self.speed_tolerance)
         if not 0 <= tolerance < 1:
@@ -90,7 +87,7 @@ class Feedback:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _UNSETTLED}
 
 
-_UNSETTLED = ("prior", "log", "timeout", "timeout_seconds")
+_UNSETTLED = ("prior", "log", "timeout")
 """``Feedback`` fields that are not among its :meth:`Feedback.settings`."""
 
 

@@ -27,7 +27,6 @@ the rank speeds and every later plan are byte-identical on every rank:
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,16 +36,19 @@ import torch.distributed as dist
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
-from seqbalance.runtime.closed_loop.loop import FORMAT, ClosedLoop, prior_time_model, upgrade
+from seqbalance.runtime.closed_loop.loop import (
+    FORMAT,
+    ClosedLoop,
+    StepNumbers,
+    prior_time_model,
+    upgrade,
+)
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
 from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 from seqbalance.runtime.collectives import Comm, deadline, group_device
 
 __all__ = ["Adaptive", "Piggyback"]
-
-_REMEMBERED = 16
-"""Plans whose step numbers ``Adaptive`` remembers (a loop observes the step it just planned)."""
 
 
 def _measure(loop: ClosedLoop, plan: Plan, rank: int, timing: Any) -> Any:
@@ -95,10 +97,12 @@ class Adaptive:
             writes_log=self.rank == 0,
         )
         self.timer = StepTimer(self.comm.device if device is None else device)
-        self.planned = 0  # steps planned over the run (the next plan's step number)
-        # The last plans made here and their step numbers (an observed one included: observing
-        # it again is an extra observe(), which its number shows).
-        self._numbers: deque[tuple[Plan, int]] = deque(maxlen=_REMEMBERED)
+        self._steps = StepNumbers()
+
+    @property
+    def planned(self) -> int:
+        """Steps planned over the run (the next plan's step number)."""
+        return self._steps.planned
 
     @property
     def options(self) -> PlanOptions:
@@ -119,8 +123,7 @@ class Adaptive:
         """
         options = self.loop.options_for(self.planned)
         plan = plan_step(lengths, self.comm.world_size, options, groups=groups)
-        self._numbers.append((plan, self.planned))
-        self.planned += 1
+        self._steps.numbered(plan)
         return plan
 
     def observe(
@@ -146,13 +149,29 @@ class Adaptive:
             CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         if step is None:
-            step = next((n for p, n in self._numbers if p is plan), self.loop.observed)
+            step = self._steps.of(plan)
+        return self.exchange(plan, timing, self.loop.observed if step is None else step)
+
+    def exchange(
+        self,
+        plan: Plan | None,
+        timing: StepTiming | None,
+        step: int,
+        *,
+        error: str | None = None,
+        taken: int | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`observe` of step number ``step``: this rank's record (``ClosedLoop.record``:
+        ``timing``'s statistics of ``plan``, or ``error``, which every rank then raises, and
+        ``taken``, the steps this rank's loop has taken from its sampler) gathered from every
+        rank and learned. The sampler's lookahead form (``lagged``) passes ``error`` and
+        ``taken``."""
         loop, rank = self.loop, self.rank
 
         def measure() -> Any:
             return _measure(loop, plan, rank, self.timer.finish() if timing is None else timing)
 
-        records = self.gather(loop.record(step, measure))
+        records = self.gather(loop.record(step, measure, error, taken=taken))
         return loop.learn(plan, records)
 
     def gather(self, record: dict[str, Any]) -> list[Any]:
@@ -173,8 +192,7 @@ class Adaptive:
                 corrupted one.
         """
         self.loop.load_state_dict(state)
-        self.planned = self.loop.observed
-        self._numbers.clear()
+        self._steps.restart(self.loop.observed)
 
 
 @dataclass(frozen=True)

@@ -58,12 +58,23 @@ def all_ended(headers: Sequence[dict[str, Any]]) -> bool:
     )
 
 
+def _gather_checked(
+    comm: Comm, header: dict[str, Any], table: np.ndarray, options: PlanOptions
+) -> list[Any]:
+    """The step's first collectives, whether this rank has a step or its batches ended: every
+    rank's description, once their settings agree and every rank's batches ended or none's
+    (:func:`all_ended`; else ValueError on every rank)."""
+    described = gather_described(comm, header, table, "all_gather")
+    headers = [h for h, _ in described]
+    _check_settings(comm, headers, options)
+    all_ended(headers)
+    return described
+
+
 def gather_end(comm: Comm, header: dict[str, Any], table: np.ndarray, options: PlanOptions) -> None:
     """The gather of a rank whose batches ended (``header["ended"]``), in the order of
     :func:`gather_batch`'s collectives: ValueError on every rank unless every rank's ended."""
-    headers = [h for h, _ in gather_described(comm, header, table, "all_gather")]
-    _check_settings(comm, headers, options)
-    all_ended(headers)
+    _gather_checked(comm, header, table, options)
 
 
 def raise_first_error(headers: Sequence[dict[str, Any]]) -> None:
@@ -144,10 +155,9 @@ def gather_batch(
     options: PlanOptions,
 ) -> Batch:
     """All-gather every rank's description; check that the ranks agree (else ValueError)."""
-    described = gather_described(comm, header, table, "all_gather")
+    # This rank has a step: raises when some rank's batches ended.
+    described = _gather_checked(comm, header, table, options)
     headers = [h for h, _ in described]
-    _check_settings(comm, headers, options)
-    all_ended(headers)  # this rank has a step: raises when some rank's batches ended
     raise_first_error(headers)
     with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
     for rank, h in with_samples[1:]:

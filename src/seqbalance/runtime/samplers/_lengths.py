@@ -34,7 +34,8 @@ _HASH_THREADS = 4
 """Threads hashing chunks of lengths at once (each holds at most one converted chunk)."""
 
 _DISTINCT_LIMIT = 1 << 24
-"""Lengths below this are collected as distinct values (a bitmap of at most 16 MiB)."""
+"""Distinct lengths are collected in a bitmap while every length is below this (at most 16
+MiB), else as a sorted array of the values seen."""
 
 _BLOCK = 4096
 """Positions closer than this many bytes in the file are read at once, with what lies between."""
@@ -127,10 +128,11 @@ class LengthSource:
 
     def _scan(self, mapped: np.ndarray | None = None) -> None:
         """One pass in chunks: negative or too large values (named by dataset index), the
-        largest length, and the distinct lengths while they fit a small bitmap; with
-        ``mapped`` (the caller's memory map), that its file still holds what the map holds."""
+        largest length, and the distinct lengths (``distinct``, sorted int64); with ``mapped``
+        (the caller's memory map), that its file still holds what the map holds."""
         limit = np.iinfo(np.int64).max
-        seen: np.ndarray | None = np.zeros(0, dtype=bool)
+        seen = np.zeros(0, dtype=bool)  # a bitmap of the lengths seen, while they are small
+        values: np.ndarray | None = None  # the distinct lengths, once one is not small
         largest = 0
         for start in range(0, self.size, CHUNK):
             chunk = self.read(slice(start, start + CHUNK))
@@ -147,14 +149,16 @@ class LengthSource:
                     + ("negative" if chunk[i] < 0 else "too large")
                 )
             largest = max(largest, int(high))
-            if seen is not None and largest < _DISTINCT_LIMIT:
+            if values is None and largest < _DISTINCT_LIMIT:
                 if seen.size <= largest:
                     seen = np.concatenate([seen, np.zeros(largest + 1 - seen.size, dtype=bool)])
                 seen[chunk] = True
             else:
-                seen = None
+                if values is None:
+                    values = np.flatnonzero(seen).astype(np.int64)
+                values = np.union1d(values, np.asarray(chunk, dtype=np.int64))
         self.max = largest
-        self.distinct = None if seen is None else np.flatnonzero(seen).astype(np.int64)
+        self.distinct = np.flatnonzero(seen).astype(np.int64) if values is None else values
 
     def check_each(self, check: Callable[[np.ndarray], None]) -> None:
         """Run ``check`` on every chunk; a ValueError it raises naming ``lengths[i]`` is

@@ -20,7 +20,12 @@ from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.epoch import check_group_sizes, check_steps, plan_epoch
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
-from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
+from seqbalance.plan.step import (
+    check_within_caps,
+    plan_step,
+    plan_step_with_costs,
+    vision_patches_of,
+)
 from seqbalance.runtime.closed_loop.settings import Feedback, as_feedback
 from seqbalance.runtime.samplers._epoch import (
     EpochBatchSampler,
@@ -197,37 +202,51 @@ class BalancedBatchSampler(EpochBatchSampler):
             )
 
     def _check_and_digest_costs(self) -> str:
-        """Check every sample against the caps and through the cost model, and return the
-        SHA-256 of every sample's cost and the micro-batch overhead (float64 bytes).
+        """Check every sample against the caps and through the cost model, keep the costs
+        every step is planned with (:meth:`_costs_of`), and return their SHA-256 with the
+        micro-batch overhead (float64 bytes), so what ranks compare is what they plan with.
 
-        With parts: all samples at once (parts are in memory). Plain lengths: a cost is a
-        function of the length alone, so the costs of the distinct lengths (with the lengths'
-        own digest, which ranks compare too) fix every sample's; where there are too many
-        distinct lengths to collect, or a check fails (to name the dataset index at fault),
-        all samples in chunks of a memory map's worth."""
+        With parts: every sample's cost, all at once (parts are in memory). Plain lengths: the
+        cost of each distinct length (a cost is a function of the length alone; the lengths'
+        own digest, which ranks compare too, places them); where a check fails, all samples in
+        chunks of a memory map's worth, to name the dataset index at fault."""
         digest = hashlib.sha256()
-
-        def add(costs: np.ndarray, overhead: float) -> None:
-            digest.update(np.ascontiguousarray(costs, dtype="<f8").tobytes())
-            digest.update(np.array([overhead], dtype="<f8").tobytes())
-
         if self.parts is not None:
             digest.update(b"every sample;")
-            add(*self._check_samples(self._source.values, self.parts))
-            return digest.hexdigest()
-        distinct = self._source.distinct
-        if distinct is not None:
+            self._costs_known = self._check_samples(self._source.values, self.parts)
+        else:
             try:
-                costs = self._check_samples(distinct, None)
-            except ValueError:
-                pass  # found: the pass below names the dataset index
-            else:
-                digest.update(b"distinct lengths;")
-                add(*costs)
-                return digest.hexdigest()
-        digest.update(b"every sample;")
-        self._source.check_each(lambda chunk: add(*self._check_samples(chunk, None)))
+                self._costs_known = self._check_samples(self._source.distinct, None)
+            except ValueError:  # found: the pass below names the dataset index
+                self._source.check_each(lambda chunk: self._check_samples(chunk, None))
+                raise
+            digest.update(b"distinct lengths;")
+        costs, overhead = self._costs_known
+        digest.update(np.ascontiguousarray(costs, dtype="<f8").tobytes())
+        digest.update(np.array([overhead], dtype="<f8").tobytes())
         return digest.hexdigest()
+
+    def _costs_of(self, indices: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, float]:
+        """The digested costs of the samples ``indices`` (whose lengths are ``lengths``) and
+        the overhead: the costs computed at construction, never the cost model called again
+        on a step (a cost that is not elementwise would give other costs there than the ones
+        ranks compared).
+
+        Raises:
+            ValueError: a length that was not among the lengths at construction (the lengths
+                changed under the sampler).
+        """
+        costs, overhead = self._costs_known
+        if self.parts is not None:
+            return costs[indices], overhead
+        distinct = self._source.distinct
+        at = np.searchsorted(distinct, lengths).clip(0, max(distinct.size - 1, 0))
+        if lengths.size and not np.array_equal(distinct[at], lengths):
+            raise ValueError(
+                f"{self._source.name} holds a length now that it did not hold when the sampler "
+                "was built: it changed under the sampler"
+            )
+        return costs[at], overhead
 
     def _check_samples(
         self, lengths: np.ndarray, parts: SampleParts | None
@@ -304,10 +323,17 @@ class BalancedBatchSampler(EpochBatchSampler):
     def plan_step(self, indices: np.ndarray, options: PlanOptions) -> Plan:
         """The plan of one step whose samples are ``indices`` (dataset indices, in planning
         order), under ``options``: the one place a sampler plans, so a caller that adapts the
-        options step by step plugs in here."""
+        options step by step plugs in here. Under the sampler's own cost model the samples
+        cost what was digested at construction (:meth:`_costs_of`)."""
         samples = self._source.take(indices) if self.parts is None else self.parts.take(indices)
         step_groups = None if self.groups is None else self.groups[indices]
-        return plan_step(samples, self.dp_size, options, groups=step_groups)
+        own_cost = options.cost_model is self.options.cost_model  # not an adaptive one
+        if options.context_parallel is not None or not own_cost:
+            return plan_step(samples, self.dp_size, options, groups=step_groups)
+        lengths = samples if self.parts is None else samples.tokens
+        return plan_step_with_costs(
+            samples, self.dp_size, options, self._costs_of(indices, lengths), groups=step_groups
+        )
 
     def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
         layout = self.layout(epoch)  # only the planner thread calls its step()
@@ -387,9 +413,11 @@ class BalancedBatchSampler(EpochBatchSampler):
             timing: this rank's measurements of that step, one micro-batch time per
                 micro-batch the sampler yielded for it (default: :attr:`timer`'s ``finish()``).
             step: the step of the epoch the loop measured, when it knows (``state_dict()``'s
-                numbering): a step other than the oldest not yet observed (a missed or extra
-                ``observe()`` that ``timing`` alone cannot show) fails every rank at that
-                gather.
+                numbering): a step other than the oldest not yet observed fails every rank at
+                that gather. Without it, a missed or extra ``observe()`` fails every rank there
+                too: the gather carries how many steps each rank has taken from the sampler,
+                and a rank that missed one has taken one more (so every rank's DataLoader must
+                take batches alike: the same ``num_workers`` and ``prefetch_factor``).
 
         Returns:
             The step's telemetry (``seqbalance.runtime.ClosedLoop.learn``), the same on every
@@ -397,8 +425,8 @@ class BalancedBatchSampler(EpochBatchSampler):
 
         Raises:
             ValueError: without ``adaptive``; on every rank, when a rank observes a step it
-                has not taken, names another ``step`` than the one due, or its timing does not
-                fit the step.
+                has not taken, names another ``step`` than the one due, has taken another
+                number of steps than the others, or its timing does not fit the step.
             CollectiveError: a peer did not join within the sampler's deadline
                 (``agreement_timeout``, the same as ``Feedback.timeout``).
         """

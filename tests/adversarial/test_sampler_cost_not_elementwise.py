@@ -1,0 +1,99 @@
+"""Adversarial: a per-rank cost callable that is not elementwise (its value for a sample depends
+on the array it is given) on one rank of a ``BalancedBatchSampler``. The agreement compares a
+digest of the costs the sampler computed at construction (of the distinct lengths, or of every
+sample where lengths are too large to collect); a step planned by calling the cost again on the
+step's samples would see other costs than the digested ones, and the ranks would plan
+differently with no error (one yielded 150 samples, the other 151). Plans are built from the
+digested costs, so what the ranks compared is what they plan with: they plan alike, and costs
+that differ where the digest looks fail every rank before any data. Real gloo processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+from _multiprocess import launch, ok  # noqa: E402
+
+from seqbalance.runtime import BalancedBatchSampler  # noqa: E402
+from seqbalance.runtime.agreement import plan_digests  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+
+class SizeDependent:
+    """Tokens on an array of ``threshold`` samples or more, ``lengths ** 1.7`` on a smaller one
+    (a step's samples): elementwise nowhere the construction's digest looks."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+
+    def __call__(self, lengths: np.ndarray) -> np.ndarray:
+        values = lengths.astype(np.float64)
+        return values**1.7 if lengths.size < self.threshold else values
+
+
+def _lengths(large: bool) -> np.ndarray:
+    lengths = np.random.default_rng(5).integers(20, 4000, 400)
+    if large:  # a length beyond what the sampler collects as distinct values: every sample
+        lengths[7] = 2**25
+    return lengths
+
+
+def _run(rank: int, cost: Any, large: bool) -> dict[str, Any]:
+    sampler = BalancedBatchSampler(
+        _lengths(large),
+        32,
+        cost=cost,
+        max_tokens=2**26 if large else 8192,
+        seed=1,
+        agreement_timeout=20.0,
+    )
+    try:
+        batches = [list(batch) for batch in sampler]
+    except ValueError as error:
+        return {"error": str(error), "batches": None, "plans": None}
+    plans = [plan_digests(sampler.step_plan(k))["plan"] for k in range(sampler.num_steps)]
+    return {"error": None, "batches": batches, "plans": plans}
+
+
+def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
+    elementwise = SizeDependent(0)  # tokens on any array
+    return [
+        # rank 1 alone: tokens where the digest looks, lengths ** 1.7 on a step
+        *(_run(rank, elementwise if rank == 0 else SizeDependent(100), large) for large in (0, 1)),
+        # rank 1 alone: lengths ** 1.7 everywhere (the digests differ)
+        _run(rank, elementwise if rank == 0 else SizeDependent(10**9), False),
+    ]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
+    return ok(launch(tmp_path_factory.mktemp("cost"), 2, _worker))
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_a_cost_that_is_not_elementwise_plans_what_was_digested(
+    results: list[list[dict[str, Any]]], large: bool
+) -> None:
+    first, second = (rank[int(large)] for rank in results)
+    assert first["error"] is None and second["error"] is None, (first, second)
+    assert first["plans"] == second["plans"]
+    # every sample of the epoch exactly once over the two ranks
+    samples = sorted(i for rank in (first, second) for batch in rank["batches"] for i in batch)
+    assert samples == list(range(400))
+    assert len(first["batches"]) == len(second["batches"])
+
+
+def test_costs_that_differ_where_digested_fail_every_rank_before_any_data(
+    results: list[list[dict[str, Any]]],
+) -> None:
+    for rank in results:
+        assert rank[2]["batches"] is None
+        assert "set up its sampler differently" in rank[2]["error"]
+        assert "costs (sha256" in rank[2]["error"]
