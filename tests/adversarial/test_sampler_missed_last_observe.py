@@ -28,19 +28,13 @@ TIMEOUT = 20.0
 # (rank 1 skips the last observe of pass 0, set_epoch between passes, lookahead, observe(step=))
 CASES = ((False, False, 1, False), (True, True, 1, False), (True, False, 1, False),
          (True, False, 2, True))  # fmt: skip
+OPTIONS = {"max_tokens": 20_000, "num_microbatches": 2, "seed": 3}
 
 
 def _passes(rank: int, skip: bool, set_epoch: bool, lookahead: int, named: bool) -> dict:
     lengths = np.random.default_rng(7).integers(10, 2000, 96)
-    sampler = BalancedBatchSampler(
-        lengths,
-        32,
-        max_tokens=20_000,
-        num_microbatches=2,
-        seed=3,
-        lookahead=lookahead,
-        adaptive=Feedback(timeout=TIMEOUT),
-    )
+    adaptive = Feedback(timeout=TIMEOUT)
+    sampler = BalancedBatchSampler(lengths, 32, lookahead=lookahead, adaptive=adaptive, **OPTIONS)
     steps: list[list[int]] = []
     try:
         for epoch in range(3):
