@@ -128,7 +128,8 @@ def search(p: Problem, m: int) -> Search:
     Packed, the samples are first split into all ``dp x m`` micro-batches by the partition
     engine (``m`` consecutive ones per rank) or, with groups, whole groups are placed by best
     fit into the ranks' micro-batches (``_pack_units``); then a depth-first search over
-    placements decides. Steps over ``MAX_SAMPLES`` samples (padded without groups:
+    placements decides (with groups, where it runs out of work, a second one with another
+    order of the groups). Steps over ``MAX_SAMPLES`` samples (padded without groups:
     ``PADDED_SAMPLES``), and searches that exceed ``WORK_LIMIT``, return neither a plan nor a
     proof."""
     if p.groups is None:
@@ -143,7 +144,17 @@ def search(p: Problem, m: int) -> Search:
             return Search(plan, False)
     if p.n > (PADDED_SAMPLES if p.layout == "padded" and p.groups is None else MAX_SAMPLES):
         return Search(None, False)
-    return _Placements(p, m).run()
+    found = _Placements(p, m).run()
+    if found.plan is None and not found.proven and p.groups is not None:
+        # Out of work with groups: the depth-first search spends it deep in the placements of
+        # the last groups. Placing first the groups whose longest sample is longest finds the
+        # packings it missed (planted steps that random seeds draw, e.g. tests/plan/
+        # test_plan_feasible.py::test_the_longest_first_order_finds_a_missed_packing), on a
+        # budget of its own: only a count every other pass failed pays it.
+        again = _Placements(p, m, longest_first=True).run()
+        if again.plan is not None:
+            return again
+    return found
 
 
 def _pack_units(p: Problem, m: int) -> Microbatches | None:
@@ -211,7 +222,9 @@ def refusal(p: Problem, m: int, proven: bool) -> str:
 
 
 class _Placements:
-    """Depth-first search placing samples, largest first, into the ``dp x m`` slots.
+    """Depth-first search placing samples, largest first, into the ``dp x m`` slots; with
+    groups a unit's samples one after another, the units by their total or (``longest_first``)
+    by their longest sample.
 
     Symmetric placements are tried once: without groups every slot is alike, so of the slots
     holding the same (tokens, samples, longest, patches) only the first is tried; with groups,
@@ -220,7 +233,7 @@ class _Placements:
     allowed) or, packed, when their tokens exceed the room left under the cap.
     """
 
-    def __init__(self, p: Problem, m: int) -> None:
+    def __init__(self, p: Problem, m: int, *, longest_first: bool = False) -> None:
         self.p, self.m = p, m
         slots = p.dp * m
         self.slots = slots
@@ -230,8 +243,13 @@ class _Placements:
         if p.groups is None:
             self.order = np.lexsort((np.arange(p.n), -size)).tolist()
         else:  # a unit's samples one after another, so its rank is pinned early
-            unit_size = p.unit_sums(size)[p.unit_of_sample]
-            self.order = np.lexsort((np.arange(p.n), -size, p.unit_of_sample, -unit_size)).tolist()
+            unit = p.unit_of_sample
+            if longest_first:  # the units by their longest sample
+                unit_size = np.zeros(p.n_units)
+                np.maximum.at(unit_size, unit, size)
+            else:  # by their total
+                unit_size = p.unit_sums(size)
+            self.order = np.lexsort((np.arange(p.n), -size, unit, -unit_size[unit])).tolist()
         self.lengths = p.lengths.tolist()
         self.patches = [0] * p.n if p.patches is None else p.patches.tolist()
         self.oversize = p.oversize.tolist()
