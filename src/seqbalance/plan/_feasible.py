@@ -22,6 +22,7 @@ from seqbalance.plan._problem import Problem
 from seqbalance.plan._shared import Microbatches
 
 __all__ = [
+    "RESTARTS",
     "WORK_LIMIT",
     "Search",
     "by_partition",
@@ -39,6 +40,11 @@ other pass failed."""
 
 MAX_SAMPLES = 96
 """The exhaustive search runs on steps of at most this many samples, ..."""
+
+RESTARTS = 10
+"""With groups, where the exhaustive search runs out of work, it restarts this many times with
+another order of the groups: their longest sample first (``WORK_LIMIT`` slots), then their
+totals perturbed by a fixed seed (``WORK_LIMIT / RESTARTS`` slots each)."""
 
 PADDED_SAMPLES = 12
 """... and of at most this many with the padded layout and no groups: there the greedy cut of
@@ -128,8 +134,8 @@ def search(p: Problem, m: int) -> Search:
     Packed, the samples are first split into all ``dp x m`` micro-batches by the partition
     engine (``m`` consecutive ones per rank) or, with groups, whole groups are placed by best
     fit into the ranks' micro-batches (``_pack_units``); then a depth-first search over
-    placements decides (with groups, where it runs out of work, a second one with another
-    order of the groups). Steps over ``MAX_SAMPLES`` samples (padded without groups:
+    placements decides (with groups, where it runs out of work, ``RESTARTS`` short ones with
+    other orders of the groups). Steps over ``MAX_SAMPLES`` samples (padded without groups:
     ``PADDED_SAMPLES``), and searches that exceed ``WORK_LIMIT``, return neither a plan nor a
     proof."""
     if p.groups is None:
@@ -146,14 +152,15 @@ def search(p: Problem, m: int) -> Search:
         return Search(None, False)
     found = _Placements(p, m).run()
     if found.plan is None and not found.proven and p.groups is not None:
-        # Out of work with groups: the depth-first search spends it deep in the placements of
-        # the last groups. Placing first the groups whose longest sample is longest finds the
-        # packings it missed (planted steps that random seeds draw, e.g. tests/plan/
-        # test_plan_feasible.py::test_the_longest_first_order_finds_a_missed_packing), on a
-        # budget of its own: only a count every other pass failed pays it.
-        again = _Placements(p, m, longest_first=True).run()
-        if again.plan is not None:
-            return again
+        # Out of work with groups: the depth-first search spent it deep in the placements of the
+        # last groups after a poor early choice, while another order of the groups often finds
+        # a packing within a few hundred slots (planted steps that random seeds drew:
+        # tests/plan/test_plan_feasible.py::MISSED). Short restarts, on a budget of their own
+        # that only a count every other pass failed pays.
+        for restart in range(1, RESTARTS + 1):
+            again = _Placements(p, m, restart=restart).run()
+            if again.plan is not None or again.proven:
+                return again
     return found
 
 
@@ -223,8 +230,8 @@ def refusal(p: Problem, m: int, proven: bool) -> str:
 
 class _Placements:
     """Depth-first search placing samples, largest first, into the ``dp x m`` slots; with
-    groups a unit's samples one after another, the units by their total or (``longest_first``)
-    by their longest sample.
+    groups a unit's samples one after another, the units in ``_unit_order``'s order (``restart``
+    0: by their total), on ``WORK_LIMIT`` slots (from ``restart`` 2: ``WORK_LIMIT / RESTARTS``).
 
     Symmetric placements are tried once: without groups every slot is alike, so of the slots
     holding the same (tokens, samples, longest, patches) only the first is tried; with groups,
@@ -233,8 +240,9 @@ class _Placements:
     allowed) or, packed, when their tokens exceed the room left under the cap.
     """
 
-    def __init__(self, p: Problem, m: int, *, longest_first: bool = False) -> None:
+    def __init__(self, p: Problem, m: int, *, restart: int = 0) -> None:
         self.p, self.m = p, m
+        self.limit = WORK_LIMIT if restart <= 1 else WORK_LIMIT // RESTARTS
         slots = p.dp * m
         self.slots = slots
         size = p.capacity_tokens.astype(np.float64)
@@ -244,12 +252,8 @@ class _Placements:
             self.order = np.lexsort((np.arange(p.n), -size)).tolist()
         else:  # a unit's samples one after another, so its rank is pinned early
             unit = p.unit_of_sample
-            if longest_first:  # the units by their longest sample
-                unit_size = np.zeros(p.n_units)
-                np.maximum.at(unit_size, unit, size)
-            else:  # by their total
-                unit_size = p.unit_sums(size)
-            self.order = np.lexsort((np.arange(p.n), -size, unit, -unit_size[unit])).tolist()
+            key = _unit_order(p, size, restart)
+            self.order = np.lexsort((np.arange(p.n), -size, unit, -key[unit])).tolist()
         self.lengths = p.lengths.tolist()
         self.patches = [0] * p.n if p.patches is None else p.patches.tolist()
         self.oversize = p.oversize.tolist()
@@ -283,7 +287,7 @@ class _Placements:
             for i, slot in enumerate(self.assignment):
                 plan[slot // self.m][slot % self.m].append(i)
             return Search(plan, False)
-        return Search(None, self.work <= WORK_LIMIT)
+        return Search(None, self.work <= self.limit)
 
     def _candidates(self, i: int) -> list[int]:
         m = self.m
@@ -338,7 +342,7 @@ class _Placements:
 
     def _place(self, depth: int) -> bool:
         self.work += 1
-        if self.work > WORK_LIMIT:
+        if self.work > self.limit:
             return False
         if depth == self.p.n:
             return True
@@ -359,7 +363,7 @@ class _Placements:
             if pins:
                 self.unit_rank[unit] = -1
             self._apply(s, i, -1)
-            if self.work > WORK_LIMIT:
+            if self.work > self.limit:
                 return False
         return False
 
@@ -374,3 +378,17 @@ class _Placements:
             self.longest[s] = max(self.longest[s], self.lengths[i])
         else:
             self.longest[s] = self.saved_longest.pop()
+
+
+def _unit_order(p: Problem, size: np.ndarray, restart: int) -> np.ndarray:
+    """The key (largest first) of each unit in the exhaustive search's ``restart``-th order:
+    its total ``size``, then its longest sample, then its total times a factor drawn in
+    [1, 1.3) (seed ``restart``: the same orders on every rank)."""
+    total = p.unit_sums(size)
+    if restart == 1:
+        longest = np.zeros(p.n_units)
+        np.maximum.at(longest, p.unit_of_sample, size)
+        return longest
+    if restart > 1:
+        return total * (1 + 0.3 * np.random.default_rng(restart).random(p.n_units))
+    return total
