@@ -103,199 +103,71 @@ def test_a_fixed_count_is_planned_when_the_brute_force_finds_a_plan(step: dict) 
 
 MISSED = [
     # Planted steps (each rank's samples in 1-3 groups, micro-batches 85-100% full) that random
-    # seeds drew and the depth-first search with the groups by their total missed in its work.
+    # seeds drew and the depth-first search with the groups by their total missed in its work:
+    # lengths, groups (as text), dp, max_tokens, num_microbatches.
     (
-        [
-            142,
-            446,
-            81,
-            223,
-            170,
-            58,
-            28,
-            195,
-            105,
-            122,
-            310,
-            78,
-            73,
-            201,
-            393,
-            84,
-            189,
-            141,
-            10,
-            426,
-            397,
-            103,
-            24,
-            44,
-            410,
-            2,
-            1,
-            365,
-            161,
-            432,
-            72,
-            32,
-            437,
-            13,
-        ],
-        [
-            0,
-            12,
-            8,
-            1,
-            7,
-            5,
-            7,
-            6,
-            12,
-            5,
-            16,
-            15,
-            0,
-            12,
-            18,
-            8,
-            8,
-            4,
-            15,
-            17,
-            10,
-            6,
-            6,
-            14,
-            9,
-            8,
-            3,
-            3,
-            4,
-            19,
-            13,
-            5,
-            2,
-            6,
-        ],
+        "142 446 81 223 170 58 28 195 105 122 310 78 73 201 393 84 189 141 10 426 397 103 24 "
+        "44 410 2 1 365 161 432 72 32 437 13",
+        "0 12 8 1 7 5 7 6 12 5 16 15 0 12 18 8 8 4 15 17 10 6 6 14 9 8 3 3 4 19 13 5 2 6",
         7,
         456,
+        2,
     ),
     (
-        [
-            103,
-            25,
-            33,
-            2,
-            21,
-            79,
-            15,
-            57,
-            5,
-            101,
-            131,
-            117,
-            45,
-            43,
-            44,
-            127,
-            139,
-            157,
-            54,
-            108,
-            143,
-            14,
-            17,
-            18,
-            4,
-            6,
-            8,
-            76,
-            34,
-            11,
-            67,
-            62,
-            19,
-            14,
-            52,
-            30,
-            78,
-            27,
-            34,
-            39,
-            49,
-            25,
-            28,
-            53,
-            42,
-            1,
-            80,
-            13,
-        ],
-        [
-            10,
-            9,
-            3,
-            23,
-            5,
-            23,
-            2,
-            10,
-            17,
-            8,
-            15,
-            20,
-            4,
-            10,
-            5,
-            22,
-            14,
-            14,
-            1,
-            17,
-            19,
-            22,
-            11,
-            10,
-            2,
-            9,
-            16,
-            6,
-            8,
-            6,
-            8,
-            5,
-            9,
-            1,
-            23,
-            23,
-            1,
-            17,
-            16,
-            19,
-            2,
-            10,
-            5,
-            2,
-            1,
-            7,
-            3,
-            2,
-        ],
+        "103 25 33 2 21 79 15 57 5 101 131 117 45 43 44 127 139 157 54 108 143 14 17 18 4 6 8 "
+        "76 34 11 67 62 19 14 52 30 78 27 34 39 49 25 28 53 42 1 80 13",
+        "10 9 3 23 5 23 2 10 17 8 15 20 4 10 5 22 14 14 1 17 19 22 11 10 2 9 16 6 8 6 8 5 9 1 "
+        "23 23 1 17 16 19 2 10 5 2 1 7 3 2",
         8,
         164,
+        2,
+    ),
+    (
+        "1 522 480 347 148 258 22 449 225 333 233 190 781 565 120 147 966 258 1 225 248 628 2 "
+        "86 135 712 629 195 6 315 850 18 1008 898 920 33 778 115 168 199 114 1 76 307 79 440 "
+        "9 153 354 393 902 1020 69 228 961 521 1 234 13 533 735 49 876 29 76 923",
+        "4 0 21 22 15 19 13 2 13 23 8 20 19 15 17 20 11 12 11 14 20 10 22 16 9 12 18 23 19 16 "
+        "5 21 2 5 8 0 14 22 20 11 2 21 3 23 6 20 15 14 15 15 23 3 20 23 6 0 8 2 0 12 6 18 17 "
+        "9 19 11",
+        8,
+        1024,
+        3,
     ),
 ]
 
+STILL_MISSED = (
+    "463 493 230 375 989 92 432 274 18 126 109 76 16 410 661 15 415 762 106 186 826 446 381 "
+    "100 980 250 374 36 4 1021 170 326 452 255 259 133 84 558 61 454 1 434 514 240 692 5",
+    "8 8 2 8 10 5 12 14 8 11 8 7 14 10 1 2 2 4 4 7 13 12 10 2 4 14 7 11 6 3 14 12 2 7 2 10 9 "
+    "11 11 12 13 1 2 11 7 2",
+    5,
+    1093,
+    3,
+)
+"""A planted step (5 ranks x 3 micro-batches, 93% full) that no order of the groups the search
+tries packs within its work (open): of 4,500 planted steps with groups (numpy draws like
+``planted_steps``', dp 4-8, 2-3 micro-batches), 5 are still missed (26 before the restarts), each
+with 3 micro-batches; test_a_planted_packing_is_found may draw one under a random seed."""
 
-@pytest.mark.parametrize(("lengths", "groups", "dp", "cap"), MISSED)
-def test_the_longest_first_order_finds_a_missed_packing(
-    lengths: list[int], groups: list[int], dp: int, cap: int
+
+@pytest.mark.parametrize(
+    ("lengths", "groups", "dp", "cap", "m"),
+    [*MISSED, pytest.param(*STILL_MISSED, marks=pytest.mark.xfail(strict=True, reason="open"))],
+)
+def test_another_order_of_the_groups_finds_a_missed_packing(
+    lengths: str, groups: str, dp: int, cap: int, m: int
 ) -> None:
     for objective in ("step", "lockstep"):
-        options = {"max_tokens": cap, "groups": groups, "objective": objective}
-        plan = sb.plan_step(lengths, dp, num_microbatches=2, **options)
+        options = {"max_tokens": cap, "groups": [int(g) for g in groups.split()]}
+        plan = sb.plan_step(
+            [int(n) for n in lengths.split()],
+            dp,
+            num_microbatches=m,
+            objective=objective,
+            **options,
+        )
         plan.validate()
-        assert plan.n_microbatches == 2 and plan.tokens.max() <= cap
+        assert plan.n_microbatches == m and plan.tokens.max() <= cap
 
 
 @st.composite
