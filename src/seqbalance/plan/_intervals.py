@@ -52,9 +52,12 @@ _TOP_CANDIDATES = 100_000
 """``Intervals._cells`` bisects over at most this many interval costs."""
 _TOP_TOLERANCE = 1e-4
 """``Intervals.top_bound`` stops bisecting once its bound is this close to a value reached."""
-_TOP_WORK = 1e8
-"""``Intervals.top_bound`` is not computed when its work (evaluations x layers x rows x
-(start, size) pairs) would exceed this (about 0.1 s)."""
+_TOP_WORK = 5e7
+"""``Intervals.top_bound`` leaves out the mean of the other positions where its work
+(evaluations x layers x rows x (start, size) pairs) would exceed this (about 0.3 s) ..."""
+_TOP_ROUNDS = 8_000
+"""... and their levels where evaluations x levels x layers (rounds of reaches, each in
+Python) would exceed this (about 0.3 s)."""
 
 
 class Problem(Protocol):
@@ -243,8 +246,8 @@ class Intervals:
     def top_bound(self, k: int, dp: int, levels: int, floor: float = 0.0) -> float | None:
         """A lower bound on the ``lockstep`` cost (least costs, no overhead) of ``k``
         intervals dealt to ``dp`` ranks at ``levels`` positions each, or ``floor`` or less
-        where it cannot be more (it stops there); None where the work would exceed
-        ``_TOP_WORK``.
+        where it cannot be more (it stops there); None where the work of neither part of
+        the rest below is allowed (``_TOP_ROUNDS``, ``_TOP_WORK``).
 
         The costliest position costs its costliest interval ``w`` and every interval costs
         at most ``w``. Position ``t >= 1`` costs at least ``level(t, w)``, the least ``u`` at
@@ -257,22 +260,23 @@ class Intervals:
         least of ``w`` plus them over the values ``w`` may have."""
         if self.n == 0 or levels < 2 or dp < 2:
             return None
-        passes = k * 20 * sum(range(1, levels)) * dp  # bisections of reaches, per evaluation
-        by_mean = int(self.take.max()) <= _SHIFTS
-        work = min(k, self.n) * (dp + 1) * float(self.take.sum()) if by_mean else 0.0
-        if _TOP_EVALUATIONS * (passes + work) > _TOP_WORK:
+        # Each part where its work allows: the levels' reaches (Python rounds), the mean's
+        # dynamic program (elements).
+        by_levels = _TOP_EVALUATIONS * (levels - 1) * min(k, self.n) <= _TOP_ROUNDS
+        by_mean = levels > 2 and int(self.take.max()) <= _SHIFTS
+        pairs = float(self.take.sum())  # (start, size) pairs a layer of ``_rest`` reads
+        by_mean &= _TOP_EVALUATIONS * min(k, self.n) * (dp + 1) * pairs <= _TOP_WORK
+        if not (by_levels or by_mean):
             return None
 
         def rest(w: float) -> float:
             if not self._cut_exists(k, 0, w, w):
                 return np.inf
             total, high = 0.0, w
-            for t in range(1, levels):
+            for t in range(1, levels if by_levels else 1):
                 high = self._least_threshold(k, t * dp, high, w)
                 total += high
-            if levels > 2 and by_mean:
-                total = max(total, self._rest(k, dp, w) / dp)
-            return total
+            return max(total, self._rest(k, dp, w) / dp) if by_mean else total
 
         return self._cells(k, dp, rest, floor)
 
