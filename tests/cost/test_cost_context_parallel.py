@@ -229,6 +229,18 @@ def test_time_model_json_round_trip() -> None:
     old = costly.to_dict()
     del old["sample_overhead_s"]
     assert ContextParallelTimeModel.from_dict(old) == model
+    # The slot jitter travels at full precision; files written before it existed read as 0
+    # (the noiseless prediction they were reported with).
+    jittery = replace(costly, slot_jitter=0.0437)
+    assert ContextParallelTimeModel.from_json(jittery.to_json()) == jittery
+    assert ContextParallelTimeModel.from_json(jittery.to_json()).slot_jitter == 0.0437
+    older = jittery.to_dict()
+    del older["slot_jitter"]
+    assert ContextParallelTimeModel.from_dict(older) == costly
+    assert ContextParallelTimeModel.from_dict(older).slot_jitter == 0.0
+    for bad in (-0.01, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="slot_jitter"):
+            replace(model, slot_jitter=bad)
     comm = CommModel(5e9, 3e-6, bytes_per_element=4, passes=3)
     assert CommModel.from_json(comm.to_json()) == comm
     with pytest.raises(ValueError, match="format"):

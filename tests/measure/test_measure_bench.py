@@ -239,12 +239,14 @@ def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
         "plans": {
             "balanced": {
                 "predicted_seconds": [0.08, 0.10],
+                "noiseless_predicted_seconds": [0.07, 0.09],
                 "cpu_seconds": [0.07, 0.09],
                 "sharded_fraction": [0.1, 0.2],
                 "slots": [3, 4],
             },
             "static_cp": {
                 "predicted_seconds": [0.10, 0.12],
+                "noiseless_predicted_seconds": [0.10, 0.10],
                 "cpu_seconds": [0.10, 0.10],
                 "sharded_fraction": [1.0, 1.0],
                 "slots": [2, 2],
@@ -266,6 +268,7 @@ def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
     assert balanced["median_step_seconds"] == pytest.approx(0.095)
     assert balanced["mean_step_with_sync_seconds"] == pytest.approx(0.11)  # 0.09+0.02, 0.10+0.01
     assert balanced["predicted_mean_step_seconds"] == pytest.approx(0.09)
+    assert balanced["noiseless_predicted_mean_step_seconds"] == pytest.approx(0.08)
     assert balanced["measured_over_predicted"] == pytest.approx(0.095 / 0.09)
     assert balanced["mean_cpu_step_seconds"] == pytest.approx(0.08)
     assert balanced["cpu_over_predicted"] == pytest.approx(0.08 / 0.09)
@@ -277,6 +280,8 @@ def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
     assert comparison["measured_step_time_reduction"] == pytest.approx(measured)
     assert comparison["measured_cpu_reduction"] == pytest.approx(cpu)
     assert comparison["predicted_reduction"] == pytest.approx(predicted)
+    # The planner's noiseless steps, reported beside the jitter-aware prediction.
+    assert comparison["noiseless_predicted_reduction"] == pytest.approx(1 - 0.08 / 0.10)
     assert comparison["prediction_relative_error"] == pytest.approx(
         abs(predicted - measured) / measured
     )

@@ -260,3 +260,59 @@ def _constants(model) -> np.ndarray:
             model.sample_overhead_s,
         ]
     )
+
+
+@pytest.mark.parametrize("repeats", [2, 3, 5])
+@pytest.mark.parametrize("sigma", [0.02, 0.08])
+def test_timing_jitter_recovers_a_known_log_normal_spread(repeats: int, sigma: float) -> None:
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans, timing_jitter
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-3, factor=1)
+    plans = calibration_plans(4, ContextParallel(sizes=(1, 2, 4)), cost, max_tokens=256, seed=3)
+
+    def timed(rng: np.random.Generator, plan) -> np.ndarray:
+        factors = np.exp(sigma * rng.standard_normal((repeats, *plan.costs.shape)))
+        # Empty slots time at 0 s: they hold nothing and are left out, not refused.
+        return np.where(plan.tokens > 0, plan.costs * factors, 0.0)
+
+    rng = np.random.default_rng(11)
+    observations = [(plan, timed(rng, plan)) for plan in plans]
+    held = sum(int((p.tokens > 0).sum()) for p in plans)
+    pairs = held * repeats * (repeats - 1) // 2
+    assert pairs >= 160
+    # The median of |N(0, 2σ²)| over n independent pairs has a relative standard error of
+    # 1.17 / sqrt(n), 9% at 160 (pairs of one slot are correlated: more repeats gain less);
+    # 25% is about 3 of them, and rejects a scale off by sqrt(2) (deviations from the median
+    # of two repeats instead of their difference).
+    assert timing_jitter(observations) == pytest.approx(sigma, rel=0.25)
+    # A few timings stretched 5 times over by other load (4 of >= 336) move it little: a
+    # standard deviation of the log differences would grow past log(5) / sqrt(84), 0.18.
+    spoiled = [(plan, t.copy()) for plan, t in observations]
+    for _, t in spoiled[:4]:
+        t[0, 0, 0] *= 5.0
+    assert timing_jitter(spoiled) == pytest.approx(timing_jitter(observations), rel=0.1)
+    # Seconds scaled by any factor per slot: only the run-to-run spread counts.
+    scaled = [(p, t * rng.uniform(0.1, 10.0, p.costs.shape)) for p, t in observations]
+    assert timing_jitter(scaled) == pytest.approx(timing_jitter(observations), rel=1e-12)
+
+
+def test_timing_jitter_edge_cases() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans, timing_jitter
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-3, factor=1)
+    plan = calibration_plans(2, ContextParallel(sizes=(1, 2)), cost, max_tokens=64, seed=0)[0]
+    # One repeat (or identical ones): nothing varies, 0.
+    assert timing_jitter([(plan, plan.costs[None])]) == 0.0
+    assert timing_jitter([(plan, np.stack([plan.costs] * 3))]) == 0.0
+    assert timing_jitter([]) == 0.0
+    # Two slots each timed 1 and e^0.1 s: every |difference| 0.1, σ = 0.1 / (√2 · 0.6745).
+    two = np.stack([plan.costs, plan.costs * np.exp(0.1)])
+    assert timing_jitter([(plan, two)]) == pytest.approx(0.1 / (np.sqrt(2) * 0.6744897501960817))
+    with pytest.raises(ValueError, match=r"shape \(repeats, 2, 1\)"):
+        timing_jitter([(plan, plan.costs)])
+    with pytest.raises(ValueError, match="must be > 0"):
+        timing_jitter([(plan, np.stack([plan.costs, -plan.costs]))])

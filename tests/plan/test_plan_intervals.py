@@ -6,6 +6,7 @@ over every cut, the bounds hold against every plan of that count (brute force in
 from __future__ import annotations
 
 import itertools
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.plan._intervals import Intervals
+from seqbalance.plan._intervals import Intervals, run_room
 
 
 def _by_definition(costs: np.ndarray, take: np.ndarray, k: int) -> float:
@@ -285,3 +286,45 @@ def test_a_dominant_sample_gets_a_rank_of_its_own() -> None:
     (rank,) = [r for r, mbs in enumerate(plan.ranks) if any(0 in mb for mb in mbs)]
     assert sorted(int(i) for mb in plan.ranks[rank] for i in mb) == [0]
     assert plan.count_lower_bound == 489 and plan.step_cost <= 507
+
+
+def test_run_room_never_overflows() -> None:
+    """Costs of 0 (a sample of length 0 under FLOPs) or too small to divide by, huge, infinite
+    and negative budgets: the counts, no RuntimeWarning (``-W error`` fails on one)."""
+    costs = np.array([0.0, 1e-310, 1.0, 3.0, 1e308])
+    take = np.array([4, 4, 4, 4, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert run_room(costs, take, 1e300).tolist() == [4, 4, 4, 4, 0]
+        assert run_room(costs, take, np.inf).tolist() == [4, 4, 4, 4, 1]
+        assert run_room(costs, take, 9.0).tolist() == [4, 4, 4, 3, 0]
+        assert run_room(costs, take, -1.0).tolist() == [4, 0, 0, 0, 0]
+        # Per entry (``_tier_reach``): one budget per start.
+        assert run_room(costs, take, np.array([0.0, 1.0, 2.5, 6.0, 2e308])).tolist() == [
+            4, 4, 2, 2, 1,
+        ]  # fmt: skip
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lengths=st.lists(st.one_of(st.just(0), st.integers(1, 10**6)), min_size=1, max_size=40),
+    dp=st.integers(1, 5),
+    size=st.integers(1, 8),
+    cap=st.sampled_from([None, 8192, 10**9, 2**40]),
+    objective=st.sampled_from(["step", "lockstep"]),
+    allow_empty=st.booleans(),
+)
+def test_padded_plans_raise_no_runtime_warning(lengths, dp, size, cap, objective, allow_empty):
+    """Padded steps with samples of length 0 (0 FLOPs) and large caps: planned and bounded
+    without a RuntimeWarning (the runs' room divided budgets by costs of 0)."""
+    options = {"layout": "padded", "microbatch_size": size, "objective": objective}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        try:
+            plan = sb.plan_step(
+                lengths, dp, cost="flops", model="qwen3-8b", max_tokens=cap,
+                allow_empty=allow_empty, allow_oversize=True, **options,
+            )  # fmt: skip
+        except ValueError:
+            return  # too few samples for the slots
+        assert plan.summary()["count_lower_bound"] <= plan.step_cost * (1 + 1e-9)

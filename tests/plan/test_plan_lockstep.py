@@ -105,7 +105,9 @@ def test_ranks_packed_at_once_as_one_by_one(request: Any) -> None:
 
 
 def _speeds_problem(lengths: list[int], speeds: tuple[float, float]) -> Problem:
-    options = PlanOptions(max_tokens=100, objective="lockstep", rank_speeds=speeds)
+    options = PlanOptions(
+        max_tokens=100, objective="lockstep", rank_speeds=speeds, allow_oversize=True
+    )
     lengths_array = np.array(lengths)
     return Problem(
         lengths=lengths_array,
@@ -138,3 +140,19 @@ def test_a_rank_costliest_at_every_position_ends_both_phases(monkeypatch: Any) -
     for phase in (lockstep.match_profile, lockstep.refine_lockstep):
         with pytest.raises(AssertionError, match="one rank sets"):
             phase(p, [[[0], [1]], [[2, 3], [4, 5]]])
+
+
+def test_a_lone_over_cap_sample_is_not_moved_and_its_candidates_are_counted() -> None:
+    # Micro-batch 0 holds one 150-token sample over the 100-token cap: moving it would leave
+    # micro-batch 0 empty, and swapping it puts micro-batch 1 over the cap, so no change is
+    # found; the work counts its 4 candidates (3 partners, 1 plain move) as evaluated ones.
+    p = _speeds_problem([150, 30, 40, 20], (1.0, 1.0))
+    microbatches = [[0], [1, 2, 3]]
+    costs = np.array([150.0, 90.0])
+    tokens = np.array([150.0, 90.0])
+    work = [0]
+    found = lockstep._best_inner_change(
+        p, microbatches, costs, tokens, None, 0, np.zeros(2), work, 1.0
+    )
+    assert found is None
+    assert work[0] == lockstep._CALL_WORK + 4

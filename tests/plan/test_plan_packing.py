@@ -3,13 +3,15 @@ plain first-fit / next-fit answer, whatever the layout, cap and over-cap samples
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbalance.plan import PlanOptions
-from seqbalance.plan._packing import _SCAN_IN_C, greedy_microbatches
+from seqbalance.plan._packing import _SCAN_IN_C, greedy_microbatches, least_microbatches
 from seqbalance.plan._problem import Problem
 
 
@@ -37,10 +39,10 @@ def _reference(lengths: list[int], cap: int, size: int | None, rule: str) -> lis
     return bins
 
 
-def _fill(lengths: list[int], rule: str, options: PlanOptions) -> list[list[int]]:
-    """``greedy_microbatches`` over every sample, in order, on one rank costed in tokens."""
+def _problem(lengths: list[int], options: PlanOptions) -> Problem:
+    """One rank's step costed in tokens."""
     array = np.asarray(lengths, dtype=np.int64)
-    p = Problem(
+    return Problem(
         lengths=array,
         sample_costs=array.astype(np.float64),
         overhead=0.0,
@@ -48,7 +50,11 @@ def _fill(lengths: list[int], rule: str, options: PlanOptions) -> list[list[int]
         groups=None,
         options=options,
     )
-    return greedy_microbatches(p, range(len(lengths)), rule)
+
+
+def _fill(lengths: list[int], rule: str, options: PlanOptions) -> list[list[int]]:
+    """``greedy_microbatches`` over every sample, in order, on one rank costed in tokens."""
+    return greedy_microbatches(_problem(lengths, options), range(len(lengths)), rule)
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -112,3 +118,41 @@ def test_packed_keeps_cap_follows_the_sample_by_sample_check(
                 expected &= total + lengths[i] <= cap
             total += lengths[i]
     assert p.keeps_cap(plan) == expected
+
+
+def _fewest_bins(lengths: list[int], cap: int) -> int:
+    """The fewest micro-batches of ``cap`` tokens holding ``lengths``, by trying every
+    assignment to 1, 2, ... micro-batches (small inputs only)."""
+    for k in range(1, len(lengths) + 1):
+        for assignment in itertools.product(range(k), repeat=len(lengths)):
+            loads = [0] * k
+            for length, j in zip(lengths, assignment, strict=True):
+                loads[j] += length
+            if max(loads) <= cap:
+                return k
+    return 0
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 20), min_size=1, max_size=6),
+    cap=st.integers(1, 20),
+)
+def test_least_microbatches_is_a_lower_bound(lengths: list[int], cap: int) -> None:
+    lengths = [min(length, cap) for length in lengths]
+    p = _problem(lengths, PlanOptions(max_tokens=cap))
+    bound = least_microbatches(p, np.arange(len(lengths)))
+    assert bound <= _fewest_bins(lengths, cap)
+    assert bound >= -(-sum(lengths) // cap)  # at least the tokens over the cap
+
+
+def test_least_microbatches_counts_what_cannot_share() -> None:
+    # Cap 10: the 6s need a micro-batch each; three of the 4s fit beside them (room 4 each)
+    # and the fourth needs one more: 4 (the optimum).
+    p = _problem([6, 6, 6, 4, 4, 4, 4], PlanOptions(max_tokens=10))
+    assert least_microbatches(p, np.arange(7)) == 4
+    # No 5 fits beside a 6 (5 + 6 > 10): 3 micro-batches for the 6s and 2 for the 5s (the
+    # optimum), where the tokens alone (33) ask for 4.
+    p = _problem([6, 6, 6, 5, 5, 5], PlanOptions(max_tokens=10))
+    assert least_microbatches(p, np.arange(6)) == 5
+    assert least_microbatches(_problem([3, 3], PlanOptions()), np.arange(2)) == 0  # no cap

@@ -27,7 +27,7 @@ dist = pytest.importorskip("torch.distributed")
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
 from seqbalance.measure.calibrate_context_parallel import (  # noqa: E402
     calibrate_cost_model,
-    measure_slot_seconds,
+    measure_slot_timings,
 )
 from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
 from seqbalance.plan import PlanOptions, plan_step  # noqa: E402
@@ -319,8 +319,8 @@ def _calibrate(rank: int, world_size: int) -> dict[str, Any]:
         timeout=TIMEOUT,
     )
     plan = plan_cp([30, 100, 7], 2, max_tokens=64, context_parallel=OPTIONS)
-    seconds = measure_slot_seconds(
-        model, plan, groups, _samples(plan.lengths.tolist()), forward=FORWARD, repeats=1
+    seconds = measure_slot_timings(
+        model, plan, groups, _samples(plan.lengths.tolist()), forward=FORWARD, repeats=2
     )
     return {"refused": refused, "cost": cost.to_json(), "seconds": seconds, "slots": plan.n_slots}
 
@@ -337,6 +337,7 @@ def test_calibration_gives_every_rank_the_same_model(tmp_path: Path) -> None:
     # slot on each rank.
     assert cost.time.fit_stats.n_observations == 2 * (2 + 6 + 5 + 6)
     assert cost.time.fit_stats.mape < 1.0
-    seconds = results[0]["seconds"]
+    assert cost.slot_jitter == 0.0  # one repeat: no spread to estimate
+    seconds = results[0]["seconds"]  # [repeats, ranks, slots], gathered from every rank
     np.testing.assert_array_equal(seconds, results[1]["seconds"])
-    assert seconds.shape == (2, results[0]["slots"]) and (seconds > 0).all()
+    assert seconds.shape == (2, 2, results[0]["slots"]) and (seconds > 0).all()

@@ -268,7 +268,8 @@ def describe_time_model(model: Any, source: str) -> str:
             f"{comm.bandwidth_bytes_per_s / 1e9:.3g} GB/s, {1e6 * comm.latency_s:.0f} us per ring "
             f"step; {1e3 * model.sample_overhead_s:.2f} ms per sample, "
             f"{1e3 * model.piece_overhead_s:.2f} ms more per sharded sample; sharded attention "
-            f"x{model.sharded_attention_factor:.2f}{fit(model.time.fit_stats)})"
+            f"x{model.sharded_attention_factor:.2f}; slot jitter {100 * model.slot_jitter:.1f}%"
+            f"{fit(model.time.fit_stats)})"
         )
     return f"TimeModel from {Path(source)}{fit(model.fit_stats)}"
 

@@ -443,8 +443,8 @@ CP_COLUMNS = (
 CP_CAPTION = (
     "step: the slowest rank's wall time from its first slot to the end of its last (gradient "
     "all-reduce excluded); CPU step: every rank's per-slot CPU seconds through the plan's "
-    "lockstep rule (each rank on a core of its own); predicted: the plan's step time under the "
-    "ContextParallelTimeModel"
+    "lockstep rule (each rank on a core of its own); predicted: the plan's expected step time "
+    "under the ContextParallelTimeModel, its slots varying by the calibrated slot jitter"
 )
 
 
@@ -494,11 +494,13 @@ def _context_parallel_notes(model: dict[str, Any]) -> list[str]:
         f"ring step; {1e3 * cost['sample_overhead_s']:.2f} ms per sample and rank, "
         f"{1e3 * cost['piece_overhead_s']:.2f} ms more per sharded sample and member"
         + ("" if fit is None else f" (fit MAPE {100 * fit['mape']:.1f}%)")
+        + f"; slot jitter {100 * cost.get('slot_jitter', 0.0):.1f}%"
     ]
     for key, c in model["comparisons"].items():
         notes.append(
             f"{key.replace('_vs_', ' vs ')}: mean step time "
-            f"{-100 * c['predicted_reduction']:+.1f}% predicted, "
+            f"{-100 * c['predicted_reduction']:+.1f}% predicted "
+            f"({-100 * c['noiseless_predicted_reduction']:+.1f}% without jitter), "
             f"{-100 * c['measured_cpu_reduction']:+.1f}% CPU step"
             f"{_off(c['cpu_prediction_relative_error'])}, "
             f"{-100 * c['measured_step_time_reduction']:+.1f}% wall"

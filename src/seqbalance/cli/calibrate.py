@@ -235,6 +235,7 @@ def _run_context_parallel(args: argparse.Namespace, context_parallel: Any) -> in
             ("latency per ring step (µs)", f"{1e6 * comm.latency_s:.1f}"),
             ("overhead per sharded sample (ms)", f"{1e3 * cost.piece_overhead_s:.3f}"),
             ("overhead per sample or shard (ms)", f"{1e3 * cost.sample_overhead_s:.3f}"),
+            ("slot jitter (σ of log seconds, repeats)", f"{100 * cost.slot_jitter:.1f}%"),
             ("fit MAPE / R² (every slot)", _fit(time.fit_stats)),
             ("K/V elements per token x layers", f"{cost.kv_elements_per_token} x {cost.kv_layers}"),
         ],

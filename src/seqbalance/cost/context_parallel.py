@@ -252,6 +252,13 @@ class ContextParallelTimeModel:
             to the bottom right skips the masked half as a whole sample's causal kernel does);
             an executor whose chunk kernels compute a materialised mask pays more per pair
             (the reference executor on CPU: about 1.5), which its calibration measures.
+        slot_jitter: the spread of a slot's seconds from one run to the next: the standard
+            deviation of ``log(measured / typical)`` seconds of a slot (0.05: about 5%), what
+            ``seqbalance calibrate --context-parallel`` estimates from its repeated timings.
+            The planner ignores it (its objective is the step under the slots' typical
+            seconds); ``ContextParallelPlan.expected_step_cost`` prices it: the step is the
+            last rank's finish, and ranks that end together pay the slowest one's noise.
+            Default 0 (no spread: the expected step is ``step_cost``).
 
     A member's compute for a share of ``x`` tokens and ``p`` causal pairs is
     ``t1·x + f·t2·(2p − x)``, ``f`` the ``sharded_attention_factor`` when the sample is
@@ -273,6 +280,7 @@ class ContextParallelTimeModel:
     piece_overhead_s: float = field(default=0.0, kw_only=True)
     sharded_attention_factor: float = field(default=1.0, kw_only=True)
     sample_overhead_s: float = field(default=0.0, kw_only=True)
+    slot_jitter: float = field(default=0.0, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.time, TimeModel):
@@ -290,7 +298,12 @@ class ContextParallelTimeModel:
             check_int(self.kv_elements_per_token, "kv_elements_per_token", minimum=0),
         )
         object.__setattr__(self, "kv_layers", check_int(self.kv_layers, "kv_layers", minimum=0))
-        for name in ("piece_overhead_s", "sharded_attention_factor", "sample_overhead_s"):
+        for name in (
+            "piece_overhead_s",
+            "sharded_attention_factor",
+            "sample_overhead_s",
+            "slot_jitter",
+        ):
             object.__setattr__(self, name, check_non_negative_float(getattr(self, name), name))
 
     @classmethod
@@ -394,6 +407,7 @@ class ContextParallelTimeModel:
             "piece_overhead_s": self.piece_overhead_s,
             "sharded_attention_factor": self.sharded_attention_factor,
             "sample_overhead_s": self.sample_overhead_s,
+            "slot_jitter": self.slot_jitter,
         }
 
     @classmethod
@@ -411,6 +425,8 @@ class ContextParallelTimeModel:
                 sharded_attention_factor=data.get("sharded_attention_factor", 1.0),
                 # Files written before the per-sample cost existed: 0, as they were planned.
                 sample_overhead_s=data.get("sample_overhead_s", 0.0),
+                # Files written before the jitter was measured: 0, the noiseless prediction.
+                slot_jitter=data.get("slot_jitter", 0.0),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"ContextParallelTimeModel: missing or bad field: {error}") from None

@@ -13,11 +13,14 @@ the mix the executor really runs. Every rank of the DPxCP domain calls the same 
 - :func:`calibration_plans`: varied whole-sample slots (``calibrate.calibration_microbatches``,
   then short one-sample slots) and sharded slots over every usable CP size (1 to 32 equal
   samples filling half or all of a block's cap);
-- :func:`measure_slot_seconds`: one plan through the executor (``run_step``), every rank's CPU
-  seconds of every slot (``StepResult.slot_cpu_seconds``: compute and the collectives' own
-  work, not the waits; median of ``repeats`` after a warm-up);
+- :func:`measure_slot_timings`: one plan through the executor (``run_step``) ``repeats``
+  times after a warm-up, every rank's CPU seconds of every slot (``StepResult.slot_cpu_seconds``:
+  compute and the collectives' own work, not the waits); :func:`measure_slot_seconds`: their
+  median;
 - :func:`slot_features` and :func:`fit_cost_model`: what each constant multiplies in each slot
-  (the plan re-costed under unit models) and the relative-error fit;
+  (the plan re-costed under unit models) and the relative-error fit of the medians;
+- :func:`timing_jitter`: how much a slot's time varies from one repeat to the next (the
+  model's ``slot_jitter``, which prices the noise a lockstep step pays);
 - :func:`calibrate_cost_model`: all of it, for any model the executor runs (``forward``), what
   ``seqbalance bench --context-parallel`` does on its processes.
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -74,7 +77,9 @@ __all__ = [
     "calibration_plans",
     "fit_cost_model",
     "measure_slot_seconds",
+    "measure_slot_timings",
     "slot_features",
+    "timing_jitter",
 ]
 
 FEATURES = (
@@ -285,7 +290,82 @@ def fit_cost_model(
     )
 
 
+_NORMAL_MAD = 0.6744897501960817
+"""The median of ``|Z|`` for a standard normal ``Z`` (``Φ⁻¹(3/4)``)."""
+
+
+def timing_jitter(observations: Sequence[tuple[ContextParallelPlan, np.ndarray]]) -> float:
+    """The spread of a slot's seconds from run to run: the standard deviation ``σ`` of the log
+    of its time, if every run of a slot takes its typical time times ``exp(σ·Z)``.
+
+    Estimator: over every slot that holds a piece, the differences ``log t_a − log t_b`` of
+    each pair of its repeats; each is ``N(0, 2σ²)`` under that model, so ``σ`` is their
+    median absolute value over ``√2 · Φ⁻¹(3/4)``. Why this one: differences need no estimate
+    of a slot's centre (deviations from the median of 2 or 3 repeats shrink with the repeat
+    count; pairs do not), one ``σ`` pools every slot (2-3 repeats say little about one slot),
+    and the median ignores the few timings that a burst of other load on a shared machine
+    stretched many times over (a standard deviation would be set by them, and they do not
+    repeat from one run to the next).
+
+    Args:
+        observations: ``(plan, timings)`` pairs, ``timings`` float64 ``[repeats, n_ranks,
+            n_slots]`` measured seconds (:func:`measure_slot_timings`); slots that hold no
+            piece are left out.
+
+    Returns:
+        ``σ`` (0.05: about 5%); 0 when no slot was timed twice (nothing to estimate from).
+
+    Raises:
+        ValueError: a timings array of another shape than its plan's slots, or a held slot
+            timed at zero seconds or less.
+    """
+    differences = []
+    for plan, timings in observations:
+        timings = np.asarray(timings, dtype=np.float64)
+        if timings.ndim != 3 or timings.shape[1:] != plan.costs.shape:
+            raise ValueError(
+                f"timings must have shape (repeats, {plan.n_ranks}, {plan.n_slots}), "
+                f"got {timings.shape}"
+            )
+        held = timings[:, plan.tokens > 0]  # [repeats, held slots]
+        if (held <= 0).any():
+            raise ValueError(f"measured slot seconds must be > 0, got {float(held.min())}")
+        first, second = np.triu_indices(held.shape[0], k=1)
+        logs = np.log(held)
+        differences.append(np.abs(logs[first] - logs[second]).ravel())
+    pooled = np.concatenate(differences) if differences else np.empty(0)
+    if pooled.size == 0:
+        return 0.0
+    return float(np.median(pooled) / (np.sqrt(2.0) * _NORMAL_MAD))
+
+
 # ------------------------------------------------------------------ on the processes
+def measure_slot_timings(
+    model: torch.nn.Module,
+    plan: ContextParallelPlan,
+    groups: ContextParallelGroups,
+    samples: Sequence[torch.Tensor],
+    *,
+    forward: SlotForward = slot_logits,
+    repeats: int = 3,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+) -> np.ndarray:
+    """float64 ``[repeats, n_ranks, n_slots]``: every rank's CPU seconds of every slot of
+    ``plan`` in each of ``repeats`` runs after a warm-up run, the same on every rank
+    (all-gathered). Every rank calls it with the same arguments; gradients are left zeroed."""
+    repeats = check_int(repeats, "repeats", minimum=1)
+    seconds = []
+    for _ in range(repeats + 1):
+        model.zero_grad(set_to_none=True)
+        step = run_step(model, plan, samples, groups, forward=forward, timeout=timeout)
+        seconds.append(step.slot_cpu_seconds)
+    model.zero_grad(set_to_none=True)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, np.array(seconds[1:], dtype=np.float64).tolist())
+    # [n_ranks, repeats, n_slots] -> [repeats, n_ranks, n_slots]
+    return np.array(everyone, dtype=np.float64).reshape(plan.n_ranks, repeats, -1).swapaxes(0, 1)
+
+
 def measure_slot_seconds(
     model: torch.nn.Module,
     plan: ContextParallelPlan,
@@ -296,18 +376,12 @@ def measure_slot_seconds(
     repeats: int = 3,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> np.ndarray:
-    """float64 ``[n_ranks, n_slots]``: every rank's CPU seconds of every slot of ``plan``
-    (median of ``repeats`` runs after a warm-up run), the same on every rank (all-gathered).
-    Every rank calls it with the same arguments; gradients are left zeroed."""
-    seconds = []
-    for _ in range(check_int(repeats, "repeats", minimum=1) + 1):
-        model.zero_grad(set_to_none=True)
-        step = run_step(model, plan, samples, groups, forward=forward, timeout=timeout)
-        seconds.append(step.slot_cpu_seconds)
-    model.zero_grad(set_to_none=True)
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, np.median(np.array(seconds[1:]), axis=0).tolist())
-    return np.array(everyone, dtype=np.float64).reshape(plan.n_ranks, plan.n_slots)
+    """float64 ``[n_ranks, n_slots]``: every rank's CPU seconds of every slot of ``plan``,
+    the median of :func:`measure_slot_timings` (same arguments)."""
+    timings = measure_slot_timings(
+        model, plan, groups, samples, forward=forward, repeats=repeats, timeout=timeout
+    )
+    return np.median(timings, axis=0)
 
 
 def calibrate_cost_model(
@@ -327,9 +401,10 @@ def calibrate_cost_model(
     by this executor on this machine, fitted on the ranks that will train.
 
     Every rank calls it with the same arguments, and all get the same model: every plan of
-    :func:`calibration_plans` (``trials``, ``seed``) runs through :func:`measure_slot_seconds`
-    (``repeats`` timings; token ids drawn below ``spec.vocab_size``), and
-    :func:`fit_cost_model` fits them. ``spec`` describes ``model`` (its K/V sizes: what a
+    :func:`calibration_plans` (``trials``, ``seed``) runs through :func:`measure_slot_timings`
+    (``repeats`` timings; token ids drawn below ``spec.vocab_size``), :func:`fit_cost_model`
+    fits their medians and :func:`timing_jitter` gives the model's ``slot_jitter`` (0 with
+    ``repeats`` 1). ``spec`` describes ``model`` (its K/V sizes: what a
     gather moves); ``forward`` runs it (default: a Hugging Face causal LM).
 
     Raises:
@@ -352,16 +427,17 @@ def calibrate_cost_model(
         world, context_parallel, template, max_tokens=max_tokens, trials=trials, seed=seed
     )
     generator = torch.Generator().manual_seed(seed)
-    observations = []
+    timed = []
     for plan in plans:
         samples = [
             torch.randint(0, spec.vocab_size, (int(n),), generator=generator) for n in plan.lengths
         ]
-        seconds = measure_slot_seconds(
+        timings = measure_slot_timings(
             model, plan, groups, samples, forward=forward, repeats=repeats, timeout=timeout
         )
-        observations.append((plan, seconds))
-    return fit_cost_model(observations)
+        timed.append((plan, timings))
+    fitted = fit_cost_model([(plan, np.median(timings, axis=0)) for plan, timings in timed])
+    return replace(fitted, slot_jitter=timing_jitter(timed))
 
 
 # ---------------------------------------------------------------------- processes
@@ -371,7 +447,8 @@ class ContextParallelCalibration:
 
     Attributes:
         cost: The fitted model: its ``time`` and ``comm`` (with the fit's ``fit_stats``), the
-            toy model's K/V sizes, ``piece_overhead_s`` and ``sharded_attention_factor``.
+            toy model's K/V sizes, ``piece_overhead_s``, ``sharded_attention_factor``,
+            ``sample_overhead_s`` and ``slot_jitter``.
         setup: How: processes, cores, CP sizes, per-rank cap, model size and configuration,
             trials, repeats, elapsed seconds (plain JSON values).
     """
@@ -411,7 +488,8 @@ def calibrate_context_parallel(
         procs: Processes (the DPxCP ranks), at least 2.
         model_size: A key of :data:`MODEL_SIZES`.
         trials: Whole-sample micro-batches, at least :data:`MIN_TRIALS`.
-        repeats: Timings per calibration plan (median kept).
+        repeats: Timings per calibration plan (median fitted; their spread gives
+            ``slot_jitter``, which needs at least 2).
         seed: Seed of the micro-batch compositions and of the model's weights.
         cores: CPU cores to pin to; default: the cores this process may run on.
         timeout: Seconds any collective may wait before the run fails.

@@ -14,7 +14,7 @@ from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _feasible
-from seqbalance.plan._intervals import Intervals, count_bound
+from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
@@ -66,13 +66,15 @@ def attempt(
 
 
 def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatches | None]:
-    """The padded local search (``plan/_padded_search.py``) from ``start`` (equal-cost cuts),
-    from the cheapest cuts whose intervals cost at most the count's lower bound and, in
-    ``lockstep``, from positions cut one after the other (``tiered_starts``; also as they are)."""
+    """The padded local search (``plan/_padded_search.py``, stopping at ``bound_at_count``)
+    from ``start`` (equal-cost cuts), from the cheapest cuts whose intervals cost at most the
+    count's ``count_bound`` and, in ``lockstep``, from positions cut one after the other
+    (``tiered_starts``; also as they are)."""
     intervals = Intervals.of(p)
-    bound = count_bound(p, m)
-    target = max(bound, p.lower_bound(m)) * (1 + GOOD_ENOUGH)
-    starts = [start, cheapest_start(p, intervals, m, bound - m * p.overhead)]
+    # Stop at the count's bound (the levels' too: no plan of m is cheaper); the cheapest start
+    # keeps its runs within the total's share.
+    target = bound_at_count(p, m) * (1 + GOOD_ENOUGH)
+    starts = [start, cheapest_start(p, intervals, m, count_bound(p, m) - m * p.overhead)]
     if p.objective == "lockstep" and m > 1:
         starts += tiered_starts(p, intervals, m)
     found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqbalance.partition import partition
-from seqbalance.plan._packing import fill_empty
+from seqbalance.plan._packing import fill_empty, least_microbatches
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._shared import Microbatches
 
@@ -98,6 +98,8 @@ def pack_samples(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | N
     lone = [[int(i)] for i in over]
     if rest.size == 0:
         return lone + [[] for _ in range(parts)]
+    if least_microbatches(p, rest) > parts:
+        return None  # no split fits (the engine's search would find none, after milliseconds)
     patches = None if p.patches is None else p.patches[rest].astype(np.float64)
     weights = measures(p.lengths[rest].astype(np.float64), patches, p.cap, p.patch_cap)
     for assignment in by_partition(weights, parts):

@@ -33,7 +33,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound"]
+__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound", "run_room"]
 
 _SHIFTS = 48
 """Layers whose longest interval has at most this many samples are computed by shifts (one
@@ -44,11 +44,15 @@ exceed this; the bounds then fall back to ``Problem``'s own."""
 _LEVEL_PASSES = 1024
 """``Intervals.level_bound`` is not computed when its intervals x levels (about 20 passes of
 the reach each) would exceed this."""
-_TOP_EVALUATIONS = 12
-"""``Intervals.top_bound`` evaluates ``R(w)`` at most this many times."""
+_TOP_EVALUATIONS = 40
+"""``Intervals.top_bound`` evaluates its rest at most this many times."""
+_SECTIONS = 16
+"""``Intervals._least_threshold`` tries this many values less one at once per round."""
+_TOP_CANDIDATES = 100_000
+"""``Intervals._cells`` bisects over at most this many interval costs."""
 _TOP_TOLERANCE = 1e-4
 """``Intervals.top_bound`` stops bisecting once its bound is this close to a value reached."""
-_TOP_WORK = 1.5e7
+_TOP_WORK = 1e8
 """``Intervals.top_bound`` is not computed when its work (evaluations x layers x rows x
 (start, size) pairs) would exceed this (about 0.1 s)."""
 
@@ -143,6 +147,26 @@ def padded_bound(p: Problem, m_lower: int) -> float:
     return float(best)
 
 
+def run_room(
+    costs: np.ndarray, take: np.ndarray, budget: float | np.ndarray, slack: float = 1e-12
+) -> np.ndarray:
+    """int64: how many samples a run of the order longest first may hold from each start (or
+    per entry, with ``costs``, ``take`` and ``budget`` of one shape): at most ``take`` (>= 1)
+    and as many as keep ``count x costs`` within ``budget`` (a relative ``slack`` over it: a
+    budget may be a bound less overheads, rounded). The one place that arithmetic lives: it
+    never divides by a cost of 0 or one so small that the quotient overflows (a sample of
+    length 0 costs 0 FLOPs), and a negative budget holds nothing."""
+    budget = np.maximum(np.asarray(budget, dtype=np.float64), 0.0)
+    # Where ``take`` samples fit, no division by the cost: compared as cost against the budget
+    # per sample, which cannot overflow (``take >= 1``; an infinite budget fits every take).
+    whole = costs / (1 + slack) <= budget / take
+    part = np.zeros(np.broadcast(costs, budget).shape)
+    # Elsewhere cost > budget / take >= 0, so budget / cost < take: finite.
+    np.divide(budget, costs, out=part, where=~whole)
+    counts = np.minimum(np.floor(part * (1 + slack)), take)
+    return np.where(whole, take, counts).astype(np.int64)
+
+
 class Intervals:
     """The samples of a padded step sorted longest first (ties: by position) and what runs of
     them may hold.
@@ -220,43 +244,50 @@ class Intervals:
         """A lower bound on the ``lockstep`` cost (least costs, no overhead) of ``k``
         intervals dealt to ``dp`` ranks at ``levels`` positions each, or ``floor`` or less
         where it cannot be more (it stops there); None where the work would exceed
-        ``_TOP_WORK`` (or, with more than two levels, an interval may hold more than
-        ``_SHIFTS`` samples).
+        ``_TOP_WORK``.
 
         The costliest position costs its costliest interval ``w`` and every interval costs
-        at most ``w``. With two levels, the other position costs at least ``second(w)``, the
-        least ``u`` at which a cut into at most ``k`` intervals of at most ``w`` has at most
-        ``dp`` costing more than ``u`` (exact: the plan is ``w + second(w)`` at best). With
-        more, each other position costs at least the mean of its ``dp`` intervals:
-        ``R(w) / dp``, ``R(w)`` the least total of such a cut less at most ``dp`` of its
-        intervals (``_rest``). Both never increase with ``w``: ``_cells`` bounds the least of
-        ``w`` plus either over the values ``w`` may have."""
+        at most ``w``. Position ``t >= 1`` costs at least ``level(t, w)``, the least ``u`` at
+        which a cut into at most ``k`` intervals of at most ``w`` has at most ``t x dp``
+        costing more than ``u`` (with two levels, ``w + level(1, w)`` is the plan's cost at
+        best: exact); with more, the others together also cost at least the mean of their
+        intervals, ``R(w) / dp``, ``R(w)`` the least total of such a cut less at most ``dp``
+        of its intervals (``_rest``; where intervals hold at most ``_SHIFTS`` samples), and
+        the larger of the two is taken. Both never increase with ``w``: ``_cells`` bounds the
+        least of ``w`` plus them over the values ``w`` may have."""
         if self.n == 0 or levels < 2 or dp < 2:
             return None
-        if levels == 2:
-            if _TOP_EVALUATIONS * k * 20 > _TOP_WORK / 1000:  # 20 bisection steps of k passes
-                return None
-            return self._cells(k, dp, lambda w: self._second(k, dp, w), floor)
-        pairs = float(self.take.sum())  # (start, size) pairs a layer of ``_rest`` reads
-        work = _TOP_EVALUATIONS * min(k, self.n) * (dp + 1) * pairs
-        if int(self.take.max()) > _SHIFTS or work > _TOP_WORK:
+        passes = k * 20 * sum(range(1, levels)) * dp  # bisections of reaches, per evaluation
+        by_mean = int(self.take.max()) <= _SHIFTS
+        work = min(k, self.n) * (dp + 1) * float(self.take.sum()) if by_mean else 0.0
+        if _TOP_EVALUATIONS * (passes + work) > _TOP_WORK:
             return None
-        return self._cells(k, dp, lambda w: self._rest(k, dp, w) / dp, floor)
 
-    def _second(self, k: int, dp: int, w: float) -> float:
-        """The least costliest interval of a second position when every interval costs at
-        most ``w`` (from below; inf where no cut has every interval within ``w``)."""
-        if not self._cut_exists(k, dp, w, w):
-            return np.inf
-        return self._least_threshold(k, dp, w, w)
+        def rest(w: float) -> float:
+            if not self._cut_exists(k, 0, w, w):
+                return np.inf
+            total, high = 0.0, w
+            for t in range(1, levels):
+                high = self._least_threshold(k, t * dp, high, w)
+                total += high
+            if levels > 2 and by_mean:
+                total = max(total, self._rest(k, dp, w) / dp)
+            return total
+
+        return self._cells(k, dp, rest, floor)
 
     def _cells(self, k: int, dp: int, rest: Callable[[float], float], floor: float) -> float:
-        """The least ``a + rest(b)`` over cells ``[a, b]`` covering the values the costliest
-        interval ``w`` may have (``rest`` never increasing), or a value reached at most
-        ``floor``: from the least (``level_bound``'s first level) up a ladder of ratios ``1 +
-        8^j x 1e-5`` (where a dominant interval sets ``w``, the least is just above it) to the
-        least ``w + rest(w)`` reached (above it, ``w`` alone is more); then the cell of the
-        least bisected while ``_TOP_EVALUATIONS`` are left."""
+        """The least ``w + rest(w)`` over the values the costliest interval ``w`` may have
+        (``rest`` never increasing), from below, or a value reached at most ``floor``.
+
+        ``w`` is an interval's cost, at least the least costliest (``level_bound``'s first
+        level), and ``rest(w)`` changes only where ``w`` passes an interval's cost (the
+        intervals allowed change there): over the sorted interval costs ``c_0 < c_1 < ...``
+        (below the least ``w + rest(w)`` reached, ``r``: above it ``w`` alone is more), a
+        cell ``[c_i, c_j]`` holds no value below ``c_i + rest(c_j)``, and ``c_i +
+        rest(c_i)`` exactly when ``j = i + 1``. The cell of the least is bisected (by index)
+        while ``_TOP_EVALUATIONS`` are left; where the costs in range exceed
+        ``_TOP_CANDIDATES`` a geometric grid stands in for them (no cell is then exact)."""
         level = self.level_bound(k, dp, 1)
         low = max(float(self.least[0]), level or 0.0)  # no plan's costliest interval is less
         memo: dict[float, float] = {}
@@ -266,30 +297,55 @@ class Intervals:
                 memo[w] = rest(w)
             return memo[w]
 
-        points, reached = [low], np.inf
-        for j in range(_TOP_EVALUATIONS):
-            w = low * (1 + 1e-5 * 8.0**j)
-            if w >= reached:
-                break
-            points.append(w)
-            reached = min(reached, w + value(w))
-            if reached <= floor:
-                return reached
+        reached, j = low + value(low), 0
+        while not np.isfinite(reached) and len(memo) < _TOP_EVALUATIONS:
+            w = low * (1 + 1e-5 * 8.0**j)  # up from the least: no cut of intervals within it
+            reached, j = w + value(w), j + 1
         if not np.isfinite(reached):
             return low  # no cut on the ladder: only the least costliest interval is known
-        points.append(reached)
-        cells = [(a + value(b), a, b) for a, b in itertools.pairwise(points)]
+        if reached <= floor:
+            return reached
+        grid, exact = self._costs_between(low, reached)
+        grid = np.union1d(grid, [w for w in memo if w < reached])
+        grid = np.append(grid, reached)
+        evaluated = [0, grid.size - 1]
+
+        def cell(i: int, j: int) -> float:
+            a = float(grid[i])
+            return a + value(a if exact and j == i + 1 else float(grid[j]))
+
         while len(memo) < _TOP_EVALUATIONS:
-            least, a, b = min(cells)
-            middle = float(np.sqrt(a * b))
-            if least >= reached * (1 - _TOP_TOLERANCE) or not a < middle < b:
+            bounds = [cell(i, j) for i, j in itertools.pairwise(evaluated)]
+            at = int(np.argmin(bounds))
+            i, j = evaluated[at], evaluated[at + 1]
+            if bounds[at] >= reached * (1 - _TOP_TOLERANCE) or j == i + 1:
                 break
-            reached = min(reached, middle + value(middle))
+            middle = (i + j) // 2
+            reached = min(reached, float(grid[middle]) + value(float(grid[middle])))
             if reached <= floor:
                 return reached
-            cells.remove((least, a, b))
-            cells += [(a + value(middle), a, middle), (middle + value(b), middle, b)]
-        return min(min(cells)[0], reached)
+            evaluated.insert(at + 1, middle)
+        bounds = [cell(i, j) for i, j in itertools.pairwise(evaluated)]
+        return min(min(bounds), reached)
+
+    def _costs_between(self, low: float, high: float) -> tuple[np.ndarray, bool]:
+        """The sorted distinct costs ``size x least[start]`` of intervals within ``take`` in
+        ``[low, high)`` (``low`` first), and True; where there are more than
+        ``_TOP_CANDIDATES``, a geometric grid of that many from ``low`` instead, and False."""
+        costs, take = self.least, self.take
+        positive = costs > 0
+        first = np.zeros(self.n, dtype=np.int64)
+        last = np.zeros(self.n, dtype=np.int64)
+        first[positive] = np.maximum(np.ceil(low / costs[positive]), 1)
+        last[positive] = np.minimum(np.ceil(high / costs[positive]) - 1, take[positive])
+        counts = np.maximum(last - first + 1, 0)
+        if counts.sum() > _TOP_CANDIDATES:
+            return low * (high / low) ** np.linspace(0, 1, _TOP_CANDIDATES, endpoint=False), False
+        starts = np.repeat(np.arange(self.n), counts)
+        sizes = np.arange(starts.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        values = (sizes + np.repeat(first, counts)) * costs[starts]
+        values = values[(values >= low) & (values < high)]
+        return np.union1d(values, [low]), True
 
     def _rest(self, k: int, dp: int, w: float) -> float:
         """``R(w)``: the least total cost of a cut into at most ``k`` intervals costing at
@@ -328,47 +384,48 @@ class Intervals:
     def _ends(self, u: float) -> np.ndarray:
         """int64 ``[n + 1]``: where an interval from each start ends when it holds as many
         samples as ``take`` and a cost of at most ``u`` allow (``n`` past the last)."""
-        n = self.n
-        positive = self.least > 0
-        fits = np.full(n, n, dtype=np.int64)
-        # Capped at n before the integer cast: a very large u (a loose upper bound) would
-        # otherwise overflow int64 and wrap to a negative count.
-        fits[positive] = np.minimum(np.floor(u * (1 + 1e-12) / self.least[positive]), n).astype(
-            np.int64
-        )
-        return np.append(np.arange(n) + np.minimum(self.take, fits), n)
+        return np.append(np.arange(self.n) + run_room(self.least, self.take, u), self.n)
 
     def _least_threshold(self, k: int, expensive: int, high: float, cap: float = np.inf) -> float:
         """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
         at most ``k`` intervals of at most ``cap`` each has at most ``expensive`` costing more
-        than ``u`` (0 when ``u = 0`` has one; ``high`` must have one)."""
+        than ``u`` (0 when ``u = 0`` has one; ``high`` must have one): sections of
+        ``_SECTIONS`` values at once (whether a cut exists never turns false as ``u`` grows)."""
         if self._cut_exists(k, expensive, 0.0, cap):
             return 0.0
         low = 0.0  # no cut at low; one at high
         while high - low > 1e-6 * high:
-            middle = 0.5 * (low + high)
-            if self._cut_exists(k, expensive, middle, cap):
-                high = middle
-            else:
-                low = middle
+            points = low + (high - low) * np.arange(1, _SECTIONS) / _SECTIONS
+            fits = self._cut_exists(k, expensive, points, cap)
+            first = int(np.argmax(fits)) if fits.any() else points.size
+            high = float(points[first]) if first < points.size else high
+            low = float(points[first - 1]) if first > 0 else low
         return low
 
-    def _cut_exists(self, k: int, expensive: int, u: float, cap: float = np.inf) -> bool:
+    def _cut_exists(
+        self, k: int, expensive: int, u: float | np.ndarray, cap: float = np.inf
+    ) -> bool | np.ndarray:
         """Whether some cut into at most ``k`` intervals (within ``take``) of at most ``cap``
-        each has at most ``expensive`` intervals costing more than ``u``: the farthest sample
-        reached with ``a`` intervals, ``e`` of them dear, taking each interval as long as it
-        may be (where an interval may end never decreases with its start, so the farthest
-        reach dominates)."""
-        n = self.n
-        cheap, full = self._ends(u), self._ends(cap)
-        reach = np.zeros(expensive + 1, dtype=np.int64)
+        each has at most ``expensive`` intervals costing more than ``u`` (per entry where
+        ``u`` is an array): the farthest sample reached with ``a`` intervals, ``e`` of them
+        dear, taking each interval as long as it may be (where an interval may end never
+        decreases with its start, so the farthest reach dominates)."""
+        n, us = self.n, np.atleast_1d(np.asarray(u, dtype=np.float64))
+        starts = np.arange(n)
+        cheap = np.concatenate(
+            [starts + run_room(self.least, self.take, us[:, None]), np.full((us.size, 1), n)],
+            axis=1,
+        )
+        full = self._ends(cap)
+        reach = np.zeros((us.size, expensive + 1), dtype=np.int64)
         for _ in range(k):
-            after = np.maximum(reach, cheap[reach])
-            after[1:] = np.maximum(after[1:], full[reach[:-1]])
+            after = np.maximum(reach, np.take_along_axis(cheap, reach, axis=1))
+            after[:, 1:] = np.maximum(after[:, 1:], full[reach[:, :-1]])
             reach = after
-            if reach[-1] >= n:
-                return True
-        return False
+            if (reach[:, -1] >= n).all():
+                break
+        exists = reach[:, -1] >= n
+        return exists if np.ndim(u) else bool(exists[0])
 
     def fewest(self, k: int) -> int:
         """The fewest samples each of ``k`` intervals holds: what the others cannot (they hold
@@ -442,9 +499,7 @@ class Intervals:
         if self.n == 0 or self._work(k) > _WORK:
             return None
         # A relative 1e-9 of slack: ``cap`` may be a bound less its overheads (rounding).
-        fits = np.floor(cap * (1 + 1e-9) / np.maximum(self.least, 1e-300))
-        take = np.minimum(self.take, fits)
-        take = np.maximum(take, 0).astype(np.int64)
+        take = run_room(self.least, self.take, cap, slack=1e-9)
         f = np.full(self.n + 1, np.inf)
         f[0] = 0.0
         choices = []

@@ -15,7 +15,7 @@ from seqbalance.plan._portfolio import (
     aligned_value,
     beyond_budget,
 )
-from seqbalance.plan._problem import Problem
+from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._shared import Microbatches
 
@@ -51,7 +51,8 @@ def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
         max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
     ]
     reference = int(np.argmax(heaviest))
-    if _dominant(_aligned_times(p, plan), reference):
+    aligned = -np.sort(-p.plan_costs(plan), axis=1)  # heaviest first, as aligned_value sorts
+    if _dominant(aligned / speeds[:, None], reference):
         return plan
     profile = np.array(
         sorted(
@@ -60,13 +61,8 @@ def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     ) / float(speeds[reference])
     repacked = _pack_under(p, plan, reference, profile)
     result = [mine if mine is not None else mbs for mine, mbs in zip(repacked, plan, strict=True)]
-    return result if aligned_value(p, result) < aligned_value(p, plan) else plan
-
-
-def _aligned_times(p: Problem, plan: Microbatches) -> np.ndarray:
-    """float64 ``[dp, M]``: every rank's micro-batch times, heaviest first (what
-    ``aligned_value`` takes the maximum of at each position)."""
-    return -np.sort(-p.plan_costs(plan), axis=1) / p.speeds_or_ones[:, None]
+    value = objective_value(aligned, p.objective, p.speeds)  # aligned_value(p, plan)
+    return result if aligned_value(p, result) < value else plan
 
 
 def _dominant(aligned: np.ndarray, rank: int) -> bool:
@@ -221,6 +217,12 @@ def _best_inner_change(
         return None
     # Partners: every sample of every other micro-batch b, then -1 (a plain move), b by b.
     sizes = np.array([len(mb) for mb in microbatches], dtype=np.int64)
+    if source.size == 1 and p.oversize[source[0]]:
+        # A lone over-cap sample never moves: a plain move would leave a empty, and b holds a
+        # partner's tokens (patches) at least, so a swap puts it over the cap. The work is the
+        # candidates', counted as their evaluation counts it (the budget stops at the same place).
+        work[0] += int(sizes.sum()) + sizes.size - 2
+        return None
     flat = np.fromiter(itertools.chain.from_iterable(microbatches), np.int64, int(sizes.sum()))
     partners = np.insert(flat, np.cumsum(sizes), -1)
     target_of = np.repeat(np.arange(sizes.size), sizes + 1)

@@ -14,7 +14,14 @@ import numpy as np
 
 from seqbalance.plan._problem import Problem
 
-__all__ = ["Rooms", "fill_empty", "greedy_microbatches", "heaviest_first", "to_count"]
+__all__ = [
+    "Rooms",
+    "fill_empty",
+    "greedy_microbatches",
+    "heaviest_first",
+    "least_microbatches",
+    "to_count",
+]
 
 
 _SCAN_IN_C = 32
@@ -121,6 +128,32 @@ def fill_empty(p: Problem, microbatches: list[list[int]]) -> None:
         shortest = min(donor, key=lambda i: (int(p.lengths[i]), i))
         donor.remove(shortest)
         empty.append(shortest)
+
+
+def least_microbatches(p: Problem, samples: np.ndarray) -> int:
+    """A lower bound on the micro-batches that the non-over-cap ``samples`` need under the
+    token cap (0 without one): Martello and Toth's L2 bin-packing bound.
+
+    For a size ``a <= cap / 2``: samples longer than ``cap - a`` each need a micro-batch that no
+    sample of at least ``a`` tokens shares, those longer than ``cap / 2`` each one of their
+    own, and the tokens of the samples from ``a`` to ``cap / 2`` tokens that do not fit beside
+    the latter need whole micro-batches more; the bound is the most of that over ``a`` (every
+    sample length up to ``cap / 2``, and 0: the tokens over the cap). Exact integer arithmetic,
+    ``O(n log n)``."""
+    if not np.isfinite(p.cap) or samples.size == 0:
+        return 0
+    cap = int(p.cap)
+    w = np.sort(p.lengths[samples].astype(np.int64))
+    sums = np.concatenate(([0], np.cumsum(w)))
+    half = int(np.searchsorted(w, cap // 2, side="right"))  # w[:half] <= cap / 2 < w[half:]
+    a = np.concatenate(([0], np.unique(w[:half])))
+    over = np.searchsorted(w, cap - a, side="right")  # w[over:] > cap - a
+    low = np.searchsorted(w, a, side="left")  # w[low:half] within [a, cap / 2]
+    # Room left in the micro-batches of samples in (cap / 2, cap - a], less the tokens of
+    # samples in [a, cap / 2]: what must go into micro-batches of its own.
+    room = (over - half) * cap - (sums[over] - sums[half])
+    spill = np.maximum(0, -(-(sums[half] - sums[low] - room) // cap))
+    return int(((w.size - over) + (over - half) + spill).max())
 
 
 def heaviest_first(p: Problem, samples: np.ndarray) -> np.ndarray:

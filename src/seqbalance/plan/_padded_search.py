@@ -19,8 +19,10 @@ totals); ``lockstep``, the sum over positions of the costliest micro-batch when 
 micro-batches are sorted heaviest first, which for given intervals is least when they are dealt
 by cost tier (the ``dp`` costliest first, one to each rank, then the next ``dp``, ...). Moves keep
 every cap (``microbatch_size``, the token cap with padding, an over-cap sample alone). The
-search stops when no move helps, within ``GOOD_ENOUGH`` of the bound, or after a number of
-rounds that grows with ``K``.
+search stops when no move helps, at its target (the caller's: near the bound), after a number
+of rounds that grows with ``K``, or once its work passes ``PADDED_WORK`` (a round weighs ``K``
+times the intervals that matter, about what its moves touch): a deterministic budget, so a step
+of a thousand runs stops after a few rounds (tens of ms) and small steps never meet it.
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ from typing import Protocol
 
 import numpy as np
 
-from seqbalance.plan._intervals import Intervals
+from seqbalance.plan._intervals import Intervals, run_room
 from seqbalance.plan._shared import Microbatches
 
-__all__ = ["cheapest_start", "improve_intervals", "tiered_starts"]
+__all__ = ["PADDED_WORK", "cheapest_start", "improve_intervals", "tiered_starts"]
 
 _ROUNDS_PER_INTERVAL = 8
 _ROUNDS = 64
 """The search stops after ``_ROUNDS + _ROUNDS_PER_INTERVAL x K`` improving moves at most."""
+PADDED_WORK = 1_200_000
+"""``improve_intervals`` stops once its rounds' work (``K`` x the intervals that matter, each)
+passes this: about 40 ms of CPU on a 2-core VM (rounds of a step with ``K = 973`` runs take
+about 4.5 ms); small steps stop long before for lack of improving moves."""
 _RELATIVE = 1e-12  # improvements smaller than this are float noise
 _TIER_PAIRS = 200_000
 """``tiered_starts`` are not tried when its (first sample, size) pairs would exceed this."""
@@ -56,13 +62,16 @@ def improve_intervals(
     p: Problem, intervals: Intervals, plan: Microbatches, target: float
 ) -> Microbatches | None:
     """``plan`` (padded, every micro-batch a run of ``intervals.order``) improved by the local
-    search; None when ``plan`` is not of that form. Stops early at ``target`` or below."""
+    search; None when ``plan`` is not of that form. Stops early at ``target`` or below, and
+    once its work passes ``PADDED_WORK``."""
     state = _State.of(p, intervals, plan)
     if state is None:
         return None
+    work = 0
     for _ in range(_ROUNDS + _ROUNDS_PER_INTERVAL * state.k):
-        if state.value() <= target or not state.step():
+        if state.value() <= target or work > PADDED_WORK or not state.step():
             break
+        work += state.k * (int(state._hot().sum()) + 1)
     return state.plan()
 
 
@@ -194,9 +203,7 @@ def _tier_reach(
     n = costs.size
     for _ in range(more):
         j = np.minimum(at, n - 1)
-        fits = np.floor(top * (1 + 1e-12) / np.maximum(costs[j], 1e-300))
-        grow = np.minimum(take[j], np.minimum(fits, n)).astype(np.int64)
-        at = np.where(at < n, at + grow, at)
+        at = np.where(at < n, at + run_room(costs[j], take[j], top), at)
     return at
 
 

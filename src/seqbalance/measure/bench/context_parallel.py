@@ -10,7 +10,10 @@ calibrate --context-parallel`` runs). Rank 0 then plans every sampled step with 
 (``static_cp``, ``dynamic_cp_megatron``, ``balanced``) on that model (``seqbalance.sim.simulate``
 with ``context_parallel``: the predicted step times), and every rank runs the plans with the
 reference executor (``seqbalance.runtime.context_parallel.run_step``), strategies interleaved
-step by step in a rotating order so drift in the machine's speed hits them alike.
+step by step in a rotating order so drift in the machine's speed hits them alike. The
+prediction compared with the measurement is each plan's expected step under the calibrated
+slot jitter (``ContextParallelPlan.expected_step_cost``); the planner's noiseless step is
+reported beside it.
 
 Two measured step times: the wall-clock one, the slowest rank's time from its first slot to the
 end of its last (the gradient all-reduce after the slots is recorded apart), and the CPU one,
@@ -155,13 +158,14 @@ def summarize_model(
     Returns:
         ``time_model``, ``calibrated``, ``strategies`` (name -> median and mean measured step
         seconds (the slowest rank's slots, wall clock), mean of the slowest rank's slots +
-        gradient sync, median and mean CPU step seconds, mean predicted step seconds,
+        gradient sync, median and mean CPU step seconds, mean predicted step seconds (under
+        the time model's ``slot_jitter``) and mean noiseless ones (the plans' ``step_cost``),
         measured / predicted for both, mean sharded fraction and slots, and every step's
         measured, CPU and predicted seconds), ``max_loss_spread`` (largest relative spread of a
         step's loss over the strategies: they compute the same function, so it is float
         rounding) and ``comparisons`` (``balanced_vs_<baseline>``: the measured (wall and CPU)
         mean and median step-time reductions, the predicted one and its error relative to each
-        measured one; fractions, 0.05 = 5% less time).
+        measured one, and the noiseless predicted one; fractions, 0.05 = 5% less time).
     """
     strategies: dict[str, dict[str, Any]] = {}
     losses = []
@@ -174,6 +178,7 @@ def summarize_model(
         losses.append([r["loss"] for r in per_rank[0]])
         planned = described["plans"][name]
         predicted = np.array(planned["predicted_seconds"])
+        noiseless = np.array(planned["noiseless_predicted_seconds"])
         cpu = np.array(planned["cpu_seconds"])
         strategies[name] = {
             "median_step_seconds": float(np.median(slots)),
@@ -182,6 +187,7 @@ def summarize_model(
             "median_cpu_step_seconds": float(np.median(cpu)),
             "mean_cpu_step_seconds": float(cpu.mean()),
             "predicted_mean_step_seconds": float(predicted.mean()),
+            "noiseless_predicted_mean_step_seconds": float(noiseless.mean()),
             "measured_over_predicted": float(slots.mean() / predicted.mean()),
             "cpu_over_predicted": float(cpu.mean() / predicted.mean()),
             "sharded_fraction": float(np.mean(planned["sharded_fraction"])),
@@ -198,9 +204,14 @@ def summarize_model(
         cpu="mean_cpu_step_seconds",
         median_cpu="median_cpu_step_seconds",
     )
-    for comparison in comparisons.values():
+    for key, comparison in comparisons.items():
         comparison["cpu_prediction_relative_error"] = prediction_error(
             comparison["predicted_reduction"], comparison["measured_cpu_reduction"]
+        )
+        baseline = strategies[key.removeprefix("balanced_vs_")]
+        comparison["noiseless_predicted_reduction"] = 1.0 - (
+            strategies["balanced"]["noiseless_predicted_mean_step_seconds"]
+            / baseline["noiseless_predicted_mean_step_seconds"]
         )
     return {
         "time_model": described["time_model"],

@@ -40,8 +40,10 @@ def run_context_parallel_rank(
         ``{"records": per model label, per strategy, one record per measured step
         (slot_seconds, sync_seconds, loss)}``; rank 0 adds ``models``: per label,
         ``time_model`` (the model's dict), ``calibrated`` and ``plans`` (per strategy, over
-        the measured steps: ``predicted_seconds``, ``cpu_seconds`` (every rank's slot CPU
-        seconds replayed through the plan's lockstep rule), ``sharded_fraction``, ``slots``).
+        the measured steps: ``predicted_seconds`` (``ContextParallelPlan.expected_step_cost``:
+        under the model's ``slot_jitter``), ``noiseless_predicted_seconds`` (``step_cost``),
+        ``cpu_seconds`` (every rank's slot CPU seconds replayed through the plan's lockstep
+        rule), ``sharded_fraction``, ``slots``).
     """
     if settings.context_parallel is None:
         raise ValueError("run_context_parallel_rank needs settings with context_parallel")
@@ -188,7 +190,10 @@ def _described(
     for name, steps in plans.items():
         steps = steps[settings.warmup :]
         described[name] = {
-            "predicted_seconds": [p.step_cost for p in steps],
+            # What a measured step is compared with: the step under the calibrated slot
+            # jitter (the planner's noiseless step beside it).
+            "predicted_seconds": [p.expected_step_cost() for p in steps],
+            "noiseless_predicted_seconds": [p.step_cost for p in steps],
             "cpu_seconds": [
                 float(p.finish_times(np.array([rank[name][s] for rank in cpu])).max())
                 for s, p in enumerate(steps)

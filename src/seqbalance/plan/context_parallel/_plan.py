@@ -7,7 +7,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, as_lengths, check_int
+from seqbalance._validation import (
+    as_group_ids,
+    as_lengths,
+    check_int,
+    check_non_negative_float,
+)
 from seqbalance.cost.context_parallel import (
     ContextParallelTimeModel,
     shard_chunks,
@@ -17,7 +22,13 @@ from seqbalance.cost.context_parallel import (
 from seqbalance.cost.resolve import cost_name
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel._inputs import ContextParallelSlot, SlotInputs
-from seqbalance.plan.context_parallel._metrics import Pieces, finish_times, lower_bound, slot_loads
+from seqbalance.plan.context_parallel._metrics import (
+    Pieces,
+    expected_step,
+    finish_times,
+    lower_bound,
+    slot_loads,
+)
 from seqbalance.plan.context_parallel._validate import ContextParallelChecks
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.types import PlanValidationError
@@ -123,6 +134,24 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
     def step_cost(self) -> float:
         """Predicted step seconds: the last rank's finish."""
         return float(self.finish_times().max()) if self.costs.size else 0.0
+
+    def expected_step_cost(self, jitter: float | None = None) -> float:
+        """Expected step seconds when slot times vary from run to run: each rank's slot takes
+        its predicted seconds times an independent log-normal factor of median 1 and log
+        standard deviation ``jitter`` (None: the time model's ``slot_jitter``), through the
+        same lockstep rule as :attr:`step_cost` (``_metrics.expected_step``: a fixed-seed
+        Monte Carlo, deterministic). ``jitter`` 0 gives :attr:`step_cost` exactly.
+
+        What a measured mean step is to be compared with: the planner minimises
+        :attr:`step_cost`, but ranks that wait for each other pay the slowest one's noise, so a
+        plan whose ranks are balanced pays more of it than one whose ranks are not.
+
+        Raises:
+            ValueError: ``jitter`` negative, NaN or infinite.
+        """
+        sigma = self.time_model.slot_jitter if jitter is None else jitter
+        sigma = check_non_negative_float(sigma, "jitter")
+        return expected_step(self.costs, self.pieces(), self.barriers, sigma)
 
     def slot_of(self) -> np.ndarray:
         """int64 ``[n]``: the slot each sample runs in."""
