@@ -56,9 +56,11 @@ from seqbalance.cost.time_model import FitStats, TimeModel, nnls, read_model_fil
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
 
 __all__ = [
+    "MAX_SLOT_JITTER",
     "SCHEMES",
     "CommModel",
     "ContextParallelTimeModel",
+    "check_slot_jitter",
     "context_parallel_cost",
     "cost_description",
     "cost_from_description",
@@ -224,6 +226,24 @@ class CommModel:
 
 
 # ------------------------------------------------------------------ time model
+MAX_SLOT_JITTER = 3.0
+"""Largest ``slot_jitter`` accepted (σ of log slot seconds): a slot's time varying by a factor
+of about 20 (e^3) from one run to the next is no timing of the plan but a broken measurement or
+a unit error, and far larger values overflow the expected step (``exp(σ·Z)``) to ``inf``."""
+
+
+def check_slot_jitter(value: Any, name: str) -> float:
+    """Return the slot jitter ``value`` as a float: a finite number in ``[0, MAX_SLOT_JITTER]``;
+    else ValueError naming ``name``."""
+    sigma = check_non_negative_float(value, name)
+    if sigma > MAX_SLOT_JITTER:
+        raise ValueError(
+            f"{name} must be at most MAX_SLOT_JITTER = {MAX_SLOT_JITTER} (σ of log slot "
+            f"seconds; 0.05 is about 5%), got {value!r}"
+        )
+    return sigma
+
+
 @dataclass(frozen=True)
 class ContextParallelTimeModel:
     """Seconds of a rank's share of sharded samples: computation plus CP communication.
@@ -302,9 +322,9 @@ class ContextParallelTimeModel:
             "piece_overhead_s",
             "sharded_attention_factor",
             "sample_overhead_s",
-            "slot_jitter",
         ):
             object.__setattr__(self, name, check_non_negative_float(getattr(self, name), name))
+        object.__setattr__(self, "slot_jitter", check_slot_jitter(self.slot_jitter, "slot_jitter"))
 
     @classmethod
     def from_model(

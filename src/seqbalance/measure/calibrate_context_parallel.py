@@ -44,6 +44,7 @@ from seqbalance.cost import ModelSpec, TimeModel
 from seqbalance.cost.context_parallel import (
     CommModel,
     ContextParallelTimeModel,
+    check_slot_jitter,
     kv_elements_per_token,
     kv_layers,
 )
@@ -316,8 +317,9 @@ def timing_jitter(observations: Sequence[tuple[ContextParallelPlan, np.ndarray]]
         ``σ`` (0.05: about 5%); 0 when no slot was timed twice (nothing to estimate from).
 
     Raises:
-        ValueError: a timings array of another shape than its plan's slots, or a held slot
-            timed at zero seconds or less.
+        ValueError: a timings array of another shape than its plan's slots, a held slot timed
+            at zero seconds or less or at a non-finite time, or an estimate above
+            ``MAX_SLOT_JITTER`` (timings that vary that much measured no plan).
     """
     differences = []
     for plan, timings in observations:
@@ -328,15 +330,17 @@ def timing_jitter(observations: Sequence[tuple[ContextParallelPlan, np.ndarray]]
                 f"got {timings.shape}"
             )
         held = timings[:, plan.tokens > 0]  # [repeats, held slots]
-        if (held <= 0).any():
-            raise ValueError(f"measured slot seconds must be > 0, got {float(held.min())}")
+        bad = ~(np.isfinite(held) & (held > 0))
+        if bad.any():
+            raise ValueError(f"measured slot seconds must be > 0 and finite, got {held[bad][0]}")
         first, second = np.triu_indices(held.shape[0], k=1)
         logs = np.log(held)
         differences.append(np.abs(logs[first] - logs[second]).ravel())
     pooled = np.concatenate(differences) if differences else np.empty(0)
     if pooled.size == 0:
         return 0.0
-    return float(np.median(pooled) / (np.sqrt(2.0) * _NORMAL_MAD))
+    sigma = float(np.median(pooled) / (np.sqrt(2.0) * _NORMAL_MAD))
+    return check_slot_jitter(sigma, "the slot jitter estimated from the timings")
 
 
 # ------------------------------------------------------------------ on the processes

@@ -11,10 +11,10 @@ from seqbalance._validation import (
     as_group_ids,
     as_lengths,
     check_int,
-    check_non_negative_float,
 )
 from seqbalance.cost.context_parallel import (
     ContextParallelTimeModel,
+    check_slot_jitter,
     shard_chunks,
     shard_pairs,
     shard_tokens,
@@ -147,10 +147,10 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
         plan whose ranks are balanced pays more of it than one whose ranks are not.
 
         Raises:
-            ValueError: ``jitter`` negative, NaN or infinite.
+            ValueError: ``jitter`` negative, NaN, infinite or above ``MAX_SLOT_JITTER``.
         """
         sigma = self.time_model.slot_jitter if jitter is None else jitter
-        sigma = check_non_negative_float(sigma, "jitter")
+        sigma = check_slot_jitter(sigma, "jitter")
         return expected_step(self.costs, self.pieces(), self.barriers, sigma)
 
     def slot_of(self) -> np.ndarray:

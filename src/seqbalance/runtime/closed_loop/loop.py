@@ -342,7 +342,11 @@ class ClosedLoop:
             )
         for rank, record in enumerate(records):
             if not isinstance(record, dict) or set(record) - {"taken"} != _RECORD_KEYS:
-                raise ValueError(f"rank {rank} sent a malformed closed-loop record: {record!r:.80}")
+                raise ValueError(
+                    f"rank {rank} sent a malformed closed-loop record: {record!r:.80} (is it in "
+                    "another collective? e.g. a sampler rank that skipped this step's observe() "
+                    "and started its next pass)"
+                )
             if record["error"] is not None:
                 raise ValueError(
                     f"rank {rank} could not report step {record['step']}: {record['error']}"

@@ -76,6 +76,16 @@ def describe_change(name: str, saved: Any, now: Any) -> list[str]:
     return [f"{name} ({brief(saved, 40)} saved, {brief(now, 40)} now)"]
 
 
+def _setup_of(payload: bytes) -> dict[str, Any] | None:
+    """A rank's agreement payload as a dict, or None when it is not one (that rank is in
+    another gather)."""
+    try:
+        setup = json.loads(payload)
+    except ValueError:
+        return None
+    return setup if isinstance(setup, dict) and "sampler" in setup else None
+
+
 def _changes(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
     """Differences between two setups, the data-parallel rank left out (it may differ)."""
     return [
@@ -297,7 +307,16 @@ class EpochBatchSampler:
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
         for other_rank, other in enumerate(gathered):
             if other != payload:
-                changes = _changes(mine, json.loads(other))
+                theirs = _setup_of(other)
+                if theirs is None:
+                    raise ValueError(
+                        f"{type(self).__name__}: rank {other_rank} of the group sent no sampler "
+                        f"setup to the agreement check that starts this pass ({other[:60]!r}): "
+                        "it is in another collective, e.g. the observe() of a step this rank "
+                        "did not observe (adaptive: every rank observes every step once), or "
+                        "ranks iterate the sampler a different number of times"
+                    )
+                changes = _changes(mine, theirs)
                 if not changes:
                     continue  # only the data-parallel rank differs
                 raise ValueError(

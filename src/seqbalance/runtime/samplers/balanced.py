@@ -277,9 +277,22 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _agreement(self) -> dict[str, Any]:
         # The closed loop's prior shapes the plans; a resume compares it through the adaptive
-        # state (load_state_dict), ranks here.
-        prior = None if self._lagged is None else self._lagged.loop.feedback.prior
-        return {} if prior is None else {"adaptive_prior": prior.to_json()}
+        # state (load_state_dict), ranks here. The steps observed number the pass's plans.
+        if self._lagged is None:
+            return {}
+        prior = self._lagged.loop.feedback.prior
+        observed = {"adaptive_observed": self._lagged.loop.observed}
+        return observed if prior is None else {**observed, "adaptive_prior": prior.to_json()}
+
+    def check_agreement(self) -> None:
+        """:meth:`EpochBatchSampler.check_agreement`; adaptive, at every pass, not once per
+        epoch: a rank that skipped the ``observe()`` of a pass's last step would otherwise
+        plan the next pass (one without ``set_epoch``) with other step numbers than the others,
+        its gathers pairing with theirs unseen. The check's gather meets the other ranks'
+        ``observe()`` gather instead, and every rank raises before the pass yields."""
+        if self._lagged is not None:
+            self._agreed_epoch = None
+        super().check_agreement()
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
         """Which samples make up each step of ``epoch`` (default: the current epoch)."""
