@@ -25,24 +25,27 @@ settings.load_profile(active_profile())
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SLOWEST_FIRST = (
+    "test_integrations_hf_resume.py",
     "test_plan_properties.py",
-    "test_plan_context_parallel_properties.py",
     "test_integrations_hf.py",
     "test_runtime_context_parallel.py",
-    "test_runtime_context_parallel_hf.py",
-    "test_integrations_megatron.py",
-    "test_integrations_verl_install.py",
+    "test_plan_context_parallel_properties.py",
+    "test_cli_bench.py",
     "test_runtime_samplers_lazy.py",
-    "test_runtime_samplers.py",
-    "test_runtime_resume.py",
-    "test_plan_parts.py",
+    "test_integrations_megatron.py",
+    "test_runtime_examples.py",
+    "test_runtime_context_parallel_hf.py",
+    "test_integrations_verl_parity.py",
     "test_runtime_distributed.py",
+    "test_runtime_samplers.py",
+    "test_integrations_verl_install.py",
     "test_measure_launch.py",
+    "test_plan_speeds.py",
 )
-"""Modules that take the longest under the ``full`` profile (``pytest --durations``), started
-first so that no worker is left alone with one of them at the end; the others keep their
-order. Only a hint: a module missing from the list runs in its place, a listed one that is
-gone changes nothing."""
+"""Modules that take the longest in the README's test command (per-module seconds of
+``pytest --durations=0 -n 2 --dist loadfile``), started first so that no worker is left alone
+with one of them at the end; the others keep their order. Only a hint: a module missing from
+the list runs in its place, a listed one that is gone changes nothing."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

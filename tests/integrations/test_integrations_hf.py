@@ -18,15 +18,15 @@ from seqbalance.datasets import lengths_from_dataset
 
 
 @pytest.fixture(scope="module")
-def balanced(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One process, 6 steps with seqbalance's sampler, and step 0's token mean (one run serves
-    the loss curve and the token mean: a subprocess costs its imports, the steps little)."""
-    return run(tmp_path_factory.mktemp("ours"), "--mode", "balanced", "--manual-loss")
+def both(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One process: 6 steps of the stock Trainer, then 6 with seqbalance's sampler and its step
+    0's token mean (one run serves the loss curve and the token mean: a subprocess costs its
+    imports, the steps little)."""
+    return run(tmp_path_factory.mktemp("hf"), "--mode", "both", "--manual-loss")
 
 
-def test_loss_curve_matches_stock_within_noise(tmp_path: Path, balanced: dict) -> None:
-    stock = run(tmp_path / "stock", "--mode", "stock")["losses"]
-    ours = balanced["losses"]
+def test_loss_curve_matches_stock_within_noise(both: dict) -> None:
+    stock, ours = both["stock"]["losses"], both["balanced"]["losses"]
     assert len(stock) == len(ours) == 6
     # Different sample order, same data and model: the curves agree to a few hundredths while
     # both fall by more than 0.8 nats over 6 steps.
@@ -42,7 +42,7 @@ def test_loss_is_the_token_mean_of_the_whole_step(
     # sample the plan put in that step (all micro-batches, all ranks), however unequal the
     # micro-batches are.
     if processes == 1:
-        report = request.getfixturevalue("balanced")
+        report = request.getfixturevalue("both")["balanced"]
     else:
         report = run(
             tmp_path, "--mode", "balanced", "--steps", "1", "--manual-loss", processes=processes
@@ -66,8 +66,8 @@ def test_lengths_from_dataset_column() -> None:
 def test_trl_sft_trainer_padding_free(tmp_path: Path) -> None:
     pytest.importorskip("trl", reason="the hf extra (trl) is not installed")
     pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
-    stock = run(tmp_path / "stock", "--mode", "stock", "--trl")["losses"]
-    ours = run(tmp_path / "ours", "--mode", "balanced", "--trl")
+    both = run(tmp_path, "--mode", "both", "--trl")  # one process: stock, then balanced
+    stock, ours = both["stock"]["losses"], both["balanced"]
     assert ours["layout"] == "packed"  # padding_free=True plans packed micro-batches
     assert max(abs(a - b) for a, b in zip(stock, ours["losses"], strict=True)) < 0.1
     assert ours["losses"][0] - ours["losses"][-1] > 0.8

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.plan._intervals import Intervals, run_room
+from seqbalance.plan._intervals import Intervals
+from seqbalance.plan._runs import run_room
 
 
 def _by_definition(costs: np.ndarray, take: np.ndarray, k: int) -> float:

@@ -3,8 +3,10 @@ truncated, extended, replaced, deleted, replaced by a FIFO) or be the wrong kind
 archive, a header that promises more than the file holds, a FIFO or a folder) is a
 ``ValueError``, never a signal or a hang.
 
-Each case runs in its own Python process, so a SIGBUS (what a memory map of a truncated file
-raises) shows as a failed case with the signal's exit code instead of killing pytest.
+The changes run in a Python process of their own (one per way of passing the file and sampler,
+each change on its own file, announced before it starts), so a SIGBUS (what a memory map of a
+truncated file raises) shows as a failed test naming the change, with the signal's exit code,
+instead of killing pytest.
 """
 
 from __future__ import annotations
@@ -29,55 +31,62 @@ _CHANGE = textwrap.dedent(
     import numpy as np
     from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler
 
-    path, change, how, sampler_kind = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    source = {"path": path, "memmap": None, "view": None}[how]
-    if how != "path":
-        mapped = np.load(path, mmap_mode="r")
-        source = mapped if how == "memmap" else mapped[1000:]
-    if sampler_kind == "balanced":
-        sampler = BalancedBatchSampler(
-            source, 64, dp_rank=0, dp_size=2, lookahead=1, bucket_window=4, max_tokens=50_000
-        )
-    else:
-        sampler = LengthGroupedSampler(source, 8, dp_rank=0, dp_size=2, bucket_size=64)
-    batches = iter(sampler)
-    next(batches)
-    data = path.read_bytes()
-    if change == "truncate":
-        os.truncate(path, len(data) // 2)
-    elif change == "truncate_to_header":
-        os.truncate(path, 128)
-    elif change == "extend":
-        with path.open("ab") as file:
-            file.write(np.zeros(1000, dtype=np.int64).tobytes())
-    elif change == "rewrite":  # re-tokenized in place: same size, new values
-        with path.open("r+b") as file:
-            file.seek(128)
-            file.write(np.full((len(data) - 128) // 8, 7, dtype=np.int64).tobytes())
-    elif change == "replace":
-        np.save(path.with_name("new.npy"), np.full((len(data) - 128) // 8, 5, dtype=np.int64))
-        path.with_name("new.npy").replace(path)
-    elif change == "delete":
-        path.unlink()
-    elif change == "fifo":  # opening a FIFO for reading blocks until a writer comes
-        path.unlink()
-        os.mkfifo(path)
-    outcomes = []
-    for use in ("iterate", "state_dict", "step_plan", "fresh_pass"):
-        try:
-            if use == "iterate":
-                for _ in batches:
-                    pass
-            elif use == "state_dict":
-                sampler.state_dict()
-            elif use == "step_plan" and sampler_kind == "balanced":
-                sampler.step_plan(40)
-            elif use == "fresh_pass":
-                list(sampler)
-            outcomes.append([use, "ok", ""])
-        except ValueError as error:
-            outcomes.append([use, "ValueError", str(error)])
-    print(json.dumps(outcomes))
+    def case(path, change, how, sampler_kind):
+        source = {"path": path, "memmap": None, "view": None}[how]
+        if how != "path":
+            mapped = np.load(path, mmap_mode="r")
+            source = mapped if how == "memmap" else mapped[1000:]
+        if sampler_kind == "balanced":
+            sampler = BalancedBatchSampler(
+                source, 64, dp_rank=0, dp_size=2, lookahead=1, bucket_window=4, max_tokens=50_000
+            )
+        else:
+            sampler = LengthGroupedSampler(source, 8, dp_rank=0, dp_size=2, bucket_size=64)
+        batches = iter(sampler)
+        next(batches)
+        data = path.read_bytes()
+        if change == "truncate":
+            os.truncate(path, len(data) // 2)
+        elif change == "truncate_to_header":
+            os.truncate(path, 128)
+        elif change == "extend":
+            with path.open("ab") as file:
+                file.write(np.zeros(1000, dtype=np.int64).tobytes())
+        elif change == "rewrite":  # re-tokenized in place: same size, new values
+            with path.open("r+b") as file:
+                file.seek(128)
+                file.write(np.full((len(data) - 128) // 8, 7, dtype=np.int64).tobytes())
+        elif change == "replace":
+            np.save(path.with_name("new.npy"), np.full((len(data) - 128) // 8, 5, dtype=np.int64))
+            path.with_name("new.npy").replace(path)
+        elif change == "delete":
+            path.unlink()
+        elif change == "fifo":  # opening a FIFO for reading blocks until a writer comes
+            path.unlink()
+            os.mkfifo(path)
+        outcomes = []
+        for use in ("iterate", "state_dict", "step_plan", "fresh_pass"):
+            try:
+                if use == "iterate":
+                    for _ in batches:
+                        pass
+                elif use == "state_dict":
+                    sampler.state_dict()
+                elif use == "step_plan" and sampler_kind == "balanced":
+                    sampler.step_plan(40)
+                elif use == "fresh_pass":
+                    list(sampler)
+                outcomes.append([use, "ok", ""])
+            except ValueError as error:
+                outcomes.append([use, "ValueError", str(error)])
+        return outcomes
+
+    folder, how, sampler_kind = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    results = {}
+    for change in sys.argv[4:]:
+        print("START", change, flush=True)  # names the change a signal would cut short
+        results[change] = case(folder / change / "lengths.npy", change, how, sampler_kind)
+    print(json.dumps(results))
     """
 )
 
@@ -93,25 +102,33 @@ def _lengths_file(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("sampler_kind", ["balanced", "length_grouped"])
 @pytest.mark.parametrize("how", ["path", "memmap", "view"])
-@pytest.mark.parametrize("change", CHANGES)
 def test_a_file_changed_under_a_running_sampler_is_a_value_error(
-    tmp_path: Path, change: str, how: str, sampler_kind: str
+    tmp_path: Path, how: str, sampler_kind: str
 ) -> None:
-    path = _lengths_file(tmp_path)
+    for change in CHANGES:
+        (tmp_path / change).mkdir()
+        _lengths_file(tmp_path / change)
     result = subprocess.run(
-        [sys.executable, "-c", _CHANGE, str(path), change, how, sampler_kind],
+        [sys.executable, "-c", _CHANGE, str(tmp_path), how, sampler_kind, *CHANGES],
         capture_output=True,
         text=True,
-        timeout=120,  # a hang (a blocking open) fails the case
+        timeout=300,  # a hang (a blocking open) fails the test
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
-    assert result.returncode == 0, f"exit {result.returncode} (a signal?):\n{result.stderr[-3000:]}"
-    outcomes = json.loads(result.stdout.strip().splitlines()[-1])
-    for use, kind, message in outcomes:
-        if sampler_kind == "length_grouped" and use == "step_plan":
-            continue
-        assert kind == "ValueError", (use, kind)
-        assert "changed under the running sampler" in message, (use, message)
+    lines = result.stdout.strip().splitlines()
+    started = [line.split()[1] for line in lines if line.startswith("START ")]
+    assert result.returncode == 0, (
+        f"exit {result.returncode} (a signal?) in change {started[-1] if started else None}:\n"
+        f"{result.stderr[-3000:]}"
+    )
+    results = json.loads(lines[-1])
+    assert list(results) == CHANGES
+    for change, outcomes in results.items():
+        for use, kind, message in outcomes:
+            if sampler_kind == "length_grouped" and use == "step_plan":
+                continue
+            assert kind == "ValueError", (change, use, kind)
+            assert "changed under the running sampler" in message, (change, use, message)
 
 
 def test_a_file_that_is_not_a_npy_array_is_refused_naming_it(tmp_path: Path) -> None:

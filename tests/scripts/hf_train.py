@@ -53,14 +53,14 @@ def word_tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>")
 
 
-def train_trl(args: argparse.Namespace, model, data, vocab: int) -> int:
+def train_trl(args: argparse.Namespace, mode: str, output_dir: str, model, data, vocab: int):
     import datasets
     from trl import SFTConfig, SFTTrainer
 
     from seqbalance.integrations.hf import BalancedTrainerMixin
 
     config = SFTConfig(
-        output_dir=args.output_dir,
+        output_dir=output_dir,
         max_steps=args.steps,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
@@ -76,7 +76,7 @@ def train_trl(args: argparse.Namespace, model, data, vocab: int) -> int:
         dataset_num_proc=None,
     )
     table = datasets.Dataset.from_list(data)
-    if args.mode == "stock":
+    if mode == "stock":
         trainer = SFTTrainer(
             model=model, args=config, train_dataset=table, processing_class=word_tokenizer(vocab)
         )
@@ -95,15 +95,19 @@ def train_trl(args: argparse.Namespace, model, data, vocab: int) -> int:
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     layout = None
-    if args.mode == "balanced":
+    if mode == "balanced":
         layout = trainer._seqbalance_loader.batch_sampler.options.layout
-    print("RESULT " + json.dumps({"losses": losses, "layout": layout}))
-    return 0
+    return {"losses": losses, "layout": layout}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("stock", "balanced"), required=True)
+    parser.add_argument(
+        "--mode",
+        choices=("stock", "balanced", "both"),
+        required=True,
+        help="both: stock, then balanced, in this process (RESULT {'stock': ..., 'balanced': ...})",
+    )
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--output-dir", required=True)
@@ -116,7 +120,20 @@ def main() -> int:
         "--manual-loss", action="store_true", help="also report step 0's token mean"
     )
     args = parser.parse_args()
+    if args.mode != "both":
+        report = train(args, args.mode, args.output_dir)
+    else:  # one process for both: a run costs its imports more than its steps
+        report = {
+            mode: train(args, mode, os.path.join(args.output_dir, mode))
+            for mode in ("stock", "balanced")
+        }
+    if report is not None:
+        print("RESULT " + json.dumps(report))
+    return 0
 
+
+def train(args: argparse.Namespace, mode: str, output_dir: str) -> dict | None:
+    """One run in ``mode``; its report (None on a process other than the first)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
     from seqbalance.integrations.hf import BalancedTrainerMixin
@@ -134,7 +151,7 @@ def main() -> int:
     model = LlamaForCausalLM(config)
     data = dataset(256, vocab, seed=1)
     training_args = TrainingArguments(
-        output_dir=args.output_dir,
+        output_dir=output_dir,
         max_steps=args.steps,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
@@ -150,8 +167,8 @@ def main() -> int:
         data_seed=args.data_seed,
     )
     if args.trl:
-        return train_trl(args, model, data, vocab)
-    if args.mode == "stock":
+        return train_trl(args, mode, output_dir, model, data, vocab)
+    if mode == "stock":
         trainer = Trainer(model=model, args=training_args, train_dataset=data, data_collator=pad)
     else:
 
@@ -166,7 +183,7 @@ def main() -> int:
             seqbalance_options={"max_tokens": args.max_tokens},
         )
     # Step 0's loss is computed with the initial weights: keep them for the manual token mean.
-    initial = copy.deepcopy(model) if args.manual_loss else None
+    initial = copy.deepcopy(model) if args.manual_loss and mode == "balanced" else None
     resume = True if args.resume == "last" else args.resume
     result = trainer.train(resume_from_checkpoint=resume)
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -176,7 +193,7 @@ def main() -> int:
         "param_sum": float(sum(p.double().sum() for p in model.parameters())),
         "world_size": training_args.world_size,
     }
-    if args.manual_loss and args.mode == "balanced":
+    if args.manual_loss and mode == "balanced":
         plan = trainer._seqbalance_loader.batch_sampler.epoch_plan(0)
         samples = plan.sample_indices[0]
         total, tokens = 0.0, 0
@@ -187,9 +204,7 @@ def main() -> int:
                 total += float(loss) * (ids.shape[1] - 1)
                 tokens += ids.shape[1] - 1
         report["manual_step0"] = total / tokens
-    if training_args.process_index == 0:
-        print("RESULT " + json.dumps(report))
-    return 0
+    return report if training_args.process_index == 0 else None
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from seqbalance.plan._rank_search import (
 )
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._shared import Microbatches
+from seqbalance.plan._two_positions import two_position_start
 from seqbalance.plan.strategies import rank_members
 
 __all__ = ["assign_units", "attempt", "global_first_fit", "refines"]
@@ -69,14 +70,15 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
     """The padded local search (``plan/_padded_search.py``, stopping at ``bound_at_count``)
     from ``start`` (equal-cost cuts), from the cheapest cuts whose intervals cost at most the
     count's ``count_bound`` and, in ``lockstep``, from positions cut one after the other
-    (``tiered_starts``; also as they are)."""
+    (``tiered_starts``) and with two positions from the top bound's cut
+    (``two_position_start``; these also as they are)."""
     intervals = Intervals.of(p)
     # Stop at the count's bound (the levels' too: no plan of m is cheaper); the cheapest start
     # keeps its runs within the total's share.
     target = bound_at_count(p, m) * (1 + GOOD_ENOUGH)
     starts = [start, cheapest_start(p, intervals, m, count_bound(p, m) - m * p.overhead)]
     if p.objective == "lockstep" and m > 1:
-        starts += tiered_starts(p, intervals, m)
+        starts += [*tiered_starts(p, intervals, m), two_position_start(p, intervals, m)]
     found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
     # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
     return found + [plan for plan in starts[2:] if plan is not None]

@@ -33,7 +33,9 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound", "run_room"]
+from seqbalance.plan._runs import run_room
+
+__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound"]
 
 _SHIFTS = 48
 """Layers whose longest interval has at most this many samples are computed by shifts (one
@@ -47,14 +49,17 @@ the reach each) would exceed this."""
 _TOP_EVALUATIONS = 40
 """``Intervals.top_bound`` evaluates its rest at most this many times."""
 _SECTIONS = 16
-"""``Intervals._least_threshold`` tries this many values less one at once per round."""
+"""``Intervals.least_threshold`` tries this many values less one at once per round."""
 _TOP_CANDIDATES = 100_000
 """``Intervals._cells`` bisects over at most this many interval costs."""
 _TOP_TOLERANCE = 1e-4
 """``Intervals.top_bound`` stops bisecting once its bound is this close to a value reached."""
-_TOP_WORK = 1e8
-"""``Intervals.top_bound`` is not computed when its work (evaluations x layers x rows x
-(start, size) pairs) would exceed this (about 0.1 s)."""
+_TOP_WORK = 5e7
+"""``Intervals.top_bound`` leaves out the mean of the other positions where its work
+(evaluations x layers x rows x (start, size) pairs) would exceed this (about 0.3 s) ..."""
+_TOP_ROUNDS = 20_000
+"""... and their levels where evaluations x levels x layers (rounds of reaches, each in
+Python) would exceed this (about 0.3 s)."""
 
 
 class Problem(Protocol):
@@ -147,24 +152,9 @@ def padded_bound(p: Problem, m_lower: int) -> float:
     return float(best)
 
 
-def run_room(
-    costs: np.ndarray, take: np.ndarray, budget: float | np.ndarray, slack: float = 1e-12
-) -> np.ndarray:
-    """int64: how many samples a run of the order longest first may hold from each start (or
-    per entry, with ``costs``, ``take`` and ``budget`` of one shape): at most ``take`` (>= 1)
-    and as many as keep ``count x costs`` within ``budget`` (a relative ``slack`` over it: a
-    budget may be a bound less overheads, rounded). The one place that arithmetic lives: it
-    never divides by a cost of 0 or one so small that the quotient overflows (a sample of
-    length 0 costs 0 FLOPs), and a negative budget holds nothing."""
-    budget = np.maximum(np.asarray(budget, dtype=np.float64), 0.0)
-    # Where ``take`` samples fit, no division by the cost: compared as cost against the budget
-    # per sample, which cannot overflow (``take >= 1``; an infinite budget fits every take).
-    whole = costs / (1 + slack) <= budget / take
-    part = np.zeros(np.broadcast(costs, budget).shape)
-    # Elsewhere cost > budget / take >= 0, so budget / cost < take: finite.
-    np.divide(budget, costs, out=part, where=~whole)
-    counts = np.minimum(np.floor(part * (1 + slack)), take)
-    return np.where(whole, take, counts).astype(np.int64)
+def _at_least(memo: dict[float, float]) -> float:
+    """The ``w`` of the least ``w + rest(w)`` evaluated."""
+    return min(memo, key=lambda w: (w + memo[w], w))
 
 
 class Intervals:
@@ -200,6 +190,7 @@ class Intervals:
         self.take = np.maximum(take, 1)
         self._totals: list[float] = [0.0 if n == 0 else np.inf]
         self._levels: dict[tuple[int, int, int], float] = {}
+        self._witness: dict[tuple[int, int, int], float] = {}
 
     def tier_maxima(self, k: int, dp: int) -> float:
         """A lower bound on the lockstep cost (least costs, no overhead) of ``k`` intervals
@@ -233,7 +224,7 @@ class Intervals:
                 return None
             total, high = 0.0, float(self.take[0]) * float(self.least.max())
             for t in range(levels):
-                high = self._least_threshold(k, t * dp, high)
+                high = self.least_threshold(k, t * dp, high)
                 if high <= 0:
                     break
                 total += high
@@ -243,8 +234,8 @@ class Intervals:
     def top_bound(self, k: int, dp: int, levels: int, floor: float = 0.0) -> float | None:
         """A lower bound on the ``lockstep`` cost (least costs, no overhead) of ``k``
         intervals dealt to ``dp`` ranks at ``levels`` positions each, or ``floor`` or less
-        where it cannot be more (it stops there); None where the work would exceed
-        ``_TOP_WORK``.
+        where it cannot be more (it stops there); None where the work of neither part of
+        the rest below is allowed (``_TOP_ROUNDS``, ``_TOP_WORK``).
 
         The costliest position costs its costliest interval ``w`` and every interval costs
         at most ``w``. Position ``t >= 1`` costs at least ``level(t, w)``, the least ``u`` at
@@ -257,28 +248,40 @@ class Intervals:
         least of ``w`` plus them over the values ``w`` may have."""
         if self.n == 0 or levels < 2 or dp < 2:
             return None
-        passes = k * 20 * sum(range(1, levels)) * dp  # bisections of reaches, per evaluation
-        by_mean = int(self.take.max()) <= _SHIFTS
-        work = min(k, self.n) * (dp + 1) * float(self.take.sum()) if by_mean else 0.0
-        if _TOP_EVALUATIONS * (passes + work) > _TOP_WORK:
+        # Each part where its work allows: the levels' reaches (Python rounds), the mean's
+        # dynamic program (elements).
+        by_levels = _TOP_EVALUATIONS * (levels - 1) * min(k, self.n) <= _TOP_ROUNDS
+        by_mean = levels > 2 and int(self.take.max()) <= _SHIFTS
+        pairs = float(self.take.sum())  # (start, size) pairs a layer of ``_rest`` reads
+        by_mean &= _TOP_EVALUATIONS * min(k, self.n) * (dp + 1) * pairs <= _TOP_WORK
+        if not (by_levels or by_mean):
             return None
 
         def rest(w: float) -> float:
             if not self._cut_exists(k, 0, w, w):
                 return np.inf
             total, high = 0.0, w
-            for t in range(1, levels):
-                high = self._least_threshold(k, t * dp, high, w)
+            for t in range(1, levels if by_levels else 1):
+                high = self.least_threshold(k, t * dp, high, w)
                 total += high
-            if levels > 2 and by_mean:
-                total = max(total, self._rest(k, dp, w) / dp)
-            return total
+            return max(total, self._rest(k, dp, w) / dp) if by_mean else total
 
-        return self._cells(k, dp, rest, floor)
+        bound, self._witness[k, dp, levels] = self._cells(k, dp, rest, floor)
+        return bound
 
-    def _cells(self, k: int, dp: int, rest: Callable[[float], float], floor: float) -> float:
+    def top_witness(self, k: int, dp: int, levels: int) -> float | None:
+        """The costliest interval ``w`` at which ``top_bound`` reached its least value (None
+        where it is not computed)."""
+        if (k, dp, levels) not in self._witness and self.top_bound(k, dp, levels) is None:
+            return None
+        return self._witness[k, dp, levels]
+
+    def _cells(
+        self, k: int, dp: int, rest: Callable[[float], float], floor: float
+    ) -> tuple[float, float]:
         """The least ``w + rest(w)`` over the values the costliest interval ``w`` may have
-        (``rest`` never increasing), from below, or a value reached at most ``floor``.
+        (``rest`` never increasing), from below, or a value reached at most ``floor``; and
+        the ``w`` of the least value reached.
 
         ``w`` is an interval's cost, at least the least costliest (``level_bound``'s first
         level), and ``rest(w)`` changes only where ``w`` passes an interval's cost (the
@@ -302,9 +305,9 @@ class Intervals:
             w = low * (1 + 1e-5 * 8.0**j)  # up from the least: no cut of intervals within it
             reached, j = w + value(w), j + 1
         if not np.isfinite(reached):
-            return low  # no cut on the ladder: only the least costliest interval is known
+            return low, np.inf  # no cut on the ladder: only the least costliest is known
         if reached <= floor:
-            return reached
+            return reached, _at_least(memo)
         grid, exact = self._costs_between(low, reached)
         grid = np.union1d(grid, [w for w in memo if w < reached])
         grid = np.append(grid, reached)
@@ -323,10 +326,10 @@ class Intervals:
             middle = (i + j) // 2
             reached = min(reached, float(grid[middle]) + value(float(grid[middle])))
             if reached <= floor:
-                return reached
+                return reached, _at_least(memo)
             evaluated.insert(at + 1, middle)
         bounds = [cell(i, j) for i, j in itertools.pairwise(evaluated)]
-        return min(min(bounds), reached)
+        return min(min(bounds), reached), _at_least(memo)
 
     def _costs_between(self, low: float, high: float) -> tuple[np.ndarray, bool]:
         """The sorted distinct costs ``size x least[start]`` of intervals within ``take`` in
@@ -354,7 +357,7 @@ class Intervals:
         first ``j`` samples (covering more never costs more: a later start costs no more per
         sample and may hold as many); a left-out interval is as long as it may be."""
         n = self.n
-        cap = self._ends(w)[:-1] - np.arange(n)
+        cap = self.ends(w)[:-1] - np.arange(n)
         if cap[0] < 1:
             return np.inf
         # Every (start, size) within the cap, grouped by where it ends.
@@ -381,12 +384,12 @@ class Intervals:
             f = g
         return float(f[:, n].min())
 
-    def _ends(self, u: float) -> np.ndarray:
+    def ends(self, u: float) -> np.ndarray:
         """int64 ``[n + 1]``: where an interval from each start ends when it holds as many
         samples as ``take`` and a cost of at most ``u`` allow (``n`` past the last)."""
         return np.append(np.arange(self.n) + run_room(self.least, self.take, u), self.n)
 
-    def _least_threshold(self, k: int, expensive: int, high: float, cap: float = np.inf) -> float:
+    def least_threshold(self, k: int, expensive: int, high: float, cap: float = np.inf) -> float:
         """A value at most (within a relative 1e-6) the least ``u <= high`` at which a cut into
         at most ``k`` intervals of at most ``cap`` each has at most ``expensive`` costing more
         than ``u`` (0 when ``u = 0`` has one; ``high`` must have one): sections of
@@ -416,7 +419,7 @@ class Intervals:
             [starts + run_room(self.least, self.take, us[:, None]), np.full((us.size, 1), n)],
             axis=1,
         )
-        full = self._ends(cap)
+        full = self.ends(cap)
         reach = np.zeros((us.size, expensive + 1), dtype=np.int64)
         for _ in range(k):
             after = np.maximum(reach, np.take_along_axis(cheap, reach, axis=1))

@@ -31,7 +31,8 @@ from typing import Protocol
 
 import numpy as np
 
-from seqbalance.plan._intervals import Intervals, run_room
+from seqbalance.plan._intervals import Intervals
+from seqbalance.plan._runs import run_room
 from seqbalance.plan._shared import Microbatches
 
 __all__ = ["PADDED_WORK", "cheapest_start", "improve_intervals", "tiered_starts"]

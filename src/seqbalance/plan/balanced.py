@@ -34,8 +34,10 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    from the cheapest cut into ``dp x M`` runs whose costs stay within the count's lower bound
    (``plan/_intervals.py``): it moves cuts between neighbouring runs, merges a costly run into
    its neighbour while its rank takes the cheapest sample instead, and swaps runs between ranks
-   (``step``) or deals them by cost tier (``lockstep``). Where a rival's padded plan with more
-   micro-batches wins, the same is planned at its count.
+   (``step``) or deals them by cost tier (``lockstep``; also from positions cut one after the
+   other and, with two positions, from the cut the padded top bound prices,
+   ``plan/_two_positions.py``). Where a rival's padded plan with more micro-batches wins, the
+   same is planned at its count.
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps.

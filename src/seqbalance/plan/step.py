@@ -7,7 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import MAX_TOKENS_LIMIT, as_group_ids, as_lengths, check_int
+from seqbalance._validation import (
+    MAX_TOKENS_LIMIT,
+    as_group_ids,
+    as_lengths,
+    as_weights,
+    check_int,
+    check_non_negative_float,
+)
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
@@ -129,13 +136,19 @@ def plan_step_with_costs(
     cost model on these samples again. Packed or padded layout, not context parallelism.
 
     Raises:
-        ValueError: those of :func:`plan_step`, ``context_parallel`` set, or costs of another
-            shape than the lengths.
+        ValueError: those of :func:`plan_step`, ``context_parallel`` set, ``costs`` not such a
+            pair, costs of another shape than the lengths, a negative or non-finite cost or
+            overhead.
     """
     start = time.perf_counter()
     if not isinstance(options, PlanOptions) or options.context_parallel is not None:
         raise ValueError("plan_step_with_costs takes PlanOptions without context_parallel")
-    return _plan(lengths, dp_size, options, groups, costs, start)
+    if not isinstance(costs, tuple) or len(costs) != 2:
+        raise ValueError(
+            f"costs must be a pair (per-sample costs, micro-batch overhead), got {costs!r:.80}"
+        )
+    known = (as_weights(costs[0], "costs[0]"), check_non_negative_float(costs[1], "costs[1]"))
+    return _plan(lengths, dp_size, options, groups, known, start)
 
 
 def _plan(

@@ -71,10 +71,15 @@ def _gather_checked(
     return described
 
 
-def gather_end(comm: Comm, header: dict[str, Any], table: np.ndarray, options: PlanOptions) -> None:
+def gather_end(
+    comm: Comm, header: dict[str, Any], table: np.ndarray, options: PlanOptions
+) -> list[Any]:
     """The gather of a rank whose batches ended (``header["ended"]``), in the order of
-    :func:`gather_batch`'s collectives: ValueError on every rank unless every rank's ended."""
-    _gather_checked(comm, header, table, options)
+    :func:`gather_batch`'s collectives: ValueError on every rank unless every rank's ended;
+    every rank's adaptive statistics of its last step (``Batch.feedback``), which the end
+    learns as a step would."""
+    described = _gather_checked(comm, header, table, options)
+    return [h.get("feedback") for h, _ in described]
 
 
 def raise_first_error(headers: Sequence[dict[str, Any]]) -> None:

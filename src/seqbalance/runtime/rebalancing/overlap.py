@@ -162,7 +162,7 @@ class RebalancedSteps:
             if not self._ended:  # once: a later iteration of the ended loop meets no one
                 self._ended = True
                 try:
-                    self._engine.worker.run(self._engine.end)
+                    self._engine.worker.run(self._engine.end, observed)
                 except BaseException as error:  # ranks that ended apart: every rank raises
                     return _Step(source, None, error)
             return _Step(source, None)

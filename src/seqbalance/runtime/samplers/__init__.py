@@ -31,7 +31,8 @@ the sampler's setup over ``group`` (or the world) once, with a timeout
 (``agreement_timeout`` seconds; ``None`` skips the check), and every rank raises a ``ValueError``
 naming what differs (lengths, options, a SHA-256 of every sample's cost, seed, batch sizes, the
 closed loop and its settings and prior) before any data is yielded. Every rank of that group must
-iterate its sampler.
+iterate its sampler. An adaptive sampler checks at every ``iter`` (with the steps its closed loop
+has observed), so a rank that skipped the ``observe()`` of a pass's last step fails there too.
 
 Resuming mid-epoch: ``state_dict()`` records the epoch, how many micro-batches this rank has
 consumed and the step and offset they end at, together with what the layout depends on (a

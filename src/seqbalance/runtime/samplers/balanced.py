@@ -76,7 +76,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         seed: shuffling seed shared by all ranks; the epoch is mixed in by ``set_epoch``.
         drop_last, shuffle, bucket_window, groups: as in :func:`seqbalance.plan.plan_epoch`.
         lookahead: steps planned ahead of the one the loop takes (>= 1).
-        agreement_timeout: seconds the per-epoch agreement check waits for the other ranks;
+        agreement_timeout: seconds the per-epoch (adaptive: per-pass) agreement check waits;
             ``None`` skips it (module docstring). With ``adaptive`` it is also the deadline of
             the per-step gather (``Feedback.timeout``): one deadline for the sampler's
             collectives. ``adaptive=True`` takes it; a ``Feedback`` whose ``timeout`` differs
