@@ -90,9 +90,10 @@ class Portfolio:
             return plan
         rivals = _rivals()
         admitted = _budget.admitted(p, rivals)
-        if p.layout == "padded":
-            # The stacks' dear schedulers plan a padded step with the one count its
-            # microbatch_size gives (ours): plans of that count cost at least this.
+        if p.layout == "padded" and p.num_microbatches is not None:
+            # With the count fixed every plan has ours, so each costs at least this; with a
+            # free count a rival may use more micro-batches (a dominant sample alone) and cost
+            # less than any plan of ours.
             bound = max(bound, bound_at_count(p, len(plan[0])))
         every = value > bound * (1 + _budget.budget_gap(p))  # a skipped rival could win more
         # The partition engine's split (a search of its own) runs where every rival does.
