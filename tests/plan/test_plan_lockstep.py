@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _problems import token_problem
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -108,15 +109,7 @@ def _speeds_problem(lengths: list[int], speeds: tuple[float, float]) -> Problem:
     options = PlanOptions(
         max_tokens=100, objective="lockstep", rank_speeds=speeds, allow_oversize=True
     )
-    lengths_array = np.array(lengths)
-    return Problem(
-        lengths=lengths_array,
-        sample_costs=lengths_array.astype(np.float64),
-        overhead=0.0,
-        dp=2,
-        groups=None,
-        options=options,
-    )
+    return token_problem(lengths, options, dp=2)
 
 
 def _refuse(*args: Any) -> None:

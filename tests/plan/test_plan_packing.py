@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from _problems import token_problem
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,22 +40,9 @@ def _reference(lengths: list[int], cap: int, size: int | None, rule: str) -> lis
     return bins
 
 
-def _problem(lengths: list[int], options: PlanOptions) -> Problem:
-    """One rank's step costed in tokens."""
-    array = np.asarray(lengths, dtype=np.int64)
-    return Problem(
-        lengths=array,
-        sample_costs=array.astype(np.float64),
-        overhead=0.0,
-        dp=1,
-        groups=None,
-        options=options,
-    )
-
-
 def _fill(lengths: list[int], rule: str, options: PlanOptions) -> list[list[int]]:
     """``greedy_microbatches`` over every sample, in order, on one rank costed in tokens."""
-    return greedy_microbatches(_problem(lengths, options), range(len(lengths)), rule)
+    return greedy_microbatches(token_problem(lengths, options), range(len(lengths)), rule)
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -140,7 +128,7 @@ def _fewest_bins(lengths: list[int], cap: int) -> int:
 )
 def test_least_microbatches_is_a_lower_bound(lengths: list[int], cap: int) -> None:
     lengths = [min(length, cap) for length in lengths]
-    p = _problem(lengths, PlanOptions(max_tokens=cap))
+    p = token_problem(lengths, PlanOptions(max_tokens=cap))
     bound = least_microbatches(p, np.arange(len(lengths)))
     assert bound <= _fewest_bins(lengths, cap)
     assert bound >= -(-sum(lengths) // cap)  # at least the tokens over the cap
@@ -149,10 +137,10 @@ def test_least_microbatches_is_a_lower_bound(lengths: list[int], cap: int) -> No
 def test_least_microbatches_counts_what_cannot_share() -> None:
     # Cap 10: the 6s need a micro-batch each; three of the 4s fit beside them (room 4 each)
     # and the fourth needs one more: 4 (the optimum).
-    p = _problem([6, 6, 6, 4, 4, 4, 4], PlanOptions(max_tokens=10))
+    p = token_problem([6, 6, 6, 4, 4, 4, 4], PlanOptions(max_tokens=10))
     assert least_microbatches(p, np.arange(7)) == 4
     # No 5 fits beside a 6 (5 + 6 > 10): 3 micro-batches for the 6s and 2 for the 5s (the
     # optimum), where the tokens alone (33) ask for 4.
-    p = _problem([6, 6, 6, 5, 5, 5], PlanOptions(max_tokens=10))
+    p = token_problem([6, 6, 6, 5, 5, 5], PlanOptions(max_tokens=10))
     assert least_microbatches(p, np.arange(6)) == 5
-    assert least_microbatches(_problem([3, 3], PlanOptions()), np.arange(2)) == 0  # no cap
+    assert least_microbatches(token_problem([3, 3], PlanOptions()), np.arange(2)) == 0  # no cap
