@@ -42,7 +42,12 @@ from seqbalance.cost.context_parallel import (
     kv_layers,
 )
 from seqbalance.measure.bench.settings import BenchSettings
-from seqbalance.measure.bench.summary import prediction_error, rank_steps, reductions_against
+from seqbalance.measure.bench.summary import (
+    prediction_error,
+    rank_steps,
+    reduction,
+    reductions_against,
+)
 from seqbalance.measure.calibrate import model_config
 from seqbalance.sim import sample_batches, simulate
 
@@ -208,10 +213,10 @@ def summarize_model(
         comparison["cpu_prediction_relative_error"] = prediction_error(
             comparison["predicted_reduction"], comparison["measured_cpu_reduction"]
         )
-        baseline = strategies[key.removeprefix("balanced_vs_")]
-        comparison["noiseless_predicted_reduction"] = 1.0 - (
-            strategies["balanced"]["noiseless_predicted_mean_step_seconds"]
-            / baseline["noiseless_predicted_mean_step_seconds"]
+        comparison["noiseless_predicted_reduction"] = reduction(
+            strategies,
+            "noiseless_predicted_mean_step_seconds",
+            key.removeprefix("balanced_vs_"),
         )
     return {
         "time_model": described["time_model"],

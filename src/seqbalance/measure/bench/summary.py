@@ -28,6 +28,12 @@ def prediction_error(predicted: float, measured: float) -> float | None:
     return abs(predicted - measured) / abs(measured) if measured != 0 else None
 
 
+def reduction(strategies: dict[str, dict[str, Any]], measure: str, baseline: str) -> float:
+    """``balanced``'s reduction of ``measure`` against ``baseline`` (a fraction: 0.05 = 5%
+    less)."""
+    return 1.0 - strategies["balanced"][measure] / strategies[baseline][measure]
+
+
 def reductions_against(
     strategies: dict[str, dict[str, Any]], baselines: tuple[str, ...], **extra: str
 ) -> dict[str, dict[str, Any]]:
@@ -36,21 +42,19 @@ def reductions_against(
     ``key=measure`` in ``extra``. Empty when ``balanced`` did not run."""
     if "balanced" not in strategies:
         return {}
-
-    def reduction(measure: str, baseline: str) -> float:
-        return 1.0 - strategies["balanced"][measure] / strategies[baseline][measure]
-
     comparisons = {}
     for baseline in baselines:
         if baseline not in strategies:
             continue
-        measured = reduction("mean_step_seconds", baseline)
-        predicted = reduction("predicted_mean_step_seconds", baseline)
+        measured = reduction(strategies, "mean_step_seconds", baseline)
+        predicted = reduction(strategies, "predicted_mean_step_seconds", baseline)
         comparisons[f"balanced_vs_{baseline}"] = {
             "measured_step_time_reduction": measured,
-            "measured_median_step_time_reduction": reduction("median_step_seconds", baseline),
+            "measured_median_step_time_reduction": reduction(
+                strategies, "median_step_seconds", baseline
+            ),
             **{
-                f"measured_{key}_reduction": reduction(measure, baseline)
+                f"measured_{key}_reduction": reduction(strategies, measure, baseline)
                 for key, measure in extra.items()
             },
             "predicted_reduction": predicted,

@@ -7,11 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from seqbalance._validation import (
-    as_group_ids,
-    as_lengths,
-    check_int,
-)
+from seqbalance._validation import as_group_ids, as_lengths, check_int
 from seqbalance.cost.context_parallel import (
     ContextParallelTimeModel,
     check_slot_jitter,
