@@ -25,7 +25,6 @@ from seqbalance.runtime.rebalancing.wire import Field, decode, encode
 
 __all__ = [
     "Batch",
-    "all_ended",
     "combined_parts",
     "gather_batch",
     "gather_described",
@@ -40,8 +39,9 @@ def gather_described(comm: Comm, header: dict[str, Any], table: np.ndarray, what
     return [decode(payload, rank) for rank, payload in enumerate(payloads)]
 
 
-def all_ended(headers: Sequence[dict[str, Any]]) -> bool:
-    """Whether every rank's batches have ended (``header["ended"]``: the steps it made).
+def _check_ended(headers: Sequence[dict[str, Any]]) -> None:
+    """Check that every rank's batches have ended (``header["ended"]``: the steps it made) or
+    none's.
 
     Raises:
         ValueError: on every rank, when only some ranks' batches ended: the others would wait
@@ -49,7 +49,7 @@ def all_ended(headers: Sequence[dict[str, Any]]) -> bool:
     """
     ended = [rank for rank, header in enumerate(headers) if header.get("ended") is not None]
     if not ended or len(ended) == len(headers):
-        return bool(ended)
+        return
     going = [rank for rank in range(len(headers)) if rank not in ended]
     raise ValueError(
         f"the batches of rank(s) {ended} ended after {headers[ended[0]]['ended']} steps while "
@@ -63,11 +63,11 @@ def _gather_checked(
 ) -> list[Any]:
     """The step's first collectives, whether this rank has a step or its batches ended: every
     rank's description, once their settings agree and every rank's batches ended or none's
-    (:func:`all_ended`; else ValueError on every rank)."""
+    (:func:`_check_ended`; else ValueError on every rank)."""
     described = gather_described(comm, header, table, "all_gather")
     headers = [h for h, _ in described]
     _check_settings(comm, headers, options)
-    all_ended(headers)
+    _check_ended(headers)
     return described
 
 

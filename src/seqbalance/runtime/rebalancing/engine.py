@@ -195,10 +195,10 @@ class StepEngine:
     def end(self, observed: Any = None) -> None:
         """This rank's batches ended (``Rebalancer.iterate``): one gather like a step's, so
         ranks whose batches end at different steps raise the same ValueError together
-        (:func:`all_ended`) instead of the longer ones waiting out the timeout. ``observed``
-        (:meth:`take_observation`, taken for a step that did not come) is learned there, as
-        a step would: dropped, the closed loop would number the next ``iterate``'s steps
-        apart from its observations, and every rank would raise a step later."""
+        (``_gathered._check_ended``) instead of the longer ones waiting out the timeout.
+        ``observed`` (:meth:`take_observation`, taken for a step that did not come) is learned
+        there, as a step would: dropped, the closed loop would number the next ``iterate``'s
+        steps apart from its observations, and every rank would raise a step later."""
         comm = Comm(self.group, self._deadline)
         pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
         _, header, table = self.describe([], None, None, None, comm.world_size)

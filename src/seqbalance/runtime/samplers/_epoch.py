@@ -305,8 +305,11 @@ class EpochBatchSampler:
         mine = {**self._setup(), **self._agreement(), "epoch": self.epoch, "resume_point": resume}
         payload = json.dumps(mine, sort_keys=True, default=str).encode()
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
+        dp_ranks = []
         for other_rank, other in enumerate(gathered):
-            if other != payload:
+            if other == payload:
+                dp_ranks.append(mine["dp_rank"])
+            else:
                 theirs = _setup_of(other)
                 if theirs is None:
                     raise ValueError(
@@ -317,17 +320,17 @@ class EpochBatchSampler:
                         "ranks iterate the sampler a different number of times"
                     )
                 changes = _changes(mine, theirs)
-                if not changes:
-                    continue  # only the data-parallel rank differs
-                raise ValueError(
-                    f"{type(self).__name__}: rank {other_rank} of the group set up its sampler "
-                    f"differently from rank {comm.rank} (theirs saved, mine now): "
-                    + "; ".join(changes)
-                    + ". Every data-parallel rank must build the sampler from the same lengths, "
-                    "options, seed and batch sizes (and resume from the same state_dict), or "
-                    "samples are trained twice and others never"
-                )
-        self._check_positions([json.loads(other)["dp_rank"] for other in gathered])
+                if changes:  # more than the data-parallel rank differs
+                    raise ValueError(
+                        f"{type(self).__name__}: rank {other_rank} of the group set up its "
+                        f"sampler differently from rank {comm.rank} (theirs saved, mine now): "
+                        + "; ".join(changes)
+                        + ". Every data-parallel rank must build the sampler from the same "
+                        "lengths, options, seed and batch sizes (and resume from the same "
+                        "state_dict), or samples are trained twice and others never"
+                    )
+                dp_ranks.append(theirs["dp_rank"])
+        self._check_positions(dp_ranks)
         self._agreed_epoch = self.epoch
 
     def _check_positions(self, dp_ranks: list[Any]) -> None:
