@@ -50,7 +50,7 @@ class CountSearch:
     kept plan is the one planning it again would give."""
 
     def __init__(self, p: Problem, m: int, bound: float) -> None:
-        self.p, self.m, self.bound = p, m, bound
+        self.p, self.m = p, m
         self.gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
         self._plans: dict[int, tuple[float, Microbatches] | None] = {}  # by count
         self._found: Found | None = None  # the search from m, where already run

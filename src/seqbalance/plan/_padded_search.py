@@ -27,7 +27,7 @@ of a thousand runs stops after a few rounds (tens of ms) and small steps never m
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,7 +35,13 @@ from seqbalance.plan._intervals import Intervals
 from seqbalance.plan._runs import run_room
 from seqbalance.plan._shared import Microbatches
 
-__all__ = ["PADDED_WORK", "cheapest_start", "improve_intervals", "tiered_starts"]
+__all__ = [
+    "PADDED_WORK",
+    "cheapest_start",
+    "dealt_by_tier",
+    "improve_intervals",
+    "tiered_starts",
+]
 
 _ROUNDS_PER_INTERVAL = 8
 _ROUNDS = 64
@@ -531,15 +537,26 @@ class _State:
     # ---------------------------------------------------------------- result
     def plan(self) -> Microbatches:
         """The micro-batches: interval ``j`` to its rank (``lockstep``: dealt by cost tier)."""
-        rank = self.rank
         if self.lockstep:
-            rank = np.empty(self.k, dtype=np.int64)
-            rank[np.argsort(-self.cost, kind="stable")] = np.arange(self.k) % self.p.dp
-        order = self.iv.order
-        result: Microbatches = [[] for _ in range(self.p.dp)]
-        for j in range(self.k):
-            result[int(rank[j])].append(order[self.cuts[j] : self.cuts[j + 1]].tolist())
-        return result
+            return dealt_by_tier(self.iv.order, self.cuts, self.cost, self.p.dp)
+        return _microbatches(self.iv.order, self.cuts, self.rank, self.p.dp)
+
+
+def dealt_by_tier(order: np.ndarray, cuts: Any, costs: np.ndarray, dp: int) -> Microbatches:
+    """The intervals ``order[cuts[j]:cuts[j + 1]]`` dealt by cost tier (``lockstep``): the
+    ``dp`` costliest (``costs``, one per interval) one to each rank, then the next ``dp``, and
+    so on, so each position holds intervals of alike cost."""
+    rank = np.empty(len(costs), dtype=np.int64)
+    rank[np.argsort(-costs, kind="stable")] = np.arange(len(costs)) % dp
+    return _microbatches(order, cuts, rank, dp)
+
+
+def _microbatches(order: np.ndarray, cuts: Any, rank: np.ndarray, dp: int) -> Microbatches:
+    """Interval ``order[cuts[j]:cuts[j + 1]]`` appended to rank ``rank[j]``'s micro-batches."""
+    result: Microbatches = [[] for _ in range(dp)]
+    for j in range(len(cuts) - 1):
+        result[int(rank[j])].append(order[cuts[j] : cuts[j + 1]].tolist())
+    return result
 
 
 def _lockstep(rows: np.ndarray, dp: int, drop: int = 0) -> np.ndarray:

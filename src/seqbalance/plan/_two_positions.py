@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from seqbalance.plan._intervals import Intervals
+from seqbalance.plan._padded_search import dealt_by_tier
 from seqbalance.plan._shared import Microbatches
 
 __all__ = ["two_position_start"]
@@ -47,12 +48,7 @@ def two_position_start(p: Problem, intervals: Intervals, m: int) -> Microbatches
         cuts.insert(j + 1, cuts[j] + int(sizes[j]) // 2)
     costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
     weights = p.overhead + np.diff(cuts) * costs[cuts[:-1]]
-    rank = np.empty(k, dtype=np.int64)
-    rank[np.argsort(-weights, kind="stable")] = np.arange(k) % p.dp
-    plan: Microbatches = [[] for _ in range(p.dp)]
-    for j in range(k):
-        plan[int(rank[j])].append(intervals.order[cuts[j] : cuts[j + 1]].tolist())
-    return plan
+    return dealt_by_tier(intervals.order, cuts, weights, p.dp)
 
 
 def _cut(intervals: Intervals, k: int, dp: int) -> np.ndarray | None:
