@@ -54,11 +54,7 @@ def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     aligned = -np.sort(-p.plan_costs(plan), axis=1)  # heaviest first, as aligned_value sorts
     if _dominant(aligned / speeds[:, None], reference):
         return plan
-    profile = np.array(
-        sorted(
-            (p.overhead + float(p.sample_costs[mb].sum()) for mb in plan[reference]), reverse=True
-        )
-    ) / float(speeds[reference])
+    profile = aligned[reference] / float(speeds[reference])
     repacked = _pack_under(p, plan, reference, profile)
     result = [mine if mine is not None else mbs for mine, mbs in zip(repacked, plan, strict=True)]
     value = objective_value(aligned, p.objective, p.speeds)  # aligned_value(p, plan)
