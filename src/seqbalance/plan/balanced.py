@@ -37,7 +37,8 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    (``step``) or deals them by cost tier (``lockstep``; also from positions cut one after the
    other and, with two positions, from the cut the padded top bound prices,
    ``plan/_two_positions.py``). Where a rival's padded plan with more micro-batches wins, the
-   same is planned at its count.
+   same is planned at its count. In ``lockstep`` with three or more positions, the plan chosen
+   (ours or a rival's) then has its levels lowered a tier at a time (``plan/_levels.py``).
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps.
@@ -112,7 +113,7 @@ def plan_balanced(p: Problem) -> Microbatches:
         if plan is not None:
             if search is not None:
                 plan = search.cheapest(plan)
-            return _at_rival_count(p, others.best(plan, bound))
+            return _at_count.lowered(p, _at_rival_count(p, others.best(plan, bound)))
         following = p.next_microbatches(m)
         if following is None:
             raise ValueError(_feasible.refusal(p, m, proven=found is not None and found.proven))
