@@ -158,8 +158,8 @@ def least_microbatches(p: Problem, samples: np.ndarray) -> int:
     return max(l2, _dual_feasible_bins(w, cap))
 
 
-_DUAL_FEASIBLE_WORK = 1 << 18
-"""Sizes x parameters that ``_dual_feasible_bins`` evaluates at most (a few milliseconds)."""
+_DUAL_FEASIBLE_WORK = 1 << 16
+"""Sizes x parameters that ``_dual_feasible_bins`` evaluates at most (about a millisecond)."""
 
 
 def _dual_feasible_bins(w: np.ndarray, cap: int) -> int:
