@@ -102,7 +102,7 @@ def plan_balanced(p: Problem) -> Microbatches:
                 + _GROUP_HINT * (p.groups is not None)
                 + "; pass allow_empty=True to allow empty micro-batches"
             )
-        plan = None if p.dp * m < needed else _ours(p, m, bound, refine=search is None)
+        plan = None if p.dp * m < needed else _ours(p, m, bound, search)
         found = None
         if plan is None:
             # Bin packing's bound on the slots, once a count has failed (the dear path only):
@@ -124,10 +124,14 @@ def plan_balanced(p: Problem) -> Microbatches:
             search.advance(m)
 
 
-def _ours(p: Problem, m: int, bound: float, *, refine: bool) -> Microbatches | None:
+def _ours(p: Problem, m: int, bound: float, search: CountSearch | None) -> Microbatches | None:
     """Our plan with ``m`` micro-batches per rank (``_exact``'s on small steps not at the
-    bound), or None."""
-    plan = _at_count.attempt(p, m, refine=refine)
+    bound), or None. With speeds (``search``) the lockstep refinement runs after the search
+    over counts, and the ranks its shortcut found are used."""
+    if search is None:
+        plan = _at_count.attempt(p, m)
+    else:
+        plan = _at_count.attempt(p, m, refine=False, known=search.known())
     if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
         plan = _exact.search(p, m, plan)
     return plan
