@@ -16,8 +16,7 @@ rank of the DPxCP domain calls the same functions:
   samples filling half or all of a block's cap);
 - :func:`measure_slot_timings`: one plan through the executor (``run_step``) ``repeats``
   times after a warm-up, every rank's CPU seconds of every slot (``StepResult.slot_cpu_seconds``:
-  compute and the collectives' own work, not the waits); :func:`measure_slot_seconds`: their
-  median;
+  compute and the collectives' own work, not the waits);
 - :func:`calibrate_cost_model`: the medians fitted (``fit_context_parallel.fit_cost_model``)
   and the repeats' spread as the model's ``slot_jitter`` (``timing_jitter``, which prices the
   noise a lockstep step pays), for any model the executor runs (``forward``), what
@@ -73,7 +72,6 @@ __all__ = [
     "calibrate_cost_model",
     "calibration_longest",
     "calibration_plans",
-    "measure_slot_seconds",
     "measure_slot_timings",
 ]
 
@@ -181,24 +179,6 @@ def measure_slot_timings(
     dist.all_gather_object(everyone, np.array(seconds[1:], dtype=np.float64).tolist())
     # [n_ranks, repeats, n_slots] -> [repeats, n_ranks, n_slots]
     return np.array(everyone, dtype=np.float64).reshape(plan.n_ranks, repeats, -1).swapaxes(0, 1)
-
-
-def measure_slot_seconds(
-    model: torch.nn.Module,
-    plan: ContextParallelPlan,
-    groups: ContextParallelGroups,
-    samples: Sequence[torch.Tensor],
-    *,
-    forward: SlotForward = slot_logits,
-    repeats: int = 3,
-    timeout: float = DEFAULT_TIMEOUT_SECONDS,
-) -> np.ndarray:
-    """float64 ``[n_ranks, n_slots]``: every rank's CPU seconds of every slot of ``plan``,
-    the median of :func:`measure_slot_timings` (same arguments)."""
-    timings = measure_slot_timings(
-        model, plan, groups, samples, forward=forward, repeats=repeats, timeout=timeout
-    )
-    return np.median(timings, axis=0)
 
 
 def calibrate_cost_model(
