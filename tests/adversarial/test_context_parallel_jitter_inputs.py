@@ -15,7 +15,7 @@ import pytest
 
 import seqbalance as sb
 from seqbalance.cost.context_parallel import MAX_SLOT_JITTER, ContextParallelTimeModel
-from seqbalance.measure.calibrate_context_parallel import timing_jitter
+from seqbalance.measure.fit_context_parallel import timing_jitter
 from seqbalance.plan.context_parallel import ContextParallel
 
 HUGE = [MAX_SLOT_JITTER * (1 + 1e-9), 5.0, 700.0, 1e3, 1e300, 2**70, np.float32(1e30)]

@@ -375,19 +375,22 @@ def test_two_processes_run_the_context_parallel_strategies(capsys, tmp_path) -> 
         # CP 2 over 128 and 256 tokens in 1 .. 32 samples: 2 + 6 + 6 + 6 plans of one slot on
         # each rank.
         assert cost.time.fit_stats.n_observations == 2 * (2 + 6 + 6 + 6), label
+        # One warm-up step: too few to refit on, the calibration is what planned.
+        assert model["refit_steps"] == 0 and model["calibrated_time_model"] == model["time_model"]
     hf = ContextParallelTimeModel.from_dict(report["models"]["hf-qwen3-8b"]["time_model"])
     assert (hf.kv_elements_per_token, hf.kv_layers) == (2 * 1 * 16, 2)  # 1 K/V head of 16
-    # The calibrated toy model, given back with --time-model, skips the toy's calibration.
+    # The calibrated toy model, given back with --time-model, skips the toy's calibration; 4
+    # warm-up steps refit it before the measured steps are planned.
     toy = ContextParallelTimeModel.from_dict(report["models"]["toy-tiny"]["time_model"])
     toy.save(tmp_path / "cp.json")
     argv = ["bench", "--lengths", str(tmp_path / "lengths.npy"), *CP_ARGS, *TINY_RUN]
     argv += ["--time-model", str(tmp_path / "cp.json"), "--strategies", "static_cp,balanced"]
-    assert main([*argv, "--timeout", "60", "--markdown"]) == 0
+    assert main([*argv, "--warmup", "4", "--timeout", "60", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("### bench --context-parallel: 2 procs, CP sizes [1, 2], 128 tokens")
     assert ", toy-tiny, " in out and "hf-" not in out
     assert "| static_cp |" in out and "| dynamic_cp_megatron |" not in out
-    assert "- given (--time-model): t0" in out
+    assert "- given (--time-model), refit on the 4 warm-up steps: t0" in out
     assert "- balanced vs static_cp: mean step time" in out and "% CPU step" in out
 
 

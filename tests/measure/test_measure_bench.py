@@ -236,6 +236,8 @@ def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
     described = {
         "time_model": {"placeholder": True},
         "calibrated": True,
+        "refit_steps": 4,
+        "calibrated_time_model": {"before": True},
         "plans": {
             "balanced": {
                 "predicted_seconds": [0.08, 0.10],
@@ -260,6 +262,8 @@ def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
     report = summarize_context_parallel(raw, s)
     assert report["setup"] == s.describe() and list(report["models"]) == list(raw["models"])
     assert not report["models"]["hf-qwen3-8b"]["calibrated"]
+    assert report["models"]["toy-small"]["refit_steps"] == 4
+    assert report["models"]["toy-small"]["calibrated_time_model"] == {"before": True}
     toy = report["models"]["toy-small"]
     balanced, static = toy["strategies"]["balanced"], toy["strategies"]["static_cp"]
     # The slowest rank's slots per step: balanced [0.09, 0.10], static_cp [0.11, 0.12].

@@ -198,12 +198,8 @@ def test_calibration_plans_cover_whole_and_every_sharded_size() -> None:
 
 def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
     pytest.importorskip("torch")
-    from seqbalance.measure.calibrate_context_parallel import (
-        FEATURES,
-        calibration_plans,
-        fit_cost_model,
-        slot_features,
-    )
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans
+    from seqbalance.measure.fit_context_parallel import FEATURES, fit_cost_model, slot_features
     from seqbalance.plan.context_parallel import ContextParallel
 
     truth = {
@@ -262,11 +258,60 @@ def _constants(model) -> np.ndarray:
     )
 
 
+def test_refit_cost_model_takes_what_the_steps_exercise_and_keeps_the_rest() -> None:
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans
+    from seqbalance.measure.fit_context_parallel import MIN_REFIT_SLOTS, refit_cost_model
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    # The workload's truth and a calibration that got it wrong by up to 2x on every constant.
+    truth = _cp_cost(t0=1.5e-3, t1=2e-5, t2=2e-8, bandwidth=1e9, latency=1e-4, piece=1e-3,
+                     factor=1.2, sample=6e-4)  # fmt: skip
+    prior = _cp_cost(t0=2.2e-3, t1=3e-5, t2=1e-8, bandwidth=3e8, latency=3e-4, piece=5e-4,
+                     factor=1.5, sample=2e-4)  # fmt: skip
+    # Whole samples only (CP size 1): the sharded constants are never exercised.
+    whole = calibration_plans(4, ContextParallel(sizes=(1,)), truth, max_tokens=256, seed=3)
+    refit = refit_cost_model(prior, [(plan, plan.costs) for plan in whole])
+    assert refit.time.t0 == pytest.approx(1.5e-3, rel=1e-6)
+    assert refit.time.t1 == pytest.approx(2e-5, rel=1e-6)
+    assert refit.time.t2 == pytest.approx(2e-8, rel=1e-6)
+    assert refit.sample_overhead_s == pytest.approx(6e-4, rel=1e-6)
+    # Kept: the calibration's bandwidth, latency, piece overhead and sharded pairs' seconds
+    # (f·t2, so the factor follows the refit t2: 1.5 x 1e-8 / 2e-8).
+    assert refit.comm.bandwidth_bytes_per_s == pytest.approx(3e8)
+    assert (refit.comm.latency_s, refit.piece_overhead_s) == (3e-4, 5e-4)
+    assert refit.sharded_attention_factor == pytest.approx(0.75)
+    assert refit.slot_jitter == pytest.approx(0.0, abs=1e-9)  # the truth leaves no spread
+    assert refit.time.fit_stats.n_observations == sum(int((p.tokens > 0).sum()) for p in whole)
+    # Noise of a known spread: the constants stay close and the spread is what is left.
+    rng = np.random.default_rng(4)
+    noisy = [(p, p.costs * np.exp(0.05 * rng.standard_normal(p.costs.shape))) for p in whole * 8]
+    refit = refit_cost_model(prior, noisy)
+    assert refit.time.t1 == pytest.approx(2e-5, rel=0.1)
+    assert refit.slot_jitter == pytest.approx(0.05, rel=0.2)
+    # Sharded slots too: every constant refit, none of the prior's left.
+    cp = ContextParallel(sizes=(1, 2, 4))
+    mixed = calibration_plans(4, cp, truth, max_tokens=256, seed=3)
+    refit = refit_cost_model(prior, [(plan, plan.costs) for plan in mixed])
+    np.testing.assert_allclose(_constants(refit), _constants(truth), rtol=1e-6)
+    # A constant fewer than MIN_REFIT_SLOTS slots exercise keeps the prior's value.
+    sharded = [p for p in mixed if (p.cp_size > 1).any()][:1]
+    assert 0 < int((sharded[0].cp_size > 1).sum()) < MIN_REFIT_SLOTS
+    refit = refit_cost_model(prior, [(p, p.costs) for p in whole + sharded])
+    assert refit.comm.latency_s == 3e-4 and refit.time.t1 == pytest.approx(2e-5, rel=1e-3)
+    with pytest.raises(ValueError, match="at least one"):
+        refit_cost_model(prior, [])
+    for bad in (0.0, np.nan, np.inf):
+        with pytest.raises(ValueError, match="must be > 0 and finite"):
+            refit_cost_model(prior, [(whole[0], np.full_like(whole[0].costs, bad))])
+
+
 @pytest.mark.parametrize("repeats", [2, 3, 5])
 @pytest.mark.parametrize("sigma", [0.02, 0.08])
 def test_timing_jitter_recovers_a_known_log_normal_spread(repeats: int, sigma: float) -> None:
     pytest.importorskip("torch")
-    from seqbalance.measure.calibrate_context_parallel import calibration_plans, timing_jitter
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans
+    from seqbalance.measure.fit_context_parallel import timing_jitter
     from seqbalance.plan.context_parallel import ContextParallel
 
     cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-3, factor=1)
@@ -300,7 +345,8 @@ def test_timing_jitter_recovers_a_known_log_normal_spread(repeats: int, sigma: f
 
 def test_timing_jitter_edge_cases() -> None:
     pytest.importorskip("torch")
-    from seqbalance.measure.calibrate_context_parallel import calibration_plans, timing_jitter
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans
+    from seqbalance.measure.fit_context_parallel import timing_jitter
     from seqbalance.plan.context_parallel import ContextParallel
 
     cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-3, factor=1)

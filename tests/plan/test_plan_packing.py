@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbalance.plan import PlanOptions
-from seqbalance.plan._packing import _SCAN_IN_C, greedy_microbatches, least_microbatches
+from seqbalance.plan._packing import (
+    _SCAN_IN_C,
+    _dual_feasible_bins,
+    greedy_microbatches,
+    least_microbatches,
+)
 from seqbalance.plan._problem import Problem
 
 
@@ -144,3 +149,76 @@ def test_least_microbatches_counts_what_cannot_share() -> None:
     p = token_problem([6, 6, 6, 5, 5, 5], PlanOptions(max_tokens=10))
     assert least_microbatches(p, np.arange(6)) == 5
     assert least_microbatches(token_problem([3, 3], PlanOptions()), np.arange(2)) == 0  # no cap
+
+
+def _exact_bins(lengths: list[int], cap: int) -> int:
+    """The fewest micro-batches of ``cap`` tokens holding ``lengths`` (each at most ``cap``),
+    by dynamic programming over subsets: for every subset the fewest micro-batches, then the
+    least fill of the last one, over every sample that could have come last (exact)."""
+    n = len(lengths)
+    best = [(n + 1, 0)] * (1 << n)
+    best[0] = (1, 0)
+    for mask in range(1 << n):
+        bins, fill = best[mask]
+        for i, length in enumerate(lengths):
+            if mask >> i & 1:
+                continue
+            after = (bins, fill + length) if fill + length <= cap else (bins + 1, length)
+            best[mask | 1 << i] = min(best[mask | 1 << i], after)
+    return best[-1][0] if n else 0
+
+
+@st.composite
+def _tight_sizes(draw: st.DrawFn) -> tuple[list[int], int]:
+    """A cap and up to 11 sizes, many at its thirds, halves and the cap (where the bounds
+    differ from the tokens over the cap)."""
+    cap = draw(st.integers(1, 60))
+    near = sorted({max(0, min(cap, cap // k + d)) for k in (1, 2, 3, 4) for d in (-1, 0, 1)})
+    size = st.one_of(st.sampled_from(near), st.integers(0, cap))
+    return draw(st.lists(size, min_size=1, max_size=11)), cap
+
+
+@settings(max_examples=examples(2000), deadline=None)
+@given(_tight_sizes())
+def test_least_microbatches_never_exceeds_the_exact_count(case: tuple[list[int], int]) -> None:
+    lengths, cap = case
+    exact = _exact_bins(lengths, cap)
+    assert _dual_feasible_bins(np.sort(np.asarray(lengths, dtype=np.int64)), cap) <= exact
+    p = token_problem(lengths, PlanOptions(max_tokens=cap))
+    assert -(-sum(lengths) // cap) <= least_microbatches(p, np.arange(len(lengths))) <= exact
+
+
+def test_the_dual_feasible_bound_counts_samples_over_a_third_of_the_cap() -> None:
+    # Cap 30: no three 11s share a micro-batch, so nine need 5, where the tokens (99) and L2
+    # ask for 4; with q = 11 each 11 counts 2 of a micro-batch's 2 x floor(30 / 11) = 4.
+    p = token_problem([11] * 9, PlanOptions(max_tokens=30))
+    assert least_microbatches(p, np.arange(9)) == _exact_bins([11] * 9, 30) == 5
+    # The planner's repro (adversarial finding A4): thirds, halves and the cap of 4096.
+    sizes = {0: 60, 1365: 74, 1366: 72, 2048: 72, 2049: 83, 4096: 86}
+    w = np.repeat(np.array(list(sizes)), list(sizes.values()))
+    p = token_problem(w.tolist(), PlanOptions(max_tokens=4096))
+    assert least_microbatches(p, np.arange(w.size)) == 226  # 86 + 83 + 36 + 21: a packing
+
+
+@settings(max_examples=examples(1000), deadline=None)
+@given(
+    sizes=st.lists(st.one_of(st.integers(0, 9), st.integers(0, 300)), min_size=1, max_size=60),
+    ranks=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_plan_sums_are_each_micro_batch_summed_on_its_own(
+    sizes: list[int], ranks: int, seed: int
+) -> None:
+    # Bit for bit, with one size on many micro-batches (summed together) or many sizes (one at a
+    # time), over numpy's pairwise blocks (8 and 128 samples) and costs of every magnitude.
+    rng = np.random.default_rng(seed)
+    m = -(-len(sizes) // ranks)
+    sizes = (sizes * ranks)[: ranks * m] if rng.random() < 0.5 else [sizes[0]] * (ranks * m)
+    costs = rng.lognormal(5, 4, sum(sizes))
+    p = Problem(np.ones(costs.size, dtype=np.int64), costs, 0.5, ranks, None, PlanOptions())
+    order = rng.permutation(costs.size)
+    flat = np.split(order, np.cumsum(sizes)[:-1])
+    plan = [[flat[r * m + j].tolist() for j in range(m)] for r in range(ranks)]
+    expected = [[float(costs[np.asarray(mb, dtype=np.int64)].sum()) for mb in mbs] for mbs in plan]
+    assert p.plan_sums(plan).tolist() == expected
+    assert p.plan_costs(plan).tolist() == [[0.5 + s for s in row] for row in expected]

@@ -32,6 +32,7 @@ from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure import bench
+from seqbalance.measure.bench.context_parallel import MIN_REFIT_WARMUP
 from seqbalance.measure.bench.settings import DEFAULT_STRATEGIES, TOY_MAX_TOKENS, SlowRank
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
@@ -69,7 +70,13 @@ def register(subparsers: Any) -> None:
         parser, DEFAULT_STRATEGIES, context_parallel_default=strategy_names(context_parallel=True)
     )
     parser.add_argument("--steps", type=int, default=20, help="measured steps (default: 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (default: 3)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help=f"warm-up steps (default: 3; with --context-parallel, {MIN_REFIT_WARMUP} or more "
+        "also refit the time model on the steps the strategies run)",
+    )
     parser.add_argument(
         "--global-batch",
         type=int,
@@ -444,7 +451,8 @@ CP_CAPTION = (
     "step: the slowest rank's wall time from its first slot to the end of its last (gradient "
     "all-reduce excluded); CPU step: every rank's per-slot CPU seconds through the plan's "
     "lockstep rule (each rank on a core of its own); predicted: the plan's expected step time "
-    "under the ContextParallelTimeModel, its slots varying by the calibrated slot jitter"
+    "under the ContextParallelTimeModel (refit on the warm-up steps when there are at least "
+    f"{MIN_REFIT_WARMUP}), its slots varying by its slot jitter"
 )
 
 
@@ -485,8 +493,11 @@ def _context_parallel_notes(model: dict[str, Any]) -> list[str]:
     cost = model["time_model"]
     time, comm = cost["time"], cost["comm"]
     fit = time["fit_stats"]
+    source = "calibrated" if model["calibrated"] else "given (--time-model)"
+    if model["refit_steps"]:
+        source += f", refit on the {model['refit_steps']} warm-up steps"
     notes = [
-        f"{'calibrated' if model['calibrated'] else 'given (--time-model)'}: t0 "
+        f"{source}: t0 "
         f"{1e3 * time['t0']:.3f} ms, t1 {1e6 * time['t1']:.3f} us/token, t2 "
         f"{1e9 * time['t2']:.4f} ns/token², sharded attention x"
         f"{cost['sharded_attention_factor']:.2f}; K/V gather "

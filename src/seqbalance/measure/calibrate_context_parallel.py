@@ -8,20 +8,18 @@ The model is linear in its constants: a rank's slot costs
 
 (``seqbalance.cost.context_parallel``; ``f`` the ``sharded_attention_factor``), so one
 non-negative least-squares fit over measured slots gives every constant at once, each seen in
-the mix the executor really runs. Every rank of the DPxCP domain calls the same functions:
+the mix the executor really runs (the fit itself: ``measure.fit_context_parallel``). Every
+rank of the DPxCP domain calls the same functions:
 
 - :func:`calibration_plans`: varied whole-sample slots (``calibrate.calibration_microbatches``,
   then short one-sample slots) and sharded slots over every usable CP size (1 to 32 equal
   samples filling half or all of a block's cap);
 - :func:`measure_slot_timings`: one plan through the executor (``run_step``) ``repeats``
   times after a warm-up, every rank's CPU seconds of every slot (``StepResult.slot_cpu_seconds``:
-  compute and the collectives' own work, not the waits); :func:`measure_slot_seconds`: their
-  median;
-- :func:`slot_features` and :func:`fit_cost_model`: what each constant multiplies in each slot
-  (the plan re-costed under unit models) and the relative-error fit of the medians;
-- :func:`timing_jitter`: how much a slot's time varies from one repeat to the next (the
-  model's ``slot_jitter``, which prices the noise a lockstep step pays);
-- :func:`calibrate_cost_model`: all of it, for any model the executor runs (``forward``), what
+  compute and the collectives' own work, not the waits);
+- :func:`calibrate_cost_model`: the medians fitted (``fit_context_parallel.fit_cost_model``)
+  and the repeats' spread as the model's ``slot_jitter`` (``timing_jitter``, which prices the
+  noise a lockstep step pays), for any model the executor runs (``forward``), what
   ``seqbalance bench --context-parallel`` does on its processes.
 
 :func:`calibrate_context_parallel` (``seqbalance calibrate --context-parallel``) starts the
@@ -44,11 +42,9 @@ from seqbalance.cost import ModelSpec, TimeModel
 from seqbalance.cost.context_parallel import (
     CommModel,
     ContextParallelTimeModel,
-    check_slot_jitter,
     kv_elements_per_token,
     kv_layers,
 )
-from seqbalance.cost.time_model import FitStats, nnls
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure.calibrate import (
     MIN_TRIALS,
@@ -58,6 +54,7 @@ from seqbalance.measure.calibrate import (
     model_config,
     pin_process,
 )
+from seqbalance.measure.fit_context_parallel import fit_cost_model, timing_jitter
 from seqbalance.measure.launch import launch
 from seqbalance.measure.toy_model import TinyCausalTransformer
 from seqbalance.plan import PlanOptions
@@ -70,34 +67,13 @@ from seqbalance.runtime.context_parallel import (
 )
 
 __all__ = [
-    "FEATURES",
     "ContextParallelCalibration",
     "calibrate_context_parallel",
     "calibrate_cost_model",
     "calibration_longest",
     "calibration_plans",
-    "fit_cost_model",
-    "measure_slot_seconds",
     "measure_slot_timings",
-    "slot_features",
-    "timing_jitter",
 ]
-
-FEATURES = (
-    "t0",
-    "t1",
-    "t2",
-    "sharded_t2",
-    "seconds_per_byte",
-    "latency_s",
-    "piece_overhead_s",
-    "sample_overhead_s",
-)
-"""The constants :func:`fit_cost_model` fits, in the order of :func:`slot_features`' last axis
-(``sharded_t2`` is ``sharded_attention_factor · t2``, ``seconds_per_byte`` ``1 / bandwidth``)."""
-
-_NO_BYTES = 1e300
-"""A bandwidth (bytes/s) at which a unit model's communication costs nothing."""
 
 _FILLS = (0.5, 1.0)
 _COUNTS = (1, 2, 4, 8, 16, 32)
@@ -178,171 +154,6 @@ def calibration_longest(world: int, context_parallel: ContextParallel, max_token
     return max(sizes) * check_int(max_tokens, "max_tokens", minimum=1)
 
 
-def _unit(
-    cost: ContextParallelTimeModel,
-    *,
-    t0: float = 0.0,
-    t1: float = 0.0,
-    t2: float = 0.0,
-    factor: float = 0.0,
-    per_byte: float = 0.0,
-    latency: float = 0.0,
-    piece: float = 0.0,
-    sample: float = 0.0,
-) -> ContextParallelTimeModel:
-    """A model with the given constants and every other one 0 (``cost``'s K/V sizes, bytes per
-    element and passes)."""
-    comm = cost.comm
-    return ContextParallelTimeModel(
-        TimeModel(t0, t1, t2),
-        CommModel(
-            1.0 / per_byte if per_byte else _NO_BYTES, latency, comm.bytes_per_element, comm.passes
-        ),
-        cost.kv_elements_per_token,
-        cost.kv_layers,
-        piece_overhead_s=piece,
-        sharded_attention_factor=factor,
-        sample_overhead_s=sample,
-    )
-
-
-def _unit_models(cost: ContextParallelTimeModel) -> list[ContextParallelTimeModel]:
-    """One model per entry of :data:`FEATURES`, that constant 1 (the sharded pairs: see
-    :func:`slot_features`)."""
-    return [
-        _unit(cost, t0=1.0),
-        _unit(cost, t1=1.0),
-        _unit(cost, t2=1.0),  # whole samples' pairs only (factor 0)
-        _unit(cost, t2=1.0, factor=1.0),  # minus the one before: the sharded pieces' pairs
-        _unit(cost, per_byte=1.0),
-        _unit(cost, latency=1.0),
-        _unit(cost, piece=1.0),
-        _unit(cost, sample=1.0),
-    ]
-
-
-def slot_features(plan: ContextParallelPlan) -> np.ndarray:
-    """float64 ``[n_ranks, n_slots, len(FEATURES)]``: what each constant of the plan's time
-    model multiplies in each rank's slot, so that ``features @ constants`` is the slots'
-    seconds (``plan.costs`` for the plan's own constants)."""
-    assignment = (plan.cp_size, plan.group_start, plan.slot_of(), plan.n_slots)
-    costs = [
-        ContextParallelPlan.costed(
-            plan.lengths,
-            plan.n_ranks,
-            assignment,
-            plan.options.replace(cost=unit),
-            groups=plan.groups,
-            barriers=plan.barriers,
-        ).costs
-        for unit in _unit_models(plan.time_model)
-    ]
-    costs[3] = costs[3] - costs[2]
-    return np.stack(costs, axis=-1)
-
-
-def fit_cost_model(
-    observations: Sequence[tuple[ContextParallelPlan, np.ndarray]],
-) -> ContextParallelTimeModel:
-    """The constants that best predict measured slots, relative errors (NNLS).
-
-    Args:
-        observations: ``(plan, seconds)`` pairs, ``seconds`` float64 ``[n_ranks, n_slots]``
-            measured for every rank's slot; slots that hold no piece are left out. The plans'
-            time model gives the K/V sizes, bytes per element and passes.
-
-    Returns:
-        The model (its ``time.fit_stats``: the fit's error on every slot). A constant the fit
-        finds no cost for is 0; no cost per byte gives a bandwidth of 1e300 bytes/s, and no
-        whole-sample attention (``t2 = 0``) a ``sharded_attention_factor`` of 1.
-
-    Raises:
-        ValueError: no observation, or a measured slot of zero seconds.
-    """
-    if not observations:
-        raise ValueError("observations must hold at least one (plan, seconds) pair, got none")
-    features, seconds = [], []
-    for plan, measured in observations:
-        rows = slot_features(plan)
-        held = rows[:, :, 0] > 0
-        features.append(rows[held])
-        seconds.append(np.asarray(measured, dtype=np.float64)[held])
-    x, y = np.concatenate(features), np.concatenate(seconds)
-    if (y <= 0).any():
-        raise ValueError(f"measured slot seconds must be > 0, got {float(y.min())}")
-    constants = nnls(x / y[:, None], np.ones_like(y))
-    t0, t1, t2, sharded_t2, per_byte, latency, piece, sample = constants.tolist()
-    template = observations[0][0].time_model
-    stats = FitStats.of(x @ constants, y)
-    return ContextParallelTimeModel(
-        TimeModel(t0, t1, t2, fit_stats=stats),
-        CommModel(
-            1.0 / per_byte if per_byte > 0 else _NO_BYTES,
-            latency,
-            template.comm.bytes_per_element,
-            template.comm.passes,
-            fit_stats=stats,
-        ),
-        template.kv_elements_per_token,
-        template.kv_layers,
-        piece_overhead_s=piece,
-        sharded_attention_factor=sharded_t2 / t2 if t2 > 0 else 1.0,
-        sample_overhead_s=sample,
-    )
-
-
-_NORMAL_MAD = 0.6744897501960817
-"""The median of ``|Z|`` for a standard normal ``Z`` (``Φ⁻¹(3/4)``)."""
-
-
-def timing_jitter(observations: Sequence[tuple[ContextParallelPlan, np.ndarray]]) -> float:
-    """The spread of a slot's seconds from run to run: the standard deviation ``σ`` of the log
-    of its time, if every run of a slot takes its typical time times ``exp(σ·Z)``.
-
-    Estimator: over every slot that holds a piece, the differences ``log t_a − log t_b`` of
-    each pair of its repeats; each is ``N(0, 2σ²)`` under that model, so ``σ`` is their
-    median absolute value over ``√2 · Φ⁻¹(3/4)``. Why this one: differences need no estimate
-    of a slot's centre (deviations from the median of 2 or 3 repeats shrink with the repeat
-    count; pairs do not), one ``σ`` pools every slot (2-3 repeats say little about one slot),
-    and the median ignores the few timings that a burst of other load on a shared machine
-    stretched many times over (a standard deviation would be set by them, and they do not
-    repeat from one run to the next).
-
-    Args:
-        observations: ``(plan, timings)`` pairs, ``timings`` float64 ``[repeats, n_ranks,
-            n_slots]`` measured seconds (:func:`measure_slot_timings`); slots that hold no
-            piece are left out.
-
-    Returns:
-        ``σ`` (0.05: about 5%); 0 when no slot was timed twice (nothing to estimate from).
-
-    Raises:
-        ValueError: a timings array of another shape than its plan's slots, a held slot timed
-            at zero seconds or less or at a non-finite time, or an estimate above
-            ``MAX_SLOT_JITTER`` (timings that vary that much measured no plan).
-    """
-    differences = []
-    for plan, timings in observations:
-        timings = np.asarray(timings, dtype=np.float64)
-        if timings.ndim != 3 or timings.shape[1:] != plan.costs.shape:
-            raise ValueError(
-                f"timings must have shape (repeats, {plan.n_ranks}, {plan.n_slots}), "
-                f"got {timings.shape}"
-            )
-        held = timings[:, plan.tokens > 0]  # [repeats, held slots]
-        bad = ~(np.isfinite(held) & (held > 0))
-        if bad.any():
-            raise ValueError(f"measured slot seconds must be > 0 and finite, got {held[bad][0]}")
-        first, second = np.triu_indices(held.shape[0], k=1)
-        logs = np.log(held)
-        differences.append(np.abs(logs[first] - logs[second]).ravel())
-    pooled = np.concatenate(differences) if differences else np.empty(0)
-    if pooled.size == 0:
-        return 0.0
-    sigma = float(np.median(pooled) / (np.sqrt(2.0) * _NORMAL_MAD))
-    return check_slot_jitter(sigma, "the slot jitter estimated from the timings")
-
-
 # ------------------------------------------------------------------ on the processes
 def measure_slot_timings(
     model: torch.nn.Module,
@@ -368,24 +179,6 @@ def measure_slot_timings(
     dist.all_gather_object(everyone, np.array(seconds[1:], dtype=np.float64).tolist())
     # [n_ranks, repeats, n_slots] -> [repeats, n_ranks, n_slots]
     return np.array(everyone, dtype=np.float64).reshape(plan.n_ranks, repeats, -1).swapaxes(0, 1)
-
-
-def measure_slot_seconds(
-    model: torch.nn.Module,
-    plan: ContextParallelPlan,
-    groups: ContextParallelGroups,
-    samples: Sequence[torch.Tensor],
-    *,
-    forward: SlotForward = slot_logits,
-    repeats: int = 3,
-    timeout: float = DEFAULT_TIMEOUT_SECONDS,
-) -> np.ndarray:
-    """float64 ``[n_ranks, n_slots]``: every rank's CPU seconds of every slot of ``plan``,
-    the median of :func:`measure_slot_timings` (same arguments)."""
-    timings = measure_slot_timings(
-        model, plan, groups, samples, forward=forward, repeats=repeats, timeout=timeout
-    )
-    return np.median(timings, axis=0)
 
 
 def calibrate_cost_model(

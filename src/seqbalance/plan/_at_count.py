@@ -37,11 +37,18 @@ __all__ = ["assign_units", "attempt", "global_first_fit", "lowered", "refines"]
 
 
 def attempt(
-    p: Problem, m: int, *, refine: bool = True, isolate: bool = True
+    p: Problem,
+    m: int,
+    *,
+    refine: bool = True,
+    isolate: bool = True,
+    known: tuple[np.ndarray, Microbatches] | None = None,
 ) -> Microbatches | None:
     """The plan with ``m`` micro-batches per rank (None when none was found); ``refine=False``
     leaves out the lockstep refinement (``match_profile`` still applies), ``isolate=False`` the
-    padded plan with dominant samples alone (``_longest_alone``)."""
+    padded plan with dominant samples alone (``_longest_alone``); ``known``: ``assign_units``
+    and ``global_first_fit`` of ``m`` where the caller already has them (packed, no groups;
+    the fallback plan is then used, not copied)."""
     if p.layout == "padded" and p.groups is None:
         # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
@@ -53,13 +60,13 @@ def attempt(
         return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
         return _padded_by_rank(p, m)
-    rank_of_unit = assign_units(p, m)
+    rank_of_unit = assign_units(p, m) if known is None else known[0]
     if rank_of_unit is None:
         return None
     members = rank_members(p, rank_of_unit)
     plan = _pack_ranks(p, members, m)
     if plan is None and p.groups is None and p.layout == "packed":
-        plan = global_first_fit(p, m)
+        plan = global_first_fit(p, m) if known is None else known[1]
     if plan is not None and refines(p, m):
         plan = match_profile(p, plan)
         if refine:

@@ -3,7 +3,9 @@
 Slots are the ``dp x M`` (rank, micro-batch) pairs. Samples are placed heaviest first; a branch
 is cut when its cost already reaches the best plan found (valid because adding a sample never
 makes a micro-batch cheaper: always for packed, and for padded when costs do not decrease with
-length), when the samples left cannot fill the empty slots (no empty micro-batch allowed), or by
+length), packed when no placement of the samples left ends every rank below it (each rank can
+take at most the largest sum of a subset of them within its room), when the samples left cannot
+fill the empty slots (no empty micro-batch allowed), or by
 symmetry (empty ranks of equal speed are interchangeable; so are a rank's empty micro-batches
 for ``step`` and all-empty micro-batch positions for ``lockstep``). With rank speeds every cost
 counts as cost / speed of its rank. The search stops after ``NODE_LIMIT`` nodes
@@ -11,6 +13,8 @@ and then keeps the best plan found so far.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
 
 import numpy as np
 
@@ -72,6 +76,8 @@ class _Search:
         self.slot_longest_cost = [0.0] * self.slots
         self.unit_rank = [-1] * p.n_units
         self.assignment = [-1] * p.n
+        # Packed, a sample adds its cost to its rank: the sums the samples left can make.
+        self.reach = None if self.padded else _subset_sums([self.costs[i] for i in self.order])
 
     def run(self) -> Microbatches | None:
         self._place(0)
@@ -144,6 +150,8 @@ class _Search:
                 self.best = value
                 self.best_slots = list(self.assignment)
             return
+        if self.reach is not None and self._out_of_reach(self.reach[depth]):
+            return
         i = self.order[depth]
         remaining = p.n - depth - 1
         empty = self.slot_count.count(0)
@@ -169,6 +177,26 @@ class _Search:
             if pinned_here:
                 self.unit_rank[unit] = -1
             self._undo(slot, i, saved)
+
+    def _out_of_reach(self, sums: list[float]) -> bool:
+        """Whether no placement of the samples left (whose subset costs are ``sums``, sorted)
+        ends every rank below the best value: rank ``r`` takes at most the largest of ``sums``
+        within its room ``best x speed - load``, and together they must take all (``sums[-1]``).
+        ``lockstep`` costs at least every rank's load / speed, so this holds for it too. The
+        rooms are widened and the total narrowed by ``_SLACK``, so float noise never cuts a
+        better plan."""
+        if not np.isfinite(self.best):
+            return False
+        slack = _SLACK * self.best
+        m, costs = self.m, self.slot_cost
+        taken = 0.0
+        for r, speed in enumerate(self.speeds):
+            room = self.best * speed - sum(costs[r * m : (r + 1) * m]) + slack
+            k = bisect_right(sums, room)
+            if k == 0:
+                return True  # this rank is already at the best value
+            taken += sums[k - 1]
+        return taken < sums[-1] - slack
 
     def _apply(self, slot: int, i: int) -> _Saved:
         saved = (
@@ -203,6 +231,20 @@ class _Search:
             self.slot_closed[slot],
             self.slot_longest_cost[slot],
         ) = saved
+
+
+_SLACK = 1e-9
+"""Relative widening of the rooms in ``_Search._out_of_reach`` (far above float noise)."""
+
+
+def _subset_sums(costs: list[float]) -> list[list[float]]:
+    """For every ``d``: the sorted sums of the subsets of ``costs[d:]`` (``2**(n - d)`` at
+    most: ``MAX_SAMPLES`` bounds ``n``)."""
+    reach = [[0.0]]
+    for cost in reversed(costs):
+        last = np.asarray(reach[-1])
+        reach.append(np.unique(np.concatenate((last, last + cost))).tolist())
+    return reach[::-1]
 
 
 def _nondecreasing_in_length(p: Problem) -> bool:

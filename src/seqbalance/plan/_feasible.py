@@ -26,6 +26,7 @@ __all__ = [
     "WORK_LIMIT",
     "Search",
     "by_partition",
+    "least_slots",
     "measures",
     "pack_samples",
     "rank_starts",
@@ -116,6 +117,14 @@ def pack_samples(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | N
         if p.keeps_cap([bins]):
             return bins + lone
     return None
+
+
+def least_slots(p: Problem) -> int:
+    """A lower bound on the micro-batch slots (``dp x M``) of any plan of the step: one per
+    over-cap sample, and bin packing's bound (``least_microbatches``) for the others; every
+    limit but the token cap, and padding, can only ask for more."""
+    over = p.oversize
+    return int(over.sum()) + least_microbatches(p, np.flatnonzero(~over))
 
 
 @dataclass(frozen=True)

@@ -132,10 +132,11 @@ def fill_empty(p: Problem, microbatches: list[list[int]]) -> None:
 
 def least_microbatches(p: Problem, samples: np.ndarray) -> int:
     """A lower bound on the micro-batches that the non-over-cap ``samples`` need under the
-    token cap (0 without one): Martello and Toth's L2 bin-packing bound.
+    token cap (0 without one): the larger of Martello and Toth's L2 bin-packing bound and the
+    dual feasible bound of Carlier, Clautiaux and Moukrim (``_dual_feasible_bins``).
 
-    For a size ``a <= cap / 2``: samples longer than ``cap - a`` each need a micro-batch that no
-    sample of at least ``a`` tokens shares, those longer than ``cap / 2`` each one of their
+    L2: for a size ``a <= cap / 2``, samples longer than ``cap - a`` each need a micro-batch that
+    no sample of at least ``a`` tokens shares, those longer than ``cap / 2`` each one of their
     own, and the tokens of the samples from ``a`` to ``cap / 2`` tokens that do not fit beside
     the latter need whole micro-batches more; the bound is the most of that over ``a`` (every
     sample length up to ``cap / 2``, and 0: the tokens over the cap). Exact integer arithmetic,
@@ -153,7 +154,42 @@ def least_microbatches(p: Problem, samples: np.ndarray) -> int:
     # samples in [a, cap / 2]: what must go into micro-batches of its own.
     room = (over - half) * cap - (sums[over] - sums[half])
     spill = np.maximum(0, -(-(sums[half] - sums[low] - room) // cap))
-    return int(((w.size - over) + (over - half) + spill).max())
+    l2 = int(((w.size - over) + (over - half) + spill).max())
+    return max(l2, _dual_feasible_bins(w, cap))
+
+
+_DUAL_FEASIBLE_WORK = 1 << 16
+"""Sizes x parameters that ``_dual_feasible_bins`` evaluates at most (about a millisecond)."""
+
+
+def _dual_feasible_bins(w: np.ndarray, cap: int) -> int:
+    """The bin count bound ``ceil(sum f(w) / f(cap))`` of the dual feasible function
+    ``f_CCM,1`` (Carlier, Clautiaux and Moukrim, 2007) with parameter ``q``: a size
+    ``x < cap / 2`` counts ``2 floor(x / q)``, ``x = cap / 2`` counts ``floor(cap / q)``,
+    ``x > cap / 2`` counts ``2 (floor(cap / q) - floor((cap - x) / q))``, a micro-batch
+    ``2 floor(cap / q)``. Valid for every ``q`` in ``[1, cap / 2]``: a micro-batch holds at most
+    one size over ``cap / 2``, beside which the others add up to at most ``cap - x`` (and
+    ``floor`` is superadditive), or two sizes of ``cap / 2`` and nothing else, or one and others
+    of at most ``cap / 2``, or only sizes below ``cap / 2`` adding up to at most ``cap``. The
+    parameters are the distinct sizes in ``[1, cap / 2]`` (evenly thinned to stay within
+    ``_DUAL_FEASIBLE_WORK``): where many samples share a size just over ``cap / 3`` or ``cap /
+    2`` (three of ``cap / 3 + 1`` never share a micro-batch) it reaches the optimum where L2 is
+    13-18 short (the adversarial pass's one-rank steps, A4). ``w``: sorted int64 sizes, each at
+    most ``cap``."""
+    sizes, counts = np.unique(w, return_counts=True)
+    q = sizes[(sizes >= 1) & (2 * sizes <= cap)]
+    if q.size == 0:
+        return 0
+    most = max(1, _DUAL_FEASIBLE_WORK // sizes.size)
+    if q.size > most:
+        q = q[np.linspace(0, q.size - 1, most).round().astype(np.int64)]
+    q = q[:, None]
+    whole = cap // q
+    big = 2 * (whole - (cap - sizes) // q)
+    small = 2 * (sizes // q)
+    f = np.where(2 * sizes > cap, big, np.where(2 * sizes == cap, whole, small))
+    total = f @ counts
+    return int((-(-total // (2 * whole[:, 0]))).max())
 
 
 def heaviest_first(p: Problem, samples: np.ndarray) -> np.ndarray:

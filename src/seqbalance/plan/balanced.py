@@ -92,6 +92,7 @@ def plan_balanced(p: Problem) -> Microbatches:
     bound = p.lower_bound(m)
     others = Portfolio(p)
     search = None if p.speeds is None else CountSearch(p, m, bound)
+    needed = 0  # micro-batch slots any plan needs (0: not yet computed)
     if search is not None and (shortcut := search.shortcut()) is not None:
         return _at_rival_count(p, others.best(shortcut, bound))
     while True:
@@ -102,14 +103,16 @@ def plan_balanced(p: Problem) -> Microbatches:
                 + _GROUP_HINT * (p.groups is not None)
                 + "; pass allow_empty=True to allow empty micro-batches"
             )
-        # With speeds the lockstep refinement runs after the search over counts.
-        plan = _at_count.attempt(p, m, refine=search is None)
-        if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
-            plan = _exact.search(p, m, plan)
+        plan = None if p.dp * m < needed else _ours(p, m, bound, search)
+        found = None
         if plan is None:
-            plan = others.best_with(m)  # a baseline's valid plan with this count, if any
-        found = _feasible.search(p, m) if plan is None else None  # any packing at all
-        plan = plan if found is None else found.plan
+            # Bin packing's bound on the slots, once a count has failed (the dear path only):
+            # below it no count holds the samples, and no rival or packing is looked for.
+            needed = needed or _feasible.least_slots(p)
+            if p.dp * m < needed:
+                found = _feasible.Search(None, proven=True)
+            else:
+                plan, found = _rival_or_packing(p, m, others)
         if plan is not None:
             if search is not None:
                 plan = search.cheapest(plan)
@@ -120,6 +123,30 @@ def plan_balanced(p: Problem) -> Microbatches:
         m = following
         if search is not None:
             search.advance(m)
+
+
+def _ours(p: Problem, m: int, bound: float, search: CountSearch | None) -> Microbatches | None:
+    """Our plan with ``m`` micro-batches per rank (``_exact``'s on small steps not at the
+    bound), or None. With speeds (``search``) the lockstep refinement runs after the search
+    over counts, and the ranks its shortcut found are used."""
+    if search is None:
+        plan = _at_count.attempt(p, m)
+    else:
+        plan = _at_count.attempt(p, m, refine=False, known=search.known())
+    if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
+        plan = _exact.search(p, m, plan)
+    return plan
+
+
+def _rival_or_packing(
+    p: Problem, m: int, others: Portfolio
+) -> tuple[Microbatches | None, _feasible.Search | None]:
+    """Where we found no plan with ``m`` micro-batches per rank: a baseline's, else any
+    packing (``_feasible.search``, which also says whether none exists; None where a
+    baseline's plan was found)."""
+    plan = others.best_with(m)
+    found = _feasible.search(p, m) if plan is None else None
+    return (plan if found is None else found.plan), found
 
 
 def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:

@@ -6,14 +6,20 @@ preset, a small Hugging Face causal LM of that architecture (``seqbalance.measur
 each the same way. First they fit the model's ``ContextParallelTimeModel`` together, unless
 the settings give one for the toy: every constant at once on the executor's own slots
 (``seqbalance.measure.calibrate_context_parallel.calibrate_cost_model``, what ``seqbalance
-calibrate --context-parallel`` runs). Rank 0 then plans every sampled step with every strategy
+calibrate --context-parallel`` runs). Rank 0 plans each sampled step with every strategy
 (``static_cp``, ``dynamic_cp_megatron``, ``balanced``) on that model (``seqbalance.sim.simulate``
 with ``context_parallel``: the predicted step times), and every rank runs the plans with the
 reference executor (``seqbalance.runtime.context_parallel.run_step``), strategies interleaved
-step by step in a rotating order so drift in the machine's speed hits them alike. The
-prediction compared with the measurement is each plan's expected step under the calibrated
-slot jitter (``ContextParallelPlan.expected_step_cost``); the planner's noiseless step is
-reported beside it.
+step by step in a rotating order so drift in the machine's speed hits them alike.
+
+The warm-up steps come first; with at least :data:`MIN_REFIT_WARMUP` of them, their slots
+(every strategy's, other batches than the measured ones) refit the model before the measured
+steps are planned (``seqbalance.measure.fit_context_parallel.refit_cost_model``): the
+calibration's one-slot plans price one-sample slots and packed ones a few percent apart from
+the steps the strategies really run, which is most of what a gain of a few percent is. The
+prediction compared with the measurement is each measured plan's expected step under that
+model's slot jitter (``ContextParallelPlan.expected_step_cost``); the planner's noiseless step
+is reported beside it.
 
 Two measured step times: the wall-clock one, the slowest rank's time from its first slot to the
 end of its last (the gradient all-reduce after the slots is recorded apart), and the CPU one,
@@ -58,6 +64,10 @@ __all__ = [
     "toy_kv_sizes",
 ]
 
+MIN_REFIT_WARMUP = 4
+"""Fewest warm-up steps on which the processes refit the time model before they plan the
+measured steps (``fit_context_parallel.refit_cost_model``); fewer keep the calibration's."""
+
 BASELINES = ("static_cp", "dynamic_cp_megatron")
 """Strategies ``balanced`` is compared against when they were measured."""
 
@@ -69,7 +79,9 @@ def toy_kv_sizes(model_size: str) -> tuple[int, int]:
     return kv_elements_per_token(spec), kv_layers(spec)
 
 
-def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTimeModel) -> Any:
+def plan_context_parallel_steps(
+    settings: BenchSettings, cost: ContextParallelTimeModel, *, steps: range | None = None
+) -> Any:
     """Plan every step (warm-up included) of every strategy on the same sampled batches.
 
     ``static_cp`` runs one CP size for the whole run, as a static configuration does:
@@ -83,6 +95,8 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
             allowed for all when ``dynamic_cp_megatron`` runs, whose rule needs them; see
             ``seqbalance.sim.simulate``).
         cost: The model every strategy plans with (its ``comm`` included).
+        steps: Which steps of the run to plan (indices into warm-up + measured steps; each
+            step's batch is the same whatever the range); None: all.
 
     Returns:
         The :class:`~seqbalance.sim.context_parallel.ContextParallelComparison` (every plan
@@ -111,6 +125,8 @@ def plan_context_parallel_steps(settings: BenchSettings, cost: ContextParallelTi
         groups=groups,
         seed=settings.seed,
     )
+    if steps is not None:
+        batches = [batches[step] for step in steps]
     result = simulate(
         lengths,
         options,
@@ -132,8 +148,10 @@ def summarize_context_parallel(raw: dict[str, Any], settings: BenchSettings) -> 
         raw: What the processes returned: ``records`` (per rank, per model label, per
             strategy, one record per measured step with ``slot_seconds``, ``sync_seconds`` and
             ``loss``) and ``models`` (per label: ``time_model``, the
-            ``ContextParallelTimeModel``'s dict; ``calibrated``, whether the processes fitted
-            it; ``plans``, per strategy and measured step: ``predicted_seconds``,
+            ``ContextParallelTimeModel``'s dict the measured steps were planned with;
+            ``calibrated``, whether the processes fitted it; ``refit_steps``, the warm-up
+            steps it was refit on (0: none) and ``calibrated_time_model``, the model before
+            that; ``plans``, per strategy and measured step: ``predicted_seconds``,
             ``cpu_seconds``, ``sharded_fraction``, ``slots``).
         settings: The run's settings.
 
@@ -161,7 +179,8 @@ def summarize_model(
     ``described``, one model's share of each).
 
     Returns:
-        ``time_model``, ``calibrated``, ``strategies`` (name -> median and mean measured step
+        ``time_model``, ``calibrated``, ``refit_steps``, ``calibrated_time_model``,
+        ``strategies`` (name -> median and mean measured step
         seconds (the slowest rank's slots, wall clock), mean of the slowest rank's slots +
         gradient sync, median and mean CPU step seconds, mean predicted step seconds (under
         the time model's ``slot_jitter``) and mean noiseless ones (the plans' ``step_cost``),
@@ -221,6 +240,8 @@ def summarize_model(
     return {
         "time_model": described["time_model"],
         "calibrated": described["calibrated"],
+        "refit_steps": described["refit_steps"],
+        "calibrated_time_model": described["calibrated_time_model"],
         "strategies": strategies,
         "max_loss_spread": float(spread.max()),
         "comparisons": comparisons,

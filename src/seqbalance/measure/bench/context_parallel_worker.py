@@ -5,6 +5,7 @@ the plans, run every strategy's steps with the context-parallel executor."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,14 @@ import torch
 import torch.distributed as dist
 
 from seqbalance.cost import ModelSpec
-from seqbalance.measure.bench.context_parallel import plan_context_parallel_steps
+from seqbalance.measure.bench.context_parallel import (
+    MIN_REFIT_WARMUP,
+    plan_context_parallel_steps,
+)
 from seqbalance.measure.bench.settings import BenchSettings
 from seqbalance.measure.calibrate import model_config, pin_process
 from seqbalance.measure.calibrate_context_parallel import calibrate_cost_model, calibration_longest
+from seqbalance.measure.fit_context_parallel import refit_cost_model
 from seqbalance.measure.hf_model import hf_causal_lm, scaled_preset
 from seqbalance.measure.toy_model import TinyCausalTransformer
 from seqbalance.runtime.context_parallel import (
@@ -39,7 +44,10 @@ def run_context_parallel_rank(
     Returns:
         ``{"records": per model label, per strategy, one record per measured step
         (slot_seconds, sync_seconds, loss)}``; rank 0 adds ``models``: per label,
-        ``time_model`` (the model's dict), ``calibrated`` and ``plans`` (per strategy, over
+        ``time_model`` (the dict of the model the measured steps were planned and predicted
+        with: the calibration's, or given, refit on the warm-up steps when there are at least
+        ``MIN_REFIT_WARMUP``), ``calibrated``, ``refit_steps`` (0: no refit),
+        ``calibrated_time_model`` (before the refit) and ``plans`` (per strategy, over
         the measured steps: ``predicted_seconds`` (``ContextParallelPlan.expected_step_cost``:
         under the model's ``slot_jitter``), ``noiseless_predicted_seconds`` (``step_cost``),
         ``cpu_seconds`` (every rank's slot CPU seconds replayed through the plan's lockstep
@@ -48,15 +56,14 @@ def run_context_parallel_rank(
     if settings.context_parallel is None:
         raise ValueError("run_context_parallel_rank needs settings with context_parallel")
     pin_process(rank, settings.cores)
-    timeout = settings.timeout
-    groups = ContextParallelGroups(timeout=timeout)
+    groups = ContextParallelGroups(timeout=settings.timeout)
     progress = _Progress(Path(progress_file) if rank == 0 else None, settings)
     out: dict[str, Any] = {"records": {}}
     models: dict[str, Any] = {}
     for label, build in _models(settings, world_size):
         model, spec, forward = build()
         given = settings.time_model if label == _toy_label(settings) else None
-        cost = given or calibrate_cost_model(
+        calibrated = given or calibrate_cost_model(
             model,
             groups,
             settings.context_parallel,
@@ -66,20 +73,27 @@ def run_context_parallel_rank(
             trials=settings.trials,
             repeats=settings.repeats,
             seed=settings.seed,
-            timeout=timeout,
+            timeout=settings.timeout,
         )
-        box: list[Any] = [None]
-        if rank == 0:
-            box[0] = plan_context_parallel_steps(settings, cost).plans
-        dist.broadcast_object_list(box, src=0)
-        plans = box[0]
-        samples = _samples(plans, settings, spec.vocab_size)
-        records, cpu = _run(model, forward, plans, samples, settings, groups, timeout, progress)
+        run = partial(_run, model, forward, settings=settings, groups=groups, progress=progress)
+        draw = _token_ids(settings.seed, spec.vocab_size)
+        warmup = range(settings.warmup)
+        warm, _ = _planned(rank, settings, calibrated, warmup)
+        warm_cpu = _gathered(run(warm, warmup, draw)[1], world_size)
+        cost = calibrated
+        if settings.warmup >= MIN_REFIT_WARMUP and rank == 0:
+            cost = refit_cost_model(calibrated, _observations(warm, warm_cpu))
+        measured = range(settings.warmup, settings.warmup + settings.steps)
+        plans, cost = _planned(rank, settings, cost, measured)
+        records, cpu = run(plans, measured, draw)
         out["records"][label] = records
-        everyone: list[Any] = [None] * world_size
-        dist.all_gather_object(everyone, cpu)
+        everyone = _gathered(cpu, world_size)
         if rank == 0:
-            models[label] = _described(plans, everyone, settings, cost, given is None)
+            models[label] = {
+                **_described(plans, everyone, cost, given is None),
+                "refit_steps": settings.warmup if settings.warmup >= MIN_REFIT_WARMUP else 0,
+                "calibrated_time_model": calibrated.to_dict(),
+            }
     if rank == 0:
         out["models"] = models
     # Leave together: a rank tearing gloo down while its peer is still inside a collective
@@ -116,15 +130,45 @@ def _models(settings: BenchSettings, world_size: int) -> Iterator[tuple[str, Cal
         yield f"hf-{preset}", hf
 
 
-def _samples(
-    plans: dict[str, list[Any]], settings: BenchSettings, vocab: int
-) -> list[list[torch.Tensor]]:
-    """The same token ids on every rank (a label may sit on another rank's shard); every
-    strategy plans the same batches, so any strategy's plans give the samples' lengths."""
-    generator = torch.Generator().manual_seed(settings.seed)
+def _token_ids(seed: int, vocab: int) -> Callable[[np.ndarray], list[torch.Tensor]]:
+    """Draws each step's token ids, one tensor per sample, from one generator seeded with
+    ``seed``: the same on every rank (a label may sit on another rank's shard), step after
+    step."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(lengths: np.ndarray) -> list[torch.Tensor]:
+        return [torch.randint(0, vocab, (int(n),), generator=generator) for n in lengths]
+
+    return draw
+
+
+def _planned(
+    rank: int, settings: BenchSettings, cost: Any, steps: range
+) -> tuple[dict[str, list[Any]], Any]:
+    """Every strategy's plans of ``steps`` and the model they were planned with: rank 0 plans
+    (on its ``cost``), every rank receives both."""
+    box: list[Any] = [None]
+    if rank == 0:
+        box[0] = (plan_context_parallel_steps(settings, cost, steps=steps).plans, cost)
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _gathered(cpu: dict[str, list[list[float]]], world_size: int) -> list[Any]:
+    """Every rank's slot CPU seconds (rank order)."""
+    everyone: list[Any] = [None] * world_size
+    dist.all_gather_object(everyone, cpu)
+    return everyone
+
+
+def _observations(
+    plans: dict[str, list[Any]], cpu: list[dict[str, list[list[float]]]]
+) -> list[tuple[Any, np.ndarray]]:
+    """``(plan, seconds [n_ranks, n_slots])`` of every strategy's step in ``plans``."""
     return [
-        [torch.randint(0, vocab, (int(n),), generator=generator) for n in plan.lengths]
-        for plan in plans[settings.strategies[0]]
+        (plan, np.array([rank[name][s] for rank in cpu], dtype=np.float64))
+        for name, steps in plans.items()
+        for s, plan in enumerate(steps)
     ]
 
 
@@ -145,34 +189,44 @@ def _run(
     model: torch.nn.Module,
     forward: SlotForward,
     plans: dict[str, list[Any]],
-    samples: list[list[torch.Tensor]],
+    steps: range,
+    draw: Callable[[np.ndarray], list[torch.Tensor]],
+    *,
     settings: BenchSettings,
     groups: ContextParallelGroups,
-    timeout: float,
     progress: _Progress,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[list[float]]]]:
-    """Every strategy's steps, interleaved (the order rotates step by step): per strategy the
-    measured steps' records and their slots' CPU seconds."""
+    """Every strategy's plans of ``steps`` (run step numbers, warm-up first), interleaved (the
+    order rotates step by step): per strategy each step's record (``step`` counted from the
+    first measured one) and its slots' CPU seconds.
+
+    ``draw`` gives each step's token ids (every strategy plans the same batches).
+    """
     names = list(settings.strategies)
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     cpu: dict[str, list[list[float]]] = {name: [] for name in names}
-    for step in range(settings.warmup + settings.steps):
-        for index in np.roll(np.arange(len(names)), -step).tolist():
-            name = names[index]
+    for index, step in enumerate(steps):
+        samples = draw(plans[names[0]][index].lengths)
+        for rotated in np.roll(np.arange(len(names)), -step).tolist():
+            name = names[rotated]
             model.zero_grad(set_to_none=True)
             result = run_step(
-                model, plans[name][step], samples[step], groups, forward=forward, timeout=timeout
+                model,
+                plans[name][index],
+                samples,
+                groups,
+                forward=forward,
+                timeout=settings.timeout,
             )
-            if step >= settings.warmup:
-                records[name].append(
-                    {
-                        "step": step - settings.warmup,
-                        "slot_seconds": result.slot_seconds,
-                        "sync_seconds": result.sync_seconds,
-                        "loss": result.loss,
-                    }
-                )
-                cpu[name].append(list(result.slot_cpu_seconds))
+            records[name].append(
+                {
+                    "step": step - settings.warmup,
+                    "slot_seconds": result.slot_seconds,
+                    "sync_seconds": result.sync_seconds,
+                    "loss": result.loss,
+                }
+            )
+            cpu[name].append(list(result.slot_cpu_seconds))
         progress.step()
     return records, cpu
 
@@ -180,7 +234,6 @@ def _run(
 def _described(
     plans: dict[str, list[Any]],
     cpu: list[dict[str, list[list[float]]]],
-    settings: BenchSettings,
     cost: Any,
     calibrated: bool,
 ) -> dict[str, Any]:
@@ -188,7 +241,6 @@ def _described(
     plan's figures and the CPU step (every rank's slot CPU seconds through the lockstep rule)."""
     described = {}
     for name, steps in plans.items():
-        steps = steps[settings.warmup :]
         described[name] = {
             # What a measured step is compared with: the step under the calibrated slot
             # jitter (the planner's noiseless step beside it).

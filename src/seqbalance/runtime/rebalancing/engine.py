@@ -101,11 +101,9 @@ class StepEngine:
         comm = Comm(self.group, self._deadline)
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        # The statistics of an observed step are computed here, after every earlier step's
-        # update, whichever thread runs this step.
-        pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
-        local, header, table = self.describe(samples, cu_seqlens, groups, parts, comm.world_size)
-        header["feedback"] = None if pending is None else pending[1]
+        pending, local, header, table = self._header(
+            comm, observed, samples, cu_seqlens, groups, parts
+        )
         batch = self.gather(comm, header, table, local)
         timings["gather"] = time.perf_counter() - started
 
@@ -200,13 +198,29 @@ class StepEngine:
         there, as a step would: dropped, the closed loop would number the next ``iterate``'s
         steps apart from its observations, and every rank would raise a step later."""
         comm = Comm(self.group, self._deadline)
-        pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
-        _, header, table = self.describe([], None, None, None, comm.world_size)
+        pending, _, header, table = self._header(comm, observed, [], None, None, None)
         header["ended"] = self.steps
-        header["feedback"] = None if pending is None else pending[1]
         gathered = gather_end(comm, header, table, self.options)
         if self.feedback is not None:
             self.feedback.apply(pending, gathered, comm.rank)
+
+    def _header(
+        self,
+        comm: Comm,
+        observed: Any,
+        samples: Any,
+        cu_seqlens: torch.Tensor | None,
+        groups: Any,
+        parts: Any,
+    ) -> tuple[Any, list[list[torch.Tensor]], dict[str, Any], np.ndarray]:
+        """What a step's or the end's gather carries: ``(pending, local, header, table)``, the
+        pending observation's record (``Feedback.record``) in the header."""
+        # The statistics of an observed step are computed here, after every earlier step's
+        # update, whichever thread runs this step.
+        pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
+        local, header, table = self.describe(samples, cu_seqlens, groups, parts, comm.world_size)
+        header["feedback"] = None if pending is None else pending[1]
+        return pending, local, header, table
 
     def describe(
         self,
