@@ -89,8 +89,7 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
         starts += [*tiered_starts(p, intervals, m), two_position_start(p, intervals, m)]
     found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
     # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
-    found += [plan for plan in starts[2:] if plan is not None]
-    return found
+    return found + [plan for plan in starts[2:] if plan is not None]
 
 
 def lowered(p: Problem, plan: Microbatches) -> Microbatches:
