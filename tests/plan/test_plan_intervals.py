@@ -329,3 +329,21 @@ def test_padded_plans_raise_no_runtime_warning(lengths, dp, size, cap, objective
         except ValueError:
             return  # too few samples for the slots
         assert plan.summary()["count_lower_bound"] <= plan.step_cost * (1 + 1e-9)
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=12),
+    dp=st.integers(2, 3),
+    m=st.integers(3, 5),
+    size=st.integers(1, 4),
+)
+def test_top_bound_split_means_are_at_most_every_cut(lengths, dp, m, size) -> None:
+    # Short runs and three to five positions: every split s of the top bound's rest (levels
+    # 1..s-1 and the mean of the positions from s, R_s(w) / dp) is in play; the bound stays at
+    # or below the least lockstep cost of any cut into at most dp x m runs.
+    intervals = _intervals(lengths, size, None, allow_empty=True)
+    bound = intervals.top_bound(dp * m, dp, m)
+    assert bound is not None
+    best = _least_over_cuts(intervals.least, intervals.take, dp * m, dp)
+    assert bound <= best * (1 + 1e-9)

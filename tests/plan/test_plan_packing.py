@@ -198,3 +198,27 @@ def test_the_dual_feasible_bound_counts_samples_over_a_third_of_the_cap() -> Non
     w = np.repeat(np.array(list(sizes)), list(sizes.values()))
     p = token_problem(w.tolist(), PlanOptions(max_tokens=4096))
     assert least_microbatches(p, np.arange(w.size)) == 226  # 86 + 83 + 36 + 21: a packing
+
+
+@settings(max_examples=examples(1000), deadline=None)
+@given(
+    sizes=st.lists(st.one_of(st.integers(0, 9), st.integers(0, 300)), min_size=1, max_size=60),
+    ranks=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_plan_sums_are_each_micro_batch_summed_on_its_own(
+    sizes: list[int], ranks: int, seed: int
+) -> None:
+    # Bit for bit, with one size on many micro-batches (summed together) or many sizes (one at a
+    # time), over numpy's pairwise blocks (8 and 128 samples) and costs of every magnitude.
+    rng = np.random.default_rng(seed)
+    m = -(-len(sizes) // ranks)
+    sizes = (sizes * ranks)[: ranks * m] if rng.random() < 0.5 else [sizes[0]] * (ranks * m)
+    costs = rng.lognormal(5, 4, sum(sizes))
+    p = Problem(np.ones(costs.size, dtype=np.int64), costs, 0.5, ranks, None, PlanOptions())
+    order = rng.permutation(costs.size)
+    flat = np.split(order, np.cumsum(sizes)[:-1])
+    plan = [[flat[r * m + j].tolist() for j in range(m)] for r in range(ranks)]
+    expected = [[float(costs[np.asarray(mb, dtype=np.int64)].sum()) for mb in mbs] for mbs in plan]
+    assert p.plan_sums(plan).tolist() == expected
+    assert p.plan_costs(plan).tolist() == [[0.5 + s for s in row] for row in expected]

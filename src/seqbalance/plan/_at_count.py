@@ -15,6 +15,7 @@ from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _feasible
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
+from seqbalance.plan._levels import lower_levels
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
@@ -32,15 +33,22 @@ from seqbalance.plan._shared import Microbatches
 from seqbalance.plan._two_positions import two_position_start
 from seqbalance.plan.strategies import rank_members
 
-__all__ = ["assign_units", "attempt", "global_first_fit", "refines"]
+__all__ = ["assign_units", "attempt", "global_first_fit", "lowered", "refines"]
 
 
 def attempt(
-    p: Problem, m: int, *, refine: bool = True, isolate: bool = True
+    p: Problem,
+    m: int,
+    *,
+    refine: bool = True,
+    isolate: bool = True,
+    known: tuple[np.ndarray, Microbatches] | None = None,
 ) -> Microbatches | None:
     """The plan with ``m`` micro-batches per rank (None when none was found); ``refine=False``
     leaves out the lockstep refinement (``match_profile`` still applies), ``isolate=False`` the
-    padded plan with dominant samples alone (``_longest_alone``)."""
+    padded plan with dominant samples alone (``_longest_alone``); ``known``: ``assign_units``
+    and ``global_first_fit`` of ``m`` where the caller already has them (packed, no groups;
+    the fallback plan is then used, not copied)."""
     if p.layout == "padded" and p.groups is None:
         # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
@@ -52,13 +60,13 @@ def attempt(
         return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
     if p.layout == "padded":
         return _padded_by_rank(p, m)
-    rank_of_unit = assign_units(p, m)
+    rank_of_unit = assign_units(p, m) if known is None else known[0]
     if rank_of_unit is None:
         return None
     members = rank_members(p, rank_of_unit)
     plan = _pack_ranks(p, members, m)
     if plan is None and p.groups is None and p.layout == "packed":
-        plan = global_first_fit(p, m)
+        plan = global_first_fit(p, m) if known is None else known[1]
     if plan is not None and refines(p, m):
         plan = match_profile(p, plan)
         if refine:
@@ -81,7 +89,27 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
         starts += [*tiered_starts(p, intervals, m), two_position_start(p, intervals, m)]
     found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
     # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
-    return found + [plan for plan in starts[2:] if plan is not None]
+    found += [plan for plan in starts[2:] if plan is not None]
+    return found
+
+
+def lowered(p: Problem, plan: Microbatches) -> Microbatches:
+    """``plan`` (the chosen one, ours or a rival's) with its levels lowered
+    (``plan/_levels.py``) and searched again from there, where that is cheaper: padded
+    ``lockstep`` steps of three or more positions without groups or rank speeds, above the
+    count's bound."""
+    m = len(plan[0]) if plan else 0
+    if not (p.layout == "padded" and p.objective == "lockstep" and m > 2):
+        return plan
+    if p.groups is not None or p.speeds is not None:
+        return plan
+    value, target = aligned_value(p, plan), bound_at_count(p, m) * (1 + GOOD_ENOUGH)
+    intervals = Intervals.of(p)
+    found = None if value <= target else lower_levels(p, intervals, plan)
+    if found is None:
+        return plan
+    found = improve_intervals(p, intervals, found, target) or found
+    return found if aligned_value(p, found) < value else plan
 
 
 def _longest_alone(p: Problem, m: int) -> Microbatches | None:

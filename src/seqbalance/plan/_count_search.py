@@ -54,10 +54,18 @@ class CountSearch:
         self.gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
         self._plans: dict[int, tuple[float, Microbatches] | None] = {}  # by count
         self._found: Found | None = None  # the search from m, where already run
+        # assign_units and global_first_fit of m, where shortcut ran them (for attempt).
+        self._known: tuple[np.ndarray, Microbatches] | None = None
 
     def advance(self, m: int) -> None:
         """The fewest count is now ``m`` (the previous one has no plan)."""
-        self.m, self._found = m, None
+        self.m, self._found, self._known = m, None, None
+
+    def known(self) -> tuple[np.ndarray, Microbatches] | None:
+        """``_at_count.attempt``'s ``known`` for ``m``: the ranks and the fallback plan that
+        ``shortcut`` found (handed over once), else None."""
+        known, self._known = self._known, None
+        return known
 
     def shortcut(self) -> Microbatches | None:
         """The plan ``cheapest`` would return, found without planning ``m`` (dear where fast
@@ -78,13 +86,13 @@ class CountSearch:
             largest = self._plan(counts[-1])
             if largest is not None and largest[0] <= self.gap:
                 return largest[1]
-        if (
-            p.layout != "packed"
-            or p.groups is not None
-            or _at_count.assign_units(p, m) is None
-            or _at_count.global_first_fit(p, m) is None
-        ):
+        if p.layout != "packed" or p.groups is not None:
             return None
+        ranks = _at_count.assign_units(p, m)
+        fallback = None if ranks is None else _at_count.global_first_fit(p, m)
+        if ranks is None or fallback is None:
+            return None
+        self._known = (ranks, fallback)
         self._found = self._search(np.inf)
         found = self._found
         last = found[COUNTS_REFINED - 1][0] if len(found) >= COUNTS_REFINED else np.inf

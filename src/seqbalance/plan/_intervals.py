@@ -33,6 +33,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
+from seqbalance.plan._run_totals import costs_between, totals_leaving_out
 from seqbalance.plan._runs import run_room
 
 __all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound"]
@@ -50,8 +51,6 @@ _TOP_EVALUATIONS = 40
 """``Intervals.top_bound`` evaluates its rest at most this many times."""
 _SECTIONS = 16
 """``Intervals.least_threshold`` tries this many values less one at once per round."""
-_TOP_CANDIDATES = 100_000
-"""``Intervals._cells`` bisects over at most this many interval costs."""
 _TOP_TOLERANCE = 1e-4
 """``Intervals.top_bound`` stops bisecting once its bound is this close to a value reached."""
 _TOP_WORK = 5e7
@@ -241,30 +240,39 @@ class Intervals:
         at most ``w``. Position ``t >= 1`` costs at least ``level(t, w)``, the least ``u`` at
         which a cut into at most ``k`` intervals of at most ``w`` has at most ``t x dp``
         costing more than ``u`` (with two levels, ``w + level(1, w)`` is the plan's cost at
-        best: exact); with more, the others together also cost at least the mean of their
-        intervals, ``R(w) / dp``, ``R(w)`` the least total of such a cut less at most ``dp``
-        of its intervals (``_rest``; where intervals hold at most ``_SHIFTS`` samples), and
-        the larger of the two is taken. Both never increase with ``w``: ``_cells`` bounds the
-        least of ``w`` plus them over the values ``w`` may have."""
+        best: exact); with more, the positions from ``s`` on also cost at least the mean of
+        their intervals, ``R_s(w) / dp``, ``R_s(w)`` the least total of such a cut less at
+        most ``s x dp`` of its intervals (the ``s x dp`` costliest sit above them;
+        ``_run_totals.totals_leaving_out``, where intervals hold at most ``_SHIFTS`` samples),
+        so the rest costs at least ``level(1, w) + ... + level(s - 1, w) + R_s(w) / dp`` for
+        every split ``s`` (each term a least over its own cut), and the largest is taken (or
+        the levels alone). All never increase with ``w``: ``_cells`` bounds the least of
+        ``w`` plus the rest over the values ``w`` may have."""
         if self.n == 0 or levels < 2 or dp < 2:
             return None
-        # Each part where its work allows: the levels' reaches (Python rounds), the mean's
-        # dynamic program (elements).
+        # Each part where its work allows: the levels' reaches (Python rounds), the means'
+        # dynamic program (elements; ``dp`` rows per split, as many splits as fit).
         by_levels = _TOP_EVALUATIONS * (levels - 1) * min(k, self.n) <= _TOP_ROUNDS
-        by_mean = levels > 2 and int(self.take.max()) <= _SHIFTS
-        pairs = float(self.take.sum())  # (start, size) pairs a layer of ``_rest`` reads
-        by_mean &= _TOP_EVALUATIONS * min(k, self.n) * (dp + 1) * pairs <= _TOP_WORK
-        if not (by_levels or by_mean):
+        splits = 0
+        if levels > 2 and int(self.take.max()) <= _SHIFTS:
+            per_row = _TOP_EVALUATIONS * min(k, self.n) * float(self.take.sum())
+            splits = min(levels - 1 if by_levels else 1, int((_TOP_WORK / per_row - 1) // dp))
+        if not (by_levels or splits > 0):
             return None
 
         def rest(w: float) -> float:
             if not self._cut_exists(k, 0, w, w):
                 return np.inf
-            total, high = 0.0, w
+            above, high = [0.0], w  # above[s - 1]: levels 1 to s - 1 together
             for t in range(1, levels if by_levels else 1):
                 high = self.least_threshold(k, t * dp, high, w)
-                total += high
-            return max(total, self._rest(k, dp, w) / dp) if by_mean else total
+                above.append(above[-1] + high)
+            if splits <= 0:
+                return above[-1]
+            room = self.ends(w)[:-1] - np.arange(self.n)
+            totals = totals_leaving_out(self.least, room, k, splits * dp)
+            means = [above[s - 1] + totals[s * dp] / dp for s in range(1, splits + 1)]
+            return max(above[-1], *means)
 
         bound, self._witness[k, dp, levels] = self._cells(k, dp, rest, floor)
         return bound
@@ -289,8 +297,9 @@ class Intervals:
         (below the least ``w + rest(w)`` reached, ``r``: above it ``w`` alone is more), a
         cell ``[c_i, c_j]`` holds no value below ``c_i + rest(c_j)``, and ``c_i +
         rest(c_i)`` exactly when ``j = i + 1``. The cell of the least is bisected (by index)
-        while ``_TOP_EVALUATIONS`` are left; where the costs in range exceed
-        ``_TOP_CANDIDATES`` a geometric grid stands in for them (no cell is then exact)."""
+        while ``_TOP_EVALUATIONS`` are left; where the costs in range are more than
+        ``_run_totals.costs_between`` returns, a geometric grid stands in for them (no cell
+        is then exact)."""
         level = self.level_bound(k, dp, 1)
         low = max(float(self.least[0]), level or 0.0)  # no plan's costliest interval is less
         memo: dict[float, float] = {}
@@ -308,7 +317,7 @@ class Intervals:
             return low, np.inf  # no cut on the ladder: only the least costliest is known
         if reached <= floor:
             return reached, _at_least(memo)
-        grid, exact = self._costs_between(low, reached)
+        grid, exact = costs_between(self.least, self.take, low, reached)
         grid = np.union1d(grid, [w for w in memo if w < reached])
         grid = np.append(grid, reached)
         evaluated = [0, grid.size - 1]
@@ -330,59 +339,6 @@ class Intervals:
             evaluated.insert(at + 1, middle)
         bounds = [cell(i, j) for i, j in itertools.pairwise(evaluated)]
         return min(min(bounds), reached), _at_least(memo)
-
-    def _costs_between(self, low: float, high: float) -> tuple[np.ndarray, bool]:
-        """The sorted distinct costs ``size x least[start]`` of intervals within ``take`` in
-        ``[low, high)`` (``low`` first), and True; where there are more than
-        ``_TOP_CANDIDATES``, a geometric grid of that many from ``low`` instead, and False."""
-        costs, take = self.least, self.take
-        positive = costs > 0
-        first = np.zeros(self.n, dtype=np.int64)
-        last = np.zeros(self.n, dtype=np.int64)
-        first[positive] = np.maximum(np.ceil(low / costs[positive]), 1)
-        last[positive] = np.minimum(np.ceil(high / costs[positive]) - 1, take[positive])
-        counts = np.maximum(last - first + 1, 0)
-        if counts.sum() > _TOP_CANDIDATES:
-            return low * (high / low) ** np.linspace(0, 1, _TOP_CANDIDATES, endpoint=False), False
-        starts = np.repeat(np.arange(self.n), counts)
-        sizes = np.arange(starts.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        values = (sizes + np.repeat(first, counts)) * costs[starts]
-        values = values[(values >= low) & (values < high)]
-        return np.union1d(values, [low]), True
-
-    def _rest(self, k: int, dp: int, w: float) -> float:
-        """``R(w)``: the least total cost of a cut into at most ``k`` intervals costing at
-        most ``w`` each, less at most ``dp`` of them (inf when there is no such cut). Row ``e``
-        of the dynamic program has ``e`` intervals left out, column ``j`` covers at least the
-        first ``j`` samples (covering more never costs more: a later start costs no more per
-        sample and may hold as many); a left-out interval is as long as it may be."""
-        n = self.n
-        cap = self.ends(w)[:-1] - np.arange(n)
-        if cap[0] < 1:
-            return np.inf
-        # Every (start, size) within the cap, grouped by where it ends.
-        first = np.repeat(np.arange(n), cap)
-        end = np.arange(first.size) - np.repeat(np.cumsum(cap) - cap, cap) + 1 + first
-        by_end = np.argsort(end, kind="stable")
-        first, end = first[by_end], end[by_end]
-        cost = (end - first) * self.least[first]
-        ends, groups = np.unique(end, return_index=True)
-        # A left-out interval from each start as far as it may reach (every cap is at least 1:
-        # the first is and the least costs do not increase): per end, the first start, whose
-        # value is the least (values never decrease along a row).
-        far, nearest = np.unique(np.arange(n) + cap, return_index=True)
-        f = np.full((dp + 1, n + 1), np.inf)
-        f[0, 0] = 0.0
-        for _ in range(min(k, n)):
-            g = f.copy()
-            charged = np.minimum.reduceat(f[:, first] + cost, groups, axis=1)
-            g[:, ends] = np.minimum(g[:, ends], charged)
-            g[1:, far] = np.minimum(g[1:, far], f[:-1, nearest])
-            g = np.minimum.accumulate(g[:, ::-1], axis=1)[:, ::-1]
-            if np.array_equal(g, f):
-                break
-            f = g
-        return float(f[:, n].min())
 
     def ends(self, u: float) -> np.ndarray:
         """int64 ``[n + 1]``: where an interval from each start ends when it holds as many

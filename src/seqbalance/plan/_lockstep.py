@@ -47,11 +47,9 @@ def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
     it is, so no re-packing can lower the cost: the plan is returned without one.
     """
     speeds = p.speeds_or_ones
-    heaviest = [
-        max(float(p.sample_costs[mb].sum()) for mb in mbs) / speeds[r] for r, mbs in enumerate(plan)
-    ]
-    reference = int(np.argmax(heaviest))
-    aligned = -np.sort(-p.plan_costs(plan), axis=1)  # heaviest first, as aligned_value sorts
+    sums = p.plan_sums(plan)
+    reference = int(np.argmax(sums.max(axis=1) / speeds))
+    aligned = -np.sort(-(p.overhead + sums), axis=1)  # heaviest first, as aligned_value sorts
     if _dominant(aligned / speeds[:, None], reference):
         return plan
     profile = aligned[reference] / float(speeds[reference])

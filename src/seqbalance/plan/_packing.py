@@ -173,8 +173,9 @@ def _dual_feasible_bins(w: np.ndarray, cap: int) -> int:
     of at most ``cap / 2``, or only sizes below ``cap / 2`` adding up to at most ``cap``. The
     parameters are the distinct sizes in ``[1, cap / 2]`` (evenly thinned to stay within
     ``_DUAL_FEASIBLE_WORK``): where many samples share a size just over ``cap / 3`` or ``cap /
-    2`` (three of ``cap / 3 + 1`` never share a micro-batch) it reaches the optimum that L2 misses
-    by ``10-20``. ``w``: sorted int64 sizes, each at most ``cap``."""
+    2`` (three of ``cap / 3 + 1`` never share a micro-batch) it reaches the optimum where L2 is
+    13-18 short (the adversarial pass's one-rank steps, A4). ``w``: sorted int64 sizes, each at
+    most ``cap``."""
     sizes, counts = np.unique(w, return_counts=True)
     q = sizes[(sizes >= 1) & (2 * sizes <= cap)]
     if q.size == 0:

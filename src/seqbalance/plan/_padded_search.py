@@ -40,6 +40,7 @@ __all__ = [
     "cheapest_start",
     "dealt_by_tier",
     "improve_intervals",
+    "run_cuts",
     "tiered_starts",
 ]
 
@@ -276,24 +277,8 @@ class _State:
 
     @classmethod
     def of(cls, p: Problem, intervals: Intervals, plan: Microbatches) -> _State | None:
-        position = np.empty(intervals.n, dtype=np.int64)
-        position[intervals.order] = np.arange(intervals.n)
-        firsts, sizes, ranks = [], [], []
-        for r, microbatches in enumerate(plan):
-            for mb in microbatches:
-                if not mb:
-                    return None
-                at = np.sort(position[np.asarray(mb, dtype=np.int64)])
-                if at[-1] - at[0] + 1 != at.size:
-                    return None  # not a run of the sorted order
-                firsts.append(int(at[0]))
-                sizes.append(at.size)
-                ranks.append(r)
-        by_first = np.argsort(firsts, kind="stable")
-        cuts = np.append(np.asarray(firsts)[by_first], intervals.n)
-        if not np.array_equal(np.diff(cuts), np.asarray(sizes)[by_first]):
-            return None
-        return cls(p, intervals, cuts.astype(np.int64), np.asarray(ranks)[by_first])
+        found = _runs_of(intervals, plan)
+        return None if found is None else cls(p, intervals, *found)
 
     def _interval_costs(self, first: np.ndarray, size: np.ndarray) -> np.ndarray:
         return self.p.overhead + size * self.costs[first]
@@ -540,6 +525,35 @@ class _State:
         if self.lockstep:
             return dealt_by_tier(self.iv.order, self.cuts, self.cost, self.p.dp)
         return _microbatches(self.iv.order, self.cuts, self.rank, self.p.dp)
+
+
+def run_cuts(intervals: Intervals, plan: Microbatches) -> np.ndarray | None:
+    """int64 cut points (ascending, into ``intervals.order``) of ``plan``'s micro-batches where
+    every one is a non-empty run of the order; None elsewhere."""
+    found = _runs_of(intervals, plan)
+    return None if found is None else found[0]
+
+
+def _runs_of(intervals: Intervals, plan: Microbatches) -> tuple[np.ndarray, np.ndarray] | None:
+    """``run_cuts`` and each run's rank."""
+    position = np.empty(intervals.n, dtype=np.int64)
+    position[intervals.order] = np.arange(intervals.n)
+    firsts, sizes, ranks = [], [], []
+    for r, microbatches in enumerate(plan):
+        for mb in microbatches:
+            if not mb:
+                return None
+            at = np.sort(position[np.asarray(mb, dtype=np.int64)])
+            if at[-1] - at[0] + 1 != at.size:
+                return None  # not a run of the sorted order
+            firsts.append(int(at[0]))
+            sizes.append(at.size)
+            ranks.append(r)
+    by_first = np.argsort(firsts, kind="stable")
+    cuts = np.append(np.asarray(firsts)[by_first], intervals.n).astype(np.int64)
+    if not np.array_equal(np.diff(cuts), np.asarray(sizes)[by_first]):
+        return None
+    return cuts, np.asarray(ranks)[by_first]
 
 
 def dealt_by_tier(order: np.ndarray, cuts: Any, costs: np.ndarray, dp: int) -> Microbatches:

@@ -31,6 +31,11 @@ from seqbalance.plan.options import PlanOptions, check_rank_speeds
 if TYPE_CHECKING:
     from seqbalance.cost.samples import SampleParts
 
+_ROWS_PER_SIZE = 4
+"""``Problem.plan_sums`` sums micro-batches of one size together where there are at least this
+many micro-batches per distinct size (one numpy call per size then costs less than a call per
+micro-batch)."""
+
 __all__ = [
     "MAX_SLOTS",
     "Problem",
@@ -209,12 +214,35 @@ class Problem(GroupedSamples):
 
     def plan_costs(self, microbatches: Microbatches) -> np.ndarray:
         """float64 ``[dp, M]``: ``microbatch_cost`` of every micro-batch, positions as given."""
+        if self.layout == "packed" and len({len(mbs) for mbs in microbatches}) == 1:
+            return self.overhead + self.plan_sums(microbatches)
         return np.array(
             [
                 [self.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs]
                 for mbs in microbatches
             ]
         )
+
+    def plan_sums(self, microbatches: Microbatches) -> np.ndarray:
+        """float64 ``[dp, M]``: the sum of the sample costs of every micro-batch (``M`` of
+        them on every rank), bit for bit ``sample_costs[mb].sum()``: micro-batches of one size
+        are summed as the rows of one array (numpy sums each row as it sums one array), where
+        there are at most a quarter as many sizes as micro-batches, else one at a time."""
+        flat = [np.asarray(mb, dtype=np.int64) for mbs in microbatches for mb in mbs]
+        shape = (len(microbatches), -1)
+        sizes = np.fromiter((mb.size for mb in flat), dtype=np.int64, count=len(flat))
+        distinct = np.unique(sizes)
+        if distinct.size * _ROWS_PER_SIZE > sizes.size:
+            sums = [float(self.sample_costs[mb].sum()) for mb in flat]
+            return np.array(sums, dtype=np.float64).reshape(shape)
+        samples = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
+        starts = np.cumsum(sizes) - sizes
+        sums = np.zeros(sizes.size)
+        for size in distinct[distinct > 0].tolist():
+            rows = np.flatnonzero(sizes == size)
+            members = samples[starts[rows, None] + np.arange(size)]
+            sums[rows] = self.sample_costs[members].sum(axis=1)
+        return sums.reshape(shape)
 
     def plan_value(self, microbatches: Microbatches) -> float:
         """Objective value of micro-batches (positions as given)."""

@@ -37,7 +37,8 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    (``step``) or deals them by cost tier (``lockstep``; also from positions cut one after the
    other and, with two positions, from the cut the padded top bound prices,
    ``plan/_two_positions.py``). Where a rival's padded plan with more micro-batches wins, the
-   same is planned at its count.
+   same is planned at its count. In ``lockstep`` with three or more positions, the plan chosen
+   (ours or a rival's) then has its levels lowered a tier at a time (``plan/_levels.py``).
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps.
@@ -102,7 +103,7 @@ def plan_balanced(p: Problem) -> Microbatches:
                 + _GROUP_HINT * (p.groups is not None)
                 + "; pass allow_empty=True to allow empty micro-batches"
             )
-        plan = None if p.dp * m < needed else _ours(p, m, bound, refine=search is None)
+        plan = None if p.dp * m < needed else _ours(p, m, bound, search)
         found = None
         if plan is None:
             # Bin packing's bound on the slots, once a count has failed (the dear path only):
@@ -115,7 +116,7 @@ def plan_balanced(p: Problem) -> Microbatches:
         if plan is not None:
             if search is not None:
                 plan = search.cheapest(plan)
-            return _at_rival_count(p, others.best(plan, bound))
+            return _at_count.lowered(p, _at_rival_count(p, others.best(plan, bound)))
         following = p.next_microbatches(m)
         if following is None:
             raise ValueError(_feasible.refusal(p, m, proven=found is not None and found.proven))
@@ -124,10 +125,14 @@ def plan_balanced(p: Problem) -> Microbatches:
             search.advance(m)
 
 
-def _ours(p: Problem, m: int, bound: float, *, refine: bool) -> Microbatches | None:
+def _ours(p: Problem, m: int, bound: float, search: CountSearch | None) -> Microbatches | None:
     """Our plan with ``m`` micro-batches per rank (``_exact``'s on small steps not at the
-    bound), or None."""
-    plan = _at_count.attempt(p, m, refine=refine)
+    bound), or None. With speeds (``search``) the lockstep refinement runs after the search
+    over counts, and the ranks its shortcut found are used."""
+    if search is None:
+        plan = _at_count.attempt(p, m)
+    else:
+        plan = _at_count.attempt(p, m, refine=False, known=search.known())
     if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
         plan = _exact.search(p, m, plan)
     return plan
