@@ -184,7 +184,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         check_group_sizes(self.groups, self.global_batch_size)
         # What every step's plan_step would refuse, refused now, naming the dataset index; the
         # same pass digests every sample's cost (ranks and resumes compare it).
-        self._costs = self._check_and_digest_costs()
+        self._costs, self._costs_digest = self._check_and_digest_costs()
         self._layout_cache: EpochLayout | None = None
         self._checked_epoch: int | None = None
         self._check_epoch(0)
@@ -201,10 +201,11 @@ class BalancedBatchSampler(EpochBatchSampler):
                 self.options, feedback, group, self.lookahead, (self.dp_rank, self.dp_size)
             )
 
-    def _check_and_digest_costs(self) -> str:
-        """Check every sample against the caps and through the cost model, keep the costs
-        every step is planned with (:meth:`_costs_of`), and return their SHA-256 with the
-        micro-batch overhead (float64 bytes), so what ranks compare is what they plan with.
+    def _check_and_digest_costs(self) -> tuple[tuple[np.ndarray, float], str]:
+        """Check every sample against the caps and through the cost model; return the costs
+        every step is planned with (:meth:`_costs_of`: ``(costs, micro-batch overhead)``) and
+        their SHA-256 with the overhead (float64 bytes), so what ranks compare is what they
+        plan with.
 
         With parts: every sample's cost, all at once (parts are in memory). Plain lengths: the
         cost of each distinct length (a cost is a function of the length alone; the lengths'
@@ -213,33 +214,33 @@ class BalancedBatchSampler(EpochBatchSampler):
         digest = hashlib.sha256()
         if self.parts is not None:
             digest.update(b"every sample;")
-            self._costs_known = self._check_samples(self._source.values, self.parts)
+            known = self._check_samples(self._source.values, self.parts)
         else:
             try:
-                self._costs_known = self._check_samples(self._source.distinct, None)
+                known = self._check_samples(self._source.distinct, None)
             except ValueError:  # found: the pass below names the dataset index
                 self._source.check_each(lambda chunk: self._check_samples(chunk, None))
                 raise
             digest.update(b"distinct lengths;")
-        costs, overhead = self._costs_known
+        costs, overhead = known
         digest.update(np.ascontiguousarray(costs, dtype="<f8").tobytes())
         digest.update(np.array([overhead], dtype="<f8").tobytes())
-        return digest.hexdigest()
+        return known, digest.hexdigest()
 
-    def _costs_of(self, indices: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, float]:
-        """The digested costs of the samples ``indices`` (whose lengths are ``lengths``) and
-        the overhead: the costs computed at construction, never the cost model called again
-        on a step (a cost that is not elementwise would give other costs there than the ones
-        ranks compared).
+    def _costs_of(self, indices: np.ndarray, samples: Any) -> tuple[np.ndarray, float]:
+        """The digested costs of the samples ``indices`` (``samples``: what the sampler took
+        for them, their lengths or parts) and the overhead: the costs computed at
+        construction, never the cost model called again on a step (a cost that is not
+        elementwise would give other costs there than the ones ranks compared).
 
         Raises:
             ValueError: a length that was not among the lengths at construction (the lengths
                 changed under the sampler).
         """
-        costs, overhead = self._costs_known
+        costs, overhead = self._costs
         if self.parts is not None:
             return costs[indices], overhead
-        distinct = self._source.distinct
+        lengths, distinct = samples, self._source.distinct
         at = np.searchsorted(distinct, lengths).clip(0, max(distinct.size - 1, 0))
         if lengths.size and not np.array_equal(distinct[at], lengths):
             raise ValueError(
@@ -268,7 +269,7 @@ class BalancedBatchSampler(EpochBatchSampler):
                 "fingerprint": self.options.fingerprint(),
                 "values": self.options.to_dict(),
             },
-            "costs": self._costs,
+            "costs": self._costs_digest,
             "global_batch_size": self.global_batch_size,
             "shuffle": self.shuffle,
             "bucket_window": self.bucket_window,
@@ -343,9 +344,8 @@ class BalancedBatchSampler(EpochBatchSampler):
         own_cost = options.cost_model is self.options.cost_model  # not an adaptive one
         if options.context_parallel is not None or not own_cost:
             return plan_step(samples, self.dp_size, options, groups=step_groups)
-        lengths = samples if self.parts is None else samples.tokens
         return plan_step_with_costs(
-            samples, self.dp_size, options, self._costs_of(indices, lengths), groups=step_groups
+            samples, self.dp_size, options, self._costs_of(indices, samples), groups=step_groups
         )
 
     def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
