@@ -5,9 +5,6 @@ pytest-xdist's per-file scheduling can run it beside the other hf tests)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 pytest.importorskip("accelerate", reason="the hf extra (accelerate) is not installed")
 
-from _hf_train import SCRIPT, SRC, run
+from _hf_train import run
 
 
 def _full(output: Path, processes: int) -> dict:
@@ -60,23 +57,26 @@ def test_resume_with_another_plan_fails_before_training(
     tmp_path: Path, one_process: tuple[Path, dict]
 ) -> None:
     """By path, and by ``resume_from_checkpoint=True`` (the newest checkpoint of output_dir):
-    another data seed or max_tokens fails before training."""
+    another data seed or max_tokens fails before training (the three in one process: a
+    process costs its imports more than a refusal)."""
     full = one_process[0]
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    command = [sys.executable, str(SCRIPT), "--mode", "balanced", "--steps", "4"]
-    for changed, output, resume, named in [
-        (("--data-seed", "7"), tmp_path / "other", full / "checkpoint-2", "changed: seed"),
-        (("--data-seed", "7"), full, "last", "changed: seed"),
-        (("--max-tokens", "2048"), full, "last", "options.max_tokens (1024 saved, 2048 now)"),
-    ]:
-        checkpoint = full / ("checkpoint-4" if resume == "last" else "checkpoint-2")
-        done = subprocess.run(
-            [*command, *changed, "--output-dir", str(output), "--resume", str(resume)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
-        assert done.returncode != 0
-        assert f"resume from {checkpoint}" in done.stderr, done.stderr[-2000:]
-        assert named in done.stderr
+    other = {"output_dir": str(tmp_path / "other"), "resume": str(full / "checkpoint-2")}
+    last = {"output_dir": str(full), "resume": "last"}
+    cases = [
+        ({**other, "data_seed": 7}, full / "checkpoint-2", "changed: seed"),
+        ({**last, "data_seed": 7}, full / "checkpoint-4", "changed: seed"),
+        (
+            {**last, "max_tokens": 2048},
+            full / "checkpoint-4",
+            "options.max_tokens (1024 saved, 2048 now)",
+        ),
+    ]
+    attempts = json.dumps([changes for changes, _, _ in cases])
+    report = run(tmp_path / "unused", "--mode", "balanced", "--steps", "4", "--refusals", attempts)
+    assert len(report["refused"]) == len(cases)
+    for message, (_, checkpoint, named) in zip(report["refused"], cases, strict=True):
+        assert message is not None, "a run resumed where it had to be refused"
+        assert message.startswith(f"resume from {checkpoint}: "), message
+        assert named in message, message
+    # Refused before training: the other output_dir holds no checkpoint of its own.
+    assert not list((tmp_path / "other").glob("checkpoint-*"))

@@ -119,8 +119,17 @@ def main() -> int:
     parser.add_argument(
         "--manual-loss", action="store_true", help="also report step 0's token mean"
     )
+    parser.add_argument(
+        "--refusals",
+        default=None,
+        help="JSON list of resumes expected to be refused, each changing output_dir, resume, "
+        "data_seed or max_tokens; one process tries them in turn (RESULT {'refused': the "
+        "ValueError message of each, or None where one trained})",
+    )
     args = parser.parse_args()
-    if args.mode != "both":
+    if args.refusals is not None:
+        report = {"refused": [_refused(args, changes) for changes in json.loads(args.refusals)]}
+    elif args.mode != "both":
         report = train(args, args.mode, args.output_dir)
     else:  # one process for both: a run costs its imports more than its steps
         report = {
@@ -130,6 +139,16 @@ def main() -> int:
     if report is not None:
         print("RESULT " + json.dumps(report))
     return 0
+
+
+def _refused(args: argparse.Namespace, changes: dict) -> str | None:
+    """The ValueError of a run with ``changes`` (None: it trained)."""
+    attempt = argparse.Namespace(**{**vars(args), **changes})
+    try:
+        train(attempt, attempt.mode, attempt.output_dir)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def train(args: argparse.Namespace, mode: str, output_dir: str) -> dict | None:
