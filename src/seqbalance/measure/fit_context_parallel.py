@@ -42,50 +42,17 @@ FEATURES = (
 (``sharded_t2`` is ``sharded_attention_factor · t2``, ``seconds_per_byte`` ``1 / bandwidth``)."""
 
 _NO_BYTES = 1e300
-"""A bandwidth (bytes/s) at which a unit model's communication costs nothing."""
-
-
-def _unit(
-    cost: ContextParallelTimeModel,
-    *,
-    t0: float = 0.0,
-    t1: float = 0.0,
-    t2: float = 0.0,
-    factor: float = 0.0,
-    per_byte: float = 0.0,
-    latency: float = 0.0,
-    piece: float = 0.0,
-    sample: float = 0.0,
-) -> ContextParallelTimeModel:
-    """A model with the given constants and every other one 0 (``cost``'s K/V sizes, bytes per
-    element and passes)."""
-    comm = cost.comm
-    return ContextParallelTimeModel(
-        TimeModel(t0, t1, t2),
-        CommModel(
-            1.0 / per_byte if per_byte else _NO_BYTES, latency, comm.bytes_per_element, comm.passes
-        ),
-        cost.kv_elements_per_token,
-        cost.kv_layers,
-        piece_overhead_s=piece,
-        sharded_attention_factor=factor,
-        sample_overhead_s=sample,
-    )
+"""A bandwidth (bytes/s) at which a model's communication costs nothing (no cost per byte)."""
 
 
 def _unit_models(cost: ContextParallelTimeModel) -> list[ContextParallelTimeModel]:
     """One model per entry of :data:`FEATURES`, that constant 1 (the sharded pairs: see
     :func:`slot_features`)."""
-    return [
-        _unit(cost, t0=1.0),
-        _unit(cost, t1=1.0),
-        _unit(cost, t2=1.0),  # whole samples' pairs only (factor 0)
-        _unit(cost, t2=1.0, factor=1.0),  # minus the one before: the sharded pieces' pairs
-        _unit(cost, per_byte=1.0),
-        _unit(cost, latency=1.0),
-        _unit(cost, piece=1.0),
-        _unit(cost, sample=1.0),
-    ]
+    units = np.eye(len(FEATURES))
+    # The sharded pairs' model also prices the whole samples' pairs (t2 = 1, factor 1):
+    # slot_features takes the t2 model's costs off it.
+    units[FEATURES.index("sharded_t2"), FEATURES.index("t2")] = 1.0
+    return [_model(unit, cost, None) for unit in units]
 
 
 def slot_features(plan: ContextParallelPlan) -> np.ndarray:
@@ -222,10 +189,11 @@ def _constants(cost: ContextParallelTimeModel) -> np.ndarray:
 
 
 def _model(
-    constants: np.ndarray, template: ContextParallelTimeModel, stats: FitStats
+    constants: np.ndarray, template: ContextParallelTimeModel, stats: FitStats | None
 ) -> ContextParallelTimeModel:
-    """The model of ``constants`` (order of :data:`FEATURES`) with ``template``'s K/V sizes,
-    bytes per element and passes, ``stats`` its fit's error."""
+    """The model of ``constants`` (order of :data:`FEATURES`; every other one 0) with
+    ``template``'s K/V sizes, bytes per element and passes, ``stats`` its fit's error (None:
+    not fitted)."""
     t0, t1, t2, sharded_t2, per_byte, latency, piece, sample = constants.tolist()
     return ContextParallelTimeModel(
         TimeModel(t0, t1, t2, fit_stats=stats),
