@@ -79,10 +79,12 @@ def run_context_parallel_rank(
         draw = _token_ids(settings.seed, spec.vocab_size)
         warmup = range(settings.warmup)
         warm, _ = _planned(rank, settings, calibrated, warmup)
-        warm_cpu = _gathered(run(warm, warmup, draw)[1], world_size)
-        cost = calibrated
-        if settings.warmup >= MIN_REFIT_WARMUP and rank == 0:
-            cost = refit_cost_model(calibrated, _observations(warm, warm_cpu))
+        warm_cpu = run(warm, warmup, draw)[1]
+        cost, refit = calibrated, settings.warmup >= MIN_REFIT_WARMUP
+        if refit:  # the same on every rank: all gather, rank 0 refits (and plans)
+            warm_everyone = _gathered(warm_cpu, world_size)
+            if rank == 0:
+                cost = refit_cost_model(calibrated, _observations(warm, warm_everyone))
         measured = range(settings.warmup, settings.warmup + settings.steps)
         plans, cost = _planned(rank, settings, cost, measured)
         records, cpu = run(plans, measured, draw)
@@ -91,7 +93,7 @@ def run_context_parallel_rank(
         if rank == 0:
             models[label] = {
                 **_described(plans, everyone, cost, given is None),
-                "refit_steps": settings.warmup if settings.warmup >= MIN_REFIT_WARMUP else 0,
+                "refit_steps": settings.warmup if refit else 0,
                 "calibrated_time_model": calibrated.to_dict(),
             }
     if rank == 0:
@@ -166,10 +168,15 @@ def _observations(
 ) -> list[tuple[Any, np.ndarray]]:
     """``(plan, seconds [n_ranks, n_slots])`` of every strategy's step in ``plans``."""
     return [
-        (plan, np.array([rank[name][s] for rank in cpu], dtype=np.float64))
+        (plan, _step_seconds(cpu, name, s))
         for name, steps in plans.items()
         for s, plan in enumerate(steps)
     ]
+
+
+def _step_seconds(cpu: list[dict[str, list[list[float]]]], name: str, step: int) -> np.ndarray:
+    """float64 ``[n_ranks, n_slots]``: every rank's slot CPU seconds of ``name``'s ``step``."""
+    return np.array([rank[name][step] for rank in cpu], dtype=np.float64)
 
 
 class _Progress:
@@ -242,12 +249,12 @@ def _described(
     described = {}
     for name, steps in plans.items():
         described[name] = {
-            # What a measured step is compared with: the step under the calibrated slot
-            # jitter (the planner's noiseless step beside it).
+            # What a measured step is compared with: the step under the model's slot jitter
+            # (the planner's noiseless step beside it).
             "predicted_seconds": [p.expected_step_cost() for p in steps],
             "noiseless_predicted_seconds": [p.step_cost for p in steps],
             "cpu_seconds": [
-                float(p.finish_times(np.array([rank[name][s] for rank in cpu])).max())
+                float(p.finish_times(_step_seconds(cpu, name, s)).max())
                 for s, p in enumerate(steps)
             ],
             "sharded_fraction": [float((p.cp_size > 1).mean()) for p in steps],
