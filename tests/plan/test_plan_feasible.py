@@ -218,3 +218,34 @@ def test_a_planted_packing_is_found(step: dict) -> None:
     free = sb.plan_step(lengths, dp, **dict(options, num_microbatches=None))
     # The fewest feasible count, or more only when strictly cheaper (invariant 8).
     assert free.n_microbatches <= plan.n_microbatches or free.step_cost < plan.step_cost
+
+
+def test_grouped_best_fit_keeps_the_patch_cap_without_a_token_cap() -> None:
+    # No max_tokens: every micro-batch's token room is infinite, and the grouped best fit
+    # (_feasible._pack_units) took the first micro-batch whether its vision patches fitted or
+    # not, so balanced returned a plan of 1,596 patches against 253 and refused the step that
+    # round robin plans. The adversarial planner's long profile drew it (one rank, groups).
+    from seqbalance.cost.samples import SampleParts
+
+    tokens = [1046, 397, 1855, 1327, 448, 2129, 1893, 1157, 2046, 746, 1602, 1782, 2261, 705]
+    tokens += [2244, 605, 1130, 2188, 1446, 1619, 2261, 436, 272, 2056, 2299, 1138, 2093, 1157]
+    tokens += [1959, 1919]
+    grid = "286 284 226 224 246 242 184 186 248 264 162 286 226 246 262 144 288 288 184 146 182"
+    grid += " 128 164 244 228 266 288 282 128 188 282 142 222 184 284 242 128 224 148 288 242"
+    grid += " 126 168 162 222 264 242 264 224"
+    images = [0, 1, 1, 2, 4, 5, 5, 6, 7, 7, 7, 8, 9, 9, 10, 10, 10, 11, 11, 11, 12, 14, 14, 15]
+    images += [15, 16, 16, 16, 17, 18, 20, 21, 21, 22, 22, 22, 23, 23, 23, 25, 25, 26, 26, 26]
+    images += [27, 28, 29, 29, 29]
+    parts = SampleParts(
+        tokens=np.array(tokens),
+        grid_thw=np.array([[int(c) for c in g] for g in grid.split()]),
+        image_sample=np.array(images),
+        spatial_merge_size=2,
+    )
+    groups = [3, 13, 29, 4, 11, 12, 27, 6, 15, 7, 0, 22, 1, 8, 14, 14, 3, 29, 22, 28, 2, 21, 8]
+    groups += [16, 27, 8, 21, 4, 9, 29]
+    options = {"cost": "tokens", "allow_empty": False, "max_vision_patches": 253}
+    plan = sb.plan_step(parts, 1, groups=np.array(groups), **options)  # raised before
+    plan.validate()
+    baseline = sb.plan_step(parts, 1, groups=np.array(groups), strategy="round_robin", **options)
+    assert plan.step_cost <= baseline.step_cost

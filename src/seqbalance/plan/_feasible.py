@@ -203,7 +203,10 @@ def _pack_units(p: Problem, m: int) -> Microbatches | None:
                         fits &= patch_rooms >= patches[i]
                 if not fits.any():
                     break
-                j = int(np.argmin(np.where(fits, rooms, np.inf)))  # the fullest that fits
+                # The fullest that fits: among the fitting ones (without a token cap every room
+                # is infinite, and an argmin over all of them took the first, fitting or not).
+                candidates = np.flatnonzero(fits)
+                j = int(candidates[np.argmin(rooms[candidates])])
                 slots.append(j)
                 free[j] = False
                 rooms[j] = -1.0 if p.oversize[i] else rooms[j] - lengths[i]
