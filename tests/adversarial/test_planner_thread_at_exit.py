@@ -28,6 +28,7 @@ if sys.argv[2] == "raise":
     raise SystemExit(3)
 """
 
+
 def _run(code: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=120
@@ -41,4 +42,3 @@ def test_a_script_ending_during_planning_exits_with_its_own_status(tmp_path: Pat
     done = _run(SAMPLER, str(lengths), end)
     assert done.returncode == (0 if end == "normal" else 3), done.stderr
     assert "terminate called" not in done.stderr
-
