@@ -19,6 +19,9 @@ knows it ``"taken"``: the steps the rank's loop had taken from its source when i
 sampler's count; ranks running the same loop over the same plans have taken the same number),
 and ``"plan"``: a digest of the plan the rank observed (the Rebalancer's transport, which numbers
 observations as they come: a rank given another step's result, a stale one, is found by it).
+Every record also carries ``"learned"``: the fingerprint of the options the loop plans with as
+it stands (model and rank speeds), equal on every rank unless they resumed from different
+states (another run's checkpoint on one rank, a corrupted one), which plan apart.
 :meth:`ClosedLoop.learn` takes every rank's record (rank order) and either learns the step or
 raises the same ``ValueError`` on every rank: a rank that could not measure (its error), ranks
 that observed different steps, other plans or had taken different numbers of steps (a missed,
@@ -61,7 +64,7 @@ first; the last is the current one), "pending": a record not yet gathered, or No
 
 _RECORD_KEYS = {"step", "setup", "stats", "error"}
 """The keys of every record (module doc); ``"taken"`` and ``"plan"`` may come with them."""
-_OPTIONAL_KEYS = {"taken", "plan"}
+_OPTIONAL_KEYS = {"taken", "plan", "learned"}
 
 _POLL_S = 0.05  # how often a waiting planner thread looks at its stop flag (seconds)
 
@@ -314,6 +317,7 @@ class ClosedLoop:
             except (ValueError, RuntimeError) as raised:
                 error = str(raised)
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
+        record["learned"] = self.options.fingerprint()
         if plan is not None:
             record["plan"] = str(plan)
         return record if taken is None else {**record, "taken": int(taken)}
@@ -372,6 +376,15 @@ class ClosedLoop:
                     f"(steps observed by rank: {steps}): a missed or extra observe(); every "
                     "rank observes every step once, in order"
                 )
+        learned = [record.get("learned") for record in records]
+        other = next((r for r, state in enumerate(learned) if state != learned[0]), None)
+        if other is not None and None not in learned:
+            raise ValueError(
+                f"ranks 0 and {other} plan with different learned models or rank speeds at step "
+                f"{self.observed}: they resumed from different adaptive states (another run's "
+                "checkpoint on one rank, or a corrupted one), so their plans differ; every rank "
+                "must load the same state"
+            )
         plans = [record.get("plan") for record in records]
         other = next((r for r, plan in enumerate(plans) if plan != plans[0]), None)
         if other is not None and None not in plans:
