@@ -58,8 +58,9 @@ class BalancedBatchSampler(EpochBatchSampler):
     use, ``lookahead`` steps ahead in a background thread (module docstring). Planning is
     deterministic, so every rank gets the same plan without communicating, and it is exactly
     the ``plan_epoch`` plan of that step (for a cost that is not elementwise, the plan of the
-    costs computed once at construction: :meth:`epoch_plan` gives those). Each optimizer step contributes its plan's
-    ``n_microbatches`` micro-batches, the same on every rank (fixed with ``num_microbatches``).
+    costs computed once at construction: :meth:`epoch_plan` gives those). Each optimizer step
+    contributes its plan's ``n_microbatches`` micro-batches, the same on every rank (fixed with
+    ``num_microbatches``).
     The last, partial global batch is planned too unless ``drop_last``.
 
     Args:
