@@ -24,8 +24,12 @@ from seqbalance.plan._shared import Microbatches
 
 __all__ = ["dominant_start"]
 
-_SHIFTS = 48
-"""Only where no run may hold more than this many samples (the programs go by run size)."""
+_PASSES = 2048
+"""Only where the program from the end (one pass per run size and run) takes at most this many
+passes (a few ms) ..."""
+_WORK = 4_000_000
+"""... and the one from the start at most this many element operations (runs x samples x run
+sizes; about 40 ms of CPU: 4,000 samples in 1,000 runs of 4 take four times that)."""
 _DOMINANT = 0.5
 """A sample dominates where alone it costs at least this share of its rank's (``count_bound``
 without the overheads)."""
@@ -44,15 +48,18 @@ class Problem(Protocol):
 def dominant_start(p: Problem, intervals: Intervals, m: int, share: float) -> Microbatches | None:
     """The start described in the module docstring for ``m`` micro-batches per rank, ``share``
     the count's bound less its overheads; None where no sample dominates, the step is not
-    padded ``step`` with two ranks and micro-batches or more, or runs may be long."""
+    padded ``step`` with two ranks and micro-batches or more, or the program from the end would
+    take more than ``_PASSES`` or the one from the start more than ``_WORK``."""
     n, dp, take = intervals.n, p.dp, intervals.take
-    if p.objective != "step" or dp < 2 or m < 2 or n == 0 or int(take.max()) > _SHIFTS:
+    if p.objective != "step" or dp < 2 or m < 2 or n == 0:
         return None
     costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
     dominant = costs[: dp - 1] >= _DOMINANT * share
     d = int(np.argmin(dominant)) if not dominant.all() else dominant.size
     middle, tail = (dp - d) * m, d * (m - 1)
-    if d == 0 or n - d < middle + tail:
+    if d == 0 or n - d < middle + tail or int(take.max()) * tail > _PASSES:
+        return None
+    if middle * (n - d) * min(int(take.max()), 3 * n.bit_length()) > _WORK:
         return None
     ahead, choices = least_cuts(costs[d:], np.minimum(take[d:], n - d - np.arange(n - d)), middle)
     behind, sizes = _backward(costs, take, tail)
