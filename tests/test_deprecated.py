@@ -6,6 +6,7 @@ tests that may use the old names."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -165,3 +166,5 @@ def test_old_settings_fields_of_the_bench() -> None:
         assert new.timeout_seconds == 60.0
     with pytest.raises(ValueError, match="timeout_seconds is the deprecated name of timeout"):
         BenchSettings(lengths=(8,), timeout=1.0, timeout_seconds=1.0)
+    with pytest.raises(ValueError, match=r"replace\(obj, timeout=\.\.\.\)"):
+        dataclasses.replace(new, timeout_seconds=5.0)

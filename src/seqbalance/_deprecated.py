@@ -85,7 +85,12 @@ def current_names(
             current[name] = value
             continue
         if new in values:
-            raise ValueError(f"{where}: {name} is the deprecated name of {new}; give only {new}")
+            # dataclasses.replace passes every field under its current name, so an old name
+            # there always meets its new one: say how to replace it.
+            raise ValueError(
+                f"{where}: {name} is the deprecated name of {new}; give only {new} (with "
+                f"dataclasses.replace too: replace(obj, {new}=...))"
+            )
         warn(f"{where}({name}=...)", f"{new}=...", stacklevel=stacklevel + 1)
         current[new] = value
     return current

@@ -1,5 +1,6 @@
 """seqbalance.integrations.hf: a Trainer run resumes exactly from a checkpoint, on 1 and 2 (gloo)
-processes, and refuses a checkpoint of another plan before training (its own file so that
+processes (the two-process run also checks that step 0's loss is the whole step's token mean
+across ranks), and refuses a checkpoint of another plan before training (its own file so that
 pytest-xdist's per-file scheduling can run it beside the other hf tests)."""
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ pytest.importorskip("accelerate", reason="the hf extra (accelerate) is not insta
 from _hf_train import run
 
 
-def _full(output: Path, processes: int) -> dict:
+def _full(output: Path, processes: int, *options: str) -> dict:
     """4 steps, a checkpoint after 2 and 4 (``output/checkpoint-2``, ``-4``)."""
     return run(
-        output, "--mode", "balanced", "--steps", "4", "--save-steps", "2", processes=processes
+        output,
+        "--mode",
+        "balanced",
+        "--steps",
+        "4",
+        "--save-steps",
+        "2",
+        *options,
+        processes=processes,
     )
 
 
@@ -31,12 +40,28 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return output, _full(output, 1)
 
 
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The full run on 2 processes (its folder and report, with step 0's token mean): the run
+    the two-process resume resumes, and the whole step's token mean across ranks."""
+    output = tmp_path_factory.mktemp("hf2") / "full"
+    return output, _full(output, 2, "--manual-loss")
+
+
+@pytest.mark.multiprocess
+def test_loss_is_the_token_mean_of_the_whole_step_on_two_processes(
+    two_processes: tuple[Path, dict],
+) -> None:
+    # The logged loss of step 0 (the initial weights) equals the mean token loss over every
+    # sample the plan put in that step, on both ranks' micro-batches.
+    report = two_processes[1]
+    assert report["world_size"] == 2
+    assert report["losses"][0] == pytest.approx(report["manual_step0"], rel=1e-6)
+
+
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
 def test_resume_is_exact(tmp_path: Path, processes: int, request: pytest.FixtureRequest) -> None:
-    if processes == 1:
-        output, full = request.getfixturevalue("one_process")
-    else:
-        output, full = tmp_path / "full", _full(tmp_path / "full", processes)
+    output, full = request.getfixturevalue("one_process" if processes == 1 else "two_processes")
     resumed = run(
         tmp_path / "resumed",
         "--mode",

@@ -415,11 +415,29 @@ def _megatron_run(tp: int, pp: int) -> list[dict[str, Any]]:
     return results
 
 
+def _megatron_and_hybrid_worker(rank: int, world_size: int) -> dict[str, Any]:
+    return {
+        "schedules": _megatron_worker(rank, world_size),
+        "hybrid": _hybrid_worker(rank, world_size),
+    }
+
+
+@pytest.fixture(scope="module")
+def megatron_runs(tmp_path_factory) -> list[dict[str, Any]]:
+    """One launch of 4 gloo processes for every test that runs megatron-core's schedules (each
+    rank imports megatron-core once): the plain and pipelined schedules, then the hybrid one.
+    Four ranks import megatron-core at once on a shared CPU: generous collective timeout."""
+    log_dir = tmp_path_factory.mktemp("megatron")
+    assert 2 * DP == 4  # the hybrid schedule's DPxCP group is the same four ranks
+    return launch(
+        _megatron_and_hybrid_worker, 4, timeout=400, collective_timeout=90, log_dir=log_dir
+    )
+
+
 @needs_megatron
 @pytest.mark.multiprocess
-def test_megatron_schedules_give_the_token_mean_loss_and_gradients(tmp_path) -> None:
-    # Four ranks import megatron-core at once on a shared CPU: generous collective timeout.
-    runs = launch(_megatron_worker, 2 * DP, timeout=300, collective_timeout=90, log_dir=tmp_path)
+def test_megatron_schedules_give_the_token_mean_loss_and_gradients(megatron_runs) -> None:
+    runs = [run["schedules"] for run in megatron_runs]
     schedules = (
         "forward_backward_no_pipelining",
         "forward_backward_pipelining_without_interleaving",
@@ -869,10 +887,9 @@ def hybrid_reference(
 
 
 @pytest.fixture(scope="module")
-def hybrid_runs(tmp_path_factory) -> list[dict[str, Any]]:
-    """One launch of 4 gloo processes for every test of megatron-core's hybrid schedule."""
-    log_dir = tmp_path_factory.mktemp("hybrid")
-    return launch(_hybrid_worker, 4, timeout=400, collective_timeout=90, log_dir=log_dir)
+def hybrid_runs(megatron_runs) -> list[dict[str, Any]]:
+    """Each rank's run of megatron-core's hybrid schedule (the shared launch)."""
+    return [run["hybrid"] for run in megatron_runs]
 
 
 @needs_megatron

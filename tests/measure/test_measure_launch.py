@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from seqbalance.measure.launch import LaunchError, RankFailure, free_port, launch  # noqa: E402
+from seqbalance.measure.launch import LaunchError, RankFailure, launch  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -156,13 +156,18 @@ def test_bad_arguments_are_refused_before_any_process_starts() -> None:
         launch("not a function", 1)  # type: ignore[arg-type]
 
 
-def test_free_port_is_a_bindable_local_port() -> None:
-    import socket
+def test_concurrent_launches_never_meet() -> None:
+    # Four launches at once (as two test workers, or a benchmark beside a test, start them):
+    # each launch's ranks reduce only among themselves, on a rendezvous port of their own.
+    from concurrent.futures import ThreadPoolExecutor
 
-    port = free_port()
-    assert 0 < port < 65536
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", port))
+    offsets = [100 * k for k in range(4)]
+    with ThreadPoolExecutor(len(offsets)) as pool:
+        runs = list(pool.map(lambda o: launch(_sum_ranks, 2, args=(o,), timeout=LONG), offsets))
+    assert [[r["total"] for r in results] for results in runs] == [
+        [2.0 * o + 1] * 2 for o in offsets
+    ]
+    assert len({results[0]["port"] for results in runs}) == len(offsets)
 
 
 def _environment(rank: int, world_size: int, name: str) -> str | None:

@@ -81,7 +81,8 @@ def _notes(summary: dict[str, Any]) -> list[str]:
     skipped = summary["skipped_line"]
     return [
         *([f"line {skipped} was cut short (a crash mid-write?) and is skipped"] if skipped else []),
-        f"measured: {summary['measured_seconds']:.2f} s over {summary['steps']} steps, "
+        f"measured: {_cell(summary['measured_seconds'], '{:.2f}')} s over {summary['steps']} "
+        "steps, "
         f"mean imbalance {_cell(summary['mean_imbalance'], '{:.3f}')}, mean idle "
         f"{percent(summary['mean_idle_fraction'])} of each rank's step",
         f"predicted vs measured slowest-rank compute: {percent(summary['step_prediction_mape'])} "

@@ -4,9 +4,11 @@ The one process launcher of the project: the multi-process tests, the benchmarks
 ``seqbalance bench`` all start their ranks with :func:`launch`. Each rank is a fresh process
 (forked from a ``torch.multiprocessing`` fork server that has imported torch once; spawned
 where the platform has no fork server) that finds the environment ``torchrun`` would give it
-(``MASTER_ADDR``, ``MASTER_PORT`` on a free local port, ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) and a default process group already initialised from it
-(``init_method="env://"``), so a function written for ``launch`` also runs under ``torchrun``.
+(``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``) and a default process group already initialised, so a function written
+for ``launch`` also runs under ``torchrun``. As torchrun's agent does, the launching process
+hosts the ranks' rendezvous store (at ``MASTER_ADDR:MASTER_PORT``, a port the OS gave it and
+that it holds until the ranks are gone), so concurrent launches never meet.
 
 Nothing waits forever: every collective on the default group fails after
 ``collective_timeout`` seconds, and the launch as a whole after ``timeout`` seconds. By default
@@ -21,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import time
@@ -40,7 +41,7 @@ import torch.multiprocessing as mp
 from seqbalance._validation import check_bool, check_choice, check_int, check_timeout
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 
-__all__ = ["LaunchError", "RankFailure", "free_port", "launch"]
+__all__ = ["LaunchError", "RankFailure", "launch"]
 
 BACKENDS = ("gloo", "nccl")
 POLL_SECONDS = 0.1
@@ -70,13 +71,6 @@ class RankFailure:
     what: str
     traceback: str
     exit_code: int | None
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def launch(
@@ -170,7 +164,17 @@ def _run(
     stop_on_failure: bool,
 ) -> list[Any]:
     context = _start_context()
-    port = free_port()
+    # This process hosts the ranks' rendezvous store on a port the OS gives it and holds it
+    # until the ranks are gone. A port picked free and handed to rank 0 to bind could be taken
+    # in between by another launch (two test workers), whose ranks then met this one's.
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        timeout=timedelta(seconds=collective_timeout),
+        wait_for_workers=False,
+    )
+    port = store.port
     processes = [
         context.Process(
             target=_rank_main,
@@ -277,8 +281,10 @@ def _rank_main(
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
+        timeout = timedelta(seconds=collective_timeout)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group(
-            backend, init_method="env://", timeout=timedelta(seconds=collective_timeout)
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
         outcome = ("ok", fn(rank, world_size, *args))
     except BaseException as error:  # every failure, SystemExit included, goes to the parent

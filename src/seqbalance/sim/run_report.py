@@ -125,10 +125,18 @@ class _Reader:
         if isinstance(step, bool) or not isinstance(step, int) or abs(step) >= 2**63:
             raise ValueError(f"{where}: step must be an integer, got {step!r:.40}")
         for name, nullable in _NUMBERS:
-            value = row.get(name)
-            self.values[name].append(_number(where, name, value, nullable=nullable))
+            value = _number(where, name, row.get(name), nullable=nullable)
+            if not (0.0 <= value < math.inf or (math.isnan(value) and row.get(name) is None)):
+                # The loop writes seconds and errors as finite numbers >= 0 (a measurement it
+                # cannot use is dropped, not logged): anything else is no run's.
+                raise ValueError(f"{where}: {name} must be finite and >= 0, got {value!r}")
+            self.values[name].append(value)
         speeds = _speeds(where, "rank_speeds", row["rank_speeds"])
         idle = _numbers(where, "idle_fraction", row.get("idle_fraction", []))
+        if not all(0.0 <= fraction <= 1.0 for fraction in idle):
+            raise ValueError(
+                f"{where}: idle_fraction must hold fractions in [0, 1], got {idle!r:.40}"
+            )
         following = row.get("next_rank_speeds", speeds)
         self.last_speeds = _speeds(where, "next_rank_speeds", following)
         self.steps.append(step)
@@ -187,7 +195,8 @@ def summarize_run(run: RunTelemetry, *, rows: int | None = DEFAULT_ROWS) -> dict
             per step.
 
     Returns:
-        ``steps``; ``measured_seconds`` (sum of step times); ``mean_step_seconds``;
+        ``steps``; ``measured_seconds`` (sum of step times; None where a sum overflows, like every
+        figure that is not finite); ``mean_step_seconds``;
         ``mean_imbalance`` (max / mean rank compute); ``mean_idle_fraction`` (over ranks and
         steps); ``step_prediction_mape`` (predicted vs measured slowest-rank compute, per
         step); ``model_mape`` (the model's per-micro-batch error, steps that have one);
@@ -197,6 +206,11 @@ def summarize_run(run: RunTelemetry, *, rows: int | None = DEFAULT_ROWS) -> dict
         ms, max/mean compute, predicted ms, model error, slowest speed)``, the means of the
         finite values (None where there is none). Means skip values that are not finite.
     """
+    with np.errstate(over="ignore"):  # finite values whose sums overflow: no figure (None)
+        return _summary(run, rows)
+
+
+def _summary(run: RunTelemetry, rows: int | None) -> dict[str, Any]:
     c = run.columns
     compute, predicted = c["max_rank_compute_seconds"], c["predicted_step_seconds"]
     imbalance = _ratio(compute, c["mean_rank_compute_seconds"])
@@ -205,14 +219,14 @@ def summarize_run(run: RunTelemetry, *, rows: int | None = DEFAULT_ROWS) -> dict
     baseline = float(c["baseline_step_seconds"][both].sum())
     return {
         "steps": len(run),
-        "measured_seconds": float(_finite(c["step_seconds"]).sum()),
+        "measured_seconds": _value(float(_finite(c["step_seconds"]).sum())),
         "mean_step_seconds": _mean(c["step_seconds"]),
         "mean_imbalance": _mean(imbalance),
         "mean_idle_fraction": run.idle_sum / run.idle_count if run.idle_count else None,
         "step_prediction_mape": _mean(step_error),
         "model_mape": _mean(c["model_error"]),
-        "saved_fraction": 1.0 - float(c["planned_step_seconds"][both].sum()) / baseline
-        if baseline > 0
+        "saved_fraction": _value(1.0 - float(c["planned_step_seconds"][both].sum()) / baseline)
+        if 0 < baseline < math.inf
         else None,
         "last_rank_speeds": run.last_rank_speeds,
         "skipped_line": run.skipped_line,
@@ -256,7 +270,7 @@ def _value(value: float) -> float | None:
 
 def _ratio(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
     """``top / bottom``, NaN where ``bottom`` is not positive."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return np.where(bottom > 0, top / bottom, np.nan)
 
 
@@ -267,7 +281,7 @@ def _finite(values: np.ndarray) -> np.ndarray:
 def _mean(values: np.ndarray) -> float | None:
     """The mean over the finite entries, None when there is none."""
     finite = _finite(values)
-    return float(finite.mean()) if finite.size else None
+    return _value(float(finite.mean())) if finite.size else None
 
 
 def plot_run(run: RunTelemetry, path: str | os.PathLike[str]) -> Path:
@@ -279,18 +293,22 @@ def plot_run(run: RunTelemetry, path: str | os.PathLike[str]) -> Path:
     between them the time balancing saved.
     """
     plt = pyplot()
-    c, steps = run.columns, run.step
+    steps = run.step
+    with np.errstate(over="ignore"):  # seconds near the float64 limit: off the plot, no warning
+        c = {name: 1e3 * values for name, values in run.columns.items()}
     figure, axes = plt.subplots(3, 1, figsize=(9.0, 9.0), sharex=True, layout="constrained")
-    imbalance = _ratio(c["max_rank_compute_seconds"], c["mean_rank_compute_seconds"])
+    imbalance = _ratio(
+        run.columns["max_rank_compute_seconds"], run.columns["mean_rank_compute_seconds"]
+    )
     axes[0].plot(steps, imbalance, marker=".", label="measured imbalance (max / mean compute)")
     axes[0].plot(steps, run.slowest_speed, "--", label="slowest rank speed")
     axes[0].set_ylabel("ratio")
     axes[0].legend(loc="best")
-    axes[1].plot(steps, 1e3 * c["max_rank_compute_seconds"], label="measured")
-    axes[1].plot(steps, 1e3 * c["predicted_step_seconds"], label="predicted")
+    axes[1].plot(steps, c["max_rank_compute_seconds"], label="measured")
+    axes[1].plot(steps, c["predicted_step_seconds"], label="predicted")
     axes[1].set_ylabel("slowest rank compute (ms)")
     axes[1].legend(loc="best")
-    baseline, planned = 1e3 * c["baseline_step_seconds"], 1e3 * c["planned_step_seconds"]
+    baseline, planned = c["baseline_step_seconds"], c["planned_step_seconds"]
     axes[2].plot(steps, baseline, label="unbalanced baseline (round_robin), fitted model")
     axes[2].plot(steps, planned, label="as planned, fitted model")
     axes[2].fill_between(steps, planned, baseline, alpha=0.2, label="saved")

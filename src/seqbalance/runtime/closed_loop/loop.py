@@ -16,12 +16,17 @@ A record is one rank's report of one observed step, plain JSON: ``{"step": the s
 (observations this rank made before it), "setup": a digest of what learning depends on,
 "stats": the statistics vector, "error": why it could not be made}``, and where the transport
 knows it ``"taken"``: the steps the rank's loop had taken from its source when it observed (the
-sampler's count; ranks running the same loop over the same plans have taken the same number).
+sampler's count; ranks running the same loop over the same plans have taken the same number),
+and ``"plan"``: a digest of the plan the rank observed (the Rebalancer's transport, which numbers
+observations as they come: a rank given another step's result, a stale one, is found by it).
+Every record also carries ``"learned"``: the fingerprint of the options the loop plans with as
+it stands (model and rank speeds), equal on every rank unless they resumed from different
+states (another run's checkpoint on one rank, a corrupted one), which plan apart.
 :meth:`ClosedLoop.learn` takes every rank's record (rank order) and either learns the step or
 raises the same ``ValueError`` on every rank: a rank that could not measure (its error), ranks
-that observed different steps or had taken different numbers of steps (a missed or extra
-``observe()``), or ranks set up differently. Nothing changes until the step is accepted, so a
-retry never learns twice.
+that observed different steps, other plans or had taken different numbers of steps (a missed,
+extra or stale ``observe()``), or ranks set up differently. Nothing changes until the step is
+accepted, so a retry never learns twice.
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ the online model's states after each observation the lag rule may still ask for 
 first; the last is the current one), "pending": a record not yet gathered, or None}``."""
 
 _RECORD_KEYS = {"step", "setup", "stats", "error"}
-"""The keys of every record (module doc); ``"taken"`` may come with them."""
+"""The keys of every record (module doc); ``"taken"`` and ``"plan"`` may come with them."""
+_OPTIONAL_KEYS = {"taken", "plan", "learned"}
 
 _POLL_S = 0.05  # how often a waiting planner thread looks at its stop flag (seconds)
 
@@ -297,11 +303,13 @@ class ClosedLoop:
         error: str | None = None,
         *,
         taken: int | None = None,
+        plan: str | None = None,
     ) -> dict[str, Any]:
         """This rank's record of observed step ``step`` (module doc): ``measure()``'s
         statistics, or the error that kept the rank from measuring (a ValueError or
-        RuntimeError of ``measure``, or ``error``), with ``taken`` when given. Never raises:
-        the error travels to every rank, which all raise it in :meth:`learn`."""
+        RuntimeError of ``measure``, or ``error``), with ``taken`` and ``plan`` (the observed
+        plan's digest) when given. Never raises: the error travels to every rank, which all
+        raise it in :meth:`learn`."""
         stats = None
         if error is None and measure is not None:
             try:
@@ -309,6 +317,9 @@ class ClosedLoop:
             except (ValueError, RuntimeError) as raised:
                 error = str(raised)
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
+        record["learned"] = self.options.fingerprint()
+        if plan is not None:
+            record["plan"] = str(plan)
         return record if taken is None else {**record, "taken": int(taken)}
 
     def learn(self, plan: Plan, records: Sequence[Any]) -> dict[str, Any]:
@@ -341,7 +352,7 @@ class ClosedLoop:
                 f"records must hold one per rank ({self.world_size}), got {len(records)}"
             )
         for rank, record in enumerate(records):
-            if not isinstance(record, dict) or set(record) - {"taken"} != _RECORD_KEYS:
+            if not isinstance(record, dict) or set(record) - _OPTIONAL_KEYS != _RECORD_KEYS:
                 raise ValueError(
                     f"rank {rank} sent a malformed closed-loop record: {record!r:.80} (is it in "
                     "another collective? e.g. a sampler rank that skipped this step's observe() "
@@ -365,6 +376,23 @@ class ClosedLoop:
                     f"(steps observed by rank: {steps}): a missed or extra observe(); every "
                     "rank observes every step once, in order"
                 )
+        learned = [record.get("learned") for record in records]
+        other = next((r for r, state in enumerate(learned) if state != learned[0]), None)
+        if other is not None and None not in learned:
+            raise ValueError(
+                f"ranks 0 and {other} plan with different learned models or rank speeds at step "
+                f"{self.observed}: they resumed from different adaptive states (another run's "
+                "checkpoint on one rank, or a corrupted one), so their plans differ; every rank "
+                "must load the same state"
+            )
+        plans = [record.get("plan") for record in records]
+        other = next((r for r, plan in enumerate(plans) if plan != plans[0]), None)
+        if other is not None and None not in plans:
+            raise ValueError(
+                f"ranks 0 and {other} observed the results of different steps as step "
+                f"{self.observed}: observe() was given another step's result on one of them (a "
+                "stale one); every rank observes each step's own result once, in order"
+            )
         taken = [record.get("taken") for record in records]
         if any(count != taken[0] for count in taken):
             raise ValueError(

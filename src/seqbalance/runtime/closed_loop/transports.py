@@ -36,6 +36,7 @@ import torch.distributed as dist
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
+from seqbalance.runtime.agreement import plan_digests
 from seqbalance.runtime.closed_loop.loop import (
     FORMAT,
     ClosedLoop,
@@ -49,6 +50,13 @@ from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 from seqbalance.runtime.collectives import Comm, deadline, group_device
 
 __all__ = ["Adaptive", "Piggyback"]
+
+
+def _digest(plan: Plan) -> str:
+    """A record's ``"plan"``: the digests of the plan and its per-sample costs, shortened (the
+    same on every rank that observes the step; another step's plan differs)."""
+    digests = plan_digests(plan)
+    return digests["plan"][:24] + digests["costs"][:24]
 
 
 def _measure(loop: ClosedLoop, plan: Plan, rank: int, timing: Any) -> Any:
@@ -292,7 +300,9 @@ class Piggyback:
         if observed.record is not None:
             return observed.plan, {**observed.record, "setup": loop.setup}
         return observed.plan, loop.record(
-            observed.step, lambda: _measure(loop, observed.plan, observed.rank, observed.timing)
+            observed.step,
+            lambda: _measure(loop, observed.plan, observed.rank, observed.timing),
+            plan=_digest(observed.plan),
         )
 
     def apply(

@@ -3,18 +3,31 @@
 The training loop takes step ``s`` while the thread already plans ``s + 1 ... s + depth``, so in
 steady state the loop never waits for the planner. A planner error is delivered as the result
 of the step it concerns and raised there; stopping (the loop left, a new pass) ends the thread.
+
+The thread is a daemon (a loop that never takes its results must not keep the process alive),
+so the interpreter's exit would stop it wherever it is: inside a numpy call that released the
+GIL and is C++ (``np.unique``'s hash table, a sort), the thread's forced exit unwinds through
+it and the process aborts (SIGABRT, "terminate called without an active exception") after a
+run that ended normally. Every live planner is therefore stopped and joined at exit
+(``atexit``, which runs before the interpreter stops daemon threads).
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Lookahead"]
 
 _POLL_S = 0.05  # how often a blocked thread looks at the stop flag (seconds)
+_JOIN_S = 60.0  # longest wait for a planner to finish the step it plans (seconds)
+
+_live: weakref.WeakSet[Lookahead] = weakref.WeakSet()
+"""Planners not yet stopped, stopped at exit (module doc)."""
 
 
 class Lookahead:
@@ -42,6 +55,7 @@ class Lookahead:
         self._stop = threading.Event() if stop is None else stop
         self._thread = threading.Thread(target=self._run, name="seqbalance-planner", daemon=True)
         self._thread.start()
+        _live.add(self)
 
     def _run(self) -> None:
         for step in self._steps:
@@ -88,5 +102,13 @@ class Lookahead:
         # Bound at definition: a generator left unfinished is closed during interpreter
         # shutdown, when this module's globals may already be None.
         self._stop.set()
+        _live.discard(self)
         if self._thread is not _current_thread():
-            self._thread.join(timeout=60.0)
+            self._thread.join(timeout=_JOIN_S)
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop every live planner before the interpreter stops daemon threads (module doc)."""
+    for lookahead in list(_live):
+        lookahead.stop()

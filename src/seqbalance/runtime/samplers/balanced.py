@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -278,11 +279,18 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _agreement(self) -> dict[str, Any]:
         # The closed loop's prior shapes the plans; a resume compares it through the adaptive
-        # state (load_state_dict), ranks here. The steps observed number the pass's plans.
+        # state (load_state_dict), ranks here. The steps observed number the pass's plans, and
+        # what was learned shapes them: ranks that loaded different adaptive states (another
+        # run's, a corrupted one) at the same resume point would plan apart, unseen.
         if self._lagged is None:
             return {}
-        prior = self._lagged.loop.feedback.prior
-        observed = {"adaptive_observed": self._lagged.loop.observed}
+        loop = self._lagged.loop
+        prior = loop.feedback.prior
+        learned = json.dumps(loop.state_dict()["history"], sort_keys=True).encode()
+        observed = {
+            "adaptive_observed": loop.observed,
+            "adaptive_learned": hashlib.sha256(learned).hexdigest(),
+        }
         return observed if prior is None else {**observed, "adaptive_prior": prior.to_json()}
 
     def check_agreement(self) -> None:
