@@ -16,6 +16,7 @@ from seqbalance.cost import SampleParts, TimeModel  # noqa: E402
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel  # noqa: E402
 from seqbalance.plan import ContextParallel, PlanOptions, plan_epoch, plan_step  # noqa: E402
 from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler  # noqa: E402
+from seqbalance.runtime.agreement import plan_digests  # noqa: E402
 
 
 def _lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -64,6 +65,32 @@ def test_balanced_sampler_follows_plan_epoch() -> None:
     )
     fixed.set_epoch(2)
     assert len(fixed) == 3 * len(plan) == len(list(fixed))  # exact, before any planning
+
+
+def _size_dependent(lengths: np.ndarray) -> np.ndarray:
+    """Tokens on the dataset's (distinct) lengths, ``lengths ** 1.7`` on a step's 16 samples:
+    not elementwise."""
+    values = lengths.astype(np.float64)
+    return values**1.7 if lengths.size <= 16 else values
+
+
+def test_the_epoch_plan_is_what_the_sampler_yields_for_a_cost_that_is_not_elementwise() -> None:
+    # The sampler plans from the costs it digested at construction; an eager epoch plan that
+    # called the cost again on each step's samples planned other steps than the ones yielded
+    # (here under lengths ** 1.7 instead of tokens), and microbatches_per_step counted those.
+    lengths = _lengths(64, seed=1)
+    sampler = BalancedBatchSampler(
+        lengths, 16, dp_rank=0, dp_size=2, seed=5, max_tokens=900, cost=_size_dependent
+    )
+    epoch = sampler.epoch_plan()
+    yielded = list(sampler)
+    assert [mb.tolist() for s in range(len(epoch)) for mb in epoch.microbatches(s, 0)] == yielded
+    for number, step in enumerate(epoch.steps):
+        assert plan_digests(step) == plan_digests(sampler.step_plan(number))
+        assert step.sample_costs.tolist() == lengths[epoch.sample_indices[number]].tolist()
+    assert sampler.microbatches_per_step() == [step.n_microbatches for step in epoch.steps]
+    other = plan_epoch(lengths, 16, 2, seed=5, max_tokens=900, cost=_size_dependent)
+    assert [plan_digests(s) for s in other.steps] != [plan_digests(s) for s in epoch.steps]
 
 
 def test_balanced_sampler_same_seed_same_batches_and_epochs_differ() -> None:

@@ -33,8 +33,9 @@ class Feedback:
         min_steps: Steps of held-out comparison before the fit may replace the prior.
         huber: Relative residual beyond which a micro-batch is down-weighted (Huber weight
             ``huber / |r|``).
-        reject: Once the fit is in use, a micro-batch predicted more than ``1 + reject`` times
-            its measured seconds is dropped (a timer that missed work).
+        reject: A micro-batch predicted more than ``1 + reject`` times its measured seconds
+            by the model in use (the prior too; the first step: relative to the rank's
+            slowest micro-batch) is dropped (a timer that missed work).
         speed_tolerance: Ranks within this fraction of the fastest count as equally fast.
         rank_speeds: Estimate rank speeds and plan with them (False: the model only).
         timeout: Deadline of the per-step gather, in seconds (finite, at most ten years).

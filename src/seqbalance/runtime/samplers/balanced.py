@@ -18,7 +18,7 @@ from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import ContextParallelPlan
-from seqbalance.plan.epoch import check_group_sizes, check_steps, plan_epoch
+from seqbalance.plan.epoch import check_group_sizes, check_steps
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import (
@@ -27,6 +27,7 @@ from seqbalance.plan.step import (
     plan_step_with_costs,
     vision_patches_of,
 )
+from seqbalance.plan.types import EpochPlan
 from seqbalance.runtime.closed_loop.settings import Feedback, as_feedback
 from seqbalance.runtime.samplers._epoch import (
     EpochBatchSampler,
@@ -38,7 +39,7 @@ from seqbalance.runtime.samplers._lookahead import Lookahead
 from seqbalance.runtime.samplers._position import data_parallel_position
 
 if TYPE_CHECKING:
-    from seqbalance.plan import EpochPlan, Plan
+    from seqbalance.plan import Plan
     from seqbalance.runtime.closed_loop.lagged import LaggedFeedback
     from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
 
@@ -56,8 +57,10 @@ class BalancedBatchSampler(EpochBatchSampler):
     bucket_window)``, and plans each step with :func:`seqbalance.plan.plan_step` just ahead of
     use, ``lookahead`` steps ahead in a background thread (module docstring). Planning is
     deterministic, so every rank gets the same plan without communicating, and it is exactly
-    the ``plan_epoch`` plan of that step. Each optimizer step contributes its plan's
-    ``n_microbatches`` micro-batches, the same on every rank (fixed with ``num_microbatches``).
+    the ``plan_epoch`` plan of that step (for a cost that is not elementwise, the plan of the
+    costs computed once at construction: :meth:`epoch_plan` gives those). Each optimizer step
+    contributes its plan's ``n_microbatches`` micro-batches, the same on every rank (fixed with
+    ``num_microbatches``).
     The last, partial global batch is planned too unless ``drop_last``.
 
     Args:
@@ -356,6 +359,15 @@ class BalancedBatchSampler(EpochBatchSampler):
             samples, self.dp_size, options, self._costs_of(indices, samples), groups=step_groups
         )
 
+    def _plan_numbered(
+        self, epoch: int, number: int, indices: np.ndarray, options: PlanOptions
+    ) -> Plan:
+        """:meth:`plan_step` of step ``number`` of ``epoch``, its errors naming the step."""
+        try:
+            return self.plan_step(indices, options)
+        except ValueError as error:
+            raise ValueError(f"epoch {epoch}, step {number}: {error}") from error
+
     def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
         layout = self.layout(epoch)  # only the planner thread calls its step()
         lagged, stop = self._lagged, threading.Event()
@@ -363,10 +375,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         def plan(number: int) -> Sequence[Sequence[int]]:
             indices = layout.step(number)
             options = self.options if lagged is None else lagged.options_for(number, stop.is_set)
-            try:
-                step_plan = self.plan_step(indices, options)
-            except ValueError as error:
-                raise ValueError(f"epoch {epoch}, step {number}: {error}") from error
+            step_plan = self._plan_numbered(epoch, number, indices, options)
             if lagged is not None:
                 lagged.planned(number, step_plan)
             with self._recent_lock:
@@ -484,8 +493,12 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
         """The whole :class:`seqbalance.plan.EpochPlan` of ``epoch`` (default: the current
-        epoch), planned eagerly with ``plan_epoch`` (every step: use it for inspection, not in
-        the training loop)."""
+        epoch), planned eagerly (every step: use it for inspection, not in the training loop).
+
+        Its steps are the plans the sampler yields (:meth:`plan_step`, from the costs digested
+        at construction): ``plan_epoch``'s plans for any elementwise cost, and still the
+        sampler's own where a cost is not elementwise (calling it on each step's samples, as
+        ``plan_epoch`` does, would give other costs than the ones ranks compared)."""
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
         if self._lagged is not None:
             raise ValueError(
@@ -493,17 +506,25 @@ class BalancedBatchSampler(EpochBatchSampler):
                 "measurements made step by step (use step_plan)"
             )
         if self._plan is None or self._plan.epoch != epoch:
-            self._plan = plan_epoch(
-                self._source.read(slice(None)) if self.parts is None else self.parts,
-                self.global_batch_size,
-                self.dp_size,
-                self.options,
-                groups=self.groups,
+            # A layout of its own: the planner thread may be using the current one's window.
+            layout = self._fresh_layout(epoch)
+            sample_indices = [layout.step(number) for number in range(layout.n_steps)]
+            steps = [
+                self._plan_numbered(epoch, number, indices, self.options)
+                for number, indices in enumerate(sample_indices)
+            ]
+            self._plan = EpochPlan(
+                steps=steps,
+                sample_indices=sample_indices,
+                n_samples=self._source.size,
+                global_batch_size=self.global_batch_size,
+                dp_size=self.dp_size,
                 seed=self.seed,
                 epoch=epoch,
                 shuffle=self.shuffle,
                 drop_last=self.drop_last,
                 bucket_window=self.bucket_window,
+                dropped=layout.dropped,
             )
         return self._plan
 
