@@ -14,6 +14,7 @@ from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
 from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _feasible
+from seqbalance.plan._dominant import dominant_start
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
 from seqbalance.plan._levels import lower_levels
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
@@ -79,14 +80,18 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
     from ``start`` (equal-cost cuts), from the cheapest cuts whose intervals cost at most the
     count's ``count_bound`` and, in ``lockstep``, from positions cut one after the other
     (``tiered_starts``) and with two positions from the top bound's cut
-    (``two_position_start``; these also as they are)."""
+    (``two_position_start``), in ``step`` with dominant samples alone (``dominant_start``;
+    these also as they are)."""
     intervals = Intervals.of(p)
     # Stop at the count's bound (the levels' too: no plan of m is cheaper); the cheapest start
     # keeps its runs within the total's share.
     target = bound_at_count(p, m) * (1 + GOOD_ENOUGH)
-    starts = [start, cheapest_start(p, intervals, m, count_bound(p, m) - m * p.overhead)]
+    share = count_bound(p, m) - m * p.overhead
+    starts = [start, cheapest_start(p, intervals, m, share)]
     if p.objective == "lockstep" and m > 1:
         starts += [*tiered_starts(p, intervals, m), two_position_start(p, intervals, m)]
+    else:
+        starts.append(dominant_start(p, intervals, m, share))
     found = [improve_intervals(p, intervals, plan, target) for plan in starts if plan is not None]
     # A start with empty micro-batches is no cut of the search's form: it is a plan as it is.
     return found + [plan for plan in starts[2:] if plan is not None]

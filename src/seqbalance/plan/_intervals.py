@@ -36,7 +36,7 @@ import numpy as np
 from seqbalance.plan._run_totals import costs_between, totals_leaving_out
 from seqbalance.plan._runs import run_room
 
-__all__ = ["Intervals", "bound_at_count", "count_bound", "padded_bound"]
+__all__ = ["Intervals", "bound_at_count", "count_bound", "cuts_of", "least_cuts", "padded_bound"]
 
 _SHIFTS = 48
 """Layers whose longest interval has at most this many samples are computed by shifts (one
@@ -459,24 +459,10 @@ class Intervals:
             return None
         # A relative 1e-9 of slack: ``cap`` may be a bound less its overheads (rounding).
         take = run_room(self.least, self.take, cap, slack=1e-9)
-        f = np.full(self.n + 1, np.inf)
-        f[0] = 0.0
-        choices = []
-        for _ in range(k):
-            g, start = _best_starts(f, self.least, take)
-            better = g < f
-            if not better.any():
-                break  # one more interval helps nowhere, so no later one does
-            choices.append(np.where(better, start, -1))
-            f = np.where(better, g, f)
+        f, choices = least_cuts(self.least, take, k)
         if not np.isfinite(f[-1]):
             return None
-        cuts, j = [self.n], self.n
-        for choice in reversed(choices):
-            if choice[j] >= 0:
-                j = int(choice[j])
-                cuts.append(j)
-        return np.asarray(cuts[::-1], dtype=np.int64)
+        return cuts_of(choices, self.n)
 
     @cached_property
     def _frontier(self) -> np.ndarray:
@@ -490,6 +476,34 @@ class Intervals:
         widest = int(self.take.max())
         per_layer = widest if widest <= _SHIFTS else 3 * max(self.n, 2).bit_length()
         return float(k * self.n * per_layer)
+
+
+def least_cuts(costs: np.ndarray, take: np.ndarray, k: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The least total cost of cutting the first ``j`` samples (``costs`` non-increasing, a run
+    from ``i`` holding at most ``take[i]``, within the end) into at most ``k`` runs, for every
+    ``j``, and each layer's best start per ``j`` (-1 where that layer did not help; the layers
+    stop where one more run helps nowhere, so no later one would)."""
+    f = np.full(costs.size + 1, np.inf)
+    f[0] = 0.0
+    choices = []
+    for _ in range(k):
+        g, start = _best_starts(f, costs, take)
+        better = g < f
+        if not better.any():
+            break
+        choices.append(np.where(better, start, -1))
+        f = np.where(better, g, f)
+    return f, choices
+
+
+def cuts_of(choices: list[np.ndarray], end: int) -> np.ndarray:
+    """int64 cut points (ascending) of ``least_cuts``' best cut of the first ``end`` samples."""
+    cuts, j = [end], end
+    for choice in reversed(choices):
+        if choice[j] >= 0:
+            j = int(choice[j])
+            cuts.append(j)
+    return np.asarray(cuts[::-1], dtype=np.int64)
 
 
 def _best_starts(

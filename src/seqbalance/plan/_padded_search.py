@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from seqbalance.plan._intervals import Intervals
-from seqbalance.plan._runs import run_room
+from seqbalance.plan._runs import deal_runs, run_room, split_costliest
 from seqbalance.plan._shared import Microbatches
 
 __all__ = [
@@ -91,24 +91,10 @@ def cheapest_start(p: Problem, intervals: Intervals, m: int, cap: float) -> Micr
     cuts = intervals.cheapest_cuts(k, cap)
     if cuts is None or intervals.n < k:
         return None
-    cuts = cuts.tolist()
     costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
-    while len(cuts) - 1 < k:
-        sizes = np.diff(cuts)
-        weights = np.where(sizes > 1, sizes * costs[cuts[:-1]], -np.inf)
-        j = int(np.argmax(weights))
-        cuts.insert(j + 1, cuts[j] + int(sizes[j]) // 2)
-    starts = np.asarray(cuts[:-1])
-    weights = p.overhead + np.diff(cuts) * costs[starts]
-    loads = np.zeros(p.dp)
-    counts = np.zeros(p.dp, dtype=np.int64)
-    result: Microbatches = [[] for _ in range(p.dp)]
-    for j in np.argsort(-weights, kind="stable").tolist():
-        r = int(np.argmin(np.where(counts < m, loads, np.inf)))
-        result[r].append(intervals.order[cuts[j] : cuts[j + 1]].tolist())
-        loads[r] += weights[j]
-        counts[r] += 1
-    return result
+    cuts = split_costliest(costs, cuts.tolist(), k)
+    weights = p.overhead + np.diff(cuts) * costs[cuts[:-1]]
+    return deal_runs(intervals.order, cuts, weights, m, np.zeros(p.dp))
 
 
 def tiered_starts(p: Problem, intervals: Intervals, m: int) -> list[Microbatches]:

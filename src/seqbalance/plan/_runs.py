@@ -1,13 +1,14 @@
 """How many samples a padded run (consecutive samples of the order longest first, costing
 its first sample's cost per sample) may hold within a cost: the arithmetic the padded bounds
 (``plan/_intervals.py``) and searches (``plan/_padded_search.py``,
-``plan/_two_positions.py``) share."""
+``plan/_two_positions.py``, ``plan/_dominant.py``) share, and making a start of runs: the
+costliest halved to a count, runs dealt to ranks costliest first."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["run_room"]
+__all__ = ["deal_runs", "run_room", "split_costliest"]
 
 
 def run_room(
@@ -28,3 +29,31 @@ def run_room(
     np.divide(budget, costs, out=part, where=~whole)
     counts = np.minimum(np.floor(part * (1 + slack)), take)
     return np.where(whole, take, counts).astype(np.int64)
+
+
+def split_costliest(costs: np.ndarray, cuts: list[int], k: int) -> list[int]:
+    """Cut points ``cuts`` (ascending, into the order; ``costs`` its samples' costs) with the
+    costliest run of two samples or more halved until there are ``k`` runs."""
+    cuts = list(cuts)
+    while len(cuts) - 1 < k:
+        sizes = np.diff(cuts)
+        weights = np.where(sizes > 1, sizes * costs[cuts[:-1]], -np.inf)
+        j = int(np.argmax(weights))
+        cuts.insert(j + 1, cuts[j] + int(sizes[j]) // 2)
+    return cuts
+
+
+def deal_runs(
+    order: np.ndarray, cuts: list[int], weights: np.ndarray, m: int, loads: np.ndarray
+) -> list[list[list[int]]]:
+    """The runs ``order[cuts[j]:cuts[j + 1]]`` (costing ``weights``) dealt to ``loads.size``
+    ranks, ``m`` each, costliest first to the least loaded rank (from ``loads``) with fewer."""
+    loads = np.array(loads, dtype=np.float64)
+    counts = np.zeros(loads.size, dtype=np.int64)
+    result: list[list[list[int]]] = [[] for _ in range(loads.size)]
+    for j in np.argsort(-weights, kind="stable").tolist():
+        r = int(np.argmin(np.where(counts < m, loads, np.inf)))
+        result[r].append(order[cuts[j] : cuts[j + 1]].tolist())
+        loads[r] += weights[j]
+        counts[r] += 1
+    return result

@@ -36,9 +36,12 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    its neighbour while its rank takes the cheapest sample instead, and swaps runs between ranks
    (``step``) or deals them by cost tier (``lockstep``; also from positions cut one after the
    other and, with two positions, from the cut the padded top bound prices,
-   ``plan/_two_positions.py``). Where a rival's padded plan with more micro-batches wins, the
-   same is planned at its count. In ``lockstep`` with three or more positions, the plan chosen
-   (ours or a rival's) then has its levels lowered a tier at a time (``plan/_levels.py``).
+   ``plan/_two_positions.py``; in ``step``, where samples alone cost half a rank's share or
+   more, also from those alone on ranks of their own, whose other micro-batches are runs from
+   the end of the order, ``plan/_dominant.py``). Where a rival's padded plan with more
+   micro-batches wins, the same is planned at its count. In ``lockstep`` with three or more
+   positions, the plan chosen (ours or a rival's) then has its levels lowered a tier at a time
+   (``plan/_levels.py``).
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps.

@@ -53,7 +53,7 @@ from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel, microbatch_features
-from seqbalance.runtime.closed_loop.settings import Feedback
+from seqbalance.runtime.closed_loop.settings import Feedback, log_problem
 
 __all__ = ["FORMAT", "ClosedLoop", "StepNumbers", "prior_time_model"]
 
@@ -153,6 +153,10 @@ class ClosedLoop:
             }
         )
         self._log_failed = False
+        problem = None if self.log is None else log_problem(self.log)
+        if problem is not None:  # in a process group, checked here (settings._check_log)
+            self._log_failed = True
+            warnings.warn(f"{problem}; telemetry is not logged", RuntimeWarning, stacklevel=2)
         self._changed = threading.Condition()
         # Per count of observations the lag rule may still ask for: the online state (None
         # when lag = 0, where only the current count is kept) and the options it gives.

@@ -13,8 +13,8 @@ What the model learns:
   statistics of the last ``Feedback.window`` steps, with each rank's speed in each step a
   free parameter except the step's fastest rank (so speeds, known or not, never bias it);
   Huber weights on the relative residual against the model in use damp outliers (a GC pause,
-  a checkpoint step), and once the fit is in use a micro-batch measured more than ``1 +
-  reject`` times faster than predicted is dropped;
+  a checkpoint step), and a micro-batch measured more than ``1 + reject`` times faster than
+  predicted by the model in use (the first step: than the rank's slowest) is dropped;
 - the prior: the cost the run started with (FLOPs in seconds, or a saved calibration), scaled
   by one fitted factor so its error is comparable. The fit replaces the prior only once its
   held-out error (on each step's micro-batches, scored before they join the fit) over the
@@ -194,12 +194,18 @@ class OnlineTimeModel:
         reference = measured * speed  # seconds at the fastest rank's speed
         predicted = x @ _coefficients(self._model)
         weights = np.ones(measured.size)
+        if measured.size and not self.steps:
+            # The prior's level is not known before the first step: each micro-batch against
+            # the rank's slowest one relative to the prior (a timer that missed work stands out
+            # there too; the prior's shape rarely spans a factor 1 + reject within a step).
+            ratio = predicted / reference
+            level = float(ratio.min())
+            if level > 0:
+                weights = self._robust_weights(ratio / level - 1.0)
         if self.steps:
             relative = predicted / reference - 1.0
             size = np.abs(relative)
-            weights = self.feedback.huber / np.maximum(size, self.feedback.huber)
-            if self._using_fit:
-                weights[relative > self.feedback.reject] = 0.0
+            weights = self._robust_weights(relative)
             if self._fit is not None:
                 both = np.abs(x @ _coefficients(self._fit) / reference - 1.0)
                 scaled = np.abs(x @ (self._scale * _coefficients(self.prior)) / reference - 1.0)
@@ -219,6 +225,16 @@ class OnlineTimeModel:
         given = step_seconds is not None and step_kept
         out[_STEP] = float(step[0]) if given else out[_COMPUTE] + out[_SYNC]
         return out
+
+    def _robust_weights(self, relative: np.ndarray) -> np.ndarray:
+        """Huber weights on the relative residuals (predicted / measured - 1), and 0 for a
+        micro-batch measured more than ``1 + reject`` times faster than predicted: a timer that
+        missed work. Whatever model is in use (the scaled prior too): a relative fit weighs a
+        row by ``1 / measured``, so one such measurement (10 us for a 10 ms micro-batch) would
+        outweigh the whole window, and Huber's ``1 / |r|`` does not undo a ``1 / s**2``."""
+        weights = self.feedback.huber / np.maximum(np.abs(relative), self.feedback.huber)
+        weights[relative > self.feedback.reject] = 0.0
+        return weights
 
     def update(self, gathered: Any) -> dict[str, Any]:
         """Apply one step's statistics of every rank (float64 [world_size, 24], rank order).

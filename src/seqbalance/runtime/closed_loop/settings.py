@@ -9,6 +9,7 @@ the WindowBalancer use it without torch.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,9 @@ class Feedback:
         min_steps: Steps of held-out comparison before the fit may replace the prior.
         huber: Relative residual beyond which a micro-batch is down-weighted (Huber weight
             ``huber / |r|``).
-        reject: Once the fit is in use, a micro-batch predicted more than ``1 + reject`` times
-            its measured seconds is dropped (a timer that missed work).
+        reject: A micro-batch predicted more than ``1 + reject`` times its measured seconds
+            by the model in use (the prior too; the first step: relative to the rank's
+            slowest micro-batch) is dropped (a timer that missed work).
         speed_tolerance: Ranks within this fraction of the fastest count as equally fast.
         rank_speeds: Estimate rank speeds and plan with them (False: the model only).
         timeout: Deadline of the per-step gather, in seconds (finite, at most ten years).
@@ -42,7 +44,9 @@ class Feedback:
             plan options' cost as seconds (``seqbalance.runtime.closed_loop.prior_time_model``).
         log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
             group; ``seqbalance report``), or None. Checked here: its folder must exist and
-            be writable (and the file, when it exists).
+            be writable (and the file, when it exists); in a process group by the writing
+            rank when its loop starts, which warns and logs nothing if it cannot write there
+            (a ValueError on one rank only would leave the others waiting).
 
     ``timeout_seconds`` is the old name of ``timeout`` (deprecated, for one release: as a
     keyword and an attribute it warns and means ``timeout``).
@@ -92,20 +96,42 @@ _UNSETTLED = ("prior", "log", "timeout")
 
 
 def _check_log(log: Any) -> None:
-    """``log`` is a path a telemetry line can be appended to (ValueError naming it if not)."""
+    """``log`` is a path a telemetry line can be appended to (ValueError naming it if not).
+
+    In a process group only the type is checked here: one rank writes the log, and a path that
+    is fine on it but not on another (a folder only rank 0 creates, a node-local one) must not
+    fail that other rank alone while the rest wait in a collective until the timeout. The
+    writing rank checks its path when its loop starts (:func:`log_problem`: one warning, and
+    the run goes on without a log, alike on every rank)."""
     if not isinstance(log, (str, Path)) or not str(log):
         raise ValueError(f"log must be a file path or None, got {log!r}")
-    path = Path(log)
+    problem = None if _in_a_process_group() else log_problem(Path(log))
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def log_problem(path: Path) -> str | None:
+    """Why telemetry lines cannot be appended to ``path``, or None when they can."""
     folder = path.parent
     if path.is_dir():
-        raise ValueError(f"log = {str(log)!r} is a folder: give the path of a .jsonl file")
+        return f"log = {str(path)!r} is a folder: give the path of a .jsonl file"
     if path.exists() and not path.is_file():  # a FIFO would block the first write
-        raise ValueError(f"log = {str(log)!r} is not a regular file (a FIFO or device)")
+        return f"log = {str(path)!r} is not a regular file (a FIFO or device)"
     if not folder.is_dir():
-        raise ValueError(f"log = {str(log)!r}: its folder {str(folder)!r} does not exist")
+        return f"log = {str(path)!r}: its folder {str(folder)!r} does not exist"
     writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)
-    if not writable:
-        raise ValueError(f"log = {str(log)!r} cannot be written (permissions)")
+    return None if writable else f"log = {str(path)!r} cannot be written (permissions)"
+
+
+def _in_a_process_group() -> bool:
+    """Whether torch.distributed runs with more than one rank (never imports torch)."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(
+        dist is not None
+        and dist.is_available()
+        and dist.is_initialized()
+        and dist.get_world_size() > 1
+    )
 
 
 def as_feedback(adaptive: Any) -> Feedback | None:
