@@ -249,3 +249,54 @@ def test_grouped_best_fit_keeps_the_patch_cap_without_a_token_cap() -> None:
     plan.validate()
     baseline = sb.plan_step(parts, 1, groups=np.array(groups), strategy="round_robin", **options)
     assert plan.step_cost <= baseline.step_cost
+
+
+def test_groups_that_cannot_reach_every_rank_are_refused_at_once() -> None:
+    # 3 groups for 4 ranks: a rank gets no sample at any count (before: 0.4-0.7 s of bounded
+    # searches over counts up to 11, then a refusal that named no group).
+    lengths = np.arange(1, 41)
+    groups = np.repeat([0, 1, 2], [10, 10, 20])
+    one = "1 micro-batch slots of at most 3 of the dp_size = 4 ranks"
+    with pytest.raises(
+        ValueError, match=f"40 samples in 3 groups, each on one rank, can fill the {one}"
+    ):
+        sb.plan_step(lengths, 4, groups=groups, max_tokens=2000)
+    # 11 per rank on 3 ranks: the group of 20 fills one, the two of 10 together one more.
+    with pytest.raises(
+        ValueError, match=r"can fill the 11 micro-batch slots of at most 2 of the dp_size = 3"
+    ):
+        sb.plan_step(lengths, 3, groups=groups, num_microbatches=11, max_tokens=2000)
+    sb.plan_step(lengths, 2, groups=groups, num_microbatches=11, max_tokens=2000).validate()
+    sb.plan_step(lengths, 4, groups=groups, max_tokens=2000, allow_empty=True).validate()
+    plan = sb.plan_step(lengths, 3, groups=groups, max_tokens=2000)
+    assert plan.n_microbatches >= 1 and all(len(mbs) for mbs in plan.ranks)
+
+
+@settings(max_examples=examples(400))
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    st.integers(1, 3),
+    st.integers(1, 6),
+)
+def test_the_fillable_ranks_bound_is_at_least_every_assignment(
+    unit_sizes: list[int], dp: int, m: int
+) -> None:
+    # _fillable_ranks must never refuse a step that has a plan: it is at least the most ranks
+    # that some assignment of whole groups gives m samples each (all assignments tried).
+    import itertools
+
+    from seqbalance.plan import PlanOptions
+    from seqbalance.plan._problem import Problem
+    from seqbalance.plan.balanced import _fillable_ranks
+
+    groups = np.repeat(np.arange(len(unit_sizes)), unit_sizes)
+    lengths = np.ones(groups.size, dtype=np.int64)
+    p = Problem(lengths, lengths.astype(np.float64), 0.0, dp, groups, PlanOptions())
+    counts = np.asarray(unit_sizes)
+    best = 0
+    for ranks in itertools.product(range(dp), repeat=len(unit_sizes)):
+        per_rank = np.bincount(ranks, weights=counts, minlength=dp)
+        best = max(best, int((per_rank >= m).sum()))
+    assert _fillable_ranks(p, m) >= best
+    if len(unit_sizes) == groups.size:  # one sample per group: as without groups, n // m
+        assert _fillable_ranks(p, m) == groups.size // m
