@@ -12,19 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_report_inputs import STEP as REPORT_STEP
 
 from seqbalance.cli import main
 
-STEP = {
-    "step": 0,
-    "step_seconds": 0.5,
-    "max_rank_compute_seconds": 0.4,
-    "mean_rank_compute_seconds": 0.3,
-    "predicted_step_seconds": 0.45,
-    "model_error": 0.1,
-    "rank_speeds": [1.0, 0.8],
-    "idle_fraction": [0.0, 0.25],
-}
+STEP = {**REPORT_STEP, "idle_fraction": [0.0, 0.25]}
 NAN, INF = float("nan"), float("inf")
 
 

@@ -65,6 +65,21 @@ first; the last is the current one), "pending": a record not yet gathered, or No
 _RECORD_KEYS = {"step", "setup", "stats", "error"}
 """The keys of every record (module doc); ``"taken"`` and ``"plan"`` may come with them."""
 _OPTIONAL_KEYS = {"taken", "plan", "learned"}
+_DIFFERING = (
+    (
+        "learned",
+        "plan with different learned models or rank speeds at step {step}: they resumed from "
+        "different adaptive states (another run's checkpoint on one rank, or a corrupted one), "
+        "so their plans differ; every rank must load the same state",
+    ),
+    (
+        "plan",
+        "observed the results of different steps as step {step}: observe() was given another "
+        "step's result on one of them (a stale one); every rank observes each step's own "
+        "result once, in order",
+    ),
+)
+"""Optional record keys that must be equal on every rank, and what it means when not."""
 
 _POLL_S = 0.05  # how often a waiting planner thread looks at its stop flag (seconds)
 
@@ -380,23 +395,11 @@ class ClosedLoop:
                     f"(steps observed by rank: {steps}): a missed or extra observe(); every "
                     "rank observes every step once, in order"
                 )
-        learned = [record.get("learned") for record in records]
-        other = next((r for r, state in enumerate(learned) if state != learned[0]), None)
-        if other is not None and None not in learned:
-            raise ValueError(
-                f"ranks 0 and {other} plan with different learned models or rank speeds at step "
-                f"{self.observed}: they resumed from different adaptive states (another run's "
-                "checkpoint on one rank, or a corrupted one), so their plans differ; every rank "
-                "must load the same state"
-            )
-        plans = [record.get("plan") for record in records]
-        other = next((r for r, plan in enumerate(plans) if plan != plans[0]), None)
-        if other is not None and None not in plans:
-            raise ValueError(
-                f"ranks 0 and {other} observed the results of different steps as step "
-                f"{self.observed}: observe() was given another step's result on one of them (a "
-                "stale one); every rank observes each step's own result once, in order"
-            )
+        for key, problem in _DIFFERING:
+            values = [record.get(key) for record in records]
+            other = next((r for r, value in enumerate(values) if value != values[0]), None)
+            if other is not None and None not in values:  # older records lack the key
+                raise ValueError(f"ranks 0 and {other} " + problem.format(step=self.observed))
         taken = [record.get("taken") for record in records]
         if any(count != taken[0] for count in taken):
             raise ValueError(
