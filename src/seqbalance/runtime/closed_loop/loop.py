@@ -172,11 +172,10 @@ class ClosedLoop:
                 "lag": self.lag,
             }
         )
-        self._log_failed = False
-        problem = None if self.log is None else log_problem(self.log)
-        if problem is not None:  # in a process group, checked here (settings._check_log)
-            self._log_failed = True
-            warnings.warn(f"{problem}; telemetry is not logged", RuntimeWarning, stacklevel=2)
+        # In a process group the writing rank checks its log here (settings._check_log); a
+        # problem goes out as its records' error, so every rank raises it at the first learn.
+        self._log_problem = None if self.log is None else log_problem(self.log)
+        self._log_failed = self._log_problem is not None
         self._changed = threading.Condition()
         # Per count of observations the lag rule may still ask for: the online state (None
         # when lag = 0, where only the current count is kept) and the options it gives.
@@ -339,6 +338,7 @@ class ClosedLoop:
         options in use), and ``taken`` and ``plan`` (the observed plan's digest) when given.
         Never raises: the error travels to every rank, which all raise it in :meth:`learn`."""
         stats = None
+        error = error if error is not None else self._log_problem
         if error is None and measure is not None:
             try:
                 stats = measure().tolist()
