@@ -41,7 +41,6 @@ class Problem(Protocol):
     sample_costs: np.ndarray
     overhead: float
     dp: int
-    n: int
     objective: str
 
 
