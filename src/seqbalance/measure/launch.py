@@ -276,8 +276,8 @@ def _rank_main(
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world_size),
             # As under torchrun: the store at MASTER_PORT is the launcher's (the agent's), so
-            # an env:// rendezvous, ours below or one the function makes again, joins it as a
-            # client instead of binding the port on rank 0.
+            # an env:// rendezvous the function makes joins it as a client instead of binding
+            # the port on rank 0.
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCHELASTIC_RESTART_COUNT": "0",
         }
@@ -286,8 +286,17 @@ def _rank_main(
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
+        # The launcher's own group keeps its rendezvous keys under a prefix of its own: a
+        # default group the function makes again the env:// way (torch names it as it named
+        # this one) starts from a store without this group's keys, not from stale ones.
+        deadline = timedelta(seconds=collective_timeout)
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=deadline)
         dist.init_process_group(
-            backend, init_method="env://", timeout=timedelta(seconds=collective_timeout)
+            backend,
+            store=dist.PrefixStore("seqbalance-launch", client),
+            rank=rank,
+            world_size=world_size,
+            timeout=deadline,
         )
         outcome = ("ok", fn(rank, world_size, *args))
     except BaseException as error:  # every failure, SystemExit included, goes to the parent
