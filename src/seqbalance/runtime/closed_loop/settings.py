@@ -8,6 +8,7 @@ the WindowBalancer use it without torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -44,9 +45,10 @@ class Feedback:
             plan options' cost as seconds (``seqbalance.runtime.closed_loop.prior_time_model``).
         log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
             group; ``seqbalance report``), or None. Checked here: its folder must exist and
-            be writable (and the file, when it exists); in a process group by the writing
-            rank when its loop starts, which warns and logs nothing if it cannot write there
-            (a ValueError on one rank only would leave the others waiting).
+            be writable (and the file, when it exists); in a process group (or where a
+            launcher set ``WORLD_SIZE`` above 1) by the writing rank when its loop starts,
+            and every rank raises that ValueError at the first observed step (one rank
+            raising alone would leave the others waiting).
 
     ``timeout_seconds`` is the old name of ``timeout`` (deprecated, for one release: as a
     keyword and an attribute it warns and means ``timeout``).
@@ -124,7 +126,12 @@ def log_problem(path: Path) -> str | None:
 
 
 def _in_a_process_group() -> bool:
-    """Whether torch.distributed runs with more than one rank (never imports torch)."""
+    """Whether torch.distributed runs with more than one rank, or is about to: a launcher
+    (torchrun) gave this process a ``WORLD_SIZE`` above 1 (a Feedback made before
+    ``init_process_group``, as a config is). Never imports torch."""
+    with contextlib.suppress(ValueError):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return True
     dist = sys.modules.get("torch.distributed")
     return bool(
         dist is not None
