@@ -156,6 +156,19 @@ def test_bad_arguments_are_refused_before_any_process_starts() -> None:
         launch("not a function", 1)  # type: ignore[arg-type]
 
 
+def _group_made_again(rank: int, world_size: int) -> float:
+    # What a script written for torchrun may do: its own env:// default group.
+    dist.destroy_process_group()
+    dist.init_process_group("gloo")
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)
+    return float(total)
+
+
+def test_a_function_may_make_the_default_group_again_as_under_torchrun() -> None:
+    assert launch(_group_made_again, 2, timeout=LONG) == [2.0, 2.0]
+
+
 def test_concurrent_launches_never_meet() -> None:
     # Four launches at once (as two test workers, or a benchmark beside a test, start them):
     # each launch's ranks reduce only among themselves, on a rendezvous port of their own.

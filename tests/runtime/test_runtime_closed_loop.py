@@ -582,3 +582,17 @@ def test_slot_compute_splits_a_slot_into_compute_and_communication():
             assert features[j, 0] == (1.0 if len(held) else 0.0)
             assert compute == pytest.approx(x + model.time.t0 * features[j, 0], rel=1e-12)
             assert rest[j] == pytest.approx(expected_rest, rel=1e-9, abs=1e-15)
+
+
+def test_a_sync_longer_than_its_step_logs_an_idle_fraction_the_report_reads(tmp_path):
+    # Sync and step times are taken apart (a hand-made StepTiming, two clocks): a sync of
+    # 0.5 s in a step of 0.3 s is a step spent waiting, idle 1, not 1.67 (which the report
+    # refuses as no fraction).
+    from seqbalance.sim.run_report import load_telemetry
+
+    log = tmp_path / "loop.jsonl"
+    planner = AdaptivePlanner(2, cost=TRUE, max_tokens=4096, feedback=Feedback(log=log))
+    plan = planner.plan(np.arange(100, 2500, 100))
+    telemetry = planner.observe(plan, [0.2, 0.2], sync_seconds=[0.5, 0.1], step_seconds=[0.3, 0.3])
+    assert telemetry["idle_fraction"] == [1.0, pytest.approx(1 / 3)]
+    assert load_telemetry(log)

@@ -275,16 +275,19 @@ def _rank_main(
             "WORLD_SIZE": str(world_size),
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world_size),
+            # As under torchrun: the store at MASTER_PORT is the launcher's (the agent's), so
+            # an env:// rendezvous, ours below or one the function makes again, joins it as a
+            # client instead of binding the port on rank 0.
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_RESTART_COUNT": "0",
         }
     )
     outcome: tuple[str, Any]
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        timeout = timedelta(seconds=collective_timeout)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
         dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+            backend, init_method="env://", timeout=timedelta(seconds=collective_timeout)
         )
         outcome = ("ok", fn(rank, world_size, *args))
     except BaseException as error:  # every failure, SystemExit included, goes to the parent

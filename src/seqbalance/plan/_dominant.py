@@ -41,18 +41,17 @@ class Problem(Protocol):
     sample_costs: np.ndarray
     overhead: float
     dp: int
-    n: int
     objective: str
 
 
 def dominant_start(p: Problem, intervals: Intervals, m: int, share: float) -> Microbatches | None:
     """The start described in the module docstring for ``m`` micro-batches per rank, ``share``
-    the count's bound less its overheads; None where no sample dominates, the step is not
+    the count's bound less its overheads (> 0); None where no sample dominates, the step is not
     padded ``step`` with two ranks and micro-batches or more, or the program from the end would
     take more than ``_PASSES`` or the one from the start more than ``_WORK``."""
     n, dp, take = intervals.n, p.dp, intervals.take
-    if p.objective != "step" or dp < 2 or m < 2 or n == 0:
-        return None
+    if p.objective != "step" or dp < 2 or m < 2 or n == 0 or share <= 0:
+        return None  # (a share of 0: the count's bound was not computed)
     costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
     dominant = costs[: dp - 1] >= _DOMINANT * share
     d = int(np.argmin(dominant)) if not dominant.all() else dominant.size
@@ -61,7 +60,7 @@ def dominant_start(p: Problem, intervals: Intervals, m: int, share: float) -> Mi
         return None
     if middle * (n - d) * min(int(take.max()), 3 * n.bit_length()) > _WORK:
         return None
-    ahead, choices = least_cuts(costs[d:], np.minimum(take[d:], n - d - np.arange(n - d)), middle)
+    ahead, choices = least_cuts(costs[d:], take[d:], middle)  # take[i] <= n - i already
     behind, sizes = _backward(costs, take, tail)
     x = np.arange(tail, n - d - middle + 1)  # samples at the end for the dominant ranks
     heavy = (costs[:d].sum() + behind[n - x]) / d

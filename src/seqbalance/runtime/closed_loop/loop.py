@@ -21,7 +21,8 @@ and ``"plan"``: a digest of the plan the rank observed (the Rebalancer's transpo
 observations as they come: a rank given another step's result, a stale one, is found by it).
 Every record also carries ``"learned"``: the fingerprint of the options the loop plans with as
 it stands (model and rank speeds), equal on every rank unless they resumed from different
-states (another run's checkpoint on one rank, a corrupted one), which plan apart.
+states (another run's checkpoint on one rank, a corrupted one) or computed a fit differently,
+and so plan apart.
 :meth:`ClosedLoop.learn` takes every rank's record (rank order) and either learns the step or
 raises the same ``ValueError`` on every rank: a rank that could not measure (its error), ranks
 that observed different steps, other plans or had taken different numbers of steps (a missed,
@@ -63,14 +64,18 @@ the online model's states after each observation the lag rule may still ask for 
 first; the last is the current one), "pending": a record not yet gathered, or None}``."""
 
 _RECORD_KEYS = {"step", "setup", "stats", "error"}
-"""The keys of every record (module doc); ``"taken"`` and ``"plan"`` may come with them."""
+"""The keys of every record (module doc); ``"taken"``, ``"plan"`` and ``"learned"`` may come
+with them (``"learned"`` does on every record this release writes; a pending record saved by
+an older one lacks it)."""
 _OPTIONAL_KEYS = {"taken", "plan", "learned"}
 _DIFFERING = (
     (
         "learned",
-        "plan with different learned models or rank speeds at step {step}: they resumed from "
-        "different adaptive states (another run's checkpoint on one rank, or a corrupted one), "
-        "so their plans differ; every rank must load the same state",
+        "plan with different learned models or rank speeds at step {step}, so their plans "
+        "differ: they loaded different adaptive states (another run's checkpoint on one rank, "
+        "or a corrupted one), or computed the same fit differently (ranks whose floating-point "
+        "results differ, e.g. other CPUs or BLAS libraries); every rank must load the same "
+        "state and learn alike",
     ),
     (
         "plan",
@@ -167,15 +172,18 @@ class ClosedLoop:
                 "lag": self.lag,
             }
         )
-        self._log_failed = False
-        problem = None if self.log is None else log_problem(self.log)
-        if problem is not None:  # in a process group, checked here (settings._check_log)
-            self._log_failed = True
-            warnings.warn(f"{problem}; telemetry is not logged", RuntimeWarning, stacklevel=2)
+        # In a process group the writing rank checks its log here (settings._check_log); a
+        # problem goes out as its records' error, so every rank raises it at the first learn.
+        self._log_problem = None if self.log is None else log_problem(self.log)
+        self._log_failed = self._log_problem is not None
         self._changed = threading.Condition()
         # Per count of observations the lag rule may still ask for: the online state (None
         # when lag = 0, where only the current count is kept) and the options it gives.
         self._after: dict[int, tuple[dict[str, Any] | None, PlanOptions]] = {}
+        # The fingerprint of the options in use, made once per options: a single controller
+        # (AdaptivePlanner) records every rank's step, and each fingerprint holds every rank's
+        # speed (world size squared per step otherwise: 527 ms at 1,024 ranks).
+        self._fingerprinted: tuple[PlanOptions | None, str] = (None, "")
         self._record()
 
     @property
@@ -326,20 +334,30 @@ class ClosedLoop:
     ) -> dict[str, Any]:
         """This rank's record of observed step ``step`` (module doc): ``measure()``'s
         statistics, or the error that kept the rank from measuring (a ValueError or
-        RuntimeError of ``measure``, or ``error``), with ``taken`` and ``plan`` (the observed
-        plan's digest) when given. Never raises: the error travels to every rank, which all
-        raise it in :meth:`learn`."""
+        RuntimeError of ``measure``, or ``error``), with ``learned`` (the fingerprint of the
+        options in use), and ``taken`` and ``plan`` (the observed plan's digest) when given.
+        Never raises: the error travels to every rank, which all raise it in :meth:`learn`."""
         stats = None
+        error = error if error is not None else self._log_problem
         if error is None and measure is not None:
             try:
                 stats = measure().tolist()
             except (ValueError, RuntimeError) as raised:
                 error = str(raised)
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
-        record["learned"] = self.options.fingerprint()
+        record["learned"] = self._learned()
         if plan is not None:
             record["plan"] = str(plan)
         return record if taken is None else {**record, "taken": int(taken)}
+
+    def _learned(self) -> str:
+        """The fingerprint of :attr:`options` (a record's ``"learned"``)."""
+        options = self.options
+        made_for, fingerprint = self._fingerprinted
+        if made_for is not options:
+            fingerprint = options.fingerprint()
+            self._fingerprinted = (options, fingerprint)
+        return fingerprint
 
     def learn(self, plan: Plan, records: Sequence[Any]) -> dict[str, Any]:
         """Learn the step of ``plan`` from every rank's record (rank order) (module doc).

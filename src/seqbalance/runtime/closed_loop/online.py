@@ -278,8 +278,10 @@ class OnlineTimeModel:
             "max_rank_compute_seconds": float(compute.max()),
             "mean_rank_compute_seconds": float(compute.mean()),
             "imbalance": float(compute.max() / compute.mean()) if compute.mean() > 0 else None,
+            # At most 1: a rank's sync and step times are taken apart (a hand-made StepTiming,
+            # two clocks), and a sync measured longer than its step is a step spent waiting.
             "idle_fraction": [
-                float(s / w) if w > 0 else 0.0
+                min(1.0, float(s / w)) if w > 0 else 0.0
                 for s, w in zip(stats[:, _SYNC], stats[:, _STEP], strict=True)
             ],
             "predicted_rank_seconds": (stats[:, _PREDICTED] / speeds).tolist(),

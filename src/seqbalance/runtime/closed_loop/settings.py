@@ -101,8 +101,8 @@ def _check_log(log: Any) -> None:
     In a process group only the type is checked here: one rank writes the log, and a path that
     is fine on it but not on another (a folder only rank 0 creates, a node-local one) must not
     fail that other rank alone while the rest wait in a collective until the timeout. The
-    writing rank checks its path when its loop starts (:func:`log_problem`: one warning, and
-    the run goes on without a log, alike on every rank)."""
+    writing rank checks its path when its loop starts (:func:`log_problem`), and its records
+    carry the problem, so every rank raises the same ValueError at the first observed step."""
     if not isinstance(log, (str, Path)) or not str(log):
         raise ValueError(f"log must be a file path or None, got {log!r}")
     problem = None if _in_a_process_group() else log_problem(Path(log))
