@@ -45,8 +45,9 @@ class Feedback:
         log: A JSONL file each step's telemetry is appended to (by rank 0 on a process
             group; ``seqbalance report``), or None. Checked here: its folder must exist and
             be writable (and the file, when it exists); in a process group by the writing
-            rank when its loop starts, which warns and logs nothing if it cannot write there
-            (a ValueError on one rank only would leave the others waiting).
+            rank when its loop starts, whose records then carry the problem, so every rank
+            raises the same ValueError at the first observed step (a ValueError on one rank
+            only would leave the others waiting).
 
     ``timeout_seconds`` is the old name of ``timeout`` (deprecated, for one release: as a
     keyword and an attribute it warns and means ``timeout``).
