@@ -47,8 +47,9 @@ class Feedback:
             group; ``seqbalance report``), or None. Checked here: its folder must exist and
             be writable (and the file, when it exists); in a process group (or where a
             launcher set ``WORLD_SIZE`` above 1) by the writing rank when its loop starts,
-            and every rank raises that ValueError at the first observed step (one rank
-            raising alone would leave the others waiting).
+            whose records then carry the problem, so every rank raises the same ValueError
+            at the first observed step (a ValueError on one rank only would leave the others
+            waiting).
 
     ``timeout_seconds`` is the old name of ``timeout`` (deprecated, for one release: as a
     keyword and an attribute it warns and means ``timeout``).
