@@ -18,7 +18,8 @@ A record is one rank's report of one observed step, plain JSON: ``{"step": the s
 knows it ``"taken"``: the steps the rank's loop had taken from its source when it observed (the
 sampler's count; ranks running the same loop over the same plans have taken the same number),
 and ``"plan"``: a digest of the plan the rank observed (the Rebalancer's transport, which numbers
-observations as they come: a rank given another step's result, a stale one, is found by it).
+observations as they come: a rank given another step's result, a stale one, is found by it;
+``Adaptive`` and the sampler's loop: a rank that planned another step, from other lengths).
 Every record also carries ``"learned"``: the fingerprint of the options the loop plans with as
 it stands (model and rank speeds), equal on every rank unless they resumed from different
 states (another run's checkpoint on one rank, a corrupted one) or computed a fit differently,
@@ -80,8 +81,9 @@ _DIFFERING = (
     (
         "plan",
         "observed the results of different steps as step {step}: observe() was given another "
-        "step's result on one of them (a stale one); every rank observes each step's own "
-        "result once, in order",
+        "step's result on one of them (a stale one), or they planned different samples "
+        "(Adaptive.plan given other lengths, or another order, on one of them); every rank "
+        "plans each step from the same lengths and observes its own result once, in order",
     ),
 )
 """Optional record keys that must be equal on every rank, and what it means when not."""

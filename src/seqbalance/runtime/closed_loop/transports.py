@@ -179,7 +179,10 @@ class Adaptive:
         def measure() -> Any:
             return _measure(loop, plan, rank, self.timer.finish() if timing is None else timing)
 
-        records = self.gather(loop.record(step, measure, error, taken=taken))
+        # The plan's digest: ranks that planned different steps (plan() given other lengths,
+        # or another order, on one rank) or observe another step's plan fail here, together.
+        digest = None if plan is None else _digest(plan)
+        records = self.gather(loop.record(step, measure, error, taken=taken, plan=digest))
         return loop.learn(plan, records)
 
     def gather(self, record: dict[str, Any]) -> list[Any]:

@@ -1,0 +1,66 @@
+"""Adversarial (adv6): custom-loop ``Adaptive`` ranks that plan different steps. ``plan()`` has
+no collective (every rank plans the step from the lengths it is given) and the observe gather
+compared the step number, the setup and what was learned, not the plan: a rank given the
+step's lengths in another order (its own local batch first, say) or other lengths planned
+another split at every step, and the ranks trained overlapping and missing samples without an
+error (4 of 4 steps, both cases). The observe gather now carries the plan's digest, as the
+Rebalancer's does: every rank raises the same ValueError at the first such step. Real gloo
+processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+from _multiprocess import launch, ok  # noqa: E402
+
+from seqbalance.plan import PlanOptions  # noqa: E402
+from seqbalance.runtime import Adaptive, Feedback, StepTiming  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+STEPS = np.random.default_rng(3).integers(10, 3000, (3, 24))
+
+
+def _run(rank: int, apart_at: int | None) -> dict[str, Any]:
+    loop = Adaptive(options=PlanOptions(max_tokens=8192), feedback=Feedback(timeout=20.0))
+    observed = 0
+    try:
+        for step, lengths in enumerate(STEPS):
+            if rank == 1 and step == apart_at:
+                lengths = lengths[::-1].copy()  # the same samples, in another order
+            plan = loop.plan(lengths)
+            times = tuple(0.01 * (1 + 1e-4 * plan.lengths[mb].sum()) for mb in plan.ranks[rank])
+            loop.observe(plan, StepTiming(times, 0.001, sum(times) + 0.001))
+            observed += 1
+    except ValueError as error:
+        return {"error": str(error), "observed": observed}
+    return {"error": None, "observed": observed}
+
+
+def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
+    return [_run(rank, None), _run(rank, 1)]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
+    return ok(launch(tmp_path_factory.mktemp("plan_apart"), 2, _worker))
+
+
+def test_ranks_planning_the_same_steps_observe_them_all(results) -> None:
+    assert [results[rank][0] for rank in range(2)] == [{"error": None, "observed": 3}] * 2
+
+
+def test_a_rank_that_planned_another_step_fails_every_rank_at_that_steps_observe(
+    results,
+) -> None:
+    first, second = results[0][1], results[1][1]
+    assert first["error"] is not None and first["error"] == second["error"], (first, second)
+    assert "observed the results of different steps as step 1" in first["error"]
+    assert "Adaptive.plan given other lengths" in first["error"]
+    assert first["observed"] == second["observed"] == 1
