@@ -55,7 +55,7 @@ from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel, microbatch_features
-from seqbalance.runtime.closed_loop.settings import Feedback, log_problem
+from seqbalance.runtime.closed_loop.settings import Feedback, line_break_after, log_problem
 
 __all__ = ["FORMAT", "ClosedLoop", "StepNumbers", "prior_time_model"]
 
@@ -178,6 +178,7 @@ class ClosedLoop:
         # problem goes out as its records' error, so every rank raises it at the first learn.
         self._log_problem = None if self.log is None else log_problem(self.log)
         self._log_failed = self._log_problem is not None
+        self._log_started = False  # whether this loop has written a line yet
         self._changed = threading.Condition()
         # Per count of observations the lag rule may still ask for: the online state (None
         # when lag = 0, where only the current count is kept) and the options it gives.
@@ -472,7 +473,9 @@ class ClosedLoop:
             # observe) until a reader came; it fails instead (ENXIO) and the log stops.
             fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
             with open(fd, "a", encoding="utf-8") as file:
-                file.write(json.dumps(line) + "\n")
+                start = "" if self._log_started else line_break_after(self.log, fd)
+                file.write(start + json.dumps(line) + "\n")
+            self._log_started = True
         except OSError as error:
             self._log_failed = True
             warnings.warn(

@@ -126,6 +126,24 @@ def log_problem(path: Path) -> str | None:
     return None if writable else f"log = {str(path)!r} cannot be written (permissions)"
 
 
+def line_break_after(path: Path, fd: int) -> str:
+    """``"\\n"`` when the log ``fd`` appends to ends inside a line (a run that crashed
+    mid-write: a resumed run appending to the same log would glue its first step onto that
+    fragment, and the report could read neither), else ``""``."""
+    size = os.fstat(fd).st_size
+    if not size:
+        return ""
+    try:
+        reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            last = os.pread(reader, 1, size - 1)
+        finally:
+            os.close(reader)
+    except OSError:  # not readable: append as before
+        return ""
+    return "" if last in (b"\n", b"") else "\n"
+
+
 def _in_a_process_group() -> bool:
     """Whether torch.distributed runs with more than one rank, or is about to: a launcher
     (torchrun) gave this process a ``WORLD_SIZE`` above 1 (a Feedback made before
