@@ -132,7 +132,9 @@ def test_grouped_plans_validate(problem: dict) -> None:
     _check(problem)
 
 
-@requires_checked(0.3)
+# 33% of 3,000 uniformly drawn requests plan (the rest are refused on purpose); hypothesis'
+# own exploration, not derandomized outside CI, drew runs that planned 22.5% (169 of 750).
+@requires_checked(0.25)
 @settings(max_examples=examples(3000))
 @given(problems(count_options=True))
 def test_microbatch_count_options_validate(problem: dict) -> None:
