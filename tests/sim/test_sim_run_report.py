@@ -90,10 +90,21 @@ def test_a_last_line_cut_short_is_skipped_and_named(tmp_path, capsys) -> None:
     assert "line 6 was cut short" in capsys.readouterr().out
     assert main(["report", str(log), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["skipped_line"] == 6
-    # Cut short anywhere else: an error naming the line.
-    _write(log, rows[:2], tail=json.dumps(_step(2))[:40] + "\n" + json.dumps(_step(3)) + "\n\n")
-    with pytest.raises(ValueError, match=r"crashed.jsonl:3 is not JSON"):
-        load_telemetry(log)
+    # Cut short in the middle: a run that crashed and resumed into the same log (its first line
+    # starts on a fresh line), and crashed again at its end.
+    cut = json.dumps(_step(2))[:40] + "\n"
+    _write(log, rows[:2], tail=cut + json.dumps(_step(3)) + "\n\n" + cut)
+    run = load_telemetry(log)
+    assert run.step.tolist() == [0, 1, 3] and run.skipped_lines == (3, 6)
+    assert run.skipped_line == 6
+    assert main(["report", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "line 3 was cut short" in out and "line 6 was cut short" in out
+    # Any other line that does not parse, anywhere but last: an error naming the line.
+    for bad in ("not json", json.dumps(_step(2))[:-1] + ",}", "[" + json.dumps(_step(2))):
+        _write(log, rows[:2], tail=bad + "\n" + json.dumps(_step(3)) + "\n")
+        with pytest.raises(ValueError, match=r"crashed.jsonl:3 is not JSON"):
+            load_telemetry(log)
     _write(log, [], tail=json.dumps(_step(0))[:40])  # nothing complete
     with pytest.raises(ValueError, match=r"crashed.jsonl:1 is not JSON"):
         load_telemetry(log)

@@ -78,9 +78,11 @@ def _notes(summary: dict[str, Any]) -> list[str]:
         return "n/a" if value is None else f"{100 * value:.1f}%"
 
     saved = summary["saved_fraction"]
-    skipped = summary["skipped_line"]
     return [
-        *([f"line {skipped} was cut short (a crash mid-write?) and is skipped"] if skipped else []),
+        *(
+            f"line {number} was cut short (a crash mid-write?) and is skipped"
+            for number in summary["skipped_lines"]
+        ),
         f"measured: {_cell(summary['measured_seconds'], '{:.2f}')} s over {summary['steps']} "
         "steps, "
         f"mean imbalance {_cell(summary['mean_imbalance'], '{:.3f}')}, mean idle "

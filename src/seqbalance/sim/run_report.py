@@ -4,9 +4,11 @@ The telemetry is what adaptive planning writes each step (``ClosedLoop.learn``, 
 object per line of a JSONL log): measured step and rank compute seconds, the model's
 prediction of them, its error, the rank speeds, and the step as the unbalanced baseline
 (``round_robin``) and as planned, both predicted by the fitted model at the measured speeds.
-A log is read line by line into per-step columns (a 100k-step log in seconds); a last line cut
-short (a run that crashed mid-write) is skipped and reported, any other bad line is a
-``ValueError`` naming its line and field.
+A log is read line by line into per-step columns (a 100k-step log in seconds). A line cut short
+by a crash mid-write is skipped and reported: the last line whatever it holds, and a line
+elsewhere that begins a JSON object and does not end one (a run that crashed, resumed and went
+on logging to the same file starts on a fresh line). Any other bad line is a ``ValueError``
+naming its line and field.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class RunTelemetry:
         slowest_speed: float64 ``[steps]``: the smallest planned rank speed of each step.
         idle_sum, idle_count: the sum and number of every rank's idle fraction, all steps.
         last_rank_speeds: the speeds the last step leaves for the next one.
-        skipped_line: the number of a last line cut short and skipped, or None.
+        skipped_lines: the numbers of the lines cut short and skipped (module doc).
     """
 
     path: str
@@ -62,7 +64,13 @@ class RunTelemetry:
     idle_sum: float
     idle_count: int
     last_rank_speeds: list[float]
-    skipped_line: int | None = None
+    skipped_lines: tuple[int, ...] = ()
+
+    @property
+    def skipped_line(self) -> int | None:
+        """The last line cut short and skipped, or None (the one such line of a log that ends
+        in a crash)."""
+        return self.skipped_lines[-1] if self.skipped_lines else None
 
     def __len__(self) -> int:
         return int(self.step.size)
@@ -75,8 +83,8 @@ def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
         FileNotFoundError: no file at ``path`` (named).
         ValueError: a line that is not a JSON object with the telemetry's fields of the right
             types (its number and the field named; rank speeds positive and finite), a line
-            cut short anywhere but last, no complete step at all, or a path that is no regular
-            file.
+            that does not parse and is neither last nor cut short (module doc), no complete
+            step at all, or a path that is no regular file.
     """
     path = Path(path)
     if not path.exists():
@@ -84,23 +92,31 @@ def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
     if not path.is_file():  # a FIFO would block the read, a device never end
         raise ValueError(f"{str(path)!r} is not a regular file (a folder, FIFO or device)")
     reader = _Reader(str(path))
-    pending: ValueError | None = None  # a line that did not parse: fine only if it is the last
+    # A line that did not parse, whether it is cut short (begins an object, ends none), and
+    # its error: skipped if it is cut short or turns out to be the last line.
+    pending: tuple[int, bool, ValueError] | None = None
     with path.open("rb") as file:
         for number, raw in enumerate(file, start=1):
-            if not raw.strip():
+            text = raw.strip()
+            if not text:
                 continue
             if pending is not None:
-                raise pending
+                if not pending[1]:
+                    raise pending[2]
+                reader.skipped.append(pending[0])
+            pending = None
             try:
                 row = json.loads(raw)
             except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, or nested deeper
                 # than the parser goes
-                pending = ValueError(f"{path}:{number} is not JSON: {error}")
-                reader.skipped_line = number
+                cut = text.startswith(b"{") and not text.endswith(b"}")
+                pending = (number, cut, ValueError(f"{path}:{number} is not JSON: {error}"))
                 continue
             reader.add(number, row)
+    if pending is not None:
+        reader.skipped.append(pending[0])
     if not reader.steps:
-        raise pending or ValueError(f"{path} holds no telemetry step")
+        raise ValueError(f"{path} holds no telemetry step") if pending is None else pending[2]
     return reader.telemetry()
 
 
@@ -114,7 +130,7 @@ class _Reader:
         self.slowest: list[float] = []
         self.idle_sum, self.idle_count = 0.0, 0
         self.last_speeds: list[float] = []
-        self.skipped_line: int | None = None
+        self.skipped: list[int] = []
 
     def add(self, number: int, row: Any) -> None:
         where = f"{self.path}:{number}"
@@ -157,7 +173,7 @@ class _Reader:
             idle_sum=self.idle_sum,
             idle_count=self.idle_count,
             last_rank_speeds=self.last_speeds,
-            skipped_line=self.skipped_line,
+            skipped_lines=tuple(self.skipped),
         )
 
 
@@ -203,8 +219,9 @@ def summarize_run(run: RunTelemetry, *, rows: int | None = DEFAULT_ROWS) -> dict
         steps); ``step_prediction_mape`` (predicted vs measured slowest-rank compute, per
         step); ``model_mape`` (the model's per-micro-batch error, steps that have one);
         ``saved_fraction`` (1 - planned / baseline predicted seconds, summed over the steps
-        that have both; None when none has); ``last_rank_speeds``; ``skipped_line`` (a last
-        line cut short, or None); and ``table``: per row ``(first step, last step, measured
+        that have both; None when none has); ``last_rank_speeds``; ``skipped_lines`` (the
+        lines cut short and skipped) and ``skipped_line`` (the last of them, or None); and
+        ``table``: per row ``(first step, last step, measured
         ms, max/mean compute, predicted ms, model error, slowest speed)``, the means of the
         finite values (None where there is none). Means skip values that are not finite.
     """
@@ -232,6 +249,7 @@ def _summary(run: RunTelemetry, rows: int | None) -> dict[str, Any]:
         else None,
         "last_rank_speeds": run.last_rank_speeds,
         "skipped_line": run.skipped_line,
+        "skipped_lines": list(run.skipped_lines),
         "table": _table(run, imbalance, rows),
     }
 
