@@ -85,6 +85,7 @@ def _closed_loop(rank: int, world_size: int) -> dict[str, Any]:
         "rebalancer": _rebalancer_loop(rank, world_size),  # the same processes: one launch
         "extra_observe": _extra_observe(rank),
         "adaptive_differs": _adaptive_differs(rank),
+        "state_of_rank_0": _state_of_rank_0(rank, world_size),
     }
 
 
@@ -109,6 +110,27 @@ def _adaptive_differs(rank: int) -> str | None:
     rebalancer = Rebalancer(max_tokens=2048, adaptive=Feedback(window=8 if rank else 16))
     try:
         rebalancer.rebalance([torch.zeros(10 + rank)])
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _state_of_rank_0(rank: int, world_size: int) -> str | None:
+    """Every rank resumes the adaptive Rebalancer state rank 0 saved (a checkpoint written by
+    rank 0 only): its observation not yet gathered holds rank 0's measurements."""
+    from seqbalance.runtime import Rebalancer
+
+    def make() -> Any:
+        return Rebalancer(max_tokens=2048, cost="flops", model="qwen3-8b", adaptive=True)
+
+    rebalancer = make()
+    _rebalancer_steps(rebalancer, rank, 0, 3)
+    states: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(states, rebalancer.state_dict())
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(states[0])))
+    try:
+        _rebalancer_steps(resumed, rank, 3, 4)
     except ValueError as error:
         return str(error)
     return None
@@ -210,3 +232,10 @@ def test_a_missed_or_extra_observe_is_the_same_value_error_on_every_rank(results
 def test_ranks_whose_adaptive_settings_differ_refuse_the_step(results):
     a, b = (result["adaptive_differs"] for result in results)
     assert a == b and "adaptive" in a
+
+
+def test_a_rebalancer_state_saved_on_rank_0_only_fails_every_rank_at_the_next_step(results):
+    # Before, rank 1 sent rank 0's measurements as its own for that step, silently.
+    a, b = (result["state_of_rank_0"] for result in results)
+    assert a == b and "rank 1 could not report step 2" in a
+    assert "resumed the Rebalancer adaptive state rank 0 saved" in a

@@ -301,7 +301,11 @@ class Piggyback:
             return None
         loop = self.loop(len(observed.plan.ranks), rank)
         if observed.record is not None:
-            return observed.plan, {**observed.record, "setup": loop.setup}
+            restored = {**observed.record, "setup": loop.setup}
+            if observed.rank is not None and observed.rank != rank:
+                # Another rank's measurements: the others would learn them as this rank's.
+                restored |= {"stats": None, "error": _foreign_state(observed.rank)}
+            return observed.plan, restored
         return observed.plan, loop.record(
             observed.step,
             lambda: _measure(loop, observed.plan, observed.rank, observed.timing),
@@ -340,6 +344,8 @@ class Piggyback:
         if observed is not None:
             plan, record = self.record(observed, observed.rank if observed.rank is not None else 0)
             pending = {"plan": plan.to_json(timing=False), "record": record}
+            if observed.rank is not None:
+                pending["rank"] = observed.rank  # whose measurements the record holds
         else:
             pending = None
         if self._loop is not None:
@@ -364,12 +370,16 @@ class Piggyback:
         pending = state["pending"]
         try:
             observed = state["history"][-1]["steps"] if state["history"] else 0
+            saved_on = None if pending is None else pending.get("rank")
+            if saved_on is not None and (type(saved_on) is not int or saved_on < 0):
+                raise ValueError("rank")
             restored = (
                 None
                 if pending is None
                 else _Observed(
                     Plan.from_json(pending["plan"]),
                     pending["record"]["step"],
+                    rank=saved_on,
                     record=pending["record"],
                 )
             )
@@ -380,6 +390,14 @@ class Piggyback:
         self._loop, self._state = None, state
         self._pending = restored
         self._observations = observed + (restored is not None)
+
+
+def _foreign_state(saved_on: int) -> str:
+    return (
+        f"it resumed the Rebalancer adaptive state rank {saved_on} saved, whose observation not "
+        f"yet gathered holds rank {saved_on}'s measurements: save Rebalancer.state_dict() on "
+        "every rank and load each rank its own"
+    )
 
 
 def _upgraded(state: Any) -> dict[str, Any]:

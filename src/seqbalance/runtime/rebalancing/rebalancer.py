@@ -288,7 +288,10 @@ class Rebalancer:
     def state_dict(self) -> dict[str, Any]:
         """With ``adaptive``: what it learned (plain JSON values) for a checkpoint, once the
         steps handed to the worker thread (a prefetched step of ``iterate``, ``rebalance_async``)
-        have learned what they learn: the same state whatever the threads' timing."""
+        have learned what they learn: the same state whatever the threads' timing. It is this
+        rank's (its last observation, not yet gathered, holds this rank's measurements): save
+        it on every rank and load each rank its own; a rank that loads another's fails every
+        rank at the next step."""
         state = self.engine.adaptive_state()
         if state is None:
             raise ValueError("Rebalancer.state_dict needs adaptive=True (nothing else to save)")
