@@ -96,6 +96,7 @@ class Adaptive:
         if not isinstance(feedback, Feedback):
             raise ValueError(f"feedback must be a Feedback or None, got {feedback!r}")
         self.comm = Comm(group, deadline(feedback.timeout))
+        _check_spans_the_world(self.comm.world_size)
         self.rank = self.comm.rank
         self.loop = ClosedLoop(
             as_options(options, {}, where="Adaptive", context_parallel=True),
@@ -263,6 +264,7 @@ class Piggyback:
             ValueError: it learned on another number of ranks.
         """
         if self._loop is None:
+            _check_spans_the_world(world_size)
             loop = ClosedLoop(
                 self._options,
                 world_size,
@@ -390,6 +392,25 @@ class Piggyback:
         self._loop, self._state = None, state
         self._pending = restored
         self._observations = observed + (restored is not None)
+
+
+def _check_spans_the_world(group_size: int) -> None:
+    """ValueError unless the loop's group (``group_size`` processes) is the whole world.
+
+    Each group learns from its own ranks' timers. With tensor or pipeline parallelism there is
+    a data-parallel group per model-parallel coordinate, and the peers of one replica (which
+    must get the same micro-batches) would learn speeds that differ in the last bits and be
+    planned apart: 2% between two tensor-parallel peers' timers planned 5 of 12 steps apart.
+    """
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if group_size < world:
+        raise ValueError(
+            f"adaptive planning runs on a group of {group_size} of the world's {world} "
+            "processes: with tensor or pipeline parallelism each data-parallel group would "
+            "learn its own rank speeds, and the model-parallel peers of a replica would get "
+            "different micro-batches; adaptive=True needs a data-parallel group that spans the "
+            "world (tensor and pipeline parallelism are not supported with it yet)"
+        )
 
 
 def _foreign_state(saved_on: int) -> str:
