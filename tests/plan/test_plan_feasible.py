@@ -281,13 +281,12 @@ def test_groups_that_cannot_reach_every_rank_are_refused_at_once() -> None:
 def test_the_fillable_ranks_bound_is_at_least_every_assignment(
     unit_sizes: list[int], dp: int, m: int
 ) -> None:
-    # _fillable_ranks must never refuse a step that has a plan: it is at least the most ranks
+    # fillable_ranks must never refuse a step that has a plan: it is at least the most ranks
     # that some assignment of whole groups gives m samples each (all assignments tried).
     import itertools
 
     from seqbalance.plan import PlanOptions
     from seqbalance.plan._problem import Problem
-    from seqbalance.plan.balanced import _fillable_ranks
 
     groups = np.repeat(np.arange(len(unit_sizes)), unit_sizes)
     lengths = np.ones(groups.size, dtype=np.int64)
@@ -297,6 +296,6 @@ def test_the_fillable_ranks_bound_is_at_least_every_assignment(
     for ranks in itertools.product(range(dp), repeat=len(unit_sizes)):
         per_rank = np.bincount(ranks, weights=counts, minlength=dp)
         best = max(best, int((per_rank >= m).sum()))
-    assert _fillable_ranks(p, m) >= best
+    assert p.fillable_ranks(m) >= best
     if len(unit_sizes) == groups.size:  # one sample per group: as without groups, n // m
-        assert _fillable_ranks(p, m) == groups.size // m
+        assert p.fillable_ranks(m) == groups.size // m

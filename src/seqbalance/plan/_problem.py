@@ -351,13 +351,34 @@ class Problem(GroupedSamples):
                 )
             needed = max(needed, int(bins.max(initial=0)))
         m = self.round_microbatches(needed)
-        if not self.allow_empty and self.n < self.dp * m:
+        if not self.allow_empty and (filled := self.fillable_ranks(m)) < self.dp:
+            if self.groups is None:
+                short = f"lengths has {self.n} samples, fewer than the {self.dp * m} micro-batch "
+                short += f"slots (dp_size = {self.dp} x {m} micro-batches)"
+            else:
+                short = f"lengths has {self.unfilled(m, filled)}"
             raise ValueError(
-                f"lengths has {self.n} samples, fewer than the {self.dp * m} micro-batch slots "
-                f"(dp_size = {self.dp} x {m} micro-batches), so some micro-batch would be "
-                "empty; pass allow_empty=True to allow that"
+                f"{short}, so some micro-batch would be empty; pass allow_empty=True to allow that"
             )
         return m
+
+    def fillable_ranks(self, m: int) -> int:
+        """At most how many ranks can each get ``m`` samples, each group on one rank (without
+        groups ``n // m``): a group of ``m`` samples or more fills one rank, and the smaller ones
+        fill at most one per ``m`` of their samples. Never more for a larger ``m``; below
+        ``dp`` no plan of ``m`` micro-batches per rank is without an empty one."""
+        counts = self.unit_counts
+        whole = counts >= m
+        return int(whole.sum()) + int(counts[~whole].sum()) // m
+
+    def unfilled(self, m: int, filled: int) -> str:
+        """What keeps grouped samples from filling ``m`` micro-batches on every rank, for a
+        refusal (``filled``: :meth:`fillable_ranks`)."""
+        units = f"group{'s' * (self.n_units != 1)}"
+        return (
+            f"{self.n} samples in {self.n_units} {units}, each on one rank, can fill the {m} "
+            f"micro-batch slots of at most {filled} of the dp_size = {self.dp} ranks"
+        )
 
     # ------------------------------------------------------------------ cost bounds
     @cached_property

@@ -99,7 +99,7 @@ def plan_balanced(p: Problem) -> Microbatches:
     if search is not None and (shortcut := search.shortcut()) is not None:
         return _at_rival_count(p, others.best(shortcut, bound))
     while True:
-        if not p.allow_empty and (filled := _fillable_ranks(p, m)) < p.dp:
+        if not p.allow_empty and (filled := p.fillable_ranks(m)) < p.dp:
             raise ValueError(_unfillable(p, m, filled))
         plan = None if p.dp * m < needed else _ours(p, m, bound, search)
         found = None
@@ -163,26 +163,13 @@ def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:
     return plan
 
 
-def _fillable_ranks(p: Problem, m: int) -> int:
-    """At most how many ranks can each get ``m`` samples, each group on one rank (without
-    groups ``n // m``): a group of ``m`` samples or more fills one rank, and the smaller ones
-    fill at most one per ``m`` of their samples. Never more for a larger ``m``."""
-    counts = p.unit_counts
-    whole = counts >= m
-    return int(whole.sum()) + int(counts[~whole].sum()) // m
-
-
 def _unfillable(p: Problem, m: int, filled: int) -> str:
     """The refusal of a step whose samples cannot fill ``dp x m`` micro-batches."""
     start = f"no plan with fewer than {m} micro-batches per rank was found, and "
     if p.groups is None:
         start += f"{p.n} samples cannot fill {p.dp * m} micro-batch slots (dp_size = {p.dp} x {m})"
     else:
-        start += (
-            f"from {m} on a micro-batch would be empty: {p.n} samples in {p.n_units} "
-            f"group{'s' * (p.n_units != 1)}, each on one rank, can fill the {m} micro-batch "
-            f"slots of at most {filled} of the dp_size = {p.dp} ranks"
-        )
+        start += f"from {m} on a micro-batch would be empty: {p.unfilled(m, filled)}"
     return start + "; pass allow_empty=True to allow empty micro-batches"
 
 
