@@ -61,6 +61,10 @@ def _digest(plan: Plan) -> str:
 
 def _measure(loop: ClosedLoop, plan: Plan, rank: int, timing: Any) -> Any:
     """What ``loop.record`` measures: ``rank``'s statistics of ``plan`` from its ``timing``."""
+    if not isinstance(timing, StepTiming):  # raised in the record: every rank raises it
+        raise ValueError(
+            f"timing must be a StepTiming (or None: the timer's), got {type(timing).__name__}"
+        )
     return loop.statistics(
         plan,
         rank,
