@@ -8,29 +8,16 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from _problems import check_padded_plan, padded_lockstep_problem
 from _profiles import examples
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.plan import PlanOptions
 from seqbalance.plan._at_count import lowered
 from seqbalance.plan._intervals import Intervals, bound_at_count
 from seqbalance.plan._level_starts import _Reach, level_start
 from seqbalance.plan._portfolio import aligned_value
-from seqbalance.plan._problem import Problem
-
-
-def _problem(lengths: np.ndarray, dp: int, **options) -> Problem:
-    costs = lengths + 1e-3 * lengths.astype(np.float64) ** 2
-    return Problem(
-        lengths=lengths,
-        sample_costs=costs,
-        overhead=options.pop("overhead", 0.0),
-        dp=dp,
-        groups=None,
-        options=PlanOptions(layout="padded", objective="lockstep", **options),
-    )
 
 
 def _fits_by_brute_force(costs, take, dp, levels) -> bool:
@@ -87,25 +74,15 @@ def test_level_starts_are_valid_and_within_their_levels(
     # micro-batches per rank (non-empty unless allowed), within the caps, and costs less than
     # `high` plus its overheads; the planner's final pass never returns a dearer plan.
     assume(empty or len(lengths) >= dp * m)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    options = {"microbatch_size": size, "num_microbatches": m, "allow_empty": empty}
-    if cap is not None:
-        options.update(max_tokens=cap, allow_oversize=True)
-    p = _problem(lengths, dp, overhead=overhead, **options)
+    p = padded_lockstep_problem(lengths, dp, m, size, cap, empty, overhead)
+    lengths = p.lengths
     intervals = Intervals.of(p)
     low = bound_at_count(p, m) - m * overhead
     high = max(low, 0.0) * slack + 1.0
     plan = level_start(p, intervals, m, low, high)
     if plan is not None:
-        assert [len(mbs) for mbs in plan] == [m] * dp
-        flat = sorted(int(i) for mbs in plan for mb in mbs for i in mb)
-        assert flat == list(range(lengths.size))
-        for mbs in plan:
-            for mb in mbs:
-                assert empty or len(mb) > 0
-                assert len(mb) <= size
-                if cap is not None and len(mb) > 1:
-                    assert len(mb) * int(lengths[mb].max()) <= cap
+        assert len(plan) == dp
+        check_padded_plan(plan, lengths, m, size, cap, empty)
         assert aligned_value(p, plan) < high * (1 + 1e-9) + m * overhead
         assert aligned_value(p, lowered(p, plan)) <= aligned_value(p, plan)
 
