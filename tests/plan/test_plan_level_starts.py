@@ -1,7 +1,7 @@
 """The ``lockstep`` start from levels chosen first (``plan/_level_starts.py``): its reach
-program says a level vector fits exactly when some cut of the order does (brute force), its
-plans are valid and within the levels it was allowed, and ``balanced`` gets below its other
-searches with it on ``batch_rebalance``'s configuration."""
+program says a level vector fits exactly when some cut of the order does (brute force) and
+then cuts such runs, its plans are valid and within the levels it was allowed, and
+``balanced`` gets below its other searches with it on ``batch_rebalance``'s configuration."""
 
 from __future__ import annotations
 
@@ -53,7 +53,16 @@ def test_the_reach_program_is_the_brute_force(lengths, dp, m, size, data) -> Non
     )
     reach = _Reach(costs, take, dp, m)
     levels = np.asarray([levels], dtype=np.float64)
-    assert bool(reach.fits(levels)[0]) == _fits_by_brute_force(costs, take, dp, levels[0])
+    fits = bool(reach.fits(levels)[0])
+    assert fits == _fits_by_brute_force(costs, take, dp, levels[0])
+    if fits:  # its runs: the order cut, at most dp per position, each within its level
+        runs = reach.runs(levels[0])
+        assert [start for start, _, _ in runs] == [0, *(end for _, end, _ in runs[:-1])]
+        assert runs[-1][1] == costs.size
+        for start, end, t in runs:
+            assert 0 < end - start <= take[start]
+            assert (end - start) * costs[start] <= levels[0, t] * (1 + 1e-12)
+        assert all(sum(t == position for _, _, t in runs) <= dp for position in range(m))
 
 
 @settings(max_examples=examples(400), deadline=None)

@@ -52,9 +52,10 @@ def level_start(
     p: Problem, intervals: Intervals, m: int, low: float, high: float
 ) -> Microbatches | None:
     """A plan of ``m`` runs per rank of ``intervals.order`` dealt by tier whose levels (no
-    overhead) sum to less than ``high``, searched from ``low`` (a lower bound on that sum);
-    None where the reach program would exceed ``LEVEL_STATES`` states or no shape fits below
-    ``high``."""
+    overhead) sum to at most ``high`` (where no sample costs more than a longer one: a run a
+    position splits may exceed its level otherwise), searched from ``low`` (a lower bound on
+    that sum); None where the reach program would exceed ``LEVEL_STATES`` states or no shape
+    fits within ``high``."""
     if p.dp < 2 or m < 3 or (p.dp + 1) ** m > LEVEL_STATES or intervals.n == 0:
         return None
     costs = np.asarray(p.sample_costs, dtype=np.float64)[intervals.order]
@@ -145,8 +146,9 @@ class _Reach:
             which = np.full((vectors, layer.size), -1, dtype=np.int64)
             for t, after, before in steps:
                 far = np.take_along_axis(ends, t * (n + 1) + reach[:, before], axis=1)
-                if labels:
-                    which[:, after] = np.where(far > best[:, after], t, which[:, after])
+                if labels:  # the first position reaching the farthest (any, where none moves)
+                    better = (far > best[:, after]) | (which[:, after] < 0)
+                    which[:, after] = np.where(better, t, which[:, after])
                 best[:, after] = np.maximum(best[:, after], far)
             reach[:, layer] = best
             if labels:
