@@ -522,7 +522,7 @@ class ClosedLoop:
         if counts != list(range(counts[0], counts[0] + len(counts))) or len(counts) > self.lag + 1:
             raise ValueError("adaptive state's history is not consecutive observations")
         if counts[0] != max(0, counts[-1] - self.lag):  # a planner would wait for them forever
-            raise ValueError(f"adaptive state's history lacks steps lag {self.lag} plans from")
+            raise ValueError(f"adaptive state's history lacks what lag {self.lag} plans with")
         with self._changed:
             self.online = online
             self._after = restored
