@@ -21,7 +21,9 @@ What the model learns:
   window beats the prior's, and gives way again when it does not;
 - rank speeds: per step, each rank's compute as the fit predicts it over its measured
   compute, relative to the step's median rank; a rank's speed is the median over the last
-  ``Feedback.speed_window`` steps relative to the fastest such median, and speeds within
+  ``Feedback.speed_window`` steps when that stands out of its step-to-step noise from the
+  window's earlier steps (a change), else over the whole ``Feedback.window`` (background load
+  is noise, not a speed), relative to the fastest such median, and speeds within
   ``speed_tolerance`` of the fastest count as equal (measurement noise, not a straggler).
 
 Degenerate measurements (not a number, NaN, infinite, zero, negative, below
@@ -64,6 +66,10 @@ _ERR_MODEL = 18  # Σ |relative error| of the model in use
 _PREDICTED, _MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds (used ones)
 _COMPUTE, _SYNC, _STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
 _SIZE = 24
+# What the windows keep of each rank's statistics per step: the fit's columns, then the sums of
+# predicted (model in use) and measured seconds (the speeds' step ratios).
+_KEPT = np.r_[0 : _USED + 1, _PREDICTED, _MEASURED]
+_TOTALS = slice(_USED + 1, _USED + 3)
 
 
 def microbatch_features(model: TimeModel, microbatches: Sequence[Any]) -> np.ndarray:
@@ -299,7 +305,7 @@ class OnlineTimeModel:
             "ignored_measurements": ignored,
         }
         total = stats.sum(axis=0)
-        self._stats.append(stats[:, : _USED + 1].copy())
+        self._stats.append(stats[:, _KEPT].copy())
         if total[_HELD_OUT] > 0:
             self._held_out.append(total[[_ERR_FIT, _ERR_PRIOR, _HELD_OUT]].copy())
         self.steps += 1
@@ -319,8 +325,7 @@ class OnlineTimeModel:
         known, never biases the fit. The fastest rank of each step is read off the prior's
         predictions, then once more off the first fit's. Each step's speeds are then each
         rank's mean predicted over measured relative to the step's median rank, and the speeds
-        planned with are their medians over the last ``speed_window`` steps, divided by the
-        largest.
+        planned with are their medians (:func:`_window_speeds`), divided by the largest.
         """
         prior = _coefficients(self.prior)
         self._fit, self._scale = None, 1.0
@@ -338,9 +343,7 @@ class OnlineTimeModel:
                     fit = TimeModel.fit_normal_equations(gram, moment, tile=self.prior.tile)
                     if fit.t0 + fit.t1 + fit.t2 > 0:
                         self._fit, theta = fit, _coefficients(fit)
-            recent = _step_ratios(window[-self.feedback.speed_window :], theta)
-            seen = np.any(np.isfinite(recent), axis=0)
-            speeds[seen] = np.nanmedian(recent[:, seen], axis=0)
+            speeds = _window_speeds(_time_ratios(window, theta), self.feedback.speed_window)
             speeds = speeds / speeds.max()
             speeds[speeds >= 1.0 - self.feedback.speed_tolerance] = 1.0
             # The planner's range: one extreme (finite) timing must not leave a speed that
@@ -395,7 +398,7 @@ class OnlineTimeModel:
                 raise ValueError(f"state {key} {saved!r} does not match this run's {mine!r}")
         try:
             steps, ignored = _count(state["steps"]), _count(state["ignored"])
-            stats = [_finite(step, (self.world_size, _USED + 1)) for step in state["stats"]]
+            stats = [_saved_step(step, self.world_size) for step in state["stats"]]
             held_out = [_finite(row, (3,)) for row in state["held_out"]]
             warned = state["warned"]
         except (KeyError, TypeError, ValueError, OverflowError) as error:
@@ -421,6 +424,17 @@ def _finite(values: Any, shape: tuple[int, ...]) -> np.ndarray:
     if array.shape != shape or not np.all(np.isfinite(array)):
         raise ValueError(f"expected finite numbers of shape {shape}, got {values!r:.80}")
     return array
+
+
+def _saved_step(values: Any, world_size: int) -> np.ndarray:
+    """One saved step of the window (ValueError when not finite numbers of its shape). Earlier
+    releases kept the fit's columns only: their time sums are 0 (the speeds then use the fit's
+    ratio for that step, as those releases did)."""
+    fit = _USED + 1
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim == 2 and array.shape[1] == fit:
+        array = np.hstack([array, np.zeros((array.shape[0], _KEPT.size - fit))])
+    return _finite(array, (world_size, _KEPT.size))
 
 
 def _as_seconds(values: Any) -> np.ndarray:
@@ -453,6 +467,65 @@ def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
         warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
         middle = np.nanmedian(ratio, axis=1, keepdims=True)
     return ratio / middle
+
+
+_CHANGE_Z = 3.0
+"""How many standard errors the median of a rank's last ``speed_window`` step ratios must lie
+from the median of its earlier steps in the window to count as a change of speed (not noise)."""
+
+
+def _window_speeds(ratios: np.ndarray, short: int) -> np.ndarray:
+    """Each rank's speed (unnormalised, float64 [ranks]) from its step ratios (``[steps, ranks]``,
+    :func:`_step_ratios`; NaN where it measured nothing): the median of its last ``short`` steps
+    when that median differs from the median of the window's earlier steps by more than
+    ``_CHANGE_Z`` standard errors (a real change shows after about ``short / 2`` steps), else
+    the median of the whole window (1.0 for a rank that measured nothing in it).
+
+    The standard error scales the rank's step-to-step noise: ``1.4826 · median |Δ log ratio| /
+    √2`` over consecutive steps (a level shift moves one difference, not the median of them),
+    and a median of ``n`` steps errs by about ``1.2533 · σ / √n``. On a quiet machine (a few
+    percent per step) any slowdown stands out and is followed within ``short / 2`` steps, as a
+    plain short median would; under background load (other processes taking turns on either
+    rank's core: 30-50% per step) a short median wanders by tens of percent, so the window's
+    long median is planned with until the recent steps differ beyond that noise.
+    """
+    logs = np.log(ratios)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # ranks without finite values
+        whole = np.nanmedian(logs, axis=0)
+        recent = np.nanmedian(logs[-short:], axis=0)
+        earlier = np.nanmedian(logs[:-short], axis=0) if logs.shape[0] > short else whole * np.nan
+        noise = 1.4826 / np.sqrt(2.0) * np.nanmedian(np.abs(np.diff(logs, axis=0)), axis=0)
+    n_recent = np.count_nonzero(np.isfinite(logs[-short:]), axis=0)
+    n_earlier = np.count_nonzero(np.isfinite(logs[:-short]), axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        error = 1.2533 * noise * np.sqrt(1.0 / n_recent + 1.0 / n_earlier)
+    changed = (n_recent > 0) & ~(np.abs(recent - earlier) <= _CHANGE_Z * error)
+    estimate = np.where(changed, recent, whole)
+    return np.where(np.isfinite(estimate), np.exp(estimate), 1.0)
+
+
+def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Per step and rank, predicted over measured seconds summed over the rank's micro-batches
+    (the model in use that step), relative to the step's median rank (float64 [steps, ranks];
+    NaN where a rank measured nothing): the speed at which the step's plan would have balanced
+    the ranks' measured time. A ratio of sums, not a mean of per-micro-batch ratios: with
+    a model whose shape is off (a per-micro-batch constant too small, say) ranks given fewer or
+    shorter micro-batches get a biased mean, while sums weigh each micro-batch by its time, as
+    the step does; nor Huber-weighted, since such weights depend on the speed planned with and
+    pull the estimate back toward it. A step saved without the sums (an earlier release's
+    state) uses :func:`_step_ratios`."""
+    predicted, measured = window[:, :, _TOTALS.start], window[:, :, _TOTALS.start + 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(measured > 0, predicted / measured, np.nan)
+    ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
+        ratio = ratio / np.nanmedian(ratio, axis=1, keepdims=True)
+    saved = np.all(measured == 0, axis=1)  # before the sums were kept
+    if np.any(saved):
+        ratio[saved] = _step_ratios(window[saved], theta)
+    return ratio
 
 
 def _fixed_effects(window: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
