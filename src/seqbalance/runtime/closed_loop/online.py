@@ -65,11 +65,14 @@ _ERR_FIT, _ERR_PRIOR, _HELD_OUT = 15, 16, 17  # Σ min(|relative error|, 1) befo
 _ERR_MODEL = 18  # Σ |relative error| of the model in use
 _PREDICTED, _MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds (used ones)
 _COMPUTE, _SYNC, _STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
-_SIZE = 24
-# What the windows keep of each rank's statistics per step: the fit's columns, then the sums of
-# predicted (model in use) and measured seconds (the speeds' step ratios).
-_KEPT = np.r_[0 : _USED + 1, _PREDICTED, _MEASURED]
-_TOTALS = slice(_USED + 1, _USED + 3)
+_SUMS = slice(24, 27)  # Σ x over the micro-batches the fit keeps (weight > 0)
+_SUM_SECONDS = 27  # Σ measured seconds of those micro-batches
+_SIZE = 28
+_EARLIER_SIZE = 24  # statistics of releases before the sums (a resumed pending step)
+# What the windows keep of each rank's statistics per step: the fit's columns, then the sums
+# (the speeds' step ratios, :func:`_time_ratios`).
+_KEPT = np.r_[0 : _USED + 1, _SUMS.start : _SIZE]
+_FIT_COLUMNS = _USED + 1
 
 
 def microbatch_features(model: TimeModel, microbatches: Sequence[Any]) -> np.ndarray:
@@ -160,7 +163,7 @@ class OnlineTimeModel:
         sync_seconds: Any = 0.0,
         step_seconds: Any = None,
     ) -> np.ndarray:
-        """This rank's statistics for one step (float64 [24], always finite), to gather with
+        """This rank's statistics for one step (float64 [28], always finite), to gather with
         the others'.
 
         Args:
@@ -226,6 +229,9 @@ class OnlineTimeModel:
         out[_USED] = float(measured.size)
         out[_PREDICTED] = float(predicted.sum())
         out[_MEASURED] = float(measured.sum())
+        kept = weights > 0
+        out[_SUMS] = x[kept].sum(axis=0)
+        out[_SUM_SECONDS] = float(measured[kept].sum())
         out[_COMPUTE] = out[_MEASURED]
         out[_SYNC] = float(sync[0]) if sync_kept else 0.0
         given = step_seconds is not None and step_kept
@@ -243,7 +249,8 @@ class OnlineTimeModel:
         return weights
 
     def update(self, gathered: Any) -> dict[str, Any]:
-        """Apply one step's statistics of every rank (float64 [world_size, 24], rank order).
+        """Apply one step's statistics of every rank (float64 [world_size, 28], rank order;
+        [world_size, 24] from a release before the time sums, a resumed pending step).
 
         Returns:
             The step's telemetry (plain JSON values): ``step``, ``step_seconds`` (slowest
@@ -257,6 +264,8 @@ class OnlineTimeModel:
             ``next_rank_speeds``, ``next_model_source`` and ``ignored_measurements``.
         """
         stats = np.asarray(gathered, dtype=np.float64)
+        if stats.shape == (self.world_size, _EARLIER_SIZE):
+            stats = np.hstack([stats, np.zeros((self.world_size, _SIZE - _EARLIER_SIZE))])
         if stats.shape != (self.world_size, _SIZE) or not np.all(np.isfinite(stats)):
             raise ValueError(
                 f"gathered must be finite float64 statistics of shape ({self.world_size}, "
@@ -430,10 +439,9 @@ def _saved_step(values: Any, world_size: int) -> np.ndarray:
     """One saved step of the window (ValueError when not finite numbers of its shape). Earlier
     releases kept the fit's columns only: their time sums are 0 (the speeds then use the fit's
     ratio for that step, as those releases did)."""
-    fit = _USED + 1
     array = np.asarray(values, dtype=np.float64)
-    if array.ndim == 2 and array.shape[1] == fit:
-        array = np.hstack([array, np.zeros((array.shape[0], _KEPT.size - fit))])
+    if array.ndim == 2 and array.shape[1] == _FIT_COLUMNS:
+        array = np.hstack([array, np.zeros((array.shape[0], _KEPT.size - _FIT_COLUMNS))])
     return _finite(array, (world_size, _KEPT.size))
 
 
@@ -506,16 +514,16 @@ def _window_speeds(ratios: np.ndarray, short: int) -> np.ndarray:
 
 
 def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """Per step and rank, predicted over measured seconds summed over the rank's micro-batches
-    (the model in use that step), relative to the step's median rank (float64 [steps, ranks];
-    NaN where a rank measured nothing): the speed at which the step's plan would have balanced
-    the ranks' measured time. A ratio of sums, not a mean of per-micro-batch ratios: with
-    a model whose shape is off (a per-micro-batch constant too small, say) ranks given fewer or
-    shorter micro-batches get a biased mean, while sums weigh each micro-batch by its time, as
-    the step does; nor Huber-weighted, since such weights depend on the speed planned with and
-    pull the estimate back toward it. A step saved without the sums (an earlier release's
-    state) uses :func:`_step_ratios`."""
-    predicted, measured = window[:, :, _TOTALS.start], window[:, :, _TOTALS.start + 1]
+    """Per step and rank, the kept micro-batches' seconds predicted by ``theta`` over their
+    measured seconds, both summed, relative to the step's median rank (float64 [steps, ranks];
+    NaN where a rank measured nothing): the speed at which the model would have balanced the
+    ranks' measured time. A ratio of sums weighs each micro-batch by its time, as the step
+    does, and has no Huber weights: those depend on the speed planned with (the residuals are
+    taken at it), so under heavy noise their weighted mean stays near the planned speed
+    whatever the truth. A step saved without the sums (an earlier release's state) uses
+    :func:`_step_ratios`."""
+    sums = window[:, :, _FIT_COLUMNS : _FIT_COLUMNS + 3]
+    predicted, measured = sums @ theta, window[:, :, _FIT_COLUMNS + 3]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(measured > 0, predicted / measured, np.nan)
     ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
