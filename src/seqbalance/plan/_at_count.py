@@ -12,7 +12,6 @@ import numpy as np
 from seqbalance.partition import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
-from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _feasible
 from seqbalance.plan._dominant import dominant_start
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
@@ -169,10 +168,7 @@ def assign_units(p: Problem, m: int) -> np.ndarray | None:
     patches = None if p.capacity_patches is None else p.unit_sums(p.capacity_patches)
     caps = capacities(p, m)
     # The partition engine's LPT is the usual start; capacities rarely bind.
-    if p.speeds is None:
-        rank_of_unit = lpt(costs, p.dp)
-    else:
-        rank_of_unit = lpt_speeds(costs, p.speeds, SizeLimits(0, p.n_units))
+    rank_of_unit = p.unit_lpt.copy()
     if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
         # LPT with capacities; failing that, the partition engine on each capacity's measure.
         starts = itertools.chain(
@@ -243,7 +239,7 @@ def _fits_capacities(
 def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches | None:
     if m == 1 and not p.oversize.any():
         return [[samples.tolist()] for samples in members]  # step 1 kept each rank within cap
-    dp, cap = p.dp, p.cap
+    dp = p.dp
     plan: Microbatches = [[[] for _ in range(m)] for _ in range(dp)]
     tokens = np.zeros((dp, m))
     patches = None if p.patches is None else np.zeros((dp, m))
@@ -262,33 +258,17 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
     items = np.full((dp, width), -1, dtype=np.int64)
     for r, queue in enumerate(queues):
         items[r, : queue.size] = queue
-    rows = np.arange(dp)
-    slot = np.full((dp, width), -1, dtype=np.int64)
-    for k in range(width):
-        column = items[:, k]
-        active = column >= 0
-        safe = np.where(active, column, 0)
-        length = p.lengths[safe].astype(np.float64)
-        room = ~closed & (tokens + length[:, None] <= cap)
-        if patches is not None:
-            added = p.patches[safe].astype(np.float64)
-            room &= patches + added[:, None] <= p.patch_cap
-        key = np.where(room, costs, np.inf)
-        j = np.argmin(key, axis=1)
-        placed = active & np.isfinite(key[rows, j])
-        tokens[rows[placed], j[placed]] += length[placed]
-        if patches is not None:
-            patches[rows[placed], j[placed]] += added[placed]
-        costs[rows[placed], j[placed]] += p.sample_costs[safe[placed]]
-        slot[placed, k] = j[placed]
+    slot = _place_columns(p, items, tokens, patches, costs, closed)
     # Gather each micro-batch's samples in one pass: sort the placed items by (rank, slot).
+    rows = np.arange(dp)
     flat_slot = (rows[:, None] * m + slot).ravel()
     placed_items = slot.ravel() >= 0
     order = np.argsort(flat_slot[placed_items], kind="stable")
     grouped = items.ravel()[placed_items][order]
-    sizes = np.bincount(flat_slot[placed_items], minlength=dp * m)
-    for flat, part in enumerate(np.split(grouped, np.cumsum(sizes)[:-1])):
-        plan[flat // m][flat % m].extend(part.tolist())
+    ends = np.cumsum(np.bincount(flat_slot[placed_items], minlength=dp * m)).tolist()
+    grouped_list = grouped.tolist()
+    for flat, (start, end) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+        plan[flat // m][flat % m].extend(grouped_list[start:end])
     lost = (items >= 0) & (slot < 0)
     leftovers = [items[r, lost[r]].tolist() for r in range(dp)]
     for r in range(dp):
@@ -301,6 +281,47 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
     for microbatches in plan:
         fill_empty(p, microbatches)
     return plan
+
+
+def _place_columns(
+    p: Problem,
+    items: np.ndarray,
+    tokens: np.ndarray,
+    patches: np.ndarray | None,
+    costs: np.ndarray,
+    closed: np.ndarray,
+) -> np.ndarray:
+    """Column ``k`` of ``items`` (``[dp, width]``, each rank's samples heaviest first, -1 past
+    its last) placed at once: each rank's sample into its cheapest micro-batch (``costs``,
+    ``[dp, m]``) that is not ``closed`` and stays within the caps (``tokens`` and ``patches``
+    used so far, updated here). Returns the micro-batch of every item (-1: not placed)."""
+    dp, width = items.shape
+    rows = np.arange(dp)
+    active = items >= 0
+    safe = np.where(active, items, 0)
+    # Per-item values looked up once for all columns (the same numbers as one column at a time).
+    lengths = p.lengths[safe].astype(np.float64)
+    sample_costs = p.sample_costs[safe]
+    added = None if patches is None else p.patches[safe].astype(np.float64)  # type: ignore[index]
+    open_ = None if not closed.any() else ~closed
+    slot = np.full((dp, width), -1, dtype=np.int64)
+    for k in range(width):
+        length = lengths[:, k]
+        room = tokens + length[:, None] <= p.cap
+        if open_ is not None:
+            room &= open_
+        if added is not None:
+            room &= patches + added[:, k, None] <= p.patch_cap
+        key = np.where(room, costs, np.inf)
+        j = np.argmin(key, axis=1)
+        placed = active[:, k] & np.isfinite(key[rows, j])
+        at = (rows[placed], j[placed])
+        tokens[at] += length[placed]
+        if added is not None:
+            patches[at] += added[placed, k]  # type: ignore[index]
+        costs[at] += sample_costs[placed, k]
+        slot[placed, k] = at[1]
+    return slot
 
 
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
@@ -339,7 +360,10 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
     for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
         cost = float(p.sample_costs[i])
         keys = rank_costs if p.speeds is None else (np.add(rank_costs, cost) / p.speeds).tolist()
-        options = [(keys[r], j, r) for r in range(p.dp) for j in rooms[r].fitting(i)]
+        # The least (key, micro-batch, rank): per rank its first micro-batch with room (``i``
+        # is not over the cap: those are placed before, so ``first`` is the first it fits).
+        firsts = ((keys[r], rooms[r].first(i), r) for r in range(p.dp))
+        options = [option for option in firsts if option[1] is not None]
         if not options:
             return False
         _, j, r = min(options)

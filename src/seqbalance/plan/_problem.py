@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqbalance.partition import SizeLimits
 from seqbalance.partition import lower_bound as partition_lower_bound
+from seqbalance.partition.greedy import lpt
+from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan._caps import packed_keeps_cap
 from seqbalance.plan._fields import GroupedSamples
 from seqbalance.plan._intervals import padded_bound
@@ -528,3 +531,13 @@ class Problem(GroupedSamples):
         if units.size > self.dp:
             bound = max(bound, float(units[self.dp - 1] + units[self.dp]))
         return max(bound, float(partition_lower_bound(units, self.dp)))
+
+    @cached_property
+    def unit_lpt(self) -> np.ndarray:
+        """int64 ``[n_units]``: the rank of every unit in LPT by unit cost (with rank speeds,
+        where it finishes earliest), the balanced rank step's start at every count, computed
+        once per step (callers copy it before changing it)."""
+        costs = self.unit_sums(self.sample_costs)
+        if self.speeds is None:
+            return lpt(costs, self.dp)
+        return lpt_speeds(costs, self.speeds, SizeLimits(0, self.n_units))
