@@ -222,3 +222,29 @@ def test_plan_sums_are_each_micro_batch_summed_on_its_own(
     expected = [[float(costs[np.asarray(mb, dtype=np.int64)].sum()) for mb in mbs] for mbs in plan]
     assert p.plan_sums(plan).tolist() == expected
     assert p.plan_costs(plan).tolist() == [[0.5 + s for s in row] for row in expected]
+
+
+@settings(max_examples=examples(1000), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 6), min_size=0, max_size=40),
+    ranks=st.integers(1, 4),
+    m=st.integers(1, 4),
+    overhead=st.sampled_from([0.0, 0.5, 1e-3]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_padded_plan_costs_are_each_micro_batch_costed_on_its_own(
+    lengths: list[int], ranks: int, m: int, overhead: float, seed: int
+) -> None:
+    # Bit for bit microbatch_cost: the first of the longest samples (ties in length with other
+    # costs: a cost that is not a function of the length) times the count, empty ones overhead.
+    rng = np.random.default_rng(seed)
+    costs = rng.lognormal(2, 3, len(lengths))
+    options = PlanOptions(layout="padded", microbatch_size=64)
+    p = Problem(np.array(lengths, dtype=np.int64), costs, overhead, ranks, None, options)
+    slot = rng.integers(0, ranks * m, len(lengths))
+    plan = [
+        [rng.permutation(np.flatnonzero(slot == r * m + j)).tolist() for j in range(m)]
+        for r in range(ranks)
+    ]
+    expected = [[p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs] for mbs in plan]
+    assert p.plan_costs(plan).tolist() == expected
