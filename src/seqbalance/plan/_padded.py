@@ -126,14 +126,15 @@ def deal(p: Problem, microbatches: list[list[int]], m: int) -> Microbatches:
     plan: Microbatches = [[] for _ in range(p.dp)]
     heap = [(0.0, r) for r in range(p.dp)]
     loads = np.zeros(p.dp)
+    full = np.zeros(p.dp, dtype=bool)  # ranks holding m micro-batches
     for c in sorted(range(len(microbatches)), key=lambda c: (-costs[c], c)):
         if p.speeds is None:
             load, r = heapq.heappop(heap)
             if len(plan[r]) + 1 < m:
                 heapq.heappush(heap, (load + costs[c], r))
         else:
-            finish = np.where([len(mbs) < m for mbs in plan], (loads + costs[c]) / p.speeds, np.inf)
-            r = int(np.argmin(finish))
+            r = int(np.argmin(np.where(full, np.inf, (loads + costs[c]) / p.speeds)))
             loads[r] += costs[c]
+            full[r] = len(plan[r]) + 1 >= m
         plan[r].append(microbatches[c])
     return plan
