@@ -5,6 +5,7 @@ and the fallbacks where a rank does not fit."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 
 import numpy as np
@@ -34,6 +35,12 @@ from seqbalance.plan._two_positions import two_position_start
 from seqbalance.plan.strategies import rank_members
 
 __all__ = ["assign_units", "attempt", "global_first_fit", "lowered", "refines"]
+
+_HEAP_RANKS = 8
+"""``_place_columns`` places one rank at a time with a heap (Python) up to this many ranks, ...
+"""
+_HEAP_ASIDE = 8
+"""... unless its samples pass more than this many cheaper micro-batches without room each."""
 
 
 def attempt(
@@ -294,34 +301,95 @@ def _place_columns(
     """Column ``k`` of ``items`` (``[dp, width]``, each rank's samples heaviest first, -1 past
     its last) placed at once: each rank's sample into its cheapest micro-batch (``costs``,
     ``[dp, m]``) that is not ``closed`` and stays within the caps (``tokens`` and ``patches``
-    used so far, updated here). Returns the micro-batch of every item (-1: not placed)."""
+    used so far, updated here). Returns the micro-batch of every item (-1: not placed).
+
+    Ranks are independent: on a few ranks without a patch cap each is first placed on its own
+    by ``_placed_by_heap`` (cheaper than numpy's calls per column); the others, and a rank
+    whose micro-batches are too full for it, column by column."""
     dp, width = items.shape
-    rows = np.arange(dp)
     active = items >= 0
     safe = np.where(active, items, 0)
     # Per-item values looked up once for all columns (the same numbers as one column at a time).
     lengths = p.lengths[safe].astype(np.float64)
     sample_costs = p.sample_costs[safe]
     added = None if patches is None else p.patches[safe].astype(np.float64)  # type: ignore[index]
-    open_ = None if not closed.any() else ~closed
     slot = np.full((dp, width), -1, dtype=np.int64)
+    left = np.arange(dp)
+    if added is None and dp <= _HEAP_RANKS:
+        heaped = [
+            _placed_by_heap(p, r, active, tokens, costs, closed, lengths, sample_costs, slot)
+            for r in range(dp)
+        ]
+        left = left[~np.array(heaped)]
+    if left.size == 0:
+        return slot
+    sub = (tokens[left], costs[left], None if patches is None else patches[left])
+    rows = np.arange(left.size)
+    open_ = None if not closed[left].any() else ~closed[left]
     for k in range(width):
-        length = lengths[:, k]
-        room = tokens + length[:, None] <= p.cap
+        length = lengths[left, k]
+        room = sub[0] + length[:, None] <= p.cap
         if open_ is not None:
             room &= open_
         if added is not None:
-            room &= patches + added[:, k, None] <= p.patch_cap
-        key = np.where(room, costs, np.inf)
+            room &= sub[2] + added[left, k, None] <= p.patch_cap
+        key = np.where(room, sub[1], np.inf)
         j = np.argmin(key, axis=1)
-        placed = active[:, k] & np.isfinite(key[rows, j])
+        placed = active[left, k] & np.isfinite(key[rows, j])
         at = (rows[placed], j[placed])
-        tokens[at] += length[placed]
+        sub[0][at] += length[placed]
         if added is not None:
-            patches[at] += added[placed, k]  # type: ignore[index]
-        costs[at] += sample_costs[placed, k]
-        slot[placed, k] = at[1]
+            sub[2][at] += added[left[placed], k]  # type: ignore[index]
+        sub[1][at] += sample_costs[left[placed], k]
+        slot[left[placed], k] = at[1]
+    tokens[left], costs[left] = sub[0], sub[1]
+    if patches is not None:
+        patches[left] = sub[2]
     return slot
+
+
+def _placed_by_heap(
+    p: Problem,
+    r: int,
+    active: np.ndarray,
+    tokens: np.ndarray,
+    costs: np.ndarray,
+    closed: np.ndarray,
+    lengths: np.ndarray,
+    sample_costs: np.ndarray,
+    slot: np.ndarray,
+) -> bool:
+    """Rank ``r``'s samples as ``_place_columns`` places them (no patch cap), its open
+    micro-batches in a heap by (cost, index): the first popped with room is the cheapest with
+    room and the first of equals (numpy's ``argmin``), in Python floats (the same float
+    operations). False, changing nothing, where the samples pass more than ``_HEAP_ASIDE``
+    cheaper micro-batches without room per sample (full micro-batches: column by column is
+    cheaper then)."""
+    used, cost = tokens[r].tolist(), costs[r].tolist()
+    heap = [(cost[j], j) for j in np.flatnonzero(~closed[r]).tolist()]
+    heapq.heapify(heap)
+    count = int(active[r].sum())  # a rank's items come first, then -1
+    where = np.full(count, -1, dtype=np.int64)
+    passes = _HEAP_ASIDE * (count + len(heap))  # micro-batches passed that may be passed
+    for k, (length, added) in enumerate(
+        zip(lengths[r, :count].tolist(), sample_costs[r, :count].tolist(), strict=True)
+    ):
+        aside = []  # cheaper micro-batches without room for this sample
+        while heap and used[heap[0][1]] + length > p.cap:
+            if passes == 0:
+                return False
+            passes -= 1
+            aside.append(heapq.heappop(heap))
+        if heap:
+            j = heap[0][1]
+            used[j] += length
+            cost[j] += added
+            heapq.heapreplace(heap, (cost[j], j))
+            where[k] = j
+        for entry in aside:
+            heapq.heappush(heap, entry)
+    tokens[r], costs[r], slot[r, :count] = used, cost, where
+    return True
 
 
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
