@@ -191,7 +191,10 @@ def _check_real(value: Any, name: str, *, positive: bool) -> float:
     kind = "positive" if positive else "non-negative"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a {kind} number, got {value!r}")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an int or Fraction beyond a float's range
+        result = np.inf
     if not np.isfinite(result) or result < 0 or (positive and result == 0):
         raise ValueError(f"{name} must be a {kind} finite number, got {value!r}")
     return result

@@ -33,19 +33,27 @@ def _slowdown(rank: int, step: int) -> float:
     return 100.0 if rank == 1 and step >= 10 else 1.0  # an extreme straggler from step 10
 
 
-def _timing(plan: Any, rank: int, step: int) -> StepTiming:
+def _seconds(plan: Any, rank: int, step: int) -> list[float]:
     rng = np.random.default_rng([rank, step])
-    seconds = [
+    return [
         TRUE.microbatch_seconds(plan.lengths[indices])
         * _slowdown(rank, step)
         * (1 + 0.02 * rng.standard_normal())
         for indices in plan.ranks[rank]
     ]
+
+
+def _timing(plan: Any, rank: int, step: int) -> StepTiming:
+    """What rank measures: its micro-batches, then the wait at the gradient sync until the
+    slowest rank is done (every rank's step ends there)."""
+    seconds = _seconds(plan, rank, step)
+    step_seconds = max(sum(_seconds(plan, r, step)) for r in range(len(plan.ranks))) + 0.001
+    sync_seconds = step_seconds - sum(seconds)
     if step == 5 and rank == 0:  # a broken timer: ignored, one warning, nothing corrupted
         seconds[0], seconds[-1] = float("nan"), -1.0
     if step == 7 and rank == 1:
         seconds[0] = 0.0
-    return StepTiming(tuple(seconds), 0.001, sum(s for s in seconds if s > 0) + 0.001)
+    return StepTiming(tuple(seconds), sync_seconds, step_seconds)
 
 
 def _steps(loop: Adaptive, rank: int, first: int, last: int) -> list[dict[str, Any]]:

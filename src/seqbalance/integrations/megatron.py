@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_bool, check_int
+from seqbalance._validation import as_lengths, check_bool, check_int
 from seqbalance.integrations._megatron_batches import (
     IGNORE_INDEX,
     check_hybrid_cp,
@@ -393,7 +393,9 @@ class MegatronDataIterator:
         self.dataset = dataset
         self.pad_multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
         self.num_microbatches = options.num_microbatches
-        raw = np.asarray(lengths, dtype=np.int64)
+        # A checked copy: a memory map whose file is cut while the run goes on would end the
+        # process (SIGBUS) when a sample's count is checked against it.
+        raw = as_lengths(lengths)
         if hasattr(dataset, "__len__") and len(dataset) != raw.size:
             raise ValueError(f"dataset has {len(dataset)} samples but lengths has {raw.size}")
         empty = np.flatnonzero(raw == 0)
@@ -404,7 +406,9 @@ class MegatronDataIterator:
             )
         self._lengths = raw
         # The cap counts padded tokens, so the plan sees padded lengths.
-        planned = -(-raw // self.pad_multiple) * self.pad_multiple
+        planned = (
+            raw if self.pad_multiple == 1 else -(-raw // self.pad_multiple) * self.pad_multiple
+        )
         self.sampler = BalancedBatchSampler(
             planned,
             global_batch_size,

@@ -6,9 +6,10 @@ prediction of them, its error, the rank speeds, and the step as the unbalanced b
 (``round_robin``) and as planned, both predicted by the fitted model at the measured speeds.
 A log is read line by line into per-step columns (a 100k-step log in seconds). A line cut short
 by a crash mid-write is skipped and reported: the last line whatever it holds, and a line
-elsewhere that begins a JSON object and does not end one (a run that crashed, resumed and went
-on logging to the same file starts on a fresh line). Any other bad line is a ``ValueError``
-naming its line and field.
+elsewhere that begins a JSON object and does not end one, or holds only NUL bytes (blocks a
+machine that went down never wrote; a run that crashed, resumed and went on logging to the
+same file starts on a fresh line). Any other bad line is a ``ValueError`` naming its line and
+field.
 """
 
 from __future__ import annotations
@@ -109,7 +110,10 @@ def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
                 row = json.loads(raw)
             except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, or nested deeper
                 # than the parser goes
-                cut = text.startswith(b"{") and not text.endswith(b"}")
+                # Cut short: begins an object and ends none, or only NUL bytes (blocks a
+                # machine that went down never wrote, which a resumed run's first line follows).
+                nul = not text.strip(b"\0")
+                cut = nul or (text.startswith(b"{") and not text.endswith(b"}"))
                 pending = (number, cut, ValueError(f"{path}:{number} is not JSON: {error}"))
                 continue
             reader.add(number, row)

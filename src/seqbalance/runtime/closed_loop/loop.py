@@ -336,8 +336,8 @@ class ClosedLoop:
         plan: str | None = None,
     ) -> dict[str, Any]:
         """This rank's record of observed step ``step`` (module doc): ``measure()``'s
-        statistics, or the error that kept the rank from measuring (a ValueError or
-        RuntimeError of ``measure``, or ``error``), with ``learned`` (the fingerprint of the
+        statistics, or the error that kept the rank from measuring (a ValueError, RuntimeError
+        or TypeError of ``measure``, or ``error``), with ``learned`` (the fingerprint of the
         options in use), and ``taken`` and ``plan`` (the observed plan's digest) when given.
         Never raises: the error travels to every rank, which all raise it in :meth:`learn`."""
         stats = None
@@ -345,7 +345,9 @@ class ClosedLoop:
         if error is None and measure is not None:
             try:
                 stats = measure().tolist()
-            except (ValueError, RuntimeError) as raised:
+            except (ValueError, RuntimeError, TypeError) as raised:  # TypeError: a timing of a
+                # type numpy cannot take (a bfloat16 tensor): raised here, on this rank alone,
+                # it would leave the others waiting in the gather
                 error = str(raised)
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
         record["learned"] = self._learned()

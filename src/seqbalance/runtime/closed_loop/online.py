@@ -26,7 +26,9 @@ What the model learns:
 
 Degenerate measurements (not a number, NaN, infinite, zero, negative, below
 :data:`MIN_SECONDS` or above :data:`MAX_SECONDS`; sync and step times too) are left out of every
-statistic, counted, and reported with one warning per model; they never raise. Speeds stay in
+statistic, counted, and reported with one warning per model; they never raise. So are the
+micro-batches of a rank whose synchronized step time disagrees with the other ranks' (a clock
+in another unit: :data:`STEP_AGREEMENT`). Speeds stay in
 the planner's range (``SPEED_RANGE``), so no finite timing can wedge planning.
 """
 
@@ -44,7 +46,13 @@ from seqbalance._validation import SPEED_RANGE, as_lengths, check_int
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
 
-__all__ = ["MAX_SECONDS", "MIN_SECONDS", "OnlineTimeModel", "microbatch_features"]
+__all__ = [
+    "MAX_SECONDS",
+    "MIN_SECONDS",
+    "STEP_AGREEMENT",
+    "OnlineTimeModel",
+    "microbatch_features",
+]
 
 MIN_SECONDS = 1e-7
 """Shortest measurement accepted, in seconds: no forward+backward of a micro-batch is faster, so
@@ -53,6 +61,13 @@ anything below (zero, subnormal) is a broken timer, not a measurement."""
 MAX_SECONDS = 1e5
 """Longest measurement accepted, in seconds (a day): a longer micro-batch, sync or step is a
 timer in the wrong unit or a stalled process, not a measurement."""
+
+STEP_AGREEMENT = 2.0
+"""Ranks that measured a gradient sync end their step together, so their step wall times agree
+(they differ only by when each started its first micro-batch). A rank whose step is within this
+factor of at most half of those ranks' steps reads a clock in another unit or scale (a hand-made
+timing, a wrong event factory): its micro-batches that step are left out of the fit and the
+rank speeds. Compute times alone cannot tell such a rank from a faster or slower one."""
 
 _FORMAT = "seqbalance.OnlineTimeModel/1"
 # Layout of one rank's statistics vector (float64).
@@ -113,6 +128,7 @@ class OnlineTimeModel:
         self.steps = 0
         self.ignored = 0
         self._warned = False
+        self._warned_clock = False
         # Per step, every rank's [gram, moment, Σh, n] (not speed-corrected: the speeds are
         # re-derived from the whole window at each update and applied then).
         self._stats: deque[np.ndarray] = deque(maxlen=self.feedback.window)
@@ -248,7 +264,9 @@ class OnlineTimeModel:
             ``model_error`` (MAPE of the model in use on this step's micro-batches, before
             they join the fit; None on the first step), ``model`` (``t0``, ``t1``, ``t2``,
             ``source``) and ``rank_speeds`` (both as planned this step),
-            ``next_rank_speeds``, ``next_model_source`` and ``ignored_measurements``.
+            ``next_rank_speeds``, ``next_model_source``, ``ignored_measurements`` and
+            ``unsynchronized_ranks`` (ranks whose step time disagreed with the others', see
+            :data:`STEP_AGREEMENT`: their micro-batches are counted as ignored).
         """
         stats = np.asarray(gathered, dtype=np.float64)
         if stats.shape != (self.world_size, _SIZE) or not np.all(np.isfinite(stats)):
@@ -268,6 +286,9 @@ class OnlineTimeModel:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        unsynchronized = _off_the_step(stats)
+        if unsynchronized.any():
+            self._warn_clock(stats, unsynchronized)
         speeds = self._speeds if self.feedback.rank_speeds else np.ones(self.world_size)
         compute = stats[:, _COMPUTE]
         used = stats[:, _USED].sum()
@@ -296,10 +317,14 @@ class OnlineTimeModel:
                 "source": self.source,
             },
             "rank_speeds": speeds.tolist(),
-            "ignored_measurements": ignored,
+            "ignored_measurements": ignored + int(stats[unsynchronized, _USED].sum()),
+            "unsynchronized_ranks": np.flatnonzero(unsynchronized).tolist(),
         }
-        total = stats.sum(axis=0)
-        self._stats.append(stats[:, : _USED + 1].copy())
+        learned = stats.copy()
+        learned[unsynchronized] = 0.0  # nothing of theirs in the fit, the speeds, the errors
+        self.ignored += int(stats[unsynchronized, _USED].sum())
+        total = learned.sum(axis=0)
+        self._stats.append(learned[:, : _USED + 1])
         if total[_HELD_OUT] > 0:
             self._held_out.append(total[[_ERR_FIT, _ERR_PRIOR, _HELD_OUT]].copy())
         self.steps += 1
@@ -307,6 +332,24 @@ class OnlineTimeModel:
         telemetry["next_rank_speeds"] = self._speeds.tolist()
         telemetry["next_model_source"] = self.source
         return telemetry
+
+    def _warn_clock(self, stats: np.ndarray, unsynchronized: np.ndarray) -> None:
+        """One warning per model for ranks whose step disagrees with the others' (see
+        :data:`STEP_AGREEMENT`)."""
+        if self._warned_clock:
+            return
+        self._warned_clock = True
+        ranks = np.flatnonzero(unsynchronized).tolist()
+        synchronized = np.flatnonzero(stats[:, _SYNC] > 0).tolist()
+        warnings.warn(
+            f"rank(s) {ranks} measured step times {stats[ranks, _STEP].tolist()} s, not within "
+            f"a factor {STEP_AGREEMENT:g} of most of the {len(synchronized)} ranks that timed "
+            "a gradient sync (whose steps end together): their timers read another unit or "
+            "scale; their micro-batches are left out of the fit and the rank speeds (further "
+            "ones are counted in the telemetry, 'unsynchronized_ranks', without a warning)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _refresh(self) -> None:
         """Re-derive the fit, the prior's scale, the model in use and the speeds from the
@@ -368,6 +411,7 @@ class OnlineTimeModel:
             "steps": self.steps,
             "ignored": self.ignored,
             "warned": self._warned,
+            "warned_clock": self._warned_clock,
             "stats": [step.tolist() for step in self._stats],
             "held_out": [row.tolist() for row in self._held_out],
         }
@@ -398,11 +442,17 @@ class OnlineTimeModel:
             stats = [_finite(step, (self.world_size, _USED + 1)) for step in state["stats"]]
             held_out = [_finite(row, (3,)) for row in state["held_out"]]
             warned = state["warned"]
+            warned_clock = state.get("warned_clock", False)  # absent: saved before the check
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"state is not a valid OnlineTimeModel state_dict: {error}") from None
-        if not isinstance(warned, bool) or len(stats) > min(steps, self.feedback.window):
+        if (
+            not isinstance(warned, bool)
+            or not isinstance(warned_clock, bool)
+            or len(stats) > min(steps, self.feedback.window)
+        ):
             raise ValueError("state is not a valid OnlineTimeModel state_dict: inconsistent")
         self.steps, self.ignored, self._warned = steps, ignored, warned
+        self._warned_clock = warned_clock
         self._stats = deque(stats, maxlen=self.feedback.window)
         self._held_out = deque(held_out, maxlen=self.feedback.window)
         self._refresh()
@@ -438,6 +488,26 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError, OverflowError):
         return float("nan")
+
+
+def _off_the_step(stats: np.ndarray) -> np.ndarray:
+    """Ranks (bool [ranks]) whose step wall time is within :data:`STEP_AGREEMENT` of fewer
+    than half the others that measured a gradient sync (only those end their step together;
+    two that disagree are both out: neither is a majority).
+
+    Without two such ranks there is nothing to compare.
+    """
+    synchronized = np.flatnonzero(stats[:, _SYNC] > 0)
+    off = np.zeros(stats.shape[0], dtype=bool)
+    if synchronized.size < 2:
+        return off
+    step = stats[synchronized, _STEP]
+    ordered = np.sort(step)
+    agreeing = np.searchsorted(ordered, step * STEP_AGREEMENT, side="right") - np.searchsorted(
+        ordered, step / STEP_AGREEMENT, side="left"
+    )
+    off[synchronized] = 2 * agreeing <= synchronized.size
+    return off
 
 
 def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:

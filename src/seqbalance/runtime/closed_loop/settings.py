@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from seqbalance._deprecated import renamed_fields
-from seqbalance._validation import check_int, check_positive_float, check_timeout
+from seqbalance._validation import (
+    check_int,
+    check_non_negative_float,
+    check_positive_float,
+    check_timeout,
+)
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 
@@ -79,8 +84,10 @@ class Feedback:
         for name in ("huber", "reject"):
             object.__setattr__(self, name, check_positive_float(getattr(self, name), name))
         object.__setattr__(self, "timeout", check_timeout(self.timeout, "timeout"))
-        tolerance = float(self.speed_tolerance)
-        if not 0 <= tolerance < 1:
+        if self.window > sys.maxsize:  # the fit's deque could not hold it
+            raise ValueError(f"window must be at most {sys.maxsize}, got {self.window}")
+        tolerance = check_non_negative_float(self.speed_tolerance, "speed_tolerance")
+        if not tolerance < 1:
             raise ValueError(f"speed_tolerance must be in [0, 1), got {self.speed_tolerance!r}")
         object.__setattr__(self, "speed_tolerance", tolerance)
         if not isinstance(self.rank_speeds, bool):

@@ -61,6 +61,10 @@ def _digest(plan: Plan) -> str:
 
 def _measure(loop: ClosedLoop, plan: Plan, rank: int, timing: Any) -> Any:
     """What ``loop.record`` measures: ``rank``'s statistics of ``plan`` from its ``timing``."""
+    if not isinstance(timing, StepTiming):  # raised in the record: every rank raises it
+        raise ValueError(
+            f"timing must be a StepTiming (or None: the timer's), got {type(timing).__name__}"
+        )
     return loop.statistics(
         plan,
         rank,
@@ -446,7 +450,10 @@ def _upgraded(state: Any) -> dict[str, Any]:
         options = None if state["planner"] is None else state["planner"]["options"]
         state = {"format": FORMAT, "options": options, "history": history, "pending": pending}
     if isinstance(state, dict) and state.get("format") == FORMAT and not state.get("history"):
-        if set(state) != {"format", "options", "history", "pending"}:
+        keys, pending = set(state), state.get("pending")
+        if keys != {"format", "options", "history", "pending"} or not (
+            pending is None or isinstance(pending, dict)
+        ):
             raise ValueError("not a Rebalancer adaptive state_dict")
         return state  # nothing learned yet
     return upgrade(state)

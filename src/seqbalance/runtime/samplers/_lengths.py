@@ -62,7 +62,7 @@ class LengthSource:
     def __init__(self, lengths: Any, name: str = "lengths") -> None:
         self.path: Path | None = None
         if isinstance(lengths, (str, os.PathLike)):
-            self.path = Path(lengths)
+            self.path = Path(os.fsdecode(lengths))  # a path object may give bytes
             lengths = _load_npy(self.path, name)
             name = f"{name} file {self.path}"
         elif (
@@ -368,7 +368,7 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
         )
     try:
         loaded = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError) as error:  # EOFError: an empty file
         raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
     if not isinstance(loaded, np.ndarray):  # a .npz archive: a mapping of arrays
         loaded.close()
