@@ -16,6 +16,7 @@ from seqbalance.partition.refine import refine
 from seqbalance.plan import _feasible
 from seqbalance.plan._dominant import dominant_start
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
+from seqbalance.plan._level_starts import level_start
 from seqbalance.plan._levels import lower_levels
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
@@ -105,21 +106,28 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
 
 def lowered(p: Problem, plan: Microbatches) -> Microbatches:
     """``plan`` (the chosen one, ours or a rival's) with its levels lowered
-    (``plan/_levels.py``) and searched again from there, where that is cheaper: padded
-    ``lockstep`` steps of three or more positions without groups or rank speeds, above the
-    count's bound."""
+    (``plan/_levels.py``), or the plan of levels chosen first (``plan/_level_starts.py``),
+    each searched again from there, the cheapest where it is cheaper: padded ``lockstep``
+    steps of three or more positions without groups or rank speeds, above the count's
+    bound."""
     m = len(plan[0]) if plan else 0
     if not (p.layout == "padded" and p.objective == "lockstep" and m > 2):
         return plan
     if p.groups is not None or p.speeds is not None:
         return plan
-    value, target = aligned_value(p, plan), bound_at_count(p, m) * (1 + GOOD_ENOUGH)
-    intervals = Intervals.of(p)
-    found = None if value <= target else lower_levels(p, intervals, plan)
-    if found is None:
+    bound = bound_at_count(p, m)
+    value, target = aligned_value(p, plan), bound * (1 + GOOD_ENOUGH)
+    if value <= target:
         return plan
-    found = improve_intervals(p, intervals, found, target) or found
-    return found if aligned_value(p, found) < value else plan
+    intervals, best, least = Intervals.of(p), plan, value
+    levels = (bound - m * p.overhead, value - m * p.overhead)
+    for found in (lower_levels(p, intervals, plan), level_start(p, intervals, m, *levels)):
+        if found is None:
+            continue
+        found = improve_intervals(p, intervals, found, target) or found
+        if aligned_value(p, found) < least:
+            best, least = found, aligned_value(p, found)
+    return best
 
 
 def _longest_alone(p: Problem, m: int) -> Microbatches | None:
