@@ -84,9 +84,9 @@ def _filled_ranks_bound(p: Problem, m: int) -> float:
     more). 0 with empty micro-batches allowed; ``inf`` where the samples are too few."""
     if p.allow_empty or m <= 0:
         return 0.0
-    ranks = np.arange(1, p.dp + 1)
     if p.n < p.dp * m:
         return np.inf
+    ranks = np.arange(1, p.dp + 1)
     least = np.concatenate(([0.0], np.cumsum(np.sort(p.least_sample_costs))))
     speeds = np.cumsum(np.sort(p.speeds_or_ones))  # the k slowest
     return float(((least[ranks * m] + ranks * m * p.overhead) / speeds).max())
