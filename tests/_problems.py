@@ -1,5 +1,6 @@
-"""Planner problems costed in tokens for the internal-search tests (import with
-``from _problems import token_problem``)."""
+"""Planner problems for the internal-search tests (import with ``from _problems import
+token_problem``): costed in tokens, or padded ``lockstep`` steps at ``batch_rebalance``'s
+cost, and the checks every padded plan of such a step passes."""
 
 from __future__ import annotations
 
@@ -21,3 +22,39 @@ def token_problem(lengths: list[int], options: PlanOptions, *, dp: int = 1) -> P
         groups=None,
         options=options,
     )
+
+
+def padded_lockstep_problem(
+    lengths: list[int], dp: int, m: int, size: int, cap: int | None, empty: bool, overhead: float
+) -> Problem:
+    """A padded ``lockstep`` step of ``lengths`` on ``dp`` ranks at ``batch_rebalance``'s cost
+    (``L + 0.001 L^2`` per sample): ``m`` micro-batches per rank of at most ``size`` samples,
+    at most ``cap`` padded tokens each where set (a longer sample alone), empty ones where
+    ``empty``."""
+    array = np.asarray(lengths, dtype=np.int64)
+    options = {"microbatch_size": size, "num_microbatches": m, "allow_empty": empty}
+    if cap is not None:
+        options.update(max_tokens=cap, allow_oversize=True)
+    return Problem(
+        lengths=array,
+        sample_costs=array + 1e-3 * array.astype(np.float64) ** 2,
+        overhead=overhead,
+        dp=dp,
+        groups=None,
+        options=PlanOptions(layout="padded", objective="lockstep", **options),
+    )
+
+
+def check_padded_plan(plan, lengths: np.ndarray, m: int, size: int, cap, empty: bool) -> None:
+    """``plan`` holds every sample once, ``m`` micro-batches per rank (non-empty unless
+    ``empty``), at most ``size`` samples each and, where ``cap`` is set, at most ``cap``
+    padded tokens in each of two samples or more."""
+    assert [len(mbs) for mbs in plan] == [m] * len(plan)
+    flat = sorted(int(i) for mbs in plan for mb in mbs for i in mb)
+    assert flat == list(range(lengths.size))
+    for mbs in plan:
+        for mb in mbs:
+            assert empty or len(mb) > 0
+            assert len(mb) <= size
+            if cap is not None and len(mb) > 1:
+                assert len(mb) * int(lengths[mb].max()) <= cap

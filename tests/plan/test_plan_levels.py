@@ -5,30 +5,17 @@ below its local search with it on ``batch_rebalance``'s configuration."""
 from __future__ import annotations
 
 import numpy as np
+from _problems import check_padded_plan, padded_lockstep_problem
 from _profiles import examples
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.cost import TimeModel
-from seqbalance.plan import PlanOptions
 from seqbalance.plan._intervals import Intervals
 from seqbalance.plan._levels import lower_levels
 from seqbalance.plan._padded_search import tiered_starts
 from seqbalance.plan._portfolio import aligned_value
-from seqbalance.plan._problem import Problem
-
-
-def _problem(lengths: np.ndarray, dp: int, **options) -> Problem:
-    costs = lengths + 1e-3 * lengths.astype(np.float64) ** 2
-    return Problem(
-        lengths=lengths,
-        sample_costs=costs,
-        overhead=options.pop("overhead", 0.0),
-        dp=dp,
-        groups=None,
-        options=PlanOptions(layout="padded", objective="lockstep", **options),
-    )
 
 
 @settings(max_examples=examples(400), deadline=None)
@@ -46,11 +33,8 @@ def test_lowered_plans_are_valid_and_cheaper(lengths, dp, m, size, cap, empty, o
     # pass returns holds every sample once, m micro-batches per rank, within the caps, and
     # costs strictly less than its start.
     assume(empty or len(lengths) >= dp * m)  # else no plan has this count
-    lengths = np.asarray(lengths, dtype=np.int64)
-    options = {"microbatch_size": size, "num_microbatches": m, "allow_empty": empty}
-    if cap is not None:
-        options.update(max_tokens=cap, allow_oversize=True)
-    p = _problem(lengths, dp, overhead=overhead, **options)
+    p = padded_lockstep_problem(lengths, dp, m, size, cap, empty, overhead)
+    lengths = p.lengths
     intervals = Intervals.of(p)
     for start in tiered_starts(p, intervals, m):
         if any(not mb for mbs in start for mb in mbs):
@@ -58,16 +42,8 @@ def test_lowered_plans_are_valid_and_cheaper(lengths, dp, m, size, cap, empty, o
         lowered = lower_levels(p, intervals, start)
         if lowered is None:
             continue
-        assert [len(mbs) for mbs in lowered] == [m] * dp
-        flat = sorted(int(i) for mbs in lowered for mb in mbs for i in mb)
-        assert flat == list(range(lengths.size))
-        for mbs in lowered:
-            for mb in mbs:
-                assert empty or len(mb) > 0
-                assert len(mb) <= size
-                longest = int(lengths[mb].max()) if len(mb) else 0
-                if cap is not None and len(mb) > 1:
-                    assert len(mb) * longest <= cap
+        assert len(lowered) == dp
+        check_padded_plan(lowered, lengths, m, size, cap, empty)
         assert aligned_value(p, lowered) < aligned_value(p, start)
 
 

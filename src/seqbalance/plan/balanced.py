@@ -41,7 +41,8 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    the end of the order, ``plan/_dominant.py``). Where a rival's padded plan with more
    micro-batches wins, the same is planned at its count. In ``lockstep`` with three or more
    positions, the plan chosen (ours or a rival's) then has its levels lowered a tier at a time
-   (``plan/_levels.py``).
+   (``plan/_levels.py``), or gives way to the plan of levels chosen first, the runs cut to fit
+   them (``plan/_level_starts.py``), where either is cheaper.
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps.

@@ -345,9 +345,7 @@ class ClosedLoop:
         if error is None and measure is not None:
             try:
                 stats = measure().tolist()
-            except (ValueError, RuntimeError, TypeError) as raised:  # TypeError: a timing of a
-                # type numpy cannot take (a bfloat16 tensor): raised here, on this rank alone,
-                # it would leave the others waiting in the gather
+            except (ValueError, RuntimeError, TypeError) as raised:  # e.g. a bfloat16 timing
                 error = str(raised)
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
         record["learned"] = self._learned()
@@ -523,6 +521,8 @@ class ClosedLoop:
         counts = sorted(restored)
         if counts != list(range(counts[0], counts[0] + len(counts))) or len(counts) > self.lag + 1:
             raise ValueError("adaptive state's history is not consecutive observations")
+        if counts[0] != max(0, counts[-1] - self.lag):  # a planner would wait for them forever
+            raise ValueError(f"adaptive state's history lacks steps lag {self.lag} plans from")
         with self._changed:
             self.online = online
             self._after = restored

@@ -123,6 +123,12 @@ def _check_log(log: Any) -> None:
 
 def log_problem(path: Path) -> str | None:
     """Why telemetry lines cannot be appended to ``path``, or None when they can."""
+    try:  # a name too long, a NUL byte, a file where a folder should be
+        os.stat(path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as error:
+        return f"log = {str(path)!r} cannot be used: {error}"
     folder = path.parent
     if path.is_dir():
         return f"log = {str(path)!r} is a folder: give the path of a .jsonl file"

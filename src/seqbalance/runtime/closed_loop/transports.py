@@ -184,9 +184,11 @@ class Adaptive:
         def measure() -> Any:
             return _measure(loop, plan, rank, self.timer.finish() if timing is None else timing)
 
+        if error is None and not isinstance(plan, Plan):  # in the record: every rank raises it
+            error = f"observe() needs the step's Plan (plan()'s), got {type(plan).__name__}"
         # The plan's digest: ranks that planned different steps (plan() given other lengths,
         # or another order, on one rank) or observe another step's plan fail here, together.
-        digest = None if plan is None else _digest(plan)
+        digest = _digest(plan) if isinstance(plan, Plan) else None
         records = self.gather(loop.record(step, measure, error, taken=taken, plan=digest))
         return loop.learn(plan, records)
 

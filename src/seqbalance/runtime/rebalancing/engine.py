@@ -244,7 +244,7 @@ class StepEngine:
             local = normalise(samples, cu_seqlens)
             group_ids = None if groups is None else as_group_ids(groups, len(local.samples))
             self._check_lengths(local, parts, world_size)
-        except ValueError as error:
+        except (ValueError, TypeError) as error:  # TypeError: samples that are no sequence
             header.update(
                 error=str(error), n=0, fields=[], groups=False, form="list_dict", parts=None
             )
