@@ -47,6 +47,7 @@ import numpy as np
 from seqbalance._validation import SPEED_RANGE, as_lengths, check_int
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
+from seqbalance.runtime.closed_loop.speeds import window_speeds
 
 __all__ = [
     "MAX_SECONDS",
@@ -376,8 +377,9 @@ class OnlineTimeModel:
         So a rank that changed speed inside the window, or a slow rank whose speed is not yet
         known, never biases the fit. The fastest rank of each step is read off the prior's
         predictions, then once more off the first fit's. Each step's speeds are then each
-        rank's mean predicted over measured relative to the step's median rank, and the speeds
-        planned with are their medians (:func:`_window_speeds`), divided by the largest.
+        rank's summed predicted (by the fit) over summed measured seconds relative to the
+        step's median rank (:func:`_time_ratios`), and the speeds planned with are their
+        medians (``speeds.window_speeds``), divided by the largest.
         """
         prior = _coefficients(self.prior)
         self._fit, self._scale = None, 1.0
@@ -395,7 +397,7 @@ class OnlineTimeModel:
                     fit = TimeModel.fit_normal_equations(gram, moment, tile=self.prior.tile)
                     if fit.t0 + fit.t1 + fit.t2 > 0:
                         self._fit, theta = fit, _coefficients(fit)
-            speeds = _window_speeds(_time_ratios(window, theta), self.feedback.speed_window)
+            speeds = window_speeds(_time_ratios(window, theta), self.feedback.speed_window)
             speeds = speeds / speeds.max()
             speeds[speeds >= 1.0 - self.feedback.speed_tolerance] = 1.0
             # The planner's range: one extreme (finite) timing must not leave a speed that
@@ -545,42 +547,6 @@ def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
         warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
         middle = np.nanmedian(ratio, axis=1, keepdims=True)
     return ratio / middle
-
-
-_CHANGE_Z = 3.0
-"""How many standard errors the median of a rank's last ``speed_window`` step ratios must lie
-from the median of its earlier steps in the window to count as a change of speed (not noise)."""
-
-
-def _window_speeds(ratios: np.ndarray, short: int) -> np.ndarray:
-    """Each rank's speed (unnormalised, float64 [ranks]) from its step ratios (``[steps, ranks]``,
-    :func:`_step_ratios`; NaN where it measured nothing): the median of its last ``short`` steps
-    when that median differs from the median of the window's earlier steps by more than
-    ``_CHANGE_Z`` standard errors (a real change shows after about ``short / 2`` steps), else
-    the median of the whole window (1.0 for a rank that measured nothing in it).
-
-    The standard error scales the rank's step-to-step noise: ``1.4826 · median |Δ log ratio| /
-    √2`` over consecutive steps (a level shift moves one difference, not the median of them),
-    and a median of ``n`` steps errs by about ``1.2533 · σ / √n``. On a quiet machine (a few
-    percent per step) any slowdown stands out and is followed within ``short / 2`` steps, as a
-    plain short median would; under background load (other processes taking turns on either
-    rank's core: 30-50% per step) a short median wanders by tens of percent, so the window's
-    long median is planned with until the recent steps differ beyond that noise.
-    """
-    logs = np.log(ratios)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # ranks without finite values
-        whole = np.nanmedian(logs, axis=0)
-        recent = np.nanmedian(logs[-short:], axis=0)
-        earlier = np.nanmedian(logs[:-short], axis=0) if logs.shape[0] > short else whole * np.nan
-        noise = 1.4826 / np.sqrt(2.0) * np.nanmedian(np.abs(np.diff(logs, axis=0)), axis=0)
-    n_recent = np.count_nonzero(np.isfinite(logs[-short:]), axis=0)
-    n_earlier = np.count_nonzero(np.isfinite(logs[:-short]), axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        error = 1.2533 * noise * np.sqrt(1.0 / n_recent + 1.0 / n_earlier)
-    changed = (n_recent > 0) & ~(np.abs(recent - earlier) <= _CHANGE_Z * error)
-    estimate = np.where(changed, recent, whole)
-    return np.where(np.isfinite(estimate), np.exp(estimate), 1.0)
 
 
 def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
