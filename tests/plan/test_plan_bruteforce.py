@@ -245,6 +245,22 @@ def test_ten_samples_four_slots(lengths: list[int], dp: int, options: dict) -> N
     _check_against_brute_force(sb.plan_step(lengths, dp, **options))
 
 
+@pytest.mark.parametrize(
+    ("m", "bound", "best"), [(1, 10.0, 22.0), (2, 20.0, 22.0), (3, 30.0, 30.0)]
+)
+def test_capacity_bound_of_filled_ranks_by_hand(m: int, bound: float, best: float) -> None:
+    # Costs 1, 1, 1, 1, 10, 10 on speeds (1, 0.1), no cap, no empty micro-batch: the slow rank
+    # holds m samples, at least m of cost 1, so it ends at m / 0.1 or later. m = 3: the slow
+    # rank's three 1s take 30, the fast rank's 1 + 10 + 10 = 21; m = 1, 2: 20 and 22.
+    options = sb.PlanOptions(rank_speeds=(1.0, 0.1))
+    lengths = np.array([1, 1, 1, 1, 10, 10])
+    p = Problem(lengths, lengths.astype(np.float64), 0.0, 2, None, options)
+    assert capacity_bound(p, m) == pytest.approx(bound)
+    plan = sb.plan_step(lengths, 2, rank_speeds=(1.0, 0.1), num_microbatches=m)
+    assert plan.step_cost == pytest.approx(best)
+    assert capacity_bound(p, 4) == np.inf  # 6 samples cannot fill 2 x 4 micro-batches
+
+
 def test_lpt_trap_is_solved_exactly() -> None:
     plan = sb.plan_step([3, 3, 2, 2, 2], 2)
     assert plan.step_cost == 6.0
@@ -255,7 +271,7 @@ def test_capacity_bound_by_hand(m: int, bound: float) -> None:
     # Six samples of 10 tokens, cap 10, speeds (1, 0.5): with m micro-batches a rank holds at
     # most m samples. m = 3: three each, the slow rank takes 30 / 0.5 = 60; m = 4: four on the
     # fast rank, two on the slow one, 40 (the speed bound 60 / 1.5 from there on); m = 2: none.
-    options = sb.PlanOptions(max_tokens=10, rank_speeds=(1.0, 0.5))
+    options = sb.PlanOptions(max_tokens=10, rank_speeds=(1.0, 0.5), allow_empty=True)
     lengths = np.full(6, 10)
     p = Problem(lengths, lengths.astype(np.float64), 0.0, 2, None, options)
     assert capacity_bound(p, m) == pytest.approx(bound)

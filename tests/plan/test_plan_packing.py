@@ -6,12 +6,13 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from _problems import token_problem
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqbalance.plan import PlanOptions
+from seqbalance.plan import PlanOptions, _at_count
 from seqbalance.plan._packing import (
     _SCAN_IN_C,
     _dual_feasible_bins,
@@ -222,3 +223,68 @@ def test_plan_sums_are_each_micro_batch_summed_on_its_own(
     expected = [[float(costs[np.asarray(mb, dtype=np.int64)].sum()) for mb in mbs] for mbs in plan]
     assert p.plan_sums(plan).tolist() == expected
     assert p.plan_costs(plan).tolist() == [[0.5 + s for s in row] for row in expected]
+
+
+@settings(max_examples=examples(1000), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 6), min_size=0, max_size=40),
+    ranks=st.integers(1, 4),
+    m=st.integers(1, 4),
+    overhead=st.sampled_from([0.0, 0.5, 1e-3]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_padded_plan_costs_are_each_micro_batch_costed_on_its_own(
+    lengths: list[int], ranks: int, m: int, overhead: float, seed: int
+) -> None:
+    # Bit for bit microbatch_cost: the first of the longest samples (ties in length with other
+    # costs: a cost that is not a function of the length) times the count, empty ones overhead.
+    rng = np.random.default_rng(seed)
+    costs = rng.lognormal(2, 3, len(lengths))
+    options = PlanOptions(layout="padded", microbatch_size=64)
+    p = Problem(np.array(lengths, dtype=np.int64), costs, overhead, ranks, None, options)
+    slot = rng.integers(0, ranks * m, len(lengths))
+    plan = [
+        [rng.permutation(np.flatnonzero(slot == r * m + j)).tolist() for j in range(m)]
+        for r in range(ranks)
+    ]
+    expected = [[p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs] for mbs in plan]
+    assert p.plan_costs(plan).tolist() == expected
+
+
+@settings(max_examples=examples(1000), deadline=None)
+@given(
+    ranks=st.integers(1, 5),
+    m=st.integers(1, 6),
+    cap=st.sampled_from([5, 8, 12, 30]),
+    n=st.integers(0, 40),
+    aside=st.sampled_from([0, 1, 8]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_ranks_placed_one_by_one_as_column_by_column(
+    ranks: int, m: int, cap: int, n: int, aside: int, seed: int
+) -> None:
+    # _at_count._place_columns: a rank placed on its own with a heap (first cheapest with room,
+    # the first of equals), or given up there for full micro-batches, places every sample where
+    # the column-by-column numpy search does, with the same token and cost sums bit for bit.
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, cap + 1, n)
+    costs = rng.integers(0, 4, n).astype(np.float64) if seed % 2 else rng.lognormal(0, 2, n)
+    p = Problem(lengths, costs, 0.0, ranks, None, PlanOptions(max_tokens=cap))
+    counts = rng.multinomial(n, np.ones(ranks) / ranks)
+    items = np.full((ranks, int(counts.max())), -1, dtype=np.int64)  # as _pack_ranks lays out
+    order, start = rng.permutation(n), 0
+    for r, count in enumerate(counts):
+        items[r, :count] = order[start : start + count]
+        start += count
+    closed = rng.random((ranks, m)) < 0.2
+    used = rng.integers(0, cap, (ranks, m)).astype(np.float64)
+    loads = rng.integers(0, 3, (ranks, m)).astype(np.float64)
+    found = []
+    for heap_ranks in (0, ranks):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_at_count, "_HEAP_RANKS", heap_ranks)
+            patch.setattr(_at_count, "_HEAP_ASIDE", aside)  # 0, 1: given up on full ranks
+            tokens, sums = used.copy(), loads.copy()
+            slot = _at_count._place_columns(p, items, tokens, None, sums, closed)
+        found.append((slot.tolist(), tokens.tolist(), sums.tolist()))
+    assert found[0] == found[1]

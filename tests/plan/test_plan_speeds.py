@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 from test_plan_properties import _check, _plan, problems
 
 import seqbalance as sb
-from seqbalance.plan import _at_count, _count_search, strategy_names
+from seqbalance.plan import _at_count, _count_search, _rank_search, strategy_names
 from seqbalance.plan import _lockstep as lockstep
+from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import RankState
 from seqbalance.plan.balanced import PLANNING_BUDGET_GAP
 
 SPEEDS = st.sampled_from([1.0, 0.67, 0.5, 1.5, 0.01])
@@ -340,3 +342,43 @@ def test_fewest_count_left_out_changes_nothing_but_the_time(seed: int, monkeypat
     assert [[mb.tolist() for mb in mbs] for mbs in fast.ranks] == [
         [mb.tolist() for mb in mbs] for mbs in full.ranks
     ]
+
+
+@settings(max_examples=examples(800))
+@given(
+    st.integers(1, 6),
+    st.integers(1, 5),
+    st.lists(st.integers(0, 9), min_size=1, max_size=40),
+    st.data(),
+)
+def test_short_ranks_are_filled_as_by_a_search_over_every_unit(
+    dp: int, m: int, lengths: list[int], data: st.DataObject
+) -> None:
+    """``RankState.fill_short_ranks`` walks the units once per short rank, cheapest first
+    (``_rank_search._SpareScan``): it moves and swaps the same units, in the same order, as a
+    search over every unit at every move (ties in cost and capacities that bind included)."""
+    n = len(lengths)
+    lengths_ = np.array(lengths, dtype=np.int64)
+    cap = data.draw(st.sampled_from([None, 9, 12, 20]))
+    speeds = data.draw(st.lists(SPEEDS, min_size=dp, max_size=dp))
+    options = sb.PlanOptions(max_tokens=cap, rank_speeds=tuple(speeds))
+    costs = lengths_.astype(np.float64)
+    p = Problem(lengths_, costs, 0.0, dp, None, options)
+    ranks = np.array(data.draw(st.lists(st.integers(0, dp - 1), min_size=n, max_size=n)))
+    tokens, counts = lengths_.astype(np.float64), np.ones(n)
+
+    def filled(walks: bool) -> tuple[bool, list[int]]:
+        state = RankState(p, m, ranks.copy(), costs, tokens, counts, None)
+        scan = _rank_search._SpareScan
+        original = scan.__init__
+
+        def init(self, s) -> None:  # the full search on every call where walks is False
+            original(self, s)
+            self.walks = self.walks and walks
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(scan, "__init__", init)
+            done = state.fill_short_ranks()
+        return done, state.rank_of_unit.tolist()
+
+    assert filled(True) == filled(False)

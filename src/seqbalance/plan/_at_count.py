@@ -5,6 +5,7 @@ and the fallbacks where a rank does not fit."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 
 import numpy as np
@@ -12,7 +13,6 @@ import numpy as np
 from seqbalance.partition import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
-from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan import _feasible
 from seqbalance.plan._dominant import dominant_start
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
@@ -36,6 +36,12 @@ from seqbalance.plan._two_positions import two_position_start
 from seqbalance.plan.strategies import rank_members
 
 __all__ = ["assign_units", "attempt", "global_first_fit", "lowered", "refines"]
+
+_HEAP_RANKS = 8
+"""``_place_columns`` places one rank at a time with a heap (Python) up to this many ranks, ...
+"""
+_HEAP_ASIDE = 8
+"""... unless its samples pass more than this many cheaper micro-batches without room each."""
 
 
 def attempt(
@@ -177,10 +183,7 @@ def assign_units(p: Problem, m: int) -> np.ndarray | None:
     patches = None if p.capacity_patches is None else p.unit_sums(p.capacity_patches)
     caps = capacities(p, m)
     # The partition engine's LPT is the usual start; capacities rarely bind.
-    if p.speeds is None:
-        rank_of_unit = lpt(costs, p.dp)
-    else:
-        rank_of_unit = lpt_speeds(costs, p.speeds, SizeLimits(0, p.n_units))
+    rank_of_unit = p.unit_lpt.copy()
     if not _fits_capacities(rank_of_unit, p.dp, tokens, counts, patches, caps):
         # LPT with capacities; failing that, the partition engine on each capacity's measure.
         starts = itertools.chain(
@@ -251,7 +254,7 @@ def _fits_capacities(
 def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches | None:
     if m == 1 and not p.oversize.any():
         return [[samples.tolist()] for samples in members]  # step 1 kept each rank within cap
-    dp, cap = p.dp, p.cap
+    dp = p.dp
     plan: Microbatches = [[[] for _ in range(m)] for _ in range(dp)]
     tokens = np.zeros((dp, m))
     patches = None if p.patches is None else np.zeros((dp, m))
@@ -270,33 +273,17 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
     items = np.full((dp, width), -1, dtype=np.int64)
     for r, queue in enumerate(queues):
         items[r, : queue.size] = queue
-    rows = np.arange(dp)
-    slot = np.full((dp, width), -1, dtype=np.int64)
-    for k in range(width):
-        column = items[:, k]
-        active = column >= 0
-        safe = np.where(active, column, 0)
-        length = p.lengths[safe].astype(np.float64)
-        room = ~closed & (tokens + length[:, None] <= cap)
-        if patches is not None:
-            added = p.patches[safe].astype(np.float64)
-            room &= patches + added[:, None] <= p.patch_cap
-        key = np.where(room, costs, np.inf)
-        j = np.argmin(key, axis=1)
-        placed = active & np.isfinite(key[rows, j])
-        tokens[rows[placed], j[placed]] += length[placed]
-        if patches is not None:
-            patches[rows[placed], j[placed]] += added[placed]
-        costs[rows[placed], j[placed]] += p.sample_costs[safe[placed]]
-        slot[placed, k] = j[placed]
+    slot = _place_columns(p, items, tokens, patches, costs, closed)
     # Gather each micro-batch's samples in one pass: sort the placed items by (rank, slot).
+    rows = np.arange(dp)
     flat_slot = (rows[:, None] * m + slot).ravel()
     placed_items = slot.ravel() >= 0
     order = np.argsort(flat_slot[placed_items], kind="stable")
     grouped = items.ravel()[placed_items][order]
-    sizes = np.bincount(flat_slot[placed_items], minlength=dp * m)
-    for flat, part in enumerate(np.split(grouped, np.cumsum(sizes)[:-1])):
-        plan[flat // m][flat % m].extend(part.tolist())
+    ends = np.cumsum(np.bincount(flat_slot[placed_items], minlength=dp * m)).tolist()
+    grouped_list = grouped.tolist()
+    for flat, (start, end) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+        plan[flat // m][flat % m].extend(grouped_list[start:end])
     lost = (items >= 0) & (slot < 0)
     leftovers = [items[r, lost[r]].tolist() for r in range(dp)]
     for r in range(dp):
@@ -309,6 +296,108 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
     for microbatches in plan:
         fill_empty(p, microbatches)
     return plan
+
+
+def _place_columns(
+    p: Problem,
+    items: np.ndarray,
+    tokens: np.ndarray,
+    patches: np.ndarray | None,
+    costs: np.ndarray,
+    closed: np.ndarray,
+) -> np.ndarray:
+    """Column ``k`` of ``items`` (``[dp, width]``, each rank's samples heaviest first, -1 past
+    its last) placed at once: each rank's sample into its cheapest micro-batch (``costs``,
+    ``[dp, m]``) that is not ``closed`` and stays within the caps (``tokens`` and ``patches``
+    used so far, updated here). Returns the micro-batch of every item (-1: not placed).
+
+    Ranks are independent: on a few ranks without a patch cap each is first placed on its own
+    by ``_placed_by_heap`` (cheaper than numpy's calls per column); the others, and a rank
+    whose micro-batches are too full for it, column by column."""
+    dp, width = items.shape
+    active = items >= 0
+    safe = np.where(active, items, 0)
+    # Per-item values looked up once for all columns (the same numbers as one column at a time).
+    lengths = p.lengths[safe].astype(np.float64)
+    sample_costs = p.sample_costs[safe]
+    added = None if patches is None else p.patches[safe].astype(np.float64)  # type: ignore[index]
+    slot = np.full((dp, width), -1, dtype=np.int64)
+    left = np.arange(dp)
+    if added is None and dp <= _HEAP_RANKS:
+        heaped = [
+            _placed_by_heap(p, r, active, tokens, costs, closed, lengths, sample_costs, slot)
+            for r in range(dp)
+        ]
+        left = left[~np.array(heaped)]
+    if left.size == 0:
+        return slot
+    sub = (tokens[left], costs[left], None if patches is None else patches[left])
+    rows = np.arange(left.size)
+    open_ = None if not closed[left].any() else ~closed[left]
+    for k in range(width):
+        length = lengths[left, k]
+        room = sub[0] + length[:, None] <= p.cap
+        if open_ is not None:
+            room &= open_
+        if added is not None:
+            room &= sub[2] + added[left, k, None] <= p.patch_cap
+        key = np.where(room, sub[1], np.inf)
+        j = np.argmin(key, axis=1)
+        placed = active[left, k] & np.isfinite(key[rows, j])
+        at = (rows[placed], j[placed])
+        sub[0][at] += length[placed]
+        if added is not None:
+            sub[2][at] += added[left[placed], k]  # type: ignore[index]
+        sub[1][at] += sample_costs[left[placed], k]
+        slot[left[placed], k] = at[1]
+    tokens[left], costs[left] = sub[0], sub[1]
+    if patches is not None:
+        patches[left] = sub[2]
+    return slot
+
+
+def _placed_by_heap(
+    p: Problem,
+    r: int,
+    active: np.ndarray,
+    tokens: np.ndarray,
+    costs: np.ndarray,
+    closed: np.ndarray,
+    lengths: np.ndarray,
+    sample_costs: np.ndarray,
+    slot: np.ndarray,
+) -> bool:
+    """Rank ``r``'s samples as ``_place_columns`` places them (no patch cap), its open
+    micro-batches in a heap by (cost, index): the first popped with room is the cheapest with
+    room and the first of equals (numpy's ``argmin``), in Python floats (the same float
+    operations). False, changing nothing, where the samples pass more than ``_HEAP_ASIDE``
+    cheaper micro-batches without room per sample (full micro-batches: column by column is
+    cheaper then)."""
+    used, cost = tokens[r].tolist(), costs[r].tolist()
+    heap = [(cost[j], j) for j in np.flatnonzero(~closed[r]).tolist()]
+    heapq.heapify(heap)
+    count = int(active[r].sum())  # a rank's items come first, then -1
+    where = np.full(count, -1, dtype=np.int64)
+    passes = _HEAP_ASIDE * (count + len(heap))  # micro-batches passed that may be passed
+    for k, (length, added) in enumerate(
+        zip(lengths[r, :count].tolist(), sample_costs[r, :count].tolist(), strict=True)
+    ):
+        aside = []  # cheaper micro-batches without room for this sample
+        while heap and used[heap[0][1]] + length > p.cap:
+            if passes == 0:
+                return False
+            passes -= 1
+            aside.append(heapq.heappop(heap))
+        if heap:
+            j = heap[0][1]
+            used[j] += length
+            cost[j] += added
+            heapq.heapreplace(heap, (cost[j], j))
+            where[k] = j
+        for entry in aside:
+            heapq.heappush(heap, entry)
+    tokens[r], costs[r], slot[r, :count] = used, cost, where
+    return True
 
 
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
@@ -347,7 +436,10 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
     for i in sorted((i for items in leftovers for i in items), key=lambda i: -p.lengths[i]):
         cost = float(p.sample_costs[i])
         keys = rank_costs if p.speeds is None else (np.add(rank_costs, cost) / p.speeds).tolist()
-        options = [(keys[r], j, r) for r in range(p.dp) for j in rooms[r].fitting(i)]
+        # The least (key, micro-batch, rank): per rank its first micro-batch with room (``i``
+        # is not over the cap: those are placed before, so ``first`` is the first it fits).
+        firsts = ((keys[r], rooms[r].first(i), r) for r in range(p.dp))
+        options = [option for option in firsts if option[1] is not None]
         if not options:
             return False
         _, j, r = min(options)

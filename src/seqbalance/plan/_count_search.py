@@ -1,7 +1,8 @@
 """With rank speeds, the balanced planner's search over micro-batch counts: the fewest count
 ``m`` is sized for equal shares, so a fast rank's larger share may only fit (or run cheaper)
 with more micro-batches. ``CountSearch`` plans a bounded number of larger counts (each at most
-once), leaves out counts that the token capacity bound rules out, and keeps the cheapest."""
+once), leaves out counts that the capacity bound rules out (``capacity_bound``: the token cap,
+and the samples slow ranks must hold), and keeps the cheapest."""
 
 from __future__ import annotations
 

@@ -92,16 +92,22 @@ def _pack_under(
     where = np.empty(samples.size, dtype=np.int64)  # micro-batch of each placed sample
     failed = np.zeros(dp, dtype=bool)
     failed[reference] = True
-    for step in range(int(counts.max(initial=0))):
+    # Every step's samples (row s: each rank's s-th; a rank without one repeats its last) and
+    # what is looked up of them, at once for all steps (the same numbers as step by step).
+    steps = int(counts.max(initial=0))
+    at = samples[np.minimum(starts[None, :] + np.arange(steps)[:, None], last[None, :])]
+    step_costs, big = p.sample_costs[at], p.oversize[at]
+    closes = big.any(axis=1)
+    for step in range(steps):
         # Every rank at once; a rank without an s-th sample (or failed) is left as it is.
-        i = samples[np.minimum(starts + step, last)]
-        cost, big = p.sample_costs[i], p.oversize[i]
+        i = at[step]
         fits = rooms.allowed(i)
-        trial = loads + cost[:, None]
+        trial = loads + step_costs[step][:, None]
         within = fits & (trial <= limit)
         excess = np.where(fits, trial - limit, np.inf)
         j = np.where(within.any(axis=1), within.argmax(axis=1), excess.argmin(axis=1))
-        j = np.where(big, fits.argmax(axis=1), j)
+        if closes[step]:
+            j = np.where(big[step], fits.argmax(axis=1), j)
         live = (counts > step) & ~failed
         ok = fits.any(axis=1)
         failed |= live & ~ok

@@ -230,10 +230,6 @@ class Rooms:
             fits &= self.patches >= self.p.patches[i][..., None]  # type: ignore[index]
         return fits
 
-    def fitting(self, i: int) -> list[int]:
-        """The micro-batches that non-over-cap sample ``i`` fits, in order."""
-        return np.flatnonzero(self._fits(i)).tolist()
-
     def allowed(self, i: np.ndarray) -> np.ndarray:
         """bool ``[ranks, m]``: where each row's sample ``i[row]`` may go (the micro-batches it
         fits; an over-cap sample: the empty ones)."""

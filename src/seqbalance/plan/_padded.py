@@ -32,7 +32,7 @@ class Problem(Protocol):
     max_tokens: int | None
     microbatch_size: int | None
 
-    def microbatch_cost(self, indices: np.ndarray) -> float: ...
+    def plan_costs(self, microbatches: Microbatches) -> np.ndarray: ...
 
 
 _BISECTION_TOLERANCE = 1e-12  # relative: the bisection stops this close to the best budget
@@ -122,18 +122,19 @@ def deal(p: Problem, microbatches: list[list[int]], m: int) -> Microbatches:
     """Give each rank exactly ``m`` of the ``dp x m`` micro-batches, costliest first to the
     least loaded rank that still has a free slot (with rank speeds: the rank with a free slot
     where it ends earliest, ``(load + cost) / speed``)."""
-    costs = [p.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in microbatches]
+    costs = p.plan_costs([microbatches])[0].tolist()  # microbatch_cost of each, at once
     plan: Microbatches = [[] for _ in range(p.dp)]
     heap = [(0.0, r) for r in range(p.dp)]
     loads = np.zeros(p.dp)
+    full = np.zeros(p.dp, dtype=bool)  # ranks holding m micro-batches
     for c in sorted(range(len(microbatches)), key=lambda c: (-costs[c], c)):
         if p.speeds is None:
             load, r = heapq.heappop(heap)
             if len(plan[r]) + 1 < m:
                 heapq.heappush(heap, (load + costs[c], r))
         else:
-            finish = np.where([len(mbs) < m for mbs in plan], (loads + costs[c]) / p.speeds, np.inf)
-            r = int(np.argmin(finish))
+            r = int(np.argmin(np.where(full, np.inf, (loads + costs[c]) / p.speeds)))
             loads[r] += costs[c]
+            full[r] = len(plan[r]) + 1 >= m
         plan[r].append(microbatches[c])
     return plan

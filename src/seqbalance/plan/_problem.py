@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqbalance.partition import SizeLimits
 from seqbalance.partition import lower_bound as partition_lower_bound
+from seqbalance.partition.greedy import lpt
+from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan._caps import packed_keeps_cap
 from seqbalance.plan._fields import GroupedSamples
 from seqbalance.plan._intervals import padded_bound
@@ -214,14 +217,35 @@ class Problem(GroupedSamples):
 
     def plan_costs(self, microbatches: Microbatches) -> np.ndarray:
         """float64 ``[dp, M]``: ``microbatch_cost`` of every micro-batch, positions as given."""
-        if self.layout == "packed" and len({len(mbs) for mbs in microbatches}) == 1:
-            return self.overhead + self.plan_sums(microbatches)
+        if len({len(mbs) for mbs in microbatches}) == 1:
+            if self.layout == "packed":
+                return self.overhead + self.plan_sums(microbatches)
+            return self._padded_costs(microbatches)
         return np.array(
             [
                 [self.microbatch_cost(np.asarray(mb, dtype=np.int64)) for mb in mbs]
                 for mbs in microbatches
             ]
         )
+
+    def _padded_costs(self, microbatches: Microbatches) -> np.ndarray:
+        """``plan_costs`` of a padded plan with ``M`` micro-batches on every rank, bit for bit
+        ``microbatch_cost`` (the first of the longest samples sets the cost) in a few numpy
+        calls instead of some per micro-batch."""
+        flat = [np.asarray(mb, dtype=np.int64) for mbs in microbatches for mb in mbs]
+        sizes = np.fromiter((mb.size for mb in flat), dtype=np.int64, count=len(flat))
+        costs = np.full(sizes.size, float(self.overhead))
+        filled = np.flatnonzero(sizes)
+        if filled.size:
+            samples = np.concatenate(flat)
+            lengths = self.lengths[samples]
+            starts = (np.cumsum(sizes) - sizes)[filled]
+            of = np.repeat(np.arange(filled.size), sizes[filled])  # micro-batch of each sample
+            longest = lengths == np.maximum.reduceat(lengths, starts)[of]
+            first = np.flatnonzero(longest)
+            first = first[np.unique(of[first], return_index=True)[1]]
+            costs[filled] = self.overhead + sizes[filled] * self.sample_costs[samples[first]]
+        return costs.reshape(len(microbatches), -1)
 
     def plan_sums(self, microbatches: Microbatches) -> np.ndarray:
         """float64 ``[dp, M]``: the sum of the sample costs of every micro-batch (``M`` of
@@ -528,3 +552,13 @@ class Problem(GroupedSamples):
         if units.size > self.dp:
             bound = max(bound, float(units[self.dp - 1] + units[self.dp]))
         return max(bound, float(partition_lower_bound(units, self.dp)))
+
+    @cached_property
+    def unit_lpt(self) -> np.ndarray:
+        """int64 ``[n_units]``: the rank of every unit in LPT by unit cost (with rank speeds,
+        where it finishes earliest), the balanced rank step's start at every count, computed
+        once per step (callers copy it before changing it)."""
+        costs = self.unit_sums(self.sample_costs)
+        if self.speeds is None:
+            return lpt(costs, self.dp)
+        return lpt_speeds(costs, self.speeds, SizeLimits(0, self.n_units))

@@ -26,6 +26,8 @@ __all__ = [
 TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
 # Local search stops when the costliest rank is this close (relative) to the lower bound.
 GOOD_ENOUGH = 1e-6
+# ``lpt_with_capacities`` with rank speeds computes finish times in Python up to this many ranks.
+_FEW_RANKS = 16
 
 
 def capacities(p: Problem, m: int) -> tuple[float, float, float]:
@@ -39,13 +41,20 @@ def capacities(p: Problem, m: int) -> tuple[float, float, float]:
 
 def capacity_bound(p: Problem, m: int) -> float:
     """A lower bound (with rank speeds) on the step cost of any valid plan with ``m``
-    micro-batches per rank, from the token capacity alone (overheads left out).
+    micro-batches per rank: the larger of ``_token_capacity_bound`` and, without empty
+    micro-batches, ``_filled_ranks_bound`` (``lockstep`` costs at least ``step``, so it holds
+    for both objectives); ``inf`` where no plan can exist."""
+    return max(_token_capacity_bound(p, m), _filled_ranks_bound(p, m))
+
+
+def _token_capacity_bound(p: Problem, m: int) -> float:
+    """The bound from the token capacity alone (overheads left out).
 
     Rank ``r`` holds at most ``m x max_tokens`` of capacity tokens, so at most ``K``, the most
     least-cost such tokens can carry (samples taken by cost per token, the last one in part);
     in time ``T`` it runs at most ``min(T x s_r, K)``. Every cost runs somewhere, so ``T`` is at
-    least where those add up to the total least cost. ``lockstep`` costs at least ``step``, so
-    the bound holds for both; ``inf`` where even ``dp x K`` is short of the total."""
+    least where those add up to the total least cost; ``inf`` where even ``dp x K`` is short of
+    the total."""
     least, tokens = p.least_sample_costs, p.capacity_tokens.astype(np.float64)
     total = float(least.sum())
     if not np.isfinite(p.cap) or total <= 0.0:
@@ -65,6 +74,22 @@ def capacity_bound(p: Problem, m: int) -> float:
         return np.inf
     k = int(np.argmax(reached))  # the k fastest are full before T reaches most / s_k
     return (total - k * most) / float(speeds[k:].sum())
+
+
+def _filled_ranks_bound(p: Problem, m: int) -> float:
+    """Without empty micro-batches every rank holds at least ``m`` samples, so the ``k``
+    slowest ranks together hold ``k x m`` distinct ones, at least the ``k x m`` of least cost,
+    and pay ``k x m`` overheads: the later of them ends no sooner than that over the sum of
+    their speeds (the best of every ``k``; with slow ranks, more micro-batches cost them
+    more). 0 with empty micro-batches allowed; ``inf`` where the samples are too few."""
+    if p.allow_empty or m <= 0:
+        return 0.0
+    if p.n < p.dp * m:
+        return np.inf
+    ranks = np.arange(1, p.dp + 1)
+    least = np.concatenate(([0.0], np.cumsum(np.sort(p.least_sample_costs))))
+    speeds = np.cumsum(np.sort(p.speeds_or_ones))  # the k slowest
+    return float(((least[ranks * m] + ranks * m * p.overhead) / speeds).max())
 
 
 def lpt_with_capacities(
@@ -94,15 +119,28 @@ def lpt_with_capacities(
         )
 
     heap = [(0.0, r) for r in range(p.dp)]  # (load, rank): the lightest rank first
-    loads = np.zeros(p.dp)  # with rank speeds, searched by finish time instead
+    # With rank speeds, searched by finish time instead; on a few ranks in Python floats (the
+    # same float operations as numpy's, without its cost per call).
+    few = p.dp <= _FEW_RANKS
+    loads: Any = [0.0] * p.dp if few else np.zeros(p.dp)
+    speeds = p.speeds_or_ones.tolist() if few else p.speeds_or_ones
 
     def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
         if p.speeds is not None:
-            finish = (loads + cost) / p.speeds
-            first = int(np.argmin(finish))  # the first of the earliest: the usual answer
+            if few:
+                finish = [(load + cost) / s for load, s in zip(loads, speeds, strict=True)]
+                first = finish.index(min(finish))  # the first of the earliest: the usual answer
+            else:
+                finish = (loads + cost) / speeds
+                first = int(np.argmin(finish))
             if room(first, weight, count, patch):
                 return first
-            by_finish = np.argsort(finish, kind="stable").tolist()
+            # Stable: ties by rank.
+            by_finish = (
+                sorted(range(p.dp), key=finish.__getitem__)
+                if few
+                else np.argsort(finish, kind="stable").tolist()
+            )
             return next((r for r in by_finish if room(r, weight, count, patch)), None)
         load, r = heap[0]
         if room(r, weight, count, patch):
@@ -397,24 +435,19 @@ class RankState:
         """Bring every rank up to ``min_count`` samples: move the cheapest unit a richer rank
         can spare, or else swap one of the short rank's units for a larger one (least cost
         change). False when neither is possible for some rank."""
+        scan = _SpareScan(self)
         while True:
             short = np.flatnonzero(self.rank_counts < self.min_count)
             if short.size == 0:
                 return True
             target = int(short[np.argmin(self.rank_counts[short])])
-            source = self.rank_of_unit
-            ok = (
-                (source != target)
-                & (self.rank_counts[source] - self.counts >= self.min_count)
-                & self._fits(target, self.tokens, self.counts)
-            )
-            every = np.arange(self.costs.size)
-            ok = self._patches_move(ok, source, target, every)
-            if ok.any():
-                candidates = np.flatnonzero(ok)
-                unit = candidates[np.lexsort((candidates, self.costs[candidates]))[0]]
-                self.move(int(unit), target)
+            unit = scan.cheapest(target)
+            if unit is not None:
+                self.move(unit, target)
                 continue
+            scan.restart()  # a swap gives the short rank's unit to a richer rank
+            source = self.rank_of_unit
+            every = np.arange(self.costs.size)
             mine = np.flatnonzero(source == target)
             gain = self.counts[None, :] - self.counts[mine][:, None]
             d_tokens = self.tokens[None, :] - self.tokens[mine][:, None]
@@ -435,6 +468,55 @@ class RankState:
             theirs = int(source[b])
             self.move(int(b), target)
             self.move(int(mine[a]), theirs)
+
+
+class _SpareScan:
+    """The cheapest unit (then the first) that a richer rank can spare to a short ``target``
+    within its capacities, for ``RankState.fill_short_ranks``.
+
+    With units of one sample each and no patch cap, no unit a target could not take at one
+    move can it take later while only such moves happen: the target only gains tokens and
+    samples, the givers only lose samples, and a short rank filled to ``min_count`` spares
+    none. Each target then walks the units once, cheapest first, from where it stopped
+    (the same unit as a search over all of them: moves of many samples cost one pass, not
+    one per sample). Otherwise (groups, a patch cap) every call searches all units."""
+
+    def __init__(self, state: RankState) -> None:
+        self.state = state
+        self.walks = state.patches is None and bool((state.counts == 1).all())
+        self.order: np.ndarray | None = None  # units by (cost, index), once a walk starts
+        self.stops: dict[int, int] = {}  # per target: where its walk goes on
+
+    def restart(self) -> None:
+        """Every walk from the start again (after a swap, which no walk foresees)."""
+        self.stops.clear()
+
+    def cheapest(self, target: int) -> int | None:
+        costs = self.state.costs
+        if not self.walks:
+            ok = np.flatnonzero(self._spares(np.arange(costs.size), target))
+            return int(ok[np.lexsort((ok, costs[ok]))[0]]) if ok.size else None
+        if self.order is None:
+            self.order = np.lexsort((np.arange(costs.size), costs))
+        start = self.stops.get(target, 0)
+        units = self.order[start:]
+        if units.size and self._spares(units[:1], target)[0]:
+            self.stops[target] = start + 1
+            return int(units[0])
+        ok = np.flatnonzero(self._spares(units, target))
+        self.stops[target] = start + (int(ok[0]) + 1 if ok.size else units.size)
+        return int(units[ok[0]]) if ok.size else None
+
+    def _spares(self, units: np.ndarray, target: int) -> np.ndarray:
+        """Whether each of ``units`` can move to ``target`` (its rank keeps ``min_count``)."""
+        s = self.state
+        source = s.rank_of_unit[units]
+        ok = (
+            (source != target)
+            & (s.rank_counts[source] - s.counts[units] >= s.min_count)
+            & s._fits(target, s.tokens[units], s.counts[units])
+        )
+        return s._patches_move(ok, source, target, units)
 
 
 # ---------------------------------------------------------------------- step 2: packed

@@ -21,7 +21,9 @@ What the model learns:
   window beats the prior's, and gives way again when it does not;
 - rank speeds: per step, each rank's compute as the fit predicts it over its measured
   compute, relative to the step's median rank; a rank's speed is the median over the last
-  ``Feedback.speed_window`` steps relative to the fastest such median, and speeds within
+  ``Feedback.speed_window`` steps when that stands out of its step-to-step noise from the
+  window's earlier steps (a change), else over the whole ``Feedback.window`` (background load
+  is noise, not a speed), relative to the fastest such median, and speeds within
   ``speed_tolerance`` of the fastest count as equal (measurement noise, not a straggler).
 
 Degenerate measurements (not a number, NaN, infinite, zero, negative, below
@@ -45,6 +47,7 @@ import numpy as np
 from seqbalance._validation import SPEED_RANGE, as_lengths, check_int
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
+from seqbalance.runtime.closed_loop.speeds import window_speeds
 
 __all__ = [
     "MAX_SECONDS",
@@ -78,7 +81,14 @@ _ERR_FIT, _ERR_PRIOR, _HELD_OUT = 15, 16, 17  # Σ min(|relative error|, 1) befo
 _ERR_MODEL = 18  # Σ |relative error| of the model in use
 _PREDICTED, _MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds (used ones)
 _COMPUTE, _SYNC, _STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
-_SIZE = 24
+_SUMS = slice(24, 27)  # Σ x over the micro-batches the fit keeps (weight > 0)
+_SUM_SECONDS = 27  # Σ measured seconds of those micro-batches
+_SIZE = 28
+_EARLIER_SIZE = 24  # statistics of releases before the sums (a resumed pending step)
+# What the windows keep of each rank's statistics per step: the fit's columns, then the sums
+# (the speeds' step ratios, :func:`_time_ratios`).
+_KEPT = np.r_[0 : _USED + 1, _SUMS.start : _SIZE]
+_FIT_COLUMNS = _USED + 1
 
 
 def microbatch_features(model: TimeModel, microbatches: Sequence[Any]) -> np.ndarray:
@@ -170,7 +180,7 @@ class OnlineTimeModel:
         sync_seconds: Any = 0.0,
         step_seconds: Any = None,
     ) -> np.ndarray:
-        """This rank's statistics for one step (float64 [24], always finite), to gather with
+        """This rank's statistics for one step (float64 [28], always finite), to gather with
         the others'.
 
         Args:
@@ -236,6 +246,9 @@ class OnlineTimeModel:
         out[_USED] = float(measured.size)
         out[_PREDICTED] = float(predicted.sum())
         out[_MEASURED] = float(measured.sum())
+        kept = weights > 0
+        out[_SUMS] = x[kept].sum(axis=0)
+        out[_SUM_SECONDS] = float(measured[kept].sum())
         out[_COMPUTE] = out[_MEASURED]
         out[_SYNC] = float(sync[0]) if sync_kept else 0.0
         given = step_seconds is not None and step_kept
@@ -253,7 +266,8 @@ class OnlineTimeModel:
         return weights
 
     def update(self, gathered: Any) -> dict[str, Any]:
-        """Apply one step's statistics of every rank (float64 [world_size, 24], rank order).
+        """Apply one step's statistics of every rank (float64 [world_size, 28], rank order;
+        [world_size, 24] from a release before the time sums, a resumed pending step).
 
         Returns:
             The step's telemetry (plain JSON values): ``step``, ``step_seconds`` (slowest
@@ -269,6 +283,8 @@ class OnlineTimeModel:
             :data:`STEP_AGREEMENT`: their micro-batches are counted as ignored).
         """
         stats = np.asarray(gathered, dtype=np.float64)
+        if stats.shape == (self.world_size, _EARLIER_SIZE):
+            stats = np.hstack([stats, np.zeros((self.world_size, _SIZE - _EARLIER_SIZE))])
         if stats.shape != (self.world_size, _SIZE) or not np.all(np.isfinite(stats)):
             raise ValueError(
                 f"gathered must be finite float64 statistics of shape ({self.world_size}, "
@@ -324,7 +340,7 @@ class OnlineTimeModel:
         learned[unsynchronized] = 0.0  # nothing of theirs in the fit, the speeds, the errors
         self.ignored += int(stats[unsynchronized, _USED].sum())
         total = learned.sum(axis=0)
-        self._stats.append(learned[:, : _USED + 1])
+        self._stats.append(learned[:, _KEPT])
         if total[_HELD_OUT] > 0:
             self._held_out.append(total[[_ERR_FIT, _ERR_PRIOR, _HELD_OUT]].copy())
         self.steps += 1
@@ -361,9 +377,9 @@ class OnlineTimeModel:
         So a rank that changed speed inside the window, or a slow rank whose speed is not yet
         known, never biases the fit. The fastest rank of each step is read off the prior's
         predictions, then once more off the first fit's. Each step's speeds are then each
-        rank's mean predicted over measured relative to the step's median rank, and the speeds
-        planned with are their medians over the last ``speed_window`` steps, divided by the
-        largest.
+        rank's summed predicted (by the fit) over summed measured seconds relative to the
+        step's median rank (:func:`_time_ratios`), and the speeds planned with are their
+        medians (``speeds.window_speeds``), divided by the largest.
         """
         prior = _coefficients(self.prior)
         self._fit, self._scale = None, 1.0
@@ -381,9 +397,7 @@ class OnlineTimeModel:
                     fit = TimeModel.fit_normal_equations(gram, moment, tile=self.prior.tile)
                     if fit.t0 + fit.t1 + fit.t2 > 0:
                         self._fit, theta = fit, _coefficients(fit)
-            recent = _step_ratios(window[-self.feedback.speed_window :], theta)
-            seen = np.any(np.isfinite(recent), axis=0)
-            speeds[seen] = np.nanmedian(recent[:, seen], axis=0)
+            speeds = window_speeds(_time_ratios(window, theta), self.feedback.speed_window)
             speeds = speeds / speeds.max()
             speeds[speeds >= 1.0 - self.feedback.speed_tolerance] = 1.0
             # The planner's range: one extreme (finite) timing must not leave a speed that
@@ -439,7 +453,7 @@ class OnlineTimeModel:
                 raise ValueError(f"state {key} {saved!r} does not match this run's {mine!r}")
         try:
             steps, ignored = _count(state["steps"]), _count(state["ignored"])
-            stats = [_finite(step, (self.world_size, _USED + 1)) for step in state["stats"]]
+            stats = [_saved_step(step, self.world_size) for step in state["stats"]]
             held_out = [_finite(row, (3,)) for row in state["held_out"]]
             warned = state["warned"]
             warned_clock = state.get("warned_clock", False)  # absent: saved before the check
@@ -471,6 +485,16 @@ def _finite(values: Any, shape: tuple[int, ...]) -> np.ndarray:
     if array.shape != shape or not np.all(np.isfinite(array)):
         raise ValueError(f"expected finite numbers of shape {shape}, got {values!r:.80}")
     return array
+
+
+def _saved_step(values: Any, world_size: int) -> np.ndarray:
+    """One saved step of the window (ValueError when not finite numbers of its shape). Earlier
+    releases kept the fit's columns only: their time sums are 0 (the speeds then use the fit's
+    ratio for that step, as those releases did)."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim == 2 and array.shape[1] == _FIT_COLUMNS:
+        array = np.hstack([array, np.zeros((array.shape[0], _KEPT.size - _FIT_COLUMNS))])
+    return _finite(array, (world_size, _KEPT.size))
 
 
 def _as_seconds(values: Any) -> np.ndarray:
@@ -523,6 +547,29 @@ def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
         warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
         middle = np.nanmedian(ratio, axis=1, keepdims=True)
     return ratio / middle
+
+
+def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Per step and rank, the kept micro-batches' seconds predicted by ``theta`` over their
+    measured seconds, both summed, relative to the step's median rank (float64 [steps, ranks];
+    NaN where a rank measured nothing): the speed at which the model would have balanced the
+    ranks' measured time. A ratio of sums weighs each micro-batch by its time, as the step
+    does, and has no Huber weights: those depend on the speed planned with (the residuals are
+    taken at it), so under heavy noise their weighted mean stays near the planned speed
+    whatever the truth. A step saved without the sums (an earlier release's state) uses
+    :func:`_step_ratios`."""
+    sums = window[:, :, _FIT_COLUMNS : _FIT_COLUMNS + 3]
+    predicted, measured = sums @ theta, window[:, :, _FIT_COLUMNS + 3]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(measured > 0, predicted / measured, np.nan)
+    ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
+        ratio = ratio / np.nanmedian(ratio, axis=1, keepdims=True)
+    saved = np.all(measured == 0, axis=1)  # before the sums were kept
+    if np.any(saved):
+        ratio[saved] = _step_ratios(window[saved], theta)
+    return ratio
 
 
 def _fixed_effects(window: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -35,8 +35,9 @@ class Feedback:
 
     Attributes:
         window: Steps whose statistics the fit and the held-out comparison use.
-        speed_window: Steps whose median gives each rank's speed (a change shows after about
-            half of them).
+        speed_window: Steps whose median gives each rank's speed when it differs from the
+            window's earlier steps beyond the rank's step-to-step noise (a change then shows
+            after about half of them); otherwise the median over ``window`` steps is used.
         min_steps: Steps of held-out comparison before the fit may replace the prior.
         huber: Relative residual beyond which a micro-batch is down-weighted (Huber weight
             ``huber / |r|``).

@@ -1,0 +1,51 @@
+"""Rank speeds from per-step speed ratios: follow a change, not the noise of a shared machine.
+
+The closed loop measures, per step, each rank's predicted over measured time relative to the
+step's median rank (``online._time_ratios``). One step's ratio is noisy: on a machine shared
+with other processes each rank loses a varying share of its core, so a rank's ratio can swing
+by 30-50% from one step to the next while its speed is steady. :func:`window_speeds` turns the
+window of ratios into the speeds planned with.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+__all__ = ["CHANGE_Z", "window_speeds"]
+
+CHANGE_Z = 3.0
+"""How many standard errors the median of a rank's last ``speed_window`` step ratios must lie
+from the median of its earlier steps in the window to count as a change of speed (not noise)."""
+
+
+def window_speeds(ratios: np.ndarray, short: int) -> np.ndarray:
+    """Each rank's speed (unnormalised, float64 [ranks]) from its step ratios (``[steps, ranks]``,
+    ``online._time_ratios``; NaN where it measured nothing): the median of its last ``short`` steps
+    when that median differs from the median of the window's earlier steps by more than
+    ``CHANGE_Z`` standard errors (a real change shows after about ``short / 2`` steps), else
+    the median of the whole window (1.0 for a rank that measured nothing in it).
+
+    The standard error scales the rank's step-to-step noise: ``1.4826 · median |Δ log ratio| /
+    √2`` over consecutive steps (a level shift moves one difference, not the median of them),
+    and a median of ``n`` steps errs by about ``1.2533 · σ / √n``. On a quiet machine (a few
+    percent per step) any slowdown stands out and is followed within ``short / 2`` steps, as a
+    plain short median would; under background load (other processes taking turns on either
+    rank's core: 30-50% per step) a short median wanders by tens of percent, so the window's
+    long median is planned with until the recent steps differ beyond that noise.
+    """
+    logs = np.log(ratios)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # ranks without finite values
+        whole = np.nanmedian(logs, axis=0)
+        recent = np.nanmedian(logs[-short:], axis=0)
+        earlier = np.nanmedian(logs[:-short], axis=0) if logs.shape[0] > short else whole * np.nan
+        noise = 1.4826 / np.sqrt(2.0) * np.nanmedian(np.abs(np.diff(logs, axis=0)), axis=0)
+    n_recent = np.count_nonzero(np.isfinite(logs[-short:]), axis=0)
+    n_earlier = np.count_nonzero(np.isfinite(logs[:-short]), axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        error = 1.2533 * noise * np.sqrt(1.0 / n_recent + 1.0 / n_earlier)
+    changed = (n_recent > 0) & ~(np.abs(recent - earlier) <= CHANGE_Z * error)
+    estimate = np.where(changed, recent, whole)
+    return np.where(np.isfinite(estimate), np.exp(estimate), 1.0)
