@@ -35,6 +35,16 @@ _POSITION = ("consumed", "step", "offset")
 _PARTS_ARRAYS = ("tokens", "grid_thw", "image_sample", "history", "candidates", "contextual")
 
 
+def _position_check(epoch: int, consumed: int, step: int, offset: int) -> str:
+    """A short digest tying a state's position fields together: without a fixed micro-batch
+    count, ``step`` / ``offset`` cannot be derived from ``consumed`` without planning every
+    earlier step, so a state whose ``consumed`` was edited by hand (a prefetch correction that
+    should be ``state_dict(consumed=...)``) would resume at the old step and offset: the
+    micro-batches in between skipped, silently."""
+    fields = json.dumps([epoch, consumed, step, offset]).encode()
+    return hashlib.sha256(fields).hexdigest()[:16]
+
+
 def sha256_of(array: np.ndarray | None) -> str | None:
     """SHA-256 of ``array`` as little-endian int64 bytes, or None."""
     if array is None:
@@ -385,8 +395,9 @@ class EpochBatchSampler:
                 (module docstring of ``seqbalance.runtime.samplers``).
 
         Returns:
-            ``{"format", "epoch", "consumed", "step", "offset", "setup"}``; plain Python values
-            (``torch.save`` and JSON both work).
+            ``{"format", "epoch", "consumed", "step", "offset", "position_check", "setup"}``
+            (``position_check``: a digest of the four position fields, so a state edited by
+            hand is refused at load); plain Python values (``torch.save`` and JSON both work).
         """
         position = (
             self._consumed if consumed is None else check_int(consumed, "consumed", minimum=0)
@@ -398,6 +409,7 @@ class EpochBatchSampler:
             "consumed": position,
             "step": step,
             "offset": offset,
+            "position_check": _position_check(self.epoch, position, step, offset),
             "setup": self._setup(),
         }
 
@@ -409,7 +421,8 @@ class EpochBatchSampler:
                 comes from another format version, or from a sampler set up differently
                 (another dataset, lengths, groups, options, cost, seed, shuffle settings, batch
                 size or data-parallel size: each difference is named), or its position lies
-                beyond the epoch. A state saved on another rank of the same layout is accepted:
+                beyond the epoch, or its position fields were edited (``position_check``). A
+                state saved on another rank of the same layout is accepted:
                 every rank consumes the same number of micro-batches.
         """
         if not isinstance(state, Mapping):
@@ -460,6 +473,14 @@ class EpochBatchSampler:
             raise ValueError(
                 f"state_dict['step'] = {step} (offset {offset}) lies beyond the {steps} steps of "
                 f"epoch {epoch}"
+            )
+        check = state.get("position_check")  # absent in states saved before it existed
+        if check is not None and check != _position_check(epoch, consumed, step, offset):
+            raise ValueError(
+                f"state_dict's epoch / consumed / step / offset = {epoch} / {consumed} / {step} "
+                f"/ {offset} were changed after state_dict() wrote them (its position_check "
+                "differs): they must move together; for a DataLoader's prefetch save "
+                "state_dict(consumed=trained) instead of editing 'consumed'"
             )
         self.close()
         self.epoch = epoch
