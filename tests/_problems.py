@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import seqbalance as sb
 from seqbalance.plan import PlanOptions
 from seqbalance.plan._problem import Problem
 
@@ -58,3 +59,18 @@ def check_padded_plan(plan, lengths: np.ndarray, m: int, size: int, cap, empty: 
             assert len(mb) <= size
             if cap is not None and len(mb) > 1:
                 assert len(mb) * int(lengths[mb].max()) <= cap
+
+
+def lima_batch_rebalance_plan(step: int) -> sb.Plan:
+    """``balanced``'s validated plan of step ``step`` of ``benchmarks/peers.py``'s LIMA padded
+    rows: 256 samples (seed 1) on 8 ranks in ``batch_rebalance``'s configuration (a
+    micro-batch may hold the step, GA 4, ``lockstep``) at its cost ``L + 0.001 L^2``."""
+    pool = sb.datasets.load("lima")
+    rng = np.random.default_rng(1)
+    lengths = [np.minimum(rng.choice(pool, 256), 16384) for _ in range(step + 1)][step]
+    plan = sb.plan_step(
+        lengths, 8, cost=lambda x: x + 0.001 * np.asarray(x, dtype=np.float64) ** 2,
+        layout="padded", microbatch_size=256, num_microbatches=4, objective="lockstep",
+    )  # fmt: skip
+    plan.validate()
+    return plan

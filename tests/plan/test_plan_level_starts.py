@@ -8,12 +8,11 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from _problems import check_padded_plan, padded_lockstep_problem
+from _problems import check_padded_plan, lima_batch_rebalance_plan, padded_lockstep_problem
 from _profiles import examples
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-import seqbalance as sb
 from seqbalance.plan._at_count import lowered
 from seqbalance.plan._intervals import Intervals, bound_at_count
 from seqbalance.plan._level_starts import _Reach, level_start
@@ -102,13 +101,6 @@ def test_levels_first_beat_the_searches_on_batch_rebalance_configuration() -> No
     # 32,708 / 10,176 / 9,029 / 498: the longest samples paired in the first), 1.0988 above
     # the bound; levels chosen first reach 51,250.0 (the optimum of plans of runs, proven
     # offline, is 50,133.4).
-    pool = sb.datasets.load("lima")
-    rng = np.random.default_rng(1)
-    lengths = [np.minimum(rng.choice(pool, 256), 16384) for _ in range(4)][3]
-    plan = sb.plan_step(
-        lengths, 8, cost=lambda x: x + 0.001 * np.asarray(x, dtype=np.float64) ** 2,
-        layout="padded", microbatch_size=256, num_microbatches=4, objective="lockstep",
-    )  # fmt: skip
-    plan.validate()
+    plan = lima_batch_rebalance_plan(3)
     assert plan.step_cost <= 51_250.0
     assert plan.step_cost >= 50_133.4

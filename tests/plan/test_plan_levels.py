@@ -5,7 +5,7 @@ below its local search with it on ``batch_rebalance``'s configuration."""
 from __future__ import annotations
 
 import numpy as np
-from _problems import check_padded_plan, padded_lockstep_problem
+from _problems import check_padded_plan, lima_batch_rebalance_plan, padded_lockstep_problem
 from _profiles import examples
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -51,15 +51,7 @@ def test_lowering_levels_beats_the_local_search_on_batch_rebalance_configuration
     # LIMA, 256 samples on 8 ranks, batch_rebalance's configuration (a micro-batch may hold
     # the step, GA 4) and cost: the local search stopped at 48,881.8 (a rival's plan, 1.0815
     # above the bound); lowering a tier's level at a time reaches 48,400.4.
-    pool = sb.datasets.load("lima")
-    rng = np.random.default_rng(1)
-    lengths = [np.minimum(rng.choice(pool, 256), 16384) for _ in range(2)][1]
-    plan = sb.plan_step(
-        lengths, 8, cost=lambda x: x + 0.001 * np.asarray(x, dtype=np.float64) ** 2,
-        layout="padded", microbatch_size=256, num_microbatches=4, objective="lockstep",
-    )  # fmt: skip
-    plan.validate()
-    assert plan.step_cost <= 48_400.5
+    assert lima_batch_rebalance_plan(1).step_cost <= 48_400.5
 
 
 def test_seconds_with_overheads_keep_empty_micro_batches_priced() -> None:
