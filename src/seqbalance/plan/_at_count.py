@@ -125,8 +125,8 @@ def lowered(p: Problem, plan: Microbatches) -> Microbatches:
         if found is None:
             continue
         found = improve_intervals(p, intervals, found, target) or found
-        if aligned_value(p, found) < least:
-            best, least = found, aligned_value(p, found)
+        if (found_value := aligned_value(p, found)) < least:
+            best, least = found, found_value
     return best
 
 

@@ -303,6 +303,7 @@ class OnlineTimeModel:
                     stacklevel=2,
                 )
         unsynchronized = _off_the_step(stats)
+        left_out = int(stats[unsynchronized, _USED].sum())  # their micro-batches
         if unsynchronized.any():
             self._warn_clock(stats, unsynchronized)
         speeds = self._speeds if self.feedback.rank_speeds else np.ones(self.world_size)
@@ -333,12 +334,12 @@ class OnlineTimeModel:
                 "source": self.source,
             },
             "rank_speeds": speeds.tolist(),
-            "ignored_measurements": ignored + int(stats[unsynchronized, _USED].sum()),
+            "ignored_measurements": ignored + left_out,
             "unsynchronized_ranks": np.flatnonzero(unsynchronized).tolist(),
         }
         learned = stats.copy()
         learned[unsynchronized] = 0.0  # nothing of theirs in the fit, the speeds, the errors
-        self.ignored += int(stats[unsynchronized, _USED].sum())
+        self.ignored += left_out
         total = learned.sum(axis=0)
         self._stats.append(learned[:, _KEPT])
         if total[_HELD_OUT] > 0:
@@ -539,14 +540,17 @@ def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
     the step's median rank (float64 [steps, ranks]; NaN where a rank measured nothing). The
     median, not the fastest: the largest of many noisy ratios is biased high, the median is
     not while most ranks run at the same speed."""
-    weight = window[:, :, _WEIGHT]
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (window[:, :, _MOMENT] @ theta) / weight
+        return _relative_to_median((window[:, :, _MOMENT] @ theta) / window[:, :, _WEIGHT])
+
+
+def _relative_to_median(ratio: np.ndarray) -> np.ndarray:
+    """``ratio`` ([steps, ranks]) with entries that are not finite and positive (a rank that
+    measured nothing) as NaN, each step divided by its median rank's."""
     ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
-        middle = np.nanmedian(ratio, axis=1, keepdims=True)
-    return ratio / middle
+        return ratio / np.nanmedian(ratio, axis=1, keepdims=True)
 
 
 def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -561,11 +565,7 @@ def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
     sums = window[:, :, _FIT_COLUMNS : _FIT_COLUMNS + 3]
     predicted, measured = sums @ theta, window[:, :, _FIT_COLUMNS + 3]
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(measured > 0, predicted / measured, np.nan)
-    ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
-        ratio = ratio / np.nanmedian(ratio, axis=1, keepdims=True)
+        ratio = _relative_to_median(predicted / measured)  # nothing measured: inf or NaN
     saved = np.all(measured == 0, axis=1)  # before the sums were kept
     if np.any(saved):
         ratio[saved] = _step_ratios(window[saved], theta)
