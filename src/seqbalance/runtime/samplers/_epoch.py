@@ -226,12 +226,16 @@ class EpochBatchSampler:
         self.close()
         self.check_agreement()  # first: ranks that differ fail together, before any local check
         self._check_epoch(self.epoch)
+        # A loaded resume point is kept until this pass takes its first batch (_yield_from): a
+        # DataLoader with workers calls iter() twice before taking any, and a second iter()
+        # that started the epoch afresh would train everything before the resume point again.
         consumed, step, offset = self._resume or (0, 0, 0)
-        self._resume = None
         self._start_pass(consumed, step, offset)
         return self._yield_from(self.epoch, step, offset, self._pass)
 
     def _yield_from(self, epoch: int, step: int, offset: int, mine: int) -> Iterator[Sequence[int]]:
+        self._check_current(mine)
+        self._resume = None  # taken by this pass: a later iter() starts the epoch anew
         steps = self._rank_steps(epoch, step)
         try:
             for number in itertools.count(step):
