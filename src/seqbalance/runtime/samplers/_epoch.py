@@ -96,8 +96,23 @@ def _setup_of(payload: bytes) -> dict[str, Any] | None:
     return setup if isinstance(setup, dict) and "sampler" in setup else None
 
 
+def _plain(setup: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """``setup`` after a JSON round trip, the form ranks send each other and a state saved as
+    JSON takes: compared so, an option held as a tuple (``rank_speeds``) equals the list it
+    travels as, and a legitimate resume or agreement is not refused for its container type.
+
+    Raises:
+        ValueError: ``setup`` holds what JSON cannot write (keys that are no str, number or
+            None)."""
+    try:  # the order kept: changes are named in the setup's order
+        return json.loads(json.dumps(dict(setup), default=str))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} is not a setup state_dict() writes: {error}") from None
+
+
 def _changes(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
-    """Differences between two setups, the data-parallel rank left out (it may differ)."""
+    """Differences between two setups (as :func:`_plain` gives them), the data-parallel rank
+    left out (it may differ)."""
     return [
         change
         for name in [*mine, *(k for k in other if k not in mine)]
@@ -211,12 +226,16 @@ class EpochBatchSampler:
         self.close()
         self.check_agreement()  # first: ranks that differ fail together, before any local check
         self._check_epoch(self.epoch)
+        # A loaded resume point is kept until this pass takes its first batch (_yield_from): a
+        # DataLoader with workers calls iter() twice before taking any, and a second iter()
+        # that started the epoch afresh would train everything before the resume point again.
         consumed, step, offset = self._resume or (0, 0, 0)
-        self._resume = None
         self._start_pass(consumed, step, offset)
         return self._yield_from(self.epoch, step, offset, self._pass)
 
     def _yield_from(self, epoch: int, step: int, offset: int, mine: int) -> Iterator[Sequence[int]]:
+        self._check_current(mine)
+        self._resume = None  # taken by this pass: a later iter() starts the epoch anew
         steps = self._rank_steps(epoch, step)
         try:
             for number in itertools.count(step):
@@ -329,7 +348,7 @@ class EpochBatchSampler:
                         "did not observe (adaptive: every rank observes every step once), or "
                         "ranks iterate the sampler a different number of times"
                     )
-                changes = _changes(mine, theirs)
+                changes = _changes(_plain(mine, "this rank's setup"), theirs)
                 if changes:  # more than the data-parallel rank differs
                     raise ValueError(
                         f"{type(self).__name__}: rank {other_rank} of the group set up its "
@@ -445,7 +464,9 @@ class EpochBatchSampler:
             raise ValueError(f"state_dict['setup'] must be a mapping, got {type(saved).__name__}")
         # The rank is recorded but may differ: every rank consumes the same number of
         # micro-batches, so one rank's checkpoint (rank 0's, as Trainer saves) resumes them all.
-        changes = _changes(self._setup(), saved)
+        changes = _changes(
+            _plain(self._setup(), "this sampler's setup"), _plain(saved, "state_dict['setup']")
+        )
         if changes:
             raise ValueError(
                 "state_dict comes from a sampler set up differently; changed: "
