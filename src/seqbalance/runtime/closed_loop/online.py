@@ -14,7 +14,8 @@ What the model learns:
   free parameter except the step's fastest rank (so speeds, known or not, never bias it);
   Huber weights on the relative residual against the model in use damp outliers (a GC pause,
   a checkpoint step), and a micro-batch measured more than ``1 + reject`` times faster than
-  predicted by the model in use (the first step: than the rank's slowest) is dropped;
+  predicted by the model in use is dropped (where the rank's level is not known: the first
+  step, after a level shift, than its slowest one: ``OnlineTimeModel._weights``);
 - the prior: the cost the run started with (FLOPs in seconds, or a saved calibration), scaled
   by one fitted factor so its error is comparable. The fit replaces the prior only once its
   held-out error (on each step's micro-batches, scored before they join the fit) over the
@@ -30,8 +31,8 @@ Degenerate measurements (not a number, NaN, infinite, zero, negative, below
 :data:`MIN_SECONDS` or above :data:`MAX_SECONDS`; sync and step times too) are left out of every
 statistic, counted, and reported with one warning per model; they never raise. So are the
 micro-batches of a rank whose synchronized step time disagrees with the other ranks' (a clock
-in another unit: :data:`STEP_AGREEMENT`). Speeds stay in
-the planner's range (``SPEED_RANGE``), so no finite timing can wedge planning.
+in another unit: :data:`STEP_AGREEMENT`). Speeds stay in the planner's range
+(``SPEED_RANGE``), so no finite timing can wedge planning.
 """
 
 from __future__ import annotations
@@ -219,19 +220,12 @@ class OnlineTimeModel:
         speed = self._speeds[rank] if self.feedback.rank_speeds else 1.0
         reference = measured * speed  # seconds at the fastest rank's speed
         predicted = x @ _coefficients(self._model)
-        weights = np.ones(measured.size)
-        if measured.size and not self.steps:
-            # The prior's level is not known before the first step: each micro-batch against
-            # the rank's slowest one relative to the prior (a timer that missed work stands out
-            # there too; the prior's shape rarely spans a factor 1 + reject within a step).
-            ratio = predicted / reference
-            level = float(ratio.min())
-            if level > 0:
-                weights = self._robust_weights(ratio / level - 1.0)
+        busy = step[0] - sync[0] if step_seconds is not None and step_kept and sync_kept else 0
+        filled = bool(measured.sum() * (1.0 + self.feedback.reject) >= busy)
+        weights = self._weights(rank, predicted / reference, filled)
         if self.steps:
             relative = predicted / reference - 1.0
             size = np.abs(relative)
-            weights = self._robust_weights(relative)
             if self._fit is not None:
                 both = np.abs(x @ _coefficients(self._fit) / reference - 1.0)
                 scaled = np.abs(x @ (self._scale * _coefficients(self.prior)) / reference - 1.0)
@@ -255,12 +249,23 @@ class OnlineTimeModel:
         out[_STEP] = float(step[0]) if given else out[_COMPUTE] + out[_SYNC]
         return out
 
-    def _robust_weights(self, relative: np.ndarray) -> np.ndarray:
-        """Huber weights on the relative residuals (predicted / measured - 1), and 0 for a
-        micro-batch measured more than ``1 + reject`` times faster than predicted: a timer that
-        missed work. Whatever model is in use (the scaled prior too): a relative fit weighs a
-        row by ``1 / measured``, so one such measurement (10 us for a 10 ms micro-batch) would
-        outweigh the whole window, and Huber's ``1 / |r|`` does not undo a ``1 / s**2``."""
+    def _weights(self, rank: int, ratio: np.ndarray, filled: bool) -> np.ndarray:
+        """The fit's weight of each of ``rank``'s micro-batches (``ratio``: predicted / measured
+        at its speed): Huber's on the relative residual, and 0 for one measured more than ``1 +
+        reject`` times faster than predicted: a timer that missed work. Whatever model is in use
+        (the scaled prior too): a relative fit weighs a row by ``1 / measured``, so one such
+        measurement (10 us for a 10 ms micro-batch) would outweigh the window, and Huber's
+        ``1 / |r|`` does not undo a ``1 / s**2``. Level-free (against the rank's slowest one: a
+        shape rarely spans ``1 + reject`` in a step) where the level is not known: the prior's
+        before the first step, or after a step of which the rule dropped every micro-batch while
+        the compute now fills the busy time (``filled``; a timer missing work falls short). That
+        is a level shift (warm-up over, a straggler recovered, a stall made its speed tiny):
+        against it every later step is dropped, for ever once the window has the bare prior."""
+        last = self._stats[-1][rank] if self._stats else np.zeros(_FIT_COLUMNS)
+        relative = ratio - 1.0
+        if not self.steps or (last[_USED] > 0 and last[_WEIGHT] == 0 and filled):
+            level = float(ratio.min()) if ratio.size else 0.0
+            relative = ratio / level - 1.0 if level > 0 else np.zeros(ratio.size)
         weights = self.feedback.huber / np.maximum(np.abs(relative), self.feedback.huber)
         weights[relative > self.feedback.reject] = 0.0
         return weights
@@ -351,8 +356,7 @@ class OnlineTimeModel:
         return telemetry
 
     def _warn_clock(self, stats: np.ndarray, unsynchronized: np.ndarray) -> None:
-        """One warning per model for ranks whose step disagrees with the others' (see
-        :data:`STEP_AGREEMENT`)."""
+        """One warning per model for ranks whose step disagrees (:data:`STEP_AGREEMENT`)."""
         if self._warned_clock:
             return
         self._warned_clock = True

@@ -1,0 +1,130 @@
+"""Adversarial (adv8a K1): a level shift wedged the closed loop. The reject rule drops a
+micro-batch measured more than ``1 + reject`` times faster than the model in use predicts at
+the rank's speed (a timer that missed work). When EVERY micro-batch of a rank is that much
+faster, it is the model's level that is off, and judged against it every later step was dropped
+too, so nothing new was learned:
+
+- warm-up: the first step 20x slower than the rest (CUDA init, autotuning, compilation: every
+  GPU run) scaled the model; all later micro-batches were dropped until that step left the
+  window (16 steps), and then the window held only the unscaled prior (cost "tokens": one
+  second per token), so for ever: a 2x slow rank planned at speed 1.0, steps 1.75x the balanced
+  time for the rest of the run, with the default ``adaptive=True``;
+- one stalled micro-batch (10 s) at the first step made a rank's speed 0.004, and its normal
+  micro-batches were then dropped for the whole window (true steps 1.22x balanced);
+- a straggler 5x or more slow that recovered stayed planned at its slow speed for the window.
+
+Now a rank whose last step was dropped whole, and whose compute fills its busy time (step less
+sync), is judged level-free (against its slowest micro-batch) for one step, as at the first
+step; a compute timer that misses work (compute far short of the busy time) is still dropped."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from _profiles import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.cost import TimeModel
+from seqbalance.runtime import Feedback
+from seqbalance.runtime.closed_loop import AdaptivePlanner
+
+TRUE = TimeModel(0.003, 2e-6, 3e-10)
+
+
+def _run(steps, ranks=4, *, slowdown=None, stall=None, misread=None, seed=2, **options):
+    """Plan and observe ``steps`` steps of ``ranks`` ranks (true model ``TRUE``, 5% noise),
+    every rank waiting at the sync for the slowest. ``slowdown(step, rank)`` divides a rank's
+    true speed; ``stall = (step, rank, seconds)`` adds a pause to that rank's first micro-batch;
+    ``misread(step, rank)`` scales what its micro-batch timer reads (its step and sync stay
+    true). Returns the rank speeds after each step and each step's true time over the balanced
+    one (at the true speeds)."""
+    planner = AdaptivePlanner(ranks, max_tokens=16384, **options)
+    rng = np.random.default_rng(seed)
+    learned, ratios = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for step in range(steps):
+            slow = [1.0 if slowdown is None else slowdown(step, r) for r in range(ranks)]
+            plan = planner.plan(rng.integers(50, 4000, 8 * ranks))
+            true = [
+                [
+                    TRUE.microbatch_seconds(plan.lengths[mb]) * s * (1 + 0.05 * rng.random())
+                    for mb in microbatches
+                ]
+                for s, microbatches in zip(slow, plan.ranks, strict=True)
+            ]
+            balanced = sum(sum(rank) / s for rank, s in zip(true, slow, strict=True)) / sum(
+                1 / s for s in slow
+            )
+            ratios.append(max(sum(rank) for rank in true) / balanced)
+            if stall is not None and stall[0] == step:
+                true[stall[1]][0] += stall[2]
+            compute = [sum(rank) for rank in true]
+            end = max(compute) + 0.002
+            read = [
+                [s * (1.0 if misread is None else misread(step, r)) for s in rank]
+                for r, rank in enumerate(true)
+            ]
+            telemetry = planner.observe(
+                plan, read, sync_seconds=[end - c for c in compute], step_seconds=[end] * ranks
+            )
+            learned.append(telemetry["next_rank_speeds"])
+    return np.array(learned), np.array(ratios)
+
+
+@given(
+    warm=st.sampled_from([20.0, 1000.0]),
+    first_steps=st.integers(1, 3),
+    cost=st.sampled_from(["tokens", "flops"]),
+    ranks=st.integers(2, 4),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=examples(8), deadline=None)
+def test_slow_warm_up_steps_do_not_wedge_the_loop(warm, first_steps, cost, ranks, seed) -> None:
+    """Every rank's first steps ``warm`` times slower (a warm-up): afterwards the loop learns
+    the slow rank (true speed 0.5) and keeps it, also once the warm-up left the window."""
+
+    def slowdown(step, rank):
+        return (warm if step < first_steps else 1.0) * (2.0 if rank == 1 else 1.0)
+
+    learned, _ = _run(30, ranks, slowdown=slowdown, seed=seed, cost=cost)
+    # Before: 1.0 from the step the warm-up left the window on (model t1 = 1 s/token).
+    assert np.all(learned[first_steps + 8 :, 1] < 0.75), learned[:, 1]
+    assert np.all(np.abs(learned[-8:, 1] - 0.5) < 0.1), learned[:, 1]
+
+
+@pytest.mark.parametrize("stall_step, prior", [(0, None), (1, TRUE)])
+def test_one_stalled_microbatch_is_forgotten_within_a_few_steps(stall_step, prior) -> None:
+    """A 10 s stall in one micro-batch of rank 3 (4 equal ranks): its speed is back to 1.0
+    within 5 steps (before: 0.004 / 0.067 for the whole window, true steps 1.22x balanced)."""
+    learned, ratios = _run(20, stall=(stall_step, 3, 10.0), feedback=Feedback(prior=prior))
+    assert np.all(learned[stall_step + 5 :, 3] == 1.0), learned[:, 3]
+    assert ratios[stall_step + 6 :].mean() < 1.05
+
+
+@pytest.mark.parametrize("slow", [5.0, 8.0])
+def test_a_recovered_straggler_is_followed(slow) -> None:
+    """Rank 1 ``slow`` times slower for 20 steps, then back: planned at full speed again
+    within 3 steps (before: its slow speed for the whole window, 15 steps)."""
+
+    def slowdown(step, rank):
+        return slow if (rank == 1 and step < 20) else 1.0
+
+    learned, _ = _run(30, slowdown=slowdown)
+    assert abs(learned[19, 1] - 1.0 / slow) < 0.2 / slow, learned[:, 1]
+    assert np.all(learned[23:, 1] > 0.9), learned[:, 1]
+
+
+def test_a_compute_timer_missing_work_is_still_dropped() -> None:
+    """From step 5 rank 3's micro-batch timer reads 1/1000 of the work (its step and sync are
+    right): never believed (its compute is far short of its busy time), as before."""
+
+    def misread(step, rank):
+        return 1e-3 if (rank == 3 and step >= 5) else 1.0
+
+    learned, ratios = _run(25, misread=misread)
+    assert np.all(learned == 1.0), learned
+    assert ratios[3:].mean() < 1.03
