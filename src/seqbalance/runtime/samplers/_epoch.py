@@ -45,6 +45,25 @@ def _position_check(epoch: int, consumed: int, step: int, offset: int) -> str:
     return hashlib.sha256(fields).hexdigest()[:16]
 
 
+def _check_position_digest(check: Any, epoch: int, consumed: int, step: int, offset: int) -> None:
+    """ValueError unless ``check`` (a state's ``position_check``; None in states saved before
+    it existed) is the digest of its position fields (:func:`_position_check`)."""
+    if check is None:
+        return
+    if not isinstance(check, str):
+        raise ValueError(
+            "state_dict['position_check'] must be the str state_dict() wrote, got "
+            f"{type(check).__name__}"
+        )
+    if check != _position_check(epoch, consumed, step, offset):
+        raise ValueError(
+            f"state_dict's epoch / consumed / step / offset = {epoch} / {consumed} / {step} "
+            f"/ {offset} were changed after state_dict() wrote them (its position_check "
+            "differs): they must move together; for a DataLoader's prefetch save "
+            "state_dict(consumed=trained) instead of editing 'consumed'"
+        )
+
+
 def sha256_of(array: np.ndarray | None) -> str | None:
     """SHA-256 of ``array`` as little-endian int64 bytes, or None."""
     if array is None:
@@ -495,14 +514,7 @@ class EpochBatchSampler:
                 f"state_dict['step'] = {step} (offset {offset}) lies beyond the {steps} steps of "
                 f"epoch {epoch}"
             )
-        check = state.get("position_check")  # absent in states saved before it existed
-        if check is not None and check != _position_check(epoch, consumed, step, offset):
-            raise ValueError(
-                f"state_dict's epoch / consumed / step / offset = {epoch} / {consumed} / {step} "
-                f"/ {offset} were changed after state_dict() wrote them (its position_check "
-                "differs): they must move together; for a DataLoader's prefetch save "
-                "state_dict(consumed=trained) instead of editing 'consumed'"
-            )
+        _check_position_digest(state.get("position_check"), epoch, consumed, step, offset)
         self.close()
         self.epoch = epoch
         self._resume = (consumed, step, offset)
