@@ -3,8 +3,10 @@
 A thin adapter over the project's one launcher, :func:`seqbalance.measure.launch.launch`, for
 tests that inspect failures: every rank runs ``worker(rank, world_size, *args)`` to its end
 (``stop_on_failure=False``), an exception a worker raises is returned as a record instead of
-ending the launch, and a rank that dies (killed, ``os._exit``) yields ``None``. The launch as a
-whole is bounded, so a hang is a test failure, never a stuck test run.
+ending the launch, and a rank that dies (killed, ``os._exit``) yields ``None``. A rank that
+raised outside the worker (the launcher's own group set-up) is a record too, so a test that
+fails names what went wrong instead of a bare ``None``. The launch as a whole is bounded, so a
+hang is a test failure, never a stuck test run.
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ def launch(
         log_dir=directory,
         stop_on_failure=False,
     )
-    return [None if isinstance(result, RankFailure) else result for result in results]
+    return [_reported(result) for result in results]
+
+
+def _reported(result: Any) -> dict[str, Any] | None:
+    if not isinstance(result, RankFailure):
+        return result
+    if not result.traceback:  # died without a result
+        return None
+    return {"error": result.what, "type": "launch", "trace": result.traceback}
 
 
 def ok(results: list[dict[str, Any] | None]) -> list[Any]:

@@ -447,8 +447,13 @@ def _numbers(kind: type, what: str) -> Any:
     the library's)."""
 
     def parse(text: str) -> tuple:
+        parts = [part.strip() for part in text.split(",")]
+        if "" in parts:  # "1,,0.5" is a value left out, not two values: one per rank counts
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what}, got {text!r} (an empty value)"
+            )
         try:
-            return tuple(kind(part) for part in _comma_separated(text))
+            return tuple(kind(part) for part in parts)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"expected comma-separated {what}, got {text!r}"

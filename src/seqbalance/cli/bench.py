@@ -191,6 +191,7 @@ _FLAGS = {
     "n_ranks": "--procs",
     "timeout": "--timeout",
     "launch_timeout": "--launch-timeout",
+    "time_model": "--time-model",
 }
 """``BenchSettings`` fields, plan options (and ``scale_lengths`` keywords) as their flags."""
 

@@ -7,7 +7,9 @@ verl's modules is a new function object bound to that installation's settings (t
 and ``calculate_workload``, whose values verl's driver balances and sorts by). Installations
 nest: each records exactly what every binding held before it, and removing one restores that,
 name by name (or, where a newer active one replaced the same name, hands its record on to that
-one), so an inner ``with install(...)`` never undoes an outer or process-wide one.
+one), so an inner ``with install(...)`` never undoes an outer or process-wide one; a binding
+another library replaced since is left to it. An install that fails part-way puts back what it
+replaced before raising.
 """
 
 from __future__ import annotations
@@ -95,12 +97,15 @@ class Installation:
             del _active[position]
 
     def _restore(self, name: str) -> None:
+        mine = self.functions[name]
         for module, attribute, value in reversed(self._records):
-            if attribute == name:
+            # Only where its own function still is: a binding set after it by someone else
+            # (another library's patch of verl's function) is theirs to keep.
+            if attribute == name and getattr(module, name, None) is mine:
                 setattr(module, name, value)
         # Modules imported while it was installed took its function from verl's module.
         if name in self._previous:
-            for module in _bindings(name, self.functions[name]):
+            for module in _bindings(name, mine):
                 setattr(module, name, self._previous[name])
 
     def _inherit(self, earlier: Installation, name: str) -> None:
@@ -243,23 +248,31 @@ def install_into(
     functions = _functions(ours, tuple(n for n in names if n not in built), settings)
     installation = Installation(settings, {**functions, **built})
     with _lock:
-        for k, (module_name, group) in enumerate(targets.items()):
-            try:
-                target = importlib.import_module(module_name)
-            except ImportError:
-                if k == 0:
-                    raise
-                continue
-            for name in group:
-                current = getattr(target, name, None)
-                if current is None or name not in installation.functions:
+        try:
+            for k, (module_name, group) in enumerate(targets.items()):
+                try:
+                    target = importlib.import_module(module_name)
+                except ImportError:
+                    if k == 0:
+                        raise
                     continue
-                installation._previous[name] = current
-                for module in _bindings(name, current):
-                    if module is ours:
+                for name in group:
+                    current = getattr(target, name, None)
+                    if current is None or name not in installation.functions:
                         continue
-                    installation._records.append((module, name, current))
-                    setattr(module, name, installation.functions[name])
+                    installation._previous[name] = current
+                    for module in _bindings(name, current):
+                        if module is ours:
+                            continue
+                        installation._records.append((module, name, current))
+                        setattr(module, name, installation.functions[name])
+        except BaseException:
+            # A later target failing otherwise than ImportError (an optional part of verl
+            # broken in this environment): this installation never becomes active, so nothing
+            # could remove what it had already put in verl; put it back before raising.
+            for name in installation.functions:
+                installation._restore(name)
+            raise
         _active.append(installation)
     return installation
 

@@ -381,6 +381,14 @@ class BenchSettings:
                 "time_model must be a ContextParallelTimeModel or None with context_parallel, "
                 f"got {type(self.time_model).__name__}"
             )
+        if (self.time_model is None or self.hf_model is not None) and usable[-1] == 1:
+            # The processes fit a time model on sharded slots first, and the fit refuses this
+            # in every process: refused here, before any process starts.
+            raise ValueError(
+                f"context_parallel sizes {list(cp.sizes)} hold no CP size > 1 that divides "
+                f"procs = {self.procs}: the run calibrates its time model on sharded samples "
+                "first (give a size > 1 that divides procs, or time_model without hf_model)"
+            )
         names = strategy_names(context_parallel=True)
         strategies = names if self.strategies is None else tuple(self.strategies)
         for name in strategies:
