@@ -213,7 +213,8 @@ class OnlineTimeModel:
         sync = _as_seconds(sync_seconds)
         sync_kept = sync.shape == (1,) and 0.0 <= sync[0] <= MAX_SECONDS
         step = _as_seconds(step_seconds) if step_seconds is not None else np.zeros(1)
-        step_kept = step.shape == (1,) and 0.0 <= step[0] <= MAX_SECONDS
+        kept = step.shape == (1,) and MIN_SECONDS <= step[0] <= MAX_SECONDS  # 5e-324: degenerate
+        step_kept = step_seconds is None or kept
         out = np.zeros(_SIZE)
         out[_IGNORED] = float(np.count_nonzero(~valid) + (not sync_kept) + (not step_kept))
         x, measured = features[valid], seconds[valid]
@@ -251,16 +252,15 @@ class OnlineTimeModel:
 
     def _weights(self, rank: int, ratio: np.ndarray, filled: bool) -> np.ndarray:
         """The fit's weight of each of ``rank``'s micro-batches (``ratio``: predicted / measured
-        at its speed): Huber's on the relative residual, and 0 for one measured more than ``1 +
-        reject`` times faster than predicted: a timer that missed work. Whatever model is in use
-        (the scaled prior too): a relative fit weighs a row by ``1 / measured``, so one such
-        measurement (10 us for a 10 ms micro-batch) would outweigh the window, and Huber's
-        ``1 / |r|`` does not undo a ``1 / s**2``. Level-free (against the rank's slowest one: a
-        shape rarely spans ``1 + reject`` in a step) where the level is not known: the prior's
-        before the first step, or after a step of which the rule dropped every micro-batch while
-        the compute now fills the busy time (``filled``; a timer missing work falls short). That
-        is a level shift (warm-up over, a straggler recovered, a stall made its speed tiny):
-        against it every later step is dropped, for ever once the window has the bare prior."""
+        at its speed): Huber's on the relative residual, 0 for one measured over ``1 + reject``
+        times faster than predicted (a timer that missed work: whatever model is in use, as a
+        relative fit weighs a row by ``1 / measured``, and Huber's ``1 / |r|`` does not undo a
+        ``1 / s**2``). Level-free (against the rank's slowest: a shape rarely spans ``1 + reject``
+        in a step) where the level is not known: before the first step, and after a step whose
+        every micro-batch was dropped while the compute now fills the busy time (``filled``; a
+        timer missing work falls short). That is a level shift (warm-up over, a straggler back,
+        a stall made its speed tiny): judged against it, every later step would be dropped, for
+        ever once the window holds only the bare prior."""
         last = self._stats[-1][rank] if self._stats else np.zeros(_FIT_COLUMNS)
         relative = ratio - 1.0
         if not self.steps or (last[_USED] > 0 and last[_WEIGHT] == 0 and filled):
