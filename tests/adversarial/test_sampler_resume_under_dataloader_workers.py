@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 from _profiles import examples
+from _sampler_passes import after_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,10 +66,7 @@ def test_iter_keeps_a_resume_point_until_a_batch_is_taken(kind, taken, iters, ag
     ``iter`` after a batch was taken starts the epoch anew."""
     full = list(_sampler(kind))
     taken = min(taken, len(full))
-    sampler = _sampler(kind)
-    batches = iter(sampler)
-    for _ in range(taken):
-        next(batches)
+    sampler = after_batches(_sampler(kind), taken)
     resumed = _sampler(kind)
     resumed.load_state_dict(sampler.state_dict())
     for _ in range(iters):

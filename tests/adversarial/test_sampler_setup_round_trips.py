@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _profiles import examples
+from _sampler_passes import after_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,10 +40,7 @@ def test_a_state_saved_as_json_resumes_the_remainder(speeds, taken, as_list) -> 
     dp_size = len(speeds)
     speeds = list(speeds) if as_list else tuple(speeds)
     full = list(_sampler(speeds, dp_size - 1, dp_size))
-    sampler = _sampler(speeds, 0, dp_size)
-    batches = iter(sampler)
-    for _ in range(min(taken, len(full))):
-        next(batches)
+    sampler = after_batches(_sampler(speeds, 0, dp_size), min(taken, len(full)))
     state = json.loads(json.dumps(sampler.state_dict()))
     resumed = _sampler(speeds, dp_size - 1, dp_size)
     resumed.load_state_dict(state)

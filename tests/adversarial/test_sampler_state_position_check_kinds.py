@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 from _profiles import examples
+from _sampler_passes import after_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,10 +38,7 @@ KINDS = ["balanced", "fixed", "length_grouped"]
 def test_every_position_a_state_can_hold_resumes_the_remainder(kind, taken, back) -> None:
     full = list(_sampler(kind))
     taken = min(taken, len(full))
-    sampler = _sampler(kind)
-    batches = iter(sampler)
-    for _ in range(taken):
-        next(batches)
+    sampler = after_batches(_sampler(kind), taken)
     state = json.loads(json.dumps(sampler.state_dict(consumed=max(0, taken - back))))
     resumed = _sampler(kind)
     resumed.load_state_dict(state)
@@ -61,11 +59,7 @@ def test_a_digest_of_another_kind_is_refused_naming_it(kind, check) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_state_without_the_digest_loads(kind) -> None:
-    sampler = _sampler(kind)
-    batches = iter(sampler)
-    for _ in range(3):
-        next(batches)
-    state = sampler.state_dict()
+    state = after_batches(_sampler(kind), 3).state_dict()
     del state["position_check"]
     resumed = _sampler(kind)
     resumed.load_state_dict(state)
