@@ -3,8 +3,8 @@
 DataLoader's iterator calls ``iter(batch_sampler)`` twice before it takes a batch (once when it
 is made, once in its first reset), the first ``iter`` took the loaded resume point and the
 second started afresh, so every micro-batch before the resume point was trained again, with no
-error (17 of 37 random resumes). A loaded resume point now holds until a pass takes its first
-batch."""
+error (20 of 37 random resumes with workers). A loaded resume point now holds until a pass
+takes its first batch."""
 
 from __future__ import annotations
 
