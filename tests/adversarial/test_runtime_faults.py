@@ -73,9 +73,6 @@ def _fault(rank: int, world_size: int, fault: str, directory: str) -> dict[str, 
     """Rank ODD_RANK misbehaves as ``fault`` says; the others report how their call ended."""
     from seqbalance.runtime.collectives import Comm
 
-    # The group is whole on every rank before anyone misbehaves: a rank that died while a
-    # slower peer was still connecting would fail that peer's set-up, not its Rebalancer.
-    torch.distributed.barrier()
     rebalancer = Rebalancer(timeout=TIMEOUT, **OPTIONS)
     if rank == ODD_RANK:
         if fault == "dies_before":

@@ -298,6 +298,10 @@ def _rank_main(
             world_size=world_size,
             timeout=deadline,
         )
+        # The group is whole on every rank before the function runs: a rank that ended at
+        # once (raised, or exited) while a slower peer was still connecting would fail that
+        # peer's group set-up instead of whatever the function does next.
+        dist.barrier()
         outcome = ("ok", fn(rank, world_size, *args))
     except BaseException as error:  # every failure, SystemExit included, goes to the parent
         outcome = ("error", _describe(error))

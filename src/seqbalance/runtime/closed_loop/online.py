@@ -67,11 +67,11 @@ MAX_SECONDS = 1e5
 timer in the wrong unit or a stalled process, not a measurement."""
 
 STEP_AGREEMENT = 2.0
-"""Ranks that measured a gradient sync end their step together, so their step wall times agree
-(they differ only by when each started its first micro-batch). A rank whose step is within this
-factor of at most half of those ranks' steps reads a clock in another unit or scale (a hand-made
-timing, a wrong event factory): its micro-batches that step are left out of the fit and the
-rank speeds. Compute times alone cannot tell such a rank from a faster or slower one."""
+"""Ranks that time a gradient sync end their step together, so their step times agree. A rank
+whose step is within this factor of at most half of theirs reads a clock in another unit (a
+hand-made timing, a wrong event factory) or starts its steps a step's compute off (untimed work
+on it alone): the times cannot tell which, and compute alone would make it a faster or slower
+rank; its micro-batches that step are left out of the fit and the speeds."""
 
 _FORMAT = "seqbalance.OnlineTimeModel/1"
 # Layout of one rank's statistics vector (float64).
@@ -365,9 +365,9 @@ class OnlineTimeModel:
         warnings.warn(
             f"rank(s) {ranks} measured step times {stats[ranks, _STEP].tolist()} s, not within "
             f"a factor {STEP_AGREEMENT:g} of most of the {len(synchronized)} ranks that timed "
-            "a gradient sync (whose steps end together): their timers read another unit or "
-            "scale; their micro-batches are left out of the fit and the rank speeds (further "
-            "ones are counted in the telemetry, 'unsynchronized_ranks', without a warning)",
+            "a gradient sync (whose steps end together): their timers read another unit, or "
+            "they start far from the others (untimed work on them alone); left out of the fit "
+            "and the speeds (later ones only counted: telemetry 'unsynchronized_ranks')",
             RuntimeWarning,
             stacklevel=3,
         )
