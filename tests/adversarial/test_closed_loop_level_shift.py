@@ -138,7 +138,8 @@ def test_a_dropped_sync_does_not_let_missed_work_set_the_level(bad_steps) -> Non
     too). Before, a step with the sync dropped counted as "filled" (busy time 0), so after a step
     dropped whole it was judged level-free and kept: ONE NaN sync made the loop take rank 3 for
     10x faster than the rest, for the rest of the run (others planned at speed 0.1, true steps
-    2.3x balanced). Now a dropped sync leaves the busy time unknown: still dropped."""
+    2.3x balanced). Now a dropped sync counts as none (the busy time is at most the step), and
+    a compute far short of the step is still dropped."""
 
     def misread(step, rank):
         return 0.1 if (rank == 3 and step >= 5) else 1.0
@@ -146,3 +147,17 @@ def test_a_dropped_sync_does_not_let_missed_work_set_the_level(bad_steps) -> Non
     learned, ratios = _run(40, misread=misread, nan_sync={(s, 3) for s in bad_steps})
     assert np.all(learned == 1.0), learned[:, 0]
     assert ratios[3:].mean() < 1.03
+
+
+def test_a_warm_up_is_followed_when_every_sync_is_dropped() -> None:
+    """adv8c M1's guard the other way: every rank's sync reads NaN at every step and the first 3
+    steps are 20x slow. The ranks' compute fills their steps, so the level shift is still
+    followed: rank 1 (true speed 0.5) learned (a rule that took a dropped sync for "not filled"
+    planned it at 1.0 for ever, the K1 wedge)."""
+
+    def slowdown(step, rank):
+        return (20.0 if step < 3 else 1.0) * (2.0 if rank == 1 else 1.0)
+
+    every = {(step, rank) for step in range(30) for rank in range(4)}
+    learned, _ = _run(30, slowdown=slowdown, nan_sync=every)
+    assert np.all(np.abs(learned[-8:, 1] - 0.5) < 0.1), learned[:, 1]
