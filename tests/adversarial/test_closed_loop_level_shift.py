@@ -34,13 +34,15 @@ from seqbalance.runtime.closed_loop import AdaptivePlanner
 TRUE = TimeModel(0.003, 2e-6, 3e-10)
 
 
-def _run(steps, ranks=4, *, slowdown=None, stall=None, misread=None, seed=2, **options):
+def _run(
+    steps, ranks=4, *, slowdown=None, stall=None, misread=None, nan_sync=(), seed=2, **options
+):
     """Plan and observe ``steps`` steps of ``ranks`` ranks (true model ``TRUE``, 5% noise),
     every rank waiting at the sync for the slowest. ``slowdown(step, rank)`` divides a rank's
     true speed; ``stall = (step, rank, seconds)`` adds a pause to that rank's first micro-batch;
     ``misread(step, rank)`` scales what its micro-batch timer reads (its step and sync stay
-    true). Returns the rank speeds after each step and each step's true time over the balanced
-    one (at the true speeds)."""
+    true); its sync reads NaN at the ``(step, rank)`` pairs in ``nan_sync``. Returns the rank
+    speeds after each step and each step's true time over the balanced one (at the true speeds)."""
     planner = AdaptivePlanner(ranks, max_tokens=16384, **options)
     rng = np.random.default_rng(seed)
     learned, ratios = [], []
@@ -68,9 +70,8 @@ def _run(steps, ranks=4, *, slowdown=None, stall=None, misread=None, seed=2, **o
                 [s * (1.0 if misread is None else misread(step, r)) for s in rank]
                 for r, rank in enumerate(true)
             ]
-            telemetry = planner.observe(
-                plan, read, sync_seconds=[end - c for c in compute], step_seconds=[end] * ranks
-            )
+            sync = [np.nan if (step, r) in nan_sync else end - c for r, c in enumerate(compute)]
+            telemetry = planner.observe(plan, read, sync_seconds=sync, step_seconds=[end] * ranks)
             learned.append(telemetry["next_rank_speeds"])
     return np.array(learned), np.array(ratios)
 
@@ -127,4 +128,21 @@ def test_a_compute_timer_missing_work_is_still_dropped() -> None:
 
     learned, ratios = _run(25, misread=misread)
     assert np.all(learned == 1.0), learned
+    assert ratios[3:].mean() < 1.03
+
+
+@pytest.mark.parametrize("bad_steps", [(10,), (10, 11, 12), tuple(range(7, 40, 2))])
+def test_a_dropped_sync_does_not_let_missed_work_set_the_level(bad_steps) -> None:
+    """adv8c M1: rank 3's micro-batch timer reads 1/10 of the work from step 5 (dropped: its
+    compute is far short of its busy time), and its sync time reads NaN at ``bad_steps`` (dropped
+    too). Before, a step with the sync dropped counted as "filled" (busy time 0), so after a step
+    dropped whole it was judged level-free and kept: ONE NaN sync made the loop take rank 3 for
+    10x faster than the rest, for the rest of the run (others planned at speed 0.1, true steps
+    2.3x balanced). Now a dropped sync leaves the busy time unknown: still dropped."""
+
+    def misread(step, rank):
+        return 0.1 if (rank == 3 and step >= 5) else 1.0
+
+    learned, ratios = _run(40, misread=misread, nan_sync={(s, 3) for s in bad_steps})
+    assert np.all(learned == 1.0), learned[:, 0]
     assert ratios[3:].mean() < 1.03

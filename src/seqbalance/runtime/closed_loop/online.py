@@ -222,7 +222,7 @@ class OnlineTimeModel:
         reference = measured * speed  # seconds at the fastest rank's speed
         predicted = x @ _coefficients(self._model)
         busy = step[0] - sync[0] if step_seconds is not None and step_kept and sync_kept else 0
-        filled = bool(measured.sum() * (1.0 + self.feedback.reject) >= busy)
+        filled = sync_kept and step_kept and measured.sum() * (1 + self.feedback.reject) >= busy
         weights = self._weights(rank, predicted / reference, filled)
         if self.steps:
             relative = predicted / reference - 1.0
@@ -258,9 +258,9 @@ class OnlineTimeModel:
         ``1 / s**2``). Level-free (against the rank's slowest: a shape rarely spans ``1 + reject``
         in a step) where the level is not known: before the first step, and after a step whose
         every micro-batch was dropped while the compute now fills the busy time (``filled``; a
-        timer missing work falls short). That is a level shift (warm-up over, a straggler back,
-        a stall made its speed tiny): judged against it, every later step would be dropped, for
-        ever once the window holds only the bare prior."""
+        timer missing work falls short, and a step whose given sync or step time was dropped is
+        not: one NaN sync let it set the level). Else a level shift (warm-up over, a straggler
+        back, a stall) would drop every later step, for ever once the window holds the prior."""
         last = self._stats[-1][rank] if self._stats else np.zeros(_FIT_COLUMNS)
         relative = ratio - 1.0
         if not self.steps or (last[_USED] > 0 and last[_WEIGHT] == 0 and filled):
