@@ -353,6 +353,7 @@ class EpochBatchSampler:
         mine = {**self._setup(), **self._agreement(), "epoch": self.epoch, "resume_point": resume}
         payload = json.dumps(mine, sort_keys=True, default=str).encode()
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
+        plain = _plain(mine, "this rank's setup")  # as the others' arrive: JSON
         dp_ranks = []
         for other_rank, other in enumerate(gathered):
             if other == payload:
@@ -367,7 +368,7 @@ class EpochBatchSampler:
                         "did not observe (adaptive: every rank observes every step once), or "
                         "ranks iterate the sampler a different number of times"
                     )
-                changes = _changes(_plain(mine, "this rank's setup"), theirs)
+                changes = _changes(plain, theirs)
                 if changes:  # more than the data-parallel rank differs
                     raise ValueError(
                         f"{type(self).__name__}: rank {other_rank} of the group set up its "
