@@ -171,3 +171,10 @@ def test_validation(model) -> None:
         model(torch.zeros(300, dtype=torch.int64), torch.tensor([0, 300]))
     with pytest.raises(ValueError, match=r"lengths\[0\]"):
         make_packed_batch(np.array([-1]))
+
+
+def test_a_position_table_the_machine_cannot_hold_is_a_value_error_naming_max_position() -> None:
+    # 2**42 positions x 64 float32 is a pebibyte, beyond any 48-bit address space: the
+    # allocation fails on every machine (adv8b L8: a RuntimeError traceback from the CLI).
+    with pytest.raises(ValueError, match=r"max_position = 4398046511104 tokens needs a .* GiB"):
+        TinyCausalTransformer(ToyModelConfig(max_position=2**42))

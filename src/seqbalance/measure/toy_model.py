@@ -151,7 +151,15 @@ class TinyCausalTransformer(nn.Module):
         self.config = config if config is not None else ToyModelConfig()
         c = self.config
         self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.position = nn.Embedding(c.max_position, c.hidden_size)
+        try:
+            self.position = nn.Embedding(c.max_position, c.hidden_size)
+        except RuntimeError:  # only the allocation can fail here: name the size that asked it
+            gib = c.max_position * c.hidden_size * 4 / 2**30
+            raise ValueError(
+                f"max_position = {c.max_position} tokens needs a {gib:.1f} GiB position table "
+                f"({c.max_position} x {c.hidden_size} float32), more than this machine could "
+                "allocate"
+            ) from None
         self.blocks = nn.ModuleList(_Block(c) for _ in range(c.num_layers))
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
