@@ -46,6 +46,13 @@ class _DynamicCP:
 
 
 def _stand_in(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    # Stand-in parent packages too: where verl is not installed (CI's main environment), the
+    # import of the dynamic-CP module stopped at its missing parent with ImportError, before
+    # the meta path finder below could play it broken.
+    for parent in ("verl", "verl.utils"):
+        package = types.ModuleType(parent)
+        package.__path__ = []
+        monkeypatch.setitem(sys.modules, parent, package)
     module = types.ModuleType(VERL)
     for name in sbv.VERL_FUNCTIONS:
 
