@@ -242,9 +242,9 @@ class OnlineTimeModel:
         out[_USED] = float(measured.size)
         out[_PREDICTED] = float(predicted.sum())
         out[_MEASURED] = float(measured.sum())
-        kept = weights > 0
-        out[_SUMS] = x[kept].sum(axis=0)
-        out[_SUM_SECONDS] = float(measured[kept].sum())
+        fitted = weights > 0
+        out[_SUMS] = x[fitted].sum(axis=0)
+        out[_SUM_SECONDS] = float(measured[fitted].sum())
         out[_COMPUTE] = out[_MEASURED]
         out[_SYNC] = float(sync[0]) if sync_kept else 0.0
         out[_STEP] = float(step[0]) if given else out[_COMPUTE] + out[_SYNC]
