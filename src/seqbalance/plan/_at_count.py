@@ -291,6 +291,8 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
             repacked = _first_fit_decreasing(p, members[r], m)
             if repacked is not None:
                 plan[r], leftovers[r] = repacked, []
+            elif p.groups is not None:
+                return None  # groups stay on their rank: no leftover can be placed elsewhere
     if any(leftovers) and not _place_leftovers(p, plan, leftovers):
         return None
     for microbatches in plan:
