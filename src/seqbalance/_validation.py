@@ -26,6 +26,7 @@ __all__ = [
     "check_non_negative_float",
     "check_positive_float",
     "check_timeout",
+    "refuse_masked",
 ]
 
 
@@ -33,9 +34,25 @@ MAX_TOKENS_LIMIT = 2**53
 """Largest token count or token sum accepted anywhere: exact in int64 and float64 arithmetic."""
 
 
+def refuse_masked(values: Any, name: str) -> None:
+    """ValueError when ``values`` is a numpy masked array with a masked entry: ``np.asarray``
+    would read the data under the mask as if it were valid, and dropping the entry would move
+    every index after it."""
+    if isinstance(values, np.ma.MaskedArray):
+        masked = np.ma.getmaskarray(values)
+        if masked.any():
+            where = np.unravel_index(int(np.flatnonzero(masked)[0]), masked.shape)
+            index = ",".join(str(int(i)) for i in where)
+            raise ValueError(
+                f"{name}[{index}] is masked (a numpy masked array): give every entry a value "
+                "(np.ma.filled) or leave the masked samples out first"
+            )
+
+
 def _as_1d_array(values: Any, name: str) -> np.ndarray:
     if isinstance(values, (str, bytes)):
         raise ValueError(f"{name} must be a 1-D array of numbers, got a string {values!r}")
+    refuse_masked(values, name)
     try:
         array = np.asarray(values)
     except (TypeError, ValueError) as error:
@@ -164,6 +181,7 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     Whole floats are accepted; booleans, fractional or non-finite values, and a shape other than
     ``(n,)`` raise ValueError naming ``name`` (and the index and value of a bad id).
     """
+    refuse_masked(groups, name)
     array = np.asarray(groups)
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")

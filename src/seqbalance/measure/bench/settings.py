@@ -100,20 +100,39 @@ class SlowRank:
 
     @classmethod
     def parse(cls, text: str) -> SlowRank:
-        """``R:F`` or ``R:F@START-STOP`` (``STOP`` may be empty: to the end).
+        """``R:F``, ``R:F@START-STOP`` or ``R:F@START-`` (to the end): ``R``, ``START`` and
+        ``STOP`` plain digits, ``F`` a decimal number. Any other form is refused, not guessed
+        (``@5`` could be step 5 alone or from step 5; ``1_5`` a typo of 1.5 read as 15).
 
         Raises:
             ValueError: naming ``text`` when it has another form or bad values.
         """
-        try:
-            head, _, spell = str(text).partition("@")
-            rank, factor = head.split(":")
-            start, _, stop = spell.partition("-")
-            values = (int(rank), float(factor), int(start or 0), int(stop) if stop else None)
-        except ValueError as error:
-            raise ValueError(
-                f"slow_rank must be R:F or R:F@START-STOP, got {text!r}: {error}"
-            ) from None
+        text = str(text)
+        head, at, spell = text.strip().partition("@")
+        rank, colon, factor = head.partition(":")
+        start, dash, stop = spell.partition("-")
+        problem = None
+        if not colon or ":" in factor:
+            problem = "expected one ':' between R and F"
+        elif at and not dash:
+            problem = f"the spell {spell!r} must be START-STOP or START- (to the end)"
+        else:
+            whole = [("rank", rank)] + ([("START", start), ("STOP", stop)] if at else [])
+            for name, value in whole:
+                if name == "STOP" and not value:
+                    continue  # START-: to the end
+                if not (value.isascii() and value.isdigit()):
+                    problem = f"{name} {value!r} must be a whole number in plain digits"
+                    break
+            if problem is None and (not factor or "_" in factor or factor != factor.strip()):
+                problem = f"factor {factor!r} must be a decimal number"
+        if problem is None:
+            try:
+                values = (int(rank), float(factor), int(start or 0), int(stop) if stop else None)
+            except ValueError as error:
+                problem = str(error)
+        if problem is not None:
+            raise ValueError(f"slow_rank must be R:F or R:F@START-STOP, got {text!r}: {problem}")
         return cls(*values)
 
     def factor_at(self, step: int) -> float:
