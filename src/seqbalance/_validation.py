@@ -179,9 +179,16 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     return lengths
 
 
+_NO_NUMBERS = (bool, np.bool_, np.timedelta64)
+"""Scalars that pass for numbers (``numbers.Integral``) but are no count or seconds: truth values,
+and numpy's durations, which numpy files under the integers (``int()`` / ``float()`` of one
+raise TypeError)."""
+
+
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
-    """Return ``value`` as an int; reject bools, non-integers and values below ``minimum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    """Return ``value`` as an int; reject bools, durations, non-integers and values below
+    ``minimum``."""
+    if isinstance(value, _NO_NUMBERS) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     result = int(value)
     if minimum is not None and result < minimum:
@@ -222,7 +229,7 @@ def check_bool(value: Any, name: str) -> bool:
 
 def _check_real(value: Any, name: str, *, positive: bool) -> float:
     kind = "positive" if positive else "non-negative"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    if isinstance(value, _NO_NUMBERS) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a {kind} number, got {value!r}")
     try:
         result = float(value)
