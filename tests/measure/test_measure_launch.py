@@ -217,3 +217,62 @@ def test_the_collective_deadline_defaults_to_the_one_default() -> None:
 
     default = inspect.signature(launch).parameters["collective_timeout"].default
     assert default == DEFAULT_TIMEOUT_SECONDS
+
+
+_ORPHANED_JOB = """
+import os, sys, time
+from pathlib import Path
+
+from seqbalance.measure.launch import launch
+
+
+def sleeper(rank, world_size, folder):
+    Path(folder, f"rank{rank}.pid").write_text(str(os.getpid()))
+    time.sleep(300)
+
+
+if __name__ == "__main__":
+    launch(sleeper, 2, args=(sys.argv[1],), timeout=600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, has stopped running)."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_ranks_end_when_the_launcher_is_killed_outright(tmp_path: Path) -> None:
+    """A launcher killed without running its ``finally`` (SIGKILL here; a scheduler's SIGTERM
+    ends a Python process the same way) takes its ranks with it, instead of leaving them to
+    run until a collective times out."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_ORPHANED_JOB)
+    launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=tmp_path)
+    try:
+        pid_files = [tmp_path / f"rank{rank}.pid" for rank in range(2)]
+        deadline = time.monotonic() + LONG
+        while not all(path.is_file() and path.read_text() for path in pid_files):
+            assert launcher.poll() is None, "the launcher ended before its ranks started"
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.1)
+        ranks = [int(path.read_text()) for path in pid_files]
+        assert all(_alive(pid) for pid in ranks)
+        launcher.kill()
+        launcher.wait(timeout=LONG)
+        deadline = time.monotonic() + 30.0
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in ranks), "ranks outlived their launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

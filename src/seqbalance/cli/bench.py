@@ -112,7 +112,8 @@ def register(subparsers: Any) -> None:
         type=_slow_rank,
         default=None,
         help="rank R computes F times slower (real extra compute after each micro-batch, "
-        "proportional to its time), in measured steps START to STOP-1 (default: all); compare "
+        "proportional to its time), in measured steps START to STOP-1 (default: all; START- : "
+        "to the end); compare "
         "--strategies balanced,balanced_adaptive,balanced_oracle (the closed loop, and "
         "balanced given the true speeds)",
     )

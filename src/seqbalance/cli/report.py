@@ -69,6 +69,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+SKIPPED_NAMED = 5
+"""Lines cut short named in the text report (``--json`` lists every one)."""
+
+
+def _skipped_note(lines: list[int]) -> list[str]:
+    """One note for the lines cut short, however many (a log of many resumed crashes)."""
+    if len(lines) <= 1:
+        return [
+            f"line {number} was cut short (a crash mid-write?) and is skipped" for number in lines
+        ]
+    named = ", ".join(str(number) for number in lines[:SKIPPED_NAMED])
+    more = f", ... (--json lists all {len(lines)})" if len(lines) > SKIPPED_NAMED else ""
+    count = len(lines)
+    return [
+        f"{count} lines were cut short (a crash mid-write?) and are skipped: lines {named}{more}"
+    ]
+
+
 def _cell(value: float | None, form: str) -> str:
     return "-" if value is None else form.format(value)
 
@@ -79,10 +97,7 @@ def _notes(summary: dict[str, Any]) -> list[str]:
 
     saved = summary["saved_fraction"]
     return [
-        *(
-            f"line {number} was cut short (a crash mid-write?) and is skipped"
-            for number in summary["skipped_lines"]
-        ),
+        *_skipped_note(summary["skipped_lines"]),
         f"measured: {_cell(summary['measured_seconds'], '{:.2f}')} s over {summary['steps']} "
         "steps, "
         f"mean imbalance {_cell(summary['mean_imbalance'], '{:.3f}')}, mean idle "

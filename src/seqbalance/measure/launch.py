@@ -15,7 +15,9 @@ Nothing waits forever: every collective on the default group fails after
 the first rank that raises or dies ends the launch at once (the other ranks are killed) with a
 :class:`LaunchError` carrying that rank's exit code, traceback and the tail of its output; with
 ``stop_on_failure=False`` (fault-injection tests) every rank runs to its end and a failed rank's
-place in the result holds a :class:`RankFailure`.
+place in the result holds a :class:`RankFailure`. Ranks never outlive the launcher: one
+killed outright (``SIGKILL``, or ``SIGTERM`` from a job scheduler, where no ``finally`` runs)
+takes its ranks with it within about a second.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -50,6 +53,10 @@ FORKSERVER_PRELOAD = ("torch", "torch.distributed", "seqbalance.measure.launch")
 """Modules the fork server imports once, before it forks any rank."""
 LOG_TAIL_CHARS = 3000
 """How much of a failed rank's output a :class:`LaunchError` quotes."""
+ORPHAN_POLL_SECONDS = 0.5
+"""How often a rank checks that the process that started it is still there."""
+ORPHAN_EXIT_CODE = 70
+"""The exit code of a rank that ended itself because its launcher was gone."""
 
 
 class LaunchError(RuntimeError):
@@ -181,6 +188,7 @@ def _run(
             args=(
                 rank,
                 world_size,
+                os.getpid(),
                 port,
                 backend,
                 collective_timeout,
@@ -246,6 +254,7 @@ def _start_context() -> Any:
 def _rank_main(
     rank: int,
     world_size: int,
+    launcher: int,
     port: int,
     backend: str,
     collective_timeout: float,
@@ -256,6 +265,7 @@ def _rank_main(
     environment: dict[str, str],
 ) -> None:
     """Entry point of one rank (in the started process)."""
+    _end_when_orphaned(launcher)
     with open(logs / f"rank{rank}.log", "ab", buffering=0) as log:
         # Point the file descriptors themselves at the log, so C++ output (gloo, NCCL) goes
         # there too.
@@ -263,8 +273,7 @@ def _rank_main(
         sys.stderr.flush()
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-    # The caller's environment as it is now, as a spawned process would inherit it (the fork
-    # server's is the one it had when it started).
+    # The caller's environment as it is now, as a spawned process would inherit it.
     os.environ.clear()
     os.environ.update(environment)
     os.environ.update(
@@ -323,6 +332,40 @@ def _rank_main(
     # Skip interpreter teardown, where torch's C++ threads (gloo) have been seen to abort the
     # process ("terminate called without an active exception") after the work is done.
     os._exit(0 if outcome[0] == "ok" else 1)
+
+
+def _end_when_orphaned(launcher: int) -> None:
+    """End this rank as soon as the launching process ``launcher`` (a pid) is gone.
+
+    A launcher killed outright runs no ``finally`` that could kill its ranks, and they would
+    otherwise go on until a collective timed out, holding the memory and devices the next run
+    needs. The rank's own parent does not tell: it is the fork server, which lives as long as
+    any process it started holds its pipe, the ranks included.
+    """
+
+    def watch() -> None:
+        while _running(launcher):
+            time.sleep(ORPHAN_POLL_SECONDS)
+        sys.stderr.write(f"seqbalance launch: the launcher (pid {launcher}) is gone; exiting\n")
+        sys.stderr.flush()
+        os._exit(ORPHAN_EXIT_CODE)
+
+    threading.Thread(target=watch, name="seqbalance-orphan-watch", daemon=True).start()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (dead, waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): a zombie launcher counts as running
+        return True
 
 
 def _describe(error: BaseException, what: str = "raised") -> dict[str, str]:

@@ -23,7 +23,12 @@ from seqbalance._validation import (
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
-from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
+from seqbalance.measure.calibrate import (
+    MIN_TRIALS,
+    MODEL_SIZES,
+    available_cores,
+    check_model_memory,
+)
 from seqbalance.measure.hf_model import scaled_preset
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 from seqbalance.plan.options import check_rank_speeds
@@ -100,20 +105,39 @@ class SlowRank:
 
     @classmethod
     def parse(cls, text: str) -> SlowRank:
-        """``R:F`` or ``R:F@START-STOP`` (``STOP`` may be empty: to the end).
+        """``R:F``, ``R:F@START-STOP`` or ``R:F@START-`` (to the end): ``R``, ``START`` and
+        ``STOP`` plain digits, ``F`` a decimal number. Any other form is refused, not guessed
+        (``@5`` could be step 5 alone or from step 5; ``1_5`` a typo of 1.5 read as 15).
 
         Raises:
             ValueError: naming ``text`` when it has another form or bad values.
         """
-        try:
-            head, _, spell = str(text).partition("@")
-            rank, factor = head.split(":")
-            start, _, stop = spell.partition("-")
-            values = (int(rank), float(factor), int(start or 0), int(stop) if stop else None)
-        except ValueError as error:
-            raise ValueError(
-                f"slow_rank must be R:F or R:F@START-STOP, got {text!r}: {error}"
-            ) from None
+        text = str(text)
+        head, at, spell = text.strip().partition("@")
+        rank, colon, factor = head.partition(":")
+        start, dash, stop = spell.partition("-")
+        problem = None
+        if not colon or ":" in factor:
+            problem = "expected one ':' between R and F"
+        elif at and not dash:
+            problem = f"the spell {spell!r} must be START-STOP or START- (to the end)"
+        else:
+            whole = [("rank", rank)] + ([("START", start), ("STOP", stop)] if at else [])
+            for name, value in whole:
+                if name == "STOP" and not value:
+                    continue  # START-: to the end
+                if not (value.isascii() and value.isdigit()):
+                    problem = f"{name} {value!r} must be a whole number in plain digits"
+                    break
+            if problem is None and (not factor or "_" in factor or factor != factor.strip()):
+                problem = f"factor {factor!r} must be a decimal number"
+        if problem is None:
+            try:
+                values = (int(rank), float(factor), int(start or 0), int(stop) if stop else None)
+            except ValueError as error:
+                problem = str(error)
+        if problem is not None:
+            raise ValueError(f"slow_rank must be R:F or R:F@START-STOP, got {text!r}: {problem}")
         return cls(*values)
 
     def factor_at(self, step: int) -> float:
@@ -176,7 +200,9 @@ def scale_lengths(
 @renamed_fields(timeout_seconds="timeout", launch_timeout_seconds="launch_timeout")
 @dataclass(frozen=True, kw_only=True)
 class BenchSettings:
-    """Everything a bench run needs; validated at construction (ValueError naming the field).
+    """Everything a bench run needs; validated at construction (ValueError naming the field;
+    on the CPU also sizes whose toy models the machine's memory cannot hold,
+    :func:`~seqbalance.measure.calibrate.check_model_memory`).
 
     Attributes:
         lengths: Token lengths to sample global batches from (already scaled, see
@@ -345,6 +371,11 @@ class BenchSettings:
             )
         strategies = DEFAULT_STRATEGIES if self.strategies is None else tuple(self.strategies)
         object.__setattr__(self, "strategies", strategies)
+        if self.device == "cpu":
+            name = "max_tokens" if self.max_position == self.options.max_tokens else "lengths"
+            check_model_memory(
+                self.model_size, max_position=self.max_position, processes=self.procs, name=name
+            )
 
     def _check_hf_model(self) -> None:
         if self.hf_model is None:

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from seqbalance._validation import as_lengths
+from seqbalance._validation import NPY_ERRORS, as_lengths, refuse_masked
 
 __all__ = ["CHUNK", "LengthSource"]
 
@@ -56,11 +56,13 @@ class LengthSource:
     Raises:
         ValueError: a file that cannot be read as a ``.npy`` array (a ``.npz`` archive
             included), is not 1-D, or holds no integers; a negative length (named by dataset
-            index); a float that is not a whole number (array-likes).
+            index); a float that is not a whole number (array-likes); a masked entry (a
+            numpy masked array).
     """
 
     def __init__(self, lengths: Any, name: str = "lengths") -> None:
         self.path: Path | None = None
+        refuse_masked(lengths, name)
         if isinstance(lengths, (str, os.PathLike)):
             self.path = Path(os.fsdecode(lengths))  # a path object may give bytes
             lengths = _load_npy(self.path, name)
@@ -368,7 +370,7 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
         )
     try:
         loaded = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as error:  # EOFError: an empty file
+    except NPY_ERRORS as error:
         raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
     if not isinstance(loaded, np.ndarray):  # a .npz archive: a mapping of arrays
         loaded.close()

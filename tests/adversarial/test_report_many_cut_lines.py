@@ -1,0 +1,40 @@
+"""Adversarial (adv9b P2; adv8c remark a): ``seqbalance report`` printed one note per line cut
+short, so a log of a run that crashed and resumed many times (or a log with every other line
+cut) printed as many warnings (50,000 lines for a 100k-step log). Now one note: the count and
+the first few line numbers (``--json`` still lists every one)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seqbalance.cli import main
+
+ROW = {
+    "step": 0,
+    "step_seconds": 0.2,
+    "max_rank_compute_seconds": 0.15,
+    "mean_rank_compute_seconds": 0.1,
+    "predicted_step_seconds": 0.12,
+    "model_error": 0.05,
+    "rank_speeds": [1.0, 0.5],
+}
+
+
+@pytest.mark.parametrize("markdown", [False, True])
+def test_many_cut_lines_are_one_note(tmp_path, capsys, markdown: bool) -> None:
+    log = tmp_path / "resumed.jsonl"
+    lines = []
+    for step in range(40):  # each step written whole, then a cut copy (a crash, resumed)
+        line = json.dumps(dict(ROW, step=step))
+        lines += [line, line[:30]]
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["report", str(log)] + (["--markdown"] if markdown else [])) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "cut short" in line]
+    assert len(notes) == 1, notes
+    assert "40 lines were cut short" in notes[0]
+    assert "lines 2, 4, 6, 8, 10, ... (--json lists all 40)" in notes[0]
+    assert main(["report", str(log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped_lines"] == list(range(2, 81, 2))
