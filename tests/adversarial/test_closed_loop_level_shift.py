@@ -35,13 +35,23 @@ TRUE = TimeModel(0.003, 2e-6, 3e-10)
 
 
 def _run(
-    steps, ranks=4, *, slowdown=None, stall=None, misread=None, nan_sync=(), seed=2, **options
+    steps,
+    ranks=4,
+    *,
+    slowdown=None,
+    stall=None,
+    misread=None,
+    nan_sync=(),
+    no_step=(),
+    seed=2,
+    **options,
 ):
     """Plan and observe ``steps`` steps of ``ranks`` ranks (true model ``TRUE``, 5% noise),
     every rank waiting at the sync for the slowest. ``slowdown(step, rank)`` divides a rank's
     true speed; ``stall = (step, rank, seconds)`` adds a pause to that rank's first micro-batch;
     ``misread(step, rank)`` scales what its micro-batch timer reads (its step and sync stay
-    true); its sync reads NaN at the ``(step, rank)`` pairs in ``nan_sync``. Returns the rank
+    true); its sync reads NaN at the ``(step, rank)`` pairs in ``nan_sync``; the steps in
+    ``no_step`` are observed without step times. Returns the rank
     speeds after each step and each step's true time over the balanced one (at the true speeds)."""
     planner = AdaptivePlanner(ranks, max_tokens=16384, **options)
     rng = np.random.default_rng(seed)
@@ -71,7 +81,8 @@ def _run(
                 for r, rank in enumerate(true)
             ]
             sync = [np.nan if (step, r) in nan_sync else end - c for r, c in enumerate(compute)]
-            telemetry = planner.observe(plan, read, sync_seconds=sync, step_seconds=[end] * ranks)
+            wall = {} if step in no_step else {"step_seconds": [end] * ranks}
+            telemetry = planner.observe(plan, read, sync_seconds=sync, **wall)
             learned.append(telemetry["next_rank_speeds"])
     return np.array(learned), np.array(ratios)
 
@@ -160,4 +171,36 @@ def test_a_warm_up_is_followed_when_every_sync_is_dropped() -> None:
 
     every = {(step, rank) for step in range(30) for rank in range(4)}
     learned, _ = _run(30, slowdown=slowdown, nan_sync=every)
+    assert np.all(np.abs(learned[-8:, 1] - 0.5) < 0.1), learned[:, 1]
+
+
+@pytest.mark.parametrize("bad_steps", [(8,), (8, 15, 22), tuple(range(7, 30, 2))])
+def test_a_step_without_step_time_does_not_let_missed_work_set_the_level(bad_steps) -> None:
+    """adv8c M2: rank 2's micro-batch timer reads 1/20 of the work from step 5 (dropped: its
+    compute is far short of its busy time). At ``bad_steps`` no step time is given (its busy time
+    unknown) and the other ranks' syncs read NaN (nothing to compare its step with,
+    ``STEP_AGREEMENT``). Before, such a step counted as "filled" and, after a step dropped whole,
+    was judged level-free and kept: ONE such step made the loop take rank 2 for 20x faster than
+    the rest for the rest of the run (the others planned at 0.05, true steps 2x balanced). Now a
+    busy time known within the window and unknown this step does not count as filled."""
+
+    def misread(step, rank):
+        return 0.05 if (rank == 2 and step >= 5) else 1.0
+
+    others = {(step, rank) for step in bad_steps for rank in (0, 1)}
+    learned, ratios = _run(30, 3, misread=misread, nan_sync=others, no_step=set(bad_steps))
+    assert np.all(learned == 1.0), learned[:, 0]
+    assert ratios[3:].mean() < 1.03
+
+
+@pytest.mark.parametrize("no_step", [range(1, 30, 2), range(3, 6), range(30)])
+def test_a_warm_up_is_followed_when_step_times_are_missing(no_step) -> None:
+    """M2's guard: the first 3 steps 20x slow, and no step time at the steps in ``no_step``
+    (every other one, the 3 after the warm-up, or never given): rank 1 (true speed 0.5) is
+    learned all the same."""
+
+    def slowdown(step, rank):
+        return (20.0 if step < 3 else 1.0) * (2.0 if rank == 1 else 1.0)
+
+    learned, _ = _run(30, slowdown=slowdown, no_step=set(no_step))
     assert np.all(np.abs(learned[-8:, 1] - 0.5) < 0.1), learned[:, 1]

@@ -45,6 +45,7 @@ __all__ = [
     "available_cores",
     "calibrate",
     "calibration_microbatches",
+    "check_model_memory",
     "costed_lengths",
     "fit_time_model",
     "model_config",
@@ -128,6 +129,39 @@ def model_config(size: str, *, max_position: int) -> ToyModelConfig:
 
     size = check_choice(size, "model_size", tuple(MODEL_SIZES))
     return ToyModelConfig(**MODEL_SIZES[size], max_position=max_position)
+
+
+def check_model_memory(size: str, *, max_position: int, processes: int, name: str) -> None:
+    """Refuse a toy model that cannot fit this machine's memory, before any is built.
+
+    Each process holds the model's position table (``max_position x hidden_size`` float32) and
+    its gradient: a lower bound of what a process needs, so a refusal is never wrong. (A run
+    whose processes the machine could not hold would fail inside them, or wake the kernel's
+    out-of-memory killer, which may pick any process.)
+
+    Args:
+        size: A key of :data:`MODEL_SIZES`.
+        max_position: The model's position table, in tokens.
+        processes: How many processes hold one model each on the CPU.
+        name: What set ``max_position``, for the message (``"max_tokens"``).
+
+    Raises:
+        ValueError: naming ``name``, the table's size and the machine's memory.
+    """
+    config = model_config(size, max_position=max_position)
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not known on this platform: nothing to compare with
+        return
+    each = 2 * 4 * config.max_position * config.hidden_size
+    if memory > 0 and processes * each > memory:
+        gib = 2**30
+        raise ValueError(
+            f"{name} = {max_position} tokens: each of {processes} process(es) holds the toy "
+            f"model's position table of {max_position} tokens and its gradient ({each / gib:.1f} "
+            f"GiB), {processes * each / gib:.1f} GiB in all, more than this machine's "
+            f"{memory / gib:.1f} GiB of memory"
+        )
 
 
 def calibration_microbatches(
@@ -322,6 +356,10 @@ def calibrate(
 
     Returns:
         The fitted model, its held-out statistics, the timings and their ``setup``.
+
+    Raises:
+        ValueError: a bad argument, named; on the CPU, a ``max_length`` (``max_tokens``)
+            whose toy model this machine's memory cannot hold (:func:`check_model_memory`).
     """
     import torch
 
@@ -334,6 +372,9 @@ def calibrate(
     )
     torch_device = resolve_device(device)
     config = model_config(model_size, max_position=max_length)
+    if torch_device.type == "cpu":
+        name = "max_tokens" if max_length == max_tokens else "max_length"
+        check_model_memory(model_size, max_position=max_length, processes=1, name=name)
     if threads is not None:
         torch.set_num_threads(check_int(threads, "threads", minimum=1))
     model = TinyCausalTransformer(config, seed=seed).to(torch_device)

@@ -23,7 +23,12 @@ from seqbalance._validation import (
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
-from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, available_cores
+from seqbalance.measure.calibrate import (
+    MIN_TRIALS,
+    MODEL_SIZES,
+    available_cores,
+    check_model_memory,
+)
 from seqbalance.measure.hf_model import scaled_preset
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
 from seqbalance.plan.options import check_rank_speeds
@@ -195,7 +200,9 @@ def scale_lengths(
 @renamed_fields(timeout_seconds="timeout", launch_timeout_seconds="launch_timeout")
 @dataclass(frozen=True, kw_only=True)
 class BenchSettings:
-    """Everything a bench run needs; validated at construction (ValueError naming the field).
+    """Everything a bench run needs; validated at construction (ValueError naming the field;
+    on the CPU also sizes whose toy models the machine's memory cannot hold,
+    :func:`~seqbalance.measure.calibrate.check_model_memory`).
 
     Attributes:
         lengths: Token lengths to sample global batches from (already scaled, see
@@ -364,6 +371,11 @@ class BenchSettings:
             )
         strategies = DEFAULT_STRATEGIES if self.strategies is None else tuple(self.strategies)
         object.__setattr__(self, "strategies", strategies)
+        if self.device == "cpu":
+            name = "max_tokens" if self.max_position == self.options.max_tokens else "lengths"
+            check_model_memory(
+                self.model_size, max_position=self.max_position, processes=self.procs, name=name
+            )
 
     def _check_hf_model(self) -> None:
         if self.hf_model is None:

@@ -50,13 +50,7 @@ from seqbalance.cost.time_model import TimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
 from seqbalance.runtime.closed_loop.speeds import window_speeds
 
-__all__ = [
-    "MAX_SECONDS",
-    "MIN_SECONDS",
-    "STEP_AGREEMENT",
-    "OnlineTimeModel",
-    "microbatch_features",
-]
+__all__ = ["MAX_SECONDS", "MIN_SECONDS", "STEP_AGREEMENT", "OnlineTimeModel", "microbatch_features"]
 
 MIN_SECONDS = 1e-7
 """Shortest measurement accepted, in seconds: no forward+backward of a micro-batch is faster, so
@@ -140,6 +134,7 @@ class OnlineTimeModel:
         self.ignored = 0
         self._warned = False
         self._warned_clock = False
+        self._busy_known = np.full(self.world_size, -np.inf)  # per rank: the last step given
         # Per step, every rank's [gram, moment, Σh, n] (not speed-corrected: the speeds are
         # re-derived from the whole window at each update and applied then).
         self._stats: deque[np.ndarray] = deque(maxlen=self.feedback.window)
@@ -223,7 +218,10 @@ class OnlineTimeModel:
         predicted = x @ _coefficients(self._model)
         given = step_seconds is not None and step_kept
         busy = step[0] - (sync[0] if sync_kept else 0.0) if given else 0  # dropped sync: <= step
-        filled = (sync_kept or given) and measured.sum() * (1 + self.feedback.reject) >= busy
+        if given:  # a step time (the busy time known, or bounded: ``_weights``)
+            self._busy_known[rank] = self.steps
+        known = given or (sync_kept and self.steps - self._busy_known[rank] > self.feedback.window)
+        filled = known and measured.sum() * (1 + self.feedback.reject) >= busy
         weights = self._weights(rank, predicted / reference, filled)
         if self.steps:
             relative = predicted / reference - 1.0
@@ -253,14 +251,14 @@ class OnlineTimeModel:
     def _weights(self, rank: int, ratio: np.ndarray, filled: bool) -> np.ndarray:
         """The fit's weight of each of ``rank``'s micro-batches (``ratio``: predicted / measured
         at its speed): Huber's on the relative residual, 0 for one measured over ``1 + reject``
-        times faster than predicted (a timer that missed work: whatever model is in use, as a
-        relative fit weighs a row by ``1 / measured``, and Huber's ``1 / |r|`` does not undo a
-        ``1 / s**2``). Level-free (against the rank's slowest: a shape rarely spans ``1 + reject``
-        in a step) where the level is not known: before the first step, and after a step whose
-        every micro-batch was dropped while the compute now fills the busy time (``filled``; a
-        timer missing work falls short, of its step if its sync was dropped; unknown without
-        either: one NaN sync let it set the level). Else a level shift (warm-up over, a straggler
-        back, a stall) would drop every later step, for ever once the window holds the prior."""
+        times faster than predicted (a timer that missed work: a relative fit weighs a row by
+        ``1 / measured``, and Huber's ``1 / |r|`` does not undo a ``1 / s**2``). Level-free
+        (against the rank's slowest: a shape rarely spans ``1 + reject`` in a step) where the
+        level is not known: at the first step, and after a step dropped whole if the compute now
+        fills the busy time (``filled``): step - sync, or at most the step if the sync was
+        dropped; unknown (no step time), only if no step time was given in the window and a
+        sync was (adv8c M1, adv9a M2: else a timer missing work would set the level). Else a
+        level shift (warm-up, a straggler back, a stall) would drop every later step."""
         last = self._stats[-1][rank] if self._stats else np.zeros(_FIT_COLUMNS)
         relative = ratio - 1.0
         if not self.steps or (last[_USED] > 0 and last[_WEIGHT] == 0 and filled):
@@ -472,6 +470,7 @@ class OnlineTimeModel:
             raise ValueError("state is not a valid OnlineTimeModel state_dict: inconsistent")
         self.steps, self.ignored, self._warned = steps, ignored, warned
         self._warned_clock = warned_clock
+        self._busy_known[:] = -np.inf
         self._stats = deque(stats, maxlen=self.feedback.window)
         self._held_out = deque(held_out, maxlen=self.feedback.window)
         self._refresh()
