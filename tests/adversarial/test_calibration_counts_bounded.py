@@ -51,3 +51,14 @@ def test_the_command_line_says_it_in_one_line(command: str, capsys) -> None:
     assert (len(lines) == 1 and "--trials x --repeats" in lines[0]) or "trials x repeats" in lines[
         0
     ], lines
+
+
+@pytest.mark.parametrize("command", ["calibrate", "bench"])
+def test_a_seed_torch_cannot_take_is_one_line_naming_it(command: str, capsys) -> None:
+    # adv9b P10: bench --seed 2**64 failed in every rank (torch: "Overflow when unpacking long
+    # long", a launch error with a traceback, rc 1); calibrate printed that message alone.
+    argv = [command, "--seed", str(2**64)] + (["--steps", "1"] if command == "bench" else [])
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--seed must be below 2**64" in lines[0], lines
+    bench.BenchSettings(lengths=np.full(16, 40), seed=2**64 - 1, steps=1)

@@ -46,6 +46,7 @@ __all__ = [
     "calibrate",
     "calibration_microbatches",
     "check_model_memory",
+    "check_seed",
     "check_timed_runs",
     "costed_lengths",
     "fit_time_model",
@@ -135,6 +136,19 @@ def model_config(size: str, *, max_position: int) -> ToyModelConfig:
 
     size = check_choice(size, "model_size", tuple(MODEL_SIZES))
     return ToyModelConfig(**MODEL_SIZES[size], max_position=max_position)
+
+
+def check_seed(seed: int) -> int:
+    """``seed`` checked: a whole number in ``[0, 2**64)``, the seeds torch's generators take
+    (the toy model's weights; a larger one failed inside every bench rank).
+
+    Raises:
+        ValueError: naming ``seed``.
+    """
+    seed = check_int(seed, "seed", minimum=0)
+    if seed >= 2**64:
+        raise ValueError(f"seed must be below 2**64 (torch's generator seeds), got {seed}")
+    return seed
 
 
 def check_timed_runs(trials: int, repeats: int) -> tuple[int, int]:
@@ -390,7 +404,7 @@ def calibrate(
 
     started = time.perf_counter()
     trials, repeats = check_timed_runs(trials, repeats)
-    seed = check_int(seed, "seed", minimum=0)
+    seed = check_seed(seed)
     max_tokens = check_int(max_tokens, "max_tokens", minimum=8)
     max_length = (
         max_tokens if max_length is None else check_int(max_length, "max_length", minimum=1)

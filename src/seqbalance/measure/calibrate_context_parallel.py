@@ -50,6 +50,7 @@ from seqbalance.measure.calibrate import (
     MODEL_SIZES,
     available_cores,
     calibration_microbatches,
+    check_seed,
     check_timed_runs,
     model_config,
     pin_process,
@@ -314,7 +315,7 @@ def calibrate_context_parallel(
         )
     model_size = check_choice(model_size, "model_size", tuple(MODEL_SIZES))
     check_timed_runs(trials, repeats)
-    check_int(seed, "seed", minimum=0)
+    check_seed(seed)
     cores = (
         available_cores()
         if cores is None

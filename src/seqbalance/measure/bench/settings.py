@@ -27,6 +27,7 @@ from seqbalance.measure.calibrate import (
     MODEL_SIZES,
     available_cores,
     check_model_memory,
+    check_seed,
     check_timed_runs,
 )
 from seqbalance.measure.hf_model import scaled_preset
@@ -293,9 +294,9 @@ class BenchSettings:
             ("global_batch_size", 1),
             ("steps", 1),
             ("warmup", 0),
-            ("seed", 0),
         ):
             set_(name, check_int(getattr(self, name), name, minimum=minimum))
+        set_("seed", check_seed(self.seed))
         trials, repeats = check_timed_runs(self.trials, self.repeats)
         set_("trials", trials)
         set_("repeats", repeats)
