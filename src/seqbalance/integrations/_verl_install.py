@@ -169,6 +169,8 @@ def _options_from_env(text: str) -> PlanOptions:
     if not text.lstrip().startswith("{"):
         path = Path(text)
         try:
+            if path.exists() and not path.is_file():  # a FIFO blocks for ever, /dev/zero never ends
+                raise OSError("not a regular file (a FIFO or device)")
             text = path.read_text()
         except OSError as error:
             raise ValueError(
