@@ -131,7 +131,13 @@ def _bindings(name: str, value: Any) -> list[ModuleType]:
     """The loaded modules whose attribute ``name`` is ``value`` (defined or imported by name)."""
     found = []
     for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
+        try:
+            # Not getattr: a module that importlib's LazyLoader has not loaded yet would load
+            # on any attribute access (running its code, or raising its own error); its own
+            # namespace cannot hold verl's function before it ran.
+            namespace = object.__getattribute__(module, "__dict__")
+        except Exception:  # None entries, objects without a namespace
+            continue
         if isinstance(namespace, dict) and namespace.get(name) is value:
             found.append(module)
     return found
