@@ -7,6 +7,7 @@ sees ``lengths[17] = -3 is negative`` rather than an obscure failure deep inside
 from __future__ import annotations
 
 import numbers
+import tokenize
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 __all__ = [
     "MAX_TIMEOUT_SECONDS",
     "MAX_TOKENS_LIMIT",
+    "NPY_ERRORS",
     "SPEED_RANGE",
     "as_group_ids",
     "as_lengths",
@@ -29,6 +31,11 @@ __all__ = [
     "refuse_masked",
 ]
 
+
+NPY_ERRORS = (OSError, ValueError, EOFError, TypeError, OverflowError, tokenize.TokenError)
+"""What ``np.load`` raises for a file that is no readable ``.npy`` array: an empty file
+(EOFError), a header cut or garbled (tokenize's TokenError), a shape holding a bool or a
+negative size (TypeError; OverflowError from a memory map)."""
 
 MAX_TOKENS_LIMIT = 2**53
 """Largest token count or token sum accepted anywhere: exact in int64 and float64 arithmetic."""
@@ -65,7 +72,7 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
         isinstance(values, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in values)
     ):
         raise ValueError(f"{name} must hold numbers, got booleans")
-    if array.size == 0:
+    if array.size == 0 and array.dtype.kind in "iufOUS":
         return array.astype(np.float64)
     if array.dtype.kind in "OUS":
         # numpy turns [1, "a"] into strings; look at the caller's own items to name the culprit.
@@ -78,6 +85,12 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
     if array.dtype.kind not in "iuf":
         raise ValueError(f"{name} must hold real numbers, got dtype {array.dtype}")
     return array
+
+
+def _wide_floats(array: np.ndarray) -> np.ndarray:
+    """Floats at least as wide as float64, so bounds such as 2**62 compare without overflow
+    (float16 holds at most 65504)."""
+    return array.astype(np.promote_types(array.dtype, np.float64), copy=False)
 
 
 def _first(mask: np.ndarray) -> int:
@@ -142,6 +155,7 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     """
     array = _as_1d_array(values, name)
     if np.issubdtype(array.dtype, np.floating):
+        array = _wide_floats(array)
         finite = np.isfinite(array)
         if not finite.all():
             bad = _first(~finite)
@@ -195,6 +209,7 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
         raise ValueError(f"{name} must hold integer ids, got dtype {array.dtype}")
     if array.dtype.kind == "f":
+        array = _wide_floats(array)
         bad = ~np.isfinite(array) | (array != np.round(array)) | (np.abs(array) > 2**62)
         if bad.any():
             index = _first(bad)

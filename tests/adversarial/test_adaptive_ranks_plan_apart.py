@@ -4,11 +4,16 @@ compared the step number, the setup and what was learned, not the plan: a rank g
 step's lengths in another order (its own local batch first, say) or other lengths planned
 another split at every step, and the ranks trained overlapping and missing samples without an
 error (4 of 4 steps, both cases). The observe gather now carries the plan's digest, as the
-Rebalancer's does: every rank raises the same ValueError at the first such step. Real gloo
+Rebalancer's does: every rank raises the same ValueError at the first such step.
+
+Ranks that build ``Adaptive`` differently (options, Feedback settings, prior, lag) planned and
+trained their first step apart before that observe found it (adv8a K4): the constructor now
+compares the setups (one all_gather), so every rank raises before it plans. Real gloo
 processes."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -19,6 +24,7 @@ pytest.importorskip("torch.distributed")
 
 from _multiprocess import launch, ok  # noqa: E402
 
+from seqbalance.cost import TimeModel  # noqa: E402
 from seqbalance.plan import PlanOptions  # noqa: E402
 from seqbalance.runtime import Adaptive, Feedback, StepTiming  # noqa: E402
 
@@ -43,8 +49,36 @@ def _run(rank: int, apart_at: int | None) -> dict[str, Any]:
     return {"error": None, "observed": observed}
 
 
-def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
-    return [_run(rank, None), _run(rank, 1)]
+SETUPS = {
+    "options": ({"options": PlanOptions(max_tokens=8192)}, {"options": PlanOptions()}),
+    "feedback": ({"feedback": Feedback(window=16)}, {"feedback": Feedback(window=17)}),
+    "prior": (
+        {"feedback": Feedback(prior=TimeModel(t0=1e-3, t1=1e-6, t2=1e-10))},
+        {"feedback": Feedback(prior=TimeModel(t0=1e-3, t1=2e-6, t2=1e-10))},
+    ),
+    "lag": ({"lag": 0}, {"lag": 1}),
+    "none": ({"lag": 1}, {"lag": 1}),
+}
+"""Per case, the keywords rank 0 and rank 1 build ``Adaptive`` with."""
+
+
+def _built(rank: int, case: str) -> str | None:
+    """None when this rank built the case's Adaptive, else its error."""
+    keywords = SETUPS[case][rank]
+    feedback = keywords.get("feedback", Feedback())
+    try:
+        Adaptive(
+            keywords.get("options", PlanOptions(max_tokens=8192)),
+            feedback=dataclasses.replace(feedback, timeout=20.0),
+            lag=keywords.get("lag", 0),
+        )
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _worker(rank: int, world_size: int) -> list[Any]:
+    return [_run(rank, None), _run(rank, 1), {case: _built(rank, case) for case in SETUPS}]
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +98,12 @@ def test_a_rank_that_planned_another_step_fails_every_rank_at_that_steps_observe
     assert "observed the results of different steps as step 1" in first["error"]
     assert "Adaptive.plan given other lengths" in first["error"]
     assert first["observed"] == second["observed"] == 1
+
+
+def test_ranks_built_differently_fail_together_before_they_plan(results) -> None:
+    built = [results[rank][2] for rank in range(2)]
+    assert built[0] == built[1], built
+    assert built[0].pop("none") is None
+    for case, error in built[0].items():
+        assert error is not None, case
+        assert "ranks 0 and 1 set up Adaptive differently" in error, (case, error)

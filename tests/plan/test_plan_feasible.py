@@ -299,3 +299,67 @@ def test_the_fillable_ranks_bound_is_at_least_every_assignment(
     assert p.fillable_ranks(m) >= best
     if len(unit_sizes) == groups.size:  # one sample per group: as without groups, n // m
         assert p.fillable_ranks(m) == groups.size // m
+
+
+def test_a_grouped_padded_count_is_planned_where_groups_fit_the_ranks() -> None:
+    # adv8c M4: 23 samples in groups of 3 3 3 2 2 2 3 2 3 on 4 ranks, 3 padded micro-batches of
+    # at most 2 samples: each rank holds 3 to 6 samples, and 3+3, 3+3, 3+2, 2+2+2 is such an
+    # assignment (no token cap). The rank step's pairwise rounds swapped a one-group unit for
+    # a larger group onto a rank without checking its sample capacity (a rank of 8 samples),
+    # so the count was refused ("the search is bounded, so one may exist"). Now, before a
+    # refusal, the rounds keep it (``_at_count.last_resort``).
+    lengths = [610, 20, 140, 320, 260, 300, 10, 290, 760, 90, 980, 440, 890, 210, 840, 170]
+    lengths += [240, 270, 290, 730, 550, 450, 100]
+    groups = [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 6, 7, 7, 8, 8, 8]
+    options = {"layout": "padded", "microbatch_size": 2, "num_microbatches": 3, "cost": "flops"}
+    plan = sb.plan_step(lengths, 4, groups=groups, **options)
+    plan.validate()
+    assert plan.n_microbatches == 3
+    rank_of, _ = plan.assignment()
+    assert all(np.unique(rank_of[np.array(groups) == g]).size == 1 for g in range(9))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.data())
+def test_the_rank_search_keeps_the_padded_sample_capacity(data: st.DataObject) -> None:
+    """``RankState.pair_rounds`` (with ``keep_counts``, as ``_at_count.last_resort`` runs it)
+    and ``refine`` move and swap groups between ranks: started within the ranks' sample
+    capacity (``m x microbatch_size``), every rank stays within it (groups filling the
+    capacity to within one sample per rank: the pairwise rounds broke it on 1 in 10)."""
+    from seqbalance.plan import PlanOptions
+    from seqbalance.plan._problem import Problem
+    from seqbalance.plan._rank_search import RankState, capacities, lpt_with_capacities
+
+    dp, m, size = (
+        data.draw(st.integers(2, 6)),
+        data.draw(st.integers(1, 3)),
+        data.draw(st.integers(1, 3)),
+    )
+    total = data.draw(st.integers(max(dp * m, dp * m * size - dp), dp * m * size))
+    unit_sizes: list[int] = []
+    while sum(unit_sizes) < total:
+        unit_sizes.append(data.draw(st.integers(1, 2 * size)))
+    groups = np.repeat(np.arange(len(unit_sizes)), unit_sizes)
+    lengths = np.array(
+        data.draw(st.lists(st.integers(1, 999), min_size=groups.size, max_size=groups.size))
+    )
+    speeds = data.draw(
+        st.none() | st.lists(st.sampled_from([1.0, 0.5, 0.01]), min_size=dp, max_size=dp)
+    )
+    options = PlanOptions(
+        layout="padded",
+        microbatch_size=size,
+        rank_speeds=speeds,
+        allow_empty=data.draw(st.booleans()),
+    )
+    p = Problem(lengths, lengths.astype(np.float64) ** 2, 0.0, dp, groups, options)
+    costs, tokens = p.unit_sums(p.sample_costs), p.unit_sums(p.capacity_tokens)
+    counts = p.unit_counts.astype(np.float64)
+    start = lpt_with_capacities(p, costs, tokens, counts, None, capacities(p, m))
+    if start is None:
+        return  # no start within the capacities
+    state = RankState(p, m, start, costs, tokens, counts, None, keep_counts=True)
+    state.pair_rounds()
+    assert state.rank_counts.max() <= m * size
+    state.refine()
+    assert state.rank_counts.max() <= m * size

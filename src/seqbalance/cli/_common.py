@@ -21,7 +21,7 @@ import numpy as np
 
 from seqbalance import datasets
 from seqbalance._deprecated import message
-from seqbalance._validation import as_lengths, check_positive_float
+from seqbalance._validation import NPY_ERRORS, as_lengths, check_positive_float
 from seqbalance.cli._output import (
     markdown_table,
     print_json,
@@ -183,7 +183,7 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
         raise ValueError(f"{argument}: no such file {str(path)!r}")
     try:
         array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as error:
+    except (*NPY_ERRORS, pickle.UnpicklingError) as error:
         raise ValueError(
             f"{argument}: cannot read {str(path)!r} as a .npy array of token lengths ({error}); "
             "write one with numpy.save or `seqbalance lengths ... -o FILE.npy`"

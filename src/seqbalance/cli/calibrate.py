@@ -118,6 +118,7 @@ _FLAGS = {
             "max_tokens",
             "max_length",
             "threads",
+            "seed",
             "procs",
             "timeout",
         )

@@ -46,6 +46,8 @@ __all__ = [
     "calibrate",
     "calibration_microbatches",
     "check_model_memory",
+    "check_seed",
+    "check_timed_runs",
     "costed_lengths",
     "fit_time_model",
     "model_config",
@@ -78,6 +80,11 @@ HOLDOUT_EVERY = 4
 
 MIN_TRIALS = 4
 """Fewest micro-batches a calibration times: 3 to fit the 3 coefficients, 1 to score them."""
+
+MAX_TIMED_RUNS = 2**20
+"""The most timed runs of a calibration, ``trials x repeats``: at a millisecond each that is
+already 17 minutes; the micro-batches and their timings are held at once, so more (a typo such
+as ``--trials 1000000000000``) would fill the memory before timing anything."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,36 @@ def model_config(size: str, *, max_position: int) -> ToyModelConfig:
 
     size = check_choice(size, "model_size", tuple(MODEL_SIZES))
     return ToyModelConfig(**MODEL_SIZES[size], max_position=max_position)
+
+
+def check_seed(seed: int) -> int:
+    """``seed`` checked: a whole number in ``[0, 2**64)``, the seeds torch's generators take
+    (the toy model's weights; a larger one failed inside every bench rank).
+
+    Raises:
+        ValueError: naming ``seed``.
+    """
+    seed = check_int(seed, "seed", minimum=0)
+    if seed >= 2**64:
+        raise ValueError(f"seed must be below 2**64 (torch's generator seeds), got {seed}")
+    return seed
+
+
+def check_timed_runs(trials: int, repeats: int) -> tuple[int, int]:
+    """``(trials, repeats)`` checked: at least :data:`MIN_TRIALS` and 1, at most
+    :data:`MAX_TIMED_RUNS` timed runs together.
+
+    Raises:
+        ValueError: naming the argument, or both when their product is too large.
+    """
+    trials = check_int(trials, "trials", minimum=MIN_TRIALS)
+    repeats = check_int(repeats, "repeats", minimum=1)
+    if trials * repeats > MAX_TIMED_RUNS:
+        raise ValueError(
+            f"trials x repeats = {trials} x {repeats} timed runs is more than {MAX_TIMED_RUNS} "
+            "(2**20)"
+        )
+    return trials, repeats
 
 
 def check_model_memory(size: str, *, max_position: int, processes: int, name: str) -> None:
@@ -366,9 +403,11 @@ def calibrate(
     from seqbalance.measure.toy_model import TinyCausalTransformer
 
     started = time.perf_counter()
-    max_length = max_tokens if max_length is None else max_length
-    microbatches = calibration_microbatches(
-        trials, max_tokens=max_tokens, max_length=max_length, seed=seed
+    trials, repeats = check_timed_runs(trials, repeats)
+    seed = check_seed(seed)
+    max_tokens = check_int(max_tokens, "max_tokens", minimum=8)
+    max_length = (
+        max_tokens if max_length is None else check_int(max_length, "max_length", minimum=1)
     )
     torch_device = resolve_device(device)
     config = model_config(model_size, max_position=max_length)
@@ -376,7 +415,15 @@ def calibrate(
         name = "max_tokens" if max_length == max_tokens else "max_length"
         check_model_memory(model_size, max_position=max_length, processes=1, name=name)
     if threads is not None:
-        torch.set_num_threads(check_int(threads, "threads", minimum=1))
+        threads = check_int(threads, "threads", minimum=1)
+        if threads > (os.cpu_count() or 1):
+            raise ValueError(
+                f"threads must be at most this machine's {os.cpu_count()} CPUs, got {threads}"
+            )
+        torch.set_num_threads(threads)
+    microbatches = calibration_microbatches(
+        trials, max_tokens=max_tokens, max_length=max_length, seed=seed
+    )
     model = TinyCausalTransformer(config, seed=seed).to(torch_device)
     seconds = time_microbatches(
         model,

@@ -47,10 +47,11 @@ from seqbalance.cost.context_parallel import (
 )
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure.calibrate import (
-    MIN_TRIALS,
     MODEL_SIZES,
     available_cores,
     calibration_microbatches,
+    check_seed,
+    check_timed_runs,
     model_config,
     pin_process,
 )
@@ -313,9 +314,8 @@ def calibrate_context_parallel(
             f"divides procs = {procs}: nothing to calibrate"
         )
     model_size = check_choice(model_size, "model_size", tuple(MODEL_SIZES))
-    check_int(trials, "trials", minimum=MIN_TRIALS)
-    check_int(repeats, "repeats", minimum=1)
-    check_int(seed, "seed", minimum=0)
+    check_timed_runs(trials, repeats)
+    check_seed(seed)
     cores = (
         available_cores()
         if cores is None

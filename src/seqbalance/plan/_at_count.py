@@ -35,7 +35,7 @@ from seqbalance.plan._shared import Microbatches
 from seqbalance.plan._two_positions import two_position_start
 from seqbalance.plan.strategies import rank_members
 
-__all__ = ["assign_units", "attempt", "global_first_fit", "lowered", "refines"]
+__all__ = ["assign_units", "attempt", "global_first_fit", "last_resort", "lowered", "refines"]
 
 _HEAP_RANKS = 8
 """``_place_columns`` places one rank at a time with a heap (Python) up to this many ranks, ...
@@ -175,7 +175,9 @@ def global_first_fit(p: Problem, m: int) -> Microbatches | None:
 
 
 # ---------------------------------------------------------------------- step 1: ranks
-def assign_units(p: Problem, m: int) -> np.ndarray | None:
+def assign_units(p: Problem, m: int, *, keep_counts: bool = False) -> np.ndarray | None:
+    """Units to ranks (step 1): the rank of every unit, or None where some rank cannot be
+    filled or held; ``keep_counts``: as ``RankState``'s."""
     costs = p.unit_sums(p.sample_costs)
     tokens = p.unit_sums(p.capacity_tokens)
     counts = p.unit_counts.astype(np.float64)
@@ -200,7 +202,9 @@ def assign_units(p: Problem, m: int) -> np.ndarray | None:
     # micro-batch phase does: the ranks are searched in full).
     beyond = (p.objective == "step" or m == 1) and beyond_budget(p)
     slack = PLANNING_BUDGET_GAP if beyond else GOOD_ENOUGH
-    state = RankState(p, m, rank_of_unit, costs, tokens, counts, patches, slack=slack)
+    state = RankState(
+        p, m, rank_of_unit, costs, tokens, counts, patches, slack=slack, keep_counts=keep_counts
+    )
     state.pair_rounds()
     state.refine()
     if beyond and state.times().max() > state.good_enough:
@@ -291,6 +295,8 @@ def _pack_ranks(p: Problem, members: list[np.ndarray], m: int) -> Microbatches |
             repacked = _first_fit_decreasing(p, members[r], m)
             if repacked is not None:
                 plan[r], leftovers[r] = repacked, []
+            elif p.groups is not None:
+                return None  # groups stay on their rank: no leftover can be placed elsewhere
     if any(leftovers) and not _place_leftovers(p, plan, leftovers):
         return None
     for microbatches in plan:
@@ -450,9 +456,19 @@ def _place_leftovers(p: Problem, plan: Microbatches, leftovers: list[list[int]])
 
 
 # ---------------------------------------------------------------------- step 3: padded
-def _padded_by_rank(p: Problem, m: int) -> Microbatches | None:
+def last_resort(p: Problem, m: int) -> Microbatches | None:
+    """Padded with groups, where no plan of ``m`` was found and no other count is allowed: the
+    ranks' samples cut into micro-batches as ``attempt`` does, the rank step's pairwise rounds
+    keeping every rank within its sample capacity (``RankState``'s ``keep_counts``); None
+    elsewhere or where that fails too."""
+    if p.layout != "padded" or p.groups is None:
+        return None
+    return _padded_by_rank(p, m, keep_counts=True)
+
+
+def _padded_by_rank(p: Problem, m: int, *, keep_counts: bool = False) -> Microbatches | None:
     """Units to ranks (step 1), then each rank's samples cut into its ``m`` micro-batches."""
-    rank_of_unit = assign_units(p, m)
+    rank_of_unit = assign_units(p, m, keep_counts=keep_counts)
     if rank_of_unit is None:
         return None
     plan = [segment(p, samples, m) for samples in rank_members(p, rank_of_unit)]

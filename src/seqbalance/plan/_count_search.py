@@ -6,6 +6,8 @@ and the samples slow ranks must hold), and keeps the cheapest."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from seqbalance.plan import _at_count, _exact
@@ -73,7 +75,8 @@ class CountSearch:
         ranks fill its micro-batches to the cap), where that is sure: ``capacity_bound`` puts
         every plan of ``m`` above the bound's gap, and either the largest count plans within it
         (``step``, or no lockstep refinement at that count) or the bound puts ``m`` above the
-        ``COUNTS_REFINED``-th cheapest count found (packed, no groups, and a plan of ``m`` sure
+        cheapest count found (the ``COUNTS_REFINED``-th where the lockstep refinement runs:
+        ``_kept``; packed, no groups, and a plan of ``m`` sure
         to exist: else the count loop would go on from a larger count); else None (the search
         then stays for ``cheapest``)."""
         p, m = self.p, self.m
@@ -95,8 +98,8 @@ class CountSearch:
             return None
         self._known = (ranks, fallback)
         self._found = self._search(np.inf)
-        found = self._found
-        last = found[COUNTS_REFINED - 1][0] if len(found) >= COUNTS_REFINED else np.inf
+        found, kept = self._found, _kept(p, counts)
+        last = found[kept - 1][0] if len(found) >= kept else np.inf
         return _refined_cheapest(p, found) if fewest > last else None
 
     def cheapest(self, plan: Microbatches) -> Microbatches:
@@ -121,27 +124,28 @@ class CountSearch:
 
     def _search(self, value: float) -> Found:
         """Plans (before the lockstep refinement) with the counts above ``m`` (``counts_above``),
-        cheapest first (ties: the fewest micro-batches).
+        cheapest first (ties: the fewest micro-batches), the ``kept`` first of them exact.
 
         A bounded search, since the cost over counts is not smooth: ``COUNTS_TRIED`` counts
         evenly spread over the range (the largest first), then around the cheapest so far steps
-        that halve down to the neighbouring count; it stops at a plan within the bound's gap. A
-        count is not planned where its ``capacity_bound`` exceeds the ``COUNTS_REFINED``-th
-        cheapest value so far (``value``, of ``m``, included): it could not be among the
-        cheapest returned, so skipping it changes nothing but the time."""
+        that halve down to the neighbouring count; it stops at a plan within the bound's gap.
+        A count whose ``capacity_bound`` exceeds the cheapest plan so far is not planned when
+        the search reaches it (``_Deferred``): it could be neither the cheapest, which steers
+        the search, nor within the gap. It is planned at the end only where it could still be
+        among the ``kept`` cheapest returned (``value``, of ``m``, included), so the plans
+        returned first are those planning every count reached would give."""
         p = self.p
         counts = counts_above(p, self.m)
         tried: dict[int, tuple[float, Microbatches]] = {}  # by position in counts
-        skipped: set[int] = set()  # counts that cannot be among the cheapest
+        deferred = _Deferred(p, counts)
+
+        def plan_at(index: int) -> None:
+            if (found := self._plan(counts[index])) is not None:
+                tried[index] = found
 
         def cost_at(index: int) -> float:
-            if index not in tried and index not in skipped:
-                known = sorted([value, *(item[0] for item in tried.values())])
-                last = known[COUNTS_REFINED - 1] if len(known) >= COUNTS_REFINED else np.inf
-                if capacity_bound(p, counts[index]) * (1 - _BOUND_NOISE) > last:
-                    skipped.add(index)
-                elif (found := self._plan(counts[index])) is not None:
-                    tried[index] = found
+            if index not in tried and not deferred.holds(index, tried):
+                plan_at(index)
             return tried[index][0] if index in tried else np.inf
 
         def cheapest() -> int:
@@ -161,7 +165,44 @@ class CountSearch:
             cost_at(max(0, centre - step))
             cost_at(min(len(counts) - 1, centre + step))
             step //= 2
+        for index in deferred.wanted(value, tried, _kept(p, counts)):
+            plan_at(index)
         return [tried[i] for i in sorted(tried, key=lambda i: (tried[i][0], i))]
+
+
+class _Deferred:
+    """The counts of a search not planned when it reached them, by their ``capacity_bound``
+    (each a lower bound on the value of any plan of the count, up to float noise)."""
+
+    def __init__(self, p: Problem, counts: list[int]) -> None:
+        self.p, self.counts = p, counts
+        self.bounds: dict[int, float] = {}  # by position in counts
+
+    def holds(self, index: int, tried: dict[int, tuple[float, Microbatches]]) -> bool:
+        """Whether the count at ``index`` is (now) deferred: its bound is above the cheapest
+        plan ``tried``, so its plan could not steer the search."""
+        if index not in self.bounds and tried:
+            bound = capacity_bound(self.p, self.counts[index]) * (1 - _BOUND_NOISE)
+            if bound > min(item[0] for item in tried.values()):
+                self.bounds[index] = bound
+        return index in self.bounds
+
+    def wanted(
+        self, value: float, tried: dict[int, tuple[float, Microbatches]], kept: int
+    ) -> Iterator[int]:
+        """The deferred counts to plan, least bound first, while the bound is within the
+        ``kept``-th cheapest value (``value`` and those ``tried``, as they grow)."""
+        for index in sorted(self.bounds, key=lambda i: (self.bounds[i], i)):
+            known = sorted([value, *(item[0] for item in tried.values())])
+            if len(known) >= kept and self.bounds[index] > known[kept - 1]:
+                return
+            yield index
+
+
+def _kept(p: Problem, counts: list[int]) -> int:
+    """How many of the cheapest plans must be exact: ``COUNTS_REFINED`` where they are refined
+    (``lockstep``, packed), else the cheapest only."""
+    return COUNTS_REFINED if any(_at_count.refines(p, count) for count in counts) else 1
 
 
 def _refined_cheapest(p: Problem, found: Found) -> Microbatches:

@@ -45,7 +45,9 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    them (``plan/_level_starts.py``), where either is cheaper.
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
-   search (``_feasible``) decides whether ``M`` fits, proving it on small steps.
+   search (``_feasible``) decides whether ``M`` fits, proving it on small steps; padded with
+   groups, before a count that cannot grow is refused, step 1 is tried again with its
+   pairwise rounds keeping every rank within its sample capacity (``_at_count.last_resort``).
 
 The plan found is then compared with its rivals (the baselines, the stacks' schedulers and the
 partition engine's split, those the planning budget lets run; ``plan/_portfolio.py``): a valid
@@ -112,6 +114,8 @@ def plan_balanced(p: Problem) -> Microbatches:
                 found = _feasible.Search(None, proven=True)
             else:
                 plan, found = _rival_or_packing(p, m, others)
+        if plan is None and p.next_microbatches(m) is None and not (found and found.proven):
+            plan = _at_count.last_resort(p, m)  # before refusing: the count cannot grow
         if plan is not None:
             if search is not None:
                 plan = search.cheapest(plan)

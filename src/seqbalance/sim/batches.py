@@ -9,7 +9,12 @@ import numpy as np
 
 from seqbalance._validation import as_lengths, check_int
 
-__all__ = ["sample_batches", "step_batches"]
+__all__ = ["MAX_DRAWN_SAMPLES", "sample_batches", "step_batches"]
+
+MAX_DRAWN_SAMPLES = 2**24
+"""The most samples drawn, ``steps x global_batch_size``: every step's indices are held at once
+(8 bytes a sample, 128 MiB at the bound) and every strategy plans each step; more is a typo
+(``--steps 1000000000000`` filled the memory before planning anything)."""
 
 
 def sample_batches(
@@ -30,6 +35,11 @@ def sample_batches(
     n_samples = check_int(n_samples, "n_samples", minimum=1)
     global_batch_size = check_int(global_batch_size, "global_batch_size", minimum=1)
     steps = check_int(steps, "steps", minimum=1)
+    if steps * global_batch_size > MAX_DRAWN_SAMPLES:
+        raise ValueError(
+            f"steps x global_batch_size = {steps} x {global_batch_size} samples is more than "
+            f"{MAX_DRAWN_SAMPLES} (2**24) to draw and plan"
+        )
     if global_batch_size > n_samples:
         raise ValueError(
             f"global_batch_size = {global_batch_size} is larger than the dataset "

@@ -11,7 +11,7 @@ import numpy as np
 if TYPE_CHECKING:
     from seqbalance.sim.result import SimulationResult
 
-__all__ = ["plot", "pyplot"]
+__all__ = ["plot", "pyplot", "save_figure"]
 
 
 def pyplot() -> Any:
@@ -23,6 +23,16 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(figure: Any, path: str | os.PathLike[str]) -> Path:
+    """Write ``figure`` to exactly ``path`` (its format from the suffix; a name without one is
+    a PNG: matplotlib would write ``path + ".png"`` instead, and the caller name a file that
+    does not exist) and close it."""
+    path = Path(path)
+    figure.savefig(path, dpi=110, format=None if path.suffix else "png")
+    pyplot().close(figure)
+    return path
 
 
 def plot(result: SimulationResult, path: str | os.PathLike[str]) -> Path:
@@ -92,7 +102,4 @@ def plot(result: SimulationResult, path: str | os.PathLike[str]) -> Path:
         f"{result.steps} steps, objective {result.objective}\n{result.headline()}",
         fontsize=10,
     )
-    path = Path(path)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)

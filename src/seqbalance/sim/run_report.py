@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance.sim.plot import pyplot
+from seqbalance.sim.plot import pyplot, save_figure
 
 __all__ = ["RunTelemetry", "load_telemetry", "plot_run", "summarize_run"]
 
@@ -339,7 +339,4 @@ def plot_run(run: RunTelemetry, path: str | os.PathLike[str]) -> Path:
     axes[2].set_ylabel("step (ms)")
     axes[2].set_xlabel("step")
     axes[2].legend(loc="best")
-    path = Path(path)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)

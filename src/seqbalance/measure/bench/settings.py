@@ -24,10 +24,11 @@ from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure.calibrate import (
-    MIN_TRIALS,
     MODEL_SIZES,
     available_cores,
     check_model_memory,
+    check_seed,
+    check_timed_runs,
 )
 from seqbalance.measure.hf_model import scaled_preset
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
@@ -293,11 +294,12 @@ class BenchSettings:
             ("global_batch_size", 1),
             ("steps", 1),
             ("warmup", 0),
-            ("trials", MIN_TRIALS),
-            ("repeats", 1),
-            ("seed", 0),
         ):
             set_(name, check_int(getattr(self, name), name, minimum=minimum))
+        set_("seed", check_seed(self.seed))
+        trials, repeats = check_timed_runs(self.trials, self.repeats)
+        set_("trials", trials)
+        set_("repeats", repeats)
         set_("model_size", check_choice(self.model_size, "model_size", tuple(MODEL_SIZES)))
         if (self.warmup + self.steps) * self.global_batch_size > MAX_SAMPLE_STEPS:
             raise ValueError(

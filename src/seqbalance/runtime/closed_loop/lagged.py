@@ -47,7 +47,8 @@ class LaggedFeedback:
         lag: int,
         position: tuple[int, int],
     ) -> None:
-        self.adaptive = Adaptive(options, feedback=feedback, group=group, lag=lag)
+        # The sampler compares this setup with its own (``setup``) when a pass starts.
+        self.adaptive = Adaptive(options, feedback=feedback, group=group, lag=lag, agree=False)
         if (self.adaptive.rank, self.adaptive.comm.world_size) != position:
             raise ValueError(
                 f"adaptive needs group= to be the data-parallel group: the sampler is rank "

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from seqbalance._validation import check_bool
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
@@ -85,6 +86,14 @@ class Adaptive:
             the group's collectives run).
         lag: The lag rule's number (``ClosedLoop``): step ``k`` is planned after ``k - lag``
             observed steps.
+        agree: Compare the loop's setup (options, Feedback settings, prior, lag) across the
+            group here (one all_gather, so every rank must construct it), so that ranks set up
+            differently fail before they plan a step, not at the first ``observe()`` after
+            training it apart. False where the caller compares them itself (the samplers).
+
+    Raises:
+        ValueError: on every rank, when ranks are set up differently (with ``agree``).
+        CollectiveError: a peer did not construct it within ``Feedback.timeout``.
     """
 
     def __init__(
@@ -95,6 +104,7 @@ class Adaptive:
         group: Any = None,
         device: Any = None,
         lag: int = 0,
+        agree: bool = True,
     ) -> None:
         feedback = Feedback() if feedback is None else feedback
         if not isinstance(feedback, Feedback):
@@ -111,6 +121,18 @@ class Adaptive:
         )
         self.timer = StepTimer(self.comm.device if device is None else device)
         self._steps = StepNumbers()
+        if check_bool(agree, "agree"):
+            self._check_same_setup()
+
+    def _check_same_setup(self) -> None:
+        """Raise on every rank when any rank's loop is set up differently from rank 0's."""
+        setups = self.comm.all_gather_bytes(self.loop.setup.encode(), "closed-loop setup check")
+        other = next((r for r, setup in enumerate(setups) if setup != setups[0]), None)
+        if other is not None:
+            raise ValueError(
+                f"ranks 0 and {other} set up Adaptive differently (options, Feedback settings, "
+                "prior or lag): build it the same way on every rank"
+            )
 
     @property
     def planned(self) -> int:
