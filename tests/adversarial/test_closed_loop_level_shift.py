@@ -43,6 +43,7 @@ def _run(
     misread=None,
     nan_sync=(),
     no_step=(),
+    bare=False,
     seed=2,
     **options,
 ):
@@ -51,7 +52,8 @@ def _run(
     true speed; ``stall = (step, rank, seconds)`` adds a pause to that rank's first micro-batch;
     ``misread(step, rank)`` scales what its micro-batch timer reads (its step and sync stay
     true); its sync reads NaN at the ``(step, rank)`` pairs in ``nan_sync``; the steps in
-    ``no_step`` are observed without step times. Returns the rank
+    ``no_step`` are observed without step times; ``bare``: every step without sync and step
+    times (the README's single-controller call). Returns the rank
     speeds after each step and each step's true time over the balanced one (at the true speeds)."""
     planner = AdaptivePlanner(ranks, max_tokens=16384, **options)
     rng = np.random.default_rng(seed)
@@ -82,7 +84,8 @@ def _run(
             ]
             sync = [np.nan if (step, r) in nan_sync else end - c for r, c in enumerate(compute)]
             wall = {} if step in no_step else {"step_seconds": [end] * ranks}
-            telemetry = planner.observe(plan, read, sync_seconds=sync, **wall)
+            wall = {} if bare else {"sync_seconds": sync, **wall}
+            telemetry = planner.observe(plan, read, **wall)
             learned.append(telemetry["next_rank_speeds"])
     return np.array(learned), np.array(ratios)
 
@@ -204,3 +207,44 @@ def test_a_warm_up_is_followed_when_step_times_are_missing(no_step) -> None:
 
     learned, _ = _run(30, slowdown=slowdown, no_step=set(no_step))
     assert np.all(np.abs(learned[-8:, 1] - 0.5) < 0.1), learned[:, 1]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_missed_work_is_dropped_when_no_sync_or_step_time_is_given(ranks) -> None:
+    """adv9a N3: the README's single-controller call gives neither sync nor step times
+    (``planner.observe(plan, rank_seconds)``), so the busy time is never known. From step 5 the
+    last rank's micro-batch timer reads 1/20 of the work (a perf_counter timer once kernels run
+    asynchronously). Before (K1's level-free rule, an unknown busy time taken as filled): after
+    one step dropped whole it was judged level-free and kept, and the loop took that rank for
+    20x faster than the rest for good (the others planned at 0.05, true steps 1.8x / 2.9x
+    balanced; before K1 it stayed dropped). Now a rank whose last step was dropped whole is
+    judged level-free only where most ranks' last steps were (the model's level is off: a
+    warm-up over) or where it comes back to the fastest rank's level (a straggler back, a
+    stall); one rank alone measured far faster than the fastest is a timer missing work."""
+
+    def misread(step, rank):
+        return 0.05 if (rank == ranks - 1 and step >= 5) else 1.0
+
+    learned, ratios = _run(30, ranks, misread=misread, bare=True)
+    assert np.all(learned[4:] == 1.0), learned[:, 0]
+    assert ratios[3:].mean() < 1.03
+
+
+@pytest.mark.parametrize(
+    "slowdown, rank, speed",
+    [
+        (lambda step, rank: (20.0 if step < 3 else 1.0) * (2.0 if rank == 1 else 1.0), 1, 0.5),
+        (lambda step, rank: 8.0 if (rank == 1 and step < 20) else 1.0, 1, 1.0),
+        (
+            lambda step, rank: (20.0 if step < 2 + rank else 1.0) * (2.0 if rank == 1 else 1.0),
+            1,
+            0.5,
+        ),
+    ],
+    ids=["warm-up", "straggler back", "staggered warm-up"],
+)
+def test_level_shifts_are_followed_without_sync_or_step_times(slowdown, rank, speed) -> None:
+    """N3's guard: with neither sync nor step times, a warm-up (every rank's first steps 20x
+    slow, also ending on different steps per rank) and a straggler back from 8x are followed."""
+    learned, _ = _run(30, slowdown=slowdown, bare=True)
+    assert np.all(np.abs(learned[-6:, rank] - speed) < 0.1 * speed), learned[:, rank]

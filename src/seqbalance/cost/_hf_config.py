@@ -158,11 +158,16 @@ class Fields:
 
 def read_json(path: str | Path) -> Any:
     """The JSON value in the file ``path`` (ValueError naming it: missing, or not valid JSON)."""
+    if Path(path).exists() and not Path(path).is_file():
+        # A FIFO would block the read for ever, a device such as /dev/zero never end.
+        raise ValueError(f"config: {str(path)!r} is not a regular file (a FIFO or device)")
     try:
         with Path(path).open(encoding="utf-8") as handle:
             return json.load(handle)
     except FileNotFoundError:
         raise ValueError(f"config: no such file {str(path)!r}") from None
+    except OSError as error:
+        raise ValueError(f"config: cannot read {str(path)!r}: {error}") from None
     except (json.JSONDecodeError, RecursionError) as error:
         raise ValueError(f"config: {str(path)!r} is not valid JSON: {error}") from None
 

@@ -131,7 +131,13 @@ def _bindings(name: str, value: Any) -> list[ModuleType]:
     """The loaded modules whose attribute ``name`` is ``value`` (defined or imported by name)."""
     found = []
     for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
+        try:
+            # Not getattr: a module that importlib's LazyLoader has not loaded yet would load
+            # on any attribute access (running its code, or raising its own error); its own
+            # namespace cannot hold verl's function before it ran.
+            namespace = object.__getattribute__(module, "__dict__")
+        except Exception:  # None entries, objects without a namespace
+            continue
         if isinstance(namespace, dict) and namespace.get(name) is value:
             found.append(module)
     return found
@@ -169,6 +175,8 @@ def _options_from_env(text: str) -> PlanOptions:
     if not text.lstrip().startswith("{"):
         path = Path(text)
         try:
+            if path.exists() and not path.is_file():  # a FIFO blocks for ever, /dev/zero never ends
+                raise OSError("not a regular file (a FIFO or device)")
             text = path.read_text()
         except OSError as error:
             raise ValueError(

@@ -130,10 +130,8 @@ class OnlineTimeModel:
                 f"prior {prior!r} differs from feedback.prior {self.feedback.prior!r}: the run "
                 "starts from one model"
             )
-        self.steps = 0
-        self.ignored = 0
-        self._warned = False
-        self._warned_clock = False
+        self.steps = self.ignored = 0
+        self._warned = self._warned_clock = False
         self._busy_known = np.full(self.world_size, -np.inf)  # per rank: the last step given
         # Per step, every rank's [gram, moment, Σh, n] (not speed-corrected: the speeds are
         # re-derived from the whole window at each update and applied then).
@@ -218,11 +216,11 @@ class OnlineTimeModel:
         predicted = x @ _coefficients(self._model)
         given = step_seconds is not None and step_kept
         busy = step[0] - (sync[0] if sync_kept else 0.0) if given else 0  # dropped sync: <= step
-        if given:  # a step time (the busy time known, or bounded: ``_weights``)
-            self._busy_known[rank] = self.steps
+        self._busy_known[rank] = self.steps if given else self._busy_known[rank]  # ``_weights``
         known = given or (sync_kept and self.steps - self._busy_known[rank] > self.feedback.window)
         filled = known and measured.sum() * (1 + self.feedback.reject) >= busy
-        weights = self._weights(rank, predicted / reference, filled)
+        pace = 0.0 if given or not measured.size else predicted.sum() / measured.sum()  # _weights
+        weights = self._weights(rank, predicted / reference, filled, pace)
         if self.steps:
             relative = predicted / reference - 1.0
             size = np.abs(relative)
@@ -248,21 +246,24 @@ class OnlineTimeModel:
         out[_STEP] = float(step[0]) if given else out[_COMPUTE] + out[_SYNC]
         return out
 
-    def _weights(self, rank: int, ratio: np.ndarray, filled: bool) -> np.ndarray:
+    def _weights(self, rank: int, ratio: np.ndarray, filled: bool, pace: float) -> np.ndarray:
         """The fit's weight of each of ``rank``'s micro-batches (``ratio``: predicted / measured
         at its speed): Huber's on the relative residual, 0 for one measured over ``1 + reject``
         times faster than predicted (a timer that missed work: a relative fit weighs a row by
-        ``1 / measured``, and Huber's ``1 / |r|`` does not undo a ``1 / s**2``). Level-free
-        (against the rank's slowest: a shape rarely spans ``1 + reject`` in a step) where the
-        level is not known: at the first step, and after a step dropped whole if the compute now
-        fills the busy time (``filled``): step - sync, or at most the step if the sync was
-        dropped; unknown (no step time), only if no step time was given in the window and a
-        sync was (adv8c M1, adv9a M2: else a timer missing work would set the level). Else a
-        level shift (warm-up, a straggler back, a stall) would drop every later step."""
-        last = self._stats[-1][rank] if self._stats else np.zeros(_FIT_COLUMNS)
-        relative = ratio - 1.0
-        if not self.steps or (last[_USED] > 0 and last[_WEIGHT] == 0 and filled):
-            level = float(ratio.min()) if ratio.size else 0.0
+        ``1 / measured``, which Huber's ``1 / |r|`` does not undo). Level-free (against the
+        rank's slowest) at the first step, and after a step dropped whole where the compute fills
+        the busy time (``filled``: step - sync, at most the step; unknown: only with a sync and no
+        step time in the window) and, then, its ``pace`` (predicted / measured seconds) is at most
+        ``1 + reject`` times the fastest pace kept of another rank last step (a straggler back, a
+        stall; none kept: a warm-up over). Else a level shift drops every later step, or a timer
+        that starts missing work sets the level (adv8c M1, adv9a N1 = M2, N3)."""
+        last = self._stats[-1] if self._stats else np.zeros((self.world_size, _KEPT.size))
+        relative, level = ratio - 1.0, float(ratio.min()) if ratio.size else 0.0
+        others = np.delete(last, rank, axis=0)
+        others = others[others[:, -1] > 0]  # ranks the fit kept last step: their sums, seconds
+        paces = others[:, -4:-1] @ _coefficients(self._model) / others[:, -1]
+        filled = filled and (not paces.size or pace <= (1 + self.feedback.reject) * paces.max())
+        if not self.steps or (last[rank, _USED] > 0 and last[rank, _WEIGHT] == 0 and filled):
             relative = ratio / level - 1.0 if level > 0 else np.zeros(ratio.size)
         weights = self.feedback.huber / np.maximum(np.abs(relative), self.feedback.huber)
         weights[relative > self.feedback.reject] = 0.0
