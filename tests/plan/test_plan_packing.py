@@ -288,3 +288,30 @@ def test_ranks_placed_one_by_one_as_column_by_column(
             slot = _at_count._place_columns(p, items, tokens, None, sums, closed)
         found.append((slot.tolist(), tokens.tolist(), sums.tolist()))
     assert found[0] == found[1]
+
+
+def test_a_near_full_rank_is_placed_by_its_heap() -> None:
+    # A rank whose micro-batches are full for its later samples (adv8c M3: the fast rank filled
+    # to its capacity; 5061's counts near 356 spent ~45 ms each column by column): every later
+    # sample passed every full micro-batch again, so the heap gave up past _HEAP_ASIDE passes
+    # per sample. Parked until a sample fits them, they are passed once: placed by the heap,
+    # where the column-by-column search places them.
+    m, cap = 50, 100
+    lengths = np.array([60] * m + [39] * m + [2] * 200 + [1] * m)
+    p = Problem(lengths, lengths.astype(np.float64), 0.0, 1, None, PlanOptions(max_tokens=cap))
+    items = np.arange(lengths.size)[None, :]
+    closed = np.zeros((1, m), dtype=bool)
+    found = []
+    for heap_ranks in (0, 1):
+        tokens, sums = np.zeros((1, m)), np.zeros((1, m))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_at_count, "_HEAP_RANKS", heap_ranks)
+            slot = _at_count._place_columns(p, items, tokens, None, sums, closed)
+        found.append((slot.tolist(), tokens.tolist(), sums.tolist()))
+    assert found[0] == found[1]
+    active, lengths_, costs_ = items >= 0, lengths[None, :].astype(np.float64), lengths[None, :]
+    slot = np.full(items.shape, -1)
+    placed = _at_count._placed_by_heap(
+        p, 0, active, np.zeros((1, m)), np.zeros((1, m)), closed, lengths_, costs_ * 1.0, slot
+    )
+    assert placed and (slot[0, : 2 * m] >= 0).all() and (slot[0, 2 * m : -m] == -1).all()

@@ -41,7 +41,7 @@ _HEAP_RANKS = 8
 """``_place_columns`` places one rank at a time with a heap (Python) up to this many ranks, ...
 """
 _HEAP_ASIDE = 8
-"""... unless its samples pass more than this many cheaper micro-batches without room each."""
+"""... unless its micro-batches are parked and brought back more than this many times per sample."""
 
 
 def attempt(
@@ -376,32 +376,37 @@ def _placed_by_heap(
     """Rank ``r``'s samples as ``_place_columns`` places them (no patch cap), its open
     micro-batches in a heap by (cost, index): the first popped with room is the cheapest with
     room and the first of equals (numpy's ``argmin``), in Python floats (the same float
-    operations). False, changing nothing, where the samples pass more than ``_HEAP_ASIDE``
-    cheaper micro-batches without room per sample (full micro-batches: column by column is
-    cheaper then)."""
+    operations). A micro-batch popped without room is parked in a heap by tokens used, and
+    comes back once a sample fits it (the least used first: those left parked have no room),
+    so a near-full rank's samples do not pass the same full micro-batches again and again.
+    False, changing nothing, where the micro-batches move between the heaps more than
+    ``_HEAP_ASIDE`` times per sample (column by column is cheaper then)."""
     used, cost = tokens[r].tolist(), costs[r].tolist()
     heap = [(cost[j], j) for j in np.flatnonzero(~closed[r]).tolist()]
     heapq.heapify(heap)
+    parked: list[tuple[float, int]] = []  # (tokens used, index): no room for a sample so far
     count = int(active[r].sum())  # a rank's items come first, then -1
     where = np.full(count, -1, dtype=np.int64)
-    passes = _HEAP_ASIDE * (count + len(heap))  # micro-batches passed that may be passed
+    moves = _HEAP_ASIDE * (count + len(heap))  # moves between the heaps that may be made
     for k, (length, added) in enumerate(
         zip(lengths[r, :count].tolist(), sample_costs[r, :count].tolist(), strict=True)
     ):
-        aside = []  # cheaper micro-batches without room for this sample
+        while parked and parked[0][0] + length <= p.cap:
+            j = heapq.heappop(parked)[1]
+            heapq.heappush(heap, (cost[j], j))
+            moves -= 1
         while heap and used[heap[0][1]] + length > p.cap:
-            if passes == 0:
-                return False
-            passes -= 1
-            aside.append(heapq.heappop(heap))
+            j = heapq.heappop(heap)[1]
+            heapq.heappush(parked, (used[j], j))
+            moves -= 1
+        if moves < 0:
+            return False
         if heap:
             j = heap[0][1]
             used[j] += length
             cost[j] += added
             heapq.heapreplace(heap, (cost[j], j))
             where[k] = j
-        for entry in aside:
-            heapq.heappush(heap, entry)
     tokens[r], costs[r], slot[r, :count] = used, cost, where
     return True
 
