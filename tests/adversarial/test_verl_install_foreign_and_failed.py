@@ -151,3 +151,30 @@ def test_bindings_are_the_newest_patch_still_in_place(ops) -> None:
 )
 def test_the_cases_found(ops) -> None:
     test_bindings_are_the_newest_patch_still_in_place.hypothesis.inner_test(ops)
+
+
+@pytest.mark.parametrize("removed_first", ["older", "newer"])
+def test_no_removed_installation_stays_where_verl_was_patched_in_between(removed_first) -> None:
+    """adv9b P14: another library patched verl's module only (or it was reloaded) between two
+    installs, so the newer one found that patch there and never reached the modules that had
+    imported the older one's function; removing the older one first, then the newer, left those
+    modules holding the older (removed) installation's function for good."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        verl = _stand_in(monkeypatch)
+        user = _importer(monkeypatch, 0)
+        originals = {name: getattr(verl, name) for name in NAMES}
+        try:
+            older = sbv.install()
+            patch = {name: _wrapping(getattr(verl, name)) for name in NAMES}
+            for name, function in patch.items():
+                setattr(verl, name, function)  # verl's module only, as a profiler might
+            newer = sbv.install(model="qwen3-8b")
+            first, second = (older, newer) if removed_first == "older" else (newer, older)
+            first.uninstall()
+            if removed_first == "older":  # the newest installation reaches every module
+                assert all(getattr(user, n) is newer.functions[n] for n in NAMES)
+            second.uninstall()
+            assert [getattr(user, n) for n in NAMES] == [originals[n] for n in NAMES]
+            assert [getattr(verl, n) for n in NAMES] == [patch[n] for n in NAMES]
+        finally:
+            sbv.uninstall()

@@ -113,10 +113,22 @@ class Installation:
         this one recorded earlier's function, record what earlier had recorded instead."""
         function = earlier.functions[name]
         own = {id(module): value for module, n, value in earlier._records if n == name}
+        recorded = set()
         for k, (module, attribute, value) in enumerate(self._records):
-            if attribute == name and value is function:
-                before = own.get(id(module), earlier._previous.get(name, value))
-                self._records[k] = (module, name, before)
+            if attribute == name:
+                recorded.add(id(module))
+                if value is function:
+                    before = own.get(id(module), earlier._previous.get(name, value))
+                    self._records[k] = (module, name, before)
+        # Modules still holding earlier's function that this one never replaced (verl's
+        # module was patched by another library or reloaded between the two installs, so this
+        # one found another function there): they take this one's, and it records what they
+        # held before earlier, so no removed installation's function stays behind.
+        for module in _bindings(name, function):
+            if id(module) not in recorded:
+                before = own.get(id(module), earlier._previous.get(name, function))
+                self._records.append((module, name, before))
+                setattr(module, name, self.functions[name])
         if self._previous.get(name) is function:
             self._previous[name] = earlier._previous.get(name, function)
 

@@ -46,9 +46,13 @@ sampler ahead of the training loop (``num_workers * prefetch_factor`` batches), 
 batches the *sampler* has yielded can run ahead of the number the *loop* has trained on. For an
 exact resume, count the batches your loop has consumed and save
 ``sampler.state_dict(consumed=count)``; with ``num_workers=0`` the default (batches yielded) is
-already exact. ``consumed`` lies between where the pass started and what it has yielded. A
-loaded resume point holds until a pass takes its first batch (a DataLoader with workers calls
-``iter`` twice before it takes one); an ``iter`` after that starts the epoch anew.
+already exact. ``consumed`` lies between where the pass started and what it has yielded, and
+counts a prefix of the pass: the loop must receive the batches in the order the sampler yields
+them, which a DataLoader does by default; with ``in_order=False`` its workers hand batches over as
+they finish, so no count names what was trained (a resume would train some batches twice and
+skip as many): keep ``in_order=True`` for an exact resume. A loaded resume point holds until a
+pass takes its first batch (a DataLoader with workers calls ``iter`` twice before it takes
+one); an ``iter`` after that starts the epoch anew.
 ``set_epoch`` to another epoch starts it afresh: a running pass ends (its iterator raises
 ``RuntimeError`` if used again) and the position is the new epoch's start, so a state never records
 one epoch's position under another's number.
