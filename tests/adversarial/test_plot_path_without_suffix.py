@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from _telemetry import telemetry_step
 
 from seqbalance.cli import main
 
@@ -20,16 +21,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_report_and_simulate_write_exactly_the_path_given(tmp_path, capsys) -> None:
     log = tmp_path / "run.jsonl"
-    row = {
-        "step": 0,
-        "step_seconds": 0.2,
-        "max_rank_compute_seconds": 0.15,
-        "mean_rank_compute_seconds": 0.1,
-        "predicted_step_seconds": 0.12,
-        "model_error": 0.05,
-        "rank_speeds": [1.0, 0.5],
-    }
-    log.write_text("".join(json.dumps(dict(row, step=i)) + "\n" for i in range(4)))
+    log.write_text("".join(json.dumps(telemetry_step(i)) + "\n" for i in range(4)))
     lengths = tmp_path / "lengths.npy"
     np.save(lengths, np.arange(1, 65) * 16)
     for argv, name in (

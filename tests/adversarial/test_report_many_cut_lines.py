@@ -8,18 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from _telemetry import telemetry_step
 
 from seqbalance.cli import main
-
-ROW = {
-    "step": 0,
-    "step_seconds": 0.2,
-    "max_rank_compute_seconds": 0.15,
-    "mean_rank_compute_seconds": 0.1,
-    "predicted_step_seconds": 0.12,
-    "model_error": 0.05,
-    "rank_speeds": [1.0, 0.5],
-}
 
 
 @pytest.mark.parametrize("markdown", [False, True])
@@ -27,7 +18,7 @@ def test_many_cut_lines_are_one_note(tmp_path, capsys, markdown: bool) -> None:
     log = tmp_path / "resumed.jsonl"
     lines = []
     for step in range(40):  # each step written whole, then a cut copy (a crash, resumed)
-        line = json.dumps(dict(ROW, step=step))
+        line = json.dumps(telemetry_step(step))
         lines += [line, line[:30]]
     log.write_text("\n".join(lines) + "\n")
     assert main(["report", str(log)] + (["--markdown"] if markdown else [])) == 0

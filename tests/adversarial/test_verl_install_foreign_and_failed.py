@@ -1,5 +1,6 @@
-"""Adversarial (adv8b L5, L6): ``seqbalance.integrations.verl.install`` among other patches and
-failed installs (against a stand-in for verl's modules, as tests/integrations does).
+"""Adversarial (adv8b L5, L6; adv9b P12, P14): ``seqbalance.integrations.verl.install`` among
+other patches and failed installs (against a stand-in for verl's modules, as tests/integrations
+does).
 
 L5: removing an installation put back what its bindings held before it even where someone else
 had replaced them since (another library's patch of ``rearrange_micro_batches`` made after
@@ -13,6 +14,7 @@ could put verl's own back. Now a failed install puts back what it replaced befor
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
 from typing import Any
@@ -178,3 +180,37 @@ def test_no_removed_installation_stays_where_verl_was_patched_in_between(removed
             assert [getattr(verl, n) for n in NAMES] == [patch[n] for n in NAMES]
         finally:
             sbv.uninstall()
+
+
+def _lazy(monkeypatch: pytest.MonkeyPatch, folder: Any, name: str, code: str) -> None:
+    """A module that importlib's LazyLoader runs at the first attribute access."""
+    (folder / f"{name}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(folder))
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    loader.exec_module(module)
+
+
+def test_modules_not_yet_loaded_are_not_loaded_by_install(tmp_path) -> None:
+    """adv9b P12: install() / uninstall() read every sys.modules entry's ``__dict__`` with
+    getattr, which loads a module LazyLoader has not loaded yet (``lazy_loader``, used by
+    scikit-image, networkx, ...): install() ran its code, and one whose code raised (an
+    optional dependency missing) made install() fail with that unrelated error."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        verl = _stand_in(monkeypatch)
+        originals = {name: getattr(verl, name) for name in sbv.VERL_FUNCTIONS}
+        ran: list[str] = []
+        monkeypatch.setattr(sys, "adv9b_ran", ran, raising=False)
+        _lazy(monkeypatch, tmp_path, "adv9b_lazy_side", "import sys\nsys.adv9b_ran.append(1)\n")
+        _lazy(monkeypatch, tmp_path, "adv9b_lazy_broken", "raise RuntimeError('optional dep')")
+        installation = sbv.install(model="qwen3-8b")
+        try:
+            assert verl.rearrange_micro_batches is installation.functions["rearrange_micro_batches"]
+        finally:
+            installation.uninstall()
+        assert all(getattr(verl, name) is originals[name] for name in sbv.VERL_FUNCTIONS)
+        assert ran == [] and not sbv.installations()

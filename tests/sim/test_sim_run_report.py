@@ -12,28 +12,12 @@ import json
 import numpy as np
 import pytest
 from _profiles import examples
+from _telemetry import telemetry_step as _step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbalance.cli import main
 from seqbalance.sim.run_report import load_telemetry, summarize_run
-
-
-def _step(step: int, **fields) -> dict:
-    row = {
-        "step": step,
-        "step_seconds": 0.2,
-        "max_rank_compute_seconds": 0.15,
-        "mean_rank_compute_seconds": 0.1,
-        "predicted_step_seconds": 0.12,
-        "model_error": 0.05,
-        "rank_speeds": [1.0, 0.5],
-        "idle_fraction": [0.0, 0.25],
-        "baseline_step_seconds": 0.3,
-        "planned_step_seconds": 0.2,
-    }
-    row.update(fields)
-    return row
 
 
 def _write(path, rows, tail: str = "") -> None:
