@@ -17,7 +17,7 @@ import argparse
 import time
 
 import numpy as np
-from plan import machine, publish
+from plan import add_row, machine, publish
 
 import seqbalance as sb
 from seqbalance.plan import strategy_names
@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for case in CASES:
         row = _case(*case, args.steps)
-        print(*row, sep=" | ", flush=True)
-        lines.append("| " + " | ".join(str(x) for x in row) + " |")
+        add_row(lines, row)
     publish(lines, args.out)
     return 0
 

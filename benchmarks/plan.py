@@ -181,6 +181,12 @@ def machine() -> str:
     )
 
 
+def add_row(lines: list[str], row: tuple) -> None:
+    """Print ``row`` as it is measured and append it to the markdown table ``lines``."""
+    print(*row, sep=" | ", flush=True)
+    lines.append("| " + " | ".join(str(x) for x in row) + " |")
+
+
 def publish(lines: list[str], path: str | None) -> None:
     """Print the markdown section ``lines`` and, with ``--out``, write it to ``path`` too."""
     text = "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ import argparse
 import time
 
 import numpy as np
-from plan import machine, publish
+from plan import add_row, machine, publish
 
 import seqbalance as sb
 
@@ -103,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         timed, digest = _least(lengths, dp, options, groups, args.repeat)
         row = (seed, lengths.size, dp, options["objective"])
         row += (f"{1e3 * plain:.1f}", f"{1e3 * timed:.1f}", f"{timed / plain:.1f}x", digest)
-        print(*row, sep=" | ", flush=True)
-        lines.append("| " + " | ".join(str(x) for x in row) + " |")
+        add_row(lines, row)
     publish(lines, args.out)
     return 0
 
