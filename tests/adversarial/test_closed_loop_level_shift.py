@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 import pytest
 from _profiles import examples
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from seqbalance.cost import TimeModel
@@ -98,6 +98,10 @@ def _run(
     seed=st.integers(0, 2**16),
 )
 @settings(max_examples=examples(8), deadline=None)
+# Found by the long profile: the warm-up steps, kept in the window beside the first steps after
+# it, bent the fit and the speeds (the slow rank learned at 0.8-0.9 for 11 steps, steps 1.21x).
+@example(warm=20.0, first_steps=3, cost="tokens", ranks=2, seed=3501)
+@example(warm=20.0, first_steps=3, cost="flops", ranks=2, seed=3501)
 def test_slow_warm_up_steps_do_not_wedge_the_loop(warm, first_steps, cost, ranks, seed) -> None:
     """Every rank's first steps ``warm`` times slower (a warm-up): afterwards the loop learns
     the slow rank (true speed 0.5) and keeps it, also once the warm-up left the window."""

@@ -48,7 +48,7 @@ import numpy as np
 from seqbalance._validation import SPEED_RANGE, as_lengths, check_int
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.runtime.closed_loop.settings import Feedback
-from seqbalance.runtime.closed_loop.speeds import window_speeds
+from seqbalance.runtime.closed_loop.speeds import relative_to_median, window_speeds
 
 __all__ = ["MAX_SECONDS", "MIN_SECONDS", "STEP_AGREEMENT", "OnlineTimeModel", "microbatch_features"]
 
@@ -345,6 +345,13 @@ class OnlineTimeModel:
         learned[unsynchronized] = 0.0  # nothing of theirs in the fit, the speeds, the errors
         self.ignored += left_out
         total = learned.sum(axis=0)
+        last = self._stats[-1] if self._stats else np.zeros((1, _KEPT.size))
+        if last[:, _USED].any() and not last[:, _WEIGHT].any() and total[_WEIGHT] > 0:
+            # Every rank's last step dropped whole, this one kept (K1's level-free rule: a
+            # warm-up over): the steps before ran at another level, and fitted beside the new
+            # ones they bent the model and the speeds until they left the window.
+            self._stats.clear()
+            self._held_out.clear()
         self._stats.append(learned[:, _KEPT])
         if total[_HELD_OUT] > 0:
             self._held_out.append(total[[_ERR_FIT, _ERR_PRIOR, _HELD_OUT]].copy())
@@ -545,16 +552,7 @@ def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
     median, not the fastest: the largest of many noisy ratios is biased high, the median is
     not while most ranks run at the same speed."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _relative_to_median((window[:, :, _MOMENT] @ theta) / window[:, :, _WEIGHT])
-
-
-def _relative_to_median(ratio: np.ndarray) -> np.ndarray:
-    """``ratio`` ([steps, ranks]) with entries that are not finite and positive (a rank that
-    measured nothing) as NaN, each step divided by its median rank's."""
-    ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
-        return ratio / np.nanmedian(ratio, axis=1, keepdims=True)
+        return relative_to_median((window[:, :, _MOMENT] @ theta) / window[:, :, _WEIGHT])
 
 
 def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -569,7 +567,7 @@ def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
     sums = window[:, :, _FIT_COLUMNS : _FIT_COLUMNS + 3]
     predicted, measured = sums @ theta, window[:, :, _FIT_COLUMNS + 3]
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = _relative_to_median(predicted / measured)  # nothing measured: inf or NaN
+        ratio = relative_to_median(predicted / measured)  # nothing measured: inf or NaN
     saved = np.all(measured == 0, axis=1)  # before the sums were kept
     if np.any(saved):
         ratio[saved] = _step_ratios(window[saved], theta)

@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["CHANGE_Z", "window_speeds"]
+__all__ = ["CHANGE_Z", "relative_to_median", "window_speeds"]
 
 CHANGE_Z = 3.0
 """How many standard errors the median of a rank's last ``speed_window`` step ratios must lie
@@ -49,3 +49,12 @@ def window_speeds(ratios: np.ndarray, short: int) -> np.ndarray:
     changed = (n_recent > 0) & ~(np.abs(recent - earlier) <= CHANGE_Z * error)
     estimate = np.where(changed, recent, whole)
     return np.where(np.isfinite(estimate), np.exp(estimate), 1.0)
+
+
+def relative_to_median(ratio: np.ndarray) -> np.ndarray:
+    """``ratio`` ([steps, ranks]) with entries that are not finite and positive (a rank that
+    measured nothing) as NaN, each step divided by its median rank's."""
+    ratio[~np.isfinite(ratio) | (ratio <= 0)] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # steps where no rank measured
+        return ratio / np.nanmedian(ratio, axis=1, keepdims=True)
