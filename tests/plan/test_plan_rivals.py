@@ -196,17 +196,9 @@ def _problem_of(request: dict[str, Any]) -> Problem:
 
 
 def _problem(n: int, dp: int, **options: Any) -> Problem:
+    """The problem of ``n`` ShareGPT samples on ``dp`` ranks."""
     lengths = np.random.default_rng(n).choice(SHAREGPT, n)
-    plan_options = PlanOptions(**options)
-    costs, overhead = evaluate_costs(plan_options.cost_model, lengths, None)
-    return Problem(
-        lengths=lengths,
-        sample_costs=costs,
-        overhead=overhead,
-        dp=dp,
-        groups=None,
-        options=plan_options,
-    )
+    return _problem_of({"lengths": lengths, "dp": dp, **options})
 
 
 def test_budget_skips_only_dear_rivals() -> None:
