@@ -1,0 +1,37 @@
+"""Drop-ins given odd arguments: a ValueError naming the argument, never a TypeError from deep
+inside, a silently ignored count, or lengths cast / flattened before planning (adv10b S1, S2)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from seqbalance.integrations.skyrl import make_seq_packer
+from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+
+@pytest.mark.parametrize("name", ["min_bin_count", "bin_count_multiple"])
+@pytest.mark.parametrize("value", ["2", 1.5, float("nan"), True])
+def test_skyrl_bin_counts_must_be_integers(name: str, value: object) -> None:
+    counts = {"min_bin_count": None, "bin_count_multiple": None, name: value}
+    with pytest.raises(ValueError, match=name):
+        make_seq_packer("balanced", 10, **counts).pack([1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([5, -3, 4, 4], r"total_lengths\[1\] = -3 is negative"),
+        ([5.7, 3, 4, 4], r"total_lengths\[0\] = 5.7 is not a whole"),
+        ([[5, 3], [4, 4]], "total_lengths must be a 1-D array"),
+        ([5, float("nan"), 4, 4], r"total_lengths\[1\] = nan"),
+    ],
+)
+def test_slime_total_lengths_are_checked_not_cast(lengths: list, message: str) -> None:
+    args = SimpleNamespace(
+        use_dynamic_batch_size=True, max_tokens_per_gpu=100, micro_batch_size=1, balance_data=False
+    )
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    with pytest.raises(ScheduleError, match=message):
+        build_dp_schedule(args, config, lengths, global_batch_size=4, rollout_indices=[0, 1, 2, 3])
