@@ -35,3 +35,20 @@ def test_slime_total_lengths_are_checked_not_cast(lengths: list, message: str) -
     config = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
     with pytest.raises(ScheduleError, match=message):
         build_dp_schedule(args, config, lengths, global_batch_size=4, rollout_indices=[0, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "partitions", [[[0, 1], [2]], [[0, 1], [1, 2, 3]], [[0, 1], [2, 7]], [[0, 1], [2, -1]]]
+)
+def test_verl_log_seqlen_unbalance_refuses_what_is_no_partition(partitions: list) -> None:
+    from seqbalance.integrations.verl import log_seqlen_unbalance
+
+    with pytest.raises(ValueError, match="partitions must hold every index"):
+        log_seqlen_unbalance([1, 2, 3, 4], partitions, "x")
+
+
+def test_verl_calculate_workload_refuses_a_fractional_length_in_a_list() -> None:
+    from seqbalance.integrations.verl import calculate_workload
+
+    with pytest.raises(ValueError, match=r"seqlen_list\[0\] = 1.5"):
+        calculate_workload([1.5, 2])
