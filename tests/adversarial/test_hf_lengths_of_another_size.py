@@ -14,18 +14,11 @@ from seqbalance.integrations.hf import balanced_train_dataloader
 
 
 def _trainer(dataset: list) -> SimpleNamespace:
-    args = SimpleNamespace(
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=1,
-        world_size=1,
-        process_index=0,
-        data_seed=None,
-        seed=0,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
-        average_tokens_across_devices=True,
-        padding_free=False,
-    )
+    # One Trainer argument namespace: a single process, one micro-batch of two per step.
+    args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=1)
+    vars(args).update(world_size=1, process_index=0, data_seed=None, seed=0, padding_free=False)
+    vars(args).update(dataloader_num_workers=0, dataloader_pin_memory=False)
+    args.average_tokens_across_devices = True
     trainer = SimpleNamespace(
         train_dataset=dataset, args=args, data_collator=list, model_accepts_loss_kwargs=True
     )
