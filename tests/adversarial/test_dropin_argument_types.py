@@ -91,3 +91,26 @@ def test_megatron_packing_schedule_names_bad_arguments(pairs, keywords, message:
     arguments = {"max_seqlen_per_dp_cp_rank": 100, "cp_size": 1, "dp_size": 2, **keywords}
     with pytest.raises(ValueError, match=message):
         schedule(pairs, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [
+        ([[1.0, 0.5], [1.0, 1.0]], r"row sums\[0\] = 1.5 is not a whole number"),
+        ([[1, -1], [1, 1]], "negative or NaN entry"),
+        ([[1.0, float("nan")], [1.0, 1.0]], "negative or NaN entry"),
+        ([[[1, 1], [1, 1]], [[1, 1], [1, 1]]], r"must be \[batch, seq\], got shape \(2, 2, 2\)"),
+    ],
+)
+def test_verl_rearrange_micro_batches_checks_the_attention_mask(mask: list, message: str) -> None:
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    from seqbalance.integrations.verl import rearrange_micro_batches
+
+    attention_mask = torch.tensor(mask)
+    batch = tensordict.TensorDict(
+        {"attention_mask": attention_mask, "input_ids": torch.zeros(2, 2, dtype=torch.long)},
+        batch_size=[2],
+    )
+    with pytest.raises(ValueError, match=message):
+        rearrange_micro_batches(batch, 10)
