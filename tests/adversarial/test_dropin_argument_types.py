@@ -52,3 +52,42 @@ def test_verl_calculate_workload_refuses_a_fractional_length_in_a_list() -> None
 
     with pytest.raises(ValueError, match=r"seqlen_list\[0\] = 1.5"):
         calculate_workload([1.5, 2])
+
+
+@pytest.mark.parametrize(
+    ("lengths", "groups", "message"),
+    [
+        ([], None, "seqlen_list is empty"),
+        ([[5, 3], [2, 1]], None, "seqlen_list must be a 1-D array"),
+        ([5, 3, 2, 1], [[0, 0], [1, 1]], "groups must hold one id per sample"),
+    ],
+)
+def test_verl_dp_balanced_order_refuses_empty_and_2d(lengths, groups, message: str) -> None:
+    from seqbalance.integrations.verl import dp_balanced_order
+
+    with pytest.raises(ValueError, match=message):
+        dp_balanced_order(lengths, 2, groups=groups)
+
+
+_PAIRS = [(0, 3), (1, 5), (2, 6), (3, 7)]
+
+
+@pytest.mark.parametrize(
+    ("pairs", "keywords", "message"),
+    [
+        ([(0, 3.7), *_PAIRS[1:]], {}, r"sample_id_seqlens lengths\[0\] = 3.7"),
+        ([(0, 3), (0, 5), *_PAIRS[2:]], {}, "repeats a sample id"),
+        ([("a", 3), *_PAIRS[1:]], {}, "ids must be integers"),
+        ([(0, 3, 9), *_PAIRS[1:]], {}, r"\(sample id, length\) pairs"),
+        (_PAIRS, {"cp_size": 0}, "cp_size must be >= 1"),
+        (_PAIRS, {"cp_size": 1.5}, "cp_size must be an integer"),
+        (_PAIRS, {"max_seqlen_per_dp_cp_rank": 0}, "max_seqlen_per_dp_cp_rank must be"),
+        (_PAIRS, {"microbatch_group_size_per_vp_stage": 0}, "microbatch_group_size_per_vp"),
+    ],
+)
+def test_megatron_packing_schedule_names_bad_arguments(pairs, keywords, message: str) -> None:
+    from seqbalance.integrations.megatron_packing import schedule
+
+    arguments = {"max_seqlen_per_dp_cp_rank": 100, "cp_size": 1, "dp_size": 2, **keywords}
+    with pytest.raises(ValueError, match=message):
+        schedule(pairs, **arguments)
