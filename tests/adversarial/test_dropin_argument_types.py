@@ -114,3 +114,18 @@ def test_verl_rearrange_micro_batches_checks_the_attention_mask(mask: list, mess
     )
     with pytest.raises(ValueError, match=message):
         rearrange_micro_batches(batch, 10)
+
+
+@pytest.mark.parametrize(
+    ("workloads", "equal_size", "message"),
+    [
+        (["a", "b"], True, r"workloads\[0\] = 'a' is not a number"),
+        ([1.0, float("nan")], True, r"workloads\[1\] = nan is not finite"),
+        ([1, 2], "no", "equal_size must be True or False"),
+    ],
+)
+def test_recsys_karmarkar_karp_names_its_arguments(workloads, equal_size, message: str) -> None:
+    from seqbalance.integrations.recsys import karmarkar_karp
+
+    with pytest.raises(ValueError, match=message):
+        karmarkar_karp(workloads, 2, equal_size)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import as_lengths, as_weights, check_bool, check_int
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
 from seqbalance.partition import partition
 
@@ -51,17 +51,20 @@ def karmarkar_karp(workloads: Any, k_partitions: int, equal_size: bool) -> list[
         equal_size: every list the same length (what the shuffler needs).
 
     Raises:
-        ValueError: bad workloads, ``k_partitions < 1``, or ``equal_size`` with a length that
-            ``k_partitions`` does not divide.
+        ValueError: bad workloads (named), ``k_partitions < 1``, ``equal_size`` not a bool, or
+            ``equal_size`` with a length that ``k_partitions`` does not divide.
     """
-    values = np.asarray(workloads.tolist() if hasattr(workloads, "tolist") else workloads)
+    # Named here: the partitioner's own messages said "weights" or "could not convert".
+    values = as_weights(
+        workloads.tolist() if hasattr(workloads, "tolist") else workloads, "workloads"
+    )
     k = check_int(k_partitions, "k_partitions", minimum=1)
+    equal_size = check_bool(equal_size, "equal_size")  # "no" was taken as True
     if equal_size and values.size % k:
         raise ValueError(
             f"equal_size needs len(workloads) divisible by k_partitions: {values.size} % {k} != 0"
         )
-    weights = values.astype(np.float64)
-    results = [partition(weights, k, equal_size=bool(equal_size), method=m) for m in ("auto", "kk")]
+    results = [partition(values, k, equal_size=equal_size, method=m) for m in ("auto", "kk")]
     best = min(results, key=lambda r: float(r.loads.max()) if r.loads.size else 0.0)
     return [[int(i) for i in part] for part in best.parts]
 
