@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int
+from seqbalance._validation import as_lengths, check_int
 from seqbalance.integrations._verl_partitions import (
     ceildiv,
     get_reverse_idx,
@@ -46,7 +46,14 @@ def _effective_lengths(batch: Any) -> np.ndarray:
     input_ids = batch["input_ids"]
     if getattr(input_ids, "is_nested", False):
         return input_ids.offsets().diff().cpu().numpy().astype(np.int64)
-    return batch["attention_mask"].sum(dim=1).cpu().numpy().astype(np.int64)
+    # A mask of another rank failed inside torch / the planner (IndexError); fractional or
+    # negative entries were cast to token counts (0.5 + 1 -> 1, 1 - 1 -> 0) without a word.
+    mask = batch["attention_mask"]
+    if mask.dim() != 2:
+        raise ValueError(f"attention_mask must be [batch, seq], got shape {tuple(mask.shape)}")
+    if mask.numel() and not bool((mask >= 0).all()):
+        raise ValueError("attention_mask holds a negative or NaN entry")
+    return as_lengths(mask.sum(dim=1).cpu().numpy(), "attention_mask row sums")
 
 
 def _all_reduce(values: list[int], op: str, dp_group: Any) -> list[int]:

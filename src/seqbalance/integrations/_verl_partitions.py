@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int
+from seqbalance._validation import as_lengths, check_int
 from seqbalance.cost.resolve import evaluate_costs, resolve_cost
 from seqbalance.integrations._cost import choose_cost
 from seqbalance.partition import partition
@@ -47,11 +47,11 @@ def calculate_workload(seqlen_list: Any) -> Any:
     (verl's callers pass tensors); any other sequence of lengths gives an int64 numpy array.
 
     Raises:
-        ValueError: a negative length.
+        ValueError: a negative length, or a fractional one in a list.
     """
     values = seqlen_list
     if not (hasattr(values, "shape") and hasattr(values, "dtype")):
-        values = np.asarray(values, dtype=np.int64)
+        values = as_lengths(values, "seqlen_list")  # 1.5 was cast to 1 without a word
     if values.numel() if hasattr(values, "numel") else values.size:
         lowest = values.min()
         if lowest < 0:
@@ -224,7 +224,8 @@ def log_seqlen_unbalance(
     ``/mean`` (total tokens over the number of partitions).
 
     Raises:
-        ValueError: no partitions, or more partitions than sequences (verl divides by zero).
+        ValueError: no partitions, more partitions than sequences (verl divides by zero), or
+            partitions that are not a partition of the sequences' indices.
     """
     k = len(partitions)
     if k < 1 or len(seqlen_list) < k:
@@ -233,6 +234,14 @@ def log_seqlen_unbalance(
             "needs 1 <= parts <= sequences"
         )
     n, chunk = len(seqlen_list), len(seqlen_list) // k
+    # A part's index out of range failed with IndexError; a negative, repeated or missing one
+    # logged a wrong balanced_min / balanced_max without a word.
+    seen = sorted(int(i) for part in partitions for i in part)
+    if seen != list(range(n)):
+        raise ValueError(
+            f"partitions must hold every index of range({n}) exactly once (verl's partitions of "
+            "seqlen_list)"
+        )
     before = [sum(seqlen_list[start : start + chunk]) for start in range(0, n, chunk)]
     after = [sum([seqlen_list[i] for i in part]) for part in partitions]
     return {

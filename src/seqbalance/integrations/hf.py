@@ -139,6 +139,14 @@ def balanced_train_dataloader(
         drop_last=True,
         **_plan_options(trainer, options or {}),
     )
+    # Given lengths of another size trained a prefix of the dataset without a word (fewer) or
+    # failed inside the DataLoader with an IndexError (more).
+    if hasattr(dataset, "__len__") and len(sampler.lengths) != len(dataset):
+        sampler.close()
+        raise ValueError(
+            f"lengths has {len(sampler.lengths)} entries but train_dataset has {len(dataset)} "
+            "samples (seqbalance_lengths must give the token length of every training sample)"
+        )
     loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
     return loader_class(
         dataset,

@@ -77,6 +77,11 @@ class SeqPacker:
         cost: Any = None,
         model: Any = None,
     ) -> None:
+        # Type first: a float / str / NaN count failed deep inside (TypeError) or was ignored.
+        if min_bin_count is not None:
+            min_bin_count = check_int(min_bin_count, "min_bin_count")
+        if bin_count_multiple is not None:
+            bin_count_multiple = check_int(bin_count_multiple, "bin_count_multiple")
         if min_bin_count is not None and min_bin_count < 0:
             raise ValueError("min_bin_count must be nonnegative")
         if bin_count_multiple is not None and bin_count_multiple < 1:

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice, check_int
+from seqbalance._validation import as_lengths, check_choice, check_int
 from seqbalance.cost import FlopsModel, ModelSpec
 from seqbalance.partition import partition
 from seqbalance.plan import objective_value, plan_step
@@ -327,7 +327,10 @@ def build_dp_schedule(
     )
     per_rank_multiple = group if vpp > 1 else 1
     gbs = check_int(global_batch_size, "global_batch_size", minimum=1)
-    lengths_all = np.asarray(total_lengths, dtype=np.int64).reshape(-1)
+    try:  # negative / fractional / 2-D lengths were cast, flattened or planned as given
+        lengths_all = as_lengths(total_lengths, "total_lengths")
+    except ValueError as error:
+        raise ScheduleError(str(error)) from None
     if len(rollout_indices) != lengths_all.size:
         raise ScheduleError(
             f"rollout_indices has {len(rollout_indices)} entries, total_lengths {lengths_all.size}"

@@ -148,7 +148,10 @@ def _balanced_order(
     seqlen_list: Any, dp_size: int, groups: Any, minibatch_size: int | None, cost: Any, model: Any
 ) -> tuple[list[int], np.ndarray]:
     """:func:`dp_balanced_order`, and the per-sample costs it balanced (for the metrics)."""
-    lengths = as_lengths(np.asarray(seqlen_list).reshape(-1), "seqlen_list")
+    # No reshape: a 2-D batch was flattened and ordered as if it were one sample per entry.
+    lengths = as_lengths(seqlen_list, "seqlen_list")
+    if not lengths.size:  # the mini-batch check below divided by it
+        raise ValueError("seqlen_list is empty: there is no batch to order")
     dp = check_int(dp_size, "dp_size", minimum=1)
     costs = sample_costs(cost, model, lengths)[0]
     size = (
@@ -162,9 +165,11 @@ def _balanced_order(
             f"samples, each a multiple of dp_size = {dp}"
         )
     if groups is not None:
-        group_ids = np.asarray(groups).reshape(-1)
-        if group_ids.size != lengths.size:
-            raise ValueError(f"groups has {group_ids.size} entries, seqlen_list {lengths.size}")
+        group_ids = np.asarray(groups)
+        if group_ids.shape != lengths.shape:
+            raise ValueError(
+                f"groups must hold one id per sample ({lengths.size}), got shape {group_ids.shape}"
+            )
     ranks: list[list[int]] = [[] for _ in range(dp)]
     for start in range(0, lengths.size, size):
         window = np.arange(start, start + size)

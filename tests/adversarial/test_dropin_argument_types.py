@@ -1,0 +1,116 @@
+"""Drop-ins given odd arguments: a ValueError naming the argument, never a TypeError from deep
+inside, a silently ignored count, or lengths cast / flattened before planning (adv10b S1, S2)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from seqbalance.integrations.skyrl import make_seq_packer
+from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+
+@pytest.mark.parametrize("name", ["min_bin_count", "bin_count_multiple"])
+@pytest.mark.parametrize("value", ["2", 1.5, float("nan"), True])
+def test_skyrl_bin_counts_must_be_integers(name: str, value: object) -> None:
+    counts = {"min_bin_count": None, "bin_count_multiple": None, name: value}
+    with pytest.raises(ValueError, match=name):
+        make_seq_packer("balanced", 10, **counts).pack([1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([5, -3, 4, 4], r"total_lengths\[1\] = -3 is negative"),
+        ([5.7, 3, 4, 4], r"total_lengths\[0\] = 5.7 is not a whole"),
+        ([[5, 3], [4, 4]], "total_lengths must be a 1-D array"),
+        ([5, float("nan"), 4, 4], r"total_lengths\[1\] = nan"),
+    ],
+)
+def test_slime_total_lengths_are_checked_not_cast(lengths: list, message: str) -> None:
+    args = SimpleNamespace(
+        use_dynamic_batch_size=True, max_tokens_per_gpu=100, micro_batch_size=1, balance_data=False
+    )
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    with pytest.raises(ScheduleError, match=message):
+        build_dp_schedule(args, config, lengths, global_batch_size=4, rollout_indices=[0, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "partitions", [[[0, 1], [2]], [[0, 1], [1, 2, 3]], [[0, 1], [2, 7]], [[0, 1], [2, -1]]]
+)
+def test_verl_log_seqlen_unbalance_refuses_what_is_no_partition(partitions: list) -> None:
+    from seqbalance.integrations.verl import log_seqlen_unbalance
+
+    with pytest.raises(ValueError, match="partitions must hold every index"):
+        log_seqlen_unbalance([1, 2, 3, 4], partitions, "x")
+
+
+def test_verl_calculate_workload_refuses_a_fractional_length_in_a_list() -> None:
+    from seqbalance.integrations.verl import calculate_workload
+
+    with pytest.raises(ValueError, match=r"seqlen_list\[0\] = 1.5"):
+        calculate_workload([1.5, 2])
+
+
+@pytest.mark.parametrize(
+    ("lengths", "groups", "message"),
+    [
+        ([], None, "seqlen_list is empty"),
+        ([[5, 3], [2, 1]], None, "seqlen_list must be a 1-D array"),
+        ([5, 3, 2, 1], [[0, 0], [1, 1]], "groups must hold one id per sample"),
+    ],
+)
+def test_verl_dp_balanced_order_refuses_empty_and_2d(lengths, groups, message: str) -> None:
+    from seqbalance.integrations.verl import dp_balanced_order
+
+    with pytest.raises(ValueError, match=message):
+        dp_balanced_order(lengths, 2, groups=groups)
+
+
+_PAIRS = [(0, 3), (1, 5), (2, 6), (3, 7)]
+
+
+@pytest.mark.parametrize(
+    ("pairs", "keywords", "message"),
+    [
+        ([(0, 3.7), *_PAIRS[1:]], {}, r"sample_id_seqlens lengths\[0\] = 3.7"),
+        ([(0, 3), (0, 5), *_PAIRS[2:]], {}, "repeats a sample id"),
+        ([("a", 3), *_PAIRS[1:]], {}, "ids must be integers"),
+        ([(0, 3, 9), *_PAIRS[1:]], {}, r"\(sample id, length\) pairs"),
+        (_PAIRS, {"cp_size": 0}, "cp_size must be >= 1"),
+        (_PAIRS, {"cp_size": 1.5}, "cp_size must be an integer"),
+        (_PAIRS, {"max_seqlen_per_dp_cp_rank": 0}, "max_seqlen_per_dp_cp_rank must be"),
+        (_PAIRS, {"microbatch_group_size_per_vp_stage": 0}, "microbatch_group_size_per_vp"),
+    ],
+)
+def test_megatron_packing_schedule_names_bad_arguments(pairs, keywords, message: str) -> None:
+    from seqbalance.integrations.megatron_packing import schedule
+
+    arguments = {"max_seqlen_per_dp_cp_rank": 100, "cp_size": 1, "dp_size": 2, **keywords}
+    with pytest.raises(ValueError, match=message):
+        schedule(pairs, **arguments)
+
+
+@pytest.mark.parametrize(
+    ("mask", "message"),
+    [
+        ([[1.0, 0.5], [1.0, 1.0]], r"row sums\[0\] = 1.5 is not a whole number"),
+        ([[1, -1], [1, 1]], "negative or NaN entry"),
+        ([[1.0, float("nan")], [1.0, 1.0]], "negative or NaN entry"),
+        ([[[1, 1], [1, 1]], [[1, 1], [1, 1]]], r"must be \[batch, seq\], got shape \(2, 2, 2\)"),
+    ],
+)
+def test_verl_rearrange_micro_batches_checks_the_attention_mask(mask: list, message: str) -> None:
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    from seqbalance.integrations.verl import rearrange_micro_batches
+
+    attention_mask = torch.tensor(mask)
+    batch = tensordict.TensorDict(
+        {"attention_mask": attention_mask, "input_ids": torch.zeros(2, 2, dtype=torch.long)},
+        batch_size=[2],
+    )
+    with pytest.raises(ValueError, match=message):
+        rearrange_micro_batches(batch, 10)
