@@ -252,3 +252,24 @@ def test_level_shifts_are_followed_without_sync_or_step_times(slowdown, rank, sp
     slow, also ending on different steps per rank) and a straggler back from 8x are followed."""
     learned, _ = _run(30, slowdown=slowdown, bare=True)
     assert np.all(np.abs(learned[-6:, rank] - speed) < 0.1 * speed), learned[:, rank]
+
+
+@pytest.mark.parametrize("ranks, start", [(4, 6), (4, 9), (5, 6)])
+def test_missed_work_after_a_global_speed_up_is_dropped(ranks, start) -> None:
+    """Every rank 10x faster at steps 3-5 (the node's other job paused), then back; from step
+    ``start`` the last rank's micro-batch timer reads 1/20 of the work (its step and sync
+    right). The model's level had followed the speed-up (K1), so 1/20 read only 2x fast and was
+    kept: that rank learned 20x faster than the rest for good (others at 0.05-0.14, steps 1.6-
+    2.2x balanced; adv10a R1). Its compute is far short of its busy time, its pace 20x the
+    others'."""
+
+    def slowdown(step, rank):
+        return (0.1 if 3 <= step < 6 else 1.0) * (2.0 if rank == 0 else 1.0)
+
+    def misread(step, rank):
+        return 0.05 if (rank == ranks - 1 and step >= start) else 1.0
+
+    learned, ratios = _run(25, ranks, slowdown=slowdown, misread=misread)
+    assert np.all(np.abs(learned[start + 3 :, 0] - 0.5) < 0.1), learned[:, 0]
+    assert np.all(learned[start + 3 :, 1] == 1.0), learned[:, 1]
+    assert ratios[start + 3 :].mean() < 1.1

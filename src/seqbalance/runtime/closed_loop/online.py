@@ -222,8 +222,7 @@ class OnlineTimeModel:
         pace = 0.0 if given or not measured.size else predicted.sum() / measured.sum()  # _weights
         weights = self._weights(rank, predicted / reference, filled, pace)
         if self.steps:
-            relative = predicted / reference - 1.0
-            size = np.abs(relative)
+            size = np.abs(predicted / reference - 1.0)
             if self._fit is not None:
                 both = np.abs(x @ _coefficients(self._fit) / reference - 1.0)
                 scaled = np.abs(x @ (self._scale * _coefficients(self.prior)) / reference - 1.0)
@@ -238,9 +237,7 @@ class OnlineTimeModel:
         out[_USED] = float(measured.size)
         out[_PREDICTED] = float(predicted.sum())
         out[_MEASURED] = float(measured.sum())
-        fitted = weights > 0
-        out[_SUMS] = x[fitted].sum(axis=0)
-        out[_SUM_SECONDS] = float(measured[fitted].sum())
+        out[_SUMS], out[_SUM_SECONDS] = x[weights > 0].sum(axis=0), measured[weights > 0].sum()
         out[_COMPUTE] = out[_MEASURED]
         out[_SYNC] = float(sync[0]) if sync_kept else 0.0
         out[_STEP] = float(step[0]) if given else out[_COMPUTE] + out[_SYNC]
@@ -295,19 +292,19 @@ class OnlineTimeModel:
                 f"{_SIZE}), got shape {stats.shape}"
             )
         ignored = int(stats[:, _IGNORED].sum())
-        if ignored:
-            self.ignored += ignored
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"{ignored} measured time(s) (micro-batch, sync or step) were not numbers "
-                    f"in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] s and were ignored (further ones "
-                    "are counted in the telemetry, without a warning)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+        self.ignored += ignored
+        if ignored and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{ignored} measured time(s) (micro-batch, sync or step) were not numbers "
+                f"in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] s and were ignored (further ones "
+                "are counted in the telemetry, without a warning)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         unsynchronized = _off_the_step(stats)
-        left_out = int(stats[unsynchronized, _USED].sum())  # their micro-batches
+        missed = _missed_work(stats, self.feedback.reject)
+        left_out = int(stats[unsynchronized | missed, _USED].sum())  # their micro-batches
         if unsynchronized.any():
             self._warn_clock(stats, unsynchronized)
         speeds = self._speeds if self.feedback.rank_speeds else np.ones(self.world_size)
@@ -342,7 +339,7 @@ class OnlineTimeModel:
             "unsynchronized_ranks": np.flatnonzero(unsynchronized).tolist(),
         }
         learned = stats.copy()
-        learned[unsynchronized] = 0.0  # nothing of theirs in the fit, the speeds, the errors
+        learned[unsynchronized | missed] = 0.0  # nothing of theirs in the fit, speeds, errors
         self.ignored += left_out
         total = learned.sum(axis=0)
         last = self._stats[-1] if self._stats else np.zeros((1, _KEPT.size))
@@ -463,7 +460,8 @@ class OnlineTimeModel:
             if saved != mine:
                 raise ValueError(f"state {key} {saved!r} does not match this run's {mine!r}")
         try:
-            steps, ignored = _count(state["steps"]), _count(state["ignored"])
+            steps = check_int(state["steps"], "steps", minimum=0)
+            ignored = check_int(state["ignored"], "ignored", minimum=0)
             stats = [_saved_step(step, self.world_size) for step in state["stats"]]
             held_out = [_finite(row, (3,)) for row in state["held_out"]]
             warned = state["warned"]
@@ -482,13 +480,6 @@ class OnlineTimeModel:
         self._stats = deque(stats, maxlen=self.feedback.window)
         self._held_out = deque(held_out, maxlen=self.feedback.window)
         self._refresh()
-
-
-def _count(value: Any) -> int:
-    """A saved count: a non-negative int (ValueError otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"a count must be a non-negative integer, got {value!r}")
-    return value
 
 
 def _finite(values: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -544,6 +535,17 @@ def _off_the_step(stats: np.ndarray) -> np.ndarray:
     )
     off[synchronized] = 2 * agreeing <= synchronized.size
     return off
+
+
+def _missed_work(stats: np.ndarray, reject: float) -> np.ndarray:
+    """Ranks (bool [ranks]) with a sync whose compute is under 1 / (1 + reject) of step - sync, at
+    a pace over 1 + reject times the median of those filling it: missed work (adv10a R1)."""
+    compute, sync, step, measured = stats[:, [_COMPUTE, _SYNC, _STEP, _MEASURED]].T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pace = stats[:, _PREDICTED] / measured  # nothing measured: NaN or inf
+    short = (sync > 0) & (compute * (1 + reject) < step - sync)
+    filling = pace[~short & (measured > 0)]
+    return short & (pace > (1 + reject) * np.median(filling)) if filling.size else short & False
 
 
 def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
