@@ -106,6 +106,7 @@ class Adaptive:
         lag: int = 0,
         agree: bool = True,
     ) -> None:
+        agree = check_bool(agree, "agree")  # checked with the other arguments, before any work
         feedback = Feedback() if feedback is None else feedback
         if not isinstance(feedback, Feedback):
             raise ValueError(f"feedback must be a Feedback or None, got {feedback!r}")
@@ -121,7 +122,7 @@ class Adaptive:
         )
         self.timer = StepTimer(self.comm.device if device is None else device)
         self._steps = StepNumbers()
-        if check_bool(agree, "agree"):
+        if agree:
             self._check_same_setup()
 
     def _check_same_setup(self) -> None:
