@@ -84,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # line, not a traceback.
         print(f"{prefix} {error}", file=sys.stderr)
         return 2
+    except MemoryError as error:
+        # Input sized beyond this machine (a lengths file, a count): one line, not a traceback.
+        print(f"{prefix} out of memory: {error}", file=sys.stderr)
+        return 2
     except (RecursionError, OverflowError) as error:
         # Input nested or sized beyond what can be handled (the readers refuse what they know
         # of with a ValueError; this is the last line for any other path): still one line.
