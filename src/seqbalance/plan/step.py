@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import (
+    MAX_COST_TOTAL,
     MAX_TOKENS_LIMIT,
     as_group_ids,
     as_lengths,
@@ -184,6 +185,16 @@ def _plan(
                 f"costs must hold one cost per sample, shape {lengths.shape}, got shape "
                 f"{sample_costs.shape}"
             )
+    with np.errstate(over="ignore"):  # an overflowing sum is refused just below
+        cost_total = float(sample_costs.sum()) + overhead * lengths.size
+    if not cost_total <= MAX_COST_TOTAL:
+        # Finite costs whose sum overflows made every strategy's plan look invalid (an
+        # infinite lower bound), with numpy's warnings on the way.
+        raise ValueError(
+            f"costs ({cost_name(options.cost_model) if costs is None else 'given'}) sum to "
+            f"{cost_total:.6g} with the micro-batch overheads, more than 2**960 (about 1e289): "
+            "totals this large overflow when planned; the cost model's scale is off"
+        )
     problem = Problem(
         lengths=lengths,
         sample_costs=sample_costs,
