@@ -1,7 +1,8 @@
 """A tokenizer without a vocabulary (a Hugging Face directory holding only its
 ``tokenizer_config.json``, the vocab files missing; a ``tokenizer.json`` with an empty vocab)
 counted every text as 0 tokens: ``seqbalance lengths`` wrote all-zero lengths with rc 0, and the
-plans made from them balanced nothing (adv11b U5). Loading such a tokenizer is a ValueError
+plans made from them balanced nothing; TRL's counts (``--trl``) gave 1 per sample, the EOS
+token (adv11b U5). Loading such a tokenizer is a ValueError
 naming it now."""
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def test_a_tokenizer_that_counts_nothing_is_refused(tmp_path: Path, make, capsys
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "0 tokens" in lines[0], lines
     assert not out.exists()
+    if make is _config_only:  # TRL's counts load the folder with transformers too
+        argv = ["lengths", str(data), "--trl", "--tokenizer", str(tokenizer), "-o", str(out)]
+        assert main(argv) == 2
+        assert "0 tokens" in capsys.readouterr().err
 
 
 def test_a_real_tokenizer_json_still_counts(tmp_path: Path) -> None:

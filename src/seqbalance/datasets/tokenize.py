@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BUILTIN_TOKENIZERS", "Tokenizer", "get_tokenizer"]
+__all__ = ["BUILTIN_TOKENIZERS", "PROBE_TEXT", "Tokenizer", "check_vocabulary", "get_tokenizer"]
 
 _TOKENIZE_EXTRA = "pip install 'seqbalance[tokenize]'"
 
@@ -256,19 +256,25 @@ def _hf_directory(directory: Path) -> Tokenizer:
     )
 
 
-_PROBE = "Hello, world: 123 tokens."
+PROBE_TEXT = "Hello, world: 123 tokens."
 """A text every tokenizer with a vocabulary counts as at least one token."""
 
 
-def _counting(tokenizer: Tokenizer) -> Tokenizer:
-    """``tokenizer``, checked to count: one without a vocabulary (a Hugging Face folder whose
-    vocab files are missing loads as an empty tokenizer) counts every text as 0 tokens, which
-    would be written as lengths without a word."""
-    if int(tokenizer.count([_PROBE])[0]) < 1:
+def check_vocabulary(name: str, probe_tokens: int) -> None:
+    """ValueError when the tokenizer ``name`` counts :data:`PROBE_TEXT` as ``probe_tokens`` < 1
+    (special tokens left out): it has no vocabulary (a Hugging Face folder whose vocab files are
+    missing loads as an empty tokenizer) and would count every text as nothing, which would be
+    written as lengths without a word."""
+    if probe_tokens < 1:
         raise ValueError(
-            f"tokenizer {tokenizer.name!r} counts {_PROBE!r} as 0 tokens: it has no vocabulary "
-            "(are its vocab files, e.g. tokenizer.json, missing?)"
+            f"tokenizer {name!r} counts {PROBE_TEXT!r} as 0 tokens: it has no vocabulary (are "
+            "its vocab files, e.g. tokenizer.json, missing?)"
         )
+
+
+def _counting(tokenizer: Tokenizer) -> Tokenizer:
+    """``tokenizer``, checked by :func:`check_vocabulary`."""
+    check_vocabulary(tokenizer.name, int(tokenizer.count([PROBE_TEXT])[0]))
     return tokenizer
 
 

@@ -185,16 +185,7 @@ def _plan(
                 f"costs must hold one cost per sample, shape {lengths.shape}, got shape "
                 f"{sample_costs.shape}"
             )
-    with np.errstate(over="ignore"):  # an overflowing sum is refused just below
-        cost_total = float(sample_costs.sum()) + overhead * lengths.size
-    if not cost_total <= MAX_COST_TOTAL:
-        # Finite costs whose sum overflows made every strategy's plan look invalid (an
-        # infinite lower bound), with numpy's warnings on the way.
-        raise ValueError(
-            f"costs ({cost_name(options.cost_model) if costs is None else 'given'}) sum to "
-            f"{cost_total:.6g} with the micro-batch overheads, more than 2**960 (about 1e289): "
-            "totals this large overflow when planned; the cost model's scale is off"
-        )
+    _check_cost_total(sample_costs, overhead, options, given=costs is not None)
     problem = Problem(
         lengths=lengths,
         sample_costs=sample_costs,
@@ -237,6 +228,22 @@ def _plan(
             f"strategy {options.strategy!r} returned an invalid plan: {error}"
         ) from None
     return plan
+
+
+def _check_cost_total(
+    sample_costs: np.ndarray, overhead: float, options: PlanOptions, *, given: bool
+) -> None:
+    """ValueError when the step's costs and overheads (one per sample) sum beyond
+    ``MAX_COST_TOTAL``: finite costs whose sum overflows made every strategy's plan look
+    invalid (an infinite lower bound), with numpy's warnings on the way."""
+    with np.errstate(over="ignore"):  # an overflowing sum is refused just below
+        total = float(sample_costs.sum()) + overhead * sample_costs.size
+    if not total <= MAX_COST_TOTAL:
+        raise ValueError(
+            f"costs ({'given' if given else cost_name(options.cost_model)}) sum to {total:.6g} "
+            "with the micro-batch overheads, more than 2**960 (about 1e289): totals this large "
+            "overflow when planned; the cost model's scale is off"
+        )
 
 
 def _plan_context_parallel(
