@@ -43,3 +43,17 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys) -> None:
     assert main(["plan", "gsm8k", "--dp", "2"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["seqbalance plan: error: out of memory: Unable to allocate 29.8 GiB"], lines
+
+
+def test_a_message_of_several_lines_is_one_line(monkeypatch, capsys) -> None:
+    # transformers' tokenizer loading raises such messages (a tokenizer folder without files:
+    # "Couldn't instantiate the backend tokenizer from one of: \n(1) ... \n(2) ...") (U6).
+    def several_lines(*args, **kwargs):
+        raise ValueError("Couldn't instantiate it from one of: \n(1) a file, \n(2) a class.")
+
+    monkeypatch.setattr("seqbalance.cli.plan.plan_step", several_lines)
+    assert main(["plan", "gsm8k", "--dp", "2"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "seqbalance plan: error: Couldn't instantiate it from one of: (1) a file, (2) a class."
+    ]
