@@ -352,3 +352,16 @@ def test_never_worse_than_any_schedule_slime_makes(
             assert value <= _schedule_value(theirs, costs, overhead, objective) * (1 + 1e-12)
         if not dynamic:
             assert all(len(mb) <= size for mbs in ours for mb in mbs)
+
+
+def test_balance_off_keeps_slimes_empty_microbatch_on_a_step_of_no_tokens() -> None:
+    # slime's own schedule, quirk included (checked against slime's source at 624b824): first
+    # fit packs the 0-token samples into one bin and splitting it by tokens leaves the second
+    # half empty. Balancing on gives every rank samples.
+    lengths, kw = [0, 0, 0, 0], {"global_batch_size": 4, "rollout_indices": [0, 1, 2, 3]}
+    partitions, mbi, _, _ = build_dp_schedule(
+        make_args(balance_data=False), config(2), lengths, **kw
+    )
+    assert partitions == [[0, 1, 2, 3], []] and mbi == [[[0, 1, 2, 3]], [[]]]
+    partitions, _, _, _ = build_dp_schedule(make_args(balance_data=True), config(2), lengths, **kw)
+    assert all(partitions)

@@ -36,13 +36,20 @@ What it does:
   world size or plan options raise ``ValueError`` before training.
 
 Lengths come from ``seqbalance_lengths`` when given, else from the ``input_ids`` of the dataset
-(:func:`seqbalance.datasets.lengths_from_dataset`). Needs ``transformers`` (``seqbalance[hf]``).
+(:func:`seqbalance.datasets.lengths_from_dataset`). A sample's length is
+``len(sample["input_ids"])``, as in transformers' own ``LengthGroupedSampler`` and
+``BatchRebalanceSampler``: the tokens the model runs over, padding already in the sample included
+(not the attention mask's sum). Given lengths are checked against it as the loader fetches each
+sample (a lazy dataset is not read up front): a mismatch is a ``ValueError`` naming the sample, the
+given length and the real one. Samples that are no mapping with ``input_ids`` cannot be checked and
+are planned on the given lengths as they are. Needs ``transformers`` (``seqbalance[hf]``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +94,42 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
     return chosen
 
 
+class _LengthChecked:
+    """``dataset`` whose fetched samples are checked against the planned ``lengths``.
+
+    The check sits where the DataLoader fetches (``__getitem__`` / ``__getitems__``, in its
+    workers too), so it costs one ``len`` per sample trained and reads nothing ahead.
+    """
+
+    def __init__(self, dataset: Any, lengths: Any) -> None:
+        self.dataset = dataset
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _checked(self, index: int, sample: Any) -> Any:
+        if isinstance(sample, Mapping) and "input_ids" in sample:
+            given, real = int(self.lengths[index]), len(sample["input_ids"])
+            if given != real:
+                raise ValueError(
+                    f"seqbalance_lengths[{index}] is {given} but train_dataset[{index}]"
+                    f"['input_ids'] has {real} tokens: the plan would balance wrong costs; "
+                    "give len(input_ids) of every sample, or leave seqbalance_lengths out"
+                )
+        return sample
+
+    def __getitem__(self, index: int) -> Any:
+        return self._checked(index, self.dataset[index])
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        # The DataLoader fetches a whole micro-batch at once where the dataset can
+        # (``datasets.Dataset``); keep that.
+        fetch = getattr(self.dataset, "__getitems__", None)
+        samples = fetch(indices) if fetch is not None else [self.dataset[i] for i in indices]
+        return [self._checked(i, sample) for i, sample in zip(indices, samples, strict=True)]
+
+
 class _EpochLoader:
     """Mixin for a DataLoader whose ``set_epoch`` reaches its batch sampler."""
 
@@ -108,7 +151,8 @@ def balanced_train_dataloader(
         raise ValueError("Trainer: training requires a train_dataset")
     args = trainer.args
     dataset = trainer.train_dataset
-    if lengths is None:
+    given = lengths is not None
+    if not given:
         lengths = lengths_from_dataset(dataset, "input_ids")
     collator = trainer.data_collator
     try:
@@ -149,7 +193,7 @@ def balanced_train_dataloader(
         )
     loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
     return loader_class(
-        dataset,
+        _LengthChecked(dataset, sampler.lengths) if given else dataset,
         batch_sampler=sampler,
         collate_fn=collator,
         num_workers=args.dataloader_num_workers,
@@ -162,7 +206,8 @@ class BalancedTrainerMixin:
 
     Keyword arguments taken by ``__init__``: ``seqbalance_options`` (dict of ``PlanOptions``
     fields: ``max_tokens``, ``cost``, ``model``, ``objective``, ``layout``, ...) and
-    ``seqbalance_lengths`` (token length of every training sample).
+    ``seqbalance_lengths`` (``len(input_ids)`` of every training sample, checked as
+    each sample is fetched).
     """
 
     def __init__(

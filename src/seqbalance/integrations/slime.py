@@ -23,7 +23,11 @@ What the flags mean here:
 
 - ``balance_data`` and ``balance_by_flops`` off: slime's own schedule, unchanged (first-fit
   token packing or static chunks, micro-batches dealt to ranks round robin). seqbalance plans
-  only when asked to balance.
+  only when asked to balance. That includes slime's quirks: a dynamic step whose samples hold no
+  tokens (all 0) is one first-fit bin, and slime's split of the largest bin by tokens
+  (``expand_bins_by_splitting``) then leaves every sample in one half, so ranks get empty
+  micro-batches (``[[0, 1, 2, 3], []]`` on 2 ranks; as in slime's
+  ``slime/utils/seqlen_balancing.py`` at 624b824). Balancing on gives every rank samples.
 - Balancing on, dynamic batch size: seqbalance's ``plan_step`` over the whole step, ranks and
   micro-batches together, costs = training FLOPs of the model in ``args``, the cap hard.
   ``balance_by_flops`` (slime's FLOPs-balanced packing, with or without ``balance_data``) plans
