@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from seqbalance._validation import as_lengths
-from seqbalance.runtime.rebalancing.wire import Field
+from seqbalance.runtime.rebalancing.wire import Field, check_dense
 
 __all__ = ["InputForm", "LocalSamples", "OutputForm", "assemble", "normalise"]
 
@@ -81,6 +81,7 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
         for name, tensor in packed.items():
             if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
                 raise ValueError(f"packed field {name!r} must be a tensor with >= 1 dimension")
+            check_dense(tensor, f"packed field {name!r}")
             if tensor.shape[0] != bounds[-1]:
                 raise ValueError(
                     f"packed field {name!r} has {tensor.shape[0]} rows but cu_seqlens ends "
@@ -108,6 +109,7 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
         tensor = first[name]
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
             raise ValueError(f"samples[0][{name!r}] must be a tensor with >= 1 dimension")
+        check_dense(tensor, f"samples[0][{name!r}]")
         fields.append(Field.of(name, tensor))
     local = []
     for index, sample in enumerate(dicts):
@@ -117,6 +119,8 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
         row = []
         for spec in fields:
             tensor = sample[spec.name]
+            if isinstance(tensor, torch.Tensor):
+                check_dense(tensor, f"samples[{index}][{spec.name!r}]")
             if (
                 not isinstance(tensor, torch.Tensor)
                 or tensor.dim() == 0
