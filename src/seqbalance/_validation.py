@@ -68,7 +68,7 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
     refuse_masked(values, name)
     try:
         array = np.asarray(values)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: a tensor needing grad
         raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
     if array.ndim != 1:
         if array.ndim == 0:
