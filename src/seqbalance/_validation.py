@@ -255,9 +255,10 @@ MAX_TIMEOUT_SECONDS = 10.0 * 365 * 24 * 3600
 """Longest deadline accepted, in seconds (ten years): a longer one is a mistake (``inf``, a value
 in the wrong unit), and ``datetime.timedelta`` overflows not far above it."""
 
-MIN_TIMEOUT_SECONDS = 1e-6
-"""Shortest deadline accepted, in seconds: ``datetime.timedelta``'s resolution (a shorter one
-would become a deadline of zero)."""
+MIN_TIMEOUT_SECONDS = 1e-3
+"""Shortest deadline accepted, in seconds: torch.distributed's resolution (c10d counts deadlines
+in whole milliseconds, so a shorter one becomes a deadline of zero, which fails at once with a
+C++ stack trace)."""
 
 
 def check_timeout(value: Any, name: str) -> float:
@@ -267,7 +268,7 @@ def check_timeout(value: Any, name: str) -> float:
     seconds = _check_real(value, name, positive=True)
     if seconds < MIN_TIMEOUT_SECONDS:
         raise ValueError(
-            f"{name} must be at least {MIN_TIMEOUT_SECONDS:g} seconds (a timedelta's "
+            f"{name} must be at least {MIN_TIMEOUT_SECONDS:g} seconds (torch.distributed's "
             f"resolution), got {value!r}"
         )
     if seconds > MAX_TIMEOUT_SECONDS:
