@@ -37,6 +37,7 @@ __all__ = [
     "level_shift",
     "missed_work",
     "off_the_step",
+    "one_number",
 ]
 
 STEP_AGREEMENT = 2.0
@@ -132,6 +133,15 @@ def as_seconds(values: Any) -> np.ndarray:
     except (TypeError, ValueError, OverflowError):
         items = list(values) if isinstance(values, (list, tuple)) else [values]
         return np.array([_number(value) for value in items], dtype=np.float64)
+
+
+def one_number(seconds: Any) -> bool:
+    """Whether a rank's ``seconds`` are one number (its whole compute), not one per micro-batch:
+    a ragged list is the latter (``np.ndim`` raises on it; its entry that is no number drops)."""
+    try:
+        return np.ndim(seconds) == 0
+    except ValueError:
+        return False
 
 
 def _number(value: Any) -> float:
