@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_COST_TOTAL",
     "MAX_TIMEOUT_SECONDS",
     "MAX_TOKENS_LIMIT",
     "NPY_ERRORS",
@@ -39,6 +40,11 @@ negative size (TypeError; OverflowError from a memory map)."""
 
 MAX_TOKENS_LIMIT = 2**53
 """Largest token count or token sum accepted anywhere: exact in int64 and float64 arithmetic."""
+
+MAX_COST_TOTAL = 2.0**960
+"""Largest sum of a step's costs (and micro-batch overheads, one per sample) accepted by the
+planner, about 1e289: scaled by rank speeds (down to 2**-30) and summed over ranks and
+positions it still stays far below float64's largest value (about 1.8e308)."""
 
 
 def refuse_masked(values: Any, name: str) -> None:

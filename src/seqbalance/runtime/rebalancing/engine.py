@@ -101,10 +101,17 @@ class StepEngine:
         comm = Comm(self.group, self._deadline)
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        pending, local, header, table = self._header(
-            comm, observed, samples, cu_seqlens, groups, parts
-        )
-        batch = self.gather(comm, header, table, local)
+        try:
+            pending, local, header, table = self._header(
+                comm, observed, samples, cu_seqlens, groups, parts
+            )
+            batch = self.gather(comm, header, table, local)
+        except BaseException:
+            # Refused before anything was learned from it (on every rank alike): the next step
+            # carries the observation, or the loop's step numbers would part from the ranks'.
+            if self.feedback is not None:
+                self.feedback.give_back(observed)
+            raise
         timings["gather"] = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -188,6 +195,7 @@ class StepEngine:
             _worker=self.worker,
             telemetry=telemetry,
             slots=slots,
+            _step=self.steps - 1,
         )
 
     def end(self, observed: Any = None) -> None:
