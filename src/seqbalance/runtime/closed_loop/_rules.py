@@ -1,11 +1,13 @@
 """One rank's statistics vector of a step (its layout) and the rules that judge a step from
 every rank's vector: whom to leave out of it (a clock in another unit, a timer that missed
 work) and when the fit's window starts afresh (every rank's level shifted). Pure functions of
-the gathered numbers, so every rank judges alike, and alike across a resume."""
+the gathered numbers, so every rank judges alike, and alike across a resume. And how a measured
+value is read (:func:`as_seconds`: what is no number is dropped, never raised)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,9 +33,11 @@ __all__ = [
     "SYNC",
     "USED",
     "WEIGHT",
+    "as_seconds",
     "level_shift",
     "missed_work",
     "off_the_step",
+    "one_number",
 ]
 
 STEP_AGREEMENT = 2.0
@@ -118,3 +122,30 @@ def level_shift(
             slow = step[:, -4:-1] @ theta * (1 + reject) < seconds * speeds
         slower.append(bool(seconds.any() and np.all(slow[seconds > 0])))
     return 1 if all(slower) else None
+
+
+def as_seconds(values: Any) -> np.ndarray:
+    """``values`` (measured seconds) as a float64 1-D array; an entry that is not a number (or one
+    beyond a float: an int of 400 digits) becomes NaN, which the statistics drop."""
+    try:
+        with np.errstate(all="ignore"):
+            return np.asarray(values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        items = list(values) if isinstance(values, (list, tuple)) else [values]
+        return np.array([_number(value) for value in items], dtype=np.float64)
+
+
+def one_number(seconds: Any) -> bool:
+    """Whether a rank's ``seconds`` are one number (its whole compute), not one per micro-batch:
+    a ragged list is the latter (``np.ndim`` raises on it; its entry that is no number drops)."""
+    try:
+        return np.ndim(seconds) == 0
+    except ValueError:
+        return False
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")

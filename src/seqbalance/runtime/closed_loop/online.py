@@ -69,6 +69,7 @@ from seqbalance.runtime.closed_loop._rules import (
     SYNC,
     USED,
     WEIGHT,
+    as_seconds,
     level_shift,
     missed_work,
     off_the_step,
@@ -199,16 +200,16 @@ class OnlineTimeModel:
         if rank >= self.world_size:
             raise ValueError(f"rank must be < world_size = {self.world_size}, got {rank}")
         features = np.asarray(features, dtype=np.float64).reshape(-1, 3)
-        seconds = _as_seconds(seconds)
+        seconds = as_seconds(seconds)
         if seconds.shape[0] != features.shape[0]:
             raise ValueError(
                 f"seconds must hold one value per observation ({features.shape[0]}), "
                 f"got {seconds.shape[0]}"
             )
         valid = (seconds >= MIN_SECONDS) & (seconds <= MAX_SECONDS)  # False for NaN
-        sync = _as_seconds(sync_seconds)
+        sync = as_seconds(sync_seconds)
         sync_kept = sync.shape == (1,) and 0.0 <= sync[0] <= MAX_SECONDS
-        step = _as_seconds(step_seconds) if step_seconds is not None else np.zeros(1)
+        step = as_seconds(step_seconds) if step_seconds is not None else np.zeros(1)
         kept = step.shape == (1,) and MIN_SECONDS <= step[0] <= MAX_SECONDS  # 5e-324: degenerate
         step_kept = step_seconds is None or kept
         out = np.zeros(SIZE)
@@ -499,23 +500,6 @@ def _saved_step(values: Any, world_size: int) -> np.ndarray:
     if array.ndim == 2 and array.shape[1] == FIT_COLUMNS:
         array = np.hstack([array, np.zeros((array.shape[0], KEPT.size - FIT_COLUMNS))])
     return _finite(array, (world_size, KEPT.size))
-
-
-def _as_seconds(values: Any) -> np.ndarray:
-    """``values`` as a float64 1-D array; an entry that is not a number becomes NaN (dropped)."""
-    try:
-        with np.errstate(all="ignore"):
-            return np.asarray(values, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError, OverflowError):
-        items = list(values) if isinstance(values, (list, tuple)) else [values]
-        return np.array([_number(value) for value in items], dtype=np.float64)
-
-
-def _number(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        return float("nan")
 
 
 def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
