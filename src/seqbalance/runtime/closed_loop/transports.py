@@ -341,12 +341,6 @@ class Piggyback:
         pending, self._pending = self._pending, None
         return pending
 
-    def give_back(self, observed: _Observed | None) -> None:
-        """Keep ``observed`` (:meth:`take_pending`'s, for a step every rank refused before
-        learning from it) for the next step, unless a newer step was observed since."""
-        if observed is not None and self._pending is None:
-            self._pending = observed
-
     def record(self, observed: _Observed | None, rank: int) -> tuple[Plan, dict] | None:
         """The observed step's plan and this rank's record for the gather, or None."""
         if observed is None:
