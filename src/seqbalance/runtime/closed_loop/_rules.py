@@ -13,11 +13,12 @@ import numpy as np
 
 __all__ = [
     "COMPUTE",
-    "EARLIER_SIZE",
+    "EARLIER_SIZES",
     "ERR_FIT",
     "ERR_MODEL",
     "ERR_PRIOR",
     "FIT_COLUMNS",
+    "GIVEN",
     "GRAM",
     "HELD_OUT",
     "IGNORED",
@@ -57,11 +58,12 @@ PREDICTED, MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds
 COMPUTE, SYNC, STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
 SUMS = slice(24, 27)  # Σ x over the micro-batches the fit keeps (weight > 0)
 SUM_SECONDS = 27  # Σ measured seconds of those micro-batches
-SIZE = 28
-EARLIER_SIZE = 24  # statistics of releases before the sums (a resumed pending step)
+GIVEN = 28  # 1 when a step time came with the step (its busy time known: adv9a N1)
+SIZE = 29
+EARLIER_SIZES = (24, 28)  # statistics of releases before the sums, the flag (a pending step)
 # What the windows keep of each rank's statistics per step: the fit's columns, then the sums
 # (the speeds' step ratios, :func:`online._time_ratios`).
-KEPT = np.r_[0 : USED + 1, SUMS.start : SIZE]
+KEPT = np.r_[0 : USED + 1, SUMS.start : SUM_SECONDS + 1]
 FIT_COLUMNS = USED + 1
 
 

@@ -387,7 +387,7 @@ class ClosedLoop:
         return telemetry
 
     def _accepted(self, records: Sequence[Any]) -> np.ndarray:
-        """The gathered statistics [world_size, 28] of valid records, else ValueError."""
+        """The gathered statistics [world_size, 29] of valid records, else ValueError."""
         if len(records) != self.world_size:
             raise ValueError(
                 f"records must hold one per rank ({self.world_size}), got {len(records)}"

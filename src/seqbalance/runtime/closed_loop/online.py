@@ -49,11 +49,12 @@ from seqbalance._validation import SPEED_RANGE, as_lengths, check_int
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.runtime.closed_loop._rules import (
     COMPUTE,
-    EARLIER_SIZE,
+    EARLIER_SIZES,
     ERR_FIT,
     ERR_MODEL,
     ERR_PRIOR,
     FIT_COLUMNS,
+    GIVEN,
     GRAM,
     HELD_OUT,
     IGNORED,
@@ -178,7 +179,7 @@ class OnlineTimeModel:
         sync_seconds: Any = 0.0,
         step_seconds: Any = None,
     ) -> np.ndarray:
-        """This rank's statistics for one step (float64 [28], always finite), to gather with
+        """This rank's statistics for one step (float64 [29], always finite), to gather with
         the others'.
 
         Args:
@@ -220,7 +221,7 @@ class OnlineTimeModel:
         predicted = x @ _coefficients(self._model)
         given = step_seconds is not None and step_kept
         busy = step[0] - (sync[0] if sync_kept else 0.0) if given else 0  # dropped sync: <= step
-        self._busy_known[rank] = self.steps if given else self._busy_known[rank]  # ``_weights``
+        out[GIVEN] = float(given)  # every rank's record of it is made from the gathered flags
         known = given or (sync_kept and self.steps - self._busy_known[rank] > self.feedback.window)
         filled = known and measured.sum() * (1 + self.feedback.reject) >= busy
         pace = 0.0 if given or not measured.size else predicted.sum() / measured.sum()  # _weights
@@ -271,8 +272,9 @@ class OnlineTimeModel:
         return weights
 
     def update(self, gathered: Any) -> dict[str, Any]:
-        """Apply one step's statistics of every rank (float64 [world_size, 28], rank order;
-        [world_size, 24] from a release before the time sums, a resumed pending step).
+        """Apply one step's statistics of every rank (float64 [world_size, 29], rank order;
+        [world_size, 24] or [world_size, 28] from a release before the time sums or the step
+        time flag, a resumed pending step).
 
         Returns:
             The step's telemetry (plain JSON values): ``step``, ``step_seconds`` (slowest
@@ -288,8 +290,8 @@ class OnlineTimeModel:
             :data:`STEP_AGREEMENT`: their micro-batches are counted as ignored).
         """
         stats = np.asarray(gathered, dtype=np.float64)
-        if stats.shape == (self.world_size, EARLIER_SIZE):
-            stats = np.hstack([stats, np.zeros((self.world_size, SIZE - EARLIER_SIZE))])
+        if stats.ndim == 2 and stats.shape[1] in EARLIER_SIZES:  # zero-padded
+            stats = np.hstack([stats, np.zeros((stats.shape[0], SIZE - stats.shape[1]))])
         if stats.shape != (self.world_size, SIZE) or not np.all(np.isfinite(stats)):
             raise ValueError(
                 f"gathered must be finite float64 statistics of shape ({self.world_size}, "
@@ -354,6 +356,7 @@ class OnlineTimeModel:
         self._stats.append(kept)
         if total[HELD_OUT] > 0:
             self._held_out.append(total[[ERR_FIT, ERR_PRIOR, HELD_OUT]].copy())
+        self._busy_known[stats[:, GIVEN] > 0] = self.steps  # ``_weights``: the busy time known
         self.steps += 1
         self._refresh()
         telemetry["next_rank_speeds"] = self._speeds.tolist()
@@ -438,6 +441,7 @@ class OnlineTimeModel:
             "warned_clock": self._warned_clock,
             "stats": [step.tolist() for step in self._stats],
             "held_out": [row.tolist() for row in self._held_out],
+            "busy_known": [None if step < 0 else int(step) for step in self._busy_known],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -468,17 +472,21 @@ class OnlineTimeModel:
             held_out = [_finite(row, (3,)) for row in state["held_out"]]
             warned = state["warned"]
             warned_clock = state.get("warned_clock", False)  # absent: saved before the check
+            saved = state.get("busy_known", [None] * self.world_size)  # absent: saved before it
+            busy = np.array([-np.inf if s is None else check_int(s, "busy_known") for s in saved])
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"state is not a valid OnlineTimeModel state_dict: {error}") from None
         if (
             not isinstance(warned, bool)
             or not isinstance(warned_clock, bool)
             or len(stats) > min(steps, self.feedback.window)
+            or busy.shape != (self.world_size,)
+            or not np.all((busy < steps) & ((busy >= 0) | (busy == -np.inf)))
         ):
             raise ValueError("state is not a valid OnlineTimeModel state_dict: inconsistent")
         self.steps, self.ignored, self._warned = steps, ignored, warned
         self._warned_clock = warned_clock
-        self._busy_known[:] = -np.inf
+        self._busy_known[:] = busy
         self._stats = deque(stats, maxlen=self.feedback.window)
         self._held_out = deque(held_out, maxlen=self.feedback.window)
         self._refresh()
