@@ -257,8 +257,9 @@ in the wrong unit), and ``datetime.timedelta`` overflows not far above it."""
 
 MIN_TIMEOUT_SECONDS = 1e-3
 """Shortest deadline accepted, in seconds: torch.distributed's resolution (c10d counts deadlines
-in whole milliseconds, so a shorter one becomes a deadline of zero, which fails at once with a
-C++ stack trace)."""
+in whole milliseconds, so a shorter one becomes 0 ms: a store fails at once with a C++ stack
+trace, and a collective's ``work.wait`` takes 0 ms as no deadline at all, waiting for a missing
+peer for ever)."""
 
 
 def check_timeout(value: Any, name: str) -> float:
