@@ -55,8 +55,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-OUTPUT_FLAGS = {"output": "-o/--output", "plot": "--plot", "groups_output": "--groups-output"}
+OUTPUT_FLAGS = {
+    "output": "-o/--output",
+    "plot": "--plot",
+    "groups_output": "--groups-output",
+    "pieces_output": "--pieces-output",
+}
 """Arguments that name a file a command writes, and their flags (checked before any work)."""
+INPUT_FILES = {
+    "lengths": "the lengths file",
+    "log": "the telemetry log",
+    "file": "the dataset file",
+    "time_model": "the --time-model file",
+    "model": "the --model config",
+}
+"""Arguments that may name a file a command reads, and what it is: no output may be one."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,7 +116,13 @@ def _one_line(error: BaseException) -> str:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse an output path in a missing folder or onto a folder before any work is done."""
+    """Refuse an output path in a missing folder, onto a folder, onto a file the command reads
+    or onto another output, before any work is done (each was overwritten without a word)."""
+    taken = [
+        (what, Path(value))
+        for name, what in INPUT_FILES.items()
+        if isinstance(value := getattr(args, name, None), (str, Path)) and Path(value).is_file()
+    ]
     for name, flag in OUTPUT_FLAGS.items():
         value = getattr(args, name, None)
         if value is None:
@@ -113,6 +132,18 @@ def _check_outputs(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {str(path)!r} is a folder; give a file name")
         if not path.parent.is_dir():
             raise ValueError(f"{flag} {str(path)!r}: folder {str(path.parent)!r} does not exist")
+        for what, other in taken:
+            if _same_file(path, other):
+                raise ValueError(f"{flag} {str(path)!r} is {what}: it would be overwritten")
+        taken.append((f"where {flag} writes", path))
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    """Whether ``path`` and ``other`` name one file (links and ``..`` included; a path not
+    there yet by where it resolves to)."""
+    if path.exists() and other.exists():
+        return os.path.samefile(path, other)
+    return path.resolve() == other.resolve()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""An output path naming a file the same command reads: ``seqbalance plan lengths.npy -o
+lengths.npy`` wrote the plan's JSON over the lengths, ``report run.jsonl --plot run.jsonl`` a
+PNG over the run's telemetry, ``lengths data.jsonl -o a.npy --groups-output a.npy`` the group
+ids over the lengths it had just written: each silently, rc 0 (adv11b U13). Each is a one-line
+error before any work now, and the file is untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from seqbalance.cli import main
+
+
+def _refused(argv: list[str], capsys, *untouched: Path) -> str:
+    before = [path.read_bytes() for path in untouched]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "would be overwritten" in lines[0], lines
+    assert [path.read_bytes() for path in untouched] == before
+    return lines[0]
+
+
+def test_plan_onto_its_lengths(tmp_path: Path, capsys) -> None:
+    lengths = tmp_path / "lengths.npy"
+    np.save(lengths, np.arange(1, 41))
+    line = _refused(["plan", str(lengths), "--dp", "2", "-o", str(lengths)], capsys, lengths)
+    assert "-o/--output" in line
+    # The same file by another name is the same file.
+    other = tmp_path / "sub" / ".." / "lengths.npy"
+    (tmp_path / "sub").mkdir()
+    _refused(["plan", str(lengths), "--dp", "2", "-o", str(other)], capsys, lengths)
+
+
+def test_simulate_plot_onto_its_lengths(tmp_path: Path, capsys) -> None:
+    lengths = tmp_path / "lengths.npy"
+    np.save(lengths, np.arange(1, 200))
+    argv = ["simulate", "--lengths", str(lengths), "--steps", "1", "--plot", str(lengths)]
+    _refused(argv, capsys, lengths)
+
+
+def test_report_plot_onto_its_log(tmp_path: Path, capsys) -> None:
+    log = tmp_path / "run.jsonl"
+    log.write_text(json.dumps({"step": 0}) + "\n")
+    _refused(["report", str(log), "--plot", str(log)], capsys, log)
+
+
+def test_lengths_two_outputs_on_one_file(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    out = tmp_path / "a.npy"
+    argv = ["lengths", str(data), "-o", str(out), "--groups-output", str(out)]
+    line = _refused(argv, capsys, data)
+    assert "--groups-output" in line and not out.exists()
