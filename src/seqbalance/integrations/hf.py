@@ -16,7 +16,9 @@ What it does:
   so the Trainer's accumulation loop and the plan agree. The data-parallel rank and size are the
   Trainer's (``args.process_index`` / ``args.world_size``, i.e. Accelerate's); the loader is not
   passed through ``accelerator.prepare``, which would shard the batches a second time. The last,
-  partial step of an epoch is dropped.
+  partial step of an epoch is dropped. The loader takes the Trainer's loader settings (workers,
+  pin memory, persistent workers, prefetch factor, multiprocessing context, ``seed_worker``);
+  ``dataloader_in_order=False`` is not kept (a warning): a resume is exact only in order.
 - Layout: padding-free TRL (``args.padding_free``) or ``layout="packed"`` in the options plans
   packed micro-batches (the token cap ``max_tokens`` applies to their sum); otherwise micro-batches
   are padded and hold at most ``per_device_train_batch_size`` samples (the planner groups similar
@@ -196,9 +198,29 @@ def balanced_train_dataloader(
         _LengthChecked(dataset, sampler.lengths) if given else dataset,
         batch_sampler=sampler,
         collate_fn=collator,
-        num_workers=args.dataloader_num_workers,
-        pin_memory=args.dataloader_pin_memory,
+        **_loader_settings(args),
     )
+
+
+def _loader_settings(args: Any) -> dict[str, Any]:
+    """The Trainer's own DataLoader settings (``Trainer._get_dataloader``), but in order."""
+    from functools import partial
+
+    from transformers.trainer_utils import seed_worker
+
+    if not getattr(args, "dataloader_in_order", True):
+        # Batches delivered out of order would make the resume inexact (the sampler cannot
+        # see which ones were trained).
+        _log.warning("seqbalance: dataloader_in_order=False is not kept; batches come in order")
+    workers = args.dataloader_num_workers
+    return {
+        "num_workers": workers,
+        "pin_memory": args.dataloader_pin_memory,
+        "persistent_workers": getattr(args, "dataloader_persistent_workers", False),
+        "multiprocessing_context": getattr(args, "dataloader_multiprocessing_context", None),
+        "prefetch_factor": getattr(args, "dataloader_prefetch_factor", None),
+        "worker_init_fn": partial(seed_worker, num_workers=workers, rank=args.process_index),
+    }
 
 
 class BalancedTrainerMixin:

@@ -1,0 +1,54 @@
+"""The HF drop-in built its DataLoader from three of the Trainer's loader settings and dropped
+the others without a word: ``dataloader_persistent_workers``, ``dataloader_prefetch_factor``,
+``dataloader_multiprocessing_context`` and the Trainer's ``seed_worker`` (each worker's seeds
+from the rank, for random augmentation in a collator) (adv11b U14). They are passed as the
+Trainer passes them now; ``dataloader_in_order=False`` is kept in order, with a warning (a
+resume is exact only in order)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from seqbalance.integrations.hf import balanced_train_dataloader
+
+SIZES = (5, 9, 3, 7, 2, 8)
+
+
+def _trainer(**loader: object) -> SimpleNamespace:
+    args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=1)
+    vars(args).update(world_size=1, process_index=0, data_seed=None, seed=0, padding_free=False)
+    vars(args).update(dataloader_num_workers=2, dataloader_pin_memory=False, **loader)
+    args.average_tokens_across_devices = True
+    dataset = [{"input_ids": list(range(n))} for n in SIZES]
+    trainer = SimpleNamespace(
+        train_dataset=dataset, args=args, data_collator=list, model_accepts_loss_kwargs=True
+    )
+    trainer._get_collator_with_removed_columns = lambda collator, description: collator
+    return trainer
+
+
+def test_the_trainers_loader_settings_reach_the_loader() -> None:
+    trainer = _trainer(
+        dataloader_persistent_workers=True,
+        dataloader_prefetch_factor=3,
+        dataloader_multiprocessing_context="spawn",
+    )
+    loader = balanced_train_dataloader(trainer, options={"cost": "tokens"})
+    assert loader.persistent_workers is True and loader.prefetch_factor == 3
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
+    assert loader.worker_init_fn.func.__name__ == "seed_worker"
+    assert loader.worker_init_fn.keywords == {"num_workers": 2, "rank": 0}
+
+
+def test_out_of_order_delivery_is_kept_in_order_with_a_warning(caplog) -> None:
+    with caplog.at_level(logging.WARNING):
+        loader = balanced_train_dataloader(
+            _trainer(dataloader_in_order=False), options={"cost": "tokens"}
+        )
+    assert loader.in_order is True and "dataloader_in_order" in caplog.text
