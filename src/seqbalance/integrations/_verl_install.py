@@ -19,7 +19,7 @@ import importlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -86,7 +86,7 @@ class Installation:
             position = next((i for i, inst in enumerate(_active) if inst is self), None)
             if position is None:
                 return
-            spaces = _namespaces()
+            spaces = _namespaces(self.functions)
             for name in self.functions:
                 # The next newer installation that replaced this name took over its binding.
                 newer = (inst for inst in _active[position + 1 :] if name in inst.functions)
@@ -142,10 +142,12 @@ class Installation:
         self.uninstall()
 
 
-def _namespaces() -> list[tuple[ModuleType, dict]]:
-    """Every loaded module with its namespace (a live dict: later bindings show in it), read
-    once per install or removal: reading thousands of modules is most of their cost, and each
-    looks up a dozen names."""
+def _namespaces(names: Collection[str]) -> list[tuple[ModuleType, dict]]:
+    """The loaded modules that hold any of ``names``, with their namespaces (live dicts: later
+    bindings show in them). Read once per install or removal, before its dozen lookups:
+    reading thousands of modules is most of their cost, and a module that holds none of the
+    names gets none from them."""
+    wanted = frozenset(names)
     spaces = []
     for module in list(sys.modules.values()):
         try:
@@ -155,7 +157,7 @@ def _namespaces() -> list[tuple[ModuleType, dict]]:
             namespace = object.__getattribute__(module, "__dict__")
         except Exception:  # None entries, objects without a namespace
             continue
-        if isinstance(namespace, dict):
+        if isinstance(namespace, dict) and not namespace.keys().isdisjoint(wanted):
             spaces.append((module, namespace))
     return spaces
 
@@ -287,7 +289,7 @@ def install_into(
                     if k == 0:
                         raise
                     continue
-                spaces = _namespaces()  # after the import: the modules it loaded too
+                spaces = _namespaces(group)  # after the import: the modules it loaded too
                 for name in group:
                     current = getattr(target, name, None)
                     if current is None or name not in installation.functions:
@@ -302,7 +304,7 @@ def install_into(
             # A later target failing otherwise than ImportError (an optional part of verl
             # broken in this environment): this installation never becomes active, so nothing
             # could remove what it had already put in verl; put it back before raising.
-            spaces = _namespaces()
+            spaces = _namespaces(installation.functions)
             for name in installation.functions:
                 installation._restore(name, spaces)
             raise
