@@ -4,6 +4,7 @@ failure reproduces), one CPU thread per process, and the order that lets the REA
 worker so its module-scoped set-ups run once) finish both workers together."""
 
 import os
+import sys
 
 import pytest
 from _profiles import DERANDOMIZED, SCALES, active_profile
@@ -50,7 +51,8 @@ the list runs in its place, a listed one that is gone changes nothing."""
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Start the ``SLOWEST_FIRST`` modules first (a stable sort: the order inside a module, and
-    of the other modules, stays as collected)."""
+    of the other modules, stays as collected); where the collected tests start ranks, their fork
+    server imports ``RANK_PRELOAD`` too."""
     items.sort(
         key=lambda item: (
             SLOWEST_FIRST.index(item.path.name)
@@ -58,3 +60,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             else len(SLOWEST_FIRST)
         )
     )
+    launch = sys.modules.get("seqbalance.measure.launch")
+    if launch is not None:
+        missing = [name for name in RANK_PRELOAD if name not in launch.FORKSERVER_PRELOAD]
+        launch.FORKSERVER_PRELOAD = (*launch.FORKSERVER_PRELOAD, *missing)
+
+
+RANK_PRELOAD = (
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen3.modeling_qwen3",
+    "megatron.core.parallel_state",
+    "megatron.core.pipeline_parallel",
+    "megatron.core.distributed",
+    "megatron.core.transformer.transformer_config",
+)
+"""Modules the fork server of the suite's ranks imports once, beside torch (it is started by
+the first launch of a worker, from ``seqbalance.measure.launch.FORKSERVER_PRELOAD``): each rank
+that builds a Hugging Face or Megatron model imported them again, about 3 s of CPU per rank for
+transformers and 1.5 s for megatron-core (4 per launch in some tests). Each rank is still a
+fresh process forked from the server; one that is not installed is left out (the server
+skips a preload that raises ImportError)."""
