@@ -67,17 +67,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 RANK_PRELOAD = (
+    # What a rank imports when it unpickles its test's worker function (the test module's own
+    # imports): about 0.3 s of CPU per rank, for hundreds of ranks.
+    "pytest",
+    "hypothesis",
+    "seqbalance.plan",
+    "seqbalance.runtime",
+    "seqbalance.runtime.context_parallel",
+    "seqbalance.measure.toy_model",
+    # Ranks that build a Hugging Face model: about 3 s of CPU per rank, 4 ranks a launch in
+    # some tests. Not megatron-core: importing it changes how every tensor pickles (its
+    # safe_globals), so the launcher would need it to read any rank's result.
     "transformers",
     "transformers.models.llama.modeling_llama",
     "transformers.models.qwen3.modeling_qwen3",
-    "megatron.core.parallel_state",
-    "megatron.core.pipeline_parallel",
-    "megatron.core.distributed",
-    "megatron.core.transformer.transformer_config",
 )
-"""Modules the fork server of the suite's ranks imports once, beside torch (it is started by
-the first launch of a worker, from ``seqbalance.measure.launch.FORKSERVER_PRELOAD``): each rank
-that builds a Hugging Face or Megatron model imported them again, about 3 s of CPU per rank for
-transformers and 1.5 s for megatron-core (4 per launch in some tests). Each rank is still a
-fresh process forked from the server; one that is not installed is left out (the server
-skips a preload that raises ImportError)."""
+"""Modules the fork server of the suite's ranks imports once, beside torch (the server starts
+at a worker's first launch, from ``seqbalance.measure.launch.FORKSERVER_PRELOAD``), instead of
+every rank importing them again. Each rank is still a fresh process forked from the server; a
+module that is not installed is left out (the server skips a preload that raises ImportError).
+Tensors pickle as before (checked); their side effects are those the ranks of the tests that
+import them had anyway: torch._dynamo's wrapper around ``torch.manual_seed`` and two warning
+filters (sympy's deprecations, transformers' lr_scheduler warnings)."""
