@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_COST_TOTAL",
     "MAX_TIMEOUT_SECONDS",
     "MAX_TOKENS_LIMIT",
     "NPY_ERRORS",
@@ -40,6 +41,11 @@ negative size (TypeError; OverflowError from a memory map)."""
 MAX_TOKENS_LIMIT = 2**53
 """Largest token count or token sum accepted anywhere: exact in int64 and float64 arithmetic."""
 
+MAX_COST_TOTAL = 2.0**960
+"""Largest sum of a step's costs (and micro-batch overheads, one per sample) accepted by the
+planner, about 1e289: scaled by rank speeds (down to 2**-30) and summed over ranks and
+positions it still stays far below float64's largest value (about 1.8e308)."""
+
 
 def refuse_masked(values: Any, name: str) -> None:
     """ValueError when ``values`` is a numpy masked array with a masked entry: ``np.asarray``
@@ -62,7 +68,7 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
     refuse_masked(values, name)
     try:
         array = np.asarray(values)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: a tensor needing grad
         raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
     if array.ndim != 1:
         if array.ndim == 0:
@@ -249,9 +255,11 @@ MAX_TIMEOUT_SECONDS = 10.0 * 365 * 24 * 3600
 """Longest deadline accepted, in seconds (ten years): a longer one is a mistake (``inf``, a value
 in the wrong unit), and ``datetime.timedelta`` overflows not far above it."""
 
-MIN_TIMEOUT_SECONDS = 1e-6
-"""Shortest deadline accepted, in seconds: ``datetime.timedelta``'s resolution (a shorter one
-would become a deadline of zero)."""
+MIN_TIMEOUT_SECONDS = 1e-3
+"""Shortest deadline accepted, in seconds: torch.distributed's resolution (c10d counts deadlines
+in whole milliseconds, so a shorter one becomes 0 ms: a store fails at once with a C++ stack
+trace, and a collective's ``work.wait`` takes 0 ms as no deadline at all, waiting for a missing
+peer for ever)."""
 
 
 def check_timeout(value: Any, name: str) -> float:
@@ -261,7 +269,7 @@ def check_timeout(value: Any, name: str) -> float:
     seconds = _check_real(value, name, positive=True)
     if seconds < MIN_TIMEOUT_SECONDS:
         raise ValueError(
-            f"{name} must be at least {MIN_TIMEOUT_SECONDS:g} seconds (a timedelta's "
+            f"{name} must be at least {MIN_TIMEOUT_SECONDS:g} seconds (torch.distributed's "
             f"resolution), got {value!r}"
         )
     if seconds > MAX_TIMEOUT_SECONDS:

@@ -53,3 +53,14 @@ def test_numbers_with_an_empty_value_are_refused(flag, value, capsys, tmp_path) 
     argv = ["plan", str(tmp_path / "lengths.npy"), "--dp", "2", "--max-tokens", "8192"]
     line = _one_line_error([*argv, flag, value], capsys)
     assert "an empty value" in line
+
+
+def test_lengths_of_no_tokens_are_refused_before_launch(tmp_path, capsys) -> None:
+    # adv11b U8: lengths that are all 0 started the processes, whose calibration refused
+    # max_length 0: a rank's traceback, rc 1, after about a minute.
+    with pytest.raises(ValueError, match="every sample has 0 tokens"):
+        bench.BenchSettings(lengths=np.zeros(16, dtype=np.int64), procs=2, steps=1)
+    path = tmp_path / "zeros.npy"
+    np.save(path, np.zeros(64, dtype=np.int64))
+    line = _one_line_error(["bench", "--lengths", str(path), "--steps", "1"], capsys)
+    assert "every sample has 0 tokens" in line

@@ -1,5 +1,5 @@
 """Adversarial: every public timeout, given any value, is either a finite number of seconds from
-a microsecond (a timedelta's resolution) to ten years, or a ValueError naming it at
+a millisecond (torch.distributed's resolution; adv11b U9) to ten years, or a ValueError naming it at
 construction, never an overflow, a zero deadline or a hang at first use."""
 
 from __future__ import annotations

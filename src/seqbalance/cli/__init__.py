@@ -82,13 +82,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ImportError, OSError) as error:
         # Bad input, missing optional extras and unwritable paths are the user's to fix: one
         # line, not a traceback.
-        print(f"{prefix} {error}", file=sys.stderr)
+        print(f"{prefix} {_one_line(error)}", file=sys.stderr)
+        return 2
+    except MemoryError as error:
+        # Input sized beyond this machine (a lengths file, a count): one line, not a traceback.
+        detail = _one_line(error)  # numpy names the allocation; a bare MemoryError nothing
+        print(f"{prefix} out of memory{': ' + detail if detail else ''}", file=sys.stderr)
         return 2
     except (RecursionError, OverflowError) as error:
         # Input nested or sized beyond what can be handled (the readers refuse what they know
         # of with a ValueError; this is the last line for any other path): still one line.
-        print(f"{prefix} input too deeply nested or too large: {error}", file=sys.stderr)
+        print(f"{prefix} input too deeply nested or too large: {_one_line(error)}", file=sys.stderr)
         return 2
+
+
+def _one_line(error: BaseException) -> str:
+    """``error``'s message on one line: messages of other libraries (transformers' tokenizer
+    loading, pyarrow) can span several."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

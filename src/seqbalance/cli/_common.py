@@ -182,7 +182,11 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
     if not path.is_file():
         raise ValueError(f"{argument}: no such file {str(path)!r}")
     try:
-        array = np.load(path, allow_pickle=False)
+        # Mapped first: a header claiming more than the file holds (cut short, or garbled to
+        # terabytes) is refused here, before memory the size of the claim is taken.
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        if isinstance(array, np.ndarray):
+            array = np.array(array)  # a copy: the file may change while the command runs
     except (*NPY_ERRORS, pickle.UnpicklingError) as error:
         raise ValueError(
             f"{argument}: cannot read {str(path)!r} as a .npy array of token lengths ({error}); "

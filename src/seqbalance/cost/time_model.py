@@ -107,7 +107,10 @@ class TimeModel:
     def per_sample(self, lengths: Any) -> np.ndarray:
         """Seconds per sample (float64) without the per-micro-batch ``t0``: ``t1·L + t2·q(L)``."""
         length = as_lengths(lengths)
-        return self.t1 * length.astype(np.float64) + self.t2 * self.quadratic_term(length)
+        # Absurd coefficients (a fit in another unit) overflow to inf, which the planner's cost
+        # check names; numpy's warning would only add lines to that error.
+        with np.errstate(over="ignore"):
+            return self.t1 * length.astype(np.float64) + self.t2 * self.quadratic_term(length)
 
     def microbatch_seconds(self, lengths: Any) -> float:
         """Seconds of one micro-batch of samples of ``lengths`` tokens: ``t0 + Σ per_sample``."""

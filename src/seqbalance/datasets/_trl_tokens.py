@@ -16,6 +16,7 @@ from typing import Any
 
 from seqbalance.datasets._files import Malformed
 from seqbalance.datasets.chat_template import compile_chat_template
+from seqbalance.datasets.tokenize import PROBE_TEXT, check_vocabulary
 
 _CHAT_KEYS = ("prompt", "completion", "chosen", "rejected", "messages", "conversations")
 _SUPPORTED_KEYS = ("prompt", "chosen", "rejected", "completion", "messages")
@@ -49,6 +50,7 @@ def load_tokenizer(tokenizer: Any) -> tuple[Any, str]:
     except (OSError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise ValueError(f"tokenizer {tokenizer!r}: cannot load it ({first_line})") from None
+    check_vocabulary(tokenizer, len(backend(PROBE_TEXT, add_special_tokens=False)["input_ids"]))
     return backend, str(directory)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BUILTIN_TOKENIZERS", "Tokenizer", "get_tokenizer"]
+__all__ = ["BUILTIN_TOKENIZERS", "PROBE_TEXT", "Tokenizer", "check_vocabulary", "get_tokenizer"]
 
 _TOKENIZE_EXTRA = "pip install 'seqbalance[tokenize]'"
 
@@ -256,6 +256,28 @@ def _hf_directory(directory: Path) -> Tokenizer:
     )
 
 
+PROBE_TEXT = "Hello, world: 123 tokens."
+"""A text every tokenizer with a vocabulary counts as at least one token."""
+
+
+def check_vocabulary(name: str, probe_tokens: int) -> None:
+    """ValueError when the tokenizer ``name`` counts :data:`PROBE_TEXT` as ``probe_tokens`` < 1
+    (special tokens left out): it has no vocabulary (a Hugging Face folder whose vocab files are
+    missing loads as an empty tokenizer) and would count every text as nothing, which would be
+    written as lengths without a word."""
+    if probe_tokens < 1:
+        raise ValueError(
+            f"tokenizer {name!r} counts {PROBE_TEXT!r} as 0 tokens: it has no vocabulary (are "
+            "its vocab files, e.g. tokenizer.json, missing?)"
+        )
+
+
+def _counting(tokenizer: Tokenizer) -> Tokenizer:
+    """``tokenizer``, checked by :func:`check_vocabulary`."""
+    check_vocabulary(tokenizer.name, int(tokenizer.count([PROBE_TEXT])[0]))
+    return tokenizer
+
+
 def get_tokenizer(spec: str) -> Tokenizer:
     """Load a tokenizer from this machine.
 
@@ -264,7 +286,8 @@ def get_tokenizer(spec: str) -> Tokenizer:
     Hugging Face tokenizer directory (its ``tokenizer.json`` and chat template; without a
     ``tokenizer.json``, ``transformers.AutoTokenizer``), or ``"hf:LOCAL_DIR"`` to always go
     through ``transformers.AutoTokenizer`` (local files only). Raises ValueError for an unknown
-    spec, ImportError naming what to install when the backing package is missing.
+    spec or a tokenizer without a vocabulary (it counts a probe text as 0 tokens), ImportError
+    naming what to install when the backing package is missing.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"tokenizer must be a non-empty string, got {spec!r}")
@@ -273,14 +296,14 @@ def get_tokenizer(spec: str) -> Tokenizer:
     if spec == "llama3":
         return _llama3()
     if spec.startswith("hf:"):
-        return _hf_directory(Path(spec[3:]))
+        return _counting(_hf_directory(Path(spec[3:])))
     path = Path(spec)
     if path.is_dir():
-        return _local_directory(path)
+        return _counting(_local_directory(path))
     if path.suffix == ".json":
         if not path.is_file():
             raise ValueError(f"tokenizer {spec!r}: no such file")
-        return _tokenizer_json(path)
+        return _counting(_tokenizer_json(path))
     choices = ", ".join(repr(name) for name in BUILTIN_TOKENIZERS)
     raise ValueError(
         f"tokenizer must be one of {choices}, a path to a tokenizer.json or to a tokenizer "

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for_exit
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,11 @@ def launch(
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {fn!r}")
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        # A string would be spread into one argument per character.
+        raise ValueError(f"args must be a sequence of arguments (a tuple), got {args!r:.80}")
+    _check_picklable(fn, "fn")
+    _check_picklable(tuple(args), "args")
     world_size = check_int(world_size, "world_size", minimum=1)
     timeout = check_timeout(timeout, "timeout")
     collective_timeout = check_timeout(collective_timeout, "collective_timeout")
@@ -143,7 +149,10 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="seqbalance-launch-") as scratch:
         results = Path(scratch)
         logs = results if log_dir is None else Path(log_dir)
-        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            logs.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"log_dir {str(log_dir)!r} cannot be a folder: {error}") from None
         return _run(
             fn,
             world_size,
@@ -156,6 +165,17 @@ def launch(
             poll,
             stop_on_failure,
         )
+
+
+def _check_picklable(value: Any, name: str) -> None:
+    """ValueError naming ``name`` when ``value`` cannot travel to a rank: pickled as the process
+    start would pickle it, before any process is started."""
+    try:
+        ForkingPickler.dumps(value)
+    except Exception as error:
+        raise ValueError(
+            f"{name} must be picklable (fn a module-level function), got {value!r:.80}: {error}"
+        ) from None
 
 
 def _run(

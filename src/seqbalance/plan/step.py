@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import (
+    MAX_COST_TOTAL,
     MAX_TOKENS_LIMIT,
     as_group_ids,
     as_lengths,
@@ -184,6 +185,7 @@ def _plan(
                 f"costs must hold one cost per sample, shape {lengths.shape}, got shape "
                 f"{sample_costs.shape}"
             )
+    _check_cost_total(sample_costs, overhead, options, given=costs is not None)
     problem = Problem(
         lengths=lengths,
         sample_costs=sample_costs,
@@ -226,6 +228,22 @@ def _plan(
             f"strategy {options.strategy!r} returned an invalid plan: {error}"
         ) from None
     return plan
+
+
+def _check_cost_total(
+    sample_costs: np.ndarray, overhead: float, options: PlanOptions, *, given: bool
+) -> None:
+    """ValueError when the step's costs and overheads (one per sample) sum beyond
+    ``MAX_COST_TOTAL``: finite costs whose sum overflows made every strategy's plan look
+    invalid (an infinite lower bound), with numpy's warnings on the way."""
+    with np.errstate(over="ignore"):  # an overflowing sum is refused just below
+        total = float(sample_costs.sum()) + overhead * sample_costs.size
+    if not total <= MAX_COST_TOTAL:
+        raise ValueError(
+            f"costs ({'given' if given else cost_name(options.cost_model)}) sum to {total:.6g} "
+            "with the micro-batch overheads, more than 2**960 (about 1e289): totals this large "
+            "overflow when planned; the cost model's scale is off"
+        )
 
 
 def _plan_context_parallel(

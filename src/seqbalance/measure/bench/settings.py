@@ -281,6 +281,8 @@ class BenchSettings:
         lengths = as_lengths(self.lengths)
         if lengths.size == 0:
             raise ValueError("lengths must hold at least one sample, got none")
+        if not lengths.any():  # the ranks' calibration would find nothing to time, after launch
+            raise ValueError(f"lengths: every sample has 0 tokens ({lengths.size} samples)")
         set_("lengths", tuple(lengths.tolist()))
         if self.groups is not None:
             set_("groups", tuple(as_group_ids(self.groups, lengths.size).tolist()))

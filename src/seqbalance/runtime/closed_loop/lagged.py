@@ -20,7 +20,7 @@ from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions
 from seqbalance.runtime.closed_loop.settings import Feedback
 from seqbalance.runtime.closed_loop.timer import StepTimer, StepTiming
-from seqbalance.runtime.closed_loop.transports import Adaptive
+from seqbalance.runtime.closed_loop.transports import Adaptive, checked_step
 
 __all__ = ["LaggedFeedback"]
 
@@ -120,14 +120,14 @@ class LaggedFeedback:
         """
         index = self.loop.observed
         plan = self._plans.get(index) if index < self._taken else None
-        error = None
-        if plan is None:
+        step, error = checked_step(step)
+        if error is None and plan is None:
             error = (
                 f"rank {self.adaptive.rank} called observe() for step {index} of the run, "
                 "which it has not taken from the sampler (one observe() per step, after its "
                 "micro-batches)"
             )
-        elif step is not None and self._shift is not None and step + self._shift != index:
+        elif error is None and None not in (step, self._shift) and step + self._shift != index:
             error = (
                 f"rank {self.adaptive.rank} observed step {step} of the epoch where step "
                 f"{index - self._shift} was due (a missed or extra observe())"

@@ -54,6 +54,7 @@ from seqbalance.plan import objective_value, plan_step
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
+from seqbalance.runtime.closed_loop._rules import as_seconds, one_number
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel, microbatch_features
 from seqbalance.runtime.closed_loop.settings import Feedback, line_break_after, log_problem
 
@@ -312,7 +313,7 @@ class ClosedLoop:
             features, rest = plan.slot_compute(int(rank))
         else:
             features, rest = self.features(plan, int(rank)), None
-        if np.ndim(seconds) == 0:
+        if one_number(seconds):
             features, seconds = features.sum(axis=0, keepdims=True), [seconds]
             rest = None if rest is None else rest.sum(keepdims=True)
         elif len(seconds) != features.shape[0]:
@@ -321,7 +322,7 @@ class ClosedLoop:
                 f"({features.shape[0]}), got {len(seconds)}"
             )
         if rest is not None:
-            seconds = np.asarray(seconds, dtype=np.float64) - rest
+            seconds = as_seconds(seconds) - rest  # a value that is not a number: dropped
         return self.online.local_statistics(
             int(rank), features, seconds, sync_seconds=sync_seconds, step_seconds=step_seconds
         )
@@ -386,7 +387,7 @@ class ClosedLoop:
         return telemetry
 
     def _accepted(self, records: Sequence[Any]) -> np.ndarray:
-        """The gathered statistics [world_size, 28] of valid records, else ValueError."""
+        """The gathered statistics [world_size, 29] of valid records, else ValueError."""
         if len(records) != self.world_size:
             raise ValueError(
                 f"records must hold one per rank ({self.world_size}), got {len(records)}"

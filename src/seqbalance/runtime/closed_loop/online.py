@@ -47,6 +47,34 @@ import numpy as np
 
 from seqbalance._validation import SPEED_RANGE, as_lengths, check_int
 from seqbalance.cost.time_model import TimeModel
+from seqbalance.runtime.closed_loop._rules import (
+    COMPUTE,
+    EARLIER_SIZES,
+    ERR_FIT,
+    ERR_MODEL,
+    ERR_PRIOR,
+    FIT_COLUMNS,
+    GIVEN,
+    GRAM,
+    HELD_OUT,
+    IGNORED,
+    KEPT,
+    MEASURED,
+    MOMENT,
+    PREDICTED,
+    SIZE,
+    STEP,
+    STEP_AGREEMENT,
+    SUM_SECONDS,
+    SUMS,
+    SYNC,
+    USED,
+    WEIGHT,
+    as_seconds,
+    level_shift,
+    missed_work,
+    off_the_step,
+)
 from seqbalance.runtime.closed_loop.settings import Feedback
 from seqbalance.runtime.closed_loop.speeds import relative_to_median, window_speeds
 
@@ -60,30 +88,7 @@ MAX_SECONDS = 1e5
 """Longest measurement accepted, in seconds (a day): a longer micro-batch, sync or step is a
 timer in the wrong unit or a stalled process, not a measurement."""
 
-STEP_AGREEMENT = 2.0
-"""Ranks that time a gradient sync end their step together, so their step times agree. A rank
-whose step is within this factor of at most half of theirs reads a clock in another unit (a
-hand-made timing, a wrong event factory) or starts its steps a step's compute off (untimed work
-on it alone): the times cannot tell which, and compute alone would make it a faster or slower
-rank; its micro-batches that step are left out of the fit and the speeds."""
-
 _FORMAT = "seqbalance.OnlineTimeModel/1"
-# Layout of one rank's statistics vector (float64).
-_GRAM = slice(0, 9)  # Σ h·x xᵀ / s², x = [1, ΣL, Σq] per micro-batch, s its measured seconds
-_MOMENT = slice(9, 12)  # Σ h·x / s (θ·moment / Σ h: the rank's mean predicted / measured)
-_WEIGHT, _USED, _IGNORED = 12, 13, 14  # Σ h, micro-batches used, ignored
-_ERR_FIT, _ERR_PRIOR, _HELD_OUT = 15, 16, 17  # Σ min(|relative error|, 1) before the update
-_ERR_MODEL = 18  # Σ |relative error| of the model in use
-_PREDICTED, _MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds (used ones)
-_COMPUTE, _SYNC, _STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
-_SUMS = slice(24, 27)  # Σ x over the micro-batches the fit keeps (weight > 0)
-_SUM_SECONDS = 27  # Σ measured seconds of those micro-batches
-_SIZE = 28
-_EARLIER_SIZE = 24  # statistics of releases before the sums (a resumed pending step)
-# What the windows keep of each rank's statistics per step: the fit's columns, then the sums
-# (the speeds' step ratios, :func:`_time_ratios`).
-_KEPT = np.r_[0 : _USED + 1, _SUMS.start : _SIZE]
-_FIT_COLUMNS = _USED + 1
 
 
 def microbatch_features(model: TimeModel, microbatches: Sequence[Any]) -> np.ndarray:
@@ -174,7 +179,7 @@ class OnlineTimeModel:
         sync_seconds: Any = 0.0,
         step_seconds: Any = None,
     ) -> np.ndarray:
-        """This rank's statistics for one step (float64 [28], always finite), to gather with
+        """This rank's statistics for one step (float64 [29], always finite), to gather with
         the others'.
 
         Args:
@@ -196,27 +201,27 @@ class OnlineTimeModel:
         if rank >= self.world_size:
             raise ValueError(f"rank must be < world_size = {self.world_size}, got {rank}")
         features = np.asarray(features, dtype=np.float64).reshape(-1, 3)
-        seconds = _as_seconds(seconds)
+        seconds = as_seconds(seconds)
         if seconds.shape[0] != features.shape[0]:
             raise ValueError(
                 f"seconds must hold one value per observation ({features.shape[0]}), "
                 f"got {seconds.shape[0]}"
             )
         valid = (seconds >= MIN_SECONDS) & (seconds <= MAX_SECONDS)  # False for NaN
-        sync = _as_seconds(sync_seconds)
+        sync = as_seconds(sync_seconds)
         sync_kept = sync.shape == (1,) and 0.0 <= sync[0] <= MAX_SECONDS
-        step = _as_seconds(step_seconds) if step_seconds is not None else np.zeros(1)
+        step = as_seconds(step_seconds) if step_seconds is not None else np.zeros(1)
         kept = step.shape == (1,) and MIN_SECONDS <= step[0] <= MAX_SECONDS  # 5e-324: degenerate
         step_kept = step_seconds is None or kept
-        out = np.zeros(_SIZE)
-        out[_IGNORED] = float(np.count_nonzero(~valid) + (not sync_kept) + (not step_kept))
+        out = np.zeros(SIZE)
+        out[IGNORED] = float(np.count_nonzero(~valid) + (not sync_kept) + (not step_kept))
         x, measured = features[valid], seconds[valid]
         speed = self._speeds[rank] if self.feedback.rank_speeds else 1.0
         reference = measured * speed  # seconds at the fastest rank's speed
         predicted = x @ _coefficients(self._model)
         given = step_seconds is not None and step_kept
         busy = step[0] - (sync[0] if sync_kept else 0.0) if given else 0  # dropped sync: <= step
-        self._busy_known[rank] = self.steps if given else self._busy_known[rank]  # ``_weights``
+        out[GIVEN] = float(given)  # every rank's record of it is made from the gathered flags
         known = given or (sync_kept and self.steps - self._busy_known[rank] > self.feedback.window)
         filled = known and measured.sum() * (1 + self.feedback.reject) >= busy
         pace = 0.0 if given or not measured.size else predicted.sum() / measured.sum()  # _weights
@@ -226,21 +231,21 @@ class OnlineTimeModel:
             if self._fit is not None:
                 both = np.abs(x @ _coefficients(self._fit) / reference - 1.0)
                 scaled = np.abs(x @ (self._scale * _coefficients(self.prior)) / reference - 1.0)
-                out[_ERR_FIT] = float(np.minimum(both, 1.0).sum())
-                out[_ERR_PRIOR] = float(np.minimum(scaled, 1.0).sum())
-                out[_HELD_OUT] = float(measured.size)
-            out[_ERR_MODEL] = float(size.sum())
+                out[ERR_FIT] = float(np.minimum(both, 1.0).sum())
+                out[ERR_PRIOR] = float(np.minimum(scaled, 1.0).sum())
+                out[HELD_OUT] = float(measured.size)
+            out[ERR_MODEL] = float(size.sum())
         rows = x / measured[:, None]
-        out[_GRAM] = (rows.T @ (rows * weights[:, None])).reshape(-1)
-        out[_MOMENT] = rows.T @ weights
-        out[_WEIGHT] = float(weights.sum())
-        out[_USED] = float(measured.size)
-        out[_PREDICTED] = float(predicted.sum())
-        out[_MEASURED] = float(measured.sum())
-        out[_SUMS], out[_SUM_SECONDS] = x[weights > 0].sum(axis=0), measured[weights > 0].sum()
-        out[_COMPUTE] = out[_MEASURED]
-        out[_SYNC] = float(sync[0]) if sync_kept else 0.0
-        out[_STEP] = float(step[0]) if given else out[_COMPUTE] + out[_SYNC]
+        out[GRAM] = (rows.T @ (rows * weights[:, None])).reshape(-1)
+        out[MOMENT] = rows.T @ weights
+        out[WEIGHT] = float(weights.sum())
+        out[USED] = float(measured.size)
+        out[PREDICTED] = float(predicted.sum())
+        out[MEASURED] = float(measured.sum())
+        out[SUMS], out[SUM_SECONDS] = x[weights > 0].sum(axis=0), measured[weights > 0].sum()
+        out[COMPUTE] = out[MEASURED]
+        out[SYNC] = float(sync[0]) if sync_kept else 0.0
+        out[STEP] = float(step[0]) if given else out[COMPUTE] + out[SYNC]
         return out
 
     def _weights(self, rank: int, ratio: np.ndarray, filled: bool, pace: float) -> np.ndarray:
@@ -254,21 +259,22 @@ class OnlineTimeModel:
         ``1 + reject`` times the fastest pace kept of another rank last step (a straggler back, a
         stall; none kept: a warm-up over). Else a level shift drops every later step, or a timer
         that starts missing work sets the level (adv8c M1, adv9a N1 = M2, N3)."""
-        last = self._stats[-1] if self._stats else np.zeros((self.world_size, _KEPT.size))
+        last = self._stats[-1] if self._stats else np.zeros((self.world_size, KEPT.size))
         relative, level = ratio - 1.0, float(ratio.min()) if ratio.size else 0.0
         others = np.delete(last, rank, axis=0)
         others = others[others[:, -1] > 0]  # ranks the fit kept last step: their sums, seconds
         paces = others[:, -4:-1] @ _coefficients(self._model) / others[:, -1]
         filled = filled and (not paces.size or pace <= (1 + self.feedback.reject) * paces.max())
-        if not self.steps or (last[rank, _USED] > 0 and last[rank, _WEIGHT] == 0 and filled):
+        if not self.steps or (last[rank, USED] > 0 and last[rank, WEIGHT] == 0 and filled):
             relative = ratio / level - 1.0 if level > 0 else np.zeros(ratio.size)
         weights = self.feedback.huber / np.maximum(np.abs(relative), self.feedback.huber)
         weights[relative > self.feedback.reject] = 0.0
         return weights
 
     def update(self, gathered: Any) -> dict[str, Any]:
-        """Apply one step's statistics of every rank (float64 [world_size, 28], rank order;
-        [world_size, 24] from a release before the time sums, a resumed pending step).
+        """Apply one step's statistics of every rank (float64 [world_size, 29], rank order;
+        [world_size, 24] or [world_size, 28] from a release before the time sums or the step
+        time flag, a resumed pending step).
 
         Returns:
             The step's telemetry (plain JSON values): ``step``, ``step_seconds`` (slowest
@@ -284,14 +290,14 @@ class OnlineTimeModel:
             :data:`STEP_AGREEMENT`: their micro-batches are counted as ignored).
         """
         stats = np.asarray(gathered, dtype=np.float64)
-        if stats.shape == (self.world_size, _EARLIER_SIZE):
-            stats = np.hstack([stats, np.zeros((self.world_size, _SIZE - _EARLIER_SIZE))])
-        if stats.shape != (self.world_size, _SIZE) or not np.all(np.isfinite(stats)):
+        if stats.ndim == 2 and stats.shape[1] in EARLIER_SIZES:  # zero-padded
+            stats = np.hstack([stats, np.zeros((stats.shape[0], SIZE - stats.shape[1]))])
+        if stats.shape != (self.world_size, SIZE) or not np.all(np.isfinite(stats)):
             raise ValueError(
                 f"gathered must be finite float64 statistics of shape ({self.world_size}, "
-                f"{_SIZE}), got shape {stats.shape}"
+                f"{SIZE}), got shape {stats.shape}"
             )
-        ignored = int(stats[:, _IGNORED].sum())
+        ignored = int(stats[:, IGNORED].sum())
         self.ignored += ignored
         if ignored and not self._warned:
             self._warned = True
@@ -302,17 +308,17 @@ class OnlineTimeModel:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        unsynchronized = _off_the_step(stats)
-        missed = _missed_work(stats, self.feedback.reject)
-        left_out = int(stats[unsynchronized | missed, _USED].sum())  # their micro-batches
+        unsynchronized = off_the_step(stats)
+        missed = missed_work(stats, self.feedback.reject)
+        left_out = int(stats[unsynchronized | missed, USED].sum())  # their micro-batches
         if unsynchronized.any():
             self._warn_clock(stats, unsynchronized)
         speeds = self._speeds if self.feedback.rank_speeds else np.ones(self.world_size)
-        compute = stats[:, _COMPUTE]
-        used = stats[:, _USED].sum()
+        compute = stats[:, COMPUTE]
+        used = stats[:, USED].sum()
         telemetry: dict[str, Any] = {
             "step": self.steps,
-            "step_seconds": float(stats[:, _STEP].max()),
+            "step_seconds": float(stats[:, STEP].max()),
             "rank_compute_seconds": compute.tolist(),
             "max_rank_compute_seconds": float(compute.max()),
             "mean_rank_compute_seconds": float(compute.mean()),
@@ -321,13 +327,11 @@ class OnlineTimeModel:
             # two clocks), and a sync measured longer than its step is a step spent waiting.
             "idle_fraction": [
                 min(1.0, float(s / w)) if w > 0 else 0.0
-                for s, w in zip(stats[:, _SYNC], stats[:, _STEP], strict=True)
+                for s, w in zip(stats[:, SYNC], stats[:, STEP], strict=True)
             ],
-            "predicted_rank_seconds": (stats[:, _PREDICTED] / speeds).tolist(),
-            "predicted_step_seconds": float((stats[:, _PREDICTED] / speeds).max()),
-            "model_error": float(stats[:, _ERR_MODEL].sum() / used)
-            if self.steps and used
-            else None,
+            "predicted_rank_seconds": (stats[:, PREDICTED] / speeds).tolist(),
+            "predicted_step_seconds": float((stats[:, PREDICTED] / speeds).max()),
+            "model_error": float(stats[:, ERR_MODEL].sum() / used) if self.steps and used else None,
             "model": {
                 "t0": self._model.t0,
                 "t1": self._model.t1,
@@ -342,16 +346,17 @@ class OnlineTimeModel:
         learned[unsynchronized | missed] = 0.0  # nothing of theirs in the fit, speeds, errors
         self.ignored += left_out
         total = learned.sum(axis=0)
-        last = self._stats[-1] if self._stats else np.zeros((1, _KEPT.size))
-        if last[:, _USED].any() and not last[:, _WEIGHT].any() and total[_WEIGHT] > 0:
-            # Every rank's last step dropped whole, this one kept (K1's level-free rule: a
-            # warm-up over): the steps before ran at another level, and fitted beside the new
-            # ones they bent the model and the speeds until they left the window.
+        theta, kept = _coefficients(self._model), learned[:, KEPT]
+        keep = level_shift(self._stats, kept, theta, speeds, self.feedback.reject)
+        if keep is not None:  # the steps before ran at another level: start afresh
+            recent = list(self._stats)[len(self._stats) - keep :]
             self._stats.clear()
+            self._stats.extend(recent)
             self._held_out.clear()
-        self._stats.append(learned[:, _KEPT])
-        if total[_HELD_OUT] > 0:
-            self._held_out.append(total[[_ERR_FIT, _ERR_PRIOR, _HELD_OUT]].copy())
+        self._stats.append(kept)
+        if total[HELD_OUT] > 0:
+            self._held_out.append(total[[ERR_FIT, ERR_PRIOR, HELD_OUT]].copy())
+        self._busy_known[stats[:, GIVEN] > 0] = self.steps  # ``_weights``: the busy time known
         self.steps += 1
         self._refresh()
         telemetry["next_rank_speeds"] = self._speeds.tolist()
@@ -364,9 +369,9 @@ class OnlineTimeModel:
             return
         self._warned_clock = True
         ranks = np.flatnonzero(unsynchronized).tolist()
-        synchronized = np.flatnonzero(stats[:, _SYNC] > 0).tolist()
+        synchronized = np.flatnonzero(stats[:, SYNC] > 0).tolist()
         warnings.warn(
-            f"rank(s) {ranks} measured step times {stats[ranks, _STEP].tolist()} s, not within "
+            f"rank(s) {ranks} measured step times {stats[ranks, STEP].tolist()} s, not within "
             f"a factor {STEP_AGREEMENT:g} of most of the {len(synchronized)} ranks that timed "
             "a gradient sync (whose steps end together): their timers read another unit, or "
             "they start far from the others (untimed work on them alone); left out of the fit "
@@ -401,7 +406,7 @@ class OnlineTimeModel:
                 if denominator > 0 and float(prior @ moment) > 0:
                     self._scale = float(prior @ moment) / denominator
                 theta = self._scale * prior
-                if window[:, :, _USED].sum() >= 6:
+                if window[:, :, USED].sum() >= 6:
                     fit = TimeModel.fit_normal_equations(gram, moment, tile=self.prior.tile)
                     if fit.t0 + fit.t1 + fit.t2 > 0:
                         self._fit, theta = fit, _coefficients(fit)
@@ -436,6 +441,7 @@ class OnlineTimeModel:
             "warned_clock": self._warned_clock,
             "stats": [step.tolist() for step in self._stats],
             "held_out": [row.tolist() for row in self._held_out],
+            "busy_known": [None if step < 0 else int(step) for step in self._busy_known],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -466,17 +472,21 @@ class OnlineTimeModel:
             held_out = [_finite(row, (3,)) for row in state["held_out"]]
             warned = state["warned"]
             warned_clock = state.get("warned_clock", False)  # absent: saved before the check
+            saved = state.get("busy_known", [None] * self.world_size)  # absent: saved before it
+            busy = np.array([-np.inf if s is None else check_int(s, "busy_known") for s in saved])
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"state is not a valid OnlineTimeModel state_dict: {error}") from None
         if (
             not isinstance(warned, bool)
             or not isinstance(warned_clock, bool)
             or len(stats) > min(steps, self.feedback.window)
+            or busy.shape != (self.world_size,)
+            or not np.all((busy < steps) & ((busy >= 0) | (busy == -np.inf)))
         ):
             raise ValueError("state is not a valid OnlineTimeModel state_dict: inconsistent")
         self.steps, self.ignored, self._warned = steps, ignored, warned
         self._warned_clock = warned_clock
-        self._busy_known[:] = -np.inf
+        self._busy_known[:] = busy
         self._stats = deque(stats, maxlen=self.feedback.window)
         self._held_out = deque(held_out, maxlen=self.feedback.window)
         self._refresh()
@@ -495,57 +505,9 @@ def _saved_step(values: Any, world_size: int) -> np.ndarray:
     releases kept the fit's columns only: their time sums are 0 (the speeds then use the fit's
     ratio for that step, as those releases did)."""
     array = np.asarray(values, dtype=np.float64)
-    if array.ndim == 2 and array.shape[1] == _FIT_COLUMNS:
-        array = np.hstack([array, np.zeros((array.shape[0], _KEPT.size - _FIT_COLUMNS))])
-    return _finite(array, (world_size, _KEPT.size))
-
-
-def _as_seconds(values: Any) -> np.ndarray:
-    """``values`` as a float64 1-D array; an entry that is not a number becomes NaN (dropped)."""
-    try:
-        with np.errstate(all="ignore"):
-            return np.asarray(values, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError, OverflowError):
-        items = list(values) if isinstance(values, (list, tuple)) else [values]
-        return np.array([_number(value) for value in items], dtype=np.float64)
-
-
-def _number(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        return float("nan")
-
-
-def _off_the_step(stats: np.ndarray) -> np.ndarray:
-    """Ranks (bool [ranks]) whose step wall time is within :data:`STEP_AGREEMENT` of fewer
-    than half the others that measured a gradient sync (only those end their step together;
-    two that disagree are both out: neither is a majority).
-
-    Without two such ranks there is nothing to compare.
-    """
-    synchronized = np.flatnonzero(stats[:, _SYNC] > 0)
-    off = np.zeros(stats.shape[0], dtype=bool)
-    if synchronized.size < 2:
-        return off
-    step = stats[synchronized, _STEP]
-    ordered = np.sort(step)
-    agreeing = np.searchsorted(ordered, step * STEP_AGREEMENT, side="right") - np.searchsorted(
-        ordered, step / STEP_AGREEMENT, side="left"
-    )
-    off[synchronized] = 2 * agreeing <= synchronized.size
-    return off
-
-
-def _missed_work(stats: np.ndarray, reject: float) -> np.ndarray:
-    """Ranks (bool [ranks]) with a sync whose compute is under 1 / (1 + reject) of step - sync, at
-    a pace over 1 + reject times the median of those filling it: missed work (adv10a R1)."""
-    compute, sync, step, measured = stats[:, [_COMPUTE, _SYNC, _STEP, _MEASURED]].T
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pace = stats[:, _PREDICTED] / measured  # nothing measured: NaN or inf
-    short = (sync > 0) & (compute * (1 + reject) < step - sync)
-    filling = pace[~short & (measured > 0)]
-    return short & (pace > (1 + reject) * np.median(filling)) if filling.size else short & False
+    if array.ndim == 2 and array.shape[1] == FIT_COLUMNS:
+        array = np.hstack([array, np.zeros((array.shape[0], KEPT.size - FIT_COLUMNS))])
+    return _finite(array, (world_size, KEPT.size))
 
 
 def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -554,7 +516,7 @@ def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
     median, not the fastest: the largest of many noisy ratios is biased high, the median is
     not while most ranks run at the same speed."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return relative_to_median((window[:, :, _MOMENT] @ theta) / window[:, :, _WEIGHT])
+        return relative_to_median((window[:, :, MOMENT] @ theta) / window[:, :, WEIGHT])
 
 
 def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -566,8 +528,8 @@ def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
     taken at it), so under heavy noise their weighted mean stays near the planned speed
     whatever the truth. A step saved without the sums (an earlier release's state) uses
     :func:`_step_ratios`."""
-    sums = window[:, :, _FIT_COLUMNS : _FIT_COLUMNS + 3]
-    predicted, measured = sums @ theta, window[:, :, _FIT_COLUMNS + 3]
+    sums = window[:, :, FIT_COLUMNS : FIT_COLUMNS + 3]
+    predicted, measured = sums @ theta, window[:, :, FIT_COLUMNS + 3]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = relative_to_median(predicted / measured)  # nothing measured: inf or NaN
     saved = np.all(measured == 0, axis=1)  # before the sums were kept
@@ -590,8 +552,8 @@ def _fixed_effects(window: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarray, 
         finite = np.isfinite(ratios[t])
         reference = int(np.argmax(np.where(finite, ratios[t], -np.inf))) if finite.any() else -1
         for r in range(window.shape[1]):
-            g = window[t, r, _GRAM].reshape(3, 3)
-            m, w = window[t, r, _MOMENT], window[t, r, _WEIGHT]
+            g = window[t, r, GRAM].reshape(3, 3)
+            m, w = window[t, r, MOMENT], window[t, r, WEIGHT]
             if r == reference:
                 gram += g
                 moment += m

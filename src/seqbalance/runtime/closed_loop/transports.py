@@ -33,7 +33,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from seqbalance._validation import check_bool
+from seqbalance._validation import check_bool, check_int
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
@@ -58,6 +58,16 @@ def _digest(plan: Plan) -> str:
     same on every rank that observes the step; another step's plan differs)."""
     digests = plan_digests(plan)
     return digests["plan"][:24] + digests["costs"][:24]
+
+
+def checked_step(step: Any) -> tuple[int | None, str | None]:
+    """``observe(step=)`` as a step number (None: not given), or why it is none: that error goes
+    in this rank's record, so every rank raises it at the gather (raised here, on this rank
+    alone, it left the others waiting until their deadline; adv11a T1)."""
+    try:
+        return (None if step is None else check_int(step, "step", minimum=0)), None
+    except ValueError as error:
+        return None, str(error)
 
 
 def _measure(loop: ClosedLoop, plan: Plan, rank: int, timing: Any) -> Any:
@@ -184,9 +194,14 @@ class Adaptive:
                 up differently; nothing is learned then.
             CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
-        if step is None:
-            step = self._steps.of(plan)
-        return self.exchange(plan, timing, self.loop.observed if step is None else step)
+        number, error = checked_step(step)
+        number = self._steps.of(plan) if step is None else number
+        due = self.loop.observed if number is None else number
+        telemetry = self.exchange(plan, timing, due, error=error)
+        # As AdaptivePlanner: the next plan is numbered after it (a plan made before a
+        # load_state_dict is unnumbered; without this the next plan() took its number again).
+        self._steps.observed(due, plan if number is None else None)
+        return telemetry
 
     def exchange(
         self,

@@ -27,6 +27,7 @@ a peer that fails or hangs raises :class:`~seqbalance.runtime.CollectiveError`.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,15 +78,37 @@ class ContextParallelGroups:
         self.timeout = deadline(timeout)  # seconds, checked; the timedelta torch takes
         self._groups: dict[tuple[int, int], Any] = {}
 
-    def prepare(self, plan: ContextParallelPlan) -> None:
-        """Check that every rank holds ``plan`` and create its missing subgroups."""
-        world = dist.get_world_size()
-        if world != plan.n_ranks:
-            raise ValueError(f"the plan is for {plan.n_ranks} ranks, the world has {world}")
-        plan.validate()
-        fingerprints = Comm(dist.group.WORLD, self.timeout).all_gather_bytes(
-            plan.fingerprint().encode(), "context-parallel plan agreement"
+    def prepare(
+        self, plan: ContextParallelPlan, *, samples: Sequence[torch.Tensor] | None = None
+    ) -> None:
+        """Check that every rank holds ``plan`` and create its missing subgroups.
+
+        ``samples``: optional, the step's token ids (as :func:`slot_batch` takes them), checked
+        against the plan. A rank whose plan is for another world size, is invalid or differs
+        from rank 0's, or whose ``samples`` do not fit it, makes every rank raise the same
+        ``ValueError`` here (found on that rank alone, it would leave its peers waiting in
+        the slots' gathers until the timeout).
+        """
+        try:
+            if not isinstance(plan, ContextParallelPlan):
+                raise ValueError(f"plan must be a ContextParallelPlan, got {type(plan).__name__}")
+            world = dist.get_world_size()
+            if world != plan.n_ranks:
+                raise ValueError(f"the plan is for {plan.n_ranks} ranks, the world has {world}")
+            plan.validate()
+            if samples is not None:
+                _check_samples(plan, samples)
+            mine = [plan.fingerprint(), None]
+        except ValueError as error:
+            mine = [None, str(error)]
+        gathered = Comm(dist.group.WORLD, self.timeout).all_gather_bytes(
+            json.dumps(mine).encode(), "context-parallel plan agreement"
         )
+        described = [json.loads(payload) for payload in gathered]
+        for rank, (_, problem) in enumerate(described):
+            if problem is not None:
+                raise ValueError(f"rank {rank}: {problem}")
+        fingerprints = [fingerprint for fingerprint, _ in described]
         if len(set(fingerprints)) != 1:
             differing = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
             raise ValueError(
@@ -150,11 +173,12 @@ class SlotBatch:
                 f"tokens holds {len(tokens)} samples, the slot has {inputs.lengths.size} pieces"
             )
         for k, sample in enumerate(tokens):
-            if sample.dim() != 1 or sample.shape[0] != inputs.lengths[k]:
-                raise ValueError(
-                    f"tokens[{k}] (sample {int(inputs.samples[k])}) has shape "
-                    f"{tuple(sample.shape)}, the slot says {int(inputs.lengths[k])} tokens"
-                )
+            _check_tokens(
+                sample, int(inputs.lengths[k]), f"tokens[{k}] (sample {int(inputs.samples[k])})"
+            )
+        # int64, so that IGNORE_INDEX is itself in the labels (uint8 would hold it as 156, a
+        # token) and the loss takes them.
+        tokens = [sample.to(torch.int64) for sample in tokens]
         ids, labels = [], []
         for k, a, b in zip(
             inputs.chunk_piece.tolist(),
@@ -174,6 +198,27 @@ class SlotBatch:
             labels=(torch.cat(labels) if labels else empty).to(device),
             position_ids=torch.from_numpy(inputs.position_ids).to(device),
         )
+
+
+def _check_tokens(sample: Any, length: int, name: str) -> None:
+    """``sample``: one sample's token ids, a 1-D integer tensor of ``length`` tokens."""
+    integer = isinstance(sample, torch.Tensor) and not (
+        sample.dtype.is_floating_point or sample.dtype.is_complex or sample.dtype == torch.bool
+    )
+    if not integer or sample.dim() != 1 or sample.shape[0] != length:
+        shape = tuple(sample.shape) if isinstance(sample, torch.Tensor) else type(sample).__name__
+        kind = f" of {sample.dtype}" if isinstance(sample, torch.Tensor) else ""
+        raise ValueError(
+            f"{name} has shape {shape}{kind}, the plan says {length} integer token ids (1-D)"
+        )
+
+
+def _check_samples(plan: ContextParallelPlan, samples: Sequence[torch.Tensor]) -> None:
+    """The step's token ids fit ``plan``: one 1-D integer tensor per sample, of its length."""
+    if len(samples) != plan.n_samples:
+        raise ValueError(f"samples holds {len(samples)} samples, the plan has {plan.n_samples}")
+    for i, sample in enumerate(samples):
+        _check_tokens(sample, int(plan.lengths[i]), f"samples[{i}]")
 
 
 def slot_batch(
@@ -243,11 +288,11 @@ def run_step(
 
     ``model`` and ``forward``: as in :func:`slot_loss`; ``timeout``: the seconds each
     collective may wait. Gradients are accumulated into
-    ``model``'s parameters' ``.grad``. ``groups.prepare(plan)`` runs first (the plan agreement
-    check, which also lines the ranks up for the timing).
+    ``model``'s parameters' ``.grad``. ``groups.prepare(plan, samples=samples)`` runs first
+    (the plan and samples agreement check, which also lines the ranks up for the timing).
     """
     limit = deadline(timeout)
-    groups.prepare(plan)
+    groups.prepare(plan, samples=samples)
     rank = dist.get_rank()
     device = next(model.parameters()).device
     labelled = max(float(np.maximum(plan.lengths - 1, 0).sum()), 1.0)

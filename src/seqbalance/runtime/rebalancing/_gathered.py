@@ -25,6 +25,7 @@ from seqbalance.runtime.rebalancing.wire import Field, decode, encode
 
 __all__ = [
     "Batch",
+    "RefusedStep",
     "combined_parts",
     "gather_batch",
     "gather_described",
@@ -159,9 +160,19 @@ def gather_batch(
     local: list[list[torch.Tensor]],
     options: PlanOptions,
 ) -> Batch:
-    """All-gather every rank's description; check that the ranks agree (else ValueError)."""
+    """All-gather every rank's description; check that the ranks agree (else ValueError,
+    :class:`RefusedStep` once their settings agree)."""
     # This rank has a step: raises when some rank's batches ended.
     described = _gather_checked(comm, header, table, options)
+    try:
+        return _batch(described, header, local)
+    except ValueError as error:
+        raise RefusedStep(str(error), [h.get("feedback") for h, _ in described]) from None
+
+
+def _batch(described: list[Any], header: dict[str, Any], local: list[list[torch.Tensor]]) -> Batch:
+    """The step's :class:`Batch` from every rank's description (ValueError: they disagree, or
+    a rank's input is bad)."""
     headers = [h for h, _ in described]
     raise_first_error(headers)
     with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
@@ -196,6 +207,16 @@ def gather_batch(
         parts=combined_parts(headers),
         feedback=[h.get("feedback") for h in headers],
     )
+
+
+class RefusedStep(ValueError):
+    """A step every rank refused after its gather, the ranks' settings agreeing: its message
+    is the error; ``feedback`` is every rank's closed-loop record the step carried (its rank
+    order), which the step still learns before raising."""
+
+    def __init__(self, message: str, feedback: list[Any]) -> None:
+        super().__init__(message)
+        self.feedback = feedback
 
 
 def _check_settings(comm: Comm, headers: list[dict[str, Any]], options: PlanOptions) -> None:

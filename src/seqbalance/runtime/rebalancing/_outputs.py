@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from seqbalance.runtime.rebalancing._samples import OutputForm
-from seqbalance.runtime.rebalancing.wire import Field
+from seqbalance.runtime.rebalancing.wire import Field, check_dense
 
 __all__ = ["agreed_output", "describe_outputs"]
 
@@ -28,6 +28,7 @@ def describe_outputs(
                 "of this rank's share (per-token outputs), not one row per sample"
             )
         if form is OutputForm.ROWS:
+            check_dense(outputs, "outputs")
             if outputs.dim() == 0 or outputs.shape[0] != n:
                 raise ValueError(
                     f"outputs must have num_samples = {n} rows, got shape {tuple(outputs.shape)}"
@@ -40,6 +41,7 @@ def describe_outputs(
             for k, t in enumerate(local):
                 if not isinstance(t, torch.Tensor) or t.dim() == 0:
                     raise ValueError(f"outputs[{k}] must be a tensor with >= 1 dimension")
+                check_dense(t, f"outputs[{k}]")
                 if rows is not None and t.shape[0] != rows[k]:
                     raise ValueError(
                         f"outputs[{k}] has {t.shape[0]} rows, but this rank computes "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from seqbalance._validation import as_lengths
-from seqbalance.runtime.rebalancing.wire import Field
+from seqbalance.runtime.rebalancing.wire import Field, check_dense
 
 __all__ = ["InputForm", "LocalSamples", "OutputForm", "assemble", "normalise"]
 
@@ -79,8 +80,10 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
         packed = samples if is_dict else {BARE_FIELD: samples}
         form = InputForm.PACKED_DICT if is_dict else InputForm.PACKED_TENSOR
         for name, tensor in packed.items():
+            _check_name(name)
             if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
                 raise ValueError(f"packed field {name!r} must be a tensor with >= 1 dimension")
+            check_dense(tensor, f"packed field {name!r}")
             if tensor.shape[0] != bounds[-1]:
                 raise ValueError(
                     f"packed field {name!r} has {tensor.shape[0]} rows but cu_seqlens ends "
@@ -100,23 +103,28 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
     if not dicts:
         return LocalSamples([], [], form)
     first = dicts[0]
-    if not isinstance(first, Mapping) or not first:
+    # keys(), not iteration: a TensorDict iterates over its rows and has no truth value.
+    if not isinstance(first, Mapping) or not first.keys():
         raise ValueError("samples must be tensors or non-empty dicts of tensors")
-    names = list(first)
+    names = list(first.keys())
     fields = []
     for name in names:
+        _check_name(name)
         tensor = first[name]
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
             raise ValueError(f"samples[0][{name!r}] must be a tensor with >= 1 dimension")
+        check_dense(tensor, f"samples[0][{name!r}]")
         fields.append(Field.of(name, tensor))
     local = []
     for index, sample in enumerate(dicts):
-        if not isinstance(sample, Mapping) or list(sample) != names:
-            got = list(sample) if isinstance(sample, Mapping) else type(sample).__name__
+        if not isinstance(sample, Mapping) or list(sample.keys()) != names:
+            got = list(sample.keys()) if isinstance(sample, Mapping) else type(sample).__name__
             raise ValueError(f"samples[{index}] has fields {got}, expected {names}")
         row = []
         for spec in fields:
             tensor = sample[spec.name]
+            if isinstance(tensor, torch.Tensor):
+                check_dense(tensor, f"samples[{index}][{spec.name!r}]")
             if (
                 not isinstance(tensor, torch.Tensor)
                 or tensor.dim() == 0
@@ -130,6 +138,21 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
             row.append(tensor)
         local.append(row)
     return LocalSamples(local, fields, form)
+
+
+def _check_name(name: Any) -> None:
+    """A field name travels to the other ranks as JSON: it must come back as itself (a str or
+    an int; a tuple would come back as a list, which no dict takes as a key)."""
+    try:
+        back = json.loads(json.dumps([name]))[0]
+        same = type(back) is type(name) and back == name
+    except (TypeError, ValueError):  # not JSON at all
+        same = False
+    if not same:
+        raise ValueError(
+            f"sample field name {name!r} ({type(name).__name__}) cannot be sent: name fields "
+            "with strings"
+        )
 
 
 def assemble(

@@ -23,7 +23,12 @@ from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
 from seqbalance.runtime.agreement import agreed_plan
 from seqbalance.runtime.collectives import Comm, deadline
-from seqbalance.runtime.rebalancing._gathered import Batch, gather_batch, gather_end
+from seqbalance.runtime.rebalancing._gathered import (
+    Batch,
+    RefusedStep,
+    gather_batch,
+    gather_end,
+)
 from seqbalance.runtime.rebalancing._samples import LocalSamples, assemble, normalise
 from seqbalance.runtime.rebalancing.caps import first_over_cap
 from seqbalance.runtime.rebalancing.pieces import PieceRouting, route_pieces
@@ -104,7 +109,14 @@ class StepEngine:
         pending, local, header, table = self._header(
             comm, observed, samples, cu_seqlens, groups, parts
         )
-        batch = self.gather(comm, header, table, local)
+        try:
+            batch = self.gather(comm, header, table, local)
+        except RefusedStep as refused:
+            # Every rank refuses the step, having gathered the observation it carried: learn
+            # that (alike everywhere), or the loop's step numbers would part from the ranks'.
+            if self.feedback is not None:
+                self.feedback.apply(pending, refused.feedback, comm.rank)
+            raise ValueError(str(refused)) from None
         timings["gather"] = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -188,6 +200,7 @@ class StepEngine:
             _worker=self.worker,
             telemetry=telemetry,
             slots=slots,
+            _step=self.steps - 1,
         )
 
     def end(self, observed: Any = None) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from seqbalance.cost.samples import SampleParts
+from seqbalance.runtime.agreement import plan_digests
 from seqbalance.runtime.collectives import Comm
 from seqbalance.runtime.rebalancing._gathered import gather_described, raise_first_error
 from seqbalance.runtime.rebalancing._outputs import agreed_output, describe_outputs
@@ -107,6 +108,7 @@ class RebalanceResult:
     _worker: Worker | None = field(default=None, repr=False)
     telemetry: dict[str, Any] | None = None
     slots: list[ContextParallelSlot] | None = None
+    _step: int = field(default=0, repr=False)  # the Rebalancer's step count when made
 
     @property
     def num_samples(self) -> int:
@@ -149,8 +151,12 @@ class RebalanceResult:
         if isinstance(routing, PieceRouting):  # each piece's rows: this rank's share of it
             shares = [slot.positions(k).size for slot in self.slots or [] for k in range(len(slot))]
         form, local, header, table = describe_outputs(outputs, self.num_samples, shares)
+        # Which step's result this is, by number and plan: ranks that restore different
+        # steps' results (another order) would otherwise swap outputs between them, silently.
+        header["step"] = [self._step, plan_digests(self.plan)["plan"][:16]]
         started = time.perf_counter()
         described = gather_described(comm, header, table, "restore: all_gather")
+        _check_same_step([h["step"] for h, _ in described])
         raise_first_error([h for h, _ in described])
         spec = agreed_output(h for h, _ in described)
         if spec is None:
@@ -184,6 +190,17 @@ class RebalanceResult:
         if not ordered:
             return torch.zeros((0, *output.trailing), dtype=output.dtype)
         return torch.stack([t.reshape(output.trailing) for t in ordered])
+
+
+def _check_same_step(steps: Sequence[list[Any]]) -> None:
+    """Raise ValueError on every rank unless every rank restores the same step's result."""
+    other = next((r for r, step in enumerate(steps) if step != steps[0]), None)
+    if other is not None:
+        raise ValueError(
+            f"ranks restore the outputs of different steps: rank 0 step {steps[0][0]} (plan "
+            f"{steps[0][1]}), rank {other} step {steps[other][0]} (plan {steps[other][1]}); "
+            "call restore on every rank for the same results, in the same order; nothing was sent"
+        )
 
 
 def _whole(routing: PieceRouting, sample: int, output: Callable[[int], torch.Tensor]) -> Any:

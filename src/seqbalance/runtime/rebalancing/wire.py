@@ -24,7 +24,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["WIRE_VERSION", "Field", "decode", "encode", "pack", "sample_bytes", "unpack"]
+__all__ = [
+    "WIRE_VERSION",
+    "Field",
+    "check_dense",
+    "decode",
+    "encode",
+    "pack",
+    "sample_bytes",
+    "unpack",
+]
 
 WIRE_VERSION = 2
 """Changes whenever the description layout changes: ranks running different seqbalance
@@ -92,14 +101,48 @@ def sample_bytes(rows: np.ndarray, fields: Sequence[Field]) -> np.ndarray:
     return (rows[:, : len(fields)] * row_bytes).sum(axis=1)
 
 
+def check_dense(tensor: torch.Tensor, where: str) -> None:
+    """Refuse a tensor whose values cannot travel as its raw bytes, before any collective, so
+    that every rank raises the same error (:func:`pack` would fail on the sending rank alone,
+    or crash the process for a quantized tensor).
+
+    Raises:
+        ValueError: naming ``where``: a sparse, nested, quantized or meta-device tensor.
+    """
+    kind = (
+        "a nested"
+        if tensor.is_nested
+        else f"a {tensor.layout}"
+        if tensor.layout != torch.strided
+        else f"a quantized ({tensor.dtype})"
+        if tensor.is_quantized
+        else "a meta-device"
+        if tensor.device.type == "meta"
+        else None
+    )
+    if kind is not None:
+        raise ValueError(
+            f"{where} is {kind} tensor: only dense (strided) tensors with data can be sent; "
+            "convert it first (.to_dense(), .dequantize(), ...)"
+        )
+
+
+def _raw(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values as contiguous uint8 bytes on the CPU."""
+    # A conjugate or negative view keeps its values unresolved: its raw bytes are not its values.
+    flat = tensor.detach().resolve_conj().resolve_neg().cpu().reshape(-1)
+    if flat.stride(0) != 1:
+        # One row sliced with a step (a column of a length-1 sample) counts as contiguous and
+        # keeps its stride, but a byte view needs stride 1.
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
+
+
 def pack(samples: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
-    """The raw bytes of ``samples`` (each a list of one tensor per field), in order, as uint8:
-    one concatenation of every tensor's bytes."""
-    raw = [
-        tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
-        for sample in samples
-        for tensor in sample
-    ]
+    """The raw bytes of ``samples`` (each a list of one tensor per field, each dense:
+    :func:`check_dense`), in order, as uint8: one concatenation of every tensor's bytes (the
+    values of a conjugate or negative view, resolved)."""
+    raw = [_raw(tensor) for sample in samples for tensor in sample]
     return torch.cat(raw) if raw else torch.zeros(0, dtype=torch.uint8)
 
 

@@ -462,9 +462,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         """
         if self._lagged is None:
             raise ValueError("BalancedBatchSampler.observe needs adaptive=True")
-        return self._lagged.observe(
-            timing, None if step is None else check_int(step, "step", minimum=0)
-        )
+        return self._lagged.observe(timing, step)  # a bad step: every rank raises at the gather
 
     def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
         """The resume point (``EpochBatchSampler.state_dict``); with ``adaptive`` also what the

@@ -1,0 +1,153 @@
+"""One rank's statistics vector of a step (its layout) and the rules that judge a step from
+every rank's vector: whom to leave out of it (a clock in another unit, a timer that missed
+work) and when the fit's window starts afresh (every rank's level shifted). Pure functions of
+the gathered numbers, so every rank judges alike, and alike across a resume. And how a measured
+value is read (:func:`as_seconds`: what is no number is dropped, never raised)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "COMPUTE",
+    "EARLIER_SIZES",
+    "ERR_FIT",
+    "ERR_MODEL",
+    "ERR_PRIOR",
+    "FIT_COLUMNS",
+    "GIVEN",
+    "GRAM",
+    "HELD_OUT",
+    "IGNORED",
+    "KEPT",
+    "MEASURED",
+    "MOMENT",
+    "PREDICTED",
+    "SIZE",
+    "STEP",
+    "STEP_AGREEMENT",
+    "SUMS",
+    "SUM_SECONDS",
+    "SYNC",
+    "USED",
+    "WEIGHT",
+    "as_seconds",
+    "level_shift",
+    "missed_work",
+    "off_the_step",
+    "one_number",
+]
+
+STEP_AGREEMENT = 2.0
+"""Ranks that time a gradient sync end their step together, so their step times agree. A rank
+whose step is within this factor of at most half of theirs reads a clock in another unit (a
+hand-made timing, a wrong event factory) or starts its steps a step's compute off (untimed work
+on it alone): the times cannot tell which, and compute alone would make it a faster or slower
+rank; its micro-batches that step are left out of the fit and the speeds."""
+
+# Layout of one rank's statistics vector (float64).
+GRAM = slice(0, 9)  # Σ h·x xᵀ / s², x = [1, ΣL, Σq] per micro-batch, s its measured seconds
+MOMENT = slice(9, 12)  # Σ h·x / s (θ·moment / Σ h: the rank's mean predicted / measured)
+WEIGHT, USED, IGNORED = 12, 13, 14  # Σ h, micro-batches used, ignored
+ERR_FIT, ERR_PRIOR, HELD_OUT = 15, 16, 17  # Σ min(|relative error|, 1) before the update
+ERR_MODEL = 18  # Σ |relative error| of the model in use
+PREDICTED, MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds (used ones)
+COMPUTE, SYNC, STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
+SUMS = slice(24, 27)  # Σ x over the micro-batches the fit keeps (weight > 0)
+SUM_SECONDS = 27  # Σ measured seconds of those micro-batches
+GIVEN = 28  # 1 when a step time came with the step (its busy time known: adv9a N1)
+SIZE = 29
+EARLIER_SIZES = (24, 28)  # statistics of releases before the sums, the flag (a pending step)
+# What the windows keep of each rank's statistics per step: the fit's columns, then the sums
+# (the speeds' step ratios, :func:`online._time_ratios`).
+KEPT = np.r_[0 : USED + 1, SUMS.start : SUM_SECONDS + 1]
+FIT_COLUMNS = USED + 1
+
+
+def off_the_step(stats: np.ndarray) -> np.ndarray:
+    """Ranks (bool [ranks]) whose step wall time is within :data:`STEP_AGREEMENT` of fewer
+    than half the others that measured a gradient sync (only those end their step together;
+    two that disagree are both out: neither is a majority).
+
+    Without two such ranks there is nothing to compare.
+    """
+    synchronized = np.flatnonzero(stats[:, SYNC] > 0)
+    off = np.zeros(stats.shape[0], dtype=bool)
+    if synchronized.size < 2:
+        return off
+    step = stats[synchronized, STEP]
+    ordered = np.sort(step)
+    agreeing = np.searchsorted(ordered, step * STEP_AGREEMENT, side="right") - np.searchsorted(
+        ordered, step / STEP_AGREEMENT, side="left"
+    )
+    off[synchronized] = 2 * agreeing <= synchronized.size
+    return off
+
+
+def missed_work(stats: np.ndarray, reject: float) -> np.ndarray:
+    """Ranks (bool [ranks]) with a sync whose compute is under 1 / (1 + reject) of step - sync, at
+    a pace over 1 + reject times the median of those filling it: missed work (adv10a R1)."""
+    compute, sync, step, measured = stats[:, [COMPUTE, SYNC, STEP, MEASURED]].T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pace = stats[:, PREDICTED] / measured  # nothing measured: NaN or inf
+    short = (sync > 0) & (compute * (1 + reject) < step - sync)
+    filling = pace[~short & (measured > 0)]
+    return short & (pace > (1 + reject) * np.median(filling)) if filling.size else short & False
+
+
+def level_shift(
+    window: Sequence[np.ndarray],
+    kept: np.ndarray,
+    theta: np.ndarray,
+    speeds: np.ndarray,
+    reject: float,
+) -> int | None:
+    """Steps of ``window`` to keep when every rank's level shifted (this step's ``kept``), else
+    None: the window's steps at the old level, fitted beside the new ones, bend the model and
+    the speeds until they leave it. A shift: every rank's last step dropped whole and this one
+    kept (K1's level-free rule: a warm-up over; keep none), or every rank kept ran over ``1 +
+    reject`` times slower than ``theta`` predicts at its speed in the last step and this one
+    (keep the last: nothing is dropped that way, and Huber's weights damp the new steps; one
+    such step is an outlier, a checkpoint; adv10a R3)."""
+    if not window:
+        return None
+    last = window[-1]
+    if last[:, USED].any() and not last[:, WEIGHT].any():
+        return 0 if kept[:, WEIGHT].any() else None
+    slower = []
+    for step in (last, kept):
+        seconds = step[:, -1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slow = step[:, -4:-1] @ theta * (1 + reject) < seconds * speeds
+        slower.append(bool(seconds.any() and np.all(slow[seconds > 0])))
+    return 1 if all(slower) else None
+
+
+def as_seconds(values: Any) -> np.ndarray:
+    """``values`` (measured seconds) as a float64 1-D array; an entry that is not a number (or one
+    beyond a float: an int of 400 digits) becomes NaN, which the statistics drop."""
+    try:
+        with np.errstate(all="ignore"):
+            return np.asarray(values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        items = list(values) if isinstance(values, (list, tuple)) else [values]
+        return np.array([_number(value) for value in items], dtype=np.float64)
+
+
+def one_number(seconds: Any) -> bool:
+    """Whether a rank's ``seconds`` are one number (its whole compute), not one per micro-batch:
+    a ragged list is the latter (``np.ndim`` raises on it; its entry that is no number drops)."""
+    try:
+        return np.ndim(seconds) == 0
+    except ValueError:
+        return False
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")

@@ -1,0 +1,68 @@
+"""Adversarial (adv11a T4): a measured time that is no number must be dropped and counted, as
+everywhere else in the closed loop ("bad values are dropped, not raised"):
+
+- with context parallelism a slot's seconds went through ``np.asarray(..., float64)``: an int
+  beyond a float (``10**400``) raised OverflowError out of ``observe()`` (in a process group: on
+  that rank alone, its record never sent, the others waiting until their deadline), and a string
+  or a nested value refused the whole step;
+- a rank's micro-batch list holding one nested entry (``[0.1, [0.2], ...]``) refused the whole
+  step with numpy's "setting an array element with a sequence" (``np.ndim`` of a ragged list),
+  with or without context parallelism.
+
+Now such an entry is dropped like a NaN: the step is learned exactly as with NaN there."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from seqbalance.cost import TimeModel
+from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
+from seqbalance.plan import ContextParallel
+from seqbalance.plan.options import PlanOptions
+from seqbalance.runtime.closed_loop import AdaptivePlanner
+
+PRIOR = TimeModel(1e-3, 1e-6, 1e-9)
+
+
+def _options(context_parallel: bool) -> PlanOptions:
+    if not context_parallel:
+        return PlanOptions(cost=PRIOR, max_tokens=4096)
+    cost = ContextParallelTimeModel(
+        PRIOR, CommModel(5e9, 2e-5), 64, 4, piece_overhead_s=1e-4, sharded_attention_factor=1.5
+    )
+    return PlanOptions(
+        cost=cost, max_tokens=4096, context_parallel=ContextParallel(sizes=(1, 2)), allow_empty=True
+    )
+
+
+def _telemetry(context_parallel: bool, odd: object) -> list[dict]:
+    """Three steps on 2 ranks; rank 1's first time of step 1 is ``odd``."""
+    planner = AdaptivePlanner(2, _options(context_parallel))
+    rng = np.random.default_rng(5)
+    out = []
+    for step in range(3):
+        plan = planner.plan(rng.integers(100, 6000 if context_parallel else 4000, 12))
+        seconds: list[list[object]] = [
+            [1e-3 * (1 + k) for k in range(len(plan.ranks[r]))] for r in range(2)
+        ]
+        if step == 1:
+            seconds[1][0] = odd
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out.append(planner.observe(plan, seconds))
+    return out
+
+
+@pytest.mark.parametrize("context_parallel", [False, True])
+@pytest.mark.parametrize(
+    "odd",
+    [10**400, "x", [0.2], np.array([0.2]), None],
+    ids=["huge_int", "str", "list", "array", "none"],
+)
+def test_a_time_that_is_no_number_is_dropped_as_nan(context_parallel, odd) -> None:
+    nan = _telemetry(context_parallel, float("nan"))
+    assert nan[1]["ignored_measurements"] == 1
+    assert _telemetry(context_parallel, odd) == nan

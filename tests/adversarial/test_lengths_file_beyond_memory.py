@@ -1,0 +1,59 @@
+"""A ``.npy`` lengths file whose header claims more samples than memory holds (a header cut
+from a 16 TiB array, or a file cut short) made ``np.load`` allocate the claim first: a
+MemoryError traceback from ``plan``, ``simulate`` and ``bench`` instead of one line, rc 2
+(adv11b U3). The file is mapped first now, so a claim the file does not back is refused before
+any allocation, and running out of memory anywhere in a command is one line too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqbalance.cli import main
+
+
+def _claims(path: Path, samples: int) -> Path:
+    # A header claiming ``samples`` int64 values, followed by 100 of them.
+    with open(path, "wb") as file:
+        header = {"descr": "<i8", "fortran_order": False, "shape": (samples,)}
+        np.lib.format.write_array_header_1_0(file, header)
+        file.write(np.arange(1, 101, dtype="<i8").tobytes())
+    return path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["plan", "{}", "--dp", "2"], ["simulate", "--lengths", "{}", "--steps", "1"]],
+    ids=["plan", "simulate"],
+)
+def test_a_header_claiming_16_tib_is_one_line(tmp_path: Path, argv: list[str], capsys) -> None:
+    path = _claims(tmp_path / "lengths.npy", 2**41)
+    assert main([arg.format(path) for arg in argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "lengths.npy" in lines[0], lines
+
+
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys) -> None:
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 29.8 GiB")
+
+    monkeypatch.setattr("seqbalance.cli.plan.plan_step", out_of_memory)
+    assert main(["plan", "gsm8k", "--dp", "2"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["seqbalance plan: error: out of memory: Unable to allocate 29.8 GiB"], lines
+
+
+def test_a_message_of_several_lines_is_one_line(monkeypatch, capsys) -> None:
+    # transformers' tokenizer loading raises such messages (a tokenizer folder without files:
+    # "Couldn't instantiate the backend tokenizer from one of: \n(1) ... \n(2) ...") (U6).
+    def several_lines(*args, **kwargs):
+        raise ValueError("Couldn't instantiate it from one of: \n(1) a file, \n(2) a class.")
+
+    monkeypatch.setattr("seqbalance.cli.plan.plan_step", several_lines)
+    assert main(["plan", "gsm8k", "--dp", "2"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "seqbalance plan: error: Couldn't instantiate it from one of: (1) a file, (2) a class."
+    ]
