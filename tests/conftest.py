@@ -42,6 +42,7 @@ SLOWEST_FIRST = (
     "test_integrations_verl_install.py",
     "test_measure_launch.py",
     "test_plan_speeds.py",
+    "test_plan_bruteforce.py",
 )
 """Modules that take the longest in the README's test command (per-module seconds of
 ``pytest --durations=0 -n 2 --dist loadfile``), started first so that no worker is left alone
