@@ -240,6 +240,9 @@ def _first_rank_reversed(problem: Problem) -> list[list[list[int]]]:
         ("dropped", lambda mbs: [[mbs[0][0][:2]], mbs[1]], "sample 1 0 times"),
         ("doubled", lambda mbs: [[mbs[0][0] + [0]], mbs[1]], "sample 0 2 times"),
         ("not_lists", lambda mbs: 5, "returned int 5"),
+        # adv11b U11: a generator made the check itself fail (TypeError: no len()).
+        ("generator", lambda mbs: (ranks for ranks in mbs), "returned generator"),
+        ("string", lambda mbs: "ab", "returned str 'ab'"),
         ("empty_microbatch", lambda mbs: [[mbs[0][0], []], [mbs[1][0], []]], "is empty"),
         ("over_cap", lambda mbs: [[list(range(8))], [[]]], "above max_tokens = 150"),
     ],

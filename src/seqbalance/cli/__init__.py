@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except MemoryError as error:
         # Input sized beyond this machine (a lengths file, a count): one line, not a traceback.
-        print(f"{prefix} out of memory: {_one_line(error)}", file=sys.stderr)
+        detail = _one_line(error)  # numpy names the allocation; a bare MemoryError nothing
+        print(f"{prefix} out of memory{': ' + detail if detail else ''}", file=sys.stderr)
         return 2
     except (RecursionError, OverflowError) as error:
         # Input nested or sized beyond what can be handled (the readers refuse what they know

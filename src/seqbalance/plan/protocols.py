@@ -75,6 +75,8 @@ def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatch
     """
     where = f"strategy {name!r} returned"
     try:
+        if isinstance(microbatches, (str, bytes)) or not hasattr(microbatches, "__len__"):
+            raise TypeError  # a generator would be used up here; a string is no list of ranks
         counts = {len(mbs) for mbs in microbatches}
         members = [i for mbs in microbatches for mb in mbs for i in mb]
     except TypeError:

@@ -97,7 +97,7 @@ def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
     # its error: skipped if it is cut short or turns out to be the last line.
     pending: tuple[int, bool, ValueError] | None = None
     with path.open("rb") as file:
-        for number, raw in enumerate(file, start=1):
+        for number, raw in enumerate(_lines(file), start=1):
             text = raw.strip()
             if not text:
                 continue
@@ -122,6 +122,29 @@ def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
     if not reader.steps:
         raise ValueError(f"{path} holds no telemetry step") if pending is None else pending[2]
     return reader.telemetry()
+
+
+_LINE_LIMIT = 1 << 22
+"""Bytes of a line read at once (4 MiB; a telemetry line is kilobytes). A longer line is read
+through in pieces of this size and never held whole: lost blocks after a hard crash can make a
+line of gigabytes of NUL bytes."""
+
+
+def _lines(file: Any) -> Any:
+    """The lines of ``file`` (binary); a line longer than ``_LINE_LIMIT`` comes as ``b"\0"``
+    when it holds NUL bytes only (a cut line, skipped), else as ``b"<line longer than ...>"``
+    (not JSON: named, unless last)."""
+    while line := file.readline(_LINE_LIMIT):
+        if len(line) < _LINE_LIMIT or line.endswith(b"\n"):
+            yield line
+            continue
+        nul = True
+        while line:  # through to the line's end, a piece at a time
+            nul = nul and not line.translate(None, b"\0 \t\r\n")  # no copy of NUL bytes
+            if line.endswith(b"\n"):
+                break
+            line = file.readline(_LINE_LIMIT)
+        yield b"\0" if nul else f"<line longer than {_LINE_LIMIT >> 20} MiB>".encode()
 
 
 class _Reader:

@@ -67,7 +67,11 @@ class ContextParallel:
         raise AttributeError(f"'ContextParallel' object has no attribute {name!r}")
 
     def __post_init__(self) -> None:
-        if isinstance(self.sizes, (str, bytes)) or not hasattr(self.sizes, "__iter__"):
+        if (
+            isinstance(self.sizes, (str, bytes))
+            or not hasattr(self.sizes, "__iter__")
+            or getattr(self.sizes, "ndim", 1) == 0  # a 0-d array: iterable, yet no sequence
+        ):
             raise ValueError(f"sizes must be a sequence of CP sizes, got {self.sizes!r}")
         sizes = tuple(check_int(s, "sizes entry", minimum=1) for s in self.sizes)
         if not sizes:
