@@ -4,6 +4,7 @@ failure reproduces), one CPU thread per process, and the order that lets the REA
 worker so its module-scoped set-ups run once) finish both workers together."""
 
 import os
+import sys
 
 import pytest
 from _profiles import DERANDOMIZED, SCALES, active_profile
@@ -41,6 +42,7 @@ SLOWEST_FIRST = (
     "test_integrations_verl_install.py",
     "test_measure_launch.py",
     "test_plan_speeds.py",
+    "test_plan_bruteforce.py",
 )
 """Modules that take the longest in the README's test command (per-module seconds of
 ``pytest --durations=0 -n 2 --dist loadfile``), started first so that no worker is left alone
@@ -50,7 +52,8 @@ the list runs in its place, a listed one that is gone changes nothing."""
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Start the ``SLOWEST_FIRST`` modules first (a stable sort: the order inside a module, and
-    of the other modules, stays as collected)."""
+    of the other modules, stays as collected); where the collected tests start ranks, their fork
+    server imports ``RANK_PRELOAD`` too."""
     items.sort(
         key=lambda item: (
             SLOWEST_FIRST.index(item.path.name)
@@ -58,3 +61,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             else len(SLOWEST_FIRST)
         )
     )
+    launch = sys.modules.get("seqbalance.measure.launch")
+    if launch is not None:
+        missing = [name for name in RANK_PRELOAD if name not in launch.FORKSERVER_PRELOAD]
+        launch.FORKSERVER_PRELOAD = (*launch.FORKSERVER_PRELOAD, *missing)
+
+
+RANK_PRELOAD = (
+    # What a rank imports when it unpickles its test's worker function (the test module's own
+    # imports): about 0.3 s of CPU per rank, for hundreds of ranks.
+    "pytest",
+    "hypothesis",
+    "seqbalance.plan",
+    "seqbalance.runtime",
+    "seqbalance.runtime.context_parallel",
+    "seqbalance.measure.toy_model",
+    # Ranks that build a Hugging Face model: about 3 s of CPU per rank, 4 ranks a launch in
+    # some tests. Not megatron-core: importing it changes how every tensor pickles (its
+    # safe_globals), so the launcher would need it to read any rank's result.
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen3.modeling_qwen3",
+)
+"""Modules the fork server of the suite's ranks imports once, beside torch (the server starts
+at a worker's first launch, from ``seqbalance.measure.launch.FORKSERVER_PRELOAD``), instead of
+every rank importing them again. Each rank is still a fresh process forked from the server; a
+module that is not installed is left out (the server skips a preload that raises ImportError).
+Tensors pickle as before (checked); their side effects are those the ranks of the tests that
+import them had anyway: torch._dynamo's wrapper around ``torch.manual_seed`` and two warning
+filters (sympy's deprecations, transformers' lr_scheduler warnings)."""

@@ -19,7 +19,7 @@ import seqbalance as sb
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.plan import StepPlan
 from seqbalance.plan._problem import Problem
-from seqbalance.plan._rank_search import capacity_bound
+from seqbalance.plan._rank_search import _filled_ranks_bound, capacity_bound, counts_bound
 
 MAX_SLOTS = 4
 
@@ -175,14 +175,17 @@ def test_balanced_with_rank_speeds_matches_brute_force(problem: dict, data: st.D
 
 
 @requires_checked(0.3)
-@settings(max_examples=examples(200))
+@settings(max_examples=examples(2400))
 @given(small_problems(), st.data())
 def test_capacity_bound_is_below_the_brute_force(problem: dict, data: st.DataObject) -> None:
-    """``capacity_bound`` (what the count search with rank speeds skips counts by) is at most
-    the optimum of every count the brute force reaches."""
+    """With rank speeds (groups, overheads, empty micro-batches and both objectives drawn):
+    ``capacity_bound`` (what the count search with rank speeds skips counts by) is at most the
+    optimum of every count the brute force reaches, ``counts_bound`` from any count at most the
+    optimum of every count from there on, and the plan's reported bound at most the optimum of
+    every count."""
     speeds = data.draw(
         st.lists(
-            st.sampled_from([1.0, 0.5, 0.67, 1.5, 0.01]),
+            st.sampled_from([1.0, 0.5, 0.67, 1.5, 0.01, 0.05]),
             min_size=problem["dp"],
             max_size=problem["dp"],
         )
@@ -193,7 +196,7 @@ def test_capacity_bound_is_below_the_brute_force(problem: dict, data: st.DataObj
         set_aside("refused")
         return
     costs, overhead = evaluate_costs(plan.options.cost_model, plan.lengths, None)
-    p = Problem(plan.lengths, costs, overhead, plan.dp_size, None, plan.options)
+    p = Problem(plan.lengths, costs, overhead, plan.dp_size, plan.groups, plan.options)
     if p.speeds is None:
         set_aside("equal speeds (planned in cost units, without the bound)")
         return
@@ -205,6 +208,9 @@ def test_capacity_bound_is_below_the_brute_force(problem: dict, data: st.DataObj
     checked()
     for m, best in optima.items():
         assert capacity_bound(p, m) <= best * (1 + 1e-9) + 1e-9, m
+        assert plan.lower_bound <= best * (1 + 1e-9) + 1e-9, m
+        for first in range(1, m + 1):
+            assert counts_bound(p, first) <= best * (1 + 1e-9) + 1e-9, (first, m)
 
 
 @requires_checked(0.12)
@@ -251,11 +257,13 @@ def test_ten_samples_four_slots(lengths: list[int], dp: int, options: dict) -> N
 def test_capacity_bound_of_filled_ranks_by_hand(m: int, bound: float, best: float) -> None:
     # Costs 1, 1, 1, 1, 10, 10 on speeds (1, 0.1), no cap, no empty micro-batch: the slow rank
     # holds m samples, at least m of cost 1, so it ends at m / 0.1 or later. m = 3: the slow
-    # rank's three 1s take 30, the fast rank's 1 + 10 + 10 = 21; m = 1, 2: 20 and 22.
+    # rank's three 1s take 30, the fast rank's 1 + 10 + 10 = 21; m = 1, 2: 20 and 22. Every
+    # count also runs the total 24 on the speed sum 1.1 (the token bound without a cap).
     options = sb.PlanOptions(rank_speeds=(1.0, 0.1))
     lengths = np.array([1, 1, 1, 1, 10, 10])
     p = Problem(lengths, lengths.astype(np.float64), 0.0, 2, None, options)
-    assert capacity_bound(p, m) == pytest.approx(bound)
+    assert _filled_ranks_bound(p, m) == pytest.approx(bound)
+    assert capacity_bound(p, m) == pytest.approx(max(bound, 24 / 1.1))
     plan = sb.plan_step(lengths, 2, rank_speeds=(1.0, 0.1), num_microbatches=m)
     assert plan.step_cost == pytest.approx(best)
     assert capacity_bound(p, 4) == np.inf  # 6 samples cannot fill 2 x 4 micro-batches
@@ -280,3 +288,21 @@ def test_capacity_bound_by_hand(m: int, bound: float) -> None:
             lengths, 2, max_tokens=10, rank_speeds=(1.0, 0.5), num_microbatches=m, allow_empty=True
         )
         assert plan.step_cost == pytest.approx(bound)
+
+
+@pytest.mark.parametrize(("overhead", "bound"), [(0.0, 2000.0), (1.0, 2200.0)])
+def test_counts_bound_by_hand(overhead: float, bound: float) -> None:
+    # Four samples of 10 tokens (cost 10 each), cap 10 (one per micro-batch), speeds (1, 0.01),
+    # no empty micro-batch. With c micro-batches the fast rank holds at most c samples, so the
+    # slow one at least 4 - c, and at least c: it ends at 1000 x max(c, 4 - c) or later, least
+    # at c = 2 (2000, exact: two samples each). With an overhead of 1 per micro-batch the slow
+    # rank also runs c overheads: 2200 at c = 2 (the overheads alone, 100 x c, stay below).
+    lengths = np.full(4, 10)
+    options = sb.PlanOptions(max_tokens=10, rank_speeds=(1.0, 0.01))
+    p = Problem(lengths, lengths.astype(np.float64), overhead, 2, None, options)
+    assert counts_bound(p, 1) == pytest.approx(bound)
+    assert counts_bound(p, 3) == pytest.approx(capacity_bound(p, 3))  # from 3: 3000 (+ 300)
+    plan = sb.plan_step(lengths, 2, max_tokens=10, rank_speeds=(1.0, 0.01))
+    if overhead == 0.0:
+        assert plan.step_cost == pytest.approx(bound)
+        assert plan.lower_bound == pytest.approx(bound)  # was 40 / 1.01: the speed sum's share

@@ -19,7 +19,7 @@ import importlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -86,17 +86,18 @@ class Installation:
             position = next((i for i, inst in enumerate(_active) if inst is self), None)
             if position is None:
                 return
+            spaces = _namespaces(self.functions)
             for name in self.functions:
                 # The next newer installation that replaced this name took over its binding.
                 newer = (inst for inst in _active[position + 1 :] if name in inst.functions)
                 successor = next(newer, None)
                 if successor is None:
-                    self._restore(name)
+                    self._restore(name, spaces)
                 else:
-                    successor._inherit(self, name)
+                    successor._inherit(self, name, spaces)
             del _active[position]
 
-    def _restore(self, name: str) -> None:
+    def _restore(self, name: str, spaces: list[tuple[ModuleType, dict]]) -> None:
         mine = self.functions[name]
         for module, attribute, value in reversed(self._records):
             # Only where its own function still is: a binding set after it by someone else
@@ -105,10 +106,12 @@ class Installation:
                 setattr(module, name, value)
         # Modules imported while it was installed took its function from verl's module.
         if name in self._previous:
-            for module in _bindings(name, mine):
+            for module in _bindings(name, mine, spaces):
                 setattr(module, name, self._previous[name])
 
-    def _inherit(self, earlier: Installation, name: str) -> None:
+    def _inherit(
+        self, earlier: Installation, name: str, spaces: list[tuple[ModuleType, dict]]
+    ) -> None:
         """``earlier`` (the installation whose ``name`` this one replaced) is removed: where
         this one recorded earlier's function, record what earlier had recorded instead."""
         function = earlier.functions[name]
@@ -124,7 +127,7 @@ class Installation:
         # module was patched by another library or reloaded between the two installs, so this
         # one found another function there): they take this one's, and it records what they
         # held before earlier, so no removed installation's function stays behind.
-        for module in _bindings(name, function):
+        for module in _bindings(name, function, spaces):
             if id(module) not in recorded:
                 before = own.get(id(module), earlier._previous.get(name, function))
                 self._records.append((module, name, before))
@@ -139,9 +142,13 @@ class Installation:
         self.uninstall()
 
 
-def _bindings(name: str, value: Any) -> list[ModuleType]:
-    """The loaded modules whose attribute ``name`` is ``value`` (defined or imported by name)."""
-    found = []
+def _namespaces(names: Collection[str]) -> list[tuple[ModuleType, dict]]:
+    """The loaded modules that hold any of ``names``, with their namespaces (live dicts: later
+    bindings show in them). Read once per install or removal, before its dozen lookups:
+    reading thousands of modules is most of their cost, and a module that holds none of the
+    names gets none from them."""
+    wanted = frozenset(names)
+    spaces = []
     for module in list(sys.modules.values()):
         try:
             # Not getattr: a module that importlib's LazyLoader has not loaded yet would load
@@ -150,9 +157,15 @@ def _bindings(name: str, value: Any) -> list[ModuleType]:
             namespace = object.__getattribute__(module, "__dict__")
         except Exception:  # None entries, objects without a namespace
             continue
-        if isinstance(namespace, dict) and namespace.get(name) is value:
-            found.append(module)
-    return found
+        if isinstance(namespace, dict) and not namespace.keys().isdisjoint(wanted):
+            spaces.append((module, namespace))
+    return spaces
+
+
+def _bindings(name: str, value: Any, spaces: list[tuple[ModuleType, dict]]) -> list[ModuleType]:
+    """The modules of ``spaces`` whose attribute ``name`` is ``value`` (defined or imported by
+    name)."""
+    return [module for module, namespace in spaces if namespace.get(name) is value]
 
 
 def _options(cost: Any, model: Any, options: PlanOptions | None) -> PlanOptions | None:
@@ -276,12 +289,13 @@ def install_into(
                     if k == 0:
                         raise
                     continue
+                spaces = _namespaces(group)  # after the import: the modules it loaded too
                 for name in group:
                     current = getattr(target, name, None)
                     if current is None or name not in installation.functions:
                         continue
                     installation._previous[name] = current
-                    for module in _bindings(name, current):
+                    for module in _bindings(name, current, spaces):
                         if module is ours:
                             continue
                         installation._records.append((module, name, current))
@@ -290,8 +304,9 @@ def install_into(
             # A later target failing otherwise than ImportError (an optional part of verl
             # broken in this environment): this installation never becomes active, so nothing
             # could remove what it had already put in verl; put it back before raising.
+            spaces = _namespaces(installation.functions)
             for name in installation.functions:
-                installation._restore(name)
+                installation._restore(name, spaces)
             raise
         _active.append(installation)
     return installation

@@ -13,7 +13,7 @@ import numpy as np
 from seqbalance.partition import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
-from seqbalance.plan import _feasible
+from seqbalance.plan import _exact, _feasible
 from seqbalance.plan._dominant import dominant_start
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
 from seqbalance.plan._level_starts import level_start
@@ -35,7 +35,15 @@ from seqbalance.plan._shared import Microbatches
 from seqbalance.plan._two_positions import two_position_start
 from seqbalance.plan.strategies import rank_members
 
-__all__ = ["assign_units", "attempt", "global_first_fit", "last_resort", "lowered", "refines"]
+__all__ = [
+    "assign_units",
+    "attempt",
+    "emptier",
+    "global_first_fit",
+    "last_resort",
+    "lowered",
+    "refines",
+]
 
 _HEAP_RANKS = 8
 """``_place_columns`` places one rank at a time with a heap (Python) up to this many ranks, ...
@@ -56,7 +64,14 @@ def attempt(
     leaves out the lockstep refinement (``match_profile`` still applies), ``isolate=False`` the
     padded plan with dominant samples alone (``_longest_alone``); ``known``: ``assign_units``
     and ``global_first_fit`` of ``m`` where the caller already has them (packed, no groups;
-    the fallback plan is then used, not copied)."""
+    the fallback plan is then used, not copied).
+
+    With rank speeds and ``allow_empty``, where the rank that ends last is held by the count
+    (``emptier``), it is also planned with empty micro-batches allowed: the cheaper of the two
+    is kept (the first on ties), so a count has a plan exactly where it had one, never a dearer
+    one. Not where the lockstep refinement follows: the plans refined there are the
+    ``emptier`` ones too (``_count_search``), since a cheaper start may refine to a dearer
+    plan."""
     if p.layout == "padded" and p.groups is None:
         # Equal-cost micro-batches suit equal ranks; with speeds, cutting each rank's share
         # (step 1 plans the shares for the speeds) may be cheaper: the first of the cheapest.
@@ -65,10 +80,52 @@ def attempt(
             plans += _interval_search(p, m, plans[0])
             plans += [_longest_alone(p, m)] if isolate else []
         valid = [plan for plan in plans if plan is not None]
-        return min(valid, key=lambda plan: aligned_value(p, plan), default=None)
+        plan = min(valid, key=lambda plan: aligned_value(p, plan), default=None)
+    else:
+        plan = _by_rank(p, m, refine=refine, known=known, fill=True)
+    if plan is None or refines(p, m) or (other := emptier(p, plan)) is None:
+        return plan
+    return other if aligned_value(p, other) < aligned_value(p, plan) else plan
+
+
+def emptier(p: Problem, plan: Microbatches) -> Microbatches | None:
+    """With rank speeds and ``allow_empty``, the plan of ``plan``'s count ``m`` whose step 1
+    leaves ranks fewer than ``m`` samples (before the lockstep refinement), where ``plan``
+    gives every rank ``m`` (there are ``dp x m`` samples) and its rank that ends last (its
+    total over its speed) cannot give its smallest unit away without falling below ``m``:
+    then that may be all that keeps its cost up (a slow rank given ``m`` samples may end far
+    later than the others, while an empty micro-batch costs its overhead only); else None.
+    Not where the exact search runs after it (``_exact.applicable``), which searches from the
+    plan for the optimum itself (from another start it may end at another optimal plan)."""
+    m = len(plan[0]) if plan else 0
+    if not (p.allow_empty and p.speeds is not None and p.n >= p.dp * m > 0):
+        return None
+    if _exact.applicable(p, m):
+        return None
+    totals = p.plan_costs(plan).sum(axis=1) / p.speeds
+    members = np.array([i for mb in plan[int(np.argmax(totals))] for i in mb], dtype=np.int64)
+    if members.size == 0:
+        return None
+    smallest = int(p.unit_counts[p.unit_of_sample[members]].min())
+    if members.size - smallest >= m:
+        return None
+    if p.layout == "padded" and p.groups is None:
+        return _padded_by_rank(p, m, fill=False)
+    return _by_rank(p, m, refine=False, known=None, fill=False)
+
+
+def _by_rank(
+    p: Problem,
+    m: int,
+    *,
+    refine: bool,
+    known: tuple[np.ndarray, Microbatches] | None,
+    fill: bool,
+) -> Microbatches | None:
+    """``attempt`` where step 1 assigns units to ranks first (packed; padded with groups)."""
     if p.layout == "padded":
-        return _padded_by_rank(p, m)
-    rank_of_unit = assign_units(p, m) if known is None else known[0]
+        return _padded_by_rank(p, m, fill=fill)
+    rank_of_unit = assign_units(p, m, fill=fill) if known is None else known[0]
     if rank_of_unit is None:
         return None
     members = rank_members(p, rank_of_unit)
@@ -175,9 +232,11 @@ def global_first_fit(p: Problem, m: int) -> Microbatches | None:
 
 
 # ---------------------------------------------------------------------- step 1: ranks
-def assign_units(p: Problem, m: int, *, keep_counts: bool = False) -> np.ndarray | None:
+def assign_units(
+    p: Problem, m: int, *, keep_counts: bool = False, fill: bool = True
+) -> np.ndarray | None:
     """Units to ranks (step 1): the rank of every unit, or None where some rank cannot be
-    filled or held; ``keep_counts``: as ``RankState``'s."""
+    filled or held; ``keep_counts``, ``fill``: as ``RankState``'s."""
     costs = p.unit_sums(p.sample_costs)
     tokens = p.unit_sums(p.capacity_tokens)
     counts = p.unit_counts.astype(np.float64)
@@ -203,7 +262,16 @@ def assign_units(p: Problem, m: int, *, keep_counts: bool = False) -> np.ndarray
     beyond = (p.objective == "step" or m == 1) and beyond_budget(p)
     slack = PLANNING_BUDGET_GAP if beyond else GOOD_ENOUGH
     state = RankState(
-        p, m, rank_of_unit, costs, tokens, counts, patches, slack=slack, keep_counts=keep_counts
+        p,
+        m,
+        rank_of_unit,
+        costs,
+        tokens,
+        counts,
+        patches,
+        slack=slack,
+        keep_counts=keep_counts,
+        fill=fill,
     )
     state.pair_rounds()
     state.refine()
@@ -471,9 +539,11 @@ def last_resort(p: Problem, m: int) -> Microbatches | None:
     return _padded_by_rank(p, m, keep_counts=True)
 
 
-def _padded_by_rank(p: Problem, m: int, *, keep_counts: bool = False) -> Microbatches | None:
+def _padded_by_rank(
+    p: Problem, m: int, *, keep_counts: bool = False, fill: bool = True
+) -> Microbatches | None:
     """Units to ranks (step 1), then each rank's samples cut into its ``m`` micro-batches."""
-    rank_of_unit = assign_units(p, m, keep_counts=keep_counts)
+    rank_of_unit = assign_units(p, m, keep_counts=keep_counts, fill=fill)
     if rank_of_unit is None:
         return None
     plan = [segment(p, samples, m) for samples in rank_members(p, rank_of_unit)]

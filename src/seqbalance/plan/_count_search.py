@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from seqbalance.plan import _at_count, _exact
+from seqbalance.plan import _at_count, _exact, _feasible
 from seqbalance.plan._lockstep import LOCKSTEP_WORK, refine_lockstep
-from seqbalance.plan._portfolio import RIVALS_WITHOUT_BOUND_GAP, aligned_value
+from seqbalance.plan._portfolio import RIVALS_WITHOUT_BOUND_GAP, Portfolio, aligned_value
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._rank_search import capacity_bound
@@ -59,6 +59,8 @@ class CountSearch:
         self._found: Found | None = None  # the search from m, where already run
         # assign_units and global_first_fit of m, where shortcut ran them (for attempt).
         self._known: tuple[np.ndarray, Microbatches] | None = None
+        self._packings: dict[int, _feasible.Search] = {}  # _feasible.search by count
+        self._slots: int | None = None  # _feasible.least_slots, once needed
 
     def advance(self, m: int) -> None:
         """The fewest count is now ``m`` (the previous one has no plan)."""
@@ -70,37 +72,70 @@ class CountSearch:
         known, self._known = self._known, None
         return known
 
-    def shortcut(self) -> Microbatches | None:
+    def shortcut(self, others: Portfolio) -> Microbatches | None:
         """The plan ``cheapest`` would return, found without planning ``m`` (dear where fast
         ranks fill its micro-batches to the cap), where that is sure: ``capacity_bound`` puts
         every plan of ``m`` above the bound's gap, and either the largest count plans within it
         (``step``, or no lockstep refinement at that count) or the bound puts ``m`` above the
         cheapest count found (the ``COUNTS_REFINED``-th where the lockstep refinement runs:
-        ``_kept``; packed, no groups, and a plan of ``m`` sure
-        to exist: else the count loop would go on from a larger count); else None (the search
-        then stays for ``cheapest``)."""
+        ``_kept``; and the count loop sure to stop at ``m``, ``_stops_at``: else it would go
+        on from a larger count); else None (the search then stays for ``cheapest``)."""
         p, m = self.p, self.m
         if _exact.applicable(p, m):
             return None
         fewest = capacity_bound(p, m) * (1 - _BOUND_NOISE)
         if fewest <= self.gap:
             return None
+        # Past the fewest count (where a plan within the gap ends the search as it always
+        # did), nothing is returned unless the loop would stop at m too.
+        first = m == p.min_feasible_microbatches
+        if not first and not self._stops_at(m, others):
+            return None
         counts = counts_above(p, m)
         if counts and not _at_count.refines(p, counts[-1]):
             largest = self._plan(counts[-1])
             if largest is not None and largest[0] <= self.gap:
                 return largest[1]
-        if p.layout != "packed" or p.groups is not None:
+        if first and not self._stops_at(m, others):
             return None
-        ranks = _at_count.assign_units(p, m)
-        fallback = None if ranks is None else _at_count.global_first_fit(p, m)
-        if ranks is None or fallback is None:
-            return None
-        self._known = (ranks, fallback)
         self._found = self._search(np.inf)
         found, kept = self._found, _kept(p, counts)
         last = found[kept - 1][0] if len(found) >= kept else np.inf
         return _refined_cheapest(p, found) if fewest > last else None
+
+    def feasible(self, m: int) -> _feasible.Search:
+        """``_feasible.search(p, m)``, planned once per count (the shortcut may have run it)."""
+        if m not in self._packings:
+            self._packings[m] = _feasible.search(self.p, m)
+        return self._packings[m]
+
+    def _stops_at(self, m: int, others: Portfolio) -> bool:
+        """Whether the count loop of ``plan_balanced`` surely stops at ``m`` with a plan (it
+        then searches the counts above ``m``). The loop plans ``m`` where it is the fewest
+        count or its slots are at least ``least_slots`` (where it gives up), ours first, then
+        the rivals' plans with ``m`` micro-batches per rank, then the packing search; so it
+        stops at ``m`` where ``m`` is planned and one of them finds a plan: packed without
+        groups, ours where ``assign_units`` and ``global_first_fit`` both succeed
+        (``_at_count.attempt`` then returns a plan; they are kept for it: ``known``); a rival
+        already planned with ``m`` (planning none for this); the packing search's."""
+        p = self.p
+        planned = m == p.min_feasible_microbatches or p.dp * m >= self._least_slots()
+        if not planned:
+            return False
+        if p.layout == "packed" and p.groups is None:
+            ranks = _at_count.assign_units(p, m)
+            fallback = None if ranks is None else _at_count.global_first_fit(p, m)
+            if ranks is not None and fallback is not None:
+                self._known = (ranks, fallback)
+                return True
+        if p.dp * m < self._least_slots():
+            return False  # the fewest count, where ours failed: nothing else is tried
+        return others.planned_with(m) or self.feasible(m).plan is not None
+
+    def _least_slots(self) -> int:
+        if self._slots is None:
+            self._slots = _feasible.least_slots(self.p)
+        return self._slots
 
     def cheapest(self, plan: Microbatches) -> Microbatches:
         """The cheapest of ``plan`` (of ``m``, made without the lockstep refinement) and the
@@ -207,12 +242,18 @@ def _kept(p: Problem, counts: list[int]) -> int:
 
 def _refined_cheapest(p: Problem, found: Found) -> Microbatches:
     """The cheapest of the ``COUNTS_REFINED`` first plans of ``found`` (sorted by value), each
-    after the lockstep refinement where it applies (sharing one refinement's work budget)."""
+    after the lockstep refinement where it applies (sharing one refinement's work budget), or
+    its count's ``_at_count.emptier`` plan, refined alike, where that is strictly cheaper."""
     best = None
     for candidate_value, candidate in found[:COUNTS_REFINED]:
         if _at_count.refines(p, len(candidate[0])):
+            other = _at_count.emptier(p, candidate)
             refine_lockstep(p, candidate, LOCKSTEP_WORK // COUNTS_REFINED)
             candidate_value = aligned_value(p, candidate)
+            if other is not None:
+                refine_lockstep(p, other, LOCKSTEP_WORK // COUNTS_REFINED)
+                if (other_value := aligned_value(p, other)) < candidate_value:
+                    candidate_value, candidate = other_value, other
         if best is None or candidate_value < best[0] * (1 - _TOLERANCE):
             best = (candidate_value, candidate)
     return best[1]

@@ -82,6 +82,11 @@ class Portfolio:
         ]
         return min(found, key=lambda plan: aligned_value(self.p, plan), default=None)
 
+    def planned_with(self, m: int) -> bool:
+        """Whether a rival already planned (``best_with`` or ``best`` ran it) has a valid plan
+        with exactly ``m`` micro-batches per rank; plans none for this."""
+        return any(plan is not None and len(plan[0]) == m for plan in self._plans.values())
+
     def best(self, plan: Microbatches, bound: float) -> Microbatches:
         """``plan`` unless a candidate is cheaper, or as cheap with fewer micro-batches."""
         p = self.p

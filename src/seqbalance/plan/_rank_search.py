@@ -20,6 +20,7 @@ __all__ = [
     "RankState",
     "capacities",
     "capacity_bound",
+    "counts_bound",
     "lpt_with_capacities",
 ]
 
@@ -41,55 +42,109 @@ def capacities(p: Problem, m: int) -> tuple[float, float, float]:
 
 def capacity_bound(p: Problem, m: int) -> float:
     """A lower bound (with rank speeds) on the step cost of any valid plan with ``m``
-    micro-batches per rank: the larger of ``_token_capacity_bound`` and, without empty
-    micro-batches, ``_filled_ranks_bound`` (``lockstep`` costs at least ``step``, so it holds
-    for both objectives); ``inf`` where no plan can exist."""
+    micro-batches per rank: the larger of ``_token_capacity_bound`` and ``_filled_ranks_bound``
+    (``lockstep`` costs at least ``step``: the sum over positions of the slowest rank is at
+    least any rank's total, so it holds for both objectives); ``inf`` where no plan can exist."""
     return max(_token_capacity_bound(p, m), _filled_ranks_bound(p, m))
 
 
-def _token_capacity_bound(p: Problem, m: int) -> float:
-    """The bound from the token capacity alone (overheads left out).
+def counts_bound(p: Problem, m_lower: int) -> float:
+    """A lower bound (with rank speeds) on the step cost of any valid plan with ``m_lower`` or
+    more micro-batches per rank: the least over those counts ``c`` of the larger of
+    ``_token_capacity_bound(p, c, overheads=False)``, which never grows with ``c`` (a rank
+    holds more), and ``_filled_ranks_bound(p, c)``, which never falls (a rank runs ``c``
+    overheads and, without empty micro-batches, holds ``c`` samples). Each is a bound at its
+    count (``capacity_bound``), so the least over every count bounds every plan; the larger of
+    a falling and a rising function is least where they cross, found by bisection. From the
+    count whose micro-batches hold every capacity token, ``c x max_tokens >= sum``, the first
+    stays as it is and the second cannot fall, so the counts up to it (or ``m_lower``) are
+    enough. A fixed ``num_microbatches`` leaves ``capacity_bound`` of that count."""
+    if p.num_microbatches is not None:
+        return capacity_bound(p, p.num_microbatches)
+    high = m_lower
+    if np.isfinite(p.cap) and p.cap > 0:
+        high = max(m_lower, -(-int(p.capacity_tokens.sum()) // int(p.cap)))
+
+    def falling(c: int) -> float:
+        return _token_capacity_bound(p, c, overheads=False)
+
+    def rising(c: int) -> float:
+        return _filled_ranks_bound(p, c)
+
+    if falling(m_lower) <= rising(m_lower):
+        return rising(m_lower)
+    if falling(high) > rising(high):
+        return falling(high)
+    low = m_lower  # falling(low) > rising(low), falling(high) <= rising(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if falling(middle) > rising(middle):
+            low = middle
+        else:
+            high = middle
+    return min(falling(low), rising(high))
+
+
+def _token_capacity_bound(p: Problem, m: int, *, overheads: bool = True) -> float:
+    """The bound from the token capacity and the overheads (``overheads=False``: leaving the
+    overheads out).
 
     Rank ``r`` holds at most ``m x max_tokens`` of capacity tokens, so at most ``K``, the most
-    least-cost such tokens can carry (samples taken by cost per token, the last one in part);
-    in time ``T`` it runs at most ``min(T x s_r, K)``. Every cost runs somewhere, so ``T`` is at
-    least where those add up to the total least cost; ``inf`` where even ``dp x K`` is short of
-    the total."""
-    least, tokens = p.least_sample_costs, p.capacity_tokens.astype(np.float64)
+    least-cost such tokens can carry (samples taken by cost per token, the last one in part:
+    the fractional knapsack, which bounds every choice of whole samples). Ending by ``T``, its
+    samples' least cost ``C_r`` is at most ``K`` and at most ``s_r x T - m x overhead``. Every
+    cost runs somewhere, so for any ``k`` ranks, counted at ``K``, and the others, counted by
+    time: ``total <= k x K + sum_other (s_r x T - m x overhead)``, and ``T`` is at least
+    ``(total - k x K + (dp - k) x m x overhead) / sum_other s_r``: the largest over ``k`` with
+    the ``k`` fastest counted at ``K`` (the best ``k`` ranks to leave out of the speed sum).
+    Without a cap ``K`` is the total. ``inf`` where even ``dp x K`` is short of the total."""
+    least = p.least_sample_costs
     total = float(least.sum())
-    if not np.isfinite(p.cap) or total <= 0.0:
-        return 0.0
-    free = tokens <= 0
-    density = least[~free] / tokens[~free]
-    order = np.lexsort((np.arange(density.size), -density))
-    reach = np.concatenate(([0.0], np.cumsum(tokens[~free][order])))
-    carried = np.concatenate(([0.0], np.cumsum(least[~free][order])))
-    most = float(least[free].sum()) + float(np.interp(m * p.cap, reach, carried))
-    speeds = np.sort(p.speeds_or_ones)[::-1]  # the fastest rank is full first
-    # At T = most / s_k the k + 1 fastest ranks are full and the others run T x s_j.
-    later = np.concatenate((np.cumsum(speeds[::-1])[::-1][1:], [0.0]))
-    full = np.arange(1, speeds.size + 1) * most
-    reached = full + most / speeds * later >= total
-    if most <= 0.0 or not reached.any():
+    overhead = m * p.overhead if overheads else 0.0
+    speeds = np.sort(p.speeds_or_ones)[::-1]  # the fastest first
+    if total <= 0.0:
+        return p.dp * overhead / float(speeds.sum())
+    most = total
+    if np.isfinite(p.cap):
+        tokens = p.capacity_tokens.astype(np.float64)
+        free = tokens <= 0
+        density = least[~free] / tokens[~free]
+        order = np.lexsort((np.arange(density.size), -density))
+        reach = np.concatenate(([0.0], np.cumsum(tokens[~free][order])))
+        carried = np.concatenate(([0.0], np.cumsum(least[~free][order])))
+        most = min(total, float(least[free].sum()) + float(np.interp(m * p.cap, reach, carried)))
+    if p.dp * most < total:
         return np.inf
-    k = int(np.argmax(reached))  # the k fastest are full before T reaches most / s_k
-    return (total - k * most) / float(speeds[k:].sum())
+    k = np.arange(p.dp)
+    others = np.cumsum(speeds[::-1])[::-1]  # speeds of every rank but the k fastest
+    return float(((total - k * most + (p.dp - k) * overhead) / others).max())
 
 
 def _filled_ranks_bound(p: Problem, m: int) -> float:
-    """Without empty micro-batches every rank holds at least ``m`` samples, so the ``k``
-    slowest ranks together hold ``k x m`` distinct ones, at least the ``k x m`` of least cost,
-    and pay ``k x m`` overheads: the later of them ends no sooner than that over the sum of
-    their speeds (the best of every ``k``; with slow ranks, more micro-batches cost them
-    more). 0 with empty micro-batches allowed; ``inf`` where the samples are too few."""
+    """Every rank runs ``m`` micro-batches, each paying the overhead (an empty one too): the
+    slowest ends no sooner than ``m x overhead / min(s)``. Without empty micro-batches every
+    rank also holds at least ``m`` samples, so the ``k`` slowest ranks together hold ``k x m``
+    distinct ones, whole groups (units): at least the least cost of units of ``k x m`` samples,
+    bounded by taking units by least cost per sample, the last one in part (the fractional
+    covering, below every choice of whole units; without groups the ``k x m`` cheapest
+    samples); they pay ``k x m`` overheads, and the later of them ends no sooner than that over
+    the sum of their speeds (the best of every ``k``; with slow ranks, more micro-batches cost
+    them more). ``inf`` where the samples are too few."""
+    speeds = np.sort(p.speeds_or_ones)  # the slowest first
+    bound = m * p.overhead / float(speeds[0])
     if p.allow_empty or m <= 0:
-        return 0.0
+        return bound
     if p.n < p.dp * m:
         return np.inf
+    costs = p.unit_sums(p.least_sample_costs)
+    counts = p.unit_counts.astype(np.float64)
+    order = np.lexsort((np.arange(costs.size), costs / counts))
+    held = np.concatenate(([0.0], np.cumsum(counts[order])))
+    least = np.concatenate(([0.0], np.cumsum(costs[order])))
     ranks = np.arange(1, p.dp + 1)
-    least = np.concatenate(([0.0], np.cumsum(np.sort(p.least_sample_costs))))
-    speeds = np.cumsum(np.sort(p.speeds_or_ones))  # the k slowest
-    return float(((least[ranks * m] + ranks * m * p.overhead) / speeds).max())
+    samples = ranks * m
+    cheapest = np.interp(samples, held, least)
+    return max(bound, float(((cheapest + samples * p.overhead) / np.cumsum(speeds)).max()))
 
 
 def lpt_with_capacities(
@@ -190,6 +245,9 @@ class RankState:
     counts, rivals and packings; planning the count instead was worse on 3 of 400 random
     requests (padded, groups) and better on none, so it is kept for the last count before a
     refusal (``_at_count.last_resort``).
+
+    ``fill``: every rank keeps at least ``m`` samples where there are ``dp x m`` of them, so no
+    micro-batch has to be empty (off: only where ``allow_empty`` lets them be).
     """
 
     def __init__(
@@ -204,6 +262,7 @@ class RankState:
         *,
         slack: float = GOOD_ENOUGH,
         keep_counts: bool = False,
+        fill: bool = True,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
         self.keep_counts = keep_counts
@@ -222,8 +281,9 @@ class RankState:
         if patches is not None:
             self.rank_patches = np.bincount(rank_of_unit, weights=patches, minlength=p.dp)
             self._totals.append((self.rank_patches, patches))
-        # A rank keeps at least M samples, so none of its micro-batches has to be empty.
-        self.min_count = m if p.n >= p.dp * m else 0
+        # A rank keeps at least M samples, so none of its micro-batches has to be empty
+        # (``fill=False``: empty ones allowed, ``_at_count.attempt`` tries both with speeds).
+        self.min_count = m if p.n >= p.dp * m and fill else 0
         # Rank loads at or below this (``slack`` relative) need no local search (packed layout
         # only: with padding the unit costs do not bound the micro-batch costs).
         self.good_enough = p.unit_cost_bound * (1 + slack) if p.layout == "packed" else 0.0

@@ -12,7 +12,9 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    lightest and apply the best move or swap in every pair at once, then single moves or swaps from
    the costliest rank to the lightest ranks while that lowers the costliest one (until within
    ``GOOD_ENOUGH`` of the lower bound; ``plan/_rank_search.py``). Finally units move (or are swapped
-   for larger ones) to ranks holding fewer than ``M`` samples, so no micro-batch has to be empty.
+   for larger ones) to ranks holding fewer than ``M`` samples, so no micro-batch has to be empty
+   (with rank speeds and ``allow_empty`` also planned without this where a slow rank is held
+   by it, the cheaper kept: ``_at_count.emptier``).
 2. Micro-batches, packed layout. Every rank packs its samples, heaviest first, each into its
    currently cheapest micro-batch that stays within the caps (tokens, and vision patches when
    ``max_vision_patches`` is set; vectorised over ranks). A rank that does not fit is re-packed
@@ -99,11 +101,11 @@ def plan_balanced(p: Problem) -> Microbatches:
     others = Portfolio(p)
     search = None if p.speeds is None else CountSearch(p, m, bound)
     needed = 0  # micro-batch slots any plan needs (0: not yet computed)
-    if search is not None and (shortcut := search.shortcut()) is not None:
-        return _at_rival_count(p, others.best(shortcut, bound))
     while True:
         if not p.allow_empty and (filled := p.fillable_ranks(m)) < p.dp:
             raise ValueError(_unfillable(p, m, filled))
+        if search is not None and (shortcut := search.shortcut(others)) is not None:
+            return _at_rival_count(p, others.best(shortcut, bound))
         plan = None if p.dp * m < needed else _ours(p, m, bound, search)
         found = None
         if plan is None:
@@ -113,7 +115,7 @@ def plan_balanced(p: Problem) -> Microbatches:
             if p.dp * m < needed:
                 found = _feasible.Search(None, proven=True)
             else:
-                plan, found = _rival_or_packing(p, m, others)
+                plan, found = _rival_or_packing(p, m, others, search)
         if plan is None and p.next_microbatches(m) is None and not (found and found.proven):
             plan = _at_count.last_resort(p, m)  # before refusing: the count cannot grow
         if plan is not None:
@@ -142,14 +144,16 @@ def _ours(p: Problem, m: int, bound: float, search: CountSearch | None) -> Micro
 
 
 def _rival_or_packing(
-    p: Problem, m: int, others: Portfolio
+    p: Problem, m: int, others: Portfolio, search: CountSearch | None
 ) -> tuple[Microbatches | None, _feasible.Search | None]:
     """Where we found no plan with ``m`` micro-batches per rank: a baseline's, else any
     packing (``_feasible.search``, which also says whether none exists; None where a
-    baseline's plan was found)."""
+    baseline's plan was found; with speeds, ``search`` keeps the packings its shortcut ran)."""
     plan = others.best_with(m)
-    found = _feasible.search(p, m) if plan is None else None
-    return (plan if found is None else found.plan), found
+    if plan is not None:
+        return plan, None
+    found = _feasible.search(p, m) if search is None else search.feasible(m)
+    return found.plan, found
 
 
 def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:

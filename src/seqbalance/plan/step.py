@@ -19,6 +19,7 @@ from seqbalance._validation import (
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import counts_bound
 from seqbalance.plan._shared import check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
@@ -93,7 +94,8 @@ def plan_step(
             * ``allow_oversize``: a sample over ``max_tokens`` or ``max_vision_patches`` gets
               a micro-batch of its own instead of raising ValueError.
             * ``allow_empty``: allow empty micro-batches, which can only be needed when there
-              are fewer samples than micro-batch slots (or groups that cannot be spread).
+              are fewer samples than micro-batch slots (or groups that cannot be spread); with
+              ``rank_speeds`` a slow rank may also keep some where that is cheaper.
             * ``rank_speeds``: relative speed of every rank (``dp_size`` positive floats);
               ``balanced`` then minimises the objective in time, each rank's costs divided by
               its speed, and ``step_cost`` / ``lower_bound`` are in that unit (``costs`` stay
@@ -214,10 +216,9 @@ def _plan(
         cost_model_name=cost_name(options.cost_model),
         cap_enforced=bool(strategy.enforces_cap),
         # A soft-cap strategy may use fewer micro-batches than any valid plan needs.
-        lower_bound=problem.lower_bound(
-            min(m_lower, costs.shape[1]), capped=bool(strategy.enforces_cap)
-        )
-        / problem.common_speed,
+        lower_bound=_reported_bound(
+            problem, min(m_lower, costs.shape[1]), capped=bool(strategy.enforces_cap)
+        ),
         planning_seconds=time.perf_counter() - start,
         vision_patches=vision_patches,
     )
@@ -228,6 +229,17 @@ def _plan(
             f"strategy {options.strategy!r} returned an invalid plan: {error}"
         ) from None
     return plan
+
+
+def _reported_bound(problem: Problem, m: int, *, capped: bool) -> float:
+    """The plan's ``lower_bound`` on every plan of ``m`` or more micro-batches per rank:
+    ``Problem.lower_bound``, with rank speeds also ``counts_bound`` (the least over those
+    counts of what the cap, the overheads and the samples every rank must hold force at each;
+    the planner's searches do without it)."""
+    bound = problem.lower_bound(m, capped=capped)
+    if capped and problem.speeds is not None:
+        bound = max(bound, counts_bound(problem, m))
+    return bound / problem.common_speed
 
 
 def _check_cost_total(

@@ -22,6 +22,7 @@ from seqbalance.cost.spec import presets
 from seqbalance.plan._document import MALFORMED_ERRORS, PlanDocument, load_document, malformed
 from seqbalance.plan._intervals import bound_at_count
 from seqbalance.plan._problem import Problem, objective_value
+from seqbalance.plan._rank_search import capacity_bound
 from seqbalance.plan._step_validation import (
     PlanValidationError,
     StepPlanChecks,
@@ -136,7 +137,8 @@ class StepPlan(StepPlanChecks, Plan):
         with this plan's micro-batch count (``lower_bound`` covers every count the options
         allow: padded micro-batches pad less the more there are). For the padded layout, the
         least total cost of that many runs of the samples sorted by length
-        (``plan/_intervals.py``): the figure a padded plan of a given count is judged by."""
+        (``plan/_intervals.py``): the figure a padded plan of a given count is judged by. With
+        rank speeds, also the capacity bound of the count (``plan/_rank_search.py``)."""
         problem = Problem(
             lengths=self.lengths,
             sample_costs=self.sample_costs,
@@ -146,6 +148,8 @@ class StepPlan(StepPlanChecks, Plan):
             options=self.options,
         )
         bound = bound_at_count(problem, self.n_microbatches, capped=self.cap_enforced, tight=True)
+        if self.cap_enforced and problem.speeds is not None:
+            bound = max(bound, capacity_bound(problem, self.n_microbatches))
         return max(float(self.lower_bound), bound / problem.common_speed)
 
     def _summary_extras(self) -> dict[str, Any]:

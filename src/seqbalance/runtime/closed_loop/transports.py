@@ -190,8 +190,8 @@ class Adaptive:
 
         Raises:
             ValueError: on every rank, when any rank could not measure the step (a timing
-                that does not fit its plan), ranks observed different steps, or they are set
-                up differently; nothing is learned then.
+                that does not fit its plan, a ``step`` that is no integer >= 0), ranks observed
+                different steps, or they are set up differently; nothing is learned then.
             CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         number, error = checked_step(step)
