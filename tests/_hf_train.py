@@ -1,6 +1,7 @@
 """Runs of tests/scripts/hf_train.py (a tiny randomly initialised Llama trained by the Hugging
 Face Trainer with seqbalance's sampler) in a subprocess, on 1 or 2 (gloo) processes: shared by
-the hf integration test files."""
+the hf integration test files; and :func:`trainer_stub`, the Trainer attributes the drop-in's
+loader reads, for tests that build the loader without a model."""
 
 from __future__ import annotations
 
@@ -8,8 +9,24 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from _other_process import run_process_tree
+
+
+def trainer_stub(dataset: object, **loader: object) -> SimpleNamespace:
+    """The Trainer attributes ``balanced_train_dataloader`` reads: one process, one micro-batch of
+    two per step, no loader workers unless ``loader`` sets them (``dataloader_*`` arguments)."""
+    args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=1)
+    vars(args).update(world_size=1, process_index=0, data_seed=None, seed=0, padding_free=False)
+    vars(args).update(dataloader_num_workers=0, dataloader_pin_memory=False)
+    vars(args).update(loader, average_tokens_across_devices=True)
+    trainer = SimpleNamespace(
+        train_dataset=dataset, args=args, data_collator=list, model_accepts_loss_kwargs=True
+    )
+    trainer._get_collator_with_removed_columns = lambda collator, description: collator
+    return trainer
+
 
 SCRIPT = Path(__file__).parent / "scripts" / "hf_train.py"
 SRC = Path(__file__).resolve().parents[1] / "src"

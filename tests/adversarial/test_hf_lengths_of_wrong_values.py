@@ -5,28 +5,15 @@ only the samples the loader fetches anyway: a lazy dataset is not read up front.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 pytest.importorskip("torch")
 
+from _hf_train import trainer_stub
+
 from seqbalance.integrations.hf import balanced_train_dataloader
 
 _SIZES = (5, 9, 3, 7, 2, 8)
-
-
-def _trainer(dataset: object) -> SimpleNamespace:
-    # One Trainer argument namespace: a single process, one micro-batch of two per step.
-    args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=1)
-    vars(args).update(world_size=1, process_index=0, data_seed=None, seed=0, padding_free=False)
-    vars(args).update(dataloader_num_workers=0, dataloader_pin_memory=False)
-    args.average_tokens_across_devices = True
-    trainer = SimpleNamespace(
-        train_dataset=dataset, args=args, data_collator=list, model_accepts_loss_kwargs=True
-    )
-    trainer._get_collator_with_removed_columns = lambda collator, description: collator
-    return trainer
 
 
 class _Lazy:
@@ -56,7 +43,9 @@ def test_a_wrong_length_names_the_sample(kind: type) -> None:
     dataset = dataset if dataset is not None else kind(_SIZES)
     wrong = list(_SIZES)
     wrong[3] = 70
-    loader = balanced_train_dataloader(_trainer(dataset), lengths=wrong, options={"cost": "tokens"})
+    loader = balanced_train_dataloader(
+        trainer_stub(dataset), lengths=wrong, options={"cost": "tokens"}
+    )
     message = r"seqbalance_lengths\[3\] is 70 but train_dataset\[3\]\['input_ids'\] has 7"
     with pytest.raises(ValueError, match=message):
         list(loader)
@@ -65,7 +54,7 @@ def test_a_wrong_length_names_the_sample(kind: type) -> None:
 def test_right_lengths_train_every_sample_once_reading_none_up_front() -> None:
     dataset = _Batched(_SIZES)
     loader = balanced_train_dataloader(
-        _trainer(dataset), lengths=list(_SIZES), options={"cost": "tokens"}
+        trainer_stub(dataset), lengths=list(_SIZES), options={"cost": "tokens"}
     )
     assert dataset.reads == 0
     seen = sorted(len(x["input_ids"]) for batch in loader for x in batch)
@@ -79,6 +68,6 @@ def test_samples_without_input_ids_are_not_checked() -> None:
     # all there is, as documented.
     dataset = [("text", n) for n in _SIZES]
     loader = balanced_train_dataloader(
-        _trainer(dataset), lengths=[1, 1, 1, 1, 1, 1], options={"cost": "tokens"}
+        trainer_stub(dataset), lengths=[1, 1, 1, 1, 1, 1], options={"cost": "tokens"}
     )
     assert sorted(x[1] for batch in loader for x in batch) == sorted(_SIZES)

@@ -15,22 +15,16 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from _hf_train import trainer_stub
+
 from seqbalance.integrations.hf import balanced_train_dataloader
 
 SIZES = (5, 9, 3, 7, 2, 8)
 
 
 def _trainer(**loader: object) -> SimpleNamespace:
-    args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=1)
-    vars(args).update(world_size=1, process_index=0, data_seed=None, seed=0, padding_free=False)
-    vars(args).update(dataloader_num_workers=2, dataloader_pin_memory=False, **loader)
-    args.average_tokens_across_devices = True
     dataset = [{"input_ids": list(range(n))} for n in SIZES]
-    trainer = SimpleNamespace(
-        train_dataset=dataset, args=args, data_collator=list, model_accepts_loss_kwargs=True
-    )
-    trainer._get_collator_with_removed_columns = lambda collator, description: collator
-    return trainer
+    return trainer_stub(dataset, dataloader_num_workers=2, **loader)
 
 
 def test_the_trainers_loader_settings_reach_the_loader() -> None:
