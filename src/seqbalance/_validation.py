@@ -66,9 +66,14 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
     if isinstance(values, (str, bytes)):
         raise ValueError(f"{name} must be a 1-D array of numbers, got a string {values!r}")
     refuse_masked(values, name)
+    if getattr(values, "requires_grad", False):  # torch will not hand it to numpy
+        raise ValueError(
+            f"{name} must be a 1-D array of numbers: got a tensor that requires grad; "
+            "pass it .detach()ed"
+        )
     try:
         array = np.asarray(values)
-    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: a tensor needing grad
+    except (TypeError, ValueError) as error:
         raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
     if array.ndim != 1:
         if array.ndim == 0:

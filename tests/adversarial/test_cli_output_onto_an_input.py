@@ -54,3 +54,12 @@ def test_lengths_two_outputs_on_one_file(tmp_path: Path, capsys) -> None:
     argv = ["lengths", str(data), "-o", str(out), "--groups-output", str(out)]
     line = _refused(argv, capsys, data)
     assert "--groups-output" in line and not out.exists()
+
+
+def test_lengths_output_onto_its_tokenizer_file(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    argv = ["lengths", str(data), "--tokenizer", str(tokenizer), "-o", str(tokenizer)]
+    assert "--tokenizer file" in _refused(argv, capsys, data, tokenizer)

@@ -68,6 +68,7 @@ INPUT_FILES = {
     "file": "the dataset file",
     "time_model": "the --time-model file",
     "model": "the --model config",
+    "tokenizer": "the --tokenizer file",
 }
 """Arguments that may name a file a command reads, and what it is: no output may be one."""
 

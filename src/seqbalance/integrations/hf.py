@@ -100,7 +100,9 @@ class _LengthChecked:
     """``dataset`` whose fetched samples are checked against the planned ``lengths``.
 
     The check sits where the DataLoader fetches (``__getitem__`` / ``__getitems__``, in its
-    workers too), so it costs one ``len`` per sample trained and reads nothing ahead.
+    workers too), so it costs one ``len`` per sample trained and reads nothing ahead. The
+    ValueError is therefore raised by the rank that fetches the sample, when it fetches it; the
+    other ranks stop at their next collective's timeout, as with any error in one rank's data.
     """
 
     def __init__(self, dataset: Any, lengths: Any) -> None:

@@ -242,8 +242,9 @@ def _kept(p: Problem, counts: list[int]) -> int:
 
 def _refined_cheapest(p: Problem, found: Found) -> Microbatches:
     """The cheapest of the ``COUNTS_REFINED`` first plans of ``found`` (sorted by value), each
-    after the lockstep refinement where it applies (sharing one refinement's work budget), or
-    its count's ``_at_count.emptier`` plan, refined alike, where that is strictly cheaper."""
+    after the lockstep refinement where it applies, or its count's ``_at_count.emptier`` plan,
+    refined alike, where that is strictly cheaper. Each refinement gets a ``COUNTS_REFINED``-th
+    of one refinement's work budget, so a count with an emptier plan spends two such shares."""
     best = None
     for candidate_value, candidate in found[:COUNTS_REFINED]:
         if _at_count.refines(p, len(candidate[0])):

@@ -23,6 +23,8 @@ __all__ = [
     "HELD_OUT",
     "IGNORED",
     "KEPT",
+    "KEPT_SECONDS",
+    "KEPT_SUMS",
     "MEASURED",
     "MOMENT",
     "PREDICTED",
@@ -65,6 +67,8 @@ EARLIER_SIZES = (24, 28)  # statistics of releases before the sums, the flag (a 
 # (the speeds' step ratios, :func:`online._time_ratios`).
 KEPT = np.r_[0 : USED + 1, SUMS.start : SUM_SECONDS + 1]
 FIT_COLUMNS = USED + 1
+KEPT_SUMS = slice(FIT_COLUMNS, FIT_COLUMNS + 3)  # where a window keeps SUMS,
+KEPT_SECONDS = FIT_COLUMNS + 3  # and SUM_SECONDS
 
 
 def off_the_step(stats: np.ndarray) -> np.ndarray:
@@ -119,9 +123,9 @@ def level_shift(
         return 0 if kept[:, WEIGHT].any() else None
     slower = []
     for step in (last, kept):
-        seconds = step[:, -1]
+        seconds = step[:, KEPT_SECONDS]
         with np.errstate(divide="ignore", invalid="ignore"):
-            slow = step[:, -4:-1] @ theta * (1 + reject) < seconds * speeds
+            slow = step[:, KEPT_SUMS] @ theta * (1 + reject) < seconds * speeds
         slower.append(bool(seconds.any() and np.all(slow[seconds > 0])))
     return 1 if all(slower) else None
 

@@ -59,6 +59,8 @@ from seqbalance.runtime.closed_loop._rules import (
     HELD_OUT,
     IGNORED,
     KEPT,
+    KEPT_SECONDS,
+    KEPT_SUMS,
     MEASURED,
     MOMENT,
     PREDICTED,
@@ -262,8 +264,8 @@ class OnlineTimeModel:
         last = self._stats[-1] if self._stats else np.zeros((self.world_size, KEPT.size))
         relative, level = ratio - 1.0, float(ratio.min()) if ratio.size else 0.0
         others = np.delete(last, rank, axis=0)
-        others = others[others[:, -1] > 0]  # ranks the fit kept last step: their sums, seconds
-        paces = others[:, -4:-1] @ _coefficients(self._model) / others[:, -1]
+        others = others[others[:, KEPT_SECONDS] > 0]  # ranks the fit kept last step
+        paces = others[:, KEPT_SUMS] @ _coefficients(self._model) / others[:, KEPT_SECONDS]
         filled = filled and (not paces.size or pace <= (1 + self.feedback.reject) * paces.max())
         if not self.steps or (last[rank, USED] > 0 and last[rank, WEIGHT] == 0 and filled):
             relative = ratio / level - 1.0 if level > 0 else np.zeros(ratio.size)
@@ -528,8 +530,7 @@ def _time_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:
     taken at it), so under heavy noise their weighted mean stays near the planned speed
     whatever the truth. A step saved without the sums (an earlier release's state) uses
     :func:`_step_ratios`."""
-    sums = window[:, :, FIT_COLUMNS : FIT_COLUMNS + 3]
-    predicted, measured = sums @ theta, window[:, :, FIT_COLUMNS + 3]
+    predicted, measured = window[:, :, KEPT_SUMS] @ theta, window[:, :, KEPT_SECONDS]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = relative_to_median(predicted / measured)  # nothing measured: inf or NaN
     saved = np.all(measured == 0, axis=1)  # before the sums were kept
