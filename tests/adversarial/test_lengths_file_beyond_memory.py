@@ -35,25 +35,28 @@ def test_a_header_claiming_16_tib_is_one_line(tmp_path: Path, argv: list[str], c
     assert len(lines) == 1 and "lengths.npy" in lines[0], lines
 
 
-def test_running_out_of_memory_is_one_line(monkeypatch, capsys) -> None:
-    def out_of_memory(*args, **kwargs):
-        raise MemoryError("Unable to allocate 29.8 GiB")
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (
+            MemoryError("Unable to allocate 29.8 GiB"),
+            "seqbalance plan: error: out of memory: Unable to allocate 29.8 GiB",
+        ),
+        # transformers' tokenizer loading raises such messages (a tokenizer folder without
+        # files: "Couldn't instantiate the backend tokenizer from one of: \n(1) ... \n(2) ...")
+        # (U6).
+        (
+            ValueError("Couldn't instantiate it from one of: \n(1) a file, \n(2) a class."),
+            "seqbalance plan: error: Couldn't instantiate it from one of: (1) a file, (2) a class.",
+        ),
+    ],
+    ids=["out of memory", "several lines"],
+)
+def test_an_error_is_one_line(error: Exception, line: str, monkeypatch, capsys) -> None:
+    def raising(*args, **kwargs):
+        raise error
 
-    monkeypatch.setattr("seqbalance.cli.plan.plan_step", out_of_memory)
+    monkeypatch.setattr("seqbalance.cli.plan.plan_step", raising)
     assert main(["plan", "gsm8k", "--dp", "2"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["seqbalance plan: error: out of memory: Unable to allocate 29.8 GiB"], lines
-
-
-def test_a_message_of_several_lines_is_one_line(monkeypatch, capsys) -> None:
-    # transformers' tokenizer loading raises such messages (a tokenizer folder without files:
-    # "Couldn't instantiate the backend tokenizer from one of: \n(1) ... \n(2) ...") (U6).
-    def several_lines(*args, **kwargs):
-        raise ValueError("Couldn't instantiate it from one of: \n(1) a file, \n(2) a class.")
-
-    monkeypatch.setattr("seqbalance.cli.plan.plan_step", several_lines)
-    assert main(["plan", "gsm8k", "--dp", "2"]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [
-        "seqbalance plan: error: Couldn't instantiate it from one of: (1) a file, (2) a class."
-    ]
+    assert lines == [line], lines
