@@ -6,7 +6,7 @@ and the samples slow ranks must hold), and keeps the cheapest."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -52,15 +52,15 @@ class CountSearch:
     lockstep refinement) at most once per step; ``_at_count.attempt`` is deterministic, so a
     kept plan is the one planning it again would give."""
 
-    def __init__(self, p: Problem, m: int, bound: float) -> None:
+    def __init__(self, p: Problem, m: int, bound: float, least_slots: Callable[[], int]) -> None:
         self.p, self.m = p, m
+        self.least_slots = least_slots  # _feasible.least_slots of p, computed once
         self.gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
         self._plans: dict[int, tuple[float, Microbatches] | None] = {}  # by count
         self._found: Found | None = None  # the search from m, where already run
         # assign_units and global_first_fit of m, where shortcut ran them (for attempt).
         self._known: tuple[np.ndarray, Microbatches] | None = None
         self._packings: dict[int, _feasible.Search] = {}  # _feasible.search by count
-        self._slots: int | None = None  # _feasible.least_slots, once needed
 
     def advance(self, m: int) -> None:
         """The fewest count is now ``m`` (the previous one has no plan)."""
@@ -119,7 +119,7 @@ class CountSearch:
         (``_at_count.attempt`` then returns a plan; they are kept for it: ``known``); a rival
         already planned with ``m`` (planning none for this); the packing search's."""
         p = self.p
-        planned = m == p.min_feasible_microbatches or p.dp * m >= self._least_slots()
+        planned = m == p.min_feasible_microbatches or p.dp * m >= self.least_slots()
         if not planned:
             return False
         if p.layout == "packed" and p.groups is None:
@@ -128,14 +128,9 @@ class CountSearch:
             if ranks is not None and fallback is not None:
                 self._known = (ranks, fallback)
                 return True
-        if p.dp * m < self._least_slots():
+        if p.dp * m < self.least_slots():
             return False  # the fewest count, where ours failed: nothing else is tried
         return others.planned_with(m) or self.feasible(m).plan is not None
-
-    def _least_slots(self) -> int:
-        if self._slots is None:
-            self._slots = _feasible.least_slots(self.p)
-        return self._slots
 
     def cheapest(self, plan: Microbatches) -> Microbatches:
         """The cheapest of ``plan`` (of ``m``, made without the lockstep refinement) and the
