@@ -58,17 +58,18 @@ class CountSearch:
         self.gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
         self._plans: dict[int, tuple[float, Microbatches] | None] = {}  # by count
         self._found: Found | None = None  # the search from m, where already run
-        # assign_units and global_first_fit of m, where shortcut ran them (for attempt).
-        self._known: tuple[np.ndarray, Microbatches] | None = None
+        # assign_units and global_first_fit of m (None: failed), where shortcut ran them (for
+        # attempt, which would run them again).
+        self._known: tuple[np.ndarray | None, Microbatches | None] | None = None
         self._packings: dict[int, _feasible.Search] = {}  # _feasible.search by count
 
     def advance(self, m: int) -> None:
         """The fewest count is now ``m`` (the previous one has no plan)."""
         self.m, self._found, self._known = m, None, None
 
-    def known(self) -> tuple[np.ndarray, Microbatches] | None:
+    def known(self) -> tuple[np.ndarray | None, Microbatches | None] | None:
         """``_at_count.attempt``'s ``known`` for ``m``: the ranks and the fallback plan that
-        ``shortcut`` found (handed over once), else None."""
+        ``shortcut`` looked for (None where it found none; handed over once), else None."""
         known, self._known = self._known, None
         return known
 
@@ -116,8 +117,9 @@ class CountSearch:
         the rivals' plans with ``m`` micro-batches per rank, then the packing search; so it
         stops at ``m`` where ``m`` is planned and one of them finds a plan: packed without
         groups, ours where ``assign_units`` and ``global_first_fit`` both succeed
-        (``_at_count.attempt`` then returns a plan; they are kept for it: ``known``); a rival
-        already planned with ``m`` (planning none for this); the packing search's."""
+        (``_at_count.attempt`` then returns a plan; what they found, or not, is kept for it:
+        ``known``); a rival already planned with ``m`` (planning none for this); the packing
+        search's."""
         p = self.p
         planned = m == p.min_feasible_microbatches or p.dp * m >= self.least_slots()
         if not planned:
@@ -125,8 +127,8 @@ class CountSearch:
         if p.layout == "packed" and p.groups is None:
             ranks = _at_count.assign_units(p, m)
             fallback = None if ranks is None else _at_count.global_first_fit(p, m)
+            self._known = (ranks, fallback)
             if ranks is not None and fallback is not None:
-                self._known = (ranks, fallback)
                 return True
         if p.dp * m < self.least_slots():
             return False  # the fewest count, where ours failed: nothing else is tried
