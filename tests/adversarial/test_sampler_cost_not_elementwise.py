@@ -95,5 +95,5 @@ def test_costs_that_differ_where_digested_fail_every_rank_before_any_data(
 ) -> None:
     for rank in results:
         assert rank[2]["batches"] is None
-        assert "set up its sampler differently" in rank[2]["error"]
+        assert "set up their samplers differently" in rank[2]["error"]
         assert "costs (sha256" in rank[2]["error"]

@@ -949,5 +949,5 @@ def test_megatron_iterator_feeds_the_hybrid_schedule_an_epoch(hybrid_runs) -> No
     ]
     assert max(map(len, shared)) >= 2  # the order of a rank's sharded samples was exercised
     for run in hybrid_runs:
-        assert "set up its sampler differently" in run["disagreement"]
+        assert "set up their samplers differently" in run["disagreement"]
         assert "seed" in run["disagreement"]

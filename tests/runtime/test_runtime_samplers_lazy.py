@@ -388,18 +388,19 @@ def agreement(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("name", "named"),
     [
-        ("max_tokens", "options.max_tokens (4096 saved, 8192 now)"),
+        ("max_tokens", "options.max_tokens (8192 saved, 4096 now)"),
         ("cost", "costs (sha256"),
         ("lengths", "lengths (sha256"),
-        ("seed", "seed (2 saved, 1 now)"),
+        ("seed", "seed (1 saved, 2 now)"),
     ],
 )
 def test_ranks_that_disagree_fail_on_every_rank_before_any_data(agreement, name, named) -> None:
     for rank, result in enumerate(agreement):
         kind, message = result[name]
         assert kind == "error", (rank, message)  # list(sampler) never got a batch
-        assert f"rank {1 - rank} of the group set up its sampler differently" in message
+        assert "ranks 0 and 1 of the group set up their samplers differently" in message
     assert named in agreement[0][name][1]
+    assert agreement[0][name][1] == agreement[1][name][1]  # the same on every rank (adv12a A7)
 
 
 def test_ranks_that_agree_train_every_sample_once(agreement) -> None:

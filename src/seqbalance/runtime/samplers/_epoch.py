@@ -332,7 +332,8 @@ class EpochBatchSampler:
         ``load_state_dict``.
 
         Raises:
-            ValueError: naming the rank that differs and what differs (lengths, options, cost,
+            ValueError: the same on every rank, naming the first rank that differs from rank 0
+                and what differs (lengths, options, cost,
                 seed, batch sizes, epoch, data-parallel size, the resume point loaded), or
                 data-parallel ranks not held equally often (the same ``dp_rank`` twice).
             CollectiveError: a rank did not take part within ``agreement_timeout`` seconds.
@@ -351,35 +352,34 @@ class EpochBatchSampler:
         # at another count) would train different steps and end the epoch apart.
         resume = None if self._resume is None else dict(zip(_POSITION, self._resume, strict=True))
         mine = {**self._setup(), **self._agreement(), "epoch": self.epoch, "resume_point": resume}
-        payload = json.dumps(mine, sort_keys=True, default=str).encode()
+        # In the setup's order (the changes are named in it): every rank reads the same bytes.
+        payload = json.dumps(mine, default=str).encode()
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
-        plain = _plain(mine, "this rank's setup")  # as the others' arrive: JSON
-        dp_ranks = []
-        for other_rank, other in enumerate(gathered):
-            if other == payload:
-                dp_ranks.append(mine["dp_rank"])
-            else:
-                theirs = _setup_of(other)
-                if theirs is None:
-                    raise ValueError(
-                        f"{type(self).__name__}: rank {other_rank} of the group sent no sampler "
-                        f"setup to the agreement check that starts this pass ({other[:60]!r}): "
-                        "it is in another collective, e.g. the observe() of a step this rank "
-                        "did not observe (adaptive: every rank observes every step once), or "
-                        "ranks iterate the sampler a different number of times"
-                    )
-                changes = _changes(plain, theirs)
-                if changes:  # more than the data-parallel rank differs
-                    raise ValueError(
-                        f"{type(self).__name__}: rank {other_rank} of the group set up its "
-                        f"sampler differently from rank {comm.rank} (theirs saved, mine now): "
-                        + "; ".join(changes)
-                        + ". Every data-parallel rank must build the sampler from the same "
-                        "lengths, options, seed and batch sizes (and resume from the same "
-                        "state_dict), or samples are trained twice and others never"
-                    )
-                dp_ranks.append(theirs["dp_rank"])
-        self._check_positions(dp_ranks)
+        setups = [_setup_of(other) for other in gathered]
+        silent = next((r for r, setup in enumerate(setups) if setup is None), None)
+        if silent is not None:
+            raise ValueError(
+                f"{type(self).__name__}: rank {silent} of the group sent no sampler setup to "
+                f"the agreement check that starts this pass ({gathered[silent][:60]!r}): it is "
+                "in another collective, e.g. the observe() of a step another rank did not "
+                "observe (adaptive: every rank observes every step once), or ranks iterate the "
+                "sampler a different number of times"
+            )
+        # Every rank compares each rank with rank 0, so every rank raises the same message
+        # (each named the other against itself: adv12a A7).
+        for other_rank, theirs in enumerate(setups[1:], start=1):
+            changes = _changes(theirs, setups[0])
+            if changes:  # more than the data-parallel rank differs
+                raise ValueError(
+                    f"{type(self).__name__}: ranks 0 and {other_rank} of the group set up "
+                    f"their samplers differently (rank 0's value 'saved', rank {other_rank}'s "
+                    "'now'): "
+                    + "; ".join(changes)
+                    + ". Every data-parallel rank must build the sampler from the same "
+                    "lengths, options, seed and batch sizes (and resume from the same "
+                    "state_dict), or samples are trained twice and others never"
+                )
+        self._check_positions([setup["dp_rank"] for setup in setups])
         self._agreed_epoch = self.epoch
 
     def _check_positions(self, dp_ranks: list[Any]) -> None:
