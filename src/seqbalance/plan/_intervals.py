@@ -147,6 +147,13 @@ def padded_bound(p: Problem, m_lower: int) -> float:
         if bound <= 0:
             return 0.0
         best = min(best, bound)
+        if m > p.n + 1:
+            # From here on ``count_bound`` only grows with the count: its intervals' least
+            # total is that of one sample each, its first rank the longest sample alone
+            # (``first_rank``), its tiers and overheads grow. Counting on until the overheads
+            # alone passed the best took ~1e9 counts for an overhead 1e-9 of the padding: a
+            # hang (adv12a A8).
+            break
         m += p.microbatch_multiple
     return float(best)
 
