@@ -42,7 +42,7 @@ def _intervals(lengths: list[int], size: int | None, cap: int | None, *, allow_e
     costs = lengths + 0.001 * lengths.astype(np.float64) ** 2
     order = np.argsort(-lengths, kind="stable")
     least = np.empty(lengths.size)
-    least[order] = np.minimum.accumulate(costs[order][::-1])[::-1]
+    least[order] = np.minimum.accumulate(costs[order])
     problem = SimpleNamespace(
         lengths=lengths,
         sample_costs=costs,
