@@ -168,14 +168,16 @@ def test_lockstep_padded_bound_and_plan(lengths, dp, m, size, cap, overhead, all
         assert plan.step_cost == pytest.approx(best, rel=1e-9)
 
 
-def _least_over_cuts(least: np.ndarray, take: np.ndarray, k: int, dp: int) -> float:
+def _least_over_cuts(
+    least: np.ndarray, take: np.ndarray, k: int, dp: int, *, exact: bool = False
+) -> float:
     """The least ``lockstep`` cost (no overhead) of any cut of the longest-first order into at
-    most ``k`` runs (within ``take``), every cut tried: its runs sorted costliest first, dealt
-    ``dp`` to a position, each position costing its first."""
+    most ``k`` runs (exactly ``k`` with ``exact``; within ``take``), every cut tried: its runs
+    sorted costliest first, dealt ``dp`` to a position, each position costing its first."""
     n, best = least.size, np.inf
     for marks in itertools.product([False, True], repeat=n - 1):
         cuts = [0, *(i + 1 for i, cut in enumerate(marks) if cut), n]
-        if len(cuts) - 1 > k:
+        if len(cuts) - 1 > k or (exact and len(cuts) - 1 != k):
             continue
         sizes = np.diff(cuts)
         if (sizes > take[cuts[:-1]]).any():

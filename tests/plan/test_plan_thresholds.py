@@ -6,33 +6,13 @@ cannot match (one long sample)."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_plan_intervals import _intervals
+from test_plan_intervals import _intervals, _least_over_cuts
 
 from seqbalance.plan._thresholds import threshold_bound
-
-
-def _best_cut(least: np.ndarray, take: np.ndarray, k: int, dp: int, *, exact: bool) -> float:
-    """The least ``lockstep`` cost of any cut of the order into ``k`` runs (at most ``k``
-    unless ``exact``) within ``take``, every cut tried: runs sorted costliest first, ``dp``
-    to a position, each position costing its first."""
-    n, best = least.size, np.inf
-    for marks in itertools.product([False, True], repeat=n - 1):
-        cuts = [0, *(i + 1 for i, cut in enumerate(marks) if cut), n]
-        runs = len(cuts) - 1
-        if runs > k or (exact and runs != k):
-            continue
-        sizes = np.diff(cuts)
-        if (sizes > take[cuts[:-1]]).any():
-            continue
-        costs = np.sort(sizes * least[cuts[:-1]])[::-1]
-        best = min(best, float(costs[::dp].sum()))
-    return best
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -51,7 +31,7 @@ def test_threshold_bound_is_at_most_every_cut(lengths, dp, m, size, cap, allow_e
     bound = threshold_bound(
         intervals.least, intervals.take, k, dp, allow_empty=allow_empty, top=top
     )
-    best = _best_cut(intervals.least, intervals.take, k, dp, exact=not allow_empty)
+    best = _least_over_cuts(intervals.least, intervals.take, k, dp, exact=not allow_empty)
     if bound is None:
         return  # no cut within the caps (or nothing to price)
     assert bound <= best * (1 + 1e-9) + 1e-9
@@ -67,7 +47,7 @@ def test_threshold_bound_prices_a_long_sample_above_the_least_total() -> None:
     lengths = np.array([3000, 900, 800, 700, 600, 500, 400, 300], dtype=np.float64)
     least = lengths + 0.001 * lengths**2
     take = lengths.size - np.arange(lengths.size)
-    best = _best_cut(least, take, 4, 2, exact=True)
+    best = _least_over_cuts(least, take, 4, 2, exact=True)
     bound = threshold_bound(least, take, 4, 2, allow_empty=False, top=float(least[0]))
     assert best == 12560.0
     assert bound is not None
