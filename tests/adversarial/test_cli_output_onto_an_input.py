@@ -2,7 +2,9 @@
 lengths.npy`` wrote the plan's JSON over the lengths, ``report run.jsonl --plot run.jsonl`` a
 PNG over the run's telemetry, ``lengths data.jsonl -o a.npy --groups-output a.npy`` the group
 ids over the lengths it had just written: each silently, rc 0 (adv11b U13). Each is a one-line
-error before any work now, and the file is untouched."""
+error before any work now, and the file is untouched. So is a file in a folder given as
+``--model DIR`` or ``--tokenizer DIR`` (``plan L.npy --model DIR -o DIR/config.json`` wrote the
+plan over the model's config: adv12b B1)."""
 
 from __future__ import annotations
 
@@ -63,3 +65,30 @@ def test_lengths_output_onto_its_tokenizer_file(tmp_path: Path, capsys) -> None:
     tokenizer.write_text("{}")
     argv = ["lengths", str(data), "--tokenizer", str(tokenizer), "-o", str(tokenizer)]
     assert "--tokenizer file" in _refused(argv, capsys, data, tokenizer)
+
+
+def test_outputs_onto_a_file_in_an_input_folder(tmp_path: Path, capsys) -> None:
+    lengths = tmp_path / "lengths.npy"
+    np.save(lengths, np.arange(1, 41))
+    model = tmp_path / "model"
+    model.mkdir()
+    config = model / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    argv = ["plan", str(lengths), "--dp", "2", "--model", str(model), "-o", str(config)]
+    assert "--model folder" in _refused(argv, capsys, config, lengths)
+    nested = model / "sub" / ".." / "config.json"
+    (model / "sub").mkdir()
+    argv = ["simulate", "--lengths", str(lengths), "--model", str(model), "--plot", str(nested)]
+    _refused(argv, capsys, config, lengths)
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    vocab = tokenizer / "vocab.json"
+    vocab.write_text("{}")
+    for spec in (str(tokenizer), f"hf:{tokenizer}"):
+        argv = ["lengths", str(data), "--tokenizer", spec, "-o", str(vocab)]
+        assert "--tokenizer folder" in _refused(argv, capsys, data, vocab)
+        new = str(tmp_path / "new.npy")  # a new file in no input folder: not refused
+        argv = ["lengths", str(data), "--tokenizer", spec, "-o", new, "--groups-output", str(vocab)]
+        assert "--groups-output" in _refused(argv, capsys, data, vocab)

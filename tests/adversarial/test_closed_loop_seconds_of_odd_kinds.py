@@ -66,3 +66,32 @@ def test_a_time_that_is_no_number_is_dropped_as_nan(context_parallel, odd) -> No
     nan = _telemetry(context_parallel, float("nan"))
     assert nan[1]["ignored_measurements"] == 1
     assert _telemetry(context_parallel, odd) == nan
+
+
+@pytest.mark.parametrize("context_parallel", [False, True])
+@pytest.mark.parametrize(
+    "odd",
+    [np.timedelta64(5, "ms"), np.datetime64(1, "s"), "0.005", True, np.array(["0.005"])],
+    ids=["timedelta64", "datetime64", "numeric_str", "bool", "str_array"],
+)
+def test_a_value_numpy_reads_as_a_number_is_no_seconds(context_parallel, odd) -> None:
+    """adv12a A1: numpy read ``np.timedelta64(5, "ms")`` as 5 s (its count in its own unit: a
+    1000x slower rank learned from one duration), ``"0.005"`` and ``True`` as seconds; they are
+    no measured seconds and are dropped like NaN."""
+    assert _telemetry(context_parallel, odd) == _telemetry(context_parallel, float("nan"))
+
+
+def test_a_rank_timed_in_numpy_durations_is_not_learned_slow() -> None:
+    """adv12a A1, the whole rank: rank 0's seconds as ``np.timedelta64`` in milliseconds (a
+    timer built on ``np.datetime64`` stamps) were learned as 1000x slower than rank 1's; they
+    are dropped, so rank 0 keeps speed 1."""
+    planner = AdaptivePlanner(2, _options(False))
+    rng = np.random.default_rng(7)
+    for _ in range(4):
+        plan = planner.plan(rng.integers(100, 4000, 12))
+        seconds = [[1e-3 * len(mb) for mb in plan.ranks[r]] for r in range(2)]
+        durations = [np.timedelta64(round(1e3 * s), "ms") for s in seconds[0]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            telemetry = planner.observe(plan, [durations, seconds[1]])
+    assert telemetry["next_rank_speeds"] == [1.0, 1.0]

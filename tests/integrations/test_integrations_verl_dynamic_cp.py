@@ -5,6 +5,11 @@ is installed."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
 import pytest
 from _profiles import examples
 from hypothesis import given, settings
@@ -12,9 +17,26 @@ from hypothesis import strategies as st
 
 from seqbalance import PlanOptions
 from seqbalance.integrations import verl as sbv
-from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
+from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes, megatron_tensor_parallel_size
 
 FLOPS = PlanOptions(cost="flops", model="qwen3-8b")
+
+LENGTHS_OVER_BEFORE = [3195, 2353, 507, 747, 624, 121, 169, 156, 432, 2738]
+"""A batch whose plan at cap 1,000 on 2 x 2 ranks held 1,008 rows on one rank once verl padded
+for tp_size = 4 (before the scheduler planned verl's padding)."""
+
+
+class _Group:
+    """Rank ``rank`` of a DPxCP process group of 4 (the two calls verl's adapter makes)."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+
+    def size(self) -> int:
+        return 4
+
+    def rank(self) -> int:
+        return self._rank
 
 
 def test_hybrid_cp_sizes_are_megatrons_groups() -> None:
@@ -112,16 +134,6 @@ def test_verls_own_adapter_runs_the_installed_scheduler(monkeypatch) -> None:
         batch_size=[len(lengths)],
     )
 
-    class Group:
-        def __init__(self, rank: int) -> None:
-            self._rank = rank
-
-        def size(self) -> int:
-            return 4
-
-        def rank(self) -> int:
-            return self._rank
-
     # verl's own workload: the entry stays megatron-core's (absent from 0.19.2)
     with sbv.install(), pytest.raises(RuntimeError, match="Megatron-Core"):
         dcp.get_megatron_dynamic_cp_scheduler_cls()
@@ -131,7 +143,7 @@ def test_verls_own_adapter_runs_the_installed_scheduler(monkeypatch) -> None:
             is (installation.functions["get_megatron_dynamic_cp_scheduler_cls"])
         )
         scheduler = dcp.DynamicCPScheduler(max_seqlen_per_dp_cp_rank=4096, dp_size=2, cp_size=2)
-        runs = [scheduler.schedule(batch, Group(r), tp_size=1) for r in range(4)]
+        runs = [scheduler.schedule(batch, _Group(r), tp_size=1) for r in range(4)]
     assert len({len(run) for run in runs}) == 1
     tokens_once: dict[int, int] = {}
     for step in zip(*runs, strict=True):
@@ -149,3 +161,109 @@ def test_verls_own_adapter_runs_the_installed_scheduler(monkeypatch) -> None:
     assert dcp.get_megatron_dynamic_cp_scheduler_cls.__name__ == (
         "get_megatron_dynamic_cp_scheduler_cls"
     )
+
+
+# --- verl's padding (adv12b, V9): no rank over the cap once verl pads by 2 x cp x tp ----------
+
+
+def _parallel_state(monkeypatch, tp: int | None) -> None:
+    """A stand-in for megatron-core's parallel state as verl's Megatron engine leaves it (the
+    pytest process never imports megatron-core: it changes how tensors pickle); ``None``: groups
+    not set up (megatron-core asserts)."""
+
+    def get_tensor_model_parallel_world_size() -> int:
+        assert tp is not None, "tensor model parallel group is not initialized"
+        return tp
+
+    state = types.ModuleType("megatron.core.parallel_state")
+    state.get_tensor_model_parallel_world_size = get_tensor_model_parallel_world_size
+    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", state)
+
+
+def test_the_tensor_parallel_size_is_megatrons(monkeypatch) -> None:
+    spec = importlib.util.find_spec("megatron")  # megatron-core's source read, not imported
+    if spec is not None and spec.submodule_search_locations:
+        (package,) = spec.submodule_search_locations
+        source = (Path(package) / "core" / "parallel_state.py").read_text()
+        assert "def get_tensor_model_parallel_world_size():" in source
+    monkeypatch.delitem(sys.modules, "megatron.core.parallel_state", raising=False)
+    assert megatron_tensor_parallel_size() == 1  # megatron-core not loaded: nothing pads by TP
+    _parallel_state(monkeypatch, None)
+    assert megatron_tensor_parallel_size() == 1
+    _parallel_state(monkeypatch, 4)
+    assert megatron_tensor_parallel_size() == 4
+    made = sbv.DynamicCPScheduler(max_seqlen_per_dp_cp_rank=64, cp_size=2, dp_size=1, options=FLOPS)
+    assert made.tensor_parallel_size == 4
+    given_tp = sbv.DynamicCPScheduler(
+        max_seqlen_per_dp_cp_rank=64, cp_size=2, dp_size=1, options=FLOPS, tensor_parallel_size=2
+    )
+    assert given_tp.tensor_parallel_size == 2
+    for bad in (0, 2.5, "2"):
+        with pytest.raises(ValueError, match="tensor_parallel_size"):
+            sbv.DynamicCPScheduler(
+                max_seqlen_per_dp_cp_rank=64, cp_size=2, dp_size=1, options=FLOPS,
+                tensor_parallel_size=bad,
+            )  # fmt: skip
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    st.sampled_from([(1, 2), (2, 2), (1, 4), (2, 4), (4, 2), (1, 8)]),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([64, 100, 1000, 4096, 6000]),
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=24),
+    st.sampled_from(["zigzag", "contiguous"]),
+)
+def test_no_rank_holds_more_rows_than_the_cap_once_verl_pads(sizes, tp, cap, fractions, layout):
+    """verl's own padding function (``_local_padding_mask``) on each rank's pack: its rows, the
+    tokens the rank holds with their padding, never exceed ``max_seqlen_per_dp_cp_rank``."""
+    dcp = pytest.importorskip("verl.utils.dynamic_cp_scheduler")
+    dp, cp = sizes
+    n = dp * cp
+    lengths = [1 + int(f**3 * (cap * n - 2 * tp * n)) for f in fractions]
+    scheduler = sbv.DynamicCPScheduler(
+        max_seqlen_per_dp_cp_rank=cap,
+        cp_size=cp,
+        dp_size=dp,
+        options=FLOPS,
+        tensor_parallel_size=tp,
+    )
+    try:
+        schedule = scheduler.get_groups_and_subsamples(list(enumerate(lengths)))
+    except ValueError as error:  # fewer samples than busy ranks, or no plan under the padding
+        assert "empty" in str(error) or f"tp_size = {tp}" in str(error), error
+        return
+    check_schedule(schedule, list(enumerate(lengths)), n, cap)
+    for ranks in schedule:
+        for rank, ids in enumerate(ranks):
+            members = [r for r in range(n) if ranks[r] == ids]
+            mask = dcp._local_padding_mask(
+                [lengths[i] for i in ids], cp_size=len(members), cp_rank=members.index(rank),
+                tp_size=tp, cp_layout=layout,
+            )  # fmt: skip
+            assert mask.numel() <= cap, (rank, ids, mask.numel())
+
+
+def test_verls_own_adapter_keeps_the_cap_with_tensor_parallelism(monkeypatch) -> None:
+    """verl's DynamicCPScheduler.schedule with tp_size = 4 (megatron-core's, as verl's engine
+    passes it) on a 2 x 2 DPxCP group: every rank's padded rows and real tokens within the cap.
+    Before the scheduler read the TP size, ranks held up to 1.018x the cap."""
+    dcp = pytest.importorskip("verl.utils.dynamic_cp_scheduler")
+    torch = pytest.importorskip("torch")
+    from tensordict import TensorDict
+
+    tp, cap = 4, 1000
+    _parallel_state(monkeypatch, tp)
+    monkeypatch.delenv(sbv.ENV_OPTIONS, raising=False)
+    lengths = LENGTHS_OVER_BEFORE
+    rows = [torch.zeros(n, dtype=torch.long) for n in lengths]
+    batch = TensorDict(
+        {"input_ids": torch.nested.as_nested_tensor(rows, layout=torch.jagged)},
+        batch_size=[len(lengths)],
+    )
+    with sbv.install(model="qwen3-8b"):
+        scheduler = dcp.DynamicCPScheduler(max_seqlen_per_dp_cp_rank=cap, dp_size=2, cp_size=2)
+        runs = [scheduler.schedule(batch, _Group(r), tp_size=tp) for r in range(4)]
+    held = [micro[dcp.DCP_PADDING_MASK].numel() for run in runs for micro in run]
+    tokens = [micro[dcp.DCP_LOCAL_NUM_TOKENS] for run in runs for micro in run]
+    assert max(held) <= cap and max(tokens) <= cap, (max(held), max(tokens))

@@ -72,6 +72,10 @@ INPUT_FILES = {
 }
 """Arguments that may name a file a command reads, and what it is: no output may be one."""
 
+INPUT_FOLDERS = {"model": "--model", "tokenizer": "--tokenizer"}
+"""Arguments that may name a folder whose files a command reads (``config.json``, a tokenizer's
+files; ``hf:`` before a tokenizer folder): no output may be a file already in one."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
@@ -118,11 +122,18 @@ def _one_line(error: BaseException) -> str:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse an output path in a missing folder, onto a folder, onto a file the command reads
-    or onto another output, before any work is done (each was overwritten without a word)."""
+    (one given, or one already in a folder given) or onto another output, before any work is
+    done (each was overwritten without a word)."""
     taken = [
         (what, Path(value))
         for name, what in INPUT_FILES.items()
         if isinstance(value := getattr(args, name, None), (str, Path)) and Path(value).is_file()
+    ]
+    folders = [
+        (flag, Path(str(value).removeprefix("hf:")).resolve())
+        for name, flag in INPUT_FOLDERS.items()
+        if isinstance(value := getattr(args, name, None), (str, Path))
+        and Path(str(value).removeprefix("hf:")).is_dir()
     ]
     for name, flag in OUTPUT_FLAGS.items():
         value = getattr(args, name, None)
@@ -136,6 +147,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
         for what, other in taken:
             if _same_file(path, other):
                 raise ValueError(f"{flag} {str(path)!r} is {what}: it would be overwritten")
+        for folder_flag, folder in folders:
+            if path.is_file() and path.resolve().is_relative_to(folder):
+                raise ValueError(
+                    f"{flag} {str(path)!r} is a file in the {folder_flag} folder {str(folder)!r}, "
+                    "which the command reads: it would be overwritten"
+                )
         taken.append((f"where {flag} writes", path))
 
 

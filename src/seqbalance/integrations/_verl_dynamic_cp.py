@@ -16,14 +16,24 @@ CP sizes are the powers of two dividing the group and the whole group (the group
 hybrid CP creates), ``max_tokens`` is ``max_seqlen_per_dp_cp_rank``. seqbalance's plan may give a
 rank in one slot its share of a sharded sample and whole samples of its own; verl's format has
 one CP group per rank and micro-batch, so within each slot every sample of a maximal sharded
-block is sharded over that whole block (its members' tokens averaged: never more than the
-busiest member had, up to one token per sample of rounding, which re-planning under a lower cap
-absorbs). The result is validated as a ``ContextParallelPlan`` (every token once, the per-rank
-cap, aligned groups, no empty slot) before verl sees it.
+block is sharded over that whole block. The result is validated as a ``ContextParallelPlan``
+(every token once, the per-rank cap, aligned groups, no empty slot) before verl sees it.
+
+Padding: verl's ``schedule(..., tp_size=, cp_layout=)`` pads every sample of a pack run on a CP
+group of ``c`` ranks to a multiple of ``2 c tp`` (zigzag, ``c > 1``) or ``tp`` (``c = 1``), so a
+member holds ``ceil(L / (2 c tp)) 2 tp`` rows of it, up to ``2 tp`` more than ``ceil(L / c)``
+(the contiguous layout pads to ``c tp`` and holds no more). The cap bounds those rows, the
+tokens a rank holds with their padding. Samples are planned at their length rounded up to ``tp``
+(exact when whole); a plan whose blocks' rows pass the cap (sharding pads, and so does averaging
+a block) is re-made with each sample it shards over ``c`` ranks planned at its padded length
+there, which bounds the members' rows by the plan's per-rank cap. verl gives ``tp_size`` to its
+own padding only; its value is megatron-core's tensor-parallel size, which the scheduler reads
+from megatron-core's parallel state (set up by verl's Megatron engine).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -35,8 +45,34 @@ from seqbalance.plan.options import PlanOptions
 
 __all__ = ["DynamicCPScheduler", "hybrid_cp_sizes", "one_group_per_slot", "scheduler_entry"]
 
-_REPLANS = 4
-"""Lower caps tried when averaging a block's tokens rounds a member over the cap."""
+_REPLANS = 8
+"""Plans tried, each with the samples a plan shards planned at their padded length there."""
+
+_PARALLEL_STATE = "megatron.core.parallel_state"
+
+
+def megatron_tensor_parallel_size() -> int:
+    """The ``tp_size`` verl's Megatron engine passes to its padding: megatron-core's
+    tensor-parallel world size, read (never imported) from its parallel state; 1 where
+    megatron-core is not loaded or its groups are not set up (nothing pads by tensor
+    parallelism then)."""
+    state = sys.modules.get(_PARALLEL_STATE)
+    if state is None:
+        return 1
+    try:
+        size = state.get_tensor_model_parallel_world_size()
+    except (AssertionError, AttributeError):  # groups not initialised (asserts, or None.size())
+        return 1
+    return check_int(size, "megatron-core's tensor-parallel world size", minimum=1)
+
+
+def padded_rows(lengths: np.ndarray, cp_size: np.ndarray, tensor_parallel_size: int) -> np.ndarray:
+    """Rows one member of a CP group of ``cp_size`` holds of each sample once verl pads it
+    (``verl.utils.dynamic_cp_scheduler._local_padding_mask``, zigzag layout, which holds at least
+    as many as the contiguous one): ``ceil(L / (2 c tp)) 2 tp`` for ``c > 1``, ``ceil(L / tp) tp``
+    whole."""
+    factor = np.where(cp_size > 1, 2, 1) * tensor_parallel_size
+    return -(-lengths // (factor * cp_size)) * factor
 
 
 def hybrid_cp_sizes(n_ranks: int) -> tuple[int, ...]:
@@ -79,6 +115,9 @@ class DynamicCPScheduler:
         options: what to plan with (a FLOPs cost or a ``ContextParallelTimeModel``; its
             ``context_parallel`` may set the scheme); default :attr:`default_options`, which
             ``install()`` sets on the class it gives verl.
+        tensor_parallel_size: verl's ``tp_size`` (its padding multiple, module docstring);
+            None reads megatron-core's parallel state (:func:`megatron_tensor_parallel_size`),
+            which is what verl's Megatron engine passes.
     """
 
     default_options: PlanOptions | None = None
@@ -91,6 +130,7 @@ class DynamicCPScheduler:
         microbatch_group_size_per_vp_stage: int | None = None,
         *,
         options: PlanOptions | None = None,
+        tensor_parallel_size: int | None = None,
     ) -> None:
         options = options if options is not None else self.default_options
         if options is None:
@@ -99,6 +139,11 @@ class DynamicCPScheduler:
         cp_ranks = check_int(cp_size, "cp_size", minimum=1)
         self.max_tokens = cap
         self.n_ranks = cp_ranks * check_int(dp_size, "dp_size", minimum=1)
+        self.tensor_parallel_size = (
+            megatron_tensor_parallel_size()
+            if tensor_parallel_size is None
+            else check_int(tensor_parallel_size, "tensor_parallel_size", minimum=1)
+        )
         multiple = 1
         if microbatch_group_size_per_vp_stage is not None:
             name = "microbatch_group_size_per_vp_stage"
@@ -113,34 +158,51 @@ class DynamicCPScheduler:
         self.last_plan: ContextParallelPlan | None = None
 
     def plan(self, lengths: Any) -> ContextParallelPlan:
-        """The validated plan of one batch, one CP group per rank and slot (module docstring).
+        """The validated plan of one batch, one CP group per rank and slot, no member over the
+        cap once verl pads (module docstring).
 
         Raises:
-            ValueError: a sample longer than the whole group holds, or no plan under the cap.
+            ValueError: a sample longer than the whole group holds once padded, or no plan
+                under the cap.
         """
         lengths = np.asarray(lengths, dtype=np.int64)
-        cap = self.max_tokens
+        tp = self.tensor_parallel_size
+        # What each sample is planned as: its rows whole, then, once a plan shards it over c
+        # ranks, its padded length there (c members hold exactly its rows then, and no more on
+        # any group size dividing c); lengths only grow, so the loop ends.
+        planned_lengths = padded_rows(lengths, np.ones_like(lengths), tp)
         for _ in range(_REPLANS):
-            planned = plan_step(lengths, self.n_ranks, self.options.replace(max_tokens=cap))
+            try:
+                planned = plan_step(planned_lengths, self.n_ranks, self.options)
+            except ValueError as error:
+                if np.array_equal(planned_lengths, lengths):
+                    raise
+                raise ValueError(
+                    f"{error} (lengths as verl pads them for tp_size = {tp})"
+                ) from error
             cp, start = one_group_per_slot(planned)
-            over = self._held(cp, start, planned) - self.max_tokens
-            if over <= 0:
+            rows = padded_rows(lengths, cp, tp)
+            if self._held(rows, cp, start, planned) <= self.max_tokens:
                 return ContextParallelPlan.from_assignment(
                     lengths, self.n_ranks, self.options, cp_size=cp, group_start=start,
                     slot_of=planned.slot_of(),
                 )  # fmt: skip
-            cap -= over
+            planned_lengths = np.maximum(planned_lengths, rows * cp)
         raise ValueError(
             f"no plan keeps every rank within max_seqlen_per_dp_cp_rank = {self.max_tokens} once "
-            "each rank runs one CP group per micro-batch"
+            f"each rank runs one CP group per micro-batch and verl pads for tp_size = {tp} "
+            f"({_REPLANS} plans tried)"
         )
 
     @staticmethod
-    def _held(cp: np.ndarray, start: np.ndarray, plan: ContextParallelPlan) -> int:
-        """The most tokens one rank holds in one slot under ``(cp, start)`` (ceil shares)."""
+    def _held(
+        rows: np.ndarray, cp: np.ndarray, start: np.ndarray, plan: ContextParallelPlan
+    ) -> int:
+        """The most rows one rank holds in one slot, each sample's ``rows`` on each member of
+        its ``(cp, start)`` block."""
         held = np.zeros((plan.n_ranks, plan.n_slots), dtype=np.int64)
-        for sample, (size, first, slot) in enumerate(zip(cp, start, plan.slot_of(), strict=True)):
-            held[first : first + size, slot] += -(-int(plan.lengths[sample]) // int(size))
+        for sample, (first, size, slot) in enumerate(zip(start, cp, plan.slot_of(), strict=True)):
+            held[first : first + size, slot] += rows[sample]
         return int(held.max())
 
     def get_groups_and_subsamples(self, sample_id_seqlens: Any) -> list[list[list[int]]]:

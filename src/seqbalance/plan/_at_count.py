@@ -65,13 +65,13 @@ def attempt(
     *,
     refine: bool = True,
     isolate: bool = True,
-    known: tuple[np.ndarray, Microbatches] | None = None,
+    known: tuple[np.ndarray | None, Microbatches | None] | None = None,
 ) -> Microbatches | None:
     """The plan with ``m`` micro-batches per rank (None when none was found); ``refine=False``
     leaves out the lockstep refinement (``match_profile`` still applies), ``isolate=False`` the
     padded plan with dominant samples alone (``_longest_alone``); ``known``: ``assign_units``
-    and ``global_first_fit`` of ``m`` where the caller already has them (packed, no groups;
-    the fallback plan is then used, not copied).
+    and ``global_first_fit`` of ``m`` where the caller already ran them (None where they
+    failed; packed, no groups; the fallback plan is then used, not copied).
 
     With rank speeds and ``allow_empty``, where the rank that ends last is held by the count
     (``emptier``), it is also planned with empty micro-batches allowed: the cheaper of the two
@@ -126,7 +126,7 @@ def _by_rank(
     m: int,
     *,
     refine: bool,
-    known: tuple[np.ndarray, Microbatches] | None,
+    known: tuple[np.ndarray | None, Microbatches | None] | None,
     fill: bool,
 ) -> Microbatches | None:
     """``attempt`` where step 1 assigns units to ranks first (packed; padded with groups)."""

@@ -6,7 +6,7 @@ and the samples slow ranks must hold), and keeps the cheapest."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -52,23 +52,24 @@ class CountSearch:
     lockstep refinement) at most once per step; ``_at_count.attempt`` is deterministic, so a
     kept plan is the one planning it again would give."""
 
-    def __init__(self, p: Problem, m: int, bound: float) -> None:
+    def __init__(self, p: Problem, m: int, bound: float, least_slots: Callable[[], int]) -> None:
         self.p, self.m = p, m
+        self.least_slots = least_slots  # _feasible.least_slots of p, computed once
         self.gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
         self._plans: dict[int, tuple[float, Microbatches] | None] = {}  # by count
         self._found: Found | None = None  # the search from m, where already run
-        # assign_units and global_first_fit of m, where shortcut ran them (for attempt).
-        self._known: tuple[np.ndarray, Microbatches] | None = None
+        # assign_units and global_first_fit of m (None: failed), where shortcut ran them (for
+        # attempt, which would run them again).
+        self._known: tuple[np.ndarray | None, Microbatches | None] | None = None
         self._packings: dict[int, _feasible.Search] = {}  # _feasible.search by count
-        self._slots: int | None = None  # _feasible.least_slots, once needed
 
     def advance(self, m: int) -> None:
         """The fewest count is now ``m`` (the previous one has no plan)."""
         self.m, self._found, self._known = m, None, None
 
-    def known(self) -> tuple[np.ndarray, Microbatches] | None:
+    def known(self) -> tuple[np.ndarray | None, Microbatches | None] | None:
         """``_at_count.attempt``'s ``known`` for ``m``: the ranks and the fallback plan that
-        ``shortcut`` found (handed over once), else None."""
+        ``shortcut`` looked for (None where it found none; handed over once), else None."""
         known, self._known = self._known, None
         return known
 
@@ -116,26 +117,22 @@ class CountSearch:
         the rivals' plans with ``m`` micro-batches per rank, then the packing search; so it
         stops at ``m`` where ``m`` is planned and one of them finds a plan: packed without
         groups, ours where ``assign_units`` and ``global_first_fit`` both succeed
-        (``_at_count.attempt`` then returns a plan; they are kept for it: ``known``); a rival
-        already planned with ``m`` (planning none for this); the packing search's."""
+        (``_at_count.attempt`` then returns a plan; what they found, or not, is kept for it:
+        ``known``); a rival already planned with ``m`` (planning none for this); the packing
+        search's."""
         p = self.p
-        planned = m == p.min_feasible_microbatches or p.dp * m >= self._least_slots()
+        planned = m == p.min_feasible_microbatches or p.dp * m >= self.least_slots()
         if not planned:
             return False
         if p.layout == "packed" and p.groups is None:
             ranks = _at_count.assign_units(p, m)
             fallback = None if ranks is None else _at_count.global_first_fit(p, m)
+            self._known = (ranks, fallback)
             if ranks is not None and fallback is not None:
-                self._known = (ranks, fallback)
                 return True
-        if p.dp * m < self._least_slots():
+        if p.dp * m < self.least_slots():
             return False  # the fewest count, where ours failed: nothing else is tried
         return others.planned_with(m) or self.feasible(m).plan is not None
-
-    def _least_slots(self) -> int:
-        if self._slots is None:
-            self._slots = _feasible.least_slots(self.p)
-        return self._slots
 
     def cheapest(self, plan: Microbatches) -> Microbatches:
         """The cheapest of ``plan`` (of ``m``, made without the lockstep refinement) and the

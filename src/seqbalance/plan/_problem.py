@@ -423,6 +423,35 @@ class Problem(GroupedSamples):
         least[order] = suffix_min[first_of_length]
         return least
 
+    @cached_property
+    def knapsack_curve(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """The fractional knapsack of the least sample costs over the capacity tokens under a
+        token cap (``_rank_search``'s capacity bounds read it at every count): the least cost
+        of the samples without capacity tokens, then, samples taken by cost per token (densest
+        first, ties by index), the capacity tokens and the least costs cumulated (float64
+        ``[k + 1]`` each, from 0). It does not depend on the count, so it is sorted once."""
+        least = self.least_sample_costs
+        tokens = self.capacity_tokens.astype(np.float64)
+        free = tokens <= 0
+        density = least[~free] / tokens[~free]
+        order = np.lexsort((np.arange(density.size), -density))
+        reach = np.concatenate(([0.0], np.cumsum(tokens[~free][order])))
+        carried = np.concatenate(([0.0], np.cumsum(least[~free][order])))
+        return float(least[free].sum()), reach, carried
+
+    @cached_property
+    def covering_curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fractional covering of sample counts by whole units at least cost (what the
+        ranks that must hold ``m`` samples each pay at least; ``_rank_search``'s filled-ranks
+        bound reads it at every count): units taken by least cost per sample (ties by index),
+        their samples and least costs cumulated (float64 ``[n_units + 1]`` each, from 0)."""
+        costs = self.unit_sums(self.least_sample_costs)
+        counts = self.unit_counts.astype(np.float64)
+        order = np.lexsort((np.arange(costs.size), costs / counts))
+        held = np.concatenate(([0.0], np.cumsum(counts[order])))
+        least = np.concatenate(([0.0], np.cumsum(costs[order])))
+        return held, least
+
     def rank_bound(self, rank_of_unit: np.ndarray, m: int) -> float:
         """A lower bound on the objective of any plan with ``m`` or more micro-batches per rank
         and these ranks (each unit's rank): every micro-batch pays the overhead and every

@@ -106,13 +106,8 @@ def _token_capacity_bound(p: Problem, m: int, *, overheads: bool = True) -> floa
         return p.dp * overhead / float(speeds.sum())
     most = total
     if np.isfinite(p.cap):
-        tokens = p.capacity_tokens.astype(np.float64)
-        free = tokens <= 0
-        density = least[~free] / tokens[~free]
-        order = np.lexsort((np.arange(density.size), -density))
-        reach = np.concatenate(([0.0], np.cumsum(tokens[~free][order])))
-        carried = np.concatenate(([0.0], np.cumsum(least[~free][order])))
-        most = min(total, float(least[free].sum()) + float(np.interp(m * p.cap, reach, carried)))
+        free, reach, carried = p.knapsack_curve
+        most = min(total, free + float(np.interp(m * p.cap, reach, carried)))
     if p.dp * most < total:
         return np.inf
     k = np.arange(p.dp)
@@ -136,11 +131,7 @@ def _filled_ranks_bound(p: Problem, m: int) -> float:
         return bound
     if p.n < p.dp * m:
         return np.inf
-    costs = p.unit_sums(p.least_sample_costs)
-    counts = p.unit_counts.astype(np.float64)
-    order = np.lexsort((np.arange(costs.size), costs / counts))
-    held = np.concatenate(([0.0], np.cumsum(counts[order])))
-    least = np.concatenate(([0.0], np.cumsum(costs[order])))
+    held, least = p.covering_curve
     ranks = np.arange(1, p.dp + 1)
     samples = ranks * m
     cheapest = np.interp(samples, held, least)

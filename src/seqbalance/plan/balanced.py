@@ -65,6 +65,8 @@ are searched too (``plan/_count_search.py``).
 
 from __future__ import annotations
 
+import functools
+
 from seqbalance.plan import _at_count, _exact, _feasible
 from seqbalance.plan._count_search import CountSearch
 from seqbalance.plan._portfolio import (
@@ -99,20 +101,23 @@ def plan_balanced(p: Problem) -> Microbatches:
     m = p.min_feasible_microbatches
     bound = p.lower_bound(m)
     others = Portfolio(p)
-    search = None if p.speeds is None else CountSearch(p, m, bound)
-    needed = 0  # micro-batch slots any plan needs (0: not yet computed)
+    # Bin packing's bound on the micro-batch slots any plan needs, computed once where first
+    # read (the count search's shortcut reads it too).
+    needed = functools.cache(functools.partial(_feasible.least_slots, p))
+    search = None if p.speeds is None else CountSearch(p, m, bound, needed)
+    failed = False  # whether a count has failed to plan
     while True:
         if not p.allow_empty and (filled := p.fillable_ranks(m)) < p.dp:
             raise ValueError(_unfillable(p, m, filled))
         if search is not None and (shortcut := search.shortcut(others)) is not None:
             return _at_rival_count(p, others.best(shortcut, bound))
-        plan = None if p.dp * m < needed else _ours(p, m, bound, search)
+        plan = None if failed and p.dp * m < needed() else _ours(p, m, bound, search)
         found = None
         if plan is None:
-            # Bin packing's bound on the slots, once a count has failed (the dear path only):
-            # below it no count holds the samples, and no rival or packing is looked for.
-            needed = needed or _feasible.least_slots(p)
-            if p.dp * m < needed:
+            # The slots' bound is read once a count has failed (the dear path only): below
+            # it no count holds the samples, and no rival or packing is looked for.
+            failed = True
+            if p.dp * m < needed():
                 found = _feasible.Search(None, proven=True)
             else:
                 plan, found = _rival_or_packing(p, m, others, search)

@@ -63,9 +63,10 @@ def plan_digests(plan: Plan | None) -> dict[str, str]:
     return {"costs": costs.hexdigest(), "plan": layout.hexdigest()}
 
 
-def agreed_plan(comm: Comm, plan: Plan | None, error: str | None) -> Plan | None:
+def agreed_plan(comm: Comm, plan: Plan | None, error: str | None) -> tuple[Plan | None, str]:
     """``plan`` (this rank's plan of the step, ``None`` without samples or on ``error``, the
-    planning error's message) once every rank of ``comm`` shows the same one.
+    planning error's message) once every rank of ``comm`` shows the same one, and its digest
+    (``plan_digests``' ``"plan"``, computed once for the check: the caller reuses it).
 
     One all-gather of a small JSON record per rank.
 
@@ -75,7 +76,8 @@ def agreed_plan(comm: Comm, plan: Plan | None, error: str | None) -> Plan | None
             costs, or different plans from equal costs), naming the rank.
         CollectiveError: a peer failed or did not call within the timeout.
     """
-    mine = json.dumps({"error": error, **plan_digests(plan)}).encode()
+    digests = plan_digests(plan)
+    mine = json.dumps({"error": error, **digests}).encode()
     records = [json.loads(text) for text in comm.all_gather_bytes(mine, "all_gather of plans")]
     messages = {record["error"] for record in records}
     if len(messages) == 1 and error is not None:
@@ -90,4 +92,4 @@ def agreed_plan(comm: Comm, plan: Plan | None, error: str | None) -> Plan | None
         raise ValueError(
             f"ranks 0 and {rank} disagree on {what}{detail}: {cause}; no sample was moved"
         )
-    return plan
+    return plan, digests["plan"]

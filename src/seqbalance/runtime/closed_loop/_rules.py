@@ -132,13 +132,27 @@ def level_shift(
 
 def as_seconds(values: Any) -> np.ndarray:
     """``values`` (measured seconds) as a float64 1-D array; an entry that is not a number (or one
-    beyond a float: an int of 400 digits) becomes NaN, which the statistics drop."""
+    beyond a float: an int of 400 digits) becomes NaN, which the statistics drop. Numbers only:
+    a string, a bool or a numpy duration or date is none, though numpy would read it as one
+    (``"0.5"`` as 0.5 s, ``True`` as 1 s, ``np.timedelta64(5, "ms")`` as 5 s: its count in its
+    own unit; adv12a A1)."""
     try:
         with np.errstate(all="ignore"):
-            return np.asarray(values, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError, OverflowError):
+            array = np.asarray(values)
+        listed = isinstance(values, (list, tuple))
+        if array.dtype.kind in "fiu" and not (
+            listed and any(isinstance(value, _NO_SECONDS) for value in values)
+        ):  # plain numbers (numpy makes [0.1, True] floats)
+            return array.astype(np.float64).reshape(-1)
+        if listed:  # each entry alone: numpy made [0.1, "x"] strings
+            items = list(values)
+        elif array.dtype.kind == "O":
+            items = array.reshape(-1).tolist()
+        else:  # strings, bools, durations, dates, complex: no seconds
+            return np.full(array.size, np.nan)
+    except (TypeError, ValueError, OverflowError):  # ragged, or no array (a bfloat16 tensor)
         items = list(values) if isinstance(values, (list, tuple)) else [values]
-        return np.array([_number(value) for value in items], dtype=np.float64)
+    return np.array([_number(value) for value in items], dtype=np.float64)
 
 
 def one_number(seconds: Any) -> bool:
@@ -151,7 +165,13 @@ def one_number(seconds: Any) -> bool:
 
 
 def _number(value: Any) -> float:
+    if isinstance(value, _NO_SECONDS):  # float() would read them (as_seconds)
+        return float("nan")
     try:
         return float(value)
     except (TypeError, ValueError, OverflowError):
         return float("nan")
+
+
+_NO_SECONDS = (str, bytes, bool, np.bool_, np.timedelta64, np.datetime64)
+"""Kinds that ``float()`` reads but that are no measured seconds (``as_seconds``)."""

@@ -121,17 +121,8 @@ class LaggedFeedback:
         index = self.loop.observed
         plan = self._plans.get(index) if index < self._taken else None
         step, error = checked_step(step)
-        if error is None and plan is None:
-            error = (
-                f"rank {self.adaptive.rank} called observe() for step {index} of the run, "
-                "which it has not taken from the sampler (one observe() per step, after its "
-                "micro-batches)"
-            )
-        elif error is None and None not in (step, self._shift) and step + self._shift != index:
-            error = (
-                f"rank {self.adaptive.rank} observed step {step} of the epoch where step "
-                f"{index - self._shift} was due (a missed or extra observe())"
-            )
+        if error is None:
+            error = self._out_of_order(plan, step, index)
         if error is None:
             self._plans.pop(index)
         # An error is reported through the gather, so the ranks that observe correctly raise at
@@ -139,6 +130,22 @@ class LaggedFeedback:
         # steps taken show a missed observe() that neither the step nor the timing shows: the
         # rank that missed one has taken a step more when it observes this one.
         return self.adaptive.exchange(plan, timing, index, error=error, taken=self._taken)
+
+    def _out_of_order(self, plan: Plan | None, step: int | None, index: int) -> str | None:
+        """Why observing ``step`` (a valid step number, or None) as the run's step ``index``
+        (``plan``: the one this rank took for it, None if none) is out of order, or None."""
+        if plan is None:
+            return (
+                f"rank {self.adaptive.rank} called observe() for step {index} of the run, "
+                "which it has not taken from the sampler (one observe() per step, after its "
+                "micro-batches)"
+            )
+        if None not in (step, self._shift) and step + self._shift != index:
+            return (
+                f"rank {self.adaptive.rank} observed step {step} of the epoch where step "
+                f"{index - self._shift} was due (a missed or extra observe())"
+            )
+        return None
 
     def state_dict(self, step: int) -> dict[str, Any]:
         """The learned state for a resume at ``step`` of the running pass (``ClosedLoop``'s one

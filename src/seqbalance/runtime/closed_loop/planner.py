@@ -12,7 +12,7 @@ observed while an earlier one was not, is a ValueError at that ``observe`` (noth
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from seqbalance._validation import check_int
@@ -121,17 +121,19 @@ class AdaptivePlanner:
                 observe); nothing is learned then.
         """
         ranks = self.dp_size
-        sync = [0.0] * ranks if sync_seconds is None else list(sync_seconds)
-        steps = [None] * ranks if step_seconds is None else list(step_seconds)
-        for name, values in (
-            ("rank_seconds", rank_seconds),
-            ("sync_seconds", sync),
-            ("step_seconds", steps),
-        ):
-            if len(values) != ranks:
-                raise ValueError(
-                    f"{name} must hold one entry per rank ({ranks}), got {len(values)}"
-                )
+        rank_seconds = _per_rank(rank_seconds, "rank_seconds", ranks)
+        sync = (
+            [0.0] * ranks
+            if sync_seconds is None
+            else _per_rank(sync_seconds, "sync_seconds", ranks)
+        )
+        steps = (
+            [None] * ranks
+            if step_seconds is None
+            else _per_rank(step_seconds, "step_seconds", ranks)
+        )
+        if not isinstance(plan, Plan):
+            raise ValueError(f"plan must be the step's Plan (plan()'s), got {type(plan).__name__}")
         if plan.n_ranks != ranks:
             raise ValueError(f"plan has {plan.n_ranks} ranks, this planner {ranks}")
         loop = self.loop
@@ -171,3 +173,21 @@ class AdaptivePlanner:
         """
         self.loop.load_state_dict(state)
         self._steps.restart(self.loop.observed)
+
+
+def _per_rank(values: Any, name: str, ranks: int) -> list[Any]:
+    """``values`` as a list of one entry per rank, else a ValueError naming ``name``: a mapping
+    or a set has no rank order (``list()`` of ``{0: a, 1: b}`` is its keys, read as seconds), a
+    number or None no entries (adv12a A2: TypeError)."""
+    try:
+        if isinstance(values, (Mapping, Set, str, bytes)):
+            raise TypeError
+        listed = list(values)
+    except TypeError:
+        raise ValueError(
+            f"{name} must be a sequence of one entry per rank ({ranks}), got "
+            f"{type(values).__name__}"
+        ) from None
+    if len(listed) != ranks:
+        raise ValueError(f"{name} must hold one entry per rank ({ranks}), got {len(listed)}")
+    return listed

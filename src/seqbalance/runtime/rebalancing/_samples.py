@@ -113,7 +113,7 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
         tensor = first[name]
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
             raise ValueError(f"samples[0][{name!r}] must be a tensor with >= 1 dimension")
-        check_dense(tensor, f"samples[0][{name!r}]")
+        check_dense(tensor, f"samples[0][{name!r}]")  # before Field.of reads its shape
         fields.append(Field.of(name, tensor))
     local = []
     for index, sample in enumerate(dicts):
@@ -123,7 +123,7 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
         row = []
         for spec in fields:
             tensor = sample[spec.name]
-            if isinstance(tensor, torch.Tensor):
+            if index and isinstance(tensor, torch.Tensor):  # samples[0]: checked above
                 check_dense(tensor, f"samples[{index}][{spec.name!r}]")
             if (
                 not isinstance(tensor, torch.Tensor)

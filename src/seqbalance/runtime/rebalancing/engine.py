@@ -123,7 +123,7 @@ class StepEngine:
         options, telemetry = self.options, None
         if self.feedback is not None:
             options, telemetry = self.feedback.apply(pending, batch.feedback, comm.rank)
-        plan = self._agreed_plan(comm, batch, options)
+        plan, digest = self._agreed_plan(comm, batch, options)
         nbytes = sample_bytes(batch.rows, batch.fields)
         routing: Routing | PieceRouting
         if isinstance(plan, ContextParallelPlan):
@@ -146,7 +146,7 @@ class StepEngine:
             comm,
             (local, arrived, batch),
             routing,
-            (plan, plan_rank, mine),
+            (plan, digest, plan_rank, mine),
             cu_seqlens,
             (timings, telemetry),
         )
@@ -156,7 +156,7 @@ class StepEngine:
         comm: Comm,
         samples: tuple[list[list[torch.Tensor]], dict[int, list[torch.Tensor]], Batch],
         routing: Routing | PieceRouting,
-        planned: tuple[Plan | None, int, list[np.ndarray]],
+        planned: tuple[Plan | None, str, int, list[np.ndarray]],
         cu_seqlens: torch.Tensor | None,
         reports: tuple[dict[str, float], dict[str, Any] | None],
     ) -> RebalanceResult:
@@ -164,7 +164,7 @@ class StepEngine:
         its micro-batches (slots) in the plan's ``plan_rank``; ``reports``: the step's timings
         and the closed loop's telemetry."""
         local, arrived, batch = samples
-        plan, plan_rank, mine = planned
+        plan, digest, plan_rank, mine = planned
         timings, telemetry = reports
         me, offsets = comm.rank, batch.offsets
         cu_dtype = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else torch.int32
@@ -201,6 +201,7 @@ class StepEngine:
             telemetry=telemetry,
             slots=slots,
             _step=self.steps - 1,
+            _plan_digest=digest[:16],
         )
 
     def end(self, observed: Any = None) -> None:
@@ -347,9 +348,11 @@ class StepEngine:
         """All-gather every rank's description; check that the ranks agree (else ValueError)."""
         return gather_batch(comm, header, table, local, self.options)
 
-    def _agreed_plan(self, comm: Comm, batch: Batch, options: PlanOptions) -> Plan | None:
-        """The step's plan under ``options``, once every rank has shown it made the same one:
-        one all-gather before any sample moves
+    def _agreed_plan(
+        self, comm: Comm, batch: Batch, options: PlanOptions
+    ) -> tuple[Plan | None, str]:
+        """The step's plan under ``options``, once every rank has shown it made the same one,
+        and its digest: one all-gather before any sample moves
         (:func:`seqbalance.runtime.agreement.agreed_plan`)."""
         try:
             plan, error = self.plan(batch, comm.world_size, options), None

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from seqbalance.cost.samples import SampleParts
-from seqbalance.runtime.agreement import plan_digests
 from seqbalance.runtime.collectives import Comm
 from seqbalance.runtime.rebalancing._gathered import gather_described, raise_first_error
 from seqbalance.runtime.rebalancing._outputs import agreed_output, describe_outputs
@@ -109,6 +108,7 @@ class RebalanceResult:
     telemetry: dict[str, Any] | None = None
     slots: list[ContextParallelSlot] | None = None
     _step: int = field(default=0, repr=False)  # the Rebalancer's step count when made
+    _plan_digest: str = field(default="", repr=False)  # the plan's, as the ranks agreed it
 
     @property
     def num_samples(self) -> int:
@@ -153,7 +153,7 @@ class RebalanceResult:
         form, local, header, table = describe_outputs(outputs, self.num_samples, shares)
         # Which step's result this is, by number and plan: ranks that restore different
         # steps' results (another order) would otherwise swap outputs between them, silently.
-        header["step"] = [self._step, plan_digests(self.plan)["plan"][:16]]
+        header["step"] = [self._step, self._plan_digest]
         started = time.perf_counter()
         described = gather_described(comm, header, table, "restore: all_gather")
         _check_same_step([h["step"] for h, _ in described])
