@@ -15,7 +15,7 @@ from test_plan_intervals import _intervals, _least_over_cuts
 from seqbalance.plan._thresholds import threshold_bound
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=11),
     dp=st.integers(2, 4),
