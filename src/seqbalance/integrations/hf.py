@@ -19,6 +19,8 @@ What it does:
   partial step of an epoch is dropped. The loader takes the Trainer's loader settings (workers,
   pin memory, persistent workers, prefetch factor, multiprocessing context, ``seed_worker``);
   ``dataloader_in_order=False`` is not kept (a warning): a resume is exact only in order.
+  ``train_sampling_strategy="sequential"`` keeps the dataset's order across steps (no shuffle);
+  ``"group_by_length"`` / ``"batch_rebalance"`` give way to this sampler (a warning).
 - Layout: padding-free TRL (``args.padding_free``) or ``layout="packed"`` in the options plans
   packed micro-batches (the token cap ``max_tokens`` applies to their sum); otherwise micro-batches
   are padded and hold at most ``per_device_train_batch_size`` samples (the planner groups similar
@@ -185,6 +187,7 @@ def balanced_train_dataloader(
         dp_size=world,
         seed=args.data_seed if args.data_seed is not None else args.seed,
         drop_last=True,
+        shuffle=_shuffled(args),
         **_plan_options(trainer, options or {}),
     )
     # Given lengths of another size trained a prefix of the dataset without a word (fewer) or
@@ -202,6 +205,19 @@ def balanced_train_dataloader(
         collate_fn=collator,
         **_loader_settings(args),
     )
+
+
+def _shuffled(args: Any) -> bool:
+    """Whether the Trainer's ``train_sampling_strategy`` shuffles: ``"sequential"`` keeps the
+    dataset's order (the sampler's ``shuffle=False``: steps take the samples in order, each
+    balanced within); the length samplers it names give way to seqbalance's (a warning)."""
+    strategy = getattr(args, "train_sampling_strategy", "random")
+    if strategy in ("group_by_length", "batch_rebalance"):
+        _log.warning(
+            "seqbalance: train_sampling_strategy=%r is replaced by seqbalance's balanced sampler",
+            strategy,
+        )
+    return strategy != "sequential"
 
 
 def _loader_settings(args: Any) -> dict[str, Any]:
