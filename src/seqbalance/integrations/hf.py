@@ -57,6 +57,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from seqbalance.cost import ModelSpec
 from seqbalance.datasets.lengths import lengths_from_dataset
 from seqbalance.runtime.samplers import BalancedBatchSampler
@@ -105,6 +107,8 @@ class _LengthChecked:
     workers too), so it costs one ``len`` per sample trained and reads nothing ahead. The
     ValueError is therefore raised by the rank that fetches the sample, when it fetches it; the
     other ranks stop at their next collective's timeout, as with any error in one rank's data.
+    ``lengths`` is the sampler's ``checked_lengths``: a lengths file changed under the run is
+    that ValueError too, never a signal.
     """
 
     def __init__(self, dataset: Any, lengths: Any) -> None:
@@ -114,9 +118,9 @@ class _LengthChecked:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _checked(self, index: int, sample: Any) -> Any:
+    def _checked(self, index: int, given: int, sample: Any) -> Any:
         if isinstance(sample, Mapping) and "input_ids" in sample:
-            given, real = int(self.lengths[index]), len(sample["input_ids"])
+            real = len(sample["input_ids"])
             if given != real:
                 raise ValueError(
                     f"seqbalance_lengths[{index}] is {given} but train_dataset[{index}]"
@@ -126,14 +130,18 @@ class _LengthChecked:
         return sample
 
     def __getitem__(self, index: int) -> Any:
-        return self._checked(index, self.dataset[index])
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         # The DataLoader fetches a whole micro-batch at once where the dataset can
-        # (``datasets.Dataset``); keep that.
+        # (``datasets.Dataset``); keep that, and read the given lengths at once.
+        given = np.asarray(self.lengths[np.asarray(indices, dtype=np.int64)]).tolist()
         fetch = getattr(self.dataset, "__getitems__", None)
         samples = fetch(indices) if fetch is not None else [self.dataset[i] for i in indices]
-        return [self._checked(i, sample) for i, sample in zip(indices, samples, strict=True)]
+        return [
+            self._checked(i, n, sample)
+            for i, n, sample in zip(indices, given, samples, strict=True)
+        ]
 
 
 class _EpochLoader:
@@ -200,7 +208,9 @@ def balanced_train_dataloader(
         )
     loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
     return loader_class(
-        _LengthChecked(dataset, sampler.lengths) if given else dataset,
+        # Read through the sampler's checked reader, never its memory map of a lengths file:
+        # a file cut under the run would kill a loader worker with SIGBUS.
+        _LengthChecked(dataset, sampler.checked_lengths) if given else dataset,
         batch_sampler=sampler,
         collate_fn=collator,
         **_loader_settings(args),
