@@ -1,17 +1,15 @@
 """Runs of tests/scripts/hf_train.py (a tiny randomly initialised Llama trained by the Hugging
-Face Trainer with seqbalance's sampler) in a subprocess, on 1 or 2 (gloo) processes: shared by
+Face Trainer with seqbalance's sampler) on 1 or 2 (gloo) processes: shared by
 the hf integration test files; and :func:`trainer_stub`, the Trainer attributes the drop-in's
 loader reads, for tests that build the loader without a model."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
+import runpy
 from pathlib import Path
 from types import SimpleNamespace
 
-from _other_process import run_process_tree
+from _other_process import leave_the_launch
 
 
 def trainer_stub(dataset: object, **loader: object) -> SimpleNamespace:
@@ -29,27 +27,22 @@ def trainer_stub(dataset: object, **loader: object) -> SimpleNamespace:
 
 
 SCRIPT = Path(__file__).parent / "scripts" / "hf_train.py"
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def run(tmp_path: Path, *options: str, processes: int = 1) -> dict:
-    launcher = [sys.executable]
-    if processes > 1:
-        launcher += [
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(processes),
-        ]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = run_process_tree(
-        [*launcher, str(SCRIPT), "--output-dir", str(tmp_path), *options], timeout=300, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :])
+    """The report of ``hf_train.py --output-dir tmp_path *options`` on ``processes`` ranks (that
+    of the first): ranks of the project's launcher, each forked from the suite's fork server,
+    which has imported torch and transformers once (``RANK_PRELOAD`` in conftest), instead of an
+    interpreter (3 for torchrun on 2 processes) importing them again for each run. One process
+    runs as ``python hf_train.py`` would (no process group, no torchrun variables); on more,
+    the Trainer makes its own gloo group the env:// way, as under torchrun."""
+    from seqbalance.measure.launch import launch
+
+    argv = ["--output-dir", str(tmp_path), *options]
+    return launch(_rank, processes, args=(argv, processes > 1), timeout=300.0)[0]
+
+
+def _rank(rank: int, world_size: int, argv: list[str], distributed: bool) -> dict | None:
+    """One rank of :func:`run`: ``main(argv)`` of the script (run as a module, not ``__main__``)."""
+    leave_the_launch(distributed=distributed)
+    return runpy.run_path(str(SCRIPT))["main"](argv)

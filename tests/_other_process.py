@@ -1,14 +1,18 @@
-"""Running code in fresh Python processes: determinism tests and launched examples
-(``from _other_process import ...``)."""
+"""Running code in other Python processes: fresh interpreters (determinism tests, launched
+examples) and processes forked from the launcher's fork server, which has imported torch and
+the suite's ``RANK_PRELOAD`` once (``from _other_process import ...``)."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,3 +71,59 @@ def _descendants(pid: int) -> list[int]:
         found += below
         frontier += below
     return found
+
+
+TORCHRUN_VARIABLES = (
+    *("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    *("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"),
+)
+"""What seqbalance's launcher gives each rank, as torchrun would."""
+
+
+def leave_the_launch(*, distributed: bool) -> None:
+    """In a rank of seqbalance's launcher, before code that sets up its own run: the launcher's
+    process group goes (the code makes its own the env:// way, as under torchrun); unless
+    ``distributed``, the torchrun variables go too, and the code sees the process that
+    ``python script`` starts (no process group, no torchrun variables)."""
+    import torch.distributed
+
+    torch.distributed.destroy_process_group()
+    if not distributed:
+        for name in TORCHRUN_VARIABLES:
+            os.environ.pop(name, None)
+
+
+def run_script_forked(
+    script: str | Path, *argv: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``python script *argv`` run as ``__main__`` in a process forked from the launcher's fork
+    server instead of a new interpreter: a script that imports transformers costs its work, not
+    seconds of imports. The script sees a plain process (:func:`leave_the_launch`); the
+    returncode is that of its ``SystemExit`` (1 for an exception, whose traceback goes to
+    stderr), stdout and stderr what it wrote to ``sys.stdout`` and ``sys.stderr`` (output of C
+    code, and of logging handlers made before, goes to the rank's log instead). Within
+    ``timeout`` seconds."""
+    from seqbalance.measure.launch import launch
+
+    done = launch(_script_rank, 1, args=(str(script), list(argv)), timeout=timeout)[0]
+    return subprocess.CompletedProcess([sys.executable, str(script), *argv], *done)
+
+
+def _script_rank(rank: int, world_size: int, script: str, argv: list[str]) -> tuple[int, str, str]:
+    """The rank of :func:`run_script_forked`: (returncode, stdout, stderr)."""
+    leave_the_launch(distributed=False)
+    sys.argv = [script, *argv]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exit_:  # as the interpreter reads it
+            code = 0 if exit_.code is None else exit_.code
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)
+                code = 1
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    return code, stdout.getvalue(), stderr.getvalue()

@@ -26,28 +26,39 @@ settings.load_profile(active_profile())
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SLOWEST_FIRST = (
-    "test_integrations_hf_resume.py",
-    "test_plan_properties.py",
-    "test_integrations_hf.py",
-    "test_runtime_context_parallel.py",
-    "test_plan_context_parallel_properties.py",
-    "test_cli_bench.py",
-    "test_runtime_samplers_lazy.py",
-    "test_integrations_megatron.py",
-    "test_runtime_examples.py",
-    "test_runtime_context_parallel_hf.py",
-    "test_integrations_verl_parity.py",
-    "test_runtime_distributed.py",
-    "test_runtime_samplers.py",
-    "test_integrations_verl_install.py",
-    "test_measure_launch.py",
     "test_plan_speeds.py",
+    "test_plan_properties.py",
     "test_plan_bruteforce.py",
+    "test_plan_context_parallel_properties.py",
+    "test_runtime_examples.py",
+    "test_runtime_closed_loop.py",
+    "test_runtime_window.py",
+    "test_measure_launch.py",
+    "test_integrations_hf_resume.py",
+    "test_closed_loop_level_shift.py",
+    "test_integrations_verl_parity.py",
+    "test_architecture.py",
+    "test_plan_epoch.py",
+    "test_integrations_megatron.py",
+    "test_runtime_samplers_fit.py",
+    "test_plan_intervals.py",
+    "test_plan_packing.py",
+    "test_runtime_samplers_files.py",
+    "test_device_check.py",
+    "test_plan_rivals.py",
+    "test_docs_examples.py",
+    "test_cli_bench.py",
+    "test_runtime_context_parallel.py",
+    "test_cli_simulate.py",
+    "test_verl_install_foreign_and_failed.py",
 )
 """Modules that take the longest in the README's test command (per-module seconds of
-``pytest --durations=0 -n 2 --dist loadfile``), started first so that no worker is left alone
-with one of them at the end; the others keep their order. Only a hint: a module missing from
-the list runs in its place, a listed one that is gone changes nothing."""
+``pytest --durations=0 -n 2 --dist loadfile``, the 25 longest), started first so that no worker
+is left alone with one of them at the end; the others keep their order. 25: in a simulation of
+xdist's loadfile scheduling on those seconds, each module 30% slower or faster at random, the
+two workers end 0.3% apart on average (the 17 listed before: 1.0%, 15 or 20: 0.6%, 2.6%).
+Only a hint: a module missing from the list runs in its place, a listed one that is gone
+changes nothing."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

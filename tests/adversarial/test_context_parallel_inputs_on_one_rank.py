@@ -11,6 +11,10 @@ errors now travel in the agreement: the same ValueError on every rank, before an
 V3: token ids of int32 failed the loss (``cross_entropy`` takes int64 targets) on the ranks
 with tokens only; uint8 ones held ``IGNORE_INDEX`` (-100) as 156, a real token, in the labels
 of every sample's last token. Token ids are now labelled in int64: the loss equals int64's.
+adv12a A4: a ``samples`` container without a length (a generator) raised TypeError in
+``prepare`` on its rank alone, and sparse or meta token ids passed ``prepare`` and failed in the
+slots on their rank alone; both now travel in the agreement too.
+
 Real gloo processes.
 """
 
@@ -72,6 +76,10 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
             plan_step(LENGTHS, world_size, OPTIONS.replace(context_parallel=None, max_tokens=64)),
             [],
         ),
+        # adv12a A4: passed prepare and failed on rank 1 alone (TypeError; in the slots).
+        "generator": (plan, (sample for sample in _samples(LENGTHS))),
+        "sparse": (plan, [sample.to_sparse() for sample in _samples(LENGTHS)]),
+        "meta": (plan, [sample.to("meta") for sample in _samples(LENGTHS)]),
     }
     out: dict[str, Any] = {}
     for name, (their_plan, their_samples) in odd.items():
@@ -94,6 +102,9 @@ def test_inputs_wrong_on_one_rank_fail_every_rank_alike(tmp_path) -> None:
         "count": "samples holds 3 samples, the plan has 4",
         "float": "samples[0] has shape (30,) of torch.float32, the plan says 30 integer",
         "no plan": "plan must be a ContextParallelPlan, got StepPlan",
+        "generator": "samples must be a sequence of token-id tensors, got generator",
+        "sparse": "samples[0] is a torch.sparse_coo tensor: only dense",
+        "meta": "samples[0] is a meta-device tensor: only dense",
     }
     for name, text in expected.items():
         assert results[0][name] == results[1][name], name

@@ -3,7 +3,9 @@ the others without a word: ``dataloader_persistent_workers``, ``dataloader_prefe
 ``dataloader_multiprocessing_context`` and the Trainer's ``seed_worker`` (each worker's seeds
 from the rank, for random augmentation in a collator) (adv11b U14). They are passed as the
 Trainer passes them now; ``dataloader_in_order=False`` is kept in order, with a warning (a
-resume is exact only in order)."""
+resume is exact only in order). ``train_sampling_strategy="sequential"`` was dropped the same
+way: the steps came shuffled (adv12b B6); it keeps the dataset's order now, and the length
+samplers the Trainer would use instead give way with a warning."""
 
 from __future__ import annotations
 
@@ -46,3 +48,22 @@ def test_out_of_order_delivery_is_kept_in_order_with_a_warning(caplog) -> None:
             _trainer(dataloader_in_order=False), options={"cost": "tokens"}
         )
     assert loader.in_order is True and "dataloader_in_order" in caplog.text
+
+
+def _steps(loader) -> list[list[int]]:
+    return [sorted(batch) for batch in loader.batch_sampler]
+
+
+def test_sequential_sampling_keeps_the_datasets_order(caplog) -> None:
+    sizes = list(range(1, 41))
+    dataset = [{"input_ids": list(range(n))} for n in sizes]
+    trainer = trainer_stub(dataset, train_sampling_strategy="sequential")
+    batches = _steps(balanced_train_dataloader(trainer, options={"cost": "tokens"}))
+    assert batches == [[i, i + 1] for i in range(0, 40, 2)]  # steps of 2 samples, in order
+    shuffled = trainer_stub(dataset, train_sampling_strategy="random")
+    assert _steps(balanced_train_dataloader(shuffled, options={"cost": "tokens"})) != batches
+    with caplog.at_level(logging.WARNING):
+        for strategy in ("group_by_length", "batch_rebalance"):
+            trainer = trainer_stub(dataset, train_sampling_strategy=strategy)
+            balanced_train_dataloader(trainer, options={"cost": "tokens"})
+            assert f"train_sampling_strategy={strategy!r}" in caplog.text

@@ -10,6 +10,13 @@ the observation it carried: the step after it went unlearned, and the one after 
 "observed step 2 where step 1 was due" on every rank, at every later step: one refused step
 ended the run (with ``iterate``'s prefetch too, when the loop went on with a new ``iterate``).
 Every rank gathered that observation before refusing the step: the refused step now learns it.
+
+adv12a A5: with ``adaptive``, a step whose gathered observation was refused (a rank's timing
+that does not fit its micro-batches) raised on every rank, as it should, but the observation
+stayed unlearned and uncounted while the ranks' numbering of observations went on: from then on
+every other step raised "observed step 2 where step 1 was due" on every rank and nothing was
+learned again. The refused observation is now skipped alike on every rank (nothing learned from
+it), so the loop goes on learning from the next one.
 Real gloo processes.
 """
 
@@ -25,7 +32,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from _multiprocess import count_exchanges, launch, ok  # noqa: E402
 
-from seqbalance.runtime import Rebalancer  # noqa: E402
+from seqbalance.runtime import Rebalancer, StepTiming  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -88,11 +95,34 @@ def _adaptive(rank: int, overlap: bool) -> list[Any]:
     return log
 
 
+def _refused_observation(rank: int) -> list[Any]:
+    """Six steps; rank 1's timing of step 1 holds one micro-batch too many."""
+    rebalancer = Rebalancer(
+        dist.new_group(backend="gloo"), max_tokens=64, adaptive=True, timeout=TIMEOUT
+    )
+    log: list[Any] = []
+    for step in range(6):
+        try:
+            result = rebalancer.rebalance(_samples(rank, step))
+        except ValueError as error:
+            log.append(str(error).split(":")[0])
+            continue
+        if step == 1 and rank == 1:
+            count = len(result.microbatches) + 1
+            rebalancer.observe(result, StepTiming((1e-3,) * count, 0.0, 1e-3 * count))
+        else:
+            log.append(_observe(rebalancer, result))
+            continue
+        log.append(result.telemetry is not None)
+    return log
+
+
 def _worker(rank: int, world_size: int) -> dict[str, Any]:
     return {
         "swapped": _swapped(rank),
         "adaptive": _adaptive(rank, overlap=False),
         "overlapped": _adaptive(rank, overlap=True),
+        "refused_observation": _refused_observation(rank),
     }
 
 
@@ -111,3 +141,8 @@ def test_restores_out_of_order_and_a_refused_adaptive_step(tmp_path) -> None:
     # learns step 3. Before, step 5 raised "observed step 1 where step 0 was due".
     overlapped = [False, False, "rank 1", True, False, True]
     assert [r["overlapped"] for r in results] == [overlapped, overlapped]
+    # Step 1 learns step 0; step 2 refuses rank 1's observation of step 1 on every rank (and
+    # skips it); step 3 has nothing (step 2 had no result); steps 4 and 5 learn steps 3 and 4.
+    # Before, steps 4 raised "observed step 2 where step 1 was due" (and every other step after).
+    refused = [False, True, "rank 1 could not report step 1", False, True, True]
+    assert [r["refused_observation"] for r in results] == [refused, refused]

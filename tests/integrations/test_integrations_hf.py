@@ -1,6 +1,7 @@
 """seqbalance.integrations.hf: the Trainer trains like stock and normalises by the step's tokens
-(on 2 gloo processes, and resuming: test_integrations_hf_resume.py). Each run is a subprocess
-of tests/scripts/hf_train.py (a tiny randomly initialised Llama on learnable sequences)."""
+(on 2 gloo processes, and resuming: test_integrations_hf_resume.py). Each run is
+tests/scripts/hf_train.py (a tiny randomly initialised Llama on learnable sequences) in a
+process of its own (``_hf_train.run``)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from seqbalance.datasets import lengths_from_dataset
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One process: 6 steps of the stock Trainer, then 6 with seqbalance's sampler and its step
-    0's token mean (one run serves the loss curve and the token mean: a subprocess costs its
-    imports, the steps little)."""
+    0's token mean (one run serves the loss curve and the token mean: a process costs its
+    start and the Trainer's set-up, the steps little)."""
     return run(tmp_path_factory.mktemp("hf"), "--mode", "both", "--manual-loss")
 
 

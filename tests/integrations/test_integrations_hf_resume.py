@@ -35,7 +35,7 @@ def _full(output: Path, processes: int, *options: str) -> dict:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """The one-process full run (its folder and report), for the exact resume and the refused
-    ones (a subprocess costs its imports: one run serves both)."""
+    ones (a process costs its start and the Trainer's set-up: one run serves both)."""
     output = tmp_path_factory.mktemp("hf") / "full"
     return output, _full(output, 1)
 
@@ -83,7 +83,7 @@ def test_resume_with_another_plan_fails_before_training(
 ) -> None:
     """By path, and by ``resume_from_checkpoint=True`` (the newest checkpoint of output_dir):
     another data seed or max_tokens fails before training (the three in one process: a
-    process costs its imports more than a refusal)."""
+    process costs its start more than a refusal)."""
     full = one_process[0]
     other = {"output_dir": str(tmp_path / "other"), "resume": str(full / "checkpoint-2")}
     last = {"output_dir": str(full), "resume": "last"}

@@ -365,3 +365,31 @@ def test_balance_off_keeps_slimes_empty_microbatch_on_a_step_of_no_tokens() -> N
     assert partitions == [[0, 1, 2, 3], []] and mbi == [[[0, 1, 2, 3]], [[]]]
     partitions, _, _, _ = build_dp_schedule(make_args(balance_data=True), config(2), lengths, **kw)
     assert all(partitions)
+
+
+def test_rollout_ids_are_integers_whatever_holds_them() -> None:
+    """adv12b B9: the ids of a tensor hash by identity, so ``torch.tensor([0, 0, 0, 1, 1, 2, 2,
+    2])`` made eight rollouts of one sample each: four steps instead of one, each rollout's
+    samples split over steps, without a word. Ids are read as integers now (slime's
+    ``samples[i].index``); what is no integer is a ScheduleError naming it."""
+    torch = pytest.importorskip("torch")
+    lengths = [30, 40, 50, 20, 10, 60, 70, 5]
+    ids = [0, 0, 0, 1, 1, 2, 2, 2]
+
+    def run(rollouts):
+        return build_dp_schedule(
+            make_args(), config(), lengths, global_batch_size=2, rollout_indices=rollouts
+        )
+
+    expected = run(ids)
+    assert expected[3] == [2]  # one step of rollouts 0 and 1; rollout 2 left out
+    assert run(torch.tensor(ids)) == expected
+    assert run(np.array(ids)) == expected
+    for bad, named in (
+        (None, "sequence"),
+        ([0.5] * 8, r"rollout_indices\[0\] = 0.5"),
+        (["a"] * 8, r"rollout_indices\[0\] = 'a'"),
+        ([[0]] * 8, "not an integer"),
+    ):
+        with pytest.raises(ScheduleError, match=named):
+            run(bad)

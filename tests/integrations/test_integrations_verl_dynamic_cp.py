@@ -267,3 +267,26 @@ def test_verls_own_adapter_keeps_the_cap_with_tensor_parallelism(monkeypatch) ->
     held = [micro[dcp.DCP_PADDING_MASK].numel() for run in runs for micro in run]
     tokens = [micro[dcp.DCP_LOCAL_NUM_TOKENS] for run in runs for micro in run]
     assert max(held) <= cap and max(tokens) <= cap, (max(held), max(tokens))
+
+
+@pytest.mark.parametrize(
+    ("pairs", "named"),
+    [
+        ([(0, 100), (0, 200)], "repeats a sample id"),  # scheduled twice before
+        ([(1, 100), (True, 200)], "repeats a sample id"),  # True is id 1
+        ([(0, 100.7), (1, 200)], "not a whole number"),  # cut to 100 before
+        ([(0.5, 100), (1, 200)], "ids must be integers"),  # id 0 before
+        ([(0, "100"), (1, 200)], "not a number"),  # read as 100 before
+        ([(0, float("nan")), (1, 200)], "not finite"),
+        ([(0, 100, 3), (1, 200)], r"\(sample id, length\) pairs"),
+    ],
+)
+def test_megatrons_pairs_are_checked_as_the_packing_scheduler_checks_them(pairs, named) -> None:
+    """adv12b B8: the verl dynamic-CP scheduler took ``int()`` of each id and length: a repeated
+    id was scheduled twice, 100.7 tokens planned as 100, ``"100"`` as 100 (as adv10b S7 was in
+    ``megatron_packing.schedule``); one check serves both now."""
+    scheduler = sbv.DynamicCPScheduler(
+        max_seqlen_per_dp_cp_rank=1000, cp_size=2, dp_size=1, options=FLOPS
+    )
+    with pytest.raises(ValueError, match=named):
+        scheduler.get_groups_and_subsamples(pairs)

@@ -6,7 +6,6 @@ brute-force optimum."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import numpy as np
 import pytest
@@ -31,28 +30,42 @@ def _brute_force(plan: StepPlan, m: int) -> float | None:
     n, dp = plan.n_samples, plan.dp_size
     slots = dp * m
     lengths, costs = plan.lengths, plan.sample_costs
-    assignments = np.array(list(itertools.product(range(slots), repeat=n)), dtype=np.int64)
-    assignments = assignments.reshape(-1, n)
-    onehot = assignments[:, :, None] == np.arange(slots)  # [K, n, slots]
-    count = onehot.sum(axis=1)
-    feasible = np.ones(len(assignments), dtype=bool)
+    # Every assignment, one row each (sample i's slot is digit i of the row number in base
+    # ``slots``), and every slot's samples, tokens, cost, patches and longest sample, summed
+    # sample by sample in the samples' order: [rows, slots] arrays, where one-hot
+    # [rows, samples, slots] arrays would be n times larger (a million rows at 10 samples).
+    rows = np.arange(slots**n, dtype=np.int64)
+    assignments = np.stack([rows // slots ** (n - 1 - i) % slots for i in range(n)], axis=1)
+    count = np.zeros((len(rows), slots), dtype=np.int64)
+    packed_tokens = np.zeros((len(rows), slots), dtype=lengths.dtype)
+    packed_cost = np.zeros((len(rows), slots))
+    patches = np.zeros((len(rows), slots), dtype=np.int64)
+    longest = np.full((len(rows), slots), -1, dtype=lengths.dtype)
+    longest_sample = np.zeros((len(rows), slots), dtype=np.int64)  # the first of the longest
+    for i in range(n):
+        here = assignments[:, i, None] == np.arange(slots)
+        count += here
+        packed_tokens += here * lengths[i]
+        packed_cost += here * costs[i]
+        if plan.max_vision_patches is not None:
+            patches += here * plan.vision_patches[i]
+        longer = here & (lengths[i] > longest)
+        longest[longer] = lengths[i]
+        longest_sample[longer] = i
+    feasible = np.ones(len(rows), dtype=bool)
     if not plan.allow_empty:
         feasible &= (count > 0).all(axis=1)
-    masked_lengths = np.where(onehot, lengths[None, :, None], -1)
-    longest = masked_lengths.max(axis=1)
     if plan.layout == "packed":
-        tokens = (onehot * lengths[None, :, None]).sum(axis=1)
-        slot_cost = plan.overhead + (onehot * costs[None, :, None]).sum(axis=1)
+        tokens = packed_tokens
+        slot_cost = plan.overhead + packed_cost
     else:
         tokens = count * np.maximum(longest, 0)
-        longest_sample = masked_lengths.argmax(axis=1)
         slot_cost = plan.overhead + count * np.where(count > 0, costs[longest_sample], 0.0)
         feasible &= (count <= plan.microbatch_size).all(axis=1)
     if plan.max_tokens is not None:
         lone_oversize = (count == 1) & (longest > plan.max_tokens) & plan.allow_oversize
         feasible &= ((tokens <= plan.max_tokens) | lone_oversize).all(axis=1)
     if plan.max_vision_patches is not None:
-        patches = (onehot * plan.vision_patches[None, :, None]).sum(axis=1)
         lone = (count == 1) & plan.allow_oversize
         feasible &= ((patches <= plan.max_vision_patches) | lone).all(axis=1)
     if plan.groups is not None:

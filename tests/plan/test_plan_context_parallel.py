@@ -492,7 +492,7 @@ def test_argument_errors() -> None:
         plan_cp([1], 2, context_parallel=options, max_tokens=16, strategy="ring")
     with pytest.raises(ValueError, match="context_parallel must be a ContextParallel"):
         plan_cp([1], 2, max_tokens=16, context_parallel=16)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="n_ranks"):
+    with pytest.raises(ValueError, match="dp_size must be >= 1, got 0"):  # plan_step's name
         plan_cp([1], 0, context_parallel=options, max_tokens=16)
     with pytest.raises(ValueError, match=r"lengths\[0\]"):
         plan_cp([-1], 2, context_parallel=options, max_tokens=16)

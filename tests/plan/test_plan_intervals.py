@@ -42,7 +42,7 @@ def _intervals(lengths: list[int], size: int | None, cap: int | None, *, allow_e
     costs = lengths + 0.001 * lengths.astype(np.float64) ** 2
     order = np.argsort(-lengths, kind="stable")
     least = np.empty(lengths.size)
-    least[order] = np.minimum.accumulate(costs[order][::-1])[::-1]
+    least[order] = np.minimum.accumulate(costs[order])
     problem = SimpleNamespace(
         lengths=lengths,
         sample_costs=costs,
@@ -168,14 +168,16 @@ def test_lockstep_padded_bound_and_plan(lengths, dp, m, size, cap, overhead, all
         assert plan.step_cost == pytest.approx(best, rel=1e-9)
 
 
-def _least_over_cuts(least: np.ndarray, take: np.ndarray, k: int, dp: int) -> float:
+def _least_over_cuts(
+    least: np.ndarray, take: np.ndarray, k: int, dp: int, *, exact: bool = False
+) -> float:
     """The least ``lockstep`` cost (no overhead) of any cut of the longest-first order into at
-    most ``k`` runs (within ``take``), every cut tried: its runs sorted costliest first, dealt
-    ``dp`` to a position, each position costing its first."""
+    most ``k`` runs (exactly ``k`` with ``exact``; within ``take``), every cut tried: its runs
+    sorted costliest first, dealt ``dp`` to a position, each position costing its first."""
     n, best = least.size, np.inf
     for marks in itertools.product([False, True], repeat=n - 1):
         cuts = [0, *(i + 1 for i, cut in enumerate(marks) if cut), n]
-        if len(cuts) - 1 > k:
+        if len(cuts) - 1 > k or (exact and len(cuts) - 1 != k):
             continue
         sizes = np.diff(cuts)
         if (sizes > take[cuts[:-1]]).any():

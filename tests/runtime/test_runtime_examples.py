@@ -1,15 +1,16 @@
-"""The examples run end to end (the DDP one on 2 gloo ranks through torch.distributed.run)."""
+"""The examples run end to end (the DDP one on 2 gloo ranks through torch.distributed.run, the
+Hugging Face one as ``python examples/hf_trainer.py`` would: run as ``__main__`` in a process of
+its own, forked from the launcher's fork server)."""
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _other_process import run_process_tree
+from _other_process import run_process_tree, run_script_forked
 
 pytest.importorskip("torch")
 
@@ -46,11 +47,9 @@ def test_torchrun_ddp_example_trains_on_two_ranks() -> None:
 def test_hf_trainer_example_runs_or_explains_what_is_missing() -> None:
     # By epochs: the Trainer sizes the schedule from len(dataloader), which the sampler gives
     # exactly without planning; 16 samples at a global batch of 4 x 2 = 8 make 2 steps.
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "hf_trainer.py"), "--epochs", "1", "--samples", "16"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    # Forked from the launcher's fork server, which has imported transformers already.
+    done = run_script_forked(
+        EXAMPLES / "hf_trainer.py", "--epochs", "1", "--samples", "16", timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     try:

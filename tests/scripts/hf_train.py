@@ -1,7 +1,8 @@
 """Train a tiny random Llama with the stock Trainer or seqbalance's, print the run as JSON.
 
-Run directly (one process) or under ``torch.distributed.run`` (gloo). Used by
-tests/integrations/test_integrations_hf.py.
+Run directly (one process) or under ``torch.distributed.run`` (gloo), printing ``RESULT`` and
+the report as JSON; tests/_hf_train.py calls :func:`main` on ranks of the project's launcher
+instead (tests/integrations/test_integrations_hf*.py).
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def train_trl(args: argparse.Namespace, mode: str, output_dir: str, model, data,
     return {"losses": losses, "layout": layout}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> dict | None:
+    """The run that the command line ``argv`` (default: ``sys.argv[1:]``) asks for: its report
+    (None on a process other than the first)."""
     parser = argparse.ArgumentParser()
     parser.add_argument(
         "--mode",
@@ -126,7 +129,7 @@ def main() -> int:
         "data_seed or max_tokens; one process tries them in turn (RESULT {'refused': the "
         "ValueError message of each, or None where one trained})",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.refusals is not None:
         report = {"refused": [_refused(args, changes) for changes in json.loads(args.refusals)]}
     elif args.mode != "both":
@@ -136,9 +139,7 @@ def main() -> int:
             mode: train(args, mode, os.path.join(args.output_dir, mode))
             for mode in ("stock", "balanced")
         }
-    if report is not None:
-        print("RESULT " + json.dumps(report))
-    return 0
+    return report
 
 
 def _refused(args: argparse.Namespace, changes: dict) -> str | None:
@@ -227,7 +228,9 @@ def train(args: argparse.Namespace, mode: str, output_dir: str) -> dict | None:
 
 
 if __name__ == "__main__":
-    code = main()
+    result = main()
+    if result is not None:
+        print("RESULT " + json.dumps(result))
     # Under torchrun, the interpreter's teardown with gloo's threads alive has been seen to abort
     # ("terminate called without an active exception", exit -6) after the result was printed:
     # tear the group down and leave without the teardown.
@@ -235,4 +238,4 @@ if __name__ == "__main__":
         torch.distributed.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(0)

@@ -40,9 +40,11 @@ def detect_format(path: str | Path) -> str:
 
 
 def _open_text(path: Path) -> Any:
+    # utf-8-sig: UTF-8, skipping the byte-order mark Windows tools write first (Notepad,
+    # PowerShell's Out-File), which json reads as a malformed first record.
     if path.suffix.lower() == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return path.open(encoding="utf-8-sig")
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:

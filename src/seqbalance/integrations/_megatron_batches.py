@@ -21,13 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int
+from seqbalance._validation import MAX_TOKENS_LIMIT, check_int
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 
 __all__ = [
     "IGNORE_INDEX",
     "check_hybrid_cp",
+    "check_pad_multiple",
     "hybrid_cp_batch",
     "hybrid_cp_groups",
     "hybrid_cp_sample",
@@ -39,6 +40,15 @@ IGNORE_INDEX = -100
 """Label of positions without a next token (sequence ends, padding); ``loss_mask`` is 0 there."""
 
 
+def check_pad_multiple(pad_multiple: Any) -> int:
+    """``pad_multiple`` as an int in ``[1, 2**53]`` (tokens: past 2**53 padded lengths
+    overflowed, an OverflowError)."""
+    multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
+    if multiple > MAX_TOKENS_LIMIT:
+        raise ValueError(f"pad_multiple must be <= 2**53 = {MAX_TOKENS_LIMIT}, got {multiple}")
+    return multiple
+
+
 def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]:
     """Pack token sequences into one THD micro-batch (see the module docstring for the fields).
 
@@ -47,11 +57,12 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
         pad_multiple: each sequence is padded (token 0, no loss) to a multiple of this.
 
     Raises:
-        ValueError: no samples, an empty or non-1-D sample, or ``pad_multiple < 1``.
+        ValueError: no samples, an empty or non-1-D sample, or ``pad_multiple`` outside
+            ``[1, 2**53]``.
     """
     import torch
 
-    multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
+    multiple = check_pad_multiple(pad_multiple)
     if len(samples) == 0:
         raise ValueError("samples is empty: a micro-batch needs at least one sequence")
     sequences = [torch.as_tensor(s, dtype=torch.int64) for s in samples]
@@ -161,7 +172,7 @@ def hybrid_cp_sample(sequence: Any, cp_size: int, *, pad_multiple: int = 1) -> d
     import torch
 
     size = check_int(cp_size, "cp_size", minimum=1)
-    multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
+    multiple = check_pad_multiple(pad_multiple)
     packed = pack_thd([sequence], pad_multiple=math.lcm(multiple, 2 * size if size > 1 else 1))
     params = packed.pop("packed_seq_params")
     packed["cu_seqlens"] = params["cu_seqlens_q"]

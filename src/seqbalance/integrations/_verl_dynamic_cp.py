@@ -33,17 +33,25 @@ from megatron-core's parallel state (set up by verl's Megatron engine).
 
 from __future__ import annotations
 
+import operator
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int
+from seqbalance._validation import as_lengths, check_int
 from seqbalance.plan import plan_step
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
 
-__all__ = ["DynamicCPScheduler", "hybrid_cp_sizes", "one_group_per_slot", "scheduler_entry"]
+__all__ = [
+    "DynamicCPScheduler",
+    "hybrid_cp_sizes",
+    "ids_and_lengths",
+    "one_group_per_slot",
+    "scheduler_entry",
+]
 
 _REPLANS = 8
 """Plans tried, each with the samples a plan shards planned at their padded length there."""
@@ -73,6 +81,22 @@ def padded_rows(lengths: np.ndarray, cp_size: np.ndarray, tensor_parallel_size: 
     whole."""
     factor = np.where(cp_size > 1, 2, 1) * tensor_parallel_size
     return -(-lengths // (factor * cp_size)) * factor
+
+
+def ids_and_lengths(sample_id_seqlens: Sequence[Any]) -> tuple[list[int], Any]:
+    """The ids (distinct integers) and lengths of Megatron's ``(sample_id, sequence_length)``
+    pairs (``get_groups_and_subsamples``, the packing schedulers): a fractional length was cut
+    by ``int()`` and a repeated id (or ``True`` beside 1) scheduled twice, without a word."""
+    pairs = [tuple(pair) for pair in sample_id_seqlens]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError("sample_id_seqlens must hold (sample id, length) pairs")
+    try:  # integer-like ids as Megatron builds them (int, numpy or 0-dim torch integers)
+        ids = [operator.index(sample_id) for sample_id, _ in pairs]
+    except TypeError:
+        raise ValueError("sample_id_seqlens ids must be integers") from None
+    if len(set(ids)) != len(ids):
+        raise ValueError("sample_id_seqlens repeats a sample id (each sample once)")
+    return ids, as_lengths([length for _, length in pairs], "sample_id_seqlens lengths")
 
 
 def hybrid_cp_sizes(n_ranks: int) -> tuple[int, ...]:
@@ -211,10 +235,10 @@ class DynamicCPScheduler:
         Args:
             sample_id_seqlens: ``(sample_id, sequence_length)`` pairs.
         """
-        pairs = [(int(sample_id), int(length)) for sample_id, length in sample_id_seqlens]
-        if not pairs:
+        ids, lengths = ids_and_lengths(sample_id_seqlens)
+        if not ids:
             raise ValueError("sample_id_seqlens is empty: nothing to schedule")
-        plan = self.plan([length for _, length in pairs])
+        plan = self.plan(lengths)
         self.last_plan = plan
         slot_of = plan.slot_of()
         schedule = []
@@ -223,7 +247,7 @@ class DynamicCPScheduler:
             for sample in np.flatnonzero(slot_of == slot).tolist():
                 first, size = int(plan.group_start[sample]), int(plan.cp_size[sample])
                 for rank in range(first, first + size):
-                    ranks[rank].append(pairs[sample][0])
+                    ranks[rank].append(ids[sample])
             schedule.append(ranks)
         return schedule
 

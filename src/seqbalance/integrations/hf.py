@@ -19,6 +19,8 @@ What it does:
   partial step of an epoch is dropped. The loader takes the Trainer's loader settings (workers,
   pin memory, persistent workers, prefetch factor, multiprocessing context, ``seed_worker``);
   ``dataloader_in_order=False`` is not kept (a warning): a resume is exact only in order.
+  ``train_sampling_strategy="sequential"`` keeps the dataset's order across steps (no shuffle);
+  ``"group_by_length"`` / ``"batch_rebalance"`` give way to this sampler (a warning).
 - Layout: padding-free TRL (``args.padding_free``) or ``layout="packed"`` in the options plans
   packed micro-batches (the token cap ``max_tokens`` applies to their sum); otherwise micro-batches
   are padded and hold at most ``per_device_train_batch_size`` samples (the planner groups similar
@@ -54,6 +56,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from seqbalance.cost import ModelSpec
 from seqbalance.datasets.lengths import lengths_from_dataset
@@ -103,6 +107,8 @@ class _LengthChecked:
     workers too), so it costs one ``len`` per sample trained and reads nothing ahead. The
     ValueError is therefore raised by the rank that fetches the sample, when it fetches it; the
     other ranks stop at their next collective's timeout, as with any error in one rank's data.
+    ``lengths`` is the sampler's ``checked_lengths``: a lengths file changed under the run is
+    that ValueError too, never a signal.
     """
 
     def __init__(self, dataset: Any, lengths: Any) -> None:
@@ -112,9 +118,9 @@ class _LengthChecked:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def _checked(self, index: int, sample: Any) -> Any:
+    def _checked(self, index: int, given: int, sample: Any) -> Any:
         if isinstance(sample, Mapping) and "input_ids" in sample:
-            given, real = int(self.lengths[index]), len(sample["input_ids"])
+            real = len(sample["input_ids"])
             if given != real:
                 raise ValueError(
                     f"seqbalance_lengths[{index}] is {given} but train_dataset[{index}]"
@@ -124,14 +130,18 @@ class _LengthChecked:
         return sample
 
     def __getitem__(self, index: int) -> Any:
-        return self._checked(index, self.dataset[index])
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         # The DataLoader fetches a whole micro-batch at once where the dataset can
-        # (``datasets.Dataset``); keep that.
+        # (``datasets.Dataset``); keep that, and read the given lengths at once.
+        given = np.asarray(self.lengths[np.asarray(indices, dtype=np.int64)]).tolist()
         fetch = getattr(self.dataset, "__getitems__", None)
         samples = fetch(indices) if fetch is not None else [self.dataset[i] for i in indices]
-        return [self._checked(i, sample) for i, sample in zip(indices, samples, strict=True)]
+        return [
+            self._checked(i, n, sample)
+            for i, n, sample in zip(indices, given, samples, strict=True)
+        ]
 
 
 class _EpochLoader:
@@ -185,6 +195,7 @@ def balanced_train_dataloader(
         dp_size=world,
         seed=args.data_seed if args.data_seed is not None else args.seed,
         drop_last=True,
+        shuffle=_shuffled(args),
         **_plan_options(trainer, options or {}),
     )
     # Given lengths of another size trained a prefix of the dataset without a word (fewer) or
@@ -197,11 +208,26 @@ def balanced_train_dataloader(
         )
     loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
     return loader_class(
-        _LengthChecked(dataset, sampler.lengths) if given else dataset,
+        # Read through the sampler's checked reader, never its memory map of a lengths file:
+        # a file cut under the run would kill a loader worker with SIGBUS.
+        _LengthChecked(dataset, sampler.checked_lengths) if given else dataset,
         batch_sampler=sampler,
         collate_fn=collator,
         **_loader_settings(args),
     )
+
+
+def _shuffled(args: Any) -> bool:
+    """Whether the Trainer's ``train_sampling_strategy`` shuffles: ``"sequential"`` keeps the
+    dataset's order (the sampler's ``shuffle=False``: steps take the samples in order, each
+    balanced within); the length samplers it names give way to seqbalance's (a warning)."""
+    strategy = getattr(args, "train_sampling_strategy", "random")
+    if strategy in ("group_by_length", "batch_rebalance"):
+        _log.warning(
+            "seqbalance: train_sampling_strategy=%r is replaced by seqbalance's balanced sampler",
+            strategy,
+        )
+    return strategy != "sequential"
 
 
 def _loader_settings(args: Any) -> dict[str, Any]:

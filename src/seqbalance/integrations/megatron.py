@@ -78,6 +78,7 @@ from seqbalance._validation import as_lengths, check_bool, check_int
 from seqbalance.integrations._megatron_batches import (
     IGNORE_INDEX,
     check_hybrid_cp,
+    check_pad_multiple,
     hybrid_cp_batch,
     hybrid_cp_groups,
     hybrid_cp_samples,
@@ -391,7 +392,7 @@ class MegatronDataIterator:
                 "times on every rank, and an empty micro-batch has nothing to pack"
             )
         self.dataset = dataset
-        self.pad_multiple = check_int(pad_multiple, "pad_multiple", minimum=1)
+        self.pad_multiple = check_pad_multiple(pad_multiple)
         self.num_microbatches = options.num_microbatches
         # A checked copy: a memory map whose file is cut while the run goes on would end the
         # process (SIGBUS) when a sample's count is checked against it.

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import operator
 from collections.abc import Sequence
 from typing import Any
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import check_int
+from seqbalance.integrations._verl_dynamic_cp import ids_and_lengths
 from seqbalance.plan import PlanOptions, plan_step
 from seqbalance.plan.options import as_options
 
@@ -79,27 +79,12 @@ def schedule(
         if group is None
         else check_int(group, "microbatch_group_size_per_vp_stage", minimum=1),
     )
-    ids, lengths = _ids_and_lengths(sample_id_seqlens)
+    ids, lengths = ids_and_lengths(sample_id_seqlens)
     plan = plan_step(lengths, dp_size, options)
     return [
         [[ids[i] for i in plan.ranks[j // cp_size][k].tolist()] for j in range(dp_size * cp_size)]
         for k in range(plan.n_microbatches)
     ]
-
-
-def _ids_and_lengths(sample_id_seqlens: Sequence[Any]) -> tuple[list[int], Any]:
-    """The ids (distinct integers) and lengths of ``(id, length)`` pairs; a fractional length
-    was cut by ``int()`` and a repeated id scheduled twice, without a word."""
-    pairs = [tuple(pair) for pair in sample_id_seqlens]
-    if any(len(pair) != 2 for pair in pairs):
-        raise ValueError("sample_id_seqlens must hold (sample id, length) pairs")
-    try:  # integer-like ids as Megatron builds them (int, numpy or 0-dim torch integers)
-        ids = [operator.index(sample_id) for sample_id, _ in pairs]
-    except TypeError:
-        raise ValueError("sample_id_seqlens ids must be integers") from None
-    if len(set(ids)) != len(ids):
-        raise ValueError("sample_id_seqlens repeats a sample id (each sample once)")
-    return ids, as_lengths([length for _, length in pairs], "sample_id_seqlens lengths")
 
 
 def _data_schedule() -> Any:

@@ -53,6 +53,7 @@ that catch slime's assertions keep working.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -95,6 +96,32 @@ def _megatron_model_spec(args: Any) -> Any:
     if fields.get("group_query_attention") is None:
         fields["group_query_attention"] = fields.get("num_query_groups") is not None
     return ModelSpec.from_megatron_args(SimpleNamespace(**fields), name="megatron-args")
+
+
+def _rollout_ids(rollout_indices: Any) -> list[int | None]:
+    """slime's ``rollout_indices`` (``samples[i].index``, integers) as ints: the elements of a
+    tensor hash by identity, so equal ids of a tensor made one rollout each (a rollout split
+    across steps, without a word)."""
+    if isinstance(rollout_indices, (str, bytes)) or not hasattr(rollout_indices, "__len__"):
+        raise ScheduleError(
+            f"rollout_indices must be a sequence of integer rollout ids, got {rollout_indices!r}"
+        )
+    ids = [_integer(rollout) for rollout in rollout_indices]
+    if None in ids:
+        position = ids.index(None)
+        raise ScheduleError(
+            f"rollout_indices[{position}] = {rollout_indices[position]!r} is not an integer "
+            "rollout id"
+        )
+    return ids
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as an int when it is one (int, numpy or one-element integer tensor)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _steps(rollout_indices: Sequence[Any], global_batch_size: int) -> list[list[int]]:
@@ -335,6 +362,7 @@ def build_dp_schedule(
         lengths_all = as_lengths(total_lengths, "total_lengths")
     except ValueError as error:
         raise ScheduleError(str(error)) from None
+    rollout_indices = _rollout_ids(rollout_indices)
     if len(rollout_indices) != lengths_all.size:
         raise ScheduleError(
             f"rollout_indices has {len(rollout_indices)} entries, total_lengths {lengths_all.size}"

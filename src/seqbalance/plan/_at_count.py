@@ -14,6 +14,7 @@ from seqbalance.partition import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
 from seqbalance.plan import _exact, _feasible
+from seqbalance.plan._cut_pairs import move_cut_pairs
 from seqbalance.plan._dominant import dominant_start
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
 from seqbalance.plan._level_starts import level_start
@@ -21,7 +22,13 @@ from seqbalance.plan._levels import lower_levels
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
-from seqbalance.plan._padded_search import cheapest_start, improve_intervals, tiered_starts
+from seqbalance.plan._padded_search import (
+    cheapest_start,
+    dealt_by_tier,
+    improve_intervals,
+    run_cuts,
+    tiered_starts,
+)
 from seqbalance.plan._portfolio import PLANNING_BUDGET_GAP, aligned_value, beyond_budget
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import (
@@ -164,7 +171,8 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
 def lowered(p: Problem, plan: Microbatches) -> Microbatches:
     """``plan`` (the chosen one, ours or a rival's) with its levels lowered
     (``plan/_levels.py``), or the plan of levels chosen first (``plan/_level_starts.py``),
-    each searched again from there, the cheapest where it is cheaper: padded ``lockstep``
+    each searched again from there, the cheapest where it is cheaper, then two of its cuts
+    moved at once (``plan/_cut_pairs.py``) where that is cheaper still: padded ``lockstep``
     steps of three or more positions without groups or rank speeds, above the count's
     bound."""
     m = len(plan[0]) if plan else 0
@@ -184,6 +192,13 @@ def lowered(p: Problem, plan: Microbatches) -> Microbatches:
         found = improve_intervals(p, intervals, found, target) or found
         if (found_value := aligned_value(p, found)) < least:
             best, least = found, found_value
+    cuts = run_cuts(intervals, best)
+    moved = None if cuts is None else move_cut_pairs(intervals.least, intervals.take, cuts, p.dp)
+    if moved is not None:
+        costs = np.diff(moved) * intervals.least[moved[:-1]]
+        found = dealt_by_tier(intervals.order, moved, costs, p.dp)
+        if aligned_value(p, found) < least:
+            best = found
     return best
 
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from seqbalance.plan._run_totals import costs_between, totals_leaving_out
 from seqbalance.plan._runs import run_room
+from seqbalance.plan._thresholds import threshold_bound
 
 __all__ = ["Intervals", "bound_at_count", "count_bound", "cuts_of", "least_cuts", "padded_bound"]
 
@@ -113,8 +114,8 @@ def bound_at_count(p: Problem, m: int, *, capped: bool = True, tight: bool = Fal
     ``Problem.lower_bound(m)`` and, for the padded layout without groups or rank speeds,
     ``count_bound`` and ``Intervals.level_bound`` (``m`` levels in lockstep, one for
     ``step``: its costliest micro-batch), with ``m`` overheads; ``tight``: in lockstep also
-    ``Intervals.top_bound`` (dearer: ``StepPlan.count_lower_bound`` reports it, the planner
-    does without)."""
+    ``Intervals.top_bound`` and ``_thresholds.threshold_bound`` (dearer:
+    ``StepPlan.count_lower_bound`` reports them, the planner does without)."""
     bound = p.lower_bound(m, capped=capped)
     if p.layout == "padded" and capped and p.groups is None and p.speeds is None:
         bound = max(bound, count_bound(p, m))
@@ -127,6 +128,18 @@ def bound_at_count(p: Problem, m: int, *, capped: bool = True, tight: bool = Fal
             top = intervals.top_bound(p.dp * m, p.dp, m, floor=bound - m * p.overhead)
             if top is not None:
                 bound = max(bound, top + m * p.overhead)
+            first = intervals.level_bound(p.dp * m, p.dp, 1) if m > 1 else None
+            if first is not None:
+                by_counts = threshold_bound(
+                    intervals.least,
+                    intervals.take,
+                    p.dp * m,
+                    p.dp,
+                    allow_empty=intervals.allow_empty,
+                    top=first,
+                )
+                if by_counts is not None:
+                    bound = max(bound, by_counts + m * p.overhead)
     return bound
 
 

@@ -148,13 +148,14 @@ def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) ->
     necessary condition: a step could still fail for other reasons).
 
     Raises:
-        ValueError: naming the epoch, the step, its samples and the options that would plan it.
+        ValueError: naming the epoch, the step, its samples and the options that would plan it;
+            a micro-batch count beyond ``MAX_SLOTS`` slots (``allow_empty`` or not).
     """
+    least = microbatch_count(1, options, dp_size, str)  # refuses a count past MAX_SLOTS too
     found = layout.smallest_step()
     if found is None or options.allow_empty:
         return
     step, samples = found
-    least = microbatch_count(1, options, dp_size, str)
     slots = dp_size * least
     if options.context_parallel is None:
         fills, why = samples >= slots, f"dp_size = {dp_size} x {least} micro-batches"

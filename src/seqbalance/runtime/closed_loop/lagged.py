@@ -102,12 +102,15 @@ class LaggedFeedback:
         assert self._shift is not None
         self._plans[step + self._shift] = plan
 
-    def observe(self, timing: StepTiming | None, step: int | None = None) -> dict[str, Any]:
+    def observe(
+        self, timing: StepTiming | None, step: int | None = None, *, skip: bool = False
+    ) -> dict[str, Any]:
         """Learn from the oldest step not yet observed (module doc); its telemetry.
 
         Args:
             timing: This rank's measurements of that step.
             step: The step of the running pass the loop says it measured, or None.
+            skip: Count that step as observed without learning from it (``Adaptive.skip``).
 
         Raises:
             ValueError: on every rank, when a rank observes a step it has not taken from the
@@ -123,13 +126,17 @@ class LaggedFeedback:
         step, error = checked_step(step)
         if error is None:
             error = self._out_of_order(plan, step, index)
-        if error is None:
-            self._plans.pop(index)
         # An error is reported through the gather, so the ranks that observe correctly raise at
         # this step too instead of pairing their next step with this rank's other one. The
         # steps taken show a missed observe() that neither the step nor the timing shows: the
         # rank that missed one has taken a step more when it observes this one.
-        return self.adaptive.exchange(plan, timing, index, error=error, taken=self._taken)
+        telemetry = self.adaptive.exchange(
+            plan, timing, index, error=error, taken=self._taken, skip=skip
+        )
+        # Forgotten once learned: a refused step keeps its plan for the retry or skip() (it was
+        # forgotten before the gather, so neither could go on: adv12a A6).
+        self._plans.pop(index)
+        return telemetry
 
     def _out_of_order(self, plan: Plan | None, step: int | None, index: int) -> str | None:
         """Why observing ``step`` (a valid step number, or None) as the run's step ``index``

@@ -20,10 +20,14 @@ sampler's count; ranks running the same loop over the same plans have taken the 
 and ``"plan"``: a digest of the plan the rank observed (the Rebalancer's transport, which numbers
 observations as they come: a rank given another step's result, a stale one, is found by it;
 ``Adaptive`` and the sampler's loop: a rank that planned another step, from other lengths).
-Every record also carries ``"learned"``: the fingerprint of the options the loop plans with as
-it stands (model and rank speeds), equal on every rank unless they resumed from different
-states (another run's checkpoint on one rank, a corrupted one) or computed a fit differently,
-and so plan apart.
+A record of a step the caller skips (``skip()`` of ``Adaptive``, ``AdaptivePlanner`` and the
+sampler) holds ``"skip": true`` and no statistics: when every rank skips the step it is counted
+as observed and nothing is learned from it (after a refused ``observe()``, the way on that
+needs no valid timing; the Rebalancer skips a refused observation itself, as its gather
+consumed it). Every record also carries ``"learned"``: the fingerprint of the options the loop
+plans with as it stands (model and rank speeds), equal on every rank unless they resumed from
+different states (another run's checkpoint on one rank, a corrupted one) or computed a fit
+differently, and so plan apart.
 :meth:`ClosedLoop.learn` takes every rank's record (rank order) and either learns the step or
 raises the same ``ValueError`` on every rank: a rank that could not measure (its error), ranks
 that observed different steps, other plans or had taken different numbers of steps (a missed,
@@ -54,6 +58,7 @@ from seqbalance.plan import objective_value, plan_step
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
+from seqbalance.runtime.closed_loop._records import refusal, statistics
 from seqbalance.runtime.closed_loop._rules import as_seconds, one_number
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel, microbatch_features
 from seqbalance.runtime.closed_loop.settings import Feedback, line_break_after, log_problem
@@ -64,30 +69,6 @@ FORMAT = "seqbalance.ClosedLoop/1"
 """The one state format: ``{"format", "options": the base options' fingerprint, "history":
 the online model's states after each observation the lag rule may still ask for (oldest
 first; the last is the current one), "pending": a record not yet gathered, or None}``."""
-
-_RECORD_KEYS = {"step", "setup", "stats", "error"}
-"""The keys of every record (module doc); ``"taken"``, ``"plan"`` and ``"learned"`` may come
-with them (``"learned"`` does on every record this release writes; a pending record saved by
-an older one lacks it)."""
-_OPTIONAL_KEYS = {"taken", "plan", "learned"}
-_DIFFERING = (
-    (
-        "learned",
-        "plan with different learned models or rank speeds at step {step}, so their plans "
-        "differ: they loaded different adaptive states (another run's checkpoint on one rank, "
-        "or a corrupted one), or computed the same fit differently (ranks whose floating-point "
-        "results differ, e.g. other CPUs or BLAS libraries); every rank must load the same "
-        "state and learn alike",
-    ),
-    (
-        "plan",
-        "observed the results of different steps as step {step}: observe() was given another "
-        "step's result on one of them (a stale one), or they planned different samples "
-        "(Adaptive.plan given other lengths, or another order, on one of them); every rank "
-        "plans each step from the same lengths and observes its own result once, in order",
-    ),
-)
-"""Optional record keys that must be equal on every rank, and what it means when not."""
 
 _POLL_S = 0.05  # how often a waiting planner thread looks at its stop flag (seconds)
 
@@ -335,15 +316,17 @@ class ClosedLoop:
         *,
         taken: int | None = None,
         plan: str | None = None,
+        skip: bool = False,
     ) -> dict[str, Any]:
         """This rank's record of observed step ``step`` (module doc): ``measure()``'s
         statistics, or the error that kept the rank from measuring (a ValueError, RuntimeError
         or TypeError of ``measure``, or ``error``), with ``learned`` (the fingerprint of the
-        options in use), and ``taken`` and ``plan`` (the observed plan's digest) when given.
+        options in use), and ``taken`` and ``plan`` (the observed plan's digest) when given;
+        with ``skip``, the record of a step skipped (nothing measured).
         Never raises: the error travels to every rank, which all raise it in :meth:`learn`."""
         stats = None
         error = error if error is not None else self._log_problem
-        if error is None and measure is not None:
+        if error is None and measure is not None and not skip:
             try:
                 stats = measure().tolist()
             except (ValueError, RuntimeError, TypeError) as raised:  # e.g. a bfloat16 timing
@@ -352,6 +335,8 @@ class ClosedLoop:
         record["learned"] = self._learned()
         if plan is not None:
             record["plan"] = str(plan)
+        if skip:
+            record["skip"] = True
         return record if taken is None else {**record, "taken": int(taken)}
 
     def _learned(self) -> str:
@@ -363,20 +348,44 @@ class ClosedLoop:
             self._fingerprinted = (options, fingerprint)
         return fingerprint
 
-    def learn(self, plan: Plan, records: Sequence[Any]) -> dict[str, Any]:
+    def learn(
+        self, plan: Plan, records: Sequence[Any], *, skip_refused: bool = False
+    ) -> dict[str, Any]:
         """Learn the step of ``plan`` from every rank's record (rank order) (module doc).
+
+        Args:
+            plan: The observed step's plan.
+            records: Every rank's record of it.
+            skip_refused: A step that every rank observed alike but some rank could not
+                measure (its record's error) is skipped before the error is raised, so the
+                next observation is the next step's (the Rebalancer's transport, whose
+                observation the gather consumed: a retry cannot come).
 
         Returns:
             The step's telemetry (``OnlineTimeModel.update``'s, plus ``planned_step_seconds``:
             the plan predicted by the updated model at the speeds it was planned with), the
-            same on every rank. The log line (``feedback.log``, by the writing rank) adds
+            same on every rank; ``{"step", "skipped": True}`` for a step every rank skipped.
+            The log line (``feedback.log``, by the writing rank) adds
             ``baseline_step_seconds`` (:meth:`baseline_step_seconds`).
 
         Raises:
             ValueError: the same on every rank given the same records, before anything
-                changes (module doc).
+                changes (module doc), also when some ranks skip the step and others observe it.
         """
-        gathered = self._accepted(records)
+        problem, agreed = refusal(records, self.world_size, self.observed)
+        if problem is not None:
+            if skip_refused and agreed:
+                self._skip()
+            raise ValueError(problem)
+        skipped = [rank for rank, record in enumerate(records) if record.get("skip")]
+        if skipped and len(skipped) < len(records):
+            raise ValueError(
+                f"ranks {skipped} skipped step {self.observed} and the others observed it: "
+                "every rank skips a step, or none does"
+            )
+        if skipped:
+            return self._skip()
+        gathered = statistics(records)
         speeds = self.online.speeds  # as planned
         telemetry = self.online.update(gathered)
         telemetry["planned_step_seconds"] = self._step_seconds(plan, speeds)
@@ -386,56 +395,12 @@ class ClosedLoop:
             self._write({**telemetry, "baseline_step_seconds": baseline})
         return telemetry
 
-    def _accepted(self, records: Sequence[Any]) -> np.ndarray:
-        """The gathered statistics [world_size, 29] of valid records, else ValueError."""
-        if len(records) != self.world_size:
-            raise ValueError(
-                f"records must hold one per rank ({self.world_size}), got {len(records)}"
-            )
-        for rank, record in enumerate(records):
-            if not isinstance(record, dict) or set(record) - _OPTIONAL_KEYS != _RECORD_KEYS:
-                raise ValueError(
-                    f"rank {rank} sent a malformed closed-loop record: {record!r:.80} (is it in "
-                    "another collective? e.g. a sampler rank that skipped this step's observe() "
-                    "and started its next pass)"
-                )
-            if record["error"] is not None:
-                raise ValueError(
-                    f"rank {rank} could not report step {record['step']}: {record['error']}"
-                )
-        for rank, record in enumerate(records):
-            if record["setup"] != records[0]["setup"]:
-                raise ValueError(
-                    f"ranks 0 and {rank} set up the closed loop differently (options, Feedback "
-                    "settings, prior or lag): build it the same way on every rank"
-                )
-        steps = [record["step"] for record in records]
-        for rank, step in enumerate(steps):
-            if step != self.observed:
-                raise ValueError(
-                    f"rank {rank} observed step {step} where step {self.observed} was due "
-                    f"(steps observed by rank: {steps}): a missed or extra observe(); every "
-                    "rank observes every step once, in order"
-                )
-        for key, problem in _DIFFERING:
-            values = [record.get(key) for record in records]
-            other = next((r for r, value in enumerate(values) if value != values[0]), None)
-            if other is not None and None not in values:  # older records lack the key
-                raise ValueError(f"ranks 0 and {other} " + problem.format(step=self.observed))
-        taken = [record.get("taken") for record in records]
-        if any(count != taken[0] for count in taken):
-            raise ValueError(
-                f"ranks observed step {self.observed} after taking {taken} steps from their "
-                "samplers (rank order): a missed or extra observe() on a rank (every rank "
-                "observes every step once, after its micro-batches), or DataLoaders that take "
-                "batches ahead differently (use the same num_workers and prefetch_factor on "
-                "every rank)"
-            )
-        try:
-            gathered = np.array([record["stats"] for record in records], dtype=np.float64)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"closed-loop records hold malformed statistics: {error}") from None
-        return gathered
+    def _skip(self) -> dict[str, Any]:
+        """Count the step due as observed, learning nothing from it (on every rank alike)."""
+        step = self.observed
+        self.online.skip()
+        self._record()
+        return {"step": step, "skipped": True}
 
     def _step_seconds(self, plan: Plan, speeds: np.ndarray) -> float:
         """Predicted step seconds of ``plan`` under the model in use at ``speeds``, by its

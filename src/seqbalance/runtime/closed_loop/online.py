@@ -228,7 +228,7 @@ class OnlineTimeModel:
         filled = known and measured.sum() * (1 + self.feedback.reject) >= busy
         pace = 0.0 if given or not measured.size else predicted.sum() / measured.sum()  # _weights
         weights = self._weights(rank, predicted / reference, filled, pace)
-        if self.steps:
+        if self._stats:  # not before the first step learned (skipped ones learn nothing)
             size = np.abs(predicted / reference - 1.0)
             if self._fit is not None:
                 both = np.abs(x @ _coefficients(self._fit) / reference - 1.0)
@@ -255,11 +255,12 @@ class OnlineTimeModel:
         at its speed): Huber's on the relative residual, 0 for one measured over ``1 + reject``
         times faster than predicted (a timer that missed work: a relative fit weighs a row by
         ``1 / measured``, which Huber's ``1 / |r|`` does not undo). Level-free (against the
-        rank's slowest) at the first step, and after a step dropped whole where the compute fills
-        the busy time (``filled``: step - sync, at most the step; unknown: only with a sync and no
-        step time in the window) and, then, its ``pace`` (predicted / measured seconds) is at most
-        ``1 + reject`` times the fastest pace kept of another rank last step (a straggler back, a
-        stall; none kept: a warm-up over). Else a level shift drops every later step, or a timer
+        rank's slowest) at the first step learned (a skipped step learns nothing), and after a
+        step dropped whole where the compute fills the busy time (``filled``: step - sync, at
+        most the step; unknown: only with a sync and no step time in the window) and, then, its
+        ``pace`` (predicted / measured seconds) is at most ``1 + reject`` times the fastest pace
+        kept of another rank last step (a straggler back, a stall; none kept: a warm-up over).
+        Else a level shift drops every later step, or a timer
         that starts missing work sets the level (adv8c M1, adv9a N1 = M2, N3)."""
         last = self._stats[-1] if self._stats else np.zeros((self.world_size, KEPT.size))
         relative, level = ratio - 1.0, float(ratio.min()) if ratio.size else 0.0
@@ -267,7 +268,7 @@ class OnlineTimeModel:
         others = others[others[:, KEPT_SECONDS] > 0]  # ranks the fit kept last step
         paces = others[:, KEPT_SUMS] @ _coefficients(self._model) / others[:, KEPT_SECONDS]
         filled = filled and (not paces.size or pace <= (1 + self.feedback.reject) * paces.max())
-        if not self.steps or (last[rank, USED] > 0 and last[rank, WEIGHT] == 0 and filled):
+        if not self._stats or (last[rank, USED] > 0 and last[rank, WEIGHT] == 0 and filled):
             relative = ratio / level - 1.0 if level > 0 else np.zeros(ratio.size)
         weights = self.feedback.huber / np.maximum(np.abs(relative), self.feedback.huber)
         weights[relative > self.feedback.reject] = 0.0
@@ -333,7 +334,9 @@ class OnlineTimeModel:
             ],
             "predicted_rank_seconds": (stats[:, PREDICTED] / speeds).tolist(),
             "predicted_step_seconds": float((stats[:, PREDICTED] / speeds).max()),
-            "model_error": float(stats[:, ERR_MODEL].sum() / used) if self.steps and used else None,
+            "model_error": float(stats[:, ERR_MODEL].sum() / used)
+            if self._stats and used
+            else None,
             "model": {
                 "t0": self._model.t0,
                 "t1": self._model.t1,
@@ -364,6 +367,12 @@ class OnlineTimeModel:
         telemetry["next_rank_speeds"] = self._speeds.tolist()
         telemetry["next_model_source"] = self.source
         return telemetry
+
+    def skip(self) -> None:
+        """Count one step as observed without learning anything from it (a step skipped on
+        every rank alike: ``ClosedLoop``): the numbering of steps goes on, nothing else
+        changes."""
+        self.steps += 1
 
     def _warn_clock(self, stats: np.ndarray, unsynchronized: np.ndarray) -> None:
         """One warning per model for ranks whose step disagrees (:data:`STEP_AGREEMENT`)."""

@@ -120,8 +120,38 @@ class AdaptivePlanner:
                 nor one per micro-batch, or a step that is not the one due (a missed or extra
                 observe); nothing is learned then.
         """
+        return self._learn(plan, rank_seconds, sync_seconds, step_seconds, step, skip=False)
+
+    def skip(self, plan: Plan, *, step: int | None = None) -> dict[str, Any]:
+        """Count ``plan``'s step as observed without learning from it, e.g. after an
+        ``observe()`` of it was refused (a worker's seconds did not fit its plan), where a
+        retry would need valid seconds.
+
+        Args:
+            plan: The step's plan (from :meth:`plan`).
+            step: Its number over the run (default as :meth:`observe`).
+
+        Returns:
+            ``{"step": its number, "skipped": True}``.
+
+        Raises:
+            ValueError: a plan of another number of ranks, or a step that is not the one due.
+        """
+        return self._learn(plan, None, None, None, step, skip=True)
+
+    def _learn(
+        self,
+        plan: Plan,
+        rank_seconds: Any,
+        sync_seconds: Any,
+        step_seconds: Any,
+        step: Any,
+        *,
+        skip: bool,
+    ) -> dict[str, Any]:
+        """:meth:`observe`, or with ``skip`` :meth:`skip` (no seconds)."""
         ranks = self.dp_size
-        rank_seconds = _per_rank(rank_seconds, "rank_seconds", ranks)
+        rank_seconds = [None] * ranks if skip else _per_rank(rank_seconds, "rank_seconds", ranks)
         sync = (
             [0.0] * ranks
             if sync_seconds is None
@@ -147,6 +177,7 @@ class AdaptivePlanner:
                 lambda r=rank: loop.statistics(
                     plan, r, rank_seconds[r], sync_seconds=sync[r], step_seconds=steps[r]
                 ),
+                skip=skip,
             )
             for rank in range(ranks)
         ]

@@ -123,6 +123,11 @@ class StepTimer:
         """Context manager around the step's gradient synchronisation (all-reduce)."""
         return self._region("sync")
 
+    def discard(self) -> None:
+        """Forget this step's regions without reading them (a skipped step: the next
+        ``finish`` reads the next step's only)."""
+        self._regions = []
+
     def finish(self) -> StepTiming:
         """Read this step's regions (waits for the last recorded event) and start a new step.
 

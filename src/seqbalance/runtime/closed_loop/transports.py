@@ -194,10 +194,33 @@ class Adaptive:
                 different steps, or they are set up differently; nothing is learned then.
             CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
+        return self._observed(plan, timing, step, skip=False)
+
+    def skip(self, plan: Plan, *, step: int | None = None) -> dict[str, Any]:
+        """Count ``plan``'s step as observed without learning from it (one all_gather, like
+        :meth:`observe`: call it on every rank), e.g. after an ``observe()`` of it was refused
+        (a rank's timing did not fit its plan), where a retry would need a valid timing. The
+        :attr:`timer`'s regions of the step are discarded.
+
+        Args:
+            plan: The step that ran.
+            step: Its number over the run (default as :meth:`observe`).
+
+        Returns:
+            ``{"step": its number, "skipped": True}``, the same on every rank.
+
+        Raises:
+            ValueError: on every rank, as :meth:`observe` (a missed or extra call, another
+                step, another setup), and when some ranks skip the step and others observe it.
+            CollectiveError: a peer did not join within ``Feedback.timeout``.
+        """
+        return self._observed(plan, None, step, skip=True)
+
+    def _observed(self, plan: Plan, timing: Any, step: Any, *, skip: bool) -> dict[str, Any]:
         number, error = checked_step(step)
         number = self._steps.of(plan) if step is None else number
         due = self.loop.observed if number is None else number
-        telemetry = self.exchange(plan, timing, due, error=error)
+        telemetry = self.exchange(plan, timing, due, error=error, skip=skip)
         # As AdaptivePlanner: the next plan is numbered after it (a plan made before a
         # load_state_dict is unnumbered; without this the next plan() took its number again).
         self._steps.observed(due, plan if number is None else None)
@@ -211,12 +234,13 @@ class Adaptive:
         *,
         error: str | None = None,
         taken: int | None = None,
+        skip: bool = False,
     ) -> dict[str, Any]:
         """:meth:`observe` of step number ``step``: this rank's record (``ClosedLoop.record``:
         ``timing``'s statistics of ``plan``, or ``error``, which every rank then raises, and
         ``taken``, the steps this rank's loop has taken from its sampler) gathered from every
-        rank and learned. The sampler's lookahead form (``lagged``) passes ``error`` and
-        ``taken``."""
+        rank and learned; with ``skip`` (:meth:`skip`) a record of the step skipped. The
+        sampler's lookahead form (``lagged``) passes ``error`` and ``taken``."""
         loop, rank = self.loop, self.rank
 
         def measure() -> Any:
@@ -227,7 +251,10 @@ class Adaptive:
         # The plan's digest: ranks that planned different steps (plan() given other lengths,
         # or another order, on one rank) or observe another step's plan fail here, together.
         digest = _digest(plan) if isinstance(plan, Plan) else None
-        records = self.gather(loop.record(step, measure, error, taken=taken, plan=digest))
+        if skip and timing is None:
+            self.timer.discard()  # the skipped step's regions: the next step reads its own
+        record = loop.record(step, measure, error, taken=taken, plan=digest, skip=skip)
+        records = self.gather(record)
         return loop.learn(plan, records)
 
     def gather(self, record: dict[str, Any]) -> list[Any]:
@@ -380,7 +407,10 @@ class Piggyback:
             )
         telemetry = None
         if not missing and pending is not None:
-            telemetry = loop.learn(pending[0], gathered)
+            # A refused observation is skipped (every rank alike) before the error is raised:
+            # the gather consumed it, and the next one is the next step's (adv12a A5: its
+            # numbers stayed one step behind the observations, refusing every other step).
+            telemetry = loop.learn(pending[0], gathered, skip_refused=True)
         return loop.options, telemetry
 
     def state_dict(self) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from seqbalance.runtime.collectives import Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
 from seqbalance.runtime.context_parallel.hf import slot_logits
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
+from seqbalance.runtime.rebalancing.wire import check_dense
 
 __all__ = [
     "ContextParallelGroups",
@@ -201,9 +202,16 @@ class SlotBatch:
 
 
 def _check_tokens(sample: Any, length: int, name: str) -> None:
-    """``sample``: one sample's token ids, a 1-D integer tensor of ``length`` tokens."""
+    """``sample``: one sample's token ids, a 1-D integer tensor of ``length`` tokens, with data
+    (a sparse or meta tensor passed ``prepare`` and failed in the slots on its rank alone, its
+    peers waiting in the gathers until the timeout: adv12a A4)."""
+    if isinstance(sample, torch.Tensor):
+        check_dense(sample, name)
     integer = isinstance(sample, torch.Tensor) and not (
-        sample.dtype.is_floating_point or sample.dtype.is_complex or sample.dtype == torch.bool
+        sample.dtype.is_floating_point
+        or sample.dtype.is_complex
+        or sample.dtype == torch.bool
+        or sample.is_quantized
     )
     if not integer or sample.dim() != 1 or sample.shape[0] != length:
         shape = tuple(sample.shape) if isinstance(sample, torch.Tensor) else type(sample).__name__
@@ -214,11 +222,22 @@ def _check_tokens(sample: Any, length: int, name: str) -> None:
 
 
 def _check_samples(plan: ContextParallelPlan, samples: Sequence[torch.Tensor]) -> None:
-    """The step's token ids fit ``plan``: one 1-D integer tensor per sample, of its length."""
-    if len(samples) != plan.n_samples:
-        raise ValueError(f"samples holds {len(samples)} samples, the plan has {plan.n_samples}")
+    """The step's token ids fit ``plan``: one 1-D integer tensor per sample, of its length
+    (a ValueError, which ``prepare`` sends to every rank; a container without a length raised
+    TypeError on its rank alone: adv12a A4)."""
+    _check_count(plan, samples)
     for i, sample in enumerate(samples):
         _check_tokens(sample, int(plan.lengths[i]), f"samples[{i}]")
+
+
+def _check_count(plan: ContextParallelPlan, samples: Any) -> None:
+    """``samples`` holds one entry per sample of ``plan``."""
+    if not isinstance(samples, (Sequence, torch.Tensor)) or isinstance(samples, (str, bytes)):
+        raise ValueError(
+            f"samples must be a sequence of token-id tensors, got {type(samples).__name__}"
+        )
+    if len(samples) != plan.n_samples:
+        raise ValueError(f"samples holds {len(samples)} samples, the plan has {plan.n_samples}")
 
 
 def slot_batch(
@@ -231,8 +250,7 @@ def slot_batch(
 ) -> SlotBatch:
     """The :class:`SlotBatch` ``rank`` computes in ``slot`` of ``plan``; ``samples`` holds the
     token ids of every sample of the step (1-D int64 tensors, in plan order)."""
-    if len(samples) != plan.n_samples:
-        raise ValueError(f"samples holds {len(samples)} samples, the plan has {plan.n_samples}")
+    _check_count(plan, samples)
     inputs = plan.slot_inputs(rank, slot)
     return SlotBatch.of(inputs, [samples[i] for i in inputs.samples.tolist()], device=device)
 

@@ -279,7 +279,17 @@ class Rebalancer:
         """With ``adaptive``: learn from this rank's measured step of ``result`` (a
         ``RebalanceResult``; ``timing`` default ``timer.finish()``, one micro-batch time per
         ``result.microbatches``). Every rank observes every step; the update applies from the
-        next ``rebalance`` call."""
+        next ``rebalance`` call.
+
+        Raises:
+            ValueError: without ``adaptive``, or ``result`` is no ``RebalanceResult`` (on this
+                rank; the others raise at the next step, as for a missed ``observe()``).
+        """
+        if not isinstance(result, RebalanceResult):  # adv12a A3: was an AttributeError
+            raise ValueError(
+                f"observe() takes the step's RebalanceResult (rebalance()'s), got "
+                f"{type(result).__name__}"
+            )
         timing = self.timer.finish() if timing is None else timing
         assert self.engine.feedback is not None  # self.timer raised otherwise
         if result.plan is not None:

@@ -178,6 +178,14 @@ class EpochBatchSampler:
         """The samples' token lengths as given (a memory map stays one)."""
         return self._source.values
 
+    @property
+    def checked_lengths(self) -> Any:
+        """The samples' token lengths to index (``checked_lengths[indices]``), a file's read
+        with ``pread`` and checked as the sampler reads it: a file changed under the sampler
+        is a ValueError, where reading the memory map :attr:`lengths` of a truncated file ends
+        the process with SIGBUS. Small and picklable (DataLoader workers take it)."""
+        return self._source.reader
+
     # ---------------------------------------------------------------- subclass interface
     def _n_steps(self, epoch: int) -> int:
         """Optimizer steps of ``epoch``."""

@@ -464,6 +464,27 @@ class BalancedBatchSampler(EpochBatchSampler):
             raise ValueError("BalancedBatchSampler.observe needs adaptive=True")
         return self._lagged.observe(timing, step)  # a bad step: every rank raises at the gather
 
+    def skip(self, *, step: int | None = None) -> dict[str, Any]:
+        """With ``adaptive``: count the oldest step not yet observed as observed without
+        learning from it (one all_gather, like :meth:`observe`: call it on every rank), e.g.
+        after its ``observe()`` was refused (a rank's timing did not fit its step), where a
+        retry would need a valid timing. The :attr:`timer`'s regions of that step are discarded.
+
+        Args:
+            step: the step of the epoch, as :meth:`observe` takes it.
+
+        Returns:
+            ``{"step": its number over the run, "skipped": True}``, the same on every rank.
+
+        Raises:
+            ValueError: without ``adaptive``; on every rank, as :meth:`observe`, and when some
+                ranks skip the step and others observe it.
+            CollectiveError: a peer did not join within the sampler's deadline.
+        """
+        if self._lagged is None:
+            raise ValueError("BalancedBatchSampler.skip needs adaptive=True")
+        return self._lagged.observe(None, step, skip=True)
+
     def state_dict(self, *, consumed: int | None = None) -> dict[str, Any]:
         """The resume point (``EpochBatchSampler.state_dict``); with ``adaptive`` also what the
         loop learned (``"adaptive"``), which needs every step before the resume point observed.
