@@ -85,11 +85,16 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
         raise ImportError(
             "reading Parquet needs pyarrow: pip install 'seqbalance[parquet]' (or pyarrow)"
         ) from error
+    import pyarrow as pa
+
     index = 0
-    for batch in pq.ParquetFile(path).iter_batches():
-        for row in batch.to_pylist():
-            yield index, row
-            index += 1
+    try:
+        for batch in pq.ParquetFile(path).iter_batches():
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
+    except pa.ArrowException as error:  # not Parquet, or cut short: pyarrow names no file
+        raise ValueError(f"{path}: cannot read it as parquet: {error}") from None
 
 
 _READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}
