@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import seqbalance as sb
-from seqbalance.plan.context_parallel import ContextParallel
+from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 
 CP = {
     "context_parallel": ContextParallel(sizes=(1, 2)),
@@ -35,3 +35,15 @@ def test_a_bad_rank_count_is_named_dp_size(dp_size) -> None:
 def test_plan_epoch_bounds_it_too() -> None:
     with pytest.raises(ValueError, match=r"dp_size must be <= 2\*\*18"):
         sb.plan_epoch([5, 7, 9, 11] * 4, 8, 2**40, **CP)
+
+
+@pytest.mark.parametrize("n_ranks", [2**40, 10**400])
+def test_a_plan_from_an_assignment_bounds_its_ranks(n_ranks) -> None:
+    """``ContextParallelPlan.from_assignment`` (what the verl dynamic-CP scheduler and users
+    build plans with) allocated per-rank arrays for any count: MemoryError (8 TiB), or numpy's
+    "Maximum allowed dimension exceeded"."""
+    options = sb.PlanOptions(**CP)
+    with pytest.raises(ValueError, match=r"n_ranks must be <= 2\*\*18"):
+        ContextParallelPlan.from_assignment(
+            [5, 7], n_ranks, options, cp_size=[1, 1], group_start=[0, 1], slot_of=[0, 0]
+        )

@@ -67,3 +67,15 @@ def test_sequential_sampling_keeps_the_datasets_order(caplog) -> None:
             trainer = trainer_stub(dataset, train_sampling_strategy=strategy)
             balanced_train_dataloader(trainer, options={"cost": "tokens"})
             assert f"train_sampling_strategy={strategy!r}" in caplog.text
+
+
+@pytest.mark.parametrize("content", [b'{"epoch": 0, "consumed"', b"\xff\xfe{}", b""])
+def test_a_sampler_state_cut_by_a_crash_is_named(tmp_path, content) -> None:
+    """adv12b B11: a checkpoint whose ``seqbalance_sampler.json`` a crash cut mid-write gave
+    json's "Expecting ',' delimiter: line 1 column 24" (or a UnicodeDecodeError) naming no
+    file; the resume check names the checkpoint and the file now."""
+    from seqbalance.integrations.hf import SAMPLER_STATE_FILE, BalancedTrainerMixin
+
+    (tmp_path / SAMPLER_STATE_FILE).write_bytes(content)
+    with pytest.raises(ValueError, match=f"{SAMPLER_STATE_FILE} is not a sampler state"):
+        BalancedTrainerMixin._check_resume(SimpleNamespace(), tmp_path)

@@ -28,3 +28,13 @@ def test_counts_within_the_bound_still_build() -> None:
         LENGTHS, 4, dp_rank=0, dp_size=2, num_microbatches=3, allow_empty=True
     )
     assert len(sampler) == 2 * 3
+
+
+def test_a_data_parallel_size_past_the_bound_is_refused_at_construction() -> None:
+    """adv12b B4b: ``LengthGroupedSampler(..., dp_size=2**40)`` was built and its first batch
+    ran out of memory splitting a step 2**40 ways."""
+    from seqbalance.runtime.samplers import LengthGroupedSampler
+
+    for make in (LengthGroupedSampler, BalancedBatchSampler):
+        with pytest.raises(ValueError, match=r"dp_size must be <= 2\*\*18"):
+            make(LENGTHS, 4, dp_rank=0, dp_size=2**40)

@@ -326,7 +326,13 @@ class BalancedTrainerMixin:
                 f"{checkpoint} has no {SAMPLER_STATE_FILE}: it was not written by a seqbalance "
                 "trainer, so its data order cannot be resumed exactly"
             )
-        saved = json.loads(saved_file.read_text())
+        try:
+            # A save cut by a crash leaves half a JSON document: name the file, not a column.
+            saved = json.loads(saved_file.read_text(encoding="utf-8"))
+        except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(
+                f"resume from {checkpoint}: {saved_file} is not a sampler state ({error})"
+            ) from None
         try:
             # A fresh sampler accepts the state only if it would lay out the same plan; the
             # Trainer itself then skips the micro-batches already trained.

@@ -497,11 +497,13 @@ def _placed_by_heap(
 def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[int]] | None:
     """First fit, largest first: by tokens, or with a patch cap by the larger share of a cap
     (tokens / max_tokens or patches / max_vision_patches); failing that, the partition engine's
-    split (``_feasible.pack_samples``), except with rank speeds where the samples fill the
-    ``m`` micro-batches to the token cap exactly: the rank step fills a fast rank to its
-    capacity, and a packing would have to fill every micro-batch exactly, which the engine's
-    split (about 10 ms at hundreds of samples) did not find in any of 96 such ranks of random
-    steps; the caller places what does not fit elsewhere."""
+    split (``_feasible.pack_samples``), except with rank speeds where the samples leave the
+    ``m`` micro-batches fewer than ``m / 2`` free tokens: the rank step fills a fast rank to
+    its capacity, and a packing would then have to fill more than half of the micro-batches to
+    the token (lengths are whole tokens), which the engine's split (10-130 ms at hundreds to
+    thousands of samples) found for none of 96 such ranks of 1,296 random steps (with fewer to
+    fill it may: 1 of 3 micro-batches, 2 free tokens); the caller places what does not fit
+    elsewhere."""
     size = p.capacity_tokens[samples]
     if p.capacity_patches is not None:
         size = np.maximum(size / p.cap, p.capacity_patches[samples] / p.patch_cap)
@@ -511,7 +513,8 @@ def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[
     for i in order.tolist():
         j = room.first(i)
         if j is None:
-            full = p.speeds is not None and p.capacity_tokens[samples].sum() >= m * p.cap
+            free = m * p.cap - p.capacity_tokens[samples].sum()
+            full = p.speeds is not None and 2 * free < m
             return None if full else _feasible.pack_samples(p, samples, m)
         bins[j].append(i)
         room.take(j, i)

@@ -181,21 +181,26 @@ def _pack_units(p: Problem, m: int) -> Microbatches | None:
     may be empty."""
     if p.layout != "packed" or p.groups is None:
         return None
-    lengths, patches = p.lengths, p.patches
+    # Python numbers for the per-sample loop (numpy's scalar indexing costs more than the
+    # arithmetic; the same values).
+    lengths, oversize = p.lengths.tolist(), p.oversize.tolist()
+    patches = None if p.patches is None else p.patches.tolist()
     room = np.full((p.dp, m), float(p.cap))
     patch_room = np.full((p.dp, m), float(p.patch_cap))
     empty = np.ones((p.dp, m), dtype=bool)
     plan: Microbatches = [[[] for _ in range(m)] for _ in range(p.dp)]
     size = p.unit_sums(p.capacity_tokens)
-    unit = p.unit_of_sample
+    # Every unit's samples, largest first (ties by index), from one sort: by unit, then so.
+    by_unit = np.lexsort((np.arange(p.n), -p.capacity_tokens, p.unit_of_sample))
+    ends = np.cumsum(p.unit_counts).tolist()
+    counts = p.unit_counts.tolist()
     for u in np.lexsort((np.arange(p.n_units), -size)).tolist():
-        members = np.flatnonzero(unit == u)
-        members = members[np.lexsort((members, -p.capacity_tokens[members]))].tolist()
+        members = by_unit[ends[u] - counts[u] : ends[u]].tolist()
         for r in np.argsort(room.sum(axis=1), kind="stable").tolist():
             rooms, patch_rooms, free = room[r].copy(), patch_room[r].copy(), empty[r].copy()
             slots = []
             for i in members:
-                if p.oversize[i]:
+                if oversize[i]:
                     fits = free.copy()
                 else:
                     fits = rooms >= lengths[i]  # a micro-batch closed by an over-cap one: -1
@@ -203,15 +208,16 @@ def _pack_units(p: Problem, m: int) -> Microbatches | None:
                         fits &= patch_rooms >= patches[i]
                 if not fits.any():
                     break
-                # The fullest that fits: among the fitting ones (without a token cap every room
-                # is infinite, and an argmin over all of them took the first, fitting or not).
-                candidates = np.flatnonzero(fits)
-                j = int(candidates[np.argmin(rooms[candidates])])
+                # The fullest that fits, the first of equals: the least room among the fitting
+                # ones; where that is infinite (no token cap) the first fitting one.
+                j = int(np.where(fits, rooms, np.inf).argmin())
+                if not fits[j]:
+                    j = int(fits.argmax())
                 slots.append(j)
                 free[j] = False
-                rooms[j] = -1.0 if p.oversize[i] else rooms[j] - lengths[i]
+                rooms[j] = -1.0 if oversize[i] else rooms[j] - lengths[i]
                 if patches is not None:
-                    patch_rooms[j] = -1.0 if p.oversize[i] else patch_rooms[j] - patches[i]
+                    patch_rooms[j] = -1.0 if oversize[i] else patch_rooms[j] - patches[i]
             if len(slots) == len(members):
                 room[r], patch_room[r], empty[r] = rooms, patch_rooms, free
                 for i, j in zip(members, slots, strict=True):

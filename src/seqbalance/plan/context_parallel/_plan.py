@@ -16,6 +16,7 @@ from seqbalance.cost.context_parallel import (
     shard_tokens,
 )
 from seqbalance.cost.resolve import cost_name
+from seqbalance.plan._shared import MAX_SLOTS
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel._inputs import ContextParallelSlot, SlotInputs
 from seqbalance.plan.context_parallel._metrics import (
@@ -358,6 +359,8 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
             )
         lengths = as_lengths(lengths, "lengths")
         n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
+        if n_ranks > MAX_SLOTS:  # per-rank arrays took memory the size of any count
+            raise ValueError(f"n_ranks must be <= 2**18 = {MAX_SLOTS}, got {n_ranks}")
         arrays = [
             as_lengths(values, name)
             for values, name in (
