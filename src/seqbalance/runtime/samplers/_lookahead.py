@@ -53,6 +53,7 @@ class Lookahead:
         self._steps = steps
         self._results: queue.Queue[tuple[int, Any, BaseException | None]] = queue.Queue(depth)
         self._stop = threading.Event() if stop is None else stop
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="seqbalance-planner", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -95,15 +96,17 @@ class Lookahead:
             raise error
         return result
 
-    def stop(
-        self, _current_thread: Callable[[], threading.Thread] = threading.current_thread
-    ) -> None:
-        """End the thread (it finishes the step it is planning, then exits)."""
-        # Bound at definition: a generator left unfinished is closed during interpreter
-        # shutdown, when this module's globals may already be None.
+    def stop(self) -> None:
+        """End the thread (it finishes the step it is planning, then exits); once only."""
+        # A second call returns before reading any module global: a generator left unfinished
+        # is closed during interpreter shutdown, after _stop_all stopped its planner, when this
+        # module's and threading's globals may already be None.
+        if self._stopped:
+            return
+        self._stopped = True
         self._stop.set()
         _live.discard(self)
-        if self._thread is not _current_thread():
+        if self._thread is not threading.current_thread():
             self._thread.join(timeout=_JOIN_S)
 
 
