@@ -6,7 +6,7 @@ cost tier, it costs the sum of every ``dp``-th run cost sorted costliest first
 (``plan/_padded_search.py``). That search moves one cut at a time; where the chosen plan is a
 local minimum of those moves, moving two nearby cuts together (a run shrinks at one end while
 its neighbour grows at the other, three runs changing at once) still lowers it on about a
-third of ``batch_rebalance``'s bundled GA 4 steps (by up to 0.8%): each such pair is
+third of ``batch_rebalance``'s bundled GA 4 steps (by up to 1.25%): each such pair is
 priced at once (every candidate's runs sorted in one numpy call) and the best applied, until
 none helps or ``_ROUNDS`` have passed.
 """

@@ -33,13 +33,15 @@ __all__ = ["threshold_bound"]
 _CELLS = 256
 """Cells of ``u`` below the least costliest run (above it no cut needs a run costing more)."""
 _ROUNDS = 24
-"""Supergradient steps at most ..."""
+"""Rounds at most (each prices one cut, then moves the slopes towards the envelope's slopes
+at that cut's counts) ..."""
 _STALL = 5
 """... and none after this many in a row that raise no value (most steps gain nothing: the
 slopes of the count bound are already the best there)."""
 _WORK = 2_500_000
-"""The bound is not computed where one dynamic program's work (runs x samples^2 element
-operations) would exceed this (256 samples in 32 runs: about 2.1M, a few ms each)."""
+"""The bound is not computed where its work would exceed this (``_work``: one dynamic
+program's runs x samples^2 element operations, the reach program's ``_CELLS`` x runs^2 and
+the envelope table's runs^2; 256 samples in 32 runs: about 2.4M, a few ms each)."""
 _MIX = 0.5
 """Each round moves the slopes this far towards the best ones for the last cut."""
 
@@ -61,7 +63,12 @@ def threshold_bound(
             or less: above it the slopes stay at ``1 / dp``.
     """
     n = least.size
-    if n == 0 or dp < 2 or not top > 0 or k * n * n > _WORK:
+    if n == 0 or dp < 2 or not top > 0 or (k > n and not allow_empty):
+        return None  # nothing to price, or no cut of n samples into k non-empty runs
+    # At most n runs hold a sample, and an empty one costs nothing and counts in no N(u):
+    # with empty runs allowed, the cuts into at most k runs are those into at most n.
+    k = min(k, n)
+    if _work(k, n) > _WORK:
         return None
     costs = _run_costs(least, take)
     edges = top * np.arange(_CELLS + 1) / _CELLS
@@ -98,6 +105,13 @@ def threshold_bound(
             break
         slopes = (1 - _MIX) * slopes + _MIX * target
     return best * (1 - 1e-9)
+
+
+def _work(k: int, n: int) -> int:
+    """The element operations of ``threshold_bound`` for ``k`` runs of ``n`` samples (at most
+    ``n`` runs): a dynamic program's (runs x samples^2), the reach program's (``_CELLS`` x
+    runs^2) and the envelope table's (runs^2, in Python)."""
+    return k * n * n + _CELLS * k * k + k * k
 
 
 def _envelope_slopes(k: int, dp: int) -> np.ndarray:
@@ -171,6 +185,8 @@ def _fewest_costlier(least: np.ndarray, take: np.ndarray, k: int, us: np.ndarray
     for _ in range(k):
         after = np.maximum(reach, np.take_along_axis(cheap, reach, axis=1))
         after[:, 1:] = np.maximum(after[:, 1:], full[reach[:, :-1]])
+        if np.array_equal(after, reach):
+            break  # a fixed point: more runs reach no farther
         reach = after
     done = reach >= n
     return np.where(done.any(axis=1), np.argmax(done, axis=1), k + 1)
