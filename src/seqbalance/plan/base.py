@@ -105,6 +105,13 @@ class Plan(OptionFields, PlanDocument):
         """float64 ``[n_ranks]``: each rank's total cost (sum of its micro-batch costs)."""
         return self.costs.sum(axis=1)
 
+    @property
+    def imbalance(self) -> float:
+        """Max / mean rank total (each divided by its rank's speed when ``rank_speeds`` is
+        set), 1.0 when the mean is 0: ``summary()["imbalance"]`` without the rest of the
+        summary (a padded plan's ``count_lower_bound`` is dear)."""
+        return rank_imbalance(self.rank_costs, self.rank_speeds)
+
     def samples(self, rank: int, microbatch: int) -> np.ndarray:
         """int64: the positions of the samples ``rank`` runs (whole or a shard of) in its
         micro-batch (slot) ``microbatch``, ascending."""
@@ -135,7 +142,7 @@ class Plan(OptionFields, PlanDocument):
             "step_cost": step_cost,
             "lower_bound": float(self.lower_bound),
             "ratio": step_cost / self.lower_bound if self.lower_bound > 0 else 1.0,
-            "imbalance": rank_imbalance(rank_costs, self.rank_speeds),
+            "imbalance": self.imbalance,
             "max_rank_cost": float(rank_costs.max()) if rank_costs.size else 0.0,
             "mean_rank_cost": float(rank_costs.mean()) if rank_costs.size else 0.0,
             "n_ranks": self.n_ranks,

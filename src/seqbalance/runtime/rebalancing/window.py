@@ -419,9 +419,7 @@ class WindowBalancer:
                 for c in candidates
             ]
             scored = [
-                (float(plan.summary()["imbalance"]), k)
-                for k, plan in enumerate(planned)
-                if not isinstance(plan, str)
+                (plan.imbalance, k) for k, plan in enumerate(planned) if not isinstance(plan, str)
             ]
             if scored:
                 _, best = min(scored)  # the lowest imbalance, then the earliest candidate
