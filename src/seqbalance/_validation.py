@@ -15,6 +15,7 @@ import numpy as np
 
 __all__ = [
     "MAX_COST_TOTAL",
+    "MAX_RANKS",
     "MAX_TIMEOUT_SECONDS",
     "MAX_TOKENS_LIMIT",
     "NPY_ERRORS",
@@ -28,6 +29,7 @@ __all__ = [
     "check_int",
     "check_non_negative_float",
     "check_positive_float",
+    "check_ranks",
     "check_timeout",
     "refuse_masked",
 ]
@@ -194,6 +196,23 @@ _NO_NUMBERS = (bool, np.bool_, np.timedelta64)
 """Scalars that pass for numbers (``numbers.Integral``) but are no count or seconds: truth values,
 and numpy's durations, which numpy files under the integers (``int()`` / ``float()`` of one
 raise TypeError)."""
+
+
+MAX_RANKS = 2**18
+"""Most ranks of one step (and most (rank, micro-batch) slots): per-rank arrays take memory
+the size of any count, so a larger one is a mistake, not a plan."""
+
+
+def check_ranks(value: Any, name: str) -> int:
+    """``value`` as an int in ``[1, MAX_RANKS]``: a count of ranks (``dp_size``, ``n_ranks``).
+
+    Raises:
+        ValueError: not an int, below 1 or above ``MAX_RANKS`` (naming ``name`` and the value).
+    """
+    value = check_int(value, name, minimum=1)
+    if value > MAX_RANKS:
+        raise ValueError(f"{name} must be <= 2**18 = {MAX_RANKS}, got {value}")
+    return value
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:

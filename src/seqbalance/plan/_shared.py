@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from seqbalance._validation import MAX_RANKS
+
 if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
 
@@ -25,7 +27,7 @@ Microbatches = list[list[list[int]]]
 """``dp`` lists of ``M`` lists of sample positions (indices into the step's lengths): what a
 strategy returns (``seqbalance.plan.protocols``)."""
 
-MAX_SLOTS = 2**18
+MAX_SLOTS = MAX_RANKS
 """Most (rank, micro-batch) slots of one step: a larger count is a mistake, not a plan."""
 
 

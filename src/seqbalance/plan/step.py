@@ -13,8 +13,8 @@ from seqbalance._validation import (
     as_group_ids,
     as_lengths,
     as_weights,
-    check_int,
     check_non_negative_float,
+    check_ranks,
 )
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
@@ -29,15 +29,11 @@ from seqbalance.plan.registry import get_strategy
 from seqbalance.plan.types import PlanValidationError, StepPlan
 
 __all__ = [
-    "MAX_DP_SIZE",
     "check_within_caps",
     "plan_step",
     "plan_step_with_costs",
     "vision_patches_of",
 ]
-
-MAX_DP_SIZE = 2**18
-"""Most data-parallel ranks a plan is made for."""
 
 
 def plan_step(
@@ -166,7 +162,7 @@ def _plan(
     overhead (None: the cost model's)."""
     parts = lengths if isinstance(lengths, SampleParts) else None
     lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
-    dp_size = _checked_dp_size(dp_size)
+    dp_size = check_ranks(dp_size, "dp_size")
     total = float(lengths.sum(dtype=np.float64))
     if total > MAX_TOKENS_LIMIT:
         raise ValueError(
@@ -262,16 +258,7 @@ def _plan_context_parallel(
     """``plan_step`` with ``options.context_parallel`` (``seqbalance.plan.context_parallel``)."""
     if isinstance(lengths, SampleParts):
         raise ValueError("context_parallel plans token lengths; SampleParts are not supported yet")
-    return plan_context_parallel(lengths, _checked_dp_size(dp_size), options, groups)
-
-
-def _checked_dp_size(dp_size: Any) -> int:
-    """``dp_size`` as an int in ``[1, MAX_DP_SIZE]`` (the ranks of the DPxCP domain with context
-    parallelism, whose per-rank arrays took memory the size of any count, or overflowed)."""
-    dp_size = check_int(dp_size, "dp_size", minimum=1)
-    if dp_size > MAX_DP_SIZE:
-        raise ValueError(f"dp_size must be <= 2**18 = {MAX_DP_SIZE}, got {dp_size}")
-    return dp_size
+    return plan_context_parallel(lengths, check_ranks(dp_size, "dp_size"), options, groups)
 
 
 def vision_patches_of(parts: SampleParts | None, options: PlanOptions) -> np.ndarray | None:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, as_lengths, check_int
+from seqbalance._validation import as_group_ids, as_lengths, check_int, check_ranks
 from seqbalance.cost.context_parallel import (
     ContextParallelTimeModel,
     check_slot_jitter,
@@ -16,7 +16,6 @@ from seqbalance.cost.context_parallel import (
     shard_tokens,
 )
 from seqbalance.cost.resolve import cost_name
-from seqbalance.plan._shared import MAX_SLOTS
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel._inputs import ContextParallelSlot, SlotInputs
 from seqbalance.plan.context_parallel._metrics import (
@@ -358,9 +357,7 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
                 f"options must be a PlanOptions with context_parallel set, got {options!r:.120}"
             )
         lengths = as_lengths(lengths, "lengths")
-        n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
-        if n_ranks > MAX_SLOTS:  # per-rank arrays took memory the size of any count
-            raise ValueError(f"n_ranks must be <= 2**18 = {MAX_SLOTS}, got {n_ranks}")
+        n_ranks = check_ranks(n_ranks, "n_ranks")  # per-rank arrays: memory of any count
         arrays = [
             as_lengths(values, name)
             for values, name in (

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqbalance._validation import check_int
-from seqbalance.plan.step import MAX_DP_SIZE
+from seqbalance._validation import check_int, check_ranks
 
 __all__ = ["data_parallel_position"]
 
@@ -52,9 +51,8 @@ def data_parallel_position(
         # The global world: right only without tensor or pipeline parallelism.
         dp_rank = dist.get_rank() if dp_rank is None else dp_rank
         dp_size = dist.get_world_size() if dp_size is None else dp_size
-    dp_size = check_int(dp_size, "dp_size", minimum=1)
-    if dp_size > MAX_DP_SIZE:  # as plan_step: LengthGroupedSampler split each step that many ways
-        raise ValueError(f"dp_size must be <= 2**18 = {MAX_DP_SIZE}, got {dp_size}")
+    # As plan_step: LengthGroupedSampler split each step that many ways.
+    dp_size = check_ranks(dp_size, "dp_size")
     dp_rank = check_int(dp_rank, "dp_rank", minimum=0)
     if dp_rank >= dp_size:
         raise ValueError(f"dp_rank must be < dp_size = {dp_size}, got {dp_rank}")
