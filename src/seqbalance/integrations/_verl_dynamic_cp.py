@@ -33,14 +33,13 @@ from megatron-core's parallel state (set up by verl's Megatron engine).
 
 from __future__ import annotations
 
-import operator
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import check_int
+from seqbalance.integrations._sample_pairs import ids_and_lengths
 from seqbalance.plan import plan_step
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
@@ -48,7 +47,6 @@ from seqbalance.plan.options import PlanOptions
 __all__ = [
     "DynamicCPScheduler",
     "hybrid_cp_sizes",
-    "ids_and_lengths",
     "one_group_per_slot",
     "scheduler_entry",
 ]
@@ -81,22 +79,6 @@ def padded_rows(lengths: np.ndarray, cp_size: np.ndarray, tensor_parallel_size: 
     whole."""
     factor = np.where(cp_size > 1, 2, 1) * tensor_parallel_size
     return -(-lengths // (factor * cp_size)) * factor
-
-
-def ids_and_lengths(sample_id_seqlens: Sequence[Any]) -> tuple[list[int], Any]:
-    """The ids (distinct integers) and lengths of Megatron's ``(sample_id, sequence_length)``
-    pairs (``get_groups_and_subsamples``, the packing schedulers): a fractional length was cut
-    by ``int()`` and a repeated id (or ``True`` beside 1) scheduled twice, without a word."""
-    pairs = [tuple(pair) for pair in sample_id_seqlens]
-    if any(len(pair) != 2 for pair in pairs):
-        raise ValueError("sample_id_seqlens must hold (sample id, length) pairs")
-    try:  # integer-like ids as Megatron builds them (int, numpy or 0-dim torch integers)
-        ids = [operator.index(sample_id) for sample_id, _ in pairs]
-    except TypeError:
-        raise ValueError("sample_id_seqlens ids must be integers") from None
-    if len(set(ids)) != len(ids):
-        raise ValueError("sample_id_seqlens repeats a sample id (each sample once)")
-    return ids, as_lengths([length for _, length in pairs], "sample_id_seqlens lengths")
 
 
 def hybrid_cp_sizes(n_ranks: int) -> tuple[int, ...]:

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from seqbalance._validation import check_int
-from seqbalance.integrations._verl_dynamic_cp import ids_and_lengths
+from seqbalance.integrations._sample_pairs import ids_and_lengths
 from seqbalance.plan import PlanOptions, plan_step
 from seqbalance.plan.options import as_options
 

@@ -98,7 +98,7 @@ def _megatron_model_spec(args: Any) -> Any:
     return ModelSpec.from_megatron_args(SimpleNamespace(**fields), name="megatron-args")
 
 
-def _rollout_ids(rollout_indices: Any) -> list[int | None]:
+def _rollout_ids(rollout_indices: Any) -> list[int]:
     """slime's ``rollout_indices`` (``samples[i].index``, integers) as ints: the elements of a
     tensor hash by identity, so equal ids of a tensor made one rollout each (a rollout split
     across steps, without a word)."""
@@ -106,13 +106,14 @@ def _rollout_ids(rollout_indices: Any) -> list[int | None]:
         raise ScheduleError(
             f"rollout_indices must be a sequence of integer rollout ids, got {rollout_indices!r}"
         )
-    ids = [_integer(rollout) for rollout in rollout_indices]
-    if None in ids:
-        position = ids.index(None)
-        raise ScheduleError(
-            f"rollout_indices[{position}] = {rollout_indices[position]!r} is not an integer "
-            "rollout id"
-        )
+    ids = []
+    for position, rollout in enumerate(rollout_indices):
+        rollout_id = _integer(rollout)
+        if rollout_id is None:
+            raise ScheduleError(
+                f"rollout_indices[{position}] = {rollout!r} is not an integer rollout id"
+            )
+        ids.append(rollout_id)
     return ids
 
 
