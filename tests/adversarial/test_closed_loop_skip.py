@@ -147,11 +147,13 @@ def _gloo(rank: int, world_size: int) -> dict[str, Any]:
     except ValueError as error:
         out["mixed"] = str(error)
     lengths = np.random.default_rng(3).integers(10, 2000, 64)
-    for retry in (False, True):  # after the refused step: skip(), or observe() again (A6)
+    # After the refused step: skip(), observe() it again naming it (A6), or go on as if it had
+    # been learned (the next step's timing would have been learned as the refused step's).
+    for name in ("skipped", "retried", "carried on"):
         sampler = BalancedBatchSampler(
             lengths, 16, adaptive=Feedback(timeout=20.0), max_tokens=20_000, num_microbatches=2
         )
-        steps, name = [], "retried" if retry else "skipped"
+        steps = []
         batches = iter(sampler)
         for step in range(sampler.num_steps):
             steps.append([next(batches) for _ in range(2)])
@@ -159,11 +161,15 @@ def _gloo(rank: int, world_size: int) -> dict[str, Any]:
             try:
                 sampler.observe(StepTiming((0.01,) * count, 0.0, 0.05))
             except ValueError as error:
+                if f"sampler {name} refused" in out:
+                    out[f"sampler {name}"] = str(error)
+                    break
                 out[f"sampler {name} refused"] = str(error).split(":")[0]
                 timing = StepTiming((0.01, 0.01), 0.0, 0.05)
-                out[f"sampler {name}"] = (
-                    sampler.observe(timing)["step"] if retry else sampler.skip()
-                )
+                if name == "retried":
+                    out[f"sampler {name}"] = sampler.observe(timing, step=step)["step"]
+                elif name == "skipped":
+                    out[f"sampler {name}"] = sampler.skip()
         out[f"sampler {name} steps"] = len(steps)
         sampler.close()
     dist.barrier()
@@ -181,9 +187,14 @@ def test_adaptive_and_the_sampler_skip_a_refused_step_alike(tmp_path) -> None:
         ]  # fmt: skip
         assert result["skipped"] == {"step": 1, "skipped": True}
         assert result["mixed"].startswith("ranks [0] skipped step 4 and the others observed")
-        for name in ("skipped", "retried"):
+        for name in ("skipped", "retried", "carried on"):
             assert result[f"sampler {name} refused"] == "rank 1 could not report step 1"
-            assert result[f"sampler {name} steps"] == 4
+            assert result[f"sampler {name} steps"] == (3 if name == "carried on" else 4)
         assert result["sampler skipped"] == {"step": 1, "skipped": True}
         assert result["sampler retried"] == 1  # before: "has not taken" (adv12a A6)
+        # Before: step 2's timing learned as step 1's, and every later step one behind.
+        assert result["sampler carried on"].startswith(
+            "rank 0 could not report step 1: step 1 of the epoch was refused at its observe(): "
+            "retry it naming it (observe(timing, step=1)) or skip() it"
+        )
     assert results[0]["plans"] == results[1]["plans"]

@@ -59,6 +59,7 @@ class LaggedFeedback:
         self._plans: dict[int, Plan] = {}  # planned, not yet observed, by index
         self._shift: int | None = None  # index - step number in the running pass
         self._taken = 0  # index of the first step not yet taken from the sampler
+        self._refused: int | None = None  # index of a step whose observe() was refused
 
     @property
     def timer(self) -> StepTimer:
@@ -74,6 +75,7 @@ class LaggedFeedback:
         self._shift = self.loop.observed - first
         self._taken = self.loop.observed
         self._plans.clear()
+        self._refused = None
 
     def check_ready(self, step: int) -> None:
         """Raise (instead of waiting forever) when ``step`` needs observations the loop has not
@@ -118,27 +120,36 @@ class LaggedFeedback:
                 not one the loop trained), names another ``step`` than the one due or has
                 taken another number of steps from the sampler than the others (a missed or
                 extra ``observe()``), a rank's timing does not fit its step (a missed
-                ``observe()`` with the sampler's timer) or the ranks disagree.
+                ``observe()`` with the sampler's timer) or the ranks disagree; and without
+                ``step`` (not skipping) when this step's ``observe()`` was refused.
             CollectiveError: a peer did not join within ``Feedback.timeout``.
         """
         index = self.loop.observed
         plan = self._plans.get(index) if index < self._taken else None
         step, error = checked_step(step)
         if error is None:
-            error = self._out_of_order(plan, step, index)
+            error = self._out_of_order(plan, step, index, skip)
         # An error is reported through the gather, so the ranks that observe correctly raise at
         # this step too instead of pairing their next step with this rank's other one. The
         # steps taken show a missed observe() that neither the step nor the timing shows: the
         # rank that missed one has taken a step more when it observes this one.
-        telemetry = self.adaptive.exchange(
-            plan, timing, index, error=error, taken=self._taken, skip=skip
-        )
+        try:
+            telemetry = self.adaptive.exchange(
+                plan, timing, index, error=error, taken=self._taken, skip=skip
+            )
+        except ValueError:
+            # Refused on every rank alike (the gather), so every rank keeps the same mark.
+            self._refused = index
+            raise
+        self._refused = None
         # Forgotten once learned: a refused step keeps its plan for the retry or skip() (it was
         # forgotten before the gather, so neither could go on: adv12a A6).
         self._plans.pop(index)
         return telemetry
 
-    def _out_of_order(self, plan: Plan | None, step: int | None, index: int) -> str | None:
+    def _out_of_order(
+        self, plan: Plan | None, step: int | None, index: int, skip: bool
+    ) -> str | None:
         """Why observing ``step`` (a valid step number, or None) as the run's step ``index``
         (``plan``: the one this rank took for it, None if none) is out of order, or None."""
         if plan is None:
@@ -146,6 +157,15 @@ class LaggedFeedback:
                 f"rank {self.adaptive.rank} called observe() for step {index} of the run, "
                 "which it has not taken from the sampler (one observe() per step, after its "
                 "micro-batches)"
+            )
+        if self._refused == index and step is None and not skip and self._shift is not None:
+            # A loop that went on after the refusal would have its next step's timing learned
+            # as this step's, and every later one a step behind, with nothing to tell them apart.
+            due = index - self._shift
+            return (
+                f"step {due} of the epoch was refused at its observe(): retry it naming it "
+                f"(observe(timing, step={due})) or skip() it; an observe() without step= here "
+                "could be a later step's timing"
             )
         if None not in (step, self._shift) and step + self._shift != index:
             return (

@@ -448,6 +448,8 @@ class BalancedBatchSampler(EpochBatchSampler):
                 too: the gather carries how many steps each rank has taken from the sampler,
                 and a rank that missed one has taken one more (so every rank's DataLoader must
                 take batches alike: the same ``num_workers`` and ``prefetch_factor``).
+                After a refused ``observe()``, a retry must name the step (or :meth:`skip`
+                it): without it, a later step's timing could not be told from the retry's.
 
         Returns:
             The step's telemetry (``seqbalance.runtime.ClosedLoop.learn``), the same on every
@@ -456,7 +458,8 @@ class BalancedBatchSampler(EpochBatchSampler):
         Raises:
             ValueError: without ``adaptive``; on every rank, when a rank observes a step it
                 has not taken, names another ``step`` than the one due, has taken another
-                number of steps than the others, or its timing does not fit the step.
+                number of steps than the others, or its timing does not fit the step; and
+                without ``step`` when the due step's ``observe()`` was refused.
             CollectiveError: a peer did not join within the sampler's deadline
                 (``agreement_timeout``, the same as ``Feedback.timeout``).
         """
