@@ -59,18 +59,16 @@ def test_threshold_bound_prices_a_long_sample_above_the_least_total() -> None:
 @given(
     lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=8),
     dp=st.integers(2, 6),
-    m=st.integers(2, 6),
-    size=st.one_of(st.none(), st.integers(1, 4)),
-    cap=st.one_of(st.none(), st.integers(3000, 9000)),
+    more=st.integers(1, 4),
+    caps=st.tuples(st.one_of(st.none(), st.integers(1, 4)), st.sampled_from([None, 3000, 9000])),
 )
 def test_threshold_bound_with_more_runs_than_samples_is_at_most_every_cut(
-    lengths, dp, m, size, cap
+    lengths, dp, more, caps
 ) -> None:
     # Empty runs allowed and k = dp x m above n: the bound prices at most n runs (no more
     # hold a sample) and stays at most the best cut into at most k runs.
-    k = dp * m
-    if k <= len(lengths):
-        k = len(lengths) + dp  # more runs than samples
+    size, cap = caps
+    k = dp * (len(lengths) // dp + more)
     intervals = _intervals(lengths, size, cap, allow_empty=True)
     top = intervals.level_bound(k, dp, 1)
     bound = threshold_bound(intervals.least, intervals.take, k, dp, allow_empty=True, top=top)
