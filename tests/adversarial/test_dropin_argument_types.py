@@ -129,3 +129,25 @@ def test_recsys_karmarkar_karp_names_its_arguments(workloads, equal_size, messag
 
     with pytest.raises(ValueError, match=message):
         karmarkar_karp(workloads, 2, equal_size)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "message"),
+    [
+        ([5, 6], "entry 0 is 5"),  # TypeError: 'int' object is not iterable
+        ([(0, 3), None], "entry 1 is None"),
+        (None, "must be a sequence of .* got NoneType"),
+        ({0: 3, 1: 5}, "must be a sequence of .* got dict"),
+        ([(0, 3), {1: 5, 2: 6}], r"entry 1 is \{1: 5, 2: 6\}"),  # read as id 1, length 2
+        ([(0, 3), {2, 300}], r"entry 1 is \{"),  # a set's order is its hash order
+        ([(0, 3), "12"], "entry 1 is '12'"),
+    ],
+)
+def test_megatron_pairs_of_other_kinds_are_named(pairs, message: str) -> None:
+    """adv12c C2: ``ids_and_lengths`` (megatron_packing.schedule, verl's dynamic CP) raised
+    TypeError naming nothing for entries that are no pairs (a number, None, a 0-dim tensor) or
+    no sequence, and read a mapping entry as its keys (``{1: 5, 2: 6}``: id 1, length 2)."""
+    from seqbalance.integrations.megatron_packing import schedule
+
+    with pytest.raises(ValueError, match=message):
+        schedule(pairs, max_seqlen_per_dp_cp_rank=100, cp_size=1, dp_size=1)
