@@ -37,6 +37,19 @@ def test_slime_total_lengths_are_checked_not_cast(lengths: list, message: str) -
         build_dp_schedule(args, config, lengths, global_batch_size=4, rollout_indices=[0, 1, 2, 3])
 
 
+@pytest.mark.parametrize("dp", [2**18 + 1, 2**19])
+def test_slime_dp_size_is_bounded_before_its_rank_lists(dp: int) -> None:
+    """adv12c C3: ``dp_size`` was unbounded, and a list per rank was made before any step was
+    planned: 2**40 ran out of memory (MemoryError, or the kernel's kill without a limit). It is
+    bounded as ``plan_step``'s now, first (past the bound, not a step's 'samples < dp_size')."""
+    args = SimpleNamespace(
+        use_dynamic_batch_size=True, max_tokens_per_gpu=100, micro_batch_size=1, balance_data=False
+    )
+    config = {"dp_size": dp, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    with pytest.raises(ValueError, match=rf"dp_size must be <= 2\*\*18 = 262144, got {dp}"):
+        build_dp_schedule(args, config, [5] * 4, global_batch_size=4, rollout_indices=range(4))
+
+
 @pytest.mark.parametrize(
     "partitions", [[[0, 1], [2]], [[0, 1], [1, 2, 3]], [[0, 1], [2, 7]], [[0, 1], [2, -1]]]
 )
