@@ -164,3 +164,21 @@ def test_megatron_pairs_of_other_kinds_are_named(pairs, message: str) -> None:
 
     with pytest.raises(ValueError, match=message):
         schedule(pairs, max_seqlen_per_dp_cp_rank=100, cp_size=1, dp_size=1)
+
+
+@pytest.mark.parametrize("tp", [2**63, 2**70, 2**18 + 1])
+def test_verl_dynamic_cp_tensor_parallel_size_is_bounded(tp: int) -> None:
+    """adv12c C4: ``DynamicCPScheduler(tensor_parallel_size=2**63)`` was accepted and its first
+    schedule raised OverflowError from the padding arithmetic (int64); a tensor-parallel size
+    is a count of ranks, bounded as ``plan_step``'s ``dp_size`` at construction now."""
+    from seqbalance import PlanOptions
+    from seqbalance.integrations.verl import DynamicCPScheduler
+
+    options = PlanOptions(cost="flops", model="qwen3-8b")
+    with pytest.raises(
+        ValueError, match=rf"tensor_parallel_size must be <= 2\*\*18 = 262144, got {tp}"
+    ):
+        DynamicCPScheduler(
+            max_seqlen_per_dp_cp_rank=4096, cp_size=2, dp_size=1, options=options,
+            tensor_parallel_size=tp,
+        )  # fmt: skip

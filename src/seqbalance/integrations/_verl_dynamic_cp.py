@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_int, check_ranks
 from seqbalance.integrations._sample_pairs import ids_and_lengths
 from seqbalance.plan import plan_step
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
@@ -69,7 +69,7 @@ def megatron_tensor_parallel_size() -> int:
         size = state.get_tensor_model_parallel_world_size()
     except (AssertionError, AttributeError):  # groups not initialised (asserts, or None.size())
         return 1
-    return check_int(size, "megatron-core's tensor-parallel world size", minimum=1)
+    return check_ranks(size, "megatron-core's tensor-parallel world size")
 
 
 def padded_rows(lengths: np.ndarray, cp_size: np.ndarray, tensor_parallel_size: int) -> np.ndarray:
@@ -121,7 +121,8 @@ class DynamicCPScheduler:
         options: what to plan with (a FLOPs cost or a ``ContextParallelTimeModel``; its
             ``context_parallel`` may set the scheme); default :attr:`default_options`, which
             ``install()`` sets on the class it gives verl.
-        tensor_parallel_size: verl's ``tp_size`` (its padding multiple, module docstring);
+        tensor_parallel_size: verl's ``tp_size`` (its padding multiple, module docstring;
+            1 to 2**18);
             None reads megatron-core's parallel state (:func:`megatron_tensor_parallel_size`),
             which is what verl's Megatron engine passes.
     """
@@ -148,7 +149,9 @@ class DynamicCPScheduler:
         self.tensor_parallel_size = (
             megatron_tensor_parallel_size()
             if tensor_parallel_size is None
-            else check_int(tensor_parallel_size, "tensor_parallel_size", minimum=1)
+            # A count of ranks: bounded, so padded_rows' multiples stay within int64 (2**63
+            # raised OverflowError there: adv12c C4).
+            else check_ranks(tensor_parallel_size, "tensor_parallel_size")
         )
         multiple = 1
         if microbatch_group_size_per_vp_stage is not None:
