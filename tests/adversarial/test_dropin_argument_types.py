@@ -37,6 +37,19 @@ def test_slime_total_lengths_are_checked_not_cast(lengths: list, message: str) -
         build_dp_schedule(args, config, lengths, global_batch_size=4, rollout_indices=[0, 1, 2, 3])
 
 
+@pytest.mark.parametrize("dp", [2**18 + 1, 2**19])
+def test_slime_dp_size_is_bounded_before_its_rank_lists(dp: int) -> None:
+    """adv12c C3: ``dp_size`` was unbounded, and a list per rank was made before any step was
+    planned: 2**40 ran out of memory (MemoryError, or the kernel's kill without a limit). It is
+    bounded as ``plan_step``'s now, first (past the bound, not a step's 'samples < dp_size')."""
+    args = SimpleNamespace(
+        use_dynamic_batch_size=True, max_tokens_per_gpu=100, micro_batch_size=1, balance_data=False
+    )
+    config = {"dp_size": dp, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    with pytest.raises(ValueError, match=rf"dp_size must be <= 2\*\*18 = 262144, got {dp}"):
+        build_dp_schedule(args, config, [5] * 4, global_batch_size=4, rollout_indices=range(4))
+
+
 @pytest.mark.parametrize(
     "partitions", [[[0, 1], [2]], [[0, 1], [1, 2, 3]], [[0, 1], [2, 7]], [[0, 1], [2, -1]]]
 )
@@ -129,3 +142,25 @@ def test_recsys_karmarkar_karp_names_its_arguments(workloads, equal_size, messag
 
     with pytest.raises(ValueError, match=message):
         karmarkar_karp(workloads, 2, equal_size)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "message"),
+    [
+        ([5, 6], "entry 0 is 5"),  # TypeError: 'int' object is not iterable
+        ([(0, 3), None], "entry 1 is None"),
+        (None, "must be a sequence of .* got NoneType"),
+        ({0: 3, 1: 5}, "must be a sequence of .* got dict"),
+        ([(0, 3), {1: 5, 2: 6}], r"entry 1 is \{1: 5, 2: 6\}"),  # read as id 1, length 2
+        ([(0, 3), {2, 300}], r"entry 1 is \{"),  # a set's order is its hash order
+        ([(0, 3), "12"], "entry 1 is '12'"),
+    ],
+)
+def test_megatron_pairs_of_other_kinds_are_named(pairs, message: str) -> None:
+    """adv12c C2: ``ids_and_lengths`` (megatron_packing.schedule, verl's dynamic CP) raised
+    TypeError naming nothing for entries that are no pairs (a number, None, a 0-dim tensor) or
+    no sequence, and read a mapping entry as its keys (``{1: 5, 2: 6}``: id 1, length 2)."""
+    from seqbalance.integrations.megatron_packing import schedule
+
+    with pytest.raises(ValueError, match=message):
+        schedule(pairs, max_seqlen_per_dp_cp_rank=100, cp_size=1, dp_size=1)

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_choice, check_int
+from seqbalance._validation import as_lengths, check_choice, check_int, check_ranks
 from seqbalance.cost import FlopsModel, ModelSpec
 from seqbalance.partition import partition
 from seqbalance.plan import objective_value, plan_step
@@ -349,7 +349,8 @@ def build_dp_schedule(
         ScheduleError: fewer rollouts than a step, a step with fewer samples than micro-batch
             slots, a static step that does not divide, or bad arguments.
     """
-    dp = check_int(train_parallel_config["dp_size"], "dp_size", minimum=1)
+    # Bounded before the per-rank lists are made (2**40 of them: MemoryError, adv12c C3).
+    dp = check_ranks(train_parallel_config["dp_size"], "dp_size")
     cp = check_int(train_parallel_config["cp_size"], "cp_size", minimum=1)
     vpp = check_int(train_parallel_config["vpp_size"], "vpp_size", minimum=1)
     group = check_int(

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import SPEED_RANGE, as_lengths, check_int
+from seqbalance._validation import SPEED_RANGE, as_lengths, check_int, check_ranks
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.runtime.closed_loop._rules import (
     COMPUTE,
@@ -117,18 +117,20 @@ class OnlineTimeModel:
     Args:
         prior: The model to plan with until the fit beats it (its scale is fitted online):
             ``feedback.prior`` when that is set, or the model the plan options resolve to.
-        world_size: Number of ranks.
+        world_size: Number of ranks (1 to 2**18, as ``plan_step``'s ``dp_size``).
         feedback: The loop's options (its ``log`` is the planner's to write).
 
     Raises:
-        ValueError: ``prior`` is not a TimeModel or differs from a ``feedback.prior``.
+        ValueError: ``prior`` is not a TimeModel or differs from a ``feedback.prior``, or
+            ``world_size`` is out of range.
     """
 
     def __init__(self, prior: TimeModel, world_size: int, feedback: Feedback | None = None):
         if not isinstance(prior, TimeModel):
             raise ValueError(f"prior must be a TimeModel, got {type(prior).__name__}")
         self.prior = prior
-        self.world_size = check_int(world_size, "world_size", minimum=1)
+        # Bounded as plan_step's dp_size: the per-rank speeds of 2**40 ranks were 8 TiB.
+        self.world_size = check_ranks(world_size, "world_size")
         self.feedback = Feedback() if feedback is None else feedback
         if not isinstance(self.feedback, Feedback):
             raise ValueError(f"feedback must be a Feedback, got {type(self.feedback).__name__}")

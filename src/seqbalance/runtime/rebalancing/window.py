@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import as_lengths, check_int, check_ranks
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
@@ -102,7 +102,7 @@ class WindowBalancer:
     """Buffer up to ``window`` samples and dispatch balanced steps of ``batch_size`` samples.
 
     Args:
-        dp_size: data-parallel ranks each step is planned for.
+        dp_size: data-parallel ranks each step is planned for (1 to 2**18).
         batch_size: samples per dispatched step (global, over all ranks).
         window: most samples buffered at once (default ``4 * batch_size``); ``push`` beyond it
             raises. Must satisfy ``batch_size <= window <= batch_size * (max_delay + 1)`` so the
@@ -154,7 +154,7 @@ class WindowBalancer:
         adaptive: bool | Feedback = False,
         **option_keywords: Any,
     ) -> None:
-        self.dp_size = check_int(dp_size, "dp_size", minimum=1)
+        self.dp_size = check_ranks(dp_size, "dp_size")
         self.batch_size = check_int(batch_size, "batch_size", minimum=1)
         self.window = check_int(
             4 * self.batch_size if window is None else window, "window", minimum=self.batch_size

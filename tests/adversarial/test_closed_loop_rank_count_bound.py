@@ -1,0 +1,38 @@
+"""The closed loop's rank count is bounded as ``plan_step``'s (adv12c C1): ``AdaptivePlanner(
+2**40, options)`` (and ``ClosedLoop``, ``OnlineTimeModel``, ``WindowBalancer(adaptive=True)``)
+allocated per-rank speeds for every rank and raised MemoryError (8 TiB) instead of a
+ValueError naming the argument; ``WindowBalancer(2**40, ...)`` was built and only its first
+step refused the count. Every rank count is ``<= 2**18`` at construction now."""
+
+from __future__ import annotations
+
+import pytest
+
+from seqbalance.cost import TimeModel
+from seqbalance.plan import PlanOptions
+from seqbalance.runtime.closed_loop import AdaptivePlanner, ClosedLoop
+from seqbalance.runtime.closed_loop.online import OnlineTimeModel
+from seqbalance.runtime.rebalancing.window import WindowBalancer
+
+OPTIONS = PlanOptions(cost=TimeModel(1e-3, 1e-6, 1e-10), max_tokens=4096)
+MODEL = TimeModel(1e-3, 1e-6, 1e-10)
+
+
+@pytest.mark.parametrize("ranks", [2**40, 2**18 + 1])
+def test_a_rank_count_past_the_bound_is_refused_at_construction(ranks) -> None:
+    world = rf"world_size must be <= 2\*\*18 = 262144, got {ranks}"
+    with pytest.raises(ValueError, match=world):
+        AdaptivePlanner(ranks, OPTIONS)
+    with pytest.raises(ValueError, match=world):
+        ClosedLoop(OPTIONS, ranks)
+    with pytest.raises(ValueError, match=world):
+        OnlineTimeModel(MODEL, ranks)
+    for adaptive in (False, True):
+        with pytest.raises(ValueError, match=rf"dp_size must be <= 2\*\*18 = 262144, got {ranks}"):
+            WindowBalancer(ranks, 8, options=OPTIONS, adaptive=adaptive)
+
+
+def test_rank_counts_within_the_bound_still_build() -> None:
+    assert AdaptivePlanner(3, OPTIONS).dp_size == 3
+    assert OnlineTimeModel(MODEL, 2**18).world_size == 2**18
+    assert WindowBalancer(2, 8, options=OPTIONS, adaptive=True).dp_size == 2
