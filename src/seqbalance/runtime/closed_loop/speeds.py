@@ -9,7 +9,6 @@ window of ratios into the speeds planned with.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 __all__ = ["CHANGE_Z", "relative_to_median", "window_speeds"]
