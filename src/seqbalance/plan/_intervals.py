@@ -394,12 +394,17 @@ class Intervals:
         cheap = np.concatenate(
             [starts + run_room(self.least, self.take, us[:, None]), np.full((us.size, 1), n)],
             axis=1,
-        )
+        ).ravel()
+        # Row r of the cheap ends starts at r x (n + 1) in the flat array: indexing it directly
+        # is take_along_axis without its per-call set-up (this loop runs once per interval).
+        rows = np.arange(us.size)[:, None] * (n + 1)
         full = self.ends(cap)
         reach = np.zeros((us.size, expensive + 1), dtype=np.int64)
         for _ in range(k):
-            after = np.maximum(reach, np.take_along_axis(cheap, reach, axis=1))
+            after = np.maximum(reach, cheap[reach + rows])
             after[:, 1:] = np.maximum(after[:, 1:], full[reach[:, :-1]])
+            if np.array_equal(after, reach):
+                break  # a fixed point: more intervals reach no farther
             reach = after
             if (reach[:, -1] >= n).all():
                 break
