@@ -64,9 +64,13 @@ class LengthSource:
         self.path: Path | None = None
         refuse_masked(lengths, name)
         if isinstance(lengths, (str, os.PathLike)):
-            self.path = Path(os.fsdecode(lengths))  # a path object may give bytes
+            given = os.fsdecode(lengths)  # a path object may give bytes
+            # Absolute: every read opens the file again (a DataLoader worker's too), and a
+            # relative path read after the process changed its working directory named
+            # another file or none: "changed under the running sampler" (adv12c C5).
+            self.path = Path(os.path.abspath(given))
             lengths = _load_npy(self.path, name)
-            name = f"{name} file {self.path}"
+            name = f"{name} file {given}"
         elif (
             # A map the caller made is read through its file while that file is still there
             # (a deleted file leaves only the map to read), and checked against the map below.
