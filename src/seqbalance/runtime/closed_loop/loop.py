@@ -147,7 +147,11 @@ class ClosedLoop:
         self.lag = check_int(lag, "lag", minimum=0)
         prior = prior_time_model(options, feedback.prior) if prior is None else prior
         self.online = OnlineTimeModel(prior, world_size, feedback)
-        self.log = Path(feedback.log) if writes_log and feedback.log is not None else None
+        # Absolute: each step opens the log again, and a relative path written after the process
+        # changed its working directory split the telemetry over two files (adv12c C6).
+        self.log = (
+            Path(os.path.abspath(feedback.log)) if writes_log and feedback.log is not None else None
+        )
         self.setup = _digest(
             {
                 "options": options.fingerprint(),
