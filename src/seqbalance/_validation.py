@@ -20,6 +20,7 @@ __all__ = [
     "MAX_TOKENS_LIMIT",
     "NPY_ERRORS",
     "SPEED_RANGE",
+    "EmptySlotError",
     "as_group_ids",
     "as_lengths",
     "as_speeds",
@@ -31,6 +32,7 @@ __all__ = [
     "check_positive_float",
     "check_ranks",
     "check_timeout",
+    "prefixed",
     "refuse_masked",
 ]
 
@@ -47,6 +49,32 @@ MAX_COST_TOTAL = 2.0**960
 """Largest sum of a step's costs (and micro-batch overheads, one per sample) accepted by the
 planner, about 1e289: scaled by rank speeds (down to 2**-30) and summed over ranks and
 positions it still stays far below float64's largest value (about 1.8e308)."""
+
+
+class EmptySlotError(ValueError):
+    """A plan refused because some micro-batch (slot) would be empty without ``allow_empty``.
+
+    The message is ``reason + hint``: why, then which options would plan it. Callers that never
+    allow empty micro-batches (the drop-ins whose frameworks run every micro-batch on every
+    rank) raise ``reason`` with a hint of their own, so no message suggests an option they
+    refuse.
+
+    Attributes:
+        reason: the refusal without its hint.
+        hint: what follows it (with its leading separator).
+    """
+
+    def __init__(self, reason: str, hint: str) -> None:
+        super().__init__(reason + hint)
+        self.reason, self.hint = reason, hint
+
+
+def prefixed(error: ValueError, prefix: str) -> ValueError:
+    """``error``'s message after ``prefix`` (which step, which epoch), of the same kind: an
+    :class:`EmptySlotError` stays one, so a caller that replaces its hint still can."""
+    if isinstance(error, EmptySlotError):
+        return EmptySlotError(prefix + error.reason, error.hint)
+    return ValueError(f"{prefix}{error}")
 
 
 def refuse_masked(values: Any, name: str) -> None:
