@@ -57,7 +57,9 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
         pad_multiple: each sequence is padded (token 0, no loss) to a multiple of this.
 
     Raises:
-        ValueError: no samples, an empty or non-1-D sample, or ``pad_multiple`` outside
+        ValueError: no samples, an empty or non-1-D sample, a sample that holds no token ids
+            (floats, complex numbers, booleans, negative ids or ids beyond int64, something
+            torch cannot read, a meta or sparse tensor), or ``pad_multiple`` outside
             ``[1, 2**53]``.
     """
     import torch
@@ -65,10 +67,7 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
     multiple = check_pad_multiple(pad_multiple)
     if len(samples) == 0:
         raise ValueError("samples is empty: a micro-batch needs at least one sequence")
-    sequences = [torch.as_tensor(s, dtype=torch.int64) for s in samples]
-    for i, sequence in enumerate(sequences):
-        if sequence.ndim != 1 or sequence.numel() == 0:
-            raise ValueError(f"samples[{i}] must be a non-empty 1-D token sequence")
+    sequences = [_token_ids(s, f"samples[{i}]") for i, s in enumerate(samples)]
     lengths = torch.tensor([s.numel() for s in sequences], dtype=torch.int64)
     padded = (lengths + multiple - 1) // multiple * multiple
     total = int(padded.sum())
@@ -103,6 +102,36 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
             "total_tokens": total,
         },
     }
+
+
+def _token_ids(sample: Any, name: str) -> Any:
+    """``sample`` as a 1-D int64 tensor of token ids, or a ValueError naming ``name``.
+
+    Read as ids, never converted: ``torch.as_tensor(..., dtype=int64)`` cut floats to integers,
+    took complex numbers' real part, read booleans as 0 / 1 and wrapped uint64 ids beyond int64
+    to negative ones, all without a word, so a micro-batch trained on other tokens than the
+    dataset's (adv13a F1); a string, a ragged list or a meta tensor raised torch's TypeError /
+    NotImplementedError naming no sample."""
+    import torch
+
+    from seqbalance.runtime.rebalancing.wire import check_dense
+
+    if isinstance(sample, torch.Tensor):
+        check_dense(sample, name)
+    try:
+        ids = torch.as_tensor(sample)  # no dtype: floats and booleans stay what they are
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{name} must be a 1-D sequence of integer token ids: {error}") from None
+    if ids.ndim != 1 or ids.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D token sequence")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{name} holds {ids.dtype} values, not integer token ids")
+    values = np.asarray(ids.cpu())  # numpy: torch lacks uint64 min / max on some builds
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high > np.iinfo(np.int64).max:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} holds the token id {bad}, outside [0, 2**63)")
+    return ids.to(torch.int64)
 
 
 def check_hybrid_cp(context_parallel: ContextParallel, n_ranks: int) -> None:
