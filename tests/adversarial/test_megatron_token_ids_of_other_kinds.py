@@ -3,7 +3,8 @@ each sample with ``torch.as_tensor(sample, dtype=int64)``, which converts instea
 float token ids were cut to integers (``[1.5, 2.7]`` packed as ``[1, 2]``), complex ones lost
 their imaginary part, booleans became 0 / 1, a uint64 id beyond int64 became -1, and negative
 ids were packed, all without a word; a string, a ragged list or a meta tensor raised torch's
-TypeError / NotImplementedError naming no sample. Each is now a ValueError naming the sample."""
+TypeError / NotImplementedError naming no sample. Each is now a ValueError naming the sample.
+(adv13a F6, below: a padded micro-batch past int32 ``cu_seqlens``.)"""
 
 from __future__ import annotations
 
@@ -47,3 +48,13 @@ def test_integer_ids_of_any_width_pack_exactly(ids: Any) -> None:
     tokens = pack_thd([ids])["tokens"][0]
     assert tokens.dtype == torch.int64
     assert tokens.tolist() == [int(v) for v in ids]
+
+
+@pytest.mark.parametrize("multiple", [2**31, 2**40, 2**53])
+def test_padding_past_int32_bounds_is_refused_before_allocating(multiple: int) -> None:
+    """adv13a F6: ``pad_multiple=2**31`` allocated 16 GiB per sample (RuntimeError or the
+    process killed out of memory), and the int32 ``cu_seqlens`` would wrap past 2**31 tokens."""
+    with pytest.raises(ValueError, match="pad_multiple"):
+        pack_thd([[1, 2]], pad_multiple=multiple)
+    with pytest.raises(ValueError, match="pad_multiple"):
+        hybrid_cp_sample([1, 2], 2, pad_multiple=multiple)

@@ -36,6 +36,9 @@ __all__ = [
     "pack_thd",
 ]
 
+_MAX_PACKED = 2**31 - 1
+"""Most tokens of one packed micro-batch: its ``cu_seqlens`` are int32."""
+
 IGNORE_INDEX = -100
 """Label of positions without a next token (sequence ends, padding); ``loss_mask`` is 0 there."""
 
@@ -71,6 +74,13 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
     lengths = torch.tensor([s.numel() for s in sequences], dtype=torch.int64)
     padded = (lengths + multiple - 1) // multiple * multiple
     total = int(padded.sum())
+    if total > _MAX_PACKED:
+        # Refused before allocating: a huge pad_multiple asked for gigabytes per sample (out of
+        # memory, or a RuntimeError), and past 2**31 the int32 cu_seqlens wrapped (adv13a F6).
+        raise ValueError(
+            f"the micro-batch holds {total} tokens once padded to a multiple of pad_multiple = "
+            f"{multiple}: THD cu_seqlens are int32, at most 2**31 - 1 = {_MAX_PACKED} tokens"
+        )
     tokens = torch.zeros(total, dtype=torch.int64)
     labels = torch.full((total,), IGNORE_INDEX, dtype=torch.int64)
     position_ids = torch.zeros(total, dtype=torch.int64)
