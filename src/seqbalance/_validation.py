@@ -92,19 +92,27 @@ def refuse_masked(values: Any, name: str) -> None:
             )
 
 
-def _as_1d_array(values: Any, name: str) -> np.ndarray:
-    if isinstance(values, (str, bytes)):
-        raise ValueError(f"{name} must be a 1-D array of numbers, got a string {values!r}")
-    refuse_masked(values, name)
+def _numpy_of(values: Any, name: str) -> np.ndarray:
+    """``np.asarray(values)``, or a ValueError naming ``name`` where numpy cannot read them: a
+    tensor that requires grad (torch's RuntimeError, raised on the rank that passed it alone
+    where a step's input travels to every rank: adv13a F2), a meta or sparse tensor, ragged
+    lists."""
     if getattr(values, "requires_grad", False):  # torch will not hand it to numpy
         raise ValueError(
             f"{name} must be a 1-D array of numbers: got a tensor that requires grad; "
             "pass it .detach()ed"
         )
     try:
-        array = np.asarray(values)
+        return np.asarray(values)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
+
+
+def _as_1d_array(values: Any, name: str) -> np.ndarray:
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"{name} must be a 1-D array of numbers, got a string {values!r}")
+    refuse_masked(values, name)
+    array = _numpy_of(values, name)
     if array.ndim != 1:
         if array.ndim == 0:
             raise ValueError(f"{name} must be a 1-D array of numbers, got the scalar {values!r}")
@@ -261,7 +269,7 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     ``(n,)`` raise ValueError naming ``name`` (and the index and value of a bad id).
     """
     refuse_masked(groups, name)
-    array = np.asarray(groups)
+    array = _numpy_of(groups, name)
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
