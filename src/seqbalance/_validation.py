@@ -23,6 +23,7 @@ __all__ = [
     "EmptySlotError",
     "as_group_ids",
     "as_lengths",
+    "as_sample_values",
     "as_speeds",
     "as_weights",
     "check_bool",
@@ -162,6 +163,26 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
         bad = _first(negative)
         raise ValueError(f"{name}[{bad}] = {float(weights[bad])} is negative")
     return weights
+
+
+def as_sample_values(values: Any, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``as_weights`` of what a function returned for samples of ``shape``: one ``what`` per
+    sample, however it came (an array, a tensor, a list; strings and other non-numbers refused
+    by ``as_weights`` rather than converted, as ``np.asarray(..., dtype=float)`` would).
+
+    Raises ValueError naming ``name``: no array of ``shape`` (a generator, a mapping, ``None``,
+    a ragged list), or an entry that is no finite number >= 0.
+    """
+    try:
+        found = tuple(np.shape(values))
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{name} must return one {what} per sample: {error}") from None
+    if found != shape:
+        raise ValueError(
+            f"{name} must return one {what} per sample: got shape {found} "
+            f"({type(values).__name__}), expected {shape}"
+        )
+    return as_weights(values, name)
 
 
 SPEED_RANGE = (2.0**-30, 2.0**30)
