@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
+from seqbalance._validation import (
+    EmptySlotError,
+    as_group_ids,
+    as_lengths,
+    check_bool,
+    check_int,
+    prefixed,
+)
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._shared import bin_features, bins_bound, microbatch_count
 from seqbalance.plan.layout import EpochLayout
@@ -106,7 +113,7 @@ def plan_epoch(
         try:
             plans.append(plan_step(samples, dp_size, options, groups=step_groups))
         except ValueError as error:
-            raise ValueError(f"step {number}: {error}") from None
+            raise prefixed(error, f"step {number}: ") from None
     dropped = layout.dropped
     return EpochPlan(
         steps=plans,
@@ -167,12 +174,16 @@ def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) ->
             f"{widest} ranks (the widest usable CP size)"
         )
     if not fills:
-        last = " (the last, partial global batch)" if step == layout.n_steps - 1 else ""
-        raise ValueError(
+        # Only a last step short of global_batch_size is partial (drop_last leaves it out); a
+        # full one that is also the last was named partial, with drop_last as the way out.
+        partial = step == layout.n_steps - 1 and samples < layout.size
+        last = " (the last, partial global batch)" if partial else ""
+        drop = "pass drop_last=True to leave a last, partial step out, " if partial else "pass "
+        raise EmptySlotError(
             f"epoch {layout.epoch}: step {step}{last} holds {samples} samples, fewer than its "
             f"{slots} micro-batch slots ({why}), so it cannot be planned without an empty "
-            "micro-batch: pass drop_last=True to leave a last, partial step out, "
-            "allow_empty=True, or fewer micro-batches"
+            "micro-batch",
+            f": {drop}allow_empty=True, or fewer micro-batches",
         )
 
 
