@@ -134,24 +134,8 @@ def test_step_sums_are_the_sums_over_each_steps_samples(
     epoch, chunk, shuffle, epoch_number
 ) -> None:
     lengths, size, _, _, setup = epoch
-    layout = EpochLayout(
-        lengths,
-        size,
-        group_ids=setup["groups"],
-        seed=setup["seed"],
-        epoch=epoch_number,
-        shuffle=shuffle,
-        drop_last=setup["drop_last"],
-        bucket_window=None,
-    )
-    columns = np.stack([lengths, np.arange(lengths.size) ** 2, np.ones_like(lengths)], axis=1)
-    saved, layout_module._SUM_CHUNK = layout_module._SUM_CHUNK, chunk
-    try:
-        sums = layout.step_sums(lambda key: columns[key])
-    finally:
-        layout_module._SUM_CHUNK = saved
-    expected = [columns[layout.step(step)].sum(axis=0) for step in range(layout.n_steps)]
-    assert sums.reshape(-1, 3).tolist() == np.reshape(expected, (-1, 3)).tolist()
+    layout = _layout(lengths, size, setup, epoch_number, shuffle, setup["groups"], None)
+    _assert_sums_of_each_step(lengths, layout, chunk, layout.step_sums)
     permutation = layout_module.Permutation(lengths.size, (setup["seed"], epoch_number))
     every = np.arange(lengths.size)
     assert permutation.inverse(permutation(every)).tolist() == every.tolist()
@@ -169,20 +153,30 @@ def test_dealt_step_sums_are_the_sums_over_each_dealt_steps_samples(
     epoch, chunk, window, shuffle, epoch_number
 ) -> None:
     lengths, size, _, _, setup = epoch
-    layout = EpochLayout(
+    layout = _layout(lengths, size, setup, epoch_number, shuffle, None, window)
+    _assert_sums_of_each_step(lengths, layout, chunk, layout.dealt_step_sums)
+
+
+def _layout(lengths, size, setup, epoch_number, shuffle, groups, window) -> EpochLayout:
+    return EpochLayout(
         lengths,
         size,
-        group_ids=None,
+        group_ids=groups,
         seed=setup["seed"],
         epoch=epoch_number,
         shuffle=shuffle,
         drop_last=setup["drop_last"],
         bucket_window=window,
     )
+
+
+def _assert_sums_of_each_step(lengths, layout, chunk, summed) -> None:
+    """``summed`` (a layout's ``step_sums`` or ``dealt_step_sums``), read in chunks of
+    ``chunk`` rows, gives the sums over the samples ``layout.step`` gives each step."""
     columns = np.stack([lengths, np.arange(lengths.size) ** 2, np.ones_like(lengths)], axis=1)
     saved, layout_module._SUM_CHUNK = layout_module._SUM_CHUNK, chunk
     try:
-        sums = layout.dealt_step_sums(lambda key: columns[key])
+        sums = summed(lambda key: columns[key])
     finally:
         layout_module._SUM_CHUNK = saved
     expected = [columns[layout.step(step)].sum(axis=0) for step in range(layout.n_steps)]

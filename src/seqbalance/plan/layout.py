@@ -198,12 +198,7 @@ class EpochLayout:
             rank = np.arange(samples.size, dtype=np.int64) - window[order] * width
             steps = np.empty(samples.size, dtype=np.int64)
             steps[order] = (a + window[order]) * self.window + snake[rank % snake.size]
-            if sums is None:
-                sums = np.zeros((self.n_steps, rows.shape[1]), dtype=np.int64)
-            for column in range(rows.shape[1]):  # float64 weights: exact below 2**53
-                sums[:, column] += np.bincount(
-                    steps, weights=rows[:, column], minlength=self.n_steps
-                ).astype(np.int64)
+            sums = _add_rows(sums, steps, rows, self.n_steps)
         if full * self.window < self._total:
             for offset, indices in enumerate(self._bucket(full)):
                 number = full * self.window + offset
@@ -237,13 +232,7 @@ class EpochLayout:
             positions = samples if self._permutation is None else self._permutation.inverse(samples)
             planned = positions < kept  # not the dropped last step
             rows = values(slice(a, a + samples.size))[planned]  # a slice: one read of a file
-            steps = positions[planned] // self.size
-            if sums is None:
-                sums = np.zeros((self.n_steps, rows.shape[1]), dtype=np.int64)
-            for column in range(rows.shape[1]):  # float64 weights: exact below 2**53
-                sums[:, column] += np.bincount(
-                    steps, weights=rows[:, column], minlength=self.n_steps
-                ).astype(np.int64)
+            sums = _add_rows(sums, positions[planned] // self.size, rows, self.n_steps)
         return np.zeros((self.n_steps, 0), dtype=np.int64) if sums is None else sums
 
     def unit_sums(self, values: Callable[[Any], np.ndarray]) -> np.ndarray:
@@ -351,6 +340,19 @@ class EpochLayout:
             indices = np.concatenate(step) if step else np.empty(0, dtype=np.int64)
             steps.append(indices[rng.permutation(indices.size)])
         return steps
+
+
+def _add_rows(
+    sums: np.ndarray | None, steps: np.ndarray, rows: np.ndarray, n_steps: int
+) -> np.ndarray:
+    """``sums`` (int64 ``[n_steps, f]``, None: zeros) plus each row of ``rows`` at its step."""
+    if sums is None:
+        sums = np.zeros((n_steps, rows.shape[1]), dtype=np.int64)
+    for column in range(rows.shape[1]):  # float64 weights: exact below 2**53
+        sums[:, column] += np.bincount(steps, weights=rows[:, column], minlength=n_steps).astype(
+            np.int64
+        )
+    return sums
 
 
 def _sums_between(blocks: Iterator[np.ndarray], bounds: np.ndarray) -> np.ndarray:
