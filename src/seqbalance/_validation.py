@@ -20,8 +20,10 @@ __all__ = [
     "MAX_TOKENS_LIMIT",
     "NPY_ERRORS",
     "SPEED_RANGE",
+    "EmptySlotError",
     "as_group_ids",
     "as_lengths",
+    "as_sample_values",
     "as_speeds",
     "as_weights",
     "check_bool",
@@ -31,6 +33,7 @@ __all__ = [
     "check_positive_float",
     "check_ranks",
     "check_timeout",
+    "prefixed",
     "refuse_masked",
 ]
 
@@ -49,6 +52,32 @@ planner, about 1e289: scaled by rank speeds (down to 2**-30) and summed over ran
 positions it still stays far below float64's largest value (about 1.8e308)."""
 
 
+class EmptySlotError(ValueError):
+    """A plan refused because some micro-batch (slot) would be empty without ``allow_empty``.
+
+    The message is ``reason + hint``: why, then which options would plan it. Callers that never
+    allow empty micro-batches (the drop-ins whose frameworks run every micro-batch on every
+    rank) raise ``reason`` with a hint of their own, so no message suggests an option they
+    refuse.
+
+    Attributes:
+        reason: the refusal without its hint.
+        hint: what follows it (with its leading separator).
+    """
+
+    def __init__(self, reason: str, hint: str) -> None:
+        super().__init__(reason + hint)
+        self.reason, self.hint = reason, hint
+
+
+def prefixed(error: ValueError, prefix: str) -> ValueError:
+    """``error``'s message after ``prefix`` (which step, which epoch), of the same kind: an
+    :class:`EmptySlotError` stays one, so a caller that replaces its hint still can."""
+    if isinstance(error, EmptySlotError):
+        return EmptySlotError(prefix + error.reason, error.hint)
+    return ValueError(f"{prefix}{error}")
+
+
 def refuse_masked(values: Any, name: str) -> None:
     """ValueError when ``values`` is a numpy masked array with a masked entry: ``np.asarray``
     would read the data under the mask as if it were valid, and dropping the entry would move
@@ -64,19 +93,27 @@ def refuse_masked(values: Any, name: str) -> None:
             )
 
 
-def _as_1d_array(values: Any, name: str) -> np.ndarray:
-    if isinstance(values, (str, bytes)):
-        raise ValueError(f"{name} must be a 1-D array of numbers, got a string {values!r}")
-    refuse_masked(values, name)
+def _numpy_of(values: Any, name: str) -> np.ndarray:
+    """``np.asarray(values)``, or a ValueError naming ``name`` where numpy cannot read them: a
+    tensor that requires grad (torch's RuntimeError, raised on the rank that passed it alone
+    where a step's input travels to every rank: adv13a F2), a meta or sparse tensor, ragged
+    lists."""
     if getattr(values, "requires_grad", False):  # torch will not hand it to numpy
         raise ValueError(
             f"{name} must be a 1-D array of numbers: got a tensor that requires grad; "
             "pass it .detach()ed"
         )
     try:
-        array = np.asarray(values)
+        return np.asarray(values)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
+
+
+def _as_1d_array(values: Any, name: str) -> np.ndarray:
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"{name} must be a 1-D array of numbers, got a string {values!r}")
+    refuse_masked(values, name)
+    array = _numpy_of(values, name)
     if array.ndim != 1:
         if array.ndim == 0:
             raise ValueError(f"{name} must be a 1-D array of numbers, got the scalar {values!r}")
@@ -126,6 +163,26 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
         bad = _first(negative)
         raise ValueError(f"{name}[{bad}] = {float(weights[bad])} is negative")
     return weights
+
+
+def as_sample_values(values: Any, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``as_weights`` of what a function returned for samples of ``shape``: one ``what`` per
+    sample, however it came (an array, a tensor, a list; strings and other non-numbers refused
+    by ``as_weights`` rather than converted, as ``np.asarray(..., dtype=float)`` would).
+
+    Raises ValueError naming ``name``: no array of ``shape`` (a generator, a mapping, ``None``,
+    a ragged list), or an entry that is no finite number >= 0.
+    """
+    try:
+        found = tuple(np.shape(values))
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{name} must return one {what} per sample: {error}") from None
+    if found != shape:
+        raise ValueError(
+            f"{name} must return one {what} per sample: got shape {found} "
+            f"({type(values).__name__}), expected {shape}"
+        )
+    return as_weights(values, name)
 
 
 SPEED_RANGE = (2.0**-30, 2.0**30)
@@ -233,7 +290,7 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     ``(n,)`` raise ValueError naming ``name`` (and the index and value of a bad id).
     """
     refuse_masked(groups, name)
-    array = np.asarray(groups)
+    array = _numpy_of(groups, name)
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":

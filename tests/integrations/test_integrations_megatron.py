@@ -502,6 +502,34 @@ def test_iterator_refuses_empty_microbatches() -> None:
         )
 
 
+def test_a_step_too_small_for_its_microbatches_names_what_megatron_runs() -> None:
+    """The refusal of a step with fewer samples than micro-batch slots suggested
+    ``allow_empty=True``, which the iterator refuses, and ``drop_last=True``, which it already
+    sets (and called a full last step "the last, partial global batch"); it names what plans
+    the step instead, at construction and at a step the cap makes too small."""
+    lengths = np.array([100, 200, 300, 400, 500, 600, 700, 800])
+    dataset = [np.arange(n) for n in lengths]
+    with pytest.raises(ValueError) as refusal:
+        MegatronDataIterator(
+            dataset, lengths, global_batch_size=6, dp_rank=0, dp_size=2, num_microbatches=4
+        )
+    assert str(refusal.value) == (
+        "epoch 0: step 0 holds 6 samples, fewer than its 8 micro-batch slots (dp_size = 2 x 4 "
+        "micro-batches), so it cannot be planned without an empty micro-batch; Megatron runs "
+        "every micro-batch on every rank, none empty: a larger global_batch_size, or fewer "
+        "micro-batches per step (a smaller num_microbatches, min_microbatches or "
+        "microbatch_multiple, a larger max_tokens)"
+    )
+    at_a_step = MegatronDataIterator(
+        dataset, np.full(8, 100), global_batch_size=8, dp_rank=0, dp_size=2,
+        microbatch_multiple=3, max_tokens=100,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^epoch 0, step 0: lengths has 8 samples") as refusal:
+        next(at_a_step.steps())
+    assert "allow_empty" not in str(refusal.value)
+    assert "Megatron runs every micro-batch on every rank" in str(refusal.value)
+
+
 def test_pack_refuses_a_sample_of_another_length_than_planned() -> None:
     """The plan (and its cap) is made from ``lengths``: a sample of another length would pack a
     micro-batch over the cap without a word."""

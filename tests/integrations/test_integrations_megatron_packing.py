@@ -171,3 +171,28 @@ def test_the_installed_registry_when_there_is_one() -> None:
     scheduler = cls(4096, 1, 2, None)
     groups = scheduler.get_groups_and_subsamples(list(enumerate([100] * 8)))
     assert sorted(i for step in groups for packed in step for i in packed) == list(range(8))
+
+
+def test_empty_micro_batches_are_refused_as_megatron_refuses_them() -> None:
+    """Megatron's pipeline packs each micro-batch with ``torch.cat`` of its sequences, which
+    fails on none, on the ranks given an empty one only; its ``DpBalancedScheduler`` asserts
+    there are enough sequences instead. ``allow_empty=True`` returned empty micro-batches
+    (3 sequences, dp 2 x VPP group 4: 5 of 8 empty); and the refusal without it suggested
+    ``allow_empty=True``. Now both name what Megatron can run."""
+    pairs = [(0, 100), (1, 200), (2, 300)]
+    sizes = {"max_seqlen_per_dp_cp_rank": 1000, "cp_size": 1, "dp_size": 2}
+    with pytest.raises(ValueError, match=r"^allow_empty=True is not supported: Megatron packs"):
+        schedule(pairs, **sizes, microbatch_group_size_per_vp_stage=4, allow_empty=True)
+    with pytest.raises(ValueError) as refusal:
+        schedule(pairs, **sizes, microbatch_group_size_per_vp_stage=4)
+    assert str(refusal.value) == (
+        "lengths has 3 samples, fewer than the 8 micro-batch slots (dp_size = 2 x 4 "
+        "micro-batches), so some micro-batch would be empty; Megatron runs every micro-batch on "
+        "every rank, none empty: schedule more sequences per global batch, or a smaller "
+        "microbatch_group_size_per_vp_stage (the micro-batch count is a multiple of its 4 under "
+        "virtual pipelining)"
+    )
+    with pytest.raises(ValueError, match="Megatron runs every micro-batch") as refusal:
+        schedule([(0, 100)], **sizes)
+    assert "allow_empty" not in str(refusal.value)
+    assert "microbatch_group_size_per_vp_stage" not in str(refusal.value)

@@ -393,3 +393,19 @@ def test_rollout_ids_are_integers_whatever_holds_them() -> None:
     ):
         with pytest.raises(ScheduleError, match=named):
             run(bad)
+
+
+def test_a_step_too_small_for_the_vpp_group_names_what_plans_it() -> None:
+    """slime's build_dp_schedule has no allow_empty, yet the refusal of a step with fewer
+    samples than dp x microbatch_group_size_per_vp_stage micro-batches suggested
+    ``allow_empty=True``; it names slime's ways now."""
+    with pytest.raises(ScheduleError) as refusal:
+        build_dp_schedule(
+            make_args(max_tokens_per_gpu=1000), config(dp=2, vpp=2, group=4), [100] * 6,
+            global_batch_size=6, rollout_indices=list(range(6)),
+        )  # fmt: skip
+    message = str(refusal.value)
+    assert "allow_empty" not in message
+    assert message.startswith("step 0: lengths has 6 samples, fewer than the 8 micro-batch slots")
+    assert "more rollouts per step (global_batch_size)" in message
+    assert "smaller microbatch_group_size_per_vp_stage" in message

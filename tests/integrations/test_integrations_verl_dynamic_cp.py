@@ -166,17 +166,24 @@ def test_verls_own_adapter_runs_the_installed_scheduler(monkeypatch) -> None:
 # --- verl's padding (adv12b, V9): no rank over the cap once verl pads by 2 x cp x tp ----------
 
 
-def _parallel_state(monkeypatch, tp: int | None) -> None:
+def _parallel_state(monkeypatch, tp: int | None, *, pp: int = 1, vpp: int | None = None) -> None:
     """A stand-in for megatron-core's parallel state as verl's Megatron engine leaves it (the
-    pytest process never imports megatron-core: it changes how tensors pickle); ``None``: groups
-    not set up (megatron-core asserts)."""
+    pytest process never imports megatron-core: it changes how tensors pickle); ``tp=None``:
+    groups not set up (megatron-core asserts); ``vpp``: the virtual pipeline size (None when
+    not set, as megatron-core returns it then)."""
 
     def get_tensor_model_parallel_world_size() -> int:
         assert tp is not None, "tensor model parallel group is not initialized"
         return tp
 
+    def get_pipeline_model_parallel_world_size() -> int:
+        assert tp is not None, "pipeline model parallel group is not initialized"
+        return pp
+
     state = types.ModuleType("megatron.core.parallel_state")
     state.get_tensor_model_parallel_world_size = get_tensor_model_parallel_world_size
+    state.get_pipeline_model_parallel_world_size = get_pipeline_model_parallel_world_size
+    state.get_virtual_pipeline_model_parallel_world_size = lambda: vpp
     monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", state)
 
 
@@ -290,3 +297,71 @@ def test_megatrons_pairs_are_checked_as_the_packing_scheduler_checks_them(pairs,
     )
     with pytest.raises(ValueError, match=named):
         scheduler.get_groups_and_subsamples(pairs)
+
+
+# --- virtual pipelining: verl asserts a micro-batch count its scheduler is not told ----------
+
+
+def _source(package: str, path: str) -> str:
+    """An installed package's source file, read (megatron-core is never imported here)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"{package} is not installed")
+    return (Path(next(iter(spec.submodule_search_locations))) / path).read_text()
+
+
+def test_verls_virtual_pipeline_multiple_is_read_where_verl_reads_it(monkeypatch) -> None:
+    """verl 0.9.1's Megatron engine builds the scheduler with
+    ``microbatch_group_size_per_vp_stage=None`` and then asserts the micro-batch count is a
+    multiple of ``tf_config.microbatch_group_size_per_vp_stage`` when megatron-core's virtual
+    pipeline size is over 1; megatron-core's config sets that field to the pipeline size unless
+    given. verl's own ``schedule`` on a 2 x 2 DPxCP group under pp 4 x vpp 2: the count is a
+    multiple of 4 (it was 2 here, and verl's assert failed)."""
+    dcp = pytest.importorskip("verl.utils.dynamic_cp_scheduler")
+    torch = pytest.importorskip("torch")
+    from tensordict import TensorDict
+
+    engine = _source("verl", "workers/engine/megatron/transformer_impl.py")
+    assert "num_batches_divided_by = self.tf_config.microbatch_group_size_per_vp_stage" in engine
+    assert "len(micro_batches) % num_batches_divided_by == 0" in engine
+    assert "microbatch_group_size_per_vp_stage=None" in _source(
+        "verl", "utils/dynamic_cp_scheduler.py"
+    )
+    config = _source("megatron", "core/model_parallel_config.py")
+    assert "self.microbatch_group_size_per_vp_stage = self.pipeline_model_parallel_size" in config
+    state = _source("megatron", "core/parallel_state.py")
+    for getter in ("virtual_pipeline_model_parallel", "pipeline_model_parallel"):
+        assert f"def get_{getter}_world_size():" in state
+
+    monkeypatch.delenv(sbv.ENV_OPTIONS, raising=False)
+    lengths = [3000, 2500, 2000, 1800, 1500, 1200, 1000, 900, 800, 700]
+    rows = [torch.zeros(n, dtype=torch.long) for n in lengths]
+    batch = TensorDict(
+        {"input_ids": torch.nested.as_nested_tensor(rows, layout=torch.jagged)},
+        batch_size=[len(lengths)],
+    )
+    for vpp, multiple in ((None, 1), (1, 1), (2, 4)):
+        _parallel_state(monkeypatch, 1, pp=4, vpp=vpp)
+        with sbv.install(model="qwen3-8b"):
+            scheduler = dcp.DynamicCPScheduler(max_seqlen_per_dp_cp_rank=4096, dp_size=2, cp_size=2)
+            runs = [scheduler.schedule(batch, _Group(r), tp_size=1) for r in range(4)]
+        counts = {len(run) for run in runs}
+        assert len(counts) == 1 and counts.pop() % multiple == 0, (vpp, [len(r) for r in runs])
+        if vpp is None:
+            assert len(runs[0]) % 4, "the batch needs no multiple of 4 without virtual pipelining"
+
+
+def test_too_few_samples_for_the_virtual_pipeline_multiple_name_what_plans_them() -> None:
+    """The refusal suggested ``allow_empty=True``, which the scheduler (and verl, which refuses
+    an empty rank) never allows; it names what does plan the batch."""
+    scheduler = sbv.DynamicCPScheduler(
+        max_seqlen_per_dp_cp_rank=8192, cp_size=2, dp_size=2, options=FLOPS,
+        microbatch_group_size_per_vp_stage=4,
+    )  # fmt: skip
+    with pytest.raises(ValueError) as refusal:
+        scheduler.get_groups_and_subsamples([(0, 100), (1, 200)])
+    message = str(refusal.value)
+    assert "allow_empty" not in message
+    assert "more samples per batch" in message
+    assert "smaller microbatch_group_size_per_vp_stage" in message
+    assert "lengths has 2 samples" in message

@@ -308,3 +308,32 @@ def test_balanced_ignores_a_broken_rival_in_its_portfolio() -> None:
         assert sorted(np.concatenate([ix for mbs in plan.ranks for ix in mbs])) == list(range(8))
     finally:
         unregister_strategy("test_dropping_baseline")
+
+
+@pytest.mark.parametrize("name", ["balanced", "round_robin", "hf_batch_rebalance", "static_cp"])
+def test_a_built_in_strategy_is_neither_removed_nor_replaced(name: str) -> None:
+    # adv13c D1: unregister_strategy("balanced") left every default plan_step raising, and
+    # replace=True put another planner under a built-in name (plans recorded it as that name).
+    before = strategy_names(), strategy_names(context_parallel=True)
+    built_in = get_strategy(name)
+    with pytest.raises(ValueError, match=f"strategy '{name}' is built in and cannot be unreg"):
+        unregister_strategy(name)
+    impostor = Reverse()
+    impostor.name = name
+    with pytest.raises(ValueError, match=f"strategy.name '{name}' is a built-in strategy's"):
+        register_strategy(impostor, replace=True)
+    with pytest.raises(ValueError, match=f"strategy.name '{name}' is a built-in strategy's"):
+        register_strategy(impostor)
+    assert get_strategy(name) is built_in
+    assert (strategy_names(), strategy_names(context_parallel=True)) == before
+    plan = sb.plan_step(LENGTHS, 2)
+    assert plan.strategy == "balanced" and plan.step_cost == 100
+
+
+def test_a_user_strategy_stays_replaceable_and_removable(reverse) -> None:
+    replacement = Reverse()
+    assert register_strategy(replacement, replace=True) is replacement
+    assert get_strategy("test_reverse") is replacement
+    unregister_strategy("test_reverse")
+    assert "test_reverse" not in strategy_names()
+    register_strategy(Reverse())  # the fixture removes it again

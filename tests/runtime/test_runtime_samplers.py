@@ -230,6 +230,14 @@ def test_a_short_last_step_is_refused_naming_what_plans_it() -> None:
     )
     dropped = BalancedBatchSampler(lengths, 32, drop_last=True, **options)
     assert len(dropped) == len(list(dropped)) == 12
+    # A full last step is no partial one, and drop_last does not plan it: neither is named.
+    with pytest.raises(ValueError) as refusal:
+        BalancedBatchSampler(lengths[:6], 6, drop_last=True, **options)
+    assert str(refusal.value) == (
+        "epoch 0: step 0 holds 6 samples, fewer than its 8 micro-batch slots (dp_size = 2 x 4 "
+        "micro-batches), so it cannot be planned without an empty micro-batch: pass "
+        "allow_empty=True, or fewer micro-batches"
+    )
     empty = BalancedBatchSampler(lengths, 32, allow_empty=True, **options)
     assert len(empty) == len(list(empty)) == 16
 

@@ -63,7 +63,26 @@ def test_refused_up_front_exactly_when_the_planner_bound_refuses_a_step(epoch, c
     # The check is the planner's own lower bound on each step's micro-batches, summed over the
     # epoch in one vectorised pass: it refuses an epoch iff some step's plan_step refuses by
     # that bound, and it names the first such step (or the group).
+    _check_refused_exactly_where_the_planner_refuses(epoch, chunk, None)
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(epoch=_epochs(), chunk=st.integers(1, 9), window=st.integers(1, 4))
+def test_bucketed_steps_refused_up_front_exactly_when_the_planner_bound_refuses_one(
+    epoch, chunk, window
+) -> None:
+    # adv13a F7: with bucket_window (no groups) each step is checked as bucketing deals it;
+    # the window's total against its steps' slots passed epochs with a step over its own, and
+    # len() promised micro-batches the epoch failed before (e.g. n 22, size 9, dp 2).
     lengths, size, dp, options, setup = epoch
+    _check_refused_exactly_where_the_planner_refuses(
+        (lengths, size, dp, options, {**setup, "groups": None}), chunk, window
+    )
+
+
+def _check_refused_exactly_where_the_planner_refuses(epoch, chunk, window) -> None:
+    lengths, size, dp, options, setup = epoch
+    setup = {**setup, "bucket_window": window}
     layout_module_chunk = layout_module._SUM_CHUNK
     layout_module._SUM_CHUNK = chunk  # many chunks: the chunked sums must join up exactly
     try:
@@ -78,7 +97,7 @@ def test_refused_up_front_exactly_when_the_planner_bound_refuses_a_step(epoch, c
         epoch=0,
         shuffle=True,
         drop_last=setup["drop_last"],
-        bucket_window=None,
+        bucket_window=window,
     )
     refused = []
     for step in range(layout.n_steps):
@@ -100,7 +119,10 @@ def test_refused_up_front_exactly_when_the_planner_bound_refuses_a_step(epoch, c
         holding = [s for s in range(layout.n_steps) if group in setup["groups"][layout.step(s)]]
         assert not holding or holding[0] in [step for step, _ in refused]
     else:
-        assert refusal.startswith(f"epoch 0: step {refused[0][0]} of {layout.n_steps} holds ")
+        dealt = "" if window is None else " (as bucket_window deals it)"
+        assert refusal.startswith(
+            f"epoch 0: step {refused[0][0]} of {layout.n_steps}{dealt} holds "
+        )
         assert f"num_microbatches = {options.num_microbatches}" in refusal
 
 
@@ -112,27 +134,53 @@ def test_step_sums_are_the_sums_over_each_steps_samples(
     epoch, chunk, shuffle, epoch_number
 ) -> None:
     lengths, size, _, _, setup = epoch
-    layout = EpochLayout(
+    layout = _layout(lengths, size, setup, epoch_number, shuffle, setup["groups"], None)
+    _assert_sums_of_each_step(lengths, layout, chunk, layout.step_sums)
+    permutation = layout_module.Permutation(lengths.size, (setup["seed"], epoch_number))
+    every = np.arange(lengths.size)
+    assert permutation.inverse(permutation(every)).tolist() == every.tolist()
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(
+    epoch=_epochs(),
+    chunk=st.integers(1, 9),
+    window=st.integers(1, 4),
+    shuffle=st.booleans(),
+    epoch_number=st.integers(0, 5),
+)
+def test_dealt_step_sums_are_the_sums_over_each_dealt_steps_samples(
+    epoch, chunk, window, shuffle, epoch_number
+) -> None:
+    lengths, size, _, _, setup = epoch
+    layout = _layout(lengths, size, setup, epoch_number, shuffle, None, window)
+    _assert_sums_of_each_step(lengths, layout, chunk, layout.dealt_step_sums)
+
+
+def _layout(lengths, size, setup, epoch_number, shuffle, groups, window) -> EpochLayout:
+    return EpochLayout(
         lengths,
         size,
-        group_ids=setup["groups"],
+        group_ids=groups,
         seed=setup["seed"],
         epoch=epoch_number,
         shuffle=shuffle,
         drop_last=setup["drop_last"],
-        bucket_window=None,
+        bucket_window=window,
     )
+
+
+def _assert_sums_of_each_step(lengths, layout, chunk, summed) -> None:
+    """``summed`` (a layout's ``step_sums`` or ``dealt_step_sums``), read in chunks of
+    ``chunk`` rows, gives the sums over the samples ``layout.step`` gives each step."""
     columns = np.stack([lengths, np.arange(lengths.size) ** 2, np.ones_like(lengths)], axis=1)
     saved, layout_module._SUM_CHUNK = layout_module._SUM_CHUNK, chunk
     try:
-        sums = layout.step_sums(lambda key: columns[key])
+        sums = summed(lambda key: columns[key])
     finally:
         layout_module._SUM_CHUNK = saved
     expected = [columns[layout.step(step)].sum(axis=0) for step in range(layout.n_steps)]
     assert sums.reshape(-1, 3).tolist() == np.reshape(expected, (-1, 3)).tolist()
-    permutation = layout_module.Permutation(lengths.size, (setup["seed"], epoch_number))
-    every = np.arange(lengths.size)
-    assert permutation.inverse(permutation(every)).tolist() == every.tolist()
 
 
 def _planner_refusal(samples, dp, options, groups=None) -> str | None:
@@ -154,14 +202,18 @@ def _refusal(lengths, size, dp, options, setup) -> str | None:
 @settings(max_examples=examples(400), deadline=None)
 @given(epoch=_epochs(), window=st.integers(1, 4))
 def test_a_refused_bucket_window_holds_a_step_the_planner_refuses(epoch, window) -> None:
-    # With bucket_window the steps of a window share its samples: a window is refused when its
-    # samples cannot fit all its steps' slots, so one of its steps must fail.
+    # With bucket_window and groups the steps of a window share its samples: a window is
+    # refused when its samples cannot fit all its steps' slots, so one of its steps must fail;
+    # without groups a step is refused as it is dealt (adv13a F7), and that step must fail.
     lengths, size, dp, options, setup = epoch
     setup = {**setup, "bucket_window": window}
     refusal = _refusal(lengths, size, dp, options, setup)
     if refusal is None or refusal.startswith("groups:"):
         return
-    first, last = (int(x) for x in refusal.split("steps ")[1].split(" of ")[0].split(".."))
+    if setup["groups"] is None:
+        first = last = int(refusal.split("step ")[1].split(" of ")[0])
+    else:
+        first, last = (int(x) for x in refusal.split("steps ")[1].split(" of ")[0].split(".."))
     sampler_setup = {**setup, "options": options.replace(num_microbatches=None)}
     sampler = BalancedBatchSampler(lengths, size, dp_rank=0, dp_size=dp, **sampler_setup)
     layout = sampler.layout(0)

@@ -34,7 +34,13 @@ from typing import Any
 import numpy as np
 
 from seqbalance._deprecated import renamed_keywords
-from seqbalance._validation import as_lengths, as_weights, check_bool, check_choice, check_int
+from seqbalance._validation import (
+    as_lengths,
+    as_sample_values,
+    check_bool,
+    check_choice,
+    check_int,
+)
 from seqbalance.cost.spec import ModelSpec
 
 __all__ = [
@@ -372,12 +378,7 @@ class FlopsModel:
     def _extra(self, length: np.ndarray) -> np.ndarray:
         assert self.extra_per_sample is not None
         extra = self.extra_per_sample(length.copy())
-        if np.shape(extra) != length.shape:
-            raise ValueError(
-                f"extra_per_sample(lengths) must return one value per sample: got shape "
-                f"{np.shape(extra)} for {length.size} samples"
-            )
-        return as_weights(extra, "extra_per_sample(lengths)")
+        return as_sample_values(extra, "extra_per_sample(lengths)", length.shape, "value")
 
 
 def _pad_to_chunk_max(values: np.ndarray, size: int) -> np.ndarray:

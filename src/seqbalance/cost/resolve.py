@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from seqbalance._validation import as_weights, check_positive_float
+from seqbalance._validation import as_sample_values, check_positive_float
 from seqbalance.cost.flops import FlopsModel
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
 from seqbalance.cost.lookup import flops_model, preset_cost
@@ -254,13 +254,7 @@ def evaluate_costs(
             _check_nothing_ignored(model, parts)
         name = "cost(lengths)" if isinstance(model, CallableCost) else "cost.per_sample(lengths)"
         values = model.per_sample(lengths.copy())
-    array = np.asarray(values, dtype=np.float64) if not isinstance(values, np.ndarray) else values
-    if array.shape != lengths.shape:
-        raise ValueError(
-            f"{name} must return one cost per sample, shape {lengths.shape}, got shape "
-            f"{array.shape}"
-        )
-    return as_weights(array, name).copy(), overhead
+    return as_sample_values(values, name, lengths.shape, "cost").copy(), overhead
 
 
 def _check_nothing_ignored(model: CostModel, parts: SampleParts) -> None:

@@ -36,6 +36,9 @@ __all__ = [
     "pack_thd",
 ]
 
+_MAX_PACKED = 2**31 - 1
+"""Most tokens of one packed micro-batch: its ``cu_seqlens`` are int32."""
+
 IGNORE_INDEX = -100
 """Label of positions without a next token (sequence ends, padding); ``loss_mask`` is 0 there."""
 
@@ -57,7 +60,9 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
         pad_multiple: each sequence is padded (token 0, no loss) to a multiple of this.
 
     Raises:
-        ValueError: no samples, an empty or non-1-D sample, or ``pad_multiple`` outside
+        ValueError: no samples, an empty or non-1-D sample, a sample that holds no token ids
+            (floats, complex numbers, booleans, negative ids or ids beyond int64, something
+            torch cannot read, a meta or sparse tensor), or ``pad_multiple`` outside
             ``[1, 2**53]``.
     """
     import torch
@@ -65,13 +70,17 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
     multiple = check_pad_multiple(pad_multiple)
     if len(samples) == 0:
         raise ValueError("samples is empty: a micro-batch needs at least one sequence")
-    sequences = [torch.as_tensor(s, dtype=torch.int64) for s in samples]
-    for i, sequence in enumerate(sequences):
-        if sequence.ndim != 1 or sequence.numel() == 0:
-            raise ValueError(f"samples[{i}] must be a non-empty 1-D token sequence")
+    sequences = [_token_ids(s, f"samples[{i}]") for i, s in enumerate(samples)]
     lengths = torch.tensor([s.numel() for s in sequences], dtype=torch.int64)
     padded = (lengths + multiple - 1) // multiple * multiple
     total = int(padded.sum())
+    if total > _MAX_PACKED:
+        # Refused before allocating: a huge pad_multiple asked for gigabytes per sample (out of
+        # memory, or a RuntimeError), and past 2**31 the int32 cu_seqlens wrapped (adv13a F6).
+        raise ValueError(
+            f"the micro-batch holds {total} tokens once padded to a multiple of pad_multiple = "
+            f"{multiple}: THD cu_seqlens are int32, at most 2**31 - 1 = {_MAX_PACKED} tokens"
+        )
     tokens = torch.zeros(total, dtype=torch.int64)
     labels = torch.full((total,), IGNORE_INDEX, dtype=torch.int64)
     position_ids = torch.zeros(total, dtype=torch.int64)
@@ -103,6 +112,36 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
             "total_tokens": total,
         },
     }
+
+
+def _token_ids(sample: Any, name: str) -> Any:
+    """``sample`` as a 1-D int64 tensor of token ids, or a ValueError naming ``name``.
+
+    Read as ids, never converted: ``torch.as_tensor(..., dtype=int64)`` cut floats to integers,
+    took complex numbers' real part, read booleans as 0 / 1 and wrapped uint64 ids beyond int64
+    to negative ones, all without a word, so a micro-batch trained on other tokens than the
+    dataset's (adv13a F1); a string, a ragged list or a meta tensor raised torch's TypeError /
+    NotImplementedError naming no sample."""
+    import torch
+
+    from seqbalance.runtime.rebalancing.wire import check_dense
+
+    if isinstance(sample, torch.Tensor):
+        check_dense(sample, name)
+    try:
+        ids = torch.as_tensor(sample)  # no dtype: floats and booleans stay what they are
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{name} must be a 1-D sequence of integer token ids: {error}") from None
+    if ids.ndim != 1 or ids.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D token sequence")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"{name} holds {ids.dtype} values, not integer token ids")
+    values = np.asarray(ids.cpu())  # numpy: torch lacks uint64 min / max on some builds
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high > np.iinfo(np.int64).max:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} holds the token id {bad}, outside [0, 2**63)")
+    return ids.to(torch.int64)
 
 
 def check_hybrid_cp(context_parallel: ContextParallel, n_ranks: int) -> None:

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int, check_ranks
+from seqbalance._validation import EmptySlotError, check_int, check_ranks
+from seqbalance.integrations._no_empty import without_empty
 from seqbalance.integrations._sample_pairs import ids_and_lengths
 from seqbalance.plan import plan_step
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
@@ -57,19 +58,42 @@ _REPLANS = 8
 _PARALLEL_STATE = "megatron.core.parallel_state"
 
 
-def megatron_tensor_parallel_size() -> int:
-    """The ``tp_size`` verl's Megatron engine passes to its padding: megatron-core's
-    tensor-parallel world size, read (never imported) from its parallel state; 1 where
-    megatron-core is not loaded or its groups are not set up (nothing pads by tensor
-    parallelism then)."""
+def _parallel_state_size(getter: str) -> Any:
+    """``megatron.core.parallel_state.<getter>()``, read (never imported: importing
+    megatron-core changes how tensors pickle); None where megatron-core is not loaded or its
+    groups are not set up."""
     state = sys.modules.get(_PARALLEL_STATE)
     if state is None:
-        return 1
+        return None
     try:
-        size = state.get_tensor_model_parallel_world_size()
+        return getattr(state, getter)()
     except (AssertionError, AttributeError):  # groups not initialised (asserts, or None.size())
+        return None
+
+
+def megatron_tensor_parallel_size() -> int:
+    """The ``tp_size`` verl's Megatron engine passes to its padding: megatron-core's
+    tensor-parallel world size, read from its parallel state; 1 where megatron-core is not
+    loaded or its groups are not set up (nothing pads by tensor parallelism then)."""
+    size = _parallel_state_size("get_tensor_model_parallel_world_size")
+    if size is None:
         return 1
     return check_ranks(size, "megatron-core's tensor-parallel world size")
+
+
+def megatron_vp_group_size() -> int:
+    """The multiple verl 0.9.1's Megatron engine asserts the dynamic-CP micro-batch count is
+    (``len(micro_batches) % tf_config.microbatch_group_size_per_vp_stage == 0`` when
+    ``get_virtual_pipeline_model_parallel_world_size() > 1``), while it builds the scheduler
+    with ``microbatch_group_size_per_vp_stage=None``: megatron-core's pipeline-parallel world
+    size under virtual pipelining (``TransformerConfig`` sets
+    ``microbatch_group_size_per_vp_stage`` to ``pipeline_model_parallel_size`` unless given, and
+    verl gives none), else 1. Read from megatron-core's parallel state, as verl reads it."""
+    virtual = _parallel_state_size("get_virtual_pipeline_model_parallel_world_size")
+    if virtual is None or check_ranks(virtual, "megatron-core's virtual pipeline size") <= 1:
+        return 1
+    size = _parallel_state_size("get_pipeline_model_parallel_world_size")
+    return 1 if size is None else check_ranks(size, "megatron-core's pipeline-parallel size")
 
 
 def padded_rows(lengths: np.ndarray, cp_size: np.ndarray, tensor_parallel_size: int) -> np.ndarray:
@@ -117,7 +141,10 @@ class DynamicCPScheduler:
         max_seqlen_per_dp_cp_rank: tokens one rank holds in one micro-batch (the hard cap).
         cp_size, dp_size: verl's sizes; the DPxCP group has ``dp_size x cp_size`` ranks.
         microbatch_group_size_per_vp_stage: with virtual pipelines, the micro-batch count is a
-            multiple of it.
+            multiple of it; None (what verl passes) reads the multiple verl's engine then
+            asserts from megatron-core's parallel state (:func:`megatron_vp_group_size`; a
+            ``TransformerConfig`` that sets another ``microbatch_group_size_per_vp_stage`` is
+            not visible there: give it here).
         options: what to plan with (a FLOPs cost or a ``ContextParallelTimeModel``; its
             ``context_parallel`` may set the scheme); default :attr:`default_options`, which
             ``install()`` sets on the class it gives verl.
@@ -153,10 +180,14 @@ class DynamicCPScheduler:
             # raised OverflowError there: adv12c C4).
             else check_ranks(tensor_parallel_size, "tensor_parallel_size")
         )
-        multiple = 1
-        if microbatch_group_size_per_vp_stage is not None:
-            name = "microbatch_group_size_per_vp_stage"
-            multiple = check_int(microbatch_group_size_per_vp_stage, name, minimum=1)
+        multiple = (
+            megatron_vp_group_size()
+            if microbatch_group_size_per_vp_stage is None
+            else check_int(
+                microbatch_group_size_per_vp_stage, "microbatch_group_size_per_vp_stage", minimum=1
+            )
+        )
+        self.microbatch_group_size_per_vp_stage = multiple
         scheme = (options.context_parallel or ContextParallel()).scheme
         self.options = options.replace(
             context_parallel=ContextParallel(sizes=hybrid_cp_sizes(self.n_ranks), scheme=scheme),
@@ -183,6 +214,10 @@ class DynamicCPScheduler:
         for _ in range(_REPLANS):
             try:
                 planned = plan_step(planned_lengths, self.n_ranks, self.options)
+            except EmptySlotError as error:  # verl refuses an empty rank
+                more = "schedule more samples per batch"
+                group = self.microbatch_group_size_per_vp_stage
+                raise without_empty(error, "verl", more, group) from None
             except ValueError as error:
                 if np.array_equal(planned_lengths, lengths):
                     raise

@@ -11,11 +11,13 @@ What it does:
 
 - ``get_train_dataloader`` returns a DataLoader whose ``batch_sampler`` is
   :class:`seqbalance.runtime.BalancedBatchSampler`: every optimizer step holds
-  ``per_device_train_batch_size x gradient_accumulation_steps x world_size`` samples and every
+  ``per_device_train_batch_size x gradient_accumulation_steps x dp_size`` samples and every
   rank runs exactly ``gradient_accumulation_steps`` micro-batches of it (``num_microbatches``),
-  so the Trainer's accumulation loop and the plan agree. The data-parallel rank and size are the
-  Trainer's (``args.process_index`` / ``args.world_size``, i.e. Accelerate's); the loader is not
-  passed through ``accelerator.prepare``, which would shard the batches a second time. The last,
+  so the Trainer's accumulation loop and the plan agree. The data-parallel rank and size are
+  Accelerate's: ``args.process_index // (tp x cp)`` of ``args.world_size // (tp x cp)``, so the
+  ranks of a tensor- or context-parallel group (``parallelism_config``) get the same batches;
+  sequence parallelism is refused. The loader is not passed through ``accelerator.prepare``,
+  which would shard the batches a second time. The last,
   partial step of an epoch is dropped. The loader takes the Trainer's loader settings (workers,
   pin memory, persistent workers, prefetch factor, multiprocessing context, ``seed_worker``);
   ``dataloader_in_order=False`` is not kept (a warning): a resume is exact only in order.
@@ -187,12 +189,12 @@ def balanced_train_dataloader(
             "seqbalance: the model does not take num_items_in_batch, so the Trainer averages "
             "the loss per micro-batch, which weights tokens of unequal micro-batches unequally"
         )
-    world = max(1, args.world_size)
+    dp_rank, dp_size = _data_parallel_position(trainer)
     sampler = BalancedBatchSampler(
         lengths,
-        args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
-        dp_rank=args.process_index if world > 1 else 0,
-        dp_size=world,
+        args.per_device_train_batch_size * args.gradient_accumulation_steps * dp_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
         seed=args.data_seed if args.data_seed is not None else args.seed,
         drop_last=True,
         shuffle=_shuffled(args),
@@ -215,6 +217,34 @@ def balanced_train_dataloader(
         collate_fn=collator,
         **_loader_settings(args),
     )
+
+
+def _data_parallel_position(trainer: Any) -> tuple[int, int]:
+    """This process's data-parallel ``(rank, size)``, as Accelerate shards a training loader
+    (``prepare_data_loader`` with a device mesh): the ranks of one tensor- or context-parallel
+    group (transformers 5's ``parallelism_config``, a ``tp_plan`` model) run the same batches,
+    and ``world_size // (tp x cp)`` ranks split the data, as ``Trainer.get_total_train_batch_size``
+    counts them. Sequence parallelism (DeepSpeed Ulysses) is refused: Accelerate's loader adapter
+    for it is not applied to this loader.
+
+    Raises:
+        ValueError: ``sp_size > 1``, or a world size that the TP x CP group does not divide.
+    """
+    args = trainer.args
+    world = max(1, args.world_size)
+    # Trainers before transformers 5's ND parallelism have none of these: one rank per replica.
+    tp, cp, sp = (
+        int(getattr(trainer, f"get_{kind}_size", lambda: 1)()) for kind in ("tp", "cp", "sp")
+    )
+    if sp > 1:
+        raise ValueError(
+            f"sequence parallelism (sp_size = {sp}) is not supported: its loader adapter "
+            "(Accelerate's, for DeepSpeed Ulysses) would not wrap seqbalance's loader"
+        )
+    peers = tp * cp
+    if world % peers:
+        raise ValueError(f"world_size {world} is not a multiple of tp_size x cp_size = {peers}")
+    return (args.process_index // peers if world > 1 else 0), world // peers
 
 
 def _shuffled(args: Any) -> bool:

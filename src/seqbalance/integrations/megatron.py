@@ -69,12 +69,13 @@ default group.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_bool, check_int
+from seqbalance._validation import EmptySlotError, as_lengths, check_bool, check_int
 from seqbalance.integrations._megatron_batches import (
     IGNORE_INDEX,
     check_hybrid_cp,
@@ -84,6 +85,7 @@ from seqbalance.integrations._megatron_batches import (
     hybrid_cp_samples,
     pack_thd,
 )
+from seqbalance.integrations._no_empty import without_empty
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
 from seqbalance.plan.options import as_options
 from seqbalance.runtime.samplers import BalancedBatchSampler
@@ -295,6 +297,20 @@ class MegatronHybridStep:
         return self._owner.hybrid_batch(self), self.sample_id_groups
 
 
+@contextlib.contextmanager
+def _megatron_refusals() -> Iterator[None]:
+    """The planner's refusal of a step too small for its micro-batches, with Megatron's ways
+    to plan it (its hint, ``allow_empty=True``, is refused here)."""
+    try:
+        yield
+    except EmptySlotError as error:
+        more = (
+            "a larger global_batch_size, or fewer micro-batches per step (a smaller "
+            "num_microbatches, min_microbatches or microbatch_multiple, a larger max_tokens)"
+        )
+        raise without_empty(error, "Megatron", more) from None
+
+
 class MegatronDataIterator:
     """This data-parallel rank's packed micro-batches, step by step (module docstring); with
     ``context_parallel``, this DPxCP rank's steps for megatron-core's hybrid CP schedule.
@@ -407,18 +423,17 @@ class MegatronDataIterator:
             )
         self._lengths = raw
         # The cap counts padded tokens, so the plan sees padded lengths.
-        planned = (
-            raw if self.pad_multiple == 1 else -(-raw // self.pad_multiple) * self.pad_multiple
-        )
-        self.sampler = BalancedBatchSampler(
-            planned,
-            global_batch_size,
-            **position,
-            seed=seed,
-            shuffle=check_bool(shuffle, "shuffle"),
-            drop_last=True,
-            options=options,
-        )
+        planned = -(-raw // self.pad_multiple) * self.pad_multiple
+        with _megatron_refusals():
+            self.sampler = BalancedBatchSampler(
+                planned,
+                global_batch_size,
+                **position,
+                seed=seed,
+                shuffle=check_bool(shuffle, "shuffle"),
+                drop_last=True,
+                options=options,
+            )
         self._batches: Iterator[Sequence[int]] | None = None
         self._consumed = 0
         self._step, self._offset = 0, 0  # where the next micro-batch lies in the epoch
@@ -429,7 +444,8 @@ class MegatronDataIterator:
         epoch changes nothing, as for the sampler: a loaded resume point stays."""
         if epoch == self.sampler.epoch:
             return
-        self.sampler.set_epoch(epoch)
+        with _megatron_refusals():
+            self.sampler.set_epoch(epoch)
         self._batches = None
         self._consumed = 0
         self._step, self._offset, self._count = 0, 0, None
@@ -439,7 +455,8 @@ class MegatronDataIterator:
 
         Without a fixed ``num_microbatches`` this plans every step of the epoch at once (for
         inspection; :meth:`steps` plans each step just ahead of its use)."""
-        return self.sampler.microbatches_per_step()
+        with _megatron_refusals():
+            return self.sampler.microbatches_per_step()
 
     def num_steps(self) -> int:
         """Optimizer steps in the current epoch (exact, without planning)."""
@@ -478,12 +495,14 @@ class MegatronDataIterator:
         the sampler's planner made just ahead (its plan is kept, so nothing is planned twice)."""
         if self.num_microbatches is not None:
             return self.num_microbatches
-        return len(self.sampler.step_plan(step).ranks[self.sampler.dp_rank])
+        with _megatron_refusals():
+            return len(self.sampler.step_plan(step).ranks[self.sampler.dp_rank])
 
     def _next_indices(self) -> Sequence[int]:
         if self._batches is None:
             self._batches = iter(self.sampler)
-        indices = next(self._batches)
+        with _megatron_refusals():
+            indices = next(self._batches)
         if self._count is None:
             self._count = self._step_count(self._step)
         self._consumed += 1

@@ -35,7 +35,8 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from seqbalance._validation import check_int
+from seqbalance._validation import EmptySlotError, check_int
+from seqbalance.integrations._no_empty import without_empty
 from seqbalance.integrations._sample_pairs import ids_and_lengths
 from seqbalance.plan import PlanOptions, plan_step
 from seqbalance.plan.options import as_options
@@ -60,13 +61,22 @@ def schedule(
     ``j`` of the ``dp_size x cp_size`` data x context-parallel ranks packs.
 
     Raises:
-        ValueError: from ``plan_step`` (e.g. fewer sequences than micro-batch slots), or plan
-            options that set what Megatron decides (``max_tokens``, ``microbatch_multiple``).
+        ValueError: from ``plan_step`` (e.g. fewer sequences than micro-batch slots), plan
+            options that set what Megatron decides (``max_tokens``, ``microbatch_multiple``),
+            or ``allow_empty``.
     """
     options = as_options(options, option_keywords, where="schedule")
     for name in ("max_tokens", "microbatch_multiple"):
         if getattr(options, name) != getattr(PlanOptions(), name):
             raise ValueError(f"{name} is Megatron's to set (max_seqlen_per_dp_cp_rank, VPP group)")
+    if options.allow_empty:
+        # Megatron packs each micro-batch's sequences with torch.cat, which fails on none, on
+        # the ranks given an empty one only (the others go on into the step's collectives).
+        raise ValueError(
+            "allow_empty=True is not supported: Megatron packs every micro-batch of every rank "
+            "(its DpBalancedScheduler asserts there are enough sequences), and an empty one has "
+            "nothing to pack"
+        )
     cp_size = check_int(cp_size, "cp_size", minimum=1)
     dp_size = check_int(dp_size, "dp_size", minimum=1)
     cap = check_int(max_seqlen_per_dp_cp_rank, "max_seqlen_per_dp_cp_rank", minimum=1)
@@ -80,7 +90,11 @@ def schedule(
         else check_int(group, "microbatch_group_size_per_vp_stage", minimum=1),
     )
     ids, lengths = ids_and_lengths(sample_id_seqlens)
-    plan = plan_step(lengths, dp_size, options)
+    try:
+        plan = plan_step(lengths, dp_size, options)
+    except EmptySlotError as error:
+        more = "schedule more sequences per global batch"
+        raise without_empty(error, "Megatron", more, options.microbatch_multiple) from None
     return [
         [[ids[i] for i in plan.ranks[j // cp_size][k].tolist()] for j in range(dp_size * cp_size)]
         for k in range(plan.n_microbatches)

@@ -60,8 +60,15 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_choice, check_int, check_ranks
+from seqbalance._validation import (
+    EmptySlotError,
+    as_lengths,
+    check_choice,
+    check_int,
+    check_ranks,
+)
 from seqbalance.cost import FlopsModel, ModelSpec
+from seqbalance.integrations._no_empty import without_empty
 from seqbalance.partition import partition
 from seqbalance.plan import objective_value, plan_step
 from seqbalance.plan.stacks.reference import (
@@ -313,6 +320,9 @@ def _step_ranks(
                 objective=objective,
             )
             candidates.insert(0, [[mb.tolist() for mb in mbs] for mbs in plan.ranks])
+        except EmptySlotError as error:  # slime has no allow_empty: name what plans the step
+            more = "more rollouts per step (global_batch_size)"
+            refusal = str(without_empty(error, "slime", more, per_rank_multiple))
         except ValueError as error:
             refusal = str(error)
     overhead = float(getattr(cost, "microbatch_overhead", 0.0))

@@ -377,8 +377,15 @@ class Intervals:
             points = low + (high - low) * np.arange(1, _SECTIONS) / _SECTIONS
             fits = self._cut_exists(k, expensive, points, cap)
             first = int(np.argmax(fits)) if fits.any() else points.size
-            high = float(points[first]) if first < points.size else high
-            low = float(points[first - 1]) if first > 0 else low
+            section = (
+                float(points[first - 1]) if first > 0 else low,
+                float(points[first]) if first < points.size else high,
+            )
+            if section == (low, high):
+                # Subnormal values (1e-6 x high underflows to 0): no float lies between the
+                # points any more, and the section would never shrink.
+                break
+            low, high = section
         return low
 
     def _cut_exists(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from seqbalance._validation import EmptySlotError
 from seqbalance.partition import SizeLimits
 from seqbalance.partition import lower_bound as partition_lower_bound
 from seqbalance.partition.greedy import lpt
@@ -381,8 +382,9 @@ class Problem(GroupedSamples):
                 short += f"slots (dp_size = {self.dp} x {m} micro-batches)"
             else:
                 short = f"lengths has {self.unfilled(m, filled)}"
-            raise ValueError(
-                f"{short}, so some micro-batch would be empty; pass allow_empty=True to allow that"
+            raise EmptySlotError(
+                f"{short}, so some micro-batch would be empty",
+                "; pass allow_empty=True to allow that",
             )
         return m
 

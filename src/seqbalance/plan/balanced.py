@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import functools
 
+from seqbalance._validation import EmptySlotError
 from seqbalance.plan import _at_count, _exact, _feasible
 from seqbalance.plan._count_search import CountSearch
 from seqbalance.plan._portfolio import (
@@ -108,7 +109,9 @@ def plan_balanced(p: Problem) -> Microbatches:
     failed = False  # whether a count has failed to plan
     while True:
         if not p.allow_empty and (filled := p.fillable_ranks(m)) < p.dp:
-            raise ValueError(_unfillable(p, m, filled))
+            raise EmptySlotError(
+                _unfillable(p, m, filled), "; pass allow_empty=True to allow empty micro-batches"
+            )
         if search is not None and (shortcut := search.shortcut(others)) is not None:
             return _at_rival_count(p, others.best(shortcut, bound))
         plan = None if failed and p.dp * m < needed() else _ours(p, m, bound, search)
@@ -178,13 +181,13 @@ def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:
 
 
 def _unfillable(p: Problem, m: int, filled: int) -> str:
-    """The refusal of a step whose samples cannot fill ``dp x m`` micro-batches."""
+    """Why a step whose samples cannot fill ``dp x m`` micro-batches is refused."""
     start = f"no plan with fewer than {m} micro-batches per rank was found, and "
     if p.groups is None:
         start += f"{p.n} samples cannot fill {p.dp * m} micro-batch slots (dp_size = {p.dp} x {m})"
     else:
         start += f"from {m} on a micro-batch would be empty: {p.unfilled(m, filled)}"
-    return start + "; pass allow_empty=True to allow empty micro-batches"
+    return start
 
 
 class Balanced(BalancedContextParallel):

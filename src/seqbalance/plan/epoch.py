@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, as_lengths, check_bool, check_int
+from seqbalance._validation import (
+    EmptySlotError,
+    as_group_ids,
+    as_lengths,
+    check_bool,
+    check_int,
+    prefixed,
+)
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._shared import bin_features, bins_bound, microbatch_count
 from seqbalance.plan.layout import EpochLayout
@@ -106,7 +113,7 @@ def plan_epoch(
         try:
             plans.append(plan_step(samples, dp_size, options, groups=step_groups))
         except ValueError as error:
-            raise ValueError(f"step {number}: {error}") from None
+            raise prefixed(error, f"step {number}: ") from None
     dropped = layout.dropped
     return EpochPlan(
         steps=plans,
@@ -167,12 +174,16 @@ def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) ->
             f"{widest} ranks (the widest usable CP size)"
         )
     if not fills:
-        last = " (the last, partial global batch)" if step == layout.n_steps - 1 else ""
-        raise ValueError(
+        # Only a last step short of global_batch_size is partial (drop_last leaves it out); a
+        # full one that is also the last was named partial, with drop_last as the way out.
+        partial = step == layout.n_steps - 1 and samples < layout.size
+        last = " (the last, partial global batch)" if partial else ""
+        drop = "pass drop_last=True to leave a last, partial step out, " if partial else "pass "
+        raise EmptySlotError(
             f"epoch {layout.epoch}: step {step}{last} holds {samples} samples, fewer than its "
             f"{slots} micro-batch slots ({why}), so it cannot be planned without an empty "
-            "micro-batch: pass drop_last=True to leave a last, partial step out, "
-            "allow_empty=True, or fewer micro-batches"
+            "micro-batch",
+            f": {drop}allow_empty=True, or fewer micro-batches",
         )
 
 
@@ -190,10 +201,11 @@ def check_steps(
     ``microbatch_size``; with ``context_parallel`` the tokens over ``max_tokens`` on each of the
     ``dp_size`` ranks), summed per step in one vectorised pass over the epoch's order
     (``EpochLayout.step_sums``), skipped when ``global_batch_size`` samples cannot exceed it.
-    With ``bucket_window`` the steps of a window share its samples, so the bound is checked per
-    window (their total against the window's slots). What passes can still fail when the step
-    is planned: the bound is necessary, not sufficient (packing is bin packing); the planner
-    then raises at that step, on every rank, before that step's data.
+    With ``bucket_window`` each step is checked as bucketing deals it
+    (``EpochLayout.dealt_step_sums``); with groups too, per window (the window's total against
+    its steps' slots: a step of it may still be refused when planned). What passes can still
+    fail when the step is planned: the bound is necessary, not sufficient (packing is bin
+    packing); the planner then raises at that step, on every rank, before that step's data.
 
     Args:
         layout: the epoch's steps.
@@ -226,9 +238,15 @@ def check_steps(
     )
     if layout.size * reach <= dp_size * m:
         return  # a sample needs at most one slot on each of ``reach`` ranks: every step fits
-    sums = layout.step_sums(features)
     first = np.arange(layout.n_steps)
-    if layout.window is not None:
+    if layout.window is not None and layout.group_ids is None:
+        # Each step as bucketing deals it: a window's total fitting its steps' slots let a
+        # step over its own pass, and the epoch failed there after len() promised it (adv13a
+        # F7: 2 of 147 random bucketed epochs).
+        sums = layout.dealt_step_sums(features)
+    else:
+        sums = layout.step_sums(features)
+    if layout.window is not None and layout.group_ids is not None:
         first = np.arange(0, layout.n_steps, layout.window)
         sums = np.add.reduceat(sums, first, axis=0)
         if layout.dropped.size and layout.n_steps % layout.window:
@@ -288,8 +306,9 @@ def _refuse_overfull(
     held = f"{samples} samples of {tokens} tokens" + (
         f" ({over} of them over the caps, their tokens not counted)" if over else ""
     )
-    if layout.window is None:
-        where = f"step {step} of {layout.n_steps} holds"
+    if layout.window is None or layout.group_ids is None:  # a step, as it is dealt
+        dealt = "" if layout.window is None else " (as bucket_window deals it)"
+        where = f"step {step} of {layout.n_steps}{dealt} holds"
         slots = f"its dp_size x num_microbatches = {dp_size} x {m} = {dp_size * m} slots"
     else:
         where = (

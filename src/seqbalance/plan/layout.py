@@ -171,6 +171,44 @@ class EpochLayout:
         )
         return _sums_between(blocks, self._step_starts[: self.n_steps + 1])  # type: ignore[index]
 
+    def dealt_step_sums(self, values: Callable[[Any], np.ndarray]) -> np.ndarray:
+        """:meth:`step_sums` of the steps as ``bucket_window`` deals them (without groups):
+        each step's sums over the samples :meth:`step` gives it, not over a whole window.
+
+        In a full window (``window`` steps of ``size`` samples) no step fills before the last
+        sample is dealt, so :meth:`_bucket`'s snake order puts the ``i``-th longest sample
+        (ties in position order) in step ``snake[i % (2 * window)]``: done here for whole
+        windows at once, chunk by chunk (a window's samples read together). The last window
+        (a partial step, the dropped one dealt with it, or fewer steps) is dealt by
+        :meth:`_bucket` itself."""
+        if self.window is None or self._step_starts is not None:
+            raise ValueError("dealt_step_sums needs bucket_window and no group_ids")
+        width = self.window * self.size  # samples of a full window
+        full = self._n_units // width
+        snake = np.array([*range(self.window), *range(self.window - 1, -1, -1)], dtype=np.int64)
+        per_chunk = max(1, _SUM_CHUNK // width)
+        sums: np.ndarray | None = None
+        for a in range(0, full, per_chunk):
+            b = min(a + per_chunk, full)
+            samples = self._units(a * width, b * width)
+            rows = values(samples)
+            weight = np.asarray(self.lengths[samples], dtype=np.int64)
+            window = np.arange(samples.size, dtype=np.int64) // width
+            order = np.lexsort((-weight, window))  # stable: ties keep their position order
+            rank = np.arange(samples.size, dtype=np.int64) - window[order] * width
+            steps = np.empty(samples.size, dtype=np.int64)
+            steps[order] = (a + window[order]) * self.window + snake[rank % snake.size]
+            sums = _add_rows(sums, steps, rows, self.n_steps)
+        if full * self.window < self._total:
+            for offset, indices in enumerate(self._bucket(full)):
+                number = full * self.window + offset
+                if number < self.n_steps:  # the dropped step is dealt, not planned
+                    row = values(indices).sum(axis=0)
+                    if sums is None:
+                        sums = np.zeros((self.n_steps, row.size), dtype=np.int64)
+                    sums[number] += row
+        return np.zeros((self.n_steps, 0), dtype=np.int64) if sums is None else sums
+
     def largest_unit(self) -> int:
         """Samples of the largest unit (1 without groups; 0 without samples)."""
         if self._unit_starts is None:
@@ -194,13 +232,7 @@ class EpochLayout:
             positions = samples if self._permutation is None else self._permutation.inverse(samples)
             planned = positions < kept  # not the dropped last step
             rows = values(slice(a, a + samples.size))[planned]  # a slice: one read of a file
-            steps = positions[planned] // self.size
-            if sums is None:
-                sums = np.zeros((self.n_steps, rows.shape[1]), dtype=np.int64)
-            for column in range(rows.shape[1]):  # float64 weights: exact below 2**53
-                sums[:, column] += np.bincount(
-                    steps, weights=rows[:, column], minlength=self.n_steps
-                ).astype(np.int64)
+            sums = _add_rows(sums, positions[planned] // self.size, rows, self.n_steps)
         return np.zeros((self.n_steps, 0), dtype=np.int64) if sums is None else sums
 
     def unit_sums(self, values: Callable[[Any], np.ndarray]) -> np.ndarray:
@@ -308,6 +340,19 @@ class EpochLayout:
             indices = np.concatenate(step) if step else np.empty(0, dtype=np.int64)
             steps.append(indices[rng.permutation(indices.size)])
         return steps
+
+
+def _add_rows(
+    sums: np.ndarray | None, steps: np.ndarray, rows: np.ndarray, n_steps: int
+) -> np.ndarray:
+    """``sums`` (int64 ``[n_steps, f]``, None: zeros) plus each row of ``rows`` at its step."""
+    if sums is None:
+        sums = np.zeros((n_steps, rows.shape[1]), dtype=np.int64)
+    for column in range(rows.shape[1]):  # float64 weights: exact below 2**53
+        sums[:, column] += np.bincount(steps, weights=rows[:, column], minlength=n_steps).astype(
+            np.int64
+        )
+    return sums
 
 
 def _sums_between(blocks: Iterator[np.ndarray], bounds: np.ndarray) -> np.ndarray:

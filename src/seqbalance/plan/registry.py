@@ -31,6 +31,10 @@ Register your own::
             ...
 
     seqbalance.plan.register_strategy(Reverse())
+
+A user's strategy can be replaced (``replace=True``) and unregistered; the built-in ones cannot:
+the default strategy and ``balanced``'s rivals are looked up by name, and a plan records the
+name of the strategy that made it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from seqbalance._deprecated import moved_names
 __all__ = [
     "FAMILIES",
     "get_strategy",
+    "register_built_in",
     "register_strategy",
     "strategy_names",
     "unregister_strategy",
@@ -58,6 +63,11 @@ _REGISTRY: dict[str, Any] = {}
 """Name -> strategy (a ``Strategy`` and/or ``ContextParallelStrategy`` of
 ``seqbalance.plan.protocols``), in registration order."""
 
+_BUILT_IN: set[str] = set()
+"""Names of the strategies that ship with seqbalance (``register_built_in``): the default
+strategy, ``balanced``'s rivals and every plan's recorded strategy name rely on them, so they
+are neither replaced nor removed."""
+
 
 def register_strategy(strategy: Any, *, replace: bool = False) -> Any:
     """Add ``strategy`` under ``strategy.name`` (returned, so this works as a decorator on an
@@ -70,7 +80,9 @@ def register_strategy(strategy: Any, *, replace: bool = False) -> Any:
         ValueError: the object lacks a protocol member, its name is not a non-empty string,
             ``plan`` or ``plan_context_parallel`` is not callable (one of them is required),
             ``enforces_cap`` or ``aligns_positions`` is not a bool, ``description`` is not a
-            string, its family is unknown, or the name is taken and ``replace`` is False.
+            string, its family is unknown, the name is taken and ``replace`` is False, or the
+            name is a built-in strategy's (those are never replaced: a plan records its
+            strategy by name).
     """
     members = ("name", "family", "description")
     if hasattr(strategy, "plan") or not hasattr(strategy, "plan_context_parallel"):
@@ -96,14 +108,37 @@ def register_strategy(strategy: Any, *, replace: bool = False) -> Any:
         )
     if not isinstance(strategy.family, str) or strategy.family not in FAMILIES:
         raise ValueError(f"strategy.family must be one of {FAMILIES}, got {strategy.family!r}")
+    if name in _BUILT_IN:
+        raise ValueError(
+            f"strategy.name {name!r} is a built-in strategy's, which cannot be replaced: "
+            "register yours under another name"
+        )
     if name in _REGISTRY and not replace:
         raise ValueError(f"a strategy named {name!r} is already registered; pass replace=True")
     _REGISTRY[name] = strategy
     return strategy
 
 
+def register_built_in(strategy: Any) -> Any:
+    """``register_strategy`` for a strategy that ships with seqbalance (``plan/_builtins.py``):
+    from then on its name can be neither replaced nor unregistered."""
+    register_strategy(strategy)
+    _BUILT_IN.add(strategy.name)
+    return strategy
+
+
 def unregister_strategy(name: str) -> None:
-    """Remove a registered strategy (ValueError when absent)."""
+    """Remove a strategy registered with ``register_strategy``.
+
+    Raises:
+        ValueError: no strategy of that name is registered, or it is a built-in one (the
+            default strategy and ``balanced``'s rivals are looked up by name).
+    """
+    if name in _BUILT_IN:
+        raise ValueError(
+            f"strategy {name!r} is built in and cannot be unregistered: plan_step's default "
+            "strategy and balanced's rivals are looked up by name"
+        )
     if name not in _REGISTRY:
         raise ValueError(f"no strategy named {name!r} is registered")
     del _REGISTRY[name]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seqbalance._validation import EmptySlotError
 from seqbalance.partition import partition
 from seqbalance.plan._budget import Price
 from seqbalance.plan._min_tree import first_within, min_tree, set_leaf
@@ -246,9 +247,9 @@ def _check_empty(p: Problem, result: Microbatches, strategy: str) -> Microbatche
         for r, microbatches in enumerate(result):
             if any(not mb for mb in microbatches):
                 count = sum(len(mb) for mb in microbatches)
-                raise ValueError(
+                raise EmptySlotError(
                     f"strategy={strategy!r} gives rank {r} {count} samples for "
-                    f"{len(microbatches)} micro-batches, so one would be empty; pass "
-                    "allow_empty=True or use strategy='balanced'"
+                    f"{len(microbatches)} micro-batches, so one would be empty",
+                    "; pass allow_empty=True or use strategy='balanced'",
                 )
     return result

@@ -17,6 +17,7 @@ from functools import cached_property
 
 import numpy as np
 
+from seqbalance._validation import EmptySlotError
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
 from seqbalance.plan._fields import GroupedSamples
 from seqbalance.plan._shared import microbatch_count
@@ -91,9 +92,10 @@ class CPProblem(GroupedSamples):
             lambda: f"this plan needs {needed} slots per rank",
         )
         if not allow_empty and self.n < target:
-            raise ValueError(
+            raise EmptySlotError(
                 f"lengths has {self.n} samples, fewer than the {target} slots every rank "
-                "needs, so some slot would be empty; pass allow_empty=True to allow that"
+                "needs, so some slot would be empty",
+                "; pass allow_empty=True to allow that",
             )
         schedule.normalise(target, allow_empty=allow_empty, home=home)
         if not allow_empty:
@@ -221,10 +223,11 @@ class Schedule:
                 if self._split(r) or self._take(r, home):
                     continue
                 if not allow_empty:
-                    raise ValueError(
+                    raise EmptySlotError(
                         f"rank {r} needs {target - len(self.slots[r])} more slot(s) to reach "
                         f"{target} and no sample can be split off or moved there, so a slot "
-                        "would be empty; pass allow_empty=True to allow that"
+                        "would be empty",
+                        "; pass allow_empty=True to allow that",
                     )
                 self.slots[r].append([])
 
@@ -275,10 +278,10 @@ class Schedule:
         for r, rank_slots in enumerate(self.slots):
             for j, slot in enumerate(rank_slots):
                 if not slot:
-                    raise ValueError(
+                    raise EmptySlotError(
                         f"strategy {strategy!r} leaves rank {r} slot {j} empty (of "
-                        f"{len(rank_slots)} slots) and allow_empty is False; pass "
-                        "allow_empty=True to allow that"
+                        f"{len(rank_slots)} slots) and allow_empty is False",
+                        "; pass allow_empty=True to allow that",
                     )
 
     # ------------------------------------------------------------------ result

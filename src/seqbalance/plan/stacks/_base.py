@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._validation import EmptySlotError
 from seqbalance.plan._budget import Price
 from seqbalance.plan._shared import Microbatches
 
@@ -42,10 +43,11 @@ def check_empty(problem: Any, result: Microbatches, name: str) -> Microbatches:
     if not problem.allow_empty:
         for r, microbatches in enumerate(result):
             if any(not mb for mb in microbatches):
-                raise ValueError(
+                raise EmptySlotError(
                     f"strategy={name!r} leaves a micro-batch of rank {r} empty "
                     f"({sum(map(len, microbatches))} samples for {len(microbatches)} "
-                    "micro-batches); pass allow_empty=True"
+                    "micro-batches)",
+                    "; pass allow_empty=True",
                 )
     return result
 

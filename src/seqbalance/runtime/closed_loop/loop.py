@@ -175,6 +175,15 @@ class ClosedLoop:
         self._fingerprinted: tuple[PlanOptions | None, str] = (None, "")
         self._record()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The condition that wakes a waiting planner thread does not travel: a copy (deepcopy,
+        # pickle to a worker process) gets its own (a TypeError before: adv13a F3).
+        return {**self.__dict__, "_changed": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._changed = threading.Condition()
+
     @property
     def world_size(self) -> int:
         return self.online.world_size

@@ -93,6 +93,7 @@ class StepTimer:
         self._pool: list[Any] = []  # events reused across steps: creating one costs more
         self._regions: list[tuple[str, Any, Any]] = []
         self._open = False
+        self._drop_open = False  # the open region belongs to a discarded step
 
     def _event(self) -> Any:
         index = 2 * len(self._regions) + (1 if self._open else 0)
@@ -113,7 +114,9 @@ class StepTimer:
             end = self._event()
             end.record()
             self._open = False
-            self._regions.append((kind, start, end))
+            if not self._drop_open:
+                self._regions.append((kind, start, end))
+            self._drop_open = False
 
     def microbatch(self) -> Any:
         """Context manager around one micro-batch's forward+backward."""
@@ -125,8 +128,11 @@ class StepTimer:
 
     def discard(self) -> None:
         """Forget this step's regions without reading them (a skipped step: the next
-        ``finish`` reads the next step's only)."""
+        ``finish`` reads the next step's only), the open one too when it closes (kept, it held
+        an event another region reuses and came back to the next step as an extra, negative
+        micro-batch: adv13a F4)."""
         self._regions = []
+        self._drop_open = self._open
 
     def finish(self) -> StepTiming:
         """Read this step's regions (waits for the last recorded event) and start a new step.

@@ -73,7 +73,12 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
         ValueError: naming the sample index (``samples[i]``) or the packed field at fault.
     """
     if cu_seqlens is not None:
-        bounds = as_lengths(torch.as_tensor(cu_seqlens).cpu().numpy(), "cu_seqlens")
+        if isinstance(cu_seqlens, torch.Tensor):
+            # Read here, on the CPU; a meta tensor or one that requires grad raised torch's
+            # error on this rank alone, its peers waiting in the gather (adv13a F2).
+            check_dense(cu_seqlens, "cu_seqlens")
+            cu_seqlens = cu_seqlens.cpu()
+        bounds = as_lengths(cu_seqlens, "cu_seqlens")
         if bounds.size == 0 or bounds[0] != 0 or (np.diff(bounds) < 0).any():
             raise ValueError("cu_seqlens must start at 0 and be non-decreasing")
         is_dict = isinstance(samples, Mapping)

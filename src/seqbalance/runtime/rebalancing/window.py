@@ -35,6 +35,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Dispatch", "WindowBalancer"]
 
+_MAX_WINDOW = 2**53
+"""Most samples a window may buffer (each is held in Python lists: a larger one is a mistake)."""
+_MAX_DELAY = 2**62
+"""Largest ``max_delay``: a sample's deadline (its push's dispatch number plus it) is int64, so a
+larger one overflowed (OverflowError at the first dispatch) or wrapped to a negative deadline,
+every sample then due at once (adv13a F5)."""
+
 _OFFSETS = 4
 """Runs of similar cost tried per candidate family (the planner scores each); bounds the cost."""
 
@@ -104,15 +111,15 @@ class WindowBalancer:
     Args:
         dp_size: data-parallel ranks each step is planned for (1 to 2**18).
         batch_size: samples per dispatched step (global, over all ranks).
-        window: most samples buffered at once (default ``4 * batch_size``); ``push`` beyond it
-            raises. Must satisfy ``batch_size <= window <= batch_size * (max_delay + 1)`` so the
-            delay bound can always be honoured.
-        max_delay: most dispatches a sample may be passed over. Default: ``2 * ceil(window /
-            batch_size) - 1``, twice what a first-in first-out buffer would make a sample wait
-            (less one). The smallest value the window allows, ``ceil(window / batch_size) - 1``,
-            makes every buffered sample due as soon as the window is full, which leaves no
-            choice and so no balancing; with the default, about a fifth of each dispatch is
-            forced by deadlines on a steady stream and the rest is chosen for balance
+        window: most samples buffered at once (default ``4 * batch_size``, at most 2**53);
+            ``push`` beyond it raises. Must satisfy ``batch_size <= window <= batch_size *
+            (max_delay + 1)`` so the delay bound can always be honoured.
+        max_delay: most dispatches a sample may be passed over (at most 2**62). Default: ``2 *
+            ceil(window / batch_size) - 1``, twice what a first-in first-out buffer would make a
+            sample wait (less one). The smallest value the window allows, ``ceil(window /
+            batch_size) - 1``, makes every buffered sample due as soon as the window is full, which
+            leaves no choice and so no balancing; with the default, about a fifth of each dispatch
+            is forced by deadlines on a steady stream and the rest is chosen for balance
             (``benchmarks/window.py`` measures the effect).
         options: the :class:`seqbalance.PlanOptions` of every dispatched step;
             ``option_keywords`` (any ``PlanOptions`` field by name) are applied on top. Checked
@@ -159,9 +166,13 @@ class WindowBalancer:
         self.window = check_int(
             4 * self.batch_size if window is None else window, "window", minimum=self.batch_size
         )
+        if self.window > _MAX_WINDOW:
+            raise ValueError(f"window must be <= 2**53 = {_MAX_WINDOW}, got {self.window}")
         if max_delay is None:
             max_delay = 2 * -(-self.window // self.batch_size) - 1
         self.max_delay = check_int(max_delay, "max_delay", minimum=0)
+        if self.max_delay > _MAX_DELAY:
+            raise ValueError(f"max_delay must be <= 2**62 = {_MAX_DELAY}, got {self.max_delay}")
         if self.window > self.batch_size * (self.max_delay + 1):
             raise ValueError(
                 f"window = {self.window} can hold more samples than {self.max_delay + 1} "

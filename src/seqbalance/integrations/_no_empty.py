@@ -1,0 +1,28 @@
+"""The refusal of a step too small for its micro-batches, for the frameworks that run every
+micro-batch on every rank (Megatron's schedules and packing, verl's dynamic CP, slime): the
+planner's hint, ``allow_empty=True``, is no way there, so the refusal names what is."""
+
+from __future__ import annotations
+
+from seqbalance._validation import EmptySlotError
+
+__all__ = ["without_empty"]
+
+
+def without_empty(error: EmptySlotError, runner: str, more: str, group: int = 1) -> ValueError:
+    """``error``'s reason with the ways ``runner`` can plan the step.
+
+    Args:
+        error: the planner's refusal.
+        runner: who runs every micro-batch on every rank ("verl", "Megatron", ...).
+        more: how the step gets more samples or fewer micro-batches, in ``runner``'s terms.
+        group: ``microbatch_group_size_per_vp_stage`` where the micro-batch count must be a
+            multiple of it (virtual pipelining), else 1.
+    """
+    hint = f"{runner} runs every micro-batch on every rank, none empty: {more}"
+    if group > 1:
+        hint += (
+            f", or a smaller microbatch_group_size_per_vp_stage (the micro-batch count is a "
+            f"multiple of its {group} under virtual pipelining)"
+        )
+    return ValueError(f"{error.reason}; {hint}")
