@@ -197,10 +197,12 @@ def config_dict(config: Any) -> dict[str, Any]:
 def spec_fields(config: Any, *, gated_mlp: bool | None, name: str | None) -> dict[str, Any]:
     """Keyword arguments of :class:`ModelSpec` for the Hugging Face ``config``."""
     raw = config_dict(config)
-    vision = raw.get("vision_config")
+    vision = None if raw.get("vision_config") is None else nested_config(raw, "vision_config")
     if "text_config" in raw and "hidden_size" not in raw:
-        raw = config_dict(raw["text_config"])
+        raw = nested_config(raw, "text_config")
     model_type = raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ValueError(f"config field 'model_type' must be a string, got {model_type!r}")
     defaults = FAMILY_DEFAULTS.get(_FAMILY_DEFAULTS_ALIASES.get(model_type, model_type), {})
     cfg = Fields({**defaults, **raw})
     if gated_mlp is None:
@@ -259,8 +261,18 @@ def spec_fields(config: Any, *, gated_mlp: bool | None, name: str | None) -> dic
     if "chunked_attention" in kinds:
         spec["attention_chunk_size"] = cfg.integer("attention_chunk_size", minimum=1)
     if vision is not None:
-        spec["vision_config"] = config_dict(vision)
+        spec["vision_config"] = vision
     return spec
+
+
+def nested_config(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """The config nested in field ``key`` as a dict: a mapping or a config object, never a
+    string (``config_dict`` would read it as a path, and ``""`` as the working directory's
+    ``config.json``)."""
+    value = raw[key]
+    if isinstance(value, (str, Path)):
+        raise ValueError(f"config field {key!r} must be a mapping of fields, got {value!r}")
+    return config_dict(value)
 
 
 def _mapped_kinds(values: list[Any], key: str, table: Mapping[str, Any]) -> list[Any]:

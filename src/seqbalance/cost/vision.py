@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from seqbalance._validation import check_bool, check_int
-from seqbalance.cost._hf_config import Fields, config_dict
+from seqbalance.cost._hf_config import Fields, config_dict, nested_config
 from seqbalance.cost.flops import FlopsModel
 from seqbalance.cost.samples import SampleParts, as_grid, check_merge
 
@@ -207,7 +207,7 @@ class VisionSpec:
         raw = config_dict(config)
         model_type = raw.get("model_type")
         if "vision_config" in raw:
-            raw = config_dict(raw["vision_config"])
+            raw = nested_config(raw, "vision_config")
             model_type = raw.get("model_type", model_type)
         if model_type is None and "fullatt_block_indexes" in raw:
             model_type = "qwen2_5_vl"
