@@ -74,11 +74,17 @@ class Portfolio:
         return self._plans[strategy.name]
 
     def best_with(self, m: int) -> Microbatches | None:
-        """The best valid baseline plan with exactly ``m`` micro-batches per rank."""
+        """The best valid plan with exactly ``m`` micro-batches per rank of the rivals the
+        planning budget in force admits (a skipped one still runs in ``best`` where the plan is
+        more than the budget's gap above the lower bound)."""
+        rivals = _rivals()
+        admitted = _budget.admitted(self.p, rivals)
         found = [
             plan
-            for strategy in _rivals()
-            if (plan := self._plan_of(strategy)) is not None and len(plan[0]) == m
+            for strategy in rivals
+            if strategy.name in admitted
+            and (plan := self._plan_of(strategy)) is not None
+            and len(plan[0]) == m
         ]
         return min(found, key=lambda plan: aligned_value(self.p, plan), default=None)
 
