@@ -69,6 +69,12 @@ class EmptySlotError(ValueError):
         super().__init__(reason + hint)
         self.reason, self.hint = reason, hint
 
+    def __reduce__(self) -> tuple[type[EmptySlotError], tuple[str, str]]:
+        # Made again from both parts: an exception unpickles as ``cls(*args)``, and ``args``
+        # holds the joined message only, so a rank's refusal sent to another process (the
+        # launcher, a process pool, Ray) raised TypeError there instead (adv13a F9).
+        return type(self), (self.reason, self.hint)
+
 
 def prefixed(error: ValueError, prefix: str) -> ValueError:
     """``error``'s message after ``prefix`` (which step, which epoch), of the same kind: an

@@ -92,3 +92,24 @@ def test_outputs_onto_a_file_in_an_input_folder(tmp_path: Path, capsys) -> None:
         new = str(tmp_path / "new.npy")  # a new file in no input folder: not refused
         argv = ["lengths", str(data), "--tokenizer", spec, "-o", new, "--groups-output", str(vocab)]
         assert "--groups-output" in _refused(argv, capsys, data, vocab)
+
+
+def test_an_output_that_is_a_symbolic_link_loop_is_one_line(tmp_path: Path, capsys) -> None:
+    """``-o`` / ``--plot`` naming a symbolic link loop (a link to itself, or two links to each
+    other) raised RuntimeError('Symlink loop from ...') from ``Path.resolve`` while the outputs
+    were compared with the inputs: a traceback, rc 1 (adv13b D6)."""
+    lengths = tmp_path / "lengths.npy"
+    np.save(lengths, np.arange(1, 41))
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    for argv in (
+        ["plan", str(lengths), "--dp", "2", "-o", str(loop)],
+        ["plan", str(lengths), "--dp", "2", "-o", str(a)],
+        ["simulate", "--lengths", str(lengths), "--dp", "2", "--plot", str(loop)],
+    ):
+        assert main(argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "is a symbolic link loop" in lines[0], lines

@@ -363,3 +363,37 @@ def test_the_rank_search_keeps_the_padded_sample_capacity(data: st.DataObject) -
     assert state.rank_counts.max() <= m * size
     state.refine()
     assert state.rank_counts.max() <= m * size
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=60),
+    cap=st.one_of(st.none(), st.integers(40, 80)),
+    dp=st.integers(1, 4),
+    m=st.integers(1, 8),
+    spread=st.integers(1, 6),
+)
+def test_grouped_best_fit_by_tokens_is_the_rooms_best_fit(
+    lengths: list[int], cap: int | None, dp: int, m: int, spread: int
+) -> None:
+    # Without a patch cap or an over-cap sample the grouped best fit reads sorted rooms
+    # (_RoomsByTokens): the same micro-batches as the numpy rooms (_Rooms), None alike. Lengths
+    # tie often, so the least room's first index and the fullest rank's first are met.
+    from unittest import mock
+
+    from seqbalance.plan import _feasible
+    from seqbalance.plan._problem import Problem
+
+    groups = [i // spread for i in range(len(lengths))]
+    options = sb.PlanOptions(max_tokens=cap, allow_empty=True)
+    p = Problem(
+        lengths=np.array(lengths, dtype=np.int64),
+        sample_costs=np.array(lengths, dtype=np.float64),
+        overhead=0.0,
+        dp=dp,
+        groups=np.array(groups, dtype=np.int64),
+        options=options,
+    )
+    found = _feasible._pack_units(p, m)
+    with mock.patch.object(_feasible, "_RoomsByTokens", _feasible._Rooms):
+        assert found == _feasible._pack_units(p, m)

@@ -16,6 +16,7 @@ from seqbalance.plan import PlanOptions, _at_count
 from seqbalance.plan._packing import (
     _SCAN_IN_C,
     _dual_feasible_bins,
+    first_fit,
     greedy_microbatches,
     least_microbatches,
 )
@@ -315,3 +316,43 @@ def test_a_near_full_rank_is_placed_by_its_heap() -> None:
         p, 0, active, np.zeros((1, m)), np.zeros((1, m)), closed, lengths_, costs_ * 1.0, slot
     )
     assert placed and (slot[0, : 2 * m] >= 0).all() and (slot[0, 2 * m : -m] == -1).all()
+
+
+def _first_fit_reference(lengths: list[int], cap: int, order: list[int], m: int) -> list | None:
+    """Each sample of ``order`` into the first of ``m`` micro-batches whose tokens stay within
+    ``cap``, on plain lists (an over-cap sample: the first empty one, which it closes)."""
+    bins: list[list[int]] = [[] for _ in range(m)]
+    for i in order:
+        if lengths[i] > cap:
+            j = next((j for j in range(m) if not bins[j]), None)
+        else:
+            j = next(
+                (
+                    j
+                    for j in range(m)
+                    if all(lengths[k] <= cap for k in bins[j])
+                    and sum(lengths[k] for k in bins[j]) + lengths[i] <= cap
+                ),
+                None,
+            )
+        if j is None:
+            return None
+        bins[j].append(i)
+    return bins
+
+
+@settings(max_examples=examples(1000), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), max_size=40),
+    cap=st.integers(10, 40),
+    m=st.integers(1, 12),
+    shuffle=st.randoms(use_true_random=False),
+)
+def test_first_fit_is_plain_first_fit(lengths: list[int], cap: int, m: int, shuffle) -> None:
+    # The min-tree path (no over-cap sample) and the rooms' path (some over the cap) alike;
+    # lengths tie often and many steps do not fit, so the first of equals and None are met.
+    order = list(range(len(lengths)))
+    shuffle.shuffle(order)
+    p = token_problem(lengths, PlanOptions(max_tokens=cap, allow_oversize=True))
+    found = first_fit(p, np.array(order, dtype=np.int64), m)
+    assert found == _first_fit_reference(lengths, cap, order, m)

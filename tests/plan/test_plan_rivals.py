@@ -221,3 +221,43 @@ def test_budget_skips_only_dear_rivals() -> None:
     }
     assert admitted(_problem(4096, 64, planning_budget=0), rivals) == names
     assert len({rival_seconds(s, large) for s in rivals}) > 5  # each priced by its own cost
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(requests(), st.booleans(), st.integers(1, 4))
+def test_a_rival_count_bound_never_exceeds_its_count(
+    request: dict[str, Any], grouped: bool, least: int
+) -> None:
+    # Portfolio.best_with does not run a rival whose count_lower_bound is above the count it
+    # asks for: the bound must be at most the rival's count wherever the rival plans.
+    options = dict(request)
+    lengths, dp = np.asarray(options.pop("lengths")), options.pop("dp")
+    if "num_microbatches" not in options:
+        options["min_microbatches"] = least
+    plan_options = PlanOptions(**options)
+    costs, overhead = evaluate_costs(plan_options.cost_model, lengths, None)
+    try:
+        p = Problem(
+            lengths=lengths,
+            sample_costs=costs,
+            overhead=overhead,
+            dp=dp,
+            groups=np.arange(lengths.size) // 3 if grouped else None,
+            options=plan_options,
+        )
+        p.min_feasible_microbatches  # noqa: B018  (raises where no count is feasible)
+    except ValueError:
+        return
+    bounded = 0
+    for name in strategy_names("baseline", "stack"):
+        strategy = get_strategy(name)
+        if not hasattr(strategy, "count_lower_bound"):
+            continue
+        bounded += 1
+        bound = strategy.count_lower_bound(p)
+        try:
+            count = len(strategy.plan(p)[0])
+        except ValueError:
+            continue
+        assert bound <= count, name
+    assert bounded == 5  # round_robin, contiguous, first_fit, token_kk, verl

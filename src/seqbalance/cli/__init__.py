@@ -140,6 +140,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if value is None:
             continue
         path = Path(value)
+        try:
+            path.resolve()
+        except RuntimeError:  # a loop, before Python 3.13 (which raises OSError, one line too)
+            # Comparing it with the inputs raised a traceback; writing it could only fail.
+            raise ValueError(f"{flag} {str(path)!r} is a symbolic link loop") from None
         if path.is_dir():
             raise ValueError(f"{flag} {str(path)!r} is a folder; give a file name")
         if not path.parent.is_dir():

@@ -125,7 +125,7 @@ class MalformedRecordsError(ValueError):
     """Raised when a file has malformed records and skipping them was not asked for."""
 
     def __init__(self, path: Path, location_kind: str, records: list[MalformedRecord]) -> None:
-        self.records = records
+        self.path, self.location_kind, self.records = path, location_kind, records
         shown = "; ".join(
             f"{location_kind} {r.location}: {r.reason}" for r in records[:_SHOWN_MALFORMED]
         )
@@ -135,6 +135,10 @@ class MalformedRecordsError(ValueError):
             f"{path}: {len(records)} malformed record{'s' if len(records) != 1 else ''} "
             f"({shown}{suffix}); fix them or skip them (skip_malformed=True)"
         )
+
+    def __reduce__(self) -> tuple[type[MalformedRecordsError], tuple[Any, ...]]:
+        # As EmptySlotError: made again from its arguments, not from the message alone.
+        return type(self), (self.path, self.location_kind, self.records)
 
 
 @dataclass(frozen=True)

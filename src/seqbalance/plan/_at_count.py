@@ -20,7 +20,7 @@ from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
 from seqbalance.plan._level_starts import level_start
 from seqbalance.plan._levels import lower_levels
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
-from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
+from seqbalance.plan._packing import Rooms, fill_empty, first_fit, heaviest_first
 from seqbalance.plan._padded import deal, padded_global, segment
 from seqbalance.plan._padded_search import (
     cheapest_start,
@@ -507,17 +507,11 @@ def _first_fit_decreasing(p: Problem, samples: np.ndarray, m: int) -> list[list[
     size = p.capacity_tokens[samples]
     if p.capacity_patches is not None:
         size = np.maximum(size / p.cap, p.capacity_patches[samples] / p.patch_cap)
-    order = samples[np.lexsort((samples, -size))]
-    bins: list[list[int]] = [[] for _ in range(m)]
-    room = Rooms(p, m)
-    for i in order.tolist():
-        j = room.first(i)
-        if j is None:
-            free = m * p.cap - p.capacity_tokens[samples].sum()
-            full = p.speeds is not None and 2 * free < m
-            return None if full else _feasible.pack_samples(p, samples, m)
-        bins[j].append(i)
-        room.take(j, i)
+    bins = first_fit(p, samples[np.lexsort((samples, -size))], m)
+    if bins is None:
+        free = m * p.cap - p.capacity_tokens[samples].sum()
+        full = p.speeds is not None and 2 * free < m
+        return None if full else _feasible.pack_samples(p, samples, m)
     return bins
 
 

@@ -118,8 +118,8 @@ class CountSearch:
         stops at ``m`` where ``m`` is planned and one of them finds a plan: packed without
         groups, ours where ``assign_units`` and ``global_first_fit`` both succeed
         (``_at_count.attempt`` then returns a plan; what they found, or not, is kept for it:
-        ``known``); a rival already planned with ``m`` (planning none for this); the packing
-        search's."""
+        ``known``); a rival already planned with ``m`` (``Portfolio.planned_with``: planning only
+        those ``best_with`` left out by their count bound); the packing search's."""
         p = self.p
         planned = m == p.min_feasible_microbatches or p.dp * m >= self.least_slots()
         if not planned:

@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from seqbalance.plan._packing import Rooms, fill_empty, heaviest_first
+from seqbalance.plan._packing import fill_empty, heaviest_first
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
     aligned_value,
@@ -74,7 +74,8 @@ def _pack_under(
     that exceeds it least (the first of equals); an over-cap sample into the first empty one.
 
     Vectorised over ranks: step ``s`` places every rank's ``s``-th heaviest sample at once (the
-    same float operations, in the same order, as one rank at a time)."""
+    same float operations, in the same order, as one rank at a time), over spans of steps in
+    which the same ranks place (``_place_span``: until a rank runs out of samples or fails)."""
     m, dp = profile.size, p.dp
     counts = np.array([sum(len(mb) for mb in mbs) for mbs in plan], dtype=np.int64)
     samples = np.fromiter(
@@ -85,37 +86,30 @@ def _pack_under(
     samples = heaviest_first(p, samples)
     samples = samples[np.argsort(rank_of[samples], kind="stable")]  # by rank, heaviest first
     starts = np.cumsum(counts) - counts
-    last = np.maximum(starts + counts - 1, 0)  # a valid position even for a rank without samples
-    limit = profile[None, :] * p.speeds_or_ones[:, None]
+    limits = profile[None, :] * p.speeds_or_ones[:, None]
+    # Per rank: loads, token and patch rooms (as ``Rooms``: -1 once closed by an over-cap
+    # sample), and which micro-batches are empty.
     loads = np.full((dp, m), float(p.overhead))
-    rooms = Rooms(p, m, ranks=dp)
+    tokens = np.full((dp, m), float(p.cap))
+    patches = None if p.patches is None else np.full((dp, m), float(p.patch_cap))
+    empty = np.ones((dp, m), dtype=bool)
     where = np.empty(samples.size, dtype=np.int64)  # micro-batch of each placed sample
     failed = np.zeros(dp, dtype=bool)
     failed[reference] = True
-    # Every step's samples (row s: each rank's s-th; a rank without one repeats its last) and
-    # what is looked up of them, at once for all steps (the same numbers as step by step).
-    steps = int(counts.max(initial=0))
-    at = samples[np.minimum(starts[None, :] + np.arange(steps)[:, None], last[None, :])]
-    step_costs, big = p.sample_costs[at], p.oversize[at]
-    closes = big.any(axis=1)
-    for step in range(steps):
-        # Every rank at once; a rank without an s-th sample (or failed) is left as it is.
-        i = at[step]
-        fits = rooms.allowed(i)
-        trial = loads + step_costs[step][:, None]
-        within = fits & (trial <= limit)
-        excess = np.where(fits, trial - limit, np.inf)
-        j = np.where(within.any(axis=1), within.argmax(axis=1), excess.argmin(axis=1))
-        if closes[step]:
-            j = np.where(big[step], fits.argmax(axis=1), j)
-        live = (counts > step) & ~failed
-        ok = fits.any(axis=1)
-        failed |= live & ~ok
-        rows = np.flatnonzero(live & ok)
-        j = j[rows]
-        where[starts[rows] + step] = j
-        loads[rows, j] = trial[rows, j]
-        rooms.take(j, i[rows], rows)
+    step = 0
+    while (rows := np.flatnonzero((counts > step) & ~failed)).size:
+        positions = starts[rows][None, :] + np.arange(step, int(counts[rows].min()))[:, None]
+        state = _Span(p, samples[positions], limits[rows], loads[rows], tokens[rows], empty[rows])
+        if patches is not None:
+            state.patches = patches[rows]
+        steps, lost = state.place()
+        # A rank that failed at the last step has a meaningless entry there: it is not read.
+        where[positions[:steps]] = state.chosen[:steps]
+        loads[rows], tokens[rows], empty[rows] = state.loads, state.tokens, state.empty
+        if patches is not None:
+            patches[rows] = state.patches
+        failed[rows[lost]] = True
+        step += steps
     result: list[list[list[int]] | None] = []
     for r in range(dp):
         if failed[r]:
@@ -128,6 +122,101 @@ def _pack_under(
         fill_empty(p, bins)
         result.append(bins)
     return result
+
+
+class _Span:
+    """``_pack_under`` over a span of steps in which the same ranks place: ``at[s, k]`` is rank
+    ``k``'s sample of step ``s``; ``limits``, ``loads``, ``tokens``, ``empty`` (and ``patches``
+    with a patch cap) the ranks' rows, updated as samples are placed."""
+
+    def __init__(
+        self,
+        p: Problem,
+        at: np.ndarray,
+        limits: np.ndarray,
+        loads: np.ndarray,
+        tokens: np.ndarray,
+        empty: np.ndarray,
+    ) -> None:
+        self.p, self.at, self.limits = p, at, limits
+        self.loads, self.tokens, self.empty = loads, tokens, empty
+        self.patches: np.ndarray | None = None
+        self.chosen = np.empty(at.shape, dtype=np.int64)  # the micro-batch of each sample
+
+    def place(self) -> tuple[int, np.ndarray]:
+        """Places the span's samples step after step; returns the steps done and where a rank
+        has no micro-batch for its sample (bool per rank): the span then ends at that step,
+        whose samples of the other ranks are placed (counted as done)."""
+        p, at, limits = self.p, self.at, self.limits
+        loads, tokens, empty, patches = self.loads, self.tokens, self.empty, self.patches
+        lengths, costs, big = p.lengths[at], p.sample_costs[at], p.oversize[at]
+        added = None if patches is None else p.patches[at]  # type: ignore[index]
+        # Columns (a rank's value against each of its micro-batches), and flat views of the
+        # rows for the updates: fewer numpy calls per step, the same float operations.
+        column_lengths, column_costs = lengths[:, :, None], costs[:, :, None]
+        column_added = None if added is None else added[:, :, None]
+        closes = big.any(axis=1).tolist()
+        lines = np.arange(at.shape[1])
+        base = lines * loads.shape[1]
+        flat_loads, flat_tokens, flat_empty = (
+            loads.reshape(-1),
+            tokens.reshape(-1),
+            empty.reshape(-1),
+        )
+        for s in range(at.shape[0]):
+            fits = tokens >= column_lengths[s]
+            if column_added is not None:
+                fits &= patches >= column_added[s]  # type: ignore[operator]
+            if closes[s]:
+                fits = np.where(big[s][:, None], empty, fits)
+            trial = loads + column_costs[s]
+            within = trial <= limits
+            within &= fits
+            j = within.argmax(axis=1)
+            hit = within[lines, j]  # the first within the profile, where there is one
+            if closes[s] or not hit.all():
+                # Else the fitting one that exceeds it least; an over-cap sample: the first
+                # empty one. ``j`` fits wherever any micro-batch does.
+                j = np.where(hit, j, np.where(fits, trial - limits, np.inf).argmin(axis=1))
+                if closes[s]:
+                    j = np.where(big[s], fits.argmax(axis=1), j)
+                ok = fits[lines, j]
+                if closes[s] or not ok.all():
+                    self.chosen[s] = j
+                    self._take(lines[ok], j[ok], trial, lengths[s], added, big[s], s)
+                    if not ok.all():
+                        return s + 1, ~ok
+                    continue
+            self.chosen[s] = j
+            flat = base + j
+            flat_loads[flat] += costs[s]  # trial[lines, j]: the same addition
+            flat_tokens[flat] -= lengths[s]
+            if added is not None:
+                patches.reshape(-1)[flat] -= added[s]  # type: ignore[union-attr]
+            flat_empty[flat] = False
+        return at.shape[0], np.zeros(at.shape[1], dtype=bool)
+
+    def _take(
+        self,
+        lines: np.ndarray,
+        j: np.ndarray,
+        trial: np.ndarray,
+        lengths: np.ndarray,
+        added: np.ndarray | None,
+        big: np.ndarray,
+        s: int,
+    ) -> None:
+        """Row ``lines[k]``'s sample of step ``s`` joins its micro-batch ``j[k]``."""
+        self.loads[lines, j] = trial[lines, j]
+        self.tokens[lines, j] -= lengths[lines]
+        if added is not None:
+            self.patches[lines, j] -= added[s][lines]  # type: ignore[index]
+        self.empty[lines, j] = False
+        if big[lines].any():  # no room is left beside an over-cap sample
+            closed = big[lines]
+            self.tokens[lines[closed], j[closed]] = -1.0
+            if added is not None:
+                self.patches[lines[closed], j[closed]] = -1.0  # type: ignore[index]
 
 
 def refine_lockstep(p: Problem, plan: Microbatches, budget: int = LOCKSTEP_WORK) -> None:

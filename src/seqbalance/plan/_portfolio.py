@@ -51,15 +51,19 @@ class Portfolio:
     soft-cap plan only when it happens to keep the cap) and, where no cap or count constraint
     binds (one micro-batch per rank), the partition engine's split of the unit costs. A
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
-    objective) is not run when that bound cannot beat the best plan so far. Otherwise a rival
-    runs when the planning budget in force admits it (``plan/_budget.py``: a cheap one always)
-    or when the plan is more than the budget's gap above the lower bound; the partition
-    engine's split runs where the budget admits every rival, or beyond that gap.
+    objective) is not run when that bound cannot beat the best plan so far; one that offers
+    ``count_lower_bound(problem)`` (a cheap lower bound on its micro-batches per rank) is not
+    run for a count below it (``best_with``). Otherwise a rival runs when the planning budget
+    in force admits it (``plan/_budget.py``: a cheap one always) or when the plan is more than
+    the budget's gap above the lower bound; the partition engine's split runs where the budget
+    admits every rival, or beyond that gap.
     """
 
     def __init__(self, p: Problem) -> None:
         self.p = p
         self._plans: dict[str, Microbatches | None] = {}
+        self._fewest: dict[str, float] = {}  # each rival's count_lower_bound, where read
+        self._deferred: list[Strategy] = []  # rivals best_with did not plan (by that bound)
 
     def _plan_of(self, strategy: Strategy) -> Microbatches | None:
         if strategy.name not in self._plans:
@@ -73,25 +77,46 @@ class Portfolio:
             self._plans[strategy.name] = plan
         return self._plans[strategy.name]
 
+    def _count_bound(self, strategy: Strategy) -> float:
+        """The rival's ``count_lower_bound`` (a lower bound on its plan's micro-batches per
+        rank, where it offers one; else 0), read once."""
+        if strategy.name not in self._fewest:
+            bound = getattr(strategy, "count_lower_bound", None)
+            self._fewest[strategy.name] = 0 if bound is None else bound(self.p)
+        return self._fewest[strategy.name]
+
     def best_with(self, m: int) -> Microbatches | None:
         """The best valid plan with exactly ``m`` micro-batches per rank of the rivals the
         planning budget in force admits (a skipped one still runs in ``best`` where the plan is
-        more than the budget's gap above the lower bound)."""
+        more than the budget's gap above the lower bound). A rival not planned yet whose
+        ``count_lower_bound`` is above ``m`` is not run (it cannot have ``m``;
+        ``planned_with`` counts it as planned)."""
         rivals = _rivals()
         admitted = _budget.admitted(self.p, rivals)
-        found = [
-            plan
-            for strategy in rivals
-            if strategy.name in admitted
-            and (plan := self._plan_of(strategy)) is not None
-            and len(plan[0]) == m
-        ]
+        found = []
+        for strategy in rivals:
+            if strategy.name not in admitted:
+                continue
+            if strategy.name not in self._plans and self._count_bound(strategy) > m:
+                if strategy not in self._deferred:
+                    self._deferred.append(strategy)
+                continue
+            if (plan := self._plan_of(strategy)) is not None and len(plan[0]) == m:
+                found.append(plan)
         return min(found, key=lambda plan: aligned_value(self.p, plan), default=None)
 
     def planned_with(self, m: int) -> bool:
         """Whether a rival already planned (``best_with`` or ``best`` ran it) has a valid plan
-        with exactly ``m`` micro-batches per rank; plans none for this."""
-        return any(plan is not None and len(plan[0]) == m for plan in self._plans.values())
+        with exactly ``m`` micro-batches per rank; plans none for this but the rivals
+        ``best_with`` left out by their count bound (as if it had run them) where that bound
+        allows ``m``."""
+        if any(plan is not None and len(plan[0]) == m for plan in self._plans.values()):
+            return True
+        return any(
+            (plan := self._plan_of(strategy)) is not None and len(plan[0]) == m
+            for strategy in self._deferred
+            if self._count_bound(strategy) <= m
+        )
 
     def best(self, plan: Microbatches, bound: float) -> Microbatches:
         """``plan`` unless a candidate is cheaper, or as cheap with fewer micro-batches."""

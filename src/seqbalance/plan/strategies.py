@@ -76,6 +76,23 @@ class GreedyBaseline:
         """A lower bound on this baseline's objective from its rank rule alone (cheap)."""
         return p.rank_bound(self.ranks(p), p.min_feasible_microbatches)
 
+    def count_lower_bound(self, p: Problem) -> float:
+        """A lower bound on this baseline's micro-batches per rank from its rank rule alone
+        (cheap; ``inf`` where it can plan no count): next or first fit gives each over-cap
+        sample a micro-batch of its own and the others at most ``max_tokens`` tokens each
+        (padded: padding included), and the count only rounds that up."""
+        if p.max_tokens is None:
+            return p.min_feasible_microbatches
+        rank_of_sample = self.ranks(p)[p.unit_of_sample]
+        over = np.bincount(rank_of_sample, weights=p.oversize, minlength=p.dp)
+        fitting = np.where(p.oversize, 0, p.lengths)
+        tokens = np.bincount(rank_of_sample, weights=fitting, minlength=p.dp)
+        needed = int((over + np.ceil(tokens / p.max_tokens)).max())
+        try:
+            return _microbatch_count(p, needed, self.name)
+        except ValueError:
+            return np.inf
+
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches: the rank rule, then the micro-batch rule, then ``M`` on every rank."""
         per_rank = [
@@ -140,6 +157,14 @@ class TokenKK:
         soft cap may use as few micro-batches as the options allow."""
         return p.rank_bound(_token_kk_ranks(p), p.round_microbatches(1))
 
+    def count_lower_bound(self, p: Problem) -> float:
+        """This baseline's micro-batches per rank, from its rank split alone (``inf`` where it
+        can plan no count)."""
+        try:
+            return _token_kk_count(p, rank_members(p, _token_kk_ranks(p)))
+        except ValueError:
+            return np.inf
+
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches of the token Karmarkar–Karp baseline."""
         return _token_kk(p)
@@ -154,8 +179,8 @@ def _token_kk_ranks(p: Problem) -> np.ndarray:
     return rank_of_unit
 
 
-def _token_kk(p: Problem) -> Microbatches:
-    members = rank_members(p, _token_kk_ranks(p))
+def _token_kk_count(p: Problem, members: list[np.ndarray]) -> int:
+    """The token Karmarkar–Karp baseline's micro-batches per rank on its ranks ``members``."""
     needed = 1
     for samples in members:
         if p.max_tokens is not None:
@@ -166,9 +191,14 @@ def _token_kk(p: Problem) -> Microbatches:
             needed = max(needed, -(-samples.size // p.microbatch_size))
     # The soft cap does not force more micro-batches, so M_lb (derived from the cap) is not used.
     try:
-        m = p.round_microbatches(needed)
+        return p.round_microbatches(needed)
     except ValueError as error:
         raise ValueError(f"strategy='token_kk': {error}") from None
+
+
+def _token_kk(p: Problem) -> Microbatches:
+    members = rank_members(p, _token_kk_ranks(p))
+    m = _token_kk_count(p, members)
     max_items = p.microbatch_size if p.layout == "padded" else None
     result = []
     for samples in members:

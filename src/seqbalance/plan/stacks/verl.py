@@ -83,6 +83,14 @@ def strict_cap_parts(
         count += step
 
 
+def _needed(problem: Any, ranks: list[list[int]]) -> int:
+    """verl's ``max over ranks of min(local samples, ceil(local tokens / cap))`` on ``ranks``
+    (one micro-batch per non-empty rank without a cap: an infinite ``max_token_len``)."""
+    limit = problem.max_tokens or 1 << 62
+    tokens = [problem.lengths[members] for members in ranks]
+    return max(min(t.size, ceil_div(int(t.sum()), limit)) for t in tokens)
+
+
 class VerlBaseline(StackBaseline):
     """verl's driver balance plus ``rearrange_micro_batches`` (see the module docstring)."""
 
@@ -108,6 +116,21 @@ class VerlBaseline(StackBaseline):
             rank_of_unit[problem.unit_of_sample[members]] = r
         return problem.rank_bound(rank_of_unit, problem.min_feasible_microbatches)
 
+    def count_lower_bound(self, problem: Any) -> float:
+        """A lower bound on verl's micro-batches per rank from its driver's rank split alone
+        (about a third of its work): its count where fixed by ``microbatch_size`` (padded),
+        else the count its strict-cap loop starts from and only raises; ``inf`` where verl
+        cannot plan the step."""
+        if problem.options.max_vision_patches is not None:
+            return float("inf")
+        try:
+            ranks = self.rank_partitions(problem, dispatch_order=False)
+            if problem.layout == "padded":
+                return self._fixed_count(problem, ranks)
+            return rounded(problem, _needed(problem, ranks), self.name)
+        except ValueError:
+            return float("inf")
+
     def _plan(self, problem: Any) -> Microbatches:
         if problem.layout == "padded":
             return self._fixed_size(problem)
@@ -122,7 +145,7 @@ class VerlBaseline(StackBaseline):
             )
         # No cap is an infinite max_token_len: one micro-batch per non-empty rank.
         limit = cap or 1 << 62
-        needed = max(min(t.size, ceil_div(int(t.sum()), limit)) for t in tokens)
+        needed = _needed(problem, ranks)
         fixed = problem.num_microbatches
 
         def fitting(m: int) -> list[list[list[int]]] | None:
@@ -153,7 +176,7 @@ class VerlBaseline(StackBaseline):
         micro-batches of ``microbatch_size``."""
         size = problem.microbatch_size
         ranks = self.rank_partitions(problem)
-        m = rounded(problem, max(ceil_div(len(members), size) for members in ranks), self.name)
+        m = self._fixed_count(problem, ranks)
         result = []
         for members in ranks:
             chunks = [members[i : i + size] for i in range(0, len(members), size)]
@@ -164,6 +187,11 @@ class VerlBaseline(StackBaseline):
                 )
             result.append(chunks)
         return check_empty(problem, result, self.name)
+
+    def _fixed_count(self, problem: Any, ranks: list[list[int]]) -> int:
+        """The micro-batches per rank of the fixed ``microbatch_size`` path on ``ranks``."""
+        size = problem.microbatch_size
+        return rounded(problem, max(ceil_div(len(members), size) for members in ranks), self.name)
 
     @staticmethod
     def rank_partitions(problem: Any, *, dispatch_order: bool = True) -> list[list[int]]:

@@ -279,7 +279,8 @@ class Rebalancer:
         """With ``adaptive``: learn from this rank's measured step of ``result`` (a
         ``RebalanceResult``; ``timing`` default ``timer.finish()``, one micro-batch time per
         ``result.microbatches``). Every rank observes every step; the update applies from the
-        next ``rebalance`` call.
+        next ``rebalance`` call. A step no rank had a sample for (``result.plan`` None) learns
+        nothing: its ``observe()`` discards the timer's regions and returns.
 
         Raises:
             ValueError: without ``adaptive``, or ``result`` is no ``RebalanceResult`` (on this
@@ -290,10 +291,16 @@ class Rebalancer:
                 f"observe() takes the step's RebalanceResult (rebalance()'s), got "
                 f"{type(result).__name__}"
             )
-        timing = self.timer.finish() if timing is None else timing
+        timer = self.timer  # raises without adaptive
         assert self.engine.feedback is not None  # self.timer raised otherwise
-        if result.plan is not None:
-            self.engine.feedback.observe(result.plan, result.plan_rank, timing)
+        if result.plan is None:
+            # No rank had a sample: nothing ran and nothing is learned. The loop timed no
+            # micro-batch, so finish() raised RuntimeError on every rank (adv13a F8); what it
+            # did time (a sync) belongs to no step the model learns from.
+            timer.discard()
+            return
+        timing = timer.finish() if timing is None else timing
+        self.engine.feedback.observe(result.plan, result.plan_rank, timing)
 
     def state_dict(self) -> dict[str, Any]:
         """With ``adaptive``: what it learned (plain JSON values) for a checkpoint, once the
