@@ -16,7 +16,7 @@ from typing import Any
 
 from seqbalance.datasets._files import Malformed
 from seqbalance.datasets.chat_template import compile_chat_template
-from seqbalance.datasets.tokenize import PROBE_TEXT, check_vocabulary
+from seqbalance.datasets.tokenize import PROBE_TEXT, check_vocabulary, load_hf_tokenizer
 
 _CHAT_KEYS = ("prompt", "completion", "chosen", "rejected", "messages", "conversations")
 _SUPPORTED_KEYS = ("prompt", "chosen", "rejected", "completion", "messages")
@@ -45,11 +45,7 @@ def load_tokenizer(tokenizer: Any) -> tuple[Any, str]:
             "TRL token counts need transformers (TRL's own dependency): pip install "
             "'seqbalance[hf]'"
         ) from error
-    try:
-        backend = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except (OSError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        raise ValueError(f"tokenizer {tokenizer!r}: cannot load it ({first_line})") from None
+    backend = load_hf_tokenizer(transformers, directory, repr(tokenizer))
     check_vocabulary(tokenizer, len(backend(PROBE_TEXT, add_special_tokens=False)["input_ids"]))
     return backend, str(directory)
 

@@ -22,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BUILTIN_TOKENIZERS", "PROBE_TEXT", "Tokenizer", "check_vocabulary", "get_tokenizer"]
+__all__ = [
+    "BUILTIN_TOKENIZERS",
+    "PROBE_TEXT",
+    "Tokenizer",
+    "check_vocabulary",
+    "get_tokenizer",
+    "load_hf_tokenizer",
+]
 
 _TOKENIZE_EXTRA = "pip install 'seqbalance[tokenize]'"
 
@@ -233,13 +240,30 @@ def _local_directory(directory: Path) -> Tokenizer:
     return _hf_directory(directory)
 
 
+def load_hf_tokenizer(transformers: Any, directory: Path, label: str) -> Any:
+    """``transformers.AutoTokenizer`` of a local directory (local files only).
+
+    Raises:
+        ValueError: naming ``label`` (the tokenizer as given), when transformers cannot load
+            it. Its loader raises what a malformed file in the directory makes it raise: a
+            ``tokenizer_config.json`` that is a list, or whose ``tokenizer_class`` is a number,
+            gave AttributeError, a bad ``added_tokens_decoder`` TypeError (tracebacks).
+    """
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, IndexError) as error:
+        text = str(error).strip()
+        first_line = text.splitlines()[0] if text else type(error).__name__
+        raise ValueError(f"tokenizer {label}: cannot load it ({first_line})") from None
+
+
 def _hf_directory(directory: Path) -> Tokenizer:
     transformers = _require(
         "transformers", f"tokenizer {directory}", "pip install transformers (hf: tokenizers only)"
     )
     if not directory.is_dir():
         raise ValueError(f"tokenizer 'hf:{directory}': no such directory")
-    backend = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    backend = load_hf_tokenizer(transformers, directory, f"'hf:{directory}'")
 
     def count(texts: list[str]) -> list[int]:
         encoded = backend(texts, add_special_tokens=False)["input_ids"]
