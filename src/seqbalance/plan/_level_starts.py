@@ -88,7 +88,8 @@ def _shapes(costs: np.ndarray, dp: int, m: int) -> np.ndarray:
     1.5, two straight lines), each positive."""
     n = costs.size
     tiers = costs[np.minimum(np.arange(m) * dp, n - 1)]
-    firsts = costs[np.minimum(np.arange(m), n - 1)] ** 1.5
+    with np.errstate(over="ignore"):  # costs past about 1e205: an infinite shape, left out below
+        firsts = costs[np.minimum(np.arange(m), n - 1)] ** 1.5
     shapes = np.stack([tiers, firsts, np.linspace(1, 0.5, m), np.linspace(1, 0.3, m)])
     total = shapes.sum(axis=1, keepdims=True)
     usable = (np.isfinite(total[:, 0]) & (total[:, 0] > 0)) & (shapes > 0).all(axis=1)

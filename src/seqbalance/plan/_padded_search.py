@@ -260,6 +260,10 @@ class _State:
         self.cost = self._interval_costs(cuts[:-1], np.diff(cuts))
         self.loads = np.bincount(rank, weights=self.cost, minlength=p.dp)
         self.lockstep = p.objective == "lockstep"
+        # The sums of squares are taken of the loads scaled by a power of two near the total:
+        # exact (the same comparisons at any scale), and no overflow where costs pass 1e154.
+        exponent = int(np.frexp(self.cost.sum())[1])  # within +-1075 (subnormal to max)
+        self.unit = float(np.ldexp(1.0, -min(max(exponent, -1000), 1000)))
 
     @classmethod
     def of(cls, p: Problem, intervals: Intervals, plan: Microbatches) -> _State | None:
@@ -276,7 +280,12 @@ class _State:
         return float(self.loads.max())
 
     def _key(self, loads: np.ndarray) -> tuple[float, float]:
-        return float(loads.max()), float((loads * loads).sum())
+        return float(loads.max()), float(self._squares(loads).sum())
+
+    def _squares(self, loads: np.ndarray) -> np.ndarray:
+        """Squared loads in the state's unit (see ``unit``)."""
+        scaled = loads * self.unit
+        return scaled * scaled
 
     # ---------------------------------------------------------------- moves
     def step(self) -> bool:
@@ -394,7 +403,7 @@ class _State:
             np.add.at(loads, (rows, self.rank[j]), w_new - self.cost[j])
             np.add.at(loads, (rows, self.rank[into]), w_into - self.cost[into])
             np.add.at(loads, (rows, np.full(j.size, self.rank[last])), w_last - self.cost[last])
-            keys = np.stack([loads.max(axis=1), (loads * loads).sum(axis=1)], axis=1)
+            keys = np.stack([loads.max(axis=1), self._squares(loads).sum(axis=1)], axis=1)
         i = int(np.lexsort((keys[:, 1], keys[:, 0]))[0])
         key = (float(keys[i, 0]), float(keys[i, 1]))
 
@@ -500,9 +509,9 @@ class _State:
         for r in top[::-1].tolist():  # the largest rank total outside ra and rb
             others = np.where((ra != r) & (rb != r), loads[r], others)
         new_max = np.maximum(np.maximum(la, lb), others)
-        squares = float((loads * loads).sum())
-        sumsq = squares - loads[ra] ** 2 + la**2
-        sumsq = np.where(same, sumsq, sumsq - loads[rb] ** 2 + lb**2)
+        squares = float(self._squares(loads).sum())
+        sumsq = squares - self._squares(loads[ra]) + self._squares(la)
+        sumsq = np.where(same, sumsq, sumsq - self._squares(loads[rb]) + self._squares(lb))
         return np.stack([new_max, sumsq], axis=1)
 
     # ---------------------------------------------------------------- result

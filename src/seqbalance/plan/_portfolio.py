@@ -86,11 +86,17 @@ class Portfolio:
         return self._fewest[strategy.name]
 
     def best_with(self, m: int) -> Microbatches | None:
-        """The best valid baseline plan with exactly ``m`` micro-batches per rank. A rival not
-        planned yet whose ``count_lower_bound`` is above ``m`` is not run (it cannot have ``m``;
+        """The best valid plan with exactly ``m`` micro-batches per rank of the rivals the
+        planning budget in force admits (a skipped one still runs in ``best`` where the plan is
+        more than the budget's gap above the lower bound). A rival not planned yet whose
+        ``count_lower_bound`` is above ``m`` is not run (it cannot have ``m``;
         ``planned_with`` counts it as planned)."""
+        rivals = _rivals()
+        admitted = _budget.admitted(self.p, rivals)
         found = []
-        for strategy in _rivals():
+        for strategy in rivals:
+            if strategy.name not in admitted:
+                continue
             if strategy.name not in self._plans and self._count_bound(strategy) > m:
                 if strategy not in self._deferred:
                     self._deferred.append(strategy)

@@ -1,0 +1,44 @@
+"""Adversarial (adv13c D6): a padded step's plan depended on the scale of its costs, within the
+accepted range (totals up to 2**960). The padded search breaks ties by the sum of the squared
+rank loads: with costs near 2**700 the squares overflowed (numpy RuntimeWarnings, an error under
+``-W error``; inf - inf keys), near 2**-700 they underflowed to 0 (every tie alike), and the
+plan differed from the same step's costs at scale 1. The squares are now taken of the loads
+scaled by a power of two near the total, which is exact: a power-of-two scale of the costs
+gives the very same plan, with no warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from seqbalance.plan import plan_step
+
+LENGTHS = [540, 616, 82, 151, 34, 351, 1626, 1299, 1825, 1007, 1213, 1941, 1459, 1264, 1087]
+LENGTHS += [1120, 1870, 555, 1631, 1342, 6, 788, 1714, 1109, 68, 1530]
+
+
+def _plan(scale: float, objective: str):
+    return plan_step(
+        LENGTHS,
+        4,
+        cost=lambda lengths: (lengths + lengths.astype(float) ** 2 / 1000) * scale,
+        layout="padded",
+        microbatch_size=3,
+        objective=objective,
+    )
+
+
+@pytest.mark.parametrize("exponent", [700, -700, 900])
+@pytest.mark.parametrize("objective", ["step", "lockstep"])
+def test_a_power_of_two_scale_of_the_costs_gives_the_same_padded_plan(exponent, objective):
+    reference = _plan(1.0, objective)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # before: RuntimeWarning: overflow encountered in multiply
+        scaled = _plan(2.0**exponent, objective)
+    assert [[ix.tolist() for ix in mbs] for mbs in scaled.ranks] == [
+        [ix.tolist() for ix in mbs] for mbs in reference.ranks
+    ]
+    assert scaled.step_cost == reference.step_cost * 2.0**exponent
+    assert np.array_equal(scaled.costs, reference.costs * 2.0**exponent)
