@@ -7,6 +7,7 @@ on rich and is the stable, machine-readable form of every command's result.
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -47,12 +48,21 @@ def print_json(value: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _rich_console(stderr: bool = False) -> Any | None:
+def _rich_console(stderr: bool = False, **options: Any) -> Any | None:
+    """A rich ``Console`` (None without rich) whose broken pipe (the reader went away: ``| head``)
+    is a ``BrokenPipeError`` for ``cli.main`` to report like any other (one line, rc 2): rich's
+    own handler ends the process with status 1 and no word."""
     try:
         from rich.console import Console
     except ImportError:
         return None
-    return Console(stderr=stderr)
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is rendered to the closed stream
+            raise BrokenPipeError(errno.EPIPE, "standard output was closed")
+
+    return _Console(stderr=stderr, **options)
 
 
 def print_table(
@@ -66,12 +76,11 @@ def print_table(
     rendered = [[str(cell) for cell in row] for row in rows]
     console = _rich_console()
     if console is not None:
-        from rich.console import Console
         from rich.table import Table
 
         if not console.is_terminal:
             # Piped output has no width to fit; never squeeze figures into "…".
-            console = Console(width=1000)
+            console = _rich_console(width=1000)
 
         table = Table(title=title, caption=caption)
         for index, column in enumerate(columns):
