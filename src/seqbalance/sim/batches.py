@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import as_group_ids, check_int
 
 __all__ = ["MAX_DRAWN_SAMPLES", "sample_batches", "step_batches"]
 
@@ -49,9 +49,13 @@ def sample_batches(
         order = np.arange(n_samples, dtype=np.int64)
         starts = order.copy()
     else:
-        groups = as_lengths(groups, "groups")
-        if groups.size != n_samples:
-            raise ValueError(f"groups has {groups.size} entries, expected {n_samples}")
+        if (
+            getattr(groups, "ndim", 1) == 1
+            and hasattr(groups, "__len__")
+            and len(groups) != n_samples
+        ):
+            raise ValueError(f"groups has {len(groups)} entries, expected {n_samples}")
+        groups = as_group_ids(groups, n_samples)
         order = np.argsort(groups, kind="stable")
         _, starts = np.unique(groups[order], return_index=True)
     sizes = np.diff(np.append(starts, n_samples))

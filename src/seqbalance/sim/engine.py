@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_choice, check_int
+from seqbalance._validation import as_group_ids, as_lengths, check_choice, check_int
 from seqbalance.cost import CostModel
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
 from seqbalance.cost.resolve import cost_name, resolve_cost, seconds_model
@@ -92,12 +92,17 @@ def _dataset(lengths: Any, groups: Any) -> tuple[SampleParts | None, np.ndarray,
     if lengths.size == 0:
         raise ValueError("lengths must hold at least one sample, got an empty array")
     if groups is not None:
-        groups = as_lengths(groups, "groups")
-        if groups.size != lengths.size:
+        if (
+            getattr(groups, "ndim", 1) == 1
+            and hasattr(groups, "__len__")
+            and len(groups) != lengths.size
+        ):
             raise ValueError(
-                f"groups has {groups.size} entries but lengths has {lengths.size}; "
+                f"groups has {len(groups)} entries but lengths has {lengths.size}; "
                 "give one group id per sample"
             )
+        # Group ids as plan_step reads them (any integers, negative ones included).
+        groups = as_group_ids(groups, lengths.size)
     return parts, lengths, groups
 
 
