@@ -196,6 +196,20 @@ def test_calibration_plans_cover_whole_and_every_sharded_size() -> None:
     assert calibration_longest(4, cp, 64) == 256 == max(int(p.lengths.max()) for p in plans)
 
 
+def test_calibration_plans_without_size_one_still_measure_whole_samples() -> None:
+    """``bench --context-parallel 2`` / ``calibrate --context-parallel 2`` (sizes without 1):
+    the whole-sample plans were validated against sizes (2,) and every rank raised
+    PlanValidationError 'sample 0 has CP size 1, not an allowed size' (adv13b D8)."""
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-3, factor=1)
+    plans = calibration_plans(2, ContextParallel(sizes=(2,)), cost, max_tokens=64, trials=4)
+    assert sum((p.cp_size == 1).all() for p in plans) == 2 + 6  # varied, then short
+    assert sum((p.cp_size == 2).all() for p in plans) > 0
+
+
 def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
     pytest.importorskip("torch")
     from seqbalance.measure.calibrate_context_parallel import calibration_plans

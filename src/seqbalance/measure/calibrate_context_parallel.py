@@ -104,9 +104,11 @@ def calibration_plans(
     """
     world = check_int(world, "world", minimum=1)
     cap = check_int(max_tokens, "max_tokens", minimum=1)
-    options = PlanOptions(
-        cost=cost, max_tokens=cap, context_parallel=context_parallel, allow_empty=True
-    )
+    # Whole samples are measured whatever sizes are allowed (they fit the compute terms), so
+    # the plans allow size 1 too: with sizes=(2,) (`bench --context-parallel 2`) every
+    # whole-sample plan failed validation on every rank.
+    measured = replace(context_parallel, sizes=tuple(sorted({1, *context_parallel.sizes})))
+    options = PlanOptions(cost=cost, max_tokens=cap, context_parallel=measured, allow_empty=True)
     plans = []
     micro = calibration_microbatches(trials, max_tokens=cap, max_length=cap, seed=seed)
     for first in range(0, len(micro) - world + 1, world):
