@@ -13,7 +13,9 @@ with tokens only; uint8 ones held ``IGNORE_INDEX`` (-100) as 156, a real token, 
 of every sample's last token. Token ids are now labelled in int64: the loss equals int64's.
 adv12a A4: a ``samples`` container without a length (a generator) raised TypeError in
 ``prepare`` on its rank alone, and sparse or meta token ids passed ``prepare`` and failed in the
-slots on their rank alone; both now travel in the agreement too.
+slots on their rank alone; both now travel in the agreement too. adv13a F10: a negative token
+id, or a uint64 one beyond int64 (wrapped negative in int64), passed ``prepare`` and failed in
+the embedding on the ranks computing that sample alone; now refused in the agreement too.
 
 Real gloo processes.
 """
@@ -80,6 +82,9 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         "generator": (plan, (sample for sample in _samples(LENGTHS))),
         "sparse": (plan, [sample.to_sparse() for sample in _samples(LENGTHS)]),
         "meta": (plan, [sample.to("meta") for sample in _samples(LENGTHS)]),
+        # adv13a F10: passed prepare and failed in the embedding on its rank alone.
+        "negative": (plan, [sample - 70 for sample in _samples(LENGTHS)]),
+        "beyond int64": (plan, [(s + 2**63).to(torch.uint64) for s in _samples(LENGTHS)]),
     }
     out: dict[str, Any] = {}
     for name, (their_plan, their_samples) in odd.items():
@@ -105,6 +110,8 @@ def test_inputs_wrong_on_one_rank_fail_every_rank_alike(tmp_path) -> None:
         "generator": "samples must be a sequence of token-id tensors, got generator",
         "sparse": "samples[0] is a torch.sparse_coo tensor: only dense",
         "meta": "samples[0] is a meta-device tensor: only dense",
+        "negative": "samples[0] holds the token id -",
+        "beyond int64": "samples[0] holds the token id 92233720368547",
     }
     for name, text in expected.items():
         assert results[0][name] == results[1][name], name

@@ -32,9 +32,12 @@ makes the same plan.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
+
+import numpy as np
 
 from seqbalance.cost.resolve import cost_unit
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
@@ -116,9 +119,27 @@ def modeled_step_seconds(p: Problem, cost: float) -> float | None:
 
 
 def rival_seconds(strategy: Any, p: Problem) -> float:
-    """A rival's price on ``p``: its ``planning_seconds(problem)``, else ``DEFAULT_PRICE``."""
+    """A rival's price on ``p``: its ``planning_seconds(problem)``, else ``DEFAULT_PRICE``.
+
+    Raises:
+        ValueError: naming the strategy, where its estimate is no finite number of seconds
+            >= 0 (a registered strategy's may be wrong: NaN would admit it on every step).
+    """
     estimate = getattr(strategy, "planning_seconds", None)
-    return float(estimate(p)) if estimate is not None else DEFAULT_PRICE.seconds(p)
+    if estimate is None:
+        return DEFAULT_PRICE.seconds(p)
+    seconds = estimate(p)
+    value = math.nan
+    if isinstance(seconds, (float, np.integer, np.floating)):
+        value = float(seconds)
+    elif isinstance(seconds, int) and not isinstance(seconds, bool):
+        value = float(seconds) if abs(seconds) < 2**1000 else math.inf  # float() overflows
+    if not 0 <= value < math.inf:
+        raise ValueError(
+            f"strategy {strategy.name!r}: planning_seconds(problem) must be a finite number of "
+            f"seconds >= 0, got {seconds!r:.80}"
+        )
+    return value
 
 
 def admitted(p: Problem, rivals: list[Any]) -> frozenset[str]:

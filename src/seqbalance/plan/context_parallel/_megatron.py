@@ -172,7 +172,7 @@ def _next_group(
             break
     leftovers = [i for bucket in buckets for i in bucket]
     _trim(runs, load, group_of, members, workload, leftovers)
-    return _spread(p, _lay_out([(len(m), list(runs[m[0]])) for m in members])), leftovers
+    return _lay_out(_spread(p, [(len(m), list(runs[m[0]])) for m in members])), leftovers
 
 
 def _trim(
@@ -212,32 +212,25 @@ def _lay_out(groups: list[tuple[int, list[int]]]) -> list[tuple[int, int, list[i
     groups are created in non-increasing size (the usual case: samples arrive longest first).
     Samples pushed back by the trim step can reach a later group out of order; Megatron would
     then form a group on ranks that are not one of its (aligned) process groups, so the groups
-    are laid out here instead; which ranks a group uses does not change any of the rule's
-    decisions (free ranks all have zero workload).
+    are laid out here instead, after every decision of the rule (``_spread`` picks groups by
+    creation order, as Megatron does): which ranks a group uses then changes none of them.
     """
     order = sorted(range(len(groups)), key=lambda g: -groups[g][0])
     starts = np.cumsum([0] + [groups[g][0] for g in order])
     return [(int(starts[k]), *groups[g]) for k, g in enumerate(order)]
 
 
-def _spread(
-    p: CPProblem, groups: list[tuple[int, int, list[int]]]
-) -> list[tuple[int, int, list[int]]]:
-    """While ranks are idle, double the first of the smallest groups over them (the groups
-    after it shift right); stop when the doubled size is not allowed."""
+def _spread(p: CPProblem, groups: list[tuple[int, list[int]]]) -> list[tuple[int, list[int]]]:
+    """While ranks are idle, double the first created of the smallest groups (``groups``: size
+    and samples in creation order, as Megatron's ``fill_empty_gpus`` walks them); stop when the
+    doubled size is not allowed."""
     groups = list(groups)
     while True:
-        used = sum(size for _, size, _ in groups)
-        if used >= p.n_ranks:
+        if sum(size for size, _ in groups) >= p.n_ranks:
             return groups
-        smallest = min(size for _, size, _ in groups)
+        smallest = min(size for size, _ in groups)
         doubled = min(2 * smallest, p.n_ranks)
         if doubled not in p.sizes:
             return groups
-        g = next(g for g, (_, size, _) in enumerate(groups) if size == smallest)
-        start, size, samples = groups[g]
-        if start % doubled:
-            raise AssertionError(f"Megatron expansion misaligned: rank {start}, size {doubled}")
-        shift = doubled - size
-        groups[g] = (start, doubled, samples)
-        groups[g + 1 :] = [(s + shift, z, m) for s, z, m in groups[g + 1 :]]
+        g = next(g for g, (size, _) in enumerate(groups) if size == smallest)
+        groups[g] = (doubled, groups[g][1])

@@ -219,6 +219,16 @@ def _check_tokens(sample: Any, length: int, name: str) -> None:
         raise ValueError(
             f"{name} has shape {shape}{kind}, the plan says {length} integer token ids (1-D)"
         )
+    # Ids are used as int64: a negative one, or a uint64 one past int64 (negative once cast),
+    # failed in the embedding on the ranks computing that sample alone, their peers waiting in
+    # the slot's gathers until the timeout (adv13a F10).
+    negative = sample.to(torch.int64) < 0
+    if length and bool(negative.any()):
+        first = int(negative.nonzero()[0, 0])
+        raise ValueError(
+            f"{name} holds the token id {sample[first].item()} at position {first}: token ids "
+            "must lie in [0, 2**63)"
+        )
 
 
 def _check_samples(plan: ContextParallelPlan, samples: Sequence[torch.Tensor]) -> None:
