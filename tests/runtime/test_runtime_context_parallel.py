@@ -252,6 +252,46 @@ def test_slot_batch_labels_cross_shards() -> None:
         SlotBatch.of(inputs, samples[:1])
 
 
+def test_slot_batch_reads_the_token_ids_check_once(monkeypatch) -> None:
+    # mend13 M2: the id check read one flag per sample (a device-to-host sync each on a GPU);
+    # now one for all samples. Ids of every integer dtype pass; the first sample in error is
+    # named, whether its ids or its shape are wrong.
+    lengths = [10, 4, 7, 3]
+    plan = plan_cp(
+        lengths,
+        2,
+        max_tokens=64,
+        context_parallel=ContextParallel(sizes=(2,)),
+        strategy="static_cp",
+    )
+    assert plan.slot_inputs(0, 0).lengths.tolist() == lengths
+    reads = []
+    bool_of = torch.Tensor.__bool__
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: reads.append(1) or bool_of(t))
+    dtypes = [torch.int8, torch.int32, torch.uint64, torch.int64]
+    batch = slot_batch(
+        plan, 0, 0, [torch.arange(n).to(d) for n, d in zip(lengths, dtypes, strict=True)]
+    )
+    assert len(reads) == 1
+    assert batch.input_ids.dtype == torch.int64
+    for dtype in (torch.uint8, torch.uint16, torch.uint32):  # no id of theirs is looked at
+        reads.clear()
+        slot_batch(plan, 0, 0, [torch.arange(n).to(dtype) for n in lengths])
+        assert reads == []
+    beyond = torch.tensor([5, 6, 2**63 - 3]).neg().view(torch.uint64)  # 2**64 - 5, ...
+    negative = torch.tensor([1, 2, -3, 4])
+    samples = [torch.arange(n) for n in lengths]
+    with pytest.raises(
+        ValueError,
+        match=r"tokens\[3\] \(sample 3\) holds the token id 18446744073709551611 at position 0",
+    ):
+        slot_batch(plan, 0, 0, [*samples[:3], beyond])
+    with pytest.raises(ValueError, match=r"tokens\[1\] .* id -3 at position 2: token ids must"):
+        slot_batch(plan, 0, 0, [samples[0], negative, samples[2][:2], samples[3]])
+    with pytest.raises(ValueError, match=r"tokens\[1\] \(sample 1\) has shape \(3,\)"):
+        slot_batch(plan, 0, 0, [samples[0], samples[1][:3], samples[2], negative[:3]])
+
+
 def _step(plan: ContextParallelPlan, groups: ContextParallelGroups, timeout: float) -> None:
     """A fresh model through ``plan`` (the failure cases: nothing is compared)."""
     samples = _samples(plan.lengths.tolist())
