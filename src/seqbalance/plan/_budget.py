@@ -129,17 +129,34 @@ def rival_seconds(strategy: Any, p: Problem) -> float:
     if estimate is None:
         return DEFAULT_PRICE.seconds(p)
     seconds = estimate(p)
-    value = math.nan
-    if isinstance(seconds, (float, np.integer, np.floating)):
-        value = float(seconds)
-    elif isinstance(seconds, int) and not isinstance(seconds, bool):
-        value = float(seconds) if abs(seconds) < 2**1000 else math.inf  # float() overflows
+    value = _real_value(seconds)
     if not 0 <= value < math.inf:
         raise ValueError(
             f"strategy {strategy.name!r}: planning_seconds(problem) must be a finite number of "
             f"seconds >= 0, got {seconds!r:.80}"
         )
     return value
+
+
+def _real_value(number: Any) -> float:
+    """``number`` as a float, NaN where it is no single real number (None, a string, a bool,
+    a complex number, a sequence), infinity where it is too large for one. Any real scalar
+    ``float()`` reads is one: Python and numpy numbers, 0-d arrays and tensors, ``Fraction``,
+    ``Decimal``."""
+    kind = str(getattr(number, "dtype", ""))
+    if (
+        isinstance(number, (bool, str, bytes))
+        or "bool" in kind
+        or "complex" in kind
+        or np.ndim(number) != 0
+    ):
+        return math.nan
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def admitted(p: Problem, rivals: list[Any]) -> frozenset[str]:
