@@ -553,6 +553,20 @@ def test_iterator_refuses_empty_samples_up_front() -> None:
         MegatronDataIterator(dataset, lengths, global_batch_size=2, dp_rank=0, dp_size=1)
 
 
+def test_iterator_plans_unpadded_lengths_without_a_copy() -> None:
+    """mend13 L2: without padding the sampler plans the checked lengths themselves (the padded
+    copy cost 800 MB at 100M samples); with padding, the padded ones."""
+    lengths = np.array([5, 7, 3, 9, 4, 6, 2, 8])
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    for pad_multiple, planned in ((1, lengths), (4, [8, 8, 4, 12, 4, 8, 4, 8])):
+        it = MegatronDataIterator(
+            dataset, lengths, global_batch_size=4, dp_rank=0, dp_size=2, pad_multiple=pad_multiple
+        )
+        values = it.sampler._source.values
+        assert values.tolist() == list(planned)
+        assert np.shares_memory(values, it._lengths) == (pad_multiple == 1)
+
+
 def counting_planner(it: MegatronDataIterator) -> list[int]:
     """Wrap the iterator's planner: the returned list grows by one per step planned."""
     calls: list[int] = []

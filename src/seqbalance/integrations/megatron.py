@@ -422,8 +422,9 @@ class MegatronDataIterator:
                 "sample(s) are empty; leave them out of the dataset)"
             )
         self._lengths = raw
-        # The cap counts padded tokens, so the plan sees padded lengths.
-        planned = -(-raw // self.pad_multiple) * self.pad_multiple
+        # The cap counts padded tokens, so the plan sees padded lengths (unpadded: no copy).
+        pad = self.pad_multiple
+        planned = raw if pad == 1 else -(-raw // pad) * pad
         with _megatron_refusals():
             self.sampler = BalancedBatchSampler(
                 planned,
