@@ -192,13 +192,16 @@ class EpochLayout:
             b = min(a + per_chunk, full)
             samples = self._units(a * width, b * width)
             rows = values(samples)
-            weight = np.asarray(self.lengths[samples], dtype=np.int64)
-            window = np.arange(samples.size, dtype=np.int64) // width
-            order = np.lexsort((-weight, window))  # stable: ties keep their position order
-            rank = np.arange(samples.size, dtype=np.int64) - window[order] * width
-            steps = np.empty(samples.size, dtype=np.int64)
-            steps[order] = (a + window[order]) * self.window + snake[rank % snake.size]
-            sums = _add_rows(sums, steps, rows, self.n_steps)
+            weight = np.asarray(self.lengths[samples], dtype=np.int64).reshape(b - a, width)
+            # Per window (a row: the chunk holds whole windows), the longest first; stable:
+            # ties keep their position order. A sort per row, not one over the chunk's
+            # (window, weight) pairs: 0.77 s of a 4M-sample sampler's construction.
+            order = np.argsort(-weight, axis=1, kind="stable")
+            first_step = np.arange(a, b, dtype=np.int64)[:, None] * self.window
+            steps = np.empty((b - a, width), dtype=np.int64)
+            dealt = first_step + snake[np.arange(width) % snake.size]  # the i-th longest's step
+            np.put_along_axis(steps, order, dealt, axis=1)
+            sums = _add_rows(sums, steps.ravel(), rows, self.n_steps)
         if full * self.window < self._total:
             for offset, indices in enumerate(self._bucket(full)):
                 number = full * self.window + offset
