@@ -142,3 +142,15 @@ def test_as_group_ids_rejects_bad_shapes_and_values() -> None:
         as_group_ids([0.0, 1e19], 2)
     with pytest.raises(ValueError, match="integer ids, got dtype <U1"):
         as_group_ids(["a"], 1)
+
+
+def test_the_empty_slot_refusal_is_public():
+    # review13 L8: plan_step's refusal of a step too small for its slots is an EmptySlotError
+    # (a ValueError), which callers could not import by a public name.
+    import seqbalance as sb
+    from seqbalance.plan import EmptySlotError
+
+    assert sb.EmptySlotError is EmptySlotError
+    with pytest.raises(sb.EmptySlotError, match="pass allow_empty=True") as refused:
+        sb.plan_step([1, 2], 4)
+    assert refused.value.hint.startswith("; pass allow_empty=True")

@@ -30,6 +30,7 @@ _LAZY_NAMES = {
     "StepPlan": "seqbalance.plan",
     "EpochPlan": "seqbalance.plan",
     "PlanValidationError": "seqbalance.plan",
+    "EmptySlotError": "seqbalance.plan",
     "register_strategy": "seqbalance.plan",
     "strategy_names": "seqbalance.plan",
     "simulate": "seqbalance.sim",

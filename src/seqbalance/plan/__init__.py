@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from seqbalance._validation import EmptySlotError
 from seqbalance.plan import _builtins  # noqa: F401  (registers the built-in strategies)
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan.base import Plan
@@ -44,6 +45,7 @@ __all__ = [
     "ContextParallel",
     "ContextParallelPlan",
     "ContextParallelStrategy",
+    "EmptySlotError",
     "EpochPlan",
     "Microbatches",
     "Plan",

@@ -48,7 +48,6 @@ from seqbalance._deprecated import moved_names
 __all__ = [
     "FAMILIES",
     "get_strategy",
-    "register_built_in",
     "register_strategy",
     "strategy_names",
     "unregister_strategy",

@@ -9,12 +9,25 @@ import numpy as np
 
 from seqbalance._validation import as_group_ids, check_int
 
-__all__ = ["MAX_DRAWN_SAMPLES", "sample_batches", "step_batches"]
+__all__ = ["MAX_DRAWN_SAMPLES", "group_ids", "sample_batches", "step_batches"]
 
 MAX_DRAWN_SAMPLES = 2**24
 """The most samples drawn, ``steps x global_batch_size``: every step's indices are held at once
 (8 bytes a sample, 128 MiB at the bound) and every strategy plans each step; more is a typo
 (``--steps 1000000000000`` filled the memory before planning anything)."""
+
+
+def group_ids(groups: Any, n_samples: int, *, of: str) -> np.ndarray:
+    """``groups`` read as ``plan_step`` reads group ids (any integers, negative ones included),
+    one per sample of ``of`` (``n_samples`` of them); a list or 1-d array of another size is
+    refused by its number of entries."""
+    sized = getattr(groups, "ndim", 1) == 1 and hasattr(groups, "__len__")
+    if sized and len(groups) != n_samples:
+        raise ValueError(
+            f"groups has {len(groups)} entries, expected one group id per sample of {of} "
+            f"({n_samples})"
+        )
+    return as_group_ids(groups, n_samples)
 
 
 def sample_batches(
@@ -49,13 +62,7 @@ def sample_batches(
         order = np.arange(n_samples, dtype=np.int64)
         starts = order.copy()
     else:
-        if (
-            getattr(groups, "ndim", 1) == 1
-            and hasattr(groups, "__len__")
-            and len(groups) != n_samples
-        ):
-            raise ValueError(f"groups has {len(groups)} entries, expected {n_samples}")
-        groups = as_group_ids(groups, n_samples)
+        groups = group_ids(groups, n_samples, of="the dataset")
         order = np.argsort(groups, kind="stable")
         _, starts = np.unique(groups[order], return_index=True)
     sizes = np.diff(np.append(starts, n_samples))

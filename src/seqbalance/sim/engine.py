@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_group_ids, as_lengths, check_choice, check_int
+from seqbalance._validation import as_lengths, check_choice, check_int
 from seqbalance.cost import CostModel
 from seqbalance.cost.context_parallel import ContextParallelTimeModel
 from seqbalance.cost.resolve import cost_name, resolve_cost, seconds_model
@@ -25,7 +25,7 @@ from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
 from seqbalance.plan import Plan, plan_step, strategy_names
 from seqbalance.plan.options import PlanOptions, as_options, check_rank_speeds
 from seqbalance.plan.step import check_within_caps, vision_patches_of
-from seqbalance.sim.batches import step_batches
+from seqbalance.sim.batches import group_ids, step_batches
 from seqbalance.sim.result import SimulationResult, StrategyResult, aggregate
 
 __all__ = [
@@ -92,17 +92,7 @@ def _dataset(lengths: Any, groups: Any) -> tuple[SampleParts | None, np.ndarray,
     if lengths.size == 0:
         raise ValueError("lengths must hold at least one sample, got an empty array")
     if groups is not None:
-        if (
-            getattr(groups, "ndim", 1) == 1
-            and hasattr(groups, "__len__")
-            and len(groups) != lengths.size
-        ):
-            raise ValueError(
-                f"groups has {len(groups)} entries but lengths has {lengths.size}; "
-                "give one group id per sample"
-            )
-        # Group ids as plan_step reads them (any integers, negative ones included).
-        groups = as_group_ids(groups, lengths.size)
+        groups = group_ids(groups, lengths.size, of="lengths")
     return parts, lengths, groups
 
 
