@@ -58,3 +58,24 @@ def test_padding_past_int32_bounds_is_refused_before_allocating(multiple: int) -
         pack_thd([[1, 2]], pad_multiple=multiple)
     with pytest.raises(ValueError, match="pad_multiple"):
         hybrid_cp_sample([1, 2], 2, pad_multiple=multiple)
+
+
+def test_token_ids_are_checked_where_they_lie_once(monkeypatch) -> None:
+    """mend13 L3: each sample was copied to the host for a numpy min and max on top of its copy
+    into the packed buffer; now one torch reduction where the ids lie, none for uint8 to uint32
+    ids (never negative), and the same refusals."""
+    copies, reads = [], []
+    cpu, bool_of = torch.Tensor.cpu, torch.Tensor.__bool__
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t, *a, **k: copies.append(1) or cpu(t, *a, **k))
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: reads.append(1) or bool_of(t))
+    unsigned = [torch.tensor([3, 1, 2], dtype=d) for d in (torch.uint8, torch.uint16, torch.uint32)]
+    assert pack_thd(unsigned)["tokens"][0].tolist() == [3, 1, 2] * 3
+    assert (copies, reads) == ([], [])
+    signed = [torch.tensor([3, 1, 2]), torch.tensor([5], dtype=torch.int8)]
+    assert pack_thd(signed)["tokens"][0].tolist() == [3, 1, 2, 5]
+    assert (copies, reads) == ([], [1, 1])
+    with pytest.raises(ValueError, match=r"^samples\[1\] holds the token id -4, outside \[0, 2"):
+        pack_thd([[1], torch.tensor([2, -4, -1])])
+    beyond = np.array([2**63, 2**64 - 1, 3], dtype=np.uint64)
+    with pytest.raises(ValueError, match=r"^samples\[0\] holds the token id 18446744073709551615,"):
+        pack_thd([beyond])

@@ -124,7 +124,7 @@ def _token_ids(sample: Any, name: str) -> Any:
     NotImplementedError naming no sample."""
     import torch
 
-    from seqbalance.runtime.rebalancing.wire import check_dense
+    from seqbalance.runtime.rebalancing.wire import check_dense, smallest_id
 
     if isinstance(sample, torch.Tensor):
         check_dense(sample, name)
@@ -136,11 +136,15 @@ def _token_ids(sample: Any, name: str) -> Any:
         raise ValueError(f"{name} must be a non-empty 1-D token sequence")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise ValueError(f"{name} holds {ids.dtype} values, not integer token ids")
-    values = np.asarray(ids.cpu())  # numpy: torch lacks uint64 min / max on some builds
-    low, high = int(values.min()), int(values.max())
-    if low < 0 or high > np.iinfo(np.int64).max:
-        bad = low if low < 0 else high
-        raise ValueError(f"{name} holds the token id {bad}, outside [0, 2**63)")
+    # One reduction where the ids lie (none for uint8 to uint32): a host copy of every sample
+    # for a numpy scan came on top of the copy into the packed buffer.
+    smallest = smallest_id(ids)
+    if smallest is not None and bool(smallest < 0):
+        values = np.asarray(ids.cpu())  # numpy: torch lacks uint64 min / max on some builds
+        low, high = int(values.min()), int(values.max())
+        raise ValueError(
+            f"{name} holds the token id {low if low < 0 else high}, outside [0, 2**63)"
+        )
     return ids.to(torch.int64)
 
 

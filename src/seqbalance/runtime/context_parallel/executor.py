@@ -44,7 +44,7 @@ from seqbalance.runtime.collectives import Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
 from seqbalance.runtime.context_parallel.hf import slot_logits
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
-from seqbalance.runtime.rebalancing.wire import check_dense
+from seqbalance.runtime.rebalancing.wire import check_dense, smallest_id
 
 __all__ = [
     "ContextParallelGroups",
@@ -240,10 +240,6 @@ def _check_shape(sample: Any, length: int, name: str) -> None:
         )
 
 
-# Integer dtypes whose values all lie in [0, 2**63): their ids need no look.
-_NEVER_NEGATIVE = (torch.uint8, torch.uint16, torch.uint32)
-
-
 def _check_ids(samples: Sequence[torch.Tensor], name: Callable[[int], str]) -> None:
     """Every id of ``samples`` (dense 1-D integer tensors) lies in [0, 2**63), as the embedding
     takes them in int64: a negative one, or a uint64 one past int64 (negative once cast),
@@ -260,27 +256,20 @@ def _check_ids(samples: Sequence[torch.Tensor], name: Callable[[int], str]) -> N
     """
     smallest: dict[torch.device, list[torch.Tensor]] = {}
     for sample in samples:
-        if sample.dtype not in _NEVER_NEGATIVE and sample.shape[0]:
-            smallest.setdefault(sample.device, []).append(_as_signed(sample).min())
+        least = smallest_id(sample)
+        if least is not None:
+            smallest.setdefault(sample.device, []).append(least)
     # stack promotes the signed dtypes to the widest, which holds each of them exactly.
     if not any(bool(torch.stack(each).min() < 0) for each in smallest.values()):
         return
-    for i, sample in enumerate(samples):
-        if sample.dtype in _NEVER_NEGATIVE:
-            continue
-        negative = (_as_signed(sample) < 0).nonzero()
+    for i, sample in enumerate(samples):  # a sample holds such an id: find it
+        negative = (sample.to(torch.int64) < 0).nonzero()
         if negative.shape[0]:
             first = int(negative[0, 0])
             raise ValueError(
                 f"{name(i)} holds the token id {sample[first].item()} at position {first}: "
                 "token ids must lie in [0, 2**63)"
             )
-
-
-def _as_signed(sample: torch.Tensor) -> torch.Tensor:
-    """``sample``, a uint64 one viewed as int64 (no copy): an id past int64's largest is
-    negative there, and torch compares no uint64 on a CPU."""
-    return sample.view(torch.int64) if sample.dtype == torch.uint64 else sample
 
 
 def _check_samples(plan: ContextParallelPlan, samples: Sequence[torch.Tensor]) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "encode",
     "pack",
     "sample_bytes",
+    "smallest_id",
     "unpack",
 ]
 
@@ -125,6 +126,18 @@ def check_dense(tensor: torch.Tensor, where: str) -> None:
             f"{where} is {kind} tensor: only dense (strided) tensors with data can be sent; "
             "convert it first (.to_dense(), .dequantize(), ...)"
         )
+
+
+def smallest_id(ids: torch.Tensor) -> torch.Tensor | None:
+    """The smallest of integer token ``ids`` as int64 reads them: a 0-d tensor on their device
+    (no device-to-host sync), negative where an id is negative or a uint64 one lies past int64's
+    largest; None where none can (no ids, or uint8 / uint16 / uint32 ones: nothing to scan).
+
+    A uint64 tensor is viewed as int64 (no copy): torch compares no uint64 on a CPU.
+    """
+    if ids.dtype in (torch.uint8, torch.uint16, torch.uint32) or ids.numel() == 0:
+        return None
+    return (ids.view(torch.int64) if ids.dtype == torch.uint64 else ids).min()
 
 
 def _raw(tensor: torch.Tensor) -> torch.Tensor:
