@@ -154,3 +154,32 @@ def test_the_empty_slot_refusal_is_public():
     with pytest.raises(sb.EmptySlotError, match="pass allow_empty=True") as refused:
         sb.plan_step([1, 2], 4)
     assert refused.value.hint.startswith("; pass allow_empty=True")
+
+
+class _OnAccelerator:
+    """Stands in for a torch tensor on a GPU (no GPU in the test runs): numpy refuses to read it
+    (torch's TypeError), its ``.cpu()`` copy reads."""
+
+    device = type("Device", (), {"type": "cuda"})()
+    requires_grad = False
+
+    def __init__(self, values: list) -> None:
+        self._values = values
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy")
+
+    def cpu(self) -> np.ndarray:
+        return np.array(self._values)
+
+
+def test_tensors_on_an_accelerator_are_read_on_the_host() -> None:
+    # mend13 L6: groups on a GPU were refused ("can't convert cuda:0 device type tensor")
+    # while cu_seqlens on one was read on the CPU.
+    assert as_group_ids(_OnAccelerator([3, 3, 7]), 3).tolist() == [3, 3, 7]
+    assert as_lengths(_OnAccelerator([4, 0, 9]), "lengths").tolist() == [4, 0, 9]
+    torch = pytest.importorskip("torch")
+    assert as_group_ids(torch.tensor([5, 1]), 2).tolist() == [5, 1]
+    for meta in (torch.tensor([1, 2], device="meta"), torch.tensor([1, 2]).to_sparse()):
+        with pytest.raises(ValueError, match="groups must be a 1-D array of numbers: can't conv"):
+            as_group_ids(meta, 2)

@@ -103,13 +103,19 @@ def _numpy_of(values: Any, name: str) -> np.ndarray:
     """``np.asarray(values)``, or a ValueError naming ``name`` where numpy cannot read them: a
     tensor that requires grad (torch's RuntimeError, raised on the rank that passed it alone
     where a step's input travels to every rank: adv13a F2), a meta or sparse tensor, ragged
-    lists."""
+    lists. A tensor on an accelerator is read on the host, as ``cu_seqlens`` is (``groups`` on
+    a GPU was refused: numpy reads host memory only)."""
     if getattr(values, "requires_grad", False):  # torch will not hand it to numpy
         raise ValueError(
             f"{name} must be a 1-D array of numbers: got a tensor that requires grad; "
             "pass it .detach()ed"
         )
     try:
+        # A torch tensor, duck-typed (numpy is the only requirement). A meta one has no data
+        # to copy: numpy refuses it below (TypeError), as a sparse one.
+        device = getattr(getattr(values, "device", None), "type", "cpu")
+        if device not in ("cpu", "meta") and callable(getattr(values, "cpu", None)):
+            values = values.cpu()
         return np.asarray(values)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
