@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -55,3 +56,26 @@ def test_an_adaptive_window_can_be_copied() -> None:
     assert clone.dispatch().plan.to_json(timing=False) == window.dispatch().plan.to_json(
         timing=False
     )
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_is_taken_under_the_loops_lock(how: str) -> None:
+    """mend13 L7: ``__getstate__`` read the loop's state without its lock, so a copy made while
+    a step was recorded (the lock held) could hold half of it; now it waits for the lock."""
+    planner = AdaptivePlanner(2, PlanOptions(max_tokens=4096), feedback=Feedback(log=None))
+    loop = planner.loop
+    copied: list = []
+
+    def take() -> None:
+        copied.append(
+            copy.deepcopy(planner) if how == "deepcopy" else pickle.loads(pickle.dumps(planner))
+        )
+
+    taker = threading.Thread(target=take)
+    with loop._changed:  # as a step being recorded holds it
+        taker.start()
+        taker.join(0.3)
+        assert copied == []  # waiting
+        loop._after[1] = loop._after[0]  # the record lands while the lock is held
+    taker.join(10)
+    assert sorted(copied[0].loop._after) == [0, 1]

@@ -177,8 +177,11 @@ class ClosedLoop:
 
     def __getstate__(self) -> dict[str, Any]:
         # The condition that wakes a waiting planner thread does not travel: a copy (deepcopy,
-        # pickle to a worker process) gets its own (a TypeError before: adv13a F3).
-        return {**self.__dict__, "_changed": None}
+        # pickle to a worker process) gets its own (a TypeError before: adv13a F3). Taken under
+        # it, with the options by count copied (pickle reads them after this returns), so that
+        # a copy made while a step is recorded or a state loaded is never half of each.
+        with self._changed:
+            return {**self.__dict__, "_after": dict(self._after), "_changed": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
