@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -103,6 +104,17 @@ def test_bad_arguments_name_themselves() -> None:
         fit_time_model([np.array([1])] * 3, np.ones(3))
     with pytest.raises(ValueError, match="model_size must be one of 'tiny', 'small', 'medium'"):
         model_config("huge", max_position=64)
+
+
+@pytest.mark.parametrize("shape", [(5,), (7,), (6, 2), ()])
+def test_seconds_of_another_shape_than_the_microbatches_are_refused(shape: tuple) -> None:
+    # adv13d D1: fewer seconds was an IndexError, more were dropped silently, 2-D a TypeError.
+    batches = [np.array([100 * (i + 1)]) for i in range(6)]
+    with pytest.raises(
+        ValueError,
+        match=rf"seconds must have shape \(6,\), one per micro-batch, got {re.escape(str(shape))}",
+    ):
+        fit_time_model(batches, np.ones(shape))
 
 
 def test_calibrate_times_the_toy_model_here() -> None:

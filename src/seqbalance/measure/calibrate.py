@@ -332,13 +332,22 @@ def fit_time_model(microbatches: Sequence[np.ndarray], seconds: np.ndarray) -> C
 
     Args:
         microbatches: Token lengths of each timed micro-batch, at least :data:`MIN_TRIALS`.
-        seconds: Measured seconds of each micro-batch.
+        seconds: Measured seconds of each micro-batch, shape ``[len(microbatches)]``.
 
     Returns:
         The fitted model with its held-out statistics.
+
+    Raises:
+        ValueError: fewer than :data:`MIN_TRIALS` micro-batches, ``seconds`` of another shape,
+            or a micro-batch or measurement that ``TimeModel.fit`` refuses.
     """
     check_int(len(microbatches), "number of micro-batches", minimum=MIN_TRIALS)
     seconds = np.asarray(seconds, dtype=np.float64)
+    if seconds.shape != (len(microbatches),):  # one measurement per micro-batch, none spare
+        raise ValueError(
+            f"seconds must have shape ({len(microbatches)},), one per micro-batch, "
+            f"got {seconds.shape}"
+        )
     held_out = np.arange(len(microbatches)) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
     observations = [(microbatches[i], float(seconds[i])) for i in range(len(microbatches))]
     model = TimeModel.fit([observations[i] for i in np.flatnonzero(~held_out)], relative=True)
