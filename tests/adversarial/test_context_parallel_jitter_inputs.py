@@ -15,7 +15,7 @@ import pytest
 
 import seqbalance as sb
 from seqbalance.cost.context_parallel import MAX_SLOT_JITTER, ContextParallelTimeModel
-from seqbalance.measure.fit_context_parallel import timing_jitter
+from seqbalance.measure.fit_context_parallel import fit_cost_model, refit_cost_model, timing_jitter
 from seqbalance.plan.context_parallel import ContextParallel
 
 HUGE = [MAX_SLOT_JITTER * (1 + 1e-9), 5.0, 700.0, 1e3, 1e300, 2**70, np.float32(1e30)]
@@ -66,3 +66,32 @@ def test_timings_that_measured_nothing_are_refused(plan, value) -> None:
         timings[0, rank, slot] = value  # one held slot, one repeat
     with pytest.raises(ValueError, match="slot"):
         timing_jitter([(plan, timings)])
+
+
+@pytest.mark.parametrize("fit", ["fit", "refit"])
+@pytest.mark.parametrize("shape", ["transposed", "flat", "scalar", "stacked"])
+def test_fit_seconds_of_another_shape_than_the_plans_slots_are_refused(plan, fit, shape) -> None:
+    # adv13d D2: an IndexError of a boolean mask before.
+    seconds = {
+        "transposed": plan.costs.T,
+        "flat": plan.costs.ravel(),
+        "scalar": 1.0,
+        "stacked": plan.costs[None],
+    }[shape]
+    with pytest.raises(ValueError, match=r"observations\[1\] seconds must have shape \(4, "):
+        _fit(fit, plan, [(plan, plan.costs), (plan, seconds)])
+
+
+@pytest.mark.parametrize("fit", ["fit", "refit"])
+def test_fit_seconds_too_small_to_divide_by_are_refused(plan, fit) -> None:
+    # adv13d D3: a LinAlgError (SVD did not converge) with overflow warnings before.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="large enough to divide the slot's work by"):
+            _fit(fit, plan, [(plan, plan.costs * 1e-300)])
+
+
+def _fit(fit, plan, observations):
+    if fit == "fit":
+        return fit_cost_model(observations)
+    return refit_cost_model(plan.time_model, observations)

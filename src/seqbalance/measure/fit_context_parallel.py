@@ -91,7 +91,9 @@ def fit_cost_model(
         whole-sample attention (``t2 = 0``) a ``sharded_attention_factor`` of 1.
 
     Raises:
-        ValueError: no observation, or a measured slot of zero seconds.
+        ValueError: no observation, seconds of another shape than their plan's slots, or a
+            measured slot of zero seconds or less, not finite, or so small that the work it
+            holds divided by it overflows.
     """
     x, y = _held_rows(observations)
     constants = nnls(x / y[:, None], np.ones_like(y))
@@ -132,8 +134,9 @@ def refit_cost_model(
         The corrected model; its ``time.fit_stats``: the refit's error on the observed slots.
 
     Raises:
-        ValueError: no observation, a measured slot of zero seconds or less or not finite, or
-            a spread above ``MAX_SLOT_JITTER``.
+        ValueError: no observation, seconds of another shape than their plan's slots, a
+            measured slot of zero seconds or less, not finite or too small (as in
+            :func:`fit_cost_model`), or a spread above ``MAX_SLOT_JITTER``.
     """
     x, y = _held_rows(observations)
     constants = _constants(cost)
@@ -159,15 +162,28 @@ def _held_rows(
     if not observations:
         raise ValueError("observations must hold at least one (plan, seconds) pair, got none")
     features, seconds = [], []
-    for plan, measured in observations:
+    for index, (plan, measured) in enumerate(observations):
         rows = slot_features(plan)
+        measured = np.asarray(measured, dtype=np.float64)
+        if measured.shape != rows.shape[:2]:  # a boolean mask of another shape: IndexError
+            raise ValueError(
+                f"observations[{index}] seconds must have shape {rows.shape[:2]} (ranks, slots "
+                f"of its plan), got {measured.shape}"
+            )
         held = rows[:, :, 0] > 0
         features.append(rows[held])
-        seconds.append(np.asarray(measured, dtype=np.float64)[held])
+        seconds.append(measured[held])
     x, y = np.concatenate(features), np.concatenate(seconds)
     bad = ~(np.isfinite(y) & (y > 0))
     if bad.any():
         raise ValueError(f"measured slot seconds must be > 0 and finite, got {float(y[bad][0])}")
+    with np.errstate(over="ignore"):  # the fit's rows: a time near 0 overflows them
+        scaled = x / y[:, None]
+    if not np.isfinite(scaled).all():
+        tiny = float(y[~np.isfinite(scaled).all(axis=1)][0])
+        raise ValueError(
+            f"measured slot seconds must be large enough to divide the slot's work by, got {tiny}"
+        )
     return x, y
 
 
