@@ -232,6 +232,28 @@ def test_malformed_json_records_are_named_by_index(tmp_path: Path) -> None:
     assert "record 4: messages[0] must be a message object, got str" in message
 
 
+def test_messages_with_every_key_null_but_their_own_read_the_set_one(tmp_path: Path) -> None:
+    # adv13d D4: Parquet stores a column's messages with every key any has (the others null);
+    # a ShareGPT turn there ({"role": null, "content": null, "from": "gpt", "value": ...}) was
+    # counted as an empty user turn (reported "without text"), a chat template seeing "user".
+    sharegpt = {"from": "gpt", "value": "one two three"}
+    union = {"role": None, "content": None, **sharegpt}
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"messages": [sharegpt]}) + "\n" + json.dumps({"messages": [union]}))
+    result = token_lengths(path)
+    assert result.lengths.tolist() == [3 + 5, 3 + 5]
+    assert result.empty.tolist() == []
+
+
+@pytest.mark.parametrize("role", [5, ["user"], {"name": "user"}, True])
+def test_a_role_that_is_no_string_is_malformed(tmp_path: Path, role) -> None:
+    # adv13d D4: it was silently counted as a user turn.
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": role, "content": "hi"}]}))
+    with pytest.raises(MalformedRecordsError, match=r"messages\[0\]\.role must be a string"):
+        token_lengths(path)
+
+
 def test_bad_files_and_options(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no such file"):
         token_lengths(tmp_path / "missing.jsonl")

@@ -266,10 +266,9 @@ def _message_content(message: Any, position: int, name: str) -> str:
         raise Malformed(
             f"{name}[{position}] must be a message object, got {type(message).__name__}"
         )
-    key = "content" if "content" in message else "value" if "value" in message else None
-    if key is None:
+    if "content" not in message and "value" not in message:
         raise Malformed(f"{name}[{position}] has neither 'content' nor 'value'")
-    content = message[key]
+    key, content = _present(message, ("content", "value"))
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):  # OpenAI content parts: count the text parts
@@ -279,9 +278,22 @@ def _message_content(message: Any, position: int, name: str) -> str:
     raise Malformed(f"{name}[{position}].{key} must be a string, got {type(content).__name__}")
 
 
-def _message_role(message: dict[str, Any]) -> str:
-    role = message.get("role", message.get("from", "user"))
-    return _ROLES.get(role, role) if isinstance(role, str) else "user"
+def _present(message: dict[str, Any], keys: tuple[str, str]) -> tuple[str, Any]:
+    """The first of ``keys`` (OpenAI's name, then ShareGPT's) that holds a value, and its value
+    (None where neither does). Why not the first key present: Parquet stores a column's
+    messages with every key any of them has, the others null."""
+    return next(
+        ((key, message[key]) for key in keys if message.get(key) is not None), (keys[0], None)
+    )
+
+
+def _message_role(message: dict[str, Any], position: int, name: str) -> str:
+    key, role = _present(message, ("role", "from"))
+    if role is None:
+        return "user"
+    if not isinstance(role, str):
+        raise Malformed(f"{name}[{position}].{key} must be a string, got {type(role).__name__}")
+    return _ROLES.get(role, role)
 
 
 def _hh_messages(transcript: str) -> list[dict[str, str]]:
@@ -332,7 +344,9 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
                 texts.append(content)
                 # The other fields (tool calls, reasoning, ...) are the template's to render.
                 other = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
-                messages.append({**other, "role": _message_role(message), "content": content})
+                messages.append(
+                    {**other, "role": _message_role(message, i, name), "content": content}
+                )
             turns += len(chat)
         return [([*texts, *extras], turns, messages)], False
 
