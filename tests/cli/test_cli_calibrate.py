@@ -112,6 +112,11 @@ def test_context_parallel_options_are_checked_before_any_process(capsys, tmp_pat
         (["--context-parallel", "1,4"], "hold no CP size > 1 that divides --procs = 2"),
         (["--context-parallel", "1,2", "--procs", "1"], "--procs must be >= 2, got 1"),
         (["--context-parallel", "1,2", "--trials", "2"], "--trials must be >= 4, got 2"),
+        (  # adv13d D5: 4 trials on 8 processes made no whole-sample plan, silently
+            ["--context-parallel", "1,2", "--procs", "8", "--trials", "4"],
+            "--trials must be >= --procs (each timed plan gives every rank one micro-batch), "
+            "got --trials = 4 with --procs = 8",
+        ),
         (["--context-parallel", "1,3,2"], "--context-parallel: sizes must be ascending"),
     ):
         assert main(["calibrate", *argv, "-o", out]) == 2, argv

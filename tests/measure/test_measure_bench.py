@@ -131,9 +131,14 @@ def test_context_parallel_settings_are_validated_and_described() -> None:
         ({"time_model": TimeModel(0.0, 1.0, 0.0)}, "ContextParallelTimeModel or None"),
         ({"hf_model": "gemma-3-27b"}, "'gemma-3-27b' has layers the context-parallel"),
         ({"hf_model": "qwen9"}, "unknown preset 'qwen9'"),
+        # adv13d D5: the processes' calibration made no whole-sample plan, silently.
+        ({"procs": 8, "trials": 4}, "trials must be >= procs .*got trials = 4 with procs = 8"),
     ):
         with pytest.raises(ValueError, match=message):
             settings(**{"options": cp_options(cp), "strategies": None, **bad})
+    # A given time model is not calibrated: any trials.
+    given = {"time_model": cost, "procs": 8, "trials": 4, "strategies": None}
+    assert settings(options=cp_options(cp), **given).trials == 4
     hf = settings(options=cp_options(cp), strategies=None, hf_model="qwen3-8b")
     assert hf.describe()["hf_model"] == "qwen3-8b"
     with pytest.raises(ValueError, match="hf_model is measured with context_parallel only"):

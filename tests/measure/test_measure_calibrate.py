@@ -222,6 +222,19 @@ def test_calibration_plans_without_size_one_still_measure_whole_samples() -> Non
     assert sum((p.cp_size == 2).all() for p in plans) > 0
 
 
+def test_calibration_plans_refuse_fewer_trials_than_ranks() -> None:
+    # adv13d D5: 7 trials on 8 ranks made no whole-sample plan (the trials silently unused).
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-4, factor=1.5)
+    with pytest.raises(ValueError, match="got trials = 7 with world = 8"):
+        calibration_plans(8, ContextParallel(sizes=(1, 2)), cost, max_tokens=64, trials=7)
+    plans = calibration_plans(8, ContextParallel(sizes=(1, 2)), cost, max_tokens=64, trials=8)
+    assert sum((plan.cp_size == 1).all() for plan in plans) == 1 + 6  # 8 trials; short plans
+
+
 def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
     pytest.importorskip("torch")
     from seqbalance.measure.calibrate_context_parallel import calibration_plans

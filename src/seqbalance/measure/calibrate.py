@@ -168,6 +168,21 @@ def check_timed_runs(trials: int, repeats: int) -> tuple[int, int]:
     return trials, repeats
 
 
+def check_trials_per_rank(trials: int, world: int, name: str) -> None:
+    """A context-parallel calibration's whole-sample plans give every rank one of the
+    ``trials`` micro-batches each: fewer than the ``world`` ranks (called ``name``) made no
+    such plan, the trials silently unused.
+
+    Raises:
+        ValueError: ``trials`` below ``world``, both named.
+    """
+    if trials < world:
+        raise ValueError(
+            f"trials must be >= {name} (each timed plan gives every rank one micro-batch), "
+            f"got trials = {trials} with {name} = {world}"
+        )
+
+
 def check_model_memory(size: str, *, max_position: int, processes: int, name: str) -> None:
     """Refuse a toy model that cannot fit this machine's memory, before any is built.
 

@@ -52,6 +52,7 @@ from seqbalance.measure.calibrate import (
     calibration_microbatches,
     check_seed,
     check_timed_runs,
+    check_trials_per_rank,
     model_config,
     pin_process,
 )
@@ -111,6 +112,7 @@ def calibration_plans(
     options = PlanOptions(cost=cost, max_tokens=cap, context_parallel=measured, allow_empty=True)
     plans = []
     micro = calibration_microbatches(trials, max_tokens=cap, max_length=cap, seed=seed)
+    check_trials_per_rank(trials, world, "world")
     for first in range(0, len(micro) - world + 1, world):
         batch = micro[first : first + world]
         lengths = np.concatenate(batch)
@@ -287,7 +289,7 @@ def calibrate_context_parallel(
         max_tokens: The per-rank token cap (tokens one rank holds in one slot).
         procs: Processes (the DPxCP ranks), at least 2.
         model_size: A key of :data:`MODEL_SIZES`.
-        trials: Whole-sample micro-batches, at least :data:`MIN_TRIALS`.
+        trials: Whole-sample micro-batches, at least :data:`MIN_TRIALS` and ``procs``.
         repeats: Timings per calibration plan (median fitted; their spread gives
             ``slot_jitter``, which needs at least 2).
         seed: Seed of the micro-batch compositions and of the model's weights.
@@ -317,6 +319,7 @@ def calibrate_context_parallel(
         )
     model_size = check_choice(model_size, "model_size", tuple(MODEL_SIZES))
     check_timed_runs(trials, repeats)
+    check_trials_per_rank(trials, procs, "procs")
     check_seed(seed)
     cores = (
         available_cores()

@@ -29,6 +29,7 @@ from seqbalance.measure.calibrate import (
     check_model_memory,
     check_seed,
     check_timed_runs,
+    check_trials_per_rank,
 )
 from seqbalance.measure.hf_model import scaled_preset
 from seqbalance.plan import ContextParallel, PlanOptions, strategy_names
@@ -416,6 +417,8 @@ class BenchSettings:
                 "time_model must be a ContextParallelTimeModel or None with context_parallel, "
                 f"got {type(self.time_model).__name__}"
             )
+        if self.time_model is None or self.hf_model is not None:  # calibrated in the processes
+            check_trials_per_rank(self.trials, self.procs, "procs")
         if (self.time_model is None or self.hf_model is not None) and usable[-1] == 1:
             # The processes fit a time model on sharded slots first, and the fit refuses this
             # in every process: refused here, before any process starts.
