@@ -24,7 +24,7 @@ from seqbalance.datasets.lengths import (
     detect_format,
     guess_fields,
 )
-from seqbalance.datasets.tokenize import get_tokenizer
+from seqbalance.datasets.tokenize import Tokenizer, get_tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -252,6 +252,23 @@ def test_a_role_that_is_no_string_is_malformed(tmp_path: Path, role) -> None:
     path.write_text(json.dumps({"messages": [{"role": role, "content": "hi"}]}))
     with pytest.raises(MalformedRecordsError, match=r"messages\[0\]\.role must be a string"):
         token_lengths(path)
+
+
+def test_a_text_the_tokenizer_refuses_is_named_by_its_record(tmp_path: Path) -> None:
+    # adv13d D7: the tokenizer's own error (qwen on a million spaces: "Regex error while
+    # tokenizing: ... Max stack size exceeded") named no file and no record.
+    def count(texts: list[str]) -> list[int]:
+        if any("BAD" in text for text in texts):
+            raise ValueError("Regex error while tokenizing")
+        return [len(text) for text in texts]
+
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t}) for t in ("ok", "fine", "a BAD one", "x")))
+    with pytest.raises(ValueError) as raised:
+        token_lengths(path, tokenizer=Tokenizer("boom", count), template="none")
+    assert str(raised.value) == (
+        f"{path}: line 3: tokenizer 'boom' failed on its text: Regex error while tokenizing"
+    )
 
 
 def test_bad_files_and_options(tmp_path: Path) -> None:

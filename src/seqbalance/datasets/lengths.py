@@ -476,8 +476,36 @@ def _tokenize_unique(
     chunks = range(0, len(texts), _TOKENIZE_CHUNK)
     if progress is not None:
         chunks = progress(chunks, total=len(chunks), description="tokenizing")
-    counts = [tokenizer.count(texts[start : start + _TOKENIZE_CHUNK]) for start in chunks]
+    counts = [_count_chunk(texts, start, tokenizer) for start in chunks]
     return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+
+
+class _TokenizerFailed(Exception):
+    """The tokenizer refused the text ``index`` (into ``text_ids``) with ``error``."""
+
+    def __init__(self, index: int, error: ValueError) -> None:
+        super().__init__(index, error)
+        self.index, self.error = index, error
+
+
+def _count_chunk(texts: list[str], start: int, tokenizer: Tokenizer) -> np.ndarray:
+    chunk = texts[start : start + _TOKENIZE_CHUNK]
+    try:
+        return tokenizer.count(chunk)
+    except ValueError:  # e.g. a regex stack overflow on a 1M-space run: which text?
+        for offset, text in enumerate(chunk):
+            if (error := _refusal(text, tokenizer)) is not None:
+                raise _TokenizerFailed(start + offset, error) from None
+        raise
+
+
+def _refusal(text: str, tokenizer: Tokenizer) -> ValueError | None:
+    """The tokenizer's error on ``text`` alone, or None."""
+    try:
+        tokenizer.count([text])
+    except ValueError as error:
+        return error
+    return None
 
 
 def token_lengths(
@@ -524,7 +552,15 @@ def token_lengths(
     if found.fields is None:
         raise ValueError(f"{path}: no records")
 
-    text_tokens = found.text_tokens(_tokenize_unique(list(found.text_ids), counter, progress))
+    try:
+        counts = _tokenize_unique(list(found.text_ids), counter, progress)
+    except _TokenizerFailed as failed:
+        sample = next(i for i, ids in enumerate(found.sample_texts) if failed.index in ids)
+        raise ValueError(
+            f"{path}: {location_kind} {found.locations[sample]}: tokenizer {counter.name!r} "
+            f"failed on its text: {failed.error}"
+        ) from None
+    text_tokens = found.text_tokens(counts)
     overhead = TEMPLATE_TOKENS_PER_TURN.get(template, 0) * np.asarray(found.turns, dtype=np.int64)
     return TokenLengths(
         lengths=np.rint(text_tokens).astype(np.int64) + overhead,
