@@ -42,7 +42,7 @@ import numpy as np
 from seqbalance._validation import as_lengths, check_choice
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
-from seqbalance.datasets.tokenize import Tokenizer, get_tokenizer
+from seqbalance.datasets.tokenize import TextRefused, Tokenizer, count_chunk, get_tokenizer
 
 __all__ = [
     "FORMATS",
@@ -476,36 +476,8 @@ def _tokenize_unique(
     chunks = range(0, len(texts), _TOKENIZE_CHUNK)
     if progress is not None:
         chunks = progress(chunks, total=len(chunks), description="tokenizing")
-    counts = [_count_chunk(texts, start, tokenizer) for start in chunks]
+    counts = [count_chunk(tokenizer, texts, start, _TOKENIZE_CHUNK) for start in chunks]
     return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
-
-
-class _TokenizerFailed(Exception):
-    """The tokenizer refused the text ``index`` (into ``text_ids``) with ``error``."""
-
-    def __init__(self, index: int, error: ValueError) -> None:
-        super().__init__(index, error)
-        self.index, self.error = index, error
-
-
-def _count_chunk(texts: list[str], start: int, tokenizer: Tokenizer) -> np.ndarray:
-    chunk = texts[start : start + _TOKENIZE_CHUNK]
-    try:
-        return tokenizer.count(chunk)
-    except ValueError:  # e.g. a regex stack overflow on a 1M-space run: which text?
-        for offset, text in enumerate(chunk):
-            if (error := _refusal(text, tokenizer)) is not None:
-                raise _TokenizerFailed(start + offset, error) from None
-        raise
-
-
-def _refusal(text: str, tokenizer: Tokenizer) -> ValueError | None:
-    """The tokenizer's error on ``text`` alone, or None."""
-    try:
-        tokenizer.count([text])
-    except ValueError as error:
-        return error
-    return None
 
 
 def token_lengths(
@@ -554,7 +526,7 @@ def token_lengths(
 
     try:
         counts = _tokenize_unique(list(found.text_ids), counter, progress)
-    except _TokenizerFailed as failed:
+    except TextRefused as failed:
         sample = next(i for i, ids in enumerate(found.sample_texts) if failed.index in ids)
         raise ValueError(
             f"{path}: {location_kind} {found.locations[sample]}: tokenizer {counter.name!r} "

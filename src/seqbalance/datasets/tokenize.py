@@ -25,8 +25,10 @@ import numpy as np
 __all__ = [
     "BUILTIN_TOKENIZERS",
     "PROBE_TEXT",
+    "TextRefused",
     "Tokenizer",
     "check_vocabulary",
+    "count_chunk",
     "get_tokenizer",
     "load_hf_tokenizer",
 ]
@@ -99,6 +101,36 @@ class Tokenizer:
         if not texts:
             return np.zeros(0, dtype=np.int64)
         return np.asarray(self._count_batch(list(texts)), dtype=np.int64)
+
+
+class TextRefused(Exception):
+    """The tokenizer refused the text ``index`` (of the texts counted) with ``error``."""
+
+    def __init__(self, index: int, error: ValueError) -> None:
+        super().__init__(index, error)
+        self.index, self.error = index, error
+
+
+def count_chunk(tokenizer: Tokenizer, texts: list[str], start: int, size: int) -> np.ndarray:
+    """``tokenizer.count(texts[start : start + size])``; :class:`TextRefused` naming the first
+    text it refuses (its index into ``texts``) where the tokenizer raises a ValueError."""
+    chunk = texts[start : start + size]
+    try:
+        return tokenizer.count(chunk)
+    except ValueError:  # e.g. a regex stack overflow on a 1M-space run: which text?
+        for offset, text in enumerate(chunk):
+            if (error := _refusal(text, tokenizer)) is not None:
+                raise TextRefused(start + offset, error) from None
+        raise
+
+
+def _refusal(text: str, tokenizer: Tokenizer) -> ValueError | None:
+    """The tokenizer's error on ``text`` alone, or None."""
+    try:
+        tokenizer.count([text])
+    except ValueError as error:
+        return error
+    return None
 
 
 def _require(module: str, purpose: str, install: str = _TOKENIZE_EXTRA) -> Any:
