@@ -176,3 +176,32 @@ def test_a_template_that_refuses_a_record_makes_it_malformed(tmp_path: Path) -> 
 def test_llama3_comes_with_the_tokenize_extra() -> None:
     pytest.importorskip("llama_models", reason="the tokenize extra (llama-models) is not installed")
     assert get_tokenizer("llama3").count(["hello world"]).tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("{{ 1 // (m['content']|length - 3) }}", "division or modulo by zero"),
+        ("{{ range(m['content']|length * 10**6)|length }}", "Range too big"),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "maximum recursion depth"),
+    ],
+)
+def test_a_template_that_fails_on_a_record_makes_it_malformed(
+    tmp_path: Path, body: str, reason: str
+) -> None:
+    # adv13d D8: ZeroDivisionError, OverflowError and RecursionError escaped the render as
+    # themselves (a traceback from the CLI), not as the record's refusal.
+    template = "{% for m in messages %}{% if m['role'] == 'system' %}" + body + "{% endif %}"
+    template += "{{ m['content'] }}{% endfor %}"
+    directory = tokenizer_directory(tmp_path, template)
+    path = write_jsonl(
+        tmp_path / "s.jsonl",
+        [
+            {"messages": [{"role": "system", "content": "one"}]},
+            {"messages": [{"role": "user", "content": "one two"}]},
+        ],
+    )
+    result = token_lengths(path, tokenizer=str(directory), skip_malformed=True)
+    assert result.lengths.tolist() == [2]
+    assert [record.location for record in result.malformed] == [1]
+    assert reason in result.malformed[0].reason

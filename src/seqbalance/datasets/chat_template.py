@@ -101,7 +101,15 @@ def compile_chat_template(template: str, *, source: str) -> Callable[..., str]:
     def render(messages: list[dict[str, Any]], **variables: Any) -> str:
         try:
             return compiled.render(messages=_with_reasoning_aliases(messages), **variables)
-        except (TemplateError, TypeError, KeyError, IndexError, AttributeError) as error:
+        except (
+            TemplateError,
+            TypeError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            ArithmeticError,  # a division by zero, or a range above the sandbox's limit
+            RecursionError,  # a macro that calls itself without end
+        ) as error:
             raise ChatTemplateError(str(error) or type(error).__name__) from None
 
     return render
