@@ -197,6 +197,9 @@ def test_cli_trl_preference_pairs_with_groups(tokenizer_dir: Path, tmp_path: Pat
     ("extra", "message"),
     [
         (["--max-length", "0"], "--max-length: must be a positive integer or 'none'"),
+        # adv13d D9: -3 was "must be a non-negative integer", which 0 is and is refused.
+        (["--dataset-num-proc", "-3"], "--dataset-num-proc: must be a positive integer, got '-3'"),
+        (["--dataset-num-proc", "0"], "--dataset-num-proc: must be a positive integer, got '0'"),
         (["--text-field", "text"], "--trl reads the fields TRL reads"),
         (["--tokenizer", "qwen"], "TRL counts need the model's own tokenizer"),
     ],

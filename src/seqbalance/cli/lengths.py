@@ -226,19 +226,20 @@ def _max_length(text: str) -> int | str:
 
 
 def _positive(text: str) -> int:
-    value = _positive_or_zero(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+    return _at_least(text, 1, "a positive integer")
 
 
 def _positive_or_zero(text: str) -> int:
+    return _at_least(text, 0, "a non-negative integer")
+
+
+def _at_least(text: str, minimum: int, kind: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+        value = minimum - 1
+    if value < minimum:  # one message for every bad value (-3 is no more "non-negative" than 0)
+        raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
     return value
 
 
