@@ -155,24 +155,6 @@ def test_template_tokenizer_needs_one(tmp_path: Path) -> None:
     assert token_lengths(path, tokenizer=str(directory)).template == "chatml"
 
 
-def test_a_template_that_refuses_a_record_makes_it_malformed(tmp_path: Path) -> None:
-    refusing = (
-        "{% for m in messages %}{% if m['role'] == 'system' %}"
-        "{{ raise_exception('no system') }}{% endif %}{{ m['content'] }}{% endfor %}"
-    )
-    directory = tokenizer_directory(tmp_path, refusing)
-    path = write_jsonl(
-        tmp_path / "s.jsonl",
-        [
-            {"messages": [{"role": "system", "content": "one"}]},
-            {"messages": [{"role": "user", "content": "one two"}]},
-        ],
-    )
-    result = token_lengths(path, tokenizer=str(directory), skip_malformed=True)
-    assert result.lengths.tolist() == [2]
-    assert "no system" in result.malformed[0].reason
-
-
 def test_llama3_comes_with_the_tokenize_extra() -> None:
     pytest.importorskip("llama_models", reason="the tokenize extra (llama-models) is not installed")
     assert get_tokenizer("llama3").count(["hello world"]).tolist() == [2]
@@ -181,6 +163,7 @@ def test_llama3_comes_with_the_tokenize_extra() -> None:
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
+        ("{{ raise_exception('no system') }}", "no system"),
         ("{{ 1 // (m['content']|length - 3) }}", "division or modulo by zero"),
         ("{{ range(m['content']|length * 10**6)|length }}", "Range too big"),
         ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "maximum recursion depth"),
@@ -189,8 +172,9 @@ def test_llama3_comes_with_the_tokenize_extra() -> None:
 def test_a_template_that_fails_on_a_record_makes_it_malformed(
     tmp_path: Path, body: str, reason: str
 ) -> None:
-    # adv13d D8: ZeroDivisionError, OverflowError and RecursionError escaped the render as
-    # themselves (a traceback from the CLI), not as the record's refusal.
+    # A template's own refusal (raise_exception) makes the record malformed; adv13d D8:
+    # ZeroDivisionError, OverflowError and RecursionError escaped the render as themselves (a
+    # traceback from the CLI), not as the record's refusal.
     template = "{% for m in messages %}{% if m['role'] == 'system' %}" + body + "{% endif %}"
     template += "{{ m['content'] }}{% endfor %}"
     directory = tokenizer_directory(tmp_path, template)
