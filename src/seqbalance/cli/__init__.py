@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from seqbalance import __version__
+from seqbalance.sim.plot import check_figure_path
 
 SUBCOMMANDS = (
     "simulate",
@@ -160,8 +161,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
                     "which the command reads: it would be overwritten"
                 )
         if name == "plot":
-            from seqbalance.sim.plot import check_figure_path
-
             check_figure_path(path, flag)
         taken.append((f"where {flag} writes", path))
 
