@@ -3,13 +3,14 @@
 :class:`TorchFlopsMeter` wraps :class:`seqbalance.cost.FlopsMeter` (the one FLOPs formula and
 the one report computation of the project): every rank adds the micro-batches it trains on
 (``cu_seqlens`` tensors, lengths or sample parts), and once per logging interval
-:meth:`TorchFlopsMeter.report` sums the FLOPs over the data-parallel replicas with a single
-``all_reduce`` (bounded by a timeout) and returns TFLOP/s per GPU, tokens/s and MFU for the
-whole job.
+:meth:`TorchFlopsMeter.report` sums the FLOPs over the data-parallel replicas with one small
+all_gather of every rank's totals and settings (bounded by a timeout; ranks whose meters are set
+up differently raise) and returns TFLOP/s per GPU, tokens/s and MFU for the whole job.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -19,7 +20,8 @@ from seqbalance._validation import check_int
 from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
-from seqbalance.runtime.collectives import Comm, deadline, wait
+from seqbalance.runtime.agreement import brief
+from seqbalance.runtime.collectives import Comm, deadline
 
 __all__ = ["FlopsReport", "TorchFlopsMeter"]
 
@@ -135,11 +137,19 @@ class TorchFlopsMeter:
         return self.meter.total_flops
 
     def report(self, seconds: float, *, reset: bool = True) -> FlopsReport:
-        """Sum this interval over the data-parallel replicas (one all_reduce; a collective every
-        rank must call) and report it for the whole job.
+        """Sum this interval over the data-parallel replicas (one all_gather of every rank's
+        totals and meter settings; a collective every rank must call) and report it for the
+        whole job.
 
         ``seconds`` is the wall-clock length of the interval on this rank. Resets the counters
         unless ``reset=False``. Without torch.distributed this process is the whole job.
+
+        Raises:
+            ValueError: on every rank, naming the first rank and setting that differ from rank
+                0's, when the ranks' meters are set up differently (model, ``backward``,
+                parallel sizes, ``seq_length``, ``micro_batch_size``, ``peak_flops_per_s``):
+                their sum would mix FLOPs of different kinds.
+            CollectiveError: a peer did not join within ``timeout``.
         """
         local = self.meter.totals
         if not (dist.is_available() and dist.is_initialized()):
@@ -152,16 +162,41 @@ class TorchFlopsMeter:
         else:
             replicas, copies = self._replicas()
             comm = Comm(self.group, self._deadline)
-            values = [local.flops, float(local.tokens), float(local.samples)]
-            reduced = torch.tensor(values, dtype=torch.float64, device=comm.device)
-            work = dist.all_reduce(reduced, group=self.group, async_op=True)
-            wait(work, "FLOPs all_reduce", self._deadline)
-            flops, tokens, samples = (reduced.cpu() / copies).tolist()
+            # The settings travel with the totals: ranks metering another model, backward or
+            # layout would sum FLOPs of different kinds and divide by different replica counts,
+            # each reporting its own wrong figure without a word.
+            totals = [local.flops, local.tokens, local.samples]
+            mine = {"settings": self._settings(replicas, copies), "totals": totals}
+            gathered = [
+                json.loads(payload)
+                for payload in comm.all_gather_bytes(json.dumps(mine).encode(), "FLOPs report")
+            ]
+            _check_same_settings([rank["settings"] for rank in gathered])
+            flops, tokens, samples = (
+                sum(rank["totals"][k] for rank in gathered) / copies for k in range(3)
+            )
             summed = MeterTotals(flops, round(tokens), round(samples))
         report = self.meter.report(seconds, dp_size=replicas, totals=summed)
         if reset:
             self.meter.reset()
         return report
+
+    def _settings(self, replicas: int, copies: int) -> dict[str, Any]:
+        """What shapes this rank's FLOPs and its report (compared across ranks by ``report``)."""
+        meter = self.meter
+        return {
+            "model": repr(meter.flops_model),
+            "spec": repr(getattr(meter.flops_model, "spec", None)),
+            "backward": meter.backward,
+            "tensor_parallel": meter.tensor_parallel,
+            "pipeline_parallel": meter.pipeline_parallel,
+            "context_parallel": meter.context_parallel,
+            "seq_length": meter.seq_length,
+            "micro_batch_size": meter.micro_batch_size,
+            "peak_flops_per_s": meter.peak_flops_per_s,
+            "replicas": replicas,
+            "copies": copies,
+        }
 
     def _replicas(self) -> tuple[int, int]:
         """(data-parallel size, copies of each replica's totals in the reduction group)."""
@@ -181,6 +216,24 @@ class TorchFlopsMeter:
         if self.dp_size is not None and self.dp_size != replicas:
             raise ValueError(f"dp_size = {self.dp_size}, but {what} is {replicas}")
         return replicas, copies
+
+
+def _check_same_settings(settings: list[dict[str, Any]]) -> None:
+    """ValueError, the same on every rank (each compares every rank with rank 0), unless every
+    rank's meter is set up alike."""
+    for rank, theirs in enumerate(settings[1:], start=1):
+        changes = [
+            f"{name} ({brief(settings[0][name], 60)} on rank 0, {brief(theirs[name], 60)} on "
+            f"rank {rank})"
+            for name in settings[0]
+            if theirs[name] != settings[0][name]
+        ]
+        if changes:
+            raise ValueError(
+                f"TorchFlopsMeter: ranks 0 and {rank} of the group set up their meters "
+                "differently: " + "; ".join(changes) + ". Every rank must build the meter with "
+                "the same model and settings, or the summed FLOPs and the report are wrong"
+            )
 
 
 def _size(value: Any, name: str) -> int:
