@@ -1,0 +1,29 @@
+"""Drop-ins at the edges of the other stack's contract (adv14b): token counts read as given,
+never cut; the other stack's own argument kinds taken; a step no rank can run refused the same
+way whatever its tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([1.5, 2, 100, 3], r"seqlen_list\[0\] = 1.5 is not a whole"),
+        ([1, 2, 100.7, 3], r"seqlen_list\[2\] = 100.7 is not a whole"),
+        ([1, 2, float("nan"), 3], r"seqlen_list\[2\] = nan"),
+        ([1, -2, 3, 4], r"seqlen_list\[1\] = -2 is negative"),
+    ],
+)
+def test_verl_group_partitions_read_whole_token_counts(lengths: list, message: str) -> None:
+    """adv14b D1: ``get_group_balanced_partitions`` cast the lengths to int64, so 100.7 tokens
+    were balanced as 100 without a word (verl's ``rearrange_micro_batches`` and
+    ``calculate_workload`` drop-ins refuse a fractional length)."""
+    from seqbalance.integrations.verl import get_group_balanced_partitions
+
+    with pytest.raises(ValueError, match=message):
+        get_group_balanced_partitions(lengths, ["a", "a", "b", "b"], 2)
+    # Whole floats are token counts (verl's callers pass a tensor's ``tolist()``).
+    ints = get_group_balanced_partitions([1, 2, 100, 3], ["a", "a", "b", "b"], 2)
+    assert get_group_balanced_partitions([1.0, 2.0, 100.0, 3.0], ["a", "a", "b", "b"], 2) == ints
