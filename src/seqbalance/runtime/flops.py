@@ -115,18 +115,16 @@ class TorchFlopsMeter:
         Give ``cu_seqlens`` and/or ``cu_seqlens_unpadded`` (1-D tensors or arrays starting at
         0; the unpadded boundaries are used when given), ``lengths`` or ``parts``. A padded
         ``cu_seqlens`` (Megatron: padded with -1, ``cu_seqlens_argmin`` = the first pad position)
-        is read up to ``valid`` entries; tensor ``valid`` / ``valid_unpadded`` are fine (one
-        ``.item()`` each). ``vp_stage``: the virtual pipeline stage of this forward step (only
-        stage 0 counts).
+        is read up to ``valid`` entries; tensor ``valid`` / ``valid_unpadded`` are fine (an
+        integer tensor of one element: one ``.item()`` each). ``vp_stage``: the virtual
+        pipeline stage of this forward step (only stage 0 counts).
         """
         return self.meter.add(
-            None if lengths is None else _to_numpy(lengths),
-            cu_seqlens=None if cu_seqlens is None else _to_numpy(cu_seqlens),
-            valid=_to_int(valid),
-            cu_seqlens_unpadded=(
-                None if cu_seqlens_unpadded is None else _to_numpy(cu_seqlens_unpadded)
-            ),
-            valid_unpadded=_to_int(valid_unpadded),
+            _to_numpy(lengths, "lengths"),
+            cu_seqlens=_to_numpy(cu_seqlens, "cu_seqlens"),
+            valid=_to_int(valid, "valid"),
+            cu_seqlens_unpadded=_to_numpy(cu_seqlens_unpadded, "cu_seqlens_unpadded"),
+            valid_unpadded=_to_int(valid_unpadded, "valid_unpadded"),
             parts=parts,
             vp_stage=vp_stage,
         )
@@ -243,13 +241,32 @@ def _size(value: Any, name: str) -> int:
     return check_int(value, name, minimum=1)
 
 
-def _to_int(value: int | torch.Tensor | None) -> int | None:
-    if isinstance(value, torch.Tensor):
-        return int(value.item())
-    return value
+def _to_int(value: int | torch.Tensor | None, name: str) -> Any:
+    """A tensor count as the Python number it holds (the meter checks it is an integer): a
+    float or bool tensor is no count (``int()`` truncated 3.7 to 3 and read True as 1)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    _check_readable(value, name)
+    if value.numel() != 1:
+        raise ValueError(f"{name} must be one integer, got a tensor of shape {tuple(value.shape)}")
+    return value.item()
 
 
-def _to_numpy(values: Any) -> Any:
-    if isinstance(values, torch.Tensor):
-        return values.detach().cpu().numpy()
-    return values
+def _to_numpy(values: Any, name: str) -> Any:
+    """A tensor as a numpy array of its values on the host (floats as float64, which numpy
+    reads for every float dtype: bfloat16 included), for the meter's checks."""
+    if not isinstance(values, torch.Tensor):
+        return values
+    _check_readable(values, name)
+    values = values.detach().cpu()
+    return (values.double() if values.is_floating_point() else values).numpy()
+
+
+def _check_readable(tensor: torch.Tensor, name: str) -> None:
+    """ValueError naming ``name`` for a tensor with no values to read on the host (meta,
+    sparse, quantized): torch's own error named nothing."""
+    if tensor.is_meta or tensor.layout != torch.strided or tensor.is_quantized:
+        kind = "meta" if tensor.is_meta else "quantized" if tensor.is_quantized else "sparse"
+        raise ValueError(f"{name} must be a dense tensor with values, got a {kind} tensor")
+    if tensor.is_complex():
+        raise ValueError(f"{name} must hold real numbers, got dtype {tensor.dtype}")

@@ -1,0 +1,52 @@
+"""Drop-ins at the edges of the other stack's contract (adv14b): token counts read as given,
+never cut; the other stack's own argument kinds taken; a step no rank can run refused the same
+way whatever its tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([1.5, 2, 100, 3], r"seqlen_list\[0\] = 1.5 is not a whole"),
+        ([1, 2, 100.7, 3], r"seqlen_list\[2\] = 100.7 is not a whole"),
+        ([1, 2, float("nan"), 3], r"seqlen_list\[2\] = nan"),
+        ([1, -2, 3, 4], r"seqlen_list\[1\] = -2 is negative"),
+    ],
+)
+def test_verl_group_partitions_read_whole_token_counts(lengths: list, message: str) -> None:
+    """adv14b D1: ``get_group_balanced_partitions`` cast the lengths to int64, so 100.7 tokens
+    were balanced as 100 without a word (verl's ``rearrange_micro_batches`` and
+    ``calculate_workload`` drop-ins refuse a fractional length)."""
+    from seqbalance.integrations.verl import get_group_balanced_partitions
+
+    with pytest.raises(ValueError, match=message):
+        get_group_balanced_partitions(lengths, ["a", "a", "b", "b"], 2)
+    # Whole floats are token counts (verl's callers pass a tensor's ``tolist()``).
+    ints = get_group_balanced_partitions([1, 2, 100, 3], ["a", "a", "b", "b"], 2)
+    assert get_group_balanced_partitions([1.0, 2.0, 100.0, 3.0], ["a", "a", "b", "b"], 2) == ints
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([1.5, 2.7, 30.9], r"lengths\[0\] = 1.5 is not a whole"),
+        (["3", "4"], r"lengths\[0\] = '3' is not a number"),
+        ([True, 5], "lengths must hold numbers, got booleans"),
+    ],
+)
+def test_verl_dynamic_cp_plan_reads_whole_token_counts(lengths: list, message: str) -> None:
+    """adv14b D2: the public ``DynamicCPScheduler.plan`` cast its lengths to int64, so
+    ``[1.5, 2.7, 30.9]`` was planned as ``[1, 2, 30]``, ``["3", "4"]`` as ``[3, 4]`` and
+    ``True`` as 1 token, without a word (``get_groups_and_subsamples`` checks its pairs)."""
+    from seqbalance.cost import resolve_model
+    from seqbalance.integrations.verl import DynamicCPScheduler
+    from seqbalance.plan import PlanOptions
+
+    options = PlanOptions(cost=resolve_model("qwen3-8b"))
+    scheduler = DynamicCPScheduler(64, 2, 1, options=options, tensor_parallel_size=1)
+    with pytest.raises(ValueError, match=message):
+        scheduler.plan(lengths)
+    assert scheduler.plan([1.0, 2.0, 30.0]).lengths.tolist() == [1, 2, 30]
