@@ -50,3 +50,32 @@ def test_verl_dynamic_cp_plan_reads_whole_token_counts(lengths: list, message: s
     with pytest.raises(ValueError, match=message):
         scheduler.plan(lengths)
     assert scheduler.plan([1.0, 2.0, 30.0]).lengths.tolist() == [1, 2, 30]
+
+
+@pytest.mark.parametrize(("samples", "accumulation", "world"), [(1, 1, 1), (3, 2, 1), (5, 1, 4)])
+def test_hf_dataset_smaller_than_one_step_is_refused(
+    samples: int, accumulation: int, world: int
+) -> None:
+    """adv14b D3: with fewer samples than one optimizer step (``per_device_train_batch_size x
+    gradient_accumulation_steps x`` data-parallel size) the drop-in's loader held no batch, the
+    partial step being dropped: ``Trainer(max_steps=5).train()`` trained 0 steps and returned
+    (transformers' "not a single sample" warning only) where the stock Trainer trains 5; by
+    epochs it raised transformers' "args.max_steps must be set ... if dataloader does not have a
+    length". A ValueError naming the sizes now, before training."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from _hf_train import trainer_stub
+
+    from seqbalance.integrations.hf import balanced_train_dataloader
+
+    dataset = [{"input_ids": list(range(3 + i))} for i in range(samples)]
+    trainer = trainer_stub(dataset, gradient_accumulation_steps=accumulation, world_size=world)
+    step = 2 * accumulation * world
+    with pytest.raises(ValueError, match=rf"train_dataset has {samples} samples, fewer than one"):
+        balanced_train_dataloader(trainer, options={"cost": "tokens"})
+    enough = trainer_stub(
+        [{"input_ids": list(range(3 + i))} for i in range(step)],
+        gradient_accumulation_steps=accumulation,
+        world_size=world,
+    )
+    assert len(balanced_train_dataloader(enough, options={"cost": "tokens"})) == accumulation
