@@ -79,3 +79,26 @@ def test_hf_dataset_smaller_than_one_step_is_refused(
         world_size=world,
     )
     assert len(balanced_train_dataloader(enough, options={"cost": "tokens"})) == accumulation
+
+
+@pytest.mark.parametrize(("samples", "global_batch", "dp"), [(3, 4, 1), (1, 2, 2), (7, 8, 4)])
+def test_megatron_iterator_smaller_than_one_step_is_refused(
+    samples: int, global_batch: int, dp: int
+) -> None:
+    """adv14b D4: with fewer samples than ``global_batch_size`` the iterator's epoch had no step
+    (steps are whole): ``for step in iterator.steps()`` trained nothing and iterating it yielded
+    no micro-batch, without a word. A ValueError naming the sizes now, at construction."""
+    pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    def iterator(n: int) -> MegatronDataIterator:
+        dataset = [list(range(1, 3 + i)) for i in range(n)]
+        lengths = [len(sample) for sample in dataset]
+        return MegatronDataIterator(
+            dataset, lengths, global_batch_size=global_batch, dp_rank=0, dp_size=dp,
+            max_tokens=64,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match=rf"dataset has {samples} samples, fewer than one step"):
+        iterator(samples)
+    assert iterator(global_batch).num_steps() == 1

@@ -355,7 +355,7 @@ class MegatronDataIterator:
             with Megatron's parallel state uninitialised, ``allow_empty=True``, CP sizes that
             megatron-core's hybrid groups lack or a scheme other than ``head_tail``, an empty
             sample, a dataset whose size (or, when packed, a sample's length) differs from
-            ``lengths``;
+            ``lengths``, fewer samples than ``global_batch_size`` (no whole step);
             the planner's errors (a sample over ``max_tokens``, an infeasible fixed count).
     """
 
@@ -434,6 +434,13 @@ class MegatronDataIterator:
                 shuffle=check_bool(shuffle, "shuffle"),
                 drop_last=True,
                 options=options,
+            )
+        if self.sampler.num_steps == 0:
+            # Steps are whole, so the epoch had none: steps() and iteration yielded nothing.
+            self.sampler.close()
+            raise ValueError(
+                f"dataset has {raw.size} samples, fewer than one step (global_batch_size = "
+                f"{self.sampler.global_batch_size}): every step is whole, so the epoch has none"
             )
         self._batches: Iterator[Sequence[int]] | None = None
         self._consumed = 0
