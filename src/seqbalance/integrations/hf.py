@@ -64,6 +64,7 @@ import numpy as np
 
 from seqbalance.cost import ModelSpec
 from seqbalance.datasets.lengths import lengths_from_dataset
+from seqbalance.integrations._no_empty import refuse_no_step
 from seqbalance.runtime.samplers import BalancedBatchSampler
 
 __all__ = ["SAMPLER_STATE_FILE", "BalancedTrainerMixin", "balanced_train_dataloader"]
@@ -213,15 +214,13 @@ def balanced_train_dataloader(
             f"lengths has {len(sampler.lengths)} entries but train_dataset has {len(dataset)} "
             "samples (seqbalance_lengths must give the token length of every training sample)"
         )
-    if sampler.num_steps == 0:
-        # The partial step is dropped, so the loader held no batch: with max_steps the Trainer
-        # trained 0 steps and returned (a warning only), by epochs it raised about max_steps.
-        sampler.close()
-        raise ValueError(
-            f"train_dataset has {len(sampler.lengths)} samples, fewer than one optimizer step "
-            f"(per_device_train_batch_size x gradient_accumulation_steps x data-parallel size = "
-            f"{sampler.global_batch_size}): every step is whole, so nothing would be trained"
-        )
+    # Else the loader held no batch: with max_steps the Trainer trained 0 steps and returned (a
+    # warning only), by epochs it raised about max_steps.
+    refuse_no_step(
+        sampler,
+        "train_dataset",
+        "per_device_train_batch_size x gradient_accumulation_steps x data-parallel size",
+    )
     loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
     return loader_class(
         # Read through the sampler's checked reader, never its memory map of a lengths file:

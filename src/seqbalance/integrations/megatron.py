@@ -85,7 +85,7 @@ from seqbalance.integrations._megatron_batches import (
     hybrid_cp_samples,
     pack_thd,
 )
-from seqbalance.integrations._no_empty import without_empty
+from seqbalance.integrations._no_empty import refuse_no_step, without_empty
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
 from seqbalance.plan.options import as_options
 from seqbalance.runtime.samplers import BalancedBatchSampler
@@ -408,7 +408,7 @@ class MegatronDataIterator:
                 "times on every rank, and an empty micro-batch has nothing to pack"
             )
         self.dataset = dataset
-        self.pad_multiple = check_pad_multiple(pad_multiple)
+        self.pad_multiple = pad = check_pad_multiple(pad_multiple)
         self.num_microbatches = options.num_microbatches
         # A checked copy: a memory map whose file is cut while the run goes on would end the
         # process (SIGBUS) when a sample's count is checked against it.
@@ -423,7 +423,6 @@ class MegatronDataIterator:
             )
         self._lengths = raw
         # The cap counts padded tokens, so the plan sees padded lengths (unpadded: no copy).
-        pad = self.pad_multiple
         planned = raw if pad == 1 else -(-raw // pad) * pad
         with _megatron_refusals():
             self.sampler = BalancedBatchSampler(
@@ -435,13 +434,7 @@ class MegatronDataIterator:
                 drop_last=True,
                 options=options,
             )
-        if self.sampler.num_steps == 0:
-            # Steps are whole, so the epoch had none: steps() and iteration yielded nothing.
-            self.sampler.close()
-            raise ValueError(
-                f"dataset has {raw.size} samples, fewer than one step (global_batch_size = "
-                f"{self.sampler.global_batch_size}): every step is whole, so the epoch has none"
-            )
+        refuse_no_step(self.sampler, "dataset", "global_batch_size")
         self._batches: Iterator[Sequence[int]] | None = None
         self._consumed = 0
         self._step, self._offset = 0, 0  # where the next micro-batch lies in the epoch
