@@ -7,6 +7,7 @@ sees ``lengths[17] = -3 is negative`` rather than an obscure failure deep inside
 from __future__ import annotations
 
 import numbers
+import sys
 import tokenize
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "as_weights",
     "check_bool",
     "check_choice",
+    "check_flops_rate",
     "check_int",
     "check_non_negative_float",
     "check_positive_float",
@@ -342,6 +344,22 @@ def _check_real(value: Any, name: str, *, positive: bool) -> float:
 def check_positive_float(value: Any, name: str) -> float:
     """Return ``value`` as a float; reject bools, NaN, inf and values <= 0."""
     return _check_real(value, name, positive=True)
+
+
+def check_flops_rate(peak_flops_per_s: Any, efficiency: Any) -> tuple[float, float]:
+    """Return ``(peak_flops_per_s, efficiency)`` as floats: a positive finite peak, an
+    efficiency in (0, 1], and a product (the achieved FLOP/s, which seconds are divided by) that
+    does not underflow: ``1e-300 x 1e-300`` was 0, and dividing by it a ZeroDivisionError."""
+    peak = check_positive_float(peak_flops_per_s, "peak_flops_per_s")
+    rate = check_positive_float(efficiency, "efficiency")
+    if rate > 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    if not peak * rate >= sys.float_info.min:
+        raise ValueError(
+            f"peak_flops_per_s x efficiency = {peak!r} x {rate!r} = {peak * rate!r} FLOP/s is "
+            "too small to divide by"
+        )
+    return peak, rate
 
 
 MAX_TIMEOUT_SECONDS = 10.0 * 365 * 24 * 3600

@@ -91,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_outputs(args)
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C: the user stopped it; a traceback into whatever was running says nothing more.
+        print(f"{prefix} interrupted", file=sys.stderr)
+        return 130  # the shells' status for a command ended by SIGINT (128 + 2)
     except BrokenPipeError:
         # The reader went away (`| head`): say so once, and keep the final flush quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -76,6 +76,8 @@ __all__ = [
 
 DEFAULT_PEAK_TFLOPS = DEFAULT_PEAK_FLOPS_PER_S / 1e12
 """``seqbalance.defaults.DEFAULT_PEAK_FLOPS_PER_S`` in the CLI's unit, TFLOP/s."""
+MIN_TFLOPS = 1e-12
+"""Least ``--peak-tflops x --efficiency`` accepted: 1 FLOP/s."""
 LONG_CONTEXT = "long_context"
 """``--lengths long_context``: the generated long-context mix (``datasets.long_context``)."""
 LONG_CONTEXT_SAMPLES = 20_000
@@ -301,6 +303,13 @@ def cost_from_args(
     peak = check_positive_float(peak, "--peak-tflops")
     if not (0 < efficiency <= 1):
         raise ValueError(f"--efficiency must be in (0, 1], got {efficiency!r}")
+    if peak * efficiency < MIN_TFLOPS:
+        # Seconds are FLOPs divided by it: below 1 FLOP/s they overflowed (a message naming the
+        # model's t1) or, at 0, divided by zero (a traceback).
+        raise ValueError(
+            f"--peak-tflops x --efficiency = {peak!r} x {efficiency!r} TFLOP/s is below "
+            f"{MIN_TFLOPS:g} TFLOP/s (1 FLOP/s)"
+        )
     return resolve_model(args.model), peak * 1e12, efficiency, None
 
 

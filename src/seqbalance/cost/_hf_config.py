@@ -170,6 +170,8 @@ def read_json(path: str | Path) -> Any:
         raise ValueError(f"config: cannot read {str(path)!r}: {error}") from None
     except (json.JSONDecodeError, RecursionError) as error:
         raise ValueError(f"config: {str(path)!r} is not valid JSON: {error}") from None
+    except UnicodeDecodeError as error:  # a binary file, or UTF-16: the codec names no file
+        raise ValueError(f"config: {str(path)!r} is not UTF-8 text: {error}") from None
 
 
 def config_dict(config: Any) -> dict[str, Any]:
