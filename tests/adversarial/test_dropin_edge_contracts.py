@@ -102,3 +102,33 @@ def test_megatron_iterator_smaller_than_one_step_is_refused(
     with pytest.raises(ValueError, match=rf"dataset has {samples} samples, fewer than one step"):
         iterator(samples)
     assert iterator(global_batch).num_steps() == 1
+
+
+@pytest.mark.parametrize("lengths", [[0, 0, 0], [0, 0, 0, 0, 0]])
+def test_slime_balancing_never_gives_a_rank_an_empty_microbatch(lengths: list) -> None:
+    """adv14b D5: with balancing on, a step with fewer samples than its micro-batch slots is
+    refused (slime asserts too) when its samples hold tokens, but when they held none the
+    drop-in fell back to slime's own schedule of them, whose first-fit bin splits into an empty
+    half: rank 1 got only empty micro-batches (``[[[0, 1, 2], []], [[], []]]``), which slime's
+    training then fails on, on that rank alone. The same refusal now, tokens or none."""
+    from types import SimpleNamespace
+
+    from _configs import SLIME_TINY
+
+    from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+    args = SimpleNamespace(
+        micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=64,
+        balance_data=True, balance_by_flops=False, **SLIME_TINY,
+    )  # fmt: skip
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 2, "microbatch_group_size_per_vp_stage": 3}
+    n = len(lengths)
+    for tokens in (lengths, [5] * n):
+        with pytest.raises(ScheduleError, match=f"lengths has {n} samples, fewer than the 6"):
+            build_dp_schedule(args, config, tokens, global_batch_size=1, rollout_indices=[0] * n)
+    # Enough samples: every micro-batch of every rank holds one.
+    zero = [0] * 6
+    _, micro_batches, _, _ = build_dp_schedule(
+        args, config, zero, global_batch_size=1, rollout_indices=[0] * 6
+    )
+    assert all(mb for rank in micro_batches for mb in rank)
