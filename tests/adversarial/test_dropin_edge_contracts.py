@@ -4,6 +4,8 @@ way whatever its tokens."""
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 
@@ -132,3 +134,20 @@ def test_slime_balancing_never_gives_a_rank_an_empty_microbatch(lengths: list) -
         args, config, zero, global_batch_size=1, rollout_indices=[0] * 6
     )
     assert all(mb for rank in micro_batches for mb in rank)
+
+
+def test_skyrl_packer_takes_skyrls_own_packing_strategy() -> None:
+    """adv14b D6: ``make_seq_packer`` is typed ``PackingStrategy | str``, SkyRL's enum; given
+    SkyRL's own ``PackingStrategy.BALANCED`` the drop-in raised "Unknown packing algorithm"
+    (only its own enum's members were keys). Either enum's members now pick the packer."""
+    skyrl = pytest.importorskip("skyrl.train.dataset.bin_packing")
+    from seqbalance.integrations import skyrl as ours
+
+    for member in skyrl.PackingStrategy:
+        packer = ours.make_seq_packer(member, 8, 2, 2)
+        assert packer.strategy.value == member.value
+        bins = packer.pack([3, 4, 5])
+        assert len(bins) == 2 and sorted(i for b in bins for i in b) == [0, 1, 2]
+    other = enum.Enum("Other", {"BALANCED": "best_fit"})
+    with pytest.raises(ValueError, match="Unknown packing algorithm"):
+        ours.make_seq_packer(other.BALANCED, 8)
