@@ -68,7 +68,9 @@ class ContextParallelStrategy(Protocol):
 def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatches:
     """The strategy's result, if it has ``p.dp`` ranks of one common, positive count and
     places every sample position exactly once as an integer (what ``_arrange`` relies on; the
-    caps and counts are left to ``StepPlan.validate``).
+    caps and counts are left to ``StepPlan.validate``), with every micro-batch that is not a
+    list, tuple, range or array (a generator, a set) read once into a list: the planner reads
+    a micro-batch more than once and by position.
 
     Raises:
         PlanValidationError: naming the strategy and the first violation.
@@ -77,6 +79,7 @@ def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatch
     try:
         if isinstance(microbatches, (str, bytes)) or not hasattr(microbatches, "__len__"):
             raise TypeError  # a generator would be used up here; a string is no list of ranks
+        microbatches = [[_positions(mb) for mb in mbs] for mbs in microbatches]
         counts = {len(mbs) for mbs in microbatches}
         members = [i for mbs in microbatches for mb in mbs for i in mb]
     except TypeError:
@@ -109,3 +112,13 @@ def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatch
             f"{where} sample {i} {int(seen[i])} times; every sample must appear exactly once"
         )
     return microbatches
+
+
+def _positions(microbatch: Any) -> Any:
+    """``microbatch`` itself where it can be read again by position, else read once into a list
+    (TypeError for a string or bytes: their items are no sample positions)."""
+    if isinstance(microbatch, (list, tuple, range, np.ndarray)):
+        return microbatch
+    if isinstance(microbatch, (str, bytes)):
+        raise TypeError
+    return list(microbatch)
