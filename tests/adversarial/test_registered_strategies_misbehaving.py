@@ -92,3 +92,28 @@ def test_microbatches_of_text_are_refused(registered: Any, microbatch: Any) -> N
     registered("adv14c_text", "custom", lambda p: [[microbatch]] * p.dp)
     with pytest.raises(ValueError, match="strategy 'adv14c_text' returned"):
         plan_step([5, 6], 2, strategy="adv14c_text")
+
+
+def _writes(problem: Any) -> Any:
+    for name in ("lengths", "sample_costs", "groups"):
+        values = getattr(problem, name)
+        if values is not None and values.size:
+            values[0] = 0
+    return _round_robin(problem)
+
+
+def test_a_strategy_cannot_write_into_the_problem(registered: Any) -> None:
+    """D2: a strategy writing into ``problem.lengths`` / ``sample_costs`` / ``groups`` changed
+    what the plan recorded (its lengths showed 1 for 340) and what ``balanced`` planned after
+    such a rival ("strategy 'balanced' returned an invalid plan: lower_bound 3935.0 exceeds
+    step_cost 3806.0"). The problem's arrays are read-only: the write is refused."""
+    groups = np.arange(LENGTHS.size) // 2
+    registered("adv14c_writer", "custom", _writes)
+    with pytest.raises(ValueError, match="read-only"):
+        plan_step(LENGTHS, 2, strategy="adv14c_writer", groups=groups)
+    expected = [plan_step(LENGTHS, 2, groups=groups, **options) for options in REQUESTS]
+    registered("adv14c_writing_rival", "baseline", _writes)
+    for options, before in zip(REQUESTS, expected, strict=True):
+        plan = plan_step(LENGTHS, 2, groups=groups, **options)
+        assert plan.lengths.tolist() == LENGTHS.tolist()
+        assert (plan.step_cost, _layout(plan)) == (before.step_cost, _layout(before))
