@@ -4,6 +4,7 @@ step itself or ``balanced`` runs it as a rival (family ``baseline``)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -117,3 +118,27 @@ def test_a_strategy_cannot_write_into_the_problem(registered: Any) -> None:
         plan = plan_step(LENGTHS, 2, groups=groups, **options)
         assert plan.lengths.tolist() == LENGTHS.tolist()
         assert (plan.step_cost, _layout(plan)) == (before.step_cost, _layout(before))
+
+
+def _fails(problem: Any) -> Any:
+    return {}["missing"]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11+")
+def test_a_rival_that_fails_is_named(registered: Any) -> None:
+    """D3 (decided): an exception other than ValueError from a strategy is a bug in it; it
+    propagates as itself (skipping such a rival would hide the bug), now with a note naming the
+    strategy and, for a rival, that balanced ran it (a bare KeyError 'missing' before)."""
+    registered("adv14c_fails", "baseline", _fails)
+    for options in REQUESTS[1:]:  # under step the plan meets its bound before any rival runs
+        with pytest.raises(KeyError) as caught:
+            plan_step(LENGTHS, 2, **options)
+        assert caught.value.__notes__ == [
+            "raised by strategy 'adv14c_fails'.plan(problem), a rival of 'balanced' (family "
+            "'baseline'; a strategy of family 'custom' is no rival)"
+        ]
+    with pytest.raises(KeyError) as caught:
+        plan_step(LENGTHS, 2, strategy="adv14c_fails")
+    assert caught.value.__notes__ == [
+        "raised by strategy 'adv14c_fails'.plan(problem), the strategy planning the step"
+    ]

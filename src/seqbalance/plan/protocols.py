@@ -19,7 +19,13 @@ if TYPE_CHECKING:
     from seqbalance.plan._problem import Problem
     from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
 
-__all__ = ["ContextParallelStrategy", "Microbatches", "Strategy", "checked_microbatches"]
+__all__ = [
+    "ContextParallelStrategy",
+    "Microbatches",
+    "Strategy",
+    "checked_microbatches",
+    "planned_microbatches",
+]
 
 
 @runtime_checkable
@@ -63,6 +69,37 @@ class ContextParallelStrategy(Protocol):
         """The finalised schedule of ``problem`` (``problem.finalise`` equalises its slot
         counts under the options); raise ValueError when the limits cannot be met."""
         ...
+
+
+_NAMED = "raised by strategy"
+
+
+def planned_microbatches(strategy: Any, p: Problem, *, rival: bool = False) -> Microbatches:
+    """``strategy.plan(p)``, checked by :func:`checked_microbatches`.
+
+    A ValueError is the strategy's way of saying it cannot meet the limits and propagates as
+    it is. Any other exception is a bug in the strategy: it propagates too (skipping a rival
+    that fails would hide the bug, and ``balanced`` could then lose to it where it works), of
+    its own type, with a note naming the strategy (``rival``: that ``balanced`` ran it as one
+    of the rivals it must never lose to, registered in family ``baseline`` or ``stack``).
+    """
+    try:
+        microbatches = strategy.plan(p)
+    except ValueError:
+        raise
+    except Exception as error:
+        role = (
+            f"a rival of 'balanced' (family {strategy.family!r}; a strategy of family 'custom' "
+            "is no rival)"
+            if rival
+            else "the strategy planning the step"
+        )
+        # Only the innermost strategy is named: a rival's error passes through balanced's plan.
+        named = any(note.startswith(_NAMED) for note in getattr(error, "__notes__", ()))
+        if hasattr(error, "add_note") and not named:  # 3.11+; 3.10 shows the traceback alone
+            error.add_note(f"{_NAMED} {strategy.name!r}.plan(problem), {role}")
+        raise
+    return checked_microbatches(microbatches, p, strategy.name)
 
 
 def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatches:
