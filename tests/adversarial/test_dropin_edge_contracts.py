@@ -4,6 +4,8 @@ way whatever its tokens."""
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 
@@ -50,3 +52,102 @@ def test_verl_dynamic_cp_plan_reads_whole_token_counts(lengths: list, message: s
     with pytest.raises(ValueError, match=message):
         scheduler.plan(lengths)
     assert scheduler.plan([1.0, 2.0, 30.0]).lengths.tolist() == [1, 2, 30]
+
+
+@pytest.mark.parametrize(("samples", "accumulation", "world"), [(1, 1, 1), (3, 2, 1), (5, 1, 4)])
+def test_hf_dataset_smaller_than_one_step_is_refused(
+    samples: int, accumulation: int, world: int
+) -> None:
+    """adv14b D3: with fewer samples than one optimizer step (``per_device_train_batch_size x
+    gradient_accumulation_steps x`` data-parallel size) the drop-in's loader held no batch, the
+    partial step being dropped: ``Trainer(max_steps=5).train()`` trained 0 steps and returned
+    (transformers' "not a single sample" warning only) where the stock Trainer trains 5; by
+    epochs it raised transformers' "args.max_steps must be set ... if dataloader does not have a
+    length". A ValueError naming the sizes now, before training."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from _hf_train import trainer_stub
+
+    from seqbalance.integrations.hf import balanced_train_dataloader
+
+    dataset = [{"input_ids": list(range(3 + i))} for i in range(samples)]
+    trainer = trainer_stub(dataset, gradient_accumulation_steps=accumulation, world_size=world)
+    step = 2 * accumulation * world
+    with pytest.raises(ValueError, match=rf"train_dataset has {samples} samples, fewer than one"):
+        balanced_train_dataloader(trainer, options={"cost": "tokens"})
+    enough = trainer_stub(
+        [{"input_ids": list(range(3 + i))} for i in range(step)],
+        gradient_accumulation_steps=accumulation,
+        world_size=world,
+    )
+    assert len(balanced_train_dataloader(enough, options={"cost": "tokens"})) == accumulation
+
+
+@pytest.mark.parametrize(("samples", "global_batch", "dp"), [(3, 4, 1), (1, 2, 2), (7, 8, 4)])
+def test_megatron_iterator_smaller_than_one_step_is_refused(
+    samples: int, global_batch: int, dp: int
+) -> None:
+    """adv14b D4: with fewer samples than ``global_batch_size`` the iterator's epoch had no step
+    (steps are whole): ``for step in iterator.steps()`` trained nothing and iterating it yielded
+    no micro-batch, without a word. A ValueError naming the sizes now, at construction."""
+    pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    def iterator(n: int) -> MegatronDataIterator:
+        dataset = [list(range(1, 3 + i)) for i in range(n)]
+        lengths = [len(sample) for sample in dataset]
+        return MegatronDataIterator(
+            dataset, lengths, global_batch_size=global_batch, dp_rank=0, dp_size=dp,
+            max_tokens=64,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match=rf"dataset has {samples} samples, fewer than one step"):
+        iterator(samples)
+    assert iterator(global_batch).num_steps() == 1
+
+
+@pytest.mark.parametrize("lengths", [[0, 0, 0], [0, 0, 0, 0, 0]])
+def test_slime_balancing_never_gives_a_rank_an_empty_microbatch(lengths: list) -> None:
+    """adv14b D5: with balancing on, a step with fewer samples than its micro-batch slots is
+    refused (slime asserts too) when its samples hold tokens, but when they held none the
+    drop-in fell back to slime's own schedule of them, whose first-fit bin splits into an empty
+    half: rank 1 got only empty micro-batches (``[[[0, 1, 2], []], [[], []]]``), which slime's
+    training then fails on, on that rank alone. The same refusal now, tokens or none."""
+    from types import SimpleNamespace
+
+    from _configs import SLIME_TINY
+
+    from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+    args = SimpleNamespace(
+        micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=64,
+        balance_data=True, balance_by_flops=False, **SLIME_TINY,
+    )  # fmt: skip
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 2, "microbatch_group_size_per_vp_stage": 3}
+    n = len(lengths)
+    for tokens in (lengths, [5] * n):
+        with pytest.raises(ScheduleError, match=f"lengths has {n} samples, fewer than the 6"):
+            build_dp_schedule(args, config, tokens, global_batch_size=1, rollout_indices=[0] * n)
+    # Enough samples: every micro-batch of every rank holds one.
+    zero = [0] * 6
+    _, micro_batches, _, _ = build_dp_schedule(
+        args, config, zero, global_batch_size=1, rollout_indices=[0] * 6
+    )
+    assert all(mb for rank in micro_batches for mb in rank)
+
+
+def test_skyrl_packer_takes_skyrls_own_packing_strategy() -> None:
+    """adv14b D6: ``make_seq_packer`` is typed ``PackingStrategy | str``, SkyRL's enum; given
+    SkyRL's own ``PackingStrategy.BALANCED`` the drop-in raised "Unknown packing algorithm"
+    (only its own enum's members were keys). Either enum's members now pick the packer."""
+    skyrl = pytest.importorskip("skyrl.train.dataset.bin_packing")
+    from seqbalance.integrations import skyrl as ours
+
+    for member in skyrl.PackingStrategy:
+        packer = ours.make_seq_packer(member, 8, 2, 2)
+        assert packer.strategy.value == member.value
+        bins = packer.pack([3, 4, 5])
+        assert len(bins) == 2 and sorted(i for b in bins for i in b) == [0, 1, 2]
+    other = enum.Enum("Other", {"BALANCED": "best_fit"})
+    with pytest.raises(ValueError, match="Unknown packing algorithm"):
+        ours.make_seq_packer(other.BALANCED, 8)

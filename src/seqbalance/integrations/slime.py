@@ -27,7 +27,8 @@ What the flags mean here:
   tokens (all 0) is one first-fit bin, and slime's split of the largest bin by tokens
   (``expand_bins_by_splitting``) then leaves every sample in one half, so ranks get empty
   micro-batches (``[[0, 1, 2, 3], []]`` on 2 ranks; as in slime's
-  ``slime/utils/seqlen_balancing.py`` at 624b824). Balancing on gives every rank samples.
+  ``slime/utils/seqlen_balancing.py`` at 624b824). Balancing on gives every micro-batch a
+  sample, or refuses the step (too few samples for its micro-batches, tokens or none).
 - Balancing on, dynamic batch size: seqbalance's ``plan_step`` over the whole step, ranks and
   micro-batches together, costs = training FLOPs of the model in ``args``, the cap hard.
   ``balance_by_flops`` (slime's FLOPs-balanced packing, with or without ``balance_data``) plans
@@ -254,11 +255,17 @@ def _cheapest(
     cap: int | None,
     lengths: np.ndarray,
 ) -> list[list[list[int]]] | None:
-    """The cheapest candidate that keeps the cap (a sample over it alone) on the costs and
-    objective (under ``lockstep`` each rank's micro-batches heaviest first, the alignment the
-    drop-in applies); the first of equally cheap ones with the fewest micro-batches."""
+    """The cheapest candidate that keeps the cap (a sample over it alone) and gives every
+    micro-batch a sample, on the costs and objective (under ``lockstep`` each rank's
+    micro-batches heaviest first, the alignment the drop-in applies); the first of equally
+    cheap ones with the fewest micro-batches."""
     best, best_key = None, None
     for ranks in candidates:
+        # slime's split of a bin of 0-token samples leaves an empty half, which its training
+        # fails on, on that rank alone: the step is as unplannable as one whose samples hold
+        # tokens (slime asserts there), so it is refused alike.
+        if any(not mb for mbs in ranks for mb in mbs):
+            continue
         if cap is not None and any(
             len(mb) > 1 and int(lengths[mb].sum()) > cap for mbs in ranks for mb in mbs
         ):
