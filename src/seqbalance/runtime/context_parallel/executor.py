@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
-from seqbalance.runtime.collectives import Comm, deadline, synchronize, wait
+from seqbalance.runtime.collectives import CollectiveError, Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
 from seqbalance.runtime.context_parallel.hf import slot_logits
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
@@ -137,12 +137,22 @@ class ContextParallelGroups:
 
     def create(self, blocks: Any) -> None:
         """Create the groups of ``blocks`` (``(size, first rank)`` pairs) that do not exist yet,
-        sorted by size then first rank. Every rank must call it with the same blocks."""
+        sorted by size then first rank. Every rank must call it with the same blocks.
+
+        Raises:
+            CollectiveError: a peer did not join a group's creation within ``timeout``.
+        """
         for size, start in sorted(blocks):
             if (size, start) not in self._groups:
-                self._groups[(size, start)] = dist.new_group(
-                    list(range(start, start + size)), timeout=self.timeout
-                )
+                members = list(range(start, start + size))
+                try:
+                    self._groups[(size, start)] = dist.new_group(members, timeout=self.timeout)
+                except RuntimeError as error:  # torch's DistStoreError named only store keys
+                    raise CollectiveError(
+                        f"creating the process group of CP ranks {members} did not complete "
+                        f"within {self.timeout.total_seconds():g} s: a peer rank failed, exited "
+                        f"or did not reach the same call ({error})"
+                    ) from error
 
     def group(self, size: int, start: int) -> Any:
         """The process group of ranks ``start .. start + size - 1`` (after ``prepare``)."""
