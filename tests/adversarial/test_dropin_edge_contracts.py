@@ -151,3 +151,41 @@ def test_skyrl_packer_takes_skyrls_own_packing_strategy() -> None:
     other = enum.Enum("Other", {"BALANCED": "best_fit"})
     with pytest.raises(ValueError, match="Unknown packing algorithm"):
         ours.make_seq_packer(other.BALANCED, 8)
+
+
+def _verl_batch_refused_on_rank_0(rank: int, world_size: int) -> str:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from tensordict import TensorDict
+
+    import seqbalance.integrations.verl as sbv
+
+    group = dist.new_group(timeout=datetime.timedelta(seconds=5))
+    mask = torch.zeros(4, 8)
+    for i in range(4):
+        mask[i, : 3 + i] = 1
+    if rank == 0:
+        mask[0, 7] = 0.5  # 3.5 tokens: refused on this rank
+    batch = TensorDict({"attention_mask": mask, "input_ids": torch.zeros(4, 8)}, batch_size=[4])
+    try:
+        sbv.rearrange_micro_batches(batch, 16, dp_group=group)
+    except ValueError as error:
+        return str(error)
+    return "planned"
+
+
+@pytest.mark.multiprocess
+def test_verl_batch_refused_on_one_rank_fails_every_rank(tmp_path) -> None:
+    """adv14b D7: ``rearrange_micro_batches(..., dp_group=...)`` checked a rank's batch (a
+    fractional or negative mask, an empty batch, a size ``force_group_size`` does not divide)
+    before the agreement: that rank raised alone and its peers waited in the count's all-reduce
+    until the group's timeout, or failed on the closed connection (gloo's RuntimeError naming
+    nothing). The refusal travels in the first agreement now: every rank raises a ValueError."""
+    pytest.importorskip("tensordict")
+    from _multiprocess import launch, ok
+
+    messages = ok(launch(tmp_path, 2, _verl_batch_refused_on_rank_0, timeout_s=60.0))
+    assert messages[0] == "attention_mask row sums[0] = 3.5 is not a whole number of tokens"
+    assert messages[1].startswith("rank 0 of dp_group refused its batch or settings")
