@@ -374,7 +374,7 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
     sampler reads through ``_CheckedFile``)."""
     try:
         mode = os.stat(path).st_mode
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the name, "embedded null byte"
         raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
     if not stat.S_ISREG(mode):  # a FIFO would block the open forever, a device never end
         raise ValueError(
