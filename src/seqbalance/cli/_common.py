@@ -21,7 +21,7 @@ import numpy as np
 
 from seqbalance import datasets
 from seqbalance._deprecated import message
-from seqbalance._validation import NPY_ERRORS, as_lengths, check_positive_float
+from seqbalance._validation import NPY_ERRORS, as_lengths, check_positive_float, npy_error
 from seqbalance.cli._output import (
     markdown_table,
     print_json,
@@ -191,8 +191,9 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
             array = np.array(array)  # a copy: the file may change while the command runs
     except (*NPY_ERRORS, pickle.UnpicklingError) as error:
         raise ValueError(
-            f"{argument}: cannot read {str(path)!r} as a .npy array of token lengths ({error}); "
-            "write one with numpy.save or `seqbalance lengths ... -o FILE.npy`"
+            f"{argument}: cannot read {str(path)!r} as a .npy array of token lengths "
+            f"({npy_error(path, error)}); write one with numpy.save or `seqbalance lengths ... "
+            "-o FILE.npy`"
         ) from None
     if isinstance(array, np.lib.npyio.NpzFile):
         array.close()
