@@ -392,7 +392,13 @@ def build_dp_schedule(
         if args.max_tokens_per_gpu is None:
             raise ScheduleError("use_dynamic_batch_size needs max_tokens_per_gpu")
         cap = check_int(args.max_tokens_per_gpu, "max_tokens_per_gpu", minimum=1) * cp
-    size = check_int(getattr(args, "micro_batch_size", 1) or 1, "micro_batch_size", minimum=1)
+    size = 1  # slime reads micro_batch_size on the static path only (and asserts it is set)
+    if not dynamic:
+        # None, 0 or a missing field planned micro-batches of 1 sample without a word.
+        try:
+            size = check_int(getattr(args, "micro_batch_size", None), "micro_batch_size", minimum=1)
+        except ValueError as error:
+            raise ScheduleError(f"the static path (no dynamic batch size): {error}") from None
     by_flops = bool(getattr(args, "balance_by_flops", False))
     balance = bool(getattr(args, "balance_data", False)) or by_flops
     if objective is None:
