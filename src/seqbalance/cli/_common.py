@@ -12,7 +12,7 @@ import argparse
 import pickle
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +72,7 @@ __all__ = [
     "time_model_from_args",
     "to_jsonable",
     "with_kv_sizes",
+    "write_output",
 ]
 
 DEFAULT_PEAK_TFLOPS = DEFAULT_PEAK_FLOPS_PER_S / 1e12
@@ -542,6 +543,19 @@ def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
         message = re.sub(rf"\b{name}=True\b", flags[name], message)
         message = re.sub(rf"(?<![\w-]){name}\b", flags[name], message)
     return message
+
+
+def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
+    """``write(path)``, the file a command writes; an OSError naming no file (a full disk
+    fails the write or the close, not the open: "[Errno 28] No space left on device" was all
+    the command said) is raised again naming ``flag`` and ``path``."""
+    try:
+        write(Path(path))
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        reason = error.strerror or str(error)
+        raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None
 
 
 def require_torch() -> None:
