@@ -106,7 +106,7 @@ def plan_micro_batches(
             rank of ``dp_group`` raises too, naming it).
     """
     return _agreed_plan(
-        lambda: seqlen_list,
+        seqlen_list,
         _Settings(
             max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
             cost, model,
@@ -139,8 +139,17 @@ class _Request(NamedTuple):
     count: int  # verl's starting count, before the agreement and num_batches_divided_by
 
 
+class _BatchLengths(NamedTuple):
+    """A TensorDict batch whose lengths ``_request`` reads (inside the agreement: a mask
+    refused on one rank fails every rank)."""
+
+    batch: Any
+
+
 def _request(seqlen_list: Any, settings: _Settings) -> _Request:
     """What one rank decides from its own batch and settings (ValueError when refused)."""
+    if isinstance(seqlen_list, _BatchLengths):
+        seqlen_list = _effective_lengths(seqlen_list.batch)
     lengths = np.asarray(seqlen_list).reshape(-1)
     if lengths.size == 0:
         raise ValueError("the batch holds no sequences: nothing to split into micro-batches")
@@ -166,14 +175,14 @@ def _request(seqlen_list: Any, settings: _Settings) -> _Request:
 
 
 def _agreed_plan(
-    read: Any, settings: _Settings, dp_group: Any, use_dynamic_bsz_balance: bool
+    seqlen_list: Any, settings: _Settings, dp_group: Any, use_dynamic_bsz_balance: bool
 ) -> list[list[int]]:
-    """:func:`plan_micro_batches` of the lengths ``read()`` gives, agreed over ``dp_group``
-    (None: this rank alone). A rank whose batch or settings are refused says so in the first
-    agreement, so its peers raise with it: they waited in the next collective until the group's
-    timeout, or failed on a closed connection, naming nothing."""
+    """:func:`plan_micro_batches` of ``seqlen_list`` (or a ``_BatchLengths``), agreed over
+    ``dp_group`` (None: this rank alone). A rank whose batch or settings are refused says so in
+    the first agreement, so its peers raise with it: they waited in the next collective until
+    the group's timeout, or failed on a closed connection, naming nothing."""
     try:
-        request = _request(read(), settings)
+        request = _request(seqlen_list, settings)
     except ValueError:
         if dp_group is not None:
             import torch.distributed as dist
@@ -317,16 +326,18 @@ def rearrange_micro_batches(
     Raises:
         ValueError: as :func:`plan_micro_batches`.
     """
-    # The batch is read inside the agreement: a mask refused on one rank fails every rank.
-    indices = _agreed_plan(
-        lambda: _effective_lengths(batch),
-        _Settings(
-            max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
-            cost, model,
-        ),
-        dp_group if _synced(dp_group, same_micro_num_in_dp) else None,
+    indices = plan_micro_batches(
+        _BatchLengths(batch),
+        max_token_len,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
         use_dynamic_bsz_balance,
-    )  # fmt: skip
+        force_group_size,
+        cost=cost,
+        model=model,
+    )
     return [_select(batch, part) for part in indices], indices
 
 
