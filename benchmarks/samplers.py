@@ -96,7 +96,12 @@ def measure(path: Path, microbatches: int, train_ms: float) -> dict:
     while len(blocked) < microbatches:
         time.sleep(train_ms / 1000)
         start = time.perf_counter()
-        batch = next(batches)
+        batch = next(batches, None)
+        if batch is None:
+            raise SystemExit(
+                f"--microbatches {microbatches}: one rank of {n:,} samples has "
+                f"{len(yielded)} micro-batches in an epoch (pass larger --sizes)"
+            )
         blocked.append(time.perf_counter() - start)
         yielded.append(batch)
     t3 = time.perf_counter()
@@ -161,9 +166,11 @@ def main() -> int:
                 capture_output=True,
                 text=True,
                 timeout=1800,
-                check=True,
                 env={**os.environ, "OMP_NUM_THREADS": "1"},
             )
+            if done.returncode:
+                # The child's own last line says why (a size too small, a lengths error).
+                return f"--sizes {int(size):,}: {done.stderr.strip().splitlines()[-1]}"
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             path.unlink()
     lines = [

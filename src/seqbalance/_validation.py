@@ -7,6 +7,7 @@ sees ``lengths[17] = -3 is negative`` rather than an obscure failure deep inside
 from __future__ import annotations
 
 import numbers
+import sys
 import tokenize
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -28,11 +29,13 @@ __all__ = [
     "as_weights",
     "check_bool",
     "check_choice",
+    "check_flops_rate",
     "check_int",
     "check_non_negative_float",
     "check_positive_float",
     "check_ranks",
     "check_timeout",
+    "npy_error",
     "prefixed",
     "refuse_masked",
 ]
@@ -42,6 +45,25 @@ NPY_ERRORS = (OSError, ValueError, EOFError, TypeError, OverflowError, tokenize.
 """What ``np.load`` raises for a file that is no readable ``.npy`` array: an empty file
 (EOFError), a header cut or garbled (tokenize's TokenError), a shape holding a bool or a
 negative size (TypeError; OverflowError from a memory map)."""
+
+_NPY_MAGIC = b"\x93NUMPY"
+"""The first bytes of every ``.npy`` file."""
+
+
+def npy_error(path: Any, error: BaseException) -> str:
+    """What ``np.load``'s ``error`` on the file ``path`` means, in words: numpy calls any file
+    that is neither a ``.npy`` array nor a ``.npz`` archive "pickled (object) data" and advises
+    ``allow_pickle=True``, which would run the code in a pickle, and is no help for a text or JSON
+    file of lengths. Such a file is said to be no ``.npy`` file, with its first bytes."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(_NPY_MAGIC))
+    except OSError:
+        return str(error)
+    if head.startswith((_NPY_MAGIC, b"PK")) or not head:  # an array, an archive, or empty
+        return str(error)
+    return f"it is no .npy file: it begins {head!r}, not with numpy's {_NPY_MAGIC!r}"
+
 
 MAX_TOKENS_LIMIT = 2**53
 """Largest token count or token sum accepted anywhere: exact in int64 and float64 arithmetic."""
@@ -342,6 +364,22 @@ def _check_real(value: Any, name: str, *, positive: bool) -> float:
 def check_positive_float(value: Any, name: str) -> float:
     """Return ``value`` as a float; reject bools, NaN, inf and values <= 0."""
     return _check_real(value, name, positive=True)
+
+
+def check_flops_rate(peak_flops_per_s: Any, efficiency: Any) -> tuple[float, float]:
+    """Return ``(peak_flops_per_s, efficiency)`` as floats: a positive finite peak, an
+    efficiency in (0, 1], and a product (the achieved FLOP/s, which seconds are divided by) that
+    does not underflow: ``1e-300 x 1e-300`` was 0, and dividing by it a ZeroDivisionError."""
+    peak = check_positive_float(peak_flops_per_s, "peak_flops_per_s")
+    rate = check_positive_float(efficiency, "efficiency")
+    if rate > 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    if not peak * rate >= sys.float_info.min:
+        raise ValueError(
+            f"peak_flops_per_s x efficiency = {peak!r} x {rate!r} = {peak * rate!r} FLOP/s is "
+            "too small to divide by"
+        )
+    return peak, rate
 
 
 MAX_TIMEOUT_SECONDS = 10.0 * 365 * 24 * 3600

@@ -229,3 +229,16 @@ def test_a_reader_that_goes_away_is_one_line(arguments: list[str]) -> None:
     assert result.stderr.strip().splitlines() == [
         "seqbalance models: error: standard output was closed before all results were written"
     ]
+
+
+def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys) -> None:
+    # adv14d D3: Ctrl-C during `seqbalance simulate` printed a 19-line traceback into the planner.
+    import seqbalance.cli.models
+
+    def interrupted(args) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(seqbalance.cli.models, "run", interrupted)
+    assert main(["models"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["seqbalance models: error: interrupted"]

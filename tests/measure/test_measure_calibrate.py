@@ -235,6 +235,22 @@ def test_calibration_plans_refuse_fewer_trials_than_ranks() -> None:
     assert sum((plan.cp_size == 1).all() for plan in plans) == 1 + 6  # 8 trials; short plans
 
 
+def test_calibration_plans_time_every_trial_when_ranks_do_not_divide_them() -> None:
+    # adv13d D6 (adv14d D1): 10 trials on 4 ranks timed 8, the last 2 dropped without a word.
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate import calibration_microbatches
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    cost = _cp_cost(t0=1e-3, t1=1e-5, t2=1e-8, bandwidth=1e9, latency=1e-4, piece=1e-4, factor=1)
+    plans = calibration_plans(4, ContextParallel(sizes=(1, 2)), cost, max_tokens=64, trials=10)
+    varied = [p for p in plans if (p.cp_size == 1).all()][:3]
+    micro = calibration_microbatches(10, max_tokens=64, max_length=64, seed=0)
+    assert np.array_equal(np.concatenate([p.lengths for p in varied]), np.concatenate(micro))
+    # The last plan: the 2 left over on ranks 0 and 1, ranks 2 and 3 empty.
+    assert varied[2].tokens[:, 0].tolist() == [int(m.sum()) for m in micro[8:]] + [0, 0]
+
+
 def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
     pytest.importorskip("torch")
     from seqbalance.measure.calibrate_context_parallel import calibration_plans

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from seqbalance import __version__
+from seqbalance.sim.plot import check_figure_path
 
 SUBCOMMANDS = (
     "simulate",
@@ -90,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_outputs(args)
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C: the user stopped it; a traceback into whatever was running says nothing more.
+        print(f"{prefix} interrupted", file=sys.stderr)
+        return 130  # the shells' status for a command ended by SIGINT (128 + 2)
     except BrokenPipeError:
         # The reader went away (`| head`): say so once, and keep the final flush quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -122,8 +127,9 @@ def _one_line(error: BaseException) -> str:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse an output path in a missing folder, onto a folder, onto a file the command reads
-    (one given, or one already in a folder given) or onto another output, before any work is
-    done (each was overwritten without a word)."""
+    (one given, or one already in a folder given) or onto another output, and a plot matplotlib
+    cannot write, before any work is done (each was overwritten without a word, or failed after
+    the work)."""
     taken = [
         (what, Path(value))
         for name, what in INPUT_FILES.items()
@@ -158,6 +164,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
                     f"{flag} {str(path)!r} is a file in the {folder_flag} folder {str(folder)!r}, "
                     "which the command reads: it would be overwritten"
                 )
+        if name == "plot":
+            check_figure_path(path, flag)
         taken.append((f"where {flag} writes", path))
 
 

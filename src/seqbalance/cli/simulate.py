@@ -167,11 +167,7 @@ def run(args: argparse.Namespace) -> int:
                 f"seqbalance simulate: warning: {flag_names(str(warning.message))}", file=sys.stderr
             )
     if args.plot:
-        try:
-            plot(result, args.plot)
-        except ImportError as error:
-            print(f"seqbalance simulate: error: {error}", file=sys.stderr)
-            return 1
+        plot(result, args.plot)
     payload = result.to_dict()
     payload["headline"] = result.headline(args.baseline)
     payload["setup"]["lengths"] = source.label

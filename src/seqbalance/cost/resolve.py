@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from seqbalance._validation import as_sample_values, check_positive_float
+from seqbalance._validation import as_sample_values, check_flops_rate
 from seqbalance.cost.flops import FlopsModel
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
 from seqbalance.cost.lookup import flops_model, preset_cost
@@ -142,7 +142,7 @@ class SecondsFromFlops:
                 f"({cost_unit(flops)})"
             )
         self.flops = flops
-        self.peak_flops_per_s, self.efficiency = _check_rate(peak_flops_per_s, efficiency)
+        self.peak_flops_per_s, self.efficiency = check_flops_rate(peak_flops_per_s, efficiency)
 
     def __repr__(self) -> str:
         return (
@@ -455,14 +455,6 @@ _LOADERS = {
 }
 
 
-def _check_rate(peak_flops_per_s: Any, efficiency: Any) -> tuple[float, float]:
-    peak = check_positive_float(peak_flops_per_s, "peak_flops_per_s")
-    efficiency = check_positive_float(efficiency, "efficiency")
-    if efficiency > 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
-    return peak, efficiency
-
-
 def seconds_model(
     cost: CostModel, *, peak_flops_per_s: float, efficiency: float
 ) -> tuple[CostModel, str]:
@@ -487,7 +479,7 @@ def seconds_model(
             "predicting seconds needs a TimeModel or FLOPs ('flops', a ModelSpec, a "
             f"FlopsModel or another model in FLOPs) as cost, got {cost_name(cost)!r}"
         )
-    peak, efficiency = _check_rate(peak_flops_per_s, efficiency)
+    peak, efficiency = check_flops_rate(peak_flops_per_s, efficiency)
     hardware = " (H100 bf16 dense)" if peak == DEFAULT_PEAK_FLOPS_PER_S else ""
     label = cost_name(cost).removeprefix("flops:")
     source = f"{label} FLOPs at {peak / 1e12:g} TFLOP/s{hardware} x {efficiency:g} efficiency"

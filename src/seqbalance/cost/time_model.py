@@ -12,6 +12,7 @@ uses ``L²`` (not the causal pair count), matching ``FlopsModel.coefficients``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
@@ -24,6 +25,7 @@ from seqbalance._validation import (
     MAX_TOKENS_LIMIT,
     as_lengths,
     check_bool,
+    check_flops_rate,
     check_int,
     check_non_negative_float,
     check_positive_float,
@@ -138,10 +140,7 @@ class TimeModel:
         """
         if not isinstance(flops_model, FlopsModel):
             raise ValueError(f"flops_model must be a FlopsModel, got {type(flops_model).__name__}")
-        peak = check_positive_float(peak_flops_per_s, "peak_flops_per_s")
-        eff = check_positive_float(efficiency, "efficiency")
-        if eff > 1:
-            raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+        peak, eff = check_flops_rate(peak_flops_per_s, efficiency)
         if flops_model.non_polynomial_terms:
             raise ValueError(
                 f"flops_model has {' and '.join(flops_model.non_polynomial_terms)}, whose cost is "
@@ -150,7 +149,13 @@ class TimeModel:
         linear, quadratic = flops_model.coefficients
         multiplier = flops_model.training_multiplier if backward else 1
         rate = peak * eff
-        return cls(0.0, linear * multiplier / rate, quadratic * multiplier / rate, tile=tile)
+        t1, t2 = linear * multiplier / rate, quadratic * multiplier / rate
+        if not math.isfinite(t1 + t2):  # the TimeModel would name t1, which no caller gave
+            raise ValueError(
+                f"peak_flops_per_s x efficiency = {rate!r} FLOP/s is too small: the model's "
+                f"seconds overflow (t1 = {t1!r} s per token)"
+            )
+        return cls(0.0, t1, t2, tile=tile)
 
     @classmethod
     def fit(

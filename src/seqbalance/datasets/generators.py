@@ -9,17 +9,43 @@ import numbers
 
 import numpy as np
 
-from seqbalance._validation import check_int, check_non_negative_float, check_positive_float
+from seqbalance._validation import (
+    MAX_TOKENS_LIMIT,
+    check_int,
+    check_non_negative_float,
+    check_positive_float,
+)
 
 __all__ = ["long_context", "rl_lengths"]
+
+_MAX_SIGMA = 100.0
+"""Largest log-sd accepted (natural log): ``e**100`` tokens is a spread no length mix has, and
+two larger ones can sum to ``inf - inf`` (NaN draws, cast to -2**63 tokens without a word)."""
 
 
 def _lognormal_tokens(
     rng: np.random.Generator, median: float, log_offsets: np.ndarray, sigma: float, cap: int
 ) -> np.ndarray:
     """Round(median * exp(offset + sigma * z)) clipped to [1, cap] tokens."""
-    draws = median * np.exp(log_offsets + sigma * rng.standard_normal(log_offsets.shape))
+    with np.errstate(over="ignore", under="ignore"):  # inf is clipped to cap, 0 to 1: exact
+        draws = median * np.exp(log_offsets + sigma * rng.standard_normal(log_offsets.shape))
     return np.clip(np.rint(draws), 1, cap).astype(np.int64)
+
+
+def _sigma(value: float, name: str) -> float:
+    sigma = check_non_negative_float(value, name)
+    if sigma > _MAX_SIGMA:
+        raise ValueError(f"{name} must be <= {_MAX_SIGMA:g} (a log-sd), got {value!r}")
+    return sigma
+
+
+def _tokens(value: int, name: str) -> int:
+    """A token count of at least 1 and at most 2**53 (beyond it float64 draws are not whole
+    counts and int64 sums overflow: 2**63 - 1 came back as -2**63)."""
+    tokens = check_int(value, name, minimum=1)
+    if tokens > MAX_TOKENS_LIMIT:
+        raise ValueError(f"{name} must be <= 2**53 = {MAX_TOKENS_LIMIT}, got {tokens}")
+    return tokens
 
 
 def rl_lengths(
@@ -45,17 +71,18 @@ def rl_lengths(
     in real GRPO runs (about 8% of samples with the defaults).
 
     Returns ``(lengths, groups)``: int64 tokens per sample and int64 group (prompt) id per
-    sample, ``groups == arange(n_prompts).repeat(group_size)``.
+    sample, ``groups == arange(n_prompts).repeat(group_size)``. Log-sds are at most 100 and
+    length caps at most 2**53 tokens (ValueError naming the argument).
     """
     n_prompts = check_int(n_prompts, "n_prompts", minimum=1)
     group_size = check_int(group_size, "group_size", minimum=1)
     prompt_median = check_positive_float(prompt_median, "prompt_median")
     response_median = check_positive_float(response_median, "response_median")
-    prompt_sigma = check_non_negative_float(prompt_sigma, "prompt_sigma")
-    response_sigma = check_non_negative_float(response_sigma, "response_sigma")
-    group_sigma = check_non_negative_float(group_sigma, "group_sigma")
-    max_prompt_length = check_int(max_prompt_length, "max_prompt_length", minimum=1)
-    max_response_length = check_int(max_response_length, "max_response_length", minimum=1)
+    prompt_sigma = _sigma(prompt_sigma, "prompt_sigma")
+    response_sigma = _sigma(response_sigma, "response_sigma")
+    group_sigma = _sigma(group_sigma, "group_sigma")
+    max_prompt_length = _tokens(max_prompt_length, "max_prompt_length")
+    max_response_length = _tokens(max_response_length, "max_response_length")
     seed = check_int(seed, "seed", minimum=0)
 
     rng = np.random.default_rng(seed)
@@ -85,17 +112,18 @@ def long_context(
     ``round(long_fraction * n)`` documents are log-uniform in ``[long_min, long_max]`` tokens
     (e.g. 32k-128k books and repositories), at random positions; the others are lognormal
     (``short_median`` tokens, log-sd ``short_sigma``) clipped to ``[1, long_max]``.
-    Returns int64 tokens per document.
+    Returns int64 tokens per document. ``short_sigma`` is at most 100 and ``long_max`` at most
+    2**53 tokens (ValueError naming the argument).
     """
     n = check_int(n, "n", minimum=1)
     short_median = check_positive_float(short_median, "short_median")
-    short_sigma = check_non_negative_float(short_sigma, "short_sigma")
+    short_sigma = _sigma(short_sigma, "short_sigma")
     if isinstance(long_fraction, (bool, np.bool_)) or not isinstance(long_fraction, numbers.Real):
         raise ValueError(f"long_fraction must be a number in [0, 1], got {long_fraction!r}")
     if not 0.0 <= float(long_fraction) <= 1.0:
         raise ValueError(f"long_fraction must be in [0, 1], got {long_fraction!r}")
-    long_min = check_int(long_min, "long_min", minimum=1)
-    long_max = check_int(long_max, "long_max", minimum=1)
+    long_min = _tokens(long_min, "long_min")
+    long_max = _tokens(long_max, "long_max")
     if long_min > long_max:
         raise ValueError(f"long_min ({long_min}) must be <= long_max ({long_max})")
     seed = check_int(seed, "seed", minimum=0)

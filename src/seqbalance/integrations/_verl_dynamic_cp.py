@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import EmptySlotError, check_int, check_ranks
+from seqbalance._validation import EmptySlotError, as_lengths, check_int, check_ranks
 from seqbalance.integrations._no_empty import without_empty
 from seqbalance.integrations._sample_pairs import ids_and_lengths
 from seqbalance.plan import plan_step
@@ -202,10 +202,11 @@ class DynamicCPScheduler:
         cap once verl pads (module docstring).
 
         Raises:
-            ValueError: a sample longer than the whole group holds once padded, or no plan
-                under the cap.
+            ValueError: a length that is no whole, non-negative token count, a sample longer
+                than the whole group holds once padded, or no plan under the cap.
         """
-        lengths = np.asarray(lengths, dtype=np.int64)
+        # Token counts as given: an int64 cast planned 1.5 as 1, "3" as 3 and True as 1 token.
+        lengths = as_lengths(lengths)
         tp = self.tensor_parallel_size
         # What each sample is planned as: its rows whole, then, once a plan shards it over c
         # ranks, its padded length there (c members hold exactly its rows then, and no more on

@@ -198,10 +198,12 @@ def get_group_balanced_partitions(
     otherwise, as in ``rearrange_micro_batches``).
 
     Raises:
-        ValueError: mismatched lengths, or fewer runs than parts or a run count not divisible by
-            ``k_partitions`` (verl asserts both).
+        ValueError: a length that is no whole, non-negative token count, mismatched lengths,
+            or fewer runs than parts or a run count not divisible by ``k_partitions`` (verl
+            asserts both).
     """
-    lengths = np.asarray(_scalars(seqlen_list, "seqlen_list"), dtype=np.int64).reshape(-1)
+    # Token counts, as given: an int64 cast balanced 100.7 tokens as 100 without a word.
+    lengths = as_lengths(seqlen_list, "seqlen_list")
     if len(uid_list) != lengths.size:
         raise ValueError(f"uid_list has {len(uid_list)} entries, seqlen_list {lengths.size}")
     k = check_int(k_partitions, "k_partitions", minimum=1)

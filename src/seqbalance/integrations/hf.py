@@ -17,9 +17,10 @@ What it does:
   Accelerate's: ``args.process_index // (tp x cp)`` of ``args.world_size // (tp x cp)``, so the
   ranks of a tensor- or context-parallel group (``parallelism_config``) get the same batches;
   sequence parallelism is refused. The loader is not passed through ``accelerator.prepare``,
-  which would shard the batches a second time. The last,
-  partial step of an epoch is dropped. The loader takes the Trainer's loader settings (workers,
-  pin memory, persistent workers, prefetch factor, multiprocessing context, ``seed_worker``);
+  which would shard the batches a second time. The last, partial step of an epoch is
+  dropped (a dataset smaller than one step is refused). The loader takes the Trainer's loader
+  settings (workers, pin memory, persistent workers, prefetch factor, multiprocessing context,
+  ``seed_worker``);
   ``dataloader_in_order=False`` is not kept (a warning): a resume is exact only in order.
   ``train_sampling_strategy="sequential"`` keeps the dataset's order across steps (no shuffle);
   ``"group_by_length"`` / ``"batch_rebalance"`` give way to this sampler (a warning).
@@ -63,6 +64,7 @@ import numpy as np
 
 from seqbalance.cost import ModelSpec
 from seqbalance.datasets.lengths import lengths_from_dataset
+from seqbalance.integrations._no_empty import refuse_no_step
 from seqbalance.runtime.samplers import BalancedBatchSampler
 
 __all__ = ["SAMPLER_STATE_FILE", "BalancedTrainerMixin", "balanced_train_dataloader"]
@@ -160,6 +162,10 @@ def balanced_train_dataloader(
 
     Usable without the mixin: ``trainer.get_train_dataloader = lambda:
     balanced_train_dataloader(trainer, options={...})``.
+
+    Raises:
+        ValueError: no ``train_dataset``, lengths of another size, or fewer samples than one
+            optimizer step (the partial step is dropped: nothing would be trained).
     """
     import torch
 
@@ -208,6 +214,13 @@ def balanced_train_dataloader(
             f"lengths has {len(sampler.lengths)} entries but train_dataset has {len(dataset)} "
             "samples (seqbalance_lengths must give the token length of every training sample)"
         )
+    # Else the loader held no batch: with max_steps the Trainer trained 0 steps and returned (a
+    # warning only), by epochs it raised about max_steps.
+    refuse_no_step(
+        sampler,
+        "train_dataset",
+        "per_device_train_batch_size x gradient_accumulation_steps x data-parallel size",
+    )
     loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
     return loader_class(
         # Read through the sampler's checked reader, never its memory map of a lengths file:

@@ -85,7 +85,7 @@ from seqbalance.integrations._megatron_batches import (
     hybrid_cp_samples,
     pack_thd,
 )
-from seqbalance.integrations._no_empty import without_empty
+from seqbalance.integrations._no_empty import refuse_no_step, without_empty
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
 from seqbalance.plan.options import as_options
 from seqbalance.runtime.samplers import BalancedBatchSampler
@@ -355,7 +355,7 @@ class MegatronDataIterator:
             with Megatron's parallel state uninitialised, ``allow_empty=True``, CP sizes that
             megatron-core's hybrid groups lack or a scheme other than ``head_tail``, an empty
             sample, a dataset whose size (or, when packed, a sample's length) differs from
-            ``lengths``;
+            ``lengths``, fewer samples than ``global_batch_size`` (no whole step);
             the planner's errors (a sample over ``max_tokens``, an infeasible fixed count).
     """
 
@@ -408,7 +408,7 @@ class MegatronDataIterator:
                 "times on every rank, and an empty micro-batch has nothing to pack"
             )
         self.dataset = dataset
-        self.pad_multiple = check_pad_multiple(pad_multiple)
+        self.pad_multiple = pad = check_pad_multiple(pad_multiple)
         self.num_microbatches = options.num_microbatches
         # A checked copy: a memory map whose file is cut while the run goes on would end the
         # process (SIGBUS) when a sample's count is checked against it.
@@ -423,7 +423,6 @@ class MegatronDataIterator:
             )
         self._lengths = raw
         # The cap counts padded tokens, so the plan sees padded lengths (unpadded: no copy).
-        pad = self.pad_multiple
         planned = raw if pad == 1 else -(-raw // pad) * pad
         with _megatron_refusals():
             self.sampler = BalancedBatchSampler(
@@ -435,6 +434,7 @@ class MegatronDataIterator:
                 drop_last=True,
                 options=options,
             )
+        refuse_no_step(self.sampler, "dataset", "global_batch_size")
         self._batches: Iterator[Sequence[int]] | None = None
         self._consumed = 0
         self._step, self._offset = 0, 0  # where the next micro-batch lies in the epoch

@@ -232,12 +232,17 @@ def make_seq_packer(
     model: Any = None,
 ) -> SeqPacker:
     """SkyRL's factory: a packer by name (``"balanced"``, ``"first_fit_decreasing"``, any case)
-    or :class:`PackingStrategy`; ``cost`` / ``model`` as :class:`SeqPacker`.
+    or :class:`PackingStrategy` (this module's or SkyRL's own); ``cost`` / ``model`` as
+    :class:`SeqPacker`. Counts are integers (a float ``bin_capacity`` is refused, where SkyRL
+    compares with it as given).
 
     Raises:
         ValueError: an unknown algorithm ("Unknown packing algorithm", as SkyRL) or bad counts.
     """
     available = ", ".join(a.name for a in PackingStrategy)
+    if isinstance(algorithm, enum.Enum) and not isinstance(algorithm, PackingStrategy):
+        # SkyRL's own PackingStrategy (the type its signature names): "Unknown" before.
+        algorithm = next((a for a in PackingStrategy if a.value == algorithm.value), algorithm)
     if isinstance(algorithm, str):
         try:
             algorithm = PackingStrategy[algorithm.upper()]

@@ -19,7 +19,7 @@ from seqbalance.plan._budget import (
 from seqbalance.plan._intervals import bound_at_count
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
-from seqbalance.plan.protocols import Microbatches, Strategy, checked_microbatches
+from seqbalance.plan.protocols import Microbatches, Strategy, planned_microbatches
 from seqbalance.plan.registry import get_strategy, strategy_names
 from seqbalance.plan.strategies import rank_members
 
@@ -70,7 +70,7 @@ class Portfolio:
         if strategy.name not in self._plans:
             try:
                 # A rival's plan is checked like any strategy's (a registered one may be wrong).
-                plan = checked_microbatches(strategy.plan(self.p), self.p, strategy.name)
+                plan = planned_microbatches(strategy, self.p, rival=True)
             except ValueError:
                 plan = None
             if plan is not None and not (strategy.enforces_cap or self.p.keeps_cap(plan)):

@@ -102,6 +102,11 @@ class Problem(GroupedSamples):
     options: PlanOptions
     parts: SampleParts | None = None
 
+    def __post_init__(self) -> None:  # read-only views (broadcast_to's): strategies share them
+        for name in ("lengths", "sample_costs", "groups"):
+            if (values := getattr(self, name)) is not None:
+                object.__setattr__(self, name, np.broadcast_to(values, np.shape(values)))
+
     @cached_property
     def speeds(self) -> np.ndarray | None:
         """float64 ``[dp]`` relative rank speeds (``options.rank_speeds``), or ``None`` for
@@ -112,7 +117,7 @@ class Problem(GroupedSamples):
         if self.options.rank_speeds is None:
             return None
         speeds = np.array(check_rank_speeds(self.options.rank_speeds, self.dp), dtype=np.float64)
-        return None if np.all(speeds == speeds[0]) else speeds
+        return None if np.all(speeds == speeds[0]) else np.broadcast_to(speeds, (self.dp,))
 
     @property
     def common_speed(self) -> float:

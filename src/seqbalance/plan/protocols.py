@@ -19,7 +19,13 @@ if TYPE_CHECKING:
     from seqbalance.plan._problem import Problem
     from seqbalance.plan.context_parallel._problem import CPProblem, Schedule
 
-__all__ = ["ContextParallelStrategy", "Microbatches", "Strategy", "checked_microbatches"]
+__all__ = [
+    "ContextParallelStrategy",
+    "Microbatches",
+    "Strategy",
+    "checked_microbatches",
+    "planned_microbatches",
+]
 
 
 @runtime_checkable
@@ -65,10 +71,43 @@ class ContextParallelStrategy(Protocol):
         ...
 
 
+_NAMED = "raised by strategy"
+
+
+def planned_microbatches(strategy: Any, p: Problem, *, rival: bool = False) -> Microbatches:
+    """``strategy.plan(p)``, checked by :func:`checked_microbatches`.
+
+    A ValueError is the strategy's way of saying it cannot meet the limits and propagates as
+    it is. Any other exception is a bug in the strategy: it propagates too (skipping a rival
+    that fails would hide the bug, and ``balanced`` could then lose to it where it works), of
+    its own type, with a note naming the strategy (``rival``: that ``balanced`` ran it as one
+    of the rivals it must never lose to, registered in family ``baseline`` or ``stack``).
+    """
+    try:
+        microbatches = strategy.plan(p)
+    except ValueError:
+        raise
+    except Exception as error:
+        role = (
+            f"a rival of 'balanced' (family {strategy.family!r}; a strategy of family 'custom' "
+            "is no rival)"
+            if rival
+            else "the strategy planning the step"
+        )
+        # Only the innermost strategy is named: a rival's error passes through balanced's plan.
+        named = any(note.startswith(_NAMED) for note in getattr(error, "__notes__", ()))
+        if hasattr(error, "add_note") and not named:  # 3.11+; 3.10 shows the traceback alone
+            error.add_note(f"{_NAMED} {strategy.name!r}.plan(problem), {role}")
+        raise
+    return checked_microbatches(microbatches, p, strategy.name)
+
+
 def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatches:
     """The strategy's result, if it has ``p.dp`` ranks of one common, positive count and
     places every sample position exactly once as an integer (what ``_arrange`` relies on; the
-    caps and counts are left to ``StepPlan.validate``).
+    caps and counts are left to ``StepPlan.validate``), with every micro-batch that is not a
+    list, tuple, range or array (a generator, a set) read once into a list: the planner reads
+    a micro-batch more than once and by position.
 
     Raises:
         PlanValidationError: naming the strategy and the first violation.
@@ -77,6 +116,7 @@ def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatch
     try:
         if isinstance(microbatches, (str, bytes)) or not hasattr(microbatches, "__len__"):
             raise TypeError  # a generator would be used up here; a string is no list of ranks
+        microbatches = [[_positions(mb) for mb in mbs] for mbs in microbatches]
         counts = {len(mbs) for mbs in microbatches}
         members = [i for mbs in microbatches for mb in mbs for i in mb]
     except TypeError:
@@ -109,3 +149,13 @@ def checked_microbatches(microbatches: Any, p: Problem, name: str) -> Microbatch
             f"{where} sample {i} {int(seen[i])} times; every sample must appear exactly once"
         )
     return microbatches
+
+
+def _positions(microbatch: Any) -> Any:
+    """``microbatch`` itself where it can be read again by position, else read once into a list
+    (TypeError for a string or bytes: their items are no sample positions)."""
+    if isinstance(microbatch, (list, tuple, range, np.ndarray)):
+        return microbatch
+    if isinstance(microbatch, (str, bytes)):
+        raise TypeError
+    return list(microbatch)

@@ -32,6 +32,13 @@ Register your own::
 
     seqbalance.plan.register_strategy(Reverse())
 
+A strategy's ``plan`` reads the problem (its arrays are read-only: every strategy shares it)
+and raises ValueError when it cannot meet the limits: ``balanced`` then goes on without that
+rival. Any other exception is a bug in the strategy and propagates as itself, with a note
+naming the strategy, also out of ``balanced`` when it ran the strategy as a rival (family
+``baseline`` or ``stack``; register one of family ``custom`` to keep it out of ``balanced``'s
+rivals).
+
 A user's strategy can be replaced (``replace=True``) and unregistered; the built-in ones cannot:
 the default strategy and ``balanced``'s rivals are looked up by name, and a plan records the
 name of the strategy that made it.

@@ -24,7 +24,7 @@ from seqbalance.plan._shared import check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
-from seqbalance.plan.protocols import Microbatches, checked_microbatches
+from seqbalance.plan.protocols import Microbatches, planned_microbatches
 from seqbalance.plan.registry import get_strategy
 from seqbalance.plan.types import PlanValidationError, StepPlan
 
@@ -194,7 +194,7 @@ def _plan(
     problem.speeds  # noqa: B018  (raises early when rank_speeds does not fit dp_size)
     m_lower = problem.min_feasible_microbatches  # raises early on infeasible options
     strategy = get_strategy(options.strategy)
-    microbatches = checked_microbatches(strategy.plan(problem), problem, options.strategy)
+    microbatches = planned_microbatches(strategy, problem)
     ranks, costs, tokens = _arrange(problem, microbatches, strategy.aligns_positions)
     plan = StepPlan(
         ranks=ranks,

@@ -19,7 +19,17 @@ from seqbalance._deprecated import RenamedAttribute
 from seqbalance._validation import check_int
 from seqbalance.cost.resolve import ExternalCost
 from seqbalance.cost.spec import presets
-from seqbalance.plan._document import MALFORMED_ERRORS, PlanDocument, load_document, malformed
+from seqbalance.plan._document import (
+    MALFORMED_ERRORS,
+    PlanDocument,
+    flag,
+    integers,
+    load_document,
+    malformed,
+    number,
+    numbers,
+    whole,
+)
 from seqbalance.plan._intervals import bound_at_count
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._rank_search import capacity_bound
@@ -221,25 +231,28 @@ class StepPlan(StepPlanChecks, Plan):
         else:
             options = PlanOptions.from_dict(data["options"])
             provenance = data["provenance"]
-        dp, m = int(data["dp_size"]), int(data["n_microbatches"])
+        dp, m = whole(data["dp_size"], "dp_size"), whole(data["n_microbatches"], "n_microbatches")
         groups = data["groups"]
         patches = data.get("vision_patches")
+        cost_model = provenance["cost_model"]
+        if not isinstance(cost_model, str):
+            raise ValueError(f"cost_model must be a string, got {cost_model!r:.60}")
         return cls(
-            ranks=[[np.asarray(ix, dtype=np.int64) for ix in mbs] for mbs in data["ranks"]],
-            costs=np.asarray(data["costs"], dtype=np.float64).reshape(dp, m),
-            tokens=np.asarray(data["tokens"], dtype=np.int64).reshape(dp, m),
-            lengths=np.asarray(data["lengths"], dtype=np.int64),
-            sample_costs=np.asarray(data["sample_costs"], dtype=np.float64),
-            overhead=float(data["overhead"]),
+            ranks=[[integers(ix, "ranks") for ix in mbs] for mbs in data["ranks"]],
+            costs=numbers(data["costs"], "costs").reshape(dp, m),
+            tokens=integers(data["tokens"], "tokens").reshape(dp, m),
+            lengths=integers(data["lengths"], "lengths"),
+            sample_costs=numbers(data["sample_costs"], "sample_costs"),
+            overhead=number(data["overhead"], "overhead"),
             n_ranks=dp,
             n_microbatches=m,
-            groups=None if groups is None else np.asarray(groups, dtype=np.int64),
+            groups=None if groups is None else integers(groups, "groups"),
             options=options,
-            cost_model_name=str(provenance["cost_model"]),
-            cap_enforced=bool(provenance["cap_enforced"]),
-            lower_bound=float(provenance["lower_bound"]),
-            planning_seconds=float(provenance.get("planning_seconds", 0.0)),
-            vision_patches=None if patches is None else np.asarray(patches, dtype=np.int64),
+            cost_model_name=cost_model,
+            cap_enforced=flag(provenance["cap_enforced"], "cap_enforced"),
+            lower_bound=number(provenance["lower_bound"], "lower_bound"),
+            planning_seconds=number(provenance.get("planning_seconds", 0.0), "planning_seconds"),
+            vision_patches=None if patches is None else integers(patches, "vision_patches"),
         )
 
 
@@ -391,9 +404,9 @@ class EpochPlan(PlanDocument):
         try:
             return cls(
                 steps=[Plan.from_document(step) for step in data["steps"]],
-                sample_indices=[np.asarray(ix, dtype=np.int64) for ix in data["sample_indices"]],
-                dropped=np.asarray(data["dropped"], dtype=np.int64),
-                **{name: data[name] for name in _EPOCH_SCALARS},
+                sample_indices=[integers(ix, "sample_indices") for ix in data["sample_indices"]],
+                dropped=integers(data["dropped"], "dropped"),
+                **{name: _epoch_scalar(data, name) for name in _EPOCH_SCALARS},
             )
         except MALFORMED_ERRORS as error:
             raise ValueError(malformed("EpochPlan", error)) from None
@@ -409,3 +422,12 @@ _EPOCH_SCALARS = (
     "drop_last",
     "bucket_window",
 )
+
+
+def _epoch_scalar(data: dict[str, Any], name: str) -> Any:
+    """An ``EpochPlan`` document's scalar as written (a flag, ``bucket_window`` an integer or
+    null, the others integers), not converted: a string seed would change the document."""
+    value = data[name]
+    if name in ("shuffle", "drop_last"):
+        return flag(value, name)
+    return None if name == "bucket_window" and value is None else whole(value, name)

@@ -3,13 +3,14 @@
 :class:`TorchFlopsMeter` wraps :class:`seqbalance.cost.FlopsMeter` (the one FLOPs formula and
 the one report computation of the project): every rank adds the micro-batches it trains on
 (``cu_seqlens`` tensors, lengths or sample parts), and once per logging interval
-:meth:`TorchFlopsMeter.report` sums the FLOPs over the data-parallel replicas with a single
-``all_reduce`` (bounded by a timeout) and returns TFLOP/s per GPU, tokens/s and MFU for the
-whole job.
+:meth:`TorchFlopsMeter.report` sums the FLOPs over the data-parallel replicas with one small
+all_gather of every rank's totals and settings (bounded by a timeout; ranks whose meters are set
+up differently raise) and returns TFLOP/s per GPU, tokens/s and MFU for the whole job.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -19,7 +20,8 @@ from seqbalance._validation import check_int
 from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
-from seqbalance.runtime.collectives import Comm, deadline, wait
+from seqbalance.runtime.agreement import brief
+from seqbalance.runtime.collectives import Comm, deadline
 
 __all__ = ["FlopsReport", "TorchFlopsMeter"]
 
@@ -113,18 +115,16 @@ class TorchFlopsMeter:
         Give ``cu_seqlens`` and/or ``cu_seqlens_unpadded`` (1-D tensors or arrays starting at
         0; the unpadded boundaries are used when given), ``lengths`` or ``parts``. A padded
         ``cu_seqlens`` (Megatron: padded with -1, ``cu_seqlens_argmin`` = the first pad position)
-        is read up to ``valid`` entries; tensor ``valid`` / ``valid_unpadded`` are fine (one
-        ``.item()`` each). ``vp_stage``: the virtual pipeline stage of this forward step (only
-        stage 0 counts).
+        is read up to ``valid`` entries; tensor ``valid`` / ``valid_unpadded`` are fine (an
+        integer tensor of one element: one ``.item()`` each). ``vp_stage``: the virtual
+        pipeline stage of this forward step (only stage 0 counts).
         """
         return self.meter.add(
-            None if lengths is None else _to_numpy(lengths),
-            cu_seqlens=None if cu_seqlens is None else _to_numpy(cu_seqlens),
-            valid=_to_int(valid),
-            cu_seqlens_unpadded=(
-                None if cu_seqlens_unpadded is None else _to_numpy(cu_seqlens_unpadded)
-            ),
-            valid_unpadded=_to_int(valid_unpadded),
+            _to_numpy(lengths, "lengths"),
+            cu_seqlens=_to_numpy(cu_seqlens, "cu_seqlens"),
+            valid=_to_int(valid, "valid"),
+            cu_seqlens_unpadded=_to_numpy(cu_seqlens_unpadded, "cu_seqlens_unpadded"),
+            valid_unpadded=_to_int(valid_unpadded, "valid_unpadded"),
             parts=parts,
             vp_stage=vp_stage,
         )
@@ -135,11 +135,19 @@ class TorchFlopsMeter:
         return self.meter.total_flops
 
     def report(self, seconds: float, *, reset: bool = True) -> FlopsReport:
-        """Sum this interval over the data-parallel replicas (one all_reduce; a collective every
-        rank must call) and report it for the whole job.
+        """Sum this interval over the data-parallel replicas (one all_gather of every rank's
+        totals and meter settings; a collective every rank must call) and report it for the
+        whole job.
 
         ``seconds`` is the wall-clock length of the interval on this rank. Resets the counters
         unless ``reset=False``. Without torch.distributed this process is the whole job.
+
+        Raises:
+            ValueError: on every rank, naming the first rank and setting that differ from rank
+                0's, when the ranks' meters are set up differently (model, ``backward``,
+                parallel sizes, ``seq_length``, ``micro_batch_size``, ``peak_flops_per_s``):
+                their sum would mix FLOPs of different kinds.
+            CollectiveError: a peer did not join within ``timeout``.
         """
         local = self.meter.totals
         if not (dist.is_available() and dist.is_initialized()):
@@ -152,16 +160,41 @@ class TorchFlopsMeter:
         else:
             replicas, copies = self._replicas()
             comm = Comm(self.group, self._deadline)
-            values = [local.flops, float(local.tokens), float(local.samples)]
-            reduced = torch.tensor(values, dtype=torch.float64, device=comm.device)
-            work = dist.all_reduce(reduced, group=self.group, async_op=True)
-            wait(work, "FLOPs all_reduce", self._deadline)
-            flops, tokens, samples = (reduced.cpu() / copies).tolist()
+            # The settings travel with the totals: ranks metering another model, backward or
+            # layout would sum FLOPs of different kinds and divide by different replica counts,
+            # each reporting its own wrong figure without a word.
+            totals = [local.flops, local.tokens, local.samples]
+            mine = {"settings": self._settings(replicas, copies), "totals": totals}
+            gathered = [
+                json.loads(payload)
+                for payload in comm.all_gather_bytes(json.dumps(mine).encode(), "FLOPs report")
+            ]
+            _check_same_settings([rank["settings"] for rank in gathered])
+            flops, tokens, samples = (
+                sum(rank["totals"][k] for rank in gathered) / copies for k in range(3)
+            )
             summed = MeterTotals(flops, round(tokens), round(samples))
         report = self.meter.report(seconds, dp_size=replicas, totals=summed)
         if reset:
             self.meter.reset()
         return report
+
+    def _settings(self, replicas: int, copies: int) -> dict[str, Any]:
+        """What shapes this rank's FLOPs and its report (compared across ranks by ``report``)."""
+        meter = self.meter
+        return {
+            "model": repr(meter.flops_model),
+            "spec": repr(getattr(meter.flops_model, "spec", None)),
+            "backward": meter.backward,
+            "tensor_parallel": meter.tensor_parallel,
+            "pipeline_parallel": meter.pipeline_parallel,
+            "context_parallel": meter.context_parallel,
+            "seq_length": meter.seq_length,
+            "micro_batch_size": meter.micro_batch_size,
+            "peak_flops_per_s": meter.peak_flops_per_s,
+            "replicas": replicas,
+            "copies": copies,
+        }
 
     def _replicas(self) -> tuple[int, int]:
         """(data-parallel size, copies of each replica's totals in the reduction group)."""
@@ -183,6 +216,24 @@ class TorchFlopsMeter:
         return replicas, copies
 
 
+def _check_same_settings(settings: list[dict[str, Any]]) -> None:
+    """ValueError, the same on every rank (each compares every rank with rank 0), unless every
+    rank's meter is set up alike."""
+    for rank, theirs in enumerate(settings[1:], start=1):
+        changes = [
+            f"{name} ({brief(settings[0][name], 60)} on rank 0, {brief(theirs[name], 60)} on "
+            f"rank {rank})"
+            for name in settings[0]
+            if theirs[name] != settings[0][name]
+        ]
+        if changes:
+            raise ValueError(
+                f"TorchFlopsMeter: ranks 0 and {rank} of the group set up their meters "
+                "differently: " + "; ".join(changes) + ". Every rank must build the meter with "
+                "the same model and settings, or the summed FLOPs and the report are wrong"
+            )
+
+
 def _size(value: Any, name: str) -> int:
     """A parallel size given as an int or as the process group of that dimension."""
     if dist.is_available() and isinstance(value, dist.ProcessGroup):
@@ -190,13 +241,32 @@ def _size(value: Any, name: str) -> int:
     return check_int(value, name, minimum=1)
 
 
-def _to_int(value: int | torch.Tensor | None) -> int | None:
-    if isinstance(value, torch.Tensor):
-        return int(value.item())
-    return value
+def _to_int(value: int | torch.Tensor | None, name: str) -> Any:
+    """A tensor count as the Python number it holds (the meter checks it is an integer): a
+    float or bool tensor is no count (``int()`` truncated 3.7 to 3 and read True as 1)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    _check_readable(value, name)
+    if value.numel() != 1:
+        raise ValueError(f"{name} must be one integer, got a tensor of shape {tuple(value.shape)}")
+    return value.item()
 
 
-def _to_numpy(values: Any) -> Any:
-    if isinstance(values, torch.Tensor):
-        return values.detach().cpu().numpy()
-    return values
+def _to_numpy(values: Any, name: str) -> Any:
+    """A tensor as a numpy array of its values on the host (floats as float64, which numpy
+    reads for every float dtype: bfloat16 included), for the meter's checks."""
+    if not isinstance(values, torch.Tensor):
+        return values
+    _check_readable(values, name)
+    values = values.detach().cpu()
+    return (values.double() if values.is_floating_point() else values).numpy()
+
+
+def _check_readable(tensor: torch.Tensor, name: str) -> None:
+    """ValueError naming ``name`` for a tensor with no values to read on the host (meta,
+    sparse, quantized): torch's own error named nothing."""
+    if tensor.is_meta or tensor.layout != torch.strided or tensor.is_quantized:
+        kind = "meta" if tensor.is_meta else "quantized" if tensor.is_quantized else "sparse"
+        raise ValueError(f"{name} must be a dense tensor with values, got a {kind} tensor")
+    if tensor.is_complex():
+        raise ValueError(f"{name} must hold real numbers, got dtype {tensor.dtype}")

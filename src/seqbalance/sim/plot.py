@@ -11,7 +11,7 @@ import numpy as np
 if TYPE_CHECKING:
     from seqbalance.sim.result import SimulationResult
 
-__all__ = ["plot", "pyplot", "save_figure"]
+__all__ = ["check_figure_path", "plot", "pyplot", "save_figure"]
 
 
 def pyplot() -> Any:
@@ -23,6 +23,27 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def check_figure_path(path: str | os.PathLike[str], argument: str) -> None:
+    """Refuse, before any work, a figure path matplotlib cannot write: its suffix names no
+    format it knows (``--plot x.txt`` failed with matplotlib's message, naming no flag, after
+    the work was done).
+
+    Raises:
+        ImportError: matplotlib is not installed (the install line).
+        ValueError: the suffix names no format; the message names ``argument`` and the path.
+    """
+    pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix[1:].lower() not in formats:
+        raise ValueError(
+            f"{argument} {str(path)!r}: matplotlib writes no {suffix!r} files; give a name ending "
+            f"in one of {', '.join('.' + name for name in sorted(formats))} (no suffix: PNG)"
+        )
 
 
 def save_figure(figure: Any, path: str | os.PathLike[str]) -> Path:

@@ -16,6 +16,7 @@ from seqbalance.cost.context_parallel import (
     shard_tokens,
 )
 from seqbalance.cost.resolve import cost_name
+from seqbalance.plan._document import integers, number, numbers, whole
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel._inputs import ContextParallelSlot, SlotInputs
 from seqbalance.plan.context_parallel._metrics import (
@@ -454,23 +455,23 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> ContextParallelPlan:
-        n_ranks, n_slots = int(data["n_ranks"]), int(data["n_slots"])
+        n_ranks, n_slots = whole(data["n_ranks"], "n_ranks"), whole(data["n_slots"], "n_slots")
         groups, provenance = data["groups"], data["provenance"]
         return cls(
             ranks=[
-                [np.asarray(held, dtype=np.int64).reshape(-1, 2) for held in rank_slots]
+                [integers(held, "slots").reshape(-1, 2) for held in rank_slots]
                 for rank_slots in data["slots"]
             ],
             n_ranks=n_ranks,
             n_microbatches=n_slots,
-            cp_size=np.asarray(data["cp_size"], dtype=np.int64),
-            group_start=np.asarray(data["group_start"], dtype=np.int64),
-            barriers=tuple(int(b) for b in data["barriers"]),
-            costs=np.asarray(data["costs"], dtype=np.float64).reshape(n_ranks, n_slots),
-            tokens=np.asarray(data["tokens"], dtype=np.int64).reshape(n_ranks, n_slots),
-            lengths=np.asarray(data["lengths"], dtype=np.int64),
-            groups=None if groups is None else np.asarray(groups, dtype=np.int64),
+            cp_size=integers(data["cp_size"], "cp_size"),
+            group_start=integers(data["group_start"], "group_start"),
+            barriers=tuple(integers(data["barriers"], "barriers").tolist()),
+            costs=numbers(data["costs"], "costs").reshape(n_ranks, n_slots),
+            tokens=integers(data["tokens"], "tokens").reshape(n_ranks, n_slots),
+            lengths=integers(data["lengths"], "lengths"),
+            groups=None if groups is None else integers(groups, "groups"),
             options=PlanOptions.from_dict(data["options"]),
-            lower_bound=float(provenance["lower_bound"]),
-            planning_seconds=float(provenance.get("planning_seconds", 0.0)),
+            lower_bound=number(provenance["lower_bound"], "lower_bound"),
+            planning_seconds=number(provenance.get("planning_seconds", 0.0), "planning_seconds"),
         )

@@ -27,6 +27,7 @@ a peer that fails or hangs raises :class:`~seqbalance.runtime.CollectiveError`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
-from seqbalance.runtime.collectives import Comm, deadline, synchronize, wait
+from seqbalance.runtime.collectives import CollectiveError, Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
 from seqbalance.runtime.context_parallel.hf import slot_logits
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
@@ -80,15 +81,22 @@ class ContextParallelGroups:
         self._groups: dict[tuple[int, int], Any] = {}
 
     def prepare(
-        self, plan: ContextParallelPlan, *, samples: Sequence[torch.Tensor] | None = None
+        self,
+        plan: ContextParallelPlan,
+        *,
+        samples: Sequence[torch.Tensor] | None = None,
+        model: torch.nn.Module | None = None,
     ) -> None:
         """Check that every rank holds ``plan`` and create its missing subgroups.
 
         ``samples``: optional, the step's token ids (as :func:`slot_batch` takes them), checked
-        against the plan. A rank whose plan is for another world size, is invalid or differs
-        from rank 0's, or whose ``samples`` do not fit it, makes every rank raise the same
-        ``ValueError`` here (found on that rank alone, it would leave its peers waiting in
-        the slots' gathers until the timeout).
+        against the plan. ``model``: optional, the model the step runs (:func:`run_step`
+        passes it): its parameters' names, shapes and dtypes are compared across ranks. A rank
+        whose plan is for another world size, is invalid or differs from rank 0's, whose
+        ``samples`` do not fit it, or whose model's parameters differ from rank 0's, makes
+        every rank raise the same ``ValueError`` here (found on that rank alone, it would leave
+        its peers waiting in the slots' gathers until the timeout; parameters of other sizes
+        met in the K/V gathers or the gradient sum made gloo abort a process).
         """
         try:
             if not isinstance(plan, ContextParallelPlan):
@@ -99,35 +107,52 @@ class ContextParallelGroups:
             plan.validate()
             if samples is not None:
                 _check_samples(plan, samples)
-            mine = [plan.fingerprint(), None]
+            mine = [plan.fingerprint(), _parameter_layout(model), None]
         except ValueError as error:
-            mine = [None, str(error)]
+            mine = [None, None, str(error)]
         gathered = Comm(dist.group.WORLD, self.timeout).all_gather_bytes(
             json.dumps(mine).encode(), "context-parallel plan agreement"
         )
         described = [json.loads(payload) for payload in gathered]
-        for rank, (_, problem) in enumerate(described):
+        for rank, (_, _, problem) in enumerate(described):
             if problem is not None:
                 raise ValueError(f"rank {rank}: {problem}")
-        fingerprints = [fingerprint for fingerprint, _ in described]
-        if len(set(fingerprints)) != 1:
-            differing = [r for r, f in enumerate(fingerprints) if f != fingerprints[0]]
-            raise ValueError(
-                f"ranks disagree on the context-parallel plan: ranks {differing} hold a plan "
-                "that differs from rank 0's; nothing was run"
-            )
+        checks = (
+            ("plan", "a plan that differs"),
+            ("model", "a model whose parameters (names, shapes, dtypes) differ"),
+        )
+        for index, (name, what) in enumerate(checks):
+            # A rank that passed no model (prepare called alone) has nothing to compare.
+            held = {r: entry[index] for r, entry in enumerate(described) if entry[index]}
+            first = next(iter(held.values()), None)
+            differing = [r for r, value in held.items() if value != first]
+            if differing:
+                raise ValueError(
+                    f"ranks disagree on the context-parallel {name}: ranks {differing} hold "
+                    f"{what} from rank {min(held)}'s; nothing was run"
+                )
         self.create(
             {(int(c), int(s)) for c, s in zip(plan.cp_size, plan.group_start, strict=True) if c > 1}
         )
 
     def create(self, blocks: Any) -> None:
         """Create the groups of ``blocks`` (``(size, first rank)`` pairs) that do not exist yet,
-        sorted by size then first rank. Every rank must call it with the same blocks."""
+        sorted by size then first rank. Every rank must call it with the same blocks.
+
+        Raises:
+            CollectiveError: a peer did not join a group's creation within ``timeout``.
+        """
         for size, start in sorted(blocks):
             if (size, start) not in self._groups:
-                self._groups[(size, start)] = dist.new_group(
-                    list(range(start, start + size)), timeout=self.timeout
-                )
+                members = list(range(start, start + size))
+                try:
+                    self._groups[(size, start)] = dist.new_group(members, timeout=self.timeout)
+                except RuntimeError as error:  # torch's DistStoreError named only store keys
+                    raise CollectiveError(
+                        f"creating the process group of CP ranks {members} did not complete "
+                        f"within {self.timeout.total_seconds():g} s: a peer rank failed, exited "
+                        f"or did not reach the same call ({error})"
+                    ) from error
 
     def group(self, size: int, start: int) -> Any:
         """The process group of ranks ``start .. start + size - 1`` (after ``prepare``)."""
@@ -138,6 +163,19 @@ class ContextParallelGroups:
                 f"no process group for CP block at rank {start} of size {size}: call prepare() "
                 "with the plan first"
             ) from None
+
+
+def _parameter_layout(model: torch.nn.Module | None) -> str | None:
+    """SHA-256 of ``model``'s parameters' names, shapes and dtypes, in order (None without a
+    model): what the gradient sum and the K/V gathers need alike on every rank."""
+    if model is None:
+        return None
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
+    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------ per-rank inputs
@@ -360,7 +398,7 @@ def run_step(
     (the plan and samples agreement check, which also lines the ranks up for the timing).
     """
     limit = deadline(timeout)
-    groups.prepare(plan, samples=samples)
+    groups.prepare(plan, samples=samples, model=model)
     rank = dist.get_rank()
     device = next(model.parameters()).device
     labelled = max(float(np.maximum(plan.lengths - 1, 0).sum()), 1.0)

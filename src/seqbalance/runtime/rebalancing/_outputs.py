@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ def describe_outputs(
                 )
             local = [row.unsqueeze(0) for row in outputs]
         else:
-            local = list(outputs)
+            local = _listed(outputs)
             if len(local) != n:
                 raise ValueError(f"outputs must hold num_samples = {n} tensors, got {len(local)}")
             for k, t in enumerate(local):
@@ -57,6 +57,21 @@ def describe_outputs(
         header["fields"] = [Field.of("output", local[0]).to_json()]
     table = np.array([[t.shape[0]] for t in local], dtype=np.int64).reshape(len(local), 1)
     return form, local, header, table
+
+
+def _listed(outputs: Any) -> list[Any]:
+    """The per-sample outputs as a list, or a ValueError naming what they are: a rank's
+    TypeError here (``restore(None)``) was raised on it alone, before the gather its peers
+    then waited in until the timeout. A mapping or a string iterates over keys or characters:
+    no outputs either."""
+    if not isinstance(outputs, (Mapping, str, bytes)):
+        try:
+            return list(outputs)
+        except TypeError:
+            pass
+    raise ValueError(
+        f"outputs must be a tensor or a sequence of tensors, got {type(outputs).__name__}"
+    )
 
 
 def agreed_output(headers: Any) -> tuple[OutputForm, Field] | None:

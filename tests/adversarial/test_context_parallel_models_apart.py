@@ -1,0 +1,74 @@
+"""Adversarial (adv14a F3): ``run_step`` on ranks whose models' parameters differ, real gloo.
+
+The plan agreement compared plans and samples, not the model: with rank 1's model of another
+MLP width, hidden size or dtype, the K/V gathers or the gradient sum met buffers of other sizes
+and gloo aborted one process ("terminate called after throwing an instance of
+'gloo::EnforceNotMet' ... Received data size doesn't match expected size"), its peer raising
+CollectiveError. The parameters' names, shapes and dtypes now travel in the agreement: the same
+ValueError on every rank, before any slot runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+from _multiprocess import launch, ok  # noqa: E402
+
+from seqbalance.cost.context_parallel import CommModel  # noqa: E402
+from seqbalance.measure.toy_model import TinyCausalTransformer, ToyModelConfig  # noqa: E402
+from seqbalance.plan import PlanOptions, plan_step  # noqa: E402
+from seqbalance.plan.context_parallel import ContextParallel  # noqa: E402
+from seqbalance.runtime.context_parallel import ContextParallelGroups, run_step  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+SIZES = {"vocab_size": 61, "hidden_size": 16, "num_layers": 1, "num_heads": 2}
+OPTIONS = PlanOptions(
+    cost="flops", max_tokens=24, context_parallel=ContextParallel(comm=CommModel())
+)
+LENGTHS = [30, 9, 5, 40]
+# Rank 1's model in each case: (config changes, dtype).
+ODD = {
+    "alike": ({}, torch.float64),
+    "mlp width": ({"intermediate_size": 26}, torch.float64),
+    "hidden size": ({"hidden_size": 32}, torch.float64),
+    "dtype": ({}, torch.float32),
+}
+
+
+def _worker(rank: int, world_size: int) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(7)
+    samples = [torch.randint(0, 61, (n,), generator=generator) for n in LENGTHS]
+    plan = plan_step(LENGTHS, world_size, OPTIONS)
+    groups = ContextParallelGroups(timeout=5.0)
+    out: dict[str, Any] = {}
+    for case, (changes, dtype) in ODD.items():
+        config = ToyModelConfig(**{**SIZES, "intermediate_size": 24, **(changes if rank else {})})
+        model = TinyCausalTransformer(config, seed=3).to(dtype if rank else torch.float64)
+        try:
+            step = run_step(
+                model, plan, samples, groups, forward=TinyCausalTransformer.slot_logits, timeout=5.0
+            )
+            out[case] = f"loss {step.loss:.12f}"
+        except ValueError as error:
+            out[case] = f"ValueError: {error}"
+    return out
+
+
+def test_models_apart_fail_every_rank_before_any_slot(tmp_path) -> None:
+    results = ok(launch(tmp_path, 2, _worker))
+    assert results[0]["alike"] == results[1]["alike"]
+    assert results[0]["alike"].startswith("loss ")
+    for case in ODD:
+        if case == "alike":
+            continue
+        assert results[0][case] == results[1][case], case
+        assert results[0][case] == (
+            "ValueError: ranks disagree on the context-parallel model: ranks [1] hold a model "
+            "whose parameters (names, shapes, dtypes) differ from rank 0's; nothing was run"
+        ), case

@@ -1,0 +1,247 @@
+"""Drop-ins at the edges of the other stack's contract (adv14b): token counts read as given,
+never cut; the other stack's own argument kinds taken; a step no rank can run refused the same
+way whatever its tokens."""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([1.5, 2, 100, 3], r"seqlen_list\[0\] = 1.5 is not a whole"),
+        ([1, 2, 100.7, 3], r"seqlen_list\[2\] = 100.7 is not a whole"),
+        ([1, 2, float("nan"), 3], r"seqlen_list\[2\] = nan"),
+        ([1, -2, 3, 4], r"seqlen_list\[1\] = -2 is negative"),
+    ],
+)
+def test_verl_group_partitions_read_whole_token_counts(lengths: list, message: str) -> None:
+    """adv14b D1: ``get_group_balanced_partitions`` cast the lengths to int64, so 100.7 tokens
+    were balanced as 100 without a word (verl's ``rearrange_micro_batches`` and
+    ``calculate_workload`` drop-ins refuse a fractional length)."""
+    from seqbalance.integrations.verl import get_group_balanced_partitions
+
+    with pytest.raises(ValueError, match=message):
+        get_group_balanced_partitions(lengths, ["a", "a", "b", "b"], 2)
+    # Whole floats are token counts (verl's callers pass a tensor's ``tolist()``).
+    ints = get_group_balanced_partitions([1, 2, 100, 3], ["a", "a", "b", "b"], 2)
+    assert get_group_balanced_partitions([1.0, 2.0, 100.0, 3.0], ["a", "a", "b", "b"], 2) == ints
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([1.5, 2.7, 30.9], r"lengths\[0\] = 1.5 is not a whole"),
+        (["3", "4"], r"lengths\[0\] = '3' is not a number"),
+        ([True, 5], "lengths must hold numbers, got booleans"),
+    ],
+)
+def test_verl_dynamic_cp_plan_reads_whole_token_counts(lengths: list, message: str) -> None:
+    """adv14b D2: the public ``DynamicCPScheduler.plan`` cast its lengths to int64, so
+    ``[1.5, 2.7, 30.9]`` was planned as ``[1, 2, 30]``, ``["3", "4"]`` as ``[3, 4]`` and
+    ``True`` as 1 token, without a word (``get_groups_and_subsamples`` checks its pairs)."""
+    from seqbalance.cost import resolve_model
+    from seqbalance.integrations.verl import DynamicCPScheduler
+    from seqbalance.plan import PlanOptions
+
+    options = PlanOptions(cost=resolve_model("qwen3-8b"))
+    scheduler = DynamicCPScheduler(64, 2, 1, options=options, tensor_parallel_size=1)
+    with pytest.raises(ValueError, match=message):
+        scheduler.plan(lengths)
+    assert scheduler.plan([1.0, 2.0, 30.0]).lengths.tolist() == [1, 2, 30]
+
+
+@pytest.mark.parametrize(("samples", "accumulation", "world"), [(1, 1, 1), (3, 2, 1), (5, 1, 4)])
+def test_hf_dataset_smaller_than_one_step_is_refused(
+    samples: int, accumulation: int, world: int
+) -> None:
+    """adv14b D3: with fewer samples than one optimizer step (``per_device_train_batch_size x
+    gradient_accumulation_steps x`` data-parallel size) the drop-in's loader held no batch, the
+    partial step being dropped: ``Trainer(max_steps=5).train()`` trained 0 steps and returned
+    (transformers' "not a single sample" warning only) where the stock Trainer trains 5; by
+    epochs it raised transformers' "args.max_steps must be set ... if dataloader does not have a
+    length". A ValueError naming the sizes now, before training."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from _hf_train import trainer_stub
+
+    from seqbalance.integrations.hf import balanced_train_dataloader
+
+    dataset = [{"input_ids": list(range(3 + i))} for i in range(samples)]
+    trainer = trainer_stub(dataset, gradient_accumulation_steps=accumulation, world_size=world)
+    step = 2 * accumulation * world
+    with pytest.raises(ValueError, match=rf"train_dataset has {samples} samples, fewer than one"):
+        balanced_train_dataloader(trainer, options={"cost": "tokens"})
+    enough = trainer_stub(
+        [{"input_ids": list(range(3 + i))} for i in range(step)],
+        gradient_accumulation_steps=accumulation,
+        world_size=world,
+    )
+    assert len(balanced_train_dataloader(enough, options={"cost": "tokens"})) == accumulation
+
+
+@pytest.mark.parametrize(("samples", "global_batch", "dp"), [(3, 4, 1), (1, 2, 2), (7, 8, 4)])
+def test_megatron_iterator_smaller_than_one_step_is_refused(
+    samples: int, global_batch: int, dp: int
+) -> None:
+    """adv14b D4: with fewer samples than ``global_batch_size`` the iterator's epoch had no step
+    (steps are whole): ``for step in iterator.steps()`` trained nothing and iterating it yielded
+    no micro-batch, without a word. A ValueError naming the sizes now, at construction."""
+    pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    def iterator(n: int) -> MegatronDataIterator:
+        dataset = [list(range(1, 3 + i)) for i in range(n)]
+        lengths = [len(sample) for sample in dataset]
+        return MegatronDataIterator(
+            dataset, lengths, global_batch_size=global_batch, dp_rank=0, dp_size=dp,
+            max_tokens=64,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match=rf"dataset has {samples} samples, fewer than one step"):
+        iterator(samples)
+    assert iterator(global_batch).num_steps() == 1
+
+
+@pytest.mark.parametrize("lengths", [[0, 0, 0], [0, 0, 0, 0, 0]])
+def test_slime_balancing_never_gives_a_rank_an_empty_microbatch(lengths: list) -> None:
+    """adv14b D5: with balancing on, a step with fewer samples than its micro-batch slots is
+    refused (slime asserts too) when its samples hold tokens, but when they held none the
+    drop-in fell back to slime's own schedule of them, whose first-fit bin splits into an empty
+    half: rank 1 got only empty micro-batches (``[[[0, 1, 2], []], [[], []]]``), which slime's
+    training then fails on, on that rank alone. The same refusal now, tokens or none."""
+    from types import SimpleNamespace
+
+    from _configs import SLIME_TINY
+
+    from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+    args = SimpleNamespace(
+        micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=64,
+        balance_data=True, balance_by_flops=False, **SLIME_TINY,
+    )  # fmt: skip
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 2, "microbatch_group_size_per_vp_stage": 3}
+    n = len(lengths)
+    for tokens in (lengths, [5] * n):
+        with pytest.raises(ScheduleError, match=f"lengths has {n} samples, fewer than the 6"):
+            build_dp_schedule(args, config, tokens, global_batch_size=1, rollout_indices=[0] * n)
+    # Enough samples: every micro-batch of every rank holds one.
+    zero = [0] * 6
+    _, micro_batches, _, _ = build_dp_schedule(
+        args, config, zero, global_batch_size=1, rollout_indices=[0] * 6
+    )
+    assert all(mb for rank in micro_batches for mb in rank)
+
+
+def test_skyrl_packer_takes_skyrls_own_packing_strategy() -> None:
+    """adv14b D6: ``make_seq_packer`` is typed ``PackingStrategy | str``, SkyRL's enum; given
+    SkyRL's own ``PackingStrategy.BALANCED`` the drop-in raised "Unknown packing algorithm"
+    (only its own enum's members were keys). Either enum's members now pick the packer."""
+    skyrl = pytest.importorskip("skyrl.train.dataset.bin_packing")
+    from seqbalance.integrations import skyrl as ours
+
+    for member in skyrl.PackingStrategy:
+        packer = ours.make_seq_packer(member, 8, 2, 2)
+        assert packer.strategy.value == member.value
+        bins = packer.pack([3, 4, 5])
+        assert len(bins) == 2 and sorted(i for b in bins for i in b) == [0, 1, 2]
+    other = enum.Enum("Other", {"BALANCED": "best_fit"})
+    with pytest.raises(ValueError, match="Unknown packing algorithm"):
+        ours.make_seq_packer(other.BALANCED, 8)
+
+
+def _verl_batch_refused_on_rank_0(rank: int, world_size: int) -> str:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from tensordict import TensorDict
+
+    import seqbalance.integrations.verl as sbv
+
+    group = dist.new_group(timeout=datetime.timedelta(seconds=5))
+    mask = torch.zeros(4, 8)
+    for i in range(4):
+        mask[i, : 3 + i] = 1
+    if rank == 0:
+        mask[0, 7] = 0.5  # 3.5 tokens: refused on this rank
+    batch = TensorDict({"attention_mask": mask, "input_ids": torch.zeros(4, 8)}, batch_size=[4])
+    try:
+        sbv.rearrange_micro_batches(batch, 16, dp_group=group)
+    except ValueError as error:
+        return str(error)
+    return "planned"
+
+
+@pytest.mark.multiprocess
+def test_verl_batch_refused_on_one_rank_fails_every_rank(tmp_path) -> None:
+    """adv14b D7: ``rearrange_micro_batches(..., dp_group=...)`` checked a rank's batch (a
+    fractional or negative mask, an empty batch, a size ``force_group_size`` does not divide)
+    before the agreement: that rank raised alone and its peers waited in the count's all-reduce
+    until the group's timeout, or failed on the closed connection (gloo's RuntimeError naming
+    nothing). The refusal travels in the first agreement now: every rank raises a ValueError."""
+    pytest.importorskip("tensordict")
+    from _multiprocess import launch, ok
+
+    messages = ok(launch(tmp_path, 2, _verl_batch_refused_on_rank_0, timeout_s=60.0))
+    assert messages[0] == "attention_mask row sums[0] = 3.5 is not a whole number of tokens"
+    assert messages[1].startswith("rank 0 of dp_group refused its batch or settings")
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 0, "missing"])
+def test_slime_static_path_needs_its_micro_batch_size(micro_batch_size: object) -> None:
+    """adv14b D8: slime's static path (no dynamic batch size) asserts ``micro_batch_size`` is
+    set and cuts chunks of it; the drop-in read ``micro_batch_size or 1``, so None, 0 or a
+    missing field planned micro-batches of one sample, without a word. A ScheduleError naming
+    it now; the dynamic path, where slime does not read it, still ignores it."""
+    from types import SimpleNamespace
+
+    from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+    fields = {"use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "balance_data": False}
+    if micro_batch_size != "missing":
+        fields["micro_batch_size"] = micro_batch_size
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    kw = {"global_batch_size": 4, "rollout_indices": [0, 1, 2, 3]}
+    with pytest.raises(ScheduleError, match=r"static path .*micro_batch_size must be"):
+        build_dp_schedule(SimpleNamespace(**fields), config, [5, 6, 7, 8], **kw)
+    dynamic = {**fields, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 100}
+    assert build_dp_schedule(SimpleNamespace(**dynamic), config, [5, 6, 7, 8], **kw)[2] == [1]
+
+
+def test_slime_newer_settings_are_kept_or_refused_never_ignored() -> None:
+    """adv14b D9: slime's ``build_dp_schedule`` (``slime/utils/dp_schedule.py`` on main) packs
+    dynamic micro-batches to ``max_tokens_per_gpu x cp_size x packing_safety_margin`` tokens,
+    cuts steps by ``global_batch_tokens`` when set, and keeps multimodal and text samples apart
+    under ``multimodal_aware_packing``; the drop-in ignored all three without a word (bins up
+    to the full cap, steps of ``global_batch_size`` rollouts). The margin is kept now; the
+    other two are a ScheduleError naming them (the drop-in does not plan them)."""
+    from types import SimpleNamespace
+
+    from _configs import SLIME_TINY
+
+    from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    lengths = [30, 25, 20, 20, 15, 10, 30, 25]
+    kw = {"global_batch_size": 8, "rollout_indices": list(range(8))}
+    for balance in (False, True):
+        args = SimpleNamespace(
+            micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=100,
+            packing_safety_margin=0.5, balance_data=balance, balance_by_flops=False, **SLIME_TINY,
+        )  # fmt: skip
+        partitions, micro_batches, _, _ = build_dp_schedule(args, config, lengths, **kw)
+        held = [
+            sum(lengths[partitions[r][i]] for i in mb) for r in range(2) for mb in micro_batches[r]
+        ]
+        assert max(held) <= 50, held  # int(100 x 0.5) tokens per micro-batch, as slime packs
+    for name, value in (("global_batch_tokens", 200), ("multimodal_aware_packing", "separate")):
+        args = SimpleNamespace(
+            micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=100,
+            balance_data=False, **{name: value},
+        )  # fmt: skip
+        with pytest.raises(ScheduleError, match=f"args.{name} = {value!r} is not supported"):
+            build_dp_schedule(args, config, lengths, **kw)

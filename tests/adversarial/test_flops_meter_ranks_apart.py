@@ -1,0 +1,70 @@
+"""Adversarial (adv14a F1): ranks whose FLOPs meters are set up differently, on real gloo ranks.
+
+``TorchFlopsMeter.report`` summed every rank's FLOPs with one all_reduce and nothing else: a
+rank counting forward only (``backward=False``), another model, another peak or another
+tensor-parallel size was summed with the others without a word, and with another
+tensor-parallel size the two ranks reported different TFLOP/s (each divided the same sum by its
+own replica count). Now every rank raises the same ValueError naming the rank and the setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+from _multiprocess import launch, ok
+
+pytestmark = pytest.mark.multiprocess
+
+# What rank 1 sets differently (rank 0 keeps the defaults); each must be named in the error.
+ODD = {
+    "backward": {"backward": False},
+    "peak_flops_per_s": {"peak_flops_per_s": 2e12},
+    "tensor_parallel": {"tensor_parallel": 2},
+    "model": {"model": "qwen3-8b"},
+}
+
+
+def _reports(rank: int, world_size: int) -> dict[str, Any]:
+    from seqbalance.measure.toy_model import TinyCausalTransformer
+    from seqbalance.runtime.flops import TorchFlopsMeter
+
+    toy = TinyCausalTransformer().model_spec()
+    out: dict[str, Any] = {}
+    for case, odd in {"alike": {}, **ODD}.items():
+        settings: dict[str, Any] = {"model": toy, "peak_flops_per_s": 1e12}
+        settings.update(odd if rank == 1 else {})
+        meter = TorchFlopsMeter(settings.pop("model"), timeout=20.0, **settings)
+        meter.add(lengths=[100 + rank, 50])
+        try:
+            report = meter.report(2.0)
+            out[case] = ("report", report.total_flops, report.tflops_per_gpu, report.tokens)
+        except ValueError as error:
+            out[case] = ("ValueError", str(error))
+    return out
+
+
+def test_meters_set_up_apart_fail_every_rank_naming_the_setting(tmp_path: Path) -> None:
+    from seqbalance.cost import FlopsModel
+    from seqbalance.measure.toy_model import TinyCausalTransformer
+
+    results = ok(launch(tmp_path, 2, _reports))
+    toy = FlopsModel(TinyCausalTransformer().model_spec())
+    summed = float(toy.per_sample([100, 50, 101, 50]).sum())
+    for result in results:
+        kind, flops, tflops, tokens = result["alike"]
+        assert kind == "report"
+        assert flops == pytest.approx(summed, rel=1e-12)
+        assert tflops == pytest.approx(summed / 2.0 / 2 / 1e12, rel=1e-12)
+        assert tokens == 301
+    for case in ODD:
+        outcomes = [result[case] for result in results]
+        assert all(kind == "ValueError" for kind, *_ in outcomes), (case, outcomes)
+        message = outcomes[0][1]
+        assert all(text == message for _, text in outcomes), (case, outcomes)
+        assert message.startswith("TorchFlopsMeter: ranks 0 and 1 of the group"), message
+        assert f"{case} (" in message, (case, message)
