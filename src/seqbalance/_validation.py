@@ -37,6 +37,7 @@ __all__ = [
     "check_ranks",
     "check_timeout",
     "naming",
+    "npy_error",
     "prefixed",
     "refuse_masked",
 ]
@@ -46,6 +47,25 @@ NPY_ERRORS = (OSError, ValueError, EOFError, TypeError, OverflowError, tokenize.
 """What ``np.load`` raises for a file that is no readable ``.npy`` array: an empty file
 (EOFError), a header cut or garbled (tokenize's TokenError), a shape holding a bool or a
 negative size (TypeError; OverflowError from a memory map)."""
+
+_NPY_MAGIC = b"\x93NUMPY"
+"""The first bytes of every ``.npy`` file."""
+
+
+def npy_error(path: Any, error: BaseException) -> str:
+    """What ``np.load``'s ``error`` on the file ``path`` means, in words: numpy calls any file
+    that is neither a ``.npy`` array nor a ``.npz`` archive "pickled (object) data" and advises
+    ``allow_pickle=True``, which would run the code in a pickle, and is no help for a text or JSON
+    file of lengths. Such a file is said to be no ``.npy`` file, with its first bytes."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(_NPY_MAGIC))
+    except OSError:
+        return str(error)
+    if head.startswith((_NPY_MAGIC, b"PK")) or not head:  # an array, an archive, or empty
+        return str(error)
+    return f"it is no .npy file: it begins {head!r}, not with numpy's {_NPY_MAGIC!r}"
+
 
 MAX_TOKENS_LIMIT = 2**53
 """Largest token count or token sum accepted anywhere: exact in int64 and float64 arithmetic."""

@@ -151,3 +151,97 @@ def test_skyrl_packer_takes_skyrls_own_packing_strategy() -> None:
     other = enum.Enum("Other", {"BALANCED": "best_fit"})
     with pytest.raises(ValueError, match="Unknown packing algorithm"):
         ours.make_seq_packer(other.BALANCED, 8)
+
+
+def _verl_batch_refused_on_rank_0(rank: int, world_size: int) -> str:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from tensordict import TensorDict
+
+    import seqbalance.integrations.verl as sbv
+
+    group = dist.new_group(timeout=datetime.timedelta(seconds=5))
+    mask = torch.zeros(4, 8)
+    for i in range(4):
+        mask[i, : 3 + i] = 1
+    if rank == 0:
+        mask[0, 7] = 0.5  # 3.5 tokens: refused on this rank
+    batch = TensorDict({"attention_mask": mask, "input_ids": torch.zeros(4, 8)}, batch_size=[4])
+    try:
+        sbv.rearrange_micro_batches(batch, 16, dp_group=group)
+    except ValueError as error:
+        return str(error)
+    return "planned"
+
+
+@pytest.mark.multiprocess
+def test_verl_batch_refused_on_one_rank_fails_every_rank(tmp_path) -> None:
+    """adv14b D7: ``rearrange_micro_batches(..., dp_group=...)`` checked a rank's batch (a
+    fractional or negative mask, an empty batch, a size ``force_group_size`` does not divide)
+    before the agreement: that rank raised alone and its peers waited in the count's all-reduce
+    until the group's timeout, or failed on the closed connection (gloo's RuntimeError naming
+    nothing). The refusal travels in the first agreement now: every rank raises a ValueError."""
+    pytest.importorskip("tensordict")
+    from _multiprocess import launch, ok
+
+    messages = ok(launch(tmp_path, 2, _verl_batch_refused_on_rank_0, timeout_s=60.0))
+    assert messages[0] == "attention_mask row sums[0] = 3.5 is not a whole number of tokens"
+    assert messages[1].startswith("rank 0 of dp_group refused its batch or settings")
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 0, "missing"])
+def test_slime_static_path_needs_its_micro_batch_size(micro_batch_size: object) -> None:
+    """adv14b D8: slime's static path (no dynamic batch size) asserts ``micro_batch_size`` is
+    set and cuts chunks of it; the drop-in read ``micro_batch_size or 1``, so None, 0 or a
+    missing field planned micro-batches of one sample, without a word. A ScheduleError naming
+    it now; the dynamic path, where slime does not read it, still ignores it."""
+    from types import SimpleNamespace
+
+    from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+    fields = {"use_dynamic_batch_size": False, "max_tokens_per_gpu": None, "balance_data": False}
+    if micro_batch_size != "missing":
+        fields["micro_batch_size"] = micro_batch_size
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    kw = {"global_batch_size": 4, "rollout_indices": [0, 1, 2, 3]}
+    with pytest.raises(ScheduleError, match=r"static path .*micro_batch_size must be"):
+        build_dp_schedule(SimpleNamespace(**fields), config, [5, 6, 7, 8], **kw)
+    dynamic = {**fields, "use_dynamic_batch_size": True, "max_tokens_per_gpu": 100}
+    assert build_dp_schedule(SimpleNamespace(**dynamic), config, [5, 6, 7, 8], **kw)[2] == [1]
+
+
+def test_slime_newer_settings_are_kept_or_refused_never_ignored() -> None:
+    """adv14b D9: slime's ``build_dp_schedule`` (``slime/utils/dp_schedule.py`` on main) packs
+    dynamic micro-batches to ``max_tokens_per_gpu x cp_size x packing_safety_margin`` tokens,
+    cuts steps by ``global_batch_tokens`` when set, and keeps multimodal and text samples apart
+    under ``multimodal_aware_packing``; the drop-in ignored all three without a word (bins up
+    to the full cap, steps of ``global_batch_size`` rollouts). The margin is kept now; the
+    other two are a ScheduleError naming them (the drop-in does not plan them)."""
+    from types import SimpleNamespace
+
+    from _configs import SLIME_TINY
+
+    from seqbalance.integrations.slime import ScheduleError, build_dp_schedule
+
+    config = {"dp_size": 2, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    lengths = [30, 25, 20, 20, 15, 10, 30, 25]
+    kw = {"global_batch_size": 8, "rollout_indices": list(range(8))}
+    for balance in (False, True):
+        args = SimpleNamespace(
+            micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=100,
+            packing_safety_margin=0.5, balance_data=balance, balance_by_flops=False, **SLIME_TINY,
+        )  # fmt: skip
+        partitions, micro_batches, _, _ = build_dp_schedule(args, config, lengths, **kw)
+        held = [
+            sum(lengths[partitions[r][i]] for i in mb) for r in range(2) for mb in micro_batches[r]
+        ]
+        assert max(held) <= 50, held  # int(100 x 0.5) tokens per micro-batch, as slime packs
+    for name, value in (("global_batch_tokens", 200), ("multimodal_aware_packing", "separate")):
+        args = SimpleNamespace(
+            micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=100,
+            balance_data=False, **{name: value},
+        )  # fmt: skip
+        with pytest.raises(ScheduleError, match=f"args.{name} = {value!r} is not supported"):
+            build_dp_schedule(args, config, lengths, **kw)

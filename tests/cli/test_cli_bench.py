@@ -161,6 +161,10 @@ def test_bad_options_name_their_flags(capsys, tmp_path) -> None:
     assert "--noise must be a non-negative finite number, got -1.0" in capsys.readouterr().err
     assert main(["bench", *lengths, "--length-divisor", "0"]) == 2
     assert "--length-divisor must be >= 1, got 0" in capsys.readouterr().err
+    # adv14d D8: 2**63 was "input too deeply nested or too large: Python int too large to
+    # convert to C long", naming no flag.
+    assert main(["bench", *lengths, "--length-divisor", str(2**63)]) == 2
+    assert f"--length-divisor must be <= 2**53 = {2**53}, got {2**63}" in capsys.readouterr().err
     assert main(["bench", *lengths, "--time-model", str(tmp_path / "none.json")]) == 2
     assert "--time-model: no such file" in capsys.readouterr().err
     assert main(["bench", *lengths, "--layout", "padded"]) == 2

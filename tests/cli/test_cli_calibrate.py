@@ -50,6 +50,9 @@ def test_cli_rejects_bad_options(capsys, tmp_path) -> None:
     assert "trials" in capsys.readouterr().err
     assert main(["calibrate", "--max-length", "0", "-o", str(tmp_path / "x.json")]) == 2
     assert "--max-length must be >= 1, got 0" in capsys.readouterr().err
+    # adv14d D13: accepted, and the warm-up ran for ever (the bound on timed runs left it out).
+    assert main(["calibrate", "--warmup", str(2**63), "-o", str(tmp_path / "x.json")]) == 2
+    assert f"--warmup must be at most 1048576 (2**20) runs, got {2**63}" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 
 

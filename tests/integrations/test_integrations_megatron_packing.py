@@ -196,3 +196,23 @@ def test_empty_micro_batches_are_refused_as_megatron_refuses_them() -> None:
         schedule([(0, 100)], **sizes)
     assert "allow_empty" not in str(refusal.value)
     assert "microbatch_group_size_per_vp_stage" not in str(refusal.value)
+
+
+@pytest.mark.parametrize("name", ["dp_balanced", "DP_Balanced", 5, None])
+def test_install_never_replaces_megatrons_own_scheduler(
+    registry: types.ModuleType, name: object
+) -> None:
+    """adv14b D10: ``install("dp_balanced")`` replaced Megatron's own ``DpBalancedScheduler``
+    in ``scheduler_map`` under Megatron's name, without a word (``"default_dynamic_cp"`` too,
+    whose call passes ``min_cp_size``, which this scheduler does not take); a name that is no
+    string raised AttributeError. A ValueError naming it now, Megatron's map unchanged; a
+    second install under seqbalance's own name still replaces the first."""
+    with pytest.raises(ValueError, match="name"):
+        install(name)
+    assert registry.scheduler_map == {
+        registry.PackingSchedulerEnum.DP_BALANCED: registry.DpBalancedScheduler
+    }
+    first = install("seqbalance")
+    second = install("seqbalance", objective="lockstep")
+    assert registry.scheduler_map[registry.PackingSchedulerEnum.SEQBALANCE] is second
+    assert first is not second

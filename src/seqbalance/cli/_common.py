@@ -12,7 +12,7 @@ import argparse
 import pickle
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ import numpy as np
 
 from seqbalance import datasets
 from seqbalance._deprecated import message
-from seqbalance._validation import NPY_ERRORS, as_lengths, check_positive_float
+from seqbalance._validation import NPY_ERRORS, as_lengths, check_positive_float, npy_error
 from seqbalance.cli._output import (
     markdown_table,
     print_json,
@@ -72,6 +72,7 @@ __all__ = [
     "time_model_from_args",
     "to_jsonable",
     "with_kv_sizes",
+    "write_output",
 ]
 
 DEFAULT_PEAK_TFLOPS = DEFAULT_PEAK_FLOPS_PER_S / 1e12
@@ -191,8 +192,9 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
             array = np.array(array)  # a copy: the file may change while the command runs
     except (*NPY_ERRORS, pickle.UnpicklingError) as error:
         raise ValueError(
-            f"{argument}: cannot read {str(path)!r} as a .npy array of token lengths ({error}); "
-            "write one with numpy.save or `seqbalance lengths ... -o FILE.npy`"
+            f"{argument}: cannot read {str(path)!r} as a .npy array of token lengths "
+            f"({npy_error(path, error)}); write one with numpy.save or `seqbalance lengths ... "
+            "-o FILE.npy`"
         ) from None
     if isinstance(array, np.lib.npyio.NpzFile):
         array.close()
@@ -541,6 +543,19 @@ def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
         message = re.sub(rf"\b{name}=True\b", flags[name], message)
         message = re.sub(rf"(?<![\w-]){name}\b", flags[name], message)
     return message
+
+
+def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
+    """``write(path)``, the file a command writes; an OSError naming no file (a full disk
+    fails the write or the close, not the open: "[Errno 28] No space left on device" was all
+    the command said) is raised again naming ``flag`` and ``path``."""
+    try:
+        write(Path(path))
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        reason = error.strerror or str(error)
+        raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None
 
 
 def require_torch() -> None:

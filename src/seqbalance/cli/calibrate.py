@@ -19,6 +19,7 @@ from seqbalance.cli._common import (
     print_table,
     progress_callback,
     require_torch,
+    write_output,
 )
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.measure.calibrate import MIN_TRIALS, MODEL_SIZES, calibrate
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             )
         except ValueError as error:
             raise ValueError(flag_names(str(error), _FLAGS)) from None
-    calibration.time_model.save(args.output)
+    write_output(args.output, "-o/--output", calibration.time_model.save)
     report = {**calibration.to_dict(), "output": str(Path(args.output))}
     if args.json:
         print_json(report)
@@ -216,7 +217,7 @@ def _run_context_parallel(args: argparse.Namespace, context_parallel: Any) -> in
         print(f"seqbalance calibrate: error: {error}", file=sys.stderr)
         return 1
     cost = calibration.cost
-    cost.save(args.output)
+    write_output(args.output, "-o/--output", cost.save)
     report = {**calibration.to_dict(), "output": str(Path(args.output))}
     if args.json:
         print_json(report)

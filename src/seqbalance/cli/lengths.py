@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance.cli._common import add_json_flag, flag_names, print_json, print_table, progress
+from seqbalance.cli._common import (
+    add_json_flag,
+    flag_names,
+    print_json,
+    print_table,
+    progress,
+    write_output,
+)
 from seqbalance.datasets.lengths import (
     FORMATS,
     TEMPLATES,
@@ -360,11 +367,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--groups-output: no field holds a list of responses, so there are no groups"
         )
-    np.save(args.output, result.lengths)
+    write_output(args.output, "-o/--output", lambda path: np.save(path, result.lengths))
     if args.groups_output is not None:
-        np.save(args.groups_output, result.groups)
+        write_output(
+            args.groups_output, "--groups-output", lambda path: np.save(path, result.groups)
+        )
     if args.pieces_output is not None:
-        np.save(args.pieces_output, result.pieces)
+        write_output(
+            args.pieces_output, "--pieces-output", lambda path: np.save(path, result.pieces)
+        )
     _report_skipped(result)
 
     summary = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from seqbalance.cli._common import (
@@ -22,6 +21,7 @@ from seqbalance.cli._common import (
     print_json,
     print_table,
     time_model_from_args,
+    write_output,
 )
 from seqbalance.plan import plan_epoch, plan_step, strategy_names
 
@@ -133,7 +133,8 @@ def _write_and_print(
     (``--json``: the summaries, and the plan itself when it was not written) or the table
     (``print_summaries``)."""
     if args.output:
-        Path(args.output).write_text(json.dumps(document) + "\n", encoding="utf-8")
+        text = json.dumps(document) + "\n"
+        write_output(args.output, "-o/--output", lambda path: path.write_text(text, "utf-8"))
     if args.json:
         payload: dict[str, Any] = {
             "lengths": label,

@@ -87,6 +87,20 @@ def _skipped_note(lines: list[int]) -> list[str]:
     ]
 
 
+def _steps_back_note(summary: dict[str, Any]) -> list[str]:
+    """One note when the step numbers go back: the rows are ranges of log lines then, and a
+    label such as "2-40" (two lines, steps 2 and 40) read as a range of steps."""
+    count = summary["steps_back"]
+    if not count:
+        return []
+    before, after = summary["first_step_back"]
+    times = "once" if count == 1 else f"{count} times"
+    return [
+        f"step numbers go back {times} (first: step {after} after step {before}; a resumed run "
+        "or appended logs?): rows are ranges of log lines, labelled by their first and last step"
+    ]
+
+
 def _cell(value: float | None, form: str) -> str:
     return "-" if value is None else form.format(value)
 
@@ -98,6 +112,7 @@ def _notes(summary: dict[str, Any]) -> list[str]:
     saved = summary["saved_fraction"]
     return [
         *_skipped_note(summary["skipped_lines"]),
+        *_steps_back_note(summary),
         f"measured: {_cell(summary['measured_seconds'], '{:.2f}')} s over {summary['steps']} "
         "steps, "
         f"mean imbalance {_cell(summary['mean_imbalance'], '{:.3f}')}, mean idle "

@@ -156,9 +156,17 @@ class Fields:
         return list(values)
 
 
+def _named_path(path: str | Path) -> Path:
+    """``path`` as a Path; a NUL character in it is a ValueError naming it (os.stat's own,
+    "embedded null byte", names nothing)."""
+    if "\0" in str(path):
+        raise ValueError(f"config: cannot read {str(path)!r}: a file name holds no NUL character")
+    return Path(path)
+
+
 def read_json(path: str | Path) -> Any:
     """The JSON value in the file ``path`` (ValueError naming it: missing, or not valid JSON)."""
-    if Path(path).exists() and not Path(path).is_file():
+    if _named_path(path).exists() and not Path(path).is_file():
         # A FIFO would block the read for ever, a device such as /dev/zero never end.
         raise ValueError(f"config: {str(path)!r} is not a regular file (a FIFO or device)")
     try:
@@ -177,7 +185,7 @@ def read_json(path: str | Path) -> Any:
 def config_dict(config: Any) -> dict[str, Any]:
     """A config given as a path (file or model directory), mapping or object, as a dict."""
     if isinstance(config, (str, Path)):
-        path = Path(config)
+        path = _named_path(config)
         if path.is_dir():
             path = path / "config.json"
         loaded = read_json(path)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from itertools import chain
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -102,38 +102,109 @@ def plan_micro_batches(
         ValueError: an empty batch, a batch size not divisible by ``force_group_size``, a sample
             or forced group over ``max_token_len`` on any rank, or more micro-batches needed than
             a rank has groups (verl raises the same, after the same agreement, so every rank of
-            ``dp_group`` raises together).
+            ``dp_group`` raises together); a batch or argument refused on one rank (every other
+            rank of ``dp_group`` raises too, naming it).
     """
+    return _agreed_plan(
+        seqlen_list,
+        _Settings(
+            max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
+            cost, model,
+        ),
+        dp_group if _synced(dp_group, same_micro_num_in_dp) else None,
+        use_dynamic_bsz_balance,
+    )  # fmt: skip
+
+
+class _Settings(NamedTuple):
+    """``plan_micro_batches``' arguments that shape one rank's request, as given."""
+
+    max_token_len: Any
+    num_batches_divided_by: Any
+    min_num_micro_batch: Any
+    force_group_size: Any
+    cost: Any
+    model: Any
+
+
+class _Request(NamedTuple):
+    """One rank's batch and settings, checked, before any agreement."""
+
+    lengths: np.ndarray
+    costs: np.ndarray
+    overhead: float
+    cap: int
+    group: int
+    step: int
+    count: int  # verl's starting count, before the agreement and num_batches_divided_by
+
+
+class _BatchLengths(NamedTuple):
+    """A TensorDict batch whose lengths ``_request`` reads (inside the agreement: a mask
+    refused on one rank fails every rank)."""
+
+    batch: Any
+
+
+def _request(seqlen_list: Any, settings: _Settings) -> _Request:
+    """What one rank decides from its own batch and settings (ValueError when refused)."""
+    if isinstance(seqlen_list, _BatchLengths):
+        seqlen_list = _effective_lengths(seqlen_list.batch)
     lengths = np.asarray(seqlen_list).reshape(-1)
     if lengths.size == 0:
         raise ValueError("the batch holds no sequences: nothing to split into micro-batches")
     if lengths.dtype.kind not in "iu" or lengths.min() < 0:
         raise ValueError("sequence lengths must be non-negative integers")
-    cap = check_int(max_token_len, "max_token_len", minimum=1)
-    group = check_int(force_group_size, "force_group_size", minimum=1)
+    cap = check_int(settings.max_token_len, "max_token_len", minimum=1)
+    group = check_int(settings.force_group_size, "force_group_size", minimum=1)
     if lengths.size % group:
         raise ValueError(
             f"batch size {lengths.size} is not a multiple of force_group_size = {group}"
         )
     step = 1
-    if num_batches_divided_by is not None:
-        step = check_int(num_batches_divided_by, "num_batches_divided_by", minimum=1)
-    item_lengths = lengths.reshape(-1, group).sum(axis=1)
-    n_items = item_lengths.size
+    if settings.num_batches_divided_by is not None:
+        step = check_int(settings.num_batches_divided_by, "num_batches_divided_by", minimum=1)
+    tokens = lengths.reshape(-1, group).sum(axis=1)
     # verl's starting count; at least 1 (verl fails on a batch of empty sequences).
-    count = max(1, min(n_items, ceildiv(int(item_lengths.sum()), cap)))
-    if min_num_micro_batch is not None:
-        count = max(check_int(min_num_micro_batch, "min_num_micro_batch", minimum=0), count)
-    synced = _synced(dp_group, same_micro_num_in_dp)
-    if synced:
-        (count,) = _all_reduce([count], "max", dp_group)
-    count = roundup_divisible(count, step)
-    costs, overhead = sample_costs(cost, model, lengths)
-    item_costs = costs.reshape(-1, group).sum(axis=1)
-    longest, fewest_items = int(item_lengths.max()), n_items
-    if synced:
+    count = max(1, min(tokens.size, ceildiv(int(tokens.sum()), cap)))
+    if settings.min_num_micro_batch is not None:
+        least = check_int(settings.min_num_micro_batch, "min_num_micro_batch", minimum=0)
+        count = max(least, count)
+    costs, overhead = sample_costs(settings.cost, settings.model, lengths)
+    return _Request(lengths, costs, overhead, cap, group, step, count)
+
+
+def _agreed_plan(
+    seqlen_list: Any, settings: _Settings, dp_group: Any, use_dynamic_bsz_balance: bool
+) -> list[list[int]]:
+    """:func:`plan_micro_batches` of ``seqlen_list`` (or a ``_BatchLengths``), agreed over
+    ``dp_group`` (None: this rank alone). A rank whose batch or settings are refused says so in
+    the first agreement, so its peers raise with it: they waited in the next collective until
+    the group's timeout, or failed on a closed connection, naming nothing."""
+    try:
+        request = _request(seqlen_list, settings)
+    except ValueError:
+        if dp_group is not None:
+            import torch.distributed as dist
+
+            _all_reduce([0, dist.get_rank(group=dp_group) + 1], "max", dp_group)
+        raise
+    count = request.count
+    if dp_group is not None:
+        count, refused = _all_reduce([count, 0], "max", dp_group)
+        if refused:
+            raise ValueError(
+                f"rank {refused - 1} of dp_group refused its batch or settings (its error says "
+                "why): no rank plans this step"
+            )
+    count = roundup_divisible(count, request.step)
+    group = request.group
+    item_lengths = request.lengths.reshape(-1, group).sum(axis=1)
+    item_costs = request.costs.reshape(-1, group).sum(axis=1)
+    cap, longest, fewest_items = request.cap, int(item_lengths.max()), item_lengths.size
+    if dp_group is not None:
         # Fatal limits agreed before any rank raises, so no peer is left in a collective.
-        longest, negative = _all_reduce([longest, -n_items], "max", dp_group)
+        longest, negative = _all_reduce([longest, -fewest_items], "max", dp_group)
         fewest_items = -negative
     if longest > cap:
         what = "a sequence" if group == 1 else f"a forced group of {group} sequences"
@@ -143,19 +214,19 @@ def plan_micro_batches(
         )
 
     def agree(fits: bool) -> bool:
-        return bool(_all_reduce([int(fits)], "min", dp_group)[0]) if synced else fits
+        return bool(_all_reduce([int(fits)], "min", dp_group)[0]) if dp_group is not None else fits
 
     parts = strict_cap_parts(
         count,
-        step=step,
+        step=request.step,
         fewest_items=fewest_items,
         cap=cap,
         fitting=lambda m: _best_fitting(item_lengths, item_costs, cap, m),
         agree=agree,
     )
-    units = np.arange(lengths.size).reshape(-1, group)
+    units = np.arange(request.lengths.size).reshape(-1, group)
     micro = [sorted(units[part].reshape(-1).tolist()) for part in parts]
-    weight = [overhead + float(costs[part].sum()) for part in micro]
+    weight = [request.overhead + float(request.costs[part].sum()) for part in micro]
     # verl's order: heaviest first (ties: the later first index first) ...
     order = sorted(range(len(micro)), key=lambda j: (weight[j], micro[j][0]), reverse=True)
     micro = [micro[j] for j in order]
@@ -256,7 +327,7 @@ def rearrange_micro_batches(
         ValueError: as :func:`plan_micro_batches`.
     """
     indices = plan_micro_batches(
-        _effective_lengths(batch),
+        _BatchLengths(batch),
         max_token_len,
         dp_group,
         num_batches_divided_by,

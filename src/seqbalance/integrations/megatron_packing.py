@@ -160,13 +160,21 @@ def install(
 
     Raises:
         ImportError: the installed megatron-core has no packing-scheduler registry.
-        ValueError: ``name`` is not an identifier.
+        ValueError: ``name`` is not an identifier, or names one of Megatron's own schedulers
+            (an earlier install's name is taken over).
     """
-    if not name.isidentifier():
+    if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name must be an identifier, got {name!r}")
     module = _data_schedule()
-    cls = scheduler_class(options, **option_keywords)
     members = {member.name: member.value for member in module.PackingSchedulerEnum}
+    taken = next((k for k in module.scheduler_map if k.name == name.upper()), None)
+    if taken is not None and not hasattr(module.scheduler_map[taken], "plan_options"):
+        # Megatron's own scheduler under its own name was replaced without a word.
+        raise ValueError(
+            f"name {name!r} is Megatron's own {module.scheduler_map[taken].__name__}: "
+            "register seqbalance's under another name"
+        )
+    cls = scheduler_class(options, **option_keywords)
     members[name.upper()] = name.lower()
     rebuilt = enum.Enum("PackingSchedulerEnum", members, module=_MODULE)
     old = dict(module.scheduler_map)

@@ -11,8 +11,9 @@ Same call, same return value::
 
 slime's contract is kept: samples of one rollout stay in one step; trailing rollouts that do not
 fill a step are dropped; every rank runs the same number of micro-batches per step, a multiple of
-``microbatch_group_size_per_vp_stage`` when ``vpp_size > 1``; ``max_tokens_per_gpu x cp_size`` caps
-a dynamic micro-batch, a sample over it alone in its micro-batch; ``micro_batch_size`` samples per
+``microbatch_group_size_per_vp_stage`` when ``vpp_size > 1``; ``max_tokens_per_gpu x cp_size``
+(times ``packing_safety_margin`` where set) caps a dynamic micro-batch, a sample over it alone in
+its micro-batch; ``micro_batch_size`` samples per
 static micro-batch. Returns ``(partitions, micro_batch_indices, num_microbatches,
 global_batch_sizes)``: ``partitions[r]`` the global sample indices of rank ``r`` (all steps, in
 run order), ``micro_batch_indices[r]`` its micro-batches as positions into ``partitions[r]``
@@ -48,6 +49,9 @@ What the flags mean here:
   schedules are rebuilt with the weights slime's Karmarkar-Karp uses (its own
   ``calculate_fwd_flops`` where slime is importable, as inside slime), so they are its own.
 
+Newer slime's ``global_batch_tokens`` (steps by tokens) and ``multimodal_aware_packing`` are not
+planned here: set, they are a :class:`ScheduleError` (never ignored).
+
 Errors are :class:`ScheduleError`, a ``ValueError`` that is also an ``AssertionError`` so callers
 that catch slime's assertions keep working.
 """
@@ -66,6 +70,7 @@ from seqbalance._validation import (
     as_lengths,
     check_choice,
     check_int,
+    check_positive_float,
     check_ranks,
 )
 from seqbalance.cost import FlopsModel, ModelSpec
@@ -339,6 +344,46 @@ def _step_ranks(
     return best
 
 
+# Newer slime's step and packing settings this drop-in does not plan, with their "off" value:
+# refused when set, where they were ignored (other steps, other micro-batches, no word).
+_NOT_PLANNED = {"global_batch_tokens": None, "multimodal_aware_packing": "off"}
+
+
+def _cap_and_size(args: Any, cp: int) -> tuple[int | None, int]:
+    """The token cap of a dynamic micro-batch (None: the static path) and the samples of a
+    static one, read from ``args`` as slime reads them.
+
+    Raises:
+        ScheduleError: a setting of ``_NOT_PLANNED`` set, a dynamic path without
+            ``max_tokens_per_gpu``, a static one without ``micro_batch_size`` (slime asserts;
+            ``micro_batch_size or 1`` planned micro-batches of 1 sample without a word), or a
+            ``packing_safety_margin`` that is no positive number.
+    """
+    for name, off in _NOT_PLANNED.items():
+        if getattr(args, name, off) != off:
+            raise ScheduleError(
+                f"args.{name} = {getattr(args, name)!r} is not supported by seqbalance's "
+                f"build_dp_schedule (leave it {off!r}, or use slime's own)"
+            )
+    try:
+        if not args.use_dynamic_batch_size:  # slime reads micro_batch_size there only
+            size = check_int(getattr(args, "micro_batch_size", None), "micro_batch_size", minimum=1)
+            return None, size
+        if args.max_tokens_per_gpu is None:
+            raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu")
+        tokens = check_int(args.max_tokens_per_gpu, "max_tokens_per_gpu", minimum=1) * cp
+        margin = check_positive_float(
+            getattr(args, "packing_safety_margin", 1.0), "packing_safety_margin"
+        )
+    except ValueError as error:
+        path = "dynamic path (use_dynamic_batch_size)"
+        if not args.use_dynamic_batch_size:
+            path = "static path (no dynamic batch size)"
+        raise ScheduleError(f"the {path}: {error}") from None
+    # slime's bin size: max_tokens_per_gpu x cp_size x packing_safety_margin, at least 1.
+    return max(1, int(tokens * margin)), 1
+
+
 def build_dp_schedule(
     args: Any,
     train_parallel_config: dict[str, int],
@@ -386,13 +431,7 @@ def build_dp_schedule(
         raise ScheduleError(
             f"rollout_indices has {len(rollout_indices)} entries, total_lengths {lengths_all.size}"
         )
-    dynamic = bool(args.use_dynamic_batch_size)
-    cap = None
-    if dynamic:
-        if args.max_tokens_per_gpu is None:
-            raise ScheduleError("use_dynamic_batch_size needs max_tokens_per_gpu")
-        cap = check_int(args.max_tokens_per_gpu, "max_tokens_per_gpu", minimum=1) * cp
-    size = check_int(getattr(args, "micro_batch_size", 1) or 1, "micro_batch_size", minimum=1)
+    cap, size = _cap_and_size(args, cp)
     by_flops = bool(getattr(args, "balance_by_flops", False))
     balance = bool(getattr(args, "balance_data", False)) or by_flops
     if objective is None:

@@ -48,6 +48,7 @@ __all__ = [
     "check_model_memory",
     "check_seed",
     "check_timed_runs",
+    "check_warmup",
     "costed_lengths",
     "fit_time_model",
     "model_config",
@@ -149,6 +150,19 @@ def check_seed(seed: int) -> int:
     if seed >= 2**64:
         raise ValueError(f"seed must be below 2**64 (torch's generator seeds), got {seed}")
     return seed
+
+
+def check_warmup(warmup: int) -> int:
+    """``warmup`` checked: untimed runs, 0 to :data:`MAX_TIMED_RUNS` (``--warmup
+    9223372036854775808`` was accepted and ran for ever: the bound on timed runs left them out).
+
+    Raises:
+        ValueError: naming ``warmup``.
+    """
+    warmup = check_int(warmup, "warmup", minimum=0)
+    if warmup > MAX_TIMED_RUNS:
+        raise ValueError(f"warmup must be at most {MAX_TIMED_RUNS} (2**20) runs, got {warmup}")
+    return warmup
 
 
 def check_timed_runs(trials: int, repeats: int) -> tuple[int, int]:
@@ -310,7 +324,7 @@ def time_microbatches(
     from seqbalance.runtime.collectives import synchronize
 
     repeats = check_int(repeats, "repeats", minimum=1)
-    warmup = check_int(warmup, "warmup", minimum=0)
+    warmup = check_warmup(warmup)
     padded = check_choice(layout, "layout", LAYOUTS) == "padded"
     make = make_padded_batch if padded else make_packed_batch
     forward = model.forward_padded if padded else model
@@ -428,6 +442,7 @@ def calibrate(
 
     started = time.perf_counter()
     trials, repeats = check_timed_runs(trials, repeats)
+    warmup = check_warmup(warmup)
     seed = check_seed(seed)
     max_tokens = check_int(max_tokens, "max_tokens", minimum=8)
     max_length = (

@@ -152,7 +152,9 @@ def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) ->
     ``microbatch_multiple``). With ``context_parallel`` (``dp_size``: the ranks of the DPxCP
     domain) a sample fills at most one slot on each of at most the widest usable CP size of
     ranks, so a step needs ``least`` samples and ``samples x widest >= dp_size x least`` (a
-    necessary condition: a step could still fail for other reasons).
+    necessary condition: a step could still fail for other reasons). With groups (no context
+    parallelism) a step's groups, each on one rank, must also fill ``least`` micro-batches on
+    every rank (:func:`_check_group_fill`).
 
     Raises:
         ValueError: naming the epoch, the step, its samples and the options that would plan it;
@@ -185,6 +187,51 @@ def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) ->
             "micro-batch",
             f": {drop}allow_empty=True, or fewer micro-batches",
         )
+    if layout.group_ids is not None and options.context_parallel is None:
+        _check_group_fill(layout, dp_size, least)
+
+
+def _check_group_fill(layout: EpochLayout, dp_size: int, least: int) -> None:
+    """EmptySlotError for the first step (with ``bucket_window``: window) whose groups cannot
+    give every rank ``least`` samples, each group on one rank (``EpochLayout.step_fill``): the
+    planner refuses such a step, and the epoch failed there after ``len()`` promised it (a
+    step of 12 samples in 3 groups on 4 ranks). With ``bucket_window`` a window's groups are
+    dealt among its steps, so a window is checked against all its steps' ranks (necessary: a
+    step of a passing window may still be refused); the last window, when the dropped step was
+    dealt with it, is not checked."""
+    sums = layout.step_fill(least)
+    first = np.arange(layout.n_steps)
+    if layout.window is not None:
+        first = np.arange(0, layout.n_steps, layout.window)
+        sums = np.add.reduceat(sums, first, axis=0)
+    steps = np.diff(np.append(first, layout.n_steps))
+    if layout.window is not None and layout.dropped.size and layout.n_steps % layout.window:
+        first, sums, steps = first[:-1], sums[:-1], steps[:-1]
+    filled = sums[:, 0] + sums[:, 1] // least
+    short = np.flatnonzero(filled < steps * dp_size)
+    if not short.size:
+        return
+    k = int(short[0])
+    samples, units = int(sums[k, 2]), int(sums[k, 3])
+    groups = f"{units} group{'s' * (units != 1)}, each on one rank,"
+    if layout.window is None:
+        where = f"step {int(first[k])} holds {samples} samples in {groups} which"
+        ranks = f"at most {int(filled[k])} of the dp_size = {dp_size} ranks"
+    else:
+        last = int(first[k] + steps[k] - 1)
+        where = (
+            f"steps {int(first[k])}..{last} (one bucket_window, whose groups bucketing deals "
+            f"among its steps) hold {samples} samples in {groups} which"
+        )
+        ranks = (
+            f"at most {int(filled[k])} of their {int(steps[k])} x dp_size = "
+            f"{int(steps[k]) * dp_size} ranks"
+        )
+    raise EmptySlotError(
+        f"epoch {layout.epoch}: {where} can fill the {least} micro-batch slots of {ranks}, so "
+        "it cannot be planned without an empty micro-batch",
+        ": pass allow_empty=True, fewer micro-batches, or smaller groups",
+    )
 
 
 def check_steps(

@@ -212,6 +212,23 @@ class EpochLayout:
                     sums[number] += row
         return np.zeros((self.n_steps, 0), dtype=np.int64) if sums is None else sums
 
+    def step_fill(self, m: int) -> np.ndarray:
+        """int64 ``[n_steps, 4]`` with ``group_ids``, per step before bucketing: its groups of
+        ``m`` samples or more, the samples of its smaller groups, its samples and its groups.
+        At most ``first + second // m`` ranks can each get ``m`` of the step's samples, each
+        group on one rank (the planner's rule: ``_problem.Problem.fillable_ranks``)."""
+        if self._unit_starts is None or self._step_starts is None:
+            raise ValueError("step_fill needs group_ids")
+        sizes = np.diff(self._unit_starts)
+        whole = sizes >= m
+        per_unit = np.stack([whole, np.where(whole, 0, sizes), sizes, np.ones_like(sizes)], 1)
+        per_unit = per_unit.astype(np.int64)
+        blocks = (
+            per_unit[self._units(a, min(a + _SUM_CHUNK, self._n_units))]
+            for a in range(0, self._n_units, _SUM_CHUNK)
+        )
+        return _sums_between(blocks, self._step_starts[: self.n_steps + 1])
+
     def largest_unit(self) -> int:
         """Samples of the largest unit (1 without groups; 0 without samples)."""
         if self._unit_starts is None:

@@ -247,8 +247,10 @@ def summarize_run(run: RunTelemetry, *, rows: int | None = DEFAULT_ROWS) -> dict
         step); ``model_mape`` (the model's per-micro-batch error, steps that have one);
         ``saved_fraction`` (1 - planned / baseline predicted seconds, summed over the steps
         that have both; None when none has); ``last_rank_speeds``; ``skipped_lines`` (the
-        lines cut short and skipped) and ``skipped_line`` (the last of them, or None); and
-        ``table``: per row ``(first step, last step, measured
+        lines cut short and skipped) and ``skipped_line`` (the last of them, or None);
+        ``steps_back`` (how many times a step number is not above the one before it: a resumed
+        run logging on, logs appended) and ``first_step_back`` (``[before, after]`` the first
+        time, or None); and ``table``: per row ``(first step, last step, measured
         ms, max/mean compute, predicted ms, model error, slowest speed)``, the means of the
         finite values (None where there is none). Means skip values that are not finite.
     """
@@ -277,8 +279,18 @@ def _summary(run: RunTelemetry, rows: int | None) -> dict[str, Any]:
         "last_rank_speeds": run.last_rank_speeds,
         "skipped_line": run.skipped_line,
         "skipped_lines": list(run.skipped_lines),
+        **_steps_back(run.step),
         "table": _table(run, imbalance, rows),
     }
+
+
+def _steps_back(steps: np.ndarray) -> dict[str, Any]:
+    """Where the step numbers do not increase (a run resumed from a checkpoint logging on to the
+    same file, or logs appended together): table rows are ranges of log lines, and a row's
+    first and last step ("3-9", "0-9" twice) are not a range of step numbers then."""
+    back = np.flatnonzero(np.diff(steps) <= 0)
+    first = None if back.size == 0 else [int(steps[back[0]]), int(steps[back[0] + 1])]
+    return {"steps_back": int(back.size), "first_step_back": first}
 
 
 def _table(run: RunTelemetry, imbalance: np.ndarray, rows: int | None) -> list[tuple]:

@@ -11,6 +11,7 @@ import numpy as np
 
 from seqbalance._deprecated import moved_names, renamed_fields
 from seqbalance._validation import (
+    MAX_TOKENS_LIMIT,
     as_group_ids,
     as_lengths,
     check_bool,
@@ -180,8 +181,8 @@ def scale_lengths(
         max_tokens: Longest sample kept: longer samples are truncated to it (the token cap of
             a micro-batch; with context parallelism, the largest CP size times the per-rank
             cap).
-        divisor: Divide every length by this; default :func:`length_divisor` of
-            ``max_tokens``.
+        divisor: Divide every length by this (at most 2**53); default
+            :func:`length_divisor` of ``max_tokens``.
         truncate: False keeps samples longer than ``max_tokens`` whole (``allow_oversize``:
             the planner gives each a micro-batch of its own).
 
@@ -195,6 +196,8 @@ def scale_lengths(
         if divisor is None
         else check_int(divisor, "length_divisor", minimum=1)
     )
+    if divisor > MAX_TOKENS_LIMIT:  # int64 lengths // 2**63 raised OverflowError, naming nothing
+        raise ValueError(f"length_divisor must be <= 2**53 = {MAX_TOKENS_LIMIT}, got {divisor}")
     scaled = -(-lengths // divisor)
     return (np.minimum(scaled, max_tokens) if check_bool(truncate, "truncate") else scaled), divisor
 

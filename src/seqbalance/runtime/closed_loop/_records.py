@@ -12,10 +12,10 @@ import numpy as np
 __all__ = ["refusal", "statistics"]
 
 _RECORD_KEYS = {"step", "setup", "stats", "error"}
-"""The keys of every record (``loop`` module doc); ``"taken"``, ``"plan"``, ``"learned"`` and
-``"skip"`` may come with them (``"learned"`` does on every record this release writes; a
-pending record saved by an older one lacks it)."""
-_OPTIONAL_KEYS = {"taken", "plan", "learned", "skip"}
+"""The keys of every record (``loop`` module doc); ``"taken"``, ``"plan"``, ``"learned"``,
+``"skip"`` and ``"due"`` may come with them (``"learned"`` and ``"due"`` do on every record this
+release writes; a pending record saved by an older one lacks them)."""
+_OPTIONAL_KEYS = {"taken", "plan", "learned", "skip", "due"}
 _DIFFERING = (
     (
         "learned",
@@ -72,12 +72,17 @@ def _disagreement(records: Sequence[dict[str, Any]], due: int) -> str | None:
                 "settings, prior or lag): build it the same way on every rank"
             )
     steps = [record["step"] for record in records]
-    for rank, step in enumerate(steps):
-        if step != due:
+    # The step due on most ranks (ties: the lowest rank's), from the records: each rank's own
+    # would name the others as wrong on the odd rank (one that loaded an older state).
+    dues = [record.get("due", due) for record in records]
+    due = max(dues, key=lambda value: (dues.count(value), -dues.index(value)))
+    learned = "" if dues.count(due) == len(dues) else f", steps learned by rank: {dues}"
+    for rank, (step, rank_due) in enumerate(zip(steps, dues, strict=True)):
+        if step != due or rank_due != due:
             return (
                 f"rank {rank} observed step {step} where step {due} was due "
-                f"(steps observed by rank: {steps}): a missed or extra observe(); every "
-                "rank observes every step once, in order"
+                f"(steps observed by rank: {steps}{learned}): a missed or extra observe(), or "
+                "a rank that loaded another state; every rank observes every step once, in order"
             )
     for key, problem in _DIFFERING:
         values = [record.get(key) for record in records]

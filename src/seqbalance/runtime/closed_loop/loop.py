@@ -27,7 +27,8 @@ needs no valid timing; the Rebalancer skips a refused observation itself, as its
 consumed it). Every record also carries ``"learned"``: the fingerprint of the options the loop
 plans with as it stands (model and rank speeds), equal on every rank unless they resumed from
 different states (another run's checkpoint on one rank, a corrupted one) or computed a fit
-differently, and so plan apart.
+differently, and so plan apart, and ``"due"``: the steps the rank's loop has learned (the step
+it learns next), so every rank judges a missed or extra step against the same due step.
 :meth:`ClosedLoop.learn` takes every rank's record (rank order) and either learns the step or
 raises the same ``ValueError`` on every rank: a rank that could not measure (its error), ranks
 that observed different steps, other plans or had taken different numbers of steps (a missed,
@@ -349,6 +350,7 @@ class ClosedLoop:
                 error = str(raised)
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
         record["learned"] = self._learned()
+        record["due"] = self.observed  # the step this rank learns next (ranks compare it)
         if plan is not None:
             record["plan"] = str(plan)
         if skip:

@@ -64,7 +64,9 @@ What ``len()`` promises is checked first, for each epoch (at construction for ep
 ``iter`` and ``len``), in one vectorised pass over the epoch's order, without planning a step
 (``seqbalance.plan.epoch.check_steps``): a step with fewer samples than its micro-batch slots
 (a last, partial global batch smaller than ``dp_size x num_microbatches``, without
-``allow_empty``), and with ``num_microbatches`` a step whose samples need more than its
+``allow_empty``; with ``groups``, a step whose groups, each on one rank, cannot give every rank
+its micro-batches: with ``bucket_window`` per window), and with ``num_microbatches`` a step
+whose samples need more than its
 ``dp_size x num_microbatches`` micro-batches under the caps by the planner's own lower bound
 (tokens over ``max_tokens``, samples longer than half of it, over-cap samples alone, the same
 for ``max_vision_patches``, ``microbatch_size`` when padded; with ``context_parallel`` the

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from seqbalance._validation import NPY_ERRORS, as_lengths, refuse_masked
+from seqbalance._validation import NPY_ERRORS, as_lengths, npy_error, refuse_masked
 
 __all__ = ["CHUNK", "LengthSource"]
 
@@ -374,7 +374,7 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
     sampler reads through ``_CheckedFile``)."""
     try:
         mode = os.stat(path).st_mode
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: a NUL in the name, "embedded null byte"
         raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
     if not stat.S_ISREG(mode):  # a FIFO would block the open forever, a device never end
         raise ValueError(
@@ -384,7 +384,9 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
     try:
         loaded = np.load(path, mmap_mode="r", allow_pickle=False)
     except NPY_ERRORS as error:
-        raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
+        raise ValueError(
+            f"{name}: cannot read {path} as a .npy array: {npy_error(path, error)}"
+        ) from None
     if not isinstance(loaded, np.ndarray):  # a .npz archive: a mapping of arrays
         loaded.close()
         raise ValueError(
