@@ -245,3 +245,25 @@ def test_slime_newer_settings_are_kept_or_refused_never_ignored() -> None:
         )  # fmt: skip
         with pytest.raises(ScheduleError, match=f"args.{name} = {value!r} is not supported"):
             build_dp_schedule(args, config, lengths, **kw)
+
+
+def test_hf_padded_layout_under_padding_free_is_refused() -> None:
+    """adv14b D11: ``seqbalance_options={"layout": "padded"}`` with TRL's ``padding_free``
+    (whose collator packs every micro-batch into one row) was silently planned packed: the
+    option the user set was overridden without a word. A ValueError naming both now; either
+    alone keeps working."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from _hf_train import trainer_stub
+
+    from seqbalance.integrations.hf import balanced_train_dataloader
+
+    dataset = [{"input_ids": list(range(3 + i))} for i in range(8)]
+    with pytest.raises(ValueError, match=r"layout='padded'.*padding_free"):
+        balanced_train_dataloader(
+            trainer_stub(dataset, padding_free=True), options={"layout": "padded"}
+        )
+    packed = balanced_train_dataloader(trainer_stub(dataset, padding_free=True), options={})
+    assert packed.batch_sampler.options.layout == "packed"
+    padded = balanced_train_dataloader(trainer_stub(dataset), options={"layout": "padded"})
+    assert padded.batch_sampler.options.layout == "padded"

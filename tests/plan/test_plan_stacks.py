@@ -244,6 +244,43 @@ def test_verl_lower_bound_never_exceeds_its_valid_plan(
         assert verl.plan_lower_bound(p) <= aligned_value(p, plan) * (1 + 1e-12)
 
 
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 400), min_size=1, max_size=48),
+    dp=st.sampled_from([1, 2, 4]),
+    cap=st.sampled_from([None, 400, 600, 1000]),
+    multiple=st.sampled_from([1, 2]),
+    fixed=st.sampled_from([None, 2, 4, 6]),
+    grouped=st.booleans(),
+)
+def test_verl_count_ruled_out_is_never_its_count(
+    lengths: list[int], dp: int, cap: int | None, multiple: int, fixed: int | None, grouped: bool
+) -> None:
+    # speed7: balanced does not run verl at a count its may_plan_count rules out (with rank
+    # speeds, at its fewest count): verl's own count must never be ruled out.
+    groups = np.arange(len(lengths)) // 2 if grouped else None
+    p = problem(
+        lengths,
+        dp,
+        max_tokens=cap,
+        microbatch_multiple=multiple,
+        num_microbatches=fixed,
+        groups=groups,
+    )
+    verl = VerlBaseline()
+    try:
+        count = len(verl.plan(p)[0])
+    except ValueError:
+        count = None
+    if count is None:
+        return
+    # Its own count may be planned; every count below it the strict-cap loop passed (or
+    # started above), which is ruled out.
+    assert [verl.may_plan_count(p, m) for m in range(1, count + 1)] == [False] * (count - 1) + [
+        True
+    ]
+
+
 def test_hf_length_grouped_by_hand() -> None:
     plan = HFLengthGroupedBaseline().plan(problem([3, 9, 1, 7, 5, 2, 8, 4], 2, microbatch_size=2))
     # Longest first: 9, 8, 7, 5, 4, 3, 2, 1 -> batches [1, 6], [3, 4], [7, 0], [5, 2].

@@ -86,7 +86,15 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
                 "and per_device_train_batch_size); leave it out"
             )
     chosen["num_microbatches"] = args.gradient_accumulation_steps
-    packed = bool(getattr(args, "padding_free", False)) or chosen.get("layout") == "packed"
+    padding_free = bool(getattr(args, "padding_free", False))
+    if padding_free and chosen.get("layout", "packed") != "packed":
+        # TRL's padding-free collator packs each micro-batch into one row: another layout
+        # was overridden without a word.
+        raise ValueError(
+            f"seqbalance_options layout={chosen['layout']!r} contradicts args.padding_free=True "
+            "(its collator packs every micro-batch): leave layout out or set 'packed'"
+        )
+    packed = padding_free or chosen.get("layout") == "packed"
     if packed:
         chosen["layout"] = "packed"
     else:

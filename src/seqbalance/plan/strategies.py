@@ -72,9 +72,13 @@ class GreedyBaseline:
         """Estimated planning seconds of this baseline on ``p`` (for the planning budget)."""
         return self.price.seconds(p)
 
+    def rank_of_unit(self, p: Problem) -> np.ndarray:
+        """``ranks(p)``, computed once per problem (its plan and both bounds read it)."""
+        return p.once(("ranks", self.ranks), lambda: self.ranks(p))
+
     def plan_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's objective from its rank rule alone (cheap)."""
-        return p.rank_bound(self.ranks(p), p.min_feasible_microbatches)
+        return p.rank_bound(self.rank_of_unit(p), p.min_feasible_microbatches)
 
     def count_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's micro-batches per rank from its rank rule alone
@@ -83,7 +87,7 @@ class GreedyBaseline:
         (padded: padding included), and the count only rounds that up."""
         if p.max_tokens is None:
             return p.min_feasible_microbatches
-        rank_of_sample = self.ranks(p)[p.unit_of_sample]
+        rank_of_sample = self.rank_of_unit(p)[p.unit_of_sample]
         over = np.bincount(rank_of_sample, weights=p.oversize, minlength=p.dp)
         fitting = np.where(p.oversize, 0, p.lengths)
         tokens = np.bincount(rank_of_sample, weights=fitting, minlength=p.dp)
@@ -97,7 +101,7 @@ class GreedyBaseline:
         """Micro-batches: the rank rule, then the micro-batch rule, then ``M`` on every rank."""
         per_rank = [
             greedy_microbatches(p, members.tolist(), self.rule)
-            for members in rank_members(p, self.ranks(p))
+            for members in rank_members(p, self.rank_of_unit(p))
         ]
         m = _microbatch_count(p, max(len(bins) for bins in per_rank), self.name)
         return _check_empty(p, [to_count(bins, m) for bins in per_rank], self.name)
@@ -171,6 +175,12 @@ class TokenKK:
 
 
 def _token_kk_ranks(p: Problem) -> np.ndarray:
+    """Every unit's rank in the Karmarkar-Karp split of the unit token sums, computed once per
+    problem (the plan and both bounds read it)."""
+    return p.once("token_kk ranks", lambda: _token_kk_split(p))
+
+
+def _token_kk_split(p: Problem) -> np.ndarray:
     unit_tokens = p.unit_sums(p.lengths)
     ranks = partition(unit_tokens, p.dp, equal_size=p.n_units >= p.dp, method="kk").parts
     rank_of_unit = np.empty(p.n_units, dtype=np.int64)
