@@ -46,6 +46,7 @@ from seqbalance.plan.stacks.reference import (
     largest_differencing,
     split_largest_bins,
 )
+from seqbalance.plan.strategies import TokenKK
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -278,6 +279,38 @@ def test_verl_count_ruled_out_is_never_its_count(
     # started above), which is ruled out.
     assert [verl.may_plan_count(p, m) for m in range(1, count + 1)] == [False] * (count - 1) + [
         True
+    ]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(st.integers(1, 400), min_size=1, max_size=48),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([None, 400, 600, 1000]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_token_kk_count_ruled_out_only_without_a_plan_in_the_cap(
+    lengths: list[int], dp: int, cap: int | None, grouped: bool, asked_first: bool
+) -> None:
+    # speed7: balanced does not run token_kk at a count its may_plan_count rules out: True at
+    # its own count exactly where its plan keeps the cap (a soft-cap plan over it is no rival),
+    # False at every other count; asked first, the plan it fills is the plan.
+    def make() -> Problem:
+        groups = np.arange(len(lengths)) // 2 if grouped else None
+        return problem(lengths, dp, max_tokens=cap, groups=groups)
+
+    kk, p = TokenKK(), make()
+    asked = [kk.may_plan_count(p, m) for m in range(1, 13)] if asked_first else None
+    try:
+        plan = kk.plan(p)
+    except ValueError:
+        assert not any(asked or [])
+        return
+    assert plan == kk.plan(make())
+    count, keeps = len(plan[0]), p.keeps_cap(plan)
+    assert [kk.may_plan_count(p, m) for m in range(1, 13)] == [
+        m == count and keeps for m in range(1, 13)
     ]
 
 

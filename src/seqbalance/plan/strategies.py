@@ -169,6 +169,24 @@ class TokenKK:
         except ValueError:
             return np.inf
 
+    def may_plan_count(self, p: Problem, m: int) -> bool:
+        """False where this baseline has no plan of ``m`` micro-batches per rank that keeps the
+        caps (the only kind ``balanced`` compares with): its count is not ``m``, or a rank's
+        micro-batches are over a cap (filled rank by rank until one is); else True."""
+        try:
+            members = rank_members(p, _token_kk_ranks(p))
+            if _token_kk_count(p, members) != m:
+                return False
+            ranks = []
+            for samples in members:
+                ranks.append(_token_kk_rank(p, samples, m))
+                if not p.keeps_cap(ranks[-1:]):
+                    return False
+        except ValueError:
+            return False  # it cannot plan the step
+        p.once("token_kk micro-batches", lambda: ranks)  # its plan's: not filled again
+        return True
+
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches of the token Karmarkar–Karp baseline."""
         return _token_kk(p)
@@ -209,14 +227,19 @@ def _token_kk_count(p: Problem, members: list[np.ndarray]) -> int:
 def _token_kk(p: Problem) -> Microbatches:
     members = rank_members(p, _token_kk_ranks(p))
     m = _token_kk_count(p, members)
+    ranks = p.once(
+        "token_kk micro-batches", lambda: [_token_kk_rank(p, samples, m) for samples in members]
+    )
+    return _check_empty(p, ranks, "token_kk")
+
+
+def _token_kk_rank(p: Problem, samples: np.ndarray, m: int) -> list[list[int]]:
+    """One rank's ``m`` micro-batches: Karmarkar-Karp on the tokens of its ``samples``."""
     max_items = p.microbatch_size if p.layout == "padded" else None
-    result = []
-    for samples in members:
-        parts = partition(p.lengths[samples], m, max_items=max_items, method="kk").parts
-        microbatches = [samples[part].tolist() for part in parts]
-        fill_empty(p, microbatches)
-        result.append(microbatches)
-    return _check_empty(p, result, "token_kk")
+    parts = partition(p.lengths[samples], m, max_items=max_items, method="kk").parts
+    microbatches = [samples[part].tolist() for part in parts]
+    fill_empty(p, microbatches)
+    return microbatches
 
 
 BASELINE_STRATEGIES = (
