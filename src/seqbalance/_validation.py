@@ -9,7 +9,8 @@ from __future__ import annotations
 import numbers
 import sys
 import tokenize
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ __all__ = [
     "check_positive_float",
     "check_ranks",
     "check_timeout",
+    "naming",
     "npy_error",
     "prefixed",
     "refuse_masked",
@@ -104,6 +106,26 @@ def prefixed(error: ValueError, prefix: str) -> ValueError:
     if isinstance(error, EmptySlotError):
         return EmptySlotError(prefix + error.reason, error.hint)
     return ValueError(f"{prefix}{error}")
+
+
+_RAISED_BY = "raised by"
+
+
+@contextmanager
+def naming(what: str) -> Iterator[None]:
+    """Run a user's code (a registered strategy's plan, a cost function): a ValueError is its
+    way of refusing the input and propagates as it is; any other exception is a bug in it and
+    propagates too, of its own type (hiding it would hide the bug), with the note "raised by
+    ``what``" (Python 3.11+; the innermost only: a rival's error passes through balanced's)."""
+    try:
+        yield
+    except ValueError:
+        raise
+    except Exception as error:
+        named = any(note.startswith(_RAISED_BY) for note in getattr(error, "__notes__", ()))
+        if hasattr(error, "add_note") and not named:  # 3.10 shows the traceback alone
+            error.add_note(f"{_RAISED_BY} {what}")
+        raise
 
 
 def refuse_masked(values: Any, name: str) -> None:

@@ -53,3 +53,13 @@ def test_verl_settings_in_a_fifo_are_a_value_error(tmp_path, monkeypatch) -> Non
     monkeypatch.setenv(ENV_OPTIONS, str(fifo))
     error = _returns_in_time(install, fifo)
     assert isinstance(error, ValueError) and "not a regular file" in str(error), error
+
+
+def test_verl_settings_file_not_utf8_is_named(tmp_path, monkeypatch) -> None:
+    # adv14d D15: a UTF-16 settings file raised the codec's bare "'utf-8' codec can't decode
+    # byte 0xff", naming neither the variable nor the file.
+    options = tmp_path / "options.json"
+    options.write_bytes("{}".encode("utf-16"))
+    monkeypatch.setenv(ENV_OPTIONS, str(options))
+    with pytest.raises(ValueError, match=rf"^\${ENV_OPTIONS} = {str(options)!r} is neither"):
+        install()

@@ -84,7 +84,7 @@ def test_missing_file_and_bad_values_exit_2(capsys, tmp_path) -> None:
     path = tmp_path / "l.npy"
     np.save(path, np.array([10, 20, 30]))
     assert main(["plan", str(path), "--dp", "0"]) == 2
-    assert "dp_size" in capsys.readouterr().err
+    assert "--dp must be >= 1, got 0" in capsys.readouterr().err  # the flag (adv14d D19)
     with pytest.raises(SystemExit):
         main(["plan", str(path), "--dp", "2", "--strategy", "magic"])
 

@@ -71,9 +71,13 @@ def test_greedy_filling_is_plain_first_and_next_fit(
     assert _fill(lengths, rule, options) == _reference(lengths, cap, size, rule)
 
 
-def test_the_numpy_scan_is_exercised() -> None:
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_the_numpy_scan_is_exercised(layout: str) -> None:
+    # Packed first fit is a min-tree over the tokens (speed7); padded scans in numpy.
     lengths = [50] * (4 * _SCAN_IN_C)  # one per micro-batch under a cap of 60
-    assert _fill(lengths, "first", PlanOptions(max_tokens=60)) == [[i] for i in range(len(lengths))]
+    padded = {"layout": "padded", "microbatch_size": 4} if layout == "padded" else {}
+    options = PlanOptions(max_tokens=60, **padded)
+    assert _fill(lengths, "first", options) == [[i] for i in range(len(lengths))]
 
 
 def test_a_padded_scan_leaves_the_counts_alone() -> None:
@@ -288,6 +292,30 @@ def test_ranks_placed_one_by_one_as_column_by_column(
             tokens, sums = used.copy(), loads.copy()
             slot = _at_count._place_columns(p, items, tokens, None, sums, closed)
         found.append((slot.tolist(), tokens.tolist(), sums.tolist()))
+    assert found[0] == found[1]
+
+
+@settings(max_examples=examples(1000), deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.sampled_from([5, 8, 12, 30]), st.integers(0, 2**32))
+def test_grouped_ranks_packed_by_heap_as_column_by_column(
+    ranks: int, m: int, cap: int, seed: int
+) -> None:
+    # speed7: with groups a rank's heap stops at its first sample without room (the rank is
+    # then re-packed whole, or the count has no plan): _pack_ranks gives the plan (or None)
+    # of the column-by-column search, which places every sample.
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 41))
+    lengths = rng.integers(1, cap + 1, n)
+    costs = rng.integers(0, 4, n).astype(np.float64) if seed % 2 else rng.lognormal(0, 2, n)
+    groups = rng.integers(0, max(1, n // 2), n)
+    p = Problem(lengths, costs, 0.0, ranks, groups, PlanOptions(max_tokens=cap))
+    rank_of_unit = rng.integers(0, ranks, p.n_units)
+    members = [np.flatnonzero(rank_of_unit[p.unit_of_sample] == r) for r in range(ranks)]
+    found = []
+    for heap_ranks in (0, ranks):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_at_count, "_HEAP_RANKS", heap_ranks)
+            found.append(_at_count._pack_ranks(p, members, m))
     assert found[0] == found[1]
 
 

@@ -12,6 +12,8 @@ gap (``budget_gap``: the plan is then within it of the lower bound, which no pla
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -261,3 +263,13 @@ def test_a_rival_count_bound_never_exceeds_its_count(
             continue
         assert bound <= count, name
     assert bounded == 5  # round_robin, contiguous, first_fit, token_kk, verl
+
+
+def test_the_design_states_the_cheap_rivals_price() -> None:
+    """docs/design.md (invariant 8) said a rival priced at most 3 ms always runs, "on steps of
+    up to a few hundred samples every rival", while the budget runs those priced at most 0.5 ms
+    (adv14c D7): the documented promise was six times wider than the code's."""
+    design = (Path(__file__).parents[2] / "docs" / "design.md").read_text(encoding="utf-8")
+    stated = re.search(r"priced at most ([\d.]+) ms \(`CHEAP_RIVAL_SECONDS`\)", design)
+    assert stated is not None
+    assert float(stated.group(1)) / 1000 == CHEAP_RIVAL_SECONDS

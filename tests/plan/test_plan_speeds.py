@@ -413,6 +413,26 @@ def test_fewest_count_left_out_changes_nothing_but_the_time(seed: int, monkeypat
     ]
 
 
+def _filled(
+    p: Problem, m: int, ranks: np.ndarray, sizes: tuple, *, walks: bool
+) -> tuple[bool, list[int]]:
+    """``fill_short_ranks`` from ``ranks`` (units' costs, tokens, counts: ``sizes``), the
+    spare scan walking where it may (``walks``) or searching every unit at every call."""
+    state = RankState(p, m, ranks.copy(), *sizes, None)
+    scan = _rank_search._SpareScan
+    original = scan.__init__
+
+    def init(self, s) -> None:
+        original(self, s)
+        self.walks = self.walks and walks
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scan, "__init__", init)
+        done = state.fill_short_ranks()
+    return done, state.rank_of_unit.tolist()
+
+
+@pytest.mark.parametrize("grouped", [False, True])
 @settings(max_examples=examples(800))
 @given(
     st.integers(1, 6),
@@ -421,36 +441,31 @@ def test_fewest_count_left_out_changes_nothing_but_the_time(seed: int, monkeypat
     st.data(),
 )
 def test_short_ranks_are_filled_as_by_a_search_over_every_unit(
-    dp: int, m: int, lengths: list[int], data: st.DataObject
+    grouped: bool, dp: int, m: int, lengths: list[int], data: st.DataObject
 ) -> None:
     """``RankState.fill_short_ranks`` walks the units once per short rank, cheapest first
     (``_rank_search._SpareScan``): it moves and swaps the same units, in the same order, as a
-    search over every unit at every move (ties in cost and capacities that bind included)."""
+    search over every unit at every move (ties in cost and capacities that bind included).
+    With groups (units of several samples) it walks where one rank is short (speed7) and
+    searches every unit itself where two or more are."""
     n = len(lengths)
     lengths_ = np.array(lengths, dtype=np.int64)
-    cap = data.draw(st.sampled_from([None, 9, 12, 20]))
+    groups = None
+    if grouped:
+        groups = np.array(data.draw(st.lists(st.integers(0, n), min_size=n, max_size=n)))
+    cap = data.draw(st.sampled_from([None, 9, 12, 20, 40]))
     speeds = data.draw(st.lists(SPEEDS, min_size=dp, max_size=dp))
     options = sb.PlanOptions(max_tokens=cap, rank_speeds=tuple(speeds))
-    costs = lengths_.astype(np.float64)
-    p = Problem(lengths_, costs, 0.0, dp, None, options)
-    ranks = np.array(data.draw(st.lists(st.integers(0, dp - 1), min_size=n, max_size=n)))
-    tokens, counts = lengths_.astype(np.float64), np.ones(n)
-
-    def filled(walks: bool) -> tuple[bool, list[int]]:
-        state = RankState(p, m, ranks.copy(), costs, tokens, counts, None)
-        scan = _rank_search._SpareScan
-        original = scan.__init__
-
-        def init(self, s) -> None:  # the full search on every call where walks is False
-            original(self, s)
-            self.walks = self.walks and walks
-
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(scan, "__init__", init)
-            done = state.fill_short_ranks()
-        return done, state.rank_of_unit.tolist()
-
-    assert filled(True) == filled(False)
+    p = Problem(lengths_, lengths_.astype(np.float64), 0.0, dp, groups, options)
+    sizes = (
+        p.unit_sums(p.sample_costs),
+        p.unit_sums(lengths_.astype(np.float64)),
+        p.unit_counts.astype(np.float64),
+    )
+    ranks = np.array(
+        data.draw(st.lists(st.integers(0, dp - 1), min_size=p.n_units, max_size=p.n_units))
+    )
+    assert _filled(p, m, ranks, sizes, walks=True) == _filled(p, m, ranks, sizes, walks=False)
 
 
 @pytest.mark.parametrize(("seed", "objective", "left_out"), [(2, "step", 32), (27, "lockstep", 16)])

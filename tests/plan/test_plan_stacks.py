@@ -46,6 +46,7 @@ from seqbalance.plan.stacks.reference import (
     largest_differencing,
     split_largest_bins,
 )
+from seqbalance.plan.strategies import TokenKK
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -242,6 +243,75 @@ def test_verl_lower_bound_never_exceeds_its_valid_plan(
         return
     if p.keeps_cap(plan):  # a soft-cap plan over the cap is no rival of balanced
         assert verl.plan_lower_bound(p) <= aligned_value(p, plan) * (1 + 1e-12)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 400), min_size=1, max_size=48),
+    dp=st.sampled_from([1, 2, 4]),
+    cap=st.sampled_from([None, 400, 600, 1000]),
+    multiple=st.sampled_from([1, 2]),
+    fixed=st.sampled_from([None, 2, 4, 6]),
+    grouped=st.booleans(),
+)
+def test_verl_count_ruled_out_is_never_its_count(
+    lengths: list[int], dp: int, cap: int | None, multiple: int, fixed: int | None, grouped: bool
+) -> None:
+    # speed7: balanced does not run verl at a count its may_plan_count rules out (with rank
+    # speeds, at its fewest count): verl's own count must never be ruled out.
+    groups = np.arange(len(lengths)) // 2 if grouped else None
+    p = problem(
+        lengths,
+        dp,
+        max_tokens=cap,
+        microbatch_multiple=multiple,
+        num_microbatches=fixed,
+        groups=groups,
+    )
+    verl = VerlBaseline()
+    try:
+        count = len(verl.plan(p)[0])
+    except ValueError:
+        count = None
+    if count is None:
+        return
+    # Its own count may be planned; every count below it the strict-cap loop passed (or
+    # started above), which is ruled out.
+    assert [verl.may_plan_count(p, m) for m in range(1, count + 1)] == [False] * (count - 1) + [
+        True
+    ]
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(st.integers(1, 400), min_size=1, max_size=48),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([None, 400, 600, 1000]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_token_kk_count_ruled_out_only_without_a_plan_in_the_cap(
+    lengths: list[int], dp: int, cap: int | None, grouped: bool, asked_first: bool
+) -> None:
+    # speed7: balanced does not run token_kk at a count its may_plan_count rules out: True at
+    # its own count exactly where its plan keeps the cap (a soft-cap plan over it is no rival),
+    # False at every other count; asked first, the plan it fills is the plan.
+    def make() -> Problem:
+        groups = np.arange(len(lengths)) // 2 if grouped else None
+        return problem(lengths, dp, max_tokens=cap, groups=groups)
+
+    kk, p = TokenKK(), make()
+    asked = [kk.may_plan_count(p, m) for m in range(1, 13)] if asked_first else None
+    try:
+        plan = kk.plan(p)
+    except ValueError:
+        assert not any(asked or [])
+        return
+    assert plan == kk.plan(make())
+    count, keeps = len(plan[0]), p.keeps_cap(plan)
+    assert [kk.may_plan_count(p, m) for m in range(1, 13)] == [
+        m == count and keeps for m in range(1, 13)
+    ]
 
 
 def test_hf_length_grouped_by_hand() -> None:

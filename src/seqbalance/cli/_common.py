@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_EFFICIENCY",
     "DEFAULT_LENGTHS",
     "DEFAULT_PEAK_TFLOPS",
+    "STEP_FLAGS",
     "LengthsInput",
     "add_context_parallel_arguments",
     "add_json_flag",
@@ -455,6 +456,9 @@ CONTEXT_PARALLEL_FLAGS = {
     "context_parallel": "--context-parallel",
 }
 """The plan options' flags and that of :func:`add_context_parallel_arguments`."""
+STEP_FLAGS = {"dp_size": "--dp", "global_batch_size": "--global-batch", "seed": "--seed"}
+"""The flags of plan's and simulate's own arguments that the library names otherwise (its
+messages said "dp_size must be <= 2**18" of ``--dp``)."""
 
 
 def _numbers(kind: type, what: str) -> Any:

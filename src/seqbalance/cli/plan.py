@@ -9,6 +9,7 @@ from typing import Any
 
 from seqbalance.cli._common import (
     CONTEXT_PARALLEL_FLAGS,
+    STEP_FLAGS,
     add_context_parallel_arguments,
     add_json_flag,
     add_plan_option_arguments,
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=args.seed,
             )
     except ValueError as error:
-        raise ValueError(flag_names(str(error), CONTEXT_PARALLEL_FLAGS)) from None
+        raise ValueError(flag_names(str(error), {**CONTEXT_PARALLEL_FLAGS, **STEP_FLAGS})) from None
     # plan_step validates every plan it returns (plan_epoch's steps included).
     if args.global_batch is None:
         steps = [plan]

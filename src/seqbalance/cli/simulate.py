@@ -11,6 +11,7 @@ from typing import Any
 
 from seqbalance.cli._common import (
     CONTEXT_PARALLEL_FLAGS,
+    STEP_FLAGS,
     add_context_parallel_arguments,
     add_json_flag,
     add_lengths_option,
@@ -38,7 +39,7 @@ from seqbalance.sim import (
 )
 from seqbalance.sim.result import default_baselines
 
-_FLAGS = {**CONTEXT_PARALLEL_FLAGS, "strategies": "--strategies"}
+_FLAGS = {**CONTEXT_PARALLEL_FLAGS, **STEP_FLAGS, "strategies": "--strategies"}
 """The plan options' flags and those of simulate's own options, for errors."""
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from seqbalance._validation import as_sample_values, check_flops_rate
+from seqbalance._validation import as_sample_values, check_flops_rate, naming
 from seqbalance.cost.flops import FlopsModel
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
 from seqbalance.cost.lookup import flops_model, preset_cost
@@ -206,10 +206,7 @@ def resolve_cost(cost: Any = "tokens", model: Any = None) -> CostModel:
             return preset_cost(model) if isinstance(model, str) else flops_model(model)
     elif isinstance(cost, ModelSpec):
         return flops_model(cost)
-    elif isinstance(cost, ExternalCost):
-        return cost
-    elif hasattr(cost, "per_sample") and hasattr(cost, "microbatch_overhead"):
-        _check_overhead(cost.microbatch_overhead)
+    elif isinstance(cost, ExternalCost) or (hasattr(cost, "per_sample") and _has_overhead(cost)):
         return cost
     elif callable(cost):
         return CallableCost(cost)
@@ -217,6 +214,16 @@ def resolve_cost(cost: Any = "tokens", model: Any = None) -> CostModel:
         "cost must be 'tokens', 'flops', a ModelSpec, a cost model (per_sample and "
         f"microbatch_overhead) or a callable, got {cost!r}"
     )
+
+
+def _has_overhead(cost: Any) -> bool:
+    """Whether ``cost`` has a ``microbatch_overhead`` (ValueError where it is no number >= 0;
+    an exception of another kind from reading it, a property's, is named)."""
+    with naming(f"cost.microbatch_overhead (of {cost_name(cost)})"):
+        if not hasattr(cost, "microbatch_overhead"):
+            return False
+        _check_overhead(cost.microbatch_overhead)
+    return True
 
 
 def _check_overhead(value: Any) -> float:
@@ -243,17 +250,20 @@ def evaluate_costs(
             overhead; ``parts`` do not hold one entry per sample; or ``parts`` carry images or
             HSTU fields that the model (one that sees token counts only) would ignore.
     """
-    overhead = _check_overhead(model.microbatch_overhead)
+    with naming(f"cost.microbatch_overhead (of {cost_name(model)})"):
+        overhead = _check_overhead(model.microbatch_overhead)
     if parts is not None and len(parts) != lengths.size:
         raise ValueError(f"parts hold {len(parts)} samples, lengths {lengths.size}")
     if parts is not None and getattr(model, "accepts_parts", False):
         name = "cost.per_sample(parts)"
-        values = model.per_sample(parts)
+        with naming(f"{name} (of {cost_name(model)})"):
+            values = model.per_sample(parts)
     else:
         if parts is not None and not isinstance(model, TokenCost):
             _check_nothing_ignored(model, parts)
         name = "cost(lengths)" if isinstance(model, CallableCost) else "cost.per_sample(lengths)"
-        values = model.per_sample(lengths.copy())
+        with naming(f"{name} (of {cost_name(model)})"):
+            values = model.per_sample(lengths.copy())
     return as_sample_values(values, name, lengths.shape, "cost").copy(), overhead
 
 

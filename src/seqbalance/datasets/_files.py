@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,32 @@ def _lines(handle: Any) -> Iterator[str | None]:
         yield "".join(pieces)
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate, the only way one reaches a record (UTF-8 text holds
+none): a line without it needs no walk through its record."""
+
+
+def _lone_surrogate(record: Any) -> Malformed | None:
+    """A Malformed naming the first lone UTF-16 surrogate in ``record``'s strings (keys too), or
+    None: JSON's ``"\\ud800"`` decodes to a string no tokenizer takes (a TypeError deep in
+    ``tokenizers``, a traceback of ``seqbalance lengths``)."""
+    stack = [record]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                half = value[error.start]
+                return Malformed(f"text holds {half!r}, half of a UTF-16 surrogate pair")
+    return None
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     with _open_text(path) as handle:
         for line_number, line in enumerate(_lines(handle), start=1):
@@ -87,11 +114,14 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield line_number, json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError as error:
                 yield line_number, Malformed(f"invalid JSON ({error.msg} at column {error.colno})")
             except RecursionError:
                 yield line_number, Malformed("JSON nested too deeply to read")
+            else:
+                lone = _SURROGATE_ESCAPE.search(line) and _lone_surrogate(record)
+                yield line_number, lone or record
 
 
 def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
@@ -109,7 +139,8 @@ def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
         raise ValueError(
             f"{path}: a JSON dataset must be a list of records, got {type(document).__name__}"
         )
-    yield from enumerate(document)
+    for index, record in enumerate(document):
+        yield index, _lone_surrogate(record) or record
 
 
 def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:

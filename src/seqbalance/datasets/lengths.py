@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -559,8 +559,9 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
     are, e.g. a precomputed ``"length"`` column).
 
     Raises:
-        ValueError: the column is missing (the available ones are listed), or a value is neither
-            a sequence nor a non-negative integer (its index is named).
+        ValueError: the column is missing (the available ones are listed), a value is neither
+            a sequence nor a non-negative integer (its index is named), or ``dataset`` is of
+            another kind (a mapping of columns, None, a number).
     """
     if hasattr(dataset, "column_names"):
         if column not in dataset.column_names:
@@ -569,6 +570,13 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
                 f"{', '.join(map(str, dataset.column_names))})"
             )
         values = dataset[column]
+    elif isinstance(dataset, Mapping) or not isinstance(dataset, Iterable):
+        # A dict was read by its keys ("dataset[0] has no 'input_ids' entry" for a dict holding
+        # that column); None or a number raised TypeError naming nothing.
+        raise ValueError(
+            "dataset must be a Hugging Face Dataset or a sequence of mappings (records), got "
+            f"{type(dataset).__name__}"
+        )
     else:
         values = []
         for index, record in enumerate(dataset):
@@ -586,4 +594,5 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
                 f"dataset[{index}][{column!r}] must be a token sequence or a length, got "
                 f"{type(value).__name__}"
             )
-    return as_lengths(np.asarray(lengths, dtype=np.int64), f"dataset[{column!r}] lengths")
+    # As Python ints: as_lengths names a length beyond int64 (np.int64 raised OverflowError).
+    return as_lengths(lengths, f"dataset[{column!r}] lengths")

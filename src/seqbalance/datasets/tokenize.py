@@ -246,13 +246,18 @@ def _directory_template(directory: Path) -> tuple[str | None, tuple[tuple[str, s
             config = json.loads(config_file.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
             raise ValueError(f"{config_file}: not valid JSON ({error})") from None
+        if not isinstance(config, dict):  # a list was an AttributeError traceback
+            raise ValueError(f"{config_file}: must hold a JSON object, got {type(config).__name__}")
     template = config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     jinja_file = directory / "chat_template.jinja"
     if not isinstance(template, str) and jinja_file.is_file():
-        template = jinja_file.read_text(encoding="utf-8")
+        try:
+            template = jinja_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:  # the codec's message names no file
+            raise ValueError(f"{jinja_file}: not UTF-8 text ({error})") from None
     specials = tuple(
         (key, text)
         for key in ("bos_token", "eos_token", "pad_token", "unk_token")

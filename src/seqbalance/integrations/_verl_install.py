@@ -203,7 +203,7 @@ def _options_from_env(text: str) -> PlanOptions:
             if path.exists() and not path.is_file():  # a FIFO blocks for ever, /dev/zero never ends
                 raise OSError("not a regular file (a FIFO or device)")
             text = path.read_text()
-        except OSError as error:
+        except (OSError, UnicodeDecodeError) as error:  # the codec's message names no file
             raise ValueError(
                 f"{source} = {str(path)!r} is neither PlanOptions JSON nor a readable file: {error}"
             ) from None

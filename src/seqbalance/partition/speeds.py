@@ -47,8 +47,10 @@ def speed_lower_bound(
     as every item counts from then on). Among the ``k + 1`` heaviest items two share a part,
     which takes at least ``(w[k-1] + w[k]) / max(speed)``. And every bound ``load_bound`` on the
     largest load (e.g. the size-limit bounds of ``sorted_lower_bound``) gives
-    ``load_bound / max(speed)``. The bound is lowered by a few ulps per item and part so float
-    rounding in the sums can never make it invalid.
+    ``load_bound / max(speed)``. Each is lowered by a few ulps per term of its sums so float
+    rounding can never make it invalid: by the items and parts it sums (``W_j / S_j``), by the
+    items alone for ``load_bound`` (its sums are of items), not by every part for all (that
+    margin, about 2e-10 on 2**18 parts, kept the planner from ever seeing a plan at its bound).
     """
     n, k = descending.size, speeds.size
     if n == 0:
@@ -58,13 +60,19 @@ def speed_lower_bound(
     speed_prefix = np.cumsum(fastest)
     j = min(n, k)
     candidates = [
-        float((prefix[:j] / speed_prefix[:j]).max()),
-        float(prefix[-1] / speed_prefix[-1]),
-        load_bound / float(fastest[0]),
+        _lowered(float((prefix[:j] / speed_prefix[:j]).max()), 2 * j),
+        _lowered(float(prefix[-1] / speed_prefix[-1]), n + k),
+        _lowered(load_bound / float(fastest[0]), n),
     ]
     if n > k:
-        candidates.append(float(descending[k - 1] + descending[k]) / float(fastest[0]))
-    return max(candidates) * (1.0 - 4.0 * (n + k + 2) * np.finfo(np.float64).eps)
+        pair = float(descending[k - 1] + descending[k]) / float(fastest[0])
+        candidates.append(_lowered(pair, 2))
+    return max(candidates)
+
+
+def _lowered(bound: float, terms: int) -> float:
+    """``bound`` lowered by 4 ulps per term of the sums it was computed from (and 2 more)."""
+    return bound * (1.0 - 4.0 * (terms + 2) * np.finfo(np.float64).eps)
 
 
 def lpt_speeds(weights: np.ndarray, speeds: np.ndarray, limits: SizeLimits) -> np.ndarray:

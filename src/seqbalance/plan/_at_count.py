@@ -490,6 +490,10 @@ def _placed_by_heap(
             cost[j] += added
             heapq.heapreplace(heap, (cost[j], j))
             where[k] = j
+        elif p.groups is not None:
+            # A sample without room: with groups ``_pack_ranks`` then re-packs the rank whole
+            # or finds no plan, so where the rest would go is never read.
+            break
     tokens[r], costs[r], slot[r, :count] = used, cost, where
     return True
 

@@ -8,8 +8,9 @@ take at most the largest sum of a subset of them within its room), when the samp
 fill the empty slots (no empty micro-batch allowed), or by
 symmetry (empty ranks of equal speed are interchangeable; so are a rank's empty micro-batches
 for ``step`` and all-empty micro-batch positions for ``lockstep``). With rank speeds every cost
-counts as cost / speed of its rank. The search stops after ``NODE_LIMIT`` nodes
-and then keeps the best plan found so far.
+counts as cost / speed of its rank. The search stops once a plan meets the lower bound it is
+given (no plan is cheaper), or after ``NODE_LIMIT`` nodes, and then keeps the best plan found
+so far.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from bisect import bisect_right
 import numpy as np
 
 from seqbalance.plan._problem import Problem
+from seqbalance.plan._rank_search import TOLERANCE
 from seqbalance.plan._shared import Microbatches
 
 __all__ = ["NODE_LIMIT", "applicable", "objective", "search"]
@@ -40,15 +42,24 @@ def objective(p: Problem, plan: Microbatches) -> float:
     return p.plan_value(plan)
 
 
-def search(p: Problem, m: int, incumbent: Microbatches | None) -> Microbatches | None:
+def search(
+    p: Problem, m: int, incumbent: Microbatches | None, bound: float = 0.0
+) -> Microbatches | None:
     """The best plan with ``m`` micro-batches per rank, or ``incumbent`` if none is better
-    (``None`` when no feasible plan exists, or none was found within the node limit)."""
-    return _Search(p, m, incumbent).run()
+    (``None`` when no feasible plan exists, or none was found within the node limit).
+    ``bound``: a lower bound on every plan's value (``Problem.lower_bound``; 0, the least
+    value, by default); a plan within ``TOLERANCE`` of it ends the search."""
+    return _Search(p, m, incumbent, bound).run()
 
 
 class _Search:
-    def __init__(self, p: Problem, m: int, incumbent: Microbatches | None) -> None:
+    def __init__(
+        self, p: Problem, m: int, incumbent: Microbatches | None, bound: float = 0.0
+    ) -> None:
         self.p, self.m = p, m
+        # A plan this cheap is optimal up to float noise: the nodes left (up to NODE_LIMIT,
+        # about a CPU second) could only find one cheaper by less than that.
+        self.floor = bound * (1 + TOLERANCE)
         self.slots = p.dp * m
         self.order = np.lexsort((np.arange(p.n), -p.lengths, -p.sample_costs)).tolist()
         self.lengths = p.lengths.tolist()
@@ -141,7 +152,7 @@ class _Search:
 
     def _place(self, depth: int) -> None:
         self.nodes += 1
-        if self.nodes > NODE_LIMIT:
+        if self.nodes > NODE_LIMIT or self.best <= self.floor:
             return
         p = self.p
         if depth == p.n:

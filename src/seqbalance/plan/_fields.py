@@ -4,8 +4,9 @@ attributes (``OptionFields``) and a step's samples with the units their groups f
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
 
 __all__ = ["GroupedSamples", "OptionFields"]
+
+_Kept = TypeVar("_Kept")
 
 
 class OptionFields:
@@ -132,3 +135,15 @@ class GroupedSamples(OptionFields):
     def unit_counts(self) -> np.ndarray:
         """int64: samples per unit."""
         return np.bincount(self.unit_of_sample, minlength=self.n_units).astype(np.int64)
+
+    @cached_property
+    def _kept(self) -> dict[Hashable, Any]:
+        return {}
+
+    def once(self, key: Hashable, compute: Callable[[], _Kept]) -> _Kept:
+        """``compute()``, run once per problem for ``key``: a rival's rank split, which its
+        plan, ``plan_lower_bound`` and ``count_lower_bound`` each read (verl's driver split took
+        about a third of verl's planning each time). Callers must not change what it returns."""
+        if key not in self._kept:
+            self._kept[key] = compute()
+        return self._kept[key]

@@ -8,6 +8,7 @@ size, and an over-cap sample alone in its micro-batch.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from math import inf
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,8 @@ def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[l
     over-cap sample always gets a micro-batch of its own.
     """
     order = list(samples)
+    if rule == "first" and p.layout == "packed" and p.patches is None:
+        return _first_fit_by_tokens(p, order)
     # Per micro-batch: unpadded tokens, samples, longest sample, vision patches, and whether an
     # over-cap sample closed it; Python lists for the Python scan, mirrored in arrays for numpy.
     state: list[list[int]] = [[], [], [], [], []]
@@ -84,6 +87,30 @@ def greedy_microbatches(p: Problem, samples: Iterable[int], rule: str) -> list[l
         longest[target] = max(longest[target], length)
         for column, array in zip(state, arrays, strict=True):
             array[target] = column[target]
+    return bins
+
+
+def _first_fit_by_tokens(p: Problem, order: list[int]) -> list[list[int]]:
+    """``greedy_microbatches``' first fit where tokens alone decide (packed, no patch cap): a
+    min-tree over the micro-batches' tokens finds the first with room in O(log bins), not by a
+    scan of every open one per sample (the ``first_fit`` baseline's thousands of samples). A
+    micro-batch closed by an over-cap sample holds ``inf``; lengths and the cap are whole
+    numbers, so ``tokens <= cap - length`` decides as ``tokens + length <= cap`` does."""
+    bins: list[list[int]] = []
+    size, tree = 1, [inf, inf]
+    for i, length, over in zip(
+        order, p.lengths[order].tolist(), p.oversize[order].tolist(), strict=True
+    ):
+        limit = p.cap - length
+        if not over and bins and tree[1] <= limit:
+            node = first_within(tree, size, limit)
+            bins[node - size].append(i)
+            set_leaf(tree, node, tree[node] + length)
+            continue
+        if len(bins) == size:
+            size, tree = 2 * size, min_tree(tree[size:], 2 * size)
+        bins.append([i])
+        set_leaf(tree, size + len(bins) - 1, inf if over else length)
     return bins
 
 

@@ -53,7 +53,8 @@ class Portfolio:
     strategy that offers ``plan_lower_bound(problem)`` (a cheap lower bound on its plan's
     objective) is not run when that bound cannot beat the best plan so far; one that offers
     ``count_lower_bound(problem)`` (a cheap lower bound on its micro-batches per rank) is not
-    run for a count below it (``best_with``). Otherwise a rival runs when the planning budget
+    run for a count below it (``best_with``), nor one whose ``may_plan_count(problem, m)`` rules
+    the count out. Otherwise a rival runs when the planning budget
     in force admits it (``plan/_budget.py``: a cheap one always) or when the plan is more than
     the budget's gap above the lower bound; the partition engine's split runs where the budget
     admits every rival, or beyond that gap.
@@ -85,19 +86,27 @@ class Portfolio:
             self._fewest[strategy.name] = 0 if bound is None else bound(self.p)
         return self._fewest[strategy.name]
 
+    def _may_plan(self, strategy: Strategy, m: int) -> bool:
+        """Whether the rival may plan ``m`` micro-batches per rank: its ``count_lower_bound``
+        is at most ``m`` and, where it offers ``may_plan_count(problem, m)`` (cheaper than its
+        plan where its count is not ``m``), that does not rule ``m`` out."""
+        if self._count_bound(strategy) > m:
+            return False
+        may_plan = getattr(strategy, "may_plan_count", None)
+        return may_plan is None or may_plan(self.p, m)
+
     def best_with(self, m: int) -> Microbatches | None:
         """The best valid plan with exactly ``m`` micro-batches per rank of the rivals the
         planning budget in force admits (a skipped one still runs in ``best`` where the plan is
-        more than the budget's gap above the lower bound). A rival not planned yet whose
-        ``count_lower_bound`` is above ``m`` is not run (it cannot have ``m``;
-        ``planned_with`` counts it as planned)."""
+        more than the budget's gap above the lower bound). A rival not planned yet that cannot
+        have ``m`` (``_may_plan``) is not run (``planned_with`` counts it as planned)."""
         rivals = _rivals()
         admitted = _budget.admitted(self.p, rivals)
         found = []
         for strategy in rivals:
             if strategy.name not in admitted:
                 continue
-            if strategy.name not in self._plans and self._count_bound(strategy) > m:
+            if strategy.name not in self._plans and not self._may_plan(strategy, m):
                 if strategy not in self._deferred:
                     self._deferred.append(strategy)
                 continue
@@ -108,14 +117,14 @@ class Portfolio:
     def planned_with(self, m: int) -> bool:
         """Whether a rival already planned (``best_with`` or ``best`` ran it) has a valid plan
         with exactly ``m`` micro-batches per rank; plans none for this but the rivals
-        ``best_with`` left out by their count bound (as if it had run them) where that bound
-        allows ``m``."""
+        ``best_with`` left out (as if it had run them) where they may plan ``m``
+        (``_may_plan``)."""
         if any(plan is not None and len(plan[0]) == m for plan in self._plans.values()):
             return True
         return any(
             (plan := self._plan_of(strategy)) is not None and len(plan[0]) == m
             for strategy in self._deferred
-            if self._count_bound(strategy) <= m
+            if self._may_plan(strategy, m)
         )
 
     def best(self, plan: Microbatches, bound: float) -> Microbatches:

@@ -535,16 +535,20 @@ class _SpareScan:
     """The cheapest unit (then the first) that a richer rank can spare to a short ``target``
     within its capacities, for ``RankState.fill_short_ranks``.
 
-    With units of one sample each and no patch cap, no unit a target could not take at one
-    move can it take later while only such moves happen: the target only gains tokens and
-    samples, the givers only lose samples, and a short rank filled to ``min_count`` spares
-    none. Each target then walks the units once, cheapest first, from where it stopped
-    (the same unit as a search over all of them: moves of many samples cost one pass, not
-    one per sample). Otherwise (groups, a patch cap) every call searches all units."""
+    Without a patch cap, no unit a target could not take at one move can it take later while
+    only such moves happen, where units are of one sample each or only one rank is short: the
+    target only gains tokens and samples, the givers only lose samples (never below
+    ``min_count``, so no other rank becomes short), and a short rank filled to ``min_count``
+    by units of one sample spares none (by groups it may overshoot, and spare later: not
+    where it is the only short rank, which gives nothing). Each target then walks the units
+    once, cheapest first, from where it stopped (the same unit as a search over all of them:
+    moves of many samples cost one pass, not one per sample). Otherwise (a patch cap, groups
+    with two or more short ranks) every call searches all units."""
 
     def __init__(self, state: RankState) -> None:
         self.state = state
-        self.walks = state.patches is None and bool((state.counts == 1).all())
+        short = int((state.rank_counts < state.min_count).sum())
+        self.walks = state.patches is None and (short <= 1 or bool((state.counts == 1).all()))
         self.order: np.ndarray | None = None  # units by (cost, index), once a walk starts
         self.stops: dict[int, int] = {}  # per target: where its walk goes on
 

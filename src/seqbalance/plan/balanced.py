@@ -81,6 +81,7 @@ from seqbalance.plan._portfolio import (
 )
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
+from seqbalance.plan._rank_search import counts_bound
 from seqbalance.plan._shared import Microbatches
 from seqbalance.plan.context_parallel._strategies import BalancedContextParallel
 
@@ -146,8 +147,11 @@ def _ours(p: Problem, m: int, bound: float, search: CountSearch | None) -> Micro
         plan = _at_count.attempt(p, m)
     else:
         plan = _at_count.attempt(p, m, refine=False, known=search.known())
-    if _exact.applicable(p, m) and (plan is None or _exact.objective(p, plan) > bound):
-        plan = _exact.search(p, m, plan)
+    if _exact.applicable(p, m):
+        if p.speeds is not None:  # with speeds the counts' bound is often the tighter one
+            bound = max(bound, counts_bound(p, m))
+        if plan is None or _exact.objective(p, plan) > bound * (1 + _TOLERANCE):
+            plan = _exact.search(p, m, plan, bound)
     return plan
 
 

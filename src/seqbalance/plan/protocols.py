@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from seqbalance._validation import naming
 from seqbalance.plan._shared import Microbatches
 from seqbalance.plan._step_validation import PlanValidationError
 
@@ -71,9 +72,6 @@ class ContextParallelStrategy(Protocol):
         ...
 
 
-_NAMED = "raised by strategy"
-
-
 def planned_microbatches(strategy: Any, p: Problem, *, rival: bool = False) -> Microbatches:
     """``strategy.plan(p)``, checked by :func:`checked_microbatches`.
 
@@ -83,22 +81,14 @@ def planned_microbatches(strategy: Any, p: Problem, *, rival: bool = False) -> M
     its own type, with a note naming the strategy (``rival``: that ``balanced`` ran it as one
     of the rivals it must never lose to, registered in family ``baseline`` or ``stack``).
     """
-    try:
+    role = (
+        f"a rival of 'balanced' (family {strategy.family!r}; a strategy of family 'custom' is "
+        "no rival)"
+        if rival
+        else "the strategy planning the step"
+    )
+    with naming(f"strategy {strategy.name!r}.plan(problem), {role}"):
         microbatches = strategy.plan(p)
-    except ValueError:
-        raise
-    except Exception as error:
-        role = (
-            f"a rival of 'balanced' (family {strategy.family!r}; a strategy of family 'custom' "
-            "is no rival)"
-            if rival
-            else "the strategy planning the step"
-        )
-        # Only the innermost strategy is named: a rival's error passes through balanced's plan.
-        named = any(note.startswith(_NAMED) for note in getattr(error, "__notes__", ()))
-        if hasattr(error, "add_note") and not named:  # 3.11+; 3.10 shows the traceback alone
-            error.add_note(f"{_NAMED} {strategy.name!r}.plan(problem), {role}")
-        raise
     return checked_microbatches(microbatches, p, strategy.name)
 
 

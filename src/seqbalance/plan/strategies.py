@@ -72,9 +72,13 @@ class GreedyBaseline:
         """Estimated planning seconds of this baseline on ``p`` (for the planning budget)."""
         return self.price.seconds(p)
 
+    def rank_of_unit(self, p: Problem) -> np.ndarray:
+        """``ranks(p)``, computed once per problem (its plan and both bounds read it)."""
+        return p.once(("ranks", self.ranks), lambda: self.ranks(p))
+
     def plan_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's objective from its rank rule alone (cheap)."""
-        return p.rank_bound(self.ranks(p), p.min_feasible_microbatches)
+        return p.rank_bound(self.rank_of_unit(p), p.min_feasible_microbatches)
 
     def count_lower_bound(self, p: Problem) -> float:
         """A lower bound on this baseline's micro-batches per rank from its rank rule alone
@@ -83,7 +87,7 @@ class GreedyBaseline:
         (padded: padding included), and the count only rounds that up."""
         if p.max_tokens is None:
             return p.min_feasible_microbatches
-        rank_of_sample = self.ranks(p)[p.unit_of_sample]
+        rank_of_sample = self.rank_of_unit(p)[p.unit_of_sample]
         over = np.bincount(rank_of_sample, weights=p.oversize, minlength=p.dp)
         fitting = np.where(p.oversize, 0, p.lengths)
         tokens = np.bincount(rank_of_sample, weights=fitting, minlength=p.dp)
@@ -97,7 +101,7 @@ class GreedyBaseline:
         """Micro-batches: the rank rule, then the micro-batch rule, then ``M`` on every rank."""
         per_rank = [
             greedy_microbatches(p, members.tolist(), self.rule)
-            for members in rank_members(p, self.ranks(p))
+            for members in rank_members(p, self.rank_of_unit(p))
         ]
         m = _microbatch_count(p, max(len(bins) for bins in per_rank), self.name)
         return _check_empty(p, [to_count(bins, m) for bins in per_rank], self.name)
@@ -165,12 +169,36 @@ class TokenKK:
         except ValueError:
             return np.inf
 
+    def may_plan_count(self, p: Problem, m: int) -> bool:
+        """False where this baseline has no plan of ``m`` micro-batches per rank that keeps the
+        caps (the only kind ``balanced`` compares with): its count is not ``m``, or a rank's
+        micro-batches are over a cap (filled rank by rank until one is); else True."""
+        try:
+            members = rank_members(p, _token_kk_ranks(p))
+            if _token_kk_count(p, members) != m:
+                return False
+            ranks = []
+            for samples in members:
+                ranks.append(_token_kk_rank(p, samples, m))
+                if not p.keeps_cap(ranks[-1:]):
+                    return False
+        except ValueError:
+            return False  # it cannot plan the step
+        p.once("token_kk micro-batches", lambda: ranks)  # its plan's: not filled again
+        return True
+
     def plan(self, p: Problem) -> Microbatches:
         """Micro-batches of the token Karmarkar–Karp baseline."""
         return _token_kk(p)
 
 
 def _token_kk_ranks(p: Problem) -> np.ndarray:
+    """Every unit's rank in the Karmarkar-Karp split of the unit token sums, computed once per
+    problem (the plan and both bounds read it)."""
+    return p.once("token_kk ranks", lambda: _token_kk_split(p))
+
+
+def _token_kk_split(p: Problem) -> np.ndarray:
     unit_tokens = p.unit_sums(p.lengths)
     ranks = partition(unit_tokens, p.dp, equal_size=p.n_units >= p.dp, method="kk").parts
     rank_of_unit = np.empty(p.n_units, dtype=np.int64)
@@ -199,14 +227,19 @@ def _token_kk_count(p: Problem, members: list[np.ndarray]) -> int:
 def _token_kk(p: Problem) -> Microbatches:
     members = rank_members(p, _token_kk_ranks(p))
     m = _token_kk_count(p, members)
+    ranks = p.once(
+        "token_kk micro-batches", lambda: [_token_kk_rank(p, samples, m) for samples in members]
+    )
+    return _check_empty(p, ranks, "token_kk")
+
+
+def _token_kk_rank(p: Problem, samples: np.ndarray, m: int) -> list[list[int]]:
+    """One rank's ``m`` micro-batches: Karmarkar-Karp on the tokens of its ``samples``."""
     max_items = p.microbatch_size if p.layout == "padded" else None
-    result = []
-    for samples in members:
-        parts = partition(p.lengths[samples], m, max_items=max_items, method="kk").parts
-        microbatches = [samples[part].tolist() for part in parts]
-        fill_empty(p, microbatches)
-        result.append(microbatches)
-    return _check_empty(p, result, "token_kk")
+    parts = partition(p.lengths[samples], m, max_items=max_items, method="kk").parts
+    microbatches = [samples[part].tolist() for part in parts]
+    fill_empty(p, microbatches)
+    return microbatches
 
 
 BASELINE_STRATEGIES = (

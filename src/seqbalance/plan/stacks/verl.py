@@ -131,9 +131,28 @@ class VerlBaseline(StackBaseline):
         except ValueError:
             return float("inf")
 
-    def _plan(self, problem: Any) -> Microbatches:
-        if problem.layout == "padded":
-            return self._fixed_size(problem)
+    def may_plan_count(self, problem: Any, m: int) -> bool:
+        """False where verl's plan surely has not ``m`` micro-batches per rank (packed: its
+        strict-cap loop passes ``m``, refuses before it or never reaches it; the micro-batches
+        of ``m`` are filled rank by rank until one is over the cap), else True. Cheaper than
+        the plan where the loop goes past ``m``: the balanced planner asks, with rank speeds,
+        whether a rival plans its fewest count."""
+        if problem.layout == "padded" or problem.options.max_vision_patches is not None:
+            return True
+        try:
+            ranks, tokens, start = self._strict_cap_start(problem)
+        except ValueError:
+            return False  # verl refuses the step
+        step, fixed = problem.microbatch_multiple, problem.num_microbatches
+        if m < start or (m - start) % step or m > min(t.size for t in tokens):
+            return False
+        if fixed is not None and m > fixed:
+            return False
+        return self._fitting(problem, ranks, tokens, m) is not None
+
+    def _strict_cap_start(self, problem: Any) -> tuple[list[list[int]], list[np.ndarray], int]:
+        """Packed: the ranks in dispatch order, their samples' tokens, and the count the
+        strict-cap loop starts from."""
         ranks = self.rank_partitions(problem)
         tokens = [problem.lengths[members] for members in ranks]
         cap = problem.max_tokens
@@ -143,10 +162,28 @@ class VerlBaseline(StackBaseline):
                 f"a sample holds {longest} tokens, more than max_tokens = {cap} (verl's "
                 "max_token_len is a strict cap and a sample cannot be split)"
             )
-        # No cap is an infinite max_token_len: one micro-batch per non-empty rank.
-        limit = cap or 1 << 62
-        needed = _needed(problem, ranks)
-        fixed = problem.num_microbatches
+        return ranks, tokens, rounded(problem, _needed(problem, ranks), self.name)
+
+    def _fitting(
+        self, problem: Any, ranks: list[list[int]], tokens: list[np.ndarray], m: int
+    ) -> list[list[list[int]]] | None:
+        """Every rank's micro-batches at ``m``, or None once one is over the cap (the other
+        ranks are not filled then). No cap is an infinite ``max_token_len``: one micro-batch
+        per non-empty rank."""
+        limit = problem.max_tokens or 1 << 62
+        parts = []
+        for members, t in zip(ranks, tokens, strict=True):
+            rank = self.microbatches(problem, members, m)
+            if max(int(t[p].sum()) for p in rank) > limit:
+                return None
+            parts.append(rank)
+        return parts
+
+    def _plan(self, problem: Any) -> Microbatches:
+        if problem.layout == "padded":
+            return self._fixed_size(problem)
+        ranks, tokens, start = self._strict_cap_start(problem)
+        cap, fixed = problem.max_tokens, problem.num_microbatches
 
         def fitting(m: int) -> list[list[list[int]]] | None:
             if fixed is not None and m > fixed:
@@ -154,12 +191,10 @@ class VerlBaseline(StackBaseline):
                     f"num_microbatches = {fixed} is infeasible: verl's micro-batches at that count "
                     f"exceed max_tokens = {cap}"
                 )
-            parts = [self.microbatches(problem, members, m) for members in ranks]
-            sizes = [int(t[p].sum()) for t, rank in zip(tokens, parts, strict=True) for p in rank]
-            return parts if max(sizes) <= limit else None
+            return self._fitting(problem, ranks, tokens, m)
 
         parts = strict_cap_parts(
-            rounded(problem, needed, self.name),
+            start,
             step=problem.microbatch_multiple,
             fewest_items=min(t.size for t in tokens),
             cap=cap,
@@ -196,38 +231,18 @@ class VerlBaseline(StackBaseline):
     @staticmethod
     def rank_partitions(problem: Any, *, dispatch_order: bool = True) -> list[list[int]]:
         """Each rank's sample positions in the order verl's driver dispatches them (any order
-        without ``dispatch_order``: the rank split alone)."""
-        dp = problem.dp
-        workload = verl_workload(problem.lengths)
-        if problem.groups is None:
-            if len(workload) % dp:
-                raise ValueError(
-                    f"strategy='verl' needs the step's sample count ({len(workload)}) to be a "
-                    f"multiple of dp_size = {dp} (verl balances equal-size parts)"
-                )
-            ranks = largest_differencing(workload, dp, equal_size=True)
-            if not dispatch_order:
-                return ranks
-            reordered = []
-            for members in ranks:
-                # Small ones at both ends: ascending by (workload, index), even positions first,
-                # then the odd positions backwards.
-                ascending = sorted(members, key=lambda i: (workload[i], i))
-                reordered.append(ascending[::2] + ascending[1::2][::-1])
-            return reordered
-        units, n_units = problem.unit_of_sample, problem.n_units
-        if n_units % dp:
-            raise ValueError(
-                f"strategy='verl' with groups needs the group count ({n_units}) to be a multiple "
-                f"of dp_size = {dp} (verl's prefix-grouper balance)"
-            )
-        unit_workload = [0] * n_units
-        members_of: list[list[int]] = [[] for _ in range(n_units)]
-        for i, unit in enumerate(units.tolist()):
-            unit_workload[unit] += workload[i]
-            members_of[unit].append(i)
-        parts = largest_differencing(unit_workload, dp, equal_size=True)
-        return [sorted(i for u in part for i in members_of[u]) for part in parts]
+        without ``dispatch_order``: the rank split alone). The split is computed once per
+        problem (verl's plan and both its bounds read it); callers must not change it."""
+        workload, ranks = problem.once("verl driver split", lambda: _driver_split(problem))
+        if problem.groups is not None or not dispatch_order:
+            return ranks
+        reordered = []
+        for members in ranks:
+            # Small ones at both ends: ascending by (workload, index), even positions first,
+            # then the odd positions backwards.
+            ascending = sorted(members, key=lambda i: (workload[i], i))
+            reordered.append(ascending[::2] + ascending[1::2][::-1])
+        return reordered
 
     @staticmethod
     def microbatches(problem: Any, members: list[int], m: int) -> list[list[int]]:
@@ -236,3 +251,31 @@ class VerlBaseline(StackBaseline):
         parts = largest_differencing(workload, m, equal_size=False)
         parts.sort(key=lambda part: (sum(workload[i] for i in part), part[0]), reverse=True)
         return parts[::2][::-1] + parts[1::2]
+
+
+def _driver_split(problem: Any) -> tuple[list[int], list[list[int]]]:
+    """verl's workload of every sample and its driver's rank split (ascending positions per
+    rank): Karmarkar-Karp into ``dp`` parts of equal sample counts, of the samples or, with
+    groups, of the groups (prefix grouper)."""
+    dp = problem.dp
+    workload = verl_workload(problem.lengths)
+    if problem.groups is None:
+        if len(workload) % dp:
+            raise ValueError(
+                f"strategy='verl' needs the step's sample count ({len(workload)}) to be a "
+                f"multiple of dp_size = {dp} (verl balances equal-size parts)"
+            )
+        return workload, largest_differencing(workload, dp, equal_size=True)
+    units, n_units = problem.unit_of_sample, problem.n_units
+    if n_units % dp:
+        raise ValueError(
+            f"strategy='verl' with groups needs the group count ({n_units}) to be a multiple "
+            f"of dp_size = {dp} (verl's prefix-grouper balance)"
+        )
+    unit_workload = [0] * n_units
+    members_of: list[list[int]] = [[] for _ in range(n_units)]
+    for i, unit in enumerate(units.tolist()):
+        unit_workload[unit] += workload[i]
+        members_of[unit].append(i)
+    parts = largest_differencing(unit_workload, dp, equal_size=True)
+    return workload, [sorted(i for u in part for i in members_of[u]) for part in parts]

@@ -335,22 +335,29 @@ class Piggyback:
             ValueError: it learned on another number of ranks.
         """
         if self._loop is None:
-            _check_spans_the_world(world_size)
-            loop = ClosedLoop(
-                self._options,
-                world_size,
-                self._feedback,
-                prior=self._prior,
-                writes_log=rank == 0,
-            )
-            if self._state is not None and self._state["history"]:  # else nothing learned yet
-                loop.load_state_dict(self._state)
-            self._loop, self._state = loop, None
+            self._loop, self._state = self._loaded(self._state, world_size, rank), None
         elif self._loop.world_size != world_size:
             raise ValueError(
                 f"adaptive planning learned on {self._loop.world_size} ranks, now {world_size}"
             )
         return self._loop
+
+    def _loaded(self, state: dict[str, Any] | None, world_size: int, rank: int) -> ClosedLoop:
+        """A loop of ``world_size`` ranks that learned ``state`` (None: nothing yet).
+
+        Raises:
+            ValueError: the group is not the world, or ``state`` comes from other options,
+                prior, feedback or world size (``ClosedLoop.load_state_dict``).
+        """
+        _check_spans_the_world(world_size)
+        loop = ClosedLoop(
+            self._options, world_size, self._feedback, prior=self._prior, writes_log=rank == 0
+        )
+        if state is not None and state["history"]:
+            loop.load_state_dict(state)
+        elif state is not None and state["options"] not in (None, loop.base_options.fingerprint()):
+            raise ValueError("adaptive state was saved with other plan options")
+        return loop
 
     def observe(self, plan: Plan, rank: int, timing: Any) -> None:
         """Keep this rank's measurements of ``plan``'s step for the next gather.
@@ -435,12 +442,16 @@ class Piggyback:
             "pending": pending,
         }
 
-    def load_state_dict(self, state: Any) -> None:
-        """Restore :meth:`state_dict` (a Rebalancer's adaptive state of an earlier release too;
-        checked against the options at the next step).
+    def load_state_dict(self, state: Any, world_size: int | None = None, rank: int = 0) -> None:
+        """Restore :meth:`state_dict` (a Rebalancer's adaptive state of an earlier release too).
+        With ``world_size`` (the Rebalancer's group, when torch.distributed runs) it is checked
+        against the options, prior, feedback and world size now, on the rank that loads it
+        (checked at the next step instead, that rank alone raised there and its peers waited
+        out the timeout); without, at the next step. Nothing changes unless it loads.
 
         Raises:
-            ValueError: not such a state.
+            ValueError: not such a state, or (with ``world_size``) one of other options,
+                prior, feedback or world size.
         """
         state = _upgraded(state)
         pending = state["pending"]
@@ -463,6 +474,8 @@ class Piggyback:
             raise ValueError(f"not a Rebalancer adaptive state_dict: {error}") from None
         if not isinstance(observed, int):
             raise ValueError("not a Rebalancer adaptive state_dict: steps")
+        if world_size is not None:
+            self._loaded(state, world_size, rank)  # a check only: the next step loads it
         self._loop, self._state = None, state
         self._pending = restored
         self._observations = observed + (restored is not None)

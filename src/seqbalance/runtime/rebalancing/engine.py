@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from seqbalance._validation import as_group_ids
 from seqbalance.cost.resolve import evaluate_costs
@@ -90,9 +91,13 @@ class StepEngine:
         return None if self.feedback is None else self.worker.run(self.feedback.state_dict)
 
     def load_adaptive_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`adaptive_state` (in order with the worker's steps)."""
+        """Restore :meth:`adaptive_state` (in order with the worker's steps), checked against
+        the options, prior, feedback and the group's size now where torch.distributed runs."""
         assert self.feedback is not None  # the Rebalancer checks adaptive first
-        self.worker.run(self.feedback.load_state_dict, state)
+        where: tuple[int, int] | tuple[()] = ()
+        if dist.is_available() and dist.is_initialized():
+            where = (dist.get_world_size(self.group), dist.get_rank(self.group))
+        self.worker.run(self.feedback.load_state_dict, state, *where)
 
     def step(
         self,

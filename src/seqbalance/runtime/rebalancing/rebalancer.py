@@ -315,7 +315,14 @@ class Rebalancer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (the same options, prior, feedback and world size)."""
+        """Restore :meth:`state_dict` (the same options, prior, feedback and world size).
+
+        Raises:
+            ValueError: without ``adaptive``, or ``state`` is no such state or comes from other
+                options, prior, feedback or world size: raised here, on the rank that loads it
+                (at its next step it would raise on that rank alone, its peers waiting there
+                until the timeout). Nothing changes then.
+        """
         if self.engine.feedback is None:
             raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
         self.engine.load_adaptive_state(state)

@@ -42,6 +42,9 @@ _MAX_DELAY = 2**62
 larger one overflowed (OverflowError at the first dispatch) or wrapped to a negative deadline,
 every sample then due at once (adv13a F5)."""
 
+_ID_LIMIT = 2**63
+"""Ids are int64: the running counter stops below this."""
+
 _OFFSETS = 4
 """Runs of similar cost tried per candidate family (the planner scores each); bounds the cost."""
 
@@ -230,12 +233,19 @@ class WindowBalancer:
                 never be planned), samples the options cannot plan at all (the conditions of
                 ``plan_step``: ``max_vision_patches`` without parts that describe images,
                 images or HSTU fields with ``layout="padded"`` or with a cost model that would
-                ignore them), a cost the cost model rejects, or a window overflow (dispatch
-                first). Nothing is buffered then.
+                ignore them), a cost the cost model rejects, a window overflow (dispatch
+                first), or running ids past 2**63 - 1 (after an id pushed that high). Nothing is
+                buffered then.
         """
         parts = lengths if isinstance(lengths, SampleParts) else None
         lengths = as_lengths(_materialise(lengths if parts is None else parts.tokens), "lengths")
         if ids is None:
+            if self._next_id + lengths.size > _ID_LIMIT:
+                # int64 ids: np.arange past it raised OverflowError naming nothing.
+                raise ValueError(
+                    f"the running ids would pass 2**63 - 1 after id {self._next_id - 1} (pushed "
+                    "with ids=): pass ids= for these samples too"
+                )
             new_ids = np.arange(self._next_id, self._next_id + lengths.size, dtype=np.int64)
         else:
             new_ids = as_lengths(_materialise(ids), "ids")

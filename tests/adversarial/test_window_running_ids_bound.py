@@ -1,0 +1,23 @@
+"""Adversarial (adv14a F8): ``WindowBalancer.push`` without ids after an id near 2**63.
+
+The running id counter continues after the largest id pushed: after ``push([5, 6], ids=[2**63
+- 1, 3])``, ``push([5, 6])`` raised numpy's OverflowError "Python int too large to convert to C
+long" (int64 ids). Now a ValueError saying to pass ids, with nothing buffered.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from seqbalance.runtime import WindowBalancer
+
+
+def test_running_ids_past_int64_are_a_value_error_and_buffer_nothing() -> None:
+    window = WindowBalancer(2, 4, max_tokens=64)
+    window.push([5, 6], ids=[2**63 - 1, 3])
+    with pytest.raises(ValueError, match=r"running ids would pass 2\*\*63 - 1 .* pass ids="):
+        window.push([5, 6])
+    assert len(window) == 2
+    window.push([7, 8], ids=[4, 5])  # explicit ids still go
+    dispatch = window.dispatch()
+    assert sorted(dispatch.ids.tolist()) == [3, 4, 5, 2**63 - 1]
