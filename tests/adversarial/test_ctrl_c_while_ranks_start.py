@@ -22,12 +22,13 @@ _PROBE = """
 import multiprocessing as mp, multiprocessing.forkserver as forkserver, signal
 if "forkserver" in mp.get_all_start_methods():
     from seqbalance.measure.launch import _start_context
+    before = signal.getsignal(signal.SIGINT)
     _start_context()
     pid = forkserver._forkserver._forkserver_pid
     status = open(f"/proc/{pid}/status").read()
     ignored = int(next(l for l in status.splitlines() if l.startswith("SigIgn:")).split()[1], 16)
     print(bool(ignored >> (signal.SIGINT - 1) & 1))
-    print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    print(signal.getsignal(signal.SIGINT) is before)
 """
 
 
