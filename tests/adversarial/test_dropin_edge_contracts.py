@@ -267,3 +267,26 @@ def test_hf_padded_layout_under_padding_free_is_refused() -> None:
     assert packed.batch_sampler.options.layout == "packed"
     padded = balanced_train_dataloader(trainer_stub(dataset), options={"layout": "padded"})
     assert padded.batch_sampler.options.layout == "padded"
+
+
+def test_megatron_iterator_names_the_dataset_sample_it_refuses() -> None:
+    """adv14b D12: a sample of no token ids (a negative id, a dict such as Megatron's
+    ``GPTDataset`` items) was refused as ``samples[j]``, ``j`` its place in the micro-batch: on
+    a shuffled dataset another sample's index, so the bad one could not be found (a dict of as
+    many keys as its length passed the length check). It names ``dataset[i]`` now."""
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    for bad, message in (
+        (torch.tensor([1, -5]), r"^dataset\[6\] holds the token id -5"),
+        ({"tokens": 1, "labels": 2}, r"^dataset\[6\] must be a 1-D sequence of integer token"),
+    ):
+        dataset = [torch.arange(1, 3) for _ in range(8)]
+        dataset[6] = bad
+        iterator = MegatronDataIterator(
+            dataset, [2] * 8, global_batch_size=8, dp_rank=0, dp_size=1, max_tokens=4, seed=3
+        )
+        with pytest.raises(ValueError, match=message):
+            for step in iterator.steps():
+                for _ in step:
+                    pass

@@ -34,29 +34,18 @@ def test_arguments_beyond_the_limits_are_named(make, name: str) -> None:
 
 
 def test_extremes_within_the_limits_stay_within_the_caps_quietly() -> None:
+    extremes = {
+        "prompt_median": 1e300,
+        "response_median": 1e-300,
+        "group_sigma": 100.0,
+        "response_sigma": 100.0,
+        "max_prompt_length": 2**53,
+        "max_response_length": 2**53,
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy's overflow warnings are errors here
-        lengths, _ = rl_lengths(
-            50,
-            prompt_median=1e300,
-            response_median=1e-300,
-            group_sigma=100.0,
-            response_sigma=100.0,
-            max_prompt_length=2**53,
-            max_response_length=2**53,
-        )
+        lengths, _ = rl_lengths(50, **extremes)
         short = long_context(50, short_median=1e300, short_sigma=100.0, long_max=2**53)
     assert lengths.min() >= 2 and lengths.max() <= 2**54
     assert short.min() >= 1 and short.max() <= 2**53
-    assert np.array_equal(
-        lengths,
-        rl_lengths(
-            50,
-            prompt_median=1e300,
-            response_median=1e-300,
-            group_sigma=100.0,
-            response_sigma=100.0,
-            max_prompt_length=2**53,
-            max_response_length=2**53,
-        )[0],
-    )
+    assert np.array_equal(lengths, rl_lengths(50, **extremes)[0])  # the same draws again

@@ -53,17 +53,17 @@ def test_a_bucket_window_of_too_few_groups_is_refused_naming_its_steps() -> None
 
 @settings(max_examples=examples(200), deadline=None)
 @given(
-    dp=st.integers(1, 5),
-    m=st.integers(1, 3),
-    extra=st.integers(0, 12),
-    steps=st.integers(1, 5),
-    group_size=st.integers(1, 5),
+    # (dp_size, num_microbatches, samples beyond the slots per step, steps, largest group)
+    shape=st.tuples(
+        *(st.integers(low, high) for low, high in ((1, 5), (1, 3), (0, 12), (1, 5), (1, 5)))
+    ),
     seed=st.integers(0, 2**16),
     drop_last=st.booleans(),
 )
 def test_a_built_sampler_never_meets_a_step_its_groups_cannot_fill(
-    dp: int, m: int, extra: int, steps: int, group_size: int, seed: int, drop_last: bool
+    shape: tuple[int, int, int, int, int], seed: int, drop_last: bool
 ) -> None:
+    dp, m, extra, steps, group_size = shape
     rng = np.random.default_rng(seed)
     gbs = dp * m + extra
     n = gbs * steps + int(rng.integers(0, gbs))

@@ -22,4 +22,5 @@ def test_too_many_samples_to_draw_is_a_value_error(tmp_path, capsys) -> None:
     np.save(lengths, np.arange(1, 101))
     assert main(["simulate", "--lengths", str(lengths), "--dp", "2", "--steps", str(10**12)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "steps x global_batch_size" in lines[0], lines
+    # The flags (adv14d D19): "steps x global_batch_size" before.
+    assert len(lines) == 1 and "--steps x --global-batch = 1000000000000 x 100" in lines[0], lines

@@ -39,7 +39,12 @@ from seqbalance.sim import (
 )
 from seqbalance.sim.result import default_baselines
 
-_FLAGS = {**CONTEXT_PARALLEL_FLAGS, **STEP_FLAGS, "strategies": "--strategies"}
+_FLAGS = {
+    **CONTEXT_PARALLEL_FLAGS,
+    **STEP_FLAGS,
+    "steps x global_batch_size": "--steps x --global-batch",  # "steps" alone is any word
+    "strategies": "--strategies",
+}
 """The plan options' flags and those of simulate's own options, for errors."""
 DEFAULT_GLOBAL_BATCH = 512
 DEFAULT_STEPS = 20

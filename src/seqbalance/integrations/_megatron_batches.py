@@ -34,6 +34,8 @@ __all__ = [
     "hybrid_cp_sample",
     "hybrid_cp_samples",
     "pack_thd",
+    "pack_token_ids",
+    "token_ids",
 ]
 
 _MAX_PACKED = 2**31 - 1
@@ -65,12 +67,17 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
             torch cannot read, a meta or sparse tensor), or ``pad_multiple`` outside
             ``[1, 2**53]``.
     """
-    import torch
-
     multiple = check_pad_multiple(pad_multiple)
     if len(samples) == 0:
         raise ValueError("samples is empty: a micro-batch needs at least one sequence")
-    sequences = [_token_ids(s, f"samples[{i}]") for i, s in enumerate(samples)]
+    return pack_token_ids([token_ids(s, f"samples[{i}]") for i, s in enumerate(samples)], multiple)
+
+
+def pack_token_ids(sequences: Sequence[Any], multiple: int) -> dict[str, Any]:
+    """:func:`pack_thd` of sequences already read by :func:`token_ids` (1-D int64 tensors, at
+    least one), padded to a multiple of ``multiple`` (checked)."""
+    import torch
+
     lengths = torch.tensor([s.numel() for s in sequences], dtype=torch.int64)
     padded = (lengths + multiple - 1) // multiple * multiple
     total = int(padded.sum())
@@ -114,7 +121,7 @@ def pack_thd(samples: Sequence[Any], *, pad_multiple: int = 1) -> dict[str, Any]
     }
 
 
-def _token_ids(sample: Any, name: str) -> Any:
+def token_ids(sample: Any, name: str) -> Any:
     """``sample`` as a 1-D int64 tensor of token ids, or a ValueError naming ``name``.
 
     Read as ids, never converted: ``torch.as_tensor(..., dtype=int64)`` cut floats to integers,

@@ -84,6 +84,8 @@ from seqbalance.integrations._megatron_batches import (
     hybrid_cp_groups,
     hybrid_cp_samples,
     pack_thd,
+    pack_token_ids,
+    token_ids,
 )
 from seqbalance.integrations._no_empty import refuse_no_step, without_empty
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
@@ -470,7 +472,7 @@ class MegatronDataIterator:
             ValueError: a sample's token count is not its ``lengths`` entry (the plan and its
                 cap were made from ``lengths``).
         """
-        return pack_thd([self._sample(i) for i in indices], pad_multiple=self.pad_multiple)
+        return pack_token_ids([self._sample(i) for i in indices], self.pad_multiple)
 
     def hybrid_batch(self, step: MegatronHybridStep) -> dict[int, dict[str, Any]]:
         """The samples this rank runs in ``step``, by sample id, each whole as
@@ -483,10 +485,13 @@ class MegatronDataIterator:
         return hybrid_cp_samples(step.plan, sequences, self.pad_multiple)
 
     def _sample(self, i: int) -> Any:
-        sample = self.dataset[i]
-        if len(sample) != self._lengths[i]:
+        """``dataset[i]``'s token ids (an int64 tensor), checked against ``lengths[i]``; errors
+        name ``dataset[i]`` (as ``samples[j]``, j its place in the micro-batch, they named
+        another sample of a shuffled dataset)."""
+        sample = token_ids(self.dataset[i], f"dataset[{i}]")
+        if sample.numel() != self._lengths[i]:
             raise ValueError(
-                f"dataset[{i}] has {len(sample)} tokens but lengths[{i}] = "
+                f"dataset[{i}] has {sample.numel()} tokens but lengths[{i}] = "
                 f"{self._lengths[i]}: the plan and its max_tokens were made from lengths"
             )
         return sample

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import threading
@@ -33,6 +34,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import forkserver
 from multiprocessing.connection import wait as wait_for_exit
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -268,7 +270,24 @@ def _start_context() -> Any:
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    _start_forkserver_deaf_to_ctrl_c()
     return context
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the fork server (if it is not running) with Ctrl-C ignored: it shares the
+    terminal's process group, and multiprocessing ignores SIGINT there only after the preload
+    (importing torch, seconds), so a Ctrl-C during it printed the server's KeyboardInterrupt
+    traceback under the command's one-line "interrupted". The ranks it forks inherit the
+    ignored signal; the launcher, which gets the Ctrl-C, kills them (``launch``'s ``finally``).
+    Only the main thread may change a signal's handler: elsewhere the server starts as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _rank_main(

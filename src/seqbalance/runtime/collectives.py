@@ -80,6 +80,11 @@ class Comm:
         self.group = group
         self.timeout = timeout
         self.rank = dist.get_rank(group)
+        if self.rank < 0:  # torch's own error, at the backend lookup, named no group
+            raise ValueError(
+                "this process is not a member of the process group it was given (group=): "
+                "pass a group this rank belongs to (its data-parallel group)"
+            )
         self.world_size = dist.get_world_size(group)
         self.device = group_device(group)
 
