@@ -470,20 +470,29 @@ class _State:
         return self._key(np.bincount(self.rank, weights=cost, minlength=self.p.dp))
 
     def _best_swap(self) -> tuple[tuple[float, float], object] | None:
+        """The least key over every swap of an interval ``j`` of the costliest rank ``a`` with a
+        cheaper ``q`` of rank ``b`` (ties: first ``j``, then ``q``) in ``O(K log K)``: for one
+        ``q`` the key is convex in ``cost[j]``, least at ``cost[q] - (loads[b] - loads[a]) / 2``,
+        so rank ``a``'s two distinct costs nearest it on each side (rounding) hold the best."""
         a = int(np.argmax(self.loads))
-        mine = np.flatnonzero(self.rank == a)
-        theirs = np.flatnonzero(self.rank != a)
+        mine, theirs = np.flatnonzero(self.rank == a), np.flatnonzero(self.rank != a)
         if mine.size == 0 or theirs.size == 0:
             return None
-        j = np.repeat(mine, theirs.size)
-        q = np.tile(theirs, mine.size)
-        delta = self.cost[q] - self.cost[j]
-        useful = delta < 0
-        if not useful.any():
+        values, first = np.unique(self.cost[mine], return_index=True)
+        cost_q = self.cost[theirs]
+        aim = cost_q - (self.loads[self.rank[theirs]] - self.loads[a]) / 2
+        near = np.searchsorted(values, aim)
+        # Only a costlier j lowers rank a's total (delta < 0): costs above cost[q].
+        floor = np.searchsorted(values, cost_q, side="right")
+        at = near[:, None] + np.arange(-2, 2)[None, :]
+        pick, shift = np.nonzero((at >= floor[:, None]) & (at < values.size))
+        if pick.size == 0:
             return None
-        j, q, delta = j[useful], q[useful], delta[useful]
+        at = at[pick, shift]
+        j, q = mine[first[at]], theirs[pick]
+        delta = self.cost[q] - self.cost[j]
         keys = self._keys_after(np.full(j.size, a), delta, self.rank[q], -delta)
-        i = int(np.lexsort((keys[:, 1], keys[:, 0]))[0])
+        i = int(np.lexsort((q, j, keys[:, 1], keys[:, 0]))[0])
         key = (float(keys[i, 0]), float(keys[i, 1]))
 
         def apply() -> None:
