@@ -126,8 +126,9 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
 
 def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
     with _open_text(path) as handle:
+        text = handle.read()
         try:
-            document = json.load(handle)
+            document = json.loads(text)
         except json.JSONDecodeError as error:
             raise ValueError(
                 f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg} "
@@ -139,8 +140,12 @@ def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
         raise ValueError(
             f"{path}: a JSON dataset must be a list of records, got {type(document).__name__}"
         )
+    # One search of the text spares a walk through every record's strings where none can hold a
+    # surrogate (about 11 us a chat record, near json.loads's own time).
+    escaped = _SURROGATE_ESCAPE.search(text) is not None
+    del text
     for index, record in enumerate(document):
-        yield index, _lone_surrogate(record) or record
+        yield index, (escaped and _lone_surrogate(record)) or record
 
 
 def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:

@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import as_lengths, check_int, check_timeout
+from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.integrations._verl_partitions import (
     ceildiv,
     get_reverse_idx,
@@ -56,17 +57,19 @@ def _effective_lengths(batch: Any) -> np.ndarray:
     return as_lengths(mask.sum(dim=1).cpu().numpy(), "attention_mask row sums")
 
 
-def _all_reduce(values: list[int], op: str, dp_group: Any) -> list[int]:
-    """``values`` reduced (``"max"`` or ``"min"``) over the ranks of ``dp_group``; the tensor
-    lives on the GPU for NCCL, as verl puts it on its device."""
+def _all_reduce(values: list[int], op: str, dp_group: Any, timeout: float) -> list[int]:
+    """``values`` reduced (``"max"`` or ``"min"``) over the ranks of ``dp_group``, waiting at
+    most ``timeout`` seconds (a peer that failed or hung: CollectiveError); the tensor lives on
+    the GPU for NCCL, as verl puts it on its device."""
     import torch
     import torch.distributed as dist
 
-    from seqbalance.runtime.collectives import group_device
+    from seqbalance.runtime.collectives import deadline, group_device, wait
 
     tensor = torch.tensor(values, dtype=torch.int64, device=group_device(dp_group))
     reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN
-    dist.all_reduce(tensor, op=reduce_op, group=dp_group)
+    work = dist.all_reduce(tensor, op=reduce_op, group=dp_group, async_op=True)
+    wait(work, "the micro-batch count's agreement over dp_group", deadline(timeout))
     return [int(v) for v in tensor.cpu().tolist()]
 
 
@@ -92,6 +95,7 @@ def plan_micro_batches(
     *,
     cost: Any = None,
     model: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> list[list[int]]:
     """The index lists ``rearrange_micro_batches`` returns, from the samples' token counts.
 
@@ -99,17 +103,20 @@ def plan_micro_batches(
     place of the batch; needs torch only when the ranks of ``dp_group`` agree on the count.
 
     Raises:
+        CollectiveError: a rank of ``dp_group`` did not reach an agreement within ``timeout``.
         ValueError: an empty batch, a batch size not divisible by ``force_group_size``, a sample
             or forced group over ``max_token_len`` on any rank, or more micro-batches needed than
             a rank has groups (verl raises the same, after the same agreement, so every rank of
             ``dp_group`` raises together); a batch or argument refused on one rank (every other
-            rank of ``dp_group`` raises too, naming it).
+            rank of ``dp_group`` raises too, naming it); any other error of one rank's batch or
+            settings (a ``cost`` callable's own, a batch without ``attention_mask``) is raised
+            as is on that rank, with this ValueError on every other.
     """
     return _agreed_plan(
         seqlen_list,
         _Settings(
             max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
-            cost, model,
+            cost, model, timeout,
         ),
         dp_group if _synced(dp_group, same_micro_num_in_dp) else None,
         use_dynamic_bsz_balance,
@@ -125,6 +132,7 @@ class _Settings(NamedTuple):
     force_group_size: Any
     cost: Any
     model: Any
+    timeout: Any
 
 
 class _Request(NamedTuple):
@@ -137,6 +145,7 @@ class _Request(NamedTuple):
     group: int
     step: int
     count: int  # verl's starting count, before the agreement and num_batches_divided_by
+    timeout: float  # seconds each agreement waits for the other ranks
 
 
 class _BatchLengths(NamedTuple):
@@ -171,27 +180,34 @@ def _request(seqlen_list: Any, settings: _Settings) -> _Request:
         least = check_int(settings.min_num_micro_batch, "min_num_micro_batch", minimum=0)
         count = max(least, count)
     costs, overhead = sample_costs(settings.cost, settings.model, lengths)
-    return _Request(lengths, costs, overhead, cap, group, step, count)
+    timeout = check_timeout(settings.timeout, "timeout")
+    return _Request(lengths, costs, overhead, cap, group, step, count, timeout)
 
 
 def _agreed_plan(
     seqlen_list: Any, settings: _Settings, dp_group: Any, use_dynamic_bsz_balance: bool
 ) -> list[list[int]]:
     """:func:`plan_micro_batches` of ``seqlen_list`` (or a ``_BatchLengths``), agreed over
-    ``dp_group`` (None: this rank alone). A rank whose batch or settings are refused says so in
-    the first agreement, so its peers raise with it: they waited in the next collective until
+    ``dp_group`` (None: this rank alone). A rank whose batch or settings fail (a refusal, or any
+    other error: a ``cost`` callable's IndexError, a batch without ``attention_mask``) says so
+    in the first agreement, so its peers raise with it: they waited in the next collective until
     the group's timeout, or failed on a closed connection, naming nothing."""
     try:
         request = _request(seqlen_list, settings)
-    except ValueError:
+    except Exception:
         if dp_group is not None:
             import torch.distributed as dist
 
-            _all_reduce([0, dist.get_rank(group=dp_group) + 1], "max", dp_group)
+            # The announcement needs a bound even where the timeout itself was refused.
+            try:
+                seconds = check_timeout(settings.timeout, "timeout")
+            except ValueError:
+                seconds = DEFAULT_TIMEOUT_SECONDS
+            _all_reduce([0, dist.get_rank(group=dp_group) + 1], "max", dp_group, seconds)
         raise
-    count = request.count
+    count, timeout = request.count, request.timeout
     if dp_group is not None:
-        count, refused = _all_reduce([count, 0], "max", dp_group)
+        count, refused = _all_reduce([count, 0], "max", dp_group, timeout)
         if refused:
             raise ValueError(
                 f"rank {refused - 1} of dp_group refused its batch or settings (its error says "
@@ -204,7 +220,7 @@ def _agreed_plan(
     cap, longest, fewest_items = request.cap, int(item_lengths.max()), item_lengths.size
     if dp_group is not None:
         # Fatal limits agreed before any rank raises, so no peer is left in a collective.
-        longest, negative = _all_reduce([longest, -fewest_items], "max", dp_group)
+        longest, negative = _all_reduce([longest, -fewest_items], "max", dp_group, timeout)
         fewest_items = -negative
     if longest > cap:
         what = "a sequence" if group == 1 else f"a forced group of {group} sequences"
@@ -214,7 +230,9 @@ def _agreed_plan(
         )
 
     def agree(fits: bool) -> bool:
-        return bool(_all_reduce([int(fits)], "min", dp_group)[0]) if dp_group is not None else fits
+        if dp_group is None:
+            return fits
+        return bool(_all_reduce([int(fits)], "min", dp_group, timeout)[0])
 
     parts = strict_cap_parts(
         count,
@@ -302,6 +320,7 @@ def rearrange_micro_batches(
     *,
     cost: Any = None,
     model: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> tuple[list[Any], list[list[int]]]:
     """Split a TensorDict batch into micro-batches under a strict token cap; verl's contract.
 
@@ -318,6 +337,8 @@ def rearrange_micro_batches(
             order); otherwise heaviest first.
         force_group_size: consecutive runs of this many samples stay in one micro-batch.
         cost, model: what to balance (seqbalance's keywords); default verl's workload.
+        timeout: seconds each agreement over ``dp_group`` waits for the other ranks (a rank
+            that failed or hung: ``CollectiveError``); seqbalance's keyword.
 
     Returns:
         ``(micro_batches, indices)``: the TensorDicts and, for each, the ascending positions of
@@ -337,6 +358,7 @@ def rearrange_micro_batches(
         force_group_size,
         cost=cost,
         model=model,
+        timeout=timeout,
     )
     return [_select(batch, part) for part in indices], indices
 
@@ -353,6 +375,7 @@ def prepare_dynamic_batch(
     force_group_size: int = 1,
     cost: Any = None,
     model: Any = None,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> tuple[list[Any], list[list[int]]]:
     """verl's ``prepare_dynamic_batch``: ``rearrange_micro_batches`` on ``data``.
 
@@ -372,6 +395,7 @@ def prepare_dynamic_batch(
         force_group_size,
         cost=cost,
         model=model,
+        timeout=timeout,
     )
     if not is_proto:
         return micro_batches, indices

@@ -49,8 +49,10 @@ What the flags mean here:
   schedules are rebuilt with the weights slime's Karmarkar-Karp uses (its own
   ``calculate_fwd_flops`` where slime is importable, as inside slime), so they are its own.
 
-Newer slime's ``global_batch_tokens`` (steps by tokens) and ``multimodal_aware_packing`` are not
-planned here: set, they are a :class:`ScheduleError` (never ignored).
+Newer slime's ``global_batch_tokens`` (steps by tokens) is not planned here: set, it is a
+:class:`ScheduleError` (never ignored). So is ``multimodal_aware_packing`` on the dynamic path,
+where slime keeps multimodal and text samples apart: this drop-in is not given which samples are
+multimodal. The static path ignores it, as slime's does.
 
 Errors are :class:`ScheduleError`, a ``ValueError`` that is also an ``AssertionError`` so callers
 that catch slime's assertions keep working.
@@ -344,9 +346,9 @@ def _step_ranks(
     return best
 
 
-# Newer slime's step and packing settings this drop-in does not plan, with their "off" value:
-# refused when set, where they were ignored (other steps, other micro-batches, no word).
-_NOT_PLANNED = {"global_batch_tokens": None, "multimodal_aware_packing": "off"}
+# Newer slime's step settings this drop-in does not plan, with their "off" value: refused when
+# set, where they were ignored (other steps, no word).
+_NOT_PLANNED = {"global_batch_tokens": None}
 
 
 def _cap_and_size(args: Any, cp: int) -> tuple[int | None, int]:
@@ -354,10 +356,11 @@ def _cap_and_size(args: Any, cp: int) -> tuple[int | None, int]:
     static one, read from ``args`` as slime reads them.
 
     Raises:
-        ScheduleError: a setting of ``_NOT_PLANNED`` set, a dynamic path without
-            ``max_tokens_per_gpu``, a static one without ``micro_batch_size`` (slime asserts;
-            ``micro_batch_size or 1`` planned micro-batches of 1 sample without a word), or a
-            ``packing_safety_margin`` that is no positive number.
+        ScheduleError: a setting of ``_NOT_PLANNED`` set, a dynamic path with
+            ``multimodal_aware_packing`` or without ``max_tokens_per_gpu``, a static one
+            without ``micro_batch_size`` (slime asserts; ``micro_batch_size or 1`` planned
+            micro-batches of 1 sample without a word), or a ``packing_safety_margin`` that is
+            no positive number.
     """
     for name, off in _NOT_PLANNED.items():
         if getattr(args, name, off) != off:
@@ -365,6 +368,16 @@ def _cap_and_size(args: Any, cp: int) -> tuple[int | None, int]:
                 f"args.{name} = {getattr(args, name)!r} is not supported by seqbalance's "
                 f"build_dp_schedule (leave it {off!r}, or use slime's own)"
             )
+    packing = getattr(args, "multimodal_aware_packing", "off")
+    # slime applies it on the dynamic path only, to the samples its sample_is_multimodal marks,
+    # which this drop-in's arguments do not carry; its static path ignores it, as here.
+    if args.use_dynamic_batch_size and packing != "off":
+        raise ScheduleError(
+            f"args.multimodal_aware_packing = {packing!r} is not supported by seqbalance's "
+            "build_dp_schedule on the dynamic path (use_dynamic_batch_size): it is not given "
+            "which samples are multimodal, so it cannot keep them apart as slime does (leave it "
+            "'off', or use slime's own)"
+        )
     try:
         if not args.use_dynamic_batch_size:  # slime reads micro_batch_size there only
             size = check_int(getattr(args, "micro_batch_size", None), "micro_batch_size", minimum=1)

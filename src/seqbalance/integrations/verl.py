@@ -34,6 +34,8 @@ What differs (on purpose):
 - Keyword-only ``cost`` / ``model`` (and ``method`` for ``get_seqlen_balanced_partitions``) pick
   what to balance: a preset name, a ``ModelSpec`` or a Hugging Face config for FLOPs, or any
   ``plan_step`` cost.
+- Keyword-only ``timeout`` (seconds) bounds each agreement over ``dp_group``; a rank whose batch
+  fails before it (any error) raises it, and every other rank a ``ValueError`` naming that rank.
 
 Needs torch and tensordict (``pip install 'seqbalance[verl]'``) for the batch functions; the
 partition helpers need numpy only.

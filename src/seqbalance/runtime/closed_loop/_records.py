@@ -79,10 +79,17 @@ def _disagreement(records: Sequence[dict[str, Any]], due: int) -> str | None:
     learned = "" if dues.count(due) == len(dues) else f", steps learned by rank: {dues}"
     for rank, (step, rank_due) in enumerate(zip(steps, dues, strict=True)):
         if step != due or rank_due != due:
+            # A rank that observed the due step can only be wrong in the count it learned.
+            wrong = (
+                f"rank {rank} observed step {step} where step {due} was due"
+                if step != due
+                else f"rank {rank} had learned {rank_due} steps where {due} were due (it loaded "
+                "another state?)"
+            )
             return (
-                f"rank {rank} observed step {step} where step {due} was due "
-                f"(steps observed by rank: {steps}{learned}): a missed or extra observe(), or "
-                "a rank that loaded another state; every rank observes every step once, in order"
+                f"{wrong} (steps observed by rank: {steps}{learned}): a missed or extra "
+                "observe(), or a rank that loaded another state; every rank observes every step "
+                "once, in order"
             )
     for key, problem in _DIFFERING:
         values = [record.get(key) for record in records]
