@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from seqbalance._validation import check_int
-from seqbalance.cost import FlopsMeter, ModelSpec, flops_model
+from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
+from seqbalance.cost.resolve import describe_cost
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.runtime.agreement import brief
 from seqbalance.runtime.collectives import Comm, deadline
@@ -183,8 +184,7 @@ class TorchFlopsMeter:
         """What shapes this rank's FLOPs and its report (compared across ranks by ``report``)."""
         meter = self.meter
         return {
-            "model": repr(meter.flops_model),
-            "spec": repr(getattr(meter.flops_model, "spec", None)),
+            "model": _described(meter.flops_model),
             "backward": meter.backward,
             "tensor_parallel": meter.tensor_parallel,
             "pipeline_parallel": meter.pipeline_parallel,
@@ -216,15 +216,37 @@ class TorchFlopsMeter:
         return replicas, copies
 
 
+def _described(model: Any) -> Any:
+    """The meter's FLOPs model as plain data, alike in every process that builds it alike
+    (``describe_cost``; never a repr, which holds a function's address): a ``FlopsModel``'s
+    ``extra_per_sample`` by its qualified name beside the rest of the model."""
+    extra = getattr(model, "extra_per_sample", None)
+    if isinstance(model, FlopsModel) and extra is not None:
+        options = {name: getattr(model, name) for name in ("attention", "recompute", "include_mtp")}
+        plain = FlopsModel(model.spec, **options)
+        return {**describe_cost(plain), "extra_per_sample": describe_cost(extra)}
+    return describe_cost(model)
+
+
+def _first_difference(mine: Any, theirs: Any, path: str) -> tuple[str, Any, Any]:
+    """The first key path (``model.FlopsModel.spec.vocab_size``) where two plain-data values
+    differ, with the two values there (a field, not two cut-off descriptions)."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        for key in (*mine, *(key for key in theirs if key not in mine)):
+            if mine.get(key) != theirs.get(key):
+                return _first_difference(mine.get(key), theirs.get(key), f"{path}.{key}")
+    return path, mine, theirs
+
+
 def _check_same_settings(settings: list[dict[str, Any]]) -> None:
     """ValueError, the same on every rank (each compares every rank with rank 0), unless every
     rank's meter is set up alike."""
     for rank, theirs in enumerate(settings[1:], start=1):
         changes = [
-            f"{name} ({brief(settings[0][name], 60)} on rank 0, {brief(theirs[name], 60)} on "
-            f"rank {rank})"
+            f"{path} ({brief(ours, 60)} on rank 0, {brief(other, 60)} on rank {rank})"
             for name in settings[0]
             if theirs[name] != settings[0][name]
+            for path, ours, other in [_first_difference(settings[0][name], theirs[name], name)]
         ]
         if changes:
             raise ValueError(
