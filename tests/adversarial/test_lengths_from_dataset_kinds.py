@@ -1,7 +1,9 @@
-"""Adversarial (adv14d D18): ``lengths_from_dataset`` of None or a number raised TypeError
-("'NoneType' object is not iterable") naming nothing; a dict of columns (``Dataset.to_dict()``)
-was iterated by its keys and said "dataset[0] has no 'input_ids' entry" of a dict holding that
-column; a length beyond int64 (``{"input_ids": 2**70}``) raised OverflowError."""
+"""Adversarial (adv14d D18 and its review): ``lengths_from_dataset`` of None or a number raised
+TypeError ("'NoneType' object is not iterable") naming nothing; a dict of columns
+(``Dataset.to_dict()``) was iterated by its keys and said "dataset[0] has no 'input_ids' entry"
+of a dict holding that column; a length beyond int64 (``{"input_ids": 2**70}``) raised
+OverflowError. The first fix refused map-style datasets (``__len__`` and ``__getitem__``), the
+HF drop-in's most common input: they are read by position."""
 
 from __future__ import annotations
 
@@ -9,8 +11,24 @@ import pytest
 
 from seqbalance.datasets import lengths_from_dataset
 
+torch = pytest.importorskip("torch")
 
-@pytest.mark.parametrize("dataset", [None, 5, {"input_ids": [[1, 2], [3]]}])
+
+class _MapStyle(torch.utils.data.Dataset):
+    """A map-style dataset (``__len__`` and ``__getitem__``, no ``__iter__``), the most common
+    custom Trainer dataset."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.rows = [{"input_ids": list(range(size))} for size in sizes]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.rows[index]
+
+
+@pytest.mark.parametrize("dataset", [None, 5, {"input_ids": [[1, 2], [3]]}, "records.jsonl"])
 def test_a_dataset_of_another_kind_is_named(dataset) -> None:
     with pytest.raises(ValueError, match=r"^dataset must be a Hugging Face Dataset or a sequence"):
         lengths_from_dataset(dataset)
@@ -21,3 +39,25 @@ def test_a_length_beyond_int64_is_named() -> None:
         lengths_from_dataset([{"input_ids": [1]}, {"input_ids": 2**70}])
     assert lengths_from_dataset([{"input_ids": [1, 2]}, {"input_ids": 5}]).tolist() == [2, 5]
     assert lengths_from_dataset([]).dtype == "int64"
+
+
+def test_map_style_datasets_are_read_by_position() -> None:
+    # Review of adv14d D18: refusing every non-Iterable refused torch's map-style datasets,
+    # the HF drop-in's most common input.
+    dataset = _MapStyle([3, 5, 1, 4])
+    assert lengths_from_dataset(dataset).tolist() == [3, 5, 1, 4]
+    subset = torch.utils.data.Subset(dataset, [3, 0])
+    assert lengths_from_dataset(subset).tolist() == [4, 3]
+    assert lengths_from_dataset(iter([{"input_ids": [7, 8]}])).tolist() == [2]
+
+
+def test_the_hf_drop_in_reads_a_map_style_dataset() -> None:
+    pytest.importorskip("transformers")
+    from _hf_train import trainer_stub
+
+    from seqbalance.integrations.hf import balanced_train_dataloader
+
+    dataset = _MapStyle([3 + i for i in range(8)])
+    loader = balanced_train_dataloader(trainer_stub(dataset), options={})
+    served = sorted(i for batch in loader.batch_sampler for i in batch)
+    assert served == list(range(8))

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from seqbalance.datasets.bundled import describe, groups, info, load, names
 from seqbalance.datasets.generators import long_context, rl_lengths
-from seqbalance.datasets.lengths import Fields, TokenLengths, lengths_from_dataset, token_lengths
+from seqbalance.datasets.lengths import Fields, TokenLengths, token_lengths
+from seqbalance.datasets.tokenized import lengths_from_dataset
 from seqbalance.datasets.trl import trl_token_lengths
 
 __all__ = [

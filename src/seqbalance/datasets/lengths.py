@@ -32,14 +32,14 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_choice
+from seqbalance._validation import check_choice
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
 from seqbalance.datasets.tokenize import TextRefused, Tokenizer, count_chunk, get_tokenizer
@@ -54,7 +54,6 @@ __all__ = [
     "TokenLengths",
     "detect_format",
     "guess_fields",
-    "lengths_from_dataset",
     "token_lengths",
 ]
 
@@ -548,51 +547,3 @@ def token_lengths(
         format=format,
         dropped_empty=drop_empty,
     )
-
-
-def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
-    """Token lengths (int64) of a tokenized dataset, from one column.
-
-    ``dataset`` is a Hugging Face ``datasets.Dataset`` (anything with ``column_names`` and
-    ``dataset[column]``; ``datasets`` itself is never imported) or any sequence of mappings. The
-    column holds token sequences (their lengths are taken) or lengths as integers (taken as they
-    are, e.g. a precomputed ``"length"`` column).
-
-    Raises:
-        ValueError: the column is missing (the available ones are listed), a value is neither
-            a sequence nor a non-negative integer (its index is named), or ``dataset`` is of
-            another kind (a mapping of columns, None, a number).
-    """
-    if hasattr(dataset, "column_names"):
-        if column not in dataset.column_names:
-            raise ValueError(
-                f"column {column!r} is not in the dataset (columns: "
-                f"{', '.join(map(str, dataset.column_names))})"
-            )
-        values = dataset[column]
-    elif isinstance(dataset, Mapping) or not isinstance(dataset, Iterable):
-        # A dict was read by its keys ("dataset[0] has no 'input_ids' entry" for a dict holding
-        # that column); None or a number raised TypeError naming nothing.
-        raise ValueError(
-            "dataset must be a Hugging Face Dataset or a sequence of mappings (records), got "
-            f"{type(dataset).__name__}"
-        )
-    else:
-        values = []
-        for index, record in enumerate(dataset):
-            if not isinstance(record, dict) or column not in record:
-                raise ValueError(f"dataset[{index}] has no {column!r} entry")
-            values.append(record[column])
-    lengths = []
-    for index, value in enumerate(values):
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            lengths.append(int(value))
-        elif hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
-            lengths.append(len(value))
-        else:
-            raise ValueError(
-                f"dataset[{index}][{column!r}] must be a token sequence or a length, got "
-                f"{type(value).__name__}"
-            )
-    # As Python ints: as_lengths names a length beyond int64 (np.int64 raised OverflowError).
-    return as_lengths(lengths, f"dataset[{column!r}] lengths")

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance.cost import ModelSpec
-from seqbalance.datasets.lengths import lengths_from_dataset
+from seqbalance.datasets.tokenized import lengths_from_dataset
 from seqbalance.integrations._no_empty import refuse_no_step
 from seqbalance.runtime.samplers import BalancedBatchSampler
 
