@@ -317,6 +317,7 @@ class Piggyback:
         self._observations = 0  # observe() calls over the run: the next observation's number
         self._timer: StepTimer | None = None
         self._state: dict[str, Any] | None = None  # loaded before the world size was known
+        self._refused_load: str | None = None  # why the last load was refused, for the peers
 
     def setup(self) -> dict[str, Any]:
         """What learning depends on, for the Rebalancer's settings check across ranks."""
@@ -369,6 +370,12 @@ class Piggyback:
         """
         self._pending = _Observed(plan, self._observations, rank, timing)
         self._observations += 1
+
+    def take_refused_load(self) -> str | None:
+        """Why this rank's last :meth:`load_state_dict` with a world size was refused (once), or
+        None: the next step's gather carries it as this rank's error, so every rank raises."""
+        refused, self._refused_load = self._refused_load, None
+        return refused
 
     def take_pending(self) -> _Observed | None:
         """The observation for the next gather (once), or None when nothing was observed."""
@@ -447,12 +454,29 @@ class Piggyback:
         With ``world_size`` (the Rebalancer's group, when torch.distributed runs) it is checked
         against the options, prior, feedback and world size now, on the rank that loads it
         (checked at the next step instead, that rank alone raised there and its peers waited
-        out the timeout); without, at the next step. Nothing changes unless it loads.
+        out the timeout); without, at the next step. Nothing changes unless it loads; a refusal
+        with ``world_size`` is kept for the next step (:meth:`take_refused_load`), which every
+        rank then refuses (its peers went on to it and waited there out the timeout), until a
+        load succeeds.
 
         Raises:
             ValueError: not such a state, or (with ``world_size``) one of other options,
                 prior, feedback or world size.
         """
+        try:
+            self._load(state, world_size, rank)
+        except ValueError as error:
+            if world_size is not None:
+                self._refused_load = (
+                    f"Rebalancer.load_state_dict refused the adaptive state loaded on this rank "
+                    f"({error}), so it goes on from the state it had, apart from ranks that "
+                    "loaded theirs: load each rank's own state of one checkpoint on every rank"
+                )
+            raise
+        self._refused_load = None
+
+    def _load(self, state: Any, world_size: int | None, rank: int) -> None:
+        """:meth:`load_state_dict`'s work (ValueError when refused, nothing changed)."""
         state = _upgraded(state)
         pending = state["pending"]
         try:

@@ -321,7 +321,10 @@ class Rebalancer:
             ValueError: without ``adaptive``, or ``state`` is no such state or comes from other
                 options, prior, feedback or world size: raised here, on the rank that loads it
                 (at its next step it would raise on that rank alone, its peers waiting there
-                until the timeout). Nothing changes then.
+                until the timeout). Nothing changes then, but where torch.distributed runs the
+                next :meth:`rebalance` (unless a load succeeds first) is refused on every rank
+                with this error, so a loop that goes on after it does not plan from states
+                that differ without a word.
         """
         if self.engine.feedback is None:
             raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
