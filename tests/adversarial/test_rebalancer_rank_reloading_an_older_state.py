@@ -59,7 +59,7 @@ def test_every_rank_names_the_rank_that_rolled_back(tmp_path) -> None:
     ), results[0]["raised"]
 
 
-def _refused_load_worker(rank: int, world_size: int) -> dict[str, Any]:
+def _refused_load_worker(rank: int, world_size: int, foreign_on: list[int]) -> dict[str, Any]:
     other = Rebalancer(timeout=20.0, adaptive=True, max_tokens=512)
     _step(other, rank, 0)
     foreign = json.loads(json.dumps(other.state_dict()))
@@ -69,7 +69,7 @@ def _refused_load_worker(rank: int, world_size: int) -> dict[str, Any]:
     own = json.loads(json.dumps(rebalancer.state_dict()))
     out: dict[str, Any] = {}
     try:  # rank 1 is handed another run's checkpoint; its loop logs the error and goes on
-        rebalancer.load_state_dict(foreign if rank == 1 else own)
+        rebalancer.load_state_dict(foreign if rank in foreign_on else own)
         out["load"] = "loaded"
     except ValueError as error:
         out["load"] = str(error)
@@ -91,7 +91,7 @@ def test_a_load_refused_on_one_rank_refuses_the_next_step_on_every_rank(tmp_path
     and the others on what they loaded, without a word on the peers. The refusal now rides in
     the next step's gather as that rank's error, so every rank raises it at that step (the
     pending observation still learned alike); the step after goes on."""
-    results = ok(launch(tmp_path, 2, _refused_load_worker))
+    results = ok(launch(tmp_path, 2, _refused_load_worker, [1]))
     assert results[0]["load"] == "loaded"
     assert "other plan options" in results[1]["load"], results[1]["load"]
     for result in results:
@@ -102,4 +102,15 @@ def test_a_load_refused_on_one_rank_refuses_the_next_step_on_every_rank(tmp_path
         assert result["seconds"] < 10.0, result
     assert results[0]["step"] == results[1]["step"]
     # Refused once: the ranks go on alike (the step's observation was learned on both).
+    assert results[0]["after"] == results[1]["after"]
+
+
+def test_a_load_refused_on_every_rank_goes_on_afresh(tmp_path) -> None:
+    """Review14 item 11 (a regression of item 6's mend): a load refused on every rank (a run
+    restarted with other options, catching the refusal to start afresh) refused the next step
+    too, even on one rank. Only ranks that parted at the load refuse a step."""
+    results = ok(launch(tmp_path, 2, _refused_load_worker, [0, 1]))
+    for result in results:
+        assert "other plan options" in result["load"], result["load"]
+        assert result["step"] == "planned", result["step"]
     assert results[0]["after"] == results[1]["after"]

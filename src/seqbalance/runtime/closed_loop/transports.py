@@ -373,7 +373,8 @@ class Piggyback:
 
     def take_refused_load(self) -> str | None:
         """Why this rank's last :meth:`load_state_dict` with a world size was refused (once), or
-        None: the next step's gather carries it as this rank's error, so every rank raises."""
+        None: the next step's gather carries it, and every rank raises it where another rank
+        loaded its state."""
         refused, self._refused_load = self._refused_load, None
         return refused
 
@@ -456,8 +457,8 @@ class Piggyback:
         (checked at the next step instead, that rank alone raised there and its peers waited
         out the timeout); without, at the next step. Nothing changes unless it loads; a refusal
         with ``world_size`` is kept for the next step (:meth:`take_refused_load`), which every
-        rank then refuses (its peers went on to it and waited there out the timeout), until a
-        load succeeds.
+        rank then refuses where another rank loaded its state (refused on every rank, each
+        goes on from the state it had), until a load succeeds.
 
         Raises:
             ValueError: not such a state, or (with ``world_size``) one of other options,

@@ -175,6 +175,11 @@ def _batch(described: list[Any], header: dict[str, Any], local: list[list[torch.
     a rank's input is bad)."""
     headers = [h for h, _ in described]
     raise_first_error(headers)
+    refused = [rank for rank, h in enumerate(headers) if h.get("refused_load")]
+    if refused and len(refused) < len(headers):
+        # Ranks parted at a checkpoint load; where every rank refused it, each goes on from the
+        # state it had (a caller starting afresh after a change of options).
+        raise ValueError(f"rank {refused[0]}: {headers[refused[0]]['refused_load']}")
     with_samples = [(rank, h) for rank, h in enumerate(headers) if h["n"]]
     for rank, h in with_samples[1:]:
         for key in ("fields", "groups"):

@@ -114,9 +114,10 @@ class StepEngine:
         pending, local, header, table = self._header(
             comm, observed, samples, cu_seqlens, groups, parts
         )
-        refused_load = None if self.feedback is None else self.feedback.take_refused_load()
-        if refused_load is not None:  # the earlier cause: every rank refuses the step with it
-            header["error"] = refused_load
+        # A load refused here: every rank refuses the step where another rank loaded its state.
+        header["refused_load"] = (
+            None if self.feedback is None else self.feedback.take_refused_load()
+        )
         try:
             batch = self.gather(comm, header, table, local)
         except RefusedStep as refused:

@@ -323,8 +323,9 @@ class Rebalancer:
                 (at its next step it would raise on that rank alone, its peers waiting there
                 until the timeout). Nothing changes then, but where torch.distributed runs the
                 next :meth:`rebalance` (unless a load succeeds first) is refused on every rank
-                with this error, so a loop that goes on after it does not plan from states
-                that differ without a word.
+                with this error where another rank loaded its state, so a loop that goes on
+                after it does not plan from states that differ without a word (refused on
+                every rank, each goes on from the state it had: a fresh start).
         """
         if self.engine.feedback is None:
             raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
