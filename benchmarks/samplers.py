@@ -142,7 +142,7 @@ def measure(path: Path, microbatches: int, train_ms: float) -> dict:
     }
 
 
-def main() -> int:
+def main() -> int | str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7, 1e8])
     parser.add_argument("--microbatches", type=int, default=1000)
@@ -170,7 +170,8 @@ def main() -> int:
             )
             if done.returncode:
                 # The child's own last line says why (a size too small, a lengths error).
-                return f"--sizes {int(size):,}: {done.stderr.strip().splitlines()[-1]}"
+                why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+                return f"--sizes {int(size):,}: {why}"
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             path.unlink()
     lines = [

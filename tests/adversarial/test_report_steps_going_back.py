@@ -21,7 +21,7 @@ def _report(tmp_path, capsys, steps: list[int], *flags: str) -> str:
 
 def test_steps_going_back_are_said_once(tmp_path, capsys) -> None:
     out = _report(tmp_path, capsys, [5, 3, 9, 0, 40], "--rows", "2")
-    assert "step numbers go back 2 times (first: step 3 after step 5;" in out
+    assert "step numbers go back or repeat 2 times (first: step 3 after step 5;" in out
     assert "rows are ranges of log lines" in out
     summary = json.loads(_report(tmp_path, capsys, [5, 3, 9, 0, 40], "--json"))
     assert (summary["steps_back"], summary["first_step_back"]) == (2, [5, 3])

@@ -88,16 +88,17 @@ def _skipped_note(lines: list[int]) -> list[str]:
 
 
 def _steps_back_note(summary: dict[str, Any]) -> list[str]:
-    """One note when the step numbers go back: the rows are ranges of log lines then, and a
-    label such as "2-40" (two lines, steps 2 and 40) read as a range of steps."""
+    """One note when the step numbers go back or repeat: the rows are ranges of log lines then,
+    and a label such as "2-40" (two lines, steps 2 and 40) reads as a range of steps."""
     count = summary["steps_back"]
     if not count:
         return []
     before, after = summary["first_step_back"]
     times = "once" if count == 1 else f"{count} times"
+    first = f"step {after} again" if after == before else f"step {after} after step {before}"
     return [
-        f"step numbers go back {times} (first: step {after} after step {before}; a resumed run "
-        "or appended logs?): rows are ranges of log lines, labelled by their first and last step"
+        f"step numbers go back or repeat {times} (first: {first}; a resumed run or appended "
+        "logs?): rows are ranges of log lines, labelled by their first and last step"
     ]
 
 

@@ -33,6 +33,7 @@ def _lognormal_tokens(
 
 
 def _sigma(value: float, name: str) -> float:
+    """A log-normal's sd (of log tokens) within ``_MAX_SIGMA``: beyond it draws overflow."""
     sigma = check_non_negative_float(value, name)
     if sigma > _MAX_SIGMA:
         raise ValueError(f"{name} must be <= {_MAX_SIGMA:g} (a log-sd), got {value!r}")

@@ -34,7 +34,7 @@ def without_empty(error: EmptySlotError, runner: str, more: str, group: int = 1)
 
 def refuse_no_step(sampler: Any, dataset: str, step: str) -> None:
     """Close ``sampler`` and raise when its epoch has no step: steps are whole (the partial one
-    dropped), so a dataset smaller than one step trained nothing, without a word (adv14b).
+    dropped), so a dataset smaller than one step would train nothing, without a word.
 
     Args:
         sampler: the drop-in's ``BalancedBatchSampler``.

@@ -116,7 +116,7 @@ def calibration_plans(
     check_trials_per_rank(trials, world, "world")
     # ``world`` at a time, one per rank; the last ``trials % world`` in one more plan on the
     # first ranks (the others hold nothing, and the fit reads only slots holding a piece):
-    # dropping them timed 45 of 48 trials on 5 ranks without a word (adv13d D6).
+    # dropping them would leave trials untimed without a word (45 of 48 on 5 ranks).
     for first in range(0, len(micro), world):
         batch = micro[first : first + world]
         lengths = np.concatenate(batch)

@@ -138,6 +138,7 @@ class GroupedSamples(OptionFields):
 
     @cached_property
     def _kept(self) -> dict[Hashable, Any]:
+        """What :meth:`once` computed for this problem, by key."""
         return {}
 
     def once(self, key: Hashable, compute: Callable[[], _Kept]) -> _Kept:
