@@ -41,16 +41,21 @@ def _blocks_of(size: int) -> Iterator[None]:
         greedy._BLOCK = saved
 
 
-@settings(max_examples=examples(3000), deadline=None)
-@given(
-    weights=st.lists(st.integers(0, 9), min_size=0, max_size=300),
-    k=st.integers(1, 40),
-    block=st.integers(1, 5),
-    slack=st.integers(0, 30),
+# (weights, bins, block size, capacity slack above the mean): small integer weights and tiny
+# blocks give equal residuals across block edges, blocks that empty and split, items that fit
+# nowhere.
+_CASES = st.tuples(
+    st.lists(st.integers(0, 9), max_size=300),
+    st.integers(1, 40),
+    st.integers(1, 5),
+    st.integers(0, 30),
 )
-def test_blocks_place_every_item_as_one_flat_list(weights, k, block, slack) -> None:
-    # Small integer weights and tiny blocks: equal residuals across block edges, blocks that
-    # empty and split, items that fit nowhere.
+
+
+@settings(max_examples=examples(3000), deadline=None)
+@given(case=_CASES)
+def test_blocks_place_every_item_as_one_flat_list(case) -> None:
+    weights, k, block, slack = case
     values = sorted((float(w) for w in weights), reverse=True)
     capacity = float(sum(weights) // k + slack)
     with _blocks_of(block):
