@@ -271,15 +271,19 @@ class _Model:
             self.epoch, self.done, self.base, self.resume = epoch, [], 0, None
 
     def start(self, iterator: Any) -> None:
+        # A loaded position goes to the first pass that runs (its first next()): an iterator
+        # made and superseded before it ran leaves it to the next one.
         self._end()
-        self.done = self.resume if self.resume is not None else []
-        self.base, self.resume, self.iterator = len(self.done), None, iterator
+        self.done = list(self.resume) if self.resume is not None else []
+        self.base, self.iterator = len(self.done), iterator
 
     def take(self, count: int, expected: list[list[int]]) -> None:
         for old in self.ended:
             with pytest.raises(RuntimeError, match="belongs to a pass that a later"):
                 next(old)
         self.ended = []
+        if self.iterator is not None:
+            self.resume = None  # this pass runs: a later iter() starts the epoch afresh
         for _ in range(count if self.iterator is not None else 0):
             batch = next(self.iterator, None)
             if batch is None:

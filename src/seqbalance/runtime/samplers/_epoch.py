@@ -461,7 +461,9 @@ class EpochBatchSampler:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``: the next iteration yields exactly the remaining batches.
+        """Continue from ``state``: the next pass that runs (the first whose iterator is
+        advanced; one made and superseded by another ``iter()`` before that does not count)
+        yields exactly the remaining batches, and passes after it the whole epoch.
 
         Raises:
             ValueError: ``state`` is not a mapping, lacks a key or has one of the wrong type,
