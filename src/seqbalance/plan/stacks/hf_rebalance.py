@@ -23,6 +23,7 @@ over-cap micro-batches are counted).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -80,23 +81,26 @@ def _climb(lengths: np.ndarray, k: int, dp: int, rounds: int) -> np.ndarray:
     counts = np.full(k, n // k, dtype=np.int64)
     counts[: n % k] += 1
     frozen: set[int] = set()
-    seen: set[tuple[int, ...]] = set()
+    thawed = np.ones(k, dtype=bool)  # not frozen: the sampler's active groups, in order
+    # The sizes seen, as SHA-256 digests: equal sizes give equal digests, and the sampler's
+    # tuples of k sizes per round held 860 MB at 50,000 samples in 6,250 groups.
+    seen: set[bytes] = set()
     best_spread, best = np.inf, counts.copy()
     for _ in range(rounds):
-        key = tuple(counts.tolist())
+        key = hashlib.sha256(counts.tobytes()).digest()
         if key in seen:
             break
         seen.add(key)
         costs = _costs(counts, lengths)
-        active = [i for i in range(k) if i not in frozen]
-        if len(active) <= 1:
+        active = np.flatnonzero(thawed)  # ascending, as the sampler's list of active groups
+        if active.size <= 1:
             break
         values = costs[active]
         spread = float(values.max() - values.min())
         if spread < best_spread:
             best_spread, best = spread, counts.copy()
-        high = active[int(np.argmax(values))]
-        low = active[int(np.argmin(values))]
+        high = int(active[int(np.argmax(values))])
+        low = int(active[int(np.argmin(values))])
         if costs[high] == costs[low]:
             break
         if counts[high] > 1:
@@ -106,6 +110,7 @@ def _climb(lengths: np.ndarray, k: int, dp: int, rounds: int) -> np.ndarray:
         tier = _tier(costs.tolist(), high, dp)
         _top_up(counts, lengths, tier, high, frozen, float(costs[high]))
         frozen.update(tier)
+        thawed[list(tier)] = False
     return best
 
 
