@@ -237,7 +237,9 @@ class EpochBatchSampler:
         if epoch != self.epoch:
             self.close()
             self._resume = None
-            self._set_position(0, 0, 0)
+            # A pass's start, as iter() makes it: an adaptive sampler numbers the new epoch's
+            # steps after the ones observed, so state_dict() before the next iter() is valid.
+            self._start_pass(0, 0, 0)
         self.epoch = epoch
 
     def _set_position(self, consumed: int, step: int, offset: int) -> None:
