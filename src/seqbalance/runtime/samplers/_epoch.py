@@ -377,8 +377,8 @@ class EpochBatchSampler:
                 "observe (adaptive: every rank observes every step once), or ranks iterate the "
                 "sampler a different number of times"
             )
-        # Every rank compares each rank with rank 0, so every rank raises the same message
-        # (each named the other against itself: adv12a A7).
+        # Every rank compares each rank with rank 0, not with itself, so every rank raises the
+        # same message (compared with itself, each rank named the other: two messages).
         for other_rank, theirs in enumerate(setups[1:], start=1):
             changes = _changes(setups[0], theirs)
             if changes:  # more than the data-parallel rank differs
