@@ -240,11 +240,11 @@ class StepEngine:
     ) -> tuple[Any, list[list[torch.Tensor]], dict[str, Any], np.ndarray, Exception | None]:
         """What a step's or the end's gather carries: ``(pending, local, header, table,
         raised)``, the pending observation's record (``Feedback.record``) in the header
-        (``raised``: :meth:`_described`'s)."""
+        (``raised``: :meth:`describe`'s)."""
         # The statistics of an observed step are computed here, after every earlier step's
         # update, whichever thread runs this step.
         pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
-        local, header, table, raised = self._described(
+        local, header, table, raised = self.describe(
             samples, cu_seqlens, groups, parts, comm.world_size
         )
         header["feedback"] = None if pending is None else pending[1]
@@ -257,21 +257,11 @@ class StepEngine:
         groups: Any,
         parts: Any,
         world_size: int,
-    ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray]:
-        """This rank's samples and its description for the gather (errors travel in it)."""
-        return self._described(samples, cu_seqlens, groups, parts, world_size)[:3]
-
-    def _described(
-        self,
-        samples: Any,
-        cu_seqlens: torch.Tensor | None,
-        groups: Any,
-        parts: Any,
-        world_size: int,
     ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray, Exception | None]:
-        """:meth:`describe`, and an error that is no ValueError (a cost callable's IndexError),
-        which this rank raises as it is once the gather has told every other rank (raised
-        before the gather, it left them waiting there until the timeout)."""
+        """This rank's samples and its description for the gather (errors travel in it), and
+        an error that is no ValueError (a cost callable's IndexError), which this rank raises
+        as it is once the gather has told every other rank (raised before the gather, it left
+        them waiting there until the timeout)."""
         header: dict[str, Any] = {
             "settings": {
                 "options": self.options.fingerprint(),
@@ -389,7 +379,7 @@ class StepEngine:
         and its digest: one all-gather before any sample moves
         (:func:`seqbalance.runtime.agreement.agreed_plan`). An error that is no ValueError (a
         cost callable's own, on this rank only where ranks hold other costs) is told the other
-        ranks there, then raised here as it is, as :meth:`_described`'s."""
+        ranks there, then raised here as it is, as :meth:`describe`'s."""
         raised = None
         try:
             plan, error = self.plan(batch, comm.world_size, options), None
