@@ -21,7 +21,7 @@ from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
 from seqbalance.cost.resolve import describe_cost
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
-from seqbalance.runtime.agreement import brief
+from seqbalance.runtime.agreement import differing_settings
 from seqbalance.runtime.collectives import Comm, deadline
 
 __all__ = ["FlopsReport", "TorchFlopsMeter"]
@@ -228,26 +228,17 @@ def _described(model: Any) -> Any:
     return describe_cost(model)
 
 
-def _first_difference(mine: Any, theirs: Any, path: str) -> tuple[str, Any, Any]:
-    """The first key path (``model.FlopsModel.spec.vocab_size``) where two plain-data values
-    differ, with the two values there (a field, not two cut-off descriptions)."""
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-        for key in (*mine, *(key for key in theirs if key not in mine)):
-            if mine.get(key) != theirs.get(key):
-                return _first_difference(mine.get(key), theirs.get(key), f"{path}.{key}")
-    return path, mine, theirs
-
-
 def _check_same_settings(settings: list[dict[str, Any]]) -> None:
     """ValueError, the same on every rank (each compares every rank with rank 0), unless every
     rank's meter is set up alike."""
     for rank, theirs in enumerate(settings[1:], start=1):
-        changes = [
-            f"{path} ({brief(ours, 60)} on rank 0, {brief(other, 60)} on rank {rank})"
-            for name in settings[0]
-            if theirs[name] != settings[0][name]
-            for path, ours, other in [_first_difference(settings[0][name], theirs[name], name)]
-        ]
+        changes = differing_settings(
+            settings[0],
+            theirs,
+            lambda name, ours, other, rank=rank: (
+                f"{name} ({ours} on rank 0, {other} on rank {rank})"
+            ),
+        )
         if changes:
             raise ValueError(
                 f"TorchFlopsMeter: ranks 0 and {rank} of the group set up their meters "

@@ -149,7 +149,7 @@ class ClosedLoop:
         prior = prior_time_model(options, feedback.prior) if prior is None else prior
         self.online = OnlineTimeModel(prior, world_size, feedback)
         # Absolute: each step opens the log again, and a relative path written after the process
-        # changed its working directory split the telemetry over two files (adv12c C6).
+        # changed its working directory split the telemetry over two files.
         self.log = (
             Path(os.path.abspath(feedback.log)) if writes_log and feedback.log is not None else None
         )
@@ -178,7 +178,7 @@ class ClosedLoop:
 
     def __getstate__(self) -> dict[str, Any]:
         # The condition that wakes a waiting planner thread does not travel: a copy (deepcopy,
-        # pickle to a worker process) gets its own (a TypeError before: adv13a F3). Taken under
+        # pickle to a worker process) gets its own (a condition cannot be pickled). Taken under
         # it, with the options by count copied (pickle reads them after this returns), so that
         # a copy made while a step is recorded or a state loaded is never half of each.
         with self._changed:

@@ -130,7 +130,7 @@ class StepTimer:
         """Forget this step's regions without reading them (a skipped step: the next
         ``finish`` reads the next step's only), the open one too when it closes (kept, it held
         an event another region reuses and came back to the next step as an extra, negative
-        micro-batch: adv13a F4)."""
+        micro-batch)."""
         self._regions = []
         self._drop_open = self._open
 

@@ -63,7 +63,7 @@ def _digest(plan: Plan) -> str:
 def checked_step(step: Any) -> tuple[int | None, str | None]:
     """``observe(step=)`` as a step number (None: not given), or why it is none: that error goes
     in this rank's record, so every rank raises it at the gather (raised here, on this rank
-    alone, it left the others waiting until their deadline; adv11a T1)."""
+    alone, it left the others waiting until their deadline)."""
     try:
         return (None if step is None else check_int(step, "step", minimum=0)), None
     except ValueError as error:
@@ -423,8 +423,8 @@ class Piggyback:
         telemetry = None
         if not missing and pending is not None:
             # A refused observation is skipped (every rank alike) before the error is raised:
-            # the gather consumed it, and the next one is the next step's (adv12a A5: its
-            # numbers stayed one step behind the observations, refusing every other step).
+            # the gather consumed it, and the next one is the next step's (kept, its numbers
+            # stayed one step behind the observations, refusing every other step).
             telemetry = loop.learn(pending[0], gathered, skip_refused=True)
         return loop.options, telemetry
 

@@ -286,7 +286,8 @@ class Rebalancer:
             ValueError: without ``adaptive``, or ``result`` is no ``RebalanceResult`` (on this
                 rank; the others raise at the next step, as for a missed ``observe()``).
         """
-        if not isinstance(result, RebalanceResult):  # adv12a A3: was an AttributeError
+        # Anything else failed deep inside as an AttributeError naming no argument.
+        if not isinstance(result, RebalanceResult):
             raise ValueError(
                 f"observe() takes the step's RebalanceResult (rebalance()'s), got "
                 f"{type(result).__name__}"
@@ -295,7 +296,7 @@ class Rebalancer:
         assert self.engine.feedback is not None  # self.timer raised otherwise
         if result.plan is None:
             # No rank had a sample: nothing ran and nothing is learned. The loop timed no
-            # micro-batch, so finish() raised RuntimeError on every rank (adv13a F8); what it
+            # micro-batch, so finish() would raise RuntimeError on every rank; what it
             # did time (a sync) belongs to no step the model learns from.
             timer.discard()
             return

@@ -40,7 +40,7 @@ _MAX_WINDOW = 2**53
 _MAX_DELAY = 2**62
 """Largest ``max_delay``: a sample's deadline (its push's dispatch number plus it) is int64, so a
 larger one overflowed (OverflowError at the first dispatch) or wrapped to a negative deadline,
-every sample then due at once (adv13a F5)."""
+every sample then due at once."""
 
 _ID_LIMIT = 2**63
 """Ids are int64: the running counter stops below this."""
