@@ -7,6 +7,7 @@ sees ``lengths[17] = -3 is negative`` rather than an obscure failure deep inside
 from __future__ import annotations
 
 import numbers
+import re
 import sys
 import tokenize
 from collections.abc import Iterable, Iterator, Sequence
@@ -52,6 +53,10 @@ _NPY_MAGIC = b"\x93NUMPY"
 """The first bytes of every ``.npy`` file."""
 
 
+_LARGE_HEADER = re.compile(r"Header info length \((\d+)\) is large")
+"""numpy's refusal of a ``.npy`` header over ``max_header_size``, with its length."""
+
+
 def npy_error(path: Any, error: BaseException) -> str:
     """What ``np.load``'s ``error`` on the file ``path`` means, in words: numpy calls any file
     that is neither a ``.npy`` array nor a ``.npz`` archive "pickled (object) data" and advises
@@ -63,6 +68,12 @@ def npy_error(path: Any, error: BaseException) -> str:
     except OSError:
         return str(error)
     if head.startswith((_NPY_MAGIC, b"PK")) or not head:  # an array, an archive, or empty
+        large = _LARGE_HEADER.match(str(error))
+        if large:  # numpy's advice: allow_pickle=True, which would trust any pickle in it
+            return (
+                f"its header is {int(large.group(1)):,} bytes, more than numpy reads from a file "
+                "(max_header_size, 10,000 bytes; numpy.save writes far less)"
+            )
         return str(error)
     return f"it is no .npy file: it begins {head!r}, not with numpy's {_NPY_MAGIC!r}"
 

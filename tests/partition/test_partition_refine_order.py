@@ -5,8 +5,9 @@ a fresh sort per step gives."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
+from typing import Any
+from unittest import mock
 
 import numpy as np
 from _profiles import examples
@@ -18,13 +19,9 @@ from seqbalance.partition._result import SizeLimits
 from seqbalance.partition.greedy import lpt
 
 
-@contextmanager
-def _resort_above(parts: int) -> Iterator[None]:
-    saved, refine_module._RESORT_PARTS = refine_module._RESORT_PARTS, parts
-    try:
-        yield
-    finally:
-        refine_module._RESORT_PARTS = saved
+def _resort_above(parts: int) -> AbstractContextManager[Any]:
+    """Sort afresh at every step up to ``parts`` parts (0: always keep the order)."""
+    return mock.patch.object(refine_module, "_RESORT_PARTS", parts)
 
 
 @settings(max_examples=examples(2000), deadline=None)

@@ -27,6 +27,7 @@ a peer that fails or hangs raises :class:`~seqbalance.runtime.CollectiveError`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -172,9 +173,20 @@ def _parameter_layout(model: torch.nn.Module | None) -> str | None:
         return None
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    # Walked every step (a parameter added, resized or cast in place changes the layout of the
+    # same model); digested only when the layout is new.
+    layout = tuple((name, p.shape, p.dtype) for name, p in model.named_parameters())
+    return _layout_digest(layout)
+
+
+@functools.lru_cache(maxsize=8)
+def _layout_digest(layout: tuple[tuple[str, torch.Size, torch.dtype], ...]) -> str:
+    """SHA-256 of a parameter layout, ``(name, shape, dtype)`` in order, kept for the few
+    layouts a process runs: formatting and hashing every parameter each step cost about as
+    much as walking the model for them."""
     digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
+    for name, shape, dtype in layout:
+        digest.update(f"{name}:{tuple(shape)}:{dtype};".encode())
     return digest.hexdigest()
 
 
