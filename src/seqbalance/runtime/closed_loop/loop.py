@@ -336,8 +336,8 @@ class ClosedLoop:
         skip: bool = False,
     ) -> dict[str, Any]:
         """This rank's record of observed step ``step`` (module doc): ``measure()``'s
-        statistics, or the error that kept the rank from measuring (a ValueError, RuntimeError
-        or TypeError of ``measure``, or ``error``), with ``learned`` (the fingerprint of the
+        statistics, or the error that kept the rank from measuring (any exception of
+        ``measure``, or ``error``), with ``learned`` (the fingerprint of the
         options in use), and ``taken`` and ``plan`` (the observed plan's digest) when given;
         with ``skip``, the record of a step skipped (nothing measured).
         Never raises: the error travels to every rank, which all raise it in :meth:`learn`."""
@@ -346,8 +346,11 @@ class ClosedLoop:
         if error is None and measure is not None and not skip:
             try:
                 stats = measure().tolist()
-            except (ValueError, RuntimeError, TypeError) as raised:  # e.g. a bfloat16 timing
-                error = str(raised)
+            except Exception as raised:  # e.g. a bfloat16 timing, an event's absurd reading
+                # Any kind: raised here, on this rank alone, it left the others waiting in the
+                # gather until their deadline.
+                known = isinstance(raised, (ValueError, RuntimeError, TypeError))
+                error = str(raised) if known else f"{type(raised).__name__}: {raised}"
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
         record["learned"] = self._learned()
         record["due"] = self.observed  # the step this rank learns next (ranks compare it)
