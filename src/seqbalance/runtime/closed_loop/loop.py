@@ -153,14 +153,14 @@ class ClosedLoop:
         self.log = (
             Path(os.path.abspath(feedback.log)) if writes_log and feedback.log is not None else None
         )
-        self.setup = _digest(
-            {
-                "options": options.fingerprint(),
-                "feedback": feedback.settings(),
-                "prior": json.loads(prior.to_json()),
-                "lag": self.lag,
-            }
-        )
+        # What learning depends on besides the options, as plain data (a message names what
+        # differs between two ranks'); ranks compare the digest.
+        self.setup_fields = {
+            "feedback": feedback.settings(),
+            "prior": json.loads(prior.to_json()),
+            "lag": self.lag,
+        }
+        self.setup = _digest({"options": options.fingerprint(), **self.setup_fields})
         # In a process group the writing rank checks its log here (settings._check_log); a
         # problem goes out as its records' error, so every rank raises it at the first learn.
         self._log_problem = None if self.log is None else log_problem(self.log)
