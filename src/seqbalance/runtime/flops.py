@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_bool, check_int, check_positive_float
 from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
 from seqbalance.cost.resolve import describe_cost
@@ -144,14 +144,24 @@ class TorchFlopsMeter:
         unless ``reset=False``. Without torch.distributed this process is the whole job.
 
         Raises:
-            ValueError: on every rank, naming the first rank and setting that differ from rank
-                0's, when the ranks' meters are set up differently (model, ``backward``,
-                parallel sizes, ``seq_length``, ``micro_batch_size``, ``peak_flops_per_s``):
-                their sum would mix FLOPs of different kinds.
+            ValueError: ``seconds`` not a positive finite number or ``reset`` not a bool (on
+                every rank, naming the first rank that gave one); on every rank, naming the
+                first rank and setting that differ from rank 0's, when the ranks' meters are
+                set up differently (model, ``backward``, parallel sizes, ``seq_length``,
+                ``micro_batch_size``, ``peak_flops_per_s``): their sum would mix FLOPs of
+                different kinds.
             CollectiveError: a peer did not join within ``timeout``.
         """
+        try:  # checked before the gather, which carries a bad value to every rank
+            check_positive_float(seconds, "seconds")
+            check_bool(reset, "reset")
+            problem = None
+        except ValueError as error:
+            problem = str(error)
         local = self.meter.totals
         if not (dist.is_available() and dist.is_initialized()):
+            if problem is not None:
+                raise ValueError(problem)
             if self.dp_size not in (None, 1):
                 raise ValueError(
                     f"dp_size = {self.dp_size}, but torch.distributed is not initialised: the "
@@ -165,11 +175,20 @@ class TorchFlopsMeter:
             # layout would sum FLOPs of different kinds and divide by different replica counts,
             # each reporting its own wrong figure without a word.
             totals = [local.flops, local.tokens, local.samples]
-            mine = {"settings": self._settings(replicas, copies), "totals": totals}
+            mine = {
+                "settings": self._settings(replicas, copies),
+                "totals": totals,
+                "problem": problem,
+            }
             gathered = [
                 json.loads(payload)
                 for payload in comm.all_gather_bytes(json.dumps(mine).encode(), "FLOPs report")
             ]
+            # A rank whose interval is no time (a timer that read 0 or NaN) fails every rank
+            # here; raised after the gather on that rank alone, the others went on apart.
+            for rank, theirs in enumerate(gathered):
+                if theirs["problem"] is not None:
+                    raise ValueError(f"TorchFlopsMeter.report on rank {rank}: {theirs['problem']}")
             _check_same_settings([rank["settings"] for rank in gathered])
             flops, tokens, samples = (
                 sum(rank["totals"][k] for rank in gathered) / copies for k in range(3)
