@@ -56,7 +56,8 @@ partition engine's split, those the planning budget lets run; ``plan/_portfolio.
 rival plan that is cheaper, or as cheap with fewer micro-batches, replaces it. With
 ``allow_empty``, where ``num_microbatches``, ``min_microbatches`` or ``microbatch_multiple``
 raise the count above the fewest the step needs, the plan of that fewest count with empty
-micro-batches added replaces it where that is cheaper.
+micro-batches added replaces it where that is cheaper; where every group holds one sample, so
+does the plan made without groups.
 
 Alignment of micro-batch positions for ``objective="lockstep"`` and the ``order`` option are
 applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, ties broken by
@@ -70,6 +71,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+
+import numpy as np
 
 from seqbalance._validation import EmptySlotError
 from seqbalance.plan import _at_count, _exact, _feasible
@@ -104,7 +107,16 @@ __all__ = [
 
 def plan_balanced(p: Problem) -> Microbatches:
     """Micro-batches (``dp`` lists of ``M`` lists of sample positions) of the balanced plan."""
-    return _with_empty_tail(p, _planned(p))
+    plan = _with_empty_tail(p, _planned(p))
+    if p.groups is not None and np.unique(p.groups).size == p.n:
+        # Groups of one sample constrain nothing, but send the step down the grouped paths
+        # (no padded local search, ranks packed group by group): the plan without them is
+        # kept where it is cheaper.
+        free = dataclasses.replace(p, groups=None)
+        other = _with_empty_tail(free, _planned(free))
+        if aligned_value(p, other) < aligned_value(p, plan) * (1 - _TOLERANCE):
+            return other
+    return plan
 
 
 def _with_empty_tail(p: Problem, plan: Microbatches) -> Microbatches:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_bool, check_int
 from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.layout import Permutation
@@ -45,9 +45,12 @@ class LengthGroupedSampler(EpochBatchSampler):
     when their steps come back (a bucket of many steps then costs a sort per step). Each rank
     yields its batch of every step. Every index appears exactly once per epoch across ranks. A
     final step with fewer than ``batch_size * dp_size`` samples is dropped with ``drop_last``;
-    otherwise it is split as evenly as possible over the ranks (``np.array_split``), so when
-    fewer samples than ranks remain, some ranks receive an empty batch: every rank always
-    yields the same number of batches, which keeps DDP in lockstep.
+    otherwise it is split as evenly as possible over the ranks (``np.array_split``). When fewer
+    samples than ranks remain, some ranks would receive an empty batch, which a ``DataLoader``'s
+    default collate fails on (``IndexError``, on those ranks alone, while the others go on to
+    the gradient all-reduce): refused unless ``allow_empty`` (as :class:`BalancedBatchSampler`
+    refuses a step that cannot fill its micro-batches). Every rank always yields the same
+    number of batches.
 
     Args:
         lengths: token length of every dataset sample (an array, a memory map or the path of
@@ -60,6 +63,9 @@ class LengthGroupedSampler(EpochBatchSampler):
         seed: shuffling seed shared by all ranks.
         drop_last: drop a final step with fewer than ``batch_size * dp_size`` samples.
         bucket_size: samples per length-sorted bucket, a multiple of ``batch_size * dp_size``.
+        allow_empty: yield an empty batch on the ranks a final step of fewer samples than
+            ranks leaves without one (for a collate that takes an empty batch); else such a
+            step is a ValueError at construction (pass ``drop_last=True`` to drop it).
         agreement_timeout: as in :class:`BalancedBatchSampler`.
 
     Raises:
@@ -77,6 +83,7 @@ class LengthGroupedSampler(EpochBatchSampler):
         seed: int = 0,
         drop_last: bool = False,
         bucket_size: int | None = None,
+        allow_empty: bool = False,
         agreement_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         if isinstance(lengths, SampleParts):
@@ -102,6 +109,17 @@ class LengthGroupedSampler(EpochBatchSampler):
             raise ValueError(
                 f"bucket_size must be a multiple of batch_size * dp_size = {step_size}, "
                 f"got {self.bucket_size}"
+            )
+        # What the layout yields does not depend on it (it only refuses), so it is no setup.
+        self.allow_empty = check_bool(allow_empty, "allow_empty")
+        left = 0 if self.drop_last else self._source.size % step_size
+        if 0 < left < self.dp_size and not self.allow_empty:
+            raise ValueError(
+                f"the last step holds {left} samples (num_samples = {self._source.size}, "
+                f"batch_size * dp_size = {step_size}), fewer than the dp_size = {self.dp_size} "
+                f"ranks: {self.dp_size - left} ranks would get an empty batch, which a "
+                "DataLoader's collate fails on (those ranks alone): pass drop_last=True, or "
+                "allow_empty=True for a collate that takes an empty batch"
             )
 
     def _setup(self) -> dict[str, Any]:
