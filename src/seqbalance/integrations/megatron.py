@@ -409,6 +409,13 @@ class MegatronDataIterator:
                 "allow_empty=True is not supported: Megatron runs forward_step num_microbatches "
                 "times on every rank, and an empty micro-batch has nothing to pack"
             )
+        if not hasattr(dataset, "__getitem__") or isinstance(dataset, (str, bytes)):
+            # A generator or other iterable failed at the first step (TypeError: not
+            # subscriptable), after the epoch was laid out.
+            raise ValueError(
+                f"dataset must be indexable (dataset[i] the tokens of sample i), got "
+                f"{type(dataset).__name__}"
+            )
         self.dataset = dataset
         self.pad_multiple = pad = check_pad_multiple(pad_multiple)
         self.num_microbatches = options.num_microbatches
