@@ -317,3 +317,18 @@ def test_megatron_iterator_names_the_dataset_sample_it_refuses() -> None:
             for step in iterator.steps():
                 for _ in step:
                     pass
+
+
+def test_megatron_iterator_refuses_a_dataset_it_cannot_index() -> None:
+    """adv15b D9: a generator (or any iterable without ``dataset[i]``) was accepted, the epoch
+    laid out, then the first step failed with TypeError "'generator' object is not
+    subscriptable"."""
+    pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    lengths = [2, 3, 4, 5]
+    with pytest.raises(ValueError, match=r"dataset must be indexable .* got generator"):
+        MegatronDataIterator(
+            (list(range(1, n + 1)) for n in lengths), lengths, global_batch_size=4,
+            dp_rank=0, dp_size=1, max_tokens=64,
+        )  # fmt: skip
