@@ -229,7 +229,8 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
     if negative.any():
         bad = _first(negative)
         raise ValueError(f"{name}[{bad}] = {float(weights[bad])} is negative")
-    return weights
+    # -0.0 as 0.0 (adding 0.0 does that): equal values give byte-identical plans and documents.
+    return weights + 0.0 if np.signbit(weights).any() else weights
 
 
 def as_sample_values(values: Any, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -391,7 +392,7 @@ def _check_real(value: Any, name: str, *, positive: bool) -> float:
         result = np.inf
     if not np.isfinite(result) or result < 0 or (positive and result == 0):
         raise ValueError(f"{name} must be a {kind} finite number, got {value!r}")
-    return result
+    return result + 0.0  # -0.0 as 0.0: equal values give equal documents and fingerprints
 
 
 def check_positive_float(value: Any, name: str) -> float:
