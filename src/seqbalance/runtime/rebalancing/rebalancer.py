@@ -283,8 +283,9 @@ class Rebalancer:
         nothing: its ``observe()`` discards the timer's regions and returns.
 
         Raises:
-            ValueError: without ``adaptive``, or ``result`` is no ``RebalanceResult`` (on this
-                rank; the others raise at the next step, as for a missed ``observe()``).
+            ValueError: without ``adaptive``, or ``result`` is no ``RebalanceResult`` of this
+                Rebalancer (on this rank; the others raise at the next step, as for a missed
+                ``observe()``).
         """
         # Anything else failed deep inside as an AttributeError naming no argument.
         if not isinstance(result, RebalanceResult):
@@ -294,6 +295,11 @@ class Rebalancer:
             )
         timer = self.timer  # raises without adaptive
         assert self.engine.feedback is not None  # self.timer raised otherwise
+        if result._worker is not self.engine.worker:  # made by another Rebalancer's engine
+            raise ValueError(
+                "observe() takes a RebalanceResult of this Rebalancer: this one comes from "
+                "another (its plan and seconds would be learned as this Rebalancer's step)"
+            )
         if result.plan is None:
             # No rank had a sample: nothing ran and nothing is learned. The loop timed no
             # micro-batch, so finish() would raise RuntimeError on every rank; what it
