@@ -7,6 +7,7 @@ sees ``lengths[17] = -3 is negative`` rather than an obscure failure deep inside
 from __future__ import annotations
 
 import numbers
+import re
 import sys
 import tokenize
 from collections.abc import Iterable, Iterator, Sequence
@@ -52,6 +53,10 @@ _NPY_MAGIC = b"\x93NUMPY"
 """The first bytes of every ``.npy`` file."""
 
 
+_LARGE_HEADER = re.compile(r"Header info length \((\d+)\) is large")
+"""numpy's refusal of a ``.npy`` header over ``max_header_size``, with its length."""
+
+
 def npy_error(path: Any, error: BaseException) -> str:
     """What ``np.load``'s ``error`` on the file ``path`` means, in words: numpy calls any file
     that is neither a ``.npy`` array nor a ``.npz`` archive "pickled (object) data" and advises
@@ -63,6 +68,12 @@ def npy_error(path: Any, error: BaseException) -> str:
     except OSError:
         return str(error)
     if head.startswith((_NPY_MAGIC, b"PK")) or not head:  # an array, an archive, or empty
+        large = _LARGE_HEADER.match(str(error))
+        if large:  # numpy's advice: allow_pickle=True, which would trust any pickle in it
+            return (
+                f"its header is {int(large.group(1)):,} bytes, more than numpy reads from a file "
+                "(max_header_size, 10,000 bytes; numpy.save writes far less)"
+            )
         return str(error)
     return f"it is no .npy file: it begins {head!r}, not with numpy's {_NPY_MAGIC!r}"
 
@@ -218,7 +229,8 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
     if negative.any():
         bad = _first(negative)
         raise ValueError(f"{name}[{bad}] = {float(weights[bad])} is negative")
-    return weights
+    # -0.0 as 0.0 (adding 0.0 does that): equal values give byte-identical plans and documents.
+    return weights + 0.0 if np.signbit(weights).any() else weights
 
 
 def as_sample_values(values: Any, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -380,7 +392,7 @@ def _check_real(value: Any, name: str, *, positive: bool) -> float:
         result = np.inf
     if not np.isfinite(result) or result < 0 or (positive and result == 0):
         raise ValueError(f"{name} must be a {kind} finite number, got {value!r}")
-    return result
+    return result + 0.0  # -0.0 as 0.0: equal values give equal documents and fingerprints
 
 
 def check_positive_float(value: Any, name: str) -> float:

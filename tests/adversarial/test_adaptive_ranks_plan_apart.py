@@ -107,3 +107,13 @@ def test_ranks_built_differently_fail_together_before_they_plan(results) -> None
     for case, error in built[0].items():
         assert error is not None, case
         assert "ranks 0 and 1 set up Adaptive differently" in error, (case, error)
+    # adv15a F8: the refusal named no setting ("options, Feedback settings, prior or lag").
+    assert {case: error.split(": ", 1)[1] for case, error in built[0].items()} == {
+        "options": "options.max_tokens (8192 on rank 0, null on rank 1): " + SAME,
+        "feedback": "feedback.window (16 on rank 0, 17 on rank 1): " + SAME,
+        "prior": "prior.t1 (1e-06 on rank 0, 2e-06 on rank 1): " + SAME,
+        "lag": "lag (0 on rank 0, 1 on rank 1): " + SAME,
+    }
+
+
+SAME = "build it the same way on every rank"

@@ -56,6 +56,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "deep_config": root / "deep_config.json",
         "deep_records": root / "deep.jsonl",
         "deep_document": root / "deep_document.json",
+        "long_number_records": root / "long_number.jsonl",
+        "long_number_document": root / "long_number.json",
         "layers_1e30": root / "layers_1e30.json",
         "layers_1e8": root / "layers_1e8.json",
         "hidden_1e30": root / "hidden_1e30.json",
@@ -84,6 +86,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths["deep_config"].write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
     paths["deep_records"].write_text('{"messages": ' + nested + "}\n")
     paths["deep_document"].write_text(nested)
+    # adv15b D4: an id of 5,000 digits (over Python's int limit) ended the command with
+    # Python's advice to call sys.set_int_max_str_digits, naming no file or line.
+    long_number = '{"text": "a b", "id": ' + "9" * 5000 + "}"
+    paths["long_number_records"].write_text(long_number + "\n")
+    paths["long_number_document"].write_text(f"[{long_number}]")
     sane = {**config, "num_attention_heads": 2}
     for name, changes in (
         ("layers_1e30", {"num_hidden_layers": 10**30}),
@@ -120,6 +127,8 @@ CASES = [
     ("simulate", "--steps 1 --model {deep_config}", "not valid JSON"),
     ("lengths", "{deep_records} -o {folder}/out.npy", "nested too deeply"),
     ("lengths", "{deep_document} -o {folder}/out.npy", "nested too deeply"),
+    ("lengths", "{long_number_records} -o {folder}/out.npy", "(line 1: a number too long"),
+    ("lengths", "{long_number_document} -o {folder}/out.npy", "long_number.json: a number too"),
     ("simulate", "--steps 1 --model {layers_1e30}", "'num_hidden_layers' must be <="),
     ("simulate", "--steps 1 --model {layers_1e8}", "'num_hidden_layers' must be <="),
     ("simulate", "--steps 1 --model {hidden_1e30}", "'hidden_size' must be <="),

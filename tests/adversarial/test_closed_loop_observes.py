@@ -74,6 +74,24 @@ def test_window_balancer_dispatches_are_observed_once_in_order(order, skip) -> N
     assert balancer.adaptive.loop.observed == observed
 
 
+def test_a_window_balancer_refuses_what_it_did_not_dispatch() -> None:
+    # adv15a F10: another balancer's dispatch was learned as this one's step due, silently; a
+    # plan or None raised AttributeError.
+    balancers = [WindowBalancer(2, 4, window=8, max_tokens=4096, adaptive=True) for _ in "ab"]
+    dispatches = []
+    for balancer in balancers:
+        balancer.push([100, 200, 300, 400])
+        dispatches.append(balancer.dispatch())
+    mine, theirs = dispatches
+    with pytest.raises(ValueError, match="dispatch 0 was not made by this WindowBalancer"):
+        balancers[0].observe(theirs, _seconds(theirs.plan, 1.0))
+    for odd in (None, mine.plan):
+        with pytest.raises(ValueError, match="dispatch must be a Dispatch of this WindowBalancer"):
+            balancers[0].observe(odd, _seconds(mine.plan, 1.0))
+    assert balancers[0].adaptive.loop.observed == 0
+    assert balancers[0].observe(mine, _seconds(mine.plan, 1.0))["step"] == 0
+
+
 def test_a_plan_made_elsewhere_is_numbered_at_its_first_observe() -> None:
     # A plan the planner did not number takes the step due; the same plan observed again is an
     # extra observe.

@@ -95,3 +95,38 @@ def test_a_rank_timed_in_numpy_durations_is_not_learned_slow() -> None:
             warnings.simplefilter("ignore", RuntimeWarning)
             telemetry = planner.observe(plan, [durations, seconds[1]])
     assert telemetry["next_rank_speeds"] == [1.0, 1.0]
+
+
+class _EventOfNoSeconds:
+    """A timer event (the ``torch.cuda.Event`` interface) reading an int beyond a float."""
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _EventOfNoSeconds) -> int:
+        return 10**400
+
+
+def test_a_timer_reading_no_seconds_is_recorded_not_raised() -> None:
+    # adv15a F6: the timer's own reading (milliseconds to seconds) raised OverflowError out of
+    # ClosedLoop.record, whose contract is never to raise (the error travels in the record to
+    # every rank): in a process group on that rank alone, the others waiting in the gather.
+    from seqbalance.plan import plan_step
+    from seqbalance.runtime.closed_loop.loop import ClosedLoop
+    from seqbalance.runtime.closed_loop.timer import StepTimer
+
+    options = PlanOptions(cost=PRIOR, max_tokens=4096)
+    loop = ClosedLoop(options, 2)
+    plan = plan_step(np.arange(1, 9) * 100, 2, options)
+    timer = StepTimer(event_factory=_EventOfNoSeconds)
+    for _ in plan.ranks[1]:
+        with timer.microbatch():
+            pass
+    record = loop.record(
+        0, lambda: loop.statistics(plan, 1, list(timer.finish().microbatch_seconds))
+    )
+    assert record["stats"] is None
+    assert record["error"] == "OverflowError: int too large to convert to float"

@@ -57,6 +57,20 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
             out[case] = f"loss {step.loss:.12f}"
         except ValueError as error:
             out[case] = f"ValueError: {error}"
+    # The same model object cast on rank 1 after a step it ran alike: the layout of a model
+    # already checked is read again at every step, not taken from the last one.
+    model = TinyCausalTransformer(ToyModelConfig(**SIZES, intermediate_size=24), seed=3)
+    model.to(torch.float64)
+    step = lambda: run_step(  # noqa: E731
+        model, plan, samples, groups, forward=TinyCausalTransformer.slot_logits, timeout=5.0
+    )
+    step()
+    if rank:
+        model.to(torch.float32)
+    try:
+        out["cast after a step"] = f"loss {step().loss:.12f}"
+    except ValueError as error:
+        out["cast after a step"] = f"ValueError: {error}"
     return out
 
 
@@ -64,7 +78,7 @@ def test_models_apart_fail_every_rank_before_any_slot(tmp_path) -> None:
     results = ok(launch(tmp_path, 2, _worker))
     assert results[0]["alike"] == results[1]["alike"]
     assert results[0]["alike"].startswith("loss ")
-    for case in ODD:
+    for case in [*ODD, "cast after a step"]:
         if case == "alike":
             continue
         assert results[0][case] == results[1][case], case

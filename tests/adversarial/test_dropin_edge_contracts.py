@@ -5,7 +5,9 @@ way whatever its tokens."""
 from __future__ import annotations
 
 import enum
+import re
 
+import numpy as np
 import pytest
 
 
@@ -29,6 +31,31 @@ def test_verl_group_partitions_read_whole_token_counts(lengths: list, message: s
     # Whole floats are token counts (verl's callers pass a tensor's ``tolist()``).
     ints = get_group_balanced_partitions([1, 2, 100, 3], ["a", "a", "b", "b"], 2)
     assert get_group_balanced_partitions([1.0, 2.0, 100.0, 3.0], ["a", "a", "b", "b"], 2) == ints
+
+
+@pytest.mark.parametrize("function", ["greedy_partition", "karmarkar_karp"])
+@pytest.mark.parametrize(
+    ("workloads", "message"),
+    [
+        ([float("inf"), 1, 2, 3], "negative, NaN or infinite"),
+        ([1e308, 1e308, 1, 2], "within the float range|negative, NaN or infinite"),
+        (np.ma.masked_array([1, 2, 3, 4], [0, 1, 0, 0]), r"seqlen_list\[1\] is masked"),
+    ],
+)
+def test_verl_equal_partitions_refuse_workloads_they_cannot_split(function, workloads, message):
+    """adv15b D8: ``greedy_partition(..., equal_size=True)`` of an infinite workload (or of
+    finite ones summing past the float range) returned parts of 3 and 1 indices (its bias went
+    infinite; verl asserts); a masked workload was partitioned as the data under its mask."""
+    import seqbalance.integrations.verl as sbv
+
+    try:
+        parts = getattr(sbv, function)(workloads, 2, True)
+    except ValueError as error:
+        assert re.search(message, str(error)), error
+    else:  # karmarkar_karp of finite workloads: verl's parts, equal counts
+        assert function == "karmarkar_karp" and not np.ma.isMaskedArray(workloads), parts
+        assert sorted(len(part) for part in parts) == [2, 2], parts
+    assert getattr(sbv, function)([1, 2, 3, 4], 2, True) in ([[0, 2], [1, 3]], [[3, 0], [2, 1]])
 
 
 @pytest.mark.parametrize(
@@ -290,3 +317,18 @@ def test_megatron_iterator_names_the_dataset_sample_it_refuses() -> None:
             for step in iterator.steps():
                 for _ in step:
                     pass
+
+
+def test_megatron_iterator_refuses_a_dataset_it_cannot_index() -> None:
+    """adv15b D9: a generator (or any iterable without ``dataset[i]``) was accepted, the epoch
+    laid out, then the first step failed with TypeError "'generator' object is not
+    subscriptable"."""
+    pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    lengths = [2, 3, 4, 5]
+    with pytest.raises(ValueError, match=r"dataset must be indexable .* got generator"):
+        MegatronDataIterator(
+            (list(range(1, n + 1)) for n in lengths), lengths, global_batch_size=4,
+            dp_rank=0, dp_size=1, max_tokens=64,
+        )  # fmt: skip

@@ -9,12 +9,16 @@ The first fix compared the models' reprs, which hold an ``extra_per_sample`` fun
 (different in every process): meters built alike failed on every rank. The models are compared
 as plain data, the function by its qualified name, and the message names the first differing
 field with its two values.
+
+adv15a F5: ``report(seconds)`` checked ``seconds`` after the gather, on the rank that gave it: a
+rank whose timer read 0 or NaN raised alone while the others had their reports and went on
+(to meet it no more at the next collective). Checked before, carried by the gather: every rank
+raises, naming the rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,14 +74,43 @@ def _reports(rank: int, world_size: int) -> dict[str, Any]:
             out[case] = ("report", report.total_flops, report.tflops_per_gpu, report.tokens)
         except ValueError as error:
             out[case] = ("ValueError", str(error))
+    meter = TorchFlopsMeter(toy, peak_flops_per_s=1e12, timeout=20.0)
+    meter.add(lengths=[100])
+    for seconds in (float("nan"), 0.0):
+        out[f"seconds {seconds}"] = _outcome(meter, seconds if rank == 1 else 2.0)
+    out["after"] = meter.report(2.0).tokens  # nothing reset by the refused reports
     return out
 
 
-def test_meters_set_up_apart_fail_every_rank_naming_the_setting(tmp_path: Path) -> None:
+def _outcome(meter: Any, seconds: float) -> tuple[str, ...]:
+    try:
+        meter.report(seconds)
+    except ValueError as error:
+        return ("ValueError", str(error))
+    return ("report",)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict[str, Any]]:
+    return ok(launch(tmp_path_factory.mktemp("flops_apart"), 2, _reports))
+
+
+def test_a_bad_interval_on_one_rank_fails_every_rank(results) -> None:
+    for seconds in ("nan", "0.0"):
+        assert [result[f"seconds {seconds}"] for result in results] == [
+            (
+                "ValueError",
+                "TorchFlopsMeter.report on rank 1: seconds must be a positive finite number, "
+                f"got {seconds}",
+            )
+        ] * 2
+    assert [result["after"] for result in results] == [200, 200]
+
+
+def test_meters_set_up_apart_fail_every_rank_naming_the_setting(results) -> None:
     from seqbalance.cost import FlopsModel
     from seqbalance.measure.toy_model import TinyCausalTransformer
 
-    results = ok(launch(tmp_path, 2, _reports))
     toy = FlopsModel(TinyCausalTransformer().model_spec())
     summed = float(toy.per_sample([100, 50, 101, 50]).sum())
     for result in results:

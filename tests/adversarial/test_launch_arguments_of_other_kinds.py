@@ -22,8 +22,9 @@ from seqbalance.measure.launch import launch  # noqa: E402
         (print, {"args": (threading.Lock(),)}, "args"),
         (print, {"args": "abc"}, "args"),
         (print, {"log_dir": __file__}, "log_dir"),
+        (print, {"poll": 5}, "poll"),  # adv15b: TypeError once the ranks ran
     ],
-    ids=["lambda", "lock", "string", "file"],
+    ids=["lambda", "lock", "string", "file", "poll"],
 )
 def test_refused_before_a_process_starts(fn, kwargs, name: str) -> None:
     with pytest.raises(ValueError, match=name):

@@ -60,3 +60,30 @@ def test_an_error_is_one_line(error: Exception, line: str, monkeypatch, capsys) 
     assert main(["plan", "gsm8k", "--dp", "2"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [line], lines
+
+
+def test_a_claim_past_int64_warns_nothing(tmp_path: Path, capsys) -> None:
+    """adv15b D5: a header claiming 2**62 int64 values printed numpy's 'overflow encountered in
+    scalar multiply' RuntimeWarning (two more stderr lines) above the one-line error."""
+    import warnings
+
+    path = _claims(tmp_path / "lengths.npy", 2**62)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["plan", str(path), "--dp", "2"]) == 2
+    assert [str(w.message) for w in caught] == []
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "lengths.npy" in lines[0], lines
+
+
+def test_a_header_over_numpys_limit_is_named_without_pickle_advice(tmp_path: Path, capsys) -> None:
+    """adv15b D5: numpy refuses a header over 10,000 bytes advising ``allow_pickle=True`` (which
+    would trust any pickle in the file): a Python keyword, and unsafe advice, in a CLI error."""
+    path = tmp_path / "lengths.npy"
+    with open(path, "wb") as file:
+        header = {"descr": "<i8", "fortran_order": False, "shape": (4,), "x": "y" * 20_000}
+        np.lib.format.write_array_header_2_0(file, header)
+        file.write(np.arange(1, 5, dtype="<i8").tobytes())
+    assert main(["plan", str(path), "--dp", "2"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "its header is 20,1" in line and "allow_pickle" not in line, line

@@ -7,6 +7,7 @@ HF drop-in's most common input: they are read by position."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from seqbalance.datasets import lengths_from_dataset
@@ -61,3 +62,31 @@ def test_the_hf_drop_in_reads_a_map_style_dataset() -> None:
     loader = balanced_train_dataloader(trainer_stub(dataset), options={})
     served = sorted(i for batch in loader.batch_sampler for i in batch)
     assert served == list(range(8))
+
+
+def test_a_length_column_read_as_torch_scalars_is_read_as_lengths() -> None:
+    # adv15a F2: a "length" column under Dataset.set_format("torch") iterates as 0-d tensors:
+    # TypeError "len() of a 0-d tensor"; a 0-d numpy integer "len() of unsized object".
+    records = [{"length": torch.tensor(5)}, {"length": torch.tensor([3, 4, 1])}]
+    assert lengths_from_dataset(records, "length").tolist() == [5, 3]
+    assert lengths_from_dataset([{"input_ids": np.array(7)}]).tolist() == [7]
+    tokens = [{"input_ids": [torch.tensor(1), torch.tensor(2)]}, {"input_ids": ["a", "b", "c"]}]
+    assert lengths_from_dataset(tokens).tolist() == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (torch.ones(1, 9, dtype=torch.long), r"an array of shape \(1, 9\)"),
+        (np.ones((2, 4), dtype=np.int64), r"an array of shape \(2, 4\)"),
+        ([[1, 2, 3]], "a list of list"),
+        ({"a": 1, "b": 2}, "got dict"),
+        ({1, 2, 3}, "got set"),
+        (torch.tensor(5.0), "got float"),
+    ],
+)
+def test_an_entry_whose_len_counts_no_tokens_is_named(value, named) -> None:
+    # adv15a F2: a tokenizer's return_tensors="pt" row of shape (1, n) was read as length 1,
+    # a list of lists by its rows, a mapping by its keys, silently.
+    with pytest.raises(ValueError, match=r"^dataset\[1\]\['input_ids'\] must be .*" + named):
+        lengths_from_dataset([{"input_ids": [1, 2]}, {"input_ids": value}])

@@ -42,3 +42,24 @@ def test_a_power_of_two_scale_of_the_costs_gives_the_same_padded_plan(exponent, 
     ]
     assert scaled.step_cost == reference.step_cost * 2.0**exponent
     assert np.array_equal(scaled.costs, reference.costs * 2.0**exponent)
+
+
+def test_padded_costs_spanning_hundreds_of_orders_of_magnitude_plan_without_a_warning():
+    # adv15c P2: costs 1 .. 6e197 in one step (a cost in the wrong unit for a few lengths, well
+    # inside the accepted totals): the padded top bound's run sizes ``low / least`` passed int64
+    # and numpy warned "invalid value encountered in cast" (an error under ``-W error``).
+    def wide(lengths):
+        return 2.0 ** ((lengths.astype(np.int64) * 7919) % 700)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = plan_step(
+            [1, 1, 3, 0, 3, 3, 2],
+            3,
+            cost=wide,
+            objective="lockstep",
+            layout="padded",
+            microbatch_size=7,
+            num_microbatches=2,
+        )
+    assert plan.step_cost == plan.lower_bound == wide(np.array([3]))[0]

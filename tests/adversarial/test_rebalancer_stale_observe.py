@@ -4,7 +4,10 @@ numbers observations as they come, so the record passed for the step due and not
 noticed: that rank's measurements of one step were learned as another's, the step's own were
 lost, and its telemetry was computed from another plan than the other ranks'. Now every record
 carries a digest of the plan it measured, and every rank raises the same ``ValueError`` at that
-step's gather. Real gloo processes."""
+step's gather. Real gloo processes.
+
+adv15a F11: a result of ANOTHER adaptive Rebalancer (two in one loop, their observes mixed up)
+was learned as this one's step, silently: refused naming it."""
 
 from __future__ import annotations
 
@@ -52,12 +55,32 @@ def _run(rank: int, overlap: bool) -> dict[str, Any]:
     return {"error": None, "steps": steps}
 
 
-def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
-    return [_run(rank, overlap) for overlap in (False, True)]
+def _other_rebalancers_result(rank: int) -> str | None:
+    group = dist.new_group(backend="gloo")
+    mine, other = (Rebalancer(group, timeout=TIMEOUT, max_tokens=4096, adaptive=True) for _ in "ab")
+    mine.rebalance(_batch(rank, 0))
+    theirs = other.rebalance(_batch(rank, 1))
+    n = len(theirs.microbatches)
+    try:
+        mine.observe(theirs, StepTiming((0.01,) * n, 0.001, 0.01 * n + 0.001))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _worker(rank: int, world_size: int) -> list[Any]:
+    return [_run(rank, overlap) for overlap in (False, True)] + [_other_rebalancers_result(rank)]
+
+
+def test_another_rebalancers_result_is_refused(results) -> None:
+    assert [results[rank][2] for rank in range(2)] == [
+        "observe() takes a RebalanceResult of this Rebalancer: this one comes from another "
+        "(its plan and seconds would be learned as this Rebalancer's step)"
+    ] * 2
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[list[Any]]:
     return ok(launch(tmp_path_factory.mktemp("stale_observe"), 2, _worker))
 
 

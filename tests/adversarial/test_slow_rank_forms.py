@@ -38,3 +38,12 @@ def test_other_forms_are_one_line_before_any_launch(text: str, capsys) -> None:
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "slow_rank must be R:F or R:F@START-STOP" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("spell", ["20-30", "20-", "100-200"])
+def test_a_spell_after_the_last_measured_step_is_refused(spell: str, capsys) -> None:
+    """adv15b D3: ``--slow-rank 1:2@100-200`` with 20 measured steps slowed no step: the run
+    compared the closed loop on equal ranks, for minutes, without a word."""
+    assert main(["bench", "--slow-rank", f"1:2@{spell}", "--steps", "20"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("seqbalance bench: error: --slow-rank start must be < --steps = 20")

@@ -52,10 +52,21 @@ def _fails_on_rank_0(rank: int, world_size: int, case: str) -> dict[str, str]:
     started = time.monotonic()
     try:
         sbv.rearrange_micro_batches(batch, 32, dp_group=group, cost=cost, timeout=20.0)
+        outcome = {"type": "planned"}
     except Exception as error:
-        return {"type": type(error).__name__, "error": str(error)[:200],
-                "seconds": time.monotonic() - started}  # fmt: skip
-    return {"type": "planned"}
+        outcome = {"type": type(error).__name__, "error": str(error)[:200],
+                   "seconds": time.monotonic() - started}  # fmt: skip
+    # adv15b D6, in the same group: ranks rounding the agreed count to different multiples
+    # ended with 2 and 1 micro-batches under same_micro_num_in_dp, without a word.
+    try:
+        counts = sbv.rearrange_micro_batches(
+            _batch(rank, long_row=False), 64, dp_group=group, timeout=20.0,
+            num_batches_divided_by=2 if rank == 0 else None,
+        )[1]  # fmt: skip
+        outcome["divided"] = f"{len(counts)} micro-batches"
+    except ValueError as error:
+        outcome["divided"] = str(error)[:200]
+    return outcome
 
 
 @pytest.mark.parametrize(("case", "raised"), [("cost", "IndexError"), ("mask", "KeyError")])
@@ -65,6 +76,10 @@ def test_any_error_on_one_rank_fails_every_rank(tmp_path, case: str, raised: str
     assert results[1]["type"] == "ValueError", results
     assert results[1]["error"].startswith("rank 0 of dp_group refused its batch or settings")
     assert results[1]["seconds"] < 10.0, results
+    for result in results:
+        assert result["divided"].startswith(
+            "the ranks of dp_group round the micro-batch count to different multiples"
+        ), results
 
 
 def _agrees_alone(rank: int, world_size: int, directory: str) -> dict[str, object]:

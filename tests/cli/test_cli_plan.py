@@ -152,3 +152,22 @@ def test_context_parallel_plans_over_cp_groups(capsys, tmp_path) -> None:
     with pytest.raises(SystemExit):
         main([*base, "--max-tokens-per-rank", "9"])
     assert "--max-tokens-per-rank is gone: use --max-tokens" in capsys.readouterr().err
+
+
+def test_a_large_single_step_is_announced(capsys, lengths_file, monkeypatch) -> None:
+    # A whole dataset without --global-batch is one step: say so (one line on stderr) before
+    # planning, and only then (an epoch, or a step under the threshold, plans quietly).
+    from seqbalance.cli import plan as plan_command
+
+    path, lengths = lengths_file
+    argv = ["plan", str(path), "--dp", "2", "--max-tokens", "4096", "--json"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(plan_command, "ONE_STEP_HINT_SAMPLES", lengths.size - 1)
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"all {lengths.size} samples are planned as one step" in err
+    assert "--global-batch" in err
+    assert main([*argv, "--global-batch", "40"]) == 0
+    assert capsys.readouterr().err == ""

@@ -58,6 +58,9 @@ def test_partitioner_checks_of_recsys_examples() -> None:
         karmarkar_karp([1, 2, 3, 4, 5], 4, True)
     with pytest.raises(ValueError, match="k_partitions"):
         karmarkar_karp([1, 2, 3, 4], 0, True)
+    # adv15b D10: hstu_partition's refusal named karmarkar_karp's parameter, not its own.
+    with pytest.raises(ValueError, match=r"^num_partitions must be >= 1, got 0"):
+        hstu_partition([1, 2, 3, 4], 0)
     assert sorted(len(p) for p in karmarkar_karp(list(range(11)), 4, False)) != []
 
 

@@ -6,8 +6,9 @@ ones."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
+from typing import Any
+from unittest import mock
 
 import numpy as np
 from _profiles import examples
@@ -32,13 +33,8 @@ def _flat(values: list[float], k: int, capacity: float) -> list[int] | None:
     return chosen
 
 
-@contextmanager
-def _blocks_of(size: int) -> Iterator[None]:
-    saved, greedy._BLOCK = greedy._BLOCK, size
-    try:
-        yield
-    finally:
-        greedy._BLOCK = saved
+def _blocks_of(size: int) -> AbstractContextManager[Any]:
+    return mock.patch.object(greedy, "_BLOCK", size)
 
 
 # (weights, bins, block size, capacity slack above the mean): small integer weights and tiny

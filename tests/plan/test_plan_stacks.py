@@ -46,7 +46,7 @@ from seqbalance.plan.stacks.reference import (
     largest_differencing,
     split_largest_bins,
 )
-from seqbalance.plan.strategies import TokenKK
+from seqbalance.plan.strategies import BASELINE_STRATEGIES, TokenKK
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -312,6 +312,27 @@ def test_token_kk_count_ruled_out_only_without_a_plan_in_the_cap(
     assert [kk.may_plan_count(p, m) for m in range(1, 13)] == [
         m == count and keeps for m in range(1, 13)
     ]
+
+
+def test_what_a_rival_computes_once_per_problem_no_reader_can_change() -> None:
+    # A rival's rank split and token_kk's micro-batches are computed once per problem and read
+    # by its plan and both its bounds: a reader that changed what it got in place would change
+    # the others' input unseen. They are kept read-only; what a reader may change is a copy.
+    def make() -> Problem:
+        return problem([5, 9, 2, 7, 3, 8, 4, 6], 2, max_tokens=14, groups=np.arange(8) // 2)
+
+    p = make()
+    kk, verl = TokenKK(), VerlBaseline()
+    for plan in (kk.plan(p), verl.plan(p)):
+        plan[0][0].append(plan[1][0].pop())
+    assert kk.plan(p) == kk.plan(make()) and verl.plan(p) == verl.plan(make())
+    split = verl.rank_partitions(p, dispatch_order=False)
+    split[0].append(split[1].pop())
+    assert verl.plan(p) == verl.plan(make())
+    for rival in BASELINE_STRATEGIES:
+        if hasattr(rival, "rank_of_unit"):
+            with pytest.raises(ValueError, match="read-only"):
+                rival.rank_of_unit(p)[0] = 1
 
 
 def test_hf_length_grouped_by_hand() -> None:

@@ -109,3 +109,21 @@ def test_nothing_moved_and_the_group_still_works(results) -> None:
     for result in results:
         assert result["exchanges"] == []  # no disagreeing call reached the exchange
     assert sum(result["agreed"] for result in results) == 12
+
+
+def test_differing_settings_names_each_differing_field_by_its_path() -> None:
+    from seqbalance.runtime.agreement import differing_settings
+
+    first = {"a": 1, "model": {"spec": {"vocab": 512, "layers": 2}, "name": "x"}, "same": [1]}
+    second = {"model": {"spec": {"vocab": 1000, "layers": 2}, "name": "y"}, "a": 1, "new": "z"}
+    words = differing_settings(first, second, lambda name, a, b: f"{name}: {a} | {b}")
+    # first's order, then what only second has; a missing setting reads as null
+    assert words == [
+        "model.spec.vocab: 512 | 1000",
+        'model.name: "x" | "y"',
+        "same: [1] | null",
+        'new: null | "z"',
+    ]
+    long = {"text": "x" * 100}
+    assert differing_settings(long, long, lambda *words: str(words)) == []
+    assert differing_settings(long, {"text": "y"}, lambda name, a, b: a) == ['"' + "x" * 56 + "..."]

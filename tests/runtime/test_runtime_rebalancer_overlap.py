@@ -188,10 +188,28 @@ def _errors_and_exits(rank: int, group: Any) -> dict[str, Any]:
         "other_overlap": lambda: rebalancer.iterate([], overlap=False).load_state_dict(
             rebalancer.iterate([]).state_dict()
         ),
+        # adv15a F9: values of other kinds were read as they came (taken "3": TypeError at
+        # the first step; True: a step early; -1: from the start; prefetched "no": a replay).
+        **{
+            f"edited {key}={value!r}": lambda key=key, value=value: rebalancer.iterate(
+                []
+            ).load_state_dict({**rebalancer.iterate([]).state_dict(), key: value})
+            for key, value in EDITED.items()
+        },
     }.items():
         out[name] = _error_of(call)
     rebalancer.close()
     return out
+
+
+EDITED = {"taken": "3", "overlap": 1, "prefetched": "no", "telemetry": 5}
+"""A state's values edited to other kinds (:func:`_errors_and_exits`)."""
+EDITED_NAMED = {
+    "taken": "state['taken'] must be an integer, got '3'",
+    "overlap": "state['overlap'] must be True or False, got 1",
+    "prefetched": "state['prefetched'] must be True or False, got 'no'",
+    "telemetry": "state['telemetry'] must be the step's telemetry (a dict) or None, got int",
+}
 
 
 def _error_of(call: Any) -> str | None:
@@ -542,6 +560,8 @@ def test_errors_surface_at_their_step_and_the_thread_stops(results):
         assert "overlap" in errors["bad_overlap"]
         assert "before the first step" in errors["late_load"]
         assert "overlap=True" in errors["other_overlap"]
+        for key, value in EDITED.items():
+            assert errors[f"edited {key}={value!r}"] == EDITED_NAMED[key]
 
 
 def test_resume_replays_the_prefetched_step_exactly(results):

@@ -48,10 +48,10 @@ def _gather_everywhere(rebalancer: Rebalancer, inputs: list[tuple[Any, Any]]) ->
         rebalancer.engine.describe(samples, None, None, parts, len(inputs))
         for samples, parts in inputs
     ]
-    payloads = [encode(header, table) for _, header, table in described]
+    payloads = [encode(header, table) for _, header, table, _ in described]
     return [
         _outcome(rebalancer.engine.gather, _Peers(rank, payloads), header, table, local)
-        for rank, (local, header, table) in enumerate(described)
+        for rank, (local, header, table, _) in enumerate(described)
     ]
 
 
@@ -73,7 +73,7 @@ RANK_PARTS = [
 
 def test_parts_travel_in_the_description_and_come_back_equal() -> None:
     rebalancer = Rebalancer(**OPTIONS)
-    _, header, table = rebalancer.engine.describe(
+    _, header, table, _ = rebalancer.engine.describe(
         _samples(RANK_PARTS[0]), None, None, RANK_PARTS[0], 3
     )
     assert header["error"] is None
@@ -82,7 +82,9 @@ def test_parts_travel_in_the_description_and_come_back_equal() -> None:
     assert SampleParts.from_dict(back["parts"]) == RANK_PARTS[0]
     assert back_table.tolist() == [[18, 16 + 16], [20, 0]]  # tokens and pixel rows per sample
     assert back["wire"] == WIRE_VERSION == 2
-    _, plain, _ = rebalancer.engine.describe([{"input_ids": torch.arange(3)}], None, None, None, 3)
+    _, plain, _, _ = rebalancer.engine.describe(
+        [{"input_ids": torch.arange(3)}], None, None, None, 3
+    )
     assert plain["parts"] is None
     older = encode(header, table).replace(b'"wire": 2', b'"wire": 1')
     with pytest.raises(ValueError, match="rank 2 speaks wire format 1, this rank 2"):

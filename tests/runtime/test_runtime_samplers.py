@@ -356,6 +356,7 @@ def test_length_grouped_every_index_once_and_lockstep(drop_last, n, world_size, 
             seed=1,
             drop_last=drop_last,
             bucket_size=2 * batch * world_size,
+            allow_empty=True,
         ),
         world_size,
     )
@@ -367,6 +368,27 @@ def test_length_grouped_every_index_once_and_lockstep(drop_last, n, world_size, 
     assert len({len(batches) for batches in per_rank}) == 1
     short_steps = {j for batches in per_rank for j, b in enumerate(batches) if len(b) != batch}
     assert len(short_steps) <= (0 if n % step == 0 or drop_last else 1)
+
+
+def test_length_grouped_refuses_a_last_step_that_leaves_ranks_empty() -> None:
+    # adv15a F7: 35 samples, steps of 4 x 8: the last step's 3 samples left 5 ranks an empty
+    # batch, and a DataLoader's default collate raised IndexError on those ranks alone.
+    lengths = _lengths(35)
+    with pytest.raises(ValueError) as refused:
+        LengthGroupedSampler(lengths, 4, dp_rank=7, dp_size=8)
+    assert str(refused.value) == (
+        "the last step holds 3 samples (num_samples = 35, batch_size * dp_size = 32), fewer "
+        "than the dp_size = 8 ranks: 5 ranks would get an empty batch, which a DataLoader's "
+        "collate fails on (those ranks alone): pass drop_last=True, or allow_empty=True for a "
+        "collate that takes an empty batch"
+    )
+    dropped = LengthGroupedSampler(lengths, 4, dp_rank=7, dp_size=8, drop_last=True)
+    assert [len(b) for b in dropped] == [4]
+    allowed = LengthGroupedSampler(lengths, 4, dp_rank=7, dp_size=8, allow_empty=True)
+    assert sorted(len(b) for b in allowed) == [0, 4]
+    assert len(list(LengthGroupedSampler(lengths, 4, dp_rank=1, dp_size=2))) == 5  # 3 left, 2 ranks
+    with pytest.raises(ValueError, match="allow_empty must be True or False"):
+        LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=1, allow_empty=1)
 
 
 def test_length_grouped_batches_hold_similar_lengths() -> None:
@@ -394,6 +416,22 @@ def test_length_grouped_is_deterministic_and_shuffles_per_epoch() -> None:
     rank0 = LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=2, seed=0)
     for b0, b1 in zip(rank0, batches(0), strict=True):
         assert lengths[b0].min() >= lengths[b1].max()
+
+
+def test_length_grouped_sorts_each_bucket_once_per_pass(monkeypatch) -> None:
+    # adv15a F3: steps come in random order over the epoch, and only the last bucket's sorted
+    # order was kept: with two buckets of half the dataset each, nearly every step read and
+    # sorted half the dataset again (200k samples: 33 s a pass, 0.2 s with one bucket).
+    lengths = _lengths(4000, seed=5)
+    sampler = LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=2, bucket_size=2000)
+    reads = []
+    take = sampler._source.take
+    monkeypatch.setattr(sampler._source, "take", lambda members: reads.append(1) or take(members))
+    batches = list(sampler)
+    assert len(batches) == 500 and len(reads) == 2
+    reference = LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=2, bucket_size=2000)
+    monkeypatch.setattr("seqbalance.runtime.samplers.length_grouped._KEPT", 0)
+    assert list(reference) == batches  # one bucket kept at a time: the same batches
 
 
 def test_length_grouped_validates_bucket_size() -> None:

@@ -81,7 +81,11 @@ def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
     sampler = _sampler(log)
     steps, state = _run(sampler, rank, 0, STEPS, save_at=RESUME_AT)
     sampler.set_epoch(1)  # the next epoch goes on with what was learned
+    at_next_epoch = sampler.state_dict()  # saved before the epoch's first iter()
     next_epoch, _ = _run(sampler, rank, 0, 3)
+    from_next_epoch = _sampler()
+    from_next_epoch.load_state_dict(at_next_epoch)
+    next_epoch_resumed, _ = _run(from_next_epoch, rank, 0, 3)
     resumed = _sampler()
     resumed.load_state_dict(state)
     again, _ = _run(resumed, rank, RESUME_AT, STEPS)
@@ -102,6 +106,7 @@ def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
         "missed": _miss_one_observe(_sampler(), rank),
         "steps": steps,
         "next_epoch": next_epoch,
+        "next_epoch_resumed": next_epoch_resumed,
         "resumed": again,
         "state": state,
         "forgetful": error,
@@ -165,6 +170,8 @@ def test_the_slower_rank_gets_less_work_within_a_few_steps(results):
 def test_the_next_epoch_goes_on_with_the_learned_speeds(results):
     a, b = results
     assert a["next_epoch"] == b["next_epoch"]
+    # A state saved between set_epoch() and the epoch's first iter() resumes the same plans.
+    assert a["next_epoch_resumed"] == a["next_epoch"] == b["next_epoch_resumed"]
     for step in a["next_epoch"]:
         assert 0.45 < step["rank_tokens"][1] / step["rank_tokens"][0] < 0.55
 

@@ -228,6 +228,7 @@ def test_result_is_json_serialisable(result) -> None:
         ({"peak_flops_per_s": 0.0}, "peak_flops_per_s"),
         ({"model": "gpt-9"}, "unknown preset"),
         ({"max_tokens": 0}, "max_tokens"),
+        ({"progress": 5}, "progress must be a callable"),  # adv15c P4: TypeError after step 0
     ],
 )
 def test_bad_input_names_the_argument(kwargs: dict, message: str) -> None:

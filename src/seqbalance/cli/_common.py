@@ -188,7 +188,8 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
     try:
         # Mapped first: a header claiming more than the file holds (cut short, or garbled to
         # terabytes) is refused here, before memory the size of the claim is taken.
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        with np.errstate(over="ignore"):  # a claimed size past int64: the error says it
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
         if isinstance(array, np.ndarray):
             array = np.array(array)  # a copy: the file may change while the command runs
     except (*NPY_ERRORS, pickle.UnpicklingError) as error:

@@ -35,6 +35,7 @@ from typing import Any, overload
 import numpy as np
 
 from seqbalance._validation import (
+    MAX_TOKENS_LIMIT,
     as_lengths,
     check_int,
     check_non_negative_float,
@@ -112,12 +113,8 @@ class CommModel:
             check_positive_float(self.bandwidth_bytes_per_s, "bandwidth_bytes_per_s"),
         )
         object.__setattr__(self, "latency_s", check_non_negative_float(self.latency_s, "latency_s"))
-        object.__setattr__(
-            self,
-            "bytes_per_element",
-            check_int(self.bytes_per_element, "bytes_per_element", minimum=1),
-        )
-        object.__setattr__(self, "passes", check_int(self.passes, "passes", minimum=1))
+        for name in ("bytes_per_element", "passes"):
+            object.__setattr__(self, name, _check_count(getattr(self, name), name, minimum=1))
         if self.fit_stats is not None and not isinstance(self.fit_stats, FitStats):
             raise ValueError(f"fit_stats must be a FitStats or None, got {self.fit_stats!r}")
 
@@ -232,6 +229,14 @@ of about 20 (e^3) from one run to the next is no timing of the plan but a broken
 a unit error, and far larger values overflow the expected step (``exp(σ·Z)``) to ``inf``."""
 
 
+def _check_count(value: Any, name: str, *, minimum: int) -> int:
+    """``check_int``, and at most 2**53: the seconds are computed in floats."""
+    count = check_int(value, name, minimum=minimum)
+    if count > MAX_TOKENS_LIMIT:
+        raise ValueError(f"{name} must be <= 2**53 = {MAX_TOKENS_LIMIT}, got {count}")
+    return count
+
+
 def check_slot_jitter(value: Any, name: str) -> float:
     """Return the slot jitter ``value`` as a float: a finite number in ``[0, MAX_SLOT_JITTER]``;
     else ValueError naming ``name``."""
@@ -312,12 +317,8 @@ class ContextParallelTimeModel:
             )
         if not isinstance(self.comm, CommModel):
             raise ValueError(f"comm must be a CommModel, got {type(self.comm).__name__}")
-        object.__setattr__(
-            self,
-            "kv_elements_per_token",
-            check_int(self.kv_elements_per_token, "kv_elements_per_token", minimum=0),
-        )
-        object.__setattr__(self, "kv_layers", check_int(self.kv_layers, "kv_layers", minimum=0))
+        for name in ("kv_elements_per_token", "kv_layers"):
+            object.__setattr__(self, name, _check_count(getattr(self, name), name, minimum=0))
         for name in (
             "piece_overhead_s",
             "sharded_attention_factor",
@@ -391,13 +392,16 @@ class ContextParallelTimeModel:
         its communication, ``sample_overhead_s`` and, when sharded (``cp > 1``),
         ``piece_overhead_s`` (the group's latency is added per micro-batch, see
         :meth:`group_latency`)."""
-        received = self.shard_received_bytes(lengths, cp, scheme)
-        seconds = (
-            self.shard_compute(lengths, cp, scheme)
-            + received / self.comm.bandwidth_bytes_per_s
-            + self.sample_overhead_s
-        )
-        return seconds + self.piece_overhead_s if cp > 1 else seconds
+        # Absurd constants (a bandwidth in the wrong unit) overflow to inf, which the planner's
+        # check of the step's seconds names; numpy's warning would only add lines to that error.
+        with np.errstate(over="ignore"):
+            received = self.shard_received_bytes(lengths, cp, scheme)
+            seconds = (
+                self.shard_compute(lengths, cp, scheme)
+                + received / self.comm.bandwidth_bytes_per_s
+                + self.sample_overhead_s
+            )
+            return seconds + self.piece_overhead_s if cp > 1 else seconds
 
     @overload
     def group_latency(self, cp: int) -> float: ...
@@ -410,9 +414,12 @@ class ContextParallelTimeModel:
             sizes = as_lengths(cp, "cp")
             if (sizes < 1).any():
                 raise ValueError(f"cp must be >= 1, got {int(sizes.min())}")
-            return self.comm.passes * self.kv_layers * (sizes - 1) * self.comm.latency_s
-        steps = check_int(cp, "cp", minimum=1) - 1
-        return self.comm.passes * self.kv_layers * steps * self.comm.latency_s
+            steps: Any = (sizes - 1).astype(np.float64)
+        else:
+            steps = float(check_int(cp, "cp", minimum=1) - 1)
+        # In floats: the counts' product may pass int64 (it is exact below 2**53, as before).
+        with np.errstate(over="ignore"):
+            return float(self.comm.passes * self.kv_layers) * steps * self.comm.latency_s
 
     # --- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -232,7 +232,7 @@ def _check_overhead(value: Any) -> float:
     overhead = float(value)
     if not math.isfinite(overhead) or overhead < 0:
         raise ValueError(f"cost.microbatch_overhead must be finite and >= 0, got {value!r}")
-    return overhead
+    return overhead + 0.0  # -0.0 as 0.0, as _validation's readers do
 
 
 def evaluate_costs(

@@ -119,9 +119,17 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
                 yield line_number, Malformed(f"invalid JSON ({error.msg} at column {error.colno})")
             except RecursionError:
                 yield line_number, Malformed("JSON nested too deeply to read")
+            except ValueError as error:  # a number past Python's digit limit (named no line)
+                yield line_number, Malformed(_unreadable_number(error))
             else:
                 lone = _SURROGATE_ESCAPE.search(line) and _lone_surrogate(record)
                 yield line_number, lone or record
+
+
+def _unreadable_number(error: ValueError) -> str:
+    """What ``json.loads`` refused besides bad syntax: an integer of more digits than Python
+    converts (``sys.get_int_max_str_digits()``, 4300 by default)."""
+    return f"a number too long to read ({str(error).split(';')[0]})"
 
 
 def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
@@ -136,6 +144,8 @@ def _read_json(path: Path) -> Iterator[tuple[int, Any]]:
             ) from None
         except RecursionError:
             raise ValueError(f"{path}: JSON nested too deeply to read") from None
+        except ValueError as error:
+            raise ValueError(f"{path}: {_unreadable_number(error)}") from None
     if not isinstance(document, list):
         raise ValueError(
             f"{path}: a JSON dataset must be a list of records, got {type(document).__name__}"

@@ -3,7 +3,7 @@ default length reader; ``lengths.py`` tokenizes raw text)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
 import numpy as np
@@ -43,19 +43,51 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
         )
     else:
         values = [_column_of(record, index, column) for index, record in _records(dataset)]
-    lengths = []
-    for index, value in enumerate(values):
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            lengths.append(int(value))
-        elif hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
-            lengths.append(len(value))
-        else:
-            raise ValueError(
-                f"dataset[{index}][{column!r}] must be a token sequence or a length, got "
-                f"{type(value).__name__}"
-            )
+    if not isinstance(values, Iterable):
+        raise ValueError(
+            f"dataset[{column!r}] must be a column of token sequences or lengths, got "
+            f"{type(values).__name__}"
+        )
+    lengths = [_length_of(value, index, column) for index, value in enumerate(values)]
     # As Python ints: as_lengths names a length beyond int64 (np.int64 raised OverflowError).
     return as_lengths(lengths, f"dataset[{column!r}] lengths")
+
+
+def _length_of(value: Any, index: int, column: str) -> int:
+    """The length ``value`` (one entry of the column) stands for: an integer as it is (a
+    one-element integer array or tensor too: a ``"length"`` column read as torch tensors), a
+    token sequence's length. Anything else is a ValueError naming the entry: an array of more
+    than one dimension (a tokenizer's ``return_tensors`` output of shape ``(1, n)``), a list of
+    lists, a mapping or a set have a ``len()`` that counts no tokens."""
+    ndim = getattr(value, "ndim", None)
+    if ndim == 0 and hasattr(value, "item"):
+        value = value.item()  # a numpy or torch scalar: its Python number
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    where = f"dataset[{index}][{column!r}]"
+    if isinstance(ndim, int) and ndim > 1:
+        shape = tuple(getattr(value, "shape", ()))
+        raise ValueError(
+            f"{where} must be a token sequence (one dimension) or a length, got an array of "
+            f"shape {shape}: pass each sample's token ids as one row (e.g. input_ids[0])"
+        )
+    if isinstance(value, (list, tuple)) and value and _is_sequence(value[0]):
+        raise ValueError(
+            f"{where} must be a token sequence or a length, got a {type(value).__name__} of "
+            f"{type(value[0]).__name__} (nested: its len() counts rows, not tokens)"
+        )
+    if not hasattr(value, "__len__") or isinstance(value, (str, bytes, Mapping, Set)):
+        raise ValueError(
+            f"{where} must be a token sequence or a length, got {type(value).__name__}"
+        )
+    return len(value)
+
+
+def _is_sequence(value: Any) -> bool:
+    """A row of tokens rather than one token (a token id, or a token's text)."""
+    if getattr(value, "ndim", None) == 0:
+        return False  # a numpy or torch scalar: one token id
+    return hasattr(value, "__len__") and not isinstance(value, (str, bytes))
 
 
 def _records(dataset: Any) -> Iterable[tuple[int, Any]]:

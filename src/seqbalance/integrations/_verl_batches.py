@@ -110,7 +110,9 @@ def plan_micro_batches(
             ``dp_group`` raises together); a batch or argument refused on one rank (every other
             rank of ``dp_group`` raises too, naming it); any other error of one rank's batch or
             settings (a ``cost`` callable's own, a batch without ``attention_mask``) is raised
-            as is on that rank, with this ValueError on every other.
+            as is on that rank, with this ValueError on every other; ranks of ``dp_group``
+            given different ``num_batches_divided_by`` (every rank raises: their counts would
+            differ).
     """
     return _agreed_plan(
         seqlen_list,
@@ -203,15 +205,26 @@ def _agreed_plan(
                 seconds = check_timeout(settings.timeout, "timeout")
             except ValueError:
                 seconds = DEFAULT_TIMEOUT_SECONDS
-            _all_reduce([0, dist.get_rank(group=dp_group) + 1], "max", dp_group, seconds)
+            _all_reduce([0, dist.get_rank(group=dp_group) + 1, 0, 0], "max", dp_group, seconds)
         raise
     count, timeout = request.count, request.timeout
     if dp_group is not None:
-        count, refused = _all_reduce([count, 0], "max", dp_group, timeout)
+        step = request.step
+        count, refused, most, negative = _all_reduce(
+            [count, 0, step, -step], "max", dp_group, timeout
+        )
         if refused:
             raise ValueError(
                 f"rank {refused - 1} of dp_group refused its batch or settings (its error says "
                 "why): no rank plans this step"
+            )
+        if most != -negative:
+            # Each rank rounds the agreed count up to its own multiple: ranks ended with
+            # different micro-batch counts, without a word.
+            raise ValueError(
+                "the ranks of dp_group round the micro-batch count to different multiples "
+                f"(num_batches_divided_by from {-negative} to {most}; None counts as 1): give "
+                "every rank the same"
             )
     count = roundup_divisible(count, request.step)
     group = request.group

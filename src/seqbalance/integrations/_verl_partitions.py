@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import copy
 import heapq
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import as_lengths, check_int, refuse_masked
 from seqbalance.cost.resolve import evaluate_costs, resolve_cost
 from seqbalance.integrations._cost import choose_cost
 from seqbalance.partition import partition
@@ -60,14 +61,17 @@ def calculate_workload(seqlen_list: Any) -> Any:
 
 
 def _scalars(values: Any, name: str) -> list[Any]:
-    """Plain Python numbers (ints stay ints) of a list, array or tensor, checked >= 0."""
+    """Plain Python numbers (ints stay ints) of a list, array or tensor, checked finite and >=
+    0: an infinite workload made ``greedy_partition``'s equal-count bias infinite (parts of 3
+    and 1 under ``equal_size``), and a masked entry was read as the data under its mask."""
+    refuse_masked(values, name)
     flat = np.asarray(values.cpu() if hasattr(values, "cpu") else values)
     if flat.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {flat.shape}")
     if flat.dtype.kind not in "iuf" and flat.size:
         raise ValueError(f"{name} must hold numbers, got dtype {flat.dtype}")
-    if flat.size and not (flat.min() >= 0):  # also refuses NaN
-        raise ValueError(f"{name} holds a negative or NaN value")
+    if flat.size and not (flat.min() >= 0 and np.isfinite(flat).all()):  # also refuses NaN
+        raise ValueError(f"{name} holds a negative, NaN or infinite value")
     return flat.tolist()
 
 
@@ -104,6 +108,10 @@ def greedy_partition(seqlen_list: Any, k_partitions: int, equal_size: bool) -> l
             f"k_partitions = {k}"
         )
     bias = sum(values) + 1 if equal_size else 0
+    if not math.isfinite(bias):  # every part's sum infinite: the counts came out unequal
+        raise ValueError(
+            f"equal_size needs the sum of seqlen_list within the float range, got {bias}"
+        )
     parts: list[list[int]] = [[] for _ in range(k)]
     # (sum, part): the heap pops the smallest sum, then the lowest part on ties, as verl's scan.
     sums = [(0, j) for j in range(k)]

@@ -23,7 +23,9 @@ What it does:
   ``seed_worker``);
   ``dataloader_in_order=False`` is not kept (a warning): a resume is exact only in order.
   ``train_sampling_strategy="sequential"`` keeps the dataset's order across steps (no shuffle);
-  ``"group_by_length"`` / ``"batch_rebalance"`` give way to this sampler (a warning).
+  ``"group_by_length"`` / ``"batch_rebalance"`` give way to this sampler (a warning). An
+  ``IterableDataset`` (a streaming ``datasets`` one too) is refused: steps are planned over a
+  map-style dataset.
 - Layout: padding-free TRL (``args.padding_free``) or ``layout="packed"`` in the options plans
   packed micro-batches (the token cap ``max_tokens`` applies to their sum); otherwise micro-batches
   are padded and hold at most ``per_device_train_batch_size`` samples (the planner groups similar
@@ -75,16 +77,39 @@ SAMPLER_STATE_FILE = "seqbalance_sampler.json"
 _log = logging.getLogger(__name__)
 
 
+# Sampler arguments the Trainer sets, with the setting they come from: given in the options too,
+# they raised TypeError "got multiple values" (or were overridden without a word).
+_SET_BY_TRAINER = {
+    "num_microbatches": "gradient_accumulation_steps",
+    "microbatch_size": "per_device_train_batch_size",
+    "micro_batch_size": "per_device_train_batch_size",
+    "lengths": "seqbalance_lengths, or the dataset's input_ids",
+    "global_batch_size": "per_device_train_batch_size x gradient_accumulation_steps x dp size",
+    "dp_rank": "process_index",
+    "dp_size": "world_size",
+    "seed": "data_seed, or seed",
+    "shuffle": "train_sampling_strategy",
+    "drop_last": "the Trainer's whole steps",
+}
+
+
 def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
     """The sampler's plan options from the trainer's arguments and the user's options."""
     args = trainer.args
     chosen = dict(options)
-    for fixed in ("num_microbatches", "microbatch_size", "micro_batch_size"):
+    for fixed, source in _SET_BY_TRAINER.items():
         if fixed in chosen:
             raise ValueError(
-                f"seqbalance_options[{fixed!r}] is set by the Trainer (gradient_accumulation_steps "
-                "and per_device_train_batch_size); leave it out"
+                f"seqbalance_options[{fixed!r}] is set by the Trainer ({source}); leave it out"
             )
+    if "options" in chosen:
+        # The Trainer's settings and the model's cost went on top of a PlanOptions' own
+        # (its cost, micro-batch count and size replaced without a word).
+        raise ValueError(
+            f"seqbalance_options['options'] (a {type(chosen['options']).__name__}) is not "
+            "taken: give the PlanOptions fields as keys of seqbalance_options, so the Trainer's "
+            "settings are checked against them"
+        )
     chosen["num_microbatches"] = args.gradient_accumulation_steps
     padding_free = bool(getattr(args, "padding_free", False))
     if padding_free and chosen.get("layout", "packed") != "packed":
@@ -172,8 +197,11 @@ def balanced_train_dataloader(
     balanced_train_dataloader(trainer, options={...})``.
 
     Raises:
-        ValueError: no ``train_dataset``, lengths of another size, or fewer samples than one
-            optimizer step (the partial step is dropped: nothing would be trained).
+        ValueError: no ``train_dataset``, an ``IterableDataset`` (steps are planned over a
+            map-style dataset), lengths of another size, fewer samples than one optimizer step
+            (the partial step is dropped: nothing would be trained), or ``options`` holding a
+            sampler argument the Trainer sets (``num_microbatches``, ``seed``, ``dp_size``, ...)
+            or a ``PlanOptions`` under ``"options"`` (give its fields as keys).
     """
     import torch
 
@@ -181,6 +209,14 @@ def balanced_train_dataloader(
         raise ValueError("Trainer: training requires a train_dataset")
     args = trainer.args
     dataset = trainer.train_dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        # Its lengths were read by iterating it to the end (a stream: for ever), then the
+        # DataLoader refused the batch sampler.
+        raise ValueError(
+            f"train_dataset is an IterableDataset ({type(dataset).__name__}): the balanced "
+            "sampler plans steps over a map-style dataset (len and dataset[i]); use a "
+            "datasets.Dataset (not streaming) or a torch Dataset"
+        )
     given = lengths is not None
     if not given:
         lengths = lengths_from_dataset(dataset, "input_ids")

@@ -313,6 +313,18 @@ def _megatron_refusals() -> Iterator[None]:
         raise without_empty(error, "Megatron", more) from None
 
 
+def _indexable(dataset: Any) -> Any:
+    """``dataset``, or a ValueError where ``dataset[i]`` cannot be read: a generator or other
+    iterable failed at the first step (TypeError: not subscriptable), after the epoch was laid
+    out."""
+    if not hasattr(dataset, "__getitem__") or isinstance(dataset, (str, bytes)):
+        raise ValueError(
+            f"dataset must be indexable (dataset[i] the tokens of sample i), got "
+            f"{type(dataset).__name__}"
+        )
+    return dataset
+
+
 class MegatronDataIterator:
     """This data-parallel rank's packed micro-batches, step by step (module docstring); with
     ``context_parallel``, this DPxCP rank's steps for megatron-core's hybrid CP schedule.
@@ -409,7 +421,7 @@ class MegatronDataIterator:
                 "allow_empty=True is not supported: Megatron runs forward_step num_microbatches "
                 "times on every rank, and an empty micro-batch has nothing to pack"
             )
-        self.dataset = dataset
+        self.dataset = _indexable(dataset)
         self.pad_multiple = pad = check_pad_multiple(pad_multiple)
         self.num_microbatches = options.num_microbatches
         # A checked copy: a memory map whose file is cut while the run goes on would end the

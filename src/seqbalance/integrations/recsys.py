@@ -149,6 +149,8 @@ def hstu_partition(
         ValueError: bad input, a batch ``num_partitions`` does not divide, or no partition found
             with every rank within ``max_tokens`` (tried: balanced by workloads, then by tokens).
     """
+    # Checked here: karmarkar_karp named its own parameter, k_partitions.
+    num_partitions = check_int(num_partitions, "num_partitions", minimum=1)
     parts = karmarkar_karp(workloads, num_partitions, True)
     n = sum(len(p) for p in parts)
     if max_tokens is None:

@@ -133,6 +133,8 @@ def launch(
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {fn!r}")
+    if poll is not None and not callable(poll):  # a TypeError after the ranks had started
+        raise ValueError(f"poll must be callable or None, got {poll!r:.80}")
     if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
         # A string would be spread into one argument per character.
         raise ValueError(f"args must be a sequence of arguments (a tuple), got {args!r:.80}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
 
 __all__ = ["GroupedSamples", "OptionFields"]
-
-_Kept = TypeVar("_Kept")
 
 
 class OptionFields:
@@ -141,10 +139,28 @@ class GroupedSamples(OptionFields):
         """What :meth:`once` computed for this problem, by key."""
         return {}
 
-    def once(self, key: Hashable, compute: Callable[[], _Kept]) -> _Kept:
-        """``compute()``, run once per problem for ``key``: a rival's rank split, which its
-        plan, ``plan_lower_bound`` and ``count_lower_bound`` each read (verl's driver split took
-        about a third of verl's planning each time). Callers must not change what it returns."""
+    def once(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()``, run once per problem for ``key`` and kept read-only (:func:`_frozen`):
+        a rival's rank split, which its plan, ``plan_lower_bound`` and ``count_lower_bound``
+        each read (verl's driver split took about a third of verl's planning each time). Shared
+        so, a reader that changed it in place would change the others' input unseen: a reader
+        that needs to change it, or hands it on (as a plan), copies it."""
         if key not in self._kept:
-            self._kept[key] = compute()
+            self._kept[key] = _frozen(compute())
         return self._kept[key]
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` as what cannot be changed in place: an array as a read-only view, a list or
+    tuple as a tuple of its items frozen; anything else as it is."""
+    if isinstance(value, np.ndarray):
+        view = value.view()
+        view.setflags(write=False)
+        return view
+    if isinstance(value, (list, tuple)):
+        # Most kept lists hold plain numbers only (sample positions, 10^5 of them): those are
+        # copied whole, not item by item.
+        if any(issubclass(kind, (list, tuple, np.ndarray)) for kind in set(map(type, value))):
+            return tuple(map(_frozen, value))
+        return tuple(value)
+    return value

@@ -53,7 +53,11 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
 
 The plan found is then compared with its rivals (the baselines, the stacks' schedulers and the
 partition engine's split, those the planning budget lets run; ``plan/_portfolio.py``): a valid
-rival plan that is cheaper, or as cheap with fewer micro-batches, replaces it.
+rival plan that is cheaper, or as cheap with fewer micro-batches, replaces it. With
+``allow_empty``, where ``num_microbatches``, ``min_microbatches`` or ``microbatch_multiple``
+raise the count above the fewest the step needs, the plan of that fewest count with empty
+micro-batches added replaces it where that is cheaper; where every group holds one sample, so
+does the plan made without groups.
 
 Alignment of micro-batch positions for ``objective="lockstep"`` and the ``order`` option are
 applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, ties broken by
@@ -65,7 +69,10 @@ are searched too (``plan/_count_search.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+
+import numpy as np
 
 from seqbalance._validation import EmptySlotError
 from seqbalance.plan import _at_count, _exact, _feasible
@@ -100,6 +107,44 @@ __all__ = [
 
 def plan_balanced(p: Problem) -> Microbatches:
     """Micro-batches (``dp`` lists of ``M`` lists of sample positions) of the balanced plan."""
+    plan = _with_empty_tail(p, _planned(p))
+    if p.groups is not None and np.unique(p.groups).size == p.n:
+        # Groups of one sample constrain nothing, but send the step down the grouped paths
+        # (no padded local search, ranks packed group by group): the plan without them is
+        # kept where it is cheaper.
+        free = dataclasses.replace(p, groups=None)
+        other = _with_empty_tail(free, _planned(free))
+        if aligned_value(p, other) < aligned_value(p, plan) * (1 - _TOLERANCE):
+            return other
+    return plan
+
+
+def _with_empty_tail(p: Problem, plan: Microbatches) -> Microbatches:
+    """``plan``, or, where empty micro-batches are allowed and the options raise the count
+    (``num_microbatches``, ``min_microbatches``, ``microbatch_multiple``), the plan of the
+    count the step needs with empty micro-batches added, where that is cheaper: filling every
+    micro-batch of a larger count can cost more (in ``lockstep`` one long sample's position
+    then holds more on the other ranks; with rank speeds a slow rank takes more samples)."""
+    m = len(plan[0])
+    forced = p.num_microbatches is not None or p.min_microbatches > 1 or p.microbatch_multiple > 1
+    if not (p.allow_empty and forced and m > 1):
+        return plan
+    options = p.options.replace(num_microbatches=None, min_microbatches=1, microbatch_multiple=1)
+    try:
+        fewer = _planned(dataclasses.replace(p, options=options))
+    except ValueError:  # no plan without the raised count: keep the one with it
+        return plan
+    if len(fewer[0]) >= m:
+        return plan
+    tail = [[fewer[r][j] if j < len(fewer[r]) else [] for j in range(m)] for r in range(p.dp)]
+    if aligned_value(p, tail) < aligned_value(p, plan) * (1 - _TOLERANCE):
+        return tail
+    return plan
+
+
+def _planned(p: Problem) -> Microbatches:
+    """``plan_balanced`` at the count the options give (the fewest it can plan, raised to
+    ``min_microbatches`` and a multiple of ``microbatch_multiple``, or ``num_microbatches``)."""
     m = p.min_feasible_microbatches
     bound = p.lower_bound(m)
     others = Portfolio(p)

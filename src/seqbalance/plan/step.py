@@ -91,7 +91,10 @@ def plan_step(
               a micro-batch of its own instead of raising ValueError.
             * ``allow_empty``: allow empty micro-batches, which can only be needed when there
               are fewer samples than micro-batch slots (or groups that cannot be spread); with
-              ``rank_speeds`` a slow rank may also keep some where that is cheaper.
+              ``rank_speeds`` a slow rank may also keep some where that is cheaper, and where
+              ``num_microbatches``, ``min_microbatches`` or ``microbatch_multiple`` raise the
+              count above what the step needs, ``balanced`` keeps the plan of the fewer count
+              with empty micro-batches added where that is cheaper.
             * ``rank_speeds``: relative speed of every rank (``dp_size`` positive floats);
               ``balanced`` then minimises the objective in time, each rank's costs divided by
               its speed, and ``step_cost`` / ``lower_bound`` are in that unit (``costs`` stay

@@ -230,7 +230,8 @@ def _token_kk(p: Problem) -> Microbatches:
     ranks = p.once(
         "token_kk micro-batches", lambda: [_token_kk_rank(p, samples, m) for samples in members]
     )
-    return _check_empty(p, ranks, "token_kk")
+    # The plan is the caller's to change: a copy of what may_plan_count may read again.
+    return _check_empty(p, [[list(mb) for mb in rank] for rank in ranks], "token_kk")
 
 
 def _token_kk_rank(p: Problem, samples: np.ndarray, m: int) -> list[list[int]]:

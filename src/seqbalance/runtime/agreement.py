@@ -5,13 +5,15 @@ instance with different parameters on each rank has the same options fingerprint
 name) but gives different costs, so the ranks would plan differently and an exchange would fail
 (gloo aborts on mismatched sizes) or deliver the wrong samples. :func:`agreed_plan` all-gathers
 a few bytes per rank, digests of what decided the plan and of the plan itself, and makes every
-rank raise the same ``ValueError`` when they differ.
+rank raise the same ``ValueError`` when they differ. :func:`differing_settings` words the
+settings two ranks (or a saved state and this process) differ in, for every such refusal.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from seqbalance.plan.base import Plan
     from seqbalance.runtime.collectives import Comm
 
-__all__ = ["agreed_plan", "brief", "plan_digests"]
+__all__ = ["agreed_plan", "brief", "differing_settings", "plan_digests"]
 
 _CHECKS = (
     ("planning", "error", "only some ranks could plan the step"),
@@ -42,6 +44,32 @@ def brief(value: Any, width: int) -> str:
     """``value`` as JSON, cut to ``width`` characters, for naming what ranks disagree on."""
     text = json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def differing_settings(
+    first: Mapping[Any, Any], second: Mapping[Any, Any], word: Callable[[str, str, str], str]
+) -> list[str]:
+    """Every setting whose value differs between ``first`` and ``second`` (two ranks' settings,
+    or a saved state's and this process's, as plain data), in words:
+    ``word(name, first's value, second's value)``, each value as :func:`brief` JSON.
+
+    Settings come in ``first``'s order, then those only ``second`` has (a missing one reads as
+    None). Where both values are mappings, each differing field is named by its path
+    (``model.FlopsModel.spec.vocab_size``): a long value cut short for the message could
+    otherwise hide the difference, showing two equal texts.
+    """
+    changes = []
+    for key in [*first, *(key for key in second if key not in first)]:
+        mine, theirs = first.get(key), second.get(key)
+        if mine == theirs:
+            continue
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            changes += differing_settings(
+                mine, theirs, lambda field, a, b, key=key: word(f"{key}.{field}", a, b)
+            )
+        else:
+            changes.append(word(str(key), brief(mine, 60), brief(theirs, 60)))
+    return changes
 
 
 def plan_digests(plan: Plan | None) -> dict[str, str]:

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_bool, check_int, check_positive_float
 from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
 from seqbalance.cost.resolve import describe_cost
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
-from seqbalance.runtime.agreement import brief
+from seqbalance.runtime.agreement import differing_settings
 from seqbalance.runtime.collectives import Comm, deadline
 
 __all__ = ["FlopsReport", "TorchFlopsMeter"]
@@ -144,14 +144,24 @@ class TorchFlopsMeter:
         unless ``reset=False``. Without torch.distributed this process is the whole job.
 
         Raises:
-            ValueError: on every rank, naming the first rank and setting that differ from rank
-                0's, when the ranks' meters are set up differently (model, ``backward``,
-                parallel sizes, ``seq_length``, ``micro_batch_size``, ``peak_flops_per_s``):
-                their sum would mix FLOPs of different kinds.
+            ValueError: ``seconds`` not a positive finite number or ``reset`` not a bool (on
+                every rank, naming the first rank that gave one); on every rank, naming the
+                first rank and setting that differ from rank 0's, when the ranks' meters are
+                set up differently (model, ``backward``, parallel sizes, ``seq_length``,
+                ``micro_batch_size``, ``peak_flops_per_s``): their sum would mix FLOPs of
+                different kinds.
             CollectiveError: a peer did not join within ``timeout``.
         """
+        try:  # checked before the gather, which carries a bad value to every rank
+            check_positive_float(seconds, "seconds")
+            check_bool(reset, "reset")
+            problem = None
+        except ValueError as error:
+            problem = str(error)
         local = self.meter.totals
         if not (dist.is_available() and dist.is_initialized()):
+            if problem is not None:
+                raise ValueError(problem)
             if self.dp_size not in (None, 1):
                 raise ValueError(
                     f"dp_size = {self.dp_size}, but torch.distributed is not initialised: the "
@@ -165,11 +175,20 @@ class TorchFlopsMeter:
             # layout would sum FLOPs of different kinds and divide by different replica counts,
             # each reporting its own wrong figure without a word.
             totals = [local.flops, local.tokens, local.samples]
-            mine = {"settings": self._settings(replicas, copies), "totals": totals}
+            mine = {
+                "settings": self._settings(replicas, copies),
+                "totals": totals,
+                "problem": problem,
+            }
             gathered = [
                 json.loads(payload)
                 for payload in comm.all_gather_bytes(json.dumps(mine).encode(), "FLOPs report")
             ]
+            # A rank whose interval is no time (a timer that read 0 or NaN) fails every rank
+            # here; raised after the gather on that rank alone, the others went on apart.
+            for rank, theirs in enumerate(gathered):
+                if theirs["problem"] is not None:
+                    raise ValueError(f"TorchFlopsMeter.report on rank {rank}: {theirs['problem']}")
             _check_same_settings([rank["settings"] for rank in gathered])
             flops, tokens, samples = (
                 sum(rank["totals"][k] for rank in gathered) / copies for k in range(3)
@@ -228,26 +247,17 @@ def _described(model: Any) -> Any:
     return describe_cost(model)
 
 
-def _first_difference(mine: Any, theirs: Any, path: str) -> tuple[str, Any, Any]:
-    """The first key path (``model.FlopsModel.spec.vocab_size``) where two plain-data values
-    differ, with the two values there (a field, not two cut-off descriptions)."""
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-        for key in (*mine, *(key for key in theirs if key not in mine)):
-            if mine.get(key) != theirs.get(key):
-                return _first_difference(mine.get(key), theirs.get(key), f"{path}.{key}")
-    return path, mine, theirs
-
-
 def _check_same_settings(settings: list[dict[str, Any]]) -> None:
     """ValueError, the same on every rank (each compares every rank with rank 0), unless every
     rank's meter is set up alike."""
     for rank, theirs in enumerate(settings[1:], start=1):
-        changes = [
-            f"{path} ({brief(ours, 60)} on rank 0, {brief(other, 60)} on rank {rank})"
-            for name in settings[0]
-            if theirs[name] != settings[0][name]
-            for path, ours, other in [_first_difference(settings[0][name], theirs[name], name)]
-        ]
+        changes = differing_settings(
+            settings[0],
+            theirs,
+            lambda name, ours, other, rank=rank: (
+                f"{name} ({ours} on rank 0, {other} on rank {rank})"
+            ),
+        )
         if changes:
             raise ValueError(
                 f"TorchFlopsMeter: ranks 0 and {rank} of the group set up their meters "

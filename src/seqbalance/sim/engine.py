@@ -279,6 +279,10 @@ def simulate(
     """
     if "strategy" in option_keywords:
         raise ValueError("simulate compares every name in strategies=[...]; do not pass strategy")
+    if progress is not None and not callable(progress):
+        raise ValueError(
+            f"progress must be a callable (done_steps, steps) or None, got {progress!r}"
+        )
     if options is None:
         option_keywords = {"cost": "flops", "max_tokens": DEFAULT_MAX_TOKENS, **option_keywords}
     options = as_options(options, option_keywords, where="simulate", context_parallel=True)

@@ -355,6 +355,14 @@ class BenchSettings:
                 raise ValueError(
                     f"slow_rank rank must be < procs = {self.procs}, got {self.slow_rank.rank}"
                 )
+            if self.slow_rank.start >= self.steps:
+                # A spell after the last measured step slowed nothing: the run compared the
+                # closed loop on equal ranks without a word.
+                raise ValueError(
+                    f"slow_rank start must be < steps = {self.steps}, got "
+                    f"{self.slow_rank.start}: the spell would begin after the last measured "
+                    "step, so no rank would be slowed"
+                )
         speeds = self.options.rank_speeds
         if speeds is not None:
             check_rank_speeds(speeds, self.procs)

@@ -12,7 +12,10 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from seqbalance._validation import as_group_ids, as_lengths, check_int
+import numpy as np
+
+from seqbalance._validation import MAX_COST_TOTAL, as_group_ids, as_lengths, check_int
+from seqbalance.cost.resolve import cost_name
 from seqbalance.plan._shared import check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._problem import CPProblem
@@ -60,6 +63,7 @@ def plan_context_parallel(
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
     check_within_caps(lengths, None, options, n_ranks=n_ranks)
     problem = CPProblem(lengths=lengths, n_ranks=n_ranks, groups=group_ids, options=options)
+    _check_seconds_total(problem)
     schedule = get_strategy(options.strategy).plan_context_parallel(problem)
     plan = ContextParallelPlan.costed(
         lengths,
@@ -72,3 +76,30 @@ def plan_context_parallel(
     plan = replace(plan, planning_seconds=time.perf_counter() - start_time)
     plan.validate()  # every strategy's plan, checked against the request before anyone uses it
     return plan
+
+
+def _check_seconds_total(p: CPProblem) -> None:
+    """ValueError when the step's seconds may pass ``MAX_COST_TOTAL`` (the bound of
+    ``plan_step``'s cost check) at the largest usable CP size: every sample's compute (at most
+    ``max(1, sharded_attention_factor)`` times its whole compute), every member's received
+    bytes over the bandwidth (at most the whole sample's K/V) and per-piece overheads, and per
+    sample one slot's ``t0`` and group latency. Constants of an absurd scale (a bandwidth or
+    latency in the wrong unit) made plans of infinite seconds, after numpy's warnings, or an
+    OverflowError."""
+    model, size = p.model, max(p.sizes)
+    lengths = p.lengths.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        compute = float(model.shard_compute(p.lengths, 1, p.scheme).sum())
+        received = float(lengths.sum()) * float(model.kv_bytes_per_token * model.comm.passes)
+        total = (
+            compute * max(1.0, model.sharded_attention_factor)
+            + size * received / model.comm.bandwidth_bytes_per_s
+            + size * p.n * (model.sample_overhead_s + model.piece_overhead_s)
+            + p.n * (model.microbatch_overhead + model.group_latency(size))
+        )
+    if not total <= MAX_COST_TOTAL:
+        raise ValueError(
+            f"context-parallel seconds ({cost_name(model)}, {model.comm!r}) of this step may "
+            f"reach {total:.6g}, more than 2**960 (about 1e289): totals this large overflow "
+            "when planned; the cost or communication model's scale is off"
+        )

@@ -231,11 +231,11 @@ class VerlBaseline(StackBaseline):
     @staticmethod
     def rank_partitions(problem: Any, *, dispatch_order: bool = True) -> list[list[int]]:
         """Each rank's sample positions in the order verl's driver dispatches them (any order
-        without ``dispatch_order``: the rank split alone). The split is computed once per
-        problem (verl's plan and both its bounds read it); callers must not change it."""
+        without ``dispatch_order``: the rank split alone), lists the caller may change. The
+        split is computed once per problem (verl's plan and both its bounds read it)."""
         workload, ranks = problem.once("verl driver split", lambda: _driver_split(problem))
         if problem.groups is not None or not dispatch_order:
-            return ranks
+            return [list(members) for members in ranks]
         reordered = []
         for members in ranks:
             # Small ones at both ends: ascending by (workload, index), even positions first,

@@ -60,7 +60,7 @@ PREDICTED, MEASURED = 19, 20  # Σ predicted (model in use), Σ measured seconds
 COMPUTE, SYNC, STEP = 21, 22, 23  # this rank's compute, sync wait and step wall seconds
 SUMS = slice(24, 27)  # Σ x over the micro-batches the fit keeps (weight > 0)
 SUM_SECONDS = 27  # Σ measured seconds of those micro-batches
-GIVEN = 28  # 1 when a step time came with the step (its busy time known: adv9a N1)
+GIVEN = 28  # 1 when a step time came with the step (its busy time known)
 SIZE = 29
 EARLIER_SIZES = (24, 28)  # statistics of releases before the sums, the flag (a pending step)
 # What the windows keep of each rank's statistics per step: the fit's columns, then the sums
@@ -93,7 +93,7 @@ def off_the_step(stats: np.ndarray) -> np.ndarray:
 
 def missed_work(stats: np.ndarray, reject: float) -> np.ndarray:
     """Ranks (bool [ranks]) with a sync whose compute is under 1 / (1 + reject) of step - sync, at
-    a pace over 1 + reject times the median of those filling it: missed work (adv10a R1)."""
+    a pace over 1 + reject times the median of those filling it: a timer that missed work."""
     compute, sync, step, measured = stats[:, [COMPUTE, SYNC, STEP, MEASURED]].T
     with np.errstate(divide="ignore", invalid="ignore"):
         pace = stats[:, PREDICTED] / measured  # nothing measured: NaN or inf
@@ -112,10 +112,10 @@ def level_shift(
     """Steps of ``window`` to keep when every rank's level shifted (this step's ``kept``), else
     None: the window's steps at the old level, fitted beside the new ones, bend the model and
     the speeds until they leave it. A shift: every rank's last step dropped whole and this one
-    kept (K1's level-free rule: a warm-up over; keep none), or every rank kept ran over ``1 +
-    reject`` times slower than ``theta`` predicts at its speed in the last step and this one
-    (keep the last: nothing is dropped that way, and Huber's weights damp the new steps; one
-    such step is an outlier, a checkpoint; adv10a R3)."""
+    kept (by the fit's level-free rule, ``OnlineTimeModel._weights``: a warm-up over; keep
+    none), or every rank kept ran over ``1 + reject`` times slower than ``theta`` predicts at
+    its speed in the last step and this one (keep the last: nothing is dropped that way, and
+    Huber's weights damp the new steps; one such step is an outlier, a checkpoint)."""
     if not window:
         return None
     last = window[-1]
@@ -135,7 +135,7 @@ def as_seconds(values: Any) -> np.ndarray:
     beyond a float: an int of 400 digits) becomes NaN, which the statistics drop. Numbers only:
     a string, a bool or a numpy duration or date is none, though numpy would read it as one
     (``"0.5"`` as 0.5 s, ``True`` as 1 s, ``np.timedelta64(5, "ms")`` as 5 s: its count in its
-    own unit; adv12a A1)."""
+    own unit)."""
     try:
         with np.errstate(all="ignore"):
             array = np.asarray(values)

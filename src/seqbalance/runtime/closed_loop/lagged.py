@@ -143,7 +143,7 @@ class LaggedFeedback:
             raise
         self._refused = None
         # Forgotten once learned: a refused step keeps its plan for the retry or skip() (it was
-        # forgotten before the gather, so neither could go on: adv12a A6).
+        # forgotten before the gather, neither could go on).
         self._plans.pop(index)
         return telemetry
 

@@ -149,18 +149,18 @@ class ClosedLoop:
         prior = prior_time_model(options, feedback.prior) if prior is None else prior
         self.online = OnlineTimeModel(prior, world_size, feedback)
         # Absolute: each step opens the log again, and a relative path written after the process
-        # changed its working directory split the telemetry over two files (adv12c C6).
+        # changed its working directory split the telemetry over two files.
         self.log = (
             Path(os.path.abspath(feedback.log)) if writes_log and feedback.log is not None else None
         )
-        self.setup = _digest(
-            {
-                "options": options.fingerprint(),
-                "feedback": feedback.settings(),
-                "prior": json.loads(prior.to_json()),
-                "lag": self.lag,
-            }
-        )
+        # What learning depends on besides the options, as plain data (a message names what
+        # differs between two ranks'); ranks compare the digest.
+        self.setup_fields = {
+            "feedback": feedback.settings(),
+            "prior": json.loads(prior.to_json()),
+            "lag": self.lag,
+        }
+        self.setup = _digest({"options": options.fingerprint(), **self.setup_fields})
         # In a process group the writing rank checks its log here (settings._check_log); a
         # problem goes out as its records' error, so every rank raises it at the first learn.
         self._log_problem = None if self.log is None else log_problem(self.log)
@@ -178,7 +178,7 @@ class ClosedLoop:
 
     def __getstate__(self) -> dict[str, Any]:
         # The condition that wakes a waiting planner thread does not travel: a copy (deepcopy,
-        # pickle to a worker process) gets its own (a TypeError before: adv13a F3). Taken under
+        # pickle to a worker process) gets its own (a condition cannot be pickled). Taken under
         # it, with the options by count copied (pickle reads them after this returns), so that
         # a copy made while a step is recorded or a state loaded is never half of each.
         with self._changed:
@@ -336,8 +336,8 @@ class ClosedLoop:
         skip: bool = False,
     ) -> dict[str, Any]:
         """This rank's record of observed step ``step`` (module doc): ``measure()``'s
-        statistics, or the error that kept the rank from measuring (a ValueError, RuntimeError
-        or TypeError of ``measure``, or ``error``), with ``learned`` (the fingerprint of the
+        statistics, or the error that kept the rank from measuring (any exception of
+        ``measure``, or ``error``), with ``learned`` (the fingerprint of the
         options in use), and ``taken`` and ``plan`` (the observed plan's digest) when given;
         with ``skip``, the record of a step skipped (nothing measured).
         Never raises: the error travels to every rank, which all raise it in :meth:`learn`."""
@@ -346,8 +346,11 @@ class ClosedLoop:
         if error is None and measure is not None and not skip:
             try:
                 stats = measure().tolist()
-            except (ValueError, RuntimeError, TypeError) as raised:  # e.g. a bfloat16 timing
-                error = str(raised)
+            except Exception as raised:  # e.g. a bfloat16 timing, an event's absurd reading
+                # Any kind: raised here, on this rank alone, it left the others waiting in the
+                # gather until their deadline.
+                known = isinstance(raised, (ValueError, RuntimeError, TypeError))
+                error = str(raised) if known else f"{type(raised).__name__}: {raised}"
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
         record["learned"] = self._learned()
         record["due"] = self.observed  # the step this rank learns next (ranks compare it)

@@ -262,8 +262,8 @@ class OnlineTimeModel:
         most the step; unknown: only with a sync and no step time in the window) and, then, its
         ``pace`` (predicted / measured seconds) is at most ``1 + reject`` times the fastest pace
         kept of another rank last step (a straggler back, a stall; none kept: a warm-up over).
-        Else a level shift drops every later step, or a timer
-        that starts missing work sets the level (adv8c M1, adv9a N1 = M2, N3)."""
+        Level-free at no step, a level shift would drop every later step; at every step, a
+        timer that starts missing work would set the level."""
         last = self._stats[-1] if self._stats else np.zeros((self.world_size, KEPT.size))
         relative, level = ratio - 1.0, float(ratio.min()) if ratio.size else 0.0
         others = np.delete(last, rank, axis=0)

@@ -209,7 +209,7 @@ class AdaptivePlanner:
 def _per_rank(values: Any, name: str, ranks: int) -> list[Any]:
     """``values`` as a list of one entry per rank, else a ValueError naming ``name``: a mapping
     or a set has no rank order (``list()`` of ``{0: a, 1: b}`` is its keys, read as seconds), a
-    number or None no entries (adv12a A2: TypeError)."""
+    number or None no entries (``list()`` of one raises TypeError)."""
     try:
         if isinstance(values, (Mapping, Set, str, bytes)):
             raise TypeError

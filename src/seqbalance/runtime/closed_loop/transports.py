@@ -37,7 +37,7 @@ from seqbalance._validation import check_bool, check_int
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
-from seqbalance.runtime.agreement import plan_digests
+from seqbalance.runtime.agreement import differing_settings, plan_digests
 from seqbalance.runtime.closed_loop.loop import (
     FORMAT,
     ClosedLoop,
@@ -63,7 +63,7 @@ def _digest(plan: Plan) -> str:
 def checked_step(step: Any) -> tuple[int | None, str | None]:
     """``observe(step=)`` as a step number (None: not given), or why it is none: that error goes
     in this rank's record, so every rank raises it at the gather (raised here, on this rank
-    alone, it left the others waiting until their deadline; adv11a T1)."""
+    alone, it left the others waiting until their deadline)."""
     try:
         return (None if step is None else check_int(step, "step", minimum=0)), None
     except ValueError as error:
@@ -136,13 +136,26 @@ class Adaptive:
             self._check_same_setup()
 
     def _check_same_setup(self) -> None:
-        """Raise on every rank when any rank's loop is set up differently from rank 0's."""
-        setups = self.comm.all_gather_bytes(self.loop.setup.encode(), "closed-loop setup check")
-        other = next((r for r, setup in enumerate(setups) if setup != setups[0]), None)
+        """Raise on every rank when any rank's loop is set up differently from rank 0's,
+        naming what differs (the setups travel as plain data beside their digest)."""
+        loop = self.loop
+        setup = {"options": loop.base_options.to_dict(), **loop.setup_fields}
+        mine = {"digest": loop.setup, "setup": setup}
+        payloads = self.comm.all_gather_bytes(
+            json.dumps(mine, default=str).encode(), "closed-loop setup check"
+        )
+        setups = [json.loads(payload) for payload in payloads]
+        other = next((r for r, s in enumerate(setups) if s["digest"] != setups[0]["digest"]), None)
         if other is not None:
+            changes = differing_settings(
+                setups[0]["setup"],
+                setups[other]["setup"],
+                lambda name, ours, theirs: f"{name} ({ours} on rank 0, {theirs} on rank {other})",
+            )
             raise ValueError(
-                f"ranks 0 and {other} set up Adaptive differently (options, Feedback settings, "
-                "prior or lag): build it the same way on every rank"
+                f"ranks 0 and {other} set up Adaptive differently: "
+                + ("; ".join(changes) or "options (another PlanOptions fingerprint)")
+                + ": build it the same way on every rank"
             )
 
     @property
@@ -423,8 +436,8 @@ class Piggyback:
         telemetry = None
         if not missing and pending is not None:
             # A refused observation is skipped (every rank alike) before the error is raised:
-            # the gather consumed it, and the next one is the next step's (adv12a A5: its
-            # numbers stayed one step behind the observations, refusing every other step).
+            # the gather consumed it, and the next one is the next step's (kept, its numbers
+            # stayed one step behind the observations, refusing every other step).
             telemetry = loop.learn(pending[0], gathered, skip_refused=True)
         return loop.options, telemetry
 

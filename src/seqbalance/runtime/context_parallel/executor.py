@@ -27,6 +27,7 @@ a peer that fails or hangs raises :class:`~seqbalance.runtime.CollectiveError`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -172,9 +173,20 @@ def _parameter_layout(model: torch.nn.Module | None) -> str | None:
         return None
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    # Walked every step (a parameter added, resized or cast in place changes the layout of the
+    # same model); digested only when the layout is new.
+    layout = tuple((name, p.shape, p.dtype) for name, p in model.named_parameters())
+    return _layout_digest(layout)
+
+
+@functools.lru_cache(maxsize=8)
+def _layout_digest(layout: tuple[tuple[str, torch.Size, torch.dtype], ...]) -> str:
+    """SHA-256 of a parameter layout, ``(name, shape, dtype)`` in order, kept for the few
+    layouts a process runs: formatting and hashing every parameter each step cost about as
+    much as walking the model for them."""
     digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())
+    for name, shape, dtype in layout:
+        digest.update(f"{name}:{tuple(shape)}:{dtype};".encode())
     return digest.hexdigest()
 
 
@@ -243,7 +255,7 @@ class SlotBatch:
 def _check_tokens(samples: Sequence[Any], lengths: list[int], name: Callable[[int], str]) -> None:
     """Each of ``samples`` holds token ids: a 1-D integer tensor of its ``lengths`` tokens, with
     data (a sparse or meta tensor passed ``prepare`` and failed in the slots on its rank alone,
-    its peers waiting in the gathers until the timeout: adv12a A4), each id in [0, 2**63).
+    its peers waiting in the gathers until the timeout), each id in [0, 2**63).
 
     Raises:
         ValueError: for the first sample in error, named by ``name(i)``.
@@ -282,7 +294,7 @@ def _check_ids(samples: Sequence[torch.Tensor], name: Callable[[int], str]) -> N
     """Every id of ``samples`` (dense 1-D integer tensors) lies in [0, 2**63), as the embedding
     takes them in int64: a negative one, or a uint64 one past int64 (negative once cast),
     failed in the embedding on the ranks computing that sample alone, their peers waiting in
-    the slot's gathers until the timeout (adv13a F10).
+    the slot's gathers until the timeout.
 
     One flag per device, read once: a read per sample was a device-to-host sync per sample
     on a GPU, and a cast to int64 per sample a copy of every id (31 ms for 2,000 samples of
@@ -313,7 +325,7 @@ def _check_ids(samples: Sequence[torch.Tensor], name: Callable[[int], str]) -> N
 def _check_samples(plan: ContextParallelPlan, samples: Sequence[torch.Tensor]) -> None:
     """The step's token ids fit ``plan``: one 1-D integer tensor per sample, of its length
     (a ValueError, which ``prepare`` sends to every rank; a container without a length raised
-    TypeError on its rank alone: adv12a A4)."""
+    TypeError on its rank alone)."""
     _check_count(plan, samples)
     _check_tokens(samples, plan.lengths.tolist(), lambda i: f"samples[{i}]")
 

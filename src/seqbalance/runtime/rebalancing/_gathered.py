@@ -18,7 +18,7 @@ import torch
 
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions
-from seqbalance.runtime.agreement import brief
+from seqbalance.runtime.agreement import differing_settings
 from seqbalance.runtime.collectives import Comm
 from seqbalance.runtime.rebalancing._samples import InputForm
 from seqbalance.runtime.rebalancing.wire import Field, decode, encode
@@ -115,15 +115,6 @@ def combined_parts(headers: Sequence[dict[str, Any]]) -> SampleParts | None:
         return SampleParts.concatenate([SampleParts.from_dict(h["parts"]) for _, h in with_samples])
     except ValueError as error:
         raise ValueError(f"the ranks' parts cannot be planned together: {error}") from None
-
-
-def _differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
-    """``name (value vs value)`` for every key whose values differ, sorted by name."""
-    return [
-        f"{name} ({brief(mine.get(name), 60)} vs {brief(theirs.get(name), 60)})"
-        for name in sorted(set(mine) | set(theirs))
-        if mine.get(name) != theirs.get(name)
-    ]
 
 
 @dataclass(frozen=True)
@@ -224,6 +215,11 @@ class RefusedStep(ValueError):
         self.feedback = feedback
 
 
+def _versus(name: str, first: str, second: str) -> str:
+    """One setting rank 0 and another rank differ in, in words."""
+    return f"{name} ({first} vs {second})"
+
+
 def _check_settings(comm: Comm, headers: list[dict[str, Any]], options: PlanOptions) -> None:
     """Raise ValueError on every rank when any rank's settings differ from rank 0's.
 
@@ -237,11 +233,12 @@ def _check_settings(comm: Comm, headers: list[dict[str, Any]], options: PlanOpti
         return
     rank = differing[0]
     texts = comm.all_gather_bytes(options.to_json().encode(), "all_gather of options")
-    names = _differences(json.loads(texts[0]), json.loads(texts[rank]))
-    others = {k: v for k, v in reference.items() if k != "options"}
-    names += _differences(
-        others, {k: v for k, v in headers[rank]["settings"].items() if k != "options"}
-    )
+    # The options by their values (the headers hold only their fingerprint), then the rest.
+    names = differing_settings(json.loads(texts[0]), json.loads(texts[rank]), _versus)
+    others = [
+        {k: v for k, v in headers[r]["settings"].items() if k != "options"} for r in (0, rank)
+    ]
+    names += differing_settings(*others, _versus)
     raise ValueError(
         f"ranks 0 and {rank} disagree on the Rebalancer's settings: {'; '.join(names)}. "
         "Construct the Rebalancer with the same options, keep_local and length_key on "

@@ -75,7 +75,7 @@ def normalise(samples: Any, cu_seqlens: torch.Tensor | None) -> LocalSamples:
     if cu_seqlens is not None:
         if isinstance(cu_seqlens, torch.Tensor):
             # A meta or sparse tensor raised torch's error on this rank alone, its peers
-            # waiting in the gather (adv13a F2); as_lengths reads the rest on the host.
+            # waiting in the gather; as_lengths reads the rest on the host.
             check_dense(cu_seqlens, "cu_seqlens")
         bounds = as_lengths(cu_seqlens, "cu_seqlens")
         if bounds.size == 0 or bounds[0] != 0 or (np.diff(bounds) < 0).any():

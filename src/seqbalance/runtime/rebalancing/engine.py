@@ -111,7 +111,7 @@ class StepEngine:
         comm = Comm(self.group, self._deadline)
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        pending, local, header, table = self._header(
+        pending, local, header, table, raised = self._header(
             comm, observed, samples, cu_seqlens, groups, parts
         )
         # A load refused here: every rank refuses the step where another rank loaded its state.
@@ -125,6 +125,8 @@ class StepEngine:
             # that (alike everywhere), or the loop's step numbers would part from the ranks'.
             if self.feedback is not None:
                 self.feedback.apply(pending, refused.feedback, comm.rank)
+            if raised is not None:  # this rank's own error (its peers raise the ValueError)
+                raise raised from None
             raise ValueError(str(refused)) from None
         timings["gather"] = time.perf_counter() - started
 
@@ -221,7 +223,7 @@ class StepEngine:
         there, as a step would: dropped, the closed loop would number the next ``iterate``'s
         steps apart from its observations, and every rank would raise a step later."""
         comm = Comm(self.group, self._deadline)
-        pending, _, header, table = self._header(comm, observed, [], None, None, None)
+        pending, _, header, table, _ = self._header(comm, observed, [], None, None, None)
         header["ended"] = self.steps
         gathered = gather_end(comm, header, table, self.options)
         if self.feedback is not None:
@@ -235,15 +237,18 @@ class StepEngine:
         cu_seqlens: torch.Tensor | None,
         groups: Any,
         parts: Any,
-    ) -> tuple[Any, list[list[torch.Tensor]], dict[str, Any], np.ndarray]:
-        """What a step's or the end's gather carries: ``(pending, local, header, table)``, the
-        pending observation's record (``Feedback.record``) in the header."""
+    ) -> tuple[Any, list[list[torch.Tensor]], dict[str, Any], np.ndarray, Exception | None]:
+        """What a step's or the end's gather carries: ``(pending, local, header, table,
+        raised)``, the pending observation's record (``Feedback.record``) in the header
+        (``raised``: :meth:`describe`'s)."""
         # The statistics of an observed step are computed here, after every earlier step's
         # update, whichever thread runs this step.
         pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
-        local, header, table = self.describe(samples, cu_seqlens, groups, parts, comm.world_size)
+        local, header, table, raised = self.describe(
+            samples, cu_seqlens, groups, parts, comm.world_size
+        )
         header["feedback"] = None if pending is None else pending[1]
-        return pending, local, header, table
+        return pending, local, header, table, raised
 
     def describe(
         self,
@@ -252,8 +257,11 @@ class StepEngine:
         groups: Any,
         parts: Any,
         world_size: int,
-    ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray]:
-        """This rank's samples and its description for the gather (errors travel in it)."""
+    ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray, Exception | None]:
+        """This rank's samples and its description for the gather (errors travel in it), and
+        an error that is no ValueError (a cost callable's IndexError), which this rank raises
+        as it is once the gather has told every other rank (raised before the gather, it left
+        them waiting there until the timeout)."""
         header: dict[str, Any] = {
             "settings": {
                 "options": self.options.fingerprint(),
@@ -267,11 +275,18 @@ class StepEngine:
             local = normalise(samples, cu_seqlens)
             group_ids = None if groups is None else as_group_ids(groups, len(local.samples))
             self._check_lengths(local, parts, world_size)
-        except (ValueError, TypeError) as error:  # TypeError: samples that are no sequence
+        except Exception as error:
+            # TypeError: samples that are no sequence, refused as a ValueError like any input.
+            raised = None if isinstance(error, (ValueError, TypeError)) else error
             header.update(
-                error=str(error), n=0, fields=[], groups=False, form="list_dict", parts=None
+                error=str(error) if raised is None else f"{type(error).__name__}: {error}",
+                n=0,
+                fields=[],
+                groups=False,
+                form="list_dict",
+                parts=None,
             )
-            return [], header, np.zeros(0, dtype=np.int64)
+            return [], header, np.zeros(0, dtype=np.int64), raised
         table = np.array(
             [[t.shape[0] for t in sample] for sample in local.samples], dtype=np.int64
         ).reshape(len(local.samples), len(local.fields))
@@ -285,7 +300,7 @@ class StepEngine:
             form=local.form.value,
             parts=None if parts is None else parts.to_dict(),
         )
-        return local.samples, header, table
+        return local.samples, header, table, None
 
     def _check_lengths(self, local: LocalSamples, parts: Any, world_size: int) -> None:
         """Local checks of the sample lengths, parts and costs, so that an error names this
@@ -362,12 +377,22 @@ class StepEngine:
     ) -> tuple[Plan | None, str]:
         """The step's plan under ``options``, once every rank has shown it made the same one,
         and its digest: one all-gather before any sample moves
-        (:func:`seqbalance.runtime.agreement.agreed_plan`)."""
+        (:func:`seqbalance.runtime.agreement.agreed_plan`). An error that is no ValueError (a
+        cost callable's own, on this rank only where ranks hold other costs) is told the other
+        ranks there, then raised here as it is, as :meth:`describe`'s."""
+        raised = None
         try:
             plan, error = self.plan(batch, comm.world_size, options), None
-        except ValueError as raised:
-            plan, error = None, str(raised)
-        return agreed_plan(comm, plan, error)
+        except ValueError as refused:
+            plan, error = None, str(refused)
+        except Exception as foreign:
+            plan, error, raised = None, f"{type(foreign).__name__}: {foreign}", foreign
+        try:
+            return agreed_plan(comm, plan, error)
+        except ValueError:
+            if raised is not None:
+                raise raised from None
+            raise
 
     def plan(
         self, batch: Batch, world_size: int, options: PlanOptions | None = None

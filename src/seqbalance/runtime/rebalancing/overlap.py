@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from seqbalance._validation import check_bool, check_int
 from seqbalance.cost.samples import SampleParts
 
 if TYPE_CHECKING:
@@ -134,8 +135,9 @@ class RebalancedSteps:
             self._batches.load_state_dict(resume["source"])  # type: ignore[attr-defined]
         self._iterator = iter(self._batches)
         if resume is not None and resume["source"] is None:
-            for _ in range(resume["taken"]):
-                next(self._iterator, None)
+            for _ in range(self.taken):  # batches that end sooner end the loop at its start
+                if next(self._iterator, _ENDED) is _ENDED:
+                    break
         if resume is not None and resume["prefetched"]:
             self._replay = (resume["telemetry"],)
             return None
@@ -197,14 +199,26 @@ class RebalancedSteps:
         ``overlap`` and batches). Restores the Rebalancer's adaptive state too.
 
         Raises:
-            ValueError: iteration has started, a state of another shape, another ``overlap``,
-                or a saved iterator state that these batches cannot load.
+            ValueError: iteration has started, a state of another shape or with values of
+                other kinds (``taken`` no integer >= 0, ``overlap`` or ``prefetched`` no bool,
+                ``telemetry`` no mapping), another ``overlap``, or a saved iterator state that
+                these batches cannot load.
         """
         if self._iterator is not None:
             raise ValueError("load_state_dict must come before the first step")
         keys = {"taken", "overlap", "prefetched", "telemetry", "source", "adaptive"}
         if not isinstance(state, dict) or set(state) != keys:
             raise ValueError("state must be a RebalancedSteps.state_dict()")
+        # Read as they are, a taken of "3" or 2.5 was a TypeError at the first step, True
+        # resumed a step early, -1 from the start, silently; prefetched "no" replayed a step.
+        taken = check_int(state["taken"], "state['taken']", minimum=0)
+        check_bool(state["overlap"], "state['overlap']")
+        check_bool(state["prefetched"], "state['prefetched']")
+        if state["telemetry"] is not None and not isinstance(state["telemetry"], dict):
+            raise ValueError(
+                "state['telemetry'] must be the step's telemetry (a dict) or None, got "
+                f"{type(state['telemetry']).__name__}"
+            )
         if state["overlap"] != self._overlap:
             raise ValueError(
                 f"state was saved with overlap={state['overlap']}, this iterator has "
@@ -219,7 +233,7 @@ class RebalancedSteps:
             if self._engine.feedback is None:
                 raise ValueError("Rebalancer.load_state_dict needs adaptive=True")
             self._engine.load_adaptive_state(state["adaptive"])
-        self.taken = int(state["taken"])
+        self.taken = taken
         self._engine.steps = self.taken  # the next step's number (context-parallel slot records)
         self._resume = state
 
@@ -230,6 +244,10 @@ class RebalancedSteps:
         if self._ahead is not None:
             self._ahead.exception()  # waits, without raising the step's error here
         self._engine.worker.close()
+
+
+_ENDED = object()
+"""What ``next(iterator, _ENDED)`` gives at the end of the batches."""
 
 
 def _finished(step: _Step) -> Future[_Step]:

@@ -283,19 +283,26 @@ class Rebalancer:
         nothing: its ``observe()`` discards the timer's regions and returns.
 
         Raises:
-            ValueError: without ``adaptive``, or ``result`` is no ``RebalanceResult`` (on this
-                rank; the others raise at the next step, as for a missed ``observe()``).
+            ValueError: without ``adaptive``, or ``result`` is no ``RebalanceResult`` of this
+                Rebalancer (on this rank; the others raise at the next step, as for a missed
+                ``observe()``).
         """
-        if not isinstance(result, RebalanceResult):  # adv12a A3: was an AttributeError
+        # Anything else failed deep inside as an AttributeError naming no argument.
+        if not isinstance(result, RebalanceResult):
             raise ValueError(
                 f"observe() takes the step's RebalanceResult (rebalance()'s), got "
                 f"{type(result).__name__}"
             )
         timer = self.timer  # raises without adaptive
         assert self.engine.feedback is not None  # self.timer raised otherwise
+        if not result.made_by(self.engine.worker):
+            raise ValueError(
+                "observe() takes a RebalanceResult of this Rebalancer: this one comes from "
+                "another (its plan and seconds would be learned as this Rebalancer's step)"
+            )
         if result.plan is None:
             # No rank had a sample: nothing ran and nothing is learned. The loop timed no
-            # micro-batch, so finish() raised RuntimeError on every rank (adv13a F8); what it
+            # micro-batch, so finish() would raise RuntimeError on every rank; what it
             # did time (a sync) belongs to no step the model learns from.
             timer.discard()
             return

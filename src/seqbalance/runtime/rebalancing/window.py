@@ -15,8 +15,9 @@ with the same input stream).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +41,7 @@ _MAX_WINDOW = 2**53
 _MAX_DELAY = 2**62
 """Largest ``max_delay``: a sample's deadline (its push's dispatch number plus it) is int64, so a
 larger one overflowed (OverflowError at the first dispatch) or wrapped to a negative deadline,
-every sample then due at once (adv13a F5)."""
+every sample then due at once."""
 
 _ID_LIMIT = 2**63
 """Ids are int64: the running counter stops below this."""
@@ -76,6 +77,7 @@ class Dispatch:
     index: int
     unplanned: str | None = None
     parts: SampleParts | None = None
+    _balancer: str = field(default="", repr=False, compare=False)  # who made it (observe)
 
     def rank_ids(self, rank: int) -> list[np.ndarray]:
         """Sample ids of each micro-batch of ``rank`` (ValueError: no such rank, or no plan)."""
@@ -188,6 +190,9 @@ class WindowBalancer:
         self.adaptive = None
         if feedback is not None:
             self.adaptive = AdaptivePlanner(self.dp_size, self.options, feedback=feedback)
+        # Stamped on every dispatch: observe() refuses another balancer's (learned as this
+        # one's step due, silently, before). A copy keeps it, and takes the original's.
+        self._stamp = uuid.uuid4().hex
         self._ids: list[int] = []
         self._lengths: list[int] = []
         self._pushed_at: list[int] = []
@@ -307,14 +312,25 @@ class WindowBalancer:
         ``sync_seconds``, ``step_seconds``); returns the step's telemetry.
 
         Raises:
-            ValueError: without ``adaptive``, for a dispatch without a plan, bad seconds, or a
-                dispatch observed twice or while an earlier planned one was not (nothing is
-                learned then).
+            ValueError: without ``adaptive``, for what is no ``Dispatch`` of this balancer (of
+                another, or a plan), a dispatch without a plan, bad seconds, or a dispatch
+                observed twice or while an earlier planned one was not (nothing is learned
+                then).
         """
         if self.adaptive is None:
             raise ValueError("WindowBalancer.observe needs adaptive=True")
+        if not isinstance(dispatch, Dispatch):
+            raise ValueError(
+                "dispatch must be a Dispatch of this WindowBalancer (dispatch()'s or flush()'s), "
+                f"got {type(dispatch).__name__}"
+            )
         if dispatch.plan is None:
             raise ValueError("this dispatch was not planned (flush's unplanned remainder)")
+        if dispatch._balancer != self._stamp:
+            raise ValueError(
+                f"dispatch {dispatch.index} was not made by this WindowBalancer (another "
+                "balancer's): its seconds would be learned as this one's step"
+            )
         return self.adaptive.observe(dispatch.plan, rank_seconds, **times)
 
     def ready(self) -> bool:
@@ -386,6 +402,7 @@ class WindowBalancer:
             index=self._dispatched,
             unplanned=unplanned,
             parts=None if self._parts is None else self._parts.take(chosen),
+            _balancer=self._stamp,
         )
         if plan is not None and self.adaptive is not None:
             self.adaptive.numbered(plan)  # observe() then refuses a dispatch skipped or repeated

@@ -22,10 +22,10 @@ import numpy as np
 
 from seqbalance._validation import check_bool, check_int, check_timeout
 from seqbalance.cost.samples import SampleParts
-from seqbalance.runtime.agreement import brief
+from seqbalance.runtime.agreement import brief, differing_settings
 from seqbalance.runtime.samplers._lengths import LengthSource
 
-__all__ = ["STATE_FORMAT", "EpochBatchSampler", "describe_change", "parts_sha256", "sha256_of"]
+__all__ = ["STATE_FORMAT", "EpochBatchSampler", "parts_sha256", "sha256_of"]
 
 STATE_FORMAT = "seqbalance.SamplerState/3"
 """``state_dict()["format"]``; changes whenever the resume state's layout changes."""
@@ -86,25 +86,6 @@ def parts_sha256(parts: SampleParts | None) -> str | None:
     return digest.hexdigest()
 
 
-def describe_change(name: str, saved: Any, now: Any) -> list[str]:
-    """What changed in one setup entry, in words (options are compared option by option)."""
-    if saved == now:
-        return []
-    if name == "options" and isinstance(saved, Mapping) and isinstance(now, Mapping):
-        before, after = saved.get("values"), now.get("values")
-        if isinstance(before, Mapping) and isinstance(after, Mapping):
-            changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-            if changed:
-                return [
-                    f"options.{k} ({brief(before.get(k), 40)} saved, {brief(after.get(k), 40)} now)"
-                    for k in changed
-                ]
-        return ["options (another PlanOptions fingerprint)"]
-    if name in ("lengths", "groups", "parts", "costs"):
-        return [f"{name} (sha256 {brief(saved, 40)} saved, {brief(now, 40)} now)"]
-    return [f"{name} ({brief(saved, 40)} saved, {brief(now, 40)} now)"]
-
-
 def _setup_of(payload: bytes) -> dict[str, Any] | None:
     """A rank's agreement payload as a dict, or None when it is not one (that rank is in
     another gather)."""
@@ -129,15 +110,36 @@ def _plain(setup: Mapping[str, Any], name: str) -> dict[str, Any]:
         raise ValueError(f"{name} is not a setup state_dict() writes: {error}") from None
 
 
-def _changes(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
-    """Differences between two setups (as :func:`_plain` gives them), the data-parallel rank
-    left out (it may differ)."""
-    return [
-        change
-        for name in [*mine, *(k for k in other if k not in mine)]
-        if name != "dp_rank"
-        for change in describe_change(str(name), other.get(name), mine.get(name))
-    ]
+_DIGESTS = ("lengths", "groups", "parts", "costs")
+"""Setup entries that hold a SHA-256 of the data rather than the data (said so when named)."""
+
+
+def _changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """What differs between two setups (as :func:`_plain` gives them), in words, the
+    data-parallel rank left out (it may differ) and the options named one by one
+    (``options.max_tokens``)."""
+    # Named in the order of the setup in use, entries only the saved one has last.
+    changes = differing_settings(_compared(now), _compared(saved), _now_and_saved)
+    if not changes and saved.get("options") != now.get("options"):
+        # Equal option values under another fingerprint: options of another PlanOptions format.
+        return ["options (another PlanOptions fingerprint)"]
+    return changes
+
+
+def _compared(setup: Mapping[str, Any]) -> dict[str, Any]:
+    """``setup`` without the data-parallel rank, its options as their values (their
+    fingerprint is a digest of them, which would name no option)."""
+    compared = {name: value for name, value in setup.items() if name != "dp_rank"}
+    options = compared.get("options")
+    if isinstance(options, Mapping) and isinstance(options.get("values"), Mapping):
+        compared["options"] = options["values"]
+    return compared
+
+
+def _now_and_saved(name: str, now: str, saved: str) -> str:
+    """One setup entry that changed, in words."""
+    digest = "sha256 " if name in _DIGESTS else ""
+    return f"{name} ({digest}{saved} saved, {now} now)"
 
 
 class EpochBatchSampler:
@@ -235,7 +237,9 @@ class EpochBatchSampler:
         if epoch != self.epoch:
             self.close()
             self._resume = None
-            self._set_position(0, 0, 0)
+            # A pass's start, as iter() makes it: an adaptive sampler numbers the new epoch's
+            # steps after the ones observed, so state_dict() before the next iter() is valid.
+            self._start_pass(0, 0, 0)
         self.epoch = epoch
 
     def _set_position(self, consumed: int, step: int, offset: int) -> None:
@@ -373,10 +377,10 @@ class EpochBatchSampler:
                 "observe (adaptive: every rank observes every step once), or ranks iterate the "
                 "sampler a different number of times"
             )
-        # Every rank compares each rank with rank 0, so every rank raises the same message
-        # (each named the other against itself: adv12a A7).
+        # Every rank compares each rank with rank 0, not with itself, so every rank raises the
+        # same message (compared with itself, each rank named the other: two messages).
         for other_rank, theirs in enumerate(setups[1:], start=1):
-            changes = _changes(theirs, setups[0])
+            changes = _changes(setups[0], theirs)
             if changes:  # more than the data-parallel rank differs
                 raise ValueError(
                     f"{type(self).__name__}: ranks 0 and {other_rank} of the group set up "
@@ -495,7 +499,7 @@ class EpochBatchSampler:
         # The rank is recorded but may differ: every rank consumes the same number of
         # micro-batches, so one rank's checkpoint (rank 0's, as Trainer saves) resumes them all.
         changes = _changes(
-            _plain(self._setup(), "this sampler's setup"), _plain(saved, "state_dict['setup']")
+            _plain(saved, "state_dict['setup']"), _plain(self._setup(), "this sampler's setup")
         )
         if changes:
             raise ValueError(

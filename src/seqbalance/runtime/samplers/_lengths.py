@@ -67,7 +67,7 @@ class LengthSource:
             given = os.fsdecode(lengths)  # a path object may give bytes
             # Absolute: every read opens the file again (a DataLoader worker's too), and a
             # relative path read after the process changed its working directory named
-            # another file or none: "changed under the running sampler" (adv12c C5).
+            # another file or none: "changed under the running sampler".
             self.path = Path(os.path.abspath(given))
             lengths = _load_npy(self.path, name)
             name = f"{name} file {given}"

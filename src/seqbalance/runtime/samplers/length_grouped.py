@@ -3,12 +3,13 @@ position, agreement, resume, ``len()``)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_bool, check_int
 from seqbalance.cost.samples import SampleParts
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.layout import Permutation
@@ -17,6 +18,9 @@ from seqbalance.runtime.samplers._lengths import LengthSource
 from seqbalance.runtime.samplers._position import data_parallel_position
 
 __all__ = ["LengthGroupedSampler"]
+
+_KEPT = 1 << 22
+"""Samples of length-sorted buckets a pass keeps (32 MiB as int64; at least one bucket)."""
 
 
 class LengthGroupedSampler(EpochBatchSampler):
@@ -35,13 +39,18 @@ class LengthGroupedSampler(EpochBatchSampler):
     4. shuffle the order of the steps across the whole epoch (``Permutation(steps, (seed,
        epoch, 1))``).
 
-    Steps are computed one at a time (one bucket sorted per step taken), so nothing of the
-    size of the dataset is stored. Each rank yields its batch of every step. Every index
-    appears exactly once per epoch across ranks. A final step with fewer than ``batch_size *
-    dp_size`` samples is dropped with ``drop_last``; otherwise it is split as evenly as
-    possible over the ranks (``np.array_split``), so when fewer samples than ranks remain, some
-    ranks receive an empty batch: every rank always yields the same number of batches, which
-    keeps DDP in lockstep.
+    Steps are computed one at a time: a bucket is sorted when a step of it is first taken,
+    and the sorted buckets are kept up to ``max(bucket_size, 2**22)`` samples (32 MiB), so
+    nothing of the size of a larger dataset is stored; beyond that, buckets are sorted again
+    when their steps come back (a bucket of many steps then costs a sort per step). Each rank
+    yields its batch of every step. Every index appears exactly once per epoch across ranks. A
+    final step with fewer than ``batch_size * dp_size`` samples is dropped with ``drop_last``;
+    otherwise it is split as evenly as possible over the ranks (``np.array_split``). When fewer
+    samples than ranks remain, some ranks would receive an empty batch, which a ``DataLoader``'s
+    default collate fails on (``IndexError``, on those ranks alone, while the others go on to
+    the gradient all-reduce): refused unless ``allow_empty`` (as :class:`BalancedBatchSampler`
+    refuses a step that cannot fill its micro-batches). Every rank always yields the same
+    number of batches.
 
     Args:
         lengths: token length of every dataset sample (an array, a memory map or the path of
@@ -54,6 +63,9 @@ class LengthGroupedSampler(EpochBatchSampler):
         seed: shuffling seed shared by all ranks.
         drop_last: drop a final step with fewer than ``batch_size * dp_size`` samples.
         bucket_size: samples per length-sorted bucket, a multiple of ``batch_size * dp_size``.
+        allow_empty: yield an empty batch on the ranks a final step of fewer samples than
+            ranks leaves without one (for a collate that takes an empty batch); else such a
+            step is a ValueError at construction (pass ``drop_last=True`` to drop it).
         agreement_timeout: as in :class:`BalancedBatchSampler`.
 
     Raises:
@@ -71,6 +83,7 @@ class LengthGroupedSampler(EpochBatchSampler):
         seed: int = 0,
         drop_last: bool = False,
         bucket_size: int | None = None,
+        allow_empty: bool = False,
         agreement_timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         if isinstance(lengths, SampleParts):
@@ -97,6 +110,17 @@ class LengthGroupedSampler(EpochBatchSampler):
                 f"bucket_size must be a multiple of batch_size * dp_size = {step_size}, "
                 f"got {self.bucket_size}"
             )
+        # What the layout yields does not depend on it (it only refuses), so it is no setup.
+        self.allow_empty = check_bool(allow_empty, "allow_empty")
+        left = 0 if self.drop_last else self._source.size % step_size
+        if 0 < left < self.dp_size and not self.allow_empty:
+            raise ValueError(
+                f"the last step holds {left} samples (num_samples = {self._source.size}, "
+                f"batch_size * dp_size = {step_size}), fewer than the dp_size = {self.dp_size} "
+                f"ranks: {self.dp_size - left} ranks would get an empty batch, which a "
+                "DataLoader's collate fails on (those ranks alone): pass drop_last=True, or "
+                "allow_empty=True for a collate that takes an empty batch"
+            )
 
     def _setup(self) -> dict[str, Any]:
         return {**super()._setup(), "batch_size": self.batch_size, "bucket_size": self.bucket_size}
@@ -116,17 +140,27 @@ class LengthGroupedSampler(EpochBatchSampler):
         shuffle = Permutation(n, (self.seed, epoch))
         step_order = Permutation(steps, (self.seed, epoch, 1))
         per_bucket = self.bucket_size // step_size
-        cached: tuple[int, np.ndarray] | None = None
+        # The steps of a bucket come in random order over the epoch, so a bucket is met again
+        # and again: its sorted order is kept while the kept buckets hold at most
+        # max(bucket_size, _KEPT) samples (the least recently used dropped first). With one
+        # bucket kept, two buckets of half the dataset each were sorted at nearly every step.
+        kept: OrderedDict[int, np.ndarray] = OrderedDict()
+        kept_samples, budget = 0, max(self.bucket_size, _KEPT)
         for position in range(first, steps):
             number = int(step_order(np.array([position]))[0])
             bucket = number // per_bucket
-            if cached is None or cached[0] != bucket:
+            order = kept.get(bucket)
+            if order is None:
                 start = bucket * self.bucket_size
                 members = shuffle(np.arange(start, min(start + self.bucket_size, n)))
                 lengths = self._source.take(members)
-                cached = (bucket, members[np.argsort(-lengths, kind="stable")])
+                order = members[np.argsort(-lengths, kind="stable")]
+                while kept and kept_samples + order.size > budget:
+                    kept_samples -= kept.popitem(last=False)[1].size
+                kept[bucket], kept_samples = order, kept_samples + order.size
+            kept.move_to_end(bucket)
             within = (number - bucket * per_bucket) * step_size
-            step = cached[1][within : within + step_size]
+            step = order[within : within + step_size]
             if step.size == step_size:
                 part = step[self.dp_rank * self.batch_size : (self.dp_rank + 1) * self.batch_size]
             else:

@@ -1,0 +1,50 @@
+"""HF Trainer drop-in given inputs the stock Trainer takes differently (adv15b D1, D2): an
+``IterableDataset`` was read to its end for lengths (a stream: for ever) before the DataLoader
+refused the batch sampler; a sampler argument the Trainer sets, given in ``seqbalance_options``,
+raised TypeError "got multiple values"; a ``PlanOptions`` under ``"options"`` had its cost,
+micro-batch count and size replaced by the Trainer's without a word."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+from _hf_train import trainer_stub
+
+from seqbalance.integrations.hf import balanced_train_dataloader
+from seqbalance.plan import PlanOptions
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """An endless stream of records, as a streaming dataset is to the loader."""
+
+    def __iter__(self) -> Iterator[dict[str, list[int]]]:
+        for i in itertools.count():
+            yield {"input_ids": [1] * (i % 7 + 1)}
+
+
+def test_an_iterable_dataset_is_refused_before_it_is_read() -> None:
+    with pytest.raises(ValueError, match=r"train_dataset is an IterableDataset \(_Stream\)"):
+        balanced_train_dataloader(trainer_stub(_Stream()))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("dp_size", 4), ("seed", 3), ("shuffle", False), ("drop_last", False), ("lengths", [1])],
+)
+def test_a_sampler_argument_the_trainer_sets_is_named(key: str, value: object) -> None:
+    rows = [{"input_ids": list(range(n))} for n in (3, 4, 5, 6)]
+    with pytest.raises(ValueError, match=rf"seqbalance_options\['{key}'\] is set by the Trainer"):
+        balanced_train_dataloader(trainer_stub(rows), options={key: value})
+
+
+def test_plan_options_under_options_are_not_overridden_silently() -> None:
+    rows = [{"input_ids": list(range(n))} for n in (3, 4, 5, 6)]
+    given = PlanOptions(cost="tokens", layout="padded", microbatch_size=1, num_microbatches=4)
+    with pytest.raises(ValueError, match=r"seqbalance_options\['options'\] \(a PlanOptions\)"):
+        balanced_train_dataloader(trainer_stub(rows), options={"options": given})
