@@ -138,6 +138,9 @@ CASES = [
     ("lengths", "{long_number_records} -o {folder}/out.npy", "(line 1: a number too long"),
     ("lengths", "{long_number_document} -o {folder}/out.npy", "long_number.json: a number too"),
     ("simulate", "--steps 1 --time-model {stats_list}", "fit_stats must be an object, got [1]"),
+    # adv15b D13: a folder, or an empty --lengths (Path("") is "."), was "no such file".
+    ("plan", "{folder} --dp 2", "folder' is a folder, not a .npy file"),
+    ("simulate", "--steps 1 --lengths {folder}", "folder' is a folder, not a .npy file"),
     ("plan", "{lengths} --dp 2 --time-model {stats_fraction}", "n_observations must be a whole"),
     ("simulate", "--steps 1 --model {layers_1e30}", "'num_hidden_layers' must be <="),
     ("simulate", "--steps 1 --model {layers_1e8}", "'num_hidden_layers' must be <="),
@@ -261,3 +264,9 @@ def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys) -> None:
     assert main(["models"]) == 130
     captured = capsys.readouterr()
     assert captured.err.splitlines() == ["seqbalance models: error: interrupted"]
+
+
+def test_an_empty_lengths_argument_is_named(capsys) -> None:
+    """adv15b D13: ``--lengths ""`` said "no such file '.'" (the current folder)."""
+    line = _fails_cleanly(["simulate", "--steps", "1", "--lengths", ""], capsys)
+    assert "--lengths is empty" in line, line
