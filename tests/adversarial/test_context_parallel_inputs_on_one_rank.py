@@ -85,6 +85,8 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         # adv13a F10: passed prepare and failed in the embedding on its rank alone.
         "negative": (plan, [sample - 70 for sample in _samples(LENGTHS)]),
         "beyond int64": (plan, [(s + 2**63).to(torch.uint64) for s in _samples(LENGTHS)]),
+        # adv15a F14: TypeError "len() of a 0-d tensor" in prepare on its rank alone.
+        "0-d": (plan, torch.tensor(5)),
     }
     out: dict[str, Any] = {}
     for name, (their_plan, their_samples) in odd.items():
@@ -112,6 +114,7 @@ def test_inputs_wrong_on_one_rank_fail_every_rank_alike(tmp_path) -> None:
         "meta": "samples[0] is a meta-device tensor: only dense",
         "negative": "samples[0] holds the token id -",
         "beyond int64": "samples[0] holds the token id 92233720368547",
+        "0-d": "samples must be a sequence of token-id tensors, got Tensor of 0 dimensions",
     }
     for name, text in expected.items():
         assert results[0][name] == results[1][name], name

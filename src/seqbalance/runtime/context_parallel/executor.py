@@ -108,15 +108,19 @@ class ContextParallelGroups:
             plan.validate()
             if samples is not None:
                 _check_samples(plan, samples)
-            mine = [plan.fingerprint(), _parameter_layout(model), None]
+            mine, raised = [plan.fingerprint(), _parameter_layout(model), None], None
         except ValueError as error:
-            mine = [None, None, str(error)]
+            mine, raised = [None, None, str(error)], None
+        except Exception as error:  # told the peers (alone, it left them to the timeout)
+            mine, raised = [None, None, f"{type(error).__name__}: {error}"], error
         gathered = Comm(dist.group.WORLD, self.timeout).all_gather_bytes(
             json.dumps(mine).encode(), "context-parallel plan agreement"
         )
         described = [json.loads(payload) for payload in gathered]
         for rank, (_, _, problem) in enumerate(described):
             if problem is not None:
+                if raised is not None:  # this rank's own error, as it is
+                    raise raised
                 raise ValueError(f"rank {rank}: {problem}")
         checks = (
             ("plan", "a plan that differs"),
@@ -332,9 +336,14 @@ def _check_samples(plan: ContextParallelPlan, samples: Sequence[torch.Tensor]) -
 
 def _check_count(plan: ContextParallelPlan, samples: Any) -> None:
     """``samples`` holds one entry per sample of ``plan``."""
-    if not isinstance(samples, (Sequence, torch.Tensor)) or isinstance(samples, (str, bytes)):
+    if (
+        not isinstance(samples, (Sequence, torch.Tensor))
+        or isinstance(samples, (str, bytes))
+        or (isinstance(samples, torch.Tensor) and samples.dim() == 0)  # no len()
+    ):
         raise ValueError(
             f"samples must be a sequence of token-id tensors, got {type(samples).__name__}"
+            + (" of 0 dimensions" if isinstance(samples, torch.Tensor) else "")
         )
     if len(samples) != plan.n_samples:
         raise ValueError(f"samples holds {len(samples)} samples, the plan has {plan.n_samples}")
