@@ -165,6 +165,8 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
     Raises ValueError naming ``argument`` when the file cannot be read, holds anything but
     non-negative integers (the message names the first bad sample), or the name is unknown.
     """
+    if not source.strip():  # Path("") is ".", the current folder: "no such file '.'"
+        raise ValueError(f"{argument} is empty: give a .npy file or a bundled dataset's name")
     path = Path(source)
     if path.suffix == ".npy" or path.exists():
         return LengthsInput(_read_lengths_file(path, argument), None, path.name)
@@ -183,6 +185,8 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
 
 
 def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
+    if path.is_dir():  # it said "no such file" of a folder that exists
+        raise ValueError(f"{argument}: {str(path)!r} is a folder, not a .npy file")
     if not path.is_file():
         raise ValueError(f"{argument}: no such file {str(path)!r}")
     try:
