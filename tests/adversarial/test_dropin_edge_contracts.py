@@ -346,7 +346,7 @@ def test_megatron_pairs_refuse_a_bool_sample_id(kind: str) -> None:
         torch = pytest.importorskip("torch")
         flag = torch.tensor(True)
     pairs = [(flag, 5), (2, 6), (3, 7), (4, 8)]
-    with pytest.raises(ValueError, match="sample_id_seqlens ids must be integers"):
+    with pytest.raises(ValueError, match="sample_id_seqlens ids must be integers, not booleans"):
         schedule(pairs, max_seqlen_per_dp_cp_rank=64, cp_size=1, dp_size=2)
     planned = schedule([(1, 5), *pairs[1:]], max_seqlen_per_dp_cp_rank=64, cp_size=1, dp_size=2)
     assert sorted(i for mb in planned for rank in mb for i in rank) == [1, 2, 3, 4]

@@ -45,20 +45,20 @@ def ids_and_lengths(sample_id_seqlens: Sequence[Any]) -> tuple[list[int], np.nda
         ) from None
     pairs = [_pair(entry, position) for position, entry in enumerate(entries)]
     try:  # integer-like ids as Megatron builds them (int, numpy or 0-dim torch integers)
-        ids = [_sample_id(sample_id) for sample_id, _ in pairs]
+        ids = [operator.index(sample_id) for sample_id, _ in pairs]
     except TypeError:
         raise ValueError("sample_id_seqlens ids must be integers") from None
     if len(set(ids)) != len(ids):
         raise ValueError("sample_id_seqlens repeats a sample id (each sample once)")
+    if any(_is_bool(sample_id) for sample_id, _ in pairs):
+        # operator.index(True) is 1: a lone bool id was scheduled as sample 1 without a word.
+        raise ValueError("sample_id_seqlens ids must be integers, not booleans")
     return ids, as_lengths([length for _, length in pairs], "sample_id_seqlens lengths")
 
 
-def _sample_id(value: Any) -> int:
-    """An integer id (``operator.index``); a bool (Python's or a bool tensor's) is no id, though
-    ``operator.index(True)`` is 1: such an id was scheduled as sample 1 without a word."""
-    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
-        raise TypeError(value)
-    return operator.index(value)
+def _is_bool(value: Any) -> bool:
+    """Whether ``value`` is a bool: Python's, or a 0-dim bool tensor / array."""
+    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
 
 def _pair(entry: Any, position: int) -> tuple[Any, Any]:
