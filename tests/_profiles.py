@@ -15,7 +15,8 @@ Profiles (registered in ``conftest.py``; pick one with ``HYPOTHESIS_PROFILE=NAME
 
 A test asks for ``examples(n)``, ``n`` being its count under ``full`` (at least ``FEWEST`` under
 any profile); tests without an explicit count get the profile's ``max_examples``
-(``SCALES[profile] x 100``: 5, 25, 25, 100, 3000).
+(``SCALES[profile] x 100``: 5, 25, 25, 100, 3000). A test with dear examples asks for fewer under
+``ci`` and ``default`` with ``examples(n, quick=q)`` (see :func:`examples`).
 """
 
 from __future__ import annotations
@@ -40,10 +41,24 @@ def active_profile() -> str:
     return os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default")
 
 
-def examples(full_count: int) -> int:
+def examples(full_count: int, *, quick: int | None = None) -> int:
     """Examples for a test that runs ``full_count`` of them under the ``full`` profile.
 
     Scales with the loaded profile's ``max_examples`` (100 under ``full``), so a profile chosen
     on the command line (``--hypothesis-profile``) applies too.
+
+    Args:
+        full_count: The test's examples under ``full`` (30 times as many under ``long``).
+        quick: The test's examples under ``ci`` and ``default`` where fewer than their share of
+            ``full_count``, for a test whose examples are dear (``dev`` runs a fifth of it;
+            ``full`` and ``long`` are unchanged). Set only where that many examples reach every
+            line and branch of the package that the share reached (``coverage run --branch``
+            under ``ci``, the examples derandomized): the suite's time goes to the searches the
+            ``full`` and ``long`` profiles make, not to the quick ones.
     """
-    return max(FEWEST, round(full_count * settings.default.max_examples / 100))
+    scale = settings.default.max_examples / 100
+    if quick is None or scale > SCALES["ci"]:
+        return max(FEWEST, round(full_count * scale))
+    if quick >= full_count * SCALES["ci"]:
+        raise ValueError(f"quick must be below {SCALES['ci']:.0%} of full_count, got {quick}")
+    return max(FEWEST, round(quick * scale / SCALES["ci"]))

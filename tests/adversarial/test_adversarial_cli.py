@@ -57,6 +57,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "deep_records": root / "deep.jsonl",
         "deep_document": root / "deep_document.json",
         "long_number_records": root / "long_number.jsonl",
+        "stats_list": root / "stats_list.json",
+        "stats_fraction": root / "stats_fraction.json",
         "long_number_document": root / "long_number.json",
         "layers_1e30": root / "layers_1e30.json",
         "layers_1e8": root / "layers_1e8.json",
@@ -91,6 +93,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     long_number = '{"text": "a b", "id": ' + "9" * 5000 + "}"
     paths["long_number_records"].write_text(long_number + "\n")
     paths["long_number_document"].write_text(f"[{long_number}]")
+    # adv15b D12: fit_stats read by float() / int(): a list named no field ("list indices must
+    # be integers or slices, not str"), n_observations 2.7 was read as 2.
+    model = {"format": "seqbalance.TimeModel", "version": 1, "t0": 1e-3, "t1": 1e-6, "t2": 0}
+    paths["stats_list"].write_text(json.dumps({**model, "fit_stats": [1]}))
+    stats = {"mape": 0.1, "r2": 0.9, "n_observations": 2.7}
+    paths["stats_fraction"].write_text(json.dumps({**model, "fit_stats": stats}))
     sane = {**config, "num_attention_heads": 2}
     for name, changes in (
         ("layers_1e30", {"num_hidden_layers": 10**30}),
@@ -129,6 +137,11 @@ CASES = [
     ("lengths", "{deep_document} -o {folder}/out.npy", "nested too deeply"),
     ("lengths", "{long_number_records} -o {folder}/out.npy", "(line 1: a number too long"),
     ("lengths", "{long_number_document} -o {folder}/out.npy", "long_number.json: a number too"),
+    ("simulate", "--steps 1 --time-model {stats_list}", "fit_stats must be an object, got [1]"),
+    # adv15b D13: a folder, or an empty --lengths (Path("") is "."), was "no such file".
+    ("plan", "{folder} --dp 2", "folder' is a folder, not a .npy file"),
+    ("simulate", "--steps 1 --lengths {folder}", "folder' is a folder, not a .npy file"),
+    ("plan", "{lengths} --dp 2 --time-model {stats_fraction}", "n_observations must be a whole"),
     ("simulate", "--steps 1 --model {layers_1e30}", "'num_hidden_layers' must be <="),
     ("simulate", "--steps 1 --model {layers_1e8}", "'num_hidden_layers' must be <="),
     ("simulate", "--steps 1 --model {hidden_1e30}", "'hidden_size' must be <="),
@@ -251,3 +264,9 @@ def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys) -> None:
     assert main(["models"]) == 130
     captured = capsys.readouterr()
     assert captured.err.splitlines() == ["seqbalance models: error: interrupted"]
+
+
+def test_an_empty_lengths_argument_is_named(capsys) -> None:
+    """adv15b D13: ``--lengths ""`` said "no such file '.'" (the current folder)."""
+    line = _fails_cleanly(["simulate", "--steps", "1", "--lengths", ""], capsys)
+    assert "--lengths is empty" in line, line

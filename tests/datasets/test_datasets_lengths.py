@@ -145,6 +145,24 @@ def test_list_responses_make_groups(qwen) -> None:
     assert result.locations.tolist() == [1, 1, 1, 2, 2]
 
 
+def test_an_empty_list_of_responses_is_malformed(tmp_path: Path) -> None:
+    """adv15b D11: a record whose response list was empty gave no sample while it was reported
+    'without text, kept', so the lengths lost it without a word."""
+    path = tmp_path / "grpo.jsonl"
+    records = [
+        {"query": "hello world", "response": ["a b", "c"]},
+        {"query": "hello world", "response": []},
+        {"query": "hi", "response": ["d"]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    fields = Fields(text=("query", "response"))
+    with pytest.raises(ValueError, match="line 2: field 'response' holds an empty list"):
+        token_lengths(path, fields=fields)
+    result = token_lengths(path, fields=fields, skip_malformed=True)
+    assert [m.location for m in result.malformed] == [2] and result.empty.tolist() == []
+    assert result.groups.tolist() == [0, 0, 1] and result.locations.tolist() == [1, 1, 3]
+
+
 def test_hh_transcripts_count_as_written_with_one_turn_per_speaker_block(qwen) -> None:
     result = token_lengths(DATA / "hh.jsonl")
     assert result.fields == Fields(chat="chosen")

@@ -16,7 +16,7 @@ import re
 import numpy as np
 from _cp import CP_STRATEGIES, plan_cp
 from _profiles import examples
-from hypothesis import event, given, note, settings
+from hypothesis import event, example, given, note, settings
 from hypothesis import strategies as st
 
 from seqbalance.cost import TimeModel
@@ -127,19 +127,37 @@ def _check(problem: dict) -> None:
     assert all((count == 1).all() for count in seen)
 
 
-@settings(max_examples=examples(3400))
+# The ci profile's 850 examples reached Megatron's rule going back to its balance check after
+# a narrower size (10 of them); its 500 do not: this one does, whatever the count.
+@settings(max_examples=examples(3400, quick=500))
 @given(problems())
+@example(
+    {
+        "lengths": [
+            *(210, 119, 231, 178, 162, 499, 177, 85, 14, 193, 11),
+            *(212, 60, 170, 225, 119, 242, 30, 193, 227, 102, 132),
+        ],
+        "n_ranks": 6,
+        "max_tokens": 250,
+        "options": {"sizes": (1, 2)},
+        "strategy": "dynamic_cp_megatron",
+        "cost": "overheads",
+        "allow_empty": True,
+        "min_microbatches": 4,
+        "microbatch_multiple": 1,
+    }
+)
 def test_cp_plans_validate(problem: dict) -> None:
     _check(problem)
 
 
-@settings(max_examples=examples(1400))
+@settings(max_examples=examples(1400, quick=200))
 @given(problems(grouped=True))
 def test_grouped_cp_plans_validate(problem: dict) -> None:
     _check(problem)
 
 
-@settings(max_examples=examples(700))
+@settings(max_examples=examples(700, quick=100))
 @given(problems())
 def test_cp_json_round_trip_and_determinism(problem: dict) -> None:
     plan = _plan(problem)
@@ -158,7 +176,7 @@ def test_balanced_never_worse_than_rivals() -> None:
     counted (``event``), and the test fails when too few problems compare anything."""
     tally = {"examples": 0, "compared": 0}
 
-    @settings(max_examples=examples(700))
+    @settings(max_examples=examples(700, quick=100))
     @given(problems())
     def run(problem: dict) -> None:
         tally["examples"] += 1

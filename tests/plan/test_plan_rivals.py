@@ -149,8 +149,21 @@ DOMINANT_ALONE = np.array(
 )
 
 
-@settings(max_examples=examples(800), deadline=None)
+# The ci profile's 200 examples reached the exact search's lockstep value (2 of them); its 150
+# do not: this one does, whatever the count.
+@settings(max_examples=examples(800, quick=150), deadline=None)
 @given(requests())
+@example(
+    {
+        "lengths": np.array([1022, 375, 1851, 1327, 436, 2117, 1881]),
+        "dp": 1,
+        "cost": "flops",
+        "objective": "lockstep",
+        "allow_empty": False,
+        "layout": "padded",
+        "microbatch_size": 7,
+    }
+)
 @example(
     {
         "lengths": DOMINANT_ALONE,

@@ -55,7 +55,7 @@ def test_threshold_bound_prices_a_long_sample_above_the_least_total() -> None:
     assert 12400 < bound <= best
 
 
-@settings(max_examples=examples(3000), deadline=None)
+@settings(max_examples=examples(3000, quick=250), deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=8),
     dp=st.integers(2, 6),

@@ -66,10 +66,29 @@ def test_cuda_device_chooses_cuda_events(monkeypatch):
     monkeypatch.setattr(
         torch.cuda, "Event", lambda **kwargs: made.append(kwargs) or FakeClock().event()
     )
-    timer = StepTimer("cuda:0")
-    with timer.microbatch():
-        pass
-    assert made == [{"enable_timing": True}, {"enable_timing": True}]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for device in ("cuda:0", torch.device("cuda", 1)):
+        made.clear()
+        timer = StepTimer(device)
+        with timer.microbatch():
+            pass
+        assert made == [{"enable_timing": True}, {"enable_timing": True}]
+
+
+def test_a_device_that_is_none_or_absent_is_refused_up_front(monkeypatch):
+    # adv15a F12: "cudax" timed with CUDA events, an index (local_rank, 0) with perf_counter
+    # around asynchronous CUDA work (launch times, silently), and "cuda" where CUDA is absent
+    # failed at the first region ("Tried to instantiate dummy base class Event").
+    import torch
+
+    with pytest.raises(ValueError, match=r"device must be a torch\.device, its string or a CUDA"):
+        StepTimer("cudax")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device = 'cuda' is a CUDA device, but CUDA is not"):
+        StepTimer("cuda")
+    if not torch.cuda.is_available():  # an index is read as the accelerator's (torch's rule)
+        with pytest.raises(ValueError, match="device = 0 is an accelerator index, but no"):
+            StepTimer(0)
 
 
 def test_cpu_clock_measures_work():

@@ -165,6 +165,8 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
     Raises ValueError naming ``argument`` when the file cannot be read, holds anything but
     non-negative integers (the message names the first bad sample), or the name is unknown.
     """
+    if not source.strip():  # Path("") is ".", the current folder: "no such file '.'"
+        raise ValueError(f"{argument} is empty: give a .npy file or a bundled dataset's name")
     path = Path(source)
     if path.suffix == ".npy" or path.exists():
         return LengthsInput(_read_lengths_file(path, argument), None, path.name)
@@ -183,6 +185,8 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
 
 
 def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
+    if path.is_dir():  # it said "no such file" of a folder that exists
+        raise ValueError(f"{argument}: {str(path)!r} is a folder, not a .npy file")
     if not path.is_file():
         raise ValueError(f"{argument}: no such file {str(path)!r}")
     try:
@@ -551,13 +555,13 @@ def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
 
 
 def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
-    """``write(path)``, the file a command writes; an OSError naming no file (a full disk
-    fails the write or the close, not the open: "[Errno 28] No space left on device" was all
-    the command said) is raised again naming ``flag`` and ``path``."""
+    """``write(path)``, the file a command writes; an OSError is raised again naming ``flag``
+    and ``path`` (a full disk fails the write or the close, not the open: "[Errno 28] No space
+    left on device" was all the command said; an open refused named the path, not the flag)."""
     try:
         write(Path(path))
     except OSError as error:
-        if error.filename is not None or error.errno is None:
+        if error.errno is None:
             raise
         reason = error.strerror or str(error)
         raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None

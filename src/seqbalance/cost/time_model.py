@@ -70,6 +70,28 @@ class FitStats:
         return cls(mape=mape, r2=float(r2), n_observations=int(seconds.size))
 
 
+def _fit_stats(stats: Any) -> FitStats:
+    """``fit_stats`` of TimeModel JSON, read strictly: ``float()`` / ``int()`` took ``"0.05"``
+    and ``true`` as numbers and cut ``n_observations: 2.7`` to 2, and a list or a missing key
+    was refused naming no field ("list indices must be integers or slices, not str")."""
+    if not isinstance(stats, dict):
+        raise ValueError(f"TimeModel JSON fit_stats must be an object, got {stats!r:.60}")
+    values = {}
+    for name in ("mape", "r2", "n_observations"):
+        if name not in stats:
+            raise ValueError(f"TimeModel JSON fit_stats.{name} is missing")
+        value = stats[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"TimeModel JSON fit_stats.{name} must be a number, got {value!r:.60}")
+        values[name] = value
+    count = values["n_observations"]
+    if (isinstance(count, float) and not count.is_integer()) or count < 0:
+        raise ValueError(
+            f"TimeModel JSON fit_stats.n_observations must be a whole count, got {count!r}"
+        )
+    return FitStats(mape=float(values["mape"]), r2=float(values["r2"]), n_observations=int(count))
+
+
 @dataclass(frozen=True)
 class TimeModel:
     """Seconds of a micro-batch: ``t0 + t1·ΣL + t2·Σq(L)`` (see the module docstring).
@@ -326,20 +348,11 @@ class TimeModel:
                 f"TimeModel JSON version {data.get('version')!r} is not supported "
                 f"(this seqbalance reads version {_FORMAT_VERSION})"
             )
+        stats = data.get("fit_stats")
+        fit_stats = None if stats is None else _fit_stats(stats)
         try:
-            stats = data.get("fit_stats")
             return cls(
-                data["t0"],
-                data["t1"],
-                data["t2"],
-                tile=data.get("tile"),
-                fit_stats=None
-                if stats is None
-                else FitStats(
-                    mape=float(stats["mape"]),
-                    r2=float(stats["r2"]),
-                    n_observations=int(stats["n_observations"]),
-                ),
+                data["t0"], data["t1"], data["t2"], tile=data.get("tile"), fit_stats=fit_stats
             )
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"TimeModel JSON is missing or has a bad field: {error}") from None

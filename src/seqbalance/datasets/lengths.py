@@ -363,6 +363,9 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
     prompt = "\n".join(part for part in prompt_parts if part)
     response = _get(record, response_name)
     grouped = isinstance(response, list)
+    if grouped and not response:
+        # A group of none gave no sample, while the record was reported kept.
+        raise Malformed(f"field {response_name!r} holds an empty list of responses")
     responses = (
         [_text(item, response_name) for item in response]
         if grouped

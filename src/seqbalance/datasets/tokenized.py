@@ -33,6 +33,9 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
                 f"column {column!r} is not in the dataset (columns: "
                 f"{', '.join(map(str, dataset.column_names))})"
             )
+        read = _arrow_lengths(dataset, column)
+        if read is not None:
+            return as_lengths(read, f"dataset[{column!r}] lengths")
         values = dataset[column]
     elif isinstance(dataset, Mapping):
         # A dict of columns would be read by its keys ("dataset[0] has no 'input_ids' entry"
@@ -88,6 +91,33 @@ def _is_sequence(value: Any) -> bool:
     if getattr(value, "ndim", None) == 0:
         return False  # a numpy or torch scalar: one token id
     return hasattr(value, "__len__") and not isinstance(value, (str, bytes))
+
+
+def _arrow_lengths(dataset: Any, column: str) -> np.ndarray | None:
+    """The column's lengths from its Arrow data, where ``dataset`` is a Hugging Face
+    ``Dataset`` (``with_format("arrow")``, in the dataset's order after ``select`` or
+    ``shuffle``) holding token lists or integer lengths and no missing entry: milliseconds for
+    millions of rows, where reading every row as Python lists took seconds per 100,000 rows.
+    None otherwise: the rows are then read (or refused) one by one."""
+    as_arrow = getattr(dataset, "with_format", None)
+    if as_arrow is None:
+        return None
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        values = as_arrow("arrow")[column]
+    except Exception:  # no pyarrow, or no Dataset that gives its columns as Arrow
+        return None
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)) or values.null_count:
+        return None
+    kind = values.type
+    if pa.types.is_integer(kind):
+        return values.to_numpy(zero_copy_only=False)
+    lists = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if (lists or pa.types.is_fixed_size_list(kind)) and not pa.types.is_nested(kind.value_type):
+        return pc.list_value_length(values).to_numpy(zero_copy_only=False)
+    return None  # nested rows, text, ...: refused row by row, naming the entry
 
 
 def _records(dataset: Any) -> Iterable[tuple[int, Any]]:

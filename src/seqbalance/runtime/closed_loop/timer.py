@@ -67,12 +67,41 @@ class _Clock:
         return (end.seconds - self.seconds) * 1000.0
 
 
+def _on_cuda(device: Any) -> bool:
+    """Whether ``device`` (a ``torch.device``, its string or a CUDA index, as torch reads
+    them) is a CUDA device, which then must be there.
+
+    Raises:
+        ValueError: naming ``device``: torch reads it as no device, or as a CUDA device where
+            CUDA is not available.
+    """
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError, ValueError):
+        if isinstance(device, int) and not isinstance(device, bool):  # torch: no accelerator
+            raise ValueError(
+                f"device = {device!r} is an accelerator index, but no accelerator is available here"
+            ) from None
+        raise ValueError(
+            f"device must be a torch.device, its string or a CUDA index, got {device!r}"
+        ) from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device = {device!r} is a CUDA device, but CUDA is not available here "
+            "(torch.cuda.is_available() is False)"
+        )
+    return kind == "cuda"
+
+
 class StepTimer:
     """Times micro-batches and the gradient sync of one rank, step after step (module doc).
 
     Args:
-        device: A ``torch.device`` (or its string): CUDA devices use CUDA events, anything else
-            ``perf_counter``. None: ``perf_counter``.
+        device: A ``torch.device`` (or its string, or a CUDA index as torch reads one: ``0`` is
+            ``cuda:0``): CUDA devices use CUDA events, anything else ``perf_counter``. None:
+            ``perf_counter``.
         event_factory: Overrides the choice: a callable returning an object with ``record()``,
             ``synchronize()`` and ``elapsed_time(end) -> milliseconds`` (the
             ``torch.cuda.Event`` interface), for tests and other accelerators.
@@ -81,7 +110,7 @@ class StepTimer:
     def __init__(self, device: Any = None, *, event_factory: Callable[[], Any] | None = None):
         if event_factory is None:
             event_factory = _Clock
-            if device is not None and str(device).startswith("cuda"):
+            if device is not None and _on_cuda(device):
                 import torch
 
                 def event_factory() -> Any:

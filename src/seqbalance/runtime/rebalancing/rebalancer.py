@@ -295,7 +295,7 @@ class Rebalancer:
             )
         timer = self.timer  # raises without adaptive
         assert self.engine.feedback is not None  # self.timer raised otherwise
-        if result._worker is not self.engine.worker:  # made by another Rebalancer's engine
+        if not result.made_by(self.engine.worker):
             raise ValueError(
                 "observe() takes a RebalanceResult of this Rebalancer: this one comes from "
                 "another (its plan and seconds would be learned as this Rebalancer's step)"

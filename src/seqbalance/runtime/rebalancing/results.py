@@ -110,6 +110,10 @@ class RebalanceResult:
     _step: int = field(default=0, repr=False)  # the Rebalancer's step count when made
     _plan_digest: str = field(default="", repr=False)  # the plan's, as the ranks agreed it
 
+    def made_by(self, worker: Worker) -> bool:
+        """Whether the Rebalancer whose step engine runs on ``worker`` made this result."""
+        return self._worker is worker
+
     @property
     def num_samples(self) -> int:
         """Samples this rank holds after the rebalance (pieces, with context parallelism)."""
