@@ -332,3 +332,21 @@ def test_megatron_iterator_refuses_a_dataset_it_cannot_index() -> None:
             (list(range(1, n + 1)) for n in lengths), lengths, global_batch_size=4,
             dp_rank=0, dp_size=1, max_tokens=64,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["python", "torch"])
+def test_megatron_pairs_refuse_a_bool_sample_id(kind: str) -> None:
+    """adv15b D15: ``operator.index(True)`` is 1, so a bool id (Python's, or a 0-d bool tensor)
+    was scheduled as sample 1 without a word (``megatron_packing.schedule`` and verl's dynamic CP
+    scheduler read the pairs alike)."""
+    from seqbalance.integrations.megatron_packing import schedule
+
+    flag = True
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        flag = torch.tensor(True)
+    pairs = [(flag, 5), (2, 6), (3, 7), (4, 8)]
+    with pytest.raises(ValueError, match="sample_id_seqlens ids must be integers, not booleans"):
+        schedule(pairs, max_seqlen_per_dp_cp_rank=64, cp_size=1, dp_size=2)
+    planned = schedule([(1, 5), *pairs[1:]], max_seqlen_per_dp_cp_rank=64, cp_size=1, dp_size=2)
+    assert sorted(i for mb in planned for rank in mb for i in rank) == [1, 2, 3, 4]

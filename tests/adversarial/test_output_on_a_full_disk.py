@@ -31,3 +31,15 @@ def test_a_full_disk_names_the_output(tmp_path: Path, capsys) -> None:
         err = capsys.readouterr().err
         assert err.count("\n") == 1, err
         assert f"-o/--output {str(full)!r}: cannot write it: No space left on device" in err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_an_output_the_open_refuses_names_the_flag(tmp_path: Path, capsys) -> None:
+    """adv15b D14: ``-o /proc/self/x`` (a folder that exists, where no file can be made) said
+    "[Errno 2] No such file or directory: '/proc/self/x'", naming no flag."""
+    lengths = tmp_path / "lengths.npy"
+    np.save(lengths, np.arange(1, 9))
+    assert main(["plan", str(lengths), "--dp", "2", "-o", "/proc/self/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "-o/--output '/proc/self/x': cannot write it: No such file or directory" in err, err

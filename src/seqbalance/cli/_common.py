@@ -555,13 +555,13 @@ def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
 
 
 def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
-    """``write(path)``, the file a command writes; an OSError naming no file (a full disk
-    fails the write or the close, not the open: "[Errno 28] No space left on device" was all
-    the command said) is raised again naming ``flag`` and ``path``."""
+    """``write(path)``, the file a command writes; an OSError is raised again naming ``flag``
+    and ``path`` (a full disk fails the write or the close, not the open: "[Errno 28] No space
+    left on device" was all the command said; an open refused named the path, not the flag)."""
     try:
         write(Path(path))
     except OSError as error:
-        if error.filename is not None or error.errno is None:
+        if error.errno is None:
             raise
         reason = error.strerror or str(error)
         raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None

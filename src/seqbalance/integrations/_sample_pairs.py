@@ -31,8 +31,8 @@ def ids_and_lengths(sample_id_seqlens: Sequence[Any]) -> tuple[list[int], np.nda
 
     Raises:
         ValueError: ``sample_id_seqlens`` is not a sequence, an entry is not a pair (nor is
-            a mapping or a set, whose order is not the pair's), an id is not an integer or
-            repeats, or a length is not a whole, non-negative token count.
+            a mapping or a set, whose order is not the pair's), an id is not an integer (a
+            bool is not) or repeats, or a length is not a whole, non-negative token count.
     """
     try:  # None or a number raised a TypeError naming nothing; a mapping gave its keys
         if isinstance(sample_id_seqlens, (Mapping, Set, str, bytes)):
@@ -50,7 +50,15 @@ def ids_and_lengths(sample_id_seqlens: Sequence[Any]) -> tuple[list[int], np.nda
         raise ValueError("sample_id_seqlens ids must be integers") from None
     if len(set(ids)) != len(ids):
         raise ValueError("sample_id_seqlens repeats a sample id (each sample once)")
+    if any(_is_bool(sample_id) for sample_id, _ in pairs):
+        # operator.index(True) is 1: a lone bool id was scheduled as sample 1 without a word.
+        raise ValueError("sample_id_seqlens ids must be integers, not booleans")
     return ids, as_lengths([length for _, length in pairs], "sample_id_seqlens lengths")
+
+
+def _is_bool(value: Any) -> bool:
+    """Whether ``value`` is a bool: Python's, or a 0-dim bool tensor / array."""
+    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
 
 def _pair(entry: Any, position: int) -> tuple[Any, Any]:
