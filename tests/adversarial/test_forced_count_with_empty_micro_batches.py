@@ -60,3 +60,17 @@ def test_a_raised_count_is_never_dearer_than_the_fewest_padded_with_empties(
     assert raised.step_cost <= objective_value(padded, objective, options["rank_speeds"]) * (
         1 + 1e-9
     )
+
+
+def test_a_raised_count_at_its_bound_is_not_planned_again(monkeypatch):
+    # The fewer count is planned again only where the raised count's plan is not already at
+    # (within the budget's gap of) the lower bound (review15 item 5, the same rule as P5's).
+    import seqbalance.plan.balanced as balanced
+
+    calls = []
+    planned = balanced._planned
+    monkeypatch.setattr(balanced, "_planned", lambda p: calls.append(p) or planned(p))
+    lengths = np.random.default_rng(7).lognormal(6.5, 1.0, 400).astype(int).clip(1, 8000)
+    plan = plan_step(lengths, 8, num_microbatches=6, allow_empty=True, cost="flops")
+    assert plan.step_cost <= plan.lower_bound * (1 + 1e-3)
+    assert len(calls) == 1  # before: 2

@@ -47,3 +47,17 @@ def test_groups_of_one_sample_are_never_dearer_than_none(
     groups = np.random.default_rng(seed).permutation(len(lengths))
     grouped = plan_step(lengths, dp, groups=groups, **options)
     assert grouped.step_cost <= plain.step_cost * (1 + 1e-9)
+
+
+def test_a_plan_at_its_bound_is_not_made_again_without_groups(monkeypatch):
+    # review15 item 5: every step of groups of one (GRPO with one response per prompt) was
+    # planned twice, also where the first plan already met the lower bound (2.4x the CPU).
+    import seqbalance.plan.balanced as balanced
+
+    calls = []
+    planned = balanced._planned
+    monkeypatch.setattr(balanced, "_planned", lambda p: calls.append(p) or planned(p))
+    lengths = np.random.default_rng(7).lognormal(6.5, 1.0, 400).astype(int).clip(1, 8000)
+    plan = plan_step(lengths, 8, groups=np.arange(400), max_tokens=16384, cost="flops")
+    assert plan.step_cost <= plan.lower_bound * (1 + 1e-3)
+    assert len(calls) == 1  # before: 2

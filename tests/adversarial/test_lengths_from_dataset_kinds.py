@@ -101,6 +101,8 @@ class _ArrowColumns:
     def __init__(self, rows: list[list[int]]) -> None:
         import pyarrow as pa
 
+        self.format = {"type": None}  # no transform: the Arrow rows are the rows fetched
+
         self.arrow = pa.chunked_array([pa.array(rows, type=pa.list_(pa.int32()))])
 
     def with_format(self, kind: str) -> dict:
@@ -125,3 +127,22 @@ def test_a_hugging_face_column_is_measured_in_arrow() -> None:
     assert lengths_from_dataset(table, "length").tolist() == expected
     with pytest.raises(ValueError, match=r"\['rows'\] must be a token sequence .* list of list"):
         lengths_from_dataset(table, "rows")  # nested rows: still named, row by row
+
+
+def test_a_transformed_hugging_face_column_is_read_through_its_transform() -> None:
+    # The Arrow data are the rows before a with_transform / set_transform (a tokenizing or
+    # truncating transform): the lengths must be those of the rows the DataLoader fetches.
+    datasets = pytest.importorskip("datasets")
+    table = datasets.Dataset.from_dict({"input_ids": [list(range(n)) for n in (3, 9, 12, 6)]})
+
+    def truncate(batch: dict) -> dict:
+        return {"input_ids": [ids[:4] for ids in batch["input_ids"]]}
+
+    transformed = table.with_transform(truncate)
+    fetched = [len(transformed[i]["input_ids"]) for i in range(len(transformed))]
+    assert fetched == [3, 4, 4, 4]
+    assert lengths_from_dataset(transformed).tolist() == fetched
+    table.set_transform(truncate)
+    assert lengths_from_dataset(table).tolist() == fetched
+    # A format that changes only the rows' container keeps the Arrow path's lengths.
+    assert lengths_from_dataset(table.with_format("torch")).tolist() == [3, 9, 12, 6]

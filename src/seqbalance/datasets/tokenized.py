@@ -93,14 +93,39 @@ def _is_sequence(value: Any) -> bool:
     return hasattr(value, "__len__") and not isinstance(value, (str, bytes))
 
 
+_VALUE_PRESERVING_FORMATS = frozenset(
+    {
+        None,
+        "python",
+        "arrow",
+        "numpy",
+        "np",
+        "torch",
+        "pt",
+        "pandas",
+        "polars",
+        "jax",
+        "tensorflow",
+        "tf",
+    }
+)
+"""``datasets`` output formats that change the container of a row's values, not the values: the
+Arrow column's lengths are the formatted rows' lengths."""
+
+
 def _arrow_lengths(dataset: Any, column: str) -> np.ndarray | None:
     """The column's lengths from its Arrow data, where ``dataset`` is a Hugging Face
     ``Dataset`` (``with_format("arrow")``, in the dataset's order after ``select`` or
     ``shuffle``) holding token lists or integer lengths and no missing entry: milliseconds for
     millions of rows, where reading every row as Python lists took seconds per 100,000 rows.
-    None otherwise: the rows are then read (or refused) one by one."""
+    None otherwise: the rows are then read (or refused) one by one, and so is a dataset whose
+    rows pass through a transform (``with_transform`` / ``set_transform``: format ``"custom"``),
+    since its Arrow data are the rows before the transform, not what the DataLoader fetches."""
     as_arrow = getattr(dataset, "with_format", None)
-    if as_arrow is None:
+    shown = getattr(dataset, "format", None)
+    if as_arrow is None or not isinstance(shown, Mapping):
+        return None
+    if shown.get("type") not in _VALUE_PRESERVING_FORMATS:
         return None
     try:
         import pyarrow as pa

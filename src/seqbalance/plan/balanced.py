@@ -57,7 +57,8 @@ rival plan that is cheaper, or as cheap with fewer micro-batches, replaces it. W
 ``allow_empty``, where ``num_microbatches``, ``min_microbatches`` or ``microbatch_multiple``
 raise the count above the fewest the step needs, the plan of that fewest count with empty
 micro-batches added replaces it where that is cheaper; where every group holds one sample, so
-does the plan made without groups.
+does the plan made without groups. Neither is made where the plan is already within the budget's
+gap of the lower bound (as a skipped rival, it could be cheaper by that much at most).
 
 Alignment of micro-batch positions for ``objective="lockstep"`` and the ``order`` option are
 applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, ties broken by
@@ -76,6 +77,7 @@ import numpy as np
 
 from seqbalance._validation import EmptySlotError
 from seqbalance.plan import _at_count, _exact, _feasible
+from seqbalance.plan._budget import SLACK_SAMPLES, budget_gap
 from seqbalance.plan._count_search import CountSearch
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
@@ -108,7 +110,7 @@ __all__ = [
 def plan_balanced(p: Problem) -> Microbatches:
     """Micro-batches (``dp`` lists of ``M`` lists of sample positions) of the balanced plan."""
     plan = _with_empty_tail(p, _planned(p))
-    if p.groups is not None and np.unique(p.groups).size == p.n:
+    if p.groups is not None and np.unique(p.groups).size == p.n and not _near_bound(p, plan):
         # Groups of one sample constrain nothing, but send the step down the grouped paths
         # (no padded local search, ranks packed group by group): the plan without them is
         # kept where it is cheaper.
@@ -127,7 +129,7 @@ def _with_empty_tail(p: Problem, plan: Microbatches) -> Microbatches:
     then holds more on the other ranks; with rank speeds a slow rank takes more samples)."""
     m = len(plan[0])
     forced = p.num_microbatches is not None or p.min_microbatches > 1 or p.microbatch_multiple > 1
-    if not (p.allow_empty and forced and m > 1):
+    if not (p.allow_empty and forced and m > 1) or _near_bound(p, plan):
         return plan
     options = p.options.replace(num_microbatches=None, min_microbatches=1, microbatch_multiple=1)
     try:
@@ -140,6 +142,14 @@ def _with_empty_tail(p: Problem, plan: Microbatches) -> Microbatches:
     if aligned_value(p, tail) < aligned_value(p, plan) * (1 - _TOLERANCE):
         return tail
     return plan
+
+
+def _near_bound(p: Problem, plan: Microbatches) -> bool:
+    """Whether ``plan`` is so close to the step's lower bound that no other plan is worth
+    making: within the planning budget's gap on steps of more than ``SLACK_SAMPLES`` samples
+    (where a skipped rival may be cheaper by that much), within float noise on smaller ones."""
+    gap = budget_gap(p) if p.n > SLACK_SAMPLES else _TOLERANCE
+    return aligned_value(p, plan) <= p.lower_bound(p.min_feasible_microbatches) * (1 + gap)
 
 
 def _planned(p: Problem) -> Microbatches:
