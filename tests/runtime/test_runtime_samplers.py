@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -343,49 +344,72 @@ def test_works_as_a_dataloader_batch_sampler() -> None:
     assert sorted(seen) == list(range(30))
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(
+    ("drop_last", "allow_empty"), [(False, True), (True, True), (False, False)]
+)
 @given(n=st.integers(0, 120), world_size=st.integers(1, 4), batch=st.integers(1, 7))
-def test_length_grouped_every_index_once_and_lockstep(drop_last, n, world_size, batch) -> None:
+def test_length_grouped_every_index_once_and_lockstep(
+    drop_last, allow_empty, n, world_size, batch
+) -> None:
     lengths = _lengths(n)
-    per_rank = _all_ranks(
-        lambda r: LengthGroupedSampler(
-            lengths,
-            batch,
-            dp_rank=r,
-            dp_size=world_size,
-            seed=1,
-            drop_last=drop_last,
-            bucket_size=2 * batch * world_size,
-            allow_empty=True,
-        ),
-        world_size,
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a last step of fewer samples than ranks
+        per_rank = _all_ranks(
+            lambda r: LengthGroupedSampler(
+                lengths,
+                batch,
+                dp_rank=r,
+                dp_size=world_size,
+                seed=1,
+                drop_last=drop_last,
+                bucket_size=2 * batch * world_size,
+                allow_empty=allow_empty,
+            ),
+            world_size,
+        )
     indices = [i for batches in per_rank for b in batches for i in b]
     step = batch * world_size
-    expected = n - n % step if drop_last else n
+    left = n % step
+    # Left out: a partial last step with drop_last; without allow_empty, one of fewer samples
+    # than ranks (it would leave ranks an empty batch).
+    left_out = drop_last or (not allow_empty and left < world_size)
+    expected = n - left if left_out else n
     assert sorted(indices) == sorted(set(indices))
     assert len(indices) == expected
     assert len({len(batches) for batches in per_rank}) == 1
+    assert all(len(b) > 0 for batches in per_rank for b in batches) or allow_empty
     short_steps = {j for batches in per_rank for j, b in enumerate(batches) if len(b) != batch}
-    assert len(short_steps) <= (0 if n % step == 0 or drop_last else 1)
+    assert len(short_steps) <= (0 if left == 0 or left_out else 1)
 
 
-def test_length_grouped_refuses_a_last_step_that_leaves_ranks_empty() -> None:
-    # adv15a F7: 35 samples, steps of 4 x 8: the last step's 3 samples left 5 ranks an empty
-    # batch, and a DataLoader's default collate raised IndexError on those ranks alone.
+def test_length_grouped_leaves_out_a_last_step_that_would_leave_ranks_empty() -> None:
+    # 35 samples, steps of 4 x 8: a last step of 3 samples left 5 ranks an empty batch, and a
+    # DataLoader's default collate raised IndexError on those ranks alone. By default those 3
+    # samples are left out (with a warning), with allow_empty they come with empty batches.
     lengths = _lengths(35)
-    with pytest.raises(ValueError) as refused:
-        LengthGroupedSampler(lengths, 4, dp_rank=7, dp_size=8)
-    assert str(refused.value) == (
-        "the last step holds 3 samples (num_samples = 35, batch_size * dp_size = 32), fewer "
-        "than the dp_size = 8 ranks: 5 ranks would get an empty batch, which a DataLoader's "
-        "collate fails on (those ranks alone): pass drop_last=True, or allow_empty=True for a "
-        "collate that takes an empty batch"
+    with pytest.warns(UserWarning) as warned:
+        left_out = [LengthGroupedSampler(lengths, 4, dp_rank=r, dp_size=8) for r in range(8)]
+    assert str(warned[0].message) == (
+        "LengthGroupedSampler: the last step would hold 3 samples (num_samples = 35, "
+        "batch_size * dp_size = 32), fewer than the dp_size = 8 ranks, and 5 ranks an empty "
+        "batch, which a DataLoader's collate fails on: those 3 samples are left out of every "
+        "epoch (pass allow_empty=True to yield them with empty batches)"
     )
+    batches = [list(sampler) for sampler in left_out]
+    assert all(
+        len(sampler) == 1 and [len(b) for b in got] == [4]
+        for sampler, got in zip(left_out, batches, strict=True)
+    )
+    kept = sorted(i for got in batches for b in got for i in b)
+    assert len(kept) == len(set(kept)) == 32
     dropped = LengthGroupedSampler(lengths, 4, dp_rank=7, dp_size=8, drop_last=True)
     assert [len(b) for b in dropped] == [4]
     allowed = LengthGroupedSampler(lengths, 4, dp_rank=7, dp_size=8, allow_empty=True)
     assert sorted(len(b) for b in allowed) == [0, 4]
+    # allow_empty shapes this epoch, so it is part of the setup ranks compare and states keep.
+    assert left_out[7]._setup() != allowed._setup()
+    with pytest.raises(ValueError):
+        allowed.load_state_dict(left_out[7].state_dict())
     assert len(list(LengthGroupedSampler(lengths, 4, dp_rank=1, dp_size=2))) == 5  # 3 left, 2 ranks
     with pytest.raises(ValueError, match="allow_empty must be True or False"):
         LengthGroupedSampler(lengths, 4, dp_rank=0, dp_size=1, allow_empty=1)

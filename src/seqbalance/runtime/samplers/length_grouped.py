@@ -3,6 +3,7 @@ position, agreement, resume, ``len()``)."""
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -48,9 +49,10 @@ class LengthGroupedSampler(EpochBatchSampler):
     otherwise it is split as evenly as possible over the ranks (``np.array_split``). When fewer
     samples than ranks remain, some ranks would receive an empty batch, which a ``DataLoader``'s
     default collate fails on (``IndexError``, on those ranks alone, while the others go on to
-    the gradient all-reduce): refused unless ``allow_empty`` (as :class:`BalancedBatchSampler`
-    refuses a step that cannot fill its micro-batches). Every rank always yields the same
-    number of batches.
+    the gradient all-reduce): those fewer than ``dp_size`` samples are then left out of the
+    epoch (a warning at construction says how many; a step's worth with ``drop_last``), or,
+    with ``allow_empty``, yielded with empty batches on the other ranks. Every rank always
+    yields the same number of batches.
 
     Args:
         lengths: token length of every dataset sample (an array, a memory map or the path of
@@ -63,9 +65,9 @@ class LengthGroupedSampler(EpochBatchSampler):
         seed: shuffling seed shared by all ranks.
         drop_last: drop a final step with fewer than ``batch_size * dp_size`` samples.
         bucket_size: samples per length-sorted bucket, a multiple of ``batch_size * dp_size``.
-        allow_empty: yield an empty batch on the ranks a final step of fewer samples than
-            ranks leaves without one (for a collate that takes an empty batch); else such a
-            step is a ValueError at construction (pass ``drop_last=True`` to drop it).
+        allow_empty: yield a final step of fewer samples than ranks, with an empty batch on
+            the ranks it leaves without one (for a collate that takes an empty batch); else
+            such a step is left out of the epoch (with a warning).
         agreement_timeout: as in :class:`BalancedBatchSampler`.
 
     Raises:
@@ -110,24 +112,29 @@ class LengthGroupedSampler(EpochBatchSampler):
                 f"bucket_size must be a multiple of batch_size * dp_size = {step_size}, "
                 f"got {self.bucket_size}"
             )
-        # What the layout yields does not depend on it (it only refuses), so it is no setup.
         self.allow_empty = check_bool(allow_empty, "allow_empty")
         left = 0 if self.drop_last else self._source.size % step_size
-        if 0 < left < self.dp_size and not self.allow_empty:
-            raise ValueError(
-                f"the last step holds {left} samples (num_samples = {self._source.size}, "
-                f"batch_size * dp_size = {step_size}), fewer than the dp_size = {self.dp_size} "
-                f"ranks: {self.dp_size - left} ranks would get an empty batch, which a "
-                "DataLoader's collate fails on (those ranks alone): pass drop_last=True, or "
-                "allow_empty=True for a collate that takes an empty batch"
+        # A last step that would leave ranks without a batch: allow_empty decides whether it
+        # is yielded, so only then is it part of the setup ranks compare and states keep.
+        self._short_last = 0 < left < self.dp_size
+        if self._short_last and not self.allow_empty:
+            warnings.warn(
+                f"LengthGroupedSampler: the last step would hold {left} samples (num_samples = "
+                f"{self._source.size}, batch_size * dp_size = {step_size}), fewer than the "
+                f"dp_size = {self.dp_size} ranks, and {self.dp_size - left} ranks an empty batch, "
+                f"which a DataLoader's collate fails on: those {left} samples are left out of "
+                "every epoch (pass allow_empty=True to yield them with empty batches)",
+                stacklevel=2,
             )
 
     def _setup(self) -> dict[str, Any]:
-        return {**super()._setup(), "batch_size": self.batch_size, "bucket_size": self.bucket_size}
+        setup = {**super()._setup(), "batch_size": self.batch_size, "bucket_size": self.bucket_size}
+        return {**setup, "allow_empty": self.allow_empty} if self._short_last else setup
 
     def _n_steps(self, epoch: int) -> int:
         n, step_size = self._source.size, self.batch_size * self.dp_size
-        return n // step_size if self.drop_last else -(-n // step_size)
+        whole = self.drop_last or (self._short_last and not self.allow_empty)
+        return n // step_size if whole else -(-n // step_size)
 
     def _fixed_count(self) -> int | None:
         return 1
