@@ -74,10 +74,11 @@ class CPProblem(GroupedSamples):
         """The CP size ``static_cp`` was asked to use (``ContextParallel.static_size``)."""
         return self.options.context_parallel.static_size
 
-    def finalise(self, schedule: Schedule, home: np.ndarray) -> Schedule:
+    def finalise(self, schedule: Schedule, home: np.ndarray, *, fill: bool = True) -> Schedule:
         """``schedule`` with every rank at the slot count the options ask for
         (``microbatch_count`` of the slots it needs); ``home`` gives each sample's allowed
-        block (first rank, size) for ``Schedule.normalise``.
+        block (first rank, size) for ``Schedule.normalise``, ``fill`` whether slots are split
+        or samples moved to fill the new slots (else they stay empty: with ``allow_empty``).
 
         Raises:
             ValueError: an infeasible ``num_microbatches``, or a slot left empty without
@@ -97,7 +98,7 @@ class CPProblem(GroupedSamples):
                 "needs, so some slot would be empty",
                 "; pass allow_empty=True to allow that",
             )
-        schedule.normalise(target, allow_empty=allow_empty, home=home)
+        schedule.normalise(target, allow_empty=allow_empty, home=home, fill=fill)
         if not allow_empty:
             schedule.refuse_empty(self.options.strategy)
         return schedule
@@ -206,7 +207,9 @@ class Schedule:
         return self.p.model.microbatch_overhead + float(shares) + self.p.model.group_latency(cp)
 
     # ------------------------------------------------------------------ slot counts
-    def normalise(self, target: int, *, allow_empty: bool, home: np.ndarray) -> None:
+    def normalise(
+        self, target: int, *, allow_empty: bool, home: np.ndarray, fill: bool = True
+    ) -> None:
         """Bring every rank to exactly ``target`` slots (no rank may have more).
 
         A rank short of slots first splits one of its slots with two or more samples whose
@@ -215,12 +218,12 @@ class Schedule:
         shortest whole sample (ties: lowest position) of the most crowded one-rank slot of
         another rank, when the sample's allowed block (``home[i]``: first rank and size; a
         group's samples stay inside its block) holds this rank. As a last resort it gets an
-        empty slot, if ``allow_empty``.
+        empty slot, if ``allow_empty`` (at once where ``fill`` is False).
         """
         n_ranks = self.p.n_ranks
         for r in range(n_ranks):
             while len(self.slots[r]) < target:
-                if self._split(r) or self._take(r, home):
+                if fill and (self._split(r) or self._take(r, home)):
                     continue
                 if not allow_empty:
                     raise EmptySlotError(

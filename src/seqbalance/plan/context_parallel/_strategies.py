@@ -123,17 +123,27 @@ def plan_balanced_cp(p: CPProblem) -> Schedule:
     ]
     if megatron_applicable(p):
         candidates += _rule_candidates(p)
+    # Where the options raise the slot count and allow empty slots, each candidate is also
+    # kept as planned with empty slots added: filling the raised count can cost more.
+    options = p.options
+    raised = options.num_microbatches is not None or options.min_microbatches > 1
+    fills = (
+        (True, False)
+        if options.allow_empty and (raised or options.microbatch_multiple > 1)
+        else (True,)
+    )
     best: tuple[float, Schedule] | None = None
     refusal: ValueError | None = None
     for make in candidates:
-        try:
-            schedule = finalise(*make())
-        except ValueError as error:
-            refusal = refusal or error
-            continue
-        seconds = schedule_step_time(schedule)
-        if best is None or seconds < best[0] * (1.0 - _TIE):
-            best = (seconds, schedule)
+        for fill in fills:
+            try:
+                schedule = finalise(*make(), fill=fill)
+            except ValueError as error:
+                refusal = refusal or error
+                continue
+            seconds = schedule_step_time(schedule)
+            if best is None or seconds < best[0] * (1.0 - _TIE):
+                best = (seconds, schedule)
     if best is None:
         assert refusal is not None
         found = _searched(p)
