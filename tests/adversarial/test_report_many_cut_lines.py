@@ -29,3 +29,19 @@ def test_many_cut_lines_are_one_note(tmp_path, capsys, markdown: bool) -> None:
     assert "lines 2, 4, 6, 8, 10, ... (--json lists all 40)" in notes[0]
     assert main(["report", str(log), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["skipped_lines"] == list(range(2, 81, 2))
+
+
+def test_a_table_past_the_rich_limit_prints_plain_columns(monkeypatch, capsys) -> None:
+    """adv15b D16: ``report --rows 0`` of a 100k-step log laid the whole table out with rich
+    first (115 s, 500 MB); a table of more than RICH_TABLE_ROWS rows prints plain columns."""
+    from seqbalance.cli import _output
+
+    def no_rich(*args, **kwargs):
+        raise AssertionError("rich laid out a table past RICH_TABLE_ROWS")
+
+    monkeypatch.setattr(_output, "_rich_console", no_rich)
+    rows = [(step, f"{step * 1.5:.1f}") for step in range(_output.RICH_TABLE_ROWS + 1)]
+    _output.print_table("run", ["step", "ms"], rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["run", "step      ms"] and len(lines) == len(rows) + 2
+    assert lines[-1].split() == [str(_output.RICH_TABLE_ROWS), "3000.0"]
