@@ -37,6 +37,7 @@ __all__ = [
     "check_positive_float",
     "check_ranks",
     "check_timeout",
+    "map_npy",
     "naming",
     "npy_error",
     "prefixed",
@@ -55,6 +56,16 @@ _NPY_MAGIC = b"\x93NUMPY"
 
 _LARGE_HEADER = re.compile(r"Header info length \((\d+)\) is large")
 """numpy's refusal of a ``.npy`` header over ``max_header_size``, with its length."""
+
+
+def map_npy(path: Any) -> Any:
+    """``np.load(path, mmap_mode="r", allow_pickle=False)``: a ``.npy`` file mapped (an ``.npz``
+    archive opened), never unpickled. Mapped, not read: a header claiming more than the file
+    holds (cut short, or garbled to terabytes) is refused before memory the size of the claim is
+    taken; numpy's overflow warning for a claim past int64 is kept quiet (its error says so).
+    Raises what ``np.load`` raises (``NPY_ERRORS``; ``npy_error`` puts it in words)."""
+    with np.errstate(over="ignore"):
+        return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
 def npy_error(path: Any, error: BaseException) -> str:

@@ -332,6 +332,23 @@ def test_megatron_iterator_refuses_a_dataset_it_cannot_index() -> None:
             (list(range(1, n + 1)) for n in lengths), lengths, global_batch_size=4,
             dp_rank=0, dp_size=1, max_tokens=64,
         )  # fmt: skip
+    # torch's IterableDataset has Dataset's __getitem__ (it raises NotImplementedError at the
+    # first step); a streaming datasets.IterableDataset is one of them.
+    import torch
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return (list(range(1, n + 1)) for n in lengths)
+
+    streams = [Stream()]
+    datasets = pytest.importorskip("datasets")
+    rows = {"input_ids": [list(range(1, n + 1)) for n in lengths]}
+    streams.append(datasets.Dataset.from_dict(rows).to_iterable_dataset())
+    for stream in streams:
+        with pytest.raises(ValueError, match=r"indexable .* got an IterableDataset"):
+            MegatronDataIterator(
+                stream, lengths, global_batch_size=4, dp_rank=0, dp_size=1, max_tokens=64
+            )
 
 
 @pytest.mark.parametrize("kind", ["python", "torch"])

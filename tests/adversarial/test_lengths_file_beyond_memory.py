@@ -74,6 +74,14 @@ def test_a_claim_past_int64_warns_nothing(tmp_path: Path, capsys) -> None:
     assert [str(w.message) for w in caught] == []
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "lengths.npy" in lines[0], lines
+    # The samplers read lengths files alike: the documented ValueError, no warning (under -W
+    # error the warning was raised in its place).
+    from seqbalance.runtime import BalancedBatchSampler
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"lengths\.npy"):
+            BalancedBatchSampler(path, 8, dp_rank=0, dp_size=1, max_tokens=4096)
 
 
 def test_a_header_over_numpys_limit_is_named_without_pickle_advice(tmp_path: Path, capsys) -> None:

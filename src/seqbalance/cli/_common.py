@@ -21,7 +21,13 @@ import numpy as np
 
 from seqbalance import datasets
 from seqbalance._deprecated import message
-from seqbalance._validation import NPY_ERRORS, as_lengths, check_positive_float, npy_error
+from seqbalance._validation import (
+    NPY_ERRORS,
+    as_lengths,
+    check_positive_float,
+    map_npy,
+    npy_error,
+)
 from seqbalance.cli._output import (
     markdown_table,
     print_json,
@@ -190,10 +196,7 @@ def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
     if not path.is_file():
         raise ValueError(f"{argument}: no such file {str(path)!r}")
     try:
-        # Mapped first: a header claiming more than the file holds (cut short, or garbled to
-        # terabytes) is refused here, before memory the size of the claim is taken.
-        with np.errstate(over="ignore"):  # a claimed size past int64: the error says it
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        array = map_npy(path)  # mapped first: a header's claim is checked against the file
         if isinstance(array, np.ndarray):
             array = np.array(array)  # a copy: the file may change while the command runs
     except (*NPY_ERRORS, pickle.UnpicklingError) as error:

@@ -316,11 +316,16 @@ def _megatron_refusals() -> Iterator[None]:
 def _indexable(dataset: Any) -> Any:
     """``dataset``, or a ValueError where ``dataset[i]`` cannot be read: a generator or other
     iterable failed at the first step (TypeError: not subscriptable), after the epoch was laid
-    out."""
-    if not hasattr(dataset, "__getitem__") or isinstance(dataset, (str, bytes)):
+    out. A torch ``IterableDataset`` (a streaming ``datasets`` one too) has the ``__getitem__``
+    of torch's ``Dataset``, which raises: refused by its kind."""
+    import torch
+
+    streamed = isinstance(dataset, torch.utils.data.IterableDataset)
+    if streamed or not hasattr(dataset, "__getitem__") or isinstance(dataset, (str, bytes)):
+        kind = f"an IterableDataset ({type(dataset).__name__})" if streamed else None
         raise ValueError(
             f"dataset must be indexable (dataset[i] the tokens of sample i), got "
-            f"{type(dataset).__name__}"
+            f"{kind or type(dataset).__name__}"
         )
     return dataset
 

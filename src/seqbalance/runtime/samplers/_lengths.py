@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from seqbalance._validation import NPY_ERRORS, as_lengths, npy_error, refuse_masked
+from seqbalance._validation import NPY_ERRORS, as_lengths, map_npy, npy_error, refuse_masked
 
 __all__ = ["CHUNK", "LengthSource"]
 
@@ -382,7 +382,7 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
             "a .npy file"
         )
     try:
-        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
+        loaded = map_npy(path)
     except NPY_ERRORS as error:
         raise ValueError(
             f"{name}: cannot read {path} as a .npy array: {npy_error(path, error)}"
