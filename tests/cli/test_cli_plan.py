@@ -171,3 +171,17 @@ def test_a_large_single_step_is_announced(capsys, lengths_file, monkeypatch) -> 
     assert "--global-batch" in err
     assert main([*argv, "--global-batch", "40"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_folder_named_like_a_bundled_dataset_does_not_hide_it(
+    capsys, tmp_path, monkeypatch
+) -> None:
+    # A downloaded copy of a dataset in a folder of its name (./gsm8k/) was read as LENGTHS:
+    # "'gsm8k' is a folder"; the bundled set is meant. A folder of another name is still named.
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "gsm8k", "--dp", "2", "--max-tokens", "4096", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summaries"][0]["n_samples"] > 0
+    assert main(["plan", "mine", "--dp", "2"]) == 2
+    assert "'mine' is a folder, not a .npy file" in capsys.readouterr().err

@@ -174,7 +174,9 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
     if not source.strip():  # Path("") is ".", the current folder: "no such file '.'"
         raise ValueError(f"{argument} is empty: give a .npy file or a bundled dataset's name")
     path = Path(source)
-    if path.suffix == ".npy" or path.exists():
+    named = source == LONG_CONTEXT or source in datasets.names()
+    # A folder of the same name (a downloaded copy of the dataset) does not hide a bundled set.
+    if path.suffix == ".npy" or path.is_file() or (path.exists() and not named):
         return LengthsInput(_read_lengths_file(path, argument), None, path.name)
 
     if source == LONG_CONTEXT:

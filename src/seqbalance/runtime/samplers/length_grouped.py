@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -130,6 +130,13 @@ class LengthGroupedSampler(EpochBatchSampler):
     def _setup(self) -> dict[str, Any]:
         setup = {**super()._setup(), "batch_size": self.batch_size, "bucket_size": self.bucket_size}
         return {**setup, "allow_empty": self.allow_empty} if self._short_last else setup
+
+    def _saved_setup(self, saved: Mapping[str, Any]) -> Mapping[str, Any]:
+        # States saved before allow_empty joined the setup come from epochs that yielded the
+        # short last step: what allow_empty=True lays out, so only that resumes them.
+        if self._short_last and "allow_empty" not in saved:
+            return {**saved, "allow_empty": True}
+        return saved
 
     def _n_steps(self, epoch: int) -> int:
         n, step_size = self._source.size, self.batch_size * self.dp_size
