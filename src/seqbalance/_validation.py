@@ -118,7 +118,7 @@ class EmptySlotError(ValueError):
     def __reduce__(self) -> tuple[type[EmptySlotError], tuple[str, str]]:
         # Made again from both parts: an exception unpickles as ``cls(*args)``, and ``args``
         # holds the joined message only, so a rank's refusal sent to another process (the
-        # launcher, a process pool, Ray) raised TypeError there instead (adv13a F9).
+        # launcher, a process pool, Ray) raised TypeError there instead.
         return type(self), (self.reason, self.hint)
 
 
@@ -168,7 +168,7 @@ def refuse_masked(values: Any, name: str) -> None:
 def _numpy_of(values: Any, name: str) -> np.ndarray:
     """``np.asarray(values)``, or a ValueError naming ``name`` where numpy cannot read them: a
     tensor that requires grad (torch's RuntimeError, raised on the rank that passed it alone
-    where a step's input travels to every rank: adv13a F2), a meta or sparse tensor, ragged
+    where a step's input travels to every rank), a meta or sparse tensor, ragged
     lists. A tensor on an accelerator is read on the host, as ``cu_seqlens`` is (``groups`` on
     a GPU was refused: numpy reads host memory only)."""
     if getattr(values, "requires_grad", False):  # torch will not hand it to numpy

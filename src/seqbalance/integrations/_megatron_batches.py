@@ -83,7 +83,7 @@ def pack_token_ids(sequences: Sequence[Any], multiple: int) -> dict[str, Any]:
     total = int(padded.sum())
     if total > _MAX_PACKED:
         # Refused before allocating: a huge pad_multiple asked for gigabytes per sample (out of
-        # memory, or a RuntimeError), and past 2**31 the int32 cu_seqlens wrapped (adv13a F6).
+        # memory, or a RuntimeError), and past 2**31 the int32 cu_seqlens wrapped.
         raise ValueError(
             f"the micro-batch holds {total} tokens once padded to a multiple of pad_multiple = "
             f"{multiple}: THD cu_seqlens are int32, at most 2**31 - 1 = {_MAX_PACKED} tokens"
@@ -127,7 +127,7 @@ def token_ids(sample: Any, name: str) -> Any:
     Read as ids, never converted: ``torch.as_tensor(..., dtype=int64)`` cut floats to integers,
     took complex numbers' real part, read booleans as 0 / 1 and wrapped uint64 ids beyond int64
     to negative ones, all without a word, so a micro-batch trained on other tokens than the
-    dataset's (adv13a F1); a string, a ragged list or a meta tensor raised torch's TypeError /
+    dataset's; a string, a ragged list or a meta tensor raised torch's TypeError /
     NotImplementedError naming no sample."""
     import torch
 

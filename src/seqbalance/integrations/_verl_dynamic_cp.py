@@ -177,7 +177,7 @@ class DynamicCPScheduler:
             megatron_tensor_parallel_size()
             if tensor_parallel_size is None
             # A count of ranks: bounded, so padded_rows' multiples stay within int64 (2**63
-            # raised OverflowError there: adv12c C4).
+            # raised OverflowError there).
             else check_ranks(tensor_parallel_size, "tensor_parallel_size")
         )
         multiple = (

@@ -424,7 +424,7 @@ def build_dp_schedule(
         ScheduleError: fewer rollouts than a step, a step with fewer samples than micro-batch
             slots, a static step that does not divide, or bad arguments.
     """
-    # Bounded before the per-rank lists are made (2**40 of them: MemoryError, adv12c C3).
+    # Bounded before the per-rank lists are made (2**40 of them: MemoryError).
     dp = check_ranks(train_parallel_config["dp_size"], "dp_size")
     cp = check_int(train_parallel_config["cp_size"], "cp_size", minimum=1)
     vpp = check_int(train_parallel_config["vpp_size"], "vpp_size", minimum=1)

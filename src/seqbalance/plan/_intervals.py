@@ -165,7 +165,7 @@ def padded_bound(p: Problem, m_lower: int) -> float:
             # total is that of one sample each, its first rank the longest sample alone
             # (``first_rank``), its tiers and overheads grow. Counting on until the overheads
             # alone passed the best took ~1e9 counts for an overhead 1e-9 of the padding: a
-            # hang (adv12a A8).
+            # hang.
             break
         m += p.microbatch_multiple
     return float(best)

@@ -288,8 +288,8 @@ def check_steps(
     first = np.arange(layout.n_steps)
     if layout.window is not None and layout.group_ids is None:
         # Each step as bucketing deals it: a window's total fitting its steps' slots let a
-        # step over its own pass, and the epoch failed there after len() promised it (adv13a
-        # F7: 2 of 147 random bucketed epochs).
+        # step over its own pass, and the epoch failed there after len() promised it (2 of 147
+        # random bucketed epochs).
         sums = layout.dealt_step_sums(features)
     else:
         sums = layout.step_sums(features)
