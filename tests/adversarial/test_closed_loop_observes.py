@@ -5,6 +5,7 @@ the same for ``WindowBalancer``'s dispatches."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -90,6 +91,24 @@ def test_a_window_balancer_refuses_what_it_did_not_dispatch() -> None:
             balancers[0].observe(odd, _seconds(mine.plan, 1.0))
     assert balancers[0].adaptive.loop.observed == 0
     assert balancers[0].observe(mine, _seconds(mine.plan, 1.0))["step"] == 0
+
+
+def test_copies_of_one_window_balancer_refuse_each_others_dispatches() -> None:
+    # Deep copies of one configured template (one per stream) shared its stamp, so one learned
+    # the other's dispatch as its own step, silently; a copy still takes the template's.
+    template = WindowBalancer(2, 4, window=8, max_tokens=4096, adaptive=True)
+    template.push([100, 200, 300, 400])
+    before = template.dispatch()
+    a, b = copy.deepcopy(template), copy.deepcopy(template)
+    dispatches = []
+    for balancer in (a, b):
+        balancer.push([150, 250, 350, 450])
+        dispatches.append(balancer.dispatch())
+    with pytest.raises(ValueError, match="dispatch 1 was not made by this WindowBalancer"):
+        a.observe(dispatches[1], _seconds(dispatches[1].plan, 1.0))
+    assert a.adaptive.loop.observed == 0
+    assert a.observe(before, _seconds(before.plan, 1.0))["step"] == 0
+    assert a.observe(dispatches[0], _seconds(dispatches[0].plan, 1.0))["step"] == 1
 
 
 def test_a_plan_made_elsewhere_is_numbered_at_its_first_observe() -> None:

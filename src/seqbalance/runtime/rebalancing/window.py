@@ -15,6 +15,7 @@ with the same input stream).
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -191,8 +192,11 @@ class WindowBalancer:
         if feedback is not None:
             self.adaptive = AdaptivePlanner(self.dp_size, self.options, feedback=feedback)
         # Stamped on every dispatch: observe() refuses another balancer's (learned as this
-        # one's step due, silently, before). A copy keeps it, and takes the original's.
+        # one's step due, silently, before). A deep copy gets a stamp of its own and takes the
+        # stamps its original takes (__deepcopy__), so copies of one template refuse each
+        # other's dispatches and still take the template's.
         self._stamp = uuid.uuid4().hex
+        self._taken_stamps = frozenset({self._stamp})
         self._ids: list[int] = []
         self._lengths: list[int] = []
         self._pushed_at: list[int] = []
@@ -326,12 +330,21 @@ class WindowBalancer:
             )
         if dispatch.plan is None:
             raise ValueError("this dispatch was not planned (flush's unplanned remainder)")
-        if dispatch._balancer != self._stamp:
+        if dispatch._balancer not in self._taken_stamps:
             raise ValueError(
                 f"dispatch {dispatch.index} was not made by this WindowBalancer (another "
                 "balancer's): its seconds would be learned as this one's step"
             )
         return self.adaptive.observe(dispatch.plan, rank_seconds, **times)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> WindowBalancer:
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            setattr(clone, name, copy.deepcopy(value, memo))
+        clone._stamp = uuid.uuid4().hex
+        clone._taken_stamps = self._taken_stamps | {clone._stamp}
+        return clone
 
     def ready(self) -> bool:
         """True when the window is full: dispatch now (more samples cannot be pushed)."""
