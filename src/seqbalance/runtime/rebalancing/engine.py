@@ -10,6 +10,7 @@ when the loop runs ahead.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +31,13 @@ from seqbalance.runtime.rebalancing._gathered import (
     gather_batch,
     gather_end,
 )
-from seqbalance.runtime.rebalancing._samples import LocalSamples, assemble, normalise
+from seqbalance.runtime.rebalancing._samples import (
+    LocalSamples,
+    assemble,
+    bounds_dtype,
+    bounds_range,
+    normalise,
+)
 from seqbalance.runtime.rebalancing.caps import first_over_cap
 from seqbalance.runtime.rebalancing.pieces import PieceRouting, route_pieces
 from seqbalance.runtime.rebalancing.results import RebalanceResult, exchange_samples
@@ -139,14 +146,23 @@ class StepEngine:
         routing: Routing | PieceRouting
         if isinstance(plan, ContextParallelPlan):
             routing = route_pieces(plan, batch.origin, nbytes)
-            mine = _slot_samples(routing, comm.rank)
             plan_rank = comm.rank  # CP groups are aligned blocks: plan ranks are not relabelled
         else:
             plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
             keep_local = self.keep_local and self.feedback is None
             routing = route(plan_ranks, batch.origin, nbytes, keep_local=keep_local)
             plan_rank = int(routing.slot_of_rank[comm.rank])
-            mine = [np.asarray(mb, dtype=np.int64) for mb in plan_ranks[plan_rank]]
+
+        def microbatches(rank: int) -> list[np.ndarray]:
+            """The samples (global indices) of each of ``rank``'s micro-batches (slots)."""
+            if isinstance(routing, PieceRouting):
+                return _slot_samples(routing, rank)
+            return [
+                np.asarray(mb, dtype=np.int64) for mb in plan_ranks[int(routing.slot_of_rank[rank])]
+            ]
+
+        _check_bounds_fit(batch, microbatches)
+        mine = microbatches(comm.rank)
         timings["plan"] = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -178,7 +194,7 @@ class StepEngine:
         plan, digest, plan_rank, mine = planned
         timings, telemetry = reports
         me, offsets = comm.rank, batch.offsets
-        cu_dtype = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else torch.int32
+        cu_dtype = bounds_dtype(cu_seqlens)
 
         def sample(g: int) -> list[torch.Tensor]:
             return arrived[g] if g in arrived else local[g - offsets[me]]
@@ -294,6 +310,7 @@ class StepEngine:
             table = np.concatenate([table, group_ids[:, None]], axis=1)
         header.update(
             error=None,
+            cu_seqlens=bounds_range(cu_seqlens),
             n=len(local.samples),
             fields=[f.to_json() for f in local.fields],
             groups=group_ids is not None,
@@ -433,6 +450,26 @@ class StepEngine:
         return exchange_samples(
             comm, forward, sending, batch.rows, batch.fields, "all_to_all_single"
         )
+
+
+def _check_bounds_fit(batch: Batch, microbatches: Callable[[int], list[np.ndarray]]) -> None:
+    """Raise ValueError unless every rank's packed micro-batches (``microbatches(rank)``: the
+    global indices of each) end at a bound its ``cu_seqlens`` dtype holds exactly: a uint8
+    or float16 ``cu_seqlens`` that held a rank's own step would come back wrapped (a 400-row
+    micro-batch bounded at 144) or rounded, silently. Every rank checks every rank from the
+    agreed plan, so all raise alike, before any sample moves."""
+    for rank, bounds in enumerate(batch.bounds):
+        if bounds is None:
+            continue
+        dtype, exact = bounds
+        for j, samples in enumerate(microbatches(rank)):
+            rows = int(batch.rows[samples, 0].sum())
+            if rows > exact:
+                raise ValueError(
+                    f"rank {rank}: cu_seqlens of dtype {dtype} hold bounds up to {exact}, but "
+                    f"its micro-batch {j} of this step holds {rows} rows: pass cu_seqlens as "
+                    "torch.int32 or torch.int64"
+                )
 
 
 def _slot_samples(routing: PieceRouting, rank: int) -> list[np.ndarray]:

@@ -259,7 +259,8 @@ class Rebalancer:
                 rank's input is bad (the message names the rank and its local sample index:
                 a malformed sample, parts whose tokens differ from the samples' lengths, a
                 sample over ``max_tokens`` or ``max_vision_patches``, a cost the cost model
-                rejects), or the step cannot be planned.
+                rejects), or the step cannot be planned, or a rank's packed micro-batch would
+                end past what its ``cu_seqlens`` dtype holds (uint8 bounds of 400 rows).
             CollectiveError: a peer failed or did not call within the timeout.
         """
         engine = self.engine
