@@ -113,13 +113,18 @@ class StepEngine:
         groups: Any,
         parts: Any,
         observed: Any = None,
+        *,
+        failed: Exception | None = None,
     ) -> RebalanceResult:
-        """One step's four phases; ``observed``: :meth:`take_observation` of the caller."""
+        """One step's four phases; ``observed``: :meth:`take_observation` of the caller.
+        ``failed``: the error that took the place of this rank's samples (its batches raised
+        it in ``Rebalancer.iterate``), told every rank in the gather (raised before it, it
+        left them waiting there until the timeout) and then raised here as it is."""
         comm = Comm(self.group, self._deadline)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         pending, local, header, table, raised = self._header(
-            comm, observed, samples, cu_seqlens, groups, parts
+            comm, observed, samples, cu_seqlens, groups, parts, failed
         )
         # A load refused here: every rank refuses the step where another rank loaded its state.
         header["refused_load"] = (
@@ -253,6 +258,7 @@ class StepEngine:
         cu_seqlens: torch.Tensor | None,
         groups: Any,
         parts: Any,
+        failed: Exception | None = None,
     ) -> tuple[Any, list[list[torch.Tensor]], dict[str, Any], np.ndarray, Exception | None]:
         """What a step's or the end's gather carries: ``(pending, local, header, table,
         raised)``, the pending observation's record (``Feedback.record``) in the header
@@ -261,7 +267,7 @@ class StepEngine:
         # update, whichever thread runs this step.
         pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
         local, header, table, raised = self.describe(
-            samples, cu_seqlens, groups, parts, comm.world_size
+            samples, cu_seqlens, groups, parts, comm.world_size, failed
         )
         header["feedback"] = None if pending is None else pending[1]
         return pending, local, header, table, raised
@@ -273,11 +279,13 @@ class StepEngine:
         groups: Any,
         parts: Any,
         world_size: int,
+        failed: Exception | None = None,
     ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray, Exception | None]:
         """This rank's samples and its description for the gather (errors travel in it), and
-        an error that is no ValueError (a cost callable's IndexError), which this rank raises
-        as it is once the gather has told every other rank (raised before the gather, it left
-        them waiting there until the timeout)."""
+        an error that is no ValueError (a cost callable's IndexError) or is ``failed`` (what
+        its batches raised instead of giving samples), which this rank raises as it is once
+        the gather has told every other rank (raised before the gather, it left them waiting
+        there until the timeout)."""
         header: dict[str, Any] = {
             "settings": {
                 "options": self.options.fingerprint(),
@@ -288,14 +296,22 @@ class StepEngine:
             },
         }
         try:
+            if failed is not None:
+                raise failed
             local = normalise(samples, cu_seqlens)
             group_ids = None if groups is None else as_group_ids(groups, len(local.samples))
             self._check_lengths(local, parts, world_size)
         except Exception as error:
             # TypeError: samples that are no sequence, refused as a ValueError like any input.
-            raised = None if isinstance(error, (ValueError, TypeError)) else error
+            own = failed is None and isinstance(error, (ValueError, TypeError))
+            raised = None if own else error
+            said = f"{type(error).__name__}: {error}"
             header.update(
-                error=str(error) if raised is None else f"{type(error).__name__}: {error}",
+                error=str(error)
+                if own
+                else said
+                if failed is None
+                else f"its batches raised {said}",
                 n=0,
                 fields=[],
                 groups=False,

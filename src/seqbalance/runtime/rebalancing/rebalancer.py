@@ -186,7 +186,9 @@ class Rebalancer:
         Raises:
             ValueError: ``overlap`` without a dedicated process group (``None`` or the default
                 group), or a bad ``overlap``; while iterating, on every rank, ranks whose
-                ``batches`` end at different steps (at the first step some rank lacks).
+                ``batches`` end at different steps (at the first step some rank lacks), and
+                at a step whose batch some rank's ``batches`` raised an error for (that rank
+                raises the error itself; the others a ValueError naming the rank and it).
         """
         overlap = check_bool(overlap, "overlap")
         if overlap:
