@@ -64,3 +64,45 @@ def test_multifit_of_many_bins_is_the_flat_lists() -> None:
     values = sorted(rng.integers(1, 65536, 40_000).astype(float).tolist(), reverse=True)
     capacity = sum(values) / 6000 * 1.02
     assert greedy._best_fit(values, 6000, capacity) == _flat(values, 6000, capacity)
+
+
+def _multifit_packing_each(weights: np.ndarray, k: int, low: float, high: float) -> Any:
+    """MULTIFIT's definition: best fit packed afresh at every trial capacity."""
+    order = greedy.descending_order(weights)
+    values = weights[order].tolist()
+    best = None
+    for _ in range(20):
+        capacity = (low + high) / 2
+        packing = _flat(values, k, capacity)
+        if packing is None:
+            low = capacity
+        else:
+            best, high = packing, capacity
+        if high - low <= 1e-6 * high:
+            break
+    return greedy._assignment(order, best)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    weights=st.lists(st.integers(0, 60), min_size=1, max_size=80),
+    k=st.integers(1, 12),
+    fraction=st.floats(0, 1, exclude_max=True),
+    whole=st.booleans(),
+)
+def test_multifit_reads_back_a_capacity_of_the_same_whole_part(
+    weights: list[int], k: int, fraction: float, whole: bool
+) -> None:
+    # With whole weights best fit packs alike at every capacity of one whole part, so MULTIFIT
+    # reads its last halvings (below one token) back: the same packing as packed at each.
+    # Weights with fractions are packed at each capacity.
+    w = np.array(weights, dtype=np.float64) + (0.0 if whole else 0.25)
+    values = sorted(w.tolist(), reverse=True)
+    part = float(w.sum() // k + max(values) // 2)
+    assert greedy._best_fit(values, k, part + fraction) == _flat(values, k, part + fraction)
+    if whole:
+        assert greedy._best_fit(values, k, part + fraction) == _flat(values, k, part)
+    low, high = float(w.sum() / k), float(w.sum())
+    expected = _multifit_packing_each(w, k, low, high)
+    found = greedy.multifit(w, k, low, high)
+    assert (found is None and expected is None) or np.array_equal(found, expected)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 
 import numpy as np
 
@@ -134,10 +135,21 @@ def multifit(
     """
     order = descending_order(weights)  # sorted once for every trial capacity
     values = weights[order].tolist()
+    # With whole weights (every sum exact), best fit packs alike at every capacity of one whole
+    # part: each residual is that part less a whole sum plus the same fraction, so every
+    # comparison (residual >= weight, residual < residual) falls as at the whole part. The
+    # search's last halvings, below one token, are then read back, not packed again.
+    whole = bool(np.all(np.floor(weights) == weights)) and float(weights.sum()) < 2.0**53
+    packed: dict[int, list[int] | None] = {}
     best = None
     for _ in range(iterations):
         capacity = (low + high) / 2
-        packing = _best_fit(values, k, capacity)
+        if not whole:
+            packing = _best_fit(values, k, capacity)
+        elif (part := math.floor(capacity)) in packed:
+            packing = packed[part]
+        else:
+            packing = packed[part] = _best_fit(values, k, capacity)
         if packing is None:
             low = capacity
         else:
