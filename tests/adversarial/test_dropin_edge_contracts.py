@@ -367,3 +367,25 @@ def test_megatron_pairs_refuse_a_bool_sample_id(kind: str) -> None:
         schedule(pairs, max_seqlen_per_dp_cp_rank=64, cp_size=1, dp_size=2)
     planned = schedule([(1, 5), *pairs[1:]], max_seqlen_per_dp_cp_rank=64, cp_size=1, dp_size=2)
     assert sorted(i for mb in planned for rank in mb for i in rank) == [1, 2, 3, 4]
+
+
+def test_verl_workloads_past_int64_are_refused() -> None:
+    """adv16b D4: verl's workload ``24576 L + L^2`` in int64 wrapped past L ~ 3e9 tokens (or a
+    sum of them past 2**63): the batch was refused as holding "a negative value" (a value no one
+    gave), or a group's wrapped sum was balanced without a word (groups of 5 x 2e9, 1.5e9,
+    1.48e9 and 1 token: the 2e9 group paired with 1.48e9, 2.22e19 where 2.00e19 was possible)."""
+    from seqbalance.integrations import verl as sv
+    from seqbalance.integrations._verl_batches import plan_micro_batches
+
+    wrapped = [2 * 10**9] * 5 + [1_500_000_000, 1_480_000_000, 1]
+    past = r"^seqlen_list: verl's workload 24576 L \+ L\^2 of these lengths sums to 2.44e\+19"
+    with pytest.raises(ValueError, match=past):
+        sv.get_group_balanced_partitions(wrapped, [0] * 5 + [1, 2, 3], 2)
+    with pytest.raises(ValueError, match=past):
+        sv.dp_balanced_order(wrapped, 2, groups=[0] * 5 + [1, 2, 3])
+    with pytest.raises(ValueError, match=r"past int64 \(the longest L = 4000000000 tokens\)"):
+        plan_micro_batches([4 * 10**9, 1, 2, 3], 10**10)
+    # Just under the limit, and with a cost of their own, such lengths are planned.
+    tokens = sv.get_group_balanced_partitions(wrapped, [0] * 5 + [1, 2, 3], 2, cost="tokens")
+    assert tokens == [[0, 1, 2, 3, 4, 7], [5, 6]]  # the 2e9 group with the 1-token one
+    assert sv.get_group_balanced_partitions([3 * 10**9, 1], [0, 1], 2) == [[0], [1]]

@@ -17,21 +17,29 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
     """Token lengths (int64) of a tokenized dataset, from one column.
 
     ``dataset`` is a Hugging Face ``datasets.Dataset`` (anything with ``column_names`` and
-    ``dataset[column]``; ``datasets`` itself is never imported), a map-style dataset (``len`` and
-    ``dataset[i]``: a ``torch.utils.data.Dataset``, ``Subset``, a list) or an iterable of
-    mappings (records). The column holds token sequences (their lengths are taken) or lengths as
-    integers (taken as they are, e.g. a precomputed ``"length"`` column).
+    ``dataset[column]``; ``datasets`` itself is never imported), a map-style dataset (``len``
+    and ``dataset[i]``: a ``torch.utils.data.Dataset``, ``Subset``, a list) or an iterable of
+    mappings (records: a streaming dataset whose columns are known only once read,
+    ``column_names`` None, is read so). The column holds token sequences (their lengths are
+    taken) or lengths as integers (taken as they are, e.g. a precomputed ``"length"`` column).
 
     Raises:
         ValueError: the column is missing (the available ones are listed), a value is neither
             a sequence nor a non-negative integer (its index is named), or ``dataset`` is of
             another kind (a mapping of columns, a string, None, a number).
     """
-    if hasattr(dataset, "column_names"):
-        if column not in dataset.column_names:
+    names = getattr(dataset, "column_names", None)
+    if isinstance(dataset, Mapping) and names is not None:
+        # A DatasetDict: its column_names maps split names to columns, so the split names were
+        # read as the columns ("column 'input_ids' is not in the dataset (columns: train)").
+        raise ValueError(
+            f"dataset is a {type(dataset).__name__} of splits ({', '.join(map(str, dataset))}): "
+            "pass one split, e.g. dataset['train']"
+        )
+    if names is not None:  # None: a stream whose columns are known only once read (after map)
+        if column not in names:
             raise ValueError(
-                f"column {column!r} is not in the dataset (columns: "
-                f"{', '.join(map(str, dataset.column_names))})"
+                f"column {column!r} is not in the dataset (columns: {', '.join(map(str, names))})"
             )
         read = _arrow_lengths(dataset, column)
         if read is not None:

@@ -162,8 +162,28 @@ def sample_costs(cost: Any, model: Any, lengths: np.ndarray) -> tuple[np.ndarray
     """Per-sample costs and the per-micro-batch overhead of the ``cost`` / ``model`` keywords
     (``choose_cost``); with neither, verl's workload as exact int64 values and no overhead."""
     if cost is None and model is None:
+        _check_workload_range(lengths)
         return calculate_workload(lengths.astype(np.int64)), 0.0
     return evaluate_costs(resolve_cost(choose_cost(cost, model, calculate_workload)), lengths)
+
+
+def _check_workload_range(lengths: np.ndarray) -> None:
+    """Refuse lengths whose verl workloads sum past int64: ``24576 L + L^2`` in int64 wraps
+    around (negative past L ~ 3e9, a sum small again past 2**64), so such a batch was refused
+    as holding "a negative value" or, where a sum wrapped, balanced on the wrapped costs without
+    a word (verl's own tensors wrap the same)."""
+    if not lengths.size:
+        return
+    values = lengths.astype(np.float64)
+    total = float(np.sum(VERL_LINEAR_WORKLOAD * values + values * values))
+    if total >= 2.0**62:  # close to the limit: the exact sum decides
+        total = sum(VERL_LINEAR_WORKLOAD * n + n * n for n in lengths.tolist())
+    if total > np.iinfo(np.int64).max:
+        raise ValueError(
+            f"seqlen_list: verl's workload 24576 L + L^2 of these lengths sums to {total:.3g}, "
+            f"past int64 (the longest L = {int(lengths.max())} tokens): give cost= (e.g. "
+            "'tokens') or a model to balance such lengths"
+        )
 
 
 def heaviest(parts: list[list[int]], weights: np.ndarray) -> float:

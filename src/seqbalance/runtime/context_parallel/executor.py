@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
+from seqbalance.runtime.agreement import error_text, raise_gathered_error
 from seqbalance.runtime.collectives import CollectiveError, Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
 from seqbalance.runtime.context_parallel.hf import slot_logits
@@ -109,19 +110,14 @@ class ContextParallelGroups:
             if samples is not None:
                 _check_samples(plan, samples)
             mine, raised = [plan.fingerprint(), _parameter_layout(model), None], None
-        except ValueError as error:
-            mine, raised = [None, None, str(error)], None
         except Exception as error:  # told the peers (alone, it left them to the timeout)
-            mine, raised = [None, None, f"{type(error).__name__}: {error}"], error
+            mine = [None, None, error_text(error)]
+            raised = None if isinstance(error, ValueError) else error
         gathered = Comm(dist.group.WORLD, self.timeout).all_gather_bytes(
             json.dumps(mine).encode(), "context-parallel plan agreement"
         )
         described = [json.loads(payload) for payload in gathered]
-        for rank, (_, _, problem) in enumerate(described):
-            if problem is not None:
-                if raised is not None:  # this rank's own error, as it is
-                    raise raised
-                raise ValueError(f"rank {rank}: {problem}")
+        raise_gathered_error([problem for _, _, problem in described], own=raised)
         checks = (
             ("plan", "a plan that differs"),
             ("model", "a model whose parameters (names, shapes, dtypes) differ"),

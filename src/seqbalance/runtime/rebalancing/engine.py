@@ -22,7 +22,7 @@ from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
-from seqbalance.runtime.agreement import agreed_plan
+from seqbalance.runtime.agreement import agreed_plan, error_text
 from seqbalance.runtime.collectives import Comm, deadline
 from seqbalance.runtime.rebalancing._gathered import (
     Batch,
@@ -277,9 +277,10 @@ class StepEngine:
             self._check_lengths(local, parts, world_size)
         except Exception as error:
             # TypeError: samples that are no sequence, refused as a ValueError like any input.
-            raised = None if isinstance(error, (ValueError, TypeError)) else error
+            refusals = (ValueError, TypeError)
+            raised = None if isinstance(error, refusals) else error
             header.update(
-                error=str(error) if raised is None else f"{type(error).__name__}: {error}",
+                error=error_text(error, refusals=refusals),
                 n=0,
                 fields=[],
                 groups=False,
@@ -384,9 +385,9 @@ class StepEngine:
         try:
             plan, error = self.plan(batch, comm.world_size, options), None
         except ValueError as refused:
-            plan, error = None, str(refused)
+            plan, error = None, error_text(refused)
         except Exception as foreign:
-            plan, error, raised = None, f"{type(foreign).__name__}: {foreign}", foreign
+            plan, error, raised = None, error_text(foreign), foreign
         try:
             return agreed_plan(comm, plan, error)
         except ValueError:

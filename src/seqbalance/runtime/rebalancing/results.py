@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from seqbalance.cost.samples import SampleParts
+from seqbalance.runtime.agreement import raise_gathered_error
 from seqbalance.runtime.collectives import Comm
-from seqbalance.runtime.rebalancing._gathered import gather_described, raise_first_error
+from seqbalance.runtime.rebalancing._gathered import gather_described
 from seqbalance.runtime.rebalancing._outputs import agreed_output, describe_outputs
 from seqbalance.runtime.rebalancing._samples import OutputForm
 from seqbalance.runtime.rebalancing.pieces import PieceRouting
@@ -161,7 +162,7 @@ class RebalanceResult:
         started = time.perf_counter()
         described = gather_described(comm, header, table, "restore: all_gather")
         _check_same_step([h["step"] for h, _ in described])
-        raise_first_error([h for h, _ in described])
+        raise_gathered_error([h.get("error") for h, _ in described])
         spec = agreed_output(h for h, _ in described)
         if spec is None:
             return torch.zeros(0) if form is OutputForm.ROWS else []
