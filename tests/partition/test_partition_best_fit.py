@@ -67,20 +67,19 @@ def test_multifit_of_many_bins_is_the_flat_lists() -> None:
 
 
 def _multifit_packing_each(weights: np.ndarray, k: int, low: float, high: float) -> Any:
-    """MULTIFIT's definition: best fit packed afresh at every trial capacity."""
+    """MULTIFIT's definition: best fit packed afresh at every trial capacity (the flat list),
+    the packing of the last capacity that fits (the least: the interval only shrinks)."""
     order = greedy.descending_order(weights)
     values = weights[order].tolist()
-    best = None
+    fitted = None
     for _ in range(20):
-        capacity = (low + high) / 2
-        packing = _flat(values, k, capacity)
-        if packing is None:
-            low = capacity
-        else:
-            best, high = packing, capacity
+        middle = (low + high) / 2
+        packing = _flat(values, k, middle)
+        fitted = fitted if packing is None else packing
+        low, high = (middle, high) if packing is None else (low, middle)
         if high - low <= 1e-6 * high:
             break
-    return greedy._assignment(order, best)
+    return greedy._assignment(order, fitted)
 
 
 @settings(max_examples=examples(200), deadline=None)
