@@ -81,7 +81,10 @@ def _best_fit(values: list[float], k: int, capacity: float) -> list[int] | None:
 
     The residuals are one ascending list cut into blocks, each residual's bin beside it, so a
     pop or an insert moves one block rather than ``k`` entries (a flat list spent 30 s moving
-    them for 100k samples in 6,267 bins); positions and ties are the flat list's."""
+    them for 100k samples in 6,267 bins); positions and ties are the flat list's. Up to one
+    block of bins the flat list itself (``_best_fit_flat``) is about twice as fast."""
+    if k <= _BLOCK:
+        return _best_fit_flat(values, k, capacity)
     res = [[capacity] * min(_BLOCK, k - start) for start in range(0, k, _BLOCK)]
     bins = [list(range(start, min(start + _BLOCK, k))) for start in range(0, k, _BLOCK)]
     tops = [block[-1] for block in res]  # each block's largest residual
@@ -112,6 +115,22 @@ def _best_fit(values: list[float], k: int, capacity: float) -> list[int] | None:
             res[b : b + 1] = [block[:_BLOCK], block[_BLOCK:]]
             bins[b : b + 1] = [owners[:_BLOCK], owners[_BLOCK:]]
             tops[b : b + 1] = [block[_BLOCK - 1], block[-1]]
+    return chosen
+
+
+def _best_fit_flat(values: list[float], k: int, capacity: float) -> list[int] | None:
+    """``_best_fit`` over one flat ascending list of residuals, each beside its bin (each pop
+    and insert moves up to ``k`` entries): the definition the blocks keep."""
+    residuals, bins, chosen = [capacity] * k, list(range(k)), []
+    for weight in values:
+        slot = bisect.bisect_left(residuals, weight)
+        if slot == k:
+            return None
+        left, part = residuals.pop(slot) - weight, bins.pop(slot)
+        chosen.append(part)
+        slot = bisect.bisect_left(residuals, left)
+        residuals.insert(slot, left)
+        bins.insert(slot, part)
     return chosen
 
 
