@@ -40,19 +40,6 @@ def capacities(p: Problem, m: int) -> tuple[float, float, float]:
     return tokens, count, m * p.patch_cap
 
 
-def _times_bound(p: Problem, m: int) -> float:
-    """A lower bound on the largest rank time ``RankState`` lowers with ``m`` micro-batches
-    per rank: the unit costs' partition bound; with rank speeds, which count the ranks'
-    overheads, also ``m x overhead`` on the fastest rank on top of it, and every cost and
-    overhead over the speeds' sum."""
-    if p.speeds is None:
-        return p.unit_cost_bound
-    overheads = m * p.overhead
-    total = float(p.sample_costs.sum()) + p.dp * overheads
-    speeds = p.speeds
-    return max(p.unit_cost_bound + overheads / float(speeds.max()), total / float(speeds.sum()))
-
-
 def capacity_bound(p: Problem, m: int) -> float:
     """A lower bound (with rank speeds) on the step cost of any valid plan with ``m``
     micro-batches per rank: the larger of ``_token_capacity_bound`` and ``_filled_ranks_bound``
@@ -252,6 +239,9 @@ class RankState:
 
     ``fill``: every rank keeps at least ``m`` samples where there are ``dp x m`` of them, so no
     micro-batch has to be empty (off: only where ``allow_empty`` lets them be).
+
+    ``overheads``: with rank speeds, every rank's time counts its ``m`` micro-batch overheads
+    (a slow rank runs them slower); off, its samples' costs alone.
     """
 
     def __init__(
@@ -267,6 +257,7 @@ class RankState:
         slack: float = GOOD_ENOUGH,
         keep_counts: bool = False,
         fill: bool = True,
+        overheads: bool = True,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
         self.keep_counts = keep_counts
@@ -274,11 +265,14 @@ class RankState:
         self.costs, self.tokens, self.counts = costs, tokens, counts
         self.patches = patches
         self.loads = np.bincount(rank_of_unit, weights=costs, minlength=p.dp)
-        if p.speeds is not None:
-            # Every rank runs m micro-batches (empty ones too), each paying the overhead, and a
-            # slow rank runs its overheads slower: they are part of every rank's time. (With
-            # equal speeds every rank pays the same, which changes no comparison.)
-            self.loads += m * p.overhead
+        bound = p.unit_cost_bound
+        if p.speeds is not None and overheads:
+            # Every rank runs m micro-batches (empty ones too), each paying the overhead, at its
+            # speed: part of its time (equal speeds: the same on every rank, no comparison
+            # changes). The bound: those on the fastest rank too, and everything over sum(s).
+            self.loads = self.loads + m * p.overhead  # float (bincount of no unit: int64)
+            total = float(self.loads.sum())
+            bound = max(bound + m * p.overhead / p.speeds.max(), total / p.speeds.sum())
         self.rank_tokens = np.bincount(rank_of_unit, weights=tokens, minlength=p.dp)
         self.rank_counts = np.bincount(rank_of_unit, weights=counts, minlength=p.dp)
         self.cap_tokens, self.cap_count, self.cap_patches = capacities(p, m)
@@ -295,7 +289,7 @@ class RankState:
         self.min_count = m if p.n >= p.dp * m and fill else 0
         # Rank loads at or below this (``slack`` relative) need no local search (packed layout
         # only: with padding the unit costs do not bound the micro-batch costs).
-        self.good_enough = _times_bound(p, m) * (1 + slack) if p.layout == "packed" else 0.0
+        self.good_enough = bound * (1 + slack) if p.layout == "packed" else 0.0
 
     def times(self) -> np.ndarray:
         """float64 ``[dp]``: every rank's load divided by its speed."""
