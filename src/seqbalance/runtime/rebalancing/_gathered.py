@@ -121,6 +121,7 @@ class Batch:
     form: InputForm
     parts: SampleParts | None  # [total] every rank's parts in rank order, when passed
     feedback: list[Any]  # every rank's adaptive statistics of the last step (None: not observed)
+    bounds: list[Any]  # every rank's cu_seqlens dtype and range (_samples.bounds_range), or None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -195,6 +196,7 @@ def _batch(described: list[Any], header: dict[str, Any], local: list[list[torch.
         form=form,
         parts=combined_parts(headers),
         feedback=[h.get("feedback") for h in headers],
+        bounds=[h.get("cu_seqlens") for h in headers],
     )
 
 

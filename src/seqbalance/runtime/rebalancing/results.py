@@ -63,7 +63,8 @@ class RebalanceResult:
         microbatches: mirrors the input form: for a list of samples, a list (one per
             micro-batch) of lists of samples (dicts of tensors, or tensors); for packed input, a
             list of ``(packed, cu_seqlens)`` pairs (packed: a tensor or a dict of tensors,
-            concatenated along dim 0; cu_seqlens: the input's dtype, ``[k + 1]``). Received
+            concatenated along dim 0; cu_seqlens: the input's dtype, ``[k + 1]``, a step
+            whose micro-batch that dtype cannot bound refused). Received
             tensors live on the communication device (CPU for gloo, the current CUDA device for
             NCCL); samples that stayed are the caller's own tensors.
         origin: int64 ``[num_samples, 2]``: ``origin[k] = (rank, index)`` says where the

@@ -437,17 +437,25 @@ class WindowBalancer:
         ``batch_size * h`` samples, so at least ``count(deadline <= now + h) - batch_size * h``
         of those samples must leave now.
         """
-        horizon = sorted_deadlines - self._dispatched
+        horizon = self._horizon(sorted_deadlines, sorted_deadlines.size)
         counts = np.arange(1, horizon.size + 1)
         need = counts - self.batch_size * np.maximum(horizon, 0)
         return int(min(max(need.max(initial=0), 0), self.batch_size, horizon.size))
+
+    def _horizon(self, deadlines: np.ndarray, samples: int) -> np.ndarray:
+        """Dispatches left before each of ``deadlines``, at most one more than ``samples`` (the
+        buffered ones) need to drain: a farther deadline binds no more, and ``batch_size``
+        times one as far as ``max_delay = 2**62`` wrapped in int64 (every sample forced, or
+        no selection feasible: balancing silently off)."""
+        return np.minimum(deadlines - self._dispatched, -(-samples // self.batch_size) + 1)
 
     def _feasible(self, chosen: np.ndarray, deadline: np.ndarray) -> bool:
         """Whether every sample left behind can still meet its deadline."""
         left = np.ones(deadline.size, dtype=bool)
         left[chosen] = False
         due, count = np.unique(deadline[left], return_counts=True)
-        return bool((np.cumsum(count) <= self.batch_size * (due - self._dispatched)).all())
+        horizon = self._horizon(due, deadline.size)
+        return bool((np.cumsum(count) <= self.batch_size * horizon).all())
 
     def _best_selection(
         self, lengths: np.ndarray, candidates: list[np.ndarray]
