@@ -411,3 +411,15 @@ def test_data_x_context_parallel_ranks_are_bounded_and_named() -> None:
     # Within the bound: both CP ranks of the one DP rank list the micro-batch (12 <= 10 x 2).
     one = schedule([(0, 5), (1, 7)], max_seqlen_per_dp_cp_rank=10, cp_size=2, dp_size=1)
     assert one == [[[0, 1], [0, 1]]]
+
+
+@pytest.mark.parametrize("function", ["karmarkar_karp", "greedy_partition"])
+def test_verl_part_counts_are_bounded(function: str) -> None:
+    """adv16b D6: verl's karmarkar_karp / greedy_partition with k_partitions = 2**40 (and
+    equal_size=False, where fewer items than parts leave parts empty) made 2**40 parts: 15 s,
+    then MemoryError (killed without a memory limit); seqbalance.partition bounds k at 2**20."""
+    from seqbalance.integrations import verl as sv
+
+    with pytest.raises(ValueError, match=r"^k_partitions must be <= 2\*\*20 = 1048576 parts"):
+        getattr(sv, function)([1, 2], 2**40, False)
+    assert sorted(map(sorted, getattr(sv, function)([1, 2], 3, False))) == [[], [0], [1]]
