@@ -370,6 +370,23 @@ def check_ranks(value: Any, name: str) -> int:
     return value
 
 
+MAX_PARTS = 2**20
+"""Most parts of one partition (each is a list or an array; far more than any cluster has
+ranks)."""
+
+
+def check_parts(value: Any, name: str) -> int:
+    """``value`` as an int in ``[1, MAX_PARTS]``: a count of parts (``k``, ``k_partitions``).
+
+    Raises:
+        ValueError: not an int, below 1 or above ``MAX_PARTS`` (naming ``name`` and the value).
+    """
+    value = check_int(value, name, minimum=1)
+    if value > MAX_PARTS:
+        raise ValueError(f"{name} must be <= 2**20 = {MAX_PARTS} parts, got {value}")
+    return value
+
+
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
     """Return ``value`` as an int; reject bools, durations, non-integers and values below
     ``minimum``."""

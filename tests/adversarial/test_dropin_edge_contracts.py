@@ -389,3 +389,37 @@ def test_verl_workloads_past_int64_are_refused() -> None:
     tokens = sv.get_group_balanced_partitions(wrapped, [0] * 5 + [1, 2, 3], 2, cost="tokens")
     assert tokens == [[0, 1, 2, 3, 4, 7], [5, 6]]  # the 2e9 group with the 1-token one
     assert sv.get_group_balanced_partitions([3 * 10**9, 1], [0, 1], 2) == [[0], [1]]
+
+
+def test_data_x_context_parallel_ranks_are_bounded_and_named() -> None:
+    """adv16b D5: megatron_packing.schedule with cp_size = 2**24 or 2**40 built a list per
+    DPxCP rank in every micro-batch: 47 s, then MemoryError (killed without a memory limit);
+    verl's DynamicCPScheduler refused cp_size = 2**24 as 'dp_size must be <= 2**18, got
+    33554432', a dp_size of 2 that no one gave."""
+    from seqbalance.integrations.megatron_packing import schedule
+    from seqbalance.integrations.verl import DynamicCPScheduler
+    from seqbalance.plan import PlanOptions
+
+    product = r"^dp_size x cp_size must be <= 2\*\*18 = 262144, got 33554432$"
+    sizes = {"max_seqlen_per_dp_cp_rank": 10, "cp_size": 2**24, "dp_size": 2}
+    with pytest.raises(ValueError, match=product):
+        schedule([(0, 5), (1, 7), (2, 3), (3, 1)], **sizes)
+    with pytest.raises(ValueError, match=product):
+        DynamicCPScheduler(
+            **sizes, options=PlanOptions(cost="flops", model="qwen3-8b"), tensor_parallel_size=1
+        )
+    # Within the bound: both CP ranks of the one DP rank list the micro-batch (12 <= 10 x 2).
+    one = schedule([(0, 5), (1, 7)], max_seqlen_per_dp_cp_rank=10, cp_size=2, dp_size=1)
+    assert one == [[[0, 1], [0, 1]]]
+
+
+@pytest.mark.parametrize("function", ["karmarkar_karp", "greedy_partition"])
+def test_verl_part_counts_are_bounded(function: str) -> None:
+    """adv16b D6: verl's karmarkar_karp / greedy_partition with k_partitions = 2**40 (and
+    equal_size=False, where fewer items than parts leave parts empty) made 2**40 parts: 15 s,
+    then MemoryError (killed without a memory limit); seqbalance.partition bounds k at 2**20."""
+    from seqbalance.integrations import verl as sv
+
+    with pytest.raises(ValueError, match=r"^k_partitions must be <= 2\*\*20 = 1048576 parts"):
+        getattr(sv, function)([1, 2], 2**40, False)
+    assert sorted(map(sorted, getattr(sv, function)([1, 2], 3, False))) == [[], [0], [1]]

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int, refuse_masked
+from seqbalance._validation import as_lengths, check_int, check_parts, refuse_masked
 from seqbalance.cost.resolve import evaluate_costs, resolve_cost
 from seqbalance.integrations._cost import choose_cost
 from seqbalance.partition import partition
@@ -83,11 +83,13 @@ def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> lis
     empty, as in verl.
 
     Raises:
-        ValueError: no items, ``k_partitions < 1``, ``equal_size`` with a count not divisible by
-            ``k_partitions``, or a negative or NaN value.
+        ValueError: no items, ``k_partitions`` outside ``[1, 2**20]``, ``equal_size`` with a
+            count not divisible by ``k_partitions``, or a negative or NaN value.
     """
     values = _scalars(seqlen_list, "seqlen_list")
-    k = check_int(k_partitions, "k_partitions", minimum=1)
+    # Bounded as seqbalance.partition bounds k: with fewer items than parts the trailing parts
+    # are empty, and 2**40 of them ran out of memory after 15 s.
+    k = check_parts(k_partitions, "k_partitions")
     return karmarkar_karp_groups(values, k, equal_size=bool(equal_size))
 
 
@@ -97,11 +99,11 @@ def greedy_partition(seqlen_list: Any, k_partitions: int, equal_size: bool) -> l
     ``sum + 1`` first, so parts take turns and end with equal counts.
 
     Raises:
-        ValueError: ``k_partitions < 1``, ``equal_size`` with a count not divisible by
-            ``k_partitions``, or a negative or NaN value.
+        ValueError: ``k_partitions`` outside ``[1, 2**20]``, ``equal_size`` with a count not
+            divisible by ``k_partitions``, or a negative or NaN value.
     """
     values = _scalars(seqlen_list, "seqlen_list")
-    k = check_int(k_partitions, "k_partitions", minimum=1)
+    k = check_parts(k_partitions, "k_partitions")  # 2**40 empty parts: out of memory
     if equal_size and len(values) % k:
         raise ValueError(
             f"equal_size needs len(seqlen_list) = {len(values)} to be a multiple of "
