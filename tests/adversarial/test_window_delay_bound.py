@@ -38,11 +38,11 @@ def test_the_largest_bounds_dispatch() -> None:
 
 
 def test_a_delay_too_far_to_bind_balances_as_any_other() -> None:
-    lengths = np.random.default_rng(0).integers(1, 4000, 64)
+    lengths = np.random.default_rng(0).integers(1, 4000, 16)
     picked = {}
     for max_delay in (2**40, 2**61, 2**62):
-        window = WindowBalancer(4, 16, window=64, max_delay=max_delay, max_tokens=8192)
+        window = WindowBalancer(2, 4, window=16, max_delay=max_delay, max_tokens=8192)
         window.push(lengths)
-        picked[max_delay] = [window.dispatch().ids.tolist() for _ in range(4)]
+        picked[max_delay] = window.dispatch().ids.tolist()
     assert picked[2**61] == picked[2**62] == picked[2**40]
-    assert picked[2**40][0] != list(range(16))  # chosen for balance, not the oldest
+    assert picked[2**40] != list(range(4))  # chosen for balance, not the oldest

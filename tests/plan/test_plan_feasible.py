@@ -399,9 +399,10 @@ def test_grouped_best_fit_by_tokens_is_the_rooms_best_fit(
         assert found == _feasible._pack_units(p, m)
 
 
-@settings(max_examples=examples(200))
+@settings(max_examples=examples(60))
 @given(
-    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=40),
+    # Over 16 samples: the engine's branch and bound (16 or fewer) is not what is kept here.
+    lengths=st.lists(st.integers(1, 60), min_size=17, max_size=40),
     cap=st.integers(60, 120),
     k=st.integers(1, 12),
 )

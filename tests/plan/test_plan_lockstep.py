@@ -196,7 +196,7 @@ def _inner_change_by_definition(
     return None if best is None else best[1]
 
 
-@settings(max_examples=examples(600), deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 4), min_size=2, max_size=6),
     lengths=st.lists(st.sampled_from([1, 5, 9, 20, 33, 60]), min_size=24, max_size=24),

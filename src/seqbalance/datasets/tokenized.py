@@ -65,6 +65,18 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
 
 
 def _length_of(value: Any, index: int, column: str) -> int:
+    """:func:`_read_length`, a value it cannot read (a nested or meta tensor: torch's
+    RuntimeError; a ``len()`` raising TypeError) a ValueError naming the entry."""
+    try:
+        return _read_length(value, index, column)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"dataset[{index}][{column!r}] cannot be read as a token sequence or a length "
+            f"({type(error).__name__}: {error})"
+        ) from None
+
+
+def _read_length(value: Any, index: int, column: str) -> int:
     """The length ``value`` (one entry of the column) stands for: an integer as it is (a
     one-element integer array or tensor too: a ``"length"`` column read as torch tensors), a
     token sequence's length. Anything else is a ValueError naming the entry: an array of more
@@ -159,13 +171,26 @@ def _records(dataset: Any) -> Iterable[tuple[int, Any]]:
     if isinstance(dataset, (str, bytes)):
         pass  # a path or text, not records: refused below
     elif hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
-        return ((index, dataset[index]) for index in range(len(dataset)))
+        return ((index, _record(dataset, index)) for index in range(len(dataset)))
     elif isinstance(dataset, Iterable):
         return enumerate(dataset)
     raise ValueError(
         "dataset must be a Hugging Face Dataset or a sequence of records, got "
         f"{type(dataset).__name__}"
     )
+
+
+def _record(dataset: Any, index: int) -> Any:
+    """``dataset[index]``, or a ValueError naming it where the dataset cannot be read by
+    position: a pandas DataFrame looks ``0`` up among its columns (KeyError: 0)."""
+    try:
+        return dataset[index]
+    except (KeyError, IndexError, TypeError) as error:
+        raise ValueError(
+            f"dataset[{index}] cannot be read by position ({type(error).__name__}: {error}): "
+            f"dataset ({type(dataset).__name__}) must be a Hugging Face Dataset, a map-style "
+            "dataset or a sequence of records (a DataFrame: pass df.to_dict('records'))"
+        ) from error
 
 
 def _column_of(record: Any, index: int, column: str) -> Any:

@@ -470,8 +470,9 @@ def _check_bounds_fit(batch: Batch, microbatches: Callable[[int], list[np.ndarra
     or float16 ``cu_seqlens`` that held a rank's own step would come back wrapped (a 400-row
     micro-batch bounded at 144) or rounded, silently. Every rank checks every rank from the
     agreed plan, so all raise alike, before any sample moves."""
+    total = int(batch.rows[:, 0].sum()) if batch.rows.size else 0
     for rank, bounds in enumerate(batch.bounds):
-        if bounds is None:
+        if bounds is None or bounds[1] >= total:  # no micro-batch holds more than the step
             continue
         dtype, exact = bounds
         for j, samples in enumerate(microbatches(rank)):
