@@ -17,19 +17,19 @@ SCRIPT = textwrap.dedent(
     """
     import os, sys
     import numpy as np
-    import seqbalance.cli._common as common
+    import seqbalance.cli._lengths_file as reader
     from seqbalance.cli import main
 
     path = sys.argv[1]
     np.save(path, np.arange(1, 200_001, dtype=np.int64))
-    mapped = common.map_npy
+    mapped = reader.map_npy
 
     def mapped_then_cut(source):
         array = mapped(source)
         os.truncate(source, 200)  # another process rewrites the file
         return array
 
-    common.map_npy = mapped_then_cut
+    reader.map_npy = mapped_then_cut
     sys.exit(main(["plan", path, "--dp", "2", "--global-batch", "64"]))
     """
 )
