@@ -118,6 +118,37 @@ def plan_balanced(p: Problem) -> Microbatches:
         other = _with_empty_tail(free, _planned(free))
         if aligned_value(p, other) < aligned_value(p, plan) * (1 - _TOLERANCE):
             return other
+    return _slowest_left_empty(p, plan)
+
+
+def _slowest_left_empty(p: Problem, plan: Microbatches) -> Microbatches:
+    """``plan``, or, with rank speeds and ``allow_empty``, the plan of the other ranks with the
+    slowest one's micro-batches all empty, where that is cheaper (and ``plan`` is not at the
+    bound): a very slow rank may end last with whatever it holds (in ``lockstep``, one sample
+    of it can set a position's cost), which the rank step, balancing rank totals from a start
+    that gives it a share, does not always undo."""
+    if p.speeds is None or not p.allow_empty or p.n == 0 or _near_bound(p, plan):
+        return plan
+    if _exact.applicable(p, len(plan[0])):  # its search took every plan of the count
+        return plan
+    slowest = int(np.argmin(p.speeds))
+    speeds = tuple(np.delete(p.speeds, slowest).tolist())
+    options = p.options.replace(rank_speeds=speeds)
+    others = dataclasses.replace(p, dp=p.dp - 1, options=options)
+    try:  # the other ranks cannot hold the step: ValueError
+        # Not where the other ranks' lower bound (in cost units where their speeds are equal)
+        # already reaches the plan: no plan of theirs is cheaper.
+        least = others.lower_bound(others.min_feasible_microbatches) / others.common_speed
+        if least >= aligned_value(p, plan) * (1 - _TOLERANCE):
+            return plan
+        # One level: the other ranks' slowest stays in (a rank less each time: dp plans).
+        rest = _with_empty_tail(others, _planned(others))
+    except ValueError:
+        return plan
+    m = len(rest[0])
+    other = [*rest[:slowest], [[] for _ in range(m)], *rest[slowest:]]
+    if aligned_value(p, other) < aligned_value(p, plan) * (1 - _TOLERANCE):
+        return other
     return plan
 
 
