@@ -142,6 +142,14 @@ def test_as_group_ids_rejects_bad_shapes_and_values() -> None:
         as_group_ids([0.0, 1e19], 2)
     with pytest.raises(ValueError, match="integer ids, got dtype <U1"):
         as_group_ids(["a"], 1)
+    # Python items numpy would read as something else are named as the caller wrote them.
+    with pytest.raises(ValueError, match=r"groups\[1\] = True is not an integer id \(a bool\)"):
+        as_group_ids([0, True], 2)
+    with pytest.raises(ValueError, match=r"groups\[1\] = 9223372036854775808 does not fit"):
+        as_group_ids([0, 2**63], 2)
+    with pytest.raises(ValueError, match=r"groups\[0\] = -(10{30}) does not fit"):
+        as_group_ids((-(10**30), 1), 2)
+    assert as_group_ids([2**63 - 1, -(2**63)], 2).tolist() == [2**63 - 1, -(2**63)]
 
 
 def test_the_empty_slot_refusal_is_public():

@@ -208,11 +208,31 @@ def _as_1d_array(values: Any, name: str) -> np.ndarray:
         bad = next((i for i, v in enumerate(items) if not isinstance(v, numbers.Real)), None)
         if bad is not None:
             raise ValueError(f"{name}[{bad}] = {items[bad]!r} is not a number")
-        array = array.astype(np.float64)
+        try:
+            array = array.astype(np.float64)
+        except OverflowError:  # an int or Fraction past float64's range (10**400)
+            bad = next((i for i, v in enumerate(items) if abs(v) > _FLOAT64_MAX), 0)
+            raise ValueError(f"{name}[{bad}] is {_BEYOND_FLOAT64}") from None
     # Kind, not issubdtype: numpy files timedelta64 under the integers.
     if array.dtype.kind not in "iuf":
         raise ValueError(f"{name} must hold real numbers, got dtype {array.dtype}")
     return array
+
+
+_FLOAT64_MAX = float(np.finfo(np.float64).max)
+_BEYOND_FLOAT64 = "past the float64 range (magnitude above 1.8e308)"
+
+
+def _float64(array: np.ndarray, name: str) -> np.ndarray:
+    """``array`` (of ``_as_1d_array``) as float64; a wider float past float64's range (a
+    ``longdouble`` of 1e600) raises ValueError naming ``name`` and the index, where the cast
+    would warn and make it infinite."""
+    if array.dtype.kind == "f" and array.dtype.itemsize > 8:
+        too_large = np.abs(array) > _FLOAT64_MAX
+        if too_large.any():
+            bad = _first(too_large)
+            raise ValueError(f"{name}[{bad}] = {array[bad]!r} is {_BEYOND_FLOAT64}")
+    return array.astype(np.float64, copy=False)
 
 
 def _wide_floats(array: np.ndarray) -> np.ndarray:
@@ -230,8 +250,7 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
 
     Raises ValueError naming ``name``, the index and the value of the first bad entry.
     """
-    array = _as_1d_array(values, name)
-    weights = array.astype(np.float64, copy=False)
+    weights = _float64(_as_1d_array(values, name), name)
     finite = np.isfinite(weights)
     if not finite.all():
         bad = _first(~finite)
@@ -276,7 +295,7 @@ def as_speeds(values: Any, name: str, count: int | None = None) -> np.ndarray:
     positive and finite or lies outside ``SPEED_RANGE`` (with its index and value), or
     ``count`` given and a different length.
     """
-    array = _as_1d_array(values, name).astype(np.float64, copy=False)
+    array = _float64(_as_1d_array(values, name), name)
     if array.size == 0:
         raise ValueError(f"{name} must not be empty (one speed per part or rank)")
     bad = ~(np.isfinite(array) & (array > 0))
@@ -351,6 +370,23 @@ def check_ranks(value: Any, name: str) -> int:
     return value
 
 
+MAX_PARTS = 2**20
+"""Most parts of one partition (each is a list or an array; far more than any cluster has
+ranks)."""
+
+
+def check_parts(value: Any, name: str) -> int:
+    """``value`` as an int in ``[1, MAX_PARTS]``: a count of parts (``k``, ``k_partitions``).
+
+    Raises:
+        ValueError: not an int, below 1 or above ``MAX_PARTS`` (naming ``name`` and the value).
+    """
+    value = check_int(value, name, minimum=1)
+    if value > MAX_PARTS:
+        raise ValueError(f"{name} must be <= 2**20 = {MAX_PARTS} parts, got {value}")
+    return value
+
+
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
     """Return ``value`` as an int; reject bools, durations, non-integers and values below
     ``minimum``."""
@@ -370,6 +406,14 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     """
     refuse_masked(groups, name)
     array = _numpy_of(groups, name)
+    if isinstance(groups, (list, tuple)) and array.dtype != np.bool_:
+        # numpy reads a bool among ints as 0 or 1 and an int past int64 as a float or an
+        # object: name the item as the caller wrote it.
+        for index, value in enumerate(groups):
+            if isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"{name}[{index}] = {value!r} is not an integer id (a bool)")
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":

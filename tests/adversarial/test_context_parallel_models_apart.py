@@ -6,6 +6,11 @@ and gloo aborted one process ("terminate called after throwing an instance of
 'gloo::EnforceNotMet' ... Received data size doesn't match expected size"), its peer raising
 CollectiveError. The parameters' names, shapes and dtypes now travel in the agreement: the same
 ValueError on every rank, before any slot runs.
+
+adv16a F4: the gradient sum gave every parameter a gradient, a frozen one (requires_grad False)
+zeros, so an optimizer holding it updated it (AdamW's weight decay moved a frozen embedding),
+silently. Frozen parameters now keep no gradient and are not summed; which parameters train is
+in the agreement (ranks freezing different ones would sum different parameters).
 """
 
 from __future__ import annotations
@@ -57,6 +62,19 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
             out[case] = f"loss {step.loss:.12f}"
         except ValueError as error:
             out[case] = f"ValueError: {error}"
+    for case, frozen_ranks in {"frozen alike": (0, 1), "frozen on rank 1": (1,)}.items():
+        model = TinyCausalTransformer(ToyModelConfig(**SIZES, intermediate_size=24), seed=3)
+        model.to(torch.float64).embed.weight.requires_grad_(rank not in frozen_ranks)
+        try:
+            step = run_step(
+                model, plan, samples, groups, forward=TinyCausalTransformer.slot_logits, timeout=5.0
+            )
+            kept = {name for name, p in model.named_parameters() if p.grad is not None}
+            out[case] = (
+                f"loss {step.loss:.12f}, {len(kept)} gradients, embed: {'embed.weight' in kept}"
+            )
+        except ValueError as error:
+            out[case] = f"ValueError: {error}"
     # The same model object cast on rank 1 after a step it ran alike: the layout of a model
     # already checked is read again at every step, not taken from the last one.
     model = TinyCausalTransformer(ToyModelConfig(**SIZES, intermediate_size=24), seed=3)
@@ -78,11 +96,16 @@ def test_models_apart_fail_every_rank_before_any_slot(tmp_path) -> None:
     results = ok(launch(tmp_path, 2, _worker))
     assert results[0]["alike"] == results[1]["alike"]
     assert results[0]["alike"].startswith("loss ")
-    for case in [*ODD, "cast after a step"]:
+    for case in [*ODD, "cast after a step", "frozen on rank 1"]:
         if case == "alike":
             continue
         assert results[0][case] == results[1][case], case
         assert results[0][case] == (
             "ValueError: ranks disagree on the context-parallel model: ranks [1] hold a model "
-            "whose parameters (names, shapes, dtypes) differ from rank 0's; nothing was run"
+            "whose parameters (names, shapes, dtypes, requires_grad) differ from rank 0's; "
+            "nothing was run"
         ), case
+    parameters = sum(1 for _ in TinyCausalTransformer(ToyModelConfig(**SIZES)).parameters())
+    loss = results[0]["alike"].removeprefix("loss ")
+    for result in results:  # the loss as with every parameter training, no embedding gradient
+        assert result["frozen alike"] == f"loss {loss}, {parameters - 1} gradients, embed: False"

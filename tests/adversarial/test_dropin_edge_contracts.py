@@ -367,3 +367,59 @@ def test_megatron_pairs_refuse_a_bool_sample_id(kind: str) -> None:
         schedule(pairs, max_seqlen_per_dp_cp_rank=64, cp_size=1, dp_size=2)
     planned = schedule([(1, 5), *pairs[1:]], max_seqlen_per_dp_cp_rank=64, cp_size=1, dp_size=2)
     assert sorted(i for mb in planned for rank in mb for i in rank) == [1, 2, 3, 4]
+
+
+def test_verl_workloads_past_int64_are_refused() -> None:
+    """adv16b D4: verl's workload ``24576 L + L^2`` in int64 wrapped past L ~ 3e9 tokens (or a
+    sum of them past 2**63): the batch was refused as holding "a negative value" (a value no one
+    gave), or a group's wrapped sum was balanced without a word (groups of 5 x 2e9, 1.5e9,
+    1.48e9 and 1 token: the 2e9 group paired with 1.48e9, 2.22e19 where 2.00e19 was possible)."""
+    from seqbalance.integrations import verl as sv
+    from seqbalance.integrations._verl_batches import plan_micro_batches
+
+    wrapped = [2 * 10**9] * 5 + [1_500_000_000, 1_480_000_000, 1]
+    past = r"^seqlen_list: verl's workload 24576 L \+ L\^2 of these lengths sums to 2.44e\+19"
+    with pytest.raises(ValueError, match=past):
+        sv.get_group_balanced_partitions(wrapped, [0] * 5 + [1, 2, 3], 2)
+    with pytest.raises(ValueError, match=past):
+        sv.dp_balanced_order(wrapped, 2, groups=[0] * 5 + [1, 2, 3])
+    with pytest.raises(ValueError, match=r"past int64 \(the longest L = 4000000000 tokens\)"):
+        plan_micro_batches([4 * 10**9, 1, 2, 3], 10**10)
+    # Just under the limit, and with a cost of their own, such lengths are planned.
+    tokens = sv.get_group_balanced_partitions(wrapped, [0] * 5 + [1, 2, 3], 2, cost="tokens")
+    assert tokens == [[0, 1, 2, 3, 4, 7], [5, 6]]  # the 2e9 group with the 1-token one
+    assert sv.get_group_balanced_partitions([3 * 10**9, 1], [0, 1], 2) == [[0], [1]]
+
+
+def test_data_x_context_parallel_ranks_are_bounded_and_named() -> None:
+    """adv16b D5: megatron_packing.schedule with cp_size = 2**24 or 2**40 built a list per
+    DPxCP rank in every micro-batch: 47 s, then MemoryError (killed without a memory limit);
+    verl's DynamicCPScheduler refused cp_size = 2**24 as 'dp_size must be <= 2**18, got
+    33554432', a dp_size of 2 that no one gave."""
+    from seqbalance.integrations.megatron_packing import schedule
+    from seqbalance.integrations.verl import DynamicCPScheduler
+    from seqbalance.plan import PlanOptions
+
+    product = r"^dp_size x cp_size must be <= 2\*\*18 = 262144, got 33554432$"
+    sizes = {"max_seqlen_per_dp_cp_rank": 10, "cp_size": 2**24, "dp_size": 2}
+    with pytest.raises(ValueError, match=product):
+        schedule([(0, 5), (1, 7), (2, 3), (3, 1)], **sizes)
+    with pytest.raises(ValueError, match=product):
+        DynamicCPScheduler(
+            **sizes, options=PlanOptions(cost="flops", model="qwen3-8b"), tensor_parallel_size=1
+        )
+    # Within the bound: both CP ranks of the one DP rank list the micro-batch (12 <= 10 x 2).
+    one = schedule([(0, 5), (1, 7)], max_seqlen_per_dp_cp_rank=10, cp_size=2, dp_size=1)
+    assert one == [[[0, 1], [0, 1]]]
+
+
+@pytest.mark.parametrize("function", ["karmarkar_karp", "greedy_partition"])
+def test_verl_part_counts_are_bounded(function: str) -> None:
+    """adv16b D6: verl's karmarkar_karp / greedy_partition with k_partitions = 2**40 (and
+    equal_size=False, where fewer items than parts leave parts empty) made 2**40 parts: 15 s,
+    then MemoryError (killed without a memory limit); seqbalance.partition bounds k at 2**20."""
+    from seqbalance.integrations import verl as sv
+
+    with pytest.raises(ValueError, match=r"^k_partitions must be <= 2\*\*20 = 1048576 parts"):
+        getattr(sv, function)([1, 2], 2**40, False)
+    assert sorted(map(sorted, getattr(sv, function)([1, 2], 3, False))) == [[], [0], [1]]

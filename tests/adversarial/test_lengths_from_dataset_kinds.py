@@ -3,7 +3,12 @@ TypeError ("'NoneType' object is not iterable") naming nothing; a dict of column
 (``Dataset.to_dict()``) was iterated by its keys and said "dataset[0] has no 'input_ids' entry"
 of a dict holding that column; a length beyond int64 (``{"input_ids": 2**70}``) raised
 OverflowError. The first fix refused map-style datasets (``__len__`` and ``__getitem__``), the
-HF drop-in's most common input: they are read by position."""
+HF drop-in's most common input: they are read by position.
+
+adv16a F5: a pandas DataFrame of token lists (``__len__`` and ``__getitem__`` by column) raised
+KeyError 0, a nested torch tensor entry RuntimeError ("NestedTensorImpl doesn't support
+sizes"), a 0-d meta tensor RuntimeError, an entry whose ``len()`` raises TypeError: each is now
+a ValueError naming ``dataset[i]`` (and the column)."""
 
 from __future__ import annotations
 
@@ -33,6 +38,51 @@ class _MapStyle(torch.utils.data.Dataset):
 def test_a_dataset_of_another_kind_is_named(dataset) -> None:
     with pytest.raises(ValueError, match=r"^dataset must be a Hugging Face Dataset or a sequence"):
         lengths_from_dataset(dataset)
+
+
+class _NoLength:
+    def __len__(self) -> int:
+        raise TypeError("no len")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "named"),
+    [
+        (
+            [{"input_ids": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}],
+            r"dataset\[0\]\['input_ids'\] cannot be read .*\(RuntimeError: ",
+        ),
+        (
+            [{"input_ids": torch.tensor(3, device="meta")}],
+            r"dataset\[0\]\['input_ids'\] cannot be read .*\(RuntimeError: ",
+        ),
+        ([{"input_ids": _NoLength()}], r"dataset\[0\]\['input_ids'\] .*\(TypeError: no len\)"),
+    ],
+)
+def test_an_entry_that_cannot_be_read_is_named(dataset, named) -> None:
+    with pytest.raises(ValueError, match=named):
+        lengths_from_dataset(dataset)
+
+
+class _Frame:
+    """A pandas DataFrame's lookups (``len``: rows; ``frame[key]``: a column, KeyError for a
+    row number), without importing pandas."""
+
+    def __init__(self, columns: dict[str, list]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def __getitem__(self, key: str) -> list:
+        return self.columns[key]
+
+
+def test_a_data_frame_is_named() -> None:
+    with pytest.raises(
+        ValueError, match=r"dataset\[0\] cannot be read by position \(KeyError: 0\)"
+    ):
+        lengths_from_dataset(_Frame({"input_ids": [[1, 2], [3]]}))
 
 
 def test_a_length_beyond_int64_is_named() -> None:

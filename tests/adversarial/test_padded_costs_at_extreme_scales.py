@@ -63,3 +63,28 @@ def test_padded_costs_spanning_hundreds_of_orders_of_magnitude_plan_without_a_wa
             num_microbatches=2,
         )
     assert plan.step_cost == plan.lower_bound == wide(np.array([3]))[0]
+
+
+@pytest.mark.parametrize("objective", ["step", "lockstep"])
+def test_padded_costs_with_subnormal_samples_plan_without_an_error(objective):
+    # adv16c P2: a padded step whose even lengths cost 1e-320 (subnormal) beside 1e-5: the
+    # padded cut's run size ``budget // cost`` was infinite (OverflowError "cannot convert float
+    # infinity to integer" out of balanced), and the padded top bound's ``low / least``
+    # overflowed (numpy "overflow encountered in divide", an error under ``-W error``).
+    def subnormal(lengths):
+        return np.where(lengths % 2 == 0, 1e-320, 1e-5)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = plan_step(
+            [1, 2, 3, 4, 5, 6, 7],
+            2,
+            cost=subnormal,
+            layout="padded",
+            microbatch_size=2,
+            objective=objective,
+        )
+    plan.validate()
+    # A micro-batch padded to an even length costs next to nothing: only 7 (odd, the longest)
+    # alone in its micro-batch costs 1e-5, the least any plan can cost.
+    assert plan.step_cost == plan.lower_bound == pytest.approx(1e-5)

@@ -6,6 +6,12 @@ step's samples would see other costs than the digested ones, and the ranks would
 differently with no error (one yielded 150 samples, the other 151). Plans are built from the
 digested costs, so what the ranks compared is what they plan with: they plan alike, and costs
 that differ where the digest looks fail every rank before any data. Real gloo processes.
+
+review15 item 6: a cost callable raising on one rank at construction (cost tables of other
+sizes under one name: an IndexError on the rank whose table is short) raised there alone; the
+other rank waited in its agreement until the timeout, its CollectiveError naming no cause. The
+error is now kept for the first agreement: every other rank raises 'BalancedBatchSampler
+construction on rank 1: IndexError: ...' at iter(), and the rank itself its own error.
 """
 
 from __future__ import annotations
@@ -62,9 +68,31 @@ def _run(rank: int, cost: Any, large: bool) -> dict[str, Any]:
     return {"error": None, "batches": batches, "plans": plans}
 
 
+class _Table:
+    """A cost looked up in a table of ``size`` entries (IndexError beyond it)."""
+
+    def __init__(self, size: int) -> None:
+        self.seconds = np.linspace(1.0, 2.0, size)
+
+    def __call__(self, lengths: np.ndarray) -> np.ndarray:
+        return self.seconds[np.asarray(lengths)]
+
+
+def _short_table(rank: int) -> dict[str, Any]:
+    """Rank 1's table stops at length 11, rank 0's holds every length (up to 16)."""
+    try:
+        sampler = BalancedBatchSampler(
+            np.arange(1, 17), 8, cost=_Table(12 if rank else 20), agreement_timeout=20.0
+        )
+        return {"error": None, "batches": list(sampler)}
+    except Exception as error:  # the type is what is checked
+        return {"error": f"{type(error).__name__}: {error}", "batches": None}
+
+
 def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
     elementwise = SizeDependent(0)  # tokens on any array
     return [
+        _short_table(rank),
         # rank 1 alone: tokens where the digest looks, lengths ** 1.7 on a step
         *(_run(rank, elementwise if rank == 0 else SizeDependent(100), large) for large in (0, 1)),
         # rank 1 alone: lengths ** 1.7 everywhere (the digests differ)
@@ -81,7 +109,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any
 def test_a_cost_that_is_not_elementwise_plans_what_was_digested(
     results: list[list[dict[str, Any]]], large: bool
 ) -> None:
-    first, second = (rank[int(large)] for rank in results)
+    first, second = (rank[1 + int(large)] for rank in results)
     assert first["error"] is None and second["error"] is None, (first, second)
     assert first["plans"] == second["plans"]
     # every sample of the epoch exactly once over the two ranks
@@ -94,6 +122,19 @@ def test_costs_that_differ_where_digested_fail_every_rank_before_any_data(
     results: list[list[dict[str, Any]]],
 ) -> None:
     for rank in results:
-        assert rank[2]["batches"] is None
-        assert "set up their samplers differently" in rank[2]["error"]
-        assert "costs (sha256" in rank[2]["error"]
+        assert rank[3]["batches"] is None
+        assert "set up their samplers differently" in rank[3]["error"]
+        assert "costs (sha256" in rank[3]["error"]
+
+
+def test_a_cost_raising_on_one_rank_at_construction_fails_every_rank_naming_it(
+    results: list[list[dict[str, Any]]],
+) -> None:
+    told = "IndexError: index 12 is out of bounds for axis 0 with size 12"
+    assert [rank[0] for rank in results] == [
+        {
+            "error": f"ValueError: BalancedBatchSampler construction on rank 1: {told}",
+            "batches": None,
+        },
+        {"error": told, "batches": None},
+    ]

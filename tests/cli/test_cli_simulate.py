@@ -284,6 +284,26 @@ def test_length_grouped_runs_on_the_steps_of_its_own_sampler(capsys) -> None:
     assert "must be a multiple of --dp x --microbatch-size (32)" in capsys.readouterr().err
 
 
+def test_length_grouped_step_size_is_refused_before_simulating(capsys, monkeypatch) -> None:
+    """adv16b D2: a --global-batch that hf_length_grouped's steps cannot hold was refused after
+    every other strategy had been simulated on every step (25 s on math500 x 2 steps, minutes
+    with more); adv16b D3: with --context-parallel it was refused naming 'hf_default', a
+    strategy no one gave."""
+    import seqbalance.cli.simulate as command
+
+    def simulated(*_: object, **__: object) -> None:
+        raise AssertionError("simulated before the step size was checked")
+
+    monkeypatch.setattr(command, "simulate", simulated)
+    argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "100"]
+    assert main([*argv, "--baseline", "hf_length_grouped", "--microbatch-size", "8"]) == 2
+    assert "(100) must be a multiple of --dp x --microbatch-size (32)" in capsys.readouterr().err
+    monkeypatch.undo()
+    cp = ["simulate", "--steps", "1", "--dp", "2", "--context-parallel", "1,2"]
+    assert main([*cp, "--strategies", "hf_length_grouped"]) == 2
+    assert "got 'hf_length_grouped'" in capsys.readouterr().err
+
+
 def test_padded_runs_compare_with_the_trainer_default(capsys) -> None:
     argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "64"]
     assert main([*argv, "--layout", "padded", "--microbatch-size", "4", "--json"]) == 0

@@ -1,11 +1,10 @@
 """Best-fit decreasing (``partition.greedy``, MULTIFIT's packing) keeps its residual capacities in
-blocks; it must place every item where one flat ascending list does (the definition): the
-fullest bin that fits, ties to the leftmost residual, each new residual inserted before equal
-ones."""
+blocks; it must place every item where one flat ascending list does (the definition,
+``greedy._best_fit_flat``, also its path up to one block of bins): the fullest bin that fits,
+ties to the leftmost residual, each new residual inserted before equal ones."""
 
 from __future__ import annotations
 
-import bisect
 from contextlib import AbstractContextManager
 from typing import Any
 from unittest import mock
@@ -16,21 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbalance.partition import greedy
-
-
-def _flat(values: list[float], k: int, capacity: float) -> list[int] | None:
-    """Best fit over one flat sorted list of residuals (each pop and insert moves ``k``)."""
-    residuals, bins, chosen = [capacity] * k, list(range(k)), []
-    for weight in values:
-        slot = bisect.bisect_left(residuals, weight)
-        if slot == k:
-            return None
-        left, part = residuals.pop(slot) - weight, bins.pop(slot)
-        chosen.append(part)
-        slot = bisect.bisect_left(residuals, left)
-        residuals.insert(slot, left)
-        bins.insert(slot, part)
-    return chosen
 
 
 def _blocks_of(size: int) -> AbstractContextManager[Any]:
@@ -55,7 +39,7 @@ def test_blocks_place_every_item_as_one_flat_list(case) -> None:
     values = sorted((float(w) for w in weights), reverse=True)
     capacity = float(sum(weights) // k + slack)
     with _blocks_of(block):
-        assert greedy._best_fit(values, k, capacity) == _flat(values, k, capacity)
+        assert greedy._best_fit(values, k, capacity) == greedy._best_fit_flat(values, k, capacity)
 
 
 def test_multifit_of_many_bins_is_the_flat_lists() -> None:
@@ -63,4 +47,49 @@ def test_multifit_of_many_bins_is_the_flat_lists() -> None:
     rng = np.random.default_rng(0)
     values = sorted(rng.integers(1, 65536, 40_000).astype(float).tolist(), reverse=True)
     capacity = sum(values) / 6000 * 1.02
-    assert greedy._best_fit(values, 6000, capacity) == _flat(values, 6000, capacity)
+    assert greedy._best_fit(values, 6000, capacity) == greedy._best_fit_flat(values, 6000, capacity)
+
+
+def _multifit_packing_each(weights: np.ndarray, k: int, low: float, high: float) -> Any:
+    """MULTIFIT's definition: best fit packed afresh at every trial capacity (the flat list),
+    the packing of the last capacity that fits (the least: the interval only shrinks)."""
+    order = greedy.descending_order(weights)
+    values = weights[order].tolist()
+    fitted = None
+    for _ in range(20):
+        middle = (low + high) / 2
+        packing = greedy._best_fit_flat(values, k, middle)
+        fitted = fitted if packing is None else packing
+        low, high = (middle, high) if packing is None else (low, middle)
+        if high - low <= 1e-6 * high:
+            break
+    return greedy._assignment(order, fitted)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    weights=st.lists(st.integers(0, 60), min_size=1, max_size=80),
+    k=st.integers(1, 12),
+    fraction=st.floats(0, 1, exclude_max=True),
+    whole=st.booleans(),
+)
+def test_multifit_reads_back_a_capacity_of_the_same_whole_part(
+    weights: list[int], k: int, fraction: float, whole: bool
+) -> None:
+    # With whole weights best fit packs alike at every capacity of one whole part, so MULTIFIT
+    # reads its last halvings (below one token) back: the same packing as packed at each.
+    # Weights with fractions are packed at each capacity.
+    w = np.array(weights, dtype=np.float64) + (0.0 if whole else 0.25)
+    values = sorted(w.tolist(), reverse=True)
+    part = float(w.sum() // k + max(values) // 2)
+    assert greedy._best_fit(values, k, part + fraction) == greedy._best_fit_flat(
+        values, k, part + fraction
+    )
+    if whole:
+        assert greedy._best_fit(values, k, part + fraction) == greedy._best_fit_flat(
+            values, k, part
+        )
+    low, high = float(w.sum() / k), float(w.sum())
+    expected = _multifit_packing_each(w, k, low, high)
+    found = greedy.multifit(w, k, low, high)
+    assert (found is None and expected is None) or np.array_equal(found, expected)

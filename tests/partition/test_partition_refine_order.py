@@ -67,3 +67,25 @@ def test_refined_assignment_is_the_one_of_a_fresh_sort_per_step(
     with _resort_above(1 << 30):
         resorted = refine_module.refine(w, start, k, limits, budget=budget)
     assert kept.tolist() == resorted.tolist()
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    deltas=st.lists(
+        st.one_of(
+            st.sampled_from([0.0, -0.0, 5e-324, -5e-324, 1.0, 2.0, 3.0]),
+            st.floats(-1e300, 1e300),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    gap=st.one_of(st.sampled_from([0.0, 5e-324, 2.0, 4.0]), st.floats(0, 1e300)),
+)
+def test_a_transfers_drop_is_its_definition(deltas: list[float], gap: float) -> None:
+    # _split reads min(delta, gap - delta) for 0 < delta < gap, else 0, as that minimum
+    # floored at 0: the same drops (a zero may be -0.0, equal to 0 for every comparison).
+    delta = np.array(deltas)
+    expected = np.where((delta > 0) & (delta < gap), np.minimum(delta, gap - delta), 0.0)
+    found = refine_module._split(delta, np.full(delta.size, gap))
+    assert np.array_equal(found, expected)
+    assert np.argmax(found) == np.argmax(expected)

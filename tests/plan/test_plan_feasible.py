@@ -397,3 +397,39 @@ def test_grouped_best_fit_by_tokens_is_the_rooms_best_fit(
     found = _feasible._pack_units(p, m)
     with mock.patch.object(_feasible, "_RoomsByTokens", _feasible._Rooms):
         assert found == _feasible._pack_units(p, m)
+
+
+@settings(max_examples=examples(60))
+@given(
+    # Over 16 samples: the engine's branch and bound (16 or fewer) is not what is kept here.
+    lengths=st.lists(st.integers(1, 60), min_size=17, max_size=40),
+    cap=st.integers(60, 120),
+    k=st.integers(1, 12),
+)
+def test_every_sample_packed_once_per_count_is_the_packing_computed(
+    lengths: list[int], cap: int, k: int
+) -> None:
+    # pack_samples of every sample in order is kept per problem and count (the global first
+    # fit and the packing search both ask for it): the split computed, each reader its own
+    # lists (a reader filling empty micro-batches changes nobody else's); another order or a
+    # subset is computed as before.
+    from seqbalance.plan import _feasible
+    from seqbalance.plan._problem import Problem
+
+    p = Problem(
+        lengths=np.array(lengths, dtype=np.int64),
+        sample_costs=np.array(lengths, dtype=np.float64),
+        overhead=0.0,
+        dp=1,
+        groups=None,
+        options=sb.PlanOptions(max_tokens=cap, allow_empty=True),
+    )
+    every = np.arange(p.n, dtype=np.int64)
+    computed = _feasible._pack_samples(p, every, k)
+    first = _feasible.pack_samples(p, every, k)
+    assert first == computed
+    if first is not None:
+        first[0].append(-1)  # a reader's change in place
+    assert _feasible.pack_samples(p, every, k) == computed
+    backwards = every[::-1].copy()
+    assert _feasible.pack_samples(p, backwards, k) == _feasible._pack_samples(p, backwards, k)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from seqbalance.plan import PlanOptions
 from seqbalance.plan import _lockstep as lockstep
-from seqbalance.plan._lockstep import _pack_under
+from seqbalance.plan._lockstep import _medians, _pack_under
 from seqbalance.plan._packing import fill_empty
 from seqbalance.plan._problem import Problem
 
@@ -149,3 +149,82 @@ def test_a_lone_over_cap_sample_is_not_moved_and_its_candidates_are_counted() ->
     )
     assert found is None
     assert work[0] == lockstep._CALL_WORK + 4
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(rows=st.integers(1, 9), columns=st.integers(1, 12), seed=st.integers(0, 2**32 - 1))
+def test_the_refinements_medians_are_numpys(rows: int, columns: int, seed: int) -> None:
+    # The lockstep refinement orders positions by max - median: its medians must be
+    # np.median's bit for bit (ties and sums of extreme values included), or the order of
+    # positions, and so the plan, would change.
+    pool = [0.0, 0.1, 0.3, 1.0, 1e-300, 7.25, 1e300]
+    aligned = np.random.default_rng(seed).choice(pool, (rows, columns))
+    assert _medians(aligned).tobytes() == np.median(aligned, axis=0).tobytes()
+
+
+def _inner_change_by_definition(
+    p: Problem,
+    microbatches: list[list[int]],
+    costs: np.ndarray,
+    tokens: np.ndarray,
+    a: int,
+    others: np.ndarray,
+    speed: float,
+) -> tuple[float, int, int, int] | None:
+    """``_best_inner_change``'s answer candidate by candidate (no patch cap): every sample x of
+    ``a`` with every sample y of every other micro-batch b, then y = -1 (a plain move), b by b;
+    the least cost, ties to the first b, then the first candidate."""
+    best = None
+    for b, target in enumerate(microbatches):
+        if b == a:
+            continue
+        for order, x in enumerate(microbatches[a]):
+            for position, y in enumerate([*target, -1]):
+                amount = (p.sample_costs[x] - (p.sample_costs[y] if y >= 0 else 0.0)) / speed
+                moved = p.lengths[x] - (p.lengths[y] if y >= 0 else 0)
+                if not (amount > 0 and tokens[b] + moved <= p.cap and tokens[a] - moved <= p.cap):
+                    continue
+                if y < 0 and len(microbatches[a]) == 1:
+                    continue
+                row = costs.copy()
+                row[a] -= amount
+                row[b] += amount
+                value = float(np.maximum(-np.sort(-row[None, :], axis=1), others).sum(axis=1)[0])
+                key = (value, b, order, position)
+                if best is None or key < best[0]:
+                    best = (key, (value, b, int(x), int(y)))
+    return None if best is None else best[1]
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 4), min_size=2, max_size=6),
+    lengths=st.lists(st.sampled_from([1, 5, 9, 20, 33, 60]), min_size=24, max_size=24),
+    cap=st.sampled_from([60, 90, 1000]),
+    speed=st.sampled_from([1.0, 0.3, 0.67]),
+    data=st.data(),
+)
+def test_the_best_inner_change_is_the_definitions(
+    sizes: list[int], lengths: list[int], cap: int, speed: float, data: st.DataObject
+) -> None:
+    # The refinement's vectorised search (partners built without np.insert, rows sorted in
+    # place) against the candidates one by one: the same change, the same cost bit for bit.
+    n = sum(sizes)
+    options = PlanOptions(max_tokens=cap, objective="lockstep", allow_oversize=True)
+    p = token_problem(lengths[:n], options)
+    ends = np.cumsum(sizes).tolist()
+    microbatches = [list(range(end - size, end)) for size, end in zip(sizes, ends, strict=True)]
+    costs = np.array([float(p.sample_costs[mb].sum()) for mb in microbatches]) / speed
+    tokens = np.array([float(p.lengths[mb].sum()) for mb in microbatches])
+    others = np.array(
+        data.draw(
+            st.lists(
+                st.sampled_from([0.0, 10.0, 45.5, 200.0]), min_size=len(sizes), max_size=len(sizes)
+            )
+        )
+    )
+    others = -np.sort(-others)
+    a = data.draw(st.integers(0, len(sizes) - 1))
+    expected = _inner_change_by_definition(p, microbatches, costs, tokens, a, others, speed)
+    found = lockstep._best_inner_change(p, microbatches, costs, tokens, None, a, others, [0], speed)
+    assert found == expected

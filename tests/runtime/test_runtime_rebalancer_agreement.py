@@ -52,6 +52,17 @@ class _PowerCost:
         return lengths.astype(np.float64) ** self.exponent
 
 
+def _refusing_without_words(refuse: bool) -> Any:
+    """A cost factory whose functions raise a ValueError with no message where ``refuse``."""
+
+    def cost(lengths: np.ndarray) -> np.ndarray:
+        if refuse:
+            raise ValueError
+        return lengths.astype(np.float64)
+
+    return cost
+
+
 def _costs(rank: int) -> dict[str, Any]:
     """Each case's cost on ``rank`` (rank 0 and rank 1 differ)."""
     exponent = 1.0 + rank  # 1 on rank 0, 2 on rank 1: lengths vs lengths², different plans
@@ -62,6 +73,9 @@ def _costs(rank: int) -> dict[str, Any]:
         # Rank 1's cost has a hole at a length only rank 0 holds: rank 0's own check passes
         # and rank 1 cannot plan the step.
         "hole_elsewhere": _with_hole(None if rank == 0 else 777),
+        # An error without words still fails every rank, named by its kind: read as no error,
+        # rank 1 described no samples and its peers planned without them.
+        "no_message": _refusing_without_words(rank == 1),
     }
 
 
@@ -103,6 +117,28 @@ def test_a_rank_that_cannot_plan_makes_every_rank_raise(results) -> None:
     assert messages[0] is not None and messages[0] == messages[1]
     assert messages[0].startswith("ranks 0 and 1 disagree on planning (planned vs ")
     assert "nan" in messages[0].lower()  # rank 1's own planning error is quoted
+
+
+def test_an_error_without_a_message_is_named_by_its_kind_on_every_rank(results) -> None:
+    assert [result["errors"]["no_message"] for result in results] == ["rank 1: ValueError"] * 2
+
+
+def test_gathered_errors_are_worded_and_raised_alike() -> None:
+    from seqbalance.runtime.agreement import error_text, raise_gathered_error
+
+    assert error_text(ValueError("bad x")) == "bad x"
+    assert error_text(IndexError("index 12")) == "IndexError: index 12"
+    assert error_text(TypeError("no len")) == "TypeError: no len"
+    assert error_text(TypeError("no len"), refusals=(ValueError, TypeError)) == "no len"
+    assert error_text(ValueError()) == "ValueError"
+    assert error_text(KeyError()) == "KeyError"
+    raise_gathered_error([None, None])  # no error: returns
+    with pytest.raises(ValueError, match=r"^meter on rank 1: bad$"):
+        raise_gathered_error([None, "bad", "worse"], what="meter on ")
+    own = IndexError("mine")
+    with pytest.raises(IndexError, match="mine"):
+        raise_gathered_error([None, "IndexError: mine"], own=own)
+    raise_gathered_error([None, None], own=None)
 
 
 def test_nothing_moved_and_the_group_still_works(results) -> None:

@@ -160,6 +160,15 @@ def _errors_and_exits(rank: int, group: Any) -> dict[str, Any]:
     except OSError as error:
         out["source_error"] = (seen, str(error))
     out["source_error_stopped"] = not rebalancer.engine.worker.running
+    # adv16a F3: rank 1's batches alone fail at batch 2. That rank raised before the step's
+    # gather, rank 0 waited there until the timeout (CollectiveError naming no cause).
+    seen = []
+    try:
+        source = _Source(rank, STEPS, fail_at=2 if rank == 1 else None)
+        for step, _ in enumerate(rebalancer.iterate(source)):
+            seen.append(step)
+    except Exception as error:  # the type is what is checked
+        out["one_source_error"] = (seen, type(error).__name__, str(error))
     # A malformed sample on rank 1 at step 2: ValueError on every rank, at step 2.
     batches = [_batch(rank, s) for s in range(STEPS)]
     if rank == 1:
@@ -550,6 +559,14 @@ def test_errors_surface_at_their_step_and_the_thread_stops(results):
         errors = out["errors"]
         assert errors["source_error"] == ([0, 1, 2], "batch 3 is unreadable")
         assert errors["source_error_stopped"]
+    assert results[0]["errors"]["one_source_error"] == (
+        [0, 1],
+        "ValueError",
+        "rank 1: its batches raised OSError: batch 2 is unreadable",
+    )
+    assert results[1]["errors"]["one_source_error"] == ([0, 1], "OSError", "batch 2 is unreadable")
+    for out in results:
+        errors = out["errors"]
         seen, message = errors["bad_sample"]
         assert seen == [0, 1]
         assert message.startswith("rank 1: samples[0]['input_ids'] must be")

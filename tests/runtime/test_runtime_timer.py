@@ -81,7 +81,7 @@ def test_a_device_that_is_none_or_absent_is_refused_up_front(monkeypatch):
     # failed at the first region ("Tried to instantiate dummy base class Event").
     import torch
 
-    with pytest.raises(ValueError, match=r"device must be a torch\.device, its string or a CUDA"):
+    with pytest.raises(ValueError, match=r"must be a torch\.device, its string or an accelerator"):
         StepTimer("cudax")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="device = 'cuda' is a CUDA device, but CUDA is not"):
@@ -89,6 +89,31 @@ def test_a_device_that_is_none_or_absent_is_refused_up_front(monkeypatch):
     if not torch.cuda.is_available():  # an index is read as the accelerator's (torch's rule)
         with pytest.raises(ValueError, match="device = 0 is an accelerator index, but no"):
             StepTimer(0)
+
+
+def test_other_accelerators_time_with_torch_events_or_are_refused(monkeypatch):
+    # review15 item 10: xpu / mps / hpu (any device but CUDA) were timed with perf_counter,
+    # launch times of asynchronous device work learned as micro-batch seconds, silently.
+    import torch
+
+    for device in ("xpu", "xpu:0", "mps", "hpu", "meta", "xla:1", "privateuseone"):
+        kind = torch.device(device).type
+        with pytest.raises(ValueError, match=rf"device = '{device}' is a {kind} device, which"):
+            StepTimer(device)  # no accelerator here
+    made = []
+    monkeypatch.setattr(torch, "Event", lambda **kwargs: made.append(kwargs) or FakeClock().event())
+    monkeypatch.setattr(
+        torch.accelerator, "current_accelerator", lambda check_available: torch.device("xpu")
+    )
+    for device in ("xpu:1", torch.device("xpu")):
+        made.clear()
+        with StepTimer(device).microbatch():
+            pass
+        expected = {"device": torch.device(device), "enable_timing": True}
+        assert made == [expected, expected]
+    with pytest.raises(ValueError, match=r"device = 'mps' is a mps device, .* \(here: xpu\)"):
+        StepTimer("mps")  # another kind than the machine's accelerator
+    assert StepTimer("cpu:0")._new.__name__ == "_Clock"
 
 
 def test_cpu_clock_measures_work():

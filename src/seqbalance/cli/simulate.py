@@ -142,6 +142,12 @@ def run(args: argparse.Namespace) -> int:
         cost = with_kv_sizes(cost, args)
     options = plan_options_from_args(args, cost=cost, context_parallel=context_parallel)
     requested = _with_baseline(args.strategies, args.baseline, context_parallel is not None)
+    # hf_length_grouped runs on its own steps, after the others; with context parallelism it is
+    # no strategy (left in, the planner names it rather than its stand-in hf_default).
+    length_grouped = LENGTH_GROUPED in requested and context_parallel is None
+    if length_grouped and source.groups is None:
+        # Checked after the whole simulation, it refused a step size minutes later.
+        _check_length_grouped_step(global_batch, args.dp, options.microbatch_size)
     with (
         progress_callback("planning steps", enabled=not (args.json or args.markdown)) as callback,
         warnings.catch_warnings(record=True) as caught,
@@ -157,13 +163,17 @@ def run(args: argparse.Namespace) -> int:
                 steps=args.steps,
                 peak_flops_per_s=peak,
                 efficiency=efficiency,
-                # hf_length_grouped runs on its own steps afterwards; alone, a plain run of
-                # hf_default gives it the steps' size and count.
-                strategies=[name for name in requested if name != LENGTH_GROUPED] or ["hf_default"],
+                # Alone, a plain run of hf_default gives hf_length_grouped the steps' size and
+                # count.
+                strategies=(
+                    [name for name in requested if name != LENGTH_GROUPED] or ["hf_default"]
+                    if length_grouped
+                    else requested
+                ),
                 seed=args.seed,
                 progress=callback,
             )
-            if LENGTH_GROUPED in requested:
+            if length_grouped:
                 result = _with_length_grouped(result, source, options, args, peak, efficiency)
         except ValueError as error:
             raise ValueError(flag_names(str(error), _FLAGS)) from None
@@ -222,6 +232,18 @@ def _baseline_setup(args: argparse.Namespace, global_batch: int) -> None:
         )
 
 
+def _check_length_grouped_step(size: int, dp: int, microbatch_size: int) -> None:
+    """Refuse a step of ``size`` samples that Hugging Face's Trainer cannot make: a whole
+    number of ``microbatch_size`` samples per rank and accumulation step."""
+    per_step = dp * microbatch_size
+    if size % per_step:
+        raise ValueError(
+            f"{LENGTH_GROUPED}: --global-batch ({size}) must be a multiple of --dp x "
+            f"--microbatch-size ({per_step}): a Hugging Face step is per_device_train_batch_size "
+            "x gradient_accumulation_steps x world_size samples"
+        )
+
+
 def _with_length_grouped(
     result: Any, source: Any, options: Any, args: argparse.Namespace, peak: float, efficiency: float
 ) -> Any:
@@ -236,17 +258,10 @@ def _with_length_grouped(
         result.failed[LENGTH_GROUPED] = "groups are not supported: HF's sampler ignores them"
         return result
     size = int(result.batches[0].size)
-    per_step = args.dp * options.microbatch_size
-    if size % per_step:
-        raise ValueError(
-            f"{LENGTH_GROUPED}: --global-batch ({size}) must be a multiple of --dp x "
-            f"--microbatch-size ({per_step}): a Hugging Face step is per_device_train_batch_size "
-            "x gradient_accumulation_steps x world_size samples"
-        )
     steps = length_grouped_steps(
         result.lengths,
         microbatch_size=options.microbatch_size,
-        gradient_accumulation_steps=size // per_step,
+        gradient_accumulation_steps=size // (args.dp * options.microbatch_size),
         world_size=args.dp,
         steps=result.steps,
         seed=args.seed,

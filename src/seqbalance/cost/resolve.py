@@ -229,7 +229,10 @@ def _has_overhead(cost: Any) -> bool:
 def _check_overhead(value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         raise ValueError(f"cost.microbatch_overhead must be a number >= 0, got {value!r}")
-    overhead = float(value)
+    try:
+        overhead = float(value)
+    except OverflowError:  # an int past float64's range
+        overhead = math.inf
     if not math.isfinite(overhead) or overhead < 0:
         raise ValueError(f"cost.microbatch_overhead must be finite and >= 0, got {value!r}")
     return overhead + 0.0  # -0.0 as 0.0, as _validation's readers do

@@ -17,21 +17,29 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
     """Token lengths (int64) of a tokenized dataset, from one column.
 
     ``dataset`` is a Hugging Face ``datasets.Dataset`` (anything with ``column_names`` and
-    ``dataset[column]``; ``datasets`` itself is never imported), a map-style dataset (``len`` and
-    ``dataset[i]``: a ``torch.utils.data.Dataset``, ``Subset``, a list) or an iterable of
-    mappings (records). The column holds token sequences (their lengths are taken) or lengths as
-    integers (taken as they are, e.g. a precomputed ``"length"`` column).
+    ``dataset[column]``; ``datasets`` itself is never imported), a map-style dataset (``len``
+    and ``dataset[i]``: a ``torch.utils.data.Dataset``, ``Subset``, a list) or an iterable of
+    mappings (records: a streaming dataset whose columns are known only once read,
+    ``column_names`` None, is read so). The column holds token sequences (their lengths are
+    taken) or lengths as integers (taken as they are, e.g. a precomputed ``"length"`` column).
 
     Raises:
         ValueError: the column is missing (the available ones are listed), a value is neither
             a sequence nor a non-negative integer (its index is named), or ``dataset`` is of
             another kind (a mapping of columns, a string, None, a number).
     """
-    if hasattr(dataset, "column_names"):
-        if column not in dataset.column_names:
+    names = getattr(dataset, "column_names", None)
+    if isinstance(dataset, Mapping) and names is not None:
+        # A DatasetDict: its column_names maps split names to columns, so the split names were
+        # read as the columns ("column 'input_ids' is not in the dataset (columns: train)").
+        raise ValueError(
+            f"dataset is a {type(dataset).__name__} of splits ({', '.join(map(str, dataset))}): "
+            "pass one split, e.g. dataset['train']"
+        )
+    if names is not None:  # None: a stream whose columns are known only once read (after map)
+        if column not in names:
             raise ValueError(
-                f"column {column!r} is not in the dataset (columns: "
-                f"{', '.join(map(str, dataset.column_names))})"
+                f"column {column!r} is not in the dataset (columns: {', '.join(map(str, names))})"
             )
         read = _arrow_lengths(dataset, column)
         if read is not None:
@@ -57,6 +65,18 @@ def lengths_from_dataset(dataset: Any, column: str = "input_ids") -> np.ndarray:
 
 
 def _length_of(value: Any, index: int, column: str) -> int:
+    """:func:`_read_length`, a value it cannot read (a nested or meta tensor: torch's
+    RuntimeError; a ``len()`` raising TypeError) a ValueError naming the entry."""
+    try:
+        return _read_length(value, index, column)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"dataset[{index}][{column!r}] cannot be read as a token sequence or a length "
+            f"({type(error).__name__}: {error})"
+        ) from None
+
+
+def _read_length(value: Any, index: int, column: str) -> int:
     """The length ``value`` (one entry of the column) stands for: an integer as it is (a
     one-element integer array or tensor too: a ``"length"`` column read as torch tensors), a
     token sequence's length. Anything else is a ValueError naming the entry: an array of more
@@ -151,13 +171,26 @@ def _records(dataset: Any) -> Iterable[tuple[int, Any]]:
     if isinstance(dataset, (str, bytes)):
         pass  # a path or text, not records: refused below
     elif hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
-        return ((index, dataset[index]) for index in range(len(dataset)))
+        return ((index, _record(dataset, index)) for index in range(len(dataset)))
     elif isinstance(dataset, Iterable):
         return enumerate(dataset)
     raise ValueError(
         "dataset must be a Hugging Face Dataset or a sequence of records, got "
         f"{type(dataset).__name__}"
     )
+
+
+def _record(dataset: Any, index: int) -> Any:
+    """``dataset[index]``, or a ValueError naming it where the dataset cannot be read by
+    position: a pandas DataFrame looks ``0`` up among its columns (KeyError: 0)."""
+    try:
+        return dataset[index]
+    except (KeyError, IndexError, TypeError) as error:
+        raise ValueError(
+            f"dataset[{index}] cannot be read by position ({type(error).__name__}: {error}): "
+            f"dataset ({type(dataset).__name__}) must be a Hugging Face Dataset, a map-style "
+            "dataset or a sequence of records (a DataFrame: pass df.to_dict('records'))"
+        ) from error
 
 
 def _column_of(record: Any, index: int, column: str) -> Any:

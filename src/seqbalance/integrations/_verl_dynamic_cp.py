@@ -172,7 +172,10 @@ class DynamicCPScheduler:
         cap = check_int(max_seqlen_per_dp_cp_rank, "max_seqlen_per_dp_cp_rank", minimum=1)
         cp_ranks = check_int(cp_size, "cp_size", minimum=1)
         self.max_tokens = cap
-        self.n_ranks = cp_ranks * check_int(dp_size, "dp_size", minimum=1)
+        # Bounded as a count of ranks, named as the product (the planner named it dp_size).
+        self.n_ranks = check_ranks(
+            cp_ranks * check_int(dp_size, "dp_size", minimum=1), "dp_size x cp_size"
+        )
         self.tensor_parallel_size = (
             megatron_tensor_parallel_size()
             if tensor_parallel_size is None

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int, refuse_masked
+from seqbalance._validation import as_lengths, check_int, check_parts, refuse_masked
 from seqbalance.cost.resolve import evaluate_costs, resolve_cost
 from seqbalance.integrations._cost import choose_cost
 from seqbalance.partition import partition
@@ -83,11 +83,13 @@ def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> lis
     empty, as in verl.
 
     Raises:
-        ValueError: no items, ``k_partitions < 1``, ``equal_size`` with a count not divisible by
-            ``k_partitions``, or a negative or NaN value.
+        ValueError: no items, ``k_partitions`` outside ``[1, 2**20]``, ``equal_size`` with a
+            count not divisible by ``k_partitions``, or a negative or NaN value.
     """
     values = _scalars(seqlen_list, "seqlen_list")
-    k = check_int(k_partitions, "k_partitions", minimum=1)
+    # Bounded as seqbalance.partition bounds k: with fewer items than parts the trailing parts
+    # are empty, and 2**40 of them ran out of memory after 15 s.
+    k = check_parts(k_partitions, "k_partitions")
     return karmarkar_karp_groups(values, k, equal_size=bool(equal_size))
 
 
@@ -97,11 +99,11 @@ def greedy_partition(seqlen_list: Any, k_partitions: int, equal_size: bool) -> l
     ``sum + 1`` first, so parts take turns and end with equal counts.
 
     Raises:
-        ValueError: ``k_partitions < 1``, ``equal_size`` with a count not divisible by
-            ``k_partitions``, or a negative or NaN value.
+        ValueError: ``k_partitions`` outside ``[1, 2**20]``, ``equal_size`` with a count not
+            divisible by ``k_partitions``, or a negative or NaN value.
     """
     values = _scalars(seqlen_list, "seqlen_list")
-    k = check_int(k_partitions, "k_partitions", minimum=1)
+    k = check_parts(k_partitions, "k_partitions")  # 2**40 empty parts: out of memory
     if equal_size and len(values) % k:
         raise ValueError(
             f"equal_size needs len(seqlen_list) = {len(values)} to be a multiple of "
@@ -162,8 +164,28 @@ def sample_costs(cost: Any, model: Any, lengths: np.ndarray) -> tuple[np.ndarray
     """Per-sample costs and the per-micro-batch overhead of the ``cost`` / ``model`` keywords
     (``choose_cost``); with neither, verl's workload as exact int64 values and no overhead."""
     if cost is None and model is None:
+        _check_workload_range(lengths)
         return calculate_workload(lengths.astype(np.int64)), 0.0
     return evaluate_costs(resolve_cost(choose_cost(cost, model, calculate_workload)), lengths)
+
+
+def _check_workload_range(lengths: np.ndarray) -> None:
+    """Refuse lengths whose verl workloads sum past int64: ``24576 L + L^2`` in int64 wraps
+    around (negative past L ~ 3e9, a sum small again past 2**64), so such a batch was refused
+    as holding "a negative value" or, where a sum wrapped, balanced on the wrapped costs without
+    a word (verl's own tensors wrap the same)."""
+    if not lengths.size:
+        return
+    values = lengths.astype(np.float64)
+    total = float(np.sum(VERL_LINEAR_WORKLOAD * values + values * values))
+    if total >= 2.0**62:  # close to the limit: the exact sum decides
+        total = sum(VERL_LINEAR_WORKLOAD * n + n * n for n in lengths.tolist())
+    if total > np.iinfo(np.int64).max:
+        raise ValueError(
+            f"seqlen_list: verl's workload 24576 L + L^2 of these lengths sums to {total:.3g}, "
+            f"past int64 (the longest L = {int(lengths.max())} tokens): give cost= (e.g. "
+            "'tokens') or a model to balance such lengths"
+        )
 
 
 def heaviest(parts: list[list[int]], weights: np.ndarray) -> float:

@@ -35,7 +35,7 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from seqbalance._validation import EmptySlotError, check_int
+from seqbalance._validation import EmptySlotError, check_int, check_ranks
 from seqbalance.integrations._no_empty import without_empty
 from seqbalance.integrations._sample_pairs import ids_and_lengths
 from seqbalance.plan import PlanOptions, plan_step
@@ -63,7 +63,7 @@ def schedule(
     Raises:
         ValueError: from ``plan_step`` (e.g. fewer sequences than micro-batch slots), plan
             options that set what Megatron decides (``max_tokens``, ``microbatch_multiple``),
-            or ``allow_empty``.
+            ``allow_empty``, or more than 2**18 data x context-parallel ranks.
     """
     options = as_options(options, option_keywords, where="schedule")
     for name in ("max_tokens", "microbatch_multiple"):
@@ -79,6 +79,9 @@ def schedule(
         )
     cp_size = check_int(cp_size, "cp_size", minimum=1)
     dp_size = check_int(dp_size, "dp_size", minimum=1)
+    # Every micro-batch lists each of the DPxCP ranks: cp_size 2**40 built lists for a minute,
+    # then ran out of memory.
+    check_ranks(dp_size * cp_size, "dp_size x cp_size")
     cap = check_int(max_seqlen_per_dp_cp_rank, "max_seqlen_per_dp_cp_rank", minimum=1)
     group = microbatch_group_size_per_vp_stage
     options = dataclasses.replace(

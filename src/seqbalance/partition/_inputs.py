@@ -6,14 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_weights, check_bool, check_int
+from seqbalance._validation import as_weights, check_bool, check_int, check_parts
 from seqbalance.partition._result import SizeLimits
 
 __all__ = ["validate_inputs"]
-
-
-MAX_PARTS = 2**20
-"""Most parts ``partition`` makes (each is an array; far more than any cluster has ranks)."""
 
 
 def validate_inputs(
@@ -26,9 +22,7 @@ def validate_inputs(
     fewer items than parts (``0 < n < k``; empty input always gives ``k`` empty parts).
     """
     w = as_weights(weights, "weights")
-    k = check_int(k, "k", minimum=1)
-    if k > MAX_PARTS:
-        raise ValueError(f"k must be <= 2**20 = {MAX_PARTS} parts, got {k}")
+    k = check_parts(k, "k")
     equal_size = check_bool(equal_size, "equal_size")
     n = w.size
     if max_items is not None:

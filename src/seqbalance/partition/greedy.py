@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 
 import numpy as np
 
@@ -80,7 +81,10 @@ def _best_fit(values: list[float], k: int, capacity: float) -> list[int] | None:
 
     The residuals are one ascending list cut into blocks, each residual's bin beside it, so a
     pop or an insert moves one block rather than ``k`` entries (a flat list spent 30 s moving
-    them for 100k samples in 6,267 bins); positions and ties are the flat list's."""
+    them for 100k samples in 6,267 bins); positions and ties are the flat list's. Up to one
+    block of bins the flat list itself (``_best_fit_flat``) is about twice as fast."""
+    if k <= _BLOCK:
+        return _best_fit_flat(values, k, capacity)
     res = [[capacity] * min(_BLOCK, k - start) for start in range(0, k, _BLOCK)]
     bins = [list(range(start, min(start + _BLOCK, k))) for start in range(0, k, _BLOCK)]
     tops = [block[-1] for block in res]  # each block's largest residual
@@ -114,6 +118,22 @@ def _best_fit(values: list[float], k: int, capacity: float) -> list[int] | None:
     return chosen
 
 
+def _best_fit_flat(values: list[float], k: int, capacity: float) -> list[int] | None:
+    """``_best_fit`` over one flat ascending list of residuals, each beside its bin (each pop
+    and insert moves up to ``k`` entries): the definition the blocks keep."""
+    residuals, bins, chosen = [capacity] * k, list(range(k)), []
+    for weight in values:
+        slot = bisect.bisect_left(residuals, weight)
+        if slot == k:
+            return None
+        left, part = residuals.pop(slot) - weight, bins.pop(slot)
+        chosen.append(part)
+        slot = bisect.bisect_left(residuals, left)
+        residuals.insert(slot, left)
+        bins.insert(slot, part)
+    return chosen
+
+
 def _assignment(order: np.ndarray, chosen: list[int] | None) -> np.ndarray | None:
     """The part of every item, from the parts ``chosen`` for the items in ``order``."""
     if chosen is None:
@@ -134,10 +154,21 @@ def multifit(
     """
     order = descending_order(weights)  # sorted once for every trial capacity
     values = weights[order].tolist()
+    # With whole weights (every sum exact), best fit packs alike at every capacity of one whole
+    # part: each residual is that part less a whole sum plus the same fraction, so every
+    # comparison (residual >= weight, residual < residual) falls as at the whole part. The
+    # search's last halvings, below one token, are then read back, not packed again.
+    whole = bool(np.all(np.floor(weights) == weights)) and float(weights.sum()) < 2.0**53
+    packed: dict[int, list[int] | None] = {}
     best = None
     for _ in range(iterations):
         capacity = (low + high) / 2
-        packing = _best_fit(values, k, capacity)
+        if not whole:
+            packing = _best_fit(values, k, capacity)
+        elif (part := math.floor(capacity)) in packed:
+            packing = packed[part]
+        else:
+            packing = packed[part] = _best_fit(values, k, capacity)
         if packing is None:
             low = capacity
         else:

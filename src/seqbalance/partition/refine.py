@@ -169,8 +169,12 @@ def refine(
 
 def _split(delta: np.ndarray, gap: np.ndarray) -> np.ndarray:
     """How much a transfer of ``delta`` from a part to one ``gap`` lighter lowers the heavier of
-    the two (0 when it does not help): ``min(delta, gap - delta)`` for ``0 < delta < gap``."""
-    return np.where((delta > 0) & (delta < gap), np.minimum(delta, gap - delta), 0.0)
+    the two (0 when it does not help): ``min(delta, gap - delta)`` for ``0 < delta < gap``.
+    That minimum is positive exactly there (``delta < gap`` is ``gap - delta > 0`` for finite
+    floats), so it is read as ``max(min(delta, gap - delta), 0)``: half the numpy passes over
+    the pairs a heaviest step compares (up to its budget, 65,536), the same values (a zero may
+    be ``-0.0``, which every comparison reads as 0)."""
+    return np.maximum(np.minimum(delta, gap - delta), 0.0)
 
 
 def _best_swap(
@@ -294,13 +298,17 @@ class _LoadOrder:
         if self.parts.size <= _RESORT_PARTS:
             self._sort(loads)
             return
-        gone = np.flatnonzero(np.isin(self.parts, changed))
-        parts, sorted_loads = np.delete(self.parts, gone), np.delete(self.loads, gone)
+        # np.isin, np.delete and np.insert of two parts, without their generality (most of an
+        # update's time).
+        kept = self.parts != changed[0]
+        for part in changed[1:]:
+            kept &= self.parts != part
+        parts, sorted_loads = self.parts[kept], self.loads[kept]
         for part in changed:
             load = loads[part]
             low = int(np.searchsorted(sorted_loads, load, side="left"))
             high = int(np.searchsorted(sorted_loads, load, side="right"))
             at = low + int(np.searchsorted(parts[low:high], part))
-            parts = np.insert(parts, at, part)
-            sorted_loads = np.insert(sorted_loads, at, load)
+            parts = np.concatenate((parts[:at], [part], parts[at:]))
+            sorted_loads = np.concatenate((sorted_loads[:at], [load], sorted_loads[at:]))
         self.parts, self.loads = parts, sorted_loads

@@ -62,7 +62,10 @@ def segment(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
                 return None
             size = take_list[i]
             if cost_list[i] > 0 and budget < np.inf:
-                size = min(size, int((budget - overhead) // cost_list[i]))
+                # Compared as floats: the quotient of a subnormal cost is infinite.
+                fits = (budget - overhead) // cost_list[i]
+                if fits < size:
+                    size = int(fits)
             if size < 1:
                 return None
             starts.append(i)

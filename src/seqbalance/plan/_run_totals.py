@@ -23,10 +23,12 @@ def costs_between(
     first = np.zeros(n, dtype=np.int64)
     last = np.zeros(n, dtype=np.int64)
     # Sizes are clipped to the run's room before the cast: over costs spanning hundreds of
-    # orders of magnitude ``low / least`` can pass int64 (no run is that long anyway).
+    # orders of magnitude ``low / least`` can pass int64, or the float range where ``least``
+    # is subnormal (inf, without a warning: no run is that long anyway).
     room = take[positive]
-    first[positive] = np.clip(np.ceil(low / least[positive]), 1, room + 1)
-    last[positive] = np.minimum(np.ceil(high / least[positive]) - 1, room)
+    with np.errstate(over="ignore"):
+        first[positive] = np.clip(np.ceil(low / least[positive]), 1, room + 1)
+        last[positive] = np.minimum(np.ceil(high / least[positive]) - 1, room)
     counts = np.maximum(last - first + 1, 0)
     if counts.sum() > _CANDIDATES:
         return low * (high / low) ** np.linspace(0, 1, _CANDIDATES, endpoint=False), False

@@ -7,13 +7,17 @@ name) but gives different costs, so the ranks would plan differently and an exch
 a few bytes per rank, digests of what decided the plan and of the plan itself, and makes every
 rank raise the same ``ValueError`` when they differ. :func:`differing_settings` words the
 settings two ranks (or a saved state and this process) differ in, for every such refusal.
+
+An error met on one rank alone (bad input, a cost table too short for a sample) must fail every
+rank, or its peers wait in their next collective until the timeout: :func:`error_text` words it
+for the gather every rank makes anyway, and :func:`raise_gathered_error` raises it there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +28,14 @@ if TYPE_CHECKING:
     from seqbalance.plan.base import Plan
     from seqbalance.runtime.collectives import Comm
 
-__all__ = ["agreed_plan", "brief", "differing_settings", "plan_digests"]
+__all__ = [
+    "agreed_plan",
+    "brief",
+    "differing_settings",
+    "error_text",
+    "plan_digests",
+    "raise_gathered_error",
+]
 
 _CHECKS = (
     ("planning", "error", "only some ranks could plan the step"),
@@ -70,6 +81,42 @@ def differing_settings(
         else:
             changes.append(word(str(key), brief(mine, 60), brief(theirs, 60)))
     return changes
+
+
+def error_text(
+    error: BaseException, *, refusals: tuple[type[BaseException], ...] = (ValueError,)
+) -> str:
+    """``error`` as it travels to the other ranks in a gather: its message where it is one of
+    ``refusals`` (a refusal of the input, worded for the user), else its kind and message (an
+    ``IndexError`` of a cost table says little without its kind). Never empty: an error without
+    a message is named by its kind, so that no rank reads it as no error."""
+    text = str(error)
+    if isinstance(error, refusals) and text:
+        return text
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def raise_gathered_error(
+    errors: Sequence[str | None], *, own: BaseException | None = None, what: str = ""
+) -> None:
+    """Raise the first error among ``errors`` (one per rank, in rank order, ``None`` where a
+    rank had none), alike on every rank, or return where there is none.
+
+    Args:
+        errors: every rank's :func:`error_text`, or ``None``.
+        own: this rank's own error where it was none of the refusals: raised here as it is
+            (its traceback is the one to read), once the gather has told the peers.
+        what: what failed, put before the rank (``"TorchFlopsMeter.report on "``).
+
+    Raises:
+        ValueError: ``"{what}rank {r}: {text}"`` for the first rank ``r`` with an error (or
+            ``own``).
+    """
+    for rank, text in enumerate(errors):
+        if text is not None:
+            if own is not None:
+                raise own
+            raise ValueError(f"{what}rank {rank}: {text}")
 
 
 def plan_digests(plan: Plan | None) -> dict[str, str]:

@@ -21,7 +21,7 @@ from seqbalance.cost import FlopsMeter, FlopsModel, ModelSpec, flops_model
 from seqbalance.cost.meter import FlopsReport, MeterTotals
 from seqbalance.cost.resolve import describe_cost
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
-from seqbalance.runtime.agreement import differing_settings
+from seqbalance.runtime.agreement import differing_settings, error_text, raise_gathered_error
 from seqbalance.runtime.collectives import Comm, deadline
 
 __all__ = ["FlopsReport", "TorchFlopsMeter"]
@@ -157,7 +157,7 @@ class TorchFlopsMeter:
             check_bool(reset, "reset")
             problem = None
         except ValueError as error:
-            problem = str(error)
+            problem = error_text(error)
         local = self.meter.totals
         if not (dist.is_available() and dist.is_initialized()):
             if problem is not None:
@@ -186,9 +186,9 @@ class TorchFlopsMeter:
             ]
             # A rank whose interval is no time (a timer that read 0 or NaN) fails every rank
             # here; raised after the gather on that rank alone, the others went on apart.
-            for rank, theirs in enumerate(gathered):
-                if theirs["problem"] is not None:
-                    raise ValueError(f"TorchFlopsMeter.report on rank {rank}: {theirs['problem']}")
+            raise_gathered_error(
+                [rank["problem"] for rank in gathered], what="TorchFlopsMeter.report on "
+            )
             _check_same_settings([rank["settings"] for rank in gathered])
             flops, tokens, samples = (
                 sum(rank["totals"][k] for rank in gathered) / copies for k in range(3)

@@ -59,6 +59,7 @@ from seqbalance.plan import objective_value, plan_step
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
+from seqbalance.runtime.agreement import error_text
 from seqbalance.runtime.closed_loop._records import refusal, statistics
 from seqbalance.runtime.closed_loop._rules import as_seconds, one_number
 from seqbalance.runtime.closed_loop.online import OnlineTimeModel, microbatch_features
@@ -349,8 +350,7 @@ class ClosedLoop:
             except Exception as raised:  # e.g. a bfloat16 timing, an event's absurd reading
                 # Any kind: raised here, on this rank alone, it left the others waiting in the
                 # gather until their deadline.
-                known = isinstance(raised, (ValueError, RuntimeError, TypeError))
-                error = str(raised) if known else f"{type(raised).__name__}: {raised}"
+                error = error_text(raised, refusals=(ValueError, RuntimeError, TypeError))
         record = {"step": int(step), "setup": self.setup, "stats": stats, "error": error}
         record["learned"] = self._learned()
         record["due"] = self.observed  # the step this rank learns next (ranks compare it)

@@ -3,8 +3,9 @@
 On a GPU the timer records CUDA events around each region (asynchronous: recording an event
 only enqueues it on the stream, nothing waits) and reads them once, at :meth:`StepTimer.finish`,
 after the step's last event has completed; the training loop is never synchronised by the
-timer. On a CPU (or with ``device=None``) it reads ``time.perf_counter`` at each boundary, where
-the work has already completed.
+timer. Another accelerator (XPU, MPS, HPU, ...) is timed the same way with ``torch.Event``. On
+a CPU (or with ``device=None``) it reads ``time.perf_counter`` at each boundary, where the work
+has already completed.
 
 Usage::
 
@@ -67,55 +68,73 @@ class _Clock:
         return (end.seconds - self.seconds) * 1000.0
 
 
-def _on_cuda(device: Any) -> bool:
-    """Whether ``device`` (a ``torch.device``, its string or a CUDA index, as torch reads
-    them) is a CUDA device, which then must be there.
+def _device_events(device: Any) -> Callable[[], Any] | None:
+    """The timing-event factory for ``device`` (a ``torch.device``, its string or an
+    accelerator index, as torch reads them): None for the CPU (``perf_counter``: its work has
+    completed at each boundary), CUDA events on CUDA, torch's device-generic events
+    (``torch.Event``) on the machine's accelerator of another kind (XPU, MPS, HPU, ...). Work
+    on any of these is queued asynchronously, so ``perf_counter`` would time its launch.
 
     Raises:
-        ValueError: naming ``device``: torch reads it as no device, or as a CUDA device where
-            CUDA is not available.
+        ValueError: naming ``device``: torch reads it as no device, or as a device that is not
+            this machine's available accelerator (or one this torch has no timing events for).
     """
     import torch
 
     try:
-        kind = torch.device(device).type
+        where = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         if isinstance(device, int) and not isinstance(device, bool):  # torch: no accelerator
             raise ValueError(
                 f"device = {device!r} is an accelerator index, but no accelerator is available here"
             ) from None
         raise ValueError(
-            f"device must be a torch.device, its string or a CUDA index, got {device!r}"
+            f"device must be a torch.device, its string or an accelerator index, got {device!r}"
         ) from None
-    if kind == "cuda" and not torch.cuda.is_available():
+    if where.type == "cpu":
+        return None
+    if where.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device = {device!r} is a CUDA device, but CUDA is not available here "
+                "(torch.cuda.is_available() is False)"
+            )
+        return lambda: torch.cuda.Event(enable_timing=True)
+    accelerator = (
+        torch.accelerator.current_accelerator(check_available=True)
+        if hasattr(torch, "accelerator")
+        else None
+    )
+    if not hasattr(torch, "Event") or accelerator is None or accelerator.type != where.type:
         raise ValueError(
-            f"device = {device!r} is a CUDA device, but CUDA is not available here "
-            "(torch.cuda.is_available() is False)"
+            f"device = {device!r} is a {where.type} device, which StepTimer times only as this "
+            f"machine's available accelerator with torch.Event (here: {accelerator}): its work "
+            "runs asynchronously, so the CPU clock would time launches; pass the accelerator "
+            "device, or event_factory"
         )
-    return kind == "cuda"
+    return lambda: torch.Event(device=where, enable_timing=True)
 
 
 class StepTimer:
     """Times micro-batches and the gradient sync of one rank, step after step (module doc).
 
     Args:
-        device: A ``torch.device`` (or its string, or a CUDA index as torch reads one: ``0`` is
-            ``cuda:0``): CUDA devices use CUDA events, anything else ``perf_counter``. None:
-            ``perf_counter``.
+        device: A ``torch.device`` (or its string, or an accelerator index as torch reads one:
+            ``0`` is ``cuda:0`` on a CUDA machine): CUDA devices use CUDA events, the
+            machine's accelerator of another kind (XPU, MPS, HPU, ...) ``torch.Event``, the CPU
+            ``perf_counter``. None: ``perf_counter``.
         event_factory: Overrides the choice: a callable returning an object with ``record()``,
             ``synchronize()`` and ``elapsed_time(end) -> milliseconds`` (the
             ``torch.cuda.Event`` interface), for tests and other accelerators.
+
+    Raises:
+        ValueError: ``device`` is not one torch reads, or not the CPU, available CUDA or this
+            machine's available accelerator (naming it), or ``event_factory`` is not callable.
     """
 
     def __init__(self, device: Any = None, *, event_factory: Callable[[], Any] | None = None):
         if event_factory is None:
-            event_factory = _Clock
-            if device is not None and _on_cuda(device):
-                import torch
-
-                def event_factory() -> Any:
-                    return torch.cuda.Event(enable_timing=True)
-
+            event_factory = (None if device is None else _device_events(device)) or _Clock
         if not callable(event_factory):
             raise ValueError(f"event_factory must be callable, got {event_factory!r}")
         self._new = event_factory

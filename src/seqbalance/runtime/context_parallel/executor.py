@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
+from seqbalance.runtime.agreement import error_text, raise_gathered_error
 from seqbalance.runtime.collectives import CollectiveError, Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
 from seqbalance.runtime.context_parallel.hf import slot_logits
@@ -109,22 +110,17 @@ class ContextParallelGroups:
             if samples is not None:
                 _check_samples(plan, samples)
             mine, raised = [plan.fingerprint(), _parameter_layout(model), None], None
-        except ValueError as error:
-            mine, raised = [None, None, str(error)], None
         except Exception as error:  # told the peers (alone, it left them to the timeout)
-            mine, raised = [None, None, f"{type(error).__name__}: {error}"], error
+            mine = [None, None, error_text(error)]
+            raised = None if isinstance(error, ValueError) else error
         gathered = Comm(dist.group.WORLD, self.timeout).all_gather_bytes(
             json.dumps(mine).encode(), "context-parallel plan agreement"
         )
         described = [json.loads(payload) for payload in gathered]
-        for rank, (_, _, problem) in enumerate(described):
-            if problem is not None:
-                if raised is not None:  # this rank's own error, as it is
-                    raise raised
-                raise ValueError(f"rank {rank}: {problem}")
+        raise_gathered_error([problem for _, _, problem in described], own=raised)
         checks = (
             ("plan", "a plan that differs"),
-            ("model", "a model whose parameters (names, shapes, dtypes) differ"),
+            ("model", "a model whose parameters (names, shapes, dtypes, requires_grad) differ"),
         )
         for index, (name, what) in enumerate(checks):
             # A rank that passed no model (prepare called alone) has nothing to compare.
@@ -171,26 +167,29 @@ class ContextParallelGroups:
 
 
 def _parameter_layout(model: torch.nn.Module | None) -> str | None:
-    """SHA-256 of ``model``'s parameters' names, shapes and dtypes, in order (None without a
-    model): what the gradient sum and the K/V gathers need alike on every rank."""
+    """SHA-256 of ``model``'s parameters' names, shapes, dtypes and whether they train, in
+    order (None without a model): what the gradient sum and the K/V gathers need alike on
+    every rank."""
     if model is None:
         return None
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     # Walked every step (a parameter added, resized or cast in place changes the layout of the
     # same model); digested only when the layout is new.
-    layout = tuple((name, p.shape, p.dtype) for name, p in model.named_parameters())
+    layout = tuple(
+        (name, p.shape, p.dtype, p.requires_grad) for name, p in model.named_parameters()
+    )
     return _layout_digest(layout)
 
 
 @functools.lru_cache(maxsize=8)
-def _layout_digest(layout: tuple[tuple[str, torch.Size, torch.dtype], ...]) -> str:
-    """SHA-256 of a parameter layout, ``(name, shape, dtype)`` in order, kept for the few
-    layouts a process runs: formatting and hashing every parameter each step cost about as
-    much as walking the model for them."""
+def _layout_digest(layout: tuple[tuple[str, torch.Size, torch.dtype, bool], ...]) -> str:
+    """SHA-256 of a parameter layout, ``(name, shape, dtype, requires_grad)`` in order, kept
+    for the few layouts a process runs: formatting and hashing every parameter each step cost
+    about as much as walking the model for them."""
     digest = hashlib.sha256()
-    for name, shape, dtype in layout:
-        digest.update(f"{name}:{tuple(shape)}:{dtype};".encode())
+    for name, shape, dtype, trains in layout:
+        digest.update(f"{name}:{tuple(shape)}:{dtype}:{trains};".encode())
     return digest.hexdigest()
 
 
@@ -414,9 +413,10 @@ def run_step(
     every sample), so gradients equal those of one process running all samples whole.
 
     ``model`` and ``forward``: as in :func:`slot_loss`; ``timeout``: the seconds each
-    collective may wait. Gradients are accumulated into
-    ``model``'s parameters' ``.grad``. ``groups.prepare(plan, samples=samples)`` runs first
-    (the plan and samples agreement check, which also lines the ranks up for the timing).
+    collective may wait. Gradients are accumulated into ``model``'s parameters' ``.grad``
+    (those that train: a frozen parameter's stays None).
+    ``groups.prepare(plan, samples=samples)`` runs first (the plan and samples agreement check,
+    which also lines the ranks up for the timing).
     """
     limit = deadline(timeout)
     groups.prepare(plan, samples=samples, model=model)
@@ -445,8 +445,10 @@ def run_step(
     synchronize(device)
     slots_done = time.perf_counter()
     world = dist.group.WORLD
-    for parameter in model.parameters():
-        if parameter.grad is None:
+    # A frozen parameter (requires_grad False) keeps no gradient: given zeros, an optimizer
+    # holding it updated it (AdamW's weight decay), silently. prepare() compared which train.
+    for parameter in (p for p in model.parameters() if p.requires_grad):
+        if parameter.grad is None:  # unused here, used on another rank
             parameter.grad = torch.zeros_like(parameter)
         wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", limit)
     wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", limit)

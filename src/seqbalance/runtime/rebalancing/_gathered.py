@@ -18,7 +18,7 @@ import torch
 
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions
-from seqbalance.runtime.agreement import differing_settings
+from seqbalance.runtime.agreement import differing_settings, raise_gathered_error
 from seqbalance.runtime.collectives import Comm
 from seqbalance.runtime.rebalancing._samples import InputForm
 from seqbalance.runtime.rebalancing.wire import Field, decode, encode
@@ -30,7 +30,6 @@ __all__ = [
     "gather_batch",
     "gather_described",
     "gather_end",
-    "raise_first_error",
 ]
 
 
@@ -83,12 +82,6 @@ def gather_end(
     return [h.get("feedback") for h, _ in described]
 
 
-def raise_first_error(headers: Sequence[dict[str, Any]]) -> None:
-    for rank, header in enumerate(headers):
-        if header.get("error"):
-            raise ValueError(f"rank {rank}: {header['error']}")
-
-
 def combined_parts(headers: Sequence[dict[str, Any]]) -> SampleParts | None:
     """Every rank's parts in rank order (the order of the global indices), or None when the
     ranks passed none.
@@ -128,6 +121,7 @@ class Batch:
     form: InputForm
     parts: SampleParts | None  # [total] every rank's parts in rank order, when passed
     feedback: list[Any]  # every rank's adaptive statistics of the last step (None: not observed)
+    bounds: list[Any]  # every rank's cu_seqlens dtype and range (_samples.bounds_range), or None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -165,7 +159,7 @@ def _batch(described: list[Any], header: dict[str, Any], local: list[list[torch.
     """The step's :class:`Batch` from every rank's description (ValueError: they disagree, or
     a rank's input is bad)."""
     headers = [h for h, _ in described]
-    raise_first_error(headers)
+    raise_gathered_error([h.get("error") for h in headers])
     refused = [rank for rank, h in enumerate(headers) if h.get("refused_load")]
     if refused and len(refused) < len(headers):
         # Ranks parted at a checkpoint load; where every rank refused it, each goes on from the
@@ -202,6 +196,7 @@ def _batch(described: list[Any], header: dict[str, Any], local: list[list[torch.
         form=form,
         parts=combined_parts(headers),
         feedback=[h.get("feedback") for h in headers],
+        bounds=[h.get("cu_seqlens") for h in headers],
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqbalance.runtime.agreement import error_text
 from seqbalance.runtime.rebalancing._samples import OutputForm
 from seqbalance.runtime.rebalancing.wire import Field, check_dense
 
@@ -51,7 +52,8 @@ def describe_outputs(
         if len(specs) > 1:
             raise ValueError(f"outputs mix dtypes or trailing shapes: {sorted(map(str, specs))}")
     except ValueError as error:
-        return form, [], {"error": str(error), "n": 0, "form": form.value}, np.zeros((0, 1))
+        header = {"error": error_text(error), "n": 0, "form": form.value}
+        return form, [], header, np.zeros((0, 1))
     header = {"error": None, "n": len(local), "form": form.value}
     if local:
         header["fields"] = [Field.of("output", local[0]).to_json()]

@@ -20,7 +20,15 @@ import torch
 from seqbalance._validation import as_lengths
 from seqbalance.runtime.rebalancing.wire import Field, check_dense
 
-__all__ = ["InputForm", "LocalSamples", "OutputForm", "assemble", "normalise"]
+__all__ = [
+    "InputForm",
+    "LocalSamples",
+    "OutputForm",
+    "assemble",
+    "bounds_dtype",
+    "bounds_range",
+    "normalise",
+]
 
 BARE_FIELD = "tensor"
 """Field name used internally when samples are bare tensors rather than dicts."""
@@ -157,6 +165,23 @@ def _check_name(name: Any) -> None:
             f"sample field name {name!r} ({type(name).__name__}) cannot be sent: name fields "
             "with strings"
         )
+
+
+def bounds_dtype(cu_seqlens: Any) -> torch.dtype:
+    """The dtype of the ``cu_seqlens`` a rank's packed micro-batches come back with
+    (:func:`assemble`): the input's, int32 for bounds given as no tensor."""
+    return cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else torch.int32
+
+
+def bounds_range(cu_seqlens: Any) -> list[Any] | None:
+    """``[dtype name, largest bound it holds exactly]`` of :func:`bounds_dtype`, or None
+    without ``cu_seqlens`` (list input)."""
+    if cu_seqlens is None:
+        return None
+    dtype = bounds_dtype(cu_seqlens)
+    # A float counts whole numbers exactly up to 2 / eps (float16: 2048).
+    exact = int(2 / torch.finfo(dtype).eps) if dtype.is_floating_point else torch.iinfo(dtype).max
+    return [str(dtype).removeprefix("torch."), exact]
 
 
 def assemble(

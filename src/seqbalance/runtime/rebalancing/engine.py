@@ -10,6 +10,7 @@ when the loop runs ahead.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.context_parallel import ContextParallelPlan
 from seqbalance.plan.options import PlanOptions
 from seqbalance.plan.step import check_within_caps, plan_step, vision_patches_of
-from seqbalance.runtime.agreement import agreed_plan
+from seqbalance.runtime.agreement import agreed_plan, error_text
 from seqbalance.runtime.collectives import Comm, deadline
 from seqbalance.runtime.rebalancing._gathered import (
     Batch,
@@ -30,7 +31,13 @@ from seqbalance.runtime.rebalancing._gathered import (
     gather_batch,
     gather_end,
 )
-from seqbalance.runtime.rebalancing._samples import LocalSamples, assemble, normalise
+from seqbalance.runtime.rebalancing._samples import (
+    LocalSamples,
+    assemble,
+    bounds_dtype,
+    bounds_range,
+    normalise,
+)
 from seqbalance.runtime.rebalancing.caps import first_over_cap
 from seqbalance.runtime.rebalancing.pieces import PieceRouting, route_pieces
 from seqbalance.runtime.rebalancing.results import RebalanceResult, exchange_samples
@@ -106,13 +113,18 @@ class StepEngine:
         groups: Any,
         parts: Any,
         observed: Any = None,
+        *,
+        failed: Exception | None = None,
     ) -> RebalanceResult:
-        """One step's four phases; ``observed``: :meth:`take_observation` of the caller."""
+        """One step's four phases; ``observed``: :meth:`take_observation` of the caller.
+        ``failed``: the error that took the place of this rank's samples (its batches raised
+        it in ``Rebalancer.iterate``), told every rank in the gather (raised before it, it
+        left them waiting there until the timeout) and then raised here as it is."""
         comm = Comm(self.group, self._deadline)
         timings: dict[str, float] = {}
         started = time.perf_counter()
         pending, local, header, table, raised = self._header(
-            comm, observed, samples, cu_seqlens, groups, parts
+            comm, observed, samples, cu_seqlens, groups, parts, failed
         )
         # A load refused here: every rank refuses the step where another rank loaded its state.
         header["refused_load"] = (
@@ -139,14 +151,23 @@ class StepEngine:
         routing: Routing | PieceRouting
         if isinstance(plan, ContextParallelPlan):
             routing = route_pieces(plan, batch.origin, nbytes)
-            mine = _slot_samples(routing, comm.rank)
             plan_rank = comm.rank  # CP groups are aligned blocks: plan ranks are not relabelled
         else:
             plan_ranks = plan.ranks if plan is not None else [[] for _ in range(comm.world_size)]
             keep_local = self.keep_local and self.feedback is None
             routing = route(plan_ranks, batch.origin, nbytes, keep_local=keep_local)
             plan_rank = int(routing.slot_of_rank[comm.rank])
-            mine = [np.asarray(mb, dtype=np.int64) for mb in plan_ranks[plan_rank]]
+
+        def microbatches(rank: int) -> list[np.ndarray]:
+            """The samples (global indices) of each of ``rank``'s micro-batches (slots)."""
+            if isinstance(routing, PieceRouting):
+                return _slot_samples(routing, rank)
+            return [
+                np.asarray(mb, dtype=np.int64) for mb in plan_ranks[int(routing.slot_of_rank[rank])]
+            ]
+
+        _check_bounds_fit(batch, microbatches)
+        mine = microbatches(comm.rank)
         timings["plan"] = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -178,7 +199,7 @@ class StepEngine:
         plan, digest, plan_rank, mine = planned
         timings, telemetry = reports
         me, offsets = comm.rank, batch.offsets
-        cu_dtype = cu_seqlens.dtype if isinstance(cu_seqlens, torch.Tensor) else torch.int32
+        cu_dtype = bounds_dtype(cu_seqlens)
 
         def sample(g: int) -> list[torch.Tensor]:
             return arrived[g] if g in arrived else local[g - offsets[me]]
@@ -237,6 +258,7 @@ class StepEngine:
         cu_seqlens: torch.Tensor | None,
         groups: Any,
         parts: Any,
+        failed: Exception | None = None,
     ) -> tuple[Any, list[list[torch.Tensor]], dict[str, Any], np.ndarray, Exception | None]:
         """What a step's or the end's gather carries: ``(pending, local, header, table,
         raised)``, the pending observation's record (``Feedback.record``) in the header
@@ -245,7 +267,7 @@ class StepEngine:
         # update, whichever thread runs this step.
         pending = None if self.feedback is None else self.feedback.record(observed, comm.rank)
         local, header, table, raised = self.describe(
-            samples, cu_seqlens, groups, parts, comm.world_size
+            samples, cu_seqlens, groups, parts, comm.world_size, failed
         )
         header["feedback"] = None if pending is None else pending[1]
         return pending, local, header, table, raised
@@ -257,11 +279,13 @@ class StepEngine:
         groups: Any,
         parts: Any,
         world_size: int,
+        failed: Exception | None = None,
     ) -> tuple[list[list[torch.Tensor]], dict[str, Any], np.ndarray, Exception | None]:
         """This rank's samples and its description for the gather (errors travel in it), and
-        an error that is no ValueError (a cost callable's IndexError), which this rank raises
-        as it is once the gather has told every other rank (raised before the gather, it left
-        them waiting there until the timeout)."""
+        an error that is no ValueError (a cost callable's IndexError) or is ``failed`` (what
+        its batches raised instead of giving samples), which this rank raises as it is once
+        the gather has told every other rank (raised before the gather, it left them waiting
+        there until the timeout)."""
         header: dict[str, Any] = {
             "settings": {
                 "options": self.options.fingerprint(),
@@ -272,14 +296,18 @@ class StepEngine:
             },
         }
         try:
+            if failed is not None:
+                raise failed
             local = normalise(samples, cu_seqlens)
             group_ids = None if groups is None else as_group_ids(groups, len(local.samples))
             self._check_lengths(local, parts, world_size)
         except Exception as error:
             # TypeError: samples that are no sequence, refused as a ValueError like any input.
-            raised = None if isinstance(error, (ValueError, TypeError)) else error
+            refusals = (ValueError, TypeError) if failed is None else ()
+            raised = None if isinstance(error, refusals) else error
+            text = error_text(error, refusals=refusals)
             header.update(
-                error=str(error) if raised is None else f"{type(error).__name__}: {error}",
+                error=text if failed is None else f"its batches raised {text}",
                 n=0,
                 fields=[],
                 groups=False,
@@ -294,6 +322,7 @@ class StepEngine:
             table = np.concatenate([table, group_ids[:, None]], axis=1)
         header.update(
             error=None,
+            cu_seqlens=bounds_range(cu_seqlens),
             n=len(local.samples),
             fields=[f.to_json() for f in local.fields],
             groups=group_ids is not None,
@@ -384,9 +413,9 @@ class StepEngine:
         try:
             plan, error = self.plan(batch, comm.world_size, options), None
         except ValueError as refused:
-            plan, error = None, str(refused)
+            plan, error = None, error_text(refused)
         except Exception as foreign:
-            plan, error, raised = None, f"{type(foreign).__name__}: {foreign}", foreign
+            plan, error, raised = None, error_text(foreign), foreign
         try:
             return agreed_plan(comm, plan, error)
         except ValueError:
@@ -433,6 +462,27 @@ class StepEngine:
         return exchange_samples(
             comm, forward, sending, batch.rows, batch.fields, "all_to_all_single"
         )
+
+
+def _check_bounds_fit(batch: Batch, microbatches: Callable[[int], list[np.ndarray]]) -> None:
+    """Raise ValueError unless every rank's packed micro-batches (``microbatches(rank)``: the
+    global indices of each) end at a bound its ``cu_seqlens`` dtype holds exactly: a uint8
+    or float16 ``cu_seqlens`` that held a rank's own step would come back wrapped (a 400-row
+    micro-batch bounded at 144) or rounded, silently. Every rank checks every rank from the
+    agreed plan, so all raise alike, before any sample moves."""
+    total = int(batch.rows[:, 0].sum()) if batch.rows.size else 0
+    for rank, bounds in enumerate(batch.bounds):
+        if bounds is None or bounds[1] >= total:  # no micro-batch holds more than the step
+            continue
+        dtype, exact = bounds
+        for j, samples in enumerate(microbatches(rank)):
+            rows = int(batch.rows[samples, 0].sum())
+            if rows > exact:
+                raise ValueError(
+                    f"rank {rank}: cu_seqlens of dtype {dtype} hold bounds up to {exact}, but "
+                    f"its micro-batch {j} of this step holds {rows} rows: pass cu_seqlens as "
+                    "torch.int32 or torch.int64"
+                )
 
 
 def _slot_samples(routing: PieceRouting, rank: int) -> list[np.ndarray]:

@@ -37,6 +37,7 @@ broadcast from rank 0), they must be on a group the loop does not use, or use
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -149,7 +150,12 @@ class RebalancedSteps:
         assert self._iterator is not None
         source = _source_state(self._batches)
         try:
-            item = next(self._iterator)
+            try:
+                item = next(self._iterator)
+            except StopIteration:
+                raise
+            except Exception as error:  # on this rank alone: the others wait in the gather
+                return _Step(source, None, self._told(error, observed))
             if not isinstance(item, StepSamples):
                 item = StepSamples(item)
             result = self._engine.worker.run(
@@ -171,6 +177,24 @@ class RebalancedSteps:
         except BaseException as error:  # a KeyboardInterrupt too: the step did not happen
             return _Step(source, None, error)
         return _Step(source, result)
+
+    def _told(self, error: Exception, observed: Any) -> BaseException:
+        """What this rank raises for the step its batches raised ``error`` at, once the step's
+        gather has told every other rank (they raise 'rank r: its batches raised ...'; raised
+        before the gather, it left them waiting there until the timeout): ``error`` itself,
+        or the gather's own error."""
+        try:
+            self._engine.worker.run(
+                functools.partial(self._engine.step, failed=error),
+                None,
+                None,
+                None,
+                None,
+                observed,
+            )
+        except BaseException as raised:  # error itself, once told
+            return raised
+        return error
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop stands: call it between steps, after observing the last one.

@@ -186,7 +186,9 @@ class Rebalancer:
         Raises:
             ValueError: ``overlap`` without a dedicated process group (``None`` or the default
                 group), or a bad ``overlap``; while iterating, on every rank, ranks whose
-                ``batches`` end at different steps (at the first step some rank lacks).
+                ``batches`` end at different steps (at the first step some rank lacks), and
+                at a step whose batch some rank's ``batches`` raised an error for (that rank
+                raises the error itself; the others a ValueError naming the rank and it).
         """
         overlap = check_bool(overlap, "overlap")
         if overlap:
@@ -259,7 +261,8 @@ class Rebalancer:
                 rank's input is bad (the message names the rank and its local sample index:
                 a malformed sample, parts whose tokens differ from the samples' lengths, a
                 sample over ``max_tokens`` or ``max_vision_patches``, a cost the cost model
-                rejects), or the step cannot be planned.
+                rejects), or the step cannot be planned, or a rank's packed micro-batch would
+                end past what its ``cu_seqlens`` dtype holds (uint8 bounds of 400 rows).
             CollectiveError: a peer failed or did not call within the timeout.
         """
         engine = self.engine

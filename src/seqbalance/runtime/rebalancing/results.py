@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from seqbalance.cost.samples import SampleParts
+from seqbalance.runtime.agreement import raise_gathered_error
 from seqbalance.runtime.collectives import Comm
-from seqbalance.runtime.rebalancing._gathered import gather_described, raise_first_error
+from seqbalance.runtime.rebalancing._gathered import gather_described
 from seqbalance.runtime.rebalancing._outputs import agreed_output, describe_outputs
 from seqbalance.runtime.rebalancing._samples import OutputForm
 from seqbalance.runtime.rebalancing.pieces import PieceRouting
@@ -62,7 +63,8 @@ class RebalanceResult:
         microbatches: mirrors the input form: for a list of samples, a list (one per
             micro-batch) of lists of samples (dicts of tensors, or tensors); for packed input, a
             list of ``(packed, cu_seqlens)`` pairs (packed: a tensor or a dict of tensors,
-            concatenated along dim 0; cu_seqlens: the input's dtype, ``[k + 1]``). Received
+            concatenated along dim 0; cu_seqlens: the input's dtype, ``[k + 1]``, a step
+            whose micro-batch that dtype cannot bound refused). Received
             tensors live on the communication device (CPU for gloo, the current CUDA device for
             NCCL); samples that stayed are the caller's own tensors.
         origin: int64 ``[num_samples, 2]``: ``origin[k] = (rank, index)`` says where the
@@ -161,7 +163,7 @@ class RebalanceResult:
         started = time.perf_counter()
         described = gather_described(comm, header, table, "restore: all_gather")
         _check_same_step([h["step"] for h, _ in described])
-        raise_first_error([h for h, _ in described])
+        raise_gathered_error([h.get("error") for h, _ in described])
         spec = agreed_output(h for h, _ in described)
         if spec is None:
             return torch.zeros(0) if form is OutputForm.ROWS else []

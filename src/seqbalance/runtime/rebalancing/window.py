@@ -198,6 +198,7 @@ class WindowBalancer:
         self._stamp = uuid.uuid4().hex
         self._taken_stamps = frozenset({self._stamp})
         self._ids: list[int] = []
+        self._buffered_ids: set[int] = set()  # the ids of _ids, to refuse one pushed again
         self._lengths: list[int] = []
         self._pushed_at: list[int] = []
         self._items: list[Any] = []
@@ -230,14 +231,16 @@ class WindowBalancer:
                 the samples' ``SampleParts`` (lengths = ``parts.tokens``): their images or HSTU
                 fields are then planned with them and come back in ``Dispatch.parts``. Push
                 parts with every sample of the stream or with none.
-            ids: one id per sample (default: a running counter).
+            ids: one id per sample (default: a running counter), none of them a buffered
+                sample's.
             items: optional, one object per sample (any iterable), handed back with the
                 dispatch.
 
         Raises:
-            ValueError: a bad length or id, mismatched sizes, items or parts with some pushes
-                only, parts that cannot join the buffered ones (another
-                ``spatial_merge_size``, HSTU fields on some only), a sample over
+            ValueError: a bad length or id (one already buffered or given twice), mismatched
+                sizes, items or parts with some pushes only, parts that cannot join the
+                buffered ones (another ``spatial_merge_size``, HSTU fields on some only), a
+                sample over
                 ``max_tokens`` or ``max_vision_patches`` (without ``allow_oversize``: it could
                 never be planned), samples the options cannot plan at all (the conditions of
                 ``plan_step``: ``max_vision_patches`` without parts that describe images,
@@ -260,6 +263,7 @@ class WindowBalancer:
             new_ids = as_lengths(_materialise(ids), "ids")
             if new_ids.size != lengths.size:
                 raise ValueError(f"ids has {new_ids.size} entries but lengths has {lengths.size}")
+            self._check_unique(new_ids)
         if items is not None:
             items = list(items)
             if len(items) != lengths.size:
@@ -289,6 +293,7 @@ class WindowBalancer:
             self._has_parts = parts is not None
             self._parts = buffered_parts
         self._ids.extend(int(i) for i in new_ids)
+        self._buffered_ids.update(int(i) for i in new_ids)
         self._lengths.extend(int(n) for n in lengths)
         self._pushed_at.extend([self._dispatched] * lengths.size)
         if items is not None:
@@ -296,6 +301,21 @@ class WindowBalancer:
         if new_ids.size:
             self._next_id = max(self._next_id, int(new_ids.max()) + 1)
         return new_ids
+
+    def _check_unique(self, ids: np.ndarray) -> None:
+        """ValueError naming the first of ``ids`` (given to :meth:`push`) that repeats another
+        of them or a buffered sample's id: a dispatch's ids name its samples, and two samples
+        under one id (looked up by it) trained one of them twice and the other never."""
+        pushed: dict[int, int] = {}
+        for k, value in enumerate(ids.tolist()):
+            if value in self._buffered_ids or value in pushed:
+                owner = (
+                    "a buffered sample" if value in self._buffered_ids else f"ids[{pushed[value]}]"
+                )
+                raise ValueError(
+                    f"ids[{k}] = {value} is already the id of {owner}: give each sample its own id"
+                )
+            pushed[value] = k
 
     def _joined_parts(self, parts: SampleParts | None) -> SampleParts | None:
         """The buffered samples' parts with ``parts`` appended (``None``: a stream of lengths).
@@ -420,6 +440,7 @@ class WindowBalancer:
         if plan is not None and self.adaptive is not None:
             self.adaptive.numbered(plan)  # observe() then refuses a dispatch skipped or repeated
         keep = np.setdiff1d(np.arange(len(self)), chosen)
+        self._buffered_ids.difference_update(self._ids[k] for k in chosen.tolist())
         self._ids = [self._ids[k] for k in keep]
         self._lengths = [self._lengths[k] for k in keep]
         self._pushed_at = [self._pushed_at[k] for k in keep]
@@ -437,17 +458,25 @@ class WindowBalancer:
         ``batch_size * h`` samples, so at least ``count(deadline <= now + h) - batch_size * h``
         of those samples must leave now.
         """
-        horizon = sorted_deadlines - self._dispatched
+        horizon = self._horizon(sorted_deadlines, sorted_deadlines.size)
         counts = np.arange(1, horizon.size + 1)
         need = counts - self.batch_size * np.maximum(horizon, 0)
         return int(min(max(need.max(initial=0), 0), self.batch_size, horizon.size))
+
+    def _horizon(self, deadlines: np.ndarray, samples: int) -> np.ndarray:
+        """Dispatches left before each of ``deadlines``, at most one more than ``samples`` (the
+        buffered ones) need to drain: a farther deadline binds no more, and ``batch_size``
+        times one as far as ``max_delay = 2**62`` wrapped in int64 (every sample forced, or
+        no selection feasible: balancing silently off)."""
+        return np.minimum(deadlines - self._dispatched, -(-samples // self.batch_size) + 1)
 
     def _feasible(self, chosen: np.ndarray, deadline: np.ndarray) -> bool:
         """Whether every sample left behind can still meet its deadline."""
         left = np.ones(deadline.size, dtype=bool)
         left[chosen] = False
         due, count = np.unique(deadline[left], return_counts=True)
-        return bool((np.cumsum(count) <= self.batch_size * (due - self._dispatched)).all())
+        horizon = self._horizon(due, deadline.size)
+        return bool((np.cumsum(count) <= self.batch_size * horizon).all())
 
     def _best_selection(
         self, lengths: np.ndarray, candidates: list[np.ndarray]

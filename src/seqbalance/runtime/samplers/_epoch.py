@@ -22,7 +22,12 @@ import numpy as np
 
 from seqbalance._validation import check_bool, check_int, check_timeout
 from seqbalance.cost.samples import SampleParts
-from seqbalance.runtime.agreement import brief, differing_settings
+from seqbalance.runtime.agreement import (
+    brief,
+    differing_settings,
+    error_text,
+    raise_gathered_error,
+)
 from seqbalance.runtime.samplers._lengths import LengthSource
 
 __all__ = ["STATE_FORMAT", "EpochBatchSampler", "parts_sha256", "sha256_of"]
@@ -168,6 +173,8 @@ class EpochBatchSampler:
         self.epoch = 0
         self._resume: tuple[int, int, int] | None = None  # (consumed, step, offset) to go on at
         self._agreed_epoch: int | None = None
+        # An error of this rank's construction kept for the first agreement (_defer_failure).
+        self._failed: Exception | None = None
         # Passes are numbered; an iterator of an older pass raises instead of yielding. A loop
         # that drops its iterator (break, exception) lets it be finalised, which stops its
         # planner thread; a new pass stops the old one's planner (``_stop_planner``) at once.
@@ -355,20 +362,28 @@ class EpochBatchSampler:
                 data-parallel ranks not held equally often (the same ``dp_rank`` twice).
             CollectiveError: a rank did not take part within ``agreement_timeout`` seconds.
         """
-        if self.agreement_timeout is None or self._agreed_epoch == self.epoch:
+        if not self._agreement_runs():
+            self._unless_failed()
             return
-        # Without torch.distributed imported no process group can exist (and importing torch
-        # here would cost the first micro-batch half a second).
-        dist = sys.modules.get("torch.distributed")
-        if dist is None or not (dist.is_available() and dist.is_initialized()):
+        if self._agreed_epoch == self.epoch:
             return
         from seqbalance.runtime.collectives import Comm, deadline
 
         comm = Comm(self._group, deadline(self.agreement_timeout, "agreement_timeout"))
-        # The resume point too: ranks that loaded different states (a rank's checkpoint taken
-        # at another count) would train different steps and end the epoch apart.
-        resume = None if self._resume is None else dict(zip(_POSITION, self._resume, strict=True))
-        mine = {**self._setup(), **self._agreement(), "epoch": self.epoch, "resume_point": resume}
+        if self._failed is not None:  # this rank's construction error, for every rank
+            mine = {"sampler": type(self).__name__, "error": error_text(self._failed)}
+        else:
+            # The resume point too: ranks that loaded different states (a rank's checkpoint
+            # taken at another count) would train different steps and end the epoch apart.
+            resume = (
+                None if self._resume is None else dict(zip(_POSITION, self._resume, strict=True))
+            )
+            mine = {
+                **self._setup(),
+                **self._agreement(),
+                "epoch": self.epoch,
+                "resume_point": resume,
+            }
         # In the setup's order (the changes are named in it): every rank reads the same bytes.
         payload = json.dumps(mine, default=str).encode()
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
@@ -382,6 +397,11 @@ class EpochBatchSampler:
                 "observe (adaptive: every rank observes every step once), or ranks iterate the "
                 "sampler a different number of times"
             )
+        raise_gathered_error(
+            [setup.get("error") for setup in setups],
+            own=self._failed,
+            what=f"{type(self).__name__} construction on ",
+        )
         # Every rank compares each rank with rank 0, not with itself, so every rank raises the
         # same message (compared with itself, each rank named the other: two messages).
         for other_rank, theirs in enumerate(setups[1:], start=1):
@@ -398,6 +418,35 @@ class EpochBatchSampler:
                 )
         self._check_positions([setup["dp_rank"] for setup in setups])
         self._agreed_epoch = self.epoch
+
+    def _agreement_runs(self) -> bool:
+        """Whether :meth:`check_agreement` gathers: an ``agreement_timeout`` and a process
+        group (without torch.distributed imported no process group can exist, and importing
+        torch here would cost the first micro-batch half a second)."""
+        dist = sys.modules.get("torch.distributed")
+        return (
+            self.agreement_timeout is not None
+            and dist is not None
+            and dist.is_available()
+            and dist.is_initialized()
+        )
+
+    def _defer_failure(self, error: Exception) -> None:
+        """Keep ``error`` (this rank's construction failed with it) for the first agreement,
+        where it reaches every rank ('rank 1: IndexError: ...'; this rank raises it as it is),
+        or raise it now where no agreement runs, or where it is a ValueError (a refusal of
+        the inputs, kept at construction). Raised at construction on this rank alone, an
+        error of user code (a cost table's IndexError) left the other ranks waiting in their
+        agreement until the timeout, their CollectiveError naming no cause. Until then every
+        use of the sampler raises it (:meth:`_unless_failed`)."""
+        if isinstance(error, ValueError) or not self._agreement_runs():
+            raise error
+        self._failed = error
+
+    def _unless_failed(self) -> None:
+        """Raise the construction error :meth:`_defer_failure` kept, if any."""
+        if self._failed is not None:
+            raise self._failed
 
     def _check_positions(self, dp_ranks: list[Any]) -> None:
         """ValueError unless every data-parallel rank is held by as many of the group's

@@ -140,6 +140,10 @@ class BalancedBatchSampler(EpochBatchSampler):
             each epoch; package docstring). While iterating:
             a step the planner refuses (raised by ``next()`` at that step, prefixed with it), a
             lengths file changed under the sampler, or ranks that disagree.
+        Exception: what the cost model raises that is no ValueError (a table's IndexError),
+            where ranks agree (``agreement_timeout`` and torch.distributed) at the first
+            ``iter`` and any use, not at construction: the other ranks then raise a ValueError
+            naming this one (``EpochBatchSampler._defer_failure``).
     """
 
     def __init__(
@@ -194,10 +198,15 @@ class BalancedBatchSampler(EpochBatchSampler):
         check_group_sizes(self.groups, self.global_batch_size)
         # What every step's plan_step would refuse, refused now, naming the dataset index; the
         # same pass digests every sample's cost (ranks and resumes compare it).
-        self._costs, self._costs_digest = self._check_and_digest_costs()
+        try:
+            self._costs, self._costs_digest = self._check_and_digest_costs()
+        except Exception as error:  # the cost callable's own (a table's IndexError)
+            self._defer_failure(error)  # iter() raises it on every rank, naming this one
+            self._costs, self._costs_digest = (np.zeros(0), 0.0), ""
         self._layout_cache: EpochLayout | None = None
         self._checked_epoch: int | None = None
-        self._check_epoch(0)
+        if self._failed is None:
+            self._check_epoch(0)
         # The plans the background thread made last, for step_plan() (it writes, the loop reads).
         self._recent: OrderedDict[tuple[int, int], Plan] = OrderedDict()
         self._recent_lock = threading.Lock()
@@ -269,6 +278,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         return evaluate_costs(self.options.cost_model, lengths, parts)
 
     def _setup(self) -> dict[str, Any]:
+        self._unless_failed()
         # Parts are recorded only when given, so states of plain lengths keep their setup.
         parts = {} if self.parts is None else {"parts": parts_sha256(self.parts)}
         return {
@@ -314,6 +324,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
         """Which samples make up each step of ``epoch`` (default: the current epoch)."""
+        self._unless_failed()
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
         if self._layout_cache is None or self._layout_cache.epoch != epoch:
             self._layout_cache = self._fresh_layout(epoch)
@@ -356,6 +367,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         order), under ``options``: the one place a sampler plans, so a caller that adapts the
         options step by step plugs in here. Under the sampler's own cost model the samples
         cost what was digested at construction (:meth:`_costs_of`)."""
+        self._unless_failed()
         samples = self._source.take(indices) if self.parts is None else self.parts.take(indices)
         step_groups = None if self.groups is None else self.groups[indices]
         own_cost = options.cost_model is self.options.cost_model  # not an adaptive one
