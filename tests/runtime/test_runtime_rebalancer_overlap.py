@@ -97,6 +97,13 @@ class _Source:
         self.position = int(state["position"])
 
 
+class _Unopened:
+    """Batches whose ``iter()`` raises (a dataset shard that cannot be opened)."""
+
+    def __iter__(self) -> Any:
+        raise OSError("shard 3 cannot be opened")
+
+
 class _InPlaceState(_Source):
     """A source whose ``state_dict`` is its live state, updated in place (as
     ``nn.Module.state_dict`` shares its tensors)."""
@@ -169,6 +176,12 @@ def _errors_and_exits(rank: int, group: Any) -> dict[str, Any]:
             seen.append(step)
     except Exception as error:  # the type is what is checked
         out["one_source_error"] = (seen, type(error).__name__, str(error))
+    # adv16a F7: rank 1's batches cannot even be opened (iter() raises): the same.
+    try:
+        for _ in rebalancer.iterate(_Unopened() if rank == 1 else _Source(rank, STEPS)):
+            pass
+    except Exception as error:  # the type is what is checked
+        out["unopened"] = (type(error).__name__, str(error))
     # A malformed sample on rank 1 at step 2: ValueError on every rank, at step 2.
     batches = [_batch(rank, s) for s in range(STEPS)]
     if rank == 1:
@@ -565,6 +578,11 @@ def test_errors_surface_at_their_step_and_the_thread_stops(results):
         "rank 1: its batches raised OSError: batch 2 is unreadable",
     )
     assert results[1]["errors"]["one_source_error"] == ([0, 1], "OSError", "batch 2 is unreadable")
+    assert results[0]["errors"]["unopened"] == (
+        "ValueError",
+        "rank 1: its batches raised OSError: shard 3 cannot be opened",
+    )
+    assert results[1]["errors"]["unopened"] == ("OSError", "shard 3 cannot be opened")
     for out in results:
         errors = out["errors"]
         seen, message = errors["bad_sample"]

@@ -164,7 +164,11 @@ def test_the_slower_rank_gets_less_work_within_a_few_steps(results):
     # The rule, exactly: step k is planned after observing step k - lookahead - 1, so the first
     # step planned for the slow rank is seen + lookahead + 1 (5 steps after it slowed down).
     assert all(0.95 < r < 1.05 for r in ratios[: seen + LOOKAHEAD + 1])
-    assert all(0.45 < r < 0.55 for r in ratios[seen + LOOKAHEAD + 1 :])
+    # Then the ranks end together: rank 1 runs its ~5 micro-batches' overheads (TRUE.t0 = 2 ms)
+    # at half speed too, so it takes fewer than half the tokens. With T tokens per step
+    # (~34,500) and t1 = 2 us: 5 x 2 ms + 2 us x (T - T1) = 2 x (5 x 2 ms + 2 us x T1) gives
+    # T1 / T0 = 0.40 (0.5, the share of the speeds alone, left rank 1 ~18% later; adv16c P4).
+    assert all(0.37 < r < 0.43 for r in ratios[seen + LOOKAHEAD + 1 :])
 
 
 def test_the_next_epoch_goes_on_with_the_learned_speeds(results):
@@ -172,8 +176,8 @@ def test_the_next_epoch_goes_on_with_the_learned_speeds(results):
     assert a["next_epoch"] == b["next_epoch"]
     # A state saved between set_epoch() and the epoch's first iter() resumes the same plans.
     assert a["next_epoch_resumed"] == a["next_epoch"] == b["next_epoch_resumed"]
-    for step in a["next_epoch"]:
-        assert 0.45 < step["rank_tokens"][1] / step["rank_tokens"][0] < 0.55
+    for step in a["next_epoch"]:  # the learned share (see the test above)
+        assert 0.37 < step["rank_tokens"][1] / step["rank_tokens"][0] < 0.43
 
 
 def test_resume_mid_step_continues_with_the_same_model_and_plans(results):

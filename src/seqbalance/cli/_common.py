@@ -9,7 +9,6 @@ argument's name.
 from __future__ import annotations
 
 import argparse
-import pickle
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -21,13 +20,8 @@ import numpy as np
 
 from seqbalance import datasets
 from seqbalance._deprecated import message
-from seqbalance._validation import (
-    NPY_ERRORS,
-    as_lengths,
-    check_positive_float,
-    map_npy,
-    npy_error,
-)
+from seqbalance._validation import as_lengths, check_positive_float
+from seqbalance.cli._lengths_file import read_lengths_file
 from seqbalance.cli._output import (
     markdown_table,
     print_json,
@@ -177,7 +171,7 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
     named = source == LONG_CONTEXT or source in datasets.names()
     # A folder of the same name (a downloaded copy of the dataset) does not hide a bundled set.
     if path.suffix == ".npy" or path.is_file() or (path.exists() and not named):
-        return LengthsInput(_read_lengths_file(path, argument), None, path.name)
+        return LengthsInput(read_lengths_file(path, argument), None, path.name)
 
     if source == LONG_CONTEXT:
         return LengthsInput(datasets.long_context(LONG_CONTEXT_SAMPLES), None, LONG_CONTEXT)
@@ -190,30 +184,6 @@ def load_lengths(source: str, *, argument: str = "--lengths") -> LengthsInput:
     lengths = as_lengths(datasets.load(source), source)
     groups = datasets.groups(source)
     return LengthsInput(lengths, None if groups is None else as_lengths(groups), source)
-
-
-def _read_lengths_file(path: Path, argument: str) -> np.ndarray:
-    if path.is_dir():  # it said "no such file" of a folder that exists
-        raise ValueError(f"{argument}: {str(path)!r} is a folder, not a .npy file")
-    if not path.is_file():
-        raise ValueError(f"{argument}: no such file {str(path)!r}")
-    try:
-        array = map_npy(path)  # mapped first: a header's claim is checked against the file
-        if isinstance(array, np.ndarray):
-            array = np.array(array)  # a copy: the file may change while the command runs
-    except (*NPY_ERRORS, pickle.UnpicklingError) as error:
-        raise ValueError(
-            f"{argument}: cannot read {str(path)!r} as a .npy array of token lengths "
-            f"({npy_error(path, error)}); write one with numpy.save or `seqbalance lengths ... "
-            "-o FILE.npy`"
-        ) from None
-    if isinstance(array, np.lib.npyio.NpzFile):
-        array.close()
-        raise ValueError(f"{argument}: {str(path)!r} is an .npz archive, expected one .npy array")
-    lengths = as_lengths(array, f"{argument} {path.name}")
-    if lengths.size == 0:
-        raise ValueError(f"{argument}: {str(path)!r} holds no samples")
-    return lengths
 
 
 def resolve_model(source: str) -> ModelSpec | HSTUFlopsModel:

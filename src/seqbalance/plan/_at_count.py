@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -132,17 +133,41 @@ def _by_rank(
     """``attempt`` where step 1 assigns units to ranks first (packed; padded with groups)."""
     if p.layout == "padded":
         return _padded_by_rank(p, m, fill=fill)
-    rank_of_unit = assign_units(p, m, fill=fill) if known is None else known[0]
-    if rank_of_unit is None:
-        return None
-    members = rank_members(p, rank_of_unit)
-    plan = _pack_ranks(p, members, m)
-    if plan is None and p.groups is None and p.layout == "packed":
-        plan = global_first_fit(p, m) if known is None else known[1]
-    if plan is not None and refines(p, m):
-        plan = match_profile(p, plan)
-        if refine:
-            refine_lockstep(p, plan)
+
+    def planned(overheads: bool) -> Microbatches | None:
+        given = known is not None and overheads  # the known ranks were found with them
+        ranks = known[0] if given else assign_units(p, m, fill=fill, overheads=overheads)
+        if ranks is None:
+            return None
+        plan = _pack_ranks(p, rank_members(p, ranks), m)
+        if plan is None and p.groups is None and p.layout == "packed":
+            plan = global_first_fit(p, m) if known is None else known[1]
+        if plan is not None and refines(p, m):
+            plan = match_profile(p, plan)
+            if refine:
+                refine_lockstep(p, plan)
+        return plan
+
+    return _cheaper_ranks(p, planned)
+
+
+def _cheaper_ranks(
+    p: Problem, planned: Callable[[bool], Microbatches | None]
+) -> Microbatches | None:
+    """``planned(overheads)``: the plan whose rank step counts the ``m`` overheads of every
+    rank in its time (with rank speeds a slow rank runs them slower), or not; with speeds and
+    an overhead, the cheaper of both (the one without on ties) unless the first is at the
+    bound: ranks balanced with their overheads can also leave a fast rank too full to pack
+    well under the cap."""
+    plan = planned(True)
+    if p.speeds is None or p.overhead == 0:
+        return plan
+    at = p.lower_bound(len(plan[0])) * (1 + _TOLERANCE) if plan is not None else -np.inf
+    if plan is not None and aligned_value(p, plan) <= at:
+        return plan  # at the bound (float noise): the other cannot be cheaper
+    other = planned(False)
+    if other is not None and (plan is None or aligned_value(p, other) <= aligned_value(p, plan)):
+        return other
     return plan
 
 
@@ -248,10 +273,10 @@ def global_first_fit(p: Problem, m: int) -> Microbatches | None:
 
 # ---------------------------------------------------------------------- step 1: ranks
 def assign_units(
-    p: Problem, m: int, *, keep_counts: bool = False, fill: bool = True
+    p: Problem, m: int, *, keep_counts: bool = False, fill: bool = True, overheads: bool = True
 ) -> np.ndarray | None:
     """Units to ranks (step 1): the rank of every unit, or None where some rank cannot be
-    filled or held; ``keep_counts``, ``fill``: as ``RankState``'s."""
+    filled or held; ``keep_counts``, ``fill``, ``overheads``: as ``RankState``'s."""
     costs = p.unit_sums(p.sample_costs)
     tokens = p.unit_sums(p.capacity_tokens)
     counts = p.unit_counts.astype(np.float64)
@@ -287,6 +312,7 @@ def assign_units(
         slack=slack,
         keep_counts=keep_counts,
         fill=fill,
+        overheads=overheads,
     )
     state.pair_rounds()
     state.refine()
@@ -559,8 +585,12 @@ def _padded_by_rank(
     p: Problem, m: int, *, keep_counts: bool = False, fill: bool = True
 ) -> Microbatches | None:
     """Units to ranks (step 1), then each rank's samples cut into its ``m`` micro-batches."""
-    rank_of_unit = assign_units(p, m, keep_counts=keep_counts, fill=fill)
-    if rank_of_unit is None:
-        return None
-    plan = [segment(p, samples, m) for samples in rank_members(p, rank_of_unit)]
-    return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]
+
+    def planned(overheads: bool) -> Microbatches | None:
+        ranks = assign_units(p, m, keep_counts=keep_counts, fill=fill, overheads=overheads)
+        if ranks is None:
+            return None
+        plan = [segment(p, samples, m) for samples in rank_members(p, ranks)]
+        return None if any(ranks is None for ranks in plan) else plan  # type: ignore[return-value]
+
+    return _cheaper_ranks(p, planned)

@@ -239,6 +239,9 @@ class RankState:
 
     ``fill``: every rank keeps at least ``m`` samples where there are ``dp x m`` of them, so no
     micro-batch has to be empty (off: only where ``allow_empty`` lets them be).
+
+    ``overheads``: with rank speeds, every rank's time counts its ``m`` micro-batch overheads
+    (a slow rank runs them slower); off, its samples' costs alone.
     """
 
     def __init__(
@@ -254,6 +257,7 @@ class RankState:
         slack: float = GOOD_ENOUGH,
         keep_counts: bool = False,
         fill: bool = True,
+        overheads: bool = True,
     ) -> None:
         self.p, self.m, self.rank_of_unit = p, m, rank_of_unit
         self.keep_counts = keep_counts
@@ -261,6 +265,14 @@ class RankState:
         self.costs, self.tokens, self.counts = costs, tokens, counts
         self.patches = patches
         self.loads = np.bincount(rank_of_unit, weights=costs, minlength=p.dp)
+        bound = p.unit_cost_bound
+        if p.speeds is not None and overheads:
+            # Every rank runs m micro-batches (empty ones too), each paying the overhead, at its
+            # speed: part of its time (equal speeds: the same on every rank, no comparison
+            # changes). The bound: those on the fastest rank too, and everything over sum(s).
+            self.loads = self.loads + m * p.overhead  # float (bincount of no unit: int64)
+            total = float(self.loads.sum())
+            bound = max(bound + m * p.overhead / p.speeds.max(), total / p.speeds.sum())
         self.rank_tokens = np.bincount(rank_of_unit, weights=tokens, minlength=p.dp)
         self.rank_counts = np.bincount(rank_of_unit, weights=counts, minlength=p.dp)
         self.cap_tokens, self.cap_count, self.cap_patches = capacities(p, m)
@@ -277,7 +289,7 @@ class RankState:
         self.min_count = m if p.n >= p.dp * m and fill else 0
         # Rank loads at or below this (``slack`` relative) need no local search (packed layout
         # only: with padding the unit costs do not bound the micro-batch costs).
-        self.good_enough = p.unit_cost_bound * (1 + slack) if p.layout == "packed" else 0.0
+        self.good_enough = bound * (1 + slack) if p.layout == "packed" else 0.0
 
     def times(self) -> np.ndarray:
         """float64 ``[dp]``: every rank's load divided by its speed."""

@@ -132,13 +132,16 @@ class RebalancedSteps:
         """Open the wrapped iterator at the saved position; the observation for the first step
         (none when the saved loop had gathered it already, in the step it had prefetched)."""
         resume = self._resume
-        if resume is not None and resume["source"] is not None:
-            self._batches.load_state_dict(resume["source"])  # type: ignore[attr-defined]
-        self._iterator = iter(self._batches)
-        if resume is not None and resume["source"] is None:
-            for _ in range(self.taken):  # batches that end sooner end the loop at its start
-                if next(self._iterator, _ENDED) is _ENDED:
-                    break
+        try:
+            if resume is not None and resume["source"] is not None:
+                self._batches.load_state_dict(resume["source"])  # type: ignore[attr-defined]
+            self._iterator = iter(self._batches)
+            if resume is not None and resume["source"] is None:
+                for _ in range(self.taken):  # batches that end sooner end the loop at its start
+                    if next(self._iterator, _ENDED) is _ENDED:
+                        break
+        except Exception as error:  # on this rank alone: told the others at the first step
+            self._iterator = _failing(error)
         if resume is not None and resume["prefetched"]:
             self._replay = (resume["telemetry"],)
             return None
@@ -272,6 +275,13 @@ class RebalancedSteps:
 
 _ENDED = object()
 """What ``next(iterator, _ENDED)`` gives at the end of the batches."""
+
+
+def _failing(error: Exception) -> Iterator[Any]:
+    """An iterator whose first step raises ``error`` (the batches could not be opened), so the
+    step's gather tells every rank (:meth:`RebalancedSteps._told`)."""
+    raise error
+    yield  # a generator: raises at the first next()
 
 
 def _finished(step: _Step) -> Future[_Step]:
