@@ -139,10 +139,9 @@ class Adaptive:
                 writes_log=self.rank == 0,
             )
             self.timer = StepTimer(self.comm.device if device is None else device)
-        except Exception as error:
+        except Exception as error:  # raised here alone, the others waited in the check
             if not agree:
                 raise
-            # Raised here alone, the other ranks waited in the setup check until the timeout.
             self._check_same_setup(failed=error)
         self._steps = StepNumbers()
         if agree:
@@ -151,8 +150,7 @@ class Adaptive:
     def _check_same_setup(self, *, failed: Exception | None = None) -> None:
         """Raise on every rank when any rank's loop is set up differently from rank 0's,
         naming what differs (the setups travel as plain data beside their digest), or could
-        not be built (``failed``: this rank's error, raised here as it is; the others raise
-        'Adaptive construction on rank r: ...')."""
+        not be built (``failed``: this rank's error, raised here as it is)."""
         if failed is not None:
             mine: dict[str, Any] = {"error": error_text(failed)}
         else:
