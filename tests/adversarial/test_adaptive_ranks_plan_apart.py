@@ -77,8 +77,31 @@ def _built(rank: int, case: str) -> str | None:
     return None
 
 
+ALONE = {"lag": {"lag": -1}, "device": {"device": "xpu"}}
+"""adv16a F9: what rank 1 alone builds ``Adaptive`` with, which it refuses before the setup
+check (raised there alone, rank 0 waited in the check until the timeout)."""
+
+
+def _built_alone(rank: int, case: str) -> str | None:
+    """None when this rank built the case's Adaptive, else its error's kind and message."""
+    try:
+        Adaptive(
+            PlanOptions(max_tokens=8192),
+            feedback=Feedback(timeout=20.0),
+            **(ALONE[case] if rank else {}),
+        )
+    except Exception as error:  # the kind is what is checked
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 def _worker(rank: int, world_size: int) -> list[Any]:
-    return [_run(rank, None), _run(rank, 1), {case: _built(rank, case) for case in SETUPS}]
+    return [
+        _run(rank, None),
+        _run(rank, 1),
+        {case: _built(rank, case) for case in SETUPS},
+        {case: _built_alone(rank, case) for case in ALONE},
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +140,12 @@ def test_ranks_built_differently_fail_together_before_they_plan(results) -> None
 
 
 SAME = "build it the same way on every rank"
+
+
+def test_a_rank_that_cannot_build_it_fails_every_rank(results) -> None:
+    alone = [results[rank][3] for rank in range(2)]
+    assert alone[1]["lag"].startswith("ValueError: lag must be")
+    assert alone[1]["device"].startswith("ValueError: device = 'xpu' is a xpu device")
+    for case in ALONE:
+        told = alone[1][case].removeprefix("ValueError: ")
+        assert alone[0][case] == f"ValueError: Adaptive construction on rank 1: {told}"

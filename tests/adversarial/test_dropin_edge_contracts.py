@@ -408,6 +408,11 @@ def test_data_x_context_parallel_ranks_are_bounded_and_named() -> None:
         DynamicCPScheduler(
             **sizes, options=PlanOptions(cost="flops", model="qwen3-8b"), tensor_parallel_size=1
         )
+    # adv16b D8: a cap past 2**53 tokens was named as the planner's max_tokens, set by no one.
+    with pytest.raises(
+        ValueError, match=r"^max_seqlen_per_dp_cp_rank x cp_size = 9007199254740992 x 2 tokens"
+    ):
+        schedule([(0, 5), (1, 7)], max_seqlen_per_dp_cp_rank=2**53, cp_size=2, dp_size=1)
     # Within the bound: both CP ranks of the one DP rank list the micro-batch (12 <= 10 x 2).
     one = schedule([(0, 5), (1, 7)], max_seqlen_per_dp_cp_rank=10, cp_size=2, dp_size=1)
     assert one == [[[0, 1], [0, 1]]]

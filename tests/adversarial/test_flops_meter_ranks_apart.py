@@ -14,12 +14,18 @@ adv15a F5: ``report(seconds)`` checked ``seconds`` after the gather, on the rank
 rank whose timer read 0 or NaN raised alone while the others had their reports and went on
 (to meet it no more at the next collective). Checked before, carried by the gather: every rank
 raises, naming the rank.
+
+adv16a: a meter built before the process group (its layout unchecked then) whose ``dp_size``
+one rank's world does not fit raised that at ``report()`` on that rank alone, before the
+gather: the others waited there until the timeout. The layout's error is carried like a bad
+``seconds``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -79,6 +85,9 @@ def _reports(rank: int, world_size: int) -> dict[str, Any]:
     for seconds in (float("nan"), 0.0):
         out[f"seconds {seconds}"] = _outcome(meter, seconds if rank == 1 else 2.0)
     out["after"] = meter.report(2.0).tokens  # nothing reset by the refused reports
+    with mock.patch("torch.distributed.is_initialized", return_value=False):  # before the group
+        early = TorchFlopsMeter(toy, dp_size=3 if rank == 1 else None, timeout=20.0)
+    out["early layout"] = _outcome(early, 2.0)
     return out
 
 
@@ -105,6 +114,13 @@ def test_a_bad_interval_on_one_rank_fails_every_rank(results) -> None:
             )
         ] * 2
     assert [result["after"] for result in results] == [200, 200]
+    assert [result["early layout"] for result in results] == [
+        (
+            "ValueError",
+            "TorchFlopsMeter.report on rank 1: dp_size = 3, but world size / model-parallel "
+            "size is 2",
+        )
+    ] * 2
 
 
 def test_meters_set_up_apart_fail_every_rank_naming_the_setting(results) -> None:

@@ -6,6 +6,7 @@ brute-force optimum."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -23,6 +24,29 @@ from seqbalance.plan._rank_search import _filled_ranks_bound, capacity_bound, co
 MAX_SLOTS = 4
 
 
+KEPT_ROWS = 2**16
+"""Assignment tables of up to this many rows (the property tests' largest, 8 samples in 4 slots,
+drawn again and again) are kept; the by-hand cases' million rows are made per call."""
+
+
+def _assignments(n: int, slots: int) -> np.ndarray:
+    """Every assignment of ``n`` samples to ``slots`` slots, one row each: sample i's slot is
+    digit i of the row number in base ``slots`` (read-only)."""
+    if slots**n > KEPT_ROWS:
+        return _every_assignment(n, slots)
+    return _kept_assignments(n, slots)
+
+
+def _every_assignment(n: int, slots: int) -> np.ndarray:
+    rows = np.arange(slots**n, dtype=np.int64)
+    assignments = np.stack([rows // slots ** (n - 1 - i) % slots for i in range(n)], axis=1)
+    assignments.flags.writeable = False
+    return assignments
+
+
+_kept_assignments = functools.cache(_every_assignment)
+
+
 def _brute_force(plan: StepPlan, m: int) -> float | None:
     """Best step cost over all assignments with ``m`` micro-batches per rank (None: none
     feasible), with the plan's costs, limits (the vision-patch cap included), objective and
@@ -30,28 +54,35 @@ def _brute_force(plan: StepPlan, m: int) -> float | None:
     n, dp = plan.n_samples, plan.dp_size
     slots = dp * m
     lengths, costs = plan.lengths, plan.sample_costs
-    # Every assignment, one row each (sample i's slot is digit i of the row number in base
-    # ``slots``), and every slot's samples, tokens, cost, patches and longest sample, summed
-    # sample by sample in the samples' order: [rows, slots] arrays, where one-hot
-    # [rows, samples, slots] arrays would be n times larger (a million rows at 10 samples).
-    rows = np.arange(slots**n, dtype=np.int64)
-    assignments = np.stack([rows // slots ** (n - 1 - i) % slots for i in range(n)], axis=1)
-    count = np.zeros((len(rows), slots), dtype=np.int64)
-    packed_tokens = np.zeros((len(rows), slots), dtype=lengths.dtype)
-    packed_cost = np.zeros((len(rows), slots))
-    patches = np.zeros((len(rows), slots), dtype=np.int64)
-    longest = np.full((len(rows), slots), -1, dtype=lengths.dtype)
-    longest_sample = np.zeros((len(rows), slots), dtype=np.int64)  # the first of the longest
+    assignments = _assignments(n, slots)
+    rows = np.arange(len(assignments), dtype=np.int64)
+    # Every slot's samples, tokens, cost, patches and longest sample, summed sample by sample in
+    # the samples' order into [rows x slots] arrays, flat: sample i lands in one slot per row,
+    # so only that entry of each row changes (one-hot [rows, slots] products would touch every
+    # slot, and [rows, samples, slots] arrays would be n times larger).
+    count = np.zeros(len(rows) * slots, dtype=np.int64)
+    packed_tokens = np.zeros(len(rows) * slots, dtype=lengths.dtype)
+    packed_cost = np.zeros(len(rows) * slots)
+    patches = np.zeros(len(rows) * slots, dtype=np.int64)
+    longest = np.full(len(rows) * slots, -1, dtype=lengths.dtype)
+    longest_sample = np.zeros(len(rows) * slots, dtype=np.int64)  # the first of the longest
     for i in range(n):
-        here = assignments[:, i, None] == np.arange(slots)
-        count += here
-        packed_tokens += here * lengths[i]
-        packed_cost += here * costs[i]
+        at = rows * slots + assignments[:, i]
+        count[at] += 1
+        packed_tokens[at] += lengths[i]
+        packed_cost[at] += costs[i]
         if plan.max_vision_patches is not None:
-            patches += here * plan.vision_patches[i]
-        longer = here & (lengths[i] > longest)
+            patches[at] += plan.vision_patches[i]
+        longer = at[lengths[i] > longest[at]]
         longest[longer] = lengths[i]
         longest_sample[longer] = i
+    shape = (len(rows), slots)
+    count, packed_tokens, packed_cost = (
+        a.reshape(shape) for a in (count, packed_tokens, packed_cost)
+    )
+    patches, longest, longest_sample = (
+        a.reshape(shape) for a in (patches, longest, longest_sample)
+    )
     feasible = np.ones(len(rows), dtype=bool)
     if not plan.allow_empty:
         feasible &= (count > 0).all(axis=1)

@@ -35,7 +35,7 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from seqbalance._validation import EmptySlotError, check_int, check_ranks
+from seqbalance._validation import MAX_TOKENS_LIMIT, EmptySlotError, check_int, check_ranks
 from seqbalance.integrations._no_empty import without_empty
 from seqbalance.integrations._sample_pairs import ids_and_lengths
 from seqbalance.plan import PlanOptions, plan_step
@@ -83,6 +83,11 @@ def schedule(
     # then ran out of memory.
     check_ranks(dp_size * cp_size, "dp_size x cp_size")
     cap = check_int(max_seqlen_per_dp_cp_rank, "max_seqlen_per_dp_cp_rank", minimum=1)
+    if cap * cp_size > MAX_TOKENS_LIMIT:  # the planner named its max_tokens, set by no one
+        raise ValueError(
+            f"max_seqlen_per_dp_cp_rank x cp_size = {cap} x {cp_size} tokens per micro-batch "
+            f"must be <= 2**53 = {MAX_TOKENS_LIMIT}"
+        )
     group = microbatch_group_size_per_vp_stage
     options = dataclasses.replace(
         options,

@@ -12,7 +12,7 @@ with symmetric placements skipped, decides the count outright, so a refusal can 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -346,6 +346,9 @@ class _Placements:
         self.longest = [0] * slots
         self.used = [0] * slots
         self.closed = [False] * slots
+        # Per slot, what whether it takes a sample reads: (tokens, samples, longest, patches,
+        # closed), kept up to date by ``_apply``.
+        self.keys = [(0, 0, 0, 0, False)] * slots
         self.saved_longest: list[int] = []  # each placement's slot longest, for its undo
         self.assignment = [-1] * p.n
         self.work = 0
@@ -369,44 +372,49 @@ class _Placements:
         return Search(None, self.work <= self.limit)
 
     def _candidates(self, i: int) -> list[int]:
-        m = self.m
+        m, keys = self.m, self.keys
         pinned = self.unit_rank[self.units[i]] if self.grouped else -1
-        if pinned >= 0:
+        if pinned >= 0:  # one rank's slots: alike where their keys are
             slots = range(pinned * m, (pinned + 1) * m)
-        elif self.grouped:
-            empty_rank = next((r for r in range(self.p.dp) if not self.rank_used[r]), -1)
-            slots = (s for s in range(self.slots) if self.rank_used[s // m] or s // m == empty_rank)
-        else:
+            alike = [(s, keys[s], keys[s]) for s in slots]
+        elif self.grouped:  # alike within a rank
+            used = self.rank_used
+            empty_rank = next((r for r in range(self.p.dp) if not used[r]), -1)
+            slots = [s for s in range(self.slots) if used[s // m] or s // m == empty_rank]
+            alike = [(s, keys[s], (s // m, keys[s])) for s in slots]
+        else:  # every slot is alike where its key is
             slots = range(self.slots)
+            alike = [(s, key, key) for s, key in enumerate(keys)]
+        self.work += len(slots)
+        # Of the slots alike only the first is tried: whether a slot takes the sample reads
+        # nothing but its key, so one answer serves them all.
+        fits = self._fits_oversize if self.oversize[i] else self._fit(i)
         seen = set()
         result = []
-        for s in slots:
-            self.work += 1
-            key = (s // m if self.grouped else 0, self.tokens[s], self.count[s], self.longest[s])
-            key += (self.used[s], self.closed[s])
-            if key in seen or not self._fits(s, i):
-                continue
-            seen.add(key)
-            result.append(s)
-        # Fullest first (best fit): a tight packing is found sooner.
-        result.sort(key=lambda s: (-self.tokens[s], s))
+        for s, key, kind in alike:
+            if kind not in seen:
+                seen.add(kind)
+                if fits(key):
+                    result.append(s)
+        # Fullest first (best fit): a tight packing is found sooner; a stable sort of slots in
+        # ascending order, so equals stay lowest slot first.
+        result.sort(key=self.tokens.__getitem__, reverse=True)
         return result
 
-    def _fits(self, s: int, i: int) -> bool:
-        if self.oversize[i]:
-            return self.count[s] == 0
-        if self.closed[s]:
-            return False
-        return bool(
-            self.p.fits(
-                self.tokens[s],
-                self.count[s],
-                self.longest[s],
-                self.lengths[i],
-                self.used[s],
-                self.patches[i],
-            )
-        )
+    @staticmethod
+    def _fits_oversize(key: tuple) -> bool:
+        """Whether an over-cap sample takes the slot of ``key``: only an empty one."""
+        return key[1] == 0
+
+    def _fit(self, i: int) -> Callable[[tuple], bool]:
+        """Whether sample ``i`` (not over the cap) joins the slot of a key."""
+        fits = _fits_of(self.p, self.lengths[i], self.patches[i])
+
+        def fit(key: tuple) -> bool:
+            tokens, count, longest, used, closed = key
+            return not closed and fits(tokens, count, longest, used)
+
+        return fit
 
     def _pruned(self, depth: int) -> bool:
         """Whether the samples after ``depth`` cannot complete the current placement."""
@@ -416,8 +424,8 @@ class _Placements:
         if self.packed_cap is None:
             return False
         cap, least = self.packed_cap, self.least_after[depth]
-        rooms = (cap - t for t, c in zip(self.tokens, self.closed, strict=True) if not c)
-        return self.left_after[depth] > sum(r for r in rooms if r >= least or r == cap)
+        rooms = [cap - t for t, c in zip(self.tokens, self.closed, strict=True) if not c]
+        return self.left_after[depth] > sum([r for r in rooms if r >= least or r == cap])
 
     def _place(self, depth: int) -> bool:
         self.work += 1
@@ -457,6 +465,38 @@ class _Placements:
             self.longest[s] = max(self.longest[s], self.lengths[i])
         else:
             self.longest[s] = self.saved_longest.pop()
+        self.keys[s] = (
+            self.tokens[s],
+            self.count[s],
+            self.longest[s],
+            self.used[s],
+            self.closed[s],
+        )
+
+
+def _fits_of(p: Problem, length: int, added_patches: int) -> Callable[[int, int, int, int], bool]:
+    """``p.fits`` of one non-over-cap sample (``length`` tokens, ``added_patches`` vision
+    patches), as a function of one micro-batch's ``(tokens, count, longest, patches)`` in
+    Python numbers: the same rule without ``fits``' attribute reads and array arithmetic, which
+    took most of the placements' time (the search asks it of one sample over and over)."""
+    if p.layout == "packed":
+        cap, patch_cap = p.cap, p.patch_cap
+
+        def packed(tokens: int, count: int, longest: int, patches: int) -> bool:
+            return tokens + length <= cap and patches + added_patches <= patch_cap
+
+        return packed
+    size, max_tokens = p.microbatch_size, p.max_tokens
+
+    def padded(tokens: int, count: int, longest: int, patches: int) -> bool:
+        if size is not None and count + 1 > size:
+            return False
+        if max_tokens is None:
+            return True
+        most = max_tokens // (count + 1)  # max(longest, length) x (count + 1) <= cap, no overflow
+        return longest <= most and length <= most
+
+    return padded
 
 
 def _unit_order(p: Problem, size: np.ndarray, restart: int) -> np.ndarray:

@@ -169,7 +169,10 @@ class TorchFlopsMeter:
                 )
             summed, replicas = local, 1
         else:
-            replicas, copies = self._replicas()
+            try:  # a meter built before the group: its layout is checked here, then carried
+                replicas, copies = self._replicas()
+            except ValueError as error:
+                replicas, copies, problem = 0, 1, problem or error_text(error)
             comm = Comm(self.group, self._deadline)
             # The settings travel with the totals: ranks metering another model, backward or
             # layout would sum FLOPs of different kinds and divide by different replica counts,

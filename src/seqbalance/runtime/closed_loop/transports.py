@@ -37,7 +37,12 @@ from seqbalance._validation import check_bool, check_int
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
-from seqbalance.runtime.agreement import differing_settings, plan_digests
+from seqbalance.runtime.agreement import (
+    differing_settings,
+    error_text,
+    plan_digests,
+    raise_gathered_error,
+)
 from seqbalance.runtime.closed_loop.loop import (
     FORMAT,
     ClosedLoop,
@@ -102,7 +107,9 @@ class Adaptive:
             training it apart. False where the caller compares them itself (the samplers).
 
     Raises:
-        ValueError: on every rank, when ranks are set up differently (with ``agree``).
+        ValueError: on every rank, when ranks are set up differently (with ``agree``), or a
+            rank cannot build it (a bad option, ``lag`` or ``device``: that rank raises its
+            own error, the others 'Adaptive construction on rank r: ...').
         CollectiveError: a peer did not construct it within ``Feedback.timeout``.
     """
 
@@ -123,28 +130,40 @@ class Adaptive:
         self.comm = Comm(group, deadline(feedback.timeout))
         _check_spans_the_world(self.comm.world_size)
         self.rank = self.comm.rank
-        self.loop = ClosedLoop(
-            as_options(options, {}, where="Adaptive", context_parallel=True),
-            self.comm.world_size,
-            feedback,
-            lag=lag,
-            writes_log=self.rank == 0,
-        )
-        self.timer = StepTimer(self.comm.device if device is None else device)
+        try:
+            self.loop = ClosedLoop(
+                as_options(options, {}, where="Adaptive", context_parallel=True),
+                self.comm.world_size,
+                feedback,
+                lag=lag,
+                writes_log=self.rank == 0,
+            )
+            self.timer = StepTimer(self.comm.device if device is None else device)
+        except Exception as error:  # raised here alone, the others waited in the check
+            if not agree:
+                raise
+            self._check_same_setup(failed=error)
         self._steps = StepNumbers()
         if agree:
             self._check_same_setup()
 
-    def _check_same_setup(self) -> None:
+    def _check_same_setup(self, *, failed: Exception | None = None) -> None:
         """Raise on every rank when any rank's loop is set up differently from rank 0's,
-        naming what differs (the setups travel as plain data beside their digest)."""
-        loop = self.loop
-        setup = {"options": loop.base_options.to_dict(), **loop.setup_fields}
-        mine = {"digest": loop.setup, "setup": setup}
+        naming what differs (the setups travel as plain data beside their digest), or could
+        not be built (``failed``: this rank's error, raised here as it is)."""
+        if failed is not None:
+            mine: dict[str, Any] = {"error": error_text(failed)}
+        else:
+            loop = self.loop
+            setup = {"options": loop.base_options.to_dict(), **loop.setup_fields}
+            mine = {"digest": loop.setup, "setup": setup, "error": None}
         payloads = self.comm.all_gather_bytes(
             json.dumps(mine, default=str).encode(), "closed-loop setup check"
         )
         setups = [json.loads(payload) for payload in payloads]
+        raise_gathered_error(
+            [s.get("error") for s in setups], own=failed, what="Adaptive construction on "
+        )
         other = next((r for r, s in enumerate(setups) if s["digest"] != setups[0]["digest"]), None)
         if other is not None:
             changes = differing_settings(

@@ -494,10 +494,16 @@ class WindowBalancer:
         relaxed = current.replace(allow_empty=True)
         attempts = (relaxed,) if current.allow_empty else (current, relaxed)
         for options in attempts:
-            planned = [
-                _try_plan(lengths, self._parts, np.sort(c), self.dp_size, options)
-                for c in candidates
-            ]
+            # Candidate families overlap (with nothing forced, the runs over the rest are the
+            # runs over the window): a set of samples is planned once, however often drawn.
+            plans: dict[bytes, StepPlan | str] = {}
+            planned = []
+            for c in candidates:
+                chosen = np.sort(c)
+                key = chosen.tobytes()
+                if key not in plans:
+                    plans[key] = _try_plan(lengths, self._parts, chosen, self.dp_size, options)
+                planned.append(plans[key])
             scored = [
                 (plan.imbalance, k) for k, plan in enumerate(planned) if not isinstance(plan, str)
             ]
