@@ -335,7 +335,9 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
         too_large = np.abs(array) > 2**62
         if too_large.any():
             bad = _first(too_large)
-            raise ValueError(f"{name}[{bad}] = {float(array[bad])} is too large")
+            value = array[bad]  # a longdouble past float64 shown as it is, not as inf
+            shown = float(value) if abs(value) <= _FLOAT64_MAX else repr(value)
+            raise ValueError(f"{name}[{bad}] = {shown} is too large")
     elif array.dtype == np.uint64 and (array > np.iinfo(np.int64).max).any():
         bad = _first(array > np.iinfo(np.int64).max)
         raise ValueError(f"{name}[{bad}] = {int(array[bad])} is too large")
