@@ -260,13 +260,9 @@ class _State:
         self.cost = self._interval_costs(cuts[:-1], np.diff(cuts))
         self.loads = np.bincount(rank, weights=self.cost, minlength=p.dp)
         self.lockstep = p.objective == "lockstep"
-        # The sums of squares are taken of the loads scaled by a power of two near the most a
-        # load can reach (k intervals of n samples, each padded to the costliest sample; its
-        # exponent, as the product could overflow): exact (the same comparisons at any
-        # scale), and no overflow where costs pass 1e154 or where a move pads an interval to
-        # a sample far costlier than the current total (a cost that falls with the length).
-        biggest = max(float(self.cost.sum()), p.overhead + float(self.costs.max(initial=0.0)))
-        exponent = int(np.frexp(biggest)[1]) + (self.k * self.costs.size).bit_length()
+        # Squares of loads scaled by 2**-e above any load (k intervals padded to the costliest).
+        most = max(float(self.cost.sum()), p.overhead + float(self.costs.max(initial=0.0)))
+        exponent = int(np.frexp(most)[1]) + (self.k * self.costs.size).bit_length()
         self.unit = float(np.ldexp(1.0, -min(max(exponent, -1000), 1000)))
 
     @classmethod
