@@ -150,6 +150,11 @@ def test_as_group_ids_rejects_bad_shapes_and_values() -> None:
     with pytest.raises(ValueError, match=r"groups\[0\] = -(10{30}) does not fit"):
         as_group_ids((-(10**30), 1), 2)
     assert as_group_ids([2**63 - 1, -(2**63)], 2).tolist() == [2**63 - 1, -(2**63)]
+    # ... in an object array too (a pandas object column's values).
+    with pytest.raises(ValueError, match=r"groups\[1\] = True is not an integer id \(a bool\)"):
+        as_group_ids(np.array([0, True], dtype=object), 2)
+    with pytest.raises(ValueError, match=r"groups\[1\] = 1180591620717411303424 does not fit"):
+        as_group_ids(np.array([0, 2**70], dtype=object), 2)
 
 
 def test_the_empty_slot_refusal_is_public():

@@ -335,7 +335,9 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
         too_large = np.abs(array) > 2**62
         if too_large.any():
             bad = _first(too_large)
-            raise ValueError(f"{name}[{bad}] = {float(array[bad])} is too large")
+            value = array[bad]  # a longdouble past float64 shown as it is, not as inf
+            shown = float(value) if abs(value) <= _FLOAT64_MAX else repr(value)
+            raise ValueError(f"{name}[{bad}] = {shown} is too large")
     elif array.dtype == np.uint64 and (array > np.iinfo(np.int64).max).any():
         bad = _first(array > np.iinfo(np.int64).max)
         raise ValueError(f"{name}[{bad}] = {int(array[bad])} is too large")
@@ -410,14 +412,20 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     """
     refuse_masked(groups, name)
     array = _numpy_of(groups, name)
-    if isinstance(groups, (list, tuple)) and array.dtype != np.bool_:
-        # numpy reads a bool among ints as 0 or 1 and an int past int64 as a float or an
-        # object: name the item as the caller wrote it.
-        for index, value in enumerate(groups):
-            if isinstance(value, (bool, np.bool_)):
-                raise ValueError(f"{name}[{index}] = {value!r} is not an integer id (a bool)")
-            if isinstance(value, int) and not -(2**63) <= value < 2**63:
-                raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
+    # numpy reads a bool among ints as 0 or 1 and an int past int64 as a float, uint64 or an
+    # object: name the item as the caller wrote it. Walked only where one may be among them.
+    items: Any = None
+    if array.dtype == object:
+        items = array.ravel().tolist()
+    elif isinstance(groups, (list, tuple)) and array.dtype != np.bool_:
+        kinds = set(map(type, groups))
+        if bool in kinds or np.bool_ in kinds or array.dtype.kind in "fu":
+            items = groups
+    for index, value in enumerate(items or ()):
+        if isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name}[{index}] = {value!r} is not an integer id (a bool)")
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":

@@ -55,6 +55,16 @@ def test_a_number_past_float64_is_a_value_error_naming_it(name):
     assert "float64 range" in message or "finite" in message
 
 
+def test_a_wide_length_past_float64_is_named_as_it_is():
+    # review16 item 3: it was named as float()'s inf ("lengths[1] = inf is too large").
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(
+            ValueError, match=r"^lengths\[1\] = np\.longdouble\('1\.0\d*e\+600'\) is"
+        ):
+            plan_step(WIDE, 2)
+
+
 def test_a_wide_float_within_float64_is_read_as_before():
     assert partition(np.array([1.5, 2.5], dtype=np.longdouble), 2).loads.tolist() == [2.5, 1.5]
     plan = plan_step([3, 4], 2, cost=lambda lengths: [Fraction(1, 2), 2**70])

@@ -116,6 +116,26 @@ def test_other_accelerators_time_with_torch_events_or_are_refused(monkeypatch):
     assert StepTimer("cpu:0")._new.__name__ == "_Clock"
 
 
+def test_torch_2_6s_accelerator_api_is_read_too(monkeypatch):
+    # review16 item 7: torch 2.6's current_accelerator() takes no check_available (and raises
+    # where there is no accelerator): StepTimer("xpu") raised TypeError there.
+    import torch
+
+    def current_accelerator():  # torch 2.6's signature
+        if not available:
+            raise RuntimeError("no accelerator")
+        return torch.device("xpu")
+
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", current_accelerator)
+    available = False
+    with pytest.raises(ValueError, match=r"device = 'xpu' is a xpu device, .* \(here: None\)"):
+        StepTimer("xpu")
+    available = True
+    monkeypatch.setattr(torch, "Event", lambda **kwargs: FakeClock().event())
+    with StepTimer("xpu").microbatch():
+        pass
+
+
 def test_cpu_clock_measures_work():
     timer = StepTimer("cpu")
     with timer.microbatch():

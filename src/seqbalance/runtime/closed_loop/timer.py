@@ -68,6 +68,24 @@ class _Clock:
         return (end.seconds - self.seconds) * 1000.0
 
 
+def _available_accelerator() -> Any:
+    """This machine's available accelerator (a ``torch.device``), or None: torch 2.6 has
+    ``torch.accelerator`` without ``current_accelerator``'s ``check_available`` (it raises
+    where there is none), torch before 2.6 no ``torch.accelerator`` at all."""
+    import torch
+
+    accelerators = getattr(torch, "accelerator", None)
+    if accelerators is None:
+        return None
+    try:
+        return accelerators.current_accelerator(check_available=True)
+    except TypeError:  # torch 2.6: no check_available; without an accelerator it raises
+        try:
+            return accelerators.current_accelerator()
+        except RuntimeError:
+            return None
+
+
 def _device_events(device: Any) -> Callable[[], Any] | None:
     """The timing-event factory for ``device`` (a ``torch.device``, its string or an
     accelerator index, as torch reads them): None for the CPU (``perf_counter``: its work has
@@ -100,11 +118,7 @@ def _device_events(device: Any) -> Callable[[], Any] | None:
                 "(torch.cuda.is_available() is False)"
             )
         return lambda: torch.cuda.Event(enable_timing=True)
-    accelerator = (
-        torch.accelerator.current_accelerator(check_available=True)
-        if hasattr(torch, "accelerator")
-        else None
-    )
+    accelerator = _available_accelerator()
     if not hasattr(torch, "Event") or accelerator is None or accelerator.type != where.type:
         raise ValueError(
             f"device = {device!r} is a {where.type} device, which StepTimer times only as this "

@@ -185,7 +185,8 @@ class RebalancedSteps:
         """What this rank raises for the step its batches raised ``error`` at, once the step's
         gather has told every other rank (they raise 'rank r: its batches raised ...'; raised
         before the gather, it left them waiting there until the timeout): ``error`` itself,
-        or the gather's own error."""
+        noting why the others could not be told where the gather failed (a peer gone or in
+        another collective): this rank's own error is still the cause to read."""
         try:
             self._engine.worker.run(
                 functools.partial(self._engine.step, failed=error),
@@ -196,7 +197,10 @@ class RebalancedSteps:
                 observed,
             )
         except BaseException as raised:  # error itself, once told
-            return raised
+            if not isinstance(raised, Exception):  # a KeyboardInterrupt meanwhile goes first
+                return raised
+            if raised is not error and hasattr(error, "add_note"):  # 3.10: no notes
+                error.add_note(f"telling the other ranks failed: {type(raised).__name__}: {raised}")
         return error
 
     def state_dict(self) -> dict[str, Any]:
