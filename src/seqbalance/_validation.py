@@ -366,9 +366,16 @@ def check_ranks(value: Any, name: str) -> int:
     Raises:
         ValueError: not an int, below 1 or above ``MAX_RANKS`` (naming ``name`` and the value).
     """
+    return _bounded_count(value, name, most=MAX_RANKS)
+
+
+def _bounded_count(value: Any, name: str, *, most: int, unit: str = "") -> int:
+    """``value`` as an int in ``[1, most]``, ``most`` a power of two (said as ``2**N``, then
+    ``unit``)."""
     value = check_int(value, name, minimum=1)
-    if value > MAX_RANKS:
-        raise ValueError(f"{name} must be <= 2**18 = {MAX_RANKS}, got {value}")
+    if value > most:
+        power = most.bit_length() - 1
+        raise ValueError(f"{name} must be <= 2**{power} = {most}{unit}, got {value}")
     return value
 
 
@@ -383,10 +390,7 @@ def check_parts(value: Any, name: str) -> int:
     Raises:
         ValueError: not an int, below 1 or above ``MAX_PARTS`` (naming ``name`` and the value).
     """
-    value = check_int(value, name, minimum=1)
-    if value > MAX_PARTS:
-        raise ValueError(f"{name} must be <= 2**20 = {MAX_PARTS} parts, got {value}")
-    return value
+    return _bounded_count(value, name, most=MAX_PARTS, unit=" parts")
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:

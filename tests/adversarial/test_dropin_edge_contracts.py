@@ -391,6 +391,23 @@ def test_verl_workloads_past_int64_are_refused() -> None:
     assert sv.get_group_balanced_partitions([3 * 10**9, 1], [0, 1], 2) == [[0], [1]]
 
 
+def test_verl_workloads_are_refused_only_where_a_sum_formed_wraps() -> None:
+    """review16 item 5: D4's check bounded the whole batch's workload sum, refusing batches
+    whose every sum the drop-in forms fits int64 (8 samples of 1.5e9 tokens on 8 ranks: 2.25e18
+    each, 1.8e19 in all); a rank's sum in the metrics, formed in int64, wrapped."""
+    from seqbalance.integrations import verl as sv
+    from seqbalance.integrations._verl_batches import plan_micro_batches
+
+    assert sv.dp_balanced_order([1_500_000_000] * 8, 8) == list(range(8))
+    assert plan_micro_batches([2 * 10**9] * 5, 2 * 10**9) == [[0], [2], [4], [3], [1]]
+    assert sv.get_group_balanced_partitions([2 * 10**9] * 4, [0, 0, 1, 1], 2) == [[0, 1], [2, 3]]
+    # Rank 0's two 2.5e9-token samples: 1.25e19, past int64 (it wrapped negative).
+    lengths = np.array([2_500_000_000] * 2 + [1] * 14)
+    costs = sv.calculate_workload(lengths)
+    metrics = sv._balance_metrics(lengths, list(range(16)), 8, costs, "p")
+    assert metrics["p/balanced_imbalance"] == pytest.approx(8.0)
+
+
 def test_data_x_context_parallel_ranks_are_bounded_and_named() -> None:
     """adv16b D5: megatron_packing.schedule with cp_size = 2**24 or 2**40 built a list per
     DPxCP rank in every micro-batch: 47 s, then MemoryError (killed without a memory limit);

@@ -8,7 +8,11 @@ HF drop-in's most common input: they are read by position.
 adv16a F5: a pandas DataFrame of token lists (``__len__`` and ``__getitem__`` by column) raised
 KeyError 0, a nested torch tensor entry RuntimeError ("NestedTensorImpl doesn't support
 sizes"), a 0-d meta tensor RuntimeError, an entry whose ``len()`` raises TypeError: each is now
-a ValueError naming ``dataset[i]`` (and the column)."""
+a ValueError naming ``dataset[i]`` (and the column).
+
+review16 item 13: that fix also turned a KeyError / IndexError / TypeError raised in a map-style
+dataset's own ``__getitem__`` (a bug of its own) into a ValueError saying the dataset is of the
+wrong kind. A data frame is now refused up front, by its kind; other datasets' errors pass."""
 
 from __future__ import annotations
 
@@ -66,9 +70,11 @@ def test_an_entry_that_cannot_be_read_is_named(dataset, named) -> None:
 
 class _Frame:
     """A pandas DataFrame's lookups (``len``: rows; ``frame[key]``: a column, KeyError for a
-    row number), without importing pandas."""
+    row number; ``iloc``: rows), without importing pandas."""
 
-    def __init__(self, columns: dict[str, list]) -> None:
+    iloc = None
+
+    def __init__(self, columns: dict) -> None:
         self.columns = columns
 
     def __len__(self) -> int:
@@ -78,11 +84,38 @@ class _Frame:
         return self.columns[key]
 
 
-def test_a_data_frame_is_named() -> None:
-    with pytest.raises(
-        ValueError, match=r"dataset\[0\] cannot be read by position \(KeyError: 0\)"
-    ):
-        lengths_from_dataset(_Frame({"input_ids": [[1, 2], [3]]}))
+class DataFrame(_Frame):
+    """Another library's data frame (polars: ``columns``, no ``iloc``: here a property that
+    cannot be read, so ``hasattr`` says False)."""
+
+    iloc = property()
+
+
+@pytest.mark.parametrize("frame", [_Frame, DataFrame])
+@pytest.mark.parametrize("columns", [{"input_ids": [[1, 2], [3]]}, {0: [[1, 2], [3]]}])
+def test_a_data_frame_is_named(frame, columns) -> None:
+    # Up front: read by position, a frame with a column labelled 0 gave that column as a row.
+    with pytest.raises(ValueError, match=r"^dataset \((_Frame|DataFrame)\) is a data frame"):
+        lengths_from_dataset(frame(columns))
+
+
+class _Faulty(_MapStyle):
+    """A map-style dataset whose own ``__getitem__`` has a bug."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__([2, 3])
+        self.error = error
+
+    def __getitem__(self, index: int) -> dict:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [KeyError("tokens"), IndexError("row 9"), TypeError("odd")])
+def test_a_map_style_datasets_own_error_passes_as_it_is(error) -> None:
+    # review16 item 13: it was a ValueError saying the dataset is of the wrong kind.
+    with pytest.raises(type(error)) as raised:
+        lengths_from_dataset(_Faulty(error))
+    assert raised.value is error
 
 
 def test_a_length_beyond_int64_is_named() -> None:

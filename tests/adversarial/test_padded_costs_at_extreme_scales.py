@@ -30,6 +30,13 @@ def _plan(scale: float, objective: str):
     )
 
 
+def _plan_warnings_as_errors(lengths: list[int], dp: int, **options):
+    """``plan_step`` with every warning an error (numpy's overflow / cast warnings)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return plan_step(lengths, dp, **options)
+
+
 @pytest.mark.parametrize("exponent", [700, -700, 900])
 @pytest.mark.parametrize("objective", ["step", "lockstep"])
 def test_a_power_of_two_scale_of_the_costs_gives_the_same_padded_plan(exponent, objective):
@@ -51,17 +58,15 @@ def test_padded_costs_spanning_hundreds_of_orders_of_magnitude_plan_without_a_wa
     def wide(lengths):
         return 2.0 ** ((lengths.astype(np.int64) * 7919) % 700)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        plan = plan_step(
-            [1, 1, 3, 0, 3, 3, 2],
-            3,
-            cost=wide,
-            objective="lockstep",
-            layout="padded",
-            microbatch_size=7,
-            num_microbatches=2,
-        )
+    plan = _plan_warnings_as_errors(
+        [1, 1, 3, 0, 3, 3, 2],
+        3,
+        cost=wide,
+        objective="lockstep",
+        layout="padded",
+        microbatch_size=7,
+        num_microbatches=2,
+    )
     assert plan.step_cost == plan.lower_bound == wide(np.array([3]))[0]
 
 
@@ -74,16 +79,14 @@ def test_padded_costs_with_subnormal_samples_plan_without_an_error(objective):
     def subnormal(lengths):
         return np.where(lengths % 2 == 0, 1e-320, 1e-5)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        plan = plan_step(
-            [1, 2, 3, 4, 5, 6, 7],
-            2,
-            cost=subnormal,
-            layout="padded",
-            microbatch_size=2,
-            objective=objective,
-        )
+    plan = _plan_warnings_as_errors(
+        [1, 2, 3, 4, 5, 6, 7],
+        2,
+        cost=subnormal,
+        layout="padded",
+        microbatch_size=2,
+        objective=objective,
+    )
     plan.validate()
     # A micro-batch padded to an even length costs next to nothing: only 7 (odd, the longest)
     # alone in its micro-batch costs 1e-5, the least any plan can cost.

@@ -78,18 +78,17 @@ def test_multifit_reads_back_a_capacity_of_the_same_whole_part(
 ) -> None:
     # With whole weights best fit packs alike at every capacity of one whole part, so MULTIFIT
     # reads its last halvings (below one token) back: the same packing as packed at each.
-    # Weights with fractions are packed at each capacity.
+    # Weights with fractions are packed at each capacity. Blocks of 2 residuals: up to
+    # ``_BLOCK`` bins ``_best_fit`` is the flat list itself, and the blocks must read back alike.
     w = np.array(weights, dtype=np.float64) + (0.0 if whole else 0.25)
     values = sorted(w.tolist(), reverse=True)
     part = float(w.sum() // k + max(values) // 2)
-    assert greedy._best_fit(values, k, part + fraction) == greedy._best_fit_flat(
-        values, k, part + fraction
-    )
+    with _blocks_of(2):
+        packing = greedy._best_fit(values, k, part + fraction)
+        low, high = float(w.sum() / k), float(w.sum())
+        found = greedy.multifit(w, k, low, high)
+    assert packing == greedy._best_fit_flat(values, k, part + fraction)
     if whole:
-        assert greedy._best_fit(values, k, part + fraction) == greedy._best_fit_flat(
-            values, k, part
-        )
-    low, high = float(w.sum() / k), float(w.sum())
+        assert packing == greedy._best_fit_flat(values, k, part)
     expected = _multifit_packing_each(w, k, low, high)
-    found = greedy.multifit(w, k, low, high)
     assert (found is None and expected is None) or np.array_equal(found, expected)

@@ -170,8 +170,16 @@ def _records(dataset: Any) -> Iterable[tuple[int, Any]]:
     map-style ``torch.utils.data.Dataset``, ``Subset``, a list), else by iteration."""
     if isinstance(dataset, (str, bytes)):
         pass  # a path or text, not records: refused below
+    elif _is_data_frame(dataset):
+        # Read by position, a data frame looks the row number up among its columns (KeyError 0,
+        # or a whole column where one is labelled 0).
+        raise ValueError(
+            f"dataset ({type(dataset).__name__}) is a data frame, read by column, not a sequence "
+            "of records: pass df.to_dict('records')"
+        )
     elif hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
-        return ((index, _record(dataset, index)) for index in range(len(dataset)))
+        # A map-style dataset's own errors (a KeyError in its __getitem__) pass as they are.
+        return ((index, dataset[index]) for index in range(len(dataset)))
     elif isinstance(dataset, Iterable):
         return enumerate(dataset)
     raise ValueError(
@@ -180,17 +188,11 @@ def _records(dataset: Any) -> Iterable[tuple[int, Any]]:
     )
 
 
-def _record(dataset: Any, index: int) -> Any:
-    """``dataset[index]``, or a ValueError naming it where the dataset cannot be read by
-    position: a pandas DataFrame looks ``0`` up among its columns (KeyError: 0)."""
-    try:
-        return dataset[index]
-    except (KeyError, IndexError, TypeError) as error:
-        raise ValueError(
-            f"dataset[{index}] cannot be read by position ({type(error).__name__}: {error}): "
-            f"dataset ({type(dataset).__name__}) must be a Hugging Face Dataset, a map-style "
-            "dataset or a sequence of records (a DataFrame: pass df.to_dict('records'))"
-        ) from error
+def _is_data_frame(dataset: Any) -> bool:
+    """Whether ``dataset`` is a data frame (pandas and its likes: ``columns`` and ``iloc``; a
+    ``DataFrame`` type of another library, e.g. polars), told by its kind without importing one."""
+    named = type(dataset).__name__.endswith("DataFrame")
+    return hasattr(dataset, "columns") and (named or hasattr(dataset, "iloc"))
 
 
 def _column_of(record: Any, index: int, column: str) -> Any:

@@ -24,6 +24,7 @@ from seqbalance._validation import as_lengths, check_int, check_timeout
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.integrations._verl_partitions import (
     ceildiv,
+    check_capped_sums,
     get_reverse_idx,
     heaviest,
     roundup_divisible,
@@ -182,6 +183,7 @@ def _request(seqlen_list: Any, settings: _Settings) -> _Request:
         least = check_int(settings.min_num_micro_batch, "min_num_micro_batch", minimum=0)
         count = max(least, count)
     costs, overhead = sample_costs(settings.cost, settings.model, lengths)
+    check_capped_sums(costs, lengths, cap)
     timeout = check_timeout(settings.timeout, "timeout")
     return _Request(lengths, costs, overhead, cap, group, step, count, timeout)
 

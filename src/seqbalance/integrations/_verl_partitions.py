@@ -170,22 +170,65 @@ def sample_costs(cost: Any, model: Any, lengths: np.ndarray) -> tuple[np.ndarray
 
 
 def _check_workload_range(lengths: np.ndarray) -> None:
-    """Refuse lengths whose verl workloads sum past int64: ``24576 L + L^2`` in int64 wraps
-    around (negative past L ~ 3e9, a sum small again past 2**64), so such a batch was refused
-    as holding "a negative value" or, where a sum wrapped, balanced on the wrapped costs without
-    a word (verl's own tensors wrap the same)."""
-    if not lengths.size:
-        return
+    """Refuse lengths whose verl workload ``24576 L + L^2`` is past int64: computed in int64 (as
+    verl does) it wraps around (negative past L ~ 3e9), so such a batch was refused as holding
+    "a negative value" (verl's own tensors wrap the same). The sums the drop-in forms of these
+    workloads are checked where formed (:func:`unit_sums`, :func:`may_wrap`)."""
+    if lengths.size and _workload(int(lengths.max())) > _INT64_MAX:
+        raise past_int64(lengths)
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _workload(tokens: int) -> int:
+    """verl's workload of a sequence of ``tokens`` tokens (also a bound on any set of sequences
+    of that many tokens in all), exactly."""
+    return VERL_LINEAR_WORKLOAD * tokens + tokens * tokens
+
+
+def past_int64(lengths: np.ndarray) -> ValueError:
+    """The refusal of ``lengths`` whose verl workloads (one, or a sum formed of them) pass
+    int64, naming their sum and the longest length."""
     values = lengths.astype(np.float64)
     total = float(np.sum(VERL_LINEAR_WORKLOAD * values + values * values))
-    if total >= 2.0**62:  # close to the limit: the exact sum decides
-        total = sum(VERL_LINEAR_WORKLOAD * n + n * n for n in lengths.tolist())
-    if total > np.iinfo(np.int64).max:
-        raise ValueError(
-            f"seqlen_list: verl's workload 24576 L + L^2 of these lengths sums to {total:.3g}, "
-            f"past int64 (the longest L = {int(lengths.max())} tokens): give cost= (e.g. "
-            "'tokens') or a model to balance such lengths"
-        )
+    return ValueError(
+        f"seqlen_list: verl's workload 24576 L + L^2 of these lengths sums to {total:.3g}, "
+        f"past int64 (the longest L = {int(lengths.max())} tokens): give cost= (e.g. "
+        "'tokens') or a model to balance such lengths"
+    )
+
+
+def may_wrap(costs: np.ndarray, count: int) -> bool:
+    """Whether a sum of ``count`` of ``costs`` may pass int64: verl's int64 workloads (an
+    integer dtype) whose largest times ``count`` is near or past it."""
+    return costs.dtype.kind in "iu" and costs.size > 0 and float(costs.max()) * count >= 2.0**62
+
+
+def check_capped_sums(costs: np.ndarray, lengths: np.ndarray, cap: int) -> None:
+    """Refuse verl's int64 workloads ``costs`` where a sum over samples of at most ``cap``
+    tokens in all (a micro-batch, a forced group that fits it) may pass int64: such a sum is
+    at most the batch's and at most the workload of one ``cap``-token sequence."""
+    if (
+        may_wrap(costs, lengths.size)
+        and _workload(cap) > _INT64_MAX
+        and sum(costs.tolist()) > _INT64_MAX
+    ):
+        raise past_int64(lengths)
+
+
+def unit_sums(costs: np.ndarray, units: Sequence[Any], lengths: np.ndarray) -> np.ndarray:
+    """``costs[u].sum()`` of every unit (a group or run of samples, balanced as one item).
+
+    Raises:
+        ValueError: a sum of verl's int64 workloads past int64 (it wraps: a group's wrapped sum
+            was balanced without a word), naming the lengths.
+    """
+    sums = np.array([costs[u].sum() for u in units])
+    widest = max((len(u) for u in units), default=0)
+    if may_wrap(costs, widest) and any(sum(costs[u].tolist()) > _INT64_MAX for u in units):
+        raise past_int64(lengths)
+    return sums
 
 
 def heaviest(parts: list[list[int]], weights: np.ndarray) -> float:
@@ -243,7 +286,7 @@ def get_group_balanced_partitions(
             f"{len(runs)} uid groups cannot be split into k_partitions = {k} equal counts"
         )
     costs = sample_costs(cost, model, lengths)[0]
-    parts = get_seqlen_balanced_partitions([costs[run].sum().item() for run in runs], k, True)
+    parts = get_seqlen_balanced_partitions(unit_sums(costs, runs, lengths).tolist(), k, True)
     return [sorted(i for r in part for i in runs[r]) for part in parts]
 
 

@@ -75,8 +75,10 @@ from seqbalance.integrations._verl_partitions import (
     greedy_partition,
     karmarkar_karp,
     log_seqlen_unbalance,
+    may_wrap,
     roundup_divisible,
     sample_costs,
+    unit_sums,
 )
 from seqbalance.plan.options import PlanOptions
 
@@ -181,12 +183,13 @@ def _balanced_order(
             _, first, inverse = np.unique(group_ids[window], return_index=True, return_inverse=True)
             by_first = np.argsort(first, kind="stable")
             units = [window[inverse.reshape(-1) == g].tolist() for g in by_first]
-            if len({len(u) for u in units}) > 1 or len(units) % dp:
-                raise ValueError(
-                    f"groups: {len(units)} groups of sizes {sorted({len(u) for u in units})} "
-                    f"cannot give {dp} ranks equal sample counts"
-                )
-        unit_costs = np.array([costs[u].sum() for u in units])
+        # A sum past int64 refused first: such lengths are refused whatever the groups.
+        unit_costs = unit_sums(costs, units, lengths)
+        if groups is not None and (len({len(u) for u in units}) > 1 or len(units) % dp):
+            raise ValueError(
+                f"groups: {len(units)} groups of sizes {sorted({len(u) for u in units})} "
+                f"cannot give {dp} ranks equal sample counts"
+            )
         parts = get_seqlen_balanced_partitions(unit_costs, dp, True)
         for r, part in enumerate(parts):
             members = [i for u in part for i in units[u]]
@@ -242,6 +245,8 @@ def _balance_metrics(
     chunks = np.asarray(order).reshape(dp, -1)
     metrics = log_seqlen_unbalance(lengths.tolist(), chunks.tolist(), prefix)
     after = costs[chunks].sum(axis=1).astype(np.float64)
+    if may_wrap(costs, chunks.shape[1]):  # a rank's int64 sum would wrap: summed exactly
+        after = np.array([float(sum(row)) for row in costs[chunks].tolist()])
     mean = float(after.mean())
     metrics[f"{prefix}/balanced_imbalance"] = float(after.max()) / mean if mean > 0 else 1.0
     return metrics
