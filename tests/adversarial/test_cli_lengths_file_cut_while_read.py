@@ -8,10 +8,11 @@ other process's rewrite would land, just after the map."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from _other_process import run_process_tree
 
 SCRIPT = textwrap.dedent(
     """
@@ -36,11 +37,8 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_lengths_file_cut_while_it_is_read_is_one_line(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "lengths.npy")],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_process_tree(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "lengths.npy")], timeout=120
     )
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert done.stderr.strip().splitlines() == [
