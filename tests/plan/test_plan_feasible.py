@@ -433,3 +433,28 @@ def test_every_sample_packed_once_per_count_is_the_packing_computed(
     assert _feasible.pack_samples(p, every, k) == computed
     backwards = every[::-1].copy()
     assert _feasible.pack_samples(p, backwards, k) == _feasible._pack_samples(p, backwards, k)
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(st.data())
+def test_one_samples_fit_in_python_numbers_is_problem_fits(data: st.DataObject) -> None:
+    """``_feasible._fits_of`` restates ``Problem.fits`` for one sample in Python numbers (the
+    placements' hot path): the two answer alike for any micro-batch."""
+    from seqbalance.plan import PlanOptions
+    from seqbalance.plan._feasible import _fits_of
+    from seqbalance.plan._problem import Problem
+
+    layout = data.draw(st.sampled_from(["packed", "padded"]))
+    max_tokens = data.draw(st.none() | st.integers(1, 5000))
+    size = data.draw(st.integers(1, 6)) if layout == "padded" else None
+    options = PlanOptions(layout=layout, max_tokens=max_tokens, microbatch_size=size)
+    length = data.draw(st.integers(0, max_tokens or 5000))
+    lengths = np.array([length, 1])
+    p = Problem(lengths, lengths.astype(np.float64), 0.0, 2, None, options)
+    count = data.draw(st.integers(0, 8))
+    # Near each rule's edge: the cap less the sample, the cap's share per sample.
+    cap = max_tokens or 5000
+    tokens = max(cap - length + data.draw(st.integers(-2, 2)), 0)
+    longest = max(cap // (count + 1) + data.draw(st.integers(-2, 2)), 0)
+    fits = _fits_of(p, length, 0)
+    assert fits(tokens, count, longest, 0) == bool(p.fits(tokens, count, longest, length))
