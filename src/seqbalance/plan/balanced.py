@@ -180,10 +180,7 @@ def _near_bound(p: Problem, plan: Microbatches) -> bool:
     making: within the planning budget's gap on steps of more than ``SLACK_SAMPLES`` samples
     (where a skipped rival may be cheaper by that much), within float noise on smaller ones."""
     gap = budget_gap(p) if p.n > SLACK_SAMPLES else _TOLERANCE
-    # Kept per problem: a step can ask it up to three times (empty tail, groups of one, the
-    # slowest rank left empty), and the padded or lockstep bound is not cheap.
-    bound = p.once("near_bound", lambda: p.lower_bound(p.min_feasible_microbatches))
-    return aligned_value(p, plan) <= bound * (1 + gap)
+    return aligned_value(p, plan) <= p.lower_bound(p.min_feasible_microbatches) * (1 + gap)
 
 
 def _planned(p: Problem) -> Microbatches:
