@@ -140,10 +140,13 @@ class BalancedBatchSampler(EpochBatchSampler):
             each epoch; package docstring). While iterating:
             a step the planner refuses (raised by ``next()`` at that step, prefixed with it), a
             lengths file changed under the sampler, or ranks that disagree.
-        Exception: what the cost model raises that is no ValueError (a table's IndexError),
-            where ranks agree (``agreement_timeout`` and torch.distributed) at the first
-            ``iter`` and any use, not at construction: the other ranks then raise a ValueError
-            naming this one (``EpochBatchSampler._defer_failure``).
+        Exception: where ranks agree (``agreement_timeout`` and torch.distributed), what the
+            samples' check against the caps and the cost model raise (the ValueErrors above
+            of a sample over a cap or a cost rejected, a table's IndexError) is raised at the
+            first ``iter`` (and any use but ``len`` and ``num_steps``), not at construction:
+            a rank whose check alone fails raises its error, the other ranks a ValueError
+            naming it ('BalancedBatchSampler construction on rank 1: cost(lengths)[12] ...';
+            ``EpochBatchSampler._defer_failure``).
     """
 
     def __init__(
@@ -324,7 +327,9 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
         """Which samples make up each step of ``epoch`` (default: the current epoch)."""
-        self._unless_failed()
+        # No costs are read: len() and num_steps answer on a rank whose costs failed, whose
+        # error the agreement at iter() then raises on every rank (a rank raising alone in
+        # len() left the others waiting in their agreement, told nothing).
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
         if self._layout_cache is None or self._layout_cache.epoch != epoch:
             self._layout_cache = self._fresh_layout(epoch)
