@@ -173,6 +173,15 @@ def test_group_balanced_partitions() -> None:
     assert all(len({uids[i] for i in p}) == 2 for p in parts)
 
 
+def test_dp_balanced_order_refuses_a_group_across_mini_batches() -> None:
+    # adv17b D1: uid "a" in mini-batches 0 and 1 was balanced piece by piece, onto two ranks.
+    with pytest.raises(ValueError, match=r"group 'a' has samples in mini-batches 0 and 1 "):
+        sbv.dp_balanced_order([10, 20, 40, 30], 2, groups=["a", "b", "a", "b"], minibatch_size=2)
+    groups = [0, 0, 1, 1, 2, 2, 3, 3]  # each group within a mini-batch of 4: balanced in place
+    order = sbv.dp_balanced_order([10, 20, 40, 30, 5, 6, 7, 8], 2, groups=groups, minibatch_size=4)
+    assert sorted(order[:2] + order[4:6]) == [0, 1, 2, 3] and sorted(order) == list(range(8))
+
+
 def test_balance_batch_replaces_the_trainer_method() -> None:
     class Proto:
         def __init__(self, lengths: list[int]) -> None:

@@ -378,6 +378,61 @@ def test_verl_case_group_balanced_partitions() -> None:
         assert workload(seqlens, parts) <= workload(seqlens, theirs)
 
 
+def _verl_balance_batch() -> object:
+    """verl's own ``RayPPOTrainer._balance_batch``, compiled from its source with the names it
+    uses (importing ``ray_trainer`` needs torchdata, which verl's extras install, not ours)."""
+    import ast
+    import textwrap
+
+    text = Path(V.__file__).parents[1].joinpath("trainer/ppo/ray_trainer.py").read_text()
+    node = next(
+        n
+        for n in ast.walk(ast.parse(text))
+        if isinstance(n, ast.FunctionDef) and n.name == "_balance_batch"
+    )
+    namespace = {"torch": torch, "DataProto": DataProto, **vars(V)}
+    exec(textwrap.dedent(ast.get_source_segment(text, node)), namespace)
+    return namespace["_balance_batch"]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "uids", "dp", "minibatch"),
+    [  # groups of 4 in mini-batches of 6 (ours refused); interleaved uids (ours split "a")
+        ([100 * (i + 1) for i in range(12)], [str(i // 4) for i in range(12)], 3, 6),
+        ([10, 20, 40, 30], ["a", "b", "a", "b"], 2, 2),
+    ],
+)
+def test_balance_batch_with_prefix_grouper_ignores_keep_minibatch_as_verl(
+    lengths, uids, dp, minibatch
+) -> None:
+    # adv17b D1: with use_prefix_grouper and keep_minibatch, verl balances the uid groups and
+    # ignores the mini-batches; ours balanced each mini-batch's pieces of a group on their own.
+    def trainer() -> object:
+        config = types.SimpleNamespace(actor={"ppo_mini_batch_size": minibatch})
+        return types.SimpleNamespace(
+            config=types.SimpleNamespace(actor_rollout_ref=config),
+            use_prefix_grouper=True,
+            actor_rollout_wg=types.SimpleNamespace(world_size=dp),
+            _get_dp_size=lambda group, role: dp,
+        )
+
+    width = max(lengths)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    orders = []
+    for balance, keep in ((_verl_balance_batch(), True), (sbv.balance_batch, True),
+                          (sbv.balance_batch, False)):  # fmt: skip
+        proto = DataProto.from_dict(
+            {"attention_mask": mask, "row": torch.arange(len(lengths))},
+            {"uid": np.array(uids, dtype=object)},
+        )
+        balance(trainer(), proto, {}, keep_minibatch=keep)
+        orders.append(proto.batch["row"].tolist())
+        chunks = np.array(orders[-1]).reshape(dp, -1)
+        assert all(len({r for r in range(dp) if u in {uids[i] for i in chunks[r]}}) == 1
+                   for u in uids)  # fmt: skip
+    assert orders[1] == orders[2]
+
+
 def _count_worker(rank: int, world_size: int, cap: int) -> list:
     """verl's distributed case on gloo: ranks with 20 and 25 rows, first with
     ``min_num_micro_batch=4`` alone, then with ``same_micro_num_in_dp`` alone; verl's function

@@ -567,6 +567,21 @@ def test_a_slow_rank_keeps_empty_micro_batches_where_allowed(objective: str, bef
         assert plan.step_cost <= plan.lower_bound * (1 + 1e-5)
 
 
+def test_a_padded_step_searches_the_counts_past_the_speeds_range() -> None:
+    # A padded step with a slow rank, groups and allow_empty: the counts sized by the speeds
+    # (4 and 5 micro-batches per rank) plan at 530 at best; 6 or more (a long sample alone
+    # pads no short one) reach the bound, 529. The search stopped at 5 (and reached 7 only
+    # where a rival's plan of 7 beat ours by luck: with empty micro-batches allowed ours
+    # beat it and the bound was missed).
+    lengths = [1, 113, 1, 1, 1, 4, 1, 107, 1, 448, 1, 3, 3, 515, 2, 1, 1, 144, 1, 1, 2]
+    groups = [3, 5, 0, 0, 0, 1, 0, 1, 0, 2, 0, 0, 0, 0, 0, 1, 1, 4, 1, 1, 2]
+    options = {"max_tokens": 1024, "rank_speeds": (0.3, 1.0, 1.0, 1.0), "allow_empty": True}
+    options |= {"groups": groups, "layout": "padded", "microbatch_size": 3, "cost": "tokens"}
+    plan = sb.plan_step(lengths, 4, **options)
+    assert plan.lower_bound == pytest.approx(529.0)
+    assert plan.step_cost == 529.0
+
+
 @st.composite
 def _empty_steps(draw: st.DrawFn) -> dict:
     step = draw(_speed_steps())

@@ -70,6 +70,20 @@ def test_the_keyed_shuffle_mixes() -> None:
     assert len(set(values[:512].tolist()) & set(other_epoch.tolist())) < 20
 
 
+def test_the_keyed_shuffle_mixes_few_samples() -> None:
+    # A round function affine over GF(2) in the low bits made the network on 3-bit halves a
+    # XOR with a constant: 20 samples kept in dataset order under a quarter of the keys, and
+    # most aligned blocks of four (a step's samples, one epoch after another) kept together.
+    for n in (8, 20, 64):
+        kept = []
+        for seed in range(40):
+            values = Permutation(n, (seed, 3))(np.arange(n))
+            assert not np.array_equal(values, np.arange(n)), (n, seed)
+            blocks = values.reshape(-1, 4) // 4
+            kept.append(np.mean(blocks.min(axis=1) == blocks.max(axis=1)))
+        assert np.mean(kept) < 0.1, (n, np.mean(kept))
+
+
 # ---------------------------------------------------------------- invariant 10
 @st.composite
 def _setups(draw: Any) -> dict[str, Any]:

@@ -142,8 +142,9 @@ def dp_balanced_order(
     (verl's dispatch). Every rank gets the same sample count; with ``groups`` (e.g. the GRPO
     ``uid``) each group stays on one rank and every rank gets the same number of groups (groups
     must then all have one size). With ``minibatch_size`` each consecutive mini-batch is balanced
-    on its own and stays in its place (verl's ``keep_minibatch``). Within a rank the samples are
-    ordered small-large-small by cost, as verl does.
+    on its own and stays in its place (verl's ``keep_minibatch``); with ``groups`` too, every
+    group must lie within one mini-batch. Within a rank the samples are ordered small-large-small
+    by cost, as verl does.
     """
     return _balanced_order(seqlen_list, dp_size, groups, minibatch_size, cost, model)[0]
 
@@ -174,6 +175,7 @@ def _balanced_order(
             raise ValueError(
                 f"groups must hold one id per sample ({lengths.size}), got shape {group_ids.shape}"
             )
+        _check_groups_within(group_ids, size)
     ranks: list[list[int]] = [[] for _ in range(dp)]
     for start in range(0, lengths.size, size):
         window = np.arange(start, start + size)
@@ -200,6 +202,25 @@ def _balanced_order(
     return [i for members in ranks for i in members], costs
 
 
+def _check_groups_within(group_ids: np.ndarray, size: int) -> None:
+    """Refuse a group whose samples lie in two mini-batches of ``size`` samples: its pieces were
+    balanced in each mini-batch on its own, so one group landed on two ranks without a word."""
+    _, first, inverse = np.unique(group_ids, return_index=True, return_inverse=True)
+    window = np.arange(group_ids.size) // size
+    lowest = np.full(first.size, window[-1])
+    highest = np.zeros(first.size, dtype=window.dtype)
+    np.minimum.at(lowest, inverse.reshape(-1), window)
+    np.maximum.at(highest, inverse.reshape(-1), window)
+    apart = np.flatnonzero(lowest != highest)
+    if apart.size:
+        g = apart[np.argmin(first[apart])]
+        name = group_ids[first[g] : first[g] + 1].tolist()[0]  # np.int64(0) read as 0
+        raise ValueError(
+            f"groups: group {name!r} has samples in mini-batches {lowest[g]} and "
+            f"{highest[g]} (minibatch_size = {size}): a group must lie within one mini-batch"
+        )
+
+
 def balance_batch(
     self: Any,
     batch: Any,
@@ -214,7 +235,8 @@ def balance_batch(
     the chunks before), ``/balanced_min``, ``/balanced_max`` (after), ``/mean`` (verl's keys) and
     ``/balanced_imbalance`` (largest over mean rank cost after). The trainer's
     ``seqbalance_cost`` / ``seqbalance_model`` attributes, when set, pick the cost; with
-    ``use_prefix_grouper`` the ``uid`` groups stay together.
+    ``use_prefix_grouper`` the ``uid`` groups stay together and, as in verl, ``keep_minibatch``
+    does not apply (verl's prefix-grouper path comes first).
     """
     import torch
 
@@ -228,7 +250,7 @@ def balance_batch(
     if getattr(self, "use_prefix_grouper", False) and "uid" in batch.non_tensor_batch:
         groups = np.unique(np.asarray(batch.non_tensor_batch["uid"]), return_inverse=True)[1]
     minibatch = None
-    if keep_minibatch:
+    if keep_minibatch and groups is None:  # verl: the prefix grouper's path ignores it
         minibatch = self.config.actor_rollout_ref.actor.get("ppo_mini_batch_size")
     cost = getattr(self, "seqbalance_cost", None)
     model = getattr(self, "seqbalance_model", None)

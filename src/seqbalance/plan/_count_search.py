@@ -18,7 +18,13 @@ from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._rank_search import capacity_bound
 from seqbalance.plan._shared import Microbatches
 
-__all__ = ["COUNTS_REFINED", "COUNTS_TRIED", "CountSearch", "counts_above"]
+__all__ = [
+    "COUNTS_REFINED",
+    "COUNTS_TRIED",
+    "CountSearch",
+    "counts_above",
+    "padded_counts_beyond",
+]
 
 COUNTS_TRIED = 8
 """The search first tries at most this many counts, evenly spread (each is a whole attempt:
@@ -39,6 +45,21 @@ def counts_above(p: Problem, m: int) -> list[int]:
     most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
     counts = []
     count = p.next_microbatches(m)
+    while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
+        counts.append(count)
+        count = p.next_microbatches(count)
+    return counts
+
+
+def padded_counts_beyond(p: Problem, last: int) -> list[int]:
+    """Padded: the counts past ``last`` (the largest ``counts_above`` gives) up to where the
+    fastest rank's share of the samples (by speed) could each be alone in a micro-batch. The
+    speeds' range sizes the shares, but a padded micro-batch more also pads less (a long
+    sample alone), so a larger count may plan cheaper (within ``allow_empty``'s limit)."""
+    speeds = p.speeds_or_ones
+    most = int(np.ceil(p.n * float(speeds.max()) / float(speeds.sum())))
+    counts = []
+    count = p.next_microbatches(last)
     while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
         counts.append(count)
         count = p.next_microbatches(count)
@@ -171,7 +192,23 @@ class CountSearch:
 
     def _search(self, value: float) -> Found:
         """Plans (before the lockstep refinement) with the counts above ``m`` (``counts_above``),
-        cheapest first (ties: the fewest micro-batches), the ``kept`` first of them exact.
+        cheapest first (ties: the fewest micro-batches), the ``kept`` first of them exact
+        (``_search_counts``). Padded, where none of them (nor ``value``, of ``m``) is within the
+        bound's gap, the larger counts of ``padded_counts_beyond`` are searched alike and their
+        plans join the others."""
+        p = self.p
+        counts = counts_above(p, self.m)
+        found = self._search_counts(value, counts)
+        least = min([value, *(item[0] for item in found)])
+        if p.layout != "padded" or least <= self.gap:
+            return found
+        beyond = padded_counts_beyond(p, counts[-1] if counts else self.m)
+        found += self._search_counts(least, beyond)
+        return sorted(found, key=lambda item: (item[0], len(item[1][0])))
+
+    def _search_counts(self, value: float, counts: list[int]) -> Found:
+        """Plans (before the lockstep refinement) with ``counts`` (ascending), cheapest first
+        (ties: the fewest micro-batches), the ``kept`` first of them exact.
 
         A bounded search, since the cost over counts is not smooth: ``COUNTS_TRIED`` counts
         evenly spread over the range (the largest first), then around the cheapest so far steps
@@ -182,7 +219,6 @@ class CountSearch:
         among the ``kept`` cheapest returned (``value``, of ``m``, included), so the plans
         returned first are those planning every count reached would give."""
         p = self.p
-        counts = counts_above(p, self.m)
         tried: dict[int, tuple[float, Microbatches]] = {}  # by position in counts
         deferred = _Deferred(p, counts)
 

@@ -65,7 +65,9 @@ applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, 
 index).
 
 Steps 1-4 plan one count (``plan/_at_count.py``); with rank speeds the counts above the fewest
-are searched too (``plan/_count_search.py``).
+are searched too (``plan/_count_search.py``; padded, up to where the fastest rank's samples
+could each be alone, since a micro-batch more pads less: without speeds such a count is taken
+only where a rival's plan of it is cheaper, ``_at_rival_count``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from seqbalance.plan._shared import unit_numbers
 __all__ = ["EpochLayout", "Permutation"]
 
 _ROUNDS = 6
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant (golden ratio): multiplicative mix
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))  # splitmix64's finaliser
 _CHUNK = 1 << 22  # samples per chunk when a pass over all samples is needed
 _SUM_CHUNK = 1 << 19  # rows per chunk of ``step_sums`` (several int64 columns each)
 
@@ -44,17 +44,13 @@ class Permutation:
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self._half, x & self._mask
         for key in self._keys:
-            mixed = (right ^ key) * _MIX
-            mixed ^= mixed >> np.uint64(29)
-            left, right = right, left ^ (mixed & self._mask)
+            left, right = right, left ^ (_round(right, key) & self._mask)
         return (left << self._half) | right
 
     def _decrypt(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self._half, x & self._mask
         for key in self._keys[::-1]:  # each round undone, last first
-            mixed = (left ^ key) * _MIX
-            mixed ^= mixed >> np.uint64(29)
-            left, right = right ^ (mixed & self._mask), left
+            left, right = right ^ (_round(left, key) & self._mask), left
         return (left << self._half) | right
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
@@ -72,6 +68,18 @@ class Permutation:
             out[outside] = cipher(out[outside])
             outside = outside[out[outside] >= np.uint64(self.n)]
         return out.astype(np.int64)
+
+
+def _round(half: np.ndarray, key: np.uint64) -> np.ndarray:
+    """The Feistel round function: ``half ^ key`` through splitmix64's finaliser, every output
+    bit a function of every input bit. The low bits of one product alone (``(half ^ key) *
+    odd``, kept by the mask) are affine over GF(2) in the low input bits: on the 3-bit halves
+    of 20 samples the network was a XOR with a constant, the epoch left in dataset order for a
+    quarter of the seeds and most aligned blocks of four kept together."""
+    mixed = half ^ key
+    mixed = (mixed ^ (mixed >> np.uint64(30))) * _MIX[0]
+    mixed = (mixed ^ (mixed >> np.uint64(27))) * _MIX[1]
+    return mixed ^ (mixed >> np.uint64(31))
 
 
 class EpochLayout:

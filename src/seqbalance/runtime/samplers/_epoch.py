@@ -32,8 +32,10 @@ from seqbalance.runtime.samplers._lengths import LengthSource
 
 __all__ = ["STATE_FORMAT", "EpochBatchSampler", "parts_sha256", "sha256_of"]
 
-STATE_FORMAT = "seqbalance.SamplerState/3"
-"""``state_dict()["format"]``; changes whenever the resume state's layout changes."""
+STATE_FORMAT = "seqbalance.SamplerState/4"
+"""``state_dict()["format"]``; changes whenever the resume state's layout, or the epoch order
+its position counts in, changes (4: the keyed shuffle's round function, so a state of 3 would
+resume at its count in another order, training some samples twice and others never)."""
 
 _STATE_KEYS = ("format", "epoch", "consumed", "step", "offset", "setup")
 _POSITION = ("consumed", "step", "offset")
