@@ -141,12 +141,10 @@ class BalancedBatchSampler(EpochBatchSampler):
             a step the planner refuses (raised by ``next()`` at that step, prefixed with it), a
             lengths file changed under the sampler, or ranks that disagree.
         Exception: where ranks agree (``agreement_timeout`` and torch.distributed), what the
-            samples' check against the caps and the cost model raise (the ValueErrors above
-            of a sample over a cap or a cost rejected, a table's IndexError) is raised at the
-            first ``iter`` (and any use but ``len`` and ``num_steps``), not at construction:
-            a rank whose check alone fails raises its error, the other ranks a ValueError
-            naming it ('BalancedBatchSampler construction on rank 1: cost(lengths)[12] ...';
-            ``EpochBatchSampler._defer_failure``).
+            samples' check against the caps and the cost model raise (the ValueErrors above,
+            a table's IndexError) is raised at the first ``iter`` (and any use but ``len``
+            and ``num_steps``), not at construction: the rank raises its own, the others a
+            ValueError naming it ('BalancedBatchSampler construction on rank 1: ...').
     """
 
     def __init__(
@@ -327,9 +325,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
         """Which samples make up each step of ``epoch`` (default: the current epoch)."""
-        # No costs are read: len() and num_steps answer on a rank whose costs failed, whose
-        # error the agreement at iter() then raises on every rank (a rank raising alone in
-        # len() left the others waiting in their agreement, told nothing).
+        # Reads no costs: len() answers where they failed; iter()'s agreement tells every rank.
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
         if self._layout_cache is None or self._layout_cache.epoch != epoch:
             self._layout_cache = self._fresh_layout(epoch)
