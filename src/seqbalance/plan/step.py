@@ -21,7 +21,7 @@ from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import counts_bound
-from seqbalance.plan._shared import check_within_caps
+from seqbalance.plan._shared import check_token_total, check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
@@ -167,12 +167,7 @@ def _plan(
     parts = lengths if isinstance(lengths, SampleParts) else None
     lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
     dp_size = check_ranks(dp_size, "dp_size")
-    total = token_total(lengths)
-    if total > MAX_TOKENS_LIMIT:
-        raise ValueError(
-            f"lengths sum to {total:,} tokens, more than 2**53 = {MAX_TOKENS_LIMIT}: token sums "
-            "this large cannot be represented exactly"
-        )
+    check_token_total(lengths)
     _check_padded_tokens(lengths, options)
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
     vision_patches = vision_patches_of(parts, options)
