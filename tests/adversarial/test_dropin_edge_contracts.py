@@ -445,3 +445,13 @@ def test_verl_part_counts_are_bounded(function: str) -> None:
     with pytest.raises(ValueError, match=r"^k_partitions must be <= 2\*\*20 = 1048576 parts"):
         getattr(sv, function)([1, 2], 2**40, False)
     assert sorted(map(sorted, getattr(sv, function)([1, 2], 3, False))) == [[], [0], [1]]
+
+
+@pytest.mark.parametrize("equal_size", ["no", None, 2.5, 1])
+def test_verl_partitions_refuse_an_equal_size_that_is_no_bool(equal_size) -> None:
+    # adv17b D4: read by truthiness, "no" planned equal-size parts without a word.
+    from seqbalance.integrations import verl as sv
+
+    for function in (sv.karmarkar_karp, sv.greedy_partition):
+        with pytest.raises(ValueError, match=r"equal_size must be True or False, got "):
+            function([1, 2, 3, 4], 2, equal_size)

@@ -200,6 +200,15 @@ def test_gzip_and_parquet_give_the_same_lengths(tmp_path: Path) -> None:
     np.testing.assert_array_equal(table.lengths, plain.lengths)
     np.testing.assert_array_equal(table.groups, plain.groups)
     assert table.locations.tolist() == [0, 0, 0, 1, 1]
+    # adv17b D5: a gzipped Parquet file (documented) was read raw: "magic bytes not found".
+    packed = tmp_path / "grpo.parquet.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "grpo.parquet").read_bytes()))
+    unpacked = token_lengths(packed)
+    np.testing.assert_array_equal(unpacked.lengths, plain.lengths)
+    np.testing.assert_array_equal(unpacked.groups, plain.groups)
+    packed.write_bytes(gzip.compress((tmp_path / "grpo.parquet").read_bytes())[:60])
+    with pytest.raises(ValueError, match=r"grpo.parquet.gz: cannot read it as gzipped parquet"):
+        token_lengths(packed)
 
 
 def test_malformed_records_are_named_by_line() -> None:

@@ -505,6 +505,11 @@ def test_install_patches_verl_and_its_importers_and_uninstall_restores(monkeypat
             with sbv.install(model="qwen3-8b"):  # nested: restores the outer one at its end
                 workload = V.calculate_workload(torch.tensor([1000, 10]))
                 assert workload.dtype == torch.float64 and workload[0] > 1e9
+                # adv17b D3: inf / 1e30 were cast to int64 (a numpy warning), then refused as
+                # "lengths[0] = -9223372036854775808 is negative".
+                for bad, why in ((float("inf"), "is not finite"), (1e30, "is too large")):
+                    with pytest.raises(ValueError, match=rf"^seqlen_list\[0\] = .* {why}$"):
+                        V.calculate_workload(torch.tensor([bad, 5.0], dtype=torch.float64))
             assert V.calculate_workload is installation.functions["calculate_workload"]
             functions = installation.functions
             assert later.rearrange_micro_batches is functions["rearrange_micro_batches"]

@@ -600,6 +600,8 @@ def test_malformed_documents_are_value_errors_naming_the_plan_type() -> None:
         {k: v for k, v in document.items() if k != "slots"},  # a field missing
         {**document, "n_slots": "many"},  # a field of the wrong type
         {**document, "costs": [1.0]},  # the wrong shape
+        # adv17b D6: loaded, then validate() raised AttributeError ('NoneType' ... usable_sizes).
+        {**document, "options": {**document["options"], "context_parallel": None}},
     ):
         with pytest.raises(ValueError, match="malformed ContextParallelPlan document"):
             ContextParallelPlan.from_json(json.dumps(broken))

@@ -11,8 +11,10 @@ import math
 from typing import Any
 
 from seqbalance._validation import check_bool, check_int
+from seqbalance.cost._hf_config import MAX_CONFIG_INTEGER, MAX_CONFIG_LAYERS
 
 _MISSING = object()
+_LAYER_COUNTS = ("num_layers", "mtp_num_layers")
 
 
 class _Args:
@@ -35,7 +37,13 @@ class _Args:
         return value
 
     def integer(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> int:
-        return check_int(self.get(key, default), f"Megatron argument {key!r}", minimum=minimum)
+        """An integer argument, bounded as a Hugging Face config's fields are: ``num_layers``
+        2**40 built per-layer tables for minutes, 10**400 raised OverflowError in the FLOPs."""
+        value = check_int(self.get(key, default), f"Megatron argument {key!r}", minimum=minimum)
+        limit = MAX_CONFIG_LAYERS if key in _LAYER_COUNTS else MAX_CONFIG_INTEGER
+        if value > limit:
+            raise ValueError(f"Megatron argument {key!r} must be <= {limit}, got {value}")
+        return value
 
     def flag(self, key: str, default: Any = _MISSING) -> bool:
         return check_bool(self.get(key, default), f"Megatron argument {key!r}")

@@ -7,9 +7,12 @@ its place, so the caller can name every bad line at once (or skip them).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,14 +170,27 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
         ) from error
     import pyarrow as pa
 
-    index = 0
-    try:
-        for batch in pq.ParquetFile(path).iter_batches():
-            for row in batch.to_pylist():
-                yield index, row
-                index += 1
-    except pa.ArrowException as error:  # not Parquet, or cut short: pyarrow names no file
-        raise ValueError(f"{path}: cannot read it as parquet: {error}") from None
+    with contextlib.ExitStack() as stack:
+        source: Any = path
+        if path.suffix.lower() == ".gz":
+            # pyarrow read the gzip stream as Parquet and called a documented input corrupted
+            # ("magic bytes not found"). Parquet is read from its footer back, so unpacked first
+            # (to a temporary file: the file may not fit in memory).
+            source = stack.enter_context(tempfile.TemporaryFile())
+            try:
+                with gzip.open(path, "rb") as packed:
+                    shutil.copyfileobj(packed, source)
+            except (OSError, EOFError) as error:
+                raise ValueError(f"{path}: cannot read it as gzipped parquet: {error}") from None
+            source.seek(0)
+        index = 0
+        try:
+            for batch in pq.ParquetFile(source).iter_batches():
+                for row in batch.to_pylist():
+                    yield index, row
+                    index += 1
+        except pa.ArrowException as error:  # not Parquet, or cut short: pyarrow names no file
+            raise ValueError(f"{path}: cannot read it as parquet: {error}") from None
 
 
 _READERS = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}

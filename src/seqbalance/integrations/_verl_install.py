@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._validation import as_lengths
 from seqbalance.cost.resolve import resolve_cost
 from seqbalance.integrations._cost import choose_cost
 from seqbalance.integrations._verl_partitions import calculate_workload, sample_costs
@@ -221,12 +222,10 @@ def _configured_workload(cost: Any) -> Callable[[Any], Any]:
     def installed(seqlen_list: Any) -> Any:
         is_tensor = hasattr(seqlen_list, "cpu") and hasattr(seqlen_list, "device")
         values = np.asarray(seqlen_list.cpu() if is_tensor else seqlen_list).reshape(-1)
-        whole = values.dtype.kind in "iuf" and bool(np.all(values == np.round(values)))
-        if values.size and not whole:
-            raise ValueError("seqlen_list must hold whole token counts")
-        if values.size and values.min() < 0:
-            raise ValueError(f"seqlen_list holds a negative length: {values.min()}")
-        costs = sample_costs(cost, None, values.astype(np.int64))[0].astype(np.float64)
+        # Read as the uninstalled function reads them: inf or 1e30 were cast to int64 (a numpy
+        # warning) and refused as "lengths[0] = -9223372036854775808 is negative".
+        lengths = as_lengths(values, "seqlen_list")
+        costs = sample_costs(cost, None, lengths)[0].astype(np.float64)
         if not is_tensor:
             return costs
         import torch

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int, check_parts, refuse_masked
+from seqbalance._validation import as_lengths, check_bool, check_int, check_parts, refuse_masked
 from seqbalance.cost.resolve import evaluate_costs, resolve_cost
 from seqbalance.integrations._cost import choose_cost
 from seqbalance.partition import partition
@@ -83,14 +83,16 @@ def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> lis
     empty, as in verl.
 
     Raises:
-        ValueError: no items, ``k_partitions`` outside ``[1, 2**20]``, ``equal_size`` with a
-            count not divisible by ``k_partitions``, or a negative or NaN value.
+        ValueError: no items, ``k_partitions`` outside ``[1, 2**20]``, ``equal_size`` not a
+            bool or with a count not divisible by ``k_partitions``, or a negative or NaN value.
     """
     values = _scalars(seqlen_list, "seqlen_list")
     # Bounded as seqbalance.partition bounds k: with fewer items than parts the trailing parts
     # are empty, and 2**40 of them ran out of memory after 15 s.
     k = check_parts(k_partitions, "k_partitions")
-    return karmarkar_karp_groups(values, k, equal_size=bool(equal_size))
+    # "no", None or 2.5 were read by truthiness (verl's own reads them so; its callers pass bools).
+    equal_size = check_bool(equal_size, "equal_size")
+    return karmarkar_karp_groups(values, k, equal_size=equal_size)
 
 
 def greedy_partition(seqlen_list: Any, k_partitions: int, equal_size: bool) -> list[list[int]]:
@@ -99,11 +101,12 @@ def greedy_partition(seqlen_list: Any, k_partitions: int, equal_size: bool) -> l
     ``sum + 1`` first, so parts take turns and end with equal counts.
 
     Raises:
-        ValueError: ``k_partitions`` outside ``[1, 2**20]``, ``equal_size`` with a count not
-            divisible by ``k_partitions``, or a negative or NaN value.
+        ValueError: ``k_partitions`` outside ``[1, 2**20]``, ``equal_size`` not a bool or with a
+            count not divisible by ``k_partitions``, or a negative or NaN value.
     """
     values = _scalars(seqlen_list, "seqlen_list")
     k = check_parts(k_partitions, "k_partitions")  # 2**40 empty parts: out of memory
+    equal_size = check_bool(equal_size, "equal_size")  # "no" was read as True
     if equal_size and len(values) % k:
         raise ValueError(
             f"equal_size needs len(seqlen_list) = {len(values)} to be a multiple of "

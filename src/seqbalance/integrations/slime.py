@@ -61,13 +61,14 @@ that catch slime's assertions keep working.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from seqbalance._validation import (
+    MAX_TOKENS_LIMIT,
     EmptySlotError,
     as_lengths,
     check_choice,
@@ -385,6 +386,11 @@ def _cap_and_size(args: Any, cp: int) -> tuple[int | None, int]:
         if args.max_tokens_per_gpu is None:
             raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu")
         tokens = check_int(args.max_tokens_per_gpu, "max_tokens_per_gpu", minimum=1) * cp
+        if tokens > MAX_TOKENS_LIMIT:  # 10**400 raised OverflowError in the margin's product
+            raise ValueError(
+                f"max_tokens_per_gpu x cp_size = {args.max_tokens_per_gpu} x {cp} tokens per "
+                f"micro-batch must be <= 2**53 = {MAX_TOKENS_LIMIT}"
+            )
         margin = check_positive_float(
             getattr(args, "packing_safety_margin", 1.0), "packing_safety_margin"
         )
@@ -424,15 +430,45 @@ def build_dp_schedule(
         ScheduleError: fewer rollouts than a step, a step with fewer samples than micro-batch
             slots, a static step that does not divide, or bad arguments.
     """
+    try:
+        return _schedule(
+            args,
+            train_parallel_config,
+            total_lengths,
+            global_batch_size,
+            rollout_indices,
+            objective,
+        )
+    except ScheduleError:
+        raise
+    except ValueError as error:
+        # A bad dp_size, model field or objective was a plain ValueError, which callers
+        # catching slime's assertions (the documented contract) let through.
+        raise ScheduleError(str(error)) from None
+
+
+def _parallel_config(config: Any) -> tuple[int, int, int, int]:
+    """``(dp_size, cp_size, vpp_size, microbatch_group_size_per_vp_stage)`` of slime's
+    ``train_parallel_config``, checked (a missing key was a bare KeyError)."""
+    names = ("dp_size", "cp_size", "vpp_size", "microbatch_group_size_per_vp_stage")
+    if not isinstance(config, Mapping) or any(name not in config for name in names):
+        raise ScheduleError(f"train_parallel_config must be a mapping with keys {list(names)}")
     # Bounded before the per-rank lists are made (2**40 of them: MemoryError).
-    dp = check_ranks(train_parallel_config["dp_size"], "dp_size")
-    cp = check_int(train_parallel_config["cp_size"], "cp_size", minimum=1)
-    vpp = check_int(train_parallel_config["vpp_size"], "vpp_size", minimum=1)
-    group = check_int(
-        train_parallel_config["microbatch_group_size_per_vp_stage"],
-        "microbatch_group_size_per_vp_stage",
-        minimum=1,
-    )
+    dp = check_ranks(config["dp_size"], "dp_size")
+    sizes = (check_int(config[name], name, minimum=1) for name in names[1:])
+    return (dp, *sizes)  # type: ignore[return-value]
+
+
+def _schedule(
+    args: Any,
+    train_parallel_config: Any,
+    total_lengths: Any,
+    global_batch_size: Any,
+    rollout_indices: Any,
+    objective: Any,
+) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
+    """:func:`build_dp_schedule`, raising ValueError or ScheduleError."""
+    dp, cp, vpp, group = _parallel_config(train_parallel_config)
     per_rank_multiple = group if vpp > 1 else 1
     gbs = check_int(global_batch_size, "global_batch_size", minimum=1)
     try:  # negative / fractional / 2-D lengths were cast, flattened or planned as given

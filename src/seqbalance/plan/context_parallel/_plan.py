@@ -457,6 +457,9 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
     def _from_dict(cls, data: dict[str, Any]) -> ContextParallelPlan:
         n_ranks, n_slots = whole(data["n_ranks"], "n_ranks"), whole(data["n_slots"], "n_slots")
         groups, provenance = data["groups"], data["provenance"]
+        options = PlanOptions.from_dict(data["options"])
+        if options.context_parallel is None:  # validate() raised AttributeError on it
+            raise ValueError("options.context_parallel is null in a context-parallel plan")
         return cls(
             ranks=[
                 [integers(held, "slots").reshape(-1, 2) for held in rank_slots]
@@ -471,7 +474,7 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
             tokens=integers(data["tokens"], "tokens").reshape(n_ranks, n_slots),
             lengths=integers(data["lengths"], "lengths"),
             groups=None if groups is None else integers(groups, "groups"),
-            options=PlanOptions.from_dict(data["options"]),
+            options=options,
             lower_bound=number(provenance["lower_bound"], "lower_bound"),
             planning_seconds=number(provenance.get("planning_seconds", 0.0), "planning_seconds"),
         )
