@@ -12,6 +12,10 @@ sizes under one name: an IndexError on the rank whose table is short) raised the
 other rank waited in its agreement until the timeout, its CollectiveError naming no cause. The
 error is now kept for the first agreement: every other rank raises 'BalancedBatchSampler
 construction on rank 1: IndexError: ...' at iter(), and the rank itself its own error.
+
+review16 item 10: so does a cost the sampler refuses on one rank (a NaN: ValueError, which was
+raised at construction there alone), and len() before iter() (a trainer's steps per epoch)
+answers on every rank instead of raising the kept error on that rank alone.
 """
 
 from __future__ import annotations
@@ -89,6 +93,47 @@ def _short_table(rank: int) -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {error}", "batches": None}
 
 
+class _Holes:
+    """Tokens, but NaN beyond length 12 on rank 1 alone (its table has holes)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __call__(self, lengths: np.ndarray) -> np.ndarray:
+        costs = np.asarray(lengths, dtype=np.float64)
+        if self.rank == 1:
+            costs[costs > 12] = np.nan
+        return costs
+
+
+def _refused_on_one_rank(rank: int) -> dict[str, Any]:
+    """review16 item 10 (a): a cost the sampler refuses (ValueError) on rank 1 alone."""
+    try:
+        sampler = BalancedBatchSampler(
+            np.arange(1, 17), 8, cost=_Holes(rank), agreement_timeout=20.0
+        )
+        return {"error": None, "batches": list(sampler)}
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {error}", "batches": None}
+
+
+def _len_first(rank: int) -> dict[str, Any]:
+    """review16 item 10 (b): len() (a trainer's steps per epoch) before iter(), rank 1's table
+    short: len() answers on both ranks (it needs no costs), iter() raises on both."""
+    sampler = BalancedBatchSampler(
+        np.arange(1, 17),
+        8,
+        cost=_Table(12 if rank else 20),
+        agreement_timeout=20.0,
+        num_microbatches=1,
+    )
+    steps = len(sampler)
+    try:
+        return {"len": steps, "error": None, "batches": list(sampler)}
+    except Exception as error:
+        return {"len": steps, "error": f"{type(error).__name__}: {error}", "batches": None}
+
+
 def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
     elementwise = SizeDependent(0)  # tokens on any array
     return [
@@ -97,6 +142,8 @@ def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
         *(_run(rank, elementwise if rank == 0 else SizeDependent(100), large) for large in (0, 1)),
         # rank 1 alone: lengths ** 1.7 everywhere (the digests differ)
         _run(rank, elementwise if rank == 0 else SizeDependent(10**9), False),
+        _refused_on_one_rank(rank),
+        _len_first(rank),
     ]
 
 
@@ -137,4 +184,31 @@ def test_a_cost_raising_on_one_rank_at_construction_fails_every_rank_naming_it(
             "batches": None,
         },
         {"error": told, "batches": None},
+    ]
+
+
+def test_a_cost_refused_on_one_rank_at_construction_fails_every_rank_naming_it(
+    results: list[list[dict[str, Any]]],
+) -> None:
+    told = "cost(lengths)[12] = nan is not finite"
+    assert [rank[4] for rank in results] == [
+        {
+            "error": f"ValueError: BalancedBatchSampler construction on rank 1: {told}",
+            "batches": None,
+        },
+        {"error": f"ValueError: {told}", "batches": None},
+    ]
+
+
+def test_len_before_iter_answers_and_iter_fails_every_rank_naming_the_cause(
+    results: list[list[dict[str, Any]]],
+) -> None:
+    told = "IndexError: index 12 is out of bounds for axis 0 with size 12"
+    assert [rank[5] for rank in results] == [
+        {
+            "len": 2,
+            "error": f"ValueError: BalancedBatchSampler construction on rank 1: {told}",
+            "batches": None,
+        },
+        {"len": 2, "error": told, "batches": None},
     ]

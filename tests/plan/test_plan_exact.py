@@ -50,6 +50,25 @@ def test_the_subset_sum_cut_changes_no_plan(case: tuple[Problem, int]) -> None:
     assert cut.nodes <= plain.nodes
 
 
+@settings(max_examples=examples(200), deadline=None)
+@given(_problems(), st.sampled_from([0.5, 1.0, 1.0 + 1e-9, 2.0]))
+def test_a_cutoff_finds_the_plan_below_it_or_leaves_the_incumbent(
+    case: tuple[Problem, int], scale: float
+) -> None:
+    # review16 item 17: the other ranks' plan with the slowest rank left empty is of use only
+    # below the plan it would replace; the search cut there finds what the full one finds.
+    p, m = case
+    plain = _exact._Search(p, m, None)
+    expected = plain.run()
+    assert plain.nodes <= _exact.NODE_LIMIT  # complete: its plan is the optimum
+    optimum = np.inf if expected is None else _exact.objective(p, expected)
+    cutoff = optimum * scale if np.isfinite(optimum) else 1.0
+    cut = _exact._Search(p, m, None, cutoff=cutoff)
+    found = cut.run()
+    assert found == (expected if optimum < cutoff else None)
+    assert cut.nodes <= plain.nodes
+
+
 def test_the_last_step_of_the_lazy_sampler_is_proven_within_the_nodes() -> None:
     # tests/runtime/test_runtime_samplers_lazy's last step: 8759 tokens on 3 ranks of 2
     # micro-batches of 2500. The optimum is 2925 (every split of the 12 samples into 3 ranks

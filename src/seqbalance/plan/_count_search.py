@@ -71,10 +71,17 @@ class CountSearch:
     moves it where ``m`` has no plan). ``bound`` is the step's lower bound: a plan within
     ``RIVALS_WITHOUT_BOUND_GAP`` of it ends the search. Each count is planned (without the
     lockstep refinement) at most once per step; ``_at_count.attempt`` is deterministic, so a
-    kept plan is the one planning it again would give."""
+    kept plan is the one planning it again would give. ``cutoff``: as ``_exact.search``'s."""
 
-    def __init__(self, p: Problem, m: int, bound: float, least_slots: Callable[[], int]) -> None:
-        self.p, self.m = p, m
+    def __init__(
+        self,
+        p: Problem,
+        m: int,
+        bound: float,
+        least_slots: Callable[[], int],
+        cutoff: float = np.inf,
+    ) -> None:
+        self.p, self.m, self.cutoff = p, m, cutoff
         self.least_slots = least_slots  # _feasible.least_slots of p, computed once
         self.gap = bound * (1 + RIVALS_WITHOUT_BOUND_GAP)
         self._plans: dict[int, tuple[float, Microbatches] | None] = {}  # by count
@@ -179,7 +186,7 @@ class CountSearch:
                 # that empty micro-batches would spare it.
                 bound = max(p.lower_bound(count), capacity_bound(p, count))
                 if plan is None or _exact.objective(p, plan) > bound * (1 + _TOLERANCE):
-                    plan = _exact.search(p, count, plan, bound)
+                    plan = _exact.search(p, count, plan, bound, cutoff=self.cutoff)
             self._plans[count] = None if plan is None else (aligned_value(p, plan), plan)
         return self._plans[count]
 

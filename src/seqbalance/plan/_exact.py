@@ -43,18 +43,32 @@ def objective(p: Problem, plan: Microbatches) -> float:
 
 
 def search(
-    p: Problem, m: int, incumbent: Microbatches | None, bound: float = 0.0
+    p: Problem,
+    m: int,
+    incumbent: Microbatches | None,
+    bound: float = 0.0,
+    *,
+    cutoff: float = np.inf,
 ) -> Microbatches | None:
     """The best plan with ``m`` micro-batches per rank, or ``incumbent`` if none is better
     (``None`` when no feasible plan exists, or none was found within the node limit).
     ``bound``: a lower bound on every plan's value (``Problem.lower_bound``; 0, the least
-    value, by default); a plan within ``TOLERANCE`` of it ends the search."""
-    return _Search(p, m, incumbent, bound).run()
+    value, by default); a plan within ``TOLERANCE`` of it ends the search. ``cutoff``: a
+    value that no plan of use to the caller reaches: branches are cut there as at a plan
+    found, so a plan below it is the one the search without it finds (or, where that one
+    stopped at the node limit, one as cheap or cheaper), and none at or above it is looked
+    for (``incumbent`` is then returned)."""
+    return _Search(p, m, incumbent, bound, cutoff).run()
 
 
 class _Search:
     def __init__(
-        self, p: Problem, m: int, incumbent: Microbatches | None, bound: float = 0.0
+        self,
+        p: Problem,
+        m: int,
+        incumbent: Microbatches | None,
+        bound: float = 0.0,
+        cutoff: float = np.inf,
     ) -> None:
         self.p, self.m = p, m
         # A plan this cheap is optimal up to float noise: the nodes left (up to NODE_LIMIT,
@@ -72,7 +86,10 @@ class _Search:
         self.speeds = p.speeds_or_ones.tolist()
         self.monotone = not self.padded or _nondecreasing_in_length(p)
         self.best_plan = incumbent
-        self.best = objective(p, incumbent) if incumbent is not None else np.inf
+        # The best plan's value (the search ends within TOLERANCE of the bound), and the value
+        # branches are cut at: the cutoff where that is lower.
+        self.found = objective(p, incumbent) if incumbent is not None else np.inf
+        self.best = min(self.found, cutoff)
         self.best_slots: list[int] | None = None
         self.nodes = 0
         # Per slot: cost, tokens (unpadded sum), vision patches, count, longest length, closed
@@ -152,13 +169,13 @@ class _Search:
 
     def _place(self, depth: int) -> None:
         self.nodes += 1
-        if self.nodes > NODE_LIMIT or self.best <= self.floor:
+        if self.nodes > NODE_LIMIT or self.found <= self.floor:
             return
         p = self.p
         if depth == p.n:
             value = self._value()
             if value < self.best:
-                self.best = value
+                self.best = self.found = value
                 self.best_slots = list(self.assignment)
             return
         if self.reach is not None and self._out_of_reach(self.reach[depth]):

@@ -134,6 +134,7 @@ def _slowest_left_empty(p: Problem, plan: Microbatches) -> Microbatches:
     if _exact.applicable(p, len(plan[0])):  # its search took every plan of the count
         return plan
     slowest = int(np.argmin(p.speeds))
+    value = aligned_value(p, plan)
     speeds = tuple(np.delete(p.speeds, slowest).tolist())
     options = p.options.replace(rank_speeds=speeds)
     others = dataclasses.replace(p, dp=p.dp - 1, options=options)
@@ -141,32 +142,36 @@ def _slowest_left_empty(p: Problem, plan: Microbatches) -> Microbatches:
         # Not where the other ranks' lower bound (in cost units where their speeds are equal)
         # already reaches the plan: no plan of theirs is cheaper.
         least = others.lower_bound(others.min_feasible_microbatches) / others.common_speed
-        if least >= aligned_value(p, plan) * (1 - _TOLERANCE):
+        if least >= value * (1 - _TOLERANCE):
             return plan
         # One level: the other ranks' slowest stays in (a rank less each time: dp plans).
-        rest = _with_empty_tail(others, _planned(others))
+        # No plan of theirs at or above ours (in their units) can replace it: the exact
+        # searches look for none (the tolerance below is left to float noise).
+        cutoff = value * others.common_speed
+        rest = _with_empty_tail(others, _planned(others, cutoff), cutoff)
     except ValueError:
         return plan
     m = len(rest[0])
     other = [*rest[:slowest], [[] for _ in range(m)], *rest[slowest:]]
-    if aligned_value(p, other) < aligned_value(p, plan) * (1 - _TOLERANCE):
+    if aligned_value(p, other) < value * (1 - _TOLERANCE):
         return other
     return plan
 
 
-def _with_empty_tail(p: Problem, plan: Microbatches) -> Microbatches:
+def _with_empty_tail(p: Problem, plan: Microbatches, cutoff: float = np.inf) -> Microbatches:
     """``plan``, or, where empty micro-batches are allowed and the options raise the count
     (``num_microbatches``, ``min_microbatches``, ``microbatch_multiple``), the plan of the
     count the step needs with empty micro-batches added, where that is cheaper: filling every
     micro-batch of a larger count can cost more (in ``lockstep`` one long sample's position
-    then holds more on the other ranks; with rank speeds a slow rank takes more samples)."""
+    then holds more on the other ranks; with rank speeds a slow rank takes more samples).
+    ``cutoff``: as ``_planned``'s (empty micro-batches added cost their overhead or more)."""
     m = len(plan[0])
     forced = p.num_microbatches is not None or p.min_microbatches > 1 or p.microbatch_multiple > 1
     if not (p.allow_empty and forced and m > 1) or _near_bound(p, plan):
         return plan
     options = p.options.replace(num_microbatches=None, min_microbatches=1, microbatch_multiple=1)
     try:
-        fewer = _planned(dataclasses.replace(p, options=options))
+        fewer = _planned(dataclasses.replace(p, options=options), cutoff)
     except ValueError:  # no plan without the raised count: keep the one with it
         return plan
     if len(fewer[0]) >= m:
@@ -185,16 +190,18 @@ def _near_bound(p: Problem, plan: Microbatches) -> bool:
     return aligned_value(p, plan) <= p.lower_bound(p.min_feasible_microbatches) * (1 + gap)
 
 
-def _planned(p: Problem) -> Microbatches:
+def _planned(p: Problem, cutoff: float = np.inf) -> Microbatches:
     """``plan_balanced`` at the count the options give (the fewest it can plan, raised to
-    ``min_microbatches`` and a multiple of ``microbatch_multiple``, or ``num_microbatches``)."""
+    ``min_microbatches`` and a multiple of ``microbatch_multiple``, or ``num_microbatches``).
+    ``cutoff``: a value no plan of use to the caller reaches (it keeps only a cheaper one):
+    the exact searches look for none at or above it (``_exact.search``)."""
     m = p.min_feasible_microbatches
     bound = p.lower_bound(m)
     others = Portfolio(p)
     # Bin packing's bound on the micro-batch slots any plan needs, computed once where first
     # read (the count search's shortcut reads it too).
     needed = functools.cache(functools.partial(_feasible.least_slots, p))
-    search = None if p.speeds is None else CountSearch(p, m, bound, needed)
+    search = None if p.speeds is None else CountSearch(p, m, bound, needed, cutoff)
     failed = False  # whether a count has failed to plan
     while True:
         if not p.allow_empty and (filled := p.fillable_ranks(m)) < p.dp:
@@ -203,7 +210,7 @@ def _planned(p: Problem) -> Microbatches:
             )
         if search is not None and (shortcut := search.shortcut(others)) is not None:
             return _at_rival_count(p, others.best(shortcut, bound))
-        plan = None if failed and p.dp * m < needed() else _ours(p, m, bound, search)
+        plan = None if failed and p.dp * m < needed() else _ours(p, m, bound, search, cutoff)
         found = None
         if plan is None:
             # The slots' bound is read once a count has failed (the dear path only): below
@@ -227,10 +234,13 @@ def _planned(p: Problem) -> Microbatches:
             search.advance(m)
 
 
-def _ours(p: Problem, m: int, bound: float, search: CountSearch | None) -> Microbatches | None:
+def _ours(
+    p: Problem, m: int, bound: float, search: CountSearch | None, cutoff: float
+) -> Microbatches | None:
     """Our plan with ``m`` micro-batches per rank (``_exact``'s on small steps not at the
-    bound), or None. With speeds (``search``) the lockstep refinement runs after the search
-    over counts, and the ranks its shortcut found are used."""
+    bound, none looked for at or above ``cutoff``), or None. With speeds (``search``) the
+    lockstep refinement runs after the search over counts, and the ranks its shortcut found
+    are used."""
     if search is None:
         plan = _at_count.attempt(p, m)
     else:
@@ -239,7 +249,7 @@ def _ours(p: Problem, m: int, bound: float, search: CountSearch | None) -> Micro
         if p.speeds is not None:  # with speeds the counts' bound is often the tighter one
             bound = max(bound, counts_bound(p, m))
         if plan is None or _exact.objective(p, plan) > bound * (1 + _TOLERANCE):
-            plan = _exact.search(p, m, plan, bound)
+            plan = _exact.search(p, m, plan, bound, cutoff=cutoff)
     return plan
 
 

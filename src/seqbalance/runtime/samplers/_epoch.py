@@ -436,12 +436,12 @@ class EpochBatchSampler:
     def _defer_failure(self, error: Exception) -> None:
         """Keep ``error`` (this rank's construction failed with it) for the first agreement,
         where it reaches every rank ('rank 1: IndexError: ...'; this rank raises it as it is),
-        or raise it now where no agreement runs, or where it is a ValueError (a refusal of
-        the inputs, kept at construction). Raised at construction on this rank alone, an
-        error of user code (a cost table's IndexError) left the other ranks waiting in their
+        or raise it now where no agreement runs. Raised at construction on this rank alone,
+        an error of user code (a cost table's IndexError) or a refusal of what it returned
+        (ValueError: a NaN in one rank's table) left the other ranks waiting in their
         agreement until the timeout, their CollectiveError naming no cause. Until then every
-        use of the sampler raises it (:meth:`_unless_failed`)."""
-        if isinstance(error, ValueError) or not self._agreement_runs():
+        use of the sampler that reads what failed raises it (:meth:`_unless_failed`)."""
+        if not self._agreement_runs():
             raise error
         self._failed = error
 

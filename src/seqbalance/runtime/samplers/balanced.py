@@ -140,10 +140,11 @@ class BalancedBatchSampler(EpochBatchSampler):
             each epoch; package docstring). While iterating:
             a step the planner refuses (raised by ``next()`` at that step, prefixed with it), a
             lengths file changed under the sampler, or ranks that disagree.
-        Exception: what the cost model raises that is no ValueError (a table's IndexError),
-            where ranks agree (``agreement_timeout`` and torch.distributed) at the first
-            ``iter`` and any use, not at construction: the other ranks then raise a ValueError
-            naming this one (``EpochBatchSampler._defer_failure``).
+        Exception: where ranks agree (``agreement_timeout`` and torch.distributed), what the
+            samples' check against the caps and the cost model raise (the ValueErrors above,
+            a table's IndexError) is raised at the first ``iter`` (and any use but ``len``
+            and ``num_steps``), not at construction: the rank raises its own, the others a
+            ValueError naming it ('BalancedBatchSampler construction on rank 1: ...').
     """
 
     def __init__(
@@ -324,7 +325,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def layout(self, epoch: int | None = None) -> EpochLayout:
         """Which samples make up each step of ``epoch`` (default: the current epoch)."""
-        self._unless_failed()
+        # Reads no costs: len() answers where they failed; iter()'s agreement tells every rank.
         epoch = self.epoch if epoch is None else check_int(epoch, "epoch", minimum=0)
         if self._layout_cache is None or self._layout_cache.epoch != epoch:
             self._layout_cache = self._fresh_layout(epoch)
