@@ -42,6 +42,7 @@ __all__ = [
     "npy_error",
     "prefixed",
     "refuse_masked",
+    "token_total",
 ]
 
 
@@ -91,6 +92,19 @@ def npy_error(path: Any, error: BaseException) -> str:
 
 MAX_TOKENS_LIMIT = 2**53
 """Largest token count or token sum accepted anywhere: exact in int64 and float64 arithmetic."""
+
+
+def token_total(values: np.ndarray) -> int | float:
+    """The sum of the non-negative integers ``values`` (tokens, patches), exactly where it is
+    compared with ``MAX_TOKENS_LIMIT``: the float64 sum alone rounds there (one sample of
+    2**53 + 1 tokens summed to 2**53 and passed the limit, to fail later as an invalid plan
+    blaming the strategy), so a sum from 2**52 to 2**62 is the int64 one (a Python int, which
+    cannot wrap that far below 2**63); beyond, the float64 sum (far past the limit anyway)."""
+    total = float(values.sum(dtype=np.float64))
+    if MAX_TOKENS_LIMIT / 2 <= total <= 2.0**62:
+        return int(values.sum(dtype=np.int64))
+    return total
+
 
 MAX_COST_TOTAL = 2.0**960
 """Largest sum of a step's costs (and micro-batch overheads, one per sample) accepted by the

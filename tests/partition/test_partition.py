@@ -160,6 +160,9 @@ def test_k_one_and_k_at_least_n():
         ({"weights": [1, float("nan")], "k": 2}, r"weights\[1\] = nan is not finite"),
         ({"weights": [float("inf")], "k": 2}, r"weights\[0\] = inf is not finite"),
         ({"weights": [[1, 2], [3, 4]], "k": 2}, r"weights must be a 1-D array"),
+        # Finite weights whose sum overflows float64 (adv17c P1: infinite loads, a NaN ratio).
+        ({"weights": [1e308] * 4, "k": 2}, r"weights sum to inf, more than 2\*\*960"),
+        ({"weights": [1e300] * 3, "k": 2}, r"weights sum to 3e\+300, more than 2\*\*960"),
         ({"weights": 5, "k": 2}, r"weights must be a 1-D array"),
         ({"weights": [1, 2], "k": 0}, r"k must be >= 1, got 0"),
         ({"weights": [1, 2], "k": -3}, r"k must be >= 1, got -3"),

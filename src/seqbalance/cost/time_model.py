@@ -29,6 +29,7 @@ from seqbalance._validation import (
     check_int,
     check_non_negative_float,
     check_positive_float,
+    token_total,
 )
 from seqbalance.cost.flops import FlopsModel
 
@@ -411,10 +412,10 @@ def _observation_matrix(
             )
         lengths, value = observation
         length = as_lengths(lengths, f"observations[{i}] lengths")
-        total = float(length.sum(dtype=np.float64))
+        total = token_total(length)
         if total > MAX_TOKENS_LIMIT:
             raise ValueError(
-                f"observations[{i}] lengths sum to {total:.6g} tokens, more than 2**53: such "
+                f"observations[{i}] lengths sum to {total:,} tokens, more than 2**53: such "
                 "sums cannot be represented exactly"
             )
         seconds[i] = check_positive_float(value, f"observations[{i}] seconds")

@@ -15,6 +15,7 @@ from seqbalance._validation import (
     as_weights,
     check_non_negative_float,
     check_ranks,
+    token_total,
 )
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
@@ -166,10 +167,10 @@ def _plan(
     parts = lengths if isinstance(lengths, SampleParts) else None
     lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
     dp_size = check_ranks(dp_size, "dp_size")
-    total = float(lengths.sum(dtype=np.float64))
+    total = token_total(lengths)
     if total > MAX_TOKENS_LIMIT:
         raise ValueError(
-            f"lengths sum to {total:.6g} tokens, more than 2**53 = {MAX_TOKENS_LIMIT}: token sums "
+            f"lengths sum to {total:,} tokens, more than 2**53 = {MAX_TOKENS_LIMIT}: token sums "
             "this large cannot be represented exactly"
         )
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
@@ -289,10 +290,10 @@ def vision_patches_of(parts: SampleParts | None, options: PlanOptions) -> np.nda
             )
         return None
     patches = parts.vision_patches
-    total = float(patches.sum(dtype=np.float64))
+    total = token_total(patches)
     if total > MAX_TOKENS_LIMIT:
         raise ValueError(
-            f"the samples hold {total:.6g} vision patches, more than 2**53 = {MAX_TOKENS_LIMIT}: "
+            f"the samples hold {total:,} vision patches, more than 2**53 = {MAX_TOKENS_LIMIT}: "
             "sums this large cannot be represented exactly"
         )
     return patches
