@@ -527,6 +527,26 @@ def test_install_patches_verl_and_its_importers_and_uninstall_restores(monkeypat
         sys.modules.pop("verl._fake_trainer", None)
 
 
+def test_installed_workload_keeps_the_shape_of_verls(monkeypatch) -> None:
+    """review17 item 5: under an installation's cost a [2, 2] tensor came back flattened ([4]),
+    where verl's own calculate_workload (and the uninstalled drop-in) keep the input's shape."""
+    monkeypatch.delenv(sbv.ENV_OPTIONS, raising=False)
+    inputs = (torch.tensor([[3, 4], [5, 6]]), torch.zeros(2, 0, dtype=torch.long), np.array([[7]]))
+    theirs = [V.calculate_workload(lengths) for lengths in inputs]
+    try:
+        with sbv.install(cost="tokens"):
+            for lengths, verls in zip(inputs, theirs, strict=True):
+                ours = V.calculate_workload(lengths)
+                assert type(ours) is type(verls) and ours.shape == verls.shape
+                np.testing.assert_array_equal(np.asarray(ours), np.asarray(lengths, dtype=float))
+            # A list is read as the uninstalled function reads it (verl's own fails on lists).
+            assert V.calculate_workload([3, 4]).tolist() == [3.0, 4.0]
+            with pytest.raises(ValueError, match=r"seqlen_list must be a 1-D array"):
+                V.calculate_workload([[3, 4], [5, 6]])
+    finally:
+        sbv.uninstall()
+
+
 def test_install_is_a_ray_setup_hook_path() -> None:
     # Ray's worker_process_setup_hook takes "module.function"; it must resolve to install.
     module, _, function = "seqbalance.integrations.verl.install".rpartition(".")

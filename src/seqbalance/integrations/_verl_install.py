@@ -217,15 +217,20 @@ def _options_from_env(text: str) -> PlanOptions:
 
 def _configured_workload(cost: Any) -> Callable[[Any], Any]:
     """``calculate_workload`` under an installation's cost: that cost per sequence, returned as
-    verl's is (a tensor of the input's device, or a numpy array), in float64."""
+    verl's is (a tensor of the input's device, or a numpy array, of the input's shape), in
+    float64; a list is read as the uninstalled function reads it (1-D)."""
 
     def installed(seqlen_list: Any) -> Any:
         is_tensor = hasattr(seqlen_list, "cpu") and hasattr(seqlen_list, "device")
-        values = np.asarray(seqlen_list.cpu() if is_tensor else seqlen_list).reshape(-1)
+        if is_tensor or hasattr(seqlen_list, "dtype"):
+            values = np.asarray(seqlen_list.cpu() if is_tensor else seqlen_list)
+        else:
+            values = as_lengths(seqlen_list, "seqlen_list")
         # Read as the uninstalled function reads them: inf or 1e30 were cast to int64 (a numpy
         # warning) and refused as "lengths[0] = -9223372036854775808 is negative".
-        lengths = as_lengths(values, "seqlen_list")
-        costs = sample_costs(cost, None, lengths)[0].astype(np.float64)
+        lengths = as_lengths(values.reshape(-1), "seqlen_list")
+        # verl's keeps the input's shape ([2, 2] came back as [4]).
+        costs = sample_costs(cost, None, lengths)[0].astype(np.float64).reshape(values.shape)
         if not is_tensor:
             return costs
         import torch
