@@ -155,6 +155,16 @@ def test_as_group_ids_rejects_bad_shapes_and_values() -> None:
         as_group_ids(np.array([0, True], dtype=object), 2)
     with pytest.raises(ValueError, match=r"groups\[1\] = 1180591620717411303424 does not fit"):
         as_group_ids(np.array([0, 2**70], dtype=object), 2)
+    # Plain ints and whole floats in an object array are ids as in a list (adv17a remark).
+    assert as_group_ids(np.array([3, 1, np.int64(3)], dtype=object), 3).tolist() == [3, 1, 3]
+    assert as_group_ids(np.array([2.0, 5], dtype=object), 2).tolist() == [2, 5]
+    assert as_group_ids(np.array([], dtype=object), 0).tolist() == []
+    with pytest.raises(ValueError, match=r"groups\[1\] = 0.5 is not an integer id"):
+        as_group_ids(np.array([1, 0.5], dtype=object), 2)
+    with pytest.raises(ValueError, match="integer ids, got dtype object"):
+        as_group_ids(np.array([1, None], dtype=object), 2)
+    with pytest.raises(ValueError, match="integer ids, got dtype object"):
+        as_group_ids(np.array([[1, 2], [3]], dtype=object), 2)
 
 
 def test_the_empty_slot_refusal_is_public():

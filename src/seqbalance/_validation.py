@@ -440,6 +440,10 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
             raise ValueError(f"{name}[{index}] = {value!r} is not an integer id (a bool)")
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
+    if array.dtype == object and all(isinstance(value, numbers.Real) for value in items):
+        # Python ints or floats held as objects (a pandas object column): read as numpy reads
+        # them in a list; anything else stays an object array and is refused below.
+        array = np.array(items, dtype=np.float64 if not items else None).reshape(array.shape)
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":

@@ -58,6 +58,20 @@ def test_lengths_two_outputs_on_one_file(tmp_path: Path, capsys) -> None:
     assert "--groups-output" in line and not out.exists()
 
 
+def test_lengths_outputs_are_npy_files_as_numpy_writes_them(tmp_path: Path, capsys) -> None:
+    # adv17b D7: numpy.save writes "a" as a.npy: "-o a.npy --groups-output a" put the group ids
+    # over the lengths just written (rc 0, and the groups reported at "a", which never existed).
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "hi", "responses": ["a", "b c"]}\n')
+    out, bare = tmp_path / "a.npy", tmp_path / "a"
+    fields = ["--text-field", "prompt", "--text-field", "responses"]
+    for flag in ("--groups-output", "--pieces-output"):
+        assert main(["lengths", str(data), *fields, "-o", str(out), flag, str(bare)]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines == [f"seqbalance lengths: error: {flag} must be a .npy file, got '{bare}'"]
+        assert not out.exists()
+
+
 def test_lengths_output_onto_its_tokenizer_file(tmp_path: Path, capsys) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text('{"text": "hello world"}\n')

@@ -174,29 +174,24 @@ def test_costs_that_differ_where_digested_fail_every_rank_before_any_data(
         assert "costs (sha256" in rank[3]["error"]
 
 
+@pytest.mark.parametrize(
+    ("case", "told", "own"),
+    [
+        (0, "IndexError: index 12 is out of bounds for axis 0 with size 12", ""),
+        # review16 item 10 (a): a ValueError, raised at construction on rank 1 alone before
+        (4, "cost(lengths)[12] = nan is not finite", "ValueError: "),
+    ],
+    ids=["raised", "refused"],
+)
 def test_a_cost_raising_on_one_rank_at_construction_fails_every_rank_naming_it(
-    results: list[list[dict[str, Any]]],
+    results: list[list[dict[str, Any]]], case: int, told: str, own: str
 ) -> None:
-    told = "IndexError: index 12 is out of bounds for axis 0 with size 12"
-    assert [rank[0] for rank in results] == [
+    assert [rank[case] for rank in results] == [
         {
             "error": f"ValueError: BalancedBatchSampler construction on rank 1: {told}",
             "batches": None,
         },
-        {"error": told, "batches": None},
-    ]
-
-
-def test_a_cost_refused_on_one_rank_at_construction_fails_every_rank_naming_it(
-    results: list[list[dict[str, Any]]],
-) -> None:
-    told = "cost(lengths)[12] = nan is not finite"
-    assert [rank[4] for rank in results] == [
-        {
-            "error": f"ValueError: BalancedBatchSampler construction on rank 1: {told}",
-            "batches": None,
-        },
-        {"error": f"ValueError: {told}", "batches": None},
+        {"error": own + told, "batches": None},
     ]
 
 

@@ -304,6 +304,23 @@ def test_length_grouped_step_size_is_refused_before_simulating(capsys, monkeypat
     assert "got 'hf_length_grouped'" in capsys.readouterr().err
 
 
+def test_the_headline_and_step_count_errors_name_flags(capsys, lengths_file) -> None:
+    path = str(lengths_file[0])
+    # adv17b D8: a baseline that cannot plan left the headline saying "pass allow_empty=True" (the
+    # table's footer said --allow-empty), and --steps 0 "steps must be >= 1".
+    argv = ["simulate", "--lengths", path, "--steps", "1", "--dp", "8"]
+    argv += ["--global-batch", "32", "--baseline", "hf_default"]
+    data = run_json(capsys, *argv)
+    assert "hf_default" in data["failed"]
+    assert data["headline"].endswith("pass --allow-empty)"), data["headline"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip().endswith("pass --allow-empty)")
+    assert main(["simulate", "--lengths", path, "--steps", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "seqbalance simulate: error: --steps must be >= 1, got 0"
+    )
+
+
 def test_padded_runs_compare_with_the_trainer_default(capsys) -> None:
     argv = ["simulate", "--steps", "2", "--dp", "4", "--global-batch", "64"]
     assert main([*argv, "--layout", "padded", "--microbatch-size", "4", "--json"]) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,7 @@ def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
         error += " | " + str(caught)
     forgetful.close()
     return {
+        "far_lookahead": _plan_behind_a_far_lookahead(),
         "missed": _miss_one_observe(_sampler(), rank),
         "steps": steps,
         "next_epoch": next_epoch,
@@ -133,6 +135,37 @@ def _miss_one_observe(sampler: BalancedBatchSampler, rank: int) -> str | None:
     finally:
         sampler.close()
     return None
+
+
+def _plan_behind_a_far_lookahead() -> int | str:
+    """The plan of the step the loop is at, once a planner 70 steps ahead has made every plan
+    it can before an observation (71: 64 were kept, so step 0's was dropped and step_plan(0)
+    raised, on a rank whose planner had got that far: alone), or the error."""
+    sampler = BalancedBatchSampler(
+        np.full(4 * 80, 100),
+        4,
+        lookahead=70,
+        max_tokens=4096,
+        agreement_timeout=30.0,
+        adaptive=Feedback(timeout=30.0),
+    )
+    batches = iter(sampler)
+    try:
+        next(batches)
+        deadline = time.monotonic() + 30.0
+        while True:  # step 70's plan is the last one made without an observation
+            try:
+                sampler.step_plan(70)
+                break
+            except ValueError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        return sampler.step_plan(0).n_microbatches
+    except ValueError as error:
+        return str(error)
+    finally:
+        sampler.close()
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +241,10 @@ def test_adaptive_needs_torch_distributed_and_prior_lives_in_feedback():
     with pytest.raises(ValueError, match="adaptive=True"):
         plain.observe()
     assert "adaptive" not in plain.state_dict()
+
+
+def test_the_plan_of_the_step_taken_outlives_a_far_lookahead(results):
+    assert [result["far_lookahead"] for result in results] == [1, 1]
 
 
 def test_a_rank_that_misses_an_observe_makes_every_rank_raise_at_that_step(results):

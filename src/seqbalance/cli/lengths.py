@@ -353,8 +353,15 @@ def _count(args: argparse.Namespace, show: Any) -> TokenLengths:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.output.suffix != ".npy":
-        raise ValueError(f"--output must be a .npy file, got {str(args.output)!r}")
+    # numpy.save appends .npy to any other name: "--groups-output x" wrote x.npy, which was the
+    # lengths file of "-o x.npy" (overwritten by the group ids without a word) or any other file.
+    for flag, path in (
+        ("--output", args.output),
+        ("--groups-output", args.groups_output),
+        ("--pieces-output", args.pieces_output),
+    ):
+        if path is not None and path.suffix != ".npy":
+            raise ValueError(f"{flag} must be a .npy file, got {str(path)!r}")
     started = time.perf_counter()
     show = lambda items, **options: progress(items, enabled=not args.json, **options)  # noqa: E731
     _check_trl_flags(args)

@@ -180,13 +180,16 @@ class CountSearch:
         if count not in self._plans:
             p = self.p
             plan = _at_count.attempt(p, count, refine=False)
-            if _exact.applicable(p, count):
-                # As at the fewest count (balanced's _ours): attempt leaves small steps to the
-                # exact search (no emptier plan there), so without it a slow rank kept samples
-                # that empty micro-batches would spare it.
-                bound = max(p.lower_bound(count), capacity_bound(p, count))
-                if plan is None or _exact.objective(p, plan) > bound * (1 + _TOLERANCE):
-                    plan = _exact.search(p, count, plan, bound, cutoff=self.cutoff)
+            # As at the fewest count (balanced's _ours): attempt leaves small steps to the
+            # exact search (no emptier plan there), so without it a slow rank kept samples
+            # that empty micro-batches would spare it.
+            plan = _exact.improved(
+                p,
+                count,
+                plan,
+                lambda: max(p.lower_bound(count), capacity_bound(p, count)),
+                cutoff=self.cutoff,
+            )
             self._plans[count] = None if plan is None else (aligned_value(p, plan), plan)
         return self._plans[count]
 

@@ -16,6 +16,7 @@ so far.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE
 from seqbalance.plan._shared import Microbatches
 
-__all__ = ["NODE_LIMIT", "applicable", "objective", "search"]
+__all__ = ["NODE_LIMIT", "applicable", "improved", "objective", "search"]
 
 NODE_LIMIT = 50_000
 MAX_SAMPLES = 12
@@ -59,6 +60,25 @@ def search(
     stopped at the node limit, one as cheap or cheaper), and none at or above it is looked
     for (``incumbent`` is then returned)."""
     return _Search(p, m, incumbent, bound, cutoff).run()
+
+
+def improved(
+    p: Problem,
+    m: int,
+    plan: Microbatches | None,
+    bound: Callable[[], float],
+    *,
+    cutoff: float = np.inf,
+) -> Microbatches | None:
+    """``plan`` (with ``m`` micro-batches per rank, or None), or on small steps
+    (``applicable``) where it is not within ``TOLERANCE`` of ``bound()`` (a lower bound on
+    the count's plans, computed only there) the search's best from it (``search``)."""
+    if not applicable(p, m):
+        return plan
+    least = bound()
+    if plan is not None and objective(p, plan) <= least * (1 + TOLERANCE):
+        return plan
+    return search(p, m, plan, least, cutoff=cutoff)
 
 
 class _Search:

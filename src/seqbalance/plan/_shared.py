@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seqbalance._validation import MAX_RANKS
+from seqbalance._validation import MAX_RANKS, MAX_TOKENS_LIMIT, token_total
 
 if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
@@ -102,6 +102,18 @@ def bins_bound(sums: np.ndarray, options: PlanOptions) -> np.ndarray:
     if options.layout == "padded" and options.microbatch_size is not None:
         bins = np.maximum(bins, -(-rest // options.microbatch_size))
     return over + bins
+
+
+def check_token_total(lengths: np.ndarray) -> None:
+    """ValueError when the step's ``lengths`` sum past ``MAX_TOKENS_LIMIT`` (compared exactly:
+    ``token_total``), for data- and context-parallel steps alike (a context-parallel step of
+    two samples of 2**62 tokens reported -2**63 tokens: its int64 sum wrapped)."""
+    total = token_total(lengths)
+    if total > MAX_TOKENS_LIMIT:
+        raise ValueError(
+            f"lengths sum to {total:,} tokens, more than 2**53 = {MAX_TOKENS_LIMIT}: token sums "
+            "this large cannot be represented exactly"
+        )
 
 
 def unit_numbers(groups: np.ndarray | None, n: int) -> np.ndarray:

@@ -245,12 +245,11 @@ def _ours(
         plan = _at_count.attempt(p, m)
     else:
         plan = _at_count.attempt(p, m, refine=False, known=search.known())
-    if _exact.applicable(p, m):
-        if p.speeds is not None:  # with speeds the counts' bound is often the tighter one
-            bound = max(bound, counts_bound(p, m))
-        if plan is None or _exact.objective(p, plan) > bound * (1 + _TOLERANCE):
-            plan = _exact.search(p, m, plan, bound, cutoff=cutoff)
-    return plan
+
+    def least() -> float:  # with speeds the counts' bound is often the tighter one
+        return bound if p.speeds is None else max(bound, counts_bound(p, m))
+
+    return _exact.improved(p, m, plan, least, cutoff=cutoff)
 
 
 def _rival_or_packing(

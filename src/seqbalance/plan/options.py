@@ -109,10 +109,14 @@ class PlanOptions:
             ``balanced`` then minimises the speed-scaled objective (``step``: the largest
             ``rank total / speed``; ``lockstep``: the sum over positions of the largest
             ``cost / speed``); baselines ignore speeds but are evaluated under the same
-            objective. Only the ratios matter to the plan, up to float rounding: speeds all
-            scaled by a power of two give the very same plan, by another factor a tie may
-            break another way (plans measured within 1% apart); ``StepPlan.summary`` reports times
-            in cost units per unit of speed. Not supported with ``context_parallel``.
+            objective. Only the ratios matter to the plan, up to float rounding and the
+            default budget: with ``planning_budget`` set, speeds all scaled by a power of two
+            give the very same plan, by another factor a tie may break another way (plans
+            measured within 1% apart); by default the budget weighs planning against the
+            modeled step (a cost in seconds or FLOPs), which slower speeds lengthen: a rival
+            the faster step skips may run, and its plan be chosen (1 of 240 random requests:
+            another plan of the same cost). ``StepPlan.summary`` reports times in cost units
+            per unit of speed. Not supported with ``context_parallel``.
         planning_budget: a deterministic work budget (never wall-clock, so every rank plans
             the same) for the dear rivals ``balanced`` plans besides its own search (the
             baselines and the stacks' schedulers, each priced by its own estimated planning

@@ -21,7 +21,7 @@ from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import counts_bound
-from seqbalance.plan._shared import check_within_caps
+from seqbalance.plan._shared import check_token_total, check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
@@ -167,12 +167,8 @@ def _plan(
     parts = lengths if isinstance(lengths, SampleParts) else None
     lengths = as_lengths(lengths if parts is None else parts.tokens, "lengths")
     dp_size = check_ranks(dp_size, "dp_size")
-    total = token_total(lengths)
-    if total > MAX_TOKENS_LIMIT:
-        raise ValueError(
-            f"lengths sum to {total:,} tokens, more than 2**53 = {MAX_TOKENS_LIMIT}: token sums "
-            "this large cannot be represented exactly"
-        )
+    check_token_total(lengths)
+    _check_padded_tokens(lengths, options)
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
     vision_patches = vision_patches_of(parts, options)
     check_within_caps(lengths, vision_patches, options)
@@ -227,6 +223,24 @@ def _plan(
             f"strategy {options.strategy!r} returned an invalid plan: {error}"
         ) from None
     return plan
+
+
+def _check_padded_tokens(lengths: np.ndarray, options: PlanOptions) -> None:
+    """ValueError where a padded micro-batch may hold more than ``MAX_TOKENS_LIMIT`` tokens
+    (its count times its longest sample): the int64 product wrapped, so a plan reported
+    negative tokens, and a strategy without a hard cap passed the cap check with 2**63."""
+    if options.layout != "padded" or not lengths.size:
+        return
+    longest = int(np.argmax(lengths))
+    count = min(lengths.size, options.microbatch_size)
+    widest = count * int(lengths[longest])
+    if widest > MAX_TOKENS_LIMIT:
+        raise ValueError(
+            f"microbatch_size = {options.microbatch_size}: a padded micro-batch of {count} "
+            f"samples padded to lengths[{longest}] = {int(lengths[longest])} holds {widest:,} "
+            f"tokens, more than 2**53 = {MAX_TOKENS_LIMIT}: token counts this large cannot be "
+            "represented exactly; lower microbatch_size"
+        )
 
 
 def _reported_bound(problem: Problem, m: int, *, capped: bool) -> float:

@@ -17,6 +17,7 @@ from seqbalance.cost.context_parallel import (
 )
 from seqbalance.cost.resolve import cost_name
 from seqbalance.plan._document import integers, number, numbers, whole
+from seqbalance.plan._shared import check_token_total
 from seqbalance.plan.base import Plan
 from seqbalance.plan.context_parallel._inputs import ContextParallelSlot, SlotInputs
 from seqbalance.plan.context_parallel._metrics import (
@@ -358,6 +359,7 @@ class ContextParallelPlan(ContextParallelChecks, Plan):
                 f"options must be a PlanOptions with context_parallel set, got {options!r:.120}"
             )
         lengths = as_lengths(lengths, "lengths")
+        check_token_total(lengths)
         n_ranks = check_ranks(n_ranks, "n_ranks")  # per-rank arrays: memory of any count
         arrays = [
             as_lengths(values, name)

@@ -16,7 +16,7 @@ import numpy as np
 
 from seqbalance._validation import MAX_COST_TOTAL, as_group_ids, as_lengths, check_int
 from seqbalance.cost.resolve import cost_name
-from seqbalance.plan._shared import check_within_caps
+from seqbalance.plan._shared import check_token_total, check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._problem import CPProblem
 from seqbalance.plan.registry import get_strategy
@@ -59,6 +59,7 @@ def plan_context_parallel(
     """
     start_time = time.perf_counter()
     lengths = as_lengths(lengths, "lengths")
+    check_token_total(lengths)
     n_ranks = check_int(n_ranks, "n_ranks", minimum=1)
     group_ids = None if groups is None else as_group_ids(groups, lengths.size)
     check_within_caps(lengths, None, options, n_ranks=n_ranks)

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 __all__ = ["BalancedBatchSampler"]
 
 _RECENT = 64
-"""Step plans kept for ``step_plan`` (a prefetching DataLoader's lag fits in this)."""
+"""Step plans kept for ``step_plan`` behind the ``lookahead + 1`` the planner may have made
+ahead of the sampler's position (a prefetching DataLoader's lag fits in this)."""
 
 
 class BalancedBatchSampler(EpochBatchSampler):
@@ -399,7 +400,7 @@ class BalancedBatchSampler(EpochBatchSampler):
                 lagged.planned(number, step_plan)
             with self._recent_lock:
                 self._recent[(epoch, number)] = step_plan
-                while len(self._recent) > _RECENT:
+                while len(self._recent) > _RECENT + self.lookahead + 1:
                     self._recent.popitem(last=False)
             if isinstance(step_plan, ContextParallelPlan):
                 return [
@@ -435,8 +436,9 @@ class BalancedBatchSampler(EpochBatchSampler):
             return found
         if self._lagged is not None:
             raise ValueError(
-                f"step {step} of epoch {epoch} is not among the last {_RECENT} steps planned: an "
-                "adaptive plan depends on the measurements before it and cannot be remade"
+                f"step {step} of epoch {epoch} is not among the steps kept ({_RECENT} behind the "
+                "lookahead): an adaptive plan depends on the measurements before it and cannot "
+                "be remade"
             )
         if self.bucket_window is not None:
             # The planner thread may be using this layout's window cache: use a private one.
