@@ -51,7 +51,9 @@ def test_the_subset_sum_cut_changes_no_plan(case: tuple[Problem, int]) -> None:
 
 
 @settings(max_examples=examples(200), deadline=None)
-@given(_problems(), st.sampled_from([0.5, 1.0, 1.0 + 1e-9, 2.0]))
+# Not at the optimum itself: the search sums costs as it goes, so its value of a plan may be an
+# ulp off objective()'s (a cutoff there may or may not cut it).
+@given(_problems(), st.sampled_from([0.5, 1.0 - 1e-9, 1.0 + 1e-9, 2.0]))
 def test_a_cutoff_finds_the_plan_below_it_or_leaves_the_incumbent(
     case: tuple[Problem, int], scale: float
 ) -> None:

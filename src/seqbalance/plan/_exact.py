@@ -58,7 +58,8 @@ def search(
     value that no plan of use to the caller reaches: branches are cut there as at a plan
     found, so a plan below it is the one the search without it finds (or, where that one
     stopped at the node limit, one as cheap or cheaper), and none at or above it is looked
-    for (``incumbent`` is then returned)."""
+    for (``incumbent`` is then returned); up to float rounding, as the search sums the costs
+    as it goes (a plan ``objective`` puts at the cutoff may be an ulp below it there)."""
     return _Search(p, m, incumbent, bound, cutoff).run()
 
 

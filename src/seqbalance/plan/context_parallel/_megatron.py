@@ -30,6 +30,7 @@ barriers are recorded. Groups (GRPO prompts) are not supported by the rule.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 
@@ -131,16 +132,21 @@ def _next_group(
     load = [0.0] * n_ranks
     group_of: list[int | None] = [None] * n_ranks
     members: list[list[int]] = []  # per CP group, in creation order
+    # Kept as the loop goes (each was recomputed over every rank and group for every sample:
+    # 4,096 samples over 4,096 ranks took 5.6 s): the ranks in no group (ascending), each
+    # group's most loaded member's load, and per size a heap of its groups by that load.
+    free = list(range(n_ranks))
+    group_load: list[float] = []
+    cheapest: dict[int, list[tuple[float, int]]] = {}  # per size: (load, group), a heap
     first_size = None
     check_balance = False
     while buckets:
         pick = None
-        free = [r for r in range(n_ranks) if group_of[r] is None]
         for b, bucket in enumerate(buckets):
             if not bucket:
                 continue
             size = int(needed[bucket[0]])
-            if any(len(m) == size for m in members) or len(free) >= size:
+            if size in cheapest or len(free) >= size:
                 pick = (b, bucket[0], size)
                 break
         if pick is None:
@@ -148,21 +154,26 @@ def _next_group(
         b, sample, size = pick
         if first_size is None:
             first_size = size
-        best, best_load = None, math.inf
-        for g, m in enumerate(members):
-            if len(m) == size and max(load[r] for r in m) < best_load:
-                best, best_load = g, max(load[r] for r in m)
+        # The group of this size whose busiest member is least loaded (the first made on ties).
+        heap = cheapest.get(size, [])
+        while heap and heap[0][0] != group_load[heap[0][1]]:  # loads only grow: stale
+            heapq.heappop(heap)
+        best_load, best = heap[0] if heap else (math.inf, None)
         if len(free) >= size:
             fresh = sorted(free, key=lambda r: load[r])[:size]
             if load[fresh[-1]] < best_load:
                 best = len(members)
                 members.append(fresh)
+                group_load.append(max(load[r] for r in fresh))
                 for r in fresh:
                     group_of[r] = best
+                free = [r for r in free if group_of[r] is None]
         assert best is not None
         for r in members[best]:
             runs[r].append(sample)
             load[r] += float(workload[sample])
+        group_load[best] = max(load[r] for r in members[best])
+        heapq.heappush(cheapest.setdefault(size, []), (group_load[best], best))
         buckets[b].popleft()
         while buckets and not buckets[0]:
             buckets.pop(0)
