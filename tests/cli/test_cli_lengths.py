@@ -241,6 +241,18 @@ def test_bad_options_exit_2_with_a_message(
     assert message in capsys.readouterr().err
 
 
+def test_a_gzip_stream_damaged_mid_file_exits_2_naming_it(tmp_path: Path, capsys) -> None:
+    # review17 item 3: zlib.error was a 34-line traceback, rc 1.
+    packed = gzip.compress((DATA / "chat_messages.jsonl").read_bytes(), mtime=0)
+    damaged = tmp_path / "chat.jsonl.gz"
+    damaged.write_bytes(packed[:64] + bytes(byte ^ 0xFF for byte in packed[64:72]) + packed[72:])
+    code = main(["lengths", str(damaged), "-o", str(tmp_path / "x.npy")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{damaged}: cannot read it as gzipped jsonl: Error -3 while decompressing" in err
+
+
 def test_output_must_be_npy(tmp_path: Path, capsys) -> None:
     code = main(["lengths", str(DATA / "sharegpt.json"), "-o", str(tmp_path / "x.txt")])
     assert code == 2

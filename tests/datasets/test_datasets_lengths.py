@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -209,6 +210,38 @@ def test_gzip_and_parquet_give_the_same_lengths(tmp_path: Path) -> None:
     packed.write_bytes(gzip.compress((tmp_path / "grpo.parquet").read_bytes())[:60])
     with pytest.raises(ValueError, match=r"grpo.parquet.gz: cannot read it as gzipped parquet"):
         token_lengths(packed)
+
+
+def _flipped_mid_stream(data: bytes) -> bytes:
+    """``data`` gzipped with 8 bytes of its deflate stream flipped: zlib.error, which is neither
+    OSError (a bad checksum) nor EOFError (cut short)."""
+    packed = gzip.compress(data, mtime=0)
+    damaged = packed[:64] + bytes(byte ^ 0xFF for byte in packed[64:72]) + packed[72:]
+    with pytest.raises(zlib.error):
+        gzip.decompress(damaged)
+    return damaged
+
+
+@pytest.mark.parametrize("name", ["grpo.jsonl.gz", "grpo.json.gz", "grpo.parquet.gz"])
+def test_a_gzip_stream_damaged_mid_file_is_a_value_error_naming_it(
+    tmp_path: Path, name: str
+) -> None:
+    # review17 item 3: zlib.error came through token_lengths (a traceback of the CLI).
+    records = [json.loads(line) for line in (DATA / "grpo.jsonl").open()]
+    if name.endswith(".parquet.gz"):
+        pa = pytest.importorskip("pyarrow")
+        pq = pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.Table.from_pylist(records), tmp_path / "grpo.parquet")
+        data = (tmp_path / "grpo.parquet").read_bytes()
+    elif name.endswith(".jsonl.gz"):
+        data = (DATA / "grpo.jsonl").read_bytes()
+    else:
+        data = json.dumps(records).encode()
+    path = tmp_path / name
+    path.write_bytes(_flipped_mid_stream(data))
+    kind = name.split(".")[1]
+    with pytest.raises(ValueError, match=rf"{name}: cannot read it as gzipped {kind}: Error -3"):
+        token_lengths(path)
 
 
 def test_malformed_records_are_named_by_line() -> None:

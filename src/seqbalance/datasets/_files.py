@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,9 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 with gzip.open(path, "rb") as packed:
                     shutil.copyfileobj(packed, source)
-            except (OSError, EOFError) as error:
+            # Not gzip or a bad checksum (BadGzipFile, an OSError), cut short (EOFError), a
+            # deflate stream damaged mid-file (zlib.error, neither).
+            except (OSError, EOFError, zlib.error) as error:
                 raise ValueError(f"{path}: cannot read it as gzipped parquet: {error}") from None
             source.seek(0)
         index = 0
@@ -200,5 +203,7 @@ def read_records(path: Path, format: str) -> Iterator[tuple[int, Any]]:
     """(location, record or Malformed) pairs; unreadable files become ValueErrors."""
     try:
         yield from _READERS[format](path)
-    except (UnicodeDecodeError, OSError, EOFError) as error:
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:  # as _read_parquet's
+        raise ValueError(f"{path}: cannot read it as gzipped {format}: {error}") from None
+    except (UnicodeDecodeError, OSError) as error:
         raise ValueError(f"{path}: cannot read it as {format} (UTF-8 text): {error}") from None
