@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from seqbalance.integrations.skyrl import make_seq_packer
@@ -127,6 +128,30 @@ def test_verl_rearrange_micro_batches_checks_the_attention_mask(mask: list, mess
     )
     with pytest.raises(ValueError, match=message):
         rearrange_micro_batches(batch, 10)
+
+
+@pytest.mark.parametrize("name", ["same_micro_num_in_dp", "use_dynamic_bsz_balance"])
+@pytest.mark.parametrize("value", ["no", None, 1])
+def test_verl_micro_batch_flags_must_be_bools(name: str, value: object) -> None:
+    """review17 item 4 (adv17b D4's siblings): verl 0.9.1 documents both as bools and reads them
+    by truthiness, as the drop-in did: "no" agreed the count and balanced the order, None left
+    it heaviest first, without a word."""
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    from seqbalance.integrations.verl import balance_batch, rearrange_micro_batches
+
+    mask = torch.tensor(
+        [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1] * 5]
+    )
+    batch = tensordict.TensorDict({"attention_mask": mask, "input_ids": mask}, batch_size=[5])
+    with pytest.raises(ValueError, match=rf"{name} must be True or False, got {value!r}"):
+        rearrange_micro_batches(batch, 5, **{name: value})
+    # numpy's bools are bools: np.False_ orders heaviest first, not balanced (verl's orders).
+    flags = {"same_micro_num_in_dp": np.True_, "use_dynamic_bsz_balance": np.False_}
+    assert rearrange_micro_batches(batch, 5, **flags)[1] == [[4], [1, 2], [0, 3]]
+    assert rearrange_micro_batches(batch, 5)[1] == [[0, 3], [4], [1, 2]]
+    with pytest.raises(ValueError, match=rf"keep_minibatch must be True or False, got {value!r}"):
+        balance_batch(SimpleNamespace(), batch, {}, keep_minibatch=value)
 
 
 @pytest.mark.parametrize(

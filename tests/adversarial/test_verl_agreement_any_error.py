@@ -70,6 +70,16 @@ def _fails_on_rank_0(rank: int, world_size: int, case: str) -> dict[str, str]:
         outcome["divided"] = f"{len(counts)} micro-batches"
     except ValueError as error:
         outcome["divided"] = str(error)[:200]
+    # review17 item 4, in the same group: a flag that is no bool on one rank is refused there
+    # and named on its peer (None left that rank out of the agreement: its peer waited).
+    try:
+        sbv.rearrange_micro_batches(
+            _batch(rank, long_row=False), 64, dp_group=group, timeout=5.0,
+            same_micro_num_in_dp=None if rank == 0 else True,
+        )  # fmt: skip
+        outcome["flag"] = "planned"
+    except Exception as error:
+        outcome["flag"] = f"{type(error).__name__}: {str(error)[:200]}"
     return outcome
 
 
@@ -84,6 +94,8 @@ def test_any_error_on_one_rank_fails_every_rank(tmp_path, case: str, raised: str
         assert result["divided"].startswith(
             "the ranks of dp_group round the micro-batch count to different multiples"
         ), results
+    assert results[0]["flag"] == "ValueError: same_micro_num_in_dp must be True or False, got None"
+    assert results[1]["flag"].startswith("ValueError: rank 0 of dp_group refused its batch")
 
 
 def _agrees_alone(rank: int, world_size: int, directory: str) -> dict[str, object]:

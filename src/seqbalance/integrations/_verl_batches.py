@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int, check_timeout
+from seqbalance._validation import as_lengths, check_bool, check_int, check_timeout
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.integrations._verl_partitions import (
     ceildiv,
@@ -74,10 +74,13 @@ def _all_reduce(values: list[int], op: str, dp_group: Any, timeout: float) -> li
     return [int(v) for v in tensor.cpu().tolist()]
 
 
-def _synced(dp_group: Any, same_micro_num_in_dp: bool) -> bool:
+def _synced(dp_group: Any, same_micro_num_in_dp: Any) -> bool:
     """verl's rule: ranks agree only with ``same_micro_num_in_dp``, a ``dp_group`` and an
-    initialised process group."""
-    if dp_group is None or not same_micro_num_in_dp:
+    initialised process group. A ``same_micro_num_in_dp`` that is no bool joins the agreement,
+    which refuses it (``_request``): its peers raise with it, not wait out the timeout."""
+    if dp_group is None:
+        return False
+    if isinstance(same_micro_num_in_dp, (bool, np.bool_)) and not same_micro_num_in_dp:
         return False
     import torch.distributed as dist
 
@@ -119,10 +122,9 @@ def plan_micro_batches(
         seqlen_list,
         _Settings(
             max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
-            cost, model, timeout,
+            cost, model, timeout, same_micro_num_in_dp, use_dynamic_bsz_balance,
         ),
         dp_group if _synced(dp_group, same_micro_num_in_dp) else None,
-        use_dynamic_bsz_balance,
     )  # fmt: skip
 
 
@@ -136,6 +138,8 @@ class _Settings(NamedTuple):
     cost: Any
     model: Any
     timeout: Any
+    same_micro_num_in_dp: Any
+    use_dynamic_bsz_balance: Any
 
 
 class _Request(NamedTuple):
@@ -149,6 +153,7 @@ class _Request(NamedTuple):
     step: int
     count: int  # verl's starting count, before the agreement and num_batches_divided_by
     timeout: float  # seconds each agreement waits for the other ranks
+    balance: bool  # use_dynamic_bsz_balance
 
 
 class _BatchLengths(NamedTuple):
@@ -185,12 +190,13 @@ def _request(seqlen_list: Any, settings: _Settings) -> _Request:
     costs, overhead = sample_costs(settings.cost, settings.model, lengths)
     check_capped_sums(costs, lengths, cap)
     timeout = check_timeout(settings.timeout, "timeout")
-    return _Request(lengths, costs, overhead, cap, group, step, count, timeout)
+    # verl reads both by truthiness: "no" agreed and balanced, None did not balance.
+    check_bool(settings.same_micro_num_in_dp, "same_micro_num_in_dp")
+    balance = check_bool(settings.use_dynamic_bsz_balance, "use_dynamic_bsz_balance")
+    return _Request(lengths, costs, overhead, cap, group, step, count, timeout, balance)
 
 
-def _agreed_plan(
-    seqlen_list: Any, settings: _Settings, dp_group: Any, use_dynamic_bsz_balance: bool
-) -> list[list[int]]:
+def _agreed_plan(seqlen_list: Any, settings: _Settings, dp_group: Any) -> list[list[int]]:
     """:func:`plan_micro_batches` of ``seqlen_list`` (or a ``_BatchLengths``), agreed over
     ``dp_group`` (None: this rank alone). A rank whose batch or settings fail (a refusal, or any
     other error: a ``cost`` callable's IndexError, a batch without ``attention_mask``) says so
@@ -263,7 +269,7 @@ def _agreed_plan(
     # verl's order: heaviest first (ties: the later first index first) ...
     order = sorted(range(len(micro)), key=lambda j: (weight[j], micro[j][0]), reverse=True)
     micro = [micro[j] for j in order]
-    if use_dynamic_bsz_balance:
+    if request.balance:
         # ... then the lightest at both ends, the heaviest in the middle (fewer exposed bubbles).
         micro = micro[::2][::-1] + micro[1::2]
     return micro

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int
+from seqbalance._validation import as_lengths, check_bool, check_int
 from seqbalance.integrations._verl_batches import (
     prepare_dynamic_batch,
     rearrange_micro_batches,
@@ -240,6 +240,8 @@ def balance_batch(
     """
     import torch
 
+    # verl reads keep_minibatch by truthiness ("no" kept the mini-batches).
+    keep_minibatch = check_bool(keep_minibatch, "keep_minibatch")
     mask = batch.batch["attention_mask"]
     lengths = mask.view(mask.shape[0], -1).sum(-1).cpu().numpy()
     if hasattr(self, "_get_dp_size"):
