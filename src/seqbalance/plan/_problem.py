@@ -23,6 +23,7 @@ from seqbalance.partition.speeds import lpt_speeds
 from seqbalance.plan._caps import packed_keeps_cap
 from seqbalance.plan._fields import GroupedSamples
 from seqbalance.plan._intervals import padded_bound
+from seqbalance.plan._objective import objective_value, rank_imbalance
 from seqbalance.plan._shared import (
     MAX_SLOTS,
     Microbatches,
@@ -47,36 +48,6 @@ __all__ = [
     "objective_value",
     "rank_imbalance",
 ]
-
-
-def objective_value(costs: np.ndarray, objective: str, speeds: Any = None) -> float:
-    """The step cost of micro-batch costs ``[dp, M]`` (positions as given): the costliest
-    rank's total (``step``) or the sum over positions of the costliest rank (``lockstep``).
-
-    With ``speeds`` (one relative speed per rank), rank ``r``'s costs count as
-    ``cost / speeds[r]`` (time in cost units per unit of speed) in both objectives."""
-    if costs.size == 0:
-        return 0.0
-    if speeds is not None:
-        costs = costs / _per_rank(speeds, costs.shape[0])[:, None]
-    if objective == "lockstep":
-        return float(costs.max(axis=0).sum())
-    return float(costs.sum(axis=1).max())
-
-
-def rank_imbalance(rank_costs: np.ndarray, speeds: Any = None) -> float:
-    """Max / mean of the rank totals (divided by the rank speeds when given); 1.0 when the
-    mean is 0."""
-    times = rank_costs if speeds is None else rank_costs / _per_rank(speeds, rank_costs.size)
-    mean = float(times.mean()) if times.size else 0.0
-    return float(times.max()) / mean if mean > 0 else 1.0
-
-
-def _per_rank(speeds: Any, dp: int) -> np.ndarray:
-    speeds = np.asarray(speeds, dtype=np.float64)
-    if speeds.shape != (dp,):
-        raise ValueError(f"rank_speeds has {speeds.size} entries, expected one per rank: {dp}")
-    return speeds
 
 
 @dataclass(frozen=True, eq=False)
