@@ -159,6 +159,12 @@ def test_as_group_ids_rejects_bad_shapes_and_values() -> None:
     assert as_group_ids(np.array([3, 1, np.int64(3)], dtype=object), 3).tolist() == [3, 1, 3]
     assert as_group_ids(np.array([2.0, 5], dtype=object), 2).tolist() == [2, 5]
     assert as_group_ids(np.array([], dtype=object), 0).tolist() == []
+    # Ints past 2**53 beside a float keep their values (review17 item 7: float64 merged them).
+    big = [2**60, 2**60 + 1, 2.0]
+    assert as_group_ids(np.array(big, dtype=object), 3).tolist() == [2**60, 2**60 + 1, 2]
+    assert as_group_ids(big, 3).tolist() == [2**60, 2**60 + 1, 2]
+    with pytest.raises(ValueError, match=r"groups\[2\] = 2.5 is not an integer id"):
+        as_group_ids([2**60, 2**60 + 1, 2.5], 3)
     with pytest.raises(ValueError, match=r"groups\[1\] = 0.5 is not an integer id"):
         as_group_ids(np.array([1, 0.5], dtype=object), 2)
     with pytest.raises(ValueError, match="integer ids, got dtype object"):

@@ -66,6 +66,7 @@ def attention_pairs(
     block, ``k·c(c+1)/2 + r(r+1)/2`` for ``L = k·c + r`` causal, ``k·c² + r²`` bidirectional.
     """
     length = as_lengths(lengths).astype(np.float64)
+    causal = check_bool(causal, "causal")  # causal=2 was read as True, "no" too
     if window is not None and chunk is not None:
         raise ValueError("give at most one of window and chunk")
     if chunk is not None:

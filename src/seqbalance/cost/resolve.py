@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from seqbalance._validation import as_sample_values, check_flops_rate, naming
+from seqbalance._validation import as_lengths, as_sample_values, check_flops_rate, naming
 from seqbalance.cost.flops import FlopsModel
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
 from seqbalance.cost.lookup import flops_model, preset_cost
@@ -249,10 +249,19 @@ def evaluate_costs(
     arrays) instead; ``TokenCost`` costs the tokens alone, as asked.
 
     Raises:
-        ValueError: the model returns the wrong shape, negative or non-finite costs, or a bad
-            overhead; ``parts`` do not hold one entry per sample; or ``parts`` carry images or
-            HSTU fields that the model (one that sees token counts only) would ignore.
+        ValueError: ``model`` is no cost model (``resolve_cost`` makes one), ``lengths`` no
+            1-D array of token counts, the model returns the wrong shape, negative or
+            non-finite costs, or a bad overhead; ``parts`` do not hold one entry per sample; or
+            ``parts`` carry images or HSTU fields that the model (one that sees token counts
+            only) would ignore.
     """
+    if not (hasattr(model, "per_sample") and hasattr(model, "microbatch_overhead")):
+        raise ValueError(
+            "model must be a cost model (per_sample and microbatch_overhead; resolve_cost(cost) "
+            f"makes one), got {model!r:.80}"
+        )
+    if not isinstance(lengths, np.ndarray):  # a list had no .shape: AttributeError
+        lengths = as_lengths(lengths, "lengths")
     with naming(f"cost.microbatch_overhead (of {cost_name(model)})"):
         overhead = _check_overhead(model.microbatch_overhead)
     if parts is not None and len(parts) != lengths.size:

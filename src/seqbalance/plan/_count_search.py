@@ -42,13 +42,7 @@ def counts_above(p: Problem, m: int) -> list[int]:
     """The counts searched: above ``m``, up to ``max(speed) / mean(speed)`` times ``m``, none
     past ``allow_empty``'s limit (where some micro-batch would be empty)."""
     speeds = p.speeds_or_ones
-    most = int(np.ceil(m * float(speeds.max()) / float(speeds.mean())))
-    counts = []
-    count = p.next_microbatches(m)
-    while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
-        counts.append(count)
-        count = p.next_microbatches(count)
-    return counts
+    return _counts_after(p, m, int(np.ceil(m * float(speeds.max()) / float(speeds.mean()))))
 
 
 def padded_counts_beyond(p: Problem, last: int) -> list[int]:
@@ -57,7 +51,11 @@ def padded_counts_beyond(p: Problem, last: int) -> list[int]:
     speeds' range sizes the shares, but a padded micro-batch more also pads less (a long
     sample alone), so a larger count may plan cheaper (within ``allow_empty``'s limit)."""
     speeds = p.speeds_or_ones
-    most = int(np.ceil(p.n * float(speeds.max()) / float(speeds.sum())))
+    return _counts_after(p, last, int(np.ceil(p.n * float(speeds.max()) / float(speeds.sum()))))
+
+
+def _counts_after(p: Problem, last: int, most: int) -> list[int]:
+    """The allowed counts after ``last`` up to ``most``, none past ``allow_empty``'s limit."""
     counts = []
     count = p.next_microbatches(last)
     while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
@@ -206,24 +204,26 @@ class CountSearch:
         if p.layout != "padded" or least <= self.gap:
             return found
         beyond = padded_counts_beyond(p, counts[-1] if counts else self.m)
-        found += self._search_counts(least, beyond)
+        # A count there whose capacity bound is above ``least`` could not be kept: not planned.
+        found += self._search_counts(least, beyond, floor=least)
         return sorted(found, key=lambda item: (item[0], len(item[1][0])))
 
-    def _search_counts(self, value: float, counts: list[int]) -> Found:
+    def _search_counts(self, value: float, counts: list[int], floor: float = np.inf) -> Found:
         """Plans (before the lockstep refinement) with ``counts`` (ascending), cheapest first
         (ties: the fewest micro-batches), the ``kept`` first of them exact.
 
         A bounded search, since the cost over counts is not smooth: ``COUNTS_TRIED`` counts
         evenly spread over the range (the largest first), then around the cheapest so far steps
         that halve down to the neighbouring count; it stops at a plan within the bound's gap.
-        A count whose ``capacity_bound`` exceeds the cheapest plan so far is not planned when
-        the search reaches it (``_Deferred``): it could be neither the cheapest, which steers
-        the search, nor within the gap. It is planned at the end only where it could still be
+        A count whose ``capacity_bound`` exceeds the cheapest plan so far (or ``floor``, a
+        value already found elsewhere) is not planned when the search reaches it
+        (``_Deferred``): it could be neither the cheapest, which steers the search, nor within
+        the gap. It is planned at the end only where it could still be
         among the ``kept`` cheapest returned (``value``, of ``m``, included), so the plans
         returned first are those planning every count reached would give."""
         p = self.p
         tried: dict[int, tuple[float, Microbatches]] = {}  # by position in counts
-        deferred = _Deferred(p, counts)
+        deferred = _Deferred(p, counts, floor)
 
         def plan_at(index: int) -> None:
             if (found := self._plan(counts[index])) is not None:
@@ -260,16 +260,20 @@ class _Deferred:
     """The counts of a search not planned when it reached them, by their ``capacity_bound``
     (each a lower bound on the value of any plan of the count, up to float noise)."""
 
-    def __init__(self, p: Problem, counts: list[int]) -> None:
-        self.p, self.counts = p, counts
+    def __init__(self, p: Problem, counts: list[int], floor: float = np.inf) -> None:
+        self.p, self.counts, self.floor = p, counts, floor
         self.bounds: dict[int, float] = {}  # by position in counts
 
     def holds(self, index: int, tried: dict[int, tuple[float, Microbatches]]) -> bool:
         """Whether the count at ``index`` is (now) deferred: its bound is above the cheapest
-        plan ``tried``, so its plan could not steer the search."""
-        if index not in self.bounds and tried:
+        plan ``tried`` or the ``floor`` (a value found elsewhere), so its plan could not steer
+        the search."""
+        if index in self.bounds:
+            return True
+        least = min([self.floor, *(item[0] for item in tried.values())])
+        if least < np.inf:
             bound = capacity_bound(self.p, self.counts[index]) * (1 - _BOUND_NOISE)
-            if bound > min(item[0] for item in tried.values()):
+            if bound > least:
                 self.bounds[index] = bound
         return index in self.bounds
 

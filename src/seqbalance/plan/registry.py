@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._deprecated import moved_names
+from seqbalance._validation import check_bool
 
 __all__ = [
     "FAMILIES",
@@ -170,6 +171,7 @@ def strategy_names(*families: str, context_parallel: bool = False) -> tuple[str,
     """Registered names in registration order (deterministic), optionally of some families:
     the strategies of data-parallel steps, or with ``context_parallel=True`` those of
     context-parallel steps (``balanced``, ``static_cp``, ``dynamic_cp_megatron``, ...)."""
+    check_bool(context_parallel, "context_parallel")  # 5 or "no" were read as True
     for family in families:
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
