@@ -86,6 +86,8 @@ RANK_PRELOAD = (
     "seqbalance.plan",
     "seqbalance.runtime",
     "seqbalance.runtime.context_parallel",
+    # What its chunk attention imports on first use (it imports torch._dynamo, about 1.3 s).
+    "torch.nn.attention.bias",
     "seqbalance.measure.toy_model",
     # Ranks that build a Hugging Face model: about 3 s of CPU per rank, 4 ranks a launch in
     # some tests. Not megatron-core: importing it changes how every tensor pickles (its

@@ -3,6 +3,7 @@ installed; tests/integrations/test_integrations_verl_parity.py compares with the
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 
 import numpy as np
@@ -15,17 +16,20 @@ from seqbalance.integrations import verl as sbv
 from seqbalance.plan.stacks.reference import largest_differencing
 
 torch = pytest.importorskip("torch")
-tensordict = pytest.importorskip("tensordict")
+# Not imported here (a module-level importorskip would): importing tensordict imports
+# torch._dynamo, ~1.3 s of CPU at collection in every xdist worker; imported where used.
+if importlib.util.find_spec("tensordict") is None:
+    pytest.skip("tensordict is not installed", allow_module_level=True)
 
 
 def padded_batch(lengths: list[int], width: int | None = None) -> object:
+    from tensordict import TensorDict
+
     width = width or max(lengths)
     lengths_t = torch.tensor(lengths)
     mask = (torch.arange(width)[None, :] < lengths_t[:, None]).long()
     ids = torch.arange(len(lengths))[:, None].repeat(1, width)  # row i holds the value i
-    return tensordict.TensorDict(
-        {"input_ids": ids, "attention_mask": mask}, batch_size=[len(lengths)]
-    )
+    return TensorDict({"input_ids": ids, "attention_mask": mask}, batch_size=[len(lengths)])
 
 
 @given(
@@ -121,9 +125,11 @@ def test_pipeline_order_puts_light_micro_batches_at_both_ends() -> None:
 
 
 def test_nested_input_ids_and_restore() -> None:
+    from tensordict import TensorDict
+
     rows = [torch.arange(n) for n in (5, 9, 2, 7, 4)]
     nested = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-    batch = tensordict.TensorDict({"input_ids": nested}, batch_size=[5])
+    batch = TensorDict({"input_ids": nested}, batch_size=[5])
     micro, idx = sbv.prepare_dynamic_batch(batch, 12)
     assert all(sum(len(rows[i]) for i in part) <= 12 for part in idx)
     out = torch.nested.as_nested_tensor(

@@ -5,6 +5,7 @@ without verl; tests/test_integrations_verl_parity.py installs into verl itself).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sys
 import types
 from collections.abc import Iterator
@@ -19,7 +20,10 @@ from seqbalance import FlopsModel, ModelSpec, PlanOptions
 from seqbalance.integrations import verl as sbv
 
 torch = pytest.importorskip("torch")
-tensordict = pytest.importorskip("tensordict")
+# Not imported here (a module-level importorskip would): importing tensordict imports
+# torch._dynamo, ~1.3 s of CPU at collection in every xdist worker; imported where used.
+if importlib.util.find_spec("tensordict") is None:
+    pytest.skip("tensordict is not installed", allow_module_level=True)
 
 VERL = "verl.utils.seqlen_balancing"
 DCP = "verl.utils.dynamic_cp_scheduler"
@@ -76,7 +80,9 @@ def _bindings(verl: types.ModuleType) -> list[object]:
 def lengths_batch(lengths: list[int]) -> object:
     rows = [torch.full((n,), i) for i, n in enumerate(lengths)]
     ids = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-    return tensordict.TensorDict({"input_ids": ids}, batch_size=[len(lengths)])
+    from tensordict import TensorDict
+
+    return TensorDict({"input_ids": ids}, batch_size=[len(lengths)])
 
 
 def test_the_installed_cost_reaches_verls_call_sites(fake_verl) -> None:

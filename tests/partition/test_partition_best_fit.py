@@ -32,7 +32,7 @@ _CASES = st.tuples(
 )
 
 
-@settings(max_examples=examples(3000), deadline=None)
+@settings(max_examples=examples(3000, quick=150), deadline=None)
 @given(case=_CASES)
 def test_blocks_place_every_item_as_one_flat_list(case) -> None:
     weights, k, block, slack = case

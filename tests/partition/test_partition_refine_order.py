@@ -24,7 +24,7 @@ def _resort_above(parts: int) -> AbstractContextManager[Any]:
     return mock.patch.object(refine_module, "_RESORT_PARTS", parts)
 
 
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(2000, quick=100), deadline=None)
 @given(
     loads=st.lists(st.integers(0, 6), min_size=2, max_size=60),
     changes=st.lists(st.tuples(st.integers(0, 59), st.integers(0, 59), st.integers(-3, 3))),

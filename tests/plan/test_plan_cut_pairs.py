@@ -51,7 +51,7 @@ def _dealt_lockstep_cost(least: np.ndarray, cuts: np.ndarray, dp: int) -> float:
     return float(sum(max(plan[rank, t] for rank in range(dp)) for t in range(positions)))
 
 
-@settings(max_examples=examples(800), deadline=None)
+@settings(max_examples=examples(800, quick=25), deadline=None)
 @given(cut_steps())
 def test_moved_cuts_are_valid_runs_and_cheaper(step) -> None:
     least, take, cuts, dp = step

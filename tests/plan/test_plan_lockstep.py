@@ -92,7 +92,7 @@ def _requests(draw: Any) -> tuple[Any, list[list[list[int]]], int, np.ndarray]:
     return p, plan, draw(st.integers(0, dp - 1)), profile[::-1] / 2
 
 
-@settings(max_examples=examples(800), deadline=None)
+@settings(max_examples=examples(800, quick=40), deadline=None)
 @given(_requests())
 def test_ranks_packed_at_once_as_one_by_one(request: Any) -> None:
     p, plan, reference, profile = request

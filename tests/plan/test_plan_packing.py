@@ -184,7 +184,7 @@ def _tight_sizes(draw: st.DrawFn) -> tuple[list[int], int]:
     return draw(st.lists(size, min_size=1, max_size=11)), cap
 
 
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(2000, quick=50), deadline=None)
 @given(_tight_sizes())
 def test_least_microbatches_never_exceeds_the_exact_count(case: tuple[list[int], int]) -> None:
     lengths, cap = case
@@ -230,7 +230,7 @@ def test_plan_sums_are_each_micro_batch_summed_on_its_own(
     assert p.plan_costs(plan).tolist() == [[0.5 + s for s in row] for row in expected]
 
 
-@settings(max_examples=examples(1000), deadline=None)
+@settings(max_examples=examples(1000, quick=30), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 6), min_size=0, max_size=40),
     ranks=st.integers(1, 4),

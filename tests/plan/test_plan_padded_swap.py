@@ -40,7 +40,7 @@ def _enumerated(state: _State) -> tuple[tuple[float, float], int, int] | None:
     return (float(keys[i, 0]), float(keys[i, 1])), int(j[i]), int(q[i])
 
 
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(2000, quick=50), deadline=None)
 @given(
     dp=st.integers(2, 6),
     costs=st.lists(st.integers(1, 12), min_size=2, max_size=40),

@@ -433,7 +433,7 @@ def _filled(
 
 
 @pytest.mark.parametrize("grouped", [False, True])
-@settings(max_examples=examples(800))
+@settings(max_examples=examples(800, quick=25))
 @given(
     st.integers(1, 6),
     st.integers(1, 5),

@@ -16,7 +16,7 @@ from seqbalance.plan import _thresholds as thresholds
 from seqbalance.plan._thresholds import threshold_bound
 
 
-@settings(max_examples=examples(600), deadline=None)
+@settings(max_examples=examples(600, quick=30), deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=11),
     dp=st.integers(2, 4),

@@ -126,7 +126,7 @@ def _check_refused_exactly_where_the_planner_refuses(epoch, chunk, window) -> No
         assert f"num_microbatches = {options.num_microbatches}" in refusal
 
 
-@settings(max_examples=examples(800), deadline=None)
+@settings(max_examples=examples(800, quick=40), deadline=None)
 @given(
     epoch=_epochs(), chunk=st.integers(1, 9), shuffle=st.booleans(), epoch_number=st.integers(0, 5)
 )

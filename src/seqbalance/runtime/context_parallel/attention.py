@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 __all__ = ["IGNORE_INDEX", "causal_attention", "chunk_attention"]
 
@@ -77,6 +76,11 @@ def chunk_attention(
     bias: fused kernels that know the alignment (CUDA's) skip the masked half; elsewhere the
     mask is materialised, ``(b − a) x b`` booleans.
     """
+    # Imported here, not at the top: torch.nn.attention.bias imports torch._dynamo, about
+    # 1.3 s of CPU that every process importing seqbalance.runtime.context_parallel (the CLI,
+    # every process that plans) paid, most of them never calling this.
+    from torch.nn.attention.bias import causal_lower_right
+
     rows, keys = q.shape[1], k.shape[1]
     bias = None if rows == keys else causal_lower_right(rows, keys)
     return F.scaled_dot_product_attention(
