@@ -595,6 +595,19 @@ def test_load_state_dict_rejects_wrong_types_and_formats() -> None:
         ("consumed", True, r"state_dict\['consumed'\] must be an integer"),
         ("setup", [1, 2], r"state_dict\['setup'\] must be a mapping"),
         ("format", "seqbalance.SamplerState/0", "format"),
+        (
+            "format",
+            ["seqbalance.SamplerState/3"],
+            r"format'\] = \['seqbalance.SamplerState/3'\], exp",
+        ),
+        # review17 item 6: a state of the version before was refused without why or what to do.
+        (
+            "format",
+            "seqbalance.SamplerState/3",
+            r"= 'seqbalance.SamplerState/3': written by an older seqbalance; epochs are shuffled "
+            r"differently since 'seqbalance.SamplerState/4', .* Resume with the seqbalance that "
+            r"saved it, or start the next epoch without the state \(set_epoch\(epoch \+ 1\)",
+        ),
     ]:
         with pytest.raises(ValueError, match=match):
             sampler.load_state_dict({**state, key: value})

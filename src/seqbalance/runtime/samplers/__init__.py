@@ -80,8 +80,8 @@ that step, prefixed with the epoch and step, before any of that step's data.
 
 from __future__ import annotations
 
-from seqbalance.runtime.samplers._epoch import STATE_FORMAT
 from seqbalance.runtime.samplers._position import data_parallel_position
+from seqbalance.runtime.samplers._state_format import STATE_FORMAT
 from seqbalance.runtime.samplers.balanced import BalancedBatchSampler
 from seqbalance.runtime.samplers.length_grouped import LengthGroupedSampler
 

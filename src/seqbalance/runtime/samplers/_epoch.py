@@ -29,13 +29,9 @@ from seqbalance.runtime.agreement import (
     raise_gathered_error,
 )
 from seqbalance.runtime.samplers._lengths import LengthSource
+from seqbalance.runtime.samplers._state_format import STATE_FORMAT, check_state_format
 
-__all__ = ["STATE_FORMAT", "EpochBatchSampler", "parts_sha256", "sha256_of"]
-
-STATE_FORMAT = "seqbalance.SamplerState/4"
-"""``state_dict()["format"]``; changes whenever the resume state's layout, or the epoch order
-its position counts in, changes (4: the keyed shuffle's round function, so a state of 3 would
-resume at its count in another order, training some samples twice and others never)."""
+__all__ = ["EpochBatchSampler", "parts_sha256", "sha256_of"]
 
 _STATE_KEYS = ("format", "epoch", "consumed", "step", "offset", "setup")
 _POSITION = ("consumed", "step", "offset")
@@ -544,11 +540,7 @@ class EpochBatchSampler:
                 f"state_dict lacks {', '.join(map(repr, missing))}: expected a state_dict() of "
                 f"{type(self).__name__} ({STATE_FORMAT})"
             )
-        if state["format"] != STATE_FORMAT:
-            raise ValueError(
-                f"state_dict['format'] = {state['format']!r}, expected {STATE_FORMAT!r}: this "
-                "resume point cannot be checked against this sampler"
-            )
+        check_state_format(state["format"])
         saved = state["setup"]
         if not isinstance(saved, Mapping):
             raise ValueError(f"state_dict['setup'] must be a mapping, got {type(saved).__name__}")
