@@ -536,13 +536,21 @@ def test_installed_workload_keeps_the_shape_of_verls(monkeypatch) -> None:
     """review17 item 5: under an installation's cost a [2, 2] tensor came back flattened ([4]),
     where verl's own calculate_workload (and the uninstalled drop-in) keep the input's shape."""
     monkeypatch.delenv(sbv.ENV_OPTIONS, raising=False)
-    inputs = (torch.tensor([[3, 4], [5, 6]]), torch.zeros(2, 0, dtype=torch.long), np.array([[7]]))
+    inputs = (
+        torch.tensor([[3, 4], [5, 6]]), torch.zeros(2, 0, dtype=torch.long), torch.tensor(9),
+        np.array([[7]]), np.array(8),  # verl's gives a numpy scalar for the 0-d array
+    )  # fmt: skip
     theirs = [V.calculate_workload(lengths) for lengths in inputs]
     try:
         with sbv.install(cost="tokens"):
             for lengths, verls in zip(inputs, theirs, strict=True):
                 ours = V.calculate_workload(lengths)
-                assert type(ours) is type(verls) and ours.shape == verls.shape
+                # The same kind (a tensor, an array, a numpy scalar) and shape; float64 values.
+                kinds = (torch.Tensor, np.ndarray, np.generic)
+                assert [isinstance(ours, kind) for kind in kinds] == [
+                    isinstance(verls, kind) for kind in kinds
+                ]
+                assert ours.shape == verls.shape
                 np.testing.assert_array_equal(np.asarray(ours), np.asarray(lengths, dtype=float))
             # A list is read as the uninstalled function reads it (verl's own fails on lists).
             assert V.calculate_workload([3, 4]).tolist() == [3.0, 4.0]

@@ -232,7 +232,7 @@ def _configured_workload(cost: Any) -> Callable[[Any], Any]:
         # verl's keeps the input's shape ([2, 2] came back as [4]).
         costs = sample_costs(cost, None, lengths)[0].astype(np.float64).reshape(values.shape)
         if not is_tensor:
-            return costs
+            return costs[()]  # a scalar for a 0-d array, as verl's arithmetic gives
         import torch
 
         return torch.as_tensor(costs, device=seqlen_list.device)
