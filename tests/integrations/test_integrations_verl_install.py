@@ -172,7 +172,7 @@ OPS = st.lists(
 )  # fmt: skip
 
 
-@settings(max_examples=examples(200), deadline=None)
+@settings(max_examples=examples(200, quick=10), deadline=None)
 @given(OPS)
 def test_any_order_of_installs_and_removals_restores_exactly(ops) -> None:
     """Model: the functions in verl are those of the newest installation still active (verl's

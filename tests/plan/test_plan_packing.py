@@ -206,7 +206,7 @@ def test_the_dual_feasible_bound_counts_samples_over_a_third_of_the_cap() -> Non
     assert least_microbatches(p, np.arange(w.size)) == 226  # 86 + 83 + 36 + 21: a packing
 
 
-@settings(max_examples=examples(1000), deadline=None)
+@settings(max_examples=examples(1000, quick=50), deadline=None)
 @given(
     sizes=st.lists(st.one_of(st.integers(0, 9), st.integers(0, 300)), min_size=1, max_size=60),
     ranks=st.integers(1, 4),

@@ -58,7 +58,7 @@ def test_count_bound_is_at_most_the_brute_force(step: dict) -> None:
     assert plan.step_cost >= best * (1 - 1e-9) - 1e-9
 
 
-@settings(max_examples=examples(400), deadline=None)
+@settings(max_examples=examples(400, quick=20), deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=11),
     dp=st.integers(2, 4),
