@@ -1,5 +1,7 @@
 """The shared input checks: every bad value is named, every good value passes through unchanged."""
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -165,6 +167,16 @@ def test_as_group_ids_rejects_bad_shapes_and_values() -> None:
     assert as_group_ids(big, 3).tolist() == [2**60, 2**60 + 1, 2]
     with pytest.raises(ValueError, match=r"groups\[2\] = 2.5 is not an integer id"):
         as_group_ids([2**60, 2**60 + 1, 2.5], 3)
+    # review17 item 10: 2**53 + 1 rounds to 2**53 in float64; a numpy uint64 past int64 beside
+    # a float is named; whole Fractions are ids, others named.
+    assert as_group_ids([2**53 + 1, 2**53, 1.0], 3).tolist() == [2**53 + 1, 2**53, 1]
+    with pytest.raises(ValueError, match=r"groups\[0\] = 9223372036854775808 does not fit"):
+        as_group_ids([np.uint64(2**63), 1.0], 2)
+    with pytest.raises(ValueError, match=r"groups\[0\] = 9223372036854775808 does not fit"):
+        as_group_ids(np.array([np.uint64(2**63), 1.0], dtype=object), 2)
+    assert as_group_ids(np.array([Fraction(4, 2), 7], dtype=object), 2).tolist() == [2, 7]
+    with pytest.raises(ValueError, match=r"groups\[0\] = 0.5 is not an integer id"):
+        as_group_ids(np.array([Fraction(1, 2), 7], dtype=object), 2)
     with pytest.raises(ValueError, match=r"groups\[1\] = 0.5 is not an integer id"):
         as_group_ids(np.array([1, 0.5], dtype=object), 2)
     with pytest.raises(ValueError, match="integer ids, got dtype object"):

@@ -441,9 +441,9 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
     # numpy reads ints beside a float as float64, which past 2**53 merges distinct ids.
-    past_floats = array.dtype.kind == "f" and bool((np.abs(array) > 2**53).any())
+    past_floats = array.dtype.kind == "f" and bool((np.abs(array) >= 2**53).any())
     if items is not None and (array.dtype == object or past_floats):
-        array = _exact_ids(items, array)
+        array = _exact_ids(items, array, name)
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")
     if array.dtype == np.bool_ or array.dtype.kind not in "iuf":
@@ -460,21 +460,25 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     return array.astype(np.int64)
 
 
-def _exact_ids(items: Sequence[Any], array: np.ndarray) -> np.ndarray:
+def _exact_ids(items: Sequence[Any], array: np.ndarray, name: str) -> np.ndarray:
     """Ids given as Python numbers (a list, or an object array: a pandas object column) read
-    exactly: whole floats as ints, so ints past 2**53 beside a float keep their values (numpy
-    would read them all as float64, merging distinct ids). ``array`` (numpy's own read) is
-    returned where an item is no real number (refused by kind after) or not whole (the float
-    check names it)."""
+    exactly: whole numbers (floats, Fractions, numpy integers) as ints, so ints past 2**53
+    beside a float keep their values (numpy would read them all as float64, merging distinct
+    ids); an integer past int64 raises ValueError naming ``name[i]``. ``array`` (numpy's own
+    read) is returned where an item is no real number (refused by kind after); float64 where
+    one is not whole (the float check names it)."""
     if not all(isinstance(value, numbers.Real) for value in items):
         return array
-    whole = [
-        int(value)
-        if isinstance(value, float) and abs(value) <= 2**62 and value.is_integer()
-        else value
-        for value in items
-    ]
-    if all(isinstance(value, numbers.Integral) for value in whole):
+    whole = []
+    for index, value in enumerate(items):
+        if isinstance(value, numbers.Integral):
+            value = int(value)
+            if not -(2**63) <= value < 2**63:
+                raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
+        elif abs(value) <= 2**62 and float(value).is_integer() and value == int(value):
+            value = int(value)
+        whole.append(value)
+    if all(isinstance(value, int) for value in whole):
         return np.array(whole, dtype=np.int64).reshape(array.shape)
     return np.array(items, dtype=np.float64).reshape(array.shape)
 
