@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import warnings
 
 import numpy as np
 import pytest
 
 import seqbalance as sb
-from seqbalance.plan import PlanValidationError, StepPlan
+from seqbalance.plan import Plan, PlanValidationError, StepPlan
 from seqbalance.plan._step_validation import microbatch_cost, microbatch_tokens
 
 LENGTHS = np.array([90, 80, 70, 60, 50, 40, 30, 20, 10, 5, 5, 35], dtype=np.int64)
@@ -212,3 +214,18 @@ def test_lower_bound_above_cost() -> None:
 
 def test_validation_error_is_value_error() -> None:
     assert issubclass(PlanValidationError, ValueError)
+
+
+def test_a_document_whose_padded_micro_batch_wraps_int64_is_refused_by_validate() -> None:
+    # review17 item 8: plan_step refuses a padded micro-batch past 2**53 tokens, but a document
+    # holding one (another writer, an edit) loaded, and validate() multiplied count x longest in
+    # int64: a RuntimeWarning, then "its contents hold -9223372036854775808 tokens".
+    doc = json.loads(sb.plan_step([1] * 2048, 1, layout="padded", microbatch_size=2048).to_json())
+    doc["lengths"][0] = 2**52
+    plan = Plan.from_json(json.dumps(doc))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(
+            ValueError, match=r"ranks\[0\]\[0\]: 2048 samples .* 9,223,372,036,854,775,808"
+        ):
+            plan.validate()

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._validation import MAX_TOKENS_LIMIT
+
 __all__ = [
     "COST_RTOL",
     "PlanValidationError",
@@ -300,7 +302,13 @@ class StepPlanChecks:
         costs = np.zeros(shape, dtype=np.float64)
         for r, microbatches in enumerate(self.ranks):
             for j, indices in enumerate(microbatches):
-                tokens[r, j] = microbatch_tokens(indices, self.lengths, self.layout)
+                count = microbatch_tokens(indices, self.lengths, self.layout)
+                if count > MAX_TOKENS_LIMIT:  # plan_step refuses such steps; a document may not
+                    raise ValueError(
+                        f"ranks[{r}][{j}]: {indices.size} samples padded to the longest hold "
+                        f"{count:,} tokens, more than 2**53 = {MAX_TOKENS_LIMIT}"
+                    )
+                tokens[r, j] = count
                 costs[r, j] = microbatch_cost(
                     indices, self.lengths, self.sample_costs, self.overhead, self.layout
                 )
@@ -320,7 +328,7 @@ def microbatch_tokens(indices: np.ndarray, lengths: np.ndarray, layout: str) -> 
         return 0
     if layout == "packed":
         return int(lengths[indices].sum())
-    return int(indices.size * lengths[indices].max())
+    return int(indices.size) * int(lengths[indices].max())  # Python ints: no int64 wrap
 
 
 def microbatch_cost(
