@@ -441,7 +441,8 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
         if isinstance(value, int) and not -(2**63) <= value < 2**63:
             raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
     # numpy reads ints beside a float as float64, which past 2**53 merges distinct ids.
-    past_floats = array.dtype.kind == "f" and bool((np.abs(array) >= 2**53).any())
+    # (A float64 read only: numpy reads such a mix so; 2**53 would overflow a float16.)
+    past_floats = array.dtype == np.float64 and bool((np.abs(array) >= 2**53).any())
     if items is not None and (array.dtype == object or past_floats):
         array = _exact_ids(items, array, name)
     if array.ndim != 1 or array.shape[0] != n:
