@@ -229,3 +229,13 @@ def test_a_document_whose_padded_micro_batch_wraps_int64_is_refused_by_validate(
             ValueError, match=r"ranks\[0\]\[0\]: 2048 samples .* 9,223,372,036,854,775,808"
         ):
             plan.validate()
+
+
+def test_a_document_whose_lengths_sum_past_2_53_is_refused_at_load() -> None:
+    # review17 item 11: plan_step refuses lengths summing past 2**53 tokens; a document holding
+    # them loaded, validate() said "contents hold -9223372036854775808 tokens" and summary()
+    # reported a wrapped total.
+    doc = json.loads(sb.plan_step([1, 1], 1, num_microbatches=1).to_json())
+    doc["lengths"] = [2**62, 2**62]
+    with pytest.raises(ValueError, match=r"malformed StepPlan document: .*lengths sum to"):
+        Plan.from_json(json.dumps(doc))
