@@ -438,12 +438,14 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     for index, value in enumerate(items or ()):
         if isinstance(value, (bool, np.bool_)):
             raise ValueError(f"{name}[{index}] = {value!r} is not an integer id (a bool)")
-        if isinstance(value, int) and not -(2**63) <= value < 2**63:
-            raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
+        if isinstance(value, int):
+            _check_int64_id(value, index, name)
     # numpy reads ints beside a float as float64, which past 2**53 merges distinct ids.
     # (A float64 read only: numpy reads such a mix so; 2**53 would overflow a float16.)
-    past_floats = array.dtype == np.float64 and bool((np.abs(array) >= 2**53).any())
-    if items is not None and (array.dtype == object or past_floats):
+    if items is not None and (
+        array.dtype == object
+        or (array.dtype == np.float64 and bool((np.abs(array) >= 2**53).any()))
+    ):
         array = _exact_ids(items, array, name)
     if array.ndim != 1 or array.shape[0] != n:
         raise ValueError(f"{name} must hold one id per sample ({n}), got shape {array.shape}")
@@ -461,6 +463,13 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     return array.astype(np.int64)
 
 
+def _check_int64_id(value: int, index: int, name: str) -> int:
+    """``value`` (the id ``name[index]``), or ValueError where it does not fit in int64."""
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
+    return value
+
+
 def _exact_ids(items: Sequence[Any], array: np.ndarray, name: str) -> np.ndarray:
     """Ids given as Python numbers (a list, or an object array: a pandas object column) read
     exactly: whole numbers (floats, Fractions, numpy integers) as ints, so ints past 2**53
@@ -473,10 +482,8 @@ def _exact_ids(items: Sequence[Any], array: np.ndarray, name: str) -> np.ndarray
     whole = []
     for index, value in enumerate(items):
         if isinstance(value, numbers.Integral):
-            value = int(value)
-            if not -(2**63) <= value < 2**63:
-                raise ValueError(f"{name}[{index}] = {value} does not fit in int64")
-        elif abs(value) <= 2**62 and float(value).is_integer() and value == int(value):
+            value = _check_int64_id(int(value), index, name)
+        elif abs(value) <= 2**62 and value == int(value):  # whole (NaN and inf fail the first)
             value = int(value)
         whole.append(value)
     if all(isinstance(value, int) for value in whole):
