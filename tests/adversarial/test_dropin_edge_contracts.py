@@ -455,3 +455,17 @@ def test_verl_partitions_refuse_an_equal_size_that_is_no_bool(equal_size) -> Non
     for function in (sv.karmarkar_karp, sv.greedy_partition):
         with pytest.raises(ValueError, match=r"equal_size must be True or False, got "):
             function([1, 2, 3, 4], 2, equal_size)
+
+
+def test_megatron_iterator_refuses_a_scalar_dataset() -> None:
+    """adv18b D1: a numpy scalar, 0-d array or 0-d tensor passed the indexable check (it has a
+    ``__getitem__``), the epoch was laid out, and the first step raised IndexError "invalid
+    index to scalar variable" (a 0-d array: TypeError "len() of unsized object")."""
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    for scalar in (np.int64(2), np.array(3), np.float64(2.0), torch.tensor(3)):
+        with pytest.raises(ValueError, match=r"dataset must be indexable .* got a scalar"):
+            MegatronDataIterator(
+                scalar, [2, 2], global_batch_size=2, dp_rank=0, dp_size=1, max_tokens=16
+            )
