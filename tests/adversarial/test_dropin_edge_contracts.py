@@ -519,3 +519,19 @@ def test_megatron_iterator_names_the_length_given_where_padding_exceeds_the_cap(
                 dataset, lengths, global_batch_size=4, dp_rank=0, dp_size=1, max_tokens=100,
                 pad_multiple=pad,
             )  # fmt: skip
+
+
+def test_megatron_iterator_checks_an_epoch_equal_to_the_current_one() -> None:
+    """adv18b D8: set_epoch(True), set_epoch(1.0) or set_epoch(tensor(1)) at epoch 1 passed
+    unchecked (equal to the current epoch), while the same kinds are refused at any other."""
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    iterator = MegatronDataIterator(
+        [[1, 2]] * 4, [2] * 4, global_batch_size=2, dp_rank=0, dp_size=1, max_tokens=8
+    )
+    iterator.set_epoch(1)
+    for odd in (True, 1.0, torch.tensor(1)):
+        with pytest.raises(ValueError, match=r"^epoch must be an integer"):
+            iterator.set_epoch(odd)
+    iterator.set_epoch(np.int64(1))  # an integer of another kind is one

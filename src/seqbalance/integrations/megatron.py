@@ -456,7 +456,8 @@ class MegatronDataIterator:
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next (re-planned; every rank must call it alike). The current
         epoch changes nothing, as for the sampler: a loaded resume point stays."""
-        if epoch == self.sampler.epoch:
+        # Checked first: True, 1.0 or tensor(1) passed as the current epoch 1 unchecked.
+        if check_int(epoch, "epoch", minimum=0) == self.sampler.epoch:
             return
         with megatron_refusals():
             self.sampler.set_epoch(epoch)
