@@ -455,3 +455,50 @@ def test_verl_partitions_refuse_an_equal_size_that_is_no_bool(equal_size) -> Non
     for function in (sv.karmarkar_karp, sv.greedy_partition):
         with pytest.raises(ValueError, match=r"equal_size must be True or False, got "):
             function([1, 2, 3, 4], 2, equal_size)
+
+
+def test_megatron_iterator_refuses_a_scalar_dataset() -> None:
+    """adv18b D1: a numpy scalar, 0-d array or 0-d tensor passed the indexable check (it has a
+    ``__getitem__``), the epoch was laid out, and the first step raised IndexError "invalid
+    index to scalar variable" (a 0-d array: TypeError "len() of unsized object")."""
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    for scalar in (np.int64(2), np.array(3), np.float64(2.0), torch.tensor(3)):
+        with pytest.raises(ValueError, match=r"dataset must be indexable .* got a scalar"):
+            MegatronDataIterator(
+                scalar, [2, 2], global_batch_size=2, dp_rank=0, dp_size=1, max_tokens=16
+            )
+
+
+def test_verl_dropins_name_what_numpy_cannot_read() -> None:
+    """adv18b D4: a bfloat16 tensor or one that requires grad raised torch's TypeError /
+    RuntimeError out of karmarkar_karp, greedy_partition, get_seqlen_balanced_partitions,
+    get_reverse_idx and an installed calculate_workload (get_group_balanced_partitions and
+    dp_balanced_order named the argument); the installed calculate_workload read a masked
+    array's entries as the data under their mask without a word."""
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations import verl
+    from seqbalance.integrations._verl_install import _configured_workload
+
+    readers = {
+        "seqlen_list": [
+            lambda s: verl.karmarkar_karp(s, 2, True),
+            lambda s: verl.greedy_partition(s, 2, False),
+            lambda s: verl.get_seqlen_balanced_partitions(s, 2, False),
+            _configured_workload("tokens"),
+        ],
+        "idx_map": [verl.get_reverse_idx],
+    }
+    odd = {
+        "bfloat16": (torch.tensor([3, 0, 2, 1], dtype=torch.bfloat16), "ScalarType BFloat16"),
+        "grad": (torch.tensor([3.0, 0, 2, 1], requires_grad=True), "requires grad"),
+    }
+    for name, functions in readers.items():
+        for function in functions:
+            for values, message in odd.values():
+                with pytest.raises(ValueError, match=rf"^{name} must be .*{message}"):
+                    function(values)
+    masked = np.ma.masked_array([5, 6, 7, 8], mask=[0, 1, 0, 0])
+    with pytest.raises(ValueError, match=r"seqlen_list\[1\] is masked"):
+        _configured_workload("tokens")(masked)

@@ -16,10 +16,19 @@ construction on rank 1: IndexError: ...' at iter(), and the rank itself its own 
 review16 item 10: so does a cost the sampler refuses on one rank (a NaN: ValueError, which was
 raised at construction there alone), and len() before iter() (a trainer's steps per epoch)
 answers on every rank instead of raising the kept error on that rank alone.
+
+adv18a F1: a lengths file changed under one rank's sampler between two epochs (each node reads
+its own copy, and one copy was rebuilt: the same size, other lengths) was found by that rank
+alone while it described its setup for the next epoch's agreement, before the gather: it raised
+there, and the other rank waited in the agreement until the timeout, its CollectiveError naming
+no cause. The error travels in the agreement now, as a construction error does.
 """
 
 from __future__ import annotations
 
+import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,6 +143,24 @@ def _len_first(rank: int) -> dict[str, Any]:
         return {"len": steps, "error": f"{type(error).__name__}: {error}", "batches": None}
 
 
+def _file_changed_on_one_rank(rank: int) -> dict[str, Any]:
+    """adv18a F1: rank 1's copy of the lengths file rewritten between epochs 0 and 1."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "lengths.npy"
+        np.save(path, np.arange(1, 17))
+        sampler = BalancedBatchSampler(str(path), 8, agreement_timeout=20.0)
+        first = list(sampler)
+        if rank == 1:
+            np.save(path, np.arange(16, 0, -1))
+        sampler.set_epoch(1)
+        try:
+            return {"error": None, "batches": [first, list(sampler)]}
+        except Exception as error:
+            # Each rank's own temporary folder (rank 0's message names rank 1's) as "D".
+            text = f"{type(error).__name__}: {error}"
+            return {"error": re.sub(r"/\S*/lengths\.npy", "D/lengths.npy", text)}
+
+
 def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
     elementwise = SizeDependent(0)  # tokens on any array
     return [
@@ -144,6 +171,7 @@ def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
         _run(rank, elementwise if rank == 0 else SizeDependent(10**9), False),
         _refused_on_one_rank(rank),
         _len_first(rank),
+        _file_changed_on_one_rank(rank),
     ]
 
 
@@ -206,4 +234,21 @@ def test_len_before_iter_answers_and_iter_fails_every_rank_naming_the_cause(
             "batches": None,
         },
         {"len": 2, "error": told, "batches": None},
+    ]
+
+
+def test_a_lengths_file_changed_on_one_rank_between_epochs_fails_every_rank_naming_it(
+    results: list[list[dict[str, Any]]],
+) -> None:
+    told = (
+        "ValueError: lengths file D/lengths.npy changed under the running sampler (replaced, "
+        "resized or rewritten): build a new sampler for the new lengths"
+    )
+    assert [rank[6] for rank in results] == [
+        {
+            "error": told.replace(
+                ": ", ": BalancedBatchSampler agreement check of epoch 1 on rank 1: ", 1
+            )
+        },
+        {"error": told},
     ]

@@ -87,3 +87,22 @@ def test_torch_commands_say_how_to_install_it(tmp_path: Path) -> None:
             'pip install "seqbalance[torch]"\n'
         )
     assert not (tmp_path / "tm.json").exists()
+
+
+def test_markdown_and_json_are_refused_together(tmp_path: Path, capsys) -> None:
+    """adv18b D2: ``--markdown --json`` printed the JSON alone, the markdown asked for dropped
+    without a word. One usage line, rc 2, before any work (report's log is not even read)."""
+    import pytest
+
+    from seqbalance.cli import main
+
+    for argv in (
+        ["report", str(tmp_path / "missing.jsonl")],
+        ["simulate", "--steps", "1"],
+        ["bench", "--steps", "1"],
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "--markdown", "--json"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "not allowed with argument --markdown" in err[0], err

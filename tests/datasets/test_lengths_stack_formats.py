@@ -189,3 +189,26 @@ def test_a_template_that_fails_on_a_record_makes_it_malformed(
     assert result.lengths.tolist() == [2]
     assert [record.location for record in result.malformed] == [1]
     assert reason in result.malformed[0].reason
+
+
+def test_a_null_completion_is_malformed(tmp_path: Path) -> None:
+    """adv18b D3: a prompt/completion record with a null completion (or a null response in a
+    group) was counted as its prompt alone; TRL's SFTTrainer fails on it (``None + str``).
+    It is malformed now, named by its line (--skip-malformed skips it)."""
+    from seqbalance.datasets.lengths import MalformedRecordsError
+
+    records = [
+        {"prompt": "hello world", "completion": "1234567"},
+        {"prompt": "hello world", "completion": None},
+        {"prompt": "hello world", "completion": ["1234567", None]},
+    ]
+    path = write_jsonl(tmp_path / "null.jsonl", records)
+    with pytest.raises(MalformedRecordsError) as error:
+        token_lengths(path)
+    assert [(r.location, r.reason) for r in error.value.records] == [
+        (2, "field 'completion' is null (a prompt without a response)"),
+        (3, "field 'completion[1]' is null (a prompt without a response)"),
+    ]
+    kept = token_lengths(path, skip_malformed=True)
+    assert kept.lengths.tolist() == [2 + 7 + 2 * 5]
+    assert kept.locations.tolist() == [1]

@@ -87,9 +87,16 @@ DEFAULT_LENGTHS = "sharegpt"
 """Bundled dataset that simulate and bench sample from when ``--lengths`` is not given."""
 
 
-def add_json_flag(parser: argparse.ArgumentParser) -> None:
-    """Add the ``--json`` flag every reporting command shares."""
-    parser.add_argument(
+def add_json_flag(parser: argparse.ArgumentParser, *, markdown: str | None = None) -> None:
+    """Add the ``--json`` flag every reporting command shares; with ``markdown`` (what the
+    command prints, e.g. "the table"), ``--markdown`` too, the two refused together (one usage
+    line, rc 2: ``--json`` alone was printed, the markdown asked for dropped without a word)."""
+    group = parser if markdown is None else parser.add_mutually_exclusive_group()
+    if markdown is not None:
+        group.add_argument(
+            "--markdown", action="store_true", help=f"print {markdown} as a markdown section"
+        )
+    group.add_argument(
         "--json",
         action="store_true",
         help="print the result as JSON on stdout instead of a table",

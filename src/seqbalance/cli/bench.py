@@ -139,9 +139,6 @@ def register(subparsers: Any) -> None:
         default=3600.0,
         help="seconds the whole run may take before it is stopped (default: 3600)",
     )
-    parser.add_argument(
-        "--markdown", action="store_true", help="print the report as a markdown section"
-    )
     add_plan_option_arguments(parser, max_tokens_default=TOY_MAX_TOKENS)
     add_context_parallel_arguments(
         parser,
@@ -163,7 +160,7 @@ def register(subparsers: Any) -> None:
         "causal LM of this bundled preset's architecture the same way (scaled down to the toy's "
         "size, no download; needs transformers), e.g. qwen3-8b or llama-3.1-8b",
     )
-    add_json_flag(parser)
+    add_json_flag(parser, markdown="the report")
     parser.set_defaults(func=run)
 
 

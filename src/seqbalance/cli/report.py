@@ -33,10 +33,7 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_ROWS,
         help=f"most table rows, text and --json (default: {DEFAULT_ROWS}; 0: every step)",
     )
-    parser.add_argument(
-        "--markdown", action="store_true", help="print the report as a markdown section"
-    )
-    add_json_flag(parser)
+    add_json_flag(parser, markdown="the report")
     parser.set_defaults(func=run)
 
 

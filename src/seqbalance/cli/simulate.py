@@ -121,10 +121,7 @@ def register(subparsers: Any) -> None:
         "calibrate --context-parallel`.",
     )
     parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG of the result")
-    parser.add_argument(
-        "--markdown", action="store_true", help="print the table as a markdown section"
-    )
-    add_json_flag(parser)
+    add_json_flag(parser, markdown="the table")
     parser.set_defaults(func=run)
 
 

@@ -251,6 +251,14 @@ def _text(value: Any, name: str) -> str:
     raise Malformed(f"field {name!r} must be a string, got {type(value).__name__}")
 
 
+def _response(value: Any, name: str, prompt_names: list[str]) -> str:
+    """A response's text. A null one beside a prompt is malformed: it was counted as the prompt
+    alone, a sample no trainer runs (TRL's SFTTrainer fails on it: ``None + str``)."""
+    if value is None and prompt_names:
+        raise Malformed(f"field {name!r} is null (a prompt without a response)")
+    return _text(value, name)
+
+
 def _extra_text(value: Any) -> str:
     if value is None:
         return ""
@@ -367,9 +375,9 @@ def _record_samples(record: Any, fields: Fields) -> tuple[list[_Sample], bool]:
         # A group of none gave no sample, while the record was reported kept.
         raise Malformed(f"field {response_name!r} holds an empty list of responses")
     responses = (
-        [_text(item, response_name) for item in response]
+        [_response(item, f"{response_name}[{i}]", prompt_names) for i, item in enumerate(response)]
         if grouped
-        else [_text(response, response_name)]
+        else [_response(response, response_name, prompt_names)]
     )
     turns = len(history_texts) + (1 if prompt_names else 0) + 1
     shared = [*history_texts, *([prompt] if prompt_names else [])]

@@ -317,12 +317,20 @@ def _indexable(dataset: Any) -> Any:
     """``dataset``, or a ValueError where ``dataset[i]`` cannot be read: a generator or other
     iterable failed at the first step (TypeError: not subscriptable), after the epoch was laid
     out. A torch ``IterableDataset`` (a streaming ``datasets`` one too) has the ``__getitem__``
-    of torch's ``Dataset``, which raises: refused by its kind."""
+    of torch's ``Dataset``, which raises: refused by its kind. A numpy scalar, 0-d array or 0-d
+    tensor has a ``__getitem__`` that takes no sample index (IndexError at the first step)."""
     import torch
 
     streamed = isinstance(dataset, torch.utils.data.IterableDataset)
-    if streamed or not hasattr(dataset, "__getitem__") or isinstance(dataset, (str, bytes)):
+    scalar = getattr(dataset, "ndim", None) == 0
+    if (
+        streamed
+        or scalar
+        or not hasattr(dataset, "__getitem__")
+        or isinstance(dataset, (str, bytes))
+    ):
         kind = f"an IterableDataset ({type(dataset).__name__})" if streamed else None
+        kind = f"a scalar ({type(dataset).__name__} {dataset!r})" if scalar else kind
         raise ValueError(
             f"dataset must be indexable (dataset[i] the tokens of sample i), got "
             f"{kind or type(dataset).__name__}"

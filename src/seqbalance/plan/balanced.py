@@ -172,8 +172,13 @@ def _with_empty_tail(p: Problem, plan: Microbatches, cutoff: float = np.inf) -> 
     if not (p.allow_empty and forced and m > 1) or _near_bound(p, plan):
         return plan
     options = p.options.replace(num_microbatches=None, min_microbatches=1, microbatch_multiple=1)
+    free = dataclasses.replace(p, options=options)
     try:
-        fewer = _planned(dataclasses.replace(p, options=options), cutoff)
+        if free.min_feasible_microbatches >= m or _same_counts(p, free):
+            # No plan without the options has fewer micro-batches than plan (the count's proven
+            # least), or min_microbatches raises none: the same search, the same plan.
+            return plan
+        fewer = _planned(free, cutoff)
     except ValueError:  # no plan without the raised count: keep the one with it
         return plan
     if len(fewer[0]) >= m:
@@ -182,6 +187,14 @@ def _with_empty_tail(p: Problem, plan: Microbatches, cutoff: float = np.inf) -> 
     if aligned_value(p, tail) < aligned_value(p, plan) * (1 - _TOLERANCE):
         return tail
     return plan
+
+
+def _same_counts(p: Problem, free: Problem) -> bool:
+    """Whether ``p`` (``min_microbatches`` its only count option) searches the counts ``free``
+    (``p`` without it) does: ``min_microbatches`` is at most the fewest count ``free`` needs,
+    so both start there and step by one."""
+    only_least = p.num_microbatches is None and p.microbatch_multiple == 1
+    return only_least and p.min_feasible_microbatches == free.min_feasible_microbatches
 
 
 def _near_bound(p: Problem, plan: Microbatches) -> bool:

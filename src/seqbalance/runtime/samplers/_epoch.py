@@ -357,7 +357,8 @@ class EpochBatchSampler:
             ValueError: the same on every rank, naming the first rank that differs from rank 0
                 and what differs (lengths, options, cost,
                 seed, batch sizes, epoch, data-parallel size, the resume point loaded), or
-                data-parallel ranks not held equally often (the same ``dp_rank`` twice).
+                data-parallel ranks not held equally often (the same ``dp_rank`` twice), or
+                a rank that cannot describe its setup (its lengths file changed): named.
             CollectiveError: a rank did not take part within ``agreement_timeout`` seconds.
         """
         if not self._agreement_runs():
@@ -368,20 +369,7 @@ class EpochBatchSampler:
         from seqbalance.runtime.collectives import Comm, deadline
 
         comm = Comm(self._group, deadline(self.agreement_timeout, "agreement_timeout"))
-        if self._failed is not None:  # this rank's construction error, for every rank
-            mine = {"sampler": type(self).__name__, "error": error_text(self._failed)}
-        else:
-            # The resume point too: ranks that loaded different states (a rank's checkpoint
-            # taken at another count) would train different steps and end the epoch apart.
-            resume = (
-                None if self._resume is None else dict(zip(_POSITION, self._resume, strict=True))
-            )
-            mine = {
-                **self._setup(),
-                **self._agreement(),
-                "epoch": self.epoch,
-                "resume_point": resume,
-            }
+        mine, own = self._agreement_payload()
         # In the setup's order (the changes are named in it): every rank reads the same bytes.
         payload = json.dumps(mine, default=str).encode()
         gathered = comm.all_gather_bytes(payload, f"{type(self).__name__} agreement check")
@@ -395,11 +383,10 @@ class EpochBatchSampler:
                 "observe (adaptive: every rank observes every step once), or ranks iterate the "
                 "sampler a different number of times"
             )
-        raise_gathered_error(
-            [setup.get("error") for setup in setups],
-            own=self._failed,
-            what=f"{type(self).__name__} construction on ",
-        )
+        errors = [setup.get("error") for setup in setups]
+        first = next((rank for rank, text in enumerate(errors) if text is not None), 0)
+        stage = setups[first].get("stage", "construction")
+        raise_gathered_error(errors, own=own, what=f"{type(self).__name__} {stage} on ")
         # Every rank compares each rank with rank 0, not with itself, so every rank raises the
         # same message (compared with itself, each rank named the other: two messages).
         for other_rank, theirs in enumerate(setups[1:], start=1):
@@ -416,6 +403,25 @@ class EpochBatchSampler:
                 )
         self._check_positions([setup["dp_rank"] for setup in setups])
         self._agreed_epoch = self.epoch
+
+    def _agreement_payload(self) -> tuple[dict[str, Any], Exception | None]:
+        """What this rank sends the agreement check, and the error it raises once the others
+        are told (None: no error). An error found here, on this rank alone (its lengths file
+        changed under it since the last epoch), travels in the payload as a construction error
+        does: raised before the gather, it left the others waiting there until the timeout,
+        their CollectiveError naming no cause."""
+        name = type(self).__name__
+        if self._failed is not None:  # this rank's construction error, for every rank
+            return {"sampler": name, "error": error_text(self._failed)}, self._failed
+        # The resume point too: ranks that loaded different states (a rank's checkpoint taken
+        # at another count) would train different steps and end the epoch apart.
+        resume = None if self._resume is None else dict(zip(_POSITION, self._resume, strict=True))
+        try:
+            setup = {**self._setup(), **self._agreement()}
+        except Exception as error:  # told to every rank, then raised here
+            stage = f"agreement check of epoch {self.epoch}"
+            return {"sampler": name, "error": error_text(error), "stage": stage}, error
+        return {**setup, "epoch": self.epoch, "resume_point": resume}, None
 
     def _agreement_runs(self) -> bool:
         """Whether :meth:`check_agreement` gathers: an ``agreement_timeout`` and a process
