@@ -58,9 +58,8 @@ def segment(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
     bounds = [*best, n]
     high = max(p.overhead + (b - a) * cuts.cost_list[a] for a, b in itertools.pairwise(bounds))
     low = p.overhead
-    fresh = (
-        cuts.ordered and len(best) >= _SETTLED
-    )  # whether best is a cut not yet checked for being the last one
+    # Whether best is a cut not yet checked for being the last one.
+    fresh = cuts.ordered and len(best) >= _SETTLED
     for _ in range(40):
         if (fresh and cuts.settled(best)) or high - low <= _BISECTION_TOLERANCE * high:
             break
