@@ -37,6 +37,7 @@ __all__ = [
     "check_positive_float",
     "check_ranks",
     "check_timeout",
+    "host_array",
     "map_npy",
     "naming",
     "npy_error",
@@ -201,11 +202,18 @@ def _numpy_of(values: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
 
 
+def host_array(values: Any, name: str) -> np.ndarray:
+    """``values`` as a numpy array in host memory; a masked array and what numpy cannot read
+    (a tensor that requires grad, a bfloat16 / meta / sparse tensor, ragged lists) are a
+    ValueError naming ``name``."""
+    refuse_masked(values, name)
+    return _numpy_of(values, name)
+
+
 def _as_1d_array(values: Any, name: str) -> np.ndarray:
     if isinstance(values, (str, bytes)):
         raise ValueError(f"{name} must be a 1-D array of numbers, got a string {values!r}")
-    refuse_masked(values, name)
-    array = _numpy_of(values, name)
+    array = host_array(values, name)
     if array.ndim != 1:
         if array.ndim == 0:
             raise ValueError(f"{name} must be a 1-D array of numbers, got the scalar {values!r}")

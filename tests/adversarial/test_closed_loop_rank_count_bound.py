@@ -2,7 +2,11 @@
 2**40, options)`` (and ``ClosedLoop``, ``OnlineTimeModel``, ``WindowBalancer(adaptive=True)``)
 allocated per-rank speeds for every rank and raised MemoryError (8 TiB) instead of a
 ValueError naming the argument; ``WindowBalancer(2**40, ...)`` was built and only its first
-step refused the count. Every rank count is ``<= 2**18`` at construction now."""
+step refused the count. Every rank count is ``<= 2**18`` at construction now.
+
+adv18a F4: ``AdaptivePlanner(dp_size=...)`` refused a bad count naming ``world_size`` (its loop's
+name), and ``WindowBalancer(2, batch_size=2**63)`` named ``window`` (the default it derives, which
+the caller never gave): each names the argument as given now."""
 
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ MODEL = TimeModel(1e-3, 1e-6, 1e-10)
 @pytest.mark.parametrize("ranks", [2**40, 2**18 + 1])
 def test_a_rank_count_past_the_bound_is_refused_at_construction(ranks) -> None:
     world = rf"world_size must be <= 2\*\*18 = 262144, got {ranks}"
-    with pytest.raises(ValueError, match=world):
+    # Named as the caller wrote it (adv18a F4: AdaptivePlanner said world_size, its loop's name)
+    with pytest.raises(ValueError, match=rf"^dp_size must be <= 2\*\*18 = 262144, got {ranks}"):
         AdaptivePlanner(ranks, OPTIONS)
     with pytest.raises(ValueError, match=world):
         ClosedLoop(OPTIONS, ranks)
@@ -36,3 +41,15 @@ def test_rank_counts_within_the_bound_still_build() -> None:
     assert AdaptivePlanner(3, OPTIONS).dp_size == 3
     assert OnlineTimeModel(MODEL, 2**18).world_size == 2**18
     assert WindowBalancer(2, 8, options=OPTIONS, adaptive=True).dp_size == 2
+
+
+@pytest.mark.parametrize("ranks", [0, 2.5, True, "3"])
+def test_a_bad_planner_rank_count_is_named_as_given(ranks) -> None:
+    with pytest.raises(ValueError, match=r"^dp_size must be"):
+        AdaptivePlanner(ranks, OPTIONS)
+
+
+@pytest.mark.parametrize("size", [2**53 + 1, 2**63, 10**400])
+def test_a_window_batch_size_past_the_window_bound_is_named(size) -> None:
+    with pytest.raises(ValueError, match=rf"^batch_size must be <= 2\*\*53 = \d+, got {size}$"):
+        WindowBalancer(2, size)

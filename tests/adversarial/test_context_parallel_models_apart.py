@@ -11,6 +11,12 @@ adv16a F4: the gradient sum gave every parameter a gradient, a frozen one (requi
 zeros, so an optimizer holding it updated it (AdamW's weight decay moved a frozen embedding),
 silently. Frozen parameters now keep no gradient and are not summed; which parameters train is
 in the agreement (ranks freezing different ones would sum different parameters).
+
+adv18a F5: a model on the meta device on rank 1 alone (deferred initialisation never
+materialised there) passed the agreement (its layout matched), failed in the first slot on that
+rank ("Tensor.item() cannot be called on meta tensors") and left rank 0 waiting in the K/V
+gather until the timeout. A meta parameter is refused in the agreement now, on every rank, and
+the parameters' device types are compared.
 """
 
 from __future__ import annotations
@@ -75,6 +81,15 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
             )
         except ValueError as error:
             out[case] = f"ValueError: {error}"
+    model = TinyCausalTransformer(ToyModelConfig(**SIZES, intermediate_size=24), seed=3)
+    model.to("meta" if rank else torch.float64)
+    try:
+        run_step(
+            model, plan, samples, groups, forward=TinyCausalTransformer.slot_logits, timeout=5.0
+        )
+        out["meta on rank 1"] = "ran"
+    except Exception as error:
+        out["meta on rank 1"] = f"{type(error).__name__}: {error}"
     # The same model object cast on rank 1 after a step it ran alike: the layout of a model
     # already checked is read again at every step, not taken from the last one.
     model = TinyCausalTransformer(ToyModelConfig(**SIZES, intermediate_size=24), seed=3)
@@ -92,8 +107,20 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_models_apart_fail_every_rank_before_any_slot(tmp_path) -> None:
-    results = ok(launch(tmp_path, 2, _worker))
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return ok(launch(tmp_path_factory.mktemp("models"), 2, _worker))
+
+
+def test_a_model_on_the_meta_device_on_one_rank_fails_every_rank_naming_it(results) -> None:
+    assert [result["meta on rank 1"] for result in results] == 2 * [
+        "ValueError: rank 1: model's parameter embed.weight is on the meta device (it holds no "
+        "data): materialise the model (to_empty() and initialise, or load its weights) before "
+        "run_step"
+    ]
+
+
+def test_models_apart_fail_every_rank_before_any_slot(results) -> None:
     assert results[0]["alike"] == results[1]["alike"]
     assert results[0]["alike"].startswith("loss ")
     for case in [*ODD, "cast after a step", "frozen on rank 1"]:
@@ -102,8 +129,8 @@ def test_models_apart_fail_every_rank_before_any_slot(tmp_path) -> None:
         assert results[0][case] == results[1][case], case
         assert results[0][case] == (
             "ValueError: ranks disagree on the context-parallel model: ranks [1] hold a model "
-            "whose parameters (names, shapes, dtypes, requires_grad) differ from rank 0's; "
-            "nothing was run"
+            "whose parameters (names, shapes, dtypes, requires_grad, device types) differ from "
+            "rank 0's; nothing was run"
         ), case
     parameters = sum(1 for _ in TinyCausalTransformer(ToyModelConfig(**SIZES)).parameters())
     loss = results[0]["alike"].removeprefix("loss ")

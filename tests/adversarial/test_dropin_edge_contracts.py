@@ -469,3 +469,69 @@ def test_megatron_iterator_refuses_a_scalar_dataset() -> None:
             MegatronDataIterator(
                 scalar, [2, 2], global_batch_size=2, dp_rank=0, dp_size=1, max_tokens=16
             )
+
+
+def test_verl_dropins_name_what_numpy_cannot_read() -> None:
+    """adv18b D4: a bfloat16 tensor or one that requires grad raised torch's TypeError /
+    RuntimeError out of karmarkar_karp, greedy_partition, get_seqlen_balanced_partitions,
+    get_reverse_idx and an installed calculate_workload (get_group_balanced_partitions and
+    dp_balanced_order named the argument); the installed calculate_workload read a masked
+    array's entries as the data under their mask without a word."""
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations import verl
+    from seqbalance.integrations._verl_install import _configured_workload
+
+    readers = {
+        "seqlen_list": [
+            lambda s: verl.karmarkar_karp(s, 2, True),
+            lambda s: verl.greedy_partition(s, 2, False),
+            lambda s: verl.get_seqlen_balanced_partitions(s, 2, False),
+            _configured_workload("tokens"),
+        ],
+        "idx_map": [verl.get_reverse_idx],
+    }
+    odd = {
+        "bfloat16": (torch.tensor([3, 0, 2, 1], dtype=torch.bfloat16), "ScalarType BFloat16"),
+        "grad": (torch.tensor([3.0, 0, 2, 1], requires_grad=True), "requires grad"),
+    }
+    for name, functions in readers.items():
+        for function in functions:
+            for values, message in odd.values():
+                with pytest.raises(ValueError, match=rf"^{name} must be .*{message}"):
+                    function(values)
+    masked = np.ma.masked_array([5, 6, 7, 8], mask=[0, 1, 0, 0])
+    with pytest.raises(ValueError, match=r"seqlen_list\[1\] is masked"):
+        _configured_workload("tokens")(masked)
+
+
+def test_megatron_iterator_names_the_length_given_where_padding_exceeds_the_cap() -> None:
+    """adv18b D7: with pad_multiple, a sample over the cap once padded was refused as
+    "lengths[0] = 128 exceeds max_tokens = 127": 128 was never given (the sample holds 125)."""
+    pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    lengths = [125, 10, 20, 30]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    for pad, named in ((8, r"lengths\[0\] = 125 \(128 padded to pad_multiple\) exceeds"),
+                       (1, r"lengths\[0\] = 125 exceeds")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^{named} max_tokens = 100 "):
+            MegatronDataIterator(
+                dataset, lengths, global_batch_size=4, dp_rank=0, dp_size=1, max_tokens=100,
+                pad_multiple=pad,
+            )  # fmt: skip
+
+
+def test_megatron_iterator_checks_an_epoch_equal_to_the_current_one() -> None:
+    """adv18b D8: set_epoch(True), set_epoch(1.0) or set_epoch(tensor(1)) at epoch 1 passed
+    unchecked (equal to the current epoch), while the same kinds are refused at any other."""
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    iterator = MegatronDataIterator(
+        [[1, 2]] * 4, [2] * 4, global_batch_size=2, dp_rank=0, dp_size=1, max_tokens=8
+    )
+    iterator.set_epoch(1)
+    for odd in (True, 1.0, torch.tensor(1)):
+        with pytest.raises(ValueError, match=r"^epoch must be an integer"):
+            iterator.set_epoch(odd)
+    iterator.set_epoch(np.int64(1))  # an integer of another kind is one

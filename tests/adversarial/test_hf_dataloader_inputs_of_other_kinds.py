@@ -48,3 +48,21 @@ def test_plan_options_under_options_are_not_overridden_silently() -> None:
     given = PlanOptions(cost="tokens", layout="padded", microbatch_size=1, num_microbatches=4)
     with pytest.raises(ValueError, match=r"seqbalance_options\['options'\] \(a PlanOptions\)"):
         balanced_train_dataloader(trainer_stub(rows), options={"options": given})
+
+
+def test_allow_empty_is_refused_before_a_collator_meets_an_empty_micro_batch() -> None:
+    """adv18b D6: ``seqbalance_options={"allow_empty": True}`` was taken; a packed plan then
+    gave ranks an empty micro-batch (here, of 2 ranks x 2: [the long sample], [] and [7
+    short], []), and every Hugging Face / TRL collator raises IndexError on an empty list, on
+    that rank alone, mid-epoch."""
+    rows = [{"input_ids": [1] * n} for n in (4000, *[10] * 7)]
+    options = {"allow_empty": True, "layout": "packed", "max_tokens": 8192, "cost": "tokens"}
+    loader = {"gradient_accumulation_steps": 2, "world_size": 2}
+    with pytest.raises(ValueError, match=r"seqbalance_options\['allow_empty'\] = True is not"):
+        balanced_train_dataloader(trainer_stub(rows, **loader, process_index=0), options=options)
+    options["allow_empty"] = False  # said explicitly: the default
+    for rank, sizes in enumerate(([1, 1], [3, 3])):
+        batches = balanced_train_dataloader(
+            trainer_stub(rows, **loader, process_index=rank), options=options
+        )
+        assert [len(batch) for batch in batches] == sizes

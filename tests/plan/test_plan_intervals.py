@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.plan._intervals import Intervals
-from seqbalance.plan._runs import run_room
+from seqbalance.plan._runs import first_minimum, run_room
 
 
 def _by_definition(costs: np.ndarray, take: np.ndarray, k: int) -> float:
@@ -349,3 +349,29 @@ def test_top_bound_split_means_are_at_most_every_cut(lengths, dp, m, size) -> No
     assert bound is not None
     best = _least_over_cuts(intervals.least, intervals.take, dp * m, dp)
     assert bound <= best * (1 + 1e-9)
+
+
+def test_lockstep_tiers_program_stops_once_its_values_settle(monkeypatch) -> None:
+    # adv18c P2: the tiered starts' program ran one round per position, so a count far above
+    # what the samples need (num_microbatches=5000 for 6 samples, empty micro-batches allowed)
+    # cost 5000 rounds per program: 100,000 micro-batches planned in 6 s. Once a round leaves
+    # its values as they were, every later round chooses alike: the same plan, in n rounds.
+    from seqbalance.plan import _padded_search
+
+    rounds = []
+
+    def counted(*args):
+        rounds.append(1)
+        return first_minimum(*args)
+
+    monkeypatch.setattr(_padded_search, "first_minimum", counted)
+    options = {
+        "layout": "padded",
+        "microbatch_size": 2,
+        "objective": "lockstep",
+        "allow_empty": True,
+    }
+    lengths = [5, 100, 3000, 7, 800, 20]
+    plan = sb.plan_step(lengths, 2, num_microbatches=5000, **options)
+    assert plan.step_cost == sb.plan_step(lengths, 2, num_microbatches=3, **options).step_cost
+    assert 0 < len(rounds) < 100

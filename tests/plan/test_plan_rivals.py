@@ -286,3 +286,24 @@ def test_the_design_states_the_cheap_rivals_price() -> None:
     stated = re.search(r"priced at most ([\d.]+) ms \(`CHEAP_RIVAL_SECONDS`\)", design)
     assert stated is not None
     assert float(stated.group(1)) / 1000 == CHEAP_RIVAL_SECONDS
+
+
+def test_a_rival_plan_of_more_micro_batches_gives_way_to_ours_of_that_count() -> None:
+    """adv18c P1: where a rival's packed plan of more micro-batches beat ours of the fewest
+    count, balanced kept the rival's plan although its own plan of that count was cheaper (as
+    for padded plans): a sample over the cap alone, or a lockstep position more, is what the
+    rival's count gives. 9.0 (a rival's plan of 3) where ours of 3 costs 8.0, the bound."""
+    costs = np.array([1.0, 3.0, 5.0, 2.0, 4.0])
+    options = {"objective": "lockstep", "max_tokens": 4, "allow_oversize": True}
+    plan = sb.plan_step([0, 5, 0, 0, 0], 2, cost=lambda lengths: costs, allow_empty=True, **options)
+    assert plan.step_cost == plan.lower_bound == 8.0
+    # 96 samples, one over the others' scale (its cost nil: a FLOPs table may say so): a
+    # rival's plan of 3 won over ours of 1 (639) at 623, where ours of 3 costs 486.
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 64, 96)
+    lengths[52] = 4323
+    options = {**options, "max_tokens": 4323, "allow_empty": True}
+    tabled = lambda lengths: np.where(lengths % 3 == 0, 0.0, lengths.astype(np.float64))  # noqa: E731
+    plan = sb.plan_step(lengths, 4, cost=tabled, **options)
+    forced = sb.plan_step(lengths, 4, cost=tabled, num_microbatches=plan.n_microbatches, **options)
+    assert plan.step_cost <= forced.step_cost < 490

@@ -239,3 +239,15 @@ def test_a_document_whose_lengths_sum_past_2_53_is_refused_at_load() -> None:
     doc["lengths"] = [2**62, 2**62]
     with pytest.raises(ValueError, match=r"malformed StepPlan document: .*lengths sum to"):
         Plan.from_json(json.dumps(doc))
+
+
+def test_a_document_whose_costs_sum_past_the_planners_bound_is_refused_at_load() -> None:
+    # adv18b D5: plan_step refuses costs summing past 2**960; a padded document holding a
+    # sample cost of 1e308 loaded, and validate() multiplied a micro-batch's count by it: numpy's
+    # overflow warning (an error under -W error), then "its contents cost inf".
+    doc = json.loads(sb.plan_step(LENGTHS, 2, layout="padded", microbatch_size=3).to_json())
+    doc["sample_costs"][0] = 1e308
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"malformed StepPlan .*sample_costs\) sum to 1e\+308"):
+            Plan.from_json(json.dumps(doc))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import warnings
 
 import numpy as np
@@ -527,10 +528,31 @@ def test_a_corrupted_state_is_a_value_error_and_changes_nothing(data):
     before = _state(resumed.loop)
     try:
         resumed.load_state_dict(corrupted)
-    except ValueError:
+    except ValueError as error:
         assert _state(resumed.loop) == before
+        assert "\n" not in str(error)  # one line (adv18a F3: a saved step's array repr ran on)
     else:
         assert resumed.options.cost == resumed.online.model  # a state that loads plans
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda online: online["stats"][1][0].__setitem__(2, math.inf), "stats[1] must hold fin"),
+        (lambda online: online["stats"][0].pop(), "stats[0] must hold numbers of shape (2, 18)"),
+        (lambda online: online["held_out"][0].append(1.0), "held_out[0] must hold numbers of"),
+    ],
+    ids=["infinite", "short", "long"],
+)
+def test_a_saved_step_that_is_not_finite_numbers_is_named_in_one_line(edit, message):
+    # adv18a F3: the message was the saved step's array repr cut at 80 characters, over two
+    # lines ("got array([[4.25957504e+05, ...,\n        ") and naming no entry.
+    state = json.loads(_learned_state())
+    edit(state["history"][-1])
+    with pytest.raises(ValueError) as raised:
+        AdaptivePlanner(2, cost=TRUE, max_tokens=4096).load_state_dict(state)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
 
 
 # ------------------------------------------------------------------ context parallelism

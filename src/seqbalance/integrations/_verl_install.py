@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths
+from seqbalance._validation import as_lengths, host_array
 from seqbalance.cost.resolve import resolve_cost
 from seqbalance.integrations._cost import choose_cost
 from seqbalance.integrations._verl_partitions import calculate_workload, sample_costs
@@ -223,7 +223,9 @@ def _configured_workload(cost: Any) -> Callable[[Any], Any]:
     def installed(seqlen_list: Any) -> Any:
         is_tensor = hasattr(seqlen_list, "cpu") and hasattr(seqlen_list, "device")
         if is_tensor or hasattr(seqlen_list, "dtype"):
-            values = np.asarray(seqlen_list.cpu() if is_tensor else seqlen_list)
+            # A masked entry was read as the data under its mask; a bfloat16 tensor or one that
+            # requires grad raised torch's TypeError / RuntimeError.
+            values = host_array(seqlen_list, "seqlen_list")
         else:
             values = as_lengths(seqlen_list, "seqlen_list")
         # Read as the uninstalled function reads them: inf or 1e30 were cast to int64 (a numpy

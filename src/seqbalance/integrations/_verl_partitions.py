@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_bool, check_int, check_parts, refuse_masked
+from seqbalance._validation import as_lengths, check_bool, check_int, check_parts, host_array
 from seqbalance.cost.resolve import evaluate_costs, resolve_cost
 from seqbalance.integrations._cost import choose_cost
 from seqbalance.partition import partition
@@ -63,9 +63,10 @@ def calculate_workload(seqlen_list: Any) -> Any:
 def _scalars(values: Any, name: str) -> list[Any]:
     """Plain Python numbers (ints stay ints) of a list, array or tensor, checked finite and >=
     0: an infinite workload made ``greedy_partition``'s equal-count bias infinite (parts of 3
-    and 1 under ``equal_size``), and a masked entry was read as the data under its mask."""
-    refuse_masked(values, name)
-    flat = np.asarray(values.cpu() if hasattr(values, "cpu") else values)
+    and 1 under ``equal_size``), and a masked entry was read as the data under its mask. A
+    bfloat16 tensor or one that requires grad (numpy reads neither) is a ValueError naming
+    ``name``, as in the other drop-ins (it was torch's TypeError / RuntimeError)."""
+    flat = host_array(values, name)
     if flat.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {flat.shape}")
     if flat.dtype.kind not in "iuf" and flat.size:
@@ -361,7 +362,7 @@ def get_reverse_idx(idx_map: Any) -> Any:
     Raises:
         ValueError: ``idx_map`` is not a permutation of ``range(len(idx_map))``.
     """
-    positions = np.asarray(idx_map.cpu() if hasattr(idx_map, "cpu") else idx_map).reshape(-1)
+    positions = host_array(idx_map, "idx_map").reshape(-1)
     n = positions.size
     if positions.dtype.kind not in "iu" and n:
         raise ValueError(f"idx_map must hold integers, got dtype {positions.dtype}")

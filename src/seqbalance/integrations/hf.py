@@ -110,6 +110,14 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
             "taken: give the PlanOptions fields as keys of seqbalance_options, so the Trainer's "
             "settings are checked against them"
         )
+    if chosen.get("allow_empty", False) is not False:
+        # An empty micro-batch reached the collator, which no Hugging Face or TRL collator
+        # builds (IndexError on that rank alone, mid-epoch, the others left waiting).
+        raise ValueError(
+            f"seqbalance_options['allow_empty'] = {chosen['allow_empty']!r} is not supported: "
+            "the Trainer runs every micro-batch through its data collator and the model, and "
+            "an empty one has nothing to collate"
+        )
     chosen["num_microbatches"] = args.gradient_accumulation_steps
     padding_free = bool(getattr(args, "padding_free", False))
     if padding_free and chosen.get("layout", "packed") != "packed":
@@ -201,7 +209,8 @@ def balanced_train_dataloader(
             map-style dataset), lengths of another size, fewer samples than one optimizer step
             (the partial step is dropped: nothing would be trained), or ``options`` holding a
             sampler argument the Trainer sets (``num_microbatches``, ``seed``, ``dp_size``, ...)
-            or a ``PlanOptions`` under ``"options"`` (give its fields as keys).
+            or a ``PlanOptions`` under ``"options"`` (give its fields as keys), or
+            ``allow_empty`` (no collator builds an empty micro-batch).
     """
     import torch
 

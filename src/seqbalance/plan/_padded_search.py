@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from seqbalance.plan._intervals import Intervals
-from seqbalance.plan._runs import deal_runs, run_room, split_costliest
+from seqbalance.plan._runs import deal_runs, first_minimum, run_room, split_costliest
 from seqbalance.plan._shared import Microbatches
 
 __all__ = [
@@ -150,13 +150,19 @@ def _tier_choices(
         total = np.where(first + size <= limit, top + best[np.minimum(reach, limit)], np.inf)
         value = np.minimum.reduceat(total, offsets)
         after = np.append(value, np.inf)
-        pick = np.append(_first_minimum(total, offsets, take), -1)
+        pick = np.append(first_minimum(total, offsets, take), -1)
         if last is not None and not choices:
             whole = np.append(last, np.inf) < after
             after, pick = np.where(whole, np.append(last, np.inf), after), np.where(whole, -2, pick)
         keep = p.allow_empty and best < after  # one position fewer, left empty
         choices.append(np.where(keep, -1, pick))
-        best = np.where(keep, best, after)
+        best, before = np.where(keep, best, after), best
+        if len(choices) > 1 and (last is None or p.allow_empty) and np.array_equal(best, before):
+            # Every later position is planned from these values up to the same end (the
+            # first is not), so chooses as this one: a count far above the samples' need
+            # costs n rounds, not m.
+            choices += [choices[-1]] * (m - len(choices))
+            break
     return choices if np.isfinite(best[0]) else None
 
 
@@ -180,13 +186,6 @@ def _last_position(costs: np.ndarray, take: np.ndarray, tops: np.ndarray, dp: in
         ok = _tier_reach(costs, take, starts, tops[middle], dp) >= n
         high, low = np.where(ok, middle, high), np.where(ok | (low == high), low, middle + 1)
     return np.where(fits, tops[low], np.inf)
-
-
-def _first_minimum(values: np.ndarray, offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per segment (``offsets``, ``counts``) of ``values``, the index of its first minimum."""
-    least = np.minimum.reduceat(values, offsets)
-    at = np.where(values == np.repeat(least, counts), np.arange(values.size), values.size)
-    return np.minimum.reduceat(at, offsets)
 
 
 def _tier_reach(

@@ -2,13 +2,14 @@
 its first sample's cost per sample) may hold within a cost: the arithmetic the padded bounds
 (``plan/_intervals.py``) and searches (``plan/_padded_search.py``,
 ``plan/_two_positions.py``, ``plan/_dominant.py``) share, and making a start of runs: the
-costliest halved to a count, runs dealt to ranks costliest first."""
+costliest halved to a count, runs dealt to ranks costliest first; and the first minimum of
+each segment of values (the lockstep tiered starts' program picks a run per start with it)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["deal_runs", "run_room", "split_costliest"]
+__all__ = ["deal_runs", "first_minimum", "run_room", "split_costliest"]
 
 
 def run_room(
@@ -57,3 +58,10 @@ def deal_runs(
         loads[r] += weights[j]
         counts[r] += 1
     return result
+
+
+def first_minimum(values: np.ndarray, offsets: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per segment (``offsets``, ``counts``) of ``values``, the index of its first minimum."""
+    least = np.minimum.reduceat(values, offsets)
+    at = np.where(values == np.repeat(least, counts), np.arange(values.size), values.size)
+    return np.minimum.reduceat(at, offsets)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seqbalance._validation import MAX_RANKS, MAX_TOKENS_LIMIT, token_total
+from seqbalance._validation import MAX_COST_TOTAL, MAX_RANKS, MAX_TOKENS_LIMIT, token_total
 
 if TYPE_CHECKING:
     from seqbalance.plan.options import PlanOptions
@@ -102,6 +102,21 @@ def bins_bound(sums: np.ndarray, options: PlanOptions) -> np.ndarray:
     if options.layout == "padded" and options.microbatch_size is not None:
         bins = np.maximum(bins, -(-rest // options.microbatch_size))
     return over + bins
+
+
+def check_cost_total(sample_costs: np.ndarray, overhead: float, source: str) -> None:
+    """ValueError when a step's costs and overheads (one per sample) sum beyond
+    ``MAX_COST_TOTAL``, ``source`` naming the costs: finite costs whose sum overflows made every
+    strategy's plan look invalid (an infinite lower bound), and a loaded plan's check
+    (``validate``) overflow, with numpy's warnings on the way."""
+    with np.errstate(over="ignore"):  # an overflowing sum is refused just below
+        total = float(sample_costs.sum()) + overhead * sample_costs.size
+    if not total <= MAX_COST_TOTAL:
+        raise ValueError(
+            f"costs ({source}) sum to {total:.6g} with the micro-batch overheads, more than "
+            "2**960 (about 1e289): totals this large overflow when planned; the cost model's "
+            "scale is off"
+        )
 
 
 def check_token_total(lengths: np.ndarray) -> None:

@@ -40,11 +40,12 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    other and, with two positions, from the cut the padded top bound prices,
    ``plan/_two_positions.py``; in ``step``, where samples alone cost half a rank's share or
    more, also from those alone on ranks of their own, whose other micro-batches are runs from
-   the end of the order, ``plan/_dominant.py``). Where a rival's padded plan with more
-   micro-batches wins, the same is planned at its count. In ``lockstep`` with three or more
+   the end of the order, ``plan/_dominant.py``). In ``lockstep`` with three or more
    positions, the plan chosen (ours or a rival's) then has its levels lowered a tier at a time
    (``plan/_levels.py``), or gives way to the plan of levels chosen first, the runs cut to fit
-   them (``plan/_level_starts.py``), where either is cheaper.
+   them (``plan/_level_starts.py``), where either is cheaper; last, its own levels descend
+   (one lowered, the others raised less, while their sum falls and the runs fit) and two of
+   its cuts move at once (``_level_starts.descended_cuts``, ``plan/_cut_pairs.py``).
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps; padded with
@@ -53,12 +54,15 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
 
 The plan found is then compared with its rivals (the baselines, the stacks' schedulers and the
 partition engine's split, those the planning budget lets run; ``plan/_portfolio.py``): a valid
-rival plan that is cheaper, or as cheap with fewer micro-batches, replaces it. With
-``allow_empty``, where ``num_microbatches``, ``min_microbatches`` or ``microbatch_multiple``
-raise the count above the fewest the step needs, the plan of that fewest count with empty
-micro-batches added replaces it where that is cheaper; where every group holds one sample, so
-does the plan made without groups. Neither is made where the plan is already within the budget's
-gap of the lower bound (as a skipped rival, it could be cheaper by that much at most).
+rival plan that is cheaper, or as cheap with fewer micro-batches, replaces it; where it has
+another count than ours, our own plan of that count replaces it in turn where that is cheaper
+(``_at_rival_count``: a padded micro-batch more pads less; a packed one more can take a sample
+the fewest count leaves on a busy rank). With ``allow_empty``, where ``num_microbatches``,
+``min_microbatches`` or ``microbatch_multiple`` raise the count above the fewest the step
+needs, the plan of that fewest count with empty micro-batches added replaces it where that is
+cheaper; where every group holds one sample, so does the plan made without groups. Neither is
+made where the plan is already within the budget's gap of the lower bound (as a skipped rival,
+it could be cheaper by that much at most).
 
 Alignment of micro-batch positions for ``objective="lockstep"`` and the ``order`` option are
 applied afterwards by ``plan_step``. Everything is deterministic (stable sorts, ties broken by
@@ -170,8 +174,13 @@ def _with_empty_tail(p: Problem, plan: Microbatches, cutoff: float = np.inf) -> 
     if not (p.allow_empty and forced and m > 1) or _near_bound(p, plan):
         return plan
     options = p.options.replace(num_microbatches=None, min_microbatches=1, microbatch_multiple=1)
+    free = dataclasses.replace(p, options=options)
     try:
-        fewer = _planned(dataclasses.replace(p, options=options), cutoff)
+        if free.min_feasible_microbatches >= m or _same_counts(p, free):
+            # No plan without the options has fewer micro-batches than plan (the count's proven
+            # least), or min_microbatches raises none: the same search, the same plan.
+            return plan
+        fewer = _planned(free, cutoff)
     except ValueError:  # no plan without the raised count: keep the one with it
         return plan
     if len(fewer[0]) >= m:
@@ -180,6 +189,14 @@ def _with_empty_tail(p: Problem, plan: Microbatches, cutoff: float = np.inf) -> 
     if aligned_value(p, tail) < aligned_value(p, plan) * (1 - _TOLERANCE):
         return tail
     return plan
+
+
+def _same_counts(p: Problem, free: Problem) -> bool:
+    """Whether ``p`` (``min_microbatches`` its only count option) searches the counts ``free``
+    (``p`` without it) does: ``min_microbatches`` is at most the fewest count ``free`` needs,
+    so both start there and step by one."""
+    only_least = p.num_microbatches is None and p.microbatch_multiple == 1
+    return only_least and p.min_feasible_microbatches == free.min_feasible_microbatches
 
 
 def _near_bound(p: Problem, plan: Microbatches) -> bool:
@@ -209,7 +226,7 @@ def _planned(p: Problem, cutoff: float = np.inf) -> Microbatches:
                 _unfillable(p, m, filled), "; pass allow_empty=True to allow empty micro-batches"
             )
         if search is not None and (shortcut := search.shortcut(others)) is not None:
-            return _at_rival_count(p, others.best(shortcut, bound))
+            return _at_rival_count(p, others.best(shortcut, bound), shortcut, bound, cutoff)
         plan = None if failed and p.dp * m < needed() else _ours(p, m, bound, search, cutoff)
         found = None
         if plan is None:
@@ -225,7 +242,8 @@ def _planned(p: Problem, cutoff: float = np.inf) -> Microbatches:
         if plan is not None:
             if search is not None:
                 plan = search.cheapest(plan)
-            return _at_count.lowered(p, _at_rival_count(p, others.best(plan, bound)))
+            chosen = _at_rival_count(p, others.best(plan, bound), plan, bound, cutoff)
+            return _at_count.lowered(p, chosen)
         following = p.next_microbatches(m)
         if following is None:
             raise ValueError(_feasible.refusal(p, m, proven=found is not None and found.proven))
@@ -265,19 +283,30 @@ def _rival_or_packing(
     return found.plan, found
 
 
-def _at_rival_count(p: Problem, plan: Microbatches) -> Microbatches:
-    """``plan``, or, where it is a rival's padded plan with more micro-batches than ours (a
-    padded micro-batch more pads less), our own plan of that count when it is cheaper."""
+def _at_rival_count(
+    p: Problem, plan: Microbatches, ours: Microbatches, bound: float, cutoff: float
+) -> Microbatches:
+    """``plan``, or, where it is a rival's plan with another count than ``ours`` and the
+    fewest, our own plan of that count when it is cheaper: a padded micro-batch more pads
+    less, and a packed one more may take a sample the fewest count leaves on a busy rank (a
+    sample over the cap alone, a ``lockstep`` position more), which the rival found. Packed,
+    as ``_ours`` plans any count (small steps searched exactly, for no plan at or above the
+    rival's); padded, step 1-4's plan alone (the exact search, where costs fall with the
+    length somewhere, can run to its node limit on a few samples for nothing)."""
     count = len(plan[0])
     if (
-        p.layout != "padded"
-        or (p.num_microbatches is not None)
-        or count == p.min_feasible_microbatches
+        plan is ours
+        or p.num_microbatches is not None
+        or count in (len(ours[0]), p.min_feasible_microbatches)
     ):
         return plan
-    ours = _at_count.attempt(p, count)
-    if ours is not None and aligned_value(p, ours) < aligned_value(p, plan) * (1 - _TOLERANCE):
-        return ours
+    value = aligned_value(p, plan)
+    if p.layout == "padded":
+        other = _at_count.attempt(p, count)
+    else:
+        other = _ours(p, count, bound, None, min(cutoff, value))
+    if other is not None and aligned_value(p, other) < value * (1 - _TOLERANCE):
+        return other
     return plan
 
 

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import (
-    MAX_COST_TOTAL,
     MAX_TOKENS_LIMIT,
     as_group_ids,
     as_lengths,
@@ -21,7 +20,7 @@ from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import counts_bound
-from seqbalance.plan._shared import check_token_total, check_within_caps
+from seqbalance.plan._shared import check_cost_total, check_token_total, check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
@@ -181,7 +180,8 @@ def _plan(
                 f"costs must hold one cost per sample, shape {lengths.shape}, got shape "
                 f"{sample_costs.shape}"
             )
-    _check_cost_total(sample_costs, overhead, options, given=costs is not None)
+    source = "given" if costs is not None else cost_name(options.cost_model)
+    check_cost_total(sample_costs, overhead, source)
     problem = Problem(
         lengths=lengths,
         sample_costs=sample_costs,
@@ -252,22 +252,6 @@ def _reported_bound(problem: Problem, m: int, *, capped: bool) -> float:
     if capped and problem.speeds is not None:
         bound = max(bound, counts_bound(problem, m))
     return bound / problem.common_speed
-
-
-def _check_cost_total(
-    sample_costs: np.ndarray, overhead: float, options: PlanOptions, *, given: bool
-) -> None:
-    """ValueError when the step's costs and overheads (one per sample) sum beyond
-    ``MAX_COST_TOTAL``: finite costs whose sum overflows made every strategy's plan look
-    invalid (an infinite lower bound), with numpy's warnings on the way."""
-    with np.errstate(over="ignore"):  # an overflowing sum is refused just below
-        total = float(sample_costs.sum()) + overhead * sample_costs.size
-    if not total <= MAX_COST_TOTAL:
-        raise ValueError(
-            f"costs ({'given' if given else cost_name(options.cost_model)}) sum to {total:.6g} "
-            "with the micro-batch overheads, more than 2**960 (about 1e289): totals this large "
-            "overflow when planned; the cost model's scale is off"
-        )
 
 
 def _plan_context_parallel(

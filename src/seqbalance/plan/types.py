@@ -33,7 +33,7 @@ from seqbalance.plan._document import (
 from seqbalance.plan._intervals import bound_at_count
 from seqbalance.plan._problem import Problem, objective_value
 from seqbalance.plan._rank_search import capacity_bound
-from seqbalance.plan._shared import check_token_total
+from seqbalance.plan._shared import check_cost_total, check_token_total
 from seqbalance.plan._step_validation import (
     PlanValidationError,
     StepPlanChecks,
@@ -240,13 +240,18 @@ class StepPlan(StepPlanChecks, Plan):
             raise ValueError(f"cost_model must be a string, got {cost_model!r:.60}")
         lengths = integers(data["lengths"], "lengths")
         check_token_total(lengths)  # as plan_step: token sums past 2**53 wrap or round
+        sample_costs = numbers(data["sample_costs"], "sample_costs")
+        overhead = number(data["overhead"], "overhead")
+        # As plan_step: validate() multiplied a padded micro-batch's count by its costliest
+        # sample past the float range (numpy's overflow warning, then "its contents cost inf").
+        check_cost_total(sample_costs, overhead, "sample_costs")
         return cls(
             ranks=[[integers(ix, "ranks") for ix in mbs] for mbs in data["ranks"]],
             costs=numbers(data["costs"], "costs").reshape(dp, m),
             tokens=integers(data["tokens"], "tokens").reshape(dp, m),
             lengths=lengths,
-            sample_costs=numbers(data["sample_costs"], "sample_costs"),
-            overhead=number(data["overhead"], "overhead"),
+            sample_costs=sample_costs,
+            overhead=overhead,
             n_ranks=dp,
             n_microbatches=m,
             groups=None if groups is None else integers(groups, "groups"),

@@ -481,8 +481,13 @@ class OnlineTimeModel:
         try:
             steps = check_int(state["steps"], "steps", minimum=0)
             ignored = check_int(state["ignored"], "ignored", minimum=0)
-            stats = [_saved_step(step, self.world_size) for step in state["stats"]]
-            held_out = [_finite(row, (3,)) for row in state["held_out"]]
+            stats = [
+                _saved_step(step, self.world_size, f"stats[{k}]")
+                for k, step in enumerate(state["stats"])
+            ]
+            held_out = [
+                _finite(row, (3,), f"held_out[{k}]") for k, row in enumerate(state["held_out"])
+            ]
             warned = state["warned"]
             warned_clock = state.get("warned_clock", False)  # absent: saved before the check
             saved = state.get("busy_known", [None] * self.world_size)  # absent: saved before it
@@ -505,22 +510,27 @@ class OnlineTimeModel:
         self._refresh()
 
 
-def _finite(values: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """Saved numbers as a float64 array of ``shape``, all finite (ValueError otherwise)."""
+def _finite(values: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Saved numbers as a float64 array of ``shape``, all finite (ValueError naming ``name``
+    otherwise, in one line: the repr of a saved step's array ran over several)."""
     array = np.asarray(values, dtype=np.float64)
-    if array.shape != shape or not np.all(np.isfinite(array)):
-        raise ValueError(f"expected finite numbers of shape {shape}, got {values!r:.80}")
+    if array.shape != shape:
+        raise ValueError(f"{name} must hold numbers of shape {shape}, got shape {array.shape}")
+    bad = np.flatnonzero(~np.isfinite(array.ravel()))
+    if bad.size:
+        at = tuple(int(i) for i in np.unravel_index(int(bad[0]), shape))
+        raise ValueError(f"{name} must hold finite numbers, got {float(array[at])} at {list(at)}")
     return array
 
 
-def _saved_step(values: Any, world_size: int) -> np.ndarray:
+def _saved_step(values: Any, world_size: int, name: str) -> np.ndarray:
     """One saved step of the window (ValueError when not finite numbers of its shape). Earlier
     releases kept the fit's columns only: their time sums are 0 (the speeds then use the fit's
     ratio for that step, as those releases did)."""
     array = np.asarray(values, dtype=np.float64)
     if array.ndim == 2 and array.shape[1] == FIT_COLUMNS:
         array = np.hstack([array, np.zeros((array.shape[0], KEPT.size - FIT_COLUMNS))])
-    return _finite(array, (world_size, KEPT.size))
+    return _finite(array, (world_size, KEPT.size), name)
 
 
 def _step_ratios(window: np.ndarray, theta: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_int, check_ranks
 from seqbalance.plan.base import Plan
 from seqbalance.plan.options import PlanOptions, as_options
 from seqbalance.plan.step import plan_step
@@ -48,7 +48,7 @@ class AdaptivePlanner:
     ) -> None:
         self.loop = ClosedLoop(
             as_options(options, option_keywords, where="AdaptivePlanner", context_parallel=True),
-            dp_size,
+            check_ranks(dp_size, "dp_size"),  # named as given (the loop's name: world_size)
             feedback,
         )
         self._steps = StepNumbers()

@@ -93,7 +93,8 @@ class ContextParallelGroups:
 
         ``samples``: optional, the step's token ids (as :func:`slot_batch` takes them), checked
         against the plan. ``model``: optional, the model the step runs (:func:`run_step`
-        passes it): its parameters' names, shapes and dtypes are compared across ranks. A rank
+        passes it): its parameters' names, shapes, dtypes, whether they train and device types
+        are compared across ranks (a parameter on the meta device is refused). A rank
         whose plan is for another world size, is invalid or differs from rank 0's, whose
         ``samples`` do not fit it, or whose model's parameters differ from rank 0's, makes
         every rank raise the same ``ValueError`` here (found on that rank alone, it would leave
@@ -120,7 +121,11 @@ class ContextParallelGroups:
         raise_gathered_error([problem for _, _, problem in described], own=raised)
         checks = (
             ("plan", "a plan that differs"),
-            ("model", "a model whose parameters (names, shapes, dtypes, requires_grad) differ"),
+            (
+                "model",
+                "a model whose parameters (names, shapes, dtypes, requires_grad, device types) "
+                "differ",
+            ),
         )
         for index, (name, what) in enumerate(checks):
             # A rank that passed no model (prepare called alone) has nothing to compare.
@@ -167,9 +172,14 @@ class ContextParallelGroups:
 
 
 def _parameter_layout(model: torch.nn.Module | None) -> str | None:
-    """SHA-256 of ``model``'s parameters' names, shapes, dtypes and whether they train, in
-    order (None without a model): what the gradient sum and the K/V gathers need alike on
-    every rank."""
+    """SHA-256 of ``model``'s parameters' names, shapes, dtypes, whether they train and their
+    device types, in order (None without a model): what the gradient sum and the K/V gathers
+    need alike on every rank.
+
+    Raises:
+        ValueError: ``model`` is no module, or a parameter is on the meta device (it holds no
+            data: the slot failed on that rank alone, its peers waiting in the K/V gathers).
+    """
     if model is None:
         return None
     if not isinstance(model, torch.nn.Module):
@@ -177,19 +187,26 @@ def _parameter_layout(model: torch.nn.Module | None) -> str | None:
     # Walked every step (a parameter added, resized or cast in place changes the layout of the
     # same model); digested only when the layout is new.
     layout = tuple(
-        (name, p.shape, p.dtype, p.requires_grad) for name, p in model.named_parameters()
+        (name, p.shape, p.dtype, p.requires_grad, p.device.type)
+        for name, p in model.named_parameters()
     )
+    meta = next((entry[0] for entry in layout if entry[4] == "meta"), None)
+    if meta is not None:
+        raise ValueError(
+            f"model's parameter {meta} is on the meta device (it holds no data): materialise "
+            "the model (to_empty() and initialise, or load its weights) before run_step"
+        )
     return _layout_digest(layout)
 
 
 @functools.lru_cache(maxsize=8)
-def _layout_digest(layout: tuple[tuple[str, torch.Size, torch.dtype, bool], ...]) -> str:
-    """SHA-256 of a parameter layout, ``(name, shape, dtype, requires_grad)`` in order, kept
-    for the few layouts a process runs: formatting and hashing every parameter each step cost
-    about as much as walking the model for them."""
+def _layout_digest(layout: tuple[tuple[str, torch.Size, torch.dtype, bool, str], ...]) -> str:
+    """SHA-256 of a parameter layout, ``(name, shape, dtype, requires_grad, device type)`` in
+    order, kept for the few layouts a process runs: formatting and hashing every parameter
+    each step cost about as much as walking the model for them."""
     digest = hashlib.sha256()
-    for name, shape, dtype, trains in layout:
-        digest.update(f"{name}:{tuple(shape)}:{dtype}:{trains};".encode())
+    for name, shape, dtype, trains, device in layout:
+        digest.update(f"{name}:{tuple(shape)}:{dtype}:{trains}:{device};".encode())
     return digest.hexdigest()
 
 

@@ -169,6 +169,8 @@ class WindowBalancer:
     ) -> None:
         self.dp_size = check_ranks(dp_size, "dp_size")
         self.batch_size = check_int(batch_size, "batch_size", minimum=1)
+        if self.batch_size > _MAX_WINDOW:  # before the default window it sets is named instead
+            raise ValueError(f"batch_size must be <= 2**53 = {_MAX_WINDOW}, got {self.batch_size}")
         self.window = check_int(
             4 * self.batch_size if window is None else window, "window", minimum=self.batch_size
         )
