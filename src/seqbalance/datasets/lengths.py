@@ -263,10 +263,13 @@ def _text(value: Any, name: str) -> str:
 
 
 def _response(value: Any, name: str, prompt_names: list[str]) -> str:
-    """A response's text. A null one beside a prompt is malformed: it was counted as the prompt
-    alone, a sample no trainer runs (TRL's SFTTrainer fails on it: ``None + str``)."""
-    if value is None and prompt_names:
-        raise Malformed(f"field {name!r} is null (a prompt without a response)")
+    """A response's text. A null one is malformed: beside a prompt it was counted as the prompt
+    alone, alone (``{"text": null}``) as an empty sample; no trainer runs either (TRL's
+    SFTTrainer fails on it: ``None + str``, its tokenizer on ``None``). A chat message's null
+    content is another matter: an assistant turn of tool calls has one (read as empty)."""
+    if value is None:
+        beside = " (a prompt without a response)" if prompt_names else ""
+        raise Malformed(f"field {name!r} is null{beside}")
     return _text(value, name)
 
 
@@ -520,7 +523,9 @@ def token_lengths(
     template: ``"auto"``, ``"tokenizer"``, ``"chatml"`` (5 tokens per turn) or ``"none"`` (module
     docstring); the result records the one used. progress: optional wrapper
     ``progress(iterable, total=..., description=...)`` used around tokenization.
-    Raises MalformedRecordsError (a ValueError) naming line numbers / record indices.
+    Raises MalformedRecordsError (a ValueError) naming line numbers / record indices; a null
+    text or response field is malformed, a chat message's null content reads as empty (an
+    assistant turn of tool calls has one).
     """
     path = Path(path)
     if not path.is_file():
