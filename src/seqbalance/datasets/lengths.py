@@ -96,6 +96,17 @@ class Fields:
             )
         if self.history is not None and not self.text:
             raise ValueError("history field only goes with text fields, not with a chat field")
+        named = [
+            *self.text,
+            *(self.chat or ()),
+            *([self.history] if self.history else ()),
+            *self.extra,
+        ]
+        repeated = next((name for i, name in enumerate(named) if name in named[:i]), None)
+        if repeated is not None:
+            # Its text was counted once per naming (a prompt and a response of the same text,
+            # a conversation twice) without a word.
+            raise ValueError(f"field {repeated!r} is named twice: each field is counted once")
 
     def describe(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (only those that are set)."""
