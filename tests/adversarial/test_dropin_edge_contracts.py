@@ -502,3 +502,36 @@ def test_verl_dropins_name_what_numpy_cannot_read() -> None:
     masked = np.ma.masked_array([5, 6, 7, 8], mask=[0, 1, 0, 0])
     with pytest.raises(ValueError, match=r"seqlen_list\[1\] is masked"):
         _configured_workload("tokens")(masked)
+
+
+def test_megatron_iterator_names_the_length_given_where_padding_exceeds_the_cap() -> None:
+    """adv18b D7: with pad_multiple, a sample over the cap once padded was refused as
+    "lengths[0] = 128 exceeds max_tokens = 127": 128 was never given (the sample holds 125)."""
+    pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    lengths = [125, 10, 20, 30]
+    dataset = [list(range(1, n + 1)) for n in lengths]
+    for pad, named in ((8, r"lengths\[0\] = 125 \(128 padded to pad_multiple\) exceeds"),
+                       (1, r"lengths\[0\] = 125 exceeds")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^{named} max_tokens = 100 "):
+            MegatronDataIterator(
+                dataset, lengths, global_batch_size=4, dp_rank=0, dp_size=1, max_tokens=100,
+                pad_multiple=pad,
+            )  # fmt: skip
+
+
+def test_megatron_iterator_checks_an_epoch_equal_to_the_current_one() -> None:
+    """adv18b D8: set_epoch(True), set_epoch(1.0) or set_epoch(tensor(1)) at epoch 1 passed
+    unchecked (equal to the current epoch), while the same kinds are refused at any other."""
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations.megatron import MegatronDataIterator
+
+    iterator = MegatronDataIterator(
+        [[1, 2]] * 4, [2] * 4, global_batch_size=2, dp_rank=0, dp_size=1, max_tokens=8
+    )
+    iterator.set_epoch(1)
+    for odd in (True, 1.0, torch.tensor(1)):
+        with pytest.raises(ValueError, match=r"^epoch must be an integer"):
+            iterator.set_epoch(odd)
+    iterator.set_epoch(np.int64(1))  # an integer of another kind is one

@@ -22,9 +22,9 @@ from _multiprocess import launch, ok  # noqa: E402
 from seqbalance.cost import TimeModel  # noqa: E402
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS  # noqa: E402
 from seqbalance.runtime.closed_loop import Feedback  # noqa: E402
+from seqbalance.runtime.closed_loop.settings import one_deadline  # noqa: E402
 from seqbalance.runtime.closed_loop.timer import StepTiming  # noqa: E402
 from seqbalance.runtime.samplers import BalancedBatchSampler  # noqa: E402
-from seqbalance.runtime.samplers.balanced import _one_deadline  # noqa: E402
 
 TRUE = TimeModel(0.002, 2e-6, 3e-10)
 BATCH, STEPS, SLOW_FROM, RESUME_AT, LOOKAHEAD = 32, 30, 6, 17, 2
@@ -105,6 +105,7 @@ def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
     forgetful.close()
     return {
         "far_lookahead": _plan_behind_a_far_lookahead(),
+        "before_next": _plan_before_next(),
         "missed": _miss_one_observe(_sampler(), rank),
         "steps": steps,
         "next_epoch": next_epoch,
@@ -137,6 +138,28 @@ def _miss_one_observe(sampler: BalancedBatchSampler, rank: int) -> str | None:
     return None
 
 
+def _plan_before_next() -> dict[str, Any]:
+    """adv18a F6: step_plan(0) asked right after iter(), before next() took the step (a loop
+    that reads the step's micro-batch count first): the planner thread had not made it, and
+    the sampler refused it ("not among the steps kept ... cannot be remade") on the ranks
+    whose thread was slower. Now planned here, the planner thread's very plan; a step whose
+    observations are not made yet is refused, naming that."""
+    sampler = _sampler()
+    batches = iter(sampler)
+    try:
+        early = sampler.step_plan(0).to_json(timing=False)
+        next(batches)
+        made = sampler.step_plan(0).to_json(timing=False)  # the planner thread's, kept
+        try:
+            sampler.step_plan(LOOKAHEAD + 1)  # its options follow step 0's observation
+            later = "planned"
+        except ValueError as error:
+            later = str(error)
+        return {"same": early == made, "later": later}
+    finally:
+        sampler.close()
+
+
 def _plan_behind_a_far_lookahead() -> int | str:
     """The plan of the step the loop is at, once a planner 70 steps ahead has made every plan
     it can before an observation (71: 64 were kept, so step 0's was dropped and step_plan(0)
@@ -153,14 +176,12 @@ def _plan_behind_a_far_lookahead() -> int | str:
     try:
         next(batches)
         deadline = time.monotonic() + 30.0
-        while True:  # step 70's plan is the last one made without an observation
-            try:
-                sampler.step_plan(70)
-                break
-            except ValueError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
+        # Step 70's plan is the last one the thread makes without an observation (step_plan
+        # would plan it here now, adv18a F6: wait for the thread's).
+        while sampler._kept(0, 70) is None:
+            if time.monotonic() > deadline:
+                raise ValueError("the planner did not make step 70's plan within 30 s")
+            time.sleep(0.01)
         return sampler.step_plan(0).n_microbatches
     except ValueError as error:
         return str(error)
@@ -247,6 +268,16 @@ def test_the_plan_of_the_step_taken_outlives_a_far_lookahead(results):
     assert [result["far_lookahead"] for result in results] == [1, 1]
 
 
+def test_the_plan_of_a_step_not_yet_taken_is_made_where_its_observations_are(results):
+    for result in results:
+        assert result["before_next"] == {
+            "same": True,
+            "later": f"step {LOOKAHEAD + 1} of epoch 0 is not among the plans kept (64 behind the "
+            "lookahead), and an adaptive plan depends on the measurements before it: it is made "
+            "once the steps it follows are observed, in the pass that runs",
+        }
+
+
 def test_a_rank_that_misses_an_observe_makes_every_rank_raise_at_that_step(results):
     a, b = (result["missed"] for result in results)
     assert a == b
@@ -257,15 +288,15 @@ def test_an_adaptive_sampler_has_one_deadline():
     # adaptive=True takes agreement_timeout for the gather; a Feedback's own timeout sets both
     # when agreement_timeout is left at its default; two explicit different ones are refused.
     default = DEFAULT_TIMEOUT_SECONDS
-    feedback, agreement = _one_deadline(Feedback(), 12.0)
+    feedback, agreement = one_deadline(Feedback(), 12.0)
     assert (feedback.timeout, agreement) == (12.0, 12.0)
-    feedback, agreement = _one_deadline(Feedback(timeout=7.0), default)
+    feedback, agreement = one_deadline(Feedback(timeout=7.0), default)
     assert (feedback.timeout, agreement) == (7.0, 7.0)
-    feedback, agreement = _one_deadline(Feedback(timeout=7.0), 7.0)
+    feedback, agreement = one_deadline(Feedback(timeout=7.0), 7.0)
     assert (feedback.timeout, agreement) == (7.0, 7.0)
-    feedback, agreement = _one_deadline(Feedback(timeout=7.0), None)  # no agreement check
+    feedback, agreement = one_deadline(Feedback(timeout=7.0), None)  # no agreement check
     assert (feedback.timeout, agreement) == (7.0, None)
-    assert _one_deadline(None, 5.0) == (None, 5.0)
+    assert one_deadline(None, 5.0) == (None, 5.0)
     with pytest.raises(ValueError, match=r"agreement_timeout = 5.0 and adaptive=Feedback\(timeout"):
         BalancedBatchSampler(
             LENGTHS,
@@ -276,4 +307,4 @@ def test_an_adaptive_sampler_has_one_deadline():
             adaptive=Feedback(timeout=7.0),
         )
     with pytest.raises(ValueError, match="agreement_timeout must be a positive finite number"):
-        _one_deadline(Feedback(timeout=7.0), float("inf"))
+        one_deadline(Feedback(timeout=7.0), float("inf"))

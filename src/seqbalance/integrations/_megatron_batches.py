@@ -15,13 +15,16 @@ is_hybrid_cp=True)`` cuts into this rank's zigzag share (2 x cp chunks, so ``T``
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import MAX_TOKENS_LIMIT, check_int
+from seqbalance._validation import MAX_TOKENS_LIMIT, EmptySlotError, check_int
+from seqbalance.integrations._no_empty import without_empty
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
 from seqbalance.plan.context_parallel import ContextParallel, ContextParallelPlan
 
@@ -33,6 +36,7 @@ __all__ = [
     "hybrid_cp_groups",
     "hybrid_cp_sample",
     "hybrid_cp_samples",
+    "megatron_refusals",
     "pack_thd",
     "pack_token_ids",
     "token_ids",
@@ -43,6 +47,29 @@ _MAX_PACKED = 2**31 - 1
 
 IGNORE_INDEX = -100
 """Label of positions without a next token (sequence ends, padding); ``loss_mask`` is 0 there."""
+
+
+@contextlib.contextmanager
+def megatron_refusals(raw: Any = None, padded: Any = None) -> Iterator[None]:
+    """The planner's refusal of a step too small for its micro-batches, with Megatron's ways
+    to plan it (its hint, ``allow_empty=True``, is refused here); and with the lengths ``raw``
+    planned ``padded`` to ``pad_multiple``, a refusal of ``lengths[i] = <padded length>``
+    names the length given too (it named only the padded one, a value never given)."""
+    try:
+        yield
+    except EmptySlotError as error:
+        more = (
+            "a larger global_batch_size, or fewer micro-batches per step (a smaller "
+            "num_microbatches, min_microbatches or microbatch_multiple, a larger max_tokens)"
+        )
+        raise without_empty(error, "Megatron", more) from None
+    except ValueError as error:
+        named = re.match(r"lengths\[(\d+)\] = (\d+)", str(error))
+        if raw is padded or named is None or raw[int(named[1])] == int(named[2]):
+            raise
+        i = int(named[1])
+        given = f"lengths[{i}] = {raw[i]} ({padded[i]} padded to pad_multiple)"
+        raise ValueError(given + str(error)[named.end() :]) from None
 
 
 def check_pad_multiple(pad_multiple: Any) -> int:

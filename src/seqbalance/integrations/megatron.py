@@ -69,13 +69,12 @@ default group.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import EmptySlotError, as_lengths, check_bool, check_int
+from seqbalance._validation import as_lengths, check_bool, check_int
 from seqbalance.integrations._megatron_batches import (
     IGNORE_INDEX,
     check_hybrid_cp,
@@ -83,11 +82,12 @@ from seqbalance.integrations._megatron_batches import (
     hybrid_cp_batch,
     hybrid_cp_groups,
     hybrid_cp_samples,
+    megatron_refusals,
     pack_thd,
     pack_token_ids,
     token_ids,
 )
-from seqbalance.integrations._no_empty import refuse_no_step, without_empty
+from seqbalance.integrations._no_empty import refuse_no_step
 from seqbalance.integrations._verl_dynamic_cp import hybrid_cp_sizes
 from seqbalance.plan.options import as_options
 from seqbalance.runtime.samplers import BalancedBatchSampler
@@ -299,20 +299,6 @@ class MegatronHybridStep:
         return self._owner.hybrid_batch(self), self.sample_id_groups
 
 
-@contextlib.contextmanager
-def _megatron_refusals() -> Iterator[None]:
-    """The planner's refusal of a step too small for its micro-batches, with Megatron's ways
-    to plan it (its hint, ``allow_empty=True``, is refused here)."""
-    try:
-        yield
-    except EmptySlotError as error:
-        more = (
-            "a larger global_batch_size, or fewer micro-batches per step (a smaller "
-            "num_microbatches, min_microbatches or microbatch_multiple, a larger max_tokens)"
-        )
-        raise without_empty(error, "Megatron", more) from None
-
-
 def _indexable(dataset: Any) -> Any:
     """``dataset``, or a ValueError where ``dataset[i]`` cannot be read: a generator or other
     iterable failed at the first step (TypeError: not subscriptable), after the epoch was laid
@@ -451,7 +437,7 @@ class MegatronDataIterator:
         self._lengths = raw
         # The cap counts padded tokens, so the plan sees padded lengths (unpadded: no copy).
         planned = raw if pad == 1 else -(-raw // pad) * pad
-        with _megatron_refusals():
+        with megatron_refusals(raw, planned):
             self.sampler = BalancedBatchSampler(
                 planned,
                 global_batch_size,
@@ -470,9 +456,10 @@ class MegatronDataIterator:
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next (re-planned; every rank must call it alike). The current
         epoch changes nothing, as for the sampler: a loaded resume point stays."""
-        if epoch == self.sampler.epoch:
+        # Checked first: True, 1.0 or tensor(1) passed as the current epoch 1 unchecked.
+        if check_int(epoch, "epoch", minimum=0) == self.sampler.epoch:
             return
-        with _megatron_refusals():
+        with megatron_refusals():
             self.sampler.set_epoch(epoch)
         self._batches = None
         self._consumed = 0
@@ -483,7 +470,7 @@ class MegatronDataIterator:
 
         Without a fixed ``num_microbatches`` this plans every step of the epoch at once (for
         inspection; :meth:`steps` plans each step just ahead of its use)."""
-        with _megatron_refusals():
+        with megatron_refusals():
             return self.sampler.microbatches_per_step()
 
     def num_steps(self) -> int:
@@ -526,13 +513,13 @@ class MegatronDataIterator:
         the sampler's planner made just ahead (its plan is kept, so nothing is planned twice)."""
         if self.num_microbatches is not None:
             return self.num_microbatches
-        with _megatron_refusals():
+        with megatron_refusals():
             return len(self.sampler.step_plan(step).ranks[self.sampler.dp_rank])
 
     def _next_indices(self) -> Sequence[int]:
         if self._batches is None:
             self._batches = iter(self.sampler)
-        with _megatron_refusals():
+        with megatron_refusals():
             indices = next(self._batches)
         if self._count is None:
             self._count = self._step_count(self._step)

@@ -15,10 +15,9 @@ from seqbalance.partition import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
 from seqbalance.plan import _exact, _feasible
-from seqbalance.plan._cut_pairs import move_cut_pairs
 from seqbalance.plan._dominant import dominant_start
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
-from seqbalance.plan._level_starts import level_start
+from seqbalance.plan._level_starts import descended_cuts, level_start
 from seqbalance.plan._levels import lower_levels
 from seqbalance.plan._lockstep import match_profile, refine_lockstep
 from seqbalance.plan._packing import Rooms, fill_empty, first_fit, heaviest_first
@@ -196,8 +195,9 @@ def _interval_search(p: Problem, m: int, start: Microbatches) -> list[Microbatch
 def lowered(p: Problem, plan: Microbatches) -> Microbatches:
     """``plan`` (the chosen one, ours or a rival's) with its levels lowered
     (``plan/_levels.py``), or the plan of levels chosen first (``plan/_level_starts.py``),
-    each searched again from there, the cheapest where it is cheaper, then two of its cuts
-    moved at once (``plan/_cut_pairs.py``) where that is cheaper still: padded ``lockstep``
+    each searched again from there, the cheapest where it is cheaper, then its levels descended
+    and two of its cuts moved at once (``_level_starts.descended_cuts``) where that is cheaper
+    still: padded ``lockstep``
     steps of three or more positions without groups or rank speeds, above the count's
     bound."""
     m = len(plan[0]) if plan else 0
@@ -218,7 +218,7 @@ def lowered(p: Problem, plan: Microbatches) -> Microbatches:
         if (found_value := aligned_value(p, found)) < least:
             best, least = found, found_value
     cuts = run_cuts(intervals, best)
-    moved = None if cuts is None else move_cut_pairs(intervals.least, intervals.take, cuts, p.dp)
+    moved = None if cuts is None else descended_cuts(intervals.least, intervals.take, cuts, p.dp)
     if moved is not None:
         costs = np.diff(moved) * intervals.least[moved[:-1]]
         found = dealt_by_tier(intervals.order, moved, costs, p.dp)

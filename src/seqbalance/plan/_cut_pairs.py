@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["move_cut_pairs"]
+__all__ = ["lockstep_values", "move_cut_pairs"]
 
 _SHIFTS = np.array([-3, -2, -1, 0, 1, 2, 3])
 """How far (samples) each cut of a pair moves."""
@@ -39,7 +39,7 @@ def move_cut_pairs(
     first, second, d1, d2 = _moves(k)
     if first.size * k > _CANDIDATES or first.size == 0:
         return None
-    value, moved = _value(least, cuts[None, :], dp)[0], False
+    value, moved = lockstep_values(least, cuts[None, :], dp)[0], False
     rows = np.arange(first.size)
     for _ in range(_ROUNDS):
         trial = np.repeat(cuts[None, :], first.size, axis=0)
@@ -50,7 +50,7 @@ def move_cut_pairs(
         fits = ((sizes >= 1) & (sizes <= take[starts])).all(axis=1)
         if not fits.any():
             break
-        values = np.where(fits, _value(least, trial, dp), np.inf)
+        values = np.where(fits, lockstep_values(least, trial, dp), np.inf)
         best = int(np.argmin(values))
         if not values[best] < value * (1 - _RELATIVE):
             break
@@ -75,7 +75,7 @@ def _moves(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return first[keep], second[keep], d1[keep], d2[keep]
 
 
-def _value(least: np.ndarray, cuts: np.ndarray, dp: int) -> np.ndarray:
+def lockstep_values(least: np.ndarray, cuts: np.ndarray, dp: int) -> np.ndarray:
     """Per row of cut points: the ``lockstep`` cost of its runs dealt by cost tier (runs
     outside the samples priced by a clipped start; the caller masks those rows)."""
     starts = np.clip(cuts[:, :-1], 0, least.size - 1)

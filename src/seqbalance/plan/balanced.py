@@ -43,7 +43,9 @@ minimum ``M_lb`` and raising it in steps of ``microbatch_multiple`` only when pa
    the end of the order, ``plan/_dominant.py``). In ``lockstep`` with three or more
    positions, the plan chosen (ours or a rival's) then has its levels lowered a tier at a time
    (``plan/_levels.py``), or gives way to the plan of levels chosen first, the runs cut to fit
-   them (``plan/_level_starts.py``), where either is cheaper.
+   them (``plan/_level_starts.py``), where either is cheaper; last, its own levels descend
+   (one lowered, the others raised less, while their sum falls and the runs fit) and two of
+   its cuts move at once (``_level_starts.descended_cuts``, ``plan/_cut_pairs.py``).
 5. Small instances (``n <= 12`` samples, ``dp x M <= 8`` slots) not at the lower bound: an exact
    branch and bound over all assignments (``_exact``). Where no plan is found yet, a packing
    search (``_feasible``) decides whether ``M`` fits, proving it on small steps; padded with

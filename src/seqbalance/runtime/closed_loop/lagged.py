@@ -77,6 +77,17 @@ class LaggedFeedback:
         self._plans.clear()
         self._refused = None
 
+    def options_now(self, step: int) -> PlanOptions | None:
+        """The options of ``step`` of the running pass where they are known now (the
+        observations they follow made, and not yet dropped: the loop keeps the last ``lag + 1``
+        options), else None; never waits."""
+        if self._shift is None:
+            return None
+        try:
+            return self.loop.options_for(step + self._shift)
+        except ValueError:
+            return None
+
     def check_ready(self, step: int) -> None:
         """Raise (instead of waiting forever) when ``step`` needs observations the loop has not
         made: the loop, which must make them, is the one asking for the step."""

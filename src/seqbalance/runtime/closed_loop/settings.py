@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from seqbalance._validation import (
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 
-__all__ = ["Feedback", "as_feedback"]
+__all__ = ["Feedback", "as_feedback", "one_deadline"]
 
 
 @renamed_fields(timeout_seconds="timeout")
@@ -188,3 +188,23 @@ def as_feedback(adaptive: Any) -> Feedback | None:
     if isinstance(adaptive, Feedback):
         return adaptive
     raise ValueError(f"adaptive must be True, False or a Feedback, got {adaptive!r}")
+
+
+def one_deadline(
+    feedback: Feedback | None, agreement_timeout: float | None
+) -> tuple[Feedback | None, float | None]:
+    """The closed loop's settings and the agreement deadline, made one deadline (the
+    ``agreement_timeout`` entry of ``BalancedBatchSampler``'s arguments)."""
+    if agreement_timeout is not None:
+        agreement_timeout = check_timeout(agreement_timeout, "agreement_timeout")
+    if feedback is None or agreement_timeout is None or feedback.timeout == agreement_timeout:
+        return feedback, agreement_timeout  # None: no agreement check, the gather keeps its own
+    if feedback.timeout == DEFAULT_TIMEOUT_SECONDS:  # adaptive=True, or a Feedback left at it
+        return replace(feedback, timeout=agreement_timeout), agreement_timeout
+    if agreement_timeout == DEFAULT_TIMEOUT_SECONDS:
+        return feedback, feedback.timeout
+    raise ValueError(
+        f"agreement_timeout = {agreement_timeout!r} and adaptive=Feedback(timeout="
+        f"{feedback.timeout!r}) are two deadlines for one sampler's collectives: give one (the "
+        "sampler uses agreement_timeout for both when adaptive=True)"
+    )

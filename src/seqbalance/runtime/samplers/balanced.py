@@ -3,7 +3,6 @@ position, agreement, resume, ``len()``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import threading
@@ -17,7 +16,6 @@ from seqbalance._validation import (
     as_group_ids,
     check_bool,
     check_int,
-    check_timeout,
     prefixed,
 )
 from seqbalance.cost.resolve import evaluate_costs
@@ -34,7 +32,7 @@ from seqbalance.plan.step import (
     vision_patches_of,
 )
 from seqbalance.plan.types import EpochPlan
-from seqbalance.runtime.closed_loop.settings import Feedback, as_feedback
+from seqbalance.runtime.closed_loop.settings import Feedback, as_feedback, one_deadline
 from seqbalance.runtime.samplers._epoch import (
     EpochBatchSampler,
     parts_sha256,
@@ -172,7 +170,7 @@ class BalancedBatchSampler(EpochBatchSampler):
         options = as_options(
             options, option_keywords, where="BalancedBatchSampler", context_parallel=True
         )
-        feedback, agreement_timeout = _one_deadline(as_feedback(adaptive), agreement_timeout)
+        feedback, agreement_timeout = one_deadline(as_feedback(adaptive), agreement_timeout)
         parts = lengths if isinstance(lengths, SampleParts) else None
         if options.context_parallel is not None and parts is not None:
             raise ValueError(
@@ -430,20 +428,35 @@ class BalancedBatchSampler(EpochBatchSampler):
         step = check_int(step, "step", minimum=0)
         if step >= layout.n_steps:
             raise ValueError(f"step must be in [0, {layout.n_steps}), got {step}")
-        with self._recent_lock:
-            found = self._recent.get((epoch, step))
+        found = self._kept(epoch, step)
         if found is not None:
             return found
-        if self._lagged is not None:
-            raise ValueError(
-                f"step {step} of epoch {epoch} is not among the steps kept ({_RECENT} behind the "
-                "lookahead): an adaptive plan depends on the measurements before it and cannot "
-                "be remade"
-            )
+        options = self.options if self._lagged is None else self._options_now(epoch, step)
         if self.bucket_window is not None:
             # The planner thread may be using this layout's window cache: use a private one.
             layout = self._fresh_layout(epoch)
-        return self.plan_step(layout.step(step), self.options)
+        return self.plan_step(layout.step(step), options)
+
+    def _kept(self, epoch: int, step: int) -> Plan | None:
+        with self._recent_lock:
+            return self._recent.get((epoch, step))
+
+    def _options_now(self, epoch: int, step: int) -> PlanOptions:
+        """The adaptive options of ``step`` of the running pass (from its first step on) where
+        they are known now: its plan is then made here as the planner thread makes it (asked
+        for before ``next()`` took the step, it was refused on the ranks whose thread had not
+        made it yet, alone)."""
+        lagged = self._lagged
+        options = None
+        if lagged is not None and epoch == self.epoch and step >= self._base[1]:
+            options = lagged.options_now(step)
+        if options is None:
+            raise ValueError(
+                f"step {step} of epoch {epoch} is not among the plans kept ({_RECENT} behind "
+                "the lookahead), and an adaptive plan depends on the measurements before it: "
+                "it is made once the steps it follows are observed, in the pass that runs"
+            )
+        return options
 
     @property
     def timer(self) -> StepTimer:
@@ -578,23 +591,3 @@ class BalancedBatchSampler(EpochBatchSampler):
         if fixed is not None:
             return [fixed] * self._n_steps(self.epoch if epoch is None else epoch)
         return [int(step.n_microbatches) for step in self.epoch_plan(epoch).steps]
-
-
-def _one_deadline(
-    feedback: Feedback | None, agreement_timeout: float | None
-) -> tuple[Feedback | None, float | None]:
-    """The closed loop's settings and the agreement deadline, made one deadline (the
-    ``agreement_timeout`` entry of ``BalancedBatchSampler``'s arguments)."""
-    if agreement_timeout is not None:
-        agreement_timeout = check_timeout(agreement_timeout, "agreement_timeout")
-    if feedback is None or agreement_timeout is None or feedback.timeout == agreement_timeout:
-        return feedback, agreement_timeout  # None: no agreement check, the gather keeps its own
-    if feedback.timeout == DEFAULT_TIMEOUT_SECONDS:  # adaptive=True, or a Feedback left at it
-        return dataclasses.replace(feedback, timeout=agreement_timeout), agreement_timeout
-    if agreement_timeout == DEFAULT_TIMEOUT_SECONDS:
-        return feedback, feedback.timeout
-    raise ValueError(
-        f"agreement_timeout = {agreement_timeout!r} and adaptive=Feedback(timeout="
-        f"{feedback.timeout!r}) are two deadlines for one sampler's collectives: give one (the "
-        "sampler uses agreement_timeout for both when adaptive=True)"
-    )
