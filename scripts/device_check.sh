@@ -43,10 +43,12 @@ while [ $# -gt 0 ]; do
 done
 
 python=${PYTHON:-python}
-gpus="$("$python" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)" \
+# One interpreter for both answers: importing torch takes seconds.
+found="$("$python" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0, torch.__version__)' 2>/dev/null)" \
     || fail "cannot import torch with '$python' (install seqbalance[torch]; PYTHON= picks the interpreter)"
+read -r gpus torch_version <<< "$found"
 if [ "$gpus" -lt 1 ]; then
-    fail "no CUDA device visible to torch ($("$python" -c 'import torch; print(torch.__version__)')): this script checks the GPU paths and runs only where one is"
+    fail "no CUDA device visible to torch ($torch_version): this script checks the GPU paths and runs only where one is"
 fi
 if [ -z "$procs" ]; then
     procs=$(( gpus < 4 ? gpus : 4 ))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import multiprocessing
 import os
 import runpy
 import signal
@@ -102,28 +103,53 @@ def run_script_forked(
     returncode is that of its ``SystemExit`` (1 for an exception, whose traceback goes to
     stderr), stdout and stderr what it wrote to ``sys.stdout`` and ``sys.stderr`` (output of C
     code, and of logging handlers made before, goes to the rank's log instead). Within
-    ``timeout`` seconds."""
+    ``timeout`` seconds. A process killed by a signal (SIGBUS, say) is the launcher's
+    ``LaunchError`` naming the signal."""
+    return _run_forked(str(script), None, list(argv), timeout)
+
+
+def run_code_forked(code: str, *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -c code *argv`` as :func:`run_script_forked` runs a script: in a process forked
+    from the launcher's fork server (torch and the suite's ``RANK_PRELOAD`` imported already),
+    for code that must run apart from the test's process (a signal it may raise would end
+    pytest) but needs no interpreter of its own."""
+    return _run_forked("-c", code, list(argv), timeout)
+
+
+def _run_forked(
+    script: str, code: str | None, argv: list[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
     from seqbalance.measure.launch import launch
 
-    done = launch(_script_rank, 1, args=(str(script), list(argv)), timeout=timeout)[0]
-    return subprocess.CompletedProcess([sys.executable, str(script), *argv], *done)
+    done = launch(_script_rank, 1, args=(script, code, argv), timeout=timeout)[0]
+    command = [sys.executable, script, *([] if code is None else [code]), *argv]
+    return subprocess.CompletedProcess(command, *done)
 
 
-def _script_rank(rank: int, world_size: int, script: str, argv: list[str]) -> tuple[int, str, str]:
-    """The rank of :func:`run_script_forked`: (returncode, stdout, stderr)."""
+def _script_rank(
+    rank: int, world_size: int, script: str, code: str | None, argv: list[str]
+) -> tuple[int, str, str]:
+    """The rank of :func:`run_script_forked` (``code`` None) and :func:`run_code_forked`:
+    (returncode, stdout, stderr)."""
     leave_the_launch(distributed=False)
+    # Forked from a fork server, this process would start its own processes (a DataLoader's
+    # workers) through a fork server too; ``python script`` starts them as the platform does.
+    multiprocessing.set_start_method(None, force=True)
     sys.argv = [script, *argv]
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            runpy.run_path(script, run_name="__main__")
-            code = 0
+            if code is None:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+            status = 0
         except SystemExit as exit_:  # as the interpreter reads it
-            code = 0 if exit_.code is None else exit_.code
-            if not isinstance(code, int):
-                print(code, file=sys.stderr)
-                code = 1
+            status = 0 if exit_.code is None else exit_.code
+            if not isinstance(status, int):
+                print(status, file=sys.stderr)
+                status = 1
         except Exception:
             traceback.print_exc()
-            code = 1
-    return code, stdout.getvalue(), stderr.getvalue()
+            status = 1
+    return status, stdout.getvalue(), stderr.getvalue()

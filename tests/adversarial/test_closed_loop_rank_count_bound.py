@@ -52,4 +52,13 @@ def test_a_bad_planner_rank_count_is_named_as_given(ranks) -> None:
 @pytest.mark.parametrize("size", [2**53 + 1, 2**63, 10**400])
 def test_a_window_batch_size_past_the_window_bound_is_named(size) -> None:
     with pytest.raises(ValueError, match=rf"^batch_size must be <= 2\*\*53 = \d+, got {size}$"):
+        WindowBalancer(2, size, window=2**53)
+
+
+@pytest.mark.parametrize("size", [2**51 + 1, 2**52, 2**53, 2**53 + 1])
+def test_a_batch_size_whose_default_window_is_past_the_bound_is_named(size) -> None:
+    # review18 item 5: the default window (4 x batch_size) was named, never given.
+    default = r"2\*\*51 = \d+ with the default window \(4 x batch_size\)"
+    with pytest.raises(ValueError, match=rf"^batch_size must be <= {default}, got {size}$"):
         WindowBalancer(2, size)
+    assert WindowBalancer(2, 2**51).window == 2**53

@@ -17,6 +17,9 @@ materialised there) passed the agreement (its layout matched), failed in the fir
 rank ("Tensor.item() cannot be called on meta tensors") and left rank 0 waiting in the K/V
 gather until the timeout. A meta parameter is refused in the agreement now, on every rank, and
 the parameters' device types are compared.
+
+review18 item 6: a buffer left on the meta device (a rotary ``inv_freq`` after a partial
+``to_empty()``) passed where a parameter is refused; buffers are walked too.
 """
 
 from __future__ import annotations
@@ -136,3 +139,21 @@ def test_models_apart_fail_every_rank_before_any_slot(results) -> None:
     loss = results[0]["alike"].removeprefix("loss ")
     for result in results:  # the loss as with every parameter training, no embedding gradient
         assert result["frozen alike"] == f"loss {loss}, {parameters - 1} gradients, embed: False"
+
+
+def test_a_buffer_on_the_meta_device_is_refused_as_a_parameter_is() -> None:
+    from seqbalance.runtime.context_parallel.executor import _parameter_layout
+
+    class Rotary(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 4)
+            self.register_buffer("inv_freq", torch.ones(2), persistent=False)
+
+    with torch.device("meta"):
+        model = Rotary()
+    model.embed.to_empty(device="cpu")  # the parameters materialised, the buffer not
+    with pytest.raises(ValueError, match=r"^model's buffer inv_freq is on the meta device"):
+        _parameter_layout(model)
+    model.inv_freq = torch.ones(2)
+    assert _parameter_layout(model) == _parameter_layout(model)  # a layout now, kept

@@ -6,11 +6,10 @@ multiprocessing ignores SIGINT there only after its preload. It starts with SIGI
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _other_process import run_code_forked
 
 pytest.importorskip("torch")
 pytestmark = [
@@ -20,6 +19,8 @@ pytestmark = [
 
 _PROBE = """
 import multiprocessing as mp, multiprocessing.forkserver as forkserver, signal
+# As in a new interpreter: the process this runs in was forked from a server that ignores it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 if "forkserver" in mp.get_all_start_methods():
     from seqbalance.measure.launch import _start_context
     before = signal.getsignal(signal.SIGINT)
@@ -33,9 +34,10 @@ if "forkserver" in mp.get_all_start_methods():
 
 
 def test_the_fork_server_starts_deaf_to_ctrl_c() -> None:
-    probe = subprocess.run(
-        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300, check=True
-    )
+    # Forked from the suite's fork server (torch imported already), the probe starts a fork
+    # server of its own, which imports torch as any launcher's does.
+    probe = run_code_forked(_PROBE, timeout=300)
+    assert probe.returncode == 0, probe.stderr
     if not probe.stdout:
         pytest.skip("no fork server on this platform")
     # The server ignores SIGINT; this process's own Ctrl-C handling is as it was.

@@ -130,6 +130,36 @@ def test_verl_rearrange_micro_batches_checks_the_attention_mask(mask: list, mess
         rearrange_micro_batches(batch, 10)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "bool", "int32", "float32"])
+def test_verl_attention_mask_rows_are_counted_exactly_in_any_dtype(dtype: str) -> None:
+    """A float16 mask's own sum rounds past 2,048 (3,001 read as 3,000); numpy cannot read a
+    bfloat16 one (torch's TypeError): both verl readers count every row exactly."""
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    from seqbalance.integrations._verl_batches import _effective_lengths, mask_token_counts
+
+    rows = [3001, 5, 2049, 0]
+    mask = torch.zeros(len(rows), 4000, dtype=getattr(torch, dtype))
+    for row, tokens in enumerate(rows):
+        mask[row, :tokens] = 1
+    input_ids = torch.zeros(len(rows), 4000, dtype=torch.long)
+    batch = tensordict.TensorDict(
+        {"attention_mask": mask, "input_ids": input_ids}, batch_size=[len(rows)]
+    )
+    assert _effective_lengths(batch).tolist() == rows
+    assert mask_token_counts(mask.requires_grad_(mask.is_floating_point())).tolist() == rows
+
+
+@pytest.mark.parametrize("layout", ["meta", "sparse"])
+def test_verl_attention_mask_without_data_is_named(layout: str) -> None:
+    torch = pytest.importorskip("torch")
+    from seqbalance.integrations._verl_batches import mask_token_counts
+
+    mask = torch.ones(2, 3, device="meta") if layout == "meta" else torch.ones(2, 3).to_sparse()
+    with pytest.raises(ValueError, match="attention_mask must be a dense tensor with data"):
+        mask_token_counts(mask)
+
+
 @pytest.mark.parametrize("name", ["same_micro_num_in_dp", "use_dynamic_bsz_balance"])
 @pytest.mark.parametrize("value", ["no", None, 1])
 def test_verl_micro_batch_flags_must_be_bools(name: str, value: object) -> None:

@@ -8,12 +8,11 @@ the test's own process would end pytest)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _other_process import run_code_forked
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -49,11 +48,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_lengths_file_cut_under_the_loaders_workers_is_a_value_error(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "lengths.npy"), str(TESTS)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    # Forked from the launcher's fork server (torch and transformers imported already).
+    done = run_code_forked(SCRIPT, str(tmp_path / "lengths.npy"), str(TESTS), timeout=240)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "changed under the running sampler" in done.stdout, (done.stdout, done.stderr[-2000:])

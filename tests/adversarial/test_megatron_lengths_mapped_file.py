@@ -7,12 +7,11 @@ afterwards changes nothing. In a child process (a signal would end pytest)."""
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from _other_process import run_process_tree
+from _other_process import run_code_forked
 
 SCRIPT = textwrap.dedent(
     """
@@ -44,8 +43,7 @@ SCRIPT = textwrap.dedent(
 
 def test_a_lengths_file_cut_under_a_running_iterator_is_no_signal(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    done = run_process_tree(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "lengths.npy")], timeout=120
-    )
+    # Forked from the launcher's fork server (torch imported already).
+    done = run_code_forked(SCRIPT, str(tmp_path / "lengths.npy"), timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert int(done.stdout) > 1

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from seqbalance.cli import main
-from seqbalance.plan import StepPlan
+from seqbalance.plan import EpochPlan, StepPlan
 
 
 @pytest.fixture
@@ -185,3 +185,18 @@ def test_a_folder_named_like_a_bundled_dataset_does_not_hide_it(
     assert json.loads(capsys.readouterr().out)["summaries"][0]["n_samples"] > 0
     assert main(["plan", "mine", "--dp", "2"]) == 2
     assert "'mine' is a folder, not a .npy file" in capsys.readouterr().err
+
+
+def test_an_epoch_plan_file_reads_back_as_the_epoch_plan(lengths_file, tmp_path) -> None:
+    # adv18b D9: `plan --global-batch -o FILE` wrote {"steps", "sample_indices"} only: no
+    # format, so EpochPlan.from_json refused the file ("got format None"), and no seed, epoch
+    # or dropped samples to tell which epoch it was.
+    path, lengths = lengths_file
+    out = tmp_path / "epoch.json"
+    argv = ["plan", str(path), "--dp", "2", "--global-batch", "40", "--seed", "3", "-o", str(out)]
+    assert main([*argv, "--max-tokens", "4096"]) == 0
+    epoch = EpochPlan.from_json(out.read_text())
+    epoch.validate()
+    assert (epoch.seed, epoch.global_batch_size, epoch.dp_size, epoch.n_samples) == (3, 40, 2, 120)
+    assert sorted(np.concatenate(epoch.sample_indices).tolist()) == list(range(lengths.size))
+    assert epoch.dropped.size == 0 and [step.max_tokens for step in epoch.steps] == [4096] * 3

@@ -364,6 +364,22 @@ def test_fields_need_text_or_chat() -> None:
         Fields(chat="messages", history="history")
 
 
+def test_a_field_named_twice_is_refused() -> None:
+    # adv18b D10: its text was counted once per naming without a word (`--text-field a
+    # --text-field a`: a prompt and a response of the same text; a conversation also given as
+    # an extra field counted twice).
+    for fields in (
+        {"text": ("a", "a")},
+        {"text": ("a", "b"), "extra": ("b",)},
+        {"text": ("a", "b"), "history": "a"},
+        {"chat": ("m", "m")},
+        {"chat": "m", "extra": ("m",)},
+    ):
+        with pytest.raises(ValueError, match=r"^field '(a|b|m)' is named twice"):
+            Fields(**fields)
+    assert Fields(text=("a", "b"), history="h", extra=("t",)).describe()["extra"] == ["t"]
+
+
 @pytest.mark.parametrize(
     ("record", "fields"),
     [

@@ -212,3 +212,15 @@ def test_a_null_completion_is_malformed(tmp_path: Path) -> None:
     kept = token_lengths(path, skip_malformed=True)
     assert kept.lengths.tolist() == [2 + 7 + 2 * 5]
     assert kept.locations.tolist() == [1]
+
+
+def test_a_null_text_is_malformed(tmp_path: Path) -> None:
+    """review18 item 2 (D3's sibling): ``{"text": null}`` was counted as an empty sample (5
+    tokens of template), a record no trainer tokenizes. A chat message's null content still
+    reads as empty (an assistant turn of tool calls has one: test_datasets_lengths)."""
+    from seqbalance.datasets.lengths import MalformedRecordsError
+
+    path = write_jsonl(tmp_path / "null.jsonl", [{"text": "one two"}, {"text": None}])
+    with pytest.raises(MalformedRecordsError) as error:
+        token_lengths(path)
+    assert [(r.location, r.reason) for r in error.value.records] == [(2, "field 'text' is null")]

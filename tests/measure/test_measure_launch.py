@@ -139,8 +139,9 @@ def _hangs(rank: int, world_size: int) -> None:
 
 
 def test_the_whole_launch_is_bounded() -> None:
-    with pytest.raises(LaunchError, match=r"rank\(s\) 0 of 1 did not finish within .* 4 s"):
-        launch(_hangs, 1, timeout=4.0)
+    # The test waits the whole timeout: short (the rank hangs whether it started or not).
+    with pytest.raises(LaunchError, match=r"rank\(s\) 0 of 1 did not finish within .* 2 s"):
+        launch(_hangs, 1, timeout=2.0)
 
 
 def test_bad_arguments_are_refused_before_any_process_starts() -> None:

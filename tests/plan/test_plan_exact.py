@@ -82,3 +82,29 @@ def test_the_last_step_of_the_lazy_sampler_is_proven_within_the_nodes() -> None:
     plan = search.run()
     assert plan is not None and _exact.objective(p, plan) == 2925.0
     assert search.nodes < _exact.NODE_LIMIT // 100
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(_problems())
+def test_samples_alike_searched_once_keep_the_optimum(case: tuple[Problem, int]) -> None:
+    # adv18c P3: a sample like the one placed before it goes to no slot below that one's; the
+    # search without that rule (every order of such samples) finds a plan of the same value.
+    p, m = case
+    once, every = _exact._Search(p, m, None), _exact._Search(p, m, None)
+    every.twin = [False] * p.n
+    found, expected = once.run(), every.run()
+    assert every.nodes <= _exact.NODE_LIMIT  # complete: its plan is the optimum
+    assert (found is None) == (expected is None)
+    if found is not None:
+        assert np.isclose(_exact.objective(p, found), _exact.objective(p, expected), rtol=1e-12)
+
+
+def test_equal_samples_on_ranks_of_other_speeds_are_proven_within_the_nodes() -> None:
+    # adv18c P3: 12 samples of 4096 tokens (a fixed-length data set) on 4 ranks of speeds
+    # (1, 1.1, 0.9, 1.05): every order of the equal samples was searched, to the node limit
+    # (2.4 s for the step with FLOPs costs, 1 ms without speeds); 3 on each rank is optimal.
+    p = token_problem([4096] * 12, PlanOptions(rank_speeds=(1.0, 1.1, 0.9, 1.05)), dp=4)
+    search = _exact._Search(p, 1, None)
+    plan = search.run()
+    assert plan is not None and _exact.objective(p, plan) == 3 * 4096 / 0.9
+    assert search.nodes < _exact.NODE_LIMIT // 50

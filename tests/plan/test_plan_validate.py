@@ -251,3 +251,25 @@ def test_a_document_whose_costs_sum_past_the_planners_bound_is_refused_at_load()
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match=r"malformed StepPlan .*sample_costs\) sum to 1e\+308"):
             Plan.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("sample_costs", -1.0, r"sample_costs\[2\] = -1.0 is negative"),
+        ("sample_costs", -1e308, r"sample_costs\[2\] = -1e\+308 is negative"),
+        ("overhead", -5.0, "overhead must be >= 0, got -5.0"),
+    ],
+)
+def test_a_document_with_a_negative_cost_is_refused_at_load(field, value, message) -> None:
+    # review18 item 3: the sum check passed a negative cost (the sum falls); validate() then
+    # overflowed (numpy's warning) or named "weights[4]", neither the field nor its index.
+    doc = json.loads(sb.plan_step(LENGTHS, 2, layout="padded", microbatch_size=3).to_json())
+    if field == "sample_costs":
+        doc["sample_costs"][2] = value
+    else:
+        doc["overhead"] = value
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=rf"malformed StepPlan document: .*{message}"):
+            Plan.from_json(json.dumps(doc))

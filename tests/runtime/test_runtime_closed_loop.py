@@ -541,8 +541,15 @@ def test_a_corrupted_state_is_a_value_error_and_changes_nothing(data):
         (lambda online: online["stats"][1][0].__setitem__(2, math.inf), "stats[1] must hold fin"),
         (lambda online: online["stats"][0].pop(), "stats[0] must hold numbers of shape (2, 18)"),
         (lambda online: online["held_out"][0].append(1.0), "held_out[0] must hold numbers of"),
+        # review18 item 4: strings and booleans were read as numbers (the state loaded) and a
+        # string, a mapping, ragged rows or an int past float named no entry.
+        (lambda online: online["stats"].__setitem__(0, [["1"] * 18] * 2), "stats[0] must hold n"),
+        (lambda online: online["stats"].__setitem__(0, [[True] * 18] * 2), "stats[0] must hold"),
+        (lambda online: online["stats"].__setitem__(0, {"a": 1}), "stats[0] must hold numbers"),
+        (lambda online: online["stats"].__setitem__(0, [[1.0], [1.0, 2.0]]), "stats[0] must h"),
+        (lambda online: online["held_out"].__setitem__(0, [10**400, 0, 0]), "held_out[0] must"),
     ],
-    ids=["infinite", "short", "long"],
+    ids=["infinite", "short", "long", "strings", "booleans", "mapping", "ragged", "huge int"],
 )
 def test_a_saved_step_that_is_not_finite_numbers_is_named_in_one_line(edit, message):
     # adv18a F3: the message was the saved step's array repr cut at 80 characters, over two

@@ -229,6 +229,9 @@ def test_result_is_json_serialisable(result) -> None:
         ({"model": "gpt-9"}, "unknown preset"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"progress": 5}, "progress must be a callable"),  # adv15c P4: TypeError after step 0
+        # adv18c P4: a number raised TypeError ("'float' object is not iterable").
+        ({"strategies": 1.5}, "strategies must be a non-empty sequence of names, got 1.5"),
+        ({"batches": 0}, "batches must be a sequence of steps' index arrays, got 0"),
     ],
 )
 def test_bad_input_names_the_argument(kwargs: dict, message: str) -> None:

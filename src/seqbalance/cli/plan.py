@@ -120,10 +120,9 @@ def run(args: argparse.Namespace) -> int:
         document: dict[str, Any] = json.loads(plan.to_json())
     else:
         steps = list(epoch.steps)
-        document = {
-            "steps": [json.loads(step_plan.to_json()) for step_plan in epoch.steps],
-            "sample_indices": [indices.tolist() for indices in epoch.sample_indices],
-        }
+        # The EpochPlan document (EpochPlan.from_json reads it back): the steps and their
+        # samples as before, with the epoch's own fields (it had no format and no seed).
+        document = json.loads(epoch.to_json())
     summaries = [step_plan.summary() for step_plan in steps]
     return _write_and_print(
         args,

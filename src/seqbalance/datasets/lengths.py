@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice
+from seqbalance._validation import check_choice, not_a_file
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
 from seqbalance.datasets.tokenize import TextRefused, Tokenizer, count_chunk, get_tokenizer
@@ -96,6 +96,17 @@ class Fields:
             )
         if self.history is not None and not self.text:
             raise ValueError("history field only goes with text fields, not with a chat field")
+        named = [
+            *self.text,
+            *(self.chat or ()),
+            *([self.history] if self.history else ()),
+            *self.extra,
+        ]
+        repeated = next((name for i, name in enumerate(named) if name in named[:i]), None)
+        if repeated is not None:
+            # Its text was counted once per naming (a prompt and a response of the same text,
+            # a conversation twice) without a word.
+            raise ValueError(f"field {repeated!r} is named twice: each field is counted once")
 
     def describe(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (only those that are set)."""
@@ -252,10 +263,13 @@ def _text(value: Any, name: str) -> str:
 
 
 def _response(value: Any, name: str, prompt_names: list[str]) -> str:
-    """A response's text. A null one beside a prompt is malformed: it was counted as the prompt
-    alone, a sample no trainer runs (TRL's SFTTrainer fails on it: ``None + str``)."""
-    if value is None and prompt_names:
-        raise Malformed(f"field {name!r} is null (a prompt without a response)")
+    """A response's text. A null one is malformed: beside a prompt it was counted as the prompt
+    alone, alone (``{"text": null}``) as an empty sample; no trainer runs either (TRL's
+    SFTTrainer fails on it: ``None + str``, its tokenizer on ``None``). A chat message's null
+    content is another matter: an assistant turn of tool calls has one (read as empty)."""
+    if value is None:
+        beside = " (a prompt without a response)" if prompt_names else ""
+        raise Malformed(f"field {name!r} is null{beside}")
     return _text(value, name)
 
 
@@ -509,11 +523,13 @@ def token_lengths(
     template: ``"auto"``, ``"tokenizer"``, ``"chatml"`` (5 tokens per turn) or ``"none"`` (module
     docstring); the result records the one used. progress: optional wrapper
     ``progress(iterable, total=..., description=...)`` used around tokenization.
-    Raises MalformedRecordsError (a ValueError) naming line numbers / record indices.
+    Raises MalformedRecordsError (a ValueError) naming line numbers / record indices; a null
+    text or response field is malformed, a chat message's null content reads as empty (an
+    assistant turn of tool calls has one).
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"path {str(path)!r}: no such file")
+        raise ValueError(f"path: {not_a_file(path)}")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
     template = check_choice(template, "template", TEMPLATES)
     counter = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_bool, check_int, check_timeout
+from seqbalance._validation import as_lengths, check_bool, check_int, check_timeout, host_array
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
 from seqbalance.integrations._verl_partitions import (
     ceildiv,
@@ -48,14 +48,31 @@ def _effective_lengths(batch: Any) -> np.ndarray:
     input_ids = batch["input_ids"]
     if getattr(input_ids, "is_nested", False):
         return input_ids.offsets().diff().cpu().numpy().astype(np.int64)
-    # A mask of another rank failed inside torch / the planner (IndexError); fractional or
-    # negative entries were cast to token counts (0.5 + 1 -> 1, 1 - 1 -> 0) without a word.
+    # A mask of another rank failed inside torch / the planner (IndexError).
     mask = batch["attention_mask"]
     if mask.dim() != 2:
         raise ValueError(f"attention_mask must be [batch, seq], got shape {tuple(mask.shape)}")
+    return mask_token_counts(mask)
+
+
+def mask_token_counts(mask: Any) -> np.ndarray:
+    """Tokens of every row of a ``[batch, seq]`` ``attention_mask`` (int64), counted exactly.
+
+    Summed in int64 (float64 for a floating mask): a float16 mask's own sum rounds past 2,048
+    tokens (3,001 read as 3,000) and numpy cannot read a bfloat16 one. Fractional or negative
+    entries were cast to token counts (0.5 + 1 -> 1, 1 - 1 -> 0) without a word: refused.
+    """
+    import torch
+
+    if mask.is_meta or mask.layout != torch.strided:
+        raise ValueError(
+            f"attention_mask must be a dense tensor with data, got {mask.layout} on {mask.device}"
+        )
     if mask.numel() and not bool((mask >= 0).all()):
         raise ValueError("attention_mask holds a negative or NaN entry")
-    return as_lengths(mask.sum(dim=1).cpu().numpy(), "attention_mask row sums")
+    wide = torch.float64 if mask.is_floating_point() else torch.int64
+    sums = host_array(mask.detach().sum(dim=1, dtype=wide), "attention_mask row sums")
+    return as_lengths(sums, "attention_mask row sums")
 
 
 def _all_reduce(values: list[int], op: str, dp_group: Any, timeout: float) -> list[int]:

@@ -50,6 +50,7 @@ import numpy as np
 
 from seqbalance._validation import as_lengths, check_bool, check_int
 from seqbalance.integrations._verl_batches import (
+    mask_token_counts,
     prepare_dynamic_batch,
     rearrange_micro_batches,
     restore_dynamic_batch,
@@ -243,7 +244,7 @@ def balance_batch(
     # verl reads keep_minibatch by truthiness ("no" kept the mini-batches).
     keep_minibatch = check_bool(keep_minibatch, "keep_minibatch")
     mask = batch.batch["attention_mask"]
-    lengths = mask.view(mask.shape[0], -1).sum(-1).cpu().numpy()
+    lengths = mask_token_counts(mask.reshape(mask.shape[0], -1))
     if hasattr(self, "_get_dp_size"):
         dp = self._get_dp_size(self.actor_rollout_wg, "actor")
     else:

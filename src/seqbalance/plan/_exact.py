@@ -125,6 +125,12 @@ class _Search:
         self.slot_longest_cost = [0.0] * self.slots
         self.unit_rank = [-1] * p.n_units
         self.assignment = [-1] * p.n
+        # A sample like the one placed before it (length, cost, patches; no groups) goes to no
+        # slot below that one's: plans that swap two such samples are one plan, and the least
+        # of them (slots read in placement order) keeps every rule above, so each is searched
+        # once (equal samples on a few ranks with speeds took the node limit, a CPU second).
+        keys = [(self.lengths[i], self.costs[i], self.patches[i]) for i in self.order]
+        self.twin = [d > 0 and not self.grouped and keys[d] == keys[d - 1] for d in range(p.n)]
         # Packed, a sample adds its cost to its rank: the sums the samples left can make.
         self.reach = None if self.padded else _subset_sums([self.costs[i] for i in self.order])
 
@@ -205,7 +211,10 @@ class _Search:
         remaining = p.n - depth - 1
         empty = self.slot_count.count(0)
         options = []
+        lowest = self.assignment[self.order[depth - 1]] if self.twin[depth] else 0
         for slot in self._candidates(i):
+            if slot < lowest:
+                continue
             if not p.allow_empty and empty - (self.slot_count[slot] == 0) > remaining:
                 continue
             saved = self._apply(slot, i)

@@ -51,7 +51,7 @@ _DROPS = (0.02, 0.06)
 _RAISES = 5
 """... the others' common raises tried per drop (fractions of the break-even raise, 0
 included) ..."""
-_MOVES = 10
+_MOVES = 6
 """... and the moves applied at most (each one batch of ``m x 2 x 5`` level vectors)."""
 _RELATIVE = 1e-12  # gains smaller than this are float noise
 

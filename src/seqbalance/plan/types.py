@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from seqbalance._deprecated import RenamedAttribute
-from seqbalance._validation import check_int
+from seqbalance._validation import as_weights, check_int
 from seqbalance.cost.resolve import ExternalCost
 from seqbalance.cost.spec import presets
 from seqbalance.plan._document import (
@@ -240,8 +240,12 @@ class StepPlan(StepPlanChecks, Plan):
             raise ValueError(f"cost_model must be a string, got {cost_model!r:.60}")
         lengths = integers(data["lengths"], "lengths")
         check_token_total(lengths)  # as plan_step: token sums past 2**53 wrap or round
-        sample_costs = numbers(data["sample_costs"], "sample_costs")
+        # Non-negative as plan_step makes them: a negative cost made the total below look
+        # small and validate() then overflowed (numpy's warning) or named "weights[i]".
+        sample_costs = as_weights(numbers(data["sample_costs"], "sample_costs"), "sample_costs")
         overhead = number(data["overhead"], "overhead")
+        if overhead < 0:
+            raise ValueError(f"overhead must be >= 0, got {overhead!r}")
         # As plan_step: validate() multiplied a padded micro-batch's count by its costliest
         # sample past the float range (numpy's overflow warning, then "its contents cost inf").
         check_cost_total(sample_costs, overhead, "sample_costs")

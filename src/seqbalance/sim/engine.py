@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,7 +76,9 @@ def _check_strategies(
 ) -> tuple[str, ...]:
     if strategies is None:
         return default_strategies(context_parallel=context_parallel)
-    if isinstance(strategies, str) or not strategies:
+    # A number or other non-iterable raised TypeError ("'float' object is not iterable").
+    listed = isinstance(strategies, Iterable) and not isinstance(strategies, (str, bytes))
+    if not listed or not (strategies := list(strategies)):
         raise ValueError(f"strategies must be a non-empty sequence of names, got {strategies!r}")
     known = strategy_names(context_parallel=context_parallel)
     names = tuple(check_choice(name, "strategies", known) for name in strategies)

@@ -513,7 +513,7 @@ class OnlineTimeModel:
 def _finite(values: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     """Saved numbers as a float64 array of ``shape``, all finite (ValueError naming ``name``
     otherwise, in one line: the repr of a saved step's array ran over several)."""
-    array = np.asarray(values, dtype=np.float64)
+    array = _numbers(values, name)
     if array.shape != shape:
         raise ValueError(f"{name} must hold numbers of shape {shape}, got shape {array.shape}")
     bad = np.flatnonzero(~np.isfinite(array.ravel()))
@@ -523,11 +523,23 @@ def _finite(values: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     return array
 
 
+def _numbers(values: Any, name: str) -> np.ndarray:
+    """Saved numbers as float64, ints and floats only: a float64 cast read "1e3" and true as
+    numbers, and named no entry for a string, a mapping, ragged rows or an int past float."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as error:  # ragged rows
+        raise ValueError(f"{name} must hold numbers: {error}") from None
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must hold numbers, got {array.dtype} entries")
+    return array.astype(np.float64)
+
+
 def _saved_step(values: Any, world_size: int, name: str) -> np.ndarray:
     """One saved step of the window (ValueError when not finite numbers of its shape). Earlier
     releases kept the fit's columns only: their time sums are 0 (the speeds then use the fit's
     ratio for that step, as those releases did)."""
-    array = np.asarray(values, dtype=np.float64)
+    array = _numbers(values, name)
     if array.ndim == 2 and array.shape[1] == FIT_COLUMNS:
         array = np.hstack([array, np.zeros((array.shape[0], KEPT.size - FIT_COLUMNS))])
     return _finite(array, (world_size, KEPT.size), name)

@@ -177,8 +177,8 @@ def _parameter_layout(model: torch.nn.Module | None) -> str | None:
     need alike on every rank.
 
     Raises:
-        ValueError: ``model`` is no module, or a parameter is on the meta device (it holds no
-            data: the slot failed on that rank alone, its peers waiting in the K/V gathers).
+        ValueError: ``model`` is no module, or a parameter or buffer is on the meta device (it
+            holds no data: the slot failed on that rank alone, its peers in the K/V gathers).
     """
     if model is None:
         return None
@@ -190,23 +190,29 @@ def _parameter_layout(model: torch.nn.Module | None) -> str | None:
         (name, p.shape, p.dtype, p.requires_grad, p.device.type)
         for name, p in model.named_parameters()
     )
-    meta = next((entry[0] for entry in layout if entry[4] == "meta"), None)
+    # Buffers too (review18 item 6): a rotary inv_freq left on the meta device by a partial
+    # to_empty() or a state dict without non-persistent buffers failed that rank's slot alone.
+    buffers = tuple((name, b.device.type) for name, b in model.named_buffers())
+    meta = next((f"parameter {e[0]}" for e in layout if e[4] == "meta"), None) or next(
+        (f"buffer {name}" for name, device in buffers if device == "meta"), None
+    )
     if meta is not None:
         raise ValueError(
-            f"model's parameter {meta} is on the meta device (it holds no data): materialise "
-            "the model (to_empty() and initialise, or load its weights) before run_step"
+            f"model's {meta} is on the meta device (it holds no data): materialise the model "
+            "(to_empty() and initialise, or load its weights) before run_step"
         )
-    return _layout_digest(layout)
+    return _layout_digest(layout + buffers)
 
 
 @functools.lru_cache(maxsize=8)
-def _layout_digest(layout: tuple[tuple[str, torch.Size, torch.dtype, bool, str], ...]) -> str:
-    """SHA-256 of a parameter layout, ``(name, shape, dtype, requires_grad, device type)`` in
-    order, kept for the few layouts a process runs: formatting and hashing every parameter
-    each step cost about as much as walking the model for them."""
+def _layout_digest(layout: tuple[tuple[Any, ...], ...]) -> str:
+    """SHA-256 of a model's layout, ``(name, shape, dtype, requires_grad, device type)`` of
+    each parameter then ``(name, device type)`` of each buffer, in order, kept for the few
+    layouts a process runs: formatting and hashing every parameter each step cost about as
+    much as walking the model for them."""
     digest = hashlib.sha256()
-    for name, shape, dtype, trains, device in layout:
-        digest.update(f"{name}:{tuple(shape)}:{dtype}:{trains}:{device};".encode())
+    for entry in layout:
+        digest.update((":".join(map(str, entry)) + ";").encode())
     return digest.hexdigest()
 
 

@@ -169,8 +169,13 @@ class WindowBalancer:
     ) -> None:
         self.dp_size = check_ranks(dp_size, "dp_size")
         self.batch_size = check_int(batch_size, "batch_size", minimum=1)
-        if self.batch_size > _MAX_WINDOW:  # before the default window it sets is named instead
-            raise ValueError(f"batch_size must be <= 2**53 = {_MAX_WINDOW}, got {self.batch_size}")
+        # Before the window it sets is named instead (the default is 4 x batch_size).
+        power = 53 if window is not None else 51
+        if self.batch_size > 2**power:
+            default = "" if window is not None else " with the default window (4 x batch_size)"
+            raise ValueError(
+                f"batch_size must be <= 2**{power} = {2**power}{default}, got {self.batch_size}"
+            )
         self.window = check_int(
             4 * self.batch_size if window is None else window, "window", minimum=self.batch_size
         )
