@@ -9,6 +9,7 @@ step cost, and the grouping of samples into units that must stay on one rank.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -209,12 +210,15 @@ class Problem(GroupedSamples):
         """``plan_costs`` of a padded plan with ``M`` micro-batches on every rank, bit for bit
         ``microbatch_cost`` (the first of the longest samples sets the cost) in a few numpy
         calls instead of some per micro-batch."""
-        flat = [np.asarray(mb, dtype=np.int64) for mbs in microbatches for mb in mbs]
-        sizes = np.fromiter((mb.size for mb in flat), dtype=np.int64, count=len(flat))
+        # The samples read at once, not an array per micro-batch (most of the time on steps
+        # of many small padded micro-batches).
+        flat = [mb for mbs in microbatches for mb in mbs]
+        sizes = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
         costs = np.full(sizes.size, float(self.overhead))
         filled = np.flatnonzero(sizes)
         if filled.size:
-            samples = np.concatenate(flat)
+            chained = itertools.chain.from_iterable(flat)
+            samples = np.fromiter(chained, dtype=np.int64, count=int(sizes.sum()))
             lengths = self.lengths[samples]
             starts = (np.cumsum(sizes) - sizes)[filled]
             of = np.repeat(np.arange(filled.size), sizes[filled])  # micro-batch of each sample
