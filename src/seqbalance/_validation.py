@@ -12,6 +12,7 @@ import sys
 import tokenize
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ __all__ = [
     "host_array",
     "map_npy",
     "naming",
+    "not_a_file",
     "npy_error",
     "prefixed",
     "refuse_masked",
@@ -200,6 +202,16 @@ def _numpy_of(values: Any, name: str) -> np.ndarray:
         return np.asarray(values)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{name} must be a 1-D array of numbers: {error}") from None
+
+
+def not_a_file(path: Path) -> str:
+    """Why ``path`` names no file to read: ``no such file 'p'``, or what is there instead (a
+    folder, or a FIFO, socket or device: each was called "no such file", though it is there)."""
+    if path.is_dir():
+        return f"{str(path)!r} is a folder, not a file"
+    if path.exists():
+        return f"{str(path)!r} is not a regular file (a FIFO, socket or device)"
+    return f"no such file {str(path)!r}"
 
 
 def host_array(values: Any, name: str) -> np.ndarray:

@@ -270,3 +270,21 @@ def test_an_empty_lengths_argument_is_named(capsys) -> None:
     """adv15b D13: ``--lengths ""`` said "no such file '.'" (the current folder)."""
     line = _fails_cleanly(["simulate", "--steps", "1", "--lengths", ""], capsys)
     assert "--lengths is empty" in line, line
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_given_as_a_file_is_named_as_one(files, tmp_path, capsys) -> None:
+    """adv18b D11: a FIFO (or device) given as LENGTHS, --lengths, --time-model, --model, a
+    dataset file or a tokenizer.json was "no such file", though it is there."""
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    lengths = str(files["lengths"])
+    for argv in (
+        ["plan", str(fifo), "--dp", "2"],
+        ["plan", lengths, "--dp", "2", "--time-model", str(fifo)],
+        ["plan", lengths, "--dp", "2", "--model", str(fifo)],
+        ["lengths", str(fifo), "-o", str(tmp_path / "out.npy"), "--format", "jsonl"],
+        ["lengths", str(files["chat"]), "-o", str(tmp_path / "o.npy"), "--tokenizer", str(fifo)],
+    ):
+        line = _fails_cleanly(argv, capsys)
+        assert "pipe.json' is not a regular file (a FIFO, socket or device)" in line, line

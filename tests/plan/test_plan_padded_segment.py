@@ -89,3 +89,25 @@ def test_a_long_cut_is_bisected_in_few_walks(monkeypatch) -> None:
     chunks = _padded.segment(p, np.arange(lengths.size), 750)
     assert [len(chunk) for chunk in chunks] == [4] * 750
     assert len(walks) <= 6  # the cut by 4s is the least at once (41 walks before)
+
+
+@settings(max_examples=examples(400, quick=50), deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 1.0, 2.5, 1e300, 1e-300, float("inf")]),
+            st.sampled_from([1.0, 0.5, 0.3, 0.001]),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=16,
+    ),
+    cost=st.sampled_from([0.0, 1.0, 3.7, 1e308, 2.0**960]),
+)
+def test_a_rank_dealt_in_python_is_numpys(rows: list[tuple], cost: float) -> None:
+    # deal with rank speeds on few ranks picks the rank by a Python loop (speed9): the rank
+    # numpy's argmin picks, overflows and every rank full included.
+    loads, speeds, full = (np.array(column) for column in zip(*rows, strict=True))
+    with np.errstate(over="ignore"):
+        expected = _padded._earliest_numpy(loads, full, cost, speeds)
+    assert _padded._earliest(loads, full, cost, speeds) == expected

@@ -20,7 +20,7 @@ import numpy as np
 
 from seqbalance import datasets
 from seqbalance._deprecated import message
-from seqbalance._validation import as_lengths, check_positive_float
+from seqbalance._validation import as_lengths, check_positive_float, not_a_file
 from seqbalance.cli._lengths_file import read_lengths_file
 from seqbalance.cli._output import (
     markdown_table,
@@ -244,7 +244,7 @@ def load_time_model(
     always returned then."""
     path = Path(source)
     if not path.is_file():
-        raise ValueError(f"--time-model: no such file {str(path)!r}")
+        raise ValueError(f"--time-model: {not_a_file(path)}")
     model = load_time_model_file(path)
     if isinstance(model, ContextParallelTimeModel) and not context_parallel:
         return model.time

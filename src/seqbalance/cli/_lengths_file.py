@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqbalance._validation import NPY_ERRORS, as_lengths, map_npy, npy_error
+from seqbalance._validation import NPY_ERRORS, as_lengths, map_npy, not_a_file, npy_error
 
 __all__ = ["read_lengths_file"]
 
@@ -25,8 +25,8 @@ def read_lengths_file(path: Path, argument: str) -> np.ndarray:
     """
     if path.is_dir():  # it said "no such file" of a folder that exists
         raise ValueError(f"{argument}: {str(path)!r} is a folder, not a .npy file")
-    if not path.is_file():
-        raise ValueError(f"{argument}: no such file {str(path)!r}")
+    if not path.is_file():  # a FIFO or device is there, though: named as such
+        raise ValueError(f"{argument}: {not_a_file(path)}")
     try:
         state = _file_state(os.stat(path))
         array = map_npy(path)  # mapped first: a header's claim is checked against the file

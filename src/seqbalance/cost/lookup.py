@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from seqbalance._validation import not_a_file
 from seqbalance.cost.flops import FlopsModel
 from seqbalance.cost.hstu import HSTUFlopsModel, hstu_presets
 from seqbalance.cost.spec import ModelSpec, presets
@@ -42,7 +43,7 @@ def resolve_model(model: Any, name: str = "model") -> ModelSpec | HSTUFlopsModel
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
         if not path.is_file():
-            raise ValueError(f"{name}: no such file {str(path)!r}")
+            raise ValueError(f"{name}: {not_a_file(path)}")
         return ModelSpec.from_hf_config(path)
     if str(model) in hstu_presets():
         return HSTUFlopsModel(str(model))

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice
+from seqbalance._validation import check_choice, not_a_file
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
 from seqbalance.datasets.tokenize import TextRefused, Tokenizer, count_chunk, get_tokenizer
@@ -529,7 +529,7 @@ def token_lengths(
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"path {str(path)!r}: no such file")
+        raise ValueError(f"path: {not_a_file(path)}")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
     template = check_choice(template, "template", TEMPLATES)
     counter = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer

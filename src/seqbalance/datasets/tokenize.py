@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._validation import not_a_file
+
 __all__ = [
     "BUILTIN_TOKENIZERS",
     "PROBE_TEXT",
@@ -363,7 +365,7 @@ def get_tokenizer(spec: str) -> Tokenizer:
         return _counting(_local_directory(path))
     if path.suffix == ".json":
         if not path.is_file():
-            raise ValueError(f"tokenizer {spec!r}: no such file")
+            raise ValueError(f"tokenizer: {not_a_file(path)}")
         return _counting(_tokenizer_json(path))
     choices = ", ".join(repr(name) for name in BUILTIN_TOKENIZERS)
     raise ValueError(

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_bool, check_choice, check_int
+from seqbalance._validation import check_bool, check_choice, check_int, not_a_file
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets._trl_tokens import (
     Counter,
@@ -381,7 +381,7 @@ def trl_token_lengths(
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"path {str(path)!r}: no such file")
+        raise ValueError(f"path: {not_a_file(path)}")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
     config = _checked_config(
         max_length=max_length,

@@ -58,9 +58,8 @@ def segment(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
     bounds = [*best, n]
     high = max(p.overhead + (b - a) * cuts.cost_list[a] for a, b in itertools.pairwise(bounds))
     low = p.overhead
-    fresh = (
-        cuts.ordered and len(best) >= _SETTLED
-    )  # whether best is a cut not yet checked for being the last one
+    # Whether best is a cut not yet checked for being the last one.
+    fresh = cuts.ordered and len(best) >= _SETTLED
     for _ in range(40):
         if (fresh and cuts.settled(best)) or high - low <= _BISECTION_TOLERANCE * high:
             break
@@ -197,14 +196,36 @@ def deal(p: Problem, microbatches: list[list[int]], m: int) -> Microbatches:
     heap = [(0.0, r) for r in range(p.dp)]
     loads = np.zeros(p.dp)
     full = np.zeros(p.dp, dtype=bool)  # ranks holding m micro-batches
+    earliest = _earliest if p.dp <= _FEW_RANKS else _earliest_numpy
     for c in sorted(range(len(microbatches)), key=lambda c: (-costs[c], c)):
         if p.speeds is None:
             load, r = heapq.heappop(heap)
             if len(plan[r]) + 1 < m:
                 heapq.heappush(heap, (load + costs[c], r))
         else:
-            r = int(np.argmin(np.where(full, np.inf, (loads + costs[c]) / p.speeds)))
+            r = earliest(loads, full, costs[c], p.speeds)
             loads[r] += costs[c]
             full[r] = len(plan[r]) + 1 >= m
         plan[r].append(microbatches[c])
     return plan
+
+
+_FEW_RANKS = 16
+"""``deal`` with rank speeds picks a rank in Python up to this many ranks (numpy's calls cost
+more there), with numpy beyond."""
+
+
+def _earliest(loads: np.ndarray, full: np.ndarray, cost: float, speeds: np.ndarray) -> int:
+    """``_earliest_numpy``'s rank by a Python loop: the same float operations, the first of
+    the least (rank 0 where every rank is full or ends at infinity, as ``np.argmin``)."""
+    rank, least = 0, np.inf
+    rows = zip(loads.tolist(), speeds.tolist(), full.tolist(), strict=True)
+    for r, (load, speed, done) in enumerate(rows):
+        if not done and (value := (load + cost) / speed) < least:
+            rank, least = r, value
+    return rank
+
+
+def _earliest_numpy(loads: np.ndarray, full: np.ndarray, cost: float, speeds: np.ndarray) -> int:
+    """The rank with a free slot (not ``full``) where ``cost`` more ends earliest."""
+    return int(np.argmin(np.where(full, np.inf, (loads + cost) / speeds)))

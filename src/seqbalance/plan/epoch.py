@@ -145,7 +145,9 @@ def check_group_sizes(group_ids: np.ndarray | None, global_batch_size: int) -> N
         )
 
 
-def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) -> None:
+def check_steps_fill(
+    layout: EpochLayout, dp_size: int, options: PlanOptions, *, dealt: _DealtPass | None = None
+) -> None:
     """Refuse, before any step is planned, a layout with a step that no plan can fill, without
     ``allow_empty``: fewer samples than ``dp_size`` x the fewest micro-batches the options allow
     (``num_microbatches``, else ``min_microbatches`` up to a multiple of
@@ -188,10 +190,12 @@ def check_steps_fill(layout: EpochLayout, dp_size: int, options: PlanOptions) ->
             f": {drop}allow_empty=True, or fewer micro-batches",
         )
     if layout.group_ids is not None and options.context_parallel is None:
-        _check_group_fill(layout, dp_size, least)
+        _check_group_fill(layout, dp_size, least, dealt)
 
 
-def _check_group_fill(layout: EpochLayout, dp_size: int, least: int) -> None:
+def _check_group_fill(
+    layout: EpochLayout, dp_size: int, least: int, dealt: _DealtPass | None
+) -> None:
     """EmptySlotError for the first step whose groups cannot give every rank ``least``
     samples, each group on one rank (``EpochLayout.step_fill``): the planner refuses such a
     step, and the epoch failed there after ``len()`` promised it (a step of 12 samples in 3
@@ -201,14 +205,7 @@ def _check_group_fill(layout: EpochLayout, dp_size: int, least: int) -> None:
     if layout.window is None:
         sums = layout.step_fill(least)
     else:
-        group_ids = layout.group_ids
-
-        def fill(indices: np.ndarray) -> list[int]:  # step_fill's row of one dealt step
-            sizes = np.unique(group_ids[indices], return_counts=True)[1]  # type: ignore[index]
-            whole = sizes >= least
-            return [int(whole.sum()), int(sizes[~whole].sum()), int(sizes.sum()), sizes.size]
-
-        sums = _dealt_rows(layout, fill)
+        sums = (dealt or _DealtPass(layout, least, None)).rows()[:, :4]
     filled = sums[:, 0] + sums[:, 1] // least
     short = np.flatnonzero(filled < dp_size)
     if not short.size:
@@ -254,20 +251,25 @@ def check_steps(
         ValueError: naming the epoch, the first step (or window, or group) that cannot be held,
             what it holds and the options (``num_microbatches``, ``max_tokens``, ...).
     """
-    check_steps_fill(layout, dp_size, options)
     m = options.num_microbatches
-    if m is None or layout.n_steps == 0:
-        return
     context_parallel = options.context_parallel is not None
 
-    def features(key: Any) -> np.ndarray:  # dataset indices, or a slice of them
-        lengths = np.asarray(layout.lengths[key], dtype=np.int64)
+    def features(key: Any, read: np.ndarray | None = None) -> np.ndarray:
+        """Rows of the samples ``key`` (dataset indices or a slice), ``read``: their lengths."""
+        lengths = np.asarray(layout.lengths[key] if read is None else read, dtype=np.int64)
         if context_parallel:  # a sample longer than the cap is sharded: count its tokens
             rows = np.zeros((lengths.size, 6), dtype=np.int64)
             rows[:, 1], rows[:, 2] = 1, lengths
             return rows
         return bin_features(lengths, None if patches is None else patches[key], options)
 
+    dealt = None
+    if layout.group_ids is not None and layout.window is not None and not context_parallel:
+        least = microbatch_count(1, options, dp_size, str)
+        dealt = _DealtPass(layout, least, None if m is None else features)
+    check_steps_fill(layout, dp_size, options, dealt=dealt)
+    if m is None or layout.n_steps == 0:
+        return
     if not context_parallel:
         _check_group_bins(layout, options, features)
     reach = (
@@ -283,7 +285,7 @@ def check_steps(
         # random bucketed epochs).
         sums = layout.dealt_step_sums(features)
     else:  # whole groups dealt window by window: each step as dealt (adv18a F2, as above)
-        sums = _dealt_rows(layout, lambda indices: features(indices).sum(axis=0))
+        sums = dealt.rows()[:, 4:]  # type: ignore[union-attr]
     cp_need = -(-sums[:, 2] // (options.max_tokens or 1))  # CP: tokens over the per-rank cap
     need = cp_need if context_parallel else bins_bound(sums, options)
     over = np.flatnonzero(need > dp_size * m)
@@ -292,13 +294,42 @@ def check_steps(
         _refuse_overfull(layout, dp_size, options, k, sums[k], int(need[k]))
 
 
-def _dealt_rows(layout: EpochLayout, row: Callable[[np.ndarray], Any]) -> np.ndarray:
-    """int64 ``[n_steps, f]``: ``row(indices)`` of every step as ``bucket_window`` deals it,
-    with groups (:meth:`EpochLayout.dealt_steps`: whole groups dealt among a window's steps by
-    length, so no per-sample sum says which groups a step gets; about 1.7 s for 1M samples in
-    groups of 8)."""
-    rows = [np.asarray(row(indices), dtype=np.int64) for _, indices in layout.dealt_steps()]
+def _dealt_rows(layout: EpochLayout, row: Callable[[np.ndarray, np.ndarray], Any]) -> np.ndarray:
+    """int64 ``[n_steps, f]``: ``row(indices, their lengths)`` of every step as
+    ``bucket_window`` deals it, with groups (:meth:`EpochLayout.dealt_steps`: whole groups
+    dealt among a window's steps by length, so no per-sample sum says which groups a step
+    gets; one read of each window's lengths)."""
+    rows = [
+        np.asarray(row(indices, read), dtype=np.int64) for _, indices, read in layout.dealt_steps()
+    ]
     return np.array(rows, dtype=np.int64).reshape(len(rows), -1) if rows else np.zeros((0, 0))
+
+
+class _DealtPass:
+    """Each dealt step's group-fill row (``EpochLayout.step_fill``'s: its groups of ``least``
+    samples or more, the samples of the smaller ones, its samples, its groups) and, with
+    ``features``, its feature sums: groups with ``bucket_window``, from one pass over the
+    windows made when first asked (the fill and the micro-batch checks each made one, and read
+    each step's lengths again: review18 item 7)."""
+
+    def __init__(
+        self, layout: EpochLayout, least: int, features: Callable[..., np.ndarray] | None
+    ) -> None:
+        self._layout, self._least, self._features = layout, least, features
+        self._rows: np.ndarray | None = None
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = _dealt_rows(self._layout, self._row)
+        return self._rows
+
+    def _row(self, indices: np.ndarray, read: np.ndarray) -> list[int]:
+        sizes = np.unique(self._layout.group_ids[indices], return_counts=True)[1]  # type: ignore[index]
+        whole = sizes >= self._least
+        fill = [int(whole.sum()), int(sizes[~whole].sum()), int(sizes.sum()), sizes.size]
+        if self._features is None:
+            return fill
+        return [*fill, *self._features(indices, read).sum(axis=0).tolist()]
 
 
 def _check_group_bins(

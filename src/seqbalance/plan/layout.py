@@ -212,24 +212,24 @@ class EpochLayout:
             dealt = first_step + snake[np.arange(width) % snake.size]  # the i-th longest's step
             np.put_along_axis(steps, order, dealt, axis=1)
             sums = _add_rows(sums, steps.ravel(), rows, self.n_steps)
-        for number, indices in self.dealt_steps(full):
+        for number, indices, _ in self.dealt_steps(full):
             row = values(indices).sum(axis=0)
             if sums is None:
                 sums = np.zeros((self.n_steps, row.size), dtype=np.int64)
             sums[number] += row
         return np.zeros((self.n_steps, 0), dtype=np.int64) if sums is None else sums
 
-    def dealt_steps(self, first_window: int = 0) -> Iterator[tuple[int, np.ndarray]]:
-        """``(number, dataset indices)`` of every step from window ``first_window`` on, as
-        ``bucket_window`` deals them (:meth:`step`; the dropped step is dealt, not planned, so
-        left out), one window laid out at a time."""
+    def dealt_steps(self, first_window: int = 0) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(number, dataset indices, their lengths)`` of every step from window
+        ``first_window`` on, as ``bucket_window`` deals them (:meth:`step`; the dropped step is
+        dealt, not planned, so left out), one window laid out (and read) at a time."""
         if self.window is None:
             raise ValueError("dealt_steps needs bucket_window")
         for window in range(first_window, -(-self._total // self.window)):
-            for offset, indices in enumerate(self._bucket(window)):
+            for offset, step in enumerate(zip(*self._dealt_window(window), strict=True)):
                 number = window * self.window + offset
                 if number < self.n_steps:
-                    yield number, indices
+                    yield number, *step
 
     def step_fill(self, m: int) -> np.ndarray:
         """int64 ``[n_steps, 4]`` with ``group_ids``, per step before bucketing: its groups of
@@ -353,6 +353,12 @@ class EpochLayout:
 
     def _bucket(self, window: int) -> list[np.ndarray]:
         """Steps of one window, dealt by length in snake order (``plan_epoch``)."""
+        return self._dealt_window(window)[0]
+
+    def _dealt_window(self, window: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """:meth:`_bucket`'s steps and each one's lengths (int64, in its order), from the one
+        read of the window's lengths the deal makes (a check of every dealt step read each
+        step's lengths again: one file read per step)."""
         first = window * self.window  # type: ignore[operator]
         numbers = range(first, min(first + self.window, self._total))  # type: ignore[operator]
         group = [self._unit_list(s) for s in numbers]
@@ -362,28 +368,32 @@ class EpochLayout:
         sizes = np.array([u.size for u in units], dtype=np.int64)
         read = np.asarray(self.lengths[np.concatenate(units)], dtype=np.int64) if units else sizes
         weight = np.add.reduceat(read, np.cumsum(sizes) - sizes) if units else sizes
-        dealt: list[list[np.ndarray]] = [[] for _ in group]
+        dealt: list[list[int]] = [[] for _ in group]  # the units of each step, by position
         k = len(group)
         snake = [*range(k), *range(k - 1, -1, -1)]
         cursor = 0
         for i in np.argsort(-weight, kind="stable").tolist():
-            unit = units[i]
             for tries in range(2 * k):
                 target = snake[(cursor + tries) % (2 * k)]
-                if room[target] >= unit.size:
+                if room[target] >= sizes[i]:
                     break
-            else:
-                dealt = group  # unequal groups did not fit: keep this window as it was
+            else:  # unequal groups did not fit: keep this window as it was
+                ends = np.cumsum([len(step) for step in group]).tolist()
+                dealt = [list(range(e - len(step), e)) for step, e in zip(group, ends, strict=True)]
                 break
-            dealt[target].append(unit)
-            room[target] -= unit.size
+            dealt[target].append(i)
+            room[target] -= int(sizes[i])
             cursor = (cursor + tries + 1) % (2 * k)
+        pieces = np.split(read, np.cumsum(sizes)[:-1]) if units else []  # each unit's lengths
         rng = np.random.default_rng((self.seed, self.epoch, window))
-        steps = []
-        for step in dealt:
-            indices = np.concatenate(step) if step else np.empty(0, dtype=np.int64)
-            steps.append(indices[rng.permutation(indices.size)])
-        return steps
+        steps, lengths = [], []
+        for chosen in dealt:
+            indices = np.concatenate([units[i] for i in chosen]) if chosen else sizes[:0]
+            values = np.concatenate([pieces[i] for i in chosen]) if chosen else sizes[:0]
+            order = rng.permutation(indices.size)
+            steps.append(indices[order])
+            lengths.append(values[order])
+        return steps, lengths
 
 
 def _add_rows(
