@@ -5,6 +5,7 @@ the suite's ``RANK_PRELOAD`` once (``from _other_process import ...``)."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import json
 import multiprocessing
@@ -136,7 +137,8 @@ def _script_rank(
     # workers) through a fork server too; ``python script`` starts them as the platform does.
     multiprocessing.set_start_method(None, force=True)
     sys.argv = [script, *argv]
-    stdout, stderr = io.StringIO(), io.StringIO()
+    faulthandler.enable()  # a fatal signal's traceback to the rank's log (PYTHONFAULTHANDLER)
+    stdout, stderr = _Tee(sys.stdout), _Tee(sys.stderr)
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
             if code is None:
@@ -153,3 +155,20 @@ def _script_rank(
             traceback.print_exc()
             status = 1
     return status, stdout.getvalue(), stderr.getvalue()
+
+
+class _Tee(io.StringIO):
+    """What a forked script writes: kept for its caller, and passed on to the rank's own stream
+    (its log), whose tail the launcher's error shows when a signal ends the process."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(text)
+        return super().write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+        super().flush()

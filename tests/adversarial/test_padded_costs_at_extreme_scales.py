@@ -91,3 +91,22 @@ def test_padded_costs_with_subnormal_samples_plan_without_an_error(objective):
     # A micro-batch padded to an even length costs next to nothing: only 7 (odd, the longest)
     # alone in its micro-batch costs 1e-5, the least any plan can cost.
     assert plan.step_cost == plan.lower_bound == pytest.approx(1e-5)
+
+
+def test_padded_lockstep_levels_of_subnormal_costs_plan_without_a_warning():
+    # adv18c P5: every sample subnormal (a token costing 1.5e-323): the lockstep level starts
+    # raised the other levels by 1 / their sum, which overflowed (numpy "overflow encountered
+    # in divide", an error under ``-W error``, then inf x 0 "invalid value in multiply").
+    lengths = [23, 52, 8, 35, 43, 50, 31, 23, 19, 25, 29, 43, 53, 5, 56, 32, 22, 40, 34, 16]
+    plan = _plan_warnings_as_errors(
+        [*lengths, 19, 43, 36, 30, 20, 45],
+        3,
+        cost=lambda lengths: np.asarray(lengths, dtype=np.float64) * 1.5e-323,
+        layout="padded",
+        microbatch_size=3,
+        objective="lockstep",
+        allow_empty=True,
+        num_microbatches=5,
+    )
+    plan.validate()
+    assert plan.lower_bound <= plan.step_cost < 1e-320

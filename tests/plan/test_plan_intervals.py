@@ -353,8 +353,8 @@ def test_top_bound_split_means_are_at_most_every_cut(lengths, dp, m, size) -> No
 
 def test_lockstep_tiers_program_stops_once_its_values_settle(monkeypatch) -> None:
     # adv18c P2: the tiered starts' program ran one round per position, so a count far above
-    # what the samples need (num_microbatches=5000 for 6 samples, empty micro-batches allowed)
-    # cost 5000 rounds per program: 100,000 micro-batches planned in 6 s. Once a round leaves
+    # what the samples need (num_microbatches=1000 for 6 samples, empty micro-batches allowed)
+    # cost 1000 rounds per program: 100,000 micro-batches planned in 6 s. Once a round leaves
     # its values as they were, every later round chooses alike: the same plan, in n rounds.
     from seqbalance.plan import _padded_search
 
@@ -372,6 +372,6 @@ def test_lockstep_tiers_program_stops_once_its_values_settle(monkeypatch) -> Non
         "allow_empty": True,
     }
     lengths = [5, 100, 3000, 7, 800, 20]
-    plan = sb.plan_step(lengths, 2, num_microbatches=5000, **options)
+    plan = sb.plan_step(lengths, 2, num_microbatches=1000, **options)
     assert plan.step_cost == sb.plan_step(lengths, 2, num_microbatches=3, **options).step_cost
     assert 0 < len(rounds) < 100

@@ -4,23 +4,22 @@ archive, a header that promises more than the file holds, a FIFO or a folder) is
 ``ValueError``, never a signal or a hang.
 
 The changes run in a Python process of their own (one per way of passing the file and sampler,
-each change on its own file, announced before it starts), so a SIGBUS (what a memory map of a
-truncated file raises) shows as a failed test naming the change, with the signal's exit code,
-instead of killing pytest.
+forked from the launcher's fork server; each change on its own file, announced before it
+starts), so a SIGBUS (what a memory map of a truncated file raises) shows as a failed test
+naming the signal and the change, instead of killing pytest.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _other_process import run_code_forked
 
 from seqbalance.runtime import BalancedBatchSampler, LengthGroupedSampler
 
@@ -108,13 +107,11 @@ def test_a_file_changed_under_a_running_sampler_is_a_value_error(
     for change in CHANGES:
         (tmp_path / change).mkdir()
         _lengths_file(tmp_path / change)
-    result = subprocess.run(
-        [sys.executable, "-c", _CHANGE, str(tmp_path), how, sampler_kind, *CHANGES],
-        capture_output=True,
-        text=True,
-        timeout=300,  # a hang (a blocking open) fails the test
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-    )
+    # Forked from the launcher's fork server: a signal is a LaunchError that names it and ends
+    # with the process's output (the last change announced) and its faulthandler traceback.
+    result = run_code_forked(
+        _CHANGE, str(tmp_path), how, sampler_kind, *CHANGES, timeout=300
+    )  # a hang (a blocking open) fails the test
     lines = result.stdout.strip().splitlines()
     started = [line.split()[1] for line in lines if line.startswith("START ")]
     assert result.returncode == 0, (

@@ -137,8 +137,10 @@ def _descended(
         # the raise that would leave the sum unchanged.
         others = levels.sum() - levels
         lowered = levels[:, None] * (1 - drops[None, :])
-        # Where the others sum to 0 (costs of 0) they are not raised: the drop alone is tried.
-        share = np.divide(1.0, others, out=np.zeros(m), where=others > 0)
+        # Where the others sum to 0 (costs of 0), or to less than the least normal float (the
+        # inverse of a subnormal overflows: numpy's warning, then inf x 0), they are not
+        # raised: the drop alone is tried.
+        share = np.divide(1.0, others, out=np.zeros(m), where=others >= np.finfo(float).tiny)
         raise_by = (levels[:, None] - lowered)[:, :, None] * share[:, None, None] * fractions
         trial = np.broadcast_to(levels, (m, drops.size, _RAISES, m)) * (1 + raise_by[..., None])
         trial = trial.copy()
