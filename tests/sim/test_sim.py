@@ -230,8 +230,15 @@ def test_result_is_json_serialisable(result) -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"progress": 5}, "progress must be a callable"),  # adv15c P4: TypeError after step 0
         # adv18c P4: a number raised TypeError ("'float' object is not iterable").
-        ({"strategies": 1.5}, "strategies must be a non-empty sequence of names, got 1.5"),
+        (
+            {"strategies": 1.5},
+            r"strategies must be a non-empty sequence of names \(a list or tuple\), got 1.5",
+        ),
         ({"batches": 0}, "batches must be a sequence of steps' index arrays, got 0"),
+        # review18 item 12: a set or a dict gave an order that changes with PYTHONHASHSEED.
+        ({"strategies": {"balanced", "token_kk"}}, "strategies must be a non-empty sequence"),
+        ({"strategies": {"balanced": 1}}, "strategies must be a non-empty sequence"),
+        ({"batches": {0: [0, 1, 2, 3]}}, "batches must be a sequence of steps' index arrays"),
     ],
 )
 def test_bad_input_names_the_argument(kwargs: dict, message: str) -> None:
@@ -239,6 +246,13 @@ def test_bad_input_names_the_argument(kwargs: dict, message: str) -> None:
     arguments.update(kwargs)
     with pytest.raises(ValueError, match=message):
         simulate(arguments.pop("lengths"), **arguments)
+
+
+def test_strategies_in_an_array_are_plain_names_in_the_given_order() -> None:
+    names = np.array(["token_kk", "balanced"])
+    result = simulate([10, 20, 30, 40], dp_size=2, global_batch_size=4, steps=1, strategies=names)
+    assert list(result.strategies) == ["token_kk", "balanced"]
+    assert all(type(name) is str for name in result.strategies)
 
 
 # ---------------------------------------------------------------------------- samples with parts

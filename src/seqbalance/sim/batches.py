@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -95,7 +95,8 @@ def step_batches(
     drawn by :func:`sample_batches`."""
     if batches is None:
         return sample_batches(n_samples, global_batch_size, steps, groups=groups, seed=seed)
-    if not isinstance(batches, Iterable) or isinstance(batches, (str, bytes)):
+    # A set or a mapping has no order of steps (a number raised TypeError).
+    if not isinstance(batches, Iterable) or isinstance(batches, (str, bytes, Set, Mapping)):
         raise ValueError(f"batches must be a sequence of steps' index arrays, got {batches!r:.80}")
     checked = [_given_batch(batch, n_samples, step) for step, batch in enumerate(batches)]
     if not checked:

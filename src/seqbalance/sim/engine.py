@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,12 +76,18 @@ def _check_strategies(
 ) -> tuple[str, ...]:
     if strategies is None:
         return default_strategies(context_parallel=context_parallel)
-    # A number or other non-iterable raised TypeError ("'float' object is not iterable").
-    listed = isinstance(strategies, Iterable) and not isinstance(strategies, (str, bytes))
+    # A number raised TypeError ("'float' object is not iterable"); a set or a dict gave its
+    # names in an order that changes with PYTHONHASHSEED (the tables and JSON with it).
+    listed = isinstance(strategies, (Sequence, np.ndarray)) and not isinstance(
+        strategies, (str, bytes)
+    )
     if not listed or not (strategies := list(strategies)):
-        raise ValueError(f"strategies must be a non-empty sequence of names, got {strategies!r}")
+        raise ValueError(
+            "strategies must be a non-empty sequence of names (a list or tuple), "
+            f"got {strategies!r}"
+        )
     known = strategy_names(context_parallel=context_parallel)
-    names = tuple(check_choice(name, "strategies", known) for name in strategies)
+    names = tuple(str(check_choice(name, "strategies", known)) for name in strategies)
     if len(set(names)) != len(names):
         raise ValueError(f"strategies must not repeat a name, got {list(names)}")
     return names
