@@ -224,3 +224,12 @@ def test_a_null_text_is_malformed(tmp_path: Path) -> None:
     with pytest.raises(MalformedRecordsError) as error:
         token_lengths(path)
     assert [(r.location, r.reason) for r in error.value.records] == [(2, "field 'text' is null")]
+
+
+def test_a_text_or_extra_field_given_as_one_string_is_one_name() -> None:
+    """review18 item 8: ``Fields(text="prompt")`` was read letter by letter ("field 'p' is
+    named twice" or "field 'p' is missing"); ``Fields(text="t")`` worked by chance."""
+    assert Fields(text="prompt") == Fields(text=("prompt",))
+    assert Fields(text="response", extra="prompt").extra == ("prompt",)
+    with pytest.raises(ValueError, match="field 'text' is named twice"):
+        Fields(text="text", extra="text")

@@ -86,9 +86,13 @@ class Fields:
     extra: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        # One chat field or several (TRL's prompt + completion), always stored as a tuple.
+        # One chat field or several (TRL's prompt + completion), always stored as a tuple; a
+        # text or extra field given as one string is one name too (it was split into letters).
         chat = (self.chat,) if isinstance(self.chat, str) else self.chat
         object.__setattr__(self, "chat", tuple(chat) if chat else None)
+        for name in ("text", "extra"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
         if bool(self.text) == (self.chat is not None):
             raise ValueError(
                 f"give either text fields or a chat field, got text={self.text!r}, "
