@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -65,3 +66,28 @@ def test_allow_empty_is_refused_before_a_collator_meets_an_empty_micro_batch() -
         trainer_stub(rows, **loader, process_index=0), options=options
     )
     assert [len(batch) for batch in batches] == [1, 1]
+    plan = batches.batch_sampler.step_plan(0)  # review18 item 13: the rank whose were empty
+    assert [[len(batch) for batch in rank] for rank in plan.ranks] == [[1, 1], [3, 3]]
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"), [(np.False_, None), (0, "must be True or False"), ("no", "must be")]
+)
+def test_allow_empty_is_read_as_a_bool(value: object, refused: str | None) -> None:
+    """review18 item 14: np.False_ (False to PlanOptions) was refused as "not supported", and
+    0 / "no" got that sentence instead of the bool check's."""
+    rows = [{"input_ids": list(range(n))} for n in (3, 4, 5, 6)]
+    options = {"allow_empty": value}
+    if refused is None:
+        assert len(balanced_train_dataloader(trainer_stub(rows), options=options)) > 0
+        return
+    with pytest.raises(ValueError, match=rf"seqbalance_options\['allow_empty'\] {refused}"):
+        balanced_train_dataloader(trainer_stub(rows), options=options)
+
+
+@pytest.mark.parametrize("dataset", [np.int64(2), np.array(3), torch.tensor(3)])
+def test_a_scalar_train_dataset_is_refused_naming_it(dataset: object) -> None:
+    """review18 item 10 (adv18b D1's sibling): a scalar train_dataset with lengths given built
+    the loader, and its first batch raised IndexError (or TypeError naming no argument)."""
+    with pytest.raises(ValueError, match=r"^train_dataset must be indexable .* got a scalar"):
+        balanced_train_dataloader(trainer_stub(dataset), lengths=[2, 2])

@@ -64,8 +64,10 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._validation import check_bool
 from seqbalance.cost import ModelSpec
 from seqbalance.datasets.tokenized import lengths_from_dataset
+from seqbalance.integrations._map_style import map_style
 from seqbalance.integrations._no_empty import refuse_no_step
 from seqbalance.runtime.samplers import BalancedBatchSampler
 
@@ -110,7 +112,8 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
             "taken: give the PlanOptions fields as keys of seqbalance_options, so the Trainer's "
             "settings are checked against them"
         )
-    if chosen.get("allow_empty", False) is not False:
+    # check_bool: np.False_ is False to PlanOptions; 0 / None / "no" get its own message.
+    if check_bool(chosen.get("allow_empty", False), "seqbalance_options['allow_empty']"):
         # An empty micro-batch reached the collator, which no Hugging Face or TRL collator
         # builds (IndexError on that rank alone, mid-epoch, the others left waiting).
         raise ValueError(
@@ -226,6 +229,7 @@ def balanced_train_dataloader(
             "sampler plans steps over a map-style dataset (len and dataset[i]); use a "
             "datasets.Dataset (not streaming) or a torch Dataset"
         )
+    map_style(dataset, "train_dataset", "the features of sample i")
     given = lengths is not None
     if not given:
         lengths = lengths_from_dataset(dataset, "input_ids")

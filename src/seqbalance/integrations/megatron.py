@@ -75,6 +75,7 @@ from typing import Any
 import numpy as np
 
 from seqbalance._validation import as_lengths, check_bool, check_int
+from seqbalance.integrations._map_style import map_style
 from seqbalance.integrations._megatron_batches import (
     IGNORE_INDEX,
     check_hybrid_cp,
@@ -299,31 +300,6 @@ class MegatronHybridStep:
         return self._owner.hybrid_batch(self), self.sample_id_groups
 
 
-def _indexable(dataset: Any) -> Any:
-    """``dataset``, or a ValueError where ``dataset[i]`` cannot be read: a generator or other
-    iterable failed at the first step (TypeError: not subscriptable), after the epoch was laid
-    out. A torch ``IterableDataset`` (a streaming ``datasets`` one too) has the ``__getitem__``
-    of torch's ``Dataset``, which raises: refused by its kind. A numpy scalar, 0-d array or 0-d
-    tensor has a ``__getitem__`` that takes no sample index (IndexError at the first step)."""
-    import torch
-
-    streamed = isinstance(dataset, torch.utils.data.IterableDataset)
-    scalar = getattr(dataset, "ndim", None) == 0
-    if (
-        streamed
-        or scalar
-        or not hasattr(dataset, "__getitem__")
-        or isinstance(dataset, (str, bytes))
-    ):
-        kind = f"an IterableDataset ({type(dataset).__name__})" if streamed else None
-        kind = f"a scalar ({type(dataset).__name__} {dataset!r})" if scalar else kind
-        raise ValueError(
-            f"dataset must be indexable (dataset[i] the tokens of sample i), got "
-            f"{kind or type(dataset).__name__}"
-        )
-    return dataset
-
-
 class MegatronDataIterator:
     """This data-parallel rank's packed micro-batches, step by step (module docstring); with
     ``context_parallel``, this DPxCP rank's steps for megatron-core's hybrid CP schedule.
@@ -420,7 +396,7 @@ class MegatronDataIterator:
                 "allow_empty=True is not supported: Megatron runs forward_step num_microbatches "
                 "times on every rank, and an empty micro-batch has nothing to pack"
             )
-        self.dataset = _indexable(dataset)
+        self.dataset = map_style(dataset, "dataset", "the tokens of sample i")
         self.pad_multiple = pad = check_pad_multiple(pad_multiple)
         self.num_microbatches = options.num_microbatches
         # A checked copy: a memory map whose file is cut while the run goes on would end the
