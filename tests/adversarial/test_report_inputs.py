@@ -58,4 +58,6 @@ def test_a_log_path_that_is_no_regular_file_is_named_so(tmp_path: Path, capsys, 
         log.mkdir()
     else:
         os.mkfifo(log)
-    assert "is not a regular file" in _one_line_error([str(log)], capsys)
+    # One wording for every reader (review18 item 11: _validation.not_a_file).
+    said = "is a folder, not a file" if kind == "folder" else "is not a regular file (a FIFO, "
+    assert said in _one_line_error([str(log)], capsys)

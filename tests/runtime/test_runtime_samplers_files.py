@@ -142,8 +142,9 @@ def test_a_file_that_is_not_a_npy_array_is_refused_naming_it(tmp_path: Path) -> 
         (archive, r"lengths\.npz is a \.npz archive, not a \.npy array"),
         (short, r"cannot read .*short\.npy as a \.npy array"),
         (text, r"cannot read .*text\.npy as a \.npy array"),
-        (tmp_path, r"is not a regular file \(a folder, FIFO or device\)"),
-        (fifo, r"fifo\.npy is not a regular file"),
+        # review18 item 11: the one not_a_file wording of every reader
+        (tmp_path, r"is a folder, not a file: give the path of a \.npy file"),
+        (fifo, r"fifo\.npy' is not a regular file \(a FIFO, socket or device\)"),
         (tmp_path / "missing.npy", r"cannot read .*missing\.npy as a \.npy array"),
     ):
         for make in (

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from seqbalance._validation import check_bool, check_int
+from seqbalance._validation import check_bool, check_int, not_a_file
 from seqbalance.cost.layers import LinearAttentionSpec, MambaSpec, layer_indices
 
 _MISSING = object()
@@ -168,7 +168,7 @@ def read_json(path: str | Path) -> Any:
     """The JSON value in the file ``path`` (ValueError naming it: missing, or not valid JSON)."""
     if _named_path(path).exists() and not Path(path).is_file():
         # A FIFO would block the read for ever, a device such as /dev/zero never end.
-        raise ValueError(f"config: {str(path)!r} is not a regular file (a FIFO or device)")
+        raise ValueError(f"config: {not_a_file(Path(path))}")
     try:
         with Path(path).open(encoding="utf-8") as handle:
             return json.load(handle)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from seqbalance._validation import not_a_file
 from seqbalance.sim.plot import pyplot, save_figure
 
 __all__ = ["RunTelemetry", "load_telemetry", "plot_run", "summarize_run"]
@@ -91,7 +92,7 @@ def load_telemetry(path: str | os.PathLike[str]) -> RunTelemetry:
     if not path.exists():
         raise FileNotFoundError(f"telemetry file not found: {str(path)!r}")
     if not path.is_file():  # a FIFO would block the read, a device never end
-        raise ValueError(f"{str(path)!r} is not a regular file (a folder, FIFO or device)")
+        raise ValueError(not_a_file(path))
     reader = _Reader(str(path))
     # A line that did not parse, whether it is cut short (begins an object, ends none), and
     # its error: skipped if it is cut short or turns out to be the last line.

@@ -21,6 +21,7 @@ from seqbalance._validation import (
     check_non_negative_float,
     check_positive_float,
     check_timeout,
+    not_a_file,
 )
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.defaults import DEFAULT_TIMEOUT_SECONDS
@@ -133,7 +134,7 @@ def log_problem(path: Path) -> str | None:
     if path.is_dir():
         return f"log = {str(path)!r} is a folder: give the path of a .jsonl file"
     if path.exists() and not path.is_file():  # a FIFO would block the first write
-        return f"log = {str(path)!r} is not a regular file (a FIFO or device)"
+        return f"log = {not_a_file(path)}"
     if not folder.is_dir():
         return f"log = {str(path)!r}: its folder {str(folder)!r} does not exist"
     writable = os.access(path, os.W_OK) if path.exists() else os.access(folder, os.W_OK | os.X_OK)

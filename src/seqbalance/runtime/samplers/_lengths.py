@@ -23,7 +23,14 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from seqbalance._validation import NPY_ERRORS, as_lengths, map_npy, npy_error, refuse_masked
+from seqbalance._validation import (
+    NPY_ERRORS,
+    as_lengths,
+    map_npy,
+    not_a_file,
+    npy_error,
+    refuse_masked,
+)
 
 __all__ = ["CHUNK", "LengthSource"]
 
@@ -377,10 +384,7 @@ def _load_npy(path: Path, name: str) -> np.ndarray:
     except (OSError, ValueError) as error:  # ValueError: a NUL in the name, "embedded null byte"
         raise ValueError(f"{name}: cannot read {path} as a .npy array: {error}") from None
     if not stat.S_ISREG(mode):  # a FIFO would block the open forever, a device never end
-        raise ValueError(
-            f"{name}: {path} is not a regular file (a folder, FIFO or device): give the path of "
-            "a .npy file"
-        )
+        raise ValueError(f"{name}: {not_a_file(path)}: give the path of a .npy file")
     try:
         loaded = map_npy(path)
     except NPY_ERRORS as error:
