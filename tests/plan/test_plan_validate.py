@@ -258,7 +258,7 @@ def test_a_document_whose_costs_sum_past_the_planners_bound_is_refused_at_load()
     [
         ("sample_costs", -1.0, r"sample_costs\[2\] = -1.0 is negative"),
         ("sample_costs", -1e308, r"sample_costs\[2\] = -1e\+308 is negative"),
-        ("overhead", -5.0, "overhead must be >= 0, got -5.0"),
+        ("overhead", -5.0, "overhead must be a non-negative finite number, got -5.0"),
     ],
 )
 def test_a_document_with_a_negative_cost_is_refused_at_load(field, value, message) -> None:

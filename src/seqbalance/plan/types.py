@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from seqbalance._deprecated import RenamedAttribute
-from seqbalance._validation import as_weights, check_int
+from seqbalance._validation import as_weights, check_int, check_non_negative_float
 from seqbalance.cost.resolve import ExternalCost
 from seqbalance.cost.spec import presets
 from seqbalance.plan._document import (
@@ -243,9 +243,7 @@ class StepPlan(StepPlanChecks, Plan):
         # Non-negative as plan_step makes them: a negative cost made the total below look
         # small and validate() then overflowed (numpy's warning) or named "weights[i]".
         sample_costs = as_weights(numbers(data["sample_costs"], "sample_costs"), "sample_costs")
-        overhead = number(data["overhead"], "overhead")
-        if overhead < 0:
-            raise ValueError(f"overhead must be >= 0, got {overhead!r}")
+        overhead = check_non_negative_float(number(data["overhead"], "overhead"), "overhead")
         # As plan_step: validate() multiplied a padded micro-batch's count by its costliest
         # sample past the float range (numpy's overflow warning, then "its contents cost inf").
         check_cost_total(sample_costs, overhead, "sample_costs")
