@@ -31,6 +31,7 @@ __all__ = [
     "as_speeds",
     "as_weights",
     "check_bool",
+    "check_bounded_count",
     "check_choice",
     "check_flops_rate",
     "check_int",
@@ -400,10 +401,10 @@ def check_ranks(value: Any, name: str) -> int:
     Raises:
         ValueError: not an int, below 1 or above ``MAX_RANKS`` (naming ``name`` and the value).
     """
-    return _bounded_count(value, name, most=MAX_RANKS)
+    return check_bounded_count(value, name, most=MAX_RANKS)
 
 
-def _bounded_count(value: Any, name: str, *, most: int, unit: str = "") -> int:
+def check_bounded_count(value: Any, name: str, *, most: int, unit: str = "") -> int:
     """``value`` as an int in ``[1, most]``, ``most`` a power of two (said as ``2**N``, then
     ``unit``)."""
     value = check_int(value, name, minimum=1)
@@ -424,7 +425,7 @@ def check_parts(value: Any, name: str) -> int:
     Raises:
         ValueError: not an int, below 1 or above ``MAX_PARTS`` (naming ``name`` and the value).
     """
-    return _bounded_count(value, name, most=MAX_PARTS, unit=" parts")
+    return check_bounded_count(value, name, most=MAX_PARTS, unit=" parts")
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
@@ -444,8 +445,7 @@ def as_group_ids(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     Whole floats are accepted; booleans, fractional or non-finite values, and a shape other than
     ``(n,)`` raise ValueError naming ``name`` (and the index and value of a bad id).
     """
-    refuse_masked(groups, name)
-    array = _numpy_of(groups, name)
+    array = host_array(groups, name)
     # numpy reads a bool among ints as 0 or 1 and an int past int64 as a float, uint64 or an
     # object: name the item as the caller wrote it. Walked only where one may be among them.
     items: Any = None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, check_int, check_ranks
+from seqbalance._validation import as_lengths, check_bounded_count, check_int, check_ranks
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.cost.samples import SampleParts
 from seqbalance.plan.options import PlanOptions, as_options
@@ -168,14 +168,13 @@ class WindowBalancer:
         **option_keywords: Any,
     ) -> None:
         self.dp_size = check_ranks(dp_size, "dp_size")
-        self.batch_size = check_int(batch_size, "batch_size", minimum=1)
-        # Before the window it sets is named instead (the default is 4 x batch_size).
-        power = 53 if window is not None else 51
-        if self.batch_size > 2**power:
-            default = "" if window is not None else " with the default window (4 x batch_size)"
-            raise ValueError(
-                f"batch_size must be <= 2**{power} = {2**power}{default}, got {self.batch_size}"
-            )
+        # Bounded before the window it sets is named instead (the default is 4 x batch_size).
+        self.batch_size = check_bounded_count(
+            batch_size,
+            "batch_size",
+            most=_MAX_WINDOW if window is not None else _MAX_WINDOW // 4,
+            unit="" if window is not None else " with the default window (4 x batch_size)",
+        )
         self.window = check_int(
             4 * self.batch_size if window is None else window, "window", minimum=self.batch_size
         )
