@@ -226,11 +226,11 @@ def _configured_workload(cost: Any) -> Callable[[Any], Any]:
             # A masked entry was read as the data under its mask; a bfloat16 tensor or one that
             # requires grad raised torch's TypeError / RuntimeError.
             values = host_array(seqlen_list, "seqlen_list")
+            # Read as the uninstalled function reads them: inf or 1e30 were cast to int64 (a
+            # numpy warning) and refused as "lengths[0] = -9223372036854775808 is negative".
+            lengths = as_lengths(values.reshape(-1), "seqlen_list")
         else:
-            values = as_lengths(seqlen_list, "seqlen_list")
-        # Read as the uninstalled function reads them: inf or 1e30 were cast to int64 (a numpy
-        # warning) and refused as "lengths[0] = -9223372036854775808 is negative".
-        lengths = as_lengths(values.reshape(-1), "seqlen_list")
+            values = lengths = as_lengths(seqlen_list, "seqlen_list")
         # verl's keeps the input's shape ([2, 2] came back as [4]).
         costs = sample_costs(cost, None, lengths)[0].astype(np.float64).reshape(values.shape)
         if not is_tensor:

@@ -486,7 +486,8 @@ class OnlineTimeModel:
                 for k, step in enumerate(state["stats"])
             ]
             held_out = [
-                _finite(row, (3,), f"held_out[{k}]") for k, row in enumerate(state["held_out"])
+                _finite(_numbers(row, f"held_out[{k}]"), (3,), f"held_out[{k}]")
+                for k, row in enumerate(state["held_out"])
             ]
             warned = state["warned"]
             warned_clock = state.get("warned_clock", False)  # absent: saved before the check
@@ -510,10 +511,10 @@ class OnlineTimeModel:
         self._refresh()
 
 
-def _finite(values: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
-    """Saved numbers as a float64 array of ``shape``, all finite (ValueError naming ``name``
-    otherwise, in one line: the repr of a saved step's array ran over several)."""
-    array = _numbers(values, name)
+def _finite(array: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """``array`` (saved numbers read by ``_numbers``) where of ``shape`` and all finite
+    (ValueError naming ``name`` otherwise, in one line: the repr of a saved step's array ran
+    over several)."""
     if array.shape != shape:
         raise ValueError(f"{name} must hold numbers of shape {shape}, got shape {array.shape}")
     bad = np.flatnonzero(~np.isfinite(array.ravel()))
