@@ -91,8 +91,9 @@ def add_json_flag(parser: argparse.ArgumentParser, *, markdown: str | None = Non
     """Add the ``--json`` flag every reporting command shares; with ``markdown`` (what the
     command prints, e.g. "the table"), ``--markdown`` too, the two refused together (one usage
     line, rc 2: ``--json`` alone was printed, the markdown asked for dropped without a word)."""
-    group = parser if markdown is None else parser.add_mutually_exclusive_group()
+    group: Any = parser
     if markdown is not None:
+        group = parser.add_mutually_exclusive_group()
         group.add_argument(
             "--markdown", action="store_true", help=f"print {markdown} as a markdown section"
         )

@@ -294,12 +294,8 @@ def _at_rival_count(
     rival's); padded, step 1-4's plan alone (the exact search, where costs fall with the
     length somewhere, can run to its node limit on a few samples for nothing)."""
     count = len(plan[0])
-    if (
-        plan is ours
-        or p.num_microbatches is not None
-        or count in (len(ours[0]), p.min_feasible_microbatches)
-    ):
-        return plan
+    if p.num_microbatches is not None or count in (len(ours[0]), p.min_feasible_microbatches):
+        return plan  # ours itself has its own count
     value = aligned_value(p, plan)
     if p.layout == "padded":
         other = _at_count.attempt(p, count)

@@ -164,7 +164,7 @@ def _next_group(
             if load[fresh[-1]] < best_load:
                 best = len(members)
                 members.append(fresh)
-                group_load.append(max(load[r] for r in fresh))
+                group_load.append(0.0)  # set below, with the sample
                 for r in fresh:
                     group_of[r] = best
                 free = [r for r in free if group_of[r] is None]
