@@ -377,7 +377,10 @@ class BalancedTrainerMixin:
 
         class _SaveSamplerState(TrainerCallback):
             def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-                if mixin._seqbalance_loader is None or not state.is_world_process_zero:
+                # Where the Trainer writes the checkpoint: with save_on_each_node every node's
+                # local process 0 (node-local disks), whose ranks otherwise refused the resume
+                # alone while the others went on into training.
+                if mixin._seqbalance_loader is None or not args.should_save:
                     return
                 folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
                 # Micro-batches trained in the current epoch (the loader may have prefetched more).
