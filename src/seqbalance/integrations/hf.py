@@ -13,7 +13,9 @@ What it does:
   :class:`seqbalance.runtime.BalancedBatchSampler`: every optimizer step holds
   ``per_device_train_batch_size x gradient_accumulation_steps x dp_size`` samples and every
   rank runs exactly ``gradient_accumulation_steps`` micro-batches of it (``num_microbatches``),
-  so the Trainer's accumulation loop and the plan agree. The data-parallel rank and size are
+  so the Trainer's accumulation loop and the plan agree. The batch size is the one the
+  Trainer's own loader takes (``x n_gpu`` with ``nn.DataParallel``; after an out-of-memory
+  error, the size ``auto_find_batch_size`` falls back to). The data-parallel rank and size are
   Accelerate's: ``args.process_index // (tp x cp)`` of ``args.world_size // (tp x cp)``, so the
   ranks of a tensor- or context-parallel group (``parallelism_config``) get the same batches;
   sequence parallelism is refused. The loader is not passed through ``accelerator.prepare``,
@@ -135,7 +137,7 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
         chosen["layout"] = "packed"
     else:
         chosen["layout"] = "padded"
-        chosen["microbatch_size"] = args.per_device_train_batch_size
+        chosen["microbatch_size"] = _batch_size(trainer)
     if "cost" not in chosen and "model" not in chosen:
         config = getattr(getattr(trainer, "model", None), "config", None)
         if config is not None:
@@ -255,7 +257,7 @@ def balanced_train_dataloader(
     dp_rank, dp_size = _data_parallel_position(trainer)
     sampler = BalancedBatchSampler(
         lengths,
-        args.per_device_train_batch_size * args.gradient_accumulation_steps * dp_size,
+        _batch_size(trainer) * args.gradient_accumulation_steps * dp_size,
         dp_rank=dp_rank,
         dp_size=dp_size,
         seed=args.data_seed if args.data_seed is not None else args.seed,
@@ -287,6 +289,16 @@ def balanced_train_dataloader(
         collate_fn=collator,
         **_loader_settings(args),
     )
+
+
+def _batch_size(trainer: Any) -> int:
+    """Samples per micro-batch: what the Trainer's own training loader batches,
+    ``_train_batch_size`` (``per_device_train_batch_size x n_gpu``, or the size
+    ``auto_find_batch_size`` fell back to after running out of memory: the per-device size
+    alone made every retry run the same micro-batches); ``per_device_train_batch_size`` for a
+    trainer-like object without it."""
+    size = getattr(trainer, "_train_batch_size", None)
+    return trainer.args.per_device_train_batch_size if size is None else size
 
 
 def _data_parallel_position(trainer: Any) -> tuple[int, int]:
