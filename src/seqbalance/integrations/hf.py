@@ -28,10 +28,12 @@ What it does:
   ``"group_by_length"`` / ``"batch_rebalance"`` give way to this sampler (a warning). An
   ``IterableDataset`` (a streaming ``datasets`` one too) is refused: steps are planned over a
   map-style dataset.
-- Layout: padding-free TRL (``args.padding_free``) or ``layout="packed"`` in the options plans
-  packed micro-batches (the token cap ``max_tokens`` applies to their sum); otherwise micro-batches
-  are padded and hold at most ``per_device_train_batch_size`` samples (the planner groups similar
-  lengths and balances the ranks).
+- Layout: padding-free TRL (``args.padding_free``, or ``packing=True`` with
+  ``packing_strategy`` ``"bfd"`` / ``"bfd_split"``, which trains padding-free) or
+  ``layout="packed"`` in the options plans packed micro-batches (the token cap ``max_tokens``
+  applies to their sum); otherwise micro-batches are padded and hold at most
+  ``per_device_train_batch_size`` samples (the planner groups similar lengths and balances the
+  ranks).
 - Cost: by default the training FLOPs of the model being trained
   (``ModelSpec.from_hf_config(model.config)``), or the ``cost`` / ``model`` in the options.
 - Loss: with unequal micro-batches a per-micro-batch mean weights tokens unequally. The Trainer
@@ -124,13 +126,19 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
             "an empty one has nothing to collate"
         )
     chosen["num_microbatches"] = args.gradient_accumulation_steps
-    padding_free = bool(getattr(args, "padding_free", False))
+    # The trainer's own flag where it has one: TRL's SFTTrainer also trains padding-free with
+    # packing=True and packing_strategy "bfd" / "bfd_split" (args.padding_free stays False);
+    # its DPOTrainer falls back to padding whatever args.padding_free says.
+    flag = getattr(trainer, "padding_free", None)
+    padding_free = bool(getattr(args, "padding_free", False) if flag is None else flag)
     if padding_free and chosen.get("layout", "packed") != "packed":
         # TRL's padding-free collator packs each micro-batch into one row: another layout
         # was overridden without a word.
         raise ValueError(
-            f"seqbalance_options layout={chosen['layout']!r} contradicts args.padding_free=True "
-            "(its collator packs every micro-batch): leave layout out or set 'packed'"
+            f"seqbalance_options layout={chosen['layout']!r} contradicts padding_free=True "
+            "training (args.padding_free, or TRL's packing with packing_strategy 'bfd' / "
+            "'bfd_split'), whose collator packs every micro-batch into one row: leave layout "
+            "out or set 'packed'"
         )
     packed = padding_free or chosen.get("layout") == "packed"
     if packed:
