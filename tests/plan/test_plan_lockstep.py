@@ -1,10 +1,11 @@
-"""The lockstep re-packing under a profile (``plan/_lockstep.py``), vectorised over ranks, places
-every sample exactly where packing one rank at a time by its definition does."""
+"""The lockstep re-packing under a profile (``plan/_lockstep.py``), vectorised over ranks or rank
+by rank, places every sample exactly where packing one rank at a time by its definition does."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -103,6 +104,10 @@ def test_ranks_packed_at_once_as_one_by_one(request: Any) -> None:
         for r, mbs in enumerate(plan)
     ]
     assert _pack_under(p, plan, reference, profile) == expected
+    # Rank by rank (_placed_alone) from the start, and vectorised over ranks to the end.
+    for alone in (p.dp, 0):
+        with mock.patch.object(lockstep, "_ALONE_RANKS", alone):
+            assert _pack_under(p, plan, reference, profile) == expected
 
 
 def _speeds_problem(lengths: list[int], speeds: tuple[float, float]) -> Problem:

@@ -31,6 +31,9 @@ LOCKSTEP_WORK = 5_000_000
 _CALL_WORK = 5_000
 # Candidate cost rows are evaluated this many cells at a time (bounded memory on large steps).
 _CELLS_PER_CHUNK = 1 << 18
+# The re-packing under a profile places the samples of this many ranks or fewer rank by rank
+# (1-D numpy calls cost about a third of those on a few rows at once).
+_ALONE_RANKS = 4
 
 
 def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
@@ -98,6 +101,16 @@ def _pack_under(
     failed[reference] = True
     step = 0
     while (rows := np.flatnonzero((counts > step) & ~failed)).size:
+        if rows.size <= _ALONE_RANKS:  # the rest rank by rank (cheaper numpy calls)
+            for r in rows.tolist():
+                span = slice(starts[r] + step, starts[r] + counts[r])
+                rooms = (tokens[r], None if patches is None else patches[r], empty[r])
+                placed = _placed_alone(p, samples[span], limits[r], loads[r], rooms)
+                if placed is None:
+                    failed[r] = True
+                else:
+                    where[span] = placed
+            break
         positions = starts[rows][None, :] + np.arange(step, int(counts[rows].min()))[:, None]
         state = _Span(p, samples[positions], limits[rows], loads[rows], tokens[rows], empty[rows])
         if patches is not None:
@@ -122,6 +135,48 @@ def _pack_under(
         fill_empty(p, bins)
         result.append(bins)
     return result
+
+
+def _placed_alone(
+    p: Problem,
+    samples: np.ndarray,
+    limits: np.ndarray,
+    loads: np.ndarray,
+    rooms: tuple[np.ndarray, np.ndarray | None, np.ndarray],
+) -> list[int] | None:
+    """One rank's ``samples`` (heaviest first) placed as ``_Span`` places a rank's, one after
+    the other on 1-D rows (``loads``; ``rooms``: tokens, patches or None, which are empty;
+    updated in place): the micro-batch of each, or None where one fits nowhere. The same float
+    operations (lengths and patches as numpy casts them)."""
+    tokens, patches, empty = rooms
+    costs = p.sample_costs[samples].tolist()
+    lengths = p.lengths[samples].astype(np.float64).tolist()
+    big = p.oversize[samples].tolist()
+    added = None if patches is None else p.patches[samples].astype(np.float64).tolist()  # type: ignore[index]
+    where = []
+    for k, (cost, length, over) in enumerate(zip(costs, lengths, big, strict=True)):
+        if over:  # the first empty micro-batch
+            fits = empty
+            j = int(fits.argmax())
+        else:
+            fits = tokens >= length
+            if added is not None:
+                fits &= patches >= added[k]  # type: ignore[operator]
+            trial = loads + cost
+            within = trial <= limits
+            within &= fits
+            j = int(within.argmax())
+            if not within[j]:  # the fitting one that exceeds the limit least
+                j = int(np.where(fits, trial - limits, np.inf).argmin())
+        if not fits[j]:
+            return None
+        loads[j] += cost
+        tokens[j] = -1.0 if over else tokens[j] - length
+        if added is not None:
+            patches[j] = -1.0 if over else patches[j] - added[k]  # type: ignore[index]
+        empty[j] = False
+        where.append(j)
+    return where
 
 
 class _Span:
