@@ -3,6 +3,7 @@ parametric generators (determinism, spike at the cap, group structure, argument 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,22 @@ def test_describe_summarises_a_set_by_hand() -> None:
     assert row["total_tokens"] == int(lengths.sum())
     assert row["license"] == datasets.info("qwen25math")["license"]
     assert datasets.describe("gsm8k")["groups"] is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"chat": b"messages"}, "chat must be field names (str), got b'messages'"),
+        ({"text": 5}, "text must be field names (str), got 5"),
+        ({"text": ("prompt", 1)}, "text must be field names (str), got 1"),
+        ({"text": "a", "extra": [None]}, "extra must be field names (str), got None"),
+        ({"text": "a", "history": 2}, "history must be field names (str), got 2"),
+    ],
+)
+def test_field_names_of_another_kind_are_refused_naming_the_argument(fields, refused) -> None:
+    """adv19a F3: bytes were read as their byte values (``chat=(109, 101, ...)``: every record
+    then lacked a field), a number raised TypeError ('int' object is not iterable), names of
+    another kind were kept and never found."""
+    with pytest.raises(ValueError, match=rf"^Fields\.{re.escape(refused)}$"):
+        datasets.Fields(**fields)
+    assert datasets.Fields(text=iter(["a", "b"])).text == ("a", "b")  # an iterable, read once

@@ -88,11 +88,12 @@ class Fields:
     def __post_init__(self) -> None:
         # One chat field or several (TRL's prompt + completion), always stored as a tuple; a
         # text or extra field given as one string is one name too (it was split into letters).
-        chat = (self.chat,) if isinstance(self.chat, str) else self.chat
-        object.__setattr__(self, "chat", tuple(chat) if chat else None)
-        for name in ("text", "extra"):
+        for name in ("text", "chat", "extra"):
             value = getattr(self, name)
-            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+            names = () if value is None else _names(value, name)
+            object.__setattr__(self, name, (names or None) if name == "chat" else names)
+        if self.history is not None:
+            _names(self.history, "history")
         if bool(self.text) == (self.chat is not None):
             raise ValueError(
                 f"give either text fields or a chat field, got text={self.text!r}, "
@@ -124,6 +125,17 @@ class Fields:
         if self.extra:
             described["extra"] = list(self.extra)
         return described
+
+
+def _names(value: Any, name: str) -> tuple[str, ...]:
+    """``Fields.<name>`` as field names: one str is one name, else an iterable of strs
+    (ValueError naming ``name``: bytes were read as byte values, a number a TypeError)."""
+    one = isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")
+    names = (value,) if one else tuple(value)
+    shown = next((repr(e) for e in names if not isinstance(e, str)), None)
+    if shown is not None:
+        raise ValueError(f"Fields.{name} must be field names (str), got {shown}")
+    return names
 
 
 @dataclass(frozen=True)

@@ -244,6 +244,7 @@ def _longest_alone(p: Problem, m: int) -> Microbatches | None:
         groups=None,
         # Only planned without speeds (equal ones are none): none for the fewer ranks either.
         options=p.options.replace(rank_speeds=None),
+        cost_exponent=p.cost_exponent,
     )
     plan = attempt(rest, m, isolate=False)
     if plan is None:

@@ -26,6 +26,7 @@ __all__ = [
 TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
 # Local search stops when the costliest rank is this close (relative) to the lower bound.
 GOOD_ENOUGH = 1e-6
+_SUM_NOISE = 1e-9  # relative: the same costs summed in other orders differ by rounding
 
 
 def capacities(p: Problem, m: int) -> tuple[float, float, float]:
@@ -105,7 +106,7 @@ def _token_capacity_bound(p: Problem, m: int, *, overheads: bool = True) -> floa
     if np.isfinite(p.cap):
         free, reach, carried = p.knapsack_curve
         most = min(total, free + float(np.interp(m * p.cap, reach, carried)))
-    if p.dp * most < total:
+    if p.dp * most < total * (1 - _SUM_NOISE):  # rounding alone: ranks filled to the cap
         return np.inf
     k = np.arange(p.dp)
     others = np.cumsum(speeds[::-1])[::-1]  # speeds of every rank but the k fastest

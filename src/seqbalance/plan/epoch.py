@@ -264,7 +264,9 @@ def check_steps(
         return bin_features(lengths, None if patches is None else patches[key], options)
 
     dealt = None
-    if layout.group_ids is not None and layout.window is not None and not context_parallel:
+    if layout.group_ids is not None and layout.window is not None:
+        # With context_parallel too: its micro-batch bound reads the dealt steps' token sums
+        # (without it, every such epoch with num_microbatches raised AttributeError here).
         least = microbatch_count(1, options, dp_size, str)
         dealt = _DealtPass(layout, least, None if m is None else features)
     check_steps_fill(layout, dp_size, options, dealt=dealt)

@@ -31,7 +31,8 @@ from seqbalance.plan._document import (
     whole,
 )
 from seqbalance.plan._intervals import bound_at_count
-from seqbalance.plan._problem import Problem, objective_value
+from seqbalance.plan._objective import bound_in_cost_units, reported_objective_value
+from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import capacity_bound
 from seqbalance.plan._shared import check_cost_total, check_token_total
 from seqbalance.plan._step_validation import (
@@ -103,7 +104,7 @@ class StepPlan(StepPlanChecks, Plan):
     def step_cost(self) -> float:
         """The cost the objective minimises: max rank total (``step``) or the sum over
         micro-batch positions of the slowest rank (``lockstep``); see ``summary`` for speeds."""
-        return objective_value(self.costs, self.objective, self.rank_speeds)
+        return reported_objective_value(self.costs, self.objective, self.rank_speeds)
 
     def assignment(self) -> tuple[np.ndarray, np.ndarray]:
         """int64 ``[n]`` arrays: the rank and the micro-batch position of every sample."""
@@ -150,7 +151,7 @@ class StepPlan(StepPlanChecks, Plan):
         least total cost of that many runs of the samples sorted by length
         (``plan/_intervals.py``): the figure a padded plan of a given count is judged by. With
         rank speeds, also the capacity bound of the count (``plan/_rank_search.py``)."""
-        problem = Problem(
+        problem = Problem.at_planning_scale(
             lengths=self.lengths,
             sample_costs=self.sample_costs,
             overhead=self.overhead,
@@ -161,12 +162,13 @@ class StepPlan(StepPlanChecks, Plan):
         bound = bound_at_count(problem, self.n_microbatches, capped=self.cap_enforced, tight=True)
         if self.cap_enforced and problem.speeds is not None:
             bound = max(bound, capacity_bound(problem, self.n_microbatches))
-        return max(float(self.lower_bound), bound / problem.common_speed)
+        at_count = bound_in_cost_units(bound / problem.common_speed, problem.cost_exponent)
+        return max(float(self.lower_bound), at_count)
 
     def _summary_extras(self) -> dict[str, Any]:
         at_count = self.count_lower_bound
         figures: dict[str, Any] = {
-            "lockstep_cost": objective_value(self.costs, "lockstep", self.rank_speeds),
+            "lockstep_cost": reported_objective_value(self.costs, "lockstep", self.rank_speeds),
             "dp_size": self.dp_size,
             "count_lower_bound": at_count,
             "count_ratio": self.step_cost / at_count if at_count > 0 else 1.0,
