@@ -22,7 +22,7 @@ from seqbalance.partition import SizeLimits
 from seqbalance.partition import lower_bound as partition_lower_bound
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.speeds import lpt_speeds
-from seqbalance.plan._caps import packed_keeps_cap
+from seqbalance.plan._caps import packed_keeps_cap, padded_room
 from seqbalance.plan._fields import GroupedSamples
 from seqbalance.plan._intervals import padded_bound
 from seqbalance.plan._objective import objective_value, rank_imbalance, scale_exponent
@@ -544,7 +544,7 @@ class Problem(GroupedSamples):
         if self.layout == "padded":
             count = np.full(lengths.size, self.microbatch_size or lengths.size, dtype=np.int64)
             if cap is not None:
-                count = np.minimum(count, cap // np.maximum(lengths, 1))
+                count = np.minimum(count, padded_room(lengths, cap))
                 count[oversize] = 1
             return overheads + float(np.sort(count * costs)[::-1][:k].sum())
         if cap is None:
