@@ -90,3 +90,17 @@ def test_a_link_is_written_through_and_a_mode_kept(tmp_path: Path) -> None:
     assert link.is_symlink() and np.load(target).tolist() == [0, 1, 2, 3, 4]
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kept.npy", "link.npy"]
+
+
+def test_a_link_to_a_name_without_the_suffix_gets_the_whole_file(tmp_path: Path) -> None:
+    """review19 item 2: the new file took the suffix of the link's target; np.save appends
+    ".npy" to a name without it, so ``-o L.npy`` (a link to ``store/lengths_v1``) replaced the
+    target with the empty new file and left the lengths in a hidden one."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "lengths_v1").write_bytes(b"old")
+    link = tmp_path / "L.npy"
+    link.symlink_to(store / "lengths_v1")
+    write_output(link, "-o/--output", lambda path: np.save(path, np.arange(4)))
+    assert np.load(link).tolist() == [0, 1, 2, 3]
+    assert sorted(path.name for path in store.iterdir()) == ["lengths_v1"]

@@ -185,7 +185,9 @@ def progress_callback(
 
 def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
     """``write(path)``, the file a command writes, made whole or not at all: ``write`` fills a
-    new file beside ``path`` (its suffix kept, for ``np.save``), which then replaces ``path``.
+    new file beside ``path`` (with the suffix of ``path`` as given: ``np.save`` appends ".npy"
+    to a name without it, so a link ``L.npy`` to a suffix-less file was replaced by the empty
+    new file, the lengths left in another), which then replaces ``path``.
     A write cut short (a full disk, Ctrl-C) left a cut file where a good one was; now it
     leaves the old file. The mode of a file replaced is kept; a symbolic link is written
     through (its target replaced); a FIFO or device (``/dev/null``, ``/dev/stdout``) is written
@@ -203,7 +205,7 @@ def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> 
         existing = None
     temporary = None
     if existing is None or stat.S_ISREG(existing.st_mode):
-        temporary = _new_file_beside(target, existing)
+        temporary = _new_file_beside(target, Path(path).suffix, existing)
     try:
         write(Path(path) if temporary is None else temporary)
         if temporary is not None:
@@ -217,11 +219,11 @@ def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> 
         raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None
 
 
-def _new_file_beside(target: Path, existing: os.stat_result | None) -> Path | None:
-    """An empty new file in ``target``'s folder with its suffix (the mode the file had, else
-    the umask's), or None where the folder takes none (write in place then)."""
+def _new_file_beside(target: Path, suffix: str, existing: os.stat_result | None) -> Path | None:
+    """An empty new file in ``target``'s folder ending in ``suffix`` (the mode the file had,
+    else the umask's), or None where the folder takes none (write in place then)."""
     for attempt in range(100):
-        name = f".{target.stem}.{os.getpid()}.{attempt}.partial{target.suffix}"
+        name = f".{target.stem}.{os.getpid()}.{attempt}.partial{suffix}"
         candidate = target.with_name(name)
         try:
             os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice, not_a_file
+from seqbalance._validation import check_bool, check_choice, not_a_file
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
 from seqbalance.datasets.tokenize import TextRefused, Tokenizer, count_chunk, get_tokenizer
@@ -548,6 +548,13 @@ def token_lengths(
         raise ValueError(f"path: {not_a_file(path)}")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
     template = check_choice(template, "template", TEMPLATES)
+    # Read as given, not by truthiness: skip_malformed="no" skipped every malformed record.
+    skip_malformed = check_bool(skip_malformed, "skip_malformed")
+    drop_empty = check_bool(drop_empty, "drop_empty")
+    if fields is not None and not isinstance(fields, Fields):  # an AttributeError later
+        raise ValueError(f"fields must be a Fields or None, got {type(fields).__name__}")
+    if not isinstance(tokenizer, (str, Tokenizer)):
+        raise ValueError(f"tokenizer must be a name or a Tokenizer, got {tokenizer!r}")
     counter = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     if template == "tokenizer" and counter.chat_template is None:
         raise ValueError(

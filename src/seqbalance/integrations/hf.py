@@ -11,11 +11,11 @@ What it does:
 
 - ``get_train_dataloader`` returns a DataLoader whose ``batch_sampler`` is
   :class:`seqbalance.runtime.BalancedBatchSampler`: every optimizer step holds
-  ``per_device_train_batch_size x gradient_accumulation_steps x dp_size`` samples and every
-  rank runs exactly ``gradient_accumulation_steps`` micro-batches of it (``num_microbatches``),
-  so the Trainer's accumulation loop and the plan agree. The batch size is the one the
-  Trainer's own loader takes (``x n_gpu`` with ``nn.DataParallel``; after an out-of-memory
-  error, the size ``auto_find_batch_size`` falls back to). The data-parallel rank and size are
+  ``B x gradient_accumulation_steps x dp_size`` samples, ``B`` the batch size the Trainer's own
+  loader takes (``per_device_train_batch_size``, ``x n_gpu`` with ``nn.DataParallel``; after an
+  out-of-memory error, the size ``auto_find_batch_size`` falls back to), and every rank runs
+  exactly ``gradient_accumulation_steps`` micro-batches of it (``num_microbatches``), so the
+  Trainer's accumulation loop and the plan agree. The data-parallel rank and size are
   Accelerate's: ``args.process_index // (tp x cp)`` of ``args.world_size // (tp x cp)``, so the
   ranks of a tensor- or context-parallel group (``parallelism_config``) get the same batches;
   sequence parallelism is refused. The loader is not passed through ``accelerator.prepare``,
@@ -31,9 +31,10 @@ What it does:
 - Layout: padding-free TRL (``args.padding_free``, or ``packing=True`` with
   ``packing_strategy`` ``"bfd"`` / ``"bfd_split"``, which trains padding-free) or
   ``layout="packed"`` in the options plans packed micro-batches (the token cap ``max_tokens``
-  applies to their sum); otherwise micro-batches are padded and hold at most
-  ``per_device_train_batch_size`` samples (the planner groups similar lengths and balances the
-  ranks).
+  applies to their sum); otherwise micro-batches are padded and hold at most ``B`` samples
+  (the planner groups similar lengths and balances the ranks). A row TRL packed is costed as
+  one sequence of its length, though attention stays within each of its documents
+  (``seq_lengths``): rows of many short documents are costed too high.
 - Cost: by default the training FLOPs of the model being trained
   (``ModelSpec.from_hf_config(model.config)``), or the ``cost`` / ``model`` in the options.
 - Loss: with unequal micro-batches a per-micro-batch mean weights tokens unequally. The Trainer
@@ -286,7 +287,7 @@ def balanced_train_dataloader(
     refuse_no_step(
         sampler,
         "train_dataset",
-        "per_device_train_batch_size x gradient_accumulation_steps x data-parallel size",
+        "the Trainer's batch size x gradient_accumulation_steps x data-parallel size",
     )
     loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
     return loader_class(
@@ -441,6 +442,21 @@ class BalancedTrainerMixin:
             self._check_resume(Path(checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
 
+    def _resume_batch_size(self, checkpoint: Path) -> None:
+        """With ``auto_find_batch_size``, the batch size the Trainer resumes ``checkpoint`` at:
+        ``trainer_state.json``'s ``train_batch_size`` (the size it fell back to), which the
+        Trainer sets right after this check; the check planned with the first size and refused
+        the checkpoint."""
+        from transformers.trainer_callback import TrainerState
+
+        # transformers.trainer.TRAINER_STATE_NAME (that module takes seconds to import).
+        state_file = checkpoint / "trainer_state.json"
+        args = self.args  # type: ignore[attr-defined]
+        if getattr(args, "auto_find_batch_size", False) and state_file.is_file():
+            size = TrainerState.load_from_json(str(state_file)).train_batch_size
+            if size is not None:
+                self._train_batch_size = size
+
     def _check_resume(self, checkpoint: Path) -> None:
         """Fail before training when the checkpoint's plan is not the one this run would make."""
         saved_file = checkpoint / SAMPLER_STATE_FILE
@@ -456,6 +472,7 @@ class BalancedTrainerMixin:
             raise ValueError(
                 f"resume from {checkpoint}: {saved_file} is not a sampler state ({error})"
             ) from None
+        self._resume_batch_size(checkpoint)
         try:
             # A fresh sampler accepts the state only if it would lay out the same plan; the
             # Trainer itself then skips the micro-batches already trained.

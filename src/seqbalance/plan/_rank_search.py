@@ -1,13 +1,12 @@
 """Local search of units over ranks under the ranks' capacities (the balanced planner's rank
 phase): move or swap units between the costliest and the lightest ranks while that lowers the
-costliest one, within the token, sample and vision-patch capacities of ``m`` micro-batches,
-and its LPT start under those capacities (the lower bound they put on a count's step cost:
-``_capacity_bounds``).
+costliest one, within the token, sample and vision-patch capacities of ``m`` micro-batches
+(the LPT start under those capacities: ``plan/_capacity_lpt.py``; the lower bound they put on a
+count's step cost: ``plan/_capacity_bounds.py``).
 """
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,14 +19,11 @@ __all__ = [
     "TOLERANCE",
     "RankState",
     "capacities",
-    "lpt_with_capacities",
 ]
 
 TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
 # Local search stops when the costliest rank is this close (relative) to the lower bound.
 GOOD_ENOUGH = 1e-6
-# ``lpt_with_capacities`` with rank speeds computes finish times in Python up to this many ranks.
-_FEW_RANKS = 16
 
 
 def capacities(p: Problem, m: int) -> tuple[float, float, float]:
@@ -37,90 +33,6 @@ def capacities(p: Problem, m: int) -> tuple[float, float, float]:
     if p.layout == "padded" and p.microbatch_size is not None:
         count = float(m * p.microbatch_size)
     return tokens, count, m * p.patch_cap
-
-
-def lpt_with_capacities(
-    p: Problem,
-    costs: np.ndarray,
-    tokens: np.ndarray,
-    counts: np.ndarray,
-    patches: np.ndarray | None,
-    caps: tuple[float, float, float],
-) -> np.ndarray | None:
-    """LPT where each unit goes to the lightest rank that still has room for its tokens,
-    samples and vision patches (with rank speeds: the rank with room where it finishes
-    earliest, ``(load + cost) / speed``); None when some unit fits no rank."""
-    cap_tokens, cap_count, cap_patches = caps
-    order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
-    rank_list = [0] * p.n_units
-    rank_tokens = [0.0] * p.dp
-    rank_counts = [0.0] * p.dp
-    rank_patches = [0.0] * p.dp
-    unit_patches = [0.0] * p.n_units if patches is None else patches[order].tolist()
-
-    def room(r: int, weight: float, count: float, patch: float) -> bool:
-        return (
-            rank_tokens[r] + weight <= cap_tokens
-            and rank_counts[r] + count <= cap_count
-            and rank_patches[r] + patch <= cap_patches
-        )
-
-    heap = [(0.0, r) for r in range(p.dp)]  # (load, rank): the lightest rank first
-    # With rank speeds, searched by finish time instead; on a few ranks in Python floats (the
-    # same float operations as numpy's, without its cost per call).
-    few = p.dp <= _FEW_RANKS
-    loads: Any = [0.0] * p.dp if few else np.zeros(p.dp)
-    speeds = p.speeds_or_ones.tolist() if few else p.speeds_or_ones
-
-    def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
-        if p.speeds is not None:
-            if few:
-                finish = [(load + cost) / s for load, s in zip(loads, speeds, strict=True)]
-                first = finish.index(min(finish))  # the first of the earliest: the usual answer
-            else:
-                finish = (loads + cost) / speeds
-                first = int(np.argmin(finish))
-            if room(first, weight, count, patch):
-                return first
-            # Stable: ties by rank.
-            by_finish = (
-                sorted(range(p.dp), key=finish.__getitem__)
-                if few
-                else np.argsort(finish, kind="stable").tolist()
-            )
-            return next((r for r in by_finish if room(r, weight, count, patch)), None)
-        load, r = heap[0]
-        if room(r, weight, count, patch):
-            heapq.heapreplace(heap, (load + cost, r))
-            return r
-        aside = []  # the lightest rank is full: take the lightest one with room
-        while heap:
-            load, r = heapq.heappop(heap)
-            if room(r, weight, count, patch):
-                heapq.heappush(heap, (load + cost, r))
-                for item in aside:
-                    heapq.heappush(heap, item)
-                return r
-            aside.append((load, r))
-        return None
-
-    for unit, cost, weight, count, patch in zip(
-        order.tolist(),
-        costs[order].tolist(),
-        tokens[order].tolist(),
-        counts[order].tolist(),
-        unit_patches,
-        strict=True,
-    ):
-        r = lightest_with_room(cost, weight, count, patch)
-        if r is None:
-            return None
-        loads[r] += cost
-        rank_list[unit] = r
-        rank_tokens[r] += weight
-        rank_counts[r] += count
-        rank_patches[r] += patch
-    return np.array(rank_list, dtype=np.int64)
 
 
 class RankState:
