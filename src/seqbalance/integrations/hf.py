@@ -442,6 +442,21 @@ class BalancedTrainerMixin:
             self._check_resume(Path(checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
 
+    def _resume_batch_size(self, checkpoint: Path) -> None:
+        """With ``auto_find_batch_size``, the batch size the Trainer resumes ``checkpoint`` at:
+        ``trainer_state.json``'s ``train_batch_size`` (the size it fell back to), which the
+        Trainer sets right after this check; the check planned with the first size and refused
+        the checkpoint."""
+        from transformers.trainer_callback import TrainerState
+
+        # transformers.trainer.TRAINER_STATE_NAME (that module takes seconds to import).
+        state_file = checkpoint / "trainer_state.json"
+        args = self.args  # type: ignore[attr-defined]
+        if getattr(args, "auto_find_batch_size", False) and state_file.is_file():
+            size = TrainerState.load_from_json(str(state_file)).train_batch_size
+            if size is not None:
+                self._train_batch_size = size
+
     def _check_resume(self, checkpoint: Path) -> None:
         """Fail before training when the checkpoint's plan is not the one this run would make."""
         saved_file = checkpoint / SAMPLER_STATE_FILE
@@ -457,6 +472,7 @@ class BalancedTrainerMixin:
             raise ValueError(
                 f"resume from {checkpoint}: {saved_file} is not a sampler state ({error})"
             ) from None
+        self._resume_batch_size(checkpoint)
         try:
             # A fresh sampler accepts the state only if it would lay out the same plan; the
             # Trainer itself then skips the micro-batches already trained.
