@@ -69,3 +69,23 @@ def test_bounds_of_steps_that_fill_their_caps_stay_below_the_plan(
     )
     assert plan.lower_bound <= plan.step_cost * (1 + COST_RTOL)
     assert plan.count_lower_bound <= plan.step_cost * (1 + COST_RTOL)
+
+
+def test_a_rounding_residue_over_the_slowest_speeds_is_no_bound() -> None:
+    # adv19c P3: the fast rank holds every sample, and the total left for the others was a
+    # rounding's residue (2**-49), which divided by their speeds (2**-30 each) made a bound of
+    # 2**-20 above the plan's 1.36e-8: PlanValidationError "lower_bound 9.5367431640625e-07
+    # exceeds step_cost 1.357541533423725e-08".
+    plan = plan_step(
+        [2, 9, 9, 10],
+        3,
+        cost=lambda L: np.sqrt(L) + 1,
+        layout="padded",
+        microbatch_size=1,
+        max_tokens=8,
+        allow_oversize=True,
+        allow_empty=True,
+        rank_speeds=(2.0**30, 2.0**-30, 2.0**-30),
+    )
+    assert plan.lower_bound <= plan.step_cost * (1 + COST_RTOL)
+    assert plan.count_lower_bound <= plan.step_cost * (1 + COST_RTOL)

@@ -366,6 +366,42 @@ def test_context_parallel_groups_in_bucket_windows_are_checked_as_dealt() -> Non
         BalancedBatchSampler(np.full(12, 1000), 4, dp_rank=0, dp_size=2, options=options, **layout)
 
 
+@pytest.mark.parametrize("window", [None, 2])
+def test_context_parallel_groups_that_cannot_fill_the_ranks_are_refused_up_front(window) -> None:
+    # adv19a F5: with context_parallel the group fill went unchecked: a step of one group (its
+    # samples in one block of at most 2 ranks) on 4 ranks passed, len() promised the epoch, and
+    # the planner refused the step when it was reached ("rank 2 needs 1 more slot(s)").
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=1024,
+        context_parallel=ContextParallel(sizes=(2,)),
+        num_microbatches=1,
+    )
+    lengths, groups = np.array([41, 40, 300, 200]), np.array([0, 0, 1, 2])
+    with pytest.raises(ValueError, match="unplannable"):  # what the sampler met mid-epoch
+        try:
+            plan_step(lengths[:2], 4, options, groups=groups[:2])
+        except ValueError as error:
+            raise ValueError("unplannable") from error
+    dealt = "" if window is None else r" \(as bucket_window deals it\)"
+    refusal = rf"^epoch 0: step 0{dealt} holds 2 samples in 1 group, each in one block of at most 2"
+    with pytest.raises(ValueError, match=refusal):
+        BalancedBatchSampler(
+            lengths,
+            2,
+            dp_rank=0,
+            dp_size=4,
+            groups=groups,
+            shuffle=False,
+            bucket_window=window,
+            options=options,
+        )
+    sampler = BalancedBatchSampler(  # two groups per step: each step can fill the 4 ranks
+        lengths, 2, dp_rank=0, dp_size=4, groups=np.arange(4), shuffle=False, options=options
+    )
+    assert len(sampler) == len(list(sampler)) == 2
+
+
 @pytest.mark.parametrize("count", [1, 2])
 @pytest.mark.parametrize("seed", [0, 1])  # seed 1, 2 micro-batches: step 3 (a sample over a cap)
 def test_the_patch_cap_counts_in_the_up_front_check(count, seed) -> None:

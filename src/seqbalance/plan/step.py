@@ -18,9 +18,9 @@ from seqbalance._validation import (
 )
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.plan._capacity_bounds import counts_bound
 from seqbalance.plan._objective import bound_in_cost_units
 from seqbalance.plan._problem import Problem
-from seqbalance.plan._rank_search import counts_bound
 from seqbalance.plan._shared import check_cost_total, check_token_total, check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel

@@ -19,6 +19,7 @@ from seqbalance._deprecated import RenamedAttribute
 from seqbalance._validation import as_weights, check_int, check_non_negative_float
 from seqbalance.cost.resolve import ExternalCost
 from seqbalance.cost.spec import presets
+from seqbalance.plan._capacity_bounds import capacity_bound
 from seqbalance.plan._document import (
     MALFORMED_ERRORS,
     PlanDocument,
@@ -33,7 +34,6 @@ from seqbalance.plan._document import (
 from seqbalance.plan._intervals import bound_at_count
 from seqbalance.plan._objective import bound_in_cost_units, reported_objective_value
 from seqbalance.plan._problem import Problem
-from seqbalance.plan._rank_search import capacity_bound
 from seqbalance.plan._shared import check_cost_total, check_token_total
 from seqbalance.plan._step_validation import (
     PlanValidationError,
