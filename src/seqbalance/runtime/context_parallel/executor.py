@@ -45,7 +45,7 @@ from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
 from seqbalance.runtime.agreement import error_text, raise_gathered_error
 from seqbalance.runtime.collectives import CollectiveError, Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
-from seqbalance.runtime.context_parallel.hf import slot_logits
+from seqbalance.runtime.context_parallel.hf import check_implementation, slot_logits
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
 from seqbalance.runtime.rebalancing.wire import check_dense, smallest_id
 
@@ -88,13 +88,17 @@ class ContextParallelGroups:
         *,
         samples: Sequence[torch.Tensor] | None = None,
         model: torch.nn.Module | None = None,
+        forward: SlotForward | None = None,
     ) -> None:
         """Check that every rank holds ``plan`` and create its missing subgroups.
 
         ``samples``: optional, the step's token ids (as :func:`slot_batch` takes them), checked
         against the plan. ``model``: optional, the model the step runs (:func:`run_step`
         passes it): its parameters' names, shapes, dtypes, whether they train and device types
-        are compared across ranks (a parameter on the meta device is refused). A rank
+        are compared across ranks (a parameter on the meta device is refused). ``forward``:
+        optional, the adapter the step runs ``model`` with; the default Hugging Face adapter's
+        need (the model's attention implementation, :func:`.hf.check_implementation`) is
+        checked here. A rank
         whose plan is for another world size, is invalid or differs from rank 0's, whose
         ``samples`` do not fit it, or whose model's parameters differ from rank 0's, makes
         every rank raise the same ``ValueError`` here (found on that rank alone, it would leave
@@ -110,6 +114,8 @@ class ContextParallelGroups:
             plan.validate()
             if samples is not None:
                 _check_samples(plan, samples)
+            if forward is slot_logits and model is not None:
+                check_implementation(model)  # alone in the first slot, it left peers waiting
             mine, raised = [plan.fingerprint(), _parameter_layout(model), None], None
         except Exception as error:  # told the peers (alone, it left them to the timeout)
             mine = [None, None, error_text(error)]
@@ -440,11 +446,11 @@ def run_step(
     (those that train: a frozen parameter's stays None): ``.grad`` held before the call (an
     earlier step's, already summed over the ranks) plus this step's sum, as a step without
     ``zero_grad()`` in between accumulates.
-    ``groups.prepare(plan, samples=samples)`` runs first (the plan and samples agreement check,
-    which also lines the ranks up for the timing).
+    ``groups.prepare(plan, samples=samples, model=model, forward=forward)`` runs first (the
+    plan, samples and model agreement check, which also lines the ranks up for the timing).
     """
     limit = deadline(timeout)
-    groups.prepare(plan, samples=samples, model=model)
+    groups.prepare(plan, samples=samples, model=model, forward=forward)
     rank = dist.get_rank()
     # The gradients held before this step (accumulation) are already summed over the ranks:
     # set aside, so that only this step's are summed (summed again, they came back x world).
