@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ from seqbalance.cli._output import (
     progress,
     progress_callback,
     to_jsonable,
+    write_output,
 )
 from seqbalance.cost import TimeModel, resolve_cost, seconds_model
 from seqbalance.cost import resolve_model as _resolve_model
@@ -537,19 +538,6 @@ def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
         message = re.sub(rf"\b{name}=True\b", flags[name], message)
         message = re.sub(rf"(?<![\w-]){name}\b", flags[name], message)
     return message
-
-
-def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
-    """``write(path)``, the file a command writes; an OSError is raised again naming ``flag``
-    and ``path`` (a full disk fails the write or the close, not the open: "[Errno 28] No space
-    left on device" was all the command said; an open refused named the path, not the flag)."""
-    try:
-        write(Path(path))
-    except OSError as error:
-        if error.errno is None:
-            raise
-        reason = error.strerror or str(error)
-        raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None
 
 
 def require_torch() -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,6 +29,7 @@ __all__ = [
     "progress",
     "progress_callback",
     "to_jsonable",
+    "write_output",
 ]
 
 
@@ -177,3 +181,57 @@ def progress_callback(
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(description, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
+    """``write(path)``, the file a command writes, made whole or not at all: ``write`` fills a
+    new file beside ``path`` (with the suffix of ``path`` as given: ``np.save`` appends ".npy"
+    to a name without it, so a link ``L.npy`` to a suffix-less file was replaced by the empty
+    new file, the lengths left in another), which then replaces ``path``.
+    A write cut short (a full disk, Ctrl-C) left a cut file where a good one was; now it
+    leaves the old file. The mode of a file replaced is kept; a symbolic link is written
+    through (its target replaced); a FIFO or device (``/dev/null``, ``/dev/stdout``) is written
+    in place, as is a file whose folder takes no new file.
+
+    Raises:
+        OSError: the write failed, named with ``flag`` and ``path`` (a full disk fails the
+            write or the close, not the open: "[Errno 28] No space left on device" was all
+            the command said; an open refused named the path, not the flag).
+    """
+    target = Path(os.path.realpath(path))
+    try:
+        existing: os.stat_result | None = target.stat()
+    except OSError:
+        existing = None
+    temporary = None
+    if existing is None or stat.S_ISREG(existing.st_mode):
+        temporary = _new_file_beside(target, Path(path).suffix, existing)
+    try:
+        write(Path(path) if temporary is None else temporary)
+        if temporary is not None:
+            os.replace(temporary, target)
+    except BaseException as error:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        if not isinstance(error, OSError) or error.errno is None:
+            raise
+        reason = error.strerror or str(error)
+        raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None
+
+
+def _new_file_beside(target: Path, suffix: str, existing: os.stat_result | None) -> Path | None:
+    """An empty new file in ``target``'s folder ending in ``suffix`` (the mode the file had,
+    else the umask's), or None where the folder takes none (write in place then)."""
+    for attempt in range(100):
+        name = f".{target.stem}.{os.getpid()}.{attempt}.partial{suffix}"
+        candidate = target.with_name(name)
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        except OSError:  # a read-only or missing folder: the in-place write names the cause
+            return None
+        if existing is not None:
+            os.chmod(candidate, stat.S_IMODE(existing.st_mode))
+        return candidate
+    return None

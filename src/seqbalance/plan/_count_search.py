@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from seqbalance.plan import _at_count, _exact, _feasible
+from seqbalance.plan._capacity_bounds import capacity_bound
 from seqbalance.plan._lockstep import LOCKSTEP_WORK, refine_lockstep
 from seqbalance.plan._portfolio import RIVALS_WITHOUT_BOUND_GAP, Portfolio, aligned_value
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
-from seqbalance.plan._rank_search import capacity_bound
 from seqbalance.plan._shared import Microbatches
 
 __all__ = [

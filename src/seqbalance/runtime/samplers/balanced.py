@@ -207,8 +207,9 @@ class BalancedBatchSampler(EpochBatchSampler):
         self._checked_epoch: int | None = None
         if self._failed is None:
             self._check_epoch(0)
-        # The plans the background thread made last, for step_plan() (it writes, the loop reads).
-        self._recent: OrderedDict[tuple[int, int], Plan] = OrderedDict()
+        # The plans the background thread made last, by (pass, epoch, step), for step_plan() (it
+        # writes, the loop reads).
+        self._recent: OrderedDict[tuple[int, int, int], Plan] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._plan: EpochPlan | None = None
         if feedback is not None:
@@ -388,7 +389,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
         layout = self.layout(epoch)  # only the planner thread calls its step()
-        lagged, stop = self._lagged, threading.Event()
+        lagged, stop, owner = self._lagged, threading.Event(), self._pass
 
         def plan(number: int) -> Sequence[Sequence[int]]:
             indices = layout.step(number)
@@ -397,7 +398,7 @@ class BalancedBatchSampler(EpochBatchSampler):
             if lagged is not None:
                 lagged.planned(number, step_plan)
             with self._recent_lock:
-                self._recent[(epoch, number)] = step_plan
+                self._recent[(owner, epoch, number)] = step_plan
                 while len(self._recent) > _RECENT + self.lookahead + 1:
                     self._recent.popitem(last=False)
             if isinstance(step_plan, ContextParallelPlan):
@@ -438,8 +439,11 @@ class BalancedBatchSampler(EpochBatchSampler):
         return self.plan_step(layout.step(step), options)
 
     def _kept(self, epoch: int, step: int) -> Plan | None:
+        # This pass's only: an adaptive plan of a step differs from pass to pass (another pass
+        # of the epoch plans after more observations), and a kept one was handed out for the
+        # new pass's step, on the ranks whose planner had not remade it yet (adv19a F2).
         with self._recent_lock:
-            return self._recent.get((epoch, step))
+            return self._recent.get((self._pass, epoch, step))
 
     def _options_now(self, epoch: int, step: int) -> PlanOptions:
         """The adaptive options of ``step`` of the running pass (from its first step on) where
