@@ -437,13 +437,21 @@ def run_step(
 
     ``model`` and ``forward``: as in :func:`slot_loss`; ``timeout``: the seconds each
     collective may wait. Gradients are accumulated into ``model``'s parameters' ``.grad``
-    (those that train: a frozen parameter's stays None).
+    (those that train: a frozen parameter's stays None): ``.grad`` held before the call (an
+    earlier step's, already summed over the ranks) plus this step's sum, as a step without
+    ``zero_grad()`` in between accumulates.
     ``groups.prepare(plan, samples=samples)`` runs first (the plan and samples agreement check,
     which also lines the ranks up for the timing).
     """
     limit = deadline(timeout)
     groups.prepare(plan, samples=samples, model=model)
     rank = dist.get_rank()
+    # The gradients held before this step (accumulation) are already summed over the ranks:
+    # set aside, so that only this step's are summed (summed again, they came back x world).
+    held = {}
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            held[parameter], parameter.grad = parameter.grad, None
     device = next(model.parameters()).device
     labelled = max(float(np.maximum(plan.lengths - 1, 0).sum()), 1.0)
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -474,6 +482,11 @@ def run_step(
         if parameter.grad is None:  # unused here, used on another rank
             parameter.grad = torch.zeros_like(parameter)
         wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", limit)
+    for parameter, grad in held.items():
+        if parameter.grad is None:  # frozen since: keeps what it held
+            parameter.grad = grad
+        else:
+            parameter.grad = grad.add_(parameter.grad)
     wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", limit)
     synchronize(device)
     return StepResult(
