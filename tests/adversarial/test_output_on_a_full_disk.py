@@ -122,10 +122,12 @@ def test_a_file_no_rename_replaces_gets_the_whole_file_in_place(tmp_path: Path, 
     assert other.read_text() == "new, linked"
     other.unlink()
 
-    def busy(source: object, destination: object) -> None:
-        raise OSError(errno.EBUSY, "Device or resource busy")
+    for refusal in (errno.EBUSY, errno.EPERM):  # a bind mount; another user's file in /tmp
 
-    monkeypatch.setattr(os, "replace", busy)
-    write_output(out, "-o/--output", lambda path: path.write_text("new, mounted"))
-    assert out.read_text() == "new, mounted"
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["plan.json"]
+        def refused(source: object, destination: object, code: int = refusal) -> None:
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "replace", refused)
+        write_output(out, "-o/--output", lambda path, c=refusal: path.write_text(f"new {c}"))
+        assert out.read_text() == f"new {refusal}"
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["plan.json"]

@@ -193,8 +193,9 @@ def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> 
     leaves the old file. The mode of a file replaced is kept; a symbolic link is written
     through (its target replaced); a FIFO or device (``/dev/null``, ``/dev/stdout``) is written
     in place, as is a file whose folder takes no new file. A file no rename can replace (a
-    bind-mounted file: EBUSY; EXDEV) or with other hard links (which a rename would leave
-    holding the old contents) gets the finished new file copied into it, in place.
+    bind-mounted file: EBUSY; another user's file in a sticky folder: EPERM) or with other
+    hard links (which a rename would leave holding the old contents) gets the finished new
+    file copied into it, in place.
 
     Raises:
         OSError: the write failed, named with ``flag`` and ``path`` (a full disk fails the
@@ -231,8 +232,9 @@ def _replace(temporary: Path, target: Path, *, linked: bool) -> None:
             os.replace(temporary, target)
             return
         except OSError as error:
-            # A bind-mounted file (a container's -v file.json:...) refuses the rename: EBUSY.
-            if error.errno not in (errno.EBUSY, errno.EXDEV):
+            # A bind-mounted file (a container's -v file.json:...) refuses the rename: EBUSY;
+            # another user's file in a sticky folder (/tmp), writable in place: EPERM.
+            if error.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES):
                 raise
     shutil.copyfile(temporary, target)
 
