@@ -84,11 +84,15 @@ def test_a_link_is_written_through_and_a_mode_kept(tmp_path: Path) -> None:
     target = tmp_path / "kept.npy"
     np.save(target, np.arange(3))
     target.chmod(0o640)
+    if os.geteuid() == 0:  # a file root replaces for a user stays the user's
+        os.chown(target, 12345, 12345)
     link = tmp_path / "link.npy"
     link.symlink_to(target.name)
     write_output(link, "-o/--output", lambda path: np.save(path, np.arange(5)))
     assert link.is_symlink() and np.load(target).tolist() == [0, 1, 2, 3, 4]
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    if os.geteuid() == 0:
+        assert (target.stat().st_uid, target.stat().st_gid) == (12345, 12345)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kept.npy", "link.npy"]
 
 
@@ -104,3 +108,26 @@ def test_a_link_to_a_name_without_the_suffix_gets_the_whole_file(tmp_path: Path)
     write_output(link, "-o/--output", lambda path: np.save(path, np.arange(4)))
     assert np.load(link).tolist() == [0, 1, 2, 3]
     assert sorted(path.name for path in store.iterdir()) == ["lengths_v1"]
+
+
+def test_a_file_no_rename_replaces_gets_the_whole_file_in_place(tmp_path: Path, monkeypatch):
+    """review19 item 6: a bind-mounted output (``docker run -v plan.json:...``) refuses the
+    rename (EBUSY): the write failed and the plan was lost; and a rename cut a file's other
+    hard links off. The finished file is copied into such a target."""
+    out = tmp_path / "plan.json"
+    out.write_text("old")
+    other = tmp_path / "linked.json"
+    other.hardlink_to(out)
+    write_output(out, "-o/--output", lambda path: path.write_text("new, linked"))
+    assert other.read_text() == "new, linked"
+    other.unlink()
+
+    for refusal in (errno.EBUSY, errno.EPERM):  # a bind mount; another user's file in /tmp
+
+        def refused(source: object, destination: object, code: int = refusal) -> None:
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "replace", refused)
+        write_output(out, "-o/--output", lambda path, c=refusal: path.write_text(f"new {c}"))
+        assert out.read_text() == f"new {refusal}"
+        assert sorted(path.name for path in tmp_path.iterdir()) == ["plan.json"]

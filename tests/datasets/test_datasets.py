@@ -294,7 +294,11 @@ def test_describe_summarises_a_set_by_hand() -> None:
         ({"text": 5}, "text must be field names (str), got 5"),
         ({"text": ("prompt", 1)}, "text must be field names (str), got 1"),
         ({"text": "a", "extra": [None]}, "extra must be field names (str), got None"),
-        ({"text": "a", "history": 2}, "history must be field names (str), got 2"),
+        ({"text": "a", "history": 2}, "history must be one field name (str), got 2"),
+        # review19 item 3: a list or tuple built, then failed in the reader (TypeError
+        # "unhashable type: 'list'", or every record "field ('history',) is missing").
+        ({"text": "a", "history": ["h"]}, "history must be one field name (str), got ['h']"),
+        ({"text": "a", "history": ("h",)}, "history must be one field name (str), got ('h',)"),
     ],
 )
 def test_field_names_of_another_kind_are_refused_naming_the_argument(fields, refused) -> None:

@@ -126,7 +126,7 @@ def _train(rank: int, world_size: int, configs: dict[str, Any], texts: list[str]
     rank's view of the step loss and the (all-reduced) gradients; then the first model fed by
     the sampler and by the Rebalancer (:func:`_fed`)."""
     groups = ContextParallelGroups(timeout=TIMEOUT)
-    out: dict[str, list[dict[str, Any]]] = _fed(rank, _model(configs[FED_MODEL]), groups)
+    out: dict[str, list[Any]] = _fed(rank, _model(configs[FED_MODEL]), groups)
     for name, config in configs.items():
         model = _model(config)
         out[name] = []
@@ -141,7 +141,23 @@ def _train(rank: int, world_size: int, configs: dict[str, Any], texts: list[str]
                 }
             )
             _sgd(model)
+    out["attention apart"] = [_attention_apart(rank, configs[FED_MODEL], texts[0], groups)]
     return out
+
+
+def _attention_apart(rank: int, config: dict[str, Any], text: str, groups: Any) -> str:
+    """run_step where rank 1's model attends with sdpa (switched on that rank alone): what
+    each rank raised (adv19d M3: rank 1 raised alone in its first slot, its peers waited in
+    the K/V gather)."""
+    model = _model(config)
+    if rank == 1:
+        model.set_attn_implementation("sdpa")
+    plan = ContextParallelPlan.from_json(text)
+    try:
+        run_step(model, plan, _samples(plan.lengths, 0), groups, timeout=TIMEOUT)
+    except ValueError as error:
+        return f"ValueError: {error}"
+    return "ran"
 
 
 # ------------------------------------------------------------------ fed by sampler, Rebalancer
@@ -293,6 +309,15 @@ def _assert_equal(reference: list[dict[str, Any]], got: list[list[dict[str, Any]
                 torch.testing.assert_close(
                     mine["grads"][parameter], grad, rtol=1e-10, atol=1e-12, msg=f"{parameter}"
                 )
+
+
+def test_a_rank_whose_model_attends_otherwise_fails_every_rank(
+    trained: tuple[list[ContextParallelPlan], Any],
+) -> None:
+    _, results = trained
+    for rank_results in results:
+        (raised,) = rank_results["attention apart"]
+        assert raised.startswith("ValueError: rank 1: the model's attn_implementation is 'sdpa'")
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -366,7 +366,8 @@ def add_plan_option_arguments(
     ``--layout``, ``--microbatch-size`` (``--micro-batch-size``, its old spelling, still
     works), ``--num-microbatches``, ``--min-microbatches``,
     ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
-    ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``. Read them back with
+    ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``, ``--bound-effort``. Read them
+    back with
     :func:`plan_options_from_args`."""
     group = parser.add_argument_group("plan options")
     cap = "none" if max_tokens_default is None else str(max_tokens_default)
@@ -399,6 +400,7 @@ def add_plan_option_arguments(
         ("--microbatch-multiple", int, 1, "the count is a multiple of this (pipelines; default 1)"),
         ("--rank-speeds", _speeds, None, "speed of every rank, e.g. 1,1,1,0.67 (default: equal)"),
         ("--planning-budget", int, None, "samples x ranks up to which dear rivals run too"),
+        ("--bound-effort", int, None, "level vectors a padded lockstep bound may search"),
     ):
         group.add_argument(name, type=kind, default=default, help=text)
     add_objective_argument(group)

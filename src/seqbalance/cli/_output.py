@@ -10,10 +10,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -191,7 +192,10 @@ def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> 
     A write cut short (a full disk, Ctrl-C) left a cut file where a good one was; now it
     leaves the old file. The mode of a file replaced is kept; a symbolic link is written
     through (its target replaced); a FIFO or device (``/dev/null``, ``/dev/stdout``) is written
-    in place, as is a file whose folder takes no new file.
+    in place, as is a file whose folder takes no new file. A file no rename can replace (a
+    bind-mounted file: EBUSY; another user's file in a sticky folder: EPERM) or with other
+    hard links (which a rename would leave holding the old contents) gets the finished new
+    file copied into it, in place.
 
     Raises:
         OSError: the write failed, named with ``flag`` and ``path`` (a full disk fails the
@@ -209,19 +213,36 @@ def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> 
     try:
         write(Path(path) if temporary is None else temporary)
         if temporary is not None:
-            os.replace(temporary, target)
+            _replace(temporary, target, linked=existing is not None and existing.st_nlink > 1)
     except BaseException as error:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
         if not isinstance(error, OSError) or error.errno is None:
             raise
         reason = error.strerror or str(error)
         raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None
+    finally:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+
+
+def _replace(temporary: Path, target: Path, *, linked: bool) -> None:
+    """``temporary`` in ``target``'s place: renamed over it, or, where a rename cannot
+    replace it or would cut its other hard links off, copied into it."""
+    if not linked:
+        try:
+            os.replace(temporary, target)
+            return
+        except OSError as error:
+            # A bind-mounted file (a container's -v file.json:...) refuses the rename: EBUSY;
+            # another user's file in a sticky folder (/tmp), writable in place: EPERM.
+            if error.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES):
+                raise
+    shutil.copyfile(temporary, target)
 
 
 def _new_file_beside(target: Path, suffix: str, existing: os.stat_result | None) -> Path | None:
-    """An empty new file in ``target``'s folder ending in ``suffix`` (the mode the file had,
-    else the umask's), or None where the folder takes none (write in place then)."""
+    """An empty new file in ``target``'s folder ending in ``suffix`` (the owner and mode the
+    file had, where this process may set them, else the umask's mode), or None where the
+    folder takes none (write in place then)."""
     for attempt in range(100):
         name = f".{target.stem}.{os.getpid()}.{attempt}.partial{suffix}"
         candidate = target.with_name(name)
@@ -232,6 +253,8 @@ def _new_file_beside(target: Path, suffix: str, existing: os.stat_result | None)
         except OSError:  # a read-only or missing folder: the in-place write names the cause
             return None
         if existing is not None:
+            with suppress(OSError):  # only root may give a file to another owner
+                os.chown(candidate, existing.st_uid, existing.st_gid)
             os.chmod(candidate, stat.S_IMODE(existing.st_mode))
         return candidate
     return None

@@ -92,8 +92,8 @@ class Fields:
             value = getattr(self, name)
             names = () if value is None else _names(value, name)
             object.__setattr__(self, name, (names or None) if name == "chat" else names)
-        if self.history is not None:
-            _names(self.history, "history")
+        if self.history is not None and not isinstance(self.history, str):  # read as one key
+            raise ValueError(f"Fields.history must be one field name (str), got {self.history!r}")
         if bool(self.text) == (self.chat is not None):
             raise ValueError(
                 f"give either text fields or a chat field, got text={self.text!r}, "

@@ -27,7 +27,9 @@ What it does:
   ``train_sampling_strategy="sequential"`` keeps the dataset's order across steps (no shuffle);
   ``"group_by_length"`` / ``"batch_rebalance"`` give way to this sampler (a warning). An
   ``IterableDataset`` (a streaming ``datasets`` one too) is refused: steps are planned over a
-  map-style dataset.
+  map-style dataset. So is a trainer with its own training loader (TRL's GRPO, RLOO and
+  distillation trainers repeat prompts with their ``RepeatSampler``), which the mixin would
+  replace.
 - Layout: padding-free TRL (``args.padding_free``, or ``packing=True`` with
   ``packing_strategy`` ``"bfd"`` / ``"bfd_split"``, which trains padding-free) or
   ``layout="packed"`` in the options plans packed micro-batches (the token cap ``max_tokens``
@@ -372,6 +374,21 @@ def _loader_settings(args: Any) -> dict[str, Any]:
     }
 
 
+def _refuse_own_loader(cls: type) -> None:
+    """Refuse a trainer after the mixin in ``cls``'s bases whose ``get_train_dataloader`` is
+    not the Trainer's: TRL's GRPO, RLOO and distillation trainers repeat each prompt (and each
+    generation batch) with their own ``RepeatSampler`` and normalise over those groups, and
+    the mixin's loader replaced theirs without a word."""
+    after = cls.__mro__[cls.__mro__.index(BalancedTrainerMixin) + 1 :]
+    owner = next((base for base in after if "get_train_dataloader" in vars(base)), None)
+    if owner is not None and owner.__module__ != "transformers.trainer":
+        raise ValueError(
+            f"{owner.__name__} builds its own training loader ({owner.__name__}."
+            "get_train_dataloader), which BalancedTrainerMixin would replace: the mixin goes "
+            "before the Trainer or a trainer that keeps the Trainer's loader (SFTTrainer)"
+        )
+
+
 class BalancedTrainerMixin:
     """Put before ``Trainer`` / ``SFTTrainer`` in the bases (module docstring).
 
@@ -388,6 +405,7 @@ class BalancedTrainerMixin:
         seqbalance_lengths: Any = None,
         **kwargs: Any,
     ) -> None:
+        _refuse_own_loader(type(self))
         self.seqbalance_options = dict(seqbalance_options or {})
         self.seqbalance_lengths = seqbalance_lengths
         self._seqbalance_loader: Any = None

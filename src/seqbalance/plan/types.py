@@ -8,6 +8,7 @@ A ``StepPlan`` carries everything needed to re-check itself (``validate``), to r
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -32,6 +33,7 @@ from seqbalance.plan._document import (
     whole,
 )
 from seqbalance.plan._intervals import bound_at_count
+from seqbalance.plan._level_bound import searched_bound
 from seqbalance.plan._objective import bound_in_cost_units, reported_objective_value
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._shared import check_cost_total, check_token_total
@@ -150,7 +152,9 @@ class StepPlan(StepPlanChecks, Plan):
         allow: padded micro-batches pad less the more there are). For the padded layout, the
         least total cost of that many runs of the samples sorted by length
         (``plan/_intervals.py``): the figure a padded plan of a given count is judged by. With
-        rank speeds, also the capacity bound of the count (``plan/_rank_search.py``)."""
+        rank speeds, also the capacity bound of the count (``plan/_rank_search.py``). With
+        ``options.bound_effort``, padded ``lockstep`` plans also search the positions' levels
+        for a tighter bound (``plan/_level_bound.py``), certified whatever the effort."""
         problem = Problem.at_planning_scale(
             lengths=self.lengths,
             sample_costs=self.sample_costs,
@@ -160,6 +164,13 @@ class StepPlan(StepPlanChecks, Plan):
             options=self.options,
         )
         bound = bound_at_count(problem, self.n_microbatches, capped=self.cap_enforced, tight=True)
+        # The plan's own cost (at the planning scale: equal speeds divide it) caps the search,
+        # which is not run where the bound is already within 0.01% of it (proving a gap that
+        # small takes the whole effort).
+        cost = math.ldexp(self.step_cost * problem.common_speed, problem.cost_exponent)
+        if self.options.bound_effort and self.cap_enforced and bound < cost * (1 - 1e-4):
+            searched = searched_bound(problem, self.n_microbatches, cost, self.options.bound_effort)
+            bound = max(bound, searched or 0.0)
         if self.cap_enforced and problem.speeds is not None:
             bound = max(bound, capacity_bound(problem, self.n_microbatches))
         at_count = bound_in_cost_units(bound / problem.common_speed, problem.cost_exponent)

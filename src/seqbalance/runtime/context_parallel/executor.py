@@ -45,7 +45,7 @@ from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
 from seqbalance.runtime.agreement import error_text, raise_gathered_error
 from seqbalance.runtime.collectives import CollectiveError, Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
-from seqbalance.runtime.context_parallel.hf import slot_logits
+from seqbalance.runtime.context_parallel.hf import check_implementation, slot_logits
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
 from seqbalance.runtime.rebalancing.wire import check_dense, smallest_id
 
@@ -88,13 +88,17 @@ class ContextParallelGroups:
         *,
         samples: Sequence[torch.Tensor] | None = None,
         model: torch.nn.Module | None = None,
+        forward: SlotForward | None = None,
     ) -> None:
         """Check that every rank holds ``plan`` and create its missing subgroups.
 
         ``samples``: optional, the step's token ids (as :func:`slot_batch` takes them), checked
         against the plan. ``model``: optional, the model the step runs (:func:`run_step`
         passes it): its parameters' names, shapes, dtypes, whether they train and device types
-        are compared across ranks (a parameter on the meta device is refused). A rank
+        are compared across ranks (a parameter on the meta device is refused). ``forward``:
+        optional, the adapter the step runs ``model`` with; the default Hugging Face adapter's
+        need (the model's attention implementation, :func:`.hf.check_implementation`) is
+        checked here. A rank
         whose plan is for another world size, is invalid or differs from rank 0's, whose
         ``samples`` do not fit it, or whose model's parameters differ from rank 0's, makes
         every rank raise the same ``ValueError`` here (found on that rank alone, it would leave
@@ -110,6 +114,8 @@ class ContextParallelGroups:
             plan.validate()
             if samples is not None:
                 _check_samples(plan, samples)
+            if forward is slot_logits and model is not None:
+                check_implementation(model)  # alone in the first slot, it left peers waiting
             mine, raised = [plan.fingerprint(), _parameter_layout(model), None], None
         except Exception as error:  # told the peers (alone, it left them to the timeout)
             mine = [None, None, error_text(error)]
@@ -437,13 +443,21 @@ def run_step(
 
     ``model`` and ``forward``: as in :func:`slot_loss`; ``timeout``: the seconds each
     collective may wait. Gradients are accumulated into ``model``'s parameters' ``.grad``
-    (those that train: a frozen parameter's stays None).
-    ``groups.prepare(plan, samples=samples)`` runs first (the plan and samples agreement check,
-    which also lines the ranks up for the timing).
+    (those that train: a frozen parameter's stays None): ``.grad`` held before the call (an
+    earlier step's, already summed over the ranks) plus this step's sum, as a step without
+    ``zero_grad()`` in between accumulates.
+    ``groups.prepare(plan, samples=samples, model=model, forward=forward)`` runs first (the
+    plan, samples and model agreement check, which also lines the ranks up for the timing).
     """
     limit = deadline(timeout)
-    groups.prepare(plan, samples=samples, model=model)
+    groups.prepare(plan, samples=samples, model=model, forward=forward)
     rank = dist.get_rank()
+    # The gradients held before this step (accumulation) are already summed over the ranks:
+    # set aside, so that only this step's are summed (summed again, they came back x world).
+    held = {}
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            held[parameter], parameter.grad = parameter.grad, None
     device = next(model.parameters()).device
     labelled = max(float(np.maximum(plan.lengths - 1, 0).sum()), 1.0)
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -474,6 +488,11 @@ def run_step(
         if parameter.grad is None:  # unused here, used on another rank
             parameter.grad = torch.zeros_like(parameter)
         wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", limit)
+    for parameter, grad in held.items():
+        if parameter.grad is None:  # frozen since: keeps what it held
+            parameter.grad = grad
+        else:
+            parameter.grad = grad.add_(parameter.grad)
     wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", limit)
     synchronize(device)
     return StepResult(

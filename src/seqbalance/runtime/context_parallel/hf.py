@@ -30,7 +30,13 @@ import torch
 
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
 
-__all__ = ["ATTENTION_NAME", "attention_forward", "register_attention", "slot_logits"]
+__all__ = [
+    "ATTENTION_NAME",
+    "attention_forward",
+    "check_implementation",
+    "register_attention",
+    "slot_logits",
+]
 
 ATTENTION_NAME = "seqbalance_cp"
 """The name of the context-parallel attention in transformers' ``AttentionInterface``."""
@@ -90,14 +96,10 @@ def register_attention() -> str:
     return ATTENTION_NAME
 
 
-def slot_logits(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    position_ids: torch.Tensor,
-    attention: SlotAttention,
-) -> torch.Tensor:
-    """Logits ``[tokens, vocab]`` of a Hugging Face causal LM over one slot's packed tokens
-    (``input_ids``, ``position_ids``: ``[tokens]``), its attention computed by ``attention``.
+def check_implementation(model: torch.nn.Module) -> None:
+    """What :func:`slot_logits` needs of ``model``: attention computed by
+    :data:`ATTENTION_NAME`. ``run_step`` checks it in its agreement, so that a rank whose
+    model uses another implementation fails on every rank, not alone in its first slot.
 
     Raises:
         ValueError: the model does not use :data:`ATTENTION_NAME` (it would attend across the
@@ -111,6 +113,22 @@ def slot_logits(
             f"needs {ATTENTION_NAME!r} (register_attention(), then "
             f"model.set_attn_implementation({ATTENTION_NAME!r}))"
         )
+
+
+def slot_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention: SlotAttention,
+) -> torch.Tensor:
+    """Logits ``[tokens, vocab]`` of a Hugging Face causal LM over one slot's packed tokens
+    (``input_ids``, ``position_ids``: ``[tokens]``), its attention computed by ``attention``.
+
+    Raises:
+        ValueError: the model does not use :data:`ATTENTION_NAME` (see
+            :func:`check_implementation`).
+    """
+    check_implementation(model)
     output = model(
         input_ids=input_ids[None],
         position_ids=position_ids[None],
