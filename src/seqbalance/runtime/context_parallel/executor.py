@@ -444,26 +444,66 @@ def run_step(
     ``model`` and ``forward``: as in :func:`slot_loss`; ``timeout``: the seconds each
     collective may wait. Gradients are accumulated into ``model``'s parameters' ``.grad``
     (those that train: a frozen parameter's stays None): ``.grad`` held before the call (an
-    earlier step's, already summed over the ranks) plus this step's sum, as a step without
-    ``zero_grad()`` in between accumulates.
+    earlier step's, already summed over the ranks, the same on every rank) plus this step's
+    sum, as a step without ``zero_grad()`` in between accumulates; accumulated in place (no
+    second copy of the gradients). A step that raises in its slots gives the held gradients
+    back (plus world size x the share its slots had computed).
     ``groups.prepare(plan, samples=samples, model=model, forward=forward)`` runs first (the
     plan, samples and model agreement check, which also lines the ranks up for the timing).
     """
     limit = deadline(timeout)
     groups.prepare(plan, samples=samples, model=model, forward=forward)
+    device = next(model.parameters()).device
+    # Gradients held before this step (accumulation) are already summed over the ranks, the
+    # same on every rank: scaled by 1 / world, the sum below gives them back once beside this
+    # step's (summed whole, they came back x world). In place: no second gradient copy.
+    held = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    ranks = dist.get_world_size()
+    for grad in held:
+        grad.div_(ranks)
+    synchronize(device)
+    started = time.perf_counter()
+    try:
+        total, cpu_seconds = _run_slots(model, plan, samples, groups, forward, limit)
+    except BaseException:
+        for grad in held:  # the held gradients back (plus the failed step's own share)
+            grad.mul_(ranks)
+        raise
+    synchronize(device)
+    slots_done = time.perf_counter()
+    world = dist.group.WORLD
+    # A frozen parameter (requires_grad False) keeps no gradient: given zeros, an optimizer
+    # holding it updated it (AdamW's weight decay), silently. prepare() compared which train.
+    for parameter in (p for p in model.parameters() if p.requires_grad):
+        if parameter.grad is None:  # unused here, used on another rank
+            parameter.grad = torch.zeros_like(parameter)
+        wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", limit)
+    wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", limit)
+    synchronize(device)
+    return StepResult(
+        loss=float(total),
+        slot_seconds=slots_done - started,
+        sync_seconds=time.perf_counter() - slots_done,
+        slot_cpu_seconds=tuple(cpu_seconds),
+    )
+
+
+def _run_slots(
+    model: torch.nn.Module,
+    plan: ContextParallelPlan,
+    samples: Sequence[torch.Tensor],
+    groups: ContextParallelGroups,
+    forward: SlotForward,
+    limit: Any,
+) -> tuple[torch.Tensor, list[float]]:
+    """Forward and backward of this rank's slots of ``plan`` (gradients accumulated into
+    ``.grad``), with the plan's barriers: the rank's share of the step's mean token loss
+    (float64) and each slot's CPU seconds."""
     rank = dist.get_rank()
-    # The gradients held before this step (accumulation) are already summed over the ranks:
-    # set aside, so that only this step's are summed (summed again, they came back x world).
-    held = {}
-    for parameter in model.parameters():
-        if parameter.grad is not None:
-            held[parameter], parameter.grad = parameter.grad, None
     device = next(model.parameters()).device
     labelled = max(float(np.maximum(plan.lengths - 1, 0).sum()), 1.0)
     total = torch.zeros((), dtype=torch.float64, device=device)
     cpu_seconds = []
-    synchronize(device)
-    started = time.perf_counter()
     for j in range(plan.n_slots):
         cpu_started = time.process_time()
         batch = slot_batch(plan, rank, j, samples, device=device)
@@ -479,25 +519,4 @@ def run_step(
         if j in plan.barriers:
             marker = torch.zeros(1, device=device)
             wait(dist.all_reduce(marker, async_op=True), f"barrier after slot {j}", limit)
-    synchronize(device)
-    slots_done = time.perf_counter()
-    world = dist.group.WORLD
-    # A frozen parameter (requires_grad False) keeps no gradient: given zeros, an optimizer
-    # holding it updated it (AdamW's weight decay), silently. prepare() compared which train.
-    for parameter in (p for p in model.parameters() if p.requires_grad):
-        if parameter.grad is None:  # unused here, used on another rank
-            parameter.grad = torch.zeros_like(parameter)
-        wait(dist.all_reduce(parameter.grad, group=world, async_op=True), "gradient sum", limit)
-    for parameter, grad in held.items():
-        if parameter.grad is None:  # frozen since: keeps what it held
-            parameter.grad = grad
-        else:
-            parameter.grad = grad.add_(parameter.grad)
-    wait(dist.all_reduce(total, group=world, async_op=True), "loss sum", limit)
-    synchronize(device)
-    return StepResult(
-        loss=float(total),
-        slot_seconds=slots_done - started,
-        sync_seconds=time.perf_counter() - slots_done,
-        slot_cpu_seconds=tuple(cpu_seconds),
-    )
+    return total, cpu_seconds
