@@ -62,3 +62,23 @@ def test_the_state_is_written_where_the_trainer_saves(
     assert saved.is_file() == written
     if written:
         assert json.loads(saved.read_text())["consumed"] == 2
+
+
+def test_a_search_trials_state_goes_into_the_trials_checkpoint(tmp_path: Path) -> None:
+    """Under ``hyperparameter_search`` the Trainer saves into ``output_dir/run-<trial>``
+    (``_get_output_dir(trial)``): the state went into a stray ``output_dir/checkpoint-N``,
+    where ``train(resume_from_checkpoint=True)`` took it for the newest checkpoint."""
+    trainer = _Mixed()
+    loader = balanced_train_dataloader(trainer_stub([{"input_ids": [1] * n} for n in range(1, 9)]))
+    batches = iter(loader)
+    next(batches), next(batches)
+    trainer._seqbalance_loader = loader
+    trainer._trial = "trial 7"
+    trainer._get_output_dir = lambda trial: str(tmp_path / f"run-{trial.split()[-1]}")
+    args = SimpleNamespace(
+        output_dir=str(tmp_path), gradient_accumulation_steps=1, should_save=True
+    )
+    (callback,) = trainer.callbacks
+    callback.on_save(args, SimpleNamespace(global_step=2, is_world_process_zero=True), None)
+    assert (tmp_path / "run-7" / "checkpoint-2" / SAMPLER_STATE_FILE).is_file()
+    assert not (tmp_path / "checkpoint-2").exists()

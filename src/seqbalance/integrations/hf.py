@@ -421,7 +421,7 @@ class BalancedTrainerMixin:
                 # alone while the others went on into training.
                 if mixin._seqbalance_loader is None or not args.should_save:
                     return
-                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                folder = Path(mixin._run_dir(args)) / f"checkpoint-{state.global_step}"
                 # Micro-batches trained in the current epoch (the loader may have prefetched more).
                 consumed = (
                     state.global_step * args.gradient_accumulation_steps
@@ -432,6 +432,12 @@ class BalancedTrainerMixin:
                 (folder / SAMPLER_STATE_FILE).write_text(json.dumps(record, indent=2))
 
         self.add_callback(_SaveSamplerState())  # type: ignore[attr-defined]
+
+    def _run_dir(self, args: Any) -> str:
+        """The folder the Trainer saves checkpoints in: ``output_dir/run-<trial>`` under a
+        hyperparameter search (``_get_output_dir``), else ``output_dir``."""
+        run_dir = getattr(self, "_get_output_dir", None)
+        return args.output_dir if run_dir is None else run_dir(getattr(self, "_trial", None))
 
     def _steps_before_epoch(self, state: Any) -> int:
         """Micro-batches of the epochs before the current one."""
