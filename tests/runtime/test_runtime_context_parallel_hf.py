@@ -49,6 +49,7 @@ from seqbalance.runtime.context_parallel import (  # noqa: E402
     slot_logits,
     slot_loss,
 )
+from seqbalance.runtime.context_parallel.hf import check_implementation  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -413,6 +414,15 @@ def test_wrong_use_raises_a_named_error() -> None:
     ids = torch.zeros(14, dtype=torch.int64)
     with pytest.raises(ValueError, match="attn_implementation is 'sdpa'"):
         slot_logits(model, ids, torch.from_numpy(inputs.position_ids), attention)
+    # adv19d M4: reentrant checkpointing failed in backward with torch's "backward through
+    # the graph a second time"; named up front (run_step checks it in its agreement).
+    model = _model(MODELS["llama-3.1-8b"]).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    check_implementation(model)  # exact: see the module docstring
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(ValueError, match="use_reentrant': False"):
+        check_implementation(model)
+    check_implementation(model.eval())  # no checkpoint runs outside training
 
 
 def test_scaled_presets_keep_the_architecture_and_refuse_what_cp_cannot_run() -> None:
