@@ -144,10 +144,10 @@ class PlanOptions:
             plan's ``count_lower_bound`` (``summary()``'s, and its ``count_ratio``) may check
             in a certified search for a tighter bound (``plan/_level_bound.py``: a branch and
             bound over the positions' levels, without groups or rank speeds, up to
-            ``(dp + 1) ** M = 10,000`` states); about 0.2 ms each on 256 samples, 8 ranks, 4
-            positions, 20,000-60,000 to certify within 2-3% of the least cost on
-            ``batch_rebalance``'s bundled GA 4 steps. ``None`` or ``0`` (default): no search.
-            Plans do not read it.
+            ``(dp + 1) ** M = 10,000`` states); about 0.1 ms each on 256 samples, 8 ranks, 4
+            positions: 50,000 (about 5 s) bring ``batch_rebalance``'s bundled GA 4 steps to
+            1.009-1.029 times the bound on average (BENCHMARKS.md). ``None`` or ``0``
+            (default): no search. Plans do not read it.
     """
 
     cost: Any = "tokens"
