@@ -43,3 +43,12 @@ def test_in_a_group_the_writer_reports_it_before_learning(
     with pytest.raises(ValueError, match="could not report step 0"):
         loop.learn(plan, [record])
     assert loop.observed == 0
+
+
+@pytest.mark.parametrize("writes_log", ["no", 1, None])
+def test_writes_log_is_a_bool(tmp_path: Path, writes_log) -> None:
+    # adv19a F4: read by truthiness, writes_log="no" wrote the telemetry log.
+    with pytest.raises(ValueError, match=rf"^writes_log must be True or False, got {writes_log!r}"):
+        ClosedLoop(
+            PlanOptions(), 1, Feedback(log=str(tmp_path / "run.jsonl")), writes_log=writes_log
+        )

@@ -26,11 +26,21 @@ from seqbalance.datasets import long_context, rl_lengths
         (lambda: rl_lengths(50, group_sigma=1e308), "group_sigma"),
         (lambda: rl_lengths(50, response_sigma=101.0), "response_sigma"),
         (lambda: rl_lengths(50, prompt_sigma=1e200), "prompt_sigma"),
+        # adv19a F3: numpy's "Maximum allowed dimension exceeded" (naming nothing) or an
+        # OverflowError; float(10**400) overflowed before the range check of long_fraction.
+        (lambda: rl_lengths(2**60, group_size=2**10), "n_prompts x group_size"),
+        (lambda: rl_lengths(1, group_size=2**70), "n_prompts x group_size"),
+        (lambda: long_context(2**54), "n"),
     ],
 )
 def test_arguments_beyond_the_limits_are_named(make, name: str) -> None:
     with pytest.raises(ValueError, match=rf"^{name} must be <="):
         make()
+
+
+def test_a_fraction_beyond_float_is_refused_by_range() -> None:
+    with pytest.raises(ValueError, match=r"^long_fraction must be in \[0, 1\], got 1000"):
+        long_context(10, long_fraction=10**400)
 
 
 def test_extremes_within_the_limits_stay_within_the_caps_quietly() -> None:

@@ -47,6 +47,7 @@ CHANGES = {
         lambda v: {"rank_speeds": [1.0, *v]}
     ),
     "planning_budget": st.integers(1, 10**9).map(lambda v: {"planning_budget": v}),
+    "bound_effort": st.integers(1, 10**9).map(lambda v: {"bound_effort": v}),
 }
 
 

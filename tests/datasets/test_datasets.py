@@ -3,6 +3,7 @@ parametric generators (determinism, spike at the cap, group structure, argument 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -284,3 +285,47 @@ def test_describe_summarises_a_set_by_hand() -> None:
     assert row["total_tokens"] == int(lengths.sum())
     assert row["license"] == datasets.info("qwen25math")["license"]
     assert datasets.describe("gsm8k")["groups"] is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"chat": b"messages"}, "chat must be field names (str), got b'messages'"),
+        ({"text": 5}, "text must be field names (str), got 5"),
+        ({"text": ("prompt", 1)}, "text must be field names (str), got 1"),
+        ({"text": "a", "extra": [None]}, "extra must be field names (str), got None"),
+        ({"text": "a", "history": 2}, "history must be one field name (str), got 2"),
+        # review19 item 3: a list or tuple built, then failed in the reader (TypeError
+        # "unhashable type: 'list'", or every record "field ('history',) is missing").
+        ({"text": "a", "history": ["h"]}, "history must be one field name (str), got ['h']"),
+        ({"text": "a", "history": ("h",)}, "history must be one field name (str), got ('h',)"),
+    ],
+)
+def test_field_names_of_another_kind_are_refused_naming_the_argument(fields, refused) -> None:
+    """adv19a F3: bytes were read as their byte values (``chat=(109, 101, ...)``: every record
+    then lacked a field), a number raised TypeError ('int' object is not iterable), names of
+    another kind were kept and never found."""
+    with pytest.raises(ValueError, match=rf"^Fields\.{re.escape(refused)}$"):
+        datasets.Fields(**fields)
+    assert datasets.Fields(text=iter(["a", "b"])).text == ("a", "b")  # an iterable, read once
+
+
+@pytest.mark.parametrize(
+    ("keywords", "refused"),
+    [
+        ({"skip_malformed": "no"}, "skip_malformed must be True or False, got 'no'"),
+        ({"drop_empty": 1}, "drop_empty must be True or False, got 1"),
+        ({"fields": "text"}, "fields must be a Fields or None, got str"),
+        ({"tokenizer": 5}, "tokenizer must be a name or a Tokenizer, got 5"),
+    ],
+)
+def test_token_lengths_reads_its_options_as_given(tmp_path: Path, keywords, refused) -> None:
+    """adv19a F4: ``skip_malformed="no"`` (any truthy value) skipped every malformed record and
+    ``drop_empty=1`` dropped empty ones, silently; ``fields="text"`` and ``tokenizer=5`` raised
+    AttributeError. Checked before any tokenizer loads."""
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"text": "a b"}\n{bad\n')
+    with pytest.raises(ValueError, match=rf"^{re.escape(refused)}$"):
+        datasets.token_lengths(path, **keywords)
+    with pytest.raises(ValueError, match=r"^skip_malformed must be True or False, got 'no'$"):
+        datasets.trl_token_lengths(path, tokenizer="unused", skip_malformed="no")

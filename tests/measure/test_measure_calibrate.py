@@ -301,6 +301,37 @@ def test_fit_cost_model_recovers_the_constants_of_a_known_model() -> None:
         fit_cost_model([(plans[0], np.zeros_like(plans[0].costs))])
 
 
+def test_fits_that_price_sharded_pairs_only_give_a_model_that_holds_them() -> None:
+    """adv19d M5: where the best fit prices sharded pairs but no whole-sample pairs (t2 = 0),
+    the model (sharded pairs at factor x t2) dropped them: slots predicted up to a quarter
+    short while fit_stats said exact. The fit must be one the model holds: its fit_stats its
+    own predictions' error."""
+    pytest.importorskip("torch")
+    from seqbalance.measure.calibrate_context_parallel import calibration_plans
+    from seqbalance.measure.fit_context_parallel import (
+        FEATURES,
+        fit_cost_model,
+        refit_cost_model,
+        slot_features,
+    )
+    from seqbalance.plan.context_parallel import ContextParallel
+
+    cost = _cp_cost(t0=2e-3, t1=3e-5, t2=1e-8, bandwidth=4e8, latency=2e-4, piece=8e-4, factor=1.6)
+    plans = calibration_plans(4, ContextParallel(sizes=(1, 2, 4)), cost, max_tokens=256, seed=2)
+    plans = plans[:: len(plans) // 12]  # about a dozen, whole and sharded: enough to show it
+    constants = _constants(cost)
+    constants[FEATURES.index("t2")] = 0.0  # whole-sample pairs free, sharded ones not
+    full = [slot_features(plan) for plan in plans]
+    observed = [(plan, f @ constants) for plan, f in zip(plans, full, strict=True)]
+    features = [f[plan.tokens > 0] for plan, f in zip(plans, full, strict=True)]
+    seconds = np.concatenate([f @ constants for f in features])
+    for fitted in (fit_cost_model(observed), refit_cost_model(cost, observed)):
+        own = np.concatenate([f @ _constants(fitted) for f in features]) / seconds - 1
+        own_mape = float(np.mean(np.abs(own)))
+        assert fitted.time.fit_stats.mape == pytest.approx(own_mape, rel=1e-9, abs=1e-12)
+        assert own_mape < 0.05
+
+
 def _constants(model) -> np.ndarray:
     time = model.time
     comm = model.comm

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import seqbalance as sb
 from seqbalance.cost.resolve import evaluate_costs
 from seqbalance.plan import StepPlan
+from seqbalance.plan._capacity_bounds import _filled_ranks_bound, capacity_bound, counts_bound
 from seqbalance.plan._problem import Problem
-from seqbalance.plan._rank_search import _filled_ranks_bound, capacity_bound, counts_bound
 
 MAX_SLOTS = 4
 

@@ -327,8 +327,9 @@ def test_the_rank_search_keeps_the_padded_sample_capacity(data: st.DataObject) -
     capacity (``m x microbatch_size``), every rank stays within it (groups filling the
     capacity to within one sample per rank: the pairwise rounds broke it on 1 in 10)."""
     from seqbalance.plan import PlanOptions
+    from seqbalance.plan._capacity_lpt import lpt_with_capacities
     from seqbalance.plan._problem import Problem
-    from seqbalance.plan._rank_search import RankState, capacities, lpt_with_capacities
+    from seqbalance.plan._rank_search import RankState, capacities
 
     dp, m, size = (
         data.draw(st.integers(2, 6)),

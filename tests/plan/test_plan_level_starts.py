@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from seqbalance.plan._at_count import lowered
 from seqbalance.plan._intervals import Intervals, bound_at_count
-from seqbalance.plan._level_starts import _Reach, level_start
+from seqbalance.plan._level_bound import LevelReach
+from seqbalance.plan._level_starts import level_start
 from seqbalance.plan._portfolio import aligned_value
 
 
@@ -50,7 +51,7 @@ def test_the_reach_program_is_the_brute_force(lengths, dp, m, size, data) -> Non
     levels = sorted(
         (data.draw(st.floats(0, top + 1, allow_nan=False)) for _ in range(m)), reverse=True
     )
-    reach = _Reach(costs, take, dp, m)
+    reach = LevelReach(costs, take, dp, m)
     levels = np.asarray([levels], dtype=np.float64)
     fits = bool(reach.fits(levels)[0])
     assert fits == _fits_by_brute_force(costs, take, dp, levels[0])

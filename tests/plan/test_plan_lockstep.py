@@ -1,10 +1,11 @@
-"""The lockstep re-packing under a profile (``plan/_lockstep.py``), vectorised over ranks, places
-every sample exactly where packing one rank at a time by its definition does."""
+"""The lockstep re-packing under a profile (``plan/_lockstep.py``), vectorised over ranks or rank
+by rank, places every sample exactly where packing one rank at a time by its definition does."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -103,6 +104,10 @@ def test_ranks_packed_at_once_as_one_by_one(request: Any) -> None:
         for r, mbs in enumerate(plan)
     ]
     assert _pack_under(p, plan, reference, profile) == expected
+    # Rank by rank (_placed_alone) from the start, and vectorised over ranks to the end.
+    for alone in (p.dp, 0):
+        with mock.patch.object(lockstep, "_ALONE_RANKS", alone):
+            assert _pack_under(p, plan, reference, profile) == expected
 
 
 def _speeds_problem(lengths: list[int], speeds: tuple[float, float]) -> Problem:
@@ -112,7 +117,7 @@ def _speeds_problem(lengths: list[int], speeds: tuple[float, float]) -> Problem:
     return token_problem(lengths, options, dp=2)
 
 
-def _refuse(*args: Any) -> None:
+def _refuse(*args: Any, **kwargs: Any) -> None:
     raise AssertionError("searched although one rank sets the whole cost")
 
 
@@ -228,3 +233,95 @@ def test_the_best_inner_change_is_the_definitions(
     expected = _inner_change_by_definition(p, microbatches, costs, tokens, a, others, speed)
     found = lockstep._best_inner_change(p, microbatches, costs, tokens, None, a, others, [0], speed)
     assert found == expected
+
+
+@settings(max_examples=examples(300, quick=25), deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([0, 1, 1, 1, 2, 3]), min_size=2, max_size=7),
+    lengths=st.lists(st.sampled_from([1, 2, 9, 9, 60, 4000, 4001]), min_size=21, max_size=21),
+    speed=st.sampled_from([1.0, 0.3, 0.08]),
+    jitter=st.lists(st.integers(-3, 3), min_size=7, max_size=7),
+    data=st.data(),
+)
+def test_the_refinements_shortcuts_keep_the_change_it_reads(
+    sizes: list[int], lengths: list[int], speed: float, jitter: list[int], data: st.DataObject
+) -> None:
+    # With the cost now (``current``) and a work budget, the search may leave out candidates
+    # that provably cost at least current * (1 - TOLERANCE) (swaps of near-equal micro-batches,
+    # e.g. of one sample each, only reorder the row) and skip evaluating candidates past the
+    # budget: the refinement reads a change only below that threshold and within the budget,
+    # so that change, and the work counted, must be the full search's.
+    n = sum(sizes)
+    options = PlanOptions(max_tokens=8008, objective="lockstep", allow_oversize=True)
+    p = token_problem(lengths[:n], options)
+    ends = np.cumsum(sizes).tolist()
+    microbatches = [list(range(end - size, end)) for size, end in zip(sizes, ends, strict=True)]
+    # Times as the refinement holds them: updated move by move, so a few ulps off the sums.
+    sums = np.array([float(p.sample_costs[mb].sum()) for mb in microbatches]) / speed
+    costs = sums * (1 + np.array(jitter[: len(sizes)]) * np.finfo(float).eps)
+    tokens = np.array([float(p.lengths[mb].sum()) for mb in microbatches])
+    pool = st.sampled_from([0.0, 10.0, 45.5, 300.0, 9000.0, 60000.0])
+    others = np.array(data.draw(st.lists(pool, min_size=len(sizes), max_size=len(sizes))))
+    others = -np.sort(-others)
+    current = float(np.maximum(-np.sort(-costs), others).sum())
+    a = data.draw(st.integers(0, len(sizes) - 1))
+    full_work = [0]
+    full = lockstep._best_inner_change(
+        p, microbatches, costs, tokens, None, a, others, full_work, speed
+    )
+    budget = data.draw(st.sampled_from([np.inf, full_work[0], full_work[0] - 1]))
+    work = [0]
+    found = lockstep._best_inner_change(
+        p, microbatches, costs, tokens, None, a, others, work, speed, current=current, budget=budget
+    )
+    assert work == full_work
+    below = current * (1 - lockstep._TOLERANCE)
+    if work[0] > budget:
+        assert found is None
+    elif full is not None and full[0] < below:
+        assert found == full
+    else:
+        assert found is None or found[0] >= below
+
+
+def test_swaps_of_lone_samples_are_left_out_and_a_lowering_move_is_not() -> None:
+    # One sample per micro-batch (a slow rank's 4 x 1): every swap only reorders the row, so
+    # none is evaluated; with a second sample in micro-batch 0, moving it lowers the costliest
+    # micro-batch (others all below), which must be evaluated.
+    costs = np.array([900.0, 500.0, 300.0, 100.0]) / 0.08
+    amounts = (costs[0] - costs[1:]) * (1 - 2 * np.finfo(float).eps)
+    current = float(costs.sum())
+    swaps = lockstep._unchanged(costs, 0, np.array([1, 2, 3]), amounts, current)
+    assert swaps.tolist() == [True, True, True]
+    lowering = lockstep._unchanged(costs, 0, np.array([3]), np.array([400.0 / 0.08]), current)
+    assert lowering.tolist() == [False]
+
+
+def test_a_change_lowering_the_cost_by_a_little_over_the_tolerance_is_found() -> None:
+    # Micro-batch 0 holds a sample of cost 1e6 and one of 1.5e-6, micro-batch 1 one of 5; the
+    # other ranks' costliest per position are 1e6 and 1000. Moving the small sample under the
+    # others' 1000, or swapping the large one with the 5, lowers the cost by 1.5e-6, 1.5e-12 of
+    # it (over the 1e-12 tolerance): the shortcut must not leave either out (its bound is a
+    # few 1e-13 of the cost; their rows lie 3e-6 from a reordering of the row now).
+    costs = np.array([1e6, 1.5e-6, 5.0])
+    options = PlanOptions(max_tokens=100, objective="lockstep")
+    p = Problem(
+        lengths=np.array([1, 1, 1]),
+        sample_costs=costs,
+        overhead=0.0,
+        dp=1,
+        groups=None,
+        options=options,
+    )
+    microbatches = [[0, 1], [2]]
+    row = np.array([costs[0] + costs[1], costs[2]])
+    others = np.array([1e6, 1000.0])
+    current = float(np.maximum(row, others).sum())
+    tokens = np.array([2.0, 1.0])
+    full = lockstep._best_inner_change(p, microbatches, row, tokens, None, 0, others, [0], 1.0)
+    assert full == (1001000.0, 1, 0, 2)  # the swap, first of the two (ties: partners first)
+    assert full[0] < current * (1 - lockstep._TOLERANCE)
+    found = lockstep._best_inner_change(
+        p, microbatches, row, tokens, None, 0, others, [0], 1.0, current=current
+    )
+    assert found == full

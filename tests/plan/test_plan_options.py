@@ -189,6 +189,7 @@ def test_option_names_are_the_dataclass_fields() -> None:
         "context_parallel",
         "rank_speeds",
         "planning_budget",
+        "bound_effort",
     )
 
 

@@ -143,8 +143,8 @@ def test_lockstep_search_with_speeds_is_bounded(slow: float, monkeypatch) -> Non
     spent: dict[int, int] = {}  # each refinement's work counter, by identity
     inner = lockstep._best_inner_change
 
-    def counted_inner(*args):
-        found = inner(*args)
+    def counted_inner(*args, **kwargs):
+        found = inner(*args, **kwargs)
         spent[id(args[7])] = args[7][0]
         return found
 

@@ -70,7 +70,7 @@ def _model() -> TinyCausalTransformer:
 def _run_plans(rank: int, world_size: int, plans: list[str]) -> list[dict[str, Any]]:
     groups = ContextParallelGroups(timeout=TIMEOUT)
     out = []
-    for text in plans:
+    for index, text in enumerate(plans):
         plan = ContextParallelPlan.from_json(text)
         model = _model()
         step = run_step(
@@ -78,8 +78,29 @@ def _run_plans(rank: int, world_size: int, plans: list[str]) -> list[dict[str, A
         )
         assert step.slot_seconds > 0 and step.sync_seconds > 0
         assert len(step.slot_cpu_seconds) == plan.n_slots and min(step.slot_cpu_seconds) >= 0
-        out.append({"loss": step.loss, "grads": {n: p.grad for n, p in model.named_parameters()}})
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        out.append({"loss": step.loss, "grads": grads})
+        if index == 0:  # gradient accumulation: the same step again, .grad not zeroed
+            out[-1].update(_accumulated(model, plan, groups))
     return out
+
+
+def _accumulated(model: Any, plan: ContextParallelPlan, groups: Any) -> dict[str, Any]:
+    """``plan``'s step run again on ``model`` without zero_grad: the gradients then, and
+    whether the held ones stayed in place while the slots ran (no second copy, review19)."""
+    held = {n: p.grad.data_ptr() for n, p in model.named_parameters()}
+    seen = []
+
+    def forward(model: Any, *args: Any) -> Any:
+        seen.append(all(p.grad.data_ptr() == held[n] for n, p in model.named_parameters()))
+        return FORWARD(model, *args)
+
+    samples = _samples(plan.lengths.tolist())
+    run_step(model, plan, samples, groups, forward=forward, timeout=TIMEOUT)
+    return {
+        "accumulated": {n: p.grad for n, p in model.named_parameters()},
+        "accumulated in place": bool(seen) and all(seen),
+    }
 
 
 def _reference(lengths: list[int]) -> tuple[float, dict[str, torch.Tensor]]:
@@ -161,6 +182,11 @@ def test_loss_and_gradients_match_one_process(
             assert outcome["loss"] == pytest.approx(loss, rel=1e-12, abs=1e-15), index
             for name, grad in grads.items():
                 torch.testing.assert_close(outcome["grads"][name], grad, rtol=1e-10, atol=1e-12)
+                if index == 0:  # run twice without zero_grad: twice the gradient (adv19d M1)
+                    assert outcome["accumulated in place"]  # no second gradient copy (review19)
+                    torch.testing.assert_close(
+                        outcome["accumulated"][name], 2 * grad, rtol=1e-10, atol=1e-12
+                    )
 
 
 def _random_assignment(rng: np.random.Generator, world_size: int) -> ContextParallelPlan:

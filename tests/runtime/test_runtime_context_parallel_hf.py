@@ -49,6 +49,7 @@ from seqbalance.runtime.context_parallel import (  # noqa: E402
     slot_logits,
     slot_loss,
 )
+from seqbalance.runtime.context_parallel.hf import check_implementation  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -126,7 +127,7 @@ def _train(rank: int, world_size: int, configs: dict[str, Any], texts: list[str]
     rank's view of the step loss and the (all-reduced) gradients; then the first model fed by
     the sampler and by the Rebalancer (:func:`_fed`)."""
     groups = ContextParallelGroups(timeout=TIMEOUT)
-    out: dict[str, list[dict[str, Any]]] = _fed(rank, _model(configs[FED_MODEL]), groups)
+    out: dict[str, list[Any]] = _fed(rank, _model(configs[FED_MODEL]), groups)
     for name, config in configs.items():
         model = _model(config)
         out[name] = []
@@ -141,7 +142,23 @@ def _train(rank: int, world_size: int, configs: dict[str, Any], texts: list[str]
                 }
             )
             _sgd(model)
+    out["attention apart"] = [_attention_apart(rank, configs[FED_MODEL], texts[0], groups)]
     return out
+
+
+def _attention_apart(rank: int, config: dict[str, Any], text: str, groups: Any) -> str:
+    """run_step where rank 1's model attends with sdpa (switched on that rank alone): what
+    each rank raised (adv19d M3: rank 1 raised alone in its first slot, its peers waited in
+    the K/V gather)."""
+    model = _model(config)
+    if rank == 1:
+        model.set_attn_implementation("sdpa")
+    plan = ContextParallelPlan.from_json(text)
+    try:
+        run_step(model, plan, _samples(plan.lengths, 0), groups, timeout=TIMEOUT)
+    except ValueError as error:
+        return f"ValueError: {error}"
+    return "ran"
 
 
 # ------------------------------------------------------------------ fed by sampler, Rebalancer
@@ -295,6 +312,15 @@ def _assert_equal(reference: list[dict[str, Any]], got: list[list[dict[str, Any]
                 )
 
 
+def test_a_rank_whose_model_attends_otherwise_fails_every_rank(
+    trained: tuple[list[ContextParallelPlan], Any],
+) -> None:
+    _, results = trained
+    for rank_results in results:
+        (raised,) = rank_results["attention apart"]
+        assert raised.startswith("ValueError: rank 1: the model's attn_implementation is 'sdpa'")
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_loss_and_every_gradient_equal_one_process(
     trained: tuple[list[ContextParallelPlan], Any], name: str
@@ -388,6 +414,15 @@ def test_wrong_use_raises_a_named_error() -> None:
     ids = torch.zeros(14, dtype=torch.int64)
     with pytest.raises(ValueError, match="attn_implementation is 'sdpa'"):
         slot_logits(model, ids, torch.from_numpy(inputs.position_ids), attention)
+    # adv19d M4: reentrant checkpointing failed in backward with torch's "backward through
+    # the graph a second time"; named up front (run_step checks it in its agreement).
+    model = _model(MODELS["llama-3.1-8b"]).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    check_implementation(model)  # exact: see the module docstring
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(ValueError, match="use_reentrant': False"):
+        check_implementation(model)
+    check_implementation(model.eval())  # no checkpoint runs outside training
 
 
 def test_scaled_presets_keep_the_architecture_and_refuse_what_cp_cannot_run() -> None:

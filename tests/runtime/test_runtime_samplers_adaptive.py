@@ -81,8 +81,11 @@ def _run(sampler: BalancedBatchSampler, rank: int, first: int, last: int, save_a
 def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
     sampler = _sampler(log)
     steps, state = _run(sampler, rank, 0, STEPS, save_at=RESUME_AT)
+    again_of_epoch = _second_pass_first_step(sampler, rank)
     sampler.set_epoch(1)  # the next epoch goes on with what was learned
     at_next_epoch = sampler.state_dict()  # saved before the epoch's first iter()
+    # review19 item 1: a step no running pass remakes answers with the plan it ran with.
+    older = sampler.step_plan(STEPS - 1, epoch=0).to_json(timing=False).encode()
     next_epoch, _ = _run(sampler, rank, 0, 3)
     from_next_epoch = _sampler()
     from_next_epoch.load_state_dict(at_next_epoch)
@@ -113,6 +116,23 @@ def _worker(rank: int, world_size: int, log: str) -> dict[str, Any]:
         "resumed": again,
         "state": state,
         "forgetful": error,
+        "second_pass": again_of_epoch,
+        "older_pass": hashlib.sha256(older).hexdigest(),
+    }
+
+
+def _second_pass_first_step(sampler: BalancedBatchSampler, rank: int) -> dict[str, Any]:
+    """adv19a F2: another pass over the same epoch (a loop that iterates again without
+    set_epoch, or restarts a pass) plans its steps after more observations, but step_plan(0)
+    gave the last pass's plan of step 0, kept (until the new planner remade it: on some ranks
+    only), not the one whose micro-batches next() yields."""
+    batches = iter(sampler)
+    asked = sampler.step_plan(0)
+    first = next(batches)
+    return {
+        "sha": hashlib.sha256(asked.to_json(timing=False).encode()).hexdigest(),
+        "yielded": LENGTHS[first].tolist() == asked.lengths[asked.ranks[rank][0]].tolist(),
+        "after": sampler.step_plan(0).to_json(timing=False) == asked.to_json(timing=False),
     }
 
 
@@ -223,6 +243,15 @@ def test_the_slower_rank_gets_less_work_within_a_few_steps(results):
     # (~34,500) and t1 = 2 us: 5 x 2 ms + 2 us x (T - T1) = 2 x (5 x 2 ms + 2 us x T1) gives
     # T1 / T0 = 0.40 (0.5, the share of the speeds alone, left rank 1 ~18% later; adv16c P4).
     assert all(0.37 < r < 0.43 for r in ratios[seen + LOOKAHEAD + 1 :])
+
+
+def test_another_pass_of_the_epoch_reports_its_own_plans(results):
+    a, b = results
+    assert a["second_pass"] == b["second_pass"]
+    assert a["second_pass"]["sha"] != a["steps"][0]["sha"]  # planned with the learned speeds
+    assert a["second_pass"]["yielded"] and a["second_pass"]["after"]
+    assert b["second_pass"]["yielded"] and b["second_pass"]["after"]
+    assert a["older_pass"] == a["steps"][-1]["sha"] and b["older_pass"] == b["steps"][-1]["sha"]
 
 
 def test_the_next_epoch_goes_on_with_the_learned_speeds(results):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from seqbalance.cost import TimeModel
 from seqbalance.cost.context_parallel import CommModel, ContextParallelTimeModel
-from seqbalance.plan import ContextParallel, PlanOptions, plan_step
+from seqbalance.plan import ContextParallel, PlanOptions, plan_epoch, plan_step
 from seqbalance.plan import layout as layout_module
 from seqbalance.plan.layout import EpochLayout
 from seqbalance.runtime import BalancedBatchSampler
@@ -335,6 +335,71 @@ def test_a_context_parallel_epoch_the_fill_check_passes_is_planned_on_every_rank
         assert len(slots) == len(sampler) == 15
         seen += [i for slot in slots for i in slot]
     assert set(seen) == set(range(19))
+
+
+def test_context_parallel_groups_in_bucket_windows_are_checked_as_dealt() -> None:
+    # adv19a F1: with context_parallel, groups, bucket_window and num_microbatches the check
+    # read a dealt pass it had made only without context_parallel: AttributeError ("'NoneType'
+    # object has no attribute 'rows'") at construction, for an epoch plan_epoch plans.
+    lengths = np.array([636, 511, 269, 307, 40, 75, 16, 175, 813, 649, 912, 503])
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=1024,
+        context_parallel=ContextParallel(sizes=(1, 2)),
+        num_microbatches=1,
+    )
+    layout = {"groups": np.array([0, 1, 2, 3, 3, 3, 3, 4, 4, 4, 5, 5]), "bucket_window": 2}
+    epoch = plan_epoch(lengths, 4, 2, options, **layout)
+    for rank in range(2):
+        sampler = BalancedBatchSampler(
+            lengths, 4, dp_rank=rank, dp_size=2, options=options, **layout
+        )
+        slots = [list(slot) for slot in sampler]
+        assert len(slots) == len(sampler) == len(epoch.steps) == 4
+        assert slots == [
+            list(step.slot(rank, 0, indices=indices))
+            for step, indices in zip(epoch.steps, epoch.sample_indices, strict=True)
+        ]
+    # Over the slots' tokens: refused up front, naming the step as dealt (not AttributeError).
+    dealt = r"^epoch 0: step 1 of 4 \(as bucket_window deals it\) holds 4 samples of 4000 tokens"
+    with pytest.raises(ValueError, match=dealt):
+        BalancedBatchSampler(np.full(12, 1000), 4, dp_rank=0, dp_size=2, options=options, **layout)
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_context_parallel_groups_that_cannot_fill_the_ranks_are_refused_up_front(window) -> None:
+    # adv19a F5: with context_parallel the group fill went unchecked: a step of one group (its
+    # samples in one block of at most 2 ranks) on 4 ranks passed, len() promised the epoch, and
+    # the planner refused the step when it was reached ("rank 2 needs 1 more slot(s)").
+    options = PlanOptions(
+        cost=_CP_COST,
+        max_tokens=1024,
+        context_parallel=ContextParallel(sizes=(2,)),
+        num_microbatches=1,
+    )
+    lengths, groups = np.array([41, 40, 300, 200]), np.array([0, 0, 1, 2])
+    with pytest.raises(ValueError, match="unplannable"):  # what the sampler met mid-epoch
+        try:
+            plan_step(lengths[:2], 4, options, groups=groups[:2])
+        except ValueError as error:
+            raise ValueError("unplannable") from error
+    dealt = "" if window is None else r" \(as bucket_window deals it\)"
+    refusal = rf"^epoch 0: step 0{dealt} holds 2 samples in 1 group, each in one block of at most 2"
+    with pytest.raises(ValueError, match=refusal):
+        BalancedBatchSampler(
+            lengths,
+            2,
+            dp_rank=0,
+            dp_size=4,
+            groups=groups,
+            shuffle=False,
+            bucket_window=window,
+            options=options,
+        )
+    sampler = BalancedBatchSampler(  # two groups per step: each step can fill the 4 ranks
+        lengths, 2, dp_rank=0, dp_size=4, groups=np.arange(4), shuffle=False, options=options
+    )
+    assert len(sampler) == len(list(sampler)) == 2
 
 
 @pytest.mark.parametrize("count", [1, 2])

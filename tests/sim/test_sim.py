@@ -338,9 +338,17 @@ def test_plot_without_matplotlib_names_the_extra(result, tmp_path, monkeypatch) 
 def test_given_batches_replace_the_drawn_ones() -> None:
     lengths = np.arange(1, 41) * 10
     batches = [np.arange(0, 8), np.arange(39, 31, -1)]
-    result = simulate(lengths, dp_size=2, strategies=["round_robin"], batches=batches)
+    told = []
+    result = simulate(
+        lengths,
+        dp_size=2,
+        strategies=["round_robin"],
+        batches=batches,
+        progress=lambda done, total: told.append((done, total)),
+    )
     assert [b.tolist() for b in result.batches] == [b.tolist() for b in batches]
     assert result.steps == 2
+    assert told == [(1, 2), (2, 2)]  # of the batches given, not of steps (adv19d M2)
     # round_robin deals the step in the order given: sample j to rank j % 2.
     assert result.plans["round_robin"][1].ranks[0][0].tolist() == [0, 2, 4, 6]
     for bad in ([np.array([0, 0])], [np.array([40])], [np.array([], dtype=np.int64)], []):

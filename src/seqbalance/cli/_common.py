@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ from seqbalance.cli._output import (
     progress,
     progress_callback,
     to_jsonable,
+    write_output,
 )
 from seqbalance.cost import TimeModel, resolve_cost, seconds_model
 from seqbalance.cost import resolve_model as _resolve_model
@@ -365,7 +366,8 @@ def add_plan_option_arguments(
     ``--layout``, ``--microbatch-size`` (``--micro-batch-size``, its old spelling, still
     works), ``--num-microbatches``, ``--min-microbatches``,
     ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
-    ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``. Read them back with
+    ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``, ``--bound-effort``. Read them
+    back with
     :func:`plan_options_from_args`."""
     group = parser.add_argument_group("plan options")
     cap = "none" if max_tokens_default is None else str(max_tokens_default)
@@ -398,6 +400,7 @@ def add_plan_option_arguments(
         ("--microbatch-multiple", int, 1, "the count is a multiple of this (pipelines; default 1)"),
         ("--rank-speeds", _speeds, None, "speed of every rank, e.g. 1,1,1,0.67 (default: equal)"),
         ("--planning-budget", int, None, "samples x ranks up to which dear rivals run too"),
+        ("--bound-effort", int, None, "level vectors a padded lockstep bound may search"),
     ):
         group.add_argument(name, type=kind, default=default, help=text)
     add_objective_argument(group)
@@ -535,19 +538,6 @@ def flag_names(message: str, flags: Mapping[str, str] | None = None) -> str:
         message = re.sub(rf"\b{name}=True\b", flags[name], message)
         message = re.sub(rf"(?<![\w-]){name}\b", flags[name], message)
     return message
-
-
-def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
-    """``write(path)``, the file a command writes; an OSError is raised again naming ``flag``
-    and ``path`` (a full disk fails the write or the close, not the open: "[Errno 28] No space
-    left on device" was all the command said; an open refused named the path, not the flag)."""
-    try:
-        write(Path(path))
-    except OSError as error:
-        if error.errno is None:
-            raise
-        reason = error.strerror or str(error)
-        raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None
 
 
 def require_torch() -> None:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import shutil
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,6 +30,7 @@ __all__ = [
     "progress",
     "progress_callback",
     "to_jsonable",
+    "write_output",
 ]
 
 
@@ -177,3 +182,79 @@ def progress_callback(
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(description, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def write_output(path: str | Path, flag: str, write: Callable[[Path], None]) -> None:
+    """``write(path)``, the file a command writes, made whole or not at all: ``write`` fills a
+    new file beside ``path`` (with the suffix of ``path`` as given: ``np.save`` appends ".npy"
+    to a name without it, so a link ``L.npy`` to a suffix-less file was replaced by the empty
+    new file, the lengths left in another), which then replaces ``path``.
+    A write cut short (a full disk, Ctrl-C) left a cut file where a good one was; now it
+    leaves the old file. The mode of a file replaced is kept; a symbolic link is written
+    through (its target replaced); a FIFO or device (``/dev/null``, ``/dev/stdout``) is written
+    in place, as is a file whose folder takes no new file. A file no rename can replace (a
+    bind-mounted file: EBUSY; another user's file in a sticky folder: EPERM) or with other
+    hard links (which a rename would leave holding the old contents) gets the finished new
+    file copied into it, in place.
+
+    Raises:
+        OSError: the write failed, named with ``flag`` and ``path`` (a full disk fails the
+            write or the close, not the open: "[Errno 28] No space left on device" was all
+            the command said; an open refused named the path, not the flag).
+    """
+    target = Path(os.path.realpath(path))
+    try:
+        existing: os.stat_result | None = target.stat()
+    except OSError:
+        existing = None
+    temporary = None
+    if existing is None or stat.S_ISREG(existing.st_mode):
+        temporary = _new_file_beside(target, Path(path).suffix, existing)
+    try:
+        write(Path(path) if temporary is None else temporary)
+        if temporary is not None:
+            _replace(temporary, target, linked=existing is not None and existing.st_nlink > 1)
+    except BaseException as error:
+        if not isinstance(error, OSError) or error.errno is None:
+            raise
+        reason = error.strerror or str(error)
+        raise OSError(error.errno, f"{flag} {str(path)!r}: cannot write it: {reason}") from None
+    finally:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+
+
+def _replace(temporary: Path, target: Path, *, linked: bool) -> None:
+    """``temporary`` in ``target``'s place: renamed over it, or, where a rename cannot
+    replace it or would cut its other hard links off, copied into it."""
+    if not linked:
+        try:
+            os.replace(temporary, target)
+            return
+        except OSError as error:
+            # A bind-mounted file (a container's -v file.json:...) refuses the rename: EBUSY;
+            # another user's file in a sticky folder (/tmp), writable in place: EPERM.
+            if error.errno not in (errno.EBUSY, errno.EXDEV, errno.EPERM, errno.EACCES):
+                raise
+    shutil.copyfile(temporary, target)
+
+
+def _new_file_beside(target: Path, suffix: str, existing: os.stat_result | None) -> Path | None:
+    """An empty new file in ``target``'s folder ending in ``suffix`` (the owner and mode the
+    file had, where this process may set them, else the umask's mode), or None where the
+    folder takes none (write in place then)."""
+    for attempt in range(100):
+        name = f".{target.stem}.{os.getpid()}.{attempt}.partial{suffix}"
+        candidate = target.with_name(name)
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        except OSError:  # a read-only or missing folder: the in-place write names the cause
+            return None
+        if existing is not None:
+            with suppress(OSError):  # only root may give a file to another owner
+                os.chown(candidate, existing.st_uid, existing.st_gid)
+            os.chmod(candidate, stat.S_IMODE(existing.st_mode))
+        return candidate
+    return None

@@ -11,12 +11,17 @@ import numpy as np
 
 from seqbalance._validation import (
     MAX_TOKENS_LIMIT,
+    check_bounded_count,
     check_int,
     check_non_negative_float,
     check_positive_float,
 )
 
 __all__ = ["long_context", "rl_lengths"]
+
+_MAX_SAMPLES = 2**53
+"""Most samples a generator draws (numpy refused more naming no argument: "Maximum allowed
+dimension exceeded", or OverflowError)."""
 
 _MAX_SIGMA = 100.0
 """Largest log-sd accepted (natural log): ``e**100`` tokens is a spread no length mix has, and
@@ -77,6 +82,11 @@ def rl_lengths(
     """
     n_prompts = check_int(n_prompts, "n_prompts", minimum=1)
     group_size = check_int(group_size, "group_size", minimum=1)
+    if n_prompts * group_size > _MAX_SAMPLES:  # numpy's unnamed refusal, or OverflowError
+        raise ValueError(
+            f"n_prompts x group_size must be <= 2**53 = {_MAX_SAMPLES} samples, got "
+            f"{n_prompts} x {group_size}"
+        )
     prompt_median = check_positive_float(prompt_median, "prompt_median")
     response_median = check_positive_float(response_median, "response_median")
     prompt_sigma = _sigma(prompt_sigma, "prompt_sigma")
@@ -116,12 +126,12 @@ def long_context(
     Returns int64 tokens per document. ``short_sigma`` is at most 100 and ``long_max`` at most
     2**53 tokens (ValueError naming the argument).
     """
-    n = check_int(n, "n", minimum=1)
+    n = check_bounded_count(n, "n", most=_MAX_SAMPLES, unit=" samples")
     short_median = check_positive_float(short_median, "short_median")
     short_sigma = _sigma(short_sigma, "short_sigma")
     if isinstance(long_fraction, (bool, np.bool_)) or not isinstance(long_fraction, numbers.Real):
         raise ValueError(f"long_fraction must be a number in [0, 1], got {long_fraction!r}")
-    if not 0.0 <= float(long_fraction) <= 1.0:
+    if not 0 <= long_fraction <= 1:  # compared as given: float(10**400) overflowed
         raise ValueError(f"long_fraction must be in [0, 1], got {long_fraction!r}")
     long_min = _tokens(long_min, "long_min")
     long_max = _tokens(long_max, "long_max")

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_choice, not_a_file
+from seqbalance._validation import check_bool, check_choice, not_a_file
 from seqbalance.datasets._files import FORMATS, Malformed, detect_format, read_records
 from seqbalance.datasets.chat_template import ChatTemplateError, compile_chat_template
 from seqbalance.datasets.tokenize import TextRefused, Tokenizer, count_chunk, get_tokenizer
@@ -88,11 +88,12 @@ class Fields:
     def __post_init__(self) -> None:
         # One chat field or several (TRL's prompt + completion), always stored as a tuple; a
         # text or extra field given as one string is one name too (it was split into letters).
-        chat = (self.chat,) if isinstance(self.chat, str) else self.chat
-        object.__setattr__(self, "chat", tuple(chat) if chat else None)
-        for name in ("text", "extra"):
+        for name in ("text", "chat", "extra"):
             value = getattr(self, name)
-            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+            names = () if value is None else _names(value, name)
+            object.__setattr__(self, name, (names or None) if name == "chat" else names)
+        if self.history is not None and not isinstance(self.history, str):  # read as one key
+            raise ValueError(f"Fields.history must be one field name (str), got {self.history!r}")
         if bool(self.text) == (self.chat is not None):
             raise ValueError(
                 f"give either text fields or a chat field, got text={self.text!r}, "
@@ -124,6 +125,17 @@ class Fields:
         if self.extra:
             described["extra"] = list(self.extra)
         return described
+
+
+def _names(value: Any, name: str) -> tuple[str, ...]:
+    """``Fields.<name>`` as field names: one str is one name, else an iterable of strs
+    (ValueError naming ``name``: bytes were read as byte values, a number a TypeError)."""
+    one = isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")
+    names = (value,) if one else tuple(value)
+    shown = next((repr(e) for e in names if not isinstance(e, str)), None)
+    if shown is not None:
+        raise ValueError(f"Fields.{name} must be field names (str), got {shown}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -536,6 +548,13 @@ def token_lengths(
         raise ValueError(f"path: {not_a_file(path)}")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
     template = check_choice(template, "template", TEMPLATES)
+    # Read as given, not by truthiness: skip_malformed="no" skipped every malformed record.
+    skip_malformed = check_bool(skip_malformed, "skip_malformed")
+    drop_empty = check_bool(drop_empty, "drop_empty")
+    if fields is not None and not isinstance(fields, Fields):  # an AttributeError later
+        raise ValueError(f"fields must be a Fields or None, got {type(fields).__name__}")
+    if not isinstance(tokenizer, (str, Tokenizer)):
+        raise ValueError(f"tokenizer must be a name or a Tokenizer, got {tokenizer!r}")
     counter = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     if template == "tokenizer" and counter.chat_template is None:
         raise ValueError(

@@ -383,6 +383,7 @@ def trl_token_lengths(
     if not path.is_file():
         raise ValueError(f"path: {not_a_file(path)}")
     format = detect_format(path) if format is None else check_choice(format, "format", FORMATS)
+    skip_malformed = check_bool(skip_malformed, "skip_malformed")  # "no" skipped them
     config = _checked_config(
         max_length=max_length,
         truncation_mode=truncation_mode,

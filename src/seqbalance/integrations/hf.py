@@ -11,9 +11,11 @@ What it does:
 
 - ``get_train_dataloader`` returns a DataLoader whose ``batch_sampler`` is
   :class:`seqbalance.runtime.BalancedBatchSampler`: every optimizer step holds
-  ``per_device_train_batch_size x gradient_accumulation_steps x dp_size`` samples and every
-  rank runs exactly ``gradient_accumulation_steps`` micro-batches of it (``num_microbatches``),
-  so the Trainer's accumulation loop and the plan agree. The data-parallel rank and size are
+  ``B x gradient_accumulation_steps x dp_size`` samples, ``B`` the batch size the Trainer's own
+  loader takes (``per_device_train_batch_size``, ``x n_gpu`` with ``nn.DataParallel``; after an
+  out-of-memory error, the size ``auto_find_batch_size`` falls back to), and every rank runs
+  exactly ``gradient_accumulation_steps`` micro-batches of it (``num_microbatches``), so the
+  Trainer's accumulation loop and the plan agree. The data-parallel rank and size are
   Accelerate's: ``args.process_index // (tp x cp)`` of ``args.world_size // (tp x cp)``, so the
   ranks of a tensor- or context-parallel group (``parallelism_config``) get the same batches;
   sequence parallelism is refused. The loader is not passed through ``accelerator.prepare``,
@@ -25,11 +27,16 @@ What it does:
   ``train_sampling_strategy="sequential"`` keeps the dataset's order across steps (no shuffle);
   ``"group_by_length"`` / ``"batch_rebalance"`` give way to this sampler (a warning). An
   ``IterableDataset`` (a streaming ``datasets`` one too) is refused: steps are planned over a
-  map-style dataset.
-- Layout: padding-free TRL (``args.padding_free``) or ``layout="packed"`` in the options plans
-  packed micro-batches (the token cap ``max_tokens`` applies to their sum); otherwise micro-batches
-  are padded and hold at most ``per_device_train_batch_size`` samples (the planner groups similar
-  lengths and balances the ranks).
+  map-style dataset. So is a trainer with its own training loader (TRL's GRPO, RLOO and
+  distillation trainers repeat prompts with their ``RepeatSampler``), which the mixin would
+  replace.
+- Layout: padding-free TRL (``args.padding_free``, or ``packing=True`` with
+  ``packing_strategy`` ``"bfd"`` / ``"bfd_split"``, which trains padding-free) or
+  ``layout="packed"`` in the options plans packed micro-batches (the token cap ``max_tokens``
+  applies to their sum); otherwise micro-batches are padded and hold at most ``B`` samples
+  (the planner groups similar lengths and balances the ranks). A row TRL packed is costed as
+  one sequence of its length, though attention stays within each of its documents
+  (``seq_lengths``): rows of many short documents are costed too high.
 - Cost: by default the training FLOPs of the model being trained
   (``ModelSpec.from_hf_config(model.config)``), or the ``cost`` / ``model`` in the options.
 - Loss: with unequal micro-batches a per-micro-batch mean weights tokens unequally. The Trainer
@@ -122,20 +129,26 @@ def _plan_options(trainer: Any, options: dict[str, Any]) -> dict[str, Any]:
             "an empty one has nothing to collate"
         )
     chosen["num_microbatches"] = args.gradient_accumulation_steps
-    padding_free = bool(getattr(args, "padding_free", False))
+    # The trainer's own flag where it has one: TRL's SFTTrainer also trains padding-free with
+    # packing=True and packing_strategy "bfd" / "bfd_split" (args.padding_free stays False);
+    # its DPOTrainer falls back to padding whatever args.padding_free says.
+    flag = getattr(trainer, "padding_free", None)
+    padding_free = bool(getattr(args, "padding_free", False) if flag is None else flag)
     if padding_free and chosen.get("layout", "packed") != "packed":
         # TRL's padding-free collator packs each micro-batch into one row: another layout
         # was overridden without a word.
         raise ValueError(
-            f"seqbalance_options layout={chosen['layout']!r} contradicts args.padding_free=True "
-            "(its collator packs every micro-batch): leave layout out or set 'packed'"
+            f"seqbalance_options layout={chosen['layout']!r} contradicts padding_free=True "
+            "training (args.padding_free, or TRL's packing with packing_strategy 'bfd' / "
+            "'bfd_split'), whose collator packs every micro-batch into one row: leave layout "
+            "out or set 'packed'"
         )
     packed = padding_free or chosen.get("layout") == "packed"
     if packed:
         chosen["layout"] = "packed"
     else:
         chosen["layout"] = "padded"
-        chosen["microbatch_size"] = args.per_device_train_batch_size
+        chosen["microbatch_size"] = _batch_size(trainer)
     if "cost" not in chosen and "model" not in chosen:
         config = getattr(getattr(trainer, "model", None), "config", None)
         if config is not None:
@@ -255,7 +268,7 @@ def balanced_train_dataloader(
     dp_rank, dp_size = _data_parallel_position(trainer)
     sampler = BalancedBatchSampler(
         lengths,
-        args.per_device_train_batch_size * args.gradient_accumulation_steps * dp_size,
+        _batch_size(trainer) * args.gradient_accumulation_steps * dp_size,
         dp_rank=dp_rank,
         dp_size=dp_size,
         seed=args.data_seed if args.data_seed is not None else args.seed,
@@ -276,7 +289,7 @@ def balanced_train_dataloader(
     refuse_no_step(
         sampler,
         "train_dataset",
-        "per_device_train_batch_size x gradient_accumulation_steps x data-parallel size",
+        "the Trainer's batch size x gradient_accumulation_steps x data-parallel size",
     )
     loader_class = type("BalancedDataLoader", (_EpochLoader, torch.utils.data.DataLoader), {})
     return loader_class(
@@ -287,6 +300,16 @@ def balanced_train_dataloader(
         collate_fn=collator,
         **_loader_settings(args),
     )
+
+
+def _batch_size(trainer: Any) -> int:
+    """Samples per micro-batch: what the Trainer's own training loader batches,
+    ``_train_batch_size`` (``per_device_train_batch_size x n_gpu``, or the size
+    ``auto_find_batch_size`` fell back to after running out of memory: the per-device size
+    alone made every retry run the same micro-batches); ``per_device_train_batch_size`` for a
+    trainer-like object without it."""
+    size = getattr(trainer, "_train_batch_size", None)
+    return trainer.args.per_device_train_batch_size if size is None else size
 
 
 def _data_parallel_position(trainer: Any) -> tuple[int, int]:
@@ -351,6 +374,21 @@ def _loader_settings(args: Any) -> dict[str, Any]:
     }
 
 
+def _refuse_own_loader(cls: type) -> None:
+    """Refuse a trainer after the mixin in ``cls``'s bases whose ``get_train_dataloader`` is
+    not the Trainer's: TRL's GRPO, RLOO and distillation trainers repeat each prompt (and each
+    generation batch) with their own ``RepeatSampler`` and normalise over those groups, and
+    the mixin's loader replaced theirs without a word."""
+    after = cls.__mro__[cls.__mro__.index(BalancedTrainerMixin) + 1 :]
+    owner = next((base for base in after if "get_train_dataloader" in vars(base)), None)
+    if owner is not None and owner.__module__ != "transformers.trainer":
+        raise ValueError(
+            f"{owner.__name__} builds its own training loader ({owner.__name__}."
+            "get_train_dataloader), which BalancedTrainerMixin would replace: the mixin goes "
+            "before the Trainer or a trainer that keeps the Trainer's loader (SFTTrainer)"
+        )
+
+
 class BalancedTrainerMixin:
     """Put before ``Trainer`` / ``SFTTrainer`` in the bases (module docstring).
 
@@ -367,6 +405,7 @@ class BalancedTrainerMixin:
         seqbalance_lengths: Any = None,
         **kwargs: Any,
     ) -> None:
+        _refuse_own_loader(type(self))
         self.seqbalance_options = dict(seqbalance_options or {})
         self.seqbalance_lengths = seqbalance_lengths
         self._seqbalance_loader: Any = None
@@ -377,9 +416,12 @@ class BalancedTrainerMixin:
 
         class _SaveSamplerState(TrainerCallback):
             def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-                if mixin._seqbalance_loader is None or not state.is_world_process_zero:
+                # Where the Trainer writes the checkpoint: with save_on_each_node every node's
+                # local process 0 (node-local disks), whose ranks otherwise refused the resume
+                # alone while the others went on into training.
+                if mixin._seqbalance_loader is None or not args.should_save:
                     return
-                folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                folder = Path(mixin._run_dir(args)) / f"checkpoint-{state.global_step}"
                 # Micro-batches trained in the current epoch (the loader may have prefetched more).
                 consumed = (
                     state.global_step * args.gradient_accumulation_steps
@@ -390,6 +432,12 @@ class BalancedTrainerMixin:
                 (folder / SAMPLER_STATE_FILE).write_text(json.dumps(record, indent=2))
 
         self.add_callback(_SaveSamplerState())  # type: ignore[attr-defined]
+
+    def _run_dir(self, args: Any) -> str:
+        """The folder the Trainer saves checkpoints in: ``output_dir/run-<trial>`` under a
+        hyperparameter search (``_get_output_dir``), else ``output_dir``."""
+        run_dir = getattr(self, "_get_output_dir", None)
+        return args.output_dir if run_dir is None else run_dir(getattr(self, "_trial", None))
 
     def _steps_before_epoch(self, state: Any) -> int:
         """Micro-batches of the epochs before the current one."""
@@ -418,6 +466,21 @@ class BalancedTrainerMixin:
             self._check_resume(Path(checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
 
+    def _resume_batch_size(self, checkpoint: Path) -> None:
+        """With ``auto_find_batch_size``, the batch size the Trainer resumes ``checkpoint`` at:
+        ``trainer_state.json``'s ``train_batch_size`` (the size it fell back to), which the
+        Trainer sets right after this check; the check planned with the first size and refused
+        the checkpoint."""
+        from transformers.trainer_callback import TrainerState
+
+        # transformers.trainer.TRAINER_STATE_NAME (that module takes seconds to import).
+        state_file = checkpoint / "trainer_state.json"
+        args = self.args  # type: ignore[attr-defined]
+        if getattr(args, "auto_find_batch_size", False) and state_file.is_file():
+            size = TrainerState.load_from_json(str(state_file)).train_batch_size
+            if size is not None:
+                self._train_batch_size = size
+
     def _check_resume(self, checkpoint: Path) -> None:
         """Fail before training when the checkpoint's plan is not the one this run would make."""
         saved_file = checkpoint / SAMPLER_STATE_FILE
@@ -433,6 +496,7 @@ class BalancedTrainerMixin:
             raise ValueError(
                 f"resume from {checkpoint}: {saved_file} is not a sampler state ({error})"
             ) from None
+        self._resume_batch_size(checkpoint)
         try:
             # A fresh sampler accepts the state only if it would lay out the same plan; the
             # Trainer itself then skips the micro-batches already trained.

@@ -96,8 +96,32 @@ def fit_cost_model(
             holds divided by it overflows.
     """
     x, y = _held_rows(observations)
-    constants = nnls(x / y[:, None], np.ones_like(y))
+    constants = _relative_fit(x, y, np.ones(len(FEATURES), dtype=bool))
     return _model(constants, observations[0][0].time_model, FitStats.of(x @ constants, y))
+
+
+_T2, _SHARDED_T2 = FEATURES.index("t2"), FEATURES.index("sharded_t2")
+
+
+def _relative_fit(rows: np.ndarray, seconds: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """The constants (:data:`FEATURES` order) of least relative error (NNLS) over the ``free``
+    columns of ``rows`` (the others 0) that a model can hold: a model prices sharded pairs
+    as ``factor x t2``, so a fit of ``t2 = 0`` beside sharded pairs of a cost (which the model
+    would drop, predicting slots up to a quarter short while its ``fit_stats`` said exact,
+    adv19d M5) is solved again with the two pair columns as one (factor 1)."""
+    scaled = rows / seconds[:, None]
+    ones = np.ones_like(seconds)
+    constants = np.zeros(len(FEATURES))
+    constants[free] = nnls(scaled[:, free], ones)
+    if constants[_T2] == 0.0 < constants[_SHARDED_T2] and free[_T2]:
+        tied = scaled.copy()
+        tied[:, _T2] += tied[:, _SHARDED_T2]
+        one = free.copy()
+        one[_SHARDED_T2] = False
+        constants[:] = 0.0
+        constants[one] = nnls(tied[:, one], ones)
+        constants[_SHARDED_T2] = constants[_T2]
+    return constants
 
 
 MIN_REFIT_SLOTS = 8
@@ -145,8 +169,7 @@ def refit_cost_model(
     # (wrong by what the refit corrects) would skew the others' to make up for it.
     fitted = ~(x[:, ~refit] > 0).any(axis=1)
     if fitted.any():
-        rows, seconds = x[fitted][:, refit], y[fitted]
-        constants[refit] = nnls(rows / seconds[:, None], np.ones_like(seconds))
+        constants[refit] = _relative_fit(x[fitted], y[fitted], refit)[refit]
     predicted = x @ constants
     residual = np.log(y / np.maximum(predicted, np.finfo(np.float64).tiny))
     spread = float(np.median(np.abs(residual - np.median(residual))) / _NORMAL_MAD)

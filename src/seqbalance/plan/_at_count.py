@@ -15,6 +15,7 @@ from seqbalance.partition import SizeLimits
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.refine import refine
 from seqbalance.plan import _exact, _feasible
+from seqbalance.plan._capacity_lpt import lpt_with_capacities
 from seqbalance.plan._dominant import dominant_start
 from seqbalance.plan._intervals import Intervals, bound_at_count, count_bound
 from seqbalance.plan._level_starts import descended_cuts, level_start
@@ -31,12 +32,7 @@ from seqbalance.plan._padded_search import (
 )
 from seqbalance.plan._portfolio import PLANNING_BUDGET_GAP, aligned_value, beyond_budget
 from seqbalance.plan._problem import Problem
-from seqbalance.plan._rank_search import (
-    GOOD_ENOUGH,
-    RankState,
-    capacities,
-    lpt_with_capacities,
-)
+from seqbalance.plan._rank_search import GOOD_ENOUGH, RankState, capacities
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
 from seqbalance.plan._shared import Microbatches
 from seqbalance.plan._two_positions import two_position_start
@@ -248,6 +244,7 @@ def _longest_alone(p: Problem, m: int) -> Microbatches | None:
         groups=None,
         # Only planned without speeds (equal ones are none): none for the fewer ranks either.
         options=p.options.replace(rank_speeds=None),
+        cost_exponent=p.cost_exponent,
     )
     plan = attempt(rest, m, isolate=False)
     if plan is None:

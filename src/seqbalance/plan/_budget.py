@@ -111,6 +111,7 @@ def modeled_step_seconds(p: Problem, cost: float) -> float | None:
     ``DEFAULT_PEAK_FLOPS_PER_S x DEFAULT_EFFICIENCY`` for FLOPs; None for a cost without a time
     unit (tokens, a custom cost)."""
     unit = cost_unit(p.options.cost_model)
+    cost = math.ldexp(cost, -p.cost_exponent)  # the problem's costs may be scaled
     if unit == "seconds":
         return cost
     if unit == "FLOPs":

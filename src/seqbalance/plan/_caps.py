@@ -1,6 +1,7 @@
 """Whether a packed plan keeps the caps, vectorised (``Problem.keeps_cap`` for the packed
-layout: the portfolio checks every soft-cap rival's plan, thousands of samples each). It reads
-the problem's arrays, not the ``Problem`` (which uses it)."""
+layout: the portfolio checks every soft-cap rival's plan, thousands of samples each), and how
+many samples a padded micro-batch holds under the token cap. It reads the problem's arrays, not
+the ``Problem`` (which uses it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from seqbalance.plan._shared import Microbatches
 
-__all__ = ["packed_keeps_cap"]
+__all__ = ["packed_keeps_cap", "padded_room"]
 
 
 def packed_keeps_cap(
@@ -38,3 +39,12 @@ def packed_keeps_cap(
         used = np.bincount(owner, weights=patches[samples], minlength=len(flat))
         fits &= used <= patch_cap
     return bool((over | fits).all())
+
+
+def padded_room(lengths: np.ndarray, cap: int) -> np.ndarray:
+    """int64: the most samples a padded micro-batch whose longest sample has each of
+    ``lengths`` tokens holds within the token cap ``cap`` (``cap // length``), unbounded (the
+    int64 maximum) where that sample is empty: samples of length 0 pad to 0 tokens, however
+    many (read as 1 token, a cap below ``microbatch_size`` made such plans look infeasible and
+    their bounds infinite: adv19c P2)."""
+    return np.where(lengths > 0, cap // np.maximum(lengths, 1), np.iinfo(np.int64).max)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from seqbalance.plan import _at_count, _exact, _feasible
+from seqbalance.plan._capacity_bounds import capacity_bound
 from seqbalance.plan._lockstep import LOCKSTEP_WORK, refine_lockstep
 from seqbalance.plan._portfolio import RIVALS_WITHOUT_BOUND_GAP, Portfolio, aligned_value
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
-from seqbalance.plan._rank_search import capacity_bound
 from seqbalance.plan._shared import Microbatches
 
 __all__ = [
@@ -55,12 +55,21 @@ def padded_counts_beyond(p: Problem, last: int) -> list[int]:
 
 
 def _counts_after(p: Problem, last: int, most: int) -> list[int]:
-    """The allowed counts after ``last`` up to ``most``, none past ``allow_empty``'s limit."""
+    """The allowed counts after ``last`` up to ``most``, none past ``allow_empty``'s limit nor
+    after the first count of ``n`` or more: from there every sample may have a micro-batch of
+    its own on any rank, so a plan of a larger count, its empty micro-batches dropped, is one of
+    that count that costs no more (72 samples on 16 ranks with ``min_microbatches=200`` and
+    speeds planned 62 counts from 200 on, a second for a plan of the first)."""
     counts = []
     count = p.next_microbatches(last)
-    while count is not None and count <= most and (p.allow_empty or p.n >= p.dp * count):
+    while (
+        count is not None
+        and last < p.n
+        and count <= most
+        and (p.allow_empty or p.n >= p.dp * count)
+    ):
         counts.append(count)
-        count = p.next_microbatches(count)
+        last, count = count, p.next_microbatches(count)
     return counts
 
 

@@ -33,6 +33,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
+from seqbalance.plan._caps import padded_room
 from seqbalance.plan._run_totals import costs_between, totals_leaving_out
 from seqbalance.plan._runs import run_room
 from seqbalance.plan._thresholds import threshold_bound
@@ -204,7 +205,7 @@ class Intervals:
         if p.microbatch_size is not None:
             take = np.minimum(take, p.microbatch_size)
         if p.max_tokens is not None:
-            take = np.minimum(take, p.max_tokens // np.maximum(lengths, 1))
+            take = np.minimum(take, padded_room(lengths, p.max_tokens))
         take[p.oversize[self.order]] = 1
         self.take = np.maximum(take, 1)
         self._totals: list[float] = [0.0 if n == 0 else np.inf]

@@ -26,22 +26,18 @@ level nearer the others' runs), moves no cut search makes.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
 
 from seqbalance.plan._cut_pairs import lockstep_values, move_cut_pairs
 from seqbalance.plan._intervals import Intervals
+from seqbalance.plan._level_bound import LEVEL_STATES, LevelReach
 from seqbalance.plan._padded_search import dealt_by_tier
-from seqbalance.plan._runs import run_room
 from seqbalance.plan._shared import Microbatches
 
 __all__ = ["LEVEL_STATES", "descended_cuts", "level_start"]
 
-LEVEL_STATES = 10_000
-"""The start is made only where the reach program has at most this many states (``(dp + 1)
-** M``): 6,561 at 8 ranks and 4 positions, about 0.3 ms per level vector on 256 samples."""
 _SECTIONS = 12
 """Scales tried at once per shape and round ..."""
 _ROUNDS = 2
@@ -79,7 +75,7 @@ def level_start(
     shapes = _shapes(costs, p.dp, m)
     if shapes.size == 0 or not low < high:
         return None
-    reach = _Reach(costs, intervals.take, p.dp, m)
+    reach = LevelReach(costs, intervals.take, p.dp, m)
     fits = reach.fits(shapes * high)
     shapes = shapes[fits]
     if shapes.shape[0] == 0:
@@ -129,7 +125,7 @@ def _descended(
     their sum or the runs of the lowest cannot be split into ``dp x m``."""
     costs = np.diff(cuts) * least[cuts[:-1]]
     start = -np.sort(-costs)[::dp][:m]
-    levels, reach = start, _Reach(least, take, dp, m)
+    levels, reach = start, LevelReach(least, take, dp, m)
     fractions = np.arange(_RAISES) / _RAISES
     drops = np.asarray(_DROPS)
     for _ in range(_MOVES):
@@ -191,91 +187,6 @@ def _shapes(costs: np.ndarray, dp: int, m: int) -> np.ndarray:
     total = shapes.sum(axis=1, keepdims=True)
     usable = (np.isfinite(total[:, 0]) & (total[:, 0] > 0)) & (shapes > 0).all(axis=1)
     return shapes[usable] / total[usable]
-
-
-@lru_cache(maxsize=32)
-def _layers(dp: int, m: int) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray]]]]:
-    """The reach program's states by how many runs they have used (state ``s`` counts
-    ``c_t`` runs of position ``t``, ``s = sum c_t x (dp + 1) ** t``): per layer its states and,
-    per position with a run in them, which of them (their places in the layer) follow which
-    state of the layer before by one more run of that position."""
-    counts = np.indices((dp + 1,) * m).reshape(m, -1)[::-1]  # counts[t, s]
-    used = counts.sum(axis=0)
-    layers = []
-    for size in range(1, dp * m + 1):
-        states = np.flatnonzero(used == size)
-        steps = []
-        for t in range(m):
-            after = np.flatnonzero(counts[t, states] > 0)
-            steps.append((t, after, states[after] - (dp + 1) ** t))
-        layers.append((states, steps))
-    return layers
-
-
-class _Reach:
-    """Whether runs fit level vectors (the farthest sample reached per state)."""
-
-    def __init__(self, costs: np.ndarray, take: np.ndarray, dp: int, m: int):
-        self.costs, self.take, self.dp, self.m = costs, take, dp, m
-        self.layers = _layers(dp, m)
-
-    def _ends(self, levels: np.ndarray) -> np.ndarray:
-        """int64 ``[vectors, m x (n + 1)]``: where a run of each position from each start
-        ends (``n`` past the last sample)."""
-        n = self.costs.size
-        room = run_room(self.costs[None, None, :], self.take[None, None, :], levels[:, :, None])
-        ends = np.concatenate(
-            [np.arange(n) + room, np.full((levels.shape[0], self.m, 1), n)], axis=2
-        )
-        return ends.reshape(levels.shape[0], -1)
-
-    def _program(self, levels: np.ndarray, labels: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The farthest sample reached per vector and state, up to the first layer where every
-        vector has reached the end; with ``labels``, per state the position of the run that
-        reached it (-1 where not tracked)."""
-        n, vectors = self.costs.size, levels.shape[0]
-        ends = self._ends(levels)
-        states = (self.dp + 1) ** self.m
-        reach = np.zeros((vectors, states), dtype=np.int64)
-        by = np.full((vectors, states if labels else 1), -1, dtype=np.int64)
-        done = np.zeros(vectors, dtype=bool)
-        # Flat indices into ``ends`` (one gather per step; take_along_axis's index building
-        # was half the program's time).
-        flat, rows = ends.ravel(), np.arange(vectors)[:, None] * ends.shape[1]
-        for layer, steps in self.layers:
-            best = np.zeros((vectors, layer.size), dtype=np.int64)
-            which = np.full((vectors, layer.size), -1, dtype=np.int64)
-            for t, after, before in steps:
-                far = flat.take(rows + (t * (n + 1)) + reach[:, before])
-                if labels:  # the first position reaching the farthest (any, where none moves)
-                    better = (far > best[:, after]) | (which[:, after] < 0)
-                    which[:, after] = np.where(better, t, which[:, after])
-                best[:, after] = np.maximum(best[:, after], far)
-            reach[:, layer] = best
-            if labels:
-                by[:, layer] = which
-            done |= (best >= n).any(axis=1)
-            if done.all():
-                break
-        return reach, by
-
-    def fits(self, levels: np.ndarray) -> np.ndarray:
-        """bool ``[vectors]``: whether the samples fit in runs under each level vector."""
-        reach, _ = self._program(levels, labels=False)
-        return reach.max(axis=1) >= self.costs.size
-
-    def runs(self, levels: np.ndarray) -> list[tuple[int, int, int]]:
-        """(start, end, position) of the runs of a level vector that fits, in order."""
-        reach, by = self._program(levels[None, :], labels=True)
-        state = int(np.argmax(reach[0] >= self.costs.size))  # the first state to end
-        found = []
-        while state > 0:
-            t = int(by[0, state])
-            before = state - (self.dp + 1) ** t
-            if reach[0, state] > reach[0, before]:
-                found.append((int(reach[0, before]), int(reach[0, state]), t))
-            state = before
-        return found[::-1]
 
 
 def _dealt(

@@ -31,6 +31,9 @@ LOCKSTEP_WORK = 5_000_000
 _CALL_WORK = 5_000
 # Candidate cost rows are evaluated this many cells at a time (bounded memory on large steps).
 _CELLS_PER_CHUNK = 1 << 18
+# The re-packing under a profile places the samples of this many ranks or fewer rank by rank
+# (1-D numpy calls cost about a third of those on a few rows at once).
+_ALONE_RANKS = 4
 
 
 def match_profile(p: Problem, plan: Microbatches) -> Microbatches:
@@ -98,6 +101,16 @@ def _pack_under(
     failed[reference] = True
     step = 0
     while (rows := np.flatnonzero((counts > step) & ~failed)).size:
+        if rows.size <= _ALONE_RANKS:  # the rest rank by rank (cheaper numpy calls)
+            for r in rows.tolist():
+                span = slice(starts[r] + step, starts[r] + counts[r])
+                rooms = (tokens[r], None if patches is None else patches[r], empty[r])
+                placed = _placed_alone(p, samples[span], limits[r], loads[r], rooms)
+                if placed is None:
+                    failed[r] = True
+                else:
+                    where[span] = placed
+            break
         positions = starts[rows][None, :] + np.arange(step, int(counts[rows].min()))[:, None]
         state = _Span(p, samples[positions], limits[rows], loads[rows], tokens[rows], empty[rows])
         if patches is not None:
@@ -122,6 +135,48 @@ def _pack_under(
         fill_empty(p, bins)
         result.append(bins)
     return result
+
+
+def _placed_alone(
+    p: Problem,
+    samples: np.ndarray,
+    limits: np.ndarray,
+    loads: np.ndarray,
+    rooms: tuple[np.ndarray, np.ndarray | None, np.ndarray],
+) -> list[int] | None:
+    """One rank's ``samples`` (heaviest first) placed as ``_Span`` places a rank's, one after
+    the other on 1-D rows (``loads``; ``rooms``: tokens, patches or None, which are empty;
+    updated in place): the micro-batch of each, or None where one fits nowhere. The same float
+    operations (lengths and patches as numpy casts them)."""
+    tokens, patches, empty = rooms
+    costs = p.sample_costs[samples].tolist()
+    lengths = p.lengths[samples].astype(np.float64).tolist()
+    big = p.oversize[samples].tolist()
+    added = None if patches is None else p.patches[samples].astype(np.float64).tolist()  # type: ignore[index]
+    where = []
+    for k, (cost, length, over) in enumerate(zip(costs, lengths, big, strict=True)):
+        if over:  # the first empty micro-batch
+            fits = empty
+            j = int(fits.argmax())
+        else:
+            fits = tokens >= length
+            if added is not None:
+                fits &= patches >= added[k]  # type: ignore[operator]
+            trial = loads + cost
+            within = trial <= limits
+            within &= fits
+            j = int(within.argmax())
+            if not within[j]:  # the fitting one that exceeds the limit least
+                j = int(np.where(fits, trial - limits, np.inf).argmin())
+        if not fits[j]:
+            return None
+        loads[j] += cost
+        tokens[j] = -1.0 if over else tokens[j] - length
+        if added is not None:
+            patches[j] = -1.0 if over else patches[j] - added[k]  # type: ignore[index]
+        empty[j] = False
+        where.append(j)
+    return where
 
 
 class _Span:
@@ -265,7 +320,17 @@ def refine_lockstep(p: Problem, plan: Microbatches, budget: int = LOCKSTEP_WORK)
             a = int(np.flatnonzero(costs[r] == aligned[r, position])[0])
             used = None if patches is None else patches[r]
             choice = _best_inner_change(
-                p, plan[r], costs[r], tokens[r], used, a, others, work, float(speeds[r])
+                p,
+                plan[r],
+                costs[r],
+                tokens[r],
+                used,
+                a,
+                others,
+                work,
+                float(speeds[r]),
+                current=current,
+                budget=budget,
             )
             if work[0] > budget:
                 break
@@ -308,13 +373,23 @@ def _best_inner_change(
     others: np.ndarray,
     work: list[int],
     speed: float,
+    *,
+    current: float = np.inf,
+    budget: float = np.inf,
 ) -> tuple[float, int, int, int] | None:
     """Best move of a sample of micro-batch ``a`` to another micro-batch ``b`` of the same rank,
     or swap with a sample of ``b``: (new lockstep cost, b, moved from a, moved from b or -1).
     ``costs`` are the rank's micro-batch times (cost / ``speed``), ``tokens`` and ``patches``
     (None without a patch cap) the micro-batches' sums; ``work[0]`` counts the work spent (see
     ``LOCKSTEP_WORK``). Every ``b`` is examined at once; ties go to the first ``b``, then the
-    first sample of ``a``, then the first partner (``b``'s order, the plain move last)."""
+    first sample of ``a``, then the first partner (``b``'s order, the plain move last).
+
+    Two shortcuts leave the answer the refinement reads unchanged (and count the same work):
+    where evaluating the candidates would take ``work[0]`` past ``budget``, None (the caller
+    stops on its budget before reading a change); with a finite ``current`` (the lockstep
+    cost now), a candidate is not evaluated where its cost provably rounds to at least
+    ``current * (1 - TOLERANCE)`` (``_unchanged``): the answer is then the best change where
+    that is below, else that or another change not below it, or None."""
     work[0] += _CALL_WORK
     source = np.asarray(microbatches[a], dtype=np.int64)
     if source.size == 0:
@@ -360,12 +435,18 @@ def _best_inner_change(
     chosen = np.flatnonzero(ok)
     if chosen.size == 0:
         return None
+    work[0] += chosen.size * costs.size  # one per candidate cost cell
+    if work[0] > budget:
+        return None
+    if np.isfinite(current):
+        chosen = chosen[~_unchanged(costs, a, bs[chosen], amount[chosen], current)]
+        if chosen.size == 0:
+            return None
     value = np.empty(chosen.size)
     step = max(1, _CELLS_PER_CHUNK // costs.size)
     for start in range(0, chosen.size, step):
         part = chosen[start : start + step]
         rows = np.repeat(costs[None, :], part.size, axis=0)
-        work[0] += rows.size
         rows[:, a] -= amount[part]
         rows[np.arange(part.size), bs[part]] += amount[part]
         rows.sort(axis=1)  # ascending: read backwards, the heaviest first
@@ -374,3 +455,27 @@ def _best_inner_change(
     tied = chosen[value == best]
     k = int(tied[np.lexsort((tied, bs[tied]))[0]])  # the first b, then candidate order
     return float(best), int(bs[k]), int(xs[k]), int(ys[k])
+
+
+def _unchanged(
+    costs: np.ndarray, a: int, bs: np.ndarray, amount: np.ndarray, current: float
+) -> np.ndarray:
+    """Which moves of ``amount`` from micro-batch ``a`` to ``bs`` surely cost at least
+    ``current * (1 - TOLERANCE)`` as ``_best_inner_change`` evaluates them: ``costs`` is a
+    rank's micro-batch times and ``current`` the lockstep cost now, finite (so every time, the
+    other ranks' costliest per position too, is finite and >= 0).
+
+    The cost is the sum over positions of ``max(row sorted heaviest first, others)``, which
+    changes by at most the L1 distance of the sorted rows (``max`` is 1-Lipschitz), and that
+    distance is at most any matching's: the identity's, ``2 x amount``, or a ``b``'s new time
+    against ``a``'s old and ``a``'s new against ``b``'s old (a swap of near-equal micro-batches,
+    e.g. of one sample each, only reorders the row). The rounding of both sums (``m + 1``
+    half-ulps of each, all terms >= 0) and of the threshold is charged against
+    ``TOLERANCE``; a move within half the rest of it is not evaluated."""
+    m = costs.size
+    room = current * (_TOLERANCE - (2 * m + 5) * np.finfo(float).epsneg) / 2
+    if not room > 0:
+        return np.zeros(bs.size, dtype=bool)
+    lowered, raised = costs[a] - amount, costs[bs] + amount  # as the evaluated rows hold them
+    apart = np.abs(lowered - costs[bs]) + np.abs(raised - costs[a])
+    return np.minimum(2 * amount, apart) <= room

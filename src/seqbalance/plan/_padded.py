@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from seqbalance.plan._caps import padded_room
 from seqbalance.plan._shared import Microbatches
 
 __all__ = ["deal", "padded_global", "segment"]
@@ -49,7 +50,7 @@ def segment(p: Problem, samples: np.ndarray, k: int) -> list[list[int]] | None:
     lengths = p.lengths[order]
     take = np.minimum(n - np.arange(n), p.microbatch_size or n)
     if p.max_tokens is not None:
-        take = np.minimum(take, p.max_tokens // np.maximum(lengths, 1))
+        take = np.minimum(take, padded_room(lengths, p.max_tokens))
         take[p.oversize[order]] = 1
     cuts = _Cuts(take, p.sample_costs[order], p.overhead, k)
     best = cuts.walk(np.inf)

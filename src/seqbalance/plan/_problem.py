@@ -10,6 +10,7 @@ step cost, and the grouping of samples into units that must stay on one rank.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -21,10 +22,10 @@ from seqbalance.partition import SizeLimits
 from seqbalance.partition import lower_bound as partition_lower_bound
 from seqbalance.partition.greedy import lpt
 from seqbalance.partition.speeds import lpt_speeds
-from seqbalance.plan._caps import packed_keeps_cap
+from seqbalance.plan._caps import packed_keeps_cap, padded_room
 from seqbalance.plan._fields import GroupedSamples
 from seqbalance.plan._intervals import padded_bound
-from seqbalance.plan._objective import objective_value, rank_imbalance
+from seqbalance.plan._objective import objective_value, rank_imbalance, scale_exponent
 from seqbalance.plan._shared import (
     MAX_SLOTS,
     Microbatches,
@@ -64,6 +65,8 @@ class Problem(GroupedSamples):
         options: the plan options (their fields are also readable as attributes).
         parts: the samples' ``SampleParts`` when they were given as parts (``lengths`` is then
             ``parts.tokens``), else ``None``.
+        cost_exponent: ``sample_costs`` and ``overhead`` are the cost model's times
+            ``2**cost_exponent`` (0 but for costs totalling below 2**-900: ``at_planning_scale``).
     """
 
     lengths: np.ndarray
@@ -73,6 +76,21 @@ class Problem(GroupedSamples):
     groups: np.ndarray | None
     options: PlanOptions
     parts: SampleParts | None = None
+    cost_exponent: int = 0
+
+    @classmethod
+    def at_planning_scale(
+        cls, *, sample_costs: np.ndarray, overhead: float, **fields: Any
+    ) -> Problem:
+        """The ``Problem`` of these costs, scaled by the power of two that brings their total
+        (overheads included) into [1, 2) where it is below 2**-900 (``scale_exponent``), exactly:
+        such costs plan as the same costs at a normal scale do, and their bounds do not reach
+        subnormal floats (``_objective.bound_in_cost_units`` scales one back)."""
+        exponent = scale_exponent(float(sample_costs.sum()) + overhead * sample_costs.size)
+        if exponent:
+            sample_costs = np.ldexp(sample_costs, exponent)
+            overhead = math.ldexp(overhead, exponent)
+        return cls(sample_costs=sample_costs, overhead=overhead, cost_exponent=exponent, **fields)
 
     def __post_init__(self) -> None:  # read-only views (broadcast_to's): strategies share them
         for name in ("lengths", "sample_costs", "groups"):
@@ -526,7 +544,7 @@ class Problem(GroupedSamples):
         if self.layout == "padded":
             count = np.full(lengths.size, self.microbatch_size or lengths.size, dtype=np.int64)
             if cap is not None:
-                count = np.minimum(count, cap // np.maximum(lengths, 1))
+                count = np.minimum(count, padded_room(lengths, cap))
                 count[oversize] = 1
             return overheads + float(np.sort(count * costs)[::-1][:k].sum())
         if cap is None:

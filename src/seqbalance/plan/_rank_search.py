@@ -1,12 +1,12 @@
 """Local search of units over ranks under the ranks' capacities (the balanced planner's rank
 phase): move or swap units between the costliest and the lightest ranks while that lowers the
-costliest one, within the token, sample and vision-patch capacities of ``m`` micro-batches;
-its LPT start under those capacities, and the lower bound they put on a count's step cost.
+costliest one, within the token, sample and vision-patch capacities of ``m`` micro-batches
+(the LPT start under those capacities: ``plan/_capacity_lpt.py``; the lower bound they put on a
+count's step cost: ``plan/_capacity_bounds.py``).
 """
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,16 +19,11 @@ __all__ = [
     "TOLERANCE",
     "RankState",
     "capacities",
-    "capacity_bound",
-    "counts_bound",
-    "lpt_with_capacities",
 ]
 
 TOLERANCE = 1e-12  # relative: improvements smaller than this are float noise
 # Local search stops when the costliest rank is this close (relative) to the lower bound.
 GOOD_ENOUGH = 1e-6
-# ``lpt_with_capacities`` with rank speeds computes finish times in Python up to this many ranks.
-_FEW_RANKS = 16
 
 
 def capacities(p: Problem, m: int) -> tuple[float, float, float]:
@@ -38,188 +33,6 @@ def capacities(p: Problem, m: int) -> tuple[float, float, float]:
     if p.layout == "padded" and p.microbatch_size is not None:
         count = float(m * p.microbatch_size)
     return tokens, count, m * p.patch_cap
-
-
-def capacity_bound(p: Problem, m: int) -> float:
-    """A lower bound (with rank speeds) on the step cost of any valid plan with ``m``
-    micro-batches per rank: the larger of ``_token_capacity_bound`` and ``_filled_ranks_bound``
-    (``lockstep`` costs at least ``step``: the sum over positions of the slowest rank is at
-    least any rank's total, so it holds for both objectives); ``inf`` where no plan can exist."""
-    return max(_token_capacity_bound(p, m), _filled_ranks_bound(p, m))
-
-
-def counts_bound(p: Problem, m_lower: int) -> float:
-    """A lower bound (with rank speeds) on the step cost of any valid plan with ``m_lower`` or
-    more micro-batches per rank: the least over those counts ``c`` of the larger of
-    ``_token_capacity_bound(p, c, overheads=False)``, which never grows with ``c`` (a rank
-    holds more), and ``_filled_ranks_bound(p, c)``, which never falls (a rank runs ``c``
-    overheads and, without empty micro-batches, holds ``c`` samples). Each is a bound at its
-    count (``capacity_bound``), so the least over every count bounds every plan; the larger of
-    a falling and a rising function is least where they cross, found by bisection. From the
-    count whose micro-batches hold every capacity token, ``c x max_tokens >= sum``, the first
-    stays as it is and the second cannot fall, so the counts up to it (or ``m_lower``) are
-    enough. A fixed ``num_microbatches`` leaves ``capacity_bound`` of that count."""
-    if p.num_microbatches is not None:
-        return capacity_bound(p, p.num_microbatches)
-    high = m_lower
-    if np.isfinite(p.cap) and p.cap > 0:
-        high = max(m_lower, -(-int(p.capacity_tokens.sum()) // int(p.cap)))
-
-    def falling(c: int) -> float:
-        return _token_capacity_bound(p, c, overheads=False)
-
-    def rising(c: int) -> float:
-        return _filled_ranks_bound(p, c)
-
-    if falling(m_lower) <= rising(m_lower):
-        return rising(m_lower)
-    if falling(high) > rising(high):
-        return falling(high)
-    low = m_lower  # falling(low) > rising(low), falling(high) <= rising(high)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if falling(middle) > rising(middle):
-            low = middle
-        else:
-            high = middle
-    return min(falling(low), rising(high))
-
-
-def _token_capacity_bound(p: Problem, m: int, *, overheads: bool = True) -> float:
-    """The bound from the token capacity and the overheads (``overheads=False``: leaving the
-    overheads out).
-
-    Rank ``r`` holds at most ``m x max_tokens`` of capacity tokens, so at most ``K``, the most
-    least-cost such tokens can carry (samples taken by cost per token, the last one in part:
-    the fractional knapsack, which bounds every choice of whole samples). Ending by ``T``, its
-    samples' least cost ``C_r`` is at most ``K`` and at most ``s_r x T - m x overhead``. Every
-    cost runs somewhere, so for any ``k`` ranks, counted at ``K``, and the others, counted by
-    time: ``total <= k x K + sum_other (s_r x T - m x overhead)``, and ``T`` is at least
-    ``(total - k x K + (dp - k) x m x overhead) / sum_other s_r``: the largest over ``k`` with
-    the ``k`` fastest counted at ``K`` (the best ``k`` ranks to leave out of the speed sum).
-    Without a cap ``K`` is the total. ``inf`` where even ``dp x K`` is short of the total."""
-    least = p.least_sample_costs
-    total = float(least.sum())
-    overhead = m * p.overhead if overheads else 0.0
-    speeds = np.sort(p.speeds_or_ones)[::-1]  # the fastest first
-    if total <= 0.0:
-        return p.dp * overhead / float(speeds.sum())
-    most = total
-    if np.isfinite(p.cap):
-        free, reach, carried = p.knapsack_curve
-        most = min(total, free + float(np.interp(m * p.cap, reach, carried)))
-    if p.dp * most < total:
-        return np.inf
-    k = np.arange(p.dp)
-    others = np.cumsum(speeds[::-1])[::-1]  # speeds of every rank but the k fastest
-    return float(((total - k * most + (p.dp - k) * overhead) / others).max())
-
-
-def _filled_ranks_bound(p: Problem, m: int) -> float:
-    """Every rank runs ``m`` micro-batches, each paying the overhead (an empty one too): the
-    slowest ends no sooner than ``m x overhead / min(s)``. Without empty micro-batches every
-    rank also holds at least ``m`` samples, so the ``k`` slowest ranks together hold ``k x m``
-    distinct ones, whole groups (units): at least the least cost of units of ``k x m`` samples,
-    bounded by taking units by least cost per sample, the last one in part (the fractional
-    covering, below every choice of whole units; without groups the ``k x m`` cheapest
-    samples); they pay ``k x m`` overheads, and the later of them ends no sooner than that over
-    the sum of their speeds (the best of every ``k``; with slow ranks, more micro-batches cost
-    them more). ``inf`` where the samples are too few."""
-    speeds = np.sort(p.speeds_or_ones)  # the slowest first
-    bound = m * p.overhead / float(speeds[0])
-    if p.allow_empty or m <= 0:
-        return bound
-    if p.n < p.dp * m:
-        return np.inf
-    held, least = p.covering_curve
-    ranks = np.arange(1, p.dp + 1)
-    samples = ranks * m
-    cheapest = np.interp(samples, held, least)
-    return max(bound, float(((cheapest + samples * p.overhead) / np.cumsum(speeds)).max()))
-
-
-def lpt_with_capacities(
-    p: Problem,
-    costs: np.ndarray,
-    tokens: np.ndarray,
-    counts: np.ndarray,
-    patches: np.ndarray | None,
-    caps: tuple[float, float, float],
-) -> np.ndarray | None:
-    """LPT where each unit goes to the lightest rank that still has room for its tokens,
-    samples and vision patches (with rank speeds: the rank with room where it finishes
-    earliest, ``(load + cost) / speed``); None when some unit fits no rank."""
-    cap_tokens, cap_count, cap_patches = caps
-    order = np.lexsort((np.arange(p.n_units), -tokens, -costs))
-    rank_list = [0] * p.n_units
-    rank_tokens = [0.0] * p.dp
-    rank_counts = [0.0] * p.dp
-    rank_patches = [0.0] * p.dp
-    unit_patches = [0.0] * p.n_units if patches is None else patches[order].tolist()
-
-    def room(r: int, weight: float, count: float, patch: float) -> bool:
-        return (
-            rank_tokens[r] + weight <= cap_tokens
-            and rank_counts[r] + count <= cap_count
-            and rank_patches[r] + patch <= cap_patches
-        )
-
-    heap = [(0.0, r) for r in range(p.dp)]  # (load, rank): the lightest rank first
-    # With rank speeds, searched by finish time instead; on a few ranks in Python floats (the
-    # same float operations as numpy's, without its cost per call).
-    few = p.dp <= _FEW_RANKS
-    loads: Any = [0.0] * p.dp if few else np.zeros(p.dp)
-    speeds = p.speeds_or_ones.tolist() if few else p.speeds_or_ones
-
-    def lightest_with_room(cost: float, weight: float, count: float, patch: float) -> int | None:
-        if p.speeds is not None:
-            if few:
-                finish = [(load + cost) / s for load, s in zip(loads, speeds, strict=True)]
-                first = finish.index(min(finish))  # the first of the earliest: the usual answer
-            else:
-                finish = (loads + cost) / speeds
-                first = int(np.argmin(finish))
-            if room(first, weight, count, patch):
-                return first
-            # Stable: ties by rank.
-            by_finish = (
-                sorted(range(p.dp), key=finish.__getitem__)
-                if few
-                else np.argsort(finish, kind="stable").tolist()
-            )
-            return next((r for r in by_finish if room(r, weight, count, patch)), None)
-        load, r = heap[0]
-        if room(r, weight, count, patch):
-            heapq.heapreplace(heap, (load + cost, r))
-            return r
-        aside = []  # the lightest rank is full: take the lightest one with room
-        while heap:
-            load, r = heapq.heappop(heap)
-            if room(r, weight, count, patch):
-                heapq.heappush(heap, (load + cost, r))
-                for item in aside:
-                    heapq.heappush(heap, item)
-                return r
-            aside.append((load, r))
-        return None
-
-    for unit, cost, weight, count, patch in zip(
-        order.tolist(),
-        costs[order].tolist(),
-        tokens[order].tolist(),
-        counts[order].tolist(),
-        unit_patches,
-        strict=True,
-    ):
-        r = lightest_with_room(cost, weight, count, patch)
-        if r is None:
-            return None
-        loads[r] += cost
-        rank_list[unit] = r
-        rank_tokens[r] += weight
-        rank_counts[r] += count
-        rank_patches[r] += patch
-    return np.array(rank_list, dtype=np.int64)
 
 
 class RankState:

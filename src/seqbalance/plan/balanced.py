@@ -84,6 +84,7 @@ import numpy as np
 from seqbalance._validation import EmptySlotError
 from seqbalance.plan import _at_count, _exact, _feasible
 from seqbalance.plan._budget import SLACK_SAMPLES, budget_gap
+from seqbalance.plan._capacity_bounds import counts_bound
 from seqbalance.plan._count_search import CountSearch
 from seqbalance.plan._portfolio import (
     PLANNING_BUDGET_GAP,
@@ -96,7 +97,6 @@ from seqbalance.plan._portfolio import (
 )
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._rank_search import TOLERANCE as _TOLERANCE
-from seqbalance.plan._rank_search import counts_bound
 from seqbalance.plan._shared import Microbatches
 from seqbalance.plan.context_parallel._strategies import BalancedContextParallel
 

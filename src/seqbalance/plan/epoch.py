@@ -154,9 +154,10 @@ def check_steps_fill(
     ``microbatch_multiple``). With ``context_parallel`` (``dp_size``: the ranks of the DPxCP
     domain) a sample fills at most one slot on each of at most the widest usable CP size of
     ranks, so a step needs ``least`` samples and ``samples x widest >= dp_size x least`` (a
-    necessary condition: a step could still fail for other reasons). With groups (no context
-    parallelism) a step's groups, each on one rank, must also fill ``least`` micro-batches on
-    every rank (:func:`_check_group_fill`).
+    necessary condition: a step could still fail for other reasons). With groups a step's
+    groups, each on one rank (with context parallelism: in one block of at most the widest
+    usable CP size of ranks), must also fill ``least`` micro-batches on every rank
+    (:func:`_check_group_fill`).
 
     Raises:
         ValueError: naming the epoch, the step, its samples and the options that would plan it;
@@ -167,7 +168,7 @@ def check_steps_fill(
     if found is None or options.allow_empty:
         return
     step, samples = found
-    slots = dp_size * least
+    slots, widest = dp_size * least, None
     if options.context_parallel is None:
         fills, why = samples >= slots, f"dp_size = {dp_size} x {least} micro-batches"
     else:
@@ -189,24 +190,32 @@ def check_steps_fill(
             "micro-batch",
             f": {drop}allow_empty=True, or fewer micro-batches",
         )
-    if layout.group_ids is not None and options.context_parallel is None:
-        _check_group_fill(layout, dp_size, least, dealt)
+    if layout.group_ids is not None:
+        _check_group_fill(layout, dp_size, least, dealt, widest)
 
 
 def _check_group_fill(
-    layout: EpochLayout, dp_size: int, least: int, dealt: _DealtPass | None
+    layout: EpochLayout, dp_size: int, least: int, dealt: _DealtPass | None, widest: int | None
 ) -> None:
     """EmptySlotError for the first step whose groups cannot give every rank ``least``
     samples, each group on one rank (``EpochLayout.step_fill``): the planner refuses such a
     step, and the epoch failed there after ``len()`` promised it (a step of 12 samples in 3
     groups on 4 ranks). With ``bucket_window`` each step as bucketing deals the window's
     groups among its steps (adv18a F2: a window checked as a whole passed where a step of it
-    got too few groups, and the epoch failed there, up to its last step)."""
+    got too few groups, and the epoch failed there, up to its last step). With context
+    parallelism (``widest``: the widest usable CP size) a group lies in one aligned block of at
+    most ``widest`` ranks and puts at most one piece of each sample on each, so it fills at most
+    ``widest x min(its samples, least)`` slots (adv19a F5: unchecked, a step of one group on 4
+    ranks passed and failed when reached, after ``len()`` promised it)."""
     if layout.window is None:
         sums = layout.step_fill(least)
     else:
         sums = (dealt or _DealtPass(layout, least, None)).rows()[:, :4]
-    filled = sums[:, 0] + sums[:, 1] // least
+    if widest is None:
+        filled, where = sums[:, 0] + sums[:, 1] // least, "each on one rank"
+    else:
+        filled = widest * (sums[:, 0] * least + sums[:, 1]) // least
+        where = f"each in one block of at most {widest} ranks (the widest usable CP size)"
     short = np.flatnonzero(filled < dp_size)
     if not short.size:
         return
@@ -215,7 +224,7 @@ def _check_group_fill(
     dealt = "" if layout.window is None else " (as bucket_window deals it)"
     raise EmptySlotError(
         f"epoch {layout.epoch}: step {k}{dealt} holds {samples} samples in {units} "
-        f"group{'s' * (units != 1)}, each on one rank, which can fill the {least} micro-batch "
+        f"group{'s' * (units != 1)}, {where}, which can fill the {least} micro-batch "
         f"slots of at most {int(filled[k])} of the dp_size = {dp_size} ranks, so it cannot be "
         "planned without an empty micro-batch",
         ": pass allow_empty=True, fewer micro-batches, or smaller groups",
@@ -264,7 +273,9 @@ def check_steps(
         return bin_features(lengths, None if patches is None else patches[key], options)
 
     dealt = None
-    if layout.group_ids is not None and layout.window is not None and not context_parallel:
+    if layout.group_ids is not None and layout.window is not None:
+        # With context_parallel too: its micro-batch bound reads the dealt steps' token sums
+        # (without it, every such epoch with num_microbatches raised AttributeError here).
         least = microbatch_count(1, options, dp_size, str)
         dealt = _DealtPass(layout, least, None if m is None else features)
     check_steps_fill(layout, dp_size, options, dealt=dealt)

@@ -51,7 +51,13 @@ LAYOUTS = ("packed", "padded")
 _FORMAT = "seqbalance.PlanOptions/1"
 # Options added after the format was published are written only when set, so the JSON text and
 # the fingerprint of options that do not use them stay what they were (resumes keep matching).
-_WRITTEN_WHEN_SET = ("max_vision_patches", "context_parallel", "rank_speeds", "planning_budget")
+_WRITTEN_WHEN_SET = (
+    "max_vision_patches",
+    "context_parallel",
+    "rank_speeds",
+    "planning_budget",
+    "bound_effort",
+)
 _RENAMED = {"micro_batch_size": "microbatch_size"}
 """Old option names -> their names now: the old ones still work, with a DeprecationWarning, for
 one release (keywords, ``replace``, ``as_options``, ``from_dict``, attributes)."""
@@ -134,6 +140,14 @@ class PlanOptions:
             DEFAULT_EFFICIENCY``); for a cost without a time unit they run on every step of up
             to 256 samples or of up to 4096 samples with ``n x dp <= 16384``, and on other
             steps when the plan is more than 0.01% above the bound. Other strategies ignore it.
+        bound_effort: level vectors (a count, never wall-clock) that a padded ``lockstep``
+            plan's ``count_lower_bound`` (``summary()``'s, and its ``count_ratio``) may check
+            in a certified search for a tighter bound (``plan/_level_bound.py``: a branch and
+            bound over the positions' levels, without groups or rank speeds, up to
+            ``(dp + 1) ** M = 10,000`` states); about 0.1 ms each on 256 samples, 8 ranks, 4
+            positions: 50,000 (about 5 s) bring ``batch_rebalance``'s bundled GA 4 steps to
+            1.009-1.029 times the bound on average (BENCHMARKS.md). ``None`` or ``0``
+            (default): no search. Plans do not read it.
     """
 
     cost: Any = "tokens"
@@ -153,6 +167,7 @@ class PlanOptions:
     context_parallel: Any = None
     rank_speeds: tuple[float, ...] | None = None
     planning_budget: int | None = None
+    bound_effort: int | None = None
     _cost_model: Any = field(init=False, repr=False, default=None)
 
     micro_batch_size = RenamedAttribute("microbatch_size")
@@ -218,6 +233,8 @@ class PlanOptions:
             set_("rank_speeds", check_rank_speeds(self.rank_speeds))
         if self.planning_budget is not None:
             set_("planning_budget", check_int(self.planning_budget, "planning_budget", minimum=0))
+        if self.bound_effort is not None:
+            set_("bound_effort", check_int(self.bound_effort, "bound_effort", minimum=0))
         if self.context_parallel is None:
             set_("_cost_model", resolve_cost(self.cost, self.model))
         else:

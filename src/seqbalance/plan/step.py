@@ -18,8 +18,9 @@ from seqbalance._validation import (
 )
 from seqbalance.cost.resolve import cost_name, evaluate_costs
 from seqbalance.cost.samples import SampleParts
+from seqbalance.plan._capacity_bounds import counts_bound
+from seqbalance.plan._objective import bound_in_cost_units
 from seqbalance.plan._problem import Problem
-from seqbalance.plan._rank_search import counts_bound
 from seqbalance.plan._shared import check_cost_total, check_token_total, check_within_caps
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
@@ -182,7 +183,7 @@ def _plan(
             )
     source = "given" if costs is not None else cost_name(options.cost_model)
     check_cost_total(sample_costs, overhead, source)
-    problem = Problem(
+    problem = Problem.at_planning_scale(
         lengths=lengths,
         sample_costs=sample_costs,
         overhead=overhead,
@@ -196,6 +197,7 @@ def _plan(
     strategy = get_strategy(options.strategy)
     microbatches = planned_microbatches(strategy, problem)
     ranks, costs, tokens = _arrange(problem, microbatches, strategy.aligns_positions)
+    costs = np.ldexp(costs, -problem.cost_exponent)  # exact: the sums of the unscaled costs
     plan = StepPlan(
         ranks=ranks,
         costs=costs,
@@ -251,7 +253,7 @@ def _reported_bound(problem: Problem, m: int, *, capped: bool) -> float:
     bound = problem.lower_bound(m, capped=capped)
     if capped and problem.speeds is not None:
         bound = max(bound, counts_bound(problem, m))
-    return bound / problem.common_speed
+    return bound_in_cost_units(bound / problem.common_speed, problem.cost_exponent)
 
 
 def _plan_context_parallel(

@@ -8,6 +8,7 @@ A ``StepPlan`` carries everything needed to re-check itself (``validate``), to r
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,6 +20,7 @@ from seqbalance._deprecated import RenamedAttribute
 from seqbalance._validation import as_weights, check_int, check_non_negative_float
 from seqbalance.cost.resolve import ExternalCost
 from seqbalance.cost.spec import presets
+from seqbalance.plan._capacity_bounds import capacity_bound
 from seqbalance.plan._document import (
     MALFORMED_ERRORS,
     PlanDocument,
@@ -31,8 +33,9 @@ from seqbalance.plan._document import (
     whole,
 )
 from seqbalance.plan._intervals import bound_at_count
-from seqbalance.plan._problem import Problem, objective_value
-from seqbalance.plan._rank_search import capacity_bound
+from seqbalance.plan._level_bound import searched_bound
+from seqbalance.plan._objective import bound_in_cost_units, reported_objective_value
+from seqbalance.plan._problem import Problem
 from seqbalance.plan._shared import check_cost_total, check_token_total
 from seqbalance.plan._step_validation import (
     PlanValidationError,
@@ -103,7 +106,7 @@ class StepPlan(StepPlanChecks, Plan):
     def step_cost(self) -> float:
         """The cost the objective minimises: max rank total (``step``) or the sum over
         micro-batch positions of the slowest rank (``lockstep``); see ``summary`` for speeds."""
-        return objective_value(self.costs, self.objective, self.rank_speeds)
+        return reported_objective_value(self.costs, self.objective, self.rank_speeds)
 
     def assignment(self) -> tuple[np.ndarray, np.ndarray]:
         """int64 ``[n]`` arrays: the rank and the micro-batch position of every sample."""
@@ -149,8 +152,10 @@ class StepPlan(StepPlanChecks, Plan):
         allow: padded micro-batches pad less the more there are). For the padded layout, the
         least total cost of that many runs of the samples sorted by length
         (``plan/_intervals.py``): the figure a padded plan of a given count is judged by. With
-        rank speeds, also the capacity bound of the count (``plan/_rank_search.py``)."""
-        problem = Problem(
+        rank speeds, also the capacity bound of the count (``plan/_rank_search.py``). With
+        ``options.bound_effort``, padded ``lockstep`` plans also search the positions' levels
+        for a tighter bound (``plan/_level_bound.py``), certified whatever the effort."""
+        problem = Problem.at_planning_scale(
             lengths=self.lengths,
             sample_costs=self.sample_costs,
             overhead=self.overhead,
@@ -159,14 +164,22 @@ class StepPlan(StepPlanChecks, Plan):
             options=self.options,
         )
         bound = bound_at_count(problem, self.n_microbatches, capped=self.cap_enforced, tight=True)
+        # The plan's own cost (at the planning scale: equal speeds divide it) caps the search,
+        # which is not run where the bound is already within 0.01% of it (proving a gap that
+        # small takes the whole effort).
+        cost = math.ldexp(self.step_cost * problem.common_speed, problem.cost_exponent)
+        if self.options.bound_effort and self.cap_enforced and bound < cost * (1 - 1e-4):
+            searched = searched_bound(problem, self.n_microbatches, cost, self.options.bound_effort)
+            bound = max(bound, searched or 0.0)
         if self.cap_enforced and problem.speeds is not None:
             bound = max(bound, capacity_bound(problem, self.n_microbatches))
-        return max(float(self.lower_bound), bound / problem.common_speed)
+        at_count = bound_in_cost_units(bound / problem.common_speed, problem.cost_exponent)
+        return max(float(self.lower_bound), at_count)
 
     def _summary_extras(self) -> dict[str, Any]:
         at_count = self.count_lower_bound
         figures: dict[str, Any] = {
-            "lockstep_cost": objective_value(self.costs, "lockstep", self.rank_speeds),
+            "lockstep_cost": reported_objective_value(self.costs, "lockstep", self.rank_speeds),
             "dp_size": self.dp_size,
             "count_lower_bound": at_count,
             "count_ratio": self.step_cost / at_count if at_count > 0 else 1.0,

@@ -250,7 +250,8 @@ def simulate(
             ``default_strategies()``; with ``context_parallel``, strategies of
             context-parallel steps).
         seed: seeds batch sampling.
-        progress: called as ``progress(done_steps, steps)`` after each step is planned.
+        progress: called as ``progress(done_steps, total_steps)`` after each step is planned
+            (``total_steps``: ``steps``, or the number of ``batches`` given).
         batches: the dataset indices of every step, in the order the trainer's sampler delivers
             them, instead of drawing them (a sampler that is part of what is compared, e.g.
             Hugging Face's ``LengthGroupedSampler``); ``steps``, ``global_batch_size`` and
@@ -323,7 +324,7 @@ def simulate(
         options,
         names,
         progress,
-        steps,
+        len(batches),  # given batches set the step count, not steps (adv19d M2)
     )
     results, lower_bounds, representative = aggregate(plans)
     return SimulationResult(

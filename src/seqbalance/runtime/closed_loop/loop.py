@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import check_int
+from seqbalance._validation import check_bool, check_int
 from seqbalance.cost.resolve import TokenCost, seconds_model
 from seqbalance.cost.time_model import TimeModel
 from seqbalance.defaults import DEFAULT_EFFICIENCY, DEFAULT_PEAK_FLOPS_PER_S
@@ -151,8 +151,9 @@ class ClosedLoop:
         self.online = OnlineTimeModel(prior, world_size, feedback)
         # Absolute: each step opens the log again, and a relative path written after the process
         # changed its working directory split the telemetry over two files.
+        writes = check_bool(writes_log, "writes_log")  # "no" wrote the log
         self.log = (
-            Path(os.path.abspath(feedback.log)) if writes_log and feedback.log is not None else None
+            Path(os.path.abspath(feedback.log)) if writes and feedback.log is not None else None
         )
         # What learning depends on besides the options, as plain data (a message names what
         # differs between two ranks'); ranks compare the digest.

@@ -45,7 +45,7 @@ from seqbalance.plan.context_parallel import ContextParallelPlan, SlotInputs
 from seqbalance.runtime.agreement import error_text, raise_gathered_error
 from seqbalance.runtime.collectives import CollectiveError, Comm, deadline, synchronize, wait
 from seqbalance.runtime.context_parallel.attention import IGNORE_INDEX
-from seqbalance.runtime.context_parallel.hf import slot_logits
+from seqbalance.runtime.context_parallel.hf import check_implementation, slot_logits
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
 from seqbalance.runtime.rebalancing.wire import check_dense, smallest_id
 
@@ -88,13 +88,17 @@ class ContextParallelGroups:
         *,
         samples: Sequence[torch.Tensor] | None = None,
         model: torch.nn.Module | None = None,
+        forward: SlotForward | None = None,
     ) -> None:
         """Check that every rank holds ``plan`` and create its missing subgroups.
 
         ``samples``: optional, the step's token ids (as :func:`slot_batch` takes them), checked
         against the plan. ``model``: optional, the model the step runs (:func:`run_step`
         passes it): its parameters' names, shapes, dtypes, whether they train and device types
-        are compared across ranks (a parameter on the meta device is refused). A rank
+        are compared across ranks (a parameter on the meta device is refused). ``forward``:
+        optional, the adapter the step runs ``model`` with; the default Hugging Face adapter's
+        need (the model's attention implementation, :func:`.hf.check_implementation`) is
+        checked here. A rank
         whose plan is for another world size, is invalid or differs from rank 0's, whose
         ``samples`` do not fit it, or whose model's parameters differ from rank 0's, makes
         every rank raise the same ``ValueError`` here (found on that rank alone, it would leave
@@ -110,6 +114,8 @@ class ContextParallelGroups:
             plan.validate()
             if samples is not None:
                 _check_samples(plan, samples)
+            if forward is slot_logits and model is not None:
+                check_implementation(model)  # alone in the first slot, it left peers waiting
             mine, raised = [plan.fingerprint(), _parameter_layout(model), None], None
         except Exception as error:  # told the peers (alone, it left them to the timeout)
             mine = [None, None, error_text(error)]
@@ -437,34 +443,32 @@ def run_step(
 
     ``model`` and ``forward``: as in :func:`slot_loss`; ``timeout``: the seconds each
     collective may wait. Gradients are accumulated into ``model``'s parameters' ``.grad``
-    (those that train: a frozen parameter's stays None).
-    ``groups.prepare(plan, samples=samples)`` runs first (the plan and samples agreement check,
-    which also lines the ranks up for the timing).
+    (those that train: a frozen parameter's stays None): ``.grad`` held before the call (an
+    earlier step's, already summed over the ranks, the same on every rank) plus this step's
+    sum, as a step without ``zero_grad()`` in between accumulates; accumulated in place (no
+    second copy of the gradients). A step that raises in its slots gives the held gradients
+    back (plus world size x the share its slots had computed).
+    ``groups.prepare(plan, samples=samples, model=model, forward=forward)`` runs first (the
+    plan, samples and model agreement check, which also lines the ranks up for the timing).
     """
     limit = deadline(timeout)
-    groups.prepare(plan, samples=samples, model=model)
-    rank = dist.get_rank()
+    groups.prepare(plan, samples=samples, model=model, forward=forward)
     device = next(model.parameters()).device
-    labelled = max(float(np.maximum(plan.lengths - 1, 0).sum()), 1.0)
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    cpu_seconds = []
+    # Gradients held before this step (accumulation) are already summed over the ranks, the
+    # same on every rank: scaled by 1 / world, the sum below gives them back once beside this
+    # step's (summed whole, they came back x world). In place: no second gradient copy.
+    held = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    ranks = dist.get_world_size()
+    for grad in held:
+        grad.div_(ranks)
     synchronize(device)
     started = time.perf_counter()
-    for j in range(plan.n_slots):
-        cpu_started = time.process_time()
-        batch = slot_batch(plan, rank, j, samples, device=device)
-        attention = SlotAttention(
-            batch.inputs, groups, timeout=limit.total_seconds(), device=device
-        )
-        # A member with no token of its CP group's samples still runs: its peers gather from it.
-        if batch.inputs.n_tokens or attention.gathers:
-            loss = slot_loss(model, batch, attention, forward=forward) / labelled
-            loss.backward()
-            total += loss.detach().to(torch.float64)
-        cpu_seconds.append(time.process_time() - cpu_started)
-        if j in plan.barriers:
-            marker = torch.zeros(1, device=device)
-            wait(dist.all_reduce(marker, async_op=True), f"barrier after slot {j}", limit)
+    try:
+        total, cpu_seconds = _run_slots(model, plan, samples, groups, forward, limit)
+    except BaseException:
+        for grad in held:  # the held gradients back (plus the failed step's own share)
+            grad.mul_(ranks)
+        raise
     synchronize(device)
     slots_done = time.perf_counter()
     world = dist.group.WORLD
@@ -482,3 +486,37 @@ def run_step(
         sync_seconds=time.perf_counter() - slots_done,
         slot_cpu_seconds=tuple(cpu_seconds),
     )
+
+
+def _run_slots(
+    model: torch.nn.Module,
+    plan: ContextParallelPlan,
+    samples: Sequence[torch.Tensor],
+    groups: ContextParallelGroups,
+    forward: SlotForward,
+    limit: Any,
+) -> tuple[torch.Tensor, list[float]]:
+    """Forward and backward of this rank's slots of ``plan`` (gradients accumulated into
+    ``.grad``), with the plan's barriers: the rank's share of the step's mean token loss
+    (float64) and each slot's CPU seconds."""
+    rank = dist.get_rank()
+    device = next(model.parameters()).device
+    labelled = max(float(np.maximum(plan.lengths - 1, 0).sum()), 1.0)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    cpu_seconds = []
+    for j in range(plan.n_slots):
+        cpu_started = time.process_time()
+        batch = slot_batch(plan, rank, j, samples, device=device)
+        attention = SlotAttention(
+            batch.inputs, groups, timeout=limit.total_seconds(), device=device
+        )
+        # A member with no token of its CP group's samples still runs: its peers gather from it.
+        if batch.inputs.n_tokens or attention.gathers:
+            loss = slot_loss(model, batch, attention, forward=forward) / labelled
+            loss.backward()
+            total += loss.detach().to(torch.float64)
+        cpu_seconds.append(time.process_time() - cpu_started)
+        if j in plan.barriers:
+            marker = torch.zeros(1, device=device)
+            wait(dist.all_reduce(marker, async_op=True), f"barrier after slot {j}", limit)
+    return total, cpu_seconds

@@ -30,7 +30,13 @@ import torch
 
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
 
-__all__ = ["ATTENTION_NAME", "attention_forward", "register_attention", "slot_logits"]
+__all__ = [
+    "ATTENTION_NAME",
+    "attention_forward",
+    "check_implementation",
+    "register_attention",
+    "slot_logits",
+]
 
 ATTENTION_NAME = "seqbalance_cp"
 """The name of the context-parallel attention in transformers' ``AttentionInterface``."""
@@ -90,6 +96,42 @@ def register_attention() -> str:
     return ATTENTION_NAME
 
 
+def check_implementation(model: torch.nn.Module) -> None:
+    """What :func:`slot_logits` needs of ``model``: attention computed by
+    :data:`ATTENTION_NAME`, and no reentrant activation checkpointing (while it trains).
+    ``run_step`` checks it in its agreement, so that a rank whose model uses another
+    implementation fails on every rank, not alone in its first slot.
+
+    Raises:
+        ValueError: the model does not use :data:`ATTENTION_NAME` (it would attend across the
+            packed pieces as if they were one sequence), or checkpoints reentrantly.
+    """
+    config = getattr(model, "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation != ATTENTION_NAME:
+        raise ValueError(
+            f"the model's attn_implementation is {implementation!r}: a context-parallel slot "
+            f"needs {ATTENTION_NAME!r} (register_attention(), then "
+            f"model.set_attn_implementation({ATTENTION_NAME!r}))"
+        )
+    # A reentrant checkpoint recomputes a layer inside backward on inputs cut from the graph,
+    # so the slot's collective-order chain was backwarded twice: torch's RuntimeError "Trying
+    # to backward through the graph a second time" (adv19d M4). Non-reentrant ones are exact.
+    for module in model.modules():
+        function = getattr(module, "_gradient_checkpointing_func", None)
+        keywords = getattr(function, "keywords", None) or {}
+        if (
+            module.training
+            and getattr(module, "gradient_checkpointing", False)
+            and (keywords.get("use_reentrant") is True)
+        ):
+            raise ValueError(
+                "the model uses reentrant activation checkpointing, which a context-parallel "
+                "slot cannot run: enable it with gradient_checkpointing_kwargs="
+                "{'use_reentrant': False} (transformers' default)"
+            )
+
+
 def slot_logits(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -100,17 +142,10 @@ def slot_logits(
     (``input_ids``, ``position_ids``: ``[tokens]``), its attention computed by ``attention``.
 
     Raises:
-        ValueError: the model does not use :data:`ATTENTION_NAME` (it would attend across the
-            packed pieces as if they were one sequence).
+        ValueError: the model does not use :data:`ATTENTION_NAME` (see
+            :func:`check_implementation`).
     """
-    config = getattr(model, "config", None)
-    implementation = getattr(config, "_attn_implementation", None)
-    if implementation != ATTENTION_NAME:
-        raise ValueError(
-            f"the model's attn_implementation is {implementation!r}: a context-parallel slot "
-            f"needs {ATTENTION_NAME!r} (register_attention(), then "
-            f"model.set_attn_implementation({ATTENTION_NAME!r}))"
-        )
+    check_implementation(model)
     output = model(
         input_ids=input_ids[None],
         position_ids=position_ids[None],

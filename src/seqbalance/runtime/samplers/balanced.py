@@ -207,8 +207,8 @@ class BalancedBatchSampler(EpochBatchSampler):
         self._checked_epoch: int | None = None
         if self._failed is None:
             self._check_epoch(0)
-        # The plans the background thread made last, for step_plan() (it writes, the loop reads).
-        self._recent: OrderedDict[tuple[int, int], Plan] = OrderedDict()
+        # The thread's last plans for step_plan(), (epoch, step) -> (pass, plan): it writes.
+        self._recent: OrderedDict[tuple[int, int], tuple[int, Plan]] = OrderedDict()
         self._recent_lock = threading.Lock()
         self._plan: EpochPlan | None = None
         if feedback is not None:
@@ -359,6 +359,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _start_pass(self, consumed: int, step: int, offset: int) -> None:
         super()._start_pass(consumed, step, offset)
+        self._remade = self._pass  # the pass that plans the steps from ``step`` on
         if self._lagged is not None:
             self._lagged.start(step)
 
@@ -388,7 +389,7 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _rank_steps(self, epoch: int, first: int) -> Iterator[Sequence[Sequence[int]]]:
         layout = self.layout(epoch)  # only the planner thread calls its step()
-        lagged, stop = self._lagged, threading.Event()
+        lagged, stop, owner = self._lagged, threading.Event(), self._pass
 
         def plan(number: int) -> Sequence[Sequence[int]]:
             indices = layout.step(number)
@@ -397,7 +398,8 @@ class BalancedBatchSampler(EpochBatchSampler):
             if lagged is not None:
                 lagged.planned(number, step_plan)
             with self._recent_lock:
-                self._recent[(epoch, number)] = step_plan
+                self._recent[(epoch, number)] = (owner, step_plan)
+                self._recent.move_to_end((epoch, number))
                 while len(self._recent) > _RECENT + self.lookahead + 1:
                     self._recent.popitem(last=False)
             if isinstance(step_plan, ContextParallelPlan):
@@ -439,7 +441,11 @@ class BalancedBatchSampler(EpochBatchSampler):
 
     def _kept(self, epoch: int, step: int) -> Plan | None:
         with self._recent_lock:
-            return self._recent.get((epoch, step))
+            made, plan = self._recent.get((epoch, step), (self._remade, None))
+        # Adaptive plans differ by pass: an older pass's plan of a step the running pass remakes
+        # is stale (adv19a F2); any other is the one its step ran with (review19 item 1).
+        remade = epoch == self.epoch and step >= self._base[1]
+        return None if self._lagged is not None and remade and made < self._remade else plan
 
     def _options_now(self, epoch: int, step: int) -> PlanOptions:
         """The adaptive options of ``step`` of the running pass (from its first step on) where
