@@ -297,6 +297,15 @@ def test_context_parallel_summary_arithmetic_on_hand_made_records() -> None:
     assert comparison["cpu_prediction_relative_error"] == pytest.approx(abs(predicted - cpu) / cpu)
     assert "balanced_vs_dynamic_cp_megatron" not in toy["comparisons"]
     assert toy["calibrated"]
+    # Steps without a labelled token (samples of 1 token): loss 0 everywhere, no spread, and a
+    # report strict JSON takes (adv19d M6: NaN).
+    for rank in records:
+        for rows in rank.values():
+            for row in rows:
+                row["loss"] = 0.0
+    report = summarize_context_parallel(raw, s)
+    assert report["models"]["toy-small"]["max_loss_spread"] == 0.0
+    json.dumps(report, allow_nan=False)
 
 
 def test_context_parallel_steps_plan_every_strategy_with_one_static_size() -> None:

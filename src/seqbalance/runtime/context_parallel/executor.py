@@ -446,8 +446,10 @@ def run_step(
     (those that train: a frozen parameter's stays None): ``.grad`` held before the call (an
     earlier step's, already summed over the ranks, the same on every rank) plus this step's
     sum, as a step without ``zero_grad()`` in between accumulates; accumulated in place (no
-    second copy of the gradients). A step that raises in its slots gives the held gradients
-    back (plus world size x the share its slots had computed).
+    second copy of the gradients). Held gradients that differ between ranks (a backward a
+    rank ran alone) come back as their mean over the ranks: sum them over the ranks first
+    where their sum is meant. A step that raises in its slots gives the held gradients back
+    (plus world size x the share its slots had computed).
     ``groups.prepare(plan, samples=samples, model=model, forward=forward)`` runs first (the
     plan, samples and model agreement check, which also lines the ranks up for the timing).
     """
