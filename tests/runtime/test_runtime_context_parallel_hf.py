@@ -419,9 +419,11 @@ def test_wrong_use_raises_a_named_error() -> None:
     model = _model(MODELS["llama-3.1-8b"]).train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     check_implementation(model)  # exact: see the module docstring
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
-    with pytest.raises(ValueError, match="use_reentrant': False"):
-        check_implementation(model)
+    # review19 item 9: torch checkpoints reentrantly where use_reentrant is not given.
+    for kwargs in ({"use_reentrant": True}, {}, {"preserve_rng_state": True}):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        with pytest.raises(ValueError, match="use_reentrant': False"):
+            check_implementation(model)
     check_implementation(model.eval())  # no checkpoint runs outside training
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 from seqbalance.runtime.context_parallel.slot_attention import SlotAttention
 
@@ -117,13 +118,16 @@ def check_implementation(model: torch.nn.Module) -> None:
     # A reentrant checkpoint recomputes a layer inside backward on inputs cut from the graph,
     # so the slot's collective-order chain was backwarded twice: torch's RuntimeError "Trying
     # to backward through the graph a second time" (adv19d M4). Non-reentrant ones are exact.
+    # torch's checkpoint runs reentrant unless told use_reentrant=False (review19 item 9:
+    # transformers passes gradient_checkpointing_kwargs={} through as given).
     for module in model.modules():
         function = getattr(module, "_gradient_checkpointing_func", None)
         keywords = getattr(function, "keywords", None) or {}
         if (
             module.training
             and getattr(module, "gradient_checkpointing", False)
-            and (keywords.get("use_reentrant") is True)
+            and getattr(function, "func", function) is torch.utils.checkpoint.checkpoint
+            and keywords.get("use_reentrant", True) is not False
         ):
             raise ValueError(
                 "the model uses reentrant activation checkpointing, which a context-parallel "
