@@ -200,3 +200,19 @@ def test_an_epoch_plan_file_reads_back_as_the_epoch_plan(lengths_file, tmp_path)
     assert (epoch.seed, epoch.global_batch_size, epoch.dp_size, epoch.n_samples) == (3, 40, 2, 120)
     assert sorted(np.concatenate(epoch.sample_indices).tolist()) == list(range(lengths.size))
     assert epoch.dropped.size == 0 and [step.max_tokens for step in epoch.steps] == [4096] * 3
+
+
+def test_bound_effort_is_a_flag_of_plan_alone(capsys, lengths_file, tmp_path) -> None:
+    # review19 item 8: simulate and bench took --bound-effort, ran the search in every
+    # strategy's summary() (12.0 s against 7.3 s) and printed nothing of it: plan only.
+    path, _ = lengths_file
+    out = tmp_path / "plan.json"
+    padded = ["--layout", "padded", "--microbatch-size", "4", "--objective", "lockstep"]
+    argv = ["plan", str(path), "--dp", "2", *padded, "--bound-effort", "7", "-o", str(out)]
+    assert main(argv) == 0
+    assert StepPlan.from_json(out.read_text()).options.bound_effort == 7
+    capsys.readouterr()
+    for command in (["simulate", "--lengths", str(path), "--dp", "2"], ["bench", "--procs", "2"]):
+        with pytest.raises(SystemExit, match="2"):
+            main([*command, "--bound-effort", "7"])
+        assert "unrecognized arguments: --bound-effort 7" in capsys.readouterr().err

@@ -360,14 +360,15 @@ class _OldSpelling(argparse.Action):
 
 
 def add_plan_option_arguments(
-    parser: argparse.ArgumentParser, *, max_tokens_default: int | None
+    parser: argparse.ArgumentParser, *, max_tokens_default: int | None, bound_effort: bool = False
 ) -> None:
     """Add one flag per plan option (same names in plan, simulate and bench): ``--max-tokens``,
     ``--layout``, ``--microbatch-size`` (``--micro-batch-size``, its old spelling, still
     works), ``--num-microbatches``, ``--min-microbatches``,
     ``--microbatch-multiple``, ``--objective``, ``--order``, ``--allow-oversize``,
-    ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``, ``--bound-effort``. Read them
-    back with
+    ``--allow-empty``, ``--rank-speeds``, ``--planning-budget``, and ``--bound-effort`` where
+    ``bound_effort`` (a command that reports the count bound it tightens: plan; simulate and
+    bench report none, so there it would only cost time). Read them back with
     :func:`plan_options_from_args`."""
     group = parser.add_argument_group("plan options")
     cap = "none" if max_tokens_default is None else str(max_tokens_default)
@@ -400,9 +401,15 @@ def add_plan_option_arguments(
         ("--microbatch-multiple", int, 1, "the count is a multiple of this (pipelines; default 1)"),
         ("--rank-speeds", _speeds, None, "speed of every rank, e.g. 1,1,1,0.67 (default: equal)"),
         ("--planning-budget", int, None, "samples x ranks up to which dear rivals run too"),
-        ("--bound-effort", int, None, "level vectors a padded lockstep bound may search"),
     ):
         group.add_argument(name, type=kind, default=default, help=text)
+    if bound_effort:
+        group.add_argument(
+            "--bound-effort",
+            type=int,
+            default=None,
+            help="level vectors a padded lockstep count bound may search (default: none)",
+        )
     add_objective_argument(group)
     group.add_argument(
         "--order",
@@ -434,7 +441,12 @@ def plan_options_from_args(args: argparse.Namespace, **fixed: Any) -> Any:
     """``PlanOptions`` from the flags of :func:`add_plan_option_arguments` plus ``fixed``
     options (e.g. ``cost``; they replace a flag's value); a ValueError names the flags, not
     the Python keywords."""
-    values = {name: getattr(args, name) for name in _flag_options()}
+    # --bound-effort exists in plan only (add_plan_option_arguments): elsewhere its default.
+    values = {
+        name: getattr(args, name)
+        for name in _flag_options()
+        if name != "bound_effort" or hasattr(args, name)
+    }
     try:
         return PlanOptions(**{**values, **fixed})
     except ValueError as error:

@@ -60,7 +60,7 @@ def register(subparsers: Any) -> None:
         + ", ".join(cp_names)
         + "; the others without it)",
     )
-    add_plan_option_arguments(parser, max_tokens_default=None)
+    add_plan_option_arguments(parser, max_tokens_default=None, bound_effort=True)
     parser.add_argument(
         "--global-batch",
         type=int,
