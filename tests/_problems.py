@@ -7,8 +7,22 @@ from __future__ import annotations
 import numpy as np
 
 import seqbalance as sb
-from seqbalance.plan import PlanOptions
+from seqbalance.plan import PlanOptions, _at_count
 from seqbalance.plan._problem import Problem
+
+
+def counted_attempts(monkeypatch) -> list[int]:
+    """The micro-batch counts ``_at_count.attempt`` plans from now on, in order (filled as it
+    runs; ``monkeypatch`` is pytest's fixture)."""
+    attempts: list[int] = []
+    attempt = _at_count.attempt
+
+    def counted_attempt(p, m, **keywords):
+        attempts.append(m)
+        return attempt(p, m, **keywords)
+
+    monkeypatch.setattr(_at_count, "attempt", counted_attempt)
+    return attempts
 
 
 def token_problem(lengths: list[int], options: PlanOptions, *, dp: int = 1) -> Problem:

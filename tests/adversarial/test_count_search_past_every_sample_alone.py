@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _problems import counted_attempts
 
-from seqbalance.plan import _at_count, plan_step
+from seqbalance.plan import plan_step
 
 LENGTHS = np.random.default_rng(3).integers(100, 4000, 30)
 SPEEDS = (1.0, 1.0, 0.5, 2.0, 1.0, 1.0, 0.5, 4.0)
@@ -20,14 +21,7 @@ SPEEDS = (1.0, 1.0, 0.5, 2.0, 1.0, 1.0, 0.5, 4.0)
 
 @pytest.mark.parametrize("layout", [{"layout": "padded", "microbatch_size": 4}, {}])
 def test_no_count_past_every_sample_alone_is_planned(monkeypatch, layout) -> None:
-    counts: list[int] = []
-    attempt = _at_count.attempt
-
-    def counted(p, m, **keywords):
-        counts.append(m)
-        return attempt(p, m, **keywords)
-
-    monkeypatch.setattr(_at_count, "attempt", counted)
+    counts = counted_attempts(monkeypatch)
     plan = plan_step(
         LENGTHS,
         8,

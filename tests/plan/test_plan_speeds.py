@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 from _acceptance import checked, requires_checked, set_aside
+from _problems import counted_attempts
 from _profiles import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -139,7 +140,7 @@ def test_lockstep_search_with_speeds_is_bounded(slow: float, monkeypatch) -> Non
     # tiny cap: about 300 to 500 at 0.2), the planner attempts a bounded number of
     # them and refines the lockstep order of a few, within two refinements' work in all (it
     # attempted and refined every count: 18 s of CPU for this step at 0.2).
-    attempts = _counted_attempts(monkeypatch)
+    attempts = counted_attempts(monkeypatch)
     spent: dict[int, int] = {}  # each refinement's work counter, by identity
     inner = lockstep._best_inner_change
 
@@ -166,19 +167,6 @@ def _every_count_reached(monkeypatch) -> None:
     monkeypatch.setattr(_count_search._Deferred, "holds", lambda self, index, tried: False)
 
 
-def _counted_attempts(monkeypatch) -> list[int]:
-    """The counts ``_at_count.attempt`` plans from now on, in order (filled as it runs)."""
-    attempts: list[int] = []
-    attempt = _at_count.attempt
-
-    def counted_attempt(p, m, **keywords):
-        attempts.append(m)
-        return attempt(p, m, **keywords)
-
-    monkeypatch.setattr(_at_count, "attempt", counted_attempt)
-    return attempts
-
-
 def test_counts_that_cannot_be_cheapest_are_not_planned(monkeypatch) -> None:
     # adv8c M3: a rank at 0.01 speed, groups, packed near the cap. Most counts of the search
     # (the fast rank's share needs about twice the fewest count) have no plan (the fast rank
@@ -186,7 +174,7 @@ def test_counts_that_cannot_be_cheapest_are_not_planned(monkeypatch) -> None:
     # each was planned, dearly, and failed (11 attempts for this step, 8 failing; 16 at 3,000
     # samples, 1.1 s). A count whose capacity bound is above the cheapest plan found is now
     # planned only where it could still be among those kept: the same plan, in 5 attempts.
-    attempts = _counted_attempts(monkeypatch)
+    attempts = counted_attempts(monkeypatch)
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.lognormal(6, 1.2, 300).astype(int) + 1, 4096)
     groups = rng.integers(0, 75, 300)
@@ -399,7 +387,7 @@ def test_fewest_count_left_out_changes_nothing_but_the_time(seed: int, monkeypat
     lengths = np.random.default_rng(seed).lognormal(6, 1.5, 1000).clip(1, 8192).astype(int)
     options = {"max_tokens": 8192, "rank_speeds": (1.0, 0.6), "allow_empty": True}
     options["objective"] = "lockstep"
-    attempts = _counted_attempts(monkeypatch)
+    attempts = counted_attempts(monkeypatch)
     fast = sb.plan_step(lengths, 2, **options)
     fewest = int(np.ceil(lengths.sum() / 2 / 8192))
     assert fewest not in attempts and attempts
@@ -483,7 +471,7 @@ def test_grouped_counts_left_out_change_nothing_but_the_time(
     groups = rng.integers(0, n // 3, n)
     options = {"max_tokens": 4096 if seed == 2 else 2048, "allow_oversize": True}
     options.update(rank_speeds=(1.0, 0.01), objective=objective)
-    attempts = _counted_attempts(monkeypatch)
+    attempts = counted_attempts(monkeypatch)
     fast = sb.plan_step(lengths, 2, groups=groups, **options)
     assert attempts and left_out not in attempts
     monkeypatch.setattr(_count_search.CountSearch, "shortcut", lambda self, others: None)
