@@ -11,7 +11,11 @@ so one import line switches SkyRL to it. What changes:
 - The bins are seqbalance's: the fewest bins under the cap that the planner finds, never more
   than SkyRL's own rule makes (its packing is the fallback), with the heaviest bin as light as
   the planner can make it (the samples' costs split evenly across the bins), heaviest bin first,
-  indices ascending within a bin.
+  indices ascending within a bin. With ``bin_count_multiple`` (the SFT collator, which deals bin
+  ``j`` to data-parallel rank ``j % dp_size``) the bins come in the order whose round robin deal
+  gives the heaviest rank the fewest tokens (costs): each rank's heaviest first, or SkyRL's own
+  bins in its order where those leave the heaviest rank lighter; never a heavier rank than
+  SkyRL's own packer at that count.
 - The cost is SkyRL's (tokens) until you opt in: ``cost=`` / ``model=`` (a preset, a
   ``ModelSpec`` or a Hugging Face config: that model's training FLOPs), e.g. through
   ``functools.partial(make_seq_packer, model="qwen3-8b")``.
@@ -35,6 +39,7 @@ import numpy as np
 from seqbalance._validation import as_lengths, check_int
 from seqbalance.cost.resolve import evaluate_costs, resolve_cost
 from seqbalance.integrations._cost import choose_cost
+from seqbalance.partition import partition
 from seqbalance.plan import plan_step
 
 __all__ = [
@@ -111,9 +116,21 @@ class SeqPacker:
         target = self._target(len(bins) + over.size, lengths.size) - over.size
         if target > len(bins):
             bins = self._planned(lengths, fits, target) or _spread(bins, target)
-        if len(rule) <= target:  # SkyRL's own bins at this count, when they are lighter
-            bins = min(bins, _spread(rule, target), key=lambda b: self._heaviest(lengths, b))
-        return self._heaviest_first(lengths, bins + [[int(i)] for i in over])
+        over_bins = [[int(i)] for i in over]
+        skyrls = _spread(rule, target) if len(rule) <= target else None
+        if skyrls is not None:  # SkyRL's own bins at this count, when they are lighter
+            bins = min(bins, skyrls, key=lambda b: self._heaviest(lengths, b))
+        bins = self._heaviest_first(lengths, bins + over_bins)
+        if self.bin_count_multiple is None:
+            return bins
+        # The SFT collator deals bin j to data-parallel rank j % multiple: heaviest first alone
+        # gave rank 0 the heaviest bin of every round (its step up to 14% longer than with
+        # SkyRL's own bins). The bins dealt so that the ranks' sums balance, each rank's
+        # heaviest first, or SkyRL's own bins in its order where those ranks' sums are lighter.
+        candidates = [bins, self._dealt(lengths, bins)]
+        if skyrls is not None:
+            candidates.append(skyrls + over_bins)
+        return min(candidates, key=lambda b: self._rank_loads(lengths, b))
 
     def _rule(self, lengths: np.ndarray) -> list[list[int]]:
         """SkyRL's own bins of these lengths (all within the cap): indices into them."""
@@ -164,6 +181,22 @@ class SeqPacker:
 
     def _heaviest(self, lengths: np.ndarray, bins: list[list[int]]) -> float:
         return max(self._loads(lengths, bins), default=0.0)
+
+    def _rank_loads(self, lengths: np.ndarray, bins: list[list[int]]) -> tuple[float, float]:
+        """Bins dealt round robin to ``bin_count_multiple`` ranks (the SFT collator's
+        ``bin_idx % dp_size``): the heaviest rank's load, then the sum over rounds of each
+        round's heaviest bin (the step time where the ranks wait for each other per bin)."""
+        loads = np.asarray(self._loads(lengths, bins), dtype=np.float64)
+        rounds = loads.reshape(-1, self.bin_count_multiple)
+        return float(rounds.sum(axis=0).max()), float(rounds.max(axis=1).sum())
+
+    def _dealt(self, lengths: np.ndarray, bins: list[list[int]]) -> list[list[int]]:
+        """``bins`` ordered so that the round robin deal gives each rank an equal count and
+        balanced loads (:func:`seqbalance.partition`, equal sizes), each rank's heaviest first."""
+        dp = self.bin_count_multiple
+        assert dp is not None
+        shares = partition(self._loads(lengths, bins), dp, equal_size=True).parts
+        return [bins[int(share[j])] for j in range(len(bins) // dp) for share in shares]
 
     def _heaviest_first(self, lengths: np.ndarray, bins: list[list[int]]) -> list[list[int]]:
         """Bins by cost, heaviest first (ties: lowest index first), indices ascending."""
