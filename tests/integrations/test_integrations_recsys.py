@@ -62,6 +62,18 @@ def test_partitioner_checks_of_recsys_examples() -> None:
     with pytest.raises(ValueError, match=r"^num_partitions must be >= 1, got 0"):
         hstu_partition([1, 2, 3, 4], 0)
     assert sorted(len(p) for p in karmarkar_karp(list(range(11)), 4, False)) != []
+    # adv19e E2: the partitioner's bounds named its own parameters (k, weights); E3: tokens
+    # without max_tokens were not read (mis-sized or not counts: accepted without a word).
+    with pytest.raises(ValueError, match=r"^k_partitions must be <= 2\*\*20"):
+        karmarkar_karp([], 2**40, True)
+    with pytest.raises(
+        ValueError, match=r"^workloads sum to 2e\+300, more than 2\*\*960: scale the workloads down"
+    ):
+        karmarkar_karp([1e300, 1e300], 2, True)
+    with pytest.raises(ValueError, match=r"^tokens has 3 entries for 4 samples"):
+        hstu_partition([1, 2, 3, 4], 2, tokens=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"^tokens"):
+        hstu_partition([1, 2, 3, 4], 2, tokens=["a"] * 4)
 
 
 def test_hstu_workloads_are_hand_derived_flops() -> None:

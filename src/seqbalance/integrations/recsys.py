@@ -33,7 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from seqbalance._validation import as_lengths, as_weights, check_bool, check_int
+from seqbalance._validation import (
+    MAX_COST_TOTAL,
+    as_lengths,
+    as_weights,
+    check_bool,
+    check_int,
+    check_parts,
+)
 from seqbalance.cost.hstu import HSTUFlopsModel, HSTUSpec
 from seqbalance.partition import partition
 
@@ -51,18 +58,26 @@ def karmarkar_karp(workloads: Any, k_partitions: int, equal_size: bool) -> list[
         equal_size: every list the same length (what the shuffler needs).
 
     Raises:
-        ValueError: bad workloads (named), ``k_partitions < 1``, ``equal_size`` not a bool, or
-            ``equal_size`` with a length that ``k_partitions`` does not divide.
+        ValueError: bad workloads (named; also a sum past 2**960), ``k_partitions`` outside
+            ``[1, 2**20]``, ``equal_size`` not a bool, or ``equal_size`` with a length that
+            ``k_partitions`` does not divide.
     """
-    # Named here: the partitioner's own messages said "weights" or "could not convert".
+    # Named here: the partitioner's own messages said "weights" or "could not convert", and
+    # its bounds "k" (k_partitions past 2**20) or "weights" (a sum past 2**960).
     values = as_weights(
         workloads.tolist() if hasattr(workloads, "tolist") else workloads, "workloads"
     )
-    k = check_int(k_partitions, "k_partitions", minimum=1)
+    k = check_parts(k_partitions, "k_partitions")
     equal_size = check_bool(equal_size, "equal_size")  # "no" was taken as True
     if equal_size and values.size % k:
         raise ValueError(
             f"equal_size needs len(workloads) divisible by k_partitions: {values.size} % {k} != 0"
+        )
+    with np.errstate(over="ignore"):  # an overflowing sum is refused just below
+        total = float(values.sum())
+    if not total <= MAX_COST_TOTAL:  # partition's own bound, named here
+        raise ValueError(
+            f"workloads sum to {total:.6g}, more than 2**960: scale the workloads down"
         )
     results = [partition(values, k, equal_size=equal_size, method=m) for m in ("auto", "kk")]
     best = min(results, key=lambda r: float(r.loads.max()) if r.loads.size else 0.0)
@@ -139,7 +154,8 @@ def hstu_partition(
         workloads: per-sample cost (``hstu_workloads``; padding samples 0), the global batch in
             rank order (rank r's local batch at ``[r * B, (r + 1) * B)``).
         num_partitions: data-parallel ranks; each gets ``len(workloads) / num_partitions``.
-        tokens: per-sample tokens (what memory grows with); needed with ``max_tokens``.
+        tokens: per-sample tokens (what memory grows with); needed with ``max_tokens``,
+            checked whenever given.
         max_tokens: tokens one rank may hold (hard).
 
     Returns:
@@ -153,14 +169,15 @@ def hstu_partition(
     num_partitions = check_int(num_partitions, "num_partitions", minimum=1)
     parts = karmarkar_karp(workloads, num_partitions, True)
     n = sum(len(p) for p in parts)
+    # Checked whenever given: bad or mis-sized tokens were ignored without max_tokens.
+    counts = None if tokens is None else as_lengths(tokens, "tokens")
+    if counts is not None and counts.size != n:
+        raise ValueError(f"tokens has {counts.size} entries for {n} samples")
     if max_tokens is None:
         return [sorted(p) for p in parts]
     cap = check_int(max_tokens, "max_tokens", minimum=1)
-    if tokens is None:
+    if counts is None:
         raise ValueError("max_tokens needs tokens (per-sample token counts)")
-    counts = as_lengths(tokens, "tokens")
-    if counts.size != n:
-        raise ValueError(f"tokens has {counts.size} entries for {n} samples")
     for candidate in (parts, karmarkar_karp(counts, num_partitions, True)):
         if max(int(counts[p].sum()) for p in candidate) <= cap:
             return [sorted(p) for p in candidate]
