@@ -354,3 +354,15 @@ def test_given_batches_replace_the_drawn_ones() -> None:
     for bad in ([np.array([0, 0])], [np.array([40])], [np.array([], dtype=np.int64)], []):
         with pytest.raises(ValueError, match="batches"):
             simulate(lengths, dp_size=2, strategies=["round_robin"], batches=bad)
+
+
+def test_bound_effort_is_refused_as_simulate_reports_no_count_bound() -> None:
+    # adv19f Q1: simulate ran the level-vector search in every strategy's summary() (2x the
+    # CPU) and reported nothing of it, as the CLI did before review19 item 8.
+    lengths = np.arange(1, 41) * 10
+    padded = {"layout": "padded", "microbatch_size": 2, "num_microbatches": 2}
+    with pytest.raises(ValueError, match=r"bound_effort=3000 .*count_lower_bound"):
+        simulate(lengths, dp_size=2, global_batch_size=8, steps=1, **padded, bound_effort=3000)
+    # 0 (no search) is what leaving it out means.
+    result = simulate(lengths, dp_size=2, global_batch_size=8, steps=1, **padded, bound_effort=0)
+    assert result.steps == 1

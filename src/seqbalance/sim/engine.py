@@ -208,6 +208,17 @@ def _plan_steps(
     return plans, failed, equal
 
 
+def _refuse_bound_effort(options: PlanOptions) -> None:
+    """ValueError where ``options`` ask for the level-vector search: it only tightens
+    ``StepPlan.count_lower_bound``, which no simulate figure reads, so it would run in every
+    strategy's ``summary()`` for nothing (adv19f Q1; the CLI refuses the flag alike)."""
+    if options.bound_effort:
+        raise ValueError(
+            f"simulate: bound_effort={options.bound_effort} is not used: no simulate figure "
+            "reads count_lower_bound, the bound it tightens (plan_step(...).summary() reports it)"
+        )
+
+
 def simulate(
     lengths: Any,
     options: PlanOptions | None = None,
@@ -237,7 +248,8 @@ def simulate(
             ``TimeModel`` (e.g. calibrated by ``seqbalance calibrate``), or FLOPs
             (``"flops"``, a ``ModelSpec``, a ``FlopsModel``, ``VisionLanguageFlopsModel`` or
             ``HSTUFlopsModel``), turned into seconds at ``peak_flops_per_s * efficiency``
-            (``seqbalance.cost.seconds_model``). ``strategy`` is not used: ``strategies`` are.
+            (``seqbalance.cost.seconds_model``). ``strategy`` is not used: ``strategies`` are;
+            ``bound_effort`` is refused (no figure here reads the count bound it tightens).
         groups: optional group id per sample (e.g. the prompt of each GRPO response); groups
             are drawn whole into batches and kept on one rank by the planner.
         dp_size: data-parallel ranks (with ``context_parallel``: every rank of the DPxCP
@@ -284,7 +296,8 @@ def simulate(
         A :class:`SimulationResult`; its ``strategies`` hold predicted seconds per strategy.
 
     Raises:
-        ValueError: bad arguments, naming them (unknown options included).
+        ValueError: bad arguments, naming them (unknown options and ``bound_effort``
+            included).
     """
     if "strategy" in option_keywords:
         raise ValueError("simulate compares every name in strategies=[...]; do not pass strategy")
@@ -295,6 +308,7 @@ def simulate(
     if options is None:
         option_keywords = {"cost": "flops", "max_tokens": DEFAULT_MAX_TOKENS, **option_keywords}
     options = as_options(options, option_keywords, where="simulate", context_parallel=True)
+    _refuse_bound_effort(options)
     parts, lengths, groups = _dataset(lengths, groups)
     dp_size = check_int(dp_size, "dp_size", minimum=1)
     if options.rank_speeds is not None:
