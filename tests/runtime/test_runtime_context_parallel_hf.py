@@ -21,6 +21,7 @@ relative plus 1e-12 absolute (measured: about 1e-15, float64 rounding).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -420,10 +421,19 @@ def test_wrong_use_raises_a_named_error() -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     check_implementation(model)  # exact: see the module docstring
     # review19 item 9: torch checkpoints reentrantly where use_reentrant is not given.
-    for kwargs in ({"use_reentrant": True}, {}, {"preserve_rng_state": True}):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # review19 item 11: offload=True wraps torch's function in transformers' own partial.
+    for kwargs, offload in itertools.product(
+        ({"use_reentrant": True}, {}, {"preserve_rng_state": True}), (False, True)
+    ):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=kwargs, offload=offload
+        )
         with pytest.raises(ValueError, match="use_reentrant': False"):
             check_implementation(model)
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": False}, offload=True
+    )
+    check_implementation(model)
     check_implementation(model.eval())  # no checkpoint runs outside training
 
 

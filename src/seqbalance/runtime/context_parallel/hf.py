@@ -24,6 +24,7 @@ an explicit mask, sliding windows, logit soft-capping, attention sinks, non-caus
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -119,14 +120,20 @@ def check_implementation(model: torch.nn.Module) -> None:
     # so the slot's collective-order chain was backwarded twice: torch's RuntimeError "Trying
     # to backward through the graph a second time" (adv19d M4). Non-reentrant ones are exact.
     # torch's checkpoint runs reentrant unless told use_reentrant=False (review19 item 9:
-    # transformers passes gradient_checkpointing_kwargs={} through as given).
+    # transformers passes gradient_checkpointing_kwargs={} through as given); transformers
+    # binds those keywords in a functools.partial, of torch's function or of its offload
+    # wrapper, which forwards them to it (review19 item 11).
     for module in model.modules():
         function = getattr(module, "_gradient_checkpointing_func", None)
-        keywords = getattr(function, "keywords", None) or {}
+        if isinstance(function, functools.partial):
+            keywords = function.keywords
+        elif function is torch.utils.checkpoint.checkpoint:
+            keywords = {}
+        else:  # none, or a function of the user's: its keywords are not torch's to read
+            continue
         if (
             module.training
             and getattr(module, "gradient_checkpointing", False)
-            and getattr(function, "func", function) is torch.utils.checkpoint.checkpoint
             and keywords.get("use_reentrant", True) is not False
         ):
             raise ValueError(
