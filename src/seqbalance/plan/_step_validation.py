@@ -16,6 +16,7 @@ __all__ = [
     "COST_RTOL",
     "PlanValidationError",
     "StepPlanChecks",
+    "bound_within_cost",
     "check_load_arrays",
     "check_lower_bound",
     "check_per_sample",
@@ -129,6 +130,14 @@ def check_lower_bound(lower_bound: float, step_cost: float) -> None:
     # Relative only: an absolute slack checks nothing at small cost scales (adv18c P6).
     if lower_bound > step_cost * (1 + COST_RTOL):
         raise PlanValidationError(f"lower_bound {lower_bound!r} exceeds step_cost {step_cost!r}")
+
+
+def bound_within_cost(bound: float, cost: float) -> float:
+    """``bound``, or ``cost`` where ``bound`` is above it by no more than a rounding
+    (``COST_RTOL``, what ``check_lower_bound`` lets pass): a bound summed in another order than
+    the plan's cost came out one rounding above it, and ``ratio`` read 0.9999999999999999, a
+    plan beating its own bound (adv19f Q2). The plan's cost bounds the optimum too."""
+    return cost if cost < bound <= cost * (1 + COST_RTOL) else bound
 
 
 def check_per_sample(name: str, values: np.ndarray, lengths: np.ndarray) -> None:

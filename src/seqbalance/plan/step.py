@@ -23,6 +23,7 @@ from seqbalance.plan._capacity_bounds import counts_bound
 from seqbalance.plan._objective import bound_in_cost_units
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._shared import check_cost_total, check_token_total, check_within_caps
+from seqbalance.plan._step_validation import bound_within_cost
 from seqbalance.plan.context_parallel._plan import ContextParallelPlan
 from seqbalance.plan.context_parallel._planner import plan_context_parallel
 from seqbalance.plan.options import PlanOptions, as_options
@@ -229,13 +230,10 @@ def _plan(
 
 
 def _bound_within_cost(plan: StepPlan) -> StepPlan:
-    """``plan`` with its ``lower_bound`` lowered to its ``step_cost`` where it is above it
-    (by a rounding: ``validate`` refuses more): the bound summed in another order than the
-    plan's cost came out one rounding above it, so ``ratio`` read 0.9999999999999999, a plan
-    beating its own bound (adv19f Q2). The plan's cost bounds the optimum too."""
-    if plan.lower_bound <= plan.step_cost:
-        return plan
-    return dataclasses.replace(plan, lower_bound=plan.step_cost)
+    """``plan`` with its ``lower_bound`` lowered to its ``step_cost`` where it is one rounding
+    above it (``bound_within_cost``; ``validate`` refuses more)."""
+    bound = bound_within_cost(plan.lower_bound, plan.step_cost)
+    return plan if bound == plan.lower_bound else dataclasses.replace(plan, lower_bound=bound)
 
 
 def _check_padded_tokens(lengths: np.ndarray, options: PlanOptions) -> None:

@@ -38,9 +38,9 @@ from seqbalance.plan._objective import bound_in_cost_units, reported_objective_v
 from seqbalance.plan._problem import Problem
 from seqbalance.plan._shared import check_cost_total, check_token_total
 from seqbalance.plan._step_validation import (
-    COST_RTOL,
     PlanValidationError,
     StepPlanChecks,
+    bound_within_cost,
     over_cap,
     over_patch_cap,
 )
@@ -175,11 +175,8 @@ class StepPlan(StepPlanChecks, Plan):
         if self.cap_enforced and problem.speeds is not None:
             bound = max(bound, capacity_bound(problem, self.n_microbatches))
         at_count = bound_in_cost_units(bound / problem.common_speed, problem.cost_exponent)
-        at_count = max(float(self.lower_bound), at_count)
         # This plan has the count: a bound one rounding above its cost is its cost (adv19f Q2).
-        if self.step_cost < at_count <= self.step_cost * (1 + COST_RTOL):
-            return self.step_cost
-        return at_count
+        return bound_within_cost(max(float(self.lower_bound), at_count), self.step_cost)
 
     def _summary_extras(self) -> dict[str, Any]:
         at_count = self.count_lower_bound
